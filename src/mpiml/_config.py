@@ -1,0 +1,83 @@
+"""Run-time configuration read from ``MPIML_*`` environment variables.
+
+Every value is read when it is needed (not cached at import), so tests and
+launchers can set variables after ``import mpiml``.
+"""
+
+import os
+
+__all__ = ["timeout", "check_level", "comm_algo_override", "node_size", "tuning_file", "cuda_aware_mpi"]
+
+
+def _float_env(name, default):
+    raw = os.environ.get(name, "")
+    if raw.strip() == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds; got {raw!r}") from None
+
+
+def timeout():
+    """Seconds any blocking wait may take (``MPIML_TIMEOUT``); ``None`` means wait forever."""
+    value = _float_env("MPIML_TIMEOUT", 0.0)
+    return value if value > 0 else None
+
+
+def check_level():
+    """Collective argument checking (``MPIML_CHECK``).
+
+    0: off; 1: every collective agrees on its signature first. The default (unset)
+    is the cheap mode, in which only collectives of at least
+    ``CHEAP_CHECK_BYTES`` are checked, where the extra small allreduce costs a
+    few percent at most.
+    """
+    raw = os.environ.get("MPIML_CHECK", "").strip().lower()
+    if raw == "":
+        return None
+    if raw in ("0", "false", "off", "no"):
+        return 0
+    if raw in ("1", "true", "on", "yes"):
+        return 1
+    raise ValueError(f"MPIML_CHECK must be 0 or 1; got {raw!r}")
+
+
+CHEAP_CHECK_BYTES = 1 << 20
+
+
+def comm_algo_override():
+    """The raw ``MPIML_COMM_ALGO`` string (parsed by :mod:`mpiml.comm._tuning`)."""
+    return os.environ.get("MPIML_COMM_ALGO", "")
+
+
+def node_size():
+    """Ranks per (virtual) node from ``MPIML_NODE_SIZE``; ``None`` means detect."""
+    raw = os.environ.get("MPIML_NODE_SIZE", "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"MPIML_NODE_SIZE must be a positive integer; got {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"MPIML_NODE_SIZE must be a positive integer; got {raw!r}")
+    return value
+
+
+def tuning_file():
+    """Path of this machine's tuning table (``MPIML_TUNING_FILE``, default under ~/.cache)."""
+    return os.environ.get(
+        "MPIML_TUNING_FILE",
+        os.path.join(os.path.expanduser("~"), ".cache", "mpiml", "tuning.json"),
+    )
+
+
+def cuda_aware_mpi():
+    """``MPIML_CUDA_AWARE_MPI``: "1" forces device buffers to MPI, "0" forbids, unset probes."""
+    raw = os.environ.get("MPIML_CUDA_AWARE_MPI", "").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    return None

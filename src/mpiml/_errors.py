@@ -1,0 +1,50 @@
+"""Exceptions shared by every layer of mpiml."""
+
+from sklearn.exceptions import NotFittedError
+
+__all__ = [
+    "MpimlError",
+    "CommError",
+    "CommTimeoutError",
+    "CollectiveMismatchError",
+    "BackendUnavailableError",
+    "DistributedInputError",
+    "NotFittedError",
+]
+
+
+class MpimlError(Exception):
+    """Base class of every mpiml error."""
+
+
+class CommError(MpimlError, RuntimeError):
+    """A communication call failed."""
+
+
+class CommTimeoutError(CommError, TimeoutError):
+    """A blocking wait ran past ``MPIML_TIMEOUT`` seconds.
+
+    The message names the operation and the peer (or ``"all"`` for a collective).
+    """
+
+    def __init__(self, op, peer, seconds, detail=""):
+        self.op = op
+        self.peer = peer
+        self.seconds = seconds
+        msg = f"{op} timed out after {seconds:g} s waiting for {peer}"
+        if detail:
+            msg += f" ({detail})"
+        msg += "; set MPIML_TIMEOUT to change the limit"
+        super().__init__(msg)
+
+
+class CollectiveMismatchError(CommError, ValueError):
+    """Ranks called the same collective with different counts, dtypes, ops or roots."""
+
+
+class BackendUnavailableError(CommError, ImportError):
+    """A backend was asked for but cannot run here (missing package, no GPU, ...)."""
+
+
+class DistributedInputError(MpimlError, ValueError):
+    """Input data is invalid on at least one rank; raised identically on every rank."""

@@ -1,0 +1,674 @@
+"""The public communicator: arrays in, arrays out, on the namespace of the input.
+
+A :class:`Communicator` owns three contexts over the same group of ranks, so
+that traffic of one kind can never match traffic of another:
+
+* ``_coll`` — collectives (native ones and our algorithms' point-to-point);
+* ``_p2p`` — the user's ``send``/``recv``;
+* ``_ctl`` — small agreements (argument checks, counts, metadata, objects).
+
+Every call goes through :meth:`Communicator._run`, which picks the backend and
+algorithm from the tuning table (the same choice on every rank), optionally
+agrees on the call's signature first, runs it with timeouts and records it for
+:func:`mpiml.profile`.
+"""
+
+import pickle
+import time
+import zlib
+
+import numpy as np
+
+from .. import _config
+from .._array import as_supported_array, get_namespace, is_device_array
+from .._errors import CollectiveMismatchError, CommError
+from . import _profile
+from ._ops import check_dtype, check_op, dtype_code, identity, OPS
+from ._request import CompletedRequest, Request, waitall
+from ._tuning import TuningTable
+from .algorithms import ALGORITHMS, COLLECTIVES, Channel, get_algorithm
+from .backends import get_backend_factory
+
+__all__ = ["Communicator", "MAX_TAG"]
+
+MAX_TAG = 32767
+_HEADER_BYTES = 256
+_HEADER_INTS = 16
+_INLINE_BYTES = _HEADER_BYTES - 8 * _HEADER_INTS
+_MAGIC = 0x6D70696D6C  # "mpiml"
+_MAX_NDIM = _HEADER_INTS - 6
+_OP_CODE = {name: i + 1 for i, name in enumerate(COLLECTIVES)}
+
+
+def _flat(x):
+    return x.reshape(-1)
+
+
+class Communicator:
+    """An MPI-style communicator over NumPy and CuPy arrays.
+
+    Use :func:`mpiml.comm.get_comm` to get the world communicator.
+
+    Parameters
+    ----------
+    world : Transport
+        The host-side transport (``mpi`` or ``self``) of this group.
+    prefer : str, default="auto"
+        ``"auto"`` follows the tuning table; a backend name makes that backend
+        the first choice for the calls it can serve.
+    tuning : TuningTable, default=None
+        Agreed table; read by rank 0 and broadcast when None.
+    """
+
+    def __init__(self, world, *, prefer="auto", tuning=None):
+        self._world = world
+        self._coll = world.dup()
+        self._p2p = world.dup()
+        self._ctl = world.dup()
+        self.rank = world.rank
+        self.size = world.size
+        self.prefer = prefer
+        self._device_transports = {}
+        self._unavailable = {}
+        if tuning is None:
+            data = None
+            if self.rank == 0:
+                data = TuningTable.from_config(_config.tuning_file(), _config.comm_algo_override()).to_data()
+            tuning = TuningTable.from_data(self._bcast_obj_ctl(data))
+        self._tuning = tuning
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def backend(self):
+        """Name of the host transport (``"mpi"`` or ``"self"``)."""
+        return self._world.name
+
+    def __repr__(self):
+        return f"<mpiml.Communicator rank={self.rank} size={self.size} backend={self.backend!r}>"
+
+    def close(self):
+        for t in list(self._device_transports.values()):
+            t.close()
+        self._device_transports.clear()
+        for t in (self._coll, self._p2p, self._ctl):
+            t.close()
+
+    # ------------------------------------------------------------------ transports
+    def _transport(self, backend):
+        if backend == self._world.name or backend in ("mpi", "self"):
+            return self._coll
+        t = self._device_transports.get(backend)
+        if t is None:
+            t = get_backend_factory(backend)(self._coll)
+            self._device_transports[backend] = t
+        return t
+
+    def available_backends(self, memory):
+        """Backends that can serve a call on ``memory`` ("host" or "device") here."""
+        names = [self._world.name]
+        if memory == "device" and self.size > 1:
+            for name in ("nccl", "ipc"):
+                if name in self._unavailable:
+                    continue
+                names.append(name)
+        return tuple(names)
+
+    def _device_backend_usable(self, name):
+        """Create the device transport once; remember (on every rank alike) if it cannot run."""
+        if name in self._device_transports:
+            return True
+        if name in self._unavailable:
+            return False
+        err = None
+        try:
+            self._transport(name)
+        except Exception as exc:  # missing package, no peer access, ...
+            err = f"{type(exc).__name__}: {exc}"
+        errs = self._allgather_obj(err)
+        bad = [(r, e) for r, e in enumerate(errs) if e]
+        if bad:
+            t = self._device_transports.pop(name, None)
+            if t is not None:
+                t.close()
+            self._unavailable[name] = "; ".join(f"rank {r}: {e}" for r, e in bad)
+            return False
+        return True
+
+    def _choose(self, op, nbytes, memory, algorithm, backend=None):
+        if algorithm is not None:
+            if "/" in algorithm:
+                backend, algorithm = algorithm.split("/", 1)
+            backend = backend or (self.prefer if self.prefer not in ("auto", None) else self._world.name)
+            if backend not in (self._world.name, "mpi", "self") and not self._device_backend_usable(backend):
+                raise CommError(f"backend {backend!r} cannot run here: {self._unavailable[backend]}")
+            if backend in ("mpi", "self"):
+                backend = self._world.name
+            return backend, algorithm
+        avail = self.available_backends(memory)
+        if self.prefer not in ("auto", None, self._world.name) and memory == "device":
+            if self.prefer in avail and self._device_backend_usable(self.prefer):
+                return self.prefer, "native"
+        backend, algo = self._tuning.choose(op, nbytes, self.size, memory, avail)
+        if backend not in (self._world.name, "mpi", "self") and not self._device_backend_usable(backend):
+            backend, algo = self._tuning.choose(op, nbytes, self.size, memory, (self._world.name,))
+        if backend in ("mpi", "self"):
+            backend = self._world.name
+        return backend, algo
+
+    # ------------------------------------------------------------------ agreement
+    def _agree_ints(self, values, op="max"):
+        """Elementwise max (or min) of a small int64 vector over all ranks (control plane)."""
+        send = np.asarray(values, dtype=np.int64)
+        recv = np.empty_like(send)
+        self._ctl.native_allreduce(send, recv, op).wait()
+        return recv
+
+    def _allgather_ints(self, values):
+        send = np.asarray(values, dtype=np.int64).reshape(-1)
+        recv = np.empty(send.size * self.size, dtype=np.int64)
+        self._ctl.native_allgather(send, recv).wait()
+        return recv.reshape(self.size, send.size)
+
+    def _allgather_obj(self, obj):
+        """Allgather picklable objects on the control plane (honours the timeout)."""
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        counts = self._allgather_ints([data.size])[:, 0]
+        out = np.empty(int(counts.sum()), dtype=np.uint8)
+        self._ctl.native_allgatherv(data, out, counts).wait()
+        result, start = [], 0
+        for c in counts:
+            result.append(pickle.loads(out[start:start + c].tobytes()))
+            start += c
+        return result
+
+    def _bcast_obj_ctl(self, obj, root=0):
+        if self.size == 1:
+            return obj
+        payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if self.rank == root else None
+        n = np.array([payload.size if payload is not None else 0], dtype=np.int64)
+        self._ctl.native_bcast(n, root).wait()
+        buf = payload.copy() if payload is not None else np.empty(int(n[0]), dtype=np.uint8)
+        self._ctl.native_bcast(buf, root).wait()
+        return pickle.loads(buf.tobytes()) if self.rank != root else obj
+
+    def allgather_obj(self, obj):
+        """Small Python objects from every rank, as a list in rank order."""
+        return self._allgather_obj(obj)
+
+    def bcast_obj(self, obj, root=0):
+        """The root's small Python object on every rank."""
+        self._check_root(root)
+        return self._bcast_obj_ctl(obj, root)
+
+    def allreduce_obj(self, obj, op="sum"):
+        """Reduce small Python objects (numbers, NumPy scalars) with ``op``."""
+        values = self._allgather_obj(obj)
+        fn = {"sum": sum, "min": min, "max": max}.get(op)
+        if fn is not None:
+            return fn(values)
+        if op == "prod":
+            result = values[0]
+            for v in values[1:]:
+                result = result * v
+            return result
+        check_op(op)
+
+    def _check_signature(self, op, sig, error):
+        """Agree on a call's signature; raise the same error on every rank if they differ.
+
+        ``sig`` is a short tuple of ints describing the call; ``error`` is a local
+        validation message (or None) that every rank will see.
+        """
+        vec = [_OP_CODE[op], *sig, 1 if error else 0]
+        width = 8
+        vec = (vec + [0] * width)[:width]
+        agreed = self._agree_ints(vec + [-v for v in vec])
+        if all(agreed[i] == -agreed[width + i] for i in range(width)) and not agreed[width - 1]:
+            return
+        rows = self._allgather_ints(vec)
+        errors = self._allgather_obj(error) if agreed[width - 1] else [None] * self.size
+        bad = [(r, e) for r, e in enumerate(errors) if e]
+        if bad:
+            raise CollectiveMismatchError(
+                f"{op} is invalid on rank(s) {[r for r, _ in bad]}: " + "; ".join(f"rank {r}: {e}" for r, e in bad)
+            )
+        names = ["collective", "dtype", "count", "root", "op", "memory", "extra"]
+        for i, name in enumerate(names):
+            col = rows[:, i]
+            if (col != col[0]).any():
+                groups = {}
+                for r, v in enumerate(col):
+                    groups.setdefault(int(v), []).append(r)
+                if name == "collective":
+                    inv = {v: k for k, v in _OP_CODE.items()}
+                    desc = "; ".join(f"{inv.get(v, v)} on ranks {rs}" for v, rs in groups.items())
+                elif name == "dtype":
+                    from ._ops import SUPPORTED_DTYPES as D
+                    desc = "; ".join(f"{D[v - 1] if 0 < v <= len(D) else v} on ranks {rs}" for v, rs in groups.items())
+                elif name == "op":
+                    desc = "; ".join(f"{OPS[v - 1] if 0 < v <= len(OPS) else v} on ranks {rs}" for v, rs in groups.items())
+                elif name == "memory":
+                    desc = "; ".join(f"{'device' if v else 'host'} on ranks {rs}" for v, rs in groups.items())
+                else:
+                    desc = "; ".join(f"{v} on ranks {rs}" for v, rs in groups.items())
+                raise CollectiveMismatchError(f"{op} called with mismatched {name} across ranks: {desc}")
+        raise CollectiveMismatchError(f"{op} called with mismatched arguments across ranks")
+
+    def _should_check(self, nbytes):
+        if self.size == 1:
+            return False
+        level = _config.check_level()
+        if level is None:
+            return nbytes >= _config.CHEAP_CHECK_BYTES
+        return level >= 1
+
+    # ------------------------------------------------------------------ the engine
+    def _run(self, op, nbytes, xp, *, algorithm, native, algo_args, sig=(), error=None, force_check=False):
+        """Choose, check, run and record one collective."""
+        memory = "device" if xp is not np else "host"
+        if force_check or self._should_check(nbytes):
+            self._check_signature(op, (*sig, 1 if memory == "device" else 0), error)
+        if error:
+            raise ValueError(error)
+        backend, name = self._choose(op, nbytes, memory, algorithm)
+        transport = self._transport(backend)
+        if xp is np and not transport.accepts_host:
+            backend, transport = self._world.name, self._coll
+        start = time.perf_counter()
+        try:
+            if name == "native" or (backend not in ("mpi", "self") and name not in ALGORITHMS[op]):
+                if backend in ("mpi", "self") or name == "native":
+                    if not transport.has_native(op):
+                        raise ValueError(f"backend {backend!r} has no native {op}")
+                    req = native(transport)
+                else:
+                    req = transport.run_algorithm(op, name, *algo_args)
+                if req is not None:
+                    req.wait()
+            else:
+                algo = get_algorithm(op, name)
+                algo.run(Channel(transport, xp, f"{op}[{name}]"), *algo_args)
+        except CommError:
+            raise
+        except Exception as exc:
+            mpi = getattr(self._world, "MPI", None)
+            if mpi is not None and isinstance(exc, mpi.Exception):
+                raise CommError(f"{op} via {backend}/{name} failed on rank {self.rank}: {exc}") from exc
+            raise
+        if _profile.active():
+            if xp is not np:
+                xp.cuda.get_current_stream().synchronize()
+            _profile.record(op, nbytes, backend, name, time.perf_counter() - start)
+
+    # ------------------------------------------------------------------ helpers
+    def _prep(self, x, name="x"):
+        if x is None:
+            raise TypeError(f"{name} must be an array, got None")
+        x = as_supported_array(x)
+        xp = get_namespace(x)
+        check_dtype(x.dtype)
+        return xp.ascontiguousarray(x), xp
+
+    def _check_root(self, root):
+        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            raise ValueError(f"root must be a rank in [0, {self.size}); got {root!r}")
+        return int(root)
+
+    def _shape_hash(self, shape):
+        return zlib.crc32(repr(tuple(int(s) for s in shape)).encode()) & 0x7FFFFFFF
+
+    def _out(self, out, shape, dtype, xp, name="out"):
+        if out is None:
+            return xp.empty(shape, dtype=dtype)
+        if get_namespace(out) is not xp:
+            raise TypeError(f"{name} must be a {xp.__name__} array like the input")
+        if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
+            raise ValueError(f"{name} must have shape {tuple(shape)} and dtype {dtype}; "
+                             f"got {tuple(out.shape)} and {out.dtype}")
+        if not out.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous")
+        return out
+
+    # ------------------------------------------------------------------ collectives
+    def barrier(self, *, algorithm=None):
+        """Wait until every rank has entered the barrier."""
+        self._run("barrier", 0, np, algorithm=algorithm,
+                  native=lambda t: t.native_barrier(), algo_args=())
+
+    def bcast(self, x, root=0, *, algorithm=None):
+        """The root's array on every rank.
+
+        Every rank passes an array of the root's shape and dtype (non-roots'
+        contents are ignored; their array is not modified).  Returns ``x`` on the
+        root and a new array elsewhere.
+        """
+        root = self._check_root(root)
+        x, xp = self._prep(x)
+        buf = x if self.rank == root else xp.empty_like(x)
+        flat = _flat(buf)
+        self._run("bcast", x.nbytes, xp, algorithm=algorithm,
+                  native=lambda t: t.native_bcast(flat, root), algo_args=(flat, root),
+                  sig=(dtype_code(x.dtype), x.size, root, 0, self._shape_hash(x.shape)))
+        return buf
+
+    def reduce(self, x, op="sum", root=0, *, algorithm=None):
+        """Reduce ``x`` over all ranks with ``op``; the result on ``root``, None elsewhere."""
+        check_op(op)
+        root = self._check_root(root)
+        x, xp = self._prep(x)
+        send = _flat(x)
+        out = xp.empty_like(x) if self.rank == root else None
+        recv = _flat(out) if out is not None else None
+        self._run("reduce", x.nbytes, xp, algorithm=algorithm,
+                  native=lambda t: t.native_reduce(send, recv, op, root),
+                  algo_args=(send, recv, op, root),
+                  sig=(dtype_code(x.dtype), x.size, root, OPS.index(op) + 1, self._shape_hash(x.shape)))
+        return out
+
+    def allreduce(self, x, op="sum", out=None, *, algorithm=None):
+        """Reduce ``x`` over all ranks with ``op`` (sum, prod, min, max); the result everywhere."""
+        check_op(op)
+        x, xp = self._prep(x)
+        out = self._out(out, x.shape, x.dtype, xp)
+        send = _flat(x)
+        if out.size and xp.shares_memory(out, x):
+            send = send.copy()
+        recv = _flat(out)
+        self._run("allreduce", x.nbytes, xp, algorithm=algorithm,
+                  native=lambda t: t.native_allreduce(send, recv, op),
+                  algo_args=(send, recv, op),
+                  sig=(dtype_code(x.dtype), x.size, 0, OPS.index(op) + 1, self._shape_hash(x.shape)))
+        return out
+
+    def _lead(self, x):
+        """``x`` with at least one dimension (scalars become 1-element vectors)."""
+        return x.reshape(1) if x.ndim == 0 else x
+
+    def allgather(self, x, *, algorithm=None):
+        """Every rank's ``x`` concatenated along axis 0 (equal shapes on every rank)."""
+        x, xp = self._prep(x)
+        x = self._lead(x)
+        out = xp.empty((x.shape[0] * self.size,) + x.shape[1:], dtype=x.dtype)
+        send, recv = _flat(x), _flat(out)
+        self._run("allgather", x.nbytes * self.size, xp, algorithm=algorithm,
+                  native=lambda t: t.native_allgather(send, recv), algo_args=(send, recv),
+                  sig=(dtype_code(x.dtype), x.size, 0, 0, self._shape_hash(x.shape)))
+        return out
+
+    def _v_counts(self, op, x, root=None):
+        """Agree on rows per rank; the same error everywhere if trailing shapes or dtypes differ."""
+        rows = self._allgather_ints([x.shape[0], self._shape_hash(x.shape[1:]), dtype_code(x.dtype),
+                                     1 if is_device_array(x) else 0, -1 if root is None else root])
+        for col, what in ((1, "trailing shape"), (2, "dtype"), (3, "memory kind"), (4, "root")):
+            if (rows[:, col] != rows[0, col]).any():
+                detail = "; ".join(
+                    f"rank {r}: shape {'?' if col != 1 else ''}" if False else f"rank {r}: {what} code {int(v)}"
+                    for r, v in enumerate(rows[:, col]))
+                if col == 1:
+                    shapes = self._allgather_obj(tuple(x.shape))
+                    detail = "; ".join(f"rank {r}: shape {s}" for r, s in enumerate(shapes))
+                elif col == 2:
+                    dts = self._allgather_obj(str(x.dtype))
+                    detail = "; ".join(f"rank {r}: {d}" for r, d in enumerate(dts))
+                raise CollectiveMismatchError(f"{op} called with mismatched {what} across ranks ({detail})")
+        return rows[:, 0]
+
+    def allgatherv(self, x, *, algorithm=None):
+        """Every rank's ``x`` concatenated along axis 0; first dimensions may differ."""
+        x, xp = self._prep(x)
+        x = self._lead(x)
+        rows = self._v_counts("allgatherv", x)
+        row = int(np.prod(x.shape[1:], dtype=np.int64))
+        counts = [int(r) * row for r in rows]
+        out = xp.empty((int(rows.sum()),) + x.shape[1:], dtype=x.dtype)
+        send, recv = _flat(x), _flat(out)
+        self._run("allgatherv", out.nbytes, xp, algorithm=algorithm,
+                  native=lambda t: t.native_allgatherv(send, recv, counts), algo_args=(send, recv, counts))
+        return out
+
+    def gather(self, x, root=0, *, algorithm=None):
+        """Every rank's ``x`` concatenated along axis 0 on ``root`` (None elsewhere)."""
+        root = self._check_root(root)
+        x, xp = self._prep(x)
+        x = self._lead(x)
+        out = xp.empty((x.shape[0] * self.size,) + x.shape[1:], dtype=x.dtype) if self.rank == root else None
+        send, recv = _flat(x), (_flat(out) if out is not None else None)
+        self._run("gather", x.nbytes * self.size, xp, algorithm=algorithm,
+                  native=lambda t: t.native_gather(send, recv, root), algo_args=(send, recv, root),
+                  sig=(dtype_code(x.dtype), x.size, root, 0, self._shape_hash(x.shape)))
+        return out
+
+    def gatherv(self, x, root=0, *, algorithm=None):
+        """Like :meth:`gather`, but first dimensions may differ across ranks."""
+        root = self._check_root(root)
+        x, xp = self._prep(x)
+        x = self._lead(x)
+        rows = self._v_counts("gatherv", x, root)
+        row = int(np.prod(x.shape[1:], dtype=np.int64))
+        counts = [int(r) * row for r in rows]
+        out = xp.empty((int(rows.sum()),) + x.shape[1:], dtype=x.dtype) if self.rank == root else None
+        send, recv = _flat(x), (_flat(out) if out is not None else None)
+        self._run("gatherv", int(rows.sum()) * row * x.itemsize, xp, algorithm=algorithm,
+                  native=lambda t: t.native_gatherv(send, recv, counts, root),
+                  algo_args=(send, recv, counts, root))
+        return out
+
+    def scatter(self, x, root=0, *, algorithm=None):
+        """The root's ``x`` split along axis 0 into ``size`` equal blocks; this rank's block.
+
+        Only the root's ``x`` is read (others may pass None).  The root's shape
+        and dtype are broadcast first, and a first dimension that does not divide
+        by ``size`` is the same ``ValueError`` on every rank.
+        """
+        root = self._check_root(root)
+        meta = np.zeros(4 + _MAX_NDIM, dtype=np.int64)
+        if self.rank == root:
+            x, xp = self._prep(x)
+            x = self._lead(x)
+            ok = x.ndim <= _MAX_NDIM and x.shape[0] % self.size == 0
+            meta[:4] = [1 if ok else 0, x.ndim, dtype_code(x.dtype), 1 if xp is not np else 0]
+            meta[4:4 + min(x.ndim, _MAX_NDIM)] = x.shape[:_MAX_NDIM]
+        if self.size > 1:
+            self._ctl.native_bcast(meta, root).wait()
+        ok, ndim, dcode, dev = (int(v) for v in meta[:4])
+        shape = tuple(int(s) for s in meta[4:4 + ndim])
+        if not ok:
+            raise ValueError(f"scatter: the root's array has shape {shape}; its first dimension must "
+                             f"divide by the communicator size {self.size}")
+        from ._ops import SUPPORTED_DTYPES
+
+        dtype = SUPPORTED_DTYPES[dcode - 1]
+        xp = get_namespace(x) if self.rank == root else (np if not dev else _cupy())
+        block = (shape[0] // self.size,) + shape[1:]
+        out = xp.empty(block, dtype=dtype)
+        send = _flat(x) if self.rank == root else None
+        recv = _flat(out)
+        self._run("scatter", out.nbytes * self.size, xp, algorithm=algorithm,
+                  native=lambda t: t.native_scatter(send, recv, root), algo_args=(send, recv, root))
+        return out
+
+    def reduce_scatter(self, x, op="sum", *, algorithm=None):
+        """Reduce ``x`` over all ranks and return this rank's block along axis 0.
+
+        Blocks follow ``numpy.array_split``: the first ``n % size`` ranks get one
+        more row.
+        """
+        check_op(op)
+        x, xp = self._prep(x)
+        x = self._lead(x)
+        n0 = x.shape[0]
+        rows = [n0 // self.size + (1 if r < n0 % self.size else 0) for r in range(self.size)]
+        row = int(np.prod(x.shape[1:], dtype=np.int64))
+        counts = [r * row for r in rows]
+        out = xp.empty((rows[self.rank],) + x.shape[1:], dtype=x.dtype)
+        send, recv = _flat(x), _flat(out)
+        self._run("reduce_scatter", x.nbytes, xp, algorithm=algorithm,
+                  native=lambda t: t.native_reduce_scatter(send, recv, counts, op),
+                  algo_args=(send, recv, counts, op),
+                  sig=(dtype_code(x.dtype), x.size, 0, OPS.index(op) + 1, self._shape_hash(x.shape)))
+        return out
+
+    def _scan(self, kind, x, op, algorithm):
+        check_op(op)
+        x, xp = self._prep(x)
+        out = xp.empty_like(x)
+        if kind == "exscan" and self.rank == 0:
+            out.fill(identity(op, x.dtype))
+        send, recv = _flat(x), _flat(out)
+        native = (lambda t: t.native_scan(send, recv, op)) if kind == "scan" else \
+                 (lambda t: t.native_exscan(send, recv, op))
+        self._run(kind, x.nbytes, xp, algorithm=algorithm, native=native, algo_args=(send, recv, op),
+                  sig=(dtype_code(x.dtype), x.size, 0, OPS.index(op) + 1, self._shape_hash(x.shape)))
+        return out
+
+    def scan(self, x, op="sum", *, algorithm=None):
+        """Inclusive prefix reduction: rank r gets op(x_0, ..., x_r)."""
+        return self._scan("scan", x, op, algorithm)
+
+    def exscan(self, x, op="sum", *, algorithm=None):
+        """Exclusive prefix reduction: rank r gets op(x_0, ..., x_{r-1}); rank 0 the identity."""
+        return self._scan("exscan", x, op, algorithm)
+
+    def alltoall(self, x, *, algorithm=None):
+        """``x`` split along axis 0 into ``size`` blocks; block j goes to rank j.
+
+        Returns the blocks received, concatenated in rank order.
+        """
+        x, xp = self._prep(x)
+        x = self._lead(x)
+        error = None
+        if x.shape[0] % self.size:
+            error = (f"alltoall: first dimension {x.shape[0]} on rank {self.rank} does not divide "
+                     f"by the communicator size {self.size}")
+        out = xp.empty_like(x)
+        send, recv = _flat(x), _flat(out)
+        self._run("alltoall", x.nbytes, xp, algorithm=algorithm,
+                  native=lambda t: t.native_alltoall(send, recv), algo_args=(send, recv),
+                  sig=(dtype_code(x.dtype), x.size, 0, 0, self._shape_hash(x.shape)), error=error,
+                  force_check=error is not None and _config.check_level() != 0)
+        return out
+
+    # ------------------------------------------------------------------ point to point
+    def _check_peer(self, peer, what):
+        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size:
+            raise ValueError(f"{what} must be a rank in [0, {self.size}); got {peer!r}")
+
+    def _check_tag(self, tag):
+        if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= MAX_TAG:
+            raise ValueError(f"tag must be an int in [0, {MAX_TAG}]; got {tag!r}")
+
+    def isend(self, x, dest, tag=0):
+        """Start sending ``x`` to ``dest``; returns a request (``.wait()`` or ``await``)."""
+        self._check_peer(dest, "dest")
+        self._check_tag(tag)
+        x, xp = self._prep(x)
+        if x.ndim > _MAX_NDIM:
+            raise ValueError(f"send supports at most {_MAX_NDIM} dimensions; got {x.ndim}")
+        header = np.zeros(_HEADER_BYTES, dtype=np.uint8)
+        ints = header[:8 * _HEADER_INTS].view(np.int64)
+        inline = x.nbytes <= _INLINE_BYTES
+        ints[:6] = [_MAGIC, dtype_code(x.dtype), x.ndim, 1 if xp is not np else 0, x.nbytes, 1 if inline else 0]
+        ints[6:6 + x.ndim] = x.shape
+        reqs = []
+        if inline:
+            if x.nbytes:
+                raw = x.get() if xp is not np else x
+                header[8 * _HEADER_INTS:8 * _HEADER_INTS + x.nbytes] = _flat(raw).view(np.uint8)
+            reqs.append(self._p2p.isend(header, dest, tag))
+        else:
+            reqs.append(self._p2p.isend(header, dest, tag))
+            reqs.append(self._p2p.isend(_flat(x), dest, tag))
+        start = time.perf_counter()
+
+        def test():
+            done = all(r.test() for r in reqs)
+            if done and _profile.active():
+                _profile.record("send", x.nbytes, self.backend, "p2p", time.perf_counter() - start)
+            return done
+
+        return Request(test, op="send", peer=dest, result=None)
+
+    def send(self, x, dest, tag=0):
+        """Send ``x`` to ``dest`` (blocks until the buffer may be reused)."""
+        self.isend(x, dest, tag).wait()
+
+    def irecv(self, source, tag=0, out=None):
+        """Start receiving from ``source``; the request's ``wait()`` returns the array."""
+        self._check_peer(source, "source")
+        self._check_tag(tag)
+        header = np.empty(_HEADER_BYTES, dtype=np.uint8)
+        hreq = self._p2p.irecv(header, source, tag)
+        state = {"payload": None, "result": None, "start": time.perf_counter(), "error": None}
+
+        def on_header():
+            ints = header[:8 * _HEADER_INTS].view(np.int64)
+            magic, dcode, ndim, dev, nbytes, inline = (int(v) for v in ints[:6])
+            if magic != _MAGIC:
+                raise CommError(f"recv from rank {source} tag {tag}: not an mpiml message")
+            from ._ops import SUPPORTED_DTYPES
+
+            dtype = SUPPORTED_DTYPES[dcode - 1]
+            shape = tuple(int(s) for s in ints[6:6 + ndim])
+            size = int(np.prod(shape, dtype=np.int64))
+            if out is not None:
+                if out.dtype != dtype or out.size != size:
+                    state["error"] = ValueError(
+                        f"recv from rank {source}: message is {shape} {dtype} but out is {tuple(out.shape)} {out.dtype}")
+                    target = np.empty(shape, dtype=dtype)
+                elif not out.flags.c_contiguous:
+                    raise ValueError("out must be C-contiguous")
+                else:
+                    target = out
+            else:
+                xp = _cupy() if dev else np
+                target = xp.empty(shape, dtype=dtype)
+            if inline:
+                if nbytes:
+                    data = header[8 * _HEADER_INTS:8 * _HEADER_INTS + nbytes].view(dtype)
+                    if is_device_array(target):
+                        _flat(target).set(data)
+                    else:
+                        _flat(target)[...] = data
+                state["result"] = target
+                return None
+            state["result"] = target
+            return self._p2p.irecv(_flat(target), source, tag)
+
+        def test():
+            if state["payload"] is None:
+                if not hreq.test():
+                    return False
+                state["payload"] = on_header() or CompletedRequest()
+            if not state["payload"].test():
+                return False
+            if state["error"] is not None:
+                raise state["error"]
+            if _profile.active():
+                _profile.record("recv", state["result"].nbytes, self.backend, "p2p",
+                                time.perf_counter() - state["start"])
+            return True
+
+        return Request(test, op="recv", peer=source, result=lambda: state["result"])
+
+    def recv(self, source, tag=0, out=None):
+        """Receive an array from ``source`` (into ``out`` when given) and return it."""
+        return self.irecv(source, tag, out).wait()
+
+    # ------------------------------------------------------------------ groups
+    def split(self, color, key=0):
+        """New communicator of the ranks with the same ``color``, ordered by ``key`` then rank.
+
+        ``color=None`` takes no part and returns None (MPI_UNDEFINED).
+        """
+        if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
+            raise ValueError(f"color must be a non-negative int or None; got {color!r}")
+        new = self._world.split(None if color is None else int(color), int(key))
+        if new is None:
+            return None
+        return Communicator(new, prefer=self.prefer, tuning=self._tuning)
+
+
+def _cupy():
+    import cupy
+
+    return cupy

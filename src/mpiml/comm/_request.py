@@ -1,0 +1,137 @@
+"""Requests for nonblocking operations: wait with a timeout, or ``await`` them.
+
+A :class:`Request` wraps a ``test()`` function that makes progress and reports
+completion.  Waiting polls it: a short spin first (small messages finish in
+microseconds), then sleeps that back off to 1 ms so a long wait does not burn a
+core.  Every wait honours ``MPIML_TIMEOUT`` and raises
+:class:`~mpiml.CommTimeoutError` naming the operation and the peer.
+"""
+
+import asyncio
+import time
+
+from .. import _config
+from .._errors import CommTimeoutError
+
+__all__ = ["Request", "CompletedRequest", "waitall", "poll_until"]
+
+_SPIN_SECONDS = 50e-6
+_MAX_SLEEP = 1e-3
+
+
+def poll_until(test, *, op, peer, timeout=None, detail=""):
+    """Call ``test()`` until it returns True; raise CommTimeoutError after ``timeout``."""
+    if test():
+        return
+    limit = _config.timeout() if timeout is None else timeout
+    start = time.perf_counter()
+    spin_end = start + _SPIN_SECONDS
+    while time.perf_counter() < spin_end:
+        if test():
+            return
+    deadline = None if limit is None else start + limit
+    sleep = 2e-6
+    while True:
+        if test():
+            return
+        now = time.perf_counter()
+        if deadline is not None and now >= deadline:
+            raise CommTimeoutError(op, peer, limit, detail)
+        time.sleep(sleep)
+        sleep = min(sleep * 2, _MAX_SLEEP)
+
+
+class Request:
+    """A pending operation.
+
+    Parameters
+    ----------
+    test : callable
+        Makes progress; returns True once the operation is complete.
+    op : str
+        Operation name used in errors (``"recv"``, ``"allreduce"``, ...).
+    peer : int or str
+        The peer waited for, or ``"all"``.
+    result : callable or object, default=None
+        What :meth:`wait` returns; called with no argument if callable.
+    cancel : callable, default=None
+        Cancels the underlying operation when it timed out.
+    """
+
+    def __init__(self, test, *, op, peer, result=None, cancel=None):
+        self._test = test
+        self._done = False
+        self.op = op
+        self.peer = peer
+        self._result = result
+        self._cancel = cancel
+
+    def test(self):
+        """Make progress; True when complete."""
+        if not self._done:
+            self._done = bool(self._test())
+        return self._done
+
+    def _value(self):
+        return self._result() if callable(self._result) else self._result
+
+    def wait(self, timeout=None):
+        """Block until complete and return the result (the received array for irecv)."""
+        try:
+            poll_until(self.test, op=self.op, peer=self.peer, timeout=timeout)
+        except CommTimeoutError:
+            if self._cancel is not None:
+                try:
+                    self._cancel()
+                except Exception:  # the timeout is the error worth reporting
+                    pass
+            raise
+        return self._value()
+
+    async def _await(self):
+        limit = _config.timeout()
+        start = time.perf_counter()
+        sleep = 0.0
+        while not self.test():
+            if limit is not None and time.perf_counter() - start > limit:
+                raise CommTimeoutError(self.op, self.peer, limit)
+            await asyncio.sleep(sleep)
+            sleep = min(max(sleep * 2, 20e-6), _MAX_SLEEP)
+        return self._value()
+
+    def __await__(self):
+        return self._await().__await__()
+
+
+class CompletedRequest(Request):
+    """A request that is already complete (size-1 communicators, zero-length messages)."""
+
+    def __init__(self, result=None, *, op="", peer=""):
+        super().__init__(lambda: True, op=op, peer=peer, result=result)
+        self._done = True
+
+
+def waitall(requests, *, op=None, timeout=None):
+    """Wait for every request; the error names the first peer still outstanding."""
+    pending = [r for r in requests if r is not None]
+
+    def test():
+        nonlocal pending
+        pending = [r for r in pending if not r.test()]
+        return not pending
+
+    if test():
+        return
+    try:
+        poll_until(test, op=op or pending[0].op, peer="all", timeout=timeout,
+                   detail="outstanding: " + ", ".join(f"{r.op} with rank {r.peer}" for r in pending[:4]))
+    except CommTimeoutError as exc:
+        if pending:
+            exc.peer = pending[0].peer
+        for r in pending:
+            if r._cancel is not None:
+                try:
+                    r._cancel()
+                except Exception:
+                    pass
+        raise

@@ -1,0 +1,79 @@
+"""What a collective algorithm sees: point-to-point with timeouts, and a local reduce.
+
+Algorithms are written once against :class:`Channel` and so run over any
+transport (MPI, NCCL send/recv, ...) and on host or device buffers.
+"""
+
+from .._ops import reduce_local
+from .._request import waitall
+
+__all__ = ["Channel"]
+
+
+class Channel:
+    """Point-to-point for one collective call.
+
+    Parameters
+    ----------
+    transport : Transport
+        Moves the buffers.
+    xp : module
+        ``numpy`` or ``cupy``: the namespace of the buffers.
+    op_name : str
+        The collective being run, for error messages (``"allreduce[ring]"``).
+    base_tag : int
+        Tag of this call's messages; algorithms add a small phase offset (< 16).
+    """
+
+    def __init__(self, transport, xp, op_name, base_tag=0):
+        self.transport = transport
+        self.xp = xp
+        self.rank = transport.rank
+        self.size = transport.size
+        self.op_name = op_name
+        self.base_tag = base_tag
+        self.reductions = 0  # number of local reductions, for cost accounting
+
+    # -- buffers ---------------------------------------------------------------------
+    def empty(self, n, dtype):
+        return self.xp.empty(int(n), dtype=dtype)
+
+    # -- point to point -------------------------------------------------------------
+    def isend(self, buf, dest, tag=0):
+        req = self.transport.isend(buf, dest, self.base_tag + tag)
+        req.op = self.op_name
+        return req
+
+    def irecv(self, buf, source, tag=0):
+        req = self.transport.irecv(buf, source, self.base_tag + tag)
+        req.op = self.op_name
+        return req
+
+    def send(self, buf, dest, tag=0):
+        self.isend(buf, dest, tag).wait()
+
+    def recv(self, buf, source, tag=0):
+        self.irecv(buf, source, tag).wait()
+        return buf
+
+    def sendrecv(self, sendbuf, dest, recvbuf, source, tag=0):
+        """Send to ``dest`` and receive from ``source`` at once (no deadlock in rings)."""
+        rreq = self.irecv(recvbuf, source, tag)
+        sreq = self.isend(sendbuf, dest, tag)
+        self.waitall([rreq, sreq])
+        return recvbuf
+
+    def waitall(self, requests):
+        waitall(requests, op=self.op_name)
+
+    # -- computation ------------------------------------------------------------------
+    def reduce(self, op, inbuf, inoutbuf):
+        """``inoutbuf = op(inbuf, inoutbuf)`` in place."""
+        self.reductions += 1
+        return reduce_local(self.xp, op, inbuf, inoutbuf)
+
+    def copy(self, src, dst):
+        """Copy ``src`` into ``dst`` (same length)."""
+        if src.size:
+            dst[...] = src
+        return dst

@@ -1,0 +1,60 @@
+"""Helpers for scripts that run under mpiexec: collective verdicts.
+
+A script calls :func:`check` for every comparison and :func:`finish` at the end;
+the verdict is agreed across ranks so every rank exits with the same status.
+"""
+
+import sys
+import traceback
+
+import numpy as np
+
+_failures = []
+
+
+def check(cond, msg):
+    """Record a failure (does not raise, so the ranks stay in step)."""
+    if not cond:
+        _failures.append(msg)
+    return cond
+
+
+def assert_close(got, want, msg, rtol=1e-6, atol=0.0, exact=False):
+    got = got.get() if hasattr(got, "get") and not isinstance(got, np.ndarray) else np.asarray(got)
+    want = np.asarray(want)
+    if got.shape != want.shape:
+        return check(False, f"{msg}: shape {got.shape} != {want.shape}")
+    if got.dtype != want.dtype:
+        return check(False, f"{msg}: dtype {got.dtype} != {want.dtype}")
+    if exact:
+        ok = np.array_equal(got, want)
+    else:
+        ok = np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol)
+    if not ok:
+        bad = np.argwhere(~np.isclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol)) \
+            if not exact else np.argwhere(got != want)
+        return check(False, f"{msg}: differs at {bad[:3].tolist()} (got {got.ravel()[:4]}, want {want.ravel()[:4]})")
+    return True
+
+
+def finish(comm):
+    """Agree on the verdict; print failures on the ranks that had them; exit 0 or 1 on all."""
+    mine = len(_failures)
+    total = comm.allreduce_obj(mine) if comm.size > 1 else mine
+    if mine:
+        for f in _failures[:20]:
+            print(f"rank {comm.rank}: FAIL {f}", file=sys.stderr)
+    if comm.rank == 0:
+        print(f"{'OK' if total == 0 else 'FAILED'}: {total} failure(s) over {comm.size} rank(s)")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(0 if total == 0 else 1)
+
+
+def guarded(main, comm):
+    """Run ``main()``; an exception on one rank is a failure, not a hang of the others."""
+    try:
+        main()
+    except Exception:
+        _failures.append(traceback.format_exc())
+    finish(comm)

@@ -1,0 +1,94 @@
+"""Shared test helpers: launching real ``mpiexec`` jobs with a timeout, GPU detection.
+
+Multi-rank tests write (or name) a script, run it under ``mpiexec -n N`` with a
+hard timeout, and assert on the exit status: the scripts agree on their verdict
+collectively (see :func:`collective_assert` in ``tests/_spmd.py``), so all ranks
+pass or fail together and a hang is a test failure, not a stalled CI.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(ROOT, "tests")
+
+
+def _mpiexec():
+    exe = os.environ.get("MPIML_TEST_MPIEXEC") or shutil.which("mpiexec") or shutil.which("mpirun")
+    return exe
+
+
+def have_gpu():
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def mpiexec_cmd(n):
+    exe = _mpiexec()
+    if exe is None:
+        pytest.skip("no mpiexec on PATH (pip install mpich)")
+    cmd = [exe, "-n", str(n)]
+    extra = os.environ.get("MPIML_TEST_MPIEXEC_ARGS", "")
+    return cmd + extra.split() if extra else cmd
+
+
+def run_mpi(script, n, *args, timeout=120, env=None, expect_ok=True, code=None):
+    """Run ``script`` (a path, or ``code`` text written to a temp file) on ``n`` ranks.
+
+    Returns the CompletedProcess; with ``expect_ok`` a non-zero exit fails the
+    test with both output streams shown.  A run past ``timeout`` seconds fails.
+    """
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "src"), TESTS, full_env.get("PYTHONPATH", "")])
+    full_env.setdefault("MPIML_TIMEOUT", "60")
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if env:
+        full_env.update(env)
+    if code is not None:
+        import tempfile
+
+        fd, script = tempfile.mkstemp(suffix=".py", prefix="mpiml_test_")
+        with os.fdopen(fd, "w") as f:
+            f.write(textwrap.dedent(code))
+    cmd = mpiexec_cmd(n) + [sys.executable, script, *map(str, args)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"")
+        err = (exc.stderr or b"")
+        out = out.decode() if isinstance(out, bytes) else out
+        err = err.decode() if isinstance(err, bytes) else err
+        pytest.fail(f"mpiexec -n {n} {os.path.basename(script)} hung past {timeout} s\n"
+                    f"--- stdout\n{out[-4000:]}\n--- stderr\n{err[-4000:]}")
+    finally:
+        if code is not None:
+            os.unlink(script)
+    if expect_ok and proc.returncode != 0:
+        pytest.fail(f"mpiexec -n {n} {os.path.basename(script)} exited {proc.returncode}\n"
+                    f"--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}")
+    return proc
+
+
+@pytest.fixture
+def mpi():
+    """The :func:`run_mpi` helper as a fixture."""
+    return run_mpi
+
+
+def pytest_collection_modifyitems(config, items):
+    if have_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU and CuPy")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
