@@ -1,0 +1,1 @@
+"""Benchmark suites behind ``mpiml bench comm|ml`` and ``mpiml tune``."""

@@ -1,0 +1,78 @@
+"""What every benchmark result records: the machine, the date, the command."""
+
+import datetime
+import os
+import platform
+import socket
+import sys
+
+__all__ = ["machine_info", "stamp", "Progress", "parse_bytes", "human_bytes"]
+
+
+def machine_info(comm=None):
+    info = {"host": socket.gethostname(), "cpus": os.cpu_count(), "platform": platform.platform(),
+            "python": sys.version.split()[0]}
+    try:
+        from mpi4py import MPI
+
+        info["mpi"] = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+    except Exception:
+        pass
+    try:
+        import cupy
+
+        n = cupy.cuda.runtime.getDeviceCount()
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        info["gpus"] = f"{n} x {name}"
+    except Exception:
+        info["gpus"] = "none"
+    if comm is not None:
+        info["ranks"] = comm.size
+    return info
+
+
+def stamp(argv):
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(["mpiml"] + list(argv)),
+            "launcher_ranks": os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or "1"}
+
+
+def parse_bytes(text):
+    """'64MiB', '4k', '1048576' -> int bytes."""
+    t = str(text).strip().lower().replace("ib", "").replace("b", "")
+    mult = 1
+    for suffix, m in (("k", 1 << 10), ("m", 1 << 20), ("g", 1 << 30)):
+        if t.endswith(suffix):
+            t, mult = t[:-1], m
+            break
+    return int(float(t) * mult)
+
+
+def human_bytes(n):
+    for unit in ("B", "K", "M", "G"):
+        if n < 1024 or unit == "G":
+            return f"{n:g}{unit}"
+        n /= 1024
+    return f"{n:g}G"
+
+
+class Progress:
+    """A one-line progress bar on stderr (rank 0 only; silent when not a terminal unless forced)."""
+
+    def __init__(self, total, label, enabled=True):
+        self.total = max(total, 1)
+        self.done = 0
+        self.label = label
+        self.enabled = enabled
+
+    def step(self, note=""):
+        self.done += 1
+        if not self.enabled:
+            return
+        width = 30
+        filled = int(width * self.done / self.total)
+        bar = "#" * filled + "-" * (width - filled)
+        end = "\n" if self.done >= self.total else ""
+        sys.stderr.write(f"\r{self.label} [{bar}] {self.done}/{self.total} {note:<40}{end}")
+        sys.stderr.flush()

@@ -1,0 +1,109 @@
+"""``mpiml tune``: measure this machine and write its tuning table.
+
+The sweep of :mod:`mpiml.bench.comm` is run without "auto"; for each op and
+size the fastest ``backend/algorithm`` wins, and runs of consecutive sizes with
+the same winner become one rule (``max_bytes`` = the largest size of the run;
+the last rule of an op has no upper limit).  A winner must beat the incumbent
+of the previous size by ``--margin`` (default 5 %) to start a new rule, which
+keeps noise from fragmenting the table.  Rules are for this rank count and
+memory kind; rules for other rank counts or memory kinds already in the file
+are kept.  Rank 0 writes the file atomically.
+"""
+
+import json
+import os
+import sys
+
+from .. import _config
+from ._common import machine_info, parse_bytes, stamp
+from .comm import DEFAULT_OPS, sizes_between, sweep
+
+__all__ = ["main", "rules_from_results"]
+
+
+def rules_from_results(results, ranks, memory, margin=0.05):
+    """Turn sweep results into tuning rules (a list of dicts)."""
+    by = {}
+    for r in results:
+        if r["series"] == "auto":
+            continue
+        by.setdefault(r["op"], {}).setdefault(r["bytes"], {})[r["series"]] = r["latency_us"]
+    rules = []
+    for op, sizes in by.items():
+        ordered = sorted(sizes)
+        runs = []  # [series, max_bytes]
+        for b in ordered:
+            lat = sizes[b]
+            best = min(lat, key=lat.get)
+            if runs:
+                current = runs[-1][0]
+                if current in lat and lat[current] <= lat[best] * (1 + margin):
+                    best = current
+            if runs and runs[-1][0] == best:
+                runs[-1][1] = b
+            else:
+                runs.append([best, b])
+        for i, (series, max_bytes) in enumerate(runs):
+            backend, _, algo = series.partition("/")
+            rules.append({"op": op, "memory": memory, "min_ranks": ranks, "max_ranks": ranks,
+                          "max_bytes": None if i == len(runs) - 1 else max_bytes,
+                          "backend": backend, "algorithm": algo})
+    return rules
+
+
+def _write_atomic(path, doc):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def main(argv):
+    from ..cli import parser
+
+    p = parser("mpiml tune", "Measure every backend x algorithm here and write this machine's tuning table.")
+    p.add_argument("--ops", default=",".join(DEFAULT_OPS))
+    p.add_argument("--min-bytes", default="1")
+    p.add_argument("--max-bytes", default="64MiB")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--target-ms", type=float, default=20.0)
+    p.add_argument("--margin", type=float, default=0.05, help="relative gain needed to switch algorithm")
+    p.add_argument("--output", default=None, help=f"table to write (default MPIML_TUNING_FILE or {_config.tuning_file()})")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+
+    from ..comm import get_comm
+
+    comm = get_comm()
+    if args.device == "gpu":
+        from ..comm.backends._device import bind_device
+
+        bind_device(comm)
+    ops = [o for o in args.ops.split(",") if o]
+    sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes))
+    results = sweep(comm, ops, sizes, device=args.device, include_auto=False, rounds=args.rounds,
+                    target_seconds=args.target_ms / 1e3, progress=not args.quiet)
+    if comm.rank != 0:
+        return 0
+    memory = "device" if args.device == "gpu" else "host"
+    new_rules = rules_from_results(results, comm.size, memory, args.margin)
+    path = args.output or _config.tuning_file()
+    kept = []
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        kept = [r for r in old.get("rules", [])
+                if not (r.get("memory") == memory and r.get("min_ranks") == comm.size and r.get("max_ranks") == comm.size)]
+    doc = {"version": 1, **stamp(["tune"] + list(argv)), "machine": machine_info(comm),
+           "rules": new_rules + kept}
+    _write_atomic(path, doc)
+    print(f"mpiml tune: {len(new_rules)} rules for {comm.size} ranks, {memory} memory -> {path}")
+    for r in new_rules:
+        upto = "inf" if r["max_bytes"] is None else r["max_bytes"]
+        print(f"  {r['op']:<15} <= {upto!s:>10} B : {r['backend']}/{r['algorithm']}")
+    sys.stdout.flush()
+    return 0

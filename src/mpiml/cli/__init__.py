@@ -1,0 +1,105 @@
+"""The ``mpiml`` command: ``info``, ``run``, ``bench comm|ml``, ``tune``, ``dask``.
+
+Rank 0 prints; a usage error exits 2 on every rank (every rank parses the same
+arguments); an unhandled exception prints its traceback and aborts the whole MPI
+job instead of leaving the other ranks hanging (as ``python -m mpi4py`` does).
+"""
+
+import argparse
+import sys
+import traceback
+
+__all__ = ["main", "abort_on_exception"]
+
+_USAGE = """usage: mpiml COMMAND [options]
+
+commands:
+  info                 MPI library, CUDA-awareness, GPUs, NCCL, backends available (and why not)
+  run ALGORITHM        run an estimator SPMD (the main job: `mpiml run kmeans`)
+  bench comm|ml        communication sweep (OSU-style) or ML benchmark
+  tune                 measure this machine and write its tuning table
+  dask SCRIPT          run a Dask cluster over mpi:// under mpiexec
+
+`mpiml COMMAND --help` for the options of a command.
+"""
+
+
+def _world_size():
+    from ..comm import launched_by_mpi
+
+    if not launched_by_mpi():
+        return 1
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_size()
+
+
+def abort_on_exception(fn, argv):
+    """Run ``fn(argv)``; on an unhandled exception print it and abort every rank."""
+    try:
+        return fn(argv)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        if _world_size() > 1:
+            from mpi4py import MPI
+
+            rank = MPI.COMM_WORLD.Get_rank()
+            print(f"mpiml: unhandled exception on rank {rank}; aborting the job", file=sys.stderr, flush=True)
+            MPI.COMM_WORLD.Abort(1)
+        return 1
+
+
+def _dispatch(argv):
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_USAGE, end="")
+        return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        from .. import __version__
+
+        print(f"mpiml {__version__}")
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "info":
+        from ._info import main as info_main
+
+        return info_main(rest)
+    if cmd == "run":
+        from .run import main as run_main
+
+        return run_main(rest)
+    if cmd == "bench":
+        if not rest or rest[0] not in ("comm", "ml"):
+            print("usage: mpiml bench comm|ml [options]", file=sys.stderr)
+            return 2
+        if rest[0] == "comm":
+            from ..bench.comm import main as bench_main
+        else:
+            from ..bench.ml import main as bench_main
+        return bench_main(rest[1:])
+    if cmd == "tune":
+        from ..bench.tune import main as tune_main
+
+        return tune_main(rest)
+    if cmd == "dask":
+        from ..dask._launcher import main as dask_main
+
+        return dask_main(rest)
+    print(f"mpiml: unknown command {cmd!r}\n\n{_USAGE}", file=sys.stderr, end="")
+    return 2
+
+
+def main(argv=None):
+    """Entry point of the ``mpiml`` console script."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    code = abort_on_exception(_dispatch, argv)
+    return int(code or 0)
+
+
+def parser(prog, description):
+    """An ``ArgumentParser`` for a subcommand (usage errors exit 2 on every rank)."""
+    return argparse.ArgumentParser(prog=prog, description=description)
