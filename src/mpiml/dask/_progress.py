@@ -1,0 +1,239 @@
+"""Drive MPI nonblocking requests from an asyncio event loop.
+
+One :class:`ProgressEngine` per event loop polls every pending request of that
+loop with a single ``MPI_Testsome``. It never blocks the loop and does not
+busy-spin the CPU while nothing moves:
+
+* while a *busy* request is pending (a frame being sent or received), or for
+  ``MPIML_DASK_SPIN`` seconds after the last completion, it yields with
+  ``asyncio.sleep(0)`` between polls, so a reply that comes quickly is seen
+  at once and large transfers keep MPI's progress engine turning;
+* otherwise (only *idle* requests such as the next message header or
+  connection requests are pending) it sleeps, doubling the pause up to
+  ``MPIML_DASK_POLL_MAX`` seconds. Registering a new request wakes it.
+
+Idle waits therefore cost one ``Testsome`` per pause (a few microseconds every
+couple of milliseconds), and a message that arrives after a quiet period
+waits at most ``MPIML_DASK_POLL_MAX`` before it is noticed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import weakref
+
+from mpi4py import MPI
+
+__all__ = ["ProgressEngine", "get_engine", "mpi_lock", "poll_settings"]
+
+#: Serialises MPI calls of the engines of several event loops in one process
+#: (harmless when MPI provides ``MPI_THREAD_MULTIPLE``, required otherwise).
+mpi_lock = threading.RLock()
+
+_engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _env_seconds(name, default):
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds; got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0; got {raw!r}")
+    return value
+
+
+def poll_settings():
+    """Return ``(spin, first_pause, max_pause)`` in seconds, read from the environment.
+
+    Returns
+    -------
+    spin : float
+        ``MPIML_DASK_SPIN`` (default 0.0005): how long the engine keeps polling
+        without sleeping after the last completed request.
+    first_pause : float
+        First sleep once the spin window has passed (0.0005; the event loop
+        rounds sleeps up to its clock, about 1 ms on Linux).
+    max_pause : float
+        ``MPIML_DASK_POLL_MAX`` (default 0.002): the longest sleep between polls.
+    """
+    spin = _env_seconds("MPIML_DASK_SPIN", 0.0005)
+    max_pause = max(_env_seconds("MPIML_DASK_POLL_MAX", 0.002), 1e-4)
+    return spin, min(0.0005, max_pause), max_pause
+
+
+class _Group:
+    """Requests that complete together, with the buffers they need kept alive."""
+
+    __slots__ = ("remaining", "future", "busy", "buffers", "callback")
+
+    def __init__(self, count, future, busy, buffers, callback):
+        self.remaining = count
+        self.future = future
+        self.busy = busy
+        self.buffers = buffers
+        self.callback = callback
+
+
+class ProgressEngine:
+    """Poll the MPI requests of one event loop.
+
+    Parameters
+    ----------
+    loop : asyncio.AbstractEventLoop
+        The loop whose coroutines wait on requests; every method must be called
+        from that loop's thread.
+
+    Notes
+    -----
+    A request stays registered until MPI reports it complete, even when the
+    coroutine that waited on it was cancelled: its buffer must stay alive until
+    then. To give up on a receive, call :meth:`cancel`.
+    """
+
+    def __init__(self, loop):
+        self._loop = loop
+        self._requests = []
+        self._groups = []
+        self._busy = 0
+        self._task = None
+        self._pause = None
+        self._last_progress = time.perf_counter()
+        self._spin, self._first_pause, self._max_pause = poll_settings()
+
+    # -- registration ---------------------------------------------------------
+
+    def wait(self, requests, *, busy=True, buffers=None):
+        """Return a future that completes when every request in ``requests`` has.
+
+        Parameters
+        ----------
+        requests : list of mpi4py.MPI.Request
+        busy : bool, default=True
+            Data in flight: poll without sleeping until done. ``False`` for
+            requests that may stay pending for long (headers, control).
+        buffers : object, optional
+            Kept referenced until the requests complete.
+
+        Returns
+        -------
+        asyncio.Future
+            Resolves to ``None``; never raises.
+        """
+        future = self._loop.create_future()
+        requests = [r for r in requests if r]
+        if requests:
+            with mpi_lock:
+                finished = MPI.Request.Testall(requests)
+            if not finished:
+                self._add(requests, _Group(len(requests), future, busy, buffers, None))
+                return future
+        future.set_result(None)
+        return future
+
+    def watch(self, requests, buffers=None, callback=None):
+        """Keep ``requests`` (and ``buffers``) until they complete; call ``callback()`` then."""
+        requests = [r for r in requests if r]
+        if requests:
+            self._add(requests, _Group(len(requests), None, False, buffers, callback))
+        elif callback is not None:
+            callback()
+
+    def cancel(self, requests):
+        """Ask MPI to cancel pending receives; they still complete (as cancelled) later."""
+        with mpi_lock:
+            for req in requests:
+                if req:
+                    req.Cancel()
+        self._kick()
+
+    def _add(self, requests, group):
+        self._requests.extend(requests)
+        self._groups.extend([group] * len(requests))
+        if group.busy:
+            self._busy += len(requests)
+        self._kick()
+        if self._task is None or self._task.done():
+            self._task = self._loop.create_task(self._run())
+
+    def _kick(self):
+        self._last_progress = time.perf_counter()
+        pause = self._pause
+        if pause is not None and not pause.done():
+            pause.set_result(None)
+
+    # -- polling --------------------------------------------------------------
+
+    def _complete(self, indices):
+        done = set(indices)
+        finished = []
+        keep_requests, keep_groups = [], []
+        for i, (req, group) in enumerate(zip(self._requests, self._groups)):
+            if i in done:
+                if group.busy:
+                    self._busy -= 1
+                group.remaining -= 1
+                if group.remaining == 0:
+                    finished.append(group)
+            else:
+                keep_requests.append(req)
+                keep_groups.append(group)
+        self._requests, self._groups = keep_requests, keep_groups
+        for group in finished:
+            group.buffers = None
+            if group.future is not None and not group.future.done():
+                group.future.set_result(None)
+            if group.callback is not None:
+                group.callback()
+
+    async def _run(self):
+        pause = self._first_pause
+        while self._requests:
+            with mpi_lock:
+                indices = MPI.Request.Testsome(self._requests)
+            now = time.perf_counter()
+            if indices:
+                self._complete(indices)
+                self._last_progress = now
+                pause = self._first_pause
+                await asyncio.sleep(0)
+            elif self._busy or now - self._last_progress < self._spin:
+                await asyncio.sleep(0)
+            else:
+                await self._sleep(pause)
+                pause = min(2 * pause, self._max_pause)
+
+    async def _sleep(self, seconds):
+        self._pause = self._loop.create_future()
+        handle = self._loop.call_later(seconds, _resolve, self._pause)
+        try:
+            await self._pause
+        finally:
+            handle.cancel()
+            self._pause = None
+
+    @property
+    def pending(self):
+        """Number of requests not yet complete."""
+        return len(self._requests)
+
+
+def _resolve(future):
+    if not future.done():
+        future.set_result(None)
+
+
+def get_engine(loop=None):
+    """Return the :class:`ProgressEngine` of ``loop`` (default: the running loop)."""
+    if loop is None:
+        loop = asyncio.get_running_loop()
+    engine = _engines.get(loop)
+    if engine is None:
+        engine = _engines[loop] = ProgressEngine(loop)
+    return engine
