@@ -20,7 +20,7 @@ alltoall         ``fn(ch, sendbuf, recvbuf)``
 ===============  =====================================================
 """
 
-from . import linear  # noqa: F401  (registers)
+from . import alltoall, chain, linear, recursive_doubling, ring, scan, tree  # noqa: F401  (register)
 from ._channel import Channel
 from ._registry import (
     ALGORITHM_NAMES,
@@ -32,11 +32,6 @@ from ._registry import (
     get_algorithm,
     register,
 )
-
-try:  # the remaining families register themselves when present
-    from . import tree, recursive_doubling, ring, chain, scan, alltoall  # noqa: F401
-except ImportError:  # pragma: no cover - during development only
-    pass
 
 __all__ = [
     "Channel", "Algorithm", "CostModel", "ALGORITHMS", "ALGORITHM_NAMES", "COLLECTIVES",

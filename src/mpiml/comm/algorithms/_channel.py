@@ -7,7 +7,31 @@ transport (MPI, NCCL send/recv, ...) and on host or device buffers.
 from .._ops import reduce_local
 from .._request import waitall
 
-__all__ = ["Channel"]
+__all__ = ["Channel", "split_counts", "offsets", "ceil_log"]
+
+
+def split_counts(n, parts):
+    """``numpy.array_split``-style block sizes: the first ``n % parts`` blocks get one more."""
+    n, parts = int(n), int(parts)
+    base, extra = divmod(n, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def offsets(counts):
+    """Block boundaries ``[0, c0, c0 + c1, ...]`` (length ``len(counts) + 1``)."""
+    out = [0]
+    for c in counts:
+        out.append(out[-1] + int(c))
+    return out
+
+
+def ceil_log(p, base=2):
+    """Number of rounds of a radix-``base`` tree over ``p`` ranks (0 for one rank)."""
+    rounds, span = 0, 1
+    while span < p:
+        span *= base
+        rounds += 1
+    return rounds
 
 
 class Channel:
@@ -57,10 +81,16 @@ class Channel:
         return buf
 
     def sendrecv(self, sendbuf, dest, recvbuf, source, tag=0):
-        """Send to ``dest`` and receive from ``source`` at once (no deadlock in rings)."""
-        rreq = self.irecv(recvbuf, source, tag)
-        sreq = self.isend(sendbuf, dest, tag)
-        self.waitall([rreq, sreq])
+        """Send to ``dest`` and receive from ``source`` at once (no deadlock in rings).
+
+        Either side may be skipped by passing ``None`` as its peer.
+        """
+        reqs = []
+        if source is not None:
+            reqs.append(self.irecv(recvbuf, source, tag))
+        if dest is not None:
+            reqs.append(self.isend(sendbuf, dest, tag))
+        self.waitall(reqs)
         return recvbuf
 
     def waitall(self, requests):
