@@ -13,6 +13,7 @@ Constraints accepted in a ``_parameter_constraints`` list:
 - an :class:`Interval`, :class:`Options` or :class:`StrOptions` object;
 - a type (any instance of it is valid), e.g. ``int``, ``object``;
 - ``None`` (the value ``None`` is valid);
+- the builtin ``callable`` (any callable is valid);
 - the strings ``"array-like"``, ``"sparse matrix"``, ``"random_state"``,
   ``"boolean"``, ``"verbose"``, ``"callable"``, ``"nan"`` and ``"object"``
   (anything, including None);
@@ -269,6 +270,8 @@ def make_constraint(constraint):
         return constraint
     if constraint is None:
         return _NoneConstraint()
+    if constraint is callable:
+        return _Callables()
     if isinstance(constraint, type):
         return _InstancesOf(constraint)
     if isinstance(constraint, str):

@@ -399,5 +399,6 @@ def validate_sample_weight(sample_weight, X, *, xp=None, dtype=None, only_non_ne
     elif error is not None:
         raise error
     if not allow_all_zero and not nonzero:
-        raise ValueError("Sample weights must contain at least one non-zero number.")
+        cls = DistributedInputError if comm is not None and comm.size > 1 else ValueError
+        raise cls("Sample weights must contain at least one non-zero number.")
     return out

@@ -1,0 +1,110 @@
+"""SPMDEstimator and parameter constraints on one process."""
+
+import pickle
+from numbers import Integral, Real
+
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import mpiml
+from mpiml.base import COMM_CONSTRAINT, SPMDEstimator
+from mpiml.comm import get_comm
+from mpiml.utils import (HasMethods, Hidden, Interval, InvalidParameterError, Options, StrOptions,
+                         validate_parameter_constraints)
+from mpiml.utils._testing import MinimalSPMDTransformer
+
+
+@parametrize_with_checks([MinimalSPMDTransformer(), MinimalSPMDTransformer(mode="none", shift=2.0)])
+def test_sklearn_compatible(estimator, check):
+    check(estimator)
+
+
+CONSTRAINTS = {
+    "n_clusters": [Interval(Integral, 1, None, closed="left")],
+    "tol": [Interval(Real, 0, None, closed="left")],
+    "alpha": [Interval(Real, 0, 1, closed="neither"), None],
+    "algorithm": [StrOptions({"lloyd", "elkan"}), Hidden(StrOptions({"secret"}))],
+    "random_state": ["random_state"],
+    "copy_x": ["boolean"],
+    "verbose": ["verbose"],
+    "init": [StrOptions({"k-means++", "random"}), "array-like", callable],
+    "n_init": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
+    "metric": [Options(int, {1, 2})],
+    "comm": COMM_CONSTRAINT,
+    "anything": ["object"],
+    "skip": "no_validation",
+}
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("n_clusters", 0, "The 'n_clusters' parameter of KMeans must be an int in the range [1, inf). Got 0 instead."),
+    ("n_clusters", 2.0, "must be an int in the range [1, inf). Got 2.0 instead."),
+    ("tol", -1, "The 'tol' parameter of KMeans must be a float in the range [0.0, inf). Got -1 instead."),
+    ("alpha", 1.0, "must be a float in the range (0.0, 1.0) or None. Got 1.0 instead."),
+    ("algorithm", "full", "must be a str among {'elkan', 'lloyd'}. Got 'full' instead."),
+    ("random_state", -1, "must be an int in the range [0, 4294967295], an instance of "
+                         "'numpy.random.mtrand.RandomState' or None. Got -1 instead."),
+    ("copy_x", "yes", "must be an instance of 'bool' or an instance of 'numpy.bool'. Got 'yes' instead."),
+    ("verbose", -1, "must be an int in the range [0, inf), an instance of 'bool' or an instance of 'numpy.bool'."),
+    ("init", 3, "must be a str among {'k-means++', 'random'}, an array-like or a callable. Got 3 instead."),
+    ("n_init", 0, "must be a str among {'auto'} or an int in the range [1, inf). Got 0 instead."),
+    ("metric", 3, "The 'metric' parameter of KMeans must be a int among {1, 2}. Got 3 instead."),
+    ("comm", "world", "must be None or an object implementing 'allreduce' and 'allgather_obj'. Got 'world'"),
+])
+def test_parameter_messages(name, value, message):
+    with pytest.raises(InvalidParameterError) as info:
+        validate_parameter_constraints(CONSTRAINTS, {name: value}, "KMeans")
+    assert message in str(info.value)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, TypeError)
+
+
+def test_valid_parameters_pass():
+    good = dict(n_clusters=3, tol=0.0, alpha=None, algorithm="secret", random_state=np.random.RandomState(0),
+                copy_x=np.bool_(True), verbose=True, init=np.zeros((2, 2)), n_init="auto", metric=2,
+                comm=get_comm("self"), anything=object(), skip=object(), unknown_param=1)
+    validate_parameter_constraints(CONSTRAINTS, good, "KMeans")
+
+
+def test_constraint_objects_reject_bad_definitions():
+    with pytest.raises(TypeError):
+        Interval(Integral, 1.5, None, closed="left")
+    with pytest.raises(ValueError):
+        Interval(Real, 2, 1, closed="both")
+    with pytest.raises(ValueError):
+        Interval(Real, 0, 1, closed="sideways")
+    with pytest.raises(ValueError):
+        validate_parameter_constraints({"x": ["no-such-constraint"]}, {"x": 1}, "f")
+    assert "an object implementing 'fit'" == str(HasMethods("fit"))
+
+
+def test_estimator_contract():
+    est = MinimalSPMDTransformer(shift="a")
+    with pytest.raises(InvalidParameterError, match="The 'shift' parameter of MinimalSPMDTransformer must be"):
+        est.fit(np.ones((3, 2)))
+    with pytest.raises(mpiml.NotFittedError, match="This MinimalSPMDTransformer instance is not fitted yet"):
+        MinimalSPMDTransformer().transform(np.ones((3, 2)))
+    assert MinimalSPMDTransformer()._get_comm() is get_comm()
+    one = get_comm("self")
+    est = MinimalSPMDTransformer(comm=one).fit(np.arange(6.0).reshape(3, 2))
+    assert est._get_comm() is one
+    copy = clone(est)
+    assert copy.comm is one and not hasattr(copy, "mean_")  # the communicator is shared, not copied
+    restored = pickle.loads(pickle.dumps(est))
+    assert restored.comm is None and np.array_equal(restored.mean_, est.mean_)
+    assert est.comm is one  # pickling did not touch the original
+
+
+def test_saved_state_protocol():
+    est = MinimalSPMDTransformer().fit(np.arange(6.0).reshape(3, 2))
+    state = est._get_saved_state()
+    assert set(state) == {"mean_", "n_samples_seen_", "n_features_in_"}
+    new = MinimalSPMDTransformer()
+    new._set_saved_state(state)
+    assert np.array_equal(new.transform([[1.0, 1.0]]), est.transform([[1.0, 1.0]]))
+    with pytest.raises(ValueError, match="does not save an attribute named 'evil'"):
+        new._set_saved_state({"evil": 1})
+    with pytest.raises(mpiml.NotFittedError):
+        MinimalSPMDTransformer()._get_saved_state()
+    assert issubclass(MinimalSPMDTransformer, SPMDEstimator)

@@ -1,0 +1,98 @@
+"""validate_data and friends: scikit-learn's behaviour on one rank, agreed errors on several."""
+
+import os
+
+import numpy as np
+import pytest
+from sklearn.base import BaseEstimator
+from sklearn.utils.validation import validate_data as sk_validate_data
+
+from mpiml.comm import get_comm
+from mpiml.utils import (check_random_state, global_row_offset, row_counts, to_device_like, validate_data,
+                         validate_sample_weight, xp_of)
+from mpiml.utils._testing import MinimalSPMDTransformer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class MinimalSPMDTransformerLike(BaseEstimator):
+    """A plain scikit-learn estimator, to get scikit-learn's own messages."""
+
+
+MinimalSPMDTransformerLike.__name__ = "MinimalSPMDTransformer"
+
+
+def _messages(X, reset=True, fitted_on=None):
+    ours, theirs = MinimalSPMDTransformer(), MinimalSPMDTransformerLike()
+    if fitted_on is not None:
+        ours.n_features_in_ = theirs.n_features_in_ = fitted_on
+    out = []
+    for fn in (lambda: validate_data(ours, X, comm=get_comm("self"), reset=reset),
+               lambda: sk_validate_data(theirs, X, reset=reset, dtype=["float64", "float32"])):
+        try:
+            fn()
+            out.append(None)
+        except Exception as exc:
+            out.append((type(exc), str(exc)))
+    return out
+
+
+@pytest.mark.parametrize("X", [
+    np.ones(3), np.float64(3.0), np.ones((2, 2, 2)), np.ones((0, 3)), np.ones((3, 0)),
+    np.array([[1.0, np.nan]]), np.array([[1.0, np.inf]]), np.array([[1 + 2j, 1.0]]),
+    np.array([["a", "b"]], dtype=object), [[1, 2], [3, 4]],
+], ids=["1d", "scalar", "3d", "no-rows", "no-features", "nan", "inf", "complex", "strings", "list"])
+def test_single_rank_matches_sklearn(X):
+    ours, theirs = _messages(X)
+    assert ours == theirs
+
+
+def test_single_rank_n_features_message():
+    ours, theirs = _messages(np.ones((2, 3)), reset=False, fitted_on=4)
+    assert ours == theirs
+    assert ours[1] == "X has 3 features, but MinimalSPMDTransformer is expecting 4 features as input."
+
+
+def test_conversions_and_helpers():
+    one = get_comm("self")
+    est = MinimalSPMDTransformer()
+    X, xp = validate_data(est, np.ones((2, 3), dtype=np.int32), comm=one)
+    assert X.dtype == np.float64 and xp is np and est.n_features_in_ == 3
+    X, _ = validate_data(est, np.ones((2, 3), dtype=np.float32), comm=one)
+    assert X.dtype == np.float32
+
+    class DLPackOnly:  # a foreign DLPack producer (like a CPU torch tensor)
+        def __init__(self, a):
+            self._a = a
+
+        def __dlpack__(self, **kw):
+            return self._a.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self._a.__dlpack_device__()
+
+    X, xp = validate_data(est, DLPackOnly(np.arange(6.0).reshape(3, 2)), comm=one)
+    assert isinstance(X, np.ndarray) and X.shape == (3, 2) and xp is np
+
+    pd = pytest.importorskip("pandas")
+    validate_data(est, pd.DataFrame({"a": [1.0, 2.0], "b": [3.0, 4.0]}), comm=one)
+    assert est.feature_names_in_.tolist() == ["a", "b"]
+    validate_data(est, np.ones((2, 2)), comm=one)
+    assert not hasattr(est, "feature_names_in_")
+
+    assert xp_of(np.ones(2)) is np and to_device_like(np.ones(2), np.ones(3)) is not None
+    assert global_row_offset(5, one) == 0 and row_counts(5, one).tolist() == [5]
+    assert isinstance(check_random_state(0), np.random.RandomState)
+    with pytest.raises(ValueError, match="Sample weights must be 1D array or scalar"):
+        validate_sample_weight(np.ones((2, 1)), np.ones((2, 2)))
+    with pytest.raises(ValueError, match="Input sample_weight contains NaN"):
+        validate_sample_weight(np.array([1.0, np.nan]), np.ones((2, 2)))
+    with pytest.raises(ValueError, match="Negative values in data passed to `sample_weight`"):
+        validate_sample_weight(np.array([1.0, -1.0]), np.ones((2, 2)), only_non_negative=True)
+    assert validate_sample_weight(None, np.ones((2, 2), dtype=np.float32)).dtype == np.float32
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_validation_on_ranks(mpi, n):
+    mpi(os.path.join(HERE, "_validation_spmd_script.py"), n, timeout=120)
