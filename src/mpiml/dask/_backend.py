@@ -28,6 +28,7 @@ import sys
 import weakref
 
 import numpy as np
+from mpi4py import MPI
 from distributed.comm.core import BaseListener, Comm, CommClosedError, Connector
 from distributed.comm.registry import Backend, backends
 from distributed.comm.utils import from_frames, to_frames
@@ -161,9 +162,12 @@ class MPIComm(Comm):
         prepared = SendFrames(frames, channel.cuda_aware)
         if not channel.can_send:  # closed while serialising
             raise CommClosedError(f"in {self!r}: connection closed")
-        future, nbytes = channel.send(prepared)
         try:
+            future, nbytes = channel.send(prepared)
             await future
+        except MPI.Exception as exc:
+            self.abort()
+            raise CommClosedError(f"in {self!r}: {exc}") from exc
         except BaseException:
             # Cancelled mid-message: the peer may hold half of it; the comm is unusable.
             self.abort()

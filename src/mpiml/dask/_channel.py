@@ -56,6 +56,11 @@ def _drain_timeout():
     return parse_timedelta(dask.config.get("distributed.comm.timeouts.tcp"), default="seconds")
 
 
+def _ignore_error(future):
+    if not future.cancelled():
+        future.exception()
+
+
 class Channel:
     """Both directions of one connection, owned by the running event loop.
 
@@ -126,9 +131,14 @@ class Channel:
     def _send_close(self):
         self.close_sent = True
         header, _ = pack_header(CLOSE)
-        with mpi_lock:
-            req = self.comm.Isend(header, self.peer, self.send_tag)
+        try:
+            with mpi_lock:
+                req = self.comm.Isend(header, self.peer, self.send_tag)
+        except MPI.Exception as exc:  # the peer is gone
+            logger.info("mpi://: cannot send CLOSE to rank %d (%s)", self.peer, exc)
+            return
         self._close_future = self.engine.wait([req], busy=True, buffers=header)
+        self._close_future.add_done_callback(_ignore_error)
 
     # -- receiving --------------------------------------------------------------
 
@@ -193,7 +203,12 @@ class Channel:
                     self.inbox.append(finish_receive(targets, flags, self.cuda_aware))
                     self._wake_reader()
         except asyncio.CancelledError:
+            # The event loop is going away: take the receives back from MPI now and
+            # retire the tag (the peer may still send on it).
+            self.cancel_receive_now()
             raise
+        except MPI.Exception as exc:
+            logger.info("mpi://: receiving from rank %d failed (%s); closing", self.peer, exc)
         except Exception:
             logger.exception("mpi://: receive loop from rank %d failed; closing", self.peer)
         finally:
@@ -236,7 +251,7 @@ class Channel:
         if self._close_future is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._close_future), 5)
-            except asyncio.TimeoutError:
+            except (asyncio.TimeoutError, MPI.Exception):
                 pass
 
     def _start_close(self):

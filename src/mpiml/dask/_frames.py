@@ -132,10 +132,15 @@ def _device_bytes(frame):
 
 
 def _host_bytes(frame):
+    """A 1-D unsigned-byte memoryview of a host frame (copied only if not contiguous)."""
     mv = memoryview(frame)
+    if mv.nbytes == 0:
+        return memoryview(b"")
     if not mv.c_contiguous:
         mv = memoryview(mv.tobytes())
-    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    return mv
 
 
 class SendFrames:

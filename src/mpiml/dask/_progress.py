@@ -71,7 +71,7 @@ def poll_settings():
 class _Group:
     """Requests that complete together, with the buffers they need kept alive."""
 
-    __slots__ = ("remaining", "future", "busy", "buffers", "callback")
+    __slots__ = ("remaining", "future", "busy", "buffers", "callback", "error")
 
     def __init__(self, count, future, busy, buffers, callback):
         self.remaining = count
@@ -79,6 +79,7 @@ class _Group:
         self.busy = busy
         self.buffers = buffers
         self.callback = callback
+        self.error = None
 
 
 class ProgressEngine:
@@ -124,13 +125,17 @@ class ProgressEngine:
         Returns
         -------
         asyncio.Future
-            Resolves to ``None``; never raises.
+            Resolves to ``None``, or raises the :class:`mpi4py.MPI.Exception`
+            of a request that failed (for instance, its peer died).
         """
         future = self._loop.create_future()
         requests = [r for r in requests if r]
         if requests:
-            with mpi_lock:
-                finished = MPI.Request.Testall(requests)
+            try:
+                with mpi_lock:
+                    finished = MPI.Request.Testall(requests)
+            except MPI.Exception:
+                finished = False  # the poller finds out which one failed
             if not finished:
                 self._add(requests, _Group(len(requests), future, busy, buffers, None))
                 return future
@@ -170,6 +175,25 @@ class ProgressEngine:
 
     # -- polling --------------------------------------------------------------
 
+    def _poll(self):
+        """``Testsome`` over every request; a failing request fails its group only."""
+        try:
+            with mpi_lock:
+                return MPI.Request.Testsome(self._requests)
+        except MPI.Exception:
+            pass
+        done = []
+        for i, (req, group) in enumerate(zip(self._requests, self._groups)):
+            try:
+                with mpi_lock:
+                    finished = req.Test()
+            except MPI.Exception as exc:
+                group.error = exc
+                finished = True
+            if finished:
+                done.append(i)
+        return done
+
     def _complete(self, indices):
         done = set(indices)
         finished = []
@@ -188,15 +212,17 @@ class ProgressEngine:
         for group in finished:
             group.buffers = None
             if group.future is not None and not group.future.done():
-                group.future.set_result(None)
+                if group.error is None:
+                    group.future.set_result(None)
+                else:
+                    group.future.set_exception(group.error)
             if group.callback is not None:
                 group.callback()
 
     async def _run(self):
         pause = self._first_pause
         while self._requests:
-            with mpi_lock:
-                indices = MPI.Request.Testsome(self._requests)
+            indices = self._poll()
             now = time.perf_counter()
             if indices:
                 self._complete(indices)
