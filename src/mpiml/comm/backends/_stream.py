@@ -1,0 +1,78 @@
+"""What the device transports (``nccl``, ``ipc``) share: completion, errors, placement.
+
+Device collectives are stream-ordered: they are enqueued on CuPy's current
+stream and their results are valid for any later work on that stream, exactly
+like a CuPy kernel.  Whether the host also waits for completion is
+``MPIML_DEVICE_SYNC``:
+
+* ``1`` (default): the call returns once the collective has finished on the
+  device, waiting at most ``MPIML_TIMEOUT`` seconds; a peer that never joins is
+  a :class:`~mpiml.CommTimeoutError` on the host, never a hang;
+* ``0``: the call returns as soon as the work is enqueued (lowest latency for
+  back-to-back calls); a failure of an earlier call is raised by the next call
+  on the same communicator.
+
+While the current stream is being captured into a CUDA graph the host never
+waits (it cannot), whatever the setting.
+"""
+
+import os
+import socket
+
+__all__ = ["device_sync", "DONE", "node_layout", "local_device_info", "agree_or_raise"]
+
+from .._request import CompletedRequest
+
+#: shared completed request returned by stream-ordered calls that need no host wait
+DONE = CompletedRequest()
+
+
+def device_sync():
+    """``MPIML_DEVICE_SYNC`` as a bool (default True)."""
+    raw = os.environ.get("MPIML_DEVICE_SYNC", "").strip().lower()
+    if raw in ("0", "false", "no", "off"):
+        return False
+    if raw in ("", "1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"MPIML_DEVICE_SYNC must be 0 or 1; got {raw!r}")
+
+
+def local_device_info():
+    """``(hostname, PCI bus id of the current device, device ordinal)`` of this process."""
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    return socket.gethostname(), cupy.cuda.runtime.deviceGetPCIBusId(dev), dev
+
+
+def agree_or_raise(world, error, what):
+    """Allgather a local error (or None); raise the same error on every rank if any rank had one.
+
+    Set-up steps of device transports are collective: a rank must not leave the
+    sequence alone, or the others would wait in the next exchange for ever.
+    """
+    from ..._errors import BackendUnavailableError
+
+    errors = world.allgather_obj(error)
+    bad = [(r, e) for r, e in enumerate(errors) if e]
+    if bad:
+        raise BackendUnavailableError(f"{what}: " + "; ".join(f"rank {r}: {e}" for r, e in bad))
+
+
+def node_layout(infos, node_size=None):
+    """Node index of every rank from ``infos`` (hostname first) and ``MPIML_NODE_SIZE``.
+
+    Ranks on one host form a node; ``node_size=k`` further cuts each host into
+    virtual nodes of ``k`` consecutive ranks, so two-level collectives can be
+    tested on one machine.  Returns a list of node indices in rank order.
+    """
+    hosts, local_index, nodes, keys = {}, [], [], {}
+    for info in infos:
+        host = info[0]
+        i = hosts.get(host, 0)
+        hosts[host] = i + 1
+        local_index.append(i)
+    for info, i in zip(infos, local_index):
+        key = (info[0], i // node_size if node_size else 0)
+        nodes.append(keys.setdefault(key, len(keys)))
+    return nodes

@@ -1,0 +1,331 @@
+"""The ``nccl`` transport: NCCL through ``cupy.cuda.nccl``, one NCCL communicator per communicator.
+
+Rank 0 draws the unique id, the host transport broadcasts it, and every rank
+joins once; the NCCL communicator is then reused for every call (never
+re-created per fit).  Calls are stream-ordered on CuPy's current stream; see
+:mod:`mpiml.comm.backends._stream` for when the host waits and how a timeout
+becomes :class:`~mpiml.CommTimeoutError` (the NCCL communicator is aborted
+then, and the transport refuses further calls).
+
+Native: allreduce, bcast, reduce, allgather, reduce_scatter (uneven parts are
+padded to the largest).  Built from grouped send/recv: gather(v), scatter,
+allgatherv, alltoall, scan/exscan (every rank receives the lower ranks' data
+and reduces it in rank order, so results are deterministic).  Point-to-point
+(used by our algorithms through :class:`~mpiml.comm.algorithms.Channel`) is
+deferred: sends and receives posted since the last wait are issued together
+in one NCCL group when any of their requests is tested, so a send/receive pair
+of a ring cannot deadlock.
+
+Host (NumPy) buffers never come here (``accepts_host = False``).
+"""
+
+import time
+
+import numpy as np
+
+from ..._errors import BackendUnavailableError, CommError, CommTimeoutError
+from ... import _config
+from .._request import Request
+from ._base import Transport
+from ._stream import DONE, agree_or_raise, device_sync
+
+__all__ = ["NCCLTransport"]
+
+
+def _nccl_module():
+    try:
+        from cupy.cuda import nccl
+    except Exception as exc:
+        raise BackendUnavailableError(
+            "the 'nccl' backend needs CuPy built with NCCL (pip install cupy-cuda12x nvidia-nccl-cu12)"
+        ) from exc
+    if not getattr(nccl, "available", True):
+        raise BackendUnavailableError("CuPy was built without NCCL support")
+    return nccl
+
+
+class NCCLTransport(Transport):
+    """NCCL collectives over the ranks of ``world``.
+
+    Parameters
+    ----------
+    world : Transport
+        The host transport of the communicator; the unique id travels over it.
+    """
+
+    name = "nccl"
+    accepts_device = True
+    accepts_host = False
+
+    def __init__(self, world):
+        self._world = world
+        self.rank = world.rank
+        self.size = world.size
+        self.comm = None
+        self._broken = None
+        self._pending = []
+        err = None
+        try:
+            import cupy
+
+            nccl = _nccl_module()
+            cupy.cuda.runtime.getDevice()
+        except Exception as exc:
+            err = f"{type(exc).__name__}: {exc}"
+        agree_or_raise(world, err, "the 'nccl' backend cannot start")
+        self._cupy = cupy
+        self._nccl = nccl
+        uid = nccl.get_unique_id() if self.rank == 0 else None
+        uid = world.bcast_obj(uid, 0)
+        self.comm = nccl.NcclCommunicator(self.size, uid, self.rank)
+        self._types = {
+            np.dtype("float16"): nccl.NCCL_FLOAT16, np.dtype("float32"): nccl.NCCL_FLOAT32,
+            np.dtype("float64"): nccl.NCCL_FLOAT64, np.dtype("int32"): nccl.NCCL_INT32,
+            np.dtype("int64"): nccl.NCCL_INT64, np.dtype("bool"): nccl.NCCL_UINT8,
+        }
+        self._ops = {"sum": nccl.NCCL_SUM, "prod": nccl.NCCL_PROD, "min": nccl.NCCL_MIN, "max": nccl.NCCL_MAX}
+        self._sync = device_sync()
+        self._timeout = _config.timeout()
+
+    def close(self):
+        if self.comm is not None:
+            try:
+                if self._broken is None:
+                    self._cupy.cuda.runtime.deviceSynchronize()
+                    self.comm.destroy()
+            except Exception:
+                pass
+            self.comm = None
+
+    # ------------------------------------------------------------------ helpers
+    def _dt(self, buf):
+        return self._types[buf.dtype]
+
+    def _op(self, op, dtype):
+        if dtype == np.bool_:
+            op = {"sum": "max", "prod": "min"}.get(op, op)
+        return self._ops[op]
+
+    def _stream(self):
+        return self._cupy.cuda.get_current_stream()
+
+    def _check(self, what):
+        if self._broken is not None:
+            raise CommError(f"{what} on the nccl backend: the communicator is unusable after an earlier "
+                            f"failure ({self._broken})")
+
+    def _abort(self, why):
+        self._broken = why
+        try:
+            self.comm.abort()
+        except Exception:
+            pass
+
+    def _done(self, op, peer="all"):
+        """Completion of the work just enqueued on the current stream."""
+        if not self._sync:
+            return DONE
+        stream = self._stream()
+        if stream.is_capturing():
+            return DONE
+        event = stream.record()
+        start = time.perf_counter()
+
+        def test():
+            if event.done:
+                return True
+            try:
+                self.comm.check_async_error()
+            except Exception as exc:
+                self._abort(f"{type(exc).__name__}: {exc}")
+                raise CommError(f"{op} on the nccl backend failed on rank {self.rank}: {exc}") from exc
+            return False
+
+        def cancel():
+            self._abort(f"{op} timed out after {time.perf_counter() - start:.3g} s on rank {self.rank}")
+
+        return Request(test, op=op, peer=peer, cancel=cancel)
+
+    @staticmethod
+    def _ptr(buf):
+        return buf.data.ptr if buf is not None and buf.size else 0
+
+    # ------------------------------------------------------------------ native collectives
+    def native_allreduce(self, sendbuf, recvbuf, op):
+        self._check("allreduce")
+        if sendbuf.size:
+            self.comm.allReduce(sendbuf.data.ptr, recvbuf.data.ptr, sendbuf.size, self._dt(sendbuf),
+                                self._op(op, sendbuf.dtype), self._stream().ptr)
+        return self._done("allreduce")
+
+    def native_bcast(self, buf, root):
+        self._check("bcast")
+        if buf.size:
+            self.comm.bcast(buf.data.ptr, buf.size, self._dt(buf), root, self._stream().ptr)
+        return self._done("bcast")
+
+    def native_reduce(self, sendbuf, recvbuf, op, root):
+        self._check("reduce")
+        if sendbuf.size:
+            rp = recvbuf.data.ptr if self.rank == root else sendbuf.data.ptr
+            self.comm.reduce(sendbuf.data.ptr, rp, sendbuf.size, self._dt(sendbuf),
+                             self._op(op, sendbuf.dtype), root, self._stream().ptr)
+        return self._done("reduce")
+
+    def native_allgather(self, sendbuf, recvbuf):
+        self._check("allgather")
+        if sendbuf.size:
+            self.comm.allGather(sendbuf.data.ptr, recvbuf.data.ptr, sendbuf.size, self._dt(sendbuf),
+                                self._stream().ptr)
+        return self._done("allgather")
+
+    def native_reduce_scatter(self, sendbuf, recvbuf, counts, op):
+        self._check("reduce_scatter")
+        counts = [int(c) for c in counts]
+        width = max(counts)
+        if width == 0:
+            return DONE
+        stream = self._stream().ptr
+        if all(c == width for c in counts):
+            self.comm.reduceScatter(sendbuf.data.ptr, recvbuf.data.ptr, width, self._dt(sendbuf),
+                                    self._op(op, sendbuf.dtype), stream)
+            return self._done("reduce_scatter")
+        # uneven parts: pad every part to the widest, reduce-scatter, keep our own count
+        cp = self._cupy
+        padded = cp.zeros((self.size, width), dtype=sendbuf.dtype)
+        start = 0
+        for r, c in enumerate(counts):
+            if c:
+                padded[r, :c] = sendbuf[start:start + c]
+            start += c
+        part = cp.empty(width, dtype=sendbuf.dtype)
+        self.comm.reduceScatter(padded.data.ptr, part.data.ptr, width, self._dt(sendbuf),
+                                self._op(op, sendbuf.dtype), stream)
+        if recvbuf.size:
+            recvbuf[...] = part[:recvbuf.size]
+        return self._done("reduce_scatter")
+
+    # -- from grouped send/recv ---------------------------------------------------------------
+    def _group(self, sends, recvs):
+        """Issue ``sends`` [(buf, peer)] and ``recvs`` [(buf, peer)] as one NCCL group."""
+        nccl, stream = self._nccl, self._stream().ptr
+        nccl.groupStart()
+        try:
+            for buf, peer in sends:
+                if buf.size:
+                    self.comm.send(buf.data.ptr, buf.size, self._dt(buf), peer, stream)
+            for buf, peer in recvs:
+                if buf.size:
+                    self.comm.recv(buf.data.ptr, buf.size, self._dt(buf), peer, stream)
+        finally:
+            nccl.groupEnd()
+
+    @staticmethod
+    def _split(buf, counts):
+        out, start = [], 0
+        for c in counts:
+            out.append(buf[start:start + c])
+            start += c
+        return out
+
+    def native_allgatherv(self, sendbuf, recvbuf, counts):
+        self._check("allgatherv")
+        parts = self._split(recvbuf, [int(c) for c in counts])
+        others = [r for r in range(self.size) if r != self.rank]
+        self._group([(sendbuf, r) for r in others], [(parts[r], r) for r in others])
+        if sendbuf.size:
+            parts[self.rank][...] = sendbuf
+        return self._done("allgatherv")
+
+    def native_gatherv(self, sendbuf, recvbuf, counts, root):
+        self._check("gatherv")
+        if self.rank != root:
+            self._group([(sendbuf, root)], [])
+        else:
+            parts = self._split(recvbuf, [int(c) for c in counts])
+            self._group([], [(parts[r], r) for r in range(self.size) if r != root])
+            if sendbuf.size:
+                parts[root][...] = sendbuf
+        return self._done("gatherv", root)
+
+    def native_gather(self, sendbuf, recvbuf, root):
+        return self.native_gatherv(sendbuf, recvbuf, [sendbuf.size] * self.size, root)
+
+    def native_scatter(self, sendbuf, recvbuf, root):
+        self._check("scatter")
+        n = recvbuf.size
+        if self.rank != root:
+            self._group([], [(recvbuf, root)])
+        else:
+            self._group([(sendbuf[r * n:(r + 1) * n], r) for r in range(self.size) if r != root], [])
+            if n:
+                recvbuf[...] = sendbuf[root * n:(root + 1) * n]
+        return self._done("scatter", root)
+
+    def native_alltoall(self, sendbuf, recvbuf):
+        self._check("alltoall")
+        n = sendbuf.size // self.size
+        others = [r for r in range(self.size) if r != self.rank]
+        self._group([(sendbuf[r * n:(r + 1) * n], r) for r in others],
+                    [(recvbuf[r * n:(r + 1) * n], r) for r in others])
+        if n:
+            recvbuf[self.rank * n:(self.rank + 1) * n] = sendbuf[self.rank * n:(self.rank + 1) * n]
+        return self._done("alltoall")
+
+    def _prefix(self, kind, sendbuf, recvbuf, op):
+        """Scan / exscan: receive every lower rank's data, reduce in rank order."""
+        self._check(kind)
+        from .._ops import reduce_local
+
+        upto = self.rank + (1 if kind == "scan" else 0)
+        n = sendbuf.size
+        lower = self._cupy.empty((self.rank, n), dtype=sendbuf.dtype) if self.rank and n else None
+        self._group([(sendbuf, r) for r in range(self.rank + 1, self.size)],
+                    [(lower[r], r) for r in range(self.rank)] if lower is not None else [])
+        if n and upto:
+            rows = [lower[r] for r in range(self.rank)] + ([sendbuf] if kind == "scan" else [])
+            recvbuf[...] = rows[0]
+            for row in rows[1:]:
+                reduce_local(self._cupy, op, row, recvbuf)
+        return self._done(kind)
+
+    def native_scan(self, sendbuf, recvbuf, op):
+        return self._prefix("scan", sendbuf, recvbuf, op)
+
+    def native_exscan(self, sendbuf, recvbuf, op):
+        return self._prefix("exscan", sendbuf, recvbuf, op)
+
+    # ------------------------------------------------------------------ point to point
+    def _flush(self):
+        """Issue every deferred send/receive as one group."""
+        pending, self._pending = self._pending, []
+        if pending:
+            self._group([(b, p) for kind, b, p in pending if kind == "send"],
+                        [(b, p) for kind, b, p in pending if kind == "recv"])
+
+    def _p2p(self, kind, buf, peer):
+        self._check(kind)
+        self._pending.append((kind, buf, peer))
+        state = {"inner": None}
+
+        def test():
+            if state["inner"] is None:
+                self._flush()
+                state["inner"] = self._done(kind, peer)
+            return state["inner"].test()
+
+        def cancel():
+            if state["inner"] is not None and state["inner"]._cancel is not None:
+                state["inner"]._cancel()
+
+        return Request(test, op=kind, peer=peer, cancel=cancel)
+
+    def isend(self, buf, dest, tag):
+        return self._p2p("send", buf, dest)
+
+    def irecv(self, buf, source, tag):
+        return self._p2p("recv", buf, source)
+
+    def run_algorithm(self, op, name, *args):
+        raise ValueError(f"algorithm {name!r} is not an NCCL algorithm; NCCL offers 'native', and every "
+                         "mpiml algorithm runs over NCCL send/recv")

@@ -1,0 +1,55 @@
+// Allreduce through the IPC workspace (see ipc_common.cuh for the protocol).
+//
+// Every kernel takes (ctx, in, out, n, extra) with n counted in elements, so
+// the host launches all of them through one argument layout. T is the element
+// type, OP the reduction (0 sum, 1 prod, 2 min, 3 max), A whether in and out
+// are 16-byte aligned.
+
+// One-shot: copy in, barrier, every rank reduces all packs from all peers.
+// Reads n * nranks over the links: best for small messages.
+template <typename T, int OP, bool A>
+__global__ void mpiml_allreduce_oneshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    const unsigned epoch = mpiml_begin(c);
+    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+    MpimlPack<T>* mine = mpiml_packs<T>(c, (int)c->rank, epoch);
+    MPIML_GRID_LOOP(i, units) mine[i] = mpiml_load_user<T, A>(in, i, n);
+    if (mpiml_barrier(c, epoch, 0)) {
+        MPIML_GRID_LOOP(i, units)
+            mpiml_store_user<T, A>(out, i, n, mpiml_reduce_packs<T, OP>(c, epoch, i, 0, (int)c->nranks));
+    }
+    mpiml_end(c, epoch);
+}
+
+// Two-shot: reduce-scatter (rank r reduces part r into its own buffer), barrier,
+// all-gather of the reduced parts. Every phase maps pack idx = r * part + i to
+// the same (block, thread), so a block's barrier covers exactly what it reads.
+template <typename T, int OP, bool A>
+__global__ void mpiml_allreduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    const unsigned epoch = mpiml_begin(c);
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+    const long long part = (units + nr - 1) / nr;
+    MpimlPack<T>* mine = mpiml_packs<T>(c, me, epoch);
+    for (int r = 0; r < nr; ++r) {
+        MPIML_GRID_LOOP(i, part) {
+            const long long idx = r * part + i;
+            if (idx < units) mine[idx] = mpiml_load_user<T, A>(in, idx, n);
+        }
+    }
+    if (mpiml_barrier(c, epoch, 0)) {
+        MPIML_GRID_LOOP(i, part) {
+            const long long idx = me * part + i;
+            if (idx < units) mine[idx] = mpiml_reduce_packs<T, OP>(c, epoch, idx, 0, nr);
+        }
+        if (mpiml_barrier(c, epoch, 1)) {
+            for (int r = 0; r < nr; ++r) {
+                const MpimlPack<T>* theirs = mpiml_packs<T>(c, r, epoch);
+                MPIML_GRID_LOOP(i, part) {
+                    const long long idx = r * part + i;
+                    if (idx < units) mpiml_store_user<T, A>(out, idx, n, mpiml_ld(theirs + idx));
+                }
+            }
+        }
+    }
+    mpiml_end(c, epoch);
+}

@@ -1,0 +1,191 @@
+"""Every collective x dtype x size x device backend on CuPy buffers (run under mpirun).
+
+Usage: ``python gpu_collectives.py BACKENDS [--graph]`` with BACKENDS a comma
+list of ``mpi`` (staged through the host), ``nccl``, ``ipc``.  Each rank uses
+GPU ``local_rank % device_count``.  Values are small integers, so every result
+is exact in every dtype and is compared exactly with NumPy on the gathered
+inputs.  ``--graph`` also captures allreduce / bcast / allgather / reduce /
+reduce_scatter into a CUDA graph and replays it on fresh inputs.
+"""
+
+import os
+import sys
+import time
+
+import numpy as np
+
+from _spmd import assert_close, check, guarded
+
+import cupy as cp  # noqa: E402
+
+from mpiml.comm import algorithm_names, get_comm  # noqa: E402
+from mpiml.comm.backends._device import bind_device  # noqa: E402
+
+comm = get_comm()
+bind_device(comm)
+P, R = comm.size, comm.rank
+BACKENDS = sys.argv[1].split(",")
+GRAPH = "--graph" in sys.argv
+DTYPES = [np.float16, np.float32, np.float64, np.int32, np.int64, np.bool_]
+SIZES = [1, 3, 17, 1000, 4099, 70001]          # elements; most are not multiples of 16 bytes
+BIG = 300_001                                   # > 256 KiB in float32: the two-shot path
+OPS = ["sum", "prod", "min", "max"]
+NP_OP = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+
+
+def data(rank, n, dtype, salt=0):
+    rng = np.random.default_rng(1000 * rank + 7 * n + salt)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, n).astype(np.bool_)
+    return rng.integers(-3, 4, n).astype(dtype)
+
+
+def reduce_np(arrays, op):
+    out = arrays[0].copy()
+    for a in arrays[1:]:
+        out = NP_OP[op](out, a).astype(arrays[0].dtype)
+    return out
+
+
+def device(x, offset):
+    """A CuPy copy of ``x``; with ``offset`` a view one element into a larger array."""
+    if not offset:
+        return cp.asarray(x)
+    base = cp.zeros(x.size + 1, dtype=x.dtype)
+    base[1:] = cp.asarray(x)
+    return base[1:]
+
+
+def run_case(backend, dtype, n, offset):
+    algo = f"{backend}/native"
+    tag = f"{backend} {np.dtype(dtype).name} n={n} offset={offset}"
+    xs = [data(r, n, dtype) for r in range(P)]
+    x = device(xs[R], offset)
+    for op in OPS:
+        want = reduce_np(xs, op)
+        assert_close(comm.allreduce(x, op, algorithm=algo), want, f"allreduce {op} {tag}", exact=True)
+        got = comm.reduce(x, op, root=0, algorithm=algo)
+        if R == 0:
+            assert_close(got, want, f"reduce {op} {tag}", exact=True)
+        else:
+            check(got is None, f"reduce {op} {tag}: non-root got {type(got)}")
+        if op in ("sum", "max"):
+            assert_close(comm.scan(x, op, algorithm=algo), reduce_np(xs[:R + 1], op), f"scan {op} {tag}", exact=True)
+            ex = comm.exscan(x, op, algorithm=algo)
+            if R > 0:
+                assert_close(ex, reduce_np(xs[:R], op), f"exscan {op} {tag}", exact=True)
+    b = device(xs[R], offset)
+    root = P - 1
+    assert_close(comm.bcast(b, root=root, algorithm=algo), xs[root], f"bcast {tag}", exact=True)
+    assert_close(comm.allgather(x, algorithm=algo), np.concatenate(xs), f"allgather {tag}", exact=True)
+    g = comm.gather(x, root=0, algorithm=algo)
+    if R == 0:
+        assert_close(g, np.concatenate(xs), f"gather {tag}", exact=True)
+    # v-variants: rank r contributes n + r elements
+    vs = [data(r, n + r, dtype, 1) for r in range(P)]
+    assert_close(comm.allgatherv(device(vs[R], offset), algorithm=algo), np.concatenate(vs),
+                 f"allgatherv {tag}", exact=True)
+    gv = comm.gatherv(device(vs[R], offset), root=root, algorithm=algo)
+    if R == root:
+        assert_close(gv, np.concatenate(vs), f"gatherv {tag}", exact=True)
+    # reduce_scatter over n rows (array_split blocks, uneven unless P divides n)
+    rs = comm.reduce_scatter(x, "sum", algorithm=algo)
+    assert_close(rs, np.array_split(reduce_np(xs, "sum"), P)[R], f"reduce_scatter {tag}", exact=True)
+    # scatter / alltoall over P * n elements
+    full = [data(r, P * n, dtype, 2) for r in range(P)]
+    sc = comm.scatter(device(full[0], offset) if R == 0 else None, root=0, algorithm=algo)
+    assert_close(sc, full[0][R * n:(R + 1) * n], f"scatter {tag}", exact=True)
+    a2a = comm.alltoall(device(full[R], offset), algorithm=algo)
+    assert_close(a2a, np.concatenate([full[r][R * n:(R + 1) * n] for r in range(P)]), f"alltoall {tag}",
+                 exact=True)
+
+
+def run_algorithms(backend):
+    """Our algorithms over the backend's point-to-point (float32, one size), and IPC's own."""
+    n = 4099
+    xs = [data(r, n, np.float32) for r in range(P)]
+    x = cp.asarray(xs[R])
+    want = reduce_np(xs, "sum")
+    names = [a for a in algorithm_names("allreduce") if a != "native"]
+    if backend == "ipc":
+        names = ["oneshot", "twoshot", "two_level"]
+    for name in names:
+        assert_close(comm.allreduce(x, algorithm=f"{backend}/{name}"), want, f"allreduce {backend}/{name}", exact=True)
+    for name in [a for a in algorithm_names("bcast") if a != "native"] if backend != "ipc" else ["pull"]:
+        b = cp.asarray(xs[R])
+        assert_close(comm.bcast(b, root=0, algorithm=f"{backend}/{name}"), xs[0], f"bcast {backend}/{name}",
+                     exact=True)
+
+
+def run_big(backend):
+    algo = f"{backend}/native"
+    for dtype in (np.float32, np.float16):
+        xs = [data(r, BIG, dtype) for r in range(P)]
+        for offset in (False, True):
+            x = device(xs[R], offset)
+            for op in ("sum", "max"):
+                got = comm.allreduce(x, op, algorithm=algo)
+                assert_close(got, reduce_np(xs, op), f"allreduce {op} {backend} big {np.dtype(dtype).name} "
+                             f"offset={offset}", exact=True)
+            # bit-identical on every rank
+            h = comm.allgather(cp.asarray([int(cp.asnumpy(got).view(np.uint8).sum())]))
+            check(len(set(cp.asnumpy(h).tolist())) == 1, f"allreduce {backend} big: ranks differ {h}")
+
+
+def run_graph(backend):
+    """Capture collectives into one CUDA graph, replay on fresh inputs, interleave eager calls."""
+    os.environ["MPIML_CHECK"] = "0"
+    algo = f"{backend}/native"
+    stream = cp.cuda.Stream(non_blocking=True)
+    for n in (17, 4099, 70001):
+        with stream:
+            x = cp.empty(n, dtype=cp.float32)
+            y = cp.empty(n, dtype=cp.float32)
+            b = cp.empty(n, dtype=cp.float32)
+            m = cp.empty(n, dtype=cp.float32)
+            x[...] = cp.asarray(data(R, n, np.float32))
+            comm.allreduce(x, out=y, algorithm=algo)          # warm-up: compile, connect, pool
+            comm.bcast(b, root=0, algorithm=algo)
+            comm.reduce(x, "max", root=0, algorithm=algo)
+            stream.synchronize()
+            stream.begin_capture()
+            comm.allreduce(x, out=y, algorithm=algo)
+            bb = comm.bcast(b, root=0, algorithm=algo)   # non-roots: an array allocated in the capture
+            comm.allreduce(y, "max", out=m, algorithm=algo)
+            graph = stream.end_capture()
+            for rep in range(3):
+                xs = [data(r, n, np.float32, 10 + rep) for r in range(P)]
+                x[...] = cp.asarray(xs[R])
+                b[...] = cp.asarray(xs[R] * 2)
+                graph.launch(stream)
+                stream.synchronize()
+                total = reduce_np(xs, "sum")
+                assert_close(y, total, f"graph allreduce {backend} n={n} rep={rep}", exact=True)
+                assert_close(bb, xs[0] * 2, f"graph bcast {backend} n={n} rep={rep}", exact=True)
+                assert_close(m, total, f"graph allreduce(max of equal) {backend} n={n} rep={rep}", exact=True)
+                e = comm.allreduce(x, algorithm=algo)         # eager between replays
+                stream.synchronize()
+                assert_close(e, total, f"eager after graph {backend} n={n} rep={rep}", exact=True)
+    os.environ.pop("MPIML_CHECK", None)
+
+
+def main():
+    t0 = time.perf_counter()
+    for backend in BACKENDS:
+        tb = time.perf_counter()
+        for dtype in DTYPES:
+            for n in SIZES:
+                run_case(backend, dtype, n, offset=(n % 2 == 1 and n > 1))
+        run_case(backend, np.float32, 1000, offset=False)
+        if P > 1:
+            run_algorithms(backend)
+        run_big(backend)
+        if GRAPH and backend in ("nccl", "ipc"):
+            run_graph(backend)
+        if R == 0:
+            print(f"  {backend}: {time.perf_counter() - tb:.1f} s", flush=True)
+    if R == 0:
+        print(f"{P} ranks, backends {BACKENDS}: {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+guarded(main, comm)

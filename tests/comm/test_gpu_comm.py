@@ -1,0 +1,54 @@
+"""Device collectives on the GPU host: staged MPI, NCCL, IPC; eager and in CUDA graphs.
+
+Each test launches ``mpirun -n N`` (N = 1, 2, 4, where that many GPUs exist)
+on a script under ``tests/comm/`` that checks every op x dtype x size x backend
+collectively.  On the GPU host set ``MPIML_TEST_MPIEXEC_ARGS="--allow-run-as-root
+--bind-to none"`` (``scripts/gpu_pass.sh`` does).  Skipped without a GPU.
+"""
+
+import os
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi, pytest.mark.slow]
+
+cupy = pytest.importorskip("cupy")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _gpus():
+    try:
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        return 0
+
+
+def _need(n):
+    if _gpus() < n:
+        pytest.skip(f"needs {n} GPUs, found {_gpus()}")
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_collectives_every_backend(mpi, n):
+    _need(n)
+    proc = mpi(os.path.join(HERE, "gpu_collectives.py"), n, "mpi,nccl,ipc", "--graph", timeout=600,
+               env={"MPIML_TIMEOUT": "60"})
+    assert "OK" in proc.stdout
+
+
+@pytest.mark.parametrize("backend", ["nccl", "ipc"])
+def test_peer_timeout(mpi, backend):
+    n = min(_gpus(), 4)
+    if n < 2:
+        pytest.skip("needs 2 GPUs")
+    proc = mpi(os.path.join(HERE, "gpu_timeout.py"), n, backend, timeout=180,
+               env={"MPIML_TIMEOUT": "3"})
+    assert "OK" in proc.stdout
+
+
+def test_two_level_virtual_nodes(mpi):
+    _need(4)
+    proc = mpi(os.path.join(HERE, "gpu_collectives.py"), 4, "ipc", "--graph", timeout=600,
+               env={"MPIML_TIMEOUT": "60", "MPIML_NODE_SIZE": "2"})
+    assert "OK" in proc.stdout
