@@ -175,7 +175,6 @@ t = time_eager(lambda: big.get(out=hbuf, stream=stream), 5)
 micro["d2h_64MiB_GBps"] = big.nbytes / t / 1e9
 t = time_eager(lambda: big.set(hbuf, stream=stream), 5)
 micro["h2d_64MiB_GBps"] = big.nbytes / t / 1e9
-del big, pinned, hbuf
 micro["cupy_empty_us"] = time_eager(lambda: cp.empty(1, dtype=cp.float32), 2000) * 1e6
 try:
     ipc = comm._device_transports.get("ipc")
