@@ -73,8 +73,15 @@ class Communicator:
         if tuning is None:
             data = None
             if self.rank == 0:
-                data = TuningTable.from_config(_config.tuning_file(), _config.comm_algo_override()).to_data()
-            tuning = TuningTable.from_data(self._bcast_obj_ctl(data))
+                try:
+                    data = TuningTable.from_config(_config.tuning_file(), _config.comm_algo_override()).to_data()
+                except ValueError as exc:  # a bad table or MPIML_COMM_ALGO: the same error everywhere
+                    data = exc
+            data = self._bcast_obj_ctl(data)
+            if isinstance(data, ValueError):
+                self.close()
+                raise ValueError(str(data))
+            tuning = TuningTable.from_data(data)
         self._tuning = tuning
 
     # ------------------------------------------------------------------ basics
@@ -135,6 +142,20 @@ class Communicator:
         return True
 
     def _choose(self, op, nbytes, memory, algorithm, backend=None):
+        # Memoized: the inputs are equal on every rank and the table, the preference and
+        # which backends can run are fixed once decided, so a cached choice stays agreed.
+        # This keeps the tuning lookup off the path of small device calls (a few us).
+        cache = self.__dict__.setdefault("_choice_cache", {})
+        key = (op, nbytes, memory, algorithm, backend)
+        hit = cache.get(key)
+        if hit is None:
+            hit = self._choose_uncached(op, nbytes, memory, algorithm, backend)
+            if len(cache) >= 4096:
+                cache.clear()
+            cache[key] = hit
+        return hit
+
+    def _choose_uncached(self, op, nbytes, memory, algorithm, backend):
         if algorithm is not None:
             if "/" in algorithm:
                 backend, algorithm = algorithm.split("/", 1)
@@ -213,42 +234,53 @@ class Communicator:
             return result
         check_op(op)
 
-    def _check_signature(self, op, sig, error):
+    def _check_signature(self, op, sig, error, shape=None):
         """Agree on a call's signature; raise the same error on every rank if they differ.
 
-        ``sig`` is a short tuple of ints describing the call; ``error`` is a local
-        validation message (or None) that every rank will see.
+        ``sig`` is a short tuple of ints describing the call, laid out as
+        (dtype, count, root, op, shape hash, memory); ``error`` is a local
+        validation message (or None) that every rank will see; ``shape`` (this
+        rank's array shape) makes a shape mismatch name the shapes.
         """
-        vec = [_OP_CODE[op], *sig, 1 if error else 0]
         width = 8
-        vec = (vec + [0] * width)[:width]
+        vec = ([_OP_CODE[op], *sig] + [0] * width)[:width - 1] + [1 if error else 0]
         agreed = self._agree_ints(vec + [-v for v in vec])
         if all(agreed[i] == -agreed[width + i] for i in range(width)) and not agreed[width - 1]:
             return
         rows = self._allgather_ints(vec)
+        if (rows[:, 0] != rows[0, 0]).any():  # different collectives: a text that names no local op
+            inv = {v: k for k, v in _OP_CODE.items()}
+            groups = {}
+            for r, v in enumerate(rows[:, 0]):
+                groups.setdefault(int(v), []).append(r)
+            desc = "; ".join(f"{inv.get(v, v)} on ranks {rs}" for v, rs in groups.items())
+            raise CollectiveMismatchError(f"ranks called different collectives (mismatched collective): {desc}")
         errors = self._allgather_obj(error) if agreed[width - 1] else [None] * self.size
         bad = [(r, e) for r, e in enumerate(errors) if e]
         if bad:
             raise CollectiveMismatchError(
                 f"{op} is invalid on rank(s) {[r for r, _ in bad]}: " + "; ".join(f"rank {r}: {e}" for r, e in bad)
             )
-        names = ["collective", "dtype", "count", "root", "op", "memory", "extra"]
-        for i, name in enumerate(names):
+        names = ["collective", "dtype", "count", "root", "op", "shape", "memory"]
+        for i, name in enumerate(names[1:], 1):
             col = rows[:, i]
             if (col != col[0]).any():
                 groups = {}
                 for r, v in enumerate(col):
                     groups.setdefault(int(v), []).append(r)
-                if name == "collective":
-                    inv = {v: k for k, v in _OP_CODE.items()}
-                    desc = "; ".join(f"{inv.get(v, v)} on ranks {rs}" for v, rs in groups.items())
-                elif name == "dtype":
+                if name == "dtype":
                     from ._ops import SUPPORTED_DTYPES as D
                     desc = "; ".join(f"{D[v - 1] if 0 < v <= len(D) else v} on ranks {rs}" for v, rs in groups.items())
                 elif name == "op":
                     desc = "; ".join(f"{OPS[v - 1] if 0 < v <= len(OPS) else v} on ranks {rs}" for v, rs in groups.items())
                 elif name == "memory":
                     desc = "; ".join(f"{'device' if v else 'host'} on ranks {rs}" for v, rs in groups.items())
+                elif name == "shape" and shape is not None:
+                    shapes = self._allgather_obj(tuple(int(d) for d in shape))
+                    groups = {}
+                    for r, v in enumerate(shapes):
+                        groups.setdefault(v, []).append(r)
+                    desc = "; ".join(f"{v} on ranks {rs}" for v, rs in groups.items())
                 else:
                     desc = "; ".join(f"{v} on ranks {rs}" for v, rs in groups.items())
                 raise CollectiveMismatchError(f"{op} called with mismatched {name} across ranks: {desc}")
@@ -263,11 +295,13 @@ class Communicator:
         return level >= 1
 
     # ------------------------------------------------------------------ the engine
-    def _run(self, op, nbytes, xp, *, algorithm, native, algo_args, sig=(), error=None, force_check=False):
+    def _run(self, op, nbytes, xp, *, algorithm, native, algo_args, sig=(), error=None, force_check=False,
+             shape=None):
         """Choose, check, run and record one collective."""
         memory = "device" if xp is not np else "host"
         if force_check or self._should_check(nbytes):
-            self._check_signature(op, (*sig, 1 if memory == "device" else 0), error)
+            sig = (tuple(sig) + (0,) * 5)[:5]
+            self._check_signature(op, (*sig, 1 if memory == "device" else 0), error, shape)
         if error:
             raise ValueError(error)
         backend, name = self._choose(op, nbytes, memory, algorithm)
@@ -307,7 +341,9 @@ class Communicator:
         x = as_supported_array(x)
         xp = get_namespace(x)
         check_dtype(x.dtype)
-        return xp.ascontiguousarray(x), xp
+        if not x.flags.c_contiguous:  # (ascontiguousarray would also turn 0-d into 1-d)
+            x = xp.ascontiguousarray(x)
+        return x, xp
 
     def _check_root(self, root):
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
@@ -348,7 +384,7 @@ class Communicator:
         flat = _flat(buf)
         self._run("bcast", x.nbytes, xp, algorithm=algorithm,
                   native=lambda t: t.native_bcast(flat, root), algo_args=(flat, root),
-                  sig=(dtype_code(x.dtype), x.size, root, 0, self._shape_hash(x.shape)))
+                  sig=(dtype_code(x.dtype), x.size, root, 0, self._shape_hash(x.shape)), shape=x.shape)
         return buf
 
     def reduce(self, x, op="sum", root=0, *, algorithm=None):
@@ -362,7 +398,7 @@ class Communicator:
         self._run("reduce", x.nbytes, xp, algorithm=algorithm,
                   native=lambda t: t.native_reduce(send, recv, op, root),
                   algo_args=(send, recv, op, root),
-                  sig=(dtype_code(x.dtype), x.size, root, OPS.index(op) + 1, self._shape_hash(x.shape)))
+                  sig=(dtype_code(x.dtype), x.size, root, OPS.index(op) + 1, self._shape_hash(x.shape)), shape=x.shape)
         return out
 
     def allreduce(self, x, op="sum", out=None, *, algorithm=None):
@@ -377,7 +413,7 @@ class Communicator:
         self._run("allreduce", x.nbytes, xp, algorithm=algorithm,
                   native=lambda t: t.native_allreduce(send, recv, op),
                   algo_args=(send, recv, op),
-                  sig=(dtype_code(x.dtype), x.size, 0, OPS.index(op) + 1, self._shape_hash(x.shape)))
+                  sig=(dtype_code(x.dtype), x.size, 0, OPS.index(op) + 1, self._shape_hash(x.shape)), shape=x.shape)
         return out
 
     def _lead(self, x):
@@ -392,7 +428,7 @@ class Communicator:
         send, recv = _flat(x), _flat(out)
         self._run("allgather", x.nbytes * self.size, xp, algorithm=algorithm,
                   native=lambda t: t.native_allgather(send, recv), algo_args=(send, recv),
-                  sig=(dtype_code(x.dtype), x.size, 0, 0, self._shape_hash(x.shape)))
+                  sig=(dtype_code(x.dtype), x.size, 0, 0, self._shape_hash(x.shape)), shape=x.shape)
         return out
 
     def _v_counts(self, op, x, root=None):
@@ -435,7 +471,7 @@ class Communicator:
         send, recv = _flat(x), (_flat(out) if out is not None else None)
         self._run("gather", x.nbytes * self.size, xp, algorithm=algorithm,
                   native=lambda t: t.native_gather(send, recv, root), algo_args=(send, recv, root),
-                  sig=(dtype_code(x.dtype), x.size, root, 0, self._shape_hash(x.shape)))
+                  sig=(dtype_code(x.dtype), x.size, root, 0, self._shape_hash(x.shape)), shape=x.shape)
         return out
 
     def gatherv(self, x, root=0, *, algorithm=None):
@@ -461,6 +497,8 @@ class Communicator:
         by ``size`` is the same ``ValueError`` on every rank.
         """
         root = self._check_root(root)
+        if self.size > 1 and _config.check_level() == 1:  # ranks must agree on the root first
+            self._check_signature("scatter", (0, 0, root, 0, 0, 0), None)
         meta = np.zeros(4 + _MAX_NDIM, dtype=np.int64)
         if self.rank == root:
             x, xp = self._prep(x)
@@ -505,7 +543,7 @@ class Communicator:
         self._run("reduce_scatter", x.nbytes, xp, algorithm=algorithm,
                   native=lambda t: t.native_reduce_scatter(send, recv, counts, op),
                   algo_args=(send, recv, counts, op),
-                  sig=(dtype_code(x.dtype), x.size, 0, OPS.index(op) + 1, self._shape_hash(x.shape)))
+                  sig=(dtype_code(x.dtype), x.size, 0, OPS.index(op) + 1, self._shape_hash(x.shape)), shape=x.shape)
         return out
 
     def _scan(self, kind, x, op, algorithm):
@@ -518,7 +556,7 @@ class Communicator:
         native = (lambda t: t.native_scan(send, recv, op)) if kind == "scan" else \
                  (lambda t: t.native_exscan(send, recv, op))
         self._run(kind, x.nbytes, xp, algorithm=algorithm, native=native, algo_args=(send, recv, op),
-                  sig=(dtype_code(x.dtype), x.size, 0, OPS.index(op) + 1, self._shape_hash(x.shape)))
+                  sig=(dtype_code(x.dtype), x.size, 0, OPS.index(op) + 1, self._shape_hash(x.shape)), shape=x.shape)
         return out
 
     def scan(self, x, op="sum", *, algorithm=None):
@@ -544,8 +582,9 @@ class Communicator:
         send, recv = _flat(x), _flat(out)
         self._run("alltoall", x.nbytes, xp, algorithm=algorithm,
                   native=lambda t: t.native_alltoall(send, recv), algo_args=(send, recv),
-                  sig=(dtype_code(x.dtype), x.size, 0, 0, self._shape_hash(x.shape)), error=error,
-                  force_check=error is not None and _config.check_level() != 0)
+                  sig=(dtype_code(x.dtype), x.size, 0, 0, self._shape_hash(x.shape)), shape=x.shape, error=error,
+                  # a bad first dimension is seen by one rank only: agree unless checks are off
+                  force_check=self.size > 1 and _config.check_level() != 0)
         return out
 
     # ------------------------------------------------------------------ point to point
@@ -586,7 +625,11 @@ class Communicator:
                 _profile.record("send", x.nbytes, self.backend, "p2p", time.perf_counter() - start)
             return done
 
-        return Request(test, op="send", peer=dest, result=None)
+        def abandon():
+            for r in reqs:
+                r.abandon()
+
+        return Request(test, op="send", peer=dest, result=None, cancel=abandon)
 
     def send(self, x, dest, tag=0):
         """Send ``x`` to ``dest`` (blocks until the buffer may be reused)."""
@@ -611,12 +654,15 @@ class Communicator:
             shape = tuple(int(s) for s in ints[6:6 + ndim])
             size = int(np.prod(shape, dtype=np.int64))
             if out is not None:
+                # a wrong out still receives the message (into scratch), so that its
+                # payload cannot be taken for the next message's header
                 if out.dtype != dtype or out.size != size:
                     state["error"] = ValueError(
                         f"recv from rank {source}: message is {shape} {dtype} but out is {tuple(out.shape)} {out.dtype}")
                     target = np.empty(shape, dtype=dtype)
                 elif not out.flags.c_contiguous:
-                    raise ValueError("out must be C-contiguous")
+                    state["error"] = ValueError(f"recv from rank {source}: out must be C-contiguous")
+                    target = np.empty(shape, dtype=dtype)
                 else:
                     target = out
             else:
@@ -648,7 +694,12 @@ class Communicator:
                                 time.perf_counter() - state["start"])
             return True
 
-        return Request(test, op="recv", peer=source, result=lambda: state["result"])
+        def abandon():  # cancel the pending header (or payload) receive after a timeout
+            for r in (hreq, state["payload"]):
+                if r is not None:
+                    r.abandon()
+
+        return Request(test, op="recv", peer=source, result=lambda: state["result"], cancel=abandon)
 
     def recv(self, source, tag=0, out=None):
         """Receive an array from ``source`` (into ``out`` when given) and return it."""

@@ -75,16 +75,20 @@ class Request:
     def _value(self):
         return self._result() if callable(self._result) else self._result
 
+    def abandon(self):
+        """Give the operation up after a timeout (cancel a receive; keep buffers alive)."""
+        if self._cancel is not None and not self._done:
+            try:
+                self._cancel()
+            except Exception:  # the timeout is the error worth reporting
+                pass
+
     def wait(self, timeout=None):
         """Block until complete and return the result (the received array for irecv)."""
         try:
             poll_until(self.test, op=self.op, peer=self.peer, timeout=timeout)
         except CommTimeoutError:
-            if self._cancel is not None:
-                try:
-                    self._cancel()
-                except Exception:  # the timeout is the error worth reporting
-                    pass
+            self.abandon()
             raise
         return self._value()
 
@@ -94,6 +98,7 @@ class Request:
         sleep = 0.0
         while not self.test():
             if limit is not None and time.perf_counter() - start > limit:
+                self.abandon()
                 raise CommTimeoutError(self.op, self.peer, limit)
             await asyncio.sleep(sleep)
             sleep = min(max(sleep * 2, 20e-6), _MAX_SLEEP)
@@ -129,9 +134,5 @@ def waitall(requests, *, op=None, timeout=None):
         if pending:
             exc.peer = pending[0].peer
         for r in pending:
-            if r._cancel is not None:
-                try:
-                    r._cancel()
-                except Exception:
-                    pass
+            r.abandon()
         raise

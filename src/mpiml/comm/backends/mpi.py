@@ -29,6 +29,17 @@ def mpi_module():
     return MPI
 
 
+#: requests given up after a timeout, kept alive until MPI completes (or cancels) them
+_ABANDONED = []
+
+
+def _quiet_test(mpi_req):
+    try:
+        return mpi_req.Test()
+    except Exception:
+        return True
+
+
 def _byte_view(buf):
     return buf.reshape(-1).view(np.uint8)
 
@@ -114,14 +125,26 @@ class MPITransport(Transport):
             return {"sum": MPI.MAX, "prod": MPI.MIN, "min": MPI.MIN, "max": MPI.MAX}[op]
         return {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}[op]
 
-    def _wrap(self, mpi_req, op, peer, finish=None):
+    def _wrap(self, mpi_req, op, peer, finish=None, cancellable=False):
         def test():
             try:
                 return mpi_req.Test()
             except self.MPI.Exception as exc:
                 raise CommError(f"{op} with rank {peer} failed in MPI: {exc}") from exc
 
-        return Request(test, op=op, peer=peer, result=finish, cancel=None)
+        def abandon():
+            # After a timeout: a pending receive is cancelled so that it cannot swallow a
+            # later message; any request MPI may still complete is kept (with its buffers,
+            # which mpi4py's request references) so MPI never writes into freed memory.
+            if cancellable:
+                try:
+                    mpi_req.Cancel()
+                except self.MPI.Exception:
+                    pass
+            _ABANDONED[:] = [r for r in _ABANDONED if not _quiet_test(r)]
+            _ABANDONED.append(mpi_req)
+
+        return Request(test, op=op, peer=peer, result=finish, cancel=abandon)
 
     # -- device buffers -----------------------------------------------------------------------
     def _is_device(self, buf):
@@ -155,7 +178,7 @@ class MPITransport(Transport):
             req = self.comm.Irecv([buf, self.MPI.BYTE], source, tag)
         else:
             req = self.comm.Irecv([_byte_view(buf), self.MPI.BYTE], source, tag)
-        return self._wrap(req, "recv", source)
+        return self._wrap(req, "recv", source, cancellable=True)
 
     # -- native collectives ----------------------------------------------------------------------
     # Device buffers go through _native, which stages them when MPI is not CUDA-aware.
