@@ -14,7 +14,7 @@ def _flat(n, p, m, reduce=False):
 
 @register("barrier", "linear", lambda n, p, m: 2 * (p - 1) * m.alpha)
 def barrier_linear(ch):
-    """Everyone reports to rank 0, which then releases everyone."""
+    """Everyone reports to rank 0, which then releases everyone: ``2 (p - 1) alpha``."""
     token = ch.empty(0, "uint8")
     if ch.rank == 0:
         ch.waitall([ch.irecv(token, r) for r in range(1, ch.size)])
@@ -26,7 +26,7 @@ def barrier_linear(ch):
 
 @register("bcast", "linear", lambda n, p, m: _flat(n, p, m))
 def bcast_linear(ch, buf, root):
-    """The root sends the whole buffer to every rank."""
+    """The root sends the whole buffer to every rank: ``(p - 1)(alpha + n beta)``."""
     if ch.rank == root:
         ch.waitall([ch.isend(buf, r) for r in range(ch.size) if r != root])
     else:
@@ -35,7 +35,8 @@ def bcast_linear(ch, buf, root):
 
 @register("reduce", "linear", lambda n, p, m: _flat(n, p, m, reduce=True))
 def reduce_linear(ch, sendbuf, recvbuf, op, root):
-    """The root receives every buffer and reduces them in rank order."""
+    """The root receives every buffer and reduces them in rank order:
+    ``(p - 1)(alpha + n beta + n gamma + launch)``."""
     if ch.rank != root:
         ch.send(sendbuf, root)
         return
@@ -47,9 +48,10 @@ def reduce_linear(ch, sendbuf, recvbuf, op, root):
             ch.reduce(op, tmp, recvbuf)
 
 
-@register("gatherv", "linear", lambda n, p, m: _flat(n, p, m))
+@register("gatherv", "linear", lambda n, p, m: _flat(n / max(p, 1), p, m))
 def gatherv_linear(ch, sendbuf, recvbuf, counts, root):
-    """The root posts one receive per rank into its slot of the result."""
+    """The root posts one receive per rank into its slot of the result:
+    ``(p - 1)(alpha + n/p beta)`` (n = total bytes)."""
     if ch.rank != root:
         ch.send(sendbuf, root)
         return
@@ -63,15 +65,15 @@ def gatherv_linear(ch, sendbuf, recvbuf, counts, root):
     ch.waitall(reqs)
 
 
-@register("gather", "linear", lambda n, p, m: _flat(n, p, m))
+@register("gather", "linear", lambda n, p, m: _flat(n / max(p, 1), p, m))
 def gather_linear(ch, sendbuf, recvbuf, root):
-    """Gatherv with equal counts."""
+    """Gatherv with equal counts: ``(p - 1)(alpha + n/p beta)`` (n = total bytes)."""
     gatherv_linear(ch, sendbuf, recvbuf, [sendbuf.size] * ch.size, root)
 
 
-@register("scatter", "linear", lambda n, p, m: _flat(n, p, m))
+@register("scatter", "linear", lambda n, p, m: _flat(n / max(p, 1), p, m))
 def scatter_linear(ch, sendbuf, recvbuf, root):
-    """The root sends each rank its block."""
+    """The root sends each rank its block: ``(p - 1)(alpha + n/p beta)`` (n = total bytes)."""
     n = recvbuf.size
     if ch.rank != root:
         ch.recv(recvbuf, root)
