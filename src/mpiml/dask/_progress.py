@@ -55,7 +55,7 @@ def poll_settings():
     Returns
     -------
     spin : float
-        ``MPIML_DASK_SPIN`` (default 0.0005): how long the engine keeps polling
+        ``MPIML_DASK_SPIN`` (default 0.002): how long the engine keeps polling
         without sleeping after the last completed request.
     first_pause : float
         First sleep once the spin window has passed (0.0005; the event loop
@@ -63,7 +63,7 @@ def poll_settings():
     max_pause : float
         ``MPIML_DASK_POLL_MAX`` (default 0.002): the longest sleep between polls.
     """
-    spin = _env_seconds("MPIML_DASK_SPIN", 0.0005)
+    spin = _env_seconds("MPIML_DASK_SPIN", 0.002)
     max_pause = max(_env_seconds("MPIML_DASK_POLL_MAX", 0.002), 1e-4)
     return spin, min(0.0005, max_pause), max_pause
 
@@ -130,6 +130,8 @@ class ProgressEngine:
         """
         future = self._loop.create_future()
         requests = [r for r in requests if r]
+        # Activity (a send, most often) means a reply may come soon: restart the spin window.
+        self._last_progress = time.perf_counter()
         if requests:
             try:
                 with mpi_lock:
