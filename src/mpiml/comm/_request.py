@@ -1,13 +1,16 @@
 """Requests for nonblocking operations: wait with a timeout, or ``await`` them.
 
 A :class:`Request` wraps a ``test()`` function that makes progress and reports
-completion.  Waiting polls it: a short spin first (small messages finish in
-microseconds), then sleeps that back off to 1 ms so a long wait does not burn a
-core.  Every wait honours ``MPIML_TIMEOUT`` and raises
+completion.  Waiting polls it: a spin of up to ``MPIML_SPIN_US`` microseconds
+first (default 1000; each turn yields the core, so ranks that share cores still
+progress), then sleeps that back off to 200 us so a long wait does not burn a
+core.  MPI's nonblocking collectives only progress while they are polled, which
+is why the spin is long enough to cover a small collective end to end.  Every wait honours ``MPIML_TIMEOUT`` and raises
 :class:`~mpiml.CommTimeoutError` naming the operation and the peer.
 """
 
 import asyncio
+import os
 import time
 
 from .. import _config
@@ -15,8 +18,15 @@ from .._errors import CommTimeoutError
 
 __all__ = ["Request", "CompletedRequest", "waitall", "poll_until"]
 
-_SPIN_SECONDS = 50e-6
-_MAX_SLEEP = 1e-3
+_MAX_SLEEP = 2e-4
+
+
+def _spin_seconds():
+    raw = os.environ.get("MPIML_SPIN_US", "")
+    try:
+        return float(raw) * 1e-6 if raw else 1e-3
+    except ValueError:
+        raise ValueError(f"MPIML_SPIN_US must be a number of microseconds; got {raw!r}") from None
 
 
 def poll_until(test, *, op, peer, timeout=None, detail=""):
@@ -25,12 +35,14 @@ def poll_until(test, *, op, peer, timeout=None, detail=""):
         return
     limit = _config.timeout() if timeout is None else timeout
     start = time.perf_counter()
-    spin_end = start + _SPIN_SECONDS
+    spin_end = start + _spin_seconds()
+    yield_core = os.sched_yield
     while time.perf_counter() < spin_end:
         if test():
             return
+        yield_core()
     deadline = None if limit is None else start + limit
-    sleep = 2e-6
+    sleep = 20e-6
     while True:
         if test():
             return
