@@ -4,10 +4,13 @@ One :class:`ProgressEngine` per event loop polls every pending request of that
 loop with a single ``MPI_Testsome``. It never blocks the loop and does not
 busy-spin the CPU while nothing moves:
 
-* while a *busy* request is pending (a frame being sent or received), or for
-  ``MPIML_DASK_SPIN`` seconds after the last completion, it yields with
-  ``asyncio.sleep(0)`` between polls, so a reply that comes quickly is seen
-  at once and large transfers keep MPI's progress engine turning;
+* while a *busy* request is pending (a frame being sent or received) it polls
+  on every turn of the loop (``asyncio.sleep(0)``), so large transfers keep
+  MPI's progress engine turning;
+* for ``MPIML_DASK_SPIN`` seconds after the last activity (a completion, or a
+  new request such as a send) it keeps polling on every turn too, but calls
+  ``sched_yield`` first so that other runnable processes of an oversubscribed
+  node go first; a reply that comes quickly is seen at once;
 * otherwise (only *idle* requests such as the next message header or
   connection requests are pending) it sleeps, doubling the pause up to
   ``MPIML_DASK_POLL_MAX`` seconds. Registering a new request wakes it.
@@ -231,7 +234,12 @@ class ProgressEngine:
                 self._last_progress = now
                 pause = self._first_pause
                 await asyncio.sleep(0)
-            elif self._busy or now - self._last_progress < self._spin:
+            elif self._busy:
+                await asyncio.sleep(0)
+            elif now - self._last_progress < self._spin:
+                # Waiting for a likely reply: spin, but let other runnable processes
+                # (an oversubscribed node, the workers' compute) go first.
+                os.sched_yield()
                 await asyncio.sleep(0)
             else:
                 await self._sleep(pause)
