@@ -1,0 +1,473 @@
+"""K-means clustering over the rows of every rank (SPMD), on NumPy or CuPy shards."""
+
+import time
+import warnings
+from numbers import Integral, Real
+
+import numpy as np
+from sklearn.base import ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin
+from sklearn.exceptions import ConvergenceWarning
+
+from ..base import SPMDEstimator
+from ..utils._param_validation import HasMethods, Interval, StrOptions
+from ..utils._validation import check_random_state, row_counts, validate_data, validate_sample_weight
+from . import _kmeans_ops as ops
+from ._kmeans_init import Shard, _to_host, init_centers
+
+__all__ = ["KMeans"]
+
+
+# ---------------------------------------------------------------------- private compute helpers
+def _allreduce(comm, x):
+    return comm.allreduce(x) if comm.size > 1 else x
+
+
+def _global_stats(X, *, comm, xp):
+    """Global mean of the rows and mean feature variance (two small allreduces)."""
+    n, d = X.shape
+    pack = xp.zeros(d + 1, dtype=xp.float64)
+    if n:
+        pack[:d] = X.sum(axis=0, dtype=xp.float64)
+    pack[d] = n
+    pack = _allreduce(comm, pack)
+    mean = pack[:d] / pack[d]
+    var = xp.zeros(d, dtype=xp.float64)
+    step = ops.chunk_rows(d, 1, 8)
+    for s in range(0, n, step):
+        diff = X[s:s + step].astype(xp.float64) - mean
+        var += (diff * diff).sum(axis=0)
+    var = _allreduce(comm, var)
+    return mean, float(var.sum()) / (d * float(pack[d]))
+
+
+def _relocate_empty_clusters(shard, sums, counts, mind, labels):
+    """Move empty clusters onto the rows farthest from their centres (as scikit-learn does).
+
+    Each rank offers its ``n_empty`` farthest rows; one ``allgatherv`` of those
+    candidates picks the global farthest, ties broken by global row index.
+    ``sums`` (float64, shifted) and ``counts`` (host float64) are updated in place.
+    """
+    xp, comm = shard.xp, shard.comm
+    empty = np.nonzero(counts == 0)[0]
+    m = len(empty)
+    take = min(m, shard.n_local)
+    d = shard.X.shape[1]
+    offer = xp.zeros((take, 4 + d), dtype=xp.float64)
+    if take:
+        # stable descending order: larger distance first, then smaller index
+        idx = xp.argsort(-mind.astype(xp.float64), kind="stable")[:take] if xp is np else \
+            xp.argsort(-mind.astype(xp.float64))[:take]
+        offer[:, 0] = mind[idx]
+        offer[:, 1] = idx + shard.offset
+        offer[:, 2] = shard.weight[idx]
+        offer[:, 3] = labels[idx]
+        offer[:, 4:] = shard.X[idx] - shard.shift
+    allc = comm.allgatherv(offer) if comm.size > 1 else offer
+    allc = _to_host(allc)
+    order = np.lexsort((allc[:, 1], -allc[:, 0]))[:m]
+    for new_id, row in zip(empty, allc[order]):
+        w, old = row[2], int(row[3])
+        x = xp.asarray(row[4:])
+        sums[old] -= x * w
+        sums[new_id] = x * w
+        counts[new_id] = w
+        counts[old] -= w
+
+
+def _lloyd(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
+    """Lloyd iterations from shifted ``centers``; the same result on every rank.
+
+    Returns ``(labels, inertia, centers, n_iter)``; one packed allreduce per iteration.
+    """
+    xp, comm = shard.xp, shard.comm
+    n = shard.n_local
+    k, d = centers.shape
+    labels = xp.full(n, -1, dtype=xp.int32)
+    mind = xp.empty(n, dtype=shard.X.dtype)
+    it = 0
+    for it in range(max_iter):
+        t0 = time.perf_counter()
+        packed = ops.lloyd_step(shard.X, shard.weight, shard.shift, centers, labels, mind,
+                                batch_size=shard.batch_size)
+        packed = _allreduce(comm, packed)
+        sums = packed[:k * d].reshape(k, d)
+        tail = _to_host(packed[k * d:])
+        counts = tail[:k].copy()
+        inertia, changed = float(tail[k]), int(tail[k + 1])
+        if (counts == 0).any():
+            sums = sums.copy()
+            _relocate_empty_clusters(shard, sums, counts, mind, labels)
+        cnt = xp.asarray(counts)[:, None]
+        new = xp.where(cnt > 0, sums / xp.where(cnt > 0, cnt, 1), centers.astype(xp.float64))
+        center_shift = float(((new - centers) ** 2).sum())
+        centers = xp.ascontiguousarray(new.astype(shard.X.dtype))
+        if iter_seconds is not None:
+            iter_seconds.append(time.perf_counter() - t0)
+        if verbose and comm.rank == 0:
+            print(f"Iteration {it}, inertia {inertia:.6g}, center shift {center_shift:.3g}", flush=True)
+        if changed == 0 and it > 0:
+            if verbose and comm.rank == 0:
+                print(f"Converged at iteration {it}: strict convergence.", flush=True)
+            break
+        if center_shift <= tol:
+            if verbose and comm.rank == 0:
+                print(f"Converged at iteration {it}: center shift {center_shift:.3g} within tolerance {tol:.3g}.",
+                      flush=True)
+            break
+    labels, _, inertia = ops.assign(shard.X, shard.shift, centers, batch_size=shard.batch_size,
+                                    sample_weight=shard.weight)
+    inertia = float(_to_host(_allreduce(comm, np.array([inertia])))[0])
+    return labels, inertia, centers, it + 1
+
+
+class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, SPMDEstimator):
+    """K-means clustering of rows spread over ranks (SPMD), on NumPy or CuPy shards.
+
+    Every rank calls :meth:`fit` with its own rows; the fitted centres are the
+    same on every rank and equal (for a fixed initialisation) to those of a
+    single process on the concatenated rows.
+
+    Parameters
+    ----------
+    n_clusters : int, default=8
+        Number of clusters.
+    init : {"k-means||", "k-means++", "random"} or array of shape (n_clusters, n_features), \
+default="k-means||"
+        ``"k-means||"``: scalable k-means++ (a few rounds of oversampling with
+        ``oversampling_factor * n_clusters`` expected draws each, the weighted
+        candidates reduced to ``n_clusters`` on every rank alike).
+        ``"k-means++"``: greedy k-means++ with one global D^2 draw per centre.
+        ``"random"``: ``n_clusters`` rows drawn uniformly over all ranks.
+        An array: the initial centres (the same on every rank).
+    n_init : "auto" or int, default="auto"
+        Runs with different initial centres; the one with the lowest inertia
+        is kept.  ``"auto"``: 10 for ``"random"``, else 1.
+    max_iter : int, default=300
+        Maximum Lloyd iterations per run.
+    tol : float, default=1e-4
+        Convergence when the squared shift of the centres is at most ``tol``
+        times the mean feature variance of the whole dataset (scikit-learn's rule).
+    verbose : int, default=0
+        Print one line per iteration on rank 0.
+    random_state : int, RandomState instance or None, default=None
+        Seed of the initialisation.  One seed is agreed by all ranks (rank 0's).
+    oversampling_factor : float, default=2.0
+        ``k-means||``: expected candidates per round, in multiples of ``n_clusters``.
+    init_max_iter : int or None, default=None
+        ``k-means||``: rounds of oversampling (None: about ``log(cost)``, at most 5).
+    batch_size : int or None, default=None
+        Rows per chunk of the host computation (bounds memory); None picks a
+        chunk of a few MiB.  The GPU kernel needs no chunks.
+    comm : Communicator or None, default=None
+        Communicator of the ranks that share the data; None is the world.
+
+    Attributes
+    ----------
+    cluster_centers_ : ndarray of shape (n_clusters, n_features)
+        Replicated on every rank; NumPy or CuPy like ``X``, dtype of ``X``.
+    labels_ : ndarray of shape (n_local_samples,), int32
+        Labels of *this rank's* rows.
+    inertia_ : float
+        Weighted sum of squared distances to the nearest centre, over all ranks.
+    n_iter_ : int
+        Lloyd iterations of the kept run.
+    n_features_in_ : int
+        Number of features.
+    n_steps_ : int
+        Calls of :meth:`partial_fit` since the last reset.
+
+    Notes
+    -----
+    Communicated per Lloyd iteration: **one** allreduce of a float64 vector of
+    ``n_clusters * (n_features + 1) + 2`` values, ``[sums | weights per cluster
+    | inertia | changed labels]``; an ``allgatherv`` of ``n_empty`` candidate
+    rows per rank only in iterations that leave a cluster empty.  Per fit:
+    two allreduces of ``n_features + 1`` values (global mean and variance),
+    the row counts (allgather), the seed (bcast), the initialisation (see
+    ``init``) and one scalar allreduce for the final inertia.
+
+    Sums are accumulated in float64 around the global mean, so results do not
+    depend on the number of ranks for a fixed initialisation: centres agree to
+    about 1e-12 relative (float64 data) and labels agree except for rows
+    equidistant to two centres within rounding.  On the GPU the per-cluster sums
+    use atomics, whose order varies from run to run at the same 1e-16 level.
+
+    :meth:`predict` and :meth:`transform` act on local rows and communicate
+    nothing; :meth:`score` is global (one scalar allreduce).
+    """
+
+    _parameter_constraints = {
+        **SPMDEstimator._parameter_constraints,
+        "n_clusters": [Interval(Integral, 1, None, closed="left")],
+        # (not "array-like": strings have a length and would pass as arrays)
+        "init": [StrOptions({"k-means||", "k-means++", "random"}), HasMethods(["__array__"]), list, tuple],
+        "n_init": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "tol": [Interval(Real, 0, None, closed="left")],
+        "verbose": ["verbose"],
+        "random_state": ["random_state"],
+        "oversampling_factor": [Interval(Real, 0, None, closed="neither")],
+        "init_max_iter": [None, Interval(Integral, 1, None, closed="left")],
+        "batch_size": [None, Interval(Integral, 1, None, closed="left")],
+    }
+    _saved_attributes = ("cluster_centers_", "inertia_", "n_iter_", "_counts", "n_steps_")
+
+    def __init__(self, n_clusters=8, *, init="k-means||", n_init="auto", max_iter=300, tol=1e-4, verbose=0,
+                 random_state=None, oversampling_factor=2.0, init_max_iter=None, batch_size=None, comm=None):
+        self.n_clusters = n_clusters
+        self.init = init
+        self.n_init = n_init
+        self.max_iter = max_iter
+        self.tol = tol
+        self.verbose = verbose
+        self.random_state = random_state
+        self.oversampling_factor = oversampling_factor
+        self.init_max_iter = init_max_iter
+        self.batch_size = batch_size
+        self.comm = comm
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def _n_features_out(self):
+        return self.cluster_centers_.shape[0]
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = False
+        return tags
+
+    def _n_init(self):
+        if self.n_init == "auto":
+            return 10 if isinstance(self.init, str) and self.init == "random" else 1
+        if not isinstance(self.init, str) and self.n_init != 1:
+            warnings.warn("Explicit initial center position passed: performing only one init in KMeans "
+                          f"instead of n_init={self.n_init}.", RuntimeWarning, stacklevel=3)
+            return 1
+        return self.n_init
+
+    def _check_init_array(self, X, xp):
+        if isinstance(self.init, str):
+            return self.init
+        init = self.init
+        init = init.get() if ops._is_device(init) else np.asarray(init)
+        if init.ndim != 2 or init.shape[0] != self.n_clusters:
+            raise ValueError(f"The shape of the initial centers {init.shape} does not match the number of "
+                             f"clusters {self.n_clusters}.")
+        if init.shape[1] != X.shape[1]:
+            raise ValueError(f"The shape of the initial centers {init.shape} does not match the number of "
+                             f"features of the data {X.shape[1]}.")
+        if not np.isfinite(init).all():
+            raise ValueError("The initial centers contain NaN or infinity.")
+        return xp.asarray(init.astype(X.dtype))
+
+    def _seed(self, comm):
+        rs = check_random_state(self.random_state)
+        seed = int(rs.randint(np.iinfo(np.int32).max))
+        return comm.bcast_obj(seed) if comm.size > 1 else seed
+
+    def _shard(self, X, xp, sample_weight, comm, shift=None):
+        counts = row_counts(X.shape[0], comm)
+        offset = int(counts[:comm.rank].sum())
+        return Shard(X=X, weight=sample_weight, shift=shift, comm=comm, xp=xp, offset=offset,
+                     n_total=int(counts.sum()), batch_size=self.batch_size)
+
+    def _check_n_samples(self, shard):
+        if shard.n_total < self.n_clusters:
+            raise ValueError(f"n_samples={shard.n_total} should be >= n_clusters={self.n_clusters}.")
+
+    def _local_input(self, X):
+        """Validate rows for a local method (predict, transform): no communication."""
+        from ..comm import get_comm
+
+        self._check_is_fitted()
+        X, xp = validate_data(self, X, comm=get_comm("self"), reset=False, order="C")
+        centers = self.cluster_centers_
+        if xp is not np and not ops._is_device(centers):
+            centers = xp.asarray(centers)
+        elif xp is np and ops._is_device(centers):
+            centers = centers.get()
+        centers = centers.astype(X.dtype, copy=False)
+        shift = centers.mean(axis=0)
+        return X, xp, xp.ascontiguousarray(centers - shift), shift
+
+    # ------------------------------------------------------------------ fitting
+    def fit(self, X, y=None, sample_weight=None):
+        """Compute k-means clustering of the rows of every rank.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_local_samples, n_features)
+            This rank's rows (NumPy or CuPy; float64 and float32 are kept).
+        y : Ignored
+        sample_weight : array-like of shape (n_local_samples,), default=None
+            Weights of this rank's rows.
+
+        Returns
+        -------
+        self : KMeans
+            Fitted estimator.
+        """
+        self._validate_params()
+        comm = self._get_comm()
+        X, xp = validate_data(self, X, comm=comm, order="C")
+        sample_weight = validate_sample_weight(sample_weight, X, xp=xp, comm=comm)
+        init = self._check_init_array(X, xp)
+        n_init = self._n_init()
+        shard = self._shard(X, xp, sample_weight, comm)
+        self._check_n_samples(shard)
+        mean, mean_var = _global_stats(X, comm=comm, xp=xp)
+        shard.shift = mean.astype(X.dtype)
+        tol = mean_var * self.tol
+        rng = np.random.RandomState(self._seed(comm))
+        self._iter_seconds = []
+        best = None
+        for _ in range(n_init):
+            seed = int(rng.randint(np.iinfo(np.int32).max))
+            centers = init_centers(shard, self.n_clusters, init, rng, seed,
+                                   oversampling_factor=self.oversampling_factor,
+                                   init_max_iter=self.init_max_iter)
+            if self.verbose and comm.rank == 0:
+                print("Initialization complete", flush=True)
+            seconds = []
+            run = _lloyd(shard, centers, max_iter=self.max_iter, tol=tol, verbose=self.verbose,
+                         iter_seconds=seconds)
+            if best is None or run[1] < best[1]:
+                best = run
+                self._iter_seconds = seconds
+        labels, inertia, centers, n_iter = best
+        counts = xp.bincount(labels, minlength=self.n_clusters)
+        distinct = int(np.count_nonzero(_to_host(_allreduce(comm, counts.astype(xp.int64)))))
+        if distinct < self.n_clusters:
+            warnings.warn(f"Number of distinct clusters ({distinct}) found smaller than n_clusters "
+                          f"({self.n_clusters}). Possibly due to duplicate points in X.",
+                          ConvergenceWarning, stacklevel=2)
+        self.cluster_centers_ = centers + shard.shift
+        self.labels_ = labels
+        self.inertia_ = inertia
+        self.n_iter_ = n_iter
+        for name in ("_counts", "n_steps_"):
+            if hasattr(self, name):
+                delattr(self, name)
+        return self
+
+    def partial_fit(self, X, y=None, sample_weight=None):
+        """Update the centres with one batch of rows per rank (mini-batch k-means step).
+
+        The first call initialises the centres from the batch with ``init``;
+        each call moves every centre to the weighted mean of all the rows it
+        has received so far (running counts per centre), with one packed
+        allreduce, then labels the batch (one scalar allreduce for ``inertia_``).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_local_samples, n_features)
+            This rank's batch.
+        y : Ignored
+        sample_weight : array-like of shape (n_local_samples,), default=None
+
+        Returns
+        -------
+        self : KMeans
+        """
+        first = not hasattr(self, "_counts")
+        if first:
+            self._validate_params()
+        comm = self._get_comm()
+        X, xp = validate_data(self, X, comm=comm, reset=first, order="C")
+        sample_weight = validate_sample_weight(sample_weight, X, xp=xp, comm=comm)
+        shard = self._shard(X, xp, sample_weight, comm)
+        k, d = self.n_clusters, X.shape[1]
+        if first:
+            init = self._check_init_array(X, xp)
+            self._check_n_samples(shard)
+            mean, _ = _global_stats(X, comm=comm, xp=xp)
+            shard.shift = mean.astype(X.dtype)
+            rng = np.random.RandomState(self._seed(comm))
+            centers = init_centers(shard, k, init, rng, int(rng.randint(np.iinfo(np.int32).max)),
+                                   oversampling_factor=self.oversampling_factor,
+                                   init_max_iter=self.init_max_iter)
+            self.cluster_centers_ = centers + shard.shift
+            self._counts = np.zeros(k, dtype=np.float64)
+            self.n_steps_ = 0
+        centers = self.cluster_centers_
+        if xp is not np and not ops._is_device(centers):
+            centers = xp.asarray(centers)
+        centers = centers.astype(X.dtype, copy=False)
+        shift = centers.mean(axis=0)
+        shard.shift = shift
+        centers_s = xp.ascontiguousarray(centers - shift)
+        labels = xp.full(shard.n_local, -1, dtype=xp.int32)
+        mind = xp.empty(shard.n_local, dtype=X.dtype)
+        packed = _allreduce(comm, ops.lloyd_step(X, sample_weight, shift, centers_s, labels, mind,
+                                                 batch_size=self.batch_size))
+        sums = packed[:k * d].reshape(k, d)
+        batch = _to_host(packed[k * d:k * d + k])
+        old = xp.asarray(self._counts)[:, None]
+        total = old + xp.asarray(batch)[:, None]
+        new = xp.where(total > 0, (centers_s.astype(xp.float64) * old + sums) / xp.where(total > 0, total, 1),
+                       centers_s.astype(xp.float64))
+        self._counts = self._counts + batch
+        centers_s = xp.ascontiguousarray(new.astype(X.dtype))
+        self.cluster_centers_ = centers_s + shift
+        labels, _, inertia = ops.assign(X, shift, centers_s, batch_size=self.batch_size,
+                                        sample_weight=sample_weight)
+        self.labels_ = labels
+        self.inertia_ = float(_to_host(_allreduce(comm, np.array([inertia])))[0])
+        self.n_steps_ += 1
+        self.n_iter_ = self.n_steps_
+        return self
+
+    # ------------------------------------------------------------------ using the model
+    def predict(self, X):
+        """Index of the nearest centre for each local row (no communication).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_local_samples, n_features)
+
+        Returns
+        -------
+        labels : ndarray of shape (n_local_samples,), int32
+        """
+        X, xp, centers, shift = self._local_input(X)
+        labels, _, _ = ops.assign(X, shift, centers, batch_size=self.batch_size)
+        return labels
+
+    def fit_predict(self, X, y=None, sample_weight=None):
+        """Fit, then return the labels of this rank's rows (``labels_``)."""
+        return self.fit(X, sample_weight=sample_weight).labels_
+
+    def transform(self, X):
+        """Euclidean distances of the local rows to every centre (no communication).
+
+        Returns
+        -------
+        ndarray of shape (n_local_samples, n_clusters)
+        """
+        X, xp, centers, shift = self._local_input(X)
+        out = xp.empty((X.shape[0], centers.shape[0]), dtype=X.dtype)
+        step = ops.chunk_rows(X.shape[1], centers.shape[0], X.dtype.itemsize, self.batch_size)
+        c_sq = (centers * centers).sum(axis=1)
+        for s in range(0, X.shape[0], step):
+            out[s:s + step] = xp.sqrt(ops.sq_distances(X[s:s + step] - shift, centers, c_sq))
+        return out
+
+    def fit_transform(self, X, y=None, sample_weight=None):
+        """Fit, then return the distances of this rank's rows to the centres."""
+        return self.fit(X, sample_weight=sample_weight).transform(X)
+
+    def score(self, X, y=None, sample_weight=None):
+        """Opposite of the inertia of ``X`` over all ranks (one scalar allreduce).
+
+        Returns
+        -------
+        float
+            ``-sum(sample_weight * squared distance to the nearest centre)``, global.
+        """
+        comm = self._get_comm()
+        self._check_is_fitted()
+        X, xp = validate_data(self, X, comm=comm, reset=False, order="C")
+        sample_weight = validate_sample_weight(sample_weight, X, xp=xp, comm=comm)
+        _, _, centers, shift = self._local_input(X)
+        _, _, inertia = ops.assign(X, shift, centers, batch_size=self.batch_size, sample_weight=sample_weight)
+        return -float(_to_host(_allreduce(comm, np.array([inertia])))[0])

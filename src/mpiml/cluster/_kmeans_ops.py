@@ -1,0 +1,176 @@
+"""Local k-means compute on this rank's rows: nearest centre, distances, per-cluster sums.
+
+Everything here is local (no communication) and works in *shifted* coordinates:
+the caller passes ``shift`` (the global mean of ``X``) and centres already
+shifted by it, which keeps the ``||x||^2 - 2 x.c + ||c||^2`` expansion accurate
+(scikit-learn centres the data for the same reason; here nothing is copied:
+the shift is applied per chunk, or inside the GPU kernel while a tile is staged).
+
+Host arrays go through chunked BLAS matrix products; device arrays through the
+fused kernel of :mod:`mpiml.cluster._gpu` (no ``n x k`` matrix is ever built).
+"""
+
+import numpy as np
+
+__all__ = [
+    "lloyd_step",
+    "assign",
+    "sq_distances",
+    "chunk_rows",
+    "PACK_EXTRA",
+]
+
+#: After the k*d sums and k counts, the packed vector holds [inertia, n_changed].
+PACK_EXTRA = 2
+
+# Rows per host chunk: the (chunk x k) distance block and the shifted chunk stay
+# around a few MiB (scikit-learn uses 256-row chunks per thread for the same reason).
+_HOST_CHUNK_BYTES = 8 << 20
+
+
+def chunk_rows(n_features, n_clusters, itemsize, batch_size=None):
+    """Rows per chunk so that one chunk's working set stays bounded."""
+    if batch_size:
+        return max(1, int(batch_size))
+    per_row = (n_features + n_clusters) * itemsize + n_features * 8
+    return int(max(256, min(65536, _HOST_CHUNK_BYTES // max(per_row, 1))))
+
+
+def _is_device(x):
+    return type(x).__module__.startswith("cupy")
+
+
+def sq_distances(Xc, C, c_sq=None):
+    """Squared distances of the rows of ``Xc`` to the rows of ``C`` (both already shifted).
+
+    Works on NumPy or CuPy; builds the full ``len(Xc) x len(C)`` block, so callers
+    pass chunks.
+    """
+    xp = np if not _is_device(Xc) else __import__("cupy")
+    if c_sq is None:
+        c_sq = (C * C).sum(axis=1)
+    D = Xc @ C.T
+    D *= -2
+    D += c_sq[None, :]
+    D += (Xc * Xc).sum(axis=1)[:, None]
+    xp.maximum(D, 0, out=D)
+    return D
+
+
+def _host_assign_chunk(Xc, shift, C, c_sq):
+    """(labels, min squared distance, shifted chunk) of one host chunk."""
+    Xs = Xc - shift if shift is not None else np.array(Xc, copy=True)
+    G = Xs @ C.T
+    G *= -2
+    G += c_sq[None, :]
+    labels = np.argmin(G, axis=1).astype(np.int32, copy=False)
+    best = np.take_along_axis(G, labels[:, None].astype(np.intp), axis=1)[:, 0]
+    x_sq = np.einsum("ij,ij->i", Xs, Xs)
+    mind = best + x_sq
+    np.maximum(mind, 0, out=mind)
+    return labels, mind, Xs
+
+
+def assign(X, shift, C, *, batch_size=None, sample_weight=None):
+    """Nearest centre of every local row.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+        This rank's rows (NumPy or CuPy, float32 or float64).
+    shift : ndarray of shape (d,) or None
+        Subtracted from every row (``C`` is already in shifted coordinates).
+    C : ndarray of shape (k, d)
+        Shifted centres, same namespace and dtype as ``X``.
+    batch_size : int, default=None
+        Rows per chunk on the host.
+    sample_weight : ndarray of shape (n,), default=None
+        When given, the weighted local inertia is returned too.
+
+    Returns
+    -------
+    labels : ndarray of shape (n,), int32
+    mind : ndarray of shape (n,)
+        Squared distance to the nearest centre (dtype of ``X``).
+    inertia : float or None
+        ``sum(sample_weight * mind)`` (float64) when ``sample_weight`` is given.
+    """
+    if _is_device(X):
+        from . import _gpu
+
+        labels, mind = _gpu.assign(X, shift, C)
+        inertia = None
+        if sample_weight is not None:
+            inertia = float((sample_weight.astype(np.float64) * mind).sum())
+        return labels, mind, inertia
+    n, d = X.shape
+    k = C.shape[0]
+    labels = np.empty(n, dtype=np.int32)
+    mind = np.empty(n, dtype=X.dtype)
+    c_sq = np.einsum("ij,ij->i", C, C)
+    step = chunk_rows(d, k, X.dtype.itemsize, batch_size)
+    for s in range(0, n, step):
+        e = min(n, s + step)
+        labels[s:e], mind[s:e], _ = _host_assign_chunk(X[s:e], shift, C, c_sq)
+    inertia = None
+    if sample_weight is not None:
+        inertia = float(np.dot(sample_weight.astype(np.float64), mind.astype(np.float64)))
+    return labels, mind, inertia
+
+
+def lloyd_step(X, sample_weight, shift, C, labels, mind, *, batch_size=None):
+    """One local E-step plus the local part of the M-step.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+        This rank's rows.
+    sample_weight : ndarray of shape (n,)
+        Row weights (dtype of ``X``).
+    shift : ndarray of shape (d,)
+        Subtracted from every row.
+    C : ndarray of shape (k, d)
+        Shifted centres.
+    labels : ndarray of shape (n,), int32
+        Previous labels on entry (``-1`` before the first step); this step's
+        labels on return (updated in place).
+    mind : ndarray of shape (n,)
+        Overwritten with each row's squared distance to its (old) nearest centre.
+    batch_size : int, default=None
+        Rows per host chunk.
+
+    Returns
+    -------
+    packed : ndarray of shape (k*d + k + 2,), float64
+        ``[sums (k*d, shifted) | weight per cluster (k) | inertia | changed labels]``,
+        ready for one allreduce (NumPy or CuPy, like ``X``).
+    """
+    if _is_device(X):
+        from . import _gpu
+
+        return _gpu.lloyd_step(X, sample_weight, shift, C, labels, mind)
+    import scipy.sparse as sp
+
+    n, d = X.shape
+    k = C.shape[0]
+    packed = np.zeros(k * d + k + PACK_EXTRA, dtype=np.float64)
+    sums = packed[:k * d].reshape(k, d)
+    c_sq = np.einsum("ij,ij->i", C, C)
+    step = chunk_rows(d, k, X.dtype.itemsize, batch_size)
+    changed = 0
+    inertia = 0.0
+    w64 = sample_weight.astype(np.float64, copy=False)
+    for s in range(0, n, step):
+        e = min(n, s + step)
+        lab, md, Xs = _host_assign_chunk(X[s:e], shift, C, c_sq)
+        changed += int(np.count_nonzero(lab != labels[s:e]))
+        labels[s:e] = lab
+        mind[s:e] = md
+        wc = w64[s:e]
+        inertia += float(np.dot(wc, md.astype(np.float64, copy=False)))
+        onehot = sp.csr_matrix((wc, (lab, np.arange(e - s))), shape=(k, e - s))
+        sums += onehot @ Xs.astype(np.float64, copy=False)
+    packed[k * d:k * d + k] = np.bincount(labels, weights=w64, minlength=k)
+    packed[-2] = inertia
+    packed[-1] = changed
+    return packed
