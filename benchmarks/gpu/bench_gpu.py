@@ -104,6 +104,19 @@ def agree(t):
     return comm.allreduce_obj(t, "max")
 
 
+# create every transport before timing (so set_sync reaches them) and compile the kernels
+_w = cp.ones(1024, dtype=cp.float32)
+for _a in ("nccl/native", "ipc/native", "ipc/twoshot", None):
+    try:
+        comm.allreduce(_w, algorithm=_a)
+        comm.bcast(_w, algorithm=_a)
+        comm.reduce(_w, algorithm=_a)
+        comm.allgather(_w, algorithm=_a)
+    except Exception as exc:
+        if R == 0:
+            print(f"warm-up {_a}: {type(exc).__name__}: {exc}", flush=True)
+stream.synchronize()
+
 results = []
 paths = ["raw", "nccl", "ipc", "auto", "ring", "mpi"]
 if os.environ.get("MPIML_NODE_SIZE"):
@@ -190,6 +203,24 @@ try:
         ipc._sync = True
 except Exception as exc:
     micro["error"] = f"{type(exc).__name__}: {exc}"
+# where the Python time of a small eager call goes (rank 0's profile, printed)
+import cProfile
+import io
+import pstats
+
+set_sync(False)
+prof = cProfile.Profile()
+comm.barrier()
+prof.enable()
+for _ in range(2000):
+    comm.allreduce(x, out=y)
+prof.disable()
+stream.synchronize()
+set_sync(True)
+if R == 0:
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
+    print("profile of 2000 comm.allreduce(4 B, out=y), auto, async:\n" + buf.getvalue()[-3500:], flush=True)
 if R == 0:
     print("micro:", micro, flush=True)
     doc = {"machine": f"{socket.gethostname()} {platform.machine()} "

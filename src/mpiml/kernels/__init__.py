@@ -113,7 +113,8 @@ def get_kernel(family, name, dtype, op=None, aligned=False):
         mod = _module(family, ctype, dtype.itemsize)
         a = "true" if aligned else "false"
         expr = f"{name}<{ctype}, {OP_CODES[op]}, {a}>" if reduces else f"{name}<{ctype}, {a}>"
-        kernel = mod.get_function(expr)
-        fn = (kernel, int(kernel.ptr))
+        kernel = mod.get_function(expr)  # a RawKernel; .kernel is the loaded Function
+        func = kernel.kernel
+        fn = (kernel, func, int(func.ptr))
         _KERNELS[key] = fn
-    return fn[1]
+    return fn[2]

@@ -21,7 +21,7 @@ back to it when the call completes, so steady-state calls allocate nothing.
 
 import numpy as np
 
-from .._request import Request
+from ._stream import SpinRequest as Request
 
 __all__ = ["mpi_is_cuda_aware", "staged_isend", "staged_irecv", "staged_native", "PinnedPool",
            "CHUNKED_COLLECTIVES"]

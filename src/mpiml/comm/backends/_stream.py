@@ -19,12 +19,43 @@ waits (it cannot), whatever the setting.
 import os
 import socket
 
-__all__ = ["device_sync", "DONE", "node_layout", "local_device_info", "agree_or_raise"]
+__all__ = ["device_sync", "DONE", "SpinRequest", "node_layout", "local_device_info", "agree_or_raise"]
 
-from .._request import CompletedRequest
+import time
+
+from ..._errors import CommTimeoutError
+from .._request import CompletedRequest, Request
 
 #: shared completed request returned by stream-ordered calls that need no host wait
 DONE = CompletedRequest()
+
+
+class SpinRequest(Request):
+    """A request whose :meth:`wait` polls without sleeping (still with the timeout).
+
+    The generic wait backs off to 1 ms sleeps, but a staged collective makes
+    progress only while it is tested (MPI's nonblocking collectives advance
+    inside ``MPI_Test``, chunks move on as their copies land) and a device
+    collective finishes in microseconds: sleeping would add up to a millisecond
+    per step.  Spinning costs one core while waiting, as blocking MPI does.
+    """
+
+    def wait(self, timeout=None):
+        if self.test():
+            return self._value()
+        from ... import _config
+
+        limit = _config.timeout() if timeout is None else timeout
+        deadline = None if limit is None else time.perf_counter() + limit
+        spins = 0
+        while not self.test():
+            spins += 1
+            if spins & 255 == 0:
+                if deadline is not None and time.perf_counter() >= deadline:
+                    self.abandon()
+                    raise CommTimeoutError(self.op, self.peer, limit)
+                time.sleep(0)
+        return self._value()
 
 
 def device_sync():

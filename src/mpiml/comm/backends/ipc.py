@@ -99,7 +99,7 @@ class IPCTransport(Transport):
         err = None
         info = None
         try:
-            import cupy  # noqa: F401
+            import cupy  # noqa: F401  (both needed below)
             from cupy_backends.cuda.api import driver  # noqa: F401
 
             info = local_device_info()
@@ -350,7 +350,6 @@ class IPCTransport(Transport):
         if n == 0:
             return DONE
         dtype = sendbuf.dtype
-        isz = dtype.itemsize
         counts = tuple(int(c) for c in counts)
         displs = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
         if sendbuf.nbytes > self.cap:  # too large for one kernel: chunked allreduce, keep our part

@@ -23,11 +23,10 @@ import time
 
 import numpy as np
 
-from ..._errors import BackendUnavailableError, CommError, CommTimeoutError
+from ..._errors import BackendUnavailableError, CommError
 from ... import _config
-from .._request import Request
 from ._base import Transport
-from ._stream import DONE, agree_or_raise, device_sync
+from ._stream import DONE, SpinRequest as Request, agree_or_raise, device_sync
 
 __all__ = ["NCCLTransport"]
 
