@@ -407,7 +407,7 @@ class Communicator:
         x, xp = self._prep(x)
         out = self._out(out, x.shape, x.dtype, xp)
         send = _flat(x)
-        if out.size and xp.shares_memory(out, x):
+        if out.size and _may_overlap(out, x):
             send = send.copy()
         recv = _flat(out)
         self._run("allreduce", x.nbytes, xp, algorithm=algorithm,
@@ -717,6 +717,19 @@ class Communicator:
         if new is None:
             return None
         return Communicator(new, prefer=self.prefer, tuning=self._tuning)
+
+
+def _may_overlap(a, b):
+    """Whether two arrays' memory ranges overlap (bounds only: never a device round trip).
+
+    ``cupy.shares_memory`` answers exactly by comparing the arrays on the device,
+    which costs a kernel, a device-to-host copy and O(n) work per call, and is
+    illegal while a CUDA graph is being captured.
+    """
+    if is_device_array(a):
+        pa, pb = a.data.ptr, b.data.ptr
+        return pa < pb + b.nbytes and pb < pa + a.nbytes
+    return np.may_share_memory(a, b)
 
 
 def _cupy():
