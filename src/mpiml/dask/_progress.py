@@ -4,13 +4,14 @@ One :class:`ProgressEngine` per event loop polls every pending request of that
 loop with a single ``MPI_Testsome``. It never blocks the loop and does not
 busy-spin the CPU while nothing moves:
 
-* while a *busy* request is pending (a frame being sent or received) it polls
-  on every turn of the loop (``asyncio.sleep(0)``), so large transfers keep
-  MPI's progress engine turning;
-* for ``MPIML_DASK_SPIN`` seconds after the last activity (a completion, or a
-  new request such as a send) it keeps polling on every turn too, but calls
-  ``sched_yield`` first so that other runnable processes of an oversubscribed
-  node go first; a reply that comes quickly is seen at once;
+* while a *busy* request is pending (a frame being sent or received), and for
+  ``MPIML_DASK_SPIN`` seconds after the last activity (a completion, or a new
+  request such as a send), it polls on every turn of the loop
+  (``asyncio.sleep(0)``), so large transfers keep MPI's progress engine
+  turning and a reply that comes quickly is seen at once. Before each such
+  poll it calls ``sched_yield``: on an oversubscribed node the peer it waits
+  for, and the workers' compute, go first (on a node with a core per process
+  this costs a microsecond);
 * otherwise (only *idle* requests such as the next message header or
   connection requests are pending) it sleeps, doubling the pause up to
   ``MPIML_DASK_POLL_MAX`` seconds. Registering a new request wakes it.
@@ -234,11 +235,9 @@ class ProgressEngine:
                 self._last_progress = now
                 pause = self._first_pause
                 await asyncio.sleep(0)
-            elif self._busy:
-                await asyncio.sleep(0)
-            elif now - self._last_progress < self._spin:
-                # Waiting for a likely reply: spin, but let other runnable processes
-                # (an oversubscribed node, the workers' compute) go first.
+            elif self._busy or now - self._last_progress < self._spin:
+                # Spin, but let other runnable processes (an oversubscribed node, the
+                # peer we wait for, the workers' compute) go first.
                 os.sched_yield()
                 await asyncio.sleep(0)
             else:
