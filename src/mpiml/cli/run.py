@@ -1,0 +1,264 @@
+"""``mpiml run ALGORITHM``: the main job -- fit an estimator SPMD and show where the time went.
+
+Outside an MPI launch, ``--np N`` (default: one rank per GPU, else 2) re-launches
+the same command under ``mpiexec -n N``.  Under MPI every rank parses the same
+arguments (a usage error exits 2 everywhere), loads or generates its shard,
+fits inside :func:`mpiml.profile`, and rank 0 prints the fit time, iterations,
+inertia and the communication profile aggregated over ranks.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+__all__ = ["main", "mpiexec_command", "parse_data_spec"]
+
+ALGORITHMS = ("kmeans",)
+DEFAULT_DATA = "blobs:n=200000,d=32,k=16"
+
+
+# ---------------------------------------------------------------------- launching
+def mpiexec_command(n, argv):
+    """``[mpiexec, -n, N, (Open MPI flags), python, -m, mpiml, run, *argv]``.
+
+    ``MPIML_MPIEXEC`` overrides the launcher found on PATH.  Open MPI (detected
+    from ``mpiexec --version``) gets ``--bind-to none --oversubscribe`` and, as
+    root, ``--allow-run-as-root``.
+    """
+    exe = os.environ.get("MPIML_MPIEXEC") or shutil.which("mpiexec") or shutil.which("mpirun")
+    if exe is None:
+        raise FileNotFoundError("no mpiexec on PATH (pip install mpich, or set MPIML_MPIEXEC)")
+    cmd = [exe, "-n", str(n)]
+    try:
+        version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20).stdout
+    except Exception:
+        version = ""
+    if "open mpi" in version.lower() or "openrte" in version.lower():
+        cmd += ["--bind-to", "none", "--oversubscribe"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+    return cmd + [sys.executable, "-m", "mpiml", "run", *argv]
+
+
+def _gpu_count():
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
+def _local_rank(comm):
+    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID",
+                "PMI_LOCAL_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return comm.rank
+
+
+# ---------------------------------------------------------------------- arguments
+def parse_data_spec(spec):
+    """``"blobs:n=1000,d=8,k=4,seed=0"`` -> ``("blobs", {...})``; a path -> ``("file", {"path": ...})``."""
+    if spec.startswith("blobs"):
+        params = {"n": 200000, "d": 32, "k": 16, "seed": 0, "std": 1.0}
+        rest = spec[len("blobs"):].lstrip(":")
+        for item in filter(None, rest.split(",")):
+            if "=" not in item:
+                raise ValueError(f"expected key=value in the data spec, got {item!r}")
+            key, value = (s.strip() for s in item.split("=", 1))
+            if key not in params:
+                raise ValueError(f"unknown blobs parameter {key!r} (known: {sorted(params)})")
+            try:
+                params[key] = float(value) if key == "std" else int(float(value))
+            except ValueError:
+                raise ValueError(f"blobs parameter {key} must be a number, got {value!r}") from None
+            if key != "std" and key != "seed" and params[key] < 1:
+                raise ValueError(f"blobs parameter {key} must be at least 1, got {value!r}")
+        return "blobs", params
+    if not os.path.exists(spec):
+        raise ValueError(f"--data: no such file {spec!r} (or use blobs:n=...,d=...,k=...)")
+    if not re.search(r"\.(npy|csv|txt|svm|libsvm|svmlight)$", spec):
+        raise ValueError(f"--data: unknown file type {spec!r} (.npy, .csv, .svm)")
+    return "file", {"path": spec}
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="mpiml run", description="Fit an estimator on every rank (SPMD) and report "
+                                "time, result and communication profile.")
+    p.add_argument("algorithm", nargs="?", default="kmeans", choices=ALGORITHMS)
+    p.add_argument("--np", type=int, default=None, help="ranks to launch when not already under MPI "
+                   "(default: one per GPU, else 2)")
+    p.add_argument("--data", default=DEFAULT_DATA, help=f"blobs:n=..,d=..,k=..[,seed=..] or a .npy/.csv/.svm file "
+                   f"(default {DEFAULT_DATA})")
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--backend", choices=("auto", "mpi", "nccl", "ipc"), default="auto")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--k", type=int, default=None, help="clusters (default: the blobs' k, else 8)")
+    p.add_argument("--max-iter", type=int, default=100)
+    p.add_argument("--tol", type=float, default=1e-4)
+    p.add_argument("--init", default="k-means||", choices=("k-means||", "k-means++", "random"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save", default=None, metavar="PATH", help="write the fitted model (mpiml.save)")
+    p.add_argument("--compare-sklearn", action="store_true", help="rank 0 gathers the data and fits "
+                   "scikit-learn's KMeans with the same settings")
+    p.add_argument("--quiet", action="store_true", help="no per-iteration lines")
+    return p
+
+
+# ---------------------------------------------------------------------- the job
+def _load(kind, params, comm, xp, dtype):
+    from .. import datasets
+
+    device = "gpu" if xp.__name__ == "cupy" else "cpu"
+    if kind == "blobs":
+        X, _ = datasets.make_blobs(params["n"], params["d"], centers=params["k"], cluster_std=params["std"],
+                                   random_state=params["seed"], comm=comm, device=device, dtype=dtype)
+        return X
+    path = params["path"]
+    if path.endswith(".npy"):
+        X = datasets.load_npy(path, comm=comm, mmap=False, device=device)
+    elif path.endswith((".csv", ".txt")):
+        X = datasets.load_csv(path, comm=comm, dtype=dtype, device=device)
+    else:
+        X, _ = datasets.load_svmlight(path, comm=comm, dtype=dtype)
+        X = xp.asarray(X.toarray())
+    if isinstance(X, tuple):
+        X = X[0]
+    return xp.ascontiguousarray(X, dtype=dtype)
+
+
+def _aggregate_profile(comm, prof):
+    """Every rank's profile summary; per op, the calls of rank 0 and the largest time over ranks."""
+    mine = prof.summary()
+    allp = comm.allgather_obj(mine) if comm.size > 1 else [mine]
+    agg = {"ops": {}, "histogram": allp[0]["histogram"], "calls": allp[0]["calls"],
+           "total_seconds": max(p["total_seconds"] for p in allp), "wall_seconds": allp[0]["wall_seconds"]}
+    for op, o in allp[0]["ops"].items():
+        agg["ops"][op] = dict(o, seconds=max(p["ops"].get(op, {}).get("seconds", 0.0) for p in allp))
+    return agg
+
+
+def _run(args, comm):
+    import mpiml
+    from ..cluster import KMeans
+
+    kind, params = parse_data_spec(args.data)
+    ngpu = _gpu_count() if args.device in ("auto", "gpu") else 0
+    if args.device == "gpu" and ngpu == 0:
+        raise RuntimeError("--device gpu: CuPy sees no GPU here")
+    if ngpu:
+        import cupy as xp
+
+        xp.cuda.Device(_local_rank(comm) % ngpu).use()
+    else:
+        xp = np
+    rank0 = comm.rank == 0
+    say = (lambda *a: print(*a, flush=True)) if rank0 else (lambda *a: None)
+
+    t0 = time.perf_counter()
+    X = _load(kind, params, comm, xp, np.dtype(args.dtype))
+    n_total = comm.allreduce_obj(int(X.shape[0])) if comm.size > 1 else int(X.shape[0])
+    k = args.k or (params["k"] if kind == "blobs" else 8)
+    where = f"{ngpu and min(ngpu, comm.size) or 0} GPU(s)" if ngpu else "CPU"
+    say(f"mpiml run kmeans: {n_total} x {X.shape[1]} {args.dtype}, k={k}, init={args.init}, "
+        f"{comm.size} rank(s) on {where}, backend={args.backend} (data ready in {time.perf_counter() - t0:.2f} s)")
+
+    km = KMeans(k, init=args.init, max_iter=args.max_iter, tol=args.tol, random_state=args.seed,
+                verbose=0 if args.quiet else 1, comm=comm)
+    comm.barrier()
+    t0 = time.perf_counter()
+    with mpiml.profile() as prof:
+        km.fit(X)
+        if xp is not np:
+            xp.cuda.get_current_stream().synchronize()
+    fit_s = time.perf_counter() - t0
+    fit_s = comm.allreduce_obj(fit_s, op="max") if comm.size > 1 else fit_s
+    iters = list(getattr(km, "_iter_seconds", []))
+    per_iter = float(np.median(iters)) if iters else float("nan")
+    say(f"fit: {fit_s:.3f} s, {km.n_iter_} iterations ({1e3 * per_iter:.3f} ms per Lloyd iteration, median), "
+        f"inertia {km.inertia_:.6g}")
+    agg = _aggregate_profile(comm, prof)
+    say("communication during fit (calls of rank 0, seconds = slowest rank):")
+    say(prof.format(agg))
+
+    if args.save:
+        mpiml.save(km, args.save)
+        say(f"model saved to {args.save}")
+    if args.compare_sklearn:
+        _compare_sklearn(args, comm, X, k, xp, fit_s, km, say)
+    return 0
+
+
+def _compare_sklearn(args, comm, X, k, xp, fit_s, km, say):
+    from sklearn.cluster import KMeans as SkKMeans
+
+    total_bytes = comm.allreduce_obj(int(X.nbytes)) if comm.size > 1 else int(X.nbytes)
+    if total_bytes > (4 << 30):
+        say(f"--compare-sklearn: skipped, the data ({total_bytes / 2**30:.1f} GiB) is too large to gather")
+        return
+    Xh = X.get() if xp is not np else np.asarray(X)
+    full = comm.gatherv(np.ascontiguousarray(Xh), root=0) if comm.size > 1 else Xh
+    if comm.rank == 0:
+        init = "k-means++" if args.init == "k-means||" else args.init
+        sk = SkKMeans(k, init=init, n_init=1, max_iter=args.max_iter, tol=args.tol, random_state=args.seed)
+        t0 = time.perf_counter()
+        sk.fit(full)
+        sk_s = time.perf_counter() - t0
+        say(f"scikit-learn KMeans (init={init}, one process): {sk_s:.3f} s, {sk.n_iter_} iterations, "
+            f"inertia {sk.inertia_:.6g}")
+        say(f"mpiml: {fit_s:.3f} s, {km.n_iter_} iterations, inertia {km.inertia_:.6g} "
+            f"(inertia ratio mpiml / scikit-learn = {km.inertia_ / sk.inertia_:.4f}, speed-up {sk_s / fit_s:.1f}x)")
+    if comm.size > 1:
+        comm.barrier()
+
+
+def main(argv):
+    """Entry point of ``mpiml run``; returns the exit status."""
+    from ..comm import get_comm, launched_by_mpi
+
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        parse_data_spec(args.data)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.k is not None and args.k < 1:
+        parser.error(f"--k must be at least 1, got {args.k}")
+    if args.max_iter < 1:
+        parser.error(f"--max-iter must be at least 1, got {args.max_iter}")
+    if args.np is not None and args.np < 1:
+        parser.error(f"--np must be at least 1, got {args.np}")
+    if not launched_by_mpi():
+        n = args.np
+        if n is None:
+            n = (_gpu_count() if args.device != "cpu" else 0) or 2
+        if n > 1:
+            rest = _strip_np(argv)
+            cmd = mpiexec_command(n, rest)
+            print("launching: " + " ".join(cmd), flush=True)
+            env = dict(os.environ)
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+            return subprocess.call(cmd, env=env)
+    return _run(args, get_comm(args.backend))
+
+
+def _strip_np(argv):
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--np":
+            skip = True
+            continue
+        if a.startswith("--np="):
+            continue
+        out.append(a)
+    return out
