@@ -96,3 +96,42 @@ def test_conversions_and_helpers():
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_validation_on_ranks(mpi, n):
     mpi(os.path.join(HERE, "_validation_spmd_script.py"), n, timeout=120)
+
+
+@pytest.mark.gpu
+def test_device_input_stays_on_device():
+    import cupy
+
+    one = get_comm("self")
+    est = MinimalSPMDTransformer()
+    X, xp = validate_data(est, cupy.ones((4, 3), dtype=cupy.int32), comm=one)
+    assert xp is cupy and isinstance(X, cupy.ndarray) and X.dtype == cupy.float64 and est.n_features_in_ == 3
+    X32 = cupy.ones((4, 3), dtype=cupy.float32)
+    assert validate_data(est, X32, comm=one)[0] is X32  # no copy
+    bad = cupy.ones((4, 3))
+    bad[1, 1] = cupy.nan
+    with pytest.raises(ValueError, match="Input X contains NaN."):
+        validate_data(est, bad, comm=one)
+    with pytest.raises(ValueError, match="Expected 2D array, got 1D array instead"):
+        validate_data(est, cupy.ones(3), comm=one)
+    with pytest.raises(ValueError, match="Found array with 0 sample"):
+        validate_data(est, cupy.ones((0, 3)), comm=one)
+    with pytest.raises(ValueError, match="X has 2 features, but MinimalSPMDTransformer is expecting 3"):
+        validate_data(est, cupy.ones((4, 2)), comm=one, reset=False)
+    fitted = MinimalSPMDTransformer().fit(cupy.arange(12.0).reshape(4, 3))
+    assert isinstance(fitted.mean_, cupy.ndarray)
+    assert isinstance(fitted.transform(cupy.ones((2, 3))), cupy.ndarray)
+    w = validate_sample_weight(np.ones(4), cupy.ones((4, 3)))
+    assert isinstance(w, cupy.ndarray)
+
+
+@pytest.mark.gpu
+def test_cuda_tensor_becomes_cupy_without_copy():
+    torch = pytest.importorskip("torch")
+    import cupy
+
+    t = torch.arange(12, dtype=torch.float64, device="cuda").reshape(4, 3)
+    X, xp = validate_data(MinimalSPMDTransformer(), t, comm=get_comm("self"))
+    assert xp is cupy and X.data.ptr == t.data_ptr()
+    X, xp = validate_data(MinimalSPMDTransformer(), t.cpu(), comm=get_comm("self"))
+    assert xp is np and X.shape == (4, 3)
