@@ -25,6 +25,9 @@ def timeout():
     return value if value > 0 else None
 
 
+_CHECK_LEVELS = {}
+
+
 def check_level():
     """Collective argument checking (``MPIML_CHECK``).
 
@@ -33,7 +36,16 @@ def check_level():
     ``CHEAP_CHECK_BYTES`` are checked, where the extra small allreduce costs a
     few percent at most.
     """
-    raw = os.environ.get("MPIML_CHECK", "").strip().lower()
+    raw = os.environ.get("MPIML_CHECK", "")
+    try:
+        return _CHECK_LEVELS[raw]
+    except KeyError:
+        pass
+    _CHECK_LEVELS[raw] = level = _parse_check_level(raw.strip().lower())
+    return level
+
+
+def _parse_check_level(raw):
     if raw == "":
         return None
     if raw in ("0", "false", "off", "no"):

@@ -15,7 +15,6 @@ agrees on the call's signature first, runs it with timeouts and records it for
 
 import pickle
 import time
-import zlib
 
 import numpy as np
 
@@ -41,7 +40,7 @@ _OP_CODE = {name: i + 1 for i, name in enumerate(COLLECTIVES)}
 
 
 def _flat(x):
-    return x.reshape(-1)
+    return x if x.ndim == 1 else x.reshape(-1)
 
 
 class Communicator:
@@ -350,8 +349,10 @@ class Communicator:
             raise ValueError(f"root must be a rank in [0, {self.size}); got {root!r}")
         return int(root)
 
-    def _shape_hash(self, shape):
-        return zlib.crc32(repr(tuple(int(s) for s in shape)).encode()) & 0x7FFFFFFF
+    @staticmethod
+    def _shape_hash(shape):
+        # tuples of ints hash the same in every process (only str/bytes hashing is salted)
+        return hash(tuple(shape)) & 0x7FFFFFFF
 
     def _out(self, out, shape, dtype, xp, name="out"):
         if out is None:
