@@ -389,6 +389,15 @@ class IPCTransport(Transport):
     def irecv(self, buf, source, tag):
         return self._nccl().irecv(buf, source, tag)
 
+    _OP_ALGORITHMS = {"allreduce": ("oneshot", "twoshot"), "reduce": ("oneshot",), "scan": ("oneshot",),
+                      "exscan": ("oneshot",), "bcast": ("pull",), "allgather": ("pull",),
+                      "reduce_scatter": ("oneshot",)}
+
+    def algorithm_names(self, op):
+        """The IPC algorithms of ``op`` (what ``mpiml bench comm`` and ``mpiml tune`` time)."""
+        names = self._OP_ALGORITHMS.get(op, ())
+        return names + ("two_level",) if op == "allreduce" and self.multi_node else names
+
     def run_algorithm(self, op, name, *args):
         """Run IPC algorithm ``name`` (see the module docstring) for collective ``op``."""
         if op == "allreduce" and name in ("oneshot", "twoshot", "two_level"):
