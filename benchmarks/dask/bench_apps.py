@@ -8,7 +8,8 @@ Measures (median of ``--repeat`` runs after one warm-up run):
   ``--chunk`` blocks (NumPy, or CuPy with ``--device gpu``); the transpose
   makes workers exchange blocks;
 * ``merge`` (CPU only, needs pandas): a dask.dataframe merge of two frames on
-  a key (``--rows`` rows on the left), which shuffles rows between workers.
+  a key (``--rows`` rows on the left) with the task-based shuffle, which moves
+  rows between workers in many messages.
 
 Results go to ``--out`` as JSON (``run_apps.py`` drives the launches and
 merges them).
@@ -64,7 +65,9 @@ def merge(rows):
     dright = dd.from_pandas(right, npartitions=4).persist()
 
     def run():
-        out = dleft.merge(dright, on="k").map_partitions(len).compute()
+        # Task-based shuffle: many worker-to-worker messages of all sizes, and no
+        # state kept between repetitions (the p2p shuffle sometimes reuses it).
+        out = dleft.merge(dright, on="k", shuffle_method="tasks").map_partitions(len).compute()
         return int(out.sum())
 
     return run, (dleft, dright)

@@ -136,6 +136,7 @@ def _abort(world, who):
     print(f"mpiml dask: unhandled exception on {who}; aborting the MPI job", file=sys.stderr)
     traceback.print_exc()
     sys.stderr.flush()
+    time.sleep(0.5)  # let mpiexec forward the traceback before it tears the job down
     world.Abort(1)
 
 

@@ -190,7 +190,7 @@ class MPIManager:
             logger.warning("mpi://: ignoring unknown control message %s from rank %d", op, peer)
             return
         listener = self.listeners.get(ident)
-        if listener is None or not listener.accepting:
+        if listener is None or not listener.alive:
             self.reply(peer, peer_tag, REFUSED, 0)
             return
         tag = self.allocate_tag()
