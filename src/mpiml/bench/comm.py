@@ -83,9 +83,18 @@ def _make_call(comm, op, nbytes, xp, algorithm):
     raise ValueError(f"mpiml bench comm: unsupported op {op!r}")
 
 
-def series_for(comm, op, device, backends=None, include_auto=True):
-    """The series to time for ``op``: "auto" and each ``backend/algorithm`` that applies."""
+def series_for(comm, op, device, backends=None, include_auto=True, only=None):
+    """The series to time for ``op``: "auto" and each ``backend/algorithm`` that applies.
+
+    ``only`` is a list of shell-style patterns (``"nccl/*"``, ``"mpi/native"``) that
+    a fixed series must match to be timed.
+    """
+    from fnmatch import fnmatch
+
     series = ["auto"] if include_auto else []
+    if only:
+        return series + [s for s in series_for(comm, op, device, backends, False)
+                         if any(fnmatch(s, pat) for pat in only)]
     if comm.size == 1:
         return series + [f"{comm.backend}/native"]
     wanted = backends or (("mpi",) if device == "cpu" else ("mpi", "nccl", "ipc"))
@@ -127,7 +136,7 @@ def _auto_path(comm, fn):
 
 
 def sweep(comm, ops, sizes, *, device="cpu", backends=None, include_auto=True, rounds=5,
-          target_seconds=0.02, max_iters=1000, progress=True):
+          target_seconds=0.02, max_iters=1000, progress=True, only=None):
     """Time every series of every op at every size; returns a list of result dicts."""
     xp = np
     if device == "gpu":
@@ -142,7 +151,7 @@ def sweep(comm, ops, sizes, *, device="cpu", backends=None, include_auto=True, r
     series_cache = {}
     for op, nbytes in plan:
         if op not in series_cache:
-            series_cache[op] = series_for(comm, op, device, backends, include_auto)
+            series_cache[op] = series_for(comm, op, device, backends, include_auto, only)
         names = series_cache[op]
         calls, iters = {}, {}
         for s in names:
@@ -285,6 +294,9 @@ def build_parser(prog="mpiml bench comm"):
     p.add_argument("--max-bytes", default="64MiB", help="largest message (default 64MiB)")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="NumPy or CuPy buffers")
     p.add_argument("--backends", default=None, help="comma-separated backends to time (default: all usable)")
+    p.add_argument("--series", default=None,
+                   help="comma-separated patterns of the fixed series to time, e.g. 'nccl/*,ipc/*,mpi/native'")
+    p.add_argument("--step", type=int, default=2, help="size factor between messages (2: every power of two)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per series (median)")
     p.add_argument("--target-ms", type=float, default=20.0, help="time per batch of calls")
     p.add_argument("--json", default=None, help="write results to this JSON file")
@@ -294,12 +306,17 @@ def build_parser(prog="mpiml bench comm"):
     return p
 
 
-def sizes_between(lo, hi):
+def sizes_between(lo, hi, step=2):
+    """Powers of ``step`` from ``lo`` to ``hi`` (both rounded into the range; ``hi`` always included)."""
+    if step < 2:
+        raise ValueError(f"--step must be at least 2; got {step}")
     sizes, s = [], 1
     while s <= hi:
         if s >= lo:
             sizes.append(s)
-        s *= 2
+        s *= step
+    if sizes and sizes[-1] != hi and hi > sizes[-1]:
+        sizes.append(hi)
     return sizes
 
 
@@ -317,10 +334,11 @@ def main(argv):
         from ..comm.backends._device import bind_device
 
         bind_device(comm)
-    sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes))
+    sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.step)
     backends = tuple(args.backends.split(",")) if args.backends else None
+    only = [s.strip() for s in args.series.split(",") if s.strip()] if args.series else None
     results = sweep(comm, ops, sizes, device=args.device, backends=backends, include_auto=not args.no_auto,
-                    rounds=args.rounds, target_seconds=args.target_ms / 1e3, progress=not args.quiet)
+                    rounds=args.rounds, target_seconds=args.target_ms / 1e3, progress=not args.quiet, only=only)
     if comm.rank != 0:
         return 0
     print_table(results)

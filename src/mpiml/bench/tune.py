@@ -69,6 +69,8 @@ def main(argv):
     p.add_argument("--min-bytes", default="1")
     p.add_argument("--max-bytes", default="64MiB")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    p.add_argument("--series", default=None, help="patterns of the series to consider, e.g. 'nccl/*,ipc/*'")
+    p.add_argument("--step", type=int, default=2, help="size factor between messages")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--target-ms", type=float, default=20.0)
     p.add_argument("--margin", type=float, default=0.05, help="relative gain needed to switch algorithm")
@@ -84,9 +86,10 @@ def main(argv):
 
         bind_device(comm)
     ops = [o for o in args.ops.split(",") if o]
-    sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes))
+    sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.step)
+    only = [s.strip() for s in args.series.split(",") if s.strip()] if args.series else None
     results = sweep(comm, ops, sizes, device=args.device, include_auto=False, rounds=args.rounds,
-                    target_seconds=args.target_ms / 1e3, progress=not args.quiet)
+                    target_seconds=args.target_ms / 1e3, progress=not args.quiet, only=only)
     if comm.rank != 0:
         return 0
     memory = "device" if args.device == "gpu" else "host"

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The whole GPU pass on the GPU host, in as few device calls as possible.
+#
+#   bash scripts/device_pass.sh comm   # GPU comm tests + benchmarks, tune/bench comm on CuPy buffers, Dask on GPUs
+#   bash scripts/device_pass.sh ml     # KMeans GPU tests + mpiml bench ml
+#
+# Everything lands in $OUT: device_pass_<part>.log (the summary and every step's output) and
+# results_<part>.tar.gz (JSON, PNG and logs, laid out as in the repository's benchmarks/results).
+# Each step has its own time limit; a failing step does not stop the others.
+set -u
+PART=${1:-comm}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+OUT=${OUT:-/tmp/device_pass_out}
+mkdir -p "$OUT"
+WORK=$(mktemp -d)
+mkdir -p "$WORK/results"
+LOG="$OUT/device_pass_$PART.log"
+# carried wheels (dask, distributed and their pure-Python needs; heat) go on the path
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+        >>"$LOG" 2>&1 && export PYTHONPATH="/tmp/site"
+fi
+export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
+MPIRUN="mpirun --allow-run-as-root --bind-to none --oversubscribe"
+SUMMARY=()
+
+step() {  # step NAME SECONDS COMMAND...
+    local name=$1 secs=$2; shift 2
+    echo "=== [$name] (limit ${secs}s)" >>"$LOG"
+    local t0=$SECONDS
+    timeout -k 10 "$secs" "$@" >>"$LOG" 2>&1
+    local rc=$?
+    SUMMARY+=("$name: rc=$rc ($((SECONDS - t0))s)")
+    echo "=== [$name] rc=$rc $((SECONDS - t0))s" >>"$LOG"
+}
+
+{ echo "device_pass $PART on $(hostname), $(date -u +%FT%TZ)"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; } >>"$LOG" 2>&1
+
+if [ "$PART" = comm ]; then
+    step "mpiml info (4 ranks)" 60 $MPIRUN -n 4 python3 -m mpiml info
+    step "GPU comm tests and GPU benchmarks (scripts/gpu_pass.sh)" 300 env OUT="$WORK/gpu" STEP_SCALE=0.8 bash scripts/gpu_pass.sh
+    cp "$WORK"/gpu/* "$WORK/results/" 2>/dev/null
+    export MPIML_TUNING_FILE="$WORK/results/gpu_tuning_h200.json"
+    SWEEP="--ops allreduce,bcast,allgather,reduce --min-bytes 4 --max-bytes 256MiB --step 4 --rounds 3 --target-ms 4 --quiet"
+    for n in 4 2; do
+        step "mpiml tune --device gpu ($n GPUs)" 100 $MPIRUN -n $n -x MPIML_TUNING_FILE python3 -m mpiml tune --device gpu \
+            $SWEEP --series "nccl/*,ipc/*,mpi/native"
+        step "mpiml bench comm --device gpu ($n GPUs)" 110 $MPIRUN -n $n -x MPIML_TUNING_FILE python3 -m mpiml bench comm \
+            --device gpu $SWEEP --series "nccl/*,ipc/*,mpi/native" \
+            --json "$WORK/results/comm_gpu_${n}.json" --plot "$WORK/results/comm_gpu_${n}.png"
+    done
+    step "Dask over mpi:// with CuPy frames" 150 bash benchmarks/dask/gpu_check.sh "$WORK/results/dask_gpu"
+elif [ "$PART" = ml ]; then
+    step "KMeans GPU tests and mpiml bench ml" 420 bash benchmarks/ml/gpu_pass.sh "$WORK/results/ml"
+fi
+
+{ echo "=== summary ($PART)"; for s in "${SUMMARY[@]}"; do echo "  $s"; done; } | tee -a "$LOG"
+tar -C "$WORK/results" -czf "$OUT/results_$PART.tar.gz" . && ls -la "$OUT"
