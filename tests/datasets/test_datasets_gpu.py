@@ -53,6 +53,10 @@ def test_gpu_load_npy(tmp_path):
 
     data = np.arange(30.0).reshape(10, 3)
     np.save(tmp_path / "a.npy", data)
-    parts = [load_npy(tmp_path / "a.npy", device="gpu", comm=RankOf(r, 3)) for r in range(3)]
-    assert all(isinstance(p, cupy.ndarray) for p in parts)
-    assert np.array_equal(cupy.concatenate(parts).get(), data)
+    from mpiml.comm import get_comm
+
+    # the loader agrees on errors with a real collective, so this runs on the size-1 communicator;
+    # the row split over several ranks is covered under mpiexec in test_datasets_loaders
+    got = load_npy(tmp_path / "a.npy", device="gpu", comm=get_comm("self"))
+    assert isinstance(got, cupy.ndarray)
+    assert np.array_equal(got.get(), data)
