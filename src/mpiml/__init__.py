@@ -16,8 +16,16 @@ from .comm._profile import profile  # noqa: E402
 __all__ = [
     "__version__", "profile", "save", "load", "get_comm",
     "MpimlError", "CommError", "CommTimeoutError", "CollectiveMismatchError",
-    "BackendUnavailableError", "DistributedInputError", "NotFittedError",
+    "BackendUnavailableError", "DistributedInputError", "NotFittedError", "ModelFileError",
 ]
+
+
+def __getattr__(name):
+    if name == "ModelFileError":  # defined with the file format, imported on first use
+        from ._io import ModelFileError
+
+        return ModelFileError
+    raise AttributeError(f"module 'mpiml' has no attribute {name!r}")
 
 
 def get_comm(backend="auto"):
@@ -27,11 +35,16 @@ def get_comm(backend="auto"):
     return _get(backend)
 
 
-def save(model, path):
-    """Save a fitted estimator to ``path`` (arrays + JSON, no pickle); see :mod:`mpiml._io`."""
+def save(model, path, *, comm=None):
+    """Save a fitted estimator to ``path`` (arrays + JSON, no pickle); see :mod:`mpiml._io`.
+
+    Collective over ``comm`` (default: the model's communicator, else the world):
+    rank 0 writes, every rank returns once the file is complete, and an error is
+    raised on every rank.  Pass ``comm=mpiml.get_comm("self")`` to save from one rank.
+    """
     from ._io import save as _save
 
-    return _save(model, path)
+    return _save(model, path, comm=comm)
 
 
 def load(path, *, device=None):
