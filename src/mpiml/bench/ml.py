@@ -1,0 +1,364 @@
+"""``mpiml bench ml --algo kmeans``: time per Lloyd iteration against its floor, and against peers.
+
+The driver (a plain process) launches one MPI job of ``max(--ranks)`` ranks;
+inside it, sub-communicators of 1, 2, 4, ... ranks (``split``) run strong
+scaling (a fixed global dataset) and weak scaling (fixed rows per rank) one
+after the other, and rank 0 measures the machine's memory bandwidth and GEMM
+rate to compute each configuration's floor::
+
+    floor per rank = max(local shard bytes / bandwidth, 2 n_local k d / GEMM rate)
+
+Then the driver times scikit-learn's KMeans on every CPU core (a subsample of
+rows, scaled to the full size per iteration) and, when ``heat`` is importable,
+Heat's KMeans on the same ranks and data; everything lands in one JSON file and
+one PNG plot.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from ._common import machine_info, stamp
+
+__all__ = ["main"]
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="mpiml bench ml", description="ML benchmark: KMeans time per Lloyd iteration "
+                                "vs its floor, strong and weak scaling, scikit-learn and Heat.")
+    p.add_argument("--algo", choices=("kmeans",), default="kmeans")
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--ranks", default=None, help="comma-separated rank counts (default 1,2,4 on GPUs "
+                   "(up to the GPUs present), 1,2 on CPU)")
+    p.add_argument("--rows-per-rank", type=float, default=None, help="weak scaling rows per rank "
+                   "(default 2e7 on GPU, 2e5 on CPU)")
+    p.add_argument("--rows", type=float, default=None, help="strong scaling global rows (default: rows-per-rank x 2)")
+    p.add_argument("--features", type=int, default=64)
+    p.add_argument("--k", type=int, default=64)
+    p.add_argument("--iters", type=int, default=10, help="Lloyd iterations timed per configuration")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--sklearn-rows", type=float, default=None, help="rows of scikit-learn's subsample "
+                   "(default 2e6 on GPU hosts, 1e5 on CPU)")
+    p.add_argument("--no-sklearn", action="store_true")
+    p.add_argument("--no-heat", action="store_true")
+    p.add_argument("--out", default="benchmarks/results", help="directory of the JSON and PNG")
+    p.add_argument("--tag", default=None, help="file name part (default gpu or cpu)")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--heat-worker", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+# ---------------------------------------------------------------------- measuring the machine
+def _measure_rates(xp, dtype):
+    """Memory bandwidth (bytes/s, read + write of a copy) and GEMM rate (flop/s) on this rank's device."""
+    def timed(fn, reps):
+        fn()
+        if xp is not np:
+            xp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        if xp is not np:
+            xp.cuda.Device().synchronize()
+        return (time.perf_counter() - t0) / reps
+
+    nbytes = (1 << 31) if xp is not np else (1 << 28)
+    a = xp.ones(nbytes // 4, dtype=xp.float32)
+    b = xp.empty_like(a)
+    t = timed(lambda: xp.copyto(b, a), 10 if xp is not np else 3)
+    bw = 2 * nbytes / t
+    del a, b
+    m = 8192 if xp is not np else 1024
+    A = xp.ones((m, m), dtype=dtype)
+    B = xp.ones((m, m), dtype=dtype)
+    t = timed(lambda: A @ B, 10 if xp is not np else 3)
+    rates = {"copy_bandwidth_Bps": bw, "gemm_flops": 2 * m ** 3 / t, "gemm_dtype": str(np.dtype(dtype))}
+    if xp is not np:
+        try:  # the matrix-unit rate for float32 inputs (TF32), where torch is there to ask
+            import torch
+
+            torch.backends.cuda.matmul.allow_tf32 = True
+            At = torch.ones((m, m), device="cuda", dtype=torch.float32 if dtype == np.float32 else torch.float64)
+            At @ At
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(10):
+                At @ At
+            torch.cuda.synchronize()
+            rates["matrix_unit_flops"] = 2 * m ** 3 / ((time.perf_counter() - t0) / 10)
+            rates["matrix_unit"] = "tf32 tensor cores" if dtype == np.float32 else "fp64 tensor cores"
+            del At
+        except Exception as exc:
+            rates["matrix_unit_note"] = f"not measured ({type(exc).__name__})"
+    return rates
+
+
+def _floor(n_local, d, k, itemsize, rates, key="gemm_flops"):
+    """Seconds: one read of the shard at the copy bandwidth (read + write traffic), or the distance flops."""
+    return max(n_local * d * itemsize / rates["copy_bandwidth_Bps"], 2.0 * n_local * k * d / rates[key])
+
+
+# ---------------------------------------------------------------------- the MPI worker
+def _worker(args, outfile):
+    import mpiml
+    from ..cluster import KMeans
+    from ..comm import get_comm
+    from ..datasets import make_blobs
+
+    world = get_comm()
+    ranks_list = [int(r) for r in args.ranks.split(",")]
+    use_gpu = args.device == "gpu"
+    if use_gpu:
+        import cupy as xp
+
+        xp.cuda.Device(world.rank % xp.cuda.runtime.getDeviceCount()).use()
+    else:
+        xp = np
+    dtype = np.dtype(args.dtype)
+    d, k = args.features, args.k
+    results = {"runs": []}
+    if world.rank == 0:
+        results["rates"] = _measure_rates(xp, dtype)
+        print(f"machine: copy {results['rates']['copy_bandwidth_Bps'] / 1e9:.0f} GB/s, "
+              f"{dtype} GEMM {results['rates']['gemm_flops'] / 1e12:.2f} TFLOP/s", flush=True)
+    world.barrier()
+    rates = world.bcast_obj(results.get("rates"))
+    per_rank = int(args.rows_per_rank)
+    strong_n = int(args.rows)
+    for mode in ("strong", "weak"):
+        for R in ranks_list:
+            color = 0 if world.rank < R else None
+            sub = world.split(color, key=world.rank)
+            if sub is not None:
+                n_total = strong_n if mode == "strong" else per_rank * R
+                X, _ = make_blobs(n_total, d, centers=k, cluster_std=4.0, random_state=0, comm=sub,
+                                  device="gpu" if use_gpu else "cpu", dtype=dtype)
+                km = KMeans(k, init="random", n_init=1, max_iter=args.iters, tol=0.0, random_state=0, comm=sub)
+                sub.barrier()
+                t0 = time.perf_counter()
+                with mpiml.profile() as prof:
+                    km.fit(X)
+                fit_s = time.perf_counter() - t0
+                iters = np.asarray(km._iter_seconds[1:] or km._iter_seconds)
+                it_local = float(np.median(iters))
+                it_max = sub.allreduce_obj(it_local, op="max") if sub.size > 1 else it_local
+                n_max = sub.allreduce_obj(int(X.shape[0]), op="max") if sub.size > 1 else int(X.shape[0])
+                summ = prof.summary()
+                ar = summ["ops"].get("allreduce", {"calls": 0, "seconds": 0.0})
+                if sub.rank == 0:
+                    floor = _floor(n_max, d, k, dtype.itemsize, rates)
+                    row = {"mode": mode, "ranks": R, "n_total": n_total, "n_per_rank_max": n_max,
+                           "iter_ms": 1e3 * it_max, "floor_ms": 1e3 * floor, "ratio_to_floor": it_max / floor,
+                           "fit_s": fit_s, "n_iter": km.n_iter_, "inertia": km.inertia_,
+                           "allreduce_us_per_call": 1e6 * ar["seconds"] / max(ar["calls"], 1),
+                           "allreduce_calls": ar["calls"]}
+                    if "matrix_unit_flops" in rates:
+                        fm = _floor(n_max, d, k, dtype.itemsize, rates, "matrix_unit_flops")
+                        row["floor_matrix_unit_ms"] = 1e3 * fm
+                        row["ratio_to_matrix_unit_floor"] = it_max / fm
+                    results["runs"].append(row)
+                    print(f"{mode:>6} ranks={R} n={n_total:.3g}: {row['iter_ms']:.3f} ms/iter, floor "
+                          f"{row['floor_ms']:.3f} ms ({row['ratio_to_floor']:.2f}x), allreduce "
+                          f"{row['allreduce_us_per_call']:.0f} us/call", flush=True)
+                del X, km
+                if use_gpu:
+                    xp.get_default_memory_pool().free_all_blocks()
+            world.barrier()
+    if world.rank == 0:
+        with open(outfile, "w") as f:
+            json.dump(results, f)
+    return 0
+
+
+def _heat_worker(args, outfile):
+    """Heat's KMeans on the same data sizes (strong scaling at the largest rank count only)."""
+    import heat as ht
+    from ..comm import get_comm
+    from ..datasets import make_blobs
+
+    comm = get_comm()
+    n_total = int(args.rows)
+    X, _ = make_blobs(n_total, args.features, centers=args.k, cluster_std=4.0, random_state=0, comm=comm,
+                      device="cpu", dtype=np.dtype(args.dtype))
+    import torch
+
+    dev = "gpu" if args.device == "gpu" else "cpu"
+    if dev == "gpu":
+        torch.cuda.set_device(comm.rank % torch.cuda.device_count())
+    Xh = ht.array(torch.from_numpy(np.ascontiguousarray(X)), is_split=0, device=dev)
+    km = ht.cluster.KMeans(n_clusters=args.k, init="random", max_iter=args.iters, tol=-1.0, random_state=0)
+    t0 = time.perf_counter()
+    km.fit(Xh)
+    fit_s = time.perf_counter() - t0
+    n_iter = int(getattr(km, "n_iter_", args.iters) or args.iters)
+    if comm.rank == 0:
+        with open(outfile, "w") as f:
+            json.dump({"ranks": comm.size, "n_total": n_total, "fit_s": fit_s, "n_iter": n_iter,
+                       "iter_ms": 1e3 * fit_s / max(n_iter, 1), "version": getattr(ht, "__version__", "?")}, f)
+    return 0
+
+
+# ---------------------------------------------------------------------- the driver
+def _sklearn_baseline(args, n_sub):
+    from sklearn.cluster import KMeans as SkKMeans
+    from sklearn.datasets import make_blobs
+
+    X, _ = make_blobs(n_sub, args.features, centers=args.k, cluster_std=4.0, random_state=0)
+    X = X.astype(args.dtype)
+    km = SkKMeans(args.k, init="random", n_init=1, max_iter=args.iters, tol=0.0, random_state=0,
+                  algorithm="lloyd")
+    t0 = time.perf_counter()
+    km.fit(X)
+    fit_s = time.perf_counter() - t0
+    return {"rows": n_sub, "fit_s": fit_s, "n_iter": int(km.n_iter_), "iter_ms": 1e3 * fit_s / km.n_iter_,
+            "cores": os.cpu_count()}
+
+
+def _plot(result, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, mode in zip(axes, ("strong", "weak")):
+        runs = [r for r in result["runs"] if r["mode"] == mode]
+        if not runs:
+            continue
+        R = [r["ranks"] for r in runs]
+        ax.plot(R, [r["iter_ms"] for r in runs], "o-", label="mpiml KMeans")
+        ax.plot(R, [r["floor_ms"] for r in runs], "k--", label="floor (bandwidth, measured GEMM)")
+        if "floor_matrix_unit_ms" in runs[0]:
+            ax.plot(R, [r["floor_matrix_unit_ms"] for r in runs], "k:", label="floor (bandwidth, matrix units)")
+        sk = result.get("sklearn")
+        if sk and "scaled_iter_ms" in sk:
+            ax.plot(R, [sk["scaled_iter_ms"][mode][str(r)] for r in R], "s-", label="scikit-learn (all cores)")
+        heat = result.get("heat")
+        if heat and "iter_ms" in heat and mode == "strong":
+            ax.plot([heat["ranks"]], [heat["iter_ms"]], "^", ms=9, label="Heat")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(R)
+        ax.set_xticklabels([str(r) for r in R])
+        ax.set_xlabel("ranks (" + ("GPUs" if result["device"] == "gpu" else "CPU processes") + ")")
+        ax.set_ylabel("time per Lloyd iteration (ms)")
+        n_desc = f"n={runs[0]['n_total']:.3g}" if mode == "strong" else f"{runs[0]['n_total']:.3g} rows per rank"
+        ax.set_title(f"{mode} scaling, {n_desc}, d={result['features']}, k={result['k']}, {result['dtype']}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _launch(ranks, argv_extra, env=None):
+    from ..cli.run import mpiexec_command
+
+    cmd = mpiexec_command(ranks, [])
+    cmd = cmd[:cmd.index("-m")] + ["-m", "mpiml", "bench", "ml", *argv_extra]
+    print("launching: " + " ".join(cmd), flush=True)
+    return subprocess.call(cmd, env=env)
+
+
+def main(argv):
+    """Entry point of ``mpiml bench ml``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    if args.worker:
+        return _worker(args, args.worker)
+    if args.heat_worker:
+        return _heat_worker(args, args.heat_worker)
+    from ..comm import launched_by_mpi
+
+    if launched_by_mpi():
+        print("mpiml bench ml: run it from a plain process; it launches its own MPI jobs", file=sys.stderr)
+        return 2
+    from ..cli.run import _gpu_count
+
+    ngpu = _gpu_count() if args.device != "cpu" else 0
+    if args.device == "gpu" and not ngpu:
+        print("mpiml bench ml: --device gpu but CuPy sees no GPU", file=sys.stderr)
+        return 2
+    device = "gpu" if ngpu else "cpu"
+    if args.ranks is None:
+        args.ranks = ",".join(str(r) for r in (1, 2, 4) if r <= max(ngpu, 1)) if ngpu else "1,2"
+    ranks = [int(r) for r in args.ranks.split(",")]
+    if args.rows_per_rank is None:
+        args.rows_per_rank = 2e7 if ngpu else 2e5
+    if args.rows is None:
+        args.rows = args.rows_per_rank * 2
+    if args.sklearn_rows is None:
+        args.sklearn_rows = 2e6 if ngpu else 1e5
+    tag = args.tag or device
+    os.makedirs(args.out, exist_ok=True)
+    common = ["--algo", "kmeans", "--device", device, "--ranks", args.ranks, "--rows-per-rank", str(args.rows_per_rank),
+              "--rows", str(args.rows), "--features", str(args.features), "--k", str(args.k), "--iters",
+              str(args.iters), "--dtype", args.dtype]
+    env = dict(os.environ)
+    if device == "cpu":
+        env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(ranks)))
+    with tempfile.TemporaryDirectory() as tmp:
+        wfile = os.path.join(tmp, "mpiml.json")
+        code = _launch(max(ranks), common + ["--worker", wfile], env)
+        if code != 0 or not os.path.exists(wfile):
+            print(f"mpiml bench ml: the MPI job failed (exit {code})", file=sys.stderr)
+            return 1
+        with open(wfile) as f:
+            result = json.load(f)
+        result.update({"algo": "kmeans", "device": device, "dtype": args.dtype, "features": args.features,
+                       "k": args.k, "iters": args.iters, "machine": machine_info(), **stamp(["bench", "ml", *argv])})
+        if not args.no_sklearn:
+            n_sub = int(args.sklearn_rows)
+            sk = _sklearn_baseline(args, n_sub)
+            scale = {}
+            for mode in ("strong", "weak"):
+                scale[mode] = {str(r["ranks"]): sk["iter_ms"] * r["n_total"] / n_sub
+                               for r in result["runs"] if r["mode"] == mode}
+            sk["scaled_iter_ms"] = scale
+            result["sklearn"] = sk
+            print(f"scikit-learn KMeans ({sk['cores']} cores, {n_sub} rows): {sk['iter_ms']:.2f} ms/iter "
+                  f"(scaled to the full sizes in the JSON)", flush=True)
+        result["heat"] = _run_heat(args, common, max(ranks), tmp, env)
+    base = os.path.join(args.out, f"ml_kmeans_{tag}")
+    with open(base + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    _plot(result, base + ".png")
+    _print_table(result)
+    print(f"wrote {base}.json and {base}.png")
+    return 0
+
+
+def _run_heat(args, common, ranks, tmp, env):
+    if args.no_heat:
+        return {"skipped": "--no-heat"}
+    try:
+        import heat  # noqa: F401
+    except Exception as exc:
+        return {"skipped": f"heat is not importable here ({type(exc).__name__}: {exc})"}
+    hfile = os.path.join(tmp, "heat.json")
+    code = _launch(ranks, common + ["--heat-worker", hfile], env)
+    if code != 0 or not os.path.exists(hfile):
+        return {"skipped": f"the Heat job failed (exit {code})"}
+    with open(hfile) as f:
+        return json.load(f)
+
+
+def _print_table(result):
+    print(f"\n{'mode':<7}{'ranks':>6}{'rows':>12}{'ms/iter':>10}{'floor ms':>10}{'x floor':>9}{'sklearn ms':>12}"
+          f"{'speed-up':>10}")
+    sk = result.get("sklearn", {}).get("scaled_iter_ms", {})
+    for r in result["runs"]:
+        s = sk.get(r["mode"], {}).get(str(r["ranks"]))
+        print(f"{r['mode']:<7}{r['ranks']:>6}{r['n_total']:>12.3g}{r['iter_ms']:>10.3f}{r['floor_ms']:>10.3f}"
+              f"{r['ratio_to_floor']:>9.2f}{(s if s else float('nan')):>12.2f}"
+              f"{(s / r['iter_ms'] if s else float('nan')):>10.1f}")
+    heat = result.get("heat", {})
+    if "iter_ms" in heat:
+        print(f"Heat {heat.get('version')}: {heat['iter_ms']:.2f} ms/iter on {heat['ranks']} ranks, n={heat['n_total']:.3g}")
+    else:
+        print(f"Heat: {heat.get('skipped')}")
