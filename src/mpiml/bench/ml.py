@@ -251,7 +251,7 @@ def _plot(result, path):
         n_desc = f"n={runs[0]['n_total']:.3g}" if mode == "strong" else f"{runs[0]['n_total']:.3g} rows per rank"
         ax.set_title(f"{mode} scaling, {n_desc}, d={result['features']}, k={result['k']}, {result['dtype']}")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="center right", framealpha=0.8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
