@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The whole GPU pass on the GPU host, in as few device calls as possible.
 #
-#   bash scripts/device_pass.sh comm   # GPU comm tests + benchmarks, tune/bench comm on CuPy buffers, Dask on GPUs
+#   bash scripts/device_pass.sh all    # every GPU test, GPU comm benchmarks, tune/bench comm on CuPy buffers, Dask
 #   bash scripts/device_pass.sh ml     # KMeans GPU tests + mpiml bench ml
 #
 # Everything lands in $OUT: device_pass_<part>.log (the summary and every step's output) and
 # results_<part>.tar.gz (JSON, PNG and logs, laid out as in the repository's benchmarks/results).
 # Each step has its own time limit; a failing step does not stop the others.
 set -u
-PART=${1:-comm}
+PART=${1:-all}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export MPIML_TEST_MPIEXEC_ARGS="--allow-run-as-root --bind-to none"
 OUT=${OUT:-/tmp/device_pass_out}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
@@ -37,20 +38,24 @@ step() {  # step NAME SECONDS COMMAND...
 
 { echo "device_pass $PART on $(hostname), $(date -u +%FT%TZ)"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; } >>"$LOG" 2>&1
 
-if [ "$PART" = comm ]; then
-    step "mpiml info (4 ranks)" 60 $MPIRUN -n 4 python3 -m mpiml info
-    step "GPU comm tests and GPU benchmarks (scripts/gpu_pass.sh)" 300 env OUT="$WORK/gpu" STEP_SCALE=0.8 bash scripts/gpu_pass.sh
-    cp "$WORK"/gpu/* "$WORK/results/" 2>/dev/null
-    export MPIML_TUNING_FILE="$WORK/results/gpu_tuning_h200.json"
-    SWEEP="--ops allreduce,bcast,allgather,reduce --min-bytes 4 --max-bytes 256MiB --step 4 --rounds 3 --target-ms 4 --quiet"
-    for n in 4 2; do
-        step "mpiml tune --device gpu ($n GPUs)" 100 $MPIRUN -n $n -x MPIML_TUNING_FILE python3 -m mpiml tune --device gpu \
-            $SWEEP --series "nccl/*,ipc/*,mpi/native"
-        step "mpiml bench comm --device gpu ($n GPUs)" 110 $MPIRUN -n $n -x MPIML_TUNING_FILE python3 -m mpiml bench comm \
-            --device gpu $SWEEP --series "nccl/*,ipc/*,mpi/native" \
-            --json "$WORK/results/comm_gpu_${n}.json" --plot "$WORK/results/comm_gpu_${n}.png"
-    done
-    step "Dask over mpi:// with CuPy frames" 150 bash benchmarks/dask/gpu_check.sh "$WORK/results/dask_gpu"
+if [ "$PART" = all ]; then
+    # one call of under 10 minutes: every GPU test, then the GPU benchmarks
+    step "mpiml info (4 ranks)" 40 $MPIRUN -n 4 python3 -m mpiml info
+    step "GPU comm tests (1, 2, 4 ranks; every backend; graphs; timeouts; virtual nodes)" 150 \
+        python3 -m pytest -q -m gpu tests/comm/test_gpu_comm.py -p no:cacheprovider
+    step "other GPU tests (datasets, validation, model files, KMeans)" 110 \
+        python3 -m pytest -q -m gpu tests/datasets tests/utils tests/test_io.py tests/cluster -p no:cacheprovider
+    step "bench_gpu: raw NCCL vs mpiml paths, eager/sync/graph (4 GPUs)" 110 \
+        $MPIRUN -n 4 python3 benchmarks/gpu/bench_gpu.py --quick --out "$WORK/results/gpu_bench_4.json"
+    export MPIML_TUNING_FILE="$WORK/results/gpu_tuning_h200x4.json"
+    SWEEP="--ops allreduce,bcast,allgather,reduce --min-bytes 4 --max-bytes 256MiB --step 8 --rounds 3 --target-ms 3 --quiet"
+    step "mpiml tune --device gpu (4 GPUs)" 75 $MPIRUN -n 4 -x MPIML_TUNING_FILE python3 -m mpiml tune --device gpu \
+        $SWEEP --series "nccl/*,ipc/*,mpi/native"
+    step "mpiml bench comm --device gpu (4 GPUs)" 75 $MPIRUN -n 4 -x MPIML_TUNING_FILE python3 -m mpiml bench comm \
+        --device gpu $SWEEP --series "nccl/*,ipc/*,mpi/native" \
+        --json "$WORK/results/comm_gpu_4.json" --plot "$WORK/results/comm_gpu_4.png"
+    step "Dask over mpi:// with CuPy frames" 100 bash benchmarks/dask/gpu_check.sh "$WORK/results/dask_gpu"
+    python3 benchmarks/gpu/report.py "$WORK/results" "$WORK/results/gpu_bench_4.json" >>"$LOG" 2>&1
 elif [ "$PART" = ml ]; then
     step "KMeans GPU tests and mpiml bench ml" 420 bash benchmarks/ml/gpu_pass.sh "$WORK/results/ml"
 fi
