@@ -112,6 +112,7 @@ def main(argv=None):
     status = 0
     try:
         if args.protocol == "mpi":
+            from . import _backend  # noqa: F401  registers mpi:// even where mpiml is not installed
             from ._manager import initialize
 
             initialize(world)
