@@ -2,6 +2,7 @@
 # The whole GPU pass on the GPU host, in as few device calls as possible.
 #
 #   bash scripts/device_pass.sh all    # every GPU test, GPU comm benchmarks, tune/bench comm on CuPy buffers, Dask
+#   bash scripts/device_pass.sh two    # tune/bench comm on 2 GPUs, Dask with CuPy frames
 #   bash scripts/device_pass.sh ml     # KMeans GPU tests + mpiml bench ml
 #
 # Everything lands in $OUT: device_pass_<part>.log (the summary and every step's output) and
@@ -56,6 +57,16 @@ if [ "$PART" = all ]; then
         --json "$WORK/results/comm_gpu_4.json" --plot "$WORK/results/comm_gpu_4.png"
     step "Dask over mpi:// with CuPy frames" 100 bash benchmarks/dask/gpu_check.sh "$WORK/results/dask_gpu"
     python3 benchmarks/gpu/report.py "$WORK/results" "$WORK/results/gpu_bench_4.json" >>"$LOG" 2>&1
+elif [ "$PART" = two ]; then
+    # 2 GPUs: tune and sweep on CuPy buffers (rules for 2 ranks), then Dask with CuPy frames
+    export MPIML_TUNING_FILE="$WORK/results/gpu_tuning_h200x2.json"
+    SWEEP="--ops allreduce,bcast,allgather,reduce --min-bytes 4 --max-bytes 256MiB --step 8 --rounds 3 --target-ms 3 --quiet"
+    step "mpiml tune --device gpu (2 GPUs)" 75 $MPIRUN -n 2 -x MPIML_TUNING_FILE python3 -m mpiml tune --device gpu \
+        $SWEEP --series "nccl/*,ipc/*,mpi/native"
+    step "mpiml bench comm --device gpu (2 GPUs)" 75 $MPIRUN -n 2 -x MPIML_TUNING_FILE python3 -m mpiml bench comm \
+        --device gpu $SWEEP --series "nccl/*,ipc/*,mpi/native" \
+        --json "$WORK/results/comm_gpu_2.json" --plot "$WORK/results/comm_gpu_2.png"
+    step "Dask over mpi:// with CuPy frames" 120 bash benchmarks/dask/gpu_check.sh "$WORK/results/dask_gpu"
 elif [ "$PART" = ml ]; then
     step "KMeans GPU tests and mpiml bench ml" 420 bash benchmarks/ml/gpu_pass.sh "$WORK/results/ml"
 fi
