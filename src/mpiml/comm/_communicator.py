@@ -14,6 +14,7 @@ agrees on the call's signature first, runs it with timeouts and records it for
 """
 
 import pickle
+from functools import partial
 import time
 
 import numpy as np
@@ -69,8 +70,8 @@ class Communicator:
         self.prefer = prefer
         self._device_transports = {}
         self._unavailable = {}
-        # (op, array type, dtype, shape, op/root, algorithm) -> (transport, xp, check_by_default):
-        # calls that were validated and routed to a native collective once; see _fast_plan
+        # (op, array type, dtype, shape, op/root, algorithm) -> (replay, xp, check_by_default):
+        # calls that were validated and routed once; see _fast_plan
         self._plans = {}
         if tuning is None:
             data = None
@@ -335,11 +336,25 @@ class Communicator:
             if xp is not np:
                 xp.cuda.get_current_stream().synchronize()
             _profile.record(op, nbytes, backend, name, time.perf_counter() - start)
-        return transport if name == "native" and transport.has_native(op) else None
+        return self._replay(op, backend, name, transport, xp)
+
+    def _replay(self, op, backend, name, transport, xp):
+        """A callable ``fn(*algo_args)`` that repeats this choice (for the fast path), or None.
+
+        The native collectives take the same arguments as the algorithms
+        (``native_allreduce(send, recv, op)`` and ``allreduce(ch, send, recv, op)``),
+        so one argument tuple serves all three kinds of path.
+        """
+        if name == "native":
+            return getattr(transport, "native_" + op) if transport.has_native(op) else None
+        if backend not in ("mpi", "self") and name not in ALGORITHMS[op]:
+            return partial(transport.run_algorithm, op, name)
+        algo, label = get_algorithm(op, name), f"{op}[{name}]"
+        return lambda *args: algo.run(Channel(transport, xp, label), *args)
 
     # ------------------------------------------------------------------ the fast path
     # A call shape seen before (same op, array type, dtype, shape, op or root, algorithm)
-    # that went to a native collective skips validation, the signature, the table and
+    # replays the path chosen then and skips validation, the signature, the table and
     # the bookkeeping of _run: small device collectives are dominated by that Python time.
     # Anything that changes the outcome of those steps (profiling, checking) takes the
     # full path again.
@@ -352,12 +367,12 @@ class Communicator:
             return None
         return plan
 
-    def _remember(self, key, transport, xp, nbytes):
+    def _remember(self, key, replay, xp, nbytes):
         # only NumPy/CuPy inputs: other array types are converted by _prep, every time
-        if transport is not None and (key[1] is np.ndarray or key[1].__module__.startswith("cupy")):
+        if replay is not None and (key[1] is np.ndarray or key[1].__module__.startswith("cupy")):
             if len(self._plans) >= 1024:
                 self._plans.clear()
-            self._plans[key] = (transport, xp, nbytes >= _config.CHEAP_CHECK_BYTES)
+            self._plans[key] = (replay, xp, nbytes >= _config.CHEAP_CHECK_BYTES)
 
     # ------------------------------------------------------------------ helpers
     def _prep(self, x, name="x"):
@@ -409,7 +424,7 @@ class Communicator:
         plan = self._fast_plan(key)
         if plan is not None and x.flags.c_contiguous:
             buf = x if self.rank == root else plan[1].empty_like(x)
-            req = plan[0].native_bcast(_flat(buf), root)
+            req = plan[0](_flat(buf), root)
             if req is not None:
                 req.wait()
             return buf
@@ -449,7 +464,7 @@ class Communicator:
             send = _flat(x)
             if out.size and _may_overlap(out, x):
                 send = send.copy()
-            req = plan[0].native_allreduce(send, _flat(out), op)
+            req = plan[0](send, _flat(out), op)
             if req is not None:
                 req.wait()
             return out
