@@ -1,8 +1,9 @@
 """``mpiml bench comm``: an OSU-style sweep of every collective, algorithm and backend.
 
 For each op and message size (powers of two), every series ("auto" and each
-``backend/algorithm`` that applies) is timed in interleaved rounds: a barrier,
-then a batch of back-to-back calls; the per-call time of a round is the slowest
+``backend/algorithm`` that applies) is timed in interleaved rounds, in a shuffled
+order each round (the same on every rank): a barrier, then a batch of
+back-to-back calls; the per-call time of a round is the slowest
 rank's; a series' latency is the median over rounds.  Bandwidths follow
 nccl-tests: ``algbw = bytes / time``; ``busbw = algbw x`` 2(n-1)/n for allreduce,
 (n-1)/n for allgather, reduce_scatter, alltoall and gather/scatter, 1 for bcast
@@ -15,9 +16,11 @@ reduce_scatter and alltoall (nccl-tests' convention).
 
 import json
 import os
+import random
 import statistics
 import sys
 import time
+import zlib
 
 import numpy as np
 
@@ -175,9 +178,13 @@ def sweep(comm, ops, sizes, *, device="cpu", backends=None, include_auto=True, r
             iters[s] = int(comm.bcast_obj(n_it, 0))
             calls[s] = fn
         times = {s: [] for s in calls}
-        for _ in range(rounds):
-            for s, fn in calls.items():
-                times[s].append(_time_batch(comm, fn, iters[s], xp))
+        for rnd in range(rounds):
+            # a different order every round (the same on every rank), so that no series
+            # always runs first after a barrier or right after a slow one
+            order = list(calls)
+            random.Random(zlib.crc32(f"{op}:{nbytes}:{rnd}".encode())).shuffle(order)
+            for s in order:
+                times[s].append(_time_batch(comm, calls[s], iters[s], xp))
         auto_path = _auto_path(comm, calls["auto"]) if "auto" in calls else None
         for s, ts in times.items():
             lat = statistics.median(ts)

@@ -3,9 +3,9 @@
 The sweep of :mod:`mpiml.bench.comm` is run without "auto"; for each op and
 size the fastest ``backend/algorithm`` wins, and runs of consecutive sizes with
 the same winner become one rule (``max_bytes`` = the largest size of the run;
-the last rule of an op has no upper limit).  A winner must beat the incumbent
-of the previous size by ``--margin`` (default 5 %) to start a new rule, which
-keeps noise from fragmenting the table.  Rules are for this rank count and
+the last rule of an op has no upper limit).  A winner must beat MPI's own
+collective and the incumbent of the previous size by ``--margin`` (default 10 %)
+to be chosen, which keeps noise from fragmenting the table.  Rules are for this rank count and
 memory kind; rules for other rank counts or memory kinds already in the file
 are kept.  Rank 0 writes the file atomically.
 """
@@ -21,7 +21,7 @@ from .comm import DEFAULT_OPS, sizes_between, sweep
 __all__ = ["main", "rules_from_results"]
 
 
-def rules_from_results(results, ranks, memory, margin=0.05):
+def rules_from_results(results, ranks, memory, margin=0.10):
     """Turn sweep results into tuning rules (a list of dicts)."""
     by = {}
     for r in results:
@@ -35,6 +35,9 @@ def rules_from_results(results, ranks, memory, margin=0.05):
         for b in ordered:
             lat = sizes[b]
             best = min(lat, key=lat.get)
+            native = next((s for s in lat if s.endswith("/native") and s.startswith("mpi/")), None)
+            if native is not None and lat[native] <= lat[best] * (1 + margin):
+                best = native  # the library's own collective unless ours is clearly faster
             if runs:
                 current = runs[-1][0]
                 if current in lat and lat[current] <= lat[best] * (1 + margin):
@@ -73,7 +76,7 @@ def main(argv):
     p.add_argument("--step", type=int, default=2, help="size factor between messages")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--target-ms", type=float, default=20.0)
-    p.add_argument("--margin", type=float, default=0.05, help="relative gain needed to switch algorithm")
+    p.add_argument("--margin", type=float, default=0.10, help="relative gain needed to switch algorithm")
     p.add_argument("--output", default=None, help=f"table to write (default MPIML_TUNING_FILE or {_config.tuning_file()})")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)

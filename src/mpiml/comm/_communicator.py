@@ -440,16 +440,26 @@ class Communicator:
 
     def reduce(self, x, op="sum", root=0, *, algorithm=None):
         """Reduce ``x`` over all ranks with ``op``; the result on ``root``, None elsewhere."""
+        key = ("reduce", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), (op, root), algorithm)
+        plan = self._fast_plan(key)
+        if plan is not None and x.flags.c_contiguous:
+            out = plan[1].empty_like(x) if self.rank == root else None
+            req = plan[0](_flat(x), _flat(out) if out is not None else None, op, root)
+            if req is not None:
+                req.wait()
+            return out
         check_op(op)
         root = self._check_root(root)
         x, xp = self._prep(x)
         send = _flat(x)
         out = xp.empty_like(x) if self.rank == root else None
         recv = _flat(out) if out is not None else None
-        self._run("reduce", x.nbytes, xp, algorithm=algorithm,
-                  native=lambda t: t.native_reduce(send, recv, op, root),
-                  algo_args=(send, recv, op, root),
-                  sig=(dtype_code(x.dtype), x.size, root, OPS.index(op) + 1, self._shape_hash(x.shape)), shape=x.shape)
+        t = self._run("reduce", x.nbytes, xp, algorithm=algorithm,
+                      native=lambda t: t.native_reduce(send, recv, op, root),
+                      algo_args=(send, recv, op, root),
+                      sig=(dtype_code(x.dtype), x.size, root, OPS.index(op) + 1, self._shape_hash(x.shape)),
+                      shape=x.shape)
+        self._remember(key, t, xp, x.nbytes)
         return out
 
     def allreduce(self, x, op="sum", out=None, *, algorithm=None):
@@ -489,13 +499,22 @@ class Communicator:
 
     def allgather(self, x, *, algorithm=None):
         """Every rank's ``x`` concatenated along axis 0 (equal shapes on every rank)."""
+        key = ("allgather", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), None, algorithm)
+        plan = self._fast_plan(key)
+        if plan is not None and x.ndim and x.flags.c_contiguous:
+            out = plan[1].empty((x.shape[0] * self.size,) + x.shape[1:], dtype=x.dtype)
+            req = plan[0](_flat(x), _flat(out))
+            if req is not None:
+                req.wait()
+            return out
         x, xp = self._prep(x)
         x = self._lead(x)
         out = xp.empty((x.shape[0] * self.size,) + x.shape[1:], dtype=x.dtype)
         send, recv = _flat(x), _flat(out)
-        self._run("allgather", x.nbytes * self.size, xp, algorithm=algorithm,
-                  native=lambda t: t.native_allgather(send, recv), algo_args=(send, recv),
-                  sig=(dtype_code(x.dtype), x.size, 0, 0, self._shape_hash(x.shape)), shape=x.shape)
+        t = self._run("allgather", x.nbytes * self.size, xp, algorithm=algorithm,
+                      native=lambda t: t.native_allgather(send, recv), algo_args=(send, recv),
+                      sig=(dtype_code(x.dtype), x.size, 0, 0, self._shape_hash(x.shape)), shape=x.shape)
+        self._remember(key, t, xp, x.nbytes * self.size)
         return out
 
     def _v_counts(self, op, x, root=None):
