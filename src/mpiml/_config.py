@@ -6,22 +6,32 @@ launchers can set variables after ``import mpiml``.
 
 import os
 
-__all__ = ["timeout", "check_level", "comm_algo_override", "node_size", "tuning_file", "cuda_aware_mpi"]
+__all__ = ["env_number", "timeout", "check_level", "comm_algo_override", "node_size", "tuning_file", "cuda_aware_mpi"]
 
 
-def _float_env(name, default):
-    raw = os.environ.get(name, "")
-    if raw.strip() == "":
+def env_number(name, default, *, kind=int, minimum=None, maximum=None, unit=""):
+    """The number in environment variable ``name`` (``default`` when unset or empty).
+
+    ``kind`` is ``int`` or ``float``; a value that does not parse or lies outside
+    ``[minimum, maximum]`` is a ``ValueError`` naming the variable, the unit and the range.
+    """
+    raw = os.environ.get(name, "").strip()
+    if raw == "":
         return default
+    what = f"{'an integer' if kind is int else 'a number'}{' (' + unit + ')' if unit else ''}"
     try:
-        return float(raw)
+        value = kind(raw)
     except ValueError:
-        raise ValueError(f"{name} must be a number of seconds; got {raw!r}") from None
+        raise ValueError(f"{name} must be {what}; got {raw!r}") from None
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        bounds = f"in [{minimum}, {maximum}]" if maximum is not None else f"of at least {minimum}"
+        raise ValueError(f"{name} must be {what} {bounds}; got {raw!r}")
+    return value
 
 
 def timeout():
     """Seconds any blocking wait may take (``MPIML_TIMEOUT``); ``None`` means wait forever."""
-    value = _float_env("MPIML_TIMEOUT", 0.0)
+    value = env_number("MPIML_TIMEOUT", 0.0, kind=float, unit="seconds")
     return value if value > 0 else None
 
 
@@ -65,16 +75,7 @@ def comm_algo_override():
 
 def node_size():
     """Ranks per (virtual) node from ``MPIML_NODE_SIZE``; ``None`` means detect."""
-    raw = os.environ.get("MPIML_NODE_SIZE", "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"MPIML_NODE_SIZE must be a positive integer; got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"MPIML_NODE_SIZE must be a positive integer; got {raw!r}")
-    return value
+    return env_number("MPIML_NODE_SIZE", None, minimum=1, unit="ranks")
 
 
 def tuning_file():

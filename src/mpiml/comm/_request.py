@@ -22,11 +22,7 @@ _MAX_SLEEP = 2e-4
 
 
 def _spin_seconds():
-    raw = os.environ.get("MPIML_SPIN_US", "")
-    try:
-        return float(raw) * 1e-6 if raw else 1e-3
-    except ValueError:
-        raise ValueError(f"MPIML_SPIN_US must be a number of microseconds; got {raw!r}") from None
+    return _config.env_number("MPIML_SPIN_US", 1000.0, kind=float, minimum=0, unit="microseconds") * 1e-6
 
 
 def poll_until(test, *, op, peer, timeout=None, detail=""):

@@ -23,7 +23,6 @@ CuPy is imported only when a frame with ``__cuda_array_interface__`` shows up.
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 
@@ -59,16 +58,9 @@ _DEFAULT_CHUNK = 256 * 2**20
 
 def chunk_bytes():
     """Largest MPI message a frame is split into (``MPIML_DASK_CHUNK_BYTES``, default 256 MiB)."""
-    raw = os.environ.get("MPIML_DASK_CHUNK_BYTES", "").strip()
-    if not raw:
-        return _DEFAULT_CHUNK
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"MPIML_DASK_CHUNK_BYTES must be an integer; got {raw!r}") from None
-    if not 1 <= value <= 2**31 - 1:
-        raise ValueError(f"MPIML_DASK_CHUNK_BYTES must be in [1, 2**31 - 1]; got {value}")
-    return value
+    from .._config import env_number
+
+    return env_number("MPIML_DASK_CHUNK_BYTES", _DEFAULT_CHUNK, minimum=1, maximum=2**31 - 1, unit="bytes")
 
 
 def pack_header(kind, sizes=(), flags=(), chunk=0):

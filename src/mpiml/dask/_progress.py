@@ -41,16 +41,9 @@ _engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _env_seconds(name, default):
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number of seconds; got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0; got {raw!r}")
-    return value
+    from .._config import env_number
+
+    return env_number(name, default, kind=float, minimum=0, unit="seconds")
 
 
 def poll_settings():

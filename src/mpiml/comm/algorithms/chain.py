@@ -8,7 +8,6 @@ receives segment ``i + 1``.  With ``S = ceil(n / s)`` segments of ``s`` bytes:
 """
 
 import math
-import os
 
 from ._registry import register
 
@@ -20,16 +19,9 @@ CHAIN_SEGMENT_BYTES = 1 << 17
 
 def chain_segment_bytes():
     """Segment size in bytes: ``MPIML_CHAIN_SEGMENT`` if set, else :data:`CHAIN_SEGMENT_BYTES`."""
-    raw = os.environ.get("MPIML_CHAIN_SEGMENT", "").strip()
-    if not raw:
-        return CHAIN_SEGMENT_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"MPIML_CHAIN_SEGMENT must be a positive number of bytes; got {raw!r}")
-    return value
+    from ..._config import env_number
+
+    return env_number("MPIML_CHAIN_SEGMENT", CHAIN_SEGMENT_BYTES, minimum=1, unit="bytes")
 
 
 def _chain_cost(n, p, m):

@@ -49,15 +49,9 @@ def mpi_is_cuda_aware(MPI):
 
 
 def _chunk_bytes():
-    import os
+    from ..._config import env_number
 
-    raw = os.environ.get("MPIML_STAGE_CHUNK", "").strip()
-    if not raw:
-        return 4 << 20
-    value = int(raw)
-    if value < 4096:
-        raise ValueError(f"MPIML_STAGE_CHUNK must be at least 4096 bytes; got {value}")
-    return value
+    return env_number("MPIML_STAGE_CHUNK", 4 << 20, minimum=4096, unit="bytes")
 
 
 class PinnedPool:

@@ -34,7 +34,6 @@ Python, barrier ~1-2 us over NVLink.
 """
 
 import ctypes
-import os
 
 import numpy as np
 
@@ -56,16 +55,7 @@ _CHUNK_ALIGN = 256
 
 
 def _env_bytes(name, default):
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number of bytes; got {raw!r}") from None
-    if value < 4096:
-        raise ValueError(f"{name} must be at least 4096; got {value}")
-    return value
+    return _config.env_number(name, default, minimum=4096, unit="bytes")
 
 
 def _grid(units):
