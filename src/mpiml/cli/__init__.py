@@ -7,6 +7,7 @@ job instead of leaving the other ranks hanging (as ``python -m mpi4py`` does).
 
 import argparse
 import sys
+import time
 import traceback
 
 __all__ = ["main", "abort_on_exception"]
@@ -50,6 +51,9 @@ def abort_on_exception(fn, argv):
 
             rank = MPI.COMM_WORLD.Get_rank()
             print(f"mpiml: unhandled exception on rank {rank}; aborting the job", file=sys.stderr, flush=True)
+            # give the launcher a moment to forward the traceback: an abort can drop output
+            # still in flight to mpiexec
+            time.sleep(0.5)
             MPI.COMM_WORLD.Abort(1)
         return 1
 
