@@ -6,7 +6,16 @@ import platform
 import socket
 import sys
 
-__all__ = ["machine_info", "stamp", "Progress", "parse_bytes", "human_bytes"]
+__all__ = ["machine_info", "stamp", "Progress", "parse_bytes", "human_bytes", "require_matplotlib"]
+
+
+def require_matplotlib(option="--plot"):
+    """An error message when matplotlib is missing (checked before a long run), else None."""
+    try:
+        import matplotlib  # noqa: F401  (only whether it imports)
+    except ImportError:
+        return f"{option} needs matplotlib: pip install 'mpiml[bench]'"
+    return None
 
 
 def machine_info(comm=None):

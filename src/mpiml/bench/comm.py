@@ -25,7 +25,7 @@ import zlib
 import numpy as np
 
 from ..comm import algorithm_names
-from ._common import Progress, human_bytes, machine_info, parse_bytes, stamp
+from ._common import Progress, human_bytes, machine_info, parse_bytes, require_matplotlib, stamp
 
 __all__ = ["main", "sweep", "series_for", "BUSBW_FACTOR", "DEFAULT_OPS"]
 
@@ -336,6 +336,9 @@ def main(argv):
         if o not in COLLECTIVES:
             print(f"mpiml bench comm: unknown op {o!r} (known: {list(COLLECTIVES)})", file=sys.stderr)
             return 2
+    if args.plot and require_matplotlib():
+        print(f"mpiml bench comm: {require_matplotlib()}", file=sys.stderr)
+        return 2
     comm = get_comm()
     if args.device == "gpu":
         from ..comm.backends._device import bind_device

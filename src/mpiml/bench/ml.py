@@ -278,6 +278,12 @@ def main(argv):
     if launched_by_mpi():
         print("mpiml bench ml: run it from a plain process; it launches its own MPI jobs", file=sys.stderr)
         return 2
+    from ._common import require_matplotlib
+
+    missing = require_matplotlib("its plot")
+    if missing:
+        print(f"mpiml bench ml: {missing}", file=sys.stderr)
+        return 2
     from ..cli.run import _gpu_count
 
     ngpu = _gpu_count() if args.device != "cpu" else 0
