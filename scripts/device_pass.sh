@@ -37,6 +37,17 @@ step() {  # step NAME SECONDS COMMAND...
     echo "=== [$name] rc=$rc $((SECONDS - t0))s" >>"$LOG"
 }
 
+tune_and_sweep() {  # tune_and_sweep N: mpiml tune, then mpiml bench comm with that table, on N GPUs
+    local n=$1
+    export MPIML_TUNING_FILE="$WORK/results/gpu_tuning_h200x$n.json"
+    local sweep="--ops allreduce,bcast,allgather,reduce --min-bytes 4 --max-bytes 256MiB --step 8 --rounds 3 --target-ms 3 --quiet"
+    step "mpiml tune --device gpu ($n GPUs)" 75 $MPIRUN -n "$n" -x MPIML_TUNING_FILE python3 -m mpiml tune --device gpu \
+        $sweep --series "nccl/*,ipc/*,mpi/native"
+    step "mpiml bench comm --device gpu ($n GPUs)" 75 $MPIRUN -n "$n" -x MPIML_TUNING_FILE python3 -m mpiml bench comm \
+        --device gpu $sweep --series "nccl/*,ipc/*,mpi/native" \
+        --json "$WORK/results/comm_gpu_$n.json" --plot "$WORK/results/comm_gpu_$n.png"
+}
+
 { echo "device_pass $PART on $(hostname), $(date -u +%FT%TZ)"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; } >>"$LOG" 2>&1
 
 if [ "$PART" = all ]; then
@@ -48,24 +59,12 @@ if [ "$PART" = all ]; then
         python3 -m pytest -q -m gpu tests/datasets tests/utils tests/test_io.py tests/cluster -p no:cacheprovider
     step "bench_gpu: raw NCCL vs mpiml paths, eager/sync/graph (4 GPUs)" 110 \
         $MPIRUN -n 4 python3 benchmarks/gpu/bench_gpu.py --quick --out "$WORK/results/gpu_bench_4.json"
-    export MPIML_TUNING_FILE="$WORK/results/gpu_tuning_h200x4.json"
-    SWEEP="--ops allreduce,bcast,allgather,reduce --min-bytes 4 --max-bytes 256MiB --step 8 --rounds 3 --target-ms 3 --quiet"
-    step "mpiml tune --device gpu (4 GPUs)" 75 $MPIRUN -n 4 -x MPIML_TUNING_FILE python3 -m mpiml tune --device gpu \
-        $SWEEP --series "nccl/*,ipc/*,mpi/native"
-    step "mpiml bench comm --device gpu (4 GPUs)" 75 $MPIRUN -n 4 -x MPIML_TUNING_FILE python3 -m mpiml bench comm \
-        --device gpu $SWEEP --series "nccl/*,ipc/*,mpi/native" \
-        --json "$WORK/results/comm_gpu_4.json" --plot "$WORK/results/comm_gpu_4.png"
+    tune_and_sweep 4
     step "Dask over mpi:// with CuPy frames" 100 bash benchmarks/dask/gpu_check.sh "$WORK/results/dask_gpu"
     python3 benchmarks/gpu/report.py "$WORK/results" "$WORK/results/gpu_bench_4.json" >>"$LOG" 2>&1
 elif [ "$PART" = two ]; then
     # 2 GPUs: tune and sweep on CuPy buffers (rules for 2 ranks), then Dask with CuPy frames
-    export MPIML_TUNING_FILE="$WORK/results/gpu_tuning_h200x2.json"
-    SWEEP="--ops allreduce,bcast,allgather,reduce --min-bytes 4 --max-bytes 256MiB --step 8 --rounds 3 --target-ms 3 --quiet"
-    step "mpiml tune --device gpu (2 GPUs)" 75 $MPIRUN -n 2 -x MPIML_TUNING_FILE python3 -m mpiml tune --device gpu \
-        $SWEEP --series "nccl/*,ipc/*,mpi/native"
-    step "mpiml bench comm --device gpu (2 GPUs)" 75 $MPIRUN -n 2 -x MPIML_TUNING_FILE python3 -m mpiml bench comm \
-        --device gpu $SWEEP --series "nccl/*,ipc/*,mpi/native" \
-        --json "$WORK/results/comm_gpu_2.json" --plot "$WORK/results/comm_gpu_2.png"
+    tune_and_sweep 2
     step "Dask over mpi:// with CuPy frames" 120 bash benchmarks/dask/gpu_check.sh "$WORK/results/dask_gpu"
 elif [ "$PART" = ml ]; then
     step "KMeans GPU tests and mpiml bench ml" 420 bash benchmarks/ml/gpu_pass.sh "$WORK/results/ml"

@@ -6,6 +6,8 @@ import platform
 import socket
 import sys
 
+from ..comm._profile import human_bytes as _human_bytes
+
 __all__ = ["machine_info", "stamp", "Progress", "parse_bytes", "human_bytes", "require_matplotlib"]
 
 
@@ -59,11 +61,8 @@ def parse_bytes(text):
 
 
 def human_bytes(n):
-    for unit in ("B", "K", "M", "G"):
-        if n < 1024 or unit == "G":
-            return f"{n:g}{unit}"
-        n /= 1024
-    return f"{n:g}G"
+    """``1536`` -> ``"1.5K"`` (the compact form of :func:`mpiml.comm._profile.human_bytes`)."""
+    return _human_bytes(n, compact=True)
 
 
 class Progress:

@@ -5,7 +5,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 
-__all__ = ["profile", "Profile", "record", "active"]
+__all__ = ["profile", "Profile", "record", "active", "human_bytes"]
 
 _ACTIVE = []
 
@@ -25,12 +25,15 @@ def _bucket(nbytes):
     return 0 if nbytes <= 0 else 1 << max(0, math.ceil(math.log2(nbytes)))
 
 
-def _human(nbytes):
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if nbytes < 1024 or unit == "GiB":
-            return f"{nbytes:g} {unit}"
+def human_bytes(nbytes, compact=False):
+    """``1536`` -> ``"1.5 KiB"`` (``compact``: ``"1.5K"``, as in benchmark tables)."""
+    units = ("B", "K", "M", "G") if compact else ("B", "KiB", "MiB", "GiB")
+    sep = "" if compact else " "
+    for unit in units[:-1]:
+        if nbytes < 1024:
+            return f"{nbytes:g}{sep}{unit}"
         nbytes /= 1024
-    return f"{nbytes:g} GiB"
+    return f"{nbytes:g}{sep}{units[-1]}"
 
 
 class Profile:
@@ -85,7 +88,7 @@ class Profile:
             top = max(data["histogram"].values())
             for b, n in data["histogram"].items():
                 bar = "#" * max(1, round(30 * n / top))
-                lines.append(f"  {_human(b):>10} {n:>8} {bar}")
+                lines.append(f"  {human_bytes(b):>10} {n:>8} {bar}")
         return "\n".join(lines)
 
     def __str__(self):
