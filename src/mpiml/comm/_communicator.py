@@ -217,16 +217,14 @@ class Communicator(PointToPoint):
 
     def allreduce_obj(self, obj, op="sum"):
         """Reduce small Python objects (numbers, NumPy scalars) with ``op``."""
+        check_op(op)  # before any communication, so a bad op is raised on every rank alike
         values = self._allgather_obj(obj)
-        fn = {"sum": sum, "min": min, "max": max}.get(op)
-        if fn is not None:
-            return fn(values)
         if op == "prod":
             result = values[0]
             for v in values[1:]:
                 result = result * v
             return result
-        check_op(op)
+        return {"sum": sum, "min": min, "max": max}[op](values)
 
     def _check_signature(self, op, sig, error, shape=None):
         """Agree on a call's signature; raise the same error on every rank if they differ.
@@ -308,11 +306,9 @@ class Communicator(PointToPoint):
                 if backend in ("mpi", "self") or name == "native":
                     if not transport.has_native(op):
                         raise ValueError(f"backend {backend!r} has no native {op}")
-                    req = native(transport)
+                    _complete(native(transport))
                 else:
-                    req = transport.run_algorithm(op, name, *algo_args)
-                if req is not None:
-                    req.wait()
+                    _complete(transport.run_algorithm(op, name, *algo_args))
             else:
                 algo = get_algorithm(op, name)
                 algo.run(Channel(transport, xp, f"{op}[{name}]"), *algo_args)
@@ -415,9 +411,7 @@ class Communicator(PointToPoint):
         plan = self._fast_plan(key)
         if plan is not None and x.flags.c_contiguous:
             buf = x if self.rank == root else plan[1].empty_like(x)
-            req = plan[0](_flat(buf), root)
-            if req is not None:
-                req.wait()
+            _complete(plan[0](_flat(buf), root))
             return buf
         root = self._check_root(root)
         x, xp = self._prep(x)
@@ -435,9 +429,7 @@ class Communicator(PointToPoint):
         plan = self._fast_plan(key)
         if plan is not None and x.flags.c_contiguous:
             out = plan[1].empty_like(x) if self.rank == root else None
-            req = plan[0](_flat(x), _flat(out) if out is not None else None, op, root)
-            if req is not None:
-                req.wait()
+            _complete(plan[0](_flat(x), _flat(out) if out is not None else None, op, root))
             return out
         check_op(op)
         root = self._check_root(root)
@@ -465,9 +457,7 @@ class Communicator(PointToPoint):
             send = _flat(x)
             if out.size and _may_overlap(out, x):
                 send = send.copy()
-            req = plan[0](send, _flat(out), op)
-            if req is not None:
-                req.wait()
+            _complete(plan[0](send, _flat(out), op))
             return out
         check_op(op)
         x, xp = self._prep(x)
@@ -494,9 +484,7 @@ class Communicator(PointToPoint):
         plan = self._fast_plan(key)
         if plan is not None and x.ndim and x.flags.c_contiguous:
             out = plan[1].empty((x.shape[0] * self.size,) + x.shape[1:], dtype=x.dtype)
-            req = plan[0](_flat(x), _flat(out))
-            if req is not None:
-                req.wait()
+            _complete(plan[0](_flat(x), _flat(out)))
             return out
         x, xp = self._prep(x)
         x = self._lead(x)
@@ -514,9 +502,7 @@ class Communicator(PointToPoint):
                                      1 if is_device_array(x) else 0, -1 if root is None else root])
         for col, what in ((1, "trailing shape"), (2, "dtype"), (3, "memory kind"), (4, "root")):
             if (rows[:, col] != rows[0, col]).any():
-                detail = "; ".join(
-                    f"rank {r}: shape {'?' if col != 1 else ''}" if False else f"rank {r}: {what} code {int(v)}"
-                    for r, v in enumerate(rows[:, col]))
+                detail = "; ".join(f"rank {r}: {what} code {int(v)}" for r, v in enumerate(rows[:, col]))
                 if col == 1:
                     shapes = self._allgather_obj(tuple(x.shape))
                     detail = "; ".join(f"rank {r}: shape {s}" for r, s in enumerate(shapes))
@@ -676,6 +662,12 @@ class Communicator(PointToPoint):
         if new is None:
             return None
         return Communicator(new, prefer=self.prefer, tuning=self._tuning)
+
+
+def _complete(req):
+    """Wait for a transport's request (``None`` means the call already completed)."""
+    if req is not None:
+        req.wait()
 
 
 def _may_overlap(a, b):

@@ -10,7 +10,7 @@ CUDA-aware; otherwise they are staged through host memory by
 import numpy as np
 
 from ..._errors import CommError
-from .._request import CompletedRequest, Request
+from .._request import Request
 from ._base import Transport
 
 __all__ = ["MPITransport", "mpi_module"]
@@ -149,12 +149,6 @@ class MPITransport(Transport):
     # -- device buffers -----------------------------------------------------------------------
     def _is_device(self, buf):
         return type(buf).__module__.startswith("cupy")
-
-    def _staged(self, kind, fn, *bufs, out=None):
-        """Run ``fn`` on host copies of device buffers and copy ``out`` back on completion."""
-        from ._staging import stage_collective
-
-        return stage_collective(self, kind, fn, bufs, out)
 
     # -- point to point -----------------------------------------------------------------------
     def isend(self, buf, dest, tag):
