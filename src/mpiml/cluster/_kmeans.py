@@ -64,6 +64,9 @@ def _relocate_empty_clusters(shard, sums, counts, mind, labels):
         offer[:, 4:] = shard.X[idx] - shard.shift
     allc = comm.allgatherv(offer) if comm.size > 1 else offer
     allc = _to_host(allc)
+    # rows that already sit on a centre gain nothing: with more clusters than distinct rows
+    # the extra clusters stay empty (and fit warns), as in scikit-learn
+    allc = allc[allc[:, 0] > 0]
     order = np.lexsort((allc[:, 1], -allc[:, 0]))[:m]
     for new_id, row in zip(empty, allc[order]):
         w, old = row[2], int(row[3])
@@ -131,7 +134,7 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, SP
     ----------
     n_clusters : int, default=8
         Number of clusters.
-    init : {"k-means||", "k-means++", "random"} or array of shape (n_clusters, n_features), \
+    init : {"k-means||", "k-means++", "random"}, callable or array of shape (n_clusters, n_features), \
 default="k-means||"
         ``"k-means||"``: scalable k-means++ (a few rounds of oversampling with
         ``oversampling_factor * n_clusters`` expected draws each, the weighted
@@ -139,9 +142,13 @@ default="k-means||"
         ``"k-means++"``: greedy k-means++ with one global D^2 draw per centre.
         ``"random"``: ``n_clusters`` rows drawn uniformly over all ranks.
         An array: the initial centres (the same on every rank).
+        A callable ``init(X, n_clusters, random_state=...)`` returning the centres:
+        called on rank 0 with rank 0's rows (on one process: all rows, as in
+        scikit-learn), its result broadcast to every rank.
     n_init : "auto" or int, default="auto"
         Runs with different initial centres; the one with the lowest inertia
-        is kept.  ``"auto"``: 10 for ``"random"``, else 1.
+        is kept.  ``"auto"``: 10 for ``"random"`` and a callable, else 1
+        (scikit-learn's rule).
     max_iter : int, default=300
         Maximum Lloyd iterations per run.
     tol : float, default=1e-4
@@ -151,6 +158,16 @@ default="k-means||"
         Print one line per iteration on rank 0.
     random_state : int, RandomState instance or None, default=None
         Seed of the initialisation.  One seed is agreed by all ranks (rank 0's).
+    copy_x : bool, default=True
+        Accepted for scikit-learn compatibility. mpiml never modifies ``X``: the
+        rows are centred on the fly (per chunk, or inside the GPU kernel), so
+        ``copy_x=False`` saves no memory and ``X`` is left unchanged either way.
+    algorithm : {"lloyd", "elkan"}, default="lloyd"
+        ``"elkan"`` runs Lloyd's iterations, which give the same result: Elkan's
+        triangle-inequality bounds save distance computations on one CPU, but
+        the distances are not what costs time on GPUs (the fused kernel reads
+        each row once) and the bounds would be state per row on every rank.
+        With ``n_clusters=1``, ``"elkan"`` warns as scikit-learn does.
     oversampling_factor : float, default=2.0
         ``k-means||``: expected candidates per round, in multiples of ``n_clusters``.
     init_max_iter : int or None, default=None
@@ -200,7 +217,7 @@ default="k-means||"
         **SPMDEstimator._parameter_constraints,
         "n_clusters": [Interval(Integral, 1, None, closed="left")],
         # (not "array-like": strings have a length and would pass as arrays)
-        "init": [StrOptions({"k-means||", "k-means++", "random"}), HasMethods(["__array__"]), list, tuple],
+        "init": [StrOptions({"k-means||", "k-means++", "random"}), callable, HasMethods(["__array__"]), list, tuple],
         "n_init": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
         "max_iter": [Interval(Integral, 1, None, closed="left")],
         "tol": [Interval(Real, 0, None, closed="left")],
@@ -209,11 +226,14 @@ default="k-means||"
         "oversampling_factor": [Interval(Real, 0, None, closed="neither")],
         "init_max_iter": [None, Interval(Integral, 1, None, closed="left")],
         "batch_size": [None, Interval(Integral, 1, None, closed="left")],
+        "copy_x": ["boolean"],
+        "algorithm": [StrOptions({"lloyd", "elkan"})],
     }
     _saved_attributes = ("cluster_centers_", "inertia_", "n_iter_", "_counts", "n_steps_")
 
     def __init__(self, n_clusters=8, *, init="k-means||", n_init="auto", max_iter=300, tol=1e-4, verbose=0,
-                 random_state=None, oversampling_factor=2.0, init_max_iter=None, batch_size=None, comm=None):
+                 random_state=None, copy_x=True, algorithm="lloyd", oversampling_factor=2.0, init_max_iter=None,
+                 batch_size=None, comm=None):
         self.n_clusters = n_clusters
         self.init = init
         self.n_init = n_init
@@ -221,6 +241,8 @@ default="k-means||"
         self.tol = tol
         self.verbose = verbose
         self.random_state = random_state
+        self.copy_x = copy_x
+        self.algorithm = algorithm
         self.oversampling_factor = oversampling_factor
         self.init_max_iter = init_max_iter
         self.batch_size = batch_size
@@ -236,20 +258,40 @@ default="k-means||"
         tags.input_tags.sparse = False
         return tags
 
-    def _n_init(self):
+    def _resolve_n_init(self):
+        # scikit-learn's resolution of "auto": 10 for "random" and for a callable, else 1
         if self.n_init == "auto":
-            return 10 if isinstance(self.init, str) and self.init == "random" else 1
-        if not isinstance(self.init, str) and self.n_init != 1:
+            return 10 if (isinstance(self.init, str) and self.init == "random") or callable(self.init) else 1
+        if not isinstance(self.init, str) and not callable(self.init) and self.n_init != 1:
             warnings.warn("Explicit initial center position passed: performing only one init in KMeans "
                           f"instead of n_init={self.n_init}.", RuntimeWarning, stacklevel=3)
             return 1
         return self.n_init
 
-    def _check_init_array(self, X, xp):
-        if isinstance(self.init, str):
-            return self.init
-        init = self.init
-        init = init.get() if ops._is_device(init) else np.asarray(init)
+    def _check_algorithm(self):
+        if self.algorithm == "elkan" and self.n_clusters == 1:
+            warnings.warn("algorithm='elkan' doesn't make sense for a single cluster. Using 'lloyd' instead.",
+                          RuntimeWarning, stacklevel=3)
+
+    def _call_init(self, X, comm, random_state):
+        """Centres from a callable ``init``: called on rank 0 with its rows, the result broadcast.
+
+        Any error (an exception in the callable, a wrong shape) is raised on every rank.
+        """
+        from ..utils._validation import agree_on_error
+
+        centers, error = None, None
+        if comm.rank == 0:
+            try:
+                Xh = X.get() if ops._is_device(X) else X
+                centers = np.asarray(self.init(Xh, self.n_clusters, random_state=random_state))
+                self._check_init_shape(centers, X)
+            except Exception as exc:  # raised on every rank below
+                error = exc
+        agree_on_error(comm, error, error_class=ValueError, prefix="init (a callable, called on rank 0) failed")
+        return comm.bcast_obj(centers) if comm.size > 1 else centers
+
+    def _check_init_shape(self, init, X):
         if init.ndim != 2 or init.shape[0] != self.n_clusters:
             raise ValueError(f"The shape of the initial centers {init.shape} does not match the number of "
                              f"clusters {self.n_clusters}.")
@@ -258,6 +300,13 @@ default="k-means||"
                              f"features of the data {X.shape[1]}.")
         if not np.isfinite(init).all():
             raise ValueError("The initial centers contain NaN or infinity.")
+
+    def _check_init_array(self, X, xp):
+        if isinstance(self.init, str) or callable(self.init):
+            return self.init
+        init = self.init
+        init = init.get() if ops._is_device(init) else np.asarray(init)
+        self._check_init_shape(init, X)
         return xp.asarray(init.astype(X.dtype))
 
     def _seed(self, comm):
@@ -312,7 +361,8 @@ default="k-means||"
         X, xp = validate_data(self, X, comm=comm, order="C")
         sample_weight = validate_sample_weight(sample_weight, X, xp=xp, comm=comm)
         init = self._check_init_array(X, xp)
-        n_init = self._n_init()
+        n_init = self._n_init = self._resolve_n_init()  # the resolved value, as scikit-learn keeps it
+        self._check_algorithm()
         shard = self._shard(X, xp, sample_weight, comm)
         self._check_n_samples(shard)
         mean, mean_var = _global_stats(X, comm=comm, xp=xp)
@@ -323,7 +373,8 @@ default="k-means||"
         best = None
         for _ in range(n_init):
             seed = int(rng.randint(np.iinfo(np.int32).max))
-            centers = init_centers(shard, self.n_clusters, init, rng, seed,
+            run_init = self._call_init(X, comm, rng) if callable(init) else init
+            centers = init_centers(shard, self.n_clusters, run_init, rng, seed,
                                    oversampling_factor=self.oversampling_factor,
                                    init_max_iter=self.init_max_iter)
             if self.verbose and comm.rank == 0:
@@ -383,6 +434,8 @@ default="k-means||"
             mean, _ = _global_stats(X, comm=comm, xp=xp)
             shard.shift = mean.astype(X.dtype)
             rng = np.random.RandomState(self._seed(comm))
+            if callable(init):
+                init = self._call_init(X, comm, rng)
             centers = init_centers(shard, k, init, rng, int(rng.randint(np.iinfo(np.int32).max)),
                                    oversampling_factor=self.oversampling_factor,
                                    init_max_iter=self.init_max_iter)
