@@ -23,8 +23,11 @@ from sklearn.cluster import KMeans as SkKMeans, MiniBatchKMeans  # noqa: E402
 
 from mpiml.cluster import KMeans  # noqa: E402
 
-# test name (or name[param-id] prefix) -> why mpiml differs on purpose or not yet
-DEVIATIONS = {}
+# test name -> why mpiml differs (each must still fail: strict xfail)
+DEVIATIONS = {
+    "test_sample_weight_init": "calls the private scikit-learn method KMeans._init_centroids",
+    "test_sample_weight_zero": "calls the private scikit-learn method KMeans._init_centroids",
+}
 
 
 @pytest.fixture
@@ -70,8 +73,13 @@ def _uses_kmeans(fn):
 
 for _name, _fn in sorted(vars(skt).items()):
     if _name.startswith("test_") and callable(_fn) and _uses_kmeans(_fn):
-        globals()[_name] = _adapt(_fn)
+        _test = _adapt(_fn)
+        if _name in DEVIATIONS:
+            _test = pytest.mark.xfail(strict=True, reason=DEVIATIONS[_name])(_test)
+        globals()[_name] = _test
 
 
-def pytest_collection_modifyitems(items):  # pragma: no cover - documented hook shape only
-    pass
+def test_the_suite_was_found():
+    """Guard: a scikit-learn release that moves its tests must not leave this module empty."""
+    adapted = [n for n in globals() if n.startswith("test_") and n != "test_the_suite_was_found"]
+    assert len(adapted) >= 40, adapted

@@ -22,15 +22,36 @@ def _allreduce(comm, x):
     return comm.allreduce(x) if comm.size > 1 else x
 
 
+def _refuse_device_sparse(X, comm):
+    """Sparse CuPy rows are not supported yet: the same clear error on every rank."""
+    from ..utils._validation import agree_on_error
+
+    bad = ops._is_device(X) and hasattr(X, "format")
+    msg = ("KMeans does not take cupyx.scipy.sparse input yet: pass scipy.sparse rows (CPU ranks) "
+           "or dense CuPy rows") if bad else None
+    agree_on_error(comm, TypeError(msg) if bad else None, error_class=TypeError)
+
+
+def _shift(X, mean):
+    """The origin of the working coordinates: the global mean for dense rows, zero for sparse
+    rows (centring would densify them; scikit-learn does not centre sparse data either)."""
+    return mean * 0 if ops.is_sparse(X) else mean
+
+
 def _global_stats(X, *, comm, xp):
     """Global mean of the rows and mean feature variance (two small allreduces)."""
     n, d = X.shape
     pack = xp.zeros(d + 1, dtype=xp.float64)
     if n:
-        pack[:d] = X.sum(axis=0, dtype=xp.float64)
+        pack[:d] = xp.asarray(X.sum(axis=0, dtype=xp.float64)).ravel()
     pack[d] = n
     pack = _allreduce(comm, pack)
     mean = pack[:d] / pack[d]
+    if ops.is_sparse(X):  # sum of squares minus n * mean^2, never densifying X
+        sq = np.asarray(X.multiply(X).sum(axis=0), dtype=np.float64).ravel()
+        sq = _allreduce(comm, sq)
+        var = np.maximum(sq - pack[d] * mean * mean, 0)
+        return mean, float(var.sum()) / (d * float(pack[d]))
     var = xp.zeros(d, dtype=xp.float64)
     step = ops.chunk_rows(d, 1, 8)
     for s in range(0, n, step):
@@ -61,7 +82,7 @@ def _relocate_empty_clusters(shard, sums, counts, mind, labels):
         offer[:, 1] = idx + shard.offset
         offer[:, 2] = shard.weight[idx]
         offer[:, 3] = labels[idx]
-        offer[:, 4:] = shard.X[idx] - shard.shift
+        offer[:, 4:] = ops.dense_rows(shard.X, idx, shard.shift)
     allc = comm.allgatherv(offer) if comm.size > 1 else offer
     allc = _to_host(allc)
     # rows that already sit on a centre gain nothing: with more clusters than distinct rows
@@ -211,6 +232,14 @@ default="k-means||"
 
     :meth:`predict` and :meth:`transform` act on local rows and communicate
     nothing; :meth:`score` is global (one scalar allreduce).
+
+    Sparse rows (SciPy CSR, on CPU ranks) are never densified: distances are
+    sparse-times-dense products, the per-cluster sums sparse products, and the
+    rows are not centred (the shift is zero, as in scikit-learn). The centres are
+    dense, so the packed allreduce still carries ``n_clusters * n_features``
+    float64 sums per iteration. ``k-means||`` keeps its candidate centres dense
+    (about ``oversampling_factor * n_clusters`` rows per round). Sparse CuPy input
+    is not supported yet and raises a ``TypeError`` on every rank.
     """
 
     _parameter_constraints = {
@@ -255,7 +284,7 @@ default="k-means||"
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = False
+        tags.input_tags.sparse = True
         return tags
 
     def _resolve_n_init(self):
@@ -329,14 +358,14 @@ default="k-means||"
         from ..comm import get_comm
 
         self._check_is_fitted()
-        X, xp = validate_data(self, X, comm=get_comm("self"), reset=False, order="C")
+        X, xp = validate_data(self, X, comm=get_comm("self"), reset=False, order="C", accept_sparse="csr")
         centers = self.cluster_centers_
         if xp is not np and not ops._is_device(centers):
             centers = xp.asarray(centers)
         elif xp is np and ops._is_device(centers):
             centers = centers.get()
         centers = centers.astype(X.dtype, copy=False)
-        shift = centers.mean(axis=0)
+        shift = _shift(X, centers.mean(axis=0))
         return X, xp, xp.ascontiguousarray(centers - shift), shift
 
     # ------------------------------------------------------------------ fitting
@@ -345,8 +374,9 @@ default="k-means||"
 
         Parameters
         ----------
-        X : array-like of shape (n_local_samples, n_features)
-            This rank's rows (NumPy or CuPy; float64 and float32 are kept).
+        X : {array-like, sparse matrix} of shape (n_local_samples, n_features)
+            This rank's rows (NumPy or CuPy, or SciPy sparse, converted to CSR;
+            float64 and float32 are kept).
         y : Ignored
         sample_weight : array-like of shape (n_local_samples,), default=None
             Weights of this rank's rows.
@@ -358,7 +388,8 @@ default="k-means||"
         """
         self._validate_params()
         comm = self._get_comm()
-        X, xp = validate_data(self, X, comm=comm, order="C")
+        _refuse_device_sparse(X, comm)
+        X, xp = validate_data(self, X, comm=comm, order="C", accept_sparse="csr")
         sample_weight = validate_sample_weight(sample_weight, X, xp=xp, comm=comm)
         init = self._check_init_array(X, xp)
         n_init = self._n_init = self._resolve_n_init()  # the resolved value, as scikit-learn keeps it
@@ -366,7 +397,7 @@ default="k-means||"
         shard = self._shard(X, xp, sample_weight, comm)
         self._check_n_samples(shard)
         mean, mean_var = _global_stats(X, comm=comm, xp=xp)
-        shard.shift = mean.astype(X.dtype)
+        shard.shift = _shift(X, mean.astype(X.dtype))
         tol = mean_var * self.tol
         rng = np.random.RandomState(self._seed(comm))
         self._iter_seconds = []
@@ -424,7 +455,8 @@ default="k-means||"
         if first:
             self._validate_params()
         comm = self._get_comm()
-        X, xp = validate_data(self, X, comm=comm, reset=first, order="C")
+        _refuse_device_sparse(X, comm)
+        X, xp = validate_data(self, X, comm=comm, reset=first, order="C", accept_sparse="csr")
         sample_weight = validate_sample_weight(sample_weight, X, xp=xp, comm=comm)
         shard = self._shard(X, xp, sample_weight, comm)
         k, d = self.n_clusters, X.shape[1]
@@ -432,7 +464,7 @@ default="k-means||"
             init = self._check_init_array(X, xp)
             self._check_n_samples(shard)
             mean, _ = _global_stats(X, comm=comm, xp=xp)
-            shard.shift = mean.astype(X.dtype)
+            shard.shift = _shift(X, mean.astype(X.dtype))
             rng = np.random.RandomState(self._seed(comm))
             if callable(init):
                 init = self._call_init(X, comm, rng)
@@ -446,7 +478,7 @@ default="k-means||"
         if xp is not np and not ops._is_device(centers):
             centers = xp.asarray(centers)
         centers = centers.astype(X.dtype, copy=False)
-        shift = centers.mean(axis=0)
+        shift = _shift(X, centers.mean(axis=0))
         shard.shift = shift
         centers_s = xp.ascontiguousarray(centers - shift)
         labels = xp.full(shard.n_local, -1, dtype=xp.int32)
@@ -502,7 +534,7 @@ default="k-means||"
         step = ops.chunk_rows(X.shape[1], centers.shape[0], X.dtype.itemsize, self.batch_size)
         c_sq = (centers * centers).sum(axis=1)
         for s in range(0, X.shape[0], step):
-            out[s:s + step] = xp.sqrt(ops.sq_distances(X[s:s + step] - shift, centers, c_sq))
+            out[s:s + step] = xp.sqrt(ops.sq_distances(ops.shifted(X[s:s + step], shift), centers, c_sq))
         return out
 
     def fit_transform(self, X, y=None, sample_weight=None):
@@ -519,7 +551,7 @@ default="k-means||"
         """
         comm = self._get_comm()
         self._check_is_fitted()
-        X, xp = validate_data(self, X, comm=comm, reset=False, order="C")
+        X, xp = validate_data(self, X, comm=comm, reset=False, order="C", accept_sparse="csr")
         sample_weight = validate_sample_weight(sample_weight, X, xp=xp, comm=comm)
         _, _, centers, shift = self._local_input(X)
         _, _, inertia = ops.assign(X, shift, centers, batch_size=self.batch_size, sample_weight=sample_weight)
