@@ -531,7 +531,8 @@ default="k-means||"
         """
         X, xp, centers, shift = self._local_input(X)
         out = xp.empty((X.shape[0], centers.shape[0]), dtype=X.dtype)
-        step = ops.chunk_rows(X.shape[1], centers.shape[0], X.dtype.itemsize, self.batch_size)
+        step = ops.chunk_rows(X.shape[1], centers.shape[0], X.dtype.itemsize, self.batch_size,
+                              sparse=ops.is_sparse(X))
         c_sq = (centers * centers).sum(axis=1)
         for s in range(0, X.shape[0], step):
             out[s:s + step] = xp.sqrt(ops.sq_distances(ops.shifted(X[s:s + step], shift), centers, c_sq))

@@ -31,10 +31,15 @@ PACK_EXTRA = 2
 _HOST_CHUNK_BYTES = 8 << 20
 
 
-def chunk_rows(n_features, n_clusters, itemsize, batch_size=None):
-    """Rows per chunk so that one chunk's working set stays bounded."""
+def chunk_rows(n_features, n_clusters, itemsize, batch_size=None, *, sparse=False):
+    """Rows per chunk so that one chunk's working set stays bounded.
+
+    A sparse chunk is never densified: only its ``chunk x n_clusters`` block counts.
+    """
     if batch_size:
         return max(1, int(batch_size))
+    if sparse:
+        n_features = 0
     per_row = (n_features + n_clusters) * itemsize + n_features * 8
     return int(max(256, min(65536, _HOST_CHUNK_BYTES // max(per_row, 1))))
 
@@ -83,7 +88,7 @@ def sq_distances(Xc, C, c_sq=None):
     xp = np if not _is_device(Xc) else __import__("cupy")
     if c_sq is None:
         c_sq = (C * C).sum(axis=1)
-    D = xp.asarray(Xc @ C.T)  # sparse @ dense gives a dense array
+    D = xp.asarray(Xc @ _contiguous_t(Xc, C))  # sparse @ dense gives a dense array
     D *= -2
     D += c_sq[None, :]
     D += _row_sq_norms(Xc)[:, None]
@@ -91,10 +96,16 @@ def sq_distances(Xc, C, c_sq=None):
     return D
 
 
-def _host_assign_chunk(Xc, shift, C, c_sq):
+def _contiguous_t(X, C):
+    """``C.T`` laid out for ``X @ C.T``: SciPy's sparse-dense product copies a transposed
+    operand on every call (64 MiB at d = 10^6, k = 8), so sparse callers make it once."""
+    return np.ascontiguousarray(C.T) if is_sparse(X) else C.T
+
+
+def _host_assign_chunk(Xc, shift, C, c_sq, CT=None):
     """(labels, min squared distance, shifted chunk) of one host chunk (dense or CSR)."""
     Xs = shifted(Xc, shift)
-    G = np.asarray(Xs @ C.T)
+    G = np.asarray(Xs @ (C.T if CT is None else CT))
     G *= -2
     G += c_sq[None, :]
     labels = np.argmin(G, axis=1).astype(np.int32, copy=False)
@@ -142,10 +153,11 @@ def assign(X, shift, C, *, batch_size=None, sample_weight=None):
     labels = np.empty(n, dtype=np.int32)
     mind = np.empty(n, dtype=X.dtype)
     c_sq = np.einsum("ij,ij->i", C, C)
-    step = chunk_rows(d, k, X.dtype.itemsize, batch_size)
+    CT = _contiguous_t(X, C)
+    step = chunk_rows(d, k, X.dtype.itemsize, batch_size, sparse=is_sparse(X))
     for s in range(0, n, step):
         e = min(n, s + step)
-        labels[s:e], mind[s:e], _ = _host_assign_chunk(X[s:e], shift, C, c_sq)
+        labels[s:e], mind[s:e], _ = _host_assign_chunk(X[s:e], shift, C, c_sq, CT)
     inertia = None
     if sample_weight is not None:
         inertia = float(np.dot(sample_weight.astype(np.float64), mind.astype(np.float64)))
@@ -190,13 +202,14 @@ def lloyd_step(X, sample_weight, shift, C, labels, mind, *, batch_size=None):
     packed = np.zeros(k * d + k + PACK_EXTRA, dtype=np.float64)
     sums = packed[:k * d].reshape(k, d)
     c_sq = np.einsum("ij,ij->i", C, C)
-    step = chunk_rows(d, k, X.dtype.itemsize, batch_size)
+    CT = _contiguous_t(X, C)
+    step = chunk_rows(d, k, X.dtype.itemsize, batch_size, sparse=is_sparse(X))
     changed = 0
     inertia = 0.0
     w64 = sample_weight.astype(np.float64, copy=False)
     for s in range(0, n, step):
         e = min(n, s + step)
-        lab, md, Xs = _host_assign_chunk(X[s:e], shift, C, c_sq)
+        lab, md, Xs = _host_assign_chunk(X[s:e], shift, C, c_sq, CT)
         changed += int(np.count_nonzero(lab != labels[s:e]))
         labels[s:e] = lab
         mind[s:e] = md
