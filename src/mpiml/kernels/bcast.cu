@@ -34,3 +34,57 @@ __global__ void mpiml_allgather_pull(const MpimlCtx* c, const T* in, T* out, lon
     }
     mpiml_end(c, epoch);
 }
+
+// LL broadcast (no barrier): the root pushes its lines into every other rank's
+// slot [root]; the others copy them out as their flags arrive. A counts 8-byte
+// alignment. The root waits for nobody: the ack wait in mpiml_begin keeps it
+// from reusing a slot parity that a slow peer still reads.
+template <typename T, bool A>
+__global__ void mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    const unsigned epoch = mpiml_begin(c);
+    const unsigned flag = epoch + 1u;
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    const long long nbytes = n * (long long)sizeof(T);
+    const long long lines = (nbytes + 7) / 8;
+    if (me == root) {
+        MPIML_GRID_LOOP(i, lines) {
+            const uint2 v = mpiml_ll_get<A>(in, i, nbytes);
+            for (int k = 1; k < nr; ++k) mpiml_ll_store(mpiml_ll_slot(c, (me + k) % nr, epoch, me) + i, v, flag);
+        }
+    } else {
+        MPIML_GRID_LOOP(i, lines) {
+            uint2 v;
+            if (!mpiml_ll_load(c, mpiml_ll_slot(c, me, epoch, (int)root) + i, flag, v, (int)root, epoch)) break;
+            mpiml_ll_put<A>(out, i, nbytes, v);
+        }
+    }
+    mpiml_end(c, epoch);
+}
+
+// LL allgather: every rank pushes its n elements into every rank's slot [me];
+// each copies slot r to out[r * stride ...] as the lines arrive.
+template <typename T, bool A>
+__global__ void mpiml_allgather_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
+    const unsigned epoch = mpiml_begin(c);
+    const unsigned flag = epoch + 1u;
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    const long long nbytes = n * (long long)sizeof(T);
+    const long long lines = (nbytes + 7) / 8;
+    MPIML_GRID_LOOP(i, lines) {
+        const uint2 v = mpiml_ll_get<A>(in, i, nbytes);
+        for (int k = 1; k <= nr; ++k) mpiml_ll_store(mpiml_ll_slot(c, (me + k) % nr, epoch, me) + i, v, flag);
+    }
+    for (int r = 0; r < nr; ++r) {
+        bool ok = true;
+        MPIML_GRID_LOOP(i, lines) {
+            uint2 v;
+            if (!mpiml_ll_load(c, mpiml_ll_slot(c, me, epoch, r) + i, flag, v, r, epoch)) {
+                ok = false;
+                break;
+            }
+            mpiml_ll_put<A>(out + r * stride, i, nbytes, v);
+        }
+        if (!ok) break;
+    }
+    mpiml_end(c, epoch);
+}

@@ -19,6 +19,7 @@ of a ring cannot deadlock.
 Host (NumPy) buffers never come here (``accepts_host = False``).
 """
 
+import collections
 import time
 
 import numpy as np
@@ -41,6 +42,13 @@ def _nccl_module():
     if not getattr(nccl, "available", True):
         raise BackendUnavailableError("CuPy was built without NCCL support")
     return nccl
+
+
+def _event_done(cupy, ev):
+    try:
+        return cupy.cuda.runtime.eventQuery(ev) == 0
+    except Exception:  # "not ready" raised as an error by some CuPy versions
+        return False
 
 
 class NCCLTransport(Transport):
@@ -85,6 +93,9 @@ class NCCLTransport(Transport):
         self._ops = {"sum": nccl.NCCL_SUM, "prod": nccl.NCCL_PROD, "min": nccl.NCCL_MIN, "max": nccl.NCCL_MAX}
         self._sync = device_sync()
         self._timeout = _config.timeout()
+        # stream-ordered calls in flight, for the watchdog: (enqueued at, event, op); events are reused
+        self._inflight = collections.deque()
+        self._free_events = []
 
     def close(self):
         if self.comm is not None:
@@ -120,9 +131,49 @@ class NCCLTransport(Transport):
         except Exception:
             pass
 
+    # ------------------------------------------------------------------ watchdog hooks
+    def _track(self, op, stream):
+        """Record an event after a stream-ordered call, for the watchdog's timeout."""
+        if self._timeout is None or stream.is_capturing():
+            return
+        runtime = self._cupy.cuda.runtime
+        ev = self._free_events.pop() if self._free_events else runtime.eventCreateWithFlags(2)  # no timing
+        runtime.eventRecord(ev, stream.ptr)
+        self._inflight.append((time.monotonic(), ev, op))
+
+    def poll_failure(self):
+        """An exception for an NCCL async error or a call not completed in time (watchdog), else None."""
+        if self.comm is None or self._broken is not None:
+            return None
+        try:
+            self.comm.check_async_error()
+        except Exception as exc:
+            return CommError(f"the nccl backend reported an error on rank {self.rank}: {exc}")
+        q = self._inflight
+        while q:
+            t0, ev, op = q[0]
+            if _event_done(self._cupy, ev):
+                q.popleft()
+                self._free_events.append(ev)
+                continue
+            age = time.monotonic() - t0
+            if self._timeout is not None and age > self._timeout:
+                from ..._errors import CommTimeoutError
+
+                return CommTimeoutError(op, "all", self._timeout,
+                                        f"nccl call enqueued {age:.1f} s ago on rank {self.rank} has not completed")
+            break
+        return None
+
+    def abort(self, why):
+        """Abort the NCCL communicator (its kernels stop waiting); refuse later calls."""
+        if self._broken is None and self.comm is not None:
+            self._abort(why)
+
     def _done(self, op, peer="all"):
         """Completion of the work just enqueued on the current stream."""
         if not self._sync:
+            self._track(op, self._stream())
             return DONE
         stream = self._stream()
         if stream.is_capturing():
