@@ -140,6 +140,11 @@ class Communicator(PointToPoint):
         except CommTimeoutError as exc:
             self._poison(exc)
             raise
+        for t in list(self._device_transports.values()):  # what the watchdog would find next
+            poll = getattr(t, "poll_failure", None)
+            exc = poll() if poll is not None else None
+            if exc is not None:
+                self._poison(exc)
         if self._failure is not None:
             raise self._aborted("synchronize")
 
@@ -374,7 +379,9 @@ class Communicator(PointToPoint):
             else:
                 algo = get_algorithm(op, name)
                 algo.run(Channel(transport, xp, f"{op}[{name}]"), *algo_args)
-        except CommError:
+        except CommError as exc:
+            if backend not in ("mpi", "self"):  # a device transport is unusable after an error
+                self._poison(exc)
             raise
         except Exception as exc:
             mpi = getattr(self._world, "MPI", None)

@@ -1,0 +1,101 @@
+"""The aborted-communicator state and the device watchdog's logic, without a GPU."""
+
+import numpy as np
+import pytest
+
+from mpiml import CommAbortedError, CommError, CommTimeoutError
+from mpiml.comm import Communicator
+from mpiml.comm.backends import _watchdog
+from mpiml.comm.backends.self import SelfTransport
+
+
+class FakeDeviceTransport:
+    """Stands for an ipc/nccl transport: reports a failure once told to, records aborts."""
+
+    def __init__(self):
+        self.failure = None
+        self.aborted = None
+
+    def poll_failure(self):
+        return self.failure
+
+    def abort(self, why):
+        self.aborted = why
+
+    def close(self):
+        pass
+
+
+def _comm():
+    return Communicator(SelfTransport())
+
+
+def test_poison_makes_every_call_raise_and_names_the_first_failure():
+    comm = _comm()
+    x = np.arange(4.0)
+    np.testing.assert_array_equal(comm.allreduce(x), x)  # also primes the fast path
+    first = CommTimeoutError("allreduce", 3, 2.0)
+    comm._poison(first)
+    comm._poison(CommError("a later failure"))  # the first one is kept
+    for call in (lambda: comm.allreduce(x), lambda: comm.bcast(x), lambda: comm.reduce(x),
+                 lambda: comm.allgather(x), comm.barrier, comm.synchronize):
+        with pytest.raises(CommAbortedError, match="allreduce timed out") as info:
+            call()
+        assert info.value.__cause__ is first
+
+
+def test_poison_reaches_split_communicators_and_aborts_device_transports():
+    comm = _comm()
+    child = comm.split(0)
+    dev = FakeDeviceTransport()
+    comm._device_transports["fake"] = dev
+    comm._poison(CommError("boom"))
+    assert dev.aborted is not None and "boom" in dev.aborted
+    with pytest.raises(CommAbortedError):
+        child.allreduce(np.ones(2))
+    later = comm.split(0)  # split after the failure: born aborted
+    with pytest.raises(CommAbortedError):
+        later.allreduce(np.ones(2))
+    comm._device_transports.clear()
+
+
+def test_watchdog_poisons_a_communicator_whose_transport_failed():
+    comm = _comm()
+    dev = FakeDeviceTransport()
+    comm._device_transports["fake"] = dev
+    _watchdog.watch(comm)
+    _watchdog.check_now()
+    assert comm._failure is None
+    dev.failure = CommTimeoutError("bcast", 1, 3.0)
+    _watchdog.check_now()
+    assert comm._failure is dev.failure
+    with pytest.raises(CommAbortedError, match="bcast"):
+        comm.bcast(np.ones(2))
+    comm._device_transports.clear()
+
+
+def test_watchdog_thread_finds_failures_by_itself(monkeypatch):
+    import time
+
+    comm = _comm()
+    dev = FakeDeviceTransport()
+    comm._device_transports["fake"] = dev
+    _watchdog.watch(comm)
+    dev.failure = CommError("peer gone")
+    deadline = time.monotonic() + 5
+    while comm._failure is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert comm._failure is dev.failure
+    comm._device_transports.clear()
+
+
+def test_device_sync_defaults_to_stream_ordered(monkeypatch):
+    from mpiml.comm.backends._stream import device_sync
+
+    monkeypatch.delenv("MPIML_DEVICE_SYNC", raising=False)
+    assert device_sync() is False
+    monkeypatch.setenv("MPIML_DEVICE_SYNC", "1")
+    assert device_sync() is True
+    monkeypatch.setenv("MPIML_DEVICE_SYNC", "maybe")
+    with pytest.raises(ValueError, match="MPIML_DEVICE_SYNC"):
+        device_sync()
