@@ -33,7 +33,7 @@ failure_test() {  # failure_test BACKEND MODE N
     local env=(MPIML_TIMEOUT=3 MPIML_DEVICE_SYNC=0)
     [ "$2" = sync ] && env=(MPIML_TIMEOUT=3 MPIML_DEVICE_SYNC=1)
     [ "$2" = kill ] && env+=(OMPI_MCA_orte_allowed_exit_without_sync=1)
-    step "peer $2 ($1, $3 ranks)" 40 env "${env[@]}" $MPIRUN -n "$3" python3 tests/comm/gpu_timeout.py "$1" "$2"
+    step "peer $2 ($1, $3 ranks)" 25 env "${env[@]}" $MPIRUN -n "$3" python3 tests/comm/gpu_timeout.py "$1" "$2"
 }
 
 { echo "fastpath $PART on $(hostname), $(date -u +%FT%TZ)"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -48,17 +48,19 @@ if [ "$PART" = first ]; then
     step "vs_nccl quick (4 GPUs)" 90 $MPIRUN -n 4 python3 benchmarks/gpu/vs_nccl.py --rounds 2 \
         --sizes 4,4096,65536,262144,1048576,4194304,67108864 --out "$OUT/vs_nccl_4_first.json"
 else
-    step "vs_nccl (4 GPUs)" 150 $MPIRUN -n 4 python3 benchmarks/gpu/vs_nccl.py --rounds 3 \
+    # most important first: each step has its own limit, the whole call must end inside 300 s
+    step "collectives, 4 ranks (mpi, nccl, ipc; graphs; stream-ordered)" 80 env MPIML_TIMEOUT=60 \
+        $MPIRUN -n 4 python3 tests/comm/gpu_collectives.py mpi,nccl,ipc --graph
+    step "vs_nccl (4 GPUs)" 120 $MPIRUN -n 4 python3 benchmarks/gpu/vs_nccl.py --rounds 3 \
         --out "$OUT/vs_nccl_4.json" --plot "$OUT/vs_nccl_4.png"
-    for n in 1 2 3 4; do
-        b="mpi,nccl,ipc"; [ "$n" = 3 ] && b="nccl,ipc"
-        step "collectives, $n ranks ($b)" 60 env MPIML_TIMEOUT=60 $MPIRUN -n $n python3 tests/comm/gpu_collectives.py $b --graph
-    done
+    step "collectives, 3 ranks (nccl, ipc)" 30 env MPIML_TIMEOUT=60 $MPIRUN -n 3 python3 tests/comm/gpu_collectives.py nccl,ipc --graph
     failure_test ipc stall 4
-    failure_test nccl stall 3
     failure_test ipc kill 4
     failure_test nccl kill 4
-    failure_test ipc sync 2
+    step "collectives, 2 ranks (ipc, nccl)" 25 env MPIML_TIMEOUT=60 $MPIRUN -n 2 python3 tests/comm/gpu_collectives.py ipc,nccl --graph
+    step "collectives, 1 rank (mpi, nccl, ipc)" 20 env MPIML_TIMEOUT=60 $MPIRUN -n 1 python3 tests/comm/gpu_collectives.py mpi,nccl,ipc
+    failure_test ipc sync 3
+    failure_test nccl stall 3
 fi
 { echo "=== summary ($PART, $((SECONDS - T0))s)"; for s in "${SUMMARY[@]}"; do echo "  $s"; done; } | tee -a "$LOG"
 grep -E "^(allreduce|bcast) |OK|FAIL|rror|host_us|gpu_us|rank [0-9]+: |wrote" "$LOG" | grep -v "^=== " | head -150

@@ -13,10 +13,12 @@ For each op and size, every path runs on the *same* CuPy buffers, interleaved in
   path forced with ``algorithm=``.
 
 Modes: ``eager`` (``iters`` back-to-back calls, one stream sync at the end,
-host-timed; per call) and ``graph`` (20 calls captured in one CUDA graph,
-replayed; per call: the device time plus 1/20 of a graph launch).  Times are
-the maximum over ranks.  ``host`` rows give the host time per call alone: the
-stream is held by a busy kernel while ``HOST_CALLS`` calls are enqueued.
+host-timed; per call; ``host_us`` is the time of the loop before the final
+sync, i.e. the host's own cost per call, since the queue never fills) and
+``graph`` (20 calls captured in one CUDA graph, replayed; per call: the
+device time plus 1/20 of a graph launch).  Times are the maximum over ranks.
+``micro`` breaks the host cost of a small call down (launch alone, the hot
+launcher alone, key lookup, ...).
 
 Floors (in the JSON): a kernel cannot start sooner than the previous one
 ends, and data cannot cross NVLink faster than ``--link-GBps`` (450 GB/s per
@@ -46,7 +48,7 @@ from mpiml.comm.backends._device import bind_device
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
 ap.add_argument("--plot", default=None)
-ap.add_argument("--ops", default="allreduce,bcast")
+ap.add_argument("--ops", default="allreduce,bcast,reduce,allgather")
 ap.add_argument("--modes", default="eager,graph")
 ap.add_argument("--min-bytes", type=int, default=4)
 ap.add_argument("--max-bytes", type=int, default=256 << 20)
@@ -57,6 +59,7 @@ ap.add_argument("--paths", default="raw,auto,nccl,ipc/ll,ipc/oneshot,ipc/twoshot
 args = ap.parse_args()
 
 os.environ.setdefault("MPIML_CHECK", "0")  # the peer checks nothing either
+os.environ.setdefault("MPIML_TIMEOUT", "30")  # a stuck path is an error row, not a hung sweep
 comm = get_comm()
 bind_device(comm)
 P, R = comm.size, comm.rank
@@ -83,27 +86,44 @@ def ipc_limits():
 
 
 def make_call(op, path, nbytes, x, y):
+    """One call of ``op`` on ``path``; x holds nbytes (allgather: x is this rank's nbytes / P)."""
     n = x.size
     if path == "raw":
         if op == "allreduce":
             return lambda: raw.allReduce(x.data.ptr, y.data.ptr, n, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
-        return lambda: raw.bcast(x.data.ptr, n, nccl.NCCL_FLOAT32, 0, stream.ptr)
+        if op == "bcast":
+            return lambda: raw.bcast(x.data.ptr, n, nccl.NCCL_FLOAT32, 0, stream.ptr)
+        if op == "reduce":
+            return lambda: raw.reduce(x.data.ptr, y.data.ptr, n, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0, stream.ptr)
+        return lambda: raw.allGather(x.data.ptr, y.data.ptr, n, nccl.NCCL_FLOAT32, stream.ptr)
     ll_max, cap = ipc_limits()
-    if path == "ipc/ll" and nbytes > ll_max:
+    if path == "ipc/ll" and x.nbytes > ll_max:
         return None
-    if path in ("ipc/oneshot",) and (op != "allreduce" or nbytes > (4 << 20)):
+    if path == "ipc/oneshot" and (op not in ("allreduce", "reduce") or nbytes > (4 << 20)):
         return None
     if path == "ipc/twoshot" and (op != "allreduce" or nbytes < (64 << 10)):
         return None
-    if path == "ipc/pull" and op != "bcast":
+    if path == "ipc/pull" and op not in ("bcast", "allgather"):
         return None
     algo = {"auto": None, "nccl": "nccl/native"}.get(path, path)
     if op == "allreduce":
         return lambda: comm.allreduce(x, out=y, algorithm=algo)
-    return lambda: comm.bcast(x, root=0, algorithm=algo)
+    if op == "bcast":
+        return lambda: comm.bcast(x, root=0, algorithm=algo)
+    if op == "reduce":
+        return lambda: comm.reduce(x, root=0, algorithm=algo)
+    return lambda: comm.allgather(x, algorithm=algo)
+
+
+def buffers(op, nbytes):
+    n = max(1, nbytes // 4 // (P if op == "allgather" else 1))
+    x = cp.ones(n, dtype=cp.float32)
+    y = cp.empty(n * (P if op == "allgather" else 1), dtype=cp.float32)
+    return x, y
 
 
 def eager(fn, iters):
+    """(seconds per call, host seconds per call) of ``iters`` back-to-back calls."""
     for _ in range(3):
         fn()
     stream.synchronize()
@@ -111,8 +131,9 @@ def eager(fn, iters):
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
+    t1 = time.perf_counter()
     stream.synchronize()
-    return (time.perf_counter() - t0) / iters
+    return (time.perf_counter() - t0) / iters, (t1 - t0) / iters
 
 
 def graph(fn, iters, calls=20):
@@ -165,12 +186,11 @@ def iters_for(nbytes):
 
 
 # warm-up: create the transports, compile every kernel used below
-w = cp.ones(1024, dtype=cp.float32)
-wy = cp.empty_like(w)
 for p in args.paths.split(","):
     for op in args.ops.split(","):
         try:
-            fn = make_call(op, p, w.nbytes, w, wy)
+            w, wy = buffers(op, 4096)
+            fn = make_call(op, p, 4096, w, wy)
             if fn is not None:
                 fn()
         except Exception as exc:
@@ -182,9 +202,7 @@ rows = []
 t_start = time.perf_counter()
 for op in args.ops.split(","):
     for nbytes in sizes:
-        n = max(1, nbytes // 4)
-        x = cp.ones(n, dtype=cp.float32)
-        y = cp.empty_like(x)
+        x, y = buffers(op, nbytes)
         calls = {}
         for p in args.paths.split(","):
             fn = make_call(op, p, nbytes, x, y)
@@ -193,14 +211,19 @@ for op in args.ops.split(","):
         it = iters_for(nbytes)
         for mode in args.modes.split(","):
             times = {p: [] for p in calls}
+            hosts = {p: [] for p in calls}
             errors = {}
             for _ in range(args.rounds):
                 for p, fn in calls.items():
                     if p in errors:
                         continue
                     err = None
+                    h = float("nan")
                     try:
-                        t = eager(fn, it) if mode == "eager" else graph(fn, max(3, it // 20))
+                        if mode == "eager":
+                            t, h = eager(fn, it)
+                        else:
+                            t = graph(fn, max(3, it // 20))
                     except Exception as exc:
                         err = f"{type(exc).__name__}: {exc}"[:200]
                         t = float("nan")
@@ -209,10 +232,13 @@ for op in args.ops.split(","):
                         errors[p] = errs[0]
                         continue
                     times[p].append(agree(t))
+                    hosts[p].append(agree(h))
             for p in calls:
                 us = statistics.median(times[p]) * 1e6 if times[p] else float("nan")
                 rec = {"op": op, "path": p, "mode": mode, "bytes": nbytes, "us": us,
                        "floor_us": floor_us(op, nbytes)}
+                if mode == "eager" and hosts[p]:
+                    rec["host_us"] = statistics.median(hosts[p]) * 1e6
                 if p in errors:
                     rec["error"] = errors[p]
                 rows.append(rec)
@@ -223,42 +249,74 @@ for op in args.ops.split(","):
                       + (f"  ERR {errors}" if errors else ""), flush=True)
         del x, y
 
-# host time per call (enqueue only), small messages
+# host time per call, small messages: the enqueue loop of eager mode, and its parts
 micro = {}
+N = 500
+
+
+def host_loop(fn, calls=N):
+    """Host seconds per call of ``calls`` calls (every rank runs it: collectives need the peers)."""
+    for _ in range(3):
+        fn()
+    stream.synchronize()
+    comm.barrier()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t = (time.perf_counter() - t0) / calls
+    stream.synchronize()
+    return agree(t)
+
+
 for nbytes in (4, 65536):
     x = cp.ones(max(1, nbytes // 4), dtype=cp.float32)
     y = cp.empty_like(x)
-    for op in args.ops.split(","):
+    for op in ("allreduce", "bcast"):
         for p in ("raw", "auto"):
-            fn = make_call(op, p, nbytes, x, y)
-            micro[f"host_us {op} {p} {nbytes}B"] = agree(host_cost(fn)) * 1e6
+            micro[f"host_us {op} {p} {nbytes}B"] = host_loop(make_call(op, p, nbytes, x, y), 300) * 1e6
+x = cp.ones(1, dtype=cp.float32)
+y = cp.empty_like(x)
+comm.allreduce(x, out=y)
+key = ("allreduce", type(x), x.dtype, x.shape, "sum", None)
+hot = comm._hot.get(key)
+micro["hot path in use for 4 B allreduce"] = hot is not None
+if hot is not None:
+    micro["host_us hot launcher alone (4 B allreduce)"] = host_loop(lambda: hot(x, y)) * 1e6
+micro["host_us comm.allreduce(x, out=y) (4 B)"] = host_loop(lambda: comm.allreduce(x, out=y)) * 1e6
+micro["host_us raw NCCL allReduce (4 B)"] = host_loop(
+    lambda: raw.allReduce(x.data.ptr, y.data.ptr, 1, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)) * 1e6
 noop = cp.RawKernel(r'extern "C" __global__ void mpiml_noop(float* a) {}', "mpiml_noop")
-xx = cp.ones(1, dtype=cp.float32)
-micro["host_us cupy RawKernel launch"] = host_cost(lambda: noop((1,), (32,), (xx,))) * 1e6
+micro["host_us cupy RawKernel launch"] = host_loop(lambda: noop((1,), (32,), (x,))) * 1e6
 from cupy_backends.cuda.api import driver  # noqa: E402
-from mpiml.comm._hotpath import ArgBlock  # noqa: E402
+from mpiml.comm._hotpath import ArgBlock, check_level  # noqa: E402
 
 fptr = int(noop.kernel.ptr)
-blk = ArgBlock(xx.data.ptr, 0, 0)
-micro["host_us cupy driver.launchKernel (pre-packed)"] = host_cost(
+blk = ArgBlock(x.data.ptr, 0, 0)
+micro["host_us cupy driver.launchKernel (pre-packed)"] = host_loop(
     lambda: driver.launchKernel(fptr, 1, 1, 1, 32, 1, 1, 0, stream.ptr, blk.argv_ptr, 0)) * 1e6
 try:
     import ctypes
 
     cuda = ctypes.CDLL("libcuda.so.1")
     f = cuda.cuLaunchKernel
-    f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6 + [ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
-                                                             ctypes.c_void_p]
+    f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
     f.restype = ctypes.c_int
     sp = stream.ptr
-    micro["host_us ctypes cuLaunchKernel (pre-packed)"] = host_cost(
+    micro["host_us ctypes cuLaunchKernel (pre-packed)"] = host_loop(
         lambda: f(fptr, 1, 1, 1, 32, 1, 1, 0, sp, blk.argv_ptr, None)) * 1e6
 except Exception as exc:
     micro["ctypes_error"] = f"{type(exc).__name__}: {exc}"
+micro["host_us launch into a held stream (cupy driver.launchKernel)"] = host_cost(
+    lambda: driver.launchKernel(fptr, 1, 1, 1, 32, 1, 1, 0, stream.ptr, blk.argv_ptr, 0)) * 1e6
+micro["host_us stream.ptr of the current stream"] = host_loop(lambda: cp.cuda.get_current_stream().ptr) * 1e6
+micro["host_us hot-path check_level()"] = host_loop(check_level) * 1e6
+micro["host_us key tuple + dict lookup"] = host_loop(
+    lambda: comm._hot.get(("allreduce", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), "sum",
+                           None))) * 1e6
 micro["gpu_us noop kernel in a graph (the floor of any kernel path)"] = agree(
-    graph(lambda: noop((1,), (32,), (xx,)), 50)) * 1e6
-ev = cp.cuda.Event()
-micro["host_us stream.record (an event per call)"] = host_cost(lambda: ev.record(stream)) * 1e6
+    graph(lambda: noop((1,), (32,), (x,)), 50)) * 1e6
+ev = cp.cuda.Event(disable_timing=True)
+micro["host_us event record (what the watchdog needs per NCCL call)"] = host_loop(lambda: ev.record(stream)) * 1e6
 
 if R == 0:
     print("micro:", json.dumps(micro, indent=1), flush=True)

@@ -99,3 +99,29 @@ def test_device_sync_defaults_to_stream_ordered(monkeypatch):
     monkeypatch.setenv("MPIML_DEVICE_SYNC", "maybe")
     with pytest.raises(ValueError, match="MPIML_DEVICE_SYNC"):
         device_sync()
+
+
+def test_hot_path_reads_mpiml_check_as_it_changes(monkeypatch):
+    from mpiml import _config
+    from mpiml.comm import _hotpath
+
+    for raw, want in (("", None), ("0", 0), ("1", 1), ("off", 0), ("", None)):
+        if raw:
+            monkeypatch.setenv("MPIML_CHECK", raw)
+        else:
+            monkeypatch.delenv("MPIML_CHECK", raising=False)
+        assert _hotpath.check_level() == want == _config.check_level()
+    monkeypatch.setenv("MPIML_CHECK", "sometimes")
+    with pytest.raises(ValueError, match="MPIML_CHECK"):
+        _hotpath.check_level()
+
+
+def test_arg_block_packs_five_words():
+    import ctypes
+
+    from mpiml.comm._hotpath import ArgBlock
+
+    b = ArgBlock(0x1000, 77, 3)
+    b.words[1], b.words[2] = 11, 22
+    ptrs = [b.argv[i] for i in range(5)]
+    assert [ctypes.c_uint64.from_address(p).value for p in ptrs] == [0x1000, 11, 22, 77, 3]

@@ -17,11 +17,34 @@ failure recorded by the transport (so that the full path raises it).
 """
 
 import ctypes
+import os
+import time
 
 from .. import _config
 from . import _profile
 
-__all__ = ["ArgBlock", "allreduce_launcher", "bcast_launcher"]
+__all__ = ["ArgBlock", "allreduce_launcher", "bcast_launcher", "nccl_launcher", "check_level"]
+
+# MPIML_CHECK is read per call (a test or a user may change it at run time), but
+# os.environ.get costs ~0.5-2 us; the raw bytes of CPython's environment mapping
+# are read in ~0.1 us and mapped to the level _config parsed for that value.
+try:
+    _ENV, _KEY = os.environ._data, os.environ.encodekey("MPIML_CHECK")
+except AttributeError:  # not CPython's os.environ: the plain way
+    _ENV = _KEY = None
+_LEVELS = {}
+
+
+def check_level():
+    """``mpiml._config.check_level()``, cheaper."""
+    if _ENV is None:
+        return _config.check_level()
+    raw = _ENV.get(_KEY)
+    try:
+        return _LEVELS[raw]
+    except KeyError:
+        level = _LEVELS[raw] = _config.check_level()
+        return level
 
 
 class ArgBlock:
@@ -38,15 +61,15 @@ class ArgBlock:
 
 def _guards(transport, x):
     """What every launcher checks per call, bound once."""
-    return (x.__class__, x.dtype, x.shape, x.nbytes, transport._err_code, _profile._ACTIVE,
-            _config.check_level, x.nbytes >= _config.CHEAP_CHECK_BYTES)
+    return (x.__class__, x.dtype, x.shape, x.nbytes, getattr(transport, "_err_code", None), _profile._ACTIVE,
+            check_level, x.nbytes >= _config.CHEAP_CHECK_BYTES)
 
 
 def allreduce_launcher(transport, x, fn_aligned, fn_unaligned, grid, block, mask, extra=0):
     """``call(x, out)`` launching one allreduce kernel on CuPy's current stream, or returning None."""
     import cupy
 
-    cls, dtype, shape, nb, err, active, check_level, check_default = _guards(transport, x)
+    cls, dtype, shape, nb, err, active, check_level_, check_default = _guards(transport, x)
     args = ArgBlock(transport._ctx.data.ptr, x.size, extra)
     words, argv = args.words, args.argv_ptr
     launch = transport._launch_kernel
@@ -60,7 +83,7 @@ def allreduce_launcher(transport, x, fn_aligned, fn_unaligned, grid, block, mask
             return None
         if not x._c_contiguous or err.value or active or transport._broken is not None:
             return None
-        level = check_level()
+        level = check_level_()
         if level == 1 or (level is None and check_default):
             return None
         xp_ = x.data.ptr
@@ -81,7 +104,7 @@ def bcast_launcher(transport, rank, root, x, fn_aligned, fn_unaligned, grid, blo
     """``call(x, None)`` launching one bcast kernel (the root's ``x``; a new array elsewhere), or None."""
     import cupy
 
-    cls, dtype, shape, nb, err, active, check_level, check_default = _guards(transport, x)
+    cls, dtype, shape, nb, err, active, check_level_, check_default = _guards(transport, x)
     args = ArgBlock(transport._ctx.data.ptr, x.size, root)
     words, argv = args.words, args.argv_ptr
     launch = transport._launch_kernel
@@ -92,7 +115,7 @@ def bcast_launcher(transport, rank, root, x, fn_aligned, fn_unaligned, grid, blo
     def call(x, _unused):
         if not x._c_contiguous or err.value or active or transport._broken is not None:
             return None
-        level = check_level()
+        level = check_level_()
         if level == 1 or (level is None and check_default):
             return None
         buf = x if is_root else empty(shape, dtype)
@@ -105,3 +128,68 @@ def bcast_launcher(transport, rank, root, x, fn_aligned, fn_unaligned, grid, blo
 
     call.args = args
     return call
+
+
+def nccl_launcher(transport, op, x, arg):
+    """``call(x, out)`` issuing one NCCL allreduce or bcast, tracked for the watchdog, or returning None."""
+    import cupy
+
+    cls, dtype, shape, nb, _, active, check_level_, check_default = _guards(transport, x)
+    nc = transport.comm
+    dt = transport._dt(x)
+    n = x.size
+    stream = cupy.cuda.get_current_stream
+    empty = cupy.empty
+    runtime = cupy.cuda.runtime
+    track = transport._timeout is not None
+    inflight, free = transport._inflight, transport._free_events
+
+    def done(s):
+        if track and not runtime.streamIsCapturing(s):
+            ev = free.pop() if free else runtime.eventCreateWithFlags(2)
+            runtime.eventRecord(ev, s)
+            inflight.append((time.monotonic(), ev, op))
+
+    if op == "allreduce":
+        red = transport._op(arg, dtype)
+        reduce = nc.allReduce
+
+        def call(x, out):
+            if out is None:
+                out = empty(shape, dtype)
+            elif out.__class__ is not cls or out.dtype is not dtype or not out._c_contiguous or out.shape != shape:
+                return None
+            if not x._c_contiguous or active or transport._broken is not None:
+                return None
+            level = check_level_()
+            if level == 1 or (level is None and check_default):
+                return None
+            xp_ = x.data.ptr
+            yp = out.data.ptr
+            if xp_ != yp and xp_ < yp + nb and yp < xp_ + nb:
+                return None
+            s = stream().ptr
+            reduce(xp_, yp, n, dt, red, s)
+            done(s)
+            return out
+
+        return call
+    if op == "bcast":
+        root = int(arg)
+        is_root = transport.rank == root
+        bcast = nc.bcast
+
+        def call(x, _unused):
+            if not x._c_contiguous or active or transport._broken is not None:
+                return None
+            level = check_level_()
+            if level == 1 or (level is None and check_default):
+                return None
+            buf = x if is_root else empty(shape, dtype)
+            s = stream().ptr
+            bcast(buf.data.ptr, n, dt, root, s)
+            done(s)
+            return buf
+
+        return call
+    return None

@@ -60,13 +60,15 @@ __global__ void mpiml_allreduce_twoshot(const MpimlCtx* c, const T* in, T* out, 
 // thread handles line i in both loops, so in == out is safe.
 template <typename T, int OP, bool A>
 __global__ void mpiml_allreduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    const long long nbytes = n * (long long)sizeof(T);
+    const long long lines = (nbytes + 7) / 8;
+    const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint2 v0 = i0 < lines ? mpiml_ll_get<A>(in, i0, nbytes) : make_uint2(0u, 0u);  // overlaps begin
     const unsigned epoch = mpiml_begin(c);
     const unsigned flag = epoch + 1u;
     const int nr = (int)c->nranks, me = (int)c->rank;
-    const long long nbytes = n * (long long)sizeof(T);
-    const long long lines = (nbytes + 7) / 8;
     MPIML_GRID_LOOP(i, lines) {
-        const uint2 v = mpiml_ll_get<A>(in, i, nbytes);
+        const uint2 v = i == i0 ? v0 : mpiml_ll_get<A>(in, i, nbytes);
         for (int k = 1; k <= nr; ++k) {
             const int r = (me + k) % nr;  // own slot last; peers' stores go out first
             mpiml_ll_store(mpiml_ll_slot(c, r, epoch, me) + i, v, flag);

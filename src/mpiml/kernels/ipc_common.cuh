@@ -120,37 +120,49 @@ __device__ __forceinline__ unsigned* mpiml_ack(char* base, int r) {
 }
 
 // The call number, read once per block (volatile: never a stale cached copy),
-// after every peer has finished call E - 2 (see "Reuse" above).
+// after every peer has finished call E - 2 (see "Reuse" above). The epoch and
+// the acks are read at once (one memory latency); the wait spins only when a
+// peer lags, which happens only after a kernel in which this rank waited for
+// nobody (the root of a bcast).
 __device__ __forceinline__ unsigned mpiml_begin(const MpimlCtx* c) {
     __shared__ unsigned s_epoch;
-    if (threadIdx.x == 0) {
-        s_epoch = *reinterpret_cast<volatile unsigned*>(c->peers[c->rank]);
-    }
+    const int t = threadIdx.x;
+    char* mine = c->peers[c->rank];
+    unsigned ack = 0u;
+    if (t == 0) s_epoch = *reinterpret_cast<volatile unsigned*>(mine);
+    if (t < c->nranks) ack = *reinterpret_cast<volatile unsigned*>(mpiml_ack(mine, t));
     __syncthreads();
     const unsigned epoch = s_epoch;
-    if (threadIdx.x < c->nranks && epoch >= 2u) {
-        const unsigned* a = mpiml_ack(c->peers[c->rank], threadIdx.x);
+    int lag = 0;
+    if (t < c->nranks && epoch >= 2u && (int)(ack - (epoch - 1u)) < 0) {
+        lag = 1;
+        const volatile unsigned* a = mpiml_ack(mine, t);
         MpimlSpin s{0ull, 0u};
-        while ((int)(mpiml_ld_acquire(a) - (epoch - 1u)) < 0) {
-            if (mpiml_spin_expired(c, s, threadIdx.x, epoch)) break;
+        while ((int)(*a - (epoch - 1u)) < 0) {
+            if (mpiml_spin_expired(c, s, t, epoch)) break;
         }
     }
-    __syncthreads();
+    if (__syncthreads_or(lag)) __threadfence();  // a late ack: order our stores after it
     return epoch;
 }
 
-// Every block counts itself done; the last one advances the epoch for the next
-// call and tells every peer that this rank has finished call `epoch`.
+// The last block to finish advances the epoch for the next call and tells every
+// peer that this rank has finished call `epoch` (its reads of the peers' data
+// were performed before the block barrier, so the peers may reuse the buffers).
 __device__ __forceinline__ void mpiml_end(const MpimlCtx* c, unsigned epoch) {
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned* ctl = reinterpret_cast<unsigned*>(c->peers[c->rank]);
-        __threadfence_system();
-        if (atomicAdd(ctl + 1, 1u) == gridDim.x - 1) {
-            ctl[1] = 0u;
+        bool last = gridDim.x == 1;
+        if (!last) {
+            __threadfence();
+            last = atomicAdd(ctl + 1, 1u) == gridDim.x - 1;
+            if (last) ctl[1] = 0u;
+        }
+        if (last) {
             *reinterpret_cast<volatile unsigned*>(ctl) = epoch + 1u;
-            for (int r = 0; r < c->nranks; ++r) mpiml_st_release(mpiml_ack(c->peers[r], (int)c->rank), epoch + 1u);
-            __threadfence_system();
+            for (int r = 0; r < c->nranks; ++r)
+                *reinterpret_cast<volatile unsigned*>(mpiml_ack(c->peers[r], (int)c->rank)) = epoch + 1u;
         }
     }
 }

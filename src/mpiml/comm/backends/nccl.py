@@ -376,6 +376,14 @@ class NCCLTransport(Transport):
     def irecv(self, buf, source, tag):
         return self._p2p("recv", buf, source)
 
+    def hot_launcher(self, comm, op, name, x, arg):
+        """A launcher (see :mod:`mpiml.comm._hotpath`) issuing this allreduce / bcast directly, or None."""
+        if self._sync or name != "native" or not x.size or self.comm is None or op not in ("allreduce", "bcast"):
+            return None
+        from .._hotpath import nccl_launcher
+
+        return nccl_launcher(self, op, x, arg)
+
     def run_algorithm(self, op, name, *args):
         raise ValueError(f"algorithm {name!r} is not an NCCL algorithm; NCCL offers 'native', and every "
                          "mpiml algorithm runs over NCCL send/recv")
