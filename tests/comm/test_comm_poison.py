@@ -125,3 +125,40 @@ def test_arg_block_packs_five_words():
     b.words[1], b.words[2] = 11, 22
     ptrs = [b.argv[i] for i in range(5)]
     assert [ctypes.c_uint64.from_address(p).value for p in ptrs] == [0x1000, 11, 22, 77, 3]
+
+
+def test_watchdog_finds_the_completed_prefix_with_few_queries():
+    from mpiml.comm.backends.nccl import _completed_prefix
+
+    for n in (0, 1, 2, 7, 1000):
+        for k in range(0, n + 1, max(1, n // 7)):
+            entries = [(0.0, i, "allreduce") for i in range(n)]
+            queries = []
+
+            def done(ev):
+                queries.append(ev)
+                return ev < k
+
+            assert _completed_prefix(entries, done) == k
+            assert len(queries) <= 2 + max(1, n).bit_length()
+
+
+def test_an_error_on_a_remembered_device_path_poisons_the_communicator():
+    """MPIML_DEVICE_SYNC=1: a repeated call that times out is the first error; later calls are aborted."""
+    comm = _comm()
+    x = np.ones(3)
+    first = CommTimeoutError("allreduce", 2, 3.0)
+
+    def replay(*args):
+        raise first
+
+    key = ("allreduce", np.ndarray, x.dtype, x.shape, "sum", None)
+    class DeviceNamespace:  # stands for cupy: a plan whose arrays live on a device
+        empty_like = staticmethod(np.empty_like)
+
+    comm._plans[key] = (replay, DeviceNamespace, False)
+    with pytest.raises(CommTimeoutError):
+        comm.allreduce(x)
+    assert comm._failure is first
+    with pytest.raises(CommAbortedError):
+        comm.allreduce(x)

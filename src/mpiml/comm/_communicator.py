@@ -423,6 +423,15 @@ class Communicator(PointToPoint):
             return None
         return plan
 
+    def _replay_plan(self, plan, *args):
+        """Run a remembered plan; a device transport's error poisons the communicator, as in _run."""
+        try:
+            _complete(plan[0](*args))
+        except CommError as exc:
+            if plan[1] is not np:
+                self._poison(exc)
+            raise
+
     def _remember_hot(self, key, op, x, arg):
         """Ask the device transport that served this call for a hot launcher of it (or None)."""
         route = self.__dict__.pop("_last_route", None)
@@ -500,7 +509,7 @@ class Communicator(PointToPoint):
         plan = self._fast_plan(key)
         if plan is not None and x.flags.c_contiguous:
             buf = x if self.rank == root else plan[1].empty_like(x)
-            _complete(plan[0](_flat(buf), root))
+            self._replay_plan(plan, _flat(buf), root)
             return buf
         root = self._check_root(root)
         x, xp = self._prep(x)
@@ -521,7 +530,7 @@ class Communicator(PointToPoint):
         plan = self._fast_plan(key)
         if plan is not None and x.flags.c_contiguous:
             out = plan[1].empty_like(x) if self.rank == root else None
-            _complete(plan[0](_flat(x), _flat(out) if out is not None else None, op, root))
+            self._replay_plan(plan, _flat(x), _flat(out) if out is not None else None, op, root)
             return out
         check_op(op)
         root = self._check_root(root)
@@ -556,7 +565,7 @@ class Communicator(PointToPoint):
             send = _flat(x)
             if out.size and _may_overlap(out, x):
                 send = send.copy()
-            _complete(plan[0](send, _flat(out), op))
+            self._replay_plan(plan, send, _flat(out), op)
             return out
         check_op(op)
         x, xp = self._prep(x)
@@ -586,7 +595,7 @@ class Communicator(PointToPoint):
         plan = self._fast_plan(key)
         if plan is not None and x.ndim and x.flags.c_contiguous:
             out = plan[1].empty((x.shape[0] * self.size,) + x.shape[1:], dtype=x.dtype)
-            _complete(plan[0](_flat(x), _flat(out)))
+            self._replay_plan(plan, _flat(x), _flat(out))
             return out
         x, xp = self._prep(x)
         x = self._lead(x)

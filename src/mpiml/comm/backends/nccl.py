@@ -19,7 +19,6 @@ of a ring cannot deadlock.
 Host (NumPy) buffers never come here (``accepts_host = False``).
 """
 
-import collections
 import time
 
 import numpy as np
@@ -42,6 +41,29 @@ def _nccl_module():
     if not getattr(nccl, "available", True):
         raise BackendUnavailableError("CuPy was built without NCCL support")
     return nccl
+
+
+def _completed_prefix(inflight, done):
+    """How many entries at the front of ``inflight`` have completed, with O(log n) queries.
+
+    Calls on one stream complete in order, so completion is a prefix: one
+    query of the newest entry settles a burst that has fully completed, and a
+    binary search finds the boundary otherwise.  (Across several streams the
+    order can differ; an entry found later still counts then.)
+    """
+    n = len(inflight)
+    if n == 0:
+        return 0
+    if done(inflight[n - 1][1]):
+        return n
+    lo, hi = 0, n - 1  # entry hi is not done; find the first entry not done
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if done(inflight[mid][1]):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def _event_done(cupy, ev):
@@ -93,8 +115,9 @@ class NCCLTransport(Transport):
         self._ops = {"sum": nccl.NCCL_SUM, "prod": nccl.NCCL_PROD, "min": nccl.NCCL_MIN, "max": nccl.NCCL_MAX}
         self._sync = device_sync()
         self._timeout = _config.timeout()
-        # stream-ordered calls in flight, for the watchdog: (enqueued at, event, op); events are reused
-        self._inflight = collections.deque()
+        # stream-ordered calls in flight, for the watchdog: (enqueued at, event, op), oldest first;
+        # the main thread appends, the watchdog drops completed ones from the front; events are reused
+        self._inflight = []
         self._free_events = []
 
     def close(self):
@@ -149,20 +172,19 @@ class NCCLTransport(Transport):
             self.comm.check_async_error()
         except Exception as exc:
             return CommError(f"the nccl backend reported an error on rank {self.rank}: {exc}")
-        q = self._inflight
-        while q:
-            t0, ev, op = q[0]
-            if _event_done(self._cupy, ev):
-                q.popleft()
-                self._free_events.append(ev)
-                continue
+        k = _completed_prefix(self._inflight, lambda ev: _event_done(self._cupy, ev))
+        if k:
+            done = self._inflight[:k]
+            del self._inflight[:k]  # appends by the main thread meanwhile land after the deleted prefix
+            self._free_events.extend(ev for _, ev, _ in done)
+        if self._inflight and self._timeout is not None:
+            t0, _, op = self._inflight[0]
             age = time.monotonic() - t0
-            if self._timeout is not None and age > self._timeout:
+            if age > self._timeout:
                 from ..._errors import CommTimeoutError
 
                 return CommTimeoutError(op, "all", self._timeout,
                                         f"nccl call enqueued {age:.1f} s ago on rank {self.rank} has not completed")
-            break
         return None
 
     def abort(self, why):
