@@ -44,33 +44,38 @@ def ratio_table(doc):
 
 
 def plot(doc, path):
+    """One row per op; columns: eager time, eager ratio to raw NCCL, graph time, graph ratio."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     series = _series(doc)
-    keys = sorted(series)
-    fig, axes = plt.subplots(2, len(keys), figsize=(5 * len(keys), 8), squeeze=False)
-    for j, key in enumerate(keys):
-        paths = series[key]
-        raw = paths.get("raw", {})
-        for p, pts in sorted(paths.items()):
-            xs = sorted(pts)
-            style = dict(lw=2.5, color="k") if p == "raw" else (dict(lw=2.5, color="C3") if p == "auto" else {})
-            axes[0][j].loglog(xs, [pts[b] for b in xs], marker="o", ms=3, label=p, **style)
-            rx = [b for b in xs if b in raw]
-            axes[1][j].semilogx(rx, [pts[b] / raw[b] for b in rx], marker="o", ms=3, label=p, **style)
-        axes[0][j].set_title(f"{key[0]}, {key[1]} ({doc['ranks']} GPUs)")
-        axes[0][j].set_ylabel("us per call")
-        axes[1][j].axhline(1.0, color="k", lw=0.8)
-        axes[1][j].set_ylim(0, 3)
-        axes[1][j].set_ylabel("time / raw NCCL")
-        axes[1][j].set_xlabel("bytes")
-        axes[0][j].legend(fontsize=7)
-    fig.suptitle(f"{doc['machine']}, {doc['date']}", fontsize=9)
+    ops = sorted({op for op, _ in series})
+    modes = [m for m in ("eager", "graph") if any(k[1] == m for k in series)]
+    fig, axes = plt.subplots(len(ops), 2 * len(modes), figsize=(5.5 * len(modes) * 2, 3.6 * len(ops)), squeeze=False)
+    for i, op in enumerate(ops):
+        for j, mode in enumerate(modes):
+            paths = series.get((op, mode), {})
+            raw = paths.get("raw", {})
+            at, ar = axes[i][2 * j], axes[i][2 * j + 1]
+            for p, pts in sorted(paths.items()):
+                xs = sorted(pts)
+                style = dict(lw=2.5, color="k") if p == "raw" else (dict(lw=2.5, color="C3") if p == "auto" else {})
+                at.loglog(xs, [pts[b] for b in xs], marker="o", ms=3, label=p, **style)
+                rx = [b for b in xs if b in raw]
+                ar.semilogx(rx, [pts[b] / raw[b] for b in rx], marker="o", ms=3, label=p, **style)
+            at.set_title(f"{op}, {mode}: us per call ({doc['ranks']} GPUs)", fontsize=9)
+            ar.set_title(f"{op}, {mode}: time / raw NCCL", fontsize=9)
+            ar.axhline(1.0, color="k", lw=0.8)
+            ar.set_ylim(0, 3)
+            for a in (at, ar):
+                a.set_xlabel("bytes", fontsize=8)
+                a.tick_params(labelsize=7)
+            at.legend(fontsize=6)
+    fig.suptitle(f"{doc['machine']}, {doc['date']}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=90)
 
 
 if __name__ == "__main__":
