@@ -133,18 +133,14 @@ class Communicator(PointToPoint):
             raise self._aborted("synchronize")
         if not self._device_transports:
             return
-        from .backends._watchdog import wait_stream
+        from .backends import _watchdog
 
         try:
-            wait_stream(lambda: self._failure is not None)
+            _watchdog.wait_stream(lambda: self._failure is not None)
         except CommTimeoutError as exc:
             self._poison(exc)
             raise
-        for t in list(self._device_transports.values()):  # what the watchdog would find next
-            poll = getattr(t, "poll_failure", None)
-            exc = poll() if poll is not None else None
-            if exc is not None:
-                self._poison(exc)
+        _watchdog.check(self)  # what the watchdog would find at its next look
         if self._failure is not None:
             raise self._aborted("synchronize")
 

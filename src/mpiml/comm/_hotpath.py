@@ -81,7 +81,7 @@ def allreduce_launcher(transport, x, fn_aligned, fn_unaligned, grid, block, mask
             out = empty(shape, dtype)
         elif out.__class__ is not cls or out.dtype is not dtype or not out._c_contiguous or out.shape != shape:
             return None
-        if not x._c_contiguous or err.value or active or transport._broken is not None:
+        if not x._c_contiguous or err.value or active or transport._broken is not None or transport._sync:
             return None
         level = check_level_()
         if level == 1 or (level is None and check_default):
@@ -113,7 +113,7 @@ def bcast_launcher(transport, rank, root, x, fn_aligned, fn_unaligned, grid, blo
     is_root = rank == root
 
     def call(x, _unused):
-        if not x._c_contiguous or err.value or active or transport._broken is not None:
+        if not x._c_contiguous or err.value or active or transport._broken is not None or transport._sync:
             return None
         level = check_level_()
         if level == 1 or (level is None and check_default):
@@ -159,7 +159,7 @@ def nccl_launcher(transport, op, x, arg):
                 out = empty(shape, dtype)
             elif out.__class__ is not cls or out.dtype is not dtype or not out._c_contiguous or out.shape != shape:
                 return None
-            if not x._c_contiguous or active or transport._broken is not None:
+            if not x._c_contiguous or active or transport._broken is not None or transport._sync:
                 return None
             level = check_level_()
             if level == 1 or (level is None and check_default):
@@ -180,7 +180,7 @@ def nccl_launcher(transport, op, x, arg):
         bcast = nc.bcast
 
         def call(x, _unused):
-            if not x._c_contiguous or active or transport._broken is not None:
+            if not x._c_contiguous or active or transport._broken is not None or transport._sync:
                 return None
             level = check_level_()
             if level == 1 or (level is None and check_default):

@@ -27,7 +27,7 @@ import weakref
 from ... import _config
 from ..._errors import CommTimeoutError
 
-__all__ = ["watch", "wait_stream", "poll_interval"]
+__all__ = ["watch", "check", "check_now", "wait_stream", "poll_interval"]
 
 _LOCK = threading.Lock()
 _COMMS = weakref.WeakSet()
@@ -50,23 +50,29 @@ def watch(comm):
             t.start()
 
 
+def check(comm):
+    """Poison ``comm`` if one of its device transports reports a failure; True if it did."""
+    if comm._failure is not None:
+        return False
+    try:
+        transports = list(comm._device_transports.values())
+    except RuntimeError:  # changed while copied: look again next time
+        return False
+    for t in transports:
+        poll = getattr(t, "poll_failure", None)
+        exc = poll() if poll is not None else None
+        if exc is not None:
+            comm._poison(exc)
+            return True
+    return False
+
+
 def check_now():
     """One look at every watched communicator (what the thread does; also usable from tests)."""
     with _LOCK:
         comms = list(_COMMS)
     for comm in comms:
-        if comm._failure is not None:
-            continue
-        try:
-            transports = list(comm._device_transports.values())
-        except RuntimeError:  # changed while copied: look again next time
-            continue
-        for t in transports:
-            poll = getattr(t, "poll_failure", None)
-            exc = poll() if poll is not None else None
-            if exc is not None:
-                comm._poison(exc)
-                break
+        check(comm)
 
 
 def _loop(interval):
