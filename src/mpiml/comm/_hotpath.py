@@ -77,14 +77,14 @@ def allreduce_launcher(transport, x, fn_aligned, fn_unaligned, grid, block, mask
     empty = cupy.empty
 
     def call(x, out):
-        if out is None:
-            out = empty(shape, dtype)
-        elif out.__class__ is not cls or out.dtype is not dtype or not out._c_contiguous or out.shape != shape:
-            return None
         if not x._c_contiguous or err.value or active or transport._broken is not None or transport._sync:
             return None
         level = check_level_()
         if level == 1 or (level is None and check_default):
+            return None
+        if out is None:
+            out = empty(shape, dtype)
+        elif out.__class__ is not cls or out.dtype is not dtype or not out._c_contiguous or out.shape != shape:
             return None
         xp_ = x.data.ptr
         yp = out.data.ptr
@@ -155,14 +155,14 @@ def nccl_launcher(transport, op, x, arg):
         reduce = nc.allReduce
 
         def call(x, out):
-            if out is None:
-                out = empty(shape, dtype)
-            elif out.__class__ is not cls or out.dtype is not dtype or not out._c_contiguous or out.shape != shape:
-                return None
             if not x._c_contiguous or active or transport._broken is not None or transport._sync:
                 return None
             level = check_level_()
             if level == 1 or (level is None and check_default):
+                return None
+            if out is None:
+                out = empty(shape, dtype)
+            elif out.__class__ is not cls or out.dtype is not dtype or not out._c_contiguous or out.shape != shape:
                 return None
             xp_ = x.data.ptr
             yp = out.data.ptr

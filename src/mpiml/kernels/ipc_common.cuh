@@ -8,6 +8,7 @@
 //   [ACK_OFF, +4*MAX_RANKS) ack[r]: calls that rank r has completed (written by r)
 //   [FLAG_OFF, +FLAG_BYTES) barrier flags [slot 0..1][block][peer rank], uint32
 //   [DATA_OFF, +2*cap)      two staging buffers; call E uses buffer E % 2
+//   [ll_off, +2*nranks*ll_slot) LL receive slots [E % 2][source rank] (see below)
 //
 // Barrier: for call E, barrier slot s (0 or 1) carries the value 2E + s + 1.
 // Thread t < nranks stores it (release, system scope) into rank t's slot
@@ -18,10 +19,9 @@
 // timeout_ns (read from %globaltimer) writes an error record into host-mapped
 // memory and the kernel ends early: the host turns that into CommTimeoutError.
 //
-//   [ll_off, +2*nranks*ll_slot) LL receive slots [E % 2][source rank] (see below)
-//
 // Reuse of buffers without a closing barrier: every kernel ends by writing
-// E + 1 into ack[me] of every peer, and begins call E by waiting until every
+// E + 1 into ack[me] of every peer (plain stores: its reads of peers' data were
+// performed before the block barrier that precedes them), and begins call E by waiting until every
 // peer's ack has reached E - 1, i.e. every peer has finished call E - 2, the
 // last user of the buffers of parity E % 2. Kernels in which every rank waits
 // for every other (allreduce) satisfy that wait at once; kernels in which a

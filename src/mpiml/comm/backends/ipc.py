@@ -235,7 +235,7 @@ class IPCTransport(Transport):
         if self._err[0]:
             self._fail(op)
 
-    def _failure(self, op):
+    def _error_from_record(self, op):
         """The error the record describes (a timeout, or an abort after a failure elsewhere)."""
         code, peer, block, epoch = (int(v) for v in self._err[0:4])
         if code == ERR_TIMEOUT:
@@ -247,14 +247,14 @@ class IPCTransport(Transport):
         return CommError(f"{op} on the ipc backend: the communicator was aborted ({self._broken})")
 
     def _fail(self, op):
-        raise self._failure(op)
+        raise self._error_from_record(op)
 
     # ------------------------------------------------------------------ watchdog hooks
     def poll_failure(self):
         """An exception if a kernel recorded a failure (the watchdog calls this), else None."""
         if self._err_host is None or not self._err_code.value:
             return None
-        return self._failure(self._last_op)
+        return self._error_from_record(self._last_op)
 
     def abort(self, why):
         """Make every kernel of this transport that still waits give up; refuse later calls."""
