@@ -162,3 +162,17 @@ def test_an_error_on_a_remembered_device_path_poisons_the_communicator():
     assert comm._failure is first
     with pytest.raises(CommAbortedError):
         comm.allreduce(x)
+
+
+def test_ipc_transport_reports_and_aborts_its_helper_transports():
+    """Ops that the ipc backend hands to NCCL (gather, alltoall, ...) are watched through it."""
+    from mpiml.comm.backends.ipc import IPCTransport
+
+    t = object.__new__(IPCTransport)  # no GPU here: only the watchdog hooks are exercised
+    t._err_host, t._broken, t._two_level_parts = None, None, None
+    t._fallback = helper = FakeDeviceTransport()
+    assert t.poll_failure() is None
+    helper.failure = CommTimeoutError("gather", "all", 3.0)
+    assert t.poll_failure() is helper.failure
+    t.abort("peer gone")
+    assert helper.aborted == "peer gone" and t._broken == "peer gone"

@@ -29,7 +29,7 @@ from ..._errors import CommTimeoutError
 
 __all__ = ["watch", "check", "check_now", "wait_stream", "poll_interval"]
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # re-entrant: a poison may close transports
 _COMMS = weakref.WeakSet()
 _STATE = {"thread": None, "stop": False}
 
@@ -68,11 +68,15 @@ def check(comm):
 
 
 def check_now():
-    """One look at every watched communicator (what the thread does; also usable from tests)."""
+    """One look at every watched communicator (what the thread does; also usable from tests).
+
+    Holds the lock throughout, so that a transport closing meanwhile (which
+    frees its host-mapped error record under the same lock) is never read
+    after its memory is gone.
+    """
     with _LOCK:
-        comms = list(_COMMS)
-    for comm in comms:
-        check(comm)
+        for comm in list(_COMMS):
+            check(comm)
 
 
 def _loop(interval):

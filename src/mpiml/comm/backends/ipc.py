@@ -219,7 +219,11 @@ class IPCTransport(Transport):
             if self._base is not None:
                 runtime.free(self._base)
             if self._err_host is not None:
-                runtime.freeHost(self._err_host)
+                from ._watchdog import _LOCK
+
+                with _LOCK:  # the watchdog reads the record under this lock: never after the free
+                    err_host, self._err_host = self._err_host, None
+                    runtime.freeHost(err_host)
         except Exception:
             pass
         self._opened, self._base, self._err_host = [], None, None
@@ -250,19 +254,33 @@ class IPCTransport(Transport):
         raise self._error_from_record(op)
 
     # ------------------------------------------------------------------ watchdog hooks
+    def _helpers(self):
+        """The transports this one delegates to (NCCL for ops without a kernel, two-level parts)."""
+        return [t for t in (self._fallback, *(self._two_level_parts or ())) if t is not None]
+
     def poll_failure(self):
-        """An exception if a kernel recorded a failure (the watchdog calls this), else None."""
-        if self._err_host is None or not self._err_code.value:
-            return None
-        return self._error_from_record(self._last_op)
+        """An exception if a kernel here or in a helper transport recorded a failure, else None.
+
+        The watchdog calls this; ops that went to the NCCL fallback or the
+        two-level parts are watched through it as well.
+        """
+        if self._err_host is not None and self._err_code.value:
+            return self._error_from_record(self._last_op)
+        for t in self._helpers():
+            exc = t.poll_failure()
+            if exc is not None:
+                return exc
+        return None
 
     def abort(self, why):
-        """Make every kernel of this transport that still waits give up; refuse later calls."""
+        """Make every kernel of this transport (and its helpers) that still waits give up."""
         if self._broken is None:
             self._broken = why
         if self._err_host is not None and not self._err_code.value:
             self._err[3] = -1
             self._err_code.value = ERR_ABORT
+        for t in self._helpers():
+            t.abort(why)
 
     _last_op = "ipc collective"
 
