@@ -3,7 +3,8 @@
 Each test launches ``mpirun -n N`` (N = 1, 2, 3, 4, where that many GPUs exist)
 on a script under ``tests/comm/`` that checks every op x dtype x size x backend
 collectively.  On the GPU host set ``MPIML_TEST_MPIEXEC_ARGS="--allow-run-as-root
---bind-to none"`` (``scripts/gpu_pass.sh`` does).  Skipped without a GPU.
+--bind-to none"`` (``scripts/device_pass.sh`` and ``scripts/fastpath_pass.sh`` do).
+Skipped without a GPU.
 """
 
 import os
