@@ -77,7 +77,6 @@ else:
     while s <= args.max_bytes:
         sizes.append(s)
         s *= 4
-ipc = None
 
 
 def ipc_limits():
