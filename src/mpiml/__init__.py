@@ -5,6 +5,7 @@ __version__ = "0.1.0"
 from ._errors import (  # noqa: E402
     BackendUnavailableError,
     CollectiveMismatchError,
+    CommAbortedError,
     CommError,
     CommTimeoutError,
     DistributedInputError,
@@ -16,7 +17,7 @@ from ._init import device_info, init  # noqa: E402
 
 __all__ = [
     "__version__", "init", "device_info", "profile", "save", "load", "get_comm",
-    "MpimlError", "CommError", "CommTimeoutError", "CollectiveMismatchError",
+    "MpimlError", "CommError", "CommTimeoutError", "CommAbortedError", "CollectiveMismatchError",
     "BackendUnavailableError", "DistributedInputError", "NotFittedError", "ModelFileError",
 ]
 

@@ -6,6 +6,7 @@ __all__ = [
     "MpimlError",
     "CommError",
     "CommTimeoutError",
+    "CommAbortedError",
     "CollectiveMismatchError",
     "BackendUnavailableError",
     "DistributedInputError",
@@ -36,6 +37,14 @@ class CommTimeoutError(CommError, TimeoutError):
             msg += f" ({detail})"
         msg += "; set MPIML_TIMEOUT to change the limit"
         super().__init__(msg)
+
+
+class CommAbortedError(CommError):
+    """The communicator was aborted by an earlier failure (a timeout, a dead peer, a device error).
+
+    Every later call on it, and on the communicators split from it, raises this
+    error; ``__cause__`` is the first failure.
+    """
 
 
 class CollectiveMismatchError(CommError, ValueError):

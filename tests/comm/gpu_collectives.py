@@ -108,13 +108,64 @@ def run_algorithms(backend):
     want = reduce_np(xs, "sum")
     names = [a for a in algorithm_names("allreduce") if a != "native"]
     if backend == "ipc":
-        names = ["oneshot", "twoshot", "two_level"]
+        names = ["ll", "oneshot", "twoshot", "two_level"]
     for name in names:
         assert_close(comm.allreduce(x, algorithm=f"{backend}/{name}"), want, f"allreduce {backend}/{name}", exact=True)
-    for name in [a for a in algorithm_names("bcast") if a != "native"] if backend != "ipc" else ["pull"]:
+    for name in [a for a in algorithm_names("bcast") if a != "native"] if backend != "ipc" else ["ll", "pull"]:
         b = cp.asarray(xs[R])
         assert_close(comm.bcast(b, root=0, algorithm=f"{backend}/{name}"), xs[0], f"bcast {backend}/{name}",
                      exact=True)
+    if backend == "ipc":
+        for name in ("ll", "oneshot"):
+            got = comm.reduce(x, "sum", root=P - 1, algorithm=f"ipc/{name}")
+            if R == P - 1:
+                assert_close(got, want, f"reduce ipc/{name}", exact=True)
+        for name in ("ll", "pull"):
+            assert_close(comm.allgather(x, algorithm=f"ipc/{name}"), np.concatenate(xs), f"allgather ipc/{name}",
+                         exact=True)
+
+
+def run_stream_ordered(backend):
+    """Many calls back to back with no host wait between them (the default), checked at the end.
+
+    A bcast root waits for nobody on the LL path, so 40 broadcasts in a row from
+    one root test that it never overwrites a slot a slow peer still reads (the
+    ack words); slow peers are made slow by a busy kernel before their calls.
+    Allreduces of changing data through the hot path (out=, in place, an
+    offset view) check that pre-packed arguments follow the buffers.
+    """
+    algo = f"{backend}/native"
+    spin = cp.RawKernel(r'''extern "C" __global__ void mpiml_test_spin(long long ns) {
+        long long t0 = clock64(); while (clock64() - t0 < ns) {} }''', "mpiml_test_spin")
+    for n in (1, 5, 1000, 4099, 70001):
+        outs, wants = [], []
+        for k in range(40):
+            if R == (k % P):
+                spin((1,), (1,), (np.int64(20000 * (1 + R)),))
+            src = cp.full(n, k + 1, dtype=cp.float32) if R == 0 else cp.zeros(n, dtype=cp.float32)
+            outs.append(comm.bcast(src, root=0, algorithm=algo))
+            wants.append(np.full(n, k + 1, dtype=np.float32))
+        base = cp.zeros(n + 1, dtype=cp.float32)
+        views = {"fresh": None, "out": cp.empty(n, dtype=cp.float32), "inplace": None, "offset": base[1:]}
+        for k in range(30):
+            xs = [data(r, n, np.float32, 100 + k) for r in range(P)]
+            want = reduce_np(xs, "sum")
+            for kind, out in views.items():
+                x = cp.asarray(xs[R])
+                if kind == "inplace":
+                    got = comm.allreduce(x, out=x, algorithm=algo)
+                elif kind == "offset":
+                    out[...] = 0
+                    got = comm.allreduce(x, out=out, algorithm=algo)
+                else:
+                    got = comm.allreduce(x, out=out, algorithm=algo)
+                outs.append(got.copy())
+                wants.append(want)
+        comm.synchronize()
+        for i, (got, want) in enumerate(zip(outs, wants)):
+            assert_close(got, want, f"stream-ordered {backend} n={n} call {i}", exact=True)
+    if backend == "ipc" and P > 1:
+        check(len(comm._hot) > 0, "ipc: the hot path was never used")
 
 
 def run_big(backend):
@@ -182,6 +233,8 @@ def main():
         run_big(backend)
         if GRAPH and backend in ("nccl", "ipc"):
             run_graph(backend)
+        if backend in ("nccl", "ipc") and P > 1:
+            run_stream_ordered(backend)
         if R == 0:
             print(f"  {backend}: {time.perf_counter() - tb:.1f} s", flush=True)
     if R == 0:

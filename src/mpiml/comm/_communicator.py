@@ -16,12 +16,13 @@ agrees on the call's signature first, runs it with timeouts and records it for
 import pickle
 from functools import partial
 import time
+import weakref
 
 import numpy as np
 
 from .. import _config
 from .._array import as_supported_array, get_namespace, is_device_array
-from .._errors import CollectiveMismatchError, CommError
+from .._errors import CollectiveMismatchError, CommAbortedError, CommError, CommTimeoutError
 from . import _profile
 from ._ops import check_dtype, check_op, dtype_code, identity, OPS
 from ._p2p import MAX_TAG, PointToPoint, _cupy, _flat
@@ -64,6 +65,11 @@ class Communicator(PointToPoint):
         # (op, array type, dtype, shape, op/root, algorithm) -> (replay, xp, check_by_default):
         # calls that were validated and routed once; see _fast_plan
         self._plans = {}
+        # (op, array type, dtype, shape, op/root, algorithm) -> hot launcher of the device
+        # transport (see mpiml.comm._hotpath): the few microseconds of a repeated small call
+        self._hot = {}
+        self._failure = None  # the first failure (then every call raises CommAbortedError)
+        self._children = weakref.WeakSet()
         if tuning is None:
             data = None
             if self.rank == 0:
@@ -87,6 +93,57 @@ class Communicator(PointToPoint):
     def __repr__(self):
         return f"<mpiml.Communicator rank={self.rank} size={self.size} backend={self.backend!r}>"
 
+    # ------------------------------------------------------------------ failure state
+    def _poison(self, exc):
+        """Record the first failure here and on every communicator split from this one.
+
+        Aborts the device transports (an IPC kernel still spinning gives up, the
+        NCCL communicator is aborted), so that nothing waits for a peer that is
+        gone.  Safe to call from the watchdog thread.
+        """
+        if self._failure is None:
+            self._failure = exc
+            for t in list(self._device_transports.values()):
+                abort = getattr(t, "abort", None)
+                if abort is not None:
+                    try:
+                        abort(f"{type(exc).__name__}: {exc}")
+                    except Exception:
+                        pass
+        for child in list(self._children):
+            child._poison(exc)
+
+    def _aborted(self, op):
+        f = self._failure
+        err = CommAbortedError(f"{op} on rank {self.rank}: the communicator was aborted by an earlier failure "
+                               f"({type(f).__name__}: {f})")
+        err.__cause__ = f
+        return err
+
+    def synchronize(self):
+        """Wait until this rank's device collectives enqueued so far have completed.
+
+        Device collectives are stream-ordered and return once enqueued; this waits
+        on CuPy's current stream, at most ``MPIML_TIMEOUT`` seconds, and raises
+        :class:`~mpiml.CommAbortedError` if a collective failed (on any rank that
+        this rank waited for) or :class:`~mpiml.CommTimeoutError` if the stream
+        did not finish in time.  A no-op for host-only communicators.
+        """
+        if self._failure is not None:
+            raise self._aborted("synchronize")
+        if not self._device_transports:
+            return
+        from .backends import _watchdog
+
+        try:
+            _watchdog.wait_stream(lambda: self._failure is not None)
+        except CommTimeoutError as exc:
+            self._poison(exc)
+            raise
+        _watchdog.check(self)  # what the watchdog would find at its next look
+        if self._failure is not None:
+            raise self._aborted("synchronize")
+
     def close(self):
         for t in list(self._device_transports.values()):
             t.close()
@@ -102,6 +159,9 @@ class Communicator(PointToPoint):
         if t is None:
             t = get_backend_factory(backend)(self._coll)
             self._device_transports[backend] = t
+            from .backends._watchdog import watch
+
+            watch(self)
         return t
 
     def available_backends(self, memory):
@@ -290,6 +350,8 @@ class Communicator(PointToPoint):
     def _run(self, op, nbytes, xp, *, algorithm, native, algo_args, sig=(), error=None, force_check=False,
              shape=None):
         """Choose, check, run and record one collective."""
+        if self._failure is not None:
+            raise self._aborted(op)
         memory = "device" if xp is not np else "host"
         if force_check or self._should_check(nbytes):
             sig = (tuple(sig) + (0,) * 5)[:5]
@@ -301,6 +363,7 @@ class Communicator(PointToPoint):
         if xp is np and not transport.accepts_host:
             backend, transport = self._world.name, self._coll
         start = time.perf_counter()
+        self._last_route = (transport, name)
         try:
             if name == "native" or (backend not in ("mpi", "self") and name not in ALGORITHMS[op]):
                 if backend in ("mpi", "self") or name == "native":
@@ -312,7 +375,9 @@ class Communicator(PointToPoint):
             else:
                 algo = get_algorithm(op, name)
                 algo.run(Channel(transport, xp, f"{op}[{name}]"), *algo_args)
-        except CommError:
+        except CommError as exc:
+            if backend not in ("mpi", "self"):  # a device transport is unusable after an error
+                self._poison(exc)
             raise
         except Exception as exc:
             mpi = getattr(self._world, "MPI", None)
@@ -353,6 +418,28 @@ class Communicator(PointToPoint):
         if level == 1 or (level is None and plan[2]):
             return None
         return plan
+
+    def _replay_plan(self, plan, *args):
+        """Run a remembered plan; a device transport's error poisons the communicator, as in _run."""
+        try:
+            _complete(plan[0](*args))
+        except CommError as exc:
+            if plan[1] is not np:
+                self._poison(exc)
+            raise
+
+    def _remember_hot(self, key, op, x, arg):
+        """Ask the device transport that served this call for a hot launcher of it (or None)."""
+        route = self.__dict__.pop("_last_route", None)
+        if route is None or key in self._hot or not hasattr(route[0], "hot_launcher"):
+            return
+        if key[1] is np.ndarray or not key[1].__module__.startswith("cupy"):
+            return
+        fn = route[0].hot_launcher(self, op, route[1], x, arg)
+        if fn is not None:
+            if len(self._hot) >= 1024:
+                self._hot.clear()
+            self._hot[key] = fn
 
     def _remember(self, key, replay, xp, nbytes):
         # only NumPy/CuPy inputs: other array types are converted by _prep, every time
@@ -407,11 +494,18 @@ class Communicator(PointToPoint):
         contents are ignored; their array is not modified).  Returns ``x`` on the
         root and a new array elsewhere.
         """
+        if self._failure is not None:
+            raise self._aborted("bcast")
         key = ("bcast", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), root, algorithm)
+        hot = self._hot.get(key)
+        if hot is not None:
+            res = hot(x, None)
+            if res is not None:
+                return res
         plan = self._fast_plan(key)
         if plan is not None and x.flags.c_contiguous:
             buf = x if self.rank == root else plan[1].empty_like(x)
-            _complete(plan[0](_flat(buf), root))
+            self._replay_plan(plan, _flat(buf), root)
             return buf
         root = self._check_root(root)
         x, xp = self._prep(x)
@@ -421,15 +515,18 @@ class Communicator(PointToPoint):
                       native=lambda t: t.native_bcast(flat, root), algo_args=(flat, root),
                       sig=(dtype_code(x.dtype), x.size, root, 0, self._shape_hash(x.shape)), shape=x.shape)
         self._remember(key, t, xp, x.nbytes)
+        self._remember_hot(key, "bcast", x, root)
         return buf
 
     def reduce(self, x, op="sum", root=0, *, algorithm=None):
         """Reduce ``x`` over all ranks with ``op``; the result on ``root``, None elsewhere."""
+        if self._failure is not None:
+            raise self._aborted("reduce")
         key = ("reduce", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), (op, root), algorithm)
         plan = self._fast_plan(key)
         if plan is not None and x.flags.c_contiguous:
             out = plan[1].empty_like(x) if self.rank == root else None
-            _complete(plan[0](_flat(x), _flat(out) if out is not None else None, op, root))
+            self._replay_plan(plan, _flat(x), _flat(out) if out is not None else None, op, root)
             return out
         check_op(op)
         root = self._check_root(root)
@@ -447,7 +544,14 @@ class Communicator(PointToPoint):
 
     def allreduce(self, x, op="sum", out=None, *, algorithm=None):
         """Reduce ``x`` over all ranks with ``op`` (sum, prod, min, max); the result everywhere."""
+        if self._failure is not None:
+            raise self._aborted("allreduce")
         key = ("allreduce", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), op, algorithm)
+        hot = self._hot.get(key)
+        if hot is not None:
+            res = hot(x, out)
+            if res is not None:
+                return res
         plan = self._fast_plan(key)
         if plan is not None and x.flags.c_contiguous and (
                 out is None or (type(out) is type(x) and out.shape == x.shape and out.dtype == x.dtype
@@ -457,7 +561,7 @@ class Communicator(PointToPoint):
             send = _flat(x)
             if out.size and _may_overlap(out, x):
                 send = send.copy()
-            _complete(plan[0](send, _flat(out), op))
+            self._replay_plan(plan, send, _flat(out), op)
             return out
         check_op(op)
         x, xp = self._prep(x)
@@ -472,6 +576,7 @@ class Communicator(PointToPoint):
                       sig=(dtype_code(x.dtype), x.size, 0, OPS.index(op) + 1, self._shape_hash(x.shape)),
                       shape=x.shape)
         self._remember(key, t, xp, x.nbytes)
+        self._remember_hot(key, "allreduce", x, op)
         return out
 
     def _lead(self, x):
@@ -480,11 +585,13 @@ class Communicator(PointToPoint):
 
     def allgather(self, x, *, algorithm=None):
         """Every rank's ``x`` concatenated along axis 0 (equal shapes on every rank)."""
+        if self._failure is not None:
+            raise self._aborted("allgather")
         key = ("allgather", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), None, algorithm)
         plan = self._fast_plan(key)
         if plan is not None and x.ndim and x.flags.c_contiguous:
             out = plan[1].empty((x.shape[0] * self.size,) + x.shape[1:], dtype=x.dtype)
-            _complete(plan[0](_flat(x), _flat(out)))
+            self._replay_plan(plan, _flat(x), _flat(out))
             return out
         x, xp = self._prep(x)
         x = self._lead(x)
@@ -661,7 +768,11 @@ class Communicator(PointToPoint):
         new = self._world.split(None if color is None else int(color), int(key))
         if new is None:
             return None
-        return Communicator(new, prefer=self.prefer, tuning=self._tuning)
+        child = Communicator(new, prefer=self.prefer, tuning=self._tuning)
+        self._children.add(child)
+        if self._failure is not None:
+            child._poison(self._failure)
+        return child
 
 
 def _complete(req):

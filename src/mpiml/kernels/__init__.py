@@ -22,9 +22,10 @@ __all__ = ["get_kernel", "source", "reduce_type", "copy_type", "FAMILIES", "OP_C
 
 #: family -> (file, kernels in it, whether they reduce)
 FAMILIES = {
-    "allreduce": ("allreduce.cu", ("mpiml_allreduce_oneshot", "mpiml_allreduce_twoshot"), True),
-    "reduce": ("reduce.cu", ("mpiml_reduce_oneshot", "mpiml_scan_oneshot", "mpiml_reduce_scatter_oneshot"), True),
-    "bcast": ("bcast.cu", ("mpiml_bcast_pull", "mpiml_allgather_pull"), False),
+    "allreduce": ("allreduce.cu", ("mpiml_allreduce_oneshot", "mpiml_allreduce_twoshot", "mpiml_allreduce_ll"), True),
+    "reduce": ("reduce.cu", ("mpiml_reduce_oneshot", "mpiml_scan_oneshot", "mpiml_reduce_scatter_oneshot",
+                          "mpiml_reduce_ll"), True),
+    "bcast": ("bcast.cu", ("mpiml_bcast_pull", "mpiml_allgather_pull", "mpiml_bcast_ll", "mpiml_allgather_ll"), False),
 }
 
 OP_CODES = {"sum": 0, "prod": 1, "min": 2, "max": 3}

@@ -53,3 +53,32 @@ __global__ void mpiml_allreduce_twoshot(const MpimlCtx* c, const T* in, T* out, 
     }
     mpiml_end(c, epoch);
 }
+
+// LL one-shot (no barrier): every rank pushes its lines into every rank's slot
+// [me], then reduces its own slots in rank order 0..n-1 as their flags arrive.
+// A counts 8-byte alignment here (lines are 8 bytes of payload). The same
+// thread handles line i in both loops, so in == out is safe.
+template <typename T, int OP, bool A>
+__global__ void mpiml_allreduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    const long long nbytes = n * (long long)sizeof(T);
+    const long long lines = (nbytes + 7) / 8;
+    const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint2 v0 = i0 < lines ? mpiml_ll_get<A>(in, i0, nbytes) : make_uint2(0u, 0u);  // overlaps begin
+    const unsigned epoch = mpiml_begin(c);
+    const unsigned flag = epoch + 1u;
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    MPIML_GRID_LOOP(i, lines) {
+        const uint2 v = i == i0 ? v0 : mpiml_ll_get<A>(in, i, nbytes);
+        for (int k = 1; k <= nr; ++k) {
+            const int r = (me + k) % nr;  // own slot last; peers' stores go out first
+            mpiml_ll_store(mpiml_ll_slot(c, r, epoch, me) + i, v, flag);
+        }
+    }
+    bool ok = true;
+    MPIML_GRID_LOOP(i, lines) {
+        const uint2 v = mpiml_ll_reduce_line<T, OP>(c, epoch, flag, i, ok);
+        if (!ok) break;
+        mpiml_ll_put<A>(out, i, nbytes, v);
+    }
+    mpiml_end(c, epoch);
+}

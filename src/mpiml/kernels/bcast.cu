@@ -34,3 +34,61 @@ __global__ void mpiml_allgather_pull(const MpimlCtx* c, const T* in, T* out, lon
     }
     mpiml_end(c, epoch);
 }
+
+// LL broadcast (no barrier): the root pushes its lines into every other rank's
+// slot [root]; the others copy them out as their flags arrive. A counts 8-byte
+// alignment. The root waits for nobody: the ack wait in mpiml_begin keeps it
+// from reusing a slot parity that a slow peer still reads.
+template <typename T, bool A>
+__global__ void mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    const long long nbytes = n * (long long)sizeof(T);
+    const long long lines = (nbytes + 7) / 8;
+    const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint2 v0 = (me == root && i0 < lines) ? mpiml_ll_get<A>(in, i0, nbytes) : make_uint2(0u, 0u);
+    const unsigned epoch = mpiml_begin(c);
+    const unsigned flag = epoch + 1u;
+    if (me == root) {
+        MPIML_GRID_LOOP(i, lines) {
+            const uint2 v = i == i0 ? v0 : mpiml_ll_get<A>(in, i, nbytes);
+            for (int k = 1; k < nr; ++k) mpiml_ll_store(mpiml_ll_slot(c, (me + k) % nr, epoch, me) + i, v, flag);
+        }
+    } else {
+        MPIML_GRID_LOOP(i, lines) {
+            uint2 v;
+            if (!mpiml_ll_load(c, mpiml_ll_slot(c, me, epoch, (int)root) + i, flag, v, (int)root, epoch)) break;
+            mpiml_ll_put<A>(out, i, nbytes, v);
+        }
+    }
+    mpiml_end(c, epoch);
+}
+
+// LL allgather: every rank pushes its n elements into every rank's slot [me];
+// each copies slot r to out[r * stride ...] as the lines arrive.
+template <typename T, bool A>
+__global__ void mpiml_allgather_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
+    const long long nbytes = n * (long long)sizeof(T);
+    const long long lines = (nbytes + 7) / 8;
+    const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint2 v0 = i0 < lines ? mpiml_ll_get<A>(in, i0, nbytes) : make_uint2(0u, 0u);
+    const unsigned epoch = mpiml_begin(c);
+    const unsigned flag = epoch + 1u;
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    MPIML_GRID_LOOP(i, lines) {
+        const uint2 v = i == i0 ? v0 : mpiml_ll_get<A>(in, i, nbytes);
+        for (int k = 1; k <= nr; ++k) mpiml_ll_store(mpiml_ll_slot(c, (me + k) % nr, epoch, me) + i, v, flag);
+    }
+    for (int r = 0; r < nr; ++r) {
+        bool ok = true;
+        MPIML_GRID_LOOP(i, lines) {
+            uint2 v;
+            if (!mpiml_ll_load(c, mpiml_ll_slot(c, me, epoch, r) + i, flag, v, r, epoch)) {
+                ok = false;
+                break;
+            }
+            mpiml_ll_put<A>(out + r * stride, i, nbytes, v);
+        }
+        if (!ok) break;
+    }
+    mpiml_end(c, epoch);
+}

@@ -5,8 +5,10 @@
 //   [0, 4)                  epoch: calls completed on this communicator (device-side,
 //                           so a CUDA graph replays correctly)
 //   [4, 8)                  done: blocks of the running call that have finished
+//   [ACK_OFF, +4*MAX_RANKS) ack[r]: calls that rank r has completed (written by r)
 //   [FLAG_OFF, +FLAG_BYTES) barrier flags [slot 0..1][block][peer rank], uint32
 //   [DATA_OFF, +2*cap)      two staging buffers; call E uses buffer E % 2
+//   [ll_off, +2*nranks*ll_slot) LL receive slots [E % 2][source rank] (see below)
 //
 // Barrier: for call E, barrier slot s (0 or 1) carries the value 2E + s + 1.
 // Thread t < nranks stores it (release, system scope) into rank t's slot
@@ -17,9 +19,25 @@
 // timeout_ns (read from %globaltimer) writes an error record into host-mapped
 // memory and the kernel ends early: the host turns that into CommTimeoutError.
 //
-// Buffer E % 2 is reused by call E + 2 only after every peer has entered call
-// E + 1 (each kernel has a barrier among all ranks, and kernels on one stream
-// run in order), so no closing barrier is needed.
+// Reuse of buffers without a closing barrier: every kernel ends by writing
+// E + 1 into ack[me] of every peer (plain stores: its reads of peers' data were
+// performed before the block barrier that precedes them), and begins call E by waiting until every
+// peer's ack has reached E - 1, i.e. every peer has finished call E - 2, the
+// last user of the buffers of parity E % 2. Kernels in which every rank waits
+// for every other (allreduce) satisfy that wait at once; kernels in which a
+// rank waits for nobody (the root of a bcast) are held back by it.
+//
+// LL ("low latency") kernels need no barrier at all: data travels in 16-byte
+// lines {d0, flag, d1, flag} written with one vector store into the receiver's
+// slot, each 8-byte half (4 data bytes + flag) arriving whole; the flag is
+// E + 1, so the receiver spins on its own memory until both flags of a line
+// carry the current call, and one one-way trip over NVLink is the whole
+// synchronisation. Slots alternate between two parities like the buffers.
+//
+// Waiting: every spin (barrier, ack, LL line) gives up after timeout_ns and
+// after any error or abort recorded in the host-mapped error record (looked at
+// only once a wait has lasted 20 us, and then every 8192 spins, so fast calls
+// never touch the host and slow ones seldom).
 //
 // Reductions visit ranks in order 0, 1, ..., n-1 and accumulate float16 in
 // float32, so every rank computes bit-identical results.
@@ -28,6 +46,9 @@
 #define MPIML_MAX_BLOCKS 128
 #define MPIML_FLAG_OFF 256
 #define MPIML_DATA_OFF 16384
+#define MPIML_ACK_OFF 128
+#define MPIML_ERR_TIMEOUT 1
+#define MPIML_ERR_ABORT 3
 
 struct MpimlCtx {
     char* peers[MPIML_MAX_RANKS];  // workspace bases, this rank's own included
@@ -36,6 +57,8 @@ struct MpimlCtx {
     long long timeout_ns;          // 0: wait forever
     long long cap;                 // bytes of one staging buffer
     int* err;                      // host-mapped: [0] code, [1] peer, [2] block, [3] epoch
+    long long ll_off;              // offset of the LL slots in each workspace
+    long long ll_slot;             // bytes of one LL slot (twice the payload)
 };
 
 __device__ __forceinline__ void mpiml_st_release(unsigned* p, unsigned v) {
@@ -63,26 +86,83 @@ __device__ __forceinline__ char* mpiml_buf(const MpimlCtx* c, int r, unsigned ep
     return c->peers[r] + MPIML_DATA_OFF + (long long)(epoch & 1u) * c->cap;
 }
 
-// The call number, read once per block (volatile: never a stale cached copy).
-__device__ __forceinline__ unsigned mpiml_begin(const MpimlCtx* c) {
-    __shared__ unsigned s_epoch;
-    if (threadIdx.x == 0) {
-        s_epoch = *reinterpret_cast<volatile unsigned*>(c->peers[c->rank]);
+// Bounded waiting: call once per spin; true when the wait must end (timeout,
+// or an error / abort recorded by anyone in the host-mapped record).
+struct MpimlSpin {
+    unsigned long long t0;
+    unsigned spins;
+};
+
+__device__ __forceinline__ bool mpiml_spin_expired(const MpimlCtx* c, MpimlSpin& s, int peer, unsigned epoch) {
+    if (((++s.spins) & 511u) != 0) return false;
+    const unsigned long long now = mpiml_globaltimer();
+    if (s.t0 == 0) {
+        s.t0 = now;
+        return false;
     }
-    __syncthreads();
-    return s_epoch;
+    if (now - s.t0 < 20000ull) return false;
+    volatile int* err = c->err;
+    if ((s.spins & 8191u) == 0 && err[0] != 0) return true;  // a host read: seldom
+    if (c->timeout_ns > 0 && now - s.t0 > (unsigned long long)c->timeout_ns) {
+        err[1] = peer;
+        err[2] = blockIdx.x;
+        err[3] = (int)epoch;
+        __threadfence_system();
+        err[0] = MPIML_ERR_TIMEOUT;
+        __threadfence_system();
+        return true;
+    }
+    return false;
 }
 
-// Every block counts itself done; the last one advances the epoch for the next call.
+__device__ __forceinline__ unsigned* mpiml_ack(char* base, int r) {
+    return reinterpret_cast<unsigned*>(base + MPIML_ACK_OFF) + r;
+}
+
+// The call number, read once per block (volatile: never a stale cached copy),
+// after every peer has finished call E - 2 (see "Reuse" above). The epoch and
+// the acks are read at once (one memory latency); the wait spins only when a
+// peer lags, which happens only after a kernel in which this rank waited for
+// nobody (the root of a bcast).
+__device__ __forceinline__ unsigned mpiml_begin(const MpimlCtx* c) {
+    __shared__ unsigned s_epoch;
+    const int t = threadIdx.x;
+    char* mine = c->peers[c->rank];
+    unsigned ack = 0u;
+    if (t == 0) s_epoch = *reinterpret_cast<volatile unsigned*>(mine);
+    if (t < c->nranks) ack = *reinterpret_cast<volatile unsigned*>(mpiml_ack(mine, t));
+    __syncthreads();
+    const unsigned epoch = s_epoch;
+    int lag = 0;
+    if (t < c->nranks && epoch >= 2u && (int)(ack - (epoch - 1u)) < 0) {
+        lag = 1;
+        const volatile unsigned* a = mpiml_ack(mine, t);
+        MpimlSpin s{0ull, 0u};
+        while ((int)(*a - (epoch - 1u)) < 0) {
+            if (mpiml_spin_expired(c, s, t, epoch)) break;
+        }
+    }
+    if (__syncthreads_or(lag)) __threadfence();  // a late ack: order our stores after it
+    return epoch;
+}
+
+// The last block to finish advances the epoch for the next call and tells every
+// peer that this rank has finished call `epoch` (its reads of the peers' data
+// were performed before the block barrier, so the peers may reuse the buffers).
 __device__ __forceinline__ void mpiml_end(const MpimlCtx* c, unsigned epoch) {
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned* ctl = reinterpret_cast<unsigned*>(c->peers[c->rank]);
-        __threadfence();
-        if (atomicAdd(ctl + 1, 1u) == gridDim.x - 1) {
-            ctl[1] = 0u;
-            *reinterpret_cast<volatile unsigned*>(ctl) = epoch + 1u;
+        bool last = gridDim.x == 1;
+        if (!last) {
             __threadfence();
+            last = atomicAdd(ctl + 1, 1u) == gridDim.x - 1;
+            if (last) ctl[1] = 0u;
+        }
+        if (last) {
+            *reinterpret_cast<volatile unsigned*>(ctl) = epoch + 1u;
+            for (int r = 0; r < c->nranks; ++r)
+                *reinterpret_cast<volatile unsigned*>(mpiml_ack(c->peers[r], (int)c->rank)) = epoch + 1u;
         }
     }
 }
@@ -97,28 +177,69 @@ __device__ __forceinline__ bool mpiml_barrier(const MpimlCtx* c, unsigned epoch,
         const int t = threadIdx.x;
         mpiml_st_release(mpiml_flag(c->peers[t], slot, blockIdx.x, me), val);
         const unsigned* mine = mpiml_flag(c->peers[me], slot, blockIdx.x, t);
-        unsigned long long t0 = 0;
-        unsigned spins = 0;
+        MpimlSpin s{0ull, 0u};
         while ((int)(mpiml_ld_acquire(mine) - val) < 0) {
-            if (c->timeout_ns > 0 && ((++spins) & 255u) == 0) {
-                unsigned long long now = mpiml_globaltimer();
-                if (t0 == 0) {
-                    t0 = now;
-                } else if (now - t0 > (unsigned long long)c->timeout_ns) {
-                    volatile int* err = c->err;
-                    err[1] = t;
-                    err[2] = blockIdx.x;
-                    err[3] = (int)epoch;
-                    __threadfence_system();
-                    err[0] = 1;
-                    __threadfence_system();
-                    fail = 1;
-                    break;
-                }
+            if (mpiml_spin_expired(c, s, t, epoch)) {
+                fail = 1;
+                break;
             }
         }
     }
     return __syncthreads_or(fail) == 0;
+}
+
+// ---------------------------------------------------------------- LL lines
+__device__ __forceinline__ uint4* mpiml_ll_slot(const MpimlCtx* c, int owner, unsigned epoch, int src) {
+    return reinterpret_cast<uint4*>(c->peers[owner] + c->ll_off +
+                                    ((long long)(epoch & 1u) * c->nranks + src) * c->ll_slot);
+}
+
+__device__ __forceinline__ void mpiml_ll_store(uint4* p, uint2 v, unsigned flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(p), "r"(v.x), "r"(flag), "r"(v.y), "r"(flag) : "memory");
+}
+
+// Spin until line p carries `flag` in both halves; false on timeout / abort.
+__device__ __forceinline__ bool mpiml_ll_load(const MpimlCtx* c, const uint4* p, unsigned flag, uint2& v,
+                                              int peer, unsigned epoch) {
+    MpimlSpin s{0ull, 0u};
+    for (;;) {
+        uint4 w;
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "l"(p) : "memory");
+        if (w.y == flag && w.w == flag) {
+            v = make_uint2(w.x, w.z);
+            return true;
+        }
+        if (mpiml_spin_expired(c, s, peer, epoch)) return false;
+    }
+}
+
+// Line i (bytes [8i, 8i + 8)) of a user array of nbytes; A: 8-byte aligned.
+template <bool A>
+__device__ __forceinline__ uint2 mpiml_ll_get(const void* a, long long i, long long nbytes) {
+    if (A && 8 * i + 8 <= nbytes) return reinterpret_cast<const uint2*>(a)[i];
+    union { uint2 v; unsigned char b[8]; } u;
+    u.v = make_uint2(0u, 0u);
+    const unsigned char* p = reinterpret_cast<const unsigned char*>(a);
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+        if (8 * i + k < nbytes) u.b[k] = p[8 * i + k];
+    return u.v;
+}
+
+template <bool A>
+__device__ __forceinline__ void mpiml_ll_put(void* a, long long i, long long nbytes, uint2 v) {
+    if (A && 8 * i + 8 <= nbytes) {
+        reinterpret_cast<uint2*>(a)[i] = v;
+        return;
+    }
+    union { uint2 v; unsigned char b[8]; } u;
+    u.v = v;
+    unsigned char* p = reinterpret_cast<unsigned char*>(a);
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+        if (8 * i + k < nbytes) p[8 * i + k] = u.b[k];
 }
 
 // ---------------------------------------------------------------- element types
@@ -239,3 +360,33 @@ __device__ __forceinline__ T mpiml_reduce_one(const MpimlCtx* c, unsigned epoch,
 
 #define MPIML_GRID_LOOP(i, n) \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
+
+// One LL line reduced over every rank's slot, in rank order 0..n-1 (bit-identical
+// everywhere); ok becomes false on a timeout or abort.
+template <typename T, int OP>
+__device__ __forceinline__ uint2 mpiml_ll_reduce_line(const MpimlCtx* c, unsigned epoch, unsigned flag, long long i,
+                                                      bool& ok) {
+    typedef typename MpimlAcc<T>::type Acc;
+    constexpr int L = 8 / sizeof(T);
+    union Line { uint2 v; T e[L]; };
+    Acc acc[L];
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    Line out;
+    out.v = make_uint2(0u, 0u);
+    for (int r = 0; r < nr; ++r) {
+        Line w;
+        if (!mpiml_ll_load(c, mpiml_ll_slot(c, me, epoch, r) + i, flag, w.v, r, epoch)) {
+            ok = false;
+            return out.v;
+        }
+#pragma unroll
+        for (int k = 0; k < L; ++k) {
+            const Acc v = MpimlAcc<T>::load(w.e[k]);
+            acc[k] = r == 0 ? v : MpimlOp<OP>::f(acc[k], v);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < L; ++k) out.e[k] = MpimlAcc<T>::store(acc[k]);
+    return out.v;
+}
+

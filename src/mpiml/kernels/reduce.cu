@@ -49,3 +49,27 @@ __global__ void mpiml_reduce_scatter_oneshot(const MpimlCtx* c, const T* in, T* 
     }
     mpiml_end(c, epoch);
 }
+
+// LL reduce (see allreduce.cu's mpiml_allreduce_ll): every rank pushes its lines
+// into the root's slot [me]; the root reduces them in rank order.
+template <typename T, int OP, bool A>
+__global__ void mpiml_reduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    const long long nbytes = n * (long long)sizeof(T);
+    const long long lines = (nbytes + 7) / 8;
+    const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint2 v0 = i0 < lines ? mpiml_ll_get<A>(in, i0, nbytes) : make_uint2(0u, 0u);
+    const unsigned epoch = mpiml_begin(c);
+    const unsigned flag = epoch + 1u;
+    const int me = (int)c->rank;
+    MPIML_GRID_LOOP(i, lines)
+        mpiml_ll_store(mpiml_ll_slot(c, (int)root, epoch, me) + i, i == i0 ? v0 : mpiml_ll_get<A>(in, i, nbytes), flag);
+    if (me == root) {
+        bool ok = true;
+        MPIML_GRID_LOOP(i, lines) {
+            const uint2 v = mpiml_ll_reduce_line<T, OP>(c, epoch, flag, i, ok);
+            if (!ok) break;
+            mpiml_ll_put<A>(out, i, nbytes, v);
+        }
+    }
+    mpiml_end(c, epoch);
+}

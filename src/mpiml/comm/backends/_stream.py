@@ -2,15 +2,16 @@
 
 Device collectives are stream-ordered: they are enqueued on CuPy's current
 stream and their results are valid for any later work on that stream, exactly
-like a CuPy kernel.  Whether the host also waits for completion is
-``MPIML_DEVICE_SYNC``:
+like a CuPy kernel or a NCCL call.  Whether the host also waits for completion
+is ``MPIML_DEVICE_SYNC``:
 
-* ``1`` (default): the call returns once the collective has finished on the
-  device, waiting at most ``MPIML_TIMEOUT`` seconds; a peer that never joins is
-  a :class:`~mpiml.CommTimeoutError` on the host, never a hang;
-* ``0``: the call returns as soon as the work is enqueued (lowest latency for
-  back-to-back calls); a failure of an earlier call is raised by the next call
-  on the same communicator.
+* ``0`` (default): the call returns as soon as the work is enqueued.  Failures
+  are still caught: the watchdog thread (:mod:`._watchdog`) sees a kernel that
+  gave up after ``MPIML_TIMEOUT``, an NCCL error or an NCCL call that did not
+  complete in time, aborts the transport and poisons the communicator, so the
+  next call on it, or ``comm.synchronize()``, raises on every surviving rank;
+* ``1``: the call also waits on the host until the collective has finished,
+  at most ``MPIML_TIMEOUT`` seconds, and raises there.
 
 While the current stream is being captured into a CUDA graph the host never
 waits (it cannot), whatever the setting.
@@ -59,11 +60,11 @@ class SpinRequest(Request):
 
 
 def device_sync():
-    """``MPIML_DEVICE_SYNC`` as a bool (default True)."""
+    """``MPIML_DEVICE_SYNC`` as a bool (default False: stream-ordered, watched by the watchdog)."""
     raw = os.environ.get("MPIML_DEVICE_SYNC", "").strip().lower()
-    if raw in ("0", "false", "no", "off"):
+    if raw in ("", "0", "false", "no", "off"):
         return False
-    if raw in ("", "1", "true", "yes", "on"):
+    if raw in ("1", "true", "yes", "on"):
         return True
     raise ValueError(f"MPIML_DEVICE_SYNC must be 0 or 1; got {raw!r}")
 

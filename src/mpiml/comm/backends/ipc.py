@@ -15,6 +15,9 @@ kernel is launched through ``cuLaunchKernel`` directly.
 Algorithms (``algorithm=`` with backend ``ipc``):
 
 ===================  ===========================================================
+``ll``               no barrier: data pushed into the peers' slots in 16-byte
+                     lines that carry the call's flag (allreduce, reduce, bcast,
+                     allgather; up to ``MPIML_IPC_LL_BYTES`` per call, 256 KiB)
 ``oneshot``          every rank reads all peers (allreduce, reduce, scan)
 ``twoshot``          reduce-scatter + all-gather through the peers (allreduce)
 ``pull``             readers copy from the root / every rank (bcast, allgather)
@@ -23,14 +26,21 @@ Algorithms (``algorithm=`` with backend ``ipc``):
                      hosts, cut into virtual nodes by ``MPIML_NODE_SIZE``)
 ===================  ===========================================================
 
-``native`` picks oneshot up to ``MPIML_IPC_ONESHOT_BYTES`` (256 KiB) and
-twoshot above.  Messages larger than one staging buffer (``MPIML_IPC_BYTES``,
+``native`` picks ll up to ``MPIML_IPC_LL_BYTES`` (256 KiB), then oneshot up to
+``MPIML_IPC_ONESHOT_BYTES`` (if larger) and twoshot above; bcast and allgather
+likewise pick ll, then pull.  Messages larger than one staging buffer (``MPIML_IPC_BYTES``,
 32 MiB) run in chunks; reduce_scatter above it falls back to chunked allreduce.
 Ops without an IPC kernel (gather, scatter, alltoall, v-variants) go to NCCL.
 
-Cost model (per call): ``launch + barrier + n * p / link_bw`` (one-shot) or
-``launch + 2 barrier + 2 n / link_bw`` (two-shot), with launch ~3 us from
-Python, barrier ~1-2 us over NVLink.
+Cost model (per call): ``launch + one-way + 2 n * p / link_bw`` (ll),
+``launch + barrier + n * p / link_bw`` (one-shot) or ``launch + 2 barrier +
+2 n / link_bw`` (two-shot), with barrier ~ a round trip over NVLink.
+
+Failures are stream-ordered too: a kernel that waits past ``MPIML_TIMEOUT``
+writes the host-mapped error record and ends; the watchdog
+(:mod:`~mpiml.comm.backends._watchdog`) reads the record and poisons the
+communicator; :meth:`IPCTransport.abort` writes the record's abort code, which
+every kernel still waiting reads and gives up on.
 """
 
 import ctypes
@@ -49,7 +59,10 @@ MAX_BLOCKS = 128
 DATA_OFF = 16384
 PROBE_OFF = 64
 THREADS = 512
-IPC_ALGORITHMS = ("oneshot", "twoshot", "pull", "two_level")
+LL_THREADS = 256
+LL_MAX_BLOCKS = 264
+IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "pull", "two_level")
+ERR_TIMEOUT, ERR_ABORT = 1, 3
 
 _CHUNK_ALIGN = 256
 
@@ -60,6 +73,10 @@ def _env_bytes(name, default):
 
 def _grid(units):
     return max(1, min(MAX_BLOCKS, -(-units // THREADS)))
+
+
+def _ll_grid(nbytes):
+    return max(1, min(LL_MAX_BLOCKS, -(-nbytes // (8 * LL_THREADS))))
 
 
 class IPCTransport(Transport):
@@ -110,6 +127,7 @@ class IPCTransport(Transport):
                 "(or cupy.cuda.Device(local_rank % n).use()) before allocating")
         self.cap = _env_bytes("MPIML_IPC_BYTES", 32 << 20) // _CHUNK_ALIGN * _CHUNK_ALIGN
         self.oneshot_max = _env_bytes("MPIML_IPC_ONESHOT_BYTES", 256 << 10)
+        self.ll_max = _env_bytes("MPIML_IPC_LL_BYTES", 256 << 10) // 16 * 16
         self._setup()
 
     # ------------------------------------------------------------------ set-up
@@ -120,8 +138,11 @@ class IPCTransport(Transport):
         world = self._world
         handle, err = None, None
         try:
-            self._base = runtime.malloc(DATA_OFF + 2 * self.cap)
+            self._ll_off = DATA_OFF + 2 * self.cap
+            self._ll_slot = 2 * self.ll_max
+            self._base = runtime.malloc(self._ll_off + 2 * self.size * self._ll_slot)
             runtime.memset(self._base, 0, DATA_OFF)
+            runtime.memset(self._ll_off + self._base, 0, 2 * self.size * self._ll_slot)  # no stale flags
             runtime.deviceSynchronize()
             handle = runtime.ipcGetMemHandle(self._base)
         except Exception as exc:
@@ -161,11 +182,12 @@ class IPCTransport(Transport):
         self._err_host = runtime.hostAlloc(64, 3)  # cudaHostAllocPortable | cudaHostAllocMapped
         self._err = np.ctypeslib.as_array((ctypes.c_int32 * 16).from_address(self._err_host))
         self._err[:] = 0
+        self._err_code = ctypes.c_int32.from_address(self._err_host)  # one cheap read per hot call
         timeout = _config.timeout()
-        ctx = np.zeros(MAX_RANKS + 5, dtype=np.int64)
+        ctx = np.zeros(MAX_RANKS + 7, dtype=np.int64)
         ctx[:self.size] = peers
         ctx[MAX_RANKS:] = [self.rank, self.size, int(timeout * 1e9) if timeout else 0, self.cap,
-                           self._err_host]
+                           self._err_host, self._ll_off, self._ll_slot]
         self._ctx = cupy.asarray(ctx)
         cupy.cuda.get_current_stream().synchronize()
         # launch arguments: five 64-bit words and the array of pointers to them
@@ -197,7 +219,11 @@ class IPCTransport(Transport):
             if self._base is not None:
                 runtime.free(self._base)
             if self._err_host is not None:
-                runtime.freeHost(self._err_host)
+                from ._watchdog import _LOCK
+
+                with _LOCK:  # the watchdog reads the record under this lock: never after the free
+                    err_host, self._err_host = self._err_host, None
+                    runtime.freeHost(err_host)
         except Exception:
             pass
         self._opened, self._base, self._err_host = [], None, None
@@ -213,20 +239,58 @@ class IPCTransport(Transport):
         if self._err[0]:
             self._fail(op)
 
-    def _fail(self, op):
-        peer, block, epoch = (int(v) for v in self._err[1:4])
-        self._broken = f"rank {self.rank} timed out waiting for rank {peer} (block {block}, call {epoch})"
-        raise CommTimeoutError(op, peer, self._timeout or 0,
-                               f"ipc device barrier on rank {self.rank}, call {epoch}; the communicator "
-                               "cannot be used any more")
+    def _error_from_record(self, op):
+        """The error the record describes (a timeout, or an abort after a failure elsewhere)."""
+        code, peer, block, epoch = (int(v) for v in self._err[0:4])
+        if code == ERR_TIMEOUT:
+            self._broken = f"rank {self.rank} timed out waiting for rank {peer} (block {block}, call {epoch})"
+            return CommTimeoutError(op, peer, self._timeout or 0,
+                                    f"ipc kernel on rank {self.rank}, call {epoch}; the communicator "
+                                    "cannot be used any more")
+        self._broken = self._broken or f"aborted (error code {code})"
+        return CommError(f"{op} on the ipc backend: the communicator was aborted ({self._broken})")
 
-    def _launch(self, fn, grid, inp, outp, n, extra):
+    def _fail(self, op):
+        raise self._error_from_record(op)
+
+    # ------------------------------------------------------------------ watchdog hooks
+    def _helpers(self):
+        """The transports this one delegates to (NCCL for ops without a kernel, two-level parts)."""
+        return [t for t in (self._fallback, *(self._two_level_parts or ())) if t is not None]
+
+    def poll_failure(self):
+        """An exception if a kernel here or in a helper transport recorded a failure, else None.
+
+        The watchdog calls this; ops that went to the NCCL fallback or the
+        two-level parts are watched through it as well.
+        """
+        if self._err_host is not None and self._err_code.value:
+            return self._error_from_record(self._last_op)
+        for t in self._helpers():
+            exc = t.poll_failure()
+            if exc is not None:
+                return exc
+        return None
+
+    def abort(self, why):
+        """Make every kernel of this transport (and its helpers) that still waits give up."""
+        if self._broken is None:
+            self._broken = why
+        if self._err_host is not None and not self._err_code.value:
+            self._err[3] = -1
+            self._err_code.value = ERR_ABORT
+        for t in self._helpers():
+            t.abort(why)
+
+    _last_op = "ipc collective"
+
+    def _launch(self, fn, grid, inp, outp, n, extra, block=THREADS):
         a = self._args
         a[1] = inp
         a[2] = outp
         a[3] = n
         a[4] = extra
-        self._launch_kernel(fn, grid, 1, 1, THREADS, 1, 1, 0, self._cupy.cuda.get_current_stream().ptr,
+        self._launch_kernel(fn, grid, 1, 1, block, 1, 1, 0, self._cupy.cuda.get_current_stream().ptr,
                             self._argv_ptr, 0)
 
     def _done(self, op):
@@ -239,9 +303,9 @@ class IPCTransport(Transport):
                     self._fail(op)
         return DONE
 
-    def _chunks(self, n, itemsize):
-        """``(start, count)`` element ranges of at most one staging buffer each."""
-        step = self.cap // itemsize
+    def _chunks(self, n, itemsize, cap=None):
+        """``(start, count)`` element ranges of at most one staging buffer (``cap`` bytes) each."""
+        step = (cap or self.cap) // itemsize
         return [(s, min(step, n - s)) for s in range(0, n, step)]
 
     def _kernel(self, family, name, dtype, op, aligned):
@@ -259,9 +323,11 @@ class IPCTransport(Transport):
         """Run an elementwise kernel over ``sendbuf`` in chunks; ``recvbuf`` may be None.
 
         The grid is a function of the element count alone (equal on every rank);
-        alignment only selects 16-byte or element-wise access to the user's arrays.
+        alignment only selects 16-byte (8-byte for LL kernels) or element-wise
+        access to the user's arrays.
         """
         self._check(op_name)
+        self._last_op = op_name
         n = sendbuf.size
         if n == 0:
             return DONE
@@ -270,12 +336,17 @@ class IPCTransport(Transport):
         rop = self._reduce_op(op, dtype) if op is not None else None
         sp = sendbuf.data.ptr
         rp = recvbuf.data.ptr if recvbuf is not None and recvbuf.size else 0
-        for start, count in self._chunks(n, isz):
+        ll = kernel.endswith("_ll")
+        mask = 7 if ll else 15
+        for start, count in self._chunks(n, isz, self.ll_max if ll else self.cap):
             off = start * isz
-            aligned = not ((sp + off) & 15 or (rp + off if rp else 0) & 15)
+            aligned = not ((sp + off) & mask or (rp + off if rp else 0) & mask)
             fn = self._kernel(family, kernel, dtype, rop, aligned)
-            units = -(-count * isz // 16)
-            self._launch(fn, _grid(-(-units // parts)), sp + off, (rp + off) if rp else 0, count, extra)
+            if ll:
+                self._launch(fn, _ll_grid(count * isz), sp + off, (rp + off) if rp else 0, count, extra, LL_THREADS)
+            else:
+                units = -(-count * isz // 16)
+                self._launch(fn, _grid(-(-units // parts)), sp + off, (rp + off) if rp else 0, count, extra)
         return self._done(op_name)
 
     # ------------------------------------------------------------------ collectives
@@ -283,7 +354,9 @@ class IPCTransport(Transport):
         if self.multi_node:
             return self._two_level_allreduce(sendbuf, recvbuf, op)
         if algorithm is None:
-            algorithm = "oneshot" if sendbuf.nbytes <= self.oneshot_max else "twoshot"
+            algorithm = self._auto_allreduce(sendbuf.nbytes)
+        if algorithm == "ll":
+            return self._elementwise("allreduce", "allreduce", "mpiml_allreduce_ll", sendbuf, recvbuf, op, 0)
         if algorithm == "oneshot":
             return self._elementwise("allreduce", "allreduce", "mpiml_allreduce_oneshot", sendbuf, recvbuf, op, 0)
         if algorithm == "twoshot":
@@ -292,17 +365,26 @@ class IPCTransport(Transport):
         if algorithm == "two_level":
             return self._two_level_allreduce(sendbuf, recvbuf, op)
         raise ValueError(f"algorithm {algorithm!r} does not apply to allreduce on the ipc backend "
-                         "(oneshot, twoshot, two_level)")
+                         "(ll, oneshot, twoshot, two_level)")
 
-    def native_reduce(self, sendbuf, recvbuf, op, root):
+    def _auto_allreduce(self, nbytes):
+        if nbytes <= self.ll_max:
+            return "ll"
+        return "oneshot" if nbytes <= self.oneshot_max else "twoshot"
+
+    def native_reduce(self, sendbuf, recvbuf, op, root, algorithm=None):
         if self.multi_node:
             return self._nccl().native_reduce(sendbuf, recvbuf, op, root)
         out = recvbuf if self.rank == root else None
+        if algorithm == "ll" or (algorithm is None and sendbuf.nbytes <= self.ll_max):
+            return self._elementwise("reduce", "reduce", "mpiml_reduce_ll", sendbuf, out, op, int(root))
         return self._elementwise("reduce", "reduce", "mpiml_reduce_oneshot", sendbuf, out, op, int(root))
 
-    def native_bcast(self, buf, root):
+    def native_bcast(self, buf, root, algorithm=None):
         if self.multi_node:
             return self._nccl().native_bcast(buf, root)
+        if algorithm == "ll" or (algorithm is None and buf.nbytes <= self.ll_max):
+            return self._elementwise("bcast", "bcast", "mpiml_bcast_ll", buf, buf, None, int(root))
         return self._elementwise("bcast", "bcast", "mpiml_bcast_pull", buf, buf, None, int(root))
 
     def native_scan(self, sendbuf, recvbuf, op):
@@ -315,16 +397,24 @@ class IPCTransport(Transport):
             return self._nccl().native_exscan(sendbuf, recvbuf, op)
         return self._elementwise("exscan", "reduce", "mpiml_scan_oneshot", sendbuf, recvbuf, op, 1)
 
-    def native_allgather(self, sendbuf, recvbuf):
+    def native_allgather(self, sendbuf, recvbuf, algorithm=None):
         if self.multi_node:
             return self._nccl().native_allgather(sendbuf, recvbuf)
         self._check("allgather")
+        self._last_op = "allgather"
         n = sendbuf.size
         if n == 0:
             return DONE
         dtype = sendbuf.dtype
         isz = dtype.itemsize
         sp, rp = sendbuf.data.ptr, recvbuf.data.ptr
+        if algorithm == "ll" or (algorithm is None and sendbuf.nbytes <= self.ll_max):
+            for start, count in self._chunks(n, isz, self.ll_max):
+                off = start * isz
+                aligned = not ((sp + off) & 7 or (rp + off) & 7 or (n * isz) & 7)
+                fn = self._kernel("bcast", "mpiml_allgather_ll", dtype, None, aligned)
+                self._launch(fn, _ll_grid(count * isz), sp + off, rp + off, count, n, LL_THREADS)
+            return self._done("allgather")
         for start, count in self._chunks(n, isz):
             off = start * isz
             aligned = not ((sp + off) & 15 or (rp + off) & 15 or (n * isz) & 15)
@@ -379,8 +469,8 @@ class IPCTransport(Transport):
     def irecv(self, buf, source, tag):
         return self._nccl().irecv(buf, source, tag)
 
-    _OP_ALGORITHMS = {"allreduce": ("oneshot", "twoshot"), "reduce": ("oneshot",), "scan": ("oneshot",),
-                      "exscan": ("oneshot",), "bcast": ("pull",), "allgather": ("pull",),
+    _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot"), "reduce": ("ll", "oneshot"), "scan": ("oneshot",),
+                      "exscan": ("oneshot",), "bcast": ("ll", "pull"), "allgather": ("ll", "pull"),
                       "reduce_scatter": ("oneshot",)}
 
     def algorithm_names(self, op):
@@ -390,13 +480,53 @@ class IPCTransport(Transport):
 
     def run_algorithm(self, op, name, *args):
         """Run IPC algorithm ``name`` (see the module docstring) for collective ``op``."""
-        if op == "allreduce" and name in ("oneshot", "twoshot", "two_level"):
+        if op == "allreduce" and name in ("ll", "oneshot", "twoshot", "two_level"):
             return self.native_allreduce(*args, algorithm=name)
-        if (op, name) in (("reduce", "oneshot"), ("scan", "oneshot"), ("exscan", "oneshot"),
-                          ("bcast", "pull"), ("allgather", "pull"), ("reduce_scatter", "oneshot")):
+        if (op, name) in (("reduce", "ll"), ("reduce", "oneshot"), ("bcast", "ll"), ("bcast", "pull"),
+                          ("allgather", "ll"), ("allgather", "pull")):
+            return getattr(self, "native_" + op)(*args, algorithm=name)
+        if (op, name) in (("scan", "oneshot"), ("exscan", "oneshot"), ("reduce_scatter", "oneshot")):
             return getattr(self, "native_" + op)(*args)
         raise ValueError(f"algorithm {name!r} does not apply to {op} on the ipc backend "
                          f"(ipc algorithms: {list(IPC_ALGORITHMS)})")
+
+    # ------------------------------------------------------------------ hot path
+    def hot_launcher(self, comm, op, name, x, arg):
+        """A launcher (see :mod:`mpiml.comm._hotpath`) repeating this call with one kernel, or None.
+
+        Only for stream-ordered calls (``MPIML_DEVICE_SYNC=0``) that fit in one
+        kernel on one node: allreduce (ll, oneshot, twoshot) and bcast (ll, pull).
+        """
+        if self._sync or self.multi_node or self._err_host is None or not x.size or x.nbytes > self.cap:
+            return None
+        from .._hotpath import allreduce_launcher, bcast_launcher
+
+        nb, dtype = x.nbytes, x.dtype
+        if op == "allreduce":
+            algo = self._auto_allreduce(nb) if name == "native" else name
+            if algo == "ll" and nb <= self.ll_max:
+                kernel, grid, block, mask = "mpiml_allreduce_ll", _ll_grid(nb), LL_THREADS, 7
+            elif algo in ("oneshot", "twoshot"):
+                units, parts = -(-nb // 16), (self.size if algo == "twoshot" else 1)
+                kernel, grid, block, mask = "mpiml_allreduce_" + algo, _grid(-(-units // parts)), THREADS, 15
+            else:
+                return None
+            rop = self._reduce_op(arg, dtype)
+            fa = self._kernel("allreduce", kernel, dtype, rop, True)
+            fu = self._kernel("allreduce", kernel, dtype, rop, False)
+            return allreduce_launcher(self, x, fa, fu, grid, block, mask)
+        if op == "bcast":
+            algo = ("ll" if nb <= self.ll_max else "pull") if name == "native" else name
+            if algo == "ll" and nb <= self.ll_max:
+                kernel, grid, block, mask = "mpiml_bcast_ll", _ll_grid(nb), LL_THREADS, 7
+            elif algo == "pull":
+                kernel, grid, block, mask = "mpiml_bcast_pull", _grid(-(-nb // 16)), THREADS, 15
+            else:
+                return None
+            fa = self._kernel("bcast", kernel, dtype, None, True)
+            fu = self._kernel("bcast", kernel, dtype, None, False)
+            return bcast_launcher(self, comm.rank, int(arg), x, fa, fu, grid, block, mask)
+        return None
 
     # ------------------------------------------------------------------ helpers over other transports
     def _nccl(self):

@@ -43,6 +43,36 @@ def _nccl_module():
     return nccl
 
 
+def _completed_prefix(inflight, done):
+    """How many entries at the front of ``inflight`` have completed, with O(log n) queries.
+
+    Calls on one stream complete in order, so completion is a prefix: one
+    query of the newest entry settles a burst that has fully completed, and a
+    binary search finds the boundary otherwise.  (Across several streams the
+    order can differ; an entry found later still counts then.)
+    """
+    n = len(inflight)
+    if n == 0:
+        return 0
+    if done(inflight[n - 1][1]):
+        return n
+    lo, hi = 0, n - 1  # entry hi is not done; find the first entry not done
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if done(inflight[mid][1]):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _event_done(cupy, ev):
+    try:
+        return cupy.cuda.runtime.eventQuery(ev) == 0
+    except Exception:  # "not ready" raised as an error by some CuPy versions
+        return False
+
+
 class NCCLTransport(Transport):
     """NCCL collectives over the ranks of ``world``.
 
@@ -85,6 +115,10 @@ class NCCLTransport(Transport):
         self._ops = {"sum": nccl.NCCL_SUM, "prod": nccl.NCCL_PROD, "min": nccl.NCCL_MIN, "max": nccl.NCCL_MAX}
         self._sync = device_sync()
         self._timeout = _config.timeout()
+        # stream-ordered calls in flight, for the watchdog: (enqueued at, event, op), oldest first;
+        # the main thread appends, the watchdog drops completed ones from the front; events are reused
+        self._inflight = []
+        self._free_events = []
 
     def close(self):
         if self.comm is not None:
@@ -120,9 +154,48 @@ class NCCLTransport(Transport):
         except Exception:
             pass
 
+    # ------------------------------------------------------------------ watchdog hooks
+    def _track(self, op, stream):
+        """Record an event after a stream-ordered call, for the watchdog's timeout."""
+        if self._timeout is None or stream.is_capturing():
+            return
+        runtime = self._cupy.cuda.runtime
+        ev = self._free_events.pop() if self._free_events else runtime.eventCreateWithFlags(2)  # no timing
+        runtime.eventRecord(ev, stream.ptr)
+        self._inflight.append((time.monotonic(), ev, op))
+
+    def poll_failure(self):
+        """An exception for an NCCL async error or a call not completed in time (watchdog), else None."""
+        if self.comm is None or self._broken is not None:
+            return None
+        try:
+            self.comm.check_async_error()
+        except Exception as exc:
+            return CommError(f"the nccl backend reported an error on rank {self.rank}: {exc}")
+        k = _completed_prefix(self._inflight, lambda ev: _event_done(self._cupy, ev))
+        if k:
+            done = self._inflight[:k]
+            del self._inflight[:k]  # appends by the main thread meanwhile land after the deleted prefix
+            self._free_events.extend(ev for _, ev, _ in done)
+        if self._inflight and self._timeout is not None:
+            t0, _, op = self._inflight[0]
+            age = time.monotonic() - t0
+            if age > self._timeout:
+                from ..._errors import CommTimeoutError
+
+                return CommTimeoutError(op, "all", self._timeout,
+                                        f"nccl call enqueued {age:.1f} s ago on rank {self.rank} has not completed")
+        return None
+
+    def abort(self, why):
+        """Abort the NCCL communicator (its kernels stop waiting); refuse later calls."""
+        if self._broken is None and self.comm is not None:
+            self._abort(why)
+
     def _done(self, op, peer="all"):
         """Completion of the work just enqueued on the current stream."""
         if not self._sync:
+            self._track(op, self._stream())
             return DONE
         stream = self._stream()
         if stream.is_capturing():
@@ -324,6 +397,14 @@ class NCCLTransport(Transport):
 
     def irecv(self, buf, source, tag):
         return self._p2p("recv", buf, source)
+
+    def hot_launcher(self, comm, op, name, x, arg):
+        """A launcher (see :mod:`mpiml.comm._hotpath`) issuing this allreduce / bcast directly, or None."""
+        if self._sync or name != "native" or not x.size or self.comm is None or op not in ("allreduce", "bcast"):
+            return None
+        from .._hotpath import nccl_launcher
+
+        return nccl_launcher(self, op, x, arg)
 
     def run_algorithm(self, op, name, *args):
         raise ValueError(f"algorithm {name!r} is not an NCCL algorithm; NCCL offers 'native', and every "

@@ -1,0 +1,339 @@
+"""mpiml's device collectives against raw CuPy-NCCL, on the same buffers in the same process.
+
+Run under ``mpirun -n N`` (one rank per GPU); rank 0 writes ``--out FILE.json``
+(machine, date, command, every row) and, with ``--plot``, a PNG.
+
+For each op and size, every path runs on the *same* CuPy buffers, interleaved in
+``--rounds`` rounds (the median is kept, so drift hits every path alike):
+
+* ``raw``: ``cupy.cuda.nccl.NcclCommunicator`` called directly (the peer);
+* ``auto``: ``comm.allreduce(x, out=y)`` / ``comm.bcast(x)`` as a user calls it
+  (the tuning table, the hot path, stream-ordered);
+* ``nccl``, ``ipc/ll``, ``ipc/oneshot``, ``ipc/twoshot``, ``ipc/pull``: one
+  path forced with ``algorithm=``.
+
+Modes: ``eager`` (``iters`` back-to-back calls, one stream sync at the end,
+host-timed; per call; ``host_us`` is the time of the loop before the final
+sync, i.e. the host's own cost per call, since the queue never fills) and
+``graph`` (20 calls captured in one CUDA graph, replayed; per call: the
+device time plus 1/20 of a graph launch).  Times are the maximum over ranks.
+``micro`` breaks the host cost of a small call down (launch alone, the hot
+launcher alone, key lookup, ...).
+
+Floors (in the JSON): a kernel cannot start sooner than the previous one
+ends, and data cannot cross NVLink faster than ``--link-GBps`` (450 GB/s per
+direction per GPU on the H200 host): allreduce moves 2(p-1)/p of the bytes
+through each GPU's links, bcast (p-1)/p... at least 1 x bytes on the root.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import cupy as cp
+from cupy.cuda import nccl
+
+from mpiml.bench._graphs import capture
+from mpiml.comm import get_comm
+from mpiml.comm.backends._device import bind_device
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--out", required=True)
+ap.add_argument("--plot", default=None)
+ap.add_argument("--ops", default="allreduce,bcast,reduce,allgather")
+ap.add_argument("--modes", default="eager,graph")
+ap.add_argument("--min-bytes", type=int, default=4)
+ap.add_argument("--max-bytes", type=int, default=256 << 20)
+ap.add_argument("--sizes", default=None, help="comma list of sizes in bytes (overrides min/max)")
+ap.add_argument("--rounds", type=int, default=3)
+ap.add_argument("--link-GBps", type=float, default=450.0)
+ap.add_argument("--paths", default="raw,auto,nccl,ipc/ll,ipc/oneshot,ipc/twoshot,ipc/pull")
+args = ap.parse_args()
+
+os.environ.setdefault("MPIML_CHECK", "0")  # the peer checks nothing either
+os.environ.setdefault("MPIML_TIMEOUT", "30")  # a stuck path is an error row, not a hung sweep
+comm = get_comm()
+bind_device(comm)
+P, R = comm.size, comm.rank
+stream = cp.cuda.Stream(non_blocking=True)
+stream.use()
+uid = comm.bcast_obj(nccl.get_unique_id() if R == 0 else None)
+raw = nccl.NcclCommunicator(P, uid, R)
+HOST_CALLS = 200
+
+if args.sizes:
+    sizes = [int(s) for s in args.sizes.split(",")]
+else:
+    sizes = []
+    s = args.min_bytes
+    while s <= args.max_bytes:
+        sizes.append(s)
+        s *= 4
+
+
+def ipc_limits():
+    t = comm._device_transports.get("ipc")
+    return (t.ll_max, t.cap) if t is not None else (0, 0)
+
+
+def make_call(op, path, nbytes, x, y):
+    """One call of ``op`` on ``path``; x holds nbytes (allgather: x is this rank's nbytes / P)."""
+    n = x.size
+    if path == "raw":
+        if op == "allreduce":
+            return lambda: raw.allReduce(x.data.ptr, y.data.ptr, n, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
+        if op == "bcast":
+            return lambda: raw.bcast(x.data.ptr, n, nccl.NCCL_FLOAT32, 0, stream.ptr)
+        if op == "reduce":
+            return lambda: raw.reduce(x.data.ptr, y.data.ptr, n, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0, stream.ptr)
+        return lambda: raw.allGather(x.data.ptr, y.data.ptr, n, nccl.NCCL_FLOAT32, stream.ptr)
+    ll_max, cap = ipc_limits()
+    if path == "ipc/ll" and x.nbytes > ll_max:
+        return None
+    if path == "ipc/oneshot" and (op not in ("allreduce", "reduce") or nbytes > (4 << 20)):
+        return None
+    if path == "ipc/twoshot" and (op != "allreduce" or nbytes < (64 << 10)):
+        return None
+    if path == "ipc/pull" and op not in ("bcast", "allgather"):
+        return None
+    algo = {"auto": None, "nccl": "nccl/native"}.get(path, path)
+    if op == "allreduce":
+        return lambda: comm.allreduce(x, out=y, algorithm=algo)
+    if op == "bcast":
+        return lambda: comm.bcast(x, root=0, algorithm=algo)
+    if op == "reduce":
+        return lambda: comm.reduce(x, root=0, algorithm=algo)
+    return lambda: comm.allgather(x, algorithm=algo)
+
+
+def buffers(op, nbytes):
+    n = max(1, nbytes // 4 // (P if op == "allgather" else 1))
+    x = cp.ones(n, dtype=cp.float32)
+    y = cp.empty(n * (P if op == "allgather" else 1), dtype=cp.float32)
+    return x, y
+
+
+def eager(fn, iters):
+    """(seconds per call, host seconds per call) of ``iters`` back-to-back calls."""
+    for _ in range(3):
+        fn()
+    stream.synchronize()
+    comm.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    t1 = time.perf_counter()
+    stream.synchronize()
+    return (time.perf_counter() - t0) / iters, (t1 - t0) / iters
+
+
+def graph(fn, iters, calls=20):
+    fn()
+    stream.synchronize()
+    g = capture(fn, calls)
+    g.launch(stream)
+    stream.synchronize()
+    comm.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        g.launch(stream)
+    stream.synchronize()
+    return (time.perf_counter() - t0) / (iters * calls)
+
+
+_spin = cp.RawKernel(r'''extern "C" __global__ void mpiml_bench_spin(long long ns) {
+    long long t0; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    long long t = t0; while (t - t0 < ns) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } }''',
+                     "mpiml_bench_spin")
+
+
+def host_cost(fn, calls=HOST_CALLS):
+    """Host seconds per call, measured while the stream is held by a busy kernel (no GPU feedback)."""
+    fn()
+    stream.synchronize()
+    comm.barrier()
+    _spin((1,), (1,), (np.int64(50_000_000),))  # 50 ms
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t = (time.perf_counter() - t0) / calls
+    stream.synchronize()
+    return t
+
+
+def agree(t):
+    return comm.allreduce_obj(t, "max")
+
+
+def floor_us(op, nbytes):
+    link = args.link_GBps * 1e9
+    if op == "allreduce":
+        return 2 * (P - 1) / P * nbytes / link * 1e6
+    return (P - 1) / P * nbytes / link * 1e6 if P > 1 else 0.0
+
+
+def iters_for(nbytes):
+    return max(10, min(300, int(3e9 / max(nbytes, 1))))
+
+
+# warm-up: create the transports, compile every kernel used below
+for p in args.paths.split(","):
+    for op in args.ops.split(","):
+        try:
+            w, wy = buffers(op, 4096)
+            fn = make_call(op, p, 4096, w, wy)
+            if fn is not None:
+                fn()
+        except Exception as exc:
+            if R == 0:
+                print(f"warm-up {op} {p}: {type(exc).__name__}: {exc}", flush=True)
+stream.synchronize()
+
+rows = []
+t_start = time.perf_counter()
+for op in args.ops.split(","):
+    for nbytes in sizes:
+        x, y = buffers(op, nbytes)
+        calls = {}
+        for p in args.paths.split(","):
+            fn = make_call(op, p, nbytes, x, y)
+            if fn is not None:
+                calls[p] = fn
+        it = iters_for(nbytes)
+        for mode in args.modes.split(","):
+            times = {p: [] for p in calls}
+            hosts = {p: [] for p in calls}
+            errors = {}
+            for _ in range(args.rounds):
+                for p, fn in calls.items():
+                    if p in errors:
+                        continue
+                    err = None
+                    h = float("nan")
+                    try:
+                        if mode == "eager":
+                            t, h = eager(fn, it)
+                        else:
+                            t = graph(fn, max(3, it // 20))
+                    except Exception as exc:
+                        err = f"{type(exc).__name__}: {exc}"[:200]
+                        t = float("nan")
+                    errs = [e for e in comm.allgather_obj(err) if e]
+                    if errs:
+                        errors[p] = errs[0]
+                        continue
+                    times[p].append(agree(t))
+                    hosts[p].append(agree(h))
+            for p in calls:
+                us = statistics.median(times[p]) * 1e6 if times[p] else float("nan")
+                rec = {"op": op, "path": p, "mode": mode, "bytes": nbytes, "us": us,
+                       "floor_us": floor_us(op, nbytes)}
+                if mode == "eager" and hosts[p]:
+                    rec["host_us"] = statistics.median(hosts[p]) * 1e6
+                if p in errors:
+                    rec["error"] = errors[p]
+                rows.append(rec)
+            if R == 0:
+                base = statistics.median(times["raw"]) * 1e6 if times.get("raw") else float("nan")
+                line = " ".join(f"{p}={statistics.median(times[p]) * 1e6:.1f}" for p in calls if times[p])
+                print(f"{op:9s} {mode:5s} {nbytes:>10d} B  raw={base:.1f}us | {line}"
+                      + (f"  ERR {errors}" if errors else ""), flush=True)
+        del x, y
+
+# host time per call, small messages: the enqueue loop of eager mode, and its parts
+micro = {}
+N = 500
+
+
+def host_loop(fn, calls=N):
+    """Host seconds per call of ``calls`` calls (every rank runs it: collectives need the peers)."""
+    for _ in range(3):
+        fn()
+    stream.synchronize()
+    comm.barrier()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t = (time.perf_counter() - t0) / calls
+    stream.synchronize()
+    return agree(t)
+
+
+for nbytes in (4, 65536):
+    x = cp.ones(max(1, nbytes // 4), dtype=cp.float32)
+    y = cp.empty_like(x)
+    for op in ("allreduce", "bcast"):
+        for p in ("raw", "auto"):
+            micro[f"host_us {op} {p} {nbytes}B"] = host_loop(make_call(op, p, nbytes, x, y), 300) * 1e6
+x = cp.ones(1, dtype=cp.float32)
+y = cp.empty_like(x)
+comm.allreduce(x, out=y)
+key = ("allreduce", type(x), x.dtype, x.shape, "sum", None)
+hot = comm._hot.get(key)
+micro["hot path in use for 4 B allreduce"] = hot is not None
+if hot is not None:
+    micro["host_us hot launcher alone (4 B allreduce)"] = host_loop(lambda: hot(x, y)) * 1e6
+micro["host_us comm.allreduce(x, out=y) (4 B)"] = host_loop(lambda: comm.allreduce(x, out=y)) * 1e6
+micro["host_us raw NCCL allReduce (4 B)"] = host_loop(
+    lambda: raw.allReduce(x.data.ptr, y.data.ptr, 1, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)) * 1e6
+noop = cp.RawKernel(r'extern "C" __global__ void mpiml_noop(float* a) {}', "mpiml_noop")
+micro["host_us cupy RawKernel launch"] = host_loop(lambda: noop((1,), (32,), (x,))) * 1e6
+from cupy_backends.cuda.api import driver  # noqa: E402
+from mpiml.comm._hotpath import ArgBlock, check_level  # noqa: E402
+
+fptr = int(noop.kernel.ptr)
+blk = ArgBlock(x.data.ptr, 0, 0)
+micro["host_us cupy driver.launchKernel (pre-packed)"] = host_loop(
+    lambda: driver.launchKernel(fptr, 1, 1, 1, 32, 1, 1, 0, stream.ptr, blk.argv_ptr, 0)) * 1e6
+try:
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    f = cuda.cuLaunchKernel
+    f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    f.restype = ctypes.c_int
+    sp = stream.ptr
+    micro["host_us ctypes cuLaunchKernel (pre-packed)"] = host_loop(
+        lambda: f(fptr, 1, 1, 1, 32, 1, 1, 0, sp, blk.argv_ptr, None)) * 1e6
+except Exception as exc:
+    micro["ctypes_error"] = f"{type(exc).__name__}: {exc}"
+micro["host_us launch into a held stream (cupy driver.launchKernel)"] = host_cost(
+    lambda: driver.launchKernel(fptr, 1, 1, 1, 32, 1, 1, 0, stream.ptr, blk.argv_ptr, 0)) * 1e6
+micro["host_us stream.ptr of the current stream"] = host_loop(lambda: cp.cuda.get_current_stream().ptr) * 1e6
+micro["host_us hot-path check_level()"] = host_loop(check_level) * 1e6
+micro["host_us key tuple + dict lookup"] = host_loop(
+    lambda: comm._hot.get(("allreduce", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), "sum",
+                           None))) * 1e6
+micro["gpu_us noop kernel in a graph (the floor of any kernel path)"] = agree(
+    graph(lambda: noop((1,), (32,), (x,)), 50)) * 1e6
+ev = cp.cuda.Event(disable_timing=True)
+micro["host_us event record (what the watchdog needs per NCCL call)"] = host_loop(lambda: ev.record(stream)) * 1e6
+
+if R == 0:
+    print("micro:", json.dumps(micro, indent=1), flush=True)
+    doc = {"machine": f"{socket.gethostname()} {platform.machine()} "
+                      f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()} x{cp.cuda.runtime.getDeviceCount()}",
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": f"mpirun -n {P} " + " ".join([os.path.basename(sys.executable)] + sys.argv),
+           "ranks": P, "nccl_version": nccl.get_version(), "cupy": cp.__version__,
+           "env": {k: v for k, v in os.environ.items() if k.startswith(("MPIML_", "NCCL_"))},
+           "seconds_total": time.perf_counter() - t_start, "micro": micro, "rows": rows}
+    with open(args.out, "w") as fh:
+        json.dump(doc, fh, indent=1)
+    print(f"wrote {args.out} ({len(rows)} rows, {time.perf_counter() - t_start:.0f} s)", flush=True)
+    if args.plot:
+        try:
+            from plot_vs_nccl import plot
+
+            plot(doc, args.plot)
+            print(f"wrote {args.plot}", flush=True)
+        except Exception as exc:
+            print(f"plot failed: {type(exc).__name__}: {exc}", flush=True)
