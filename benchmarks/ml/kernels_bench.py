@@ -23,6 +23,32 @@ from mpiml.kernels import distances
 HBM = 4.3e12
 FP = {"float32": 60e12, "float64": 34e12}
 SHAPES = [(10**7, 64, 64), (10**7, 16, 16), (10**6, 256, 1024), (2 * 10**6, 1024, 64)]
+# tile shapes (TM, TN, CG, DK, MINB) tried per shape with --sweep; the table's choice is measured too
+SWEEP = {
+    (10**7, 64, 64, "float32"): [(8, 4, 16, 32, 1), (8, 8, 8, 16, 1), (8, 8, 8, 32, 1), (4, 4, 16, 16, 2),
+                                 (8, 4, 16, 8, 2)],
+    (10**7, 16, 16, "float32"): [(2, 4, 4, 16, 2), (8, 4, 4, 16, 1), (4, 2, 8, 16, 2)],
+    (10**6, 256, 1024, "float32"): [(8, 8, 16, 32, 1), (8, 8, 8, 16, 1)],
+    (2 * 10**6, 1024, 64, "float32"): [(8, 4, 16, 32, 1), (8, 8, 8, 16, 1), (8, 8, 8, 32, 1)],
+    (10**7, 64, 64, "float64"): [(4, 4, 16, 16, 2), (4, 8, 8, 8, 1), (4, 4, 8, 8, 2)],
+    (10**7, 16, 16, "float64"): [(4, 4, 4, 8, 1)],
+}
+
+
+def _compile_one(expr):
+    from mpiml.kernels import distances as dist
+
+    dist._function(expr)
+    return expr
+
+
+def precompile(exprs, workers=14):
+    """Compile kernels in parallel processes (they land in CuPy's disk cache), so loading them is quick."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(min(workers, max(1, len(exprs)))) as pool:
+        pool.map(_compile_one, sorted(set(exprs)))
 
 
 def timed(fn, reps=10, warm=2):
@@ -88,7 +114,7 @@ def check_labels(X, C, shift, lab, sample=20000):
     return {"sample": int(idx.size), "disagree": int(bad.sum()), "disagree_not_near_tie": int((bad & ~near).sum())}
 
 
-def bench_shape(n, d, k, dtype, rates, quick=False):
+def bench_shape(n, d, k, dtype, rates, quick=False, sweep=False):
     X, C0 = make(n, d, k, dtype)
     shift = X[: min(n, 10**6)].mean(0)
     C = C0 - shift
@@ -123,6 +149,20 @@ def bench_shape(n, d, k, dtype, rates, quick=False):
         got = packed[:k * d].reshape(k, d)
         row["sums_rel_err"] = float(cp.abs(got - ref_sums).max() / cp.abs(ref_sums).max())
         del Xs, ref_sums
+    if sweep:
+        row["sweep"] = []
+        for tile in [None] + SWEEP.get((n, d, k, np.dtype(dtype).name), []):
+            try:
+                ms = timed(lambda: distances.lloyd_step_packed(X, C, w, shift=shift, labels=labels, mind=mind,
+                                                               tile=tile), reps)
+                ms_a = timed(lambda: distances.argmin_sqeuclidean(X, C, shift=shift, tile=tile), reps)
+                plan = distances.kernel_plan(dtype, k, d, mode="lloyd", tile=tile)
+                fn = distances._function(plan["expr"])
+                row["sweep"].append({"tile": plan["expr"], "lloyd_ms": ms, "assign_ms": ms_a,
+                                     "regs": int(fn.num_regs), "local_bytes": int(fn.local_size_bytes),
+                                     "groups": plan["groups"], "smem": plan["smem"]})
+            except Exception as exc:
+                row["sweep"].append({"tile": str(tile), "error": f"{type(exc).__name__}: {exc}"})
     try:
         row["plain_cupy_ms"] = timed(lambda: plain_cupy_lloyd(X, C0), 3 if quick else 5, 1)
     except cp.cuda.memory.OutOfMemoryError:
@@ -197,6 +237,7 @@ def plot(rows, path):
 def main(argv):
     out = argv[0]
     quick = "--quick" in argv
+    sweep = "--sweep" in argv
     os.makedirs(out, exist_ok=True)
     props = cp.cuda.runtime.getDeviceProperties(0)
     result = {"device": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
@@ -208,9 +249,22 @@ def main(argv):
     todo = [(n, d, k, np.float32) for n, d, k in SHAPES] + [(10**7, 64, 64, np.float64), (10**7, 16, 16, np.float64)]
     if not quick:
         todo += [(10**6, 256, 1024, np.float64), (2 * 10**6, 1024, 64, np.float64)]
+    exprs = ["mpiml_distances_reduce_partials"]
+    for n, d, k, dt in todo:
+        tiles = [None] + (SWEEP.get((n, d, k, np.dtype(dt).name), []) if sweep else [])
+        for tile in tiles:
+            for mode, accum in (("lloyd", "double"), ("lloyd", "float"), ("assign", None)):
+                if tile is not None and accum == "float":
+                    continue
+                exprs.append(distances.kernel_plan(dt, k, d, mode=mode, accum=accum, tile=tile)["expr"])
+        exprs.append(f"mpiml_distances_label_sums<{distances._CTYPE[np.dtype(dt)]}, double>")
+        exprs.append(f"mpiml_distances_label_sums<{distances._CTYPE[np.dtype(dt)]}, float>")
+    t0 = time.perf_counter()
+    precompile(exprs)
+    print(f"compiled {len(set(exprs))} kernels in {time.perf_counter() - t0:.1f} s", flush=True)
     for n, d, k, dt in todo:
         try:
-            r = bench_shape(n, d, k, dt, result["rates"], quick)
+            r = bench_shape(n, d, k, dt, result["rates"], quick, sweep)
         except Exception as exc:  # keep the others
             r = {"n": n, "d": d, "k": k, "dtype": np.dtype(dt).name, "error": f"{type(exc).__name__}: {exc}"}
         result["rows"].append(r)
@@ -235,6 +289,9 @@ def main(argv):
         print(f"{r['n']:.0e}x{r['d']} k={r['k']:<6}{r['dtype']:>8}{r['floor_ms']:>8.3f}{r['lloyd_double_ms']:>13.3f}"
               f"{r['lloyd_float_ms']:>8.3f}{r['assign_ms']:>8.3f}{(r['plain_cupy_ms'] or float('nan')):>8.2f}"
               f"{r['ratio_to_floor']:>8.2f}{r['achieved_tflops']:>7.1f}{r['labels_check']['disagree_not_near_tie']:>8}")
+        for v in r.get("sweep", []):
+            print("    " + (f"{v['tile']}: lloyd {v['lloyd_ms']:.3f} ms, assign {v['assign_ms']:.3f} ms, regs {v['regs']}, "
+                           f"local {v['local_bytes']}, groups {v['groups']}" if "error" not in v else f"{v['tile']}: {v['error']}"))
     return 0
 
 

@@ -16,7 +16,7 @@ fi
 T_TESTS=${T_TESTS:-110}; T_BENCH=${T_BENCH:-140}; T_NCU=${T_NCU:-60}
 status=0
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUTDIR/gpu.txt"
-timeout "$T_TESTS" $PY -m pytest tests/kernels tests/cluster/test_gpu_kmeans.py -q -x -p no:cacheprovider \
+timeout "$T_TESTS" $PY -m pytest tests/kernels tests/cluster/test_gpu_kmeans.py -q -p no:cacheprovider \
     -o addopts="" -n 12 2>&1 | tail -40 | tee "$OUTDIR/tests.log" || status=1
 timeout "$T_BENCH" $PY benchmarks/ml/kernels_bench.py "$OUTDIR" ${BENCH_ARGS:-} 2>&1 | tee "$OUTDIR/bench.log" || status=1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

@@ -55,8 +55,11 @@ def test_argmin_matches_reference(n, d, k, dtype):
     assert lab.dtype == np.int32 and dist.dtype == dtype
     rtol = 1e-4 if dtype == np.float32 else 1e-10
     assert _near_tie_ok(D, lab, want, rtol)
-    scale = np.maximum(D.min(1), 1e-3 * D.max())
-    np.testing.assert_array_less(np.abs(dist - D[np.arange(n), lab]) / scale, 10 * rtol)
+    # the expansion |x|^2 - 2 x.c + |c|^2 loses digits relative to |x|^2 + |c|^2, not to the distance
+    X64, C64 = X.astype(np.float64), C.astype(np.float64)
+    scale = (X64 ** 2).sum(1) + (C64[lab] ** 2).sum(1) + 1e-30
+    eps = 1e-5 if dtype == np.float32 else 1e-13
+    np.testing.assert_array_less(np.abs(dist - D[np.arange(n), lab]) / scale, eps)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -13,9 +13,12 @@
 //       whole local Lloyd step: also the per-cluster weighted sums and weights, the inertia and
 //       the number of changed labels.  The sums are kept in `groups` block-private copies in
 //       shared memory (type A), each (copy, cluster, column) cell owned by one thread, so no
-//       atomics; every block writes its totals once to its own row of `part`, and
+//       atomics; a thread loads all its rows of a tile at once (one memory latency per tile, not
+//       one per row).  The weights per cluster go to one shared array with shared-memory atomics.
+//       Every block writes its totals once to its own row of `part`, and
 //       mpiml_distances_reduce_partials adds the rows in a fixed order (deterministic).  With
-//       groups == 0 (the copies do not fit) the sums go to `out` with float64 global atomics.
+//       groups == 0 (the copies do not fit) the kernel leaves the sums to
+//       mpiml_distances_label_sums, a second pass over X by column slabs.
 //   mpiml_distances_pairwise<T, TM, TN, CG, DK, VW, MINB, METRIC>
 //       the full n x m block of distances (transform, nearest-neighbour candidates).
 //       METRIC 0 squared Euclidean, 1 negative inner product, 2 cosine distance, 3 Euclidean.
@@ -152,27 +155,27 @@ mpiml_distances_argmin(const T* __restrict__ X, long long n, int d, const T* __r
     constexpr int RG = THREADS / CG;
     constexpr int BM = RG * TM;
     constexpr int BN = CG * TN;
-    constexpr int UB = 4;                 // rows whose values are loaded together in the accumulation
+    constexpr int UB = (MINB > 1 ? 64 : 128) / sizeof(T);   // rows one thread loads at once when accumulating
     static_assert(THREADS % BM == 0, "a tile's rows must divide the block");
     static_assert(CG <= 32 && (CG & (CG - 1)) == 0, "a row's lanes must share a warp");
 
     extern __shared__ __align__(16) unsigned char mpiml_dist_smem[];
-    T* Xs = reinterpret_cast<T*>(mpiml_dist_smem);           // DK x BM
-    T* Cs = Xs + DK * BM;                                     // DK x BN
-    T* xsq_part = Cs + DK * BN;                               // THREADS
+    T* stage = reinterpret_cast<T*>(mpiml_dist_smem);        // 2 buffers of [DK x BM | DK x BN]
+    constexpr int STAGE = DK * (BM + BN);
+    T* xsq_part = stage + 2 * STAGE;                          // THREADS
     T* w_s = xsq_part + THREADS;                              // BM
     int* lab_s = reinterpret_cast<int*>(w_s + BM);            // BM
-    A* acc_s = reinterpret_cast<A*>(lab_s + BM);              // groups x k x (d + 1)
+    A* cnt_s = reinterpret_cast<A*>(lab_s + BM);              // k
+    A* acc_s = cnt_s + k;                                     // groups x k x d
     __shared__ double red_inertia[THREADS / 32];
     __shared__ long long red_changed[THREADS / 32];
 
     const int tid = threadIdx.x;
     const int cg = tid % CG;
     const int rg = tid / CG;
-    const int W = d + 1;
-    const long long cells = (long long)k * W;
+    const long long cells = (long long)k * d;
     if constexpr (MODE == 1) {
-        for (long long i = tid; i < groups * cells; i += THREADS) acc_s[i] = A(0);
+        for (long long i = tid; i < groups * cells + k; i += THREADS) cnt_s[i] = A(0);
     }
     double my_inertia = 0.0;
     long long my_changed = 0;
@@ -182,6 +185,10 @@ mpiml_distances_argmin(const T* __restrict__ X, long long n, int d, const T* __r
     const int steps = nF * nJ;
     const long long n_tiles = (n + BM - 1) / BM;
 
+    // The (tile, step) sequence of this block; step s stages features (s % nF) * DK of centre chunk
+    // s / nF.  Slabs are double-buffered in shared memory: the slab of the next step is stored
+    // while this one is computed, and the one after is loaded into registers, so each step needs
+    // one barrier and its global loads have a whole step to arrive.
     mpiml_dist_slab<T, BM, DK, VW> xs;
     mpiml_dist_slab<T, BN, DK, VW> cs;
     auto prefetch = [&](long long tile, int s) {
@@ -189,152 +196,166 @@ mpiml_distances_argmin(const T* __restrict__ X, long long n, int d, const T* __r
         xs.load(X, n, d, tile * BM, f0, shift, tid);
         cs.load(C, k, d, j0, f0, nullptr, tid);
     };
-    if ((long long)blockIdx.x < n_tiles) prefetch(blockIdx.x, 0);
+    auto advance = [&](long long& tile, int& s) {
+        if (++s == steps) { s = 0; tile += gridDim.x; }
+    };
 
-    for (long long tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+    long long tile = blockIdx.x;
+    int s = 0;
+    T best[TM];
+    int bidx[TM];
+    T acc[TM][TN];
+    T xsq = T(0), xsq_next = T(0);
+#pragma unroll
+    for (int i = 0; i < TM; ++i) { best[i] = mpiml_dist_traits<T>::inf(); bidx[i] = 0x7fffffff; }
+    long long nt = tile;          // the position whose slab the registers hold
+    int ns = 0;
+    if (tile < n_tiles) {
+        prefetch(tile, 0);
+        xs.store(stage, tid);
+        cs.store(stage + DK * BM, tid);
+        xsq += xs.sumsq();       // step 0 is always of centre chunk 0
+        advance(nt, ns);
+        if (nt < n_tiles) prefetch(nt, ns);
+    }
+    __syncthreads();
+    int cur = 0;
+    while (tile < n_tiles) {
         const long long row0 = tile * BM;
-        T best[TM];
-        int bidx[TM];
-        T acc[TM][TN];
-        T xsq = T(0);
-#pragma unroll
-        for (int i = 0; i < TM; ++i) { best[i] = mpiml_dist_traits<T>::inf(); bidx[i] = 0x7fffffff; }
-
-        for (int s = 0; s < steps; ++s) {
-            const int fc = s % nF, j0 = (s / nF) * BN;
-            __syncthreads();
-            xs.store(Xs, tid);
-            cs.store(Cs, tid);
-            if (j0 == 0) xsq += xs.sumsq();
-            __syncthreads();
-            if (s + 1 < steps) prefetch(tile, s + 1);
-            else if (tile + gridDim.x < n_tiles) prefetch(tile + gridDim.x, 0);
-
-            if (fc == 0) {
-#pragma unroll
-                for (int i = 0; i < TM; ++i)
-#pragma unroll
-                    for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
+        const int fc = s % nF, j0 = (s / nF) * BN;
+        // stage the next slab into the other buffer, then start loading the one after it
+        long long pt = nt;
+        int ps = ns;
+        if (nt < n_tiles) {
+            T* nb = stage + (cur ^ 1) * STAGE;
+            xs.store(nb, tid);
+            cs.store(nb + DK * BM, tid);
+            if (ns / nF == 0) {
+                if (nt == tile) xsq += xs.sumsq();
+                else xsq_next += xs.sumsq();
             }
-            mpiml_dist_tile<T, TM, TN, DK, BM, BN>(acc, Xs, Cs, rg, cg);
+            advance(pt, ps);
+            if (pt < n_tiles) prefetch(pt, ps);
+        }
+        if (fc == 0) {
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
+        }
+        mpiml_dist_tile<T, TM, TN, DK, BM, BN>(acc, stage + cur * STAGE, stage + cur * STAGE + DK * BM, rg, cg);
 
-            if (fc == nF - 1) {
-                // ||c||^2 - 2 x.c of this chunk; (min, argmin) per row, then across the row's CG lanes
-                T cq[TN];
+        if (fc == nF - 1) {
+            // ||c||^2 - 2 x.c of this chunk; (min, argmin) per row, then across the row's CG lanes
+            T cq[TN];
+#pragma unroll
+            for (int j = 0; j < TN; ++j) {
+                const int jj = j0 + cg * TN + j;
+                cq[j] = jj < k ? __ldg(c_sq + jj) : mpiml_dist_traits<T>::inf();
+            }
+#pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                T bv = mpiml_dist_traits<T>::inf();
+                int bj = 0x7fffffff;
 #pragma unroll
                 for (int j = 0; j < TN; ++j) {
-                    const int jj = j0 + cg * TN + j;
-                    cq[j] = jj < k ? __ldg(c_sq + jj) : mpiml_dist_traits<T>::inf();
+                    const T dist = fma(T(-2), acc[i][j], cq[j]);
+                    if (dist < bv) { bv = dist; bj = j0 + cg * TN + j; }
                 }
 #pragma unroll
-                for (int i = 0; i < TM; ++i) {
-                    T bv = mpiml_dist_traits<T>::inf();
-                    int bj = 0x7fffffff;
-#pragma unroll
-                    for (int j = 0; j < TN; ++j) {
-                        const T dist = fma(T(-2), acc[i][j], cq[j]);
-                        if (dist < bv) { bv = dist; bj = j0 + cg * TN + j; }
-                    }
-#pragma unroll
-                    for (int off = CG / 2; off > 0; off >>= 1) {
-                        const T ov = __shfl_xor_sync(0xffffffffu, bv, off);
-                        const int oj = __shfl_xor_sync(0xffffffffu, bj, off);
-                        if (ov < bv || (ov == bv && oj < bj)) { bv = ov; bj = oj; }
-                    }
-                    if (bv < best[i]) { best[i] = bv; bidx[i] = bj; }   // equal: the earlier chunk stays
+                for (int off = CG / 2; off > 0; off >>= 1) {
+                    const T ov = __shfl_xor_sync(0xffffffffu, bv, off);
+                    const int oj = __shfl_xor_sync(0xffffffffu, bj, off);
+                    if (ov < bv || (ov == bv && oj < bj)) { bv = ov; bj = oj; }
                 }
+                if (bv < best[i]) { best[i] = bv; bidx[i] = bj; }   // equal: the earlier chunk stays
             }
         }
 
-        // squared norms of the tile's rows, then one lane per row writes it out
-        xsq_part[tid] = xsq;
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < TM; ++i) {
-            if (i % CG == cg) {
-                const int r = rg * TM + i;
-                const long long row = row0 + r;
-                int lab = -1;
-                T wt = T(0);
-                if (row < n) {
-                    T xr = T(0);
-#pragma unroll
-                    for (int p = 0; p < THREADS / BM; ++p) xr += xsq_part[p * BM + r];
-                    lab = bidx[i] == 0x7fffffff ? 0 : bidx[i];
-                    T dist = best[i] + xr;
-                    dist = dist > T(0) ? dist : T(0);
-                    mind[row] = dist;
-                    if constexpr (MODE == 1) {
-                        wt = w[row];
-                        my_changed += labels[row] != lab;
-                        my_inertia += (double)wt * (double)dist;
-                    }
-                    labels[row] = lab;
-                }
-                if constexpr (MODE == 1) { lab_s[r] = lab; w_s[r] = wt; }
-            }
-        }
-
-        if constexpr (MODE == 1) {
+        if (s == steps - 1) {
+            // the tile is done: squared norms of its rows, then one lane per row writes it out
+            xsq_part[tid] = xsq;
             __syncthreads();
-            const int rows_here = (int)((n - row0) < BM ? (n - row0) : BM);
-            if (groups > 0) {
-                // thread -> (copy g, column c): the only writer of its cells.  Copy g takes rows
-                // g, g + groups, ...; UB of them are loaded at once so their latencies overlap.
-                const int tpg = THREADS / groups;
-                const int g = tid / tpg, q = tid % tpg;
-                if (g < groups) {
+#pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                if (i % CG == cg) {
+                    const int r = rg * TM + i;
+                    const long long row = row0 + r;
+                    int lab = -1;
+                    T wt = T(0);
+                    if (row < n) {
+                        T xr = T(0);
+#pragma unroll
+                        for (int p = 0; p < THREADS / BM; ++p) xr += xsq_part[p * BM + r];
+                        lab = bidx[i] == 0x7fffffff ? 0 : bidx[i];
+                        T dist = best[i] + xr;
+                        dist = dist > T(0) ? dist : T(0);
+                        mind[row] = dist;
+                        if constexpr (MODE == 1) {
+                            wt = w[row];
+                            my_changed += labels[row] != lab;
+                            my_inertia += (double)wt * (double)dist;
+                            atomicAdd(&cnt_s[lab], (A)wt);
+                        }
+                        labels[row] = lab;
+                    }
+                    if constexpr (MODE == 1) { lab_s[r] = lab; w_s[r] = wt; }
+                }
+                best[i] = mpiml_dist_traits<T>::inf();
+                bidx[i] = 0x7fffffff;
+            }
+            xsq = xsq_next;
+            xsq_next = T(0);
+
+            if constexpr (MODE == 1) {
+                if (groups > 0) {
+                    __syncthreads();
+                    // thread -> (copy g, column c): the only writer of its cells.  Copy g takes rows
+                    // g, g + groups, ...; a thread first loads UB of them (all in flight at once), then adds.
+                    const int rows_here = (int)((n - row0) < BM ? (n - row0) : BM);
+                    const int tpg = THREADS / groups;
+                    const int g = tid / tpg, q = tid % tpg;
                     A* mine = acc_s + g * cells;
-                    for (int c = q; c < W; c += tpg) {
-                        const T sc = (c < d && shift != nullptr) ? shift[c] : T(0);
+                    for (int c = q; c < d; c += tpg) {
+                        const T sc = shift != nullptr ? shift[c] : T(0);
                         for (int r0 = g; r0 < rows_here; r0 += groups * UB) {
-                            A v[UB];
-                            int lab[UB];
+                            T v[UB];
 #pragma unroll
                             for (int u = 0; u < UB; ++u) {
                                 const int r = r0 + u * groups;
-                                lab[u] = -1;
-                                v[u] = A(0);
-                                if (r < rows_here) {
-                                    lab[u] = lab_s[r];
-                                    const A wt = (A)w_s[r];
-                                    v[u] = c < d ? (A)(X[(row0 + r) * d + c] - sc) * wt : wt;
-                                }
+                                v[u] = r < rows_here ? X[(row0 + r) * d + c] : T(0);
                             }
 #pragma unroll
-                            for (int u = 0; u < UB; ++u)
-                                if (lab[u] >= 0) mine[(long long)lab[u] * W + c] += v[u];
+                            for (int u = 0; u < UB; ++u) {
+                                const int r = r0 + u * groups;
+                                if (r < rows_here) mine[(long long)lab_s[r] * d + c] += (A)(v[u] - sc) * (A)w_s[r];
+                            }
                         }
                     }
                 }
-            } else {
-                for (long long idx = tid; idx < (long long)rows_here * W; idx += THREADS) {
-                    const int r = (int)(idx / W), c = (int)(idx % W);
-                    const int lab = lab_s[r];
-                    const double wt = (double)w_s[r];
-                    if (c < d) {
-                        const T sc = shift != nullptr ? shift[c] : T(0);
-                        atomicAdd(&out[(long long)lab * d + c], (double)(X[(row0 + r) * d + c] - sc) * wt);
-                    } else {
-                        atomicAdd(&out[(long long)k * d + lab], wt);
-                    }
-                }
             }
         }
+        __syncthreads();
+        tile = nt;
+        s = ns;
+        nt = pt;
+        ns = ps;
+        cur ^= 1;
     }
 
     if constexpr (MODE == 1) {
-        // this block's totals -> its own row of `part` (summed in a fixed order by the reduce kernel)
-        const long long P = (groups > 0 ? cells : 0) + 2;
+        // this block's totals -> its own row of `part`: [sums (k x d, when groups > 0) | weights (k) |
+        // inertia | changed], summed in a fixed order by mpiml_distances_reduce_partials
+        const long long S = groups > 0 ? cells : 0;
+        const long long P = S + k + 2;
         double* mine = part + (long long)blockIdx.x * P;
         __syncthreads();
-        if (groups > 0) {
-            for (long long i = tid; i < cells; i += THREADS) {
-                double s = 0.0;
-                for (int g = 0; g < groups; ++g) s += (double)acc_s[g * cells + i];
-                mine[i] = s;
-            }
+        for (long long i = tid; i < S; i += THREADS) {
+            double s = 0.0;
+            for (int g = 0; g < groups; ++g) s += (double)acc_s[g * cells + i];
+            mine[i] = s;
         }
+        for (int j = tid; j < k; j += THREADS) mine[S + j] = (double)cnt_s[j];
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {
             my_inertia += __shfl_xor_sync(0xffffffffu, my_inertia, off);
@@ -352,22 +373,70 @@ mpiml_distances_argmin(const T* __restrict__ X, long long n, int d, const T* __r
     }
 }
 
-// out[...] += sum over blocks of part[b][j], in block order; part rows are
-// [k x (d + 1) cells: d sums then the weight, per cluster] (absent when cells == 0) + [inertia, changed].
+// out[offset + j] += sum over blocks b of part[b * P + j], in block order (deterministic).
 extern "C" __global__ void mpiml_distances_reduce_partials(const double* __restrict__ part, int nblocks,
-                                                           long long P, int k, int d, double* __restrict__ out)
+                                                           long long P, double* __restrict__ out)
 {
     for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < P; j += (long long)gridDim.x * blockDim.x) {
         double s = 0.0;
         for (int b = 0; b < nblocks; ++b) s += part[(long long)b * P + j];
-        long long target;
-        if (j >= P - 2) {
-            target = (long long)k * d + k + (j - (P - 2));
-        } else {
-            const long long lab = j / (d + 1), c = j % (d + 1);
-            target = c < d ? lab * d + c : (long long)k * d + lab;
+        out[j] += s;
+    }
+}
+
+// Per-cluster weighted sums of the rows of X given their labels: the second pass of a Lloyd step
+// when k x d accumulators do not fit a block.  Block b takes columns [32 * (b % n_cc), + 32) of
+// rows [rows_per_block * (b / n_cc), + rows_per_block); each warp adds its rows (lane = column)
+// into copy (warp % copies) of a kc x 32 array in shared memory (shared atomics when warps share
+// a copy), then the block adds its array to out[label * d + column] with float64 atomics.  Only
+// labels in [k0, k0 + kc) are counted (the caller loops over label ranges when k is too large).
+template <typename T, typename A>
+__global__ void __launch_bounds__(MPIML_DIST_THREADS)
+mpiml_distances_label_sums(const T* __restrict__ X, long long n, int d, const T* __restrict__ shift,
+                           const int* __restrict__ labels, const T* __restrict__ w, int k0, int k, int copies,
+                           long long rows_per_block, double* __restrict__ out)
+{
+    constexpr int U = 8;
+    extern __shared__ __align__(16) unsigned char mpiml_dist_smem[];
+    A* acc = reinterpret_cast<A*>(mpiml_dist_smem);         // copies x k x 32
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int n_cc = (d + 31) / 32;
+    const int c = (blockIdx.x % n_cc) * 32 + lane;
+    const long long r_begin = (long long)(blockIdx.x / n_cc) * rows_per_block;
+    const long long r_end = r_begin + rows_per_block < n ? r_begin + rows_per_block : n;
+    const int copy = warp % copies;
+    const bool shared_copy = copies < MPIML_DIST_THREADS / 32;
+    for (long long i = tid; i < (long long)copies * k * 32; i += MPIML_DIST_THREADS) acc[i] = A(0);
+    __syncthreads();
+    const T sc = (c < d && shift != nullptr) ? shift[c] : T(0);
+    A* mine = acc + (long long)copy * k * 32 + lane;
+    for (long long r0 = r_begin + warp * U; r0 < r_end; r0 += (MPIML_DIST_THREADS / 32) * U) {
+        T v[U], wt[U];
+        int lab[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const long long r = r0 + u;
+            const bool ok = r < r_end;
+            lab[u] = ok ? labels[r] - k0 : -1;
+            if (lab[u] >= k) lab[u] = -1;
+            wt[u] = ok ? w[r] : T(0);
+            v[u] = (ok && c < d) ? X[r * d + c] : T(0);
         }
-        out[target] += s;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (lab[u] < 0) continue;
+            const A val = (A)(v[u] - sc) * (A)wt[u];
+            if (shared_copy) atomicAdd(mine + lab[u] * 32, val);
+            else mine[lab[u] * 32] += val;
+        }
+    }
+    __syncthreads();
+    for (long long i = tid; i < (long long)k * 32; i += MPIML_DIST_THREADS) {
+        const int col = (blockIdx.x % n_cc) * 32 + (int)(i % 32);
+        if (col >= d) continue;
+        double s = 0.0;
+        for (int cp = 0; cp < copies; ++cp) s += (double)acc[(long long)cp * k * 32 + i];
+        if (s != 0.0) atomicAdd(&out[(k0 + i / 32) * d + col], s);
     }
 }
 

@@ -126,15 +126,15 @@ def _expr(plan):
             f"{plan['DK']}, {plan['VW']}, {plan['MINB']}, {1 if plan['mode'] == 'lloyd' else 0}>")
 
 
-def kernel_plan(dtype, k, d, *, mode="lloyd", accum=None, vw=None):
+def kernel_plan(dtype, k, d, *, mode="lloyd", accum=None, vw=None, tile=None):
     """What one launch would use: a dict with the kernel expression, tile, shared memory, copies.
 
     ``mode`` is ``"assign"``, ``"lloyd"`` or a metric name of :func:`pairwise_distances`.
     ``accum``: accumulator type of the Lloyd sums (``"float"`` or ``"double"``; default
-    ``"double"``).
+    ``"double"``).  ``tile``: ``(TM, TN, CG, DK, MINB)`` instead of the table's (benchmarks).
     """
     dtype = np.dtype(dtype)
-    tm, tn, cg, dk, minb = _tile(dtype, k, d)
+    tm, tn, cg, dk, minb = tile if tile is not None else _tile(dtype, k, d)
     bm, bn = (_THREADS // cg) * tm, cg * tn
     ctype = _CTYPE[dtype]
     if vw is None:
@@ -150,22 +150,29 @@ def kernel_plan(dtype, k, d, *, mode="lloyd", accum=None, vw=None):
         return plan
     accum = accum or "double"
     asz = 8 if accum == "double" else 4
-    base = staging + _THREADS * isz + bm * (isz + 4)
+    base = 2 * staging + _THREADS * isz + bm * (isz + 4) + (k * asz if mode == "lloyd" else 0)
     groups = 0
     if mode == "lloyd":
-        _, smem_sm, optin = _device() if _have_device() else (132, 228 * 1024, 227 * 1024)
-        cell_bytes = k * (d + 1) * asz
-        per_block = min(optin, smem_sm // minb - _ACC_BUDGET_PAD) if minb > 1 else optin - _ACC_BUDGET_PAD
+        per_block = _smem_per_block(minb)
+        cell_bytes = k * d * asz
         g = 1
-        while g * 2 <= _THREADS and base + 2 * g * cell_bytes <= per_block and _THREADS // (2 * g) >= min(d + 1, 32):
+        while g * 2 <= _THREADS and base + 2 * g * cell_bytes <= per_block and _THREADS // (2 * g) >= min(d, 32):
             g *= 2
         if base + g * cell_bytes <= per_block:
             groups = g
     plan["groups"] = groups
-    plan["smem"] = base + groups * k * (d + 1) * asz
+    plan["smem"] = base + groups * k * d * asz
     plan["accum"] = accum
     plan["expr"] = _expr(plan)
     return plan
+
+
+def _smem_per_block(blocks_per_sm):
+    """Shared memory one block may take so that ``blocks_per_sm`` blocks share an SM."""
+    _, smem_sm, optin = _device() if _have_device() else (132, 228 * 1024, 227 * 1024)
+    if blocks_per_sm > 1:
+        return min(optin, smem_sm // blocks_per_sm - _ACC_BUDGET_PAD)
+    return optin - _ACC_BUDGET_PAD
 
 
 def _have_device():
@@ -202,18 +209,20 @@ def _prepare(X, C, *others):
     return (dtype, X, C, *rest)
 
 
-def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None):
+def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile=None):
     cupy = _cupy()
     dtype = np.dtype(X.dtype)
     n, d = X.shape
     k = C.shape[0]
-    plan = kernel_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", accum=accum, vw=_vec(dtype, d, X, C, shift))
+    plan = kernel_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", accum=accum,
+                       vw=_vec(dtype, d, X, C, shift), tile=tile)
     if n == 0:
         return plan
     fn = _function(plan["expr"])
     c_sq = (C * C).sum(axis=1)
     grid = _grid(fn, plan, (n + plan["BM"] - 1) // plan["BM"])
-    P = (k * (d + 1) if plan["groups"] else 0) + 2
+    S = k * d if plan["groups"] else 0
+    P = S + k + 2
     part = cupy.empty(grid * P if lloyd else 1, dtype=cupy.float64)
     _launch(fn, plan, grid,
             (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, C, c_sq, np.int32(k),
@@ -221,12 +230,39 @@ def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None):
     if lloyd:
         red = _function("mpiml_distances_reduce_partials")
         blocks = int(min(1024, (P + 255) // 256))
-        red((blocks,), (256,), (part, np.int32(grid), np.int64(P), np.int32(k), np.int32(d), out))
+        red((blocks,), (256,), (part, np.int32(grid), np.int64(P), out[k * d - S:]))
+        if not plan["groups"]:
+            _label_sums(X, shift, w, labels, k, out, plan["accum"])
     plan["grid"] = grid
     return plan
 
 
-def argmin_sqeuclidean(X, C, *, shift=None):
+def _label_sums(X, shift, w, labels, k, out, accum):
+    """The per-cluster sums by a second pass over ``X`` (column slabs of 32, label ranges that fit)."""
+    dtype = np.dtype(X.dtype)
+    n, d = X.shape
+    sms, smem_sm, optin = _device()
+    budget = optin - _ACC_BUDGET_PAD
+    asz = 8 if accum == "double" else 4
+    if k * 32 * asz > budget:
+        accum, asz = "float", 4
+    kc = min(k, budget // (32 * asz))
+    copies = int(max(1, min(_THREADS // 32, budget // (kc * 32 * asz))))
+    smem = copies * kc * 32 * asz
+    fn = _function(f"mpiml_distances_label_sums<{_CTYPE[dtype]}, {accum}>")
+    if smem > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = smem
+    n_cc = (d + 31) // 32
+    per_sm = max(1, min(8, smem_sm // (smem + 1024)))
+    splits = max(1, min((n + 255) // 256, -(-sms * per_sm // n_cc)))
+    rows = -(-n // splits)
+    for k0 in range(0, k, kc):
+        fn((n_cc * splits,), (_THREADS,),
+           (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, labels, w, np.int32(k0),
+            np.int32(min(kc, k - k0)), np.int32(copies), np.int64(rows), out), shared_mem=smem)
+
+
+def argmin_sqeuclidean(X, C, *, shift=None, tile=None):
     """Nearest row of ``C`` for every row of ``X`` under squared Euclidean distance.
 
     Parameters
@@ -250,16 +286,17 @@ def argmin_sqeuclidean(X, C, *, shift=None):
     labels = cupy.empty(n, dtype=cupy.int32)
     mind = cupy.empty(n, dtype=dtype)
     dummy = cupy.zeros(1, dtype=cupy.float64)
-    _argmin_launch(X, C, shift, None, labels, mind, dummy, lloyd=False)
+    _argmin_launch(X, C, shift, None, labels, mind, dummy, lloyd=False, tile=tile)
     return labels, mind
 
 
-def lloyd_step_packed(X, C, sample_weight=None, *, shift=None, labels=None, mind=None, accum=None):
+def lloyd_step_packed(X, C, sample_weight=None, *, shift=None, labels=None, mind=None, accum=None, tile=None):
     """One local Lloyd step, packed for one allreduce.
 
     Returns a float64 vector ``[sums (k*d, shifted coordinates) | weight per cluster (k) |
     inertia | changed labels]``.  ``labels`` (int32, previous labels on entry, ``-1`` for none)
-    and ``mind`` are overwritten in place when given.
+    and ``mind`` are overwritten in place when given.  ``accum`` (``"double"`` or ``"float"``) is
+    the type of the block-private sums, ``tile`` a tile shape to try (see :func:`kernel_plan`).
     """
     cupy = _cupy()
     dtype, X, C, shift, w = _prepare(X, C, shift, sample_weight)
@@ -272,7 +309,7 @@ def lloyd_step_packed(X, C, sample_weight=None, *, shift=None, labels=None, mind
     if mind is None:
         mind = cupy.empty(n, dtype=dtype)
     out = cupy.zeros(k * d + k + 2, dtype=cupy.float64)
-    _argmin_launch(X, C, shift, w, labels, mind, out, lloyd=True, accum=accum)
+    _argmin_launch(X, C, shift, w, labels, mind, out, lloyd=True, accum=accum, tile=tile)
     return out
 
 
