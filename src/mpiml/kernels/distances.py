@@ -130,12 +130,16 @@ def kernel_plan(dtype, k, d, *, mode="lloyd", accum=None, vw=None, tile=None):
     """What one launch would use: a dict with the kernel expression, tile, shared memory, copies.
 
     ``mode`` is ``"assign"``, ``"lloyd"`` or a metric name of :func:`pairwise_distances`.
-    ``accum``: accumulator type of the Lloyd sums (``"float"`` or ``"double"``; default
-    ``"double"``).  ``tile``: ``(TM, TN, CG, DK, MINB)`` instead of the table's (benchmarks).
+    ``accum``: type of the block-private Lloyd sums (``"float"`` or ``"double"``; default the
+    data's type: a block adds a few hundred rows per cell, then blocks are added in float64).
+    ``tile``: ``(TM, TN, CG, DK, MINB)`` instead of the table's (benchmarks).
     """
     dtype = np.dtype(dtype)
     tm, tn, cg, dk, minb = tile if tile is not None else _tile(dtype, k, d)
     bm, bn = (_THREADS // cg) * tm, cg * tn
+    if _THREADS % bm or cg > 32 or cg & (cg - 1):
+        raise ValueError(f"tile {(tm, tn, cg, dk, minb)}: {bm} rows per tile must divide {_THREADS} threads "
+                         f"and CG must be a power of two <= 32")
     ctype = _CTYPE[dtype]
     if vw is None:
         vw = 16 // dtype.itemsize if d % (16 // dtype.itemsize) == 0 else 1
@@ -148,7 +152,7 @@ def kernel_plan(dtype, k, d, *, mode="lloyd", accum=None, vw=None, tile=None):
         plan["groups"] = 0
         plan["expr"] = _expr(plan)
         return plan
-    accum = accum or "double"
+    accum = accum or ("float" if dtype == np.float32 else "double")
     asz = 8 if accum == "double" else 4
     base = 2 * staging + _THREADS * isz + bm * (isz + 4) + (k * asz if mode == "lloyd" else 0)
     groups = 0
