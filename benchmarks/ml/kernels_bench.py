@@ -2,7 +2,7 @@
 
     python benchmarks/ml/kernels_bench.py OUTDIR [--quick]
 
-For each (n, d, k, dtype): the mpiml Lloyd step (float64 and float32 block accumulators), the
+For each (n, d, k, dtype): the mpiml Lloyd step (fused kernel, and cuBLAS GEMM + arg-min epilogue), the
 arg-min alone (predict), the plain CuPy Lloyd (``X @ C.T``, ``argmin``, ``cupy.add.at``,
 ``bincount``) and the floor ``max(bytes of X / 4.3 TB/s, 2 n k d / FP rate)`` (FP32 60 TFLOP/s,
 FP64 34 TFLOP/s; the copy bandwidth and the cuBLAS rate are measured too).  Labels are checked
@@ -130,16 +130,19 @@ def bench_shape(n, d, k, dtype, rates, quick=False, sweep=False):
     row = {"n": n, "d": d, "k": k, "dtype": np.dtype(dtype).name, "floor_bytes_ms": floor_bytes,
            "floor_flops_ms": floor_flops, "floor_ms": max(floor_bytes, floor_flops)}
     reps = 5 if quick else 10
-    for accum in ("double", "float"):
-        plan = distances.kernel_plan(dtype, k, d, mode="lloyd", accum=accum)
+    for method in ("fused", "gemm"):
         ms = timed(lambda: distances.lloyd_step_packed(X, C, w, shift=shift, labels=labels, mind=mind,
-                                                       accum=accum), reps)
-        fn = distances._function(plan["expr"])
-        row[f"lloyd_{accum}_ms"] = ms
-        row[f"lloyd_{accum}_plan"] = {kk: v for kk, v in plan.items() if kk != "ctype"}
-        row[f"lloyd_{accum}_regs"] = int(fn.num_regs)
-        row[f"lloyd_{accum}_local_bytes"] = int(fn.local_size_bytes)
-    row["assign_ms"] = timed(lambda: distances.argmin_sqeuclidean(X, C, shift=shift), reps)
+                                                       method=method), reps)
+        row[f"lloyd_{method}_ms"] = ms
+        row[f"assign_{method}_ms"] = timed(lambda: distances.argmin_sqeuclidean(X, C, shift=shift, method=method),
+                                           reps)
+    plan = distances.kernel_plan(dtype, k, d, mode="lloyd")
+    fn = distances._function(plan["expr"])
+    row["fused_plan"] = {kk: v for kk, v in plan.items() if kk != "ctype"}
+    row["fused_regs"] = int(fn.num_regs)
+    row["fused_local_bytes"] = int(fn.local_size_bytes)
+    row["auto_method"] = distances._method("auto", k, d)
+    row["assign_ms"] = min(row["assign_fused_ms"], row["assign_gemm_ms"])
     packed = distances.lloyd_step_packed(X, C, w, shift=shift, labels=labels, mind=mind)
     row["labels_check"] = check_labels(X, C, shift, labels)
     # inertia against a float64 recomputation from the kernel's labels
@@ -157,8 +160,8 @@ def bench_shape(n, d, k, dtype, rates, quick=False, sweep=False):
         for tile in [None] + SWEEP.get((n, d, k, np.dtype(dtype).name), []):
             try:
                 ms = timed(lambda: distances.lloyd_step_packed(X, C, w, shift=shift, labels=labels, mind=mind,
-                                                               tile=tile), reps)
-                ms_a = timed(lambda: distances.argmin_sqeuclidean(X, C, shift=shift, tile=tile), reps)
+                                                               tile=tile, method="fused"), reps)
+                ms_a = timed(lambda: distances.argmin_sqeuclidean(X, C, shift=shift, tile=tile, method="fused"), reps)
                 plan = distances.kernel_plan(dtype, k, d, mode="lloyd", tile=tile)
                 fn = distances._function(plan["expr"])
                 row["sweep"].append({"tile": plan["expr"], "lloyd_ms": ms, "assign_ms": ms_a,
@@ -170,7 +173,7 @@ def bench_shape(n, d, k, dtype, rates, quick=False, sweep=False):
         row["plain_cupy_ms"] = timed(lambda: plain_cupy_lloyd(X, C0), 3 if quick else 5, 1)
     except cp.cuda.memory.OutOfMemoryError:
         row["plain_cupy_ms"] = None
-    best = min(row["lloyd_double_ms"], row["lloyd_float_ms"])
+    best = min(row["lloyd_fused_ms"], row["lloyd_gemm_ms"])
     row["best_lloyd_ms"] = best
     row["ratio_to_floor"] = best / row["floor_ms"]
     row["speedup_vs_plain_cupy"] = (row["plain_cupy_ms"] / best) if row["plain_cupy_ms"] else None
@@ -256,15 +259,14 @@ def main(argv):
     for n, d, k, dt in todo:
         tiles = [None] + (SWEEP.get((n, d, k, np.dtype(dt).name), []) if sweep else [])
         for tile in tiles:
-            for mode, accum in (("lloyd", "double"), ("lloyd", "float"), ("assign", None)):
-                if tile is not None and mode == "lloyd" and accum != ("float" if dt == np.float32 else "double"):
-                    continue
+            for mode, accum in (("lloyd", None), ("assign", None)):
                 try:
                     exprs.append(distances.kernel_plan(dt, k, d, mode=mode, accum=accum, tile=tile)["expr"])
                 except ValueError:
                     pass
         exprs.append(f"mpiml_distances_label_sums<{distances._CTYPE[np.dtype(dt)]}, double>")
         exprs.append(f"mpiml_distances_label_sums<{distances._CTYPE[np.dtype(dt)]}, float>")
+        exprs.append(f"mpiml_distances_argmin_gemm<{distances._CTYPE[np.dtype(dt)]}>")
     t0 = time.perf_counter()
     precompile(exprs)
     print(f"compiled {len(set(exprs))} kernels in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -286,14 +288,14 @@ def main(argv):
         json.dump(result, f, indent=1)
     ok = [r for r in result["rows"] if "error" not in r]
     plot(ok, os.path.join(out, "kernels_bench.png"))
-    print(f"\n{'shape':<22}{'dtype':>8}{'floor':>8}{'lloyd f64acc':>13}{'f32acc':>8}{'argmin':>8}{'cupy':>8}"
+    print(f"\n{'shape':<22}{'dtype':>8}{'floor':>8}{'lloyd fused':>12}{'gemm':>8}{'argmin':>8}{'cupy':>8}"
           f"{'x floor':>8}{'TF/s':>7}{'bad lab':>8}")
     for r in result["rows"]:
         if "error" in r:
             print(f"{r['n']:.0e}x{r['d']} k={r['k']} {r['dtype']}: {r['error']}")
             continue
-        print(f"{r['n']:.0e}x{r['d']} k={r['k']:<6}{r['dtype']:>8}{r['floor_ms']:>8.3f}{r['lloyd_double_ms']:>13.3f}"
-              f"{r['lloyd_float_ms']:>8.3f}{r['assign_ms']:>8.3f}{(r['plain_cupy_ms'] or float('nan')):>8.2f}"
+        print(f"{r['n']:.0e}x{r['d']} k={r['k']:<6}{r['dtype']:>8}{r['floor_ms']:>8.3f}{r['lloyd_fused_ms']:>12.3f}"
+              f"{r['lloyd_gemm_ms']:>8.3f}{r['assign_ms']:>8.3f}{(r['plain_cupy_ms'] or float('nan')):>8.2f}"
               f"{r['ratio_to_floor']:>8.2f}{r['achieved_tflops']:>7.1f}{r['labels_check']['disagree_not_near_tie']:>8}")
         for v in r.get("sweep", []):
             print("    " + (f"{v['tile']}: lloyd {v['lloyd_ms']:.3f} ms, assign {v['assign_ms']:.3f} ms, regs {v['regs']}, "

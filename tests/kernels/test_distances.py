@@ -41,8 +41,9 @@ def _near_tie_ok(D, got, want, rtol):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("method", ["fused", "gemm"])
 @pytest.mark.parametrize("n,d,k", SHAPES)
-def test_argmin_matches_reference(n, d, k, dtype):
+def test_argmin_matches_reference(n, d, k, dtype, method):
     import cupy as cp
 
     from mpiml.kernels import distances
@@ -50,7 +51,7 @@ def test_argmin_matches_reference(n, d, k, dtype):
     X, C = _data(n, d, k, dtype)
     D = _ref_sq(X, C)
     want = np.argmin(D, axis=1)
-    lab, dist = distances.argmin_sqeuclidean(cp.asarray(X), cp.asarray(C))
+    lab, dist = distances.argmin_sqeuclidean(cp.asarray(X), cp.asarray(C), method=method)
     lab, dist = lab.get(), dist.get()
     assert lab.dtype == np.int32 and dist.dtype == dtype
     rtol = 1e-4 if dtype == np.float32 else 1e-10
@@ -63,10 +64,10 @@ def test_argmin_matches_reference(n, d, k, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("accum", ["double", "float"])
+@pytest.mark.parametrize("accum,method", [("double", "fused"), ("float", "fused"), (None, "gemm")])
 @pytest.mark.parametrize("n,d,k", [(1, 1, 1), (1000, 3, 5), (5000, 17, 40), (4097, 64, 64), (3000, 100, 300),
                                    (2000, 8, 1024), (700, 1030, 7), (20000, 16, 16)])
-def test_lloyd_step_matches_reference(n, d, k, dtype, accum):
+def test_lloyd_step_matches_reference(n, d, k, dtype, accum, method):
     import cupy as cp
 
     from mpiml.kernels import distances
@@ -77,7 +78,7 @@ def test_lloyd_step_matches_reference(n, d, k, dtype, accum):
     shift = X.mean(0).astype(dtype)
     Cs = (C - shift).astype(dtype)
     sums, counts, inertia, lab = distances.lloyd_step(cp.asarray(X), cp.asarray(Cs), cp.asarray(w),
-                                                      shift=cp.asarray(shift), accum=accum)
+                                                      shift=cp.asarray(shift), accum=accum, method=method)
     lab = lab.get()
     D = _ref_sq(X, C)
     want = np.argmin(D, axis=1)
@@ -89,7 +90,7 @@ def test_lloyd_step_matches_reference(n, d, k, dtype, accum):
     np.add.at(ref_sums, lab, Xs * w[:, None].astype(np.float64))
     ref_counts = np.bincount(lab, weights=w.astype(np.float64), minlength=k)
     ref_inertia = float(w.astype(np.float64) @ D[np.arange(n), lab])
-    tol = 1e-12 if dtype == np.float64 and accum == "double" else 2e-6
+    tol = 1e-12 if dtype == np.float64 and accum != "float" else 2e-6
     np.testing.assert_allclose(counts.get(), ref_counts, rtol=tol, atol=tol * ref_counts.max())
     np.testing.assert_allclose(sums.get(), ref_sums, rtol=0, atol=max(tol, 1e-7) * np.abs(Xs).sum(0).max() / 10 + 1e-6)
     assert abs(inertia - ref_inertia) <= (1e-5 if dtype == np.float32 else 1e-11) * ref_inertia
@@ -112,6 +113,10 @@ def test_lloyd_packed_changed_and_labels_in_place(dtype):
     p2 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind)
     assert int(p2[-1].get()) == 0                          # same centres: nothing changed
     assert bool(cp.array_equal(p1[:-1], p2[:-1]))          # deterministic: the same bits twice
+    labels[:] = -1
+    p3 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind, method="gemm")
+    assert int(p3[-1].get()) == 3001 and bool((labels == ref_lab).all())
+    assert bool(cp.allclose(p3[:-1], p1[:-1], rtol=1e-5 if dtype == np.float32 else 1e-12))
 
 
 def test_non_contiguous_and_mixed_dtypes():
@@ -245,6 +250,8 @@ def test_errors():
         distances.argmin_sqeuclidean(cp.ones((3, 2), cp.int32), cp.ones((1, 2), cp.int32))
     with pytest.raises(ValueError, match="features"):
         distances.argmin_sqeuclidean(cp.ones((3, 2)), cp.ones((1, 3)))
+    with pytest.raises(ValueError, match="method"):
+        distances.argmin_sqeuclidean(cp.ones((3, 2)), cp.ones((1, 2)), method="blas")
     with pytest.raises(ValueError, match="unknown metric"):
         distances.pairwise_distances(cp.ones((3, 2)), cp.ones((1, 2)), metric="manhattan")
 

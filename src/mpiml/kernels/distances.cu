@@ -19,6 +19,9 @@
 //       mpiml_distances_reduce_partials adds the rows in a fixed order (deterministic).  With
 //       groups == 0 (the copies do not fit) the kernel leaves the sums to
 //       mpiml_distances_label_sums, a second pass over X by column slabs.
+//   mpiml_distances_argmin_gemm<T>
+//       the arg-min epilogue of a cuBLAS product G = X C^T (large k or d, where the matrix
+//       library's GEMM beats the register tile): one warp per row of G.
 //   mpiml_distances_pairwise<T, TM, TN, CG, DK, VW, MINB, METRIC>
 //       the full n x m block of distances (transform, nearest-neighbour candidates).
 //       METRIC 0 squared Euclidean, 1 negative inner product, 2 cosine distance, 3 Euclidean.
@@ -437,6 +440,37 @@ mpiml_distances_label_sums(const T* __restrict__ X, long long n, int d, const T*
         double s = 0.0;
         for (int cp = 0; cp < copies; ++cp) s += (double)acc[(long long)cp * k * 32 + i];
         if (s != 0.0) atomicAdd(&out[(k0 + i / 32) * d + col], s);
+    }
+}
+
+// labels[i], mind[i] from a row-major n x k block of dot products: argmin_j c_sq[j] - 2 G[i, j]
+// (ties: the lower j), mind = that + x_sq[i], clamped at 0.  One warp per row, grid-stride.
+template <typename T>
+__global__ void __launch_bounds__(MPIML_DIST_THREADS)
+mpiml_distances_argmin_gemm(const T* __restrict__ G, long long n, int k, const T* __restrict__ c_sq,
+                            const T* __restrict__ x_sq, int* __restrict__ labels, T* __restrict__ mind)
+{
+    const int lane = threadIdx.x & 31;
+    const long long stride = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long row = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5; row < n; row += stride) {
+        const T* g = G + row * k;
+        T bv = mpiml_dist_traits<T>::inf();
+        int bj = 0x7fffffff;
+        for (int j = lane; j < k; j += 32) {
+            const T v = fma(T(-2), g[j], c_sq[j]);
+            if (v < bv) { bv = v; bj = j; }
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const T ov = __shfl_xor_sync(0xffffffffu, bv, off);
+            const int oj = __shfl_xor_sync(0xffffffffu, bj, off);
+            if (ov < bv || (ov == bv && oj < bj)) { bv = ov; bj = oj; }
+        }
+        if (lane == 0) {
+            T dist = bv + x_sq[row];
+            mind[row] = dist > T(0) ? dist : T(0);
+            labels[row] = bj == 0x7fffffff ? 0 : bj;
+        }
     }
 }
 

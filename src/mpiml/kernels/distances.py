@@ -45,6 +45,10 @@ _CONFIGS = {
 _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _ACC_BUDGET_PAD = 2048            # shared memory bytes kept free per block (static arrays, reserve)
 _NULL = np.uint64(0)              # a null pointer argument (8 bytes, like a device pointer)
+# k * d from which the dot products go through cuBLAS (GEMM + an arg-min epilogue) instead of the
+# fused register tile: there the product is compute-bound and the library's GEMM is faster
+_GEMM_FROM = 65536
+_GEMM_BLOCK_BYTES = 256 << 20     # bytes of one block of dot products on the GEMM path
 
 _SOURCE = None
 _MODULES = {}
@@ -213,14 +217,26 @@ def _prepare(X, C, *others):
     return (dtype, X, C, *rest)
 
 
-def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile=None):
+def _method(method, k, d):
+    if method not in ("auto", "fused", "gemm"):
+        raise ValueError(f"method must be 'auto', 'fused' or 'gemm', got {method!r}")
+    if method == "auto":
+        return "gemm" if k * d >= _GEMM_FROM else "fused"
+    return method
+
+
+def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile=None, method="auto"):
     cupy = _cupy()
     dtype = np.dtype(X.dtype)
     n, d = X.shape
     k = C.shape[0]
     plan = kernel_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", accum=accum,
                        vw=_vec(dtype, d, X, C, shift), tile=tile)
+    plan["method"] = method = _method(method, k, d)
     if n == 0:
+        return plan
+    if method == "gemm":
+        _gemm_launch(X, C, shift, w, labels, mind, out, lloyd=lloyd, accum=plan["accum"] if lloyd else None)
         return plan
     fn = _function(plan["expr"])
     c_sq = (C * C).sum(axis=1)
@@ -239,6 +255,32 @@ def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile
             _label_sums(X, shift, w, labels, k, out, plan["accum"])
     plan["grid"] = grid
     return plan
+
+
+def _gemm_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum):
+    """Dot products by cuBLAS in row blocks, the arg-min epilogue kernel, then (Lloyd) the sums pass."""
+    cupy = _cupy()
+    dtype = np.dtype(X.dtype)
+    n, d = X.shape
+    k = C.shape[0]
+    c_sq = (C * C).sum(axis=1)
+    old = labels.copy() if lloyd else None
+    fn = _function(f"mpiml_distances_argmin_gemm<{_CTYPE[dtype]}>")
+    sms = _device()[0]
+    step = int(max(1, min(n, _GEMM_BLOCK_BYTES // (k * dtype.itemsize))))
+    for s in range(0, n, step):
+        e = min(n, s + step)
+        Xs = X[s:e] - shift if shift is not None else X[s:e]
+        G = Xs @ C.T
+        x_sq = (Xs * Xs).sum(axis=1)
+        grid = int(min(sms * 8, (e - s + 7) // 8))
+        fn((grid,), (_THREADS,), (G, np.int64(e - s), np.int32(k), c_sq, x_sq, labels[s:e], mind[s:e]))
+    if lloyd:
+        w64 = w.astype(cupy.float64)
+        out[k * d:k * d + k] += cupy.bincount(labels, weights=w64, minlength=k)
+        out[-2] += w64 @ mind.astype(cupy.float64)
+        out[-1] += cupy.count_nonzero(old != labels)
+        _label_sums(X, shift, w, labels, k, out, accum)
 
 
 def _label_sums(X, shift, w, labels, k, out, accum):
@@ -266,7 +308,7 @@ def _label_sums(X, shift, w, labels, k, out, accum):
             np.int32(min(kc, k - k0)), np.int32(copies), np.int64(rows), out), shared_mem=smem)
 
 
-def argmin_sqeuclidean(X, C, *, shift=None, tile=None):
+def argmin_sqeuclidean(X, C, *, shift=None, tile=None, method="auto"):
     """Nearest row of ``C`` for every row of ``X`` under squared Euclidean distance.
 
     Parameters
@@ -276,6 +318,11 @@ def argmin_sqeuclidean(X, C, *, shift=None, tile=None):
         Cast to the dtype of ``X``.
     shift : cupy.ndarray of shape (d,), default=None
         Subtracted from every row of ``X`` (``C`` is then given in shifted coordinates).
+    tile : tuple, default=None
+        A tile shape to try instead of the table's (see :func:`kernel_plan`).
+    method : {"auto", "fused", "gemm"}, default="auto"
+        ``"fused"``: one register-tiled kernel; ``"gemm"``: cuBLAS products in row blocks and an
+        arg-min epilogue kernel; ``"auto"``: ``"gemm"`` from ``k * d >= 65536`` on.
 
     Returns
     -------
@@ -290,17 +337,19 @@ def argmin_sqeuclidean(X, C, *, shift=None, tile=None):
     labels = cupy.empty(n, dtype=cupy.int32)
     mind = cupy.empty(n, dtype=dtype)
     dummy = cupy.zeros(1, dtype=cupy.float64)
-    _argmin_launch(X, C, shift, None, labels, mind, dummy, lloyd=False, tile=tile)
+    _argmin_launch(X, C, shift, None, labels, mind, dummy, lloyd=False, tile=tile, method=method)
     return labels, mind
 
 
-def lloyd_step_packed(X, C, sample_weight=None, *, shift=None, labels=None, mind=None, accum=None, tile=None):
+def lloyd_step_packed(X, C, sample_weight=None, *, shift=None, labels=None, mind=None, accum=None, tile=None,
+                      method="auto"):
     """One local Lloyd step, packed for one allreduce.
 
     Returns a float64 vector ``[sums (k*d, shifted coordinates) | weight per cluster (k) |
     inertia | changed labels]``.  ``labels`` (int32, previous labels on entry, ``-1`` for none)
     and ``mind`` are overwritten in place when given.  ``accum`` (``"double"`` or ``"float"``) is
-    the type of the block-private sums, ``tile`` a tile shape to try (see :func:`kernel_plan`).
+    the type of the block-private sums, ``tile`` a tile shape to try (see :func:`kernel_plan`),
+    ``method`` as in :func:`argmin_sqeuclidean`.
     """
     cupy = _cupy()
     dtype, X, C, shift, w = _prepare(X, C, shift, sample_weight)
@@ -313,11 +362,11 @@ def lloyd_step_packed(X, C, sample_weight=None, *, shift=None, labels=None, mind
     if mind is None:
         mind = cupy.empty(n, dtype=dtype)
     out = cupy.zeros(k * d + k + 2, dtype=cupy.float64)
-    _argmin_launch(X, C, shift, w, labels, mind, out, lloyd=True, accum=accum, tile=tile)
+    _argmin_launch(X, C, shift, w, labels, mind, out, lloyd=True, accum=accum, tile=tile, method=method)
     return out
 
 
-def lloyd_step(X, C, sample_weight=None, *, shift=None, accum=None):
+def lloyd_step(X, C, sample_weight=None, *, shift=None, accum=None, method="auto"):
     """One local Lloyd step: ``(sums, counts, inertia, labels)``.
 
     ``sums`` (k, d) float64 are the weighted sums of the rows nearest each centre (in shifted
@@ -328,7 +377,7 @@ def lloyd_step(X, C, sample_weight=None, *, shift=None, accum=None):
     n = X.shape[0]
     k, d = C.shape
     labels = cupy.full(n, -1, dtype=cupy.int32)
-    packed = lloyd_step_packed(X, C, sample_weight, shift=shift, labels=labels, accum=accum)
+    packed = lloyd_step_packed(X, C, sample_weight, shift=shift, labels=labels, accum=accum, method=method)
     return packed[:k * d].reshape(k, d), packed[k * d:k * d + k], float(packed[-2]), labels
 
 
