@@ -225,7 +225,7 @@ def _shape_runs(args, world, xp, dtype, ranks_list, use_gpu):
             if sub is not None:
                 X, _ = make_blobs(n_total, d, centers=k, cluster_std=4.0, random_state=0, comm=sub,
                                   device="gpu" if use_gpu else "cpu", dtype=dtype)
-                warm = KMeans(k, init="random", n_init=1, max_iter=2, tol=0.0, random_state=0, comm=sub)
+                warm = KMeans(k, init=args.fit_init, n_init=1, max_iter=2, tol=0.0, random_state=0, comm=sub)
                 warm.fit(X[:max(k, min(X.shape[0], 200000))])         # compiles the kernels outside the timing
                 km = KMeans(k, init=args.fit_init, n_init=1, max_iter=args.fit_iters, tol=0.0, random_state=0,
                             comm=sub)
