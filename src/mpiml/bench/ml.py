@@ -45,6 +45,12 @@ def _parser():
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--sklearn-rows", type=float, default=None, help="rows of scikit-learn's subsample "
                    "(default 2e6 on GPU hosts, 1e5 on CPU)")
+    p.add_argument("--shapes", default=None, help="comma-separated NxDxK global shapes (e.g. 1e7x64x64,1e6x256x1024): "
+                   "per shape and rank count, the time per Lloyd iteration and of a whole fit (init='random', "
+                   "--fit-iters iterations), the plain-CuPy Lloyd step on the same shards, and the floor; "
+                   "replaces the strong/weak sweep")
+    p.add_argument("--fit-iters", type=int, default=20, help="Lloyd iterations of each whole fit (tol=0)")
+    p.add_argument("--fit-init", default="random", help="init of the per-shape fits (k-means||, k-means++, random)")
     p.add_argument("--no-sklearn", action="store_true")
     p.add_argument("--no-heat", action="store_true")
     p.add_argument("--out", default="benchmarks/results", help="directory of the JSON and PNG")
@@ -129,6 +135,12 @@ def _worker(args, outfile):
               f"{dtype} GEMM {results['rates']['gemm_flops'] / 1e12:.2f} TFLOP/s", flush=True)
     world.barrier()
     rates = world.bcast_obj(results.get("rates"))
+    if args.shapes:
+        results["shape_runs"] = _shape_runs(args, world, xp, dtype, ranks_list, use_gpu)
+        if world.rank == 0:
+            with open(outfile, "w") as f:
+                json.dump(results, f)
+        return 0
     per_rank = int(args.rows_per_rank)
     strong_n = int(args.rows)
     for mode in ("strong", "weak"):
@@ -174,6 +186,110 @@ def _worker(args, outfile):
         with open(outfile, "w") as f:
             json.dump(results, f)
     return 0
+
+
+def _parse_shapes(text):
+    """``"1e7x64x64,1e6x256x1024"`` -> [(10000000, 64, 64), (1000000, 256, 1024)]."""
+    shapes = []
+    for part in text.split(","):
+        n, d, k = part.lower().split("x")
+        shapes.append((int(float(n)), int(d), int(k)))
+    return shapes
+
+
+def _plain_cupy_lloyd(X, C, comm, xp):
+    """The peer: ten lines of CuPy (``X @ C.T``, argmin, ``add.at``, bincount) and one host allreduce."""
+    k, d = C.shape
+    G = X @ C.T
+    lab = ((C * C).sum(1)[None, :] - 2 * G).argmin(axis=1)
+    sums = xp.zeros((k, d), dtype=xp.float64)
+    xp.add.at(sums, lab, X.astype(xp.float64))
+    counts = xp.bincount(lab, minlength=k).astype(xp.float64)
+    packed = xp.concatenate([sums.ravel(), counts])
+    host = packed.get() if xp is not np else packed
+    return comm.allreduce(host) if comm.size > 1 else host
+
+
+def _shape_runs(args, world, xp, dtype, ranks_list, use_gpu):
+    """Per (shape, rank count): mpiml's time per iteration and whole fit, the plain-CuPy step, the floor."""
+    from ..cluster import KMeans
+    from ..datasets import make_blobs
+
+    fp_rate = 60e12 if dtype == np.float32 else 34e12     # FP32 / FP64 vector rates of an H200 (datasheet-level)
+    hbm = 4.3e12
+    rows = []
+    for n_total, d, k in _parse_shapes(args.shapes):
+        for R in ranks_list:
+            color = 0 if world.rank < R else None
+            sub = world.split(color, key=world.rank)
+            if sub is not None:
+                X, _ = make_blobs(n_total, d, centers=k, cluster_std=4.0, random_state=0, comm=sub,
+                                  device="gpu" if use_gpu else "cpu", dtype=dtype)
+                warm = KMeans(k, init=args.fit_init, n_init=1, max_iter=2, tol=0.0, random_state=0, comm=sub)
+                warm.fit(X[:max(k, min(X.shape[0], 200000))])         # compiles the kernels outside the timing
+                km = KMeans(k, init=args.fit_init, n_init=1, max_iter=args.fit_iters, tol=0.0, random_state=0,
+                            comm=sub)
+                sub.barrier()
+                if use_gpu:
+                    xp.cuda.Device().synchronize()
+                t0 = time.perf_counter()
+                km.fit(X)
+                if use_gpu:
+                    xp.cuda.Device().synchronize()
+                fit_s = time.perf_counter() - t0
+                it = np.asarray(km._iter_seconds)
+                iter_s = float(np.median(it[1:] if it.size > 1 else it))
+                outside = fit_s - float(it.sum())                    # init, global statistics, final labelling
+                C = X[:k].copy() if X.shape[0] >= k else xp.asarray(np.random.RandomState(0).randn(k, d), dtype)
+                plain = []
+                for _ in range(3):
+                    sub.barrier()
+                    t1 = time.perf_counter()
+                    _plain_cupy_lloyd(X, C, sub, xp)
+                    if use_gpu:
+                        xp.cuda.Device().synchronize()
+                    plain.append(time.perf_counter() - t1)
+                vals = [iter_s, fit_s, outside, float(np.median(plain[1:])), int(X.shape[0])]
+                vals = [sub.allreduce_obj(v, op="max") for v in vals] if sub.size > 1 else vals
+                if sub.rank == 0:
+                    n_max = vals[4]
+                    floor = max(n_max * d * dtype.itemsize / hbm, 2.0 * n_max * k * d / fp_rate)
+                    row = {"n": n_total, "d": d, "k": k, "ranks": R, "iter_ms": 1e3 * vals[0], "fit_s": vals[1],
+                           "fit_outside_iterations_s": vals[2], "plain_cupy_iter_ms": 1e3 * vals[3],
+                           "floor_ms": 1e3 * floor, "ratio_to_floor": vals[0] / floor, "n_iter": km.n_iter_,
+                           "init": args.fit_init, "inertia": km.inertia_}
+                    rows.append(row)
+                    print(f"{n_total:.3g}x{d} k={k} ranks={R}: {row['iter_ms']:.3f} ms/iter (floor {row['floor_ms']:.3f}, "
+                          f"{row['ratio_to_floor']:.2f}x), fit {row['fit_s']:.2f} s, plain CuPy "
+                          f"{row['plain_cupy_iter_ms']:.2f} ms/iter", flush=True)
+                del X, km, C
+                if use_gpu:
+                    xp.get_default_memory_pool().free_all_blocks()
+            world.barrier()
+    return rows
+
+
+def _sklearn_shapes(args):
+    """scikit-learn's whole fit per shape on a subsample (all host cores), scaled linearly to the full rows."""
+    from sklearn.cluster import KMeans as SkKMeans
+    from sklearn.datasets import make_blobs
+
+    out = []
+    for n, d, k in _parse_shapes(args.shapes):
+        n_sub = int(min(n, max(20000, 2e6 * 64 / max(d, 64) * 64 / max(k, 64))))
+        X, _ = make_blobs(n_sub, d, centers=k, cluster_std=4.0, random_state=0)
+        X = X.astype(args.dtype)
+        km = SkKMeans(k, init="random" if args.fit_init == "random" else "k-means++", n_init=1,
+                      max_iter=args.fit_iters, tol=0.0, random_state=0, algorithm="lloyd")
+        t0 = time.perf_counter()
+        km.fit(X)
+        fit_s = time.perf_counter() - t0
+        out.append({"n": n, "d": d, "k": k, "rows": n_sub, "fit_s": fit_s, "n_iter": int(km.n_iter_),
+                    "scaled_fit_s": fit_s * n / n_sub, "scaled_iter_ms": 1e3 * fit_s / km.n_iter_ * n / n_sub,
+                    "cores": os.cpu_count()})
+        print(f"scikit-learn {n:.3g}x{d} k={k} on {n_sub} rows: fit {fit_s:.2f} s "
+              f"(scaled to the full rows: {out[-1]['scaled_fit_s']:.1f} s)", flush=True)
+    return out
 
 
 def _heat_worker(args, outfile):
@@ -304,7 +420,9 @@ def main(argv):
     os.makedirs(args.out, exist_ok=True)
     common = ["--algo", "kmeans", "--device", device, "--ranks", args.ranks, "--rows-per-rank", str(args.rows_per_rank),
               "--rows", str(args.rows), "--features", str(args.features), "--k", str(args.k), "--iters",
-              str(args.iters), "--dtype", args.dtype]
+              str(args.iters), "--dtype", args.dtype, "--fit-iters", str(args.fit_iters), "--fit-init", args.fit_init]
+    if args.shapes:
+        common += ["--shapes", args.shapes]
     env = dict(os.environ)
     if device == "cpu":
         env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(ranks)))
@@ -318,6 +436,16 @@ def main(argv):
             result = json.load(f)
         result.update({"algo": "kmeans", "device": device, "dtype": args.dtype, "features": args.features,
                        "k": args.k, "iters": args.iters, "machine": machine_info(), **stamp(["bench", "ml", *argv])})
+        if args.shapes:
+            if not args.no_sklearn:
+                result["sklearn_shapes"] = _sklearn_shapes(args)
+            base = os.path.join(args.out, f"ml_kmeans_{tag}")
+            with open(base + ".json", "w") as f:
+                json.dump(result, f, indent=1)
+            _plot_shapes(result, base + ".png")
+            _print_shapes(result)
+            print(f"wrote {base}.json and {base}.png")
+            return 0
         if not args.no_sklearn:
             n_sub = int(args.sklearn_rows)
             sk = _sklearn_baseline(args, n_sub)
@@ -337,6 +465,47 @@ def main(argv):
     _print_table(result)
     print(f"wrote {base}.json and {base}.png")
     return 0
+
+
+def _print_shapes(result):
+    sk = {(r["n"], r["d"], r["k"]): r for r in result.get("sklearn_shapes", [])}
+    print(f"\n{'shape':<20}{'ranks':>6}{'ms/iter':>10}{'floor':>9}{'x floor':>8}{'CuPy ms':>9}{'fit s':>8}"
+          f"{'sklearn fit s':>15}{'speed-up':>10}")
+    for r in result["shape_runs"]:
+        s = sk.get((r["n"], r["d"], r["k"]))
+        sks = s["scaled_fit_s"] if s else float("nan")
+        print(f"{r['n']:.0e}x{r['d']}x{r['k']:<8}{r['ranks']:>6}{r['iter_ms']:>10.3f}{r['floor_ms']:>9.3f}"
+              f"{r['ratio_to_floor']:>8.2f}{r['plain_cupy_iter_ms']:>9.2f}{r['fit_s']:>8.2f}{sks:>15.1f}"
+              f"{sks / r['fit_s']:>10.0f}")
+
+
+def _plot_shapes(result, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = result["shape_runs"]
+    shapes = sorted({(r["n"], r["d"], r["k"]) for r in runs}, key=lambda t: (t[1], t[2]))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4 * len(shapes), 3.8), squeeze=False)
+    for ax, shp in zip(axes[0], shapes):
+        rs = [r for r in runs if (r["n"], r["d"], r["k"]) == shp]
+        R = [r["ranks"] for r in rs]
+        ax.plot(R, [r["iter_ms"] for r in rs], "o-", label="mpiml")
+        ax.plot(R, [r["plain_cupy_iter_ms"] for r in rs], "s-", label="plain CuPy")
+        ax.plot(R, [r["floor_ms"] for r in rs], "k--", label="floor")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(R)
+        ax.set_xticklabels([str(r) for r in R])
+        ax.set_xlabel("GPUs")
+        ax.set_ylabel("ms per Lloyd iteration")
+        ax.set_title(f"{shp[0]:.0e} x {shp[1]}, k={shp[2]}, {result['dtype']}", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _run_heat(args, common, ranks, tmp, env):

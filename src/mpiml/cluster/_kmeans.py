@@ -530,13 +530,7 @@ default="k-means||"
         ndarray of shape (n_local_samples, n_clusters)
         """
         X, xp, centers, shift = self._local_input(X)
-        out = xp.empty((X.shape[0], centers.shape[0]), dtype=X.dtype)
-        step = ops.chunk_rows(X.shape[1], centers.shape[0], X.dtype.itemsize, self.batch_size,
-                              sparse=ops.is_sparse(X))
-        c_sq = (centers * centers).sum(axis=1)
-        for s in range(0, X.shape[0], step):
-            out[s:s + step] = xp.sqrt(ops.sq_distances(ops.shifted(X[s:s + step], shift), centers, c_sq))
-        return out
+        return ops.euclidean_distances(X, shift, centers, batch_size=self.batch_size)
 
     def fit_transform(self, X, y=None, sample_weight=None):
         """Fit, then return the distances of this rank's rows to the centres."""

@@ -19,6 +19,7 @@ __all__ = [
     "lloyd_step",
     "assign",
     "sq_distances",
+    "euclidean_distances",
     "chunk_rows",
     "PACK_EXTRA",
 ]
@@ -94,6 +95,23 @@ def sq_distances(Xc, C, c_sq=None):
     D += _row_sq_norms(Xc)[:, None]
     xp.maximum(D, 0, out=D)
     return D
+
+
+def euclidean_distances(X, shift, C, *, batch_size=None):
+    """(n, k) Euclidean distances of the rows of ``X`` (shifted by ``shift``) to the shifted centres ``C``.
+
+    Device arrays go through the fused pairwise kernel; host arrays through chunked BLAS products.
+    """
+    if _is_device(X):
+        from . import _gpu
+
+        return _gpu.euclidean_distances(X, shift, C)
+    out = np.empty((X.shape[0], C.shape[0]), dtype=X.dtype)
+    step = chunk_rows(X.shape[1], C.shape[0], X.dtype.itemsize, batch_size, sparse=is_sparse(X))
+    c_sq = (C * C).sum(axis=1)
+    for s in range(0, X.shape[0], step):
+        out[s:s + step] = np.sqrt(sq_distances(shifted(X[s:s + step], shift), C, c_sq))
+    return out
 
 
 def _contiguous_t(X, C):

@@ -1,0 +1,262 @@
+"""The fused distance kernels (``mpiml.kernels.distances``) against NumPy float64 references.
+
+Shapes cover odd d and k, k = 1, d = 1, tiles of d and k, non-contiguous input, float32 and
+float64, empty inputs and exact ties.  GPU host only (skipped elsewhere).
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(1, 1, 1), (7, 1, 3), (1000, 3, 5), (513, 1, 1), (5000, 17, 40), (4097, 64, 64), (3000, 33, 12),
+          (3000, 100, 300), (2000, 8, 1024), (700, 1030, 7), (900, 16, 16), (300, 5, 4100)]
+
+
+def _data(n, d, k, dtype, seed=0):
+    rs = np.random.RandomState(seed)
+    X = (rs.randn(n, d) + 3 * rs.randint(0, 5, size=(n, 1))).astype(dtype)
+    C = (X[rs.choice(n, k, replace=k > n)] + 0.1 * rs.randn(k, d)).astype(dtype)
+    return X, C
+
+
+def _ref_sq(X, C):
+    X64, C64 = X.astype(np.float64), C.astype(np.float64)
+    return ((X64[:, None, :] - C64[None, :, :]) ** 2).sum(-1) if X.size * C.shape[0] < 3e7 else \
+        np.maximum((X64 ** 2).sum(1)[:, None] + (C64 ** 2).sum(1)[None, :] - 2 * X64 @ C64.T, 0)
+
+
+def _near_tie_ok(D, got, want, rtol):
+    """Labels may differ only where the two distances are equal within rounding."""
+    bad = got != want
+    if not bad.any():
+        return True
+    rows = np.nonzero(bad)[0]
+    a, b = D[rows, got[rows]], D[rows, want[rows]]
+    return bool(np.all(np.abs(a - b) <= rtol * np.maximum(np.abs(b), 1e-30) + 1e-12))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("method", ["fused", "gemm"])
+@pytest.mark.parametrize("n,d,k", SHAPES)
+def test_argmin_matches_reference(n, d, k, dtype, method):
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    X, C = _data(n, d, k, dtype)
+    D = _ref_sq(X, C)
+    want = np.argmin(D, axis=1)
+    lab, dist = distances.argmin_sqeuclidean(cp.asarray(X), cp.asarray(C), method=method)
+    lab, dist = lab.get(), dist.get()
+    assert lab.dtype == np.int32 and dist.dtype == dtype
+    rtol = 1e-4 if dtype == np.float32 else 1e-10
+    assert _near_tie_ok(D, lab, want, rtol)
+    # the expansion |x|^2 - 2 x.c + |c|^2 loses digits relative to |x|^2 + |c|^2, not to the distance
+    X64, C64 = X.astype(np.float64), C.astype(np.float64)
+    scale = (X64 ** 2).sum(1) + (C64[lab] ** 2).sum(1) + 1e-30
+    eps = 1e-5 if dtype == np.float32 else 1e-13
+    np.testing.assert_array_less(np.abs(dist - D[np.arange(n), lab]) / scale, eps)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("accum,method", [("double", "fused"), ("float", "fused"), (None, "gemm")])
+@pytest.mark.parametrize("n,d,k", [(1, 1, 1), (1000, 3, 5), (5000, 17, 40), (4097, 64, 64), (3000, 100, 300),
+                                   (2000, 8, 1024), (700, 1030, 7), (20000, 16, 16)])
+def test_lloyd_step_matches_reference(n, d, k, dtype, accum, method):
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    X, C = _data(n, d, k, dtype, seed=1)
+    rs = np.random.RandomState(2)
+    w = rs.uniform(0.5, 2, n).astype(dtype)
+    shift = X.mean(0).astype(dtype)
+    Cs = (C - shift).astype(dtype)
+    sums, counts, inertia, lab = distances.lloyd_step(cp.asarray(X), cp.asarray(Cs), cp.asarray(w),
+                                                      shift=cp.asarray(shift), accum=accum, method=method)
+    lab = lab.get()
+    D = _ref_sq(X, C)
+    want = np.argmin(D, axis=1)
+    rtol = 1e-4 if dtype == np.float32 else 1e-10
+    assert _near_tie_ok(D, lab, want, rtol)
+    # sums and counts of the kernel's own labels, in float64
+    Xs = X.astype(np.float64) - shift.astype(np.float64)
+    ref_sums = np.zeros((k, d))
+    np.add.at(ref_sums, lab, Xs * w[:, None].astype(np.float64))
+    ref_counts = np.bincount(lab, weights=w.astype(np.float64), minlength=k)
+    ref_inertia = float(w.astype(np.float64) @ D[np.arange(n), lab])
+    tol = 1e-12 if dtype == np.float64 and accum != "float" else 2e-6
+    np.testing.assert_allclose(counts.get(), ref_counts, rtol=tol, atol=tol * ref_counts.max())
+    np.testing.assert_allclose(sums.get(), ref_sums, rtol=0, atol=max(tol, 1e-7) * np.abs(Xs).sum(0).max() / 10 + 1e-6)
+    assert abs(inertia - ref_inertia) <= (1e-5 if dtype == np.float32 else 1e-11) * ref_inertia
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lloyd_packed_changed_and_labels_in_place(dtype):
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    X, C = _data(3001, 9, 11, dtype, seed=3)
+    Xd, Cd = cp.asarray(X), cp.asarray(C)
+    labels = cp.full(3001, -1, cp.int32)
+    mind = cp.empty(3001, dtype)
+    p1 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind)
+    assert int(p1[-1].get()) == 3001                       # every label changed from -1
+    ref_lab, ref_d = distances.argmin_sqeuclidean(Xd, Cd)
+    assert bool((labels == ref_lab).all()) and bool(cp.allclose(mind, ref_d))
+    p2 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind)
+    assert int(p2[-1].get()) == 0                          # same centres: nothing changed
+    assert bool(cp.array_equal(p1[:-1], p2[:-1]))          # deterministic: the same bits twice
+    labels[:] = -1
+    p3 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind, method="gemm")
+    assert int(p3[-1].get()) == 3001 and bool((labels == ref_lab).all())
+    assert bool(cp.allclose(p3[:-1], p1[:-1], rtol=1e-5 if dtype == np.float32 else 1e-12))
+
+
+def test_non_contiguous_and_mixed_dtypes():
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    X, C = _data(2000, 24, 13, np.float64, seed=4)
+    Xd = cp.asarray(X)
+    Xv = Xd[::2, ::3]                                      # strided rows and columns
+    Cv = cp.asarray(C[:, ::3]).astype(cp.float32)          # cast to float64 by the wrapper
+    lab, dist = distances.argmin_sqeuclidean(Xv, Cv)
+    D = _ref_sq(X[::2, ::3], C[:, ::3].astype(np.float32).astype(np.float64))
+    assert _near_tie_ok(D, lab.get(), np.argmin(D, 1), 1e-10)
+    Xf = cp.asfortranarray(Xd)
+    lab2, _ = distances.argmin_sqeuclidean(Xf, cp.asarray(C))
+    lab3, _ = distances.argmin_sqeuclidean(Xd, cp.asarray(C))
+    assert bool((lab2 == lab3).all())
+
+
+def test_unaligned_rows_take_scalar_loads():
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    X, C = _data(1001, 8, 6, np.float32, seed=5)
+    buf = cp.zeros(X.size + 1, dtype=cp.float32)
+    buf[1:] = cp.asarray(X).ravel()
+    Xu = buf[1:].reshape(X.shape)                          # contiguous, 4 bytes past a 16-byte boundary
+    assert Xu.data.ptr % 16 != 0
+    lab, _ = distances.argmin_sqeuclidean(Xu, cp.asarray(C))
+    D = _ref_sq(X, C)
+    assert _near_tie_ok(D, lab.get(), np.argmin(D, 1), 1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_empty_inputs(dtype):
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    X = cp.empty((0, 5), dtype=dtype)
+    C = cp.ones((3, 5), dtype=dtype)
+    lab, dist = distances.argmin_sqeuclidean(X, C)
+    assert lab.shape == (0,) and dist.shape == (0,)
+    sums, counts, inertia, lab = distances.lloyd_step(X, C)
+    assert sums.shape == (3, 5) and float(abs(sums).sum()) == 0 and float(counts.sum()) == 0 and inertia == 0
+    assert distances.pairwise_distances(X, C).shape == (0, 3)
+
+
+def test_ties_go_to_the_lower_index():
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    # every row is exactly as far from centres 2j and 2j+1 (mirror images): the lower wins
+    rs = np.random.RandomState(6)
+    k, d = 200, 6
+    base = rs.randint(-4, 5, size=(k // 2, d)).astype(np.float64)
+    off = np.zeros(d)
+    off[0] = 1.0
+    C = np.empty((k, d))
+    C[0::2], C[1::2] = base - off, base + off
+    X = np.repeat(base, 7, axis=0)                         # rows at the midpoints, integers: exact
+    for dtype in (np.float32, np.float64):
+        lab, dist = distances.argmin_sqeuclidean(cp.asarray(X.astype(dtype)), cp.asarray(C.astype(dtype)))
+        want = np.argmin(_ref_sq(X, C), axis=1)            # numpy also takes the first minimum
+        assert bool((lab.get() == want).all())
+        assert bool((lab.get() % 2 == 0).all())
+
+
+@pytest.mark.parametrize("metric", ["sqeuclidean", "euclidean", "inner_product", "cosine"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n,m,d", [(1, 1, 1), (300, 517, 3), (129, 1000, 70), (64, 4100, 16), (10, 20, 1030)])
+def test_pairwise_matches_reference(metric, dtype, n, m, d):
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    rs = np.random.RandomState(7)
+    X = rs.randn(n, d).astype(dtype)
+    Y = rs.randn(m, d).astype(dtype)
+    Y[0] = 0                                               # a zero row (cosine: distance 1)
+    got = distances.pairwise_distances(cp.asarray(X), cp.asarray(Y), metric=metric).get()
+    X64, Y64 = X.astype(np.float64), Y.astype(np.float64)
+    if metric in ("sqeuclidean", "euclidean"):
+        ref = _ref_sq(X, Y)
+        if metric == "euclidean":
+            ref = np.sqrt(ref)
+    elif metric == "inner_product":
+        ref = -X64 @ Y64.T
+    else:
+        nx = np.linalg.norm(X64, axis=1)[:, None]
+        ny = np.linalg.norm(Y64, axis=1)[None, :]
+        ref = 1 - (X64 @ Y64.T) / np.where(nx * ny > 0, nx * ny, np.inf)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    scale = np.abs(ref).max() + 1
+    np.testing.assert_allclose(got, ref, rtol=0, atol=tol * scale * (10 if metric == "euclidean" else 1))
+
+
+@pytest.mark.parametrize("metric", ["sqeuclidean", "inner_product", "cosine"])
+def test_topk_like_brute_force_with_ties(metric):
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    rs = np.random.RandomState(8)
+    X = rs.randint(-3, 4, size=(3000, 5)).astype(np.float64)  # many exact ties
+    Q = rs.randint(-3, 4, size=(77, 5)).astype(np.float64)
+    dist, idx = distances.topk(cp.asarray(Q), cp.asarray(X), 25, metric=metric, block_bytes=1 << 20)
+    if metric == "sqeuclidean":
+        D = _ref_sq(Q, X)
+    elif metric == "inner_product":
+        D = -Q @ X.T
+    else:
+        D = 1 - (Q @ X.T) / np.maximum(np.linalg.norm(Q, axis=1)[:, None] * np.linalg.norm(X, axis=1)[None, :],
+                                       1e-300)
+    order = np.argsort(D, axis=1, kind="stable")[:, :25]
+    want_d = np.take_along_axis(D, order, axis=1)
+    np.testing.assert_allclose(dist.get(), want_d, atol=1e-9)
+    if metric != "cosine":                                 # cosine of integers is not exact: ties blur
+        np.testing.assert_array_equal(idx.get(), order)
+
+
+def test_errors():
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    with pytest.raises(TypeError, match="float32 or float64"):
+        distances.argmin_sqeuclidean(cp.ones((3, 2), cp.int32), cp.ones((1, 2), cp.int32))
+    with pytest.raises(ValueError, match="features"):
+        distances.argmin_sqeuclidean(cp.ones((3, 2)), cp.ones((1, 3)))
+    with pytest.raises(ValueError, match="method"):
+        distances.argmin_sqeuclidean(cp.ones((3, 2)), cp.ones((1, 2)), method="blas")
+    with pytest.raises(ValueError, match="unknown metric"):
+        distances.pairwise_distances(cp.ones((3, 2)), cp.ones((1, 2)), metric="manhattan")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_lloyd_step_spmd_with_empty_shard(mpi, n):
+    mpi(os.path.join(HERE, "distances_spmd_script.py"), n, timeout=240)
