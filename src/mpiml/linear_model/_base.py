@@ -1,0 +1,137 @@
+"""Shared pieces of the linear models: agreed reductions, target validation, global scores.
+
+Every reduction whose result steers a solver (a Gram matrix, a loss, a
+gradient) goes through :func:`allreduce_identical`: a float64 host buffer
+reduced to rank 0 along a binomial tree and broadcast back, so every rank
+holds the same bits and takes the same decisions.
+"""
+
+import numpy as np
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import validate_data as _sk_validate_data
+
+from .._array import is_device_array, to_numpy
+from .._errors import DistributedInputError
+from ..utils._validation import _combine, _finite_flags, _nonfinite_message, validate_data
+
+__all__ = ["allreduce_identical", "validate_X_y", "local_X", "chunk_rows", "global_classes", "as_like"]
+
+#: Bytes of one float64 row chunk converted at a time (bounds the temporary memory).
+_CHUNK_BYTES = 64 << 20
+
+
+def allreduce_identical(comm, x):
+    """Sum a host float64 vector over ranks; the result is bit-identical on every rank.
+
+    The communicator's ``binomial`` algorithm reduces to rank 0 and
+    broadcasts, so no rank sees a differently rounded sum (a native MPI
+    allreduce does not promise that).
+    """
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    if comm.size == 1:
+        return x
+    return comm.allreduce(x, algorithm="binomial")
+
+
+def chunk_rows(n_cols, itemsize=8):
+    """Rows per chunk so that one float64 chunk of ``n_cols`` columns stays near 64 MiB."""
+    return max(1024, _CHUNK_BYTES // max(1, n_cols * itemsize))
+
+
+def as_like(array, xp, dtype=None):
+    """A host or device copy of ``array`` on namespace ``xp`` (optionally cast)."""
+    if xp is np:
+        out = to_numpy(array)
+    else:
+        out = array if is_device_array(array) else xp.asarray(array)
+    return out if dtype is None else out.astype(dtype, copy=False)
+
+
+def _sk_single(comm, X, y):
+    return comm.size == 1 and not is_device_array(X) and not is_device_array(y)
+
+
+def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True):
+    """Validate this rank's ``X`` and ``y`` and agree on them across ranks.
+
+    On one process with host input, scikit-learn's ``validate_data`` (its exact
+    messages).  Otherwise :func:`mpiml.utils.validate_data` for ``X``, then
+    local checks of ``y`` (length, dimensions, numeric, finite) agreed with one
+    ``allgather_obj`` and raised as the same :class:`DistributedInputError` on
+    every rank.
+
+    Returns
+    -------
+    X, y, xp
+        ``y`` is on the namespace of ``X``; float for regressors (``y_numeric``).
+    """
+    if _sk_single(comm, X, y):
+        X, y = _sk_validate_data(estimator, X, y, reset=reset, dtype=[np.float64, np.float32],
+                                 y_numeric=y_numeric, multi_output=multi_output)
+        if y_numeric and y.dtype.kind != "f":
+            y = y.astype(np.float64)
+        return X, y, np
+    X, xp = validate_data(estimator, X, comm=comm, reset=reset)
+    error = None
+    try:
+        if y is None:
+            raise ValueError(f"{type(estimator).__name__} requires y to be passed, but the target y is None.")
+        if xp is np:
+            y = to_numpy(y) if is_device_array(y) else np.asarray(y)
+        else:
+            y = as_like(y, xp)
+        if y.ndim == 2 and y.shape[1] == 1 and not multi_output:
+            y = y.ravel()
+        if y.ndim not in ((1, 2) if multi_output else (1,)):
+            raise ValueError(f"y should be a 1d array{' or 2d array' if multi_output else ''}, got an array "
+                             f"of shape {tuple(y.shape)} instead.")
+        if y.shape[0] != X.shape[0]:
+            raise ValueError(f"Found input variables with inconsistent numbers of samples: "
+                             f"[{X.shape[0]}, {y.shape[0]}]")
+        if y_numeric:
+            if y.dtype.kind not in "biuf":
+                raise ValueError(f"y must be numeric; got dtype {y.dtype}")
+            if y.dtype.kind != "f":
+                y = y.astype(xp.float64)
+            has_nan, has_inf = _finite_flags(y, xp, True)
+            if has_nan or has_inf:
+                raise ValueError(_nonfinite_message(has_nan, has_inf, y.dtype, None, "y"))
+        else:
+            if y.dtype.kind == "f":
+                has_nan, has_inf = _finite_flags(y, xp, True)
+                if has_nan or has_inf:
+                    raise ValueError(_nonfinite_message(has_nan, has_inf, y.dtype, None, "y"))
+            if y.shape[0]:
+                check_classification_targets(to_numpy(y))
+    except Exception as exc:
+        error = str(exc)
+    if comm.size > 1:
+        msg = _combine(comm.allgather_obj(error), "Invalid input y")
+        if msg is not None:
+            raise DistributedInputError(msg)
+    elif error is not None:
+        raise ValueError(error)
+    return X, y, xp
+
+
+def local_X(estimator, X):
+    """Validate rows for a local method (predict, decision_function): no communication."""
+    from ..comm import get_comm
+
+    estimator._check_is_fitted()
+    X, xp = validate_data(estimator, X, comm=get_comm("self"), reset=False)
+    return X, xp
+
+
+def global_classes(y, comm):
+    """The sorted union of the labels of every rank (one ``allgather_obj``).
+
+    Labels of any type that NumPy sorts (numbers, strings) are accepted; a
+    rank without rows contributes nothing.
+    """
+    local = np.unique(to_numpy(y)) if y.shape[0] else None
+    parts = comm.allgather_obj(local) if comm.size > 1 else [local]
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return np.array([])
+    return np.unique(np.concatenate(parts))
