@@ -10,7 +10,7 @@ import numpy as np
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data as _sk_validate_data
 
-from .._array import is_device_array, to_numpy
+from .._array import get_namespace, is_device_array, to_numpy
 from .._errors import DistributedInputError
 from ..utils._validation import _combine, _finite_flags, _nonfinite_message, validate_data
 
@@ -70,6 +70,8 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True):
                                  y_numeric=y_numeric, multi_output=multi_output)
         if y_numeric and y.dtype.kind != "f":
             y = y.astype(np.float64)
+        if not y_numeric:
+            check_classification_targets(y)
         return X, y, np
     X, xp = validate_data(estimator, X, comm=comm, reset=reset)
     error = None
@@ -119,6 +121,13 @@ def local_X(estimator, X):
     from ..comm import get_comm
 
     estimator._check_is_fitted()
+    if getattr(X, "ndim", None) == 2 and X.shape[0] == 0 and X.dtype.kind in "biuf":
+        # a rank without rows: valid in SPMD (scikit-learn's one-process check would refuse it)
+        xp = get_namespace(X)
+        if X.shape[1] != estimator.n_features_in_:
+            raise ValueError(f"X has {X.shape[1]} features, but {type(estimator).__name__} is expecting "
+                             f"{estimator.n_features_in_} features as input.")
+        return X.astype(X.dtype if X.dtype.kind == "f" else xp.float64), xp
     X, xp = validate_data(estimator, X, comm=get_comm("self"), reset=False)
     return X, xp
 

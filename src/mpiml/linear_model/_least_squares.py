@@ -403,7 +403,9 @@ class Ridge(_LinearRegressorBase):
     """Least squares with an L2 penalty over the rows of every rank (SPMD), NumPy or CuPy.
 
     Minimises ``||sqrt(W) (y - Xw - b)||² + alpha ||w||²`` (the intercept is
-    not penalised), one problem per target.
+    not penalised), one problem per target.  The solvers are direct, so
+    scikit-learn's ``max_iter``, ``tol`` and ``random_state`` have no
+    counterpart here.
 
     Parameters
     ----------
@@ -413,10 +415,6 @@ class Ridge(_LinearRegressorBase):
         Whether to fit an intercept.
     copy_X : bool, default=True
         Accepted for compatibility; ``X`` is never modified.
-    max_iter : int or None, default=None
-        Accepted for compatibility (the solvers are direct).
-    tol : float, default=1e-4
-        Accepted for compatibility (the solvers are direct).
     solver : {"auto", "cholesky", "normal", "svd", "tsqr"}, default="auto"
         ``"cholesky"`` (alias ``"normal"``, and what ``"auto"`` picks): the
         normal equations ``(XᵀWX + alpha I) w = XᵀWy`` solved by Cholesky (an
@@ -424,8 +422,6 @@ class Ridge(_LinearRegressorBase):
         ``"tsqr"``): the SVD of the TSQR factor ``R`` of ``[X | y]``.
     positive : bool, default=False
         Only ``False`` (``True`` raises ``ValueError`` in :meth:`fit`).
-    random_state : None
-        Accepted for compatibility; nothing is random.
     comm : Communicator or None, default=None
         Communicator of the ranks that share the data; None is the world.
 
@@ -459,24 +455,17 @@ class Ridge(_LinearRegressorBase):
         "alpha": [Interval(Real, 0, None, closed="left"), np.ndarray, list, tuple],
         "fit_intercept": ["boolean"],
         "copy_X": ["boolean"],
-        "max_iter": [None, Interval(Integral, 1, None, closed="left")],
-        "tol": [Interval(Real, 0, None, closed="left")],
         "solver": [StrOptions({"auto", "cholesky", "normal", "svd", "tsqr"})],
         "positive": ["boolean"],
-        "random_state": ["random_state"],
     }
     _saved_attributes = ("coef_", "intercept_", "n_iter_", "solver_")
 
-    def __init__(self, alpha=1.0, *, fit_intercept=True, copy_X=True, max_iter=None, tol=1e-4, solver="auto",
-                 positive=False, random_state=None, comm=None):
+    def __init__(self, alpha=1.0, *, fit_intercept=True, copy_X=True, solver="auto", positive=False, comm=None):
         self.alpha = alpha
         self.fit_intercept = fit_intercept
         self.copy_X = copy_X
-        self.max_iter = max_iter
-        self.tol = tol
         self.solver = solver
         self.positive = positive
-        self.random_state = random_state
         self.comm = comm
 
     def _alphas(self, n_targets):
