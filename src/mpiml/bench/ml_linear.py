@@ -11,7 +11,9 @@ The driver then regenerates the same dataset in one process and times
 scikit-learn on every host core, on all rows when they fit under
 ``--sklearn-rows`` (for logreg the objective values are then compared), else
 on the first ``--sklearn-rows`` rows with the time scaled by the row ratio
-(marked ``"extrapolated"`` in the JSON).  Results: a table on the terminal,
+(marked ``"extrapolated"`` in the JSON).  Rank 0 measures the copy bandwidth and float64
+GEMM rate of its device first; each configuration's floor (see :func:`_floor`) is reported
+beside its time.  Results: a table on the terminal,
 ``ml_<algo>_<tag>.json`` and ``.png``.
 """
 
@@ -105,6 +107,22 @@ def _plain_cupy_linreg(X, y, xp, repeats):
     return min(times)
 
 
+def _floor(args, row, n_local, itemsize, rates):
+    """Seconds the slowest rank cannot beat: its reads of the shard or its float64 flops.
+
+    linreg (normal equations, with intercept): two reads (means, then Gram)
+    and ``2 n d²`` flops.  logreg: per function evaluation two reads
+    (``X W`` and ``Gᵀ X``) and ``4 n d m`` flops, times the evaluations.
+    """
+    d = args.features
+    nbytes = n_local * d * itemsize
+    bw, flops = rates["copy_bandwidth_Bps"], rates["gemm_flops"]
+    if args.algo == "linreg":
+        return max(2 * nbytes / bw, 2.0 * n_local * d * d / flops)
+    m = 1 if args.classes == 2 else args.classes
+    return row["fun_evals"] * max(2 * nbytes / bw, 4.0 * n_local * d * m / flops)
+
+
 def _worker(args, outfile):
     import mpiml
 
@@ -119,6 +137,10 @@ def _worker(args, outfile):
     else:
         xp = np
     results = {"runs": []}
+    if world.rank == 0:
+        from .ml import _measure_rates
+
+        results["rates"] = _measure_rates(xp, np.float64)  # the solvers accumulate in float64
     for R in [int(r) for r in args.ranks.split(",")]:
         sub = world.split(0 if world.rank < R else None, key=world.rank)
         if sub is not None:
@@ -136,6 +158,7 @@ def _worker(args, outfile):
             with mpiml.profile() as prof:
                 est.fit(X, y)
             ops = prof.summary()["ops"]
+            n_max = sub.allreduce_obj(int(X.shape[0]), op="max") if sub.size > 1 else int(X.shape[0])
             if sub.rank == 0:
                 row = {"ranks": R, "fit_s": min(times), "fit_s_median": float(np.median(times)),
                        "collectives": {op: {"calls": o["calls"], "bytes": o["bytes"]} for op, o in ops.items()}}
@@ -146,6 +169,9 @@ def _worker(args, outfile):
                     row["intercept"] = np.asarray(est.intercept_.get() if use_gpu else est.intercept_).tolist()
                 if R == 1 and use_gpu and args.algo == "linreg":
                     row["plain_cupy_fit_s"] = _plain_cupy_linreg(X, y, xp, args.repeats)
+                row["n_per_rank_max"] = n_max
+                row["floor_s"] = _floor(args, row, n_max, np.dtype(args.dtype).itemsize, results["rates"])
+                row["ratio_to_floor"] = row["fit_s"] / row["floor_s"]
                 results["runs"].append(row)
                 extra = f", plain CuPy {row['plain_cupy_fit_s']:.4f} s" if "plain_cupy_fit_s" in row else ""
                 print(f"ranks={R}: fit {row['fit_s']:.4f} s (median {row['fit_s_median']:.4f}){extra}", flush=True)
@@ -217,6 +243,7 @@ def _plot(result, path):
     R = [r["ranks"] for r in runs]
     fig, ax = plt.subplots(figsize=(6, 4.2))
     ax.plot(R, [r["fit_s"] for r in runs], "o-", label=f"mpiml {result['estimator']}")
+    ax.plot(R, [r["floor_s"] for r in runs], "k--", label="floor (reads of the shard, float64 GEMM)")
     sk = result.get("sklearn")
     if sk and "fit_s_full" in sk:
         note = " (extrapolated by rows)" if sk["extrapolated"] else ""
@@ -239,11 +266,13 @@ def _plot(result, path):
 def _print_table(result):
     sk = result.get("sklearn", {})
     ref = sk.get("fit_s_full")
-    print(f"\n{'ranks':>6}{'fit s':>10}{'speed-up vs sklearn':>22}{'allreduces':>12}{'objective rel':>15}")
+    print(f"\n{'ranks':>6}{'fit s':>10}{'floor s':>10}{'x floor':>9}{'speed-up vs sklearn':>22}{'allreduces':>12}"
+          f"{'objective rel':>15}")
     for r in result["runs"]:
         ar = r["collectives"].get("allreduce", {}).get("calls", 0)
         obj = r.get("objective_rel_to_sklearn")
-        print(f"{r['ranks']:>6}{r['fit_s']:>10.4f}{(ref / r['fit_s'] if ref else float('nan')):>22.1f}{ar:>12}"
+        print(f"{r['ranks']:>6}{r['fit_s']:>10.4f}{r['floor_s']:>10.4f}{r['ratio_to_floor']:>9.1f}"
+              f"{(ref / r['fit_s'] if ref else float('nan')):>22.1f}{ar:>12}"
               f"{(f'{obj:.2e}' if obj is not None else '-'):>15}")
     if ref:
         note = f" (measured on {sk['rows']:.3g} rows, scaled)" if sk["extrapolated"] else ""

@@ -34,32 +34,46 @@ def _as_2d_targets(y):
 def _weighted_means(X, Y, sw, *, comm, xp):
     """Global weighted means of the columns of X and Y and the weight sum (one allreduce).
 
-    Returns host float64 ``(x_mean, y_mean, sw_sum)``.
+    ``sw=None`` means unit weights.  Returns host float64 ``(x_mean, y_mean, sw_sum)``.
     """
     d, t = X.shape[1], Y.shape[1]
     pack = np.zeros(d + t + 1)
     if X.shape[0]:
-        w = sw.astype(xp.float64)
-        pack[:d] = as_like(w @ X.astype(xp.float64, copy=False), np)
-        pack[d:d + t] = as_like(w @ Y.astype(xp.float64, copy=False), np)
-        pack[-1] = float(w.sum())
+        if sw is None:
+            ones = xp.ones(X.shape[0], dtype=X.dtype)
+            # a GEMV in X's dtype for float64 (much faster than a strided sum); float32 sums in float64
+            pack[:d] = as_like(ones @ X if X.dtype == xp.float64 else X.sum(axis=0, dtype=xp.float64), np)
+            pack[d:d + t] = as_like(Y.sum(axis=0, dtype=xp.float64), np)
+            pack[-1] = X.shape[0]
+        else:
+            w = sw.astype(xp.float64)
+            pack[:d] = as_like(w @ X.astype(xp.float64, copy=False), np)
+            pack[d:d + t] = as_like(w @ Y.astype(xp.float64, copy=False), np)
+            pack[-1] = float(w.sum())
     pack = allreduce_identical(comm, pack)
     return pack[:d] / pack[-1], pack[d:d + t] / pack[-1], float(pack[-1])
 
 
 def _scaled_chunks(X, Y, sw, x_mean, y_mean, xp):
-    """Yield float64 chunks ``sqrt(w) * (X - x_mean)`` and ``sqrt(w) * (Y - y_mean)``."""
-    xm = xp.asarray(x_mean) if x_mean is not None else None
-    ym = xp.asarray(y_mean) if y_mean is not None else None
-    step = chunk_rows(X.shape[1] + Y.shape[1])
+    """Yield float64 chunks ``sqrt(w) * (X - x_mean)`` and ``sqrt(w) * (Y - y_mean)``.
+
+    Each chunk costs one pass over its rows (the subtraction or the cast makes
+    the float64 copy; the scaling is in place); float64 input without centring
+    or weights is used as is.
+    """
+    step = chunk_rows(X.shape[1] + Y.shape[1], xp=xp)
+    xm = None if x_mean is None else xp.asarray(x_mean)
+    ym = None if y_mean is None else xp.asarray(y_mean)
     for s in range(0, X.shape[0], step):
-        Xc = X[s:s + step].astype(xp.float64)
-        Yc = Y[s:s + step].astype(xp.float64)
-        if xm is not None:
-            Xc -= xm
-            Yc -= ym
-        root = xp.sqrt(sw[s:s + step].astype(xp.float64))[:, None]
-        yield Xc * root, Yc * root
+        parts = []
+        for A, m in ((X[s:s + step], xm), (Y[s:s + step], ym)):
+            A = A.astype(xp.float64, copy=False) if m is None else A - m
+            A = A.astype(xp.float64, copy=False)  # (A - m is already float64: m is)
+            parts.append(A)
+        if sw is not None:
+            root = xp.sqrt(sw[s:s + step].astype(xp.float64))[:, None]
+            parts = [A * root for A in parts]
+        yield parts[0], parts[1]
 
 
 def _gram(X, Y, sw, x_mean, y_mean, *, comm, xp):
@@ -382,6 +396,7 @@ class LinearRegression(_LinearRegressorBase):
             raise ValueError("positive=True is not supported by mpiml's LinearRegression (non-negative least "
                              "squares needs an iterative solver); use positive=False.")
         X, y, sw, xp, comm = self._fit_common(X, y, sample_weight)
+        sw = None if sample_weight is None else sw
         solver = "normal" if self.solver == "auto" else self.solver
         coef, intercept, (rank, sing) = _solve_least_squares(
             X, y, sw, fit_intercept=self.fit_intercept, solver=solver, comm=comm, xp=xp,
@@ -497,6 +512,7 @@ class Ridge(_LinearRegressorBase):
         if self.positive:
             raise ValueError("positive=True is not supported by mpiml's Ridge; use positive=False.")
         X, y, sw, xp, comm = self._fit_common(X, y, sample_weight)
+        sw = None if sample_weight is None else sw
         alphas = self._alphas(1 if y.ndim == 1 else y.shape[1])
         solver = "svd" if self.solver in ("svd", "tsqr") else "cholesky"
         coef, intercept, _ = _solve_least_squares(

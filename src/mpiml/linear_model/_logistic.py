@@ -130,7 +130,7 @@ class _Objective:
         xp, X, sw = self.xp, self.X, self.sw
         D, k = self.d + self.fi, self.k
         H = xp.zeros((k * D, k * D), dtype=xp.float64)
-        step = max(1, chunk_rows(k * D) // max(1, k))
+        step = max(1, chunk_rows(k * D, xp=xp) // max(1, k))
         for s in range(0, X.shape[0], step):
             Xa = X[s:s + step].astype(xp.float64)
             if self.fi:
