@@ -19,6 +19,7 @@ import scipy.linalg
 from sklearn.base import MultiOutputMixin, RegressorMixin
 
 from ..base import SPMDEstimator
+from ..utils._linalg import tsqr
 from ..utils._param_validation import Interval, StrOptions
 from ..utils._validation import validate_sample_weight
 from ._base import allreduce_identical, as_like, chunk_rows, local_X, validate_X_y
@@ -102,20 +103,17 @@ def _tsqr_r(X, Y, sw, x_mean, y_mean, *, comm, xp):
     """``R`` of the global centred, weighted ``[X | Y]`` (TSQR), the same on every rank.
 
     Locally the shard is reduced chunk by chunk (QR of the running ``R``
-    stacked on the next chunk); the ``size`` local factors are then gathered
-    (one allgather of ``(d + t)²`` float64 per rank) and every rank takes the
-    QR of the same stacked matrix on the host, so ``R`` is bit-identical.
+    stacked on the next chunk, so memory stays bounded); the local factors are
+    then combined by :func:`mpiml.utils._linalg.tsqr` (one allgather of a
+    ``(d + t)²`` factor per rank, or a binary tree beyond 16 ranks), which
+    returns ``R`` with a non-negative diagonal, replicated on every rank.
     """
     k = X.shape[1] + Y.shape[1]
     R = xp.zeros((0, k), dtype=xp.float64)
     for Xc, Yc in _scaled_chunks(X, Y, sw, x_mean, y_mean, xp):
         R = _qr_r(xp.concatenate([R, xp.concatenate([Xc, Yc], axis=1)]), xp)
-    R = as_like(_qr_r(R, xp), np)
-    if comm.size > 1:
-        R = _qr_r(np.asarray(comm.allgather(np.ascontiguousarray(R))).reshape(-1, k), np)
-    # a fixed sign convention (positive diagonal where it is non-zero) for reproducible factors
-    signs = np.where(np.diag(R) < 0, -1.0, 1.0)
-    return R * signs[:, None]
+    _, R = tsqr(_qr_r(R, xp), comm)
+    return as_like(R, np)
 
 
 def _lstsq_from_gram(G, B, cond):
