@@ -230,6 +230,11 @@ def error_checks(X, y):
             expect_error(lambda: est.fit(Xf, yl), cls, "features", f"{name}: n_features differs")
         yshort = yl if rank != last else yl[:-1]
         expect_error(lambda: est.fit(Xl, yshort), cls, "inconsistent numbers of samples", f"{name}: len(y)")
+    if size > 1:
+        Y2 = np.column_stack([yl, yl]) if rank == last else yl
+        expect_error(lambda: LinearRegression().fit(Xl, Y2), cls, "same shape", "y 1-d here, 2-d there")
+        ymix = yl.astype(str) if rank == last else yl
+        expect_error(lambda: LogisticRegression().fit(Xl, ymix), cls, "text labels", "labels text here only")
     expect_error(lambda: LogisticRegression().fit(Xl, np.full(len(Xl), 7)), ValueError, "only one class",
                  "one class only")
     expect_error(lambda: LinearRegression(positive=True).fit(Xl, yl), ValueError, "positive=True",

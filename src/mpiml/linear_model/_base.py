@@ -111,12 +111,30 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True):
     except Exception as exc:
         error = str(exc)
     if comm.size > 1:
-        msg = _combine(comm.allgather_obj(error), "Invalid input y")
+        facts = None if error else (tuple(y.shape[1:]), y.dtype.kind in "USO")
+        gathered = comm.allgather_obj((error, facts))
+        msg = _combine([e for e, _ in gathered], "Invalid input y") or _y_mismatch([f for _, f in gathered])
         if msg is not None:
             raise DistributedInputError(msg)
     elif error is not None:
         raise ValueError(error)
     return X, y, xp
+
+
+def _y_mismatch(facts):
+    """The message for targets whose shape or kind (labels as text vs numbers) differ across ranks."""
+    def describe(i, value):
+        if i == 0:
+            return "a 1-d target" if not value else f"{value[0]} target columns"
+        return "text labels" if value else "numeric labels"
+
+    for i in (0, 1):
+        ref = facts[0][i]
+        bad = [r for r, f in enumerate(facts) if f[i] != ref]
+        if bad:
+            return (f"y has {describe(i, facts[bad[0]][i])} on rank(s) {bad} but {describe(i, ref)} on rank 0 "
+                    "(every rank must pass targets of the same shape and kind).")
+    return None
 
 
 def local_X(estimator, X):

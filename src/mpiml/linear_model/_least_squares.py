@@ -68,9 +68,8 @@ def _scaled_chunks(X, Y, sw, x_mean, y_mean, xp):
     for s in range(0, X.shape[0], step):
         parts = []
         for A, m in ((X[s:s + step], xm), (Y[s:s + step], ym)):
-            A = A.astype(xp.float64, copy=False) if m is None else A - m
-            A = A.astype(xp.float64, copy=False)  # (A - m is already float64: m is)
-            parts.append(A)
+            A = A if m is None else A - m  # m is float64, so the difference is a float64 copy
+            parts.append(A.astype(xp.float64, copy=False))
         if sw is not None:
             root = xp.sqrt(sw[s:s + step].astype(xp.float64))[:, None]
             parts = [A * root for A in parts]
