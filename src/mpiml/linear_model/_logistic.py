@@ -117,15 +117,16 @@ class _Objective:
             G *= sw[:, None]
         out[0] = float(sw.astype(xp.float64) @ loss.astype(xp.float64))
         grad = np.zeros((self.k, D))
-        grad[:, :self.d] = as_like(G.T.astype(xp.float64) @ X.astype(xp.float64, copy=False), np)
+        # Gᵀ X in X's dtype (no float64 copy of a float32 shard per evaluation, as scikit-learn), float64 after
+        grad[:, :self.d] = as_like((G.T.astype(X.dtype) @ X).astype(xp.float64), np)
         if self.fi:
             grad[:, self.d] = as_like(G.astype(xp.float64).sum(axis=0), np)
         out[1:1 + npar] = grad.ravel()
         if hessian:
-            out[1 + npar:] = self._local_hessian(raw, p if self.binary else P).ravel()
+            out[1 + npar:] = self._local_hessian(p if self.binary else P).ravel()
         return out
 
-    def _local_hessian(self, raw, prob):
+    def _local_hessian(self, prob):
         """``Σ_rows w·x̃ x̃ᵀ ⊗ (diag(p) - p pᵀ)`` with ``x̃ = [x, 1]``, float64, chunked."""
         xp, X, sw = self.xp, self.X, self.sw
         D, k = self.d + self.fi, self.k
