@@ -123,6 +123,34 @@ def _floor(args, row, n_local, itemsize, rates):
     return row["fun_evals"] * max(2 * nbytes / bw, 4.0 * n_local * d * m / flops)
 
 
+def _generate(args, sub, R, use_gpu, results):
+    """This configuration's data in ``results["_data"]``; False (on every rank of ``sub``) if any rank failed.
+
+    A rank short of memory must not leave the others waiting in a collective:
+    the failure is agreed and the configuration recorded as skipped.
+    """
+    from ..utils._validation import agree_on_error
+
+    error = None
+    try:
+        results["_data"] = _data(args, sub, "gpu" if use_gpu else "cpu")
+    except Exception as exc:  # typically out of memory at the largest size per rank
+        error = exc
+    try:
+        agree_on_error(sub, error, error_class=RuntimeError, prefix=f"data for {R} rank(s)")
+    except Exception as exc:
+        results.pop("_data", None)
+        if use_gpu:
+            import cupy
+
+            cupy.get_default_memory_pool().free_all_blocks()
+        if sub.rank == 0:
+            results["runs"].append({"ranks": R, "skipped": f"{type(exc).__name__}: {exc}"[:400]})
+            print(f"ranks={R}: skipped ({type(exc).__name__}: {str(exc)[:200]})", flush=True)
+        return False
+    return True
+
+
 def _worker(args, outfile):
     import mpiml
 
@@ -143,8 +171,8 @@ def _worker(args, outfile):
         results["rates"] = _measure_rates(xp, np.float64)  # the solvers accumulate in float64
     for R in [int(r) for r in args.ranks.split(",")]:
         sub = world.split(0 if world.rank < R else None, key=world.rank)
-        if sub is not None:
-            X, y = _data(args, sub, "gpu" if use_gpu else "cpu")
+        if sub is not None and _generate(args, sub, R, use_gpu, results):
+            X, y = results.pop("_data")
             est = _estimator(args, sub)
             est.fit(X, y)  # warm-up (kernel compilation, memory pools)
             times = []
@@ -226,7 +254,7 @@ def _sklearn_baseline(args, result):
             classes = est.classes_
             ref = _logistic_objective(X, y, est.coef_, est.intercept_, 1.0, classes)
             out["objective"] = ref
-            for run in result["runs"]:
+            for run in (r for r in result["runs"] if "coef" in r):
                 mine = _logistic_objective(X, y, run["coef"], run["intercept"], 1.0, classes)
                 run["objective"] = mine
                 run["objective_rel_to_sklearn"] = (mine - ref) / abs(ref)
@@ -239,7 +267,7 @@ def _plot(result, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = result["runs"]
+    runs = [r for r in result["runs"] if "fit_s" in r]
     R = [r["ranks"] for r in runs]
     fig, ax = plt.subplots(figsize=(6, 4.2))
     ax.plot(R, [r["fit_s"] for r in runs], "o-", label=f"mpiml {result['estimator']}")
@@ -269,6 +297,9 @@ def _print_table(result):
     print(f"\n{'ranks':>6}{'fit s':>10}{'floor s':>10}{'x floor':>9}{'speed-up vs sklearn':>22}{'allreduces':>12}"
           f"{'objective rel':>15}")
     for r in result["runs"]:
+        if "fit_s" not in r:
+            print(f"{r['ranks']:>6}  skipped: {r['skipped'][:100]}")
+            continue
         ar = r["collectives"].get("allreduce", {}).get("calls", 0)
         obj = r.get("objective_rel_to_sklearn")
         print(f"{r['ranks']:>6}{r['fit_s']:>10.4f}{r['floor_s']:>10.4f}{r['ratio_to_floor']:>9.1f}"
