@@ -12,9 +12,10 @@ from ._errors import (  # noqa: E402
     NotFittedError,
 )
 from .comm._profile import profile  # noqa: E402
+from ._init import device_info, init  # noqa: E402
 
 __all__ = [
-    "__version__", "profile", "save", "load", "get_comm",
+    "__version__", "init", "device_info", "profile", "save", "load", "get_comm",
     "MpimlError", "CommError", "CommTimeoutError", "CollectiveMismatchError",
     "BackendUnavailableError", "DistributedInputError", "NotFittedError", "ModelFileError",
 ]

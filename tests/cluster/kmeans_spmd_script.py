@@ -137,6 +137,27 @@ def main():
         check("n_samples=3000" in str(exc), f"n_samples message: {exc}")
     comm.barrier()
 
+    # 8b. sparse CSR rows: the same model as dense rows (never densified), scikit-learn's result
+    import scipy.sparse as sp
+
+    Xs = X.copy()
+    Xs[np.abs(Xs) < 1.0] = 0.0  # about half the entries zero
+    Xs_l = sp.csr_matrix(shard(Xs))
+    kms = KMeans(6, init=init, max_iter=300).fit(Xs_l)
+    kmd = KMeans(6, init=init, max_iter=300).fit(shard(Xs))
+    sks = SkKMeans(6, init=init, n_init=1, max_iter=300).fit(sp.csr_matrix(Xs))
+    check(np.array_equal(gathered(kms.labels_), sks.labels_), "sparse labels differ from scikit-learn")
+    check(rel(kms.inertia_, sks.inertia_) < 1e-6, f"sparse inertia {kms.inertia_} vs scikit-learn {sks.inertia_}")
+    assert_close(kms.cluster_centers_, kmd.cluster_centers_, "sparse vs dense centres", rtol=1e-6, atol=1e-9)
+    check(np.array_equal(kms.predict(Xs_l), kmd.predict(shard(Xs))), "sparse vs dense predict")
+    assert_close(kms.transform(Xs_l), kmd.transform(shard(Xs)), "sparse vs dense transform", rtol=1e-6, atol=1e-9)
+    check(rel(kms.score(Xs_l), kmd.score(shard(Xs))) < 1e-6, "sparse vs dense score")
+    for init_name in ("k-means||", "k-means++", "random"):
+        ref = KMeans(6, init=init_name, random_state=5, comm=SELF).fit(sp.csr_matrix(Xs))
+        got = KMeans(6, init=init_name, random_state=5).fit(Xs_l)
+        assert_close(got.cluster_centers_, ref.cluster_centers_, f"sparse {init_name} centres vs one process",
+                     rtol=1e-9, atol=1e-9)
+
     # 9. model file written on N ranks (read back by the test in one process)
     if OUT:
         path = os.path.join(OUT, "kmeans.mpiml")

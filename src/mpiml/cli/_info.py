@@ -30,11 +30,51 @@ def _mpi_info():
     }
 
 
+def driver_cuda_version():
+    """The CUDA version the installed driver supports, as (major, minor), or None without a driver.
+
+    Read from ``libcuda`` itself through ctypes, so it works before any CuPy is installed.
+    """
+    import ctypes
+
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        version = ctypes.c_int(0)
+        try:
+            if lib.cuDriverGetVersion(ctypes.byref(version)) != 0:
+                return None
+        except AttributeError:
+            return None
+        return version.value // 1000, (version.value % 1000) // 10
+    return None
+
+
+def cupy_extra(driver):
+    """The pip extra whose CuPy wheel fits a driver of CUDA ``driver`` = (major, minor)."""
+    if driver is None:
+        return None
+    return "cuda13" if driver[0] >= 13 else "cuda12" if driver[0] == 12 else None
+
+
+def _cupy_advice():
+    driver = driver_cuda_version()
+    extra = cupy_extra(driver)
+    if driver is None:
+        return "no NVIDIA driver found (libcuda); mpiml runs on the CPU"
+    if extra is None:
+        return f"the driver supports CUDA {driver[0]}.{driver[1]}, older than any CuPy wheel mpiml offers (12, 13)"
+    return f"the driver supports CUDA {driver[0]}.{driver[1]}: pip install 'mpiml[{extra}]'"
+
+
 def _gpu_info():
     try:
         import cupy
     except Exception as exc:
-        return {"available": False, "why": f"CuPy cannot be imported ({type(exc).__name__}); pip install 'mpiml[gpu]'"}
+        return {"available": False, "why": f"CuPy cannot be imported ({type(exc).__name__}); {_cupy_advice()}",
+                "driver_cuda": driver_cuda_version()}
     try:
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:
@@ -55,8 +95,14 @@ def _gpu_info():
         nccl = f"{v // 10000}.{(v // 100) % 100}.{v % 100}" if v >= 10000 else str(v)
     except Exception as exc:
         nccl = f"unavailable ({type(exc).__name__})"
+    driver = driver_cuda_version()
+    runtime = cupy.cuda.runtime.runtimeGetVersion()
+    fits = None
+    if driver is not None and runtime // 1000 > driver[0]:
+        fits = (f"CuPy was built for CUDA {runtime // 1000} but the driver supports only {driver[0]}.{driver[1]}; "
+                f"{_cupy_advice()}")
     return {"available": n > 0, "count": n, "devices": devices, "peer_access": peer, "cupy": cupy.__version__,
-            "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(), "nccl": nccl}
+            "cuda_runtime": runtime, "driver_cuda": driver, "nccl": nccl, "cupy_mismatch": fits}
 
 
 def collect_local():
@@ -115,7 +161,11 @@ def main(argv):
     else:
         print(f"MPI: not available: {mpi['why']}")
     if gpu["available"]:
-        print(f"GPUs: {gpu['count']} (CuPy {gpu['cupy']}, CUDA runtime {gpu['cuda_runtime']}, NCCL {gpu['nccl']})")
+        driver = gpu.get("driver_cuda")
+        print(f"GPUs: {gpu['count']} (CuPy {gpu['cupy']}, CUDA runtime {gpu['cuda_runtime']}, "
+              f"driver CUDA {'%d.%d' % tuple(driver) if driver else '?'}, NCCL {gpu['nccl']})")
+        if gpu.get("cupy_mismatch"):
+            print(f"  warning: {gpu['cupy_mismatch']}")
         for d in gpu["devices"]:
             print(f"  [{d['id']}] {d['name']}, {d['memory_gib']} GiB")
         if gpu["count"] > 1:

@@ -1,7 +1,8 @@
 """``mpiml run ALGORITHM``: the main job -- fit an estimator SPMD and show where the time went.
 
-Outside an MPI launch, ``--np N`` (default: one rank per GPU, else 2) re-launches
-the same command under ``mpiexec -n N``.  Under MPI every rank parses the same
+Outside an MPI launch, ``--np N`` (default: the Slurm allocation's task count, else
+one rank per GPU, else 2) re-launches the same command under ``srun -n N`` inside a
+Slurm allocation (``SLURM_JOB_ID`` set) and under ``mpiexec -n N`` elsewhere.  Under MPI every rank parses the same
 arguments (a usage error exits 2 everywhere), loads or generates its shard,
 fits inside :func:`mpiml.profile`, and rank 0 prints the fit time, iterations,
 inertia and the communication profile aggregated over ranks.
@@ -17,7 +18,7 @@ import time
 
 import numpy as np
 
-__all__ = ["main", "mpiexec_command", "parse_data_spec"]
+__all__ = ["main", "launch_command", "mpiexec_command", "srun_command", "parse_data_spec"]
 
 ALGORITHMS = ("kmeans", "linreg", "logreg")
 DEFAULT_DATA = "blobs:n=200000,d=32,k=16"
@@ -46,6 +47,26 @@ def mpiexec_command(n, argv):
     return cmd + [sys.executable, "-m", "mpiml", "run", *argv]
 
 
+def srun_command(n, argv):
+    """``[srun, -n, N, --mpi=pmi2, python, -m, mpiml, run, *argv]``, inside a Slurm allocation.
+
+    ``MPIML_SRUN`` overrides the ``srun`` found on PATH; ``MPIML_SRUN_MPI`` the PMI plugin
+    (default ``pmi2``, which MPICH and Open MPI both speak).
+    """
+    exe = os.environ.get("MPIML_SRUN") or shutil.which("srun")
+    if exe is None:
+        raise FileNotFoundError("SLURM_JOB_ID is set but there is no srun on PATH (set MPIML_SRUN)")
+    mpi = os.environ.get("MPIML_SRUN_MPI", "pmi2")
+    return [exe, "-n", str(n), f"--mpi={mpi}", sys.executable, "-m", "mpiml", "run", *argv]
+
+
+def launch_command(n, argv):
+    """``srun`` inside a Slurm allocation (``SLURM_JOB_ID`` set), else ``mpiexec``."""
+    if os.environ.get("SLURM_JOB_ID"):
+        return srun_command(n, argv)
+    return mpiexec_command(n, argv)
+
+
 def _gpu_count():
     try:
         import cupy
@@ -53,14 +74,6 @@ def _gpu_count():
         return int(cupy.cuda.runtime.getDeviceCount())
     except Exception:
         return 0
-
-
-def _local_rank(comm):
-    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID",
-                "PMI_LOCAL_RANK"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return comm.rank
 
 
 # ---------------------------------------------------------------------- arguments
@@ -156,7 +169,7 @@ def _run(args, comm):
     if ngpu:
         import cupy as xp
 
-        xp.cuda.Device(_local_rank(comm) % ngpu).use()
+        mpiml.init(device="gpu")  # local rank mod visible GPUs; honours CUDA_VISIBLE_DEVICES
     else:
         xp = np
     rank0 = comm.rank == 0
@@ -241,11 +254,13 @@ def main(argv):
         parser.error(f"--np must be at least 1, got {args.np}")
     if not launched_by_mpi():
         n = args.np
+        if n is None and os.environ.get("SLURM_NTASKS", "").isdigit():
+            n = int(os.environ["SLURM_NTASKS"])  # the allocation's task count
         if n is None:
             n = (_gpu_count() if args.device != "cpu" else 0) or 2
         if n > 1:
             rest = _strip_np(argv)
-            cmd = mpiexec_command(n, rest)
+            cmd = launch_command(n, rest)
             print("launching: " + " ".join(cmd), flush=True)
             env = dict(os.environ)
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))

@@ -22,15 +22,36 @@ def _allreduce(comm, x):
     return comm.allreduce(x) if comm.size > 1 else x
 
 
+def _refuse_device_sparse(X, comm):
+    """Sparse CuPy rows are not supported yet: the same clear error on every rank."""
+    from ..utils._validation import agree_on_error
+
+    bad = ops._is_device(X) and hasattr(X, "format")
+    msg = ("KMeans does not take cupyx.scipy.sparse input yet: pass scipy.sparse rows (CPU ranks) "
+           "or dense CuPy rows") if bad else None
+    agree_on_error(comm, TypeError(msg) if bad else None, error_class=TypeError)
+
+
+def _shift(X, mean):
+    """The origin of the working coordinates: the global mean for dense rows, zero for sparse
+    rows (centring would densify them; scikit-learn does not centre sparse data either)."""
+    return mean * 0 if ops.is_sparse(X) else mean
+
+
 def _global_stats(X, *, comm, xp):
     """Global mean of the rows and mean feature variance (two small allreduces)."""
     n, d = X.shape
     pack = xp.zeros(d + 1, dtype=xp.float64)
     if n:
-        pack[:d] = X.sum(axis=0, dtype=xp.float64)
+        pack[:d] = xp.asarray(X.sum(axis=0, dtype=xp.float64)).ravel()
     pack[d] = n
     pack = _allreduce(comm, pack)
     mean = pack[:d] / pack[d]
+    if ops.is_sparse(X):  # sum of squares minus n * mean^2, never densifying X
+        sq = np.asarray(X.multiply(X).sum(axis=0), dtype=np.float64).ravel()
+        sq = _allreduce(comm, sq)
+        var = np.maximum(sq - pack[d] * mean * mean, 0)
+        return mean, float(var.sum()) / (d * float(pack[d]))
     var = xp.zeros(d, dtype=xp.float64)
     step = ops.chunk_rows(d, 1, 8)
     for s in range(0, n, step):
@@ -61,9 +82,12 @@ def _relocate_empty_clusters(shard, sums, counts, mind, labels):
         offer[:, 1] = idx + shard.offset
         offer[:, 2] = shard.weight[idx]
         offer[:, 3] = labels[idx]
-        offer[:, 4:] = shard.X[idx] - shard.shift
+        offer[:, 4:] = ops.dense_rows(shard.X, idx, shard.shift)
     allc = comm.allgatherv(offer) if comm.size > 1 else offer
     allc = _to_host(allc)
+    # rows that already sit on a centre gain nothing: with more clusters than distinct rows
+    # the extra clusters stay empty (and fit warns), as in scikit-learn
+    allc = allc[allc[:, 0] > 0]
     order = np.lexsort((allc[:, 1], -allc[:, 0]))[:m]
     for new_id, row in zip(empty, allc[order]):
         w, old = row[2], int(row[3])
@@ -131,7 +155,7 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, SP
     ----------
     n_clusters : int, default=8
         Number of clusters.
-    init : {"k-means||", "k-means++", "random"} or array of shape (n_clusters, n_features), \
+    init : {"k-means||", "k-means++", "random"}, callable or array of shape (n_clusters, n_features), \
 default="k-means||"
         ``"k-means||"``: scalable k-means++ (a few rounds of oversampling with
         ``oversampling_factor * n_clusters`` expected draws each, the weighted
@@ -139,9 +163,13 @@ default="k-means||"
         ``"k-means++"``: greedy k-means++ with one global D^2 draw per centre.
         ``"random"``: ``n_clusters`` rows drawn uniformly over all ranks.
         An array: the initial centres (the same on every rank).
+        A callable ``init(X, n_clusters, random_state=...)`` returning the centres:
+        called on rank 0 with rank 0's rows (on one process: all rows, as in
+        scikit-learn), its result broadcast to every rank.
     n_init : "auto" or int, default="auto"
         Runs with different initial centres; the one with the lowest inertia
-        is kept.  ``"auto"``: 10 for ``"random"``, else 1.
+        is kept.  ``"auto"``: 10 for ``"random"`` and a callable, else 1
+        (scikit-learn's rule).
     max_iter : int, default=300
         Maximum Lloyd iterations per run.
     tol : float, default=1e-4
@@ -151,6 +179,16 @@ default="k-means||"
         Print one line per iteration on rank 0.
     random_state : int, RandomState instance or None, default=None
         Seed of the initialisation.  One seed is agreed by all ranks (rank 0's).
+    copy_x : bool, default=True
+        Accepted for scikit-learn compatibility. mpiml never modifies ``X``: the
+        rows are centred on the fly (per chunk, or inside the GPU kernel), so
+        ``copy_x=False`` saves no memory and ``X`` is left unchanged either way.
+    algorithm : {"lloyd", "elkan"}, default="lloyd"
+        ``"elkan"`` runs Lloyd's iterations, which give the same result: Elkan's
+        triangle-inequality bounds save distance computations on one CPU, but
+        the distances are not what costs time on GPUs (the fused kernel reads
+        each row once) and the bounds would be state per row on every rank.
+        With ``n_clusters=1``, ``"elkan"`` warns as scikit-learn does.
     oversampling_factor : float, default=2.0
         ``k-means||``: expected candidates per round, in multiples of ``n_clusters``.
     init_max_iter : int or None, default=None
@@ -194,13 +232,21 @@ default="k-means||"
 
     :meth:`predict` and :meth:`transform` act on local rows and communicate
     nothing; :meth:`score` is global (one scalar allreduce).
+
+    Sparse rows (SciPy CSR, on CPU ranks) are never densified: distances are
+    sparse-times-dense products, the per-cluster sums sparse products, and the
+    rows are not centred (the shift is zero, as in scikit-learn). The centres are
+    dense, so the packed allreduce still carries ``n_clusters * n_features``
+    float64 sums per iteration. ``k-means||`` keeps its candidate centres dense
+    (about ``oversampling_factor * n_clusters`` rows per round). Sparse CuPy input
+    is not supported yet and raises a ``TypeError`` on every rank.
     """
 
     _parameter_constraints = {
         **SPMDEstimator._parameter_constraints,
         "n_clusters": [Interval(Integral, 1, None, closed="left")],
         # (not "array-like": strings have a length and would pass as arrays)
-        "init": [StrOptions({"k-means||", "k-means++", "random"}), HasMethods(["__array__"]), list, tuple],
+        "init": [StrOptions({"k-means||", "k-means++", "random"}), callable, HasMethods(["__array__"]), list, tuple],
         "n_init": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
         "max_iter": [Interval(Integral, 1, None, closed="left")],
         "tol": [Interval(Real, 0, None, closed="left")],
@@ -209,11 +255,14 @@ default="k-means||"
         "oversampling_factor": [Interval(Real, 0, None, closed="neither")],
         "init_max_iter": [None, Interval(Integral, 1, None, closed="left")],
         "batch_size": [None, Interval(Integral, 1, None, closed="left")],
+        "copy_x": ["boolean"],
+        "algorithm": [StrOptions({"lloyd", "elkan"})],
     }
     _saved_attributes = ("cluster_centers_", "inertia_", "n_iter_", "_counts", "n_steps_")
 
     def __init__(self, n_clusters=8, *, init="k-means||", n_init="auto", max_iter=300, tol=1e-4, verbose=0,
-                 random_state=None, oversampling_factor=2.0, init_max_iter=None, batch_size=None, comm=None):
+                 random_state=None, copy_x=True, algorithm="lloyd", oversampling_factor=2.0, init_max_iter=None,
+                 batch_size=None, comm=None):
         self.n_clusters = n_clusters
         self.init = init
         self.n_init = n_init
@@ -221,6 +270,8 @@ default="k-means||"
         self.tol = tol
         self.verbose = verbose
         self.random_state = random_state
+        self.copy_x = copy_x
+        self.algorithm = algorithm
         self.oversampling_factor = oversampling_factor
         self.init_max_iter = init_max_iter
         self.batch_size = batch_size
@@ -233,23 +284,43 @@ default="k-means||"
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = False
+        tags.input_tags.sparse = True
         return tags
 
-    def _n_init(self):
+    def _resolve_n_init(self):
+        # scikit-learn's resolution of "auto": 10 for "random" and for a callable, else 1
         if self.n_init == "auto":
-            return 10 if isinstance(self.init, str) and self.init == "random" else 1
-        if not isinstance(self.init, str) and self.n_init != 1:
+            return 10 if (isinstance(self.init, str) and self.init == "random") or callable(self.init) else 1
+        if not isinstance(self.init, str) and not callable(self.init) and self.n_init != 1:
             warnings.warn("Explicit initial center position passed: performing only one init in KMeans "
                           f"instead of n_init={self.n_init}.", RuntimeWarning, stacklevel=3)
             return 1
         return self.n_init
 
-    def _check_init_array(self, X, xp):
-        if isinstance(self.init, str):
-            return self.init
-        init = self.init
-        init = init.get() if ops._is_device(init) else np.asarray(init)
+    def _check_algorithm(self):
+        if self.algorithm == "elkan" and self.n_clusters == 1:
+            warnings.warn("algorithm='elkan' doesn't make sense for a single cluster. Using 'lloyd' instead.",
+                          RuntimeWarning, stacklevel=3)
+
+    def _call_init(self, X, comm, random_state):
+        """Centres from a callable ``init``: called on rank 0 with its rows, the result broadcast.
+
+        Any error (an exception in the callable, a wrong shape) is raised on every rank.
+        """
+        from ..utils._validation import agree_on_error
+
+        centers, error = None, None
+        if comm.rank == 0:
+            try:
+                Xh = X.get() if ops._is_device(X) else X
+                centers = np.asarray(self.init(Xh, self.n_clusters, random_state=random_state))
+                self._check_init_shape(centers, X)
+            except Exception as exc:  # raised on every rank below
+                error = exc
+        agree_on_error(comm, error, error_class=ValueError, prefix="init (a callable, called on rank 0) failed")
+        return comm.bcast_obj(centers) if comm.size > 1 else centers
+
+    def _check_init_shape(self, init, X):
         if init.ndim != 2 or init.shape[0] != self.n_clusters:
             raise ValueError(f"The shape of the initial centers {init.shape} does not match the number of "
                              f"clusters {self.n_clusters}.")
@@ -258,6 +329,13 @@ default="k-means||"
                              f"features of the data {X.shape[1]}.")
         if not np.isfinite(init).all():
             raise ValueError("The initial centers contain NaN or infinity.")
+
+    def _check_init_array(self, X, xp):
+        if isinstance(self.init, str) or callable(self.init):
+            return self.init
+        init = self.init
+        init = init.get() if ops._is_device(init) else np.asarray(init)
+        self._check_init_shape(init, X)
         return xp.asarray(init.astype(X.dtype))
 
     def _seed(self, comm):
@@ -280,14 +358,14 @@ default="k-means||"
         from ..comm import get_comm
 
         self._check_is_fitted()
-        X, xp = validate_data(self, X, comm=get_comm("self"), reset=False, order="C")
+        X, xp = validate_data(self, X, comm=get_comm("self"), reset=False, order="C", accept_sparse="csr")
         centers = self.cluster_centers_
         if xp is not np and not ops._is_device(centers):
             centers = xp.asarray(centers)
         elif xp is np and ops._is_device(centers):
             centers = centers.get()
         centers = centers.astype(X.dtype, copy=False)
-        shift = centers.mean(axis=0)
+        shift = _shift(X, centers.mean(axis=0))
         return X, xp, xp.ascontiguousarray(centers - shift), shift
 
     # ------------------------------------------------------------------ fitting
@@ -296,8 +374,9 @@ default="k-means||"
 
         Parameters
         ----------
-        X : array-like of shape (n_local_samples, n_features)
-            This rank's rows (NumPy or CuPy; float64 and float32 are kept).
+        X : {array-like, sparse matrix} of shape (n_local_samples, n_features)
+            This rank's rows (NumPy or CuPy, or SciPy sparse, converted to CSR;
+            float64 and float32 are kept).
         y : Ignored
         sample_weight : array-like of shape (n_local_samples,), default=None
             Weights of this rank's rows.
@@ -309,21 +388,24 @@ default="k-means||"
         """
         self._validate_params()
         comm = self._get_comm()
-        X, xp = validate_data(self, X, comm=comm, order="C")
+        _refuse_device_sparse(X, comm)
+        X, xp = validate_data(self, X, comm=comm, order="C", accept_sparse="csr")
         sample_weight = validate_sample_weight(sample_weight, X, xp=xp, comm=comm)
         init = self._check_init_array(X, xp)
-        n_init = self._n_init()
+        n_init = self._n_init = self._resolve_n_init()  # the resolved value, as scikit-learn keeps it
+        self._check_algorithm()
         shard = self._shard(X, xp, sample_weight, comm)
         self._check_n_samples(shard)
         mean, mean_var = _global_stats(X, comm=comm, xp=xp)
-        shard.shift = mean.astype(X.dtype)
+        shard.shift = _shift(X, mean.astype(X.dtype))
         tol = mean_var * self.tol
         rng = np.random.RandomState(self._seed(comm))
         self._iter_seconds = []
         best = None
         for _ in range(n_init):
             seed = int(rng.randint(np.iinfo(np.int32).max))
-            centers = init_centers(shard, self.n_clusters, init, rng, seed,
+            run_init = self._call_init(X, comm, rng) if callable(init) else init
+            centers = init_centers(shard, self.n_clusters, run_init, rng, seed,
                                    oversampling_factor=self.oversampling_factor,
                                    init_max_iter=self.init_max_iter)
             if self.verbose and comm.rank == 0:
@@ -373,7 +455,8 @@ default="k-means||"
         if first:
             self._validate_params()
         comm = self._get_comm()
-        X, xp = validate_data(self, X, comm=comm, reset=first, order="C")
+        _refuse_device_sparse(X, comm)
+        X, xp = validate_data(self, X, comm=comm, reset=first, order="C", accept_sparse="csr")
         sample_weight = validate_sample_weight(sample_weight, X, xp=xp, comm=comm)
         shard = self._shard(X, xp, sample_weight, comm)
         k, d = self.n_clusters, X.shape[1]
@@ -381,8 +464,10 @@ default="k-means||"
             init = self._check_init_array(X, xp)
             self._check_n_samples(shard)
             mean, _ = _global_stats(X, comm=comm, xp=xp)
-            shard.shift = mean.astype(X.dtype)
+            shard.shift = _shift(X, mean.astype(X.dtype))
             rng = np.random.RandomState(self._seed(comm))
+            if callable(init):
+                init = self._call_init(X, comm, rng)
             centers = init_centers(shard, k, init, rng, int(rng.randint(np.iinfo(np.int32).max)),
                                    oversampling_factor=self.oversampling_factor,
                                    init_max_iter=self.init_max_iter)
@@ -393,7 +478,7 @@ default="k-means||"
         if xp is not np and not ops._is_device(centers):
             centers = xp.asarray(centers)
         centers = centers.astype(X.dtype, copy=False)
-        shift = centers.mean(axis=0)
+        shift = _shift(X, centers.mean(axis=0))
         shard.shift = shift
         centers_s = xp.ascontiguousarray(centers - shift)
         labels = xp.full(shard.n_local, -1, dtype=xp.int32)
@@ -449,7 +534,7 @@ default="k-means||"
         step = ops.chunk_rows(X.shape[1], centers.shape[0], X.dtype.itemsize, self.batch_size)
         c_sq = (centers * centers).sum(axis=1)
         for s in range(0, X.shape[0], step):
-            out[s:s + step] = xp.sqrt(ops.sq_distances(X[s:s + step] - shift, centers, c_sq))
+            out[s:s + step] = xp.sqrt(ops.sq_distances(ops.shifted(X[s:s + step], shift), centers, c_sq))
         return out
 
     def fit_transform(self, X, y=None, sample_weight=None):
@@ -466,7 +551,7 @@ default="k-means||"
         """
         comm = self._get_comm()
         self._check_is_fitted()
-        X, xp = validate_data(self, X, comm=comm, reset=False, order="C")
+        X, xp = validate_data(self, X, comm=comm, reset=False, order="C", accept_sparse="csr")
         sample_weight = validate_sample_weight(sample_weight, X, xp=xp, comm=comm)
         _, _, centers, shift = self._local_input(X)
         _, _, inertia = ops.assign(X, shift, centers, batch_size=self.batch_size, sample_weight=sample_weight)

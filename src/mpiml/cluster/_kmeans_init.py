@@ -70,7 +70,7 @@ def fetch_rows(shard, gids):
     lo, hi = shard.offset, shard.offset + shard.n_local
     mine = uniq[(uniq >= lo) & (uniq < hi)] - lo
     xp = shard.xp
-    local = shard.X[xp.asarray(mine)] - shard.shift[None, :]
+    local = ops.dense_rows(shard.X, xp.asarray(mine), shard.shift)
     if shard.comm.size > 1:
         rows = shard.comm.allgatherv(xp.ascontiguousarray(local))
     else:
@@ -195,7 +195,7 @@ def _init_kmeanspp(shard, k, rng, n_local_trials=None):
         best_d = []
         for s in range(0, n, step):
             e = min(n, s + step)
-            d = ops.sq_distances(shard.X[s:e] - shard.shift, cand).astype(xp.float64)
+            d = ops.sq_distances(ops.shifted(shard.X[s:e], shard.shift), cand).astype(xp.float64)
             d = xp.minimum(d, closest[s:e, None])
             pots += w64[s:e] @ d
             best_d.append(d)
@@ -238,7 +238,7 @@ def _init_kmeans_parallel(shard, k, rng, seed, oversampling_factor, n_rounds):
             break
         u = uniform_by_index(seed, r + 1, gids, xp)
         picked = xp.nonzero(u < ell * w64 * d2 / psi)[0]
-        new = shard.X[picked] - shard.shift[None, :]
+        new = ops.dense_rows(shard.X, picked, shard.shift)
         if comm.size > 1:
             new = comm.allgatherv(xp.ascontiguousarray(new))
         if new.shape[0] == 0:

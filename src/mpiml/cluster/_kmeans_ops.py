@@ -13,6 +13,9 @@ fused kernel of :mod:`mpiml.cluster._gpu` (no ``n x k`` matrix is ever built).
 import numpy as np
 
 __all__ = [
+    "dense_rows",
+    "is_sparse",
+    "shifted",
     "lloyd_step",
     "assign",
     "sq_distances",
@@ -40,6 +43,37 @@ def _is_device(x):
     return type(x).__module__.startswith("cupy")
 
 
+def is_sparse(X):
+    """True for a SciPy sparse matrix or array (CSR after validation)."""
+    return type(X).__module__.startswith("scipy.sparse")
+
+
+def shifted(X, shift):
+    """``X - shift`` for dense rows; sparse rows are returned as they are.
+
+    Sparse input is never centred (that would densify it): :class:`KMeans` uses a
+    zero shift for it, so the two agree.
+    """
+    if is_sparse(X) or shift is None:
+        return X
+    return X - shift
+
+
+def dense_rows(X, rows, shift):
+    """The selected rows (a slice or an index array) as a dense array, minus ``shift``."""
+    part = X[rows]
+    if is_sparse(part):
+        part = part.toarray()
+        return part if shift is None else part - shift[None, :]
+    return part - shift[None, :] if shift is not None else part
+
+
+def _row_sq_norms(Xc):
+    if is_sparse(Xc):
+        return np.asarray(Xc.multiply(Xc).sum(axis=1), dtype=np.float64).ravel().astype(Xc.dtype, copy=False)
+    return (Xc * Xc).sum(axis=1)
+
+
 def sq_distances(Xc, C, c_sq=None):
     """Squared distances of the rows of ``Xc`` to the rows of ``C`` (both already shifted).
 
@@ -49,23 +83,23 @@ def sq_distances(Xc, C, c_sq=None):
     xp = np if not _is_device(Xc) else __import__("cupy")
     if c_sq is None:
         c_sq = (C * C).sum(axis=1)
-    D = Xc @ C.T
+    D = xp.asarray(Xc @ C.T)  # sparse @ dense gives a dense array
     D *= -2
     D += c_sq[None, :]
-    D += (Xc * Xc).sum(axis=1)[:, None]
+    D += _row_sq_norms(Xc)[:, None]
     xp.maximum(D, 0, out=D)
     return D
 
 
 def _host_assign_chunk(Xc, shift, C, c_sq):
-    """(labels, min squared distance, shifted chunk) of one host chunk."""
-    Xs = Xc - shift if shift is not None else np.array(Xc, copy=True)
-    G = Xs @ C.T
+    """(labels, min squared distance, shifted chunk) of one host chunk (dense or CSR)."""
+    Xs = shifted(Xc, shift)
+    G = np.asarray(Xs @ C.T)
     G *= -2
     G += c_sq[None, :]
     labels = np.argmin(G, axis=1).astype(np.int32, copy=False)
     best = np.take_along_axis(G, labels[:, None].astype(np.intp), axis=1)[:, 0]
-    x_sq = np.einsum("ij,ij->i", Xs, Xs)
+    x_sq = _row_sq_norms(Xs) if is_sparse(Xs) else np.einsum("ij,ij->i", Xs, Xs)
     mind = best + x_sq
     np.maximum(mind, 0, out=mind)
     return labels, mind, Xs
@@ -169,7 +203,8 @@ def lloyd_step(X, sample_weight, shift, C, labels, mind, *, batch_size=None):
         wc = w64[s:e]
         inertia += float(np.dot(wc, md.astype(np.float64, copy=False)))
         onehot = sp.csr_matrix((wc, (lab, np.arange(e - s))), shape=(k, e - s))
-        sums += onehot @ Xs.astype(np.float64, copy=False)
+        part = onehot @ Xs.astype(np.float64, copy=False)
+        sums += part.toarray() if sp.issparse(part) else part
     packed[k * d:k * d + k] = np.bincount(labels, weights=w64, minlength=k)
     packed[-2] = inertia
     packed[-1] = changed

@@ -1,0 +1,89 @@
+"""mpiml.init (device binding) and the CuPy advice of mpiml info, on a machine without a GPU."""
+
+import pytest
+
+import mpiml
+from mpiml import _init
+from mpiml.cli._info import cupy_extra
+
+
+@pytest.fixture(autouse=True)
+def fresh_binding():
+    saved = dict(_init._STATE)
+    _init._STATE.clear()
+    yield
+    _init._STATE.clear()
+    _init._STATE.update(saved)
+
+
+def test_cpu_binding_is_idempotent():
+    assert mpiml.init(device="cpu") == "cpu"
+    assert mpiml.init(device="cpu") == "cpu"
+    assert mpiml.init() == "cpu"  # auto after a binding returns the binding
+    assert mpiml.device_info()["device"] == "cpu"
+
+
+def test_auto_without_gpu_falls_back_to_cpu(monkeypatch):
+    monkeypatch.setattr(_init, "_visible_gpus", lambda: (0, None))
+    assert mpiml.init() == "cpu"
+    assert "CuPy is not installed" in mpiml.device_info()["how"]
+
+
+def test_gpu_without_gpu_raises(monkeypatch):
+    monkeypatch.setattr(_init, "_visible_gpus", lambda: (0, None))
+    with pytest.raises(RuntimeError, match="CuPy is not installed"):
+        mpiml.init(device="gpu")
+    assert mpiml.device_info() == {}
+
+
+class _FakeDevice:
+    used = []
+
+    def __init__(self, dev):
+        self.dev = dev
+
+    def use(self):
+        _FakeDevice.used.append(self.dev)
+
+
+class _FakeCupy:
+    class cuda:
+        Device = _FakeDevice
+
+
+@pytest.mark.parametrize("var", ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"])
+def test_local_rank_picks_the_device(monkeypatch, var):
+    for v in _init._LOCAL_RANK_VARS:
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv(var, "5")
+    monkeypatch.setattr(_init, "_visible_gpus", lambda: (4, _FakeCupy))
+    _FakeDevice.used.clear()
+    assert mpiml.init() == 1  # local rank 5 mod 4 visible devices
+    assert _FakeDevice.used == [1]
+    assert var in mpiml.device_info()["how"]
+    assert mpiml.init(device="gpu") == 1 and _FakeDevice.used == [1]  # idempotent: no second bind
+    with pytest.raises(RuntimeError, match="already bound to GPU 1"):
+        mpiml.init(device="cpu")
+    with pytest.raises(RuntimeError, match="already bound to GPU 1"):
+        mpiml.init(device=2)
+
+
+def test_one_visible_device_per_task(monkeypatch):
+    # srun --gpus-per-task=1 leaves one device visible to each task: every local rank takes it
+    monkeypatch.setenv("SLURM_LOCALID", "3")
+    monkeypatch.setattr(_init, "_visible_gpus", lambda: (1, _FakeCupy))
+    assert mpiml.init() == 0
+
+
+def test_bad_arguments(monkeypatch):
+    with pytest.raises(ValueError, match="device must be"):
+        mpiml.init(device="tpu")
+    monkeypatch.setattr(_init, "_visible_gpus", lambda: (2, _FakeCupy))
+    with pytest.raises(RuntimeError, match="ids 0..1"):
+        mpiml.init(device=2)
+
+
+@pytest.mark.parametrize("driver, extra", [((13, 0), "cuda13"), ((13, 2), "cuda13"), ((12, 4), "cuda12"),
+                                           ((11, 8), None), (None, None)])
+def test_cupy_extra_follows_the_driver(driver, extra):
+    assert cupy_extra(driver) == extra
