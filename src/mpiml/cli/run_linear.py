@@ -1,9 +1,9 @@
 """``mpiml run linreg|logreg``: fit a linear model on every rank (SPMD) and report time, fit and communication.
 
-Launches itself under ``mpiexec`` when started from a plain process (like
-``mpiml run kmeans``).  The data are generated on every rank
-(``regression:...`` / ``classification:...``, rank-count independent) or read
-from a file whose last column is the target.
+Launches itself under ``mpiexec`` (``srun`` inside a Slurm allocation) when
+started from a plain process, like ``mpiml run kmeans``.  The data are
+generated on every rank (``regression:...`` / ``classification:...``,
+rank-count independent) or read from a file whose last column is the target.
 """
 
 import argparse
@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from .run import _aggregate_profile, _gpu_count, _local_rank, _strip_np, mpiexec_command
+from .run import _aggregate_profile, _gpu_count, _strip_np, launch_command
 
 __all__ = ["main"]
 
@@ -112,7 +112,7 @@ def _run(args, comm):
     if ngpu:
         import cupy as xp
 
-        xp.cuda.Device(_local_rank(comm) % ngpu).use()
+        mpiml.init(device="gpu")  # local rank mod visible GPUs; honours CUDA_VISIBLE_DEVICES
     else:
         xp = np
     say = (lambda *a: print(*a, flush=True)) if comm.rank == 0 else (lambda *a: None)
@@ -191,10 +191,12 @@ def main(argv):
         parser.error(f"--np must be at least 1, got {args.np}")
     if not launched_by_mpi():
         n = args.np
+        if n is None and os.environ.get("SLURM_NTASKS", "").isdigit():
+            n = int(os.environ["SLURM_NTASKS"])  # the allocation's task count
         if n is None:
             n = (_gpu_count() if args.device != "cpu" else 0) or 2
         if n > 1:
-            cmd = mpiexec_command(n, _strip_np(argv))
+            cmd = launch_command(n, _strip_np(argv))
             print("launching: " + " ".join(cmd), flush=True)
             env = dict(os.environ)
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
