@@ -30,5 +30,11 @@ def test_run_linreg_and_logreg(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "allreduce" in out.stdout and "accuracy over all ranks" in out.stdout
     assert list(mpiml.load(path).classes_) == [0, 1, 2]
-    out = _run("logreg", "--data", "regression")
-    assert out.returncode == 2 and "needs classification data" in out.stderr
+
+
+def test_run_refuses_mismatched_data(capsys):
+    from mpiml.cli.run_linear import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["logreg", "--data", "regression"])
+    assert exc.value.code == 2 and "needs classification data" in capsys.readouterr().err
