@@ -95,7 +95,8 @@ def regression_checks():
         same_on_every_rank(m.coef_, f"{solver}: coef_")
         # rank-count independence: the same as mpiml on one process over the gathered rows
         one = LinearRegression(solver=solver, comm=SELF).fit(X, y, sample_weight=w)
-        check(rel(m.coef_, one.coef_) < 1e-12, f"{solver}: coef depends on the rank count ({rel(m.coef_, one.coef_):.1e})")
+        check(rel(m.coef_, one.coef_) < 1e-12,
+              f"{solver}: coef depends on the rank count ({rel(m.coef_, one.coef_):.1e})")
 
         # multi-target, no intercept
         m = LinearRegression(solver=solver, fit_intercept=False).fit(Xl, Yl)
