@@ -62,3 +62,13 @@ def test_newton_and_lbfgs_reach_scikit_learns_loss():
         est = LogisticRegression(solver=solver, tol=1e-10, max_iter=1000).fit(X, y)
         np.testing.assert_allclose(est.coef_, ref.coef_, rtol=1e-7)
         np.testing.assert_allclose(est.intercept_, ref.intercept_, rtol=1e-7, atol=1e-10)
+
+
+def test_ridge_without_penalty_on_rank_deficient_x_is_minimum_norm():
+    rs = np.random.RandomState(0)
+    X = rs.randn(200, 4)
+    X = np.c_[X, X[:, 0] - X[:, 1]]
+    y = X @ rs.randn(5) + rs.randn(200)
+    ref = sk.LinearRegression().fit(X, y)
+    for solver in ("cholesky", "svd"):
+        np.testing.assert_allclose(Ridge(alpha=0.0, solver=solver).fit(X, y).coef_, ref.coef_, rtol=1e-9, atol=1e-12)

@@ -164,9 +164,11 @@ def _ridge_from_r(R, Z, alphas):
     U, s, Vt = scipy.linalg.svd(R, full_matrices=False, check_finite=False)
     UtZ = U.T @ Z
     coef = np.empty((R.shape[1], Z.shape[1]))
+    # singular values at rounding level are zero: alpha = 0 on rank-deficient X gives the minimum-norm solution
+    keep = s > (s[0] if s.size else 0.0) * R.shape[1] * np.finfo(np.float64).eps
     for j, a in enumerate(alphas):
         den = s * s + a
-        f = np.divide(s, den, out=np.zeros_like(s), where=den > 0)
+        f = np.divide(s, den, out=np.zeros_like(s), where=keep & (den > 0))
         coef[:, j] = Vt.T @ (f * UtZ[:, j])
     return coef
 
@@ -459,7 +461,11 @@ class Ridge(_LinearRegressorBase):
     Accuracy: the penalty bounds the condition number of the normal
     equations by ``(σ_max² + alpha) / alpha``; with ``alpha`` small against
     ``σ_max²`` the limits of :class:`LinearRegression` apply (``"cholesky"``:
-    about ``κ²·ε`` relative error; ``"svd"``: about ``κ·ε``).
+    about ``κ²·ε`` relative error; ``"svd"``: about ``κ·ε``).  With
+    ``alpha=0`` and rank-deficient ``X``, ``"svd"`` returns the minimum-norm
+    least-squares solution (singular values at rounding level count as zero),
+    as does ``"cholesky"`` when the factorisation fails (its eigendecomposition
+    fallback); scikit-learn's Ridge may return an arbitrary huge solution there.
     """
 
     _parameter_constraints = {
