@@ -32,7 +32,8 @@ __all__ = ["main"]
 def _parser():
     p = argparse.ArgumentParser(prog="mpiml bench ml", description="ML benchmark: KMeans time per Lloyd iteration "
                                 "vs its floor, strong and weak scaling, scikit-learn and Heat.")
-    p.add_argument("--algo", choices=("kmeans",), default="kmeans")
+    p.add_argument("--algo", choices=("kmeans", "linreg", "logreg"), default="kmeans",
+                   help="linreg / logreg: see mpiml.bench.ml_linear")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     p.add_argument("--ranks", default=None, help="comma-separated rank counts (default 1,2,4 on GPUs "
                    "(up to the GPUs present), 1,2 on CPU)")
@@ -384,6 +385,10 @@ def _launch(ranks, argv_extra, env=None):
 
 def main(argv):
     """Entry point of ``mpiml bench ml``; returns the exit status."""
+    if {"linreg", "logreg", "--algo=linreg", "--algo=logreg"} & set(argv):
+        from .ml_linear import main as linear_main
+
+        return linear_main([a.split("=", 1)[1] if a.startswith("--algo=") else a for a in argv])
     args = _parser().parse_args(argv)
     if args.worker:
         return _worker(args, args.worker)

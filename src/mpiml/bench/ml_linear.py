@@ -1,0 +1,386 @@
+"""``mpiml bench ml --algo linreg|logreg``: linear-model fit time on 1..N ranks against scikit-learn.
+
+The driver (a plain process) launches one MPI job of ``max(--ranks)`` ranks;
+inside it, sub-communicators of each rank count fit the same global dataset
+(strong scaling; mpiml's generators are rank-count independent, so every
+configuration sees the same rows).  Each fit is timed ``--repeats`` times
+after a warm-up; the time of a fit is the slowest rank's.  On GPUs rank 0 also
+times a plain-CuPy normal-equations least squares on the one-rank data.
+
+The driver then regenerates the same dataset in one process and times
+scikit-learn on every host core, on all rows when they fit under
+``--sklearn-rows`` (for logreg the objective values are then compared), else
+on the first ``--sklearn-rows`` rows with the time scaled by the row ratio
+(marked ``"extrapolated"`` in the JSON).  Rank 0 measures the copy bandwidth and float64
+GEMM rate of its device first; each configuration's floor (see :func:`_floor`) is reported
+beside its time.  Results: a table on the terminal,
+``ml_<algo>_<tag>.json`` and ``.png``.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from ._common import machine_info, stamp
+
+__all__ = ["main"]
+
+ALGOS = ("linreg", "logreg")
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="mpiml bench ml", description="Linear-model benchmark: fit time on 1..N "
+                                "ranks (strong scaling) against scikit-learn on the host cores.")
+    p.add_argument("--algo", choices=ALGOS, required=True)
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--ranks", default=None, help="comma-separated rank counts (default 1,2,4 up to the GPUs "
+                   "present; 1,2 on CPU)")
+    p.add_argument("--rows", type=float, default=None, help="global rows (default: linreg 1e8 / logreg 1e7 on "
+                   "GPUs, 2e5 on CPU)")
+    p.add_argument("--features", type=int, default=None, help="default: linreg 64, logreg 128")
+    p.add_argument("--classes", type=int, default=2, help="logreg classes")
+    p.add_argument("--solver", default=None, help="linreg: normal|tsqr (default normal); "
+                   "logreg: lbfgs|newton-cholesky (default lbfgs)")
+    p.add_argument("--tol", type=float, default=1e-6, help="logreg tolerance (both libraries)")
+    p.add_argument("--max-iter", type=int, default=200, help="logreg iterations (both libraries)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float64")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--sklearn-rows", type=float, default=None, help="scikit-learn fits at most this many rows "
+                   "(default: all rows on CPU; 1e7 linreg / all logreg rows on GPU hosts)")
+    p.add_argument("--no-sklearn", action="store_true")
+    p.add_argument("--out", default="benchmarks/results", help="directory of the JSON and PNG")
+    p.add_argument("--tag", default=None, help="file name part (default gpu or cpu)")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+# ---------------------------------------------------------------------- data and estimators
+def _data(args, comm, device):
+    from ..datasets import make_classification, make_regression
+
+    n, d, dtype = int(args.rows), args.features, np.dtype(args.dtype)
+    if args.algo == "linreg":
+        X, y = make_regression(n, d, n_informative=d, noise=1.0, random_state=0, comm=comm, device=device,
+                               dtype=dtype)
+    else:
+        X, y = make_classification(n, d, n_informative=max(2, d // 2), n_redundant=0, n_classes=args.classes,
+                                   random_state=0, comm=comm, device=device, dtype=dtype)
+    return X, y
+
+
+def _estimator(args, comm=None):
+    from ..linear_model import LinearRegression, LogisticRegression
+
+    if args.algo == "linreg":
+        return LinearRegression(solver=args.solver or "normal", comm=comm)
+    return LogisticRegression(solver=args.solver or "lbfgs", tol=args.tol, max_iter=args.max_iter, comm=comm)
+
+
+def _sync(xp):
+    if xp is not np:
+        xp.cuda.Device().synchronize()
+
+
+def _plain_cupy_linreg(X, y, xp, repeats):
+    """Seconds of the obvious single-GPU normal equations: ``(XᵀX - n m mᵀ) w = Xᵀy - n m ȳ``."""
+    def fit():
+        n = X.shape[0]
+        m, ym = X.mean(axis=0), y.mean()
+        G = X.T @ X - n * xp.outer(m, m)
+        b = X.T @ y - n * m * ym
+        return xp.linalg.solve(G, b)
+
+    fit()
+    _sync(xp)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fit()
+        _sync(xp)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _floor(args, row, n_local, itemsize, rates):
+    """Seconds the slowest rank cannot beat: its reads of the shard or its float64 flops.
+
+    linreg (normal equations, with intercept): two reads (means, then Gram)
+    and ``2 n d²`` flops.  logreg: per function evaluation two reads
+    (``X W`` and ``Gᵀ X``) and ``4 n d m`` flops, times the evaluations.
+    """
+    d = args.features
+    nbytes = n_local * d * itemsize
+    bw, flops = rates["copy_bandwidth_Bps"], rates["gemm_flops"]
+    if args.algo == "linreg":
+        return max(2 * nbytes / bw, 2.0 * n_local * d * d / flops)
+    m = 1 if args.classes == 2 else args.classes
+    return row["fun_evals"] * max(2 * nbytes / bw, 4.0 * n_local * d * m / flops)
+
+
+def _generate(args, sub, R, use_gpu, results):
+    """This configuration's data in ``results["_data"]``; False (on every rank of ``sub``) if any rank failed.
+
+    A rank short of memory must not leave the others waiting in a collective:
+    the failure is agreed and the configuration recorded as skipped.
+    """
+    from ..utils._validation import agree_on_error
+
+    error = None
+    try:
+        results["_data"] = _data(args, sub, "gpu" if use_gpu else "cpu")
+    except Exception as exc:  # typically out of memory at the largest size per rank
+        error = exc
+    try:
+        agree_on_error(sub, error, error_class=RuntimeError, prefix=f"data for {R} rank(s)")
+    except Exception as exc:
+        results.pop("_data", None)
+        if use_gpu:
+            import cupy
+
+            cupy.get_default_memory_pool().free_all_blocks()
+        if sub.rank == 0:
+            results["runs"].append({"ranks": R, "skipped": f"{type(exc).__name__}: {exc}"[:400]})
+            print(f"ranks={R}: skipped ({type(exc).__name__}: {str(exc)[:200]})", flush=True)
+        return False
+    return True
+
+
+def _worker(args, outfile):
+    import mpiml
+
+    from ..comm import get_comm
+
+    world = get_comm()
+    use_gpu = args.device == "gpu"
+    if use_gpu:
+        import cupy as xp
+
+        xp.cuda.Device(world.rank % xp.cuda.runtime.getDeviceCount()).use()
+    else:
+        xp = np
+    results = {"runs": []}
+    if world.rank == 0:
+        from .ml import _measure_rates
+
+        results["rates"] = _measure_rates(xp, np.float64)  # the solvers accumulate in float64
+    for R in [int(r) for r in args.ranks.split(",")]:
+        sub = world.split(0 if world.rank < R else None, key=world.rank)
+        if sub is not None and _generate(args, sub, R, use_gpu, results):
+            X, y = results.pop("_data")
+            est = _estimator(args, sub)
+            est.fit(X, y)  # warm-up (kernel compilation, memory pools)
+            times = []
+            for _ in range(args.repeats):
+                sub.barrier()
+                t0 = time.perf_counter()
+                est.fit(X, y)
+                _sync(xp)
+                local = time.perf_counter() - t0
+                times.append(sub.allreduce_obj(local, op="max") if sub.size > 1 else local)
+            with mpiml.profile() as prof:
+                est.fit(X, y)
+            ops = prof.summary()["ops"]
+            n_max = sub.allreduce_obj(int(X.shape[0]), op="max") if sub.size > 1 else int(X.shape[0])
+            if sub.rank == 0:
+                row = {"ranks": R, "fit_s": min(times), "fit_s_median": float(np.median(times)),
+                       "collectives": {op: {"calls": o["calls"], "bytes": o["bytes"]} for op, o in ops.items()}}
+                if args.algo == "logreg":
+                    row["n_iter"] = int(est.n_iter_[0])
+                    row["fun_evals"] = int(est._n_fun_evals)
+                    row["coef"] = np.asarray(est.coef_.get() if use_gpu else est.coef_).tolist()
+                    row["intercept"] = np.asarray(est.intercept_.get() if use_gpu else est.intercept_).tolist()
+                if R == 1 and use_gpu and args.algo == "linreg":
+                    row["plain_cupy_fit_s"] = _plain_cupy_linreg(X, y, xp, args.repeats)
+                row["n_per_rank_max"] = n_max
+                row["floor_s"] = _floor(args, row, n_max, np.dtype(args.dtype).itemsize, results["rates"])
+                row["ratio_to_floor"] = row["fit_s"] / row["floor_s"]
+                results["runs"].append(row)
+                extra = f", plain CuPy {row['plain_cupy_fit_s']:.4f} s" if "plain_cupy_fit_s" in row else ""
+                print(f"ranks={R}: fit {row['fit_s']:.4f} s (median {row['fit_s_median']:.4f}){extra}", flush=True)
+            del X, y, est
+            if use_gpu:
+                xp.get_default_memory_pool().free_all_blocks()
+        world.barrier()
+    if world.rank == 0:
+        with open(outfile, "w") as f:
+            json.dump(results, f)
+    return 0
+
+
+# ---------------------------------------------------------------------- scikit-learn on the host
+def _logistic_objective(X, y, coef, intercept, C, classes):
+    """scikit-learn's objective: mean log loss + ||W||² / (2 C n)."""
+    from sklearn.metrics import log_loss
+
+    scores = X @ np.asarray(coef).T + np.asarray(intercept)
+    if scores.shape[1] == 1:
+        p1 = 1 / (1 + np.exp(-scores[:, 0]))
+        proba = np.column_stack([1 - p1, p1])
+    else:
+        scores -= scores.max(axis=1, keepdims=True)
+        proba = np.exp(scores)
+        proba /= proba.sum(axis=1, keepdims=True)
+    coef = np.asarray(coef)
+    return float(log_loss(y, proba, labels=classes)) + float((coef * coef).sum()) / (2 * C * X.shape[0])
+
+
+def _sklearn_baseline(args, result):
+    from sklearn import linear_model as sk
+
+    from ..comm import get_comm
+
+    n_total = int(args.rows)
+    n_sub = min(n_total, int(args.sklearn_rows))
+    X, y = _data(args, get_comm("self"), "cpu")
+    X, y = X[:n_sub], y[:n_sub]
+    if args.algo == "linreg":
+        est = sk.LinearRegression()
+    else:
+        est = sk.LogisticRegression(solver=args.solver or "lbfgs", tol=args.tol, max_iter=args.max_iter)
+    t0 = time.perf_counter()
+    est.fit(X, y)
+    seconds = time.perf_counter() - t0
+    out = {"rows": n_sub, "fit_s": seconds, "cores": os.cpu_count(), "extrapolated": n_sub < n_total,
+           "fit_s_full": seconds * n_total / n_sub}
+    if args.algo == "logreg":
+        out["n_iter"] = int(est.n_iter_[0])
+        if n_sub == n_total:
+            classes = est.classes_
+            ref = _logistic_objective(X, y, est.coef_, est.intercept_, 1.0, classes)
+            out["objective"] = ref
+            for run in (r for r in result["runs"] if "coef" in r):
+                mine = _logistic_objective(X, y, run["coef"], run["intercept"], 1.0, classes)
+                run["objective"] = mine
+                run["objective_rel_to_sklearn"] = (mine - ref) / abs(ref)
+    return out
+
+
+def _plot(result, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in result["runs"] if "fit_s" in r]
+    R = [r["ranks"] for r in runs]
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    ax.plot(R, [r["fit_s"] for r in runs], "o-", label=f"mpiml {result['estimator']}")
+    ax.plot(R, [r["floor_s"] for r in runs], "k--", label="floor (reads of the shard, float64 GEMM)")
+    sk = result.get("sklearn")
+    if sk and "fit_s_full" in sk:
+        note = " (extrapolated by rows)" if sk["extrapolated"] else ""
+        ax.axhline(sk["fit_s_full"], color="C1", ls="--", label=f"scikit-learn, {sk['cores']} cores{note}")
+    plain = [r["plain_cupy_fit_s"] for r in runs if "plain_cupy_fit_s" in r]
+    if plain:
+        ax.axhline(plain[0], color="C2", ls=":", label="plain CuPy normal equations, 1 GPU")
+    ax.set_xlabel("ranks")
+    ax.set_ylabel("fit seconds")
+    ax.set_yscale("log")
+    ax.set_xticks(R)
+    ax.set_title(f"{result['estimator']} {result['rows']:.3g} x {result['features']} {result['dtype']}, "
+                 f"{result['device']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _print_table(result):
+    sk = result.get("sklearn", {})
+    ref = sk.get("fit_s_full")
+    print(f"\n{'ranks':>6}{'fit s':>10}{'floor s':>10}{'x floor':>9}{'speed-up vs sklearn':>22}{'allreduces':>12}"
+          f"{'objective rel':>15}")
+    for r in result["runs"]:
+        if "fit_s" not in r:
+            print(f"{r['ranks']:>6}  skipped: {r['skipped'][:100]}")
+            continue
+        ar = r["collectives"].get("allreduce", {}).get("calls", 0)
+        obj = r.get("objective_rel_to_sklearn")
+        print(f"{r['ranks']:>6}{r['fit_s']:>10.4f}{r['floor_s']:>10.4f}{r['ratio_to_floor']:>9.1f}"
+              f"{(ref / r['fit_s'] if ref else float('nan')):>22.1f}{ar:>12}"
+              f"{(f'{obj:.2e}' if obj is not None else '-'):>15}")
+    if ref:
+        note = f" (measured on {sk['rows']:.3g} rows, scaled)" if sk["extrapolated"] else ""
+        print(f"scikit-learn on {sk['cores']} cores: {ref:.4f} s{note}")
+
+
+def _launch(ranks, argv_extra, env):
+    from ..cli.run import mpiexec_command
+
+    cmd = mpiexec_command(ranks, [])
+    cmd = cmd[:cmd.index("-m")] + ["-m", "mpiml", "bench", "ml", *argv_extra]
+    print("launching: " + " ".join(cmd), flush=True)
+    return subprocess.call(cmd, env=env)
+
+
+def main(argv):
+    """Entry point of ``mpiml bench ml --algo linreg|logreg``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    if args.worker:
+        return _worker(args, args.worker)
+    from ..comm import launched_by_mpi
+
+    if launched_by_mpi():
+        print("mpiml bench ml: run it from a plain process; it launches its own MPI jobs", file=sys.stderr)
+        return 2
+    from ._common import require_matplotlib
+
+    missing = require_matplotlib("its plot")
+    if missing:
+        print(f"mpiml bench ml: {missing}", file=sys.stderr)
+        return 2
+    from ..cli.run import _gpu_count
+
+    ngpu = _gpu_count() if args.device != "cpu" else 0
+    if args.device == "gpu" and not ngpu:
+        print("mpiml bench ml: --device gpu but CuPy sees no GPU", file=sys.stderr)
+        return 2
+    device = "gpu" if ngpu else "cpu"
+    if args.ranks is None:
+        args.ranks = ",".join(str(r) for r in (1, 2, 4) if r <= ngpu) if ngpu else "1,2"
+    ranks = [int(r) for r in args.ranks.split(",")]
+    if args.features is None:
+        args.features = 64 if args.algo == "linreg" else 128
+    if args.rows is None:
+        args.rows = (1e8 if args.algo == "linreg" else 1e7) if ngpu else 2e5
+    if args.sklearn_rows is None:
+        args.sklearn_rows = 1e7 if (ngpu and args.algo == "linreg") else args.rows
+    common = ["--algo", args.algo, "--device", device, "--ranks", args.ranks, "--rows", str(args.rows),
+              "--features", str(args.features), "--classes", str(args.classes), "--tol", str(args.tol),
+              "--max-iter", str(args.max_iter), "--dtype", args.dtype, "--repeats", str(args.repeats)]
+    if args.solver:
+        common += ["--solver", args.solver]
+    env = dict(os.environ)
+    if device == "cpu":
+        env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(ranks)))
+    with tempfile.TemporaryDirectory() as tmp:
+        wfile = os.path.join(tmp, "mpiml.json")
+        code = _launch(max(ranks), common + ["--worker", wfile], env)
+        if code != 0 or not os.path.exists(wfile):
+            print(f"mpiml bench ml: the MPI job failed (exit {code})", file=sys.stderr)
+            return 1
+        with open(wfile) as f:
+            result = json.load(f)
+    est = _estimator(args)
+    result.update({"algo": args.algo, "estimator": type(est).__name__, "solver": args.solver or
+                   ("normal" if args.algo == "linreg" else "lbfgs"), "device": device, "dtype": args.dtype,
+                   "rows": int(args.rows), "features": args.features, "machine": machine_info(),
+                   **stamp(["bench", "ml", *argv])})
+    if args.algo == "logreg":
+        result.update({"classes": args.classes, "tol": args.tol, "max_iter": args.max_iter})
+    if not args.no_sklearn:
+        result["sklearn"] = _sklearn_baseline(args, result)
+    os.makedirs(args.out, exist_ok=True)
+    base = os.path.join(args.out, f"ml_{args.algo}_{args.tag or device}")
+    with open(base + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    _plot(result, base + ".png")
+    _print_table(result)
+    print(f"wrote {base}.json and {base}.png")
+    return 0

@@ -1,0 +1,365 @@
+"""Distributed dense linear algebra on row-distributed matrices (SPMD), NumPy or CuPy.
+
+A matrix ``A`` of shape ``(n, d)`` is spread over the ranks of a communicator
+by rows: rank ``r`` holds the block ``A_r`` of ``n_r`` rows, and the global
+row order is the rank order.  The functions here are collective: every rank
+calls them with its own block and the same keyword arguments.
+
+* :func:`tsqr` — tall-skinny QR by a reduction of the ranks' R factors
+  (communication-avoiding QR); as stable as Householder QR for any ``A``.
+* :func:`cholesky_qr2` — two rounds of Gram matrix + Cholesky, one allreduce
+  each; faster, stable while ``cond(A)`` is below about ``1e7``.
+* :func:`orthonormalize` — an orthonormal basis of the columns of ``A`` by
+  either method (what randomised SVD calls between power iterations).
+* :func:`gram` — ``(A - shift)^T (A - shift)`` accumulated in float64.
+* :func:`svd_flip_rows` — scikit-learn's ``svd_flip(u, v, u_based_decision=False)``
+  sign rule on the replicated factor.
+
+Both QR functions return ``R`` replicated on every rank with a non-negative
+diagonal, so ``R`` is the unique R factor of the global ``A`` when ``A`` has
+full column rank, whatever the number of ranks.  Every function uses the
+namespace of its input (``numpy`` or ``cupy``, whose ``linalg`` has ``qr``,
+``cholesky``, ``eigh`` and ``svd``): the host and the GPU run the same code.
+"""
+
+import numpy as np
+
+from .._array import get_namespace, to_numpy
+
+__all__ = ["tsqr", "cholesky_qr2", "orthonormalize", "gram", "svd_flip_rows", "NotPositiveDefiniteError"]
+
+#: Tag of the point-to-point messages of the TSQR tree (the user's p2p context).
+_TSQR_TAG = 2571
+
+#: ``method="auto"`` of :func:`tsqr` gathers every R on every rank while the
+#: gathered stack stays below this many bytes and the communicator this small;
+#: beyond, it climbs a binary tree (2 log2(p) messages of at most d x d).
+_GATHER_MAX_BYTES = 32 << 20
+_GATHER_MAX_RANKS = 16
+
+#: :func:`cholesky_qr2` gives up (and falls back or raises) when the first R
+#: factor's 2-norm condition number exceeds this: CholeskyQR2 loses
+#: orthogonality beyond about ``u**-0.5`` of the float64 Gram (u = 1.1e-16).
+CHOLQR2_MAX_COND = 1e7
+
+
+class NotPositiveDefiniteError(np.linalg.LinAlgError):
+    """The Gram matrix of :func:`cholesky_qr2` is not (numerically) positive definite."""
+
+
+# ---------------------------------------------------------------------- small helpers
+def _allreduce(comm, x):
+    return comm.allreduce(x) if comm.size > 1 else x
+
+
+def _local_qr(A, xp):
+    """Reduced QR of a local block: ``Q`` (n, k), ``R`` (k, d), ``k = min(n, d)``; empty blocks too."""
+    n, d = A.shape
+    if n == 0 or d == 0:
+        return xp.zeros((n, 0), dtype=A.dtype), xp.zeros((0, d), dtype=A.dtype)
+    return xp.linalg.qr(A, mode="reduced")
+
+
+def _diag_signs(R, xp):
+    """+1/-1 per row of ``R`` making its diagonal non-negative (0 counts as +)."""
+    m = min(R.shape)
+    diag = xp.diagonal(R)[:m]
+    return xp.where(diag < 0, -1.0, 1.0).astype(R.dtype)
+
+
+def gram(A, *, shift=None, chunk_rows=None):
+    """``(A - shift)^T (A - shift)`` of a local block, accumulated in float64.
+
+    Parameters
+    ----------
+    A : ndarray of shape (n, d)
+        NumPy or CuPy.
+    shift : ndarray of shape (d,), default=None
+        Subtracted from every row first (the global mean for a covariance).
+    chunk_rows : int, default=None
+        Rows upcast at a time when ``A`` is not float64 (bounds the extra
+        memory); None picks about 64 MiB of float64.
+
+    Returns
+    -------
+    ndarray of shape (d, d), float64, on the namespace of ``A``.
+    """
+    xp = get_namespace(A)
+    n, d = A.shape
+    if shift is None and A.dtype == xp.float64:
+        return A.T @ A
+    step = chunk_rows or max(1, (64 << 20) // (8 * max(d, 1)))
+    out = xp.zeros((d, d), dtype=xp.float64)
+    sh = None if shift is None else xp.asarray(shift, dtype=xp.float64)
+    for s in range(0, n, step):
+        block = A[s:s + step].astype(xp.float64)
+        if sh is not None:
+            block -= sh
+        out += block.T @ block
+    return out
+
+
+def svd_flip_rows(Vt, U=None):
+    """Make the largest-magnitude entry of every row of ``Vt`` positive.
+
+    scikit-learn's ``svd_flip(U, Vt, u_based_decision=False)`` (the rule its
+    PCA and TruncatedSVD use), computed on the replicated ``Vt`` so every rank
+    flips alike; ``U`` (local rows) gets the same column signs.  Unlike
+    ``numpy.sign``, a row that is entirely zero keeps its sign (factor +1).
+
+    Returns
+    -------
+    U, Vt : ndarrays (``U`` None when not given), flipped in place.
+    """
+    xp = get_namespace(Vt)
+    if Vt.shape[0] == 0:
+        return U, Vt
+    idx = xp.argmax(xp.abs(Vt), axis=1)
+    picked = xp.take_along_axis(Vt, idx[:, None], axis=1)[:, 0]
+    signs = xp.where(picked < 0, -1.0, 1.0).astype(Vt.dtype)
+    Vt *= signs[:, None]
+    if U is not None:
+        U *= signs[None, :].astype(U.dtype)
+    return U, Vt
+
+
+# ---------------------------------------------------------------------- TSQR
+def _tsqr_gather(Q1, R1, comm, xp, want_q):
+    """Every rank gathers every (padded) R, stacks them and factors the stack itself.
+
+    One allgather of ``(d + 1) x d`` values per rank: the R factor padded to
+    ``d`` rows plus a header row holding its true row count.
+    """
+    k, d = R1.shape
+    block = xp.zeros((d + 1, d), dtype=R1.dtype)
+    if d:
+        block[0, 0] = k
+    block[1:1 + k] = R1
+    stacked = comm.allgather(block).reshape(comm.size, d + 1, d)
+    counts = [int(c) for c in to_numpy(stacked[:, 0, 0])] if d else [0] * comm.size
+    S = xp.concatenate([stacked[j, 1:1 + counts[j]] for j in range(comm.size)], axis=0)
+    Qs, R = _local_qr(S, xp)
+    signs = _diag_signs(R, xp)
+    R = R * signs[:, None]
+    if not want_q:
+        return None, R
+    off = sum(counts[:comm.rank])
+    return Q1 @ (Qs[off:off + k] * signs[None, :]), R
+
+
+def _tsqr_tree(Q1, R1, comm, xp, want_q):
+    """Binary reduction tree of R factors to rank 0, then back down.
+
+    Up: at level ``s`` (1, 2, 4, ...) rank ``r`` with ``r % 2s == s`` sends
+    its R to ``r - s``, which stacks it under its own and refactors.  Down:
+    rank 0 fixes the signs and returns, along the same edges, the final R and
+    (with ``want_q``) each child's block of the product of the tree's Q factors.
+    """
+    rank, size = comm.rank, comm.size
+    R = R1
+    merges = []  # (Q of the merge, rows of this rank's part, child rank)
+    parent = None
+    step = 1
+    while step < size:
+        if rank % (2 * step) == step:
+            comm.send(xp.ascontiguousarray(R), rank - step, tag=_TSQR_TAG)
+            parent = rank - step
+            break
+        if rank + step < size:
+            Rc = comm.recv(rank + step, tag=_TSQR_TAG)
+            Qn, Rn = _local_qr(xp.concatenate([R, Rc], axis=0), xp)
+            merges.append((Qn, R.shape[0], rank + step))
+            R = Rn
+        step *= 2
+    if parent is None:
+        signs = _diag_signs(R, xp)
+        R = R * signs[:, None]
+        T = xp.diag(signs) if want_q else None
+    else:
+        R = comm.recv(parent, tag=_TSQR_TAG)
+        T = comm.recv(parent, tag=_TSQR_TAG) if want_q else None
+    for Qn, k_own, child in reversed(merges):
+        comm.send(R, child, tag=_TSQR_TAG)
+        if want_q:
+            full = Qn @ T
+            comm.send(xp.ascontiguousarray(full[k_own:]), child, tag=_TSQR_TAG)
+            T = full[:k_own]
+    return (Q1 @ T if want_q else None), R
+
+
+def tsqr(A_local, comm, *, want_q=False, method="auto"):
+    """QR factorisation of a row-distributed tall-skinny matrix (TSQR).
+
+    Each rank factors its block ``A_r = Q_r R_r`` locally; the small ``R_r``
+    are then combined (stacked and factored again) until one ``R`` remains,
+    which every rank receives.  The result satisfies ``A = Q R`` with ``Q``
+    having orthonormal columns (this rank holds the rows of ``Q`` matching its
+    rows of ``A``).
+
+    Parameters
+    ----------
+    A_local : ndarray of shape (n_local, d)
+        This rank's rows (NumPy or CuPy; float32 or float64).  Ranks may hold
+        zero rows or fewer rows than ``d``.
+    comm : Communicator
+        Every rank of ``comm`` must call this with the same ``d``, ``want_q``
+        and ``method``.
+    want_q : bool, default=False
+        Also return this rank's rows of ``Q``.
+    method : {"auto", "allgather", "tree"}, default="auto"
+        ``"allgather"``: every rank gathers all R factors and factors their
+        stack (one collective).  ``"tree"``: binary reduction tree over
+        point-to-point to rank 0, then down the same tree.  ``"auto"``:
+        allgather while the stack is small (at most 16 ranks and 32 MiB),
+        tree otherwise.
+
+    Returns
+    -------
+    Q_local : ndarray of shape (n_local, m) or None
+        This rank's rows of ``Q`` (``m = min(n, d)``, ``n`` the global row
+        count); None unless ``want_q``.
+    R : ndarray of shape (m, d)
+        Upper triangular with a non-negative diagonal, the same on every rank.
+
+    Notes
+    -----
+    Communicated, with ``p`` ranks and ``b = d * itemsize`` bytes per row:
+
+    - ``"allgather"``: one allgather of ``(d + 1) * b`` bytes per rank; every
+      rank factors the ``(p d) x d`` stack (the same arithmetic on every rank,
+      so the same R on homogeneous ranks).
+    - ``"tree"``: up, ``ceil(log2 p)`` rounds of one ``send`` of at most
+      ``d * b`` bytes; down, the same edges carry the final R (``d * b``) and,
+      with ``want_q``, a ``d x d`` block of Q.  Rank 0 alone decides R, so it is
+      bit-identical everywhere.
+
+    The computation is Householder QR throughout, so ``Q`` is orthonormal to
+    working precision even when ``A`` is rank-deficient (then R has zeros, or
+    rounding-level values, on its diagonal and is not unique).
+    """
+    if method not in ("auto", "allgather", "tree"):
+        raise ValueError(f"method must be 'auto', 'allgather' or 'tree'; got {method!r}")
+    xp = get_namespace(A_local)
+    if A_local.ndim != 2:
+        raise ValueError(f"tsqr needs a 2-D block; got shape {tuple(A_local.shape)}")
+    Q1, R1 = _local_qr(A_local, xp)
+    if comm.size == 1:
+        signs = _diag_signs(R1, xp)
+        return (Q1 * signs[None, :] if want_q else None), R1 * signs[:, None]
+    if method == "auto":
+        d = A_local.shape[1]
+        small = comm.size * (d + 1) * d * A_local.dtype.itemsize <= _GATHER_MAX_BYTES
+        method = "allgather" if small and comm.size <= _GATHER_MAX_RANKS else "tree"
+    if method == "allgather":
+        return _tsqr_gather(Q1, R1, comm, xp, want_q)
+    return _tsqr_tree(Q1, R1, comm, xp, want_q)
+
+
+# ---------------------------------------------------------------------- CholeskyQR2
+def _triangular_inverse(R, xp):
+    return xp.linalg.solve(R, xp.eye(R.shape[0], dtype=R.dtype))
+
+
+def _cholesky_round(A, comm, xp, *, check_cond):
+    """One CholeskyQR round: ``G = allreduce(A^T A)``, ``R = chol(G)^T``, ``Q = A R^-1``.
+
+    Returns ``(Q, R)`` or ``(None, reason)`` when ``G`` is not usable; the
+    decision depends only on the replicated ``G``, so every rank agrees.
+    """
+    G = _allreduce(comm, gram(A))
+    d = G.shape[0]
+    try:
+        L = xp.linalg.cholesky(G)
+    except np.linalg.LinAlgError:
+        return None, "the Gram matrix is not positive definite"
+    # cupy does not raise by default: a failed factorisation leaves NaN behind
+    if not bool(xp.isfinite(L).all()) or (d and float(xp.min(xp.abs(xp.diagonal(L)))) == 0.0):
+        return None, "the Gram matrix is not positive definite"
+    R = L.T
+    if check_cond and d:
+        s = to_numpy(xp.linalg.svd(R, compute_uv=False))
+        cond = float(s[0] / s[-1]) if s[-1] > 0 else np.inf
+        if not cond <= CHOLQR2_MAX_COND:
+            return None, f"cond(A) is about {cond:.3g}, above the limit {CHOLQR2_MAX_COND:.0e} of CholeskyQR2"
+    Q = A @ _triangular_inverse(R, xp).astype(A.dtype)
+    return Q, R
+
+
+def cholesky_qr2(A_local, comm, *, on_failure="tsqr"):
+    """QR factorisation of a row-distributed matrix by CholeskyQR2.
+
+    Two rounds of: Gram matrix ``G = A^T A`` summed over ranks (float64),
+    ``R = cholesky(G)^T``, ``Q = A R^-1``.  The second round re-orthonormalises
+    the first round's ``Q``; the final R is ``R2 @ R1``.
+
+    Parameters
+    ----------
+    A_local : ndarray of shape (n_local, d)
+        This rank's rows (NumPy or CuPy).  The global ``n`` must be at least ``d``.
+    comm : Communicator
+        Every rank must call this.
+    on_failure : {"tsqr", "raise"}, default="tsqr"
+        What to do when the Gram matrix is not positive definite or ``A`` is
+        too ill-conditioned for CholeskyQR2 (first R factor's condition number
+        above ``1e7``): fall back to :func:`tsqr` (``want_q=True``), or raise
+        :class:`NotPositiveDefiniteError` on every rank.
+
+    Returns
+    -------
+    Q_local : ndarray of shape (n_local, d)
+        This rank's rows of ``Q``, dtype of ``A``.
+    R : ndarray of shape (d, d)
+        Upper triangular, positive diagonal, replicated; float64 (float32
+        input: float32).
+
+    Notes
+    -----
+    Communicated: two allreduces of a float64 ``d x d`` matrix
+    (``8 d^2`` bytes each); nothing else (the fallback adds those of
+    :func:`tsqr`).  Every rank repeats the ``d x d`` Cholesky, triangular
+    inverse and (round 1) singular values of R on identical data.
+
+    The Gram matrix squares the condition number: the first round's ``Q`` is
+    orthonormal only to ``cond(A)^2 * u``; the second round brings it to
+    working precision provided ``cond(A) <~ u^-1/2`` (Fukaya et al., 2014).
+    For float32 data the Gram is still float64, but ``Q`` is formed in float32.
+    """
+    if on_failure not in ("tsqr", "raise"):
+        raise ValueError(f"on_failure must be 'tsqr' or 'raise'; got {on_failure!r}")
+    xp = get_namespace(A_local)
+    if A_local.ndim != 2:
+        raise ValueError(f"cholesky_qr2 needs a 2-D block; got shape {tuple(A_local.shape)}")
+    Q1, R1 = _cholesky_round(A_local, comm, xp, check_cond=True)
+    if Q1 is None:
+        if on_failure == "raise":
+            raise NotPositiveDefiniteError(f"CholeskyQR2 cannot factor A: {R1}; use tsqr instead")
+        return tsqr(A_local, comm, want_q=True)
+    Q, R2 = _cholesky_round(Q1, comm, xp, check_cond=False)
+    if Q is None:  # cannot happen after a successful first round unless Q1 overflowed
+        if on_failure == "raise":
+            raise NotPositiveDefiniteError(f"CholeskyQR2 cannot factor A: {R2} (second round)")
+        return tsqr(A_local, comm, want_q=True)
+    R = R2 @ R1
+    return Q, R.astype(A_local.dtype, copy=False)
+
+
+def orthonormalize(A_local, comm, *, method="tsqr"):
+    """An orthonormal basis of the columns of a row-distributed ``A`` (this rank's rows).
+
+    Parameters
+    ----------
+    A_local : ndarray of shape (n_local, d)
+    comm : Communicator
+    method : {"tsqr", "cholesky_qr2"}, default="tsqr"
+        :func:`tsqr` with ``want_q=True``, or :func:`cholesky_qr2` falling
+        back to TSQR when the Gram is unusable.
+
+    Returns
+    -------
+    ndarray of shape (n_local, min(n, d))
+    """
+    if method == "tsqr":
+        return tsqr(A_local, comm, want_q=True)[0]
+    if method == "cholesky_qr2":
+        return cholesky_qr2(A_local, comm, on_failure="tsqr")[0]
+    raise ValueError(f"method must be 'tsqr' or 'cholesky_qr2'; got {method!r}")

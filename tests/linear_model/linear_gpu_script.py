@@ -1,0 +1,74 @@
+"""Multi-rank linear models on CuPy shards (one GPU per rank), run by test_gpu_linear.py.
+
+The CuPy path is the NumPy path's code on another namespace: its results must
+match the NumPy fit on the same shards and scikit-learn on the gathered data.
+"""
+
+import warnings
+
+import cupy as cp
+import numpy as np
+from sklearn import linear_model as sk
+from sklearn.datasets import make_classification, make_regression
+
+from mpiml.comm import get_comm
+from mpiml.linear_model import LinearRegression, LogisticRegression, Ridge
+
+from _spmd import assert_close, check, guarded
+
+comm = get_comm()
+rank, size = comm.rank, comm.size
+cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
+
+
+def shard(a):
+    w = np.arange(1, size + 1, dtype=np.float64)
+    b = np.concatenate([[0], np.round(np.cumsum(w) / w.sum() * a.shape[0]).astype(int)])
+    return a[b[rank]:b[rank + 1]]
+
+
+def rel(a, b):
+    a = a.get() if isinstance(a, cp.ndarray) else np.asarray(a)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
+
+
+def main():
+    X, Y = make_regression(n_samples=5000, n_features=20, n_targets=2, noise=1.0, random_state=0)
+    X += 3.0
+    w = np.random.RandomState(1).uniform(0.5, 2.0, len(X))
+    Xd, Yd, wd = cp.asarray(shard(X)), cp.asarray(shard(Y)), cp.asarray(shard(w))
+    for solver in ("normal", "tsqr"):
+        g = LinearRegression(solver=solver).fit(Xd, Yd, sample_weight=wd)
+        h = LinearRegression(solver=solver).fit(shard(X), shard(Y), sample_weight=shard(w))
+        s = sk.LinearRegression().fit(X, Y, sample_weight=w)
+        check(isinstance(g.coef_, cp.ndarray) and isinstance(g.intercept_, cp.ndarray), f"{solver}: outputs follow X")
+        check(rel(g.coef_, h.coef_) < 1e-10, f"{solver}: GPU vs host coef")
+        check(rel(g.coef_, s.coef_) < 1e-8, f"{solver}: GPU vs scikit-learn coef")
+        check(isinstance(g.predict(Xd), cp.ndarray), f"{solver}: predict follows X")
+        assert_close(g.predict(Xd).get(), shard(s.predict(X)), f"{solver}: predict", rtol=1e-8, atol=1e-8)
+        check(abs(g.score(Xd, Yd) - s.score(X, Y)) < 1e-10, f"{solver}: score")
+        r = Ridge(alpha=[1.0, 50.0], solver="svd" if solver == "tsqr" else "cholesky").fit(Xd, Yd)
+        check(rel(r.coef_, sk.Ridge(alpha=[1.0, 50.0]).fit(X, Y).coef_) < 1e-8, f"Ridge {solver}: GPU coef")
+    g32 = LinearRegression().fit(Xd.astype(cp.float32), Yd[:, 0].astype(cp.float32))
+    check(g32.coef_.dtype == cp.float32 and rel(g32.coef_, sk.LinearRegression().fit(X, Y[:, 0]).coef_) < 1e-4,
+          "float32 on the GPU")
+
+    X, y = make_classification(n_samples=6000, n_features=12, n_informative=6, n_classes=3, random_state=0)
+    Xd, yd = cp.asarray(shard(X)), cp.asarray(shard(y))
+    for solver in ("lbfgs", "newton-cholesky"):
+        g = LogisticRegression(solver=solver, tol=1e-10, max_iter=500).fit(Xd, yd)
+        s = sk.LogisticRegression(solver=solver, tol=1e-10, max_iter=500).fit(X, y)
+        check(isinstance(g.coef_, cp.ndarray), f"{solver}: coef follows X")
+        check(rel(g.coef_, s.coef_) < 1e-6, f"{solver}: GPU multinomial coef rel {rel(g.coef_, s.coef_):.1e}")
+        assert_close(g.predict_proba(Xd).get(), shard(s.predict_proba(X)), f"{solver}: proba", rtol=1e-6, atol=1e-8)
+        check(bool((g.predict(Xd).get() == shard(s.predict(X))).all()), f"{solver}: predict")
+        check(abs(g.score(Xd, yd) - s.score(X, y)) < 1e-12, f"{solver}: score")
+        yb = cp.asarray(shard(y == 2).astype(np.int64))
+        gb = LogisticRegression(solver=solver, tol=1e-10, class_weight="balanced").fit(Xd, yb)
+        sb = sk.LogisticRegression(solver=solver, tol=1e-10, class_weight="balanced").fit(X, (y == 2).astype(int))
+        check(rel(gb.coef_, sb.coef_) < 1e-6, f"{solver}: GPU binary coef")
+
+
+if __name__ == "__main__":
+    warnings.simplefilter("ignore")
+    guarded(main, comm)

@@ -1,0 +1,74 @@
+"""Linear models on one process: scikit-learn's common checks and the single-process contract.
+
+No check of ``parametrize_with_checks`` is expected to fail.  The 6 skips are scikit-learn's own
+array-API checks, which skip themselves unless SCIPY_ARRAY_API=1 is set (mpiml takes NumPy or
+CuPy, not arbitrary array-API namespaces).
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn import linear_model as sk
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from mpiml.linear_model import LinearRegression, LogisticRegression, Ridge
+
+_EXPECTED_FAILED = {}
+
+
+@parametrize_with_checks([LinearRegression(), LinearRegression(solver="tsqr"), Ridge(), Ridge(solver="svd"),
+                          LogisticRegression(), LogisticRegression(solver="newton-cholesky")],
+                         expected_failed_checks=lambda est: _EXPECTED_FAILED)
+def test_sklearn_compatible(estimator, check):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check(estimator)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    import mpiml
+
+    rs = np.random.RandomState(0)
+    X = rs.randn(200, 4)
+    y = X @ [1.0, -2.0, 0.5, 3.0] + 0.1 * rs.randn(200)
+    labels = np.where(y > 0, "pos", "neg")
+    for est, target in ((LinearRegression(solver="tsqr"), y), (Ridge(alpha=[0.5]), y[:, None]),
+                        (LogisticRegression(), labels)):
+        est.fit(X, target)
+        path = str(tmp_path / f"{type(est).__name__}.mpiml")
+        mpiml.save(est, path)
+        back = mpiml.load(path)
+        np.testing.assert_array_equal(back.predict(X), est.predict(X))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dtype_is_kept(dtype):
+    rs = np.random.RandomState(0)
+    X = rs.randn(100, 3).astype(dtype)
+    y = (X[:, 0] > 0).astype(int)
+    for est, target in ((LinearRegression(), X[:, 1] * 2.0), (Ridge(), X[:, 1]), (LogisticRegression(), y)):
+        est.fit(X, target)
+        assert est.coef_.dtype == dtype
+        assert est.predict(X).dtype == (dtype if not isinstance(est, LogisticRegression) else y.dtype)
+
+
+def test_newton_and_lbfgs_reach_scikit_learns_loss():
+    rs = np.random.RandomState(3)
+    X = rs.randn(500, 5)
+    y = (X @ rs.randn(5) + rs.randn(500) > 0).astype(int)
+    ref = sk.LogisticRegression(tol=1e-10, max_iter=1000).fit(X, y)
+    for solver in ("lbfgs", "newton-cholesky"):
+        est = LogisticRegression(solver=solver, tol=1e-10, max_iter=1000).fit(X, y)
+        np.testing.assert_allclose(est.coef_, ref.coef_, rtol=1e-7)
+        np.testing.assert_allclose(est.intercept_, ref.intercept_, rtol=1e-7, atol=1e-10)
+
+
+def test_ridge_without_penalty_on_rank_deficient_x_is_minimum_norm():
+    rs = np.random.RandomState(0)
+    X = rs.randn(200, 4)
+    X = np.c_[X, X[:, 0] - X[:, 1]]
+    y = X @ rs.randn(5) + rs.randn(200)
+    ref = sk.LinearRegression().fit(X, y)
+    for solver in ("cholesky", "svd"):
+        np.testing.assert_allclose(Ridge(alpha=0.0, solver=solver).fit(X, y).coef_, ref.coef_, rtol=1e-9, atol=1e-12)
