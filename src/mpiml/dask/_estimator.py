@@ -322,6 +322,17 @@ class DaskSPMDEstimator(BaseEstimator):
         if not hasattr(spmd, "score"):
             cls.score = _missing("score")
 
+    @classmethod
+    def from_spmd_estimator(cls, estimator):
+        """A wrapper around an already fitted SPMD estimator (e.g. a search's ``best_estimator_``)."""
+        if not isinstance(estimator, cls._spmd_class):
+            raise TypeError(f"{cls.__name__} wraps {cls._spmd_class.__name__}; got {type(estimator).__name__}")
+        params = {k: v for k, v in estimator.get_params(deep=False).items() if k != "comm"}
+        wrapper = cls(**params)
+        wrapper._adopt(estimator)
+        wrapper._check_is_fitted()
+        return wrapper
+
     # ------------------------------------------------------------------ helpers
     def _spmd_estimator(self):
         """A new SPMD estimator with this wrapper's parameters."""
