@@ -38,8 +38,28 @@ class DaskLosingKMeans(DaskSPMDEstimator, spmd=LosingKMeans):
     pass
 
 
+class RaisingKMeans(KMeans):
+    def fit(self, X, y=None, sample_weight=None):
+        if self.comm.rank == 1:
+            raise RuntimeError("boom on one rank")
+        return super().fit(X, y, sample_weight)
+
+
+class DaskRaisingKMeans(DaskSPMDEstimator, spmd=RaisingKMeans):
+    pass
+
+
 client = get_client()
 X = da.from_array(np.random.default_rng(0).normal(size=(2000, 4)), chunks=250)
+if MODE == "leave":
+    # one rank raises while the other waits in a collective (until MPIML_TIMEOUT): the client
+    # reports the root cause, and the workers can run the next job
+    start = time.perf_counter()
+    try:
+        DaskRaisingKMeans(n_clusters=3, random_state=0).fit(X)
+    except Exception as exc:
+        print(f"one rank raised: {type(exc).__name__}: {exc} [{time.perf_counter() - start:.1f} s]".replace("\n", " "),
+              flush=True)
 start = time.perf_counter()
 try:
     DaskLosingKMeans(n_clusters=3, random_state=0).fit(X)

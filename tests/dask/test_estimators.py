@@ -48,6 +48,9 @@ def test_kmeans_on_cupy_chunks(tmp_path):
 def test_worker_leaving_during_fit_raises_on_the_client():
     proc = launch(4, "--timeout", "30", os.path.join(HERE, "_worker_loss_app.py"), "leave",
                   env={"MPIML_TIMEOUT": "5"})
+    raised = re.search(r"one rank raised: (.*) \[([\d.]+) s\]", proc.stdout)
+    assert raised and raised.group(1).startswith("DaskSPMDError: RaisingKMeans.fit failed on worker mpi://"), proc.stdout
+    assert "RuntimeError: boom on one rank" in raised.group(1)
     first = re.search(r"first fit: (.*) \[([\d.]+) s\]", proc.stdout)
     assert first, proc.stdout + proc.stderr[-3000:]
     assert "LosingKMeans.fit cannot finish: worker mpi://3:" in first.group(1)

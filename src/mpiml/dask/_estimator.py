@@ -177,11 +177,11 @@ def _run_job(method, estimator, X, y=None, sample_weight=None, *, drop=(), kwarg
                 run_job, job.__class__(**{**job.__dict__, **counts}), *args,
                 key=f"mpiml-{what}-job{job.job_id}-{token}-rank{world_rank[address]}",
                 workers=[address], allow_other_workers=False, pure=False, retries=0)
-        results = _wait_job(client, futures, members, world_rank, what)
+        results = _wait_job(client, futures, world_rank, what)
     return results[members[0]]
 
 
-def _wait_job(client, futures, members, rank_of, what):
+def _wait_job(client, futures, rank_of, what):
     """Wait for every task of a job; a failure or a lost member raises, never hangs."""
     from distributed import wait
 
@@ -195,10 +195,10 @@ def _wait_job(client, futures, members, rank_of, what):
                 pass
         if all(f.status == "finished" for f in futures.values()):
             return {a: f.result() for a, f in futures.items()}
-        failed = [a for a, f in futures.items() if f.status == "error"]
-        if failed:
-            return _raise_failure(client, futures, failed, rank_of, what)
-        gone = [a for a in members if a not in _current_workers(client)]
+        if any(f.status == "error" for f in futures.values()):
+            return _raise_failure(client, futures, rank_of, what)
+        # every worker takes part in the job's split, members or not
+        gone = [a for a in futures if a not in _current_workers(client)]
         if gone:
             names = ", ".join(f"{a} (MPI rank {rank_of[a]})" for a in gone)
             _broken[address] = (f"worker {names} left the cluster during {what}; the MPI communicator of the "
@@ -210,7 +210,7 @@ def _wait_job(client, futures, members, rank_of, what):
                 "fit again")
 
 
-def _raise_failure(client, futures, failed, rank_of, what):
+def _raise_failure(client, futures, rank_of, what):
     from distributed import wait
 
     try:  # ranks of an SPMD call raise the same error together: give the others a moment
@@ -219,17 +219,24 @@ def _raise_failure(client, futures, failed, rank_of, what):
         pass
     errors = {a: f.exception() for a, f in futures.items() if f.status == "error"}
     pending = [a for a, f in futures.items() if f.status not in ("finished", "error")]
-    from .._errors import CommTimeoutError
+
+    def timed_out(e):  # a CommTimeoutError, or its text (see _spmd._picklable)
+        return "CommTimeoutError" in f"{type(e).__name__}: {e}" or "timed out after" in str(e)
 
     # the root cause, not a peer's timeout waiting for it
-    first = min(errors, key=lambda a: (isinstance(errors[a], CommTimeoutError), rank_of[a]))
+    first = min(errors, key=lambda a: (timed_out(errors[a]), rank_of[a]))
     exc = errors[first]
-    if not pending:
-        raise exc
+    if any(timed_out(e) and "Dask SPMD job start" in str(e) for e in errors.values()):
+        # the agreement was left pending on the workers communicator: it is out of step for good
+        _broken[client.scheduler.address] = (f"{what} timed out before it started (a worker was busy, stuck or "
+                                             "gone): restart the mpiml dask job")
+    if not pending and len({(type(e), str(e)) for e in errors.values()}) == 1:
+        raise exc  # the same error on every rank that failed (bad parameters or data): as is
     client.cancel([futures[a] for a in pending])
+    others = f"; workers {pending} were still inside the job" if pending else ""
     raise DaskSPMDError(
-        f"{what} failed on worker {first} (MPI rank {rank_of[first]}) with {type(exc).__name__}: {exc}; "
-        f"workers {pending} were still inside the job") from exc
+        f"{what} failed on worker {first} (MPI rank {rank_of[first]}) with {type(exc).__name__}: {exc}"
+        f"{others}") from exc
 
 
 # ---------------------------------------------------------------------- the wrapper base class

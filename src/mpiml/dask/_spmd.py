@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import socket
 import threading
 
@@ -177,8 +178,16 @@ def run_job(job, *blocks):
 
     Returns, on the first member, the estimator after the call (for ``fit``
     and ``partial_fit``, with ``job.drop`` removed) or the method's value;
-    ``None`` on the other workers.
+    ``None`` on the other workers. An exception that the client could not
+    unpickle comes back as a DaskSPMDError with its text.
     """
+    try:
+        return _run_job_here(job, blocks)
+    except Exception as exc:
+        raise _picklable(exc) from None
+
+
+def _run_job_here(job, blocks):
     comm = _job_comm(job)
     if comm is None:
         return None
@@ -205,6 +214,17 @@ def run_job(job, *blocks):
             est.__dict__.pop(name, None)
         return est
     return out
+
+
+def _picklable(exc):
+    """``exc``, or a DaskSPMDError with its text when the client could not unpickle it."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        from ._estimator import DaskSPMDError
+
+        return DaskSPMDError(f"{type(exc).__name__}: {exc}")
 
 
 def run_block_method(block, model, method):
