@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU host: Dask-driven estimators on CuPy chunks and CuPy frames over mpi:// vs tcp:// (issue 14).
-# Writes logs and JSON to OUTDIR. About 5 minutes on 4 x H200.
+# Writes logs and JSON to OUTDIR. About 8-12 minutes on 4 x H200 (not measured yet).
 #
 #   benchmarks/dask/gpu_daskml.sh OUTDIR
 #
@@ -9,7 +9,8 @@
 # 2. the mpi:// comm checks with CuPy frames (staged through pinned slots);
 # 3. seed 001's comm sweep with CuPy payloads: latency and throughput, mpi:// vs tcp://, 2 ranks;
 # 4. seed 001's CuPy (x + x.T).sum() over mpi:// and tcp:// with 2 and 4 workers (4 when the
-#    host has 4 GPUs), the protocols alternating.
+#    host has 4 GPUs), the protocols alternating;
+# 5. seed 000's Hyperband study of k-means at full size (11e6 x 28) on CuPy blocks.
 # Needs dask and distributed importable (wheels on PYTHONPATH) and CuPy. MPI need not be
 # CUDA-aware. MPIRUN_BASE (default "mpirun --allow-run-as-root --bind-to none") gets -n N.
 set -uo pipefail
@@ -59,6 +60,12 @@ for w in $workers_list; do
     done
   done
 done
+
+# 5. seed 000's Hyperband study at its full size (11e6 x 28) on CuPy blocks, 2 workers
+STEP_TIMEOUT=420 mpirun_n 4 "$PY" benchmarks/dask/gpu_rank.py --protocol mpi benchmarks/dask/hpo_higgs.py \
+    --n-samples 11000000 --block-rows 500000 --device gpu --out "$OUT/hpo_higgs_gpu.json" \
+    > "$OUT/hpo_higgs_gpu.log" 2>&1 || status=$?
+tail -n 3 "$OUT/hpo_higgs_gpu.log"
 
 "$PY" - "$OUT" <<'PYEOF'
 import glob, json, os, sys

@@ -121,7 +121,7 @@ def test_hyperband_sklearn_estimator_on_a_local_cluster():
     from distributed import Client, LocalCluster
     from sklearn.linear_model import SGDClassifier
 
-    from mpiml.dask.model_selection import HyperbandSearchCV, SuccessiveHalvingSearchCV
+    from mpiml.dask.model_selection import HyperbandSearchCV, IncrementalSearchCV, SuccessiveHalvingSearchCV
 
     rng = np.random.default_rng(0)
     Xn = rng.normal(size=(3000, 6))
@@ -138,6 +138,13 @@ def test_hyperband_sklearn_estimator_on_a_local_cluster():
         sh = SuccessiveHalvingSearchCV(est, grid, n_initial_parameters=9, max_iter=9, random_state=0)
         sh.fit(X, y, classes=[0, 1])
         assert sorted(sh.cv_results_["partial_fit_calls"].tolist()) == [1] * 6 + [3] * 2 + [9]
+        inc = IncrementalSearchCV(est, grid, n_initial_parameters=4, max_iter=6, fits_per_score=2,
+                                  random_state=0).fit(X, y, classes=[0, 1])
+        assert inc.cv_results_["partial_fit_calls"].tolist() == [6] * 4 and len(inc.history_) == 12
+        assert inc.best_score_ == max(h["score"] for h in inc.history_)
+        stopped = IncrementalSearchCV(est, grid, n_initial_parameters=4, max_iter=40, patience=2, tol=1.0,
+                                      random_state=0).fit(X, y, classes=[0, 1])
+        assert stopped.cv_results_["partial_fit_calls"].tolist() == [3] * 4  # nothing improves by 1.0
 
 
 GRID_SCRIPT = """

@@ -14,7 +14,8 @@ and, inside ``script.py``::
     client = get_client()
 
 Dask-driven estimators (``fit`` on a dask array, ``predict`` returning one) live
-in ``mpiml.dask.cluster`` (and the other families' modules).
+in ``mpiml.dask.cluster`` (and the other families' modules); Hyperband and
+successive halving over ``partial_fit`` in ``mpiml.dask.model_selection``.
 
 See ``docs/dask.md`` for the address format, the wire protocol and the options.
 """

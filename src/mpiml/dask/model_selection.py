@@ -29,7 +29,7 @@ import time
 import numpy as np
 from sklearn.base import BaseEstimator, clone
 
-__all__ = ["HyperbandSearchCV", "SuccessiveHalvingSearchCV", "hyperband_brackets"]
+__all__ = ["HyperbandSearchCV", "SuccessiveHalvingSearchCV", "IncrementalSearchCV", "hyperband_brackets"]
 
 
 # ---------------------------------------------------------------------- tasks (run on workers)
@@ -112,7 +112,7 @@ class _Bracket:
 
     @property
     def done(self):
-        return self.round >= len(self.rounds)
+        return self.round >= len(self.rounds) or not self.alive
 
 
 # ---------------------------------------------------------------------- the searches
@@ -179,6 +179,7 @@ class _AdaptiveSearch(BaseEstimator):
             states.append(_Bracket(b, ids, self._rounds(n, r, s)))
 
         n_blocks = len(train_x)
+        best = None  # (score, -model id, model future at that evaluation)
         while not all(st.done for st in states):
             scores = {}
             for st in states:
@@ -203,20 +204,20 @@ class _AdaptiveSearch(BaseEstimator):
                               "partial_fit_calls": calls[i], "score": values[i], "elapsed_wall_time": elapsed}
                     history.append(record)
                     model_history[i].append(record)
+                    if best is None or (values[i], -i) > best[:2]:
+                        best = (values[i], -i, models[i])
                 st.round += 1
                 if not st.done:
-                    keep, _ = st.rounds[st.round]
-                    ranked = sorted(st.alive, key=lambda i: (-values[i], i))
-                    for i in ranked[keep:]:
+                    kept = self._survivors(st, values, model_history)
+                    for i in set(st.alive) - set(kept):
                         models.pop(i)  # drops the future: the worker frees the model
-                    st.alive = ranked[:keep]
+                    st.alive = kept
 
         last = {i: h[-1] for i, h in model_history.items()}
-        best = max(last, key=lambda i: (last[i]["score"], -i))
-        self.best_index_ = best
-        self.best_params_ = params[best]
-        self.best_score_ = last[best]["score"]
-        self.best_estimator_ = models[best].result()
+        self.best_index_ = -best[1]
+        self.best_params_ = params[self.best_index_]
+        self.best_score_ = best[0]
+        self.best_estimator_ = best[2].result()
         self.history_ = history
         self.model_history_ = model_history
         self.cv_results_ = {
@@ -232,6 +233,11 @@ class _AdaptiveSearch(BaseEstimator):
                           "wall_time": time.perf_counter() - start}
         self.n_blocks_ = n_blocks
         return self
+
+    def _survivors(self, bracket, scores, model_history):
+        """Models of ``bracket`` that go on to its next round: the best ones (successive halving)."""
+        keep, _ = bracket.rounds[bracket.round]
+        return sorted(bracket.alive, key=lambda i: (-scores[i], i))[:keep]
 
     def predict(self, X):
         """``best_estimator_.predict`` (in this process)."""
@@ -276,6 +282,7 @@ class HyperbandSearchCV(_AdaptiveSearch):
     Attributes
     ----------
     best_estimator_, best_params_, best_score_, best_index_
+        The best evaluation seen (the model as it was then) and its model id.
     cv_results_ : dict of arrays
         One entry per model, at its last evaluation.
     history_ : list of dict
@@ -324,3 +331,59 @@ class SuccessiveHalvingSearchCV(HyperbandSearchCV):
         n, eta = self.n_initial_parameters, self.aggressiveness
         s = max(0, int(math.floor(math.log(n) / math.log(eta) + 1e-9)))
         return [(s, n, max(1, int(round(self.max_iter * eta ** -s))))]
+
+
+class IncrementalSearchCV(_AdaptiveSearch):
+    """Passive search: every candidate trained to ``max_iter`` calls, unless it stops improving.
+
+    Parameters
+    ----------
+    estimator, parameters, test_size, random_state, scoring
+        As for :class:`HyperbandSearchCV`.
+    n_initial_parameters : int, default=10
+        Candidates drawn from ``parameters``.
+    max_iter : int, default=100
+        Most ``partial_fit`` calls per candidate.
+    fits_per_score : int, default=1
+        ``partial_fit`` calls between two scorings.
+    patience : int or False, default=False
+        Stop a candidate whose best score of its last ``patience`` scorings is not
+        above its best before them by more than ``tol``.
+    tol : float, default=0.001
+    """
+
+    def __init__(self, estimator, parameters, *, n_initial_parameters=10, max_iter=100, fits_per_score=1,
+                 patience=False, tol=0.001, test_size=0.15, random_state=None, scoring=None):
+        self.estimator = estimator
+        self.parameters = parameters
+        self.n_initial_parameters = n_initial_parameters
+        self.max_iter = max_iter
+        self.fits_per_score = fits_per_score
+        self.patience = patience
+        self.tol = tol
+        self.test_size = test_size
+        self.random_state = random_state
+        self.scoring = scoring
+
+    def _brackets(self):
+        if self.max_iter < 1 or self.fits_per_score < 1 or self.n_initial_parameters < 1:
+            raise ValueError("max_iter, fits_per_score and n_initial_parameters must be >= 1; got "
+                             f"{self.max_iter}, {self.fits_per_score}, {self.n_initial_parameters}")
+        return [(0, self.n_initial_parameters, self.fits_per_score)]
+
+    def _rounds(self, n, r, s):
+        targets = list(range(self.fits_per_score, self.max_iter + 1, self.fits_per_score))
+        if not targets or targets[-1] != self.max_iter:
+            targets.append(self.max_iter)
+        return [(n, t) for t in targets]
+
+    def _survivors(self, bracket, scores, model_history):
+        if not self.patience:
+            return list(bracket.alive)
+        p = int(self.patience)
+        kept = []
+        for i in bracket.alive:
+            seen = [h["score"] for h in model_history[i]]
+            if len(seen) <= p or max(seen[-p:]) > max(seen[:-p]) + self.tol:
+                kept.append(i)
+        return kept
