@@ -140,7 +140,7 @@ def _agree_on_job(workers, job_id, timeout):
 
 
 def _job_comm(job):
-    """Steps 1 and 2: the job's mpiml communicator on members, None elsewhere."""
+    """Steps 1 and 2: ``(communicator, its MPI transport)`` on members, ``(None, None)`` elsewhere."""
     workers = _state["workers"]
     if workers is None:
         raise RuntimeError(
@@ -153,11 +153,12 @@ def _job_comm(job):
 
     sub = workers.Split(0 if me in job.members else MPI.UNDEFINED, key)
     if sub == MPI.COMM_NULL:
-        return None
+        return None, None
     from ..comm import Communicator
     from ..comm.backends.mpi import MPITransport
 
-    return Communicator(MPITransport(sub, owned=True))
+    transport = MPITransport(sub, owned=True)
+    return Communicator(transport), transport
 
 
 def _concat(blocks):
@@ -188,7 +189,7 @@ def run_job(job, *blocks):
 
 
 def _run_job_here(job, blocks):
-    comm = _job_comm(job)
+    comm, transport = _job_comm(job)
     if comm is None:
         return None
     X = _concat(list(blocks[:job.n_x]))
@@ -207,6 +208,7 @@ def _run_job_here(job, blocks):
         est.comm = None
         if ok:  # after a failure the communicator may hold unmatched calls: leave it
             comm.close()
+            transport.close()  # MPI has a few thousand communicator ids: free them per job
     if comm.rank != 0:
         return None
     if job.method in ("fit", "partial_fit"):
