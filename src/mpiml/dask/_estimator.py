@@ -324,10 +324,10 @@ class DaskSPMDEstimator(BaseEstimator):
                 setattr(cls, name, _block_method(name))
         if "predict" in cls._block_methods and "fit_predict" not in cls.__dict__:
             cls.fit_predict = _fit_predict
-        if not hasattr(spmd, "partial_fit"):
-            cls.partial_fit = _missing("partial_fit")
-        if not hasattr(spmd, "score"):
-            cls.score = _missing("score")
+        # the SPMD versions win over the mixins' (RegressorMixin.score would score dask arrays locally)
+        for name in ("partial_fit", "score"):
+            if name not in cls.__dict__:
+                setattr(cls, name, getattr(DaskSPMDEstimator, name) if hasattr(spmd, name) else _missing(name))
 
     @classmethod
     def from_spmd_estimator(cls, estimator):
