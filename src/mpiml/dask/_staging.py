@@ -32,6 +32,8 @@ __all__ = ["CupyStager", "PinnedCache", "get_stager", "set_stager", "pinned_cach
            "staging_slots", "wait_event"]
 
 _DEFAULT_BYTES = 4 * 2**20
+#: cudaMemcpyKind values (CUDA runtime ABI)
+_HOST_TO_DEVICE, _DEVICE_TO_HOST = 1, 2
 
 
 def staging_bytes():
@@ -133,11 +135,11 @@ class CupyStager:
 
     def to_host(self, src, dst):
         """Queue ``dst[:] = src`` (device -> pinned host); return an event with ``.done``."""
-        return self._copy(dst.ctypes.data, src.data.ptr, src.nbytes, self._cupy.cuda.runtime.memcpyDeviceToHost)
+        return self._copy(dst.ctypes.data, src.data.ptr, src.nbytes, _DEVICE_TO_HOST)
 
     def to_device(self, src, dst):
         """Queue ``dst[:] = src`` (pinned host -> device); return an event with ``.done``."""
-        return self._copy(dst.data.ptr, src.ctypes.data, src.nbytes, self._cupy.cuda.runtime.memcpyHostToDevice)
+        return self._copy(dst.data.ptr, src.ctypes.data, src.nbytes, _HOST_TO_DEVICE)
 
 
 _stager = None
