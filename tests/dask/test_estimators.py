@@ -53,8 +53,10 @@ def test_worker_leaving_during_fit_raises_on_the_client():
     assert "RuntimeError: boom on one rank" in raised.group(1)
     first = re.search(r"first fit: (.*) \[([\d.]+) s\]", proc.stdout)
     assert first, proc.stdout + proc.stderr[-3000:]
-    assert "LosingKMeans.fit cannot finish: worker mpi://3:" in first.group(1)
-    assert "(MPI rank 3) left the Dask cluster" in first.group(1)
+    # the second rank of the job is whichever worker holds the later blocks
+    lost = re.search(r"LosingKMeans.fit cannot finish: worker mpi://(\d):\d+ \(MPI rank (\d)\) left the Dask "
+                     r"cluster", first.group(1))
+    assert lost and lost.group(1) == lost.group(2) and lost.group(1) in "23", first.group(1)
     assert float(first.group(2)) < 10
     second = re.search(r"second fit: (.*) \[([\d.]+) s\]", proc.stdout)
     assert second and "restart the mpiml dask job" in second.group(1) and float(second.group(2)) < 2
