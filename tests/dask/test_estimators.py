@@ -7,12 +7,11 @@ with a timeout; the script compares with the SPMD estimator on the same rows.
 import json
 import os
 import re
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, have_gpu, run_mpi
+from conftest import ROOT, run_mpi
 
 pytest.importorskip("distributed")
 
