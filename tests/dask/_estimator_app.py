@@ -15,8 +15,9 @@ import dask
 import dask.array as da
 from sklearn.base import clone
 
+from mpiml.base import SPMDEstimator
 from mpiml.cluster import KMeans as SPMDKMeans
-from mpiml.dask import get_client
+from mpiml.dask import DaskSPMDEstimator, get_client
 from mpiml.dask.cluster import KMeans
 from mpiml.dask.model_selection import HyperbandSearchCV
 
@@ -44,6 +45,72 @@ def placed(client, blocks, owners, xp):
         [fut] = client.scatter([xp.asarray(block)], workers=[worker])
         parts.append(da.from_delayed(fut, shape=block.shape, dtype=block.dtype, meta=xp.asarray(block[:0])))
     return da.concatenate(parts, axis=0)
+
+
+class ShardedNN(SPMDEstimator):
+    """A brute-force k-nearest-neighbours whose index stays sharded over the ranks (a test model)."""
+
+    def __init__(self, n_neighbors=3, *, comm=None):
+        self.n_neighbors = n_neighbors
+        self.comm = comm
+
+    def fit(self, X, y=None):
+        comm = self._get_comm()
+        counts = comm.allgather_obj(len(X))
+        self._fit_X = np.asarray(X)
+        self._offset = int(sum(counts[:comm.rank]))
+        self.n_samples_fit_ = int(sum(counts))
+        return self
+
+    def kneighbors(self, X, n_neighbors=None):
+        comm = self._get_comm()
+        k = n_neighbors or self.n_neighbors
+        queries = comm.allgather_obj(np.asarray(X))
+        Q = np.concatenate(queries)
+        d = np.sqrt(((Q[:, None, :] - self._fit_X[None]) ** 2).sum(-1))
+        idx = np.argsort(d, axis=1, kind="stable")[:, :k]
+        found = comm.allgather_obj((np.take_along_axis(d, idx, 1), idx + self._offset))
+        D = np.concatenate([f[0] for f in found], axis=1)
+        Id = np.concatenate([f[1] for f in found], axis=1)
+        order = np.lexsort((Id, D))[:, :k]
+        start = sum(len(q) for q in queries[:comm.rank])
+        rows = slice(start, start + len(X))
+        return np.take_along_axis(D, order, 1)[rows], np.take_along_axis(Id, order, 1)[rows]
+
+
+    def score(self, X, y=None):
+        """Minus the mean distance to the nearest neighbour, over every rank's queries (global)."""
+        dist, _ = self.kneighbors(X, n_neighbors=1)
+        total = self._get_comm().allgather_obj((float(dist.sum()), len(dist)))
+        return -sum(t[0] for t in total) / sum(t[1] for t in total)
+
+
+class DaskShardedNN(DaskSPMDEstimator, spmd=ShardedNN):
+    _sharded = True
+    _query_methods = ("kneighbors",)
+    _local_attributes = ("_fit_X",)
+
+
+def check_sharded(client, workers, Xn, blocks, sizes):
+    """A model whose fitted state stays sharded: fit keeps it on the workers, queries go to them."""
+    from sklearn.neighbors import NearestNeighbors
+
+    ref = NearestNeighbors(n_neighbors=4, algorithm="brute").fit(Xn)
+    rng = np.random.default_rng(5)
+    Qn = rng.normal(size=(300, Xn.shape[1]))
+    want_d, want_i = ref.kneighbors(Qn)
+    for name, owners in (("index on both workers", [workers[1], workers[1], workers[0], workers[0], workers[0]]),
+                         ("index on one worker", [workers[0]] * 5)):
+        X = placed(client, blocks, owners, np)
+        nn = DaskShardedNN(n_neighbors=4).fit(X)
+        check(nn.n_samples_fit_ == len(Xn) and not hasattr(nn.spmd_estimator_, "_fit_X"), f"{name}: shards")
+        # query blocks on the other worker too (sent to the index's workers)
+        Q = placed(client, [Qn[:100], Qn[100:250], Qn[250:]], [workers[1], workers[0], workers[1]], np)
+        dist, ind = nn.kneighbors(Q)
+        check(ind.chunks[0] == (100, 150, 50), f"{name}: query blocks {ind.chunks}")
+        close(dist.compute(), want_d, f"{name}: kneighbors distances")
+        check(np.array_equal(ind.compute(), want_i), f"{name}: kneighbors indices")
+        close(nn.score(Q), -want_d[:, 0].mean(), f"{name}: score")
 
 
 def main(out, array_lib="numpy"):
@@ -110,6 +177,9 @@ def main(out, array_lib="numpy"):
     plain = KMeans(n_clusters=5, max_iter=7)
     check(clone(plain).get_params() == plain.get_params() and "comm" not in plain.get_params()
           and plain.set_params(tol=0.5).tol == 0.5, "clone/get_params/set_params")
+
+    if xp is np:
+        check_sharded(client, workers, Xn, blocks, sizes)
 
     # Hyperband over partial_fit: mpiml's KMeans on the MPI workers, one model per task
     if xp is np:

@@ -138,10 +138,15 @@ def _persisted_blocks(client, arrays):
     return blocks, who
 
 
-def _run_job(method, estimator, X, y=None, sample_weight=None, *, drop=(), kwargs=None):
+def _run_job(method, estimator, X, y=None, sample_weight=None, *, drop=(), kwargs=None, keep=False,
+             shards=None):
     """Run ``estimator.method(X, y, ...)`` SPMD on the workers that hold ``X``'s blocks.
 
     Returns the first member's result (the estimator for ``fit`` and ``partial_fit``).
+    With ``keep`` (fit of a sharded model) or ``shards`` (a query of one: the
+    members are the shards' workers, in order, and blocks held elsewhere are
+    sent to them), returns ``(members, futures by member, blocks by member)``
+    and leaves the results on the workers.
     """
     from ._spmd import Job, _env_timeout, run_job
 
@@ -158,27 +163,40 @@ def _run_job(method, estimator, X, y=None, sample_weight=None, *, drop=(), kwarg
         world_rank = {a: info["world_rank"] for a, info in infos.items()}
         # each row block runs where X's block is (the lowest-ranked holder if replicated)
         owner = []
-        for fut in blocks[0]:
-            holders = [a for a in who.get(fut.key, ()) if a in rank_of]
+        shard_of = dict(shards or ())
+        for i, fut in enumerate(blocks[0]):
+            holders = [a for a in who.get(fut.key, ()) if a in rank_of and (not shards or a in shard_of)]
+            if shards and not holders:  # a query block away from the index: send it to a shard
+                holders = [shards[i % len(shards)][0]]
             if not holders:
                 raise DaskSPMDError(f"{what}: block {fut.key} of X is on no worker of this cluster")
             owner.append(min(holders, key=rank_of.get))
-        members = list(dict.fromkeys(owner))  # ordered by their first block
-        job = Job(job_id=next(_job_ids), method=method, estimator=estimator,
+        if shards:
+            missing = [a for a, _ in shards if a not in rank_of]
+            if missing:
+                raise DaskSPMDError(f"{what}: the fitted model's shards on {missing} are gone; fit again")
+            members = [a for a, _ in shards]  # the index's rank order is fixed by its fit
+        else:
+            members = list(dict.fromkeys(owner))  # ordered by their first block
+        job = Job(job_id=next(_job_ids), method=method, estimator=None if shards else estimator,
                   members=tuple(rank_of[a] for a in members), drop=tuple(drop), kwargs=dict(kwargs or {}),
-                  timeout=_env_timeout())
+                  timeout=_env_timeout(), keep=keep, sharded=bool(shards))
         futures, token = {}, uuid.uuid4().hex[:8]
         for address in sorted(infos, key=rank_of.get):
             mine = [i for i, a in enumerate(owner) if a == address]
             args = [blocks[j][i] for j in range(len(blocks)) for i in mine]
+            if address in shard_of:
+                args.insert(0, shard_of[address])
             counts = {name: len(mine) if present else 0
                       for name, present in (("n_x", True), ("n_y", y is not None), ("n_w", w is not None))}
             futures[address] = client.submit(
                 run_job, job.__class__(**{**job.__dict__, **counts}), *args,
                 key=f"mpiml-{what}-job{job.job_id}-{token}-rank{world_rank[address]}",
                 workers=[address], allow_other_workers=False, pure=False, retries=0)
-        results = _wait_job(client, futures, world_rank, what)
-    return results[members[0]]
+        _wait_job(client, futures, world_rank, what)
+    if keep or shards:
+        return members, futures, {a: [i for i, o in enumerate(owner) if o == a] for a in members}
+    return futures[members[0]].result()
 
 
 def _wait_job(client, futures, rank_of, what):
@@ -194,7 +212,7 @@ def _wait_job(client, futures, rank_of, what):
             except TimeoutError:
                 pass
         if all(f.status == "finished" for f in futures.values()):
-            return {a: f.result() for a, f in futures.items()}
+            return
         if any(f.status == "error" for f in futures.values()):
             return _raise_failure(client, futures, rank_of, what)
         # every worker takes part in the job's split, members or not
@@ -253,6 +271,51 @@ def _block_method(name):
     return method
 
 
+def _query_method(name):
+    def method(self, X, **kwargs):
+        self._check_is_fitted()
+        members, futures, mine = _run_job(name, None, X, kwargs=kwargs, shards=self._shards_)
+        return _assemble(members, futures, mine, _as_dask_array(X, "X").numblocks[0])
+
+    method.__name__ = name
+    method.__qualname__ = name
+    method.__doc__ = (f"``{name}`` of the sharded model, run SPMD over its workers now.\n\n"
+                      "Returns\n-------\ndask.array.Array or tuple of them\n    One block per row block of ``X``.")
+    return method
+
+
+def _assemble(members, futures, mine, n_blocks):
+    """Dask arrays over the per-block results that a sharded query left on the members."""
+    import operator
+
+    import dask.array as da
+
+    from ._spmd import block_of, describe
+
+    client = _get_client()
+    info = dict(zip(members, client.gather([client.submit(describe, futures[a], workers=[a], pure=False)
+                                            for a in members])))
+    parts, is_tuple = [None] * n_blocks, False
+    for a in members:
+        for j, i in enumerate(mine[a]):
+            block = client.submit(block_of, futures[a], j, workers=[a], pure=False)
+            desc = info[a][j]
+            if isinstance(desc[0], tuple):  # a tuple of outputs
+                is_tuple = True
+                parts[i] = [(client.submit(operator.getitem, block, o, workers=[a], pure=False), d)
+                            for o, d in enumerate(desc)]
+            else:
+                parts[i] = [(block, desc)]
+
+    def array(fut, desc):
+        rows, tail, dtype, module = desc
+        meta = __import__(module).empty((0,) + tuple(tail), dtype=dtype)
+        return da.from_delayed(fut, shape=(rows,) + tuple(tail), dtype=dtype, meta=meta)
+
+    outputs = [da.concatenate([array(*p[o]) for p in parts]) for o in range(len(parts[0]))]
+    return tuple(outputs) if is_tuple else outputs[0]
+
+
 def _map_blocks(model, name, X):
     import dask
 
@@ -282,6 +345,17 @@ class DaskSPMDEstimator(BaseEstimator):
     _block_methods : tuple of str
         Methods that act on rows independently and return dask arrays.
 
+    _sharded : bool
+        The fitted state is sharded over the ranks (a neighbours index): the
+        members keep their fitted estimators on their workers (``_shards_``,
+        futures in rank order) and the client gets rank 0's without
+        ``_local_attributes``.
+    _query_methods : tuple of str
+        Methods of a sharded model that need every rank (``kneighbors``): each
+        call is an SPMD job over the shards' workers (query blocks held elsewhere
+        are sent to them); it runs at call time and returns dask arrays (a tuple
+        of them for tuple outputs) whose blocks stay on the workers.
+
     Attributes
     ----------
     spmd_estimator_ : SPMDEstimator
@@ -294,6 +368,8 @@ class DaskSPMDEstimator(BaseEstimator):
     _spmd_class = None
     _local_attributes: tuple = ()
     _block_methods: tuple = ()
+    _sharded: bool = False
+    _query_methods: tuple = ()
 
     def __init_subclass__(cls, spmd=None, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -322,6 +398,9 @@ class DaskSPMDEstimator(BaseEstimator):
         for name in cls._block_methods:
             if name not in cls.__dict__:
                 setattr(cls, name, _block_method(name))
+        for name in cls._query_methods:
+            if name not in cls.__dict__:
+                setattr(cls, name, _query_method(name))
         if "predict" in cls._block_methods and "fit_predict" not in cls.__dict__:
             cls.fit_predict = _fit_predict
         # the SPMD versions win over the mixins' (RegressorMixin.score would score dask arrays locally)
@@ -375,8 +454,22 @@ class DaskSPMDEstimator(BaseEstimator):
         -------
         self
         """
+        if self._sharded:
+            return self._fit_sharded(X, y, sample_weight)
         fitted = _run_job("fit", self._spmd_estimator(), X, y, sample_weight, drop=self._local_attributes)
         return self._adopt(fitted)
+
+    def _fit_sharded(self, X, y, sample_weight):
+        """Fit a model whose state stays sharded (a neighbours index): the shards stay on the workers."""
+        from ._spmd import strip
+
+        members, futures, _ = _run_job("fit", self._spmd_estimator(), X, y, sample_weight, keep=True)
+        client = _get_client()
+        first = client.submit(strip, futures[members[0]], self._local_attributes, workers=[members[0]],
+                              pure=False).result()
+        self._adopt(first)
+        self._shards_ = [(a, futures[a]) for a in members]
+        return self
 
     def partial_fit(self, X, y=None, sample_weight=None):
         """One ``partial_fit`` step of the SPMD estimator on the workers that hold ``X``."""
@@ -391,6 +484,9 @@ class DaskSPMDEstimator(BaseEstimator):
     def score(self, X, y=None, sample_weight=None):
         """The SPMD estimator's (global) ``score`` over the rows of ``X``, run on the workers."""
         self._check_is_fitted()
+        if self._sharded:
+            members, futures, _ = _run_job("score", None, X, y, sample_weight, shards=self._shards_)
+            return futures[members[0]].result()
         return _run_job("score", self.spmd_estimator_, X, y, sample_weight)
 
 

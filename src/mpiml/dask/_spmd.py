@@ -107,6 +107,13 @@ class Job:
         Fitted attributes local to a rank, removed before the estimator is returned.
     timeout : float
         Seconds that step 1 may wait for the other workers.
+    keep : bool
+        ``fit`` of a model whose fitted state is sharded (a neighbours index):
+        every member returns its estimator, which stays on its worker.
+    sharded : bool
+        A query of such a model: the first argument after the job is this
+        member's fitted estimator; every member returns its output split
+        back into its blocks (a list, one entry per block; tuples stay tuples).
     """
 
     job_id: int
@@ -119,6 +126,8 @@ class Job:
     kwargs: dict = dataclasses.field(default_factory=dict)
     drop: tuple = ()
     timeout: float = 300.0
+    keep: bool = False
+    sharded: bool = False
 
 
 def _agree_on_job(workers, job_id, timeout):
@@ -192,23 +201,32 @@ def _run_job_here(job, blocks):
     comm, transport = _job_comm(job)
     if comm is None:
         return None
+    est = job.estimator
+    if job.sharded:
+        est, blocks = blocks[0], blocks[1:]
     X = _concat(list(blocks[:job.n_x]))
     y = _concat(list(blocks[job.n_x:job.n_x + job.n_y]))
     w = _concat(list(blocks[job.n_x + job.n_y:]))
-    est = job.estimator
     kwargs = dict(job.kwargs)
     if job.n_w:
         kwargs["sample_weight"] = w
+    args = (X,) if job.sharded and not job.n_y else (X, y)
     est.comm = comm
     ok = False
     try:
-        out = getattr(est, job.method)(X, y, **kwargs)
+        out = getattr(est, job.method)(*args, **kwargs)
         ok = True
     finally:
         est.comm = None
         if ok:  # after a failure the communicator may hold unmatched calls: leave it
             comm.close()
             transport.close()  # MPI has a few thousand communicator ids: free them per job
+    if job.keep:
+        return est
+    if job.sharded:
+        if isinstance(out, tuple) or hasattr(out, "shape") and getattr(out, "ndim", 0) > 0:
+            return _split_rows(out, [len(b) for b in blocks[:job.n_x]])
+        return out if comm.rank == 0 else None  # a global value (score)
     if comm.rank != 0:
         return None
     if job.method in ("fit", "partial_fit"):
@@ -216,6 +234,36 @@ def _run_job_here(job, blocks):
             est.__dict__.pop(name, None)
         return est
     return out
+
+
+def _split_rows(out, rows):
+    """``out`` (an array or a tuple of arrays over the concatenated rows) split into blocks."""
+    bounds = np.cumsum([0] + rows)
+    if isinstance(out, tuple):
+        return [tuple(o[a:b] for o in out) for a, b in zip(bounds[:-1], bounds[1:])]
+    return [out[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def strip(estimator, names):
+    """A copy of ``estimator`` without the attributes ``names`` (what the client gets of a shard)."""
+    import copy
+
+    est = copy.copy(estimator)
+    est.__dict__ = {k: v for k, v in estimator.__dict__.items() if k not in names}
+    return est
+
+
+def block_of(result, index):
+    """Block ``index`` of a sharded query's result on one worker."""
+    return result[index]
+
+
+def describe(result):
+    """Rows, trailing shape and dtype of each output of each block (small; for the client)."""
+    def one(a):
+        return (a.shape[0], a.shape[1:], a.dtype, type(a).__module__.split(".")[0])
+
+    return [tuple(one(a) for a in r) if isinstance(r, tuple) else one(r) for r in result]
 
 
 def _picklable(exc):
