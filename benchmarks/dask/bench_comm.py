@@ -5,7 +5,9 @@ Run on two ranks (rank 0 echoes, rank 1 measures)::
     mpiexec -n 2 python benchmarks/dask/bench_comm.py --out benchmarks/results/dask_comm.json
 
 For each protocol and message size (1 B .. 64 MiB, a NumPy ``uint8`` payload
-sent out of band with ``to_serialize``, as Dask sends data):
+sent out of band with ``to_serialize``, as Dask sends data; with ``--device gpu``
+a CuPy payload on GPU ``rank % n_gpus``, which mpi:// keeps on the device and
+stages through pinned memory unless MPI is CUDA-aware):
 
 * latency: ping-pong, half the median round trip (the MPI4Dask paper's
   one-to-one latency);
@@ -91,6 +93,10 @@ async def client(protocol, args):
     rows = []
     for nbytes in sizes(args.max_bytes):
         payload = np.random.default_rng(nbytes).integers(0, 255, nbytes, dtype=np.uint8)
+        if args.device == "gpu":
+            import cupy
+
+            payload = cupy.asarray(payload)
         ping = {"op": "ping", "x": to_serialize(payload)}
         n_iter = iterations(nbytes, args.budget, 5, args.iters)
         for _ in range(min(10, n_iter)):
@@ -145,7 +151,13 @@ def main(argv=None):
     parser.add_argument("--budget", type=int, default=256 * 2**20,
                         help="bytes moved per size and test (fewer iterations for big sizes)")
     parser.add_argument("--protocols", default="mpi,tcp")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                        help="payload in host memory (NumPy) or on the GPU (CuPy)")
     args = parser.parse_args(argv)
+    if args.device == "gpu":
+        import cupy
+
+        cupy.cuda.Device(RANK % cupy.cuda.runtime.getDeviceCount()).use()
     if WORLD.Get_size() != 2:
         if RANK == 0:
             print("bench_comm.py needs exactly 2 ranks: mpiexec -n 2 python bench_comm.py",
@@ -170,7 +182,9 @@ def main(argv=None):
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "command": "mpiexec -n 2 python " + " ".join([sys.argv[0], *sys.argv[1:]]),
             "settings": {"MPIML_DASK_SPIN": spin, "MPIML_DASK_POLL_MAX": max_pause,
-                         "window": args.window},
+                         "window": args.window, "device": args.device,
+                         "MPIML_DASK_STAGING_BYTES": os.environ.get("MPIML_DASK_STAGING_BYTES", "default"),
+                         "MPIML_CUDA_AWARE_MPI": os.environ.get("MPIML_CUDA_AWARE_MPI", "unset")},
             "results": results,
         }
         if "mpi" in results and "tcp" in results:

@@ -13,12 +13,16 @@ and, inside ``script.py``::
     from mpiml.dask import get_client
     client = get_client()
 
+Dask-driven estimators (``fit`` on a dask array, ``predict`` returning one) live
+in ``mpiml.dask.cluster`` (and the other families' modules); Hyperband and
+successive halving over ``partial_fit`` in ``mpiml.dask.model_selection``.
+
 See ``docs/dask.md`` for the address format, the wire protocol and the options.
 """
 
 import importlib
 
-__all__ = ["MPIBackend", "initialize", "finalize", "get_client", "main"]
+__all__ = ["MPIBackend", "initialize", "finalize", "get_client", "main", "DaskSPMDEstimator", "DaskSPMDError"]
 
 _LAZY = {
     "MPIBackend": "mpiml.dask._backend",
@@ -26,6 +30,8 @@ _LAZY = {
     "finalize": "mpiml.dask._manager",
     "get_client": "mpiml.dask._launcher",
     "main": "mpiml.dask._launcher",
+    "DaskSPMDEstimator": "mpiml.dask._estimator",
+    "DaskSPMDError": "mpiml.dask._estimator",
 }
 
 

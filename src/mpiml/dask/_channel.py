@@ -26,16 +26,17 @@ from mpi4py import MPI
 from ._frames import (
     CLOSE,
     DATA,
+    FLAG_CUDA,
     HEADER_WORDS,
     chunk_bytes,
     chunks,
-    finish_receive,
     pack_header,
     receive_buffers,
     unpack_extension,
     unpack_header,
 )
 from ._progress import get_engine, mpi_lock
+from . import _staging
 
 __all__ = ["Channel", "cuda_aware"]
 
@@ -101,6 +102,7 @@ class Channel:
         self._reader = None
         self._pending = []
         self._close_future = None
+        self._posting = None  # resolves once the last message's sends are all posted
         manager.channels.add(self)
         self._task = self.loop.create_task(self._receive_loop())
 
@@ -113,20 +115,92 @@ class Channel:
     def send(self, frames):
         """Post a message (a :class:`~._frames.SendFrames`); return ``(future, nbytes)``.
 
-        The caller checked :attr:`can_send` without awaiting in between.
+        The caller checked :attr:`can_send` without awaiting in between. Host
+        frames are posted at once; a message with staged device frames is
+        posted by a task, chunk by chunk, and the messages after it wait for
+        it to be posted (one tag's messages must be posted in order).
         """
-        header, extension = pack_header(DATA, frames.sizes, frames.flags, self.chunk)
+        chunk = min(self.chunk, _staging.staging_bytes()) if frames.staged else self.chunk
+        header, extension = pack_header(DATA, frames.sizes, frames.flags, chunk)
+        nbytes = frames.nbytes + header.nbytes + (0 if extension is None else extension.nbytes)
+        if not frames.staged and (self._posting is None or self._posting.done()):
+            return self._post_now(header, extension, frames, chunk), nbytes
+        previous, posted = self._posting, self.loop.create_future()
+        self._posting = posted
+        task = self.loop.create_task(self._post_in_order(previous, posted, header, extension, frames, chunk))
+        return task, nbytes
+
+    def _post_now(self, header, extension, frames, chunk):
         reqs = []
         with mpi_lock:
             reqs.append(self.comm.Isend(header, self.peer, self.send_tag))
             if extension is not None:
                 reqs.append(self.comm.Isend(extension, self.peer, self.send_tag))
             for buf, nbytes in zip(frames.buffers, frames.sizes):
-                for piece in chunks(buf, nbytes, self.chunk):
+                for piece in chunks(buf, nbytes, chunk):
                     reqs.append(self.comm.Isend([piece, MPI.BYTE], self.peer, self.send_tag))
-        nbytes = frames.nbytes + header.nbytes + (0 if extension is None else extension.nbytes)
-        future = self.engine.wait(reqs, busy=True, buffers=(header, extension, frames))
-        return future, nbytes
+        return self.engine.wait(reqs, busy=True, buffers=(header, extension, frames))
+
+    async def _post_in_order(self, previous, posted, header, extension, frames, chunk):
+        waits = []
+        try:
+            if previous is not None:
+                await previous
+            reqs = []
+            with mpi_lock:
+                reqs.append(self.comm.Isend(header, self.peer, self.send_tag))
+                if extension is not None:
+                    reqs.append(self.comm.Isend(extension, self.peer, self.send_tag))
+            waits.append(self.engine.wait(reqs, busy=True, buffers=(header, extension)))
+            for buf, nbytes, flag in zip(frames.buffers, frames.sizes, frames.flags):
+                if flag & FLAG_CUDA and frames.staged:
+                    waits.append(await self._send_staged(buf, nbytes, chunk))
+                elif nbytes:
+                    with mpi_lock:
+                        reqs = [self.comm.Isend([piece, MPI.BYTE], self.peer, self.send_tag)
+                                for piece in chunks(buf, nbytes, chunk)]
+                    waits.append(self.engine.wait(reqs, busy=True, buffers=buf))
+        finally:
+            if not posted.done():
+                posted.set_result(None)
+        await asyncio.gather(*waits)
+
+    async def _send_staged(self, dev, nbytes, chunk):
+        """Post one device frame through pinned slots; return a future of its last sends."""
+        if nbytes == 0:
+            return self.engine.wait([])
+        stager, cache = _staging.get_stager(), _staging.pinned_cache()
+        n_chunks = -(-nbytes // chunk)
+        k = min(_staging.staging_slots(), n_chunks)  # k >= 2 whenever there are 2 chunks
+        slots = [cache.get(chunk) for _ in range(k)]
+        sending = [None] * k
+        copies = {}
+
+        def copy_out(i):
+            start, stop = i * chunk, min(nbytes, (i + 1) * chunk)
+            copies[i] = stager.to_host(dev[start:stop], slots[i % k][:stop - start])
+
+        copy_out(0)
+        for i in range(n_chunks):
+            if i + 1 < n_chunks:  # queue the next copy before this chunk goes to MPI
+                nxt = (i + 1) % k
+                if sending[nxt] is not None:
+                    await sending[nxt]
+                copy_out(i + 1)
+            await _staging.wait_event(copies.pop(i))
+            size = min(nbytes, (i + 1) * chunk) - i * chunk
+            with mpi_lock:
+                req = self.comm.Isend([slots[i % k][:size], MPI.BYTE], self.peer, self.send_tag)
+            sending[i % k] = self.engine.wait([req], busy=True, buffers=slots[i % k])
+        done = asyncio.gather(*[f for f in sending if f is not None])
+
+        def give_back(future):
+            if not future.cancelled() and future.exception() is None:
+                for slot in slots:
+                    cache.put(slot)
+
+        done.add_done_callback(give_back)
+        return done
 
     def _send_close(self):
         self.close_sent = True
@@ -178,6 +252,69 @@ class Channel:
         self._pending = []
         return not self._gave_up
 
+    async def _receive_staged(self, sizes, flags, chunk):
+        """Receive a message with device frames staged through pinned slots (in frame order).
+
+        Returns the frames, or None when the channel gave up meanwhile.
+        """
+        from distributed.protocol.utils import host_array
+
+        frames, waits = [], []
+        for nbytes, flag in zip(sizes, flags):
+            if flag & FLAG_CUDA:
+                dev = _staging.get_stager().empty(nbytes)
+                if not await self._receive_device_frame(dev, nbytes, chunk):
+                    return None
+                frames.append(dev)
+            else:
+                buf = host_array(nbytes)
+                with mpi_lock:
+                    reqs = [self.comm.Irecv([piece, MPI.BYTE], self.peer, self.recv_tag)
+                            for piece in chunks(buf, nbytes, chunk)]
+                self._pending.extend(reqs)
+                waits.append(self.engine.wait(reqs, busy=True, buffers=buf))
+                frames.append(buf)
+        await asyncio.gather(*waits)
+        self._pending = []
+        return None if self._gave_up else frames
+
+    async def _receive_device_frame(self, dev, nbytes, chunk):
+        """Receive one staged device frame into ``dev``: ``k`` receives ahead, copies behind."""
+        if nbytes == 0:
+            return True
+        stager, cache = _staging.get_stager(), _staging.pinned_cache()
+        n_chunks = -(-nbytes // chunk)
+        k = min(_staging.staging_slots(), n_chunks)
+        slots = [cache.get(chunk) for _ in range(k)]
+        arrived = {}
+
+        def post(i):
+            start, stop = i * chunk, min(nbytes, (i + 1) * chunk)
+            with mpi_lock:
+                req = self.comm.Irecv([slots[i % k][:stop - start], MPI.BYTE], self.peer, self.recv_tag)
+            self._pending.append(req)
+            arrived[i] = self.engine.wait([req], busy=True, buffers=slots[i % k])
+
+        for i in range(k):
+            post(i)
+        last = []
+        for i in range(n_chunks):
+            await arrived.pop(i)
+            if self._gave_up:
+                return False
+            start, stop = i * chunk, min(nbytes, (i + 1) * chunk)
+            event = stager.to_device(slots[i % k][:stop - start], dev[start:stop])
+            if i + k < n_chunks:
+                await _staging.wait_event(event)  # the slot is free again
+                post(i + k)
+            else:
+                last.append(event)
+        for event in last:
+            await _staging.wait_event(event)
+        for slot in slots:
+            cache.put(slot)
+        return True
+
     async def _receive_loop(self):
         try:
             while True:
@@ -195,12 +332,17 @@ class Channel:
                     more_sizes, more_flags = unpack_extension(ext)
                     sizes, flags = sizes + more_sizes, flags + more_flags
                 discard = self.local_closed
-                kinds = [0] * len(flags) if discard else flags
-                targets = receive_buffers(sizes, kinds, self.cuda_aware)
-                if not await self._receive(list(zip(targets, sizes)), max(chunk, 1), busy=True):
-                    return
+                if not discard and not self.cuda_aware and any(f & FLAG_CUDA for f in flags):
+                    targets = await self._receive_staged(sizes, flags, max(chunk, 1))
+                    if targets is None:
+                        return
+                else:
+                    kinds = [0] * len(flags) if discard else flags
+                    targets = receive_buffers(sizes, kinds, self.cuda_aware)
+                    if not await self._receive(list(zip(targets, sizes)), max(chunk, 1), busy=True):
+                        return
                 if not self.local_closed:
-                    self.inbox.append(finish_receive(targets, flags, self.cuda_aware))
+                    self.inbox.append(targets)
                     self._wake_reader()
         except asyncio.CancelledError:
             # The event loop is going away: take the receives back from MPI now and

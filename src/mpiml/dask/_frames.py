@@ -16,7 +16,10 @@ travels on the connection's tag (one tag per direction) as:
 
 MPI keeps messages of one (source, tag, communicator) in order, so the
 receiver posts the frames' receives right after reading the header, and only
-then the receive for the next header.
+then the receive for the next header. When device frames are staged through
+host memory (MPI not CUDA-aware), ``chunk_bytes`` is the staging chunk and the
+device frames' chunks are sent and received through pinned slots, in order
+(see :mod:`._staging`).
 
 CuPy is imported only when a frame with ``__cuda_array_interface__`` shows up.
 """
@@ -40,7 +43,6 @@ __all__ = [
     "is_cuda_frame",
     "SendFrames",
     "receive_buffers",
-    "finish_receive",
 ]
 
 DATA = 1
@@ -109,18 +111,10 @@ def chunks(buf, nbytes, chunk):
 
 
 def is_cuda_frame(frame):
-    """True for a frame in device memory (it has ``__cuda_array_interface__``)."""
-    return hasattr(frame, "__cuda_array_interface__")
+    """True for a frame in device memory (CuPy: it has ``__cuda_array_interface__``)."""
+    from ._staging import current_is_device
 
-
-def _device_bytes(frame):
-    """A contiguous 1-D ``uint8`` CuPy view (or copy) of a device frame."""
-    import cupy
-
-    arr = cupy.asarray(frame)
-    if not arr.flags.c_contiguous:
-        arr = cupy.ascontiguousarray(arr)
-    return arr.reshape(-1).view(cupy.uint8)
+    return current_is_device(frame)
 
 
 def _host_bytes(frame):
@@ -143,35 +137,38 @@ class SendFrames:
     frames : list
         Output of ``to_frames``: bytes-like objects or device arrays.
     cuda_aware : bool
-        Hand device frames to MPI directly; otherwise copy them to pinned
-        host memory first.
+        Hand device frames to MPI directly; otherwise they are staged through
+        pinned host memory in chunks when sent (:attr:`staged`).
 
     Attributes
     ----------
     buffers : list
-        One 1-D byte buffer per frame (host memoryview, or CuPy array when
-        ``cuda_aware``).
+        One 1-D byte buffer per frame (host memoryview, or a device byte view).
     sizes, flags : list of int
     nbytes : int
         Payload size (excluding the header).
+    staged : bool
+        Some device frames go through host memory (MPI not CUDA-aware).
     """
 
     def __init__(self, frames, cuda_aware):
         self.buffers, self.sizes, self.flags = [], [], []
+        self.staged = False
         synchronized = False
         for frame in frames:
             if is_cuda_frame(frame):
-                dev = _device_bytes(frame)
+                from ._staging import get_stager
+
+                stager = get_stager()
+                dev = stager.as_bytes(frame)
                 if not synchronized:
                     # Kernels that produced the frame may still run on any stream.
-                    import cupy
-
-                    cupy.cuda.Device().synchronize()
+                    stager.synchronize()
                     synchronized = True
-                buf = dev if cuda_aware else _stage_to_host(dev)
-                self.buffers.append(buf)
+                self.buffers.append(dev)
                 self.sizes.append(int(dev.nbytes))
                 self.flags.append(FLAG_CUDA)
+                self.staged = self.staged or not cuda_aware
             else:
                 buf = _host_bytes(frame)
                 self.buffers.append(buf)
@@ -180,53 +177,21 @@ class SendFrames:
         self.nbytes = sum(self.sizes)
 
 
-def _stage_to_host(dev):
-    import cupyx
-
-    host = cupyx.empty_pinned(dev.shape, dtype=dev.dtype)
-    dev.get(out=host)
-    return host
-
-
 def receive_buffers(sizes, flags, cuda_aware):
-    """Allocate one receive buffer per frame.
+    """Allocate one receive buffer per frame that MPI writes directly.
 
-    Returns
-    -------
-    targets : list
-        Where MPI writes each frame (host memoryview, CuPy array, or pinned
-        staging array for a device frame when MPI is not CUDA-aware).
+    Host frames get host buffers; device frames get device buffers when MPI is
+    CUDA-aware, host buffers otherwise (only when the message is discarded:
+    staged device frames are received by the channel through pinned slots).
     """
     from distributed.protocol.utils import host_array
 
     targets = []
     for nbytes, flag in zip(sizes, flags):
-        if flag & FLAG_CUDA:
-            if cuda_aware:
-                import cupy
+        if flag & FLAG_CUDA and cuda_aware:
+            import cupy
 
-                targets.append(cupy.empty(nbytes, dtype=cupy.uint8))
-            else:
-                import cupyx
-
-                targets.append(cupyx.empty_pinned(nbytes, dtype=np.uint8))
+            targets.append(cupy.empty(nbytes, dtype=cupy.uint8))
         else:
             targets.append(host_array(nbytes))
     return targets
-
-
-def finish_receive(targets, flags, cuda_aware):
-    """Turn received buffers into frames (copy staged device frames to the GPU)."""
-    if cuda_aware or not any(f & FLAG_CUDA for f in flags):
-        return targets
-    import cupy
-
-    frames = []
-    for buf, flag in zip(targets, flags):
-        if flag & FLAG_CUDA:
-            dev = cupy.empty(buf.shape, dtype=cupy.uint8)
-            dev.set(buf)
-            frames.append(dev)
-        else:
-            frames.append(buf)
-    return frames

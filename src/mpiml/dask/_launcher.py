@@ -116,6 +116,9 @@ def main(argv=None):
             from ._manager import initialize
 
             initialize(world)
+        from ._spmd import setup_launched_ranks
+
+        setup_launched_ranks(world)  # the workers' communicator for Dask-driven estimators
         if rank == 0:
             asyncio.run(_run_scheduler(args, world))
         elif rank == 1:
