@@ -1,0 +1,372 @@
+"""Level-wise growth of a batch of trees from binned rows, one histogram allreduce per level.
+
+Every tree of a batch advances one level at a time.  For the nodes of the
+level (all trees of the batch together), each rank sums its rows into a
+histogram ``(node, feature, bin, channel)``, the histograms are summed over
+ranks with one allreduce (several when they exceed a byte budget), and every
+rank evaluates the same splits on the same numbers, then routes its own rows
+to the children.  The trees are therefore replicated without any broadcast.
+
+Channels are integer-valued float64 (fixed point, see :mod:`._hist`):
+
+* classification: ``[rows, weight of class 0, ..., weight of class K-1]``;
+* regression: ``[rows, weight, weight * y]``, plus one value per node,
+  ``sum(weight * y**2)``, for the purity test.
+
+Sums of integers below 2**53 are exact in any order, so the reduced histogram
+(and so every split) is bit-identical on every rank and for every rank count.
+Split evaluation and the tree bookkeeping read only per-node results on the
+host; rows stay on their device.
+"""
+
+import math
+import os
+import time
+
+import numpy as np
+
+from ._hist import FIXED_POINT_BITS, STREAM_FEATURES, hash_uniform, poisson_weights
+
+__all__ = ["GrowSpec", "TreeGrower"]
+
+#: Largest histogram (bytes) summed by one allreduce; larger levels are cut in node chunks.
+HIST_BYTES = int(os.environ.get("MPIML_RF_HIST_BYTES", 64 << 20))
+#: Largest ``rows x features`` handled by one ``bincount`` (bounds the temporary keys).
+KEY_ELEMENTS = 1 << 24
+#: Largest ``trees x local rows`` grown together (bounds the per-tree row state).
+BATCH_ELEMENTS = int(os.environ.get("MPIML_RF_BATCH_ELEMENTS", 1 << 26))
+
+
+def power_of_two_below(x):
+    """The largest power of two not above ``x`` (a scale that divides exactly)."""
+    return 2.0 ** math.floor(math.log2(x))
+
+
+class GrowSpec:
+    """What a :class:`TreeGrower` needs; plain attributes (see :meth:`TreeGrower.__init__`)."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _xlogx(xp, a):
+    return xp.where(a > 0, a * xp.log(xp.where(a > 0, a, 1.0)), 0.0)
+
+
+def _sync(xp):
+    if xp is not np:
+        xp.cuda.get_current_stream().synchronize()
+
+
+class TreeGrower:
+    """Grows trees level by level on this rank's binned rows.
+
+    Parameters
+    ----------
+    spec : GrowSpec
+        ``Xb`` (n, F) bins, ``n_bins`` (F,) host ints, ``edges``/``values``
+        (host lists from :func:`._hist.bin_edges`), ``y`` (classification:
+        int class codes; regression: float64 targets), ``weight`` (n,)
+        float64 real weights (sample weight times class weight), ``row_index``
+        (n,) int64 counters of the bootstrap draws, ``n_classes`` (0 for
+        regression), ``criterion``, ``max_depth`` (None: unlimited),
+        ``min_samples_split``, ``min_samples_leaf`` (ints), ``max_features``
+        (int), ``bootstrap_rate`` (None: no bootstrap, else the Poisson rate),
+        ``seed``, ``scales`` (``s_w``, ``s_y``, ``s_y2``: powers of two),
+        ``y_tol`` (variance under which a regression node is pure), ``comm``
+        (None: no communication), ``xp``.
+    """
+
+    def __init__(self, spec):
+        self.s = spec
+        self.xp = spec.xp
+        self.n, self.F = spec.Xb.shape
+        self.B = int(max(spec.n_bins)) if len(spec.n_bins) else 1
+        self.K = spec.n_classes
+        self.C = 1 + self.K if self.K else 3
+        self.stats = {"hist_s": 0.0, "allreduce_s": 0.0, "split_s": 0.0, "route_s": 0.0,
+                      "allreduce_bytes": 0, "allreduce_calls": 0, "levels": 0}
+
+    # ------------------------------------------------------------------ per-tree row state
+    def _row_state(self, tree):
+        s, xp = self.s, self.xp
+        w = s.weight
+        if s.bootstrap_rate is not None:
+            w = w * poisson_weights(xp, s.seed, tree, s.row_index, s.bootstrap_rate)
+        wq = xp.rint(w * s.scales[0])
+        node = xp.where(wq > 0, 0, -1).astype(xp.int32)
+        if self.K:
+            return node, wq, None, None
+        wy = xp.rint(w * s.y * s.scales[1])
+        wy2 = xp.rint(w * s.y * s.y * s.scales[2])
+        return node, wq, wy, wy2
+
+    def _feature_sets(self, tree, node_ids):
+        """``(len(node_ids), m)`` sorted feature indices drawn for each node (host)."""
+        F, m = self.F, self.s.max_features
+        if m >= F:
+            return None
+        keys = np.asarray(node_ids, dtype=np.int64)[:, None] * F + np.arange(F, dtype=np.int64)
+        u = hash_uniform(np, self.s.seed, STREAM_FEATURES, tree, keys)
+        return np.sort(np.argsort(u, axis=1, kind="stable")[:, :m], axis=1)
+
+    # ------------------------------------------------------------------ histograms
+    def _local_histogram(self, states, parts, fsel, n_slots):
+        """This rank's histogram of the slots ``parts`` = [(t, lo, hi, slot0)], flattened."""
+        xp, s = self.xp, self.s
+        m = self.F if fsel is None else fsel.shape[1]
+        B, C = self.B, self.C
+        size = n_slots * m * B * C
+        hist = xp.zeros(size, dtype=xp.float64)
+        extra = xp.zeros(n_slots if not self.K else 0, dtype=xp.float64)
+        fsel_x = None if fsel is None else xp.asarray(fsel)
+        jj = xp.arange(m, dtype=xp.int64)
+        step = max(1, KEY_ELEMENTS // max(m, 1))
+        for t, lo, hi, slot0 in parts:
+            node, wq, wy, wy2 = states[t]
+            rows = xp.nonzero((node >= lo) & (node < hi))[0]
+            span = (hi - lo) * m * B * C
+            view = hist[slot0 * m * B * C:slot0 * m * B * C + span]
+            for a in range(0, int(rows.shape[0]), step):
+                r = rows[a:a + step]
+                slot = (node[r] - lo).astype(xp.int64)
+                if fsel_x is None:
+                    bins = s.Xb[r].astype(xp.int64)
+                else:
+                    bins = xp.take_along_axis(s.Xb[r], fsel_x[slot + slot0], axis=1).astype(xp.int64)
+                key = (((slot[:, None] * m + jj) * B + bins) * C).ravel()
+                ones = xp.ones(key.shape[0], dtype=xp.float64)
+                if self.K:
+                    cls = xp.broadcast_to(1 + s.y[r].astype(xp.int64)[:, None], (r.shape[0], m)).ravel()
+                    keys = xp.concatenate([key, key + cls])
+                    wts = xp.concatenate([ones, xp.broadcast_to(wq[r][:, None], (r.shape[0], m)).ravel()])
+                else:
+                    keys = xp.concatenate([key, key + 1, key + 2])
+                    wts = xp.concatenate([ones, xp.broadcast_to(wq[r][:, None], (r.shape[0], m)).ravel(),
+                                          xp.broadcast_to(wy[r][:, None], (r.shape[0], m)).ravel()])
+                    extra[slot0:slot0 + hi - lo] += xp.bincount(slot, weights=wy2[r], minlength=hi - lo)
+                view += xp.bincount(keys, weights=wts, minlength=span)
+        return hist, extra, m
+
+    def _reduce(self, hist, extra):
+        comm, xp = self.s.comm, self.xp
+        if comm is None or comm.size == 1:
+            return hist, extra
+        buf = xp.concatenate([hist, extra]) if extra.size else hist
+        _sync(xp)
+        t0 = time.perf_counter()
+        buf = comm.allreduce(buf)
+        _sync(xp)
+        self.stats["allreduce_s"] += time.perf_counter() - t0
+        self.stats["allreduce_bytes"] += int(buf.nbytes)
+        self.stats["allreduce_calls"] += 1
+        return buf[:hist.size], buf[hist.size:]
+
+    # ------------------------------------------------------------------ split evaluation
+    def _evaluate(self, hist, extra, n_slots, m, depths):
+        """Per-slot decisions (host arrays) from the reduced histogram (same on every rank).
+
+        Only non-empty bins are split candidates (a split after an empty bin
+        repeats the one before it), so the work is proportional to the
+        non-empty bins: per-(node, feature) prefix sums are exact int64 sums.
+        Ties go to the lowest (feature position, bin).
+        """
+        xp, s = self.xp, self.s
+        B, C = self.B, self.C
+        sw = s.scales[0]
+        H = hist.reshape(n_slots, m, B, C)
+        tot = H[:, 0].sum(axis=1)                                # (S, C): every row is in one bin per feature
+        nz = xp.flatnonzero(H[..., 0].ravel())                   # non-empty (slot, feature, bin)
+        G = H.reshape(-1, C)[nz].astype(xp.int64)
+        seg = nz // B
+        first = xp.searchsorted(seg, seg, side="left")
+        cs = xp.cumsum(G, axis=0)
+        left_i = cs - (cs[first] - G[first])
+        slot = seg // m
+        left = left_i.astype(xp.float64)
+        right = tot[slot] - left
+        cl, cr = left[:, 0], right[:, 0]
+        msl = s.min_samples_leaf
+        if self.K:
+            wl, wr, wt = left[:, 1:] / sw, right[:, 1:] / sw, tot[:, 1:] / sw
+            WL, WR, W = wl.sum(-1), wr.sum(-1), wt.sum(-1)
+            Wd = xp.where(W > 0, W, 1)
+            p = wt / Wd[:, None]
+            if s.criterion == "gini":
+                proxy = (wl * wl).sum(-1) / xp.where(WL > 0, WL, 1) + (wr * wr).sum(-1) / xp.where(WR > 0, WR, 1)
+                parent = (wt * wt).sum(-1) / Wd
+                impurity = 1.0 - (p * p).sum(-1)
+            else:
+                proxy = _xlogx(xp, wl).sum(-1) + _xlogx(xp, wr).sum(-1) - _xlogx(xp, WL) - _xlogx(xp, WR)
+                parent = _xlogx(xp, wt).sum(-1) - _xlogx(xp, W)
+                impurity = -(_xlogx(xp, p).sum(-1)) / math.log(2.0)
+            value = p
+            pure = (wt > 0).sum(-1) <= 1
+        else:
+            WL, WR, W = left[:, 1] / sw, right[:, 1] / sw, tot[:, 1] / sw
+            SL, SR, S1 = left[:, 2] / s.scales[1], right[:, 2] / s.scales[1], tot[:, 2] / s.scales[1]
+            proxy = SL * SL / xp.where(WL > 0, WL, 1) + SR * SR / xp.where(WR > 0, WR, 1)
+            Wd = xp.where(W > 0, W, 1)
+            parent = S1 * S1 / Wd
+            mean = S1 / Wd
+            impurity = xp.maximum(extra / s.scales[2] / Wd - mean * mean, 0.0)
+            value = mean[:, None]
+            pure = impurity <= s.y_tol
+        valid = (cl >= msl) & (cr >= msl) & (WL > 0) & (WR > 0)
+        dense = xp.full(n_slots * m * B, -xp.inf, dtype=xp.float64)
+        dense[nz] = xp.where(valid, proxy, -xp.inf)
+        flat = dense.reshape(n_slots, m * B)
+        best = xp.argmax(flat, axis=1)
+        best_val = xp.take_along_axis(flat, best[:, None], axis=1)[:, 0]
+        best_j, best_b = best // B, best % B
+        counts = tot[:, 0]
+        # the bin counts of the chosen feature, for thresholds half way between values present
+        chosen = xp.take_along_axis(H[..., 0], best_j[:, None, None].astype(xp.int64), axis=1)[:, 0, :]
+        host = {k: (v.get() if xp is not np else np.asarray(v)) for k, v in dict(
+            best_val=best_val, best_j=best_j, best_b=best_b, parent=parent, counts=counts, W=W,
+            impurity=impurity, value=value, pure=pure, chosen=chosen).items()}
+        leaf = ~np.isfinite(host["best_val"]) | host["pure"] | (host["counts"] < s.min_samples_split) | \
+            (host["counts"] < 2 * msl)
+        if s.max_depth is not None:
+            leaf |= np.asarray(depths) >= s.max_depth
+        host["leaf"] = leaf
+        host["decrease"] = np.where(leaf, 0.0, np.maximum(host["best_val"] - host["parent"], 0.0))
+        return host
+
+    def _threshold(self, f, b, bin_counts):
+        """Threshold of a split after bin ``b`` of feature ``f`` (node bin counts ``bin_counts``)."""
+        vals = self.s.values[f]
+        if vals is None:
+            return float(self.s.edges[f][b])
+        nz = np.nonzero(bin_counts > 0)[0]
+        lo = nz[nz <= b].max()
+        hi = nz[nz > b].min()
+        thr = (vals[lo] + vals[hi]) / 2.0
+        return float(vals[lo] if thr >= vals[hi] else thr)
+
+    # ------------------------------------------------------------------ growing
+    def grow(self, trees):
+        """Grow the trees with global indices ``trees``; returns a list of per-tree dicts of host arrays."""
+        out = []
+        per_batch = max(1, BATCH_ELEMENTS // max(self.n, 1))
+        for a in range(0, len(trees), per_batch):
+            out.extend(self._grow_batch(list(trees[a:a + per_batch])))
+        return out
+
+    def _grow_batch(self, trees):
+        xp, s = self.xp, self.s
+        T = len(trees)
+        states = [self._row_state(t) for t in trees]
+        recs = [{"feature": [], "threshold": [], "left": [], "right": [], "value": [], "n_node_samples": [],
+                 "weighted_n_node_samples": [], "impurity": [], "importances": np.zeros(self.F)}
+                for _ in range(T)]
+        ranges = [(0, 1)] * T                      # node ids of the current level, per tree
+        depth = 0
+        while any(hi > lo for lo, hi in ranges):
+            self.stats["levels"] += 1
+            slots = [(t, nid) for t in range(T) for nid in range(*ranges[t])]
+            fsel_all = None
+            if s.max_features < self.F:
+                fsel_all = np.concatenate([self._feature_sets(trees[t], np.arange(*ranges[t]))
+                                           for t in range(T) if ranges[t][1] > ranges[t][0]])
+            m = self.F if fsel_all is None else fsel_all.shape[1]
+            per_chunk = max(1, HIST_BYTES // (m * self.B * self.C * 8))
+            decisions = []
+            for c0 in range(0, len(slots), per_chunk):
+                chunk = slots[c0:c0 + per_chunk]
+                parts = _parts(chunk)
+                fsel = None if fsel_all is None else fsel_all[c0:c0 + len(chunk)]
+                _sync(xp)
+                t0 = time.perf_counter()
+                hist, extra, m = self._local_histogram(states, parts, fsel, len(chunk))
+                _sync(xp)
+                self.stats["hist_s"] += time.perf_counter() - t0
+                hist, extra = self._reduce(hist, extra)
+                t0 = time.perf_counter()
+                dec = self._evaluate(hist, extra, len(chunk), m, [depth] * len(chunk))
+                dec["fsel"] = fsel
+                decisions.append(dec)
+                self.stats["split_s"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            ranges = self._record_and_route(trees, states, recs, ranges, slots, decisions)
+            _sync(xp)
+            self.stats["route_s"] += time.perf_counter() - t0
+            depth += 1
+        out = []
+        for rec in recs:
+            out.append({
+                "feature": np.asarray(rec["feature"], dtype=np.int32),
+                "threshold": np.asarray(rec["threshold"], dtype=np.float64),
+                "left": np.asarray(rec["left"], dtype=np.int32),
+                "right": np.asarray(rec["right"], dtype=np.int32),
+                "value": np.asarray(rec["value"], dtype=np.float64).reshape(len(rec["feature"]), -1),
+                "n_node_samples": np.asarray(rec["n_node_samples"], dtype=np.int64),
+                "weighted_n_node_samples": np.asarray(rec["weighted_n_node_samples"], dtype=np.float64),
+                "impurity": np.asarray(rec["impurity"], dtype=np.float64),
+                "importances": rec["importances"],
+            })
+        return out
+
+    def _record_and_route(self, trees, states, recs, ranges, slots, decisions):
+        xp, s = self.xp, self.s
+        flat = {k: np.concatenate([d[k] for d in decisions]) for k in
+                ("leaf", "best_j", "best_b", "counts", "W", "impurity", "value", "decrease")}
+        chosen = np.concatenate([d["chosen"] for d in decisions])
+        fsel = None if decisions[0]["fsel"] is None else np.concatenate([d["fsel"] for d in decisions])
+        new_ranges = []
+        i = 0
+        for t in range(len(trees)):
+            lo, hi = ranges[t]
+            rec = recs[t]
+            nxt = hi
+            k = hi - lo
+            feat = np.zeros(k + 1, dtype=np.int64)
+            bins = np.zeros(k + 1, dtype=np.int64)
+            left = np.full(k + 1, -1, dtype=np.int32)
+            right = np.full(k + 1, -1, dtype=np.int32)
+            for q in range(k):
+                leaf = bool(flat["leaf"][i])
+                j, b = int(flat["best_j"][i]), int(flat["best_b"][i])
+                f = j if fsel is None else int(fsel[i, j])
+                rec["n_node_samples"].append(int(flat["counts"][i]))
+                rec["weighted_n_node_samples"].append(float(flat["W"][i]))
+                rec["impurity"].append(float(flat["impurity"][i]))
+                rec["value"].append(flat["value"][i])
+                if leaf:
+                    rec["feature"].append(-2)
+                    rec["threshold"].append(-2.0)
+                    rec["left"].append(-1)
+                    rec["right"].append(-1)
+                else:
+                    rec["feature"].append(f)
+                    rec["threshold"].append(self._threshold(f, b, chosen[i]))
+                    rec["left"].append(nxt)
+                    rec["right"].append(nxt + 1)
+                    rec["importances"][f] += flat["decrease"][i]
+                    feat[q], bins[q], left[q], right[q] = f, b, nxt, nxt + 1
+                    nxt += 2
+                i += 1
+            new_ranges.append((hi, nxt))
+            if k == 0:
+                continue
+            node = states[t][0]
+            rows = xp.nonzero(node >= 0)[0]
+            if rows.shape[0] == 0:
+                continue
+            q = (node[rows] - lo).astype(xp.int64)
+            fx, bx = xp.asarray(feat)[q], xp.asarray(bins)[q]
+            go_left = s.Xb[rows, fx].astype(xp.int64) <= bx
+            node[rows] = xp.where(go_left, xp.asarray(left)[q], xp.asarray(right)[q])
+        return new_ranges
+
+
+def _parts(chunk):
+    """``[(t, lo, hi, slot0)]``: the contiguous node range of each tree inside a chunk of slots."""
+    parts = []
+    for pos, (t, nid) in enumerate(chunk):
+        if parts and parts[-1][0] == t and parts[-1][2] == nid:
+            tt, lo, hi, s0 = parts[-1]
+            parts[-1] = (tt, lo, hi + 1, s0)
+        else:
+            parts.append((t, nid, nid + 1, pos))
+    return parts
