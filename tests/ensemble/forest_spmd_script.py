@@ -79,23 +79,27 @@ def main():
     got_r = RandomForestRegressor(max_features=0.5, **params).fit(shard(Xr_tr), shard(yr_tr))
     same_trees(got_r, ref, "regressor with bootstrap and max_features=0.5")
 
-    # 3. accuracy / R^2 within 1 % of scikit-learn (same parameters, test rows sharded, global score)
-    params = dict(n_estimators=30, max_depth=8, random_state=0)
-    clf = RandomForestClassifier(**params).fit(shard(Xc_tr), shard(yc_tr))
-    acc = clf.score(shard(Xc_te), shard(yc_te))
-    sk_acc = SkClassifier(**params).fit(Xc_tr, yc_tr).score(Xc_te, yc_te)
-    check(acc >= sk_acc - 0.01, f"accuracy {acc:.4f} vs scikit-learn {sk_acc:.4f}")
-    pred = gathered(clf.predict(shard(Xc_te)))
-    check(abs(float((pred == yc_te).mean()) - acc) < 1e-12, "global score != accuracy of the gathered predictions")
-    proba = clf.predict_proba(shard(Xc_te))
-    check(np.allclose(proba.sum(axis=1), 1.0), "predict_proba rows do not sum to 1")
-    reg = RandomForestRegressor(**params).fit(shard(Xr_tr), shard(yr_tr))
-    r2 = reg.score(shard(Xr_te), shard(yr_te))
-    sk_r2 = SkRegressor(**params).fit(Xr_tr, yr_tr).score(Xr_te, yr_te)
-    check(r2 >= sk_r2 - 0.01, f"R2 {r2:.4f} vs scikit-learn {sk_r2:.4f}")
+    # 3. accuracy / R^2 within 1 % of scikit-learn (same parameters, mean of two seeds; test rows sharded,
+    #    global score)
     from sklearn.metrics import r2_score
 
-    check(abs(r2 - r2_score(yr_te, gathered(reg.predict(shard(Xr_te))))) < 1e-10, "global R2 != r2_score")
+    accs, sk_accs, r2s, sk_r2s = [], [], [], []
+    for seed in (0, 1):
+        params = dict(n_estimators=30, max_depth=8, random_state=seed)
+        clf = RandomForestClassifier(**params).fit(shard(Xc_tr), shard(yc_tr))
+        accs.append(clf.score(shard(Xc_te), shard(yc_te)))
+        sk_accs.append(SkClassifier(**params).fit(Xc_tr, yc_tr).score(Xc_te, yc_te))
+        reg = RandomForestRegressor(**params).fit(shard(Xr_tr), shard(yr_tr))
+        r2s.append(reg.score(shard(Xr_te), shard(yr_te)))
+        sk_r2s.append(SkRegressor(**params).fit(Xr_tr, yr_tr).score(Xr_te, yr_te))
+    check(np.mean(accs) >= np.mean(sk_accs) - 0.01, f"accuracy {accs} vs scikit-learn {sk_accs}")
+    check(np.mean(r2s) >= np.mean(sk_r2s) - 0.01, f"R2 {r2s} vs scikit-learn {sk_r2s}")
+    pred = gathered(clf.predict(shard(Xc_te)))
+    check(abs(float((pred == yc_te).mean()) - accs[-1]) < 1e-12, "global score != accuracy of the gathered predictions")
+    proba = clf.predict_proba(shard(Xc_te))
+    check(np.allclose(proba.sum(axis=1), 1.0), "predict_proba rows do not sum to 1")
+    check(abs(r2s[-1] - r2_score(yr_te, gathered(reg.predict(shard(Xr_te))))) < 1e-10, "global R2 != r2_score")
+    sk_acc = np.mean(sk_accs)
 
     # 4. local training (cuML's scheme): every rank holds the same forest of n_estimators trees
     loc = RandomForestClassifier(n_estimators=9, max_depth=8, random_state=0, training="local").fit(

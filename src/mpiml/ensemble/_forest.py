@@ -91,6 +91,7 @@ class _BaseForest(SPMDEstimator):
                               Interval(RealNotInt, 0.0, 1.0, closed="right")],
         "min_samples_leaf": [Interval(Integral, 1, None, closed="left"),
                              Interval(RealNotInt, 0.0, 1.0, closed="neither")],
+        "min_weight_fraction_leaf": [Interval(Real, 0.0, 0.5, closed="both")],
         "max_features": [Interval(Integral, 1, None, closed="left"),
                          Interval(RealNotInt, 0.0, 1.0, closed="right"), StrOptions({"sqrt", "log2"}), None],
         "bootstrap": ["boolean"],
@@ -166,6 +167,7 @@ class _BaseForest(SPMDEstimator):
                 criterion=self.criterion, max_depth=self.max_depth,
                 min_samples_split=max(_n_from(self.min_samples_split, n_rows), 2),
                 min_samples_leaf=_n_from(self.min_samples_leaf, n_rows), max_features=mf,
+                min_weight_fraction_leaf=self.min_weight_fraction_leaf,
                 bootstrap_rate=lam, seed=seed, scales=(s_w, s_y, s_y2),
                 y_tol=max(np.finfo(np.float64).eps, 1e-9 * my * my), comm=comm_, xp=xp)
             return TreeGrower(spec)
@@ -246,7 +248,6 @@ class _BaseForest(SPMDEstimator):
             mean = np.zeros(F)
         self.feature_importances_ = xp.asarray(mean)
         self.n_outputs_ = 1
-        self._walk_cache = None
 
     # ------------------------------------------------------------------ using the trees
     def get_tree(self, i):
@@ -274,9 +275,7 @@ class _BaseForest(SPMDEstimator):
         return validate_data(self, X, comm=get_comm("self"), reset=False)
 
     def _walk_arrays(self, xp):
-        cache = getattr(self, "_walk_cache", None)
-        if cache is not None and cache[0] is xp:
-            return cache[1]
+        """The flat tree arrays on ``xp`` (copied to or from the device when the model lives elsewhere)."""
         if xp is np:
             conv = to_numpy
         else:
@@ -285,7 +284,6 @@ class _BaseForest(SPMDEstimator):
         arrays = {name: conv(getattr(self, f"tree_{name}_")) for name in
                   ("feature", "threshold", "children_left", "children_right", "value")}
         arrays["offsets"] = conv(self.tree_offsets_)
-        self._walk_cache = (xp, arrays)
         return arrays
 
     def _leaves(self, X, xp):
@@ -351,6 +349,9 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
         fraction of the rows, rounded up.
     min_samples_leaf : int or float, default=1
         Minimum rows in each child of a split.
+    min_weight_fraction_leaf : float, default=0.0
+        Minimum weight in each child of a split, as a fraction of the tree's
+        total weight (bootstrap weights included).
     max_features : {"sqrt", "log2"}, int, float or None, default="sqrt"
         Features drawn (without replacement) at each node.
     bootstrap : bool, default=True
@@ -439,13 +440,14 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
     _saved_attributes = _BaseForest._saved_attributes + ("classes_", "n_classes_")
 
     def __init__(self, n_estimators=100, *, criterion="gini", max_depth=None, min_samples_split=2,
-                 min_samples_leaf=1, max_features="sqrt", bootstrap=True, max_samples=None, class_weight=None,
+                 min_samples_leaf=1, min_weight_fraction_leaf=0.0, max_features="sqrt", bootstrap=True, max_samples=None, class_weight=None,
                  random_state=None, n_jobs=None, verbose=0, max_bins=256, training="global", comm=None):
         self.n_estimators = n_estimators
         self.criterion = criterion
         self.max_depth = max_depth
         self.min_samples_split = min_samples_split
         self.min_samples_leaf = min_samples_leaf
+        self.min_weight_fraction_leaf = min_weight_fraction_leaf
         self.max_features = max_features
         self.bootstrap = bootstrap
         self.max_samples = max_samples
@@ -596,6 +598,9 @@ class RandomForestRegressor(RegressorMixin, _BaseForest):
         Minimum rows to split a node (a float is a fraction of the rows).
     min_samples_leaf : int or float, default=1
         Minimum rows in each child of a split.
+    min_weight_fraction_leaf : float, default=0.0
+        Minimum weight in each child of a split, as a fraction of the tree's
+        total weight (bootstrap weights included).
     max_features : {"sqrt", "log2"}, int, float or None, default=1.0
         Features drawn at each node (1.0: all, scikit-learn's default).
     bootstrap : bool, default=True
@@ -638,13 +643,14 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
     }
 
     def __init__(self, n_estimators=100, *, criterion="squared_error", max_depth=None, min_samples_split=2,
-                 min_samples_leaf=1, max_features=1.0, bootstrap=True, max_samples=None, random_state=None,
+                 min_samples_leaf=1, min_weight_fraction_leaf=0.0, max_features=1.0, bootstrap=True, max_samples=None, random_state=None,
                  n_jobs=None, verbose=0, max_bins=256, training="global", comm=None):
         self.n_estimators = n_estimators
         self.criterion = criterion
         self.max_depth = max_depth
         self.min_samples_split = min_samples_split
         self.min_samples_leaf = min_samples_leaf
+        self.min_weight_fraction_leaf = min_weight_fraction_leaf
         self.max_features = max_features
         self.bootstrap = bootstrap
         self.max_samples = max_samples

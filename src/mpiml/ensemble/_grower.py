@@ -70,7 +70,7 @@ class TreeGrower:
         float64 real weights (sample weight times class weight), ``row_index``
         (n,) int64 counters of the bootstrap draws, ``n_classes`` (0 for
         regression), ``criterion``, ``max_depth`` (None: unlimited),
-        ``min_samples_split``, ``min_samples_leaf`` (ints), ``max_features``
+        ``min_samples_split``, ``min_samples_leaf`` (ints), ``min_weight_fraction_leaf``, ``max_features``
         (int), ``bootstrap_rate`` (None: no bootstrap, else the Poisson rate),
         ``seed``, ``scales`` (``s_w``, ``s_y``, ``s_y2``: powers of two),
         ``y_tol`` (variance under which a regression node is pure), ``comm``
@@ -102,24 +102,28 @@ class TreeGrower:
         return node, wq, wy, wy2
 
     def _feature_sets(self, tree, node_ids):
-        """``(len(node_ids), m)`` sorted feature indices drawn for each node (host)."""
+        """``(len(node_ids), m)`` features examined at each node, in a random order (host).
+
+        The order is a permutation keyed by ``(seed, tree, node id)``; its
+        first ``max_features`` entries are the node's features.  Among splits
+        of equal quality the one on the earliest feature of the order wins
+        (then the lowest bin), as scikit-learn's random feature order does.
+        """
         F, m = self.F, self.s.max_features
-        if m >= F:
-            return None
         keys = np.asarray(node_ids, dtype=np.int64)[:, None] * F + np.arange(F, dtype=np.int64)
         u = hash_uniform(np, self.s.seed, STREAM_FEATURES, tree, keys)
-        return np.sort(np.argsort(u, axis=1, kind="stable")[:, :m], axis=1)
+        return np.argsort(u, axis=1, kind="stable")[:, :min(m, F)]
 
     # ------------------------------------------------------------------ histograms
     def _local_histogram(self, states, parts, fsel, n_slots):
         """This rank's histogram of the slots ``parts`` = [(t, lo, hi, slot0)], flattened."""
         xp, s = self.xp, self.s
-        m = self.F if fsel is None else fsel.shape[1]
+        m = fsel.shape[1]
         B, C = self.B, self.C
         size = n_slots * m * B * C
         hist = xp.zeros(size, dtype=xp.float64)
         extra = xp.zeros(n_slots if not self.K else 0, dtype=xp.float64)
-        fsel_x = None if fsel is None else xp.asarray(fsel)
+        fsel_x = xp.asarray(fsel)
         jj = xp.arange(m, dtype=xp.int64)
         step = max(1, KEY_ELEMENTS // max(m, 1))
         for t, lo, hi, slot0 in parts:
@@ -130,10 +134,7 @@ class TreeGrower:
             for a in range(0, int(rows.shape[0]), step):
                 r = rows[a:a + step]
                 slot = (node[r] - lo).astype(xp.int64)
-                if fsel_x is None:
-                    bins = s.Xb[r].astype(xp.int64)
-                else:
-                    bins = xp.take_along_axis(s.Xb[r], fsel_x[slot + slot0], axis=1).astype(xp.int64)
+                bins = xp.take_along_axis(s.Xb[r], fsel_x[slot + slot0], axis=1).astype(xp.int64)
                 key = (((slot[:, None] * m + jj) * B + bins) * C).ravel()
                 ones = xp.ones(key.shape[0], dtype=xp.float64)
                 if self.K:
@@ -163,7 +164,7 @@ class TreeGrower:
         return buf[:hist.size], buf[hist.size:]
 
     # ------------------------------------------------------------------ split evaluation
-    def _evaluate(self, hist, extra, n_slots, m, depths):
+    def _evaluate(self, hist, extra, n_slots, m, depths, root_weight):
         """Per-slot decisions (host arrays) from the reduced histogram (same on every rank).
 
         Only non-empty bins are split candidates (a split after an empty bin
@@ -213,6 +214,11 @@ class TreeGrower:
             value = mean[:, None]
             pure = impurity <= s.y_tol
         valid = (cl >= msl) & (cr >= msl) & (WL > 0) & (WR > 0)
+        mwl = None
+        if s.min_weight_fraction_leaf > 0:
+            rw = W if root_weight is None else xp.asarray(root_weight)
+            mwl = s.min_weight_fraction_leaf * rw
+            valid &= (WL >= mwl[slot]) & (WR >= mwl[slot])
         dense = xp.full(n_slots * m * B, -xp.inf, dtype=xp.float64)
         dense[nz] = xp.where(valid, proxy, -xp.inf)
         flat = dense.reshape(n_slots, m * B)
@@ -227,6 +233,8 @@ class TreeGrower:
             impurity=impurity, value=value, pure=pure, chosen=chosen).items()}
         leaf = ~np.isfinite(host["best_val"]) | host["pure"] | (host["counts"] < s.min_samples_split) | \
             (host["counts"] < 2 * msl)
+        if mwl is not None:
+            leaf |= host["W"] < 2 * (mwl.get() if xp is not np else mwl)
         if s.max_depth is not None:
             leaf |= np.asarray(depths) >= s.max_depth
         host["leaf"] = leaf
@@ -265,17 +273,15 @@ class TreeGrower:
         while any(hi > lo for lo, hi in ranges):
             self.stats["levels"] += 1
             slots = [(t, nid) for t in range(T) for nid in range(*ranges[t])]
-            fsel_all = None
-            if s.max_features < self.F:
-                fsel_all = np.concatenate([self._feature_sets(trees[t], np.arange(*ranges[t]))
-                                           for t in range(T) if ranges[t][1] > ranges[t][0]])
-            m = self.F if fsel_all is None else fsel_all.shape[1]
+            fsel_all = np.concatenate([self._feature_sets(trees[t], np.arange(*ranges[t]))
+                                       for t in range(T) if ranges[t][1] > ranges[t][0]])
+            m = fsel_all.shape[1]
             per_chunk = max(1, HIST_BYTES // (m * self.B * self.C * 8))
             decisions = []
             for c0 in range(0, len(slots), per_chunk):
                 chunk = slots[c0:c0 + per_chunk]
                 parts = _parts(chunk)
-                fsel = None if fsel_all is None else fsel_all[c0:c0 + len(chunk)]
+                fsel = fsel_all[c0:c0 + len(chunk)]
                 _sync(xp)
                 t0 = time.perf_counter()
                 hist, extra, m = self._local_histogram(states, parts, fsel, len(chunk))
@@ -283,10 +289,13 @@ class TreeGrower:
                 self.stats["hist_s"] += time.perf_counter() - t0
                 hist, extra = self._reduce(hist, extra)
                 t0 = time.perf_counter()
-                dec = self._evaluate(hist, extra, len(chunk), m, [depth] * len(chunk))
+                root_w = None if depth == 0 else np.array([roots[t] for t, _ in chunk])
+                dec = self._evaluate(hist, extra, len(chunk), m, [depth] * len(chunk), root_w)
                 dec["fsel"] = fsel
                 decisions.append(dec)
                 self.stats["split_s"] += time.perf_counter() - t0
+            if depth == 0:
+                roots = [float(w) for d in decisions for w in d["W"]]
             t0 = time.perf_counter()
             ranges = self._record_and_route(trees, states, recs, ranges, slots, decisions)
             _sync(xp)
@@ -312,7 +321,7 @@ class TreeGrower:
         flat = {k: np.concatenate([d[k] for d in decisions]) for k in
                 ("leaf", "best_j", "best_b", "counts", "W", "impurity", "value", "decrease")}
         chosen = np.concatenate([d["chosen"] for d in decisions])
-        fsel = None if decisions[0]["fsel"] is None else np.concatenate([d["fsel"] for d in decisions])
+        fsel = np.concatenate([d["fsel"] for d in decisions])
         new_ranges = []
         i = 0
         for t in range(len(trees)):
@@ -327,7 +336,7 @@ class TreeGrower:
             for q in range(k):
                 leaf = bool(flat["leaf"][i])
                 j, b = int(flat["best_j"][i]), int(flat["best_b"][i])
-                f = j if fsel is None else int(fsel[i, j])
+                f = int(fsel[i, j])
                 rec["n_node_samples"].append(int(flat["counts"][i]))
                 rec["weighted_n_node_samples"].append(float(flat["W"][i]))
                 rec["impurity"].append(float(flat["impurity"][i]))
