@@ -132,6 +132,11 @@ def main():
         same_trees(got, RandomForestClassifier(comm=SELF, **params).fit(Xc_tr, yc_tr), "empty shard on rank 0")
         got = RandomForestRegressor(**params, training="local").fit(shard(Xr_tr, w), shard(yr_tr, w))
         check(got.n_estimators_ == 3, "local training with an empty shard")
+        check(shard(Xr_te, w).shape[0] == 0 or rank != 0, "rank 0 should hold no rows")
+        check(got.predict(shard(Xr_te, w)).shape == (shard(Xr_te, w).shape[0],), "predict on an empty shard")
+        want = r2_score(yr_te, got.predict(Xr_te)) if rank == 0 else None
+        want = comm.bcast_obj(want)
+        check(abs(got.score(shard(Xr_te, w), shard(yr_te, w)) - want) < 1e-10, "score with an empty shard")
         one = Xc_tr[:size]
         y1 = yc_tr[:size]
         got = RandomForestClassifier(**params).fit(one[rank:rank + 1], y1[rank:rank + 1])

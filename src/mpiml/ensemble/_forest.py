@@ -269,9 +269,17 @@ class _BaseForest(SPMDEstimator):
         return int(self.tree_offsets_.shape[0]) - 1
 
     def _local_X(self, X):
+        """Validate local rows without communicating; an empty shard is valid when there are several ranks."""
         from ..comm import get_comm
 
         self._check_is_fitted()
+        shape = getattr(X, "shape", None)
+        if shape is not None and len(shape) == 2 and shape[0] == 0 and self._get_comm().size > 1:
+            if shape[1] != self.n_features_in_:
+                raise ValueError(f"X has {shape[1]} features, but {type(self).__name__} is expecting "
+                                 f"{self.n_features_in_} features as input.")
+            xp = get_namespace(X)
+            return xp.zeros((0, shape[1]), dtype=X.dtype if X.dtype.kind == "f" else xp.float64), xp
         return validate_data(self, X, comm=get_comm("self"), reset=False)
 
     def _walk_arrays(self, xp):

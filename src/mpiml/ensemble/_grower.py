@@ -164,7 +164,7 @@ class TreeGrower:
         return buf[:hist.size], buf[hist.size:]
 
     # ------------------------------------------------------------------ split evaluation
-    def _evaluate(self, hist, extra, n_slots, m, depths, root_weight):
+    def _evaluate(self, hist, extra, n_slots, m, depth, root_weight):
         """Per-slot decisions (host arrays) from the reduced histogram (same on every rank).
 
         Only non-empty bins are split candidates (a split after an empty bin
@@ -236,21 +236,44 @@ class TreeGrower:
         if mwl is not None:
             leaf |= host["W"] < 2 * (mwl.get() if xp is not np else mwl)
         if s.max_depth is not None:
-            leaf |= np.asarray(depths) >= s.max_depth
+            leaf |= depth >= s.max_depth
         host["leaf"] = leaf
         host["decrease"] = np.where(leaf, 0.0, np.maximum(host["best_val"] - host["parent"], 0.0))
         return host
 
-    def _threshold(self, f, b, bin_counts):
-        """Threshold of a split after bin ``b`` of feature ``f`` (node bin counts ``bin_counts``)."""
-        vals = self.s.values[f]
-        if vals is None:
-            return float(self.s.edges[f][b])
-        nz = np.nonzero(bin_counts > 0)[0]
-        lo = nz[nz <= b].max()
-        hi = nz[nz > b].min()
-        thr = (vals[lo] + vals[hi]) / 2.0
-        return float(vals[lo] if thr >= vals[hi] else thr)
+    def _bin_tables(self):
+        """Padded ``(F, B)`` tables of bin values (NaN where bins are not single values) and edges."""
+        if getattr(self, "_tables", None) is None:
+            F, B = self.F, self.B
+            vals = np.full((F, B), np.nan)
+            edges = np.full((F, max(B - 1, 1)), np.nan)
+            for f in range(F):
+                e = self.s.edges[f]
+                edges[f, :len(e)] = e
+                if self.s.values[f] is not None:
+                    vals[f, :len(self.s.values[f])] = self.s.values[f]
+            self._tables = (vals, edges, np.array([v is not None for v in self.s.values], dtype=bool))
+        return self._tables
+
+    def _thresholds(self, f, b, bin_counts):
+        """Thresholds of splits after bin ``b`` of features ``f`` (node bin counts ``bin_counts``, (k, B)).
+
+        Where bins are single values, half way between the last value present
+        in the node at or below ``b`` and the first one above it (as an exact
+        tree); otherwise the bin edge.
+        """
+        vals, edges, exact = self._bin_tables()
+        idx = np.arange(bin_counts.shape[1])
+        present = bin_counts > 0
+        lo = np.where(present & (idx <= b[:, None]), idx, -1).max(axis=1)
+        hi = np.where(present & (idx > b[:, None]), idx, bin_counts.shape[1]).min(axis=1)
+        thr = edges[f, np.minimum(b, edges.shape[1] - 1)]
+        ex = exact[f] & (lo >= 0) & (hi < bin_counts.shape[1])
+        if ex.any():
+            vlo, vhi = vals[f[ex], lo[ex]], vals[f[ex], hi[ex]]
+            mid = (vlo + vhi) / 2.0
+            thr[ex] = np.where(mid >= vhi, vlo, mid)           # adjacent floats: the midpoint rounds up
+        return thr
 
     # ------------------------------------------------------------------ growing
     def grow(self, trees):
@@ -265,117 +288,101 @@ class TreeGrower:
         xp, s = self.xp, self.s
         T = len(trees)
         states = [self._row_state(t) for t in trees]
-        recs = [{"feature": [], "threshold": [], "left": [], "right": [], "value": [], "n_node_samples": [],
-                 "weighted_n_node_samples": [], "impurity": [], "importances": np.zeros(self.F)}
-                for _ in range(T)]
-        ranges = [(0, 1)] * T                      # node ids of the current level, per tree
+        recs = [{k: [] for k in _RECORDS} for _ in range(T)]
+        importances = np.zeros((T, self.F))
+        ranges = np.zeros((T, 2), dtype=np.int64)
+        ranges[:, 1] = 1                            # node ids [lo, hi) of the current level, per tree
+        roots = None
         depth = 0
-        while any(hi > lo for lo, hi in ranges):
+        while (ranges[:, 1] > ranges[:, 0]).any():
             self.stats["levels"] += 1
-            slots = [(t, nid) for t in range(T) for nid in range(*ranges[t])]
-            fsel_all = np.concatenate([self._feature_sets(trees[t], np.arange(*ranges[t]))
-                                       for t in range(T) if ranges[t][1] > ranges[t][0]])
+            k = ranges[:, 1] - ranges[:, 0]
+            base = np.concatenate([[0], np.cumsum(k)])
+            n_slots = int(base[-1])
+            slot_tree = np.repeat(np.arange(T), k)
+            fsel_all = np.concatenate([self._feature_sets(trees[t], np.arange(*ranges[t])) for t in range(T)
+                                       if k[t] > 0])
             m = fsel_all.shape[1]
             per_chunk = max(1, HIST_BYTES // (m * self.B * self.C * 8))
             decisions = []
-            for c0 in range(0, len(slots), per_chunk):
-                chunk = slots[c0:c0 + per_chunk]
-                parts = _parts(chunk)
-                fsel = fsel_all[c0:c0 + len(chunk)]
+            for c0 in range(0, n_slots, per_chunk):
+                c1 = min(n_slots, c0 + per_chunk)
+                parts = [(t, int(ranges[t, 0] + max(c0 - base[t], 0)), int(ranges[t, 0] + min(c1 - base[t], k[t])),
+                          int(max(base[t] - c0, 0))) for t in range(T) if base[t] < c1 and base[t + 1] > c0]
+                fsel = fsel_all[c0:c1]
                 _sync(xp)
                 t0 = time.perf_counter()
-                hist, extra, m = self._local_histogram(states, parts, fsel, len(chunk))
+                hist, extra, m = self._local_histogram(states, parts, fsel, c1 - c0)
                 _sync(xp)
                 self.stats["hist_s"] += time.perf_counter() - t0
                 hist, extra = self._reduce(hist, extra)
                 t0 = time.perf_counter()
-                root_w = None if depth == 0 else np.array([roots[t] for t, _ in chunk])
-                dec = self._evaluate(hist, extra, len(chunk), m, [depth] * len(chunk), root_w)
-                dec["fsel"] = fsel
+                root_w = None if roots is None else roots[slot_tree[c0:c1]]
+                dec = self._evaluate(hist, extra, c1 - c0, m, depth, root_w)
                 decisions.append(dec)
                 self.stats["split_s"] += time.perf_counter() - t0
-            if depth == 0:
-                roots = [float(w) for d in decisions for w in d["W"]]
+            dec = {key: np.concatenate([d[key] for d in decisions]) for key in decisions[0]}
+            if roots is None:
+                roots = dec["W"].copy()
             t0 = time.perf_counter()
-            ranges = self._record_and_route(trees, states, recs, ranges, slots, decisions)
+            ranges = self._record_and_route(states, recs, importances, ranges, base, fsel_all, dec)
             _sync(xp)
             self.stats["route_s"] += time.perf_counter() - t0
             depth += 1
         out = []
-        for rec in recs:
-            out.append({
-                "feature": np.asarray(rec["feature"], dtype=np.int32),
-                "threshold": np.asarray(rec["threshold"], dtype=np.float64),
-                "left": np.asarray(rec["left"], dtype=np.int32),
-                "right": np.asarray(rec["right"], dtype=np.int32),
-                "value": np.asarray(rec["value"], dtype=np.float64).reshape(len(rec["feature"]), -1),
-                "n_node_samples": np.asarray(rec["n_node_samples"], dtype=np.int64),
-                "weighted_n_node_samples": np.asarray(rec["weighted_n_node_samples"], dtype=np.float64),
-                "impurity": np.asarray(rec["impurity"], dtype=np.float64),
-                "importances": rec["importances"],
-            })
+        for t, rec in enumerate(recs):
+            tree = {key: np.concatenate(rec[key]).astype(dtype) for key, dtype in _RECORDS.items()}
+            tree["value"] = tree["value"].reshape(len(tree["feature"]), -1)
+            tree["importances"] = importances[t]
+            out.append(tree)
         return out
 
-    def _record_and_route(self, trees, states, recs, ranges, slots, decisions):
+    def _record_and_route(self, states, recs, importances, ranges, base, fsel, dec):
+        """Append the level's nodes to the records, number the children, move rows to them."""
         xp, s = self.xp, self.s
-        flat = {k: np.concatenate([d[k] for d in decisions]) for k in
-                ("leaf", "best_j", "best_b", "counts", "W", "impurity", "value", "decrease")}
-        chosen = np.concatenate([d["chosen"] for d in decisions])
-        fsel = np.concatenate([d["fsel"] for d in decisions])
-        new_ranges = []
-        i = 0
-        for t in range(len(trees)):
-            lo, hi = ranges[t]
-            rec = recs[t]
-            nxt = hi
-            k = hi - lo
-            feat = np.zeros(k + 1, dtype=np.int64)
-            bins = np.zeros(k + 1, dtype=np.int64)
-            left = np.full(k + 1, -1, dtype=np.int32)
-            right = np.full(k + 1, -1, dtype=np.int32)
-            for q in range(k):
-                leaf = bool(flat["leaf"][i])
-                j, b = int(flat["best_j"][i]), int(flat["best_b"][i])
-                f = int(fsel[i, j])
-                rec["n_node_samples"].append(int(flat["counts"][i]))
-                rec["weighted_n_node_samples"].append(float(flat["W"][i]))
-                rec["impurity"].append(float(flat["impurity"][i]))
-                rec["value"].append(flat["value"][i])
-                if leaf:
-                    rec["feature"].append(-2)
-                    rec["threshold"].append(-2.0)
-                    rec["left"].append(-1)
-                    rec["right"].append(-1)
-                else:
-                    rec["feature"].append(f)
-                    rec["threshold"].append(self._threshold(f, b, chosen[i]))
-                    rec["left"].append(nxt)
-                    rec["right"].append(nxt + 1)
-                    rec["importances"][f] += flat["decrease"][i]
-                    feat[q], bins[q], left[q], right[q] = f, b, nxt, nxt + 1
-                    nxt += 2
-                i += 1
-            new_ranges.append((hi, nxt))
-            if k == 0:
+        n_slots = len(dec["leaf"])
+        split = ~dec["leaf"]
+        f = fsel[np.arange(n_slots), dec["best_j"]].astype(np.int64)
+        b = dec["best_b"].astype(np.int64)
+        thr = np.full(n_slots, -2.0)
+        if split.any():
+            thr[split] = self._thresholds(f[split], b[split], dec["chosen"][split])
+        new_ranges = ranges.copy()
+        for t in range(len(ranges)):
+            lo, hi = int(ranges[t, 0]), int(ranges[t, 1])
+            a, z = int(base[t]), int(base[t + 1])
+            if z == a:
+                new_ranges[t] = (hi, hi)
                 continue
+            sp = split[a:z]
+            order = np.cumsum(sp) - 1
+            left = np.where(sp, hi + 2 * order, -1).astype(np.int32)
+            right = np.where(sp, left + 1, -1).astype(np.int32)
+            rec = recs[t]
+            rec["feature"].append(np.where(sp, f[a:z], -2))
+            rec["threshold"].append(thr[a:z])
+            rec["left"].append(left)
+            rec["right"].append(right)
+            rec["value"].append(dec["value"][a:z])
+            rec["n_node_samples"].append(dec["counts"][a:z])
+            rec["weighted_n_node_samples"].append(dec["W"][a:z])
+            rec["impurity"].append(dec["impurity"][a:z])
+            np.add.at(importances[t], f[a:z][sp], dec["decrease"][a:z][sp])
+            n_new = 2 * int(sp.sum())
+            new_ranges[t] = (hi, hi + n_new)
             node = states[t][0]
             rows = xp.nonzero(node >= 0)[0]
             if rows.shape[0] == 0:
                 continue
             q = (node[rows] - lo).astype(xp.int64)
-            fx, bx = xp.asarray(feat)[q], xp.asarray(bins)[q]
+            fx = xp.asarray(np.where(sp, f[a:z], 0))[q]
+            bx = xp.asarray(np.where(sp, b[a:z], 0))[q]
             go_left = s.Xb[rows, fx].astype(xp.int64) <= bx
             node[rows] = xp.where(go_left, xp.asarray(left)[q], xp.asarray(right)[q])
         return new_ranges
 
 
-def _parts(chunk):
-    """``[(t, lo, hi, slot0)]``: the contiguous node range of each tree inside a chunk of slots."""
-    parts = []
-    for pos, (t, nid) in enumerate(chunk):
-        if parts and parts[-1][0] == t and parts[-1][2] == nid:
-            tt, lo, hi, s0 = parts[-1]
-            parts[-1] = (tt, lo, hi + 1, s0)
-        else:
-            parts.append((t, nid, nid + 1, pos))
-    return parts
+#: Per-node records of a tree and their dtypes.
+_RECORDS = {"feature": np.int32, "threshold": np.float64, "left": np.int32, "right": np.int32,
+            "value": np.float64, "n_node_samples": np.int64, "weighted_n_node_samples": np.float64,
+            "impurity": np.float64}
