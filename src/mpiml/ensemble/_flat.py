@@ -60,10 +60,10 @@ def apply_forest(X, feature, threshold, left, right, offsets, xp):
         Indices into the flat node arrays.
     """
     n = X.shape[0]
-    T = int(offsets.shape[0]) - 1
-    roots = offsets[:-1].astype(xp.int64)
-    tree_of = xp.repeat(xp.arange(T, dtype=xp.int64), (offsets[1:] - offsets[:-1]).astype(xp.int64))
-    base = offsets[:-1].astype(xp.int64)[tree_of]
+    offsets_h = np.asarray(offsets.get() if hasattr(offsets, "get") else offsets, dtype=np.int64)
+    T = offsets_h.shape[0] - 1
+    roots = xp.asarray(offsets_h[:-1])
+    base = xp.asarray(np.repeat(offsets_h[:-1], np.diff(offsets_h)))
     gleft = xp.where(left >= 0, left.astype(xp.int64) + base, -1)
     gright = xp.where(right >= 0, right.astype(xp.int64) + base, -1)
     out = xp.empty((n, T), dtype=xp.int64)
