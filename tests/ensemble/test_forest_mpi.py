@@ -20,7 +20,10 @@ SCRIPT = os.path.join(HERE, "forest_spmd_script.py")
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_forest_spmd(mpi, tmp_path, n):
-    mpi(SCRIPT, n, str(tmp_path), timeout=240)
+    # small batches of trees and small allreduces, so that batching and node chunks are exercised on uneven
+    # shards (and must not change the trees: the reference below is grown with the defaults)
+    mpi(SCRIPT, n, str(tmp_path), timeout=240, env={"MPIML_RF_BATCH_ELEMENTS": "1500",
+                                                     "MPIML_RF_HIST_BYTES": str(1 << 20)})
     model = mpiml.load(str(tmp_path / "forest.mpiml"))
     X = np.load(tmp_path / "X.npy")
     np.testing.assert_array_equal(model.predict_proba(X), np.load(tmp_path / "proba.npy"))

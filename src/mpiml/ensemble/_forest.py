@@ -169,6 +169,7 @@ class _BaseForest(SPMDEstimator):
                 min_samples_leaf=_n_from(self.min_samples_leaf, n_rows), max_features=mf,
                 min_weight_fraction_leaf=self.min_weight_fraction_leaf,
                 bootstrap_rate=lam, seed=seed, scales=(s_w, s_y, s_y2),
+                max_local_rows=int(counts.max()) if comm_ is not None else Xl.shape[0],
                 y_tol=max(np.finfo(np.float64).eps, 1e-9 * my * my), comm=comm_, xp=xp)
             return TreeGrower(spec)
 

@@ -72,7 +72,8 @@ class TreeGrower:
         regression), ``criterion``, ``max_depth`` (None: unlimited),
         ``min_samples_split``, ``min_samples_leaf`` (ints), ``min_weight_fraction_leaf``, ``max_features``
         (int), ``bootstrap_rate`` (None: no bootstrap, else the Poisson rate),
-        ``seed``, ``scales`` (``s_w``, ``s_y``, ``s_y2``: powers of two),
+        ``seed``, ``max_local_rows`` (the largest shard of the ranks that grow
+        together: it sets the trees per batch), ``scales`` (``s_w``, ``s_y``, ``s_y2``: powers of two),
         ``y_tol`` (variance under which a regression node is pure), ``comm``
         (None: no communication), ``xp``.
     """
@@ -226,11 +227,14 @@ class TreeGrower:
         best_val = xp.take_along_axis(flat, best[:, None], axis=1)[:, 0]
         best_j, best_b = best // B, best % B
         counts = tot[:, 0]
-        # the bin counts of the chosen feature, for thresholds half way between values present
-        chosen = xp.take_along_axis(H[..., 0], best_j[:, None, None].astype(xp.int64), axis=1)[:, 0, :]
+        # the non-empty bins of the chosen feature next to the split, for thresholds between values present
+        chosen = xp.take_along_axis(H[..., 0], best_j[:, None, None].astype(xp.int64), axis=1)[:, 0, :] > 0
+        idx = xp.arange(B)
+        below = xp.where(chosen & (idx <= best_b[:, None]), idx, -1).max(axis=1)
+        above = xp.where(chosen & (idx > best_b[:, None]), idx, B).min(axis=1)
         host = {k: (v.get() if xp is not np else np.asarray(v)) for k, v in dict(
             best_val=best_val, best_j=best_j, best_b=best_b, parent=parent, counts=counts, W=W,
-            impurity=impurity, value=value, pure=pure, chosen=chosen).items()}
+            impurity=impurity, value=value, pure=pure, below=below, above=above).items()}
         leaf = ~np.isfinite(host["best_val"]) | host["pure"] | (host["counts"] < s.min_samples_split) | \
             (host["counts"] < 2 * msl)
         if mwl is not None:
@@ -255,22 +259,18 @@ class TreeGrower:
             self._tables = (vals, edges, np.array([v is not None for v in self.s.values], dtype=bool))
         return self._tables
 
-    def _thresholds(self, f, b, bin_counts):
-        """Thresholds of splits after bin ``b`` of features ``f`` (node bin counts ``bin_counts``, (k, B)).
+    def _thresholds(self, f, b, below, above):
+        """Thresholds of splits after bin ``b`` of features ``f``.
 
-        Where bins are single values, half way between the last value present
-        in the node at or below ``b`` and the first one above it (as an exact
-        tree); otherwise the bin edge.
+        Where bins are single values: half way between the last value present
+        in the node at or below ``b`` (bin ``below``) and the first one above
+        it (bin ``above``), as an exact tree; otherwise the bin edge.
         """
         vals, edges, exact = self._bin_tables()
-        idx = np.arange(bin_counts.shape[1])
-        present = bin_counts > 0
-        lo = np.where(present & (idx <= b[:, None]), idx, -1).max(axis=1)
-        hi = np.where(present & (idx > b[:, None]), idx, bin_counts.shape[1]).min(axis=1)
         thr = edges[f, np.minimum(b, edges.shape[1] - 1)]
-        ex = exact[f] & (lo >= 0) & (hi < bin_counts.shape[1])
+        ex = exact[f] & (below >= 0) & (above < self.B)
         if ex.any():
-            vlo, vhi = vals[f[ex], lo[ex]], vals[f[ex], hi[ex]]
+            vlo, vhi = vals[f[ex], below[ex]], vals[f[ex], above[ex]]
             mid = (vlo + vhi) / 2.0
             thr[ex] = np.where(mid >= vhi, vlo, mid)           # adjacent floats: the midpoint rounds up
         return thr
@@ -279,7 +279,8 @@ class TreeGrower:
     def grow(self, trees):
         """Grow the trees with global indices ``trees``; returns a list of per-tree dicts of host arrays."""
         out = []
-        per_batch = max(1, BATCH_ELEMENTS // max(self.n, 1))
+        # the same on every rank (the batches decide the sequence of allreduces): from the largest shard
+        per_batch = max(1, BATCH_ELEMENTS // max(self.s.max_local_rows, 1))
         for a in range(0, len(trees), per_batch):
             out.extend(self._grow_batch(list(trees[a:a + per_batch])))
         return out
@@ -346,7 +347,7 @@ class TreeGrower:
         b = dec["best_b"].astype(np.int64)
         thr = np.full(n_slots, -2.0)
         if split.any():
-            thr[split] = self._thresholds(f[split], b[split], dec["chosen"][split])
+            thr[split] = self._thresholds(f[split], b[split], dec["below"][split], dec["above"][split])
         new_ranges = ranges.copy()
         for t in range(len(ranges)):
             lo, hi = int(ranges[t, 0]), int(ranges[t, 1])
