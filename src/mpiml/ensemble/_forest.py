@@ -124,23 +124,22 @@ class _BaseForest(SPMDEstimator):
         """
         t_start = time.perf_counter()
         self._validate_params()
+        if not self.bootstrap and self.max_samples is not None:
+            raise ValueError("`max_sample` cannot be set if `bootstrap=False`. Either switch to `bootstrap=True` "
+                             "or set `max_sample=None`.")
         comm = self._get_comm()
         name = type(self).__name__
         X, xp = validate_data(self, X, comm=comm)
-        y_host, targets = self._validate_y(y, X, comm)
+        targets = self._validate_y(y, X, comm)
         sw = validate_sample_weight(sample_weight, X, xp=xp, dtype=np.float64, only_non_negative=True, comm=comm)
         counts = row_counts(X.shape[0], comm)
         n_total, offset = int(counts.sum()), int(counts[:comm.rank].sum())
         if self.bootstrap and isinstance(self.max_samples, Integral) and self.max_samples > n_total:
             raise ValueError(f"`max_samples` must be <= n_samples={n_total} but got value {self.max_samples}")
-        if not self.bootstrap and self.max_samples is not None:
-            raise ValueError("`max_sample` cannot be set if `bootstrap=False`. Either switch to `bootstrap=True` "
-                             "or set `max_sample=None`.")
         mf = _n_features_to_draw(self.max_features, X.shape[1], name)
         weight = sw * self._class_weights(targets, xp, comm)
         seed = self._seed(comm)
         glob = self.training == "global"
-        stats_comm = comm if glob else None
         self._fit_stats = {"training": self.training, "ranks": comm.size}
 
         def grower_for(Xl, wl, tl, index, n_rows, comm_):
@@ -177,10 +176,10 @@ class _BaseForest(SPMDEstimator):
             index = xp.arange(offset, offset + X.shape[0], dtype=xp.int64)
             grower = grower_for(X, weight, targets, index, n_total, comm)
             trees = grower.grow(list(range(self.n_estimators)))
+            self._fit_stats.update(grower.stats)
+            del grower                                   # it holds the binned rows and the row weights
         else:
             trees = self._fit_local(X, weight, targets, counts, comm, grower_for)
-            grower = self._local_grower
-        self._fit_stats.update(grower.stats if grower is not None else {})
         self._set_trees(trees, xp)
         self._fit_stats["fit_s"] = time.perf_counter() - t_start
         return self
@@ -190,13 +189,12 @@ class _BaseForest(SPMDEstimator):
         xp = get_namespace(X)
         owners = [r for r in range(comm.size) if counts[r] > 0]
         mine = [t for t in range(self.n_estimators) if owners[t % len(owners)] == comm.rank]
-        self._local_grower = None
         trees = []
         if mine:
             index = xp.arange(X.shape[0], dtype=xp.int64)
             grower = grower_for(X, weight, targets, index, X.shape[0], None)
             trees = grower.grow(mine)
-            self._local_grower = grower
+            self._fit_stats.update(grower.stats)
         if comm.size == 1:
             return trees
         n_values = len(self.classes_) if self._is_classifier else 1
@@ -469,7 +467,7 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
         self.comm = comm
 
     def _validate_y(self, y, X, comm):
-        """Local label checks, one agreement on the classes of every rank; returns (y, codes on X's device)."""
+        """Local label checks, one agreement on the classes of every rank; returns the codes on X's device."""
         error, labels, kind = None, None, None
         try:
             y = self._check_y_common(y, X)
@@ -510,7 +508,7 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
             lookup = {label: i for i, label in enumerate(classes.tolist())}
             local, inverse = np.unique(y, return_inverse=True)
             codes = np.array([lookup[label] for label in local.tolist()], dtype=np.int32)[inverse.ravel()]
-        return y, get_namespace(X).asarray(codes)
+        return get_namespace(X).asarray(codes)
 
     def _class_weights(self, codes, xp, comm):
         cw = self.class_weight
@@ -684,7 +682,7 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
         except Exception as exc:
             error = exc
         agree_on_error(comm, error, prefix="Invalid input y")
-        return yf, get_namespace(X).asarray(yf)
+        return get_namespace(X).asarray(yf)
 
     def _class_weights(self, targets, xp, comm):
         return 1.0
