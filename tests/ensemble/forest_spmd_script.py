@@ -157,6 +157,10 @@ def main():
     if rank == size - 1 and len(bad):
         bad[0] = np.nan
     cases.append(("NaN in y on the last rank", RandomForestRegressor(n_estimators=2), shard(Xr_tr), bad))
+    ybad = shard(yc_tr).astype(float)
+    if rank == 0 and len(ybad):
+        ybad[-1] = np.nan
+    cases.append(("NaN label on rank 0", RandomForestClassifier(n_estimators=2), shard(Xc_tr), ybad))
     ys = shard(yc_tr).astype(object)
     if rank == size - 1:
         ys = np.array([f"c{v}" for v in ys], dtype=object)

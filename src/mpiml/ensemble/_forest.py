@@ -169,7 +169,8 @@ class _BaseForest(SPMDEstimator):
                 min_weight_fraction_leaf=self.min_weight_fraction_leaf,
                 bootstrap_rate=lam, seed=seed, scales=(s_w, s_y, s_y2),
                 max_local_rows=int(counts.max()) if comm_ is not None else Xl.shape[0],
-                y_tol=max(np.finfo(np.float64).eps, 1e-9 * my * my), comm=comm_, xp=xp)
+                y_tol=max(np.finfo(np.float64).eps, 1e-9 * my * my), verbose=self.verbose, rank=comm.rank,
+                comm=comm_, xp=xp)
             return TreeGrower(spec)
 
         if glob:
@@ -375,7 +376,7 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
     n_jobs : int or None, default=None
         Accepted for compatibility; the ranks are the parallelism.
     verbose : int, default=0
-        Unused (accepted for compatibility).
+        Print one line per batch of trees on rank 0.
     max_bins : int, default=256
         Bins per feature (2 to 256).  Features with at most ``max_bins``
         distinct values get one bin per value and thresholds half way between
@@ -619,7 +620,7 @@ class RandomForestRegressor(RegressorMixin, _BaseForest):
     n_jobs : int or None, default=None
         Accepted for compatibility.
     verbose : int, default=0
-        Unused.
+        Print one line per batch of trees on rank 0.
     max_bins : int, default=256
         Bins per feature (2 to 256).
     training : {"global", "local"}, default="global"

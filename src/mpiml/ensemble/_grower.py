@@ -74,7 +74,8 @@ class TreeGrower:
         (int), ``bootstrap_rate`` (None: no bootstrap, else the Poisson rate),
         ``seed``, ``max_local_rows`` (the largest shard of the ranks that grow
         together: it sets the trees per batch), ``scales`` (``s_w``, ``s_y``, ``s_y2``: powers of two),
-        ``y_tol`` (variance under which a regression node is pure), ``comm``
+        ``y_tol`` (variance under which a regression node is pure), ``verbose``
+        and ``rank`` (progress lines on rank 0), ``comm``
         (None: no communication), ``xp``.
     """
 
@@ -282,7 +283,12 @@ class TreeGrower:
         # the same on every rank (the batches decide the sequence of allreduces): from the largest shard
         per_batch = max(1, BATCH_ELEMENTS // max(self.s.max_local_rows, 1))
         for a in range(0, len(trees), per_batch):
-            out.extend(self._grow_batch(list(trees[a:a + per_batch])))
+            t0 = time.perf_counter()
+            batch = list(trees[a:a + per_batch])
+            out.extend(self._grow_batch(batch))
+            if getattr(self.s, "verbose", 0) and getattr(self.s, "rank", 0) == 0:
+                print(f"grew trees {batch[0]}-{batch[-1]} in {time.perf_counter() - t0:.2f} s "
+                      f"({len(trees) - a - len(batch)} to go)", flush=True)
         return out
 
     def _grow_batch(self, trees):
