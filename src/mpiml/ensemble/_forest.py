@@ -2,7 +2,6 @@
 
 import math
 import time
-import warnings
 from numbers import Integral, Real
 
 import numpy as np
@@ -448,8 +447,9 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
     _saved_attributes = _BaseForest._saved_attributes + ("classes_", "n_classes_")
 
     def __init__(self, n_estimators=100, *, criterion="gini", max_depth=None, min_samples_split=2,
-                 min_samples_leaf=1, min_weight_fraction_leaf=0.0, max_features="sqrt", bootstrap=True, max_samples=None, class_weight=None,
-                 random_state=None, n_jobs=None, verbose=0, max_bins=256, training="global", comm=None):
+                 min_samples_leaf=1, min_weight_fraction_leaf=0.0, max_features="sqrt", bootstrap=True,
+                 max_samples=None, class_weight=None, random_state=None, n_jobs=None, verbose=0, max_bins=256,
+                 training="global", comm=None):
         self.n_estimators = n_estimators
         self.criterion = criterion
         self.max_depth = max_depth
@@ -651,8 +651,9 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
     }
 
     def __init__(self, n_estimators=100, *, criterion="squared_error", max_depth=None, min_samples_split=2,
-                 min_samples_leaf=1, min_weight_fraction_leaf=0.0, max_features=1.0, bootstrap=True, max_samples=None, random_state=None,
-                 n_jobs=None, verbose=0, max_bins=256, training="global", comm=None):
+                 min_samples_leaf=1, min_weight_fraction_leaf=0.0, max_features=1.0, bootstrap=True,
+                 max_samples=None, random_state=None, n_jobs=None, verbose=0, max_bins=256, training="global",
+                 comm=None):
         self.n_estimators = n_estimators
         self.criterion = criterion
         self.max_depth = max_depth

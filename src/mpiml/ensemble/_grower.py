@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from ._hist import FIXED_POINT_BITS, STREAM_FEATURES, hash_uniform, poisson_weights
+from ._hist import STREAM_FEATURES, hash_uniform, poisson_weights
 
 __all__ = ["GrowSpec", "TreeGrower"]
 

@@ -23,8 +23,8 @@ import math
 
 import numpy as np
 
-__all__ = ["hash_uniform", "poisson_table", "poisson_weights", "sample_rows", "bin_edges", "apply_bins",
-           "FIXED_POINT_BITS"]
+__all__ = ["hash_uniform", "poisson_table", "poisson_weights", "poisson_max", "sample_rows", "bin_edges",
+           "apply_bins", "FIXED_POINT_BITS"]
 
 _C_STREAM = 0x9E3779B97F4A7C15
 _C_A = 0xBF58476D1CE4E5B9
