@@ -121,6 +121,12 @@ def main():
     if size == 1:
         same_trees(loc, RandomForestClassifier(n_estimators=9, max_depth=8, random_state=0, comm=SELF).fit(
             Xc_tr, yc_tr), "local training on one rank is global training")
+    # each local tree is grown from its owner's rows only: the root of tree t holds the rows of rank t % size
+    counts = comm.allgather_obj(shard(Xc_tr).shape[0]) if size > 1 else [Xc_tr.shape[0]]
+    nob = RandomForestClassifier(n_estimators=2 * size, bootstrap=False, max_depth=2, random_state=0,
+                                 training="local").fit(shard(Xc_tr), shard(yc_tr))
+    roots = [int(nob.tree_n_node_samples_[int(nob.tree_offsets_[t])]) for t in range(2 * size)]
+    check(roots == [counts[t % size] for t in range(2 * size)], f"local roots {roots} vs shard sizes {counts}")
     locr = RandomForestRegressor(n_estimators=5, max_depth=6, random_state=0, training="local").fit(
         shard(Xr_tr), shard(yr_tr))
     check(locr.score(shard(Xr_te), shard(yr_te)) > 0.5, "local regressor R2 <= 0.5")

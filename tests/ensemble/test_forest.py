@@ -92,16 +92,27 @@ def test_string_labels_and_flat_trees():
     assert imp.shape == (X.shape[1],) and abs(imp.sum() - 1) < 1e-12 and (imp >= 0).all()
 
 
-def test_exact_splits_match_scikit_learn():
-    """Few distinct values, no bootstrap, all features: the tree's partition is scikit-learn's."""
+@pytest.mark.parametrize("kind,extra", [("gini", {}), ("entropy", {"class_weight": {0: 1.0, 1: 2.5}}),
+                                        ("squared_error", {})])
+def test_exact_splits_match_scikit_learn(kind, extra):
+    """Few distinct values, no bootstrap, all features: the tree is scikit-learn's (values, thresholds)."""
     rs = np.random.RandomState(0)
-    X = rs.randint(0, 20, size=(300, 4)).astype(float)
-    y = (X[:, 0] + 2 * X[:, 1] > 25).astype(int) ^ (rs.rand(300) < 0.1)
-    params = dict(n_estimators=1, bootstrap=False, max_features=None, max_depth=3, random_state=0)
-    ours = RandomForestClassifier(**params).fit(X, y)
-    theirs = SkClassifier(**params).fit(X, y)
-    np.testing.assert_array_equal(ours.predict_proba(X), theirs.predict_proba(X))
-    assert ours.score(X, y) == theirs.score(X, y)
+    X = rs.randint(0, 20, size=(300, 4)).astype(float) + rs.randint(0, 7, size=4) * 0.25
+    noise = rs.rand(300)
+    params = dict(n_estimators=1, bootstrap=False, max_features=None, max_depth=3, random_state=0, criterion=kind,
+                  **extra)
+    if kind == "squared_error":
+        y = X[:, 0] + 2 * X[:, 1] + 3 * noise
+        ours, theirs = RandomForestRegressor(**params).fit(X, y), SkRegressor(**params).fit(X, y)
+        np.testing.assert_allclose(ours.predict(X), theirs.predict(X), rtol=1e-12)
+    else:
+        y = (X[:, 0] + 2 * X[:, 1] > 25).astype(int) ^ (noise < 0.1)
+        ours, theirs = RandomForestClassifier(**params).fit(X, y), SkClassifier(**params).fit(X, y)
+        np.testing.assert_allclose(ours.predict_proba(X), theirs.predict_proba(X), rtol=1e-12)
+    tree = theirs.estimators_[0].tree_
+    inner = tree.feature >= 0
+    assert sorted(ours.tree_threshold_[ours.tree_feature_ >= 0]) == pytest.approx(sorted(tree.threshold[inner]))
+    np.testing.assert_allclose(ours.feature_importances_, theirs.feature_importances_, rtol=1e-9, atol=1e-12)
 
 
 def test_float32_and_sample_weight():
