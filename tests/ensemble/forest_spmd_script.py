@@ -86,6 +86,14 @@ def main():
     got_r = RandomForestRegressor(max_features=0.5, **params).fit(shard(Xr_tr), shard(yr_tr))
     same_trees(got_r, ref, "regressor with bootstrap and max_features=0.5")
 
+    # constant features drawn at a node: further features are drawn (one more allreduce), alike everywhere
+    Xk = np.hstack([np.zeros((600, 6)), Xc_tr, np.ones((600, 6))])
+    params = dict(n_estimators=4, max_features=1, max_depth=5, random_state=2)
+    ref = on_root(lambda: RandomForestClassifier(comm=SELF, **params).fit(Xk, yc_tr))
+    got = RandomForestClassifier(**params).fit(shard(Xk), shard(yc_tr))
+    same_trees(got, ref, "constant features")
+    check(got.tree_feature_.shape[0] > 4 * 15, f"constant features: only {got.tree_feature_.shape[0]} nodes")
+
     # 3. accuracy / R^2 within 1 % of scikit-learn (same parameters, mean of two seeds; test rows sharded,
     #    global score)
     from sklearn.metrics import r2_score

@@ -115,6 +115,20 @@ def test_exact_splits_match_scikit_learn(kind, extra):
     np.testing.assert_allclose(ours.feature_importances_, theirs.feature_importances_, rtol=1e-9, atol=1e-12)
 
 
+def test_constant_features_are_skipped_like_scikit_learn():
+    """When every drawn feature is constant in a node, further features are drawn (scikit-learn's rule)."""
+    from sklearn.datasets import make_classification
+
+    X, y = make_classification(1200, 4, n_informative=3, n_redundant=0, random_state=0)
+    X = np.hstack([np.zeros((1200, 8)), X, np.ones((1200, 8))])
+    params = dict(n_estimators=20, max_features=1, max_depth=8, random_state=0)
+    ours = RandomForestClassifier(**params).fit(X[:800], y[:800])
+    theirs = SkClassifier(**params).fit(X[:800], y[:800])
+    assert ours.score(X[800:], y[800:]) >= theirs.score(X[800:], y[800:]) - 0.02
+    assert ours.tree_feature_.shape[0] > 0.8 * sum(e.tree_.node_count for e in theirs.estimators_)
+    assert set(np.unique(ours.tree_feature_)) <= {-2, 8, 9, 10, 11}
+
+
 def test_float32_and_sample_weight():
     X, y = load_diabetes(return_X_y=True)
     X32 = X.astype(np.float32)

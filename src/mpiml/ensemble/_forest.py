@@ -426,7 +426,8 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
     histograms of every open node of a batch of trees (all trees whose row
     state fits in memory), ``nodes x features x bins x (1 + n_classes) x 8``
     bytes (with ``max_features`` < ``n_features`` only the drawn features are
-    summed); levels larger than ``MPIML_RF_HIST_BYTES`` (64 MiB) are cut into
+    summed, plus one more allreduce on levels where some node's drawn features
+    are all constant); levels larger than ``MPIML_RF_HIST_BYTES`` (64 MiB) are cut into
     several allreduces.  Histograms are fixed-point integers in float64, so
     every rank and every rank count sees the same sums and grows the same trees.
 

@@ -104,21 +104,28 @@ class TreeGrower:
         return node, wq, wy, wy2
 
     def _feature_sets(self, tree, node_ids):
-        """``(len(node_ids), m)`` features examined at each node, in a random order (host).
+        """``(len(node_ids), F)`` random permutations of the features, one per node (host).
 
         The order is a permutation keyed by ``(seed, tree, node id)``; its
-        first ``max_features`` entries are the node's features.  Among splits
+        first ``max_features`` entries are the node's features; when they are
+        all constant in the node, the first non-constant one after them is used.  Among splits
         of equal quality the one on the earliest feature of the order wins
         (then the lowest bin), as scikit-learn's random feature order does.
         """
         F, m = self.F, self.s.max_features
         keys = np.asarray(node_ids, dtype=np.int64)[:, None] * F + np.arange(F, dtype=np.int64)
         u = hash_uniform(np, self.s.seed, STREAM_FEATURES, tree, keys)
-        return np.argsort(u, axis=1, kind="stable")[:, :min(m, F)]
+        return np.argsort(u, axis=1, kind="stable")
 
     # ------------------------------------------------------------------ histograms
     def _local_histogram(self, states, parts, fsel, n_slots):
-        """This rank's histogram of the slots ``parts`` = [(t, lo, hi, slot0)], flattened."""
+        """This rank's histogram of the slots ``parts``, flattened.
+
+        ``parts`` is a list of ``(t, lo, hi, slot0, lookup)``: the nodes
+        ``lo..hi-1`` of tree ``t`` are the slots from ``slot0`` on; ``lookup``
+        (None: all of them, in order) maps ``node - lo`` to a slot offset, -1
+        for nodes left out.
+        """
         xp, s = self.xp, self.s
         m = fsel.shape[1]
         B, C = self.B, self.C
@@ -128,14 +135,20 @@ class TreeGrower:
         fsel_x = xp.asarray(fsel)
         jj = xp.arange(m, dtype=xp.int64)
         step = max(1, KEY_ELEMENTS // max(m, 1))
-        for t, lo, hi, slot0 in parts:
+        for t, lo, hi, slot0, lookup in parts:
             node, wq, wy, wy2 = states[t]
             rows = xp.nonzero((node >= lo) & (node < hi))[0]
-            span = (hi - lo) * m * B * C
+            n_part = hi - lo if lookup is None else int(lookup.max()) + 1
+            if lookup is not None:
+                lookup_x = xp.asarray(lookup)
+                rows = rows[lookup_x[node[rows] - lo] >= 0]
+            span = n_part * m * B * C
             view = hist[slot0 * m * B * C:slot0 * m * B * C + span]
             for a in range(0, int(rows.shape[0]), step):
                 r = rows[a:a + step]
                 slot = (node[r] - lo).astype(xp.int64)
+                if lookup is not None:
+                    slot = lookup_x[slot].astype(xp.int64)
                 bins = xp.take_along_axis(s.Xb[r], fsel_x[slot + slot0], axis=1).astype(xp.int64)
                 key = (((slot[:, None] * m + jj) * B + bins) * C).ravel()
                 ones = xp.ones(key.shape[0], dtype=xp.float64)
@@ -147,7 +160,7 @@ class TreeGrower:
                     keys = xp.concatenate([key, key + 1, key + 2])
                     wts = xp.concatenate([ones, xp.broadcast_to(wq[r][:, None], (r.shape[0], m)).ravel(),
                                           xp.broadcast_to(wy[r][:, None], (r.shape[0], m)).ravel()])
-                    extra[slot0:slot0 + hi - lo] += xp.bincount(slot, weights=wy2[r], minlength=hi - lo)
+                    extra[slot0:slot0 + n_part] += xp.bincount(slot, weights=wy2[r], minlength=n_part)
                 view += xp.bincount(keys, weights=wts, minlength=span)
         return hist, extra, m
 
@@ -166,13 +179,15 @@ class TreeGrower:
         return buf[:hist.size], buf[hist.size:]
 
     # ------------------------------------------------------------------ split evaluation
-    def _evaluate(self, hist, extra, n_slots, m, depth, root_weight):
+    def _evaluate(self, hist, extra, n_slots, m, depth, root_weight, first_only=False):
         """Per-slot decisions (host arrays) from the reduced histogram (same on every rank).
 
         Only non-empty bins are split candidates (a split after an empty bin
         repeats the one before it), so the work is proportional to the
         non-empty bins: per-(node, feature) prefix sums are exact int64 sums.
-        Ties go to the lowest (feature position, bin).
+        Ties go to the lowest (feature position, bin).  With ``first_only``
+        only the first feature that is not constant in the node is a candidate
+        (the features drawn after ``max_features`` constant ones).
         """
         xp, s = self.xp, self.s
         B, C = self.B, self.C
@@ -216,6 +231,10 @@ class TreeGrower:
             value = mean[:, None]
             pure = impurity <= s.y_tol
         valid = (cl >= msl) & (cr >= msl) & (WL > 0) & (WR > 0)
+        varying = (H[..., 0] > 0).sum(axis=2) >= 2                 # (S, m): not constant in the node
+        if first_only:
+            first = xp.argmax(varying, axis=1)
+            valid &= (seg % m) == first[slot]
         mwl = None
         if s.min_weight_fraction_leaf > 0:
             rw = W if root_weight is None else xp.asarray(root_weight)
@@ -235,13 +254,21 @@ class TreeGrower:
         above = xp.where(chosen & (idx > best_b[:, None]), idx, B).min(axis=1)
         host = {k: (v.get() if xp is not np else np.asarray(v)) for k, v in dict(
             best_val=best_val, best_j=best_j, best_b=best_b, parent=parent, counts=counts, W=W,
-            impurity=impurity, value=value, pure=pure, below=below, above=above).items()}
+            impurity=impurity, value=value, pure=pure, below=below, above=above,
+            varying=varying.any(axis=1)).items()}
         leaf = ~np.isfinite(host["best_val"]) | host["pure"] | (host["counts"] < s.min_samples_split) | \
             (host["counts"] < 2 * msl)
         if mwl is not None:
             leaf |= host["W"] < 2 * (mwl.get() if xp is not np else mwl)
         if s.max_depth is not None:
             leaf |= depth >= s.max_depth
+        # nodes that would split but whose drawn features are all constant: draw further features
+        host["retry"] = leaf & ~host["varying"] & ~(host["pure"] | (host["counts"] < s.min_samples_split) |
+                                                     (host["counts"] < 2 * msl))
+        if mwl is not None:
+            host["retry"] &= ~(host["W"] < 2 * (mwl.get() if xp is not np else mwl))
+        if s.max_depth is not None and depth >= s.max_depth:
+            host["retry"][:] = False
         host["leaf"] = leaf
         host["decrease"] = np.where(leaf, 0.0, np.maximum(host["best_val"] - host["parent"], 0.0))
         return host
@@ -307,15 +334,15 @@ class TreeGrower:
             base = np.concatenate([[0], np.cumsum(k)])
             n_slots = int(base[-1])
             slot_tree = np.repeat(np.arange(T), k)
-            fsel_all = np.concatenate([self._feature_sets(trees[t], np.arange(*ranges[t])) for t in range(T)
-                                       if k[t] > 0])
-            m = fsel_all.shape[1]
+            perm = np.concatenate([self._feature_sets(trees[t], np.arange(*ranges[t])) for t in range(T) if k[t] > 0])
+            m = min(s.max_features, self.F)
+            fsel_all = perm[:, :m]
             per_chunk = max(1, HIST_BYTES // (m * self.B * self.C * 8))
             decisions = []
             for c0 in range(0, n_slots, per_chunk):
                 c1 = min(n_slots, c0 + per_chunk)
                 parts = [(t, int(ranges[t, 0] + max(c0 - base[t], 0)), int(ranges[t, 0] + min(c1 - base[t], k[t])),
-                          int(max(base[t] - c0, 0))) for t in range(T) if base[t] < c1 and base[t + 1] > c0]
+                          int(max(base[t] - c0, 0)), None) for t in range(T) if base[t] < c1 and base[t + 1] > c0]
                 fsel = fsel_all[c0:c1]
                 _sync(xp)
                 t0 = time.perf_counter()
@@ -326,13 +353,16 @@ class TreeGrower:
                 t0 = time.perf_counter()
                 root_w = None if roots is None else roots[slot_tree[c0:c1]]
                 dec = self._evaluate(hist, extra, c1 - c0, m, depth, root_w)
+                dec["feature"] = fsel[np.arange(c1 - c0), dec["best_j"]]
                 decisions.append(dec)
                 self.stats["split_s"] += time.perf_counter() - t0
             dec = {key: np.concatenate([d[key] for d in decisions]) for key in decisions[0]}
+            if m < self.F and dec["retry"].any():
+                self._draw_further(states, ranges, base, slot_tree, perm[:, m:], dec, depth, roots)
             if roots is None:
                 roots = dec["W"].copy()
             t0 = time.perf_counter()
-            ranges = self._record_and_route(states, recs, importances, ranges, base, fsel_all, dec)
+            ranges = self._record_and_route(states, recs, importances, ranges, base, dec)
             _sync(xp)
             self.stats["route_s"] += time.perf_counter() - t0
             depth += 1
@@ -344,12 +374,46 @@ class TreeGrower:
             out.append(tree)
         return out
 
-    def _record_and_route(self, states, recs, importances, ranges, base, fsel, dec):
+    def _draw_further(self, states, ranges, base, slot_tree, rest, dec, depth, roots):
+        """Second pass for the nodes whose drawn features were all constant (scikit-learn's rule).
+
+        Histograms of the remaining features, in the node's order, for those
+        nodes only (one more allreduce per chunk); the first non-constant
+        feature is the only candidate.  ``dec`` is updated in place.
+        """
+        xp = self.xp
+        idx = np.nonzero(dec["retry"])[0]
+        m2 = rest.shape[1]
+        per_chunk = max(1, HIST_BYTES // (m2 * self.B * self.C * 8))
+        for a in range(0, len(idx), per_chunk):
+            sel = idx[a:a + per_chunk]
+            parts = []
+            for t in np.unique(slot_tree[sel]):
+                mine = sel[slot_tree[sel] == t]
+                lo, hi = int(ranges[t, 0]), int(ranges[t, 1])
+                lookup = np.full(hi - lo, -1, dtype=np.int64)
+                lookup[mine - base[t]] = np.arange(len(mine))
+                parts.append((int(t), lo, hi, int(np.searchsorted(sel, mine[0])), lookup))
+            _sync(xp)
+            t0 = time.perf_counter()
+            hist, extra, _ = self._local_histogram(states, parts, rest[sel], len(sel))
+            _sync(xp)
+            self.stats["hist_s"] += time.perf_counter() - t0
+            hist, extra = self._reduce(hist, extra)
+            t0 = time.perf_counter()
+            root_w = None if roots is None else roots[slot_tree[sel]]
+            again = self._evaluate(hist, extra, len(sel), m2, depth, root_w, first_only=True)
+            again["feature"] = rest[sel][np.arange(len(sel)), again["best_j"]]
+            for key in ("leaf", "feature", "best_b", "below", "above", "decrease"):
+                dec[key][sel] = again[key]
+            self.stats["split_s"] += time.perf_counter() - t0
+
+    def _record_and_route(self, states, recs, importances, ranges, base, dec):
         """Append the level's nodes to the records, number the children, move rows to them."""
         xp, s = self.xp, self.s
         n_slots = len(dec["leaf"])
         split = ~dec["leaf"]
-        f = fsel[np.arange(n_slots), dec["best_j"]].astype(np.int64)
+        f = dec["feature"].astype(np.int64)
         b = dec["best_b"].astype(np.int64)
         thr = np.full(n_slots, -2.0)
         if split.any():
