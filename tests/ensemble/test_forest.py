@@ -93,7 +93,8 @@ def test_string_labels_and_flat_trees():
 
 
 @pytest.mark.parametrize("kind,extra", [("gini", {}), ("entropy", {"class_weight": {0: 1.0, 1: 2.5}}),
-                                        ("squared_error", {})])
+                                        ("squared_error", {}), ("gini", {"min_samples_leaf": 7}),
+                                        ("squared_error", {"min_samples_leaf": 5, "min_samples_split": 30})])
 def test_exact_splits_match_scikit_learn(kind, extra):
     """Few distinct values, no bootstrap, all features: the tree is scikit-learn's (values, thresholds)."""
     rs = np.random.RandomState(0)
@@ -102,7 +103,7 @@ def test_exact_splits_match_scikit_learn(kind, extra):
     params = dict(n_estimators=1, bootstrap=False, max_features=None, max_depth=3, random_state=0, criterion=kind,
                   **extra)
     if kind == "squared_error":
-        y = X[:, 0] + 2 * X[:, 1] + 3 * noise
+        y = X[:, 0] + 2 * X[:, 1] + 3 * noise - 30.0             # targets of both signs
         ours, theirs = RandomForestRegressor(**params).fit(X, y), SkRegressor(**params).fit(X, y)
         np.testing.assert_allclose(ours.predict(X), theirs.predict(X), rtol=1e-12)
     else:
@@ -127,6 +128,17 @@ def test_constant_features_are_skipped_like_scikit_learn():
     assert ours.score(X[800:], y[800:]) >= theirs.score(X[800:], y[800:]) - 0.02
     assert ours.tree_feature_.shape[0] > 0.8 * sum(e.tree_.node_count for e in theirs.estimators_)
     assert set(np.unique(ours.tree_feature_)) <= {-2, 8, 9, 10, 11}
+
+
+def test_small_regression_with_targets_of_both_signs():
+    """Few rows: one bin per value; bins are found non-empty from the weights, whatever the sign of y."""
+    from sklearn.datasets import make_regression
+
+    X, y = make_regression(n_samples=400, n_features=8, n_informative=5, noise=10.0, random_state=0)
+    params = dict(n_estimators=10, max_depth=6, random_state=0)
+    ours = RandomForestRegressor(**params).fit(X[:60], y[:60]).score(X[200:], y[200:])
+    theirs = SkRegressor(**params).fit(X[:60], y[:60]).score(X[200:], y[200:])
+    assert ours >= theirs - 0.1, (ours, theirs)
 
 
 def test_float32_and_sample_weight():

@@ -424,11 +424,11 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
 
     ``training="global"``: per tree level, **one** allreduce of the float64
     histograms of every open node of a batch of trees (all trees whose row
-    state fits in memory), ``nodes x features x bins x (1 + n_classes) x 8``
-    bytes (with ``max_features`` < ``n_features`` only the drawn features are
-    summed, plus one more allreduce on levels where some node's drawn features
-    are all constant); levels larger than ``MPIML_RF_HIST_BYTES`` (64 MiB) are cut into
-    several allreduces.  Histograms are fixed-point integers in float64, so
+    state fits in memory), ``nodes x max_features x bins x n_classes x 8``
+    bytes (one more channel when ``min_samples_leaf > 1``) plus 8 bytes per
+    node; one more allreduce on levels where some node's drawn features are
+    all constant; levels larger than ``MPIML_RF_HIST_BYTES`` (64 MiB) are cut
+    into several allreduces.  Histograms are fixed-point integers in float64, so
     every rank and every rank count sees the same sums and grows the same trees.
 
     ``training="local"``: no communication while growing; one ``allgatherv``
@@ -639,9 +639,9 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
 
     Notes
     -----
-    As :class:`RandomForestClassifier`, with three histogram channels
-    (rows, weight, weight * y) and one value per node (weight * y**2) in the
-    per-level allreduce.  :meth:`score` is global: one ``allgather`` of four
+    As :class:`RandomForestClassifier`, with two histogram channels
+    (weight, weight * y; a row count too when ``min_samples_leaf > 1``) and
+    two values per node (rows, weight * y**2) in the per-level allreduce.  :meth:`score` is global: one ``allgather`` of four
     floats per rank (weight, mean, centred sum of squares, residual sum of squares).
     """
 

@@ -9,9 +9,11 @@ to the children.  The trees are therefore replicated without any broadcast.
 
 Channels are integer-valued float64 (fixed point, see :mod:`._hist`):
 
-* classification: ``[rows, weight of class 0, ..., weight of class K-1]``;
-* regression: ``[rows, weight, weight * y]``, plus one value per node,
-  ``sum(weight * y**2)``, for the purity test.
+* classification: ``[weight of class 0, ..., weight of class K-1]``;
+* regression: ``[weight, weight * y]``;
+* a leading ``rows`` channel only when ``min_samples_leaf > 1`` (it counts
+  rows with non-zero weight on each side of a split);
+* per node: the rows, and for regression ``sum(weight * y**2)`` (the purity test).
 
 Sums of integers below 2**53 are exact in any order, so the reduced histogram
 (and so every split) is bit-identical on every rank and for every rank count.
@@ -85,7 +87,11 @@ class TreeGrower:
         self.n, self.F = spec.Xb.shape
         self.B = int(max(spec.n_bins)) if len(spec.n_bins) else 1
         self.K = spec.n_classes
-        self.C = 1 + self.K if self.K else 3
+        # a per-bin row count is needed only to enforce min_samples_leaf > 1: with 1, a side with
+        # weight has a row; node row counts travel in the per-node extras
+        self.D = 1 if spec.min_samples_leaf > 1 else 0
+        self.C = self.D + (self.K if self.K else 2)
+        self.E = 1 if self.K else 2                  # per node: rows (and sum of weight * y**2)
         self.stats = {"hist_s": 0.0, "allreduce_s": 0.0, "split_s": 0.0, "route_s": 0.0,
                       "allreduce_bytes": 0, "allreduce_calls": 0, "levels": 0}
 
@@ -131,7 +137,8 @@ class TreeGrower:
         B, C = self.B, self.C
         size = n_slots * m * B * C
         hist = xp.zeros(size, dtype=xp.float64)
-        extra = xp.zeros(n_slots if not self.K else 0, dtype=xp.float64)
+        D, E = self.D, self.E
+        extra = xp.zeros(n_slots * E, dtype=xp.float64)
         fsel_x = xp.asarray(fsel)
         jj = xp.arange(m, dtype=xp.int64)
         step = max(1, KEY_ELEMENTS // max(m, 1))
@@ -151,24 +158,30 @@ class TreeGrower:
                     slot = lookup_x[slot].astype(xp.int64)
                 bins = xp.take_along_axis(s.Xb[r], fsel_x[slot + slot0], axis=1).astype(xp.int64)
                 key = (((slot[:, None] * m + jj) * B + bins) * C).ravel()
-                ones = xp.ones(key.shape[0], dtype=xp.float64)
+                nr = r.shape[0]
+                keys, wts = [], []
+                if D:
+                    keys.append(key)
+                    wts.append(xp.ones(key.shape[0], dtype=xp.float64))
                 if self.K:
-                    cls = xp.broadcast_to(1 + s.y[r].astype(xp.int64)[:, None], (r.shape[0], m)).ravel()
-                    keys = xp.concatenate([key, key + cls])
-                    wts = xp.concatenate([ones, xp.broadcast_to(wq[r][:, None], (r.shape[0], m)).ravel()])
+                    keys.append(key + D + xp.broadcast_to(s.y[r].astype(xp.int64)[:, None], (nr, m)).ravel())
+                    wts.append(xp.broadcast_to(wq[r][:, None], (nr, m)).ravel())
                 else:
-                    keys = xp.concatenate([key, key + 1, key + 2])
-                    wts = xp.concatenate([ones, xp.broadcast_to(wq[r][:, None], (r.shape[0], m)).ravel(),
-                                          xp.broadcast_to(wy[r][:, None], (r.shape[0], m)).ravel()])
-                    extra[slot0:slot0 + n_part] += xp.bincount(slot, weights=wy2[r], minlength=n_part)
-                view += xp.bincount(keys, weights=wts, minlength=span)
+                    keys += [key + D, key + D + 1]
+                    wts += [xp.broadcast_to(wq[r][:, None], (nr, m)).ravel(),
+                            xp.broadcast_to(wy[r][:, None], (nr, m)).ravel()]
+                view += xp.bincount(xp.concatenate(keys), weights=xp.concatenate(wts), minlength=span)
+                ex = extra[slot0 * E:(slot0 + n_part) * E]
+                ex += xp.bincount(slot * E, minlength=n_part * E).astype(xp.float64)
+                if not self.K:
+                    ex += xp.bincount(slot * E + 1, weights=wy2[r], minlength=n_part * E)
         return hist, extra, m
 
     def _reduce(self, hist, extra):
         comm, xp = self.s.comm, self.xp
         if comm is None or comm.size == 1:
             return hist, extra
-        buf = xp.concatenate([hist, extra]) if extra.size else hist
+        buf = xp.concatenate([hist, extra])
         _sync(xp)
         t0 = time.perf_counter()
         buf = comm.allreduce(buf)
@@ -190,11 +203,14 @@ class TreeGrower:
         (the features drawn after ``max_features`` constant ones).
         """
         xp, s = self.xp, self.s
-        B, C = self.B, self.C
+        B, C, D = self.B, self.C, self.D
         sw = s.scales[0]
         H = hist.reshape(n_slots, m, B, C)
+        ex = extra.reshape(n_slots, self.E)
         tot = H[:, 0].sum(axis=1)                                # (S, C): every row is in one bin per feature
-        nz = xp.flatnonzero(H[..., 0].ravel())                   # non-empty (slot, feature, bin)
+        # (S, m, B) bins holding rows: the row count, the weight (regression), or the class weights (all >= 1)
+        occupied = H.sum(axis=3) > 0 if (self.K and not D) else H[..., 0] > 0
+        nz = xp.flatnonzero(occupied.ravel())                    # non-empty (slot, feature, bin)
         G = H.reshape(-1, C)[nz].astype(xp.int64)
         seg = nz // B
         first = xp.searchsorted(seg, seg, side="left")
@@ -203,10 +219,9 @@ class TreeGrower:
         slot = seg // m
         left = left_i.astype(xp.float64)
         right = tot[slot] - left
-        cl, cr = left[:, 0], right[:, 0]
         msl = s.min_samples_leaf
         if self.K:
-            wl, wr, wt = left[:, 1:] / sw, right[:, 1:] / sw, tot[:, 1:] / sw
+            wl, wr, wt = left[:, D:] / sw, right[:, D:] / sw, tot[:, D:] / sw
             WL, WR, W = wl.sum(-1), wr.sum(-1), wt.sum(-1)
             Wd = xp.where(W > 0, W, 1)
             p = wt / Wd[:, None]
@@ -221,17 +236,20 @@ class TreeGrower:
             value = p
             pure = (wt > 0).sum(-1) <= 1
         else:
-            WL, WR, W = left[:, 1] / sw, right[:, 1] / sw, tot[:, 1] / sw
-            SL, SR, S1 = left[:, 2] / s.scales[1], right[:, 2] / s.scales[1], tot[:, 2] / s.scales[1]
+            WL, WR, W = left[:, D] / sw, right[:, D] / sw, tot[:, D] / sw
+            q = s.scales[1]
+            SL, SR, S1 = left[:, D + 1] / q, right[:, D + 1] / q, tot[:, D + 1] / q
             proxy = SL * SL / xp.where(WL > 0, WL, 1) + SR * SR / xp.where(WR > 0, WR, 1)
             Wd = xp.where(W > 0, W, 1)
             parent = S1 * S1 / Wd
             mean = S1 / Wd
-            impurity = xp.maximum(extra / s.scales[2] / Wd - mean * mean, 0.0)
+            impurity = xp.maximum(ex[:, 1] / s.scales[2] / Wd - mean * mean, 0.0)
             value = mean[:, None]
             pure = impurity <= s.y_tol
-        valid = (cl >= msl) & (cr >= msl) & (WL > 0) & (WR > 0)
-        varying = (H[..., 0] > 0).sum(axis=2) >= 2                 # (S, m): not constant in the node
+        valid = (WL > 0) & (WR > 0)
+        if D:
+            valid &= (left[:, 0] >= msl) & (right[:, 0] >= msl)
+        varying = occupied.sum(axis=2) >= 2                      # (S, m): not constant in the node
         if first_only:
             first = xp.argmax(varying, axis=1)
             valid &= (seg % m) == first[slot]
@@ -246,9 +264,9 @@ class TreeGrower:
         best = xp.argmax(flat, axis=1)
         best_val = xp.take_along_axis(flat, best[:, None], axis=1)[:, 0]
         best_j, best_b = best // B, best % B
-        counts = tot[:, 0]
+        counts = ex[:, 0]
         # the non-empty bins of the chosen feature next to the split, for thresholds between values present
-        chosen = xp.take_along_axis(H[..., 0], best_j[:, None, None].astype(xp.int64), axis=1)[:, 0, :] > 0
+        chosen = xp.take_along_axis(occupied, best_j[:, None, None].astype(xp.int64), axis=1)[:, 0, :]
         idx = xp.arange(B)
         below = xp.where(chosen & (idx <= best_b[:, None]), idx, -1).max(axis=1)
         above = xp.where(chosen & (idx > best_b[:, None]), idx, B).min(axis=1)
