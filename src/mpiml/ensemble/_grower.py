@@ -251,8 +251,8 @@ class TreeGrower:
             valid &= (left[:, 0] >= msl) & (right[:, 0] >= msl)
         varying = occupied.sum(axis=2) >= 2                      # (S, m): not constant in the node
         if first_only:
-            first = xp.argmax(varying, axis=1)
-            valid &= (seg % m) == first[slot]
+            first_varying = xp.argmax(varying, axis=1)
+            valid &= (seg % m) == first_varying[slot]
         mwl = None
         if s.min_weight_fraction_leaf > 0:
             rw = W if root_weight is None else xp.asarray(root_weight)
