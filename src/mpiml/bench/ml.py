@@ -32,8 +32,8 @@ __all__ = ["main"]
 def _parser():
     p = argparse.ArgumentParser(prog="mpiml bench ml", description="ML benchmark: KMeans time per Lloyd iteration "
                                 "vs its floor, strong and weak scaling, scikit-learn and Heat.")
-    p.add_argument("--algo", choices=("kmeans", "linreg", "logreg"), default="kmeans",
-                   help="linreg / logreg: see mpiml.bench.ml_linear")
+    p.add_argument("--algo", choices=("kmeans", "linreg", "logreg", "rf"), default="kmeans",
+                   help="linreg / logreg: see mpiml.bench.ml_linear; rf: see mpiml.bench.ml_rf")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     p.add_argument("--ranks", default=None, help="comma-separated rank counts (default 1,2,4 on GPUs "
                    "(up to the GPUs present), 1,2 on CPU)")
@@ -389,6 +389,12 @@ def main(argv):
         from .ml_linear import main as linear_main
 
         return linear_main([a.split("=", 1)[1] if a.startswith("--algo=") else a for a in argv])
+    which = argparse.ArgumentParser(add_help=False)
+    which.add_argument("--algo")
+    if which.parse_known_args(argv)[0].algo == "rf":
+        from .ml_rf import main as rf_main
+
+        return rf_main(argv)
     args = _parser().parse_args(argv)
     if args.worker:
         return _worker(args, args.worker)

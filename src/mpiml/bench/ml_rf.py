@@ -1,0 +1,265 @@
+"""``mpiml bench ml --algo rf``: random-forest training time, global vs local, against scikit-learn.
+
+The driver (a plain process) launches one MPI job of ``max(--ranks)`` ranks;
+inside it, sub-communicators of 1, 2, 4, ... ranks (``split``) draw the same
+global data set (``mpiml.datasets.make_classification``: the rows do not depend
+on the rank count) and fit :class:`mpiml.ensemble.RandomForestClassifier` with
+``training="global"`` and ``"local"``, inside :func:`mpiml.profile`.  Per
+configuration it records the fit time (slowest rank), the histogram time, the
+allreduce time and bytes per tree (from the profile), and the accuracy on a
+held-out set.  The driver then fits scikit-learn's ``RandomForestClassifier``
+with ``n_jobs=-1`` on every host core, on a subsample of the rows (its time
+scaled linearly to the full size, which flatters scikit-learn, whose cost grows
+like ``n log n``), and writes one JSON file and one PNG plot.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from ._common import machine_info, stamp
+
+__all__ = ["main"]
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="mpiml bench ml --algo rf", description="Random forest training: mpiml "
+                                "global vs local training on 1..N ranks, against scikit-learn on the host cores.")
+    p.add_argument("--algo", choices=("rf",), default="rf")
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--ranks", default=None, help="comma-separated rank counts (default 1,2,4 up to the GPUs, "
+                   "1,2 on CPU)")
+    p.add_argument("--rows", type=float, default=None, help="global training rows (default 1e7 on GPU, 2e4 on CPU)")
+    p.add_argument("--test-rows", type=float, default=None, help="held-out rows (default rows / 10, at most 1e6)")
+    p.add_argument("--features", type=int, default=32)
+    p.add_argument("--classes", type=int, default=2)
+    p.add_argument("--trees", type=int, default=None, help="trees (default 100 on GPU, 10 on CPU)")
+    p.add_argument("--depth", type=int, default=12)
+    p.add_argument("--max-bins", type=int, default=256)
+    p.add_argument("--training", default="global,local", help="comma-separated: global, local")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--sklearn-rows", type=float, default=None, help="rows of scikit-learn's subsample (default "
+                   "1e6 on GPU hosts, all rows on CPU)")
+    p.add_argument("--no-sklearn", action="store_true")
+    p.add_argument("--out", default="benchmarks/results", help="directory of the JSON and PNG")
+    p.add_argument("--tag", default=None, help="file name part (default gpu or cpu)")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def _data(args, comm, device):
+    """This rank's training and held-out rows: global rows ``[0, rows)`` train, the rest are held out."""
+    from ..datasets import make_classification, shard_bounds
+
+    n = int(args.rows) + int(args.test_rows)
+    X, y = make_classification(n, args.features, n_informative=max(2, args.features // 2),
+                               n_redundant=min(2, args.features // 4), n_classes=args.classes, random_state=0,
+                               comm=comm, device=device, dtype=np.dtype(args.dtype))
+    start, _ = shard_bounds(n, comm.size, comm.rank)
+    cut = min(max(int(args.rows) - start, 0), X.shape[0])
+    return X[:cut], y[:cut], X[cut:], y[cut:]
+
+
+# ---------------------------------------------------------------------- the MPI worker
+def _worker(args, outfile):
+    import mpiml
+    from ..comm import get_comm
+    from ..ensemble import RandomForestClassifier
+
+    world = get_comm()
+    use_gpu = args.device == "gpu"
+    if use_gpu:
+        import cupy
+
+        cupy.cuda.Device(world.rank % cupy.cuda.runtime.getDeviceCount()).use()
+    device = "gpu" if use_gpu else "cpu"
+    runs = []
+    for R in [int(r) for r in args.ranks.split(",")]:
+        sub = world.split(0 if world.rank < R else None, key=world.rank)
+        if sub is not None:
+            X, y, Xt, yt = _data(args, sub, device)
+            for training in args.training.split(","):
+                rf = RandomForestClassifier(args.trees, max_depth=args.depth, max_bins=args.max_bins,
+                                            training=training, random_state=0, comm=sub)
+                sub.barrier()
+                t0 = time.perf_counter()
+                with mpiml.profile() as prof:
+                    rf.fit(X, y)
+                fit_s = time.perf_counter() - t0
+                acc = rf.score(Xt, yt)
+                st = rf._fit_stats
+                mine = np.array([fit_s, st.get("hist_s", 0.0), st.get("allreduce_s", 0.0), st.get("split_s", 0.0),
+                                 st.get("route_s", 0.0), st.get("bins_s", 0.0)])
+                worst = sub.allreduce(mine, op="max") if sub.size > 1 else mine
+                ops = prof.summary()["ops"]
+                ar = ops.get("allreduce", {"calls": 0, "bytes": 0, "seconds": 0.0})
+                ag = ops.get("allgatherv", {"calls": 0, "bytes": 0, "seconds": 0.0})
+                if sub.rank == 0:
+                    T = args.trees
+                    row = {"ranks": R, "training": training, "n_total": int(args.rows), "fit_s": float(worst[0]),
+                           "hist_s": float(worst[1]), "allreduce_s": float(worst[2]), "split_s": float(worst[3]),
+                           "route_s": float(worst[4]), "bins_s": float(worst[5]), "accuracy": acc,
+                           "levels": st.get("levels"), "nodes": int(rf.tree_feature_.shape[0]),
+                           "allreduce_calls": ar["calls"], "allreduce_bytes": ar["bytes"],
+                           "allreduce_bytes_per_tree": ar["bytes"] / T,
+                           "allreduce_ms_per_tree": 1e3 * ar["seconds"] / T,
+                           "hist_ms_per_tree": 1e3 * float(worst[1]) / T,
+                           "allgatherv_bytes": ag["bytes"], "comm_seconds": prof.summary()["total_seconds"]}
+                    runs.append(row)
+                    print(f"ranks={R} {training:>6}: fit {row['fit_s']:.2f} s, accuracy {acc:.4f}, per tree: hist "
+                          f"{row['hist_ms_per_tree']:.1f} ms, allreduce {row['allreduce_ms_per_tree']:.1f} ms "
+                          f"({row['allreduce_bytes_per_tree'] / 2**20:.2f} MiB)", flush=True)
+                del rf
+            del X, y, Xt, yt
+            if use_gpu:
+                import cupy
+
+                cupy.get_default_memory_pool().free_all_blocks()
+        world.barrier()
+    if world.rank == 0:
+        with open(outfile, "w") as f:
+            json.dump({"runs": runs}, f)
+    return 0
+
+
+# ---------------------------------------------------------------------- the driver
+def _sklearn_baseline(args):
+    from sklearn.ensemble import RandomForestClassifier as SkClassifier
+
+    from ..comm import get_comm
+
+    n_sub = int(min(args.sklearn_rows, args.rows))
+    X, y, Xt, yt = _data(args, get_comm("self"), "cpu")
+    X, y = X[:n_sub], y[:n_sub]
+    rf = SkClassifier(args.trees, max_depth=args.depth, n_jobs=-1, random_state=0)
+    t0 = time.perf_counter()
+    rf.fit(X, y)
+    fit_s = time.perf_counter() - t0
+    return {"rows": n_sub, "fit_s": fit_s, "scaled_fit_s": fit_s * args.rows / n_sub, "cores": os.cpu_count(),
+            "accuracy": float(rf.score(Xt, yt))}
+
+
+def _plot(result, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    ax = axes[0]
+    for training, marker in (("global", "o-"), ("local", "s-")):
+        runs = [r for r in result["runs"] if r["training"] == training]
+        if runs:
+            ax.plot([r["ranks"] for r in runs], [r["fit_s"] for r in runs], marker, label=f"mpiml {training}")
+    sk = result.get("sklearn")
+    ranks = sorted({r["ranks"] for r in result["runs"]})
+    if sk and "scaled_fit_s" in sk:
+        ax.plot(ranks, [sk["scaled_fit_s"]] * len(ranks), "k--", label=f"scikit-learn, {sk['cores']} cores")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(ranks)
+    ax.set_xticklabels([str(r) for r in ranks])
+    ax.set_xlabel("ranks (" + ("GPUs" if result["device"] == "gpu" else "CPU processes") + ")")
+    ax.set_ylabel("training time (s)")
+    ax.set_title(f"n={result['rows']:.3g}, d={result['features']}, {result['trees']} trees, depth {result['depth']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    runs = [r for r in result["runs"] if r["training"] == "global"]
+    if runs:
+        x = np.arange(len(runs))
+        ax.bar(x - 0.2, [r["hist_ms_per_tree"] for r in runs], 0.4, label="histograms")
+        ax.bar(x + 0.2, [r["allreduce_ms_per_tree"] for r in runs], 0.4, label="allreduce")
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{r['ranks']} ({r['allreduce_bytes_per_tree'] / 2**20:.1f} MiB)" for r in runs])
+        ax.set_xlabel("ranks (allreduce bytes per tree)")
+        ax.set_ylabel("ms per tree (global training)")
+        ax.legend(fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _print_table(result):
+    sk = result.get("sklearn", {})
+    base = sk.get("scaled_fit_s")
+    print(f"\n{'training':<9}{'ranks':>6}{'fit s':>9}{'accuracy':>10}{'hist ms/tree':>14}{'allred ms/tree':>16}"
+          f"{'MiB/tree':>10}{'vs sklearn':>12}")
+    for r in result["runs"]:
+        speed = f"{base / r['fit_s']:.1f}x" if base else "-"
+        print(f"{r['training']:<9}{r['ranks']:>6}{r['fit_s']:>9.2f}{r['accuracy']:>10.4f}{r['hist_ms_per_tree']:>14.1f}"
+              f"{r['allreduce_ms_per_tree']:>16.2f}{r['allreduce_bytes_per_tree'] / 2**20:>10.2f}{speed:>12}")
+    if base:
+        print(f"scikit-learn ({sk['cores']} cores, {sk['rows']} rows): {sk['fit_s']:.2f} s, scaled to the full size "
+              f"{base:.2f} s, accuracy {sk['accuracy']:.4f}")
+
+
+def main(argv):
+    """Entry point of ``mpiml bench ml --algo rf``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    if args.worker:
+        return _worker(args, args.worker)
+    from ..comm import launched_by_mpi
+
+    if launched_by_mpi():
+        print("mpiml bench ml: run it from a plain process; it launches its own MPI jobs", file=sys.stderr)
+        return 2
+    from ._common import require_matplotlib
+
+    missing = require_matplotlib("its plot")
+    if missing:
+        print(f"mpiml bench ml: {missing}", file=sys.stderr)
+        return 2
+    from ..cli.run import _gpu_count, mpiexec_command
+
+    ngpu = _gpu_count() if args.device != "cpu" else 0
+    if args.device == "gpu" and not ngpu:
+        print("mpiml bench ml: --device gpu but CuPy sees no GPU", file=sys.stderr)
+        return 2
+    device = "gpu" if ngpu else "cpu"
+    if args.ranks is None:
+        args.ranks = ",".join(str(r) for r in (1, 2, 4, 8) if r <= ngpu) if ngpu else "1,2"
+    ranks = [int(r) for r in args.ranks.split(",")]
+    args.rows = args.rows or (1e7 if ngpu else 2e4)
+    args.test_rows = args.test_rows or min(1e6, max(args.rows / 10, 1000))
+    args.trees = args.trees or (100 if ngpu else 10)
+    args.sklearn_rows = args.sklearn_rows or (1e6 if ngpu else args.rows)
+    tag = args.tag or device
+    os.makedirs(args.out, exist_ok=True)
+    common = ["--algo", "rf", "--device", device, "--ranks", args.ranks, "--rows", str(args.rows), "--test-rows",
+              str(args.test_rows), "--features", str(args.features), "--classes", str(args.classes), "--trees",
+              str(args.trees), "--depth", str(args.depth), "--max-bins", str(args.max_bins), "--training",
+              args.training, "--dtype", args.dtype]
+    env = dict(os.environ)
+    if device == "cpu":
+        env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = "1"
+    with tempfile.TemporaryDirectory() as tmp:
+        wfile = os.path.join(tmp, "mpiml.json")
+        cmd = mpiexec_command(max(ranks), [])
+        cmd = cmd[:cmd.index("-m")] + ["-m", "mpiml", "bench", "ml", *common, "--worker", wfile]
+        print("launching: " + " ".join(cmd), flush=True)
+        code = subprocess.call(cmd, env=env)
+        if code != 0 or not os.path.exists(wfile):
+            print(f"mpiml bench ml: the MPI job failed (exit {code})", file=sys.stderr)
+            return 1
+        with open(wfile) as f:
+            result = json.load(f)
+    result.update({"algo": "rf", "device": device, "dtype": args.dtype, "rows": args.rows, "features": args.features,
+                   "classes": args.classes, "trees": args.trees, "depth": args.depth, "max_bins": args.max_bins,
+                   "machine": machine_info(), **stamp(["bench", "ml", *argv])})
+    if not args.no_sklearn:
+        result["sklearn"] = _sklearn_baseline(args)
+    base = os.path.join(args.out, f"ml_rf_{tag}")
+    with open(base + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    _plot(result, base + ".png")
+    _print_table(result)
+    print(f"wrote {base}.json and {base}.png")
+    return 0

@@ -1,0 +1,172 @@
+"""The data side of forest training: counter-based random numbers, global bins, histograms.
+
+Everything here is array-namespace code shared by NumPy and CuPy shards, so
+the CPU tests run what the GPU runs.
+
+* **Random numbers** come from a counter-based hash (splitmix64 finalisers)
+  of ``(seed, stream, a, b)``: a draw depends only on its key, never on the
+  rank that makes it, so bootstrap weights keyed by the *global* row index do
+  not depend on the number of ranks.
+* **Bins**: every rank keeps the rows whose hashed global index falls under a
+  fixed rate (all rows when the data set is small), the kept rows are
+  gathered, and every rank computes the same bin edges from the same sample.
+  A feature with at most ``max_bins`` distinct values in the sample gets one
+  bin per value (edges at the midpoints, as an exact tree would split);
+  otherwise edges are midpoints of evenly spaced order statistics.
+* **Histograms** are sums over rows of integer-valued float64 channels
+  (fixed-point weights), by ``bincount`` over a combined
+  ``(node, feature, bin, channel)`` key: every partial sum is an integer below
+  2**53, so sums are exact, in any order, on any number of ranks.
+"""
+
+import math
+
+import numpy as np
+
+__all__ = ["hash_uniform", "poisson_table", "poisson_weights", "poisson_max", "sample_rows", "bin_edges",
+           "apply_bins", "FIXED_POINT_BITS"]
+
+_C_STREAM = 0x9E3779B97F4A7C15
+_C_A = 0xBF58476D1CE4E5B9
+_C_B = 0x94D049BB133111EB
+_MASK = (1 << 64) - 1
+
+#: Fixed-point channels are scaled so that the sum of their magnitudes over all
+#: rows of all ranks stays below 2**FIXED_POINT_BITS (< 2**53: exact in float64).
+FIXED_POINT_BITS = 50
+
+#: Streams of the counter-based generator.
+STREAM_BOOTSTRAP = 1
+STREAM_FEATURES = 2
+STREAM_BINS = 3
+
+
+def _mix_int(z):
+    """The splitmix64 finaliser on a Python integer."""
+    z = ((z ^ (z >> 30)) * _C_A) & _MASK
+    z = ((z ^ (z >> 27)) * _C_B) & _MASK
+    return z ^ (z >> 31)
+
+
+def _mix(xp, z):
+    z = (z ^ (z >> xp.uint64(30))) * xp.uint64(_C_A)
+    z = (z ^ (z >> xp.uint64(27))) * xp.uint64(_C_B)
+    return z ^ (z >> xp.uint64(31))
+
+
+def hash_uniform(xp, seed, stream, a, b):
+    """Uniform floats in [0, 1) keyed by ``(seed, stream, a, b)``; ``b`` an integer array.
+
+    Parameters
+    ----------
+    xp : module
+        ``numpy`` or ``cupy``; the result lives there.
+    seed, stream, a : int
+        Python integers (the seed of the fit, the stream, e.g. a tree index).
+    b : ndarray of integers
+        Counters, e.g. global row indices.
+
+    Returns
+    -------
+    ndarray of float64, shape of ``b``
+    """
+    head = ((int(seed) * _C_STREAM) ^ (int(stream) << 56) ^ (int(a) * _C_A)) & _MASK
+    head = _mix_int(head)
+    with np.errstate(over="ignore"):
+        z = xp.asarray(b).astype(xp.uint64) * xp.uint64(_C_B) + xp.uint64(head)
+        z = _mix(xp, _mix(xp, z))
+    return (z >> xp.uint64(11)).astype(xp.float64) * (1.0 / (1 << 53))
+
+
+def poisson_table(lam, tail=1e-17):
+    """Cumulative Poisson(``lam``) probabilities, ending where the tail is below ``tail``."""
+    cdf, p, k = [], math.exp(-lam), 0
+    total = 0.0
+    while True:
+        total += p
+        cdf.append(total)
+        k += 1
+        p *= lam / k
+        if 1.0 - total < tail or k > 64:
+            break
+    return np.array(cdf[:-1], dtype=np.float64)
+
+
+def poisson_weights(xp, seed, tree, index, lam):
+    """Bootstrap weights: Poisson(``lam``) draws keyed by ``(seed, tree, index)`` (float64).
+
+    ``index`` are global row indices (global training) or local ones (local
+    training).  Inverse-CDF sampling on a short table: identical in NumPy and CuPy.
+    """
+    u = hash_uniform(xp, seed, STREAM_BOOTSTRAP, tree, index)
+    table = xp.asarray(poisson_table(lam))
+    return xp.searchsorted(table, u, side="right").astype(xp.float64)
+
+
+def poisson_max(lam):
+    """The largest weight :func:`poisson_weights` can return for ``lam``."""
+    return len(poisson_table(lam))
+
+
+def sample_rows(xp, seed, offset, n_local, n_total, target):
+    """Local rows kept for the bin sample: all of them when ``n_total <= target``.
+
+    A row is kept when the hash of its global index falls under
+    ``target / n_total``, so the sample does not depend on the rank count.
+    """
+    if n_total <= target:
+        return None
+    u = hash_uniform(xp, seed, STREAM_BINS, 0, xp.arange(offset, offset + n_local, dtype=xp.int64))
+    return xp.nonzero(u < target / n_total)[0]
+
+
+def bin_edges(sample, max_bins, exact):
+    """Bin edges and bin values of every feature from the gathered ``sample`` (host arrays).
+
+    Parameters
+    ----------
+    sample : ndarray of shape (n_sample, n_features)
+        The same rows on every rank (order does not matter).
+    max_bins : int
+        At most this many bins per feature.
+    exact : bool
+        True when the sample holds every row: a feature with at most
+        ``max_bins`` distinct values then records them as its bin values, so
+        that thresholds can sit half way between the values present in a node.
+
+    Returns
+    -------
+    edges : list of float64 arrays
+        Increasing thresholds; a value ``x`` falls in bin ``#(edges < x)``.
+    values : list of float64 arrays or None
+        The value of each bin where bins are single values, else None.
+    """
+    edges, values = [], []
+    for j in range(sample.shape[1]):
+        col = np.sort(np.asarray(sample[:, j], dtype=np.float64))
+        uniq = np.unique(col)
+        if len(uniq) <= max_bins:
+            e = (uniq[:-1] + uniq[1:]) / 2.0
+            # midpoints of adjacent floats can round up to the upper value
+            e = np.where(e >= uniq[1:], uniq[:-1], e)
+            edges.append(e)
+            values.append(uniq if exact else None)
+            continue
+        pos = np.linspace(0, len(col) - 1, max_bins + 1)[1:-1]
+        lo, hi = col[np.floor(pos).astype(np.int64)], col[np.ceil(pos).astype(np.int64)]
+        e = np.unique((lo + hi) / 2.0)
+        edges.append(e)
+        values.append(None)
+    return edges, values
+
+
+def apply_bins(X, edges, xp):
+    """Bin index of every entry of ``X`` (uint8 for up to 256 bins, else uint16)."""
+    n, d = X.shape
+    most = max((len(e) + 1 for e in edges), default=1)
+    dtype = xp.uint8 if most <= 256 else xp.uint16
+    out = xp.empty((n, d), dtype=dtype)
+    for j in range(d):
+        e = xp.asarray(edges[j])
+        out[:, j] = xp.searchsorted(e, X[:, j].astype(xp.float64), side="left").astype(dtype)
+    return out

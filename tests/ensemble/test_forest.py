@@ -1,0 +1,183 @@
+"""Single-process random forests: scikit-learn's estimator checks, accuracy on shipped data sets,
+model files, parameters and the flat tree arrays.
+
+Checks of scikit-learn's ``parametrize_with_checks`` that are expected to fail, and why:
+
+- ``check_sample_weight_equivalence_on_dense_data``: bootstrap weights are
+  Poisson draws per row, so integer sample weights and repeated rows draw
+  different bootstrap samples (scikit-learn marks the same check for its own
+  forests, whose bootstrap also draws per row).
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits
+from sklearn.ensemble import RandomForestClassifier as SkClassifier
+from sklearn.ensemble import RandomForestRegressor as SkRegressor
+from sklearn.model_selection import KFold
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import mpiml
+from mpiml.ensemble import RandomForestClassifier, RandomForestRegressor
+from mpiml.utils import InvalidParameterError
+
+_EXPECTED_FAILED = {
+    "check_sample_weight_equivalence_on_dense_data":
+        "per-row Poisson bootstrap: integer weights and repeated rows draw different samples",
+}
+
+
+@parametrize_with_checks([RandomForestClassifier(n_estimators=5, max_depth=6, random_state=0),
+                          RandomForestRegressor(n_estimators=5, max_depth=6, random_state=0)],
+                         expected_failed_checks=lambda est: _EXPECTED_FAILED)
+def test_sklearn_compatible(estimator, check):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check(estimator)
+
+
+@pytest.mark.parametrize("load,cls,sk_cls", [(load_digits, RandomForestClassifier, SkClassifier),
+                                              (load_breast_cancer, RandomForestClassifier, SkClassifier),
+                                              (load_diabetes, RandomForestRegressor, SkRegressor)])
+def test_shipped_data_sets_within_one_percent(load, cls, sk_cls):
+    """Accuracy / R^2 over 5 folds within 0.01 of scikit-learn's forest with the same parameters."""
+    X, y = load(return_X_y=True)
+    ours, theirs = [], []
+    for i, (tr, te) in enumerate(KFold(5, shuffle=True, random_state=0).split(X)):
+        params = dict(n_estimators=30, max_depth=8, random_state=i)
+        ours.append(cls(**params).fit(X[tr], y[tr]).score(X[te], y[te]))
+        theirs.append(sk_cls(**params).fit(X[tr], y[tr]).score(X[te], y[te]))
+    assert np.mean(ours) >= np.mean(theirs) - 0.01, (np.mean(ours), np.mean(theirs))
+
+
+@pytest.mark.parametrize("cls", [RandomForestClassifier, RandomForestRegressor])
+def test_model_file_round_trip(tmp_path, cls):
+    X, y = load_breast_cancer(return_X_y=True)
+    model = cls(n_estimators=4, max_depth=5, random_state=1).fit(X, y)
+    mpiml.save(model, tmp_path / "rf.mpiml")
+    back = mpiml.load(tmp_path / "rf.mpiml")
+    assert type(back) is cls and back.get_params() == model.get_params()
+    np.testing.assert_array_equal(back.predict(X), model.predict(X))
+    np.testing.assert_array_equal(back.apply(X), model.apply(X))
+    np.testing.assert_array_equal(back.feature_importances_, model.feature_importances_)
+    if cls is RandomForestClassifier:
+        np.testing.assert_array_equal(back.classes_, model.classes_)
+        np.testing.assert_array_equal(back.predict_proba(X), model.predict_proba(X))
+
+
+def test_string_labels_and_flat_trees():
+    X, y = load_breast_cancer(return_X_y=True)
+    labels = np.array(["benign", "malignant"])[y]
+    rf = RandomForestClassifier(n_estimators=3, max_depth=4, random_state=0).fit(X, labels)
+    assert list(rf.classes_) == ["benign", "malignant"] and rf.n_classes_ == 2
+    assert set(rf.predict(X)) <= {"benign", "malignant"}
+    leaves = rf.apply(X)
+    assert leaves.shape == (X.shape[0], 3)
+    proba = np.zeros((X.shape[0], 2))
+    for t in range(3):
+        tree = rf.get_tree(t)
+        assert (tree["feature"][leaves[:, t]] == -2).all()
+        node = np.zeros(X.shape[0], dtype=np.int64)          # walk the tree by hand
+        for _ in range(5):
+            f = tree["feature"][node]
+            inner = f >= 0
+            go_left = X[np.arange(len(X)), np.where(inner, f, 0)] <= tree["threshold"][node]
+            node = np.where(inner, np.where(go_left, tree["children_left"][node], tree["children_right"][node]), node)
+        np.testing.assert_array_equal(node, leaves[:, t])
+        proba += tree["value"][node]
+    np.testing.assert_allclose(proba / 3, rf.predict_proba(X))
+    imp = rf.feature_importances_
+    assert imp.shape == (X.shape[1],) and abs(imp.sum() - 1) < 1e-12 and (imp >= 0).all()
+
+
+@pytest.mark.parametrize("kind,extra", [("gini", {}), ("entropy", {"class_weight": {0: 1.0, 1: 2.5}}),
+                                        ("squared_error", {}), ("gini", {"min_samples_leaf": 7}),
+                                        ("squared_error", {"min_samples_leaf": 5, "min_samples_split": 30})])
+def test_exact_splits_match_scikit_learn(kind, extra):
+    """Few distinct values, no bootstrap, all features: the tree is scikit-learn's (values, thresholds)."""
+    rs = np.random.RandomState(0)
+    X = rs.randint(0, 20, size=(300, 4)).astype(float) + rs.randint(0, 7, size=4) * 0.25
+    noise = rs.rand(300)
+    params = dict(n_estimators=1, bootstrap=False, max_features=None, max_depth=3, random_state=0, criterion=kind,
+                  **extra)
+    if kind == "squared_error":
+        y = X[:, 0] + 2 * X[:, 1] + 3 * noise - 30.0             # targets of both signs
+        ours, theirs = RandomForestRegressor(**params).fit(X, y), SkRegressor(**params).fit(X, y)
+        np.testing.assert_allclose(ours.predict(X), theirs.predict(X), rtol=1e-12)
+    else:
+        y = (X[:, 0] + 2 * X[:, 1] > 25).astype(int) ^ (noise < 0.1)
+        ours, theirs = RandomForestClassifier(**params).fit(X, y), SkClassifier(**params).fit(X, y)
+        np.testing.assert_allclose(ours.predict_proba(X), theirs.predict_proba(X), rtol=1e-12)
+    tree = theirs.estimators_[0].tree_
+    inner = tree.feature >= 0
+    assert sorted(ours.tree_threshold_[ours.tree_feature_ >= 0]) == pytest.approx(sorted(tree.threshold[inner]))
+    np.testing.assert_allclose(ours.feature_importances_, theirs.feature_importances_, rtol=1e-9, atol=1e-12)
+
+
+def test_constant_features_are_skipped_like_scikit_learn():
+    """When every drawn feature is constant in a node, further features are drawn (scikit-learn's rule)."""
+    from sklearn.datasets import make_classification
+
+    X, y = make_classification(1200, 4, n_informative=3, n_redundant=0, random_state=0)
+    X = np.hstack([np.zeros((1200, 8)), X, np.ones((1200, 8))])
+    params = dict(n_estimators=20, max_features=1, max_depth=8, random_state=0)
+    ours = RandomForestClassifier(**params).fit(X[:800], y[:800])
+    theirs = SkClassifier(**params).fit(X[:800], y[:800])
+    assert ours.score(X[800:], y[800:]) >= theirs.score(X[800:], y[800:]) - 0.02
+    assert ours.tree_feature_.shape[0] > 0.8 * sum(e.tree_.node_count for e in theirs.estimators_)
+    assert set(np.unique(ours.tree_feature_)) <= {-2, 8, 9, 10, 11}
+
+
+def test_small_regression_with_targets_of_both_signs():
+    """Few rows: one bin per value; bins are found non-empty from the weights, whatever the sign of y."""
+    from sklearn.datasets import make_regression
+
+    X, y = make_regression(n_samples=400, n_features=8, n_informative=5, noise=10.0, random_state=0)
+    params = dict(n_estimators=10, max_depth=6, random_state=0)
+    ours = RandomForestRegressor(**params).fit(X[:60], y[:60]).score(X[200:], y[200:])
+    theirs = SkRegressor(**params).fit(X[:60], y[:60]).score(X[200:], y[200:])
+    assert ours >= theirs - 0.1, (ours, theirs)
+
+
+def test_float32_and_sample_weight():
+    X, y = load_diabetes(return_X_y=True)
+    X32 = X.astype(np.float32)
+    rf = RandomForestRegressor(n_estimators=3, max_depth=4, random_state=0).fit(X32, y)
+    assert rf.predict(X32).dtype == np.float64
+    w = np.ones(len(y))
+    a = RandomForestRegressor(n_estimators=3, max_depth=4, random_state=0).fit(X, y, sample_weight=w)
+    b = RandomForestRegressor(n_estimators=3, max_depth=4, random_state=0).fit(X, y)
+    np.testing.assert_array_equal(a.predict(X), b.predict(X))
+    w[y > np.median(y)] = 0.0                                # zero weight: those rows are left out
+    X = np.round(X * 100)                                    # few distinct values: one bin each, either way
+    params = dict(n_estimators=2, max_depth=4, bootstrap=False, random_state=0)
+    c = RandomForestRegressor(**params).fit(X, y, sample_weight=w)
+    d = RandomForestRegressor(**params).fit(X[w > 0], y[w > 0])
+    assert c.predict(X).max() <= np.median(y)
+    assert c.tree_n_node_samples_[0] == (w > 0).sum()
+    np.testing.assert_array_equal(c.predict(X), d.predict(X))
+
+
+@pytest.mark.parametrize("params,match", [
+    ({"n_estimators": 0}, "The 'n_estimators' parameter of RandomForestClassifier must be an int in the range"),
+    ({"max_bins": 300}, "The 'max_bins' parameter"),
+    ({"training": "ring"}, "The 'training' parameter"),
+    ({"max_features": "auto"}, "The 'max_features' parameter"),
+    ({"criterion": "squared_error"}, "The 'criterion' parameter"),
+])
+def test_invalid_parameters(params, match):
+    with pytest.raises(InvalidParameterError, match=match):
+        RandomForestClassifier(**params).fit([[0.0], [1.0]], [0, 1])
+
+
+def test_bootstrap_options():
+    X, y = load_breast_cancer(return_X_y=True)
+    with pytest.raises(ValueError, match="max_samples"):
+        RandomForestClassifier(n_estimators=2, max_samples=10**6).fit(X, y)
+    with pytest.raises(ValueError, match="bootstrap=False"):
+        RandomForestClassifier(n_estimators=2, bootstrap=False, max_samples=0.5).fit(X, y)
+    small = RandomForestClassifier(n_estimators=2, max_samples=0.2, max_depth=1, random_state=0).fit(X, y)
+    # the root's rows are about a fifth of the data (Poisson(0.2) weights: rows drawn at least once)
+    assert 0.12 * len(y) < small.tree_n_node_samples_[0] < 0.25 * len(y)
