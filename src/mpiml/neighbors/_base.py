@@ -37,7 +37,8 @@ class _NeighborsBase(SPMDEstimator):
         "n_jobs": [None, Integral],
         "exchange": [StrOptions(set(EXCHANGES))],
     }
-    _payload_columns = 0  # targets carried with the index rows (set by the supervised subclasses)
+    #: Model files also hold the index and its targets (see _get_saved_state).
+    _saved_attributes = ("n_samples_fit_", "effective_metric_", "effective_metric_params_")
 
     # ------------------------------------------------------------------ fit
     def _fit_index(self, X, Y=None):

@@ -102,10 +102,11 @@ def local_topk(Q, X, k, metric, xp):
 def merge_topk(dist, gidx, pay, new_dist, new_gidx, new_pay, k, xp):
     """Keep the ``k`` smallest of two candidate lists per row, ordered by (distance, global index)."""
     if dist is None:
-        return new_dist[:, :k], new_gidx[:, :k], None if new_pay is None else new_pay[:, :k]
-    D = xp.concatenate([dist, new_dist], axis=1)
-    G = xp.concatenate([gidx, new_gidx], axis=1)
-    P = None if pay is None else xp.concatenate([pay, new_pay], axis=1)
+        D, G, P = new_dist, new_gidx, new_pay
+    else:
+        D = xp.concatenate([dist, new_dist], axis=1)
+        G = xp.concatenate([gidx, new_gidx], axis=1)
+        P = None if pay is None else xp.concatenate([pay, new_pay], axis=1)
     first = xp.argsort(G, axis=1, kind="stable")
     D, G = xp.take_along_axis(D, first, axis=1), xp.take_along_axis(G, first, axis=1)
     order = xp.argsort(D, axis=1, kind="stable")[:, :k]
@@ -113,6 +114,20 @@ def merge_topk(dist, gidx, pay, new_dist, new_gidx, new_pay, k, xp):
         P = xp.take_along_axis(xp.take_along_axis(P, first[..., None] if P.ndim == 3 else first, axis=1),
                                order[..., None] if P.ndim == 3 else order, axis=1)
     return xp.take_along_axis(D, order, axis=1), xp.take_along_axis(G, order, axis=1), P
+
+
+def _exact_sq(Q, X, idx, xp):
+    """Squared distances of each query to its selected rows, by differences (no cancellation).
+
+    The GEMM form selects the candidates; their reported distances are recomputed so
+    that a query equal to an index row is at distance exactly 0 (as in scikit-learn).
+    """
+    out = xp.empty(idx.shape, dtype=Q.dtype)
+    step = max(1, int(_HOST_BLOCK_BYTES // max(1, idx.shape[1] * Q.shape[1] * Q.dtype.itemsize)))
+    for s in range(0, Q.shape[0], step):
+        diff = X[idx[s:s + step]] - Q[s:s + step, None, :]
+        out[s:s + step] = (diff * diff).sum(axis=2)
+    return out
 
 
 # ---------------------------------------------------------------------- the ring
@@ -131,6 +146,9 @@ def _search_block(Q, block, k, metric, state, xp):
         return state
     kk = min(k, m)
     d, i = local_topk(Q, block.X, kk, metric, xp)
+    if metric in ("euclidean", "sqeuclidean"):
+        d = _exact_sq(Q, block.X, i, xp)
+        d = xp.sqrt(d) if metric == "euclidean" else d
     pay = None
     if block.Y is not None:
         pay = block.Y[i]  # (nq, kk, t)
