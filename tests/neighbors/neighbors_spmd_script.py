@@ -117,6 +117,21 @@ def check_kneighbors():
         G = nn.kneighbors_graph(Ql, n_neighbors=3, mode="distance").toarray()
         Gr = sk.NearestNeighbors(n_neighbors=3, algorithm="brute").fit(X).kneighbors_graph(shard(Q), mode="distance")
         assert_close(G, Gr.toarray(), "kneighbors_graph", rtol=1e-9, atol=1e-9)
+        for ex in EXCHANGES:
+            rn = NearestNeighbors(radius=2.5, exchange=ex).fit(Xl)
+            rd, ri = rn.radius_neighbors(Ql)
+            Dq = np.sqrt(pairwise_distances(shard(Q), X, metric="sqeuclidean"))
+            ok = len(ri) == Ql.shape[0]
+            for r in range(len(ri)):
+                want = np.flatnonzero(Dq[r] <= 2.5)
+                want = want[np.lexsort((want, Dq[r][want]))]
+                ok &= np.array_equal(ri[r], want) and np.allclose(rd[r], Dq[r][want], rtol=1e-9, atol=1e-9)
+            check(ok, f"radius_neighbors {ex} skip_last={skip_last}")
+        rd, ri = NearestNeighbors(radius=2.0).fit(Xl).radius_neighbors()
+        ref_d, ref_i = sk.NearestNeighbors(radius=2.0, algorithm="brute").fit(X).radius_neighbors(sort_results=True)
+        b = bounds(X.shape[0], skip_last)
+        check(all(set(a.tolist()) == set(c.tolist()) for a, c in zip(ri, ref_i[b[rank]:b[rank + 1]])),
+              "radius_neighbors X=None")
         i_only = nn.kneighbors(Ql, n_neighbors=2, return_distance=False)
         check(i_only.shape == (Ql.shape[0], 2), f"return_distance=False shape {i_only.shape}")
 

@@ -14,7 +14,7 @@ import numpy as np
 from ..base import SPMDEstimator
 from ..utils._param_validation import Interval, StrOptions
 from ..utils._validation import row_counts, validate_data
-from ._ring import EXCHANGES, ring_kneighbors
+from ._ring import EXCHANGES, ring_kneighbors, ring_radius
 
 __all__ = ["NearestNeighbors"]
 
@@ -121,6 +121,45 @@ class _NeighborsBase(SPMDEstimator):
         dist, gidx, _, _ = self._search(X, n_neighbors, with_payload=False)
         return (dist, gidx) if return_distance else gidx
 
+    def radius_neighbors(self, X=None, radius=None, return_distance=True, sort_results=True):
+        """Every global index row within ``radius`` of each of this rank's queries (collective).
+
+        Meant for small radii: each query's neighbours are kept on this rank's host as
+        they are found.  Results are always sorted by (distance, global index);
+        ``sort_results`` is accepted for compatibility.
+
+        Returns
+        -------
+        neigh_dist : ndarray of shape (n_local_queries,) of arrays
+            Only when ``return_distance``.
+        neigh_ind : ndarray of shape (n_local_queries,) of int64 arrays
+        """
+        self._check_is_fitted("n_samples_fit_")
+        comm = self._get_comm()
+        radius = self.radius if radius is None else radius
+        if not radius >= 0:
+            raise ValueError(f"radius must be a non-negative number; got {radius!r}")
+        if X is None:
+            Q, xp = self._shard_X, _namespace(self._shard_X)
+        else:
+            Q, xp = validate_data(self, X, comm=comm, reset=False)
+            Q = Q.astype(self._shard_X.dtype, copy=False)
+        dists, inds = ring_radius(Q, self._shard_X, radius, metric=self.metric, comm=comm,
+                                  offsets=self._shard_offsets, counts=self._shard_counts, exchange=self.exchange,
+                                  xp=xp)
+        if X is None:
+            offset = int(self._shard_offsets[comm.rank])
+            for r in range(len(inds)):
+                keep = inds[r] != offset + r
+                dists[r], inds[r] = dists[r][keep], inds[r][keep]
+        neigh_ind = np.empty(len(inds), dtype=object)
+        neigh_ind[:] = inds
+        if not return_distance:
+            return neigh_ind
+        neigh_dist = np.empty(len(dists), dtype=object)
+        neigh_dist[:] = dists
+        return neigh_dist, neigh_ind
+
     def kneighbors_graph(self, X=None, n_neighbors=None, mode="connectivity"):
         """Sparse graph (CSR) of this rank's queries to their global neighbours.
 
@@ -203,7 +242,7 @@ class NearestNeighbors(_NeighborsBase):
     ----------
     n_neighbors : int, default=5
     radius : float, default=1.0
-        Accepted for compatibility (``radius_neighbors`` is not implemented yet).
+        Default radius of :meth:`radius_neighbors`.
     algorithm : {"auto", "brute"}, default="auto"
         Always brute force.
     leaf_size : int, default=30

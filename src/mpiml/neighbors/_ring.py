@@ -38,7 +38,7 @@ from .. import _config
 from .._array import is_device_array
 from .._errors import CommTimeoutError
 
-__all__ = ["EXCHANGES", "ring_kneighbors", "local_distances", "local_topk"]
+__all__ = ["EXCHANGES", "ring_kneighbors", "ring_radius", "ring_visit", "local_distances", "local_topk"]
 
 EXCHANGES = ("blocking", "overlap", "onesided")
 _TAG_X, _TAG_Y = 0x4E4E, 0x4E4F
@@ -169,26 +169,74 @@ def ring_kneighbors(Q, X, Y, k, *, metric, comm, offsets, counts, exchange, xp):
     -------
     dist (n_queries, k), global indices (n_queries, k) int64, payload (n_queries, k, t) or None.
     """
+    state = [(None, None, None)]
+
+    def visit(block):
+        state[0] = _search_block(Q, block, k, metric, state[0], xp)
+
+    ring_visit(_Block(X, Y, int(offsets[comm.rank])), visit, comm=comm, offsets=offsets, counts=counts,
+               exchange=exchange)
+    return state[0]
+
+
+def ring_radius(Q, X, radius, *, metric, comm, offsets, counts, exchange, xp):
+    """Every index row within ``radius`` of each query: per query, (distances, global indices) sorted."""
+    found = [[] for _ in range(Q.shape[0])]
+
+    def visit(block):
+        if block.X.shape[0] == 0 or Q.shape[0] == 0:
+            return
+        D = local_distances(Q, block.X, metric, xp)
+        # the GEMM form picks candidates with a little slack; exact distances decide below
+        slack = radius * 1e-6 + 1e-9 if metric in ("euclidean", "sqeuclidean") else 0.0
+        rows, cols = (a.get() if hasattr(a, "get") else a for a in xp.nonzero(D <= radius + slack))
+        if rows.size:
+            if metric in ("euclidean", "sqeuclidean"):
+                diff = block.X[cols] - Q[rows]
+                vals = (diff * diff).sum(axis=1)
+                vals = xp.sqrt(vals) if metric == "euclidean" else vals
+            else:
+                vals = D[rows, cols]
+            vals = vals.get() if hasattr(vals, "get") else vals
+            for r in np.unique(rows):
+                sel = rows == r
+                found[r].append((vals[sel], cols[sel] + block.offset))
+
+    ring_visit(_Block(X, None, int(offsets[comm.rank])), visit, comm=comm, offsets=offsets, counts=counts,
+               exchange=exchange)
+    out_d, out_i = [], []
+    for parts in found:
+        d = np.concatenate([p[0] for p in parts]) if parts else np.empty(0)
+        g = np.concatenate([p[1] for p in parts]).astype(np.int64) if parts else np.empty(0, np.int64)
+        keep = d <= radius  # the exact distances decide, not the GEMM form
+        d, g = d[keep], g[keep]
+        order = np.lexsort((g, d))
+        out_d.append(d[order])
+        out_i.append(g[order])
+    return out_d, out_i
+
+
+def ring_visit(home, visit, *, comm, offsets, counts, exchange):
+    """Call ``visit(block)`` on every rank's index block, this rank's first (see module notes)."""
     p, r = comm.size, comm.rank
-    state = (None, None, None)
-    home = _Block(X, Y, int(offsets[r]))
     if p == 1:
-        return _search_block(Q, home, k, metric, state, xp)
+        visit(home)
+        return
     if exchange == "onesided":
-        return _ring_onesided(Q, home, k, metric, comm, offsets, counts, state, xp)
+        _ring_onesided(home, visit, comm, offsets, counts)
+        return
     right, left = (r + 1) % p, (r - 1) % p
     cur = home
     for s in range(p):
         src = (r - s - 1) % p  # owner of the block that arrives for step s + 1
         if exchange == "overlap" and s < p - 1:
             reqs = _post(cur, right, left, comm)
-            state = _search_block(Q, cur, k, metric, state, xp)
+            visit(cur)
             cur = _finish(reqs, int(offsets[src]))
         else:
-            state = _search_block(Q, cur, k, metric, state, xp)
+            visit(cur)
             if s < p - 1:
                 cur = _finish(_post(cur, right, left, comm), int(offsets[src]))
-    return state
 
 
 def _post(block, right, left, comm):
@@ -309,8 +357,9 @@ def _unpack(buf, d, x_dtype, t, offset, xp):
     return _Block(X if xp is np else xp.asarray(X), Y, offset)
 
 
-def _ring_onesided(Q, home, k, metric, comm, offsets, counts, state, xp):
+def _ring_onesided(home, visit, comm, offsets, counts):
     p, r = comm.size, comm.rank
+    xp = np if isinstance(home.X, np.ndarray) else _namespace(home.X)
     d, x_dtype = home.X.shape[1], home.X.dtype
     t = None if home.Y is None else home.Y.shape[1]
     row_bytes = d * np.dtype(x_dtype).itemsize + (0 if t is None else 8 * t)
@@ -321,10 +370,15 @@ def _ring_onesided(Q, home, k, metric, comm, offsets, counts, state, xp):
         for s in range(p):
             if s < p - 1:
                 win.put(right, (s + 1) % _SLOTS, _pack(cur))
-            state = _search_block(Q, cur, k, metric, state, xp)
+            visit(cur)
             if s < p - 1:
                 cur = _unpack(win.take((s + 1) % _SLOTS), d, x_dtype, t, int(offsets[(r - s - 1) % p]), xp)
         _mpi_comm(comm).Barrier()  # nobody frees the window while a peer still reads its flags
     finally:
         win.free()
-    return state
+
+
+def _namespace(a):
+    from .._array import get_namespace
+
+    return get_namespace(a)
