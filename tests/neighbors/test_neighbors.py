@@ -63,3 +63,11 @@ def test_n_jobs_and_algorithm_are_accepted():
     a = KNeighborsClassifier(algorithm="brute", n_jobs=4).fit(X, y).predict_proba(X)
     b = sk.KNeighborsClassifier(algorithm="brute").fit(X, y).predict_proba(X)
     np.testing.assert_allclose(a, b)
+
+
+def test_tie_across_the_kth_place_goes_to_the_lower_index():
+    # four rows at distance 1 compete for the 2nd and 3rd places: the partial selection may pick any two
+    X = np.array([[0.0, -1.0], [2.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
+    for ex in ("blocking", "overlap", "onesided"):
+        i = NearestNeighbors(n_neighbors=3, exchange=ex).fit(X).kneighbors(np.zeros((1, 2)), return_distance=False)
+        np.testing.assert_array_equal(i, [[5, 0, 2]])

@@ -93,10 +93,31 @@ def local_topk(Q, X, k, metric, xp):
     step = max(1, int(_HOST_BLOCK_BYTES // max(1, m * Q.dtype.itemsize)))
     for s in range(0, nq, step):
         D = local_distances(Q[s:s + step], X, metric, xp)
-        order = xp.argsort(D, axis=1, kind="stable")[:, :k]  # stable: equal distances keep index order
-        idx[s:s + step] = order
-        dist[s:s + step] = xp.take_along_axis(D, order, axis=1)
+        idx[s:s + step] = _smallest_k(D, k, xp)
+        dist[s:s + step] = xp.take_along_axis(D, idx[s:s + step], axis=1)
     return dist, idx
+
+
+def _smallest_k(D, k, xp):
+    """Column indices of the ``k`` smallest entries of every row, by (value, column).
+
+    A partial selection (``argpartition``) and a stable sort of the ``k`` picked; rows
+    where the ``k``-th value is tied with unpicked columns (the selection may have
+    taken a higher column) fall back to a stable sort of the whole row.
+    """
+    m = D.shape[1]
+    if k >= m:
+        return xp.argsort(D, axis=1, kind="stable")
+    P = xp.argpartition(D, k - 1, axis=1)[:, :k]
+    P = xp.sort(P, axis=1)  # column order first, so that the stable sort below breaks ties by column
+    V = xp.take_along_axis(D, P, axis=1)
+    order = xp.argsort(V, axis=1, kind="stable")
+    P = xp.take_along_axis(P, order, axis=1)
+    kth = xp.take_along_axis(V, order[:, -1:], axis=1)
+    tied = xp.nonzero((D <= kth).sum(axis=1) > k)[0]
+    if tied.size:
+        P[tied] = xp.argsort(D[tied], axis=1, kind="stable")[:, :k]
+    return P
 
 
 def merge_topk(dist, gidx, pay, new_dist, new_gidx, new_pay, k, xp):
@@ -309,11 +330,13 @@ class _SlotWindow:
 
     def wait_flag(self, target, slot, value, what):
         start = time.monotonic()
+        pause = 2e-5
         while self._flag(target, slot) != value:
             if self.deadline is not None and time.monotonic() - start > self.deadline:
                 raise CommTimeoutError(f"onesided k-NN ring: rank {self.rank} waited over {self.deadline} s "
                                        f"for {what} (rank {target}, slot {slot})")
-            time.sleep(0)
+            time.sleep(pause)  # back off: a spinning poller would steal the core of a computing peer
+            pause = min(2 * pause, 1e-3)
 
     def put(self, target, slot, payload):
         """Write ``payload`` (uint8) into ``slot`` of ``target`` once it is free, then raise its flag."""
