@@ -1,11 +1,11 @@
 """``mpiml bench ml --algo knn``: exact k-NN search with the three ring exchanges, against scikit-learn.
 
-The driver (a plain process) launches one MPI job of ``max(--ranks)`` ranks; inside
-it, sub-communicators of 1, 2, ... ranks (``split``) draw the same global index and
-query sets (``mpiml.datasets.make_blobs``: rows do not depend on the rank count),
+The driver (a plain process) launches one MPI job per rank count (idle ranks of a
+larger job would busy-poll a barrier beside the timed ones); each draws the same
+global index and query sets (``mpiml.datasets.make_blobs``: rows do not depend on the rank count),
 fit :class:`mpiml.neighbors.NearestNeighbors` and time ``kneighbors`` of every rank's
 queries with ``exchange="blocking"``, ``"overlap"`` and ``"onesided"`` (the slowest
-rank, best of ``--repeats``).  The table gives the percentage of the blocking time
+rank, best of ``--repeats``; the variants take turns, so drifts hit them alike).  The table gives the percentage of the blocking time
 saved by the other two, the measure of seed 003 (MaTEx: 2.7-5.9 % for nonblocking
 overlap, 9-27.6 % for one-sided puts into a three-slot buffer).  The driver also
 times scikit-learn's brute force (``n_jobs=-1``, every host core) on the gathered
@@ -77,28 +77,30 @@ def _worker(args, outfile):
         if sub is not None:
             X, Q = _data(args, sub, device)
             row = {"ranks": R}
-            first = None
-            for ex in EXCHANGES:
-                nn = NearestNeighbors(n_neighbors=args.k, metric=args.metric, exchange=ex, comm=sub).fit(X)
-                best = np.inf
-                for _ in range(args.repeats + 1):  # the first call warms up (kernels, windows)
+            models = {ex: NearestNeighbors(n_neighbors=args.k, metric=args.metric, exchange=ex, comm=sub).fit(X)
+                      for ex in EXCHANGES}
+            best = {ex: np.inf for ex in EXCHANGES}
+            found = {}
+            # the variants take turns (warm-up round first), so drifts of the machine hit them alike
+            for rep in range(args.repeats + 1):
+                for ex in EXCHANGES:
                     sub.barrier()
                     t0 = time.perf_counter()
-                    d, i = nn.kneighbors(Q)
+                    _, found[ex] = models[ex].kneighbors(Q)
                     if use_gpu:
                         import cupy
 
                         cupy.cuda.Device().synchronize()
                     t = np.array([time.perf_counter() - t0])
                     t = sub.allreduce(t, op="max") if sub.size > 1 else t
-                    best = min(best, float(t[0]))
-                if first is None:
-                    first = i
-                else:  # the variants must agree (they are tested to; a benchmark that disagreed would be void)
-                    same = np.array([float(bool((i == first).all()))])
+                    if rep:
+                        best[ex] = min(best[ex], float(t[0]))
+            for ex in EXCHANGES:
+                row[f"{ex}_s"] = best[ex]
+                if ex != "blocking":  # the variants must agree (they are tested to; else the timing is void)
+                    same = np.array([float(bool((found[ex] == found["blocking"]).all()))])
                     same = sub.allreduce(same, op="min") if sub.size > 1 else same
                     row[f"{ex}_identical"] = bool(same[0])
-                row[f"{ex}_s"] = best
             if sub.rank == 0:
                 for ex in EXCHANGES[1:]:
                     row[f"{ex}_saved_pct"] = 100.0 * (row["blocking_s"] - row[f"{ex}_s"]) / row["blocking_s"]
@@ -210,23 +212,25 @@ def main(argv):
     args.queries = args.queries or (1e5 if ngpu else 2e3)
     tag = args.tag or device
     os.makedirs(args.out, exist_ok=True)
-    common = ["--algo", "knn", "--device", device, "--ranks", args.ranks, "--rows", str(args.rows), "--queries",
-              str(args.queries), "--features", str(args.features), "--k", str(args.k), "--metric", args.metric,
-              "--repeats", str(args.repeats), "--dtype", args.dtype]
     env = dict(os.environ)
     if device == "cpu":
         env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = "1"
-    with tempfile.TemporaryDirectory() as tmp:
-        wfile = os.path.join(tmp, "mpiml.json")
-        cmd = mpiexec_command(max(ranks), [])
-        cmd = cmd[:cmd.index("-m")] + ["-m", "mpiml", "bench", "ml", *common, "--worker", wfile]
-        print("launching: " + " ".join(cmd), flush=True)
-        code = subprocess.call(cmd, env=env)
-        if code != 0 or not os.path.exists(wfile):
-            print(f"mpiml bench ml: the MPI job failed (exit {code})", file=sys.stderr)
-            return 1
-        with open(wfile) as f:
-            result = json.load(f)
+    result = {"runs": []}
+    for R in ranks:  # one job per rank count: no idle ranks busy-polling a barrier beside the timed ones
+        common = ["--algo", "knn", "--device", device, "--ranks", str(R), "--rows", str(args.rows), "--queries",
+                  str(args.queries), "--features", str(args.features), "--k", str(args.k), "--metric", args.metric,
+                  "--repeats", str(args.repeats), "--dtype", args.dtype]
+        with tempfile.TemporaryDirectory() as tmp:
+            wfile = os.path.join(tmp, "mpiml.json")
+            cmd = mpiexec_command(R, [])
+            cmd = cmd[:cmd.index("-m")] + ["-m", "mpiml", "bench", "ml", *common, "--worker", wfile]
+            print("launching: " + " ".join(cmd), flush=True)
+            code = subprocess.call(cmd, env=env)
+            if code != 0 or not os.path.exists(wfile):
+                print(f"mpiml bench ml: the MPI job failed (exit {code})", file=sys.stderr)
+                return 1
+            with open(wfile) as f:
+                result["runs"] += json.load(f)["runs"]
     result.update({"algo": "knn", "device": device, "dtype": args.dtype, "rows": args.rows, "queries": args.queries,
                    "features": args.features, "k": args.k, "metric": args.metric, "machine": machine_info(),
                    **stamp(["bench", "ml", *argv])})
