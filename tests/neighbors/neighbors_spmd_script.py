@@ -139,7 +139,7 @@ def check_kneighbors():
 def check_supervised():
     X, Q, y = data(1)
     labels = np.array(["ant", "bee", "cat", "dog"])[y]
-    Xl, Ql, yl, ll = shard(X, True), shard(Q), shard(y, True), shard(labels, True)
+    Xl, Ql, ll = shard(X, True), shard(Q), shard(labels, True)
     for weights in ("uniform", "distance"):
         ref = sk.KNeighborsClassifier(n_neighbors=5, weights=weights, algorithm="brute").fit(X, labels)
         for ex in EXCHANGES:
@@ -179,6 +179,11 @@ def check_errors():
     if rank == size - 1 and Qnan.shape[0]:
         Qnan[0, 1] = np.nan
     expect_error(lambda: nn.kneighbors(Qnan), ValueError, "NaN", "NaN in queries")
+    clf = KNeighborsClassifier(3).fit(shard(X), shard(np.arange(X.shape[0]) % 3))
+    ybad = shard(np.arange(Q.shape[0]) % 3)
+    if rank == 0:
+        ybad = ybad[:-1]
+    expect_error(lambda: clf.score(shard(Q), ybad), ValueError, "rows", "score with y too short on rank 0")
     # still usable after the errors (no rank left behind)
     d, _ = nn.kneighbors(shard(Q))
     check(d.shape == (shard(Q).shape[0], 3), "usable after errors")

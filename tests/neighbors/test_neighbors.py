@@ -1,4 +1,9 @@
-"""Nearest neighbours on one process: scikit-learn's common checks and the single-process contract."""
+"""Nearest neighbours on one process: scikit-learn's common checks and the single-process contract.
+
+No check of ``parametrize_with_checks`` is expected to fail.  The 5 skips are scikit-learn's own
+array-API checks, which skip themselves unless SCIPY_ARRAY_API=1 is set (mpiml takes NumPy or
+CuPy, not arbitrary array-API namespaces).
+"""
 
 import warnings
 

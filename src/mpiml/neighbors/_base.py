@@ -121,7 +121,7 @@ class _NeighborsBase(SPMDEstimator):
         dist, gidx, _, _ = self._search(X, n_neighbors, with_payload=False)
         return (dist, gidx) if return_distance else gidx
 
-    def radius_neighbors(self, X=None, radius=None, return_distance=True, sort_results=True):
+    def radius_neighbors(self, X=None, radius=None, return_distance=True, sort_results=False):
         """Every global index row within ``radius`` of each of this rank's queries (collective).
 
         Meant for small radii: each query's neighbours are kept on this rank's host as

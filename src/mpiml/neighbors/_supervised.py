@@ -9,6 +9,7 @@ import numpy as np
 from sklearn.base import ClassifierMixin, MultiOutputMixin, RegressorMixin
 
 from ..utils._param_validation import StrOptions
+from ..utils._validation import agree_on_error
 from ..linear_model._base import global_classes, validate_X_y
 from ._base import _NeighborsBase
 
@@ -30,6 +31,17 @@ def _weights(dist, weights, xp):
 def _global_sum(comm, values):
     values = np.ascontiguousarray(values, dtype=np.float64)
     return values if comm.size == 1 else comm.allreduce(values, algorithm="binomial")
+
+
+def _score_inputs(comm, n_pred, y, sample_weight):
+    """Host ``y`` and weights for a global score; a length mismatch on any rank raises on every rank."""
+    y = _to_host(y)
+    w = np.ones(y.shape[0]) if sample_weight is None else _to_host(sample_weight).astype(np.float64).ravel()
+    error = None
+    if y.shape[0] != n_pred or w.shape[0] != n_pred:
+        error = f"y has {y.shape[0]} rows and sample_weight {w.shape[0]}, but X has {n_pred}"
+    agree_on_error(comm, error, error_class=ValueError)
+    return y, w
 
 
 def _to_host(a):
@@ -149,10 +161,8 @@ class KNeighborsClassifier(ClassifierMixin, _SupervisedBase):
         """Mean accuracy over the queries of every rank (the same float on every rank)."""
         comm = self._get_comm()
         pred = _to_host(self.predict(X))
-        y = _to_host(y).ravel()
-        w = np.ones(y.shape[0]) if sample_weight is None else _to_host(sample_weight).astype(np.float64)
-        if y.shape[0] != pred.shape[0]:
-            raise ValueError(f"y has {y.shape[0]} rows but X has {pred.shape[0]}")
+        y, w = _score_inputs(comm, pred.shape[0], y, sample_weight)
+        y = y.ravel()
         tot = _global_sum(comm, [float(w[pred == y].sum()), float(w.sum())])
         return float(tot[0] / tot[1]) if tot[1] > 0 else 0.0
 
@@ -208,9 +218,9 @@ class KNeighborsRegressor(MultiOutputMixin, RegressorMixin, _SupervisedBase):
         comm = self._get_comm()
         P = _to_host(self.predict(X)).astype(np.float64)
         P = P[:, None] if P.ndim == 1 else P
-        Y = _to_host(y).astype(np.float64)
+        Y, w = _score_inputs(comm, P.shape[0], y, sample_weight)
+        Y = Y.astype(np.float64)
         Y = Y[:, None] if Y.ndim == 1 else Y
-        w = np.ones(Y.shape[0]) if sample_weight is None else _to_host(sample_weight).astype(np.float64)
         t = P.shape[1]
         first = _global_sum(comm, np.concatenate([[w.sum()], w @ Y if Y.shape[0] else np.zeros(t)]))
         mean = first[1:] / first[0]
