@@ -292,9 +292,15 @@ class _SlotWindow:
     """A circular buffer of three slots in every rank's memory, one int64 flag per slot.
 
     Layout of the window (bytes): ``[flag0 flag1 flag2 | slot0 | slot1 | slot2]``; a
-    slot holds ``[n_rows (int64) | X rows | Y rows]``.  Flags: 0 free, 1 full.  Every
-    access (also to the own window) is an RMA call inside a lock epoch, so the
-    separate and unified memory models both work.
+    slot holds ``[n_rows (int64) | X rows | Y rows]``.  Flags: 0 free, 1 full.
+
+    One passive-target epoch (``Lock_all``) spans the whole search: per-call exclusive
+    locks would wait for the target to enter MPI (MPICH has no asynchronous progress),
+    that is for its computation to end, which serialised the ring.  Flags are read and
+    written with atomic RMA (``Fetch_and_op`` with ``NO_OP``, ``Accumulate`` with
+    ``REPLACE``), so a rank polling its own flag while its neighbour raises it is well
+    defined; ``Flush`` completes each operation at the target, so a block is in place
+    before its flag goes up.
     """
 
     def __init__(self, raw, slot_bytes):
@@ -303,30 +309,31 @@ class _SlotWindow:
         self.MPI = MPI
         self.slot_bytes = int(slot_bytes)
         self.nbytes = 8 * _SLOTS + _SLOTS * self.slot_bytes
+        self.rank = raw.Get_rank()
         self.win = MPI.Win.Allocate(self.nbytes, disp_unit=1, comm=raw)
         mem = np.frombuffer(self.win.tomemory(), dtype=np.uint8)
-        self.win.Lock(raw.Get_rank())
-        mem[:] = 0
-        self.win.Unlock(raw.Get_rank())
-        self.rank = raw.Get_rank()
+        self.win.Lock(self.rank)
+        mem[:8 * _SLOTS] = 0
+        self.win.Unlock(self.rank)
         raw.Barrier()
+        self.win.Lock_all()
         self.deadline = _config.timeout()
 
     def _slot_disp(self, slot):
         return 8 * _SLOTS + slot * self.slot_bytes
 
     def _flag(self, target, slot):
-        buf = np.zeros(1, dtype=np.int64)
-        self.win.Lock(target, self.MPI.LOCK_SHARED)
-        self.win.Get([buf, self.MPI.INT64_T], target, target=(8 * slot, 1, self.MPI.INT64_T))
-        self.win.Unlock(target)
-        return int(buf[0])
+        out = np.zeros(1, dtype=np.int64)
+        self.win.Fetch_and_op([np.zeros(1, dtype=np.int64), self.MPI.INT64_T], [out, self.MPI.INT64_T], target,
+                              8 * slot, op=self.MPI.NO_OP)
+        self.win.Flush(target)
+        return int(out[0])
 
     def _set_flag(self, target, slot, value):
         buf = np.array([value], dtype=np.int64)
-        self.win.Lock(target, self.MPI.LOCK_EXCLUSIVE)
-        self.win.Put([buf, self.MPI.INT64_T], target, target=(8 * slot, 1, self.MPI.INT64_T))
-        self.win.Unlock(target)
+        self.win.Accumulate([buf, self.MPI.INT64_T], target, target=(8 * slot, 1, self.MPI.INT64_T),
+                            op=self.MPI.REPLACE)
+        self.win.Flush(target)
 
     def wait_flag(self, target, slot, value, what):
         start = time.monotonic()
@@ -341,22 +348,21 @@ class _SlotWindow:
     def put(self, target, slot, payload):
         """Write ``payload`` (uint8) into ``slot`` of ``target`` once it is free, then raise its flag."""
         self.wait_flag(target, slot, 0, "a free slot")
-        self.win.Lock(target, self.MPI.LOCK_EXCLUSIVE)
         self.win.Put([payload, self.MPI.BYTE], target, target=(self._slot_disp(slot), payload.size, self.MPI.BYTE))
-        self.win.Unlock(target)  # completes the put at the target before the flag goes up
+        self.win.Flush(target)  # the block is complete at the target before the flag goes up
         self._set_flag(target, slot, 1)
 
     def take(self, slot):
         """Wait for ``slot`` of this rank to be full; return a copy of its bytes."""
         self.wait_flag(self.rank, slot, 1, "a full slot")
         buf = np.empty(self.slot_bytes, dtype=np.uint8)
-        self.win.Lock(self.rank, self.MPI.LOCK_SHARED)
         self.win.Get([buf, self.MPI.BYTE], self.rank, target=(self._slot_disp(slot), self.slot_bytes, self.MPI.BYTE))
-        self.win.Unlock(self.rank)
+        self.win.Flush(self.rank)
         self._set_flag(self.rank, slot, 0)  # copied out: the sender may refill the slot
         return buf
 
     def free(self):
+        self.win.Unlock_all()
         self.win.Free()
 
 
