@@ -11,6 +11,7 @@ from numbers import Integral, Real
 
 import numpy as np
 
+from .._array import get_namespace
 from ..base import SPMDEstimator
 from ..utils._param_validation import Interval, StrOptions
 from ..utils._validation import row_counts, validate_data
@@ -70,7 +71,7 @@ class _NeighborsBase(SPMDEstimator):
         query_is_train = X is None
         if query_is_train:
             Q = self._shard_X
-            xp = np if isinstance(Q, np.ndarray) else _namespace(Q)
+            xp = get_namespace(Q)
             k_search = k + 1
         else:
             Q, xp = validate_data(self, X, comm=comm, reset=False)
@@ -81,7 +82,7 @@ class _NeighborsBase(SPMDEstimator):
         Xi = self._shard_X
         if Q.dtype != Xi.dtype:
             Q = Q.astype(Xi.dtype)
-        if _namespace(Q) is not _namespace(Xi):
+        if get_namespace(Q) is not get_namespace(Xi):
             # the kinds of queries and of the index were each agreed across ranks: every rank raises
             raise ValueError(f"queries are {'CuPy' if xp is not np else 'NumPy'} arrays but the index was fitted "
                              "on the other kind")
@@ -140,7 +141,7 @@ class _NeighborsBase(SPMDEstimator):
         if not radius >= 0:
             raise ValueError(f"radius must be a non-negative number; got {radius!r}")
         if X is None:
-            Q, xp = self._shard_X, _namespace(self._shard_X)
+            Q, xp = self._shard_X, get_namespace(self._shard_X)
         else:
             Q, xp = validate_data(self, X, comm=comm, reset=False)
             Q = Q.astype(self._shard_X.dtype, copy=False)
@@ -206,12 +207,6 @@ class _NeighborsBase(SPMDEstimator):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = False
         return tags
-
-
-def _namespace(a):
-    from .._array import get_namespace
-
-    return get_namespace(a)
 
 
 def _drop_self(dist, gidx, pay, offset, xp):

@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from .. import _config
-from .._array import is_device_array
+from .._array import get_namespace, is_device_array
 from .._errors import CommTimeoutError
 
 __all__ = ["EXCHANGES", "ring_kneighbors", "ring_radius", "ring_visit", "local_distances", "local_topk"]
@@ -131,9 +131,8 @@ def merge_topk(dist, gidx, pay, new_dist, new_gidx, new_pay, k, xp):
     first = xp.argsort(G, axis=1, kind="stable")
     D, G = xp.take_along_axis(D, first, axis=1), xp.take_along_axis(G, first, axis=1)
     order = xp.argsort(D, axis=1, kind="stable")[:, :k]
-    if P is not None:
-        P = xp.take_along_axis(xp.take_along_axis(P, first[..., None] if P.ndim == 3 else first, axis=1),
-                               order[..., None] if P.ndim == 3 else order, axis=1)
+    if P is not None:  # (n, candidates, t): the same permutations along axis 1
+        P = xp.take_along_axis(xp.take_along_axis(P, first[..., None], axis=1), order[..., None], axis=1)
     return xp.take_along_axis(D, order, axis=1), xp.take_along_axis(G, order, axis=1), P
 
 
@@ -388,7 +387,7 @@ def _unpack(buf, d, x_dtype, t, offset, xp):
 
 def _ring_onesided(home, visit, comm, offsets, counts):
     p, r = comm.size, comm.rank
-    xp = np if isinstance(home.X, np.ndarray) else _namespace(home.X)
+    xp = get_namespace(home.X)
     d, x_dtype = home.X.shape[1], home.X.dtype
     t = None if home.Y is None else home.Y.shape[1]
     row_bytes = d * np.dtype(x_dtype).itemsize + (0 if t is None else 8 * t)
@@ -405,9 +404,3 @@ def _ring_onesided(home, visit, comm, offsets, counts):
         _mpi_comm(comm).Barrier()  # nobody frees the window while a peer still reads its flags
     finally:
         win.free()
-
-
-def _namespace(a):
-    from .._array import get_namespace
-
-    return get_namespace(a)

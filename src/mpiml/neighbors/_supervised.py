@@ -8,6 +8,7 @@ without asking other ranks for labels afterwards.
 import numpy as np
 from sklearn.base import ClassifierMixin, MultiOutputMixin, RegressorMixin
 
+from .._array import get_namespace
 from ..utils._param_validation import StrOptions
 from ..utils._validation import agree_on_error
 from ..linear_model._base import global_classes, validate_X_y
@@ -154,7 +155,7 @@ class KNeighborsClassifier(ClassifierMixin, _SupervisedBase):
         proba = self.predict_proba(X)
         best = _to_host(proba.argmax(axis=1))
         out = self.classes_[best]
-        xp = _namespace_of(proba)
+        xp = get_namespace(proba)
         return out if xp is np or out.dtype.kind not in "biuf" else xp.asarray(out)
 
     def score(self, X, y, sample_weight=None):
@@ -235,9 +236,3 @@ class KNeighborsRegressor(MultiOutputMixin, RegressorMixin, _SupervisedBase):
         if "_y_1d" in state:
             self._y_1d = bool(state.pop("_y_1d"))
         super()._set_saved_state(state)
-
-
-def _namespace_of(a):
-    from .._array import get_namespace
-
-    return get_namespace(a)
