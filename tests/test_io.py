@@ -14,6 +14,7 @@ from mpiml.comm import get_comm
 from mpiml.utils._testing import MinimalSPMDTransformer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT_SRC = os.path.join(os.path.dirname(HERE), "src")
 
 
 @pytest.fixture
@@ -255,3 +256,45 @@ guarded(main, comm)
 @pytest.mark.parametrize("n", [2, 3])
 def test_save_on_ranks(mpi, tmp_path, n):
     mpi(None, n, str(tmp_path), code=SPMD_SAVE, timeout=120)
+
+
+@pytest.mark.parametrize("module, qualname", [
+    ("mpiml.__main__", "KMeans"), ("mpiml.cli.__main__", "KMeans"), ("mpiml.cli", "main"), ("os", "KMeans"),
+    ("mpiml.cluster._kmeans", "os"), ("mpiml.dask.cluster", "KMeans"),
+])
+def test_loading_imports_nothing_the_file_names(tmp_path, fitted, module, qualname):
+    """The class comes from a fixed registry: a file naming any other module imports nothing."""
+    import subprocess
+    import sys
+
+    good, path = tmp_path / "good.mpiml", tmp_path / "m.mpiml"
+    mpiml.save(fitted[0], good)
+    mpiml.save(fitted[0], path)
+
+    def edit(entries):
+        meta = json.loads(entries["meta.json"])
+        meta["class"] = {"module": module, "qualname": qualname}
+        entries["meta.json"] = json.dumps(meta).encode()
+
+    _rewrite(path, edit)
+    # in a fresh interpreter, so that what loading imports is visible in sys.modules; a valid file
+    # is loaded first, so the loader's own modules are there already
+    code = (f"import sys, mpiml\nmpiml.load({str(good)!r})\nbefore = set(sys.modules)\n"
+            f"try:\n    mpiml.load({str(path)!r})\n"
+            f"except mpiml.ModelFileError as e:\n    print('refused:', e)\n"
+            f"print('new modules:', sorted(set(sys.modules) - before))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": ROOT_SRC})
+    assert "refused:" in proc.stdout and "not an mpiml estimator this version can load" in proc.stdout, \
+        proc.stdout + proc.stderr
+    assert "new modules: []" in proc.stdout, proc.stdout
+
+
+def test_only_registered_classes_are_saved(tmp_path, fitted):
+    class Subclass(type(fitted[0])):
+        pass
+
+    model = Subclass(**fitted[0].get_params())
+    model.__dict__.update({k: v for k, v in fitted[0].__dict__.items() if k.endswith("_")})
+    with pytest.raises(TypeError, match="not in mpiml's registry"):
+        mpiml.save(model, tmp_path / "m.mpiml")

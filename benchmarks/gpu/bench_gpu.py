@@ -24,7 +24,7 @@ from cupy.cuda import nccl
 
 from mpiml.bench._graphs import time_eager, time_graph
 from mpiml.comm import get_comm
-from mpiml.comm.backends._device import bind_device
+from mpiml import init
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
@@ -36,7 +36,7 @@ args = ap.parse_args()
 
 os.environ.setdefault("MPIML_CHECK", "0")
 comm = get_comm()
-bind_device(comm)
+init(device="gpu")  # local rank mod visible GPUs
 P, R = comm.size, comm.rank
 stream = cp.cuda.Stream(non_blocking=True)
 stream.use()

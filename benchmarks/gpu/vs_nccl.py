@@ -43,7 +43,7 @@ from cupy.cuda import nccl
 
 from mpiml.bench._graphs import capture
 from mpiml.comm import get_comm
-from mpiml.comm.backends._device import bind_device
+from mpiml import init
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
@@ -61,7 +61,7 @@ args = ap.parse_args()
 os.environ.setdefault("MPIML_CHECK", "0")  # the peer checks nothing either
 os.environ.setdefault("MPIML_TIMEOUT", "30")  # a stuck path is an error row, not a hung sweep
 comm = get_comm()
-bind_device(comm)
+init(device="gpu")  # local rank mod visible GPUs
 P, R = comm.size, comm.rank
 stream = cp.cuda.Stream(non_blocking=True)
 stream.use()

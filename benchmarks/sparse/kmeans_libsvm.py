@@ -85,6 +85,8 @@ def main():
     same_labels = comm.allreduce_obj(int(np.array_equal(a.labels_, b.labels_)), op="min") == 1
     rel_inertia = abs(a.inertia_ - b.inertia_) / max(b.inertia_, 1e-300)
     max_centre = float(np.abs(a.cluster_centers_ - b.cluster_centers_).max())
+    slice_rows = int(comm.allreduce_obj(int(Xc.shape[0])))
+    allreduce_bytes = comm.allgather_obj(prof.summary()["ops"].get("allreduce", {}).get("bytes"))[0]
 
     if comm.rank == 0:
         dense_gib = args.rows * args.features * 8 / 2**30
@@ -95,8 +97,8 @@ def main():
             "rows_per_rank": rows, "load_seconds": t_load, "fit_seconds": t_fit, "iterations": km.n_iter_,
             "inertia": km.inertia_, "peak_rss_mib_per_rank": peaks, "rss_before_load_mib": rss0,
             "dense_matrix_gib_total": dense_gib,
-            "allreduce_bytes_per_call": prof.summary()["ops"].get("allreduce", {}).get("bytes", None),
-            "slice_check": {"rows": int(comm.allreduce_obj(int(Xc.shape[0]))), "columns": int(len(cols)),
+            "allreduce_bytes": allreduce_bytes,
+            "slice_check": {"rows": slice_rows, "columns": int(len(cols)),
                             "labels_equal": same_labels, "inertia_rel_diff": rel_inertia,
                             "max_centre_abs_diff": max_centre},
         }

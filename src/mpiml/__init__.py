@@ -14,6 +14,9 @@ from ._errors import (  # noqa: E402
 )
 from .comm._profile import profile  # noqa: E402
 from ._init import device_info, init  # noqa: E402
+from ._abort import install_abort_hook as _install_abort_hook  # noqa: E402
+
+_install_abort_hook()  # under an MPI launch of several ranks: an unhandled exception aborts the job
 
 __all__ = [
     "__version__", "init", "device_info", "profile", "save", "load", "get_comm",

@@ -29,9 +29,12 @@ def env_number(name, default, *, kind=int, minimum=None, maximum=None, unit=""):
     return value
 
 
+DEFAULT_TIMEOUT = 600.0  # seconds, as PyTorch's process groups: finite, so a lost peer is an error
+
+
 def timeout():
-    """Seconds any blocking wait may take (``MPIML_TIMEOUT``); ``None`` means wait forever."""
-    value = env_number("MPIML_TIMEOUT", 0.0, kind=float, unit="seconds")
+    """Seconds any blocking wait may take (``MPIML_TIMEOUT``, default 600); ``None`` (0) means forever."""
+    value = env_number("MPIML_TIMEOUT", DEFAULT_TIMEOUT, kind=float, unit="seconds")
     return value if value > 0 else None
 
 

@@ -23,7 +23,6 @@ import importlib
 import io
 import json
 import os
-import re
 import secrets
 import zipfile
 
@@ -38,7 +37,6 @@ FORMAT_NAME = "mpiml-model"
 FORMAT_VERSION = 1
 _META = "meta.json"
 _SUM = "SHA256SUM"
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class ModelFileError(MpimlError, ValueError):
@@ -131,8 +129,9 @@ def _payload(model):
         raise TypeError(f"only mpiml estimators can be saved; got {type(model).__module__}."
                         f"{type(model).__qualname__}")
     cls = type(model)
-    if not cls.__module__.startswith("mpiml.") and cls.__module__ != "mpiml":
-        raise TypeError(f"{cls.__module__}.{cls.__qualname__} is not an mpiml class: load() would refuse it")
+    if not _registered(cls):
+        raise TypeError(f"{cls.__module__}.{cls.__qualname__} is not in mpiml's registry of estimator classes "
+                        "(mpiml._io.REGISTRY): load() would refuse it")
     enc = _Encoder()
     params, replaced = {}, []
     for key, value in model.get_params(deep=False).items():
@@ -272,17 +271,39 @@ def _read_entries(path):
     return entries
 
 
+#: The classes a model file may name: class name -> the mpiml module that defines it. A file only
+#: chooses a key of this table; what gets imported is the value, written here, never text from the
+#: file. A new estimator family adds its line.
+REGISTRY = {
+    "KMeans": "mpiml.cluster._kmeans",
+    "LinearRegression": "mpiml.linear_model._least_squares",
+    "Ridge": "mpiml.linear_model._least_squares",
+    "LogisticRegression": "mpiml.linear_model._logistic",
+    "RandomForestClassifier": "mpiml.ensemble._forest",
+    "RandomForestRegressor": "mpiml.ensemble._forest",
+    "PCA": "mpiml.decomposition._pca",
+    "TruncatedSVD": "mpiml.decomposition._truncated_svd",
+    "NearestNeighbors": "mpiml.neighbors._base",
+    "KNeighborsClassifier": "mpiml.neighbors._supervised",
+    "KNeighborsRegressor": "mpiml.neighbors._supervised",
+    "MinimalSPMDTransformer": "mpiml.utils._testing",
+}
+
+
+def _registered(cls):
+    """Whether ``cls`` is the class the registry names (so that load would find it again)."""
+    return REGISTRY.get(cls.__qualname__) == cls.__module__
+
+
 def _resolve_class(info, path):
     from .base import SPMDEstimator
 
     module, qualname = info.get("module", ""), info.get("qualname", "")
-    if not isinstance(module, str) or not isinstance(qualname, str) or \
-            not (module == "mpiml" or module.startswith("mpiml.")) or \
-            not all(_IDENT.match(p) for p in module.split(".")) or not _IDENT.match(qualname):
-        raise ModelFileError(f"{path!r} names the class {module}.{qualname}, which is not an mpiml estimator; "
-                             "only classes of the mpiml package are loaded")
+    if not isinstance(module, str) or not isinstance(qualname, str) or REGISTRY.get(qualname) != module:
+        raise ModelFileError(f"{path!r} names the class {module}.{qualname}, which is not an mpiml estimator "
+                             f"this version can load (known: {sorted(REGISTRY)})")
     try:
-        cls = getattr(importlib.import_module(module), qualname)
+        cls = getattr(importlib.import_module(REGISTRY[qualname]), qualname)
     except (ImportError, AttributeError) as exc:
         raise ModelFileError(f"{path!r} names the class {module}.{qualname}, which this mpiml does not have") \
             from exc

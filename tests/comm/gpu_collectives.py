@@ -19,10 +19,10 @@ from _spmd import assert_close, check, guarded
 import cupy as cp  # noqa: E402
 
 from mpiml.comm import algorithm_names, get_comm  # noqa: E402
-from mpiml.comm.backends._device import bind_device  # noqa: E402
+from mpiml import init  # noqa: E402
 
 comm = get_comm()
-bind_device(comm)
+init(device="gpu")  # local rank mod visible GPUs
 P, R = comm.size, comm.rank
 BACKENDS = sys.argv[1].split(",")
 GRAPH = "--graph" in sys.argv

@@ -25,11 +25,11 @@ from mpi4py import MPI
 
 from mpiml import CommAbortedError, CommTimeoutError
 from mpiml.comm import get_comm
-from mpiml.comm.backends._device import bind_device
+from mpiml import init
 
 BACKEND, MODE = sys.argv[1], sys.argv[2]
 comm = get_comm()
-bind_device(comm)
+init(device="gpu")  # local rank mod visible GPUs
 world = MPI.COMM_WORLD
 victim = comm.size - 1
 survivors = world.Split(0 if comm.rank != victim else MPI.UNDEFINED, comm.rank)

@@ -16,7 +16,7 @@ import numpy as np
 from _spmd import assert_close, check
 
 import mpiml
-from mpiml import CollectiveMismatchError, CommTimeoutError
+from mpiml import CollectiveMismatchError, CommAbortedError, CommTimeoutError
 from mpiml.comm import Communicator
 
 DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
@@ -270,50 +270,62 @@ def expect_timeout(fn, *needles, limit=2.0):
         return exc
 
 
+def expect_dead(fn, what):
+    """After a failure the communicator returns no data: ``fn`` raises CommAbortedError naming it."""
+    try:
+        fn()
+        check(False, f"{what}: a call on a dead communicator returned")
+    except CommAbortedError as exc:
+        check("timed out" in str(exc), f"{what}: the abort does not name the first failure: {exc}")
+
+
 def test_timeouts(comm):
     p, r = comm.size, comm.rank
     if p == 1:
-        exc = expect_timeout(lambda: comm.recv(0, tag=99), "recv", limit=0.5)
+        c = Communicator(comm._world)
+        exc = expect_timeout(lambda: c.recv(0, tag=99), "recv", limit=0.5)
         check(exc is None or exc.peer == 0, "timeout names the wrong peer")
+        expect_dead(lambda: c.allreduce(np.ones(1)), "allreduce after a timed-out recv")
         return
-    # MPIML_TIMEOUT=2 only around the calls meant to time out; the others wait under the run's own
-    # a receive from a silent peer names the peer; the cancelled receive cannot swallow
-    # the message that comes later
+    # MPIML_TIMEOUT=2 only around the calls meant to time out; the others wait under the run's own.
+    # A receive from a silent peer names the peer, and the communicator is dead from then on on the
+    # rank that timed out: the message may still arrive later, so no call may return data
+    c = Communicator(comm._world)
     if r == 0:
-        exc = expect_timeout(lambda: comm.recv(1, tag=99), "recv")
+        exc = expect_timeout(lambda: c.recv(1, tag=99), "recv")
         check(exc is None or exc.peer == 1, f"recv timeout names peer {getattr(exc, 'peer', None)}")
+        expect_dead(lambda: c.recv(1, tag=99), "recv after a timed-out recv")
+        expect_dead(lambda: c.send(np.ones(1), 1), "send after a timed-out recv")
+        expect_dead(lambda: c.allreduce(np.ones(1)), "allreduce after a timed-out recv")
+        expect_dead(lambda: c.split(0), "split after a timed-out recv")
     comm.barrier()
-    if r == 1:
-        comm.send(np.arange(40.0), 0, tag=99)
-    elif r == 0:
-        assert_close(comm.recv(1, tag=99), np.arange(40.0), "message after a timed-out recv", exact=True)
     # the same inside asyncio
+    c = Communicator(comm._world)
     if r == 0:
         async def wait_silent():
-            return await comm.irecv(1, tag=98)
+            return await c.irecv(1, tag=98)
 
         expect_timeout(lambda: asyncio.run(wait_silent()), "recv")
+        expect_dead(lambda: c.bcast(np.ones(1)), "bcast after a timed-out await")
     comm.barrier()
-    if r == 1:
-        comm.send(np.ones(2), 0, tag=98)
-    elif r == 0:
-        assert_close(comm.recv(1, tag=98), np.ones(2), "message after a timed-out await", exact=True)
-    # a rank that is late for a native collective: the others raise, naming the op
-    x = np.full(4, float(r))
-    if r == p - 1:
-        time.sleep(3.0)
-        with env(MPIML_TIMEOUT=2):
-            got = comm.allreduce(x)
-        check(got[0] == sum(range(p)), f"the late rank's allreduce gave {got}")
-    else:
-        expect_timeout(lambda: comm.allreduce(x), "allreduce")
-    comm.barrier()  # the late rank's allreduce completes the pending ones
-    check(comm.allreduce(np.ones(1))[0] == p, "communicator unusable after a timeout")
+    # a rank that is late for a native collective: the others raise, naming the op, and their
+    # communicator is dead (native, ring and recursive doubling alike): no stale data later
+    for algorithm in ("native", "ring", "recursive_doubling"):
+        c = Communicator(comm._world)
+        x = np.full(4, float(r))
+        if r == p - 1:
+            time.sleep(2.5)
+        else:
+            expect_timeout(lambda: c.allreduce(x, algorithm=algorithm), "allreduce", limit=1.5)
+            expect_dead(lambda: c.allreduce(np.ones(1), algorithm=algorithm),
+                        f"allreduce[{algorithm}] after a timed-out one")
+        comm.barrier()
+    check(comm.allreduce(np.ones(1))[0] == p, "another communicator stays usable")
     # a rank that never calls an algorithm's collective, on a throwaway communicator
     spare = Communicator(comm._world)
     if r != p - 1:
         expect_timeout(lambda: spare.allreduce(x, algorithm="ring"), "allreduce")
-        expect_timeout(lambda: spare.bcast(x, root=p - 1, algorithm="binomial"), "bcast")
+        expect_dead(lambda: spare.bcast(x, root=p - 1, algorithm="binomial"), "bcast after a timed-out ring")
     comm.barrier()
 
 

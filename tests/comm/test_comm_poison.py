@@ -53,9 +53,8 @@ def test_poison_reaches_split_communicators_and_aborts_device_transports():
     assert dev.aborted is not None and "boom" in dev.aborted
     with pytest.raises(CommAbortedError):
         child.allreduce(np.ones(2))
-    later = comm.split(0)  # split after the failure: born aborted
-    with pytest.raises(CommAbortedError):
-        later.allreduce(np.ones(2))
+    with pytest.raises(CommAbortedError, match="boom"):  # a dead communicator makes no new ones:
+        comm.split(0)  # the split is collective, and the other ranks may never join it
     comm._device_transports.clear()
 
 

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from _slurm_cluster import slurm  # noqa: F401  (the fixture)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 JOB = r'''

@@ -84,3 +84,30 @@ class Progress:
         end = "\n" if self.done >= self.total else ""
         sys.stderr.write(f"\r{self.label} [{bar}] {self.done}/{self.total} {note:<40}{end}")
         sys.stderr.flush()
+
+
+def bench_launch_check(device, prog="mpiml bench ml"):
+    """The checks every benchmark driver makes before it launches its MPI jobs.
+
+    Returns ``(status, n_gpus)``: ``status`` is None when the driver may go on, else the
+    exit status (2) after a one-line message on stderr: run from a plain process (the
+    driver launches its own jobs), matplotlib for the plot, a GPU for ``--device gpu``.
+    """
+    import sys
+
+    from ..comm import launched_by_mpi
+
+    if launched_by_mpi():
+        print(f"{prog}: run it from a plain process; it launches its own MPI jobs", file=sys.stderr)
+        return 2, 0
+    missing = require_matplotlib("its plot")
+    if missing:
+        print(f"{prog}: {missing}", file=sys.stderr)
+        return 2, 0
+    from ..cli.run import _gpu_count
+
+    ngpu = _gpu_count() if device != "cpu" else 0
+    if device == "gpu" and not ngpu:
+        print(f"{prog}: --device gpu but CuPy sees no GPU", file=sys.stderr)
+        return 2, 0
+    return None, ngpu

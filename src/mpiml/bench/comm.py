@@ -341,9 +341,9 @@ def main(argv):
         return 2
     comm = get_comm()
     if args.device == "gpu":
-        from ..comm.backends._device import bind_device
+        from .. import init
 
-        bind_device(comm)
+        init(device="gpu")  # local rank mod visible GPUs
     sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.step)
     backends = tuple(args.backends.split(",")) if args.backends else None
     only = [s.strip() for s in args.series.split(",") if s.strip()] if args.series else None

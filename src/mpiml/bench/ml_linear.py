@@ -324,23 +324,11 @@ def main(argv):
     args = _parser().parse_args(argv)
     if args.worker:
         return _worker(args, args.worker)
-    from ..comm import launched_by_mpi
+    from ._common import bench_launch_check
 
-    if launched_by_mpi():
-        print("mpiml bench ml: run it from a plain process; it launches its own MPI jobs", file=sys.stderr)
-        return 2
-    from ._common import require_matplotlib
-
-    missing = require_matplotlib("its plot")
-    if missing:
-        print(f"mpiml bench ml: {missing}", file=sys.stderr)
-        return 2
-    from ..cli.run import _gpu_count
-
-    ngpu = _gpu_count() if args.device != "cpu" else 0
-    if args.device == "gpu" and not ngpu:
-        print("mpiml bench ml: --device gpu but CuPy sees no GPU", file=sys.stderr)
-        return 2
+    status, ngpu = bench_launch_check(args.device)
+    if status is not None:
+        return status
     device = "gpu" if ngpu else "cpu"
     if args.ranks is None:
         args.ranks = ",".join(str(r) for r in (1, 2, 4) if r <= ngpu) if ngpu else "1,2"

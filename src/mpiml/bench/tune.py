@@ -85,9 +85,9 @@ def main(argv):
 
     comm = get_comm()
     if args.device == "gpu":
-        from ..comm.backends._device import bind_device
+        from .. import init
 
-        bind_device(comm)
+        init(device="gpu")  # local rank mod visible GPUs
     ops = [o for o in args.ops.split(",") if o]
     sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.step)
     only = [s.strip() for s in args.series.split(",") if s.strip()] if args.series else None

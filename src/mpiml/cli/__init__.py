@@ -44,17 +44,11 @@ def abort_on_exception(fn, argv):
     except KeyboardInterrupt:
         raise
     except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
         if _world_size() > 1:
-            from mpi4py import MPI
+            from .._abort import abort_job
 
-            rank = MPI.COMM_WORLD.Get_rank()
-            print(f"mpiml: unhandled exception on rank {rank}; aborting the job", file=sys.stderr, flush=True)
-            # give the launcher a moment to forward the traceback: an abort can drop output
-            # still in flight to mpiexec
-            time.sleep(0.5)
-            MPI.COMM_WORLD.Abort(1)
+            abort_job(*sys.exc_info())
+        traceback.print_exc()
         return 1
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 __all__ = ["main", "launch_command", "mpiexec_command", "srun_command", "parse_data_spec"]
 
-ALGORITHMS = ("kmeans", "linreg", "logreg")
+ALGORITHMS = ("kmeans", "linreg", "logreg", "rf", "rfr", "pca", "tsvd", "knn")
 DEFAULT_DATA = "blobs:n=200000,d=32,k=16"
 
 
@@ -236,10 +236,12 @@ def main(argv):
     """Entry point of ``mpiml run``; returns the exit status."""
     from ..comm import get_comm, launched_by_mpi
 
-    if argv and argv[0] in ("linreg", "logreg"):
-        from .run_linear import main as run_linear
+    from .run_estimator import JOBS
 
-        return run_linear(argv)
+    if argv and argv[0] in JOBS:
+        from .run_estimator import main as run_estimator
+
+        return run_estimator(argv)
     parser = _parser()
     args = parser.parse_args(argv)
     try:

@@ -231,17 +231,28 @@ class Communicator(PointToPoint):
         return backend, algo
 
     # ------------------------------------------------------------------ agreement
+    def _ctl_wait(self, op, start):
+        """Run one control-plane collective: refused on a dead communicator, and a failure
+        (a timeout, a lost peer) kills the communicator, as on the data plane."""
+        if self._failure is not None:
+            raise self._aborted(op)
+        try:
+            start().wait()
+        except CommError as exc:
+            self._poison(exc)
+            raise
+
     def _agree_ints(self, values, op="max"):
         """Elementwise max (or min) of a small int64 vector over all ranks (control plane)."""
         send = np.asarray(values, dtype=np.int64)
         recv = np.empty_like(send)
-        self._ctl.native_allreduce(send, recv, op).wait()
+        self._ctl_wait("allreduce", lambda: self._ctl.native_allreduce(send, recv, op))
         return recv
 
     def _allgather_ints(self, values):
         send = np.asarray(values, dtype=np.int64).reshape(-1)
         recv = np.empty(send.size * self.size, dtype=np.int64)
-        self._ctl.native_allgather(send, recv).wait()
+        self._ctl_wait("allgather", lambda: self._ctl.native_allgather(send, recv))
         return recv.reshape(self.size, send.size)
 
     def _allgather_obj(self, obj):
@@ -249,7 +260,7 @@ class Communicator(PointToPoint):
         data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
         counts = self._allgather_ints([data.size])[:, 0]
         out = np.empty(int(counts.sum()), dtype=np.uint8)
-        self._ctl.native_allgatherv(data, out, counts).wait()
+        self._ctl_wait("allgatherv", lambda: self._ctl.native_allgatherv(data, out, counts))
         result, start = [], 0
         for c in counts:
             result.append(pickle.loads(out[start:start + c].tobytes()))
@@ -261,9 +272,9 @@ class Communicator(PointToPoint):
             return obj
         payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if self.rank == root else None
         n = np.array([payload.size if payload is not None else 0], dtype=np.int64)
-        self._ctl.native_bcast(n, root).wait()
+        self._ctl_wait("bcast", lambda: self._ctl.native_bcast(n, root))
         buf = payload.copy() if payload is not None else np.empty(int(n[0]), dtype=np.uint8)
-        self._ctl.native_bcast(buf, root).wait()
+        self._ctl_wait("bcast", lambda: self._ctl.native_bcast(buf, root))
         return pickle.loads(buf.tobytes()) if self.rank != root else obj
 
     def allgather_obj(self, obj):
@@ -376,13 +387,16 @@ class Communicator(PointToPoint):
                 algo = get_algorithm(op, name)
                 algo.run(Channel(transport, xp, f"{op}[{name}]"), *algo_args)
         except CommError as exc:
-            if backend not in ("mpi", "self"):  # a device transport is unusable after an error
-                self._poison(exc)
+            # data may be in flight (a timed-out request, a dead peer, an aborted transport): no later
+            # call on this communicator may return data, so it is dead from here on, on every backend
+            self._poison(exc)
             raise
         except Exception as exc:
             mpi = getattr(self._world, "MPI", None)
             if mpi is not None and isinstance(exc, mpi.Exception):
-                raise CommError(f"{op} via {backend}/{name} failed on rank {self.rank}: {exc}") from exc
+                err = CommError(f"{op} via {backend}/{name} failed on rank {self.rank}: {exc}")
+                self._poison(err)
+                raise err from exc
             raise
         if _profile.active():
             if xp is not np:
@@ -420,12 +434,11 @@ class Communicator(PointToPoint):
         return plan
 
     def _replay_plan(self, plan, *args):
-        """Run a remembered plan; a device transport's error poisons the communicator, as in _run."""
+        """Run a remembered plan; an error poisons the communicator, as in _run."""
         try:
             _complete(plan[0](*args))
         except CommError as exc:
-            if plan[1] is not np:
-                self._poison(exc)
+            self._poison(exc)
             raise
 
     def _remember_hot(self, key, op, x, arg):
@@ -677,7 +690,7 @@ class Communicator(PointToPoint):
             meta[:4] = [1 if ok else 0, x.ndim, dtype_code(x.dtype), 1 if xp is not np else 0]
             meta[4:4 + min(x.ndim, _MAX_NDIM)] = x.shape[:_MAX_NDIM]
         if self.size > 1:
-            self._ctl.native_bcast(meta, root).wait()
+            self._ctl_wait("bcast", lambda: self._ctl.native_bcast(meta, root))
         ok, ndim, dcode, dev = (int(v) for v in meta[:4])
         shape = tuple(int(s) for s in meta[4:4 + ndim])
         if not ok:
@@ -763,6 +776,8 @@ class Communicator(PointToPoint):
 
         ``color=None`` takes no part and returns None (MPI_UNDEFINED).
         """
+        if self._failure is not None:  # a dead communicator makes no new ones (the split is collective)
+            raise self._aborted("split")
         if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
             raise ValueError(f"color must be a non-negative int or None; got {color!r}")
         new = self._world.split(None if color is None else int(color), int(key))
@@ -770,8 +785,6 @@ class Communicator(PointToPoint):
             return None
         child = Communicator(new, prefer=self.prefer, tuning=self._tuning)
         self._children.add(child)
-        if self._failure is not None:
-            child._poison(self._failure)
         return child
 
 

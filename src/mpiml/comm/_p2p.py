@@ -50,6 +50,8 @@ class PointToPoint:
 
     def isend(self, x, dest, tag=0):
         """Start sending ``x`` to ``dest``; returns a request (``.wait()`` or ``await``)."""
+        if self._failure is not None:
+            raise self._aborted("send")
         self._check_peer(dest, "dest")
         self._check_tag(tag)
         x, xp = self._prep(x)
@@ -81,7 +83,7 @@ class PointToPoint:
             for r in reqs:
                 r.abandon()
 
-        return Request(test, op="send", peer=dest, result=None, cancel=abandon)
+        return Request(test, op="send", peer=dest, result=None, cancel=abandon, on_timeout=self._poison)
 
     def send(self, x, dest, tag=0):
         """Send ``x`` to ``dest`` (blocks until the buffer may be reused)."""
@@ -89,6 +91,8 @@ class PointToPoint:
 
     def irecv(self, source, tag=0, out=None):
         """Start receiving from ``source``; the request's ``wait()`` returns the array."""
+        if self._failure is not None:
+            raise self._aborted("recv")
         self._check_peer(source, "source")
         self._check_tag(tag)
         header = np.empty(_HEADER_BYTES, dtype=np.uint8)
@@ -149,7 +153,7 @@ class PointToPoint:
                 if r is not None:
                     r.abandon()
 
-        return Request(test, op="recv", peer=source, result=lambda: state["result"], cancel=abandon)
+        return Request(test, op="recv", peer=source, result=lambda: state["result"], cancel=abandon, on_timeout=self._poison)
 
     def recv(self, source, tag=0, out=None):
         """Receive an array from ``source`` (into ``out`` when given) and return it."""

@@ -64,15 +64,19 @@ class Request:
         What :meth:`wait` returns; called with no argument if callable.
     cancel : callable, default=None
         Cancels the underlying operation when it timed out.
+    on_timeout : callable, default=None
+        Called with the :class:`~mpiml.CommTimeoutError` before it is raised (the
+        communicator marks itself dead: the message may still arrive later).
     """
 
-    def __init__(self, test, *, op, peer, result=None, cancel=None):
+    def __init__(self, test, *, op, peer, result=None, cancel=None, on_timeout=None):
         self._test = test
         self._done = False
         self.op = op
         self.peer = peer
         self._result = result
         self._cancel = cancel
+        self._on_timeout = on_timeout
 
     def test(self):
         """Make progress; True when complete."""
@@ -83,20 +87,22 @@ class Request:
     def _value(self):
         return self._result() if callable(self._result) else self._result
 
-    def abandon(self):
+    def abandon(self, exc=None):
         """Give the operation up after a timeout (cancel a receive; keep buffers alive)."""
         if self._cancel is not None and not self._done:
             try:
                 self._cancel()
             except Exception:  # the timeout is the error worth reporting
                 pass
+        if exc is not None and self._on_timeout is not None:
+            self._on_timeout(exc)
 
     def wait(self, timeout=None):
         """Block until complete and return the result (the received array for irecv)."""
         try:
             poll_until(self.test, op=self.op, peer=self.peer, timeout=timeout)
-        except CommTimeoutError:
-            self.abandon()
+        except CommTimeoutError as exc:
+            self.abandon(exc)
             raise
         return self._value()
 
@@ -106,8 +112,9 @@ class Request:
         sleep = 0.0
         while not self.test():
             if limit is not None and time.perf_counter() - start > limit:
-                self.abandon()
-                raise CommTimeoutError(self.op, self.peer, limit)
+                exc = CommTimeoutError(self.op, self.peer, limit)
+                self.abandon(exc)
+                raise exc
             await asyncio.sleep(sleep)
             sleep = min(max(sleep * 2, 20e-6), _MAX_SLEEP)
         return self._value()
@@ -142,5 +149,5 @@ def waitall(requests, *, op=None, timeout=None):
         if pending:
             exc.peer = pending[0].peer
         for r in pending:
-            r.abandon()
+            r.abandon(exc)
         raise

@@ -123,7 +123,7 @@ class IPCTransport(Transport):
         if len({i[1] for i in infos}) != self.size:
             raise BackendUnavailableError(
                 "the 'ipc' backend needs one GPU per rank, but ranks share a GPU "
-                f"({[i[1] for i in infos]}); call mpiml.comm.backends._device.bind_device() "
+                f"({[i[1] for i in infos]}); call mpiml.init() "
                 "(or cupy.cuda.Device(local_rank % n).use()) before allocating")
         self.cap = _env_bytes("MPIML_IPC_BYTES", 32 << 20) // _CHUNK_ALIGN * _CHUNK_ALIGN
         self.oneshot_max = _env_bytes("MPIML_IPC_ONESHOT_BYTES", 256 << 10)

@@ -1,5 +1,7 @@
 """A real single-node Slurm for the tests in this folder: munged, slurmctld and slurmd.
 
+(Not named conftest.py: the top-level tests/conftest.py is imported by name from test modules.)
+
 The fixture starts private daemons in a temporary directory (their own munge
 socket and key, free ports, state and logs), waits until the node is idle, and
 stops them afterwards.  Where they cannot start (Slurm not installed, not root,

@@ -1,0 +1,335 @@
+"""``mpiml run linreg|logreg|rf|rfr|pca|tsvd|knn``: fit one estimator on every rank (SPMD) and report.
+
+One options grammar for every estimator but k-means (``mpiml run kmeans``, in
+:mod:`mpiml.cli.run`): ``--data`` names a generator (``regression:``,
+``classification:``, ``lowrank:``, rank-count independent) or a ``.npy``/``.csv``
+file (the target in the last column for supervised estimators); ``--json`` writes
+a report with the timings, the score and the communication profile. Launches
+itself under ``mpiexec`` (``srun`` inside a Slurm allocation) from a plain process.
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .run import _aggregate_profile, _gpu_count, _strip_np, launch_command
+
+__all__ = ["main", "JOBS", "parse_data_spec"]
+
+_SPECS = {
+    "regression": {"n": 1000000, "d": 64, "t": 1, "noise": 1.0, "seed": 0},
+    "classification": {"n": 1000000, "d": 64, "classes": 2, "seed": 0},
+    "lowrank": {"n": 1000000, "d": 256, "rank": 32, "seed": 0},
+}
+_FLOATS = ("noise",)
+
+
+@dataclass(frozen=True)
+class Job:
+    """What ``mpiml run NAME`` fits: data kind, estimator, scikit-learn's twin and what to report."""
+
+    data: str               # default generator kind: "regression", "classification" or "lowrank"
+    supervised: bool
+    make: object            # (args, comm) -> mpiml estimator
+    reference: object       # args -> scikit-learn estimator
+    score_name: str
+    detail: object = None   # fitted estimator -> text
+
+
+def _linreg(a, comm):
+    from ..linear_model import LinearRegression
+
+    return LinearRegression(solver=a.solver or "auto", comm=comm)
+
+
+def _logreg(a, comm):
+    from ..linear_model import LogisticRegression
+
+    return LogisticRegression(C=a.C, solver=a.solver or "lbfgs", max_iter=a.max_iter, tol=a.tol, comm=comm)
+
+
+def _forest(cls_name):
+    def make(a, comm):
+        from .. import ensemble
+
+        return getattr(ensemble, cls_name)(n_estimators=a.trees, max_depth=a.max_depth, training=a.training,
+                                           random_state=a.seed, comm=comm)
+    return make
+
+
+def _sk_forest(cls_name):
+    def make(a):
+        from sklearn import ensemble
+
+        return getattr(ensemble, cls_name)(n_estimators=a.trees, max_depth=a.max_depth, random_state=a.seed,
+                                           n_jobs=-1)
+    return make
+
+
+def _decomposition(cls_name):
+    def make(a, comm):
+        from .. import decomposition
+
+        return getattr(decomposition, cls_name)(n_components=a.components, random_state=a.seed, comm=comm)
+    return make
+
+
+def _sk_decomposition(cls_name):
+    def make(a):
+        from sklearn import decomposition
+
+        return getattr(decomposition, cls_name)(n_components=a.components, random_state=a.seed)
+    return make
+
+
+def _knn(a, comm):
+    from ..neighbors import KNeighborsClassifier
+
+    return KNeighborsClassifier(n_neighbors=a.neighbors, comm=comm)
+
+
+def _sk_knn(a):
+    from sklearn.neighbors import KNeighborsClassifier
+
+    return KNeighborsClassifier(n_neighbors=a.neighbors, algorithm="brute", n_jobs=-1)
+
+
+def _sk_linear(name):
+    def make(a):
+        from sklearn import linear_model
+
+        if name == "LinearRegression":
+            return linear_model.LinearRegression()
+        return linear_model.LogisticRegression(C=a.C, solver=a.solver or "lbfgs", max_iter=a.max_iter, tol=a.tol)
+    return make
+
+
+def _explained(est):
+    return float(np.asarray(est.explained_variance_ratio_.get() if hasattr(est.explained_variance_ratio_, "get")
+                            else est.explained_variance_ratio_).sum())
+
+
+JOBS = {
+    "linreg": Job("regression", True, _linreg, _sk_linear("LinearRegression"), "R²",
+                  lambda e: f"rank {e.rank_}"),
+    "logreg": Job("classification", True, _logreg, _sk_linear("LogisticRegression"), "accuracy",
+                  lambda e: f"{int(e.n_iter_[0])} iterations, classes {e.classes_[:10].tolist()}"),
+    "rf": Job("classification", True, _forest("RandomForestClassifier"), _sk_forest("RandomForestClassifier"),
+              "accuracy", lambda e: f"{e.n_estimators} trees, {e.n_classes_} classes"),
+    "rfr": Job("regression", True, _forest("RandomForestRegressor"), _sk_forest("RandomForestRegressor"), "R²",
+               lambda e: f"{e.n_estimators} trees"),
+    "pca": Job("lowrank", False, _decomposition("PCA"), _sk_decomposition("PCA"), "explained variance ratio",
+               lambda e: f"{e.n_components_} components"),
+    "tsvd": Job("lowrank", False, _decomposition("TruncatedSVD"), _sk_decomposition("TruncatedSVD"),
+                "explained variance ratio", lambda e: f"{len(e.singular_values_)} components"),
+    "knn": Job("classification", True, _knn, _sk_knn, "accuracy", lambda e: f"k = {e.n_neighbors}"),
+}
+
+
+def parse_data_spec(spec, algorithm):
+    """``"regression:n=1000,d=8"`` -> ``("regression", {...})``; a path -> ``("file", {"path": ...})``."""
+    kind = spec.split(":", 1)[0]
+    job = JOBS[algorithm]
+    if kind in _SPECS:
+        params = dict(_SPECS[kind])
+        for item in filter(None, spec[len(kind):].lstrip(":").split(",")):
+            if "=" not in item:
+                raise ValueError(f"expected key=value in the data spec, got {item!r}")
+            key, value = (s.strip() for s in item.split("=", 1))
+            if key not in params:
+                raise ValueError(f"unknown {kind} parameter {key!r} (known: {sorted(params)})")
+            try:
+                params[key] = float(value) if key in _FLOATS else int(float(value))
+            except ValueError:
+                raise ValueError(f"{kind} parameter {key} must be a number, got {value!r}") from None
+            if key in ("n", "d", "t", "rank") and params[key] < 1 or key == "classes" and params[key] < 2:
+                raise ValueError(f"{kind} parameter {key} is too small: {value!r}")
+        if job.supervised and kind != job.data:  # unsupervised estimators take any generator's X
+            raise ValueError(f"{algorithm} needs {job.data} data, got {kind!r}")
+        return kind, params
+    if not os.path.exists(spec):
+        raise ValueError(f"--data: no such file {spec!r} (or use {'|'.join(_SPECS)}:...)")
+    if not spec.endswith((".npy", ".csv", ".txt")):
+        raise ValueError(f"--data: unknown file type {spec!r} (.npy or .csv"
+                         f"{', target in the last column' if job.supervised else ''})")
+    return "file", {"path": spec}
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="mpiml run " + "|".join(JOBS), description="Fit an estimator on every rank "
+                                "(SPMD) and report time, score and communication.")
+    p.add_argument("algorithm", choices=tuple(JOBS))
+    p.add_argument("--np", type=int, default=None, help="ranks to launch when not already under MPI "
+                   "(default: the Slurm allocation's tasks, else one per GPU, else 2)")
+    p.add_argument("--data", default=None, help="regression:n=..,d=..,t=..,noise=..,seed=.. | "
+                   "classification:n=..,d=..,classes=..,seed=.. | lowrank:n=..,d=..,rank=..,seed=.. | "
+                   "a .npy/.csv file (supervised: target in the last column)")
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--backend", choices=("auto", "mpi", "nccl", "ipc"), default="auto")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float64")
+    p.add_argument("--seed", type=int, default=0, help="random_state of the estimator")
+    p.add_argument("--solver", default=None, help="linreg: normal|tsqr; logreg: lbfgs|newton-cholesky")
+    p.add_argument("--C", type=float, default=1.0, help="logreg: inverse penalty strength")
+    p.add_argument("--max-iter", type=int, default=100, help="logreg")
+    p.add_argument("--tol", type=float, default=1e-4, help="logreg")
+    p.add_argument("--trees", type=int, default=100, help="rf, rfr")
+    p.add_argument("--max-depth", type=int, default=12, help="rf, rfr")
+    p.add_argument("--training", choices=("global", "local"), default="global", help="rf, rfr")
+    p.add_argument("--components", type=int, default=16, help="pca, tsvd")
+    p.add_argument("--neighbors", type=int, default=10, help="knn")
+    p.add_argument("--save", default=None, metavar="PATH", help="write the fitted model (mpiml.save)")
+    p.add_argument("--json", default=None, metavar="PATH", help="write a report: timings, score, profile")
+    p.add_argument("--compare-sklearn", action="store_true", help="rank 0 gathers the data and fits "
+                   "scikit-learn's estimator with the same settings")
+    return p
+
+
+def _load(kind, params, comm, xp, dtype, supervised):
+    from .. import datasets
+
+    device = "gpu" if xp is not np else "cpu"
+    if kind == "regression":
+        return datasets.make_regression(params["n"], params["d"], n_informative=params["d"], n_targets=params["t"],
+                                        noise=params["noise"], random_state=params["seed"], comm=comm,
+                                        device=device, dtype=dtype)
+    if kind == "classification":
+        d = params["d"]
+        return datasets.make_classification(params["n"], d, n_informative=max(2, d // 2), n_redundant=0,
+                                            n_classes=params["classes"], random_state=params["seed"], comm=comm,
+                                            device=device, dtype=dtype)
+    if kind == "lowrank":
+        return datasets.make_low_rank_matrix(params["n"], params["d"], effective_rank=params["rank"],
+                                             random_state=params["seed"], comm=comm, device=device,
+                                             dtype=dtype), None
+    path = params["path"]
+    A = (datasets.load_npy(path, comm=comm, mmap=False, device=device) if path.endswith(".npy")
+         else datasets.load_csv(path, comm=comm, dtype=dtype, device=device))
+    A = A[0] if isinstance(A, tuple) else A
+    A = xp.ascontiguousarray(A, dtype=dtype)
+    if not supervised:
+        return A, None
+    return xp.ascontiguousarray(A[:, :-1]), A[:, -1].copy()
+
+
+def _score(job, est, X, y):
+    return est.score(X, y) if job.supervised else _explained(est)
+
+
+def _run(args, comm):
+    import mpiml
+
+    job = JOBS[args.algorithm]
+    kind, params = parse_data_spec(args.data, args.algorithm)
+    ngpu = _gpu_count() if args.device in ("auto", "gpu") else 0
+    if args.device == "gpu" and ngpu == 0:
+        raise RuntimeError("--device gpu: CuPy sees no GPU here")
+    if ngpu:
+        import cupy as xp
+
+        mpiml.init(device="gpu")  # local rank mod visible GPUs; honours CUDA_VISIBLE_DEVICES
+    else:
+        xp = np
+    say = (lambda *a: print(*a, flush=True)) if comm.rank == 0 else (lambda *a: None)
+    t0 = time.perf_counter()
+    X, y = _load(kind, params, comm, xp, np.dtype(args.dtype), job.supervised)
+    if job.data == "classification" and kind == "file":
+        y = y.astype(xp.int64)
+    load_s = time.perf_counter() - t0
+    n_total = comm.allreduce_obj(int(X.shape[0])) if comm.size > 1 else int(X.shape[0])
+    where = f"{min(ngpu, comm.size)} GPU(s)" if ngpu else "CPU"
+    est = job.make(args, comm)
+    say(f"mpiml run {args.algorithm}: {type(est).__name__} on {n_total} x {X.shape[1]} {args.dtype}, "
+        f"{comm.size} rank(s) on {where} (data ready in {load_s:.2f} s)")
+    comm.barrier()
+    t0 = time.perf_counter()
+    with mpiml.profile() as prof:
+        est.fit(X, y) if job.supervised else est.fit(X)
+        if xp is not np:
+            xp.cuda.get_current_stream().synchronize()
+    fit_s = time.perf_counter() - t0
+    fit_s = comm.allreduce_obj(fit_s, op="max") if comm.size > 1 else fit_s
+    score = float(_score(job, est, X, y))
+    say(f"fit: {fit_s:.3f} s, {job.detail(est)}; {job.score_name} over all ranks: {score:.6f}")
+    say("communication during fit (calls of rank 0, seconds = slowest rank):")
+    profile = _aggregate_profile(comm, prof)
+    say(prof.format(profile))
+    if args.save:
+        mpiml.save(est, args.save)
+        say(f"model saved to {args.save}")
+    report = {"algorithm": args.algorithm, "estimator": type(est).__name__, "ranks": comm.size, "device": where,
+              "rows": n_total, "features": int(X.shape[1]), "dtype": args.dtype, "data": args.data,
+              "load_seconds": load_s, "fit_seconds": fit_s, "score_name": job.score_name, "score": score,
+              "communication": profile}
+    if args.compare_sklearn:
+        report["scikit_learn"] = _compare_sklearn(args, job, comm, X, y, xp, fit_s, score, say)
+    if args.json and comm.rank == 0:
+        report.update(machine=platform.node(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                      command="mpiml run " + " ".join(args.argv))
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2, default=str)
+        say(f"report written to {args.json}")
+    return 0
+
+
+def _compare_sklearn(args, job, comm, X, y, xp, fit_s, score, say):
+    arrays = (X, y) if job.supervised else (X,)
+    total = comm.allreduce_obj(int(sum(a.nbytes for a in arrays))) if comm.size > 1 else \
+        int(sum(a.nbytes for a in arrays))
+    if total > (4 << 30):
+        say(f"--compare-sklearn: skipped, the data ({total / 2**30:.1f} GiB) is too large to gather")
+        return None
+    host = [a.get() if xp is not np else np.asarray(a) for a in arrays]
+    full = [comm.gatherv(np.ascontiguousarray(a), root=0) if comm.size > 1 else a for a in host]
+    out = None
+    if comm.rank == 0:
+        ref = job.reference(args)
+        t0 = time.perf_counter()
+        ref.fit(*full)
+        sk_s = time.perf_counter() - t0
+        sk_score = float(ref.score(*full) if job.supervised else np.sum(ref.explained_variance_ratio_))
+        say(f"scikit-learn {type(ref).__name__} (one process): {sk_s:.3f} s, {job.score_name} {sk_score:.6f}; "
+            f"mpiml {fit_s:.3f} s (speed-up {sk_s / fit_s:.1f}x), {job.score_name} {score:.6f}")
+        out = {"fit_seconds": sk_s, "score": sk_score}
+    if comm.size > 1:
+        comm.barrier()
+    return out
+
+
+def main(argv):
+    """Entry point of ``mpiml run ALGORITHM`` for every estimator but k-means; returns the exit status."""
+    from ..comm import get_comm, launched_by_mpi
+
+    parser = _parser()
+    args = parser.parse_args(argv)
+    args.argv = list(argv)
+    if args.data is None:
+        args.data = JOBS[args.algorithm].data
+    try:
+        parse_data_spec(args.data, args.algorithm)
+    except ValueError as exc:
+        parser.error(str(exc))
+    for name in ("max_iter", "trees", "max_depth", "components", "neighbors", "np"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "max_iter" else 1):
+            parser.error(f"--{name.replace('_', '-')} must be at least {0 if name == 'max_iter' else 1}, got {value}")
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        parser.error(f"--json: the directory of {args.json!r} does not exist")
+    if not launched_by_mpi():
+        n = args.np
+        if n is None and os.environ.get("SLURM_NTASKS", "").isdigit():
+            n = int(os.environ["SLURM_NTASKS"])  # the allocation's task count
+        if n is None:
+            n = (_gpu_count() if args.device != "cpu" else 0) or 2
+        if n > 1:
+            cmd = launch_command(n, _strip_np(argv))
+            print("launching: " + " ".join(cmd), flush=True)
+            env = dict(os.environ)
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+            return subprocess.call(cmd, env=env)
+    return _run(args, get_comm(args.backend))
