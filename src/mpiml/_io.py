@@ -284,8 +284,8 @@ REGISTRY = {
     "PCA": "mpiml.decomposition._pca",
     "TruncatedSVD": "mpiml.decomposition._truncated_svd",
     "NearestNeighbors": "mpiml.neighbors._base",
-    "KNeighborsClassifier": "mpiml.neighbors._base",
-    "KNeighborsRegressor": "mpiml.neighbors._base",
+    "KNeighborsClassifier": "mpiml.neighbors._supervised",
+    "KNeighborsRegressor": "mpiml.neighbors._supervised",
     "MinimalSPMDTransformer": "mpiml.utils._testing",
 }
 

@@ -32,8 +32,9 @@ __all__ = ["main"]
 def _parser():
     p = argparse.ArgumentParser(prog="mpiml bench ml", description="ML benchmark: KMeans time per Lloyd iteration "
                                 "vs its floor, strong and weak scaling, scikit-learn and Heat.")
-    p.add_argument("--algo", choices=("kmeans", "linreg", "logreg", "rf"), default="kmeans",
-                   help="linreg / logreg: see mpiml.bench.ml_linear; rf: see mpiml.bench.ml_rf")
+    p.add_argument("--algo", choices=("kmeans", "linreg", "logreg", "rf", "knn"), default="kmeans",
+                   help="linreg / logreg: see mpiml.bench.ml_linear; rf: see mpiml.bench.ml_rf; "
+                   "knn: see mpiml.bench.ml_knn")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     p.add_argument("--ranks", default=None, help="comma-separated rank counts (default 1,2,4 on GPUs "
                    "(up to the GPUs present), 1,2 on CPU)")
@@ -391,6 +392,10 @@ def main(argv):
         return linear_main([a.split("=", 1)[1] if a.startswith("--algo=") else a for a in argv])
     which = argparse.ArgumentParser(add_help=False)
     which.add_argument("--algo")
+    if which.parse_known_args(argv)[0].algo == "knn":
+        from .ml_knn import main as knn_main
+
+        return knn_main(argv)
     if which.parse_known_args(argv)[0].algo == "rf":
         from .ml_rf import main as rf_main
 

@@ -1,0 +1,406 @@
+"""The distributed exact k-NN search: index shards travel around a ring, queries stay home.
+
+Why the index moves and not the queries: every rank must end with the global top-k
+of *its own* queries.  If the index shard moves, each rank keeps one running
+``(n_queries, k)`` list and merges every visiting block into it; nothing has to be
+sent back and no rank ever holds a partial result of another's queries.  Moving the
+queries instead would need a final exchange (or a reduce per step, as in cuML's
+broadcast + reduce) of ``k`` candidates per query per rank.  Blocks visit rank ``r``
+in the order ``r, r-1, r-2, ...``; a block's global offset is known from the row
+counts agreed at ``fit``, so indices are global at once.  Neighbour payloads (class
+codes, regression targets) travel with their block.
+
+Three exchanges of the same ring, selected by ``exchange``; all give identical
+results (the arithmetic per block and the merge order do not depend on it):
+
+* ``"blocking"``: compute on block ``s``, then send it right and receive block ``s+1``
+  from the left, waiting for both before the next computation;
+* ``"overlap"``: double buffer; the send of block ``s`` and the receive of block
+  ``s+1`` are posted (``comm.isend``/``comm.irecv``) *before* computing on block ``s``,
+  so the transfer is hidden behind the distances;
+* ``"onesided"``: each rank exposes an MPI RMA window holding a circular buffer of
+  three slots, each with a flag.  At step ``s`` a rank puts its current block into
+  slot ``(s+1) % 3`` of its right neighbour (after that slot's flag says it is free),
+  raises the flag, and computes; the receiver copies slot ``(s+1) % 3`` out once its
+  flag is up, lowers the flag, and computes on the copy at step ``s+1``.  Three slots let a sender run one step ahead
+  of a slow receiver (MaTEx, seed 003).  Device blocks are staged through host memory.
+
+Merging: the running top-k and the block's top-k are concatenated and ordered by
+(distance, global index) with two stable sorts, so exact ties go to the lower global
+index, like scikit-learn's brute force.
+"""
+
+import time
+
+import numpy as np
+
+from .. import _config
+from .._array import get_namespace, is_device_array
+from .._errors import CommTimeoutError
+
+__all__ = ["EXCHANGES", "ring_kneighbors", "ring_radius", "ring_visit", "local_distances", "local_topk"]
+
+EXCHANGES = ("blocking", "overlap", "onesided")
+_TAG_X, _TAG_Y = 0x4E4E, 0x4E4F
+_SLOTS = 3
+#: Rows of queries per distance block on the host (bounds the (rows, m) temporary).
+_HOST_BLOCK_BYTES = 32 << 20
+
+
+# ---------------------------------------------------------------------- local distances
+def local_distances(Q, X, metric, xp):
+    """Distances of every row of ``Q`` to every row of ``X`` in the dtype of ``Q``.
+
+    Euclidean metrics through a GEMM (``|q|² - 2 q.x + |x|²``, clipped at 0), cosine
+    through normalised rows (1 for a zero row), manhattan by broadcasting in row chunks.
+    Identical rows give identical distances, so constructed ties stay exact.
+    """
+    if metric in ("euclidean", "sqeuclidean"):
+        D = (Q * Q).sum(axis=1)[:, None] - 2.0 * (Q @ X.T) + (X * X).sum(axis=1)[None, :]
+        xp.maximum(D, 0, out=D)
+        return xp.sqrt(D, out=D) if metric == "euclidean" else D
+    if metric == "cosine":
+        def unit(A):
+            n = xp.sqrt((A * A).sum(axis=1))
+            return A / xp.where(n > 0, n, 1)[:, None], n > 0
+        Qn, qz = unit(Q)
+        Xn, xz = unit(X)
+        D = 1.0 - Qn @ Xn.T
+        D[~qz, :] = 1.0
+        D[:, ~xz] = 1.0
+        return xp.maximum(D, 0, out=D)
+    # manhattan
+    D = xp.empty((Q.shape[0], X.shape[0]), dtype=Q.dtype)
+    step = max(1, int(_HOST_BLOCK_BYTES // max(1, X.size * Q.dtype.itemsize)))
+    for s in range(0, Q.shape[0], step):
+        D[s:s + step] = xp.abs(Q[s:s + step, None, :] - X[None, :, :]).sum(axis=2)
+    return D
+
+
+def local_topk(Q, X, k, metric, xp):
+    """``(distances, local indices)`` of the ``k`` nearest rows of ``X`` (ties to the lower index).
+
+    On CuPy with a metric that :func:`mpiml.kernels.distances.topk` supports, that kernel;
+    otherwise blocks of :func:`local_distances` and a stable sort of every row.
+    """
+    if xp is not np and metric != "manhattan":
+        from ..kernels.distances import topk
+
+        return topk(Q, X, k, metric=metric)
+    nq, m = Q.shape[0], X.shape[0]
+    dist = xp.empty((nq, k), dtype=Q.dtype)
+    idx = xp.empty((nq, k), dtype=xp.int64)
+    step = max(1, int(_HOST_BLOCK_BYTES // max(1, m * Q.dtype.itemsize)))
+    for s in range(0, nq, step):
+        D = local_distances(Q[s:s + step], X, metric, xp)
+        idx[s:s + step] = _smallest_k(D, k, xp)
+        dist[s:s + step] = xp.take_along_axis(D, idx[s:s + step], axis=1)
+    return dist, idx
+
+
+def _smallest_k(D, k, xp):
+    """Column indices of the ``k`` smallest entries of every row, by (value, column).
+
+    A partial selection (``argpartition``) and a stable sort of the ``k`` picked; rows
+    where the ``k``-th value is tied with unpicked columns (the selection may have
+    taken a higher column) fall back to a stable sort of the whole row.
+    """
+    m = D.shape[1]
+    if k >= m:
+        return xp.argsort(D, axis=1, kind="stable")
+    P = xp.argpartition(D, k - 1, axis=1)[:, :k]
+    P = xp.sort(P, axis=1)  # column order first, so that the stable sort below breaks ties by column
+    V = xp.take_along_axis(D, P, axis=1)
+    order = xp.argsort(V, axis=1, kind="stable")
+    P = xp.take_along_axis(P, order, axis=1)
+    kth = xp.take_along_axis(V, order[:, -1:], axis=1)
+    tied = xp.nonzero((D <= kth).sum(axis=1) > k)[0]
+    if tied.size:
+        P[tied] = xp.argsort(D[tied], axis=1, kind="stable")[:, :k]
+    return P
+
+
+def merge_topk(dist, gidx, pay, new_dist, new_gidx, new_pay, k, xp):
+    """Keep the ``k`` smallest of two candidate lists per row, ordered by (distance, global index)."""
+    if dist is None:
+        D, G, P = new_dist, new_gidx, new_pay
+    else:
+        D = xp.concatenate([dist, new_dist], axis=1)
+        G = xp.concatenate([gidx, new_gidx], axis=1)
+        P = None if pay is None else xp.concatenate([pay, new_pay], axis=1)
+    first = xp.argsort(G, axis=1, kind="stable")
+    D, G = xp.take_along_axis(D, first, axis=1), xp.take_along_axis(G, first, axis=1)
+    order = xp.argsort(D, axis=1, kind="stable")[:, :k]
+    if P is not None:  # (n, candidates, t): the same permutations along axis 1
+        P = xp.take_along_axis(xp.take_along_axis(P, first[..., None], axis=1), order[..., None], axis=1)
+    return xp.take_along_axis(D, order, axis=1), xp.take_along_axis(G, order, axis=1), P
+
+
+def _exact_sq(Q, X, idx, xp):
+    """Squared distances of each query to its selected rows, by differences (no cancellation).
+
+    The GEMM form selects the candidates; their reported distances are recomputed so
+    that a query equal to an index row is at distance exactly 0 (as in scikit-learn).
+    """
+    out = xp.empty(idx.shape, dtype=Q.dtype)
+    step = max(1, int(_HOST_BLOCK_BYTES // max(1, idx.shape[1] * Q.shape[1] * Q.dtype.itemsize)))
+    for s in range(0, Q.shape[0], step):
+        diff = X[idx[s:s + step]] - Q[s:s + step, None, :]
+        out[s:s + step] = (diff * diff).sum(axis=2)
+    return out
+
+
+# ---------------------------------------------------------------------- the ring
+class _Block:
+    """One visiting index block: rows, payload rows (or None) and its global offset."""
+
+    __slots__ = ("X", "Y", "offset")
+
+    def __init__(self, X, Y, offset):
+        self.X, self.Y, self.offset = X, Y, offset
+
+
+def _search_block(Q, block, k, metric, state, xp):
+    m = block.X.shape[0]
+    if m == 0 or Q.shape[0] == 0:
+        return state
+    kk = min(k, m)
+    d, i = local_topk(Q, block.X, kk, metric, xp)
+    if metric in ("euclidean", "sqeuclidean"):
+        d = _exact_sq(Q, block.X, i, xp)
+        d = xp.sqrt(d) if metric == "euclidean" else d
+    pay = None
+    if block.Y is not None:
+        pay = block.Y[i]  # (nq, kk, t)
+    return merge_topk(*state, d, i + block.offset, pay, k, xp)
+
+
+def ring_kneighbors(Q, X, Y, k, *, metric, comm, offsets, counts, exchange, xp):
+    """The global ``k`` nearest neighbours of this rank's queries ``Q`` over every rank's ``X``.
+
+    Parameters
+    ----------
+    Q : (n_queries, d) array of this rank.
+    X : (n_local, d) this rank's index shard; ``Y`` its payload ``(n_local, t)`` float64 or None.
+    offsets, counts : global offset and row count of every rank's shard (host int64).
+    exchange : one of :data:`EXCHANGES`.
+
+    Returns
+    -------
+    dist (n_queries, k), global indices (n_queries, k) int64, payload (n_queries, k, t) or None.
+    """
+    state = [(None, None, None)]
+
+    def visit(block):
+        state[0] = _search_block(Q, block, k, metric, state[0], xp)
+
+    ring_visit(_Block(X, Y, int(offsets[comm.rank])), visit, comm=comm, offsets=offsets, counts=counts,
+               exchange=exchange)
+    return state[0]
+
+
+def ring_radius(Q, X, radius, *, metric, comm, offsets, counts, exchange, xp):
+    """Every index row within ``radius`` of each query: per query, (distances, global indices) sorted."""
+    found = [[] for _ in range(Q.shape[0])]
+
+    def visit(block):
+        if block.X.shape[0] == 0 or Q.shape[0] == 0:
+            return
+        D = local_distances(Q, block.X, metric, xp)
+        # the GEMM form picks candidates with a little slack; exact distances decide below
+        slack = radius * 1e-6 + 1e-9 if metric in ("euclidean", "sqeuclidean") else 0.0
+        rows, cols = (a.get() if hasattr(a, "get") else a for a in xp.nonzero(D <= radius + slack))
+        if rows.size:
+            if metric in ("euclidean", "sqeuclidean"):
+                diff = block.X[cols] - Q[rows]
+                vals = (diff * diff).sum(axis=1)
+                vals = xp.sqrt(vals) if metric == "euclidean" else vals
+            else:
+                vals = D[rows, cols]
+            vals = vals.get() if hasattr(vals, "get") else vals
+            for r in np.unique(rows):
+                sel = rows == r
+                found[r].append((vals[sel], cols[sel] + block.offset))
+
+    ring_visit(_Block(X, None, int(offsets[comm.rank])), visit, comm=comm, offsets=offsets, counts=counts,
+               exchange=exchange)
+    out_d, out_i = [], []
+    for parts in found:
+        d = np.concatenate([p[0] for p in parts]) if parts else np.empty(0)
+        g = np.concatenate([p[1] for p in parts]).astype(np.int64) if parts else np.empty(0, np.int64)
+        keep = d <= radius  # the exact distances decide, not the GEMM form
+        d, g = d[keep], g[keep]
+        order = np.lexsort((g, d))
+        out_d.append(d[order])
+        out_i.append(g[order])
+    return out_d, out_i
+
+
+def ring_visit(home, visit, *, comm, offsets, counts, exchange):
+    """Call ``visit(block)`` on every rank's index block, this rank's first (see module notes)."""
+    p, r = comm.size, comm.rank
+    if p == 1:
+        visit(home)
+        return
+    if exchange == "onesided":
+        _ring_onesided(home, visit, comm, offsets, counts)
+        return
+    right, left = (r + 1) % p, (r - 1) % p
+    cur = home
+    for s in range(p):
+        src = (r - s - 1) % p  # owner of the block that arrives for step s + 1
+        if exchange == "overlap" and s < p - 1:
+            reqs = _post(cur, right, left, comm)
+            visit(cur)
+            cur = _finish(reqs, int(offsets[src]))
+        else:
+            visit(cur)
+            if s < p - 1:
+                cur = _finish(_post(cur, right, left, comm), int(offsets[src]))
+
+
+def _post(block, right, left, comm):
+    sends = [comm.isend(block.X, right, tag=_TAG_X)]
+    recvs = [comm.irecv(left, tag=_TAG_X)]
+    if block.Y is not None:
+        sends.append(comm.isend(block.Y, right, tag=_TAG_Y))
+        recvs.append(comm.irecv(left, tag=_TAG_Y))
+    return sends, recvs
+
+
+def _finish(reqs, offset):
+    sends, recvs = reqs
+    got = [r.wait() for r in recvs]
+    for s in sends:
+        s.wait()
+    return _Block(got[0], got[1] if len(got) > 1 else None, offset)
+
+
+# ---------------------------------------------------------------------- one-sided
+def _mpi_comm(comm):
+    """The mpi4py communicator under ``comm`` (one-sided needs MPI RMA windows)."""
+    world = getattr(comm, "_world", None)
+    raw = getattr(world, "comm", None)
+    if raw is None:
+        raise ValueError(f"exchange='onesided' needs the 'mpi' host backend; this communicator's is "
+                         f"{getattr(comm, 'backend', '?')!r}")
+    return raw
+
+
+class _SlotWindow:
+    """A circular buffer of three slots in every rank's memory, one int64 flag per slot.
+
+    Layout of the window (bytes): ``[flag0 flag1 flag2 | slot0 | slot1 | slot2]``; a
+    slot holds ``[n_rows (int64) | X rows | Y rows]``.  Flags: 0 free, 1 full.
+
+    One passive-target epoch (``Lock_all``) spans the whole search: per-call exclusive
+    locks would wait for the target to enter MPI (MPICH has no asynchronous progress),
+    that is for its computation to end, which serialised the ring.  Flags are read and
+    written with atomic RMA (``Fetch_and_op`` with ``NO_OP``, ``Accumulate`` with
+    ``REPLACE``), so a rank polling its own flag while its neighbour raises it is well
+    defined; ``Flush`` completes each operation at the target, so a block is in place
+    before its flag goes up.
+    """
+
+    def __init__(self, raw, slot_bytes):
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.slot_bytes = int(slot_bytes)
+        self.nbytes = 8 * _SLOTS + _SLOTS * self.slot_bytes
+        self.rank = raw.Get_rank()
+        self.win = MPI.Win.Allocate(self.nbytes, disp_unit=1, comm=raw)
+        mem = np.frombuffer(self.win.tomemory(), dtype=np.uint8)
+        self.win.Lock(self.rank)
+        mem[:8 * _SLOTS] = 0
+        self.win.Unlock(self.rank)
+        raw.Barrier()
+        self.win.Lock_all()
+        self.deadline = _config.timeout()
+
+    def _slot_disp(self, slot):
+        return 8 * _SLOTS + slot * self.slot_bytes
+
+    def _flag(self, target, slot):
+        out = np.zeros(1, dtype=np.int64)
+        self.win.Fetch_and_op([np.zeros(1, dtype=np.int64), self.MPI.INT64_T], [out, self.MPI.INT64_T], target,
+                              8 * slot, op=self.MPI.NO_OP)
+        self.win.Flush(target)
+        return int(out[0])
+
+    def _set_flag(self, target, slot, value):
+        buf = np.array([value], dtype=np.int64)
+        self.win.Accumulate([buf, self.MPI.INT64_T], target, target=(8 * slot, 1, self.MPI.INT64_T),
+                            op=self.MPI.REPLACE)
+        self.win.Flush(target)
+
+    def wait_flag(self, target, slot, value, what):
+        start = time.monotonic()
+        pause = 2e-5
+        while self._flag(target, slot) != value:
+            if self.deadline is not None and time.monotonic() - start > self.deadline:
+                raise CommTimeoutError(f"onesided k-NN ring: rank {self.rank} waited over {self.deadline} s "
+                                       f"for {what} (rank {target}, slot {slot})")
+            time.sleep(pause)  # back off: a spinning poller would steal the core of a computing peer
+            pause = min(2 * pause, 1e-3)
+
+    def put(self, target, slot, payload):
+        """Write ``payload`` (uint8) into ``slot`` of ``target`` once it is free, then raise its flag."""
+        self.wait_flag(target, slot, 0, "a free slot")
+        self.win.Put([payload, self.MPI.BYTE], target, target=(self._slot_disp(slot), payload.size, self.MPI.BYTE))
+        self.win.Flush(target)  # the block is complete at the target before the flag goes up
+        self._set_flag(target, slot, 1)
+
+    def take(self, slot):
+        """Wait for ``slot`` of this rank to be full; return a copy of its bytes."""
+        self.wait_flag(self.rank, slot, 1, "a full slot")
+        buf = np.empty(self.slot_bytes, dtype=np.uint8)
+        self.win.Get([buf, self.MPI.BYTE], self.rank, target=(self._slot_disp(slot), self.slot_bytes, self.MPI.BYTE))
+        self.win.Flush(self.rank)
+        self._set_flag(self.rank, slot, 0)  # copied out: the sender may refill the slot
+        return buf
+
+    def free(self):
+        self.win.Unlock_all()
+        self.win.Free()
+
+
+def _pack(block):
+    X = block.X.get() if is_device_array(block.X) else block.X
+    parts = [np.array([X.shape[0]], dtype=np.int64).view(np.uint8), np.ascontiguousarray(X).view(np.uint8).ravel()]
+    if block.Y is not None:
+        Y = block.Y.get() if is_device_array(block.Y) else block.Y
+        parts.append(np.ascontiguousarray(Y).view(np.uint8).ravel())
+    return np.concatenate(parts)
+
+
+def _unpack(buf, d, x_dtype, t, offset, xp):
+    n = int(buf[:8].view(np.int64)[0])
+    xb = n * d * np.dtype(x_dtype).itemsize
+    X = buf[8:8 + xb].view(x_dtype).reshape(n, d)
+    Y = None
+    if t is not None:
+        Y = buf[8 + xb:8 + xb + n * t * 8].view(np.float64).reshape(n, t)
+        Y = Y if xp is np else xp.asarray(Y)
+    return _Block(X if xp is np else xp.asarray(X), Y, offset)
+
+
+def _ring_onesided(home, visit, comm, offsets, counts):
+    p, r = comm.size, comm.rank
+    xp = get_namespace(home.X)
+    d, x_dtype = home.X.shape[1], home.X.dtype
+    t = None if home.Y is None else home.Y.shape[1]
+    row_bytes = d * np.dtype(x_dtype).itemsize + (0 if t is None else 8 * t)
+    win = _SlotWindow(_mpi_comm(comm), 8 + int(np.max(counts)) * row_bytes)
+    right = (r + 1) % p
+    try:
+        cur = home
+        for s in range(p):
+            if s < p - 1:
+                win.put(right, (s + 1) % _SLOTS, _pack(cur))
+            visit(cur)
+            if s < p - 1:
+                cur = _unpack(win.take((s + 1) % _SLOTS), d, x_dtype, t, int(offsets[(r - s - 1) % p]), xp)
+        _mpi_comm(comm).Barrier()  # nobody frees the window while a peer still reads its flags
+    finally:
+        win.free()

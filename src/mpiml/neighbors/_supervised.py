@@ -1,0 +1,238 @@
+"""k-nearest-neighbour classification and regression over a sharded index (SPMD).
+
+The targets of the index rows travel with their block around the ring (class codes
+or regression targets as float64 columns), so a rank predicts for its queries
+without asking other ranks for labels afterwards.
+"""
+
+import numpy as np
+from sklearn.base import ClassifierMixin, MultiOutputMixin, RegressorMixin
+
+from .._array import get_namespace
+from ..utils._param_validation import StrOptions
+from ..utils._validation import agree_on_error
+from ..linear_model._base import global_classes, validate_X_y
+from ._base import _NeighborsBase
+
+__all__ = ["KNeighborsClassifier", "KNeighborsRegressor"]
+
+
+def _weights(dist, weights, xp):
+    """Per-neighbour weights: ones, or ``1/d`` where a row with a zero distance keeps only those."""
+    if weights == "uniform":
+        return xp.ones(dist.shape, dtype=xp.float64)
+    d = dist.astype(xp.float64)
+    zero = d == 0
+    with np.errstate(divide="ignore"):
+        w = 1.0 / xp.where(zero, 1.0, d)
+    rows = zero.any(axis=1)
+    return xp.where(rows[:, None], zero.astype(xp.float64), w)
+
+
+def _global_sum(comm, values):
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    return values if comm.size == 1 else comm.allreduce(values, algorithm="binomial")
+
+
+def _score_inputs(comm, n_pred, y, sample_weight):
+    """Host ``y`` and weights for a global score; a length mismatch on any rank raises on every rank."""
+    y = _to_host(y)
+    w = np.ones(y.shape[0]) if sample_weight is None else _to_host(sample_weight).astype(np.float64).ravel()
+    error = None
+    if y.shape[0] != n_pred or w.shape[0] != n_pred:
+        error = f"y has {y.shape[0]} rows and sample_weight {w.shape[0]}, but X has {n_pred}"
+    agree_on_error(comm, error, error_class=ValueError)
+    return y, w
+
+
+def _to_host(a):
+    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
+_DOC_COMMON = """
+    n_neighbors : int, default=5
+    weights : {"uniform", "distance"}, default="uniform"
+        ``"distance"``: weight ``1/d``; a query at distance 0 of some index rows uses
+        only those (scikit-learn's rule).
+    algorithm : {"auto", "brute"}, default="auto"
+        Always brute force.
+    leaf_size : int, default=30
+        Accepted and ignored.
+    p : float, default=2
+        Accepted for compatibility; only ``metric`` chooses the distance.
+    metric : {"euclidean", "sqeuclidean", "cosine", "manhattan"}, default="euclidean"
+    metric_params : None
+        Accepted for compatibility.
+    n_jobs : int or None, default=None
+        Accepted and ignored: parallelism comes from the ranks (and the GPU).
+    exchange : {"overlap", "blocking", "onesided"}, default="overlap"
+        How index blocks travel around the ring (see :class:`NearestNeighbors`).
+    comm : Communicator or None, default=None
+"""
+
+
+class _SupervisedBase(_NeighborsBase):
+    _parameter_constraints = {
+        **_NeighborsBase._parameter_constraints,
+        "weights": [StrOptions({"uniform", "distance"})],
+        "leaf_size": [int],
+        "p": [int, float],
+        "metric_params": [None, dict],
+    }
+
+    def __init__(self, n_neighbors=5, *, weights="uniform", algorithm="auto", leaf_size=30, p=2,
+                 metric="euclidean", metric_params=None, n_jobs=None, exchange="overlap", comm=None):
+        self.n_neighbors = n_neighbors
+        self.weights = weights
+        self.algorithm = algorithm
+        self.leaf_size = leaf_size
+        self.p = p
+        self.metric = metric
+        self.metric_params = metric_params
+        self.n_jobs = n_jobs
+        self.exchange = exchange
+        self.comm = comm
+
+
+class KNeighborsClassifier(ClassifierMixin, _SupervisedBase):
+    """k-nearest-neighbour vote over the rows of every rank (SPMD), NumPy or CuPy.
+
+    Parameters
+    ----------""" + _DOC_COMMON + """
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+        Sorted union of the labels of every rank (replicated, host).
+    n_samples_fit_ : int
+        Rows of the global index (replicated).
+    effective_metric_ : str
+    n_features_in_ : int
+
+    Notes
+    -----
+    ``fit`` communicates the input agreement, one ``allgather_obj`` of the local label
+    sets and one allgather of the row counts.  ``predict``/``predict_proba`` run the
+    collective ring search of :class:`NearestNeighbors`, with each index row's class
+    code travelling with it.  ``score`` adds one allreduce of ``[correct, weight]``.
+    """
+
+    _saved_attributes = ("classes_", "n_samples_fit_", "effective_metric_", "effective_metric_params_")
+
+    def fit(self, X, y):
+        """Keep this rank's rows and labels as its shard of the index (collective)."""
+        self._validate_fit_params()
+        comm = self._get_comm()
+        X, y, xp = validate_X_y(self, X, y, comm=comm, y_numeric=False, multi_output=False)
+        self.classes_ = global_classes(y, comm)
+        codes = np.searchsorted(self.classes_, _to_host(y)).astype(np.float64)[:, None]
+        self.outputs_2d_ = False
+        return self._fit_index(X, codes if xp is np else xp.asarray(codes))
+
+    def predict_proba(self, X):
+        """Class probabilities of this rank's queries (collective ring search).
+
+        Returns
+        -------
+        ndarray of shape (n_local_queries, n_classes), float64, on the namespace of ``X``.
+        """
+        dist, _, codes, xp = self._search(X, None, with_payload=True)
+        w = _weights(dist, self.weights, xp)
+        codes = codes[..., 0].astype(xp.int64)
+        n, c = codes.shape[0], len(self.classes_)
+        proba = xp.zeros((n, c), dtype=xp.float64)
+        rows = xp.broadcast_to(xp.arange(n)[:, None], codes.shape)
+        if xp is np:
+            np.add.at(proba, (rows.ravel(), codes.ravel()), w.ravel())
+        else:
+            import cupyx
+
+            cupyx.scatter_add(proba, (rows.ravel(), codes.ravel()), w.ravel())
+        total = proba.sum(axis=1, keepdims=True)
+        return proba / xp.where(total > 0, total, 1.0)
+
+    def predict(self, X):
+        """The most probable class of each of this rank's queries (ties to the smallest class)."""
+        proba = self.predict_proba(X)
+        best = _to_host(proba.argmax(axis=1))
+        out = self.classes_[best]
+        xp = get_namespace(proba)
+        return out if xp is np or out.dtype.kind not in "biuf" else xp.asarray(out)
+
+    def score(self, X, y, sample_weight=None):
+        """Mean accuracy over the queries of every rank (the same float on every rank)."""
+        comm = self._get_comm()
+        pred = _to_host(self.predict(X))
+        y, w = _score_inputs(comm, pred.shape[0], y, sample_weight)
+        y = y.ravel()
+        tot = _global_sum(comm, [float(w[pred == y].sum()), float(w.sum())])
+        return float(tot[0] / tot[1]) if tot[1] > 0 else 0.0
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_class = True
+        return tags
+
+
+class KNeighborsRegressor(MultiOutputMixin, RegressorMixin, _SupervisedBase):
+    """k-nearest-neighbour (weighted) mean over the rows of every rank (SPMD), NumPy or CuPy.
+
+    Parameters
+    ----------""" + _DOC_COMMON + """
+    Attributes
+    ----------
+    n_samples_fit_ : int
+        Rows of the global index (replicated).
+    effective_metric_ : str
+    n_features_in_ : int
+
+    Notes
+    -----
+    Targets travel with their index rows as float64 columns.  ``score`` (R² over every
+    rank) adds two allreduces: ``[Σw, Σw·y]``, then ``[Σw·(y-ȳ)², Σw·(y-ŷ)²]``.
+    """
+
+    _saved_attributes = ("n_samples_fit_", "effective_metric_", "effective_metric_params_", "_y_1d")
+
+    def fit(self, X, y):
+        """Keep this rank's rows and targets as its shard of the index (collective)."""
+        self._validate_fit_params()
+        comm = self._get_comm()
+        X, y, xp = validate_X_y(self, X, y, comm=comm, y_numeric=True, multi_output=True)
+        self._y_1d = y.ndim == 1
+        Y = (y[:, None] if y.ndim == 1 else y).astype(xp.float64)
+        return self._fit_index(X, Y)
+
+    def predict(self, X):
+        """Predictions for this rank's queries (collective ring search).
+
+        Returns
+        -------
+        ndarray of shape (n_local_queries,) or (n_local_queries, n_targets), float64.
+        """
+        dist, _, Y, xp = self._search(X, None, with_payload=True)
+        w = _weights(dist, self.weights, xp)
+        pred = (Y * w[..., None]).sum(axis=1) / w.sum(axis=1)[:, None]
+        return pred[:, 0] if self._y_1d else pred
+
+    def score(self, X, y, sample_weight=None):
+        """R² over the queries of every rank (outputs averaged uniformly); the same float everywhere."""
+        comm = self._get_comm()
+        P = _to_host(self.predict(X)).astype(np.float64)
+        P = P[:, None] if P.ndim == 1 else P
+        Y, w = _score_inputs(comm, P.shape[0], y, sample_weight)
+        Y = Y.astype(np.float64)
+        Y = Y[:, None] if Y.ndim == 1 else Y
+        t = P.shape[1]
+        first = _global_sum(comm, np.concatenate([[w.sum()], w @ Y if Y.shape[0] else np.zeros(t)]))
+        mean = first[1:] / first[0]
+        second = _global_sum(comm, np.concatenate([w @ (Y - mean) ** 2, w @ (Y - P) ** 2]) if Y.shape[0]
+                             else np.zeros(2 * t))
+        den, num = second[:t], second[t:]
+        r2 = np.where(den > 0, 1.0 - num / np.where(den > 0, den, 1.0), np.where(num == 0, 1.0, 0.0))
+        return float(np.mean(r2))
+
+    def _set_saved_state(self, state):
+        state = dict(state)
+        if "_y_1d" in state:
+            self._y_1d = bool(state.pop("_y_1d"))
+        super()._set_saved_state(state)
