@@ -307,7 +307,7 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
         self.explained_variance_ = (S.astype(xp.float64) ** 2 / (n - 1)).astype(dtype)
         sq = xp.zeros(1, dtype=xp.float64)
         sq[0] = (Xc.astype(xp.float64, copy=False) ** 2).sum() if Xc.size else 0.0
-        total_var = float(to_numpy(_allreduce(comm, sq))[0]) / (n - 1)
+        total_var = float(to_numpy(_allreduce(comm, sq))[0] / np.float64(n - 1))
         self.explained_variance_ratio_ = (self.explained_variance_.astype(xp.float64) / total_var).astype(dtype)
         self.singular_values_ = S.astype(dtype)
         if self.n_components_ < min(d, n):
@@ -351,11 +351,9 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
 
     # ------------------------------------------------------------------ using the model
     def _local_input(self, X, features=True):
-        from ..comm import get_comm
-
         self._check_is_fitted()
         if features:
-            X, xp = validate_data(self, X, comm=get_comm("self"), reset=False)
+            X, xp = validate_local_rows(self, X)
         else:
             X, xp = _check_local(X)
         return X, xp, self._attributes_on(xp)
@@ -493,6 +491,23 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
         return float(pack[0] / pack[1])
 
 
+def validate_local_rows(estimator, X):
+    """Validate this rank's rows for a local method (transform...): no communication.
+
+    Unlike a single-process fit, a rank may hold no rows: an empty 2-D shard
+    with the right number of features passes and gives empty results.
+    """
+    from ..comm import get_comm
+
+    if getattr(X, "ndim", None) == 2 and X.shape[0] == 0 and hasattr(X, "dtype"):
+        xp = get_namespace(X)
+        if X.shape[1] != estimator.n_features_in_:
+            raise ValueError(f"X has {X.shape[1]} features, but {type(estimator).__name__} is expecting "
+                             f"{estimator.n_features_in_} features as input.")
+        return (X if X.dtype in (xp.float32, xp.float64) else X.astype(xp.float64)), xp
+    return validate_data(estimator, X, comm=get_comm("self"), reset=False)
+
+
 def _check_local(X):
     """Validate a local array given to inverse_transform (no feature-count check, no communication)."""
     from sklearn.utils.validation import check_array
@@ -504,4 +519,4 @@ def _check_local(X):
         if X.dtype not in (xp.float32, xp.float64):
             X = X.astype(xp.float64)
         return X, xp
-    return check_array(X, input_name="X", dtype=[np.float64, np.float32]), np
+    return check_array(X, input_name="X", dtype=[np.float64, np.float32], ensure_min_samples=0), np

@@ -10,7 +10,7 @@ from ..base import SPMDEstimator
 from ..utils._linalg import svd_flip_rows
 from ..utils._param_validation import Interval, StrOptions
 from ..utils._validation import row_counts, validate_data
-from ._pca import _allreduce, _check_local
+from ._pca import _allreduce, _check_local, validate_local_rows
 from ._solvers import block_lanczos_svd, randomized_svd
 
 __all__ = ["TruncatedSVD"]
@@ -166,7 +166,7 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         if self.algorithm == "arpack":
             if not k < min(n, d):
                 raise ValueError(f"n_components({k}) must be < min(n_samples, n_features)={min(n, d)} with "
-                                 "algorithm='arpack'.")
+                                 f"algorithm='arpack' (n_samples={n}, n_features={d}).")
             _, S, Vt, self.n_iter_ = block_lanczos_svd(X, k, comm=comm, xp=xp, tol=self.tol,
                                                        random_state=self.random_state)
         else:
@@ -200,10 +200,8 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         -------
         X_new : ndarray of shape (n_local_samples, n_components)
         """
-        from ..comm import get_comm
-
         self._check_is_fitted()
-        X, xp = validate_data(self, X, comm=get_comm("self"), reset=False)
+        X, xp = validate_local_rows(self, X)
         return X @ self._on(xp).astype(X.dtype, copy=False).T
 
     def inverse_transform(self, X):
