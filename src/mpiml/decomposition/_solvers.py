@@ -1,0 +1,272 @@
+"""Truncated SVD solvers on a row-distributed matrix: randomised range finder and block Lanczos.
+
+Both solvers touch the data only through two products, so that a sparse or an
+implicitly centred operator can replace the dense shard later:
+
+* ``X @ V`` with ``V`` replicated ``(d, b)``: local rows out, no communication;
+* ``X.T @ U`` with ``U`` local rows ``(n_r, b)``: summed over ranks, one
+  allreduce of ``d * b`` values (float64 accumulation).
+
+Every rank runs the same arithmetic on replicated small matrices, so every
+rank takes the same branches and the same number of iterations.
+"""
+
+import warnings
+from numbers import Integral
+
+import numpy as np
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils import check_random_state
+
+from .._array import to_numpy
+from ..utils._linalg import orthonormalize, tsqr
+
+__all__ = ["gaussian_matrix", "randomized_svd", "block_lanczos_svd", "resolve_normalizer"]
+
+
+# ---------------------------------------------------------------------- operator
+def _matvec(X, V):
+    """``X @ V`` on this rank's rows (``V`` cast to the dtype of ``X``: no copy of ``X``)."""
+    return X @ V.astype(X.dtype, copy=False)
+
+
+def _rmatvec(X, U, comm, xp):
+    """``X.T @ U`` summed over ranks, float64, replicated (one allreduce of d x b)."""
+    out = (X.T @ U.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
+    if comm.size > 1:
+        out = comm.allreduce(xp.ascontiguousarray(out))
+    return out
+
+
+# ---------------------------------------------------------------------- randomness
+def gaussian_matrix(random_state, shape, comm, xp, dtype):
+    """A standard normal matrix, the same on every rank, drawn as scikit-learn draws it.
+
+    An int ``random_state`` is expanded on every rank alike (no communication)
+    into ``RandomState(seed).normal(size=shape)``, scikit-learn's first draw;
+    None or a ``RandomState`` instance is drawn on rank 0 and broadcast
+    (``prod(shape)`` float64 values).
+    """
+    if isinstance(random_state, (Integral, np.integer)) or comm.size == 1:
+        G = check_random_state(random_state).normal(size=shape)
+    elif comm.rank == 0:
+        G = comm.bcast(check_random_state(random_state).normal(size=shape))
+    else:
+        G = comm.bcast(np.empty(shape, dtype=np.float64))
+    return xp.asarray(np.asarray(G, dtype=np.float64).astype(dtype, copy=False))
+
+
+def resolve_normalizer(power_iteration_normalizer, n_iter):
+    """(per-iteration normaliser, final orthonormalisation) for a normaliser name.
+
+    ``"auto"``: none for ``n_iter <= 2`` (scikit-learn's rule), CholeskyQR2
+    otherwise (scikit-learn uses LU, which has no communication-avoiding
+    distributed form; only the span of the iterate matters, so any
+    orthonormalisation gives the same subspace).  ``"LU"`` is served by TSQR.
+    """
+    name = power_iteration_normalizer
+    if name == "auto":
+        name = "none" if n_iter <= 2 else "CholeskyQR2"
+    step = {"none": None, "QR": "tsqr", "LU": "tsqr", "CholeskyQR2": "cholesky_qr2"}[name]
+    final = "cholesky_qr2" if step == "cholesky_qr2" else "tsqr"
+    return step, final
+
+
+# ---------------------------------------------------------------------- randomised SVD
+def _local_orth(Y, xp):
+    return xp.linalg.qr(Y, mode="reduced")[0]
+
+
+def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversamples=10, n_iter=4,
+                   power_iteration_normalizer="auto", random_state=None, transpose="auto"):
+    """Randomised truncated SVD of the row-distributed ``X`` (Halko, Martinsson, Tropp 2011).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_local, d)
+        This rank's rows.
+    n_components : int
+    comm : Communicator
+    xp : module
+    n_rows : int
+        Global number of rows.
+    row_offset : int
+        Global index of this rank's first row (used when ``transpose``).
+    n_oversamples, n_iter, power_iteration_normalizer, random_state
+        As scikit-learn's ``randomized_svd``; see :func:`resolve_normalizer`.
+    transpose : bool or "auto", default="auto"
+        Work on ``X.T`` (scikit-learn's choice: when ``n < d``).  The random
+        matrix then has one row per sample; each rank takes its rows of it.
+
+    Returns
+    -------
+    U_local : ndarray of shape (n_local, n_components)
+        This rank's rows of U.
+    s : ndarray of shape (n_components,), replicated
+    Vt : ndarray of shape (n_components, d), replicated
+
+    Signs are not flipped (callers apply scikit-learn's rule on ``Vt``).
+
+    Notes
+    -----
+    With the same integer ``random_state`` the random matrix is scikit-learn's,
+    and the subspace is the same as scikit-learn's up to rounding whatever the
+    normaliser, so the result agrees with scikit-learn's on the gathered data.
+
+    Communicated, with ``l = n_components + n_oversamples``: per power
+    iteration one allreduce of ``d x l`` float64 (``X.T @ Q``) plus the
+    normaliser's (CholeskyQR2: two allreduces of ``l x l`` float64; TSQR: see
+    :func:`mpiml.utils._linalg.tsqr`; none: nothing); at the end one
+    orthonormalisation and one allreduce of ``d x l`` float64 (``B = Q.T X``).
+    Transposed, the roles swap: the ``d x l`` iterate is replicated and the
+    distributed ``n x l`` one is orthonormalised.
+    """
+    n_local, d = X.shape
+    dtype = X.dtype
+    n_random = n_components + n_oversamples
+    if n_iter == "auto":
+        n_iter = 7 if n_components < 0.1 * min(n_rows, d) else 4
+    if transpose == "auto":
+        transpose = n_rows < d
+    step, final = resolve_normalizer(power_iteration_normalizer, n_iter)
+
+    def dist_norm(Y, how):
+        return Y if how is None else orthonormalize(Y, comm, method=how)
+
+    def repl_norm(Y, how):
+        return Y if how is None else _local_orth(Y, xp)
+
+    if not transpose:
+        Omega = gaussian_matrix(random_state, (d, n_random), comm, xp, dtype)
+        Y = _matvec(X, Omega)                                     # (n_local, l), distributed
+        for _ in range(n_iter):
+            Y = dist_norm(Y, step)
+            Z = repl_norm(_rmatvec(X, Y, comm, xp), step)         # (d, l), replicated
+            Y = _matvec(X, Z)
+        Q = orthonormalize(Y, comm, method=final)                 # (n_local, m)
+        B = _rmatvec(X, Q, comm, xp).T                            # (m, d) = Q^T X, replicated
+        Uhat, s, Vt = xp.linalg.svd(B, full_matrices=False)
+        U = Q @ Uhat.astype(dtype, copy=False)
+        return U[:, :n_components], s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
+
+    # transposed: M = X.T (d x n); the random matrix has one row per global sample
+    Omega = gaussian_matrix(random_state, (n_rows, n_random), comm, xp, dtype)[row_offset:row_offset + n_local]
+    Y = _rmatvec(X, Omega, comm, xp)                              # (d, l) = M Omega, replicated
+    for _ in range(n_iter):
+        Y = repl_norm(Y, step)
+        Z = dist_norm(_matvec(X, Y), step)                        # (n_local, l) = M^T Y
+        Y = _rmatvec(X, Z, comm, xp)
+    Q = _local_orth(Y, xp)                                        # (d, m), replicated
+    # B = Q^T M = (X Q)^T, distributed by columns: SVD through the QR of X Q
+    Q2, R = tsqr(_matvec(X, Q), comm, want_q=True)               # X Q = Q2 R
+    Ur, s, Vrt = xp.linalg.svd(R, full_matrices=False)           # R = Ur diag(s) Vrt
+    # B = Vrt^T diag(s) (Q2 Ur)^T  ->  M = (Q Vrt^T) diag(s) (Q2 Ur)^T,  X = (Q2 Ur) diag(s) (Q Vrt^T)^T
+    U = Q2 @ Ur.astype(dtype, copy=False)
+    Vt = (Q.astype(xp.float64) @ Vrt.T).T
+    return U[:, :n_components], s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
+
+
+# ---------------------------------------------------------------------- block Lanczos
+def _orth_against(W, K, xp):
+    """``W`` with the span of ``K`` removed (twice: classical Gram-Schmidt, re-orthogonalised), orthonormal."""
+    if K is not None:
+        for _ in range(2):
+            W = W - K @ (K.T @ W)
+    W = xp.linalg.qr(W, mode="reduced")[0]
+    if K is not None:  # a block that was (nearly) in span(K) came back as rounding noise: clean it again
+        W = W - K @ (K.T @ W)
+        W = xp.linalg.qr(W, mode="reduced")[0]
+    return W
+
+
+def block_lanczos_svd(X, n_components, *, comm, xp, tol=0.0, random_state=None, ncv=None, max_restarts=300):
+    """Top singular triplets of the row-distributed ``X`` by thick-restarted block Lanczos on ``X^T X``.
+
+    The ARPACK-like solver: the Krylov basis lives in the ``d``-dimensional
+    space of the features and is replicated; the only use of the data is
+    ``V -> X^T (X V)``, one allreduce of ``d x b`` float64 per block product.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_local, d)
+    n_components : int
+        ``k``; requires ``k < d``.
+    comm : Communicator
+    xp : module
+    tol : float, default=0.0
+        Stop when every wanted Ritz pair has ``||C v - theta v|| <= tol * theta_max``
+        (``C = X^T X``); 0 means a floor of ``1000 * eps`` of the data's dtype.
+    random_state : int, RandomState instance or None
+        Start block (Gaussian, the same on every rank).
+    ncv : int, default=None
+        Basis size per restart; default ``min(d, max(2k + 1, 20))`` as ARPACK's.
+    max_restarts : int, default=300
+
+    Returns
+    -------
+    U_local : ndarray of shape (n_local, k)
+        ``X V / s`` on this rank's rows (zero columns for zero singular values).
+    s : ndarray of shape (k,), replicated
+    Vt : ndarray of shape (k, d), replicated, unflipped.
+    n_restarts : int
+
+    Notes
+    -----
+    Communicated per block product: one allreduce of ``d x b`` float64, with
+    block size ``b = k``; a restart makes ``ncv / k - 1`` block products (the
+    kept Ritz block's product is reused).  Working on ``X^T X`` squares the
+    condition number, like ARPACK on the normal operator: the top singular
+    values are accurate to about ``eps * s_1^2 / s_k``.
+    """
+    n_local, d = X.shape
+    k = n_components
+    b = max(k, 1)
+    ncv = min(d, max(2 * k + 1, 20)) if ncv is None else min(d, max(int(ncv), b + 1))
+    floor = 1e3 * float(np.finfo(X.dtype).eps)
+    tol_eff = max(float(tol), floor)
+
+    def apply(V):
+        return _rmatvec(X, _matvec(X, V), comm, xp)
+
+    V = _orth_against(gaussian_matrix(random_state, (d, b), comm, xp, xp.float64), None, xp)
+    CV = apply(V)
+    n_restarts = 0
+    converged = False
+    theta = S = K = CK = None
+    for n_restarts in range(1, max_restarts + 1):
+        basis, images = [V], [CV]
+        cols = V.shape[1]
+        while cols < ncv:
+            want = min(b, ncv - cols)
+            K = xp.concatenate(basis, axis=1)
+            W = _orth_against(images[-1][:, :want], K, xp)
+            basis.append(W)
+            images.append(apply(W))
+            cols += W.shape[1]
+        K = xp.concatenate(basis, axis=1)
+        CK = xp.concatenate(images, axis=1)
+        T = K.T @ CK
+        T = (T + T.T) / 2
+        theta, S = xp.linalg.eigh(T)
+        order = xp.argsort(-theta)
+        theta, S = theta[order], S[:, order]
+        ritz, ritz_img = K @ S[:, :b], CK @ S[:, :b]
+        resid = xp.sqrt(((ritz_img - ritz * theta[None, :b]) ** 2).sum(axis=0))
+        top = max(float(theta[0]), 0.0)
+        if K.shape[1] >= d or bool((resid[:k] <= tol_eff * max(top, 1e-300)).all()):
+            converged = True
+            break
+        # thick restart on the wanted Ritz block: orthonormal already (K and S are),
+        # and its image is known, so the restart costs no block product
+        V, CV = ritz, ritz_img
+    if not converged:
+        warnings.warn(f"block Lanczos did not converge in {max_restarts} restarts (largest relative residual "
+                      f"{float(resid.max()) / max(top, 1e-300):.3g} > tol {tol_eff:.3g})",
+                      ConvergenceWarning, stacklevel=3)
+    theta_k = xp.clip(theta[:k], 0, None)
+    s = xp.sqrt(theta_k)
+    Vt = (K @ S[:, :k]).T                                          # (k, d)
+    XV = _matvec(X, Vt.T)
+    inv = xp.where(s > 0, 1.0 / xp.where(s > 0, s, 1.0), 0.0).astype(X.dtype)
+    U = XV * inv[None, :]
+    return U, s.astype(X.dtype), Vt.astype(X.dtype), n_restarts

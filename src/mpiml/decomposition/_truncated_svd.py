@@ -1,0 +1,216 @@
+"""Truncated SVD (latent semantic analysis) of rows spread over ranks (SPMD), on NumPy or CuPy shards."""
+
+from numbers import Integral, Real
+
+import numpy as np
+from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
+
+from .._array import to_numpy
+from ..base import SPMDEstimator
+from ..utils._linalg import svd_flip_rows
+from ..utils._param_validation import Interval, StrOptions
+from ..utils._validation import row_counts, validate_data
+from ._pca import _allreduce, _check_local, validate_local_rows
+from ._solvers import block_lanczos_svd, randomized_svd
+
+__all__ = ["TruncatedSVD"]
+
+
+def _global_variances(X, Xt, n, *, comm, xp):
+    """Sum of the feature variances of ``X`` and the column variances of ``Xt`` (ddof=0), global.
+
+    Two passes for accuracy (means, then squared deviations): two allreduces
+    of ``d + k`` and ``1 + k`` float64.
+    """
+    d, k = X.shape[1], Xt.shape[1]
+    sums = xp.zeros(d + k, dtype=xp.float64)
+    if X.shape[0]:
+        sums[:d] = X.sum(axis=0, dtype=xp.float64)
+        sums[d:] = Xt.sum(axis=0, dtype=xp.float64)
+    means = _allreduce(comm, sums) / n
+    sq = xp.zeros(1 + k, dtype=xp.float64)
+    if X.shape[0]:
+        sq[0] = ((X.astype(xp.float64, copy=False) - means[:d]) ** 2).sum()
+        sq[1:] = ((Xt.astype(xp.float64, copy=False) - means[d:]) ** 2).sum(axis=0)
+    sq = _allreduce(comm, sq) / n
+    return float(to_numpy(sq[:1])[0]), sq[1:]
+
+
+class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
+    """Dimensionality reduction by truncated SVD of rows spread over ranks (SPMD), NumPy or CuPy.
+
+    The data are not centred (unlike :class:`PCA`).  Every rank calls
+    :meth:`fit` with its own rows; the fitted model is the same on every rank
+    and equals scikit-learn's TruncatedSVD on the concatenated rows (to
+    rounding; with ``"randomized"`` and the same integer ``random_state`` the
+    random matrix is scikit-learn's own, so the approximation is too).
+
+    Parameters
+    ----------
+    n_components : int, default=2
+        Number of singular triplets.
+    algorithm : {"randomized", "arpack"}, default="randomized"
+        ``"randomized"``: Halko et al. with ``n_iter`` power iterations, the
+        distributed iterate orthonormalised by TSQR or CholeskyQR2.
+        ``"arpack"``: thick-restarted block Lanczos on the distributed
+        operator ``X^T X`` (one allreduce of ``d x k`` per block product); it
+        converges to the same triplets as ARPACK, not by ARPACK's iteration.
+    n_iter : int, default=5
+        Power iterations of ``"randomized"``.
+    n_oversamples : int, default=10
+        Extra random vectors of ``"randomized"``.
+    power_iteration_normalizer : {"auto", "QR", "LU", "none", "CholeskyQR2"}, default="auto"
+        As :class:`PCA`'s: ``"QR"``/``"LU"`` use TSQR, ``"auto"`` is none for
+        ``n_iter <= 2`` and CholeskyQR2 (falling back to TSQR) otherwise.
+    random_state : int, RandomState instance or None, default=None
+        An int gives scikit-learn's random matrix on every rank; otherwise
+        rank 0 draws and broadcasts it.
+    tol : float, default=0.0
+        ``"arpack"``: relative residual of the Ritz pairs (0: about ``1000 eps``).
+    comm : Communicator or None, default=None
+        Communicator of the ranks that share the data; None is the world.
+
+    Attributes
+    ----------
+    components_ : ndarray of shape (n_components, n_features)
+        Right singular vectors, replicated; NumPy or CuPy like ``X``.
+    explained_variance_ : ndarray of shape (n_components,)
+        Variance of each projection over all rows; replicated.
+    explained_variance_ratio_ : ndarray of shape (n_components,)
+        Replicated.
+    singular_values_ : ndarray of shape (n_components,)
+        Replicated.
+    n_features_in_ : int
+
+    Notes
+    -----
+    Communicated per fit (``d`` features, ``k`` components, ``l = k + n_oversamples``):
+    the input agreement (one small ``allgather_obj``), the row counts
+    (allgather of one int64), then
+
+    - ``"randomized"``: per power iteration one allreduce of ``d x l``
+      float64 (``X^T Q``) plus the normaliser's (CholeskyQR2: two allreduces
+      of ``l x l`` float64); at the end one orthonormalisation and one
+      allreduce of ``d x l`` float64; when ``n < d`` the roles of the two
+      sides swap (scikit-learn's ``transpose``);
+    - ``"arpack"``: one allreduce of ``d x k`` float64 per block product;
+    - the variances: two allreduces of ``d + k`` and ``k + 1`` float64.
+
+    :meth:`transform` and :meth:`inverse_transform` act on local rows and
+    communicate nothing.  Only ``X @ V`` and ``X.T @ U`` touch the data in
+    ``fit``, so a sparse shard can take the same path.
+    """
+
+    _parameter_constraints = {
+        **SPMDEstimator._parameter_constraints,
+        "n_components": [Interval(Integral, 1, None, closed="left")],
+        "algorithm": [StrOptions({"arpack", "randomized"})],
+        "n_iter": [Interval(Integral, 0, None, closed="left")],
+        "n_oversamples": [Interval(Integral, 1, None, closed="left")],
+        "power_iteration_normalizer": [StrOptions({"auto", "QR", "LU", "none", "CholeskyQR2"})],
+        "random_state": ["random_state"],
+        "tol": [Interval(Real, 0, None, closed="left")],
+    }
+    _saved_attributes = ("components_", "explained_variance_", "explained_variance_ratio_", "singular_values_")
+
+    def __init__(self, n_components=2, *, algorithm="randomized", n_iter=5, n_oversamples=10,
+                 power_iteration_normalizer="auto", random_state=None, tol=0.0, comm=None):
+        self.n_components = n_components
+        self.algorithm = algorithm
+        self.n_iter = n_iter
+        self.n_oversamples = n_oversamples
+        self.power_iteration_normalizer = power_iteration_normalizer
+        self.random_state = random_state
+        self.tol = tol
+        self.comm = comm
+
+    @property
+    def _n_features_out(self):
+        return self.components_.shape[0]
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = False
+        tags.transformer_tags.preserves_dtype = ["float64", "float32"]
+        return tags
+
+    def fit(self, X, y=None):
+        """Fit the model on the rows of every rank.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_local_samples, n_features)
+            This rank's rows (NumPy or CuPy; float64 and float32 are kept).
+        y : Ignored
+
+        Returns
+        -------
+        self : TruncatedSVD
+        """
+        self.fit_transform(X)
+        return self
+
+    def fit_transform(self, X, y=None):
+        """Fit, then return the projections ``X @ components_.T`` of this rank's rows.
+
+        Returns
+        -------
+        X_new : ndarray of shape (n_local_samples, n_components)
+        """
+        self._validate_params()
+        comm = self._get_comm()
+        X, xp = validate_data(self, X, comm=comm, ensure_min_features=2)
+        counts = row_counts(X.shape[0], comm)
+        n, d = int(counts.sum()), X.shape[1]
+        k = self.n_components
+        if self.algorithm == "arpack":
+            if not k < min(n, d):
+                raise ValueError(f"n_components({k}) must be < min(n_samples, n_features)={min(n, d)} with "
+                                 f"algorithm='arpack' (n_samples={n}, n_features={d}).")
+            _, S, Vt, self.n_iter_ = block_lanczos_svd(X, k, comm=comm, xp=xp, tol=self.tol,
+                                                       random_state=self.random_state)
+        else:
+            if k > d:
+                raise ValueError(f"n_components({k}) must be <= n_features({d}).")
+            _, S, Vt = randomized_svd(X, k, comm=comm, xp=xp, n_rows=n, row_offset=int(counts[:comm.rank].sum()),
+                                      n_oversamples=self.n_oversamples, n_iter=self.n_iter,
+                                      power_iteration_normalizer=self.power_iteration_normalizer,
+                                      random_state=self.random_state)
+        _, Vt = svd_flip_rows(Vt)
+        self.components_ = xp.ascontiguousarray(Vt.astype(X.dtype, copy=False))
+        X_transformed = X @ self.components_.T
+        full_var, exp_var = _global_variances(X, X_transformed, n, comm=comm, xp=xp)
+        self.explained_variance_ = exp_var.astype(X.dtype)
+        self.explained_variance_ratio_ = (exp_var / full_var).astype(X.dtype)
+        self.singular_values_ = S.astype(X.dtype, copy=False)
+        return X_transformed
+
+    def _on(self, xp):
+        C = self.components_
+        if xp is np and not isinstance(C, np.ndarray):
+            return C.get()
+        if xp is not np and isinstance(C, np.ndarray):
+            return xp.asarray(C)
+        return C
+
+    def transform(self, X):
+        """Project this rank's rows: ``X @ components_.T`` (no communication).
+
+        Returns
+        -------
+        X_new : ndarray of shape (n_local_samples, n_components)
+        """
+        self._check_is_fitted()
+        X, xp = validate_local_rows(self, X)
+        return X @ self._on(xp).astype(X.dtype, copy=False).T
+
+    def inverse_transform(self, X):
+        """Map projections back: ``X @ components_`` (no communication).
+
+        Returns
+        -------
+        X_original : ndarray of shape (n_local_samples, n_features)
+        """
+        self._check_is_fitted()
+        X, xp = _check_local(X)
+        return X @ self._on(xp).astype(X.dtype, copy=False)

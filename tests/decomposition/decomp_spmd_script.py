@@ -1,0 +1,242 @@
+"""Multi-rank PCA and TruncatedSVD checks, run under ``mpiexec -n N`` by test_decomposition_mpi.py.
+
+Every rank builds the same global data, keeps an uneven shard (rank r holds a
+share proportional to r + 1; one variant leaves rank 0 empty), and compares
+the SPMD estimators with scikit-learn fitted on the whole data and with mpiml
+on one process.  Verdicts are collective (tests/_spmd.py).
+
+Usage: decomp_spmd_script.py [OUTDIR]   (OUTDIR: a PCA model file and the data are written there)
+"""
+
+import sys
+import warnings
+
+import numpy as np
+from sklearn import decomposition as skd
+
+import mpiml
+from mpiml import DistributedInputError
+from mpiml.comm import get_comm
+from mpiml.decomposition import PCA, TruncatedSVD
+
+from _spmd import assert_close, check, guarded
+
+comm = get_comm()
+SELF = get_comm("self")
+rank, size = comm.rank, comm.size
+OUT = sys.argv[1] if len(sys.argv) > 1 else None
+
+
+def bounds(n, empty_first=False):
+    w = np.arange(1, size + 1, dtype=np.float64)
+    if empty_first and size > 1:
+        w[0] = 0.0
+    return np.concatenate([[0], np.round(np.cumsum(w) / w.sum() * n).astype(int)])
+
+
+def shard(a, empty_first=False):
+    b = bounds(a.shape[0], empty_first)
+    return a[b[rank]:b[rank + 1]]
+
+
+def gathered(a):
+    return comm.allgatherv(np.ascontiguousarray(a)) if size > 1 else a
+
+
+def rel(a, b):
+    return abs(a - b) / max(abs(b), 1e-300)
+
+
+def make_data(n, d, seed, offset=3.0):
+    """Rows with a well-separated spectrum (distinct singular values) around a non-zero mean."""
+    rs = np.random.RandomState(seed)
+    V, _ = np.linalg.qr(rs.randn(d, d))
+    scales = 10.0 * 0.8 ** np.arange(d)
+    return (rs.randn(n, d) * scales) @ V.T + offset * rs.randn(d)
+
+
+def compare(est, sk, tag, attrs, rtol=1e-6):
+    for name in attrs:
+        got, want = getattr(est, name), getattr(sk, name)
+        if np.ndim(want) == 0:
+            check(rel(float(got), float(want)) < rtol or abs(float(got) - float(want)) < 1e-12,
+                  f"{tag}: {name} {got} vs scikit-learn {want}")
+        else:
+            want = np.asarray(want)
+            assert_close(np.asarray(got), want, f"{tag}: {name}", rtol=rtol, atol=rtol * 1e-3 * np.abs(want).max())
+
+
+PCA_ATTRS = ("components_", "explained_variance_", "explained_variance_ratio_", "singular_values_", "mean_",
+             "noise_variance_", "n_components_", "n_samples_")
+TSVD_ATTRS = ("components_", "explained_variance_", "explained_variance_ratio_", "singular_values_")
+
+
+def same_error_everywhere(fn, cls, tag, contains=""):
+    """``fn()`` must raise ``cls`` on every rank with the same text."""
+    msg = None
+    try:
+        fn()
+    except cls as exc:
+        msg = str(exc)
+    except Exception as exc:  # the wrong class is a failure, reported as such
+        msg = f"WRONG {type(exc).__name__}: {exc}"
+    every = comm.allgather_obj(msg) if size > 1 else [msg]
+    check(all(m is not None and not m.startswith("WRONG") for m in every), f"{tag}: not raised as {cls.__name__}: {every}")
+    check(len(set(every)) == 1, f"{tag}: different messages across ranks: {every}")
+    check(contains in (every[0] or ""), f"{tag}: {every[0]!r} does not contain {contains!r}")
+
+
+def pca_checks():
+    X = make_data(240, 16, 0)
+    for empty in (False, True):
+        Xl = shard(X, empty)
+        rows = slice(bounds(len(X), empty)[rank], bounds(len(X), empty)[rank + 1])
+        for solver, ncs in (("covariance_eigh", (5, None, 0.8, "mle")), ("full", (5, None, 0.8, "mle")),
+                            ("randomized", (5,)), ("arpack", (5,))):
+            for nc in ncs:
+                for whiten in ((False, True) if nc == 5 else (False,)):
+                    tag = f"PCA {solver} n_components={nc} whiten={whiten} empty={empty}"
+                    kw = dict(n_components=nc, svd_solver=solver, whiten=whiten, random_state=0)
+                    est = PCA(**kw)
+                    Z = est.fit_transform(Xl)
+                    sk = skd.PCA(**kw)
+                    Zsk = sk.fit_transform(X)
+                    compare(est, sk, tag, PCA_ATTRS)
+                    assert_close(Z, Zsk[rows], f"{tag}: fit_transform", rtol=1e-6, atol=1e-9 * np.abs(Zsk).max())
+                    assert_close(est.transform(Xl), sk.transform(X)[rows], f"{tag}: transform",
+                                 rtol=1e-6, atol=1e-9 * np.abs(Zsk).max())
+                    assert_close(est.inverse_transform(Z), sk.inverse_transform(Zsk)[rows],
+                                 f"{tag}: inverse_transform", rtol=1e-6, atol=1e-9 * np.abs(X).max())
+                    if nc == 5 and not whiten:
+                        check(rel(est.score(Xl), sk.score(X)) < 1e-9, f"{tag}: score {est.score(Xl)} vs {sk.score(X)}")
+                        assert_close(est.score_samples(Xl), sk.score_samples(X)[rows], f"{tag}: score_samples",
+                                     rtol=1e-8)
+                        one = PCA(**kw, comm=SELF).fit(X)
+                        assert_close(est.components_, one.components_, f"{tag}: N ranks vs 1 rank",
+                                     rtol=1e-9, atol=1e-12)
+
+    # copy=False centres this rank's rows in place (as scikit-learn does) and stays correct
+    Xl = shard(X).copy()
+    est = PCA(5, svd_solver="full", copy=False).fit(Xl)
+    sk = skd.PCA(5, svd_solver="full").fit(X)
+    compare(est, sk, "PCA copy=False", PCA_ATTRS)
+
+    # "auto" picks the same solver as scikit-learn on the global shape
+    for shape in ((240, 16), (60, 40)):
+        Xa = make_data(*shape, 1)
+        est = PCA(3, random_state=0).fit(shard(Xa))
+        sk = skd.PCA(3, random_state=0).fit(Xa)
+        check(est._fit_svd_solver == sk._fit_svd_solver, f"auto solver {est._fit_svd_solver} vs {sk._fit_svd_solver}")
+        compare(est, sk, f"PCA auto {shape}", PCA_ATTRS)
+
+    # wide data (n < d): full (TSQR of a wide matrix) and randomized (transposed)
+    W = make_data(30, 50, 2)
+    for solver in ("full", "randomized", "covariance_eigh"):
+        est = PCA(4, svd_solver=solver, random_state=1).fit(shard(W))
+        sk = skd.PCA(4, svd_solver=solver, random_state=1).fit(W)
+        compare(est, sk, f"PCA wide {solver}", PCA_ATTRS)
+
+    # float32 is kept
+    X32 = X.astype(np.float32)
+    for solver in ("covariance_eigh", "full", "randomized"):
+        est = PCA(4, svd_solver=solver, random_state=0).fit(shard(X32))
+        sk = skd.PCA(4, svd_solver=solver, random_state=0).fit(X32)
+        check(est.components_.dtype == np.float32 and est.transform(shard(X32)).dtype == np.float32,
+              f"PCA float32 {solver}: dtype")
+        assert_close(est.components_, sk.components_, f"PCA float32 {solver}: components", rtol=1e-3, atol=1e-4)
+        assert_close(est.explained_variance_, sk.explained_variance_, f"PCA float32 {solver}: variance", rtol=1e-4)
+
+    # rank-deficient X: duplicated and constant columns
+    D = make_data(120, 8, 3)
+    D[:, 5] = D[:, 1]
+    D[:, 7] = 2.0
+    for solver in ("covariance_eigh", "full", "randomized", "arpack"):
+        est = PCA(4, svd_solver=solver, random_state=0).fit(shard(D))
+        sk = skd.PCA(4, svd_solver=solver, random_state=0).fit(D)
+        compare(est, sk, f"PCA rank-deficient {solver}", PCA_ATTRS)
+    full = PCA(None, svd_solver="full").fit(shard(D))
+    skf = skd.PCA(None, svd_solver="full").fit(D)
+    assert_close(full.explained_variance_, skf.explained_variance_, "PCA rank-deficient all variances",
+                 rtol=1e-6, atol=1e-10 * skf.explained_variance_.max())
+    assert_close(full.components_[:6], skf.components_[:6], "PCA rank-deficient non-null components",
+                 rtol=1e-6, atol=1e-9)
+
+
+def tsvd_checks():
+    X = make_data(240, 30, 4, offset=5.0)
+    for empty in (False, True):
+        Xl = shard(X, empty)
+        rows = slice(bounds(len(X), empty)[rank], bounds(len(X), empty)[rank + 1])
+        for kw in (dict(), dict(n_iter=1, power_iteration_normalizer="none"), dict(power_iteration_normalizer="QR"),
+                   dict(n_iter=7, power_iteration_normalizer="LU"), dict(algorithm="arpack")):
+            tag = f"TruncatedSVD {kw} empty={empty}"
+            est = TruncatedSVD(5, random_state=0, **kw)
+            Z = est.fit_transform(Xl)
+            sk = skd.TruncatedSVD(5, random_state=0, **kw)
+            Zsk = sk.fit_transform(X)
+            compare(est, sk, tag, TSVD_ATTRS)
+            assert_close(Z, Zsk[rows], f"{tag}: fit_transform", rtol=1e-6, atol=1e-9 * np.abs(Zsk).max())
+            assert_close(est.transform(Xl), sk.transform(X)[rows], f"{tag}: transform", rtol=1e-6,
+                         atol=1e-9 * np.abs(Zsk).max())
+            assert_close(est.inverse_transform(Z), sk.inverse_transform(Zsk)[rows], f"{tag}: inverse_transform",
+                         rtol=1e-6, atol=1e-9 * np.abs(X).max())
+        one = TruncatedSVD(5, random_state=0, comm=SELF).fit(X)
+        assert_close(est.components_, one.components_, "TruncatedSVD N ranks vs 1 rank", rtol=1e-9, atol=1e-12)
+    # a slowly decaying spectrum, unconverged: still scikit-learn's answer for the same random matrix
+    N = np.random.RandomState(5).randn(200, 40)
+    est = TruncatedSVD(3, n_iter=2, random_state=7).fit(shard(N))
+    sk = skd.TruncatedSVD(3, n_iter=2, random_state=7).fit(N)
+    compare(est, sk, "TruncatedSVD noisy n_iter=2", TSVD_ATTRS)
+    # wide: scikit-learn transposes
+    W = make_data(25, 60, 6)
+    for alg in ("randomized", "arpack"):
+        est = TruncatedSVD(4, algorithm=alg, random_state=2).fit(shard(W))
+        sk = skd.TruncatedSVD(4, algorithm=alg, random_state=2).fit(W)
+        compare(est, sk, f"TruncatedSVD wide {alg}", TSVD_ATTRS)
+
+
+def error_checks():
+    X = make_data(40, 6, 8)
+    Xl = shard(X)
+    same_error_everywhere(lambda: PCA(7, svd_solver="full").fit(Xl), ValueError, "PCA too many components",
+                          "n_components=7 must be between 0 and min(n_samples, n_features)=6")
+    same_error_everywhere(lambda: PCA(6, svd_solver="arpack").fit(Xl), ValueError, "PCA arpack k = min",
+                          "must be strictly less than")
+    same_error_everywhere(lambda: PCA(0.5, svd_solver="randomized").fit(Xl), ValueError, "PCA float randomized",
+                          "must be between 1 and")
+    same_error_everywhere(lambda: PCA("mle", svd_solver="full").fit(make_data(5, 6, 0)[:5] if rank == 0
+                                                                     else np.empty((0, 6))),
+                          ValueError, "PCA mle wide", "only supported if n_samples >= n_features")
+    same_error_everywhere(lambda: TruncatedSVD(7).fit(Xl), ValueError, "TruncatedSVD too many", "must be <=")
+    same_error_everywhere(lambda: PCA(n_components=-1).fit(Xl), ValueError, "bad parameter", "'n_components'")
+    if size > 1:
+        bad = Xl.copy()
+        if rank == size - 1:
+            bad[0, 0] = np.nan
+        for est in (PCA(2), TruncatedSVD(2)):
+            same_error_everywhere(lambda: est.fit(bad), DistributedInputError, f"NaN {type(est).__name__}",
+                                  f"NaN on rank(s) [{size - 1}]")
+        narrow = Xl[:, :5] if rank == 1 else Xl
+        same_error_everywhere(lambda: PCA(2).fit(narrow), DistributedInputError, "n_features differ",
+                              "X has 5 features on rank 1 but 6 on rank 0")
+    else:
+        bad = Xl.copy()
+        bad[0, 0] = np.nan
+        same_error_everywhere(lambda: PCA(2).fit(bad), ValueError, "NaN single", "Input X contains NaN")
+
+
+def main():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        pca_checks()
+        tsvd_checks()
+        error_checks()
+    if OUT is not None:
+        X = make_data(240, 16, 0)
+        est = PCA(4, whiten=True).fit(shard(X))
+        mpiml.save(est, f"{OUT}/pca.mpiml")
+        if rank == 0:
+            np.save(f"{OUT}/X.npy", X)
+
+
+guarded(main, comm)
