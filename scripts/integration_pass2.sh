@@ -13,6 +13,7 @@ LOG="$OUT/integration2.log"
 export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 MPIRUN="mpirun --allow-run-as-root --bind-to none --oversubscribe"
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+RANKS=1; [ "$NGPU" -gt 1 ] && RANKS="1,$NGPU"
 SUMMARY=()
 T0=$SECONDS
 step() {  # step NAME SECONDS COMMAND...
@@ -33,8 +34,8 @@ step "GPU tests: neighbours, decompositions, the k = 1024 float64 step" 150 pyth
     "tests/cluster/test_gpu_kmeans.py::test_fused_step_matches_host"
 step "mpiml.init under mpirun ($NGPU ranks)" 30 $MPIRUN -n "$NGPU" python3 -c \
     "import mpiml; from mpiml.comm import get_comm; d = mpiml.init(); c = get_comm(); print(f'rank {c.rank}: device {d}, {mpiml.device_info()[\"how\"]}')"
-step "bench ml linreg (GPU)" 60 python3 -m mpiml bench ml --algo linreg --device gpu --ranks "1,$NGPU" \
+step "bench ml linreg (GPU)" 60 python3 -m mpiml bench ml --algo linreg --device gpu --ranks "$RANKS" \
     --rows 1e7 --repeats 2 --sklearn-rows 1e6 --out "$OUT/results" --tag gpu_h200x$NGPU
-step "bench ml rf (GPU)" 60 python3 -m mpiml bench ml --algo rf --device gpu --ranks "1,$NGPU" \
+step "bench ml rf (GPU)" 60 python3 -m mpiml bench ml --algo rf --device gpu --ranks "$RANKS" \
     --rows 1e6 --trees 20 --depth 10 --sklearn-rows 2e5 --out "$OUT/results"
 { echo "=== summary"; for s in "${SUMMARY[@]}"; do echo "  $s"; done; } | tee -a "$LOG"
