@@ -125,7 +125,9 @@ def _worker(args, outfile):
     if use_gpu:
         import cupy as xp
 
-        xp.cuda.Device(world.rank % xp.cuda.runtime.getDeviceCount()).use()
+        from .. import init
+
+        init(device="gpu")  # local rank mod visible GPUs
     else:
         xp = np
     dtype = np.dtype(args.dtype)

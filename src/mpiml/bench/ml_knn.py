@@ -67,9 +67,9 @@ def _worker(args, outfile):
     world = get_comm()
     use_gpu = args.device == "gpu"
     if use_gpu:
-        import cupy
+        from .. import init
 
-        cupy.cuda.Device(world.rank % cupy.cuda.runtime.getDeviceCount()).use()
+        init(device="gpu")  # local rank mod visible GPUs
     device = "gpu" if use_gpu else "cpu"
     runs = []
     for R in [int(r) for r in args.ranks.split(",")]:
