@@ -223,6 +223,8 @@ class Communicator(PointToPoint):
         if self.prefer not in ("auto", None, self._world.name) and memory == "device":
             if self.prefer in avail and self._device_backend_usable(self.prefer):
                 return self.prefer, "native"
+            if self.prefer in self._unavailable:  # asked for by name: the agreed reason, on every rank
+                raise CommError(f"backend {self.prefer!r} cannot run here: {self._unavailable[self.prefer]}")
         backend, algo = self._tuning.choose(op, nbytes, self.size, memory, avail)
         if backend not in (self._world.name, "mpi", "self") and not self._device_backend_usable(backend):
             backend, algo = self._tuning.choose(op, nbytes, self.size, memory, (self._world.name,))
