@@ -142,6 +142,38 @@ def main():
             g = np.zeros(n * P, dtype=dtype)
             _pipeline.ring_allgather(t, xs[R].copy(), g, engine=e, chunk_bytes=chunk).wait()
             assert_close(g, np.concatenate(xs), f"ring allgather {tag}", exact=True)
+    # the ring / chain algorithms take the transport's pipelined path for device buffers (here: arrays
+    # of a class that claims to be CuPy's, served by the late engine)
+    class Device(np.ndarray):
+        pass
+
+    Device.__module__ = "cupy._fake"
+    used = []
+
+    def engine(transport, given):
+        used.append(1)
+        return LateEngine(len(used) * 17 + R)
+
+    real, _pipeline._engine = _pipeline._engine, engine
+    try:
+        from mpiml.comm.algorithms import Channel, get_algorithm
+        xs = [data(r, 1001, np.float32, 99) for r in range(P)]
+        x, out = xs[R].copy().view(Device), np.zeros(1001, np.float32).view(Device)
+        get_algorithm("allreduce", "ring").run(Channel(t, np, "allreduce[ring]"), x, out, "sum")
+        assert_close(np.asarray(out), reduce_np(xs, "sum"), "allreduce[ring] through the transport", exact=True)
+        b = xs[R].copy().view(Device)
+        get_algorithm("bcast", "chain").run(Channel(t, np, "bcast[chain]"), b, P - 1)
+        assert_close(np.asarray(b), xs[P - 1], "bcast[chain] through the transport", exact=True)
+        g = np.zeros(1001 * P, np.float32).view(Device)
+        get_algorithm("allgather", "ring").run(Channel(t, np, "allgather[ring]"), x, g)
+        assert_close(np.asarray(g), np.concatenate(xs), "allgather[ring] through the transport", exact=True)
+        check(len(used) == (3 if P > 1 else 0), f"pipelined path taken {len(used)} times")
+        used.clear()
+        get_algorithm("allreduce", "ring").run(Channel(t, np, "allreduce[ring]"), xs[R].copy(),
+                                               np.empty(1001, np.float32), "sum")
+        check(not used, "host buffers took the staged path")
+    finally:
+        _pipeline._engine = real
     # a peer that never comes: the others time out (no hang), with the op named
     if P >= 2:
         import os
@@ -188,3 +220,20 @@ def test_cost_formulas():
     # chain bcast: ~ n over the slowest of copy and wire, plus the fill
     assert n / 10e9 <= chain_bcast_cost(n, 4, 4 << 20, m) <= n / 10e9 + 3 * (5e-6 + (4 << 20) / 10e9) + 16 * 30e-6
     assert chain_bcast_cost(n, 1, 4 << 20, m) == 0.0
+
+
+def test_auto_picks_the_pipelined_ring_when_mpi_is_the_path():
+    from mpiml.comm._tuning import TuningTable, load_default_rules
+
+    table = TuningTable(load_default_rules())
+    only_mpi = ("mpi",)
+    for p in (2, 3, 4, 8):
+        assert table.choose("allreduce", 64 << 20, p, "device", only_mpi) == ("mpi", "ring")
+        assert table.choose("bcast", 64 << 20, p, "device", only_mpi) == ("mpi", "chain")
+        assert table.choose("allgather", 64 << 20, p, "device", only_mpi) == ("mpi", "ring")
+        assert table.choose("allreduce", 4, p, "device", only_mpi) == ("mpi", "native")
+        # where NCCL or IPC run, they keep the device messages
+        assert table.choose("allreduce", 64 << 20, p, "device", ("mpi", "nccl", "ipc"))[0] != "mpi"
+    # host buffers: MPI's own collectives; one rank: nothing to pipeline
+    assert table.choose("allreduce", 64 << 20, 2, "host", only_mpi) == ("mpi", "native")
+    assert table.choose("allreduce", 64 << 20, 1, "device", ("self",)) == ("self", "native")
