@@ -239,3 +239,29 @@ def test_auto_picks_the_pipelined_ring_when_mpi_is_the_path():
     # host buffers: MPI's own collectives; one rank: nothing to pipeline
     assert table.choose("allreduce", 64 << 20, 2, "host", only_mpi) == ("mpi", "native")
     assert table.choose("allreduce", 64 << 20, 1, "device", ("self",)) == ("self", "native")
+
+
+def test_tuning_rules_per_mode():
+    from mpiml.comm._tuning import Rule, TuningTable, load_default_rules, stream_mode
+
+    avail = ("mpi", "nccl", "ipc")
+    table = TuningTable([
+        Rule(op="bcast", memory="device", mode="eager", max_bytes=1 << 20, backend="ipc", algorithm="pull"),
+        Rule(op="bcast", memory="device", backend="nccl", algorithm="native"),
+    ])
+    assert table.choose("bcast", 1 << 20, 4, "device", avail, "eager") == ("ipc", "pull")
+    assert table.choose("bcast", 1 << 20, 4, "device", avail, "graph") == ("nccl", "native")
+    assert table.choose("bcast", 4 << 20, 4, "device", avail, "eager") == ("nccl", "native")
+    assert table.choose("bcast", 1 << 20, 4, "device", avail) == ("ipc", "pull")  # eager by default
+    # a table is data: it round-trips with its modes, and an unknown mode is refused
+    assert TuningTable.from_data(table.to_data()).choose("bcast", 1, 4, "device", avail, "graph")[0] == "nccl"
+    with pytest.raises(ValueError, match="mode"):
+        Rule(op="bcast", mode="captured")
+    # the checked-in defaults hold no mode-specific rule yet: both modes choose alike
+    defaults = TuningTable(load_default_rules())
+    for op in ("allreduce", "bcast", "reduce", "allgather"):
+        for nbytes in (4, 1 << 16, 1 << 20, 64 << 20):
+            for p in (2, 3, 4, 8):
+                assert defaults.choose(op, nbytes, p, "device", avail, "eager") == \
+                    defaults.choose(op, nbytes, p, "device", avail, "graph")
+    assert stream_mode("host") == "eager"
