@@ -1,6 +1,7 @@
 """Random forests over the rows of every rank (SPMD): global (exact, all rows) or local training."""
 
 import math
+import os
 import time
 from numbers import Integral, Real
 
@@ -46,6 +47,14 @@ def _n_features_to_draw(max_features, n_features, name):
                              f"got {max_features}")
         return int(max_features)
     return max(1, int(max_features * n_features))
+
+
+def _batch_elements(xp):
+    """Trees x local rows grown together: ``MPIML_RF_BATCH_ELEMENTS``, else 2**28 on GPUs, 2**26 on hosts."""
+    env = os.environ.get("MPIML_RF_BATCH_ELEMENTS")
+    if env:
+        return int(env)
+    return 1 << 28 if xp is not np else 1 << 26
 
 
 def _agree_max(comm, values):
@@ -99,6 +108,12 @@ class _BaseForest(SPMDEstimator):
         "random_state": ["random_state"],
         "n_jobs": [Integral, None],
         "verbose": ["verbose"],
+        "max_leaf_nodes": [Interval(Integral, 2, None, closed="left"), None],
+        "min_impurity_decrease": [Interval(Real, 0.0, None, closed="left")],
+        "oob_score": ["boolean", callable],
+        "warm_start": ["boolean"],
+        "ccp_alpha": [Interval(Real, 0.0, None, closed="left")],
+        "monotonic_cst": ["array-like", None],
         "max_bins": [Interval(Integral, 2, 256, closed="both")],
         "training": [StrOptions({"global", "local"})],
     }
@@ -149,11 +164,17 @@ class _BaseForest(SPMDEstimator):
                 lam = 1.0 if ms is None else (ms / n_rows if isinstance(ms, Integral) else
                                               max(round(ms * n_rows), 1) / n_rows)
             kmax = poisson_max(lam) if lam is not None else 1
+            # agreed: the largest weight and |target|, whether some weight is not an integer, and the
+            # smallest batch of elements a rank asks for (the batches set the sequence of allreduces)
             local = [float(xp.max(wl)) if wl.shape[0] else 0.0,
-                     float(xp.max(xp.abs(tl))) if (wl.shape[0] and not self._is_classifier) else 0.0]
-            mw, my = (_agree_max(comm_, local) if comm_ is not None else np.asarray(local)).tolist()
+                     float(xp.max(xp.abs(tl))) if (wl.shape[0] and not self._is_classifier) else 0.0,
+                     float(bool(wl.shape[0]) and bool(xp.any(wl != xp.rint(wl)))),
+                     -float(_batch_elements(xp))]
+            mw, my, fractional, batch = (_agree_max(comm_, local) if comm_ is not None else np.asarray(local)).tolist()
             budget = 2.0 ** FIXED_POINT_BITS / (max(n_rows, 1) * kmax)
             s_w = power_of_two_below(budget / mw) if mw > 0 else 1.0
+            if not fractional and mw <= budget:
+                s_w = 1.0          # integer weights are their own fixed point: small sums, 32-bit GPU atomics
             s_y = power_of_two_below(budget / (mw * my)) if mw > 0 and my > 0 else 1.0
             s_y2 = power_of_two_below(budget / (mw * my * my)) if mw > 0 and my > 0 else 1.0
             t0 = time.perf_counter()
@@ -167,7 +188,8 @@ class _BaseForest(SPMDEstimator):
                 min_samples_leaf=_n_from(self.min_samples_leaf, n_rows), max_features=mf,
                 min_weight_fraction_leaf=self.min_weight_fraction_leaf,
                 bootstrap_rate=lam, seed=seed, scales=(s_w, s_y, s_y2),
-                max_local_rows=int(counts.max()) if comm_ is not None else Xl.shape[0],
+                max_local_rows=int(counts.max()) if comm_ is not None else Xl.shape[0], batch_elements=int(-batch),
+                min_impurity_decrease=self.min_impurity_decrease,
                 y_tol=max(np.finfo(np.float64).eps, 1e-9 * my * my), verbose=self.verbose, rank=comm.rank,
                 comm=comm_, xp=xp)
             return TreeGrower(spec)
@@ -448,9 +470,10 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
     _saved_attributes = _BaseForest._saved_attributes + ("classes_", "n_classes_")
 
     def __init__(self, n_estimators=100, *, criterion="gini", max_depth=None, min_samples_split=2,
-                 min_samples_leaf=1, min_weight_fraction_leaf=0.0, max_features="sqrt", bootstrap=True,
-                 max_samples=None, class_weight=None, random_state=None, n_jobs=None, verbose=0, max_bins=256,
-                 training="global", comm=None):
+                 min_samples_leaf=1, min_weight_fraction_leaf=0.0, max_features="sqrt", max_leaf_nodes=None,
+                 min_impurity_decrease=0.0, bootstrap=True, oob_score=False, n_jobs=None, random_state=None,
+                 verbose=0, warm_start=False, class_weight=None, ccp_alpha=0.0, max_samples=None, monotonic_cst=None,
+                 max_bins=256, training="global", comm=None):
         self.n_estimators = n_estimators
         self.criterion = criterion
         self.max_depth = max_depth
@@ -458,12 +481,18 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
         self.min_samples_leaf = min_samples_leaf
         self.min_weight_fraction_leaf = min_weight_fraction_leaf
         self.max_features = max_features
+        self.max_leaf_nodes = max_leaf_nodes
+        self.min_impurity_decrease = min_impurity_decrease
         self.bootstrap = bootstrap
-        self.max_samples = max_samples
-        self.class_weight = class_weight
-        self.random_state = random_state
+        self.oob_score = oob_score
         self.n_jobs = n_jobs
+        self.random_state = random_state
         self.verbose = verbose
+        self.warm_start = warm_start
+        self.class_weight = class_weight
+        self.ccp_alpha = ccp_alpha
+        self.max_samples = max_samples
+        self.monotonic_cst = monotonic_cst
         self.max_bins = max_bins
         self.training = training
         self.comm = comm
@@ -652,9 +681,10 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
     }
 
     def __init__(self, n_estimators=100, *, criterion="squared_error", max_depth=None, min_samples_split=2,
-                 min_samples_leaf=1, min_weight_fraction_leaf=0.0, max_features=1.0, bootstrap=True,
-                 max_samples=None, random_state=None, n_jobs=None, verbose=0, max_bins=256, training="global",
-                 comm=None):
+                 min_samples_leaf=1, min_weight_fraction_leaf=0.0, max_features=1.0, max_leaf_nodes=None,
+                 min_impurity_decrease=0.0, bootstrap=True, oob_score=False, n_jobs=None, random_state=None,
+                 verbose=0, warm_start=False, ccp_alpha=0.0, max_samples=None, monotonic_cst=None, max_bins=256,
+                 training="global", comm=None):
         self.n_estimators = n_estimators
         self.criterion = criterion
         self.max_depth = max_depth
@@ -662,11 +692,17 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
         self.min_samples_leaf = min_samples_leaf
         self.min_weight_fraction_leaf = min_weight_fraction_leaf
         self.max_features = max_features
+        self.max_leaf_nodes = max_leaf_nodes
+        self.min_impurity_decrease = min_impurity_decrease
         self.bootstrap = bootstrap
-        self.max_samples = max_samples
-        self.random_state = random_state
+        self.oob_score = oob_score
         self.n_jobs = n_jobs
+        self.random_state = random_state
         self.verbose = verbose
+        self.warm_start = warm_start
+        self.ccp_alpha = ccp_alpha
+        self.max_samples = max_samples
+        self.monotonic_cst = monotonic_cst
         self.max_bins = max_bins
         self.training = training
         self.comm = comm
