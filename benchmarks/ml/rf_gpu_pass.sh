@@ -19,6 +19,14 @@ if has prof; then
   echo "== profile: the grower with the kernel, 1e6 x 32, 20 trees, depth 10"
   PYTHONPATH="$NEW" timeout 90 python3 benchmarks/ml/rf_profile.py "$OUT/results/rf_profile_after.json" 1e6 20 10
 fi
+if has prof; then
+  echo "== profile: partitioned rows, bincount histograms instead of the kernel (MPIML_RF_GPU_KERNEL=0)"
+  MPIML_RF_GPU_KERNEL=0 PYTHONPATH="$NEW" timeout 90 python3 benchmarks/ml/rf_profile.py \
+    "$OUT/results/rf_profile_after_bincount.json" 1e6 20 10
+  echo "== profile: the kernel with every feature (sibling subtraction), max_features=None"
+  PYTHONPATH="$NEW" timeout 90 python3 benchmarks/ml/rf_profile.py "$OUT/results/rf_profile_after_all_features.json" \
+    1e6 20 10 none
+fi
 if has tests; then
   echo "== GPU tests"
   PYTHONPATH="$NEW" timeout 200 python3 -m pytest -q tests/ensemble/test_gpu_forest.py -p no:cacheprovider \

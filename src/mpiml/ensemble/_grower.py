@@ -50,6 +50,8 @@ __all__ = ["GrowSpec", "TreeGrower"]
 HIST_BYTES = int(os.environ.get("MPIML_RF_HIST_BYTES", 64 << 20))
 #: Largest histogram (bytes) of split nodes kept for the sibling subtraction of the next level.
 SUB_BYTES = int(os.environ.get("MPIML_RF_SUB_BYTES", 1 << 30))
+#: ``MPIML_RF_GPU_KERNEL=0`` sums GPU histograms with ``bincount`` instead of the shared-memory kernel
+#: (for comparisons; the trees are the same).
 #: Largest ``elements x features`` handled by one ``bincount`` (bounds the temporary keys).
 KEY_ELEMENTS = 1 << 24
 
@@ -135,7 +137,7 @@ class TreeGrower:
         # F features on at most half the rows against m features on all of them
         self.full = 2 * self.m > self.F
         self.kernel = None
-        if self.xp is not np and self.B <= 256 and spec.Xb.dtype == np.uint8:
+        if self.xp is not np and spec.Xb.dtype == np.uint8 and os.environ.get("MPIML_RF_GPU_KERNEL", "1") != "0":
             from ..kernels import histograms
 
             self.kernel = histograms
@@ -148,10 +150,16 @@ class TreeGrower:
         """The root elements of a batch: per tree the rows of non-zero weight, in row order."""
         s, xp = self.s, self.xp
         rows, ws, wys, wy2s, counts = [], [], [], [], []
-        for tree in trees:
+        draws = [None] * len(trees)
+        if s.bootstrap_rate is not None:
+            draws = [poisson_weights(xp, s.seed, tree, s.row_index, s.bootstrap_rate) for tree in trees]
+        cw = self._subsample_class_weights(draws) if getattr(s, "balanced_subsample", False) else None
+        for i, tree in enumerate(trees):
             w = s.weight
-            if s.bootstrap_rate is not None:
-                w = w * poisson_weights(xp, s.seed, tree, s.row_index, s.bootstrap_rate)
+            if draws[i] is not None:
+                w = w * draws[i]
+            if cw is not None:
+                w = w * xp.asarray(cw[i])[s.y]
             wq = xp.rint(w * s.scales[0])
             r = xp.nonzero(wq > 0)[0]
             rows.append(r.astype(xp.int32))
@@ -167,6 +175,19 @@ class TreeGrower:
         el = _Elements(cat(rows), seg, cat(ws), cat(wys) if wys else None, cat(wy2s) if wy2s else None, starts)
         self._max_weight = float(el.w.max()) if el.w.shape[0] else 0.0
         return el
+
+    def _subsample_class_weights(self, draws):
+        """``class_weight="balanced_subsample"``: per tree, ``n / (classes drawn * count)`` from the class
+        counts of its bootstrap draws over every rank (one allreduce of trees x classes floats); 0 for the
+        classes it did not draw (scikit-learn's ``compute_sample_weight("balanced", y, indices=...)``)."""
+        xp, K, comm = self.xp, self.K, self.s.comm
+        counts = np.stack([_host(xp, xp.bincount(self.s.y, weights=d, minlength=K)) if d.shape[0] else np.zeros(K)
+                           for d in draws]).astype(np.float64)
+        if comm is not None and comm.size > 1:
+            counts = comm.allreduce(counts)
+        drawn = (counts > 0).sum(axis=1, keepdims=True)
+        return np.where(counts > 0, counts.sum(axis=1, keepdims=True) / (np.maximum(drawn, 1) *
+                                                                           np.where(counts > 0, counts, 1)), 0.0)
 
     def _feature_sets(self, trees, ranges):
         """``(slots, F)`` random permutations of the features, one per node of the level (on ``xp``).
