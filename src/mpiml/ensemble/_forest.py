@@ -193,7 +193,9 @@ class _BaseForest(SPMDEstimator):
                 warnings.warn("Warm-start fitting without increasing n_estimators does not fit new trees.")
                 return self
             old_trees = self._trees_as_dicts()
-            seed = self._seed_
+            # the seed of the first fit (a loaded model draws it again: the same for an int random_state)
+            seed = getattr(self, "_seed_", None)
+            seed = self._seed(comm) if seed is None else seed
         else:
             seed = self._seed(comm)
         new_ids = list(range(len(old_trees), self.n_estimators))
