@@ -8,6 +8,7 @@ from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import ClassifierMixin, RegressorMixin
+from sklearn.exceptions import DataConversionWarning
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import column_or_1d
 
@@ -509,11 +510,20 @@ class _BaseForest(SPMDEstimator):
         return tags
 
     def _check_y_common(self, y, X):
+        """``y`` as a 1-d array: numeric device arrays stay on their device (labels and checks run there)."""
         name = type(self).__name__
         if y is None:
             raise ValueError(f"{name} requires y to be passed, but the target y is None.")
-        y = to_numpy(y) if is_device_array(y) else y
-        y = column_or_1d(y, warn=True)
+        if is_device_array(y) and is_device_array(X) and y.dtype.kind in "biuf":
+            if y.ndim == 2 and y.shape[1] == 1:
+                warnings.warn("A column-vector y was passed when a 1d array was expected. Please change the shape "
+                              "of y to (n_samples, ), for example using ravel().", DataConversionWarning)
+                y = y.ravel()
+            if y.ndim != 1:
+                raise ValueError(f"y should be a 1d array, got an array of shape {tuple(y.shape)} instead.")
+        else:
+            y = to_numpy(y) if is_device_array(y) else y
+            y = column_or_1d(y, warn=True)
         if y.shape[0] != X.shape[0]:
             raise ValueError(f"Found input variables with inconsistent numbers of samples: "
                              f"[{X.shape[0]}, {y.shape[0]}]")
@@ -657,15 +667,22 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
 
     def _validate_y(self, y, X, comm):
         """Local label checks, one agreement on the classes of every rank; returns the codes on X's device."""
-        error, labels, kind = None, None, None
+        error, labels, kind, inverse = None, None, None, None
         try:
             y = self._check_y_common(y, X)
-            if y.dtype.kind == "f" and y.size and not np.isfinite(y).all():
-                raise ValueError("Input y contains NaN." if np.isnan(y).any() else
+            ns = get_namespace(y) if is_device_array(y) else np
+            if y.dtype.kind == "f" and y.size and not bool(ns.isfinite(y).all()):
+                raise ValueError("Input y contains NaN." if bool(ns.isnan(y).any()) else
                                  "Input y contains infinity or a value too large for dtype('float64').")
+            if y.size and y.dtype.kind == "O":
+                check_classification_targets(y)          # mixed objects: scikit-learn's message
+            if ns is np:
+                labels, inverse = np.unique(y, return_inverse=True)
+            else:
+                labels = to_numpy(ns.unique(y))
             if y.size:
-                check_classification_targets(y)
-            labels = np.unique(y)
+                # on the distinct labels: the same verdict as on y for 1-d targets, without a pass over y
+                check_classification_targets(labels)
             kind = "str" if labels.dtype.kind in "UOS" else "num"
             if labels.dtype.kind == "O" and not all(isinstance(v, str) for v in labels.tolist()):
                 kind = "num"
@@ -692,12 +709,14 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
                 classes = classes.astype(str)
         self.classes_ = classes
         self.n_classes_ = len(classes)
+        xp = get_namespace(X)
+        if is_device_array(y):                           # numeric labels on the device: codes by bisection
+            return xp.searchsorted(xp.asarray(classes), y).astype(xp.int32) if y.size else xp.zeros(0, xp.int32)
         codes = np.zeros(0, dtype=np.int32)
         if y.size:
             lookup = {label: i for i, label in enumerate(classes.tolist())}
-            local, inverse = np.unique(y, return_inverse=True)
-            codes = np.array([lookup[label] for label in local.tolist()], dtype=np.int32)[inverse.ravel()]
-        return get_namespace(X).asarray(codes)
+            codes = np.array([lookup[label] for label in labels.tolist()], dtype=np.int32)[inverse.ravel()]
+        return xp.asarray(codes)
 
     def _class_weights(self, codes, xp, comm):
         cw = self.class_weight
@@ -871,12 +890,13 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
         error, yf = None, None
         try:
             y = self._check_y_common(y, X)
+            ns = get_namespace(y) if is_device_array(y) else np
             try:
-                yf = np.asarray(y, dtype=np.float64)
+                yf = y.astype(ns.float64) if ns is not np else np.asarray(y, dtype=np.float64)
             except (TypeError, ValueError):
                 raise ValueError(f"y must hold numbers for {type(self).__name__}; got dtype {y.dtype}") from None
-            if yf.size and not np.isfinite(yf).all():
-                raise ValueError("Input y contains NaN." if np.isnan(yf).any() else
+            if yf.size and not bool(ns.isfinite(yf).all()):
+                raise ValueError("Input y contains NaN." if bool(ns.isnan(yf).any()) else
                                  "Input y contains infinity or a value too large for dtype('float64').")
         except Exception as exc:
             error = exc

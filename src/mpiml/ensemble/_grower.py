@@ -657,6 +657,12 @@ class TreeGrower:
             empty_f = xp.zeros(0, dtype=xp.float64)
             return _Elements(empty_i, empty_i, empty_f, None if self.K else empty_f, None if self.K else empty_f,
                              np.zeros(2 * n_split + 1, dtype=np.int64))
+        if self.kernel is not None:
+            code = np.where(split_h, dec["feature"] * 256 + dec["best_b"], -1)
+            (row, seg, w, wy, wy2), counts = self.kernel.partition_rows(s.Xb, el.seg, el.row, el.w, el.wy, el.wy2,
+                                                                        code, el.starts)
+            counts = counts[split_h].reshape(-1)
+            return _Elements(row, seg, w, wy, wy2, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
         starts = el.starts
         seg = el.seg
         sp = xp.asarray(split_h)[seg]

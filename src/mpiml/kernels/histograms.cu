@@ -77,3 +77,50 @@ mpiml_hist_build(const unsigned char* __restrict__ Xb, const long long n_feature
         if (v) atomicAdd(out + i, v);
     }
 }
+
+// Row partition of a level (stable, all trees at once), in two passes around one prefix sum.
+//
+// code[slot] is -1 for a leaf, else feature * 256 + bin: an element goes left when its row's bin of
+// that feature is <= bin.  Pass 1 writes flags[e] = 0 (dropped: its node is a leaf), 1 (left) or
+// 2^32 (right); an inclusive prefix sum of the flags counts lefts in the low and rights in the high
+// 32 bits.  Pass 2 moves every kept element to its child's segment: children 2 r (left) and 2 r + 1
+// (right) of the r-th split node, each segment in the elements' previous order.
+__global__ void mpiml_hist_route(const int* __restrict__ seg, const int* __restrict__ row,
+                                 const int* __restrict__ code, const unsigned char* __restrict__ Xb,
+                                 const long long n_features, const long long n,
+                                 long long* __restrict__ flags) {
+    const long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    const int c = code[seg[e]];
+    long long f = 0;
+    if (c >= 0) {
+        const int b = Xb[(long long)row[e] * n_features + (c >> 8)];
+        f = (b <= (c & 255)) ? 1LL : (1LL << 32);
+    }
+    flags[e] = f;
+}
+
+template <bool REG>
+__global__ void mpiml_hist_move(const long long n, const int* __restrict__ seg,
+                                const long long* __restrict__ flags, const long long* __restrict__ csum,
+                                const long long* __restrict__ base_l, const long long* __restrict__ base_r,
+                                const int* __restrict__ rank,
+                                const int* __restrict__ row, const double* __restrict__ w,
+                                const double* __restrict__ wy, const double* __restrict__ wy2,
+                                int* __restrict__ out_row, int* __restrict__ out_seg, double* __restrict__ out_w,
+                                double* __restrict__ out_wy, double* __restrict__ out_wy2) {
+    const long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    const long long f = flags[e];
+    if (f == 0) return;
+    const long long before = csum[e] - f;                 // exclusive: lefts low, rights high
+    const int s = seg[e];
+    long long pos;
+    int side;
+    if (f == 1) { pos = base_l[s] + (before & 0xffffffffLL); side = 0; }
+    else        { pos = base_r[s] + (before >> 32); side = 1; }
+    out_row[pos] = row[e];
+    out_seg[pos] = 2 * rank[s] + side;
+    out_w[pos] = w[e];
+    if (REG) { out_wy[pos] = wy[e]; out_wy2[pos] = wy2[e]; }
+}

@@ -18,7 +18,7 @@ from importlib import resources
 
 import numpy as np
 
-__all__ = ["build_histograms", "tile_features", "plan_items"]
+__all__ = ["build_histograms", "partition_rows", "tile_features", "plan_items"]
 
 _THREADS = 256
 #: Shared memory asked for per block without an opt-in (bytes).
@@ -55,12 +55,13 @@ def _device_info():
     return info
 
 
-def _function(classification, count_rows, wide):
-    """The kernel instantiation on the current device, compiled on first use."""
+def _function(classification=None, count_rows=None, wide=None, expr=None):
+    """A kernel instantiation on the current device, compiled on first use."""
     import cupy
 
-    expr = (f"mpiml_hist_build<{'true' if classification else 'false'}, {int(count_rows)}, "
-            f"{'true' if wide else 'false'}>")
+    if expr is None:
+        expr = (f"mpiml_hist_build<{'true' if classification else 'false'}, {int(count_rows)}, "
+                f"{'true' if wide else 'false'}>")
     key = (cupy.cuda.runtime.getDevice(), expr)
     fn = _FUNCTIONS.get(key)
     if fn is None:
@@ -136,7 +137,7 @@ def build_histograms(Xb, elem_row, elem_w, elem_wy, y, seg_start, seg_len, fsel,
     import cupy
 
     n_seg = len(seg_len)
-    FH = int(fsel.shape[1]) if n_seg else 0
+    FH = int(fsel.shape[1])
     cls = n_classes > 0
     D = 1 if count_rows else 0
     C = D + (n_classes if cls else 2)
@@ -167,3 +168,54 @@ def build_histograms(Xb, elem_row, elem_w, elem_wy, y, seg_start, seg_len, fsel,
         np.int32(FH), cupy.asarray(items), np.int32(tile), np.int32(n_bins), np.int32(n_classes), hist),
        shared_mem=smem)
     return hist
+
+
+def partition_rows(Xb, seg, row, w, wy, wy2, code, starts):
+    """Move the elements of a level into the segments of the next one (stable), in two kernels and a scan.
+
+    Parameters
+    ----------
+    Xb : cupy.ndarray of uint8, shape (n_rows, n_features)
+    seg, row : cupy.ndarray of int32, shape (n_elements,)
+        Slot and row of every element (elements grouped by slot).
+    w, wy, wy2 : cupy.ndarray of float64 (``wy``, ``wy2`` None for classification)
+        The elements' fixed-point channels, moved along.
+    code : host int array, shape (n_slots,)
+        -1 for a leaf, else ``feature * 256 + bin`` (left when the row's bin is <= bin).
+    starts : host int64 array, shape (n_slots + 1,)
+        Segment boundaries.
+
+    Returns
+    -------
+    (row, seg, w, wy, wy2) of the kept elements (seg: ``2 r`` left, ``2 r + 1`` right child of the
+    ``r``-th split slot), and the host counts ``(n_slots, 2)`` of left and right elements per slot.
+    """
+    import cupy
+
+    n = int(row.shape[0])
+    S = len(starts) - 1
+    code = np.asarray(code, dtype=np.int64)
+    flags = cupy.empty(n, dtype=cupy.int64)
+    blocks = (max(1, -(-n // _THREADS)),)
+    if n:
+        _function(expr="mpiml_hist_route")(blocks, (_THREADS,), (seg, row, cupy.asarray(code.astype(np.int32)), Xb,
+                                                                 np.int64(Xb.shape[1]), np.int64(n), flags))
+    csp = cupy.concatenate([cupy.zeros(1, dtype=cupy.int64), cupy.cumsum(flags)])
+    a = csp[cupy.asarray(starts[:-1])]
+    b = csp[cupy.asarray(starts[1:])]
+    low = np.int64(0xFFFFFFFF)
+    counts = cupy.stack([(b & low) - (a & low), (b >> 32) - (a >> 32)], axis=1)
+    counts_h = counts.get().reshape(S, 2)
+    n_new = int(counts_h.sum())
+    rank = cupy.asarray((np.cumsum(code >= 0) - 1).astype(np.int32))
+    reg = wy is not None
+    out_row = cupy.empty(n_new, dtype=cupy.int32)
+    out_seg = cupy.empty(n_new, dtype=cupy.int32)
+    out_w = cupy.empty(n_new, dtype=cupy.float64)
+    out_wy = cupy.empty(n_new, dtype=cupy.float64) if reg else out_w
+    out_wy2 = cupy.empty(n_new, dtype=cupy.float64) if reg else out_w
+    if n and n_new:
+        _function(expr=f"mpiml_hist_move<{'true' if reg else 'false'}>")(
+            blocks, (_THREADS,), (np.int64(n), seg, flags, csp[1:], a >> 32, b & low, rank, row, w,
+                                  wy if reg else w, wy2 if reg else w, out_row, out_seg, out_w, out_wy, out_wy2))
+    return (out_row, out_seg, out_w, out_wy if reg else None, out_wy2 if reg else None), counts_h
