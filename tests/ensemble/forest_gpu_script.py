@@ -58,7 +58,8 @@ def main():
             check(a.shape == b.shape and np.array_equal(a, b), f"{cls.__name__} {kw}: {key} differs at {size} ranks")
     # an empty shard on rank 0 (GPU rows elsewhere)
     if size > 1:
-        Xs, ys = (cp.zeros((0, Xc.shape[1])), cp.zeros(0)) if rank == 0 else (cp.asarray(shard(Xc)), cp.asarray(shard(yc)))
+        Xs, ys = (cp.zeros((0, Xc.shape[1])), cp.zeros(0)) if rank == 0 else \
+            (cp.asarray(shard(Xc)), cp.asarray(shard(yc)))
         got = RandomForestClassifier(n_estimators=3, max_depth=6, random_state=0).fit(Xs, ys)
         check(got.n_estimators_ == 3, "empty GPU shard")
     path = f"/tmp/mpiml_forest_gpu_{size}.mpiml"

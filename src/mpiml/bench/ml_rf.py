@@ -4,9 +4,12 @@ The driver (a plain process) launches one MPI job of ``max(--ranks)`` ranks;
 inside it, sub-communicators of 1, 2, 4, ... ranks (``split``) draw the same
 global data set (``mpiml.datasets.make_classification``: the rows do not depend
 on the rank count) and fit :class:`mpiml.ensemble.RandomForestClassifier` with
-``training="global"`` and ``"local"``, inside :func:`mpiml.profile`.  Per
+``training="global"`` and ``"local"``, inside :func:`mpiml.profile`, each after a
+small warm-up fit of the same configuration (the first fit of a process compiles
+CuPy's and mpiml's kernels; ``--no-warmup`` times it instead).  Per
 configuration it records the fit time (slowest rank), the histogram time, the
-allreduce time and bytes per tree (from the profile), and the accuracy on a
+allreduce time and bytes per tree (from the profile), the partition and split-search
+times, the histogram element count (``hist_elements``), and the accuracy on a
 held-out set.  The driver then fits scikit-learn's ``RandomForestClassifier``
 with ``n_jobs=-1`` on every host core, on a subsample of the rows (its time
 scaled linearly to the full size, which flatters scikit-learn, whose cost grows
@@ -136,7 +139,8 @@ def _worker(args, outfile):
                            "warmup_fit_s": warm_s, "hist_elements": st.get("hist_elements"),
                            "hist_nodes_built": st.get("hist_nodes_built"),
                            "hist_nodes_derived": st.get("hist_nodes_derived"),
-                           "route_ms_per_tree": 1e3 * float(worst[4]) / T, "split_ms_per_tree": 1e3 * float(worst[3]) / T}
+                           "route_ms_per_tree": 1e3 * float(worst[4]) / T,
+                           "split_ms_per_tree": 1e3 * float(worst[3]) / T}
                     runs.append(row)
                     print(f"ranks={R} {training:>6}: fit {row['fit_s']:.2f} s, accuracy {acc:.4f}, per tree: hist "
                           f"{row['hist_ms_per_tree']:.1f} ms, allreduce {row['allreduce_ms_per_tree']:.1f} ms "

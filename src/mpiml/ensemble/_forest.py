@@ -551,15 +551,31 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
         total weight (bootstrap weights included).
     max_features : {"sqrt", "log2"}, int, float or None, default="sqrt"
         Features drawn (without replacement) at each node.
+    max_leaf_nodes : int or None, default=None
+        Best-first growth with at most this many leaves (scikit-learn's rule; the
+        tree is grown to depth ``max_leaf_nodes - 1`` and pruned best-first).
+    min_impurity_decrease : float, default=0.0
+        A node splits only when the weighted impurity decrease
+        ``N_t / N * (impurity - N_L / N_t * left - N_R / N_t * right)`` reaches this.
     bootstrap : bool, default=True
         Weigh rows by Poisson draws (``global``: keyed by the global row index,
         so the forest does not depend on the number of ranks).
     max_samples : int, float or None, default=None
         With ``bootstrap``: expected rows per tree (the Poisson rate is
         ``max_samples / n_samples``); None is all rows.
-    class_weight : "balanced", dict or None, default=None
+    oob_score : bool or callable, default=False
+        Score the forest on the out-of-bag rows (accuracy, or ``oob_score(y, pred)``).
+    warm_start : bool, default=False
+        Keep the fitted trees and grow only the new ones (those a single fit of
+        ``n_estimators`` trees grows).
+    ccp_alpha : float, default=0.0
+        Minimal cost-complexity pruning of every tree.
+    monotonic_cst : None
+        Only None: monotonic constraints are refused (scikit-learn's error shape).
+    class_weight : "balanced", "balanced_subsample", dict or None, default=None
         Weights of the classes; "balanced" uses the global class counts,
-        ``n_samples / (n_classes * count)``.
+        ``n_samples / (n_classes * count)``; "balanced_subsample" the counts of
+        each tree's bootstrap draws over every rank.
     random_state : int, RandomState instance or None, default=None
         Seed of the bootstrap and the feature draws (one seed agreed by all ranks).
     n_jobs : int or None, default=None
@@ -588,6 +604,10 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
         Number of features.
     n_outputs_ : int
         1 (one target).
+    oob_score_ : float
+        With ``oob_score``: the out-of-bag score over every rank's rows (replicated).
+    oob_decision_function_ : ndarray of shape (n_local_samples, n_classes)
+        With ``oob_score``: out-of-bag class probabilities of this rank's rows (local).
     feature_importances_ : ndarray of shape (n_features,)
         Mean decrease in impurity, normalised per tree and in total (as
         scikit-learn); replicated, NumPy or CuPy like ``X``.
@@ -807,8 +827,9 @@ class RandomForestRegressor(RegressorMixin, _BaseForest):
     ----------
     n_estimators : int, default=100
         Number of trees.
-    criterion : {"squared_error"}, default="squared_error"
-        Split quality: reduction of the weighted variance.
+    criterion : {"squared_error", "friedman_mse"}, default="squared_error"
+        Split quality: reduction of the weighted variance ("friedman_mse" is the
+        same, with scikit-learn's deprecation warning).
     max_depth : int or None, default=None
         Maximum depth; None grows until leaves are pure or too small.
     min_samples_split : int or float, default=2
@@ -820,6 +841,8 @@ class RandomForestRegressor(RegressorMixin, _BaseForest):
         total weight (bootstrap weights included).
     max_features : {"sqrt", "log2"}, int, float or None, default=1.0
         Features drawn at each node (1.0: all, scikit-learn's default).
+    max_leaf_nodes, min_impurity_decrease, oob_score, warm_start, ccp_alpha, monotonic_cst
+        As in :class:`RandomForestClassifier` (the out-of-bag score is R²).
     bootstrap : bool, default=True
         Weigh rows by Poisson draws keyed by the global row index.
     max_samples : int, float or None, default=None
@@ -844,6 +867,8 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
         As in :class:`RandomForestClassifier`; replicated on every rank.
     tree_value_ : ndarray of shape (n_nodes, 1)
         Weighted mean target of every node.
+    oob_score_, oob_prediction_ : float, ndarray of shape (n_local_samples,)
+        With ``oob_score``: global out-of-bag R² (replicated) and this rank's out-of-bag predictions.
 
     Notes
     -----

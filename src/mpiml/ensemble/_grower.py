@@ -113,7 +113,8 @@ class TreeGrower:
         (n,) int64 counters of the bootstrap draws, ``n_classes`` (0 for
         regression), ``criterion``, ``max_depth`` (None: unlimited),
         ``min_samples_split``, ``min_samples_leaf`` (ints), ``min_weight_fraction_leaf``,
-        ``min_impurity_decrease``, ``max_features`` (int), ``bootstrap_rate`` (None: no bootstrap,
+        ``min_impurity_decrease``, ``max_features`` (int), ``balanced_subsample`` (class weights per
+        tree from its bootstrap counts), ``bootstrap_rate`` (None: no bootstrap,
         else the Poisson rate), ``seed``, ``max_local_rows`` (the largest shard of the ranks that grow
         together) and ``batch_elements`` (agreed by them: together they set the trees per batch),
         ``scales`` (``s_w``, ``s_y``, ``s_y2``: powers of two), ``y_tol`` (variance under which a
