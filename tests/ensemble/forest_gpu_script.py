@@ -45,7 +45,24 @@ def main():
         loc = cls(training="local", **params).fit(cp.asarray(shard(X)), cp.asarray(shard(y)))
         digest = float(cp.asnumpy(loc.tree_threshold_).sum())
         check(len(set(comm.allgather_obj(digest) if size > 1 else [digest])) == 1, "local forests differ")
-    path = "/tmp/mpiml_forest_gpu.mpiml"
+    # exact trees on the GPU: N ranks grow the forest of one GPU process bit for bit (subtraction included)
+    for cls, X, y, kw in ((RandomForestClassifier, Xc, yc, dict(max_features=None, bootstrap=False)),
+                          (RandomForestClassifier, Xc, yc, dict(max_features="sqrt", min_samples_leaf=3)),
+                          (RandomForestRegressor, Xr, yr, dict(max_features=None))):
+        params = dict(n_estimators=4, max_depth=9, random_state=1, **kw)
+        one = cls(comm=SELF, **params).fit(cp.asarray(X), cp.asarray(y))
+        many = cls(**params).fit(cp.asarray(shard(X)), cp.asarray(shard(y)))
+        for key in ("tree_offsets_", "tree_feature_", "tree_threshold_", "tree_value_", "tree_n_node_samples_",
+                    "feature_importances_"):
+            a, b = cp.asnumpy(getattr(one, key)), cp.asnumpy(getattr(many, key))
+            check(a.shape == b.shape and np.array_equal(a, b), f"{cls.__name__} {kw}: {key} differs at {size} ranks")
+    # an empty shard on rank 0 (GPU rows elsewhere)
+    if size > 1:
+        Xs, ys = (cp.zeros((0, Xc.shape[1])), cp.zeros(0)) if rank == 0 else \
+            (cp.asarray(shard(Xc)), cp.asarray(shard(yc)))
+        got = RandomForestClassifier(n_estimators=3, max_depth=6, random_state=0).fit(Xs, ys)
+        check(got.n_estimators_ == 3, "empty GPU shard")
+    path = f"/tmp/mpiml_forest_gpu_{size}.mpiml"
     mpiml.save(got, path)
     back = mpiml.load(path, device="gpu")
     check(bool(cp.allclose(back.predict(cp.asarray(shard(Xr))), got.predict(cp.asarray(shard(Xr))))),

@@ -165,6 +165,34 @@ def main():
         got = RandomForestClassifier(**params).fit(one[rank:rank + 1], y1[rank:rank + 1])
         same_trees(got, on_root(lambda: RandomForestClassifier(comm=SELF, **params).fit(one, y1)), "one-row shards")
 
+    # 5b. regression: empty shard on rank 0 and one-row shards grow the trees of one process
+    if size > 1:
+        w = [1.0] * size
+        w[0] = 0.0
+        params = dict(n_estimators=3, max_features=None, max_depth=5, random_state=0)
+        got = RandomForestRegressor(**params).fit(shard(Xr_tr, w), shard(yr_tr, w))
+        same_trees(got, on_root(lambda: RandomForestRegressor(comm=SELF, **params).fit(Xr_tr, yr_tr)),
+                   "regressor, empty shard on rank 0")
+        one, y1 = Xr_tr[:size], yr_tr[:size]
+        got = RandomForestRegressor(**params).fit(one[rank:rank + 1], y1[rank:rank + 1])
+        same_trees(got, on_root(lambda: RandomForestRegressor(comm=SELF, **params).fit(one, y1)),
+                   "regressor, one-row shards")
+
+    # 5c. out-of-bag scores, warm starts and balanced_subsample do not depend on the rank count (global)
+    params = dict(n_estimators=30, max_depth=6, random_state=4, oob_score=True, class_weight="balanced_subsample")
+    ref = on_root(lambda: RandomForestClassifier(comm=SELF, **params).fit(Xc_tr, yc_tr))
+    got = RandomForestClassifier(**params).fit(shard(Xc_tr), shard(yc_tr))
+    same_trees(got, ref, "balanced_subsample with oob_score")
+    ref_oob = comm.bcast_obj(None if ref is None else (ref.oob_score_, ref.oob_decision_function_)) if size > 1 \
+        else (ref.oob_score_, ref.oob_decision_function_)
+    check(abs(got.oob_score_ - ref_oob[0]) < 1e-12, f"oob_score_ {got.oob_score_} vs one process {ref_oob[0]}")
+    check(np.array_equal(gathered(got.oob_decision_function_), ref_oob[1]), "oob_decision_function_ rows differ")
+    warm = RandomForestRegressor(n_estimators=3, max_depth=5, random_state=2, warm_start=True).fit(
+        shard(Xr_tr), shard(yr_tr))
+    warm.set_params(n_estimators=6).fit(shard(Xr_tr), shard(yr_tr))
+    same_trees(warm, on_root(lambda: RandomForestRegressor(n_estimators=6, max_depth=5, random_state=2,
+                                                           comm=SELF).fit(Xr_tr, yr_tr)), "warm start")
+
     # 6. bad input: the same error on every rank, no hang
     cases = []
     bad = shard(yr_tr).copy()
@@ -182,6 +210,15 @@ def main():
         cases.append(("string labels on one rank", RandomForestClassifier(n_estimators=2), shard(Xc_tr), ys))
         cases.append(("strings as regression targets on one rank", RandomForestRegressor(n_estimators=2),
                       shard(Xr_tr), ys))
+    Xs = shard(Xc_tr).astype(object)
+    if rank == size - 1 and len(Xs):
+        Xs[0, 1] = "seven"                                   # a string where a number is needed, one rank
+    cases.append(("a string in X on the last rank", RandomForestClassifier(n_estimators=2), Xs, shard(yc_tr)))
+    yo = shard(yr_tr).astype(object)
+    if rank == size - 1 and len(yo):
+        yo[0] = "high"
+    cases.append(("a string among numeric targets on the last rank", RandomForestRegressor(n_estimators=2),
+                  shard(Xr_tr), yo))
     Xn = shard(Xc_tr).copy()
     if rank == 0:
         Xn[0, 0] = np.nan

@@ -4,9 +4,12 @@ The driver (a plain process) launches one MPI job of ``max(--ranks)`` ranks;
 inside it, sub-communicators of 1, 2, 4, ... ranks (``split``) draw the same
 global data set (``mpiml.datasets.make_classification``: the rows do not depend
 on the rank count) and fit :class:`mpiml.ensemble.RandomForestClassifier` with
-``training="global"`` and ``"local"``, inside :func:`mpiml.profile`.  Per
+``training="global"`` and ``"local"``, inside :func:`mpiml.profile`, each after a
+small warm-up fit of the same configuration (the first fit of a process compiles
+CuPy's and mpiml's kernels; ``--no-warmup`` times it instead).  Per
 configuration it records the fit time (slowest rank), the histogram time, the
-allreduce time and bytes per tree (from the profile), and the accuracy on a
+allreduce time and bytes per tree (from the profile), the partition and split-search
+times, the histogram element count (``hist_elements``), and the accuracy on a
 held-out set.  The driver then fits scikit-learn's ``RandomForestClassifier``
 with ``n_jobs=-1`` on every host core, on a subsample of the rows (its time
 scaled linearly to the full size, which flatters scikit-learn, whose cost grows
@@ -42,6 +45,9 @@ def _parser():
     p.add_argument("--trees", type=int, default=None, help="trees (default 100 on GPU, 10 on CPU)")
     p.add_argument("--depth", type=int, default=12)
     p.add_argument("--max-bins", type=int, default=256)
+    p.add_argument("--max-features", default="sqrt", help="sqrt, log2, none, an int or a fraction (default sqrt, "
+                   "scikit-learn's default for classifiers)")
+    p.add_argument("--no-warmup", action="store_true", help="time the first fit too (it compiles the GPU kernels)")
     p.add_argument("--training", default="global,local", help="comma-separated: global, local")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--sklearn-rows", type=float, default=None, help="rows of scikit-learn's subsample (default "
@@ -51,6 +57,15 @@ def _parser():
     p.add_argument("--tag", default=None, help="file name part (default gpu or cpu)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     return p
+
+
+def _max_features(text):
+    text = str(text).lower()
+    if text in ("sqrt", "log2"):
+        return text
+    if text == "none":
+        return None
+    return float(text) if "." in text else int(text)
 
 
 def _data(args, comm, device):
@@ -79,14 +94,24 @@ def _worker(args, outfile):
 
         init(device="gpu")  # local rank mod visible GPUs
     device = "gpu" if use_gpu else "cpu"
+    max_features = _max_features(args.max_features)
     runs = []
     for R in [int(r) for r in args.ranks.split(",")]:
         sub = world.split(0 if world.rank < R else None, key=world.rank)
         if sub is not None:
             X, y, Xt, yt = _data(args, sub, device)
             for training in args.training.split(","):
+                warm_s = 0.0
+                if not args.no_warmup:
+                    # a small fit first: CuPy and the histogram kernels compile on first use (NVRTC)
+                    n_warm = min(X.shape[0], 20000)
+                    sub.barrier()
+                    t0 = time.perf_counter()
+                    RandomForestClassifier(2, max_depth=args.depth, max_bins=args.max_bins, max_features=max_features,
+                                           training=training, random_state=0, comm=sub).fit(X[:n_warm], y[:n_warm])
+                    warm_s = time.perf_counter() - t0
                 rf = RandomForestClassifier(args.trees, max_depth=args.depth, max_bins=args.max_bins,
-                                            training=training, random_state=0, comm=sub)
+                                            max_features=max_features, training=training, random_state=0, comm=sub)
                 sub.barrier()
                 t0 = time.perf_counter()
                 with mpiml.profile() as prof:
@@ -110,7 +135,12 @@ def _worker(args, outfile):
                            "allreduce_bytes_per_tree": ar["bytes"] / T,
                            "allreduce_ms_per_tree": 1e3 * ar["seconds"] / T,
                            "hist_ms_per_tree": 1e3 * float(worst[1]) / T,
-                           "allgatherv_bytes": ag["bytes"], "comm_seconds": prof.summary()["total_seconds"]}
+                           "allgatherv_bytes": ag["bytes"], "comm_seconds": prof.summary()["total_seconds"],
+                           "warmup_fit_s": warm_s, "hist_elements": st.get("hist_elements"),
+                           "hist_nodes_built": st.get("hist_nodes_built"),
+                           "hist_nodes_derived": st.get("hist_nodes_derived"),
+                           "route_ms_per_tree": 1e3 * float(worst[4]) / T,
+                           "split_ms_per_tree": 1e3 * float(worst[3]) / T}
                     runs.append(row)
                     print(f"ranks={R} {training:>6}: fit {row['fit_s']:.2f} s, accuracy {acc:.4f}, per tree: hist "
                           f"{row['hist_ms_per_tree']:.1f} ms, allreduce {row['allreduce_ms_per_tree']:.1f} ms "
@@ -137,7 +167,8 @@ def _sklearn_baseline(args):
     n_sub = int(min(args.sklearn_rows, args.rows))
     X, y, Xt, yt = _data(args, get_comm("self"), "cpu")
     X, y = X[:n_sub], y[:n_sub]
-    rf = SkClassifier(args.trees, max_depth=args.depth, n_jobs=-1, random_state=0)
+    rf = SkClassifier(args.trees, max_depth=args.depth, max_features=_max_features(args.max_features), n_jobs=-1,
+                      random_state=0)
     t0 = time.perf_counter()
     rf.fit(X, y)
     fit_s = time.perf_counter() - t0
@@ -226,7 +257,9 @@ def main(argv):
     common = ["--algo", "rf", "--device", device, "--ranks", args.ranks, "--rows", str(args.rows), "--test-rows",
               str(args.test_rows), "--features", str(args.features), "--classes", str(args.classes), "--trees",
               str(args.trees), "--depth", str(args.depth), "--max-bins", str(args.max_bins), "--training",
-              args.training, "--dtype", args.dtype]
+              args.training, "--dtype", args.dtype, "--max-features", str(args.max_features)]
+    if args.no_warmup:
+        common.append("--no-warmup")
     env = dict(os.environ)
     if device == "cpu":
         env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = "1"
@@ -243,6 +276,7 @@ def main(argv):
             result = json.load(f)
     result.update({"algo": "rf", "device": device, "dtype": args.dtype, "rows": args.rows, "features": args.features,
                    "classes": args.classes, "trees": args.trees, "depth": args.depth, "max_bins": args.max_bins,
+                   "max_features": args.max_features,
                    "machine": machine_info(), **stamp(["bench", "ml", *argv])})
     if not args.no_sklearn:
         result["sklearn"] = _sklearn_baseline(args)

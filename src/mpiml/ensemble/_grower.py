@@ -1,13 +1,29 @@
 """Level-wise growth of a batch of trees from binned rows, one histogram allreduce per level.
 
-Every tree of a batch advances one level at a time.  For the nodes of the
-level (all trees of the batch together), each rank sums its rows into a
-histogram ``(node, feature, bin, channel)``, the histograms are summed over
-ranks with one allreduce (several when they exceed a byte budget), and every
-rank evaluates the same splits on the same numbers, then routes its own rows
-to the children.  The trees are therefore replicated without any broadcast.
+Every tree of a batch advances one level at a time.  The rows of the level are
+held as *elements* ``(row, fixed-point weights)`` partitioned by node: the
+elements of slot ``s`` (a node of the level; slots run over the trees of the
+batch, then their nodes) are the segment ``starts[s]:starts[s+1]``.  Per level:
 
-Channels are integer-valued float64 (fixed point, see :mod:`._hist`):
+1. each rank sums the segments of the nodes it must build into histograms
+   ``(node, feature, bin, channel)``: a shared-memory CUDA kernel on CuPy
+   (:mod:`mpiml.kernels.histograms`), ``bincount`` on NumPy;
+2. the histograms are summed over ranks with one allreduce (several when they
+   exceed a byte budget);
+3. every rank evaluates the same splits on the same numbers (array operations
+   over all nodes at once, no loop per node);
+4. every rank partitions its own elements into the children (a stable
+   partition by prefix sums, all trees at once); elements of leaves are dropped.
+
+**Sibling subtraction.**  When histograms cover every feature (``max_features``
+above half the features, so that building all of them on half the rows is
+cheaper than the drawn ones on all rows), only the child with less weight of
+each split is built and summed; its sibling is ``parent - child``.  That halves
+the histogram work and the allreduce bytes of every level below the root.
+**Last level.**  At ``max_depth`` every node is a leaf: only per-node totals are
+summed.
+
+Channels are integer-valued (fixed point, see :mod:`._hist`):
 
 * classification: ``[weight of class 0, ..., weight of class K-1]``;
 * regression: ``[weight, weight * y]``;
@@ -15,10 +31,9 @@ Channels are integer-valued float64 (fixed point, see :mod:`._hist`):
   rows with non-zero weight on each side of a split);
 * per node: the rows, and for regression ``sum(weight * y**2)`` (the purity test).
 
-Sums of integers below 2**53 are exact in any order, so the reduced histogram
-(and so every split) is bit-identical on every rank and for every rank count.
-Split evaluation and the tree bookkeeping read only per-node results on the
-host; rows stay on their device.
+Sums (and differences) of integers below 2**53 are exact in any order, so the
+reduced histogram (and so every split) is bit-identical on every rank, for
+every rank count, on NumPy and on CuPy.
 """
 
 import math
@@ -33,10 +48,12 @@ __all__ = ["GrowSpec", "TreeGrower"]
 
 #: Largest histogram (bytes) summed by one allreduce; larger levels are cut in node chunks.
 HIST_BYTES = int(os.environ.get("MPIML_RF_HIST_BYTES", 64 << 20))
-#: Largest ``rows x features`` handled by one ``bincount`` (bounds the temporary keys).
+#: Largest histogram (bytes) of split nodes kept for the sibling subtraction of the next level.
+SUB_BYTES = int(os.environ.get("MPIML_RF_SUB_BYTES", 1 << 30))
+#: ``MPIML_RF_GPU_KERNEL=0`` sums GPU histograms with ``bincount`` instead of the shared-memory kernel
+#: (for comparisons; the trees are the same).
+#: Largest ``elements x features`` handled by one ``bincount`` (bounds the temporary keys).
 KEY_ELEMENTS = 1 << 24
-#: Largest ``trees x local rows`` grown together (bounds the per-tree row state).
-BATCH_ELEMENTS = int(os.environ.get("MPIML_RF_BATCH_ELEMENTS", 1 << 26))
 
 
 def power_of_two_below(x):
@@ -51,6 +68,25 @@ class GrowSpec:
         self.__dict__.update(kw)
 
 
+class _Elements:
+    """The rows of a level, partitioned by slot: ``row`` (int32), ``w`` and, for regression, ``wy`` and
+    ``wy2`` (float64 fixed point), ``seg`` (int32 slot of each element) on the device; ``starts``
+    (host int64, slots + 1) the segment boundaries."""
+
+    def __init__(self, row, seg, w, wy, wy2, starts):
+        self.row, self.seg, self.w, self.wy, self.wy2, self.starts = row, seg, w, wy, wy2, starts
+        self._wy2_sums = None
+
+    def lens(self):
+        return np.diff(self.starts)
+
+    def wy2_prefix(self, xp):
+        """Prefix sums of ``wy2`` (exact: integers below 2**53)."""
+        if self._wy2_sums is None:
+            self._wy2_sums = xp.concatenate([xp.zeros(1), xp.cumsum(self.wy2)])
+        return self._wy2_sums
+
+
 def _xlogx(xp, a):
     return xp.where(a > 0, a * xp.log(xp.where(a > 0, a, 1.0)), 0.0)
 
@@ -58,6 +94,10 @@ def _xlogx(xp, a):
 def _sync(xp):
     if xp is not np:
         xp.cuda.get_current_stream().synchronize()
+
+
+def _host(xp, a):
+    return a.get() if xp is not np else np.asarray(a)
 
 
 class TreeGrower:
@@ -72,12 +112,13 @@ class TreeGrower:
         float64 real weights (sample weight times class weight), ``row_index``
         (n,) int64 counters of the bootstrap draws, ``n_classes`` (0 for
         regression), ``criterion``, ``max_depth`` (None: unlimited),
-        ``min_samples_split``, ``min_samples_leaf`` (ints), ``min_weight_fraction_leaf``, ``max_features``
-        (int), ``bootstrap_rate`` (None: no bootstrap, else the Poisson rate),
-        ``seed``, ``max_local_rows`` (the largest shard of the ranks that grow
-        together: it sets the trees per batch), ``scales`` (``s_w``, ``s_y``, ``s_y2``: powers of two),
-        ``y_tol`` (variance under which a regression node is pure), ``verbose``
-        and ``rank`` (progress lines on rank 0), ``comm``
+        ``min_samples_split``, ``min_samples_leaf`` (ints), ``min_weight_fraction_leaf``,
+        ``min_impurity_decrease``, ``max_features`` (int), ``balanced_subsample`` (class weights per
+        tree from its bootstrap counts), ``bootstrap_rate`` (None: no bootstrap,
+        else the Poisson rate), ``seed``, ``max_local_rows`` (the largest shard of the ranks that grow
+        together) and ``batch_elements`` (agreed by them: together they set the trees per batch),
+        ``scales`` (``s_w``, ``s_y``, ``s_y2``: powers of two), ``y_tol`` (variance under which a
+        regression node is pure), ``verbose`` and ``rank`` (progress lines on rank 0), ``comm``
         (None: no communication), ``xp``.
     """
 
@@ -92,25 +133,65 @@ class TreeGrower:
         self.D = 1 if spec.min_samples_leaf > 1 else 0
         self.C = self.D + (self.K if self.K else 2)
         self.E = 1 if self.K else 2                  # per node: rows (and sum of weight * y**2)
+        self.m = min(spec.max_features, self.F)
+        # histograms of every feature (and sibling subtraction) when that is the cheaper build:
+        # F features on at most half the rows against m features on all of them
+        self.full = 2 * self.m > self.F
+        self.kernel = None
+        if self.xp is not np and spec.Xb.dtype == np.uint8 and os.environ.get("MPIML_RF_GPU_KERNEL", "1") != "0":
+            from ..kernels import histograms
+
+            self.kernel = histograms
         self.stats = {"hist_s": 0.0, "allreduce_s": 0.0, "split_s": 0.0, "route_s": 0.0,
-                      "allreduce_bytes": 0, "allreduce_calls": 0, "levels": 0}
+                      "allreduce_bytes": 0, "allreduce_calls": 0, "levels": 0, "hist_elements": 0,
+                      "hist_nodes_built": 0, "hist_nodes_derived": 0}
 
     # ------------------------------------------------------------------ per-tree row state
-    def _row_state(self, tree):
+    def _elements(self, trees):
+        """The root elements of a batch: per tree the rows of non-zero weight, in row order."""
         s, xp = self.s, self.xp
-        w = s.weight
+        rows, ws, wys, wy2s, counts = [], [], [], [], []
+        draws = [None] * len(trees)
         if s.bootstrap_rate is not None:
-            w = w * poisson_weights(xp, s.seed, tree, s.row_index, s.bootstrap_rate)
-        wq = xp.rint(w * s.scales[0])
-        node = xp.where(wq > 0, 0, -1).astype(xp.int32)
-        if self.K:
-            return node, wq, None, None
-        wy = xp.rint(w * s.y * s.scales[1])
-        wy2 = xp.rint(w * s.y * s.y * s.scales[2])
-        return node, wq, wy, wy2
+            draws = [poisson_weights(xp, s.seed, tree, s.row_index, s.bootstrap_rate) for tree in trees]
+        cw = self._subsample_class_weights(draws) if getattr(s, "balanced_subsample", False) else None
+        for i, tree in enumerate(trees):
+            w = s.weight
+            if draws[i] is not None:
+                w = w * draws[i]
+            if cw is not None:
+                w = w * xp.asarray(cw[i])[s.y]
+            wq = xp.rint(w * s.scales[0])
+            r = xp.nonzero(wq > 0)[0]
+            rows.append(r.astype(xp.int32))
+            ws.append(wq[r])
+            counts.append(int(r.shape[0]))
+            if not self.K:
+                wr, yr = w[r], s.y[r]
+                wys.append(xp.rint(wr * yr * s.scales[1]))
+                wy2s.append(xp.rint(wr * yr * yr * s.scales[2]))
+        cat = (lambda parts: xp.concatenate(parts)) if len(trees) > 1 else (lambda parts: parts[0])
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        seg = xp.asarray(np.repeat(np.arange(len(trees), dtype=np.int32), counts))
+        el = _Elements(cat(rows), seg, cat(ws), cat(wys) if wys else None, cat(wy2s) if wy2s else None, starts)
+        self._max_weight = float(el.w.max()) if el.w.shape[0] else 0.0
+        return el
 
-    def _feature_sets(self, tree, node_ids):
-        """``(len(node_ids), F)`` random permutations of the features, one per node (host).
+    def _subsample_class_weights(self, draws):
+        """``class_weight="balanced_subsample"``: per tree, ``n / (classes drawn * count)`` from the class
+        counts of its bootstrap draws over every rank (one allreduce of trees x classes floats); 0 for the
+        classes it did not draw (scikit-learn's ``compute_sample_weight("balanced", y, indices=...)``)."""
+        xp, K, comm = self.xp, self.K, self.s.comm
+        counts = np.stack([_host(xp, xp.bincount(self.s.y, weights=d, minlength=K)) if d.shape[0] else np.zeros(K)
+                           for d in draws]).astype(np.float64)
+        if comm is not None and comm.size > 1:
+            counts = comm.allreduce(counts)
+        drawn = (counts > 0).sum(axis=1, keepdims=True)
+        return np.where(counts > 0, counts.sum(axis=1, keepdims=True) / (np.maximum(drawn, 1) *
+                                                                           np.where(counts > 0, counts, 1)), 0.0)
+
+    def _feature_sets(self, trees, ranges):
+        """``(slots, F)`` random permutations of the features, one per node of the level (on ``xp``).
 
         The order is a permutation keyed by ``(seed, tree, node id)``; its
         first ``max_features`` entries are the node's features; when they are
@@ -118,70 +199,103 @@ class TreeGrower:
         of equal quality the one on the earliest feature of the order wins
         (then the lowest bin), as scikit-learn's random feature order does.
         """
-        F, m = self.F, self.s.max_features
-        keys = np.asarray(node_ids, dtype=np.int64)[:, None] * F + np.arange(F, dtype=np.int64)
-        u = hash_uniform(np, self.s.seed, STREAM_FEATURES, tree, keys)
-        return np.argsort(u, axis=1, kind="stable")
+        xp, F = self.xp, self.F
+        k = ranges[:, 1] - ranges[:, 0]
+        tree_of = np.repeat(np.asarray(trees, dtype=np.int64), k)
+        node_of = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in ranges])
+        keys = xp.asarray(node_of)[:, None] * F + xp.arange(F, dtype=xp.int64)
+        u = hash_uniform(xp, self.s.seed, STREAM_FEATURES, xp.asarray(tree_of)[:, None], keys)
+        return np.argsort(u, axis=1, kind="stable") if xp is np else xp.argsort(u, axis=1)   # CuPy's is stable
 
     # ------------------------------------------------------------------ histograms
-    def _local_histogram(self, states, parts, fsel, n_slots):
-        """This rank's histogram of the slots ``parts``, flattened.
-
-        ``parts`` is a list of ``(t, lo, hi, slot0, lookup)``: the nodes
-        ``lo..hi-1`` of tree ``t`` are the slots from ``slot0`` on; ``lookup``
-        (None: all of them, in order) maps ``node - lo`` to a slot offset, -1
-        for nodes left out.
-        """
+    def _build(self, el, slots, fsel):
+        """This rank's histograms ``(len(slots), FH, B, C)`` (float64) and extras ``(len(slots), E)``
+        of the segments ``slots`` (host ints), features ``fsel`` (``(len(slots), FH)`` on ``xp``)."""
         xp, s = self.xp, self.s
-        m = fsel.shape[1]
-        B, C = self.B, self.C
-        size = n_slots * m * B * C
-        hist = xp.zeros(size, dtype=xp.float64)
-        D, E = self.D, self.E
-        extra = xp.zeros(n_slots * E, dtype=xp.float64)
-        fsel_x = xp.asarray(fsel)
-        jj = xp.arange(m, dtype=xp.int64)
-        step = max(1, KEY_ELEMENTS // max(m, 1))
-        for t, lo, hi, slot0, lookup in parts:
-            node, wq, wy, wy2 = states[t]
-            rows = xp.nonzero((node >= lo) & (node < hi))[0]
-            n_part = hi - lo if lookup is None else int(lookup.max()) + 1
-            if lookup is not None:
-                lookup_x = xp.asarray(lookup)
-                rows = rows[lookup_x[node[rows] - lo] >= 0]
-            span = n_part * m * B * C
-            view = hist[slot0 * m * B * C:slot0 * m * B * C + span]
-            for a in range(0, int(rows.shape[0]), step):
-                r = rows[a:a + step]
-                slot = (node[r] - lo).astype(xp.int64)
-                if lookup is not None:
-                    slot = lookup_x[slot].astype(xp.int64)
-                bins = xp.take_along_axis(s.Xb[r], fsel_x[slot + slot0], axis=1).astype(xp.int64)
-                key = (((slot[:, None] * m + jj) * B + bins) * C).ravel()
-                nr = r.shape[0]
-                keys, wts = [], []
-                if D:
-                    keys.append(key)
-                    wts.append(xp.ones(key.shape[0], dtype=xp.float64))
-                if self.K:
-                    keys.append(key + D + xp.broadcast_to(s.y[r].astype(xp.int64)[:, None], (nr, m)).ravel())
-                    wts.append(xp.broadcast_to(wq[r][:, None], (nr, m)).ravel())
-                else:
-                    keys += [key + D, key + D + 1]
-                    wts += [xp.broadcast_to(wq[r][:, None], (nr, m)).ravel(),
-                            xp.broadcast_to(wy[r][:, None], (nr, m)).ravel()]
-                view += xp.bincount(xp.concatenate(keys), weights=xp.concatenate(wts), minlength=span)
-                ex = extra[slot0 * E:(slot0 + n_part) * E]
-                ex += xp.bincount(slot * E, minlength=n_part * E).astype(xp.float64)
-                if not self.K:
-                    ex += xp.bincount(slot * E + 1, weights=wy2[r], minlength=n_part * E)
-        return hist, extra, m
+        B, C, D, K = self.B, self.C, self.D, self.K
+        n, FH = len(slots), int(fsel.shape[1])
+        seg_start = el.starts[slots]
+        seg_len = el.starts[slots + 1] - seg_start
+        self.stats["hist_elements"] += int(seg_len.sum()) * FH
+        hist = None
+        if self.kernel is not None and n:
+            h = self.kernel.build_histograms(s.Xb, el.row, el.w, el.wy, s.y if K else None, seg_start, seg_len,
+                                             fsel.astype(xp.int32), B, K, bool(D), self._max_weight)
+            hist = None if h is None else h.astype(xp.float64)
+        if hist is None:
+            hist = self._bincount_histogram(el, seg_start, seg_len, fsel)
+        extra = xp.zeros((n, self.E), dtype=xp.float64)
+        if n:
+            extra[:, 0] = xp.asarray(seg_len.astype(np.float64))
+            if not K:
+                cs = el.wy2_prefix(xp)
+                extra[:, 1] = cs[xp.asarray(seg_start + seg_len)] - cs[xp.asarray(seg_start)]
+        return hist, extra
+
+    def _bincount_histogram(self, el, seg_start, seg_len, fsel):
+        """The histograms by ``bincount`` over combined ``(slot, feature, bin, channel)`` keys."""
+        xp, s = self.xp, self.s
+        B, C, D, K = self.B, self.C, self.D, self.K
+        n, FH = len(seg_len), int(fsel.shape[1])
+        span = n * FH * B * C
+        hist = xp.zeros(span, dtype=xp.float64)
+        total = int(seg_len.sum())
+        if total == 0:
+            return hist.reshape(n, FH, B, C)
+        slot_h = np.repeat(np.arange(n, dtype=np.int64), seg_len)
+        idx_h = np.repeat(seg_start - (np.cumsum(seg_len) - seg_len), seg_len) + np.arange(total, dtype=np.int64)
+        jj = xp.arange(FH, dtype=xp.int64)
+        fsel = xp.asarray(fsel)
+        step = max(1, KEY_ELEMENTS // max(FH, 1))
+        for a in range(0, total, step):
+            e = xp.asarray(idx_h[a:a + step])
+            slot = xp.asarray(slot_h[a:a + step])
+            r = el.row[e]
+            bins = xp.take_along_axis(s.Xb[r], fsel[slot], axis=1).astype(xp.int64)
+            key = (((slot[:, None] * FH + jj) * B + bins) * C).ravel()
+            ne = e.shape[0]
+            keys, wts = [], []
+            if D:
+                keys.append(key)
+                wts.append(xp.ones(key.shape[0], dtype=xp.float64))
+            w = xp.broadcast_to(el.w[e][:, None], (ne, FH)).ravel()
+            if K:
+                keys.append(key + D + xp.broadcast_to(s.y[r].astype(xp.int64)[:, None], (ne, FH)).ravel())
+                wts.append(w)
+            else:
+                keys += [key + D, key + D + 1]
+                wts += [w, xp.broadcast_to(el.wy[e][:, None], (ne, FH)).ravel()]
+            hist += xp.bincount(xp.concatenate(keys), weights=xp.concatenate(wts), minlength=span)
+        return hist.reshape(n, FH, B, C)
+
+    def _totals(self, el):
+        """Per-slot channel totals as a one-bin histogram ``(slots, 1, 1, C)`` and the extras (local)."""
+        xp, s = self.xp, self.s
+        C, D, K = self.C, self.D, self.K
+        S = len(el.starts) - 1
+        seg = el.seg.astype(xp.int64)
+        tot = xp.zeros(S * C, dtype=xp.float64)
+        if el.row.shape[0]:
+            if D:
+                tot += xp.bincount(seg * C, minlength=S * C).astype(xp.float64)
+            if K:
+                tot += xp.bincount(seg * C + D + s.y[el.row].astype(xp.int64), weights=el.w, minlength=S * C)
+            else:
+                tot += xp.bincount(seg * C + D, weights=el.w, minlength=S * C)
+                tot += xp.bincount(seg * C + D + 1, weights=el.wy, minlength=S * C)
+        slots = np.arange(S)
+        extra = xp.zeros((S, self.E), dtype=xp.float64)
+        extra[:, 0] = xp.asarray(el.lens().astype(np.float64))
+        if not K and S:
+            cs = el.wy2_prefix(xp)
+            extra[:, 1] = cs[xp.asarray(el.starts[slots + 1])] - cs[xp.asarray(el.starts[slots])]
+        return tot.reshape(S, 1, 1, C), extra
 
     def _reduce(self, hist, extra):
         comm, xp = self.s.comm, self.xp
         if comm is None or comm.size == 1:
             return hist, extra
-        buf = xp.concatenate([hist, extra])
+        buf = xp.concatenate([hist.ravel(), extra.ravel()])
         _sync(xp)
         t0 = time.perf_counter()
         buf = comm.allreduce(buf)
@@ -189,12 +303,14 @@ class TreeGrower:
         self.stats["allreduce_s"] += time.perf_counter() - t0
         self.stats["allreduce_bytes"] += int(buf.nbytes)
         self.stats["allreduce_calls"] += 1
-        return buf[:hist.size], buf[hist.size:]
+        return buf[:hist.size].reshape(hist.shape), buf[hist.size:].reshape(extra.shape)
 
     # ------------------------------------------------------------------ split evaluation
-    def _evaluate(self, hist, extra, n_slots, m, depth, root_weight, first_only=False):
-        """Per-slot decisions (host arrays) from the reduced histogram (same on every rank).
+    def _evaluate(self, H, ex, order, depth, root_weight, first_only=False):
+        """Per-slot decisions (host arrays) from the reduced histograms (same on every rank).
 
+        ``H`` is ``(S, m, B, C)`` with features in the node's order ``order``
+        (``(S, m)`` feature ids on ``xp``), ``ex`` the ``(S, E)`` extras.
         Only non-empty bins are split candidates (a split after an empty bin
         repeats the one before it), so the work is proportional to the
         non-empty bins: per-(node, feature) prefix sums are exact int64 sums.
@@ -203,10 +319,9 @@ class TreeGrower:
         (the features drawn after ``max_features`` constant ones).
         """
         xp, s = self.xp, self.s
-        B, C, D = self.B, self.C, self.D
+        n_slots, m, B, C = H.shape
+        D = self.D
         sw = s.scales[0]
-        H = hist.reshape(n_slots, m, B, C)
-        ex = extra.reshape(n_slots, self.E)
         tot = H[:, 0].sum(axis=1)                                # (S, C): every row is in one bin per feature
         # (S, m, B) bins holding rows: the row count, the weight (regression), or the class weights (all >= 1)
         occupied = H.sum(axis=3) > 0 if (self.K and not D) else H[..., 0] > 0
@@ -253,16 +368,19 @@ class TreeGrower:
         if first_only:
             first_varying = xp.argmax(varying, axis=1)
             valid &= (seg % m) == first_varying[slot]
+        rw = W if root_weight is None else xp.asarray(root_weight)
         mwl = None
         if s.min_weight_fraction_leaf > 0:
-            rw = W if root_weight is None else xp.asarray(root_weight)
             mwl = s.min_weight_fraction_leaf * rw
             valid &= (WL >= mwl[slot]) & (WR >= mwl[slot])
         dense = xp.full(n_slots * m * B, -xp.inf, dtype=xp.float64)
         dense[nz] = xp.where(valid, proxy, -xp.inf)
+        dense_wl = xp.zeros(n_slots * m * B, dtype=xp.float64)
+        dense_wl[nz] = WL
         flat = dense.reshape(n_slots, m * B)
         best = xp.argmax(flat, axis=1)
         best_val = xp.take_along_axis(flat, best[:, None], axis=1)[:, 0]
+        best_wl = xp.take_along_axis(dense_wl.reshape(n_slots, m * B), best[:, None], axis=1)[:, 0]
         best_j, best_b = best // B, best % B
         counts = ex[:, 0]
         # the non-empty bins of the chosen feature next to the split, for thresholds between values present
@@ -270,25 +388,38 @@ class TreeGrower:
         idx = xp.arange(B)
         below = xp.where(chosen & (idx <= best_b[:, None]), idx, -1).max(axis=1)
         above = xp.where(chosen & (idx > best_b[:, None]), idx, B).min(axis=1)
-        host = {k: (v.get() if xp is not np else np.asarray(v)) for k, v in dict(
-            best_val=best_val, best_j=best_j, best_b=best_b, parent=parent, counts=counts, W=W,
-            impurity=impurity, value=value, pure=pure, below=below, above=above,
-            varying=varying.any(axis=1)).items()}
-        leaf = ~np.isfinite(host["best_val"]) | host["pure"] | (host["counts"] < s.min_samples_split) | \
-            (host["counts"] < 2 * msl)
+        feature = xp.take_along_axis(order, best_j[:, None].astype(xp.int64), axis=1)[:, 0]
+        # one transfer of the per-slot numbers
+        names = ("best_val", "best_j", "best_b", "parent", "counts", "W", "impurity", "pure", "below", "above",
+                 "varying", "feature", "best_wl", "root_w")
+        cols = (best_val, best_j, best_b, parent, counts, W, impurity, pure, below, above, varying.any(axis=1),
+                feature, best_wl, rw)
+        packed = _host(xp, xp.stack([c.astype(xp.float64) for c in cols])) if n_slots else np.zeros((len(cols), 0))
+        host = dict(zip(names, packed))
+        for key in ("best_j", "best_b", "below", "above", "feature"):
+            host[key] = host[key].astype(np.int64)
+        for key in ("pure", "varying"):
+            host[key] = host[key].astype(bool)
+        host["value"] = _host(xp, value)
+        host["best_wr"] = host["W"] - host["best_wl"]
+        # a node is a leaf by its own numbers (before looking at split candidates) ...
+        small = host["pure"] | (host["counts"] < s.min_samples_split) | (host["counts"] < 2 * msl)
         if mwl is not None:
-            leaf |= host["W"] < 2 * (mwl.get() if xp is not np else mwl)
-        if s.max_depth is not None:
-            leaf |= depth >= s.max_depth
+            small |= host["W"] < 2 * s.min_weight_fraction_leaf * host["root_w"]
+        at_depth = s.max_depth is not None and depth >= s.max_depth
+        # ... or when no split is valid (or good enough)
+        decrease = np.where(np.isfinite(host["best_val"]), host["best_val"] - host["parent"], 0.0)
+        weak = ~np.isfinite(host["best_val"])
+        if s.min_impurity_decrease > 0:
+            # scikit-learn's weighted impurity decrease: (N_t / N) * (impurity - ...) with N the root's weight
+            scale = math.log(2.0) if (self.K and s.criterion != "gini") else 1.0
+            rootw = np.where(host["root_w"] > 0, host["root_w"], 1.0)
+            weak |= decrease / scale / rootw + 1e-7 < s.min_impurity_decrease
+        leaf = weak | small | at_depth
         # nodes that would split but whose drawn features are all constant: draw further features
-        host["retry"] = leaf & ~host["varying"] & ~(host["pure"] | (host["counts"] < s.min_samples_split) |
-                                                     (host["counts"] < 2 * msl))
-        if mwl is not None:
-            host["retry"] &= ~(host["W"] < 2 * (mwl.get() if xp is not np else mwl))
-        if s.max_depth is not None and depth >= s.max_depth:
-            host["retry"][:] = False
+        host["retry"] = leaf & ~host["varying"] & ~small & (not at_depth)
         host["leaf"] = leaf
-        host["decrease"] = np.where(leaf, 0.0, np.maximum(host["best_val"] - host["parent"], 0.0))
+        host["decrease"] = np.where(leaf, 0.0, np.maximum(decrease, 0.0))
         return host
 
     def _bin_tables(self):
@@ -325,8 +456,8 @@ class TreeGrower:
     def grow(self, trees):
         """Grow the trees with global indices ``trees``; returns a list of per-tree dicts of host arrays."""
         out = []
-        # the same on every rank (the batches decide the sequence of allreduces): from the largest shard
-        per_batch = max(1, BATCH_ELEMENTS // max(self.s.max_local_rows, 1))
+        # the same on every rank (the batches decide the sequence of allreduces): agreed numbers only
+        per_batch = max(1, self.s.batch_elements // max(self.s.max_local_rows, 1))
         for a in range(0, len(trees), per_batch):
             t0 = time.perf_counter()
             batch = list(trees[a:a + per_batch])
@@ -339,139 +470,235 @@ class TreeGrower:
     def _grow_batch(self, trees):
         xp, s = self.xp, self.s
         T = len(trees)
-        states = [self._row_state(t) for t in trees]
+        el = self._elements(trees)
         recs = [{k: [] for k in _RECORDS} for _ in range(T)]
-        importances = np.zeros((T, self.F))
         ranges = np.zeros((T, 2), dtype=np.int64)
         ranges[:, 1] = 1                            # node ids [lo, hi) of the current level, per tree
         roots = None
+        parent = None                               # (hist, extra, build_left) of the split nodes above
         depth = 0
         while (ranges[:, 1] > ranges[:, 0]).any():
             self.stats["levels"] += 1
             k = ranges[:, 1] - ranges[:, 0]
-            base = np.concatenate([[0], np.cumsum(k)])
-            n_slots = int(base[-1])
             slot_tree = np.repeat(np.arange(T), k)
-            perm = np.concatenate([self._feature_sets(trees[t], np.arange(*ranges[t])) for t in range(T) if k[t] > 0])
-            m = min(s.max_features, self.F)
-            fsel_all = perm[:, :m]
-            per_chunk = max(1, HIST_BYTES // (m * self.B * self.C * 8))
-            decisions = []
-            for c0 in range(0, n_slots, per_chunk):
-                c1 = min(n_slots, c0 + per_chunk)
-                parts = [(t, int(ranges[t, 0] + max(c0 - base[t], 0)), int(ranges[t, 0] + min(c1 - base[t], k[t])),
-                          int(max(base[t] - c0, 0)), None) for t in range(T) if base[t] < c1 and base[t + 1] > c0]
-                fsel = fsel_all[c0:c1]
-                _sync(xp)
-                t0 = time.perf_counter()
-                hist, extra, m = self._local_histogram(states, parts, fsel, c1 - c0)
-                _sync(xp)
-                self.stats["hist_s"] += time.perf_counter() - t0
-                hist, extra = self._reduce(hist, extra)
-                t0 = time.perf_counter()
-                root_w = None if roots is None else roots[slot_tree[c0:c1]]
-                dec = self._evaluate(hist, extra, c1 - c0, m, depth, root_w)
-                dec["feature"] = fsel[np.arange(c1 - c0), dec["best_j"]]
-                decisions.append(dec)
-                self.stats["split_s"] += time.perf_counter() - t0
-            dec = {key: np.concatenate([d[key] for d in decisions]) for key in decisions[0]}
-            if m < self.F and dec["retry"].any():
-                self._draw_further(states, ranges, base, slot_tree, perm[:, m:], dec, depth, roots)
+            root_w = None if roots is None else roots[slot_tree]
+            perm = self._feature_sets([trees[t] for t in range(T)], ranges)
+            if s.max_depth is not None and depth >= s.max_depth:
+                dec = self._leaf_level(el, perm, depth, root_w)
+                parent = None
+            else:
+                keep = self.full and (s.max_depth is None or depth + 1 < s.max_depth)
+                dec, parent = self._split_level(el, perm, depth, root_w, parent, keep)
             if roots is None:
                 roots = dec["W"].copy()
+            ranges = self._record(recs, ranges, dec)
             t0 = time.perf_counter()
-            ranges = self._record_and_route(states, recs, importances, ranges, base, dec)
+            el = self._partition(el, dec)
             _sync(xp)
             self.stats["route_s"] += time.perf_counter() - t0
             depth += 1
         out = []
-        for t, rec in enumerate(recs):
+        for rec in recs:
             tree = {key: np.concatenate(rec[key]).astype(dtype) for key, dtype in _RECORDS.items()}
             tree["value"] = tree["value"].reshape(len(tree["feature"]), -1)
-            tree["importances"] = importances[t]
+            inner = tree["feature"] >= 0
+            tree["importances"] = np.bincount(tree["feature"][inner], weights=tree["decrease"][inner],
+                                              minlength=self.F).astype(np.float64)
             out.append(tree)
         return out
 
-    def _draw_further(self, states, ranges, base, slot_tree, rest, dec, depth, roots):
+    def _leaf_level(self, el, perm, depth, root_w):
+        """The last level (``depth == max_depth``): every node is a leaf; only per-node totals are summed."""
+        xp = self.xp
+        _sync(xp)
+        t0 = time.perf_counter()
+        H, extra = self._totals(el)
+        _sync(xp)
+        self.stats["hist_s"] += time.perf_counter() - t0
+        H, extra = self._reduce(H, extra)
+        t0 = time.perf_counter()
+        dec = self._evaluate(H, extra, perm[:, :1], depth, root_w)
+        self.stats["split_s"] += time.perf_counter() - t0
+        return dec
+
+    def _split_level(self, el, perm, depth, root_w, parent, keep):
+        """Histograms (built or derived), allreduce and split choice of one level, in node chunks.
+
+        ``parent`` holds the reduced histograms of the split nodes of the level
+        above and which child to build (sibling subtraction), or None.
+        Returns the decisions and what the next level needs for its subtraction
+        (None when it must build every node).
+        """
+        xp, s = self.xp, self.s
+        S = len(el.starts) - 1
+        m, F, B, C = self.m, self.F, self.B, self.C
+        FH = F if self.full else m
+        per_chunk = max(2, HIST_BYTES // (FH * B * C * 8)) // 2 * 2     # whole sibling pairs
+        ident = xp.arange(F, dtype=xp.int32)
+        decisions, kept_h, kept_e, kept_bytes = [], [], [], 0
+        for c0 in range(0, S, per_chunk):
+            c1 = min(S, c0 + per_chunk)
+            n = c1 - c0
+            if parent is not None:                 # one child of each pair: the one with less weight
+                pairs = np.arange(c0 // 2, c1 // 2)
+                built = 2 * pairs + np.where(parent[2][pairs], 0, 1)
+            else:
+                built = np.arange(c0, c1)
+            fsel = xp.broadcast_to(ident, (len(built), F)) if self.full else perm[xp.asarray(built), :m]
+            _sync(xp)
+            t0 = time.perf_counter()
+            hb, eb = self._build(el, built, fsel)
+            _sync(xp)
+            self.stats["hist_s"] += time.perf_counter() - t0
+            self.stats["hist_nodes_built"] += len(built)
+            hb, eb = self._reduce(hb, eb)
+            t0 = time.perf_counter()
+            if parent is not None:
+                self.stats["hist_nodes_derived"] += len(built)
+                H = xp.empty((n, FH, B, C), dtype=xp.float64)
+                ex = xp.empty((n, self.E), dtype=xp.float64)
+                local_b = xp.asarray(built - c0)
+                local_o = xp.asarray((built ^ 1) - c0)
+                ph, pe = parent[0][xp.asarray(pairs)], parent[1][xp.asarray(pairs)]
+                H[local_b], ex[local_b] = hb, eb
+                H[local_o], ex[local_o] = ph - hb, pe - eb
+            else:
+                H, ex = hb, eb
+            order = perm[c0:c1]
+            Hm = xp.take_along_axis(H, order[:, :m, None, None], axis=1) if self.full else H
+            rw = None if root_w is None else root_w[c0:c1]
+            dec = self._evaluate(Hm, ex, order[:, :m], depth, rw)
+            if m < F and dec["retry"].any():
+                self._draw_further(el, H if self.full else None, ex, c0, order, dec, depth, rw)
+            decisions.append(dec)
+            if keep:
+                sp = np.nonzero(~dec["leaf"])[0]
+                kept_bytes += len(sp) * FH * B * C * 8
+                if kept_bytes <= SUB_BYTES:
+                    kept_h.append(H[xp.asarray(sp)])
+                    kept_e.append(ex[xp.asarray(sp)])
+            self.stats["split_s"] += time.perf_counter() - t0
+        dec = {key: np.concatenate([d[key] for d in decisions]) for key in decisions[0]}
+        nxt = None
+        if keep and kept_bytes <= SUB_BYTES and kept_h:
+            sp = ~dec["leaf"]
+            nxt = (xp.concatenate(kept_h), xp.concatenate(kept_e), dec["best_wl"][sp] <= dec["best_wr"][sp])
+        return dec, nxt
+
+    def _draw_further(self, el, H, ex, c0, order, dec, depth, root_w):
         """Second pass for the nodes whose drawn features were all constant (scikit-learn's rule).
 
         Histograms of the remaining features, in the node's order, for those
-        nodes only (one more allreduce per chunk); the first non-constant
-        feature is the only candidate.  ``dec`` is updated in place.
+        nodes only: taken from ``H`` when it holds every feature, else built
+        (one more allreduce); the first non-constant feature is the only
+        candidate.  ``dec`` is updated in place.
         """
         xp = self.xp
-        idx = np.nonzero(dec["retry"])[0]
-        m2 = rest.shape[1]
-        per_chunk = max(1, HIST_BYTES // (m2 * self.B * self.C * 8))
-        for a in range(0, len(idx), per_chunk):
-            sel = idx[a:a + per_chunk]
-            parts = []
-            for t in np.unique(slot_tree[sel]):
-                mine = sel[slot_tree[sel] == t]
-                lo, hi = int(ranges[t, 0]), int(ranges[t, 1])
-                lookup = np.full(hi - lo, -1, dtype=np.int64)
-                lookup[mine - base[t]] = np.arange(len(mine))
-                parts.append((int(t), lo, hi, int(np.searchsorted(sel, mine[0])), lookup))
+        sel = np.nonzero(dec["retry"])[0]
+        sel_x = xp.asarray(sel)
+        rest = order[sel_x, self.m:]
+        if H is not None:
+            Hr = xp.take_along_axis(H[sel_x], rest[:, :, None, None], axis=1)
+            exr = ex[sel_x]
+        else:
             _sync(xp)
             t0 = time.perf_counter()
-            hist, extra, _ = self._local_histogram(states, parts, rest[sel], len(sel))
+            Hr, exr = self._build(el, c0 + sel, rest)
             _sync(xp)
             self.stats["hist_s"] += time.perf_counter() - t0
-            hist, extra = self._reduce(hist, extra)
-            t0 = time.perf_counter()
-            root_w = None if roots is None else roots[slot_tree[sel]]
-            again = self._evaluate(hist, extra, len(sel), m2, depth, root_w, first_only=True)
-            again["feature"] = rest[sel][np.arange(len(sel)), again["best_j"]]
-            for key in ("leaf", "feature", "best_b", "below", "above", "decrease"):
-                dec[key][sel] = again[key]
-            self.stats["split_s"] += time.perf_counter() - t0
+            Hr, exr = self._reduce(Hr, exr)
+        rw = None if root_w is None else root_w[sel]
+        again = self._evaluate(Hr, exr, rest, depth, rw, first_only=True)
+        for key in ("leaf", "feature", "best_b", "below", "above", "decrease", "best_wl", "best_wr"):
+            dec[key][sel] = again[key]
 
-    def _record_and_route(self, states, recs, importances, ranges, base, dec):
-        """Append the level's nodes to the records, number the children, move rows to them."""
-        xp, s = self.xp, self.s
+    def _record(self, recs, ranges, dec):
+        """Append the level's nodes to the records, number the children (breadth first); new ranges."""
         n_slots = len(dec["leaf"])
         split = ~dec["leaf"]
-        f = dec["feature"].astype(np.int64)
-        b = dec["best_b"].astype(np.int64)
+        f = dec["feature"]
+        b = dec["best_b"]
         thr = np.full(n_slots, -2.0)
         if split.any():
             thr[split] = self._thresholds(f[split], b[split], dec["below"][split], dec["above"][split])
+        k = ranges[:, 1] - ranges[:, 0]
+        base = np.concatenate([[0], np.cumsum(k)])
         new_ranges = ranges.copy()
         for t in range(len(ranges)):
-            lo, hi = int(ranges[t, 0]), int(ranges[t, 1])
+            hi = int(ranges[t, 1])
             a, z = int(base[t]), int(base[t + 1])
-            if z == a:
-                new_ranges[t] = (hi, hi)
-                continue
             sp = split[a:z]
             order = np.cumsum(sp) - 1
             left = np.where(sp, hi + 2 * order, -1).astype(np.int32)
-            right = np.where(sp, left + 1, -1).astype(np.int32)
             rec = recs[t]
             rec["feature"].append(np.where(sp, f[a:z], -2))
             rec["threshold"].append(thr[a:z])
             rec["left"].append(left)
-            rec["right"].append(right)
+            rec["right"].append(np.where(sp, left + 1, -1).astype(np.int32))
             rec["value"].append(dec["value"][a:z])
             rec["n_node_samples"].append(dec["counts"][a:z])
             rec["weighted_n_node_samples"].append(dec["W"][a:z])
             rec["impurity"].append(dec["impurity"][a:z])
-            np.add.at(importances[t], f[a:z][sp], dec["decrease"][a:z][sp])
-            n_new = 2 * int(sp.sum())
-            new_ranges[t] = (hi, hi + n_new)
-            node = states[t][0]
-            rows = xp.nonzero(node >= 0)[0]
-            if rows.shape[0] == 0:
-                continue
-            q = (node[rows] - lo).astype(xp.int64)
-            fx = xp.asarray(np.where(sp, f[a:z], 0))[q]
-            bx = xp.asarray(np.where(sp, b[a:z], 0))[q]
-            go_left = s.Xb[rows, fx].astype(xp.int64) <= bx
-            node[rows] = xp.where(go_left, xp.asarray(left)[q], xp.asarray(right)[q])
+            rec["decrease"].append(np.where(sp, dec["decrease"][a:z], 0.0))
+            new_ranges[t] = (hi, hi + 2 * int(sp.sum()))
         return new_ranges
+
+    def _partition(self, el, dec):
+        """Elements of the children of the split nodes, left child then right, in slot order (stable).
+
+        Child ``2 i`` (left) and ``2 i + 1`` (right) of the ``i``-th split
+        node are the slots of the next level, in the order the records number
+        them; elements of leaves are dropped.
+        """
+        xp, s = self.xp, self.s
+        split_h = ~dec["leaf"]
+        n_split = int(split_h.sum())
+        if n_split == 0 or el.row.shape[0] == 0:
+            empty_i = xp.zeros(0, dtype=xp.int32)
+            empty_f = xp.zeros(0, dtype=xp.float64)
+            return _Elements(empty_i, empty_i, empty_f, None if self.K else empty_f, None if self.K else empty_f,
+                             np.zeros(2 * n_split + 1, dtype=np.int64))
+        if self.kernel is not None:
+            code = np.where(split_h, dec["feature"] * 256 + dec["best_b"], -1)
+            (row, seg, w, wy, wy2), counts = self.kernel.partition_rows(s.Xb, el.seg, el.row, el.w, el.wy, el.wy2,
+                                                                        code, el.starts)
+            counts = counts[split_h].reshape(-1)
+            return _Elements(row, seg, w, wy, wy2, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+        starts = el.starts
+        seg = el.seg
+        sp = xp.asarray(split_h)[seg]
+        fx = xp.asarray(np.where(split_h, dec["feature"], 0).astype(np.int32))[seg]
+        bx = xp.asarray(np.where(split_h, dec["best_b"], 0).astype(np.int32))[seg]
+        go = s.Xb[el.row, fx].astype(xp.int32) <= bx
+        is_l = sp & go
+        is_r = sp & ~go
+        cl = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(is_l, dtype=xp.int64)])
+        cr = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(is_r, dtype=xp.int64)])
+        st, en = xp.asarray(starts[:-1]), xp.asarray(starts[1:])
+        l0, r0 = cl[st], cr[st]
+        nl, nr = cl[en] - l0, cr[en] - r0
+        lstart = l0 + r0
+        rstart = lstart + nl
+        pos = xp.where(is_l, lstart[seg] + cl[:-1] - l0[seg], rstart[seg] + cr[:-1] - r0[seg])
+        kept = xp.nonzero(sp)[0]
+        pos = pos[kept]
+        n_new = int(kept.shape[0])
+        rank = xp.asarray((np.cumsum(split_h) - 1).astype(np.int32))
+
+        def moved(a, dtype):
+            out = xp.empty(n_new, dtype=dtype)
+            out[pos] = a[kept]
+            return out
+
+        new_seg = moved((2 * rank[seg] + is_r.astype(xp.int32)).astype(xp.int32), xp.int32)
+        counts = _host(xp, xp.stack([nl, nr], axis=1)[xp.asarray(np.nonzero(split_h)[0])]).reshape(-1)
+        new_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return _Elements(moved(el.row, xp.int32), new_seg, moved(el.w, xp.float64),
+                         None if self.K else moved(el.wy, xp.float64), None if self.K else moved(el.wy2, xp.float64),
+                         new_starts)
 
 
 #: Per-node records of a tree and their dtypes.
 _RECORDS = {"feature": np.int32, "threshold": np.float64, "left": np.int32, "right": np.int32,
             "value": np.float64, "n_node_samples": np.int64, "weighted_n_node_samples": np.float64,
-            "impurity": np.float64}
+            "impurity": np.float64, "decrease": np.float64}

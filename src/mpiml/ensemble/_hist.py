@@ -61,8 +61,10 @@ def hash_uniform(xp, seed, stream, a, b):
     ----------
     xp : module
         ``numpy`` or ``cupy``; the result lives there.
-    seed, stream, a : int
-        Python integers (the seed of the fit, the stream, e.g. a tree index).
+    seed, stream : int
+        Python integers (the seed of the fit, the stream).
+    a : int or ndarray of integers
+        A counter (e.g. a tree index), or one per entry, broadcast against ``b``.
     b : ndarray of integers
         Counters, e.g. global row indices.
 
@@ -70,10 +72,13 @@ def hash_uniform(xp, seed, stream, a, b):
     -------
     ndarray of float64, shape of ``b``
     """
-    head = ((int(seed) * _C_STREAM) ^ (int(stream) << 56) ^ (int(a) * _C_A)) & _MASK
-    head = _mix_int(head)
     with np.errstate(over="ignore"):
-        z = xp.asarray(b).astype(xp.uint64) * xp.uint64(_C_B) + xp.uint64(head)
+        if isinstance(a, (int, np.integer)):
+            head = xp.uint64(_mix_int(((int(seed) * _C_STREAM) ^ (int(stream) << 56) ^ (int(a) * _C_A)) & _MASK))
+        else:                               # one counter ``a`` per entry (broadcast against ``b``)
+            lead = xp.uint64(((int(seed) * _C_STREAM) ^ (int(stream) << 56)) & _MASK)
+            head = _mix(xp, lead ^ (xp.asarray(a).astype(xp.uint64) * xp.uint64(_C_A)))
+        z = xp.asarray(b).astype(xp.uint64) * xp.uint64(_C_B) + head
         z = _mix(xp, _mix(xp, z))
     return (z >> xp.uint64(11)).astype(xp.float64) * (1.0 / (1 << 53))
 
