@@ -37,8 +37,9 @@ ALGORITHMS = ("auto", "ball_tree", "kd_tree", "brute")
 
 
 def _metric_error(owner, metric):
-    return InvalidParameterError(
-        f"The 'metric' parameter of {owner} must be a str among {sorted(METRICS)}. Got {metric!r} instead.")
+    names = "{" + ", ".join(repr(m) for m in sorted(METRICS)) + "}"
+    return InvalidParameterError(f"The 'metric' parameter of {owner} must be a str among {names}. "
+                                 f"Got {metric!r} instead.")
 
 
 def resolve_metric(owner, metric, p, metric_params, algorithm):
@@ -105,7 +106,7 @@ class _NeighborsBase(SPMDEstimator):
         "n_neighbors": [Interval(Integral, 1, None, closed="left"), None],
         "algorithm": [StrOptions(set(ALGORITHMS))],
         "leaf_size": [Interval(Integral, 1, None, closed="left")],
-        "metric": [str, callable],
+        "metric": [StrOptions(set(METRICS)), callable],
         "p": [Interval(Real, 0, None, closed="right"), None],
         "metric_params": [dict, None],
         "n_jobs": [Integral, None],
@@ -206,8 +207,13 @@ class _NeighborsBase(SPMDEstimator):
             Q, xp = self._queries(X)
             k_search = k
         if k_search > self.n_samples_fit_:
+            if query_is_train:  # scikit-learn's wording: the rows themselves are not counted
+                raise ValueError(f"Expected n_neighbors < n_samples_fit, but n_neighbors = {k}, "
+                                 f"n_samples_fit = {self.n_samples_fit_}, n_samples = {self.n_samples_fit_}")
+            # every rank is here (the test is on replicated numbers): one message with the global query count
+            n_queries = int(row_counts(Q.shape[0], comm).sum())
             raise ValueError(f"Expected n_neighbors <= n_samples_fit, but n_neighbors = {k_search}, "
-                             f"n_samples_fit = {self.n_samples_fit_}, n_samples = {Q.shape[0]}")
+                             f"n_samples_fit = {self.n_samples_fit_}, n_samples = {n_queries}")
         Xi = self._shard_X
         Y = self._shard_Y if with_payload else None
         metric, p = self._metric_args()
