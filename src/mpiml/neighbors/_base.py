@@ -87,8 +87,8 @@ def resolve_metric(owner, metric, p, metric_params, algorithm):
 
 
 def _check_sparse_metric(metric, X):
-    """scikit-learn's refusal of a metric it cannot compute on sparse rows (raised before any
-    communication only where the input kind is replicated; otherwise agreed by the caller)."""
+    """scikit-learn's refusal of a metric it cannot compute on sparse rows (the input kind may
+    differ across ranks: the caller agrees on the verdict)."""
     if _sparse.is_sparse(X) and metric not in SPARSE_METRICS:
         raise ValueError(f"Metric '{metric}' not valid for sparse input. Valid metrics for sparse input: "
                          f"{list(SPARSE_METRICS)}.")
@@ -130,8 +130,13 @@ class _NeighborsBase(SPMDEstimator):
 
     def _check_sparse_input(self, X, *, index=False):
         """scikit-learn's refusal of a metric on sparse rows, and (for the index) one kind of
-        shard on every rank (the ring sends CSR arrays or dense rows), agreed in one collective."""
+        shard on every rank (the ring sends CSR arrays or dense rows), agreed in one collective.
+
+        Queries need no agreement when the metric works on sparse rows (nothing can fail).
+        """
         comm = self._get_comm()
+        if not index and self._effective in SPARSE_METRICS:
+            return
         error = None
         try:
             _check_sparse_metric(self._effective, X)
@@ -149,7 +154,7 @@ class _NeighborsBase(SPMDEstimator):
             raise DistributedInputError(
                 f"X is sparse on rank(s) {[r for r, k in enumerate(kinds) if k]} but dense on rank(s) "
                 f"{[r for r, k in enumerate(kinds) if not k]}: every rank's shard of the index must be of one kind")
-        if _sparse.is_sparse(X) and self.algorithm in ("kd_tree", "ball_tree"):
+        if index and _sparse.is_sparse(X) and self.algorithm in ("kd_tree", "ball_tree"):
             warnings.warn("cannot use tree with sparse input: using brute force", UserWarning, stacklevel=3)
 
     def _fit_index(self, X, Y=None):
