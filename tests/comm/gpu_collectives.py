@@ -1,11 +1,16 @@
 """Every collective x dtype x size x device backend on CuPy buffers (run under mpirun).
 
-Usage: ``python gpu_collectives.py BACKENDS [--graph]`` with BACKENDS a comma
-list of ``mpi`` (staged through the host), ``nccl``, ``ipc``.  Each rank uses
-GPU ``local_rank % device_count``.  Values are small integers, so every result
-is exact in every dtype and is compared exactly with NumPy on the gathered
+Usage: ``python gpu_collectives.py BACKENDS [--graph] [--shared]`` with BACKENDS
+a comma list of ``mpi`` (staged through the host), ``nccl``, ``ipc`` and
+``auto`` (no ``algorithm=``: the tuning table's choice).  Each rank uses GPU
+``local_rank % device_count``.  Values are small integers, so every result is
+exact in every dtype and is compared exactly with NumPy on the gathered
 inputs.  ``--graph`` also captures allreduce / bcast / allgather / reduce /
-reduce_scatter into a CUDA graph and replays it on fresh inputs.
+reduce_scatter into a CUDA graph and replays it on fresh inputs.  With ``mpi``
+the pipelined staged ring / chain (``mpi/ring``, ``mpi/chain``) are checked
+with many small chunks.  ``--shared``: the ranks share GPUs (run with one
+visible GPU); ``nccl`` and ``ipc`` must then be refused on every rank, by name
+and under ``auto``.
 """
 
 import os
@@ -26,6 +31,7 @@ init(device="gpu")  # local rank mod visible GPUs
 P, R = comm.size, comm.rank
 BACKENDS = sys.argv[1].split(",")
 GRAPH = "--graph" in sys.argv
+SHARED = "--shared" in sys.argv
 DTYPES = [np.float16, np.float32, np.float64, np.int32, np.int64, np.bool_]
 SIZES = [1, 3, 17, 1000, 4099, 70001]          # elements; most are not multiples of 16 bytes
 BIG = 300_001                                   # > 256 KiB in float32: the two-shot path
@@ -56,8 +62,13 @@ def device(x, offset):
     return base[1:]
 
 
+def route(backend):
+    """The ``algorithm=`` of a backend's own path (None: auto)."""
+    return None if backend == "auto" else f"{backend}/native"
+
+
 def run_case(backend, dtype, n, offset):
-    algo = f"{backend}/native"
+    algo = route(backend)
     tag = f"{backend} {np.dtype(dtype).name} n={n} offset={offset}"
     xs = [data(r, n, dtype) for r in range(P)]
     x = device(xs[R], offset)
@@ -169,7 +180,7 @@ def run_stream_ordered(backend):
 
 
 def run_big(backend):
-    algo = f"{backend}/native"
+    algo = route(backend)
     for dtype in (np.float32, np.float16):
         xs = [data(r, BIG, dtype) for r in range(P)]
         for offset in (False, True):
@@ -220,16 +231,90 @@ def run_graph(backend):
     os.environ.pop("MPIML_CHECK", None)
 
 
+def run_pipelined():
+    """The staged ring allreduce / allgather and chain bcast with many small chunks."""
+    old = os.environ.get("MPIML_STAGE_CHUNK")
+    os.environ["MPIML_STAGE_CHUNK"] = "4096"
+    try:
+        for dtype in (np.float16, np.float32, np.float64, np.int32, np.int64, np.bool_):
+            for n in (1, 2, 5, 4099, 70001):
+                xs = [data(r, n, dtype, 3) for r in range(P)]
+                tag = f"{np.dtype(dtype).name} n={n}"
+                for offset in (False, True):
+                    for op in OPS if n == 4099 else ("sum",):
+                        x = device(xs[R], offset)
+                        assert_close(comm.allreduce(x, op, algorithm="mpi/ring"), reduce_np(xs, op),
+                                     f"mpi/ring allreduce {op} {tag} offset={offset}", exact=True)
+                        assert_close(x, xs[R], f"mpi/ring allreduce {op} {tag}: input modified", exact=True)
+                    y = device(xs[R], offset)
+                    comm.allreduce(y, "max", out=y, algorithm="mpi/ring")
+                    assert_close(y, reduce_np(xs, "max"), f"mpi/ring allreduce in place {tag} offset={offset}",
+                                 exact=True)
+                    for root in sorted({0, P - 1}):
+                        b = device(xs[R], offset)
+                        assert_close(comm.bcast(b, root=root, algorithm="mpi/chain"), xs[root],
+                                     f"mpi/chain bcast root={root} {tag} offset={offset}", exact=True)
+                    assert_close(comm.allgather(device(xs[R], offset), algorithm="mpi/ring"), np.concatenate(xs),
+                                 f"mpi/ring allgather {tag} offset={offset}", exact=True)
+    finally:
+        if old is None:
+            os.environ.pop("MPIML_STAGE_CHUNK", None)
+        else:
+            os.environ["MPIML_STAGE_CHUNK"] = old
+    # default chunks, several of them per segment (16 MiB float32)
+    n = 4 << 20
+    xs = [data(r, n, np.float32, 5) for r in range(P)]
+    assert_close(comm.allreduce(cp.asarray(xs[R]), algorithm="mpi/ring"), reduce_np(xs, "sum"),
+                 "mpi/ring allreduce 16 MiB", exact=True)
+
+
+def run_shared():
+    """Ranks sharing a GPU: nccl and ipc refused on every rank (by name), auto stages through MPI."""
+    from mpiml import CommError
+    from mpiml.comm.backends._device import agree_device_ids, shared_device_groups
+
+    groups = shared_device_groups(agree_device_ids(comm._ctl))
+    check(bool(groups), f"--shared, but no ranks share a GPU here ({agree_device_ids(comm._ctl)})")
+    x = cp.asarray(data(R, 1000, np.float32))
+    for name in ("nccl", "ipc"):
+        try:
+            comm.allreduce(x, algorithm=f"{name}/native")
+            check(False, f"forced {name} on a shared GPU did not raise")
+        except CommError as exc:
+            check("share GPU" in str(exc) and name in str(exc), f"forced {name}: unclear error {exc}")
+        check(name not in comm._device_transports, f"{name} transport was created on a shared GPU")
+    by_name = get_comm(backend="nccl")
+    try:
+        by_name.allreduce(x)
+        check(False, "get_comm(backend='nccl') on a shared GPU did not raise")
+    except CommError as exc:
+        check("share GPU" in str(exc), f"get_comm(backend='nccl'): unclear error {exc}")
+    # auto: every size goes through the staged MPI path, correctly
+    for nbytes in (4, 4096, 1 << 20, 16 << 20):
+        n = nbytes // 4
+        xs = [data(r, n, np.float32, 9) for r in range(P)]
+        assert_close(comm.allreduce(cp.asarray(xs[R])), reduce_np(xs, "sum"), f"auto allreduce {nbytes} B shared",
+                     exact=True)
+        assert_close(comm.bcast(cp.asarray(xs[R]), root=P - 1), xs[P - 1], f"auto bcast {nbytes} B shared",
+                     exact=True)
+    check(not set(comm._device_transports) & {"nccl", "ipc"},
+          f"auto created a device transport on a shared GPU: {list(comm._device_transports)}")
+
+
 def main():
     t0 = time.perf_counter()
+    if SHARED:
+        run_shared()
     for backend in BACKENDS:
         tb = time.perf_counter()
         for dtype in DTYPES:
             for n in SIZES:
                 run_case(backend, dtype, n, offset=(n % 2 == 1 and n > 1))
         run_case(backend, np.float32, 1000, offset=False)
-        if P > 1:
+        if P > 1 and backend != "auto":
             run_algorithms(backend)
+        if backend == "mpi":
+            run_pipelined()
         run_big(backend)
         if GRAPH and backend in ("nccl", "ipc"):
             run_graph(backend)

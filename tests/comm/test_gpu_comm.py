@@ -39,6 +39,17 @@ def test_collectives_every_backend(mpi, n):
     assert "OK" in proc.stdout
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_ranks_sharing_one_gpu(mpi, n):
+    """n ranks on one GPU: nccl / ipc refused on every rank (by name, or skipped by auto), and every
+    collective correct through the staged MPI path (auto, mpi/native, the pipelined mpi/ring)."""
+    _need(1)
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+    proc = mpi(os.path.join(HERE, "gpu_collectives.py"), n, "mpi,auto", "--shared", timeout=600,
+               env={"MPIML_TIMEOUT": "60", "CUDA_VISIBLE_DEVICES": first})
+    assert "OK" in proc.stdout
+
+
 @pytest.mark.parametrize("mode", ["stall", "kill", "sync"])
 @pytest.mark.parametrize("backend", ["nccl", "ipc"])
 def test_peer_failure_raises_on_every_survivor(mpi, backend, mode):

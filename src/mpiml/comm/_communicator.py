@@ -26,7 +26,7 @@ from .._errors import CollectiveMismatchError, CommAbortedError, CommError, Comm
 from . import _profile
 from ._ops import check_dtype, check_op, dtype_code, identity, OPS
 from ._p2p import MAX_TAG, PointToPoint, _cupy, _flat
-from ._tuning import TuningTable
+from ._tuning import TuningTable, stream_mode
 from .algorithms import ALGORITHMS, COLLECTIVES, Channel, get_algorithm
 from .backends import get_backend_factory
 
@@ -200,16 +200,17 @@ class Communicator(PointToPoint):
         # which backends can run are fixed once decided, so a cached choice stays agreed.
         # This keeps the tuning lookup off the path of small device calls (a few us).
         cache = self.__dict__.setdefault("_choice_cache", {})
-        key = (op, nbytes, memory, algorithm, backend)
+        mode = stream_mode(memory) if algorithm is None else "eager"  # "graph" while capturing
+        key = (op, nbytes, memory, algorithm, backend, mode)
         hit = cache.get(key)
         if hit is None:
-            hit = self._choose_uncached(op, nbytes, memory, algorithm, backend)
+            hit = self._choose_uncached(op, nbytes, memory, algorithm, backend, mode)
             if len(cache) >= 4096:
                 cache.clear()
             cache[key] = hit
         return hit
 
-    def _choose_uncached(self, op, nbytes, memory, algorithm, backend):
+    def _choose_uncached(self, op, nbytes, memory, algorithm, backend, mode="eager"):
         if algorithm is not None:
             if "/" in algorithm:
                 backend, algorithm = algorithm.split("/", 1)
@@ -223,9 +224,11 @@ class Communicator(PointToPoint):
         if self.prefer not in ("auto", None, self._world.name) and memory == "device":
             if self.prefer in avail and self._device_backend_usable(self.prefer):
                 return self.prefer, "native"
-        backend, algo = self._tuning.choose(op, nbytes, self.size, memory, avail)
+            if self.prefer in self._unavailable:  # asked for by name: the agreed reason, on every rank
+                raise CommError(f"backend {self.prefer!r} cannot run here: {self._unavailable[self.prefer]}")
+        backend, algo = self._tuning.choose(op, nbytes, self.size, memory, avail, mode)
         if backend not in (self._world.name, "mpi", "self") and not self._device_backend_usable(backend):
-            backend, algo = self._tuning.choose(op, nbytes, self.size, memory, (self._world.name,))
+            backend, algo = self._tuning.choose(op, nbytes, self.size, memory, (self._world.name,), mode)
         if backend in ("mpi", "self"):
             backend = self._world.name
         return backend, algo

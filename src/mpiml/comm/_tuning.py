@@ -9,7 +9,11 @@ A table is a list of rules, read from JSON::
         ...]}
 
 The first rule whose op (or ``"*"``), memory kind (``"host"``/``"device"``/``"*"``),
-rank range and ``max_bytes`` (inclusive; ``null`` = no limit) match wins.  The
+mode (``"eager"``/``"graph"``/``"*"``, default ``"*"``), rank range and ``max_bytes``
+(inclusive; ``null`` = no limit) match wins.  The mode of a call is ``"graph"``
+while CuPy's current stream is being captured into a CUDA graph (device
+buffers only), else ``"eager"`` (:func:`stream_mode`): a path whose host cost
+dominates eagerly may lose to another once the launches are replayed from a graph.  The
 machine's own table (written by ``mpiml tune`` to ``MPIML_TUNING_FILE``) is
 consulted before the checked-in defaults.  Rank 0 reads the tables and
 broadcasts them, so every rank decides from the same data; the inputs of a
@@ -26,27 +30,42 @@ from importlib import resources
 
 from .algorithms import ALGORITHM_NAMES, COLLECTIVES
 
-__all__ = ["Rule", "TuningTable", "parse_override", "load_default_rules", "load_machine_rules"]
+__all__ = ["Rule", "TuningTable", "parse_override", "load_default_rules", "load_machine_rules", "stream_mode",
+           "MODES"]
 
 MEMORY_KINDS = ("host", "device")
+#: the execution modes a rule may name (besides "*")
+MODES = ("eager", "graph")
+
+
+def stream_mode(memory):
+    """``"graph"`` while CuPy's current stream is capturing (device calls only), else ``"eager"``."""
+    if memory != "device":
+        return "eager"
+    import cupy
+
+    return "graph" if cupy.cuda.get_current_stream().is_capturing() else "eager"
 
 
 class Rule(dict):
     """One row of the table (a dict with defaults filled in)."""
 
-    FIELDS = {"op": "*", "memory": "*", "min_ranks": 1, "max_ranks": None, "max_bytes": None,
+    FIELDS = {"op": "*", "memory": "*", "mode": "*", "min_ranks": 1, "max_ranks": None, "max_bytes": None,
               "backend": "mpi", "algorithm": "native"}
 
     def __init__(self, **kw):
         unknown = set(kw) - set(self.FIELDS) - {"note"}
         if unknown:
             raise ValueError(f"unknown tuning rule field(s) {sorted(unknown)}")
+        if kw.get("mode", "*") not in ("*",) + MODES:
+            raise ValueError(f"tuning rule mode must be one of {['*', *MODES]}; got {kw['mode']!r}")
         super().__init__({**self.FIELDS, **kw})
 
-    def matches(self, op, nbytes, ranks, memory):
+    def matches(self, op, nbytes, ranks, memory, mode="eager"):
         return (
             self["op"] in ("*", op)
             and self["memory"] in ("*", memory)
+            and self["mode"] in ("*", mode)
             and ranks >= self["min_ranks"]
             and (self["max_ranks"] is None or ranks <= self["max_ranks"])
             and (self["max_bytes"] is None or nbytes <= self["max_bytes"])
@@ -122,12 +141,12 @@ class TuningTable:
         return cls([Rule(**r) for r in data["rules"]],
                    {k: tuple(v) for k, v in data["override"].items()})
 
-    def choose(self, op, nbytes, ranks, memory, available=("mpi",)):
+    def choose(self, op, nbytes, ranks, memory, available=("mpi",), mode="eager"):
         """``(backend, algorithm)`` for one call; rules naming unavailable backends are skipped."""
         if op in self.override:
             backend, algo = self.override[op]
             return backend or ("mpi" if "mpi" in available else available[0]), algo
         for rule in self.rules:
-            if rule["backend"] in available and rule.matches(op, nbytes, ranks, memory):
+            if rule["backend"] in available and rule.matches(op, nbytes, ranks, memory, mode):
                 return rule["backend"], rule["algorithm"]
         return available[0], "native"

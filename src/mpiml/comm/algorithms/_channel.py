@@ -96,6 +96,26 @@ class Channel:
     def waitall(self, requests):
         waitall(requests, op=self.op_name)
 
+    def pipelined(self, name, buf):
+        """The transport's own pipelined form of algorithm ``name`` for ``buf``, or None.
+
+        A blocking callable taking the algorithm's buffer arguments.  An MPI that is
+        not CUDA-aware has one for device buffers (``"allreduce_ring"``,
+        ``"bcast_chain"``, ``"allgather_ring"``): it overlaps the copies through
+        host memory with the messages.
+        """
+        hook = getattr(self.transport, "pipelined", None)
+        start = hook(name, buf) if hook is not None else None
+        if start is None:
+            return None
+
+        def run(*args):
+            req = start(*args)
+            req.op = self.op_name
+            req.wait()
+
+        return run
+
     # -- computation ------------------------------------------------------------------
     def reduce(self, op, inbuf, inoutbuf):
         """``inoutbuf = op(inbuf, inoutbuf)`` in place."""

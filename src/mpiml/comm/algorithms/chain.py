@@ -34,11 +34,17 @@ def _chain_cost(n, p, m):
 
 @register("bcast", "chain", _chain_cost)
 def bcast_chain(ch, buf, root):
-    """Pipelined chain from the root: ``(p - 2 + S)(alpha + s beta)``."""
+    """Pipelined chain from the root: ``(p - 2 + S)(alpha + s beta)``.
+
+    Device buffers over an MPI that is not CUDA-aware take the transport's
+    pipelined staged chain (:mod:`mpiml.comm.backends._pipeline`)."""
     p = ch.size
     n = buf.size
     if p == 1 or n == 0:
         return
+    staged = ch.pipelined("bcast_chain", buf)
+    if staged is not None:
+        return staged(buf, root)
     vr = (ch.rank - root) % p
     prev = (ch.rank - 1) % p if vr else None
     nxt = (ch.rank + 1) % p if vr < p - 1 else None

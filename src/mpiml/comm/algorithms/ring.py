@@ -57,7 +57,13 @@ def _frac(p):
           + _frac(p) * n * m.gamma + (p - 1) * m.launch)
 def allreduce_ring(ch, sendbuf, recvbuf, op):
     """Ring reduce-scatter then ring allgather:
-    ``2 (p-1) alpha + 2 (p-1)/p n beta + (p-1)/p n gamma + (p-1) launch``."""
+    ``2 (p-1) alpha + 2 (p-1)/p n beta + (p-1)/p n gamma + (p-1) launch``.
+
+    Device buffers over an MPI that is not CUDA-aware take the transport's
+    pipelined staged ring (:mod:`mpiml.comm.backends._pipeline`)."""
+    staged = ch.pipelined("allreduce_ring", sendbuf) if ch.size > 1 and sendbuf.size else None
+    if staged is not None:
+        return staged(sendbuf, recvbuf, op)
     ch.copy(sendbuf, recvbuf)
     p = ch.size
     if p == 1 or sendbuf.size == 0:
@@ -80,6 +86,9 @@ def allgatherv_ring(ch, sendbuf, recvbuf, counts):
 @register("allgather", "ring", lambda n, p, m: (p - 1) * m.alpha + _frac(p) * n * m.beta)
 def allgather_ring(ch, sendbuf, recvbuf):
     """Pass blocks around the ring: ``(p-1) alpha + (p-1)/p n beta`` (n = total bytes)."""
+    staged = ch.pipelined("allgather_ring", sendbuf) if ch.size > 1 and sendbuf.size else None
+    if staged is not None:
+        return staged(sendbuf, recvbuf)
     allgatherv_ring(ch, sendbuf, recvbuf, [sendbuf.size] * ch.size)
 
 

@@ -17,6 +17,11 @@ their buffers whole.
 
 Pinned host buffers come from a per-transport pool (power-of-two sizes) and go
 back to it when the call completes, so steady-state calls allocate nothing.
+
+This is the ``native`` path: the host MPI's own collective runs on the staged
+chunks.  Large device messages take the ``ring`` / ``chain`` algorithms instead,
+which over this transport run :mod:`mpiml.comm.backends._pipeline` (MPI
+point-to-point only, copies overlapping the messages).
 """
 
 import numpy as np

@@ -18,9 +18,8 @@ waits (it cannot), whatever the setting.
 """
 
 import os
-import socket
 
-__all__ = ["device_sync", "DONE", "SpinRequest", "node_layout", "local_device_info", "agree_or_raise"]
+__all__ = ["device_sync", "DONE", "SpinRequest", "node_layout", "agree_or_raise"]
 
 import time
 
@@ -67,14 +66,6 @@ def device_sync():
     if raw in ("1", "true", "yes", "on"):
         return True
     raise ValueError(f"MPIML_DEVICE_SYNC must be 0 or 1; got {raw!r}")
-
-
-def local_device_info():
-    """``(hostname, PCI bus id of the current device, device ordinal)`` of this process."""
-    import cupy
-
-    dev = cupy.cuda.runtime.getDevice()
-    return socket.gethostname(), cupy.cuda.runtime.deviceGetPCIBusId(dev), dev
 
 
 def agree_or_raise(world, error, what):

@@ -50,7 +50,8 @@ import numpy as np
 from ..._errors import BackendUnavailableError, CommError, CommTimeoutError
 from ... import _config
 from ._base import Transport
-from ._stream import DONE, agree_or_raise, device_sync, local_device_info, node_layout
+from ._device import require_exclusive_devices
+from ._stream import DONE, agree_or_raise, device_sync, node_layout
 
 __all__ = ["IPCTransport", "IPC_ALGORITHMS"]
 
@@ -104,27 +105,20 @@ class IPCTransport(Transport):
         self._fallback = None
         self._displs = {}
         err = None
-        info = None
         try:
             import cupy  # noqa: F401  (both needed below)
             from cupy_backends.cuda.api import driver  # noqa: F401
-
-            info = local_device_info()
-        except Exception as exc:  # no CuPy, no GPU
+        except Exception as exc:  # no CuPy
             err = f"{type(exc).__name__}: {exc}"
         agree_or_raise(world, err, "the 'ipc' backend needs CuPy and a GPU (pip install cupy-cuda12x)")
-        infos = world.allgather_obj(info)
-        self.nodes = node_layout(infos, _config.node_size())
+        # one GPU per rank, agreed before any device memory is touched (the same refusal everywhere)
+        ids = require_exclusive_devices(world, "ipc")
+        self.nodes = node_layout(ids, _config.node_size())
         self.multi_node = len(set(self.nodes)) > 1
         if self.multi_node:
             return  # only two_level (and the NCCL fallback) run across nodes
         if self.size > MAX_RANKS:
             raise BackendUnavailableError(f"the 'ipc' backend serves at most {MAX_RANKS} ranks; got {self.size}")
-        if len({i[1] for i in infos}) != self.size:
-            raise BackendUnavailableError(
-                "the 'ipc' backend needs one GPU per rank, but ranks share a GPU "
-                f"({[i[1] for i in infos]}); call mpiml.init() "
-                "(or cupy.cuda.Device(local_rank % n).use()) before allocating")
         self.cap = _env_bytes("MPIML_IPC_BYTES", 32 << 20) // _CHUNK_ALIGN * _CHUNK_ALIGN
         self.oneshot_max = _env_bytes("MPIML_IPC_ONESHOT_BYTES", 256 << 10)
         self.ll_max = _env_bytes("MPIML_IPC_LL_BYTES", 256 << 10) // 16 * 16

@@ -7,6 +7,8 @@ CUDA-aware; otherwise they are staged through host memory by
 :mod:`mpiml.comm.backends._staging`.
 """
 
+from functools import partial
+
 import numpy as np
 
 from ..._errors import CommError
@@ -149,6 +151,22 @@ class MPITransport(Transport):
     # -- device buffers -----------------------------------------------------------------------
     def _is_device(self, buf):
         return type(buf).__module__.startswith("cupy")
+
+    def pipelined(self, name, buf):
+        """The pipelined staged form of algorithm ``name`` for ``buf``, or None.
+
+        ``name`` is ``"allreduce_ring"``, ``"bcast_chain"`` or ``"allgather_ring"``.
+        Only device buffers over an MPI that is not CUDA-aware have one (see
+        :mod:`mpiml.comm.backends._pipeline`): the chunks' copies overlap the
+        messages, instead of every message being staged on its own.  It returns
+        a request.
+        """
+        if not self._is_device(buf) or self.cuda_aware:
+            return None
+        from . import _pipeline
+
+        return partial(getattr(_pipeline, {"allreduce_ring": "ring_allreduce", "bcast_chain": "chain_bcast",
+                                           "allgather_ring": "ring_allgather"}[name]), self)
 
     # -- point to point -----------------------------------------------------------------------
     def isend(self, buf, dest, tag):

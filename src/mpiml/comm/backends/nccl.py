@@ -26,6 +26,7 @@ import numpy as np
 from ..._errors import BackendUnavailableError, CommError
 from ... import _config
 from ._base import Transport
+from ._device import require_exclusive_devices
 from ._stream import DONE, SpinRequest as Request, agree_or_raise, device_sync
 
 __all__ = ["NCCLTransport"]
@@ -102,6 +103,9 @@ class NCCLTransport(Transport):
         except Exception as exc:
             err = f"{type(exc).__name__}: {exc}"
         agree_or_raise(world, err, "the 'nccl' backend cannot start")
+        # NCCL finds a shared GPU only inside its own set-up, on the sharing ranks alone, and the
+        # others wait in its bootstrap for ever: agree on the devices first, refuse on every rank
+        require_exclusive_devices(world, "nccl")
         self._cupy = cupy
         self._nccl = nccl
         uid = nccl.get_unique_id() if self.rank == 0 else None
