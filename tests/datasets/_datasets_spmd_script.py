@@ -93,9 +93,36 @@ def main():
     same_error(lambda: load_npy(os.path.join(d, "missing.npy")), "missing npy", ["missing.npy"])
     same_error(lambda: load_csv(os.path.join(d, "bad.csv")), "malformed csv", ["bad.csv"])
     same_error(lambda: load_csv(os.path.join(d, "truncated.csv")), "truncated csv", ["truncated.csv"])
-    same_error(lambda: load_svmlight(os.path.join(d, "bad.svm")), "malformed svmlight", ["bad.svm"])
+    same_error(lambda: load_svmlight(os.path.join(d, "bad.svm")), "malformed svmlight", ["bad.svm", "line 201"])
     same_error(lambda: load_svmlight(os.path.join(d, "data.svm"), n_features=2), "svmlight n_features too small",
                ["n_features"])
+    # the file's line numbers on every rank count (issue 15), whichever rank holds the line
+    same_error(lambda: load_csv(os.path.join(d, "bad.csv")), "csv line", ["line 301:", "'oops'"])
+    same_error(lambda: load_csv(os.path.join(d, "bad_late.csv"), header=True), "csv line after header/comments",
+               ["line 504:", "'oops'", "column 3"])
+    same_error(lambda: load_csv(os.path.join(d, "narrow_late.csv")), "csv narrow line",
+               ["line 452:", "2 columns", "has 3"])
+    same_error(lambda: load_csv(os.path.join(d, "truncated.csv")), "csv last line", ["line 401:"])
+    same_error(lambda: load_svmlight(os.path.join(d, "bad_late.svm")), "svmlight unsorted indices",
+               ["bad_late.svm", "line 502:", "sorted"])
+    same_error(lambda: load_svmlight(os.path.join(d, "empty.svm")), "empty svmlight", ["no data rows"])
+    same_error(lambda: load_svmlight(os.path.join(d, "comments.svm")), "comments-only svmlight", ["no data rows"])
+    same_error(lambda: load_svmlight(os.path.join(d, "zero.svm"), zero_based=False), "index 0, one-based",
+               ["line 301:", "zero_based=False"])
+
+    # an index of 2**31 - 1 is accepted, as scikit-learn accepts it; n_features is agreed on every rank
+    Xh, yh = load_svmlight(os.path.join(d, "huge_index.svm"))
+    nf = int(np.load(os.path.join(d, "huge_index_nf.npy"))[0])
+    check(Xh.shape[1] == nf == 2**31 - 1, f"huge index: n_features {Xh.shape[1]} (scikit-learn {nf})")
+    nfs = comm.allgather_obj(Xh.shape[1])
+    check(len(set(nfs)) == 1, f"n_features differs across ranks: {nfs}")
+    check(comm.allreduce_obj(Xh.nnz) == 1 + 50 + 100, "huge index nnz")
+    # CSR by default (as scikit-learn), dense on request
+    import scipy.sparse as sp
+
+    check(sp.issparse(Xs) and Xs.format == "csr", f"load_svmlight returned {type(Xs)}")
+    Xd, yd = load_svmlight(os.path.join(d, "data.svm"), dense=True)
+    check(isinstance(Xd, np.ndarray) and np.array_equal(gathered(Xd), ref_sparse), "load_svmlight(dense=True)")
 
 
 guarded(main, comm)

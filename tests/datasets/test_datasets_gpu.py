@@ -60,3 +60,24 @@ def test_gpu_load_npy(tmp_path):
     got = load_npy(tmp_path / "a.npy", device="gpu", comm=get_comm("self"))
     assert isinstance(got, cupy.ndarray)
     assert np.array_equal(got.get(), data)
+
+
+def test_gpu_load_svmlight_is_cupyx_csr(tmp_path):
+    import cupy
+    import cupyx.scipy.sparse as csp
+    import scipy.sparse as sp
+    from sklearn.datasets import dump_svmlight_file, load_svmlight_file
+
+    from mpiml.comm import get_comm
+    from mpiml.datasets import load_svmlight
+
+    rs = np.random.RandomState(0)
+    dense = rs.rand(50, 30) * (rs.rand(50, 30) < 0.2)
+    dump_svmlight_file(sp.csr_matrix(dense), rs.randint(0, 2, 50), str(tmp_path / "a.svm"))
+    X, y = load_svmlight(tmp_path / "a.svm", device="gpu", comm=get_comm("self"))
+    Xr, yr = load_svmlight_file(str(tmp_path / "a.svm"))
+    assert isinstance(X, csp.csr_matrix) and isinstance(y, cupy.ndarray)
+    assert X.shape == Xr.shape
+    np.testing.assert_array_equal(X.toarray().get(), Xr.toarray())
+    Xd, _ = load_svmlight(tmp_path / "a.svm", device="gpu", dense=True, comm=get_comm("self"))
+    assert isinstance(Xd, cupy.ndarray) and np.array_equal(Xd.get(), Xr.toarray())

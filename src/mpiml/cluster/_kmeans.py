@@ -22,16 +22,6 @@ def _allreduce(comm, x):
     return comm.allreduce(x) if comm.size > 1 else x
 
 
-def _refuse_device_sparse(X, comm):
-    """Sparse CuPy rows are not supported yet: the same clear error on every rank."""
-    from ..utils._validation import agree_on_error
-
-    bad = ops._is_device(X) and hasattr(X, "format")
-    msg = ("KMeans does not take cupyx.scipy.sparse input yet: pass scipy.sparse rows (CPU ranks) "
-           "or dense CuPy rows") if bad else None
-    agree_on_error(comm, TypeError(msg) if bad else None, error_class=TypeError)
-
-
 def _shift(X, mean):
     """The origin of the working coordinates: the global mean for dense rows, zero for sparse
     rows (centring would densify them; scikit-learn does not centre sparse data either)."""
@@ -48,9 +38,9 @@ def _global_stats(X, *, comm, xp):
     pack = _allreduce(comm, pack)
     mean = pack[:d] / pack[d]
     if ops.is_sparse(X):  # sum of squares minus n * mean^2, never densifying X
-        sq = np.asarray(X.multiply(X).sum(axis=0), dtype=np.float64).ravel()
+        sq = xp.asarray(X.multiply(X).sum(axis=0), dtype=xp.float64).ravel()
         sq = _allreduce(comm, sq)
-        var = np.maximum(sq - pack[d] * mean * mean, 0)
+        var = xp.maximum(sq - pack[d] * mean * mean, 0)
         return mean, float(var.sum()) / (d * float(pack[d]))
     var = xp.zeros(d, dtype=xp.float64)
     step = ops.chunk_rows(d, 1, 8)
@@ -238,8 +228,9 @@ default="k-means||"
     rows are not centred (the shift is zero, as in scikit-learn). The centres are
     dense, so the packed allreduce still carries ``n_clusters * n_features``
     float64 sums per iteration. ``k-means||`` keeps its candidate centres dense
-    (about ``oversampling_factor * n_clusters`` rows per round). Sparse CuPy input
-    is not supported yet and raises a ``TypeError`` on every rank.
+    (about ``oversampling_factor * n_clusters`` rows per round). ``cupyx.scipy.sparse``
+    CSR rows (GPU ranks) take the same path through cuSPARSE
+    (:mod:`mpiml.cluster._kmeans_sparse_gpu`).
     """
 
     _parameter_constraints = {
@@ -388,7 +379,6 @@ default="k-means||"
         """
         self._validate_params()
         comm = self._get_comm()
-        _refuse_device_sparse(X, comm)
         X, xp = validate_data(self, X, comm=comm, order="C", accept_sparse="csr")
         sample_weight = validate_sample_weight(sample_weight, X, xp=xp, comm=comm)
         init = self._check_init_array(X, xp)
@@ -455,7 +445,6 @@ default="k-means||"
         if first:
             self._validate_params()
         comm = self._get_comm()
-        _refuse_device_sparse(X, comm)
         X, xp = validate_data(self, X, comm=comm, reset=first, order="C", accept_sparse="csr")
         sample_weight = validate_sample_weight(sample_weight, X, xp=xp, comm=comm)
         shard = self._shard(X, xp, sample_weight, comm)

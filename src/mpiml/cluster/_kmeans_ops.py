@@ -50,8 +50,17 @@ def _is_device(x):
 
 
 def is_sparse(X):
-    """True for a SciPy sparse matrix or array (CSR after validation)."""
-    return type(X).__module__.startswith("scipy.sparse")
+    """True for a SciPy sparse matrix or array (CSR after validation), or a cupyx.scipy.sparse one."""
+    return type(X).__module__.startswith(("scipy.sparse", "cupyx.scipy.sparse"))
+
+
+def _sparse_gpu(X):
+    """:mod:`mpiml.cluster._kmeans_sparse_gpu` for cupyx.scipy.sparse rows, else None."""
+    if type(X).__module__.startswith("cupyx.scipy.sparse"):
+        from . import _kmeans_sparse_gpu
+
+        return _kmeans_sparse_gpu
+    return None
 
 
 def shifted(X, shift):
@@ -86,6 +95,8 @@ def sq_distances(Xc, C, c_sq=None):
     Works on NumPy or CuPy; builds the full ``len(Xc) x len(C)`` block, so callers
     pass chunks.
     """
+    if _sparse_gpu(Xc):
+        return _sparse_gpu(Xc).sq_distances(Xc, C, c_sq)
     xp = np if not _is_device(Xc) else __import__("cupy")
     if c_sq is None:
         c_sq = (C * C).sum(axis=1)
@@ -102,6 +113,8 @@ def euclidean_distances(X, shift, C, *, batch_size=None):
 
     Device arrays go through the fused pairwise kernel; host arrays through chunked BLAS products.
     """
+    if _sparse_gpu(X):
+        return _sparse_gpu(X).euclidean_distances(X, shift, C, batch_size=batch_size)
     if _is_device(X):
         from . import _gpu
 
@@ -161,6 +174,7 @@ def assign(X, shift, C, *, batch_size=None, sample_weight=None):
     if _is_device(X):
         from . import _gpu
 
+        _gpu = _sparse_gpu(X) or _gpu
         labels, mind = _gpu.assign(X, shift, C)
         inertia = None
         if sample_weight is not None:
@@ -209,6 +223,8 @@ def lloyd_step(X, sample_weight, shift, C, labels, mind, *, batch_size=None):
         ``[sums (k*d, shifted) | weight per cluster (k) | inertia | changed labels]``,
         ready for one allreduce (NumPy or CuPy, like ``X``).
     """
+    if _sparse_gpu(X):
+        return _sparse_gpu(X).lloyd_step(X, sample_weight, shift, C, labels, mind, batch_size=batch_size)
     if _is_device(X):
         from . import _gpu
 

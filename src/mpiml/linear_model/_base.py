@@ -54,7 +54,7 @@ def _sk_single(comm, X, y):
     return comm.size == 1 and not is_device_array(X) and not is_device_array(y)
 
 
-def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True):
+def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, accept_sparse=False):
     """Validate this rank's ``X`` and ``y`` and agree on them across ranks.
 
     On one process with host input, scikit-learn's ``validate_data`` (its exact
@@ -70,13 +70,13 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True):
     """
     if _sk_single(comm, X, y):
         X, y = _sk_validate_data(estimator, X, y, reset=reset, dtype=[np.float64, np.float32],
-                                 y_numeric=y_numeric, multi_output=multi_output)
+                                 y_numeric=y_numeric, multi_output=multi_output, accept_sparse=accept_sparse)
         if y_numeric and y.dtype.kind != "f":
             y = y.astype(np.float64)
         if not y_numeric:
             check_classification_targets(y)
         return X, y, np
-    X, xp = validate_data(estimator, X, comm=comm, reset=reset)
+    X, xp = validate_data(estimator, X, comm=comm, reset=reset, accept_sparse=accept_sparse)
     error = None
     try:
         if y is None:

@@ -37,24 +37,29 @@ import numpy as np
 from .. import _config
 from .._array import get_namespace, is_device_array
 from .._errors import CommTimeoutError
+from . import _sparse
 
 __all__ = ["EXCHANGES", "ring_kneighbors", "ring_radius", "ring_visit", "local_distances", "local_topk"]
 
 EXCHANGES = ("blocking", "overlap", "onesided")
-_TAG_X, _TAG_Y = 0x4E4E, 0x4E4F
+_TAG_X = 0x4E4E  # tags _TAG_X .. _TAG_X + 3: rows (or CSR data, indices, indptr), targets
 _SLOTS = 3
 #: Rows of queries per distance block on the host (bounds the (rows, m) temporary).
 _HOST_BLOCK_BYTES = 32 << 20
 
 
 # ---------------------------------------------------------------------- local distances
-def local_distances(Q, X, metric, xp):
+def local_distances(Q, X, metric, xp, p=None):
     """Distances of every row of ``Q`` to every row of ``X`` in the dtype of ``Q``.
 
     Euclidean metrics through a GEMM (``|q|² - 2 q.x + |x|²``, clipped at 0), cosine
-    through normalised rows (1 for a zero row), manhattan by broadcasting in row chunks.
-    Identical rows give identical distances, so constructed ties stay exact.
+    through normalised rows (1 for a zero row), manhattan, chebyshev and minkowski
+    (power ``p``) by broadcasting in row chunks.
+    Identical rows give identical distances, so constructed ties stay exact.  Sparse
+    rows (either side) go through :mod:`mpiml.neighbors._sparse`.
     """
+    if _sparse.is_sparse(Q) or _sparse.is_sparse(X):
+        return _sparse.distances(Q, _sparse.prepare(X, metric, xp), xp)
     if metric in ("euclidean", "sqeuclidean"):
         D = (Q * Q).sum(axis=1)[:, None] - 2.0 * (Q @ X.T) + (X * X).sum(axis=1)[None, :]
         xp.maximum(D, 0, out=D)
@@ -69,30 +74,43 @@ def local_distances(Q, X, metric, xp):
         D[~qz, :] = 1.0
         D[:, ~xz] = 1.0
         return xp.maximum(D, 0, out=D)
-    # manhattan
+    # manhattan, chebyshev, minkowski
     D = xp.empty((Q.shape[0], X.shape[0]), dtype=Q.dtype)
     step = max(1, int(_HOST_BLOCK_BYTES // max(1, X.size * Q.dtype.itemsize)))
     for s in range(0, Q.shape[0], step):
-        D[s:s + step] = xp.abs(Q[s:s + step, None, :] - X[None, :, :]).sum(axis=2)
+        diff = xp.abs(Q[s:s + step, None, :] - X[None, :, :])
+        if metric == "manhattan":
+            D[s:s + step] = diff.sum(axis=2)
+        elif metric == "chebyshev":
+            D[s:s + step] = diff.max(axis=2) if X.shape[1] else 0
+        else:
+            D[s:s + step] = (diff ** p).sum(axis=2) ** (1.0 / p)
     return D
 
 
-def local_topk(Q, X, k, metric, xp):
+def local_topk(Q, X, k, metric, xp, p=None):
     """``(distances, local indices)`` of the ``k`` nearest rows of ``X`` (ties to the lower index).
 
-    On CuPy with a metric that :func:`mpiml.kernels.distances.topk` supports, that kernel;
-    otherwise blocks of :func:`local_distances` and a stable sort of every row.
+    On CuPy with dense rows and a metric that :func:`mpiml.kernels.distances.topk`
+    supports, that kernel; otherwise blocks of distances (sparse rows: the block's norms
+    and transpose prepared once, :mod:`mpiml.neighbors._sparse`) and a selection per row.
     """
-    if xp is not np and metric != "manhattan":
+    sparse = _sparse.is_sparse(Q) or _sparse.is_sparse(X)
+    if xp is not np and metric in ("euclidean", "sqeuclidean", "cosine") and not sparse:
         from ..kernels.distances import topk
 
         return topk(Q, X, k, metric=metric)
     nq, m = Q.shape[0], X.shape[0]
     dist = xp.empty((nq, k), dtype=Q.dtype)
     idx = xp.empty((nq, k), dtype=xp.int64)
-    step = max(1, int(_HOST_BLOCK_BYTES // max(1, m * Q.dtype.itemsize)))
+    budget = _sparse.block_bytes(xp) if sparse else _HOST_BLOCK_BYTES
+    step = max(1, int(budget // max(1, m * Q.dtype.itemsize)))
+    prepared = _sparse.prepare(X, metric, xp) if sparse else None
     for s in range(0, nq, step):
-        D = local_distances(Q[s:s + step], X, metric, xp)
+        if sparse:
+            D = _sparse.distances(Q[s:s + step], prepared, xp)
+        else:
+            D = local_distances(Q[s:s + step], X, metric, xp, p)
         idx[s:s + step] = _smallest_k(D, k, xp)
         dist[s:s + step] = xp.take_along_axis(D, idx[s:s + step], axis=1)
     return dist, idx
@@ -142,6 +160,9 @@ def _exact_sq(Q, X, idx, xp):
     The GEMM form selects the candidates; their reported distances are recomputed so
     that a query equal to an index row is at distance exactly 0 (as in scikit-learn).
     """
+    if _sparse.is_sparse(Q) or _sparse.is_sparse(X):
+        qrows = xp.repeat(xp.arange(idx.shape[0], dtype=xp.int64), idx.shape[1])
+        return _sparse.pair_sq_distances(Q, X, qrows, idx.ravel(), xp).reshape(idx.shape)
     out = xp.empty(idx.shape, dtype=Q.dtype)
     step = max(1, int(_HOST_BLOCK_BYTES // max(1, idx.shape[1] * Q.shape[1] * Q.dtype.itemsize)))
     for s in range(0, Q.shape[0], step):
@@ -160,12 +181,12 @@ class _Block:
         self.X, self.Y, self.offset = X, Y, offset
 
 
-def _search_block(Q, block, k, metric, state, xp):
+def _search_block(Q, block, k, metric, p, state, xp):
     m = block.X.shape[0]
     if m == 0 or Q.shape[0] == 0:
         return state
     kk = min(k, m)
-    d, i = local_topk(Q, block.X, kk, metric, xp)
+    d, i = local_topk(Q, block.X, kk, metric, xp, p)
     if metric in ("euclidean", "sqeuclidean"):
         d = _exact_sq(Q, block.X, i, xp)
         d = xp.sqrt(d) if metric == "euclidean" else d
@@ -175,7 +196,7 @@ def _search_block(Q, block, k, metric, state, xp):
     return merge_topk(*state, d, i + block.offset, pay, k, xp)
 
 
-def ring_kneighbors(Q, X, Y, k, *, metric, comm, offsets, counts, exchange, xp):
+def ring_kneighbors(Q, X, Y, k, *, metric, comm, offsets, counts, exchange, xp, p=None):
     """The global ``k`` nearest neighbours of this rank's queries ``Q`` over every rank's ``X``.
 
     Parameters
@@ -192,28 +213,32 @@ def ring_kneighbors(Q, X, Y, k, *, metric, comm, offsets, counts, exchange, xp):
     state = [(None, None, None)]
 
     def visit(block):
-        state[0] = _search_block(Q, block, k, metric, state[0], xp)
+        state[0] = _search_block(Q, block, k, metric, p, state[0], xp)
 
     ring_visit(_Block(X, Y, int(offsets[comm.rank])), visit, comm=comm, offsets=offsets, counts=counts,
                exchange=exchange)
     return state[0]
 
 
-def ring_radius(Q, X, radius, *, metric, comm, offsets, counts, exchange, xp):
+def ring_radius(Q, X, radius, *, metric, comm, offsets, counts, exchange, xp, p=None):
     """Every index row within ``radius`` of each query: per query, (distances, global indices) sorted."""
     found = [[] for _ in range(Q.shape[0])]
 
     def visit(block):
         if block.X.shape[0] == 0 or Q.shape[0] == 0:
             return
-        D = local_distances(Q, block.X, metric, xp)
+        D = local_distances(Q, block.X, metric, xp, p)
         # the GEMM form picks candidates with a little slack; exact distances decide below
         slack = radius * 1e-6 + 1e-9 if metric in ("euclidean", "sqeuclidean") else 0.0
         rows, cols = (a.get() if hasattr(a, "get") else a for a in xp.nonzero(D <= radius + slack))
         if rows.size:
             if metric in ("euclidean", "sqeuclidean"):
-                diff = block.X[cols] - Q[rows]
-                vals = (diff * diff).sum(axis=1)
+                rows_x, cols_x = (xp.asarray(a) for a in (rows, cols))
+                if _sparse.is_sparse(Q) or _sparse.is_sparse(block.X):
+                    vals = _sparse.pair_sq_distances(Q, block.X, rows_x, cols_x, xp)
+                else:
+                    diff = block.X[cols_x] - Q[rows_x]
+                    vals = (diff * diff).sum(axis=1)
                 vals = xp.sqrt(vals) if metric == "euclidean" else vals
             else:
                 vals = D[rows, cols]
@@ -259,21 +284,38 @@ def ring_visit(home, visit, *, comm, offsets, counts, exchange):
                 cur = _finish(_post(cur, right, left, comm), int(offsets[src]))
 
 
+def _parts(X):
+    """The arrays that carry an index block: the rows, or a CSR matrix's data, indices and indptr."""
+    if _sparse.is_sparse(X):
+        return [X.data, X.indices, X.indptr]
+    return [X]
+
+
 def _post(block, right, left, comm):
-    sends = [comm.isend(block.X, right, tag=_TAG_X)]
-    recvs = [comm.irecv(left, tag=_TAG_X)]
+    """Post the sends of ``block`` to ``right`` and the receives of the next block from ``left``.
+
+    A sparse block travels as its three CSR arrays (``nnz`` values and indices, rows + 1
+    offsets): never densified.  Every rank's block has the same kind (agreed at ``fit``).
+    """
+    parts = _parts(block.X)
     if block.Y is not None:
-        sends.append(comm.isend(block.Y, right, tag=_TAG_Y))
-        recvs.append(comm.irecv(left, tag=_TAG_Y))
-    return sends, recvs
+        parts.append(block.Y)
+    sends = [comm.isend(a, right, tag=_TAG_X + i) for i, a in enumerate(parts)]
+    recvs = [comm.irecv(left, tag=_TAG_X + i) for i in range(len(parts))]
+    return sends, recvs, _sparse.is_sparse(block.X), block.X.shape[1], block.Y is not None
 
 
 def _finish(reqs, offset):
-    sends, recvs = reqs
+    sends, recvs, sparse, d, has_y = reqs
     got = [r.wait() for r in recvs]
     for s in sends:
         s.wait()
-    return _Block(got[0], got[1] if len(got) > 1 else None, offset)
+    Y = got.pop() if has_y else None
+    if sparse:
+        X = _sparse.csr_like(got[0], got[1], got[2], d, get_namespace(got[0]))
+    else:
+        X = got[0]
+    return _Block(X, Y, offset)
 
 
 # ---------------------------------------------------------------------- one-sided
@@ -365,24 +407,44 @@ class _SlotWindow:
         self.win.Free()
 
 
+def _host(a):
+    return a.get() if is_device_array(a) else a
+
+
 def _pack(block):
-    X = block.X.get() if is_device_array(block.X) else block.X
-    parts = [np.array([X.shape[0]], dtype=np.int64).view(np.uint8), np.ascontiguousarray(X).view(np.uint8).ravel()]
+    """``[n_rows, nnz | rows | targets]`` as bytes; a sparse block's rows are ``indptr (int64) |
+    indices (int64) | data``."""
+    X = block.X
+    if _sparse.is_sparse(X):
+        nnz = int(X.nnz)
+        rows = [_host(X.indptr).astype(np.int64), _host(X.indices).astype(np.int64), _host(X.data)]
+    else:
+        nnz = -1
+        rows = [_host(X)]
+    parts = [np.array([X.shape[0], nnz], dtype=np.int64)] + rows
     if block.Y is not None:
-        Y = block.Y.get() if is_device_array(block.Y) else block.Y
-        parts.append(np.ascontiguousarray(Y).view(np.uint8).ravel())
-    return np.concatenate(parts)
+        parts.append(_host(block.Y))
+    return np.concatenate([np.ascontiguousarray(p).view(np.uint8).ravel() for p in parts])
 
 
 def _unpack(buf, d, x_dtype, t, offset, xp):
-    n = int(buf[:8].view(np.int64)[0])
-    xb = n * d * np.dtype(x_dtype).itemsize
-    X = buf[8:8 + xb].view(x_dtype).reshape(n, d)
-    Y = None
-    if t is not None:
-        Y = buf[8 + xb:8 + xb + n * t * 8].view(np.float64).reshape(n, t)
-        Y = Y if xp is np else xp.asarray(Y)
-    return _Block(X if xp is np else xp.asarray(X), Y, offset)
+    n, nnz = (int(v) for v in buf[:16].view(np.int64))
+    pos = 16
+
+    def take(count, dtype):
+        nonlocal pos
+        nb = count * np.dtype(dtype).itemsize
+        out = buf[pos:pos + nb].view(dtype)
+        pos += nb
+        return out if xp is np else xp.asarray(out)
+
+    if nnz >= 0:
+        indptr, indices, data = take(n + 1, np.int64), take(nnz, np.int64), take(nnz, x_dtype)
+        X = _sparse.csr_like(data, indices, indptr, d, xp)
+    else:
+        X = take(n * d, x_dtype).reshape(n, d)
+    Y = take(n * t, np.float64).reshape(n, t) if t is not None else None
+    return _Block(X, Y, offset)
 
 
 def _ring_onesided(home, visit, comm, offsets, counts):
@@ -390,8 +452,12 @@ def _ring_onesided(home, visit, comm, offsets, counts):
     xp = get_namespace(home.X)
     d, x_dtype = home.X.shape[1], home.X.dtype
     t = None if home.Y is None else home.Y.shape[1]
-    row_bytes = d * np.dtype(x_dtype).itemsize + (0 if t is None else 8 * t)
-    win = _SlotWindow(_mpi_comm(comm), 8 + int(np.max(counts)) * row_bytes)
+    if _sparse.is_sparse(home.X):  # slots sized by the largest packed block of any rank (one allgather)
+        slot = max(comm.allgather_obj(_pack(home).size))
+    else:
+        row_bytes = d * np.dtype(x_dtype).itemsize + (0 if t is None else 8 * t)
+        slot = 16 + int(np.max(counts)) * row_bytes
+    win = _SlotWindow(_mpi_comm(comm), slot)
     right = (r + 1) % p
     try:
         cur = home

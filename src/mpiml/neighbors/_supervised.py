@@ -5,22 +5,32 @@ or regression targets as float64 columns), so a rank predicts for its queries
 without asking other ranks for labels afterwards.
 """
 
+import warnings
+
 import numpy as np
 from sklearn.base import ClassifierMixin, MultiOutputMixin, RegressorMixin
+from sklearn.exceptions import DataConversionWarning
 
 from .._array import get_namespace
+from ..linear_model._base import global_classes, validate_X_y
 from ..utils._param_validation import StrOptions
 from ..utils._validation import agree_on_error
-from ..linear_model._base import global_classes, validate_X_y
-from ._base import _NeighborsBase
+from ._base import _NeighborsBase, _as_csr
 
 __all__ = ["KNeighborsClassifier", "KNeighborsRegressor"]
 
 
 def _weights(dist, weights, xp):
-    """Per-neighbour weights: ones, or ``1/d`` where a row with a zero distance keeps only those."""
-    if weights == "uniform":
+    """Per-neighbour weights: ones, ``1/d`` where a row with a zero distance keeps only those, or
+    a callable's (given the distances, returning an array of the same shape, as in scikit-learn)."""
+    if weights is None or weights == "uniform":
         return xp.ones(dist.shape, dtype=xp.float64)
+    if callable(weights):
+        w = weights(dist)
+        if getattr(w, "shape", None) != dist.shape:
+            raise ValueError(f"the weights callable returned shape {getattr(w, 'shape', None)}; expected the "
+                             f"shape of its argument {dist.shape}")
+        return xp.asarray(w).astype(xp.float64)
     d = dist.astype(xp.float64)
     zero = d == 0
     with np.errstate(divide="ignore"):
@@ -51,18 +61,20 @@ def _to_host(a):
 
 _DOC_COMMON = """
     n_neighbors : int, default=5
-    weights : {"uniform", "distance"}, default="uniform"
+    weights : {"uniform", "distance"}, callable or None, default="uniform"
         ``"distance"``: weight ``1/d``; a query at distance 0 of some index rows uses
-        only those (scikit-learn's rule).
-    algorithm : {"auto", "brute"}, default="auto"
-        Always brute force.
+        only those (scikit-learn's rule).  A callable gets the distances (on the
+        namespace of the queries) and returns weights of the same shape; None is uniform.
+    algorithm : {"auto", "ball_tree", "kd_tree", "brute"}, default="auto"
+        Always brute force (see :class:`NearestNeighbors`).
     leaf_size : int, default=30
         Accepted and ignored.
     p : float, default=2
-        Accepted for compatibility; only ``metric`` chooses the distance.
-    metric : {"euclidean", "sqeuclidean", "cosine", "manhattan"}, default="euclidean"
-    metric_params : None
-        Accepted for compatibility.
+        Power of the Minkowski metric (1 manhattan, 2 euclidean, inf chebyshev).
+    metric : str, default="minkowski"
+        As in :class:`NearestNeighbors` (sparse input included).
+    metric_params : dict, default=None
+        Only ``{"p": ...}``.
     n_jobs : int or None, default=None
         Accepted and ignored: parallelism comes from the ranks (and the GPU).
     exchange : {"overlap", "blocking", "onesided"}, default="overlap"
@@ -74,14 +86,11 @@ _DOC_COMMON = """
 class _SupervisedBase(_NeighborsBase):
     _parameter_constraints = {
         **_NeighborsBase._parameter_constraints,
-        "weights": [StrOptions({"uniform", "distance"})],
-        "leaf_size": [int],
-        "p": [int, float],
-        "metric_params": [None, dict],
+        "weights": [StrOptions({"uniform", "distance"}), callable, None],
     }
 
     def __init__(self, n_neighbors=5, *, weights="uniform", algorithm="auto", leaf_size=30, p=2,
-                 metric="euclidean", metric_params=None, n_jobs=None, exchange="overlap", comm=None):
+                 metric="minkowski", metric_params=None, n_jobs=None, exchange="overlap", comm=None):
         self.n_neighbors = n_neighbors
         self.weights = weights
         self.algorithm = algorithm
@@ -93,16 +102,28 @@ class _SupervisedBase(_NeighborsBase):
         self.exchange = exchange
         self.comm = comm
 
+    def _validate_training(self, X, y, *, y_numeric):
+        """Validated ``X`` (dense, or canonical CSR) and ``y`` of this rank (collective)."""
+        comm = self._get_comm()
+        X, y, xp = validate_X_y(self, X, y, comm=comm, y_numeric=y_numeric, multi_output=True,
+                                accept_sparse="csr")
+        X = _as_csr(X)
+        self._check_sparse_input(X, index=True)
+        return X, y, xp
 
-class KNeighborsClassifier(ClassifierMixin, _SupervisedBase):
+
+class KNeighborsClassifier(MultiOutputMixin, ClassifierMixin, _SupervisedBase):
     """k-nearest-neighbour vote over the rows of every rank (SPMD), NumPy or CuPy.
 
     Parameters
     ----------""" + _DOC_COMMON + """
     Attributes
     ----------
-    classes_ : ndarray of shape (n_classes,)
-        Sorted union of the labels of every rank (replicated, host).
+    classes_ : ndarray of shape (n_classes,) or list of them
+        Sorted union of the labels of every rank (replicated, host); one array per
+        output when ``y`` has several columns.
+    outputs_2d_ : bool
+        Whether ``y`` had several columns.
     n_samples_fit_ : int
         Rows of the global index (replicated).
     effective_metric_ : str
@@ -116,55 +137,89 @@ class KNeighborsClassifier(ClassifierMixin, _SupervisedBase):
     code travelling with it.  ``score`` adds one allreduce of ``[correct, weight]``.
     """
 
-    _saved_attributes = ("classes_", "n_samples_fit_", "effective_metric_", "effective_metric_params_")
+    _saved_attributes = ("classes_", "n_samples_fit_", "effective_metric_", "effective_metric_params_",
+                         "outputs_2d_")
 
     def fit(self, X, y):
-        """Keep this rank's rows and labels as its shard of the index (collective)."""
+        """Keep this rank's rows and labels as its shard of the index (collective).
+
+        ``y`` of shape (n_local_samples,) or (n_local_samples, n_outputs): several
+        outputs are predicted together (``classes_`` is then a list, one array per output).
+        """
         self._validate_fit_params()
         comm = self._get_comm()
-        X, y, xp = validate_X_y(self, X, y, comm=comm, y_numeric=False, multi_output=False)
-        self.classes_ = global_classes(y, comm)
-        codes = np.searchsorted(self.classes_, _to_host(y)).astype(np.float64)[:, None]
-        self.outputs_2d_ = False
+        X, y, xp = self._validate_training(X, y, y_numeric=False)
+        y_host = _to_host(y)
+        if y_host.ndim == 2 and y_host.shape[1] == 1:
+            warnings.warn("A column-vector y was passed when a 1d array was expected. Please change the shape of y "
+                          "to (n_samples,), for example using ravel().", DataConversionWarning, stacklevel=2)
+            y_host = y_host.ravel()
+        self.outputs_2d_ = y_host.ndim == 2
+        cols = y_host if self.outputs_2d_ else y_host[:, None]
+        classes = [global_classes(cols[:, j], comm) for j in range(cols.shape[1])]
+        self.classes_ = classes if self.outputs_2d_ else classes[0]
+        codes = np.stack([np.searchsorted(c, cols[:, j]) for j, c in enumerate(classes)], axis=1) \
+            if cols.shape[0] else np.zeros((0, cols.shape[1]))
+        codes = codes.astype(np.float64)
         return self._fit_index(X, codes if xp is np else xp.asarray(codes))
+
+    def _classes_list(self):
+        return self.classes_ if self.outputs_2d_ else [self.classes_]
 
     def predict_proba(self, X):
         """Class probabilities of this rank's queries (collective ring search).
 
         Returns
         -------
-        ndarray of shape (n_local_queries, n_classes), float64, on the namespace of ``X``.
+        ndarray of shape (n_local_queries, n_classes), float64, on the namespace of ``X``;
+        a list of them (one per output) when fitted on several outputs.
         """
         dist, _, codes, xp = self._search(X, None, with_payload=True)
         w = _weights(dist, self.weights, xp)
-        codes = codes[..., 0].astype(xp.int64)
-        n, c = codes.shape[0], len(self.classes_)
-        proba = xp.zeros((n, c), dtype=xp.float64)
-        rows = xp.broadcast_to(xp.arange(n)[:, None], codes.shape)
-        if xp is np:
-            np.add.at(proba, (rows.ravel(), codes.ravel()), w.ravel())
-        else:
-            import cupyx
+        out = []
+        for j, classes in enumerate(self._classes_list()):
+            code = codes[..., j].astype(xp.int64)
+            n, c = code.shape[0], len(classes)
+            proba = xp.zeros((n, c), dtype=xp.float64)
+            rows = xp.broadcast_to(xp.arange(n)[:, None], code.shape)
+            if xp is np:
+                np.add.at(proba, (rows.ravel(), code.ravel()), w.ravel())
+            else:
+                import cupyx
 
-            cupyx.scatter_add(proba, (rows.ravel(), codes.ravel()), w.ravel())
-        total = proba.sum(axis=1, keepdims=True)
-        return proba / xp.where(total > 0, total, 1.0)
+                cupyx.scatter_add(proba, (rows.ravel(), code.ravel()), w.ravel())
+            total = proba.sum(axis=1, keepdims=True)
+            out.append(proba / xp.where(total > 0, total, 1.0))
+        return out if self.outputs_2d_ else out[0]
 
     def predict(self, X):
         """The most probable class of each of this rank's queries (ties to the smallest class)."""
-        proba = self.predict_proba(X)
-        best = _to_host(proba.argmax(axis=1))
-        out = self.classes_[best]
-        xp = get_namespace(proba)
+        probas = self.predict_proba(X)
+        probas = probas if self.outputs_2d_ else [probas]
+        xp = get_namespace(probas[0])
+        preds = []
+        for classes, proba in zip(self._classes_list(), probas):
+            preds.append(classes[_to_host(proba.argmax(axis=1))])
+        out = np.stack(preds, axis=1) if self.outputs_2d_ else preds[0]
         return out if xp is np or out.dtype.kind not in "biuf" else xp.asarray(out)
+
+    def _set_saved_state(self, state):
+        state = dict(state)
+        self.outputs_2d_ = bool(state.pop("outputs_2d_", False))
+        super()._set_saved_state(state)
 
     def score(self, X, y, sample_weight=None):
         """Mean accuracy over the queries of every rank (the same float on every rank)."""
         comm = self._get_comm()
         pred = _to_host(self.predict(X))
         y, w = _score_inputs(comm, pred.shape[0], y, sample_weight)
-        y = y.ravel()
-        tot = _global_sum(comm, [float(w[pred == y].sum()), float(w.sum())])
+        if self.outputs_2d_:  # scikit-learn's accuracy: subset accuracy, binary outputs only
+            if any(len(c) > 2 for c in self.classes_):
+                raise ValueError("multiclass-multioutput is not supported")
+            correct = (pred == y.reshape(pred.shape)).all(axis=1)
+        else:
+            correct = pred == y.ravel()
+        tot = _global_sum(comm, [float(w[correct].sum()), float(w.sum())])
         return float(tot[0] / tot[1]) if tot[1] > 0 else 0.0
 
     def __sklearn_tags__(self):
@@ -196,8 +251,7 @@ class KNeighborsRegressor(MultiOutputMixin, RegressorMixin, _SupervisedBase):
     def fit(self, X, y):
         """Keep this rank's rows and targets as its shard of the index (collective)."""
         self._validate_fit_params()
-        comm = self._get_comm()
-        X, y, xp = validate_X_y(self, X, y, comm=comm, y_numeric=True, multi_output=True)
+        X, y, xp = self._validate_training(X, y, y_numeric=True)
         self._y_1d = y.ndim == 1
         Y = (y[:, None] if y.ndim == 1 else y).astype(xp.float64)
         return self._fit_index(X, Y)

@@ -143,11 +143,27 @@ def _nonfinite_message(has_nan, has_inf, dtype, name, input_name="X"):
     return f"Input {input_name} contains infinity or a value too large for {np.dtype(dtype)!r}."
 
 
-def _check_device_array(X, *, name, dtype, ensure_min_features, order):
+def _check_device_sparse(X, accept_sparse):
+    """cupyx.scipy.sparse input: refused like scikit-learn refuses SciPy's, or converted to the first
+    accepted format."""
+    if accept_sparse is False:
+        raise TypeError("Sparse data was passed for X, but dense data is required. Use '.toarray()' to convert "
+                        "to a dense numpy array.")
+    if accept_sparse is not True:
+        formats = [accept_sparse] if isinstance(accept_sparse, str) else list(accept_sparse)
+        if X.format not in formats:
+            X = X.asformat(formats[0])
+    return X
+
+
+def _check_device_array(X, *, name, dtype, ensure_min_features, order, accept_sparse=False):
     """scikit-learn's ``check_array`` checks for a CuPy array (messages alike)."""
     import cupy as xp
 
     context = f" by {name}" if name else ""
+    sparse = hasattr(X, "format")
+    if sparse:
+        X = _check_device_sparse(X, accept_sparse)
     if X.dtype.kind == "c":
         raise ValueError(f"Complex data not supported\n{X}\n")
     allowed = [np.dtype(d) for d in dtype]
@@ -168,6 +184,8 @@ def _check_device_array(X, *, name, dtype, ensure_min_features, order):
     if ensure_min_features > 0 and X.shape[1] < ensure_min_features:
         raise ValueError(f"Found array with {X.shape[1]} feature(s) (shape={X.shape}) while a minimum of "
                          f"{ensure_min_features} is required{context}.")
+    if sparse:
+        return X
     if order == "C":
         X = xp.ascontiguousarray(X)
     elif order == "F":
@@ -215,7 +233,8 @@ def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "flo
     dtype : tuple of str, default=("float64", "float32")
         Kept when ``X`` has one of them; converted to the first otherwise.
     accept_sparse : bool or str or list, default=False
-        As in scikit-learn (host input only).
+        As in scikit-learn; also for ``cupyx.scipy.sparse`` input (refused with
+        scikit-learn's TypeError, or converted to the first accepted format).
     ensure_all_finite : bool or "allow-nan", default=True
         Reject NaN and infinity on any rank.
     ensure_min_features : int, default=1
@@ -262,7 +281,7 @@ def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "flo
         if is_device_array(X):
             xp = get_namespace(X)
             X = _check_device_array(X, name=name, dtype=dtype, ensure_min_features=ensure_min_features,
-                                    order=order)
+                                    order=order, accept_sparse=accept_sparse)
             if single and X.shape[0] < 1:
                 raise ValueError(f"Found array with 0 sample(s) (shape={X.shape}) while a minimum of 1 is "
                                  f"required by {name}.")
