@@ -127,9 +127,30 @@ def test_lloyd_packed_changed_and_labels_in_place(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k,d,bn,dk", [(1, 1, 16, 16), (70, 65, 64, 32), (64, 64, 64, 64), (5, 17, 16, 16)])
+def test_tc_pack_kernel_matches_numpy(k, d, bn, dk, dtype):
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    C = np.random.RandomState(8).randn(k, d).astype(dtype) * 7
+    plan = distances.tc_plan(dtype, k, d, tile=(2, bn, dk))
+    Cd = cp.asarray(C)
+    nJ, nF = plan["nJ"], plan["nF"]
+    Cp = cp.empty(nJ * nF * dk * bn * (2 if dtype == np.float32 else 1), dtype=dtype)
+    c_sq = cp.empty(nJ * bn, dtype=dtype)
+    distances._function(plan["pack"])((4,), (256,), (Cd, np.int32(k), np.int32(d), np.int32(nJ), np.int32(nF), Cp, c_sq))
+    np.testing.assert_array_equal(Cp.get(), distances.pack_centres(C, bn, dk, np))
+    want = np.full(nJ * bn, np.inf)
+    want[:k] = (C.astype(np.float64) ** 2).sum(1)
+    np.testing.assert_allclose(c_sq.get(), want, rtol=1e-5 if dtype == np.float32 else 1e-13)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n,d,k,tile", [(70001, 64, 64, None), (70001, 64, 64, (1, 64, 64)), (30011, 16, 16, None),
                                         (20000, 256, 200, None), (5000, 1024, 64, None), (9000, 64, 65, None),
-                                        (9000, 65, 64, None), (4000, 2, 1, None), (4000, 1, 7, (1, 16, 16))])
+                                        (9000, 65, 64, None), (4000, 2, 1, None), (4000, 1, 7, (1, 16, 16)),
+                                        (30011, 16, 16, (4, 16, 16, 1)), (3001, 9, 3, (2, 16, 16, 1))])
 def test_tc_lloyd_against_float64(n, d, k, tile, dtype):
     """The tensor-core step (fused sums, sums pass, several chunks of d and k, other tiles) against float64,
     with data away from the origin (the shift matters) and float32 labels checked except at near ties."""

@@ -81,7 +81,7 @@ def test_tc_plans():
     # fused sums only where a tile holds whole rows (d <= DK) and k <= 64; shared memory within a block's
     p = distances.tc_plan(np.float32, 64, 64)
     assert p["fused"] and p["MTK"] == 4 and p["nF"] == 1 and p["nJ"] == 1 and p["BM"] == 256
-    assert p["expr"] == "mpiml_distances_tc<float, 2, 64, 64, 16, 1, 4>"
+    assert p["expr"] == "mpiml_distances_tc<float, 2, 64, 64, 16, 1, 4, 1>"
     p = distances.tc_plan(np.float32, 16, 16)
     assert p["fused"] and p["BN"] == 16 and p["DK"] == 16 and p["MTK"] == 1
     p = distances.tc_plan(np.float64, 64, 64)
@@ -90,7 +90,8 @@ def test_tc_plans():
                      (np.float64, 64, 1024), (np.float32, 4100, 5)]:
         p = distances.tc_plan(dt, k, d)
         assert not p["fused"] and p["MTK"] == 0 and p["smem"] <= 227 * 1024
-    assert distances.tc_plan(np.float32, 7, 3, mode="assign")["expr"].endswith(", 0, 0>")
+    assert distances.tc_plan(np.float32, 7, 3, mode="assign")["expr"].endswith(", 0, 0, 2>")
+    assert distances.tc_plan(np.float32, 7, 3, mode="assign", tile=(1, 16, 16, 1))["expr"].endswith(", 0, 0, 1>")
     s = distances.sums_plan(np.float32, 1024, 256)
     assert s["KC"] == 128 and s["expr"] == "mpiml_distances_sums_tc<float, 8, 16>"
     assert distances.sums_plan(np.float64, 5, 3)["expr"] == "mpiml_distances_sums_tc<double, 1, 8>"

@@ -398,7 +398,7 @@ def pack_centres(C, bn, dk, xp=None):
 def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None):
     """What one tensor-core launch would use: tile, shared memory, fusion of the sums, kernel name.
 
-    ``tile``: ``(WMT, BN, DK)`` instead of the defaults (benchmarks).
+    ``tile``: ``(WMT, BN, DK[, MINB])`` instead of the defaults (benchmarks).
     """
     dtype = np.dtype(dtype)
     isz = dtype.itemsize
@@ -410,7 +410,7 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None):
     dk = 16 if d <= 16 else 32 if d <= 32 else 64 if d <= 64 else 32
     dk = min(dk, dk_max)
     if tile is not None:
-        wmt, bn, dk = tile
+        wmt, bn, dk = tile[:3]
     if vw is None:
         vw = 16 // isz if d % (16 // isz) == 0 else 1
     vec = vw * isz
@@ -432,6 +432,10 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None):
         nF, nJ, bm, xs, smem = layout(dk)
     if smem > budget:
         raise ValueError(f"tensor-core tile {(wmt, bn, dk)} needs {smem} bytes of shared memory (> {budget})")
+    # two blocks per SM (at most 128 registers a thread) where the tile is small: more rows in flight
+    minb = 2 if (bn <= 32 and dk <= 32 and 2 * (smem + 1024) <= _smem_per_block(1) + _ACC_BUDGET_PAD) else 1
+    if tile is not None and len(tile) > 3:
+        minb = tile[3]
     fused = lloyd and nF == 1 and k <= _TC_FUSED_MAX_K
     mtk = -(-k // mt) if fused else 0
     if fused:
@@ -439,9 +443,10 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None):
         if rgw * mtk * mt * dk * 8 > 2 * xs * isz:      # the row groups' sums meet in the X buffers
             fused, mtk = False, 0
     ctype = _CTYPE[dtype]
-    expr = (f"mpiml_distances_tc<{ctype}, {wmt}, {bn}, {dk}, {vec}, {1 if lloyd else 0}, {mtk}>")
+    expr = f"mpiml_distances_tc<{ctype}, {wmt}, {bn}, {dk}, {vec}, {1 if lloyd else 0}, {mtk}, {minb}>"
     return {"mode": mode, "method": "tc", "ctype": ctype, "WMT": wmt, "BN": bn, "DK": dk, "BM": bm, "VEC": vec,
-            "nF": nF, "nJ": nJ, "smem": smem, "fused": fused, "MTK": mtk, "expr": expr}
+            "nF": nF, "nJ": nJ, "smem": smem, "fused": fused, "MTK": mtk, "MINB": minb, "expr": expr,
+            "pack": f"mpiml_tc_pack<{ctype}, {bn}, {dk}>"}
 
 
 def _tc_grid(fn, plan, n_tiles):
@@ -461,10 +466,13 @@ def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None):
     if n == 0:
         return plan
     fn = _function(plan["expr"])
-    bn, dk = plan["BN"], plan["DK"]
-    Cp = pack_centres(C, bn, dk, cupy)
-    c_sq = cupy.full(plan["nJ"] * bn, np.inf, dtype=dtype)
-    c_sq[:k] = (C * C).sum(axis=1)
+    bn, dk, nJ, nF = plan["BN"], plan["DK"], plan["nJ"], plan["nF"]
+    # the centres in fragment order (float32: TF32 big and small parts) and their norms, one small launch
+    Cp = cupy.empty(nJ * nF * dk * bn * (2 if dtype == np.float32 else 1), dtype=dtype)
+    c_sq = cupy.empty(nJ * bn, dtype=dtype)
+    pack = _function(plan["pack"], "distances_tc.cu")
+    pack((int(min(1024, _cdiv(Cp.size // (16 // dtype.itemsize), _THREADS))),), (_THREADS,),
+         (C, np.int32(k), np.int32(d), np.int32(nJ), np.int32(nF), Cp, c_sq))
     grid = _tc_grid(fn, plan, (n + plan["BM"] - 1) // plan["BM"])
     S = k * d if plan["fused"] else 0
     P = S + k + 2

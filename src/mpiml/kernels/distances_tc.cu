@@ -3,7 +3,7 @@
 // float32: mma.sync m16n8k8 TF32 with a 3xTF32 split (x = big + small, both TF32; the product
 // big*big + big*small + small*big keeps float32 accuracy).  float64: mma.sync m8n8k4 (DMMA).
 //
-//   mpiml_distances_tc<T, WMT, BN, DK, VEC, MODE, MTK>
+//   mpiml_distances_tc<T, WMT, BN, DK, VEC, MODE, MTK, MINB>
 //       persistent grid of 256-thread blocks.  A block takes a tile of BM = 8 warps x WMT x MT rows
 //       and walks the centres in chunks of BN, the features in slabs of DK.  Slabs of X go from
 //       global to shared memory by cp.async (no registers), one step ahead of the one computed.
@@ -24,6 +24,10 @@
 //       the sums of a Lloyd step from the labels when they were not fused (d > DK or k large):
 //       block = (feature slab of 64, cluster chunk of MTK x MT, row range), the same one-hot
 //       product over tiles of 128 rows, float64 totals to part[row range][cluster * d + feature].
+//
+//   mpiml_tc_pack<T, BN, DK>
+//       the centres in fragment order (`Cp`, the layout of distances.pack_centres, float32 split
+//       into TF32 big and small parts) and their squared norms padded with +inf to nJ x BN.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k8 .tf32 and mma.m8n8k4 .f64), g = lane / 4, t = lane % 4:
 //   m16n8k8: A a0 (g, t) a1 (g+8, t) a2 (g, t+4) a3 (g+8, t+4); B b0 (t, g) b1 (t+4, g);
@@ -123,8 +127,8 @@ __device__ __forceinline__ void mpiml_tc_onehot(T (&oacc)[MTK][AN], const T* __r
     }
 }
 
-template <typename T, int WMT, int BN, int DK, int VEC, int MODE, int MTK>
-__global__ void __launch_bounds__(MPIML_TC_THREADS, 1)
+template <typename T, int WMT, int BN, int DK, int VEC, int MODE, int MTK, int MINB>
+__global__ void __launch_bounds__(MPIML_TC_THREADS, MINB)
 mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restrict__ shift,
                    const T* __restrict__ Cp, const T* __restrict__ c_sq, int k, int nJ,
                    const T* __restrict__ w, int* __restrict__ labels, T* __restrict__ mind,
@@ -538,4 +542,46 @@ mpiml_distances_sums_tc(const T* __restrict__ X, long long n, int d, const T* __
             if constexpr (F32) v = dacc[m][i]; else v = oacc[m][i];
             if (cl < k && f < d) mine[(long long)cl * d + f] = v;
         }
+}
+
+// The centres in the fragment order of mpiml_distances_tc (see distances.pack_centres) and c_sq.
+template <typename T, int BN, int DK>
+__global__ void __launch_bounds__(MPIML_TC_THREADS)
+mpiml_tc_pack(const T* __restrict__ C, int k, int d, int nJ, int nF, T* __restrict__ Cp, T* __restrict__ c_sq)
+{
+    constexpr int KG = DK / 8, NTN = BN / 8, FV = 16 / sizeof(T);
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const long long total = (long long)nJ * nF * KG * NTN * 32;
+    auto at = [&](int j, int f) -> T { return (j < k && f < d) ? C[(long long)j * d + f] : T(0); };
+    for (long long e = first; e < total; e += stride) {
+        const int lane = (int)(e % 32);
+        long long r = e / 32;
+        const int nt = (int)(r % NTN); r /= NTN;
+        const int q = (int)(r % KG); r /= KG;
+        const int fc = (int)(r % nF);
+        const int jc = (int)(r / nF);
+        const int g = lane >> 2, t = lane & 3;
+        const int j = jc * BN + nt * 8 + g, f = fc * DK + q * 8;
+        T* o = Cp + e * FV;
+        if constexpr (sizeof(T) == 4) {
+            const float v0 = at(j, f + 2 * t), v1 = at(j, f + 2 * t + 1);
+            const unsigned b0 = mpiml_tf32(v0), b1 = mpiml_tf32(v1);
+            o[0] = __uint_as_float(b0);
+            o[1] = __uint_as_float(b1);
+            o[2] = __uint_as_float(mpiml_tf32(v0 - __uint_as_float(b0)));
+            o[3] = __uint_as_float(mpiml_tf32(v1 - __uint_as_float(b1)));
+        } else {
+            o[0] = at(j, f + t);
+            o[1] = at(j, f + 4 + t);
+        }
+    }
+    for (long long j = first; j < (long long)nJ * BN; j += stride) {
+        T v = mpiml_tc<T>::inf();
+        if (j < k) {
+            v = T(0);
+            for (int f = 0; f < d; ++f) { const T c = C[j * d + f]; v = fma(c, c, v); }
+        }
+        c_sq[j] = v;
+    }
 }
