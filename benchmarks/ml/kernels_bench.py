@@ -324,7 +324,7 @@ def main(argv):
     print(f"device {result['device']}: copy {result['rates']['copy_bandwidth_Bps'] / 1e12:.2f} TB/s, "
           f"cuBLAS SGEMM {result['rates']['cublas_sgemm_flops'] / 1e12:.1f} TFLOP/s", flush=True)
     todo = [(n, d, k, np.float32) for n, d, k in SHAPES] + [(10**7, 64, 64, np.float64), (10**7, 16, 16, np.float64)]
-    if not quick:
+    if not quick or "--all-shapes" in argv:
         todo += [(10**6, 256, 1024, np.float64), (2 * 10**6, 1024, 64, np.float64)]
     exprs = ["mpiml_distances_reduce_partials"]
     for n, d, k, dt in todo:
