@@ -46,7 +46,7 @@ TC_SWEEP = {
     (10**7, 64, 64, "float64"): [(1, 64, 64), (2, 64, 32)],
     (10**7, 16, 16, "float64"): [(4, 16, 16, 1), (1, 16, 16, 2)],
 }
-METHODS = ("tc", "fused", "gemm")
+METHODS = ("tc", "tc_mma", "fused", "gemm")     # tc: sums in shared-memory copies; tc_mma: one-hot products
 
 
 def _compile_one(expr):
@@ -148,6 +148,16 @@ def bench_shape(n, d, k, dtype, rates, quick=False, sweep=False, tc_sweep=False)
         if method == "gemm" and quick and k < 256:
             continue                       # measured at 17-38 ms for k = 64 before: not a contender there
         try:
+            if method == "tc_mma":
+                if not distances.tc_plan(dtype, k, d, accum="mma")["fused"]:
+                    continue                   # the same kernels as "tc" there
+                out = cp.zeros(k * d + k + 2)
+
+                def step():
+                    out[:] = 0
+                    distances._tc_launch(X, C, shift, w, labels, mind, out, lloyd=True, accum="mma")
+                row["lloyd_tc_mma_ms"] = timed(step, reps)
+                continue
             ms = timed(lambda: distances.lloyd_step_packed(X, C, w, shift=shift, labels=labels, mind=mind,
                                                            method=method), reps)
             row[f"lloyd_{method}_ms"] = ms
@@ -169,7 +179,10 @@ def bench_shape(n, d, k, dtype, rates, quick=False, sweep=False, tc_sweep=False)
         # the sums pass alone (labels of the step above)
         out = cp.zeros(k * d + k + 2)
         row["tc_sums_pass_ms"] = timed(lambda: distances._sums_tc(X, shift, w, labels, k, out), reps)
-    row["auto_method"] = distances._method("auto", k, d)
+    row["auto_method"] = distances._method("auto", k, d, dtype, True)
+    row["auto_method_assign"] = distances._method("auto", k, d, dtype, False)
+    row["auto_lloyd_ms"] = row.get(f"lloyd_{row['auto_method']}_ms")
+    row["auto_assign_ms"] = row.get(f"assign_{row['auto_method_assign']}_ms")
     row["assign_ms"] = min(v for kk, v in row.items() if kk.startswith("assign_") and kk.endswith("_ms"))
     packed = distances.lloyd_step_packed(X, C, w, shift=shift, labels=labels, mind=mind)
     row["labels_check"] = check_labels(X, C, shift, labels)
@@ -271,19 +284,28 @@ def bench_fit(n, d, k, dtype, iters=20, method="auto"):
 
 
 def sklearn_fit(n_sub, n, d, k, iters=20):
-    """scikit-learn's KMeans (k-means++ init, n_init=1, 20 iterations, tol=0) on all host cores, on
-    ``n_sub`` rows of the same kind of data; times scaled linearly to ``n`` rows."""
+    """scikit-learn on all host cores, on ``n_sub`` rows of the same kind of data: its k-means++
+    initialisation (``kmeans_plusplus``) and Lloyd iterations (``KMeans(init=array, n_init=1,
+    max_iter=iters, tol=0)``) timed apart, the time per iteration from the iterations it ran; the
+    whole fit of ``iters`` iterations scaled linearly to ``n`` rows."""
     import sklearn
     from sklearn.cluster import KMeans as SkKMeans
+    from sklearn.cluster import kmeans_plusplus
 
     rs = np.random.RandomState(3)
     centres = rs.standard_normal((k, d)).astype(np.float32) * 4
     X = centres[rs.randint(0, k, n_sub)] + rs.standard_normal((n_sub, d)).astype(np.float32)
     t0 = time.perf_counter()
-    sk = SkKMeans(k, n_init=1, max_iter=iters, tol=0.0, random_state=0, algorithm="lloyd").fit(X)
-    fit_s = time.perf_counter() - t0
-    return {"n_sub": n_sub, "n_scaled_to": n, "fit_s_sub": fit_s, "fit_s_scaled": fit_s * n / n_sub,
-            "n_iter": int(sk.n_iter_), "cores": os.cpu_count(), "sklearn": sklearn.__version__}
+    init, _ = kmeans_plusplus(X, k, random_state=0)
+    init_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    sk = SkKMeans(k, init=init, n_init=1, max_iter=iters, tol=0.0, algorithm="lloyd").fit(X)
+    lloyd_s = time.perf_counter() - t0
+    per_iter = lloyd_s / max(1, int(sk.n_iter_))
+    fit_sub = init_s + iters * per_iter
+    return {"n_sub": n_sub, "n_scaled_to": n, "init_s_sub": init_s, "lloyd_s_sub": lloyd_s, "n_iter": int(sk.n_iter_),
+            "iter_ms_sub": per_iter * 1e3, "fit_s_sub_20_iters": fit_sub, "fit_s_scaled": fit_sub * n / n_sub,
+            "iter_ms_scaled": per_iter * 1e3 * n / n_sub, "cores": os.cpu_count(), "sklearn": sklearn.__version__}
 
 
 def plot(rows, path):
@@ -339,9 +361,10 @@ def main(argv):
         exprs.append(f"mpiml_distances_label_sums<{distances._CTYPE[np.dtype(dt)]}, float>")
         exprs.append(f"mpiml_distances_argmin_gemm<{distances._CTYPE[np.dtype(dt)]}>")
         for tile in [None] + (TC_SWEEP.get((n, d, k, np.dtype(dt).name), []) if sweep or tc_sweep else []):
-            for mode in ("lloyd", "assign"):
+            for mode, accum in (("lloyd", "smem"), ("lloyd", "mma"), ("assign", None)):
                 try:
-                    exprs.append(distances.tc_plan(dt, k, d, mode=mode, tile=tile)["expr"])
+                    tp = distances.tc_plan(dt, k, d, mode=mode, tile=tile, accum=accum)
+                    exprs += [tp["expr"], tp["pack"]]
                 except ValueError:
                     pass
         exprs.append(distances.sums_plan(dt, k, d)["expr"])

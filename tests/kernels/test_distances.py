@@ -151,7 +151,8 @@ def test_tc_pack_kernel_matches_numpy(k, d, bn, dk, dtype):
                                         (20000, 256, 200, None), (5000, 1024, 64, None), (9000, 64, 65, None),
                                         (9000, 65, 64, None), (4000, 2, 1, None), (4000, 1, 7, (1, 16, 16)),
                                         (30011, 16, 16, (4, 16, 16, 1)), (3001, 9, 3, (2, 16, 16, 1))])
-def test_tc_lloyd_against_float64(n, d, k, tile, dtype):
+@pytest.mark.parametrize("accum", ["smem", "mma", "pass"])
+def test_tc_lloyd_against_float64(n, d, k, tile, dtype, accum):
     """The tensor-core step (fused sums, sums pass, several chunks of d and k, other tiles) against float64,
     with data away from the origin (the shift matters) and float32 labels checked except at near ties."""
     import cupy as cp
@@ -170,7 +171,7 @@ def test_tc_lloyd_against_float64(n, d, k, tile, dtype):
     mind = cp.empty(n, dtype)
     out = cp.zeros(k * d + k + 2)
     plan = distances._tc_launch(Xd, cp.asarray(Cs), cp.asarray(shift), cp.asarray(w), labels, mind, out,
-                                lloyd=True, tile=tile)
+                                lloyd=True, tile=tile, accum=accum)
     lab = labels.get()
     X64 = X.astype(np.float64) - shift.astype(np.float64)
     C64 = Cs.astype(np.float64)

@@ -78,18 +78,29 @@ def test_tf32_split():
 
 
 def test_tc_plans():
-    # fused sums only where a tile holds whole rows (d <= DK) and k <= 64; shared memory within a block's
-    p = distances.tc_plan(np.float32, 64, 64)
+    # fused sums only where a tile holds whole rows (d <= DK); shared memory within a block's
+    p = distances.tc_plan(np.float32, 64, 64, accum="mma")
     assert p["fused"] and p["MTK"] == 4 and p["nF"] == 1 and p["nJ"] == 1 and p["BM"] == 256
     assert p["expr"] == "mpiml_distances_tc<float, 2, 64, 64, 16, 1, 4, 1>"
-    p = distances.tc_plan(np.float32, 16, 16)
+    p = distances.tc_plan(np.float32, 64, 64)
+    assert p["fused"] and p["MTK"] == -1 and p["groups"] >= 2 and p["accum"] == "smem"
+    p = distances.tc_plan(np.float32, 16, 16, accum="mma")
     assert p["fused"] and p["BN"] == 16 and p["DK"] == 16 and p["MTK"] == 1
-    p = distances.tc_plan(np.float64, 64, 64)
+    p = distances.tc_plan(np.float32, 16, 16)
+    assert p["fused"] and p["groups"] == 16 and p["WMT"] == 2
+    p = distances.tc_plan(np.float64, 64, 64, accum="mma")
     assert p["fused"] and p["MTK"] == 8 and p["BM"] == 128
-    for dt, k, d in [(np.float32, 1024, 256), (np.float32, 64, 1024), (np.float64, 1024, 256), (np.float32, 65, 64),
-                     (np.float64, 64, 1024), (np.float32, 4100, 5)]:
-        p = distances.tc_plan(dt, k, d)
-        assert not p["fused"] and p["MTK"] == 0 and p["smem"] <= 227 * 1024
+    p = distances.tc_plan(np.float64, 64, 64)
+    assert p["fused"] and p["MTK"] == -1 and p["groups"] >= 2
+    p = distances.tc_plan(np.float32, 65, 64)
+    assert p["fused"] and p["nJ"] == 2               # copies in shared memory take any k that fits
+    assert not distances.tc_plan(np.float32, 1024, 256)["fused"]
+    assert not distances.tc_plan(np.float32, 64, 1024)["fused"]
+    assert not distances.tc_plan(np.float32, 65, 64, accum="mma")["fused"]
+    assert not distances.tc_plan(np.float32, 64, 64, accum="pass")["fused"]
+    for k, d in [(4100, 5), (1024, 64), (7, 3), (1, 1)]:
+        for dt in (np.float32, np.float64):
+            assert distances.tc_plan(dt, k, d)["smem"] <= 227 * 1024
     assert distances.tc_plan(np.float32, 7, 3, mode="assign")["expr"].endswith(", 0, 0, 2>")
     assert distances.tc_plan(np.float32, 7, 3, mode="assign", tile=(1, 16, 16, 1))["expr"].endswith(", 0, 0, 1>")
     s = distances.sums_plan(np.float32, 1024, 256)

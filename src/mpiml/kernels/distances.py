@@ -58,7 +58,8 @@ _GEMM_BLOCK_BYTES = 256 << 20     # bytes of one block of dot products on the GE
 # Tensor-core kernels (distances_tc.cu), per dtype: (WMT m-tiles per warp, largest DK).  A block of 8
 # warps takes BM = 8 * WMT * MT rows (MT = 16 rows per float32 m-tile, 8 per float64 m-tile).
 _TC_CONFIGS = {np.dtype(np.float32): (2, 64), np.dtype(np.float64): (2, 64)}
-_TC_FUSED_MAX_K = 64              # the fused Lloyd sums keep k x 8 features per warp in registers
+_TC_FUSED_MAX_K = 64              # the one-hot fused sums keep k x 8 features per warp in registers
+_TC_ACCUM = "smem"                # how the fused Lloyd sums are made by default (see tc_plan)
 _TC_SUMS_ROWS = 128               # rows per tile of the sums pass
 _METHODS = ("auto", "fused", "gemm", "tc")
 
@@ -88,8 +89,8 @@ def _function(expr, source=None):
     """
     cupy = _cupy()
     if source is None:
-        source = "distances_tc.cu" if expr.startswith("mpiml_distances_tc") or \
-            expr.startswith("mpiml_distances_sums_tc") else "distances.cu"
+        source = "distances_tc.cu" if expr.startswith(("mpiml_distances_tc", "mpiml_distances_sums_tc",
+                                                        "mpiml_tc_")) else "distances.cu"
     key = (cupy.cuda.runtime.getDevice(), expr)
     fn = _MODULES.get(key)
     if fn is None:
@@ -243,10 +244,14 @@ def _prepare(X, C, *others):
     return (dtype, X, C, *rest)
 
 
-def _method(method, k, d):
-    """The kernel family of a launch.  ``"auto"``: the tensor-core kernels where the device has them
-    (compute capability 8.0 or later), else the SIMT register tile (``"gemm"`` from k >= 256).
-    The environment variable ``MPIML_DISTANCES_METHOD`` overrides ``"auto"`` (benchmarks, tests)."""
+def _method(method, k, d, dtype=np.float32, lloyd=True):
+    """The kernel family of a launch.  ``"auto"``, where the device has the tensor-core kernels
+    (compute capability 8.0 or later): ``"tc"``, except from k = 256 on, where a Lloyd step goes through
+    cuBLAS (``"gemm"``: its sums are one pass over X per 128 clusters on the tensor-core path) and so does
+    a float64 arg-min (DGEMM on the FP64 tensor cores beats DMMA ``mma.sync`` there); measured on an H200,
+    ``benchmarks/results/kernels_h200_2026-11-24.json``.  Without them the SIMT register tile
+    (``"fused"``, ``"gemm"`` from k = 256).  The environment variable ``MPIML_DISTANCES_METHOD``
+    overrides ``"auto"`` (benchmarks, tests)."""
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
     if method == "auto":
@@ -255,9 +260,11 @@ def _method(method, k, d):
             raise ValueError(f"MPIML_DISTANCES_METHOD must be one of {_METHODS}, got {forced!r}")
         method = forced
     if method == "auto":
+        if k >= _GEMM_FROM_K and (lloyd or np.dtype(dtype) == np.float64):
+            return "gemm"
         if tc_supported():
             return "tc"
-        return "gemm" if k >= _GEMM_FROM_K else "fused"
+        return "fused"
     if method == "tc" and not tc_supported():
         raise ValueError("method='tc' needs a GPU of compute capability 8.0 or later")
     return method
@@ -268,7 +275,7 @@ def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile
     dtype = np.dtype(X.dtype)
     n, d = X.shape
     k = C.shape[0]
-    method = _method(method, k, d)
+    method = _method(method, k, d, dtype, lloyd)
     if method == "tc":
         return _tc_launch(X, C, shift, w, labels, mind, out, lloyd=lloyd, tile=tile)
     plan = kernel_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", accum=accum,
@@ -395,10 +402,12 @@ def pack_centres(C, bn, dk, xp=None):
     return xp.ascontiguousarray(out.reshape(nJ, nF, kg, ntn, 32, -1)).ravel()
 
 
-def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None):
+def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
     """What one tensor-core launch would use: tile, shared memory, fusion of the sums, kernel name.
 
-    ``tile``: ``(WMT, BN, DK[, MINB])`` instead of the defaults (benchmarks).
+    ``tile``: ``(WMT, BN, DK[, MINB])`` instead of the defaults (benchmarks).  ``accum``: how the
+    fused Lloyd sums are made, ``"smem"`` (block-private copies in shared memory, the default) or
+    ``"mma"`` (one-hot products on the tensor cores); ``"pass"`` leaves them to the sums pass.
     """
     dtype = np.dtype(dtype)
     isz = dtype.itemsize
@@ -409,6 +418,9 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None):
     bn = 16 if k <= 16 else 32 if k <= 32 else 64
     dk = 16 if d <= 16 else 32 if d <= 32 else 64 if d <= 64 else 32
     dk = min(dk, dk_max)
+    accum = accum or _TC_ACCUM
+    if accum not in ("smem", "mma", "pass"):
+        raise ValueError(f"accum must be 'smem', 'mma' or 'pass', got {accum!r}")
     if tile is not None:
         wmt, bn, dk = tile[:3]
     if vw is None:
@@ -417,36 +429,52 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None):
     lloyd = mode == "lloyd"
     budget = _smem_per_block(1)
 
-    def layout(dk):
+    def layout(wmt, dk, groups=0):
         nF, nJ = -(-d // dk), -(-k // bn)
         bm = 8 * wmt * mt
         xs = bm * (dk + pad)
         cs = dk * bn * (2 if f32 else 1)
         ch = (256 // k if k <= 256 else 1) if lloyd else 0
         smem = (2 * xs + (1 if nF * nJ == 1 else 2) * cs + nF * dk + bm) * isz + bm * 4 + ch * k * 8
+        smem += groups * k * dk * isz + (k * dk * 8 if groups and f32 else 0)
         return nF, nJ, bm, xs, smem
 
-    nF, nJ, bm, xs, smem = layout(dk)
+    nF, nJ, bm, xs, smem = layout(wmt, dk)
     while smem > budget and dk > 16 and tile is None:
         dk //= 2
-        nF, nJ, bm, xs, smem = layout(dk)
+        nF, nJ, bm, xs, smem = layout(wmt, dk)
     if smem > budget:
         raise ValueError(f"tensor-core tile {(wmt, bn, dk)} needs {smem} bytes of shared memory (> {budget})")
+    fused = lloyd and nF == 1 and accum != "pass"
+    groups, mtk = 0, 0
+    if fused and accum == "mma":
+        fused = k <= _TC_FUSED_MAX_K
+        mtk = -(-k // mt) if fused else 0
+        if fused and (8 // (dk // 8)) * mtk * mt * dk * 8 > 2 * xs * isz:   # row groups' sums meet in X buffers
+            fused, mtk = False, 0
+    elif fused:
+        # copies of the sums: as many as leave every thread a column (at most 256 / DK), fewer when
+        # shared memory is short; a smaller row tile (WMT) before fewer than two copies
+        fused = False
+        for w_try in ([wmt] if tile is not None else sorted({wmt, 1}, reverse=True)):
+            g = 256 // dk
+            while g >= 1:
+                lay = layout(w_try, dk, g)
+                if lay[4] <= budget and (g >= 2 or w_try == 1 or tile is not None):
+                    wmt, (nF, nJ, bm, xs, smem), groups, fused, mtk = w_try, lay, g, True, -1
+                    break
+                g //= 2
+            if fused:
+                break
     # two blocks per SM (at most 128 registers a thread) where the tile is small: more rows in flight
     minb = 2 if (bn <= 32 and dk <= 32 and 2 * (smem + 1024) <= _smem_per_block(1) + _ACC_BUDGET_PAD) else 1
     if tile is not None and len(tile) > 3:
         minb = tile[3]
-    fused = lloyd and nF == 1 and k <= _TC_FUSED_MAX_K
-    mtk = -(-k // mt) if fused else 0
-    if fused:
-        rgw = 8 // (dk // 8)
-        if rgw * mtk * mt * dk * 8 > 2 * xs * isz:      # the row groups' sums meet in the X buffers
-            fused, mtk = False, 0
     ctype = _CTYPE[dtype]
     expr = f"mpiml_distances_tc<{ctype}, {wmt}, {bn}, {dk}, {vec}, {1 if lloyd else 0}, {mtk}, {minb}>"
     return {"mode": mode, "method": "tc", "ctype": ctype, "WMT": wmt, "BN": bn, "DK": dk, "BM": bm, "VEC": vec,
-            "nF": nF, "nJ": nJ, "smem": smem, "fused": fused, "MTK": mtk, "MINB": minb, "expr": expr,
-            "pack": f"mpiml_tc_pack<{ctype}, {bn}, {dk}>"}
+            "nF": nF, "nJ": nJ, "smem": smem, "fused": fused, "MTK": mtk, "MINB": minb, "groups": groups,
+            "accum": accum if fused else "pass", "expr": expr, "pack": f"mpiml_tc_pack<{ctype}, {bn}, {dk}>"}
 
 
 def _tc_grid(fn, plan, n_tiles):
@@ -456,13 +484,14 @@ def _tc_grid(fn, plan, n_tiles):
     return int(max(1, min(n_tiles, sms * per_sm)))
 
 
-def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None):
+def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=None):
     """The tensor-core kernel (+ the reduction of its partials, + the sums pass when not fused)."""
     cupy = _cupy()
     dtype = np.dtype(X.dtype)
     n, d = X.shape
     k = C.shape[0]
-    plan = tc_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", vw=_vec(dtype, d, X, shift), tile=tile)
+    plan = tc_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", vw=_vec(dtype, d, X, shift), tile=tile,
+                   accum=accum)
     if n == 0:
         return plan
     fn = _function(plan["expr"])
@@ -481,7 +510,8 @@ def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None):
         fn.max_dynamic_shared_size_bytes = plan["smem"]
     fn((grid,), (_THREADS,),
        (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, Cp, c_sq, np.int32(k),
-        np.int32(plan["nJ"]), _NULL if w is None else w, labels, mind, part), shared_mem=plan["smem"])
+        np.int32(plan["nJ"]), _NULL if w is None else w, labels, mind, part, np.int32(plan["groups"])),
+       shared_mem=plan["smem"])
     if lloyd:
         red = _function("mpiml_distances_reduce_partials")
         blocks = int(min(1024, (P + 255) // 256))

@@ -18,6 +18,9 @@
 //       tensor cores as onehot(labels)^T x X from the tile still in shared memory: float32 sums
 //       are split big/small (2 products), kept in float32 for one tile and added to float64
 //       registers after every tile; float64 sums accumulate in DMMA's float64 registers.
+//       MTK < 0: the sums of the tile go to `groups` block-private copies in shared memory instead,
+//       thread (copy, column) owning its cells (no atomics; the rows of a copy added in order),
+//       float32 copies added to a float64 array every 8 tiles.
 //       Every block writes [sums | weights | inertia | changed] to its own row of `part`
 //       (summed in block order by mpiml_distances_reduce_partials: deterministic).
 //   mpiml_distances_sums_tc<T, MTK, VEC>
@@ -132,12 +135,13 @@ __global__ void __launch_bounds__(MPIML_TC_THREADS, MINB)
 mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restrict__ shift,
                    const T* __restrict__ Cp, const T* __restrict__ c_sq, int k, int nJ,
                    const T* __restrict__ w, int* __restrict__ labels, T* __restrict__ mind,
-                   double* __restrict__ part)
+                   double* __restrict__ part, int groups)
 {
     using P = mpiml_tc<T>;
     constexpr bool F32 = sizeof(T) == 4;
     constexpr int THREADS = MPIML_TC_THREADS;
     constexpr int MT = P::MT;
+    constexpr int FLUSH = 8;                     // tiles between the float64 flushes of float32 copies
     constexpr int H = F32 ? 2 : 1;               // row halves of an m-tile's accumulator (g, g + 8)
     constexpr int AN = F32 ? 4 : 2;              // accumulator values per lane per (m, n) tile
     constexpr int WM = WMT * MT;                 // rows per warp
@@ -171,10 +175,20 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const long long n_tiles = (n + BM - 1) / BM;
     const int CH = k <= THREADS ? THREADS / k : 1;      // row strides of the weights-per-cluster count
+    const long long cells = (long long)k * DK;
+    T* accf = reinterpret_cast<T*>(cnt_s + CH * k);      // groups x k x DK (MTK < 0)
+    double* accd = reinterpret_cast<double*>(accf + (MTK < 0 ? groups : 0) * cells);   // k x DK (float32)
+    int flushes = 0;
 
     for (int i = tid; i < nF * DK; i += THREADS) shift_s[i] = (shift != nullptr && i < d) ? shift[i] : T(0);
     if constexpr (MODE == 1) {
         for (int i = tid; i < CH * k; i += THREADS) cnt_s[i] = 0.0;
+    }
+    if constexpr (MODE == 1 && MTK < 0) {
+        for (long long i = tid; i < groups * cells; i += THREADS) accf[i] = T(0);
+        if constexpr (F32) {
+            for (long long i = tid; i < cells; i += THREADS) accd[i] = 0.0;
+        }
     }
 
     // cp.async of step s of `tile` (feature slab s % nF of centre chunk s / nF)
@@ -274,9 +288,15 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
                     const uint4 b = *reinterpret_cast<const uint4*>(Cs + ((q * NTN + j) * 32 + lane) * 4);
 #pragma unroll
                     for (int m = 0; m < WMT; ++m) {
-                        mpiml_mma(acc[m][j], as[m], b.x, b.y);     // small x big
-                        mpiml_mma(acc[m][j], ab[m], b.z, b.w);     // big x small
-                        mpiml_mma(acc[m][j], ab[m], b.x, b.y);     // big x big
+                        // the three products of a group meet in a fresh accumulator, added to acc with
+                        // round-to-nearest: the tensor cores' own float32 accumulation truncates, and over
+                        // d / 8 groups its bias showed in the inertia (2e-5 at d = 64, more at d = 1024)
+                        float p[4] = {0.f, 0.f, 0.f, 0.f};
+                        mpiml_mma(p, as[m], b.x, b.y);     // small x big
+                        mpiml_mma(p, ab[m], b.z, b.w);     // big x small
+                        mpiml_mma(p, ab[m], b.x, b.y);     // big x big
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) acc[m][j][i] += p[i];
                     }
                 }
             } else {
@@ -304,6 +324,11 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
         if (fc == nF - 1) {
             // ||c||^2 - 2 x.c over this chunk; (min, argmin) over the lane's columns, then the row's 4 lanes
             const int jbase = jc * BN + 2 * t;
+            T cq[NTN][2];
+#pragma unroll
+            for (int j = 0; j < NTN; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) cq[j][e] = __ldg(c_sq + jbase + j * 8 + e);
 #pragma unroll
             for (int m = 0; m < WMT; ++m)
 #pragma unroll
@@ -315,7 +340,7 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {
                             const int col = jbase + j * 8 + e;
-                            const T dist = fma(T(-2), acc[m][j][2 * h + e], __ldg(c_sq + col));
+                            const T dist = fma(T(-2), acc[m][j][2 * h + e], cq[j][e]);
                             if (dist < bv) { bv = dist; bj = col; }
                         }
 #pragma unroll
@@ -366,15 +391,58 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
                 if (k <= THREADS) {
                     if (tid < CH * k) {
                         const int j = tid % k, c = tid / k;
-                        T sw = T(0);
-                        for (int r = c; r < BM; r += CH) sw += lab_s[r] == j ? w_s[r] : T(0);
-                        cnt_s[c * k + j] += (double)sw;
+                        T sw[4] = {T(0), T(0), T(0), T(0)};
+                        int r = c;
+                        for (; r + 3 * CH < BM; r += 4 * CH) {     // four independent sums: loads in flight
+#pragma unroll
+                            for (int u = 0; u < 4; ++u) sw[u] += lab_s[r + u * CH] == j ? w_s[r + u * CH] : T(0);
+                        }
+                        for (; r < BM; r += CH) sw[0] += lab_s[r] == j ? w_s[r] : T(0);
+                        cnt_s[c * k + j] += (double)((sw[0] + sw[1]) + (sw[2] + sw[3]));
                     }
                 } else {
                     for (int j = tid; j < k; j += THREADS) {
                         T sw = T(0);
                         for (int r = 0; r < BM; ++r) sw += lab_s[r] == j ? w_s[r] : T(0);
                         cnt_s[j] += (double)sw;
+                    }
+                }
+                if constexpr (MTK < 0) {
+                    // thread (copy gq, column c) owns accf[gq][*][c]; copy gq takes rows gq, gq + groups, ...
+                    const int tpc = THREADS / groups;
+                    const int gq = tid / tpc, q = tid % tpc;
+                    T* mine = accf + gq * cells;
+                    for (int c = q; c < d; c += tpc) {
+                        const T sh = shift_s[c];
+                        int r = gq;
+                        for (; r + 3 * groups < BM; r += 4 * groups) {      // four rows loaded ahead of their adds
+                            int l[4];
+                            T v[4];
+#pragma unroll
+                            for (int u = 0; u < 4; ++u) {
+                                const int rr = r + u * groups;
+                                l[u] = lab_s[rr];
+                                v[u] = (Xt[rr * S + c] - sh) * w_s[rr];
+                            }
+#pragma unroll
+                            for (int u = 0; u < 4; ++u)
+                                if (l[u] >= 0) mine[l[u] * DK + c] += v[u];
+                        }
+                        for (; r < BM; r += groups) {
+                            const int l0 = lab_s[r];
+                            if (l0 >= 0) mine[l0 * DK + c] += (Xt[r * S + c] - sh) * w_s[r];
+                        }
+                    }
+                    if constexpr (F32) {
+                        if (++flushes == FLUSH) {
+                            flushes = 0;
+                            __syncthreads();
+                            for (long long i = tid; i < cells; i += THREADS) {
+                                double v = accd[i];
+                                for (int g2 = 0; g2 < groups; ++g2) { v += (double)accf[g2 * cells + i]; accf[g2 * cells + i] = 0.f; }
+                                accd[i] = v;
+                            }
+                        }
                     }
                 }
                 if constexpr (MTK > 0) {
@@ -400,7 +468,7 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
 
     if constexpr (MODE == 1) {
         // this block's totals -> its own row of `part`: [sums (k x d when fused) | weights (k) | inertia | changed]
-        const long long SUMS = MTK > 0 ? (long long)k * d : 0;
+        const long long SUMS = MTK != 0 ? (long long)k * d : 0;
         const long long PP = SUMS + k + 2;
         double* mine = part + (long long)blockIdx.x * PP;
         __syncthreads();
@@ -424,6 +492,14 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
                 const int cl = (int)(i / d), f = (int)(i % d);
                 double v = 0.0;
                 for (int r = 0; r < RGW; ++r) v += scratch[((long long)r * KP + cl) * DK + f];
+                mine[i] = v;
+            }
+        }
+        if constexpr (MTK < 0) {
+            for (long long i = tid; i < SUMS; i += THREADS) {
+                const long long cell = (i / d) * DK + i % d;
+                double v = F32 ? accd[cell] : 0.0;
+                for (int g2 = 0; g2 < groups; ++g2) v += (double)accf[g2 * cells + cell];
                 mine[i] = v;
             }
         }
