@@ -60,6 +60,10 @@ _GEMM_BLOCK_BYTES = 256 << 20     # bytes of one block of dot products on the GE
 _TC_CONFIGS = {np.dtype(np.float32): (2, 64), np.dtype(np.float64): (2, 64)}
 _TC_FUSED_MAX_K = 64              # the one-hot fused sums keep k x 8 features per warp in registers
 _TC_ACCUM = "smem"                # how the fused Lloyd sums are made by default (see tc_plan)
+# Lloyd steps with k and d both at most this stay on the SIMT kernel (measured on an H200 at 10^7 x 16,
+# k = 16: 1.05 ms SIMT vs 2.4 ms tensor-core float32, 2.1 vs 2.5 ms float64; their arg-min alone is
+# faster on the tensor cores and takes them)
+_SIMT_LLOYD_MAX = 16
 _TC_SUMS_ROWS = 128               # rows per tile of the sums pass
 _METHODS = ("auto", "fused", "gemm", "tc")
 
@@ -246,7 +250,8 @@ def _prepare(X, C, *others):
 
 def _method(method, k, d, dtype=np.float32, lloyd=True):
     """The kernel family of a launch.  ``"auto"``, where the device has the tensor-core kernels
-    (compute capability 8.0 or later): ``"tc"``, except from k = 256 on, where a Lloyd step goes through
+    (compute capability 8.0 or later): ``"tc"``, except Lloyd steps with k, d <= 16 (``"fused"``) and from
+    k = 256 on, where a Lloyd step goes through
     cuBLAS (``"gemm"``: its sums are one pass over X per 128 clusters on the tensor-core path) and so does
     a float64 arg-min (DGEMM on the FP64 tensor cores beats DMMA ``mma.sync`` there); measured on an H200,
     ``benchmarks/results/kernels_h200_2026-11-24.json``.  Without them the SIMT register tile
@@ -262,7 +267,7 @@ def _method(method, k, d, dtype=np.float32, lloyd=True):
     if method == "auto":
         if k >= _GEMM_FROM_K and (lloyd or np.dtype(dtype) == np.float64):
             return "gemm"
-        if tc_supported():
+        if tc_supported() and not (lloyd and k <= _SIMT_LLOYD_MAX and d <= _SIMT_LLOYD_MAX):
             return "tc"
         return "fused"
     if method == "tc" and not tc_supported():
@@ -436,6 +441,7 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
         cs = dk * bn * (2 if f32 else 1)
         ch = (256 // k if k <= 256 else 1) if lloyd else 0
         smem = (2 * xs + (1 if nF * nJ == 1 else 2) * cs + nF * dk + bm) * isz + bm * 4 + ch * k * 8
+        smem += 2 * bm * (isz + 4) if lloyd else 0
         smem += groups * k * dk * isz + (k * dk * 8 if groups and f32 else 0)
         return nF, nJ, bm, xs, smem
 

@@ -114,8 +114,11 @@ __device__ __forceinline__ void mpiml_tc_onehot(T (&oacc)[MTK][AN], const T* __r
                 const int c0 = m * 16 + g;
                 const unsigned a[4] = {la == c0 ? ONE : 0u, la == c0 + 8 ? ONE : 0u,
                                        lb == c0 ? ONE : 0u, lb == c0 + 8 ? ONE : 0u};
-                mpiml_mma(oacc[m], a, s0, s1);
-                mpiml_mma(oacc[m], a, b0, b1);
+                float p[4] = {0.f, 0.f, 0.f, 0.f};      // see the distance loop: no truncating accumulation
+                mpiml_mma(p, a, s0, s1);
+                mpiml_mma(p, a, b0, b1);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) oacc[m][i] += p[i];
             }
         }
     } else {
@@ -168,7 +171,9 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
     T* shift_s = cbuf + (c_resident ? 1 : 2) * CS;      // nF x DK
     T* w_s = shift_s + nF * DK;                         // BM
     int* lab_s = reinterpret_cast<int*>(w_s + BM);      // BM
-    double* cnt_s = reinterpret_cast<double*>(lab_s + BM);   // CH x k (MODE 1)
+    T* w_pre = reinterpret_cast<T*>(lab_s + BM);            // 2 x BM: weights of a tile, by cp.async (MODE 1)
+    int* lab_pre = reinterpret_cast<int*>(w_pre + (MODE == 1 ? 2 * BM : 0));   // 2 x BM: previous labels
+    double* cnt_s = reinterpret_cast<double*>(lab_pre + (MODE == 1 ? 2 * BM : 0));   // CH x k (MODE 1)
     __shared__ double red_inertia[THREADS / 32];
     __shared__ long long red_changed[THREADS / 32];
 
@@ -192,8 +197,18 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
     }
 
     // cp.async of step s of `tile` (feature slab s % nF of centre chunk s / nF)
-    auto stage = [&](long long tile, int s, T* xdst, T* cdst) {
+    auto stage = [&](long long tile, int s, T* xdst, T* cdst, int pb) {
         const int fc = s % nF, jc = s / nF;
+        if (MODE == 1 && s == 0) {
+            // the tile's weights and previous labels travel with its first slab: the epilogue reads
+            // them from shared memory instead of waiting on global loads one row after another
+            for (int r = tid; r < BM; r += THREADS) {
+                const long long row = tile * BM + r;
+                const bool ok = row < n;
+                mpiml_cp_async<sizeof(T)>(w_pre + pb * BM + r, ok ? w + row : w, ok);
+                mpiml_cp_async<4>(lab_pre + pb * BM + r, ok ? labels + row : labels, ok);
+            }
+        }
         if (nF > 1 || jc == 0) {
             for (int e = tid; e < BM * CPR; e += THREADS) {
                 const int r = e / CPR, ci = e % CPR;
@@ -236,7 +251,7 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
     long long gs = 0;        // steps this block has done
     auto xb_of = [&](long long gstep, int iter) { return xbuf + ((nF == 1 ? iter : (int)gstep) & 1) * XS; };
     auto cb_of = [&](long long gstep) { return cbuf + (c_resident ? 0 : (int)(gstep & 1)) * CS; };
-    if (tile < n_tiles) stage(tile, 0, xb_of(0, 0), cb_of(0));
+    if (tile < n_tiles) stage(tile, 0, xb_of(0, 0), cb_of(0), 0);
     mpiml_cp_commit();
 
     while (tile < n_tiles) {
@@ -244,7 +259,7 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
         int ns = s + 1, nit = it;
         if (ns == steps) { ns = 0; nt += gridDim.x; ++nit; }
         __syncthreads();                                   // the buffers of step gs - 1 are free
-        if (nt < n_tiles) stage(nt, ns, xb_of(gs + 1, nit), c_resident ? nullptr : cb_of(gs + 1));
+        if (nt < n_tiles) stage(nt, ns, xb_of(gs + 1, nit), c_resident ? nullptr : cb_of(gs + 1), nit & 1);
         mpiml_cp_commit();
         mpiml_cp_wait<1>();
         __syncthreads();                                   // step gs is in shared memory
@@ -373,8 +388,8 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
                             dist = dist > T(0) ? dist : T(0);
                             mind[row] = dist;
                             if constexpr (MODE == 1) {
-                                wt = w[row];
-                                my_changed += labels[row] != lab;
+                                wt = w_pre[(it & 1) * BM + r];
+                                my_changed += lab_pre[(it & 1) * BM + r] != lab;
                                 my_inertia += (double)wt * (double)dist;
                             }
                             labels[row] = lab;
