@@ -109,7 +109,9 @@ def test_lloyd_packed_changed_and_labels_in_place(dtype):
     p1 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind)
     assert int(p1[-1].get()) == 3001                       # every label changed from -1
     ref_lab, ref_d = distances.argmin_sqeuclidean(Xd, Cd)
-    assert bool((labels == ref_lab).all()) and bool(cp.allclose(mind, ref_d))
+    # the expansion |x|^2 - 2 x.c + |c|^2 rounds differently in each kernel family (float32: ~1e-5 of |x|^2)
+    assert bool((labels == ref_lab).all()) and bool(cp.allclose(mind, ref_d, rtol=1e-4 if dtype == np.float32 else 1e-5,
+                                                                 atol=1e-4 * float(ref_d.max())))
     p2 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind)
     assert int(p2[-1].get()) == 0                          # same centres: nothing changed
     assert bool(cp.array_equal(p1[:-1], p2[:-1]))          # deterministic: the same bits twice

@@ -60,10 +60,10 @@ _GEMM_BLOCK_BYTES = 256 << 20     # bytes of one block of dot products on the GE
 _TC_CONFIGS = {np.dtype(np.float32): (2, 64), np.dtype(np.float64): (2, 64)}
 _TC_FUSED_MAX_K = 64              # the one-hot fused sums keep k x 8 features per warp in registers
 _TC_ACCUM = "smem"                # how the fused Lloyd sums are made by default (see tc_plan)
-# Lloyd steps with k and d both at most this stay on the SIMT kernel (measured on an H200 at 10^7 x 16,
-# k = 16: 1.05 ms SIMT vs 2.4 ms tensor-core float32, 2.1 vs 2.5 ms float64; their arg-min alone is
-# faster on the tensor cores and takes them)
-_SIMT_LLOYD_MAX = 16
+# Lloyd steps with k and d both at most this stay on the SIMT kernel (0: none).  Measured on an H200 at
+# 10^7 x 16, k = 16 with every tensor-core fix in: tc 0.74 ms vs SIMT 1.04 ms (float32), 1.03 vs 2.08 ms
+# (float64), so none does
+_SIMT_LLOYD_MAX = 0
 _TC_SUMS_ROWS = 128               # rows per tile of the sums pass
 _METHODS = ("auto", "fused", "gemm", "tc")
 
@@ -250,8 +250,7 @@ def _prepare(X, C, *others):
 
 def _method(method, k, d, dtype=np.float32, lloyd=True):
     """The kernel family of a launch.  ``"auto"``, where the device has the tensor-core kernels
-    (compute capability 8.0 or later): ``"tc"``, except Lloyd steps with k, d <= 16 (``"fused"``) and from
-    k = 256 on, where a Lloyd step goes through
+    (compute capability 8.0 or later): ``"tc"``, except from k = 256 on, where a Lloyd step goes through
     cuBLAS (``"gemm"``: its sums are one pass over X per 128 clusters on the tensor-core path) and so does
     a float64 arg-min (DGEMM on the FP64 tensor cores beats DMMA ``mma.sync`` there); measured on an H200,
     ``benchmarks/results/kernels_h200_2026-11-24.json``.  Without them the SIMT register tile
@@ -423,7 +422,9 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
     bn = 16 if k <= 16 else 32 if k <= 32 else 64
     dk = 16 if d <= 16 else 32 if d <= 32 else 64 if d <= 64 else 32
     dk = min(dk, dk_max)
-    accum = accum or _TC_ACCUM
+    # one-hot products where k is small (measured faster at k = 16: 0.69 vs 0.74 ms float32, 1.00 vs 1.04 ms
+    # float64 at 10^7 x 16), shared-memory copies above (3.6 vs 4.2 ms at 10^7 x 64, k = 64)
+    accum = accum or ("mma" if k <= 16 else _TC_ACCUM)
     if accum not in ("smem", "mma", "pass"):
         raise ValueError(f"accum must be 'smem', 'mma' or 'pass', got {accum!r}")
     if tile is not None:
