@@ -39,10 +39,7 @@ def test_fused_step_matches_host(n, d, k, dtype):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_kmeans_gpu_spmd(mpi, n):
-    import cupy as cp
-
-    if cp.cuda.runtime.getDeviceCount() < n:
-        pytest.skip(f"needs {n} GPUs")
+    # ranks beyond the GPU count share GPUs (rank % devices): the results must not change
     mpi(os.path.join(HERE, "kmeans_gpu_script.py"), n, timeout=240)

@@ -1,4 +1,4 @@
-"""The fused Lloyd step on 1-4 ranks (one GPU each, or ranks sharing GPUs), rank 0 holding no rows.
+"""The Lloyd step (tensor-core and SIMT kernels) on 1-4 ranks (one GPU each, or ranks sharing GPUs), rank 0 holding no rows.
 
 Run by test_distances.py: the allreduced packed vector equals one process's over all rows.
 """
@@ -28,13 +28,13 @@ def main():
     else:                                   # rank 0 empty, the others split the rows
         edges = np.linspace(0, n, size).astype(int)
         lo, hi = (0, 0) if rank == 0 else (int(edges[rank - 1]), int(edges[rank]))
-    for dtype in (np.float64, np.float32):
+    for dtype, method in ((np.float64, "auto"), (np.float32, "auto"), (np.float64, "fused"), (np.float32, "fused")):
         Xl = cp.asarray(X[lo:hi].astype(dtype))
         packed = distances.lloyd_step_packed(Xl, cp.asarray((C - shift).astype(dtype)), cp.asarray(w[lo:hi]),
-                                             shift=cp.asarray(shift.astype(dtype)))
+                                             shift=cp.asarray(shift.astype(dtype)), method=method)
         total = comm.allreduce(packed.get()) if size > 1 else packed.get()
         ref = distances.lloyd_step_packed(cp.asarray(X.astype(dtype)), cp.asarray((C - shift).astype(dtype)),
-                                          cp.asarray(w), shift=cp.asarray(shift.astype(dtype))).get()
+                                          cp.asarray(w), shift=cp.asarray(shift.astype(dtype)), method=method).get()
         check(int(total[-1]) == n, f"{np.dtype(dtype).name}: changed labels {int(total[-1])} != {n}")
         rtol = 1e-11 if dtype == np.float64 else 1e-5
         assert_close(total[:-1], ref[:-1], f"{np.dtype(dtype).name} packed sums", rtol=rtol,

@@ -41,7 +41,7 @@ def _near_tie_ok(D, got, want, rtol):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("method", ["fused", "gemm"])
+@pytest.mark.parametrize("method", ["fused", "gemm", "tc"])
 @pytest.mark.parametrize("n,d,k", SHAPES)
 def test_argmin_matches_reference(n, d, k, dtype, method):
     import cupy as cp
@@ -64,7 +64,7 @@ def test_argmin_matches_reference(n, d, k, dtype, method):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("accum,method", [("double", "fused"), ("float", "fused"), (None, "gemm")])
+@pytest.mark.parametrize("accum,method", [("double", "fused"), ("float", "fused"), (None, "gemm"), (None, "tc")])
 @pytest.mark.parametrize("n,d,k", [(1, 1, 1), (1000, 3, 5), (5000, 17, 40), (4097, 64, 64), (3000, 100, 300),
                                    (2000, 8, 1024), (700, 1030, 7), (20000, 16, 16)])
 def test_lloyd_step_matches_reference(n, d, k, dtype, accum, method):
@@ -109,7 +109,9 @@ def test_lloyd_packed_changed_and_labels_in_place(dtype):
     p1 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind)
     assert int(p1[-1].get()) == 3001                       # every label changed from -1
     ref_lab, ref_d = distances.argmin_sqeuclidean(Xd, Cd)
-    assert bool((labels == ref_lab).all()) and bool(cp.allclose(mind, ref_d))
+    # the expansion |x|^2 - 2 x.c + |c|^2 rounds differently in each kernel family (float32: ~1e-5 of |x|^2)
+    assert bool((labels == ref_lab).all()) and bool(cp.allclose(mind, ref_d, rtol=1e-4 if dtype == np.float32 else 1e-5,
+                                                                 atol=1e-4 * float(ref_d.max())))
     p2 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind)
     assert int(p2[-1].get()) == 0                          # same centres: nothing changed
     assert bool(cp.array_equal(p1[:-1], p2[:-1]))          # deterministic: the same bits twice
@@ -117,6 +119,83 @@ def test_lloyd_packed_changed_and_labels_in_place(dtype):
     p3 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind, method="gemm")
     assert int(p3[-1].get()) == 3001 and bool((labels == ref_lab).all())
     assert bool(cp.allclose(p3[:-1], p1[:-1], rtol=1e-5 if dtype == np.float32 else 1e-12))
+    for method in ("fused", "tc"):
+        labels[:] = -1
+        p4 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind, method=method)
+        assert int(p4[-1].get()) == 3001 and bool((labels == ref_lab).all())
+        assert bool(cp.allclose(p4[:-1], p1[:-1], rtol=1e-5 if dtype == np.float32 else 1e-12))
+        p5 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind, method=method)
+        assert bool(cp.array_equal(p4[:-2], p5[:-2]))      # the same sums, weights and inertia bits
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k,d,bn,dk", [(1, 1, 16, 16), (70, 65, 64, 32), (64, 64, 64, 64), (5, 17, 16, 16)])
+def test_tc_pack_kernel_matches_numpy(k, d, bn, dk, dtype):
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    C = np.random.RandomState(8).randn(k, d).astype(dtype) * 7
+    plan = distances.tc_plan(dtype, k, d, tile=(2, bn, dk))
+    Cd = cp.asarray(C)
+    nJ, nF = plan["nJ"], plan["nF"]
+    Cp = cp.empty(nJ * nF * dk * bn * (2 if dtype == np.float32 else 1), dtype=dtype)
+    c_sq = cp.empty(nJ * bn, dtype=dtype)
+    distances._function(plan["pack"])((4,), (256,), (Cd, np.int32(k), np.int32(d), np.int32(nJ), np.int32(nF), Cp, c_sq))
+    np.testing.assert_array_equal(Cp.get(), distances.pack_centres(C, bn, dk, np))
+    want = np.full(nJ * bn, np.inf)
+    want[:k] = (C.astype(np.float64) ** 2).sum(1)
+    np.testing.assert_allclose(c_sq.get(), want, rtol=1e-5 if dtype == np.float32 else 1e-13)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n,d,k,tile", [(70001, 64, 64, None), (70001, 64, 64, (1, 64, 64)), (30011, 16, 16, None),
+                                        (20000, 256, 200, None), (5000, 1024, 64, None), (9000, 64, 65, None),
+                                        (9000, 65, 64, None), (4000, 2, 1, None), (4000, 1, 7, (1, 16, 16)),
+                                        (30011, 16, 16, (4, 16, 16, 1)), (3001, 9, 3, (2, 16, 16, 1))])
+@pytest.mark.parametrize("accum", ["smem", "mma", "pass"])
+def test_tc_lloyd_against_float64(n, d, k, tile, dtype, accum):
+    """The tensor-core step (fused sums, sums pass, several chunks of d and k, other tiles) against float64,
+    with data away from the origin (the shift matters) and float32 labels checked except at near ties."""
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    rs = np.random.RandomState(7)
+    Ctrue = rs.randn(k, d) * 3 + 50.0
+    X = (Ctrue[rs.randint(0, k, n)] + rs.randn(n, d)).astype(dtype)
+    C = (X[rs.choice(n, k, replace=False)]).astype(dtype)
+    w = rs.uniform(0.5, 2, n).astype(dtype)
+    shift = X.mean(0).astype(dtype)
+    Cs = (C - shift).astype(dtype)
+    Xd = cp.asarray(X)
+    labels = cp.full(n, -1, cp.int32)
+    mind = cp.empty(n, dtype)
+    out = cp.zeros(k * d + k + 2)
+    plan = distances._tc_launch(Xd, cp.asarray(Cs), cp.asarray(shift), cp.asarray(w), labels, mind, out,
+                                lloyd=True, tile=tile, accum=accum)
+    lab = labels.get()
+    X64 = X.astype(np.float64) - shift.astype(np.float64)
+    C64 = Cs.astype(np.float64)
+    D = np.maximum((X64 ** 2).sum(1)[:, None] + (C64 ** 2).sum(1)[None, :] - 2 * X64 @ C64.T, 0)
+    want = np.argmin(D, 1)
+    assert _near_tie_ok(D, lab, want, 1e-4 if dtype == np.float32 else 1e-10), plan
+    if dtype == np.float32:
+        assert float((lab == want).mean()) > 0.999
+    ref_sums = np.zeros((k, d))
+    np.add.at(ref_sums, lab, X64 * w[:, None].astype(np.float64))
+    got = out.get()
+    scale = np.abs(X64 * w[:, None]).sum(0).max()
+    tol = 1e-6 if dtype == np.float32 else 1e-12
+    assert np.abs(got[:k * d].reshape(k, d) - ref_sums).max() <= tol * scale, plan
+    ref_counts = np.bincount(lab, weights=w.astype(np.float64), minlength=k)
+    np.testing.assert_allclose(got[k * d:k * d + k], ref_counts, rtol=tol, atol=tol * ref_counts.max())
+    ref_inertia = float(w.astype(np.float64) @ D[np.arange(n), lab])
+    assert abs(got[-2] - ref_inertia) <= (1e-5 if dtype == np.float32 else 1e-10) * ref_inertia, plan
+    assert int(got[-1]) == n
+    md = mind.get().astype(np.float64)
+    np.testing.assert_allclose(md, D[np.arange(n), lab], rtol=1e-4 if dtype == np.float32 else 1e-10,
+                               atol=(1e-4 if dtype == np.float32 else 1e-10) * float(D.max()))
 
 
 def test_non_contiguous_and_mixed_dtypes():
@@ -252,6 +331,12 @@ def test_errors():
         distances.argmin_sqeuclidean(cp.ones((3, 2)), cp.ones((1, 3)))
     with pytest.raises(ValueError, match="method"):
         distances.argmin_sqeuclidean(cp.ones((3, 2)), cp.ones((1, 2)), method="blas")
+    os.environ["MPIML_DISTANCES_METHOD"] = "blas"
+    try:
+        with pytest.raises(ValueError, match="MPIML_DISTANCES_METHOD"):
+            distances.argmin_sqeuclidean(cp.ones((3, 2)), cp.ones((1, 2)))
+    finally:
+        del os.environ["MPIML_DISTANCES_METHOD"]
     with pytest.raises(ValueError, match="unknown metric"):
         distances.pairwise_distances(cp.ones((3, 2)), cp.ones((1, 2)), metric="manhattan")
 

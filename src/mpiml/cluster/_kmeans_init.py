@@ -106,8 +106,8 @@ def _global_pick(shard, values, draws):
     mine = np.nonzero(owners == comm.rank)[0]
     if mine.size:
         before = cum[comm.rank] - totals[comm.rank]
-        csum = _to_host(xp.cumsum(v64))
-        idx = np.searchsorted(csum, targets[mine] - before, side="right")
+        # searched where the values are: only the picks cross to the host (not n cumulative sums)
+        idx = _to_host(xp.searchsorted(xp.cumsum(v64), xp.asarray(targets[mine] - before), side="right"))
         local_pick[mine] = np.minimum(idx, shard.n_local - 1) + shard.offset
     if comm.size == 1:
         return local_pick

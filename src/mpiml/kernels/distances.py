@@ -10,6 +10,7 @@ dtype of ``X``), any strides (non-contiguous input is copied once), any ``d`` an
 ``k``; zero rows is allowed.  Ties go to the lower index, like scikit-learn.
 """
 
+import os
 from importlib import resources
 
 import numpy as np
@@ -21,6 +22,9 @@ __all__ = [
     "pairwise_distances",
     "topk",
     "kernel_plan",
+    "tc_plan",
+    "tc_supported",
+    "pack_centres",
 ]
 
 _THREADS = 256
@@ -51,7 +55,19 @@ _NULL = np.uint64(0)              # a null pointer argument (8 bytes, like a dev
 _GEMM_FROM_K = 256
 _GEMM_BLOCK_BYTES = 256 << 20     # bytes of one block of dot products on the GEMM path
 
-_SOURCE = None
+# Tensor-core kernels (distances_tc.cu), per dtype: (WMT m-tiles per warp, largest DK).  A block of 8
+# warps takes BM = 8 * WMT * MT rows (MT = 16 rows per float32 m-tile, 8 per float64 m-tile).
+_TC_CONFIGS = {np.dtype(np.float32): (2, 64), np.dtype(np.float64): (2, 64)}
+_TC_FUSED_MAX_K = 64              # the one-hot fused sums keep k x 8 features per warp in registers
+_TC_ACCUM = "smem"                # how the fused Lloyd sums are made by default (see tc_plan)
+# Lloyd steps with k and d both at most this stay on the SIMT kernel (0: none).  Measured on an H200 at
+# 10^7 x 16, k = 16 with every tensor-core fix in: tc 0.74 ms vs SIMT 1.04 ms (float32), 1.03 vs 2.08 ms
+# (float64), so none does
+_SIMT_LLOYD_MAX = 0
+_TC_SUMS_ROWS = 128               # rows per tile of the sums pass
+_METHODS = ("auto", "fused", "gemm", "tc")
+
+_SOURCES = {}
 _MODULES = {}
 _DEVICE = {}
 
@@ -62,36 +78,50 @@ def _cupy():
     return cupy
 
 
-def _source():
-    global _SOURCE
-    if _SOURCE is None:
-        _SOURCE = resources.files("mpiml.kernels").joinpath("distances.cu").read_text()
-    return _SOURCE
+def _source(name="distances.cu"):
+    src = _SOURCES.get(name)
+    if src is None:
+        src = _SOURCES[name] = resources.files("mpiml.kernels").joinpath(name).read_text()
+    return src
 
 
-def _function(expr):
-    """The compiled kernel ``expr`` on the current device (compiled on first use)."""
+def _function(expr, source=None):
+    """The compiled kernel ``expr`` on the current device (compiled on first use).
+
+    ``source``: the ``.cu`` file; by default ``distances_tc.cu`` for the tensor-core kernels,
+    ``distances.cu`` for the others.
+    """
     cupy = _cupy()
+    if source is None:
+        source = "distances_tc.cu" if expr.startswith(("mpiml_distances_tc", "mpiml_distances_sums_tc",
+                                                        "mpiml_tc_")) else "distances.cu"
     key = (cupy.cuda.runtime.getDevice(), expr)
     fn = _MODULES.get(key)
     if fn is None:
-        mod = cupy.RawModule(code=_source(), options=("--std=c++17",), name_expressions=[expr])
+        mod = cupy.RawModule(code=_source(source), options=("--std=c++17",), name_expressions=[expr])
         fn = mod.get_function(expr)
         _MODULES[key] = fn
     return fn
 
 
 def _device():
-    """(SM count, shared memory per SM, per block opt-in) of the current device."""
+    """(SM count, shared memory per SM, per block opt-in, compute capability) of the current device."""
     cupy = _cupy()
     dev = cupy.cuda.runtime.getDevice()
     info = _DEVICE.get(dev)
     if info is None:
-        attrs = cupy.cuda.Device(dev).attributes
+        d = cupy.cuda.Device(dev)
+        attrs = d.attributes
         info = (attrs["MultiProcessorCount"], attrs.get("MaxSharedMemoryPerMultiprocessor", 228 * 1024),
-                attrs.get("MaxSharedMemoryPerBlockOptin", 227 * 1024))
+                attrs.get("MaxSharedMemoryPerBlockOptin", 227 * 1024), int(d.compute_capability))
         _DEVICE[dev] = info
     return info
+
+
+def tc_supported():
+    """True when the current device has the matrix units of the tensor-core kernels (sm_80 or later:
+    TF32 ``mma.sync``, float64 DMMA, ``cp.async``)."""
+    return _have_device() and _device()[3] >= 80
 
 
 def _dtype(X):
@@ -178,7 +208,7 @@ def kernel_plan(dtype, k, d, *, mode="lloyd", accum=None, vw=None, tile=None):
 
 def _smem_per_block(blocks_per_sm):
     """Shared memory one block may take so that ``blocks_per_sm`` blocks share an SM."""
-    _, smem_sm, optin = _device() if _have_device() else (132, 228 * 1024, 227 * 1024)
+    _, smem_sm, optin, _ = _device() if _have_device() else (132, 228 * 1024, 227 * 1024, 90)
     if blocks_per_sm > 1:
         return min(optin, smem_sm // blocks_per_sm - _ACC_BUDGET_PAD)
     return optin - _ACC_BUDGET_PAD
@@ -193,7 +223,7 @@ def _have_device():
 
 def _grid(fn, plan, n_tiles):
     """Blocks of a persistent launch: as many as are resident on every SM at once, at most one per tile."""
-    sms, smem_sm, _ = _device()
+    sms, smem_sm, _, _ = _device()
     regs = max(1, (int(fn.num_regs) + 7) // 8 * 8)
     per_sm = max(1, min(65536 // (regs * _THREADS), smem_sm // (plan["smem"] + 1024), 8))
     return int(max(1, min(n_tiles, sms * per_sm)))
@@ -218,11 +248,29 @@ def _prepare(X, C, *others):
     return (dtype, X, C, *rest)
 
 
-def _method(method, k, d):
-    if method not in ("auto", "fused", "gemm"):
-        raise ValueError(f"method must be 'auto', 'fused' or 'gemm', got {method!r}")
+def _method(method, k, d, dtype=np.float32, lloyd=True):
+    """The kernel family of a launch.  ``"auto"``, where the device has the tensor-core kernels
+    (compute capability 8.0 or later): ``"tc"``, except from k = 256 on, where a Lloyd step goes through
+    cuBLAS (``"gemm"``: its sums are one pass over X per 128 clusters on the tensor-core path) and so does
+    a float64 arg-min (DGEMM on the FP64 tensor cores beats DMMA ``mma.sync`` there); measured on an H200,
+    ``benchmarks/results/kernels_h200_2026-11-24.json``.  Without them the SIMT register tile
+    (``"fused"``, ``"gemm"`` from k = 256).  The environment variable ``MPIML_DISTANCES_METHOD``
+    overrides ``"auto"`` (benchmarks, tests)."""
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
     if method == "auto":
-        return "gemm" if k >= _GEMM_FROM_K else "fused"
+        forced = os.environ.get("MPIML_DISTANCES_METHOD", "auto")
+        if forced not in _METHODS:
+            raise ValueError(f"MPIML_DISTANCES_METHOD must be one of {_METHODS}, got {forced!r}")
+        method = forced
+    if method == "auto":
+        if k >= _GEMM_FROM_K and (lloyd or np.dtype(dtype) == np.float64):
+            return "gemm"
+        if tc_supported() and not (lloyd and k <= _SIMT_LLOYD_MAX and d <= _SIMT_LLOYD_MAX):
+            return "tc"
+        return "fused"
+    if method == "tc" and not tc_supported():
+        raise ValueError("method='tc' needs a GPU of compute capability 8.0 or later")
     return method
 
 
@@ -231,9 +279,12 @@ def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile
     dtype = np.dtype(X.dtype)
     n, d = X.shape
     k = C.shape[0]
+    method = _method(method, k, d, dtype, lloyd)
+    if method == "tc":
+        return _tc_launch(X, C, shift, w, labels, mind, out, lloyd=lloyd, tile=tile)
     plan = kernel_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", accum=accum,
                        vw=_vec(dtype, d, X, C, shift), tile=tile)
-    plan["method"] = method = _method(method, k, d)
+    plan["method"] = method
     if n == 0:
         return plan
     if method == "gemm":
@@ -288,7 +339,7 @@ def _label_sums(X, shift, w, labels, k, out, accum):
     """The per-cluster sums by a second pass over ``X`` (column slabs of 32, label ranges that fit)."""
     dtype = np.dtype(X.dtype)
     n, d = X.shape
-    sms, smem_sm, optin = _device()
+    sms, smem_sm, optin, _ = _device()
     budget = optin - _ACC_BUDGET_PAD
     asz = 8 if accum == "double" else 4
     # label ranges of kc clusters per pass: a large k takes several passes, never a narrower accumulator
@@ -307,6 +358,216 @@ def _label_sums(X, shift, w, labels, k, out, accum):
         fn((n_cc * splits,), (_THREADS,),
            (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, labels, w, np.int32(k0),
             np.int32(min(kc, k - k0)), np.int32(copies), np.int64(rows), out), shared_mem=smem)
+
+
+# ---------------------------------------------------------------------- tensor-core kernels
+def _cdiv(a, b):
+    return -(-int(a) // int(b))
+
+
+def _tf32(x, xp):
+    """TF32 part of float32 ``x`` (round to nearest, ties away; low 13 bits zero): the bits of
+    ``mpiml_tf32`` in ``distances_tc.cu``."""
+    b = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
+    return ((b + xp.uint32(0x1000)) & xp.uint32(0xFFFFE000)).view(xp.float32)
+
+
+def pack_centres(C, bn, dk, xp=None):
+    """The centres in the fragment order of ``mpiml_distances_tc`` (flat, zero-padded).
+
+    Shape ``(nJ, nF, dk / 8, bn / 8, 32, FV)`` for centre chunks of ``bn`` and feature slabs of
+    ``dk``: lane ``4g + t`` of n-tile ``nt`` of 8-feature group ``q`` holds, for centre
+    ``j = jc * bn + nt * 8 + g`` and features ``f = fc * dk + q * 8 + ...``:
+    float32 ``[big(C[j, 2t]), big(C[j, 2t+1]), small(C[j, 2t]), small(C[j, 2t+1])]`` (3xTF32 split),
+    float64 ``[C[j, t], C[j, 4 + t]]``.  Works on NumPy or CuPy arrays.
+    """
+    if xp is None:
+        xp = np if isinstance(C, np.ndarray) else _cupy()
+    k, d = C.shape
+    nJ, nF = -(-k // bn), -(-d // dk)
+    Cp = xp.zeros((nJ * bn, nF * dk), dtype=C.dtype)
+    Cp[:k, :d] = C
+    kg, ntn = dk // 8, bn // 8
+    jc = xp.arange(nJ).reshape(nJ, 1, 1, 1, 1, 1)
+    fc = xp.arange(nF).reshape(1, nF, 1, 1, 1, 1)
+    q = xp.arange(kg).reshape(1, 1, kg, 1, 1, 1)
+    nt = xp.arange(ntn).reshape(1, 1, 1, ntn, 1, 1)
+    g = xp.arange(8).reshape(1, 1, 1, 1, 8, 1)
+    t = xp.arange(4).reshape(1, 1, 1, 1, 1, 4)
+    j = jc * bn + nt * 8 + g
+    f = fc * dk + q * 8
+    if np.dtype(C.dtype) == np.float32:
+        v0, v1 = Cp[j, f + 2 * t], Cp[j, f + 2 * t + 1]
+        b0, b1 = _tf32(v0, xp), _tf32(v1, xp)
+        s0, s1 = _tf32(v0 - b0, xp), _tf32(v1 - b1, xp)
+        out = xp.stack([b0, b1, s0, s1], axis=-1)
+    else:
+        out = xp.stack([Cp[j, f + t], Cp[j, f + 4 + t]], axis=-1)
+    return xp.ascontiguousarray(out.reshape(nJ, nF, kg, ntn, 32, -1)).ravel()
+
+
+def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
+    """What one tensor-core launch would use: tile, shared memory, fusion of the sums, kernel name.
+
+    ``tile``: ``(WMT, BN, DK[, MINB])`` instead of the defaults (benchmarks).  ``accum``: how the
+    fused Lloyd sums are made, ``"smem"`` (block-private copies in shared memory, the default) or
+    ``"mma"`` (one-hot products on the tensor cores); ``"pass"`` leaves them to the sums pass.
+    """
+    dtype = np.dtype(dtype)
+    isz = dtype.itemsize
+    f32 = dtype == np.float32
+    mt = 16 if f32 else 8
+    pad = 8 if f32 else 4
+    wmt, dk_max = _TC_CONFIGS[dtype]
+    bn = 16 if k <= 16 else 32 if k <= 32 else 64
+    dk = 16 if d <= 16 else 32 if d <= 32 else 64 if d <= 64 else 32
+    dk = min(dk, dk_max)
+    # one-hot products where k is small (measured faster at k = 16: 0.69 vs 0.74 ms float32, 1.00 vs 1.04 ms
+    # float64 at 10^7 x 16), shared-memory copies above (3.6 vs 4.2 ms at 10^7 x 64, k = 64)
+    accum = accum or ("mma" if k <= 16 else _TC_ACCUM)
+    if accum not in ("smem", "mma", "pass"):
+        raise ValueError(f"accum must be 'smem', 'mma' or 'pass', got {accum!r}")
+    if tile is not None:
+        wmt, bn, dk = tile[:3]
+    if vw is None:
+        vw = 16 // isz if d % (16 // isz) == 0 else 1
+    vec = vw * isz
+    lloyd = mode == "lloyd"
+    budget = _smem_per_block(1)
+
+    def layout(wmt, dk, groups=0):
+        nF, nJ = -(-d // dk), -(-k // bn)
+        bm = 8 * wmt * mt
+        xs = bm * (dk + pad)
+        cs = dk * bn * (2 if f32 else 1)
+        ch = (256 // k if k <= 256 else 1) if lloyd else 0
+        smem = (2 * xs + (1 if nF * nJ == 1 else 2) * cs + nF * dk + bm) * isz + bm * 4 + ch * k * 8
+        smem += 2 * bm * (isz + 4) if lloyd else 0
+        smem += groups * k * dk * isz + (k * dk * 8 if groups and f32 else 0)
+        return nF, nJ, bm, xs, smem
+
+    nF, nJ, bm, xs, smem = layout(wmt, dk)
+    while smem > budget and dk > 16 and tile is None:
+        dk //= 2
+        nF, nJ, bm, xs, smem = layout(wmt, dk)
+    if smem > budget:
+        raise ValueError(f"tensor-core tile {(wmt, bn, dk)} needs {smem} bytes of shared memory (> {budget})")
+    fused = lloyd and nF == 1 and accum != "pass"
+    groups, mtk = 0, 0
+    if fused and accum == "mma":
+        fused = k <= _TC_FUSED_MAX_K
+        mtk = -(-k // mt) if fused else 0
+        if fused and (8 // (dk // 8)) * mtk * mt * dk * 8 > 2 * xs * isz:   # row groups' sums meet in X buffers
+            fused, mtk = False, 0
+    elif fused:
+        # copies of the sums: as many as leave every thread a column (at most 256 / DK), fewer when
+        # shared memory is short; a smaller row tile (WMT) before fewer than two copies
+        fused = False
+        for w_try in ([wmt] if tile is not None else sorted({wmt, 1}, reverse=True)):
+            g = 256 // dk
+            while g >= 1:
+                lay = layout(w_try, dk, g)
+                if lay[4] <= budget and (g >= 2 or w_try == 1 or tile is not None):
+                    wmt, (nF, nJ, bm, xs, smem), groups, fused, mtk = w_try, lay, g, True, -1
+                    break
+                g //= 2
+            if fused:
+                break
+    # two blocks per SM (at most 128 registers a thread) where the tile is small: more rows in flight
+    minb = 2 if (bn <= 32 and dk <= 32 and 2 * (smem + 1024) <= _smem_per_block(1) + _ACC_BUDGET_PAD) else 1
+    if tile is not None and len(tile) > 3:
+        minb = tile[3]
+    ctype = _CTYPE[dtype]
+    expr = f"mpiml_distances_tc<{ctype}, {wmt}, {bn}, {dk}, {vec}, {1 if lloyd else 0}, {mtk}, {minb}>"
+    return {"mode": mode, "method": "tc", "ctype": ctype, "WMT": wmt, "BN": bn, "DK": dk, "BM": bm, "VEC": vec,
+            "nF": nF, "nJ": nJ, "smem": smem, "fused": fused, "MTK": mtk, "MINB": minb, "groups": groups,
+            "accum": accum if fused else "pass", "expr": expr, "pack": f"mpiml_tc_pack<{ctype}, {bn}, {dk}>"}
+
+
+def _tc_grid(fn, plan, n_tiles):
+    sms, smem_sm, _, _ = _device()
+    regs = max(1, (int(fn.num_regs) + 7) // 8 * 8)
+    per_sm = max(1, min(65536 // (regs * _THREADS), smem_sm // (plan["smem"] + 1024)))
+    return int(max(1, min(n_tiles, sms * per_sm)))
+
+
+def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=None):
+    """The tensor-core kernel (+ the reduction of its partials, + the sums pass when not fused)."""
+    cupy = _cupy()
+    dtype = np.dtype(X.dtype)
+    n, d = X.shape
+    k = C.shape[0]
+    plan = tc_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", vw=_vec(dtype, d, X, shift), tile=tile,
+                   accum=accum)
+    if n == 0:
+        return plan
+    fn = _function(plan["expr"])
+    bn, dk, nJ, nF = plan["BN"], plan["DK"], plan["nJ"], plan["nF"]
+    # the centres in fragment order (float32: TF32 big and small parts) and their norms, one small launch
+    Cp = cupy.empty(nJ * nF * dk * bn * (2 if dtype == np.float32 else 1), dtype=dtype)
+    c_sq = cupy.empty(nJ * bn, dtype=dtype)
+    pack = _function(plan["pack"], "distances_tc.cu")
+    pack((int(min(1024, _cdiv(Cp.size // (16 // dtype.itemsize), _THREADS))),), (_THREADS,),
+         (C, np.int32(k), np.int32(d), np.int32(nJ), np.int32(nF), Cp, c_sq))
+    grid = _tc_grid(fn, plan, (n + plan["BM"] - 1) // plan["BM"])
+    S = k * d if plan["fused"] else 0
+    P = S + k + 2
+    part = cupy.empty(grid * P if lloyd else 1, dtype=cupy.float64)
+    if plan["smem"] > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = plan["smem"]
+    fn((grid,), (_THREADS,),
+       (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, Cp, c_sq, np.int32(k),
+        np.int32(plan["nJ"]), _NULL if w is None else w, labels, mind, part, np.int32(plan["groups"])),
+       shared_mem=plan["smem"])
+    if lloyd:
+        red = _function("mpiml_distances_reduce_partials")
+        blocks = int(min(1024, (P + 255) // 256))
+        red((blocks,), (256,), (part, np.int32(grid), np.int64(P), out[k * d - S:]))
+        if not plan["fused"]:
+            plan["sums"] = _sums_tc(X, shift, w, labels, k, out)
+    plan["grid"] = grid
+    return plan
+
+
+def sums_plan(dtype, k, d, vw=None):
+    """The sums pass of the tensor-core path: cluster chunk, copy width, shared memory, kernel name."""
+    dtype = np.dtype(dtype)
+    isz = dtype.itemsize
+    f32 = dtype == np.float32
+    mt = 16 if f32 else 8
+    mtk = min(8, -(-k // mt))
+    if vw is None:
+        vw = 16 // isz if d % (16 // isz) == 0 else 1
+    rows = _TC_SUMS_ROWS
+    smem = 2 * rows * (64 + (8 if f32 else 4)) * isz + 2 * rows * (isz + 4)
+    return {"MTK": mtk, "KC": mtk * mt, "VEC": vw * isz, "smem": smem, "rows": rows,
+            "expr": f"mpiml_distances_sums_tc<{_CTYPE[dtype]}, {mtk}, {vw * isz}>"}
+
+
+def _sums_tc(X, shift, w, labels, k, out):
+    """Per-cluster sums from the labels on the tensor cores, added to ``out[:k*d]`` (fixed order)."""
+    cupy = _cupy()
+    dtype = np.dtype(X.dtype)
+    n, d = X.shape
+    plan = sums_plan(dtype, k, d, vw=_vec(dtype, d, X, shift))
+    fn = _function(plan["expr"])
+    sms = _device()[0]
+    n_slabs, n_kc = -(-d // 64), -(-k // plan["KC"])
+    rows = plan["rows"]
+    splits = int(max(1, min(-(-n // rows), -(-2 * sms // (n_slabs * n_kc)))))
+    per_block = _cdiv(_cdiv(n, splits), rows) * rows
+    splits = _cdiv(n, per_block)
+    part = cupy.empty(splits * k * d, dtype=cupy.float64)
+    if plan["smem"] > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = plan["smem"]
+    fn((n_slabs * n_kc * splits,), (_THREADS,),
+       (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, labels, w, np.int32(k), np.int64(per_block),
+        part), shared_mem=plan["smem"])
+    red = _function("mpiml_distances_reduce_partials")
+    P = k * d
+    red((int(min(1024, (P + 255) // 256)),), (256,), (part, np.int32(splits), np.int64(P), out[:P]))
+    plan["splits"] = splits
+    return plan
 
 
 def argmin_sqeuclidean(X, C, *, shift=None, tile=None, method="auto"):

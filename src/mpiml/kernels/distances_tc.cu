@@ -1,0 +1,678 @@
+// Distances on the tensor cores (sm_80 and later), fused with the arg-min and the Lloyd sums.
+//
+// float32: mma.sync m16n8k8 TF32 with a 3xTF32 split (x = big + small, both TF32; the product
+// big*big + big*small + small*big keeps float32 accuracy).  float64: mma.sync m8n8k4 (DMMA).
+//
+//   mpiml_distances_tc<T, WMT, BN, DK, VEC, MODE, MTK, MINB>
+//       persistent grid of 256-thread blocks.  A block takes a tile of BM = 8 warps x WMT x MT rows
+//       and walks the centres in chunks of BN, the features in slabs of DK.  Slabs of X go from
+//       global to shared memory by cp.async (no registers), one step ahead of the one computed.
+//       The centres come pre-split and pre-arranged in fragment order (`Cp`, built by
+//       distances.py), so one 16-byte shared load gives a lane its fragment; when everything
+//       fits one step (k <= BN, d <= DK) the centres are loaded once per block.
+//       Each warp computes WMT m-tiles of rows against all BN centres of the chunk; the
+//       (min, argmin) of a row is reduced over the 4 lanes holding it (shuffles) and over the
+//       chunks in registers.  ||x||^2 is summed from the A fragments of the first chunk.
+//       MODE 0: labels and squared distances.  MODE 1: also weights per cluster, inertia,
+//       changed labels, and (MTK > 0, d <= DK) the per-cluster sums of the tile, computed on the
+//       tensor cores as onehot(labels)^T x X from the tile still in shared memory: float32 sums
+//       are split big/small (2 products), kept in float32 for one tile and added to float64
+//       registers after every tile; float64 sums accumulate in DMMA's float64 registers.
+//       MTK < 0: the sums of the tile go to `groups` block-private copies in shared memory instead,
+//       thread (copy, column) owning its cells (no atomics; the rows of a copy added in order),
+//       float32 copies added to a float64 array every 8 tiles.
+//       Every block writes [sums | weights | inertia | changed] to its own row of `part`
+//       (summed in block order by mpiml_distances_reduce_partials: deterministic).
+//   mpiml_distances_sums_tc<T, MTK, VEC>
+//       the sums of a Lloyd step from the labels when they were not fused (d > DK or k large):
+//       block = (feature slab of 64, cluster chunk of MTK x MT, row range), the same one-hot
+//       product over tiles of 128 rows, float64 totals to part[row range][cluster * d + feature].
+//
+//   mpiml_tc_pack<T, BN, DK>
+//       the centres in fragment order (`Cp`, the layout of distances.pack_centres, float32 split
+//       into TF32 big and small parts) and their squared norms padded with +inf to nJ x BN.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k8 .tf32 and mma.m8n8k4 .f64), g = lane / 4, t = lane % 4:
+//   m16n8k8: A a0 (g, t) a1 (g+8, t) a2 (g, t+4) a3 (g+8, t+4); B b0 (t, g) b1 (t+4, g);
+//            C c0 (g, 2t) c1 (g, 2t+1) c2 (g+8, 2t) c3 (g+8, 2t+1).
+//   m8n8k4:  A a0 (g, t); B b0 (t, g); C c0 (g, 2t) c1 (g, 2t+1).
+// The k index of a product is a summation index, so it may be mapped to features (or rows) in
+// any order shared by A and B: float32 distances map k-slot t to feature 2t and t+4 to 2t+1 (a
+// lane's two A values are adjacent: one 8-byte load), float64 maps slot t of the two k-steps of
+// an 8-feature group to features t and 4+t.
+
+#define MPIML_TC_THREADS 256
+#define MPIML_TC_WARPS 8
+
+template <typename T> struct mpiml_tc;
+template <> struct mpiml_tc<float> {
+    static constexpr int MT = 16;    // rows of an m-tile
+    static constexpr int KT = 8;     // k of one mma
+    static constexpr int PAD = 8;    // shared row stride = DK + PAD (bank-conflict free fragment loads)
+    __device__ static float inf() { return __int_as_float(0x7f800000); }
+};
+template <> struct mpiml_tc<double> {
+    static constexpr int MT = 8;
+    static constexpr int KT = 4;
+    static constexpr int PAD = 4;
+    __device__ static double inf() { return __longlong_as_double(0x7ff0000000000000LL); }
+};
+
+// TF32 part of x, rounded to nearest (ties away), low 13 bits zero: the same bits as
+// distances.py's _tf32 (the centres are split there).
+__device__ __forceinline__ unsigned mpiml_tf32(float x) {
+    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+}
+
+__device__ __forceinline__ void mpiml_mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mpiml_mma(double (&c)[2], double a, double b) {
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+                 : "+d"(c[0]), "+d"(c[1])
+                 : "d"(a), "d"(b));
+}
+
+// global -> shared copy of BYTES (16, 8 or 4); zero-filled when !ok (src is not read then)
+template <int BYTES>
+__device__ __forceinline__ void mpiml_cp_async(void* dst, const void* src, bool ok) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    const int n = ok ? BYTES : 0;
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(n) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(src), "n"(BYTES), "r"(n)
+                     : "memory");
+}
+__device__ __forceinline__ void mpiml_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void mpiml_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// The per-cluster sums of one tile of rows on the tensor cores: oacc[m] += onehot^T x X for the
+// clusters k0 + m * MT + [0, MT) and the 8 features fcol - g + [0, 8) of this warp, over the
+// k-steps q0, q0 + qs, ... < q1 of the tile (KT rows each).  Xt: the tile, row stride S; lab, wv:
+// labels (-1: no row) and weights of the tile's rows; sh: the shift of feature fcol.
+template <typename T, int MTK, int AN, int S>
+__device__ __forceinline__ void mpiml_tc_onehot(T (&oacc)[MTK][AN], const T* __restrict__ Xt,
+                                                const int* __restrict__ lab, const T* __restrict__ wv,
+                                                int fcol, T sh, int q0, int q1, int qs, int k0, int g, int t) {
+    if constexpr (sizeof(T) == 4) {
+        constexpr unsigned ONE = 0x3f800000u;
+        for (int q = q0; q < q1; q += qs) {
+            const int ra = q * 8 + t, rb = ra + 4;
+            const int la = lab[ra] - k0, lb = lab[rb] - k0;
+            const float xa = (Xt[ra * S + fcol] - sh) * wv[ra];
+            const float xb = (Xt[rb * S + fcol] - sh) * wv[rb];
+            const unsigned b0 = mpiml_tf32(xa), b1 = mpiml_tf32(xb);
+            const unsigned s0 = mpiml_tf32(xa - __uint_as_float(b0)), s1 = mpiml_tf32(xb - __uint_as_float(b1));
+#pragma unroll
+            for (int m = 0; m < MTK; ++m) {
+                const int c0 = m * 16 + g;
+                const unsigned a[4] = {la == c0 ? ONE : 0u, la == c0 + 8 ? ONE : 0u,
+                                       lb == c0 ? ONE : 0u, lb == c0 + 8 ? ONE : 0u};
+                float p[4] = {0.f, 0.f, 0.f, 0.f};      // see the distance loop: no truncating accumulation
+                mpiml_mma(p, a, s0, s1);
+                mpiml_mma(p, a, b0, b1);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) oacc[m][i] += p[i];
+            }
+        }
+    } else {
+        for (int q = q0; q < q1; q += qs) {
+            const int r = q * 4 + t;
+            const int l = lab[r] - k0;
+            const double wr = wv[r];
+            const double b = Xt[r * S + fcol] - sh;
+#pragma unroll
+            for (int m = 0; m < MTK; ++m) mpiml_mma(oacc[m], l == m * 8 + g ? wr : 0.0, b);
+        }
+    }
+}
+
+template <typename T, int WMT, int BN, int DK, int VEC, int MODE, int MTK, int MINB>
+__global__ void __launch_bounds__(MPIML_TC_THREADS, MINB)
+mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restrict__ shift,
+                   const T* __restrict__ Cp, const T* __restrict__ c_sq, int k, int nJ,
+                   const T* __restrict__ w, int* __restrict__ labels, T* __restrict__ mind,
+                   double* __restrict__ part, int groups)
+{
+    using P = mpiml_tc<T>;
+    constexpr bool F32 = sizeof(T) == 4;
+    constexpr int THREADS = MPIML_TC_THREADS;
+    constexpr int MT = P::MT;
+    constexpr int FLUSH = 8;                     // tiles between the float64 flushes of float32 copies
+    constexpr int H = F32 ? 2 : 1;               // row halves of an m-tile's accumulator (g, g + 8)
+    constexpr int AN = F32 ? 4 : 2;              // accumulator values per lane per (m, n) tile
+    constexpr int WM = WMT * MT;                 // rows per warp
+    constexpr int BM = MPIML_TC_WARPS * WM;      // rows per tile
+    constexpr int NTN = BN / 8;                  // n-tiles of a centre chunk
+    constexpr int KG = DK / 8;                   // 8-feature groups of a slab
+    constexpr int S = DK + P::PAD;               // shared row stride of an X slab
+    constexpr int XS = BM * S;
+    constexpr int FV = 16 / sizeof(T);           // values of one lane fragment of the packed centres
+    constexpr int CS = KG * NTN * 32 * FV;       // one centre slab
+    constexpr int EV = VEC / sizeof(T);          // values per copy of X
+    constexpr int CPR = DK / EV;                 // copies per slab row
+    constexpr int NTD = KG;                      // feature n-tiles of the fused sums (d <= DK)
+    constexpr int RGW = MPIML_TC_WARPS / NTD;    // warps sharing a feature n-tile (row groups)
+    static_assert(BN % 8 == 0 && DK % 8 == 0 && MPIML_TC_WARPS % KG == 0, "tile shape");
+    static_assert(DK % EV == 0, "copy width");
+
+    extern __shared__ __align__(16) unsigned char mpiml_tc_smem[];
+    const int nF = (d + DK - 1) / DK;
+    const int steps = nJ * nF;
+    const bool c_resident = steps == 1;
+    T* xbuf = reinterpret_cast<T*>(mpiml_tc_smem);     // 2 x [BM x S]
+    T* cbuf = xbuf + 2 * XS;                            // 1 or 2 x CS
+    T* shift_s = cbuf + (c_resident ? 1 : 2) * CS;      // nF x DK
+    T* w_s = shift_s + nF * DK;                         // BM
+    int* lab_s = reinterpret_cast<int*>(w_s + BM);      // BM
+    T* w_pre = reinterpret_cast<T*>(lab_s + BM);            // 2 x BM: weights of a tile, by cp.async (MODE 1)
+    int* lab_pre = reinterpret_cast<int*>(w_pre + (MODE == 1 ? 2 * BM : 0));   // 2 x BM: previous labels
+    double* cnt_s = reinterpret_cast<double*>(lab_pre + (MODE == 1 ? 2 * BM : 0));   // CH x k (MODE 1)
+    __shared__ double red_inertia[THREADS / 32];
+    __shared__ long long red_changed[THREADS / 32];
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const long long n_tiles = (n + BM - 1) / BM;
+    const int CH = k <= THREADS ? THREADS / k : 1;      // row strides of the weights-per-cluster count
+    const long long cells = (long long)k * DK;
+    T* accf = reinterpret_cast<T*>(cnt_s + CH * k);      // groups x k x DK (MTK < 0)
+    double* accd = reinterpret_cast<double*>(accf + (MTK < 0 ? groups : 0) * cells);   // k x DK (float32)
+    int flushes = 0;
+
+    for (int i = tid; i < nF * DK; i += THREADS) shift_s[i] = (shift != nullptr && i < d) ? shift[i] : T(0);
+    if constexpr (MODE == 1) {
+        for (int i = tid; i < CH * k; i += THREADS) cnt_s[i] = 0.0;
+    }
+    if constexpr (MODE == 1 && MTK < 0) {
+        for (long long i = tid; i < groups * cells; i += THREADS) accf[i] = T(0);
+        if constexpr (F32) {
+            for (long long i = tid; i < cells; i += THREADS) accd[i] = 0.0;
+        }
+    }
+
+    // cp.async of step s of `tile` (feature slab s % nF of centre chunk s / nF)
+    auto stage = [&](long long tile, int s, T* xdst, T* cdst, int pb) {
+        const int fc = s % nF, jc = s / nF;
+        if (MODE == 1 && s == 0) {
+            // the tile's weights and previous labels travel with its first slab: the epilogue reads
+            // them from shared memory instead of waiting on global loads one row after another
+            for (int r = tid; r < BM; r += THREADS) {
+                const long long row = tile * BM + r;
+                const bool ok = row < n;
+                mpiml_cp_async<sizeof(T)>(w_pre + pb * BM + r, ok ? w + row : w, ok);
+                mpiml_cp_async<4>(lab_pre + pb * BM + r, ok ? labels + row : labels, ok);
+            }
+        }
+        if (nF > 1 || jc == 0) {
+            for (int e = tid; e < BM * CPR; e += THREADS) {
+                const int r = e / CPR, ci = e % CPR;
+                const int f = fc * DK + ci * EV;
+                const long long row = tile * BM + r;
+                const bool ok = row < n && f < d;
+                mpiml_cp_async<VEC>(xdst + r * S + ci * EV, ok ? X + row * d + f : X, ok);
+            }
+        }
+        if (cdst != nullptr) {
+            const T* src = Cp + (long long)(jc * nF + fc) * CS;
+            for (int e = tid; e < CS / FV; e += THREADS) mpiml_cp_async<16>(cdst + e * FV, src + e * FV, true);
+        }
+    };
+
+    T acc[WMT][NTN][AN];
+    T best[WMT][H], xsq[WMT][H];
+    int bidx[WMT][H];
+#pragma unroll
+    for (int m = 0; m < WMT; ++m)
+#pragma unroll
+        for (int h = 0; h < H; ++h) { best[m][h] = P::inf(); bidx[m][h] = 0x7fffffff; xsq[m][h] = T(0); }
+    T oacc[MTK > 0 ? MTK : 1][AN];
+    double dacc[F32 && MTK > 0 ? MTK : 1][AN];
+#pragma unroll
+    for (int m = 0; m < (MTK > 0 ? MTK : 1); ++m)
+#pragma unroll
+        for (int i = 0; i < AN; ++i) oacc[m][i] = T(0);
+    if constexpr (F32 && MTK > 0) {
+#pragma unroll
+        for (int m = 0; m < MTK; ++m)
+#pragma unroll
+            for (int i = 0; i < AN; ++i) dacc[m][i] = 0.0;
+    }
+    double my_inertia = 0.0;
+    long long my_changed = 0;
+
+    long long tile = blockIdx.x;
+    int s = 0, it = 0;
+    long long gs = 0;        // steps this block has done
+    auto xb_of = [&](long long gstep, int iter) { return xbuf + ((nF == 1 ? iter : (int)gstep) & 1) * XS; };
+    auto cb_of = [&](long long gstep) { return cbuf + (c_resident ? 0 : (int)(gstep & 1)) * CS; };
+    if (tile < n_tiles) stage(tile, 0, xb_of(0, 0), cb_of(0), 0);
+    mpiml_cp_commit();
+
+    while (tile < n_tiles) {
+        long long nt = tile;
+        int ns = s + 1, nit = it;
+        if (ns == steps) { ns = 0; nt += gridDim.x; ++nit; }
+        __syncthreads();                                   // the buffers of step gs - 1 are free
+        if (nt < n_tiles) stage(nt, ns, xb_of(gs + 1, nit), c_resident ? nullptr : cb_of(gs + 1), nit & 1);
+        mpiml_cp_commit();
+        mpiml_cp_wait<1>();
+        __syncthreads();                                   // step gs is in shared memory
+
+        const int fc = s % nF, jc = s / nF;
+        const T* Xt = xb_of(gs, it);
+        const T* Xw = Xt + warp * WM * S;
+        const T* Cs = cb_of(gs);
+        const T* shf = shift_s + fc * DK;
+        if (fc == 0) {
+#pragma unroll
+            for (int m = 0; m < WMT; ++m)
+#pragma unroll
+                for (int j = 0; j < NTN; ++j)
+#pragma unroll
+                    for (int i = 0; i < AN; ++i) acc[m][j][i] = T(0);
+        }
+#pragma unroll 2
+        for (int q = 0; q < KG; ++q) {
+            if constexpr (F32) {
+                unsigned ab[WMT][4], as[WMT][4];
+                const float2 sh = *reinterpret_cast<const float2*>(shf + q * 8 + 2 * t);
+#pragma unroll
+                for (int m = 0; m < WMT; ++m) {
+                    const float* xr = Xw + (m * 16 + g) * S + q * 8 + 2 * t;
+                    const float2 lo = *reinterpret_cast<const float2*>(xr);
+                    const float2 hi = *reinterpret_cast<const float2*>(xr + 8 * S);
+                    const float v[4] = {lo.x - sh.x, hi.x - sh.x, lo.y - sh.y, hi.y - sh.y};
+                    if (jc == 0) {
+                        xsq[m][0] = fmaf(v[0], v[0], fmaf(v[2], v[2], xsq[m][0]));
+                        xsq[m][1] = fmaf(v[1], v[1], fmaf(v[3], v[3], xsq[m][1]));
+                    }
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        ab[m][i] = mpiml_tf32(v[i]);
+                        as[m][i] = mpiml_tf32(v[i] - __uint_as_float(ab[m][i]));
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < NTN; ++j) {
+                    const uint4 b = *reinterpret_cast<const uint4*>(Cs + ((q * NTN + j) * 32 + lane) * 4);
+#pragma unroll
+                    for (int m = 0; m < WMT; ++m) {
+                        // the three products of a group meet in a fresh accumulator, added to acc with
+                        // round-to-nearest: the tensor cores' own float32 accumulation truncates, and over
+                        // d / 8 groups its bias showed in the inertia (2e-5 at d = 64, more at d = 1024)
+                        float p[4] = {0.f, 0.f, 0.f, 0.f};
+                        mpiml_mma(p, as[m], b.x, b.y);     // small x big
+                        mpiml_mma(p, ab[m], b.z, b.w);     // big x small
+                        mpiml_mma(p, ab[m], b.x, b.y);     // big x big
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) acc[m][j][i] += p[i];
+                    }
+                }
+            } else {
+                double a0[WMT], a1[WMT];
+                const double s0 = shf[q * 8 + t], s1 = shf[q * 8 + 4 + t];
+#pragma unroll
+                for (int m = 0; m < WMT; ++m) {
+                    const double* xr = Xw + (m * 8 + g) * S + q * 8 + t;
+                    a0[m] = xr[0] - s0;
+                    a1[m] = xr[4] - s1;
+                    if (jc == 0) xsq[m][0] = fma(a0[m], a0[m], fma(a1[m], a1[m], xsq[m][0]));
+                }
+#pragma unroll
+                for (int j = 0; j < NTN; ++j) {
+                    const double2 b = *reinterpret_cast<const double2*>(Cs + ((q * NTN + j) * 32 + lane) * 2);
+#pragma unroll
+                    for (int m = 0; m < WMT; ++m) {
+                        mpiml_mma(acc[m][j], a0[m], b.x);
+                        mpiml_mma(acc[m][j], a1[m], b.y);
+                    }
+                }
+            }
+        }
+
+        if (fc == nF - 1) {
+            // ||c||^2 - 2 x.c over this chunk; (min, argmin) over the lane's columns, then the row's 4 lanes
+            const int jbase = jc * BN + 2 * t;
+            T cq[NTN][2];
+#pragma unroll
+            for (int j = 0; j < NTN; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) cq[j][e] = __ldg(c_sq + jbase + j * 8 + e);
+#pragma unroll
+            for (int m = 0; m < WMT; ++m)
+#pragma unroll
+                for (int h = 0; h < H; ++h) {
+                    T bv = P::inf();
+                    int bj = 0x7fffffff;
+#pragma unroll
+                    for (int j = 0; j < NTN; ++j)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int col = jbase + j * 8 + e;
+                            const T dist = fma(T(-2), acc[m][j][2 * h + e], cq[j][e]);
+                            if (dist < bv) { bv = dist; bj = col; }
+                        }
+#pragma unroll
+                    for (int off = 1; off < 4; off <<= 1) {
+                        const T ov = __shfl_xor_sync(0xffffffffu, bv, off);
+                        const int oj = __shfl_xor_sync(0xffffffffu, bj, off);
+                        if (ov < bv || (ov == bv && oj < bj)) { bv = ov; bj = oj; }
+                    }
+                    if (bv < best[m][h]) { best[m][h] = bv; bidx[m][h] = bj; }   // equal: the earlier chunk stays
+                }
+        }
+
+        if (s == steps - 1) {
+            // the tile is done: one lane of four writes each row
+#pragma unroll
+            for (int m = 0; m < WMT; ++m)
+#pragma unroll
+                for (int h = 0; h < H; ++h) {
+                    T xs = xsq[m][h];
+                    xs += __shfl_xor_sync(0xffffffffu, xs, 1);
+                    xs += __shfl_xor_sync(0xffffffffu, xs, 2);
+                    const int r = warp * WM + m * MT + g + 8 * h;
+                    const long long row = tile * BM + r;
+                    if (t == 0) {
+                        int lab = -1;
+                        T wt = T(0);
+                        if (row < n) {
+                            lab = bidx[m][h] == 0x7fffffff ? 0 : bidx[m][h];
+                            T dist = best[m][h] + xs;
+                            dist = dist > T(0) ? dist : T(0);
+                            mind[row] = dist;
+                            if constexpr (MODE == 1) {
+                                wt = w_pre[(it & 1) * BM + r];
+                                my_changed += lab_pre[(it & 1) * BM + r] != lab;
+                                my_inertia += (double)wt * (double)dist;
+                            }
+                            labels[row] = lab;
+                        }
+                        if constexpr (MODE == 1) { lab_s[r] = lab; w_s[r] = wt; }
+                    }
+                    best[m][h] = P::inf();
+                    bidx[m][h] = 0x7fffffff;
+                    xsq[m][h] = T(0);
+                }
+            if constexpr (MODE == 1) {
+                __syncthreads();
+                // weights per cluster: thread (row stride c, cluster j) owns cnt_s[c * k + j]
+                if (k <= THREADS) {
+                    if (tid < CH * k) {
+                        const int j = tid % k, c = tid / k;
+                        T sw[4] = {T(0), T(0), T(0), T(0)};
+                        int r = c;
+                        for (; r + 3 * CH < BM; r += 4 * CH) {     // four independent sums: loads in flight
+#pragma unroll
+                            for (int u = 0; u < 4; ++u) sw[u] += lab_s[r + u * CH] == j ? w_s[r + u * CH] : T(0);
+                        }
+                        for (; r < BM; r += CH) sw[0] += lab_s[r] == j ? w_s[r] : T(0);
+                        cnt_s[c * k + j] += (double)((sw[0] + sw[1]) + (sw[2] + sw[3]));
+                    }
+                } else {
+                    for (int j = tid; j < k; j += THREADS) {
+                        T sw = T(0);
+                        for (int r = 0; r < BM; ++r) sw += lab_s[r] == j ? w_s[r] : T(0);
+                        cnt_s[j] += (double)sw;
+                    }
+                }
+                if constexpr (MTK < 0) {
+                    // thread (copy gq, column c) owns accf[gq][*][c]; copy gq takes rows gq, gq + groups, ...
+                    const int tpc = THREADS / groups;
+                    const int gq = tid / tpc, q = tid % tpc;
+                    T* mine = accf + gq * cells;
+                    for (int c = q; c < d; c += tpc) {
+                        const T sh = shift_s[c];
+                        int r = gq;
+                        for (; r + 3 * groups < BM; r += 4 * groups) {      // four rows loaded ahead of their adds
+                            int l[4];
+                            T v[4];
+#pragma unroll
+                            for (int u = 0; u < 4; ++u) {
+                                const int rr = r + u * groups;
+                                l[u] = lab_s[rr];
+                                v[u] = (Xt[rr * S + c] - sh) * w_s[rr];
+                            }
+#pragma unroll
+                            for (int u = 0; u < 4; ++u)
+                                if (l[u] >= 0) mine[l[u] * DK + c] += v[u];
+                        }
+                        for (; r < BM; r += groups) {
+                            const int l0 = lab_s[r];
+                            if (l0 >= 0) mine[l0 * DK + c] += (Xt[r * S + c] - sh) * w_s[r];
+                        }
+                    }
+                    if constexpr (F32) {
+                        if (++flushes == FLUSH) {
+                            flushes = 0;
+                            __syncthreads();
+                            for (long long i = tid; i < cells; i += THREADS) {
+                                double v = accd[i];
+                                for (int g2 = 0; g2 < groups; ++g2) { v += (double)accf[g2 * cells + i]; accf[g2 * cells + i] = 0.f; }
+                                accd[i] = v;
+                            }
+                        }
+                    }
+                }
+                if constexpr (MTK > 0) {
+                    const int nd = warp % NTD, rg = warp / NTD;
+                    const int fcol = nd * 8 + g;
+                    mpiml_tc_onehot<T, MTK, AN, S>(oacc, Xt, lab_s, w_s, fcol, shift_s[fcol], rg, BM / P::KT, RGW,
+                                                   0, g, t);
+                    if constexpr (F32) {
+#pragma unroll
+                        for (int m = 0; m < MTK; ++m)
+#pragma unroll
+                            for (int i = 0; i < AN; ++i) { dacc[m][i] += (double)oacc[m][i]; oacc[m][i] = 0.f; }
+                    }
+                }
+            }
+        }
+        tile = nt;
+        s = ns;
+        it = nit;
+        ++gs;
+    }
+    mpiml_cp_wait<0>();
+
+    if constexpr (MODE == 1) {
+        // this block's totals -> its own row of `part`: [sums (k x d when fused) | weights (k) | inertia | changed]
+        const long long SUMS = MTK != 0 ? (long long)k * d : 0;
+        const long long PP = SUMS + k + 2;
+        double* mine = part + (long long)blockIdx.x * PP;
+        __syncthreads();
+        if constexpr (MTK > 0) {
+            // the row groups' sums meet in shared memory (the X buffers are free now), added in a fixed order
+            constexpr int KP = MTK * MT;
+            double* scratch = reinterpret_cast<double*>(xbuf);
+            const int nd = warp % NTD, rg = warp / NTD;
+#pragma unroll
+            for (int m = 0; m < MTK; ++m)
+#pragma unroll
+                for (int i = 0; i < AN; ++i) {
+                    const int cl = m * MT + g + (F32 ? 8 * (i >> 1) : 0);
+                    const int f = nd * 8 + 2 * t + (i & 1);
+                    double v;
+                    if constexpr (F32) v = dacc[m][i]; else v = oacc[m][i];
+                    scratch[((long long)rg * KP + cl) * DK + f] = v;
+                }
+            __syncthreads();
+            for (long long i = tid; i < SUMS; i += THREADS) {
+                const int cl = (int)(i / d), f = (int)(i % d);
+                double v = 0.0;
+                for (int r = 0; r < RGW; ++r) v += scratch[((long long)r * KP + cl) * DK + f];
+                mine[i] = v;
+            }
+        }
+        if constexpr (MTK < 0) {
+            for (long long i = tid; i < SUMS; i += THREADS) {
+                const long long cell = (i / d) * DK + i % d;
+                double v = F32 ? accd[cell] : 0.0;
+                for (int g2 = 0; g2 < groups; ++g2) v += (double)accf[g2 * cells + cell];
+                mine[i] = v;
+            }
+        }
+        for (int j = tid; j < k; j += THREADS) {
+            double v = 0.0;
+            for (int c = 0; c < CH; ++c) v += cnt_s[c * k + j];
+            mine[SUMS + j] = v;
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            my_inertia += __shfl_xor_sync(0xffffffffu, my_inertia, off);
+            my_changed += __shfl_xor_sync(0xffffffffu, my_changed, off);
+        }
+        if (lane == 0) { red_inertia[warp] = my_inertia; red_changed[warp] = my_changed; }
+        __syncthreads();
+        if (tid == 0) {
+            double v = 0.0;
+            long long c = 0;
+            for (int i = 0; i < THREADS / 32; ++i) { v += red_inertia[i]; c += red_changed[i]; }
+            mine[PP - 2] = v;
+            mine[PP - 1] = (double)c;
+        }
+    }
+}
+
+// Sums of a Lloyd step from the labels (when the distance kernel could not fuse them).  Block b:
+// feature slab b % n_slabs (64 features), cluster chunk (b / n_slabs) % n_kc (MTK x MT clusters),
+// rows [rows_per_block x split, + rows_per_block) with split = b / (n_slabs x n_kc); tiles of 128
+// rows (and their labels and weights) double-buffered by cp.async; warp w adds features 8w..8w+7.
+// Writes part[split x k x d + cluster x d + feature] (float64), summed over splits in a fixed order.
+template <typename T, int MTK, int VEC>
+__global__ void __launch_bounds__(MPIML_TC_THREADS, 1)
+mpiml_distances_sums_tc(const T* __restrict__ X, long long n, int d, const T* __restrict__ shift,
+                        const int* __restrict__ labels, const T* __restrict__ w, int k,
+                        long long rows_per_block, double* __restrict__ part)
+{
+    using P = mpiml_tc<T>;
+    constexpr bool F32 = sizeof(T) == 4;
+    constexpr int THREADS = MPIML_TC_THREADS;
+    constexpr int MT = P::MT;
+    constexpr int AN = F32 ? 4 : 2;
+    constexpr int DS = 64, BR = 128;
+    constexpr int S = DS + P::PAD;
+    constexpr int EV = VEC / sizeof(T);
+    constexpr int CPR = DS / EV;
+    constexpr int KC = MTK * MT;
+
+    extern __shared__ __align__(16) unsigned char mpiml_tc_smem[];
+    T* xbuf = reinterpret_cast<T*>(mpiml_tc_smem);          // 2 x [BR x S]
+    T* w_s = xbuf + 2 * BR * S;                              // 2 x BR
+    int* lab_s = reinterpret_cast<int*>(w_s + 2 * BR);      // 2 x BR
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int n_slabs = (d + DS - 1) / DS, n_kc = (k + KC - 1) / KC;
+    const int slab = blockIdx.x % n_slabs, kc = (blockIdx.x / n_slabs) % n_kc;
+    const long long split = blockIdx.x / (n_slabs * n_kc);
+    const int f0 = slab * DS, k0 = kc * KC;
+    const long long r_begin = split * rows_per_block;
+    const long long r_end = r_begin + rows_per_block < n ? r_begin + rows_per_block : n;
+    const int fcol = warp * 8 + g;
+    const T sh = (shift != nullptr && f0 + fcol < d) ? shift[f0 + fcol] : T(0);
+
+    auto stage = [&](long long r0, int b) {
+        T* xd = xbuf + b * BR * S;
+        for (int e = tid; e < BR * CPR; e += THREADS) {
+            const int r = e / CPR, ci = e % CPR;
+            const int f = f0 + ci * EV;
+            const long long row = r0 + r;
+            const bool ok = row < r_end && f < d;
+            mpiml_cp_async<VEC>(xd + r * S + ci * EV, ok ? X + row * d + f : X, ok);
+        }
+        for (int r = tid; r < BR; r += THREADS) {
+            const long long row = r0 + r;
+            const bool ok = row < r_end;
+            mpiml_cp_async<4>(lab_s + b * BR + r, ok ? labels + row : labels, ok);     // zero-filled rows:
+            mpiml_cp_async<sizeof(T)>(w_s + b * BR + r, ok ? w + row : w, ok);        // weight 0, no sum
+        }
+    };
+
+    T oacc[MTK][AN];
+    double dacc[F32 ? MTK : 1][AN];
+#pragma unroll
+    for (int m = 0; m < MTK; ++m)
+#pragma unroll
+        for (int i = 0; i < AN; ++i) { oacc[m][i] = T(0); dacc[F32 ? m : 0][i] = 0.0; }
+
+    int b = 0;
+    if (r_begin < r_end) stage(r_begin, 0);
+    mpiml_cp_commit();
+    for (long long r0 = r_begin; r0 < r_end; r0 += BR) {
+        __syncthreads();
+        if (r0 + BR < r_end) stage(r0 + BR, b ^ 1);
+        mpiml_cp_commit();
+        mpiml_cp_wait<1>();
+        __syncthreads();
+        mpiml_tc_onehot<T, MTK, AN, S>(oacc, xbuf + b * BR * S, lab_s + b * BR, w_s + b * BR, fcol, sh, 0,
+                                       BR / P::KT, 1, k0, g, t);
+        if constexpr (F32) {
+#pragma unroll
+            for (int m = 0; m < MTK; ++m)
+#pragma unroll
+                for (int i = 0; i < AN; ++i) { dacc[m][i] += (double)oacc[m][i]; oacc[m][i] = 0.f; }
+        }
+        b ^= 1;
+    }
+    mpiml_cp_wait<0>();
+
+    double* mine = part + split * (long long)k * d;
+#pragma unroll
+    for (int m = 0; m < MTK; ++m)
+#pragma unroll
+        for (int i = 0; i < AN; ++i) {
+            const int cl = k0 + m * MT + g + (F32 ? 8 * (i >> 1) : 0);
+            const int f = f0 + warp * 8 + 2 * t + (i & 1);
+            double v;
+            if constexpr (F32) v = dacc[m][i]; else v = oacc[m][i];
+            if (cl < k && f < d) mine[(long long)cl * d + f] = v;
+        }
+}
+
+// The centres in the fragment order of mpiml_distances_tc (see distances.pack_centres) and c_sq.
+template <typename T, int BN, int DK>
+__global__ void __launch_bounds__(MPIML_TC_THREADS)
+mpiml_tc_pack(const T* __restrict__ C, int k, int d, int nJ, int nF, T* __restrict__ Cp, T* __restrict__ c_sq)
+{
+    constexpr int KG = DK / 8, NTN = BN / 8, FV = 16 / sizeof(T);
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const long long total = (long long)nJ * nF * KG * NTN * 32;
+    auto at = [&](int j, int f) -> T { return (j < k && f < d) ? C[(long long)j * d + f] : T(0); };
+    for (long long e = first; e < total; e += stride) {
+        const int lane = (int)(e % 32);
+        long long r = e / 32;
+        const int nt = (int)(r % NTN); r /= NTN;
+        const int q = (int)(r % KG); r /= KG;
+        const int fc = (int)(r % nF);
+        const int jc = (int)(r / nF);
+        const int g = lane >> 2, t = lane & 3;
+        const int j = jc * BN + nt * 8 + g, f = fc * DK + q * 8;
+        T* o = Cp + e * FV;
+        if constexpr (sizeof(T) == 4) {
+            const float v0 = at(j, f + 2 * t), v1 = at(j, f + 2 * t + 1);
+            const unsigned b0 = mpiml_tf32(v0), b1 = mpiml_tf32(v1);
+            o[0] = __uint_as_float(b0);
+            o[1] = __uint_as_float(b1);
+            o[2] = __uint_as_float(mpiml_tf32(v0 - __uint_as_float(b0)));
+            o[3] = __uint_as_float(mpiml_tf32(v1 - __uint_as_float(b1)));
+        } else {
+            o[0] = at(j, f + t);
+            o[1] = at(j, f + 4 + t);
+        }
+    }
+    for (long long j = first; j < (long long)nJ * BN; j += stride) {
+        T v = mpiml_tc<T>::inf();
+        if (j < k) {
+            v = T(0);
+            for (int f = 0; f < d; ++f) { const T c = C[j * d + f]; v = fma(c, c, v); }
+        }
+        c_sq[j] = v;
+    }
+}

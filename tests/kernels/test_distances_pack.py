@@ -1,0 +1,110 @@
+"""The centre packing of the tensor-core kernels (``distances.pack_centres``), on the CPU.
+
+The kernel reads a lane's B fragment from the packed array and builds its A fragment from the
+rows of X (``distances_tc.cu``).  Here the PTX fragment layouts of ``mma.m16n8k8`` (TF32) and
+``mma.m8n8k4`` (float64) are replayed in NumPy with the kernel's k-slot to feature mapping: the
+products must give ``X @ C.T`` (float32 to the 3xTF32 rounding, float64 exactly).
+"""
+
+import numpy as np
+import pytest
+
+from mpiml.kernels import distances
+
+
+def _mma_products(X, Cp, k, d, bn, dk, f32):
+    """X @ C.T as the kernel's fragments compute it (rows in m-tiles of 16 / 8, float64 sums)."""
+    n = X.shape[0]
+    nJ, nF = -(-k // bn), -(-d // dk)
+    kg, ntn = dk // 8, bn // 8
+    fv = 4 if f32 else 2
+    P = Cp.reshape(nJ, nF, kg, ntn, 32, fv).astype(np.float64)
+    Xp = np.zeros((n, nF * dk))
+    Xp[:, :d] = X
+    out = np.zeros((n, nJ * bn))
+    lanes = np.arange(32)
+    g, t = lanes // 4, lanes % 4
+    for jc in range(nJ):
+        for fc in range(nF):
+            for q in range(kg):
+                f0 = fc * dk + q * 8
+                for nt in range(ntn):
+                    frag = P[jc, fc, q, nt]                  # (32 lanes, fv)
+                    cols = jc * bn + nt * 8 + np.arange(8)
+                    if f32:
+                        B = np.zeros((8, 8))                 # k-slot x column
+                        B[t, g] = frag[:, 0] + frag[:, 2]    # b0 (t, g): big + small
+                        B[t + 4, g] = frag[:, 1] + frag[:, 3]
+                        A = np.empty((n, 8))                 # row x k-slot: slot t <-> 2t, t + 4 <-> 2t + 1
+                        A[:, :4] = Xp[:, f0 + 2 * np.arange(4)]
+                        A[:, 4:] = Xp[:, f0 + 2 * np.arange(4) + 1]
+                        out[:, cols] += A @ B
+                    else:
+                        for h in range(2):                   # two k-steps of 4: slot t <-> f0 + 4h + t
+                            B = np.zeros((4, 8))
+                            B[t, g] = frag[:, h]
+                            A = Xp[:, f0 + 4 * h + np.arange(4)]
+                            out[:, cols] += A @ B
+    return out[:, :k]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n,d,k,bn,dk", [(5, 1, 1, 16, 16), (9, 17, 5, 16, 16), (7, 64, 64, 64, 64),
+                                         (6, 65, 70, 64, 32), (4, 3, 33, 32, 16)])
+def test_packed_fragments_give_the_product(n, d, k, bn, dk, dtype):
+    rs = np.random.RandomState(0)
+    X = rs.randn(n, d).astype(dtype)
+    C = (rs.randn(k, d) * 10).astype(dtype)
+    Cp = distances.pack_centres(C, bn, dk, np)
+    assert Cp.dtype == dtype and Cp.size == -(-k // bn) * bn * -(-d // dk) * dk * (2 if dtype == np.float32 else 1)
+    got = _mma_products(X.astype(np.float64), Cp, k, d, bn, dk, dtype == np.float32)
+    want = X.astype(np.float64) @ C.astype(np.float64).T
+    scale = np.abs(X).astype(np.float64) @ np.abs(C).astype(np.float64).T + 1e-30
+    rtol = 2e-6 if dtype == np.float32 else 1e-14
+    assert np.all(np.abs(got - want) <= rtol * scale)
+
+
+def test_tf32_split():
+    rs = np.random.RandomState(1)
+    x = np.concatenate([rs.randn(1000) * 10.0 ** rs.randint(-20, 20, 1000), [0.0, -0.0, 1.0, -3.5]]).astype(np.float32)
+    big = distances._tf32(x, np)
+    small = distances._tf32(x - big, np)
+    assert np.all(big.view(np.uint32) & 0x1FFF == 0) and np.all(small.view(np.uint32) & 0x1FFF == 0)
+    assert np.all(np.abs(x - big) <= np.abs(x) * 2.0 ** -11)                     # big: 11 significant bits
+    assert np.all(np.abs(x.astype(np.float64) - big - small) <= np.abs(x) * 2.0 ** -21)   # big + small: 22
+    # ties round away from zero: 1 + 2^-11 (exactly between two TF32 values) -> 1 + 2^-10
+    half = np.array([1 + 2.0 ** -11, -(1 + 2.0 ** -11)], dtype=np.float32)
+    np.testing.assert_array_equal(distances._tf32(half, np), np.array([1 + 2.0 ** -10, -(1 + 2.0 ** -10)], np.float32))
+
+
+def test_tc_plans():
+    # fused sums only where a tile holds whole rows (d <= DK); shared memory within a block's
+    p = distances.tc_plan(np.float32, 64, 64, accum="mma")
+    assert p["fused"] and p["MTK"] == 4 and p["nF"] == 1 and p["nJ"] == 1 and p["BM"] == 256
+    assert p["expr"] == "mpiml_distances_tc<float, 2, 64, 64, 16, 1, 4, 1>"
+    p = distances.tc_plan(np.float32, 64, 64)
+    assert p["fused"] and p["MTK"] == -1 and p["groups"] >= 2 and p["accum"] == "smem"
+    p = distances.tc_plan(np.float32, 16, 16, accum="mma")
+    assert p["fused"] and p["BN"] == 16 and p["DK"] == 16 and p["MTK"] == 1
+    p = distances.tc_plan(np.float32, 16, 16)
+    assert p["fused"] and p["MTK"] == 1 and p["accum"] == "mma"
+    p = distances.tc_plan(np.float32, 16, 16, accum="smem")
+    assert p["fused"] and p["groups"] == 16 and p["WMT"] == 2
+    p = distances.tc_plan(np.float64, 64, 64, accum="mma")
+    assert p["fused"] and p["MTK"] == 8 and p["BM"] == 128
+    p = distances.tc_plan(np.float64, 64, 64)
+    assert p["fused"] and p["MTK"] == -1 and p["groups"] >= 2
+    p = distances.tc_plan(np.float32, 65, 64)
+    assert p["fused"] and p["nJ"] == 2               # copies in shared memory take any k that fits
+    assert not distances.tc_plan(np.float32, 1024, 256)["fused"]
+    assert not distances.tc_plan(np.float32, 64, 1024)["fused"]
+    assert not distances.tc_plan(np.float32, 65, 64, accum="mma")["fused"]
+    assert not distances.tc_plan(np.float32, 64, 64, accum="pass")["fused"]
+    for k, d in [(4100, 5), (1024, 64), (7, 3), (1, 1)]:
+        for dt in (np.float32, np.float64):
+            assert distances.tc_plan(dt, k, d)["smem"] <= 227 * 1024
+    assert distances.tc_plan(np.float32, 7, 3, mode="assign")["expr"].endswith(", 0, 0, 2>")
+    assert distances.tc_plan(np.float32, 7, 3, mode="assign", tile=(1, 16, 16, 1))["expr"].endswith(", 0, 0, 1>")
+    s = distances.sums_plan(np.float32, 1024, 256)
+    assert s["KC"] == 128 and s["expr"] == "mpiml_distances_sums_tc<float, 8, 16>"
+    assert distances.sums_plan(np.float64, 5, 3)["expr"] == "mpiml_distances_sums_tc<double, 1, 8>"
