@@ -296,7 +296,7 @@ def _check_layout(infos, file_size, path):
     if _META not in names or _SUM not in names:
         raise ModelFileError(f"{path!r} is not an mpiml model file (no {_META} or {_SUM})")
     budget = _MAX_INFLATE_RATIO * file_size
-    total = 0
+    total = stored = 0
     for info in infos:
         if info.flag_bits & 0x1:
             raise _refuse(path, f"entry {info.filename!r} is encrypted")
@@ -307,6 +307,9 @@ def _check_layout(infos, file_size, path):
         if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
             raise _refuse(path, f"stored entry {info.filename!r} declares {info.file_size} bytes "
                                 f"in {info.compress_size}")
+        stored += info.compress_size
+        if stored > file_size:
+            raise _refuse(path, "its entries overlap")
         total += info.file_size
         if total > budget:
             raise _refuse(path, f"its entries would inflate to more than {budget} bytes "
@@ -441,6 +444,8 @@ def load(path, *, device=None):
         except ModelFileError:
             raise
         except Exception as exc:  # a corrupted file can fail inside zipfile, zlib, numpy or json
+            if type(exc).__module__.split(".")[0] == "cupy":
+                raise  # moving the arrays to the GPU failed: not the file's fault
             raise _refuse(path, f"{type(exc).__name__}: {exc}") from exc
 
 

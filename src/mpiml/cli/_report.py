@@ -112,7 +112,6 @@ class Outcome:
                 self._print(status, message)
             return status
         import numpy as np
-        from mpi4py import MPI
 
         from .._config import timeout
 
@@ -127,6 +126,7 @@ class Outcome:
             time.sleep(0.002)
         bad = [r for r, s in enumerate(every.tolist()) if s]
         if not bad:
+            self._free()
             return 0
         messages = self.world.allgather(message)  # every rank is here: a blocking call is safe
         first = bad[0]
@@ -135,9 +135,12 @@ class Outcome:
             text = f"{text} (on rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))})"
         if self.rank == 0:
             self._print(int(every[first]), text)
+        self._free()
+        return int(every[first])
+
+    def _free(self):
         self.world.Free()
         self.world = None
-        return int(every[first])
 
     def _print(self, status, text):
         hint = "" if self.debug or status == 2 else " (--debug shows the traceback)"
