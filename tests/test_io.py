@@ -260,7 +260,9 @@ def test_save_on_ranks(mpi, tmp_path, n):
 
 @pytest.mark.parametrize("module, qualname", [
     ("mpiml.__main__", "KMeans"), ("mpiml.cli.__main__", "KMeans"), ("mpiml.cli", "main"), ("os", "KMeans"),
-    ("mpiml.cluster._kmeans", "os"), ("mpiml.dask.cluster", "KMeans"),
+    ("mpiml.cluster._kmeans", "os"), ("mpiml.dask.cluster", "KMeans"), ("mpiml.cluster", "KMeans"),
+    ("this", "KMeans"), ("this", "s"), ("mpiml.utils._testing", "MinimalSPMDTransformer.fit"),
+    (["mpiml.cluster._kmeans"], "KMeans"), ("mpiml.cluster._kmeans", None),
 ])
 def test_loading_imports_nothing_the_file_names(tmp_path, fitted, module, qualname):
     """The class comes from a fixed registry: a file naming any other module imports nothing."""

@@ -3,14 +3,17 @@
 Layout of a model file (a zip archive, entries stored uncompressed)::
 
     meta.json          format, version, class (module + qualified name), params, attributes
-    arrays/0000.npy    one entry per array (NumPy format, read with allow_pickle=False)
+    arrays/0000.npy    one entry per array (NumPy format; numeric dtypes only, never pickled)
     SHA256SUM          hex sha256 over every other entry (name, length, bytes; sorted by name)
 
-Loading never runs code from the file: arrays are read with
-``numpy.load(allow_pickle=False)``, everything else is JSON, and the class is
-only instantiated when it lives in the ``mpiml`` package and subclasses
-:class:`mpiml.base.SPMDEstimator`.  What an estimator saves is declared by
-the estimator (``_saved_attributes`` or ``_get_saved_state``/``_set_saved_state``,
+Loading never runs code from the file and never trusts a size it declares:
+the class comes from a fixed registry (:data:`REGISTRY`; nothing the file names
+is imported), entries are streamed with a cap on their inflated size (stored
+entries may not grow at all, deflated ones at most ``_MAX_INFLATE_RATIO``
+times the file), every ``.npy`` header is checked against the bytes that
+follow it before anything is allocated, everything else is JSON, and every
+way a file can be wrong raises :class:`ModelFileError`.  What an estimator
+saves is declared by the estimator (``_saved_attributes`` or ``_get_saved_state``/``_set_saved_state``,
 see ``docs/estimators.md``); the communicator is never saved.
 
 Writing goes to a temporary file in the target's directory, which is flushed,
@@ -22,6 +25,7 @@ import hashlib
 import importlib
 import io
 import json
+import math
 import os
 import secrets
 import zipfile
@@ -86,30 +90,45 @@ class _Encoder:
                         "(model files hold arrays and JSON values only)")
 
 
-def _decode(node, arrays, xp):
+_SCALAR_KINDS = "biuf"   # what the encoder writes as "$scalar"
+_ARRAY_KINDS = "biufc"   # what the encoder writes as "$array"
+
+
+def _decode(node, arrays, xp, budget=1 << 30):
+    """Rebuild a value from its JSON node; ``budget`` bounds the bytes a ``$strings`` node may allocate."""
     if node is None or isinstance(node, (bool, int, float, str)):
         return node
     if isinstance(node, list):  # pragma: no cover - writers always tag lists
-        return [_decode(v, arrays, xp) for v in node]
+        return [_decode(v, arrays, xp, budget) for v in node]
     if not isinstance(node, dict) or len(node) == 0:
         raise ModelFileError(f"unexpected value {node!r} in the metadata")
     if "$array" in node:
         name = node["$array"]
-        if name not in arrays:
+        if not isinstance(name, str) or name not in arrays:
             raise ModelFileError(f"the metadata names a missing entry {name!r}")
         arr = arrays[name]
         return arr if xp is np else xp.asarray(arr)
     if "$scalar" in node:
-        return np.dtype(node["$scalar"]).type(node["value"])
+        dtype = np.dtype(node["$scalar"])
+        value = node.get("value")
+        if dtype.kind not in _SCALAR_KINDS or isinstance(value, bool) is not (dtype.kind == "b") \
+                or not isinstance(value, (bool, int, float)):
+            raise ModelFileError(f"unexpected scalar {node!r} in the metadata")
+        return dtype.type(value)
     if "$strings" in node:
-        dtype = object if node["dtype"] == "object" else np.dtype(node["dtype"])
-        return np.array(node["$strings"], dtype=dtype).reshape(node["shape"])
+        strings, shape = node["$strings"], node.get("shape")
+        if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
+            raise ModelFileError(f"unexpected shape {shape!r} of a string array in the metadata")
+        dtype = object if node.get("dtype") == "object" else np.dtype(node.get("dtype"))
+        if dtype is not object and (dtype.kind != "U" or math.prod(shape) * dtype.itemsize > budget):
+            raise ModelFileError(f"unexpected dtype {node.get('dtype')!r} of a string array in the metadata")
+        return np.array(strings, dtype=dtype).reshape(shape)
     if "$tuple" in node:
-        return tuple(_decode(v, arrays, xp) for v in node["$tuple"])
+        return tuple(_decode(v, arrays, xp, budget) for v in node["$tuple"])
     if "$list" in node:
-        return [_decode(v, arrays, xp) for v in node["$list"]]
+        return [_decode(v, arrays, xp, budget) for v in node["$list"]]
     if "$dict" in node:
-        return {k: _decode(v, arrays, xp) for k, v in node["$dict"].items()}
+        return {k: _decode(v, arrays, xp, budget) for k, v in node["$dict"].items()}
     raise ModelFileError(f"unexpected value {node!r} in the metadata")
 
 
@@ -255,20 +274,94 @@ def save(model, path, *, comm=None):
 
 
 # ---------------------------------------------------------------------- reading
-def _read_entries(path):
-    path = os.fspath(path)
-    try:
-        with zipfile.ZipFile(path, "r") as z:
-            names = z.namelist()
-            if _META not in names or _SUM not in names:
-                raise ModelFileError(f"{path!r} is not an mpiml model file (no {_META} or {_SUM})")
-            entries = {name: z.read(name) for name in names}
-    except (zipfile.BadZipFile, EOFError, zipfile.LargeZipFile) as exc:
-        raise ModelFileError(f"{path!r} is not a valid mpiml model file (truncated or corrupted: {exc})") from exc
+#: A deflated entry may inflate to at most this many times the file's size (the writer stores entries
+#: uncompressed, so only a file re-packed by hand is deflated at all; a zip bomb is refused before it
+#: inflates).
+_MAX_INFLATE_RATIO = 64
+_MAX_ENTRIES = 1 << 16
+_CHUNK = 1 << 20
+
+
+def _refuse(path, why):
+    return ModelFileError(f"{path!r} is not a valid mpiml model file (truncated or corrupted: {why})")
+
+
+def _check_layout(infos, file_size, path):
+    """Check every entry's declared sizes against the file before reading any of it."""
+    if len(infos) > _MAX_ENTRIES:
+        raise _refuse(path, f"{len(infos)} entries")
+    names = [info.filename for info in infos]
+    if len(set(names)) != len(names):
+        raise _refuse(path, "an entry name appears twice")
+    if _META not in names or _SUM not in names:
+        raise ModelFileError(f"{path!r} is not an mpiml model file (no {_META} or {_SUM})")
+    budget = _MAX_INFLATE_RATIO * file_size
+    total = stored = 0
+    for info in infos:
+        if info.flag_bits & 0x1:
+            raise _refuse(path, f"entry {info.filename!r} is encrypted")
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise _refuse(path, f"entry {info.filename!r} uses compression method {info.compress_type}")
+        if info.header_offset < 0 or info.header_offset + info.compress_size > file_size:
+            raise _refuse(path, f"entry {info.filename!r} reaches past the end of the file")
+        if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
+            raise _refuse(path, f"stored entry {info.filename!r} declares {info.file_size} bytes "
+                                f"in {info.compress_size}")
+        stored += info.compress_size
+        if stored > file_size:
+            raise _refuse(path, "its entries overlap")
+        total += info.file_size
+        if total > budget:
+            raise _refuse(path, f"its entries would inflate to more than {budget} bytes "
+                                f"({_MAX_INFLATE_RATIO} times the file's {file_size})")
+
+
+def _read_entry(z, info, path):
+    """Stream one entry into memory, never past its declared (already capped) size."""
+    data = bytearray()
+    with z.open(info) as src:
+        while True:
+            chunk = src.read(min(_CHUNK, info.file_size - len(data) + 1))
+            if not chunk:
+                break
+            data += chunk
+            if len(data) > info.file_size:
+                raise _refuse(path, f"entry {info.filename!r} inflates past its declared size")
+    if len(data) != info.file_size:
+        raise _refuse(path, f"entry {info.filename!r} is short")
+    return bytes(data)
+
+
+def _read_entries(f, file_size, path):
+    with zipfile.ZipFile(f, "r") as z:
+        infos = z.infolist()
+        _check_layout(infos, file_size, path)
+        entries = {info.filename: _read_entry(z, info, path) for info in infos}
     stored = entries.pop(_SUM).decode(errors="replace").strip()
     if _digest(entries) != stored:
         raise ModelFileError(f"{path!r} is corrupted: its sha256 checksum does not match the content")
     return entries
+
+
+def _read_npy(data, name, path):
+    """An ``.npy`` entry as an array; its header is checked against the bytes that follow it first."""
+    buf = io.BytesIO(data)
+    version = np.lib.format.read_magic(buf)
+    if version == (1, 0):
+        shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(buf)
+    elif version == (2, 0):
+        shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(buf)
+    else:
+        raise ModelFileError(f"{path!r}: entry {name!r} has .npy format version {version}")
+    if dtype.kind not in _ARRAY_KINDS or dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
+        raise ModelFileError(f"{path!r}: entry {name!r} is not a plain array (dtype {dtype})")
+    offset = buf.tell()
+    declared = math.prod(shape) * dtype.itemsize
+    if declared != len(data) - offset:
+        raise ModelFileError(f"{path!r}: entry {name!r} declares a {dtype} array of shape {shape} "
+                             f"({declared} bytes) but holds {len(data) - offset} bytes")
+    flat = np.frombuffer(data, dtype=dtype, count=math.prod(shape), offset=offset)
+    return flat.reshape(shape, order="F" if fortran_order else "C").copy(order="K")
 
 
 #: The classes a model file may name: class name -> the mpiml module that defines it. A file only
@@ -331,8 +424,11 @@ def load(path, *, device=None):
     Raises
     ------
     ModelFileError
-        The file is truncated or corrupted (checksum), is not a model file,
-        or names a class outside mpiml's estimators.
+        The file is truncated or corrupted (in its zip structure, its checksum
+        or its ``.npy`` headers), declares sizes it does not hold, is not a
+        model file, or names a class outside :data:`REGISTRY`.
+    FileNotFoundError, PermissionError, IsADirectoryError
+        The file cannot be opened.
     """
     if device in (None, "cpu", "host"):
         xp = np
@@ -340,30 +436,36 @@ def load(path, *, device=None):
         import cupy as xp
     else:
         raise ValueError(f"device must be 'cpu' or 'gpu'; got {device!r}")
-    entries = _read_entries(path)
-    try:
-        meta = json.loads(entries[_META].decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:  # pragma: no cover - the checksum guards this
-        raise ModelFileError(f"{os.fspath(path)!r} has unreadable metadata: {exc}") from exc
-    if meta.get("format") != FORMAT_NAME:
-        raise ModelFileError(f"{os.fspath(path)!r} is not an mpiml model file")
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        file_size = os.fstat(f.fileno()).st_size
+        try:
+            return _load_from(f, file_size, path, xp)
+        except ModelFileError:
+            raise
+        except Exception as exc:  # a corrupted file can fail inside zipfile, zlib, numpy or json
+            if type(exc).__module__.split(".")[0] == "cupy":
+                raise  # moving the arrays to the GPU failed: not the file's fault
+            raise _refuse(path, f"{type(exc).__name__}: {exc}") from exc
+
+
+def _load_from(f, file_size, path, xp):
+    entries = _read_entries(f, file_size, path)
+    meta = json.loads(entries[_META].decode())
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise ModelFileError(f"{path!r} is not an mpiml model file")
     if meta.get("version") != FORMAT_VERSION:
-        raise ModelFileError(f"{os.fspath(path)!r} has format version {meta.get('version')}; this mpiml reads "
+        raise ModelFileError(f"{path!r} has format version {meta.get('version')}; this mpiml reads "
                              f"version {FORMAT_VERSION}")
-    cls = _resolve_class(meta.get("class", {}), os.fspath(path))
-    arrays = {}
-    for name, data in entries.items():
-        if name.startswith("arrays/"):
-            try:
-                arrays[name] = np.load(io.BytesIO(data), allow_pickle=False)
-            except ValueError as exc:
-                raise ModelFileError(f"{os.fspath(path)!r}: entry {name!r} is not a plain array ({exc})") from exc
-    params = {k: _decode(v, arrays, np) for k, v in meta.get("params", {}).items()}
-    known = set(cls._get_param_names())
-    unknown = sorted(set(params) - known)
+    info = meta.get("class", {})
+    cls = _resolve_class(info if isinstance(info, dict) else {}, path)
+    arrays = {name: _read_npy(data, name, path) for name, data in entries.items() if name.startswith("arrays/")}
+    budget = _MAX_INFLATE_RATIO * file_size
+    params = {k: _decode(v, arrays, np, budget) for k, v in meta.get("params", {}).items()}
+    unknown = sorted(set(params) - set(cls._get_param_names()))
     if unknown:
-        raise ModelFileError(f"{os.fspath(path)!r} has parameters {unknown} that {cls.__name__} does not take")
+        raise ModelFileError(f"{path!r} has parameters {unknown} that {cls.__name__} does not take")
     model = cls(**params)
-    state = {k: _decode(v, arrays, xp) for k, v in meta.get("attributes", {}).items()}
+    state = {k: _decode(v, arrays, xp, budget) for k, v in meta.get("attributes", {}).items()}
     model._set_saved_state(state)
     return model

@@ -1,14 +1,17 @@
 """The ``mpiml`` command: ``info``, ``run``, ``bench comm|ml``, ``tune``, ``dask``.
 
-Rank 0 prints; a usage error exits 2 on every rank (every rank parses the same
-arguments); an unhandled exception prints its traceback and aborts the whole MPI
-job instead of leaving the other ranks hanging (as ``python -m mpi4py`` does).
+Rank 0 prints; a usage error is printed once (by rank 0) and exits 2 on every rank
+(every rank parses the same arguments); an unhandled exception prints its traceback
+and aborts the whole MPI job instead of leaving the other ranks hanging (as
+``python -m mpi4py`` does). ``mpiml run`` reports its errors in one line, once
+(:mod:`mpiml.cli._report`).
 """
 
-import argparse
 import sys
 import time
 import traceback
+
+from ._report import ArgumentParser, say_once
 
 __all__ = ["main", "abort_on_exception"]
 
@@ -54,7 +57,10 @@ def abort_on_exception(fn, argv):
 
 def _dispatch(argv):
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(_USAGE, end="")
+        if argv:
+            say_once(_USAGE.rstrip("\n"), file=sys.stdout)
+        else:
+            say_once(_USAGE.rstrip("\n"))
         return 0 if argv else 2
     if argv[0] in ("-V", "--version"):
         from .. import __version__
@@ -72,7 +78,7 @@ def _dispatch(argv):
         return run_main(rest)
     if cmd == "bench":
         if not rest or rest[0] not in ("comm", "ml"):
-            print("usage: mpiml bench comm|ml [options]", file=sys.stderr)
+            say_once("usage: mpiml bench comm|ml [options]")
             return 2
         if rest[0] == "comm":
             from ..bench.comm import main as bench_main
@@ -87,7 +93,7 @@ def _dispatch(argv):
         from ..dask._launcher import main as dask_main
 
         return dask_main(rest)
-    print(f"mpiml: unknown command {cmd!r}\n\n{_USAGE}", file=sys.stderr, end="")
+    say_once(f"mpiml: unknown command {cmd!r}\n\n{_USAGE.rstrip()}")
     return 2
 
 
@@ -99,5 +105,5 @@ def main(argv=None):
 
 
 def parser(prog, description):
-    """An ``ArgumentParser`` for a subcommand (usage errors exit 2 on every rank)."""
-    return argparse.ArgumentParser(prog=prog, description=description)
+    """An ``ArgumentParser`` for a subcommand (usage errors printed by rank 0, exit 2 on every rank)."""
+    return ArgumentParser(prog=prog, description=description)

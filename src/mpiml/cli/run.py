@@ -3,12 +3,16 @@
 Outside an MPI launch, ``--np N`` (default: the Slurm allocation's task count, else
 one rank per GPU, else 2) re-launches the same command under ``srun -n N`` inside a
 Slurm allocation (``SLURM_JOB_ID`` set) and under ``mpiexec -n N`` elsewhere.  Under MPI every rank parses the same
-arguments (a usage error exits 2 everywhere), loads or generates its shard,
-fits inside :func:`mpiml.profile`, and rank 0 prints the fit time, iterations,
-inertia and the communication profile aggregated over ranks.
+arguments, loads or generates its shard, fits inside :func:`mpiml.profile`, and rank 0
+prints the fit time, iterations, inertia and the communication profile aggregated over ranks.
+
+Checks come before the work: the output paths (``--save``, where rank 0 writes), the
+device on every rank and the data's shape against the options (``--k`` rows at least)
+are checked and agreed before the fit. A usage error is printed once (rank 0) and
+exits 2 on every rank; a run-time error (a bad value in a file, a failed fit) is one
+line and exit status 1; ``--debug`` adds the tracebacks (see :mod:`mpiml.cli._report`).
 """
 
-import argparse
 import os
 import re
 import shutil
@@ -17,6 +21,8 @@ import sys
 import time
 
 import numpy as np
+
+from ._report import ArgumentParser, UsageError, device_problems, output_problems, run_checked
 
 __all__ = ["main", "launch_command", "mpiexec_command", "srun_command", "parse_data_spec"]
 
@@ -103,7 +109,7 @@ def parse_data_spec(spec):
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="mpiml run", description="Fit an estimator on every rank (SPMD) and report "
+    p = ArgumentParser(prog="mpiml run", description="Fit an estimator on every rank (SPMD) and report "
                                 "time, result and communication profile.")
     p.add_argument("algorithm", nargs="?", default="kmeans", choices=ALGORITHMS)
     p.add_argument("--np", type=int, default=None, help="ranks to launch when not already under MPI "
@@ -122,6 +128,8 @@ def _parser():
     p.add_argument("--compare-sklearn", action="store_true", help="rank 0 gathers the data and fits "
                    "scikit-learn's KMeans with the same settings")
     p.add_argument("--quiet", action="store_true", help="no per-iteration lines")
+    p.add_argument("--debug", action="store_true", help="print the traceback of an error (on every rank "
+                   "that has one) besides its one-line message")
     return p
 
 
@@ -164,8 +172,6 @@ def _run(args, comm):
 
     kind, params = parse_data_spec(args.data)
     ngpu = _gpu_count() if args.device in ("auto", "gpu") else 0
-    if args.device == "gpu" and ngpu == 0:
-        raise RuntimeError("--device gpu: CuPy sees no GPU here")
     if ngpu:
         import cupy as xp
 
@@ -179,6 +185,8 @@ def _run(args, comm):
     X = _load(kind, params, comm, xp, np.dtype(args.dtype))
     n_total = comm.allreduce_obj(int(X.shape[0])) if comm.size > 1 else int(X.shape[0])
     k = args.k or (params["k"] if kind == "blobs" else 8)
+    if k > n_total:
+        raise UsageError(f"--k {k}: the data has {n_total} row(s), fewer than the {k} clusters asked for")
     where = f"{ngpu and min(ngpu, comm.size) or 0} GPU(s)" if ngpu else "CPU"
     say(f"mpiml run kmeans: {n_total} x {X.shape[1]} {args.dtype}, k={k}, init={args.init}, "
         f"{comm.size} rank(s) on {where}, backend={args.backend} (data ready in {time.perf_counter() - t0:.2f} s)")
@@ -234,7 +242,7 @@ def _compare_sklearn(args, comm, X, k, xp, fit_s, km, say):
 
 def main(argv):
     """Entry point of ``mpiml run``; returns the exit status."""
-    from ..comm import get_comm, launched_by_mpi
+    from ..comm import launched_by_mpi
 
     from .run_estimator import JOBS
 
@@ -255,6 +263,9 @@ def main(argv):
     if args.np is not None and args.np < 1:
         parser.error(f"--np must be at least 1, got {args.np}")
     if not launched_by_mpi():
+        problems = output_problems(args) + device_problems(args)
+        if problems:  # found here, before any rank starts
+            parser.error("; ".join(problems))
         n = args.np
         if n is None and os.environ.get("SLURM_NTASKS", "").isdigit():
             n = int(os.environ["SLURM_NTASKS"])  # the allocation's task count
@@ -267,7 +278,7 @@ def main(argv):
             env = dict(os.environ)
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
             return subprocess.call(cmd, env=env)
-    return _run(args, get_comm(args.backend))
+    return run_checked("mpiml run", args, _run)
 
 
 def _strip_np(argv):

@@ -6,9 +6,12 @@ One options grammar for every estimator but k-means (``mpiml run kmeans``, in
 file (the target in the last column for supervised estimators); ``--json`` writes
 a report with the timings, the score and the communication profile. Launches
 itself under ``mpiexec`` (``srun`` inside a Slurm allocation) from a plain process.
+
+As for k-means, the output paths, the device and the data's shape against the
+options are checked before the fit; usage errors print once and exit 2 on every
+rank, run-time errors are one line and exit 1 (``--debug`` for tracebacks).
 """
 
-import argparse
 import json
 import os
 import platform
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._report import ArgumentParser, UsageError, device_problems, output_problems, run_checked
 from .run import _aggregate_profile, _gpu_count, _strip_np, launch_command
 
 __all__ = ["main", "JOBS", "parse_data_spec"]
@@ -162,7 +166,7 @@ def parse_data_spec(spec, algorithm):
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="mpiml run " + "|".join(JOBS), description="Fit an estimator on every rank "
+    p = ArgumentParser(prog="mpiml run " + "|".join(JOBS), description="Fit an estimator on every rank "
                                 "(SPMD) and report time, score and communication.")
     p.add_argument("algorithm", choices=tuple(JOBS))
     p.add_argument("--np", type=int, default=None, help="ranks to launch when not already under MPI "
@@ -187,6 +191,8 @@ def _parser():
     p.add_argument("--json", default=None, metavar="PATH", help="write a report: timings, score, profile")
     p.add_argument("--compare-sklearn", action="store_true", help="rank 0 gathers the data and fits "
                    "scikit-learn's estimator with the same settings")
+    p.add_argument("--debug", action="store_true", help="print the traceback of an error (on every rank "
+                   "that has one) besides its one-line message")
     return p
 
 
@@ -217,6 +223,19 @@ def _load(kind, params, comm, xp, dtype, supervised):
     return xp.ascontiguousarray(A[:, :-1]), A[:, -1].copy()
 
 
+def _check_shape(args, n, d):
+    """The options against the data's global shape (the same on every rank): a usage error if they cannot fit."""
+    if n < 1:
+        raise UsageError(f"--data {args.data}: no rows")
+    if args.algorithm == "knn" and args.neighbors > n:
+        raise UsageError(f"--neighbors {args.neighbors}: the data has {n} row(s), fewer than the neighbours "
+                         "asked for")
+    limit = min(n, d) if args.algorithm == "pca" else d
+    if args.algorithm in ("pca", "tsvd") and args.components > limit:
+        what = f"min(rows, features) = min({n}, {d})" if args.algorithm == "pca" else f"the {d} features"
+        raise UsageError(f"--components {args.components}: more than {what}")
+
+
 def _score(job, est, X, y):
     return est.score(X, y) if job.supervised else _explained(est)
 
@@ -227,8 +246,6 @@ def _run(args, comm):
     job = JOBS[args.algorithm]
     kind, params = parse_data_spec(args.data, args.algorithm)
     ngpu = _gpu_count() if args.device in ("auto", "gpu") else 0
-    if args.device == "gpu" and ngpu == 0:
-        raise RuntimeError("--device gpu: CuPy sees no GPU here")
     if ngpu:
         import cupy as xp
 
@@ -242,6 +259,7 @@ def _run(args, comm):
         y = y.astype(xp.int64)
     load_s = time.perf_counter() - t0
     n_total = comm.allreduce_obj(int(X.shape[0])) if comm.size > 1 else int(X.shape[0])
+    _check_shape(args, n_total, int(X.shape[1]))
     where = f"{min(ngpu, comm.size)} GPU(s)" if ngpu else "CPU"
     est = job.make(args, comm)
     say(f"mpiml run {args.algorithm}: {type(est).__name__} on {n_total} x {X.shape[1]} {args.dtype}, "
@@ -303,7 +321,7 @@ def _compare_sklearn(args, job, comm, X, y, xp, fit_s, score, say):
 
 def main(argv):
     """Entry point of ``mpiml run ALGORITHM`` for every estimator but k-means; returns the exit status."""
-    from ..comm import get_comm, launched_by_mpi
+    from ..comm import launched_by_mpi
 
     parser = _parser()
     args = parser.parse_args(argv)
@@ -318,9 +336,10 @@ def main(argv):
         value = getattr(args, name)
         if value is not None and value < (0 if name == "max_iter" else 1):
             parser.error(f"--{name.replace('_', '-')} must be at least {0 if name == 'max_iter' else 1}, got {value}")
-    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        parser.error(f"--json: the directory of {args.json!r} does not exist")
     if not launched_by_mpi():
+        problems = output_problems(args) + device_problems(args)
+        if problems:  # found here, before any rank starts
+            parser.error("; ".join(problems))
         n = args.np
         if n is None and os.environ.get("SLURM_NTASKS", "").isdigit():
             n = int(os.environ["SLURM_NTASKS"])  # the allocation's task count
@@ -332,4 +351,4 @@ def main(argv):
             env = dict(os.environ)
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
             return subprocess.call(cmd, env=env)
-    return _run(args, get_comm(args.backend))
+    return run_checked("mpiml run", args, _run)

@@ -10,6 +10,12 @@
   ``os.environ["MPIML_DASK_SCHEDULER"]``);
 * ranks 2 .. N-1 run one worker each (``--nthreads`` threads).
 
+Nothing listens beyond this host unless asked: over ``tcp://`` the
+scheduler and the workers bind 127.0.0.1 (``--host``/``--interface``, or
+``MPIML_DASK_HOST``/``MPIML_DASK_INTERFACE``, choose another address), and no
+HTTP server (dashboard, metrics) starts without ``--dashboard-address``.
+``mpi://`` opens no socket at all.
+
 When the script returns (or calls ``sys.exit``), the client shuts the
 scheduler and the workers down, every rank returns, and the job's exit status
 is the script's. An exception in the script, or in the scheduler or a worker,
@@ -29,6 +35,11 @@ import traceback
 __all__ = ["main", "get_client", "build_parser"]
 
 SCHEDULER_ENV = "MPIML_DASK_SCHEDULER"
+HOST_ENV = "MPIML_DASK_HOST"
+INTERFACE_ENV = "MPIML_DASK_INTERFACE"
+#: Where the cluster listens unless told otherwise: this host only. A Dask scheduler runs code for
+#: anyone who reaches it, so reaching it from elsewhere is something a user asks for.
+DEFAULT_HOST = "127.0.0.1"
 _client = None
 
 
@@ -68,7 +79,84 @@ def build_parser():
         "--timeout", type=float, default=60.0,
         help="seconds to wait for the scheduler and all workers to start (default: 60)",
     )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--host", default=None,
+        help=f"address the scheduler and workers listen on (tcp) and their HTTP servers (with "
+             f"--dashboard-address); default: ${HOST_ENV}, else {DEFAULT_HOST} (this host only); "
+             "0.0.0.0 listens on every interface",
+    )
+    where.add_argument(
+        "--interface", default=None,
+        help=f"network interface to listen on instead, on every rank's host (e.g. ib0, eth0; "
+             f"default: ${INTERFACE_ENV}); tcp across several nodes needs it",
+    )
+    parser.add_argument(
+        "--dashboard-address", default=None, metavar="[HOST]:PORT",
+        help="start the scheduler's dashboard there (and the workers' HTTP servers, on a free "
+             "port); without a HOST, on the --host/--interface address. Default: no HTTP server",
+    )
     return parser
+
+
+def _listen_host(args):
+    """``(host, interface)`` to listen on, exactly one of them set: options first, then the environment."""
+    if args.host is not None or args.interface is not None:
+        return args.host, args.interface
+    if os.environ.get(HOST_ENV) and os.environ.get(INTERFACE_ENV):
+        raise _UsageError(f"mpiml dask: error: set {HOST_ENV} or {INTERFACE_ENV}, not both")
+    if os.environ.get(INTERFACE_ENV):
+        return None, os.environ[INTERFACE_ENV]
+    return os.environ.get(HOST_ENV) or DEFAULT_HOST, None
+
+
+def _check_listen_options(args):
+    """Usage errors of --host/--interface/--dashboard-address, found before anything starts."""
+    host, interface = _listen_host(args)
+    if interface is not None:
+        from distributed.utils import get_ip_interface
+
+        try:
+            get_ip_interface(interface)
+        except ValueError as exc:
+            raise _UsageError(f"mpiml dask: error: --interface {interface}: {exc}") from None
+    if args.dashboard_address is not None:
+        _http_address(args, args.dashboard_address)
+
+
+def _http_address(args, spec):
+    """``host:port`` for an HTTP server from ``[HOST]:PORT`` (no host: the cluster's listen address)."""
+    host, sep, port = spec.rpartition(":")
+    if not sep:
+        host, port = "", spec
+    if not port.isdigit():
+        raise _UsageError(f"mpiml dask: error: --dashboard-address must be [HOST]:PORT; got {spec!r}")
+    if not host:
+        host, interface = _listen_host(args)
+        if interface is not None:
+            from distributed.utils import get_ip_interface
+
+            host = get_ip_interface(interface)
+    return f"{host}:{int(port)}"
+
+
+def _no_idle_http(cls):
+    """``cls`` (distributed's Scheduler or Worker) with an HTTP server only when given an address.
+
+    Dask starts one in every scheduler and worker (metrics, health, info pages), on every
+    interface or on the host's network address, even with the dashboard off.
+    """
+
+    class Server(cls):
+        def start_http_server(self, routes, dashboard_address, default_port=0, ssl_options=None):
+            if dashboard_address is None:
+                return
+            super().start_http_server(routes, dashboard_address, default_port=default_port,
+                                      ssl_options=ssl_options)
+
+    Server.__name__ = Server.__qualname__ = cls.__name__
+    Server.__module__ = __name__
+    return Server
 
 
 def get_client():
@@ -97,6 +185,7 @@ def main(argv=None):
         args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
         if args.nthreads < 1:
             raise _UsageError(f"mpiml dask: error: --nthreads must be >= 1; got {args.nthreads}")
+        _check_listen_options(args)
         if size < 3:
             raise _UsageError(
                 f"mpiml dask needs at least 3 MPI ranks (scheduler, client, one worker); "
@@ -158,10 +247,21 @@ def _barrier(world, timeout):
         time.sleep(0.01)
 
 
+def _comm_listen_args(args):
+    """Where a scheduler or worker listens for Dask comms: tcp binds the host or interface; port 0 picks one."""
+    if args.protocol != "tcp":
+        return {}  # mpi:// opens no socket
+    host, interface = _listen_host(args)
+    return {"host": host, "interface": interface, "port": 0}
+
+
 async def _run_scheduler(args, world):
     from distributed import Scheduler
 
-    async with Scheduler(protocol=args.protocol, dashboard_address=":0") as scheduler:
+    dashboard = None if args.dashboard_address is None else _http_address(args, args.dashboard_address)
+    async with _no_idle_http(Scheduler)(
+        protocol=args.protocol, dashboard_address=dashboard, **_comm_listen_args(args),
+    ) as scheduler:
         world.bcast(scheduler.address, root=0)
         await scheduler.finished()
 
@@ -170,7 +270,7 @@ async def _run_worker(args, world):
     from distributed import Worker
 
     address = world.bcast(None, root=0)
-    async with Worker(
+    async with _no_idle_http(Worker)(
         address,
         nthreads=args.nthreads,
         memory_limit=args.memory_limit,
@@ -179,6 +279,8 @@ async def _run_worker(args, world):
         protocol=args.protocol,
         death_timeout=args.timeout,
         dashboard=False,
+        dashboard_address=None if args.dashboard_address is None else _http_address(args, ":0"),
+        **_comm_listen_args(args),
     ) as worker:
         await worker.finished()
 

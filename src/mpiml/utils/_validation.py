@@ -240,7 +240,10 @@ def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "flo
     ensure_min_features : int, default=1
         Minimum number of columns.
     allow_local_empty : bool, default=True
-        Whether a rank may hold zero rows (the global dataset never may).
+        Whether a rank may hold zero rows (the global dataset never may). With
+        ``reset=False`` on the size-1 communicator (a local method such as
+        ``predict``) of an estimator whose own communicator has several ranks,
+        zero rows are accepted too.
     order : {None, "C", "F"}, default=None
         Memory layout to enforce.
 
@@ -273,6 +276,10 @@ def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "flo
             comm = get_comm()
     name = type(estimator).__name__
     single = comm.size == 1
+    # A local method (predict, transform: validated on the size-1 communicator, no communication) of a
+    # model that lives on several ranks: this rank may hold no rows, as fit allowed (scikit-learn's
+    # "at least one sample" stays for models of one process).
+    local_empty_ok = single and not reset and allow_local_empty and _spmd_size(estimator) > 1
     error = None
     xp = np
     facts = (False, 0, -1, "", False, False, ())
@@ -282,7 +289,7 @@ def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "flo
             xp = get_namespace(X)
             X = _check_device_array(X, name=name, dtype=dtype, ensure_min_features=ensure_min_features,
                                     order=order, accept_sparse=accept_sparse)
-            if single and X.shape[0] < 1:
+            if single and X.shape[0] < 1 and not local_empty_ok:
                 raise ValueError(f"Found array with 0 sample(s) (shape={X.shape}) while a minimum of 1 is "
                                  f"required by {name}.")
             _check_n_features(estimator, X.shape[1], reset)
@@ -290,7 +297,8 @@ def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "flo
             X = _sk_validate_data(
                 estimator, X, reset=reset, dtype=list(dtype), accept_sparse=accept_sparse, order=order,
                 ensure_all_finite=ensure_all_finite if single else False,
-                ensure_min_samples=1 if single else 0, ensure_min_features=ensure_min_features,
+                ensure_min_samples=1 if single and not local_empty_ok else 0,
+                ensure_min_features=ensure_min_features,
             )
         if single and xp is not np:
             has_nan, has_inf = _finite_flags(X, xp, ensure_all_finite)
@@ -311,6 +319,17 @@ def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "flo
     if msg is not None:
         raise DistributedInputError(msg)
     return X, xp
+
+
+def _spmd_size(estimator):
+    """Ranks of the communicator ``estimator`` was fitted over (1 when it has none)."""
+    get = getattr(estimator, "_get_comm", None)
+    if get is None:
+        return 1
+    try:
+        return int(get().size)
+    except Exception:  # noqa: BLE001 - no communicator: a single process
+        return 1
 
 
 def _distributed_message(gathered, name, allow_local_empty):
