@@ -18,7 +18,7 @@ calls them with its own block and the same keyword arguments.
 Sparse shards (SciPy CSR on the host, ``cupyx.scipy.sparse`` CSR on a GPU) are
 served by the helpers of the last section: :func:`is_sparse`, :func:`to_csr`,
 :func:`sparse_gram` (``AᵀA`` by a sparse product, never densifying ``A``),
-:func:`scale_rows`, :func:`column_sums` and :func:`sparse_column_sq_dev`.
+:func:`scale_rows`, :func:`column_sums` and :func:`column_sq_dev` (dense or sparse).
 Everything else here (the QR factorisations) needs dense blocks.
 
 Both QR functions return ``R`` replicated on every rank with a non-negative
@@ -33,7 +33,7 @@ import numpy as np
 from .._array import get_namespace, to_numpy
 
 __all__ = ["tsqr", "cholesky_qr2", "orthonormalize", "gram", "svd_flip_rows", "NotPositiveDefiniteError",
-           "is_sparse", "to_csr", "sparse_gram", "scale_rows", "column_sums", "sparse_column_sq_dev", "densify_rows"]
+           "is_sparse", "to_csr", "sparse_gram", "scale_rows", "column_sums", "column_sq_dev", "densify_rows"]
 
 #: Tag of the point-to-point messages of the TSQR tree (the user's p2p context).
 _TSQR_TAG = 2571
@@ -458,25 +458,34 @@ def column_sums(A, weights=None):
     return xp.asarray(weights, dtype=xp.float64) @ A.astype(xp.float64, copy=False)
 
 
-def sparse_column_sq_dev(A, mean):
-    """Per column ``Σ_stored (a - mean)²`` and the count of stored entries, of a local CSR block.
+def column_sq_dev(A, mean, chunk_rows=None):
+    """Per column ``Σ_rows (a - mean)²`` of a local block (dense or sparse), float64, 1-D.
 
-    With the global count ``n`` of rows, the column's sum of squared deviations
-    is ``Σ_stored (a - mean)² + (n - Σ_ranks count) mean²``: the two-pass
-    variance of scikit-learn's ``mean_variance_axis``, without densifying.
-    Duplicate entries are summed first (on a copy).
+    For a sparse block the implicit zeros contribute ``(n_rows - stored) mean²``
+    and the stored values ``Σ (a - mean)²`` (the two-pass variance of
+    scikit-learn's ``mean_variance_axis``, without densifying; duplicate
+    entries are summed first, on a copy).  A dense block is upcast a row
+    chunk at a time.  Summed over ranks with the global ``mean``, this is the
+    global sum of squared deviations.
     """
     xp = get_namespace(A)
-    d = A.shape[1]
-    A = to_csr(A)
-    if not A.has_canonical_format:
-        A = A.copy()
-        A.sum_duplicates()
+    n, d = A.shape
     mean = xp.asarray(mean, dtype=xp.float64)
-    dev = A.data.astype(xp.float64) - mean[A.indices]
-    sq = xp.bincount(A.indices, weights=dev * dev, minlength=d).astype(xp.float64, copy=False)
-    count = xp.bincount(A.indices, minlength=d).astype(xp.float64)
-    return sq, count
+    if is_sparse(A):
+        A = to_csr(A)
+        if not A.has_canonical_format:
+            A = A.copy()
+            A.sum_duplicates()
+        dev = A.data.astype(xp.float64) - mean[A.indices]
+        sq = xp.bincount(A.indices, weights=dev * dev, minlength=d).astype(xp.float64, copy=False)
+        stored = xp.bincount(A.indices, minlength=d).astype(xp.float64)
+        return sq + (n - stored) * mean * mean
+    out = xp.zeros(d, dtype=xp.float64)
+    step = chunk_rows or max(1, (64 << 20) // (8 * max(d, 1)))
+    for s in range(0, n, step):
+        block = A[s:s + step].astype(xp.float64) - mean
+        out += (block * block).sum(axis=0)
+    return out
 
 
 def densify_rows(A, start, stop, dtype=None):
