@@ -543,8 +543,9 @@ def validate_local_rows(estimator, X, accept_sparse=True):
     """
     from ..comm import get_comm
 
-    if getattr(X, "ndim", None) == 2 and X.shape[0] == 0 and hasattr(X, "dtype") and not is_sparse(X):
+    if getattr(X, "ndim", None) == 2 and X.shape[0] == 0 and hasattr(X, "dtype"):
         xp = get_namespace(X)
+        X = _sparse_rows(X, accept_sparse)
         if X.shape[1] != estimator.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but {type(estimator).__name__} is expecting "
                              f"{estimator.n_features_in_} features as input.")

@@ -169,6 +169,10 @@ def sparse_mismatch(flags):
             "of matrix).")
 
 
+def _refuse(X):
+    raise TypeError(SPARSE_DENSE_REQUIRED)
+
+
 def local_X(estimator, X, accept_sparse=True):
     """Validate rows for a local method (predict, decision_function): no communication.
 
@@ -178,9 +182,11 @@ def local_X(estimator, X, accept_sparse=True):
     from ..comm import get_comm
 
     estimator._check_is_fitted()
-    if getattr(X, "ndim", None) == 2 and X.shape[0] == 0 and X.dtype.kind in "biuf" and not is_sparse(X):
+    if getattr(X, "ndim", None) == 2 and X.shape[0] == 0 and X.dtype.kind in "biuf":
         # a rank without rows: valid in SPMD (scikit-learn's one-process check would refuse it)
         xp = get_namespace(X)
+        if is_sparse(X):
+            X = _check_device_sparse(X, accept_sparse) if accept_sparse or xp is not np else _refuse(X)
         if X.shape[1] != estimator.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but {type(estimator).__name__} is expecting "
                              f"{estimator.n_features_in_} features as input.")

@@ -233,9 +233,6 @@ class LinearRegression(_LinearRegressorBase):
 
     def _resolve_solver(self, X):
         if self.positive:
-            if self.solver == "lsqr":
-                raise ValueError("solver='lsqr' does not support positive=True; use solver='auto', 'tsqr' or "
-                                 "'normal', or set positive=False.")
             return "normal" if self.solver == "normal" else "tsqr"
         if self.solver != "auto":
             return self.solver
@@ -261,6 +258,9 @@ class LinearRegression(_LinearRegressorBase):
         self : LinearRegression
         """
         self._validate_params()
+        if self.positive and self.solver == "lsqr":
+            raise ValueError("solver='lsqr' does not support positive=True; use solver='auto', 'tsqr' or 'normal', "
+                             "or set positive=False.")
         X, y, sw, xp, comm = self._fit_common(X, y, sample_weight, accept_sparse=not self.positive)
         solver = self._resolve_solver(X)
         for name in ("rank_", "singular_", "n_iter_"):

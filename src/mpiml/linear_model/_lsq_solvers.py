@@ -28,10 +28,13 @@ Every reduction is :func:`~mpiml.linear_model._base.allreduce_identical`
 decisions everywhere.
 """
 
+import zlib
+
 import numpy as np
 import scipy.linalg
 import scipy.optimize
 
+from .._errors import CommError
 from ..utils._linalg import column_sums, densify_rows, is_sparse, sparse_gram, to_csr, tsqr
 from ._base import allreduce_identical, as_like, chunk_rows
 
@@ -249,6 +252,24 @@ def nnls_from_factor(R, Z, alphas=None):
 
 
 # ---------------------------------------------------------------------- Krylov solvers on the implicit operator
+def _checked_allreduce(comm, local, replicated):
+    """Allreduce ``local`` with a 12-bit fingerprint of the ``replicated`` vector each rank used.
+
+    The Krylov loops branch on reduced values; the fingerprint turns ranks
+    whose iterates drifted apart (different numerical libraries) into the same
+    :class:`mpiml.CommError` everywhere instead of a hang (as in
+    :mod:`._logistic_loss`).
+    """
+    if comm.size == 1:
+        return local
+    fp = float(zlib.crc32(np.ascontiguousarray(replicated, dtype=np.float64).tobytes()) & 0xFFF)
+    packed = allreduce_identical(comm, np.concatenate([local, [fp, fp * fp]]))
+    if comm.size * packed[-1] != packed[-2] * packed[-2]:
+        raise CommError("least squares: the ranks iterated on different vectors (their solvers diverged, which "
+                        "needs identical numerical libraries on every rank)")
+    return packed[:-2]
+
+
 class CentredOperator:
     """``A = sqrt(W) (X - 1 x̄ᵀ)`` of this rank's rows, used only through products.
 
@@ -320,13 +341,13 @@ def lsqr(op, b, *, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, co
     xp = op.xp
     u = b.astype(xp.float64, copy=True)
 
-    def product(u_raw):
+    def product(u_raw, v_used):
         pack = np.concatenate([op.rmatvec_local(u_raw), [float((u_raw * u_raw).sum()) if u_raw.size else 0.0]])
-        pack = allreduce_identical(comm, pack)
+        pack = _checked_allreduce(comm, pack, v_used)
         return pack[:d], float(np.sqrt(pack[d]))
 
     x = np.zeros(d)
-    Atu, beta = product(u)
+    Atu, beta = product(u, x)
     bnorm = beta
     if beta > 0:
         u = u / beta
@@ -346,7 +367,7 @@ def lsqr(op, b, *, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, co
     while itn < iter_lim:
         itn += 1
         u = op.matvec(v) - alfa * u
-        Atu, beta = product(u)
+        Atu, beta = product(u, v)
         if beta > 0:
             u = u / beta
             anorm = np.sqrt(anorm * anorm + alfa * alfa + beta * beta + dampsq)
@@ -417,7 +438,7 @@ def conjugate_gradient(op, b, *, alpha, tol, max_iter=None, comm):
         if np.sqrt(rs) <= tol * bnorm:
             return x, it, True
         it += 1
-        Ap = allreduce_identical(comm, op.rmatvec_local(op.matvec(p))) + alpha * p
+        Ap = _checked_allreduce(comm, op.rmatvec_local(op.matvec(p)), p) + alpha * p
         pAp = float(p @ Ap)
         if pAp <= 0:
             break
