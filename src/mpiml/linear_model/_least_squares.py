@@ -44,7 +44,8 @@ class _LinearRegressorBase(MultiOutputMixin, RegressorMixin, SPMDEstimator):
         dtype = X.dtype
         if y.ndim == 1:
             self.coef_ = as_like(coef[0], xp, dtype)
-            self.intercept_ = float(intercept[0]) if self.fit_intercept else 0.0
+            # a NumPy scalar of X's dtype, as scikit-learn's (0.0 without an intercept, as there)
+            self.intercept_ = np.dtype(dtype).type(intercept[0]) if self.fit_intercept else 0.0
         else:
             self.coef_ = as_like(coef, xp, dtype)
             self.intercept_ = as_like(intercept, xp, dtype) if self.fit_intercept else 0.0
@@ -53,7 +54,9 @@ class _LinearRegressorBase(MultiOutputMixin, RegressorMixin, SPMDEstimator):
         X, xp = local_X(self, X)
         coef = as_like(self.coef_, xp, X.dtype)
         intercept = self.intercept_
-        if not isinstance(intercept, float):
+        if np.ndim(intercept) == 0:
+            intercept = float(intercept)  # a Python scalar keeps the dtype of the product
+        else:
             intercept = as_like(intercept, xp, X.dtype)
         return X @ coef.T + intercept
 
@@ -158,13 +161,14 @@ class LinearRegression(_LinearRegressorBase):
     coef_ : ndarray of shape (n_features,) or (n_targets, n_features)
         Replicated on every rank; NumPy or CuPy like ``X``, dtype of ``X``.
     intercept_ : float or ndarray of shape (n_targets,)
-        Replicated; 0.0 when ``fit_intercept=False``.
+        Replicated; a NumPy scalar of the dtype of ``X`` for a 1-d target
+        (0.0 when ``fit_intercept=False``), as scikit-learn's.
     rank_ : int
         Numerical rank of the centred, weighted ``X`` (replicated); not set
         by ``"lsqr"`` nor with ``positive=True`` (as scikit-learn on sparse data).
     singular_ : ndarray of shape (n_features,)
-        Singular values of the centred, weighted ``X``, host float64,
-        replicated; set when ``rank_`` is.
+        Singular values of the centred, weighted ``X``, host NumPy in the
+        dtype of ``X``, replicated; set when ``rank_`` is.
     n_iter_ : ndarray of shape (n_targets,), int32
         Iterations of ``"lsqr"`` per target (only set by it).
     solver_ : str
@@ -284,7 +288,7 @@ class LinearRegression(_LinearRegressorBase):
                 solve_gram=lambda G, B: _split3(lstsq_from_gram(G, B, self.tol)),
                 solve_r=lambda R, Z: _split3(lstsq_from_r(R, Z, self.tol)))
             self.rank_ = rank
-            self.singular_ = np.asarray(sing, dtype=np.float64)
+            self.singular_ = np.asarray(sing, dtype=np.float64).astype(X.dtype)
         self._set_coef(coef, intercept, y, X, xp)
         self.solver_ = solver
         return self
@@ -441,7 +445,7 @@ class Ridge(_LinearRegressorBase):
             return np.repeat(alpha, n_targets)
         if alpha.size != n_targets:
             raise ValueError(f"Number of targets and number of penalties do not correspond: "
-                             f"{n_targets} != {alpha.size}")
+                             f"{alpha.size} != {n_targets}")
         return alpha
 
     def _check_solver_rules(self):

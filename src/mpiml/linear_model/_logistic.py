@@ -293,7 +293,7 @@ class LogisticRegression(ClassifierMixin, SPMDEstimator):
         y : array-like of shape (n_local_samples,)
             Labels of this rank's rows: any type NumPy sorts (CuPy: numbers).
         sample_weight : array-like of shape (n_local_samples,), default=None
-            Non-negative weights of this rank's rows.
+            Weights of this rank's rows (their global sum must not be zero).
 
         Returns
         -------
@@ -303,7 +303,8 @@ class LogisticRegression(ClassifierMixin, SPMDEstimator):
         penalty, C = self._resolve_penalty()
         comm = self._get_comm()
         X, y, xp = validate_X_y(self, X, y, comm=comm, y_numeric=False, multi_output=False, accept_sparse=True)
-        sw = validate_sample_weight(sample_weight, X, xp=xp, dtype=X.dtype, only_non_negative=True, comm=comm)
+        # scikit-learn's LogisticRegression accepts negative sample weights; so does this one
+        sw = validate_sample_weight(sample_weight, X, xp=xp, dtype=X.dtype, comm=comm)
         classes = global_classes(y, comm)
         if self.solver == "liblinear" and classes.size > 2:
             raise ValueError("The 'liblinear' solver does not support multiclass classification (n_classes >= 3). "
@@ -316,7 +317,7 @@ class LogisticRegression(ClassifierMixin, SPMDEstimator):
         y_idx = (xp.searchsorted(xp.asarray(classes), y) if xp is not np
                  else np.searchsorted(classes, y)).astype(xp.int64)
         sw, sw_sum = self._row_weights(y_idx, sw, classes, xp, comm)
-        if not sw_sum > 0:
+        if sw_sum == 0 or not np.isfinite(sw_sum):
             raise ValueError("The weighted sum of the rows is zero (sample_weight times class_weight).")
         liblinear = self.solver == "liblinear"
         obj = Objective(X, y_idx, sw, n_classes=len(classes), fit_intercept=self.fit_intercept,
