@@ -160,7 +160,8 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
     n_samples_ : int
         Global number of rows.
     noise_variance_ : float
-        Probabilistic-PCA noise variance (as scikit-learn's).
+        Probabilistic-PCA noise variance (as scikit-learn's: a NumPy scalar of
+        the dtype of ``X``, or 0.0 when every component is kept).
     n_features_in_ : int
 
     Notes
@@ -191,7 +192,7 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
         "whiten": ["boolean"],
         "svd_solver": [StrOptions({"auto", "full", "covariance_eigh", "arpack", "randomized"})],
         "tol": [Interval(Real, 0, None, closed="left")],
-        "iterated_power": [Interval(Integral, 0, None, closed="left"), StrOptions({"auto"})],
+        "iterated_power": [StrOptions({"auto"}), Interval(Integral, 0, None, closed="left")],
         "n_oversamples": [Interval(Integral, 1, None, closed="left")],
         "power_iteration_normalizer": [StrOptions({"auto", "QR", "LU", "none", "CholeskyQR2"})],
         "random_state": ["random_state"],
@@ -292,7 +293,7 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
             cumsum = np.cumsum(to_numpy(ratio))
             n_components = int(np.searchsorted(cumsum, n_components, side="right")) + 1
         if n_components < min(d, n):
-            self.noise_variance_ = float(explained_variance[n_components:].mean())
+            self.noise_variance_ = np.dtype(dtype).type(float(explained_variance[n_components:].mean()))
         else:
             self.noise_variance_ = 0.0
         self.n_samples_ = n
@@ -341,8 +342,8 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
         self.explained_variance_ratio_ = (self.explained_variance_.astype(xp.float64) / total_var).astype(dtype)
         self.singular_values_ = S.astype(dtype)
         if self.n_components_ < min(d, n):
-            self.noise_variance_ = (total_var - float(self.explained_variance_.astype(xp.float64).sum())) \
-                / (min(d, n) - n_components)
+            self.noise_variance_ = np.dtype(dtype).type(
+                (total_var - float(self.explained_variance_.astype(xp.float64).sum())) / (min(d, n) - n_components))
         else:
             self.noise_variance_ = 0.0
         self.mean_ = self.mean_.astype(dtype)

@@ -163,9 +163,8 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         n, d = int(counts.sum()), X.shape[1]
         k = self.n_components
         if self.algorithm == "arpack":
-            if not k < min(n, d):
-                raise ValueError(f"n_components({k}) must be < min(n_samples, n_features)={min(n, d)} with "
-                                 f"algorithm='arpack' (n_samples={n}, n_features={d}).")
+            if not k < min(n, d):  # scikit-learn passes this on from scipy's svds
+                raise ValueError("`k` must be an integer satisfying `0 < k < min(A.shape)`.")
             _, S, Vt, self.n_iter_ = block_lanczos_svd(X, k, comm=comm, xp=xp, tol=self.tol,
                                                        random_state=self.random_state)
         else:
