@@ -294,9 +294,34 @@ def sparse_checks():
                           else TypeError, "sparse score", "dense data is required")
 
 
+def robustness_checks():
+    """Issue 12's hard cases for the decompositions: fewer directions than components, constant data."""
+    rs = np.random.RandomState(9)
+    R = rs.randn(90, 2) @ rs.randn(2, 7)                       # rank 2, three components asked
+    for Xi in (R, sp.csr_matrix(R)):
+        for alg in ("randomized", "arpack"):
+            est = TruncatedSVD(3, algorithm=alg, random_state=0).fit(shard(Xi))
+            sk = skd.TruncatedSVD(3, algorithm=alg, random_state=0).fit(Xi)
+            tag = f"rank-2 TruncatedSVD {alg} sparse={sp.issparse(Xi)}"
+            assert_close(est.singular_values_, sk.singular_values_, f"{tag}: singular values", rtol=1e-8,
+                         atol=1e-6 * sk.singular_values_[0])
+            assert_close(est.components_[:2], sk.components_[:2], f"{tag}: the two real directions", rtol=1e-6,
+                         atol=1e-9)
+    C = np.ones((60, 4)) * [1.0, 2.0, 3.0, 4.0]                 # no variance at all
+    for solver in ("covariance_eigh", "full", "randomized", "arpack"):
+        est = PCA(2, svd_solver=solver, random_state=0).fit(shard(C))
+        check(np.isnan(est.explained_variance_ratio_).all() and np.all(est.explained_variance_ == 0),
+              f"constant X {solver}: {est.explained_variance_}, {est.explained_variance_ratio_}")
+        if solver != "arpack":  # scikit-learn's ARPACK raises ArpackError ("starting vector is zero") here
+            sk = skd.PCA(2, svd_solver=solver, random_state=0).fit(C)
+            check(np.isnan(sk.explained_variance_ratio_).all() and est.noise_variance_ == sk.noise_variance_,
+                  f"constant X {solver}: scikit-learn differs")
+
+
 def main():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
+        robustness_checks()
         sparse_checks()
         pca_checks()
         tsvd_checks()

@@ -330,7 +330,70 @@ def sparse_checks():
                  cls if size > 1 else TypeError, "dense data is required", "positive=True refuses sparse")
 
 
+def robustness_checks():
+    """Issue 12's hard cases: rank-deficient and constant X (dense and sparse), singular Hessians, separable
+    classes under every solver, NaN in y or in the weights on one rank; scikit-learn's answer or the same
+    error everywhere, never a hang."""
+    rs = np.random.RandomState(3)
+    X = rs.randn(300, 5)
+    Xd = np.column_stack([X, X[:, 0] - 2 * X[:, 1]])           # rank 5 of 6 columns
+    y = X @ rs.randn(5) + 0.1 * rs.randn(300)
+    s = sk.LinearRegression().fit(Xd, y)
+    for solver in ("normal", "tsqr"):
+        for Xi in (Xd, sp.csr_matrix(Xd)):
+            m = LinearRegression(solver=solver).fit(shard(Xi), shard(y))
+            check(rel(m.coef_, s.coef_) < 1e-6 and m.rank_ == s.rank_ == 5,
+                  f"rank-deficient {solver} sparse={sp.issparse(Xi)}: rel {rel(m.coef_, s.coef_):.1e}, rank {m.rank_}")
+    C = np.ones((300, 3)) * [1.0, -2.0, 5.0]                      # constant columns: rank 0 once centred
+    s = sk.LinearRegression().fit(C, y)
+    for Xi in (C, sp.csr_matrix(C)):
+        m = LinearRegression().fit(shard(Xi), shard(y))
+        check(np.array_equal(m.coef_, np.zeros(3)) and m.rank_ == s.rank_ == 0 and abs(m.intercept_ - s.intercept_) < 1e-12,
+              f"constant X: coef {m.coef_}, rank {m.rank_}, intercept {m.intercept_} vs {s.intercept_}")
+    # a singular Hessian (duplicated column, no penalty): Newton falls back to L-BFGS on every rank alike
+    yb = (X[:, 0] + 0.5 * rs.randn(300) > 0).astype(int)
+    Xdup = np.column_stack([X, X[:, 0]])
+    s = sk.LogisticRegression(C=np.inf, tol=1e-10, max_iter=1000).fit(Xdup, yb)
+    for solver in ("newton-cholesky", "newton-cg", "lbfgs"):
+        for Xi in (Xdup, sp.csr_matrix(Xdup)):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                m = LogisticRegression(C=np.inf, solver=solver, tol=1e-10, max_iter=1000).fit(shard(Xi), shard(yb))
+            kinds = sorted({w.category.__name__ for w in caught})
+            texts = comm.allgather_obj(kinds)
+            check(all(t == kinds for t in texts), f"singular Hessian {solver}: warnings differ across ranks {texts}")
+            assert_close(m.predict_proba(shard(Xi)), shard(s.predict_proba(Xdup)), f"singular Hessian {solver}: proba",
+                         rtol=1e-5, atol=1e-6)
+            same_on_every_rank(m.coef_, f"singular Hessian {solver}: coef_")
+    # perfectly separable classes without a penalty, every solver: finishes on every rank, separates
+    Xs = np.r_[rs.randn(60, 2) - 3, rs.randn(60, 2) + 3]
+    ys = np.r_[np.zeros(60, int), np.ones(60, int)]
+    for solver in ("lbfgs", "newton-cholesky", "newton-cg", "sag"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            m = LogisticRegression(C=np.inf, solver=solver, max_iter=30).fit(shard(Xs), shard(ys))
+        with warnings.catch_warnings(record=True) as sk_caught:
+            warnings.simplefilter("always")
+            sk.LogisticRegression(C=np.inf, solver=solver if solver != "sag" else "lbfgs", max_iter=30).fit(Xs, ys)
+        warned = any(issubclass(w.category, ConvergenceWarning) for w in caught)
+        sk_warned = any(issubclass(w.category, ConvergenceWarning) for w in sk_caught)
+        check(comm.allgather_obj(warned) == [warned] * size, f"separable {solver}: warning differs across ranks")
+        check(warned == sk_warned, f"separable {solver}: ConvergenceWarning {warned} vs scikit-learn {sk_warned}")
+        check(m.score(shard(Xs), shard(ys)) == 1.0, f"separable {solver}: training accuracy below 1")
+    # NaN in y or in the weights on the last rank only: the same error everywhere
+    cls = DistributedInputError if size > 1 else ValueError
+    yn = shard(y).copy()
+    wn = np.ones(len(yn))
+    if rank == size - 1 and len(yn):
+        yn[0] = np.nan
+        wn[0] = np.nan
+    expect_error(lambda: Ridge().fit(shard(X), yn), cls, "NaN", "NaN in y on one rank")
+    expect_error(lambda: LogisticRegression().fit(shard(X), shard(yb), sample_weight=wn), cls, "NaN",
+                 "NaN in sample_weight on one rank")
+
+
 def main():
+    robustness_checks()
     sparse_checks()
     regression_checks()
     X, y = classification_checks()

@@ -163,8 +163,9 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         n, d = int(counts.sum()), X.shape[1]
         k = self.n_components
         if self.algorithm == "arpack":
-            if not k < min(n, d):  # scikit-learn passes this on from scipy's svds
-                raise ValueError("`k` must be an integer satisfying `0 < k < min(A.shape)`.")
+            if not k < min(n, d):  # scikit-learn passes scipy's svds message on; the shape follows it here
+                raise ValueError(f"`k` must be an integer satisfying `0 < k < min(A.shape)`. (n_components={k}, "
+                                 f"n_samples={n}, n_features={d})")
             _, S, Vt, self.n_iter_ = block_lanczos_svd(X, k, comm=comm, xp=xp, tol=self.tol,
                                                        random_state=self.random_state)
         else:
