@@ -60,8 +60,9 @@ def _sk_single(comm, X, y):
     return comm.size == 1 and not is_device_array(X) and not is_device_array(y)
 
 
-def _check_device_sparse(X, accept_sparse):
-    """CSR for an accepted ``cupyx`` sparse shard; scikit-learn's TypeError where dense data is required."""
+def _sparse_as_csr(X, accept_sparse):
+    """CSR for an accepted sparse shard (SciPy's validation converts host input already; ``cupyx`` input is
+    converted here); scikit-learn's TypeError where dense data is required."""
     if not is_sparse(X):
         return X
     if not accept_sparse:
@@ -97,9 +98,9 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
     X, xp = validate_data(estimator, X, comm=comm, reset=reset, accept_sparse="csr" if accept_sparse else False)
     error = None
     if comm.size == 1 and xp is not np:
-        X = _check_device_sparse(X, accept_sparse)  # one process: scikit-learn's TypeError as is
+        X = _sparse_as_csr(X, accept_sparse)  # one process: scikit-learn's TypeError as is
     try:
-        X = _check_device_sparse(X, accept_sparse)
+        X = _sparse_as_csr(X, accept_sparse)
         if y is None:
             raise ValueError(f"{type(estimator).__name__} requires y to be passed, but the target y is None.")
         if xp is np:
@@ -169,10 +170,6 @@ def sparse_mismatch(flags):
             "of matrix).")
 
 
-def _refuse(X):
-    raise TypeError(SPARSE_DENSE_REQUIRED)
-
-
 def local_X(estimator, X, accept_sparse=True):
     """Validate rows for a local method (predict, decision_function): no communication.
 
@@ -186,7 +183,7 @@ def local_X(estimator, X, accept_sparse=True):
         # a rank without rows: valid in SPMD (scikit-learn's one-process check would refuse it)
         xp = get_namespace(X)
         if is_sparse(X):
-            X = _check_device_sparse(X, accept_sparse) if accept_sparse or xp is not np else _refuse(X)
+            X = _sparse_as_csr(X, accept_sparse)
         if X.shape[1] != estimator.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but {type(estimator).__name__} is expecting "
                              f"{estimator.n_features_in_} features as input.")
@@ -194,7 +191,7 @@ def local_X(estimator, X, accept_sparse=True):
     X, xp = validate_data(estimator, X, comm=get_comm("self"), reset=False,
                           accept_sparse="csr" if accept_sparse else False)
     if xp is not np:
-        X = _check_device_sparse(X, accept_sparse)
+        X = _sparse_as_csr(X, accept_sparse)
     return X, xp
 
 

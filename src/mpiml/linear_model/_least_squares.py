@@ -17,17 +17,12 @@ from ..base import SPMDEstimator
 from ..utils._linalg import is_sparse
 from ..utils._param_validation import Interval, StrOptions
 from ..utils._validation import validate_sample_weight
-from ._base import SPARSE_DENSE_REQUIRED, allreduce_identical, as_like, local_X, validate_X_y
+from ._base import allreduce_identical, as_like, local_X, validate_X_y
 from ._lsq_solvers import (SPARSE_GRAM_MAX_FEATURES, as_2d_targets, conjugate_gradient, factor_from_gram, lsqr,
                            lstsq_from_gram, lstsq_from_r, nnls_from_factor, ridge_from_gram, ridge_from_r,
                            solve_least_squares)
 
 __all__ = ["LinearRegression", "Ridge"]
-
-
-def _refuse_sparse_where_dense_required(X, why_dense):
-    if why_dense and is_sparse(X):
-        raise TypeError(SPARSE_DENSE_REQUIRED)
 
 
 class _LinearRegressorBase(MultiOutputMixin, RegressorMixin, SPMDEstimator):
@@ -267,7 +262,7 @@ class LinearRegression(_LinearRegressorBase):
                              "or set positive=False.")
         X, y, sw, xp, comm = self._fit_common(X, y, sample_weight, accept_sparse=not self.positive)
         solver = self._resolve_solver(X)
-        for name in ("rank_", "singular_", "n_iter_"):
+        for name in ("rank_", "singular_", "n_iter_", "_n_krylov_iter"):
             if hasattr(self, name):
                 delattr(self, name)
         common = dict(fit_intercept=self.fit_intercept, comm=comm, xp=xp)

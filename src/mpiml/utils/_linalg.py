@@ -85,7 +85,9 @@ def gram(A, *, shift=None, chunk_rows=None):
         Subtracted from every row first (the global mean for a covariance).
     chunk_rows : int, default=None
         Rows upcast at a time when ``A`` is not float64 (bounds the extra
-        memory); None picks about 64 MiB of float64.
+        memory); None picks about 64 MiB of float64.  A sparse ``A`` is not
+        densified: ``AᵀA`` is a sparse product and the shift is applied to
+        the ``d x d`` result.
 
     Returns
     -------
