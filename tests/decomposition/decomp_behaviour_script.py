@@ -45,7 +45,8 @@ def raised(fn):
 
 def errors():
     X = data()
-    for name, kw, sparse in (("PCA", dict(n_components=-1), False), ("PCA", dict(n_components=10, svd_solver="full"), False),
+    for name, kw, sparse in (("PCA", dict(n_components=-1), False),
+                             ("PCA", dict(n_components=10, svd_solver="full"), False),
                              ("PCA", dict(n_components=9, svd_solver="arpack"), False),
                              ("PCA", dict(n_components=3, svd_solver="randomized"), True),
                              ("PCA", dict(n_components="mle"), True),

@@ -83,7 +83,8 @@ def test_invalid_parameter_raises_scikit_learns_error(name, param, value):
 
 FIT_ERRORS = [
     ("PCA", dict(n_components=9, svd_solver="full"), {}), ("PCA", dict(n_components=8, svd_solver="arpack"), {}),
-    ("PCA", dict(n_components=0.5, svd_solver="arpack"), {}), ("PCA", dict(n_components="mle", svd_solver="randomized"), {}),
+    ("PCA", dict(n_components=0.5, svd_solver="arpack"), {}),
+    ("PCA", dict(n_components="mle", svd_solver="randomized"), {}),
     ("PCA", dict(n_components=9, svd_solver="randomized"), {}), ("PCA", dict(n_components=0, svd_solver="arpack"), {}),
     ("PCA", dict(n_components="mle"), dict(n=5)), ("PCA", dict(n_components=3, svd_solver="full"), dict(sparse=True)),
     ("PCA", dict(n_components=3, svd_solver="randomized"), dict(sparse=True)),

@@ -97,7 +97,8 @@ def warnings_everywhere():
     X, y = data("multi")
     X = X * 30.0
     for kw, category in ((dict(penalty="l2"), FutureWarning), (dict(n_jobs=4), FutureWarning),
-                         (dict(max_iter=2), ConvergenceWarning), (dict(solver="newton-cg", max_iter=1), ConvergenceWarning)):
+                         (dict(max_iter=2), ConvergenceWarning),
+                         (dict(solver="newton-cg", max_iter=1), ConvergenceWarning)):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             LogisticRegression(**kw).fit(shard(X), shard(y))

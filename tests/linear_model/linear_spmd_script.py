@@ -243,7 +243,8 @@ def error_checks(X, y):
     for solver in ("auto", "normal"):
         m = LinearRegression(positive=True, solver=solver).fit(Xl, yr)
         s = sk.LinearRegression(positive=True).fit(X, X @ np.abs(np.arange(X.shape[1]) - 2.0) + 0.1 * y)
-        check(rel(m.coef_, s.coef_) < 1e-8 and m.coef_.min() >= 0, f"positive=True {solver}: rel {rel(m.coef_, s.coef_):.1e}")
+        check(rel(m.coef_, s.coef_) < 1e-8 and m.coef_.min() >= 0,
+              f"positive=True {solver}: rel {rel(m.coef_, s.coef_):.1e}")
     expect_error(lambda: LinearRegression(positive=True, solver="lsqr").fit(Xl, yl), ValueError, "positive=True",
                  "positive with lsqr")
     expect_error(lambda: Ridge(alpha=[1.0, 2.0]).fit(Xl, yl), ValueError, "Number of targets",
@@ -284,11 +285,13 @@ def sparse_checks():
         for solver in ("cholesky", "svd", "lsqr", "sparse_cg", "saga"):
             r = Ridge(alpha=[0.3, 30.0], solver=solver, tol=1e-12).fit(Xl, Yl, sample_weight=wl)
             s = sk.Ridge(alpha=[0.3, 30.0]).fit(Xd, Y, sample_weight=w)
-            check(rel(r.coef_, s.coef_) < 1e-7, f"sparse Ridge {solver} skip={skip}: coef rel {rel(r.coef_, s.coef_):.1e}")
+            check(rel(r.coef_, s.coef_) < 1e-7,
+                  f"sparse Ridge {solver} skip={skip}: coef rel {rel(r.coef_, s.coef_):.1e}")
             assert_close(r.intercept_, s.intercept_, f"sparse Ridge {solver}: intercept", rtol=1e-7, atol=1e-7)
         r = Ridge(alpha=2.0, positive=True).fit(Xl, yl - 2 * shard(Xd[:, 0], skip))
         s = sk.Ridge(alpha=2.0, positive=True, tol=1e-12).fit(Xd, y - 2 * Xd[:, 0])
-        check(rel(r.coef_, s.coef_) < 1e-5 and r.coef_.min() >= 0, f"sparse Ridge positive: rel {rel(r.coef_, s.coef_):.1e}")
+        check(rel(r.coef_, s.coef_) < 1e-5 and r.coef_.min() >= 0,
+              f"sparse Ridge positive: rel {rel(r.coef_, s.coef_):.1e}")
     # sparse data with many features: "auto" runs LSQR / CG (the threshold lowered for the test)
     saved = lsq.SPARSE_GRAM_MAX_FEATURES
     lsq.SPARSE_GRAM_MAX_FEATURES = 4
@@ -309,9 +312,9 @@ def sparse_checks():
             s = sk.LogisticRegression(solver=solver, C=2.0, tol=1e-10, max_iter=500).fit(X, target, sample_weight=w)
             m = LogisticRegression(solver=solver, C=2.0, tol=1e-10, max_iter=500).fit(
                 shard(X, True), shard(target, True), sample_weight=shard(w, True))
-            check(rel(m.coef_, s.coef_) < 1e-6, f"sparse logistic {name} {solver}: coef rel {rel(m.coef_, s.coef_):.1e}")
-            assert_close(m.predict_proba(shard(X)), shard(s.predict_proba(X)), f"sparse logistic {name} {solver}: proba",
-                         rtol=1e-6, atol=1e-8)
+            tag = f"sparse logistic {name} {solver}"
+            check(rel(m.coef_, s.coef_) < 1e-6, f"{tag}: coef rel {rel(m.coef_, s.coef_):.1e}")
+            assert_close(m.predict_proba(shard(X)), shard(s.predict_proba(X)), f"{tag}: proba", rtol=1e-6, atol=1e-8)
             check(abs(m.score(shard(X), shard(target)) - s.score(X, target)) < 1e-12, f"sparse logistic {name}: score")
             same_on_every_rank(m.coef_, f"sparse logistic {name} {solver}: coef_")
 
@@ -348,7 +351,8 @@ def robustness_checks():
     s = sk.LinearRegression().fit(C, y)
     for Xi in (C, sp.csr_matrix(C)):
         m = LinearRegression().fit(shard(Xi), shard(y))
-        check(np.array_equal(m.coef_, np.zeros(3)) and m.rank_ == s.rank_ == 0 and abs(m.intercept_ - s.intercept_) < 1e-12,
+        check(np.array_equal(m.coef_, np.zeros(3)) and m.rank_ == s.rank_ == 0
+              and abs(m.intercept_ - s.intercept_) < 1e-12,
               f"constant X: coef {m.coef_}, rank {m.rank_}, intercept {m.intercept_} vs {s.intercept_}")
     # a singular Hessian (duplicated column, no penalty): Newton falls back to L-BFGS on every rank alike
     yb = (X[:, 0] + 0.5 * rs.randn(300) > 0).astype(int)

@@ -68,7 +68,7 @@ def test_sparse_cupyx_matches_scipy():
     g32 = Ridge(alpha=2.0).fit(Xg.astype(cp.float32), yg.astype(cp.float32))
     assert g32.coef_.dtype == cp.float32
     np.testing.assert_allclose(g32.coef_.get(), Ridge(alpha=2.0).fit(X, y).coef_, rtol=1e-4, atol=1e-5)
-    labels = np.digitize(np.asarray(X[:, :3].sum(axis=1)).ravel(), [0.1, 0.4])
+    labels = np.digitize(np.asarray(X[:, :3].sum(axis=1)).ravel(), [0.8, 1.3])  # 3 classes
     for solver in ("lbfgs", "newton-cholesky", "newton-cg"):
         g = LogisticRegression(solver=solver, tol=1e-10, max_iter=300).fit(Xg, cp.asarray(labels))
         h = LogisticRegression(solver=solver, tol=1e-10, max_iter=300).fit(X, labels)

@@ -20,7 +20,8 @@ from mpiml.linear_model import LinearRegression, LogisticRegression, Ridge
 def _expected_failed(est):
     if isinstance(est, Ridge) and est.solver not in ("lsqr",):
         return {"check_non_transformer_estimators_n_iter":
-                "n_iter_ is None for Ridge's solvers other than lsqr, as in scikit-learn (whose Ridge fails this check too)"}
+                "n_iter_ is None for Ridge's solvers other than lsqr, as in scikit-learn "
+                "(whose Ridge fails this check too)"}
     return {}
 
 

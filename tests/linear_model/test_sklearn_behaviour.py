@@ -204,7 +204,8 @@ def test_unfitted_and_wrong_feature_count(name):
 def test_one_class_only_is_scikit_learns_error():
     X, _ = _data("bin")
     y = np.full(len(X), 3)
-    theirs, ours = _raised(lambda: sk.LogisticRegression().fit(X, y)), _raised(lambda: ml.LogisticRegression().fit(X, y))
+    theirs = _raised(lambda: sk.LogisticRegression().fit(X, y))
+    ours = _raised(lambda: ml.LogisticRegression().fit(X, y))
     assert type(ours) is ValueError and str(ours) == str(theirs)
 
 
@@ -217,7 +218,8 @@ def _warnings(fn):
 
 
 WARNING_CASES = [
-    dict(penalty="l2"), dict(penalty=None, C=2.0), dict(l1_ratio=None), dict(n_jobs=2), dict(penalty="l2", l1_ratio=0.5),
+    dict(penalty="l2"), dict(penalty=None, C=2.0), dict(l1_ratio=None), dict(n_jobs=2),
+    dict(penalty="l2", l1_ratio=0.5),
     dict(max_iter=2), dict(solver="newton-cholesky", max_iter=1), dict(solver="newton-cg", max_iter=1),
 ]
 

@@ -388,7 +388,8 @@ def _launch(ranks, argv_extra, env=None):
 
 def main(argv):
     """Entry point of ``mpiml bench ml``; returns the exit status."""
-    if {"linreg", "logreg", "ridge", "tsvd", "--algo=linreg", "--algo=logreg", "--algo=ridge", "--algo=tsvd"} & set(argv):
+    linear = ("linreg", "logreg", "ridge", "tsvd")
+    if set(linear) & set(argv) or {f"--algo={a}" for a in linear} & set(argv):
         from .ml_linear import main as linear_main
 
         return linear_main([a.split("=", 1)[1] if a.startswith("--algo=") else a for a in argv])
