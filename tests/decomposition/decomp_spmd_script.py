@@ -12,6 +12,7 @@ import sys
 import warnings
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn import decomposition as skd
 
 import mpiml
@@ -225,9 +226,103 @@ def error_checks():
         same_error_everywhere(lambda: PCA(2).fit(bad), ValueError, "NaN single", "Input X contains NaN")
 
 
+def make_sparse(n, d, seed, density=0.2):
+    """A CSR matrix with a decaying column scale (distinct singular values) and non-zero column means."""
+    rs = np.random.RandomState(seed)
+    X = sp.random(n, d, density=density, random_state=rs, format="csr")
+    X.data += 0.5
+    return sp.csr_matrix(X @ sp.diags(3.0 * 0.85 ** np.arange(d)))
+
+
+def sparse_checks():
+    """CSR shards: PCA (implicit centring) and TruncatedSVD equal scikit-learn on the gathered CSR matrix."""
+    X = make_sparse(300, 25, 11)
+    for empty in (False, True):
+        Xl = shard(X, empty)
+        rows = slice(bounds(X.shape[0], empty)[rank], bounds(X.shape[0], empty)[rank + 1])
+        for solver in ("auto", "arpack", "covariance_eigh"):
+            for whiten in (False, True):
+                tag = f"sparse PCA {solver} whiten={whiten} empty={empty}"
+                est = PCA(4, svd_solver=solver, whiten=whiten, random_state=0)
+                Z = est.fit_transform(Xl)
+                sk = skd.PCA(4, svd_solver=solver, whiten=whiten, random_state=0)
+                Zsk = sk.fit_transform(X)
+                check(est._fit_svd_solver == sk._fit_svd_solver, f"{tag}: solver {est._fit_svd_solver}")
+                compare(est, sk, tag, PCA_ATTRS)
+                assert_close(Z, Zsk[rows], f"{tag}: fit_transform", rtol=1e-6, atol=1e-9 * np.abs(Zsk).max())
+                assert_close(est.transform(Xl), sk.transform(X)[rows], f"{tag}: transform", rtol=1e-6,
+                             atol=1e-9 * np.abs(Zsk).max())
+                if not whiten and solver == "auto":
+                    dense = PCA(4, svd_solver="arpack", random_state=0).fit(Xl.toarray())
+                    assert_close(est.components_, dense.components_, f"{tag}: sparse vs dense", rtol=1e-8, atol=1e-10)
+        for alg in ("randomized", "arpack"):
+            tag = f"sparse TruncatedSVD {alg} empty={empty}"
+            est = TruncatedSVD(4, algorithm=alg, random_state=0)
+            Z = est.fit_transform(Xl)
+            sk = skd.TruncatedSVD(4, algorithm=alg, random_state=0)
+            Zsk = sk.fit_transform(X)
+            compare(est, sk, tag, TSVD_ATTRS)
+            assert_close(Z, Zsk[rows], f"{tag}: fit_transform", rtol=1e-6, atol=1e-9 * np.abs(Zsk).max())
+            assert_close(est.transform(Xl), sk.transform(X)[rows], f"{tag}: transform", rtol=1e-6,
+                         atol=1e-9 * np.abs(Zsk).max())
+            dense = TruncatedSVD(4, algorithm=alg, random_state=0).fit(Xl.toarray())
+            assert_close(est.components_, dense.components_, f"{tag}: sparse vs dense", rtol=1e-8, atol=1e-10)
+    # wide sparse data (n < d: the randomised solver works on the transpose)
+    W = make_sparse(40, 90, 12, density=0.3)
+    for alg in ("randomized", "arpack"):
+        est = TruncatedSVD(3, algorithm=alg, random_state=1).fit(shard(W))
+        sk = skd.TruncatedSVD(3, algorithm=alg, random_state=1).fit(W)
+        compare(est, sk, f"sparse TruncatedSVD wide {alg}", TSVD_ATTRS)
+    # scikit-learn's TypeError for the solvers that need dense data, on every rank; sparse on some ranks only
+    # counts as sparse (the solver is chosen alike everywhere)
+    for solver in ("full", "randomized"):
+        same_error_everywhere(lambda: PCA(3, svd_solver=solver).fit(shard(X)), TypeError, f"sparse PCA {solver}",
+                              f'while "{solver}" was passed')
+    if size > 1:
+        mixed = shard(X) if rank == 0 else shard(X).toarray()
+        est = PCA(4, random_state=0).fit(mixed)
+        sk = skd.PCA(4, random_state=0).fit(X)
+        compare(est, sk, "PCA sparse on rank 0 only", PCA_ATTRS)
+        same_error_everywhere(lambda: PCA(3, svd_solver="full").fit(mixed), TypeError, "mixed full",
+                              'while "full" was passed')
+    bad = shard(X).copy()
+    if rank == size - 1 and bad.nnz:
+        bad.data[0] = np.nan
+    same_error_everywhere(lambda: TruncatedSVD(2).fit(bad), DistributedInputError if size > 1 else ValueError,
+                          "sparse NaN", "NaN")
+    same_error_everywhere(lambda: PCA(2).fit(shard(X)).score(shard(X)), DistributedInputError if size > 1
+                          else TypeError, "sparse score", "dense data is required")
+
+
+def robustness_checks():
+    """Issue 12's hard cases for the decompositions: fewer directions than components, constant data."""
+    rs = np.random.RandomState(9)
+    R = rs.randn(90, 2) @ rs.randn(2, 7)                       # rank 2, three components asked
+    for Xi in (R, sp.csr_matrix(R)):
+        for alg in ("randomized", "arpack"):
+            est = TruncatedSVD(3, algorithm=alg, random_state=0).fit(shard(Xi))
+            sk = skd.TruncatedSVD(3, algorithm=alg, random_state=0).fit(Xi)
+            tag = f"rank-2 TruncatedSVD {alg} sparse={sp.issparse(Xi)}"
+            assert_close(est.singular_values_, sk.singular_values_, f"{tag}: singular values", rtol=1e-8,
+                         atol=1e-6 * sk.singular_values_[0])
+            assert_close(est.components_[:2], sk.components_[:2], f"{tag}: the two real directions", rtol=1e-6,
+                         atol=1e-9)
+    C = np.ones((60, 4)) * [1.0, 2.0, 3.0, 4.0]                 # no variance at all
+    for solver in ("covariance_eigh", "full", "randomized", "arpack"):
+        est = PCA(2, svd_solver=solver, random_state=0).fit(shard(C))
+        check(np.isnan(est.explained_variance_ratio_).all() and np.all(est.explained_variance_ == 0),
+              f"constant X {solver}: {est.explained_variance_}, {est.explained_variance_ratio_}")
+        if solver != "arpack":  # scikit-learn's ARPACK raises ArpackError ("starting vector is zero") here
+            sk = skd.PCA(2, svd_solver=solver, random_state=0).fit(C)
+            check(np.isnan(sk.explained_variance_ratio_).all() and est.noise_variance_ == sk.noise_variance_,
+                  f"constant X {solver}: scikit-learn differs")
+
+
 def main():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
+        robustness_checks()
+        sparse_checks()
         pca_checks()
         tsvd_checks()
         error_checks()

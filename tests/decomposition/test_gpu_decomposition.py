@@ -63,3 +63,41 @@ def test_decomposition_on_two_gpus(mpi):
     if cp.cuda.runtime.getDeviceCount() < 2:
         pytest.skip("needs 2 GPUs")
     mpi(None, 2, code=GPU_SPMD, timeout=180)
+
+
+def test_sparse_cupyx_matches_scipy():
+    """PCA (implicit centring) and TruncatedSVD on cupyx CSR equal the SciPy CSR results."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+    import scipy.sparse as sp
+
+    from mpiml.decomposition import PCA, TruncatedSVD
+
+    rs = np.random.RandomState(0)
+    X = sp.random(3000, 60, density=0.1, random_state=rs, format="csr")
+    X = sp.csr_matrix(X @ sp.diags(2.0 * 0.9 ** np.arange(60)))
+    Xg = csp.csr_matrix(X)
+    for solver in ("auto", "arpack", "covariance_eigh"):
+        g = PCA(5, svd_solver=solver, random_state=0).fit(Xg)
+        h = PCA(5, svd_solver=solver, random_state=0).fit(X)
+        assert g._fit_svd_solver == h._fit_svd_solver and isinstance(g.components_, cp.ndarray)
+        np.testing.assert_allclose(g.components_.get(), h.components_, rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(g.explained_variance_ratio_.get(), h.explained_variance_ratio_, rtol=1e-8)
+        T = g.transform(Xg)
+        assert isinstance(T, cp.ndarray)
+        np.testing.assert_allclose(T.get(), h.transform(X), rtol=1e-6, atol=1e-8)
+    for algorithm in ("randomized", "arpack"):
+        g = TruncatedSVD(5, algorithm=algorithm, random_state=0).fit(Xg)
+        h = TruncatedSVD(5, algorithm=algorithm, random_state=0).fit(X)
+        np.testing.assert_allclose(g.singular_values_.get(), h.singular_values_, rtol=1e-7)
+        np.testing.assert_allclose(g.components_.get(), h.components_, rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(g.explained_variance_ratio_.get(), h.explained_variance_ratio_, rtol=1e-7)
+        np.testing.assert_allclose(g.transform(Xg).get(), h.transform(X), rtol=1e-6, atol=1e-8)
+    g32 = TruncatedSVD(4, random_state=0).fit(Xg.astype(cp.float32))
+    assert g32.components_.dtype == cp.float32
+    np.testing.assert_allclose(g32.singular_values_.get(), TruncatedSVD(4, random_state=0).fit(X).singular_values_,
+                               rtol=1e-4)
+    with pytest.raises(TypeError, match='while "full" was passed'):
+        PCA(3, svd_solver="full").fit(Xg)
+    with pytest.raises(TypeError, match="dense data is required"):
+        PCA(3).fit(Xg).score(Xg)

@@ -13,6 +13,7 @@ import sys
 import warnings
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn import linear_model as sk
 from sklearn.datasets import make_classification, make_regression
 from sklearn.exceptions import ConvergenceWarning
@@ -178,9 +179,9 @@ def classification_checks():
         # class_weight as a dict, no penalty
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            s = sk.LogisticRegression(penalty=None, class_weight={0: 2.0, 2: 0.5}, solver=solver, tol=1e-10,
+            s = sk.LogisticRegression(C=np.inf, class_weight={0: 2.0, 2: 0.5}, solver=solver, tol=1e-10,
                                       max_iter=500).fit(X, y)
-        m = LogisticRegression(None, class_weight={0: 2.0, 2: 0.5}, **opts).fit(Xl, yl)
+        m = LogisticRegression(C=np.inf, class_weight={0: 2.0, 2: 0.5}, **opts).fit(Xl, yl)
         check(rel(m.coef_, s.coef_) < 1e-5, f"{solver}: unpenalised dict-weighted coef rel {rel(m.coef_, s.coef_):.1e}")
 
     # the profile shows one allreduce per L-BFGS function evaluation (+1 for the class counts)
@@ -198,7 +199,7 @@ def classification_checks():
     for max_iter in (5, 100):  # at 5 iterations both warn
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            m = LogisticRegression(None, max_iter=max_iter).fit(shard(Xs), shard(ysep))
+            m = LogisticRegression(C=np.inf, max_iter=max_iter).fit(shard(Xs), shard(ysep))
         with warnings.catch_warnings(record=True) as sk_caught:
             warnings.simplefilter("always")
             sk.LogisticRegression(C=np.inf, max_iter=max_iter).fit(Xs, ysep)
@@ -238,15 +239,166 @@ def error_checks(X, y):
         expect_error(lambda: LogisticRegression().fit(Xl, ymix), cls, "text labels", "labels text here only")
     expect_error(lambda: LogisticRegression().fit(Xl, np.full(len(Xl), 7)), ValueError, "only one class",
                  "one class only")
-    expect_error(lambda: LinearRegression(positive=True).fit(Xl, yl), ValueError, "positive=True",
-                 "positive=True")
+    yr = Xl @ np.abs(np.arange(Xl.shape[1]) - 2.0) + 0.1 * yl
+    for solver in ("auto", "normal"):
+        m = LinearRegression(positive=True, solver=solver).fit(Xl, yr)
+        s = sk.LinearRegression(positive=True).fit(X, X @ np.abs(np.arange(X.shape[1]) - 2.0) + 0.1 * y)
+        check(rel(m.coef_, s.coef_) < 1e-8 and m.coef_.min() >= 0,
+              f"positive=True {solver}: rel {rel(m.coef_, s.coef_):.1e}")
+    expect_error(lambda: LinearRegression(positive=True, solver="lsqr").fit(Xl, yl), ValueError, "positive=True",
+                 "positive with lsqr")
     expect_error(lambda: Ridge(alpha=[1.0, 2.0]).fit(Xl, yl), ValueError, "Number of targets",
                  "alphas vs targets")
     yc = yl + 0.5
     expect_error(lambda: LogisticRegression().fit(Xl, yc), cls, "continuous", "continuous labels")
 
 
+def sparse_checks():
+    """CSR shards: equal to the dense fit and to scikit-learn on the gathered rows; never a different answer
+    because a rank holds no rows or because the solver is iterative."""
+    import mpiml.linear_model._least_squares as lsq
+
+    rs = np.random.RandomState(7)
+    X = sp.random(600, 12, density=0.3, random_state=rs, format="csr")
+    X.data += 1.0  # non-zero means, so the implicit centring matters
+    Xd = X.toarray()
+    Y = Xd @ rs.randn(12, 2) + 0.1 * rs.randn(600, 2) + [3.0, -1.0]
+    y = Y[:, 0]
+    w = rs.uniform(0.5, 2.0, 600)
+    for skip in (False, True):
+        Xl, yl, Yl, wl = shard(X, skip), shard(y, skip), shard(Y, skip), shard(w, skip)
+        check(sp.issparse(Xl), "the shard is sparse")
+        s = sk.LinearRegression().fit(Xd, y, sample_weight=w)
+        for solver in ("normal", "tsqr", "lsqr"):
+            tol = 1e-12 if solver == "lsqr" else 1e-6
+            m = LinearRegression(solver=solver, tol=tol).fit(Xl, yl, sample_weight=wl)
+            bound = 1e-7 if solver == "lsqr" else 1e-9
+            check(rel(m.coef_, s.coef_) < bound, f"sparse {solver} skip={skip}: coef rel {rel(m.coef_, s.coef_):.1e}")
+            check(abs(m.intercept_ - s.intercept_) < 1e-7, f"sparse {solver}: intercept")
+            assert_close(m.predict(Xl), shard(s.predict(Xd), skip), f"sparse {solver}: predict", rtol=1e-7, atol=1e-7)
+            check(abs(m.score(Xl, yl, sample_weight=wl) - s.score(Xd, y, sample_weight=w)) < 1e-9,
+                  f"sparse {solver}: score")
+            same_on_every_rank(m.coef_, f"sparse {solver}: coef_")
+        dense = LinearRegression().fit(shard(Xd, skip), yl, sample_weight=wl)
+        check(rel(LinearRegression().fit(Xl, yl, sample_weight=wl).coef_, dense.coef_) < 1e-10,
+              "sparse normal equals the dense fit")
+        for solver in ("cholesky", "svd", "lsqr", "sparse_cg", "saga"):
+            r = Ridge(alpha=[0.3, 30.0], solver=solver, tol=1e-12).fit(Xl, Yl, sample_weight=wl)
+            s = sk.Ridge(alpha=[0.3, 30.0]).fit(Xd, Y, sample_weight=w)
+            check(rel(r.coef_, s.coef_) < 1e-7,
+                  f"sparse Ridge {solver} skip={skip}: coef rel {rel(r.coef_, s.coef_):.1e}")
+            assert_close(r.intercept_, s.intercept_, f"sparse Ridge {solver}: intercept", rtol=1e-7, atol=1e-7)
+        r = Ridge(alpha=2.0, positive=True).fit(Xl, yl - 2 * shard(Xd[:, 0], skip))
+        s = sk.Ridge(alpha=2.0, positive=True, tol=1e-12).fit(Xd, y - 2 * Xd[:, 0])
+        check(rel(r.coef_, s.coef_) < 1e-5 and r.coef_.min() >= 0,
+              f"sparse Ridge positive: rel {rel(r.coef_, s.coef_):.1e}")
+    # sparse data with many features: "auto" runs LSQR / CG (the threshold lowered for the test)
+    saved = lsq.SPARSE_GRAM_MAX_FEATURES
+    lsq.SPARSE_GRAM_MAX_FEATURES = 4
+    try:
+        m = LinearRegression(tol=1e-12).fit(shard(X), shard(y))
+        r = Ridge(alpha=1.0, tol=1e-12).fit(shard(X), shard(y))
+    finally:
+        lsq.SPARSE_GRAM_MAX_FEATURES = saved
+    check(m.solver_ == "lsqr" and r.solver_ == "sparse_cg", f"auto with many features: {m.solver_}, {r.solver_}")
+    check(rel(m.coef_, sk.LinearRegression().fit(Xd, y).coef_) < 1e-7, "auto lsqr coef")
+    check(rel(r.coef_, sk.Ridge(alpha=1.0).fit(Xd, y).coef_) < 1e-7, "auto sparse_cg coef")
+
+    # logistic regression: binary and multinomial, every solver, against scikit-learn on the gathered CSR
+    yb = (Xd[:, 0] + Xd[:, 1] - Xd[:, 2] + 0.3 * rs.randn(600) > 0.4).astype(int)
+    ym = np.digitize(Xd[:, 3] - Xd[:, 4] + 0.2 * rs.randn(600), [-0.3, 0.3])
+    for target, name in ((yb, "binary"), (ym, "multinomial")):
+        for solver in ("lbfgs", "newton-cholesky", "newton-cg"):
+            s = sk.LogisticRegression(solver=solver, C=2.0, tol=1e-10, max_iter=500).fit(X, target, sample_weight=w)
+            m = LogisticRegression(solver=solver, C=2.0, tol=1e-10, max_iter=500).fit(
+                shard(X, True), shard(target, True), sample_weight=shard(w, True))
+            tag = f"sparse logistic {name} {solver}"
+            check(rel(m.coef_, s.coef_) < 1e-6, f"{tag}: coef rel {rel(m.coef_, s.coef_):.1e}")
+            assert_close(m.predict_proba(shard(X)), shard(s.predict_proba(X)), f"{tag}: proba", rtol=1e-6, atol=1e-8)
+            check(abs(m.score(shard(X), shard(target)) - s.score(X, target)) < 1e-12, f"sparse logistic {name}: score")
+            same_on_every_rank(m.coef_, f"sparse logistic {name} {solver}: coef_")
+
+    # every rank must pass the same kind of matrix; NaN or a feature count that differs: one error everywhere
+    cls = DistributedInputError if size > 1 else ValueError
+    if size > 1:
+        mixed = shard(X) if rank != size - 1 else shard(Xd)
+        expect_error(lambda: LinearRegression().fit(mixed, shard(y)), cls, "sparse on rank(s)", "sparse here only")
+        narrow = shard(X) if rank != size - 1 else shard(X)[:, :-1]
+        expect_error(lambda: Ridge().fit(narrow, shard(y)), cls, "features", "sparse n_features differs")
+    bad = shard(X).copy()
+    if rank == size - 1 and bad.nnz:
+        bad.data[0] = np.nan
+    expect_error(lambda: LogisticRegression().fit(bad, shard(yb)), cls, "NaN", "NaN in a sparse shard")
+    expect_error(lambda: LinearRegression(positive=True).fit(shard(X), shard(y)),
+                 cls if size > 1 else TypeError, "dense data is required", "positive=True refuses sparse")
+
+
+def robustness_checks():
+    """Issue 12's hard cases: rank-deficient and constant X (dense and sparse), singular Hessians, separable
+    classes under every solver, NaN in y or in the weights on one rank; scikit-learn's answer or the same
+    error everywhere, never a hang."""
+    rs = np.random.RandomState(3)
+    X = rs.randn(300, 5)
+    Xd = np.column_stack([X, X[:, 0] - 2 * X[:, 1]])           # rank 5 of 6 columns
+    y = X @ rs.randn(5) + 0.1 * rs.randn(300)
+    s = sk.LinearRegression().fit(Xd, y)
+    for solver in ("normal", "tsqr"):
+        for Xi in (Xd, sp.csr_matrix(Xd)):
+            m = LinearRegression(solver=solver).fit(shard(Xi), shard(y))
+            check(rel(m.coef_, s.coef_) < 1e-6 and m.rank_ == s.rank_ == 5,
+                  f"rank-deficient {solver} sparse={sp.issparse(Xi)}: rel {rel(m.coef_, s.coef_):.1e}, rank {m.rank_}")
+    C = np.ones((300, 3)) * [1.0, -2.0, 5.0]                      # constant columns: rank 0 once centred
+    s = sk.LinearRegression().fit(C, y)
+    for Xi in (C, sp.csr_matrix(C)):
+        m = LinearRegression().fit(shard(Xi), shard(y))
+        check(np.array_equal(m.coef_, np.zeros(3)) and m.rank_ == s.rank_ == 0
+              and abs(m.intercept_ - s.intercept_) < 1e-12,
+              f"constant X: coef {m.coef_}, rank {m.rank_}, intercept {m.intercept_} vs {s.intercept_}")
+    # a singular Hessian (duplicated column, no penalty): Newton falls back to L-BFGS on every rank alike
+    yb = (X[:, 0] + 0.5 * rs.randn(300) > 0).astype(int)
+    Xdup = np.column_stack([X, X[:, 0]])
+    s = sk.LogisticRegression(C=np.inf, tol=1e-10, max_iter=1000).fit(Xdup, yb)
+    for solver in ("newton-cholesky", "newton-cg", "lbfgs"):
+        for Xi in (Xdup, sp.csr_matrix(Xdup)):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                m = LogisticRegression(C=np.inf, solver=solver, tol=1e-10, max_iter=1000).fit(shard(Xi), shard(yb))
+            kinds = sorted({w.category.__name__ for w in caught})
+            texts = comm.allgather_obj(kinds)
+            check(all(t == kinds for t in texts), f"singular Hessian {solver}: warnings differ across ranks {texts}")
+            assert_close(m.predict_proba(shard(Xi)), shard(s.predict_proba(Xdup)), f"singular Hessian {solver}: proba",
+                         rtol=1e-5, atol=1e-6)
+            same_on_every_rank(m.coef_, f"singular Hessian {solver}: coef_")
+    # perfectly separable classes without a penalty, every solver: finishes on every rank, separates
+    Xs = np.r_[rs.randn(60, 2) - 3, rs.randn(60, 2) + 3]
+    ys = np.r_[np.zeros(60, int), np.ones(60, int)]
+    for solver in ("lbfgs", "newton-cholesky", "newton-cg", "sag"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            m = LogisticRegression(C=np.inf, solver=solver, max_iter=30).fit(shard(Xs), shard(ys))
+        with warnings.catch_warnings(record=True) as sk_caught:
+            warnings.simplefilter("always")
+            sk.LogisticRegression(C=np.inf, solver=solver if solver != "sag" else "lbfgs", max_iter=30).fit(Xs, ys)
+        warned = any(issubclass(w.category, ConvergenceWarning) for w in caught)
+        sk_warned = any(issubclass(w.category, ConvergenceWarning) for w in sk_caught)
+        check(comm.allgather_obj(warned) == [warned] * size, f"separable {solver}: warning differs across ranks")
+        check(warned == sk_warned, f"separable {solver}: ConvergenceWarning {warned} vs scikit-learn {sk_warned}")
+        check(m.score(shard(Xs), shard(ys)) == 1.0, f"separable {solver}: training accuracy below 1")
+    # NaN in y or in the weights on the last rank only: the same error everywhere
+    cls = DistributedInputError if size > 1 else ValueError
+    yn = shard(y).copy()
+    wn = np.ones(len(yn))
+    if rank == size - 1 and len(yn):
+        yn[0] = np.nan
+        wn[0] = np.nan
+    expect_error(lambda: Ridge().fit(shard(X), yn), cls, "NaN", "NaN in y on one rank")
+    expect_error(lambda: LogisticRegression().fit(shard(X), shard(yb), sample_weight=wn), cls, "NaN",
+                 "NaN in sample_weight on one rank")
+
+
 def main():
+    robustness_checks()
+    sparse_checks()
     regression_checks()
     X, y = classification_checks()
     error_checks(X, y)

@@ -32,8 +32,8 @@ __all__ = ["main"]
 def _parser():
     p = argparse.ArgumentParser(prog="mpiml bench ml", description="ML benchmark: KMeans time per Lloyd iteration "
                                 "vs its floor, strong and weak scaling, scikit-learn and Heat.")
-    p.add_argument("--algo", choices=("kmeans", "linreg", "logreg", "rf", "knn"), default="kmeans",
-                   help="linreg / logreg: see mpiml.bench.ml_linear; rf: see mpiml.bench.ml_rf; "
+    p.add_argument("--algo", choices=("kmeans", "linreg", "logreg", "ridge", "tsvd", "rf", "knn"), default="kmeans",
+                   help="linreg / logreg / ridge / tsvd: see mpiml.bench.ml_linear; rf: see mpiml.bench.ml_rf; "
                    "knn: see mpiml.bench.ml_knn")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     p.add_argument("--ranks", default=None, help="comma-separated rank counts (default 1,2,4 on GPUs "
@@ -388,7 +388,8 @@ def _launch(ranks, argv_extra, env=None):
 
 def main(argv):
     """Entry point of ``mpiml bench ml``; returns the exit status."""
-    if {"linreg", "logreg", "--algo=linreg", "--algo=logreg"} & set(argv):
+    linear = ("linreg", "logreg", "ridge", "tsvd")
+    if set(linear) & set(argv) or {f"--algo={a}" for a in linear} & set(argv):
         from .ml_linear import main as linear_main
 
         return linear_main([a.split("=", 1)[1] if a.startswith("--algo=") else a for a in argv])

@@ -7,11 +7,12 @@ import numpy as np
 from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 
 from .._array import get_namespace, is_device_array, to_numpy
+from .._errors import DistributedInputError
 from ..base import SPMDEstimator
-from ..utils._linalg import gram, svd_flip_rows, tsqr
+from ..utils._linalg import column_sq_dev, column_sums, gram, is_sparse, svd_flip_rows, to_csr, tsqr
 from ..utils._param_validation import Interval, RealNotInt, StrOptions
-from ..utils._validation import row_counts, validate_data
-from ._solvers import block_lanczos_svd, randomized_svd
+from ..utils._validation import validate_data
+from ._solvers import CentredRows, block_lanczos_svd, randomized_svd
 
 __all__ = ["PCA"]
 
@@ -22,9 +23,27 @@ def _allreduce(comm, x):
 
 
 def _global_mean(X, n_rows, *, comm, xp):
-    """Column means over every rank's rows (one allreduce of ``d`` float64)."""
-    sums = X.sum(axis=0, dtype=xp.float64) if X.shape[0] else xp.zeros(X.shape[1], dtype=xp.float64)
-    return _allreduce(comm, sums) / n_rows
+    """Column means over every rank's rows (one allreduce of ``d`` float64; dense or sparse ``X``)."""
+    return _allreduce(comm, column_sums(X)) / n_rows
+
+
+#: scikit-learn's TypeError for a sparse X with a solver that needs dense data.
+_SPARSE_SOLVER_MESSAGE = ('PCA only support sparse inputs with the "arpack" and "covariance_eigh" solvers, while '
+                          '"{}" was passed. See TruncatedSVD for a possible alternative.')
+
+
+def validated_rows(estimator, X, comm, **kwargs):
+    """:func:`validate_data` accepting sparse shards, then the row counts and whether any rank is sparse.
+
+    One ``allgather`` of ``[rows, sparse]`` per rank (the row counts that the
+    decompositions need anyway).  A ``cupyx`` sparse shard becomes CSR.
+    """
+    X, xp = validate_data(estimator, X, comm=comm, accept_sparse=("csr", "csc"), **kwargs)
+    if is_sparse(X):
+        X = to_csr(X)
+    mine = np.array([X.shape[0], int(is_sparse(X))], dtype=np.int64)
+    facts = mine[None] if comm.size == 1 else np.asarray(comm.allgather(mine[None]), dtype=np.int64).reshape(-1, 2)
+    return X, xp, facts[:, 0], bool(facts[:, 1].any())
 
 
 def _log_likelihood_of_rank(spectrum, rank, n_samples):
@@ -141,7 +160,8 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
     n_samples_ : int
         Global number of rows.
     noise_variance_ : float
-        Probabilistic-PCA noise variance (as scikit-learn's).
+        Probabilistic-PCA noise variance (as scikit-learn's: a NumPy scalar of
+        the dtype of ``X``, or 0.0 when every component is kept).
     n_features_in_ : int
 
     Notes
@@ -172,7 +192,7 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
         "whiten": ["boolean"],
         "svd_solver": [StrOptions({"auto", "full", "covariance_eigh", "arpack", "randomized"})],
         "tol": [Interval(Real, 0, None, closed="left")],
-        "iterated_power": [Interval(Integral, 0, None, closed="left"), StrOptions({"auto"})],
+        "iterated_power": [StrOptions({"auto"}), Interval(Integral, 0, None, closed="left")],
         "n_oversamples": [Interval(Integral, 1, None, closed="left")],
         "power_iteration_normalizer": [StrOptions({"auto", "QR", "LU", "none", "CholeskyQR2"})],
         "random_state": ["random_state"],
@@ -200,7 +220,7 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = False
+        tags.input_tags.sparse = self.svd_solver in ("auto", "arpack", "covariance_eigh")
         tags.transformer_tags.preserves_dtype = ["float64", "float32"]
         return tags
 
@@ -221,16 +241,21 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
         """Fit; returns ``(X_transformed or None, X, x_is_centered, xp)`` for fit_transform."""
         self._validate_params()
         comm = self._get_comm()
-        X, xp = validate_data(self, X, comm=comm)
-        counts = row_counts(X.shape[0], comm)
+        if is_sparse(X) and comm.size == 1 and self.svd_solver not in ("auto", "arpack", "covariance_eigh"):
+            raise TypeError(_SPARSE_SOLVER_MESSAGE.format(self.svd_solver))  # scikit-learn's check, before the data's
+        X, xp, counts, sparse = validated_rows(self, X, comm)
+        if sparse and self.svd_solver not in ("auto", "arpack", "covariance_eigh"):
+            raise TypeError(_SPARSE_SOLVER_MESSAGE.format(self.svd_solver))
         n, d = int(counts.sum()), X.shape[1]
         offset = int(counts[:comm.rank].sum())
+        fixed = "arpack" if sparse and self.svd_solver == "auto" else self.svd_solver
         if self.n_components is None:
-            n_components = min(n, d) - 1 if self.svd_solver == "arpack" else min(n, d)
+            n_components = min(n, d) - 1 if fixed == "arpack" else min(n, d)
         else:
             n_components = self.n_components
-        solver = self._choose_solver(n, d, n_components)
+        solver = fixed if fixed != "auto" else self._choose_solver(n, d, n_components)
         self._fit_svd_solver = solver
+        self._fit_sparse = sparse
         self.mean_ = _global_mean(X, n, comm=comm, xp=xp)
         if solver in ("full", "covariance_eigh"):
             return self._fit_full(X, n, d, n_components, solver, comm, xp)
@@ -268,7 +293,7 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
             cumsum = np.cumsum(to_numpy(ratio))
             n_components = int(np.searchsorted(cumsum, n_components, side="right")) + 1
         if n_components < min(d, n):
-            self.noise_variance_ = float(explained_variance[n_components:].mean())
+            self.noise_variance_ = np.dtype(dtype).type(float(explained_variance[n_components:].mean()))
         else:
             self.noise_variance_ = 0.0
         self.n_samples_ = n
@@ -290,8 +315,11 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
             raise ValueError(f"n_components={n_components!r} must be strictly less than min(n_samples, n_features)="
                              f"{min(n, d)!r} with svd_solver='{solver}'")
         dtype = X.dtype
-        Xc = _centered(X, self.mean_, self.copy)
-        x_is_centered = not self.copy
+        if self._fit_sparse:  # implicit centring: the sparse shard is never densified nor modified
+            Xc, x_is_centered = CentredRows(X, self.mean_), False
+        else:
+            Xc = _centered(X, self.mean_, self.copy)
+            x_is_centered = not self.copy
         if solver == "randomized":
             U, S, Vt = randomized_svd(Xc, n_components, comm=comm, xp=xp, n_rows=n, row_offset=offset,
                                       n_oversamples=self.n_oversamples, n_iter=self.iterated_power,
@@ -305,14 +333,17 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
         self.components_ = xp.ascontiguousarray(Vt)
         self.n_components_ = int(n_components)
         self.explained_variance_ = (S.astype(xp.float64) ** 2 / (n - 1)).astype(dtype)
-        sq = xp.zeros(1, dtype=xp.float64)
-        sq[0] = (Xc.astype(xp.float64, copy=False) ** 2).sum() if Xc.size else 0.0
+        if self._fit_sparse:
+            sq = column_sq_dev(X, self.mean_).sum(keepdims=True)
+        else:
+            sq = xp.zeros(1, dtype=xp.float64)
+            sq[0] = (Xc.astype(xp.float64, copy=False) ** 2).sum() if Xc.size else 0.0
         total_var = float(to_numpy(_allreduce(comm, sq))[0] / np.float64(n - 1))
         self.explained_variance_ratio_ = (self.explained_variance_.astype(xp.float64) / total_var).astype(dtype)
         self.singular_values_ = S.astype(dtype)
         if self.n_components_ < min(d, n):
-            self.noise_variance_ = (total_var - float(self.explained_variance_.astype(xp.float64).sum())) \
-                / (min(d, n) - n_components)
+            self.noise_variance_ = np.dtype(dtype).type(
+                (total_var - float(self.explained_variance_.astype(xp.float64).sum())) / (min(d, n) - n_components))
         else:
             self.noise_variance_ = 0.0
         self.mean_ = self.mean_.astype(dtype)
@@ -350,10 +381,10 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
         return self._transform(X, xp, x_is_centered=x_is_centered)
 
     # ------------------------------------------------------------------ using the model
-    def _local_input(self, X, features=True):
+    def _local_input(self, X, features=True, accept_sparse=True):
         self._check_is_fitted()
         if features:
-            X, xp = validate_local_rows(self, X)
+            X, xp = validate_local_rows(self, X, accept_sparse=accept_sparse)
         else:
             X, xp = _check_local(X)
         return X, xp, self._attributes_on(xp)
@@ -467,7 +498,7 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
         -------
         ll : ndarray of shape (n_local_samples,)
         """
-        X, xp, _ = self._local_input(X)
+        X, xp, _ = self._local_input(X, accept_sparse=False)
         return self._score_samples(X, xp)
 
     def score(self, X, y=None):
@@ -483,6 +514,18 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
         self._check_is_fitted()
         comm = self._get_comm()
         X, xp = validate_data(self, X, comm=comm, reset=False)
+        error = None
+        try:
+            X = _sparse_rows(X, False)
+        except TypeError as exc:
+            error = exc
+        if comm.size > 1:
+            texts = comm.allgather_obj(None if error is None else str(error))
+            bad = [r for r, t in enumerate(texts) if t]
+            if bad:
+                raise DistributedInputError(f"Invalid input X on rank(s) {bad}: {texts[bad[0]]}")
+        elif error is not None:
+            raise error
         ll = self._score_samples(X, xp)
         pack = xp.zeros(2, dtype=xp.float64)
         pack[0] = ll.sum() if ll.shape[0] else 0.0
@@ -491,21 +534,36 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
         return float(pack[0] / pack[1])
 
 
-def validate_local_rows(estimator, X):
+def validate_local_rows(estimator, X, accept_sparse=True):
     """Validate this rank's rows for a local method (transform...): no communication.
 
     Unlike a single-process fit, a rank may hold no rows: an empty 2-D shard
-    with the right number of features passes and gives empty results.
+    with the right number of features passes and gives empty results.  Sparse
+    rows (SciPy or ``cupyx``) come back as CSR, or raise scikit-learn's
+    TypeError when ``accept_sparse`` is False.
     """
     from ..comm import get_comm
 
     if getattr(X, "ndim", None) == 2 and X.shape[0] == 0 and hasattr(X, "dtype"):
         xp = get_namespace(X)
+        X = _sparse_rows(X, accept_sparse)
         if X.shape[1] != estimator.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but {type(estimator).__name__} is expecting "
                              f"{estimator.n_features_in_} features as input.")
         return (X if X.dtype in (xp.float32, xp.float64) else X.astype(xp.float64)), xp
-    return validate_data(estimator, X, comm=get_comm("self"), reset=False)
+    X, xp = validate_data(estimator, X, comm=get_comm("self"), reset=False,
+                          accept_sparse=("csr", "csc") if accept_sparse else False)
+    return _sparse_rows(X, accept_sparse), xp
+
+
+def _sparse_rows(X, accept_sparse):
+    """CSR for accepted sparse rows; scikit-learn's TypeError for a ``cupyx`` matrix where dense is required."""
+    if not is_sparse(X):
+        return X
+    if not accept_sparse:
+        raise TypeError("Sparse data was passed for X, but dense data is required. Use '.toarray()' to convert to "
+                        "a dense numpy array.")
+    return to_csr(X)
 
 
 def _check_local(X):

@@ -1,7 +1,9 @@
 """Truncated SVD solvers on a row-distributed matrix: randomised range finder and block Lanczos.
 
-Both solvers touch the data only through two products, so that a sparse or an
-implicitly centred operator can replace the dense shard later:
+Both solvers touch the data only through two products, so that a sparse shard
+(SciPy or ``cupyx`` CSR, never densified) or an implicitly centred one
+(:class:`CentredRows`, what PCA's ``"arpack"`` runs on sparse data) takes the
+same path as a dense shard:
 
 * ``X @ V`` with ``V`` replicated ``(d, b)``: local rows out, no communication;
 * ``X.T @ U`` with ``U`` local rows ``(n_r, b)``: summed over ranks, one
@@ -21,18 +23,39 @@ from sklearn.utils import check_random_state
 from .._array import to_numpy
 from ..utils._linalg import orthonormalize, tsqr
 
-__all__ = ["gaussian_matrix", "randomized_svd", "block_lanczos_svd", "resolve_normalizer"]
+__all__ = ["gaussian_matrix", "randomized_svd", "block_lanczos_svd", "resolve_normalizer", "CentredRows"]
 
 
 # ---------------------------------------------------------------------- operator
+class CentredRows:
+    """``X - 1 meanᵀ`` of this rank's rows, never formed (implicit centring of a sparse shard).
+
+    ``(X - 1 mᵀ) V = X V - 1 (mᵀ V)`` and ``(X - 1 mᵀ)ᵀ U = Xᵀ U - m (1ᵀ U)``:
+    both are linear in the local rows, so the second is summed over ranks like
+    ``Xᵀ U`` itself (the same single allreduce).
+    """
+
+    def __init__(self, X, mean):
+        self.X = X
+        self.mean = mean
+        self.shape, self.dtype = X.shape, X.dtype
+
+
 def _matvec(X, V):
     """``X @ V`` on this rank's rows (``V`` cast to the dtype of ``X``: no copy of ``X``)."""
+    if isinstance(X, CentredRows):
+        V = V.astype(X.dtype, copy=False)
+        return X.X @ V - (X.mean.astype(X.dtype) @ V)[None, :]
     return X @ V.astype(X.dtype, copy=False)
 
 
 def _rmatvec(X, U, comm, xp):
     """``X.T @ U`` summed over ranks, float64, replicated (one allreduce of d x b)."""
-    out = (X.T @ U.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
+    if isinstance(X, CentredRows):
+        out = (X.X.T @ U.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
+        out = out - xp.outer(X.mean.astype(xp.float64), U.sum(axis=0, dtype=xp.float64))
+    else:
+        out = (X.T @ U.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
     if comm.size > 1:
         out = comm.allreduce(xp.ascontiguousarray(out))
     return out

@@ -7,10 +7,9 @@ from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 
 from .._array import to_numpy
 from ..base import SPMDEstimator
-from ..utils._linalg import svd_flip_rows
+from ..utils._linalg import column_sq_dev, column_sums, svd_flip_rows
 from ..utils._param_validation import Interval, StrOptions
-from ..utils._validation import row_counts, validate_data
-from ._pca import _allreduce, _check_local, validate_local_rows
+from ._pca import _allreduce, _check_local, validate_local_rows, validated_rows
 from ._solvers import block_lanczos_svd, randomized_svd
 
 __all__ = ["TruncatedSVD"]
@@ -20,18 +19,19 @@ def _global_variances(X, Xt, n, *, comm, xp):
     """Sum of the feature variances of ``X`` and the column variances of ``Xt`` (ddof=0), global.
 
     Two passes for accuracy (means, then squared deviations): two allreduces
-    of ``d + k`` and ``1 + k`` float64.
+    of ``d + k`` and ``1 + k`` float64.  A sparse ``X`` is not densified (its
+    implicit zeros are counted, as scikit-learn's ``mean_variance_axis`` does).
     """
     d, k = X.shape[1], Xt.shape[1]
     sums = xp.zeros(d + k, dtype=xp.float64)
     if X.shape[0]:
-        sums[:d] = X.sum(axis=0, dtype=xp.float64)
+        sums[:d] = column_sums(X)
         sums[d:] = Xt.sum(axis=0, dtype=xp.float64)
     means = _allreduce(comm, sums) / n
     sq = xp.zeros(1 + k, dtype=xp.float64)
     if X.shape[0]:
-        sq[0] = ((X.astype(xp.float64, copy=False) - means[:d]) ** 2).sum()
-        sq[1:] = ((Xt.astype(xp.float64, copy=False) - means[d:]) ** 2).sum(axis=0)
+        sq[0] = column_sq_dev(X, means[:d]).sum()
+        sq[1:] = column_sq_dev(Xt, means[d:])
     sq = _allreduce(comm, sq) / n
     return float(to_numpy(sq[:1])[0]), sq[1:]
 
@@ -130,7 +130,7 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = False
+        tags.input_tags.sparse = True
         tags.transformer_tags.preserves_dtype = ["float64", "float32"]
         return tags
 
@@ -159,14 +159,13 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         """
         self._validate_params()
         comm = self._get_comm()
-        X, xp = validate_data(self, X, comm=comm, ensure_min_features=2)
-        counts = row_counts(X.shape[0], comm)
+        X, xp, counts, _ = validated_rows(self, X, comm, ensure_min_features=2)
         n, d = int(counts.sum()), X.shape[1]
         k = self.n_components
         if self.algorithm == "arpack":
-            if not k < min(n, d):
-                raise ValueError(f"n_components({k}) must be < min(n_samples, n_features)={min(n, d)} with "
-                                 f"algorithm='arpack' (n_samples={n}, n_features={d}).")
+            if not k < min(n, d):  # scikit-learn passes scipy's svds message on; the shape follows it here
+                raise ValueError(f"`k` must be an integer satisfying `0 < k < min(A.shape)`. (n_components={k}, "
+                                 f"n_samples={n}, n_features={d})")
             _, S, Vt, self.n_iter_ = block_lanczos_svd(X, k, comm=comm, xp=xp, tol=self.tol,
                                                        random_state=self.random_state)
         else:

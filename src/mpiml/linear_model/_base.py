@@ -12,9 +12,15 @@ from sklearn.utils.validation import validate_data as _sk_validate_data
 
 from .._array import get_namespace, is_device_array, to_numpy
 from .._errors import DistributedInputError
+from ..utils._linalg import is_sparse, to_csr
 from ..utils._validation import _combine, _finite_flags, _nonfinite_message, validate_data
 
-__all__ = ["allreduce_identical", "validate_X_y", "local_X", "chunk_rows", "global_classes", "as_like"]
+__all__ = ["allreduce_identical", "validate_X_y", "local_X", "chunk_rows", "global_classes", "as_like",
+           "SPARSE_DENSE_REQUIRED"]
+
+#: scikit-learn's message for sparse input where dense data is required (a TypeError).
+SPARSE_DENSE_REQUIRED = ("Sparse data was passed for X, but dense data is required. Use '.toarray()' to convert "
+                         "to a dense numpy array.")
 
 #: Bytes of one float64 row chunk converted at a time (bounds the temporary memory).
 _CHUNK_BYTES = 8 << 20
@@ -54,6 +60,16 @@ def _sk_single(comm, X, y):
     return comm.size == 1 and not is_device_array(X) and not is_device_array(y)
 
 
+def _sparse_as_csr(X, accept_sparse):
+    """CSR for an accepted sparse shard (SciPy's validation converts host input already; ``cupyx`` input is
+    converted here); scikit-learn's TypeError where dense data is required."""
+    if not is_sparse(X):
+        return X
+    if not accept_sparse:
+        raise TypeError(SPARSE_DENSE_REQUIRED)
+    return to_csr(X)
+
+
 def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, accept_sparse=False):
     """Validate this rank's ``X`` and ``y`` and agree on them across ranks.
 
@@ -61,7 +77,9 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
     messages).  Otherwise :func:`mpiml.utils.validate_data` for ``X``, then
     local checks of ``y`` (length, dimensions, numeric, finite) agreed with one
     ``allgather_obj`` and raised as the same :class:`DistributedInputError` on
-    every rank.
+    every rank.  With ``accept_sparse`` (``"csr"``), SciPy and ``cupyx``
+    sparse shards are accepted and returned as CSR; whether ``X`` is sparse
+    must then agree across ranks (it steers the solver).
 
     Returns
     -------
@@ -70,15 +88,19 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
     """
     if _sk_single(comm, X, y):
         X, y = _sk_validate_data(estimator, X, y, reset=reset, dtype=[np.float64, np.float32],
-                                 y_numeric=y_numeric, multi_output=multi_output, accept_sparse=accept_sparse)
+                                 y_numeric=y_numeric, multi_output=multi_output,
+                                 accept_sparse="csr" if accept_sparse else False)
         if y_numeric and y.dtype.kind != "f":
             y = y.astype(np.float64)
         if not y_numeric:
             check_classification_targets(y)
         return X, y, np
-    X, xp = validate_data(estimator, X, comm=comm, reset=reset, accept_sparse=accept_sparse)
+    X, xp = validate_data(estimator, X, comm=comm, reset=reset, accept_sparse="csr" if accept_sparse else False)
     error = None
+    if comm.size == 1 and xp is not np:
+        X = _sparse_as_csr(X, accept_sparse)  # one process: scikit-learn's TypeError as is
     try:
+        X = _sparse_as_csr(X, accept_sparse)
         if y is None:
             raise ValueError(f"{type(estimator).__name__} requires y to be passed, but the target y is None.")
         if xp is np:
@@ -111,9 +133,9 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
     except Exception as exc:
         error = str(exc)
     if comm.size > 1:
-        facts = None if error else (tuple(y.shape[1:]), y.dtype.kind in "USO")
+        facts = None if error else (tuple(y.shape[1:]), y.dtype.kind in "USO", is_sparse(X))
         gathered = comm.allgather_obj((error, facts))
-        msg = _combine([e for e, _ in gathered], "Invalid input y") or _y_mismatch([f for _, f in gathered])
+        msg = _combine([e for e, _ in gathered], "Invalid input") or _y_mismatch([f for _, f in gathered])
         if msg is not None:
             raise DistributedInputError(msg)
     elif error is not None:
@@ -122,7 +144,8 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
 
 
 def _y_mismatch(facts):
-    """The message for targets whose shape or kind (labels as text vs numbers) differ across ranks."""
+    """The message for targets whose shape or kind (labels as text vs numbers) differ across ranks,
+    or for ``X`` sparse on some ranks only."""
     def describe(i, value):
         if i == 0:
             return "a 1-d target" if not value else f"{value[0]} target columns"
@@ -134,22 +157,41 @@ def _y_mismatch(facts):
         if bad:
             return (f"y has {describe(i, facts[bad[0]][i])} on rank(s) {bad} but {describe(i, ref)} on rank 0 "
                     "(every rank must pass targets of the same shape and kind).")
-    return None
+    return sparse_mismatch([f[2] for f in facts])
 
 
-def local_X(estimator, X):
-    """Validate rows for a local method (predict, decision_function): no communication."""
+def sparse_mismatch(flags):
+    """The message for ``X`` sparse on some ranks and dense on others, or None."""
+    if len(set(flags)) <= 1:
+        return None
+    sparse = [r for r, f in enumerate(flags) if f]
+    dense = [r for r, f in enumerate(flags) if not f]
+    return (f"X is sparse on rank(s) {sparse} but dense on rank(s) {dense} (every rank must pass the same kind "
+            "of matrix).")
+
+
+def local_X(estimator, X, accept_sparse=True):
+    """Validate rows for a local method (predict, decision_function): no communication.
+
+    Sparse rows (SciPy or ``cupyx``) are accepted and returned as CSR unless
+    ``accept_sparse`` is False.
+    """
     from ..comm import get_comm
 
     estimator._check_is_fitted()
     if getattr(X, "ndim", None) == 2 and X.shape[0] == 0 and X.dtype.kind in "biuf":
         # a rank without rows: valid in SPMD (scikit-learn's one-process check would refuse it)
         xp = get_namespace(X)
+        if is_sparse(X):
+            X = _sparse_as_csr(X, accept_sparse)
         if X.shape[1] != estimator.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but {type(estimator).__name__} is expecting "
                              f"{estimator.n_features_in_} features as input.")
         return X.astype(X.dtype if X.dtype.kind == "f" else xp.float64), xp
-    X, xp = validate_data(estimator, X, comm=get_comm("self"), reset=False)
+    X, xp = validate_data(estimator, X, comm=get_comm("self"), reset=False,
+                          accept_sparse="csr" if accept_sparse else False)
+    if xp is not np:
+        X = _sparse_as_csr(X, accept_sparse)
     return X, xp
 
 

@@ -15,6 +15,12 @@ calls them with its own block and the same keyword arguments.
 * :func:`svd_flip_rows` — scikit-learn's ``svd_flip(u, v, u_based_decision=False)``
   sign rule on the replicated factor.
 
+Sparse shards (SciPy CSR on the host, ``cupyx.scipy.sparse`` CSR on a GPU) are
+served by the helpers of the last section: :func:`is_sparse`, :func:`to_csr`,
+:func:`sparse_gram` (``AᵀA`` by a sparse product, never densifying ``A``),
+:func:`scale_rows`, :func:`column_sums` and :func:`column_sq_dev` (dense or sparse).
+Everything else here (the QR factorisations) needs dense blocks.
+
 Both QR functions return ``R`` replicated on every rank with a non-negative
 diagonal, so ``R`` is the unique R factor of the global ``A`` when ``A`` has
 full column rank, whatever the number of ranks.  Every function uses the
@@ -26,7 +32,8 @@ import numpy as np
 
 from .._array import get_namespace, to_numpy
 
-__all__ = ["tsqr", "cholesky_qr2", "orthonormalize", "gram", "svd_flip_rows", "NotPositiveDefiniteError"]
+__all__ = ["tsqr", "cholesky_qr2", "orthonormalize", "gram", "svd_flip_rows", "NotPositiveDefiniteError",
+           "is_sparse", "to_csr", "sparse_gram", "scale_rows", "column_sums", "column_sq_dev", "densify_rows"]
 
 #: Tag of the point-to-point messages of the TSQR tree (the user's p2p context).
 _TSQR_TAG = 2571
@@ -78,7 +85,9 @@ def gram(A, *, shift=None, chunk_rows=None):
         Subtracted from every row first (the global mean for a covariance).
     chunk_rows : int, default=None
         Rows upcast at a time when ``A`` is not float64 (bounds the extra
-        memory); None picks about 64 MiB of float64.
+        memory); None picks about 64 MiB of float64.  A sparse ``A`` is not
+        densified: ``AᵀA`` is a sparse product and the shift is applied to
+        the ``d x d`` result.
 
     Returns
     -------
@@ -86,6 +95,14 @@ def gram(A, *, shift=None, chunk_rows=None):
     """
     xp = get_namespace(A)
     n, d = A.shape
+    if is_sparse(A):
+        # (A - 1 sᵀ)ᵀ(A - 1 sᵀ) = AᵀA - s cᵀ - c sᵀ + n s sᵀ with c the column sums: A stays sparse
+        G = sparse_gram(A)
+        if shift is not None and n:
+            s = xp.asarray(shift, dtype=xp.float64)
+            c = column_sums(A)
+            G -= xp.outer(s, c) + xp.outer(c, s) - n * xp.outer(s, s)
+        return G
     if shift is None and A.dtype == xp.float64:
         return A.T @ A
     step = chunk_rows or max(1, (64 << 20) // (8 * max(d, 1)))
@@ -363,3 +380,119 @@ def orthonormalize(A_local, comm, *, method="tsqr"):
     if method == "cholesky_qr2":
         return cholesky_qr2(A_local, comm, on_failure="tsqr")[0]
     raise ValueError(f"method must be 'tsqr' or 'cholesky_qr2'; got {method!r}")
+
+
+# ---------------------------------------------------------------------- sparse shards
+def is_sparse(A):
+    """True for SciPy sparse matrices/arrays and ``cupyx.scipy.sparse`` matrices."""
+    if type(A).__module__.startswith("cupyx.scipy.sparse"):
+        return True
+    import scipy.sparse as sp
+
+    return sp.issparse(A)
+
+
+def _sparse_module(A):
+    if type(A).__module__.startswith("cupyx"):
+        import cupyx.scipy.sparse as sparse
+    else:
+        import scipy.sparse as sparse
+    return sparse
+
+
+def to_csr(A, dtype=None):
+    """``A`` as a CSR matrix of its own library (host or device), optionally cast.
+
+    Other formats (CSC, COO, ...) are converted; a CSR matrix of the right
+    dtype is returned as is (no copy).
+    """
+    if A.format != "csr":
+        A = A.tocsr()
+    if dtype is not None and A.dtype != dtype:
+        A = A.astype(dtype)
+    return A
+
+
+def _row_ids(A, xp):
+    """The row index of every stored entry of a CSR matrix (length nnz)."""
+    if xp is np:
+        return np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))
+    return A.tocoo().row
+
+
+def scale_rows(A, s):
+    """``diag(s) @ A`` for a CSR ``A`` (a new matrix; ``A`` is not modified)."""
+    xp = get_namespace(s)
+    sparse = _sparse_module(A)
+    data = A.data * s.astype(A.dtype, copy=False)[_row_ids(A, xp)]
+    return sparse.csr_matrix((data, A.indices, A.indptr), shape=A.shape)
+
+
+def sparse_gram(A, weights=None):
+    """``Aᵀ diag(weights) A`` of a local CSR block as a dense float64 matrix.
+
+    One sparse-times-sparse product (cuSPARSE SpGEMM on a GPU): ``A`` is never
+    densified, only the ``d x d`` result is.  ``A`` is cast to float64 first
+    when it is not (a copy of the stored values).
+    """
+    xp = get_namespace(A)
+    A = to_csr(A, np.float64)
+    B = A if weights is None else scale_rows(A, xp.asarray(weights, dtype=xp.float64))
+    G = (A.T @ B)
+    G = G.toarray() if is_sparse(G) else xp.asarray(G)
+    return G
+
+
+def column_sums(A, weights=None):
+    """Weighted column sums ``weightsᵀ A`` of a local block, float64, 1-D (dense or sparse ``A``)."""
+    xp = get_namespace(A)
+    d = A.shape[1]
+    if A.shape[0] == 0:
+        return xp.zeros(d, dtype=xp.float64)
+    if is_sparse(A):
+        A = to_csr(A)
+        vals = A.data.astype(xp.float64)
+        if weights is not None:
+            vals = vals * xp.asarray(weights, dtype=xp.float64)[_row_ids(A, xp)]
+        return xp.bincount(A.indices, weights=vals, minlength=d).astype(xp.float64, copy=False)
+    if weights is None:
+        return A.sum(axis=0, dtype=xp.float64)
+    return xp.asarray(weights, dtype=xp.float64) @ A.astype(xp.float64, copy=False)
+
+
+def column_sq_dev(A, mean, chunk_rows=None):
+    """Per column ``Σ_rows (a - mean)²`` of a local block (dense or sparse), float64, 1-D.
+
+    For a sparse block the implicit zeros contribute ``(n_rows - stored) mean²``
+    and the stored values ``Σ (a - mean)²`` (the two-pass variance of
+    scikit-learn's ``mean_variance_axis``, without densifying; duplicate
+    entries are summed first, on a copy).  A dense block is upcast a row
+    chunk at a time.  Summed over ranks with the global ``mean``, this is the
+    global sum of squared deviations.
+    """
+    xp = get_namespace(A)
+    n, d = A.shape
+    mean = xp.asarray(mean, dtype=xp.float64)
+    if is_sparse(A):
+        A = to_csr(A)
+        if not A.has_canonical_format:
+            A = A.copy()
+            A.sum_duplicates()
+        dev = A.data.astype(xp.float64) - mean[A.indices]
+        sq = xp.bincount(A.indices, weights=dev * dev, minlength=d).astype(xp.float64, copy=False)
+        stored = xp.bincount(A.indices, minlength=d).astype(xp.float64)
+        return sq + (n - stored) * mean * mean
+    out = xp.zeros(d, dtype=xp.float64)
+    step = chunk_rows or max(1, (64 << 20) // (8 * max(d, 1)))
+    for s in range(0, n, step):
+        block = A[s:s + step].astype(xp.float64) - mean
+        out += (block * block).sum(axis=0)
+    return out
+
+
+def densify_rows(A, start, stop, dtype=None):
+    """Rows ``start:stop`` of a dense or sparse block as a dense array (only that block is densified)."""
+    block = A[start:stop]
+    if is_sparse(block):
+        block = block.toarray()
+    return block if dtype is None else block.astype(dtype, copy=False)

@@ -1,0 +1,435 @@
+"""The distributed logistic objective and its solvers (L-BFGS, Newton-Cholesky, Newton-CG).
+
+The objective is scikit-learn's: the weighted mean of the log loss over all
+rows plus ``||W||² / (2 C Σw)``.  Every rank evaluates its rows' share of the
+loss and gradient (and Hessian, or Hessian-vector products, for Newton) and
+one packed allreduce sums them; the optimiser then runs identically on every
+rank.  Shards may be dense or sparse (CSR): the row-wise work is ``X W`` and
+``Xᵀ G``, and the Hessian of Newton-Cholesky comes from sparse products.
+
+Keeping the ranks in lockstep
+-----------------------------
+An optimiser that runs on every rank must take the same decisions everywhere
+(line-search steps, convergence tests, iteration counts), or the ranks stop
+calling the same collectives and the job hangs.  Two things make sure of it:
+
+1. every reduction is :func:`~mpiml.linear_model._base.allreduce_identical`
+   (binomial reduce to rank 0, then broadcast), so every rank receives the
+   same bits, and the optimisers (scipy's L-BFGS-B, the Newton loops below)
+   are deterministic functions of those bits;
+2. as a guard against what (1) cannot promise (different library builds or
+   thread counts on different ranks), each packed reduction carries a 12-bit
+   fingerprint ``f`` of the coefficients this rank evaluated at, as ``f`` and
+   ``f²``.  The sums are exact integers, and ``p Σf² = (Σf)²`` holds exactly
+   when all ranks sent the same ``f``; otherwise every rank raises the same
+   :class:`mpiml.CommError` at the same evaluation instead of drifting apart.
+"""
+
+import warnings
+import zlib
+
+import numpy as np
+import scipy.linalg
+import scipy.optimize
+from sklearn.exceptions import ConvergenceWarning
+
+from .._errors import CommError
+from ..utils._linalg import column_sums, is_sparse, sparse_gram, to_csr
+from ._base import allreduce_identical, as_like, chunk_rows
+
+__all__ = ["Objective", "lbfgs", "newton_cholesky", "newton_cg", "centre_multinomial", "expit", "softmax_stats"]
+
+
+def _fingerprint(*arrays):
+    data = b"".join(np.ascontiguousarray(a, dtype=np.float64).tobytes() for a in arrays)
+    return float(zlib.crc32(data) & 0xFFF)
+
+
+def softmax_stats(raw, xp):
+    """``(log-sum-exp per row, probabilities)`` of a raw prediction matrix, overflow-safe."""
+    m = raw.max(axis=1, keepdims=True)
+    e = xp.exp(raw - m)
+    s = e.sum(axis=1, keepdims=True)
+    return (m + xp.log(s))[:, 0], e / s
+
+
+def expit(raw, xp):
+    return xp.exp(-xp.logaddexp(0.0, -raw))
+
+
+class Objective:
+    """The distributed logistic objective on validated shards.
+
+    Parameters are laid out as ``W`` of shape ``(k, d + fit_intercept)``
+    flattened in C order: one row for a binary problem (the positive class),
+    one row per class for a multinomial one; the last column is the intercept,
+    which multiplies a constant feature ``intercept_scaling`` (1 except for
+    scikit-learn's ``"liblinear"`` objective, which also penalises it).
+    """
+
+    def __init__(self, X, y_idx, sw, *, n_classes, fit_intercept, l2, sw_sum, comm, xp, intercept_scaling=1.0,
+                 penalise_intercept=False):
+        self.X, self.y_idx, self.sw = X, y_idx, sw
+        self.sparse = is_sparse(X)
+        self.binary = n_classes == 2
+        self.k = 1 if self.binary else n_classes
+        self.n_classes = n_classes
+        self.d = X.shape[1]
+        self.fi = int(fit_intercept)
+        self.scale = float(intercept_scaling)
+        self.l2, self.sw_sum = l2, sw_sum
+        self.comm, self.xp = comm, xp
+        self.n_evals = 0
+        self._stash = None  # (fingerprint of w, local probabilities) for Hessian-vector products
+        penalised = np.zeros((self.k, self.d + self.fi), dtype=bool)
+        penalised[:, :self.d] = True
+        if self.fi and penalise_intercept:
+            penalised[:, self.d] = True
+        self.penalised = penalised.ravel()
+        if self.binary:
+            self.y01 = (y_idx == 1).astype(X.dtype)
+
+    @property
+    def n_params(self):
+        return self.k * (self.d + self.fi)
+
+    def split(self, w):
+        W = np.asarray(w, dtype=np.float64).reshape(self.k, self.d + self.fi)
+        return W[:, :self.d], (W[:, self.d] * self.scale if self.fi else np.zeros(self.k))
+
+    def raw(self, X, w):
+        """Raw predictions ``X Wᵀ + b`` of shape (n,) (binary) or (n, n_classes)."""
+        xp = self.xp
+        coef, intercept = self.split(w)
+        raw = X @ xp.asarray(coef.T.astype(X.dtype)) + xp.asarray(intercept.astype(X.dtype))
+        return raw[:, 0] if self.binary else raw
+
+    def _xt(self, G):
+        """``Gᵀ X`` as host float64 of shape (k, d); ``G`` has one column per class (n, k)."""
+        xp, X = self.xp, self.X
+        if self.sparse:
+            return as_like((X.T @ G.astype(X.dtype)).astype(xp.float64), np).T
+        # in X's dtype (no float64 copy of a float32 shard per evaluation, as scikit-learn), float64 after
+        return as_like((G.T.astype(X.dtype) @ X).astype(xp.float64), np)
+
+    def _local(self, w, hessian):
+        """This rank's ``[Σ w·loss | gradient | (Hessian)]`` as host float64 (unscaled)."""
+        xp, X, sw = self.xp, self.X, self.sw
+        n, D = X.shape[0], self.d + self.fi
+        npar = self.n_params
+        out = np.zeros(1 + npar + (npar * npar if hessian else 0))
+        if n == 0:
+            return out
+        raw = self.raw(X, w)
+        if self.binary:
+            loss = xp.logaddexp(0.0, raw) - self.y01 * raw
+            prob = expit(raw, xp)
+            G = (sw * (prob - self.y01))[:, None]
+        else:
+            lse, prob = softmax_stats(raw, xp)
+            loss = lse - xp.take_along_axis(raw, self.y_idx[:, None], axis=1)[:, 0]
+            G = prob.copy()
+            G[xp.arange(n), self.y_idx] -= 1
+            G *= sw[:, None]
+        self._stash = (_fingerprint(w), prob)
+        out[0] = float(sw.astype(xp.float64) @ loss.astype(xp.float64))
+        grad = np.zeros((self.k, D))
+        grad[:, :self.d] = self._xt(G)
+        if self.fi:
+            grad[:, self.d] = self.scale * as_like(G.astype(xp.float64).sum(axis=0), np)
+        out[1:1 + npar] = grad.ravel()
+        if hessian:
+            out[1 + npar:] = self._local_hessian(prob).ravel()
+        return out
+
+    def _tilde_gram(self, block, h):
+        """``Σ_rows h x̃ x̃ᵀ`` with ``x̃ = [x, scale]`` of a sparse row block (float64, host)."""
+        xp, d = self.xp, self.d
+        out = np.empty((d + self.fi, d + self.fi))
+        out[:d, :d] = as_like(sparse_gram(block, h), np)
+        if self.fi:
+            c = as_like(column_sums(block, h), np) * self.scale
+            out[:d, d] = out[d, :d] = c
+            out[d, d] = float(h.sum()) * self.scale ** 2
+        return out
+
+    def _local_hessian(self, prob):
+        """``Σ_rows w·x̃ x̃ᵀ ⊗ (diag(p) - p pᵀ)`` with ``x̃ = [x, scale]``, float64, chunked."""
+        xp, X, sw = self.xp, self.X, self.sw
+        D, k = self.d + self.fi, self.k
+        if self.sparse:  # block (c, c') = Σ w (δ p_c - p_c p_c') x̃ x̃ᵀ by sparse products
+            H = np.zeros((k * D, k * D))
+            Xf = to_csr(X, np.float64)
+            w = sw.astype(xp.float64)
+            P = prob.astype(xp.float64)
+            if self.binary:
+                return self._tilde_gram(Xf, w * P * (1 - P))
+            for c in range(k):
+                for c2 in range(c, k):
+                    h = w * ((P[:, c] if c == c2 else 0.0) - P[:, c] * P[:, c2])
+                    block = self._tilde_gram(Xf, h)
+                    H[c * D:(c + 1) * D, c2 * D:(c2 + 1) * D] = block
+                    H[c2 * D:(c2 + 1) * D, c * D:(c + 1) * D] = block.T
+            return H
+        H = xp.zeros((k * D, k * D), dtype=xp.float64)
+        step = max(1, chunk_rows(k * D, xp=xp) // max(1, k))
+        for s in range(0, X.shape[0], step):
+            Xa = X[s:s + step].astype(xp.float64)
+            if self.fi:
+                Xa = xp.concatenate([Xa, xp.full((Xa.shape[0], 1), self.scale, dtype=xp.float64)], axis=1)
+            w = sw[s:s + step].astype(xp.float64)
+            if self.binary:
+                p = prob[s:s + step].astype(xp.float64)
+                H += (Xa * (w * p * (1 - p))[:, None]).T @ Xa
+                continue
+            P = prob[s:s + step].astype(xp.float64)
+            for c in range(k):  # block diagonal: Σ w p_c x̃ x̃ᵀ
+                H[c * D:(c + 1) * D, c * D:(c + 1) * D] += (Xa * (w * P[:, c])[:, None]).T @ Xa
+            B = ((w[:, None] * P)[:, :, None] * Xa[:, None, :]).reshape(Xa.shape[0], k * D)
+            C = (P[:, :, None] * Xa[:, None, :]).reshape(Xa.shape[0], k * D)
+            H -= B.T @ C
+        return as_like(H, np)
+
+    def _reduce(self, local, fp):
+        packed = allreduce_identical(self.comm, np.concatenate([local, [fp, fp * fp]]))
+        self.n_evals += 1
+        s1, s2 = packed[-2], packed[-1]
+        if self.comm.size * s2 != s1 * s1:
+            raise CommError("LogisticRegression: the ranks evaluated the objective at different coefficients "
+                            f"(evaluation {self.n_evals}); their optimisers diverged, which needs identical "
+                            "numerical libraries on every rank")
+        return packed[:-2]
+
+    def evaluate(self, w, hessian=False):
+        """Global ``(loss, gradient[, Hessian])`` at ``w``: one packed allreduce, identical on every rank."""
+        w = np.asarray(w, dtype=np.float64)
+        packed = self._reduce(self._local(w, hessian), _fingerprint(w))
+        npar = self.n_params
+        reg = np.where(self.penalised, w, 0.0)
+        loss = packed[0] / self.sw_sum + 0.5 * self.l2 * float(reg @ reg)
+        grad = packed[1:1 + npar] / self.sw_sum + self.l2 * reg
+        if not hessian:
+            return loss, grad
+        H = packed[1 + npar:1 + npar + npar * npar].reshape(npar, npar) / self.sw_sum
+        H[np.diag_indices(npar)] += self.l2 * self.penalised
+        return loss, grad, H
+
+    def hessp(self, w, v):
+        """Global Hessian-vector product at ``w`` (the point of the last :meth:`evaluate`): one allreduce.
+
+        Binary: ``X̃ᵀ (w p (1-p) ⊙ X̃ v)``; multinomial: ``Qᵀ X̃`` with
+        ``Q = w ⊙ (P ⊙ X̃V - P (P ⊙ X̃V) 1)``, computed from the stashed
+        probabilities without forming the Hessian.
+        """
+        xp, X, sw = self.xp, self.X, self.sw
+        w = np.asarray(w, dtype=np.float64)
+        v = np.asarray(v, dtype=np.float64)
+        npar, D = self.n_params, self.d + self.fi
+        local = np.zeros(npar)
+        if X.shape[0]:
+            fp_w, prob = self._stash
+            if fp_w != _fingerprint(w):
+                raise RuntimeError("hessp needs the probabilities of its point: evaluate(w) first")
+            XV = self.raw(X, v)  # X̃ v with the same layout as the raw predictions
+            if self.binary:
+                Q = (sw * prob * (1 - prob) * XV)[:, None]
+            else:
+                PXV = prob * XV
+                Q = sw[:, None] * (PXV - prob * PXV.sum(axis=1, keepdims=True))
+            out = np.zeros((self.k, D))
+            out[:, :self.d] = self._xt(Q)
+            if self.fi:
+                out[:, self.d] = self.scale * as_like(Q.astype(xp.float64).sum(axis=0), np)
+            local = out.ravel()
+        packed = self._reduce(local, _fingerprint(w, v))
+        return packed / self.sw_sum + self.l2 * np.where(self.penalised, v, 0.0)
+
+
+# ---------------------------------------------------------------------- solvers
+def _verbose_callback(obj, verbose):
+    if not verbose or obj.comm.rank != 0:
+        return None
+    state = {"it": 0}
+
+    def callback(intermediate_result):
+        state["it"] += 1
+        print(f"iteration {state['it']}: loss {float(intermediate_result.fun):.10g}", flush=True)
+    return callback
+
+
+def lbfgs(obj, w0, *, max_iter, tol, verbose=0):
+    """scipy's L-BFGS-B on every rank with scikit-learn's options; returns ``(w, n_iter, result)``."""
+    res = scipy.optimize.minimize(obj.evaluate, w0, method="L-BFGS-B", jac=True,
+                                  callback=_verbose_callback(obj, verbose),
+                                  options={"maxiter": max_iter, "maxls": 50, "gtol": tol,
+                                           "ftol": 64 * np.finfo(float).eps})
+    n_iter = min(int(res.nit), max_iter)
+    if res.status != 0:
+        msg = (f"lbfgs failed to converge after {n_iter} iteration(s) (status={res.status}):\n{res.message}\n")
+        if n_iter == max_iter:
+            msg += f"\nIncrease the number of iterations to improve the convergence (max_iter={max_iter})."
+        msg += ("\nYou might also want to scale the data as shown in:\n"
+                "    https://scikit-learn.org/stable/modules/preprocessing.html")
+        warnings.warn(msg, ConvergenceWarning, stacklevel=4)
+    return res.x, n_iter, res
+
+
+def _free_parameters(obj):
+    """Parameters the Newton solvers move: the multinomial leaves one direction per invariance free."""
+    k, D = obj.k, obj.d + obj.fi
+    free = np.ones((k, D), dtype=bool)
+    if not obj.binary:
+        if obj.l2 == 0:
+            free[-1, :] = False  # the multinomial is invariant to adding a vector to every class
+        elif obj.fi and not obj.penalised.reshape(k, D)[0, -1]:
+            free[-1, -1] = False  # ... and to adding a constant to every (unpenalised) intercept
+    return free.ravel()
+
+
+def _armijo(obj, w, f, g, step, *, hessian, it, name):
+    """Backtracking line search with scikit-learn's Newton rules; ``(accepted, w, f, g, H or None)``."""
+    eps = 16 * np.finfo(obj.X.dtype).eps
+    gtn = float(g @ step)
+    t = 1.0
+    for _ in range(21):
+        w_new = w + t * step
+        res = obj.evaluate(w_new, hessian=hessian)
+        f_new, g_new = res[0], res[1]
+        improvement = f_new - f
+        if improvement <= t * 0.00048828125 * gtn or (abs(improvement) <= abs(f * eps)
+                                                      and np.abs(g_new).sum() < np.abs(g).sum()):
+            return True, w_new, f_new, g_new, (res[2] if hessian else None)
+        t *= 0.5
+    warnings.warn(f"Line search of the {name} solver at iteration #{it} did not converge after 21 line search "
+                  "refinement iterations. It will now resort to lbfgs instead.", ConvergenceWarning, stacklevel=5)
+    return False, w, f, g, None
+
+
+def newton_cholesky(obj, w0, *, max_iter, tol, verbose=0):
+    """Damped Newton with symmetric-solver steps and Armijo backtracking (scikit-learn's rules).
+
+    One allreduce of ``[loss | gradient | Hessian]`` per trial point; the
+    accepted trial's Hessian serves the next step.  Falls back to L-BFGS on a
+    singular Hessian, a non-descent step or a failed line search.
+    """
+    free = _free_parameters(obj)
+    w = np.asarray(w0, dtype=np.float64).copy()
+    f, g, H = obj.evaluate(w, hessian=True)
+    it, converged, fallback = 1, False, False
+    while it <= max_iter and not converged:
+        try:
+            step = np.zeros_like(w)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", scipy.linalg.LinAlgWarning)
+                step[free] = scipy.linalg.solve(H[np.ix_(free, free)], -g[free], assume_a="sym",
+                                                check_finite=False)
+        except (np.linalg.LinAlgError, scipy.linalg.LinAlgWarning) as exc:
+            warnings.warn("The inner solver of the Newton-Cholesky solver stumbled upon a singular or very "
+                          f"ill-conditioned Hessian matrix at iteration {it}. It will now resort to lbfgs "
+                          f"instead.\nThe original Linear Algebra message was:\n{exc}",
+                          scipy.linalg.LinAlgWarning, stacklevel=4)
+            fallback = True
+            break
+        if float(g @ step) > 0:
+            fallback = True
+            break
+        H_old = H
+        accepted, w, f, g, H = _armijo(obj, w, f, g, step, hessian=True, it=it, name="Newton-Cholesky")
+        if not accepted:
+            fallback = True
+            break
+        if verbose and obj.comm.rank == 0:
+            print(f"Newton iteration {it}: loss {f:.10g}, max|gradient| {np.abs(g).max():.3g}", flush=True)
+        if np.max(np.abs(g)) <= tol and 0.5 * float(step @ H_old @ step) <= tol:
+            converged = True
+        it += 1
+    n_iter = it - 1
+    if not converged:
+        if fallback:
+            w, extra, _ = lbfgs(obj, w, max_iter=max(max_iter - n_iter, 0), tol=tol, verbose=verbose)
+            n_iter += extra
+        else:
+            warnings.warn(f"Newton solver did not converge after {n_iter} iterations.", ConvergenceWarning,
+                          stacklevel=4)
+    return w, n_iter
+
+
+def _capped_cg(hessp, g, tol, maxiter, free):
+    """Inner solve of ``H s = -g`` by conjugate gradients with curvature caps (scikit-learn's ``_cg``)."""
+    eps = 16 * np.finfo(np.float64).eps
+    x = np.zeros_like(g)
+    r = g.copy()
+    p = -r
+    rr = float(r @ r)
+    p_norm2 = rr
+    for i in range(maxiter + 1):
+        if np.abs(r).sum() <= tol:
+            break
+        Ap = np.where(free, hessp(p), 0.0)
+        curv = float(p @ Ap)
+        if 0 <= curv <= eps * p_norm2:
+            break
+        if curv < 0:
+            if i == 0:
+                x += rr / curv * p
+            break
+        a = rr / curv
+        x += a * p
+        r += a * Ap
+        rr_new = float(r @ r)
+        beta = rr_new / rr
+        p = -r + beta * p
+        p_norm2 = rr_new + beta * beta * p_norm2
+        rr = rr_new
+    return x
+
+
+def newton_cg(obj, w0, *, max_iter, tol, verbose=0, max_inner=200):
+    """Newton-CG: Newton steps from conjugate gradients on Hessian-vector products (no Hessian formed).
+
+    The outer loop stops when ``max|g| <= tol`` (scikit-learn's rule); the
+    inner CG stops at ``min(0.5, sqrt(|g|₁)) |g|₁`` or on small or negative
+    curvature; the step is taken with Armijo backtracking.  One allreduce of
+    ``[loss | gradient]`` per trial point and one of ``n_params`` values per
+    Hessian-vector product.  Suits sparse data with many features.
+    """
+    free = _free_parameters(obj)
+    w = np.asarray(w0, dtype=np.float64).copy()
+    f, g = obj.evaluate(w)
+    g = np.where(free, g, 0.0)
+    k = 0
+    while k < max_iter:
+        absgrad = np.abs(g)
+        if absgrad.max() <= tol:
+            break
+        total = float(absgrad.sum())
+        termcond = min(0.5, np.sqrt(total)) * total
+        step = _capped_cg(lambda v: obj.hessp(w, v), g, termcond, max_inner, free)
+        if float(g @ step) >= 0:
+            step = -g
+        accepted, w_new, f_new, g_new, _ = _armijo(obj, w, f, g, step, hessian=False, it=k + 1, name="Newton-CG")
+        if not accepted:
+            w, extra, _ = lbfgs(obj, w, max_iter=max(max_iter - k, 0), tol=tol, verbose=verbose)
+            return w, k + extra
+        w, f, g = w_new, f_new, np.where(free, g_new, 0.0)
+        # the stash now holds the accepted point's probabilities (its evaluation was the last one)
+        k += 1
+        if verbose and obj.comm.rank == 0:
+            print(f"Newton-CG iteration {k}: loss {f:.10g}, max|gradient| {np.abs(g).max():.3g}", flush=True)
+    else:
+        if np.abs(g).max() > tol:
+            warnings.warn(f"newton-cg failed to converge at loss = {f}. Increase the number of iterations.",
+                          ConvergenceWarning, stacklevel=4)
+    return w, k
+
+
+def centre_multinomial(W, obj):
+    """Fix the representation the multinomial leaves free (scikit-learn's convention)."""
+    if obj.binary:
+        return W
+    if obj.l2 == 0:
+        return W - W.mean(axis=0)
+    if obj.fi and not obj.penalised.reshape(obj.k, -1)[0, -1]:
+        W = W.copy()
+        W[:, -1] -= W[:, -1].mean()
+    return W

@@ -1,0 +1,486 @@
+"""Least-squares solvers over the rows of every rank (SPMD), dense or sparse shards.
+
+The problem is ``min ||sqrt(W) (Y - X C - 1 bᵀ)||² + Σ_j alpha_j ||c_j||²``.
+With an intercept the data are centred on the global weighted means, which
+removes ``b`` (``b = ȳ - Cᵀ x̄`` afterwards).  Three families of solvers reach
+the minimiser; they touch ``X`` differently:
+
+* **Gram** (``"normal"`` / ``"cholesky"``): ``XᵀWX`` and ``XᵀWY`` of the
+  centred data, accumulated in float64 and summed with one allreduce; the
+  small system is solved on every rank alike.  A dense shard is centred a row
+  block at a time; a sparse shard is never densified: ``XᵀWX`` is a sparse
+  product and the centring is applied to the ``d x d`` result
+  (``XᵀWX - Σw x̄ x̄ᵀ``).
+* **TSQR** (``"tsqr"`` / ``"svd"``): the triangular factor ``R`` of the
+  centred, weighted ``[X | Y]``.  Dense row blocks are needed: a sparse shard
+  is densified one row block at a time (bounded memory, ``d`` must be small).
+* **Krylov** (``"lsqr"``, ``"sparse_cg"``): iterations that use ``X`` only
+  through ``X v`` (local) and ``Xᵀ u`` (one allreduce of ``d + 1`` values per
+  iteration); the centring is implicit (``X v - 1 x̄ᵀ v``).  They suit sparse
+  shards with many features, where ``d x d`` matrices do not fit.
+
+``positive=True`` is a non-negative least-squares problem on a square factor
+(the TSQR ``R``, or a square root of the Gram matrix) solved by
+:func:`scipy.optimize.nnls` on every rank alike: ``||X̃ c - ỹ||² = ||R c - z||² + const``.
+
+Every reduction is :func:`~mpiml.linear_model._base.allreduce_identical`
+(bit-identical on every rank), so the iterative solvers take the same
+decisions everywhere.
+"""
+
+import zlib
+
+import numpy as np
+import scipy.linalg
+import scipy.optimize
+
+from .._errors import CommError
+from ..utils._linalg import column_sums, densify_rows, is_sparse, sparse_gram, to_csr, tsqr
+from ._base import allreduce_identical, as_like, chunk_rows
+
+__all__ = ["solve_least_squares", "SPARSE_GRAM_MAX_FEATURES"]
+
+#: With sparse X, ``solver="auto"`` forms the ``d x d`` Gram matrix (one
+#: allreduce of ``8 d²`` bytes) up to this many features and runs a Krylov
+#: solver above it.
+SPARSE_GRAM_MAX_FEATURES = 2048
+
+#: Stored values of a sparse row block converted to float64 at a time.
+_SPARSE_CHUNK_NNZ = 1 << 24
+
+
+# ---------------------------------------------------------------------- shared pieces
+def as_2d_targets(y):
+    return y.reshape(-1, 1) if y.ndim == 1 else y
+
+
+def weighted_means(X, Y, sw, *, comm, xp):
+    """Global weighted means of the columns of X and Y and the weight sum (one allreduce).
+
+    ``sw=None`` means unit weights.  Returns host float64 ``(x_mean, y_mean, sw_sum)``.
+    """
+    d, t = X.shape[1], Y.shape[1]
+    pack = np.zeros(d + t + 1)
+    if X.shape[0]:
+        if sw is None:
+            if X.dtype == xp.float64 and not is_sparse(X):
+                # a GEMV in X's dtype for float64 (much faster than a strided sum)
+                pack[:d] = as_like(xp.ones(X.shape[0], dtype=X.dtype) @ X, np)
+            else:
+                pack[:d] = as_like(column_sums(X), np)
+            pack[d:d + t] = as_like(Y.sum(axis=0, dtype=xp.float64), np)
+            pack[-1] = X.shape[0]
+        else:
+            w = sw.astype(xp.float64)
+            pack[:d] = as_like(column_sums(X, w), np)
+            pack[d:d + t] = as_like(w @ Y.astype(xp.float64, copy=False), np)
+            pack[-1] = float(w.sum())
+    pack = allreduce_identical(comm, pack)
+    return pack[:d] / pack[-1], pack[d:d + t] / pack[-1], float(pack[-1])
+
+
+def _scaled_chunks(X, Y, sw, x_mean, y_mean, xp):
+    """Yield dense float64 chunks ``sqrt(w) * (X - x_mean)`` and ``sqrt(w) * (Y - y_mean)``.
+
+    Each chunk costs one pass over its rows (the subtraction or the cast makes
+    the float64 copy; the scaling is in place); float64 input without centring
+    or weights is used as is.  A sparse ``X`` is densified one chunk at a time.
+    """
+    step = chunk_rows(X.shape[1] + Y.shape[1], xp=xp)
+    xm = None if x_mean is None else xp.asarray(x_mean)
+    ym = None if y_mean is None else xp.asarray(y_mean)
+    for s in range(0, X.shape[0], step):
+        parts = []
+        for A, m in ((densify_rows(X, s, s + step), xm), (Y[s:s + step], ym)):
+            A = A if m is None else A - m  # m is float64, so the difference is a float64 copy
+            parts.append(A.astype(xp.float64, copy=False))
+        if sw is not None:
+            root = xp.sqrt(sw[s:s + step].astype(xp.float64))[:, None]
+            parts = [A * root for A in parts]
+        yield parts[0], parts[1]
+
+
+def _sparse_row_blocks(X):
+    """Row ranges of a CSR shard holding about ``_SPARSE_CHUNK_NNZ`` stored values each."""
+    n = X.shape[0]
+    per_row = max(1.0, X.nnz / max(n, 1))
+    step = max(1024, int(_SPARSE_CHUNK_NNZ / per_row))
+    return [(s, min(n, s + step)) for s in range(0, n, step)]
+
+
+def gram(X, Y, sw, x_mean, y_mean, sw_sum, *, comm, xp):
+    """Global ``(XᵀWX, XᵀWY)`` of the centred data in float64 on the host (one allreduce).
+
+    Dense ``X``: centred row blocks.  Sparse ``X``: sparse products of float64
+    row blocks, centred afterwards (``XᵀWX - Σw x̄ x̄ᵀ`` and ``XᵀWY - Σw x̄ ȳᵀ``),
+    which loses about ``(|x̄| / std)²`` of relative accuracy per column
+    (negligible for the usual sparse data, whose means are small).
+    """
+    d, t = X.shape[1], Y.shape[1]
+    G = xp.zeros((d, d), dtype=xp.float64)
+    B = xp.zeros((d, t), dtype=xp.float64)
+    if is_sparse(X):
+        for s, e in _sparse_row_blocks(X):
+            block = to_csr(X[s:e], np.float64)
+            w = None if sw is None else sw[s:e].astype(xp.float64)
+            G += sparse_gram(block, w)
+            WY = Y[s:e].astype(xp.float64) if w is None else Y[s:e].astype(xp.float64) * w[:, None]
+            B += block.T @ WY
+    else:
+        for Xc, Yc in _scaled_chunks(X, Y, sw, x_mean, y_mean, xp):
+            G += Xc.T @ Xc
+            B += Xc.T @ Yc
+    pack = np.concatenate([as_like(G, np).ravel(), as_like(B, np).ravel()])
+    pack = allreduce_identical(comm, pack)
+    G, B = pack[:d * d].reshape(d, d), pack[d * d:].reshape(d, t)
+    if is_sparse(X) and x_mean is not None:
+        G = G - sw_sum * np.outer(x_mean, x_mean)
+        B = B - sw_sum * np.outer(x_mean, y_mean)
+        G = (G + G.T) / 2
+    return G, B
+
+
+def _qr_r(A, xp):
+    """The square upper-triangular factor of ``A`` (rows beyond its row count are zero)."""
+    k = A.shape[1]
+    R = xp.linalg.qr(A, mode="r") if A.shape[0] else xp.zeros((0, k), dtype=A.dtype)
+    if R.shape[0] < k:
+        R = xp.concatenate([R, xp.zeros((k - R.shape[0], k), dtype=R.dtype)])
+    return R
+
+
+def tsqr_r(X, Y, sw, x_mean, y_mean, *, comm, xp):
+    """``R`` of the global centred, weighted ``[X | Y]`` (TSQR), the same on every rank.
+
+    Locally the shard is reduced chunk by chunk (QR of the running ``R``
+    stacked on the next chunk, so memory stays bounded); the local factors are
+    then combined by :func:`mpiml.utils._linalg.tsqr` (one allgather of a
+    ``(d + t)²`` factor per rank, or a binary tree beyond 16 ranks), which
+    returns ``R`` with a non-negative diagonal, replicated on every rank.
+    """
+    k = X.shape[1] + Y.shape[1]
+    R = xp.zeros((0, k), dtype=xp.float64)
+    for Xc, Yc in _scaled_chunks(X, Y, sw, x_mean, y_mean, xp):
+        R = _qr_r(xp.concatenate([R, xp.concatenate([Xc, Yc], axis=1)]), xp)
+    _, R = tsqr(_qr_r(R, xp), comm)
+    return as_like(R, np)
+
+
+# ---------------------------------------------------------------------- small direct solves (replicated)
+def lstsq_from_gram(G, B, cond):
+    """Minimum-norm least squares from the normal equations; singular values of X and rank.
+
+    Eigenvalues below ``(cond * largest singular value)²`` are treated as zero,
+    which is scikit-learn's rule (``scipy.linalg.lstsq(..., cond=tol)``)
+    expressed on ``XᵀX``.
+    """
+    lam, V = np.linalg.eigh(G)
+    lam, V = lam[::-1], V[:, ::-1]
+    sing = np.sqrt(np.clip(lam, 0.0, None))
+    keep = sing > cond * sing[0] if sing.size and sing[0] > 0 else np.zeros(sing.shape, bool)
+    Vk = V[:, keep]
+    coef = Vk @ ((Vk.T @ B) / lam[keep][:, None])
+    return coef, int(keep.sum()), sing
+
+
+def lstsq_from_r(R, Z, cond):
+    """Minimum-norm least squares from the triangular factor; singular values and rank."""
+    coef, _, rank, sing = scipy.linalg.lstsq(R, Z, cond=cond, check_finite=False)
+    if sing is None:  # LAPACK drivers without singular values
+        sing = scipy.linalg.svdvals(R)
+    return coef, int(rank), sing
+
+
+def ridge_from_gram(G, B, alphas):
+    """Solve ``(G + alpha I) w = b`` per target (Cholesky; eigen-fallback when singular)."""
+    d, t = B.shape
+    coef = np.empty((d, t))
+    groups = {}
+    for j, a in enumerate(alphas):
+        groups.setdefault(float(a), []).append(j)
+    for a, cols in groups.items():
+        A = G + a * np.eye(d)
+        try:
+            coef[:, cols] = scipy.linalg.cho_solve(scipy.linalg.cho_factor(A, lower=False, check_finite=False),
+                                                   B[:, cols], check_finite=False)
+        except np.linalg.LinAlgError:
+            lam, V = np.linalg.eigh(A)
+            keep = lam > max(lam.max(), 0.0) * d * np.finfo(np.float64).eps
+            Vk = V[:, keep]
+            coef[:, cols] = Vk @ ((Vk.T @ B[:, cols]) / lam[keep][:, None])
+    return coef
+
+
+def ridge_from_r(R, Z, alphas):
+    """Ridge from the triangular factor through its SVD: ``w = V diag(s / (s² + alpha)) Uᵀ z``."""
+    U, s, Vt = scipy.linalg.svd(R, full_matrices=False, check_finite=False)
+    UtZ = U.T @ Z
+    coef = np.empty((R.shape[1], Z.shape[1]))
+    # singular values at rounding level are zero: alpha = 0 on rank-deficient X gives the minimum-norm solution
+    keep = s > (s[0] if s.size else 0.0) * R.shape[1] * np.finfo(np.float64).eps
+    for j, a in enumerate(alphas):
+        den = s * s + a
+        f = np.divide(s, den, out=np.zeros_like(s), where=keep & (den > 0))
+        coef[:, j] = Vt.T @ (f * UtZ[:, j])
+    return coef
+
+
+def factor_from_gram(G, B):
+    """A square factor ``(R, Z)`` with ``RᵀR = G`` and ``RᵀZ = B`` (eigenvalues at rounding level dropped)."""
+    lam, V = np.linalg.eigh(G)
+    keep = lam > max(lam.max(initial=0.0), 0.0) * G.shape[0] * np.finfo(np.float64).eps
+    root = np.sqrt(lam[keep])
+    R = root[:, None] * V[:, keep].T
+    Z = (V[:, keep].T @ B) / root[:, None]
+    return R, Z
+
+
+def nnls_from_factor(R, Z, alphas=None):
+    """Non-negative (ridge) least squares ``min ||R c - z||² + alpha ||c||², c >= 0`` per target."""
+    d, t = R.shape[1], Z.shape[1]
+    coef = np.empty((d, t))
+    for j in range(t):
+        A, b = R, Z[:, j]
+        if A.shape[0] == 0 and not (alphas is not None and alphas[j] > 0):
+            coef[:, j] = 0.0  # X is constant: every coefficient is free; the minimum-norm choice
+            continue
+        if alphas is not None and alphas[j] > 0:
+            A = np.vstack([R, np.sqrt(alphas[j]) * np.eye(d)])
+            b = np.concatenate([b, np.zeros(d)])
+        coef[:, j] = scipy.optimize.nnls(A, b, maxiter=max(3 * d, 50))[0]
+    return coef
+
+
+# ---------------------------------------------------------------------- Krylov solvers on the implicit operator
+def _checked_allreduce(comm, local, replicated):
+    """Allreduce ``local`` with a 12-bit fingerprint of the ``replicated`` vector each rank used.
+
+    The Krylov loops branch on reduced values; the fingerprint turns ranks
+    whose iterates drifted apart (different numerical libraries) into the same
+    :class:`mpiml.CommError` everywhere instead of a hang (as in
+    :mod:`._logistic_loss`).
+    """
+    if comm.size == 1:
+        return local
+    fp = float(zlib.crc32(np.ascontiguousarray(replicated, dtype=np.float64).tobytes()) & 0xFFF)
+    packed = allreduce_identical(comm, np.concatenate([local, [fp, fp * fp]]))
+    if comm.size * packed[-1] != packed[-2] * packed[-2]:
+        raise CommError("least squares: the ranks iterated on different vectors (their solvers diverged, which "
+                        "needs identical numerical libraries on every rank)")
+    return packed[:-2]
+
+
+class CentredOperator:
+    """``A = sqrt(W) (X - 1 x̄ᵀ)`` of this rank's rows, used only through products.
+
+    ``matvec(v)``: ``A v`` for a replicated host vector ``v`` (local rows, no
+    communication).  ``rmatvec_local(u)``: this rank's part of ``Aᵀ u`` (host
+    float64); the global product is the sum over ranks.  ``X`` may be dense or
+    sparse; it is never centred or copied.
+    """
+
+    def __init__(self, X, sw, x_mean, xp):
+        self.X, self.xp = X, xp
+        self.d = X.shape[1]
+        self.mean = None if x_mean is None else np.asarray(x_mean, dtype=np.float64)
+        self.root = None if sw is None else xp.sqrt(sw.astype(xp.float64))
+
+    def matvec(self, v):
+        xp, X = self.xp, self.X
+        u = X @ xp.asarray(v.astype(X.dtype, copy=False))
+        u = u.astype(xp.float64, copy=False)
+        if self.mean is not None:
+            u = u - float(self.mean @ v)
+        return u if self.root is None else u * self.root
+
+    def rmatvec_local(self, u):
+        xp, X = self.xp, self.X
+        if X.shape[0] == 0:
+            return np.zeros(self.d)
+        su = u if self.root is None else u * self.root
+        out = as_like((X.T @ su.astype(X.dtype, copy=False)).astype(xp.float64, copy=False), np).ravel()
+        if self.mean is not None:
+            out = out - self.mean * float(su.sum())
+        return out
+
+
+def _sym_ortho(a, b):
+    """A stable Givens rotation ``(c, s, r)`` with ``[c s; -s c] [a; b] = [r; 0]``."""
+    if b == 0:
+        return np.sign(a) if a != 0 else 1.0, 0.0, abs(a)
+    if a == 0:
+        return 0.0, np.sign(b), abs(b)
+    if abs(b) > abs(a):
+        tau = a / b
+        s = np.sign(b) / np.sqrt(1 + tau * tau)
+        return s * tau, s, b / s
+    tau = b / a
+    c = np.sign(a) / np.sqrt(1 + tau * tau)
+    return c, c * tau, a / c
+
+
+def lsqr(op, b, *, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, comm):
+    """LSQR (Paige and Saunders, 1982) on the row-distributed operator ``op``; returns ``(x, n_iter)``.
+
+    ``b`` holds this rank's rows of the right-hand side; the iterate ``x``
+    (host float64, length ``d``) is replicated.  The stopping rules are those
+    of :func:`scipy.sparse.linalg.lsqr` with the same ``atol``, ``btol``,
+    ``conlim`` and ``iter_lim`` (default ``2 d``), so the result matches its
+    result on the gathered rows to the tolerance.
+
+    Communicated per iteration: **one** allreduce of ``d + 1`` float64, the
+    packed ``[Aᵀ u | ||u||²]`` (the norm of the distributed vector rides with
+    the product).  Every scalar is computed from reduced, bit-identical values,
+    so every rank stops at the same iteration.
+    """
+    d = op.d
+    iter_lim = 2 * d if iter_lim is None else int(iter_lim)
+    eps = np.finfo(np.float64).eps
+    ctol = 1.0 / conlim if conlim > 0 else 0.0
+    dampsq = damp * damp
+    xp = op.xp
+    u = b.astype(xp.float64, copy=True)
+
+    def product(u_raw, v_used):
+        pack = np.concatenate([op.rmatvec_local(u_raw), [float((u_raw * u_raw).sum()) if u_raw.size else 0.0]])
+        pack = _checked_allreduce(comm, pack, v_used)
+        return pack[:d], float(np.sqrt(pack[d]))
+
+    x = np.zeros(d)
+    Atu, beta = product(u, x)
+    bnorm = beta
+    if beta > 0:
+        u = u / beta
+        v = Atu / beta
+        alfa = float(np.linalg.norm(v))
+    else:
+        v, alfa = x.copy(), 0.0
+    if alfa > 0:
+        v = v / alfa
+    w = v.copy()
+    rhobar, phibar = alfa, beta
+    if alfa * beta == 0:
+        return x, 0
+    anorm = ddnorm = res2 = xxnorm = z = sn2 = 0.0
+    cs2 = -1.0
+    itn = 0
+    while itn < iter_lim:
+        itn += 1
+        u = op.matvec(v) - alfa * u
+        Atu, beta = product(u, v)
+        if beta > 0:
+            u = u / beta
+            anorm = np.sqrt(anorm * anorm + alfa * alfa + beta * beta + dampsq)
+            v = Atu / beta - beta * v
+            alfa = float(np.linalg.norm(v))
+            if alfa > 0:
+                v = v / alfa
+        if damp > 0:
+            rhobar1 = np.sqrt(rhobar * rhobar + dampsq)
+            cs1, sn1 = rhobar / rhobar1, damp / rhobar1
+            psi = sn1 * phibar
+            phibar = cs1 * phibar
+        else:
+            rhobar1, psi = rhobar, 0.0
+        cs, sn, rho = _sym_ortho(rhobar1, beta)
+        theta = sn * alfa
+        rhobar = -cs * alfa
+        phi = cs * phibar
+        phibar = sn * phibar
+        tau = sn * phi
+        t1, t2 = phi / rho, -theta / rho
+        dk = w / rho
+        x = x + t1 * w
+        w = v + t2 * w
+        ddnorm += float(dk @ dk)
+        delta = sn2 * rho
+        gambar = -cs2 * rho
+        rhs = phi - delta * z
+        zbar = rhs / gambar
+        xnorm = np.sqrt(xxnorm + zbar * zbar)
+        gamma = np.sqrt(gambar * gambar + theta * theta)
+        cs2, sn2 = gambar / gamma, theta / gamma
+        z = rhs / gamma
+        xxnorm += z * z
+        acond = anorm * np.sqrt(ddnorm)
+        res2 += psi * psi
+        rnorm = np.sqrt(phibar * phibar + res2)
+        arnorm = alfa * abs(tau)
+        test1 = rnorm / bnorm
+        test2 = arnorm / (anorm * rnorm + eps)
+        test3 = 1.0 / (acond + eps)
+        rtol = btol + atol * anorm * xnorm / bnorm
+        if (1 + test3 <= 1 or 1 + test2 <= 1 or 1 + test1 / (1 + anorm * xnorm / bnorm) <= 1
+                or test3 <= ctol or test2 <= atol or test1 <= rtol):
+            break
+    return x, itn
+
+
+def conjugate_gradient(op, b, *, alpha, tol, max_iter=None, comm):
+    """CG on ``(AᵀA + alpha I) x = Aᵀb`` (scikit-learn's ``"sparse_cg"``); returns ``(x, n_iter, converged)``.
+
+    Stops when ``||r|| <= tol ||Aᵀb||`` (SciPy's ``cg`` with ``rtol=tol``) or
+    after ``max_iter`` iterations (default ``10 d``).  One allreduce of ``d``
+    float64 per iteration (``AᵀA p``); the right-hand side costs one more.
+    """
+    d = op.d
+    max_iter = 10 * d if max_iter is None else int(max_iter)
+    rhs = allreduce_identical(comm, op.rmatvec_local(b.astype(op.xp.float64, copy=False)))
+    x = np.zeros(d)
+    bnorm = float(np.linalg.norm(rhs))
+    if bnorm == 0:
+        return x, 0, True
+    r = rhs.copy()
+    p = r.copy()
+    rs = float(r @ r)
+    it = 0
+    while it < max_iter:
+        if np.sqrt(rs) <= tol * bnorm:
+            return x, it, True
+        it += 1
+        Ap = _checked_allreduce(comm, op.rmatvec_local(op.matvec(p)), p) + alpha * p
+        pAp = float(p @ Ap)
+        if pAp <= 0:
+            break
+        step = rs / pAp
+        x = x + step * p
+        r = r - step * Ap
+        rs_new = float(r @ r)
+        p = r + (rs_new / rs) * p
+        rs = rs_new
+    return x, it, bool(np.sqrt(rs) <= tol * bnorm)
+
+
+# ---------------------------------------------------------------------- the driver
+def solve_least_squares(X, y, sw, *, fit_intercept, method, comm, xp, solve_gram=None, solve_r=None,
+                        solve_krylov=None):
+    """Centre (when ``fit_intercept``), then solve by ``method`` in {"gram", "tsqr", "krylov"}.
+
+    ``solve_gram(G, B)``, ``solve_r(R_xx, Z)`` or ``solve_krylov(op, Yc)``
+    return ``(coef of shape (d, t), extra)``; ``Yc`` is this rank's centred,
+    weighted targets (float64).  Returns host ``coef`` (t, d), ``intercept``
+    (t,), ``extra``.
+    """
+    Y = as_2d_targets(y)
+    d, t = X.shape[1], Y.shape[1]
+    if fit_intercept:
+        x_mean, y_mean, sw_sum = weighted_means(X, Y, sw, comm=comm, xp=xp)
+    else:
+        x_mean, y_mean, sw_sum = None, None, None
+    if method == "tsqr":
+        R = tsqr_r(X, Y, sw, x_mean, y_mean, comm=comm, xp=xp)
+        coef, extra = solve_r(R[:d, :d], R[:d, d:])
+    elif method == "gram":
+        G, B = gram(X, Y, sw, x_mean, y_mean, sw_sum, comm=comm, xp=xp)
+        coef, extra = solve_gram(G, B)
+    else:
+        op = CentredOperator(X, sw, x_mean, xp)
+        Yc = Y.astype(xp.float64)
+        if y_mean is not None:
+            Yc = Yc - xp.asarray(y_mean)
+        if op.root is not None:
+            Yc = Yc * op.root[:, None]
+        coef, extra = solve_krylov(op, Yc)
+    coef = coef.T
+    intercept = y_mean - coef @ x_mean if fit_intercept else np.zeros(t)
+    return coef, intercept, extra

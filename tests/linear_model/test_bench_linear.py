@@ -1,0 +1,41 @@
+"""The sparse Ridge / TruncatedSVD benchmark on CPU ranks with tiny sizes: it runs, writes its JSON and
+plot, and its fits agree with scikit-learn's on the same CSR rows (which it fits whole at these sizes)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, _mpiexec
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algo,extra", [("tsvd", ["--components", "4"]),
+                                        ("ridge", ["--features", "2500", "--tol", "1e-12"])])
+def test_sparse_benchmark_on_cpu(tmp_path, algo, extra):
+    if _mpiexec() is None:
+        pytest.skip("no mpiexec on PATH")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "src"), env.get("PYTHONPATH", "")])
+    env.setdefault("MPIML_TIMEOUT", "60")
+    args = ["--algo", algo, "--sparse", "0.02", "--rows", "2000", "--features", "300", "--ranks", "1,2",
+            "--device", "cpu", "--repeats", "1", "--out", str(tmp_path), *extra]
+    proc = subprocess.run([sys.executable, "-m", "mpiml.bench.ml_linear", *args], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    path = tmp_path / f"ml_{algo}_sparse_cpu.json"
+    assert path.exists() and (tmp_path / f"ml_{algo}_sparse_cpu.png").exists()
+    result = json.loads(path.read_text())
+    assert result["sparse"] == 0.02 and result["machine"] and result["command"]
+    runs = [r for r in result["runs"] if "fit_s" in r]
+    assert [r["ranks"] for r in runs] == [1, 2]
+    key = "singular_values_rel_to_sklearn" if algo == "tsvd" else "coef_rel_to_sklearn"
+    for run in runs:
+        assert run["fit_s"] > 0 and run["floor_s"] > 0 and run["nnz_per_rank_max"] > 0 and run["passes"] > 2
+        assert run[key] < 1e-8, run[key]
+    assert runs[1]["collectives"]["allreduce"]["calls"] > 0
+    assert not result["sklearn"]["extrapolated"] and result["sklearn"]["fit_s"] > 0
+    if algo == "ridge":
+        assert runs[0]["solver"] == result["sklearn"]["solver"] == "sparse_cg"
