@@ -299,6 +299,17 @@ def run_shared():
                      exact=True)
     check(not set(comm._device_transports) & {"nccl", "ipc"},
           f"auto created a device transport on a shared GPU: {list(comm._device_transports)}")
+    # a ring of device point-to-point messages that waits on its receives before its sends (as the
+    # neighbours' ring does): a staged send must be under way without being tested
+    for nbytes in (0, 8, 1 << 20, 9 << 20):
+        xs = [data(r, nbytes // 4, np.float32, 11) for r in range(P)]
+        sends = [comm.isend(cp.asarray(xs[R]), (R + 1) % P, tag=t) for t in (5, 6)]
+        recvs = [comm.irecv((R - 1) % P, tag=t) for t in (5, 6)]
+        got = [r.wait() for r in recvs]
+        for s in sends:
+            s.wait()
+        for g in got:
+            assert_close(g, xs[(R - 1) % P], f"device ring isend/irecv {nbytes} B shared", exact=True)
 
 
 def main():

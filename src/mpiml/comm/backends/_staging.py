@@ -140,7 +140,12 @@ def _is_device(buf):
 
 
 def staged_isend(transport, buf, dest, tag):
-    """Send a device buffer: chunks go to MPI as their copies to the host land."""
+    """Send a device buffer: each chunk goes to MPI as soon as its copy to the host has landed.
+
+    Every chunk's ``MPI_Isend`` is posted before this returns (the copy-out of chunk i + 1
+    overlaps MPI on chunk i): a send whose chunks were posted only when its request is tested
+    would deadlock a caller that waits on its receives first, as a ring exchange does.
+    """
     pool = _pool(transport)
     nbytes = buf.nbytes
     mem, host = pool.take(nbytes)
@@ -148,13 +153,13 @@ def staged_isend(transport, buf, dest, tag):
     chunks = _chunks(nbytes, buf.itemsize, True)
     events = [cp.copy(host.ctypes.data + s, buf.data.ptr + s, n) for s, n in chunks]
     reqs = []
+    for (s, n), event in zip(chunks, events):
+        event.synchronize()
+        reqs.append(transport.isend(host[s:s + n], dest, tag))
     state = {"released": False}
 
     def test():
-        while len(reqs) < len(chunks) and events[len(reqs)].done:
-            s, n = chunks[len(reqs)]
-            reqs.append(transport.isend(host[s:s + n], dest, tag))
-        if len(reqs) < len(chunks) or not all(r.test() for r in reqs):
+        if not all(r.test() for r in reqs):
             return False
         if not state["released"]:
             state["released"] = True
