@@ -146,13 +146,13 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
 
     Attributes
     ----------
-    components_ : ndarray of shape (n_components_, n_features)
+    components_ : ndarray of shape (n_components, n_features)
         Principal axes, replicated; NumPy or CuPy like ``X``, dtype of ``X``.
-    explained_variance_ : ndarray of shape (n_components_,)
+    explained_variance_ : ndarray of shape (n_components,)
         Replicated.
-    explained_variance_ratio_ : ndarray of shape (n_components_,)
+    explained_variance_ratio_ : ndarray of shape (n_components,)
         Replicated.
-    singular_values_ : ndarray of shape (n_components_,)
+    singular_values_ : ndarray of shape (n_components,)
         Of the global centred data; replicated.
     mean_ : ndarray of shape (n_features,)
         Global per-feature mean; replicated.
@@ -373,7 +373,7 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
 
         Returns
         -------
-        X_new : ndarray of shape (n_local_samples, n_components_)
+        X_new : ndarray of shape (n_local_samples, n_components)
         """
         out, X, x_is_centered, xp = self._fit(X)
         if out is not None:
@@ -415,7 +415,7 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
 
         Returns
         -------
-        X_new : ndarray of shape (n_local_samples, n_components_)
+        X_new : ndarray of shape (n_local_samples, n_components)
         """
         X, xp, _ = self._local_input(X)
         return self._transform(X, xp)
@@ -425,7 +425,7 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
 
         Parameters
         ----------
-        X : array-like of shape (n_local_samples, n_components_)
+        X : array-like of shape (n_local_samples, n_components)
 
         Returns
         -------
