@@ -32,8 +32,10 @@ agrees, and a mismatch leaves the communicator usable); ``MPIML_CHECK=0``
 posts no round for array collectives.
 """
 
+import atexit
 import pickle
 from functools import partial
+import threading
 import time
 import weakref
 
@@ -47,7 +49,7 @@ from ._hotpath import check_level
 from ._ops import check_dtype, check_op, identity, SUPPORTED_DTYPES
 from ._p2p import MAX_TAG, PointToPoint, _cupy, _flat
 from ._request import poll_until, set_guard
-from ._signature import SLOT_BYTES, SignatureRound, describe, mismatch_text, signature_base
+from ._signature import SLOT_BYTES, AbortNotices, SignatureRound, describe, mismatch_text, signature_base
 from ._tuning import TuningTable
 from .algorithms import ALGORITHMS, Channel, get_algorithm
 from .backends import get_backend_factory
@@ -57,6 +59,36 @@ __all__ = ["Communicator", "MAX_TAG"]
 _MAX_NDIM = 10  # dimensions carried in scatter's metadata
 _SCATTER_META = 4 + _MAX_NDIM  # int64 words of scatter's metadata in the root's slot
 _NP_UFUNC = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+
+#: communicators holding MPI requests that must be given back before MPI finalizes
+_LIVE = weakref.WeakSet()
+
+
+def _release_all():
+    for comm in list(_LIVE):
+        comm._release()
+
+
+def _hold(comm):
+    """Remember ``comm`` for :func:`_release_all`, registered after MPI's import (so it runs before
+    MPI_Finalize, which must not meet a pending receive)."""
+    if not _LIVE and not getattr(_release_all, "registered", False):
+        atexit.register(_release_all)
+        _release_all.registered = True
+    _LIVE.add(comm)
+
+
+def _error_like(kind, message):
+    """An exception of the class named ``kind`` (a communication error) with exactly ``message``."""
+    if kind == "CommTimeoutError":
+        return CommTimeoutError(None, "all", None, message=message)
+    cls = {c.__name__: c for c in (CommAbortedError, CollectiveMismatchError)}.get(kind, CommError)
+    return cls(message)
+
+
+def _mpi_any_thread(transport):
+    mpi = getattr(transport, "MPI", None)
+    return mpi is not None and mpi.Query_thread() == mpi.THREAD_MULTIPLE
 
 
 class _Plan:
@@ -110,6 +142,8 @@ class Communicator(PointToPoint):
         self._failure = None  # the first failure (then every call raises CommAbortedError)
         self._children = weakref.WeakSet()
         self._seq = 0  # collectives called on this communicator (part of every signature)
+        self._round = self._notices = None
+        self._untold = None  # a failure not yet told to the other ranks
         if tuning is None:
             data = None
             if self.rank == 0:
@@ -125,6 +159,11 @@ class Communicator(PointToPoint):
         self._tuning = tuning
         # created here, in the same order on every rank (a persistent collective's set-up is collective)
         self._round = SignatureRound(self._ctl, self.size) if self.size > 1 else None
+        self._notices = None
+        if self.size > 1 and getattr(self._ctl, "MPI", None) is not None:
+            self._notices = AbortNotices(self._ctl, self.rank, self.size)
+            _hold(self)
+        self._guard = None if self._round is None else self._round.guard
 
     # ------------------------------------------------------------------ basics
     @property
@@ -136,12 +175,13 @@ class Communicator(PointToPoint):
         return f"<mpiml.Communicator rank={self.rank} size={self.size} backend={self.backend!r}>"
 
     # ------------------------------------------------------------------ failure state
-    def _poison(self, exc):
+    def _poison(self, exc, *, tell=True):
         """Record the first failure here and on every communicator split from this one.
 
         Aborts the device transports (an IPC kernel still spinning gives up, the
         NCCL communicator is aborted), so that nothing waits for a peer that is
-        gone.  Safe to call from the watchdog thread.
+        gone, and tells the other ranks (see :class:`~mpiml.comm._signature.AbortNotices`)
+        unless the news came from one of them.  Safe to call from the watchdog thread.
         """
         if self._failure is None:
             self._failure = exc
@@ -152,10 +192,40 @@ class Communicator(PointToPoint):
                         abort(f"{type(exc).__name__}: {exc}")
                     except Exception:
                         pass
+            if tell and self._notices is not None:
+                self._untold = f"{self._seq}|{type(exc).__name__}|{exc}"
+                self._tell()
         for child in list(self._children):
             child._poison(exc)
 
+    def _tell(self):
+        """Send the failure to the other ranks, from a thread that may call MPI."""
+        if self._untold and (_mpi_any_thread(self._ctl) or threading.current_thread() is threading.main_thread()):
+            text, self._untold = self._untold, None
+            self._notices.tell(text)
+
+    def _listen(self):
+        """The watch of this communicator's long waits: a rank that aborted it ends them.
+
+        A rank in the same call raises the error that rank raised (the same class and
+        text: the call failed for the whole group); a rank at a later call raises
+        :class:`~mpiml.CommAbortedError` naming it.
+        """
+        heard = self._notices.heard() if self._notices is not None else None
+        if heard is None:
+            return
+        source, text = heard
+        seq, kind, message = (text.split("|", 2) + ["", ""])[:3]
+        if seq == str(self._seq):
+            exc = _error_like(kind, message)
+            self._poison(exc, tell=False)
+            raise exc
+        self._poison(CommError(f"rank {source} aborted it: {kind}: {message}"), tell=False)
+        raise self._aborted("wait")
+
     def _aborted(self, op):
+        if self._untold:  # (a failure found by another thread: tell the peers now)
+            self._tell()
         f = self._failure
         err = CommAbortedError(f"{op} on rank {self.rank}: the communicator was aborted by an earlier failure "
                                f"({type(f).__name__}: {f})")
@@ -190,12 +260,19 @@ class Communicator(PointToPoint):
         for t in list(self._device_transports.values()):
             t.close()
         self._device_transports.clear()
-        rnd = getattr(self, "_round", None)
-        self._round = None
-        if rnd is not None:
-            rnd.close()
+        self._release()
         for t in (self._coll, self._p2p, self._ctl):
             t.close()
+
+    def _release(self):
+        """Give back the persistent round and the pending notice receive (before MPI finalizes)."""
+        rnd, notices = self._round, self._notices
+        self._round = self._notices = None
+        if rnd is not None:
+            rnd.close()
+        if notices is not None:
+            notices.close()
+        _LIVE.discard(self)
 
     # ------------------------------------------------------------------ transports
     def _transport(self, backend):
@@ -347,7 +424,7 @@ class Communicator(PointToPoint):
         if rnd.done():
             return
         try:
-            poll_until(rnd.done, op=op, peer="all", detail="the ranks' signature agreement")
+            poll_until(rnd.done, op=op, peer="all", detail="the ranks' signature agreement", watch=self._listen)
         except CommError as exc:
             self._poison(exc)
             raise
@@ -383,15 +460,15 @@ class Communicator(PointToPoint):
         round (the next call posts it again) or aborts the communicator.
         """
         rnd = self._round
-        prev = set_guard(rnd.guard)
+        prev = set_guard(self._guard, self._listen)
         try:
             result = run()
-        except CommTimeoutError as exc:  # no time left to wait for the round
-            set_guard(prev)
+        except (CommTimeoutError, CommAbortedError) as exc:  # no time left to wait for the round; or dead
+            set_guard(*prev)
             self._poison(exc)
             raise
         except Exception as exc:
-            set_guard(prev)
+            set_guard(*prev)
             if not isinstance(exc, CollectiveMismatchError):  # (a guard's trip is one)
                 try:
                     self._wait_round(op)
@@ -402,7 +479,7 @@ class Communicator(PointToPoint):
                         self._poison(exc)
                     raise
             self._mismatch(op, spec, posted=True)
-        set_guard(prev)
+        set_guard(*prev)
         self._wait_round(op)
         if not rnd.agreed():
             self._mismatch(op, spec, posted=True)

@@ -21,7 +21,7 @@ import threading
 import time
 
 from .. import _config
-from .._errors import CollectiveMismatchError, CommTimeoutError
+from .._errors import CollectiveMismatchError, CommAbortedError, CommTimeoutError
 
 __all__ = ["Request", "CompletedRequest", "waitall", "poll_until", "set_guard"]
 
@@ -40,23 +40,32 @@ def _spin_seconds():
         return value
 
 
-def set_guard(guard):
-    """Install ``guard`` (or None) for the waits of this thread; returns the one it replaces.
+def set_guard(guard, watch=None):
+    """Install ``guard`` and ``watch`` (or None) for the waits of this thread; returns the pair replaced.
 
-    ``guard()`` is called between the tests of every wait and raises to end it
-    (a :class:`~mpiml.CollectiveMismatchError`); requests whose wait it ends are
-    abandoned as after a timeout.  Restore the previous guard when done.
+    ``guard()`` is called between the tests of every wait, ``watch()`` between
+    those of a wait that outlasted its spin (a wait long enough to be worth a
+    slower check); either raises to end the wait (a
+    :class:`~mpiml.CollectiveMismatchError` or :class:`~mpiml.CommAbortedError`),
+    and requests whose wait it ends are abandoned as after a timeout.  Restore
+    the previous pair when done (``set_guard(*previous)``).
     """
-    outer = getattr(_local, "guard", None)
+    outer = getattr(_local, "guard", None), getattr(_local, "watch", None)
     _local.guard = guard
+    _local.watch = watch
     return outer
 
 
-def poll_until(test, *, op, peer, timeout=None, detail=""):
-    """Call ``test()`` until it returns True; raise CommTimeoutError after ``timeout``."""
+def poll_until(test, *, op, peer, timeout=None, detail="", watch=None):
+    """Call ``test()`` until it returns True; raise CommTimeoutError after ``timeout``.
+
+    ``watch()`` (or the thread's, see :func:`set_guard`) is called between tests once the spin is over.
+    """
     if test():
         return
     guard = getattr(_local, "guard", None)
+    if watch is None:
+        watch = getattr(_local, "watch", None)
     limit = _config.timeout() if timeout is None else timeout
     start = time.perf_counter()
     spin_end = start + _spin_seconds()
@@ -74,6 +83,8 @@ def poll_until(test, *, op, peer, timeout=None, detail=""):
             return
         if guard is not None:
             guard()
+        if watch is not None:
+            watch()
         now = time.perf_counter()
         if deadline is not None and now >= deadline:
             raise CommTimeoutError(op, peer, limit, detail)
@@ -136,7 +147,7 @@ class Request:
         except CommTimeoutError as exc:
             self.abandon(exc)
             raise
-        except CollectiveMismatchError:  # a guard ended the wait: the peers may never match it
+        except (CollectiveMismatchError, CommAbortedError):  # a guard ended the wait: the peers may never match it
             self.abandon()
             raise
         return self._value()
@@ -186,7 +197,7 @@ def waitall(requests, *, op=None, timeout=None):
         for r in pending:
             r.abandon(exc)
         raise
-    except CollectiveMismatchError:
+    except (CollectiveMismatchError, CommAbortedError):
         for r in pending:
             r.abandon()
         raise

@@ -35,8 +35,8 @@ from .._errors import CollectiveMismatchError, CommError
 from ._ops import OPS, dtype_code
 from .algorithms import COLLECTIVES
 
-__all__ = ["SLOT_BYTES", "HEADER_WORDS", "KINDS", "SignatureRound", "RoundMismatch", "signature_base", "describe",
-           "mismatch_text"]
+__all__ = ["SLOT_BYTES", "HEADER_WORDS", "KINDS", "SignatureRound", "RoundMismatch", "AbortNotices", "signature_base",
+           "describe", "mismatch_text"]
 
 #: bytes of inline payload per rank in every round (see the module docstring)
 SLOT_BYTES = 512
@@ -195,3 +195,74 @@ class SignatureRound:
             except Exception:
                 pass
         self._persistent = None
+
+
+class AbortNotices:
+    """Tells the other ranks that this communicator died here, and hears them say so.
+
+    A rank whose call failed (a timeout, a lost peer, a transport error) leaves
+    its part of that call posted; a rank that arrives late can still complete
+    the call from those parts (the result is right: they were posted), but it
+    must not wait for the *next* one, which the others will never make.  So a
+    rank that aborts a communicator sends its reason to every other rank (a
+    small message on the control context, never waited for), and a wait that
+    outlasts its spin listens for one (:meth:`heard`): the late rank raises
+    :class:`~mpiml.CommAbortedError` naming the first failure at once, not
+    after its own timeout.  Nothing is checked on a call that does not wait.
+    """
+
+    TAG = 32001
+    MAX_BYTES = 1024
+
+    def __init__(self, ctl, rank, size):
+        mpi = ctl.MPI
+        self._mpi, self._comm, self.rank, self.size = mpi, ctl.comm, rank, size
+        self._buf = bytearray(self.MAX_BYTES)
+        self._status = mpi.Status()
+        self._recv = self._comm.Irecv([self._buf, mpi.BYTE], mpi.ANY_SOURCE, self.TAG)
+        self._sent = []
+        self.told = False
+
+    def tell(self, text):
+        """Send ``text`` to every other rank (once; nothing waits for it)."""
+        if self.told or self._comm is None:
+            return
+        self.told = True
+        data = text.encode("utf-8", "replace")[:self.MAX_BYTES]
+        for k in range(self.size):
+            if k != self.rank:
+                try:
+                    self._sent.append(self._comm.Isend([data, self._mpi.BYTE], k, self.TAG))
+                except self._mpi.Exception:
+                    pass
+
+    def heard(self):
+        """``(rank, text)`` of the first other rank that aborted, or None."""
+        if self._recv is None:
+            return None
+        try:
+            if not self._recv.Test(self._status):
+                return None
+        except self._mpi.Exception:
+            return None
+        self._recv = None
+        n = self._status.Get_count(self._mpi.BYTE)
+        return self._status.Get_source(), bytes(self._buf[:n]).decode("utf-8", "replace")
+
+    def close(self):
+        """Withdraw the pending receive (MPI must not finalize with it posted)."""
+        if self._recv is not None:
+            try:
+                self._recv.Cancel()
+                self._recv.Wait()
+            except self._mpi.Exception:
+                pass
+            self._recv = None
+        for req in self._sent:
+            try:
+                if not req.Test():
+                    req.Cancel()
+            except self._mpi.Exception:
+                pass
+        self._sent = []
+        self._comm = None
