@@ -32,7 +32,6 @@ agrees, and a mismatch leaves the communicator usable); ``MPIML_CHECK=0``
 posts no round for array collectives.
 """
 
-import atexit
 import pickle
 from functools import partial
 import threading
@@ -60,22 +59,17 @@ _MAX_NDIM = 10  # dimensions carried in scatter's metadata
 _SCATTER_META = 4 + _MAX_NDIM  # int64 words of scatter's metadata in the root's slot
 _NP_UFUNC = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
 
-#: communicators holding MPI requests that must be given back before MPI finalizes
-_LIVE = weakref.WeakSet()
+def _release(rnd, notices):
+    """Give back a communicator's persistent round and pending notice receive.
 
-
-def _release_all():
-    for comm in list(_LIVE):
-        comm._release()
-
-
-def _hold(comm):
-    """Remember ``comm`` for :func:`_release_all`, registered after MPI's import (so it runs before
-    MPI_Finalize, which must not meet a pending receive)."""
-    if not _LIVE and not getattr(_release_all, "registered", False):
-        atexit.register(_release_all)
-        _release_all.registered = True
-    _LIVE.add(comm)
+    Run by ``close()``, when the communicator is collected, or at exit (a
+    ``weakref.finalize``, first made after MPI's import, so before MPI_Finalize,
+    which must not meet a pending receive).
+    """
+    if rnd is not None:
+        rnd.close()
+    if notices is not None:
+        notices.close()
 
 
 def _error_like(kind, message):
@@ -162,7 +156,7 @@ class Communicator(PointToPoint):
         self._notices = None
         if self.size > 1 and getattr(self._ctl, "MPI", None) is not None:
             self._notices = AbortNotices(self._ctl, self.rank, self.size)
-            _hold(self)
+        self._release = weakref.finalize(self, _release, self._round, self._notices)
         self._guard = None if self._round is None else self._round.guard
 
     # ------------------------------------------------------------------ basics
@@ -260,19 +254,11 @@ class Communicator(PointToPoint):
         for t in list(self._device_transports.values()):
             t.close()
         self._device_transports.clear()
-        self._release()
+        release = getattr(self, "_release", None)
+        if release is not None:
+            release()
         for t in (self._coll, self._p2p, self._ctl):
             t.close()
-
-    def _release(self):
-        """Give back the persistent round and the pending notice receive (before MPI finalizes)."""
-        rnd, notices = self._round, self._notices
-        self._round = self._notices = None
-        if rnd is not None:
-            rnd.close()
-        if notices is not None:
-            notices.close()
-        _LIVE.discard(self)
 
     # ------------------------------------------------------------------ transports
     def _transport(self, backend):
@@ -408,7 +394,7 @@ class Communicator(PointToPoint):
         if self.size == 1:
             return 0
         level = check_level()
-        if level is None and key in self._hot and nbytes < _config.CHEAP_CHECK_BYTES:
+        if level is None and self._hot and nbytes < _config.CHEAP_CHECK_BYTES and key in self._hot:
             return 0
         return level
 
@@ -431,13 +417,17 @@ class Communicator(PointToPoint):
 
     def _agree(self, op, base, spec, aux=0, error=None):
         """One blocking round (this rank's slot already written): the call's signature, agreed."""
-        if self._failure is not None:
-            raise self._aborted(op)
-        self._start_round(base, aux)
-        self._wait_round(op)
-        if error or not self._round.agreed():
+        rnd = self._round
+        try:
+            rnd.start(hash((base, self._seq)), aux)
+            if not rnd.done():
+                poll_until(rnd.done, op=op, peer="all", detail="the ranks' signature agreement", watch=self._listen)
+        except CommError as exc:
+            self._poison(exc)
+            raise
+        if error or not rnd.agreed():
             self._mismatch(op, spec, posted=False, error=error)
-        return self._round
+        return rnd
 
     def _mismatch(self, op, spec, posted, error=None):
         """Exchange readable signatures; raise the same CollectiveMismatchError on every rank.
@@ -627,10 +617,7 @@ class Communicator(PointToPoint):
     # _run: small collectives are dominated by that Python time.  It is checked as _run
     # would check it.  Profiling takes the full path again.
     def _fast_plan(self, key):
-        plan = self._plans.get(key)
-        if plan is None or _profile._ACTIVE:
-            return None
-        return plan
+        return None if _profile._ACTIVE else self._plans.get(key)
 
     def _replay_plan(self, plan, level, *args):
         """Run a remembered plan, checked as :meth:`_run` would; an error poisons the communicator."""
@@ -736,7 +723,7 @@ class Communicator(PointToPoint):
         """
         self._begin("bcast")
         key = ("bcast", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), root, algorithm)
-        hot = self._hot.get(key)
+        hot = self._hot.get(key) if self._hot else None
         if hot is not None:
             res = hot(x, None)
             if res is not None:
@@ -785,7 +772,7 @@ class Communicator(PointToPoint):
         """Reduce ``x`` over all ranks with ``op`` (sum, prod, min, max); the result everywhere."""
         self._begin("allreduce")
         key = ("allreduce", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), op, algorithm)
-        hot = self._hot.get(key)
+        hot = self._hot.get(key) if self._hot else None
         if hot is not None:
             res = hot(x, out)
             if res is not None:
