@@ -23,8 +23,9 @@ maximum over ranks), and the table shows the median over rounds.  Modes:
   the default one (the round alone): what a host-side agreement costs by itself,
   i.e. what a device call would add if it agreed on the host before launching.
 
-``--slot-bytes N`` measures with another inline slot (the design choice in
-``mpiml.comm._signature.SLOT_BYTES``).
+``--slot-bytes N`` measures with another largest inline slot (the design
+choice in ``mpiml.comm._signature.SLOT_BYTES``; the slot is
+``min(SLOT_BYTES, 16 KiB / ranks)``).
 """
 
 import argparse
@@ -49,9 +50,10 @@ def worker(args):
     import numpy as np
 
     if args.slot_bytes:
-        from mpiml.comm import _communicator, _signature
+        from mpiml.comm import _signature
 
-        _signature.SLOT_BYTES = _communicator.SLOT_BYTES = args.slot_bytes
+        _signature.SLOT_BYTES = args.slot_bytes
+        _signature.ROUND_BYTES = max(_signature.ROUND_BYTES, 4 * args.slot_bytes)
     from mpiml.comm import get_comm
 
     comm = get_comm()
@@ -119,7 +121,8 @@ def machine():
         pass
     try:
         out = subprocess.run(["mpiexec", "--version"], capture_output=True, text=True, timeout=30).stdout
-        info["launcher"] = " ".join(out.split()[:4])
+        version = [ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.strip().startswith("Version:")]
+        info["launcher"] = " ".join((out.split() or ["?"])[:1] + version[:1])
         from mpi4py import MPI  # noqa: F401 (only the library's name)
 
         info["mpi"] = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
@@ -158,6 +161,7 @@ def main(argv=None):
     ap.add_argument("--max-bytes", type=int, default=1 << 20)
     ap.add_argument("--slot-bytes", type=int, default=0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--note", default="", help="recorded with the results (e.g. what else ran on the machine)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -182,7 +186,7 @@ def main(argv=None):
         os.unlink(path)
     result = {"benchmark": "benchmarks/comm_check/bench_check.py", "date": started,
               "command": " ".join(["python", "benchmarks/comm_check/bench_check.py"] + list(argv or sys.argv[1:])),
-              "machine": info, "results": rows}
+              "machine": info, "note": args.note, "results": rows}
     print(table(rows))
     if args.json:
         with open(args.json, "w") as f:

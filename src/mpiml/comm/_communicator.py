@@ -15,7 +15,7 @@ timeouts and records it for :func:`mpiml.profile`.
 
 How a checked call agrees (``MPIML_CHECK`` unset, the default):
 
-* *inline* — small host calls (at most ``SLOT_BYTES`` per rank, no forced
+* *inline* — small host calls (at most ``slot_bytes(size)`` per rank, no forced
   algorithm) send their data inside the signature round itself and compute
   the result locally, in rank order: one message round, as unchecked;
 * *concurrent* — other host calls post the round, then the data collective,
@@ -48,7 +48,7 @@ from ._hotpath import check_level
 from ._ops import check_dtype, check_op, identity, SUPPORTED_DTYPES
 from ._p2p import MAX_TAG, PointToPoint, _cupy, _flat
 from ._request import poll_until, set_guard
-from ._signature import SLOT_BYTES, AbortNotices, SignatureRound, describe, mismatch_text, signature_base
+from ._signature import AbortNotices, SignatureRound, describe, mismatch_text, signature_base
 from ._tuning import TuningTable
 from .algorithms import ALGORITHMS, Channel, get_algorithm
 from .backends import get_backend_factory
@@ -494,7 +494,7 @@ class Communicator(PointToPoint):
         plan = _Plan(None, xp, base, spec, None, memory == "device")
         start = time.perf_counter()
         if (inline_bytes is not None and memory == "host" and algorithm is None and self.size > 1
-                and inline_bytes <= SLOT_BYTES and op not in self._tuning.override):
+                and inline_bytes <= self._round.slot_bytes and op not in self._tuning.override):
             plan.inline = self._make_inline(op, base, spec, spec[1], spec[2])
             if level != 0 and not error:
                 plan.inline(*algo_args)
@@ -862,13 +862,13 @@ class Communicator(PointToPoint):
         else:
             spec = (op, x.dtype, 0, 0 if root is None else root, None, x.shape[1:], memory, algorithm)
             rnd = self._round
-            if inline and x.nbytes <= SLOT_BYTES:
+            if inline and x.nbytes <= rnd.slot_bytes:
                 rnd.slot[:x.nbytes] = x.reshape(-1).view(np.uint8)
             rnd = self._agree(op, signature_base(*spec), spec, aux=x.shape[0])
             rows = rnd.aux.tolist()
         total = sum(rows)
         out = xp.empty((total,) + x.shape[1:], dtype=x.dtype) if root in (None, self.rank) else None
-        if inline and max(rows) * row * x.itemsize <= SLOT_BYTES:
+        if inline and max(rows) * row * x.itemsize <= rnd.slot_bytes:
             if out is not None:  # every rank's rows came with the round
                 flat, at = out.reshape(-1).view(np.uint8), 0
                 for r, k in enumerate(rows):
@@ -1014,7 +1014,7 @@ class Communicator(PointToPoint):
         size (``aux``) and the payload itself when it fits in the slot; returns the sizes."""
         rnd = self._round
         n = 0 if payload is None else len(payload)
-        if 0 < n <= SLOT_BYTES:
+        if 0 < n <= rnd.slot_bytes:
             rnd.slot[:n] = np.frombuffer(payload, dtype=np.uint8)
         spec = (kind, None, 0, root, redop, (), "host", None)
         self._agree(kind, signature_base(*spec), spec, aux=n)
@@ -1023,7 +1023,7 @@ class Communicator(PointToPoint):
     def _gathered_objs(self, kind, obj, redop=None):
         data = pickle.dumps(obj)
         sizes = self._obj_round(kind, data, redop=redop)
-        if max(sizes) <= SLOT_BYTES:
+        if max(sizes) <= self._round.slot_bytes:
             slots = self._round.slots
             return [pickle.loads(slots[r, :n].tobytes()) for r, n in enumerate(sizes)]
         counts = np.asarray(sizes, dtype=np.int64)
@@ -1052,11 +1052,11 @@ class Communicator(PointToPoint):
         payload = pickle.dumps(obj) if self.rank == root else None
         n = self._obj_round("bcast_obj", payload, root=root)[root]
         if self.rank == root:
-            if n > SLOT_BYTES:
+            if n > self._round.slot_bytes:
                 buf = np.frombuffer(payload, dtype=np.uint8).copy()
                 self._ctl_wait("bcast", lambda: self._ctl.native_bcast(buf, root))
             return obj
-        if n <= SLOT_BYTES:
+        if n <= self._round.slot_bytes:
             return pickle.loads(self._round.slots[root, :n].tobytes())
         buf = np.empty(n, dtype=np.uint8)
         self._ctl_wait("bcast", lambda: self._ctl.native_bcast(buf, root))

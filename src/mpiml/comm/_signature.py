@@ -10,8 +10,9 @@ word  content
       root, reduction, shape, memory kind, forced algorithm, local error flag
 1     a per-rank integer of the call (rows of a v-collective, an object's
       pickled size)
-2..   an inline slot of ``SLOT_BYTES``: small payloads (the data of a small
-      host collective, an object, scatter's metadata)
+2..   an inline slot (:func:`slot_bytes`: 4 KiB up to 4 ranks, less beyond):
+      small payloads (the data of a small host collective, an object,
+      scatter's metadata)
 ====  =====================================================================
 
 Because the first control-plane step of *every* checked call is this same
@@ -35,12 +36,25 @@ from .._errors import CollectiveMismatchError, CommError
 from ._ops import OPS, dtype_code
 from .algorithms import COLLECTIVES
 
-__all__ = ["SLOT_BYTES", "HEADER_WORDS", "KINDS", "SignatureRound", "RoundMismatch", "AbortNotices", "signature_base",
+__all__ = ["SLOT_BYTES", "slot_bytes", "HEADER_WORDS", "KINDS", "SignatureRound", "RoundMismatch", "AbortNotices", "signature_base",
            "describe", "mismatch_text"]
 
-#: bytes of inline payload per rank in every round (see the module docstring)
-SLOT_BYTES = 512
+#: the most bytes of inline payload per rank in a round (see :func:`slot_bytes`)
+SLOT_BYTES = 4096
+#: the most bytes a whole round moves to each rank (slots and headers of every rank), roughly
+ROUND_BYTES = 16384
 HEADER_WORDS = 2
+
+
+def slot_bytes(size):
+    """Inline bytes per rank for a group of ``size`` ranks (the same on every rank).
+
+    Every round moves ``size`` rows to every rank, inline payload or not, so the
+    slot shrinks as the group grows: 4 KiB up to 4 ranks (the small host calls of
+    a k-means step travel inline), 128 bytes at 128 ranks and beyond (scatter's
+    metadata still fits).  Measured in ``benchmarks/results/check_cost_host.json``.
+    """
+    return max(128, min(SLOT_BYTES, ROUND_BYTES // max(size, 1)) // 8 * 8)
 
 #: collectives named in signatures, with a code each (ints only: str hashes are salted per process)
 KINDS = COLLECTIVES + ("allgather_obj", "bcast_obj", "allreduce_obj", "split")
@@ -121,13 +135,14 @@ class SignatureRound:
 
     def __init__(self, ctl, size):
         self.size = size
-        width = HEADER_WORDS + SLOT_BYTES // 8
+        self.slot_bytes = slot_bytes(size)
+        width = HEADER_WORDS + self.slot_bytes // 8
         self.send = np.zeros(width, dtype=np.int64)
         self.recv = np.zeros((size, width), dtype=np.int64)
         self.hashes = self.recv[:, 0]
         self.aux = self.recv[:, 1]
         self.slot = self.send[HEADER_WORDS:].view(np.uint8)
-        self.slots = self.recv[:, HEADER_WORDS:].view(np.uint8)  # (size, SLOT_BYTES)
+        self.slots = self.recv[:, HEADER_WORDS:].view(np.uint8)  # (size, slot_bytes)
         self.pending = False
         self.h = 0
         self._ctl = ctl
