@@ -339,7 +339,6 @@ class Communicator(PointToPoint):
             backend = self._world.name
         return backend, algo
 
-
     # ------------------------------------------------------------------ control plane
     # Agreements between ranks that already know they are at the same point: inside a call
     # whose signature round agreed, or while a communicator is being created.  A user's call
@@ -407,10 +406,9 @@ class Communicator(PointToPoint):
 
     def _wait_round(self, op):
         rnd = self._round
-        if rnd.done():
-            return
         try:
-            poll_until(rnd.done, op=op, peer="all", detail="the ranks' signature agreement", watch=self._listen)
+            if not rnd.done():
+                poll_until(rnd.done, op=op, peer="all", detail="the ranks' signature agreement", watch=self._listen)
         except CommError as exc:
             self._poison(exc)
             raise
@@ -516,15 +514,16 @@ class Communicator(PointToPoint):
                 self._run_data(op, nbytes, xp, memory, algorithm, native, algo_args, plan)
             else:
                 self._concurrent(op, spec, lambda: self._run_data(op, nbytes, xp, memory, algorithm, native,
-                                                                  algo_args, plan))
+                                                                  algo_args, plan, poison=False))
         if _profile.active():
             if xp is not np:
                 xp.cuda.get_current_stream().synchronize()
             _profile.record(op, nbytes, plan.route[0], plan.route[1], time.perf_counter() - start)
         return plan
 
-    def _run_data(self, op, nbytes, xp, memory, algorithm, native, algo_args, plan):
-        """The data part of :meth:`_run`: route and run; a transport failure aborts the communicator."""
+    def _run_data(self, op, nbytes, xp, memory, algorithm, native, algo_args, plan, poison=True):
+        """The data part of :meth:`_run`: route and run; a transport failure aborts the communicator
+        (``poison=False``: the caller decides, after the round said whether it was a mismatch)."""
         backend, name = self._choose(op, nbytes, memory, algorithm)
         transport = self._transport(backend)
         if xp is np and not transport.accepts_host:
@@ -547,13 +546,15 @@ class Communicator(PointToPoint):
         except CommError as exc:
             # data may be in flight (a timed-out request, a dead peer, an aborted transport): no later
             # call on this communicator may return data, so it is dead from here on, on every backend
-            self._poison(exc)
+            if poison:
+                self._poison(exc)
             raise
         except Exception as exc:
             mpi = getattr(self._world, "MPI", None)
             if mpi is not None and isinstance(exc, mpi.Exception):
                 err = CommError(f"{op} via {backend}/{name} failed on rank {self.rank}: {exc}")
-                self._poison(err)
+                if poison:
+                    self._poison(err)
                 raise err from exc
             raise
         plan.replay = self._replay(op, backend, name, transport, xp)
