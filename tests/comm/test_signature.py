@@ -70,7 +70,7 @@ def test_slot_shrinks_with_the_group_and_keeps_room_for_scatter_metadata():
 
 
 def test_a_peers_error_is_raised_with_its_class_and_text():
-    from mpiml.comm._communicator import _error_like
+    from mpiml.comm._agreement import _error_like
 
     t = _error_like("CommTimeoutError", "allreduce timed out after 3 s waiting for all")
     assert isinstance(t, CommTimeoutError) and str(t) == "allreduce timed out after 3 s waiting for all"
