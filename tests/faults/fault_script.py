@@ -167,6 +167,7 @@ MISMATCHES = {
                      ["different collectives", "allgather_obj", "allreduce"]),
     "obj_big_kind": (lambda c: c.allgather_obj("x" * 5000) if r == last else c.bcast_obj("y" * 5000),
                      ["different collectives"]),
+    "obj_unpicklable": (lambda c: c.allgather_obj(threading.Lock() if r == last else r), ["invalid", "pickle"]),
     "split_vs_allreduce": (lambda c: c.split(0) if r == last else c.allreduce(np.ones(4)),
                            ["different collectives", "split"]),
 }

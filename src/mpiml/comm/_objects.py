@@ -21,20 +21,21 @@ __all__ = ["ObjectCollectives"]
 class ObjectCollectives:
     """``allgather_obj``, ``bcast_obj`` and ``allreduce_obj`` over the signature round."""
 
-    def _obj_round(self, kind, payload, root=0, redop=None):
+    def _obj_round(self, kind, payload, root=0, redop=None, error=None):
         """One blocking round for an object collective: the signature, every rank's pickled
-        size (``aux``) and the payload itself when it fits in the slot; returns the sizes."""
+        size (``aux``) and the payload itself when it fits in the slot; returns the sizes.
+        A rank whose object does not pickle (``error``) makes every rank raise."""
         rnd = self._round
         n = 0 if payload is None else len(payload)
         if 0 < n <= rnd.slot_bytes:
             rnd.slot[:n] = np.frombuffer(payload, dtype=np.uint8)
         spec = (kind, None, 0, root, redop, (), "host", None)
-        self._agree(kind, signature_base(*spec), spec, aux=n)
+        self._agree(kind, signature_base(*spec, error=bool(error)), spec, aux=n, error=error)
         return rnd.aux.tolist()
 
     def _gathered_objs(self, kind, obj, redop=None):
-        data = pickle.dumps(obj)
-        sizes = self._obj_round(kind, data, redop=redop)
+        data, error = _pickled(obj)
+        sizes = self._obj_round(kind, data, redop=redop, error=error)
         if max(sizes) <= self._round.slot_bytes:
             slots = self._round.slots
             return [pickle.loads(slots[r, :n].tobytes()) for r, n in enumerate(sizes)]
@@ -61,8 +62,8 @@ class ObjectCollectives:
         root = self._check_root(root)
         if self.size == 1:
             return obj
-        payload = pickle.dumps(obj) if self.rank == root else None
-        n = self._obj_round("bcast_obj", payload, root=root)[root]
+        payload, error = _pickled(obj) if self.rank == root else (None, None)
+        n = self._obj_round("bcast_obj", payload, root=root, error=error)[root]
         if self.rank == root:
             if n > self._round.slot_bytes:
                 buf = np.frombuffer(payload, dtype=np.uint8).copy()
@@ -85,3 +86,11 @@ class ObjectCollectives:
                 result = result * v
             return result
         return {"sum": sum, "min": min, "max": max}[op](values)
+
+
+def _pickled(obj):
+    """``(bytes, None)``, or ``(None, error text)`` for an object that does not pickle."""
+    try:
+        return pickle.dumps(obj), None
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"
