@@ -98,7 +98,7 @@ def test_every_mismatch_is_the_same_error_on_every_rank(n):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, 3, 4])
 def test_a_stalled_rank_is_a_timeout_then_the_communicator_stays_dead(n):
     limit = 3
     records, _ = run_fault("stall", n, timeout_s=600, limit=limit)
@@ -126,7 +126,7 @@ def test_a_stalled_rank_is_a_timeout_then_the_communicator_stays_dead(n):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, 3, 4])
 def test_a_rank_gone_mid_collective_is_a_timeout_on_every_survivor(n):
     """The last rank stops inside a ring allreduce (to its peers, gone: what a killed rank is when the
     launcher lets the job go on); the survivors raise within MPIML_TIMEOUT + 5 s, then refuse."""
