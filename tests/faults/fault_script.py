@@ -116,6 +116,15 @@ def _warm_op(c):
     return c.allreduce(np.ones(1000), op="max" if r == last else "sum")
 
 
+def _skipped_call(c):
+    if r == last:  # a local error raised on this rank alone: it skipped a call the others are in
+        try:
+            c.allreduce(np.ones(4), op="bogus")
+        except ValueError:
+            pass
+    return c.allreduce(np.ones(4))
+
+
 def _scatter_root(c):
     root = 1 if r == last else 0
     return c.scatter(np.ones((2 * p, 3)) if r == root else None, root=root)
@@ -167,6 +176,7 @@ MISMATCHES = {
                      ["different collectives", "allgather_obj", "allreduce"]),
     "obj_big_kind": (lambda c: c.allgather_obj("x" * 5000) if r == last else c.bcast_obj("y" * 5000),
                      ["different collectives"]),
+    "skipped_call": (_skipped_call, ["call number"]),
     "obj_unpicklable": (lambda c: c.allgather_obj(threading.Lock() if r == last else r), ["invalid", "pickle"]),
     "split_vs_allreduce": (lambda c: c.split(0) if r == last else c.allreduce(np.ones(4)),
                            ["different collectives", "split"]),

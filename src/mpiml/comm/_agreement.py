@@ -202,11 +202,14 @@ class Agreement:
 
         Every rank gets here from the same round, so the exchange meets.  If any rank
         had already posted its data collective, the communicator is aborted: that data
-        may still be in flight and must never be taken for a later call's.
+        may still be in flight and must never be taken for a later call's.  So it is
+        when a rank skipped a call (the call numbers differ).
         """
         gathered = self._allgather_obj((describe(spec, self._seq), error, bool(posted)))
         exc = CollectiveMismatchError(mismatch_text(op, [(d, e) for d, e, _ in gathered]))
-        if any(p for _, _, p in gathered):
+        # aborted too when the ranks' call numbers differ: their sequences of calls have parted,
+        # and every later call would pair one rank's n-th call with another's (n+1)-th
+        if any(p for _, _, p in gathered) or len({d["call"] for d, _, _ in gathered}) > 1:
             self._poison(exc)
         raise exc
 
