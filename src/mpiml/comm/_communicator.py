@@ -125,10 +125,9 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         self._tuning = tuning
         # created here, in the same order on every rank (a persistent collective's set-up is collective)
         self._round = SignatureRound(self._ctl, self.size) if self.size > 1 else None
-        self._notices = None
         if self.size > 1 and getattr(self._ctl, "MPI", None) is not None:
             self._notices = AbortNotices(self._ctl, self.rank, self.size)
-        self._release = weakref.finalize(self, _release, self._round, self._notices)
+        self._finalizer = weakref.finalize(self, _release, self._round, self._notices)
         self._guard = None if self._round is None else self._round.guard
 
     # ------------------------------------------------------------------ basics
@@ -168,9 +167,9 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         for t in list(self._device_transports.values()):
             t.close()
         self._device_transports.clear()
-        release = getattr(self, "_release", None)
-        if release is not None:
-            release()
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
         for t in (self._coll, self._p2p, self._ctl):
             t.close()
 
