@@ -42,12 +42,15 @@ _CHECK_LEVELS = {}
 
 
 def check_level():
-    """Collective argument checking (``MPIML_CHECK``).
+    """Collective signature checking (``MPIML_CHECK``; the same on every rank).
 
-    0: off; 1: every collective agrees on its signature first. The default (unset)
-    is the cheap mode, in which only collectives of at least
-    ``CHEAP_CHECK_BYTES`` are checked, where the extra small allreduce costs a
-    few percent at most.
+    ``None`` (unset, the default): every host collective, and every device
+    collective except a repeated call of less than ``CHEAP_CHECK_BYTES`` that a
+    device hot launcher serves, agrees on its signature; small host calls carry
+    their data inside the agreement, larger ones overlap it with the data (a
+    mismatch found then also aborts the communicator).  ``1``: every call agrees
+    before any data moves.  ``0``: no agreement for array collectives.  See
+    ``docs/comm.md`` ("Checking collectives") for what each costs.
     """
     raw = os.environ.get("MPIML_CHECK", "")
     try:
@@ -68,6 +71,7 @@ def _parse_check_level(raw):
     raise ValueError(f"MPIML_CHECK must be 0 or 1; got {raw!r}")
 
 
+#: device calls at least this large are checked even when a hot launcher could serve them
 CHEAP_CHECK_BYTES = 1 << 20
 
 

@@ -28,15 +28,16 @@ class CommTimeoutError(CommError, TimeoutError):
     The message names the operation and the peer (or ``"all"`` for a collective).
     """
 
-    def __init__(self, op, peer, seconds, detail=""):
+    def __init__(self, op, peer, seconds, detail="", *, message=None):
         self.op = op
         self.peer = peer
         self.seconds = seconds
-        msg = f"{op} timed out after {seconds:g} s waiting for {peer}"
-        if detail:
-            msg += f" ({detail})"
-        msg += "; set MPIML_TIMEOUT to change the limit"
-        super().__init__(msg)
+        if message is None:  # (a message given: another rank's timeout, raised here as well)
+            message = f"{op} timed out after {seconds:g} s waiting for {peer}"
+            if detail:
+                message += f" ({detail})"
+            message += "; set MPIML_TIMEOUT to change the limit"
+        super().__init__(message)
 
 
 class CommAbortedError(CommError):

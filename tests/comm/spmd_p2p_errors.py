@@ -220,7 +220,10 @@ def test_override(comm):
         forced.allreduce(x, algorithm="recursive_doubling")  # an explicit algorithm= still wins
     assert_close(got, x * comm.size, "allreduce under MPIML_COMM_ALGO", exact=True)
     paths = [(c[0], c[3]) for c in prof.calls]
-    check(paths == [("allreduce", "ring"), ("bcast", "chain"), ("scan", "linear"), ("allgather", "native"),
+    # allgather is not overridden: a small host call travels inside its signature round ("inline")
+    # under the default checking, on the table's path with MPIML_CHECK=0
+    default = "inline" if comm.size > 1 and mpiml._config.check_level() != 0 else "native"
+    check(paths == [("allreduce", "ring"), ("bcast", "chain"), ("scan", "linear"), ("allgather", default),
                     ("allreduce", "recursive_doubling")], f"MPIML_COMM_ALGO not followed: {paths}")
     forced.close()
     for bad, needle in (("allreduce:bogus", "bogus"), ("allreduce", "expected"), ("nonsense:ring", "nonsense"),

@@ -151,11 +151,14 @@ def test_an_error_on_a_remembered_device_path_poisons_the_communicator():
     def replay(*args):
         raise first
 
+    from mpiml.comm._communicator import _Plan
+
     key = ("allreduce", np.ndarray, x.dtype, x.shape, "sum", None)
     class DeviceNamespace:  # stands for cupy: a plan whose arrays live on a device
         empty_like = staticmethod(np.empty_like)
 
-    comm._plans[key] = (replay, DeviceNamespace, False)
+    comm._plans[key] = _Plan(replay, DeviceNamespace, 0, ("allreduce", x.dtype, 3, 0, "sum", (3,), "device", None),
+                             None, True)
     with pytest.raises(CommTimeoutError):
         comm.allreduce(x)
     assert comm._failure is first

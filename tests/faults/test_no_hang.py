@@ -20,7 +20,7 @@ print("unreachable", flush=True)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, 3, 4])
 def test_unhandled_exception_aborts_the_job(n):
     t0 = time.perf_counter()
     proc = run_mpi(None, n, code=RAISE_ON_ONE_RANK, env={"MPIML_TIMEOUT": "0"}, expect_ok=False, timeout=60)

@@ -140,7 +140,23 @@ def _auto_path(comm, fn):
 
 def sweep(comm, ops, sizes, *, device="cpu", backends=None, include_auto=True, rounds=5,
           target_seconds=0.02, max_iters=1000, progress=True, only=None):
-    """Time every series of every op at every size; returns a list of result dicts."""
+    """Time every series of every op at every size; returns a list of result dicts.
+
+    The data paths are timed as the table routes them: without the signature check
+    (``MPIML_CHECK=0``) unless the caller set ``MPIML_CHECK`` (its cost: docs/comm.md).
+    """
+    if "MPIML_CHECK" in os.environ:
+        return _sweep(comm, ops, sizes, device, backends, include_auto, rounds, target_seconds, max_iters,
+                      progress, only)
+    os.environ["MPIML_CHECK"] = "0"
+    try:
+        return _sweep(comm, ops, sizes, device, backends, include_auto, rounds, target_seconds, max_iters,
+                      progress, only)
+    finally:
+        os.environ.pop("MPIML_CHECK", None)
+
+
+def _sweep(comm, ops, sizes, device, backends, include_auto, rounds, target_seconds, max_iters, progress, only):
     xp = np
     if device == "gpu":
         import cupy as xp  # noqa: F811

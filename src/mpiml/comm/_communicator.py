@@ -5,15 +5,33 @@ that traffic of one kind can never match traffic of another:
 
 * ``_coll`` — collectives (native ones and our algorithms' point-to-point);
 * ``_p2p`` — the user's ``send``/``recv``;
-* ``_ctl`` — small agreements (argument checks, counts, metadata, objects).
+* ``_ctl`` — small agreements (signatures, counts, metadata, objects).
 
-Every call goes through :meth:`Communicator._run`, which picks the backend and
-algorithm from the tuning table (the same choice on every rank), optionally
-agrees on the call's signature first, runs it with timeouts and records it for
-:func:`mpiml.profile`.
+Every call goes through :meth:`Communicator._run` (or, repeated, through the
+plan it left, see ``_fast_plan``), which picks the backend and algorithm from
+the tuning table (the same choice on every rank), agrees on the call's
+signature (see :mod:`mpiml.comm._signature` and ``MPIML_CHECK``), runs it with
+timeouts and records it for :func:`mpiml.profile`.
+
+How a checked call agrees (``MPIML_CHECK`` unset, the default):
+
+* *inline* — small host calls (at most ``slot_bytes(size)`` per rank, no forced
+  algorithm) send their data inside the signature round itself and compute
+  the result locally, in rank order: one message round, as unchecked;
+* *concurrent* — other host calls post the round, then the data collective,
+  and verify the round before returning; a wait in between watches the round
+  (a *guard*), so a mismatched data collective that would hang, truncate or
+  return partial data ends as soon as the round shows the mismatch.  Data may
+  then be in flight, so such a mismatch also aborts the communicator;
+* *blocking* — device calls, calls with a local error to share and calls
+  that need agreed metadata first (v-variants, scatter, alltoall, objects,
+  split) wait for the round before any data moves.
+
+``MPIML_CHECK=1`` makes every call blocking (nothing moves before the round
+agrees, and a mismatch leaves the communicator usable); ``MPIML_CHECK=0``
+posts no round for array collectives.
 """
 
-import pickle
 from functools import partial
 import time
 import weakref
@@ -22,21 +40,40 @@ import numpy as np
 
 from .. import _config
 from .._array import as_supported_array, get_namespace, is_device_array
-from .._errors import CollectiveMismatchError, CommAbortedError, CommError, CommTimeoutError
+from .._errors import CollectiveMismatchError, CommError, CommTimeoutError
 from . import _profile
-from ._ops import check_dtype, check_op, dtype_code, identity, OPS
+from ._agreement import Agreement, _release
+from ._ops import check_dtype, check_op, identity, SUPPORTED_DTYPES
+from ._objects import ObjectCollectives
 from ._p2p import MAX_TAG, PointToPoint, _cupy, _flat
+from ._signature import AbortNotices, SignatureRound, signature_base
 from ._tuning import TuningTable, stream_mode
-from .algorithms import ALGORITHMS, COLLECTIVES, Channel, get_algorithm
+from .algorithms import ALGORITHMS, Channel, get_algorithm
 from .backends import get_backend_factory
 
 __all__ = ["Communicator", "MAX_TAG"]
 
 _MAX_NDIM = 10  # dimensions carried in scatter's metadata
-_OP_CODE = {name: i + 1 for i, name in enumerate(COLLECTIVES)}
+_SCATTER_META = 4 + _MAX_NDIM  # int64 words of scatter's metadata in the root's slot
 
 
-class Communicator(PointToPoint):
+class _Plan:
+    """How a call shape seen before is served again (see ``Communicator._fast_plan``).
+
+    ``replay(*algo_args)`` repeats the route chosen then (None until one ran);
+    ``base`` and ``spec`` are the call's signature (hash base, readable fields);
+    ``inline(x, out)`` runs it inside the signature round (small host calls), or None.
+    """
+
+    __slots__ = ("replay", "xp", "base", "spec", "inline", "blocking", "route")
+
+    def __init__(self, replay, xp, base, spec, inline, blocking):
+        self.replay, self.xp, self.base, self.spec, self.inline, self.blocking = \
+            replay, xp, base, spec, inline, blocking
+        self.route = None
+
+
+class Communicator(Agreement, ObjectCollectives, PointToPoint):
     """An MPI-style communicator over NumPy and CuPy arrays.
 
     Use :func:`mpiml.comm.get_comm` to get the world communicator.
@@ -62,14 +99,17 @@ class Communicator(PointToPoint):
         self.prefer = prefer
         self._device_transports = {}
         self._unavailable = {}
-        # (op, array type, dtype, shape, op/root, algorithm) -> (replay, xp, check_by_default):
-        # calls that were validated and routed once; see _fast_plan
+        # (op, array type, dtype, shape, op/root, algorithm) -> _Plan: calls that were
+        # validated and routed once; see _fast_plan
         self._plans = {}
         # (op, array type, dtype, shape, op/root, algorithm) -> hot launcher of the device
         # transport (see mpiml.comm._hotpath): the few microseconds of a repeated small call
         self._hot = {}
         self._failure = None  # the first failure (then every call raises CommAbortedError)
         self._children = weakref.WeakSet()
+        self._seq = 0  # collectives called on this communicator (part of every signature)
+        self._round = self._notices = None
+        self._untold = None  # a failure not yet told to the other ranks
         if tuning is None:
             data = None
             if self.rank == 0:
@@ -83,6 +123,12 @@ class Communicator(PointToPoint):
                 raise ValueError(str(data))
             tuning = TuningTable.from_data(data)
         self._tuning = tuning
+        # created here, in the same order on every rank (a persistent collective's set-up is collective)
+        self._round = SignatureRound(self._ctl, self.size) if self.size > 1 else None
+        if self.size > 1 and getattr(self._ctl, "MPI", None) is not None:
+            self._notices = AbortNotices(self._ctl, self.rank, self.size)
+        self._finalizer = weakref.finalize(self, _release, self._round, self._notices)
+        self._guard = None if self._round is None else self._round.guard
 
     # ------------------------------------------------------------------ basics
     @property
@@ -92,33 +138,6 @@ class Communicator(PointToPoint):
 
     def __repr__(self):
         return f"<mpiml.Communicator rank={self.rank} size={self.size} backend={self.backend!r}>"
-
-    # ------------------------------------------------------------------ failure state
-    def _poison(self, exc):
-        """Record the first failure here and on every communicator split from this one.
-
-        Aborts the device transports (an IPC kernel still spinning gives up, the
-        NCCL communicator is aborted), so that nothing waits for a peer that is
-        gone.  Safe to call from the watchdog thread.
-        """
-        if self._failure is None:
-            self._failure = exc
-            for t in list(self._device_transports.values()):
-                abort = getattr(t, "abort", None)
-                if abort is not None:
-                    try:
-                        abort(f"{type(exc).__name__}: {exc}")
-                    except Exception:
-                        pass
-        for child in list(self._children):
-            child._poison(exc)
-
-    def _aborted(self, op):
-        f = self._failure
-        err = CommAbortedError(f"{op} on rank {self.rank}: the communicator was aborted by an earlier failure "
-                               f"({type(f).__name__}: {f})")
-        err.__cause__ = f
-        return err
 
     def synchronize(self):
         """Wait until this rank's device collectives enqueued so far have completed.
@@ -148,6 +167,9 @@ class Communicator(PointToPoint):
         for t in list(self._device_transports.values()):
             t.close()
         self._device_transports.clear()
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
         for t in (self._coll, self._p2p, self._ctl):
             t.close()
 
@@ -233,151 +255,63 @@ class Communicator(PointToPoint):
             backend = self._world.name
         return backend, algo
 
-    # ------------------------------------------------------------------ agreement
-    def _ctl_wait(self, op, start):
-        """Run one control-plane collective: refused on a dead communicator, and a failure
-        (a timeout, a lost peer) kills the communicator, as on the data plane."""
-        if self._failure is not None:
-            raise self._aborted(op)
-        try:
-            start().wait()
-        except CommError as exc:
-            self._poison(exc)
-            raise
-
-    def _agree_ints(self, values, op="max"):
-        """Elementwise max (or min) of a small int64 vector over all ranks (control plane)."""
-        send = np.asarray(values, dtype=np.int64)
-        recv = np.empty_like(send)
-        self._ctl_wait("allreduce", lambda: self._ctl.native_allreduce(send, recv, op))
-        return recv
-
-    def _allgather_ints(self, values):
-        send = np.asarray(values, dtype=np.int64).reshape(-1)
-        recv = np.empty(send.size * self.size, dtype=np.int64)
-        self._ctl_wait("allgather", lambda: self._ctl.native_allgather(send, recv))
-        return recv.reshape(self.size, send.size)
-
-    def _allgather_obj(self, obj):
-        """Allgather picklable objects on the control plane (honours the timeout)."""
-        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-        counts = self._allgather_ints([data.size])[:, 0]
-        out = np.empty(int(counts.sum()), dtype=np.uint8)
-        self._ctl_wait("allgatherv", lambda: self._ctl.native_allgatherv(data, out, counts))
-        result, start = [], 0
-        for c in counts:
-            result.append(pickle.loads(out[start:start + c].tobytes()))
-            start += c
-        return result
-
-    def _bcast_obj_ctl(self, obj, root=0):
-        if self.size == 1:
-            return obj
-        payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if self.rank == root else None
-        n = np.array([payload.size if payload is not None else 0], dtype=np.int64)
-        self._ctl_wait("bcast", lambda: self._ctl.native_bcast(n, root))
-        buf = payload.copy() if payload is not None else np.empty(int(n[0]), dtype=np.uint8)
-        self._ctl_wait("bcast", lambda: self._ctl.native_bcast(buf, root))
-        return pickle.loads(buf.tobytes()) if self.rank != root else obj
-
-    def allgather_obj(self, obj):
-        """Small Python objects from every rank, as a list in rank order."""
-        return self._allgather_obj(obj)
-
-    def bcast_obj(self, obj, root=0):
-        """The root's small Python object on every rank."""
-        self._check_root(root)
-        return self._bcast_obj_ctl(obj, root)
-
-    def allreduce_obj(self, obj, op="sum"):
-        """Reduce small Python objects (numbers, NumPy scalars) with ``op``."""
-        check_op(op)  # before any communication, so a bad op is raised on every rank alike
-        values = self._allgather_obj(obj)
-        if op == "prod":
-            result = values[0]
-            for v in values[1:]:
-                result = result * v
-            return result
-        return {"sum": sum, "min": min, "max": max}[op](values)
-
-    def _check_signature(self, op, sig, error, shape=None):
-        """Agree on a call's signature; raise the same error on every rank if they differ.
-
-        ``sig`` is a short tuple of ints describing the call, laid out as
-        (dtype, count, root, op, shape hash, memory); ``error`` is a local
-        validation message (or None) that every rank will see; ``shape`` (this
-        rank's array shape) makes a shape mismatch name the shapes.
-        """
-        width = 8
-        vec = ([_OP_CODE[op], *sig] + [0] * width)[:width - 1] + [1 if error else 0]
-        agreed = self._agree_ints(vec + [-v for v in vec])
-        if all(agreed[i] == -agreed[width + i] for i in range(width)) and not agreed[width - 1]:
-            return
-        rows = self._allgather_ints(vec)
-        if (rows[:, 0] != rows[0, 0]).any():  # different collectives: a text that names no local op
-            inv = {v: k for k, v in _OP_CODE.items()}
-            groups = {}
-            for r, v in enumerate(rows[:, 0]):
-                groups.setdefault(int(v), []).append(r)
-            desc = "; ".join(f"{inv.get(v, v)} on ranks {rs}" for v, rs in groups.items())
-            raise CollectiveMismatchError(f"ranks called different collectives (mismatched collective): {desc}")
-        errors = self._allgather_obj(error) if agreed[width - 1] else [None] * self.size
-        bad = [(r, e) for r, e in enumerate(errors) if e]
-        if bad:
-            raise CollectiveMismatchError(
-                f"{op} is invalid on rank(s) {[r for r, _ in bad]}: " + "; ".join(f"rank {r}: {e}" for r, e in bad)
-            )
-        names = ["collective", "dtype", "count", "root", "op", "shape", "memory"]
-        for i, name in enumerate(names[1:], 1):
-            col = rows[:, i]
-            if (col != col[0]).any():
-                groups = {}
-                for r, v in enumerate(col):
-                    groups.setdefault(int(v), []).append(r)
-                if name == "dtype":
-                    from ._ops import SUPPORTED_DTYPES as D
-                    desc = "; ".join(f"{D[v - 1] if 0 < v <= len(D) else v} on ranks {rs}" for v, rs in groups.items())
-                elif name == "op":
-                    desc = "; ".join(f"{OPS[v - 1] if 0 < v <= len(OPS) else v} on ranks {rs}" for v, rs in groups.items())
-                elif name == "memory":
-                    desc = "; ".join(f"{'device' if v else 'host'} on ranks {rs}" for v, rs in groups.items())
-                elif name == "shape" and shape is not None:
-                    shapes = self._allgather_obj(tuple(int(d) for d in shape))
-                    groups = {}
-                    for r, v in enumerate(shapes):
-                        groups.setdefault(v, []).append(r)
-                    desc = "; ".join(f"{v} on ranks {rs}" for v, rs in groups.items())
-                else:
-                    desc = "; ".join(f"{v} on ranks {rs}" for v, rs in groups.items())
-                raise CollectiveMismatchError(f"{op} called with mismatched {name} across ranks: {desc}")
-        raise CollectiveMismatchError(f"{op} called with mismatched arguments across ranks")
-
-    def _should_check(self, nbytes):
-        if self.size == 1:
-            return False
-        level = _config.check_level()
-        if level is None:
-            return nbytes >= _config.CHEAP_CHECK_BYTES
-        return level >= 1
-
     # ------------------------------------------------------------------ the engine
-    def _run(self, op, nbytes, xp, *, algorithm, native, algo_args, sig=(), error=None, force_check=False,
-             shape=None):
-        """Choose, check, run and record one collective."""
+    def _run(self, op, nbytes, xp, *, algorithm, native, algo_args, spec, level, error=None, blocking=False,
+             inline_bytes=None):
+        """Choose, check, run and record one collective; returns the :class:`_Plan` that repeats it.
+
+        ``spec`` is this rank's ``(dtype, count, root, reduction, shape)``; ``level`` the
+        checking of :meth:`_call_level` (0 also for a call whose round was already agreed);
+        ``error`` a local validation message that every rank will raise; ``blocking`` makes
+        the round complete before data moves; ``inline_bytes`` is the per-rank payload of an
+        op that can travel inside the round (None: it cannot).
+        """
         if self._failure is not None:
             raise self._aborted(op)
         memory = "device" if xp is not np else "host"
-        if force_check or self._should_check(nbytes):
-            sig = (tuple(sig) + (0,) * 5)[:5]
-            self._check_signature(op, (*sig, 1 if memory == "device" else 0), error, shape)
-        if error:
-            raise ValueError(error)
+        spec = (op, *spec, memory, algorithm)
+        base = signature_base(*spec, error=bool(error))
+        plan = _Plan(None, xp, base, spec, None, memory == "device")
+        start = time.perf_counter()
+        if (inline_bytes is not None and memory == "host" and algorithm is None and self.size > 1
+                and inline_bytes <= self._round.slot_bytes and op not in self._tuning.override):
+            plan.inline = self._make_inline(op, base, spec, spec[1], spec[2])
+            if level != 0 and not error:
+                plan.inline(*algo_args)
+                if _profile.active():
+                    _profile.record(op, nbytes, self._world.name, "inline", time.perf_counter() - start)
+                return plan
+        if level == 0:
+            if error:
+                raise ValueError(error)
+            self._run_data(op, nbytes, xp, memory, algorithm, native, algo_args, plan)
+        else:
+            self._start_round(base)
+            if level == 1 or blocking or error or memory == "device" or (algorithm and "/" in algorithm):
+                # device calls too: they return once enqueued, so nothing is gained by overlapping
+                # the round, and a mismatch found first leaves no kernel waiting for its peers
+                self._wait_round(op)
+                if error or not self._round.agreed():
+                    self._mismatch(op, spec, posted=False, error=error)
+                self._run_data(op, nbytes, xp, memory, algorithm, native, algo_args, plan)
+            else:
+                self._concurrent(op, spec, lambda: self._run_data(op, nbytes, xp, memory, algorithm, native,
+                                                                  algo_args, plan, poison=False))
+        if _profile.active():
+            if xp is not np:
+                xp.cuda.get_current_stream().synchronize()
+            _profile.record(op, nbytes, plan.route[0], plan.route[1], time.perf_counter() - start)
+        return plan
+
+    def _run_data(self, op, nbytes, xp, memory, algorithm, native, algo_args, plan, poison=True):
+        """The data part of :meth:`_run`: route and run; a transport failure aborts the communicator
+        (``poison=False``: the caller decides, after the round said whether it was a mismatch)."""
         backend, name = self._choose(op, nbytes, memory, algorithm)
         transport = self._transport(backend)
         if xp is np and not transport.accepts_host:
             backend, transport = self._world.name, self._coll
-        start = time.perf_counter()
         self._last_route = (transport, name)
+        plan.route = (backend, name)
         try:
             if name == "native" or (backend not in ("mpi", "self") and name not in ALGORITHMS[op]):
                 if backend in ("mpi", "self") or name == "native":
@@ -389,23 +323,23 @@ class Communicator(PointToPoint):
             else:
                 algo = get_algorithm(op, name)
                 algo.run(Channel(transport, xp, f"{op}[{name}]"), *algo_args)
+        except CollectiveMismatchError:
+            raise  # a guard's trip: _concurrent decides
         except CommError as exc:
             # data may be in flight (a timed-out request, a dead peer, an aborted transport): no later
             # call on this communicator may return data, so it is dead from here on, on every backend
-            self._poison(exc)
+            if poison:
+                self._poison(exc)
             raise
         except Exception as exc:
             mpi = getattr(self._world, "MPI", None)
             if mpi is not None and isinstance(exc, mpi.Exception):
                 err = CommError(f"{op} via {backend}/{name} failed on rank {self.rank}: {exc}")
-                self._poison(err)
+                if poison:
+                    self._poison(err)
                 raise err from exc
             raise
-        if _profile.active():
-            if xp is not np:
-                xp.cuda.get_current_stream().synchronize()
-            _profile.record(op, nbytes, backend, name, time.perf_counter() - start)
-        return self._replay(op, backend, name, transport, xp)
+        plan.replay = self._replay(op, backend, name, transport, xp)
 
     def _replay(self, op, backend, name, transport, xp):
         """A callable ``fn(*algo_args)`` that repeats this choice (for the fast path), or None.
@@ -423,26 +357,39 @@ class Communicator(PointToPoint):
 
     # ------------------------------------------------------------------ the fast path
     # A call shape seen before (same op, array type, dtype, shape, op or root, algorithm)
-    # replays the path chosen then and skips validation, the signature, the table and
-    # the bookkeeping of _run: small device collectives are dominated by that Python time.
-    # Anything that changes the outcome of those steps (profiling, checking) takes the
-    # full path again.
+    # replays the path chosen then and skips validation, the table and the bookkeeping of
+    # _run: small collectives are dominated by that Python time.  It is checked as _run
+    # would check it.  Profiling takes the full path again.
     def _fast_plan(self, key):
-        plan = self._plans.get(key)
-        if plan is None or _profile._ACTIVE:
-            return None
-        level = _config.check_level()
-        if level == 1 or (level is None and plan[2]):
-            return None
-        return plan
+        return None if _profile._ACTIVE else self._plans.get(key)
 
-    def _replay_plan(self, plan, *args):
-        """Run a remembered plan; an error poisons the communicator, as in _run."""
-        try:
-            _complete(plan[0](*args))
-        except CommError as exc:
-            self._poison(exc)
-            raise
+    def _replay_plan(self, plan, level, *args):
+        """Run a remembered plan, checked as :meth:`_run` would; an error poisons the communicator."""
+        if level != 0 and plan.inline is not None:
+            plan.inline(*args)
+            return
+        if plan.replay is None:  # (an inline plan, checks now off: _run finds the route)
+            return False
+        if level == 0:
+            try:
+                _complete(plan.replay(*args))
+            except CommError as exc:
+                self._poison(exc)
+                raise
+            return
+        op = plan.spec[0]
+        self._start_round(plan.base)
+        if level == 1 or plan.blocking:
+            self._wait_round(op)
+            if not self._round.agreed():
+                self._mismatch(op, plan.spec, posted=False)
+            try:
+                _complete(plan.replay(*args))
+            except CommError as exc:
+                self._poison(exc)
+                raise
+            return
+        self._concurrent(op, plan.spec, lambda: _complete(plan.replay(*args)))
 
     def _remember_hot(self, key, op, x, arg):
         """Ask the device transport that served this call for a hot launcher of it (or None)."""
@@ -457,12 +404,18 @@ class Communicator(PointToPoint):
                 self._hot.clear()
             self._hot[key] = fn
 
-    def _remember(self, key, replay, xp, nbytes):
+    def _remember(self, key, plan):
         # only NumPy/CuPy inputs: other array types are converted by _prep, every time
-        if replay is not None and (key[1] is np.ndarray or key[1].__module__.startswith("cupy")):
+        if plan is not None and (plan.replay is not None or plan.inline is not None) and (
+                key[1] is np.ndarray or key[1].__module__.startswith("cupy")):
+            old = self._plans.get(key)
+            if old is not None and plan.inline is None:  # keep what the other path learnt
+                plan.inline = old.inline
+            if old is not None and plan.replay is None:
+                plan.replay = old.replay
             if len(self._plans) >= 1024:
                 self._plans.clear()
-            self._plans[key] = (replay, xp, nbytes >= _config.CHEAP_CHECK_BYTES)
+            self._plans[key] = plan
 
     # ------------------------------------------------------------------ helpers
     def _prep(self, x, name="x"):
@@ -480,11 +433,6 @@ class Communicator(PointToPoint):
             raise ValueError(f"root must be a rank in [0, {self.size}); got {root!r}")
         return int(root)
 
-    @staticmethod
-    def _shape_hash(shape):
-        # tuples of ints hash the same in every process (only str/bytes hashing is salted)
-        return hash(tuple(shape)) & 0x7FFFFFFF
-
     def _out(self, out, shape, dtype, xp, name="out"):
         if out is None:
             return xp.empty(shape, dtype=dtype)
@@ -497,11 +445,18 @@ class Communicator(PointToPoint):
             raise ValueError(f"{name} must be C-contiguous")
         return out
 
+    def _begin(self, op):
+        """Every collective starts here: refused on a dead communicator; counted."""
+        if self._failure is not None:
+            raise self._aborted(op)
+        self._seq += 1
+
     # ------------------------------------------------------------------ collectives
     def barrier(self, *, algorithm=None):
         """Wait until every rank has entered the barrier."""
-        self._run("barrier", 0, np, algorithm=algorithm,
-                  native=lambda t: t.native_barrier(), algo_args=())
+        self._begin("barrier")
+        self._run("barrier", 0, np, algorithm=algorithm, native=lambda t: t.native_barrier(), algo_args=(),
+                  spec=(None, 0, 0, None, ()), level=self._call_level(None, 0), inline_bytes=0)
 
     def bcast(self, x, root=0, *, algorithm=None):
         """The root's array on every rank.
@@ -510,60 +465,58 @@ class Communicator(PointToPoint):
         contents are ignored; their array is not modified).  Returns ``x`` on the
         root and a new array elsewhere.
         """
-        if self._failure is not None:
-            raise self._aborted("bcast")
+        self._begin("bcast")
         key = ("bcast", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), root, algorithm)
-        hot = self._hot.get(key)
+        hot = self._hot.get(key) if self._hot else None
         if hot is not None:
             res = hot(x, None)
             if res is not None:
                 return res
         plan = self._fast_plan(key)
         if plan is not None and x.flags.c_contiguous:
-            buf = x if self.rank == root else plan[1].empty_like(x)
-            self._replay_plan(plan, _flat(buf), root)
-            return buf
+            buf = x if self.rank == root else plan.xp.empty_like(x)
+            if self._replay_plan(plan, self._call_level(key, x.nbytes), _flat(buf), root) is not False:
+                return buf
         root = self._check_root(root)
         x, xp = self._prep(x)
         buf = x if self.rank == root else xp.empty_like(x)
         flat = _flat(buf)
-        t = self._run("bcast", x.nbytes, xp, algorithm=algorithm,
-                      native=lambda t: t.native_bcast(flat, root), algo_args=(flat, root),
-                      sig=(dtype_code(x.dtype), x.size, root, 0, self._shape_hash(x.shape)), shape=x.shape)
-        self._remember(key, t, xp, x.nbytes)
+        plan = self._run("bcast", x.nbytes, xp, algorithm=algorithm,
+                         native=lambda t: t.native_bcast(flat, root), algo_args=(flat, root),
+                         spec=(x.dtype, x.size, root, None, x.shape), level=self._call_level(key, x.nbytes),
+                         inline_bytes=x.nbytes)
+        self._remember(key, plan)
         self._remember_hot(key, "bcast", x, root)
         return buf
 
     def reduce(self, x, op="sum", root=0, *, algorithm=None):
         """Reduce ``x`` over all ranks with ``op``; the result on ``root``, None elsewhere."""
-        if self._failure is not None:
-            raise self._aborted("reduce")
+        self._begin("reduce")
         key = ("reduce", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), (op, root), algorithm)
         plan = self._fast_plan(key)
         if plan is not None and x.flags.c_contiguous:
-            out = plan[1].empty_like(x) if self.rank == root else None
-            self._replay_plan(plan, _flat(x), _flat(out) if out is not None else None, op, root)
-            return out
+            out = plan.xp.empty_like(x) if self.rank == root else None
+            if self._replay_plan(plan, self._call_level(key, x.nbytes), _flat(x),
+                                 _flat(out) if out is not None else None, op, root) is not False:
+                return out
         check_op(op)
         root = self._check_root(root)
         x, xp = self._prep(x)
         send = _flat(x)
         out = xp.empty_like(x) if self.rank == root else None
         recv = _flat(out) if out is not None else None
-        t = self._run("reduce", x.nbytes, xp, algorithm=algorithm,
-                      native=lambda t: t.native_reduce(send, recv, op, root),
-                      algo_args=(send, recv, op, root),
-                      sig=(dtype_code(x.dtype), x.size, root, OPS.index(op) + 1, self._shape_hash(x.shape)),
-                      shape=x.shape)
-        self._remember(key, t, xp, x.nbytes)
+        plan = self._run("reduce", x.nbytes, xp, algorithm=algorithm,
+                         native=lambda t: t.native_reduce(send, recv, op, root),
+                         algo_args=(send, recv, op, root), spec=(x.dtype, x.size, root, op, x.shape),
+                         level=self._call_level(key, x.nbytes), inline_bytes=x.nbytes)
+        self._remember(key, plan)
         return out
 
     def allreduce(self, x, op="sum", out=None, *, algorithm=None):
         """Reduce ``x`` over all ranks with ``op`` (sum, prod, min, max); the result everywhere."""
-        if self._failure is not None:
-            raise self._aborted("allreduce")
+        self._begin("allreduce")
         key = ("allreduce", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), op, algorithm)
-        hot = self._hot.get(key)
+        hot = self._hot.get(key) if self._hot else None
         if hot is not None:
             res = hot(x, out)
             if res is not None:
@@ -572,13 +525,16 @@ class Communicator(PointToPoint):
         if plan is not None and x.flags.c_contiguous and (
                 out is None or (type(out) is type(x) and out.shape == x.shape and out.dtype == x.dtype
                                 and out.flags.c_contiguous)):
-            if out is None:
-                out = plan[1].empty_like(x)
+            res = plan.xp.empty_like(x) if out is None else out
+            level = self._call_level(key, x.nbytes)
+            if level != 0 and plan.inline is not None:  # x is copied into the round before res is written
+                plan.inline(_flat(x), _flat(res), op)
+                return res
             send = _flat(x)
-            if out.size and _may_overlap(out, x):
+            if res.size and _may_overlap(res, x):
                 send = send.copy()
-            self._replay_plan(plan, send, _flat(out), op)
-            return out
+            if self._replay_plan(plan, level, send, _flat(res), op) is not False:
+                return res
         check_op(op)
         x, xp = self._prep(x)
         out = self._out(out, x.shape, x.dtype, xp)
@@ -586,12 +542,11 @@ class Communicator(PointToPoint):
         if out.size and _may_overlap(out, x):
             send = send.copy()
         recv = _flat(out)
-        t = self._run("allreduce", x.nbytes, xp, algorithm=algorithm,
-                      native=lambda t: t.native_allreduce(send, recv, op),
-                      algo_args=(send, recv, op),
-                      sig=(dtype_code(x.dtype), x.size, 0, OPS.index(op) + 1, self._shape_hash(x.shape)),
-                      shape=x.shape)
-        self._remember(key, t, xp, x.nbytes)
+        plan = self._run("allreduce", x.nbytes, xp, algorithm=algorithm,
+                         native=lambda t: t.native_allreduce(send, recv, op), algo_args=(send, recv, op),
+                         spec=(x.dtype, x.size, 0, op, x.shape), level=self._call_level(key, x.nbytes),
+                         inline_bytes=x.nbytes)
+        self._remember(key, plan)
         self._remember_hot(key, "allreduce", x, op)
         return out
 
@@ -601,55 +556,27 @@ class Communicator(PointToPoint):
 
     def allgather(self, x, *, algorithm=None):
         """Every rank's ``x`` concatenated along axis 0 (equal shapes on every rank)."""
-        if self._failure is not None:
-            raise self._aborted("allgather")
+        self._begin("allgather")
         key = ("allgather", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), None, algorithm)
         plan = self._fast_plan(key)
         if plan is not None and x.ndim and x.flags.c_contiguous:
-            out = plan[1].empty((x.shape[0] * self.size,) + x.shape[1:], dtype=x.dtype)
-            self._replay_plan(plan, _flat(x), _flat(out))
-            return out
+            out = plan.xp.empty((x.shape[0] * self.size,) + x.shape[1:], dtype=x.dtype)
+            if self._replay_plan(plan, self._call_level(key, x.nbytes), _flat(x), _flat(out)) is not False:
+                return out
         x, xp = self._prep(x)
         x = self._lead(x)
         out = xp.empty((x.shape[0] * self.size,) + x.shape[1:], dtype=x.dtype)
         send, recv = _flat(x), _flat(out)
-        t = self._run("allgather", x.nbytes * self.size, xp, algorithm=algorithm,
-                      native=lambda t: t.native_allgather(send, recv), algo_args=(send, recv),
-                      sig=(dtype_code(x.dtype), x.size, 0, 0, self._shape_hash(x.shape)), shape=x.shape)
-        self._remember(key, t, xp, x.nbytes * self.size)
-        return out
-
-    def _v_counts(self, op, x, root=None):
-        """Agree on rows per rank; the same error everywhere if trailing shapes or dtypes differ."""
-        rows = self._allgather_ints([x.shape[0], self._shape_hash(x.shape[1:]), dtype_code(x.dtype),
-                                     1 if is_device_array(x) else 0, -1 if root is None else root])
-        for col, what in ((1, "trailing shape"), (2, "dtype"), (3, "memory kind"), (4, "root")):
-            if (rows[:, col] != rows[0, col]).any():
-                detail = "; ".join(f"rank {r}: {what} code {int(v)}" for r, v in enumerate(rows[:, col]))
-                if col == 1:
-                    shapes = self._allgather_obj(tuple(x.shape))
-                    detail = "; ".join(f"rank {r}: shape {s}" for r, s in enumerate(shapes))
-                elif col == 2:
-                    dts = self._allgather_obj(str(x.dtype))
-                    detail = "; ".join(f"rank {r}: {d}" for r, d in enumerate(dts))
-                raise CollectiveMismatchError(f"{op} called with mismatched {what} across ranks ({detail})")
-        return rows[:, 0]
-
-    def allgatherv(self, x, *, algorithm=None):
-        """Every rank's ``x`` concatenated along axis 0; first dimensions may differ."""
-        x, xp = self._prep(x)
-        x = self._lead(x)
-        rows = self._v_counts("allgatherv", x)
-        row = int(np.prod(x.shape[1:], dtype=np.int64))
-        counts = [int(r) * row for r in rows]
-        out = xp.empty((int(rows.sum()),) + x.shape[1:], dtype=x.dtype)
-        send, recv = _flat(x), _flat(out)
-        self._run("allgatherv", out.nbytes, xp, algorithm=algorithm,
-                  native=lambda t: t.native_allgatherv(send, recv, counts), algo_args=(send, recv, counts))
+        plan = self._run("allgather", x.nbytes * self.size, xp, algorithm=algorithm,
+                         native=lambda t: t.native_allgather(send, recv), algo_args=(send, recv),
+                         spec=(x.dtype, x.size, 0, None, x.shape), level=self._call_level(key, x.nbytes),
+                         inline_bytes=x.nbytes)
+        self._remember(key, plan)
         return out
 
     def gather(self, x, root=0, *, algorithm=None):
         """Every rank's ``x`` concatenated along axis 0 on ``root`` (None elsewhere)."""
+        self._begin("gather")
         root = self._check_root(root)
         x, xp = self._prep(x)
         x = self._lead(x)
@@ -657,50 +584,97 @@ class Communicator(PointToPoint):
         send, recv = _flat(x), (_flat(out) if out is not None else None)
         self._run("gather", x.nbytes * self.size, xp, algorithm=algorithm,
                   native=lambda t: t.native_gather(send, recv, root), algo_args=(send, recv, root),
-                  sig=(dtype_code(x.dtype), x.size, root, 0, self._shape_hash(x.shape)), shape=x.shape)
+                  spec=(x.dtype, x.size, root, None, x.shape), level=self._call_level(None, x.nbytes),
+                  inline_bytes=x.nbytes)
         return out
+
+    def _v_call(self, op, x, root, algorithm):
+        """allgatherv / gatherv: one blocking round agrees on the signature and carries every
+        rank's row count (and, when every rank's rows fit, the rows themselves)."""
+        self._begin(op)
+        start = time.perf_counter()
+        if root is not None:
+            root = self._check_root(root)
+        x, xp = self._prep(x)
+        x = self._lead(x)
+        memory = "device" if xp is not np else "host"
+        row = int(np.prod(x.shape[1:], dtype=np.int64))
+        inline = (memory == "host" and algorithm is None and op not in self._tuning.override
+                  and self.size > 1)
+        if self.size == 1:
+            rows = [x.shape[0]]
+        else:
+            spec = (op, x.dtype, 0, 0 if root is None else root, None, x.shape[1:], memory, algorithm)
+            rnd = self._round
+            if inline and x.nbytes <= rnd.slot_bytes:
+                rnd.slot[:x.nbytes] = x.reshape(-1).view(np.uint8)
+            rnd = self._agree(op, signature_base(*spec), spec, aux=x.shape[0])
+            rows = rnd.aux.tolist()
+        total = sum(rows)
+        out = xp.empty((total,) + x.shape[1:], dtype=x.dtype) if root in (None, self.rank) else None
+        if inline and max(rows) * row * x.itemsize <= rnd.slot_bytes:
+            if out is not None:  # every rank's rows came with the round
+                flat, at = out.reshape(-1).view(np.uint8), 0
+                for r, k in enumerate(rows):
+                    nb = k * row * x.itemsize
+                    flat[at:at + nb] = rnd.slots[r, :nb]
+                    at += nb
+            if _profile.active():
+                _profile.record(op, total * row * x.itemsize, self._world.name, "inline",
+                                time.perf_counter() - start)
+            return out
+        counts = [int(r) * row for r in rows]
+        send, recv = _flat(x), (_flat(out) if out is not None else None)
+        if root is None:
+            native, algo_args = (lambda t: t.native_allgatherv(send, recv, counts)), (send, recv, counts)
+        else:
+            native, algo_args = (lambda t: t.native_gatherv(send, recv, counts, root)), (send, recv, counts, root)
+        self._run(op, total * row * x.itemsize, xp, algorithm=algorithm, native=native, algo_args=algo_args,
+                  spec=(x.dtype, 0, 0 if root is None else root, None, x.shape[1:]), level=0)
+        return out
+
+    def allgatherv(self, x, *, algorithm=None):
+        """Every rank's ``x`` concatenated along axis 0; first dimensions may differ."""
+        return self._v_call("allgatherv", x, None, algorithm)
 
     def gatherv(self, x, root=0, *, algorithm=None):
         """Like :meth:`gather`, but first dimensions may differ across ranks."""
-        root = self._check_root(root)
-        x, xp = self._prep(x)
-        x = self._lead(x)
-        rows = self._v_counts("gatherv", x, root)
-        row = int(np.prod(x.shape[1:], dtype=np.int64))
-        counts = [int(r) * row for r in rows]
-        out = xp.empty((int(rows.sum()),) + x.shape[1:], dtype=x.dtype) if self.rank == root else None
-        send, recv = _flat(x), (_flat(out) if out is not None else None)
-        self._run("gatherv", int(rows.sum()) * row * x.itemsize, xp, algorithm=algorithm,
-                  native=lambda t: t.native_gatherv(send, recv, counts, root),
-                  algo_args=(send, recv, counts, root))
-        return out
+        return self._v_call("gatherv", x, root, algorithm)
 
     def scatter(self, x, root=0, *, algorithm=None):
         """The root's ``x`` split along axis 0 into ``size`` equal blocks; this rank's block.
 
         Only the root's ``x`` is read (others may pass None).  The root's shape
-        and dtype are broadcast first, and a first dimension that does not divide
-        by ``size`` is the same ``ValueError`` on every rank.
+        and dtype travel in the signature round, and a first dimension that does
+        not divide by ``size`` is the same ``ValueError`` on every rank.
         """
+        self._begin("scatter")
         root = self._check_root(root)
-        if self.size > 1 and _config.check_level() == 1:  # ranks must agree on the root first
-            self._check_signature("scatter", (0, 0, root, 0, 0, 0), None)
-        meta = np.zeros(4 + _MAX_NDIM, dtype=np.int64)
+        meta = np.zeros(_SCATTER_META, dtype=np.int64)
+        error = None
         if self.rank == root:
-            x, xp = self._prep(x)
-            x = self._lead(x)
-            ok = x.ndim <= _MAX_NDIM and x.shape[0] % self.size == 0
-            meta[:4] = [1 if ok else 0, x.ndim, dtype_code(x.dtype), 1 if xp is not np else 0]
-            meta[4:4 + min(x.ndim, _MAX_NDIM)] = x.shape[:_MAX_NDIM]
-        if self.size > 1:
-            self._ctl_wait("bcast", lambda: self._ctl.native_bcast(meta, root))
+            try:  # a bad x on a rank that thinks it is the root travels in the round
+                x, xp = self._prep(x)
+            except (TypeError, ValueError) as exc:
+                if self.size == 1:
+                    raise
+                error = f"{type(exc).__name__}: {exc}"
+            else:
+                x = self._lead(x)
+                ok = x.ndim <= _MAX_NDIM and x.shape[0] % self.size == 0
+                meta[:4] = [1 if ok else 0, x.ndim, SUPPORTED_DTYPES.index(x.dtype) + 1, 1 if xp is not np else 0]
+                meta[4:4 + min(x.ndim, _MAX_NDIM)] = x.shape[:_MAX_NDIM]
+        if self.size > 1:  # every rank learns the root's metadata from the round
+            spec = ("scatter", None, 0, root, None, (), "host", algorithm)
+            rnd = self._round
+            rnd.slot_view(np.int64, _SCATTER_META)[...] = meta
+            rnd = self._agree("scatter", signature_base(*spec, error=bool(error)), spec, error=error)
+            meta = rnd.rows(np.int64, _SCATTER_META)[root].copy()
         ok, ndim, dcode, dev = (int(v) for v in meta[:4])
         shape = tuple(int(s) for s in meta[4:4 + ndim])
         if not ok:
             raise ValueError(f"scatter: the root's array has shape {shape}; its first dimension must "
                              f"divide by the communicator size {self.size}")
-        from ._ops import SUPPORTED_DTYPES
-
         dtype = SUPPORTED_DTYPES[dcode - 1]
         xp = get_namespace(x) if self.rank == root else (np if not dev else _cupy())
         block = (shape[0] // self.size,) + shape[1:]
@@ -708,7 +682,8 @@ class Communicator(PointToPoint):
         send = _flat(x) if self.rank == root else None
         recv = _flat(out)
         self._run("scatter", out.nbytes * self.size, xp, algorithm=algorithm,
-                  native=lambda t: t.native_scatter(send, recv, root), algo_args=(send, recv, root))
+                  native=lambda t: t.native_scatter(send, recv, root), algo_args=(send, recv, root),
+                  spec=(dtype, out.size, root, None, block), level=0)
         return out
 
     def reduce_scatter(self, x, op="sum", *, algorithm=None):
@@ -717,6 +692,7 @@ class Communicator(PointToPoint):
         Blocks follow ``numpy.array_split``: the first ``n % size`` ranks get one
         more row.
         """
+        self._begin("reduce_scatter")
         check_op(op)
         x, xp = self._prep(x)
         x = self._lead(x)
@@ -728,11 +704,12 @@ class Communicator(PointToPoint):
         send, recv = _flat(x), _flat(out)
         self._run("reduce_scatter", x.nbytes, xp, algorithm=algorithm,
                   native=lambda t: t.native_reduce_scatter(send, recv, counts, op),
-                  algo_args=(send, recv, counts, op),
-                  sig=(dtype_code(x.dtype), x.size, 0, OPS.index(op) + 1, self._shape_hash(x.shape)), shape=x.shape)
+                  algo_args=(send, recv, counts, op), spec=(x.dtype, x.size, 0, op, x.shape),
+                  level=self._call_level(None, x.nbytes))
         return out
 
     def _scan(self, kind, x, op, algorithm):
+        self._begin(kind)
         check_op(op)
         x, xp = self._prep(x)
         out = xp.empty_like(x)
@@ -742,7 +719,8 @@ class Communicator(PointToPoint):
         native = (lambda t: t.native_scan(send, recv, op)) if kind == "scan" else \
                  (lambda t: t.native_exscan(send, recv, op))
         self._run(kind, x.nbytes, xp, algorithm=algorithm, native=native, algo_args=(send, recv, op),
-                  sig=(dtype_code(x.dtype), x.size, 0, OPS.index(op) + 1, self._shape_hash(x.shape)), shape=x.shape)
+                  spec=(x.dtype, x.size, 0, op, x.shape), level=self._call_level(None, x.nbytes),
+                  inline_bytes=x.nbytes)
         return out
 
     def scan(self, x, op="sum", *, algorithm=None):
@@ -758,6 +736,7 @@ class Communicator(PointToPoint):
 
         Returns the blocks received, concatenated in rank order.
         """
+        self._begin("alltoall")
         x, xp = self._prep(x)
         x = self._lead(x)
         error = None
@@ -766,11 +745,11 @@ class Communicator(PointToPoint):
                      f"by the communicator size {self.size}")
         out = xp.empty_like(x)
         send, recv = _flat(x), _flat(out)
+        level = self._call_level(None, x.nbytes)
+        # a bad first dimension is seen by one rank only: agree on it unless checks are off
         self._run("alltoall", x.nbytes, xp, algorithm=algorithm,
                   native=lambda t: t.native_alltoall(send, recv), algo_args=(send, recv),
-                  sig=(dtype_code(x.dtype), x.size, 0, 0, self._shape_hash(x.shape)), shape=x.shape, error=error,
-                  # a bad first dimension is seen by one rank only: agree unless checks are off
-                  force_check=self.size > 1 and _config.check_level() != 0)
+                  spec=(x.dtype, x.size, 0, None, x.shape), level=level, error=error, blocking=True)
         return out
 
     # ------------------------------------------------------------------ groups
@@ -779,10 +758,12 @@ class Communicator(PointToPoint):
 
         ``color=None`` takes no part and returns None (MPI_UNDEFINED).
         """
-        if self._failure is not None:  # a dead communicator makes no new ones (the split is collective)
-            raise self._aborted("split")
+        self._begin("split")  # a dead communicator makes no new ones (the split is collective)
         if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
             raise ValueError(f"color must be a non-negative int or None; got {color!r}")
+        if self.size > 1:  # a rank in another collective must not be left in MPI's blocking split
+            spec = ("split", None, 0, 0, None, (), "host", None)
+            self._agree("split", signature_base(*spec), spec)
         new = self._world.split(None if color is None else int(color), int(key))
         if new is None:
             return None

@@ -12,8 +12,20 @@ written per call before ``cuLaunchKernel``.
 A launcher returns None, and the communicator takes the full path, whenever
 anything would make the result differ from the full path: an ``out`` of
 another type, dtype or shape, a non-contiguous array, overlapping (but not
-identical) input and output, profiling, argument checking switched on, or a
-failure recorded by the transport (so that the full path raises it).
+identical) input and output, profiling, strict checking (``MPIML_CHECK=1``)
+or a call of 1 MiB or more under the default checking, or a failure recorded
+by the transport (so that the full path raises it).
+
+Signature checking: under the default ``MPIML_CHECK`` a hot call (below
+1 MiB, after its shape's first call, which was checked) is *not* checked, on
+whichever path it ends up served: the host-side agreement costs a host round
+of the control communicator (``benchmarks/results/check_cost_host.json``:
+about 25 us at 2 ranks on the 2-core test machine, against 5-7 us for the
+whole eager device call), and ranks must agree on whether a round is posted,
+which depends only on the call shape.  The device-side check (the signature
+carried in the kernels' flags, designed in ``benchmarks/gpu/README.md``) is
+not built: it needs several GPUs, which were not available.  ``MPIML_CHECK=1``
+checks every call on the host.
 """
 
 import ctypes

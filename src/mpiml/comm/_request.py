@@ -7,28 +7,65 @@ progress), then sleeps that back off to 200 us so a long wait does not burn a
 core.  MPI's nonblocking collectives only progress while they are polled, which
 is why the spin is long enough to cover a small collective end to end.  Every wait honours ``MPIML_TIMEOUT`` and raises
 :class:`~mpiml.CommTimeoutError` naming the operation and the peer.
+
+A *guard* (see :func:`set_guard`) is called between the tests of every wait of
+this thread while it is installed: the communicator installs one that watches
+the signature agreement of the collective in flight, so that a mismatched
+collective (which under MPI may hang, truncate or return partial data) ends as
+soon as the agreement shows the mismatch, not after the timeout.
 """
 
 import asyncio
 import os
+import threading
 import time
 
 from .. import _config
-from .._errors import CommTimeoutError
+from .._errors import CollectiveMismatchError, CommAbortedError, CommTimeoutError
 
-__all__ = ["Request", "CompletedRequest", "waitall", "poll_until"]
+__all__ = ["Request", "CompletedRequest", "waitall", "poll_until", "set_guard"]
 
 _MAX_SLEEP = 2e-4
+_SPIN = {}  # raw MPIML_SPIN_US -> seconds (read per wait: a dict hit, not a parse)
+_local = threading.local()
 
 
 def _spin_seconds():
-    return _config.env_number("MPIML_SPIN_US", 1000.0, kind=float, minimum=0, unit="microseconds") * 1e-6
+    raw = os.environ.get("MPIML_SPIN_US")
+    try:
+        return _SPIN[raw]
+    except KeyError:
+        value = _SPIN[raw] = _config.env_number("MPIML_SPIN_US", 1000.0, kind=float, minimum=0,
+                                                unit="microseconds") * 1e-6
+        return value
 
 
-def poll_until(test, *, op, peer, timeout=None, detail=""):
-    """Call ``test()`` until it returns True; raise CommTimeoutError after ``timeout``."""
+def set_guard(guard, watch=None):
+    """Install ``guard`` and ``watch`` (or None) for the waits of this thread; returns the pair replaced.
+
+    ``guard()`` is called between the tests of every wait, ``watch()`` between
+    those of a wait that outlasted its spin (a wait long enough to be worth a
+    slower check); either raises to end the wait (a
+    :class:`~mpiml.CollectiveMismatchError` or :class:`~mpiml.CommAbortedError`),
+    and requests whose wait it ends are abandoned as after a timeout.  Restore
+    the previous pair when done (``set_guard(*previous)``).
+    """
+    outer = getattr(_local, "guard", None), getattr(_local, "watch", None)
+    _local.guard = guard
+    _local.watch = watch
+    return outer
+
+
+def poll_until(test, *, op, peer, timeout=None, detail="", watch=None):
+    """Call ``test()`` until it returns True; raise CommTimeoutError after ``timeout``.
+
+    ``watch()`` (or the thread's, see :func:`set_guard`) is called between tests once the spin is over.
+    """
     if test():
         return
+    guard = getattr(_local, "guard", None)
+    if watch is None:
+        watch = getattr(_local, "watch", None)
     limit = _config.timeout() if timeout is None else timeout
     start = time.perf_counter()
     spin_end = start + _spin_seconds()
@@ -36,12 +73,18 @@ def poll_until(test, *, op, peer, timeout=None, detail=""):
     while time.perf_counter() < spin_end:
         if test():
             return
+        if guard is not None:
+            guard()
         yield_core()
     deadline = None if limit is None else start + limit
     sleep = 20e-6
     while True:
         if test():
             return
+        if guard is not None:
+            guard()
+        if watch is not None:
+            watch()
         now = time.perf_counter()
         if deadline is not None and now >= deadline:
             raise CommTimeoutError(op, peer, limit, detail)
@@ -104,6 +147,9 @@ class Request:
         except CommTimeoutError as exc:
             self.abandon(exc)
             raise
+        except (CollectiveMismatchError, CommAbortedError):  # a guard ended the wait: the peers may never match it
+            self.abandon()
+            raise
         return self._value()
 
     async def _await(self):
@@ -150,4 +196,8 @@ def waitall(requests, *, op=None, timeout=None):
             exc.peer = pending[0].peer
         for r in pending:
             r.abandon(exc)
+        raise
+    except (CollectiveMismatchError, CommAbortedError):
+        for r in pending:
+            r.abandon()
         raise
