@@ -3,11 +3,11 @@
 # on the GPU host; results and logs under $OUT, at most 8 files come back: the rest is tarred).
 #
 #   bash scripts/integration_pass3.sh tests   every GPU test of every package (ranks share the GPU
-#                                             where a test asks for several), and a KMeans n_iter check
-#   bash scripts/integration_pass3.sh bench   sparse KMeans / neighbours at 10^6 x 10^6, sparse TruncatedSVD
-#                                             and Ridge, dense LinearRegression / LogisticRegression / PCA at
-#                                             scale against scikit-learn on the host cores, and Dask CuPy
-#                                             frames over mpi:// vs tcp://
+#                                             where a test asks for several), then sparse KMeans / neighbours
+#                                             at 10^6 x 10^6 (1 rank) and at 10^5 x 10^5 on 2 ranks
+#   bash scripts/integration_pass3.sh bench   Dask CuPy frames over mpi:// vs tcp://, sparse TruncatedSVD and
+#                                             Ridge, dense LinearRegression / LogisticRegression / PCA at scale
+#                                             against scikit-learn on the host cores
 #
 # Each step has its own limit; steps after BUDGET seconds are skipped so the call ends in time.
 set -u
@@ -50,28 +50,20 @@ step() {  # step NAME SECONDS COMMAND...
 
 if [ "$MODE" = tests ]; then
     step "mpiml info" 30 python3 -m mpiml info
-    step "GPU tests of every package" 470 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout=150 \
+    step "GPU tests of every package" 380 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout=150 \
         --durations=25 -o addopts="" tests
-    step "KMeans n_iter, tol=0, blobs 10^6 x 64, k = 64 (fused tc / SIMT)" 40 python3 -c "
-import os, cupy as cp, mpiml
-from mpiml.datasets import make_blobs
-from mpiml.cluster import KMeans
-from sklearn.cluster import KMeans as SK
-X, _ = make_blobs(n_samples=10**6, n_features=64, centers=64, random_state=0)
-Xd = cp.asarray(X, dtype=cp.float32)
-for method in ('auto', 'fused'):
-    os.environ['MPIML_DISTANCES_METHOD'] = method
-    for init in ('k-means||', 'random'):
-        km = KMeans(64, init=init, n_init=1, max_iter=50, tol=0, random_state=0).fit(Xd)
-        print(method, init, 'n_iter', km.n_iter_, 'inertia', km.inertia_)
-sk = SK(64, init=cp.asnumpy(km.cluster_centers_), n_init=1, max_iter=50, tol=0).fit(X.astype('float32'))
-print('scikit-learn from our final centres: n_iter', sk.n_iter_)
-"
-else
     step "sparse KMeans + neighbours, 10^6 x 10^6, 1 rank" 200 $MPIRUN -n 1 python3 benchmarks/sparse/sparse_gpu.py \
         --out "$OUT/results/sparse_gpu_h200x1.json"
     step "sparse, 2 ranks sharing the GPU (scale 0.1)" 60 $MPIRUN -n 2 python3 benchmarks/sparse/sparse_gpu.py \
         --scale 0.1 --out "$OUT/results/sparse_gpu_2ranks_scale0.1.json"
+else
+    for rep in 1 2; do for p in mpi tcp; do
+        step "Dask CuPy (x + x.T).sum() over $p://, 2 workers sharing the GPU ($rep)" 60 $MPIRUN -n 4 \
+            python3 benchmarks/dask/gpu_rank.py --protocol $p benchmarks/dask/bench_apps.py --device gpu -n 8000 \
+            --chunk 2000 --repeat 5 --layouts scheduler,rows --out "$OUT/results/dask_apps_${p}_$rep.json"
+    done; done
+    step "Dask comm sweep, CuPy payloads, mpi:// vs tcp://" 40 $MPIRUN -n 2 python3 benchmarks/dask/bench_comm.py \
+        --device gpu --iters 30 --budget 67108864 --out "$OUT/results/dask_gpu_comm_h200x1.json"
     common="--device gpu --ranks 1 --sparse 0.001 --rows 1e6 --features 100000 --dtype float32 --sklearn-rows 2e5"
     step "sparse TruncatedSVD (1e6 x 1e5, 1e8 values)" 100 python3 -m mpiml.bench.ml_linear --algo tsvd \
         --components 16 $common --out "$OUT/results" --tag sparse_gpu_h200x1
@@ -86,13 +78,6 @@ else
     step "PCA 1e6 x 512 -> 32 components (1 GPU) with scikit-learn on the host cores" 90 python3 -m mpiml run pca \
         --np 1 --device gpu --dtype float32 --data lowrank:n=1000000,d=512,rank=32 --components 32 --compare-sklearn \
         --json "$OUT/results/pca_1e6x512_gpu_h200x1_vs_sklearn.json"
-    for rep in 1 2; do for p in mpi tcp; do
-        step "Dask CuPy (x + x.T).sum() over $p://, 2 workers sharing the GPU ($rep)" 60 $MPIRUN -n 4 \
-            python3 benchmarks/dask/gpu_rank.py --protocol $p benchmarks/dask/bench_apps.py --device gpu -n 8000 \
-            --chunk 2000 --repeat 5 --layouts scheduler,rows --out "$OUT/results/dask_apps_${p}_$rep.json"
-    done; done
-    step "Dask comm sweep, CuPy payloads, mpi:// vs tcp://" 40 $MPIRUN -n 2 python3 benchmarks/dask/bench_comm.py \
-        --device gpu --iters 30 --budget 67108864 --out "$OUT/results/dask_gpu_comm_h200x1.json"
 fi
 
 { echo "=== summary"; for s in "${SUMMARY[@]}"; do echo "  $s"; done; } | tee -a "$LOG"
