@@ -366,11 +366,19 @@ def _logistic_objective(X, y, coef, intercept, C, classes):
     return float(log_loss(y, proba, labels=classes)) + float((coef * coef).sum()) / (2 * C * X.shape[0])
 
 
+class _FirstRows:
+    """A stand-in communicator whose rank 0 holds the first ``n // (n // n_sub)`` >= ``n_sub`` rows of
+    ``n``: the generators are rank-count independent and draw only a rank's rows, so scikit-learn's
+    subsample is made without generating the whole dataset on the host."""
+
+    rank = 0
+
+    def __init__(self, n, n_sub):
+        self.size = max(1, n // max(n_sub, 1))
+
+
 def _sklearn_baseline(args, result):
     from sklearn import linear_model as sk
-
-    from ..comm import get_comm
-
     from sklearn.decomposition import TruncatedSVD
 
     n_total = int(args.rows)
@@ -379,7 +387,7 @@ def _sklearn_baseline(args, result):
         X, y = _sparse_rows(0, n_sub, args.features, args.sparse, np.dtype(args.dtype))
         y = y.astype(args.dtype)
     else:
-        X, y = _data(args, get_comm("self"), "cpu")
+        X, y = _data(args, _FirstRows(n_total, n_sub), "cpu")
         X, y = X[:n_sub], y[:n_sub]
     if args.algo == "linreg":
         est = sk.LinearRegression()
