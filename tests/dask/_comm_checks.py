@@ -506,6 +506,129 @@ class _HostStager:
         return _LaterEvent()
 
 
+class _HostIPCStager(_HostStager):
+    """_HostStager with IPC between the two ends of a connection in this process: a descriptor
+    names a registered buffer; ``opened`` counts the mappings not yet closed."""
+
+    ipc_within_process = True
+
+    def __init__(self, can_open=True):
+        self.exported, self.opened, self.imports, self.probes = {}, 0, 0, 0
+        self.can_open = can_open
+
+    def ipc_probe(self, descriptor):
+        self.probes += 1
+        if not self.can_open:
+            raise RuntimeError("cannot open (as a peer that does not see the device)")
+        return True
+
+    def ipc_export(self, dev):
+        from mpiml.dask._frames import IPC_DESCRIPTOR_BYTES
+
+        key = len(self.exported) + 1
+        self.exported[key] = dev
+        desc = np.zeros(IPC_DESCRIPTOR_BYTES, dtype=np.uint8)
+        desc[:8].view(np.uint64)[0] = key
+        desc[64:].view(np.uint64)[:] = (0, dev.nbytes)
+        return desc
+
+    def ipc_import(self, descriptors):
+        keys = [int(np.frombuffer(d, dtype=np.uint8)[:8].view(np.uint64)[0]) for d in descriptors]
+        self.opened += len(set(keys))
+        self.imports += len(keys)
+        buffers = [_FakeDevice(self.exported[k].arr.copy()) for k in keys]
+
+        def close():
+            self.opened -= len(set(keys))
+
+        return buffers, _LaterEvent(), close
+
+
+@check
+async def ipc_device_frames():
+    # Large device frames to a process of this host go as IPC descriptors; the peer copies them
+    # and acks. A write completes only once acked; messages keep their order with staged and
+    # host-only ones around them; closing with unacked messages fails them instead of hanging.
+    from mpiml.dask import _staging
+    from mpiml.dask._frames import FLAG_CUDA, FLAG_IPC, FLAG_IPC_PROBE
+
+    stager = _HostIPCStager()
+    _staging.set_stager(stager)
+    os.environ["MPIML_DASK_IPC_BYTES"] = "100000"
+    try:
+        a, b = await comm_pair()
+        assert a._channel.ipc_min == 100000 and a._channel.ipc_ok is None
+        rng = np.random.default_rng(5)
+        # The first eligible frame asks whether the peer can open our memory: it travels staged,
+        # with a probe frame that the peer drops; the answer comes back as an ACK.
+        first = rng.integers(0, 255, 150000, dtype=np.uint8)
+        frames = a._channel.prepare([_FakeDevice(first.copy()), memoryview(b"x")])
+        assert frames.flags == [FLAG_CUDA, 0, FLAG_IPC_PROBE] and a._channel.ipc_ok == "asking"
+        await asyncio.wait_for(a._channel.send(frames)[0], 20)
+        got = await b._channel.next_frames(repr)
+        assert len(got) == 2 and np.array_equal(got[0].arr, first) and bytes(got[1]) == b"x"
+        for _ in range(200):
+            if a._channel.ipc_ok is True:
+                break
+            await asyncio.sleep(0.01)
+        assert a._channel.ipc_ok is True and stager.probes == 1 and stager.imports == 0
+        sent, futures = [], []
+        for n in (99999, 100000, 3 * 65536 + 7):
+            big = rng.integers(0, 255, n, dtype=np.uint8)
+            small = rng.integers(0, 255, 777, dtype=np.uint8)
+            frames = a._channel.prepare([_FakeDevice(big.copy()), memoryview(small), _FakeDevice(small.copy()),
+                                         _FakeDevice(big[::-1].copy())])
+            ipc = FLAG_CUDA | FLAG_IPC
+            want = [FLAG_CUDA, 0, FLAG_CUDA, FLAG_CUDA] if n < 100000 else [ipc, 0, FLAG_CUDA, ipc]
+            assert frames.flags == want, (n, frames.flags)
+            futures.append(a._channel.send(frames)[0])
+            plain = np.arange(n % 991, dtype=np.int64)
+            futures.append(a._channel.send(a._channel.prepare([memoryview(plain)]))[0])
+            sent.append((big, small, plain))
+        await asyncio.wait_for(asyncio.gather(*futures), 20)  # every IPC message was acked
+        assert not a._channel._acks and stager.imports == 4 and stager.opened == 0
+        for big, small, plain in sent:
+            got = await b._channel.next_frames(repr)
+            assert isinstance(got[0], _FakeDevice) and np.array_equal(got[0].arr, big)
+            assert bytes(got[1]) == small.tobytes() and np.array_equal(got[2].arr, small)
+            assert np.array_equal(got[3].arr, big[::-1])
+            assert bytes((await b._channel.next_frames(repr))[0]) == plain.tobytes()
+        # Both directions at once, each waiting for the other's ack.
+        x, y = (rng.integers(0, 255, 200000, dtype=np.uint8) for _ in range(2))
+        await asyncio.wait_for(asyncio.gather(a._channel.send(a._channel.prepare([_FakeDevice(x.copy())]))[0],
+                                              b._channel.send(b._channel.prepare([_FakeDevice(y.copy())]))[0]), 20)
+        assert np.array_equal((await b._channel.next_frames(repr))[0].arr, x)
+        assert np.array_equal((await a._channel.next_frames(repr))[0].arr, y)
+        # The peer has closed: it copies nothing more, so the message fails instead of waiting for ever.
+        b.abort()
+        with expect_raises(CommClosedError, "IPC message to a closed peer"):
+            await asyncio.wait_for(a._channel.send(a._channel.prepare([_FakeDevice(x.copy())]))[0], 20)
+        await asyncio.sleep(0.1)
+        with expect_raises(CommClosedError, "IPC message after the peer's CLOSE arrived"):
+            await asyncio.wait_for(a._channel.send(a._channel.prepare([_FakeDevice(x.copy())]))[0], 20)
+        await a.close()
+        # A peer that cannot open our memory answers no: every device frame is staged from then on.
+        stager = _HostIPCStager(can_open=False)
+        _staging.set_stager(stager)
+        a, b = await comm_pair()
+        for i in range(3):
+            frames = a._channel.prepare([_FakeDevice(first.copy())])
+            assert frames.flags == ([FLAG_CUDA, FLAG_IPC_PROBE] if i == 0 else [FLAG_CUDA]), frames.flags
+            await asyncio.wait_for(a._channel.send(frames)[0], 20)
+            got = await b._channel.next_frames(repr)
+            assert len(got) == 1 and np.array_equal(got[0].arr, first)
+            for _ in range(200):
+                if a._channel.ipc_ok is False:
+                    break
+                await asyncio.sleep(0.01)
+        assert a._channel.ipc_ok is False and stager.probes == 1 and stager.imports == 0
+        await a.close()
+        await b.close()
+    finally:
+        os.environ.pop("MPIML_DASK_IPC_BYTES", None)
+        _staging.set_stager(None)
+
+
 @check
 async def staged_device_frames():
     # Device frames through pinned slots in chunks (the chunk is 64 KiB in the tests), posted
@@ -656,6 +779,46 @@ async def barrier():
     req = WORLD.Ibarrier()
     while not req.Test():
         await asyncio.sleep(0.005)
+
+
+@check
+async def cross_cupy_ipc():
+    # CuPy frames between two processes: large ones by CUDA IPC (views into CuPy's pool, two
+    # frames of one allocation in one message, an offset view), small ones staged; echoed back.
+    try:
+        import cupy
+
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        return "skipped: needs CuPy and a GPU"
+
+    async def echo(comm):
+        try:
+            while True:
+                await comm.write(await comm.read())
+        except CommClosedError:
+            pass
+
+    if RANK == 0:
+        async with listen("mpi://", echo) as listener:
+            share(listener.contact_address)
+            await barrier()
+    else:
+        comm = await connect(share(None))
+        assert comm._channel.ipc_min is not None, "two ranks of one host: IPC expected"
+        base = cupy.arange(6 * 2**20, dtype=cupy.float32)
+        msgs = [{"whole": base}, {"view": base[12345:3 * 2**20 + 7], "again": base[: 2**19], "small": base[:10]},
+                {"f64": cupy.random.default_rng(0).random((1500, 700)), "empty": cupy.empty(0)}]
+        for _ in range(3):
+            for msg in msgs:
+                await comm.write({k: to_serialize(v) for k, v in msg.items()})
+                got = await comm.read()
+                for k, v in msg.items():
+                    assert isinstance(got[k], cupy.ndarray) and got[k].shape == v.shape, k
+                    assert bool((got[k] == v).all()), k
+        assert not comm._channel._acks
+        await comm.close()
+        await barrier()
 
 
 @check

@@ -34,7 +34,6 @@ from distributed.comm.registry import Backend, backends
 from distributed.comm.utils import from_frames, to_frames
 
 from ._channel import Channel
-from ._frames import SendFrames
 from ._manager import ACCEPT, get_manager
 from ._progress import get_engine, mpi_lock
 
@@ -159,7 +158,7 @@ class MPIComm(Comm):
                 **self.handshake_options,
             },
         )
-        prepared = SendFrames(frames, channel.cuda_aware)
+        prepared = channel.prepare(frames)
         if not channel.can_send:  # closed while serialising
             raise CommClosedError(f"in {self!r}: connection closed")
         try:

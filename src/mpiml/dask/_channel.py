@@ -24,12 +24,20 @@ import numpy as np
 from mpi4py import MPI
 
 from ._frames import (
+    ACK,
+    ACK_COPIED,
+    ACK_PROBE_FAILED,
+    ACK_PROBE_OK,
     CLOSE,
     DATA,
     FLAG_CUDA,
+    FLAG_IPC,
+    FLAG_IPC_PROBE,
     HEADER_WORDS,
+    SendFrames,
     chunk_bytes,
     chunks,
+    ipc_bytes,
     pack_header,
     receive_buffers,
     unpack_extension,
@@ -103,6 +111,12 @@ class Channel:
         self._pending = []
         self._close_future = None
         self._posting = None  # resolves once the last message's sends are all posted
+        # device frames to a process of this host go by CUDA IPC (the peer copies them, then acks)
+        local = peer == manager.rank or manager.nodes[peer] == manager.nodes[manager.rank]
+        self.ipc_min = (ipc_bytes() or None) if local and not self.cuda_aware else None
+        self.ipc_ok = None  # can the peer open our memory? None: not asked yet; "asking"; True; False
+        self._probed = None  # the frame whose descriptor went as the question (alive until answered)
+        self._acks = collections.deque()  # (future, frames) of sent messages with IPC frames, in order
         manager.channels.add(self)
         self._task = self.loop.create_task(self._receive_loop())
 
@@ -111,6 +125,15 @@ class Channel:
     @property
     def can_send(self):
         return not (self.local_closed or self.peer_closed or self.close_sent)
+
+    def prepare(self, frames):
+        """The :class:`~._frames.SendFrames` of a message's frames, for this connection."""
+        ask = self.ipc_min is not None and self.ipc_ok is None
+        prepared = SendFrames(frames, self.cuda_aware, self.ipc_min if self.ipc_ok is True or ask else None,
+                              same_process=self.peer == self.manager.rank, probe=ask)
+        if prepared.probed is not None:
+            self.ipc_ok, self._probed = "asking", prepared.probed
+        return prepared
 
     def send(self, frames):
         """Post a message (a :class:`~._frames.SendFrames`); return ``(future, nbytes)``.
@@ -124,11 +147,76 @@ class Channel:
         header, extension = pack_header(DATA, frames.sizes, frames.flags, chunk)
         nbytes = frames.nbytes + header.nbytes + (0 if extension is None else extension.nbytes)
         if not frames.staged and (self._posting is None or self._posting.done()):
-            return self._post_now(header, extension, frames, chunk), nbytes
-        previous, posted = self._posting, self.loop.create_future()
-        self._posting = posted
-        task = self.loop.create_task(self._post_in_order(previous, posted, header, extension, frames, chunk))
-        return task, nbytes
+            future = self._post_now(header, extension, frames, chunk)
+        else:
+            previous, posted = self._posting, self.loop.create_future()
+            self._posting = posted
+            future = self.loop.create_task(self._post_in_order(previous, posted, header, extension, frames, chunk))
+        if frames.ipc:
+            # the peer reads these frames out of our memory: done (and free) once it has acked
+            ack = self.loop.create_future()
+            if self.peer_closed:  # its receive loop has ended: no ack will come
+                from distributed.comm.core import CommClosedError
+
+                ack.set_exception(CommClosedError(f"mpi://: rank {self.peer} has closed the connection"))
+            else:
+                self._acks.append((ack, frames))
+            future = asyncio.gather(future, ack)
+            nbytes += sum(int(dev.nbytes) for dev in frames.ipc)
+        return future, nbytes
+
+    def _post_header(self, header):
+        """Post a header-only message after every message posted before it."""
+        if self._posting is None or self._posting.done():
+            with mpi_lock:
+                req = self.comm.Isend(header, self.peer, self.send_tag)
+            future = self.engine.wait([req], busy=True, buffers=header)
+        else:
+            previous, posted = self._posting, self.loop.create_future()
+            self._posting = posted
+            future = self.loop.create_task(self._post_in_order(previous, posted, header, None, SendFrames([], False),
+                                                               0))
+        future.add_done_callback(_ignore_error)
+
+    def _acked(self, what):
+        """The peer answered a probe, or copied the IPC frames of our oldest unacknowledged message."""
+        if what in (ACK_PROBE_OK, ACK_PROBE_FAILED):
+            self.ipc_ok, self._probed = what == ACK_PROBE_OK, None
+            if not self.ipc_ok:
+                logger.info("mpi://: rank %d cannot open this process's device memory; device frames to it "
+                            "are staged through host memory", self.peer)
+            return
+        if what != ACK_COPIED or not self._acks:
+            raise ValueError(f"mpi://: an ACK from rank {self.peer} with no IPC message pending")
+        future, _ = self._acks.popleft()
+        if not future.done():
+            future.set_result(None)
+
+    async def _import_ipc(self, targets, flags):
+        """Copy the message's IPC frames out of the sender's memory; then ack (the sender may free them)."""
+        where = [i for i, f in enumerate(flags) if f & FLAG_IPC]
+        buffers, event, close = _staging.get_stager().ipc_import([targets[i] for i in where])
+        try:
+            await _staging.wait_event(event)
+        finally:
+            close()
+        for i, buf in zip(where, buffers):
+            targets[i] = buf
+        if not self.close_sent:
+            self._post_header(pack_header(ACK, chunk=ACK_COPIED)[0])
+        return targets
+
+    def _answer_probe(self, targets, flags):
+        """Try to open the memory a probe frame names; answer; drop the probe from the message."""
+        where = [i for i, f in enumerate(flags) if f & FLAG_IPC_PROBE]
+        try:
+            ok = all(_staging.get_stager().ipc_probe(targets[i]) for i in where)
+        except Exception as exc:  # noqa: BLE001 - any failure means: stage instead
+            logger.info("mpi://: cannot open device memory of rank %d (%s); staging instead", self.peer, exc)
+            ok = False
+        if not self.close_sent:
+            self._post_header(pack_header(ACK, chunk=ACK_PROBE_OK if ok else ACK_PROBE_FAILED)[0])
+        return [t for i, t in enumerate(targets) if i not in where]
 
     def _post_now(self, header, extension, frames, chunk):
         reqs = []
@@ -153,7 +241,7 @@ class Channel:
                     reqs.append(self.comm.Isend(extension, self.peer, self.send_tag))
             waits.append(self.engine.wait(reqs, busy=True, buffers=(header, extension)))
             for buf, nbytes, flag in zip(frames.buffers, frames.sizes, frames.flags):
-                if flag & FLAG_CUDA and frames.staged:
+                if flag & FLAG_CUDA and not flag & FLAG_IPC and frames.staged:
                     waits.append(await self._send_staged(buf, nbytes, chunk))
                 elif nbytes:
                     with mpi_lock:
@@ -261,7 +349,7 @@ class Channel:
 
         frames, waits = [], []
         for nbytes, flag in zip(sizes, flags):
-            if flag & FLAG_CUDA:
+            if flag & FLAG_CUDA and not flag & FLAG_IPC:  # (an IPC descriptor is a host frame)
                 dev = _staging.get_stager().empty(nbytes)
                 if not await self._receive_device_frame(dev, nbytes, chunk):
                     return None
@@ -325,6 +413,9 @@ class Channel:
                 if kind == CLOSE:
                     self.peer_closed = True
                     return
+                if kind == ACK:
+                    self._acked(chunk)
+                    continue
                 if missing:
                     ext = np.empty(2 * missing, dtype=np.uint64)
                     if not await self._receive([(ext, ext.nbytes)], ext.nbytes, busy=True):
@@ -332,7 +423,7 @@ class Channel:
                     more_sizes, more_flags = unpack_extension(ext)
                     sizes, flags = sizes + more_sizes, flags + more_flags
                 discard = self.local_closed
-                if not discard and not self.cuda_aware and any(f & FLAG_CUDA for f in flags):
+                if not discard and not self.cuda_aware and any(f & FLAG_CUDA and not f & FLAG_IPC for f in flags):
                     targets = await self._receive_staged(sizes, flags, max(chunk, 1))
                     if targets is None:
                         return
@@ -341,6 +432,10 @@ class Channel:
                     targets = receive_buffers(sizes, kinds, self.cuda_aware)
                     if not await self._receive(list(zip(targets, sizes)), max(chunk, 1), busy=True):
                         return
+                if not self.local_closed and any(f & FLAG_IPC for f in flags):
+                    targets = await self._import_ipc(targets, flags)
+                if not self.local_closed and any(f & FLAG_IPC_PROBE for f in flags):
+                    targets = self._answer_probe(targets, flags)
                 if not self.local_closed:
                     self.inbox.append(targets)
                     self._wake_reader()
@@ -359,6 +454,12 @@ class Channel:
     def _finish(self):
         self.peer_closed = True
         self._pending = []
+        while self._acks:  # the peer is gone or closed: it will not copy our frames any more
+            from distributed.comm.core import CommClosedError
+
+            future, _ = self._acks.popleft()
+            if not future.done():
+                future.set_exception(CommClosedError(f"mpi://: rank {self.peer} closed before it read a message"))
         self._wake_reader()
         if not self.close_sent and not self._gave_up:
             self._send_close()

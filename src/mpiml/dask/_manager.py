@@ -85,6 +85,8 @@ class MPIManager:
     rank, size : int
     hosts : list of str
         IP address of every rank's host, replicated on every rank.
+    nodes : list of str
+        Host name of every rank (ranks of one node may share device memory).
     """
 
     def __init__(self, comm):
@@ -92,6 +94,7 @@ class MPIManager:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.hosts = comm.allgather(_host_ip())
+        self.nodes = comm.allgather(socket.gethostname())
         tag_ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767
         self._tag_range = range(FIRST_TAG, tag_ub + 1)
         self._tag_cursor = itertools.cycle(self._tag_range)

@@ -33,7 +33,7 @@ __all__ = ["CupyStager", "PinnedCache", "get_stager", "set_stager", "pinned_cach
 
 _DEFAULT_BYTES = 4 * 2**20
 #: cudaMemcpyKind values (CUDA runtime ABI)
-_HOST_TO_DEVICE, _DEVICE_TO_HOST = 1, 2
+_HOST_TO_DEVICE, _DEVICE_TO_HOST, _DEFAULT = 1, 2, 4
 
 
 def staging_bytes():
@@ -83,8 +83,36 @@ class PinnedCache:
                 free.append(buf)
 
 
+def _allocation_base(ptr):
+    """Start of the device allocation holding ``ptr`` (CUDA IPC handles name whole allocations,
+    and CuPy's pool hands out pieces of larger ones)."""
+    global _address_range
+    if _address_range is None:
+        import ctypes
+
+        fn = ctypes.CDLL("libcuda.so.1").cuMemGetAddressRange_v2
+        fn.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64]
+        fn.restype = ctypes.c_int
+        _address_range = (fn, ctypes)
+    fn, ctypes = _address_range
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    rc = fn(ctypes.byref(base), ctypes.byref(size), ptr)
+    if rc != 0:
+        raise RuntimeError(f"cuMemGetAddressRange failed for a device frame (CUresult {rc})")
+    return int(base.value)
+
+
+_address_range = None
+
+
 class CupyStager:
-    """Device side of staging with CuPy: byte views, buffers, and copies on one stream per device."""
+    """Device side of staging with CuPy: byte views, buffers, and copies on one stream per device.
+
+    Also the CUDA IPC of device frames between processes of one host (a process
+    cannot open its own IPC handles, so ``ipc_within_process`` is False).
+    """
+
+    ipc_within_process = False
 
     def __init__(self):
         import cupy
@@ -140,6 +168,65 @@ class CupyStager:
     def to_device(self, src, dst):
         """Queue ``dst[:] = src`` (pinned host -> device); return an event with ``.done``."""
         return self._copy(dst.data.ptr, src.ctypes.data, src.nbytes, _HOST_TO_DEVICE)
+
+    def ipc_export(self, dev):
+        """The IPC descriptor of device bytes ``dev`` (``uint8``: handle, offset, size)."""
+        import numpy as np
+
+        from ._frames import IPC_DESCRIPTOR_BYTES
+
+        ptr = dev.data.ptr
+        base = _allocation_base(ptr)
+        desc = np.zeros(IPC_DESCRIPTOR_BYTES, dtype=np.uint8)
+        desc[:64] = np.frombuffer(self._cupy.cuda.runtime.ipcGetMemHandle(base), dtype=np.uint8)
+        desc[64:].view(np.uint64)[:] = (ptr - base, dev.nbytes)
+        return desc
+
+    def ipc_probe(self, descriptor):
+        """Whether this process can open the memory ``descriptor`` names (opens and closes it)."""
+        import numpy as np
+
+        runtime = self._cupy.cuda.runtime
+        ptr = runtime.ipcOpenMemHandle(np.frombuffer(descriptor, dtype=np.uint8)[:64].tobytes(), 1)
+        runtime.ipcCloseMemHandle(ptr)
+        return True
+
+    def ipc_import(self, descriptors):
+        """Queue copies of the frames that ``descriptors`` name into new device buffers.
+
+        Returns ``(buffers, event, close)``: ``close()`` unmaps the senders' memory and
+        must be called once ``event`` is done. Each allocation is opened once (two frames
+        of one message may share it).
+        """
+        import numpy as np
+
+        runtime = self._cupy.cuda.runtime
+        opened, buffers = {}, []
+        stream = self._stream()
+        try:
+            for desc in descriptors:
+                desc = np.frombuffer(desc, dtype=np.uint8)
+                handle = desc[:64].tobytes()
+                offset, nbytes = (int(v) for v in desc[64:].view(np.uint64))
+                if handle not in opened:
+                    opened[handle] = runtime.ipcOpenMemHandle(handle, 1)  # cudaIpcMemLazyEnablePeerAccess
+                buf = self.empty(nbytes)
+                if nbytes:
+                    runtime.memcpyAsync(buf.data.ptr, opened[handle] + offset, nbytes, _DEFAULT, stream.ptr)
+                buffers.append(buf)
+        except Exception:
+            stream.synchronize()
+            for ptr in opened.values():
+                runtime.ipcCloseMemHandle(ptr)
+            raise
+        event = self._cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(stream)
+
+        def close():
+            for ptr in opened.values():
+                runtime.ipcCloseMemHandle(ptr)
+
+        return buffers, event, close
 
 
 _stager = None
