@@ -5,6 +5,9 @@
 #   bash scripts/integration_pass3.sh tests   every GPU test of every package (ranks share the GPU
 #                                             where a test asks for several), then sparse KMeans / neighbours
 #                                             at 10^6 x 10^6 (1 rank) and at 10^5 x 10^5 on 2 ranks
+#   bash scripts/integration_pass3.sh dask    the Dask comm tests with CuPy frames (staged, CUDA IPC), the
+#                                             applications and comm sweep over mpi:// (IPC on / off) vs tcp://,
+#                                             LinearRegression and LogisticRegression at scale
 #   bash scripts/integration_pass3.sh bench   Dask CuPy frames over mpi:// vs tcp://, sparse TruncatedSVD and
 #                                             Ridge, dense LinearRegression / LogisticRegression / PCA at scale
 #                                             against scikit-learn on the host cores
@@ -48,7 +51,22 @@ step() {  # step NAME SECONDS COMMAND...
   python3 -c "import numpy, scipy, sklearn, cupy; print('numpy', numpy.__version__, 'scipy', scipy.__version__, \
 'sklearn', sklearn.__version__, 'cupy', cupy.__version__)"; } >>"$LOG" 2>&1
 
-if [ "$MODE" = tests ]; then
+if [ "$MODE" = dask ]; then
+    step "Dask comm and estimator tests (CuPy frames staged and by CUDA IPC)" 120 python3 -m pytest -q \
+        -p no:cacheprovider --timeout=110 -o addopts="" tests/dask/test_comm.py tests/dask/test_estimators.py
+    for rep in 1 2; do for cfg in "mpi 1048576" "mpi 0" "tcp 1048576"; do set -- $cfg
+        step "Dask CuPy (x + x.T).sum() over $1://, IPC from $2 B ($rep)" 60 env MPIML_DASK_IPC_BYTES=$2 \
+            $MPIRUN -x MPIML_DASK_IPC_BYTES -n 4 python3 benchmarks/dask/gpu_rank.py --protocol $1 \
+            benchmarks/dask/bench_apps.py --device gpu -n 8000 --chunk 2000 --repeat 5 --layouts scheduler,rows \
+            --out "$OUT/results/dask_apps_${1}_ipc$2_$rep.json"
+    done; done
+    step "Dask comm sweep, CuPy payloads, mpi:// vs tcp://" 40 $MPIRUN -n 2 python3 benchmarks/dask/bench_comm.py \
+        --device gpu --iters 30 --budget 67108864 --out "$OUT/results/dask_gpu_comm_ipc_h200x1.json"
+    step "LinearRegression 1e8 x 64 (1 GPU)" 120 python3 -m mpiml bench ml --algo linreg --device gpu --ranks 1 \
+        --rows 1e8 --repeats 3 --sklearn-rows 1e6 --out "$OUT/results" --tag gpu_h200x1_1e8
+    step "LogisticRegression 1e7 x 128 (1 GPU)" 120 python3 -m mpiml bench ml --algo logreg --device gpu --ranks 1 \
+        --rows 1e7 --repeats 2 --sklearn-rows 1e6 --out "$OUT/results" --tag gpu_h200x1_1e7
+elif [ "$MODE" = tests ]; then
     step "mpiml info" 30 python3 -m mpiml info
     step "GPU tests of every package" 380 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout=150 \
         --durations=25 -o addopts="" tests
