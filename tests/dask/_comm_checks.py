@@ -73,7 +73,10 @@ async def comm_pair(addr="mpi://", **kwargs):
 
     async with listen(addr, handle, **kwargs) as listener:
         comm = await connect(listener.contact_address, **kwargs)
-    return comm, await q.get()
+        # stopping the listener aborts the comms still in their handshake: take ours first
+        # (under Open MPI the listener's side of the handshake often ends after connect returns)
+        server = await q.get()
+    return comm, server
 
 
 # -- single-process checks (both ends here) ------------------------------------------
@@ -244,8 +247,8 @@ async def _listener_deserialize(deserialize_flag, in_value, check_out):
 
     async with listen("mpi://", handle, deserialize=deserialize_flag) as listener:
         comm = await connect(listener.contact_address)
-    await comm.write(in_value)
-    out = await q.get()
+        await comm.write(in_value)
+        out = await q.get()  # (before the listener stops: that aborts comms still in their handshake)
     if isinstance(out, Exception):
         raise out
     check_out(out)
@@ -264,11 +267,11 @@ async def _connector_deserialize(deserialize_flag, in_value, check_out):
 
     async with listen("mpi://", handle) as listener:
         comm = await connect(listener.contact_address, deserialize=deserialize_flag)
-    try:
-        out = await comm.read()
-        done.set()
-    finally:
-        await comm.close()
+        try:
+            out = await comm.read()  # (before the listener stops: it would abort the handshaking comm)
+            done.set()
+        finally:
+            await comm.close()
     check_out(out)
 
 
