@@ -1,6 +1,8 @@
 """Plot the Dask benchmark JSON files as PNGs.
 
     python benchmarks/dask/plot.py benchmarks/results/dask_comm.json benchmarks/results/dask_apps.json
+    python benchmarks/dask/plot.py benchmarks/results/dask_gpu/dask_gpu_apps_h200x1.json \
+        benchmarks/results/dask_gpu/dask_gpu_comm_ipc_h200x1.json
 
 Writes ``<name>.png`` next to each JSON file.
 """
@@ -61,12 +63,34 @@ def plot_apps(report, path):
     fig.savefig(path, dpi=120)
 
 
+def plot_layouts(report, path):
+    """Bars per block layout: tcp://, mpi:// with device frames staged, mpi:// with CUDA IPC."""
+    bars = (("tcp_ipc1048576", "tcp://", "tab:orange"), ("mpi_ipc0", "mpi:// staged", "tab:cyan"),
+            ("mpi_ipc1048576", "mpi:// CUDA IPC", "tab:blue"))
+    apps = list(report["summary"])
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    width = 0.26
+    for j, (key, label, color) in enumerate(bars):
+        values = [report["summary"][app][key]["best_median_seconds"] * 1e3 for app in apps]
+        spots = ax.bar([i + (j - 1) * width for i in range(len(apps))], values, width, label=label, color=color)
+        ax.bar_label(spots, fmt="%.0f", fontsize=8)
+    ax.set_xticks(range(len(apps)), [f"{app}\n({report['summary'][app]['mpi_ipc0']['bytes_moved_per_run'] / 1e6:.0f} MB "
+                                     "moved per run)" for app in apps])
+    ax.set(ylabel="ms (median of 5, best of 2 launches)", title="CuPy (x + x.T).sum(), 2 Dask workers, one H200")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend()
+    fig.suptitle(f"{report['machine']['kind']}, {report['date'][:10]}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main(paths):
     for path in paths:
         with open(path) as f:
             report = json.load(f)
         png = os.path.splitext(path)[0] + ".png"
-        (plot_comm if "results" in report else plot_apps)(report, png)
+        plot = plot_comm if "results" in report else plot_layouts if "summary" in report else plot_apps
+        plot(report, png)
         print("wrote", png)
 
 
