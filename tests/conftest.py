@@ -6,11 +6,14 @@ collectively (see :func:`collective_assert` in ``tests/_spmd.py``), so all ranks
 pass or fail together and a hang is a test failure, not a stalled CI.
 """
 
+import glob
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -41,6 +44,28 @@ def mpiexec_cmd(n):
     return cmd + extra.split() if extra else cmd
 
 
+def run_group(cmd, timeout, **kwargs):
+    """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)``, in a
+    new process group that is killed whole on timeout.
+
+    Killing only the launcher (what ``subprocess.run`` does) leaves its ranks running: on a
+    two-core CI machine, orphans spinning in MPI slow every later test.  Raises
+    ``subprocess.TimeoutExpired`` with what the job printed before it was killed.
+    """
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run_mpi(script, n, *args, timeout=120, env=None, expect_ok=True, code=None):
     """Run ``script`` (a path, or ``code`` text written to a temp file) on ``n`` ranks.
 
@@ -62,7 +87,7 @@ def run_mpi(script, n, *args, timeout=120, env=None, expect_ok=True, code=None):
             f.write(textwrap.dedent(code))
     cmd = mpiexec_cmd(n) + [sys.executable, script, *map(str, args)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+        proc = run_group(cmd, timeout, env=full_env)
     except subprocess.TimeoutExpired as exc:
         out = (exc.stdout or b"")
         err = (exc.stderr or b"")
@@ -92,3 +117,50 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# MPICH names a job's shared-memory segment after a hash of its PMI job name and unlinks it at
+# MPI_Finalize; a rank killed before that (the fault tests kill ranks on purpose, a timed-out
+# test kills its job) leaves /dev/shm/mpich_* behind.  A later job whose name hashes the same
+# (Slurm names steps "<job>.<step>", the same in every fresh private cluster) attaches to the
+# stale segment and hangs in MPI_Init.  So each session removes the segments it leaked.
+_SHM_GLOBS = ("/dev/shm/mpich_shm_*", "/dev/shm/mpich_vci_*")
+_session_start = [0.0]
+
+
+def _mapped_files():
+    mapped = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                for line in f:
+                    if "/dev/shm/" in line:
+                        mapped.add(line.split(None, 5)[-1].strip())
+        except OSError:
+            continue
+    return mapped
+
+
+def pytest_sessionstart(session):
+    _session_start[0] = time.time() - 1.0
+
+
+def pytest_sessionfinish(session, exitstatus):
+    leaked = []
+    for pattern in _SHM_GLOBS:
+        for path in glob.glob(pattern):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if st.st_uid == os.getuid() and st.st_ctime >= _session_start[0]:
+                leaked.append(path)
+    if not leaked:
+        return
+    in_use = _mapped_files()
+    for path in leaked:
+        if path not in in_use:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, mpiexec_cmd
+from conftest import ROOT, mpiexec_cmd, run_group
 
 
 def _env(tmp_path):
@@ -23,7 +23,7 @@ def _mpiml(args, n=None, tmp_path=None, timeout=180):
     if n is not None:
         cmd = mpiexec_cmd(n) + cmd
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(tmp_path))
+        return run_group(cmd, timeout, env=_env(tmp_path))
     except subprocess.TimeoutExpired:
         pytest.fail(f"{' '.join(cmd)} hung past {timeout} s")
 
@@ -71,8 +71,7 @@ def test_unhandled_exception_aborts_the_job(tmp_path):
     env = _env(tmp_path)
     env["MPIML_TIMEOUT"] = ""  # no timeout: only the abort can end rank 0's wait
     try:
-        p = subprocess.run(mpiexec_cmd(2) + [sys.executable, str(script)], capture_output=True, text=True,
-                           timeout=90, env=env)
+        p = run_group(mpiexec_cmd(2) + [sys.executable, str(script)], 90, env=env)
     except subprocess.TimeoutExpired:
         pytest.fail("the job hung instead of aborting")
     assert p.returncode != 0

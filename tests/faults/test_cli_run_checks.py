@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, have_gpu, mpiexec_cmd, run_mpi
+from conftest import ROOT, have_gpu, mpiexec_cmd, run_group, run_mpi
 
 
 def _env(**extra):
@@ -28,7 +28,7 @@ def _env(**extra):
 def _mpiml_run(n, *args, timeout=180, **env):
     cmd = mpiexec_cmd(n) + [sys.executable, "-m", "mpiml", "run", *map(str, args)]
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(**env))
+        return run_group(cmd, timeout, env=_env(**env))
     except subprocess.TimeoutExpired:
         pytest.fail(f"{' '.join(cmd)} hung past {timeout} s")
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, TESTS, mpiexec_cmd
+from conftest import ROOT, TESTS, mpiexec_cmd, run_group
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "fault_script.py")
@@ -31,7 +31,7 @@ def run_fault(scenario, n, *, timeout_s, limit, launcher_args=(), expect_ok=True
     cmd = mpiexec_cmd(n)
     cmd = cmd[:1] + list(launcher_args) + cmd[1:] + [sys.executable, SCRIPT, scenario]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        proc = run_group(cmd, timeout_s, env=env)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{scenario} on {n} ranks hung past {timeout_s} s\n{exc.stdout}\n{exc.stderr}")
     records = {}

@@ -10,6 +10,7 @@ CI installs Debian's ``slurm-wlm`` and ``munge`` (see .ci/run).
 """
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -70,7 +71,9 @@ def slurm(tmp_path_factory):
     host = socket.gethostname().split(".")[0]
     conf = d / "slurm.conf"
     conf.write_text("\n".join([
-        "ClusterName=mpimltest", f"SlurmctldHost={host}", "SlurmUser=root", "SlurmdUser=root",
+        # job ids unique across sessions: MPICH names a step's shared memory after "<job>.<step>",
+        # and a segment left by a killed step of an earlier session would hang MPI_Init
+        "ClusterName=mpimltest", f"FirstJobId={random.randrange(1000, 60_000_000)}", f"SlurmctldHost={host}", "SlurmUser=root", "SlurmdUser=root",
         f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
         "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={sock}",
         f"StateSaveLocation={d}/state", f"SlurmdSpoolDir={d}/spool",
@@ -120,6 +123,11 @@ def slurm(tmp_path_factory):
                         f"--- slurmd\n{_tail(d / 'log' / 'slurmd.log')}")
         yield env
     finally:
+        # no job step outlives the cluster (slurmstepd and its ranks are not our children)
+        if shutil.which("scancel"):
+            subprocess.run(["scancel", "--user", str(os.getuid()), "--signal=KILL", "--full"], env=env,
+                           capture_output=True, timeout=30)
+            time.sleep(0.5)
         for p in reversed(procs):
             if p.poll() is None:
                 p.terminate()

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from _slurm_cluster import slurm  # noqa: F401  (the fixture)
+from conftest import run_group
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -37,7 +38,7 @@ def _env(slurm):
 
 def _run(cmd, env, timeout=120):
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = run_group(cmd, timeout, env=env)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{' '.join(cmd)} hung past {timeout} s\n{exc.stdout}\n{exc.stderr}")
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
