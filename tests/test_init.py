@@ -87,3 +87,22 @@ def test_bad_arguments(monkeypatch):
                                            ((11, 8), None), (None, None)])
 def test_cupy_extra_follows_the_driver(driver, extra):
     assert cupy_extra(driver) == extra
+
+
+def test_import_pulls_in_no_scikit_learn():
+    """``import mpiml`` and the world communicator stay light (every rank of every job pays it);
+    ``mpiml.NotFittedError`` is still scikit-learn's class once asked for."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, mpiml; from mpiml.comm import get_comm; get_comm()\n"
+            "assert 'sklearn' not in sys.modules, 'import mpiml imported scikit-learn'\n"
+            "import sklearn.exceptions\n"
+            "assert mpiml.NotFittedError is sklearn.exceptions.NotFittedError\n"
+            "from mpiml._errors import NotFittedError\n"
+            "assert NotFittedError is sklearn.exceptions.NotFittedError\n")
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr

@@ -10,7 +10,6 @@ from ._errors import (  # noqa: E402
     CommTimeoutError,
     DistributedInputError,
     MpimlError,
-    NotFittedError,
 )
 from .comm._profile import profile  # noqa: E402
 from ._init import device_info, init  # noqa: E402
@@ -26,6 +25,10 @@ __all__ = [
 
 
 def __getattr__(name):
+    if name == "NotFittedError":  # scikit-learn's, imported on first use (see mpiml._errors)
+        from ._errors import NotFittedError
+
+        return NotFittedError
     if name == "ModelFileError":  # defined with the file format, imported on first use
         from ._io import ModelFileError
 

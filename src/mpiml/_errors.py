@@ -1,6 +1,9 @@
-"""Exceptions shared by every layer of mpiml."""
+"""Exceptions shared by every layer of mpiml.
 
-from sklearn.exceptions import NotFittedError
+``NotFittedError`` is scikit-learn's own class, looked up on first use: importing
+scikit-learn costs ~2 s of CPU, which every rank of a communication-only job would
+otherwise pay at ``import mpiml``.
+"""
 
 __all__ = [
     "MpimlError",
@@ -58,3 +61,11 @@ class BackendUnavailableError(CommError, ImportError):
 
 class DistributedInputError(MpimlError, ValueError):
     """Input data is invalid on at least one rank; raised identically on every rank."""
+
+
+def __getattr__(name):
+    if name == "NotFittedError":
+        from sklearn.exceptions import NotFittedError
+
+        return NotFittedError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
