@@ -257,7 +257,7 @@ def test_profile(comm):
 
 
 # ------------------------------------------------------------------ timeouts (last)
-def expect_timeout(fn, *needles, limit=2.0):
+def expect_timeout(fn, *needles, limit=1.0):
     """``fn`` under ``MPIML_TIMEOUT=limit`` must raise CommTimeoutError in about ``limit`` s."""
     start = time.perf_counter()
     try:
@@ -290,7 +290,7 @@ def test_timeouts(comm):
         check(exc is None or exc.peer == 0, "timeout names the wrong peer")
         expect_dead(lambda: c.allreduce(np.ones(1)), "allreduce after a timed-out recv")
         return
-    # MPIML_TIMEOUT=2 only around the calls meant to time out; the others wait under the run's own.
+    # MPIML_TIMEOUT=1 only around the calls meant to time out; the others wait under the run's own.
     # A receive from a silent peer names the peer, and the communicator is dead from then on on the
     # rank that timed out: the message may still arrive later, so no call may return data
     c = Communicator(comm._world)
@@ -317,9 +317,9 @@ def test_timeouts(comm):
         c = Communicator(comm._world)
         x = np.full(4, float(r))
         if r == p - 1:
-            time.sleep(2.5)
+            time.sleep(1.6)
         else:
-            expect_timeout(lambda: c.allreduce(x, algorithm=algorithm), "allreduce", limit=1.5)
+            expect_timeout(lambda: c.allreduce(x, algorithm=algorithm), "allreduce", limit=0.8)
             expect_dead(lambda: c.allreduce(np.ones(1), algorithm=algorithm),
                         f"allreduce[{algorithm}] after a timed-out one")
         comm.barrier()

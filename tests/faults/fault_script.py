@@ -217,7 +217,7 @@ def run_stall():
         c.allreduce(np.ones(10000))  # warm: the repeated path serves the stalled call
         sync()
         if r == last:
-            time.sleep(limit + 2)  # past the others' limit: they must raise, then refuse
+            time.sleep(limit + 1)  # past the others' limit: they must raise, then refuse
         got = {}
         rec = attempt(lambda: got.setdefault("value", call(c)))
         if rec["returned"]:  # (only a late rank may complete what the others posted before giving up)
