@@ -52,7 +52,9 @@ def sum_transpose(n, chunk, device, layout="scheduler", client=None):
     if layout == "rows":
         # row block i lives on worker i mod w (data loaded by rows): block (i, j) of x.T is
         # block (j, i) of x, on another worker whenever i and j differ mod w, so blocks move
-        workers = sorted(client.scheduler_info()["workers"])
+        from mpiml.dask import worker_addresses
+
+        workers = worker_addresses(client)
         rows = [client.persist(rs.random((min(chunk, n - start), n), chunks=(chunk, chunk)),
                                workers=[workers[i % len(workers)]])
                 for i, start in enumerate(range(0, n, chunk))]
@@ -125,7 +127,7 @@ def main(argv=None):
     from mpiml.dask import get_client
 
     client = get_client()
-    workers = client.scheduler_info()["workers"]
+    workers = client.sync(client.scheduler.identity, n_workers=-1)["workers"]
     result = {
         "protocol": client.scheduler.address.split("://")[0],
         "workers": len(workers),

@@ -38,7 +38,9 @@ def total(a):
 def check_transfers(client, out):
     import cupy
 
-    workers = sorted(client.scheduler_info()["workers"])
+    from mpiml.dask import worker_addresses
+
+    workers = worker_addresses(client)
     data = cupy.arange(3_000_000, dtype=cupy.float64)
     [remote] = client.scatter([data], workers=[workers[0]])
     back = client.gather(remote)

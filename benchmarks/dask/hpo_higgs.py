@@ -115,12 +115,12 @@ def main(argv=None):
     from scipy.stats import loguniform
 
     from mpiml.cluster import KMeans
-    from mpiml.dask import get_client
+    from mpiml.dask import get_client, worker_addresses
     from mpiml.dask.cluster import KMeans as DaskKMeans
     from mpiml.dask.model_selection import HyperbandSearchCV
 
     client = get_client()
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = worker_addresses(client)
     X, y = make_higgs(args.n_samples, args.block_rows, args.seed, args.device)
     X, y = client.persist([X, y])
     t0 = time.perf_counter()

@@ -12,7 +12,7 @@ import numpy as np
 
 import dask.array as da
 from distributed import wait
-from mpiml.dask import get_client
+from mpiml.dask import get_client, worker_addresses
 
 
 def inc(x):
@@ -29,7 +29,7 @@ def fail(x):
 
 def main(out_path):
     client = get_client()
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = worker_addresses(client)
     results = {"n_workers": len(workers), "schemes": sorted({w.split("://")[0] for w in workers})}
 
     x = da.random.RandomState(0).random((1200, 1200), chunks=(300, 300))

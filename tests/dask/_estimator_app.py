@@ -17,7 +17,7 @@ from sklearn.base import clone
 
 from mpiml.base import SPMDEstimator
 from mpiml.cluster import KMeans as SPMDKMeans
-from mpiml.dask import DaskSPMDEstimator, get_client
+from mpiml.dask import DaskSPMDEstimator, get_client, worker_addresses
 from mpiml.dask.cluster import KMeans
 from mpiml.dask.model_selection import HyperbandSearchCV
 
@@ -116,7 +116,7 @@ def check_sharded(client, workers, Xn, blocks, sizes):
 def main(out, array_lib="numpy"):
     xp = np if array_lib == "numpy" else __import__("cupy")
     client = get_client()
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = worker_addresses(client)
     rng = np.random.default_rng(0)
     Xn = rng.normal(size=(2600, 5))
     Xn[:900] += 4.0

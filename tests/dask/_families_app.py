@@ -14,7 +14,7 @@ import numpy as np
 
 import dask.array as da
 from _estimator_app import placed, to_host
-from mpiml.dask import get_client
+from mpiml.dask import get_client, worker_addresses
 
 failures = []
 
@@ -39,7 +39,7 @@ def have(family):
 
 def main(out):
     client = get_client()
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = worker_addresses(client)
     rng = np.random.default_rng(1)
     Xn = rng.normal(size=(1800, 6))
     yr = Xn @ np.array([1.0, -2.0, 0.5, 0.0, 3.0, 1.5]) + 0.3 + 0.1 * rng.normal(size=1800)

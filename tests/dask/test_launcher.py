@@ -98,9 +98,9 @@ def test_killed_worker_ends_the_job(tmp_path, protocol):
     """
     script = write_script(tmp_path, """
         import os, signal, threading, time
-        from mpiml.dask import get_client
+        from mpiml.dask import get_client, worker_addresses
         client = get_client()
-        workers = sorted(client.scheduler_info()["workers"])
+        workers = worker_addresses(client)
         futures = client.map(lambda i: (time.sleep(0.05), i)[1], range(200), pure=False)
         time.sleep(0.3)
         def die_soon():
@@ -147,3 +147,37 @@ def test_import_is_lazy():
                           timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+WORKERS_RACE = """
+    import sys
+    from mpiml.dask import get_client, worker_addresses
+    client = get_client()
+    # the client refreshes its cached scheduler identity every millisecond (instead of every
+    # 2 s), asking for no per-worker details: a read of the cache is then often empty
+    client._periodic_callbacks["scheduler-info"].stop()
+    from tornado.ioloop import PeriodicCallback
+    cb = PeriodicCallback(client._update_scheduler_info, 1)
+    client.loop.add_callback(cb.start)
+    use_cache = sys.argv[1] == "cache"
+    seen = set()
+    for _ in range(300):
+        if use_cache:
+            got = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        else:
+            got = worker_addresses(client)
+        seen.add(len(got))
+    client.loop.add_callback(cb.stop)
+    print("worker counts seen:", sorted(seen))
+    sys.exit(0 if seen == {2} else 3)
+"""
+
+
+@pytest.mark.mpi
+def test_worker_addresses_are_never_a_stale_cache(tmp_path):
+    """``worker_addresses`` (which the Dask-driven estimators use to notice a worker that left)
+    asks the scheduler; the client's cached ``scheduler_info()`` can say that live workers are
+    gone while the client's periodic refresh runs (it did, under load, in a CI run)."""
+    script = write_script(tmp_path, WORKERS_RACE)
+    proc = launch(4, script, "direct")
+    assert "worker counts seen: [2]" in proc.stdout, proc.stdout + proc.stderr

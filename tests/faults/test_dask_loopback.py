@@ -85,7 +85,7 @@ def mpi_sockets():
 
 
 client = get_client()
-info = client.scheduler_info()
+info = client.sync(client.scheduler.identity, n_workers=-1)  # (not the cached scheduler_info())
 report = {
     "scheduler_address": client.scheduler.address,
     "worker_addresses": sorted(info["workers"]),

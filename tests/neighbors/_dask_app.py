@@ -13,7 +13,7 @@ import dask.array as da  # noqa: E402
 from _estimator_app import placed, to_host  # noqa: E402
 
 from mpiml import neighbors as spmd  # noqa: E402
-from mpiml.dask import get_client  # noqa: E402
+from mpiml.dask import get_client, worker_addresses  # noqa: E402
 from mpiml.dask import neighbors as dsk  # noqa: E402
 
 failures = []
@@ -28,7 +28,7 @@ def check(cond, msg):
 
 def main(out):
     client = get_client()
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = worker_addresses(client)
     rng = np.random.default_rng(2)
     Xn = rng.normal(size=(900, 5))
     yc = (Xn[:, 0] + 0.3 * rng.normal(size=900) > 0).astype(np.int64)

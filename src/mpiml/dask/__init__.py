@@ -22,13 +22,15 @@ See ``docs/dask.md`` for the address format, the wire protocol and the options.
 
 import importlib
 
-__all__ = ["MPIBackend", "initialize", "finalize", "get_client", "main", "DaskSPMDEstimator", "DaskSPMDError"]
+__all__ = ["MPIBackend", "initialize", "finalize", "get_client", "worker_addresses", "main", "DaskSPMDEstimator",
+           "DaskSPMDError"]
 
 _LAZY = {
     "MPIBackend": "mpiml.dask._backend",
     "initialize": "mpiml.dask._manager",
     "finalize": "mpiml.dask._manager",
     "get_client": "mpiml.dask._launcher",
+    "worker_addresses": "mpiml.dask._launcher",
     "main": "mpiml.dask._launcher",
     "DaskSPMDEstimator": "mpiml.dask._estimator",
     "DaskSPMDError": "mpiml.dask._estimator",

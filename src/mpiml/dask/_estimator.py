@@ -121,7 +121,9 @@ def _spmd_workers(client, what):
 
 
 def _current_workers(client):
-    return set(client.scheduler_info(n_workers=-1)["workers"])
+    from ._launcher import worker_addresses
+
+    return set(worker_addresses(client))
 
 
 def _persisted_blocks(client, arrays):
@@ -216,7 +218,8 @@ def _wait_job(client, futures, rank_of, what):
         if any(f.status == "error" for f in futures.values()):
             return _raise_failure(client, futures, rank_of, what)
         # every worker takes part in the job's split, members or not
-        gone = [a for a in futures if a not in _current_workers(client)]
+        current = _current_workers(client)
+        gone = [a for a in futures if a not in current]
         if gone:
             names = ", ".join(f"{a} (MPI rank {rank_of[a]})" for a in gone)
             _broken[address] = (f"worker {names} left the cluster during {what}; the MPI communicator of the "

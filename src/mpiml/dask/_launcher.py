@@ -175,6 +175,26 @@ def get_client():
     return _client
 
 
+def worker_addresses(client=None):
+    """The addresses of the workers the scheduler knows now, sorted (asked of the scheduler).
+
+    Prefer this to ``client.scheduler_info()["workers"]``: that returns the client's cached
+    copy, which the client's periodic refresh (asking for no per-worker details) can overwrite
+    between the refresh it makes and the read, so that live workers look gone.
+
+    Parameters
+    ----------
+    client : distributed.Client, optional
+        A synchronous client; default: :func:`get_client`.
+
+    Returns
+    -------
+    list of str
+    """
+    client = get_client() if client is None else client
+    return sorted(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
+
+
 def main(argv=None):
     """Entry point of ``mpiml dask`` and ``python -m mpiml.dask``; returns the exit status."""
     from mpi4py import MPI
