@@ -73,7 +73,8 @@ def slurm(tmp_path_factory):
     conf.write_text("\n".join([
         # job ids unique across sessions: MPICH names a step's shared memory after "<job>.<step>",
         # and a segment left by a killed step of an earlier session would hang MPI_Init
-        "ClusterName=mpimltest", f"FirstJobId={random.randrange(1000, 60_000_000)}", f"SlurmctldHost={host}", "SlurmUser=root", "SlurmdUser=root",
+        "ClusterName=mpimltest", f"FirstJobId={random.randrange(1000, 60_000_000)}",
+        f"SlurmctldHost={host}", "SlurmUser=root", "SlurmdUser=root",
         f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
         "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={sock}",
         f"StateSaveLocation={d}/state", f"SlurmdSpoolDir={d}/spool",
