@@ -159,15 +159,7 @@ def _plain_cupy_linreg(X, y, xp, repeats):
         b = X.T @ y - n * m * ym
         return xp.linalg.solve(G, b)
 
-    fit()
-    _sync(xp)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fit()
-        _sync(xp)
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    return _best_seconds(fit, xp, repeats)
 
 
 def _plain_cupy_sparse(args, X, y, xp, repeats):
@@ -190,6 +182,11 @@ def _plain_cupy_sparse(args, X, y, xp, repeats):
 
         def fit():
             return sla.cg(op, rhs, rtol=args.tol)
+    return _best_seconds(fit, xp, repeats)
+
+
+def _best_seconds(fit, xp, repeats):
+    """Fastest of ``repeats`` timed calls of ``fit`` after one warm-up call, the device synchronised."""
     fit()
     _sync(xp)
     times = []

@@ -133,7 +133,11 @@ class Agreement:
     def _allgather_obj(self, obj):
         """Allgather picklable objects on the control plane (honours the timeout)."""
         data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-        counts = self._allgather_ints([data.size])[:, 0]
+        return self._allgatherv_pickles(data, self._allgather_ints([data.size])[:, 0])
+
+    def _allgatherv_pickles(self, data, counts):
+        """Every rank's pickle ``data`` (uint8; ``counts[r]`` bytes on rank r), unpickled in rank order."""
+        counts = np.asarray(counts, dtype=np.int64)
         out = np.empty(int(counts.sum()), dtype=np.uint8)
         self._ctl_wait("allgatherv", lambda: self._ctl.native_allgatherv(data, out, counts))
         result, start = [], 0

@@ -39,15 +39,7 @@ class ObjectCollectives:
         if max(sizes) <= self._round.slot_bytes:
             slots = self._round.slots
             return [pickle.loads(slots[r, :n].tobytes()) for r, n in enumerate(sizes)]
-        counts = np.asarray(sizes, dtype=np.int64)
-        out = np.empty(int(counts.sum()), dtype=np.uint8)
-        send = np.frombuffer(data, dtype=np.uint8)
-        self._ctl_wait("allgatherv", lambda: self._ctl.native_allgatherv(send, out, counts))
-        result, at = [], 0
-        for c in sizes:
-            result.append(pickle.loads(out[at:at + c].tobytes()))
-            at += c
-        return result
+        return self._allgatherv_pickles(np.frombuffer(data, dtype=np.uint8), sizes)
 
     def allgather_obj(self, obj):
         """Small Python objects from every rank, as a list in rank order."""
