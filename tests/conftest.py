@@ -104,6 +104,23 @@ def run_mpi(script, n, *args, timeout=120, env=None, expect_ok=True, code=None):
     return proc
 
 
+def forge_model_file(path, edit):
+    """Rewrite a model file with ``edit(entries)`` applied to its ``{name: bytes}`` and a valid
+    checksum: a forged file, which only the loader's own checks can refuse."""
+    import zipfile
+
+    from mpiml import _io
+
+    with zipfile.ZipFile(path) as z:
+        entries = {n: z.read(n) for n in z.namelist()}
+    entries.pop("SHA256SUM")
+    edit(entries)
+    entries["SHA256SUM"] = _io._digest(entries).encode()
+    with zipfile.ZipFile(path, "w") as z:
+        for n, d in entries.items():
+            z.writestr(n, d)
+
+
 @pytest.fixture
 def mpi():
     """The :func:`run_mpi` helper as a fixture."""

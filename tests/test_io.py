@@ -10,8 +10,9 @@ import pytest
 
 import mpiml
 from mpiml import _io
-from mpiml.comm import get_comm
 from mpiml.utils._testing import MinimalSPMDTransformer
+
+from conftest import forge_model_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT_SRC = os.path.join(os.path.dirname(HERE), "src")
@@ -21,18 +22,6 @@ ROOT_SRC = os.path.join(os.path.dirname(HERE), "src")
 def fitted():
     X = np.arange(20.0).reshape(5, 4)
     return MinimalSPMDTransformer(shift=0.25, mode="mean").fit(X), X
-
-
-def _rewrite(path, edit):
-    """Rewrite a model file with ``edit(entries)`` applied and a valid checksum (a forged file)."""
-    with zipfile.ZipFile(path) as z:
-        entries = {n: z.read(n) for n in z.namelist()}
-    entries.pop("SHA256SUM")
-    edit(entries)
-    entries["SHA256SUM"] = _io._digest(entries).encode()
-    with zipfile.ZipFile(path, "w") as z:
-        for n, d in entries.items():
-            z.writestr(n, d)
 
 
 def test_round_trip(tmp_path, fitted):
@@ -138,7 +127,7 @@ def test_only_mpiml_estimators_are_loaded(tmp_path, fitted, module, qualname):
         meta["class"] = {"module": module, "qualname": qualname}
         entries["meta.json"] = json.dumps(meta).encode()
 
-    _rewrite(path, edit)
+    forge_model_file(path, edit)
     with pytest.raises(_io.ModelFileError, match="not an mpiml estimator|does not have"):
         mpiml.load(path)
 
@@ -154,7 +143,7 @@ def test_pickled_array_entry_is_refused(tmp_path, fitted):
         np.save(buf, np.array([{"evil": 1}], dtype=object), allow_pickle=True)
         entries["arrays/0000.npy"] = buf.getvalue()
 
-    _rewrite(path, edit)
+    forge_model_file(path, edit)
     with pytest.raises(_io.ModelFileError, match="not a plain array"):
         mpiml.load(path)
 
@@ -278,7 +267,7 @@ def test_loading_imports_nothing_the_file_names(tmp_path, fitted, module, qualna
         meta["class"] = {"module": module, "qualname": qualname}
         entries["meta.json"] = json.dumps(meta).encode()
 
-    _rewrite(path, edit)
+    forge_model_file(path, edit)
     # in a fresh interpreter, so that what loading imports is visible in sys.modules; a valid file
     # is loaded first, so the loader's own modules are there already
     code = (f"import sys, mpiml\nmpiml.load({str(good)!r})\nbefore = set(sys.modules)\n"

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 import mpiml
-from mpiml import _io
 from mpiml.cluster import KMeans
 from mpiml.linear_model import LinearRegression
+
+from conftest import forge_model_file
 
 
 def _small_models():
@@ -89,18 +90,6 @@ def test_every_truncation_and_byte_flip(tmp_path, which):
     assert counts["loaded"] > 0 and counts["refused"] > len(raw), counts
 
 
-def _forge(path, edit):
-    """Rewrite a model file with ``edit(entries)`` applied and a valid checksum."""
-    with zipfile.ZipFile(path) as z:
-        entries = {n: z.read(n) for n in z.namelist()}
-    entries.pop("SHA256SUM")
-    edit(entries)
-    entries["SHA256SUM"] = _io._digest(entries).encode()
-    with zipfile.ZipFile(path, "w") as z:
-        for n, d in entries.items():
-            z.writestr(n, d)
-
-
 def _npy_header(shape, descr="<f8"):
     buf = io.BytesIO()
     np.lib.format.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False, "shape": shape})
@@ -122,7 +111,7 @@ def test_npy_header_is_checked_before_allocating(tmp_path, shape, payload):
     def edit(entries):
         entries[entry] = _npy_header(shape) + bytes(payload)
 
-    _forge(path, edit)
+    forge_model_file(path, edit)
     tracemalloc.start()
     try:
         with pytest.raises(mpiml.ModelFileError, match="declares a float64 array"):
@@ -143,7 +132,7 @@ def test_npy_entry_of_a_non_numeric_dtype_is_refused(tmp_path, descr):
     def edit(entries):
         entries[entry] = _npy_header((1,), descr) + bytes(8)
 
-    _forge(path, edit)
+    forge_model_file(path, edit)
     with pytest.raises(mpiml.ModelFileError, match="not a plain array"):
         mpiml.load(path)
 
@@ -276,10 +265,10 @@ def test_forged_metadata_is_a_model_file_error(tmp_path):
             forge(meta)
             entries["meta.json"] = json.dumps(meta).encode()
 
-        _forge(path, edit)
+        forge_model_file(path, edit)
         with pytest.raises(mpiml.ModelFileError):
             mpiml.load(path)
     path.write_bytes(base)
-    _forge(path, lambda entries: entries.update({"meta.json": b"[" * 100000}))
+    forge_model_file(path, lambda entries: entries.update({"meta.json": b"[" * 100000}))
     with pytest.raises(mpiml.ModelFileError):
         mpiml.load(path)
