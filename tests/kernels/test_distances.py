@@ -152,8 +152,10 @@ def test_tc_pack_kernel_matches_numpy(k, d, bn, dk, dtype):
 @pytest.mark.parametrize("n,d,k,tile", [(70001, 64, 64, None), (70001, 64, 64, (1, 64, 64)), (30011, 16, 16, None),
                                         (20000, 256, 200, None), (5000, 1024, 64, None), (9000, 64, 65, None),
                                         (9000, 65, 64, None), (4000, 2, 1, None), (4000, 1, 7, (1, 16, 16)),
-                                        (30011, 16, 16, (4, 16, 16, 1)), (3001, 9, 3, (2, 16, 16, 1))])
-@pytest.mark.parametrize("accum", ["smem", "mma", "pass"])
+                                        (30011, 16, 16, (4, 16, 16, 1)), (3001, 9, 3, (2, 16, 16, 1)),
+                                        (70001, 64, 64, (1, 64, 64, 2)), (9000, 40, 100, None),
+                                        (30011, 16, 16, (2, 16, 16, 4))])
+@pytest.mark.parametrize("accum", ["smem", "mma", "pass", "pass-mma"])
 def test_tc_lloyd_against_float64(n, d, k, tile, dtype, accum):
     """The tensor-core step (fused sums, sums pass, several chunks of d and k, other tiles) against float64,
     with data away from the origin (the shift matters) and float32 labels checked except at near ties."""
@@ -172,8 +174,10 @@ def test_tc_lloyd_against_float64(n, d, k, tile, dtype, accum):
     labels = cp.full(n, -1, cp.int32)
     mind = cp.empty(n, dtype)
     out = cp.zeros(k * d + k + 2)
+    # "pass": the SIMT sums pass (float64 adds), "pass-mma": the one-hot sums pass on the tensor cores
     plan = distances._tc_launch(Xd, cp.asarray(Cs), cp.asarray(shift), cp.asarray(w), labels, mind, out,
-                                lloyd=True, tile=tile, accum=accum)
+                                lloyd=True, tile=tile, accum=accum.split("-")[0],
+                                sums="mma" if accum == "pass-mma" else "simt")
     lab = labels.get()
     X64 = X.astype(np.float64) - shift.astype(np.float64)
     C64 = Cs.astype(np.float64)
@@ -345,3 +349,34 @@ def test_errors():
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_lloyd_step_spmd_with_empty_shard(mpi, n):
     mpi(os.path.join(HERE, "distances_spmd_script.py"), n, timeout=240)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", ["simt", "mma"])
+@pytest.mark.parametrize("n,d,k", [(1, 1, 1), (129, 33, 5), (20011, 64, 64), (5000, 65, 100), (3000, 1030, 7),
+                                   (777, 6, 300)])
+def test_sums_pass_matches_float64_and_repeats_its_bits(n, d, k, dtype, kind):
+    """The sums passes alone: partial tiles of rows, a partial last slab of features, several cluster ranges
+    (k = 300 > the 78 or 79 clusters of one SIMT block), empty clusters; the same bits twice."""
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    rs = np.random.RandomState(11)
+    X = (rs.randn(n, d) * 3 + 20).astype(dtype)
+    lab = rs.randint(0, max(1, k - 2), n).astype(np.int32)       # the last clusters stay empty
+    w = rs.uniform(0.5, 2, n).astype(dtype)
+    shift = X.mean(0).astype(dtype)
+    outs = []
+    for _ in range(2):
+        out = cp.zeros(k * d + k + 2)
+        plan = distances._sums_pass(cp.asarray(X), cp.asarray(shift), cp.asarray(w), cp.asarray(lab), k, out,
+                                    kind=kind)
+        outs.append(out)
+    ref = np.zeros((k, d))
+    np.add.at(ref, lab, (X.astype(np.float64) - shift.astype(np.float64)) * w[:, None].astype(np.float64))
+    got = outs[0].get()
+    scale = np.abs(ref).max() + 1e-30
+    assert np.abs(got[:k * d].reshape(k, d) - ref).max() <= (1e-6 if dtype == np.float32 else 1e-13) * scale, plan
+    assert not got[k * d:].any()                                 # only the sums are written
+    assert bool(cp.array_equal(outs[0], outs[1]))

@@ -105,6 +105,14 @@ def test_tc_plans():
             assert distances.tc_plan(dt, k, d)["smem"] <= 227 * 1024
     assert distances.tc_plan(np.float32, 7, 3, mode="assign")["expr"].endswith(", 0, 0, 2>")
     assert distances.tc_plan(np.float32, 7, 3, mode="assign", tile=(1, 16, 16, 1))["expr"].endswith(", 0, 0, 1>")
-    s = distances.sums_plan(np.float32, 1024, 256)
+    s = distances.sums_plan(np.float32, 1024, 256, kind="mma")
     assert s["KC"] == 128 and s["expr"] == "mpiml_distances_sums_tc<float, 8, 16>"
-    assert distances.sums_plan(np.float64, 5, 3)["expr"] == "mpiml_distances_sums_tc<double, 1, 8>"
+    assert distances.sums_plan(np.float64, 5, 3, kind="mma")["expr"] == "mpiml_distances_sums_tc<double, 1, 8>"
+    # the SIMT pass: 8 warp copies of kc x 32 float64 cells and 4 stages of 16 KB of X in one block's memory
+    s = distances.sums_plan(np.float32, 64, 64, kind="simt")
+    assert s["KC"] == 64 and s["DS"] == 32 and s["expr"] == "mpiml_distances_sums_simt<float, 16>"
+    assert s["smem"] == 4 * 128 * (32 * 4 + 8) + 8 * 64 * 32 * 8 <= 227 * 1024
+    s = distances.sums_plan(np.float64, 4100, 3, kind="simt")
+    assert 1 <= s["KC"] < 4100 and s["smem"] <= 227 * 1024 and s["expr"] == "mpiml_distances_sums_simt<double, 8>"
+    with pytest.raises(ValueError, match="kind"):
+        distances.sums_plan(np.float32, 4, 4, kind="atomic")

@@ -64,7 +64,8 @@ _TC_ACCUM = "smem"                # how the fused Lloyd sums are made by default
 # 10^7 x 16, k = 16 with every tensor-core fix in: tc 0.74 ms vs SIMT 1.04 ms (float32), 1.03 vs 2.08 ms
 # (float64), so none does
 _SIMT_LLOYD_MAX = 0
-_TC_SUMS_ROWS = 128               # rows per tile of the sums pass
+_TC_SUMS_ROWS = 128               # rows per tile of the one-hot sums pass
+_TC_SUMS = "simt"                 # the sums pass of the tensor-core path by default (see sums_plan)
 _METHODS = ("auto", "fused", "gemm", "tc")
 
 _SOURCES = {}
@@ -94,7 +95,7 @@ def _function(expr, source=None):
     cupy = _cupy()
     if source is None:
         source = "distances_tc.cu" if expr.startswith(("mpiml_distances_tc", "mpiml_distances_sums_tc",
-                                                        "mpiml_tc_")) else "distances.cu"
+                                                        "mpiml_distances_sums_simt", "mpiml_tc_")) else "distances.cu"
     key = (cupy.cuda.runtime.getDevice(), expr)
     fn = _MODULES.get(key)
     if fn is None:
@@ -491,8 +492,12 @@ def _tc_grid(fn, plan, n_tiles):
     return int(max(1, min(n_tiles, sms * per_sm)))
 
 
-def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=None):
-    """The tensor-core kernel (+ the reduction of its partials, + the sums pass when not fused)."""
+def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=None, sums=None):
+    """The tensor-core kernel (+ the reduction of its partials, + the sums pass when not fused).
+
+    ``sums``: the kind of sums pass (see :func:`sums_plan`); ``"none"`` skips it (benchmarks time the
+    kernel alone).
+    """
     cupy = _cupy()
     dtype = np.dtype(X.dtype)
     n, d = X.shape
@@ -523,46 +528,62 @@ def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=Non
         red = _function("mpiml_distances_reduce_partials")
         blocks = int(min(1024, (P + 255) // 256))
         red((blocks,), (256,), (part, np.int32(grid), np.int64(P), out[k * d - S:]))
-        if not plan["fused"]:
-            plan["sums"] = _sums_tc(X, shift, w, labels, k, out)
+        if not plan["fused"] and sums != "none":
+            plan["sums"] = _sums_pass(X, shift, w, labels, k, out, kind=sums)
     plan["grid"] = grid
     return plan
 
 
-def sums_plan(dtype, k, d, vw=None):
-    """The sums pass of the tensor-core path: cluster chunk, copy width, shared memory, kernel name."""
+def sums_plan(dtype, k, d, vw=None, kind=None):
+    """The sums pass of the tensor-core path (the Lloyd sums from the labels, when not fused).
+
+    ``kind``: ``"simt"`` (float64 adds in warp-private copies, ``mpiml_distances_sums_simt``) or ``"mma"``
+    (one-hot products on the tensor cores, ``mpiml_distances_sums_tc``); default ``_TC_SUMS``.  Returns
+    the slab of features (``DS``) and the cluster range (``KC``) of a block, rows per tile, shared memory,
+    blocks per SM and the kernel name.
+    """
     dtype = np.dtype(dtype)
     isz = dtype.itemsize
     f32 = dtype == np.float32
-    mt = 16 if f32 else 8
-    mtk = min(8, -(-k // mt))
+    kind = kind or _TC_SUMS
+    if kind not in ("simt", "mma"):
+        raise ValueError(f"kind must be 'simt' or 'mma', got {kind!r}")
     if vw is None:
         vw = 16 // isz if d % (16 // isz) == 0 else 1
+    if kind == "simt":
+        rows, stages, ds = (128 if f32 else 64), 4, 32
+        fixed = stages * rows * (ds * isz + isz + 4)
+        kc = int(max(1, min(k, (_smem_per_block(1) - fixed) // (8 * ds * 8))))
+        return {"kind": kind, "DS": ds, "KC": kc, "VEC": vw * isz, "smem": fixed + 8 * kc * ds * 8, "rows": rows,
+                "per_sm": 1, "expr": f"mpiml_distances_sums_simt<{_CTYPE[dtype]}, {vw * isz}>"}
+    mt = 16 if f32 else 8
+    mtk = min(8, -(-k // mt))
     rows = _TC_SUMS_ROWS
     smem = 2 * rows * (64 + (8 if f32 else 4)) * isz + 2 * rows * (isz + 4)
-    return {"MTK": mtk, "KC": mtk * mt, "VEC": vw * isz, "smem": smem, "rows": rows,
-            "expr": f"mpiml_distances_sums_tc<{_CTYPE[dtype]}, {mtk}, {vw * isz}>"}
+    return {"kind": kind, "DS": 64, "MTK": mtk, "KC": mtk * mt, "VEC": vw * isz, "smem": smem, "rows": rows,
+            "per_sm": 2, "expr": f"mpiml_distances_sums_tc<{_CTYPE[dtype]}, {mtk}, {vw * isz}>"}
 
 
-def _sums_tc(X, shift, w, labels, k, out):
-    """Per-cluster sums from the labels on the tensor cores, added to ``out[:k*d]`` (fixed order)."""
+def _sums_pass(X, shift, w, labels, k, out, kind=None):
+    """Per-cluster sums from the labels, added to ``out[:k*d]``: per-block partials summed in a fixed order."""
     cupy = _cupy()
     dtype = np.dtype(X.dtype)
     n, d = X.shape
-    plan = sums_plan(dtype, k, d, vw=_vec(dtype, d, X, shift))
+    plan = sums_plan(dtype, k, d, vw=_vec(dtype, d, X, shift), kind=kind)
     fn = _function(plan["expr"])
     sms = _device()[0]
-    n_slabs, n_kc = -(-d // 64), -(-k // plan["KC"])
+    n_slabs, n_kc = _cdiv(d, plan["DS"]), _cdiv(k, plan["KC"])
     rows = plan["rows"]
-    splits = int(max(1, min(-(-n // rows), -(-2 * sms // (n_slabs * n_kc)))))
+    splits = int(max(1, min(_cdiv(n, rows), _cdiv(plan["per_sm"] * sms, n_slabs * n_kc))))
     per_block = _cdiv(_cdiv(n, splits), rows) * rows
     splits = _cdiv(n, per_block)
     part = cupy.empty(splits * k * d, dtype=cupy.float64)
     if plan["smem"] > 48 * 1024:
         fn.max_dynamic_shared_size_bytes = plan["smem"]
-    fn((n_slabs * n_kc * splits,), (_THREADS,),
-       (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, labels, w, np.int32(k), np.int64(per_block),
-        part), shared_mem=plan["smem"])
+    head = (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, labels, w, np.int32(k))
+    tail = (np.int64(per_block), part)
+    fn((n_slabs * n_kc * splits,), (_THREADS,), head + ((np.int32(plan["KC"]),) if plan["kind"] == "simt" else ())
+       + tail, shared_mem=plan["smem"])
     red = _function("mpiml_distances_reduce_partials")
     P = k * d
     red((int(min(1024, (P + 255) // 256)),), (256,), (part, np.int32(splits), np.int64(P), out[:P]))

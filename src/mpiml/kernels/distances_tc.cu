@@ -28,6 +28,10 @@
 //       block = (feature slab of 64, cluster chunk of MTK x MT, row range), the same one-hot
 //       product over tiles of 128 rows, float64 totals to part[row range][cluster * d + feature].
 //
+//   mpiml_distances_sums_simt<T, VEC>
+//       the same sums by plain float64 adds (warp-private copies in shared memory, X by cp.async):
+//       no k-fold waste where k is large for the one-hot products.
+//
 //   mpiml_tc_pack<T, BN, DK>
 //       the centres in fragment order (`Cp`, the layout of distances.pack_centres, float32 split
 //       into TF32 big and small parts) and their squared norms padded with +inf to nJ x BN.
@@ -633,6 +637,108 @@ mpiml_distances_sums_tc(const T* __restrict__ X, long long n, int d, const T* __
             if constexpr (F32) v = dacc[m][i]; else v = oacc[m][i];
             if (cl < k && f < d) mine[(long long)cl * d + f] = v;
         }
+}
+
+// Sums of a Lloyd step from the labels on the SIMT cores: the sums pass where the one-hot products
+// would multiply k-fold more than they add (measured 7.8 ms at 2 10^6 x 1024, k = 64 float32 against
+// 1.9 ms of reading X).  Block b: feature slab b % n_slabs (32 features, lane = feature), cluster range
+// [k0, k0 + kc) with k0 = ((b / n_slabs) % n_kc) * kc, rows [rows_per_block * split, + rows_per_block)
+// with split = b / (n_slabs * n_kc).  Tiles of BR rows with their labels and weights go to shared
+// memory by cp.async, STAGES deep (bytes in flight, not warps, keep the reads at bandwidth).  Warp w
+// adds rows w, w + 8, ... of a tile to its own float64 copy [kc][32], two rows at a time: their cells
+// differ unless their labels do not, and then the two values are added first.  The block adds its 8
+// copies in order and writes part[split][cluster][feature]; the caller sums the splits in order.
+// Rows past the range are zero-filled (label 0, weight 0: they add zeros).  Deterministic.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(MPIML_TC_THREADS, 1)
+mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* __restrict__ shift,
+                          const int* __restrict__ labels, const T* __restrict__ w, int k, int kc,
+                          long long rows_per_block, double* __restrict__ part)
+{
+    constexpr int THREADS = MPIML_TC_THREADS, WARPS = MPIML_TC_WARPS;
+    constexpr int DS = 32, STAGES = 4;
+    constexpr int BR = sizeof(T) == 4 ? 128 : 64;        // 16 KB of X per stage
+    constexpr int EV = VEC / sizeof(T);
+    constexpr int CPR = DS / EV;
+    static_assert(BR % (2 * WARPS) == 0, "row pairs");
+
+    extern __shared__ __align__(16) unsigned char mpiml_tc_smem[];
+    T* xbuf = reinterpret_cast<T*>(mpiml_tc_smem);             // STAGES x BR x DS
+    T* w_s = xbuf + STAGES * BR * DS;                          // STAGES x BR
+    int* lab_s = reinterpret_cast<int*>(w_s + STAGES * BR);    // STAGES x BR
+    double* acc = reinterpret_cast<double*>(lab_s + STAGES * BR);   // WARPS x kc x DS
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int n_slabs = (d + DS - 1) / DS, n_kc = (k + kc - 1) / kc;
+    const int f0 = (blockIdx.x % n_slabs) * DS, k0 = ((blockIdx.x / n_slabs) % n_kc) * kc;
+    const long long split = blockIdx.x / (n_slabs * n_kc);
+    const long long r_begin = split * rows_per_block;
+    const long long r_end = r_begin + rows_per_block < n ? r_begin + rows_per_block : n;
+    const long long n_tiles = r_end > r_begin ? (r_end - r_begin + BR - 1) / BR : 0;
+    const T sh = (shift != nullptr && f0 + lane < d) ? shift[f0 + lane] : T(0);
+    for (int i = tid; i < WARPS * kc * DS; i += THREADS) acc[i] = 0.0;
+    double* mine = acc + (long long)warp * kc * DS + lane;
+
+    auto stage = [&](long long tl) {
+        const long long r0 = r_begin + tl * BR;
+        const int b = (int)(tl % STAGES);
+        T* xd = xbuf + b * BR * DS;
+        for (int e = tid; e < BR * CPR; e += THREADS) {
+            const int r = e / CPR, ci = e % CPR;
+            const int f = f0 + ci * EV;
+            const long long row = r0 + r;
+            const bool ok = row < r_end && f < d;
+            mpiml_cp_async<VEC>(xd + r * DS + ci * EV, ok ? X + row * d + f : X, ok);
+        }
+        for (int r = tid; r < BR; r += THREADS) {
+            const long long row = r0 + r;
+            const bool ok = row < r_end;
+            mpiml_cp_async<4>(lab_s + b * BR + r, ok ? labels + row : labels, ok);
+            mpiml_cp_async<sizeof(T)>(w_s + b * BR + r, ok ? w + row : w, ok);
+        }
+    };
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < n_tiles) stage(s);
+        mpiml_cp_commit();
+    }
+    for (long long tl = 0; tl < n_tiles; ++tl) {
+        mpiml_cp_wait<STAGES - 2>();
+        __syncthreads();                         // tile tl is in shared memory; tile tl - 1 is done with
+        if (tl + STAGES - 1 < n_tiles) stage(tl + STAGES - 1);
+        mpiml_cp_commit();
+        const int b = (int)(tl % STAGES);
+        const T* xt = xbuf + b * BR * DS + lane;
+        const int* lt = lab_s + b * BR;
+        const T* wt = w_s + b * BR;
+#pragma unroll
+        for (int r = warp; r < BR; r += 2 * WARPS) {
+            const int ra = r, rb = r + WARPS;
+            const int la = lt[ra] - k0, lb = lt[rb] - k0;
+            const bool oa = (unsigned)la < (unsigned)kc, ob = (unsigned)lb < (unsigned)kc;
+            const double va = (double)(xt[ra * DS] - sh) * (double)wt[ra];
+            const double vb = (double)(xt[rb * DS] - sh) * (double)wt[rb];
+            if (la == lb) {
+                if (oa) mine[la * DS] += va + vb;
+            } else {
+                const double a = oa ? mine[la * DS] : 0.0;
+                const double c = ob ? mine[lb * DS] : 0.0;
+                if (oa) mine[la * DS] = a + va;
+                if (ob) mine[lb * DS] = c + vb;
+            }
+        }
+    }
+    mpiml_cp_wait<0>();
+    __syncthreads();
+    double* out = part + split * (long long)k * d;
+    for (int i = tid; i < kc * DS; i += THREADS) {
+        const int cl = k0 + i / DS, f = f0 + i % DS;
+        if (cl >= k || f >= d) continue;
+        double v = 0.0;
+        for (int q = 0; q < WARPS; ++q) v += acc[(long long)q * kc * DS + i];
+        out[(long long)cl * d + f] = v;
+    }
 }
 
 // The centres in the fragment order of mpiml_distances_tc (see distances.pack_centres) and c_sq.

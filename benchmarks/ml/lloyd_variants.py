@@ -1,0 +1,194 @@
+"""The parts of a tensor-core Lloyd step, timed apart and in combination, at the kernel benchmark's shapes.
+
+    python benchmarks/ml/lloyd_variants.py OUTDIR [--shapes all|f32|NAME ...]
+
+Per (n, d, k, dtype), in one process, medians of CUDA events (kernels only):
+
+* ``auto``: ``lloyd_step_packed`` as users get it;
+* ``assign[tile]``: the arg-min kernel alone (``argmin_sqeuclidean``, predict) per tensor-core tile;
+* ``kernel[tile]``: the Lloyd kernel without its sums (``accum="pass"``, sums pass skipped): labels,
+  weights, inertia, changed;
+* ``sums[kind]``: the sums pass alone from the labels: ``simt`` (float64 adds in warp copies), ``mma``
+  (one-hot products on the tensor cores), ``label_sums`` (the SIMT family's column pass, atomics);
+* ``lloyd[tile+kind]``: a whole step of the unfused kernel + a sums pass, and the fused kernels
+  (``smem``, ``mma``); each checked against float64 sums and inertia from its own labels.
+
+Writes OUTDIR/lloyd_variants.json (device, date, command) and prints a table with the floor
+``max(bytes / 4.3 TB/s, 2 n k d / FP rate)`` and each time's ratio to it.
+"""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import cupy as cp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernels_bench import FP, HBM, make, precompile, timed  # noqa: E402
+
+from mpiml.kernels import distances  # noqa: E402
+
+SHAPES = {
+    "1e7x64x64_f32": (10**7, 64, 64, np.float32),
+    "1e7x16x16_f32": (10**7, 16, 16, np.float32),
+    "1e6x256x1024_f32": (10**6, 256, 1024, np.float32),
+    "2e6x1024x64_f32": (2 * 10**6, 1024, 64, np.float32),
+    "1e7x64x64_f64": (10**7, 64, 64, np.float64),
+    "1e7x16x16_f64": (10**7, 16, 16, np.float64),
+    "2e6x1024x64_f64": (2 * 10**6, 1024, 64, np.float64),
+}
+# tensor-core tiles (WMT, BN, DK, MINB) tried for the arg-min kernel and the unfused Lloyd kernel
+TILES = {
+    (64, 64): [None, (1, 64, 64, 2), (1, 64, 64, 1)],
+    (16, 16): [None, (2, 16, 16, 3), (2, 16, 16, 4), (1, 16, 16, 4), (4, 16, 16, 2)],
+    (1024, 256): [None],
+    (64, 1024): [None, (1, 64, 32, 2), (1, 64, 64, 2)],
+}
+SUMS = ("simt", "mma", "label_sums")
+
+
+def _tiles(k, d):
+    return TILES.get((k, d), [None])
+
+
+def _exprs(n, d, k, dt):
+    out = ["mpiml_distances_reduce_partials", f"mpiml_distances_label_sums<{distances._CTYPE[np.dtype(dt)]}, double>"]
+    for tile in _tiles(k, d):
+        for mode, accum in (("assign", None), ("lloyd", "pass"), ("lloyd", "smem"), ("lloyd", "mma")):
+            try:
+                p = distances.tc_plan(dt, k, d, mode=mode, tile=tile, accum=accum)
+                out += [p["expr"], p["pack"]]
+            except ValueError:
+                pass
+    for kind in ("simt", "mma"):
+        out.append(distances.sums_plan(dt, k, d, kind=kind)["expr"])
+    return out
+
+
+def _check(X, shift, w, labels, packed, k, d):
+    """Largest error of the sums (relative to the largest |sum|) against float64 from the step's own labels,
+    and whether the weights per cluster match."""
+    lab = labels.astype(cp.int64)
+    ref_sums = cp.zeros((k, d), cp.float64)
+    step = max(1, (1 << 28) // (d * 8))
+    for s in range(0, X.shape[0], step):
+        Xs = X[s:s + step].astype(cp.float64) - shift.astype(cp.float64)
+        ws = w[s:s + step].astype(cp.float64)
+        cp.add.at(ref_sums, lab[s:s + step], Xs * ws[:, None])
+        del Xs
+    got = packed[:k * d].reshape(k, d)
+    return {"sums_rel_err": float(cp.abs(got - ref_sums).max() / cp.abs(ref_sums).max()),
+            "weights_ok": bool(cp.allclose(packed[k * d:k * d + k],
+                                           cp.bincount(labels, weights=w.astype(cp.float64), minlength=k)))}
+
+
+def run_shape(name, n, d, k, dt, reps=5):
+    X, C0 = make(n, d, k, dt)
+    shift = X[: min(n, 10**6)].mean(0)
+    C = C0 - shift
+    w = cp.ones(n, dtype=dt)
+    labels = cp.full(n, -1, cp.int32)
+    mind = cp.empty(n, dtype=dt)
+    isz = np.dtype(dt).itemsize
+    floor = max(n * d * isz / HBM, 2.0 * n * k * d / FP[np.dtype(dt).name]) * 1e3
+    row = {"name": name, "n": n, "d": d, "k": k, "dtype": np.dtype(dt).name, "floor_ms": floor, "times": {},
+           "checks": {}, "plans": {}}
+    T = row["times"]
+
+    def rec(key, fn, check=False):
+        try:
+            T[key] = timed(fn, reps)
+            if check:
+                out = cp.zeros(k * d + k + 2)
+                fn(out)
+                row["checks"][key] = _check(X, shift, w, labels, out, k, d)
+        except Exception as exc:       # keep the others
+            T[key] = None
+            row["checks"][key] = f"{type(exc).__name__}: {exc}"[:300]
+        print(f"  {name} {key}: {T[key] if T[key] is None else round(T[key], 3)} ms", flush=True)
+
+    buf = cp.zeros(k * d + k + 2)
+
+    def lloyd(tile=None, accum=None, sums=None):
+        def fn(out=buf):
+            out[:] = 0
+            distances._tc_launch(X, C, shift, w, labels, mind, out, lloyd=True, tile=tile, accum=accum, sums=sums)
+        return fn
+
+    def auto(out=buf):
+        out[:] = distances.lloyd_step_packed(X, C, w, shift=shift, labels=labels, mind=mind)
+
+    rec("auto", auto, check=True)
+    row["auto_method"] = distances._method("auto", k, d, dt, True)
+    for tile in _tiles(k, d):
+        tag = "default" if tile is None else ",".join(map(str, tile))
+        rec(f"assign[{tag}]", lambda: distances._tc_launch(X, C, shift, None, labels, mind, buf, lloyd=False,
+                                                           tile=tile))
+        rec(f"kernel[{tag}]", lloyd(tile, "pass", "none"))
+        row["plans"][tag] = {kk: v for kk, v in distances.tc_plan(dt, k, d, mode="lloyd", tile=tile,
+                                                                  accum="pass").items() if kk != "ctype"}
+        regs = distances._function(row["plans"][tag]["expr"]).num_regs
+        row["plans"][tag]["regs"] = int(regs)
+        for kind in ("simt", "mma"):
+            rec(f"lloyd[{tag}+{kind}]", lloyd(tile, "pass", kind), check=True)
+        if d <= 64:
+            for accum in ("smem", "mma"):
+                try:
+                    distances.tc_plan(dt, k, d, mode="lloyd", tile=tile, accum=accum)
+                except ValueError:
+                    continue
+                rec(f"lloyd[{tag}+fused-{accum}]", lloyd(tile, accum), check=True)
+    # the sums passes alone, from the labels of the last step
+    rec("sums[simt]", lambda: distances._sums_pass(X, shift, w, labels, k, buf, kind="simt"))
+    rec("sums[mma]", lambda: distances._sums_pass(X, shift, w, labels, k, buf, kind="mma"))
+    rec("sums[label_sums]", lambda: distances._label_sums(X, shift, w, labels, k, buf, "double"))
+    for kind in ("simt", "mma"):
+        row["plans"][f"sums_{kind}"] = distances.sums_plan(dt, k, d, kind=kind)
+    del X, C, C0, w, labels, mind
+    cp.get_default_memory_pool().free_all_blocks()
+    return row
+
+
+def main(argv):
+    out = argv[0]
+    names = argv[argv.index("--shapes") + 1:] if "--shapes" in argv else ["all"]
+    if names == ["all"]:
+        names = list(SHAPES)
+    elif names == ["f32"]:
+        names = [nm for nm in SHAPES if nm.endswith("f32")]
+    os.makedirs(out, exist_ok=True)
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    result = {"device": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
+              "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+              "command": "python benchmarks/ml/lloyd_variants.py " + " ".join(argv), "rows": []}
+    exprs = []
+    for nm in names:
+        exprs += _exprs(*SHAPES[nm])
+    t0 = time.perf_counter()
+    precompile(exprs)
+    print(f"{result['device']}: compiled {len(set(exprs))} kernels in {time.perf_counter() - t0:.1f} s", flush=True)
+    for nm in names:
+        try:
+            result["rows"].append(run_shape(nm, *SHAPES[nm]))
+        except Exception as exc:
+            result["rows"].append({"name": nm, "error": f"{type(exc).__name__}: {exc}"})
+        with open(os.path.join(out, "lloyd_variants.json"), "w") as f:
+            json.dump(result, f, indent=1, default=str)
+    for r in result["rows"]:
+        if "error" in r:
+            print(f"{r['name']}: {r['error']}")
+            continue
+        print(f"\n{r['name']}  floor {r['floor_ms']:.3f} ms  (auto = {r['auto_method']})")
+        for key, ms in r["times"].items():
+            chk = r["checks"].get(key, "")
+            if isinstance(chk, dict):
+                chk = f"sums err {chk['sums_rel_err']:.1e}{'' if chk['weights_ok'] else '  WEIGHTS WRONG'}"
+            print(f"  {key:<34}{'failed' if ms is None else f'{ms:8.3f} ms {ms / r['floor_ms']:6.2f}x'}  {chk}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
