@@ -99,7 +99,9 @@ def _function(expr, source=None):
     key = (cupy.cuda.runtime.getDevice(), expr)
     fn = _MODULES.get(key)
     if fn is None:
-        mod = cupy.RawModule(code=_source(source), options=("--std=c++17",), name_expressions=[expr])
+        # MPIML_KERNEL_LINEINFO=1: source lines in the binaries, for Nsight Compute's source view
+        opts = ("--std=c++17",) + (("-lineinfo",) if os.environ.get("MPIML_KERNEL_LINEINFO") == "1" else ())
+        mod = cupy.RawModule(code=_source(source), options=opts, name_expressions=[expr])
         fn = mod.get_function(expr)
         _MODULES[key] = fn
     return fn

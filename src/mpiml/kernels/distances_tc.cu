@@ -645,8 +645,8 @@ mpiml_distances_sums_tc(const T* __restrict__ X, long long n, int d, const T* __
 // [k0, k0 + kc) with k0 = ((b / n_slabs) % n_kc) * kc, rows [rows_per_block * split, + rows_per_block)
 // with split = b / (n_slabs * n_kc).  Tiles of BR rows with their labels and weights go to shared
 // memory by cp.async, STAGES deep (bytes in flight, not warps, keep the reads at bandwidth).  Warp w
-// adds rows w, w + 8, ... of a tile to its own float64 copy [kc][32], two rows at a time: their cells
-// differ unless their labels do not, and then the two values are added first.  The block adds its 8
+// loads rows w, w + 8, ... of a tile into registers, then adds them to its own float64 copy [kc][32], two
+// rows at a time: their cells differ unless their labels are equal, and then the two values are added first.  The block adds its 8
 // copies in order and writes part[split][cluster][feature]; the caller sums the splits in order.
 // Rows past the range are zero-filled (label 0, weight 0: they add zeros).  Deterministic.
 template <typename T, int VEC>
@@ -712,20 +712,28 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
         const T* xt = xbuf + b * BR * DS + lane;
         const int* lt = lab_s + b * BR;
         const T* wt = w_s + b * BR;
+        // this warp's rows of the tile into registers first: the adds below may alias the tile as far as
+        // the compiler knows (one shared array), so loads after them would wait for every store
+        constexpr int RW = BR / WARPS;
+        int lab[RW];
+        double val[RW];
 #pragma unroll
-        for (int r = warp; r < BR; r += 2 * WARPS) {
-            const int ra = r, rb = r + WARPS;
-            const int la = lt[ra] - k0, lb = lt[rb] - k0;
+        for (int u = 0; u < RW; ++u) {
+            const int r = warp + u * WARPS;
+            lab[u] = lt[r] - k0;
+            val[u] = (double)(xt[r * DS] - sh) * (double)wt[r];
+        }
+#pragma unroll
+        for (int u = 0; u < RW; u += 2) {
+            const int la = lab[u], lb = lab[u + 1];
             const bool oa = (unsigned)la < (unsigned)kc, ob = (unsigned)lb < (unsigned)kc;
-            const double va = (double)(xt[ra * DS] - sh) * (double)wt[ra];
-            const double vb = (double)(xt[rb * DS] - sh) * (double)wt[rb];
             if (la == lb) {
-                if (oa) mine[la * DS] += va + vb;
+                if (oa) mine[la * DS] += val[u] + val[u + 1];
             } else {
                 const double a = oa ? mine[la * DS] : 0.0;
                 const double c = ob ? mine[lb * DS] : 0.0;
-                if (oa) mine[la * DS] = a + va;
-                if (ob) mine[lb * DS] = c + vb;
+                if (oa) mine[la * DS] = a + val[u];
+                if (ob) mine[lb * DS] = c + val[u + 1];
             }
         }
     }
