@@ -92,8 +92,19 @@ def test_tc_plans():
     assert p["fused"] and p["groups"] == 16 and p["WMT"] == 2
     p = distances.tc_plan(np.float64, 64, 64, accum="mma")
     assert p["fused"] and p["MTK"] == 8 and p["BM"] == 128
-    p = distances.tc_plan(np.float64, 64, 64)
+    p = distances.tc_plan(np.float64, 64, 64, accum="smem")
     assert p["fused"] and p["MTK"] == -1 and p["groups"] >= 2
+    # float64 from k = 17 on, and every arg-min of 64 centres: the lean kernel (one m-tile a warp, two blocks
+    # an SM), float64 sums by the SIMT pass
+    p = distances.tc_plan(np.float64, 64, 64)
+    assert not p["fused"] and p["accum"] == "pass" and (p["WMT"], p["MINB"], p["BM"]) == (1, 2, 64)
+    assert 2 * (p["smem"] + 1024) <= 228 * 1024
+    p = distances.tc_plan(np.float32, 64, 64, mode="assign")
+    assert (p["WMT"], p["MINB"], p["BM"]) == (1, 2, 128)
+    p = distances.tc_plan(np.float32, 64, 1024)
+    assert not p["fused"] and (p["WMT"], p["MINB"]) == (2, 1)     # float32 Lloyd: the two-m-tile kernel
+    p = distances.tc_plan(np.float64, 16, 16)
+    assert p["fused"] and p["accum"] == "mma" and p["WMT"] == 4
     p = distances.tc_plan(np.float32, 65, 64)
     assert p["fused"] and p["nJ"] == 2               # copies in shared memory take any k that fits
     assert not distances.tc_plan(np.float32, 1024, 256)["fused"]

@@ -426,8 +426,11 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
     dk = 16 if d <= 16 else 32 if d <= 32 else 64 if d <= 64 else 32
     dk = min(dk, dk_max)
     # one-hot products where k is small (measured faster at k = 16: 0.69 vs 0.74 ms float32, 1.00 vs 1.04 ms
-    # float64 at 10^7 x 16), shared-memory copies above (3.6 vs 4.2 ms at 10^7 x 64, k = 64)
-    accum = accum or ("mma" if k <= 16 else _TC_ACCUM)
+    # float64 at 10^7 x 16), shared-memory copies above for float32 (3.6 vs 4.2 ms at 10^7 x 64, k = 64), the
+    # SIMT sums pass after a lean kernel for float64 (5.83 vs 6.90 ms there; lloyd_variants_h200_2026-11-24.json)
+    accum = accum or ("mma" if k <= 16 else _TC_ACCUM if f32 else "pass")
+    if tile is None and not f32 and bn == 16:
+        wmt = 4          # float64, k <= 16: 32 rows a warp (assign 0.46 vs 0.55 ms, Lloyd 0.96 vs 1.00 at 10^7 x 16)
     if accum not in ("smem", "mma", "pass"):
         raise ValueError(f"accum must be 'smem', 'mma' or 'pass', got {accum!r}")
     if tile is not None:
@@ -477,7 +480,16 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
             if fused:
                 break
     # two blocks per SM (at most 128 registers a thread) where the tile is small: more rows in flight
-    minb = 2 if (bn <= 32 and dk <= 32 and 2 * (smem + 1024) <= _smem_per_block(1) + _ACC_BUDGET_PAD) else 1
+    two = _smem_per_block(1) + _ACC_BUDGET_PAD
+    minb = 2 if (bn <= 32 and dk <= 32 and 2 * (smem + 1024) <= two) else 1
+    if tile is None and not fused and bn == 64 and k <= 64 and (not f32 or not lloyd):
+        # 33-64 centres without fused sums (arg-min; float64 Lloyd steps): one m-tile a warp, two blocks an SM.
+        # Measured on an H200: 10^7 x 64 assign 1.79 vs 1.83 ms (float32), 3.73 vs 3.93 (float64); float64
+        # Lloyd kernel 4.06 vs 4.40 ms, and 12.1 vs 13.4 ms at 2 10^6 x 1024 (float32 Lloyd there: 6.4 vs 6.2,
+        # so not for float32)
+        lay = layout(1, dk)
+        if 2 * (lay[4] + 1024) <= two:
+            wmt, (nF, nJ, bm, xs, smem), minb = 1, lay, 2
     if tile is not None and len(tile) > 3:
         minb = tile[3]
     ctype = _CTYPE[dtype]
