@@ -8,7 +8,8 @@ Per (n, d, k, dtype), in one process, medians of CUDA events (kernels only):
 * ``assign[tile]``: the arg-min kernel alone (``argmin_sqeuclidean``, predict) per tensor-core tile;
 * ``kernel[tile]``: the Lloyd kernel without its sums (``accum="pass"``, sums pass skipped): labels,
   weights, inertia, changed;
-* ``sums[kind]``: the sums pass alone from the labels: ``simt`` (float64 adds in warp copies), ``mma``
+* ``sums[kind]``: the sums pass alone from the labels: ``simt`` (adds in warp copies: float32 flushed to
+  float64 for float32 data), ``simt64`` (float64 copies), ``mma``
   (one-hot products on the tensor cores), ``label_sums`` (the SIMT family's column pass, atomics);
 * ``lloyd[tile+kind]``: a whole step of the unfused kernel + a sums pass, and the fused kernels
   (``smem``, ``mma``); each checked against float64 sums and inertia from its own labels.
@@ -47,7 +48,6 @@ TILES = {
     (1024, 256): [None],
     (64, 1024): [None, (1, 64, 32, 2), (1, 64, 64, 2)],
 }
-SUMS = ("simt", "mma", "label_sums")
 
 
 def _tiles(k, d):
@@ -63,7 +63,7 @@ def _exprs(n, d, k, dt):
                 out += [p["expr"], p["pack"]]
             except ValueError:
                 pass
-    for kind in ("simt", "mma"):
+    for kind in ("simt", "simt64", "mma"):
         out.append(distances.sums_plan(dt, k, d, kind=kind)["expr"])
     return out
 
@@ -142,10 +142,10 @@ def run_shape(name, n, d, k, dt, reps=5):
                     continue
                 rec(f"lloyd[{tag}+fused-{accum}]", lloyd(tile, accum), check=True)
     # the sums passes alone, from the labels of the last step
-    rec("sums[simt]", lambda: distances._sums_pass(X, shift, w, labels, k, buf, kind="simt"))
-    rec("sums[mma]", lambda: distances._sums_pass(X, shift, w, labels, k, buf, kind="mma"))
+    for kind in ("simt", "simt64", "mma"):
+        rec(f"sums[{kind}]", lambda kind=kind: distances._sums_pass(X, shift, w, labels, k, buf, kind=kind))
     rec("sums[label_sums]", lambda: distances._label_sums(X, shift, w, labels, k, buf, "double"))
-    for kind in ("simt", "mma"):
+    for kind in ("simt", "simt64", "mma"):
         row["plans"][f"sums_{kind}"] = distances.sums_plan(dt, k, d, kind=kind)
     del X, C, C0, w, labels, mind
     cp.get_default_memory_pool().free_all_blocks()

@@ -352,12 +352,13 @@ def test_lloyd_step_spmd_with_empty_shard(mpi, n):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("kind", ["simt", "mma"])
+@pytest.mark.parametrize("kind", ["simt", "simt64", "mma"])
 @pytest.mark.parametrize("n,d,k", [(1, 1, 1), (129, 33, 5), (20011, 64, 64), (5000, 65, 100), (3000, 1030, 7),
-                                   (777, 6, 300)])
+                                   (777, 6, 300), (300007, 8, 3)])
 def test_sums_pass_matches_float64_and_repeats_its_bits(n, d, k, dtype, kind):
     """The sums passes alone: partial tiles of rows, a partial last slab of features, several cluster ranges
-    (k = 300 > the 78 or 79 clusters of one SIMT block), empty clusters; the same bits twice."""
+    (k = 300 > the clusters of one SIMT block), empty clusters, float32 copies flushed many times (300007 rows
+    in 3 clusters: thousands of values a cell); the same bits twice."""
     import cupy as cp
 
     from mpiml.kernels import distances

@@ -120,10 +120,18 @@ def test_tc_plans():
     assert s["KC"] == 128 and s["expr"] == "mpiml_distances_sums_tc<float, 8, 16>"
     assert distances.sums_plan(np.float64, 5, 3, kind="mma")["expr"] == "mpiml_distances_sums_tc<double, 1, 8>"
     # the SIMT pass: 8 warp copies of kc x 32 float64 cells and 4 stages of 16 KB of X in one block's memory
+    # float32: 8 float32 copies, a float64 total and 3 stages of 64 rows, two blocks an SM up to k = 69
     s = distances.sums_plan(np.float32, 64, 64, kind="simt")
-    assert s["KC"] == 64 and s["DS"] == 32 and s["expr"] == "mpiml_distances_sums_simt<float, 16>"
-    assert s["smem"] == 4 * 128 * (32 * 4 + 8) + 8 * 64 * 32 * 8 <= 227 * 1024
+    assert s["KC"] == 64 and s["DS"] == 32 and s["expr"] == "mpiml_distances_sums_simt<float, float, 16>"
+    assert s["smem"] == 3 * 64 * (32 * 4 + 8) + 64 * 32 * 8 + 8 * 64 * 32 * 4 and s["per_sm"] == 2
+    assert 2 * (s["smem"] + 1024) <= 228 * 1024
+    s = distances.sums_plan(np.float32, 100, 64, kind="simt")
+    assert s["KC"] == 100 and s["per_sm"] == 1 and s["smem"] <= 227 * 1024
+    s = distances.sums_plan(np.float32, 64, 64, kind="simt64")
+    assert s["expr"] == "mpiml_distances_sums_simt<float, double, 16>"
+    assert s["smem"] == 4 * 128 * (32 * 4 + 8) + 8 * 64 * 32 * 8 <= 227 * 1024 and s["per_sm"] == 1
     s = distances.sums_plan(np.float64, 4100, 3, kind="simt")
-    assert 1 <= s["KC"] < 4100 and s["smem"] <= 227 * 1024 and s["expr"] == "mpiml_distances_sums_simt<double, 8>"
+    assert 1 <= s["KC"] < 4100 and s["smem"] <= 227 * 1024
+    assert s["expr"] == "mpiml_distances_sums_simt<double, double, 8>"
     with pytest.raises(ValueError, match="kind"):
         distances.sums_plan(np.float32, 4, 4, kind="atomic")

@@ -551,25 +551,35 @@ def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=Non
 def sums_plan(dtype, k, d, vw=None, kind=None):
     """The sums pass of the tensor-core path (the Lloyd sums from the labels, when not fused).
 
-    ``kind``: ``"simt"`` (float64 adds in warp-private copies, ``mpiml_distances_sums_simt``) or ``"mma"``
-    (one-hot products on the tensor cores, ``mpiml_distances_sums_tc``); default ``_TC_SUMS``.  Returns
-    the slab of features (``DS``) and the cluster range (``KC``) of a block, rows per tile, shared memory,
-    blocks per SM and the kernel name.
+    ``kind``: ``"simt"`` (plain adds in warp-private copies, ``mpiml_distances_sums_simt``: float32 copies
+    flushed to float64 for float32 data, float64 copies for float64), ``"simt64"`` (float64 copies for
+    either) or ``"mma"`` (one-hot products on the tensor cores, ``mpiml_distances_sums_tc``); default
+    ``_TC_SUMS``.  Returns the slab of features (``DS``) and the cluster range (``KC``) of a block, rows
+    per tile, shared memory, blocks per SM and the kernel name.
     """
     dtype = np.dtype(dtype)
     isz = dtype.itemsize
     f32 = dtype == np.float32
     kind = kind or _TC_SUMS
-    if kind not in ("simt", "mma"):
-        raise ValueError(f"kind must be 'simt' or 'mma', got {kind!r}")
+    if kind not in ("simt", "simt64", "mma"):
+        raise ValueError(f"kind must be 'simt', 'simt64' or 'mma', got {kind!r}")
     if vw is None:
         vw = 16 // isz if d % (16 // isz) == 0 else 1
-    if kind == "simt":
-        rows, stages, ds = (128 if f32 else 64), 4, 32
+    if kind in ("simt", "simt64"):
+        # the layout of mpiml_distances_sums_simt: [float64 total (float32 copies only) | STAGES x BR rows of
+        # 32 features, labels, weights | 8 copies of kc x 32]
+        narrow = f32 and kind == "simt"
+        ds = 32
+        rows, stages = (64, 3) if narrow else (16384 // (ds * isz), 4)
         fixed = stages * rows * (ds * isz + isz + 4)
-        kc = int(max(1, min(k, (_smem_per_block(1) - fixed) // (8 * ds * 8))))
-        return {"kind": kind, "DS": ds, "KC": kc, "VEC": vw * isz, "smem": fixed + 8 * kc * ds * 8, "rows": rows,
-                "per_sm": 1, "expr": f"mpiml_distances_sums_simt<{_CTYPE[dtype]}, {vw * isz}>"}
+        per_kc = ds * 8 + 8 * ds * 4 if narrow else 8 * ds * 8
+        kc, per_sm = (_smem_per_block(2) - fixed) // per_kc, 2
+        if not narrow or k > kc:          # one block an SM: more clusters a pass
+            kc, per_sm = (_smem_per_block(1) - fixed) // per_kc, 1
+        kc = int(max(1, min(k, kc)))
+        acc = "float" if narrow else "double"
+        return {"kind": kind, "DS": ds, "KC": kc, "VEC": vw * isz, "smem": fixed + kc * per_kc, "rows": rows,
+                "per_sm": per_sm, "expr": f"mpiml_distances_sums_simt<{_CTYPE[dtype]}, {acc}, {vw * isz}>"}
     mt = 16 if f32 else 8
     mtk = min(8, -(-k // mt))
     rows = _TC_SUMS_ROWS
@@ -596,7 +606,7 @@ def _sums_pass(X, shift, w, labels, k, out, kind=None):
         fn.max_dynamic_shared_size_bytes = plan["smem"]
     head = (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, labels, w, np.int32(k))
     tail = (np.int64(per_block), part)
-    fn((n_slabs * n_kc * splits,), (_THREADS,), head + ((np.int32(plan["KC"]),) if plan["kind"] == "simt" else ())
+    fn((n_slabs * n_kc * splits,), (_THREADS,), head + ((np.int32(plan["KC"]),) if plan["kind"] != "mma" else ())
        + tail, shared_mem=plan["smem"])
     red = _function("mpiml_distances_reduce_partials")
     P = k * d

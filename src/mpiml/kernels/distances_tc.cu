@@ -28,8 +28,8 @@
 //       block = (feature slab of 64, cluster chunk of MTK x MT, row range), the same one-hot
 //       product over tiles of 128 rows, float64 totals to part[row range][cluster * d + feature].
 //
-//   mpiml_distances_sums_simt<T, VEC>
-//       the same sums by plain float64 adds (warp-private copies in shared memory, X by cp.async):
+//   mpiml_distances_sums_simt<T, A, VEC>
+//       the same sums by plain adds (warp-private copies of type A in shared memory, X by cp.async):
 //       no k-fold waste where k is large for the one-hot products.
 //
 //   mpiml_tc_pack<T, BN, DK>
@@ -235,6 +235,10 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
     for (int m = 0; m < WMT; ++m)
 #pragma unroll
         for (int h = 0; h < H; ++h) { best[m][h] = P::inf(); bidx[m][h] = 0x7fffffff; xsq[m][h] = T(0); }
+    constexpr int KWR = (BN + 31) / 32;          // clusters of a lane in the weights count (k <= BN)
+    double wcnt[MODE == 1 ? KWR : 1];
+#pragma unroll
+    for (int q = 0; q < (MODE == 1 ? KWR : 1); ++q) wcnt[q] = 0.0;
     T oacc[MTK > 0 ? MTK : 1][AN];
     double dacc[F32 && MTK > 0 ? MTK : 1][AN];
 #pragma unroll
@@ -405,9 +409,21 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
                     xsq[m][h] = T(0);
                 }
             if constexpr (MODE == 1) {
-                __syncthreads();
-                // weights per cluster: thread (row stride c, cluster j) owns cnt_s[c * k + j]
-                if (k <= THREADS) {
+                if (nJ == 1) {
+                    // weights per cluster from this warp's rows (k <= BN): lane owns clusters lane + 32 q in
+                    // float64 registers, the rows added in order; no block barrier where nothing else needs one
+                    __syncwarp();
+                    for (int r = warp * WM; r < warp * WM + WM; ++r) {
+                        const int l = lab_s[r];
+                        const double wv = (double)w_s[r];
+#pragma unroll
+                        for (int q = 0; q < KWR; ++q)
+                            if (l == lane + 32 * q) wcnt[q] += wv;
+                    }
+                }
+                if (MTK != 0 || nJ != 1) __syncthreads();
+                // otherwise: thread (row stride c, cluster j) owns cnt_s[c * k + j]
+                if (nJ != 1 && k <= THREADS) {
                     if (tid < CH * k) {
                         const int j = tid % k, c = tid / k;
                         T sw[4] = {T(0), T(0), T(0), T(0)};
@@ -419,7 +435,7 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
                         for (; r < BM; r += CH) sw[0] += lab_s[r] == j ? w_s[r] : T(0);
                         cnt_s[c * k + j] += (double)((sw[0] + sw[1]) + (sw[2] + sw[3]));
                     }
-                } else {
+                } else if (nJ != 1) {
                     for (int j = tid; j < k; j += THREADS) {
                         T sw = T(0);
                         for (int r = 0; r < BM; ++r) sw += lab_s[r] == j ? w_s[r] : T(0);
@@ -491,6 +507,20 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
         const long long PP = SUMS + k + 2;
         double* mine = part + (long long)blockIdx.x * PP;
         __syncthreads();
+        if (nJ == 1) {
+            // the warps' weight counts meet in shared memory (the X buffers are free now), added in warp order
+            double* ws = reinterpret_cast<double*>(xbuf);
+#pragma unroll
+            for (int q = 0; q < KWR; ++q)
+                if (lane + 32 * q < k) ws[warp * k + lane + 32 * q] = wcnt[q];
+            __syncthreads();
+            for (int j = tid; j < k; j += THREADS) {
+                double v = 0.0;
+                for (int q = 0; q < MPIML_TC_WARPS; ++q) v += ws[q * k + j];
+                mine[SUMS + j] = v;
+            }
+            __syncthreads();                         // before the sums below take the X buffers
+        }
         if constexpr (MTK > 0) {
             // the row groups' sums meet in shared memory (the X buffers are free now), added in a fixed order
             constexpr int KP = MTK * MT;
@@ -522,7 +552,7 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
                 mine[i] = v;
             }
         }
-        for (int j = tid; j < k; j += THREADS) {
+        for (int j = tid; j < k && nJ != 1; j += THREADS) {
             double v = 0.0;
             for (int c = 0; c < CH; ++c) v += cnt_s[c * k + j];
             mine[SUMS + j] = v;
@@ -645,28 +675,35 @@ mpiml_distances_sums_tc(const T* __restrict__ X, long long n, int d, const T* __
 // [k0, k0 + kc) with k0 = ((b / n_slabs) % n_kc) * kc, rows [rows_per_block * split, + rows_per_block)
 // with split = b / (n_slabs * n_kc).  Tiles of BR rows with their labels and weights go to shared
 // memory by cp.async, STAGES deep (bytes in flight, not warps, keep the reads at bandwidth).  Warp w
-// loads rows w, w + 8, ... of a tile into registers, then adds them to its own float64 copy [kc][32], two
-// rows at a time: their cells differ unless their labels are equal, and then the two values are added first.  The block adds its 8
-// copies in order and writes part[split][cluster][feature]; the caller sums the splits in order.
-// Rows past the range are zero-filled (label 0, weight 0: they add zeros).  Deterministic.
-template <typename T, int VEC>
-__global__ void __launch_bounds__(MPIML_TC_THREADS, 1)
+// loads rows w, w + 8, ... of a tile into registers, then adds them to its own copy [kc][32] of type A,
+// two rows at a time: their cells differ unless their labels are equal, and then the two values are
+// added first.  A = float (float32 data): the copies are half the size (two blocks an SM) and the adds
+// need no conversion; every FLUSH tiles the block adds them to a float64 total [kc][32] (at most
+// FLUSH * BR / 8 values meet in a float32 cell).  The block adds its copies in order and writes
+// part[split][cluster][feature]; the caller sums the splits in order.  Rows past the range are
+// zero-filled (label 0, weight 0: they add zeros).  Deterministic.
+template <typename T, typename A, int VEC>
+__global__ void __launch_bounds__(MPIML_TC_THREADS, sizeof(A) == 4 ? 2 : 1)
 mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* __restrict__ shift,
                           const int* __restrict__ labels, const T* __restrict__ w, int k, int kc,
                           long long rows_per_block, double* __restrict__ part)
 {
+    constexpr bool NARROW = sizeof(A) == 4;
     constexpr int THREADS = MPIML_TC_THREADS, WARPS = MPIML_TC_WARPS;
-    constexpr int DS = 32, STAGES = 4;
-    constexpr int BR = sizeof(T) == 4 ? 128 : 64;        // 16 KB of X per stage
+    constexpr int DS = 32, FLUSH = 16;
+    constexpr int STAGES = NARROW ? 3 : 4;
+    constexpr int BR = NARROW ? 64 : 16384 / (DS * sizeof(T));     // 8 or 16 KB of X per stage
     constexpr int EV = VEC / sizeof(T);
     constexpr int CPR = DS / EV;
-    static_assert(BR % (2 * WARPS) == 0, "row pairs");
+    constexpr int RW = BR / WARPS;                                  // rows of a warp per tile
+    static_assert(RW % 2 == 0, "row pairs");
 
     extern __shared__ __align__(16) unsigned char mpiml_tc_smem[];
-    T* xbuf = reinterpret_cast<T*>(mpiml_tc_smem);             // STAGES x BR x DS
-    T* w_s = xbuf + STAGES * BR * DS;                          // STAGES x BR
-    int* lab_s = reinterpret_cast<int*>(w_s + STAGES * BR);    // STAGES x BR
-    double* acc = reinterpret_cast<double*>(lab_s + STAGES * BR);   // WARPS x kc x DS
+    double* tot = reinterpret_cast<double*>(mpiml_tc_smem);        // kc x DS (NARROW)
+    T* xbuf = reinterpret_cast<T*>(tot + (NARROW ? kc * DS : 0));   // STAGES x BR x DS
+    T* w_s = xbuf + STAGES * BR * DS;                               // STAGES x BR
+    int* lab_s = reinterpret_cast<int*>(w_s + STAGES * BR);         // STAGES x BR
+    A* acc = reinterpret_cast<A*>(lab_s + STAGES * BR);             // WARPS x kc x DS
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int n_slabs = (d + DS - 1) / DS, n_kc = (k + kc - 1) / kc;
@@ -676,8 +713,11 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
     const long long r_end = r_begin + rows_per_block < n ? r_begin + rows_per_block : n;
     const long long n_tiles = r_end > r_begin ? (r_end - r_begin + BR - 1) / BR : 0;
     const T sh = (shift != nullptr && f0 + lane < d) ? shift[f0 + lane] : T(0);
-    for (int i = tid; i < WARPS * kc * DS; i += THREADS) acc[i] = 0.0;
-    double* mine = acc + (long long)warp * kc * DS + lane;
+    for (int i = tid; i < WARPS * kc * DS; i += THREADS) acc[i] = A(0);
+    if constexpr (NARROW) {
+        for (int i = tid; i < kc * DS; i += THREADS) tot[i] = 0.0;
+    }
+    A* mine = acc + (long long)warp * kc * DS + lane;
 
     auto stage = [&](long long tl) {
         const long long r0 = r_begin + tl * BR;
@@ -697,12 +737,26 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
             mpiml_cp_async<sizeof(T)>(w_s + b * BR + r, ok ? w + row : w, ok);
         }
     };
+    // the float32 copies into the float64 total, cell by cell in copy order (every thread, after a barrier)
+    auto flush = [&]() {
+        __syncthreads();
+        for (int i = tid; i < kc * DS; i += THREADS) {
+            double v = tot[i];
+#pragma unroll
+            for (int q = 0; q < WARPS; ++q) {
+                v += (double)acc[q * kc * DS + i];
+                acc[q * kc * DS + i] = A(0);
+            }
+            tot[i] = v;
+        }
+    };
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < n_tiles) stage(s);
         mpiml_cp_commit();
     }
+    int since = 0;
     for (long long tl = 0; tl < n_tiles; ++tl) {
         mpiml_cp_wait<STAGES - 2>();
         __syncthreads();                         // tile tl is in shared memory; tile tl - 1 is done with
@@ -714,14 +768,13 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
         const T* wt = w_s + b * BR;
         // this warp's rows of the tile into registers first: the adds below may alias the tile as far as
         // the compiler knows (one shared array), so loads after them would wait for every store
-        constexpr int RW = BR / WARPS;
         int lab[RW];
-        double val[RW];
+        A val[RW];
 #pragma unroll
         for (int u = 0; u < RW; ++u) {
             const int r = warp + u * WARPS;
             lab[u] = lt[r] - k0;
-            val[u] = (double)(xt[r * DS] - sh) * (double)wt[r];
+            val[u] = (A)(xt[r * DS] - sh) * (A)wt[r];
         }
 #pragma unroll
         for (int u = 0; u < RW; u += 2) {
@@ -730,21 +783,30 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
             if (la == lb) {
                 if (oa) mine[la * DS] += val[u] + val[u + 1];
             } else {
-                const double a = oa ? mine[la * DS] : 0.0;
-                const double c = ob ? mine[lb * DS] : 0.0;
-                if (oa) mine[la * DS] = a + val[u];
-                if (ob) mine[lb * DS] = c + val[u + 1];
+                const A x0 = oa ? mine[la * DS] : A(0);
+                const A x1 = ob ? mine[lb * DS] : A(0);
+                if (oa) mine[la * DS] = x0 + val[u];
+                if (ob) mine[lb * DS] = x1 + val[u + 1];
+            }
+        }
+        if constexpr (NARROW) {
+            if (++since == FLUSH) {
+                since = 0;
+                flush();                         // the next adds come after the next tile's barrier
             }
         }
     }
     mpiml_cp_wait<0>();
+    if constexpr (NARROW) flush();
     __syncthreads();
     double* out = part + split * (long long)k * d;
     for (int i = tid; i < kc * DS; i += THREADS) {
         const int cl = k0 + i / DS, f = f0 + i % DS;
         if (cl >= k || f >= d) continue;
-        double v = 0.0;
-        for (int q = 0; q < WARPS; ++q) v += acc[(long long)q * kc * DS + i];
+        double v = NARROW ? tot[i] : 0.0;
+        if constexpr (!NARROW) {
+            for (int q = 0; q < WARPS; ++q) v += (double)acc[(long long)q * kc * DS + i];
+        }
         out[(long long)cl * d + f] = v;
     }
 }
