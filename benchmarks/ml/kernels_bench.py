@@ -361,13 +361,14 @@ def main(argv):
         exprs.append(f"mpiml_distances_label_sums<{distances._CTYPE[np.dtype(dt)]}, float>")
         exprs.append(f"mpiml_distances_argmin_gemm<{distances._CTYPE[np.dtype(dt)]}>")
         for tile in [None] + (TC_SWEEP.get((n, d, k, np.dtype(dt).name), []) if sweep or tc_sweep else []):
-            for mode, accum in (("lloyd", "smem"), ("lloyd", "mma"), ("assign", None)):
+            for mode, accum in (("lloyd", None), ("lloyd", "smem"), ("lloyd", "mma"), ("assign", None)):
                 try:
                     tp = distances.tc_plan(dt, k, d, mode=mode, tile=tile, accum=accum)
                     exprs += [tp["expr"], tp["pack"]]
                 except ValueError:
                     pass
         exprs.append(distances.sums_plan(dt, k, d)["expr"])
+        exprs.append(distances.sums_plan(dt, k, d, kind="mma")["expr"])
     for kk in (16, 32, 64):               # the k-means|| candidate sets of the fit
         exprs.append(distances.tc_plan(np.float32, kk, 64, mode="assign")["expr"])
         exprs.append(distances.kernel_plan(np.float32, kk, 64, mode="assign")["expr"])

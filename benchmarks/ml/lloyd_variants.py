@@ -12,7 +12,8 @@ Per (n, d, k, dtype), in one process, medians of CUDA events (kernels only):
   float64 for float32 data), ``simt64`` (float64 copies), ``mma``
   (one-hot products on the tensor cores), ``label_sums`` (the SIMT family's column pass, atomics);
 * ``lloyd[tile+kind]``: a whole step of the unfused kernel + a sums pass, and the fused kernels
-  (``smem``, ``mma``); each checked against float64 sums and inertia from its own labels.
+  (``smem``, ``mma``); each checked against float64 sums from its own labels and its weights per cluster.
+  From k = 256 on also ``lloyd[tile+label]`` (the SIMT family's column pass, one pass for any k).
 
 Writes OUTDIR/lloyd_variants.json (device, date, command) and prints a table with the floor
 ``max(bytes / 4.3 TB/s, 2 n k d / FP rate)`` and each time's ratio to it.
@@ -45,7 +46,7 @@ SHAPES = {
 TILES = {
     (64, 64): [None, (1, 64, 64, 2), (1, 64, 64, 1)],
     (16, 16): [None, (2, 16, 16, 3), (2, 16, 16, 4), (1, 16, 16, 4), (4, 16, 16, 2)],
-    (1024, 256): [None],
+    (1024, 256): [None, (1, 64, 32, 2), (2, 64, 64, 1), (1, 64, 64, 1)],
     (64, 1024): [None, (1, 64, 32, 2), (1, 64, 64, 2)],
 }
 
@@ -55,7 +56,9 @@ def _tiles(k, d):
 
 
 def _exprs(n, d, k, dt):
-    out = ["mpiml_distances_reduce_partials", f"mpiml_distances_label_sums<{distances._CTYPE[np.dtype(dt)]}, double>"]
+    ct = distances._CTYPE[np.dtype(dt)]
+    out = ["mpiml_distances_reduce_partials", f"mpiml_distances_label_sums<{ct}, double>",
+           f"mpiml_distances_label_sums<{ct}, float>", f"mpiml_distances_argmin_gemm<{ct}>"]
     for tile in _tiles(k, d):
         for mode, accum in (("assign", None), ("lloyd", "pass"), ("lloyd", "smem"), ("lloyd", "mma")):
             try:
@@ -132,7 +135,7 @@ def run_shape(name, n, d, k, dt, reps=5):
                                                                   accum="pass").items() if kk != "ctype"}
         regs = distances._function(row["plans"][tag]["expr"]).num_regs
         row["plans"][tag]["regs"] = int(regs)
-        for kind in ("simt", "mma"):
+        for kind in ("simt", "mma") + (("label",) if k >= 256 else ()):
             rec(f"lloyd[{tag}+{kind}]", lloyd(tile, "pass", kind), check=True)
         if d <= 64:
             for accum in ("smem", "mma"):
@@ -186,7 +189,8 @@ def main(argv):
             chk = r["checks"].get(key, "")
             if isinstance(chk, dict):
                 chk = f"sums err {chk['sums_rel_err']:.1e}{'' if chk['weights_ok'] else '  WEIGHTS WRONG'}"
-            print(f"  {key:<34}{'failed' if ms is None else f'{ms:8.3f} ms {ms / r['floor_ms']:6.2f}x'}  {chk}")
+            took = "failed" if ms is None else f"{ms:8.3f} ms {ms / r['floor_ms']:6.2f}x"
+            print(f"  {key:<34}{took}  {chk}")
     return 0
 
 

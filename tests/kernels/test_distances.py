@@ -155,7 +155,7 @@ def test_tc_pack_kernel_matches_numpy(k, d, bn, dk, dtype):
                                         (30011, 16, 16, (4, 16, 16, 1)), (3001, 9, 3, (2, 16, 16, 1)),
                                         (70001, 64, 64, (1, 64, 64, 2)), (9000, 40, 100, None),
                                         (30011, 16, 16, (2, 16, 16, 4))])
-@pytest.mark.parametrize("accum", ["smem", "mma", "pass", "pass-mma"])
+@pytest.mark.parametrize("accum", ["smem", "mma", "pass", "pass-mma", "pass-label"])
 def test_tc_lloyd_against_float64(n, d, k, tile, dtype, accum):
     """The tensor-core step (fused sums, sums pass, several chunks of d and k, other tiles) against float64,
     with data away from the origin (the shift matters) and float32 labels checked except at near ties."""
@@ -174,10 +174,11 @@ def test_tc_lloyd_against_float64(n, d, k, tile, dtype, accum):
     labels = cp.full(n, -1, cp.int32)
     mind = cp.empty(n, dtype)
     out = cp.zeros(k * d + k + 2)
-    # "pass": the SIMT sums pass (float64 adds), "pass-mma": the one-hot sums pass on the tensor cores
+    # "pass": the SIMT sums pass, "pass-mma": the one-hot sums pass on the tensor cores, "pass-label": the
+    # SIMT family's column pass
     plan = distances._tc_launch(Xd, cp.asarray(Cs), cp.asarray(shift), cp.asarray(w), labels, mind, out,
                                 lloyd=True, tile=tile, accum=accum.split("-")[0],
-                                sums="mma" if accum == "pass-mma" else "simt")
+                                sums=accum.split("-")[1] if "-" in accum else "simt")
     lab = labels.get()
     X64 = X.astype(np.float64) - shift.astype(np.float64)
     C64 = Cs.astype(np.float64)

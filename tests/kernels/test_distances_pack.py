@@ -82,8 +82,10 @@ def test_tc_plans():
     p = distances.tc_plan(np.float32, 64, 64, accum="mma")
     assert p["fused"] and p["MTK"] == 4 and p["nF"] == 1 and p["nJ"] == 1 and p["BM"] == 256
     assert p["expr"] == "mpiml_distances_tc<float, 2, 64, 64, 16, 1, 4, 1>"
-    p = distances.tc_plan(np.float32, 64, 64)
+    p = distances.tc_plan(np.float32, 64, 64, accum="smem")
     assert p["fused"] and p["MTK"] == -1 and p["groups"] >= 2 and p["accum"] == "smem"
+    p = distances.tc_plan(np.float32, 64, 64)         # the default from k = 17: lean kernel + SIMT sums pass
+    assert not p["fused"] and p["accum"] == "pass" and (p["WMT"], p["MINB"], p["BM"]) == (1, 2, 128)
     p = distances.tc_plan(np.float32, 16, 16, accum="mma")
     assert p["fused"] and p["BN"] == 16 and p["DK"] == 16 and p["MTK"] == 1
     p = distances.tc_plan(np.float32, 16, 16)
@@ -105,7 +107,7 @@ def test_tc_plans():
     assert not p["fused"] and (p["WMT"], p["MINB"]) == (2, 1)     # float32 Lloyd: the two-m-tile kernel
     p = distances.tc_plan(np.float64, 16, 16)
     assert p["fused"] and p["accum"] == "mma" and p["WMT"] == 4
-    p = distances.tc_plan(np.float32, 65, 64)
+    p = distances.tc_plan(np.float32, 65, 64, accum="smem")
     assert p["fused"] and p["nJ"] == 2               # copies in shared memory take any k that fits
     assert not distances.tc_plan(np.float32, 1024, 256)["fused"]
     assert not distances.tc_plan(np.float32, 64, 1024)["fused"]

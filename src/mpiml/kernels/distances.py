@@ -59,7 +59,7 @@ _GEMM_BLOCK_BYTES = 256 << 20     # bytes of one block of dot products on the GE
 # warps takes BM = 8 * WMT * MT rows (MT = 16 rows per float32 m-tile, 8 per float64 m-tile).
 _TC_CONFIGS = {np.dtype(np.float32): (2, 64), np.dtype(np.float64): (2, 64)}
 _TC_FUSED_MAX_K = 64              # the one-hot fused sums keep k x 8 features per warp in registers
-_TC_ACCUM = "smem"                # how the fused Lloyd sums are made by default (see tc_plan)
+_TC_ACCUM = "pass"                # how the Lloyd sums are made from k = 17 on by default (see tc_plan)
 # Lloyd steps with k and d both at most this stay on the SIMT kernel (0: none).  Measured on an H200 at
 # 10^7 x 16, k = 16 with every tensor-core fix in: tc 0.74 ms vs SIMT 1.04 ms (float32), 1.03 vs 2.08 ms
 # (float64), so none does
@@ -413,8 +413,9 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
     """What one tensor-core launch would use: tile, shared memory, fusion of the sums, kernel name.
 
     ``tile``: ``(WMT, BN, DK[, MINB])`` instead of the defaults (benchmarks).  ``accum``: how the
-    fused Lloyd sums are made, ``"smem"`` (block-private copies in shared memory, the default) or
-    ``"mma"`` (one-hot products on the tensor cores); ``"pass"`` leaves them to the sums pass.
+    Lloyd sums are made, ``"mma"`` (fused: one-hot products on the tensor cores; the default for k <= 16),
+    ``"smem"`` (fused: block-private copies in shared memory) or ``"pass"`` (a sums pass after the
+    kernel, see :func:`sums_plan`; the default from k = 17 on).
     """
     dtype = np.dtype(dtype)
     isz = dtype.itemsize
@@ -426,9 +427,9 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
     dk = 16 if d <= 16 else 32 if d <= 32 else 64 if d <= 64 else 32
     dk = min(dk, dk_max)
     # one-hot products where k is small (measured faster at k = 16: 0.69 vs 0.74 ms float32, 1.00 vs 1.04 ms
-    # float64 at 10^7 x 16), shared-memory copies above for float32 (3.6 vs 4.2 ms at 10^7 x 64, k = 64), the
-    # SIMT sums pass after a lean kernel for float64 (5.83 vs 6.90 ms there; lloyd_variants_h200_2026-11-24.json)
-    accum = accum or ("mma" if k <= 16 else _TC_ACCUM if f32 else "pass")
+    # float64 at 10^7 x 16), above that the SIMT sums pass after a lean kernel (10^7 x 64, k = 64: 3.28 vs
+    # 3.46 ms float32, 5.75 vs 6.27 ms float64 against the fused copies; lloyd_variants_h200_2026-11-24*.json)
+    accum = accum or ("mma" if k <= 16 else _TC_ACCUM)
     if tile is None and not f32 and bn == 16:
         wmt = 4          # float64, k <= 16: 32 rows a warp (assign 0.46 vs 0.55 ms, Lloyd 0.96 vs 1.00 at 10^7 x 16)
     if accum not in ("smem", "mma", "pass"):
@@ -482,11 +483,11 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
     # two blocks per SM (at most 128 registers a thread) where the tile is small: more rows in flight
     two = _smem_per_block(1) + _ACC_BUDGET_PAD
     minb = 2 if (bn <= 32 and dk <= 32 and 2 * (smem + 1024) <= two) else 1
-    if tile is None and not fused and bn == 64 and k <= 64 and (not f32 or not lloyd):
-        # 33-64 centres without fused sums (arg-min; float64 Lloyd steps): one m-tile a warp, two blocks an SM.
-        # Measured on an H200: 10^7 x 64 assign 1.79 vs 1.83 ms (float32), 3.73 vs 3.93 (float64); float64
-        # Lloyd kernel 4.06 vs 4.40 ms, and 12.1 vs 13.4 ms at 2 10^6 x 1024 (float32 Lloyd there: 6.4 vs 6.2,
-        # so not for float32)
+    if tile is None and not fused and bn == 64 and k <= 64 and (not f32 or not lloyd or nF == 1):
+        # 33-64 centres without fused sums: one m-tile a warp, two blocks an SM.  Measured on an H200: 10^7 x 64
+        # assign 1.79 vs 1.83 ms (float32), 3.73 vs 3.93 (float64); Lloyd kernel 2.13 vs 2.23 ms (float32), 4.06
+        # vs 4.40 ms (float64), and 12.1 vs 13.4 ms at 2 10^6 x 1024 float64 (but float32 there: 6.5 vs 6.2,
+        # so not for float32 rows of several slabs)
         lay = layout(1, dk)
         if 2 * (lay[4] + 1024) <= two:
             wmt, (nF, nJ, bm, xs, smem), minb = 1, lay, 2
@@ -509,8 +510,9 @@ def _tc_grid(fn, plan, n_tiles):
 def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=None, sums=None):
     """The tensor-core kernel (+ the reduction of its partials, + the sums pass when not fused).
 
-    ``sums``: the kind of sums pass (see :func:`sums_plan`); ``"none"`` skips it (benchmarks time the
-    kernel alone).
+    ``sums``: the kind of sums pass (see :func:`sums_plan`), or ``"label"`` for the SIMT family's column
+    pass (``mpiml_distances_label_sums``: one pass for any k, shared and float64 atomics, so not
+    bit-reproducible); ``"none"`` skips it (benchmarks time the kernel alone).
     """
     cupy = _cupy()
     dtype = np.dtype(X.dtype)
@@ -542,7 +544,12 @@ def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=Non
         red = _function("mpiml_distances_reduce_partials")
         blocks = int(min(1024, (P + 255) // 256))
         red((blocks,), (256,), (part, np.int32(grid), np.int64(P), out[k * d - S:]))
-        if not plan["fused"] and sums != "none":
+        if plan["fused"] or sums == "none":
+            pass
+        elif sums == "label":
+            _label_sums(X, shift, w, labels, k, out, "float" if dtype == np.float32 else "double")
+            plan["sums"] = {"kind": "label"}
+        else:
             plan["sums"] = _sums_pass(X, shift, w, labels, k, out, kind=sums)
     plan["grid"] = grid
     return plan
