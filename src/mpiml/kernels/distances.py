@@ -253,12 +253,12 @@ def _prepare(X, C, *others):
 
 def _method(method, k, d, dtype=np.float32, lloyd=True):
     """The kernel family of a launch.  ``"auto"``, where the device has the tensor-core kernels
-    (compute capability 8.0 or later): ``"tc"``, except from k = 256 on, where a Lloyd step goes through
-    cuBLAS (``"gemm"``: its sums are one pass over X per 128 clusters on the tensor-core path) and so does
-    a float64 arg-min (DGEMM on the FP64 tensor cores beats DMMA ``mma.sync`` there); measured on an H200,
-    ``benchmarks/results/kernels_h200_2026-11-24.json``.  Without them the SIMT register tile
-    (``"fused"``, ``"gemm"`` from k = 256).  The environment variable ``MPIML_DISTANCES_METHOD``
-    overrides ``"auto"`` (benchmarks, tests)."""
+    (compute capability 8.0 or later): ``"tc"``, except float64 from k = 256 on, which goes through
+    cuBLAS (``"gemm"``: DGEMM on the FP64 tensor cores beats DMMA ``mma.sync`` there).  Measured on an
+    H200 at 10^6 x 256, k = 1024: float32 Lloyd step tc 14.2 ms vs gemm 19.4 ms
+    (``benchmarks/results/lloyd_variants_h200_2026-11-24_k1024.json``), float64 gemm 21.7 vs tc 37.2 ms.
+    Without them the SIMT register tile (``"fused"``, ``"gemm"`` from k = 256).  The environment
+    variable ``MPIML_DISTANCES_METHOD`` overrides ``"auto"`` (benchmarks, tests)."""
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
     if method == "auto":
@@ -267,10 +267,13 @@ def _method(method, k, d, dtype=np.float32, lloyd=True):
             raise ValueError(f"MPIML_DISTANCES_METHOD must be one of {_METHODS}, got {forced!r}")
         method = forced
     if method == "auto":
+        if tc_supported():
+            if k >= _GEMM_FROM_K and np.dtype(dtype) == np.float64:
+                return "gemm"
+            if not (lloyd and k <= _SIMT_LLOYD_MAX and d <= _SIMT_LLOYD_MAX):
+                return "tc"
         if k >= _GEMM_FROM_K and (lloyd or np.dtype(dtype) == np.float64):
             return "gemm"
-        if tc_supported() and not (lloyd and k <= _SIMT_LLOYD_MAX and d <= _SIMT_LLOYD_MAX):
-            return "tc"
         return "fused"
     if method == "tc" and not tc_supported():
         raise ValueError("method='tc' needs a GPU of compute capability 8.0 or later")
@@ -424,7 +427,10 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
     pad = 8 if f32 else 4
     wmt, dk_max = _TC_CONFIGS[dtype]
     bn = 16 if k <= 16 else 32 if k <= 32 else 64
-    dk = 16 if d <= 16 else 32 if d <= 32 else 64 if d <= 64 else 32
+    # features of a slab: d rounded up to 16, 32 or 64, and 32 for wider rows, except float32 with several centre
+    # chunks (k > 64), where a slab of 64 halves the passes over the centres (10^6 x 256, k = 1024: arg-min
+    # 10.8 vs 12.1 ms; at 2 10^6 x 1024, k = 64 a slab of 32 is faster: 6.0 vs 6.7 ms)
+    dk = 16 if d <= 16 else 32 if d <= 32 else 64 if d <= 64 or (f32 and k > 64) else 32
     dk = min(dk, dk_max)
     # one-hot products where k is small (measured faster at k = 16: 0.69 vs 0.74 ms float32, 1.00 vs 1.04 ms
     # float64 at 10^7 x 16), above that the SIMT sums pass after a lean kernel (10^7 x 64, k = 64: 3.28 vs
@@ -534,6 +540,10 @@ def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=Non
     S = k * d if plan["fused"] else 0
     P = S + k + 2
     part = cupy.empty(grid * P if lloyd else 1, dtype=cupy.float64)
+    if sums is None and k >= _GEMM_FROM_K:
+        # one pass for any k, where the reproducible passes take one per cluster range: 5.4 ms against 8.3
+        # (SIMT, 7 ranges) at 10^6 x 256, k = 1024 float32
+        sums = "label"
     if plan["smem"] > 48 * 1024:
         fn.max_dynamic_shared_size_bytes = plan["smem"]
     fn((grid,), (_THREADS,),
