@@ -679,8 +679,8 @@ mpiml_distances_sums_tc(const T* __restrict__ X, long long n, int d, const T* __
 // with split = b / (n_slabs * n_kc).  Tiles of BR rows with their labels and weights go to shared
 // memory by cp.async, STAGES deep (bytes in flight, not warps, keep the reads at bandwidth).  Warp w
 // loads rows w, w + 8, ... of a tile into registers, then adds them to its own copy [kc][32] of type A,
-// two rows at a time: their cells differ unless their labels are equal, and then the two values are
-// added first.  A = float (float32 data): the copies are half the size (two blocks an SM) and the adds
+// four rows at a time where their labels differ (four independent read-modify-writes), else two pairs
+// one after the other, a pair of equal labels adding its two values first.  A = float (float32 data): the copies are half the size (two blocks an SM) and the adds
 // need no conversion; every FLUSH tiles the block adds them to a float64 total [kc][32] (at most
 // FLUSH * BR / 8 values meet in a float32 cell).  The block adds its copies in order and writes
 // part[split][cluster][feature]; the caller sums the splits in order.  Rows past the range are
@@ -699,7 +699,7 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
     constexpr int EV = VEC / sizeof(T);
     constexpr int CPR = DS / EV;
     constexpr int RW = BR / WARPS;                                  // rows of a warp per tile
-    static_assert(RW % 2 == 0, "row pairs");
+    static_assert(RW % 4 == 0, "groups of four rows");
 
     extern __shared__ __align__(16) unsigned char mpiml_tc_smem[];
     double* tot = reinterpret_cast<double*>(mpiml_tc_smem);        // kc x DS (NARROW)
@@ -780,16 +780,31 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
             val[u] = (A)(xt[r * DS] - sh) * (A)wt[r];
         }
 #pragma unroll
-        for (int u = 0; u < RW; u += 2) {
-            const int la = lab[u], lb = lab[u + 1];
-            const bool oa = (unsigned)la < (unsigned)kc, ob = (unsigned)lb < (unsigned)kc;
-            if (la == lb) {
-                if (oa) mine[la * DS] += val[u] + val[u + 1];
-            } else {
-                const A x0 = oa ? mine[la * DS] : A(0);
-                const A x1 = ob ? mine[lb * DS] : A(0);
-                if (oa) mine[la * DS] = x0 + val[u];
-                if (ob) mine[lb * DS] = x1 + val[u + 1];
+        for (int u = 0; u < RW; u += 4) {
+            const int l0 = lab[u], l1 = lab[u + 1], l2 = lab[u + 2], l3 = lab[u + 3];
+            const bool o0 = (unsigned)l0 < (unsigned)kc, o1 = (unsigned)l1 < (unsigned)kc;
+            const bool o2 = (unsigned)l2 < (unsigned)kc, o3 = (unsigned)l3 < (unsigned)kc;
+            if (o0 && o1 && o2 && o3 && l0 != l1 && l0 != l2 && l0 != l3 && l1 != l2 && l1 != l3 && l2 != l3) {
+                // four distinct cells (most groups when k is not tiny): four independent read-modify-writes
+                const A x0 = mine[l0 * DS], x1 = mine[l1 * DS], x2 = mine[l2 * DS], x3 = mine[l3 * DS];
+                mine[l0 * DS] = x0 + val[u];
+                mine[l1 * DS] = x1 + val[u + 1];
+                mine[l2 * DS] = x2 + val[u + 2];
+                mine[l3 * DS] = x3 + val[u + 3];
+                continue;
+            }
+#pragma unroll
+            for (int p = u; p < u + 4; p += 2) {      // otherwise two pairs, one after the other
+                const int la = lab[p], lb = lab[p + 1];
+                const bool oa = (unsigned)la < (unsigned)kc, ob = (unsigned)lb < (unsigned)kc;
+                if (la == lb) {
+                    if (oa) mine[la * DS] += val[p] + val[p + 1];
+                } else {
+                    const A x0 = oa ? mine[la * DS] : A(0);
+                    const A x1 = ob ? mine[lb * DS] : A(0);
+                    if (oa) mine[la * DS] = x0 + val[p];
+                    if (ob) mine[lb * DS] = x1 + val[p + 1];
+                }
             }
         }
         if constexpr (NARROW) {
