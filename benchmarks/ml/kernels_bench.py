@@ -131,13 +131,16 @@ def check_labels(X, C, shift, lab, sample=20000):
     return {"sample": int(idx.size), "disagree": int(bad.sum()), "disagree_not_near_tie": int((bad & ~near).sum())}
 
 
-def bench_shape(n, d, k, dtype, rates, quick=False, sweep=False, tc_sweep=False):
+def step_inputs(n, d, k, dtype):
+    """The inputs of one benchmarked Lloyd step: data, centres (raw and in shifted coordinates), the shift
+    (mean of the first 10^6 rows), unit weights, labels (-1) and a distance buffer."""
     X, C0 = make(n, d, k, dtype)
     shift = X[: min(n, 10**6)].mean(0)
-    C = C0 - shift
-    w = cp.ones(n, dtype=dtype)
-    labels = cp.full(n, -1, cp.int32)
-    mind = cp.empty(n, dtype=dtype)
+    return X, C0, shift, C0 - shift, cp.ones(n, dtype=dtype), cp.full(n, -1, cp.int32), cp.empty(n, dtype=dtype)
+
+
+def bench_shape(n, d, k, dtype, rates, quick=False, sweep=False, tc_sweep=False):
+    X, C0, shift, C, w, labels, mind = step_inputs(n, d, k, dtype)
     itemsize = np.dtype(dtype).itemsize
     floor_bytes = n * d * itemsize / HBM * 1e3
     floor_flops = 2.0 * n * k * d / FP[np.dtype(dtype).name] * 1e3

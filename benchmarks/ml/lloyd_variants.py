@@ -29,7 +29,7 @@ import numpy as np
 import cupy as cp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernels_bench import FP, HBM, make, precompile, timed  # noqa: E402
+from kernels_bench import FP, HBM, precompile, step_inputs, timed  # noqa: E402
 
 from mpiml.kernels import distances  # noqa: E402
 
@@ -89,12 +89,7 @@ def _check(X, shift, w, labels, packed, k, d):
 
 
 def run_shape(name, n, d, k, dt, reps=5):
-    X, C0 = make(n, d, k, dt)
-    shift = X[: min(n, 10**6)].mean(0)
-    C = C0 - shift
-    w = cp.ones(n, dtype=dt)
-    labels = cp.full(n, -1, cp.int32)
-    mind = cp.empty(n, dtype=dt)
+    X, C0, shift, C, w, labels, mind = step_inputs(n, d, k, dt)
     isz = np.dtype(dt).itemsize
     floor = max(n * d * isz / HBM, 2.0 * n * k * d / FP[np.dtype(dt).name]) * 1e3
     row = {"name": name, "n": n, "d": d, "k": k, "dtype": np.dtype(dt).name, "floor_ms": floor, "times": {},

@@ -96,6 +96,30 @@ __device__ __forceinline__ void mpiml_cp_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void mpiml_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+// cp.async of the rows [r0, r0 + BR) of the feature slab [f0, f0 + DS) of X into xd (row stride S), with
+// their labels into ld and weights into wd, by the block's threads (sums passes).  Rows from r_end on and
+// features from d on are zero-filled (label 0, weight 0: such rows add zeros).
+template <typename T, int BR, int DS, int S, int VEC>
+__device__ __forceinline__ void mpiml_stage_rows(T* xd, int* ld, T* wd, const T* __restrict__ X,
+                                                 const int* __restrict__ labels, const T* __restrict__ w,
+                                                 long long r0, long long r_end, int d, int f0, int tid) {
+    constexpr int EV = VEC / sizeof(T);
+    constexpr int CPR = DS / EV;
+    for (int e = tid; e < BR * CPR; e += MPIML_TC_THREADS) {
+        const int r = e / CPR, ci = e % CPR;
+        const int f = f0 + ci * EV;
+        const long long row = r0 + r;
+        const bool ok = row < r_end && f < d;
+        mpiml_cp_async<VEC>(xd + r * S + ci * EV, ok ? X + row * d + f : X, ok);
+    }
+    for (int r = tid; r < BR; r += MPIML_TC_THREADS) {
+        const long long row = r0 + r;
+        const bool ok = row < r_end;
+        mpiml_cp_async<4>(ld + r, ok ? labels + row : labels, ok);
+        mpiml_cp_async<sizeof(T)>(wd + r, ok ? w + row : w, ok);
+    }
+}
+
 // The per-cluster sums of one tile of rows on the tensor cores: oacc[m] += onehot^T x X for the
 // clusters k0 + m * MT + [0, MT) and the 8 features fcol - g + [0, 8) of this warp, over the
 // k-steps q0, q0 + qs, ... < q1 of the tile (KT rows each).  Xt: the tile, row stride S; lab, wv:
@@ -590,13 +614,10 @@ mpiml_distances_sums_tc(const T* __restrict__ X, long long n, int d, const T* __
 {
     using P = mpiml_tc<T>;
     constexpr bool F32 = sizeof(T) == 4;
-    constexpr int THREADS = MPIML_TC_THREADS;
     constexpr int MT = P::MT;
     constexpr int AN = F32 ? 4 : 2;
     constexpr int DS = 64, BR = 128;
     constexpr int S = DS + P::PAD;
-    constexpr int EV = VEC / sizeof(T);
-    constexpr int CPR = DS / EV;
     constexpr int KC = MTK * MT;
 
     extern __shared__ __align__(16) unsigned char mpiml_tc_smem[];
@@ -615,20 +636,8 @@ mpiml_distances_sums_tc(const T* __restrict__ X, long long n, int d, const T* __
     const T sh = (shift != nullptr && f0 + fcol < d) ? shift[f0 + fcol] : T(0);
 
     auto stage = [&](long long r0, int b) {
-        T* xd = xbuf + b * BR * S;
-        for (int e = tid; e < BR * CPR; e += THREADS) {
-            const int r = e / CPR, ci = e % CPR;
-            const int f = f0 + ci * EV;
-            const long long row = r0 + r;
-            const bool ok = row < r_end && f < d;
-            mpiml_cp_async<VEC>(xd + r * S + ci * EV, ok ? X + row * d + f : X, ok);
-        }
-        for (int r = tid; r < BR; r += THREADS) {
-            const long long row = r0 + r;
-            const bool ok = row < r_end;
-            mpiml_cp_async<4>(lab_s + b * BR + r, ok ? labels + row : labels, ok);     // zero-filled rows:
-            mpiml_cp_async<sizeof(T)>(w_s + b * BR + r, ok ? w + row : w, ok);        // weight 0, no sum
-        }
+        mpiml_stage_rows<T, BR, DS, S, VEC>(xbuf + b * BR * S, lab_s + b * BR, w_s + b * BR, X, labels, w, r0, r_end, d,
+                                            f0, tid);
     };
 
     T oacc[MTK][AN];
@@ -696,8 +705,6 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
     constexpr int DS = 32, FLUSH = 16;
     constexpr int STAGES = NARROW ? 3 : 4;
     constexpr int BR = NARROW ? 64 : 16384 / (DS * sizeof(T));     // 8 or 16 KB of X per stage
-    constexpr int EV = VEC / sizeof(T);
-    constexpr int CPR = DS / EV;
     constexpr int RW = BR / WARPS;                                  // rows of a warp per tile
     static_assert(RW % 4 == 0, "groups of four rows");
 
@@ -723,22 +730,9 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
     A* mine = acc + (long long)warp * kc * DS + lane;
 
     auto stage = [&](long long tl) {
-        const long long r0 = r_begin + tl * BR;
         const int b = (int)(tl % STAGES);
-        T* xd = xbuf + b * BR * DS;
-        for (int e = tid; e < BR * CPR; e += THREADS) {
-            const int r = e / CPR, ci = e % CPR;
-            const int f = f0 + ci * EV;
-            const long long row = r0 + r;
-            const bool ok = row < r_end && f < d;
-            mpiml_cp_async<VEC>(xd + r * DS + ci * EV, ok ? X + row * d + f : X, ok);
-        }
-        for (int r = tid; r < BR; r += THREADS) {
-            const long long row = r0 + r;
-            const bool ok = row < r_end;
-            mpiml_cp_async<4>(lab_s + b * BR + r, ok ? labels + row : labels, ok);
-            mpiml_cp_async<sizeof(T)>(w_s + b * BR + r, ok ? w + row : w, ok);
-        }
+        mpiml_stage_rows<T, BR, DS, DS, VEC>(xbuf + b * BR * DS, lab_s + b * BR, w_s + b * BR, X, labels, w,
+                                             r_begin + tl * BR, r_end, d, f0, tid);
     };
     // the float32 copies into the float64 total, cell by cell in copy order (every thread, after a barrier)
     auto flush = [&]() {
