@@ -6,15 +6,7 @@
 set -uo pipefail
 OUTDIR=${1:?usage: benchmarks/ml/gpu_pass.sh OUTDIR}
 mkdir -p "$OUTDIR"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-PY=${PYTHON:-python3}
-if mpirun --version 2>/dev/null | grep -qi "open mpi"; then
-    export MPIML_TEST_MPIEXEC=${MPIML_TEST_MPIEXEC:-mpirun}
-    extra="--bind-to none --oversubscribe"
-    [ "$(id -u)" = 0 ] && extra="$extra --allow-run-as-root"
-    export MPIML_TEST_MPIEXEC_ARGS=${MPIML_TEST_MPIEXEC_ARGS:-$extra}
-fi
+. scripts/_device_env.sh
 if ! $PY -c "import heat" 2>/dev/null && ls .whl/heat-*.whl >/dev/null 2>&1; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/mpiml_ml_site \
         .whl/heat-*.whl .whl/torchvision-*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/mpiml_ml_site"

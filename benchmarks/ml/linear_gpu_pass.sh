@@ -8,15 +8,7 @@
 set -uo pipefail
 OUTDIR=${1:?usage: benchmarks/ml/linear_gpu_pass.sh OUTDIR}
 mkdir -p "$OUTDIR"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-PY=${PYTHON:-python3}
-if mpirun --version 2>/dev/null | grep -qi "open mpi"; then
-    export MPIML_TEST_MPIEXEC=${MPIML_TEST_MPIEXEC:-mpirun}
-    extra="--bind-to none --oversubscribe"
-    [ "$(id -u)" = 0 ] && extra="$extra --allow-run-as-root"
-    export MPIML_TEST_MPIEXEC_ARGS=${MPIML_TEST_MPIEXEC_ARGS:-$extra}
-fi
+. scripts/_device_env.sh
 status=0
 timeout 300 $PY -m pytest tests/linear_model/test_gpu_linear.py -q -p no:cacheprovider -o addopts="" 2>&1 \
     | tee "$OUTDIR/linear_gpu_tests.log" || status=1
