@@ -42,10 +42,10 @@ SHAPES = {
     "1e7x16x16_f64": (10**7, 16, 16, np.float64),
     "2e6x1024x64_f64": (2 * 10**6, 1024, 64, np.float64),
 }
-# tensor-core tiles (WMT, BN, DK, MINB) tried for the arg-min kernel and the unfused Lloyd kernel
+# tensor-core tiles (WMT, BN, DK, MINB[, STAGES]) tried for the arg-min kernel and the Lloyd kernels
 TILES = {
-    (64, 64): [None, (1, 64, 64, 2), (1, 64, 64, 1)],
-    (16, 16): [None, (2, 16, 16, 3), (4, 16, 16, 2), (4, 16, 16, 3), (8, 16, 16, 1)],
+    (64, 64): [None, (1, 64, 64, 1), (1, 64, 64, 1, 3)],
+    (16, 16): [None, (2, 16, 16, 2, 3), (2, 16, 16, 2, 4), (4, 16, 16, 2), (4, 16, 16, 2, 3)],
     (1024, 256): [None, (1, 64, 32, 2), (2, 64, 64, 1), (1, 64, 64, 1)],
     (64, 1024): [None, (1, 64, 32, 2), (1, 64, 64, 2)],
 }

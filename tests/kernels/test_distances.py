@@ -154,7 +154,8 @@ def test_tc_pack_kernel_matches_numpy(k, d, bn, dk, dtype):
                                         (9000, 65, 64, None), (4000, 2, 1, None), (4000, 1, 7, (1, 16, 16)),
                                         (30011, 16, 16, (4, 16, 16, 1)), (3001, 9, 3, (2, 16, 16, 1)),
                                         (70001, 64, 64, (1, 64, 64, 2)), (9000, 40, 100, None),
-                                        (30011, 16, 16, (2, 16, 16, 4))])
+                                        (30011, 16, 16, (2, 16, 16, 4)), (30011, 16, 16, (2, 16, 16, 2, 3)),
+                                        (9000, 40, 100, (2, 64, 32, 1, 3)), (4097, 64, 64, (1, 64, 64, 1, 4))])
 @pytest.mark.parametrize("accum", ["smem", "mma", "pass", "pass-mma", "pass-label"])
 def test_tc_lloyd_against_float64(n, d, k, tile, dtype, accum):
     """The tensor-core step (fused sums, sums pass, several chunks of d and k, other tiles) against float64,

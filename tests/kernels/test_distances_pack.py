@@ -118,6 +118,14 @@ def test_tc_plans():
             assert distances.tc_plan(dt, k, d)["smem"] <= 227 * 1024
     assert distances.tc_plan(np.float32, 7, 3, mode="assign")["expr"].endswith(", 0, 0, 2>")
     assert distances.tc_plan(np.float32, 7, 3, mode="assign", tile=(1, 16, 16, 1))["expr"].endswith(", 0, 0, 1>")
+    # a fifth tile entry: buffers of the copies (3: two steps ahead); one more X tile and its weights and labels
+    p2 = distances.tc_plan(np.float32, 16, 16, tile=(2, 16, 16, 2))
+    p3 = distances.tc_plan(np.float32, 16, 16, tile=(2, 16, 16, 2, 3))
+    assert p2["STAGES"] == 2 and p2["expr"].endswith(", 1, 2>") and p3["expr"].endswith(", 1, 2, 3>")
+    assert p3["smem"] - p2["smem"] == 256 * (16 + 8) * 4 + 256 * (4 + 4)
+    p2 = distances.tc_plan(np.float32, 100, 40, tile=(2, 64, 32, 1))
+    p3 = distances.tc_plan(np.float32, 100, 40, tile=(2, 64, 32, 1, 3))    # centres in chunks: a third buffer
+    assert p3["smem"] - p2["smem"] == 256 * (32 + 8) * 4 + 32 * 64 * 2 * 4 + 256 * (4 + 4)
     s = distances.sums_plan(np.float32, 1024, 256, kind="mma")
     assert s["KC"] == 128 and s["expr"] == "mpiml_distances_sums_tc<float, 8, 16>"
     assert distances.sums_plan(np.float64, 5, 3, kind="mma")["expr"] == "mpiml_distances_sums_tc<double, 1, 8>"

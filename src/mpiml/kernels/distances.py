@@ -66,6 +66,7 @@ _TC_ACCUM = "pass"                # how the Lloyd sums are made from k = 17 on b
 _SIMT_LLOYD_MAX = 0
 _TC_SUMS_ROWS = 128               # rows per tile of the one-hot sums pass
 _TC_SUMS = "simt"                 # the sums pass of the tensor-core path by default (see sums_plan)
+_TC_STAGES = 2                    # buffers of the copies of X (the copies run STAGES - 1 steps ahead)
 _METHODS = ("auto", "fused", "gemm", "tc")
 
 _SOURCES = {}
@@ -415,7 +416,7 @@ def pack_centres(C, bn, dk, xp=None):
 def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
     """What one tensor-core launch would use: tile, shared memory, fusion of the sums, kernel name.
 
-    ``tile``: ``(WMT, BN, DK[, MINB])`` instead of the defaults (benchmarks).  ``accum``: how the
+    ``tile``: ``(WMT, BN, DK[, MINB[, STAGES]])`` instead of the defaults (benchmarks).  ``accum``: how the
     Lloyd sums are made, ``"mma"`` (fused: one-hot products on the tensor cores; the default for k <= 16),
     ``"smem"`` (fused: block-private copies in shared memory) or ``"pass"`` (a sums pass after the
     kernel, see :func:`sums_plan`; the default from k = 17 on).
@@ -440,8 +441,10 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
         wmt = 4          # float64, k <= 16: 32 rows a warp (assign 0.46 vs 0.55 ms, Lloyd 0.96 vs 1.00 at 10^7 x 16)
     if accum not in ("smem", "mma", "pass"):
         raise ValueError(f"accum must be 'smem', 'mma' or 'pass', got {accum!r}")
+    stages = _TC_STAGES
     if tile is not None:
         wmt, bn, dk = tile[:3]
+        stages = tile[4] if len(tile) > 4 else stages
     if vw is None:
         vw = 16 // isz if d % (16 // isz) == 0 else 1
     vec = vw * isz
@@ -454,8 +457,8 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
         xs = bm * (dk + pad)
         cs = dk * bn * (2 if f32 else 1)
         ch = (256 // k if k <= 256 else 1) if lloyd else 0
-        smem = (2 * xs + (1 if nF * nJ == 1 else 2) * cs + nF * dk + bm) * isz + bm * 4 + ch * k * 8
-        smem += 2 * bm * (isz + 4) if lloyd else 0
+        smem = (stages * xs + (1 if nF * nJ == 1 else stages) * cs + nF * dk + bm) * isz + bm * 4 + ch * k * 8
+        smem += stages * bm * (isz + 4) if lloyd else 0
         smem += groups * k * dk * isz + (k * dk * 8 if groups and f32 else 0)
         return nF, nJ, bm, xs, smem
 
@@ -470,7 +473,7 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
     if fused and accum == "mma":
         fused = k <= _TC_FUSED_MAX_K
         mtk = -(-k // mt) if fused else 0
-        if fused and (8 // (dk // 8)) * mtk * mt * dk * 8 > 2 * xs * isz:   # row groups' sums meet in X buffers
+        if fused and (8 // (dk // 8)) * mtk * mt * dk * 8 > stages * xs * isz:   # row groups' sums meet in X buffers
             fused, mtk = False, 0
     elif fused:
         # copies of the sums: as many as leave every thread a column (at most 256 / DK), fewer when
@@ -501,9 +504,11 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
     if tile is not None and len(tile) > 3:
         minb = tile[3]
     ctype = _CTYPE[dtype]
-    expr = f"mpiml_distances_tc<{ctype}, {wmt}, {bn}, {dk}, {vec}, {1 if lloyd else 0}, {mtk}, {minb}>"
+    expr = (f"mpiml_distances_tc<{ctype}, {wmt}, {bn}, {dk}, {vec}, {1 if lloyd else 0}, {mtk}, {minb}"
+            + (f", {stages}>" if stages != 2 else ">"))
     return {"mode": mode, "method": "tc", "ctype": ctype, "WMT": wmt, "BN": bn, "DK": dk, "BM": bm, "VEC": vec,
-            "nF": nF, "nJ": nJ, "smem": smem, "fused": fused, "MTK": mtk, "MINB": minb, "groups": groups,
+            "nF": nF, "nJ": nJ, "smem": smem, "fused": fused, "MTK": mtk, "MINB": minb, "STAGES": stages,
+            "groups": groups,
             "accum": accum if fused else "pass", "expr": expr, "pack": f"mpiml_tc_pack<{ctype}, {bn}, {dk}>"}
 
 

@@ -3,10 +3,10 @@
 // float32: mma.sync m16n8k8 TF32 with a 3xTF32 split (x = big + small, both TF32; the product
 // big*big + big*small + small*big keeps float32 accuracy).  float64: mma.sync m8n8k4 (DMMA).
 //
-//   mpiml_distances_tc<T, WMT, BN, DK, VEC, MODE, MTK, MINB>
+//   mpiml_distances_tc<T, WMT, BN, DK, VEC, MODE, MTK, MINB, STAGES = 2>
 //       persistent grid of 256-thread blocks.  A block takes a tile of BM = 8 warps x WMT x MT rows
 //       and walks the centres in chunks of BN, the features in slabs of DK.  Slabs of X go from
-//       global to shared memory by cp.async (no registers), one step ahead of the one computed.
+//       global to shared memory by cp.async (no registers), STAGES - 1 steps ahead of the one computed.
 //       The centres come pre-split and pre-arranged in fragment order (`Cp`, built by
 //       distances.py), so one 16-byte shared load gives a lane its fragment; when everything
 //       fits one step (k <= BN, d <= DK) the centres are loaded once per block.
@@ -161,7 +161,7 @@ __device__ __forceinline__ void mpiml_tc_onehot(T (&oacc)[MTK][AN], const T* __r
     }
 }
 
-template <typename T, int WMT, int BN, int DK, int VEC, int MODE, int MTK, int MINB>
+template <typename T, int WMT, int BN, int DK, int VEC, int MODE, int MTK, int MINB, int STAGES = 2>
 __global__ void __launch_bounds__(MPIML_TC_THREADS, MINB)
 mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restrict__ shift,
                    const T* __restrict__ Cp, const T* __restrict__ c_sq, int k, int nJ,
@@ -194,14 +194,14 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
     const int nF = (d + DK - 1) / DK;
     const int steps = nJ * nF;
     const bool c_resident = steps == 1;
-    T* xbuf = reinterpret_cast<T*>(mpiml_tc_smem);     // 2 x [BM x S]
-    T* cbuf = xbuf + 2 * XS;                            // 1 or 2 x CS
-    T* shift_s = cbuf + (c_resident ? 1 : 2) * CS;      // nF x DK
+    T* xbuf = reinterpret_cast<T*>(mpiml_tc_smem);     // STAGES x [BM x S]
+    T* cbuf = xbuf + STAGES * XS;                       // 1 or STAGES x CS
+    T* shift_s = cbuf + (c_resident ? 1 : STAGES) * CS; // nF x DK
     T* w_s = shift_s + nF * DK;                         // BM
     int* lab_s = reinterpret_cast<int*>(w_s + BM);      // BM
-    T* w_pre = reinterpret_cast<T*>(lab_s + BM);            // 2 x BM: weights of a tile, by cp.async (MODE 1)
-    int* lab_pre = reinterpret_cast<int*>(w_pre + (MODE == 1 ? 2 * BM : 0));   // 2 x BM: previous labels
-    double* cnt_s = reinterpret_cast<double*>(lab_pre + (MODE == 1 ? 2 * BM : 0));   // CH x k (MODE 1)
+    T* w_pre = reinterpret_cast<T*>(lab_s + BM);            // STAGES x BM: weights of a tile, by cp.async (MODE 1)
+    int* lab_pre = reinterpret_cast<int*>(w_pre + (MODE == 1 ? STAGES * BM : 0));   // STAGES x BM: previous labels
+    double* cnt_s = reinterpret_cast<double*>(lab_pre + (MODE == 1 ? STAGES * BM : 0));   // CH x k (MODE 1)
     __shared__ double red_inertia[THREADS / 32];
     __shared__ long long red_changed[THREADS / 32];
 
@@ -281,23 +281,29 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
     double my_inertia = 0.0;
     long long my_changed = 0;
 
+    // Steps (tile, s) in order, the g-th of this block being step g % steps of tile-iteration g / steps; the
+    // copies run STAGES - 1 steps ahead of the step computed, into buffers by step (or by tile: X when
+    // d <= DK, the weights and previous labels) modulo STAGES.  One barrier a step: after it, step gs is
+    // visible and every thread is done with step gs - 1, whose buffers the copy of step gs + STAGES - 1 takes.
+    constexpr int AHEAD = STAGES - 1;
     long long tile = blockIdx.x;
     int s = 0, it = 0;
     long long gs = 0;        // steps this block has done
-    auto xb_of = [&](long long gstep, int iter) { return xbuf + ((nF == 1 ? iter : (int)gstep) & 1) * XS; };
-    auto cb_of = [&](long long gstep) { return cbuf + (c_resident ? 0 : (int)(gstep & 1)) * CS; };
-    if (tile < n_tiles) stage(tile, 0, xb_of(0, 0), cb_of(0), 0);
-    mpiml_cp_commit();
+    auto xb_of = [&](long long gstep, int iter) { return xbuf + (int)((nF == 1 ? iter : gstep) % STAGES) * XS; };
+    auto cb_of = [&](long long gstep) { return cbuf + (c_resident ? 0 : (int)(gstep % STAGES)) * CS; };
+    auto copy_step = [&](long long g) {
+        const int iter = (int)(g / steps), st = (int)(g % steps);
+        const long long tl = blockIdx.x + (long long)iter * gridDim.x;
+        if (tl < n_tiles) stage(tl, st, xb_of(g, iter), (c_resident && g > 0) ? nullptr : cb_of(g), iter % STAGES);
+        mpiml_cp_commit();
+    };
+#pragma unroll
+    for (int a = 0; a < AHEAD; ++a) copy_step(a);
 
     while (tile < n_tiles) {
-        long long nt = tile;
-        int ns = s + 1, nit = it;
-        if (ns == steps) { ns = 0; nt += gridDim.x; ++nit; }
-        __syncthreads();                                   // the buffers of step gs - 1 are free
-        if (nt < n_tiles) stage(nt, ns, xb_of(gs + 1, nit), c_resident ? nullptr : cb_of(gs + 1), nit & 1);
-        mpiml_cp_commit();
-        mpiml_cp_wait<1>();
-        __syncthreads();                                   // step gs is in shared memory
+        mpiml_cp_wait<AHEAD - 1>();
+        __syncthreads();                     // step gs is in shared memory; every thread is done with gs - 1
+        copy_step(gs + AHEAD);
 
         const int fc = s % nF, jc = s / nF;
         const T* Xt = xb_of(gs, it);
@@ -423,8 +429,8 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
                             dist = dist > T(0) ? dist : T(0);
                             mind[row] = dist;
                             if constexpr (MODE == 1) {
-                                wt = w_pre[(it & 1) * BM + r];
-                                my_changed += lab_pre[(it & 1) * BM + r] != lab;
+                                wt = w_pre[(it % STAGES) * BM + r];
+                                my_changed += lab_pre[(it % STAGES) * BM + r] != lab;
                                 my_inertia += (double)wt * (double)dist;
                             }
                             labels[row] = lab;
@@ -521,9 +527,7 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
                 }
             }
         }
-        tile = nt;
-        s = ns;
-        it = nit;
+        if (++s == steps) { s = 0; tile += gridDim.x; ++it; }
         ++gs;
     }
     mpiml_cp_wait<0>();
