@@ -91,7 +91,7 @@ def test_tc_plans():
     p = distances.tc_plan(np.float32, 16, 16)
     assert p["fused"] and p["MTK"] == 1 and p["accum"] == "mma"
     p = distances.tc_plan(np.float32, 16, 16, accum="smem")
-    assert p["fused"] and p["groups"] == 16 and p["WMT"] == 2
+    assert p["fused"] and p["groups"] == 16 and p["WMT"] == 4
     p = distances.tc_plan(np.float64, 64, 64, accum="mma")
     assert p["fused"] and p["MTK"] == 8 and p["BM"] == 128
     p = distances.tc_plan(np.float64, 64, 64, accum="smem")

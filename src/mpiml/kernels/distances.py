@@ -437,8 +437,10 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
     # float64 at 10^7 x 16), above that the SIMT sums pass after a lean kernel (10^7 x 64, k = 64: 3.24 vs 3.40 ms
     # float32, 5.63 vs 6.30 ms float64 against the fused copies; lloyd_variants_h200_2026-11-24_final.json)
     accum = accum or ("mma" if k <= 16 else _TC_ACCUM)
-    if tile is None and not f32 and bn == 16:
-        wmt = 4          # float64, k <= 16: 32 rows a warp (assign 0.46 vs 0.55 ms, Lloyd 0.96 vs 1.00 at 10^7 x 16)
+    if tile is None and bn == 16:
+        # k <= 16: four m-tiles a warp (10^7 x 16 float64: assign 0.46 vs 0.55 ms, Lloyd 0.96 vs 1.00; float32:
+        # assign 0.32 vs 0.36, Lloyd 0.67 vs 0.70; lloyd_variants_h200_2026-11-24_stages.json)
+        wmt = 4
     if accum not in ("smem", "mma", "pass"):
         raise ValueError(f"accum must be 'smem', 'mma' or 'pass', got {accum!r}")
     stages = _TC_STAGES
