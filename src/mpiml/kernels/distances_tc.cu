@@ -291,25 +291,19 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
     long long gs = 0;        // steps this block has done
     auto xb_of = [&](long long gstep, int iter) { return xbuf + (int)((nF == 1 ? iter : gstep) % STAGES) * XS; };
     auto cb_of = [&](long long gstep) { return cbuf + (c_resident ? 0 : (int)(gstep % STAGES)) * CS; };
-    auto copy_ahead = [&](int a) {           // the copies of the step `a` steps after step gs
-        int st = s + a, iter = it;
-        if (a == 1) {
-            if (st == steps) { st = 0; ++iter; }
-        } else {
-            iter += st / steps;
-            st %= steps;
-        }
-        const long long tl = blockIdx.x + (long long)iter * gridDim.x, g = gs + a;
+    auto copy_step = [&](long long g) {      // the copies of this block's g-th step
+        const int iter = (int)(g / steps), st = (int)(g % steps);
+        const long long tl = blockIdx.x + (long long)iter * gridDim.x;
         if (tl < n_tiles) stage(tl, st, xb_of(g, iter), (c_resident && g > 0) ? nullptr : cb_of(g), iter % STAGES);
         mpiml_cp_commit();
     };
 #pragma unroll
-    for (int a = 0; a < AHEAD; ++a) copy_ahead(a);
+    for (int a = 0; a < AHEAD; ++a) copy_step(a);
 
     while (tile < n_tiles) {
         mpiml_cp_wait<AHEAD - 1>();
         __syncthreads();                     // step gs is in shared memory; every thread is done with gs - 1
-        copy_ahead(AHEAD);
+        copy_step(gs + AHEAD);
 
         const int fc = s % nF, jc = s / nF;
         const T* Xt = xb_of(gs, it);
