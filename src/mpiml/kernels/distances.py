@@ -434,8 +434,8 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
     dk = 16 if d <= 16 else 32 if d <= 32 else 64 if d <= 64 or (f32 and k > 64) else 32
     dk = min(dk, dk_max)
     # one-hot products where k is small (measured faster at k = 16: 0.69 vs 0.74 ms float32, 1.00 vs 1.04 ms
-    # float64 at 10^7 x 16), above that the SIMT sums pass after a lean kernel (10^7 x 64, k = 64: 3.24 vs 3.40 ms
-    # float32, 5.63 vs 6.30 ms float64 against the fused copies; lloyd_variants_h200_2026-11-24_final.json)
+    # float64 at 10^7 x 16), above that the SIMT sums pass after a lean kernel (10^7 x 64, k = 64: 3.26 vs 3.54 ms
+    # float32, 5.55 vs 6.37 ms float64 against the fused copies; lloyd_variants_h200_2026-11-24_final.json)
     accum = accum or ("mma" if k <= 16 else _TC_ACCUM)
     if tile is None and bn == 16:
         # k <= 16: four m-tiles a warp (10^7 x 16 float64: assign 0.46 vs 0.55 ms, Lloyd 0.96 vs 1.00; float32:
@@ -496,7 +496,7 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
     minb = 2 if (bn <= 32 and dk <= 32 and 2 * (smem + 1024) <= two) else 1
     if tile is None and not fused and bn == 64 and k <= 64 and (not f32 or not lloyd or nF == 1):
         # 33-64 centres without fused sums: one m-tile a warp, two blocks an SM.  Measured on an H200 at 10^7 x 64
-        # against one block an SM: assign 1.80 vs 2.15 ms, Lloyd kernel 2.12 vs 2.27 ms (float32), 3.93 vs 4.60
+        # against one block an SM: assign 1.84 vs 2.23 ms, Lloyd kernel 2.13 vs 2.37 ms (float32), 3.86 vs 4.67
         # (float64; lloyd_variants_h200_2026-11-24_final.json); at 2 10^6 x 1024 float64 12.2 vs 13.4 ms against
         # two m-tiles a warp, but float32 there 6.4 vs 6.2 (lloyd_variants_h200_2026-11-24.json), so not for
         # float32 rows of several slabs
