@@ -139,11 +139,14 @@ def step_inputs(n, d, k, dtype):
     return X, C0, shift, C0 - shift, cp.ones(n, dtype=dtype), cp.full(n, -1, cp.int32), cp.empty(n, dtype=dtype)
 
 
+def step_floors(n, d, k, dtype):
+    """The floors of one Lloyd step in ms: (reading X at HBM, 2 n k d FLOPs at the FP rate of the dtype)."""
+    return (n * d * np.dtype(dtype).itemsize / HBM * 1e3, 2.0 * n * k * d / FP[np.dtype(dtype).name] * 1e3)
+
+
 def bench_shape(n, d, k, dtype, rates, quick=False, sweep=False, tc_sweep=False):
     X, C0, shift, C, w, labels, mind = step_inputs(n, d, k, dtype)
-    itemsize = np.dtype(dtype).itemsize
-    floor_bytes = n * d * itemsize / HBM * 1e3
-    floor_flops = 2.0 * n * k * d / FP[np.dtype(dtype).name] * 1e3
+    floor_bytes, floor_flops = step_floors(n, d, k, dtype)
     row = {"n": n, "d": d, "k": k, "dtype": np.dtype(dtype).name, "floor_bytes_ms": floor_bytes,
            "floor_flops_ms": floor_flops, "floor_ms": max(floor_bytes, floor_flops)}
     reps = 5 if quick else 10

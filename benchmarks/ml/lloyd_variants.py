@@ -29,7 +29,7 @@ import numpy as np
 import cupy as cp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernels_bench import FP, HBM, precompile, step_inputs, timed  # noqa: E402
+from kernels_bench import precompile, step_floors, step_inputs, timed  # noqa: E402
 
 from mpiml.kernels import distances  # noqa: E402
 
@@ -90,8 +90,7 @@ def _check(X, shift, w, labels, packed, k, d):
 
 def run_shape(name, n, d, k, dt, reps=5):
     X, C0, shift, C, w, labels, mind = step_inputs(n, d, k, dt)
-    isz = np.dtype(dt).itemsize
-    floor = max(n * d * isz / HBM, 2.0 * n * k * d / FP[np.dtype(dt).name]) * 1e3
+    floor = max(step_floors(n, d, k, dt))
     row = {"name": name, "n": n, "d": d, "k": k, "dtype": np.dtype(dt).name, "floor_ms": floor, "times": {},
            "checks": {}, "plans": {}}
     T = row["times"]

@@ -3,7 +3,10 @@
     ncu ... python benchmarks/ml/ncu_parts.py N D K DTYPE PART [WMT,BN,DK,MINB]
 
 PART: ``assign`` (arg-min kernel), ``kernel`` (Lloyd kernel without its sums), ``sums-simt`` /
-``sums-mma`` (the sums passes alone), ``fused-smem`` / ``fused-mma`` (the fused Lloyd kernels).
+``sums-mma`` (the sums passes alone), ``fused-smem`` / ``fused-mma`` (the fused Lloyd kernels),
+``step-auto`` / ``step-tc`` / ``step-fused`` / ``step-gemm`` (a whole step of that kernel family, as
+``lloyd_step_packed(method=...)`` runs it; for ``step-fused`` the fourth argument may be the SIMT
+accumulator, ``double`` or ``float``, instead of a tile).
 ``MPIML_KERNEL_LINEINFO=1`` compiles with source lines (Nsight's source view).
 """
 
@@ -15,7 +18,8 @@ from mpiml.kernels import distances
 
 n, d, k = (int(float(a)) for a in sys.argv[1:4])
 dtype, part = sys.argv[4], sys.argv[5]
-tile = tuple(int(v) for v in sys.argv[6].split(",")) if len(sys.argv) > 6 else None
+extra = sys.argv[6] if len(sys.argv) > 6 else None
+tile = tuple(int(v) for v in extra.split(",")) if extra and not part.startswith("step-") else None
 rs = cp.random.RandomState(0)
 X = rs.standard_normal((n, d), dtype=cp.float32).astype(dtype)
 C = X[:k].copy()
@@ -24,7 +28,8 @@ w = cp.ones(n, dtype=dtype)
 labels = cp.full(n, -1, cp.int32)
 mind = cp.empty(n, dtype=dtype)
 out = cp.zeros(k * d + k + 2)
-distances._tc_launch(X, C, shift, w, labels, mind, out, lloyd=True, accum="pass", sums="none")
+if not part.startswith("step-"):            # labels for the sums passes (a step needs none; it may be SIMT-only)
+    distances._tc_launch(X, C, shift, w, labels, mind, out, lloyd=True, accum="pass", sums="none")
 for _ in range(3):
     if part == "assign":
         distances._tc_launch(X, C, shift, None, labels, mind, out, lloyd=False, tile=tile)
@@ -32,6 +37,8 @@ for _ in range(3):
         distances._tc_launch(X, C, shift, w, labels, mind, out, lloyd=True, tile=tile, accum="pass", sums="none")
     elif part.startswith("sums-"):
         distances._sums_pass(X, shift, w, labels, k, out, kind=part[5:])
+    elif part.startswith("step-"):
+        distances.lloyd_step_packed(X, C, shift=shift, labels=labels, mind=mind, accum=extra, method=part[5:])
     elif part.startswith("fused-"):
         distances._tc_launch(X, C, shift, w, labels, mind, out, lloyd=True, tile=tile, accum=part[6:])
     else:
