@@ -32,7 +32,18 @@ def _global_stats(X, *, comm, xp):
     """Global mean of the rows and mean feature variance (two small allreduces)."""
     n, d = X.shape
     pack = xp.zeros(d + 1, dtype=xp.float64)
-    if n:
+    device = ops._is_device(X) and not ops.is_sparse(X)
+    dense_step = ops.chunk_rows(d, 1, 8, device=device)
+
+    def colsum(a):
+        # column sums of a float64 block; on a GPU as a matrix-vector product (CuPy's axis-0 reduction of a
+        # tall block is many times slower: 1.9 s for the two passes over 4*10^7 x 64 on one H200)
+        return xp.ones(a.shape[0], dtype=xp.float64) @ a if device else a.sum(axis=0)
+
+    if n and device:
+        for s in range(0, n, dense_step):
+            pack[:d] += colsum(X[s:s + dense_step].astype(xp.float64))
+    elif n:
         pack[:d] = xp.asarray(X.sum(axis=0, dtype=xp.float64)).ravel()
     pack[d] = n
     pack = _allreduce(comm, pack)
@@ -43,10 +54,9 @@ def _global_stats(X, *, comm, xp):
         var = xp.maximum(sq - pack[d] * mean * mean, 0)
         return mean, float(var.sum()) / (d * float(pack[d]))
     var = xp.zeros(d, dtype=xp.float64)
-    step = ops.chunk_rows(d, 1, 8)
-    for s in range(0, n, step):
-        diff = X[s:s + step].astype(xp.float64) - mean
-        var += (diff * diff).sum(axis=0)
+    for s in range(0, n, dense_step):
+        diff = X[s:s + dense_step].astype(xp.float64) - mean
+        var += colsum(diff * diff)
     var = _allreduce(comm, var)
     return mean, float(var.sum()) / (d * float(pack[d]))
 

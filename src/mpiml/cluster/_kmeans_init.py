@@ -190,7 +190,8 @@ def _init_kmeanspp(shard, k, rng, n_local_trials=None):
         picks = _global_pick(shard, w64 * closest, rng.uniform(size=n_local_trials))
         cand = fetch_rows(shard, picks)
         n = shard.n_local
-        step = ops.chunk_rows(cand.shape[1], n_local_trials, 8, shard.batch_size, sparse=ops.is_sparse(shard.X))
+        step = ops.chunk_rows(cand.shape[1], n_local_trials, 8, shard.batch_size, sparse=ops.is_sparse(shard.X),
+                              device=xp is not np)
         pots = xp.zeros(n_local_trials, dtype=xp.float64)
         best_d = []
         for s in range(0, n, step):

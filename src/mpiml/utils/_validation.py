@@ -126,7 +126,13 @@ def _finite_flags(X, xp, ensure_all_finite):
     if ensure_all_finite is False or X.size == 0 or X.dtype.kind not in "fc":
         return False, False
     data = X.data if hasattr(X, "format") else X  # sparse matrices: check the stored values
-    total = float(xp.sum(data, dtype=xp.float64))
+    if data.ndim and data.size >= 1 << 31:
+        # in row blocks of 2^30 elements: CuPy's 32-bit-index reduction, compiled already for smaller arrays
+        # (its 64-bit-index one compiles on first use: 1 s each)
+        rows = max(1, (1 << 30) // (data.size // data.shape[0]))
+        total = sum(float(xp.sum(data[s:s + rows], dtype=xp.float64)) for s in range(0, data.shape[0], rows))
+    else:
+        total = float(xp.sum(data, dtype=xp.float64))
     if np.isfinite(total):
         return False, False
     has_nan = bool(xp.isnan(data).any()) if ensure_all_finite is True else False
