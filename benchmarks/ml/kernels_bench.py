@@ -46,7 +46,8 @@ TC_SWEEP = {
     (10**7, 64, 64, "float64"): [(1, 64, 64), (2, 64, 32)],
     (10**7, 16, 16, "float64"): [(4, 16, 16, 1), (1, 16, 16, 2)],
 }
-METHODS = ("tc", "tc_mma", "fused", "gemm")     # tc: sums in shared-memory copies; tc_mma: one-hot products
+# tc: the tensor-core kernel as planned; tc_mma: one-hot products; small: whole rows in registers (k, d <= 32)
+METHODS = ("tc", "tc_mma", "small", "fused", "gemm")
 
 
 def _compile_one(expr):
@@ -153,6 +154,8 @@ def bench_shape(n, d, k, dtype, rates, quick=False, sweep=False, tc_sweep=False)
     for method in METHODS:
         if method == "gemm" and quick and k < 256:
             continue                       # measured at 17-38 ms for k = 64 before: not a contender there
+        if method == "small" and (k > 32 or d > 32):
+            continue
         try:
             if method == "tc_mma":
                 if not distances.tc_plan(dtype, k, d, accum="mma")["fused"]:
@@ -374,6 +377,8 @@ def main(argv):
                 except ValueError:
                     pass
         exprs.append(distances.sums_plan(dt, k, d)["expr"])
+        if k <= 32 and d <= 32:
+            exprs += [distances.small_plan(dt, k, d, mode=m)["expr"] for m in ("assign", "lloyd")]
         exprs.append(distances.sums_plan(dt, k, d, kind="mma")["expr"])
     for kk in (16, 32, 64):               # the k-means|| candidate sets of the fit
         exprs.append(distances.tc_plan(np.float32, kk, 64, mode="assign")["expr"])
@@ -408,7 +413,7 @@ def main(argv):
         json.dump(result, f, indent=1)
     ok = [r for r in result["rows"] if "error" not in r]
     plot(ok, os.path.join(out, "kernels_bench.png"))
-    print(f"\n{'shape':<22}{'dtype':>8}{'floor':>8}{'tc':>8}{'fused':>8}{'gemm':>8}{'argmin':>8}{'cupy':>8}"
+    print(f"\n{'shape':<22}{'dtype':>8}{'floor':>8}{'tc':>8}{'small':>8}{'fused':>8}{'gemm':>8}{'argmin':>8}{'cupy':>8}"
           f"{'x floor':>8}{'TF/s':>7}{'bad lab':>8}")
     for r in result["rows"]:
         if "error" in r:
@@ -416,7 +421,7 @@ def main(argv):
             continue
         nan = float("nan")
         print(f"{r['n']:.0e}x{r['d']} k={r['k']:<6}{r['dtype']:>8}{r['floor_ms']:>8.3f}{r.get('lloyd_tc_ms', nan):>8.3f}"
-              f"{r.get('lloyd_fused_ms', nan):>8.3f}{r.get('lloyd_gemm_ms', nan):>8.3f}{r['assign_ms']:>8.3f}"
+              f"{r.get('lloyd_small_ms', nan):>8.3f}{r.get('lloyd_fused_ms', nan):>8.3f}{r.get('lloyd_gemm_ms', nan):>8.3f}{r['assign_ms']:>8.3f}"
               f"{(r['plain_cupy_ms'] or float('nan')):>8.2f}"
               f"{r['ratio_to_floor']:>8.2f}{r['achieved_tflops']:>7.1f}{r['labels_check']['disagree_not_near_tie']:>8}")
         for v in r.get("tc_sweep", []):

@@ -41,13 +41,15 @@ def _near_tie_ok(D, got, want, rtol):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("method", ["fused", "gemm", "tc"])
+@pytest.mark.parametrize("method", ["fused", "gemm", "tc", "small"])
 @pytest.mark.parametrize("n,d,k", SHAPES)
 def test_argmin_matches_reference(n, d, k, dtype, method):
     import cupy as cp
 
     from mpiml.kernels import distances
 
+    if method == "small" and (k > 32 or d > 32):
+        pytest.skip("the small kernel takes k, d <= 32")
     X, C = _data(n, d, k, dtype)
     D = _ref_sq(X, C)
     want = np.argmin(D, axis=1)
@@ -64,14 +66,18 @@ def test_argmin_matches_reference(n, d, k, dtype, method):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("accum,method", [("double", "fused"), ("float", "fused"), (None, "gemm"), (None, "tc")])
+@pytest.mark.parametrize("accum,method", [("double", "fused"), ("float", "fused"), (None, "gemm"), (None, "tc"),
+                                          (None, "small")])
 @pytest.mark.parametrize("n,d,k", [(1, 1, 1), (1000, 3, 5), (5000, 17, 40), (4097, 64, 64), (3000, 100, 300),
-                                   (2000, 8, 1024), (700, 1030, 7), (20000, 16, 16)])
+                                   (2000, 8, 1024), (700, 1030, 7), (20000, 16, 16), (70001, 16, 16),
+                                   (9001, 32, 32), (6000, 30, 17)])
 def test_lloyd_step_matches_reference(n, d, k, dtype, accum, method):
     import cupy as cp
 
     from mpiml.kernels import distances
 
+    if method == "small" and (k > 32 or d > 32):
+        pytest.skip("the small kernel takes k, d <= 32")
     X, C = _data(n, d, k, dtype, seed=1)
     rs = np.random.RandomState(2)
     w = rs.uniform(0.5, 2, n).astype(dtype)
@@ -119,7 +125,7 @@ def test_lloyd_packed_changed_and_labels_in_place(dtype):
     p3 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind, method="gemm")
     assert int(p3[-1].get()) == 3001 and bool((labels == ref_lab).all())
     assert bool(cp.allclose(p3[:-1], p1[:-1], rtol=1e-5 if dtype == np.float32 else 1e-12))
-    for method in ("fused", "tc"):
+    for method in ("fused", "tc", "small"):
         labels[:] = -1
         p4 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind, method=method)
         assert int(p4[-1].get()) == 3001 and bool((labels == ref_lab).all())
@@ -343,6 +349,8 @@ def test_errors():
             distances.argmin_sqeuclidean(cp.ones((3, 2)), cp.ones((1, 2)))
     finally:
         del os.environ["MPIML_DISTANCES_METHOD"]
+    with pytest.raises(ValueError, match="small"):
+        distances.argmin_sqeuclidean(cp.ones((3, 40)), cp.ones((1, 40)), method="small")
     with pytest.raises(ValueError, match="unknown metric"):
         distances.pairwise_distances(cp.ones((3, 2)), cp.ones((1, 2)), metric="manhattan")
 

@@ -145,3 +145,33 @@ def test_tc_plans():
     assert s["expr"] == "mpiml_distances_sums_simt<double, double, 8>"
     with pytest.raises(ValueError, match="kind"):
         distances.sums_plan(np.float32, 4, 4, kind="atomic")
+
+
+def test_small_plans():
+    # rows padded to 16 bytes, centres to 8 / 16 / 32, a shared row stride of an odd number of 16-byte words
+    p = distances.small_plan(np.float32, 16, 16)
+    assert (p["DP"], p["KP"], p["SX"], p["VEC"], p["STAGES"], p["R"]) == (16, 16, 20, 16, 2, 2)
+    assert p["expr"] == "mpiml_distances_small<float, float, 16, 16, 16, 1, 2, 2>"
+    # float64 total (+ weights), 16 float32 half-warp copies (+ weights a warp), 2 tiles of 512 rows (two a
+    # thread), centres, norms, shift, weights and previous labels of 2 tiles, labels of one
+    assert p["smem"] == ((16 * 16 + 16) * 8 + (16 * 16 * 16 + 8 * 16) * 4 + 2 * 512 * 20 * 4 + (256 + 16 + 16) * 4
+                         + 2 * 512 * 8 + 512 * 4)
+    assert distances.small_plan(np.float32, 16, 16, stages=3, rows=1)["smem"] == (
+        (16 * 16 + 16) * 8 + (16 * 16 * 16 + 8 * 16) * 4 + 3 * 256 * 20 * 4 + (256 + 16 + 16) * 4 + 3 * 256 * 8 + 256 * 4)
+    p = distances.small_plan(np.float64, 16, 16)
+    assert (p["DP"], p["KP"], p["SX"], p["STAGES"], p["accum"]) == (16, 16, 18, 2, "double")
+    assert p["smem"] == 8 * (16 * 16 + 16) * 8 + 2 * 256 * 18 * 8 + (256 + 32) * 8 + 2 * 256 * 12 + 256 * 4
+    a = distances.small_plan(np.float32, 5, 3, mode="assign")
+    assert (a["DP"], a["KP"], a["SX"], a["VEC"]) == (4, 8, 4, 4) and a["expr"].endswith(", 4, 0, 2, 2>")
+    assert a["smem"] == 2 * 512 * 4 * 4 + (32 + 8 + 4) * 4
+    assert distances.small_plan(np.float64, 3, 3, vw=1)["VEC"] == 8
+    assert distances.small_plan(np.float32, 17, 30)["KP"] == 32
+    for k, d in [(32, 32), (1, 1), (32, 1), (1, 32)]:
+        for dt in (np.float32, np.float64):
+            assert distances.small_plan(dt, k, d)["smem"] <= 227 * 1024 - 2048
+    with pytest.raises(ValueError, match="small kernel"):
+        distances.small_plan(np.float32, 33, 4)
+    with pytest.raises(ValueError, match="small kernel"):
+        distances.small_plan(np.float32, 4, 33)
+    with pytest.raises(ValueError, match="rows"):
+        distances.small_plan(np.float32, 4, 4, rows=3)

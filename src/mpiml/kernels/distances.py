@@ -23,6 +23,7 @@ __all__ = [
     "topk",
     "kernel_plan",
     "tc_plan",
+    "small_plan",
     "tc_supported",
     "pack_centres",
 ]
@@ -60,14 +61,19 @@ _GEMM_BLOCK_BYTES = 256 << 20     # bytes of one block of dot products on the GE
 _TC_CONFIGS = {np.dtype(np.float32): (2, 64), np.dtype(np.float64): (2, 64)}
 _TC_FUSED_MAX_K = 64              # the one-hot fused sums keep k x 8 features per warp in registers
 _TC_ACCUM = "pass"                # how the Lloyd sums are made from k = 17 on by default (see tc_plan)
-# Lloyd steps with k and d both at most this stay on the SIMT kernel (0: none).  Measured on an H200 at
-# 10^7 x 16, k = 16 with every tensor-core fix in: tc 0.74 ms vs SIMT 1.04 ms (float32), 1.03 vs 2.08 ms
-# (float64), so none does
-_SIMT_LLOYD_MAX = 0
+# k and d both at most this may go to the whole-rows-in-registers kernel (mpiml_distances_small, method
+# "small"; 0: never): see _method for where it is the default and the measurements
+_SMALL_MAX = 32
+# its tiles in shared memory (in flight + 1) and rows a thread.  Measured on an H200, Lloyd step at 10^7 rows
+# (benchmarks/results/small_kernel_h200_2026-11-24.json): float32 two rows a thread, two tiles: 0.518 ms at
+# d = k = 16 against 0.589 with one row and three tiles, 1.141 vs 1.386 at d = k = 32 (the best or within 2 %
+# of it at all five shapes); float64 one row, two tiles (two rows: 1.03 vs 0.94 ms at d = k = 16)
+_SMALL_STAGES = {np.dtype(np.float32): 2, np.dtype(np.float64): 2}
+_SMALL_ROWS = {np.dtype(np.float32): 2, np.dtype(np.float64): 1}
 _TC_SUMS_ROWS = 128               # rows per tile of the one-hot sums pass
 _TC_SUMS = "simt"                 # the sums pass of the tensor-core path by default (see sums_plan)
 _TC_STAGES = 2                    # buffers of the copies of X (the copies run STAGES - 1 steps ahead)
-_METHODS = ("auto", "fused", "gemm", "tc")
+_METHODS = ("auto", "fused", "gemm", "tc", "small")
 
 _SOURCES = {}
 _MODULES = {}
@@ -96,7 +102,8 @@ def _function(expr, source=None):
     cupy = _cupy()
     if source is None:
         source = "distances_tc.cu" if expr.startswith(("mpiml_distances_tc", "mpiml_distances_sums_tc",
-                                                        "mpiml_distances_sums_simt", "mpiml_tc_")) else "distances.cu"
+                                                        "mpiml_distances_sums_simt", "mpiml_distances_small",
+                                                        "mpiml_tc_")) else "distances.cu"
     key = (cupy.cuda.runtime.getDevice(), expr)
     fn = _MODULES.get(key)
     if fn is None:
@@ -258,6 +265,12 @@ def _method(method, k, d, dtype=np.float32, lloyd=True):
     cuBLAS (``"gemm"``: DGEMM on the FP64 tensor cores beats DMMA ``mma.sync`` there).  Measured on an
     H200 at 10^6 x 256, k = 1024: float32 Lloyd step tc 14.2 ms vs gemm 19.4 ms
     (``benchmarks/results/lloyd_variants_h200_2026-11-24_k1024.json``), float64 gemm 21.7 vs tc 37.2 ms.
+    ``"small"`` (whole rows in registers) for k, d <= 32 where it beats the tensor-core kernel: float32
+    Lloyd steps, and float32 arg-mins of k x d <= 512, and float64 with d <= 8.  Measured at 10^7 rows
+    (``benchmarks/results/small_kernel_h200_2026-11-24.json``), small vs tc, ms: float32 Lloyd 0.52 vs 0.67
+    (d = k = 16), 1.14 vs 1.50 (32, 32), 0.40 vs 0.63 (8, 8), 0.99 vs 1.24 (d 32, k 16), 0.41 vs 0.78
+    (d 3, k 5); float32 arg-min 0.25 vs 0.33 (16, 16) but 0.73 vs 0.68 (32, 32); float64 Lloyd 0.66 vs 0.75
+    (8, 8), 0.65 vs 0.85 (3, 5), 0.94 vs 0.93 (16, 16).
     Without them the SIMT register tile (``"fused"``, ``"gemm"`` from k = 256).  The environment
     variable ``MPIML_DISTANCES_METHOD`` overrides ``"auto"`` (benchmarks, tests)."""
     if method not in _METHODS:
@@ -269,15 +282,19 @@ def _method(method, k, d, dtype=np.float32, lloyd=True):
         method = forced
     if method == "auto":
         if tc_supported():
+            if k <= _SMALL_MAX and d <= _SMALL_MAX and (d <= 8 or np.dtype(dtype) == np.float32
+                                                        and (lloyd or k * d <= 512)):
+                return "small"
             if k >= _GEMM_FROM_K and np.dtype(dtype) == np.float64:
                 return "gemm"
-            if not (lloyd and k <= _SIMT_LLOYD_MAX and d <= _SIMT_LLOYD_MAX):
-                return "tc"
+            return "tc"
         if k >= _GEMM_FROM_K and (lloyd or np.dtype(dtype) == np.float64):
             return "gemm"
         return "fused"
-    if method == "tc" and not tc_supported():
-        raise ValueError("method='tc' needs a GPU of compute capability 8.0 or later")
+    if method in ("tc", "small") and not tc_supported():
+        raise ValueError(f"method={method!r} needs a GPU of compute capability 8.0 or later")
+    if method == "small" and not (k <= 32 and d <= 32):
+        raise ValueError(f"method='small' takes k and d up to 32, got k={k}, d={d}")
     return method
 
 
@@ -289,6 +306,10 @@ def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile
     method = _method(method, k, d, dtype, lloyd)
     if method == "tc":
         return _tc_launch(X, C, shift, w, labels, mind, out, lloyd=lloyd, tile=tile)
+    if method == "small":
+        # tile: the number of stages, or (stages, rows a thread)
+        st, r = (tile, None) if isinstance(tile, (int, np.integer)) else tuple(tile) if tile else (None, None)
+        return _small_launch(X, C, shift, w, labels, mind, out, lloyd=lloyd, stages=st, rows=r)
     plan = kernel_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", accum=accum,
                        vw=_vec(dtype, d, X, C, shift), tile=tile)
     plan["method"] = method
@@ -569,6 +590,77 @@ def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=Non
             plan["sums"] = {"kind": "label"}
         else:
             plan["sums"] = _sums_pass(X, shift, w, labels, k, out, kind=sums)
+    plan["grid"] = grid
+    return plan
+
+
+def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None):
+    """What one launch of the whole-rows-in-registers kernel (``mpiml_distances_small``) would use.
+
+    For ``d`` and ``k`` up to 32: the row is padded to ``DP`` features (a multiple of 16 bytes), the centres
+    to ``KP`` (8, 16 or 32; the padding ones never win), ``rows`` (R) rows a thread, tiles of 256 R rows,
+    ``stages`` tiles in shared memory (defaults ``_SMALL_STAGES``, ``_SMALL_ROWS``; fewer stages when shared
+    memory is short).
+    """
+    dtype = np.dtype(dtype)
+    if not (1 <= k <= 32 and 1 <= d <= 32):
+        raise ValueError(f"the small kernel takes k and d from 1 to 32, got k={k}, d={d}")
+    isz = dtype.itemsize
+    narrow = dtype == np.float32
+    ev = 16 // isz
+    dp = -(-d // ev) * ev
+    kp = 8 if k <= 8 else 16 if k <= 16 else 32
+    sx = dp if (dp // ev) % 2 else dp + ev
+    if vw is None:
+        vw = ev if d % ev == 0 else 1
+    lloyd = mode == "lloyd"
+    asz = 4 if narrow else 8
+    r = rows or _SMALL_ROWS[dtype]
+    if r not in (1, 2, 4):
+        raise ValueError(f"rows must be 1, 2 or 4, got {r}")
+    br = 256 * r
+
+    def smem(st):
+        copies = 16 if narrow and dp <= 16 else 8     # a copy of the sums per warp, per half warp (see the kernel)
+        b = (kp * dp + kp) * 8 * narrow + (copies * kp * dp + 8 * kp) * asz if lloyd else 0
+        b += st * br * sx * isz + (kp * dp + kp + dp) * isz
+        return b + (st * br * (isz + 4) + br * 4 if lloyd else 0)
+
+    stages = stages or _SMALL_STAGES[dtype]
+    while smem(stages) > _smem_per_block(1) and stages > 2:
+        stages -= 1
+    if stages < 2 or smem(stages) > _smem_per_block(1):
+        raise ValueError(f"the small kernel needs 2 or more stages that fit shared memory, got {stages}")
+    ct = _CTYPE[dtype]
+    expr = (f"mpiml_distances_small<{ct}, {'float' if narrow else 'double'}, {dp}, {kp}, {vw * isz}, "
+            f"{1 if lloyd else 0}, {stages}, {r}>")
+    return {"mode": mode, "method": "small", "ctype": ct, "DP": dp, "KP": kp, "SX": sx, "VEC": vw * isz,
+            "STAGES": stages, "R": r, "BM": br, "smem": smem(stages), "accum": "float" if narrow else "double",
+            "expr": expr}
+
+
+def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows=None):
+    """The whole-rows-in-registers kernel (+ the reduction of its partials for a Lloyd step)."""
+    cupy = _cupy()
+    dtype = np.dtype(X.dtype)
+    n, d = X.shape
+    k = C.shape[0]
+    plan = small_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", vw=_vec(dtype, d, X, shift),
+                      stages=stages, rows=rows)
+    if n == 0:
+        return plan
+    fn = _function(plan["expr"])
+    grid = _tc_grid(fn, plan, _cdiv(n, plan["BM"]))
+    P = k * d + k + 2
+    part = cupy.empty(grid * P if lloyd else 1, dtype=cupy.float64)
+    if plan["smem"] > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = plan["smem"]
+    fn((grid,), (_THREADS,),
+       (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, C, np.int32(k),
+        _NULL if w is None else w, labels, mind, part), shared_mem=plan["smem"])
+    if lloyd:
+        red = _function("mpiml_distances_reduce_partials")
+        red((int(min(1024, (P + 255) // 256)),), (256,), (part, np.int32(grid), np.int64(P), out))
     plan["grid"] = grid
     return plan
 

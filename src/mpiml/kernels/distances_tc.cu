@@ -32,6 +32,16 @@
 //       the same sums by plain adds (warp-private copies of type A in shared memory, X by cp.async):
 //       no k-fold waste where k is large for the one-hot products.
 //
+//   mpiml_distances_small<T, A, DP, KP, VEC, MODE, STAGES, R>
+//       few features and centres (d <= DP <= 32, k <= KP <= 32), where a step reads X at bandwidth and
+//       its arithmetic is small: whole rows in a thread's registers, no tensor cores.  Tiles of 256 R rows
+//       go to shared memory by cp.async, STAGES - 1 tiles ahead; a thread loads its R rows with 16-byte
+//       shared loads (row stride an odd number of 16-byte words: no bank conflict) and takes their dot
+//       products with the centres from broadcast loads, so the arg-min needs no shuffle.  MODE 1: each
+//       warp adds its rows into its own copy [KP][DP] of the sums (lane = feature; float32 with DP <= 16:
+//       two rows an instruction, a copy each), weights per cluster by shared atomics; float32 copies go
+//       to a float64 total every FLUSH tiles.  Block totals [sums | weights | inertia | changed] to part, as above.
+//
 //   mpiml_tc_pack<T, BN, DK>
 //       the centres in fragment order (`Cp`, the layout of distances.pack_centres, float32 split
 //       into TF32 big and small parts) and their squared norms padded with +inf to nJ x BN.
@@ -824,6 +834,334 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
             for (int q = 0; q < WARPS; ++q) v += (double)acc[(long long)q * kc * DS + i];
         }
         out[(long long)cl * d + f] = v;
+    }
+}
+
+// The arg-min (MODE 0) or the whole local Lloyd step (MODE 1) for small d and k: see the file's head.
+// R rows a thread (rows tid + 256 r of a tile of 256 R): every broadcast load of a centre feeds R rows, since
+// shared memory delivers 128 bytes a cycle to the lanes, a quarter of what the FMA units take.
+// Shared memory, in this order (every part a multiple of 16 bytes; distances.small_plan mirrors it):
+// MODE 1: tot [KP x DP + KP] float64 (A = float only), acc [COPIES][KP x DP] A, cnt [WARPS][KP] A;
+// then xbuf [STAGES][256 R x SX] T, cs [KP x DP] T, csq [KP] T, sh [DP] T;
+// MODE 1: w_s [STAGES][256 R] T, ol_s [STAGES][256 R] int (previous labels), lab_s [256 R] int.
+template <typename T, typename A, int DP, int KP, int VEC, int MODE, int STAGES, int R>
+__global__ void __launch_bounds__(MPIML_TC_THREADS, R == 1 && (sizeof(T) == 4 || DP <= 16) ? 2 : 1)
+mpiml_distances_small(const T* __restrict__ X, long long n, int d, const T* __restrict__ shift,
+                      const T* __restrict__ C, int k, const T* __restrict__ w, int* __restrict__ labels,
+                      T* __restrict__ mind, double* __restrict__ part)
+{
+    constexpr int THREADS = MPIML_TC_THREADS, WARPS = MPIML_TC_WARPS, BR = MPIML_TC_THREADS * R;
+    constexpr int EV = 16 / sizeof(T);                    // values of a 16-byte word
+    constexpr int SX = (DP / EV) % 2 ? DP : DP + EV;      // row stride of a staged tile
+    constexpr int EC = VEC / sizeof(T);                   // values of one cp.async
+    constexpr int CPR = DP / EC;
+    // two rows an instruction where a row takes half a warp (its own copy each: no lane of the other half adds
+    // to its cells); float64 copies keep one row an instruction (two copies a warp would halve the blocks an SM)
+    constexpr bool LLOYD = MODE == 1, NARROW = sizeof(A) == 4, PAIRS = DP <= 16 && NARROW;
+    constexpr int HALVES = PAIRS ? 2 : 1, COPIES = WARPS * HALVES;
+    constexpr int FLUSH = 4 / R > 0 ? 4 / R : 1;          // tiles between flushes: <= 128 adds a float32 cell
+    constexpr int CELLS = KP * DP;
+    static_assert(DP % EV == 0 && DP <= 32 && KP % 4 == 0 && KP >= 8 && KP <= 32, "small shapes only");
+
+    extern __shared__ __align__(16) unsigned char mpiml_tc_smem[];
+    unsigned char* p = mpiml_tc_smem;
+    double* tot = reinterpret_cast<double*>(p);
+    p += (LLOYD && NARROW) ? (CELLS + KP) * sizeof(double) : 0;
+    A* acc = reinterpret_cast<A*>(p);
+    p += LLOYD ? COPIES * CELLS * sizeof(A) : 0;
+    A* cnt = reinterpret_cast<A*>(p);
+    p += LLOYD ? WARPS * KP * sizeof(A) : 0;
+    T* xbuf = reinterpret_cast<T*>(p);
+    T* cs = xbuf + STAGES * BR * SX;
+    T* csq = cs + CELLS;
+    T* sh = csq + KP;
+    T* w_s = sh + DP;
+    int* ol_s = reinterpret_cast<int*>(w_s + (LLOYD ? STAGES * BR : 0));
+    int* lab_s = ol_s + STAGES * BR;
+    __shared__ double red_inertia[WARPS];
+    __shared__ long long red_changed[WARPS];
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const long long n_tiles = (n + BR - 1) / BR;
+    const long long my_tiles = blockIdx.x < n_tiles ? (n_tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+
+    // a tile of rows (and, MODE 1, their weights and previous labels) into buffer i % STAGES
+    auto stage = [&](long long i) {
+        const int b = (int)(i % STAGES);
+        const long long r0 = (blockIdx.x + i * gridDim.x) * BR;
+        T* xd = xbuf + b * BR * SX;
+        for (int e = tid; e < BR * CPR; e += THREADS) {
+            const int r = e / CPR, f = (e % CPR) * EC;
+            const long long row = r0 + r;
+            const bool ok = row < n && f < d;
+            mpiml_cp_async<VEC>(xd + r * SX + f, ok ? X + row * d + f : X, ok);
+        }
+        if constexpr (LLOYD) {
+            for (int r = tid; r < BR; r += THREADS) {
+                const long long row = r0 + r;
+                const bool ok = row < n;
+                mpiml_cp_async<4>(ol_s + b * BR + r, ok ? labels + row : labels, ok);
+                mpiml_cp_async<sizeof(T)>(w_s + b * BR + r, ok ? w + row : w, ok);
+            }
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < my_tiles) stage(s);
+        mpiml_cp_commit();
+    }
+
+    // the centres (zero past k and d), the shift, the copies
+    for (int i = tid; i < CELLS; i += THREADS) {
+        const int c = i / DP, f = i % DP;
+        cs[i] = (c < k && f < d) ? C[(long long)c * d + f] : T(0);
+    }
+    for (int f = tid; f < DP; f += THREADS) sh[f] = (shift != nullptr && f < d) ? shift[f] : T(0);
+    if constexpr (LLOYD) {
+        for (int i = tid; i < COPIES * CELLS; i += THREADS) acc[i] = A(0);
+        for (int i = tid; i < WARPS * KP; i += THREADS) cnt[i] = A(0);
+        if constexpr (NARROW) {
+            for (int i = tid; i < CELLS + KP; i += THREADS) tot[i] = 0.0;
+        }
+    }
+    __syncthreads();
+    for (int c = tid; c < KP; c += THREADS) {
+        T v = mpiml_tc<T>::inf();                         // past k: never nearer than a real centre
+        if (c < k) {
+            v = T(0);
+#pragma unroll
+            for (int f = 0; f < DP; ++f) v = fma(cs[c * DP + f], cs[c * DP + f], v);
+        }
+        csq[c] = v;
+    }
+    const bool shifted = shift != nullptr;
+
+    // the float32 copies into the float64 total, cell by cell in copy order (every thread, after a barrier)
+    auto flush = [&]() {
+        __syncthreads();
+        for (int i = tid; i < CELLS + KP; i += THREADS) {
+            double v = tot[i];
+            A* src = i < CELLS ? acc + i : cnt + (i - CELLS);
+            const int stride = i < CELLS ? CELLS : KP;
+#pragma unroll
+            for (int q = 0; q < (i < CELLS ? COPIES : WARPS); ++q) {
+                v += (double)src[q * stride];
+                src[q * stride] = A(0);
+            }
+            tot[i] = v;
+        }
+    };
+
+    // NV (label, value) pairs of this lane into column f of its warp's copy (label < 0: nothing), four
+    // independent read-modify-writes where the four labels differ, else one after the other
+    auto add_column = [&](A* col, const int (&lab)[16], const A (&val)[16]) {
+#pragma unroll
+        for (int u = 0; u < 16; u += 4) {
+            const int l0 = lab[u], l1 = lab[u + 1], l2 = lab[u + 2], l3 = lab[u + 3];
+            if ((l0 | l1 | l2 | l3) >= 0 && l0 != l1 && l0 != l2 && l0 != l3 && l1 != l2 && l1 != l3 && l2 != l3) {
+                const A x0 = col[l0 * DP], x1 = col[l1 * DP], x2 = col[l2 * DP], x3 = col[l3 * DP];
+                col[l0 * DP] = x0 + val[u];
+                col[l1 * DP] = x1 + val[u + 1];
+                col[l2 * DP] = x2 + val[u + 2];
+                col[l3 * DP] = x3 + val[u + 3];
+            } else {
+#pragma unroll
+                for (int q = u; q < u + 4; ++q)
+                    if (lab[q] >= 0) col[lab[q] * DP] += val[q];
+            }
+        }
+    };
+
+    double my_inertia = 0.0;
+    long long my_changed = 0;
+    int since = 0;
+    for (long long i = 0; i < my_tiles; ++i) {
+        mpiml_cp_wait<STAGES - 2>();
+        __syncthreads();                                  // tile i has landed; tile i - 1 is done with
+        if (i + STAGES - 1 < my_tiles) stage(i + STAGES - 1);
+        mpiml_cp_commit();
+        const int b = (int)(i % STAGES);
+        const T* xt = xbuf + b * BR * SX;
+        const long long row0 = (blockIdx.x + i * gridDim.x) * BR + tid;
+
+        // this thread's rows, shifted, and their squared norms
+        T x[R][DP], xsq[R];
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) {
+            const T* xr = xt + (tid + rr * THREADS) * SX;
+#pragma unroll
+            for (int f = 0; f < DP; f += EV) {
+                if constexpr (sizeof(T) == 4) {
+                    const float4 v = *reinterpret_cast<const float4*>(xr + f);
+                    x[rr][f] = v.x; x[rr][f + 1] = v.y; x[rr][f + 2] = v.z; x[rr][f + 3] = v.w;
+                } else {
+                    const double2 v = *reinterpret_cast<const double2*>(xr + f);
+                    x[rr][f] = v.x; x[rr][f + 1] = v.y;
+                }
+            }
+            if (shifted) {
+#pragma unroll
+                for (int f = 0; f < DP; ++f) x[rr][f] -= sh[f];
+            }
+            xsq[rr] = T(0);
+#pragma unroll
+            for (int f = 0; f < DP; ++f) xsq[rr] = fma(x[rr][f], x[rr][f], xsq[rr]);
+        }
+
+        // ||c||^2 - 2 x.c for every centre, four at a time; ties keep the lower index
+        T best[R];
+        int bj[R];
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) { best[rr] = mpiml_tc<T>::inf(); bj[rr] = 0; }
+#pragma unroll
+        for (int j = 0; j < KP; j += 4) {
+            T dot[4][R];
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+#pragma unroll
+                for (int rr = 0; rr < R; ++rr) dot[q][rr] = T(0);
+#pragma unroll
+            for (int f = 0; f < DP; f += EV) {
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const T* c = cs + (j + q) * DP + f;
+                    if constexpr (sizeof(T) == 4) {
+                        const float4 v = *reinterpret_cast<const float4*>(c);
+#pragma unroll
+                        for (int rr = 0; rr < R; ++rr) {
+                            dot[q][rr] = fma(x[rr][f], v.x, dot[q][rr]);
+                            dot[q][rr] = fma(x[rr][f + 1], v.y, dot[q][rr]);
+                            dot[q][rr] = fma(x[rr][f + 2], v.z, dot[q][rr]);
+                            dot[q][rr] = fma(x[rr][f + 3], v.w, dot[q][rr]);
+                        }
+                    } else {
+                        const double2 v = *reinterpret_cast<const double2*>(c);
+#pragma unroll
+                        for (int rr = 0; rr < R; ++rr) {
+                            dot[q][rr] = fma(x[rr][f], v.x, dot[q][rr]);
+                            dot[q][rr] = fma(x[rr][f + 1], v.y, dot[q][rr]);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const T cq = csq[j + q];
+#pragma unroll
+                for (int rr = 0; rr < R; ++rr) {
+                    const T dist = fma(T(-2), dot[q][rr], cq);
+                    if (dist < best[rr]) { best[rr] = dist; bj[rr] = j + q; }
+                }
+            }
+        }
+
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) {
+            const long long row = row0 + rr * THREADS;
+            T dist = best[rr] + xsq[rr];
+            dist = dist > T(0) ? dist : T(0);
+            if constexpr (!LLOYD) {
+                if (row < n) { labels[row] = bj[rr]; mind[row] = dist; }
+            } else {
+                const int r = tid + rr * THREADS;
+                int lab = -1;
+                if (row < n) {
+                    const T wt = w_s[b * BR + r];
+                    my_changed += ol_s[b * BR + r] != bj[rr];
+                    my_inertia += (double)wt * (double)dist;
+                    atomicAdd(&cnt[warp * KP + bj[rr]], (A)wt);
+                    labels[row] = bj[rr];
+                    mind[row] = dist;
+                    lab = bj[rr];
+                }
+                lab_s[r] = lab;
+            }
+        }
+        if constexpr (LLOYD) {
+            __syncwarp();
+            // the warp's rows into its copies, lane = feature: values and labels first (the adds may alias
+            // them as far as the compiler knows), then the adds
+            A* mine = acc + warp * HALVES * CELLS;
+#pragma unroll
+            for (int rr = 0; rr < R; ++rr) {
+                const int rb = rr * THREADS + warp * 32;
+                const int* lw = lab_s + rb;
+                const T* xw = xt + rb * SX;
+                const T* ww = w_s + b * BR + rb;
+                if constexpr (PAIRS) {
+                    // two rows an instruction: lanes 16 h + f take row 2 q + h into copy h
+                    const int h = lane >> 4, f = lane & 15;
+                    const bool on = f < DP;
+                    const T shf = on ? sh[f] : T(0);
+                    int lab[16];
+                    A val[16];
+#pragma unroll
+                    for (int q = 0; q < 16; ++q) {
+                        const int r = 2 * q + h;
+                        lab[q] = on ? lw[r] : -1;
+                        val[q] = on ? (A)(xw[r * SX + f] - shf) * (A)ww[r] : A(0);
+                    }
+                    add_column(mine + h * CELLS + (on ? f : 0), lab, val);
+                } else {
+                    const int f = lane;
+                    const bool on = f < DP;
+                    const T shf = on ? sh[f] : T(0);
+#pragma unroll
+                    for (int half = 0; half < 32; half += 16) {
+                        int lab[16];
+                        A val[16];
+#pragma unroll
+                        for (int q = 0; q < 16; ++q) {
+                            const int r = half + q;
+                            lab[q] = on ? lw[r] : -1;
+                            val[q] = on ? (A)(xw[r * SX + f] - shf) * (A)ww[r] : A(0);
+                        }
+                        add_column(mine + (on ? f : 0), lab, val);
+                    }
+                }
+            }
+            if constexpr (NARROW) {
+                if (++since == FLUSH) {
+                    since = 0;
+                    flush();                              // the next adds come after the next tile's barrier
+                }
+            }
+        }
+    }
+    mpiml_cp_wait<0>();
+    if constexpr (LLOYD) {
+        if constexpr (NARROW) flush();
+        __syncthreads();
+        // [sums (k x d) | weights (k) | inertia | changed] of this block, summed in block order by the caller
+        const long long P = (long long)k * d + k + 2;
+        double* out = part + (long long)blockIdx.x * P;
+        for (int i = tid; i < k * d + k; i += THREADS) {
+            const int cell = i < k * d ? (i / d) * DP + i % d : CELLS + (i - k * d);
+            double v;
+            if constexpr (NARROW) {
+                v = tot[cell];
+            } else {
+                v = 0.0;
+                const A* src = cell < CELLS ? acc + cell : cnt + (cell - CELLS);
+                const int stride = cell < CELLS ? CELLS : KP;
+                for (int q = 0; q < (cell < CELLS ? COPIES : WARPS); ++q) v += (double)src[q * stride];
+            }
+            out[i] = v;
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            my_inertia += __shfl_xor_sync(0xffffffffu, my_inertia, off);
+            my_changed += __shfl_xor_sync(0xffffffffu, my_changed, off);
+        }
+        if (lane == 0) { red_inertia[warp] = my_inertia; red_changed[warp] = my_changed; }
+        __syncthreads();
+        if (tid == 0) {
+            double v = 0.0;
+            long long c = 0;
+            for (int q = 0; q < WARPS; ++q) { v += red_inertia[q]; c += red_changed[q]; }
+            out[P - 2] = v;
+            out[P - 1] = (double)c;
+        }
     }
 }
 
