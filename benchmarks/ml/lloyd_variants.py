@@ -147,13 +147,14 @@ def run_shape(name, n, d, k, dt, reps=5):
                 rec(f"lloyd[{tag}+fused-{accum}]", lloyd(tile, accum), check=True)
     if k <= 32 and d <= 32:
         # the one-thread-a-row kernel (the default there), per number of staged tiles
+        Ch = C.get()                    # host centres, as KMeans gives them
         for st in SMALL_STAGES:
             def small(out=buf, st=st):
                 out[:] = 0
-                distances._small_launch(X, C, shift, w, labels, mind, out, lloyd=True, stages=st)
+                distances._small_launch(X, C, shift, w, labels, mind, out, lloyd=True, stages=st, C_host=Ch)
             rec(f"small[{st}]", small, check=True)
             rec(f"assign-small[{st}]", lambda st=st: distances._small_launch(X, C, shift, None, labels, mind, buf,
-                                                                             lloyd=False, stages=st))
+                                                                             lloyd=False, stages=st, C_host=Ch))
             plan = distances.small_plan(dt, k, d, stages=st)
             row["plans"][f"small_{st}"] = dict(plan, regs=int(distances._function(plan["expr"]).num_regs))
     # the sums passes alone, from the labels of the last step

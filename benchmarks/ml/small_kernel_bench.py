@@ -44,15 +44,24 @@ for dt in (np.float32, np.float64):
         row["inertia_rel"] = float(abs(pt[-2] - ps[-2]) / abs(pt[-2]))
         lab = cp.full(n, -1, cp.int32)
         p2 = distances.lloyd_step_packed(X, C, w, shift=shift, labels=lab, mind=mind, method="small")
+        lab3 = cp.full(n, -1, cp.int32)
+        p3 = distances.lloyd_step_packed(X, C, w, shift=shift, labels=lab3, mind=mind, method="small",
+                                         tile=(2, 1, False))
+        row["shared_vs_param_label_diff"] = int((lab3 != lab).sum())
+        row["shared_vs_param_sums_rel"] = float(cp.abs(p3[:k * d] - p2[:k * d]).max() / cp.abs(p2[:k * d]).max())
         row["repeat_bits"] = bool(np.array_equal(p2.get()[:-1], ps[:-1]))
+        # (stages, rows a thread, centres as kernel parameters); the centres are passed from the host, as
+        # KMeans does (from the device, the small kernel's parameters wait for a copy back)
         variants = [("tc", None), ("small", None)] + [("small", v) for v in (
-            ((3, 1), (2, 2), (3, 2), (2, 4)) if dt == np.float32 else ((2, 1), (3, 1), (2, 2)))]
+            ((2, 2, False), (2, 1, True), (2, 2, True), (3, 2, True), (2, 4, True)) if dt == np.float32 else
+            ((2, 1, False), (2, 1, True), (3, 1, True), (2, 2, True)))]
+        Ch = C.get()
         for m, st in variants:
-            tag = m if st is None else f"{m}{st[0]}x{st[1]}"
+            tag = m if st is None else f"{m}{st[0]}x{st[1]}{'p' if st[2] else ''}"
             try:
-                row[f"lloyd_{tag}"] = timed(lambda: distances.lloyd_step_packed(X, C, w, shift=shift, labels=labels,
+                row[f"lloyd_{tag}"] = timed(lambda: distances.lloyd_step_packed(X, Ch, w, shift=shift, labels=labels,
                                                                               mind=mind, method=m, tile=st), 7)
-                row[f"assign_{tag}"] = timed(lambda: distances.argmin_sqeuclidean(X, C, shift=shift, method=m,
+                row[f"assign_{tag}"] = timed(lambda: distances.argmin_sqeuclidean(X, Ch, shift=shift, method=m,
                                                                                 tile=st), 7)
             except Exception as e:  # noqa
                 row[f"err_{tag}"] = repr(e)[:200]

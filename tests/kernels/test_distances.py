@@ -103,6 +103,33 @@ def test_lloyd_step_matches_reference(n, d, k, dtype, accum, method):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n,d,k", [(5003, 16, 16), (3001, 3, 5), (2000, 9, 1)])
+def test_small_kernel_centres_as_parameters_or_shared(n, d, k, dtype):
+    """The small kernel reads its centres from its parameters (host or device centres) or from shared memory:
+    the same labels, sums within rounding, and host and device centres give the same bits."""
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    X, C = _data(n, d, k, dtype, seed=9)
+    Xd = cp.asarray(X)
+    out = {}
+    for name, Cx, tile in (("host", C, None), ("device", cp.asarray(C), None), ("shared", C, (2, 1, False))):
+        labels = cp.full(n, -1, cp.int32)
+        p = distances.lloyd_step_packed(Xd, Cx, labels=labels, method="small", tile=tile)
+        lab, dist = distances.argmin_sqeuclidean(Xd, Cx, method="small", tile=tile)
+        assert bool((lab == labels).all())
+        out[name] = (p.get(), labels.get(), dist.get())
+    assert distances.small_plan(dtype, k, d)["PC"]
+    np.testing.assert_array_equal(out["host"][0], out["device"][0])
+    np.testing.assert_array_equal(out["host"][1], out["shared"][1])
+    np.testing.assert_allclose(out["host"][0], out["shared"][0], rtol=1e-5 if dtype == np.float32 else 1e-12,
+                               atol=1e-6 * np.abs(out["host"][0]).max())
+    D = _ref_sq(X, C)
+    assert _near_tie_ok(D, out["host"][1], np.argmin(D, 1), 1e-4 if dtype == np.float32 else 1e-10)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_lloyd_packed_changed_and_labels_in_place(dtype):
     import cupy as cp
 

@@ -151,7 +151,7 @@ def test_small_plans():
     # rows padded to 16 bytes, centres to 8 / 16 / 32, a shared row stride of an odd number of 16-byte words
     p = distances.small_plan(np.float32, 16, 16)
     assert (p["DP"], p["KP"], p["SX"], p["VEC"], p["STAGES"], p["R"]) == (16, 16, 20, 16, 2, 2)
-    assert p["expr"] == "mpiml_distances_small<float, float, 16, 16, 16, 1, 2, 2>"
+    assert p["expr"] == "mpiml_distances_small<float, float, 16, 16, 16, 1, 2, 2, true>" and p["PC"]
     # float64 total (+ weights), 16 float32 half-warp copies (+ weights a warp), 2 tiles of 512 rows (two a
     # thread), centres, norms, shift, weights and previous labels of 2 tiles, labels of one
     assert p["smem"] == ((16 * 16 + 16) * 8 + (16 * 16 * 16 + 8 * 16) * 4 + 2 * 512 * 20 * 4 + (256 + 16 + 16) * 4
@@ -162,7 +162,7 @@ def test_small_plans():
     assert (p["DP"], p["KP"], p["SX"], p["STAGES"], p["accum"]) == (16, 16, 18, 2, "double")
     assert p["smem"] == 8 * (16 * 16 + 16) * 8 + 2 * 256 * 18 * 8 + (256 + 32) * 8 + 2 * 256 * 12 + 256 * 4
     a = distances.small_plan(np.float32, 5, 3, mode="assign")
-    assert (a["DP"], a["KP"], a["SX"], a["VEC"]) == (4, 8, 4, 4) and a["expr"].endswith(", 4, 0, 2, 2>")
+    assert (a["DP"], a["KP"], a["SX"], a["VEC"]) == (4, 8, 4, 4) and a["expr"].endswith(", 4, 0, 2, 2, true>")
     assert a["smem"] == 2 * 512 * 4 * 4 + (32 + 8 + 4) * 4
     assert distances.small_plan(np.float64, 3, 3, vw=1)["VEC"] == 8
     assert distances.small_plan(np.float32, 17, 30)["KP"] == 32
@@ -175,3 +175,12 @@ def test_small_plans():
         distances.small_plan(np.float32, 4, 33)
     with pytest.raises(ValueError, match="rows"):
         distances.small_plan(np.float32, 4, 4, rows=3)
+    # centres and norms as kernel parameters up to ~4 KB: float32 16 x 32 (2112 B) yes, 32 x 32 (4224 B) no
+    assert distances.small_plan(np.float32, 16, 32)["PC"] and not distances.small_plan(np.float32, 32, 32)["PC"]
+    assert distances.small_plan(np.float64, 16, 16)["PC"] and not distances.small_plan(np.float64, 17, 16)["PC"]
+    assert distances.small_plan(np.float32, 16, 16, param_centres=False)["expr"].endswith(", false>")
+    # rows a thread: float32 two, except wide rows with the centres as parameters; float64 one
+    assert [distances.small_plan(np.float32, k, d)["R"] for k, d in [(16, 32), (32, 32), (8, 8)]] == [1, 2, 2]
+    assert distances.small_plan(np.float64, 16, 16)["R"] == 1
+    with pytest.raises(ValueError, match="parameters"):
+        distances.small_plan(np.float32, 32, 32, param_centres=True)

@@ -115,8 +115,9 @@ def _lloyd(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
     it = 0
     for it in range(max_iter):
         t0 = time.perf_counter()
-        packed = ops.lloyd_step(shard.X, shard.weight, shard.shift, centers, labels, mind,
-                                batch_size=shard.batch_size)
+        # dense rows take the host copy of the centres (the GPU kernels of few centres read them as parameters)
+        packed = ops.lloyd_step(shard.X, shard.weight, shard.shift, centers if ops.is_sparse(shard.X) else c_host,
+                                labels, mind, batch_size=shard.batch_size)
         packed = _to_host(_allreduce(comm, packed))
         sums = packed[:k * d].reshape(k, d)
         counts = packed[k * d:k * d + k].copy()
@@ -143,8 +144,8 @@ def _lloyd(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
                 print(f"Converged at iteration {it}: center shift {center_shift:.3g} within tolerance {tol:.3g}.",
                       flush=True)
             break
-    labels, _, inertia = ops.assign(shard.X, shard.shift, centers, batch_size=shard.batch_size,
-                                    sample_weight=shard.weight)
+    labels, _, inertia = ops.assign(shard.X, shard.shift, centers if ops.is_sparse(shard.X) else c_host,
+                                    batch_size=shard.batch_size, sample_weight=shard.weight)
     inertia = float(_to_host(_allreduce(comm, np.array([inertia])))[0])
     return labels, inertia, centers, it + 1
 

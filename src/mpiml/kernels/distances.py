@@ -64,12 +64,16 @@ _TC_ACCUM = "pass"                # how the Lloyd sums are made from k = 17 on b
 # k and d both at most this may go to the whole-rows-in-registers kernel (mpiml_distances_small, method
 # "small"; 0: never): see _method for where it is the default and the measurements
 _SMALL_MAX = 32
-# its tiles in shared memory (in flight + 1) and rows a thread.  Measured on an H200, Lloyd step at 10^7 rows
-# (benchmarks/results/small_kernel_h200_2026-11-24.json): float32 two rows a thread, two tiles: 0.518 ms at
-# d = k = 16 against 0.589 with one row and three tiles, 1.141 vs 1.386 at d = k = 32 (the best or within 2 %
-# of it at all five shapes); float64 one row, two tiles (two rows: 1.03 vs 0.94 ms at d = k = 16)
+# centres and their norms of at most this many bytes go in the small kernel's parameters (the classic 4 KB
+# limit of a launch's parameters, less the other arguments)
+_SMALL_PARAM_BYTES = 3968
+# its tiles in shared memory (in flight + 1) and rows a thread (see small_plan).  Measured on an H200, Lloyd
+# step at 10^7 rows (benchmarks/results/small_kernel_h200_2026-11-24{,b}.json): two tiles everywhere (three:
+# 0.64 vs 0.49 ms float32 d = k = 16, 1.15 vs 0.85 float64); float32 rows of 16 features or fewer two rows a
+# thread (0.490 vs 0.509 ms at d = k = 16 with the centres as parameters; 1.141 vs 1.386 at d = k = 32 from
+# shared memory), wider rows with the centres as parameters one (0.840 vs 1.033 at d 32, k 16); float64 one
+# (1.04 vs 0.85 ms at d = k = 16)
 _SMALL_STAGES = {np.dtype(np.float32): 2, np.dtype(np.float64): 2}
-_SMALL_ROWS = {np.dtype(np.float32): 2, np.dtype(np.float64): 1}
 _TC_SUMS_ROWS = 128               # rows per tile of the one-hot sums pass
 _TC_SUMS = "simt"                 # the sums pass of the tensor-core path by default (see sums_plan)
 _TC_STAGES = 2                    # buffers of the copies of X (the copies run STAGES - 1 steps ahead)
@@ -254,8 +258,9 @@ def _prepare(X, C, *others):
     if X.shape[1] != C.shape[1]:
         raise ValueError(f"X has {X.shape[1]} features but C has {C.shape[1]}")
     X = cupy.ascontiguousarray(X)
-    C = cupy.ascontiguousarray(C, dtype=dtype)
-    rest = [None if o is None else cupy.ascontiguousarray(o, dtype=dtype).ravel() for o in others]
+    # C, weights and shifts may come from the host (NumPy)
+    C = cupy.ascontiguousarray(cupy.asarray(C, dtype=dtype))
+    rest = [None if o is None else cupy.ascontiguousarray(cupy.asarray(o, dtype=dtype)).ravel() for o in others]
     return (dtype, X, C, *rest)
 
 
@@ -266,11 +271,13 @@ def _method(method, k, d, dtype=np.float32, lloyd=True):
     H200 at 10^6 x 256, k = 1024: float32 Lloyd step tc 14.2 ms vs gemm 19.4 ms
     (``benchmarks/results/lloyd_variants_h200_2026-11-24_k1024.json``), float64 gemm 21.7 vs tc 37.2 ms.
     ``"small"`` (whole rows in registers) for k, d <= 32 where it beats the tensor-core kernel: float32
-    Lloyd steps, and float32 arg-mins of k x d <= 512, and float64 with d <= 8.  Measured at 10^7 rows
-    (``benchmarks/results/small_kernel_h200_2026-11-24.json``), small vs tc, ms: float32 Lloyd 0.52 vs 0.67
-    (d = k = 16), 1.14 vs 1.50 (32, 32), 0.40 vs 0.63 (8, 8), 0.99 vs 1.24 (d 32, k 16), 0.41 vs 0.78
-    (d 3, k 5); float32 arg-min 0.25 vs 0.33 (16, 16) but 0.73 vs 0.68 (32, 32); float64 Lloyd 0.66 vs 0.75
-    (8, 8), 0.65 vs 0.85 (3, 5), 0.94 vs 0.93 (16, 16).
+    Lloyd steps, float32 arg-mins of k x d <= 512, and float64 where the centres fit the kernel's parameters
+    (k x d up to 16 x 16 or 32 x 8).  Measured at 10^7 rows, centres from the host as KMeans passes them
+    (``benchmarks/results/small_kernel_h200_2026-11-24b.json``), small vs tc, ms: float32 Lloyd 0.49 vs 0.67
+    (d = k = 16), 1.15 vs 1.51 (32, 32), 0.39 vs 0.64 (8, 8), 0.84 vs 1.24 (d 32, k 16), 0.41 vs 0.79
+    (d 3, k 5); float32 arg-min 0.24 vs 0.33 (16, 16) but 0.74 vs 0.70 (32, 32); float64 Lloyd 0.85 vs 0.95
+    (16, 16), 0.62 vs 0.76 (8, 8), 0.64 vs 0.85 (3, 5); from shared memory (k x d too large for the
+    parameters) float64 is within 4 % of tc (1.69 vs 1.75 at d 32, k 16; 2.21 vs 2.25 at 32, 32).
     Without them the SIMT register tile (``"fused"``, ``"gemm"`` from k = 256).  The environment
     variable ``MPIML_DISTANCES_METHOD`` overrides ``"auto"`` (benchmarks, tests)."""
     if method not in _METHODS:
@@ -282,8 +289,8 @@ def _method(method, k, d, dtype=np.float32, lloyd=True):
         method = forced
     if method == "auto":
         if tc_supported():
-            if k <= _SMALL_MAX and d <= _SMALL_MAX and (d <= 8 or np.dtype(dtype) == np.float32
-                                                        and (lloyd or k * d <= 512)):
+            if k <= _SMALL_MAX and d <= _SMALL_MAX and (
+                    _small_param_fits(dtype, k, d) if np.dtype(dtype) == np.float64 else lloyd or k * d <= 512):
                 return "small"
             if k >= _GEMM_FROM_K and np.dtype(dtype) == np.float64:
                 return "gemm"
@@ -298,7 +305,7 @@ def _method(method, k, d, dtype=np.float32, lloyd=True):
     return method
 
 
-def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile=None, method="auto"):
+def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile=None, method="auto", C_host=None):
     cupy = _cupy()
     dtype = np.dtype(X.dtype)
     n, d = X.shape
@@ -307,9 +314,11 @@ def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile
     if method == "tc":
         return _tc_launch(X, C, shift, w, labels, mind, out, lloyd=lloyd, tile=tile)
     if method == "small":
-        # tile: the number of stages, or (stages, rows a thread)
-        st, r = (tile, None) if isinstance(tile, (int, np.integer)) else tuple(tile) if tile else (None, None)
-        return _small_launch(X, C, shift, w, labels, mind, out, lloyd=lloyd, stages=st, rows=r)
+        # tile: the number of stages, or (stages, rows a thread[, centres as parameters])
+        st, r, pc = ((tile, None, None) if isinstance(tile, (int, np.integer))
+                     else (tuple(tile) + (None,) * 3)[:3] if tile else (None, None, None))
+        return _small_launch(X, C, shift, w, labels, mind, out, lloyd=lloyd, stages=st, rows=r, C_host=C_host,
+                             param_centres=pc)
     plan = kernel_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", accum=accum,
                        vw=_vec(dtype, d, X, C, shift), tile=tile)
     plan["method"] = method
@@ -594,13 +603,22 @@ def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=Non
     return plan
 
 
-def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None):
+def _small_param_fits(dtype, k, d):
+    """Whether the small kernel's padded centres and norms fit its parameters."""
+    isz = np.dtype(dtype).itemsize
+    dp = -(-d // (16 // isz)) * (16 // isz)
+    kp = 8 if k <= 8 else 16 if k <= 16 else 32
+    return (kp * dp + kp) * isz <= _SMALL_PARAM_BYTES
+
+
+def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, param_centres=None):
     """What one launch of the whole-rows-in-registers kernel (``mpiml_distances_small``) would use.
 
     For ``d`` and ``k`` up to 32: the row is padded to ``DP`` features (a multiple of 16 bytes), the centres
     to ``KP`` (8, 16 or 32; the padding ones never win), ``rows`` (R) rows a thread, tiles of 256 R rows,
-    ``stages`` tiles in shared memory (defaults ``_SMALL_STAGES``, ``_SMALL_ROWS``; fewer stages when shared
-    memory is short).
+    ``stages`` tiles in shared memory (defaults ``_SMALL_STAGES``; float32 rows of up to 16 features, or with
+    the centres in shared memory, two rows a thread, else one; fewer stages when shared memory is short).  ``param_centres`` (``PC``): the centres and their norms go in the kernel's parameters
+    (default: where they fit ``_SMALL_PARAM_BYTES``), else the kernel reads them from shared memory.
     """
     dtype = np.dtype(dtype)
     if not (1 <= k <= 32 and 1 <= d <= 32):
@@ -615,7 +633,8 @@ def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None):
         vw = ev if d % ev == 0 else 1
     lloyd = mode == "lloyd"
     asz = 4 if narrow else 8
-    r = rows or _SMALL_ROWS[dtype]
+    pc = _small_param_fits(dtype, k, d) if param_centres is None else bool(param_centres)
+    r = rows or (2 if narrow and not (pc and dp > 16) else 1)
     if r not in (1, 2, 4):
         raise ValueError(f"rows must be 1, 2 or 4, got {r}")
     br = 256 * r
@@ -632,23 +651,42 @@ def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None):
     if stages < 2 or smem(stages) > _smem_per_block(1):
         raise ValueError(f"the small kernel needs 2 or more stages that fit shared memory, got {stages}")
     ct = _CTYPE[dtype]
+    if pc and not _small_param_fits(dtype, k, d):
+        raise ValueError(f"{kp} x {dp} centres do not fit the kernel's parameters")
     expr = (f"mpiml_distances_small<{ct}, {'float' if narrow else 'double'}, {dp}, {kp}, {vw * isz}, "
-            f"{1 if lloyd else 0}, {stages}, {r}>")
+            f"{1 if lloyd else 0}, {stages}, {r}, {'true' if pc else 'false'}>")
     return {"mode": mode, "method": "small", "ctype": ct, "DP": dp, "KP": kp, "SX": sx, "VEC": vw * isz,
-            "STAGES": stages, "R": r, "BM": br, "smem": smem(stages), "accum": "float" if narrow else "double",
-            "expr": expr}
+            "STAGES": stages, "R": r, "PC": pc, "BM": br, "smem": smem(stages),
+            "accum": "float" if narrow else "double", "expr": expr}
 
 
-def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows=None):
+def _small_centres_arg(plan, dtype, C, k, d, C_host=None):
+    """The kernel's by-value centres argument: ``[centres KP x DP | norms KP]`` (zero padded, +inf norms past
+    k) where the plan has them as parameters, else one unused value.  The centres come from ``C_host``
+    (NumPy, as KMeans holds them) or from the device (a copy back, which waits for the stream)."""
+    n_val = plan["KP"] * plan["DP"] + plan["KP"] if plan["PC"] else 1
+    buf = np.zeros(n_val, dtype=dtype)
+    if plan["PC"]:
+        kp, dp = plan["KP"], plan["DP"]
+        Ch = np.asarray(C_host if C_host is not None else _cupy().asnumpy(C), dtype=dtype).reshape(k, d)
+        buf[:kp * dp].reshape(kp, dp)[:k, :d] = Ch
+        buf[kp * dp:kp * dp + k] = (Ch.astype(np.float64) ** 2).sum(axis=1)
+        buf[kp * dp + k:] = np.inf
+    return buf.view(np.dtype({"names": ["v"], "formats": [(dtype, (n_val,))]}, align=True))
+
+
+def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows=None, C_host=None,
+                  param_centres=None):
     """The whole-rows-in-registers kernel (+ the reduction of its partials for a Lloyd step)."""
     cupy = _cupy()
     dtype = np.dtype(X.dtype)
     n, d = X.shape
     k = C.shape[0]
     plan = small_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", vw=_vec(dtype, d, X, shift),
-                      stages=stages, rows=rows)
+                      stages=stages, rows=rows, param_centres=param_centres)
     if n == 0:
         return plan
+    pc = _small_centres_arg(plan, dtype, C, k, d, C_host)
     fn = _function(plan["expr"])
     grid = _tc_grid(fn, plan, _cdiv(n, plan["BM"]))
     P = k * d + k + 2
@@ -657,7 +695,7 @@ def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows
         fn.max_dynamic_shared_size_bytes = plan["smem"]
     fn((grid,), (_THREADS,),
        (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, C, np.int32(k),
-        _NULL if w is None else w, labels, mind, part), shared_mem=plan["smem"])
+        _NULL if w is None else w, labels, mind, part, pc), shared_mem=plan["smem"])
     if lloyd:
         red = _function("mpiml_distances_reduce_partials")
         red((int(min(1024, (P + 255) // 256)),), (256,), (part, np.int32(grid), np.int64(P), out))
@@ -738,8 +776,8 @@ def argmin_sqeuclidean(X, C, *, shift=None, tile=None, method="auto"):
     Parameters
     ----------
     X : cupy.ndarray of shape (n, d), float32 or float64
-    C : cupy.ndarray of shape (k, d)
-        Cast to the dtype of ``X``.
+    C : cupy.ndarray or numpy.ndarray of shape (k, d)
+        Cast to the dtype of ``X``.  Centres on the host save the small kernel a copy back (and its wait).
     shift : cupy.ndarray of shape (d,), default=None
         Subtracted from every row of ``X`` (``C`` is then given in shifted coordinates).
     tile : tuple, default=None
@@ -756,12 +794,13 @@ def argmin_sqeuclidean(X, C, *, shift=None, tile=None, method="auto"):
         Squared distance to it (dtype of ``X``, clamped at 0).
     """
     cupy = _cupy()
+    C_host = C if isinstance(C, np.ndarray) else None
     dtype, X, C, shift = _prepare(X, C, shift)
     n = X.shape[0]
     labels = cupy.empty(n, dtype=cupy.int32)
     mind = cupy.empty(n, dtype=dtype)
     dummy = cupy.zeros(1, dtype=cupy.float64)
-    _argmin_launch(X, C, shift, None, labels, mind, dummy, lloyd=False, tile=tile, method=method)
+    _argmin_launch(X, C, shift, None, labels, mind, dummy, lloyd=False, tile=tile, method=method, C_host=C_host)
     return labels, mind
 
 
@@ -776,6 +815,7 @@ def lloyd_step_packed(X, C, sample_weight=None, *, shift=None, labels=None, mind
     ``method`` as in :func:`argmin_sqeuclidean`.
     """
     cupy = _cupy()
+    C_host = C if isinstance(C, np.ndarray) else None      # see argmin_sqeuclidean
     dtype, X, C, shift, w = _prepare(X, C, shift, sample_weight)
     n, d = X.shape
     k = C.shape[0]
@@ -786,7 +826,8 @@ def lloyd_step_packed(X, C, sample_weight=None, *, shift=None, labels=None, mind
     if mind is None:
         mind = cupy.empty(n, dtype=dtype)
     out = cupy.zeros(k * d + k + 2, dtype=cupy.float64)
-    _argmin_launch(X, C, shift, w, labels, mind, out, lloyd=True, accum=accum, tile=tile, method=method)
+    _argmin_launch(X, C, shift, w, labels, mind, out, lloyd=True, accum=accum, tile=tile, method=method,
+                   C_host=C_host)
     return out
 
 

@@ -32,12 +32,14 @@
 //       the same sums by plain adds (warp-private copies of type A in shared memory, X by cp.async):
 //       no k-fold waste where k is large for the one-hot products.
 //
-//   mpiml_distances_small<T, A, DP, KP, VEC, MODE, STAGES, R>
+//   mpiml_distances_small<T, A, DP, KP, VEC, MODE, STAGES, R, PC>
 //       few features and centres (d <= DP <= 32, k <= KP <= 32), where a step reads X at bandwidth and
 //       its arithmetic is small: whole rows in a thread's registers, no tensor cores.  Tiles of 256 R rows
 //       go to shared memory by cp.async, STAGES - 1 tiles ahead; a thread loads its R rows with 16-byte
 //       shared loads (row stride an odd number of 16-byte words: no bank conflict) and takes their dot
-//       products with the centres from broadcast loads, so the arg-min needs no shuffle.  MODE 1: each
+//       products with the centres from broadcast loads (PC: from the kernel's parameters, which the FMAs
+//       read as constant-bank operands: shared memory delivers only 128 bytes a cycle to the lanes), so
+//       the arg-min needs no shuffle.  MODE 1: each
 //       warp adds its rows into its own copy [KP][DP] of the sums (lane = feature; float32 with DP <= 16:
 //       two rows an instruction, a copy each), weights per cluster by shared atomics; float32 copies go
 //       to a float64 total every FLUSH tiles.  Block totals [sums | weights | inertia | changed] to part, as above.
@@ -844,11 +846,17 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
 // MODE 1: tot [KP x DP + KP] float64 (A = float only), acc [COPIES][KP x DP] A, cnt [WARPS][KP] A;
 // then xbuf [STAGES][256 R x SX] T, cs [KP x DP] T, csq [KP] T, sh [DP] T;
 // MODE 1: w_s [STAGES][256 R] T, ol_s [STAGES][256 R] int (previous labels), lab_s [256 R] int.
-template <typename T, typename A, int DP, int KP, int VEC, int MODE, int STAGES, int R>
+template <typename T, int N>
+struct mpiml_small_centres {
+    T v[N];
+};
+
+template <typename T, typename A, int DP, int KP, int VEC, int MODE, int STAGES, int R, bool PC>
 __global__ void __launch_bounds__(MPIML_TC_THREADS, R == 1 && (sizeof(T) == 4 || DP <= 16) ? 2 : 1)
 mpiml_distances_small(const T* __restrict__ X, long long n, int d, const T* __restrict__ shift,
                       const T* __restrict__ C, int k, const T* __restrict__ w, int* __restrict__ labels,
-                      T* __restrict__ mind, double* __restrict__ part)
+                      T* __restrict__ mind, double* __restrict__ part,
+                      const mpiml_small_centres<T, PC ? KP * DP + KP : 1> pc)
 {
     constexpr int THREADS = MPIML_TC_THREADS, WARPS = MPIML_TC_WARPS, BR = MPIML_TC_THREADS * R;
     constexpr int EV = 16 / sizeof(T);                    // values of a 16-byte word
@@ -1025,7 +1033,15 @@ mpiml_distances_small(const T* __restrict__ X, long long n, int d, const T* __re
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {
                     const T* c = cs + (j + q) * DP + f;
-                    if constexpr (sizeof(T) == 4) {
+                    if constexpr (PC) {
+                        // the centres are kernel parameters: constant-bank operands of the FMAs, no loads
+#pragma unroll
+                        for (int e = 0; e < EV; ++e) {
+                            const T cv = pc.v[(j + q) * DP + f + e];
+#pragma unroll
+                            for (int rr = 0; rr < R; ++rr) dot[q][rr] = fma(x[rr][f + e], cv, dot[q][rr]);
+                        }
+                    } else if constexpr (sizeof(T) == 4) {
                         const float4 v = *reinterpret_cast<const float4*>(c);
 #pragma unroll
                         for (int rr = 0; rr < R; ++rr) {
@@ -1046,7 +1062,7 @@ mpiml_distances_small(const T* __restrict__ X, long long n, int d, const T* __re
             }
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-                const T cq = csq[j + q];
+                const T cq = PC ? pc.v[KP * DP + j + q] : csq[j + q];
 #pragma unroll
                 for (int rr = 0; rr < R; ++rr) {
                     const T dist = fma(T(-2), dot[q][rr], cq);
