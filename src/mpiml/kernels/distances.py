@@ -258,8 +258,9 @@ def _prepare(X, C, *others):
     if X.shape[1] != C.shape[1]:
         raise ValueError(f"X has {X.shape[1]} features but C has {C.shape[1]}")
     X = cupy.ascontiguousarray(X)
-    # C, weights and shifts may come from the host (NumPy)
-    C = cupy.ascontiguousarray(cupy.asarray(C, dtype=dtype))
+    # C, weights and shifts may come from the host (NumPy); host centres stay there until a launcher needs
+    # them on the device (the small kernel takes them as parameters: no copy, no wait)
+    C = np.ascontiguousarray(C, dtype=dtype) if isinstance(C, np.ndarray) else cupy.ascontiguousarray(C, dtype=dtype)
     rest = [None if o is None else cupy.ascontiguousarray(cupy.asarray(o, dtype=dtype)).ravel() for o in others]
     return (dtype, X, C, *rest)
 
@@ -311,6 +312,8 @@ def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile
     n, d = X.shape
     k = C.shape[0]
     method = _method(method, k, d, dtype, lloyd)
+    if method != "small" and isinstance(C, np.ndarray):
+        C = cupy.asarray(C)
     if method == "tc":
         return _tc_launch(X, C, shift, w, labels, mind, out, lloyd=lloyd, tile=tile)
     if method == "small":
@@ -668,7 +671,8 @@ def _small_centres_arg(plan, dtype, C, k, d, C_host=None):
     buf = np.zeros(n_val, dtype=dtype)
     if plan["PC"]:
         kp, dp = plan["KP"], plan["DP"]
-        Ch = np.asarray(C_host if C_host is not None else _cupy().asnumpy(C), dtype=dtype).reshape(k, d)
+        Ch = C_host if C_host is not None else C
+        Ch = np.asarray(Ch if isinstance(Ch, np.ndarray) else _cupy().asnumpy(Ch), dtype=dtype).reshape(k, d)
         buf[:kp * dp].reshape(kp, dp)[:k, :d] = Ch
         buf[kp * dp:kp * dp + k] = (Ch.astype(np.float64) ** 2).sum(axis=1)
         buf[kp * dp + k:] = np.inf
@@ -687,6 +691,10 @@ def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows
     if n == 0:
         return plan
     pc = _small_centres_arg(plan, dtype, C, k, d, C_host)
+    if plan["PC"]:
+        C = _NULL                        # the kernel reads its centres from its parameters only
+    elif isinstance(C, np.ndarray):
+        C = cupy.asarray(C)
     fn = _function(plan["expr"])
     grid = _tc_grid(fn, plan, _cdiv(n, plan["BM"]))
     P = k * d + k + 2
@@ -858,6 +866,7 @@ def pairwise_distances(X, Y, *, metric="sqeuclidean", shift=None, y_shifted=Fals
     if metric not in _METRICS:
         raise ValueError(f"unknown metric {metric!r} (known: {sorted(_METRICS)})")
     dtype, X, Y, shift = _prepare(X, Y, shift)
+    Y = cupy.asarray(Y)
     if shift is not None and metric in ("inner_product", "cosine"):
         raise ValueError(f"shift applies to Euclidean metrics, not {metric!r}")
     n, d = X.shape

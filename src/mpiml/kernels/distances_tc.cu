@@ -919,10 +919,12 @@ mpiml_distances_small(const T* __restrict__ X, long long n, int d, const T* __re
         mpiml_cp_commit();
     }
 
-    // the centres (zero past k and d), the shift, the copies
-    for (int i = tid; i < CELLS; i += THREADS) {
-        const int c = i / DP, f = i % DP;
-        cs[i] = (c < k && f < d) ? C[(long long)c * d + f] : T(0);
+    // the centres (zero past k and d; PC: C is null, the centres are parameters), the shift, the copies
+    if constexpr (!PC) {
+        for (int i = tid; i < CELLS; i += THREADS) {
+            const int c = i / DP, f = i % DP;
+            cs[i] = (c < k && f < d) ? C[(long long)c * d + f] : T(0);
+        }
     }
     for (int f = tid; f < DP; f += THREADS) sh[f] = (shift != nullptr && f < d) ? shift[f] : T(0);
     if constexpr (LLOYD) {
@@ -933,7 +935,7 @@ mpiml_distances_small(const T* __restrict__ X, long long n, int d, const T* __re
         }
     }
     __syncthreads();
-    for (int c = tid; c < KP; c += THREADS) {
+    for (int c = tid; c < (PC ? 0 : KP); c += THREADS) {
         T v = mpiml_tc<T>::inf();                         // past k: never nearer than a real centre
         if (c < k) {
             v = T(0);
