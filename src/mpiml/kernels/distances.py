@@ -620,8 +620,9 @@ def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, pa
     For ``d`` and ``k`` up to 32: the row is padded to ``DP`` features (a multiple of 16 bytes), the centres
     to ``KP`` (8, 16 or 32; the padding ones never win), ``rows`` (R) rows a thread, tiles of 256 R rows,
     ``stages`` tiles in shared memory (defaults ``_SMALL_STAGES``; float32 rows of up to 16 features, or with
-    the centres in shared memory, two rows a thread, else one; fewer stages when shared memory is short).  ``param_centres`` (``PC``): the centres and their norms go in the kernel's parameters
-    (default: where they fit ``_SMALL_PARAM_BYTES``), else the kernel reads them from shared memory.
+    the centres in shared memory, two rows a thread, else one; fewer stages when shared memory is short).
+    ``param_centres`` (``PC``): the centres and their norms go in the kernel's parameters (default: where
+    they fit ``_SMALL_PARAM_BYTES``), else the kernel reads them from shared memory.
     """
     dtype = np.dtype(dtype)
     if not (1 <= k <= 32 and 1 <= d <= 32):
