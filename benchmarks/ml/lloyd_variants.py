@@ -122,8 +122,10 @@ def run_shape(name, n, d, k, dt, reps=5):
             distances._tc_launch(X, C, shift, w, labels, mind, out, lloyd=True, tile=tile, accum=accum, sums=sums)
         return fn
 
+    C_host = C.get()                    # KMeans gives the kernels its centres from the host
+
     def auto(out=buf):
-        out[:] = distances.lloyd_step_packed(X, C, w, shift=shift, labels=labels, mind=mind)
+        out[:] = distances.lloyd_step_packed(X, C_host, w, shift=shift, labels=labels, mind=mind)
 
     rec("auto", auto, check=True)
     row["auto_method"] = distances._method("auto", k, d, dt, True)
@@ -147,7 +149,7 @@ def run_shape(name, n, d, k, dt, reps=5):
                 rec(f"lloyd[{tag}+fused-{accum}]", lloyd(tile, accum), check=True)
     if k <= 32 and d <= 32:
         # the one-thread-a-row kernel (the default there), per number of staged tiles
-        Ch = C.get()                    # host centres, as KMeans gives them
+        Ch = C_host
         for st in SMALL_STAGES:
             def small(out=buf, st=st):
                 out[:] = 0
