@@ -306,7 +306,7 @@ def _method(method, k, d, dtype=np.float32, lloyd=True):
     return method
 
 
-def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile=None, method="auto", C_host=None):
+def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile=None, method="auto"):
     cupy = _cupy()
     dtype = np.dtype(X.dtype)
     n, d = X.shape
@@ -320,8 +320,7 @@ def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile
         # tile: the number of stages, or (stages, rows a thread[, centres as parameters])
         st, r, pc = ((tile, None, None) if isinstance(tile, (int, np.integer))
                      else (tuple(tile) + (None,) * 3)[:3] if tile else (None, None, None))
-        return _small_launch(X, C, shift, w, labels, mind, out, lloyd=lloyd, stages=st, rows=r, C_host=C_host,
-                             param_centres=pc)
+        return _small_launch(X, C, shift, w, labels, mind, out, lloyd=lloyd, stages=st, rows=r, param_centres=pc)
     plan = kernel_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", accum=accum,
                        vw=_vec(dtype, d, X, C, shift), tile=tile)
     plan["method"] = method
@@ -340,9 +339,7 @@ def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile
             (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, C, c_sq, np.int32(k),
              _NULL if w is None else w, labels, mind, out, part, np.int32(plan["groups"])))
     if lloyd:
-        red = _function("mpiml_distances_reduce_partials")
-        blocks = int(min(1024, (P + 255) // 256))
-        red((blocks,), (256,), (part, np.int32(grid), np.int64(P), out[k * d - S:]))
+        _reduce_partials(part, grid, P, out[k * d - S:])
         if not plan["groups"]:
             _label_sums(X, shift, w, labels, k, out, plan["accum"])
     plan["grid"] = grid
@@ -373,6 +370,13 @@ def _gemm_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum):
         out[-2] += w64 @ mind.astype(cupy.float64)
         out[-1] += cupy.count_nonzero(old != labels)
         _label_sums(X, shift, w, labels, k, out, accum)
+
+
+def _reduce_partials(part, nblocks, P, out):
+    """``out[:P] += `` the ``nblocks`` rows of ``P`` float64 partials in ``part``, added in row order
+    (``mpiml_distances_reduce_partials``: the same bits on every run)."""
+    red = _function("mpiml_distances_reduce_partials")
+    red((int(min(1024, (P + 255) // 256)),), (256,), (part, np.int32(nblocks), np.int64(P), out))
 
 
 def _label_sums(X, shift, w, labels, k, out, accum):
@@ -585,16 +589,11 @@ def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=Non
         # one pass for any k, where the reproducible passes take one per cluster range: 5.4 ms against 8.3
         # (SIMT, 7 ranges) at 10^6 x 256, k = 1024 float32
         sums = "label"
-    if plan["smem"] > 48 * 1024:
-        fn.max_dynamic_shared_size_bytes = plan["smem"]
-    fn((grid,), (_THREADS,),
-       (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, Cp, c_sq, np.int32(k),
-        np.int32(plan["nJ"]), _NULL if w is None else w, labels, mind, part, np.int32(plan["groups"])),
-       shared_mem=plan["smem"])
+    _launch(fn, plan, grid,
+            (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, Cp, c_sq, np.int32(k),
+             np.int32(plan["nJ"]), _NULL if w is None else w, labels, mind, part, np.int32(plan["groups"])))
     if lloyd:
-        red = _function("mpiml_distances_reduce_partials")
-        blocks = int(min(1024, (P + 255) // 256))
-        red((blocks,), (256,), (part, np.int32(grid), np.int64(P), out[k * d - S:]))
+        _reduce_partials(part, grid, P, out[k * d - S:])
         if plan["fused"] or sums == "none":
             pass
         elif sums == "label":
@@ -606,12 +605,16 @@ def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=Non
     return plan
 
 
+def _small_dims(dtype, k, d):
+    """The small kernel's padded row (DP features, a multiple of 16 bytes) and centre count (KP: 8, 16, 32)."""
+    ev = 16 // np.dtype(dtype).itemsize
+    return -(-d // ev) * ev, 8 if k <= 8 else 16 if k <= 16 else 32
+
+
 def _small_param_fits(dtype, k, d):
     """Whether the small kernel's padded centres and norms fit its parameters."""
-    isz = np.dtype(dtype).itemsize
-    dp = -(-d // (16 // isz)) * (16 // isz)
-    kp = 8 if k <= 8 else 16 if k <= 16 else 32
-    return (kp * dp + kp) * isz <= _SMALL_PARAM_BYTES
+    dp, kp = _small_dims(dtype, k, d)
+    return (kp * dp + kp) * np.dtype(dtype).itemsize <= _SMALL_PARAM_BYTES
 
 
 def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, param_centres=None):
@@ -630,8 +633,7 @@ def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, pa
     isz = dtype.itemsize
     narrow = dtype == np.float32
     ev = 16 // isz
-    dp = -(-d // ev) * ev
-    kp = 8 if k <= 8 else 16 if k <= 16 else 32
+    dp, kp = _small_dims(dtype, k, d)
     sx = dp if (dp // ev) % 2 else dp + ev
     if vw is None:
         vw = ev if d % ev == 0 else 1
@@ -664,24 +666,22 @@ def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, pa
             "accum": "float" if narrow else "double", "expr": expr}
 
 
-def _small_centres_arg(plan, dtype, C, k, d, C_host=None):
+def _small_centres_arg(plan, dtype, C, k, d):
     """The kernel's by-value centres argument: ``[centres KP x DP | norms KP]`` (zero padded, +inf norms past
-    k) where the plan has them as parameters, else one unused value.  The centres come from ``C_host``
-    (NumPy, as KMeans holds them) or from the device (a copy back, which waits for the stream)."""
+    k) where the plan has them as parameters, else one unused value.  ``C`` on the host (NumPy, as KMeans
+    holds them) is used as it is; on the device it is copied back (which waits for the stream)."""
     n_val = plan["KP"] * plan["DP"] + plan["KP"] if plan["PC"] else 1
     buf = np.zeros(n_val, dtype=dtype)
     if plan["PC"]:
         kp, dp = plan["KP"], plan["DP"]
-        Ch = C_host if C_host is not None else C
-        Ch = np.asarray(Ch if isinstance(Ch, np.ndarray) else _cupy().asnumpy(Ch), dtype=dtype).reshape(k, d)
+        Ch = np.asarray(C if isinstance(C, np.ndarray) else _cupy().asnumpy(C), dtype=dtype).reshape(k, d)
         buf[:kp * dp].reshape(kp, dp)[:k, :d] = Ch
         buf[kp * dp:kp * dp + k] = (Ch.astype(np.float64) ** 2).sum(axis=1)
         buf[kp * dp + k:] = np.inf
     return buf.view(np.dtype({"names": ["v"], "formats": [(dtype, (n_val,))]}, align=True))
 
 
-def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows=None, C_host=None,
-                  param_centres=None):
+def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows=None, param_centres=None):
     """The whole-rows-in-registers kernel (+ the reduction of its partials for a Lloyd step)."""
     cupy = _cupy()
     dtype = np.dtype(X.dtype)
@@ -691,7 +691,7 @@ def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows
                       stages=stages, rows=rows, param_centres=param_centres)
     if n == 0:
         return plan
-    pc = _small_centres_arg(plan, dtype, C, k, d, C_host)
+    pc = _small_centres_arg(plan, dtype, C, k, d)
     if plan["PC"]:
         C = _NULL                        # the kernel reads its centres from its parameters only
     elif isinstance(C, np.ndarray):
@@ -700,14 +700,10 @@ def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows
     grid = _tc_grid(fn, plan, _cdiv(n, plan["BM"]))
     P = k * d + k + 2
     part = cupy.empty(grid * P if lloyd else 1, dtype=cupy.float64)
-    if plan["smem"] > 48 * 1024:
-        fn.max_dynamic_shared_size_bytes = plan["smem"]
-    fn((grid,), (_THREADS,),
-       (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, C, np.int32(k),
-        _NULL if w is None else w, labels, mind, part, pc), shared_mem=plan["smem"])
+    _launch(fn, plan, grid, (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, C, np.int32(k),
+                             _NULL if w is None else w, labels, mind, part, pc))
     if lloyd:
-        red = _function("mpiml_distances_reduce_partials")
-        red((int(min(1024, (P + 255) // 256)),), (256,), (part, np.int32(grid), np.int64(P), out))
+        _reduce_partials(part, grid, P, out)
     plan["grid"] = grid
     return plan
 
@@ -766,15 +762,10 @@ def _sums_pass(X, shift, w, labels, k, out, kind=None):
     per_block = _cdiv(_cdiv(n, splits), rows) * rows
     splits = _cdiv(n, per_block)
     part = cupy.empty(splits * k * d, dtype=cupy.float64)
-    if plan["smem"] > 48 * 1024:
-        fn.max_dynamic_shared_size_bytes = plan["smem"]
     head = (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, labels, w, np.int32(k))
     tail = (np.int64(per_block), part)
-    fn((n_slabs * n_kc * splits,), (_THREADS,), head + ((np.int32(plan["KC"]),) if plan["kind"] != "mma" else ())
-       + tail, shared_mem=plan["smem"])
-    red = _function("mpiml_distances_reduce_partials")
-    P = k * d
-    red((int(min(1024, (P + 255) // 256)),), (256,), (part, np.int32(splits), np.int64(P), out[:P]))
+    _launch(fn, plan, n_slabs * n_kc * splits, head + ((np.int32(plan["KC"]),) if plan["kind"] != "mma" else ()) + tail)
+    _reduce_partials(part, splits, k * d, out[:k * d])
     plan["splits"] = splits
     return plan
 
@@ -803,13 +794,12 @@ def argmin_sqeuclidean(X, C, *, shift=None, tile=None, method="auto"):
         Squared distance to it (dtype of ``X``, clamped at 0).
     """
     cupy = _cupy()
-    C_host = C if isinstance(C, np.ndarray) else None
     dtype, X, C, shift = _prepare(X, C, shift)
     n = X.shape[0]
     labels = cupy.empty(n, dtype=cupy.int32)
     mind = cupy.empty(n, dtype=dtype)
     dummy = cupy.zeros(1, dtype=cupy.float64)
-    _argmin_launch(X, C, shift, None, labels, mind, dummy, lloyd=False, tile=tile, method=method, C_host=C_host)
+    _argmin_launch(X, C, shift, None, labels, mind, dummy, lloyd=False, tile=tile, method=method)
     return labels, mind
 
 
@@ -824,7 +814,6 @@ def lloyd_step_packed(X, C, sample_weight=None, *, shift=None, labels=None, mind
     ``method`` as in :func:`argmin_sqeuclidean`.
     """
     cupy = _cupy()
-    C_host = C if isinstance(C, np.ndarray) else None      # see argmin_sqeuclidean
     dtype, X, C, shift, w = _prepare(X, C, shift, sample_weight)
     n, d = X.shape
     k = C.shape[0]
@@ -835,8 +824,7 @@ def lloyd_step_packed(X, C, sample_weight=None, *, shift=None, labels=None, mind
     if mind is None:
         mind = cupy.empty(n, dtype=dtype)
     out = cupy.zeros(k * d + k + 2, dtype=cupy.float64)
-    _argmin_launch(X, C, shift, w, labels, mind, out, lloyd=True, accum=accum, tile=tile, method=method,
-                   C_host=C_host)
+    _argmin_launch(X, C, shift, w, labels, mind, out, lloyd=True, accum=accum, tile=tile, method=method)
     return out
 
 
