@@ -112,12 +112,14 @@ def _lloyd(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
     # waits for it anyway) and one of the centres out, instead of a dozen small launches and a second wait
     # while the GPU idles (~0.5 ms an iteration on an H200, the whole step at 10^7 x 16, k = 16)
     c_host = _to_host(centers)
+    # dense rows take the host copy of the centres (the GPU kernels of few centres read them as parameters);
+    # sparse GPU rows need them on the device, a copy each iteration
+    sparse = ops.is_sparse(shard.X)
     it = 0
     for it in range(max_iter):
         t0 = time.perf_counter()
-        # dense rows take the host copy of the centres (the GPU kernels of few centres read them as parameters)
-        packed = ops.lloyd_step(shard.X, shard.weight, shard.shift, centers if ops.is_sparse(shard.X) else c_host,
-                                labels, mind, batch_size=shard.batch_size)
+        packed = ops.lloyd_step(shard.X, shard.weight, shard.shift, centers if sparse else c_host, labels, mind,
+                                batch_size=shard.batch_size)
         packed = _to_host(_allreduce(comm, packed))
         sums = packed[:k * d].reshape(k, d)
         counts = packed[k * d:k * d + k].copy()
@@ -130,7 +132,8 @@ def _lloyd(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
         new = np.where(cnt > 0, sums / np.where(cnt > 0, cnt, 1), old)
         center_shift = float(((new - old) ** 2).sum())
         c_host = np.ascontiguousarray(new.astype(shard.X.dtype))
-        centers = xp.asarray(c_host)
+        if sparse:
+            centers = xp.asarray(c_host)
         if iter_seconds is not None:
             iter_seconds.append(time.perf_counter() - t0)
         if verbose and comm.rank == 0:
@@ -144,7 +147,8 @@ def _lloyd(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
                 print(f"Converged at iteration {it}: center shift {center_shift:.3g} within tolerance {tol:.3g}.",
                       flush=True)
             break
-    labels, _, inertia = ops.assign(shard.X, shard.shift, centers if ops.is_sparse(shard.X) else c_host,
+    centers = xp.asarray(c_host)
+    labels, _, inertia = ops.assign(shard.X, shard.shift, centers if sparse else c_host,
                                     batch_size=shard.batch_size, sample_weight=shard.weight)
     inertia = float(_to_host(_allreduce(comm, np.array([inertia])))[0])
     return labels, inertia, centers, it + 1
