@@ -423,7 +423,8 @@ def main(argv):
             continue
         nan = float("nan")
         print(f"{r['n']:.0e}x{r['d']} k={r['k']:<6}{r['dtype']:>8}{r['floor_ms']:>8.3f}{r.get('lloyd_tc_ms', nan):>8.3f}"
-              f"{r.get('lloyd_small_ms', nan):>8.3f}{r.get('lloyd_fused_ms', nan):>8.3f}{r.get('lloyd_gemm_ms', nan):>8.3f}{r['assign_ms']:>8.3f}"
+              f"{r.get('lloyd_small_ms', nan):>8.3f}{r.get('lloyd_fused_ms', nan):>8.3f}"
+              f"{r.get('lloyd_gemm_ms', nan):>8.3f}{r['assign_ms']:>8.3f}"
               f"{(r['plain_cupy_ms'] or float('nan')):>8.2f}"
               f"{r['ratio_to_floor']:>8.2f}{r['achieved_tflops']:>7.1f}{r['labels_check']['disagree_not_near_tie']:>8}")
         for v in r.get("tc_sweep", []):

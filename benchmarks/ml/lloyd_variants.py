@@ -11,8 +11,6 @@ Per (n, d, k, dtype), in one process, medians of CUDA events (kernels only):
 * ``sums[kind]``: the sums pass alone from the labels: ``simt`` (adds in warp copies: float32 flushed to
   float64 for float32 data), ``simt64`` (float64 copies), ``mma``
   (one-hot products on the tensor cores), ``label_sums`` (the SIMT family's column pass, atomics);
-* ``small[stages]``, ``assign-small[stages]`` (k, d <= 32): the one-thread-a-row kernel, Lloyd step and
-  arg-min, per number of tiles staged;
 * ``lloyd[tile+kind]``: a whole step of the unfused kernel + a sums pass, and the fused kernels
   (``smem``, ``mma``); each checked against float64 sums from its own labels and its weights per cluster.
   From k = 256 on also ``lloyd[tile+label]`` (the SIMT family's column pass, one pass for any k).
@@ -52,8 +50,6 @@ TILES = {
     (64, 1024): [None, (1, 64, 32, 2), (1, 64, 64, 2)],
 }
 
-SMALL_STAGES = (2, 3, 4)     # tiles of the one-thread-a-row kernel in shared memory, tried for k, d <= 32
-
 
 def _tiles(k, d):
     return TILES.get((k, d), [None])
@@ -72,9 +68,6 @@ def _exprs(n, d, k, dt):
                 pass
     for kind in ("simt", "simt64", "mma"):
         out.append(distances.sums_plan(dt, k, d, kind=kind)["expr"])
-    if k <= 32 and d <= 32:
-        out += [distances.small_plan(dt, k, d, mode=m, stages=st)["expr"] for m in ("assign", "lloyd")
-                for st in SMALL_STAGES]
     return out
 
 
@@ -147,18 +140,6 @@ def run_shape(name, n, d, k, dt, reps=5):
                 except ValueError:
                     continue
                 rec(f"lloyd[{tag}+fused-{accum}]", lloyd(tile, accum), check=True)
-    if k <= 32 and d <= 32:
-        # the one-thread-a-row kernel (the default there), per number of staged tiles
-        Ch = C_host
-        for st in SMALL_STAGES:
-            def small(out=buf, st=st):
-                out[:] = 0
-                distances._small_launch(X, C, shift, w, labels, mind, out, lloyd=True, stages=st, C_host=Ch)
-            rec(f"small[{st}]", small, check=True)
-            rec(f"assign-small[{st}]", lambda st=st: distances._small_launch(X, C, shift, None, labels, mind, buf,
-                                                                             lloyd=False, stages=st, C_host=Ch))
-            plan = distances.small_plan(dt, k, d, stages=st)
-            row["plans"][f"small_{st}"] = dict(plan, regs=int(distances._function(plan["expr"]).num_regs))
     # the sums passes alone, from the labels of the last step
     for kind in ("simt", "simt64", "mma"):
         rec(f"sums[{kind}]", lambda kind=kind: distances._sums_pass(X, shift, w, labels, k, buf, kind=kind))
