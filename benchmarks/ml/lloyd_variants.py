@@ -1,6 +1,6 @@
 """The parts of a tensor-core Lloyd step, timed apart and in combination, at the kernel benchmark's shapes.
 
-    python benchmarks/ml/lloyd_variants.py OUTDIR [--shapes all|f32|NAME ...]
+    python benchmarks/ml/lloyd_variants.py OUTDIR [--sums-only] [--shapes all|f32|NAME ...]
 
 Per (n, d, k, dtype), in one process, medians of CUDA events (kernels only):
 
@@ -11,6 +11,8 @@ Per (n, d, k, dtype), in one process, medians of CUDA events (kernels only):
 * ``sums[kind]``: the sums pass alone from the labels: ``simt`` (adds in warp copies: float32 flushed to
   float64 for float32 data), ``simt64`` (float64 copies), ``mma``
   (one-hot products on the tensor cores), ``label_sums`` (the SIMT family's column pass, atomics);
+* ``sums[simt,STAGES,BLOCKS]``: the ``simt`` pass by tiles in flight and blocks an SM (``SUMS_STAGES``),
+  each checked against float64 sums (``--sums-only``: these and ``auto`` alone);
 * ``lloyd[tile+kind]``: a whole step of the unfused kernel + a sums pass, and the fused kernels
   (``smem``, ``mma``); each checked against float64 sums from its own labels and its weights per cluster.
   From k = 256 on also ``lloyd[tile+label]`` (the SIMT family's column pass, one pass for any k).
@@ -51,6 +53,21 @@ TILES = {
 }
 
 
+# the float32 sums pass (float32 copies) by (stages, blocks an SM): the default, then one block an SM with
+# more tiles in flight (its copies leave shared memory for them)
+SUMS_STAGES = [(None, None), (4, 1), (8, 1), (12, 1), (16, 1)]
+
+
+def _sums_variants(k, d, dt):
+    out = []
+    for st, ps in SUMS_STAGES if np.dtype(dt) == np.float32 else [(None, None)]:
+        try:
+            out.append((st, ps, distances.sums_plan(dt, k, d, kind="simt", stages=st, per_sm=ps)))
+        except ValueError:
+            pass
+    return out
+
+
 def _tiles(k, d):
     return TILES.get((k, d), [None])
 
@@ -68,6 +85,7 @@ def _exprs(n, d, k, dt):
                 pass
     for kind in ("simt", "simt64", "mma"):
         out.append(distances.sums_plan(dt, k, d, kind=kind)["expr"])
+    out += [p["expr"] for _, _, p in _sums_variants(k, d, dt)]
     return out
 
 
@@ -88,7 +106,7 @@ def _check(X, shift, w, labels, packed, k, d):
                                            cp.bincount(labels, weights=w.astype(cp.float64), minlength=k)))}
 
 
-def run_shape(name, n, d, k, dt, reps=5):
+def run_shape(name, n, d, k, dt, reps=5, sums_only=False):
     X, C0, shift, C, w, labels, mind = step_inputs(n, d, k, dt)
     floor = max(step_floors(n, d, k, dt))
     row = {"name": name, "n": n, "d": d, "k": k, "dtype": np.dtype(dt).name, "floor_ms": floor, "times": {},
@@ -122,7 +140,16 @@ def run_shape(name, n, d, k, dt, reps=5):
 
     rec("auto", auto, check=True)
     row["auto_method"] = distances._method("auto", k, d, dt, True)
-    for tile in _tiles(k, d):
+    for st, ps, plan in _sums_variants(k, d, dt):
+        def sums(out=buf, st=st, ps=ps):
+            out[:] = 0
+            distances._sums_pass(X, shift, w, labels, k, out, kind="simt", stages=st, per_sm=ps)
+        key = f"sums[simt,{plan['stages']},{plan['per_sm']}]"
+        rec(key, sums, check=True)
+        if isinstance(row["checks"][key], dict):
+            row["checks"][key].pop("weights_ok")          # a sums pass leaves the weights to the kernel
+        row["plans"][key] = plan
+    for tile in [] if sums_only else _tiles(k, d):
         tag = "default" if tile is None else ",".join(map(str, tile))
         rec(f"assign[{tag}]", lambda: distances._tc_launch(X, C, shift, None, labels, mind, buf, lloyd=False,
                                                            tile=tile))
@@ -141,10 +168,11 @@ def run_shape(name, n, d, k, dt, reps=5):
                     continue
                 rec(f"lloyd[{tag}+fused-{accum}]", lloyd(tile, accum), check=True)
     # the sums passes alone, from the labels of the last step
-    for kind in ("simt", "simt64", "mma"):
+    for kind in () if sums_only else ("simt", "simt64", "mma"):
         rec(f"sums[{kind}]", lambda kind=kind: distances._sums_pass(X, shift, w, labels, k, buf, kind=kind))
-    rec("sums[label_sums]", lambda: distances._label_sums(X, shift, w, labels, k, buf, "double"))
-    for kind in ("simt", "simt64", "mma"):
+    if not sums_only:
+        rec("sums[label_sums]", lambda: distances._label_sums(X, shift, w, labels, k, buf, "double"))
+    for kind in () if sums_only else ("simt", "simt64", "mma"):
         row["plans"][f"sums_{kind}"] = distances.sums_plan(dt, k, d, kind=kind)
     del X, C, C0, w, labels, mind
     cp.get_default_memory_pool().free_all_blocks()
@@ -153,7 +181,9 @@ def run_shape(name, n, d, k, dt, reps=5):
 
 def main(argv):
     out = argv[0]
-    names = argv[argv.index("--shapes") + 1:] if "--shapes" in argv else ["all"]
+    sums_only = "--sums-only" in argv
+    names = [a for a in argv if a != "--sums-only"]
+    names = names[names.index("--shapes") + 1:] if "--shapes" in names else ["all"]
     if names == ["all"]:
         names = list(SHAPES)
     elif names == ["f32"]:
@@ -171,7 +201,7 @@ def main(argv):
     print(f"{result['device']}: compiled {len(set(exprs))} kernels in {time.perf_counter() - t0:.1f} s", flush=True)
     for nm in names:
         try:
-            result["rows"].append(run_shape(nm, *SHAPES[nm]))
+            result["rows"].append(run_shape(nm, *SHAPES[nm], sums_only=sums_only))
         except Exception as exc:
             result["rows"].append({"name": nm, "error": f"{type(exc).__name__}: {exc}"})
         with open(os.path.join(out, "lloyd_variants.json"), "w") as f:
@@ -184,7 +214,7 @@ def main(argv):
         for key, ms in r["times"].items():
             chk = r["checks"].get(key, "")
             if isinstance(chk, dict):
-                chk = f"sums err {chk['sums_rel_err']:.1e}{'' if chk['weights_ok'] else '  WEIGHTS WRONG'}"
+                chk = f"sums err {chk['sums_rel_err']:.1e}{'' if chk.get('weights_ok', True) else '  WEIGHTS WRONG'}"
             took = "failed" if ms is None else f"{ms:8.3f} ms {ms / r['floor_ms']:6.2f}x"
             print(f"  {key:<34}{took}  {chk}")
     return 0

@@ -132,19 +132,38 @@ def test_tc_plans():
     # the SIMT pass: 8 warp copies of kc x 32 float64 cells and 4 stages of 16 KB of X in one block's memory
     # float32: 8 float32 copies, a float64 total and 3 stages of 64 rows, two blocks an SM up to k = 69
     s = distances.sums_plan(np.float32, 64, 64, kind="simt")
-    assert s["KC"] == 64 and s["DS"] == 32 and s["expr"] == "mpiml_distances_sums_simt<float, float, 16>"
+    assert s["KC"] == 64 and s["DS"] == 32 and s["expr"] == "mpiml_distances_sums_simt<float, float, 16, 3, 2>"
     assert s["smem"] == 3 * 64 * (32 * 4 + 8) + 64 * 32 * 8 + 8 * 64 * 32 * 4 and s["per_sm"] == 2
     assert 2 * (s["smem"] + 1024) <= 228 * 1024
     s = distances.sums_plan(np.float32, 100, 64, kind="simt")
     assert s["KC"] == 100 and s["per_sm"] == 1 and s["smem"] <= 227 * 1024
     s = distances.sums_plan(np.float32, 64, 64, kind="simt64")
-    assert s["expr"] == "mpiml_distances_sums_simt<float, double, 16>"
+    assert s["expr"] == "mpiml_distances_sums_simt<float, double, 16, 4, 1>"
     assert s["smem"] == 4 * 128 * (32 * 4 + 8) + 8 * 64 * 32 * 8 <= 227 * 1024 and s["per_sm"] == 1
     s = distances.sums_plan(np.float64, 4100, 3, kind="simt")
     assert 1 <= s["KC"] < 4100 and s["smem"] <= 227 * 1024
-    assert s["expr"] == "mpiml_distances_sums_simt<double, double, 8>"
+    assert s["expr"] == "mpiml_distances_sums_simt<double, double, 8, 4, 1>"
     with pytest.raises(ValueError, match="kind"):
         distances.sums_plan(np.float32, 4, 4, kind="atomic")
+    # tiles in flight and blocks an SM chosen by the caller: one block an SM leaves room for 16 stages at k = 64
+    s = distances.sums_plan(np.float32, 64, 1024, kind="simt", stages=16, per_sm=1)
+    assert s["expr"] == "mpiml_distances_sums_simt<float, float, 16, 16, 1>" and s["KC"] == 64
+    assert s["smem"] == 16 * 64 * (32 * 4 + 8) + 64 * 32 * 8 + 8 * 64 * 32 * 4 <= 227 * 1024
+    with pytest.raises(ValueError, match="stages"):
+        distances.sums_plan(np.float32, 64, 64, kind="simt", stages=40, per_sm=1)
+    with pytest.raises(ValueError, match="per_sm"):
+        distances.sums_plan(np.float32, 64, 64, kind="simt", per_sm=3)
+
+
+def test_wave_splits():
+    """Row ranges of a sums pass: no partial last wave where a few more (or fewer) ranges avoid one."""
+    ws = distances._wave_splits
+    assert ws(32, 264, 10**6) == 33           # 1,056 blocks: four whole waves (9 ranges: 288, a wave and 24)
+    assert ws(2, 264, 10**6) == 130           # 260 of 264 slots in one wave
+    assert ws(32, 132, 10**6) == 4            # 128 of 132
+    assert ws(4, 132, 10**6) == 33            # 132 exactly
+    assert ws(32, 264, 3) == 3 and ws(32, 264, 1) == 1      # no more ranges than the rows allow
+    assert ws(300, 264, 10**6) == 4           # more items than slots: at most 4 ranges
 
 
 def test_small_plans():

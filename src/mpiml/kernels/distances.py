@@ -76,6 +76,8 @@ _SMALL_PARAM_BYTES = 3968
 _SMALL_STAGES = {np.dtype(np.float32): 2, np.dtype(np.float64): 2}
 _TC_SUMS_ROWS = 128               # rows per tile of the one-hot sums pass
 _TC_SUMS = "simt"                 # the sums pass of the tensor-core path by default (see sums_plan)
+# tiles in flight of mpiml_distances_sums_simt by (float32 copies, blocks an SM)
+_SUMS_STAGES = {(True, 2): 3, (True, 1): 3, (False, 1): 4, (False, 2): 2}
 _TC_STAGES = 2                    # buffers of the copies of X (the copies run STAGES - 1 steps ahead)
 _METHODS = ("auto", "fused", "gemm", "tc", "small")
 
@@ -396,7 +398,7 @@ def _label_sums(X, shift, w, labels, k, out, accum):
         fn.max_dynamic_shared_size_bytes = smem
     n_cc = (d + 31) // 32
     per_sm = max(1, min(8, smem_sm // (smem + 1024)))
-    splits = max(1, min((n + 255) // 256, -(-sms * per_sm // n_cc)))
+    splits = _wave_splits(n_cc, sms * per_sm, (n + 255) // 256)
     rows = -(-n // splits)
     for k0 in range(0, k, kc):
         fn((n_cc * splits,), (_THREADS,),
@@ -708,7 +710,7 @@ def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows
     return plan
 
 
-def sums_plan(dtype, k, d, vw=None, kind=None):
+def sums_plan(dtype, k, d, vw=None, kind=None, stages=None, per_sm=None):
     """The sums pass of the tensor-core path (the Lloyd sums from the labels, when not fused).
 
     ``kind``: ``"simt"`` (plain adds in warp-private copies, ``mpiml_distances_sums_simt``: float32 copies
@@ -730,16 +732,23 @@ def sums_plan(dtype, k, d, vw=None, kind=None):
         # 32 features, labels, weights | 8 copies of kc x 32]
         narrow = f32 and kind == "simt"
         ds = 32
-        rows, stages = (64, 3) if narrow else (16384 // (ds * isz), 4)
-        fixed = stages * rows * (ds * isz + isz + 4)
+        rows = 64 if narrow else 16384 // (ds * isz)
         per_kc = ds * 8 + 8 * ds * 4 if narrow else 8 * ds * 8
-        kc, per_sm = (_smem_per_block(2) - fixed) // per_kc, 2
-        if not narrow or k > kc:          # one block an SM: more clusters a pass
-            kc, per_sm = (_smem_per_block(1) - fixed) // per_kc, 1
-        kc = int(max(1, min(k, kc)))
+        if per_sm not in (None, 1, 2):
+            raise ValueError(f"per_sm must be 1 or 2, got {per_sm}")
+
+        def fit(ps, st):
+            return (_smem_per_block(ps) - st * rows * (ds * isz + isz + 4)) // per_kc
+
+        ps = per_sm or (2 if narrow and fit(2, stages or _SUMS_STAGES[(narrow, 2)]) >= k else 1)
+        st = stages or _SUMS_STAGES[(narrow, ps)]
+        kc = int(min(k, fit(ps, st)))
+        if st < 2 or kc < 1:
+            raise ValueError(f"{st} stages of the sums pass do not fit shared memory with {ps} blocks an SM")
         acc = "float" if narrow else "double"
-        return {"kind": kind, "DS": ds, "KC": kc, "VEC": vw * isz, "smem": fixed + kc * per_kc, "rows": rows,
-                "per_sm": per_sm, "expr": f"mpiml_distances_sums_simt<{_CTYPE[dtype]}, {acc}, {vw * isz}>"}
+        return {"kind": kind, "DS": ds, "KC": kc, "VEC": vw * isz, "rows": rows, "stages": st, "per_sm": ps,
+                "smem": st * rows * (ds * isz + isz + 4) + kc * per_kc,
+                "expr": f"mpiml_distances_sums_simt<{_CTYPE[dtype]}, {acc}, {vw * isz}, {st}, {ps}>"}
     mt = 16 if f32 else 8
     mtk = min(8, -(-k // mt))
     rows = _TC_SUMS_ROWS
@@ -748,17 +757,28 @@ def sums_plan(dtype, k, d, vw=None, kind=None):
             "per_sm": 2, "expr": f"mpiml_distances_sums_tc<{_CTYPE[dtype]}, {mtk}, {vw * isz}>"}
 
 
-def _sums_pass(X, shift, w, labels, k, out, kind=None):
+def _wave_splits(items, slots, most):
+    """Row ranges of a pass whose ``items`` blocks each take every row, at most ``most``: the fewest whose
+    time, ``waves / ranges`` with a partial last wave counted whole, is within 2 % of the best (9 ranges
+    of 32 feature slabs on 264 slots ran 288 blocks: a second wave of 24 that took a third of the pass,
+    seen by Nsight on an H200)."""
+    top = max(1, min(most, 4 * _cdiv(slots, items)))
+    cost = [(_cdiv(s * items, slots) / s, s) for s in range(1, top + 1)]
+    best = min(c for c, _ in cost)
+    return min(s for c, s in cost if c <= 1.02 * best)
+
+
+def _sums_pass(X, shift, w, labels, k, out, kind=None, stages=None, per_sm=None):
     """Per-cluster sums from the labels, added to ``out[:k*d]``: per-block partials summed in a fixed order."""
     cupy = _cupy()
     dtype = np.dtype(X.dtype)
     n, d = X.shape
-    plan = sums_plan(dtype, k, d, vw=_vec(dtype, d, X, shift), kind=kind)
+    plan = sums_plan(dtype, k, d, vw=_vec(dtype, d, X, shift), kind=kind, stages=stages, per_sm=per_sm)
     fn = _function(plan["expr"])
     sms = _device()[0]
     n_slabs, n_kc = _cdiv(d, plan["DS"]), _cdiv(k, plan["KC"])
     rows = plan["rows"]
-    splits = int(max(1, min(_cdiv(n, rows), _cdiv(plan["per_sm"] * sms, n_slabs * n_kc))))
+    splits = _wave_splits(n_slabs * n_kc, plan["per_sm"] * sms, min(_cdiv(n, rows), max(1, 2**28 // (8 * k * d))))
     per_block = _cdiv(_cdiv(n, splits), rows) * rows
     splits = _cdiv(n, per_block)
     part = cupy.empty(splits * k * d, dtype=cupy.float64)

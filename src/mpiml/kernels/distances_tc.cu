@@ -28,7 +28,7 @@
 //       block = (feature slab of 64, cluster chunk of MTK x MT, row range), the same one-hot
 //       product over tiles of 128 rows, float64 totals to part[row range][cluster * d + feature].
 //
-//   mpiml_distances_sums_simt<T, A, VEC>
+//   mpiml_distances_sums_simt<T, A, VEC, STAGES, MINB>
 //       the same sums by plain adds (warp-private copies of type A in shared memory, X by cp.async):
 //       no k-fold waste where k is large for the one-hot products.
 //
@@ -702,16 +702,16 @@ mpiml_distances_sums_tc(const T* __restrict__ X, long long n, int d, const T* __
 // 1.9 ms of reading X).  Block b: feature slab b % n_slabs (32 features, lane = feature), cluster range
 // [k0, k0 + kc) with k0 = ((b / n_slabs) % n_kc) * kc, rows [rows_per_block * split, + rows_per_block)
 // with split = b / (n_slabs * n_kc).  Tiles of BR rows with their labels and weights go to shared
-// memory by cp.async, STAGES deep (bytes in flight, not warps, keep the reads at bandwidth).  Warp w
-// loads rows w, w + 8, ... of a tile into registers, then adds them to its own copy [kc][32] of type A,
-// four rows at a time where their labels differ (four independent read-modify-writes), else two pairs
-// one after the other, a pair of equal labels adding its two values first.  A = float (float32 data): the copies are half the size (two blocks an SM) and the adds
-// need no conversion; every FLUSH tiles the block adds them to a float64 total [kc][32] (at most
+// memory by cp.async, STAGES deep (bytes in flight, not warps, keep the reads at bandwidth), MINB blocks
+// an SM (distances.sums_plan picks both).  Warp w loads rows w, w + 8, ... of a tile into registers, then
+// adds them to its own copy [kc][32] of type A, four rows at a time where their labels differ (four
+// independent read-modify-writes), else two pairs one after the other, a pair of equal labels adding its
+// two values first.  A = float (float32 data): the copies are half the size and the adds need no conversion; every FLUSH tiles the block adds them to a float64 total [kc][32] (at most
 // FLUSH * BR / 8 values meet in a float32 cell).  The block adds its copies in order and writes
 // part[split][cluster][feature]; the caller sums the splits in order.  Rows past the range are
 // zero-filled (label 0, weight 0: they add zeros).  Deterministic.
-template <typename T, typename A, int VEC>
-__global__ void __launch_bounds__(MPIML_TC_THREADS, sizeof(A) == 4 ? 2 : 1)
+template <typename T, typename A, int VEC, int STAGES, int MINB>
+__global__ void __launch_bounds__(MPIML_TC_THREADS, MINB)
 mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* __restrict__ shift,
                           const int* __restrict__ labels, const T* __restrict__ w, int k, int kc,
                           long long rows_per_block, double* __restrict__ part)
@@ -719,7 +719,7 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
     constexpr bool NARROW = sizeof(A) == 4;
     constexpr int THREADS = MPIML_TC_THREADS, WARPS = MPIML_TC_WARPS;
     constexpr int DS = 32, FLUSH = 16;
-    constexpr int STAGES = NARROW ? 3 : 4;
+    static_assert(STAGES >= 2, "one tile ahead at least");
     constexpr int BR = NARROW ? 64 : 16384 / (DS * sizeof(T));     // 8 or 16 KB of X per stage
     constexpr int RW = BR / WARPS;                                  // rows of a warp per tile
     static_assert(RW % 4 == 0, "groups of four rows");
