@@ -108,27 +108,57 @@ __device__ __forceinline__ void mpiml_cp_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void mpiml_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-// cp.async of the rows [r0, r0 + BR) of the feature slab [f0, f0 + DS) of X into xd (row stride S), with
-// their labels into ld and weights into wd, by the block's threads (sums passes).  Rows from r_end on and
-// features from d on are zero-filled (label 0, weight 0: such rows add zeros).
+// cp.async of tiles of BR rows of the feature slab [f0, f0 + DS) of X into shared memory (row stride S), with
+// the rows' labels and weights, by the block's threads (sums passes).  A thread copies the same 16-byte chunks
+// of every tile (rows r + j * RS, chunk ci), so their offsets are set once and a tile costs a bound and a copy
+// per chunk (offsets recomputed per tile were 84 instructions a warp per tile, the most of the SIMT pass, seen by
+// Nsight on an H200).  Rows from r_end on and features from d on are zero-filled (label 0, weight 0: they add zeros).
 template <typename T, int BR, int DS, int S, int VEC>
-__device__ __forceinline__ void mpiml_stage_rows(T* xd, int* ld, T* wd, const T* __restrict__ X,
-                                                 const int* __restrict__ labels, const T* __restrict__ w,
-                                                 long long r0, long long r_end, int d, int f0, int tid) {
-    constexpr int EV = VEC / sizeof(T);
-    constexpr int CPR = DS / EV;
-    for (int e = tid; e < BR * CPR; e += MPIML_TC_THREADS) {
-        const int r = e / CPR, ci = e % CPR;
-        const int f = f0 + ci * EV;
-        const long long row = r0 + r;
-        const bool ok = row < r_end && f < d;
-        mpiml_cp_async<VEC>(xd + r * S + ci * EV, ok ? X + row * d + f : X, ok);
+struct mpiml_row_stager {
+    static constexpr int EV = VEC / sizeof(T), CPR = DS / EV, RS = MPIML_TC_THREADS / CPR, PER = BR / RS;
+    static_assert(MPIML_TC_THREADS % CPR == 0 && BR % RS == 0, "whole rows of chunks per pass of the threads");
+    long long src;     // r * d + f: the thread's first chunk from its tile's first row
+    int dst, r, tid, d;
+    bool fok;
+    __device__ __forceinline__ mpiml_row_stager(int tid_, int d_, int f0) : tid(tid_), d(d_) {
+        r = tid / CPR;
+        const int ci = tid % CPR, f = f0 + ci * EV;
+        fok = f < d;
+        src = (long long)r * d + f;
+        dst = r * S + ci * EV;
     }
-    for (int r = tid; r < BR; r += MPIML_TC_THREADS) {
-        const long long row = r0 + r;
-        const bool ok = row < r_end;
-        mpiml_cp_async<4>(ld + r, ok ? labels + row : labels, ok);
-        mpiml_cp_async<sizeof(T)>(wd + r, ok ? w + row : w, ok);
+    // rows [t0, min(t0 + BR, r_end)) into xd (BR x S), their labels into ld and weights into wd
+    __device__ __forceinline__ void operator()(T* xd, int* ld, T* wd, const T* __restrict__ X,
+                                               const int* __restrict__ labels, const T* __restrict__ w,
+                                               long long t0, long long r_end) const {
+        const int left = r_end - t0 < BR ? (int)(r_end - t0) : BR;
+        const T* g = X + t0 * d + src;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const bool ok = fok && r + j * RS < left;
+            mpiml_cp_async<VEC>(xd + dst + j * RS * S, ok ? g + (long long)j * RS * d : X, ok);
+        }
+        for (int rr = tid; rr < BR; rr += MPIML_TC_THREADS) {
+            const bool ok = rr < left;
+            mpiml_cp_async<4>(ld + rr, ok ? labels + t0 + rr : labels, ok);
+            mpiml_cp_async<sizeof(T)>(wd + rr, ok ? w + t0 + rr : w, ok);
+        }
+    }
+};
+
+// N consecutive values from shared memory (16-byte aligned) by 16-byte loads
+template <typename T, int N>
+__device__ __forceinline__ void mpiml_load_vec(T (&v)[N], const T* p) {
+    static_assert(N * sizeof(T) % 16 == 0, "whole 16-byte words");
+#pragma unroll
+    for (int q = 0; q < N * (int)sizeof(T) / 16; ++q) {
+        if constexpr (sizeof(T) == 4) {
+            const float4 f = reinterpret_cast<const float4*>(p)[q];
+            v[4 * q] = f.x; v[4 * q + 1] = f.y; v[4 * q + 2] = f.z; v[4 * q + 3] = f.w;
+        } else {
+            const double2 f = reinterpret_cast<const double2*>(p)[q];
+            v[2 * q] = f.x; v[2 * q + 1] = f.y;
+        }
     }
 }
 
@@ -651,9 +681,9 @@ mpiml_distances_sums_tc(const T* __restrict__ X, long long n, int d, const T* __
     const int fcol = warp * 8 + g;
     const T sh = (shift != nullptr && f0 + fcol < d) ? shift[f0 + fcol] : T(0);
 
+    const mpiml_row_stager<T, BR, DS, S, VEC> stager(tid, d, f0);
     auto stage = [&](long long r0, int b) {
-        mpiml_stage_rows<T, BR, DS, S, VEC>(xbuf + b * BR * S, lab_s + b * BR, w_s + b * BR, X, labels, w, r0, r_end, d,
-                                            f0, tid);
+        stager(xbuf + b * BR * S, lab_s + b * BR, w_s + b * BR, X, labels, w, r0, r_end);
     };
 
     T oacc[MTK][AN];
@@ -703,10 +733,11 @@ mpiml_distances_sums_tc(const T* __restrict__ X, long long n, int d, const T* __
 // [k0, k0 + kc) with k0 = ((b / n_slabs) % n_kc) * kc, rows [rows_per_block * split, + rows_per_block)
 // with split = b / (n_slabs * n_kc).  Tiles of BR rows with their labels and weights go to shared
 // memory by cp.async, STAGES deep (bytes in flight, not warps, keep the reads at bandwidth), MINB blocks
-// an SM (distances.sums_plan picks both).  Warp w loads rows w, w + 8, ... of a tile into registers, then
-// adds them to its own copy [kc][32] of type A, four rows at a time where their labels differ (four
+// an SM (distances.sums_plan picks both).  Warp w loads its BR / 8 consecutive rows of a tile into registers,
+// then adds them to its own copy [kc][32] of type A, four rows at a time where their labels differ (four
 // independent read-modify-writes), else two pairs one after the other, a pair of equal labels adding its
-// two values first.  A = float (float32 data): the copies are half the size and the adds need no conversion; every FLUSH tiles the block adds them to a float64 total [kc][32] (at most
+// two values first.  A = float (float32 data): the copies are half the size and the adds need no
+// conversion; every FLUSH tiles the block adds them to a float64 total [kc][32] (at most
 // FLUSH * BR / 8 values meet in a float32 cell).  The block adds its copies in order and writes
 // part[split][cluster][feature]; the caller sums the splits in order.  Rows past the range are
 // zero-filled (label 0, weight 0: they add zeros).  Deterministic.
@@ -737,7 +768,7 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
     const long long split = blockIdx.x / (n_slabs * n_kc);
     const long long r_begin = split * rows_per_block;
     const long long r_end = r_begin + rows_per_block < n ? r_begin + rows_per_block : n;
-    const long long n_tiles = r_end > r_begin ? (r_end - r_begin + BR - 1) / BR : 0;
+    const int n_tiles = r_end > r_begin ? (int)((r_end - r_begin + BR - 1) / BR) : 0;
     const T sh = (shift != nullptr && f0 + lane < d) ? shift[f0 + lane] : T(0);
     for (int i = tid; i < WARPS * kc * DS; i += THREADS) acc[i] = A(0);
     if constexpr (NARROW) {
@@ -745,10 +776,10 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
     }
     A* mine = acc + (long long)warp * kc * DS + lane;
 
-    auto stage = [&](long long tl) {
-        const int b = (int)(tl % STAGES);
-        mpiml_stage_rows<T, BR, DS, DS, VEC>(xbuf + b * BR * DS, lab_s + b * BR, w_s + b * BR, X, labels, w,
-                                             r_begin + tl * BR, r_end, d, f0, tid);
+    const mpiml_row_stager<T, BR, DS, DS, VEC> stager(tid, d, f0);
+    auto stage = [&](int tl) {
+        const int b = tl % STAGES;
+        stager(xbuf + b * BR * DS, lab_s + b * BR, w_s + b * BR, X, labels, w, r_begin + (long long)tl * BR, r_end);
     };
     // the float32 copies into the float64 total, cell by cell in copy order (every thread, after a barrier)
     auto flush = [&]() {
@@ -769,26 +800,30 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
         if (s < n_tiles) stage(s);
         mpiml_cp_commit();
     }
-    int since = 0;
-    for (long long tl = 0; tl < n_tiles; ++tl) {
+    int since = 0, b = 0;
+    for (int tl = 0; tl < n_tiles; ++tl) {
         mpiml_cp_wait<STAGES - 2>();
         __syncthreads();                         // tile tl is in shared memory; tile tl - 1 is done with
         if (tl + STAGES - 1 < n_tiles) stage(tl + STAGES - 1);
         mpiml_cp_commit();
-        const int b = (int)(tl % STAGES);
-        const T* xt = xbuf + b * BR * DS + lane;
-        const int* lt = lab_s + b * BR;
-        const T* wt = w_s + b * BR;
-        // this warp's rows of the tile into registers first: the adds below may alias the tile as far as
-        // the compiler knows (one shared array), so loads after them would wait for every store
+        // this warp's rows of the tile (RW consecutive rows: labels and weights by 16-byte loads) into
+        // registers first: the adds below may alias the tile as far as the compiler knows (one shared
+        // array), so loads after them would wait for every store
+        const T* xt = xbuf + (b * BR + warp * RW) * DS + lane;
+        const int4* lt = reinterpret_cast<const int4*>(lab_s + b * BR + warp * RW);
+        const T* wt = w_s + b * BR + warp * RW;
         int lab[RW];
         A val[RW];
 #pragma unroll
-        for (int u = 0; u < RW; ++u) {
-            const int r = warp + u * WARPS;
-            lab[u] = lt[r] - k0;
-            val[u] = (A)(xt[r * DS] - sh) * (A)wt[r];
+        for (int u = 0; u < RW; u += 4) {
+            const int4 l4 = lt[u / 4];
+            lab[u] = l4.x - k0; lab[u + 1] = l4.y - k0; lab[u + 2] = l4.z - k0; lab[u + 3] = l4.w - k0;
         }
+        T wv[RW];
+        mpiml_load_vec<T, RW>(wv, wt);
+#pragma unroll
+        for (int u = 0; u < RW; ++u) val[u] = (A)(xt[u * DS] - sh) * (A)wv[u];
+        if (++b == STAGES) b = 0;
 #pragma unroll
         for (int u = 0; u < RW; u += 4) {
             const int l0 = lab[u], l1 = lab[u + 1], l2 = lab[u + 2], l3 = lab[u + 3];
