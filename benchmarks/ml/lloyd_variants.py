@@ -11,7 +11,8 @@ Per (n, d, k, dtype), in one process, medians of CUDA events (kernels only):
 * ``sums[kind]``: the sums pass alone from the labels: ``simt`` (adds in warp copies: float32 flushed to
   float64 for float32 data), ``simt64`` (float64 copies), ``mma``
   (one-hot products on the tensor cores), ``label_sums`` (the SIMT family's column pass, atomics);
-* ``sums[simt,STAGES,BLOCKS]``: the ``simt`` pass by tiles in flight and blocks an SM (``SUMS_STAGES``),
+* ``sums[simt,STAGES,BLOCKS,RW]``: the ``simt`` pass by tiles in flight, blocks an SM and rows a warp of a
+  tile (``SUMS_TILES``),
   each checked against float64 sums (``--sums-only``: these and ``auto`` alone);
 * ``lloyd[tile+kind]``: a whole step of the unfused kernel + a sums pass, and the fused kernels
   (``smem``, ``mma``); each checked against float64 sums from its own labels and its weights per cluster.
@@ -53,16 +54,17 @@ TILES = {
 }
 
 
-# the float32 sums pass (float32 copies) by (stages, blocks an SM): the default, then one block an SM with
-# more tiles in flight (its copies leave shared memory for them)
-SUMS_STAGES = [(None, None), (4, 1), (8, 1), (12, 1), (16, 1)]
+# the float32 sums pass (float32 copies) by (stages, blocks an SM, rows a warp of a tile): the default, more
+# tiles in flight, longer tiles, one block an SM (its copies leave shared memory for more tiles)
+SUMS_TILES = [(None, None, None), (3, 2, 8), (4, 2, 8), (3, 2, 12), (2, 2, 20), (8, 1, 8)]
 
 
 def _sums_variants(k, d, dt):
     out = []
-    for st, ps in SUMS_STAGES if np.dtype(dt) == np.float32 else [(None, None)]:
+    for st, ps, rw in SUMS_TILES if np.dtype(dt) == np.float32 else [(None, None, None)]:
         try:
-            out.append((st, ps, distances.sums_plan(dt, k, d, kind="simt", stages=st, per_sm=ps)))
+            out.append((st, ps, rw, distances.sums_plan(dt, k, d, kind="simt", stages=st, per_sm=ps,
+                                                        rows_per_warp=rw)))
         except ValueError:
             pass
     return out
@@ -85,7 +87,7 @@ def _exprs(n, d, k, dt):
                 pass
     for kind in ("simt", "simt64", "mma"):
         out.append(distances.sums_plan(dt, k, d, kind=kind)["expr"])
-    out += [p["expr"] for _, _, p in _sums_variants(k, d, dt)]
+    out += [p["expr"] for *_, p in _sums_variants(k, d, dt)]
     return out
 
 
@@ -140,11 +142,11 @@ def run_shape(name, n, d, k, dt, reps=5, sums_only=False):
 
     rec("auto", auto, check=True)
     row["auto_method"] = distances._method("auto", k, d, dt, True)
-    for st, ps, plan in _sums_variants(k, d, dt):
-        def sums(out=buf, st=st, ps=ps):
+    for st, ps, rw, plan in _sums_variants(k, d, dt):
+        def sums(out=buf, st=st, ps=ps, rw=rw):
             out[:] = 0
-            distances._sums_pass(X, shift, w, labels, k, out, kind="simt", stages=st, per_sm=ps)
-        key = f"sums[simt,{plan['stages']},{plan['per_sm']}]"
+            distances._sums_pass(X, shift, w, labels, k, out, kind="simt", stages=st, per_sm=ps, rows_per_warp=rw)
+        key = f"sums[simt,{plan['stages']},{plan['per_sm']},{plan['rows'] // 8}]"
         rec(key, sums, check=True)
         if isinstance(row["checks"][key], dict):
             row["checks"][key].pop("weights_ok")          # a sums pass leaves the weights to the kernel

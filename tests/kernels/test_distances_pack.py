@@ -130,29 +130,39 @@ def test_tc_plans():
     assert s["KC"] == 128 and s["expr"] == "mpiml_distances_sums_tc<float, 8, 16>"
     assert distances.sums_plan(np.float64, 5, 3, kind="mma")["expr"] == "mpiml_distances_sums_tc<double, 1, 8>"
     # the SIMT pass: 8 warp copies of kc x 32 float64 cells and 4 stages of 16 KB of X in one block's memory
-    # float32: 8 float32 copies, a float64 total and 3 stages of 64 rows, two blocks an SM up to k = 69
+    # float32: 8 float32 copies (float64 totals in registers: 8 cells a thread at k = 64) and 2 stages of 128
+    # rows, two blocks an SM up to k = 78
     s = distances.sums_plan(np.float32, 64, 64, kind="simt")
-    assert s["KC"] == 64 and s["DS"] == 32 and s["expr"] == "mpiml_distances_sums_simt<float, float, 16, 3, 2>"
-    assert s["smem"] == 3 * 64 * (32 * 4 + 8) + 64 * 32 * 8 + 8 * 64 * 32 * 4 and s["per_sm"] == 2
+    assert s["KC"] == 64 and s["DS"] == 32 and s["expr"] == "mpiml_distances_sums_simt<float, float, 16, 2, 2, 16, 8>"
+    assert s["smem"] == 2 * 128 * (32 * 4 + 8) + 8 * 64 * 32 * 4 and s["per_sm"] == 2 and s["rows"] == 128
+    assert distances.sums_plan(np.float32, 78, 64, kind="simt")["per_sm"] == 2
+    assert distances.sums_plan(np.float32, 79, 64, kind="simt")["per_sm"] == 1
     assert 2 * (s["smem"] + 1024) <= 228 * 1024
     s = distances.sums_plan(np.float32, 100, 64, kind="simt")
-    assert s["KC"] == 100 and s["per_sm"] == 1 and s["smem"] <= 227 * 1024
+    assert s["KC"] == 100 and s["per_sm"] == 1 and s["smem"] <= 227 * 1024 and s["expr"].endswith(", 13>")
     s = distances.sums_plan(np.float32, 64, 64, kind="simt64")
-    assert s["expr"] == "mpiml_distances_sums_simt<float, double, 16, 4, 1>"
+    assert s["expr"] == "mpiml_distances_sums_simt<float, double, 16, 4, 1, 16, 0>"
     assert s["smem"] == 4 * 128 * (32 * 4 + 8) + 8 * 64 * 32 * 8 <= 227 * 1024 and s["per_sm"] == 1
     s = distances.sums_plan(np.float64, 4100, 3, kind="simt")
     assert 1 <= s["KC"] < 4100 and s["smem"] <= 227 * 1024
-    assert s["expr"] == "mpiml_distances_sums_simt<double, double, 8, 4, 1>"
+    assert s["expr"] == "mpiml_distances_sums_simt<double, double, 8, 4, 1, 8, 0>"
     with pytest.raises(ValueError, match="kind"):
         distances.sums_plan(np.float32, 4, 4, kind="atomic")
     # tiles in flight and blocks an SM chosen by the caller: one block an SM leaves room for 16 stages at k = 64
     s = distances.sums_plan(np.float32, 64, 1024, kind="simt", stages=16, per_sm=1)
-    assert s["expr"] == "mpiml_distances_sums_simt<float, float, 16, 16, 1>" and s["KC"] == 64
-    assert s["smem"] == 16 * 64 * (32 * 4 + 8) + 64 * 32 * 8 + 8 * 64 * 32 * 4 <= 227 * 1024
+    assert s["expr"] == "mpiml_distances_sums_simt<float, float, 16, 16, 1, 8, 8>" and s["KC"] == 64
+    assert s["smem"] == 16 * 64 * (32 * 4 + 8) + 8 * 64 * 32 * 4 <= 227 * 1024
+    s = distances.sums_plan(np.float32, 64, 1024, kind="simt", stages=3, rows_per_warp=8)
+    assert s["expr"] == "mpiml_distances_sums_simt<float, float, 16, 3, 2, 8, 8>" and s["rows"] == 64
+    # one block an SM: 199 clusters a pass (25 float64 totals a thread)
+    s = distances.sums_plan(np.float32, 255, 64, kind="simt")
+    assert s["KC"] == 199 and s["per_sm"] == 1 and s["expr"].endswith(", 3, 1, 8, 25>")
     with pytest.raises(ValueError, match="stages"):
         distances.sums_plan(np.float32, 64, 64, kind="simt", stages=40, per_sm=1)
     with pytest.raises(ValueError, match="per_sm"):
         distances.sums_plan(np.float32, 64, 64, kind="simt", per_sm=3)
+    with pytest.raises(ValueError, match="rows_per_warp"):
+        distances.sums_plan(np.float32, 64, 64, kind="simt", rows_per_warp=6)
 
 
 def test_wave_splits():

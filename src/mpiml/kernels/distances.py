@@ -76,8 +76,10 @@ _SMALL_PARAM_BYTES = 3968
 _SMALL_STAGES = {np.dtype(np.float32): 2, np.dtype(np.float64): 2}
 _TC_SUMS_ROWS = 128               # rows per tile of the one-hot sums pass
 _TC_SUMS = "simt"                 # the sums pass of the tensor-core path by default (see sums_plan)
-# tiles in flight of mpiml_distances_sums_simt by (float32 copies, blocks an SM)
-_SUMS_STAGES = {(True, 2): 3, (True, 1): 3, (False, 1): 4, (False, 2): 2}
+# (tiles in flight, rows a warp of a tile) of mpiml_distances_sums_simt by (float32 copies, blocks an SM): two
+# tiles of 128 rows beat three of 64 (2.31 vs 2.66 ms at 2e6 x 1024, 0.75 vs 0.86 at 1e7 x 64, k = 64, on an
+# H200: half the barriers and flush checks a row; lloyd_variants_h200_2026-11-24_sums_tiles.json)
+_SUMS_TILES = {(True, 2): (2, 16), (True, 1): (3, 8), (False, 1): (4, None), (False, 2): (2, None)}
 _TC_STAGES = 2                    # buffers of the copies of X (the copies run STAGES - 1 steps ahead)
 _METHODS = ("auto", "fused", "gemm", "tc", "small")
 
@@ -710,14 +712,16 @@ def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows
     return plan
 
 
-def sums_plan(dtype, k, d, vw=None, kind=None, stages=None, per_sm=None):
+def sums_plan(dtype, k, d, vw=None, kind=None, stages=None, per_sm=None, rows_per_warp=None):
     """The sums pass of the tensor-core path (the Lloyd sums from the labels, when not fused).
 
     ``kind``: ``"simt"`` (plain adds in warp-private copies, ``mpiml_distances_sums_simt``: float32 copies
     flushed to float64 for float32 data, float64 copies for float64), ``"simt64"`` (float64 copies for
     either) or ``"mma"`` (one-hot products on the tensor cores, ``mpiml_distances_sums_tc``); default
     ``_TC_SUMS``.  Returns the slab of features (``DS``) and the cluster range (``KC``) of a block, rows
-    per tile, shared memory, blocks per SM and the kernel name.
+    per tile, shared memory, blocks per SM and the kernel name.  ``stages`` (tiles in flight),
+    ``per_sm`` (blocks an SM: 1 or 2) and ``rows_per_warp`` (of a tile, a multiple of 4) override the
+    measured defaults of the SIMT pass (``_SUMS_TILES``).
     """
     dtype = np.dtype(dtype)
     isz = dtype.itemsize
@@ -728,27 +732,35 @@ def sums_plan(dtype, k, d, vw=None, kind=None, stages=None, per_sm=None):
     if vw is None:
         vw = 16 // isz if d % (16 // isz) == 0 else 1
     if kind in ("simt", "simt64"):
-        # the layout of mpiml_distances_sums_simt: [float64 total (float32 copies only) | STAGES x BR rows of
-        # 32 features, labels, weights | 8 copies of kc x 32]
+        # the layout of mpiml_distances_sums_simt: [STAGES x 8 RW rows of 32 features, weights, labels |
+        # 8 copies of kc x 32]; float32 copies add into float64 totals in registers (TC cells a thread)
         narrow = f32 and kind == "simt"
         ds = 32
-        rows = 64 if narrow else 16384 // (ds * isz)
-        per_kc = ds * 8 + 8 * ds * 4 if narrow else 8 * ds * 8
         if per_sm not in (None, 1, 2):
             raise ValueError(f"per_sm must be 1 or 2, got {per_sm}")
+        if rows_per_warp is not None and (rows_per_warp < 4 or rows_per_warp % 4):
+            raise ValueError(f"rows_per_warp must be a positive multiple of 4, got {rows_per_warp}")
+        per_kc = 8 * ds * (4 if narrow else 8)
 
-        def fit(ps, st):
-            return (_smem_per_block(ps) - st * rows * (ds * isz + isz + 4)) // per_kc
+        def tiles(ps):
+            st, rw = _SUMS_TILES[(narrow, ps)]
+            return stages or st, rows_per_warp or (rw if narrow else 64 // isz)     # float64 copies: 16 KB a tile
 
-        ps = per_sm or (2 if narrow and fit(2, stages or _SUMS_STAGES[(narrow, 2)]) >= k else 1)
-        st = stages or _SUMS_STAGES[(narrow, ps)]
-        kc = int(min(k, fit(ps, st)))
+        def fit(ps):
+            st, rw = tiles(ps)
+            kc = (_smem_per_block(ps) - st * 8 * rw * (ds * isz + isz + 4)) // per_kc
+            return min(kc, 256) if narrow else kc      # float64 totals: 32 registers a thread at most
+
+        ps = per_sm or (2 if narrow and fit(2) >= k else 1)
+        st, rw = tiles(ps)
+        kc = int(min(k, fit(ps)))
         if st < 2 or kc < 1:
-            raise ValueError(f"{st} stages of the sums pass do not fit shared memory with {ps} blocks an SM")
+            raise ValueError(f"{st} stages of {8 * rw} rows do not fit shared memory with {ps} blocks an SM")
         acc = "float" if narrow else "double"
-        return {"kind": kind, "DS": ds, "KC": kc, "VEC": vw * isz, "rows": rows, "stages": st, "per_sm": ps,
-                "smem": st * rows * (ds * isz + isz + 4) + kc * per_kc,
-                "expr": f"mpiml_distances_sums_simt<{_CTYPE[dtype]}, {acc}, {vw * isz}, {st}, {ps}>"}
+        tc = -(-kc * ds // _THREADS) if narrow else 0
+        return {"kind": kind, "DS": ds, "KC": kc, "VEC": vw * isz, "rows": 8 * rw, "stages": st, "per_sm": ps,
+                "smem": st * 8 * rw * (ds * isz + isz + 4) + kc * per_kc,
+                "expr": f"mpiml_distances_sums_simt<{_CTYPE[dtype]}, {acc}, {vw * isz}, {st}, {ps}, {rw}, {tc}>"}
     mt = 16 if f32 else 8
     mtk = min(8, -(-k // mt))
     rows = _TC_SUMS_ROWS
@@ -768,12 +780,13 @@ def _wave_splits(items, slots, most):
     return min(s for c, s in cost if c <= 1.02 * best)
 
 
-def _sums_pass(X, shift, w, labels, k, out, kind=None, stages=None, per_sm=None):
+def _sums_pass(X, shift, w, labels, k, out, kind=None, stages=None, per_sm=None, rows_per_warp=None):
     """Per-cluster sums from the labels, added to ``out[:k*d]``: per-block partials summed in a fixed order."""
     cupy = _cupy()
     dtype = np.dtype(X.dtype)
     n, d = X.shape
-    plan = sums_plan(dtype, k, d, vw=_vec(dtype, d, X, shift), kind=kind, stages=stages, per_sm=per_sm)
+    plan = sums_plan(dtype, k, d, vw=_vec(dtype, d, X, shift), kind=kind, stages=stages, per_sm=per_sm,
+                     rows_per_warp=rows_per_warp)
     fn = _function(plan["expr"])
     sms = _device()[0]
     n_slabs, n_kc = _cdiv(d, plan["DS"]), _cdiv(k, plan["KC"])

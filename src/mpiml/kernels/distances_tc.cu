@@ -28,7 +28,7 @@
 //       block = (feature slab of 64, cluster chunk of MTK x MT, row range), the same one-hot
 //       product over tiles of 128 rows, float64 totals to part[row range][cluster * d + feature].
 //
-//   mpiml_distances_sums_simt<T, A, VEC, STAGES, MINB>
+//   mpiml_distances_sums_simt<T, A, VEC, STAGES, MINB, RW, TC>
 //       the same sums by plain adds (warp-private copies of type A in shared memory, X by cp.async):
 //       no k-fold waste where k is large for the one-hot products.
 //
@@ -731,17 +731,17 @@ mpiml_distances_sums_tc(const T* __restrict__ X, long long n, int d, const T* __
 // would multiply k-fold more than they add (measured 7.8 ms at 2 10^6 x 1024, k = 64 float32 against
 // 1.9 ms of reading X).  Block b: feature slab b % n_slabs (32 features, lane = feature), cluster range
 // [k0, k0 + kc) with k0 = ((b / n_slabs) % n_kc) * kc, rows [rows_per_block * split, + rows_per_block)
-// with split = b / (n_slabs * n_kc).  Tiles of BR rows with their labels and weights go to shared
+// with split = b / (n_slabs * n_kc).  Tiles of BR = 8 RW rows with their labels and weights go to shared
 // memory by cp.async, STAGES deep (bytes in flight, not warps, keep the reads at bandwidth), MINB blocks
-// an SM (distances.sums_plan picks both).  Warp w loads its BR / 8 consecutive rows of a tile into registers,
-// then adds them to its own copy [kc][32] of type A, four rows at a time where their labels differ (four
-// independent read-modify-writes), else two pairs one after the other, a pair of equal labels adding its
-// two values first.  A = float (float32 data): the copies are half the size and the adds need no
-// conversion; every FLUSH tiles the block adds them to a float64 total [kc][32] (at most
-// FLUSH * BR / 8 values meet in a float32 cell).  The block adds its copies in order and writes
+// an SM (distances.sums_plan picks the three).  Warp w loads its RW consecutive rows of a tile into
+// registers, then adds them to its own copy [kc][32] of type A, four rows at a time where their labels
+// differ (four independent read-modify-writes), else two pairs one after the other, a pair of equal labels
+// adding its two values first.  A = float (float32 data): the copies are half the size and the adds need
+// no conversion; every FLUSH tiles the block adds them to a float64 total [kc][32] held in registers (TC
+// cells a thread; at most FLUSH * RW = 128 values meet in a float32 cell).  The block adds its copies in order and writes
 // part[split][cluster][feature]; the caller sums the splits in order.  Rows past the range are
 // zero-filled (label 0, weight 0: they add zeros).  Deterministic.
-template <typename T, typename A, int VEC, int STAGES, int MINB>
+template <typename T, typename A, int VEC, int STAGES, int MINB, int RW, int TC>
 __global__ void __launch_bounds__(MPIML_TC_THREADS, MINB)
 mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* __restrict__ shift,
                           const int* __restrict__ labels, const T* __restrict__ w, int k, int kc,
@@ -749,15 +749,14 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
 {
     constexpr bool NARROW = sizeof(A) == 4;
     constexpr int THREADS = MPIML_TC_THREADS, WARPS = MPIML_TC_WARPS;
-    constexpr int DS = 32, FLUSH = 16;
+    constexpr int DS = 32, FLUSH = 128 / RW;          // at most 128 adds a float32 cell between flushes
     static_assert(STAGES >= 2, "one tile ahead at least");
-    constexpr int BR = NARROW ? 64 : 16384 / (DS * sizeof(T));     // 8 or 16 KB of X per stage
-    constexpr int RW = BR / WARPS;                                  // rows of a warp per tile
+    constexpr int BR = RW * WARPS;                                  // rows of a tile
     static_assert(RW % 4 == 0, "groups of four rows");
+    static_assert(NARROW == (TC > 0), "float64 totals (float32 copies only)");
 
     extern __shared__ __align__(16) unsigned char mpiml_tc_smem[];
-    double* tot = reinterpret_cast<double*>(mpiml_tc_smem);        // kc x DS (NARROW)
-    T* xbuf = reinterpret_cast<T*>(tot + (NARROW ? kc * DS : 0));   // STAGES x BR x DS
+    T* xbuf = reinterpret_cast<T*>(mpiml_tc_smem);                 // STAGES x BR x DS
     T* w_s = xbuf + STAGES * BR * DS;                               // STAGES x BR
     int* lab_s = reinterpret_cast<int*>(w_s + STAGES * BR);         // STAGES x BR
     A* acc = reinterpret_cast<A*>(lab_s + STAGES * BR);             // WARPS x kc x DS
@@ -771,9 +770,9 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
     const int n_tiles = r_end > r_begin ? (int)((r_end - r_begin + BR - 1) / BR) : 0;
     const T sh = (shift != nullptr && f0 + lane < d) ? shift[f0 + lane] : T(0);
     for (int i = tid; i < WARPS * kc * DS; i += THREADS) acc[i] = A(0);
-    if constexpr (NARROW) {
-        for (int i = tid; i < kc * DS; i += THREADS) tot[i] = 0.0;
-    }
+    double tot[TC > 0 ? TC : 1];                                    // cells tid + j THREADS of the total (NARROW)
+#pragma unroll
+    for (int j = 0; j < (TC > 0 ? TC : 1); ++j) tot[j] = 0.0;
     A* mine = acc + (long long)warp * kc * DS + lane;
 
     const mpiml_row_stager<T, BR, DS, DS, VEC> stager(tid, d, f0);
@@ -784,14 +783,17 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
     // the float32 copies into the float64 total, cell by cell in copy order (every thread, after a barrier)
     auto flush = [&]() {
         __syncthreads();
-        for (int i = tid; i < kc * DS; i += THREADS) {
-            double v = tot[i];
+#pragma unroll
+        for (int j = 0; j < TC; ++j) {
+            const int i = tid + j * THREADS;
+            if (i >= kc * DS) break;
+            double v = tot[j];
 #pragma unroll
             for (int q = 0; q < WARPS; ++q) {
                 v += (double)acc[q * kc * DS + i];
                 acc[q * kc * DS + i] = A(0);
             }
-            tot[i] = v;
+            tot[j] = v;
         }
     };
 
@@ -863,14 +865,17 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
     if constexpr (NARROW) flush();
     __syncthreads();
     double* out = part + split * (long long)k * d;
-    for (int i = tid; i < kc * DS; i += THREADS) {
-        const int cl = k0 + i / DS, f = f0 + i % DS;
-        if (cl >= k || f >= d) continue;
-        double v = NARROW ? tot[i] : 0.0;
-        if constexpr (!NARROW) {
-            for (int q = 0; q < WARPS; ++q) v += (double)acc[(long long)q * kc * DS + i];
+#pragma unroll
+    for (int j = 0; j < (NARROW ? TC : 1); ++j) {
+        for (int i = tid + j * THREADS; i < kc * DS; i += NARROW ? kc * DS : THREADS) {
+            const int cl = k0 + i / DS, f = f0 + i % DS;
+            if (cl >= k || f >= d) continue;
+            double v = tot[j];
+            if constexpr (!NARROW) {
+                for (int q = 0; q < WARPS; ++q) v += (double)acc[(long long)q * kc * DS + i];
+            }
+            out[(long long)cl * d + f] = v;
         }
-        out[(long long)cl * d + f] = v;
     }
 }
 
