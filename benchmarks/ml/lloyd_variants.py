@@ -56,7 +56,7 @@ TILES = {
 
 # the float32 sums pass (float32 copies) by (stages, blocks an SM, rows a warp of a tile): the default, more
 # tiles in flight, longer tiles, one block an SM (its copies leave shared memory for more tiles)
-SUMS_TILES = [(None, None, None), (3, 2, 8), (4, 2, 8), (3, 2, 12), (2, 2, 20), (8, 1, 8)]
+SUMS_TILES = [(None, None, None), (3, 2, 8), (4, 2, 8), (3, 2, 12), (2, 2, 16), (8, 1, 8)]
 
 
 def _sums_variants(k, d, dt):

@@ -130,13 +130,16 @@ def test_tc_plans():
     assert s["KC"] == 128 and s["expr"] == "mpiml_distances_sums_tc<float, 8, 16>"
     assert distances.sums_plan(np.float64, 5, 3, kind="mma")["expr"] == "mpiml_distances_sums_tc<double, 1, 8>"
     # the SIMT pass: 8 warp copies of kc x 32 float64 cells and 4 stages of 16 KB of X in one block's memory
-    # float32: 8 float32 copies (float64 totals in registers: 8 cells a thread at k = 64) and 2 stages of 128
-    # rows, two blocks an SM up to k = 78
+    # float32: 8 float32 copies (float64 totals in registers: 8 cells a thread at k = 64) and 2 stages of 160
+    # rows, two blocks an SM up to k = 69
     s = distances.sums_plan(np.float32, 64, 64, kind="simt")
-    assert s["KC"] == 64 and s["DS"] == 32 and s["expr"] == "mpiml_distances_sums_simt<float, float, 16, 2, 2, 16, 8>"
-    assert s["smem"] == 2 * 128 * (32 * 4 + 8) + 8 * 64 * 32 * 4 and s["per_sm"] == 2 and s["rows"] == 128
-    assert distances.sums_plan(np.float32, 78, 64, kind="simt")["per_sm"] == 2
-    assert distances.sums_plan(np.float32, 79, 64, kind="simt")["per_sm"] == 1
+    assert s["KC"] == 64 and s["DS"] == 32 and s["expr"] == "mpiml_distances_sums_simt<float, float, 16, 2, 2, 20, 8>"
+    assert s["smem"] == 2 * 160 * (32 * 4 + 8) + 8 * 64 * 32 * 4 and s["per_sm"] == 2 and s["rows"] == 160
+    assert distances.sums_plan(np.float32, 69, 64, kind="simt")["rows"] == 160
+    # shorter tiles keep two blocks an SM up to k = 86
+    assert distances.sums_plan(np.float32, 70, 64, kind="simt")["expr"].endswith(", 2, 2, 16, 9>")
+    assert distances.sums_plan(np.float32, 86, 64, kind="simt")["expr"].endswith(", 3, 2, 8, 11>")
+    assert distances.sums_plan(np.float32, 87, 64, kind="simt")["per_sm"] == 1
     assert 2 * (s["smem"] + 1024) <= 228 * 1024
     s = distances.sums_plan(np.float32, 100, 64, kind="simt")
     assert s["KC"] == 100 and s["per_sm"] == 1 and s["smem"] <= 227 * 1024 and s["expr"].endswith(", 13>")

@@ -77,9 +77,11 @@ _SMALL_STAGES = {np.dtype(np.float32): 2, np.dtype(np.float64): 2}
 _TC_SUMS_ROWS = 128               # rows per tile of the one-hot sums pass
 _TC_SUMS = "simt"                 # the sums pass of the tensor-core path by default (see sums_plan)
 # (tiles in flight, rows a warp of a tile) of mpiml_distances_sums_simt by (float32 copies, blocks an SM): two
-# tiles of 128 rows beat three of 64 (2.31 vs 2.66 ms at 2e6 x 1024, 0.75 vs 0.86 at 1e7 x 64, k = 64, on an
-# H200: half the barriers and flush checks a row; lloyd_variants_h200_2026-11-24_sums_tiles.json)
-_SUMS_TILES = {(True, 2): (2, 16), (True, 1): (3, 8), (False, 1): (4, None), (False, 2): (2, None)}
+# tiles of 160 rows beat three of 64 (2.22 vs 2.66 ms at 2e6 x 1024, 0.73 vs 0.87 at 1e7 x 64, k = 64, on an
+# H200: fewer barriers and flush checks a row; lloyd_variants_h200_2026-11-24_sums_tiles*.json); 160 is the
+# most that leaves two blocks an SM room for k = 64; the first that fits k is taken
+_SUMS_TILES = {(True, 2): ((2, 20), (2, 16), (3, 8)), (True, 1): ((3, 8),), (False, 1): ((4, None),),
+               (False, 2): ((2, None),)}
 _TC_STAGES = 2                    # buffers of the copies of X (the copies run STAGES - 1 steps ahead)
 _METHODS = ("auto", "fused", "gemm", "tc", "small")
 
@@ -742,18 +744,18 @@ def sums_plan(dtype, k, d, vw=None, kind=None, stages=None, per_sm=None, rows_pe
             raise ValueError(f"rows_per_warp must be a positive multiple of 4, got {rows_per_warp}")
         per_kc = 8 * ds * (4 if narrow else 8)
 
-        def tiles(ps):
-            st, rw = _SUMS_TILES[(narrow, ps)]
-            return stages or st, rows_per_warp or (rw if narrow else 64 // isz)     # float64 copies: 16 KB a tile
-
-        def fit(ps):
-            st, rw = tiles(ps)
+        def fit(ps, st, rw):
             kc = (_smem_per_block(ps) - st * 8 * rw * (ds * isz + isz + 4)) // per_kc
             return min(kc, 256) if narrow else kc      # float64 totals: 32 registers a thread at most
 
-        ps = per_sm or (2 if narrow and fit(2) >= k else 1)
+        def tiles(ps):
+            opts = [(stages or st, rows_per_warp or (rw if narrow else 64 // isz))    # float64 copies: 16 KB a tile
+                    for st, rw in _SUMS_TILES[(narrow, ps)]]
+            return next((o for o in opts if fit(ps, *o) >= k), opts[-1])
+
+        ps = per_sm or (2 if narrow and fit(2, *tiles(2)) >= k else 1)
         st, rw = tiles(ps)
-        kc = int(min(k, fit(ps)))
+        kc = int(min(k, fit(ps, st, rw)))
         if st < 2 or kc < 1:
             raise ValueError(f"{st} stages of {8 * rw} rows do not fit shared memory with {ps} blocks an SM")
         acc = "float" if narrow else "double"
