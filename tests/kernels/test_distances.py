@@ -130,6 +130,30 @@ def test_small_kernel_centres_as_parameters_or_shared(n, d, k, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n, k", [(0, 3), (1, 1), (16383, 7), (16385, 64), (70001, 64), (200003, 33), (50000, 1)])
+def test_cluster_weights_pass(n, k, dtype):
+    """The weights per cluster counted apart from the tensor-core kernel: against float64 bincount, unit
+    weights exact, the same bits twice."""
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    rs = np.random.RandomState(n + k)
+    lab = rs.randint(0, k, n).astype(np.int32)
+    w = rs.uniform(0.5, 2, n).astype(dtype)
+    got = cp.zeros(k)
+    distances._cluster_weights(cp.asarray(lab), cp.asarray(w), k, got, dtype)
+    want = np.bincount(lab, weights=w.astype(np.float64), minlength=k)
+    np.testing.assert_allclose(got.get(), want, rtol=1e-6 if dtype == np.float32 else 1e-13, atol=1e-12)
+    again = cp.zeros(k)
+    distances._cluster_weights(cp.asarray(lab), cp.asarray(w), k, again, dtype)
+    assert bool((again == got).all())
+    ones = cp.full(k, 0.5)                  # unit weights (no array), added to what out holds
+    distances._cluster_weights(cp.asarray(lab), None, k, ones, dtype)
+    np.testing.assert_array_equal(ones.get(), np.bincount(lab, minlength=k) + 0.5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_lloyd_packed_changed_and_labels_in_place(dtype):
     import cupy as cp
 
