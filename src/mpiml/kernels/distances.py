@@ -572,13 +572,6 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
             "accum": accum if fused else "pass", "expr": expr, "pack": f"mpiml_tc_pack<{ctype}, {bn}, {dk}>"}
 
 
-def _tc_grid(fn, plan, n_tiles):
-    sms, smem_sm, _, _ = _device()
-    regs = max(1, (int(fn.num_regs) + 7) // 8 * 8)
-    per_sm = max(1, min(65536 // (regs * _THREADS), smem_sm // (plan["smem"] + 1024)))
-    return int(max(1, min(n_tiles, sms * per_sm)))
-
-
 def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=None, sums=None):
     """The tensor-core kernel (+ the reduction of its partials, + the sums pass when not fused).
 
@@ -602,7 +595,7 @@ def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=Non
     pack = _function(plan["pack"], "distances_tc.cu")
     pack((int(min(1024, _cdiv(Cp.size // (16 // dtype.itemsize), _THREADS))),), (_THREADS,),
          (C, np.int32(k), np.int32(d), np.int32(nJ), np.int32(nF), Cp, c_sq))
-    grid = _tc_grid(fn, plan, (n + plan["BM"] - 1) // plan["BM"])
+    grid = _grid(fn, plan, (n + plan["BM"] - 1) // plan["BM"])
     S = k * d if plan["fused"] else 0
     P = S + k + 2
     part = cupy.empty(grid * P if lloyd else 1, dtype=cupy.float64)
@@ -725,7 +718,7 @@ def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows
     elif isinstance(C, np.ndarray):
         C = cupy.asarray(C)
     fn = _function(plan["expr"])
-    grid = _tc_grid(fn, plan, _cdiv(n, plan["BM"]))
+    grid = _grid(fn, plan, _cdiv(n, plan["BM"]))
     P = k * d + k + 2
     part = cupy.empty(grid * P if lloyd else 1, dtype=cupy.float64)
     _launch(fn, plan, grid, (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, C, np.int32(k),

@@ -110,6 +110,28 @@ __device__ __forceinline__ void mpiml_cp_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void mpiml_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+// The block's inertia and number of changed labels (each thread's share) into out[0] and out[1]: warp shuffles,
+// then the warps' totals added in warp order by thread 0 (called by every thread of the block: one barrier).
+__device__ __forceinline__ void mpiml_block_totals(double inertia, long long changed, double* out) {
+    __shared__ double red_inertia[MPIML_TC_WARPS];
+    __shared__ long long red_changed[MPIML_TC_WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        inertia += __shfl_xor_sync(0xffffffffu, inertia, off);
+        changed += __shfl_xor_sync(0xffffffffu, changed, off);
+    }
+    if (lane == 0) { red_inertia[warp] = inertia; red_changed[warp] = changed; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double v = 0.0;
+        long long c = 0;
+        for (int q = 0; q < MPIML_TC_WARPS; ++q) { v += red_inertia[q]; c += red_changed[q]; }
+        out[0] = v;
+        out[1] = (double)c;
+    }
+}
+
 // cp.async of tiles of BR rows of the feature slab [f0, f0 + DS) of X into shared memory (row stride S), with
 // the rows' labels and weights, by the block's threads (sums passes).  A thread copies the same 16-byte chunks
 // of every tile (rows r + j * RS, chunk ci), so their offsets are set once and a tile costs a bound and a copy
@@ -246,8 +268,6 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
     T* w_pre = reinterpret_cast<T*>(lab_s + BM);            // STAGES x BM: weights of a tile, by cp.async (MODE 1)
     int* lab_pre = reinterpret_cast<int*>(w_pre + (MODE == 1 ? STAGES * BM : 0));   // STAGES x BM: previous labels
     double* cnt_s = reinterpret_cast<double*>(lab_pre + (MODE == 1 ? STAGES * BM : 0));   // CH x k (MODE 1)
-    __shared__ double red_inertia[THREADS / 32];
-    __shared__ long long red_changed[THREADS / 32];
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const long long n_tiles = (n + BM - 1) / BM;
@@ -634,20 +654,7 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
             for (int c = 0; c < CH; ++c) v += cnt_s[c * k + j];
             mine[SUMS + j] = v;
         }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            my_inertia += __shfl_xor_sync(0xffffffffu, my_inertia, off);
-            my_changed += __shfl_xor_sync(0xffffffffu, my_changed, off);
-        }
-        if (lane == 0) { red_inertia[warp] = my_inertia; red_changed[warp] = my_changed; }
-        __syncthreads();
-        if (tid == 0) {
-            double v = 0.0;
-            long long c = 0;
-            for (int i = 0; i < THREADS / 32; ++i) { v += red_inertia[i]; c += red_changed[i]; }
-            mine[PP - 2] = v;
-            mine[PP - 1] = (double)c;
-        }
+        mpiml_block_totals(my_inertia, my_changed, mine + PP - 2);
     }
 }
 
@@ -988,8 +995,6 @@ mpiml_distances_small(const T* __restrict__ X, long long n, int d, const T* __re
     T* w_s = sh + DP;
     int* ol_s = reinterpret_cast<int*>(w_s + (LLOYD ? STAGES * BR : 0));
     int* lab_s = ol_s + STAGES * BR;
-    __shared__ double red_inertia[WARPS];
-    __shared__ long long red_changed[WARPS];
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const long long n_tiles = (n + BR - 1) / BR;
@@ -1268,20 +1273,7 @@ mpiml_distances_small(const T* __restrict__ X, long long n, int d, const T* __re
             }
             out[i] = v;
         }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            my_inertia += __shfl_xor_sync(0xffffffffu, my_inertia, off);
-            my_changed += __shfl_xor_sync(0xffffffffu, my_changed, off);
-        }
-        if (lane == 0) { red_inertia[warp] = my_inertia; red_changed[warp] = my_changed; }
-        __syncthreads();
-        if (tid == 0) {
-            double v = 0.0;
-            long long c = 0;
-            for (int q = 0; q < WARPS; ++q) { v += red_inertia[q]; c += red_changed[q]; }
-            out[P - 2] = v;
-            out[P - 1] = (double)c;
-        }
+        mpiml_block_totals(my_inertia, my_changed, out + P - 2);
     }
 }
 
