@@ -131,26 +131,36 @@ def test_small_kernel_centres_as_parameters_or_shared(n, d, k, dtype):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n, k", [(0, 3), (1, 1), (16383, 7), (16385, 64), (70001, 64), (200003, 33), (50000, 1)])
-def test_cluster_weights_pass(n, k, dtype):
-    """The weights per cluster counted apart from the tensor-core kernel: against float64 bincount, unit
-    weights exact, the same bits twice."""
+def test_step_totals_pass(n, k, dtype):
+    """Weights per cluster, inertia and changed labels of a step from the arg-min kernel's output (the
+    float32 tensor-core path): against float64, unit weights exact, the new labels in place, the same bits
+    twice."""
     import cupy as cp
 
     from mpiml.kernels import distances
 
     rs = np.random.RandomState(n + k)
     lab = rs.randint(0, k, n).astype(np.int32)
+    old = np.where(rs.rand(n) < 0.3, rs.randint(-1, k, n), lab).astype(np.int32)
     w = rs.uniform(0.5, 2, n).astype(dtype)
-    got = cp.zeros(k)
-    distances._cluster_weights(cp.asarray(lab), cp.asarray(w), k, got, dtype)
+    md = rs.uniform(0, 10, n).astype(dtype)
+    runs = []
+    for _ in range(2):
+        labels = cp.asarray(old)
+        got = cp.zeros(k + 2)
+        distances._step_totals(cp.asarray(lab), labels, cp.asarray(w), cp.asarray(md), k, got, dtype)
+        np.testing.assert_array_equal(labels.get(), lab)
+        runs.append(got.get())
+    got = runs[0]
+    assert (runs[0] == runs[1]).all()
     want = np.bincount(lab, weights=w.astype(np.float64), minlength=k)
-    np.testing.assert_allclose(got.get(), want, rtol=1e-6 if dtype == np.float32 else 1e-13, atol=1e-12)
-    again = cp.zeros(k)
-    distances._cluster_weights(cp.asarray(lab), cp.asarray(w), k, again, dtype)
-    assert bool((again == got).all())
-    ones = cp.full(k, 0.5)                  # unit weights (no array), added to what out holds
-    distances._cluster_weights(cp.asarray(lab), None, k, ones, dtype)
-    np.testing.assert_array_equal(ones.get(), np.bincount(lab, minlength=k) + 0.5)
+    np.testing.assert_allclose(got[:k], want, rtol=1e-6 if dtype == np.float32 else 1e-13, atol=1e-12)
+    inertia = float(w.astype(np.float64) @ md.astype(np.float64))
+    assert abs(got[k] - inertia) <= 1e-12 * max(inertia, 1.0)
+    assert int(got[k + 1]) == int((old != lab).sum())
+    ones = cp.full(k + 2, 0.5)              # unit weights (no array), added to what out holds
+    distances._step_totals(cp.asarray(lab), cp.asarray(old), None, cp.asarray(md), k, ones, dtype)
+    np.testing.assert_array_equal(ones.get()[:k], np.bincount(lab, minlength=k) + 0.5)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -76,7 +76,7 @@ _SMALL_PARAM_BYTES = 3968
 _SMALL_STAGES = {np.dtype(np.float32): 2, np.dtype(np.float64): 2}
 _TC_SUMS_ROWS = 128               # rows per tile of the one-hot sums pass
 _TC_SUMS = "simt"                 # the sums pass of the tensor-core path by default (see sums_plan)
-_WEIGHTS_ROWS = 16384             # rows a block of mpiml_distances_cluster_weights (<= 64 weights a cell)
+_TOTALS_ROWS = 16384              # rows a block of mpiml_distances_step_totals (<= 64 weights a cell)
 # (tiles in flight, rows a warp of a tile) of mpiml_distances_sums_simt by (float32 copies, blocks an SM): two
 # tiles of 160 rows beat three of 64 (2.22 vs 2.66 ms at 2e6 x 1024, 0.73 vs 0.87 at 1e7 x 64, k = 64, on an
 # H200: fewer barriers and flush checks a row; lloyd_variants_h200_2026-11-24_sums_tiles*.json); 160 is the
@@ -114,7 +114,7 @@ def _function(expr, source=None):
     if source is None:
         source = "distances_tc.cu" if expr.startswith(("mpiml_distances_tc", "mpiml_distances_sums_tc",
                                                         "mpiml_distances_sums_simt", "mpiml_distances_small",
-                                                        "mpiml_distances_cluster_weights",
+                                                        "mpiml_distances_step_totals",
                                                         "mpiml_tc_")) else "distances.cu"
     key = (cupy.cuda.runtime.getDevice(), expr)
     fn = _MODULES.get(key)
@@ -387,17 +387,19 @@ def _reduce_partials(part, nblocks, P, out):
     red((int(min(1024, (P + 255) // 256)),), (256,), (part, np.int32(nblocks), np.int64(P), out))
 
 
-def _cluster_weights(labels, w, k, out, dtype, rows=_WEIGHTS_ROWS):
-    """``out[:k] +=`` the weights per cluster (``mpiml_distances_cluster_weights``: ``rows`` rows a block,
-    partials added in block order; ``w`` of ``dtype``, or None for unit weights)."""
+def _step_totals(fresh, labels, w, mind, k, out, dtype, rows=_TOTALS_ROWS):
+    """``out[:k + 2] +=`` the weights per cluster, inertia and changed labels of a Lloyd step from the arg-min
+    kernel's labels ``fresh`` and distances ``mind``; ``labels`` (the previous ones) take ``fresh``
+    (``mpiml_distances_step_totals``: ``rows`` rows a block, partials added in block order; ``w`` of
+    ``dtype``, or None for unit weights)."""
     cupy = _cupy()
     n = labels.shape[0]
     blocks = max(1, _cdiv(n, rows))
-    fn = _function(f"mpiml_distances_cluster_weights<{_CTYPE[np.dtype(dtype)]}>")
-    part = cupy.empty(blocks * k, dtype=cupy.float64)
+    fn = _function(f"mpiml_distances_step_totals<{_CTYPE[np.dtype(dtype)]}>")
+    part = cupy.empty(blocks * (k + 2), dtype=cupy.float64)
     _launch(fn, {"smem": max(k * _THREADS * np.dtype(dtype).itemsize, 2048)}, blocks,
-            (labels, _NULL if w is None else w, np.int64(n), np.int32(k), np.int32(rows), part))
-    _reduce_partials(part, blocks, k, out)
+            (fresh, labels, _NULL if w is None else w, mind, np.int64(n), np.int32(k), np.int32(rows), part))
+    _reduce_partials(part, blocks, k + 2, out)
 
 
 def _label_sums(X, shift, w, labels, k, out, accum):
@@ -585,6 +587,13 @@ def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=Non
     k = C.shape[0]
     plan = tc_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", vw=_vec(dtype, d, X, shift), tile=tile,
                    accum=accum)
+    # float32 where k fits one chunk and a sums pass follows: the arg-min kernel, then a pass over its output
+    # for the weights per cluster, inertia and changed labels (mpiml_distances_step_totals), instead of the
+    # Lloyd kernel: at 10^7 x 64, k = 64 (H200) its weights count took 0.16 ms and its inertia and changed
+    # labels 0.14 more over the arg-min kernel; the pass takes ~0.06.  float64: the count cost nothing there.
+    apart = lloyd and dtype == np.float32 and plan["nJ"] == 1 and plan["MTK"] == 0
+    if apart:
+        plan = dict(tc_plan(dtype, k, d, mode="assign", vw=_vec(dtype, d, X, shift), tile=tile), totals="pass")
     if n == 0:
         return plan
     fn = _function(plan["expr"])
@@ -598,23 +607,20 @@ def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=Non
     grid = _grid(fn, plan, (n + plan["BM"] - 1) // plan["BM"])
     S = k * d if plan["fused"] else 0
     P = S + k + 2
-    part = cupy.empty(grid * P if lloyd else 1, dtype=cupy.float64)
+    part = cupy.empty(grid * P if lloyd and not apart else 1, dtype=cupy.float64)
     if sums is None and k >= _GEMM_FROM_K:
         # one pass for any k, where the reproducible passes take one per cluster range: 5.4 ms against 8.3
         # (SIMT, 7 ranges) at 10^6 x 256, k = 1024 float32
         sums = "label"
-    # float32: the weights per cluster by a pass over the labels where the kernel would count them by a lane
-    # a cluster (k <= BN, no fused sums: a sums pass follows): at 10^7 x 64, k = 64 the count took 0.16 ms of
-    # the kernel and the pass takes 0.05; in the float64 kernel the count was free (3.86 ms either way, H200)
-    weights_apart = lloyd and plan["nJ"] == 1 and plan["MTK"] == 0 and dtype == np.float32
+    fresh = cupy.empty(n, dtype=cupy.int32) if apart else labels
     _launch(fn, plan, grid,
             (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, Cp, c_sq, np.int32(k),
-             np.int32(plan["nJ"]), _NULL if w is None else w, labels, mind, part, np.int32(plan["groups"]),
-             np.int32(0 if weights_apart else 1)))
+             np.int32(plan["nJ"]), _NULL if w is None else w, fresh, mind, part, np.int32(plan["groups"])))
     if lloyd:
-        _reduce_partials(part, grid, P, out[k * d - S:])
-        if weights_apart:
-            _cluster_weights(labels, w, k, out[k * d:k * d + k], dtype)
+        if apart:
+            _step_totals(fresh, labels, w, mind, k, out[k * d:], dtype)
+        else:
+            _reduce_partials(part, grid, P, out[k * d - S:])
         if plan["fused"] or sums == "none":
             pass
         elif sums == "label":

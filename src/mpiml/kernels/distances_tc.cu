@@ -29,8 +29,8 @@
 //       product over tiles of 128 rows, float64 totals to part[row range][cluster * d + feature].
 //
 //   mpiml_distances_sums_simt<T, A, VEC, STAGES, MINB, RW, TC>
-//       (and mpiml_distances_cluster_weights<T>: the weights per cluster from the labels, where the kernel
-//       leaves them to a pass)
+//       (and mpiml_distances_step_totals<T>: weights per cluster, inertia and changed labels from the
+//       arg-min kernel's output, where the tensor-core path runs it instead of the Lloyd kernel)
 //       the same sums by plain adds (warp-private copies of type A in shared memory, X by cp.async):
 //       no k-fold waste where k is large for the one-hot products.
 //
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(MPIML_TC_THREADS, MINB)
 mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restrict__ shift,
                    const T* __restrict__ Cp, const T* __restrict__ c_sq, int k, int nJ,
                    const T* __restrict__ w, int* __restrict__ labels, T* __restrict__ mind,
-                   double* __restrict__ part, int groups, int count_w)
+                   double* __restrict__ part, int groups)
 {
     using P = mpiml_tc<T>;
     constexpr bool F32 = sizeof(T) == 4;
@@ -325,10 +325,8 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
         for (int h = 0; h < H; ++h) { best[m][h] = P::inf(); bidx[m][h] = 0x7fffffff; xsq[m][h] = T(0); }
     constexpr int KWR = (BN + 31) / 32;          // clusters of a lane in the weights count (k <= BN)
     // the weights in registers where k fits one chunk, except in the one-hot kernel (k <= 16), whose barrier
-    // stays anyway and where the block-wide count was faster (10^7 x 16 float32: 0.69 vs 0.75 ms); none
-    // where the caller counts them apart (count_w == 0: mpiml_distances_cluster_weights after the kernel)
-    const bool COUNT = MODE == 1 && count_w != 0;
-    const bool REGW = COUNT && MTK <= 0 && nJ == 1;
+    // stays anyway and where the block-wide count was faster (10^7 x 16 float32: 0.69 vs 0.75 ms)
+    const bool REGW = MODE == 1 && MTK <= 0 && nJ == 1;
     double wcnt[MODE == 1 ? KWR : 1];
 #pragma unroll
     for (int q = 0; q < (MODE == 1 ? KWR : 1); ++q) wcnt[q] = 0.0;
@@ -520,9 +518,9 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
                             if (l == lane + 32 * q) wcnt[q] += wv;
                     }
                 }
-                if (MTK != 0 || (COUNT && !REGW)) __syncthreads();
+                if (MTK != 0 || !REGW) __syncthreads();
                 // otherwise: thread (row stride c, cluster j) owns cnt_s[c * k + j]
-                if (COUNT && !REGW && k <= THREADS) {
+                if (!REGW && k <= THREADS) {
                     if (tid < CH * k) {
                         const int j = tid % k, c = tid / k;
                         T sw[4] = {T(0), T(0), T(0), T(0)};
@@ -534,7 +532,7 @@ mpiml_distances_tc(const T* __restrict__ X, long long n, int d, const T* __restr
                         for (; r < BM; r += CH) sw[0] += lab_s[r] == j ? w_s[r] : T(0);
                         cnt_s[c * k + j] += (double)((sw[0] + sw[1]) + (sw[2] + sw[3]));
                     }
-                } else if (COUNT && !REGW) {
+                } else if (!REGW) {
                     for (int j = tid; j < k; j += THREADS) {
                         T sw = T(0);
                         for (int r = 0; r < BM; ++r) sw += lab_s[r] == j ? w_s[r] : T(0);
@@ -738,17 +736,21 @@ mpiml_distances_sums_tc(const T* __restrict__ X, long long n, int d, const T* __
         }
 }
 
-// Weights per cluster of a Lloyd step from its labels, where the tensor-core kernel leaves them to a pass (k <= 64,
-// a sums pass after it): counted in the kernel, by a lane a cluster looking at every row of its warp, they took
-// 0.18 of its 2.14 ms at 10^7 x 64, k = 64 float32 (H200); here they cost a read of labels and weights.  Block
-// b takes the rows [b R, (b + 1) R); thread t adds rows t, t + 256, ... into its own column of cnt[k][256]
-// (type T: at most R / 256 weights meet in a cell; columns: no bank conflict), then up to 256 / k threads a
-// cluster add its row of cnt in float64, their partials added in order into part[b][c] (k <= 256; shared memory:
-// max(k 256 sizeof(T), 2 KB)).  w == nullptr: unit weights.  Deterministic.
+// The totals of a Lloyd step other than its sums, from the arg-min kernel's output, where the tensor-core path
+// runs the arg-min kernel instead of the Lloyd kernel (float32, k <= 64, a sums pass after it): the Lloyd
+// kernel's own count of the weights per cluster (a lane a cluster, every lane looking at every row of its warp)
+// took 0.16 of its 2.14 ms at 10^7 x 64, k = 64, and its inertia and changed labels 0.14 more over the
+// arg-min kernel (H200); here they cost a read of the rows' labels, weights and distances.  Block b takes the
+// rows [b R, (b + 1) R): thread t adds the weights of rows t, t + 256, ... into its own column of cnt[k][256]
+// (type T: at most R / 256 weights meet in a cell; columns: no bank conflict), their w * mind into its
+// float64 inertia, counts the rows whose label changed and writes the new labels over the old ones; then up
+// to 256 / k threads a cluster add its row of cnt in float64, their partials added in order, and the block
+// writes [weights (k) | inertia | changed] to part[b] (k <= 256; shared memory: max(k 256 sizeof(T), 2 KB)).
+// w == nullptr: unit weights.  Deterministic.
 template <typename T>
 __global__ void __launch_bounds__(MPIML_TC_THREADS)
-mpiml_distances_cluster_weights(const int* __restrict__ labels, const T* __restrict__ w, long long n, int k,
-                                int rows, double* __restrict__ part)
+mpiml_distances_step_totals(const int* __restrict__ fresh, int* __restrict__ labels, const T* __restrict__ w,
+                            const T* __restrict__ mind, long long n, int k, int rows, double* __restrict__ part)
 {
     constexpr int THREADS = MPIML_TC_THREADS;
     extern __shared__ __align__(16) unsigned char mpiml_tc_smem[];
@@ -757,26 +759,40 @@ mpiml_distances_cluster_weights(const int* __restrict__ labels, const T* __restr
     for (int c = 0; c < k; ++c) cnt[c * THREADS + tid] = T(0);
     const long long r0 = (long long)blockIdx.x * rows;
     const long long r1 = r0 + rows < n ? r0 + rows : n;
+    double inertia = 0.0;
+    long long changed = 0;
     long long r = r0 + tid;
     for (; r + 3 * THREADS < r1; r += 4 * THREADS) {              // four rows loaded before their adds
-        int l[4];
-        T v[4];
+        int l[4], o[4];
+        T v[4], m[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            l[u] = labels[r + u * THREADS];
-            v[u] = w == nullptr ? T(1) : w[r + u * THREADS];
+            const long long ru = r + u * THREADS;
+            l[u] = fresh[ru];
+            o[u] = labels[ru];
+            v[u] = w == nullptr ? T(1) : w[ru];
+            m[u] = mind[ru];
         }
 #pragma unroll
-        for (int u = 0; u < 4; ++u)
+        for (int u = 0; u < 4; ++u) {
+            labels[r + u * THREADS] = l[u];
+            changed += o[u] != l[u];
+            inertia += (double)v[u] * (double)m[u];
             if ((unsigned)l[u] < (unsigned)k) cnt[l[u] * THREADS + tid] += v[u];
+        }
     }
     for (; r < r1; r += THREADS) {
-        const int l = labels[r];
-        if ((unsigned)l < (unsigned)k) cnt[l * THREADS + tid] += w == nullptr ? T(1) : w[r];
+        const int l = fresh[r];
+        const T v = w == nullptr ? T(1) : w[r];
+        changed += labels[r] != l;
+        labels[r] = l;
+        inertia += (double)v * (double)mind[r];
+        if ((unsigned)l < (unsigned)k) cnt[l * THREADS + tid] += v;
     }
-    __syncthreads();
-    // G threads a cluster (a power of two, G k <= THREADS; k <= 256), each adding THREADS / G columns (rotated
-    // by c: no bank conflict), then thread c adds the G partials in order
+    double* out = part + (long long)blockIdx.x * (k + 2);
+    mpiml_block_totals(inertia, changed, out + k);                // its barrier: cnt is complete
+    // G threads a cluster (a power of two, G k <= THREADS), each adding THREADS / G columns (rotated by c: no
+    // bank conflict), then thread c adds the G partials in order
     int G = 1;
     while (2 * G * k <= THREADS) G *= 2;
     const int len = THREADS / G;
@@ -792,7 +808,7 @@ mpiml_distances_cluster_weights(const int* __restrict__ labels, const T* __restr
     if (tid < k) {
         double t = 0.0;
         for (int q = 0; q < G; ++q) t += red[q * k + tid];
-        part[(long long)blockIdx.x * k + tid] = t;
+        out[tid] = t;
     }
 }
 
