@@ -217,3 +217,21 @@ def test_small_plans():
     assert distances.small_plan(np.float64, 16, 16)["R"] == 1
     with pytest.raises(ValueError, match="parameters"):
         distances.small_plan(np.float32, 32, 32, param_centres=True)
+
+
+def test_plans_memoized_as_copies():
+    """Plans are computed once per (arguments, device) and handed out as copies: a caller's keys stay its own."""
+    a = distances.tc_plan(np.float32, 64, 64, mode="lloyd")
+    a["grid"] = 7
+    b = distances.tc_plan(np.float32, 64, 64, mode="lloyd")
+    assert "grid" not in b and b == distances.tc_plan(np.float32, 64, 64, mode="lloyd")
+    assert distances.tc_plan(np.float32, 64, 64, mode="assign")["expr"] != b["expr"]
+    assert distances.sums_plan(np.float32, 64, 64, stages=3, rows_per_warp=8)["rows"] == 64
+    assert distances.sums_plan(np.float32, 64, 64)["rows"] == 160
+    with pytest.raises(ValueError, match="per_sm"):           # errors are raised every time, never cached
+        distances.sums_plan(np.float32, 64, 64, per_sm=3)
+    with pytest.raises(ValueError, match="per_sm"):
+        distances.sums_plan(np.float32, 64, 64, per_sm=3)
+    # a tile given as a list (unhashable) is planned without the memo
+    assert distances.tc_plan(np.float32, 7, 3, mode="assign", tile=[1, 16, 16, 1])["WMT"] == 1
+

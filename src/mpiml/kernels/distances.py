@@ -10,6 +10,7 @@ dtype of ``X``), any strides (non-contiguous input is copied once), any ``d`` an
 ``k``; zero rows is allowed.  Ties go to the lower index, like scikit-learn.
 """
 
+import functools
 import os
 from importlib import resources
 
@@ -141,6 +142,25 @@ def _device():
     return info
 
 
+def _memo_plan(fn):
+    """Memoize a plan per (arguments, device), returning a copy (callers add keys to it): a Lloyd step asks for
+    its plans every iteration, and the Python of them (100-600 us, more than a step at 10^7 x 16) ran while
+    the GPU waited for its first launch."""
+    cache = {}
+
+    @functools.wraps(fn)
+    def plan(*args, **kwargs):
+        try:
+            key = (args, tuple(sorted(kwargs.items())), _device() if _have_device() else None)
+            hit = cache.get(key)
+        except TypeError:                    # an unhashable argument (a tile given as a list)
+            return fn(*args, **kwargs)
+        if hit is None:
+            hit = cache[key] = fn(*args, **kwargs)
+        return dict(hit)
+    return plan
+
+
 def tc_supported():
     """True when the current device has the matrix units of the tensor-core kernels (sm_80 or later:
     TF32 ``mma.sync``, float64 DMMA, ``cp.async``)."""
@@ -184,6 +204,7 @@ def _expr(plan):
             f"{plan['DK']}, {plan['VW']}, {plan['MINB']}, {1 if plan['mode'] == 'lloyd' else 0}>")
 
 
+@_memo_plan
 def kernel_plan(dtype, k, d, *, mode="lloyd", accum=None, vw=None, tile=None):
     """What one launch would use: a dict with the kernel expression, tile, shared memory, copies.
 
@@ -237,6 +258,7 @@ def _smem_per_block(blocks_per_sm):
     return optin - _ACC_BUDGET_PAD
 
 
+@functools.lru_cache(maxsize=1)
 def _have_device():
     try:
         return _cupy().cuda.runtime.getDeviceCount() > 0
@@ -473,6 +495,7 @@ def pack_centres(C, bn, dk, xp=None):
     return xp.ascontiguousarray(out.reshape(nJ, nF, kg, ntn, 32, -1)).ravel()
 
 
+@_memo_plan
 def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
     """What one tensor-core launch would use: tile, shared memory, fusion of the sums, kernel name.
 
@@ -644,6 +667,7 @@ def _small_param_fits(dtype, k, d):
     return (kp * dp + kp) * np.dtype(dtype).itemsize <= _SMALL_PARAM_BYTES
 
 
+@_memo_plan
 def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, param_centres=None):
     """What one launch of the whole-rows-in-registers kernel (``mpiml_distances_small``) would use.
 
@@ -735,6 +759,7 @@ def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows
     return plan
 
 
+@_memo_plan
 def sums_plan(dtype, k, d, vw=None, kind=None, stages=None, per_sm=None, rows_per_warp=None):
     """The sums pass of the tensor-core path (the Lloyd sums from the labels, when not fused).
 
@@ -792,6 +817,7 @@ def sums_plan(dtype, k, d, vw=None, kind=None, stages=None, per_sm=None, rows_pe
             "per_sm": 2, "expr": f"mpiml_distances_sums_tc<{_CTYPE[dtype]}, {mtk}, {vw * isz}>"}
 
 
+@functools.lru_cache(maxsize=256)
 def _wave_splits(items, slots, most):
     """Row ranges of a pass whose ``items`` blocks each take every row, at most ``most``: the fewest whose
     time, ``waves / ranges`` with a partial last wave counted whole, is within 2 % of the best (9 ranges
