@@ -598,7 +598,8 @@ def tc_plan(dtype, k, d, *, mode="lloyd", vw=None, tile=None, accum=None):
 
 
 def _tc_launch(X, C, shift, w, labels, mind, out, *, lloyd, tile=None, accum=None, sums=None):
-    """The tensor-core kernel (+ the reduction of its partials, + the sums pass when not fused).
+    """The tensor-core kernel (+ the reduction of its partials, or for a float32 Lloyd step of k <= 64 with a
+    sums pass the arg-min kernel + the totals pass; + the sums pass when not fused).
 
     ``sums``: the kind of sums pass (see :func:`sums_plan`), or ``"label"`` for the SIMT family's column
     pass (``mpiml_distances_label_sums``: one pass for any k, shared and float64 atomics, so not
@@ -792,7 +793,7 @@ def sums_plan(dtype, k, d, vw=None, kind=None, stages=None, per_sm=None, rows_pe
 
         def fit(ps, st, rw):
             kc = (_smem_per_block(ps) - st * 8 * rw * (ds * isz + isz + 4)) // per_kc
-            return min(kc, 256) if narrow else kc      # float64 totals: 32 registers a thread at most
+            return min(kc, 256) if narrow else kc      # at most 32 float64 totals a thread (in registers)
 
         def tiles(ps):
             opts = [(stages or st, rows_per_warp or (rw if narrow else 64 // isz))    # float64 copies: 16 KB a tile
