@@ -7,7 +7,7 @@ Per (n, d, k, dtype), in one process, medians of CUDA events (kernels only):
 * ``auto``: ``lloyd_step_packed`` as users get it;
 * ``assign[tile]``: the arg-min kernel alone (``argmin_sqeuclidean``, predict) per tensor-core tile;
 * ``kernel[tile]``: the Lloyd kernel without its sums (``accum="pass"``, sums pass skipped): labels,
-  weights, inertia, changed;
+  weights, inertia, changed (float32 with k <= 64: the arg-min kernel and the totals pass, as a step runs them);
 * ``sums[kind]``: the sums pass alone from the labels: ``simt`` (adds in warp copies: float32 flushed to
   float64 for float32 data), ``simt64`` (float64 copies), ``mma``
   (one-hot products on the tensor cores), ``label_sums`` (the SIMT family's column pass, atomics);

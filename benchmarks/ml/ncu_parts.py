@@ -2,7 +2,8 @@
 
     ncu ... python benchmarks/ml/ncu_parts.py N D K DTYPE PART [WMT,BN,DK,MINB]
 
-PART: ``assign`` (arg-min kernel), ``kernel`` (Lloyd kernel without its sums), ``sums-simt`` /
+PART: ``assign`` (arg-min kernel), ``kernel`` (Lloyd kernel without its sums; float32 with k <= 64: the arg-min
+kernel and ``mpiml_distances_step_totals``, as a step runs them), ``sums-simt`` /
 ``sums-mma`` (the sums passes alone), ``fused-smem`` / ``fused-mma`` (the fused Lloyd kernels),
 ``step-auto`` / ``step-tc`` / ``step-fused`` / ``step-gemm`` (a whole step of that kernel family, as
 ``lloyd_step_packed(method=...)`` runs it; for ``step-fused`` the fourth argument may be the SIMT
