@@ -331,8 +331,8 @@ def _method(method, k, d, dtype=np.float32, lloyd=True):
         return "fused"
     if method in ("tc", "small") and not tc_supported():
         raise ValueError(f"method={method!r} needs a GPU of compute capability 8.0 or later")
-    if method == "small" and not (k <= 32 and d <= 32):
-        raise ValueError(f"method='small' takes k and d up to 32, got k={k}, d={d}")
+    if method == "small" and not (k <= _SMALL_MAX and d <= _SMALL_MAX):
+        raise ValueError(f"method='small' takes k and d up to {_SMALL_MAX}, got k={k}, d={d}")
     return method
 
 
@@ -437,16 +437,14 @@ def _label_sums(X, shift, w, labels, k, out, accum):
     copies = int(max(1, min(_THREADS // 32, budget // (kc * 32 * asz))))
     smem = copies * kc * 32 * asz
     fn = _function(f"mpiml_distances_label_sums<{_CTYPE[dtype]}, {accum}>")
-    if smem > 48 * 1024:
-        fn.max_dynamic_shared_size_bytes = smem
     n_cc = (d + 31) // 32
     per_sm = max(1, min(8, smem_sm // (smem + 1024)))
     splits = _wave_splits(n_cc, sms * per_sm, (n + 255) // 256)
     rows = -(-n // splits)
     for k0 in range(0, k, kc):
-        fn((n_cc * splits,), (_THREADS,),
-           (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, labels, w, np.int32(k0),
-            np.int32(min(kc, k - k0)), np.int32(copies), np.int64(rows), out), shared_mem=smem)
+        _launch(fn, {"smem": smem}, n_cc * splits,
+                (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, labels, w, np.int32(k0),
+                 np.int32(min(kc, k - k0)), np.int32(copies), np.int64(rows), out))
 
 
 # ---------------------------------------------------------------------- tensor-core kernels
@@ -680,8 +678,8 @@ def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, pa
     they fit ``_SMALL_PARAM_BYTES``), else the kernel reads them from shared memory.
     """
     dtype = np.dtype(dtype)
-    if not (1 <= k <= 32 and 1 <= d <= 32):
-        raise ValueError(f"the small kernel takes k and d from 1 to 32, got k={k}, d={d}")
+    if not (1 <= k <= _SMALL_MAX and 1 <= d <= _SMALL_MAX):
+        raise ValueError(f"the small kernel takes k and d from 1 to {_SMALL_MAX}, got k={k}, d={d}")
     isz = dtype.itemsize
     narrow = dtype == np.float32
     ev = 16 // isz
