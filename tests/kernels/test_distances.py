@@ -40,20 +40,35 @@ def _near_tie_ok(D, got, want, rtol):
     return bool(np.all(np.abs(a - b) <= rtol * np.maximum(np.abs(b), 1e-30) + 1e-12))
 
 
+def _method_tile(method, k, d, dtype):
+    """(method, tile) of a test's method name; "small_simt" is the small kernel without its tensor-core form
+    (the default for float32 where it fits), "small_tc" with it."""
+    if method.startswith("small") and (k > 32 or d > 32):
+        pytest.skip("the small kernel takes k, d <= 32")
+    if method == "small_tc":
+        from mpiml.kernels import distances
+
+        if not distances._small_tc_fits(dtype, k, d):
+            pytest.skip("the tensor-core small kernel takes float32, padded k x d <= _SMALL_TC_CELLS")
+        return "small", (None, None, None, True)
+    if method == "small_simt":
+        return "small", (None, None, None, False)
+    return method, None
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("method", ["fused", "gemm", "tc", "small"])
+@pytest.mark.parametrize("method", ["fused", "gemm", "tc", "small_simt", "small_tc"])
 @pytest.mark.parametrize("n,d,k", SHAPES)
 def test_argmin_matches_reference(n, d, k, dtype, method):
     import cupy as cp
 
     from mpiml.kernels import distances
 
-    if method == "small" and (k > 32 or d > 32):
-        pytest.skip("the small kernel takes k, d <= 32")
+    method, tile = _method_tile(method, k, d, dtype)
     X, C = _data(n, d, k, dtype)
     D = _ref_sq(X, C)
     want = np.argmin(D, axis=1)
-    lab, dist = distances.argmin_sqeuclidean(cp.asarray(X), cp.asarray(C), method=method)
+    lab, dist = distances.argmin_sqeuclidean(cp.asarray(X), cp.asarray(C), method=method, tile=tile)
     lab, dist = lab.get(), dist.get()
     assert lab.dtype == np.int32 and dist.dtype == dtype
     rtol = 1e-4 if dtype == np.float32 else 1e-10
@@ -67,24 +82,35 @@ def test_argmin_matches_reference(n, d, k, dtype, method):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("accum,method", [("double", "fused"), ("float", "fused"), (None, "gemm"), (None, "tc"),
-                                          (None, "small")])
+                                          (None, "small_simt"), (None, "small_tc"), ("unit", "small_tc")])
 @pytest.mark.parametrize("n,d,k", [(1, 1, 1), (1000, 3, 5), (5000, 17, 40), (4097, 64, 64), (3000, 100, 300),
                                    (2000, 8, 1024), (700, 1030, 7), (20000, 16, 16), (70001, 16, 16),
-                                   (9001, 32, 32), (6000, 30, 17)])
+                                   (9001, 32, 32), (6000, 30, 17), (4099, 12, 9), (3000, 32, 8), (2500, 7, 30)])
 def test_lloyd_step_matches_reference(n, d, k, dtype, accum, method):
     import cupy as cp
 
     from mpiml.kernels import distances
 
-    if method == "small" and (k > 32 or d > 32):
-        pytest.skip("the small kernel takes k, d <= 32")
+    method, tile = _method_tile(method, k, d, dtype)
     X, C = _data(n, d, k, dtype, seed=1)
     rs = np.random.RandomState(2)
-    w = rs.uniform(0.5, 2, n).astype(dtype)
+    # "unit": unit weights (the tensor-core small kernel skips the small parts of TF32-exact weights)
+    w = np.ones(n, dtype) if accum == "unit" else rs.uniform(0.5, 2, n).astype(dtype)
+    accum = None if accum == "unit" else accum
     shift = X.mean(0).astype(dtype)
     Cs = (C - shift).astype(dtype)
-    sums, counts, inertia, lab = distances.lloyd_step(cp.asarray(X), cp.asarray(Cs), cp.asarray(w),
-                                                      shift=cp.asarray(shift), accum=accum, method=method)
+    if tile is not None:
+        lab = cp.full(n, -1, cp.int32)
+        out = distances.lloyd_step_packed(cp.asarray(X), cp.asarray(Cs), cp.asarray(w), shift=cp.asarray(shift),
+                                          labels=lab, method=method, tile=tile)
+        sums, counts, inertia = out[:k * d].reshape(k, d), out[k * d:k * d + k], float(out[-2])
+        # the arg-min form of the same kernel computes the same distances
+        alab = distances.argmin_sqeuclidean(cp.asarray(X), cp.asarray(Cs), shift=cp.asarray(shift), method=method,
+                                            tile=tile)[0]
+        assert bool((alab == lab).all())
+    else:
+        sums, counts, inertia, lab = distances.lloyd_step(cp.asarray(X), cp.asarray(Cs), cp.asarray(w),
+                                                          shift=cp.asarray(shift), accum=accum, method=method)
     lab = lab.get()
     D = _ref_sq(X, C)
     want = np.argmin(D, axis=1)
@@ -106,7 +132,8 @@ def test_lloyd_step_matches_reference(n, d, k, dtype, accum, method):
 @pytest.mark.parametrize("n,d,k", [(5003, 16, 16), (3001, 3, 5), (2000, 9, 1)])
 def test_small_kernel_centres_as_parameters_or_shared(n, d, k, dtype):
     """The small kernel reads its centres from its parameters (host or device centres) or from shared memory:
-    the same labels, sums within rounding, and host and device centres give the same bits."""
+    the same labels, sums within rounding, and host and device centres give the same bits.  Its tensor-core
+    form (float32, the default there) against it: labels up to near ties, sums and weights within rounding."""
     import cupy as cp
 
     from mpiml.kernels import distances
@@ -114,7 +141,12 @@ def test_small_kernel_centres_as_parameters_or_shared(n, d, k, dtype):
     X, C = _data(n, d, k, dtype, seed=9)
     Xd = cp.asarray(X)
     out = {}
-    for name, Cx, tile in (("host", C, None), ("device", cp.asarray(C), None), ("shared", C, (2, 1, False))):
+    runs = [("host", C, (None, None, None, False)), ("device", cp.asarray(C), (None, None, None, False)),
+            ("shared", C, (2, 1, False))]
+    if dtype == np.float32:
+        assert distances.small_plan(dtype, k, d).get("tc")
+        runs += [("tc_host", C, None), ("tc_device", cp.asarray(C), None)]
+    for name, Cx, tile in runs:
         labels = cp.full(n, -1, cp.int32)
         p = distances.lloyd_step_packed(Xd, Cx, labels=labels, method="small", tile=tile)
         lab, dist = distances.argmin_sqeuclidean(Xd, Cx, method="small", tile=tile)
@@ -127,6 +159,16 @@ def test_small_kernel_centres_as_parameters_or_shared(n, d, k, dtype):
                                atol=1e-6 * np.abs(out["host"][0]).max())
     D = _ref_sq(X, C)
     assert _near_tie_ok(D, out["host"][1], np.argmin(D, 1), 1e-4 if dtype == np.float32 else 1e-10)
+    if dtype == np.float32:
+        np.testing.assert_array_equal(out["tc_host"][0], out["tc_device"][0])
+        assert _near_tie_ok(D, out["tc_host"][1], out["host"][1], 1e-4)
+        if (out["tc_host"][1] == out["host"][1]).all():
+            np.testing.assert_allclose(out["tc_host"][0][:-1], out["host"][0][:-1], rtol=1e-5,
+                                       atol=1e-6 * np.abs(out["host"][0]).max())
+        # distances within the rounding of |x|^2 - 2 x.c + |c|^2 (relative to |x|^2 + |c|^2, as above)
+        lab = out["tc_host"][1]
+        scale = (X.astype(np.float64) ** 2).sum(1) + (C.astype(np.float64)[lab] ** 2).sum(1) + 1e-30
+        np.testing.assert_array_less(np.abs(out["tc_host"][2] - D[np.arange(n), lab]) / scale, 1e-5)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -181,14 +181,14 @@ def test_wave_splits():
 
 def test_small_plans():
     # rows padded to 16 bytes, centres to 8 / 16 / 32, a shared row stride of an odd number of 16-byte words
-    p = distances.small_plan(np.float32, 16, 16)
+    p = distances.small_plan(np.float32, 16, 16, tc=False)
     assert (p["DP"], p["KP"], p["SX"], p["VEC"], p["STAGES"], p["R"]) == (16, 16, 20, 16, 2, 2)
     assert p["expr"] == "mpiml_distances_small<float, float, 16, 16, 16, 1, 2, 2, true>" and p["PC"]
     # float64 total (+ weights), 16 float32 half-warp copies (+ weights a warp), 2 tiles of 512 rows (two a
     # thread), centres, norms, shift, weights and previous labels of 2 tiles, labels of one
     assert p["smem"] == ((16 * 16 + 16) * 8 + (16 * 16 * 16 + 8 * 16) * 4 + 2 * 512 * 20 * 4 + (256 + 16 + 16) * 4
                          + 2 * 512 * 8 + 512 * 4)
-    assert distances.small_plan(np.float32, 16, 16, stages=3, rows=1)["smem"] == (
+    assert distances.small_plan(np.float32, 16, 16, stages=3, rows=1, tc=False)["smem"] == (
         (16 * 16 + 16) * 8 + (16 * 16 * 16 + 8 * 16) * 4 + 3 * 256 * 20 * 4 + (256 + 16 + 16) * 4
         + 3 * 256 * 8 + 256 * 4)
     p = distances.small_plan(np.float64, 16, 16)
@@ -217,6 +217,35 @@ def test_small_plans():
     assert distances.small_plan(np.float64, 16, 16)["R"] == 1
     with pytest.raises(ValueError, match="parameters"):
         distances.small_plan(np.float32, 32, 32, param_centres=True)
+
+
+def test_small_tc_plans():
+    # float32 Lloyd steps with padded KP x DQ <= 256 go to the tensor-core form: rows padded to 8 / 16 / 32
+    # features (no row padding: the chunks are swizzled), tiles of 512 rows (256 for 32 features: two blocks
+    # an SM), [tiles | weights, previous labels of the tiles | a thread's float64 sums (m x (DQ/8 + 1) x 4)]
+    p = distances.small_plan(np.float32, 16, 16)
+    assert p["tc"] and p["PC"] and p["expr"] == "mpiml_distances_small_tc<16, 16, 1, 2, 4, 16>"
+    assert p["smem"] == 2 * 512 * 16 * 4 + 2 * 2 * 512 * 4 + 1 * 3 * 4 * 256 * 8
+    p = distances.small_plan(np.float32, 8, 32)
+    assert p["expr"] == "mpiml_distances_small_tc<32, 8, 1, 2, 2, 16>" and p["BM"] == 256
+    assert p["smem"] == 2 * 256 * 32 * 4 + 2 * 2 * 256 * 4 + 1 * 5 * 4 * 256 * 8 <= 227 * 1024 // 2
+    assert distances.small_plan(np.float32, 5, 3)["expr"] == "mpiml_distances_small_tc<8, 8, 1, 2, 4, 4>"
+    # the arg-min alone where at least half of KP x DQ is real: 16 x 16 yes, d 12 k 9 and d 3 k 5 no
+    assert distances.small_plan(np.float32, 16, 16, mode="assign")["expr"] == \
+        "mpiml_distances_small_tc<16, 16, 0, 2, 4, 16>"
+    assert not distances.small_plan(np.float32, 9, 12, mode="assign").get("tc")
+    assert not distances.small_plan(np.float32, 5, 3, mode="assign").get("tc")
+    # not float64, not past KP x DQ = 256 (the 512-cell forms spill), not with centres in shared memory
+    assert not distances.small_plan(np.float64, 16, 16).get("tc")
+    assert not distances.small_plan(np.float32, 32, 16).get("tc")
+    assert not distances.small_plan(np.float32, 16, 16, param_centres=False).get("tc")
+    with pytest.raises(ValueError, match="tensor-core"):
+        distances.small_plan(np.float32, 32, 16, tc=True)
+    with pytest.raises(ValueError, match="tensor-core"):
+        distances.small_plan(np.float64, 8, 8, tc=True)
+    with pytest.raises(ValueError, match="parameters"):
+        distances.small_plan(np.float32, 8, 8, tc=True, param_centres=False)
+    assert distances.small_plan(np.float32, 8, 8, rows=4)["BM"] == 1024
 
 
 def test_plans_memoized_as_copies():

@@ -75,6 +75,9 @@ _SMALL_PARAM_BYTES = 3968
 # shared memory), wider rows with the centres as parameters one (0.840 vs 1.033 at d 32, k 16); float64 one
 # (1.04 vs 0.85 ms at d = k = 16)
 _SMALL_STAGES = {np.dtype(np.float32): 2, np.dtype(np.float64): 2}
+# float32 small shapes whose padded centres x features (KP x DQ, DQ = 8, 16 or 32) are at most this many go to
+# the small kernel's tensor-core form (mpiml_distances_small_tc; 0: never): see small_plan
+_SMALL_TC_CELLS = 256
 _TC_SUMS_ROWS = 128               # rows per tile of the one-hot sums pass
 _TC_SUMS = "simt"                 # the sums pass of the tensor-core path by default (see sums_plan)
 _TOTALS_ROWS = 16384              # rows a block of mpiml_distances_step_totals (<= 64 weights a cell)
@@ -347,10 +350,11 @@ def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile
     if method == "tc":
         return _tc_launch(X, C, shift, w, labels, mind, out, lloyd=lloyd, tile=tile)
     if method == "small":
-        # tile: the number of stages, or (stages, rows a thread[, centres as parameters])
-        st, r, pc = ((tile, None, None) if isinstance(tile, (int, np.integer))
-                     else (tuple(tile) + (None,) * 3)[:3] if tile else (None, None, None))
-        return _small_launch(X, C, shift, w, labels, mind, out, lloyd=lloyd, stages=st, rows=r, param_centres=pc)
+        # tile: the number of stages, or (stages, rows a thread[, centres as parameters[, tensor-core form]])
+        st, r, pc, tc = ((tile, None, None, None) if isinstance(tile, (int, np.integer))
+                         else (tuple(tile) + (None,) * 4)[:4] if tile else (None,) * 4)
+        return _small_launch(X, C, shift, w, labels, mind, out, lloyd=lloyd, stages=st, rows=r, param_centres=pc,
+                             tc=tc)
     plan = kernel_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", accum=accum,
                        vw=_vec(dtype, d, X, C, shift), tile=tile)
     plan["method"] = method
@@ -660,14 +664,52 @@ def _small_dims(dtype, k, d):
     return -(-d // ev) * ev, 8 if k <= 8 else 16 if k <= 16 else 32
 
 
+def _small_tc_dims(k, d):
+    """The tensor-core small kernel's padded row (DQ: 8, 16 or 32 features) and centre count (KP: 8, 16, 32)."""
+    return 8 if d <= 8 else 16 if d <= 16 else 32, 8 if k <= 8 else 16 if k <= 16 else 32
+
+
+def _small_tc_fits(dtype, k, d):
+    """Whether float32 ``k`` centres of ``d`` features go to ``mpiml_distances_small_tc``."""
+    if np.dtype(dtype) != np.float32 or not (1 <= k <= _SMALL_MAX and 1 <= d <= _SMALL_MAX):
+        return False
+    dq, kp = _small_tc_dims(k, d)
+    return kp * dq <= _SMALL_TC_CELLS
+
+
 def _small_param_fits(dtype, k, d):
     """Whether the small kernel's padded centres and norms fit its parameters."""
     dp, kp = _small_dims(dtype, k, d)
     return (kp * dp + kp) * np.dtype(dtype).itemsize <= _SMALL_PARAM_BYTES
 
 
+def _small_tc_plan(k, d, mode, vw, stages, rows):
+    """small_plan of ``mpiml_distances_small_tc`` (float32): tiles of 256 R rows, 2 R m-tiles of 16 a warp."""
+    dq, kp = _small_tc_dims(k, d)
+    if vw is None:
+        vw = 4 if d % 4 == 0 else 1
+    lloyd = mode == "lloyd"
+    r = rows or (2 if dq <= 16 else 1)               # 32-feature rows: tiles of 256 keep two blocks an SM
+    if r not in (1, 2, 4):
+        raise ValueError(f"rows must be 1, 2 or 4, got {r}")
+    br = 256 * r
+    cells = -(-kp // 16) * (dq // 8 + 1) * 4          # a lane's values of the sums (MC x NF x 4)
+
+    def smem(st):
+        return st * br * dq * 4 + (2 * st * br * 4 + cells * _THREADS * 8 if lloyd else 0)
+
+    stages = stages or _SMALL_STAGES[np.dtype(np.float32)]
+    while smem(stages) > _smem_per_block(1) and stages > 2:
+        stages -= 1
+    if stages < 2 or smem(stages) > _smem_per_block(1):
+        raise ValueError(f"the small kernel needs 2 or more stages that fit shared memory, got {stages}")
+    expr = f"mpiml_distances_small_tc<{dq}, {kp}, {1 if lloyd else 0}, {stages}, {2 * r}, {vw * 4}>"
+    return {"mode": mode, "method": "small", "tc": True, "ctype": "float", "DP": dq, "KP": kp, "VEC": vw * 4,
+            "STAGES": stages, "R": r, "PC": True, "BM": br, "smem": smem(stages), "accum": "float", "expr": expr}
+
+
 @_memo_plan
-def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, param_centres=None):
+def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, param_centres=None, tc=None):
     """What one launch of the whole-rows-in-registers kernel (``mpiml_distances_small``) would use.
 
     For ``d`` and ``k`` up to 32: the row is padded to ``DP`` features (a multiple of 16 bytes), the centres
@@ -676,10 +718,33 @@ def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, pa
     the centres in shared memory, two rows a thread, else one; fewer stages when shared memory is short).
     ``param_centres`` (``PC``): the centres and their norms go in the kernel's parameters (default: where
     they fit ``_SMALL_PARAM_BYTES``), else the kernel reads them from shared memory.
+
+    ``tc``: the tensor-core form (``mpiml_distances_small_tc``, float32 with ``KP x DQ <= _SMALL_TC_CELLS``,
+    rows padded to DQ = 8, 16 or 32 features): 3xTF32 distances and one-hot sums on the tensor cores, the
+    centres always as parameters, ``rows`` R giving tiles of 256 R rows (2 R m-tiles of 16 a warp; default
+    2, 1 for 32 features).  Default: Lloyd steps where it fits, arg-mins where at least half of the padded
+    KP x DQ is real.  Measured on an H200 at 10^7 rows (``benchmarks/results/small_kernel_h200_2026-11-24d.json``),
+    tensor-core vs SIMT form, ms: Lloyd 0.35 vs 0.49 (d = k = 16), 0.24 vs 0.38 (8, 8), 0.49 vs 0.68 (d 32,
+    k 8), 0.40 vs 0.47 (d 12, k 9), 0.26 vs 0.41 (d 3, k 5); arg-min 0.18 vs 0.23 (16, 16), 0.11 vs 0.15
+    (8, 8), but 0.22 vs 0.18 (d 12, k 9).  Two tiles in flight beat three (0.35 vs 0.40-0.41 ms at 16 x 16:
+    three leave one block an SM or tiles of 256 rows).
     """
     dtype = np.dtype(dtype)
     if not (1 <= k <= _SMALL_MAX and 1 <= d <= _SMALL_MAX):
         raise ValueError(f"the small kernel takes k and d from 1 to {_SMALL_MAX}, got k={k}, d={d}")
+    if tc is None:
+        # the arg-min alone pays for padded centres and features on the tensor cores: there the SIMT form wins
+        # where they are mostly padding (10^7 rows, ms: d 12, k 9 0.18 vs 0.22; d 3, k 5 0.10 vs 0.13)
+        dq, kp = _small_tc_dims(k, d)
+        tc = (_small_tc_fits(dtype, k, d) and param_centres in (None, True)
+              and (mode == "lloyd" or 2 * k * d >= kp * dq))
+    elif tc and not _small_tc_fits(dtype, k, d):
+        raise ValueError(f"the tensor-core small kernel takes float32 with {_SMALL_TC_CELLS} or fewer padded "
+                         f"centres x features, got {dtype.name}, k={k}, d={d}")
+    if tc:
+        if param_centres is False:
+            raise ValueError("the tensor-core small kernel takes its centres as parameters")
+        return _small_tc_plan(k, d, mode, vw, stages, rows)
     isz = dtype.itemsize
     narrow = dtype == np.float32
     ev = 16 // isz
@@ -731,14 +796,16 @@ def _small_centres_arg(plan, dtype, C, k, d):
     return buf.view(np.dtype({"names": ["v"], "formats": [(dtype, (n_val,))]}, align=True))
 
 
-def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows=None, param_centres=None):
-    """The whole-rows-in-registers kernel (+ the reduction of its partials for a Lloyd step)."""
+def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows=None, param_centres=None,
+                  tc=None):
+    """The whole-rows-in-registers kernel or its tensor-core form (+ the reduction of its partials for a
+    Lloyd step)."""
     cupy = _cupy()
     dtype = np.dtype(X.dtype)
     n, d = X.shape
     k = C.shape[0]
     plan = small_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", vw=_vec(dtype, d, X, shift),
-                      stages=stages, rows=rows, param_centres=param_centres)
+                      stages=stages, rows=rows, param_centres=param_centres, tc=tc)
     if n == 0:
         return plan
     pc = _small_centres_arg(plan, dtype, C, k, d)

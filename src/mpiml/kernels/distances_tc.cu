@@ -89,6 +89,14 @@ __device__ __forceinline__ void mpiml_mma(float (&c)[4], const unsigned (&a)[4],
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// d = a b (a zero accumulator: the result needs no registers of its own beforehand)
+__device__ __forceinline__ void mpiml_mma0(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%10,%10,%10,%10};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+}
+
 __device__ __forceinline__ void mpiml_mma(double (&c)[2], double a, double b) {
     asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
                  : "+d"(c[0]), "+d"(c[1])
@@ -1288,6 +1296,335 @@ mpiml_distances_small(const T* __restrict__ X, long long n, int d, const T* __re
                 for (int q = 0; q < (cell < CELLS ? COPIES : WARPS); ++q) v += (double)src[q * stride];
             }
             out[i] = v;
+        }
+        mpiml_block_totals(my_inertia, my_changed, out + P - 2);
+    }
+}
+
+// The 16-byte chunk of a staged row of DQ float32 features that chunk c of row r is stored at (c ^ swizzle):
+// the fragment loads of mpiml_distances_small_tc (8-byte loads of rows g = 0..3 of a half warp) then meet no
+// bank twice without padding.  Rows 4 apart share a swizzle.
+template <int DQ>
+__device__ __forceinline__ int mpiml_small_chunk(int r, int c) {
+    return c ^ (DQ == 16 ? ((r >> 1) & 1) << 1 : DQ == 32 ? (r & 3) << 1 : 0);
+}
+
+// Float32 arg-min (MODE 0) or local Lloyd step (MODE 1) for d <= DQ (8, 16, 32), k <= KP (8, 16, 32),
+// KP x DQ <= 512, on the tensor cores: the small kernel's job (same staging, same outputs, centres as
+// parameters) with its two instruction sinks, the FMAs of the distances and the adds of the sums, moved to
+// mma.  Each warp takes MW m-tiles of 16 rows of a tile.
+//   distances: 3xTF32 products, rows split into TF32 big + small parts (k-slot t <-> feature 2 t, t + 4 <->
+//     2 t + 1 of an 8-feature step), centres split once per block and held in registers; each step's three
+//     products meet in a fresh accumulator added with round-to-nearest.  The arg-min of a row is folded over
+//     its four lanes in two shuffle rounds, the first trading halves (a lane then reduces one row, not two).
+//   sums (MODE 1): D[cluster x feature] += A[cluster x row] B[row x feature], A = the one-hot labels times the
+//     weights (split; the small part skipped where a warp's weights are all TF32: unit weights), B = the
+//     shifted rows.  B comes from the distance fragments, transposed on the tensor cores: an mma with a 0/1
+//     selection matrix moves x[row g][feature] of lane (g, t) to x[row 2 t (+1)][feature g], exactly.  A
+//     weights column (B = 1 at column 0) gives the weights per cluster.  Fresh accumulators per m-tile, added
+//     with round-to-nearest into float32 registers, those into float64 (shared memory, one slot a thread and
+//     value) every FLUSH tiles.
+// Block totals [sums | weights | inertia | changed] to part as in mpiml_distances_small.
+template <int DQ, int KP, int MODE, int STAGES, int MW, int VEC, int MINB = 2>
+__global__ void __launch_bounds__(MPIML_TC_THREADS, MINB)
+mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const float* __restrict__ shift,
+                         const float* __restrict__ C, int k, const float* __restrict__ w, int* __restrict__ labels,
+                         float* __restrict__ mind, double* __restrict__ part,
+                         const mpiml_small_centres<float, KP * DQ + KP> pc)
+{
+    constexpr int THREADS = MPIML_TC_THREADS, WARPS = MPIML_TC_WARPS;
+    constexpr bool LLOYD = MODE == 1;
+    constexpr int WR = 16 * MW, BR = WARPS * WR;    // rows of a warp, of a tile
+    constexpr int KS = DQ / 8, NT = KP / 8;         // k-steps (8 features) and n-tiles (8 centres) of the distances
+    constexpr int MC = (KP + 15) / 16, NF = KS + 1; // m-tiles (16 clusters) and n-tiles (8 features | weights) of the sums
+    constexpr int CELLS = MC * NF * 4;              // a lane's values of the sums
+    constexpr int EC = VEC / 4, CPR = DQ / EC, RS = THREADS / CPR, PER = BR / RS;
+    constexpr int FLUSH = 4;                        // tiles between float64 flushes (<= 4 MW float32 adds a value)
+    constexpr unsigned FULL = 0xffffffffu;
+    static_assert(DQ % 8 == 0 && DQ <= 32 && (KP == 8 || KP == 16 || KP == 32) && KP * DQ <= 512, "small shapes");
+    static_assert(THREADS % CPR == 0 && BR % RS == 0 && RS % 4 == 0, "whole rows of copies, one swizzle a thread");
+
+    extern __shared__ __align__(16) unsigned char mpiml_tc_smem[];
+    float* xbuf = reinterpret_cast<float*>(mpiml_tc_smem);                       // STAGES x BR x DQ
+    float* w_s = xbuf + STAGES * BR * DQ;                                        // STAGES x BR (MODE 1)
+    int* ol_s = reinterpret_cast<int*>(w_s + (LLOYD ? STAGES * BR : 0));         // STAGES x BR previous labels
+    double* dacc = reinterpret_cast<double*>(ol_s + (LLOYD ? STAGES * BR : 0));  // CELLS x THREADS (MODE 1)
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const long long n_tiles = (n + BR - 1) / BR;
+    const long long my_tiles = blockIdx.x < n_tiles ? (n_tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+
+    // this thread's copies: chunk ci of rows r_c + j RS of a tile (offsets set once, one swizzle)
+    const int ci = tid % CPR, r_c = tid / CPR, f_c = ci * EC;
+    const bool fok = f_c < d;
+    const float* x_c = X + (long long)r_c * d + f_c;
+    const long long x_step = (long long)RS * d;
+    const int dst_c = r_c * DQ + (mpiml_small_chunk<DQ>(r_c, f_c >> 2) << 2) + (f_c & 3);
+    // (a copy of 0 bytes reads nothing: rows past n and features past d take zeros from addresses never read)
+    auto stage = [&](long long i) {
+        const int b = (int)(i % STAGES);
+        const long long r0 = (blockIdx.x + i * gridDim.x) * BR;
+        const long long left = n - r0 - r_c;            // rows of this tile left from row r_c on
+        float* xd = xbuf + b * BR * DQ + dst_c;
+        const float* xs = x_c + r0 * d;
+#pragma unroll
+        for (int j = 0; j < PER; ++j)
+            mpiml_cp_async<VEC>(xd + j * RS * DQ, xs + j * x_step, fok && j * RS < left);
+        if constexpr (LLOYD) {
+            const long long lr = n - r0 - tid;
+#pragma unroll
+            for (int q = 0; q < BR / THREADS; ++q) {
+                mpiml_cp_async<4>(ol_s + b * BR + q * THREADS + tid, labels + r0 + q * THREADS + tid, q * THREADS < lr);
+                mpiml_cp_async<4>(w_s + b * BR + q * THREADS + tid, w + r0 + q * THREADS + tid, q * THREADS < lr);
+            }
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < my_tiles) stage(s);
+        mpiml_cp_commit();
+    }
+
+    // the centres as B fragments (n-tile j: centres 8 j + g; k-step s: features 8 s + 2 t, + 1), TF32 big and
+    // small parts, the norms of the lane's result columns (centres 8 j + 2 t + e; +inf past k), the shift
+    unsigned cbig[NT][KS][2], csml[NT][KS][2];
+    float cq[NT][2], shd[KS][2];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int s = 0; s < KS; ++s)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float v = pc.v[(8 * j + g) * DQ + 8 * s + 2 * t + e];
+                cbig[j][s][e] = mpiml_tf32(v);
+                csml[j][s][e] = mpiml_tf32(v - __uint_as_float(cbig[j][s][e]));
+            }
+#pragma unroll
+        for (int e = 0; e < 2; ++e) cq[j][e] = pc.v[KP * DQ + 8 * j + 2 * t + e];
+    }
+#pragma unroll
+    for (int s = 0; s < KS; ++s)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int f = 8 * s + 2 * t + e;
+            shd[s][e] = (shift != nullptr && f < d) ? shift[f] : 0.f;
+        }
+    // the fragment loads of row g of an m-tile: 8 bytes at feature 8 s + 2 t (swizzled); row g + 8: + 8 DQ
+    int xoff[KS];
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+        const int r = warp * WR + g;
+        xoff[s] = r * DQ + (mpiml_small_chunk<DQ>(r, 2 * s + (t >> 1)) << 2) + 2 * (t & 1);
+    }
+    // the sums' loads: row t of an m-tile (slot t; row t + 4: + 4 DQ, the same swizzle), feature 8 s + g
+    int soff[KS];
+    float shs[KS];
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+        const int r = warp * WR + t, f = 8 * s + g;
+        soff[s] = r * DQ + (mpiml_small_chunk<DQ>(r, f >> 2) << 2) + (f & 3);
+        shs[s] = (shift != nullptr && f < d) ? shift[f] : 0.f;
+    }
+    const unsigned wcol = g == 0 ? 0x3f800000u : 0u;   // B of the weights column
+    const int src_a = 4 * t, src_b = 4 * t + 16;      // lanes holding the labels of rows t, t + 4 (+ 8 h)
+
+    float sacc[MC][NF][4];
+#pragma unroll
+    for (int m = 0; m < MC; ++m)
+#pragma unroll
+        for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) sacc[m][nf][i] = 0.f;
+    if constexpr (LLOYD) {
+#pragma unroll
+        for (int c = 0; c < CELLS; ++c) dacc[c * THREADS + tid] = 0.0;
+    }
+    auto flush = [&]() {             // float32 sums into this thread's float64 slots
+#pragma unroll
+        for (int m = 0; m < MC; ++m)
+#pragma unroll
+            for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    dacc[((m * NF + nf) * 4 + i) * THREADS + tid] += (double)sacc[m][nf][i];
+                    sacc[m][nf][i] = 0.f;
+                }
+    };
+
+    double my_inertia = 0.0;
+    long long my_changed = 0;
+    for (long long i = 0; i < my_tiles; ++i) {
+        mpiml_cp_wait<STAGES - 2>();
+        __syncthreads();                                  // tile i has landed; tile i - 1 is done with
+        if (i + STAGES - 1 < my_tiles) stage(i + STAGES - 1);
+        mpiml_cp_commit();
+        const int b = (int)(i % STAGES);
+        const float* xt = xbuf + b * BR * DQ;
+        const long long tile0 = (blockIdx.x + i * gridDim.x) * BR;
+        // whether the weights of this warp's rows are all TF32 values (unit weights): then the one-hot rows
+        // carry them whole, with no small part
+        bool exact = true;
+        float t_inertia = 0.f;                            // this tile's, added to the float64 total after it
+        int t_changed = 0;
+        if constexpr (LLOYD) {
+            bool ok = true;
+#pragma unroll
+            for (int q = 0; q < WR / 32; ++q) {
+                const float wq = w_s[b * BR + warp * WR + q * 32 + lane];
+                ok = ok && mpiml_tf32(wq) == __float_as_uint(wq);
+            }
+            exact = __all_sync(FULL, ok);
+        }
+
+#pragma unroll
+        for (int mt = 0; mt < MW; ++mt) {
+            unsigned ab[KS][4], as[KS][4];
+            float xq0 = 0.f, xq1 = 0.f;                   // squared norms of rows g, g + 8 (this lane's features)
+#pragma unroll
+            for (int s = 0; s < KS; ++s) {
+                const float* p = xt + xoff[s] + 16 * mt * DQ;
+                const float2 lo = *reinterpret_cast<const float2*>(p);
+                const float2 hi = *reinterpret_cast<const float2*>(p + 8 * DQ);
+                const float v[4] = {lo.x - shd[s][0], hi.x - shd[s][0], lo.y - shd[s][1], hi.y - shd[s][1]};
+                xq0 = fmaf(v[0], v[0], fmaf(v[2], v[2], xq0));
+                xq1 = fmaf(v[1], v[1], fmaf(v[3], v[3], xq1));
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    ab[s][e] = mpiml_tf32(v[e]);
+                    as[s][e] = __float_as_uint(v[e] - __uint_as_float(ab[s][e]));   // the mma reads its TF32 bits
+                }
+            }
+            // ||c||^2 - 2 x.c (the tensor cores' float32 accumulation truncates: see mpiml_distances_tc)
+            float bv[2] = {mpiml_tc<float>::inf(), mpiml_tc<float>::inf()};
+            int bi[2] = {0, 0};
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                float acc[4];
+#pragma unroll
+                for (int s = 0; s < KS; ++s) {
+                    float p[4];
+                    mpiml_mma0(p, as[s], cbig[j][s][0], cbig[j][s][1]);
+                    mpiml_mma(p, ab[s], csml[j][s][0], csml[j][s][1]);
+                    mpiml_mma(p, ab[s], cbig[j][s][0], cbig[j][s][1]);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[e] = s == 0 ? p[e] : acc[e] + p[e];
+                }
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {           // c0, c1: row g; c2, c3: row g + 8; columns 2 t + e
+                    const float d0 = fmaf(-2.f, acc[e], cq[j][e]), d1 = fmaf(-2.f, acc[2 + e], cq[j][e]);
+                    if (d0 < bv[0]) { bv[0] = d0; bi[0] = 8 * j + 2 * t + e; }
+                    if (d1 < bv[1]) { bv[1] = d1; bi[1] = 8 * j + 2 * t + e; }
+                }
+            }
+            // the row's four lanes: odd t keeps row g + 8 and hands row g to its even neighbour (and back), then
+            // lanes t and t ^ 2 (the same row) meet; ties keep the lower index
+            const bool odd = t & 1;
+            float kv = odd ? bv[1] : bv[0], xk = odd ? xq1 : xq0;
+            int ki = odd ? bi[1] : bi[0];
+            {
+                const float ov = __shfl_xor_sync(FULL, odd ? bv[0] : bv[1], 1);
+                const int oi = __shfl_xor_sync(FULL, odd ? bi[0] : bi[1], 1);
+                xk += __shfl_xor_sync(FULL, odd ? xq0 : xq1, 1);
+                if (ov < kv || (ov == kv && oi < ki)) { kv = ov; ki = oi; }
+            }
+            {
+                const float ov = __shfl_xor_sync(FULL, kv, 2);
+                const int oi = __shfl_xor_sync(FULL, ki, 2);
+                xk += __shfl_xor_sync(FULL, xk, 2);
+                if (ov < kv || (ov == kv && oi < ki)) { kv = ov; ki = oi; }
+            }
+            const int mrow = warp * WR + 16 * mt;            // the m-tile's first row in the tile
+            const int rloc = mrow + g + 8 * (t & 1);
+            const long long row = tile0 + rloc;
+            if (t < 2 && row < n) {
+                const float dist = fmaxf(kv + xk, 0.f);
+                labels[row] = ki;
+                mind[row] = dist;
+                if constexpr (LLOYD) {
+                    t_changed += ol_s[b * BR + rloc] != ki;
+                    t_inertia = fmaf(w_s[b * BR + rloc], dist, t_inertia);
+                }
+            }
+
+            if constexpr (LLOYD) {
+                // k-step h of the sums: rows 8 h + t (slot t) and 8 h + t + 4 (slot t + 4) of the m-tile, their
+                // labels from lanes 4 t + h and 4 t + 16 + h, their shifted values at feature 8 s + g reloaded
+                float pacc[MC][NF][4];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int la = __shfl_sync(FULL, ki, src_a + h), lb = __shfl_sync(FULL, ki, src_b + h);
+                    const int wr = b * BR + mrow + 8 * h + t;
+                    const float wa = w_s[wr], wb = w_s[wr + 4];
+                    // rows past n: weight 0 (zero-filled), so they add nothing
+                    unsigned vb[KS][2], vs[KS][2];
+#pragma unroll
+                    for (int s = 0; s < KS; ++s) {
+                        const float* p = xt + soff[s] + (16 * mt + 8 * h) * DQ;
+                        const float va = p[0] - shs[s], vc = p[4 * DQ] - shs[s];
+                        vb[s][0] = mpiml_tf32(va);
+                        vb[s][1] = mpiml_tf32(vc);
+                        vs[s][0] = __float_as_uint(va - __uint_as_float(vb[s][0]));
+                        vs[s][1] = __float_as_uint(vc - __uint_as_float(vb[s][1]));
+                    }
+                    const unsigned wab = exact ? __float_as_uint(wa) : mpiml_tf32(wa);
+                    const unsigned wbb = exact ? __float_as_uint(wb) : mpiml_tf32(wb);
+#pragma unroll
+                    for (int m = 0; m < MC; ++m) {
+                        const int c0 = 16 * m + g;
+                        const bool p0 = la == c0, p1 = la == c0 + 8, p2 = lb == c0, p3 = lb == c0 + 8;
+                        const unsigned abg[4] = {p0 ? wab : 0u, p1 ? wab : 0u, p2 ? wbb : 0u, p3 ? wbb : 0u};
+                        if (h == 0) {
+#pragma unroll
+                            for (int s = 0; s < KS; ++s) mpiml_mma0(pacc[m][s], abg, vs[s][0], vs[s][1]);
+                            mpiml_mma0(pacc[m][KS], abg, wcol, wcol);
+                        } else {
+#pragma unroll
+                            for (int s = 0; s < KS; ++s) mpiml_mma(pacc[m][s], abg, vs[s][0], vs[s][1]);
+                            mpiml_mma(pacc[m][KS], abg, wcol, wcol);
+                        }
+#pragma unroll
+                        for (int s = 0; s < KS; ++s) mpiml_mma(pacc[m][s], abg, vb[s][0], vb[s][1]);
+                        if (!exact) {
+                            const unsigned was = __float_as_uint(wa - __uint_as_float(wab));
+                            const unsigned wbs = __float_as_uint(wb - __uint_as_float(wbb));
+                            const unsigned asm_[4] = {p0 ? was : 0u, p1 ? was : 0u, p2 ? wbs : 0u, p3 ? wbs : 0u};
+#pragma unroll
+                            for (int s = 0; s < KS; ++s) mpiml_mma(pacc[m][s], asm_, vb[s][0], vb[s][1]);
+                            mpiml_mma(pacc[m][KS], asm_, wcol, wcol);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int m = 0; m < MC; ++m)
+#pragma unroll
+                    for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) sacc[m][nf][e] += pacc[m][nf][e];
+            }
+        }
+        if constexpr (LLOYD) {
+            my_inertia += (double)t_inertia;
+            my_changed += t_changed;
+            if ((i + 1) % FLUSH == 0) flush();
+        }
+    }
+    mpiml_cp_wait<0>();
+    if constexpr (LLOYD) {
+        flush();
+        __syncthreads();
+        // cluster c = 16 m + g + 8 hi, column 8 nf + 2 t + e of a lane's fragment: value (m nf 4 + 2 hi + e)
+        // of lane 4 g + t, summed over the warps in order
+        const long long P = (long long)k * d + k + 2;
+        double* out = part + (long long)blockIdx.x * P;
+        for (int q = tid; q < k * d + k; q += THREADS) {
+            const int c = q < k * d ? q / d : q - k * d;
+            const int col = q < k * d ? q % d : 8 * KS;   // the weights: column 0 of n-tile KS
+            const int m = c >> 4, gg = c & 7, hi = (c >> 3) & 1, nf = col >> 3, tt = (col & 7) >> 1, e = col & 1;
+            const double* src = dacc + ((m * NF + nf) * 4 + 2 * hi + e) * THREADS + 4 * gg + tt;
+            double v = 0.0;
+#pragma unroll
+            for (int q2 = 0; q2 < WARPS; ++q2) v += src[q2 * 32];
+            out[q] = v;
         }
         mpiml_block_totals(my_inertia, my_changed, out + P - 2);
     }
