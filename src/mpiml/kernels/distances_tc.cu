@@ -46,6 +46,10 @@
 //       two rows an instruction, a copy each), weights per cluster by shared atomics; float32 copies go
 //       to a float64 total every FLUSH tiles.  Block totals [sums | weights | inertia | changed] to part, as above.
 //
+//   mpiml_distances_small_tc<DQ, KP, MODE, STAGES, MW, VEC, MINB>
+//       float32, d <= DQ (8, 16, 32), k <= KP, KP x DQ <= 512 (distances.small_plan takes <= 256): the small
+//       kernel's job on the tensor cores, 3xTF32 distances and one-hot Lloyd sums (see the kernel).
+//
 //   mpiml_tc_pack<T, BN, DK>
 //       the centres in fragment order (`Cp`, the layout of distances.pack_centres, float32 split
 //       into TF32 big and small parts) and their squared norms padded with +inf to nJ x BN.
