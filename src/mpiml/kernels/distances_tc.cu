@@ -122,6 +122,26 @@ __device__ __forceinline__ void mpiml_cp_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void mpiml_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+// A block's pipeline of tiles 0 .. tiles - 1 (stage(i): the cp.async copies of its i-th tile into buffer
+// i % STAGES), STAGES - 1 tiles ahead: the copies of the first STAGES - 1 tiles, then before tile i is used
+// (every thread): wait for it, a barrier (tile i has landed for all; tile i - 1 is done with, so its buffer
+// takes tile i + STAGES - 1), the copies of that tile.
+template <int STAGES, typename I, typename F>
+__device__ __forceinline__ void mpiml_tiles_start(I tiles, F&& stage) {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < tiles) stage(s);
+        mpiml_cp_commit();
+    }
+}
+template <int STAGES, typename I, typename F>
+__device__ __forceinline__ void mpiml_tiles_next(I i, I tiles, F&& stage) {
+    mpiml_cp_wait<STAGES - 2>();
+    __syncthreads();
+    if (i + STAGES - 1 < tiles) stage(i + STAGES - 1);
+    mpiml_cp_commit();
+}
+
 // The block's inertia and number of changed labels (each thread's share) into out[0] and out[1]: warp shuffles,
 // then the warps' totals added in warp order by thread 0 (called by every thread of the block: one barrier).
 __device__ __forceinline__ void mpiml_block_totals(double inertia, long long changed, double* out) {
@@ -894,17 +914,10 @@ mpiml_distances_sums_simt(const T* __restrict__ X, long long n, int d, const T* 
         }
     };
 
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < n_tiles) stage(s);
-        mpiml_cp_commit();
-    }
+    mpiml_tiles_start<STAGES>(n_tiles, stage);
     int since = 0, b = 0;
     for (int tl = 0; tl < n_tiles; ++tl) {
-        mpiml_cp_wait<STAGES - 2>();
-        __syncthreads();                         // tile tl is in shared memory; tile tl - 1 is done with
-        if (tl + STAGES - 1 < n_tiles) stage(tl + STAGES - 1);
-        mpiml_cp_commit();
+        mpiml_tiles_next<STAGES>(tl, n_tiles, stage);
         // this warp's rows of the tile (RW consecutive rows: labels and weights by 16-byte loads) into
         // registers first: the adds below may alias the tile as far as the compiler knows (one shared
         // array), so loads after them would wait for every store
@@ -1048,11 +1061,7 @@ mpiml_distances_small(const T* __restrict__ X, long long n, int d, const T* __re
             }
         }
     };
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < my_tiles) stage(s);
-        mpiml_cp_commit();
-    }
+    mpiml_tiles_start<STAGES>(my_tiles, stage);
 
     // the centres (zero past k and d; PC: C is null, the centres are parameters), the shift, the copies
     if constexpr (!PC) {
@@ -1121,10 +1130,7 @@ mpiml_distances_small(const T* __restrict__ X, long long n, int d, const T* __re
     long long my_changed = 0;
     int since = 0;
     for (long long i = 0; i < my_tiles; ++i) {
-        mpiml_cp_wait<STAGES - 2>();
-        __syncthreads();                                  // tile i has landed; tile i - 1 is done with
-        if (i + STAGES - 1 < my_tiles) stage(i + STAGES - 1);
-        mpiml_cp_commit();
+        mpiml_tiles_next<STAGES>(i, my_tiles, stage);
         const int b = (int)(i % STAGES);
         const T* xt = xbuf + b * BR * SX;
         const long long row0 = (blockIdx.x + i * gridDim.x) * BR + tid;
@@ -1383,11 +1389,7 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
             }
         }
     };
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < my_tiles) stage(s);
-        mpiml_cp_commit();
-    }
+    mpiml_tiles_start<STAGES>(my_tiles, stage);
 
     // the centres as B fragments (n-tile j: centres 8 j + g; k-step s: features 8 s + 2 t, + 1), TF32 big and
     // small parts, the norms of the lane's result columns (centres 8 j + 2 t + e; +inf past k), the shift
@@ -1458,10 +1460,7 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
     double my_inertia = 0.0;
     long long my_changed = 0;
     for (long long i = 0; i < my_tiles; ++i) {
-        mpiml_cp_wait<STAGES - 2>();
-        __syncthreads();                                  // tile i has landed; tile i - 1 is done with
-        if (i + STAGES - 1 < my_tiles) stage(i + STAGES - 1);
-        mpiml_cp_commit();
+        mpiml_tiles_next<STAGES>(i, my_tiles, stage);
         const int b = (int)(i % STAGES);
         const float* xt = xbuf + b * BR * DQ;
         const long long tile0 = (blockIdx.x + i * gridDim.x) * BR;
