@@ -73,7 +73,8 @@ def main(argv):
                 row[f"{tag}_inertia_rel"] = float(abs(pt[-2] - ps[-2]) / abs(pt[-2]))
             lab = cp.full(n, -1, cp.int32)
             p2 = distances.lloyd_step_packed(X, Ch, w, shift=shift, labels=lab, mind=mind, method="small")
-            row["default_repeat_bits"] = bool(np.array_equal(p2.get()[:-1], res["small_tc" if tc_ok else "small_simt"][0][:-1]))
+            first = res["small_tc" if tc_ok else "small_simt"][0]
+            row["default_repeat_bits"] = bool(np.array_equal(p2.get()[:-1], first[:-1]))
             row["plain_cupy_ms"] = timed(lambda: plain_cupy_lloyd(X, C0), 5, 1)
             for tag, tc in (("simt", False), ("tc", True)) if tc_ok else (("simt", False),):
                 pl = distances.small_plan(dt, k, d, tc=tc)
