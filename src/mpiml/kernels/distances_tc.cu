@@ -1346,7 +1346,8 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
     constexpr bool LLOYD = MODE == 1;
     constexpr int WR = 16 * MW, BR = WARPS * WR;    // rows of a warp, of a tile
     constexpr int KS = DQ / 8, NT = KP / 8;         // k-steps (8 features) and n-tiles (8 centres) of the distances
-    constexpr int MC = (KP + 15) / 16, NF = KS + 1; // m-tiles (16 clusters) and n-tiles (8 features | weights) of the sums
+    // m-tiles (16 clusters) and n-tiles (8 features, then the weights column) of the sums
+    constexpr int MC = (KP + 15) / 16, NF = KS + 1;
     constexpr int CELLS = MC * NF * 4;              // a lane's values of the sums
     constexpr int EC = VEC / 4, CPR = DQ / EC, RS = THREADS / CPR, PER = BR / RS;
     constexpr int FLUSH = 4;                        // tiles between float64 flushes (<= 4 MW float32 adds a value)
