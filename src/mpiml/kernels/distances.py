@@ -683,6 +683,15 @@ def _small_param_fits(dtype, k, d):
     return (kp * dp + kp) * np.dtype(dtype).itemsize <= _SMALL_PARAM_BYTES
 
 
+def _small_stages(smem, stages):
+    """The most tiles in flight, from ``stages`` down to 2, whose shared memory ``smem(stages)`` fits a block."""
+    while smem(stages) > _smem_per_block(1) and stages > 2:
+        stages -= 1
+    if stages < 2 or smem(stages) > _smem_per_block(1):
+        raise ValueError(f"the small kernel needs 2 or more stages that fit shared memory, got {stages}")
+    return stages
+
+
 def _small_tc_plan(k, d, mode, vw, stages, rows):
     """small_plan of ``mpiml_distances_small_tc`` (float32): tiles of 256 R rows, 2 R m-tiles of 16 a warp."""
     dq, kp = _small_tc_dims(k, d)
@@ -698,11 +707,7 @@ def _small_tc_plan(k, d, mode, vw, stages, rows):
     def smem(st):
         return st * br * dq * 4 + (2 * st * br * 4 + cells * _THREADS * 8 if lloyd else 0)
 
-    stages = stages or _SMALL_STAGES[np.dtype(np.float32)]
-    while smem(stages) > _smem_per_block(1) and stages > 2:
-        stages -= 1
-    if stages < 2 or smem(stages) > _smem_per_block(1):
-        raise ValueError(f"the small kernel needs 2 or more stages that fit shared memory, got {stages}")
+    stages = _small_stages(smem, stages or _SMALL_STAGES[np.dtype(np.float32)])
     expr = f"mpiml_distances_small_tc<{dq}, {kp}, {1 if lloyd else 0}, {stages}, {2 * r}, {vw * 4}>"
     return {"mode": mode, "method": "small", "tc": True, "ctype": "float", "DP": dq, "KP": kp, "VEC": vw * 4,
             "STAGES": stages, "R": r, "PC": True, "BM": br, "smem": smem(stages), "accum": "float", "expr": expr}
@@ -766,11 +771,7 @@ def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, pa
         b += st * br * sx * isz + (kp * dp + kp + dp) * isz
         return b + (st * br * (isz + 4) + br * 4 if lloyd else 0)
 
-    stages = stages or _SMALL_STAGES[dtype]
-    while smem(stages) > _smem_per_block(1) and stages > 2:
-        stages -= 1
-    if stages < 2 or smem(stages) > _smem_per_block(1):
-        raise ValueError(f"the small kernel needs 2 or more stages that fit shared memory, got {stages}")
+    stages = _small_stages(smem, stages or _SMALL_STAGES[dtype])
     ct = _CTYPE[dtype]
     if pc and not _small_param_fits(dtype, k, d):
         raise ValueError(f"{kp} x {dp} centres do not fit the kernel's parameters")

@@ -1329,11 +1329,10 @@ __device__ __forceinline__ int mpiml_small_chunk(int r, int c) {
 //     its four lanes in two shuffle rounds, the first trading halves (a lane then reduces one row, not two).
 //   sums (MODE 1): D[cluster x feature] += A[cluster x row] B[row x feature], A = the one-hot labels times the
 //     weights (split; the small part skipped where a warp's weights are all TF32: unit weights), B = the
-//     shifted rows.  B comes from the distance fragments, transposed on the tensor cores: an mma with a 0/1
-//     selection matrix moves x[row g][feature] of lane (g, t) to x[row 2 t (+1)][feature g], exactly.  A
-//     weights column (B = 1 at column 0) gives the weights per cluster.  Fresh accumulators per m-tile, added
-//     with round-to-nearest into float32 registers, those into float64 (shared memory, one slot a thread and
-//     value) every FLUSH tiles.
+//     shifted rows, reloaded from the staged tile in the transposed lane order (row t, feature g) and split
+//     again.  A weights column (B = 1 at column 0) gives the weights per cluster.  Fresh accumulators per
+//     m-tile, added with round-to-nearest into float32 registers, those into float64 (shared memory, one slot
+//     a thread and value) every FLUSH tiles.
 // Block totals [sums | weights | inertia | changed] to part as in mpiml_distances_small.
 template <int DQ, int KP, int MODE, int STAGES, int MW, int VEC, int MINB = 2>
 __global__ void __launch_bounds__(MPIML_TC_THREADS, MINB)
