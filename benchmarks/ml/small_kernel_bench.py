@@ -4,7 +4,8 @@ general tensor-core kernel and a plain CuPy Lloyd step at small d and k.
     OUT=DIR python benchmarks/ml/small_kernel_bench.py [SHAPES]      (GPU host; writes DIR/small_probe.json)
 
 SHAPES: ``NxDxK,...`` (default 1e7x16x16, 1e7x8x8, 1e7x32x8, 1e7x12x9, 1e7x3x5, 1e7x16x32, 1e7x32x32).
-Per shape and dtype, in one process: the Lloyd step and the arg-min of each form (CUDA-event medians of 7),
+Per shape and dtype, in one process: the Lloyd step (given unit weights and a distance buffer, and ``_unit``:
+given neither, as KMeans steps without sample weights) and the arg-min of each form (CUDA-event medians of 7),
 the small kernel's tensor-core form per rows a thread (tiles of 256 R rows), its registers and shared memory,
 the plain CuPy Lloyd of the same data, the floor (reading X at HBM bandwidth), and checks: labels that differ
 between the forms (near ties), sums, weights and inertia relative differences, and whether the default form
@@ -59,6 +60,14 @@ def main(argv):
                     res[tag] = (p.get(), lab.get())
                     row[f"lloyd_{tag}"] = timed(lambda: distances.lloyd_step_packed(
                         X, Ch, w, shift=shift, labels=labels, mind=mind, method=m or "tc", tile=tile), 7)
+                    # as KMeans steps without sample weights: no weights vector, no distance buffer
+                    row[f"lloyd_{tag}_unit"] = timed(lambda: distances.lloyd_step_packed(
+                        X, Ch, None, shift=shift, labels=labels, method=m or "tc", tile=tile), 7)
+                    lab2 = cp.full(n, -1, cp.int32)
+                    p2 = distances.lloyd_step_packed(X, Ch, None, shift=shift, labels=lab2, method=m or "tc",
+                                                     tile=tile)
+                    row[f"{tag}_unit_same_bits"] = bool(np.array_equal(p2.get(), res[tag][0])
+                                                        and np.array_equal(lab2.get(), res[tag][1]))
                     row[f"assign_{tag}"] = timed(lambda: distances.argmin_sqeuclidean(
                         X, Ch, shift=shift, method=m or "tc", tile=tile), 7)
                 except Exception as e:  # noqa

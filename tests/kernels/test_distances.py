@@ -128,6 +128,42 @@ def test_lloyd_step_matches_reference(n, d, k, dtype, accum, method):
     assert abs(inertia - ref_inertia) <= (1e-5 if dtype == np.float32 else 1e-11) * ref_inertia
 
 
+@pytest.mark.parametrize("method", ["small_tc", "small_simt", "tc", "fused"])
+@pytest.mark.parametrize("n,d,k", [(1, 1, 1), (511, 16, 16), (70001, 16, 16), (4099, 12, 9), (3000, 32, 8),
+                                   (2500, 7, 30)])
+def test_lloyd_step_without_weights_or_distances(n, d, k, method):
+    """A Lloyd step given no weights (unit weights: the tensor-core small kernel then reads none, and rows past
+    n of a partial tile add nothing) and no distance buffer (it writes none) returns the bits of the same
+    step given a vector of ones and a buffer; labels in place alike."""
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    dtype = np.float32
+    method, tile = _method_tile(method, k, d, dtype)
+    X, C = _data(n, d, k, dtype, seed=4)
+    Xd, Cd = cp.asarray(X), cp.asarray(C)
+    shift = cp.asarray(X.mean(0).astype(dtype))
+    if tile is not None and tile[3]:
+        unit = distances.small_plan(dtype, k, d, unit=True)
+        assert unit["expr"].startswith("mpiml_distances_small_tc<") and ", 2, " in unit["expr"]  # MODE 2
+        tile = (None, unit["R"], None, True)     # the weighted step in the same tiles (the same order of adds)
+    old = cp.asarray(np.random.RandomState(5).randint(-1, k, n).astype(np.int32))
+    runs = []
+    for w, mind in ((cp.ones(n, dtype), cp.full(n, -7, dtype)), (None, None)):
+        labels = old.copy()
+        p = distances.lloyd_step_packed(Xd, Cd - shift, w, shift=shift, labels=labels, mind=mind, method=method,
+                                        tile=tile)
+        runs.append((p.get(), labels.get(), None if mind is None else mind.get()))
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
+    # the counts are the labels' and the distances those the buffer got
+    np.testing.assert_array_equal(runs[1][0][k * d:k * d + k], np.bincount(runs[1][1], minlength=k))
+    assert runs[1][0][-1] == np.count_nonzero(runs[1][1] != old.get())
+    assert (runs[0][2] >= 0).all()
+    assert abs(runs[0][2].astype(np.float64).sum() - runs[1][0][-2]) <= 1e-5 * runs[1][0][-2] + 1e-30
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n,d,k", [(5003, 16, 16), (3001, 3, 5), (2000, 9, 1)])
 def test_small_kernel_centres_as_parameters_or_shared(n, d, k, dtype):

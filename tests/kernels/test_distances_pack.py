@@ -213,7 +213,7 @@ def test_small_plans():
     assert distances.small_plan(np.float64, 16, 16)["PC"] and not distances.small_plan(np.float64, 17, 16)["PC"]
     assert distances.small_plan(np.float32, 16, 16, param_centres=False)["expr"].endswith(", false>")
     # rows a thread: float32 two, except wide rows with the centres as parameters; float64 one
-    assert [distances.small_plan(np.float32, k, d)["R"] for k, d in [(16, 32), (32, 32), (8, 8)]] == [1, 2, 2]
+    assert [distances.small_plan(np.float32, k, d, tc=False)["R"] for k, d in [(16, 32), (32, 32), (8, 8)]] == [1, 2, 2]
     assert distances.small_plan(np.float64, 16, 16)["R"] == 1
     with pytest.raises(ValueError, match="parameters"):
         distances.small_plan(np.float32, 32, 32, param_centres=True)
@@ -222,14 +222,24 @@ def test_small_plans():
 def test_small_tc_plans():
     # float32 Lloyd steps with padded KP x DQ <= 256 go to the tensor-core form: rows padded to 8 / 16 / 32
     # features (no row padding: the chunks are swizzled), tiles of 512 rows (256 for 32 features: two blocks
-    # an SM), [tiles | weights, previous labels of the tiles | a thread's float64 sums (m x (DQ/8 + 1) x 4)]
+    # an SM), [tiles | weights, previous labels of the tiles | a thread's float64 sums (m x (DQ/8 + 1) x 4) |
+    # the one-hot table ((KP + 1) x m x 8 float2)]
     p = distances.small_plan(np.float32, 16, 16)
     assert p["tc"] and p["PC"] and p["expr"] == "mpiml_distances_small_tc<16, 16, 1, 2, 4, 16>"
-    assert p["smem"] == 2 * 512 * 16 * 4 + 2 * 2 * 512 * 4 + 1 * 3 * 4 * 256 * 8
+    assert p["smem"] == 2 * 512 * 16 * 4 + 2 * 2 * 512 * 4 + 1 * 3 * 4 * 256 * 8 + 17 * 8 * 8
+    # unit weights (no sample weights): MODE 2, no weights staged
+    p = distances.small_plan(np.float32, 16, 16, unit=True)
+    assert p["unit"] and p["expr"] == "mpiml_distances_small_tc<16, 16, 2, 2, 4, 16>"
+    assert p["smem"] == 2 * 512 * 16 * 4 + 2 * 512 * 4 + 1 * 3 * 4 * 256 * 8 + 17 * 8 * 8
+    assert not distances.small_plan(np.float32, 16, 16, mode="assign", unit=True)["unit"]
+    assert not distances.small_plan(np.float32, 16, 16, tc=False, unit=True).get("unit")
     p = distances.small_plan(np.float32, 8, 32)
     assert p["expr"] == "mpiml_distances_small_tc<32, 8, 1, 2, 2, 16>" and p["BM"] == 256
-    assert p["smem"] == 2 * 256 * 32 * 4 + 2 * 2 * 256 * 4 + 1 * 5 * 4 * 256 * 8 <= 227 * 1024 // 2
-    assert distances.small_plan(np.float32, 5, 3)["expr"] == "mpiml_distances_small_tc<8, 8, 1, 2, 4, 4>"
+    assert p["smem"] == 2 * 256 * 32 * 4 + 2 * 2 * 256 * 4 + 1 * 5 * 4 * 256 * 8 + 9 * 8 * 8 <= 227 * 1024 // 2
+    assert distances.small_plan(np.float32, 5, 3)["expr"] == "mpiml_distances_small_tc<8, 8, 1, 2, 8, 4>"
+    # 8 features: tiles of 1024 rows where two blocks an SM fit (k = 32 weighted: 512)
+    assert distances.small_plan(np.float32, 32, 8, unit=True)["R"] == 4
+    assert distances.small_plan(np.float32, 32, 8)["R"] == 2
     # the arg-min alone where at least half of KP x DQ is real: 16 x 16 yes, d 12 k 9 and d 3 k 5 no
     assert distances.small_plan(np.float32, 16, 16, mode="assign")["expr"] == \
         "mpiml_distances_small_tc<16, 16, 0, 2, 4, 16>"

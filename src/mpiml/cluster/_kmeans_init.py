@@ -29,6 +29,7 @@ class Shard:
     offset: int           # global index of the first local row
     n_total: int
     batch_size: object = None
+    unit_weight: bool = False  # no sample_weight given: ``weight`` is ones (GPU steps then read none)
 
     @property
     def n_local(self):

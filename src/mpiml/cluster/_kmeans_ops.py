@@ -210,8 +210,9 @@ def lloyd_step(X, sample_weight, shift, C, labels, mind, *, batch_size=None):
     ----------
     X : ndarray of shape (n, d)
         This rank's rows.
-    sample_weight : ndarray of shape (n,)
-        Row weights (dtype of ``X``).
+    sample_weight : ndarray of shape (n,) or None
+        Row weights (dtype of ``X``); None: unit weights (dense GPU rows then
+        read no weights).
     shift : ndarray of shape (d,)
         Subtracted from every row.
     C : ndarray of shape (k, d)
@@ -219,8 +220,9 @@ def lloyd_step(X, sample_weight, shift, C, labels, mind, *, batch_size=None):
     labels : ndarray of shape (n,), int32
         Previous labels on entry (``-1`` before the first step); this step's
         labels on return (updated in place).
-    mind : ndarray of shape (n,)
-        Overwritten with each row's squared distance to its (old) nearest centre.
+    mind : ndarray of shape (n,) or None
+        Overwritten with each row's squared distance to its (old) nearest centre
+        (None: not kept).
     batch_size : int, default=None
         Rows per host chunk.
 
@@ -247,13 +249,14 @@ def lloyd_step(X, sample_weight, shift, C, labels, mind, *, batch_size=None):
     step = chunk_rows(d, k, X.dtype.itemsize, batch_size, sparse=is_sparse(X))
     changed = 0
     inertia = 0.0
-    w64 = sample_weight.astype(np.float64, copy=False)
+    w64 = np.ones(n) if sample_weight is None else sample_weight.astype(np.float64, copy=False)
     for s in range(0, n, step):
         e = min(n, s + step)
         lab, md, Xs = _host_assign_chunk(X[s:e], shift, C, c_sq, CT)
         changed += int(np.count_nonzero(lab != labels[s:e]))
         labels[s:e] = lab
-        mind[s:e] = md
+        if mind is not None:
+            mind[s:e] = md
         wc = w64[s:e]
         inertia += float(np.dot(wc, md.astype(np.float64, copy=False)))
         onehot = sp.csr_matrix((wc, (lab, np.arange(e - s))), shape=(k, e - s))

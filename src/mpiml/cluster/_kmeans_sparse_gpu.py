@@ -104,7 +104,7 @@ def lloyd_step(X, sample_weight, shift, C, labels, mind, *, batch_size=None):
     k = C.shape[0]
     CT, c_sq = _prepared(C, xp)
     sums_t = xp.zeros((d, k), dtype=xp.float64)  # the sums, transposed: what X.T @ W gives
-    w64 = sample_weight.astype(xp.float64, copy=False)
+    w64 = xp.ones(n) if sample_weight is None else sample_weight.astype(xp.float64, copy=False)
     inertia = xp.zeros((), dtype=xp.float64)
     changed = xp.zeros((), dtype=xp.int64)
     step = _chunk_rows(X, k, batch_size)
@@ -116,7 +116,8 @@ def lloyd_step(X, sample_weight, shift, C, labels, mind, *, batch_size=None):
         md = xp.take_along_axis(D, lab[:, None].astype(xp.int64), axis=1)[:, 0]
         changed += xp.count_nonzero(lab != labels[s:e])
         labels[s:e] = lab
-        mind[s:e] = md
+        if mind is not None:
+            mind[s:e] = md
         wc = w64[s:e]
         inertia += (wc * md.astype(xp.float64)).sum()
         W = xp.zeros((e - s, k), dtype=xp.float64)

@@ -376,14 +376,31 @@ mpiml_distances_argmin(const T* __restrict__ X, long long n, int d, const T* __r
     }
 }
 
-// out[offset + j] += sum over blocks b of part[b * P + j], in block order (deterministic).
-extern "C" __global__ void mpiml_distances_reduce_partials(const double* __restrict__ part, int nblocks,
-                                                           long long P, double* __restrict__ out)
+// out[j] += sum over rows b of part[b * P + j] in a fixed order (the same bits on every run): a block takes 32
+// columns, warp w the rows w, w + 8, ... in order (coalesced, 8 chains in flight, not one chain of nblocks
+// loads), then the 8 warps' sums are added in warp order.  256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+mpiml_distances_reduce_partials(const double* __restrict__ part, int nblocks, long long P, double* __restrict__ out)
 {
-    for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < P; j += (long long)gridDim.x * blockDim.x) {
+    __shared__ double red[8][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (long long j0 = blockIdx.x * 32LL; j0 < P; j0 += gridDim.x * 32LL) {
+        const long long j = j0 + lane;
         double s = 0.0;
-        for (int b = 0; b < nblocks; ++b) s += part[(long long)b * P + j];
-        out[j] += s;
+        if (j < P) {
+            const double* p = part + j;
+#pragma unroll 4
+            for (int b = warp; b < nblocks; b += 8) s += p[(long long)b * P];
+        }
+        red[warp][lane] = s;
+        __syncthreads();
+        if (warp == 0 && j < P) {
+            double t = red[0][lane];
+#pragma unroll
+            for (int q = 1; q < 8; ++q) t += red[q][lane];
+            out[j] += t;
+        }
+        __syncthreads();
     }
 }
 

@@ -261,6 +261,20 @@ def _smem_per_block(blocks_per_sm):
     return optin - _ACC_BUDGET_PAD
 
 
+_ONES = {}
+
+
+def _unit_weights(n, dtype):
+    """``n`` unit weights for the kernels that read a weight a row: a view of one vector of ones kept per
+    device and dtype (grown as needed), not a fill of ``n`` values every step."""
+    cupy = _cupy()
+    key = (cupy.cuda.runtime.getDevice(), np.dtype(dtype).str)
+    ones = _ONES.get(key)
+    if ones is None or ones.size < n:
+        ones = _ONES[key] = cupy.ones(max(n, 1), dtype=dtype)
+    return ones[:n]
+
+
 @functools.lru_cache(maxsize=1)
 def _have_device():
     try:
@@ -345,8 +359,13 @@ def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile
     n, d = X.shape
     k = C.shape[0]
     method = _method(method, k, d, dtype, lloyd)
-    if method != "small" and isinstance(C, np.ndarray):
-        C = cupy.asarray(C)
+    if method != "small":                # (the small kernel's launcher sees which of its forms needs these)
+        if isinstance(C, np.ndarray):
+            C = cupy.asarray(C)
+        if lloyd and w is None:
+            w = _unit_weights(n, dtype)
+        if mind is None:
+            mind = cupy.empty(n, dtype=dtype)
     if method == "tc":
         return _tc_launch(X, C, shift, w, labels, mind, out, lloyd=lloyd, tile=tile)
     if method == "small":
@@ -407,10 +426,10 @@ def _gemm_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum):
 
 
 def _reduce_partials(part, nblocks, P, out):
-    """``out[:P] += `` the ``nblocks`` rows of ``P`` float64 partials in ``part``, added in row order
-    (``mpiml_distances_reduce_partials``: the same bits on every run)."""
+    """``out[:P] += `` the ``nblocks`` rows of ``P`` float64 partials in ``part``, added in a fixed order
+    (``mpiml_distances_reduce_partials``: the same bits on every run; 32 columns a block)."""
     red = _function("mpiml_distances_reduce_partials")
-    red((int(min(1024, (P + 255) // 256)),), (256,), (part, np.int32(nblocks), np.int64(P), out))
+    red((int(min(4096, _cdiv(P, 32))),), (256,), (part, np.int32(nblocks), np.int64(P), out))
 
 
 def _step_totals(fresh, labels, w, mind, k, out, dtype, rows=_TOTALS_ROWS):
@@ -692,29 +711,44 @@ def _small_stages(smem, stages):
     return stages
 
 
-def _small_tc_plan(k, d, mode, vw, stages, rows):
-    """small_plan of ``mpiml_distances_small_tc`` (float32): tiles of 256 R rows, 2 R m-tiles of 16 a warp."""
+def _small_tc_plan(k, d, mode, vw, stages, rows, unit):
+    """small_plan of ``mpiml_distances_small_tc`` (float32): tiles of 256 R rows, 2 R m-tiles of 16 a warp;
+    ``unit``: a Lloyd step of unit weights (MODE 2: no weights read or staged)."""
     dq, kp = _small_tc_dims(k, d)
     if vw is None:
         vw = 4 if d % 4 == 0 else 1
     lloyd = mode == "lloyd"
-    r = rows or (2 if dq <= 16 else 1)               # 32-feature rows: tiles of 256 keep two blocks an SM
+    cells = -(-kp // 16) * (dq // 8 + 1) * 4          # a lane's values of the sums (MC x NF x 4)
+    unit = bool(unit and lloyd)
+    per_row = (4 if unit else 8) if lloyd else 0       # previous labels (and weights) of a staged row
+
+    def smem(st, r):       # tiles, their labels (weights) | float64 sums a thread | one-hot table (Lloyd)
+        return st * 256 * r * (dq * 4 + per_row) + ((cells * _THREADS + (kp + 1) * -(-kp // 16) * 8) * 8
+                                                     if lloyd else 0)
+
+    # 8-feature rows: tiles of 1024 where two blocks an SM still fit (10^7 rows, unit weights, ms: 8 x 8 0.17
+    # vs 0.18 at 512, d 8 k 32 0.30 vs 0.33); 16: 512 (0.32 vs 0.33 at 256, 0.38 at 1024); 32: 256 (0.47 vs
+    # 0.60 at 512)
+    if rows:
+        r = rows
+    elif dq == 8:
+        r = 4 if smem(2, 4) <= _smem_per_block(2) else 2
+    else:
+        r = 2 if dq == 16 else 1
     if r not in (1, 2, 4):
         raise ValueError(f"rows must be 1, 2 or 4, got {r}")
     br = 256 * r
-    cells = -(-kp // 16) * (dq // 8 + 1) * 4          # a lane's values of the sums (MC x NF x 4)
-
-    def smem(st):
-        return st * br * dq * 4 + (2 * st * br * 4 + cells * _THREADS * 8 if lloyd else 0)
-
-    stages = _small_stages(smem, stages or _SMALL_STAGES[np.dtype(np.float32)])
-    expr = f"mpiml_distances_small_tc<{dq}, {kp}, {1 if lloyd else 0}, {stages}, {2 * r}, {vw * 4}>"
-    return {"mode": mode, "method": "small", "tc": True, "ctype": "float", "DP": dq, "KP": kp, "VEC": vw * 4,
-            "STAGES": stages, "R": r, "PC": True, "BM": br, "smem": smem(stages), "accum": "float", "expr": expr}
+    stages = _small_stages(lambda st: smem(st, r), stages or _SMALL_STAGES[np.dtype(np.float32)])
+    mode_arg = (2 if unit else 1) if lloyd else 0
+    expr = f"mpiml_distances_small_tc<{dq}, {kp}, {mode_arg}, {stages}, {2 * r}, {vw * 4}>"
+    return {"mode": mode, "method": "small", "tc": True, "unit": unit, "ctype": "float", "DP": dq, "KP": kp,
+            "VEC": vw * 4, "STAGES": stages, "R": r, "PC": True, "BM": br, "smem": smem(stages, r),
+            "accum": "float", "expr": expr}
 
 
 @_memo_plan
-def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, param_centres=None, tc=None):
+def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, param_centres=None, tc=None,
+               unit=False):
     """What one launch of the whole-rows-in-registers kernel (``mpiml_distances_small``) would use.
 
     For ``d`` and ``k`` up to 32: the row is padded to ``DP`` features (a multiple of 16 bytes), the centres
@@ -727,12 +761,15 @@ def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, pa
     ``tc``: the tensor-core form (``mpiml_distances_small_tc``, float32 with ``KP x DQ <= _SMALL_TC_CELLS``,
     rows padded to DQ = 8, 16 or 32 features): 3xTF32 distances and one-hot sums on the tensor cores, the
     centres always as parameters, ``rows`` R giving tiles of 256 R rows (2 R m-tiles of 16 a warp; default
-    2, 1 for 32 features).  Default: Lloyd steps where it fits, arg-mins where at least half of the padded
-    KP x DQ is real.  Measured on an H200 at 10^7 rows (``benchmarks/results/small_kernel_h200_2026-11-24d.json``),
+    4 for 8 features where two blocks an SM fit, else 2, and 1 for 32 features).  Default: Lloyd steps where
+    it fits, arg-mins where at least half of the padded KP x DQ is real.  Measured on an H200 at 10^7 rows
+    (``benchmarks/results/small_kernel_h200_2026-11-24d.json``, before the unit-weight form),
     tensor-core vs SIMT form, ms: Lloyd 0.35 vs 0.49 (d = k = 16), 0.24 vs 0.38 (8, 8), 0.49 vs 0.68 (d 32,
     k 8), 0.40 vs 0.47 (d 12, k 9), 0.26 vs 0.41 (d 3, k 5); arg-min 0.18 vs 0.23 (16, 16), 0.11 vs 0.15
     (8, 8), but 0.22 vs 0.18 (d 12, k 9).  Two tiles in flight beat three (0.35 vs 0.40-0.41 ms at 16 x 16:
-    three leave one block an SM or tiles of 256 rows).
+    three leave one block an SM or tiles of 256 rows).  ``unit``: a Lloyd step without weights (unit
+    weights), which the tensor-core form takes without reading any (the SIMT form reads a vector of ones):
+    10^7 x 16 0.315 vs 0.360 ms given ones, 8 x 8 0.169 vs 0.212 (``small_kernel_h200_2026-11-24e.json``).
     """
     dtype = np.dtype(dtype)
     if not (1 <= k <= _SMALL_MAX and 1 <= d <= _SMALL_MAX):
@@ -749,7 +786,7 @@ def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, pa
     if tc:
         if param_centres is False:
             raise ValueError("the tensor-core small kernel takes its centres as parameters")
-        return _small_tc_plan(k, d, mode, vw, stages, rows)
+        return _small_tc_plan(k, d, mode, vw, stages, rows, unit)
     isz = dtype.itemsize
     narrow = dtype == np.float32
     ev = 16 // isz
@@ -806,9 +843,13 @@ def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows
     n, d = X.shape
     k = C.shape[0]
     plan = small_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", vw=_vec(dtype, d, X, shift),
-                      stages=stages, rows=rows, param_centres=param_centres, tc=tc)
+                      stages=stages, rows=rows, param_centres=param_centres, tc=tc, unit=w is None)
     if n == 0:
         return plan
+    if lloyd and not plan.get("unit") and w is None:
+        w = _unit_weights(n, dtype)
+    if mind is None and not (lloyd and plan.get("tc")):
+        mind = cupy.empty(n, dtype=dtype)  # the tensor-core form's Lloyd step needs no buffer: it writes none
     pc = _small_centres_arg(plan, dtype, C, k, d)
     if plan["PC"]:
         C = _NULL                        # the kernel reads its centres from its parameters only
@@ -819,7 +860,7 @@ def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows
     P = k * d + k + 2
     part = cupy.empty(grid * P if lloyd else 1, dtype=cupy.float64)
     _launch(fn, plan, grid, (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, C, np.int32(k),
-                             _NULL if w is None else w, labels, mind, part, pc))
+                             _NULL if w is None else w, labels, _NULL if mind is None else mind, part, pc))
     if lloyd:
         _reduce_partials(part, grid, P, out)
     plan["grid"] = grid
@@ -966,12 +1007,8 @@ def lloyd_step_packed(X, C, sample_weight=None, *, shift=None, labels=None, mind
     dtype, X, C, shift, w = _prepare(X, C, shift, sample_weight)
     n, d = X.shape
     k = C.shape[0]
-    if w is None:
-        w = cupy.ones(n, dtype=dtype)
     if labels is None:
         labels = cupy.full(n, -1, dtype=cupy.int32)
-    if mind is None:
-        mind = cupy.empty(n, dtype=dtype)
     out = cupy.zeros(k * d + k + 2, dtype=cupy.float64)
     _argmin_launch(X, C, shift, w, labels, mind, out, lloyd=True, accum=accum, tile=tile, method=method)
     return out

@@ -1311,6 +1311,13 @@ mpiml_distances_small(const T* __restrict__ X, long long n, int d, const T* __re
     }
 }
 
+// Two floats from a shared-memory address (a 32-bit one: one add, not a generic pointer's arithmetic).
+__device__ __forceinline__ float2 mpiml_lds_f2(unsigned addr) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+    return v;
+}
+
 // The 16-byte chunk of a staged row of DQ float32 features that chunk c of row r is stored at (c ^ swizzle):
 // the fragment loads of mpiml_distances_small_tc (8-byte loads of rows g = 0..3 of a half warp) then meet no
 // bank twice without padding.  Rows 4 apart share a swizzle.
@@ -1325,15 +1332,19 @@ __device__ __forceinline__ int mpiml_small_chunk(int r, int c) {
 // mma.  Each warp takes MW m-tiles of 16 rows of a tile.
 //   distances: 3xTF32 products, rows split into TF32 big + small parts (k-slot t <-> feature 2 t, t + 4 <->
 //     2 t + 1 of an 8-feature step), centres split once per block and held in registers; each step's three
-//     products meet in a fresh accumulator added with round-to-nearest.  The arg-min of a row is folded over
-//     its four lanes in two shuffle rounds, the first trading halves (a lane then reduces one row, not two).
-//   sums (MODE 1): D[cluster x feature] += A[cluster x row] B[row x feature], A = the one-hot labels times the
-//     weights (split; the small part skipped where a warp's weights are all TF32: unit weights), B = the
+//     products meet in a fresh accumulator added with round-to-nearest.  The arg-min of a row: a tree over a
+//     lane's candidates, then folded over its four lanes in two shuffle rounds, the first trading halves (a
+//     lane then reduces one row, not two).
+//   sums (MODE 1, 2): D[cluster x feature] += A[cluster x row] B[row x feature], A = the one-hot labels (one
+//     8-byte load from a table in shared memory, at an address the label's lane shuffles) times the weights
+//     (split; the small part skipped where a warp's weights are all TF32; MODE 2: unit weights, w not read,
+//     rows past n take the table's empty row KP so that they add nothing), B = the
 //     shifted rows, reloaded from the staged tile in the transposed lane order (row t, feature g) and split
 //     again.  A weights column (B = 1 at column 0) gives the weights per cluster.  Fresh accumulators per
 //     m-tile, added with round-to-nearest into float32 registers, those into float64 (shared memory, one slot
 //     a thread and value) every FLUSH tiles.
-// Block totals [sums | weights | inertia | changed] to part as in mpiml_distances_small.
+// Block totals [sums | weights | inertia | changed] to part as in mpiml_distances_small.  mind may be null in
+// MODE 1 and 2 (the distances then go only into the inertia).
 template <int DQ, int KP, int MODE, int STAGES, int MW, int VEC, int MINB = 2>
 __global__ void __launch_bounds__(MPIML_TC_THREADS, MINB)
 mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const float* __restrict__ shift,
@@ -1342,7 +1353,7 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
                          const mpiml_small_centres<float, KP * DQ + KP> pc)
 {
     constexpr int THREADS = MPIML_TC_THREADS, WARPS = MPIML_TC_WARPS;
-    constexpr bool LLOYD = MODE == 1;
+    constexpr bool LLOYD = MODE >= 1, UNIT = MODE == 2, WEIGHTED = MODE == 1;
     constexpr int WR = 16 * MW, BR = WARPS * WR;    // rows of a warp, of a tile
     constexpr int KS = DQ / 8, NT = KP / 8;         // k-steps (8 features) and n-tiles (8 centres) of the distances
     // m-tiles (16 clusters) and n-tiles (8 features, then the weights column) of the sums
@@ -1351,14 +1362,18 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
     constexpr int EC = VEC / 4, CPR = DQ / EC, RS = THREADS / CPR, PER = BR / RS;
     constexpr int FLUSH = 4;                        // tiles between float64 flushes (<= 4 MW float32 adds a value)
     constexpr unsigned FULL = 0xffffffffu;
+    static_assert(MODE >= 0 && MODE <= 2, "MODE: 0 arg-min, 1 Lloyd step, 2 Lloyd step of unit weights");
     static_assert(DQ % 8 == 0 && DQ <= 32 && (KP == 8 || KP == 16 || KP == 32) && KP * DQ <= 512, "small shapes");
     static_assert(THREADS % CPR == 0 && BR % RS == 0 && RS % 4 == 0, "whole rows of copies, one swizzle a thread");
 
     extern __shared__ __align__(16) unsigned char mpiml_tc_smem[];
     float* xbuf = reinterpret_cast<float*>(mpiml_tc_smem);                       // STAGES x BR x DQ
     float* w_s = xbuf + STAGES * BR * DQ;                                        // STAGES x BR (MODE 1)
-    int* ol_s = reinterpret_cast<int*>(w_s + (LLOYD ? STAGES * BR : 0));         // STAGES x BR previous labels
-    double* dacc = reinterpret_cast<double*>(ol_s + (LLOYD ? STAGES * BR : 0));  // CELLS x THREADS (MODE 1)
+    int* ol_s = reinterpret_cast<int*>(w_s + (WEIGHTED ? STAGES * BR : 0));      // STAGES x BR previous labels
+    double* dacc = reinterpret_cast<double*>(ol_s + (LLOYD ? STAGES * BR : 0));  // CELLS x THREADS (MODE 1, 2)
+    // the one-hot A fragments of a label L (KP: none) for cluster m-tile m and lane row g: {L == 16 m + g,
+    // L == 16 m + g + 8}, (KP + 1) x MC x 8 (MODE 1, 2): a load where compares and selects were
+    float2* onehot = reinterpret_cast<float2*>(dacc + (LLOYD ? CELLS * THREADS : 0));
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const long long n_tiles = (n + BR - 1) / BR;
@@ -1374,18 +1389,20 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
     auto stage = [&](long long i) {
         const int b = (int)(i % STAGES);
         const long long r0 = (blockIdx.x + i * gridDim.x) * BR;
-        const long long left = n - r0 - r_c;            // rows of this tile left from row r_c on
+        const int rows = (int)min(n - r0, (long long)BR);   // rows of this tile (32-bit compares below)
+        const int left = fok ? rows - r_c : 0;              // of them from row r_c on, none past d
         float* xd = xbuf + b * BR * DQ + dst_c;
         const float* xs = x_c + r0 * d;
 #pragma unroll
         for (int j = 0; j < PER; ++j)
-            mpiml_cp_async<VEC>(xd + j * RS * DQ, xs + j * x_step, fok && j * RS < left);
+            mpiml_cp_async<VEC>(xd + j * RS * DQ, xs + j * x_step, j * RS < left);
         if constexpr (LLOYD) {
-            const long long lr = n - r0 - tid;
+            const int lr = rows - tid;
 #pragma unroll
             for (int q = 0; q < BR / THREADS; ++q) {
                 mpiml_cp_async<4>(ol_s + b * BR + q * THREADS + tid, labels + r0 + q * THREADS + tid, q * THREADS < lr);
-                mpiml_cp_async<4>(w_s + b * BR + q * THREADS + tid, w + r0 + q * THREADS + tid, q * THREADS < lr);
+                if constexpr (WEIGHTED)
+                    mpiml_cp_async<4>(w_s + b * BR + q * THREADS + tid, w + r0 + q * THREADS + tid, q * THREADS < lr);
             }
         }
     };
@@ -1403,7 +1420,7 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
             for (int e = 0; e < 2; ++e) {
                 const float v = pc.v[(8 * j + g) * DQ + 8 * s + 2 * t + e];
                 cbig[j][s][e] = mpiml_tf32(v);
-                csml[j][s][e] = mpiml_tf32(v - __uint_as_float(cbig[j][s][e]));
+                csml[j][s][e] = __float_as_uint(v - __uint_as_float(cbig[j][s][e]));   // the mma reads its TF32 bits
             }
 #pragma unroll
         for (int e = 0; e < 2; ++e) cq[j][e] = pc.v[KP * DQ + 8 * j + 2 * t + e];
@@ -1432,6 +1449,7 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
         shs[s] = (shift != nullptr && f < d) ? shift[f] : 0.f;
     }
     const unsigned wcol = g == 0 ? 0x3f800000u : 0u;   // B of the weights column
+    const unsigned onehot_s = (unsigned)__cvta_generic_to_shared(onehot);
     const int src_a = 4 * t, src_b = 4 * t + 16;      // lanes holding the labels of rows t, t + 4 (+ 8 h)
 
     float sacc[MC][NF][4];
@@ -1444,6 +1462,10 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
     if constexpr (LLOYD) {
 #pragma unroll
         for (int c = 0; c < CELLS; ++c) dacc[c * THREADS + tid] = 0.0;
+        for (int q = tid; q < (KP + 1) * MC * 8; q += THREADS) {   // read after the first tile's barrier
+            const int L = q / (MC * 8), c = 16 * ((q / 8) % MC) + q % 8;
+            onehot[q] = make_float2(L == c ? 1.f : 0.f, L == c + 8 ? 1.f : 0.f);
+        }
     }
     auto flush = [&]() {             // float32 sums into this thread's float64 slots
 #pragma unroll
@@ -1469,7 +1491,7 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
         bool exact = true;
         float t_inertia = 0.f;                            // this tile's, added to the float64 total after it
         int t_changed = 0;
-        if constexpr (LLOYD) {
+        if constexpr (WEIGHTED) {
             bool ok = true;
 #pragma unroll
             for (int q = 0; q < WR / 32; ++q) {
@@ -1497,9 +1519,9 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
                     as[s][e] = __float_as_uint(v[e] - __uint_as_float(ab[s][e]));   // the mma reads its TF32 bits
                 }
             }
-            // ||c||^2 - 2 x.c (the tensor cores' float32 accumulation truncates: see mpiml_distances_tc)
-            float bv[2] = {mpiml_tc<float>::inf(), mpiml_tc<float>::inf()};
-            int bi[2] = {0, 0};
+            // ||c||^2 - 2 x.c (the tensor cores' float32 accumulation truncates: see mpiml_distances_tc) of
+            // candidate 2 j + e of rows g (r = 0) and g + 8 (r = 1): centre 8 j + 2 t + e
+            float cv[2][2 * NT];
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 float acc[4];
@@ -1514,10 +1536,26 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
                 }
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {           // c0, c1: row g; c2, c3: row g + 8; columns 2 t + e
-                    const float d0 = fmaf(-2.f, acc[e], cq[j][e]), d1 = fmaf(-2.f, acc[2 + e], cq[j][e]);
-                    if (d0 < bv[0]) { bv[0] = d0; bi[0] = 8 * j + 2 * t + e; }
-                    if (d1 < bv[1]) { bv[1] = d1; bi[1] = 8 * j + 2 * t + e; }
+                    cv[0][2 * j + e] = fmaf(-2.f, acc[e], cq[j][e]);
+                    cv[1][2 * j + e] = fmaf(-2.f, acc[2 + e], cq[j][e]);
                 }
+            }
+            // the lane's arg-min of each row as a tree in candidate order (a pair's left has the lower index, and
+            // a tie keeps it): half the dependent compares of a running minimum
+            float bv[2];
+            int bi[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                int ci[2 * NT];
+#pragma unroll
+                for (int q = 0; q < 2 * NT; ++q) ci[q] = 8 * (q >> 1) + 2 * t + (q & 1);
+#pragma unroll
+                for (int st = 1; st < 2 * NT; st *= 2)
+#pragma unroll
+                    for (int q = 0; q + st < 2 * NT; q += 2 * st)
+                        if (cv[r][q + st] < cv[r][q]) { cv[r][q] = cv[r][q + st]; ci[q] = ci[q + st]; }
+                bv[r] = cv[r][0];
+                bi[r] = ci[0];
             }
             // the row's four lanes: odd t keeps row g + 8 and hands row g to its even neighbour (and back), then
             // lanes t and t ^ 2 (the same row) meet; ties keep the lower index
@@ -1539,15 +1577,19 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
             const int mrow = warp * WR + 16 * mt;            // the m-tile's first row in the tile
             const int rloc = mrow + g + 8 * (t & 1);
             const long long row = tile0 + rloc;
-            if (t < 2 && row < n) {
+            const bool in = row < n;
+            if (t < 2 && in) {
                 const float dist = fmaxf(kv + xk, 0.f);
                 labels[row] = ki;
-                mind[row] = dist;
+                if (!LLOYD || mind != nullptr) mind[row] = dist;
                 if constexpr (LLOYD) {
                     t_changed += ol_s[b * BR + rloc] != ki;
-                    t_inertia = fmaf(w_s[b * BR + rloc], dist, t_inertia);
+                    t_inertia = UNIT ? t_inertia + dist : fmaf(w_s[b * BR + rloc], dist, t_inertia);
                 }
             }
+            if constexpr (UNIT) ki = in ? ki : KP;        // no cluster: a row past n adds nothing to the sums
+            // the shared address of the row's one-hot entries (the sums' lanes add g)
+            const unsigned kaddr = onehot_s + ki * (MC * 8 * 8);
 
             if constexpr (LLOYD) {
                 // k-step h of the sums: rows 8 h + t (slot t) and 8 h + t + 4 (slot t + 4) of the m-tile, their
@@ -1555,10 +1597,11 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
                 float pacc[MC][NF][4];
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int la = __shfl_sync(FULL, ki, src_a + h), lb = __shfl_sync(FULL, ki, src_b + h);
+                    const unsigned oha = __shfl_sync(FULL, kaddr, src_a + h) + 8 * g;
+                    const unsigned ohb = __shfl_sync(FULL, kaddr, src_b + h) + 8 * g;
                     const int wr = b * BR + mrow + 8 * h + t;
-                    const float wa = w_s[wr], wb = w_s[wr + 4];
                     // rows past n: weight 0 (zero-filled), so they add nothing
+                    const float wa = UNIT ? 1.f : w_s[wr], wb = UNIT ? 1.f : w_s[wr + 4];
                     unsigned vb[KS][2], vs[KS][2];
 #pragma unroll
                     for (int s = 0; s < KS; ++s) {
@@ -1573,9 +1616,11 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
                     const unsigned wbb = exact ? __float_as_uint(wb) : mpiml_tf32(wb);
 #pragma unroll
                     for (int m = 0; m < MC; ++m) {
-                        const int c0 = 16 * m + g;
-                        const bool p0 = la == c0, p1 = la == c0 + 8, p2 = lb == c0, p3 = lb == c0 + 8;
-                        const unsigned abg[4] = {p0 ? wab : 0u, p1 ? wab : 0u, p2 ? wbb : 0u, p3 ? wbb : 0u};
+                        const float2 oa = mpiml_lds_f2(oha + 64 * m), ob = mpiml_lds_f2(ohb + 64 * m);
+                        const float wabf = __uint_as_float(wab), wbbf = __uint_as_float(wbb);
+                        const unsigned abg[4] = {
+                            __float_as_uint(UNIT ? oa.x : oa.x * wabf), __float_as_uint(UNIT ? oa.y : oa.y * wabf),
+                            __float_as_uint(UNIT ? ob.x : ob.x * wbbf), __float_as_uint(UNIT ? ob.y : ob.y * wbbf)};
                         if (h == 0) {
 #pragma unroll
                             for (int s = 0; s < KS; ++s) mpiml_mma0(pacc[m][s], abg, vs[s][0], vs[s][1]);
@@ -1590,7 +1635,9 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
                         if (!exact) {
                             const unsigned was = __float_as_uint(wa - __uint_as_float(wab));
                             const unsigned wbs = __float_as_uint(wb - __uint_as_float(wbb));
-                            const unsigned asm_[4] = {p0 ? was : 0u, p1 ? was : 0u, p2 ? wbs : 0u, p3 ? wbs : 0u};
+                            const float wasf = __uint_as_float(was), wbsf = __uint_as_float(wbs);
+                            const unsigned asm_[4] = {__float_as_uint(oa.x * wasf), __float_as_uint(oa.y * wasf),
+                                                      __float_as_uint(ob.x * wbsf), __float_as_uint(ob.y * wbsf)};
 #pragma unroll
                             for (int s = 0; s < KS; ++s) mpiml_mma(pacc[m][s], asm_, vb[s][0], vb[s][1]);
                             mpiml_mma(pacc[m][KS], asm_, wcol, wcol);
