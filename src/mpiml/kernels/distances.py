@@ -275,6 +275,16 @@ def _unit_weights(n, dtype):
     return ones[:n]
 
 
+def _step_buffers(n, dtype, w, mind, *, lloyd, reads_w=True, writes_mind=True):
+    """``(w, mind)`` of a launch: unit weights where a Lloyd kernel reads a weight a row and none were given,
+    a distance buffer where the kernel writes one and none was given."""
+    if lloyd and reads_w and w is None:
+        w = _unit_weights(n, dtype)
+    if writes_mind and mind is None:
+        mind = _cupy().empty(n, dtype=dtype)
+    return w, mind
+
+
 @functools.lru_cache(maxsize=1)
 def _have_device():
     try:
@@ -362,10 +372,7 @@ def _argmin_launch(X, C, shift, w, labels, mind, out, *, lloyd, accum=None, tile
     if method != "small":                # (the small kernel's launcher sees which of its forms needs these)
         if isinstance(C, np.ndarray):
             C = cupy.asarray(C)
-        if lloyd and w is None:
-            w = _unit_weights(n, dtype)
-        if mind is None:
-            mind = cupy.empty(n, dtype=dtype)
+        w, mind = _step_buffers(n, dtype, w, mind, lloyd=lloyd)
     if method == "tc":
         return _tc_launch(X, C, shift, w, labels, mind, out, lloyd=lloyd, tile=tile)
     if method == "small":
@@ -846,10 +853,9 @@ def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows
                       stages=stages, rows=rows, param_centres=param_centres, tc=tc, unit=w is None)
     if n == 0:
         return plan
-    if lloyd and not plan.get("unit") and w is None:
-        w = _unit_weights(n, dtype)
-    if mind is None and not (lloyd and plan.get("tc")):
-        mind = cupy.empty(n, dtype=dtype)  # the tensor-core form's Lloyd step needs no buffer: it writes none
+    # the tensor-core form's Lloyd step of unit weights reads none, and its Lloyd steps write no distances
+    w, mind = _step_buffers(n, dtype, w, mind, lloyd=lloyd, reads_w=not plan.get("unit"),
+                            writes_mind=not (lloyd and plan.get("tc")))
     pc = _small_centres_arg(plan, dtype, C, k, d)
     if plan["PC"]:
         C = _NULL                        # the kernel reads its centres from its parameters only
