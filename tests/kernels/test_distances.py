@@ -134,7 +134,8 @@ def test_lloyd_step_matches_reference(n, d, k, dtype, accum, method):
 def test_lloyd_step_without_weights_or_distances(n, d, k, method):
     """A Lloyd step given no weights (unit weights: the tensor-core small kernel then reads none, and rows past
     n of a partial tile add nothing) and no distance buffer (it writes none) returns the bits of the same
-    step given a vector of ones and a buffer; labels in place alike."""
+    step given a vector of ones and a buffer; labels in place alike.  Given a buffer but no weights, it fills
+    the buffer with the distances the weighted form writes."""
     import cupy as cp
 
     from mpiml.kernels import distances
@@ -150,13 +151,16 @@ def test_lloyd_step_without_weights_or_distances(n, d, k, method):
         tile = (None, unit["R"], None, True)     # the weighted step in the same tiles (the same order of adds)
     old = cp.asarray(np.random.RandomState(5).randint(-1, k, n).astype(np.int32))
     runs = []
-    for w, mind in ((cp.ones(n, dtype), cp.full(n, -7, dtype)), (None, None)):
+    for w, mind in ((cp.ones(n, dtype), cp.full(n, -7, dtype)), (None, None), (None, cp.full(n, -7, dtype))):
         labels = old.copy()
         p = distances.lloyd_step_packed(Xd, Cd - shift, w, shift=shift, labels=labels, mind=mind, method=method,
                                         tile=tile)
         runs.append((p.get(), labels.get(), None if mind is None else mind.get()))
     np.testing.assert_array_equal(runs[0][0], runs[1][0])
     np.testing.assert_array_equal(runs[0][1], runs[1][1])
+    np.testing.assert_array_equal(runs[0][0], runs[2][0])
+    np.testing.assert_array_equal(runs[0][1], runs[2][1])
+    np.testing.assert_array_equal(runs[0][2], runs[2][2])
     # the counts are the labels' and the distances those the buffer got
     np.testing.assert_array_equal(runs[1][0][k * d:k * d + k], np.bincount(runs[1][1], minlength=k))
     assert runs[1][0][-1] == np.count_nonzero(runs[1][1] != old.get())

@@ -499,8 +499,8 @@ default="k-means||"
         shard.shift = shift
         centers_s = xp.ascontiguousarray(centers - shift)
         labels = xp.full(shard.n_local, -1, dtype=xp.int32)
-        mind = xp.empty(shard.n_local, dtype=X.dtype)
-        packed = _allreduce(comm, ops.lloyd_step(X, sample_weight, shift, centers_s, labels, mind,
+        # (no distance buffer: the step's distances are not needed, and dense GPU steps then write none)
+        packed = _allreduce(comm, ops.lloyd_step(X, sample_weight, shift, centers_s, labels, None,
                                                  batch_size=self.batch_size))
         sums = packed[:k * d].reshape(k, d)
         batch = _to_host(packed[k * d:k * d + k])

@@ -720,7 +720,7 @@ def _small_stages(smem, stages):
 
 def _small_tc_plan(k, d, mode, vw, stages, rows, unit):
     """small_plan of ``mpiml_distances_small_tc`` (float32): tiles of 256 R rows, 2 R m-tiles of 16 a warp;
-    ``unit``: a Lloyd step of unit weights (MODE 2: no weights read or staged)."""
+    ``unit``: a Lloyd step of unit weights (MODE 2: no weights read or staged, no distances written)."""
     dq, kp = _small_tc_dims(k, d)
     if vw is None:
         vw = 4 if d % 4 == 0 else 1
@@ -775,8 +775,9 @@ def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, pa
     k 8), 0.40 vs 0.47 (d 12, k 9), 0.26 vs 0.41 (d 3, k 5); arg-min 0.18 vs 0.23 (16, 16), 0.11 vs 0.15
     (8, 8), but 0.22 vs 0.18 (d 12, k 9).  Two tiles in flight beat three (0.35 vs 0.40-0.41 ms at 16 x 16:
     three leave one block an SM or tiles of 256 rows).  ``unit``: a Lloyd step without weights (unit
-    weights), which the tensor-core form takes without reading any (the SIMT form reads a vector of ones):
-    10^7 x 16 0.315 vs 0.360 ms given ones, 8 x 8 0.169 vs 0.212 (``small_kernel_h200_2026-11-24e.json``).
+    weights) and without a distance buffer, which the tensor-core form takes without reading any weights or
+    writing distances (the SIMT form reads a vector of ones): 10^7 x 16 0.315 vs 0.360 ms given ones, 8 x 8
+    0.169 vs 0.212 (``small_kernel_h200_2026-11-24e.json``).
     """
     dtype = np.dtype(dtype)
     if not (1 <= k <= _SMALL_MAX and 1 <= d <= _SMALL_MAX):
@@ -850,10 +851,13 @@ def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows
     n, d = X.shape
     k = C.shape[0]
     plan = small_plan(dtype, k, d, mode="lloyd" if lloyd else "assign", vw=_vec(dtype, d, X, shift),
-                      stages=stages, rows=rows, param_centres=param_centres, tc=tc, unit=w is None)
+                      stages=stages, rows=rows, param_centres=param_centres, tc=tc,
+                      unit=w is None and mind is None)
     if n == 0:
         return plan
-    # the tensor-core form's Lloyd step of unit weights reads none, and its Lloyd steps write no distances
+    # the tensor-core form's Lloyd step of unit weights reads none and writes no distances (given a buffer,
+    # the step takes the weighted form and a vector of ones), and its Lloyd steps write distances only when
+    # given a buffer
     w, mind = _step_buffers(n, dtype, w, mind, lloyd=lloyd, reads_w=not plan.get("unit"),
                             writes_mind=not (lloyd and plan.get("tc")))
     pc = _small_centres_arg(plan, dtype, C, k, d)

@@ -109,8 +109,7 @@ __device__ __forceinline__ void mpiml_mma(double (&c)[2], double a, double b) {
 
 // global -> shared copy of BYTES (16, 8 or 4); zero-filled when !ok (src is not read then)
 template <int BYTES>
-__device__ __forceinline__ void mpiml_cp_async(void* dst, const void* src, bool ok) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+__device__ __forceinline__ void mpiml_cp_async_s(unsigned s, const void* src, bool ok) {   // s: a shared address
     const int n = ok ? BYTES : 0;
     if constexpr (BYTES == 16)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(n) : "memory");
@@ -119,6 +118,10 @@ __device__ __forceinline__ void mpiml_cp_async(void* dst, const void* src, bool 
                      : "memory");
 }
 __device__ __forceinline__ void mpiml_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int BYTES>
+__device__ __forceinline__ void mpiml_cp_async(void* dst, const void* src, bool ok) {
+    mpiml_cp_async_s<BYTES>((unsigned)__cvta_generic_to_shared(dst), src, ok);
+}
 template <int N>
 __device__ __forceinline__ void mpiml_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
@@ -1318,33 +1321,52 @@ __device__ __forceinline__ float2 mpiml_lds_f2(unsigned addr) {
     return v;
 }
 
+// NV = 1, 2, 4 or 8 consecutive floats of a staged row from shared address a (8: two 16-byte chunks, at a and b)
+template <int NV>
+__device__ __forceinline__ void mpiml_lds_v(float* v, unsigned a, unsigned b = 0) {
+    if constexpr (NV == 1) {
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v[0]) : "r"(a));
+    } else if constexpr (NV == 2) {
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v[0]), "=f"(v[1]) : "r"(a));
+    } else {
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(a));
+        if constexpr (NV == 8)
+            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=f"(v[4]), "=f"(v[5]), "=f"(v[6]), "=f"(v[7]) : "r"(b));
+    }
+}
+
 // The 16-byte chunk of a staged row of DQ float32 features that chunk c of row r is stored at (c ^ swizzle):
-// the fragment loads of mpiml_distances_small_tc (8-byte loads of rows g = 0..3 of a half warp) then meet no
+// the loads of mpiml_distances_small_tc (of the distances: a lane's 2 DQ / 8 features of rows g, 8-byte loads
+// by half warps, 16-byte by quarter warps; of the sums: DQ / 8 features of rows t, 4 to 16 bytes) then meet no
 // bank twice without padding.  Rows 4 apart share a swizzle.
 template <int DQ>
 __device__ __forceinline__ int mpiml_small_chunk(int r, int c) {
-    return c ^ (DQ == 16 ? ((r >> 1) & 1) << 1 : DQ == 32 ? (r & 3) << 1 : 0);
+    return c ^ (DQ == 16 ? ((r >> 1) & 1) << 1 : DQ == 32 ? ((r & 3) << 1) | (r & 1) : 0);
 }
 
-// Float32 arg-min (MODE 0) or local Lloyd step (MODE 1) for d <= DQ (8, 16, 32), k <= KP (8, 16, 32),
-// KP x DQ <= 512, on the tensor cores: the small kernel's job (same staging, same outputs, centres as
-// parameters) with its two instruction sinks, the FMAs of the distances and the adds of the sums, moved to
-// mma.  Each warp takes MW m-tiles of 16 rows of a tile.
-//   distances: 3xTF32 products, rows split into TF32 big + small parts (k-slot t <-> feature 2 t, t + 4 <->
-//     2 t + 1 of an 8-feature step), centres split once per block and held in registers; each step's three
-//     products meet in a fresh accumulator added with round-to-nearest.  The arg-min of a row: a tree over a
-//     lane's candidates, then folded over its four lanes in two shuffle rounds, the first trading halves (a
-//     lane then reduces one row, not two).
+// Float32 arg-min (MODE 0) or local Lloyd step (MODE 1; MODE 2: of unit weights, writing no distances) for
+// d <= DQ (8, 16, 32), k <= KP (8, 16, 32), KP x DQ <= 512, on the tensor cores: the small kernel's job (same
+// staging, same outputs, centres as parameters) with its two instruction sinks, the FMAs of the distances and
+// the adds of the sums, moved to mma.  Each warp takes MW m-tiles of 16 rows of a tile, software-pipelined: the
+// distances of m-tile mt, then the sums of m-tile mt - 1 (its labels' shuffles long done).
+//   distances: 3xTF32 products, rows split into TF32 big + small parts (k-step s, slot t <-> feature
+//     2 KS t + 2 s, slot t + 4 <-> 2 KS t + 2 s + 1, KS = DQ / 8: a lane's features of a row are adjacent, one
+//     load), centres split once per block and held in registers; each step's three products meet in a fresh
+//     accumulator added with round-to-nearest.  The arg-min of a row: a tree over a lane's candidates, then
+//     folded over its four lanes in two shuffle rounds, the first trading halves (a lane then reduces one row,
+//     not two).
 //   sums (MODE 1, 2): D[cluster x feature] += A[cluster x row] B[row x feature], A = the one-hot labels (one
-//     8-byte load from a table in shared memory, at an address the label's lane shuffles) times the weights
+//     8-byte load from a table in shared memory, at the row of the label its lane shuffles) times the weights
 //     (split; the small part skipped where a warp's weights are all TF32; MODE 2: unit weights, w not read,
-//     rows past n take the table's empty row KP so that they add nothing), B = the
-//     shifted rows, reloaded from the staged tile in the transposed lane order (row t, feature g) and split
-//     again.  A weights column (B = 1 at column 0) gives the weights per cluster.  Fresh accumulators per
-//     m-tile, added with round-to-nearest into float32 registers, those into float64 (shared memory, one slot
-//     a thread and value) every FLUSH tiles.
+//     rows past n take the table's empty row KP so that they add nothing), B = the shifted rows, reloaded
+//     from the staged tile in the transposed lane order (row t; n-tile s, column g <-> feature KS g + s: one
+//     load) and split again.  A weights column (B = 1 at column 0) gives the weights per cluster.  Fresh
+//     accumulators per m-tile, added with round-to-nearest into float32 registers, those into float64 (shared
+//     memory, one slot a thread and value) every FLUSH tiles.
 // Block totals [sums | weights | inertia | changed] to part as in mpiml_distances_small.  mind may be null in
-// MODE 1 and 2 (the distances then go only into the inertia).
+// MODE 1 (the distances then go only into the inertia); MODE 2 never writes it.
 template <int DQ, int KP, int MODE, int STAGES, int MW, int VEC, int MINB = 2>
 __global__ void __launch_bounds__(MPIML_TC_THREADS, MINB)
 mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const float* __restrict__ shift,
@@ -1378,38 +1400,53 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const long long n_tiles = (n + BR - 1) / BR;
     const long long my_tiles = blockIdx.x < n_tiles ? (n_tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    const unsigned xbuf_s = (unsigned)__cvta_generic_to_shared(xbuf);
+    constexpr unsigned XB = BR * DQ * 4;             // bytes of a staged tile
 
-    // this thread's copies: chunk ci of rows r_c + j RS of a tile (offsets set once, one swizzle)
+    // this thread's copies: chunk ci of rows r_c + j RS of a tile (one swizzle), its labels (and weights) at
+    // tid + q THREADS; the sources advance by a tile stride a staged tile (stage(i) comes for i = 0, 1, ...)
     const int ci = tid % CPR, r_c = tid / CPR, f_c = ci * EC;
     const bool fok = f_c < d;
-    const float* x_c = X + (long long)r_c * d + f_c;
-    const long long x_step = (long long)RS * d;
-    const int dst_c = r_c * DQ + (mpiml_small_chunk<DQ>(r_c, f_c >> 2) << 2) + (f_c & 3);
+    const long long x_step = (long long)RS * d, stride = (long long)gridDim.x * BR;
+    const unsigned dst_c = xbuf_s + 4 * (r_c * DQ + (mpiml_small_chunk<DQ>(r_c, f_c >> 2) << 2) + (f_c & 3));
+    const unsigned lab_c = (unsigned)__cvta_generic_to_shared(ol_s + tid);
+    const unsigned w_c = (unsigned)__cvta_generic_to_shared(w_s + tid);
+    long long s_r0 = (long long)blockIdx.x * BR;     // the next staged tile's first row
+    const float* s_x = X + (s_r0 + r_c) * d + f_c;
+    const int* s_lab = labels + s_r0 + tid;
+    const float* s_w = WEIGHTED ? w + s_r0 + tid : nullptr;
     // (a copy of 0 bytes reads nothing: rows past n and features past d take zeros from addresses never read)
     auto stage = [&](long long i) {
-        const int b = (int)(i % STAGES);
-        const long long r0 = (blockIdx.x + i * gridDim.x) * BR;
-        const int rows = (int)min(n - r0, (long long)BR);   // rows of this tile (32-bit compares below)
-        const int left = fok ? rows - r_c : 0;              // of them from row r_c on, none past d
-        float* xd = xbuf + b * BR * DQ + dst_c;
-        const float* xs = x_c + r0 * d;
+        const unsigned b = (unsigned)(i % STAGES);
+        const int rows = (int)min(n - s_r0, (long long)BR);   // rows of this tile (32-bit compares below)
+        const int left = fok ? rows - r_c : 0;                // of them from row r_c on, none past d
+        const unsigned xd = dst_c + b * XB;
+        if (rows == BR && d == DQ) {                          // a whole tile of unpadded rows: constant strides
 #pragma unroll
-        for (int j = 0; j < PER; ++j)
-            mpiml_cp_async<VEC>(xd + j * RS * DQ, xs + j * x_step, j * RS < left);
+            for (int j = 0; j < PER; ++j) mpiml_cp_async_s<VEC>(xd + j * RS * DQ * 4, s_x + j * RS * DQ, true);
+        } else {
+#pragma unroll
+            for (int j = 0; j < PER; ++j)
+                mpiml_cp_async_s<VEC>(xd + j * RS * DQ * 4, s_x + j * x_step, j * RS < left);
+        }
         if constexpr (LLOYD) {
             const int lr = rows - tid;
 #pragma unroll
             for (int q = 0; q < BR / THREADS; ++q) {
-                mpiml_cp_async<4>(ol_s + b * BR + q * THREADS + tid, labels + r0 + q * THREADS + tid, q * THREADS < lr);
+                mpiml_cp_async_s<4>(lab_c + 4 * (b * BR + q * THREADS), s_lab + q * THREADS, q * THREADS < lr);
                 if constexpr (WEIGHTED)
-                    mpiml_cp_async<4>(w_s + b * BR + q * THREADS + tid, w + r0 + q * THREADS + tid, q * THREADS < lr);
+                    mpiml_cp_async_s<4>(w_c + 4 * (b * BR + q * THREADS), s_w + q * THREADS, q * THREADS < lr);
             }
+            s_lab += stride;
+            if constexpr (WEIGHTED) s_w += stride;
         }
+        s_r0 += stride;
+        s_x += stride * d;
     };
     mpiml_tiles_start<STAGES>(my_tiles, stage);
 
-    // the centres as B fragments (n-tile j: centres 8 j + g; k-step s: features 8 s + 2 t, + 1), TF32 big and
-    // small parts, the norms of the lane's result columns (centres 8 j + 2 t + e; +inf past k), the shift
+    // the centres as B fragments (n-tile j: centres 8 j + g; k-step s: features 2 KS t + 2 s, + 1), TF32 big
+    // and small parts, the norms of the lane's result columns (centres 8 j + 2 t + e; +inf past k), the shift
     unsigned cbig[NT][KS][2], csml[NT][KS][2];
     float cq[NT][2], shd[KS][2];
 #pragma unroll
@@ -1418,7 +1455,7 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
         for (int s = 0; s < KS; ++s)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const float v = pc.v[(8 * j + g) * DQ + 8 * s + 2 * t + e];
+                const float v = pc.v[(8 * j + g) * DQ + 2 * KS * t + 2 * s + e];
                 cbig[j][s][e] = mpiml_tf32(v);
                 csml[j][s][e] = __float_as_uint(v - __uint_as_float(cbig[j][s][e]));   // the mma reads its TF32 bits
             }
@@ -1429,28 +1466,35 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
     for (int s = 0; s < KS; ++s)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            const int f = 8 * s + 2 * t + e;
+            const int f = 2 * KS * t + 2 * s + e;
             shd[s][e] = (shift != nullptr && f < d) ? shift[f] : 0.f;
         }
-    // the fragment loads of row g of an m-tile: 8 bytes at feature 8 s + 2 t (swizzled); row g + 8: + 8 DQ
-    int xoff[KS];
-#pragma unroll
-    for (int s = 0; s < KS; ++s) {
-        const int r = warp * WR + g;
-        xoff[s] = r * DQ + (mpiml_small_chunk<DQ>(r, 2 * s + (t >> 1)) << 2) + 2 * (t & 1);
+    // shared addresses in buffer 0 of the loads of row g of the warp's first m-tile: its features from 2 KS t
+    // (DQ 32: two chunks); row g + 8: + 8 DQ floats, the same swizzle
+    unsigned xa0, xa1;
+    {
+        const int r = warp * WR + g, c = (2 * KS * t) >> 2;
+        xa0 = xbuf_s + 4 * (r * DQ + (mpiml_small_chunk<DQ>(r, c) << 2) + ((2 * KS * t) & 3));
+        xa1 = xbuf_s + 4 * (r * DQ + (mpiml_small_chunk<DQ>(r, c + 1) << 2));
     }
-    // the sums' loads: row t of an m-tile (slot t; row t + 4: + 4 DQ, the same swizzle), feature 8 s + g
-    int soff[KS];
+    // the sums' loads: row t of an m-tile (slot t; row t + 8, slot t + 4: + 8 DQ floats, the same swizzle), its
+    // features KS g + s (column g of n-tile s)
+    unsigned sa;
     float shs[KS];
+    {
+        const int r = warp * WR + t, f = KS * g;
+        sa = xbuf_s + 4 * (r * DQ + (mpiml_small_chunk<DQ>(r, f >> 2) << 2) + (f & 3));
+    }
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
-        const int r = warp * WR + t, f = 8 * s + g;
-        soff[s] = r * DQ + (mpiml_small_chunk<DQ>(r, f >> 2) << 2) + (f & 3);
+        const int f = KS * g + s;
         shs[s] = (shift != nullptr && f < d) ? shift[f] : 0.f;
     }
     const unsigned wcol = g == 0 ? 0x3f800000u : 0u;   // B of the weights column
-    const unsigned onehot_s = (unsigned)__cvta_generic_to_shared(onehot);
-    const int src_a = 4 * t, src_b = 4 * t + 16;      // lanes holding the labels of rows t, t + 4 (+ 8 h)
+    // the one-hot table's entries of row g (+ 8) of the cluster m-tiles, at label 0
+    const unsigned onehot_g = (unsigned)__cvta_generic_to_shared(onehot) + 8 * g;
+    const int src_a = 4 * t, src_b = 4 * t + 1;       // lanes holding the labels of rows t, t + 8 (+ 4 h: + 16)
+    const int lrow = warp * WR + g + 8 * (t & 1);     // the row of its first m-tile a lane writes (t < 2)
 
     float sacc[MC][NF][4];
 #pragma unroll
@@ -1484,8 +1528,14 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
     for (long long i = 0; i < my_tiles; ++i) {
         mpiml_tiles_next<STAGES>(i, my_tiles, stage);
         const int b = (int)(i % STAGES);
-        const float* xt = xbuf + b * BR * DQ;
+        const unsigned bo = (unsigned)b * XB;             // this tile's buffer
         const long long tile0 = (blockIdx.x + i * gridDim.x) * BR;
+        // the row this lane writes of the warp's m-tile mt: lrow + 16 mt of the tile; in it while 16 mt < left
+        const int left = (int)min(n - tile0, (long long)BR) - lrow;
+        int* const lab_l = labels + (tile0 + lrow);
+        float* const mind_l = mind + (tile0 + lrow);      // (MODE 1: null if mind is; MODE 2: not written)
+        const int* const ol_l = ol_s + b * BR + lrow;
+        const float* const w_l = w_s + b * BR + lrow;
         // whether the weights of this warp's rows are all TF32 values (unit weights): then the one-hot rows
         // carry them whole, with no small part
         bool exact = true;
@@ -1501,112 +1551,124 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
             exact = __all_sync(FULL, ok);
         }
 
+        // software-pipelined: the distances and arg-min of m-tile mt, then the sums of m-tile mt - 1 (whose
+        // labels came from the four lanes of each row a step earlier: 10^7 x 16, unit weights, 0.292 -> 0.283 ms)
+        int kprev = 0;
 #pragma unroll
-        for (int mt = 0; mt < MW; ++mt) {
-            unsigned ab[KS][4], as[KS][4];
-            float xq0 = 0.f, xq1 = 0.f;                   // squared norms of rows g, g + 8 (this lane's features)
-#pragma unroll
-            for (int s = 0; s < KS; ++s) {
-                const float* p = xt + xoff[s] + 16 * mt * DQ;
-                const float2 lo = *reinterpret_cast<const float2*>(p);
-                const float2 hi = *reinterpret_cast<const float2*>(p + 8 * DQ);
-                const float v[4] = {lo.x - shd[s][0], hi.x - shd[s][0], lo.y - shd[s][1], hi.y - shd[s][1]};
-                xq0 = fmaf(v[0], v[0], fmaf(v[2], v[2], xq0));
-                xq1 = fmaf(v[1], v[1], fmaf(v[3], v[3], xq1));
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    ab[s][e] = mpiml_tf32(v[e]);
-                    as[s][e] = __float_as_uint(v[e] - __uint_as_float(ab[s][e]));   // the mma reads its TF32 bits
+        for (int mt = 0; mt <= MW; ++mt) {
+            int kcur = 0;
+            if (mt < MW) {
+                unsigned ab[KS][4], as[KS][4];
+                float xq0 = 0.f, xq1 = 0.f;                   // squared norms of rows g, g + 8 (this lane's features)
+                float lo[2 * KS], hi[2 * KS];
+                {
+                    const unsigned o = bo + 16 * mt * DQ * 4;
+                    mpiml_lds_v<2 * KS>(lo, xa0 + o, xa1 + o);
+                    mpiml_lds_v<2 * KS>(hi, xa0 + o + 8 * DQ * 4, xa1 + o + 8 * DQ * 4);
                 }
-            }
-            // ||c||^2 - 2 x.c (the tensor cores' float32 accumulation truncates: see mpiml_distances_tc) of
-            // candidate 2 j + e of rows g (r = 0) and g + 8 (r = 1): centre 8 j + 2 t + e
-            float cv[2][2 * NT];
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float acc[4];
 #pragma unroll
                 for (int s = 0; s < KS; ++s) {
-                    float p[4];
-                    mpiml_mma0(p, as[s], cbig[j][s][0], cbig[j][s][1]);
-                    mpiml_mma(p, ab[s], csml[j][s][0], csml[j][s][1]);
-                    mpiml_mma(p, ab[s], cbig[j][s][0], cbig[j][s][1]);
+                    const float v[4] = {lo[2 * s] - shd[s][0], hi[2 * s] - shd[s][0], lo[2 * s + 1] - shd[s][1],
+                                        hi[2 * s + 1] - shd[s][1]};
+                    xq0 = fmaf(v[0], v[0], fmaf(v[2], v[2], xq0));
+                    xq1 = fmaf(v[1], v[1], fmaf(v[3], v[3], xq1));
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[e] = s == 0 ? p[e] : acc[e] + p[e];
+                    for (int e = 0; e < 4; ++e) {
+                        ab[s][e] = mpiml_tf32(v[e]);
+                        as[s][e] = __float_as_uint(v[e] - __uint_as_float(ab[s][e]));   // the mma reads its TF32 bits
+                    }
                 }
+                // ||c||^2 - 2 x.c (the tensor cores' float32 accumulation truncates: see mpiml_distances_tc) of
+                // candidate 2 j + e of rows g (r = 0) and g + 8 (r = 1): centre 8 j + 2 t + e
+                float cv[2][2 * NT];
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {           // c0, c1: row g; c2, c3: row g + 8; columns 2 t + e
-                    cv[0][2 * j + e] = fmaf(-2.f, acc[e], cq[j][e]);
-                    cv[1][2 * j + e] = fmaf(-2.f, acc[2 + e], cq[j][e]);
+                for (int j = 0; j < NT; ++j) {
+                    float acc[4];
+#pragma unroll
+                    for (int s = 0; s < KS; ++s) {
+                        float p[4];
+                        mpiml_mma0(p, as[s], cbig[j][s][0], cbig[j][s][1]);
+                        mpiml_mma(p, ab[s], csml[j][s][0], csml[j][s][1]);
+                        mpiml_mma(p, ab[s], cbig[j][s][0], cbig[j][s][1]);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc[e] = s == 0 ? p[e] : acc[e] + p[e];
+                    }
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {           // c0, c1: row g; c2, c3: row g + 8; columns 2 t + e
+                        cv[0][2 * j + e] = fmaf(-2.f, acc[e], cq[j][e]);
+                        cv[1][2 * j + e] = fmaf(-2.f, acc[2 + e], cq[j][e]);
+                    }
                 }
-            }
-            // the lane's arg-min of each row as a tree in candidate order (a pair's left has the lower index, and
-            // a tie keeps it): half the dependent compares of a running minimum
-            float bv[2];
-            int bi[2];
+                // the lane's arg-min of each row as a tree in candidate order (a pair's left has the lower index, and
+                // a tie keeps it): half the dependent compares of a running minimum
+                float bv[2];
+                int bi[2];
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                int ci[2 * NT];
+                for (int r = 0; r < 2; ++r) {
+                    int ci[2 * NT];
 #pragma unroll
-                for (int q = 0; q < 2 * NT; ++q) ci[q] = 8 * (q >> 1) + 2 * t + (q & 1);
+                    for (int q = 0; q < 2 * NT; ++q) ci[q] = 8 * (q >> 1) + 2 * t + (q & 1);
 #pragma unroll
-                for (int st = 1; st < 2 * NT; st *= 2)
+                    for (int st = 1; st < 2 * NT; st *= 2)
 #pragma unroll
-                    for (int q = 0; q + st < 2 * NT; q += 2 * st)
-                        if (cv[r][q + st] < cv[r][q]) { cv[r][q] = cv[r][q + st]; ci[q] = ci[q + st]; }
-                bv[r] = cv[r][0];
-                bi[r] = ci[0];
-            }
-            // the row's four lanes: odd t keeps row g + 8 and hands row g to its even neighbour (and back), then
-            // lanes t and t ^ 2 (the same row) meet; ties keep the lower index
-            const bool odd = t & 1;
-            float kv = odd ? bv[1] : bv[0], xk = odd ? xq1 : xq0;
-            int ki = odd ? bi[1] : bi[0];
-            {
-                const float ov = __shfl_xor_sync(FULL, odd ? bv[0] : bv[1], 1);
-                const int oi = __shfl_xor_sync(FULL, odd ? bi[0] : bi[1], 1);
-                xk += __shfl_xor_sync(FULL, odd ? xq0 : xq1, 1);
-                if (ov < kv || (ov == kv && oi < ki)) { kv = ov; ki = oi; }
-            }
-            {
-                const float ov = __shfl_xor_sync(FULL, kv, 2);
-                const int oi = __shfl_xor_sync(FULL, ki, 2);
-                xk += __shfl_xor_sync(FULL, xk, 2);
-                if (ov < kv || (ov == kv && oi < ki)) { kv = ov; ki = oi; }
-            }
-            const int mrow = warp * WR + 16 * mt;            // the m-tile's first row in the tile
-            const int rloc = mrow + g + 8 * (t & 1);
-            const long long row = tile0 + rloc;
-            const bool in = row < n;
-            if (t < 2 && in) {
-                const float dist = fmaxf(kv + xk, 0.f);
-                labels[row] = ki;
-                if (!LLOYD || mind != nullptr) mind[row] = dist;
-                if constexpr (LLOYD) {
-                    t_changed += ol_s[b * BR + rloc] != ki;
-                    t_inertia = UNIT ? t_inertia + dist : fmaf(w_s[b * BR + rloc], dist, t_inertia);
+                        for (int q = 0; q + st < 2 * NT; q += 2 * st)
+                            if (cv[r][q + st] < cv[r][q]) { cv[r][q] = cv[r][q + st]; ci[q] = ci[q + st]; }
+                    bv[r] = cv[r][0];
+                    bi[r] = ci[0];
                 }
+                // the row's four lanes: odd t keeps row g + 8 and hands row g to its even neighbour (and back), then
+                // lanes t and t ^ 2 (the same row) meet; ties keep the lower index
+                const bool odd = t & 1;
+                float kv = odd ? bv[1] : bv[0], xk = odd ? xq1 : xq0;
+                int ki = odd ? bi[1] : bi[0];
+                {
+                    const float ov = __shfl_xor_sync(FULL, odd ? bv[0] : bv[1], 1);
+                    const int oi = __shfl_xor_sync(FULL, odd ? bi[0] : bi[1], 1);
+                    xk += __shfl_xor_sync(FULL, odd ? xq0 : xq1, 1);
+                    if (ov < kv || (ov == kv && oi < ki)) { kv = ov; ki = oi; }
+                }
+                {
+                    const float ov = __shfl_xor_sync(FULL, kv, 2);
+                    const int oi = __shfl_xor_sync(FULL, ki, 2);
+                    xk += __shfl_xor_sync(FULL, xk, 2);
+                    if (ov < kv || (ov == kv && oi < ki)) { kv = ov; ki = oi; }
+                }
+                const bool in = 16 * mt < left;
+                if (t < 2 && in) {
+                    const float dist = fmaxf(kv + xk, 0.f);
+                    lab_l[16 * mt] = ki;
+                    if (MODE == 0 || (WEIGHTED && mind != nullptr)) mind_l[16 * mt] = dist;
+                    if constexpr (LLOYD) {
+                        t_changed += ol_l[16 * mt] != ki;
+                        t_inertia = UNIT ? t_inertia + dist : fmaf(w_l[16 * mt], dist, t_inertia);
+                    }
+                }
+                if constexpr (UNIT) ki = in ? ki : KP;        // no cluster: a row past n adds nothing to the sums
+                kcur = ki;
             }
-            if constexpr (UNIT) ki = in ? ki : KP;        // no cluster: a row past n adds nothing to the sums
-            // the shared address of the row's one-hot entries (the sums' lanes add g)
-            const unsigned kaddr = onehot_s + ki * (MC * 8 * 8);
-
-            if constexpr (LLOYD) {
-                // k-step h of the sums: rows 8 h + t (slot t) and 8 h + t + 4 (slot t + 4) of the m-tile, their
-                // labels from lanes 4 t + h and 4 t + 16 + h, their shifted values at feature 8 s + g reloaded
+            if (LLOYD && mt > 0) {
+                const int ms = mt - 1, ki = kprev;           // the sums' m-tile and this lane's label of it
+                const int mrow = warp * WR + 16 * ms;        // its first row in the tile
+                // k-step h of the sums: rows 4 h + t (slot t) and 4 h + t + 8 (slot t + 4) of the m-tile, their
+                // labels from lanes 16 h + 4 t and 16 h + 4 t + 1, their split values at features KS g + s
                 float pacc[MC][NF][4];
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const unsigned oha = __shfl_sync(FULL, kaddr, src_a + h) + 8 * g;
-                    const unsigned ohb = __shfl_sync(FULL, kaddr, src_b + h) + 8 * g;
-                    const int wr = b * BR + mrow + 8 * h + t;
+                    const unsigned oha = onehot_g + __shfl_sync(FULL, ki, src_a + 16 * h) * (MC * 8 * 8);
+                    const unsigned ohb = onehot_g + __shfl_sync(FULL, ki, src_b + 16 * h) * (MC * 8 * 8);
+                    const int wr = b * BR + mrow + 4 * h + t;
                     // rows past n: weight 0 (zero-filled), so they add nothing
-                    const float wa = UNIT ? 1.f : w_s[wr], wb = UNIT ? 1.f : w_s[wr + 4];
+                    const float wa = UNIT ? 1.f : w_s[wr], wb = UNIT ? 1.f : w_s[wr + 8];
                     unsigned vb[KS][2], vs[KS][2];
+                    float ra[KS], rc[KS];
+                    {
+                        const unsigned o = sa + bo + (16 * ms + 4 * h) * DQ * 4;
+                        mpiml_lds_v<KS>(ra, o);
+                        mpiml_lds_v<KS>(rc, o + 8 * DQ * 4);
+                    }
 #pragma unroll
                     for (int s = 0; s < KS; ++s) {
-                        const float* p = xt + soff[s] + (16 * mt + 8 * h) * DQ;
-                        const float va = p[0] - shs[s], vc = p[4 * DQ] - shs[s];
+                        const float va = ra[s] - shs[s], vc = rc[s] - shs[s];
                         vb[s][0] = mpiml_tf32(va);
                         vb[s][1] = mpiml_tf32(vc);
                         vs[s][0] = __float_as_uint(va - __uint_as_float(vb[s][0]));
@@ -1651,6 +1713,7 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
 #pragma unroll
                         for (int e = 0; e < 4; ++e) sacc[m][nf][e] += pacc[m][nf][e];
             }
+            kprev = kcur;
         }
         if constexpr (LLOYD) {
             my_inertia += (double)t_inertia;
@@ -1662,14 +1725,15 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
     if constexpr (LLOYD) {
         flush();
         __syncthreads();
-        // cluster c = 16 m + g + 8 hi, column 8 nf + 2 t + e of a lane's fragment: value (m nf 4 + 2 hi + e)
-        // of lane 4 g + t, summed over the warps in order
+        // cluster c = 16 m + g + 8 hi, feature KS (2 t + e) + nf (column 2 t + e of n-tile nf) of a lane's
+        // fragment: value (m nf 4 + 2 hi + e) of lane 4 g + t, summed over the warps in order
         const long long P = (long long)k * d + k + 2;
         double* out = part + (long long)blockIdx.x * P;
         for (int q = tid; q < k * d + k; q += THREADS) {
             const int c = q < k * d ? q / d : q - k * d;
-            const int col = q < k * d ? q % d : 8 * KS;   // the weights: column 0 of n-tile KS
-            const int m = c >> 4, gg = c & 7, hi = (c >> 3) & 1, nf = col >> 3, tt = (col & 7) >> 1, e = col & 1;
+            const int f = q < k * d ? q % d : 0;
+            const int nf = q < k * d ? f % KS : KS, col = f / KS;   // the weights: column 0 of n-tile KS
+            const int m = c >> 4, gg = c & 7, hi = (c >> 3) & 1, tt = col >> 1, e = col & 1;
             const double* src = dacc + ((m * NF + nf) * 4 + 2 * hi + e) * THREADS + 4 * gg + tt;
             double v = 0.0;
 #pragma unroll
