@@ -78,6 +78,20 @@ def main():
     se = SkKMeans(40, init=init_e, n_init=1, max_iter=30).fit(X)
     check(rel(ke.inertia_, se.inertia_) < 1e-6, f"GPU empty-cluster inertia {ke.inertia_} vs {se.inertia_}")
 
+    # the centres updated on the device (the default from 16,384 centre values; forced here): the same fits
+    from mpiml.cluster import _kmeans
+    cells = _kmeans._DEVICE_UPDATE_CELLS
+    _kmeans._DEVICE_UPDATE_CELLS = 1
+    try:
+        kd = KMeans(40, init=init).fit(cp.asarray(shard(X)))
+        kde = KMeans(40, init=init_e, max_iter=30).fit(cp.asarray(shard(X)))
+    finally:
+        _kmeans._DEVICE_UPDATE_CELLS = cells
+    check(bool((kd.cluster_centers_ == km.cluster_centers_).all()) and bool((kd.labels_ == km.labels_).all())
+          and kd.inertia_ == km.inertia_ and kd.n_iter_ == km.n_iter_, "device centre update: the same fit")
+    check(bool((kde.cluster_centers_ == ke.cluster_centers_).all()) and kde.inertia_ == ke.inertia_,
+          "device centre update with an empty cluster: the same fit")
+
     # partial_fit on the device
     pf = KMeans(40, random_state=0)
     for b in range(4):

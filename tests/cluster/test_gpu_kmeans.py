@@ -43,3 +43,31 @@ def test_fused_step_matches_host(n, d, k, dtype):
 def test_kmeans_gpu_spmd(mpi, n):
     # ranks beyond the GPU count share GPUs (rank % devices): the results must not change
     mpi(os.path.join(HERE, "kmeans_gpu_script.py"), n, timeout=240)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("far", [False, True])
+def test_centres_updated_on_device_same_fit(dtype, far, monkeypatch):
+    """Dense GPU fits with many centre values update the centres on the device (only the step's scalars come
+    back): the same centres, labels, inertia and iterations as the host's update, bit for bit; with an empty
+    cluster (a far initial centre) the iteration falls back to the host's relocation."""
+    import cupy as cp
+
+    from mpiml.cluster import KMeans
+    from mpiml.cluster import _kmeans
+
+    rs = np.random.RandomState(3)
+    n, d, k = 6000, 40, 30
+    X = (rs.randn(n, d) + 4 * rs.randint(0, 8, size=(n, 1))).astype(dtype)
+    init = X[rs.choice(n, k, replace=False)].copy()
+    if far:
+        init[-1] += 1e4                           # no row is nearest: empty after the first step
+    fits = []
+    for cells in (10**9, 1):                      # the host's update, then the device's
+        monkeypatch.setattr(_kmeans, "_DEVICE_UPDATE_CELLS", cells)
+        km = KMeans(k, init=init, n_init=1, max_iter=30, tol=1e-6).fit(cp.asarray(X))
+        fits.append((cp.asnumpy(km.cluster_centers_), cp.asnumpy(km.labels_), km.inertia_, km.n_iter_))
+    np.testing.assert_array_equal(fits[0][0], fits[1][0])
+    np.testing.assert_array_equal(fits[0][1], fits[1][1])
+    assert fits[0][2] == fits[1][2] and fits[0][3] == fits[1][3] and fits[0][3] > 1
+    assert len(np.unique(fits[1][1])) == k

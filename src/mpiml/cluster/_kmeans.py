@@ -18,6 +18,13 @@ __all__ = ["KMeans"]
 
 
 # ---------------------------------------------------------------------- private compute helpers
+# dense GPU shards with at least this many centre values (k x d) update the centres on the device: the packed
+# sums are k d float64, and the host update (them back, its passes over them, the centres out again) left the
+# GPU idle ~2 ms an iteration at k = 1024, d = 256 on an H200; below it, the host's update is cheaper than the
+# device's launches
+_DEVICE_UPDATE_CELLS = 16384
+
+
 def _allreduce(comm, x):
     return comm.allreduce(x) if comm.size > 1 else x
 
@@ -115,29 +122,51 @@ def _lloyd(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
     mind = None if lean else xp.empty(n, dtype=shard.X.dtype)
     # the update of the k x d centres runs on the host: one copy of the packed vector back (the iteration
     # waits for it anyway) and one of the centres out, instead of a dozen small launches and a second wait
-    # while the GPU idles (~0.5 ms an iteration on an H200, the whole step at 10^7 x 16, k = 16)
+    # while the GPU idles (~0.5 ms an iteration on an H200, the whole step at 10^7 x 16, k = 16); from
+    # _DEVICE_UPDATE_CELLS centre values on, on the device (only [inertia, changed, shift, empties] come back)
     c_host = _to_host(centers)
+    on_device = lean and k * d >= _DEVICE_UPDATE_CELLS
+    c_dev = xp.asarray(c_host) if on_device else None
     # dense rows take the host copy of the centres (the GPU kernels of few centres read them as parameters);
     # sparse GPU rows need them on the device, a copy each iteration
     it = 0
     for it in range(max_iter):
         t0 = time.perf_counter()
-        packed = ops.lloyd_step(shard.X, step_weight, shard.shift, centers if sparse else c_host, labels, mind,
+        packed = ops.lloyd_step(shard.X, step_weight, shard.shift,
+                                c_dev if on_device else centers if sparse else c_host, labels, mind,
                                 batch_size=shard.batch_size)
-        packed = _to_host(_allreduce(comm, packed))
-        sums = packed[:k * d].reshape(k, d)
-        counts = packed[k * d:k * d + k].copy()
-        inertia, changed = float(packed[k * d + k]), int(packed[k * d + k + 1])
-        if (counts == 0).any():
-            sums = sums.copy()
-            # the distances of this step's centres (the same kernels' arithmetic) where the step wrote none
-            dist = mind if mind is not None else ops.assign(shard.X, shard.shift, c_host)[1]
-            _relocate_empty_clusters(shard, sums, counts, dist, labels)
-        cnt = counts[:, None]
-        old = c_host.astype(np.float64)
-        new = np.where(cnt > 0, sums / np.where(cnt > 0, cnt, 1), old)
-        center_shift = float(((new - old) ** 2).sum())
-        c_host = np.ascontiguousarray(new.astype(shard.X.dtype))
+        packed = _allreduce(comm, packed)
+        on_host = True                           # the centres' update on the host this iteration
+        if on_device:
+            counts = packed[k * d:k * d + k]
+            old = c_dev.astype(xp.float64)
+            new = xp.where(counts[:, None] > 0, packed[:k * d].reshape(k, d) / xp.where(counts > 0, counts, 1)[:, None],
+                           old)
+            tail = _to_host(xp.concatenate([packed[k * d + k:k * d + k + 2], ((new - old) ** 2).sum()[None],
+                                            (counts == 0).sum(dtype=xp.float64)[None]]))
+            inertia, changed, center_shift = float(tail[0]), int(tail[1]), float(tail[2])
+            on_host = tail[3] > 0                # an empty cluster (rare): relocated on the host, as below
+            if on_host:
+                c_host = _to_host(c_dev)
+            else:
+                c_dev = new.astype(shard.X.dtype)
+        if on_host:
+            packed = _to_host(packed)
+            sums = packed[:k * d].reshape(k, d)
+            counts = packed[k * d:k * d + k].copy()
+            inertia, changed = float(packed[k * d + k]), int(packed[k * d + k + 1])
+            if (counts == 0).any():
+                sums = sums.copy()
+                # the distances of this step's centres (the same kernels' arithmetic) where the step wrote none
+                dist = mind if mind is not None else ops.assign(shard.X, shard.shift, c_host)[1]
+                _relocate_empty_clusters(shard, sums, counts, dist, labels)
+            cnt = counts[:, None]
+            old = c_host.astype(np.float64)
+            new = np.where(cnt > 0, sums / np.where(cnt > 0, cnt, 1), old)
+            center_shift = float(((new - old) ** 2).sum())
+            c_host = np.ascontiguousarray(new.astype(shard.X.dtype))
+            if on_device:
+                c_dev = xp.asarray(c_host)
         if sparse:
             centers = xp.asarray(c_host)
         if iter_seconds is not None:
@@ -153,6 +182,8 @@ def _lloyd(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
                 print(f"Converged at iteration {it}: center shift {center_shift:.3g} within tolerance {tol:.3g}.",
                       flush=True)
             break
+    if on_device:
+        c_host = _to_host(c_dev)
     centers = xp.asarray(c_host)
     labels, _, inertia = ops.assign(shard.X, shard.shift, centers if sparse else c_host,
                                     batch_size=shard.batch_size, sample_weight=shard.weight)
