@@ -29,6 +29,13 @@ def _allreduce(comm, x):
     return comm.allreduce(x) if comm.size > 1 else x
 
 
+def _centre_update(xp, sums, counts, old):
+    """The float64 centres ``sums / counts`` (a cluster of no weight keeps its ``old`` centre) and their squared
+    shift from ``old`` (a 0-d array), on the host (NumPy) or the device (CuPy) alike."""
+    new = xp.where(counts[:, None] > 0, sums / xp.where(counts > 0, counts, 1)[:, None], old)
+    return new, ((new - old) ** 2).sum()
+
+
 def _shift(X, mean):
     """The origin of the working coordinates: the global mean for dense rows, zero for sparse
     rows (centring would densify them; scikit-learn does not centre sparse data either)."""
@@ -139,10 +146,8 @@ def _lloyd(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
         on_host = True                           # the centres' update on the host this iteration
         if on_device:
             counts = packed[k * d:k * d + k]
-            old = c_dev.astype(xp.float64)
-            new = xp.where(counts[:, None] > 0, packed[:k * d].reshape(k, d) / xp.where(counts > 0, counts, 1)[:, None],
-                           old)
-            tail = _to_host(xp.concatenate([packed[k * d + k:k * d + k + 2], ((new - old) ** 2).sum()[None],
+            new, sq_shift = _centre_update(xp, packed[:k * d].reshape(k, d), counts, c_dev.astype(xp.float64))
+            tail = _to_host(xp.concatenate([packed[k * d + k:k * d + k + 2], sq_shift[None],
                                             (counts == 0).sum(dtype=xp.float64)[None]]))
             inertia, changed, center_shift = float(tail[0]), int(tail[1]), float(tail[2])
             on_host = tail[3] > 0                # an empty cluster (rare): relocated on the host, as below
@@ -160,10 +165,8 @@ def _lloyd(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
                 # the distances of this step's centres (the same kernels' arithmetic) where the step wrote none
                 dist = mind if mind is not None else ops.assign(shard.X, shard.shift, c_host)[1]
                 _relocate_empty_clusters(shard, sums, counts, dist, labels)
-            cnt = counts[:, None]
-            old = c_host.astype(np.float64)
-            new = np.where(cnt > 0, sums / np.where(cnt > 0, cnt, 1), old)
-            center_shift = float(((new - old) ** 2).sum())
+            new, sq_shift = _centre_update(np, sums, counts, c_host.astype(np.float64))
+            center_shift = float(sq_shift)
             c_host = np.ascontiguousarray(new.astype(shard.X.dtype))
             if on_device:
                 c_dev = xp.asarray(c_host)
