@@ -386,7 +386,11 @@ def main(argv):
                     pass
         exprs.append(distances.sums_plan(dt, k, d)["expr"])
         if k <= 32 and d <= 32:
-            exprs += [distances.small_plan(dt, k, d, mode=m)["expr"] for m in ("assign", "lloyd")]
+            for m in ("assign", "lloyd"):
+                for u in (False, True):
+                    sp = distances.small_plan(dt, k, d, mode=m, unit=u)
+                    exprs += [sp["expr"]] + ([sp["expr_cm"]] if "expr_cm" in sp else [])
+        exprs.append(f"mpiml_lloyd_update<{distances._CTYPE[np.dtype(dt)]}>")
         exprs.append(distances.sums_plan(dt, k, d, kind="mma")["expr"])
     for kk in (16, 32, 64):               # the k-means|| candidate sets of the fit
         exprs.append(distances.tc_plan(np.float32, kk, 64, mode="assign")["expr"])

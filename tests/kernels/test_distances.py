@@ -169,10 +169,11 @@ def test_lloyd_step_without_weights_or_distances(n, d, k, method):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("n,d,k", [(5003, 16, 16), (3001, 3, 5), (2000, 9, 1)])
+@pytest.mark.parametrize("n,d,k", [(5003, 16, 16), (3001, 3, 5), (2000, 9, 1), (2000, 32, 8)])
 def test_small_kernel_centres_as_parameters_or_shared(n, d, k, dtype):
     """The small kernel reads its centres from its parameters (host or device centres) or from shared memory:
-    the same labels, sums within rounding, and host and device centres give the same bits.  Its tensor-core
+    the same labels, sums within rounding, and host and device centres give the same bits (the tensor-core form
+    reads device centres from memory and sums their norms itself).  Its tensor-core
     form (float32, the default there) against it: labels up to near ties, sums and weights within rounding."""
     import cupy as cp
 
@@ -209,6 +210,42 @@ def test_small_kernel_centres_as_parameters_or_shared(n, d, k, dtype):
         lab = out["tc_host"][1]
         scale = (X.astype(np.float64) ** 2).sum(1) + (C.astype(np.float64)[lab] ** 2).sum(1) + 1e-30
         np.testing.assert_array_less(np.abs(out["tc_host"][2] - D[np.arange(n), lab]) / scale, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k,d", [(1, 1), (7, 3), (64, 64), (1024, 256), (3, 1030)])
+def test_lloyd_update_is_the_host_update(k, d, dtype):
+    """The centres' update on the device (``lloyd_update``): the host update's centres bit for bit (a cluster
+    of no weight keeps its centre), its squared shift within rounding, the inertia and changed labels passed
+    on, the empty clusters counted; a second launch gives the same bits (its last-block ticket was reset), its
+    scalars written to pinned host memory."""
+    import cupy as cp
+    import cupyx
+
+    from mpiml.cluster._kmeans import _centre_update
+    from mpiml.kernels import distances
+
+    rs = np.random.RandomState(k + d)
+    C = rs.randn(k, d).astype(dtype)
+    counts = rs.randint(0, 50, size=k).astype(np.float64)
+    counts[::3] = 0
+    packed = np.concatenate([(rs.randn(k, d) * counts[:, None] * 1.7).ravel(), counts, [123.25, 17.0]])
+    new, shift = _centre_update(np, packed[:k * d].reshape(k, d), counts, C.astype(np.float64))
+    runs = []
+    for host in (False, True):                   # the scalars to device memory, then to pinned host memory
+        tail = cupyx.empty_pinned(4, dtype=np.float64) if host else None
+        got, tail = distances.lloyd_update(cp.asarray(packed), cp.asarray(C), tail=tail)
+        cp.cuda.get_current_stream().synchronize()
+        assert got.dtype == dtype and got.shape == (k, d) and isinstance(tail, np.ndarray) == host
+        runs.append((got.get(), tail.copy() if host else tail.get()))
+    np.testing.assert_array_equal(runs[0][0], new.astype(dtype))
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
+    tail = runs[0][1]
+    assert tail[0] == 123.25 and tail[1] == 17.0 and tail[3] == (counts == 0).sum()
+    np.testing.assert_allclose(tail[2], float(shift), rtol=1e-12)
+    with pytest.raises(ValueError, match="k\\*d \\+ k \\+ 2"):
+        distances.lloyd_update(cp.zeros(k * d + k, dtype=cp.float64), cp.asarray(C))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

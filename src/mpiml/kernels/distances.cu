@@ -25,6 +25,9 @@
 //   mpiml_distances_pairwise<T, TM, TN, CG, DK, VW, MINB, METRIC>
 //       the full n x m block of distances (transform, nearest-neighbour candidates).
 //       METRIC 0 squared Euclidean, 1 negative inner product, 2 cosine distance, 3 Euclidean.
+//   mpiml_lloyd_update<T>
+//       the centres' update of a Lloyd iteration from its packed totals, on the device, with the
+//       few scalars the host needs to decide on the next iteration.
 //
 // The squared norms of the rows of X are summed from the values each thread stages (no extra
 // pass); those of C come from the caller.  `shift` (optional) is subtracted from every row of X
@@ -571,5 +574,60 @@ mpiml_distances_pairwise(const T* __restrict__ X, long long n, int d, const T* _
                 out[row * m + col] = v;
             }
         }
+    }
+}
+
+// The centres' update of a Lloyd iteration from its packed totals [sums (k x d) | weights (k) | inertia |
+// changed] (float64, summed over the ranks): c_new = sums / weights, a cluster of no weight keeping c_old (in
+// float64, rounded to T once: the bits of KMeans's host update), and tail = [inertia, changed, squared shift of
+// the centres (float64, before the rounding), clusters of no weight].  Each block writes its partial shift and
+// empty count to part[2 b], part[2 b + 1]; the last block to finish (a ticket, reset for the next launch) adds
+// them in block order (the same bits on every run) and writes tail.
+template <typename T>
+__global__ void __launch_bounds__(256)
+mpiml_lloyd_update(const double* __restrict__ packed, const T* __restrict__ c_old, int k, int d,
+                   T* __restrict__ c_new, double* __restrict__ part, unsigned* __restrict__ ticket,
+                   double* __restrict__ tail)
+{
+    __shared__ double red[2][8];
+    __shared__ bool last;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const long long cells = (long long)k * d, stride = (long long)gridDim.x * blockDim.x;
+    const double* counts = packed + cells;
+    double shift = 0.0, empty = 0.0;
+    for (long long i = blockIdx.x * (long long)blockDim.x + tid; i < cells; i += stride) {
+        const double cnt = counts[i / d], old = (double)c_old[i];
+        const double v = cnt > 0.0 ? packed[i] / cnt : old;
+        c_new[i] = (T)v;
+        const double diff = v - old;
+        shift += diff * diff;
+    }
+    for (long long j = blockIdx.x * (long long)blockDim.x + tid; j < k; j += stride) empty += counts[j] > 0.0 ? 0.0 : 1.0;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        shift += __shfl_xor_sync(0xffffffffu, shift, off);
+        empty += __shfl_xor_sync(0xffffffffu, empty, off);
+    }
+    if (lane == 0) { red[0][warp] = shift; red[1][warp] = empty; }
+    __syncthreads();
+    if (tid == 0) {
+        double s = 0.0, e = 0.0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) { s += red[0][w]; e += red[1][w]; }
+        part[2 * blockIdx.x] = s;
+        part[2 * blockIdx.x + 1] = e;
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last && tid == 0) {
+        __threadfence();
+        double s = 0.0, e = 0.0;
+        for (unsigned b = 0; b < gridDim.x; ++b) { s += __ldcg(part + 2 * b); e += __ldcg(part + 2 * b + 1); }
+        tail[0] = counts[k];
+        tail[1] = counts[k + 1];
+        tail[2] = s;
+        tail[3] = e;
+        *ticket = 0u;
+        __threadfence_system();          // tail may be pinned host memory
     }
 }

@@ -1,4 +1,4 @@
-"""Fused distance kernels (``distances.cu``) for CuPy arrays: arg-min, Lloyd step, pairwise, top-k.
+"""Fused distance kernels (``distances.cu``) for CuPy arrays: arg-min, Lloyd step and update, pairwise, top-k.
 
 Every distance-based estimator calls these.  The ``.cu`` source is read with
 :mod:`importlib.resources` and compiled through ``cupy.RawModule(name_expressions=...)``
@@ -20,6 +20,7 @@ __all__ = [
     "argmin_sqeuclidean",
     "lloyd_step",
     "lloyd_step_packed",
+    "lloyd_update",
     "pairwise_distances",
     "topk",
     "kernel_plan",
@@ -747,10 +748,11 @@ def _small_tc_plan(k, d, mode, vw, stages, rows, unit):
     br = 256 * r
     stages = _small_stages(lambda st: smem(st, r), stages or _SMALL_STAGES[np.dtype(np.float32)])
     mode_arg = (2 if unit else 1) if lloyd else 0
-    expr = f"mpiml_distances_small_tc<{dq}, {kp}, {mode_arg}, {stages}, {2 * r}, {vw * 4}>"
+    expr = f"mpiml_distances_small_tc<{dq}, {kp}, {mode_arg}, {stages}, {2 * r}, {vw * 4}"
+    # expr_cm: the form that reads centres on the device from memory (CM)
     return {"mode": mode, "method": "small", "tc": True, "unit": unit, "ctype": "float", "DP": dq, "KP": kp,
             "VEC": vw * 4, "STAGES": stages, "R": r, "PC": True, "BM": br, "smem": smem(stages, r),
-            "accum": "float", "expr": expr}
+            "accum": "float", "expr": expr + ">", "expr_cm": expr + ", 2, true>"}
 
 
 @_memo_plan
@@ -830,16 +832,30 @@ def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, pa
 def _small_centres_arg(plan, dtype, C, k, d):
     """The kernel's by-value centres argument: ``[centres KP x DP | norms KP]`` (zero padded, +inf norms past
     k) where the plan has them as parameters, else one unused value.  ``C`` on the host (NumPy, as KMeans
-    holds them) is used as it is; on the device it is copied back (which waits for the stream)."""
+    holds them) is used as it is; on the device it is copied back (which waits for the stream).  The norms are
+    summed feature by feature in float64 (the tensor-core form's order where it reads its centres from memory:
+    the same bits).  ``C`` None: zeros (that form given its centres on the device)."""
     n_val = plan["KP"] * plan["DP"] + plan["KP"] if plan["PC"] else 1
     buf = np.zeros(n_val, dtype=dtype)
-    if plan["PC"]:
+    if plan["PC"] and C is not None:
         kp, dp = plan["KP"], plan["DP"]
         Ch = np.asarray(C if isinstance(C, np.ndarray) else _cupy().asnumpy(C), dtype=dtype).reshape(k, d)
         buf[:kp * dp].reshape(kp, dp)[:k, :d] = Ch
-        buf[kp * dp:kp * dp + k] = (Ch.astype(np.float64) ** 2).sum(axis=1)
+        buf[kp * dp:kp * dp + k] = np.add.accumulate(Ch.astype(np.float64) ** 2, axis=1)[:, -1]
         buf[kp * dp + k:] = np.inf
     return buf.view(np.dtype({"names": ["v"], "formats": [(dtype, (n_val,))]}, align=True))
+
+
+_ZERO_PARAMS = {}
+
+
+def _small_zero_params(plan, dtype):
+    """The parameters argument of a launch that reads its centres from memory (kept per plan: no fill a step)."""
+    key = (plan["expr"], np.dtype(dtype).str)
+    pc = _ZERO_PARAMS.get(key)
+    if pc is None:
+        pc = _ZERO_PARAMS[key] = _small_centres_arg(plan, dtype, None, 0, 0)
+    return pc
 
 
 def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows=None, param_centres=None,
@@ -860,12 +876,18 @@ def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows
     # given a buffer
     w, mind = _step_buffers(n, dtype, w, mind, lloyd=lloyd, reads_w=not plan.get("unit"),
                             writes_mind=not (lloyd and plan.get("tc")))
-    pc = _small_centres_arg(plan, dtype, C, k, d)
-    if plan["PC"]:
-        C = _NULL                        # the kernel reads its centres from its parameters only
-    elif isinstance(C, np.ndarray):
-        C = cupy.asarray(C)
-    fn = _function(plan["expr"])
+    expr = plan["expr"]
+    if plan.get("tc") and not isinstance(C, np.ndarray):
+        # centres on the device: the tensor-core form that reads them from memory (a copy to the host for the
+        # parameters would wait for the stream)
+        pc, expr = _small_zero_params(plan, dtype), plan["expr_cm"]
+    else:
+        pc = _small_centres_arg(plan, dtype, C, k, d)
+        if plan["PC"]:
+            C = _NULL                    # the kernel reads its centres from its parameters only
+        elif isinstance(C, np.ndarray):
+            C = cupy.asarray(C)
+    fn = _function(expr)
     grid = _grid(fn, plan, _cdiv(n, plan["BM"]))
     P = k * d + k + 2
     part = cupy.empty(grid * P if lloyd else 1, dtype=cupy.float64)
@@ -1022,6 +1044,68 @@ def lloyd_step_packed(X, C, sample_weight=None, *, shift=None, labels=None, mind
     out = cupy.zeros(k * d + k + 2, dtype=cupy.float64)
     _argmin_launch(X, C, shift, w, labels, mind, out, lloyd=True, accum=accum, tile=tile, method=method)
     return out
+
+
+_TICKETS = {}
+_UPDATE_BLOCKS = 256              # at most this many blocks of mpiml_lloyd_update (each cell of 4 or more a thread)
+
+
+def _ticket():
+    """The zeroed counter of ``mpiml_lloyd_update``'s last block, one per device and stream (each launch leaves
+    it at zero again): no memset a launch."""
+    cupy = _cupy()
+    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr)
+    t = _TICKETS.get(key)
+    if t is None:
+        t = _TICKETS[key] = cupy.zeros(1, dtype=cupy.uint32)
+    return t
+
+
+def _device_address(a):
+    """The device's address of host array ``a`` where the device can write it (pinned memory, mapped: under
+    unified addressing, every ``cudaHostAlloc``), else None."""
+    cupy = _cupy()
+    try:
+        attrs = cupy.cuda.runtime.pointerGetAttributes(a.ctypes.data)
+    except Exception:                    # pageable memory (older runtimes raise)
+        return None
+    return int(attrs.devicePointer) or None
+
+
+def lloyd_update(packed, C, out=None, tail=None):
+    """The centres' update of a Lloyd iteration on the device, one launch (``mpiml_lloyd_update``).
+
+    ``packed``: the step's float64 totals ``[sums (k*d) | weights (k) | inertia | changed]`` (summed over the
+    ranks); ``C`` (k, d) the centres the step used.  Returns ``(new, tail)``: ``new`` (k, d) of ``C``'s dtype,
+    ``sums / weights`` computed in float64 and rounded once (a cluster of no weight keeps its centre: the same
+    bits as the host's update), and ``tail`` float64 ``[inertia, changed, squared shift of the centres,
+    clusters of no weight]`` (the shift added in a fixed order: the same bits on every run).  ``out`` may be
+    given; ``tail`` too, on the device or in pinned host memory (NumPy: the kernel writes it there directly
+    where the device can address it, else an asynchronous copy follows; read it after the stream).  Nothing
+    waits for the stream.
+    """
+    cupy = _cupy()
+    C = cupy.ascontiguousarray(C)
+    k, d = C.shape
+    if packed.dtype != np.float64 or packed.size != k * d + k + 2:
+        raise ValueError(f"packed must hold k*d + k + 2 = {k * d + k + 2} float64 values, "
+                         f"got {packed.size} {packed.dtype}")
+    out = cupy.empty_like(C) if out is None else out
+    if tail is None:
+        tail = cupy.empty(4, dtype=cupy.float64)
+    to_host = isinstance(tail, np.ndarray)
+    if to_host and (tail.dtype != np.float64 or tail.size != 4 or not tail.flags.c_contiguous):
+        raise ValueError("tail must be 4 contiguous float64 values")
+    address = _device_address(tail) if to_host else None
+    dst = np.uint64(address) if address else cupy.empty(4, dtype=cupy.float64) if to_host else tail
+    blocks = max(1, min(_cdiv(k * d, 4 * 256), _UPDATE_BLOCKS))
+    part = cupy.empty(2 * blocks, dtype=cupy.float64)
+    fn = _function(f"mpiml_lloyd_update<{_CTYPE[np.dtype(C.dtype)]}>")
+    fn((blocks,), (256,), (cupy.ascontiguousarray(packed), C, np.int32(k), np.int32(d), out, part, _ticket(), dst))
+    if to_host and not address:
+        cupy.cuda.runtime.memcpyAsync(tail.ctypes.data, dst.data.ptr, 32, cupy.cuda.runtime.memcpyDeviceToHost,
+                                      cupy.cuda.get_current_stream().ptr)
+    return out, tail
 
 
 def lloyd_step(X, C, sample_weight=None, *, shift=None, accum=None, method="auto"):

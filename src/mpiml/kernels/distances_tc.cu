@@ -46,7 +46,7 @@
 //       two rows an instruction, a copy each), weights per cluster by shared atomics; float32 copies go
 //       to a float64 total every FLUSH tiles.  Block totals [sums | weights | inertia | changed] to part, as above.
 //
-//   mpiml_distances_small_tc<DQ, KP, MODE, STAGES, MW, VEC, MINB>
+//   mpiml_distances_small_tc<DQ, KP, MODE, STAGES, MW, VEC, MINB, CM>
 //       float32, d <= DQ (8, 16, 32), k <= KP, KP x DQ <= 512 (distances.small_plan takes <= 256): the small
 //       kernel's job on the tensor cores, 3xTF32 distances and one-hot Lloyd sums (see the kernel).
 //
@@ -1348,7 +1348,8 @@ __device__ __forceinline__ int mpiml_small_chunk(int r, int c) {
 
 // Float32 arg-min (MODE 0) or local Lloyd step (MODE 1; MODE 2: of unit weights, writing no distances) for
 // d <= DQ (8, 16, 32), k <= KP (8, 16, 32), KP x DQ <= 512, on the tensor cores: the small kernel's job (same
-// staging, same outputs, centres as parameters) with its two instruction sinks, the FMAs of the distances and
+// staging, same outputs; the centres and norms as parameters, or with CM the k x d centres C from memory and
+// their norms summed as the host sums them) with its two instruction sinks, the FMAs of the distances and
 // the adds of the sums, moved to mma.  Each warp takes MW m-tiles of 16 rows of a tile, software-pipelined: the
 // distances of m-tile mt, then the sums of m-tile mt - 1 (its labels' shuffles long done).
 //   distances: 3xTF32 products, rows split into TF32 big + small parts (k-step s, slot t <-> feature
@@ -1367,7 +1368,7 @@ __device__ __forceinline__ int mpiml_small_chunk(int r, int c) {
 //     memory, one slot a thread and value) every FLUSH tiles.
 // Block totals [sums | weights | inertia | changed] to part as in mpiml_distances_small.  mind may be null in
 // MODE 1 (the distances then go only into the inertia); MODE 2 never writes it.
-template <int DQ, int KP, int MODE, int STAGES, int MW, int VEC, int MINB = 2>
+template <int DQ, int KP, int MODE, int STAGES, int MW, int VEC, int MINB = 2, bool CM = false>
 __global__ void __launch_bounds__(MPIML_TC_THREADS, MINB)
 mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const float* __restrict__ shift,
                          const float* __restrict__ C, int k, const float* __restrict__ w, int* __restrict__ labels,
@@ -1446,7 +1447,11 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
     mpiml_tiles_start<STAGES>(my_tiles, stage);
 
     // the centres as B fragments (n-tile j: centres 8 j + g; k-step s: features 2 KS t + 2 s, + 1), TF32 big
-    // and small parts, the norms of the lane's result columns (centres 8 j + 2 t + e; +inf past k), the shift
+    // and small parts, the norms of the lane's result columns (centres 8 j + 2 t + e; +inf past k), the shift.
+    // CM: each lane reads its values of the k x d centres C (zero past k and d) and sums its norms as the host
+    // sums them (float64, feature by feature, each square rounded: the parameters' bits).  (Staging them
+    // through a static shared array made the whole step 6 % slower at 10^7 x 16: ptxas scheduled the loop
+    // worse; this form costs ~1 %.)
     unsigned cbig[NT][KS][2], csml[NT][KS][2];
     float cq[NT][2], shd[KS][2];
 #pragma unroll
@@ -1455,12 +1460,27 @@ mpiml_distances_small_tc(const float* __restrict__ X, long long n, int d, const 
         for (int s = 0; s < KS; ++s)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const float v = pc.v[(8 * j + g) * DQ + 2 * KS * t + 2 * s + e];
+                const int i = (8 * j + g) * DQ + 2 * KS * t + 2 * s + e;
+                const int cj = 8 * j + g, cf = 2 * KS * t + 2 * s + e;
+                const float v = CM ? ((cj < k && cf < d) ? __ldg(C + (long long)cj * d + cf) : 0.f) : pc.v[i];
                 cbig[j][s][e] = mpiml_tf32(v);
                 csml[j][s][e] = __float_as_uint(v - __uint_as_float(cbig[j][s][e]));   // the mma reads its TF32 bits
             }
 #pragma unroll
-        for (int e = 0; e < 2; ++e) cq[j][e] = pc.v[KP * DQ + 8 * j + 2 * t + e];
+        for (int e = 0; e < 2; ++e) {
+            const int i = KP * DQ + 8 * j + 2 * t + e;
+            if constexpr (CM) {
+                const int cj = 8 * j + 2 * t + e;
+                double sq = 0.0;
+                for (int f = 0; f < (cj < k ? d : 0); ++f) {
+                    const double c = (double)__ldg(C + (long long)cj * d + f);
+                    sq = __dadd_rn(sq, __dmul_rn(c, c));
+                }
+                cq[j][e] = cj < k ? (float)sq : mpiml_tc<float>::inf();
+            } else {
+                cq[j][e] = pc.v[i];
+            }
+        }
     }
 #pragma unroll
     for (int s = 0; s < KS; ++s)
