@@ -78,19 +78,28 @@ def main():
     se = SkKMeans(40, init=init_e, n_init=1, max_iter=30).fit(X)
     check(rel(ke.inertia_, se.inertia_) < 1e-6, f"GPU empty-cluster inertia {ke.inertia_} vs {se.inertia_}")
 
-    # the centres updated on the device (the default from 16,384 centre values; forced here): the same fits
+    # the host's Lloyd loop (centres updated on the host, no step queued ahead) against the device's loop, the
+    # default for dense GPU rows: the same fits, bit for bit; also 16 x 16 float32 (the small kernel's
+    # tensor-core form, its centres packed on the device)
     from mpiml.cluster import _kmeans
-    cells = _kmeans._DEVICE_UPDATE_CELLS
-    _kmeans._DEVICE_UPDATE_CELLS = 1
-    try:
-        kd = KMeans(40, init=init).fit(cp.asarray(shard(X)))
-        kde = KMeans(40, init=init_e, max_iter=30).fit(cp.asarray(shard(X)))
-    finally:
-        _kmeans._DEVICE_UPDATE_CELLS = cells
-    check(bool((kd.cluster_centers_ == km.cluster_centers_).all()) and bool((kd.labels_ == km.labels_).all())
-          and kd.inertia_ == km.inertia_ and kd.n_iter_ == km.n_iter_, "device centre update: the same fit")
-    check(bool((kde.cluster_centers_ == ke.cluster_centers_).all()) and kde.inertia_ == ke.inertia_,
-          "device centre update with an empty cluster: the same fit")
+
+    def host_loop(*args, data=X, **kwargs):
+        _kmeans._DEVICE_LOOP = False
+        try:
+            return KMeans(*args, **kwargs).fit(cp.asarray(shard(data)))
+        finally:
+            _kmeans._DEVICE_LOOP = True
+
+    def same(a, b):
+        return (bool((a.cluster_centers_ == b.cluster_centers_).all()) and bool((a.labels_ == b.labels_).all())
+                and a.inertia_ == b.inertia_ and a.n_iter_ == b.n_iter_)
+
+    check(same(host_loop(40, init=init), km), "host loop vs device loop: the same fit")
+    check(same(host_loop(40, init=init_e, max_iter=30), ke), "host loop vs device loop with an empty cluster")
+    Xs = np.ascontiguousarray(X32[:, :16])
+    ks = KMeans(16, init=Xs[:16], max_iter=50).fit(cp.asarray(shard(Xs)))
+    check(same(host_loop(16, init=Xs[:16], max_iter=50, data=Xs), ks) and ks.n_iter_ > 1,
+          "host loop vs device loop, 16 x 16 float32: the same fit")
 
     # partial_fit on the device
     pf = KMeans(40, random_state=0)

@@ -47,24 +47,26 @@ def test_kmeans_gpu_spmd(mpi, n):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("far", [False, True])
-def test_centres_updated_on_device_same_fit(dtype, far, monkeypatch):
-    """Dense GPU fits with many centre values update the centres on the device (only the step's scalars come
-    back): the same centres, labels, inertia and iterations as the host's update, bit for bit; with an empty
-    cluster (a far initial centre) the iteration falls back to the host's relocation."""
+@pytest.mark.parametrize("d, k", [(40, 30), (16, 16), (5, 3), (24, 20)])
+def test_device_loop_same_fit(dtype, far, d, k, monkeypatch):
+    """Dense GPU fits keep the centres on the device and queue the next step before the host reads the
+    iteration's scalars: the same centres, labels, inertia and iterations as the host's loop, bit for bit, for
+    every kernel family (tensor-core, the small kernel's tensor-core and SIMT forms); with an empty cluster (a
+    far initial centre) that iteration is relocated on the host from the step's labels computed again."""
     import cupy as cp
 
     from mpiml.cluster import KMeans
     from mpiml.cluster import _kmeans
 
     rs = np.random.RandomState(3)
-    n, d, k = 6000, 40, 30
+    n = 6000
     X = (rs.randn(n, d) + 4 * rs.randint(0, 8, size=(n, 1))).astype(dtype)
     init = X[rs.choice(n, k, replace=False)].copy()
     if far:
         init[-1] += 1e4                           # no row is nearest: empty after the first step
     fits = []
-    for cells in (10**9, 1):                      # the host's update, then the device's
-        monkeypatch.setattr(_kmeans, "_DEVICE_UPDATE_CELLS", cells)
+    for device_loop in (False, True):
+        monkeypatch.setattr(_kmeans, "_DEVICE_LOOP", device_loop)
         km = KMeans(k, init=init, n_init=1, max_iter=30, tol=1e-6).fit(cp.asarray(X))
         fits.append((cp.asnumpy(km.cluster_centers_), cp.asnumpy(km.labels_), km.inertia_, km.n_iter_))
     np.testing.assert_array_equal(fits[0][0], fits[1][0])

@@ -5,7 +5,7 @@ Thin adapters from the estimator's conventions (shifted centres, the packed
 compiles at import; the kernels compile on first use, memoized per device.
 """
 
-__all__ = ["lloyd_step", "assign", "euclidean_distances", "kernel_plan"]
+__all__ = ["lloyd_step", "lloyd_update", "assign", "euclidean_distances", "kernel_plan"]
 
 
 def kernel_plan(dtype, k, d, accumulate=True):
@@ -34,3 +34,11 @@ def euclidean_distances(X, shift, C):
     from ..kernels import distances
 
     return distances.pairwise_distances(X, C, metric="euclidean", shift=shift, y_shifted=True)
+
+
+def lloyd_update(packed, C, tail=None):
+    """``(new centres, [inertia, changed, squared shift, empty clusters])`` from a step's summed totals, on the
+    device (see :func:`mpiml.kernels.distances.lloyd_update`)."""
+    from ..kernels import distances
+
+    return distances.lloyd_update(packed, C, tail=tail)

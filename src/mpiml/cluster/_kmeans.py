@@ -18,11 +18,9 @@ __all__ = ["KMeans"]
 
 
 # ---------------------------------------------------------------------- private compute helpers
-# dense GPU shards with at least this many centre values (k x d) update the centres on the device: the packed
-# sums are k d float64, and the host update (them back, its passes over them, the centres out again) left the
-# GPU idle ~2 ms an iteration at k = 1024, d = 256 on an H200; below it, the host's update is cheaper than the
-# device's launches
-_DEVICE_UPDATE_CELLS = 16384
+# dense GPU shards run their Lloyd iterations on the device (_lloyd_device); False: the host's loop (tests
+# compare the two)
+_DEVICE_LOOP = True
 
 
 def _allreduce(comm, x):
@@ -115,83 +113,143 @@ def _relocate_empty_clusters(shard, sums, counts, mind, labels):
 def _lloyd(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
     """Lloyd iterations from shifted ``centers``; the same result on every rank.
 
-    Returns ``(labels, inertia, centers, n_iter)``; one packed allreduce per iteration.
+    Returns ``(labels, inertia, centers, n_iter)``; one packed allreduce per iteration.  Dense GPU rows go to
+    :func:`_lloyd_device`; here the centres are updated on the host.
     """
     xp, comm = shard.xp, shard.comm
     n = shard.n_local
     k, d = centers.shape
-    labels = xp.full(n, -1, dtype=xp.int32)
     sparse = ops.is_sparse(shard.X)
     # dense GPU rows: a step of unit weights reads none, and writes no distances (only the relocation of empty
-    # clusters needs them, and recomputes them): 80 of 720 MB an iteration at 10^7 x 16 float32
+    # clusters needs them, and recomputes them)
     lean = xp is not np and not sparse
+    if lean and _DEVICE_LOOP:
+        return _lloyd_device(shard, centers, max_iter=max_iter, tol=tol, verbose=verbose, iter_seconds=iter_seconds)
+    labels = xp.full(n, -1, dtype=xp.int32)
     step_weight = None if lean and shard.unit_weight else shard.weight
     mind = None if lean else xp.empty(n, dtype=shard.X.dtype)
-    # the update of the k x d centres runs on the host: one copy of the packed vector back (the iteration
-    # waits for it anyway) and one of the centres out, instead of a dozen small launches and a second wait
-    # while the GPU idles (~0.5 ms an iteration on an H200, the whole step at 10^7 x 16, k = 16); from
-    # _DEVICE_UPDATE_CELLS centre values on, on the device (only [inertia, changed, shift, empties] come back)
+    # the update of the k x d centres on the host: one copy of the packed vector back (the iteration waits for
+    # it anyway) and one of the centres out; dense rows take the host copy of the centres, sparse GPU rows need
+    # them on the device, a copy each iteration
     c_host = _to_host(centers)
-    on_device = lean and k * d >= _DEVICE_UPDATE_CELLS
-    c_dev = xp.asarray(c_host) if on_device else None
-    # dense rows take the host copy of the centres (the GPU kernels of few centres read them as parameters);
-    # sparse GPU rows need them on the device, a copy each iteration
     it = 0
     for it in range(max_iter):
         t0 = time.perf_counter()
-        packed = ops.lloyd_step(shard.X, step_weight, shard.shift,
-                                c_dev if on_device else centers if sparse else c_host, labels, mind,
+        packed = ops.lloyd_step(shard.X, step_weight, shard.shift, centers if sparse else c_host, labels, mind,
                                 batch_size=shard.batch_size)
-        packed = _allreduce(comm, packed)
-        on_host = True                           # the centres' update on the host this iteration
-        if on_device:
-            counts = packed[k * d:k * d + k]
-            new, sq_shift = _centre_update(xp, packed[:k * d].reshape(k, d), counts, c_dev.astype(xp.float64))
-            tail = _to_host(xp.concatenate([packed[k * d + k:k * d + k + 2], sq_shift[None],
-                                            (counts == 0).sum(dtype=xp.float64)[None]]))
-            inertia, changed, center_shift = float(tail[0]), int(tail[1]), float(tail[2])
-            on_host = tail[3] > 0                # an empty cluster (rare): relocated on the host, as below
-            if on_host:
-                c_host = _to_host(c_dev)
-            else:
-                c_dev = new.astype(shard.X.dtype)
-        if on_host:
-            packed = _to_host(packed)
-            sums = packed[:k * d].reshape(k, d)
-            counts = packed[k * d:k * d + k].copy()
-            inertia, changed = float(packed[k * d + k]), int(packed[k * d + k + 1])
-            if (counts == 0).any():
-                sums = sums.copy()
-                # the distances of this step's centres (the same kernels' arithmetic) where the step wrote none
-                dist = mind if mind is not None else ops.assign(shard.X, shard.shift, c_host)[1]
-                _relocate_empty_clusters(shard, sums, counts, dist, labels)
-            new, sq_shift = _centre_update(np, sums, counts, c_host.astype(np.float64))
-            center_shift = float(sq_shift)
-            c_host = np.ascontiguousarray(new.astype(shard.X.dtype))
-            if on_device:
-                c_dev = xp.asarray(c_host)
+        packed = _to_host(_allreduce(comm, packed))
+        sums = packed[:k * d].reshape(k, d)
+        counts = packed[k * d:k * d + k].copy()
+        inertia, changed = float(packed[k * d + k]), int(packed[k * d + k + 1])
+        if (counts == 0).any():
+            sums = sums.copy()
+            # the distances of this step's centres, by the step's kernel again, where it wrote none
+            dist = mind if mind is not None else _step_distances(shard, step_weight, c_host)[1]
+            _relocate_empty_clusters(shard, sums, counts, dist, labels)
+        new, sq_shift = _centre_update(np, sums, counts, c_host.astype(np.float64))
+        center_shift = float(sq_shift)
+        c_host = np.ascontiguousarray(new.astype(shard.X.dtype))
         if sparse:
             centers = xp.asarray(c_host)
         if iter_seconds is not None:
             iter_seconds.append(time.perf_counter() - t0)
-        if verbose and comm.rank == 0:
-            print(f"Iteration {it}, inertia {inertia:.6g}, center shift {center_shift:.3g}", flush=True)
-        if changed == 0 and it > 0:
-            if verbose and comm.rank == 0:
-                print(f"Converged at iteration {it}: strict convergence.", flush=True)
+        if _converged(it, inertia, changed, center_shift, tol, verbose and comm.rank == 0):
             break
-        if center_shift <= tol:
-            if verbose and comm.rank == 0:
-                print(f"Converged at iteration {it}: center shift {center_shift:.3g} within tolerance {tol:.3g}.",
-                      flush=True)
-            break
-    if on_device:
-        c_host = _to_host(c_dev)
     centers = xp.asarray(c_host)
     labels, _, inertia = ops.assign(shard.X, shard.shift, centers if sparse else c_host,
                                     batch_size=shard.batch_size, sample_weight=shard.weight)
     inertia = float(_to_host(_allreduce(comm, np.array([inertia])))[0])
     return labels, inertia, centers, it + 1
+
+
+def _step_distances(shard, weight, centers):
+    """The labels and squared distances of a Lloyd step from ``centers`` (its kernel and arithmetic: the rows
+    that the step counted in each cluster), for the relocation of empty clusters where the step kept none."""
+    xp = shard.xp
+    labels, mind = xp.full(shard.n_local, -1, dtype=xp.int32), xp.empty(shard.n_local, dtype=shard.X.dtype)
+    ops.lloyd_step(shard.X, weight, shard.shift, centers, labels, mind, batch_size=shard.batch_size)
+    return labels, mind
+
+
+def _converged(it, inertia, changed, center_shift, tol, say):
+    """Whether Lloyd iteration ``it`` ends the run (scikit-learn's rules: no label changed, or the squared shift
+    of the centres within ``tol``); ``say``: one line an iteration, and the reason."""
+    if say:
+        print(f"Iteration {it}, inertia {inertia:.6g}, center shift {center_shift:.3g}", flush=True)
+    if changed == 0 and it > 0:
+        if say:
+            print(f"Converged at iteration {it}: strict convergence.", flush=True)
+        return True
+    if center_shift <= tol:
+        if say:
+            print(f"Converged at iteration {it}: center shift {center_shift:.3g} within tolerance {tol:.3g}.",
+                  flush=True)
+        return True
+    return False
+
+
+def _lloyd_device(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
+    """Lloyd iterations of dense rows on the GPU, the centres kept on the device (:func:`_lloyd`'s contract).
+
+    Step, allreduce and the centres' update (``mpiml_lloyd_update``) are queued on the stream, and so is the
+    next step, before the host waits for this iteration's four scalars ``[inertia, changed, shift, empty
+    clusters]`` (which the update writes to pinned host memory): the GPU does not idle while the host decides,
+    and the host's launches of the next step overlap this one.  A run that converges has computed one step more than it uses
+    (none at ``max_iter``).  An empty cluster (rare) is relocated on the host as in :func:`_lloyd`, from this
+    step's labels and distances computed again (the queued step has overwritten the labels), and the step
+    after it queued again.  The same centres as the host's loop, bit for bit: the update rounds the same
+    float64 quotients, and the centres' norms are summed in the same order.
+    """
+    import cupy
+    import cupyx
+
+    from . import _gpu
+
+    comm, X = shard.comm, shard.X
+    n = shard.n_local
+    k, d = centers.shape
+    labels = cupy.full(n, -1, dtype=cupy.int32)
+    weight = None if shard.unit_weight else shard.weight
+    c = cupy.array(centers, dtype=X.dtype, order="C")
+    stream = cupy.cuda.get_current_stream()
+    scalars = cupyx.empty_pinned(4, dtype=np.float64)
+    ready = cupy.cuda.Event(disable_timing=True)
+
+    def step(cen, lab, mind=None):
+        return ops.lloyd_step(X, weight, shard.shift, cen, lab, mind, batch_size=shard.batch_size)
+
+    packed = step(c, labels)
+    it = 0
+    while True:
+        t0 = time.perf_counter()
+        packed = _allreduce(comm, packed)
+        new, _ = _gpu.lloyd_update(packed, c, scalars)
+        ready.record(stream)
+        last = it + 1 >= max_iter
+        ahead = None if last else step(new, labels)
+        ready.synchronize()
+        inertia, changed, center_shift, empty = (float(v) for v in scalars)
+        changed = int(changed)
+        if empty:
+            fresh, mind = _step_distances(shard, weight, c)   # this step's labels again (its sums are in packed)
+            labels[...] = fresh
+            host = _to_host(packed)
+            sums, counts = host[:k * d].reshape(k, d).copy(), host[k * d:k * d + k].copy()
+            _relocate_empty_clusters(shard, sums, counts, mind, labels)
+            new, sq_shift = _centre_update(np, sums, counts, _to_host(c).astype(np.float64))
+            center_shift = float(sq_shift)
+            new = cupy.asarray(new.astype(X.dtype))
+            ahead = None if last else step(new, labels)
+        c = new
+        if iter_seconds is not None:
+            iter_seconds.append(time.perf_counter() - t0)
+        if _converged(it, inertia, changed, center_shift, tol, verbose and comm.rank == 0) or last:
+            break
+        packed = ahead
+        it += 1
+    labels, _, inertia = ops.assign(X, shard.shift, c, batch_size=shard.batch_size, sample_weight=shard.weight)
+    inertia = float(_to_host(_allreduce(comm, np.array([inertia])))[0])
+    return labels, inertia, c, it + 1
 
 
 class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, SPMDEstimator):
@@ -279,6 +337,12 @@ default="k-means||"
     about 1e-12 relative (float64 data) and labels agree except for rows
     equidistant to two centres within rounding.  On the GPU the per-cluster sums
     use atomics, whose order varies from run to run at the same 1e-16 level.
+
+    On dense CuPy shards the iterations stay on the device: the centres are
+    updated there, and the next step is queued before the host has read the
+    iteration's four scalars (inertia, changed labels, centre shift, empty
+    clusters), so the GPU does not wait for Python between steps; a run that
+    converges early computes one step it does not use.
 
     :meth:`predict` and :meth:`transform` act on local rows and communicate
     nothing; :meth:`score` is global (one scalar allreduce).
