@@ -58,6 +58,20 @@ def test_init_quality(blobs, init):
     assert km.inertia_ <= 1.01 * best
 
 
+@pytest.mark.parametrize("n, k", [(1, 1), (10, 10), (10, 3), (1000, 7), (10**15, 64)])
+def test_random_init_draws_distinct_rows_without_a_permutation(n, k):
+    """init="random" draws k distinct global rows, the same for the same seed, in O(k): 10^15 rows could not be
+    permuted."""
+    from mpiml.cluster._kmeans_init import distinct_draw
+
+    a = distinct_draw(np.random.RandomState(5), n, k)
+    b = distinct_draw(np.random.RandomState(5), n, k)
+    assert a.dtype == np.int64 and len(a) == k and len(set(a.tolist())) == k
+    assert a.min() >= 0 and a.max() < n and (a == b).all()
+    with pytest.raises(ValueError, match="cannot draw 11 distinct rows of 10"):
+        distinct_draw(np.random.RandomState(5), 10, 11)
+
+
 def test_same_as_sklearn_with_array_init(blobs):
     X = blobs[0]
     init = X[:5]
