@@ -230,7 +230,7 @@ def test_lloyd_update_is_the_host_update(k, d, dtype):
     counts = rs.randint(0, 50, size=k).astype(np.float64)
     counts[::3] = 0
     packed = np.concatenate([(rs.randn(k, d) * counts[:, None] * 1.7).ravel(), counts, [123.25, 17.0]])
-    new, shift = _centre_update(np, packed[:k * d].reshape(k, d), counts, C.astype(np.float64))
+    new, shift = _centre_update(packed[:k * d].reshape(k, d), counts, C.astype(np.float64))
     runs = []
     for host in (False, True):                   # the scalars to device memory, then to pinned host memory
         tail = cupyx.empty_pinned(4, dtype=np.float64) if host else None

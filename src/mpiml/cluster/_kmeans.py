@@ -27,10 +27,10 @@ def _allreduce(comm, x):
     return comm.allreduce(x) if comm.size > 1 else x
 
 
-def _centre_update(xp, sums, counts, old):
+def _centre_update(sums, counts, old):
     """The float64 centres ``sums / counts`` (a cluster of no weight keeps its ``old`` centre) and their squared
-    shift from ``old`` (a 0-d array), on the host (NumPy) or the device (CuPy) alike."""
-    new = xp.where(counts[:, None] > 0, sums / xp.where(counts > 0, counts, 1)[:, None], old)
+    shift from ``old`` (a 0-d array), on the host; ``mpiml_lloyd_update`` is its device twin (the same bits)."""
+    new = np.where(counts[:, None] > 0, sums / np.where(counts > 0, counts, 1)[:, None], old)
     return new, ((new - old) ** 2).sum()
 
 
@@ -146,7 +146,7 @@ def _lloyd(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
             # the distances of this step's centres, by the step's kernel again, where it wrote none
             dist = mind if mind is not None else _step_distances(shard, step_weight, c_host)[1]
             _relocate_empty_clusters(shard, sums, counts, dist, labels)
-        new, sq_shift = _centre_update(np, sums, counts, c_host.astype(np.float64))
+        new, sq_shift = _centre_update(sums, counts, c_host.astype(np.float64))
         center_shift = float(sq_shift)
         c_host = np.ascontiguousarray(new.astype(shard.X.dtype))
         if sparse:
@@ -194,11 +194,11 @@ def _lloyd_device(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
     Step, allreduce and the centres' update (``mpiml_lloyd_update``) are queued on the stream, and so is the
     next step, before the host waits for this iteration's four scalars ``[inertia, changed, shift, empty
     clusters]`` (which the update writes to pinned host memory): the GPU does not idle while the host decides,
-    and the host's launches of the next step overlap this one.  A run that converges has computed one step more than it uses
-    (none at ``max_iter``).  An empty cluster (rare) is relocated on the host as in :func:`_lloyd`, from this
-    step's labels and distances computed again (the queued step has overwritten the labels), and the step
-    after it queued again.  The same centres as the host's loop, bit for bit: the update rounds the same
-    float64 quotients, and the centres' norms are summed in the same order.
+    and the host's launches of the next step overlap this one.  A run that converges has computed one step
+    more than it uses (none at ``max_iter``).  An empty cluster (rare) is relocated on the host as in
+    :func:`_lloyd`, from this step's labels and distances computed again (the queued step has overwritten the
+    labels), and the step after it queued again.  The same centres as the host's loop, bit for bit: the update
+    rounds the same float64 quotients, and the centres' norms are summed in the same order.
     """
     import cupy
     import cupyx
@@ -236,7 +236,7 @@ def _lloyd_device(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
             host = _to_host(packed)
             sums, counts = host[:k * d].reshape(k, d).copy(), host[k * d:k * d + k].copy()
             _relocate_empty_clusters(shard, sums, counts, mind, labels)
-            new, sq_shift = _centre_update(np, sums, counts, _to_host(c).astype(np.float64))
+            new, sq_shift = _centre_update(sums, counts, _to_host(c).astype(np.float64))
             center_shift = float(sq_shift)
             new = cupy.asarray(new.astype(X.dtype))
             ahead = None if last else step(new, labels)

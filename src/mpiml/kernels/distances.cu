@@ -602,7 +602,8 @@ mpiml_lloyd_update(const double* __restrict__ packed, const T* __restrict__ c_ol
         const double diff = v - old;
         shift += diff * diff;
     }
-    for (long long j = blockIdx.x * (long long)blockDim.x + tid; j < k; j += stride) empty += counts[j] > 0.0 ? 0.0 : 1.0;
+    for (long long j = blockIdx.x * (long long)blockDim.x + tid; j < k; j += stride)
+        empty += counts[j] > 0.0 ? 0.0 : 1.0;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
         shift += __shfl_xor_sync(0xffffffffu, shift, off);

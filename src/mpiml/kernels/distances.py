@@ -769,9 +769,10 @@ def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, pa
 
     ``tc``: the tensor-core form (``mpiml_distances_small_tc``, float32 with ``KP x DQ <= _SMALL_TC_CELLS``,
     rows padded to DQ = 8, 16 or 32 features): 3xTF32 distances and one-hot sums on the tensor cores, the
-    centres always as parameters, ``rows`` R giving tiles of 256 R rows (2 R m-tiles of 16 a warp; default
-    4 for 8 features where two blocks an SM fit, else 2, and 1 for 32 features).  Default: Lloyd steps where
-    it fits, arg-mins where at least half of the padded KP x DQ is real.  Measured on an H200 at 10^7 rows
+    centres as parameters (centres given on the device: read from memory, ``expr_cm``), ``rows`` R giving
+    tiles of 256 R rows (2 R m-tiles of 16 a warp; default 4 for 8 features where two blocks an SM fit, else
+    2, and 1 for 32 features).  Default: Lloyd steps where it fits, arg-mins where at least half of the padded
+    KP x DQ is real.  Measured on an H200 at 10^7 rows
     (``benchmarks/results/small_kernel_h200_2026-11-24d.json``, before the unit-weight form),
     tensor-core vs SIMT form, ms: Lloyd 0.35 vs 0.49 (d = k = 16), 0.24 vs 0.38 (8, 8), 0.49 vs 0.68 (d 32,
     k 8), 0.40 vs 0.47 (d 12, k 9), 0.26 vs 0.41 (d 3, k 5); arg-min 0.18 vs 0.23 (16, 16), 0.11 vs 0.15
