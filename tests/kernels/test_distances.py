@@ -213,6 +213,60 @@ def test_small_kernel_centres_as_parameters_or_shared(n, d, k, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_small_kernel_constant_bank_across_streams_and_threads(dtype):
+    """Device centres reach the SIMT small kernel through one constant bank per instantiation, filled by a
+    queued copy: steps queued on two streams with different centres, none waited for in between, and steps
+    from two threads on their own streams, each give the bits of the same step with host centres (the
+    parameters)."""
+    import threading
+
+    import cupy as cp
+
+    from mpiml.kernels import distances
+
+    n, d, k = 60000, 16, 16
+    X, _ = _data(n, d, k, dtype, seed=3)
+    Xd = cp.asarray(X)
+    Cs = [_data(n, d, k, dtype, seed=s)[1] for s in range(6)]
+    tile = (None, None, None, False)
+    assert distances.small_plan(dtype, k, d, tc=False)["PC"]
+
+    def step(C):
+        return distances.lloyd_step_packed(Xd, C, labels=cp.full(n, -1, cp.int32), method="small", tile=tile)
+
+    want = [step(C).get() for C in Cs]                     # host centres: the parameters
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
+    Cd = [cp.asarray(C) for C in Cs]
+    cp.cuda.Device().synchronize()
+    got = []
+    for i, C in enumerate(Cd):                             # alternating streams, no wait in between
+        with streams[i % 2]:
+            got.append(step(C))
+    cp.cuda.Device().synchronize()
+    for i in range(len(Cs)):
+        np.testing.assert_array_equal(got[i].get(), want[i])
+
+    errors = []
+
+    def worker(first):
+        try:
+            with cp.cuda.Stream(non_blocking=True) as s:
+                outs = [(i, step(Cd[i])) for i in range(first, len(Cs), 2) for _ in range(3)]
+                s.synchronize()
+            for i, o in outs:
+                np.testing.assert_array_equal(o.get(), want[i])
+        except Exception as e:                             # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("k,d", [(1, 1), (7, 3), (64, 64), (1024, 256), (3, 1030)])
 def test_lloyd_update_is_the_host_update(k, d, dtype):
     """The centres' update on the device (``lloyd_update``): the host update's centres bit for bit (a cluster

@@ -212,6 +212,10 @@ def test_small_plans():
     assert distances.small_plan(np.float32, 16, 32)["PC"] and not distances.small_plan(np.float32, 32, 32)["PC"]
     assert distances.small_plan(np.float64, 16, 16)["PC"] and not distances.small_plan(np.float64, 17, 16)["PC"]
     assert distances.small_plan(np.float32, 16, 16, param_centres=False)["expr"].endswith(", false>")
+    # centres on the device: the same instantiation reading its constant bank (where they would be parameters)
+    cb = distances.small_plan(np.float64, 16, 16)
+    assert cb["expr_cb"] == cb["expr"][:-len("true>")] + "true, true>"
+    assert "expr_cb" not in distances.small_plan(np.float32, 16, 16, param_centres=False)
     # rows a thread: float32 two, except wide rows with the centres as parameters; float64 one
     assert [distances.small_plan(np.float32, k, d, tc=False)["R"] for k, d in [(16, 32), (32, 32), (8, 8)]] == [1, 2, 2]
     assert distances.small_plan(np.float64, 16, 16)["R"] == 1

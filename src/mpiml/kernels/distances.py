@@ -12,6 +12,7 @@ dtype of ``X``), any strides (non-contiguous input is copied once), any ``d`` an
 
 import functools
 import os
+import threading
 from importlib import resources
 
 import numpy as np
@@ -120,16 +121,15 @@ def _function(expr, source=None):
         source = "distances_tc.cu" if expr.startswith(("mpiml_distances_tc", "mpiml_distances_sums_tc",
                                                         "mpiml_distances_sums_simt", "mpiml_distances_small",
                                                         "mpiml_distances_step_totals",
-                                                        "mpiml_tc_")) else "distances.cu"
+                                                        "mpiml_tc_", "mpiml_small_")) else "distances.cu"
     key = (cupy.cuda.runtime.getDevice(), expr)
-    fn = _MODULES.get(key)
-    if fn is None:
+    entry = _MODULES.get(key)
+    if entry is None:
         # MPIML_KERNEL_LINEINFO=1: source lines in the binaries, for Nsight Compute's source view
         opts = ("--std=c++17",) + (("-lineinfo",) if os.environ.get("MPIML_KERNEL_LINEINFO") == "1" else ())
         mod = cupy.RawModule(code=_source(source), options=opts, name_expressions=[expr])
-        fn = mod.get_function(expr)
-        _MODULES[key] = fn
-    return fn
+        entry = _MODULES[key] = (mod.get_function(expr), mod)
+    return entry[0]
 
 
 def _device():
@@ -825,22 +825,26 @@ def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, pa
         raise ValueError(f"{kp} x {dp} centres do not fit the kernel's parameters")
     expr = (f"mpiml_distances_small<{ct}, {'float' if narrow else 'double'}, {dp}, {kp}, {vw * isz}, "
             f"{1 if lloyd else 0}, {stages}, {r}, {'true' if pc else 'false'}>")
-    return {"mode": mode, "method": "small", "ctype": ct, "DP": dp, "KP": kp, "SX": sx, "VEC": vw * isz,
+    plan = {"mode": mode, "method": "small", "ctype": ct, "DP": dp, "KP": kp, "SX": sx, "VEC": vw * isz,
             "STAGES": stages, "R": r, "PC": pc, "BM": br, "smem": smem(stages),
             "accum": "float" if narrow else "double", "expr": expr}
+    if pc:
+        # expr_cb: the form that reads the centres from its constant bank (centres on the device)
+        plan["expr_cb"] = expr[:-1] + ", true>"
+    return plan
 
 
-def _small_centres_arg(plan, dtype, C, k, d):
+def _small_centres_arg(plan, dtype, C, k, d, *, bank=False):
     """The kernel's by-value centres argument: ``[centres KP x DP | norms KP]`` (zero padded, +inf norms past
-    k) where the plan has them as parameters, else one unused value.  ``C`` on the host (NumPy, as KMeans
-    holds them) is used as it is; on the device it is copied back (which waits for the stream).  The norms are
-    summed feature by feature in float64 (the tensor-core form's order where it reads its centres from memory:
-    the same bits).  ``C`` None: zeros (that form given its centres on the device)."""
-    n_val = plan["KP"] * plan["DP"] + plan["KP"] if plan["PC"] else 1
+    k) where the plan has them as parameters, else (or ``bank``: the form that reads its constant bank) one
+    unused value.  ``C``: host centres (NumPy, as KMeans's host loop holds them; device centres go to the forms
+    that read them on the device), or None: zeros.  The norms are summed feature by feature in float64 (the
+    order of the forms that read their centres on the device: the same bits)."""
+    n_val = plan["KP"] * plan["DP"] + plan["KP"] if plan["PC"] and not bank else 1
     buf = np.zeros(n_val, dtype=dtype)
-    if plan["PC"] and C is not None:
+    if plan["PC"] and C is not None and not bank:
         kp, dp = plan["KP"], plan["DP"]
-        Ch = np.asarray(C if isinstance(C, np.ndarray) else _cupy().asnumpy(C), dtype=dtype).reshape(k, d)
+        Ch = np.asarray(C, dtype=dtype).reshape(k, d)
         buf[:kp * dp].reshape(kp, dp)[:k, :d] = Ch
         buf[kp * dp:kp * dp + k] = np.add.accumulate(Ch.astype(np.float64) ** 2, axis=1)[:, -1]
         buf[kp * dp + k:] = np.inf
@@ -850,13 +854,52 @@ def _small_centres_arg(plan, dtype, C, k, d):
 _ZERO_PARAMS = {}
 
 
-def _small_zero_params(plan, dtype):
-    """The parameters argument of a launch that reads its centres from memory (kept per plan: no fill a step)."""
-    key = (plan["expr"], np.dtype(dtype).str)
+def _small_zero_params(plan, dtype, bank=False):
+    """The parameters argument of a launch that reads its centres from memory or, ``bank``, from its constant
+    bank (kept per plan: no fill a step)."""
+    key = (plan["expr"], np.dtype(dtype).str, bank)
     pc = _ZERO_PARAMS.get(key)
     if pc is None:
-        pc = _ZERO_PARAMS[key] = _small_centres_arg(plan, dtype, None, 0, 0)
+        pc = _ZERO_PARAMS[key] = _small_centres_arg(plan, dtype, None, 0, 0, bank=bank)
     return pc
+
+
+_BANKS = {}
+_BANK_LOCK = threading.Lock()
+
+
+def _small_bank_fill(plan, C):
+    """Queue the copy of device centres ``C`` (k x d, contiguous) into the constant bank of ``plan["expr_cb"]``
+    on the current stream, packed by ``mpiml_small_bank_pack`` (zero padded, the norms in the parameters'
+    order), and return the bank's record ``[stream, event]``: the caller launches the kernel and then
+    :func:`_small_bank_used`, under ``_BANK_LOCK``.  The bank is one per module (per instantiation and
+    device): a fill on another stream than its last use first waits for that use."""
+    cupy = _cupy()
+    expr = plan["expr_cb"]
+    dev = cupy.cuda.runtime.getDevice()
+    entry = _BANKS.get((dev, expr))
+    if entry is None:
+        _function(expr)
+        sym = _MODULES[(dev, expr)][1].get_global("mpiml_small_bank_" + ("f" if plan["ctype"] == "float" else "d"))
+        entry = _BANKS[(dev, expr)] = [sym, None, cupy.cuda.Event(disable_timing=True)]
+    sym, last, event = entry
+    stream = cupy.cuda.get_current_stream()
+    if last is not None and last != stream.ptr:
+        stream.wait_event(event)
+    k, d = C.shape
+    kp, dp = plan["KP"], plan["DP"]
+    buf = cupy.empty(kp * dp + kp, dtype=C.dtype)
+    _function(f"mpiml_small_bank_pack<{plan['ctype']}>")((1,), (_THREADS,), (C, np.int32(k), np.int32(d),
+                                                                              np.int32(kp), np.int32(dp), buf))
+    sym.copy_from_device_async(buf.data, buf.nbytes, stream)
+    return entry
+
+
+def _small_bank_used(entry):
+    """Mark the bank of ``entry`` as used by the work queued so far on the current stream."""
+    stream = _cupy().cuda.get_current_stream()
+    entry[2].record(stream)
+    entry[1] = stream.ptr
 
 
 def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows=None, param_centres=None,
@@ -878,10 +921,15 @@ def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows
     w, mind = _step_buffers(n, dtype, w, mind, lloyd=lloyd, reads_w=not plan.get("unit"),
                             writes_mind=not (lloyd and plan.get("tc")))
     expr = plan["expr"]
-    if plan.get("tc") and not isinstance(C, np.ndarray):
+    bank = None
+    on_device = not isinstance(C, np.ndarray)
+    if plan.get("tc") and on_device:
         # centres on the device: the tensor-core form that reads them from memory (a copy to the host for the
         # parameters would wait for the stream)
         pc, expr = _small_zero_params(plan, dtype), plan["expr_cm"]
+    elif plan["PC"] and on_device:
+        # the same: the SIMT form that reads them from its constant bank, filled by a queued copy
+        pc, expr, bank = _small_zero_params(plan, dtype, bank=True), plan["expr_cb"], C
     else:
         pc = _small_centres_arg(plan, dtype, C, k, d)
         if plan["PC"]:
@@ -892,8 +940,15 @@ def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows
     grid = _grid(fn, plan, _cdiv(n, plan["BM"]))
     P = k * d + k + 2
     part = cupy.empty(grid * P if lloyd else 1, dtype=cupy.float64)
-    _launch(fn, plan, grid, (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, C, np.int32(k),
-                             _NULL if w is None else w, labels, _NULL if mind is None else mind, part, pc))
+    args = (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, _NULL if bank is not None else C,
+            np.int32(k), _NULL if w is None else w, labels, _NULL if mind is None else mind, part, pc)
+    if bank is None:
+        _launch(fn, plan, grid, args)
+    else:
+        with _BANK_LOCK:                 # the fill, the launch and the record of its use, one thread at a time
+            entry = _small_bank_fill(plan, bank)
+            _launch(fn, plan, grid, args)
+            _small_bank_used(entry)
     if lloyd:
         _reduce_partials(part, grid, P, out)
     plan["grid"] = grid
@@ -1000,7 +1055,8 @@ def argmin_sqeuclidean(X, C, *, shift=None, tile=None, method="auto"):
     ----------
     X : cupy.ndarray of shape (n, d), float32 or float64
     C : cupy.ndarray or numpy.ndarray of shape (k, d)
-        Cast to the dtype of ``X``.  Centres on the host save the small kernel a copy back (and its wait).
+        Cast to the dtype of ``X``.  The small kernel takes host centres as parameters, device centres
+        from memory or a constant bank filled by a queued copy: neither waits for the stream.
     shift : cupy.ndarray of shape (d,), default=None
         Subtracted from every row of ``X`` (``C`` is then given in shifted coordinates).
     tile : tuple, default=None

@@ -34,13 +34,14 @@
 //       the same sums by plain adds (warp-private copies of type A in shared memory, X by cp.async):
 //       no k-fold waste where k is large for the one-hot products.
 //
-//   mpiml_distances_small<T, A, DP, KP, VEC, MODE, STAGES, R, PC>
+//   mpiml_distances_small<T, A, DP, KP, VEC, MODE, STAGES, R, PC, CB>
 //       few features and centres (d <= DP <= 32, k <= KP <= 32), where a step reads X at bandwidth and
 //       its arithmetic is small: whole rows in a thread's registers, no tensor cores.  Tiles of 256 R rows
 //       go to shared memory by cp.async, STAGES - 1 tiles ahead; a thread loads its R rows with 16-byte
 //       shared loads (row stride an odd number of 16-byte words: no bank conflict) and takes their dot
 //       products with the centres from broadcast loads (PC: from the kernel's parameters, which the FMAs
-//       read as constant-bank operands: shared memory delivers only 128 bytes a cycle to the lanes), so
+//       read as constant-bank operands: shared memory delivers only 128 bytes a cycle to the lanes; CB:
+//       from a constant bank that a queued copy fills from centres on the device), so
 //       the arg-min needs no shuffle.  MODE 1: each
 //       warp adds its rows into its own copy [KP][DP] of the sums (lane = feature; float32 with DP <= 16:
 //       two rows an instruction, a copy each), weights per cluster by shared atomics; float32 copies go
@@ -1004,12 +1005,45 @@ struct mpiml_small_centres {
     T v[N];
 };
 
-template <typename T, typename A, int DP, int KP, int VEC, int MODE, int STAGES, int R, bool PC>
+// CB: the small kernel's [centres KP x DP | norms KP] in constant memory, written by a device-to-device copy
+// queued on the stream before each launch (distances._small_bank_fill), for centres that are on the device:
+// the FMAs read them as constant-bank operands as they read parameters, and the host waits for nothing.  One
+// bank per module, that is per instantiation and device; its writers on other streams wait for its last use.
+__constant__ __align__(16) float mpiml_small_bank_f[32 * 32 + 32];
+__constant__ __align__(16) double mpiml_small_bank_d[32 * 32 + 32];
+
+template <typename T> __device__ __forceinline__ T mpiml_small_bank(int i);
+template <> __device__ __forceinline__ float mpiml_small_bank<float>(int i) { return mpiml_small_bank_f[i]; }
+template <> __device__ __forceinline__ double mpiml_small_bank<double>(int i) { return mpiml_small_bank_d[i]; }
+
+// The bank's contents from k x d centres C (contiguous): zero padded to KP x DP, the squared norms summed
+// feature by feature in float64 without contraction (the host's np.add.accumulate of float64 squares: the
+// parameters' bits) and rounded to T, +inf past k.  One block.
+template <typename T>
+__global__ void mpiml_small_bank_pack(const T* __restrict__ C, int k, int d, int KP, int DP, T* __restrict__ out)
+{
+    for (int i = threadIdx.x; i < KP * DP + KP; i += blockDim.x) {
+        if (i < KP * DP) {
+            const int c = i / DP, f = i % DP;
+            out[i] = (c < k && f < d) ? C[(long long)c * d + f] : T(0);
+        } else {
+            const int c = i - KP * DP;
+            double s = 0.0;
+            for (int f = 0; f < d; ++f) {
+                const double v = (double)C[(long long)c * d + f];
+                s = __dadd_rn(s, __dmul_rn(v, v));
+            }
+            out[i] = c < k ? (T)s : mpiml_tc<T>::inf();
+        }
+    }
+}
+
+template <typename T, typename A, int DP, int KP, int VEC, int MODE, int STAGES, int R, bool PC, bool CB = false>
 __global__ void __launch_bounds__(MPIML_TC_THREADS, R == 1 && (sizeof(T) == 4 || DP <= 16) ? 2 : 1)
 mpiml_distances_small(const T* __restrict__ X, long long n, int d, const T* __restrict__ shift,
                       const T* __restrict__ C, int k, const T* __restrict__ w, int* __restrict__ labels,
                       T* __restrict__ mind, double* __restrict__ part,
-                      const mpiml_small_centres<T, PC ? KP * DP + KP : 1> pc)
+                      const mpiml_small_centres<T, PC && !CB ? KP * DP + KP : 1> pc)
 {
     constexpr int THREADS = MPIML_TC_THREADS, WARPS = MPIML_TC_WARPS, BR = MPIML_TC_THREADS * R;
     constexpr int EV = 16 / sizeof(T);                    // values of a 16-byte word
@@ -1023,6 +1057,7 @@ mpiml_distances_small(const T* __restrict__ X, long long n, int d, const T* __re
     constexpr int FLUSH = 4 / R > 0 ? 4 / R : 1;          // tiles between flushes: <= 128 adds a float32 cell
     constexpr int CELLS = KP * DP;
     static_assert(DP % EV == 0 && DP <= 32 && KP % 4 == 0 && KP >= 8 && KP <= 32, "small shapes only");
+    static_assert(PC || !CB, "the constant bank replaces the parameters");
 
     extern __shared__ __align__(16) unsigned char mpiml_tc_smem[];
     unsigned char* p = mpiml_tc_smem;
@@ -1183,7 +1218,9 @@ mpiml_distances_small(const T* __restrict__ X, long long n, int d, const T* __re
                         // the centres are kernel parameters: constant-bank operands of the FMAs, no loads
 #pragma unroll
                         for (int e = 0; e < EV; ++e) {
-                            const T cv = pc.v[(j + q) * DP + f + e];
+                            T cv;
+                            if constexpr (CB) cv = mpiml_small_bank<T>((j + q) * DP + f + e);
+                            else cv = pc.v[(j + q) * DP + f + e];
 #pragma unroll
                             for (int rr = 0; rr < R; ++rr) dot[q][rr] = fma(x[rr][f + e], cv, dot[q][rr]);
                         }
@@ -1208,7 +1245,9 @@ mpiml_distances_small(const T* __restrict__ X, long long n, int d, const T* __re
             }
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-                const T cq = PC ? pc.v[KP * DP + j + q] : csq[j + q];
+                T cq;
+                if constexpr (CB) cq = mpiml_small_bank<T>(KP * DP + j + q);
+                else cq = PC ? pc.v[KP * DP + j + q] : csq[j + q];
 #pragma unroll
                 for (int rr = 0; rr < R; ++rr) {
                     const T dist = fma(T(-2), dot[q][rr], cq);
