@@ -871,9 +871,9 @@ _BANK_LOCK = threading.Lock()
 def _small_bank_fill(plan, C):
     """Queue the copy of device centres ``C`` (k x d, contiguous) into the constant bank of ``plan["expr_cb"]``
     on the current stream, packed by ``mpiml_small_bank_pack`` (zero padded, the norms in the parameters'
-    order), and return the bank's record ``[stream, event]``: the caller launches the kernel and then
-    :func:`_small_bank_used`, under ``_BANK_LOCK``.  The bank is one per module (per instantiation and
-    device): a fill on another stream than its last use first waits for that use."""
+    order), and return the bank's record ``[symbol, last stream, event of its last use]``: the caller launches
+    the kernel and then :func:`_small_bank_used`, under ``_BANK_LOCK``.  The bank is one per module (per
+    instantiation and device): a fill on another stream than its last use first waits for that use."""
     cupy = _cupy()
     expr = plan["expr_cb"]
     dev = cupy.cuda.runtime.getDevice()
