@@ -871,9 +871,10 @@ _BANK_LOCK = threading.Lock()
 def _small_bank_fill(plan, C):
     """Queue the copy of device centres ``C`` (k x d, contiguous) into the constant bank of ``plan["expr_cb"]``
     on the current stream, packed by ``mpiml_small_bank_pack`` (zero padded, the norms in the parameters'
-    order), and return the bank's record ``[symbol, last stream, event of its last use]``: the caller launches
-    the kernel and then :func:`_small_bank_used`, under ``_BANK_LOCK``.  The bank is one per module (per
-    instantiation and device): a fill on another stream than its last use first waits for that use."""
+    order), and return the bank's record ``[symbol, event of its last use]``: the caller launches the kernel
+    and then :func:`_small_bank_used`, under ``_BANK_LOCK``.  The bank is one per module (per instantiation and
+    device), so the fill first waits for its last use, on whatever stream that was (on this one: already in
+    order; compared by event, not by stream handle, which a new stream may reuse)."""
     cupy = _cupy()
     expr = plan["expr_cb"]
     dev = cupy.cuda.runtime.getDevice()
@@ -881,25 +882,24 @@ def _small_bank_fill(plan, C):
     if entry is None:
         _function(expr)
         sym = _MODULES[(dev, expr)][1].get_global("mpiml_small_bank_" + ("f" if plan["ctype"] == "float" else "d"))
-        entry = _BANKS[(dev, expr)] = [sym, None, cupy.cuda.Event(disable_timing=True)]
-    sym, last, event = entry
+        entry = _BANKS[(dev, expr)] = [sym, None]
     stream = cupy.cuda.get_current_stream()
-    if last is not None and last != stream.ptr:
-        stream.wait_event(event)
+    if entry[1] is not None:
+        stream.wait_event(entry[1])
     k, d = C.shape
     kp, dp = plan["KP"], plan["DP"]
     buf = cupy.empty(kp * dp + kp, dtype=C.dtype)
     _function(f"mpiml_small_bank_pack<{plan['ctype']}>")((1,), (_THREADS,), (C, np.int32(k), np.int32(d),
                                                                               np.int32(kp), np.int32(dp), buf))
-    sym.copy_from_device_async(buf.data, buf.nbytes, stream)
+    entry[0].copy_from_device_async(buf.data, buf.nbytes, stream)
     return entry
 
 
 def _small_bank_used(entry):
-    """Mark the bank of ``entry`` as used by the work queued so far on the current stream."""
-    stream = _cupy().cuda.get_current_stream()
-    entry[2].record(stream)
-    entry[1] = stream.ptr
+    """Record the bank's last use: the work queued so far on the current stream."""
+    if entry[1] is None:
+        entry[1] = _cupy().cuda.Event(disable_timing=True)
+    entry[1].record(_cupy().cuda.get_current_stream())
 
 
 def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows=None, param_centres=None,
