@@ -1008,7 +1008,7 @@ struct mpiml_small_centres {
 // CB: the small kernel's [centres KP x DP | norms KP] in constant memory, written by a device-to-device copy
 // queued on the stream before each launch (distances._small_bank_fill), for centres that are on the device:
 // the FMAs read them as constant-bank operands as they read parameters, and the host waits for nothing.  One
-// bank per module, that is per instantiation and device; its writers on other streams wait for its last use.
+// bank per module, that is per instantiation and device; each fill waits for its last use (an event).
 __constant__ __align__(16) float mpiml_small_bank_f[32 * 32 + 32];
 __constant__ __align__(16) double mpiml_small_bank_d[32 * 32 + 32];
 
