@@ -25,14 +25,14 @@ done
 $PY - "$TMP" "$OUTDIR/ab.json" "$ROUNDS" "$*" <<'EOF'
 import glob, json, os, sys
 tmp, out, rounds, args = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-merged = {"what": "mpiml bench ml, two source trees alternating in one device session", "runs": []}
+merged = {"what": "mpiml bench ml, two source trees alternating in one device session",
+          "command": f"benchmarks/ml/ab_pass.sh OUT OLD_SRC NEW_SRC {rounds} -- {args}", "runs": []}
 for r in range(1, rounds + 1):
     for v in ("old", "new"):
         for f in glob.glob(os.path.join(tmp, f"{v}{r}", "*.json")):
             res = json.load(open(f))
             for key in ("machine", "date", "rates"):
                 merged.setdefault(key, res.get(key))
-            merged["command"] = f"benchmarks/ml/ab_pass.sh OUT OLD_SRC NEW_SRC {rounds} -- {args}"
             merged["runs"] += [dict(run, source=v, round=r) for run in res.get("shape_runs", [])]
 json.dump(merged, open(out, "w"), indent=1)
 print(f"{'shape':>16} {'source':>6} {'round':>5} {'ms/iter':>9} {'x floor':>8}")

@@ -4,7 +4,7 @@
 # cores in the same run), `mpiml bench ml --shapes` with the four benchmark shapes (plain CuPy and scikit-learn
 # in the same run), then the single-GPU kernel benchmark.  Each part has its time limit (T_TESTS, T_FIT,
 # T_SHAPES, T_KERNELS seconds; 0 skips it): on a fresh 4 x H200 host (kernels compiled on first use) the tests
-# took 56 s, the fit 40 s, and the shapes more than 250 s, so a 600 s call holds the first three at most.
+# took 56 s, the fit about 40 s, and the shapes more than 250 s, so a 600 s call holds the first three at most.
 # Usage (repository root, GPU host): benchmarks/ml/multi_gpu_pass.sh OUTDIR
 # Everything printed goes to OUTDIR/multi.log; results to OUTDIR/{kernels_bench,ml_kmeans_gpu_*}.{json,png}.
 set -uo pipefail

@@ -840,9 +840,10 @@ def _small_centres_arg(plan, dtype, C, k, d, *, bank=False):
     unused value.  ``C``: host centres (NumPy, as KMeans's host loop holds them; device centres go to the forms
     that read them on the device), or None: zeros.  The norms are summed feature by feature in float64 (the
     order of the forms that read their centres on the device: the same bits)."""
-    n_val = plan["KP"] * plan["DP"] + plan["KP"] if plan["PC"] and not bank else 1
+    params = plan["PC"] and not bank
+    n_val = plan["KP"] * plan["DP"] + plan["KP"] if params else 1
     buf = np.zeros(n_val, dtype=dtype)
-    if plan["PC"] and C is not None and not bank:
+    if params and C is not None:
         kp, dp = plan["KP"], plan["DP"]
         Ch = np.asarray(C, dtype=dtype).reshape(k, d)
         buf[:kp * dp].reshape(kp, dp)[:k, :d] = Ch
@@ -929,7 +930,7 @@ def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows
         pc, expr = _small_zero_params(plan, dtype), plan["expr_cm"]
     elif plan["PC"] and on_device:
         # the same: the SIMT form that reads them from its constant bank, filled by a queued copy
-        pc, expr, bank = _small_zero_params(plan, dtype, bank=True), plan["expr_cb"], C
+        pc, expr, bank, C = _small_zero_params(plan, dtype, bank=True), plan["expr_cb"], C, _NULL
     else:
         pc = _small_centres_arg(plan, dtype, C, k, d)
         if plan["PC"]:
@@ -940,8 +941,8 @@ def _small_launch(X, C, shift, w, labels, mind, out, *, lloyd, stages=None, rows
     grid = _grid(fn, plan, _cdiv(n, plan["BM"]))
     P = k * d + k + 2
     part = cupy.empty(grid * P if lloyd else 1, dtype=cupy.float64)
-    args = (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, _NULL if bank is not None else C,
-            np.int32(k), _NULL if w is None else w, labels, _NULL if mind is None else mind, part, pc)
+    args = (X, np.int64(n), np.int32(d), _NULL if shift is None else shift, C, np.int32(k),
+            _NULL if w is None else w, labels, _NULL if mind is None else mind, part, pc)
     if bank is None:
         _launch(fn, plan, grid, args)
     else:
