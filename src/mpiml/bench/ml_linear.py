@@ -281,7 +281,7 @@ def _worker(args, outfile):
         xp = np
     results = {"runs": []}
     if world.rank == 0:
-        from .ml import _measure_rates
+        from ._common import measure_rates as _measure_rates
 
         results["rates"] = _measure_rates(xp, np.float64)  # the solvers accumulate in float64
     for R in [int(r) for r in args.ranks.split(",")]:
@@ -481,7 +481,7 @@ def _print_table(result):
 
 
 def _launch(ranks, argv_extra, env):
-    from ..cli.run import mpiexec_command
+    from ..cli._options import mpiexec_command
 
     cmd = mpiexec_command(ranks, [])
     cmd = cmd[:cmd.index("-m")] + ["-m", "mpiml.bench.ml_linear", *argv_extra]

@@ -242,7 +242,7 @@ def main(argv):
     status, ngpu = bench_launch_check(args.device)
     if status is not None:
         return status
-    from ..cli.run import mpiexec_command
+    from ..cli._options import mpiexec_command
 
     device = "gpu" if ngpu else "cpu"
     if args.ranks is None:

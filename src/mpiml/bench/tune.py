@@ -65,7 +65,7 @@ def _write_atomic(path, doc):
 
 
 def main(argv):
-    from ..cli import parser
+    from ..cli._options import parser
 
     p = parser("mpiml tune", "Measure every backend x algorithm here and write this machine's tuning table.")
     p.add_argument("--ops", default=",".join(DEFAULT_OPS))

@@ -5,7 +5,7 @@ import platform
 import socket
 import sys
 
-from . import parser
+from ._options import parser
 
 __all__ = ["main", "collect_local", "backend_report"]
 

@@ -15,71 +15,21 @@ line and exit status 1; ``--debug`` adds the tracebacks (see :mod:`mpiml.cli._re
 
 import os
 import re
-import shutil
 import subprocess
-import sys
 import time
 
 import numpy as np
 
+from ._options import aggregate_profile as _aggregate_profile
+from ._options import gpu_count as _gpu_count
+from ._options import launch_command, mpiexec_command, srun_command  # noqa: F401 (also imported from here)
+from ._options import strip_np as _strip_np
 from ._report import ArgumentParser, UsageError, device_problems, output_problems, run_checked
 
 __all__ = ["main", "launch_command", "mpiexec_command", "srun_command", "parse_data_spec"]
 
 ALGORITHMS = ("kmeans", "linreg", "logreg", "rf", "rfr", "pca", "tsvd", "knn")
 DEFAULT_DATA = "blobs:n=200000,d=32,k=16"
-
-
-# ---------------------------------------------------------------------- launching
-def mpiexec_command(n, argv):
-    """``[mpiexec, -n, N, (Open MPI flags), python, -m, mpiml, run, *argv]``.
-
-    ``MPIML_MPIEXEC`` overrides the launcher found on PATH.  Open MPI (detected
-    from ``mpiexec --version``) gets ``--bind-to none --oversubscribe`` and, as
-    root, ``--allow-run-as-root``.
-    """
-    exe = os.environ.get("MPIML_MPIEXEC") or shutil.which("mpiexec") or shutil.which("mpirun")
-    if exe is None:
-        raise FileNotFoundError("no mpiexec on PATH (pip install mpich, or set MPIML_MPIEXEC)")
-    cmd = [exe, "-n", str(n)]
-    try:
-        version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20).stdout
-    except Exception:
-        version = ""
-    if "open mpi" in version.lower() or "openrte" in version.lower():
-        cmd += ["--bind-to", "none", "--oversubscribe"]
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            cmd.append("--allow-run-as-root")
-    return cmd + [sys.executable, "-m", "mpiml", "run", *argv]
-
-
-def srun_command(n, argv):
-    """``[srun, -n, N, --mpi=pmi2, python, -m, mpiml, run, *argv]``, inside a Slurm allocation.
-
-    ``MPIML_SRUN`` overrides the ``srun`` found on PATH; ``MPIML_SRUN_MPI`` the PMI plugin
-    (default ``pmi2``, which MPICH and Open MPI both speak).
-    """
-    exe = os.environ.get("MPIML_SRUN") or shutil.which("srun")
-    if exe is None:
-        raise FileNotFoundError("SLURM_JOB_ID is set but there is no srun on PATH (set MPIML_SRUN)")
-    mpi = os.environ.get("MPIML_SRUN_MPI", "pmi2")
-    return [exe, "-n", str(n), f"--mpi={mpi}", sys.executable, "-m", "mpiml", "run", *argv]
-
-
-def launch_command(n, argv):
-    """``srun`` inside a Slurm allocation (``SLURM_JOB_ID`` set), else ``mpiexec``."""
-    if os.environ.get("SLURM_JOB_ID"):
-        return srun_command(n, argv)
-    return mpiexec_command(n, argv)
-
-
-def _gpu_count():
-    try:
-        import cupy
-
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:
-        return 0
 
 
 # ---------------------------------------------------------------------- arguments
@@ -153,17 +103,6 @@ def _load(kind, params, comm, xp, dtype):
     if isinstance(X, tuple):
         X = X[0]
     return xp.ascontiguousarray(X, dtype=dtype)
-
-
-def _aggregate_profile(comm, prof):
-    """Every rank's profile summary; per op, the calls of rank 0 and the largest time over ranks."""
-    mine = prof.summary()
-    allp = comm.allgather_obj(mine) if comm.size > 1 else [mine]
-    agg = {"ops": {}, "histogram": allp[0]["histogram"], "calls": allp[0]["calls"],
-           "total_seconds": max(p["total_seconds"] for p in allp), "wall_seconds": allp[0]["wall_seconds"]}
-    for op, o in allp[0]["ops"].items():
-        agg["ops"][op] = dict(o, seconds=max(p["ops"].get(op, {}).get("seconds", 0.0) for p in allp))
-    return agg
 
 
 def _run(args, comm):
@@ -279,18 +218,3 @@ def main(argv):
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
             return subprocess.call(cmd, env=env)
     return run_checked("mpiml run", args, _run)
-
-
-def _strip_np(argv):
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a == "--np":
-            skip = True
-            continue
-        if a.startswith("--np="):
-            continue
-        out.append(a)
-    return out

@@ -21,8 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._options import aggregate_profile as _aggregate_profile
+from ._options import gpu_count as _gpu_count
+from ._options import launch_command
+from ._options import strip_np as _strip_np
 from ._report import ArgumentParser, UsageError, device_problems, output_problems, run_checked
-from .run import _aggregate_profile, _gpu_count, _strip_np, launch_command
 
 __all__ = ["main", "JOBS", "parse_data_spec"]
 
