@@ -3,7 +3,7 @@
 Each test launches ``mpirun -n N`` (N = 1, 2, 3, 4, where that many GPUs exist)
 on a script under ``tests/comm/`` that checks every op x dtype x size x backend
 collectively.  On the GPU host set ``MPIML_TEST_MPIEXEC_ARGS="--allow-run-as-root
---bind-to none"`` (``scripts/device_pass.sh`` and ``scripts/fastpath_pass.sh`` do).
+--bind-to none --oversubscribe"`` (``scripts/device_pass.sh`` does).
 Skipped without a GPU.
 """
 

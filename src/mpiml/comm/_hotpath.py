@@ -19,7 +19,7 @@ by the transport (so that the full path raises it).
 Signature checking: under the default ``MPIML_CHECK`` a hot call (below
 1 MiB, after its shape's first call, which was checked) is *not* checked, on
 whichever path it ends up served: the host-side agreement costs a host round
-of the control communicator (``benchmarks/results/check_cost_host.json``:
+of the control communicator (``benchmarks/results/check_cost_vm.json``:
 about 25 us at 2 ranks on the 2-core test machine, against 5-7 us for the
 whole eager device call), and ranks must agree on whether a round is posted,
 which depends only on the call shape.  The device-side check (the signature

@@ -52,7 +52,7 @@ def slot_bytes(size):
     Every round moves ``size`` rows to every rank, inline payload or not, so the
     slot shrinks as the group grows: 4 KiB up to 4 ranks (the small host calls of
     a k-means step travel inline), 128 bytes at 128 ranks and beyond (scatter's
-    metadata still fits).  Measured in ``benchmarks/results/check_cost_host.json``.
+    metadata still fits).  Measured in ``benchmarks/results/check_cost_vm.json``.
     """
     return max(128, min(SLOT_BYTES, ROUND_BYTES // max(size, 1)) // 8 * 8)
 
