@@ -334,7 +334,7 @@ def sparse_checks():
 
 
 def robustness_checks():
-    """Issue 12's hard cases: rank-deficient and constant X (dense and sparse), singular Hessians, separable
+    """Hard cases: rank-deficient and constant X (dense and sparse), singular Hessians, separable
     classes under every solver, NaN in y or in the weights on one rank; scikit-learn's answer or the same
     error everywhere, never a hang."""
     rs = np.random.RandomState(3)
