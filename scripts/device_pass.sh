@@ -143,9 +143,8 @@ part_knn() {
 }
 
 part_linear() {
-    step "LinearRegression 1e8 x 64 float32 (1 GPU; scikit-learn on 1e6 rows, scaled)" 150 python3 -m mpiml bench ml \
-        --algo linreg --device gpu --ranks 1 --rows 1e8 --dtype float32 --repeats 3 --sklearn-rows 1e6 --out "$RES" \
-        --tag "$MACHINE"
+    step "LinearRegression 1e8 x 64 float64 (1 GPU; scikit-learn on 1e6 rows, scaled)" 150 python3 -m mpiml bench ml \
+        --algo linreg --device gpu --ranks 1 --rows 1e8 --repeats 3 --sklearn-rows 1e6 --out "$RES" --tag "$MACHINE"
     keep "ml_linreg_$MACHINE" "linreg_$MACHINE"
     step "LogisticRegression 1e7 x 128 (1 GPU; scikit-learn on 1e6 rows)" 150 python3 -m mpiml bench ml --algo logreg \
         --device gpu --ranks 1 --rows 1e7 --repeats 2 --sklearn-rows 1e6 --out "$RES" --tag "$MACHINE"
