@@ -163,16 +163,16 @@ part_forest() {
     step "random forest 1e7 x 32, 100 trees, depth 12 (1 GPU)" 200 python3 -m mpiml bench ml --algo rf --device gpu \
         --ranks 1 --rows 1e7 --trees 100 --depth 12 --sklearn-rows 1e5 --training global,local --out "$RES" \
         --tag "1e7_$MACHINE"
-    keep "ml_rf_1e7_$MACHINE" "rf_1e7_$MACHINE"
+    keep "ml_rf_1e7_$MACHINE" "rf_$MACHINE"
     todo step "random forests at the defaults, GPUs $RANKS" 200 python3 -m mpiml bench ml --algo rf --device gpu --ranks "$RANKS" --out "$RES" --tag "$MACHINE"  # PLACEHOLDER
 }
 
 part_pca() {
     step "PCA 1e7 x 512 -> 32 components (1 GPU)" 90 python3 -m mpiml run pca --np 1 --device gpu --dtype float32 \
-        --data lowrank:n=10000000,d=512,rank=32 --components 32 --json "$RES/pca_1e7x512_$MACHINE.json"
+        --data lowrank:n=10000000,d=512,rank=32 --components 32 --json "$RES/pca_1e7_$MACHINE.json"
     step "PCA 1e6 x 512 -> 32 components (1 GPU) with scikit-learn on the host cores" 90 python3 -m mpiml run pca \
         --np 1 --device gpu --dtype float32 --data lowrank:n=1000000,d=512,rank=32 --components 32 --compare-sklearn \
-        --json "$RES/pca_1e6x512_$MACHINE.json"
+        --json "$RES/pca_$MACHINE.json"
     step "sparse TruncatedSVD, CSR 1e6 x 1e5, 1e8 values (1 GPU)" 100 python3 -m mpiml.bench.ml_linear --algo tsvd \
         --components 16 --device gpu --ranks 1 --sparse 0.001 --rows 1e6 --features 100000 --dtype float32 \
         --sklearn-rows 2e5 --out "$RES" --tag "$MACHINE"
