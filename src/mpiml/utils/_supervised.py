@@ -20,6 +20,7 @@ __all__ = ["validate_X_y", "global_classes", "as_like", "sparse_mismatch", "SPAR
 SPARSE_DENSE_REQUIRED = ("Sparse data was passed for X, but dense data is required. Use '.toarray()' to convert "
                          "to a dense numpy array.")
 
+
 def as_like(array, xp, dtype=None):
     """A host or device copy of ``array`` on namespace ``xp`` (optionally cast)."""
     if xp is np:
