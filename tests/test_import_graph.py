@@ -17,6 +17,8 @@ it, never one above:
       parsing, launching ranks), the one piece of the command line that the benchmarks use
   9   ``mpiml`` (the package's ``__init__.py``): the public face; it imports from the layers below
       (comm, _io, ...). The command line may use it as any client does; nothing below may.
+      ``mpiml._init`` (``mpiml.init``: binds a GPU per local rank, sizes the thread pools) sits
+      here too: it sets up what the layers below use, so it may call any of them.
   8   ``mpiml.dask``: the ``mpi://`` comm backend and the Dask-driven estimators
   7   ``mpiml.cluster``, ``neighbors``, ``linear_model``, ``decomposition``, ``ensemble``, and
       ``mpiml.utils._testing`` (a small estimator kept for the tests and as a template)
@@ -27,8 +29,8 @@ it, never one above:
       shared by every estimator family
   3   ``mpiml.comm``
   2   ``mpiml.kernels``
-  1   ``mpiml._array``, ``_config``, ``_errors``, ``_abort``, ``_init``, ``_version``: the array
-      namespace, configuration, exceptions, the abort-on-error hook, device start-up, the version
+  1   ``mpiml._array``, ``_config``, ``_errors``, ``_abort``, ``_version``: the array namespace,
+      configuration, exceptions, the abort-on-error hook, the version
 ====  =========================================================================================
 
 Within one package (``mpiml.dask``, ``mpiml.cli``, ...) any order is allowed, but no circle.
@@ -45,7 +47,7 @@ SRC = os.path.join(ROOT, "src")
 PACKAGE = "mpiml"
 
 LAYERS = [
-    (1, ["_array", "_config", "_errors", "_abort", "_init", "_version"]),
+    (1, ["_array", "_config", "_errors", "_abort", "_version"]),
     (2, ["kernels"]),
     (3, ["comm"]),
     (4, ["utils"]),
@@ -53,6 +55,7 @@ LAYERS = [
     (6, ["datasets"]),
     (7, ["cluster", "neighbors", "linear_model", "decomposition", "ensemble"]),
     (8, ["dask"]),
+    (9, ["_init"]),
     (10, ["bench"]),
     (11, ["__main__", "cli"]),
 ]
