@@ -82,11 +82,11 @@ keep() {  # keep FROM TO: rename a result (and its PNG) to its name in benchmark
 
 # ---------------------------------------------------------------------- the parts
 part_tests() {
-    step "mpiml info ($R ranks)" 30 $MPIRUN -n "$R" python3 -m mpiml info
-    step "GPU comm tests (1-4 ranks; every backend; graphs; timeouts; virtual nodes)" 180 \
-        $PYTEST --timeout=170 tests/comm
+    step "mpiml info ($R ranks)" 20 $MPIRUN -n "$R" python3 -m mpiml info
+    step "GPU comm tests (1-4 ranks; every backend; graphs; timeouts; virtual nodes)" 230 \
+        $PYTEST --timeout=220 tests/comm
     step "GPU kernel and k-means tests (1-4 ranks)" 150 $PYTEST --timeout=140 tests/kernels tests/cluster
-    step "GPU tests of the other families, datasets, validation, model files" 180 $PYTEST --timeout=170 tests \
+    step "GPU tests of the other families, datasets, validation, model files" 150 $PYTEST --timeout=140 tests \
         --ignore=tests/comm --ignore=tests/kernels --ignore=tests/cluster --ignore=tests/dask
 }
 
