@@ -268,3 +268,31 @@ def test_loaded_cubin_runs(monkeypatch, tmp_path):
     out[:] = 0
     fn2((2,), (256,), (part, np.int32(3), np.int64(40), out))
     cupy.testing.assert_array_equal(out, part.sum(axis=0))
+
+
+def test_warmup_without_gpu_needs_an_arch():
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "src"))
+    if not have_gpu():
+        p = subprocess.run([sys.executable, "-m", "mpiml", "warmup"], capture_output=True, text=True, env=env,
+                           timeout=120)
+        assert p.returncode == 2 and "--arch" in p.stderr + p.stdout
+    p = subprocess.run([sys.executable, "-m", "mpiml", "warmup", "--arch", "sm_7"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert p.returncode == 2 and "--arch must be one of" in p.stderr + p.stdout
+
+
+@pytest.mark.skipif(not _nvrtc_available(), reason="no NVRTC library")
+def test_warmup_fills_the_cache_without_gpu(monkeypatch, tmp_path):
+    """``ensure_cached`` with the ctypes compiler: compiled once, then found in the cache."""
+    monkeypatch.setenv("MPIML_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(_loader, "_prebuilt_folder", lambda: str(tmp_path / "none"))
+    _forget()
+    compiler = _loader._CtypesNVRTC()
+    major = compiler.version()[0]
+    assert _loader.ensure_cached(SRC, EXPRS, "sm_80", major, compiler=compiler) == "compiled"
+    _forget()
+    assert _loader.ensure_cached(SRC, EXPRS[:1], "sm_80", major, compiler=compiler) == "cache"
+    assert len(list((tmp_path / "sm_80").glob("*.cubin"))) == 1

@@ -33,7 +33,7 @@ import tempfile
 import zipfile
 from importlib import resources
 
-__all__ = ["load", "load_module", "Module", "stats", "cache_dir", "source_text", "source_hash", "entry_key", "prebuilt_archs",
+__all__ = ["load", "load_module", "ensure_cached", "Module", "stats", "cache_dir", "source_text", "source_hash", "entry_key", "prebuilt_archs",
            "prebuilt_summary", "compile_cubin", "DEFAULT_OPTIONS"]
 
 DEFAULT_OPTIONS = ("--std=c++17",)
@@ -382,7 +382,7 @@ def _open(path, meta):
     return Module(cupy.RawModule(path=path), dict(meta["lowered"]), path)
 
 
-def _compile_into(folder, text, src_hash, expressions, arch, nvrtc_major, options):
+def _compile_into(folder, text, src_hash, expressions, arch, nvrtc_major, options, compiler=None):
     """Compile ``expressions`` into ``folder`` under its lock, unless another process did meanwhile."""
     os.makedirs(folder, exist_ok=True)
     key = entry_key(src_hash, expressions, arch, nvrtc_major)
@@ -390,12 +390,29 @@ def _compile_into(folder, text, src_hash, expressions, arch, nvrtc_major, option
         meta = _read_meta(os.path.join(folder, key + ".json"))
         if meta is not None and os.path.exists(os.path.join(folder, key + ".cubin")):
             return os.path.join(folder, key + ".cubin"), meta, "cache"
-        cubin, lowered = compile_cubin(text, expressions, arch, options)
+        cubin, lowered = compile_cubin(text, expressions, arch, options, compiler)
         meta = {"source": src_hash, "nvrtc": nvrtc_major, "arch": arch, "options": list(options),
                 "lowered": lowered}
         _store(folder, key, cubin, meta)
         _CACHE_INDEX.setdefault(folder, {})[os.path.join(folder, key + ".json")] = meta
         return os.path.join(folder, key + ".cubin"), meta, "compiled"
+
+
+def ensure_cached(files, expressions, arch, nvrtc_major, options=DEFAULT_OPTIONS, compiler=None):
+    """Make ``expressions`` findable for ``arch`` without loading them (no GPU needed): ``"prebuilt"`` when a
+    shipped cubin holds them, ``"cache"`` when this machine's cache does, else ``"compiled"`` into the cache."""
+    text = source_text(files)
+    src_hash = source_hash(text, options)
+    need = set(expressions)
+    for shipped in compatible_archs(int(arch[3:])):
+        hit = _prebuilt(shipped)
+        if hit is not None and any(e["source"] == src_hash and e["nvrtc"] == nvrtc_major
+                                   and need <= e["lowered"].keys() for e in hit[1]["entries"]):
+            return "prebuilt"
+    folder = os.path.join(cache_dir(), arch)
+    if os.path.isdir(folder) and find_cached(folder, src_hash, expressions, nvrtc_major) is not None:
+        return "cache"
+    return _compile_into(folder, text, src_hash, list(expressions), arch, nvrtc_major, tuple(options), compiler)[2]
 
 
 def load_module(files, expressions, options=DEFAULT_OPTIONS, also=()):
