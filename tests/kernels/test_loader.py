@@ -296,3 +296,18 @@ def test_warmup_fills_the_cache_without_gpu(monkeypatch, tmp_path):
     _forget()
     assert _loader.ensure_cached(SRC, EXPRS[:1], "sm_80", major, compiler=compiler) == "cache"
     assert len(list((tmp_path / "sm_80").glob("*.cubin"))) == 1
+
+
+def test_shipped_cubins_match_the_sources():
+    """Every shipped cubin was compiled from the installed source: after a change to a ``.cu`` file, rebuild
+    with ``python -m mpiml.kernels.build`` (a stale cubin is never loaded, but its kernels compile again)."""
+    stale = []
+    for arch in _loader.prebuilt_archs():
+        _loader._PREBUILT.pop(arch, None)
+        _, index = _loader._prebuilt(arch)
+        for e in index["entries"]:
+            assert e["file"] == _loader.entry_key(e["source"], list(e["lowered"]), arch, e["nvrtc"]) + ".cubin"
+            if _loader.source_hash(_loader.source_text(e["files"]), tuple(e["options"])) != e["source"]:
+                stale.append(f"{arch}: {'+'.join(e['files'])}")
+    assert not stale, ("shipped cubins compiled from other sources; run `python -m mpiml.kernels.build`: "
+                       + ", ".join(sorted(set(stale))))

@@ -377,9 +377,12 @@ class Module:
 
 
 def _open(path, meta):
+    """Load the cubin at ``path`` on the current device (now, so that a cubin the driver refuses fails here)."""
     import cupy
 
-    return Module(cupy.RawModule(path=path), dict(meta["lowered"]), path)
+    mod = Module(cupy.RawModule(path=path), dict(meta["lowered"]), path)
+    mod.get_function(next(iter(mod.lowered)))
+    return mod
 
 
 def _compile_into(folder, text, src_hash, expressions, arch, nvrtc_major, options, compiler=None):
