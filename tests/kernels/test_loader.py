@@ -339,3 +339,45 @@ def test_shipped_cubin_runs(monkeypatch, tmp_path):
     after = _loader.stats()
     assert after["prebuilt"] - before["prebuilt"] == 2 and after["compiled"] == before["compiled"]
     assert not list(tmp_path.glob("sm_*/*.json"))          # nothing compiled into the cache
+
+
+class _FakeCupyModule:
+    """Just enough of ``cupy`` for the families' compile functions to ask the loader."""
+
+    class cuda:
+        class runtime:
+            @staticmethod
+            def getDevice():
+                return 0
+
+
+def test_what_the_families_ask_for_is_shipped(monkeypatch):
+    """The requests of the three compile sites (collectives, histograms, a k-means step at 10^6 x 32, k = 32 on an
+    sm_90 device) are each held by one program of the build's specs, so the shipped cubins serve them."""
+    from mpiml import kernels
+    from mpiml.kernels import build, distances, histograms
+
+    asked = []
+
+    def fake_load_module(files, expressions, options=_loader.DEFAULT_OPTIONS, also=()):
+        asked.append((tuple(files), list(expressions)))
+        return _loader.Module(FakeRaw("x"), {e: e for e in list(expressions) + list(also)})
+
+    monkeypatch.setitem(sys.modules, "cupy", _FakeCupyModule)
+    monkeypatch.setattr(_loader, "load_module", fake_load_module)
+    monkeypatch.setattr(kernels, "_MODULES", {})
+    monkeypatch.setattr(histograms, "_FUNCTIONS", {})
+    monkeypatch.setattr(distances, "_MODULES", {})
+    kernels._module("allreduce", kernels.reduce_type(np.float32), 4)
+    kernels._module("bcast", kernels.copy_type(8), 8)
+    histograms._function(True, 1, False)
+    with build._emulated_device(distances, build.DEVICE_MODELS["sm_90"]):
+        plan = distances.small_plan(np.float32, 32, 32, mode="lloyd", vw=4, unit=True)
+        for expr in (plan["expr"], plan.get("expr_cb", plan["expr"]), "mpiml_distances_reduce_partials",
+                     "mpiml_lloyd_update<float>"):
+            distances._function(expr)
+    progs = build.specs("sm_90")
+    for files, exprs in asked:
+        assert any(f == files and set(exprs) <= set(e) for f, e in progs), (files, exprs)
+    assert {f for f, _ in asked} == {("ipc_common.cuh", "allreduce.cu"), ("ipc_common.cuh", "bcast.cu"),
+                                     ("histograms.cu",), ("distances_tc.cu",), ("distances.cu",)}
