@@ -135,6 +135,9 @@ def _function(expr, source=None):
         also = () if bank else (
             (f"mpiml_distances_step_totals<{ct}>", f"mpiml_small_bank_pack<{ct}>") if source == "distances_tc.cu"
             else ("mpiml_distances_reduce_partials", f"mpiml_lloyd_update<{ct}>"))
+        if expr.startswith("mpiml_distances_tc<"):         # <T, WMT, BN, DK, ...>: its centres' packing kernel
+            t, _, bn, dk = expr[len("mpiml_distances_tc<"):].split(", ")[:4]
+            also += (f"mpiml_tc_pack<{t}, {bn}, {dk}>",)
         mod = load_module((source,), [expr], opts, also=also)
         entry = _MODULES[key] = (mod.get_function(expr), mod)
     return entry[0]
