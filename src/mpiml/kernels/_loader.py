@@ -210,12 +210,26 @@ def compile_cubin(source, expressions, arch, options=DEFAULT_OPTIONS, compiler=N
 
 # ------------------------------------------------------------------------------------------------- file helpers
 
+def _file_mode():
+    """0o666 less the process's umask (read once: setting it back and forth is process-wide)."""
+    global _MODE
+    if _MODE is None:
+        umask = os.umask(0o22)
+        os.umask(umask)
+        _MODE = 0o666 & ~umask
+    return _MODE
+
+
+_MODE = None
+
+
 def _write_atomic(path, data):
     """Write ``data`` (bytes) to ``path`` through a temporary file in the same folder and a rename."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, _file_mode())          # as open() would make it (mkstemp's is private), for a shared cache
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

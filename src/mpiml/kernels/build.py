@@ -2,15 +2,16 @@
 
     python -m mpiml.kernels.build                      # every architecture, into the package (prebuilt/)
     python -m mpiml.kernels.build --arch sm_90 --list  # what would be compiled, nothing written
-    python -m mpiml.kernels.build --out DIR --jobs 4
+    python -m mpiml.kernels.build --out DIR --jobs 4 [--fresh]
 
 Writes one ``sm_XY.zip`` an architecture: ``index.json`` (per cubin: the source hash, NVRTC major, the
 lowered name of every expression) and the cubins, named by their key (see :mod:`mpiml.kernels._loader`).
 The specialisations come from the families' own plan functions: the distance kernels' plans are asked
 for a grid of shapes with the shared memory and compute capability of a typical GPU of each architecture
 (they depend on it), the collectives' every element type, the histograms' whole family.  NVRTC comes
-from the ``nvidia-cuda-nvrtc`` wheel (or ``MPIML_NVRTC``); rerun this after any change to a ``.cu`` file:
-a cubin is found only for the exact source it was compiled from.
+from the ``nvidia-cuda-nvrtc`` wheel (or ``MPIML_NVRTC``).  Rerun this after any change to a ``.cu`` file
+(a cubin is found only for the exact source it was compiled from): the programs of unchanged sources are
+kept from the zip already there, so only the changed family compiles again.
 """
 
 import argparse
@@ -146,26 +147,52 @@ def _compile_one(args):
     return files, exprs, cubin, lowered
 
 
-def build_arch(arch, out_dir, *, jobs=1, options=_loader.DEFAULT_OPTIONS, nvrtc_path=None, log=print):
-    """Compile :func:`specs` for ``arch`` into ``out_dir/arch.zip``; returns its summary dict."""
+def _previous(path):
+    """``{cubin name: (entry, bytes)}`` of the zip already at ``path`` (empty when there is none)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return {e["file"]: (e, z.read(e["file"])) for e in json.loads(z.read("index.json"))["entries"]}
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return {}
+
+
+def build_arch(arch, out_dir, *, jobs=1, options=_loader.DEFAULT_OPTIONS, nvrtc_path=None, fresh=False, log=print):
+    """Compile :func:`specs` for ``arch`` into ``out_dir/arch.zip``; returns its summary dict.
+
+    A program whose key (source, expressions, architecture, NVRTC major) is already in the zip there is
+    kept as it is unless ``fresh``: after a change to one ``.cu`` file only its family compiles again.
+    """
     compiler = _loader._CtypesNVRTC(nvrtc_path)
     major = compiler.version()[0]
-    todo = [(files, exprs, arch, tuple(options), nvrtc_path) for files, exprs in specs(arch)]
+    path = os.path.join(out_dir, arch + ".zip")
+    old = {} if fresh else _previous(path)
     t0 = time.perf_counter()
-    entries, blobs = [], {}
+    entries, blobs, todo = [], {}, []
+    for files, exprs in specs(arch):
+        src = _loader.source_hash(_loader.source_text(files), options)
+        name = _loader.entry_key(src, exprs, arch, major) + ".cubin"
+        if name in old:
+            entries.append(old[name][0])
+            blobs[name] = old[name][1]
+        else:
+            todo.append((files, exprs, arch, tuple(options), nvrtc_path))
+    log(f"{arch}: {len(entries)} programs kept, {len(todo)} to compile")
     with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for files, exprs, cubin, lowered in pool.map(_compile_one, todo):
+        for i, (files, exprs, cubin, lowered) in enumerate(pool.map(_compile_one, todo), 1):
             src = _loader.source_hash(_loader.source_text(files), options)
             name = _loader.entry_key(src, exprs, arch, major) + ".cubin"
             blobs[name] = cubin
             entries.append({"file": name, "files": list(files), "source": src, "nvrtc": major, "arch": arch,
                             "options": list(options), "lowered": lowered})
+            if i % 10 == 0:
+                log(f"  {i}/{len(todo)} compiled, {time.perf_counter() - t0:.0f} s")
+    entries.sort(key=lambda e: e["file"])
     os.makedirs(out_dir, exist_ok=True)
     index = {"arch": arch, "nvrtc": list(compiler.version()), "entries": entries}
-    path = os.path.join(out_dir, arch + ".zip")
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
-        z.writestr("index.json", json.dumps(index, sort_keys=True, indent=0))
+        z.writestr(zipfile.ZipInfo("index.json", date_time=(2020, 1, 1, 0, 0, 0)),
+                   json.dumps(index, sort_keys=True, indent=0), compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
         for name in sorted(blobs):
             z.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), blobs[name],
                        compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
@@ -185,6 +212,8 @@ def main(argv=None):
     ap.add_argument("--out", default=_loader._prebuilt_folder(), help="folder of the sm_XY.zip files")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--list", action="store_true", help="print the programs, compile nothing")
+    ap.add_argument("--fresh", action="store_true", help="compile every program (default: keep those of the "
+                                                         "zip already there whose source has not changed)")
     ap.add_argument("--json", help="write the summary here")
     args = ap.parse_args(argv)
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
@@ -206,7 +235,7 @@ def main(argv=None):
         if int(arch[3:]) not in supported:
             print(f"{arch}: skipped, this NVRTC compiles for {supported}")
             continue
-        summaries.append(build_arch(arch, args.out, jobs=args.jobs))
+        summaries.append(build_arch(arch, args.out, jobs=args.jobs, fresh=args.fresh))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summaries, f, indent=1)
