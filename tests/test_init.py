@@ -106,3 +106,25 @@ def test_import_pulls_in_no_scikit_learn():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_imports_do_not_touch_cupy(tmp_path):
+    """No import of ours pulls in CuPy (which would cost seconds and may create a CUDA context): a ``cupy``
+    that fails when imported is never imported by ``import mpiml``, the estimator packages or the kernels'
+    loader; nor do they pull in matplotlib or Dask."""
+    import os
+    import subprocess
+    import sys
+
+    trap = tmp_path / "cupy"
+    trap.mkdir()
+    (trap / "__init__.py").write_text("raise ImportError('cupy was imported')\n")
+    code = ("import sys\n"
+            "import mpiml, mpiml.cluster, mpiml.linear_model, mpiml.decomposition, mpiml.ensemble, mpiml.neighbors\n"
+            "import mpiml.kernels, mpiml.kernels._loader, mpiml.kernels.distances, mpiml.kernels.histograms\n"
+            "bad = sorted({m.split('.')[0] for m in sys.modules} & {'cupy', 'matplotlib', 'dask', 'distributed'})\n"
+            "assert not bad, bad\n")
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), src, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr

@@ -1,4 +1,4 @@
-"""The ``mpiml`` command: ``info``, ``run``, ``bench comm|ml``, ``tune``, ``dask``.
+"""The ``mpiml`` command: ``info``, ``run``, ``bench comm|ml``, ``tune``, ``warmup``, ``dask``.
 
 Rank 0 prints; a usage error is printed once (by rank 0) and exits 2 on every rank
 (every rank parses the same arguments); an unhandled exception prints its traceback
@@ -22,6 +22,7 @@ commands:
   run ALGORITHM        run an estimator SPMD (the main job: `mpiml run kmeans`)
   bench comm|ml        communication sweep (OSU-style) or ML benchmark
   tune                 measure this machine and write its tuning table
+  warmup               compile once, into this machine's kernel cache, what the package does not ship
   dask SCRIPT          run a Dask cluster over mpi:// under mpiexec
 
 `mpiml COMMAND --help` for the options of a command.
@@ -89,6 +90,10 @@ def _dispatch(argv):
         from ..bench.tune import main as tune_main
 
         return tune_main(rest)
+    if cmd == "warmup":
+        from ._warmup import main as warmup_main
+
+        return warmup_main(rest)
     if cmd == "dask":
         from ..dask._launcher import main as dask_main
 

@@ -1,6 +1,8 @@
 """``mpiml info``: what this machine and this MPI job can use, and why not."""
 
+import glob
 import json
+import os
 import platform
 import socket
 import sys
@@ -110,6 +112,21 @@ def collect_local():
             "mpi": _mpi_info(), "gpu": _gpu_info()}
 
 
+def kernel_info(gpu):
+    """Where compiled kernels come from here: the shipped architectures, those for GPU 0, the cache."""
+    from ..kernels import _loader
+
+    cache = _loader.cache_dir()
+    cached = len(glob.glob(os.path.join(cache, "*", "*.cubin")))
+    out = {"cache": cache, "cached_cubins": cached, "shipped": _loader.prebuilt_archs(), "this_gpu": None}
+    if gpu.get("available"):
+        import cupy
+
+        cc = int(cupy.cuda.Device(0).compute_capability)
+        out["this_gpu"] = {"arch": f"sm_{cc}", "prebuilt": _loader.prebuilt_summary(cc)}
+    return out
+
+
 def backend_report(local, size):
     """Which backends can run here, and why not (a dict name -> (ok, reason))."""
     mpi, gpu = local["mpi"], local["gpu"]
@@ -146,7 +163,7 @@ def main(argv):
     report = backend_report(local, comm.size)
     if args.json:
         print(json.dumps({"mpiml": __version__, "ranks": comm.size, "comm_backend": comm.backend,
-                          "per_rank": everyone,
+                          "per_rank": everyone, "kernels": kernel_info(local["gpu"]),
                           "backends": {k: {"ok": v[0], "detail": v[1]} for k, v in report.items()}}, indent=2))
         return 0
     mpi, gpu = local["mpi"], local["gpu"]
@@ -176,6 +193,14 @@ def main(argv):
         print(f"  {per_rank}")
     else:
         print(f"GPUs: none ({gpu['why']})")
+    kern = kernel_info(gpu)
+    print(f"kernels: shipped for {', '.join(kern['shipped']) or 'no architecture'}; cache {kern['cache']} "
+          f"({kern['cached_cubins']} cubins; MPIML_KERNEL_CACHE sets it)")
+    if kern["this_gpu"]:
+        got = kern["this_gpu"]["prebuilt"]
+        print(f"  {kern['this_gpu']['arch']}: " + (", ".join(f"{g['kernels']} kernels precompiled in {g['cubins']} "
+                                                          f"cubins ({g['arch']}, NVRTC {g['nvrtc']})" for g in got)
+                                                 if got else "none precompiled: `mpiml warmup` compiles them once"))
     print("backends:")
     for name, (ok, detail) in report.items():
         print(f"  {name:<5} {'available' if ok else 'unavailable'}: {detail}")

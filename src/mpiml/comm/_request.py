@@ -15,7 +15,6 @@ collective (which under MPI may hang, truncate or return partial data) ends as
 soon as the agreement shows the mismatch, not after the timeout.
 """
 
-import asyncio
 import os
 import threading
 import time
@@ -153,6 +152,8 @@ class Request:
         return self._value()
 
     async def _await(self):
+        import asyncio  # only for await (its import costs more than the rest of mpiml.comm)
+
         limit = _config.timeout()
         start = time.perf_counter()
         sleep = 0.0

@@ -1,10 +1,10 @@
-"""CUDA sources compiled at run time through CuPy (NVRTC), memoized per device.
+"""CUDA sources of the collectives, loaded through :mod:`mpiml.kernels._loader`, memoized per device.
 
 Each family is one templated ``.cu`` file beside this module; the shared
 protocol lives in ``ipc_common.cuh`` and is prepended to every family. Nothing
-compiles at import: :func:`get_kernel` compiles a family for one element type
-the first time it is asked for (CuPy's disk cache keeps the result between
-runs) and returns the raw ``CUfunction`` handle, which the caller launches
+compiles at import: :func:`get_kernel` loads a family for one element type
+the first time it is asked for (a shipped cubin, this machine's cache, else
+NVRTC once) and returns the raw ``CUfunction`` handle, which the caller launches
 with pre-packed arguments (see :mod:`mpiml.comm.backends.ipc`).
 
 Kernel names are ``mpiml_<family>_<variant>``; reduction kernels are
@@ -79,9 +79,10 @@ def _module(family, ctype, size):
     key = (dev, family, ctype)
     mod = _MODULES.get(key)
     if mod is None:
-        exprs = _name_expressions(family, ctype, size)
-        mod = cupy.RawModule(code=source(family), options=("--std=c++17",), name_expressions=exprs)
-        mod.compile()
+        # every instantiation of the family for this type in one cubin: shipped, cached or compiled once
+        from ._loader import load_module
+
+        mod = load_module(("ipc_common.cuh", FAMILIES[family][0]), _name_expressions(family, ctype, size))
         _MODULES[key] = mod
     return mod
 

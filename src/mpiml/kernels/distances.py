@@ -1,9 +1,8 @@
 """Fused distance kernels (``distances.cu``) for CuPy arrays: arg-min, Lloyd step and update, pairwise, top-k.
 
-Every distance-based estimator calls these.  The ``.cu`` source is read with
-:mod:`importlib.resources` and compiled through ``cupy.RawModule(name_expressions=...)``
-the first time one instantiation is needed; modules are memoized per device (CuPy's
-disk cache keeps the binaries between runs).  Nothing compiles at import.
+Every distance-based estimator calls these.  An instantiation is loaded through
+:mod:`mpiml.kernels._loader` (a shipped cubin, this machine's cache, else NVRTC once)
+the first time it is needed; kernels are memoized per device.  Nothing compiles at import.
 
 Inputs: CuPy arrays, float32 or float64 (``C``, weights and shifts are cast to the
 dtype of ``X``), any strides (non-contiguous input is copied once), any ``d`` and
@@ -125,9 +124,21 @@ def _function(expr, source=None):
     key = (cupy.cuda.runtime.getDevice(), expr)
     entry = _MODULES.get(key)
     if entry is None:
+        from ._loader import load_module
+
         # MPIML_KERNEL_LINEINFO=1: source lines in the binaries, for Nsight Compute's source view
         opts = ("--std=c++17",) + (("-lineinfo",) if os.environ.get("MPIML_KERNEL_LINEINFO") == "1" else ())
-        mod = cupy.RawModule(code=_source(source), options=opts, name_expressions=[expr])
+        # a form that reads its constant bank gets a module of its own (the bank is one per module); any
+        # other compiles with the small kernels of its source that the same call launches next
+        bank = expr.startswith("mpiml_distances_small<") and expr.endswith(", true>")
+        ct = "double" if "<double" in expr else "float"
+        also = () if bank else (
+            (f"mpiml_distances_step_totals<{ct}>", f"mpiml_small_bank_pack<{ct}>") if source == "distances_tc.cu"
+            else ("mpiml_distances_reduce_partials", f"mpiml_lloyd_update<{ct}>"))
+        if expr.startswith("mpiml_distances_tc<"):         # <T, WMT, BN, DK, ...>: its centres' packing kernel
+            t, _, bn, dk = expr[len("mpiml_distances_tc<"):].split(", ")[:4]
+            also += (f"mpiml_tc_pack<{t}, {bn}, {dk}>",)
+        mod = load_module((source,), [expr], opts, also=also)
         entry = _MODULES[key] = (mod.get_function(expr), mod)
     return entry[0]
 

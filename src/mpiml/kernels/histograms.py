@@ -10,8 +10,9 @@ memory, then a merge of its non-zero entries into global memory.
 
 Sums are 64-bit integers (the weights are fixed-point integers): exact, so the
 result does not depend on the order of the atomics, and equals the NumPy path
-bit for bit.  The ``.cu`` source is compiled through
-``cupy.RawModule(name_expressions=...)`` on first use and memoised per device.
+bit for bit.  The family's kernels are loaded together through
+:mod:`mpiml.kernels._loader` (shipped, cached or compiled once) on first use and
+memoised per device.
 """
 
 from importlib import resources
@@ -65,9 +66,14 @@ def _function(classification=None, count_rows=None, wide=None, expr=None):
     key = (cupy.cuda.runtime.getDevice(), expr)
     fn = _FUNCTIONS.get(key)
     if fn is None:
-        mod = cupy.RawModule(code=_source(), options=("--std=c++17",), name_expressions=[expr])
-        fn = mod.get_function(expr)
-        _FUNCTIONS[key] = fn
+        # a tree level needs a build, the route and a move: the family's kernels load as one cubin
+        from ._loader import load
+
+        exprs = [f"mpiml_hist_build<{c}, {d}, {w}>" for c in ("false", "true") for d in (0, 1) for w in ("false", "true")]
+        exprs += ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>"]
+        fns = load(("histograms.cu",), exprs + ([expr] if expr not in exprs else []))
+        _FUNCTIONS.update(((key[0], e), f) for e, f in fns.items())
+        fn = fns[expr]
     return fn
 
 

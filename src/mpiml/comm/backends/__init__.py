@@ -6,8 +6,6 @@ the communicator; device transports (``nccl``, ``ipc``) use it to exchange
 their set-up data.
 """
 
-from importlib.metadata import entry_points
-
 __all__ = ["register_backend", "get_backend_factory", "backend_names"]
 
 _FACTORIES = {}
@@ -24,6 +22,8 @@ def _load_entry_points():
     if _loaded_entry_points:
         return
     _loaded_entry_points = True
+    from importlib.metadata import entry_points  # on first use, not at import
+
     for ep in entry_points(group="mpiml.comm.backends"):
         if ep.name not in _FACTORIES:
             _FACTORIES[ep.name] = ep.load()

@@ -1,0 +1,246 @@
+"""Compile the kernels the estimators use at common shapes into cubins, without a GPU.
+
+    python -m mpiml.kernels.build                      # every architecture, into the package (prebuilt/)
+    python -m mpiml.kernels.build --arch sm_90 --list  # what would be compiled, nothing written
+    python -m mpiml.kernels.build --out DIR --jobs 4 [--fresh]
+
+Writes one ``sm_XY.zip`` an architecture: ``index.json`` (per cubin: the source hash, NVRTC major, the
+lowered name of every expression) and the cubins, named by their key (see :mod:`mpiml.kernels._loader`).
+The specialisations come from the families' own plan functions: the distance kernels' plans are asked
+for a grid of shapes with the shared memory and compute capability of a typical GPU of each architecture
+(they depend on it), the collectives' every element type, the histograms' whole family.  NVRTC comes
+from the ``nvidia-cuda-nvrtc`` wheel (or ``MPIML_NVRTC``).  Rerun this after any change to a ``.cu`` file
+(a cubin is found only for the exact source it was compiled from): the programs of unchanged sources are
+kept from the zip already there, so only the changed family compiles again.
+"""
+
+import argparse
+import concurrent.futures
+import contextlib
+import io
+import json
+import os
+import sys
+import time
+import zipfile
+
+import numpy as np
+
+from . import _loader
+
+__all__ = ["ARCHS", "DEVICE_MODELS", "specs", "build_arch", "main"]
+
+#: Architectures built by default: the data-centre and workstation GPUs users have.
+ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
+
+#: A typical device of each architecture, as the distance plans see it: (SMs, shared memory per SM,
+#: per block opt-in, compute capability).  A100, A40, L40S, H100, B200, RTX PRO 6000.
+DEVICE_MODELS = {
+    "sm_80": (108, 164 * 1024, 163 * 1024, 80),
+    "sm_86": (84, 100 * 1024, 99 * 1024, 86),
+    "sm_89": (142, 100 * 1024, 99 * 1024, 89),
+    "sm_90": (132, 228 * 1024, 227 * 1024, 90),
+    "sm_100": (148, 228 * 1024, 227 * 1024, 100),
+    "sm_120": (188, 100 * 1024, 99 * 1024, 120),
+}
+
+#: Shapes whose distance kernels are shipped: clusters (or index rows) k and features d.
+_KS = (2, 3, 8, 10, 16, 32, 64, 128, 256)
+_DS = (2, 3, 8, 16, 32, 64, 128)
+#: Most expressions of one source a program holds (smaller programs build in parallel, larger load slower).
+_GROUP = 12
+#: Plans that raised on an emulated device (printed by --list).
+_SKIPPED = []
+
+
+@contextlib.contextmanager
+def _emulated_device(distances, model):
+    """The distance plans as they come out on a device of ``model`` (no GPU needed)."""
+    saved = distances._have_device, distances._device
+    distances._have_device = lambda: True
+    distances._device = lambda: model
+    try:
+        yield
+    finally:
+        distances._have_device, distances._device = saved
+
+
+def _distances_exprs(model):
+    """``{source file: set of expressions}`` the distance launches ask for at the shapes of the grid."""
+    from . import distances as D
+
+    tc, simt = set(), set()
+    with _emulated_device(D, model):
+        for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
+            ct = D._CTYPE[dtype]
+            tc.update({f"mpiml_distances_step_totals<{ct}>", f"mpiml_small_bank_pack<{ct}>"})
+            simt.update({"mpiml_distances_reduce_partials", f"mpiml_lloyd_update<{ct}>",
+                         f"mpiml_distances_argmin_gemm<{ct}>", f"mpiml_distances_label_sums<{ct}, {ct}>"})
+            for d in _DS:
+                vw = 16 // dtype.itemsize if d % (16 // dtype.itemsize) == 0 else 1
+                for k in _KS:
+                    for metric in ("sqeuclidean", "euclidean", "inner_product", "cosine"):
+                        simt.add(D.kernel_plan(dtype, k, d, mode=metric, vw=vw)["expr"])
+                    for lloyd in (True, False):
+                        try:
+                            _launch_exprs(D, dtype, k, d, vw, lloyd, tc, simt)
+                        except ValueError as exc:      # a plan that does not fit this device: nothing to ship
+                            _SKIPPED.append((model[3], dtype.name, k, d, "lloyd" if lloyd else "assign", str(exc)))
+    return {"distances_tc.cu": tc, "distances.cu": simt}
+
+
+def _launch_exprs(D, dtype, k, d, vw, lloyd, tc, simt):
+    """Add the expressions of one Lloyd step or arg-min launch (the choices of the launchers)."""
+    ct = D._CTYPE[dtype]
+    mode = "lloyd" if lloyd else "assign"
+    method = D._method("auto", k, d, dtype, lloyd)
+    if method == "small":
+        for unit in (True, False):
+            plan = D.small_plan(dtype, k, d, mode=mode, vw=vw, unit=unit)
+            tc.update(v for key, v in plan.items() if key.startswith("expr"))
+    elif method == "tc":
+        for m in ({mode, "assign"} if lloyd else {mode}):
+            plan = D.tc_plan(dtype, k, d, mode=m, vw=vw)
+            tc.update((plan["expr"], plan["pack"]))
+        if lloyd and not D.tc_plan(dtype, k, d, mode=mode, vw=vw)["fused"]:
+            if k >= D._GEMM_FROM_K:
+                simt.add(f"mpiml_distances_label_sums<{ct}, {ct}>")
+            else:
+                tc.add(D.sums_plan(dtype, k, d, vw=vw)["expr"])
+    else:
+        plan = D.kernel_plan(dtype, k, d, mode=mode, vw=vw)
+        if method == "fused":
+            simt.add(plan["expr"])
+        if lloyd and (method == "gemm" or not plan["groups"]):
+            simt.add(f"mpiml_distances_label_sums<{ct}, {plan['accum']}>")
+
+
+def _own_module(expr):
+    """Whether ``expr`` needs a module of its own (its constant bank is one per module)."""
+    return expr.startswith("mpiml_distances_small<") and expr.endswith(", true>")
+
+
+def specs(arch):
+    """``[(files, expressions)]``: the programs compiled for ``arch``, each a list of expressions."""
+    from . import FAMILIES, _name_expressions, copy_type, reduce_type
+
+    out = []
+    for family, (file, _, reduces) in FAMILIES.items():
+        ctypes = ({reduce_type(t) for t in ("float16", "float32", "float64", "int32", "int64", "bool")} if reduces
+                  else {copy_type(s) for s in (1, 2, 4, 8)})
+        for ct in sorted(ctypes):
+            out.append((("ipc_common.cuh", file), _name_expressions(family, ct, None)))
+    hist = [f"mpiml_hist_build<{c}, {d}, {w}>" for c in ("false", "true") for d in (0, 1) for w in ("false", "true")]
+    out.append((("histograms.cu",), hist + ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>"]))
+    for file, exprs in _distances_exprs(DEVICE_MODELS[arch]).items():
+        shared = sorted(e for e in exprs if not _own_module(e))
+        out += [((file,), shared[i:i + _GROUP]) for i in range(0, len(shared), _GROUP)]
+        out += [((file,), [e]) for e in sorted(exprs) if _own_module(e)]
+    return out
+
+
+def _compile_one(args):
+    files, exprs, arch, options, nvrtc_path = args
+    compiler = _loader._CtypesNVRTC(nvrtc_path)
+    text = _loader.source_text(files)
+    cubin, lowered = _loader.compile_cubin(text, exprs, arch, options, compiler=compiler)
+    return files, exprs, cubin, lowered
+
+
+def _previous(path):
+    """``{cubin name: (entry, bytes)}`` of the zip already at ``path`` (empty when there is none)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return {e["file"]: (e, z.read(e["file"])) for e in json.loads(z.read("index.json"))["entries"]}
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return {}
+
+
+def build_arch(arch, out_dir, *, jobs=1, options=_loader.DEFAULT_OPTIONS, nvrtc_path=None, fresh=False, log=print):
+    """Compile :func:`specs` for ``arch`` into ``out_dir/arch.zip``; returns its summary dict.
+
+    A program whose key (source, expressions, architecture, NVRTC major) is already in the zip there is
+    kept as it is unless ``fresh``: after a change to one ``.cu`` file only its family compiles again.
+    """
+    compiler = _loader._CtypesNVRTC(nvrtc_path)
+    major = compiler.version()[0]
+    path = os.path.join(out_dir, arch + ".zip")
+    old = {} if fresh else _previous(path)
+    t0 = time.perf_counter()
+    entries, blobs, todo = [], {}, []
+    for files, exprs in specs(arch):
+        src = _loader.source_hash(_loader.source_text(files), options)
+        name = _loader.entry_key(src, exprs, arch, major) + ".cubin"
+        if name in old:
+            entries.append(old[name][0])
+            blobs[name] = old[name][1]
+        else:
+            todo.append((files, exprs, arch, tuple(options), nvrtc_path))
+    log(f"{arch}: {len(entries)} programs kept, {len(todo)} to compile")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for i, (files, exprs, cubin, lowered) in enumerate(pool.map(_compile_one, todo), 1):
+            src = _loader.source_hash(_loader.source_text(files), options)
+            name = _loader.entry_key(src, exprs, arch, major) + ".cubin"
+            blobs[name] = cubin
+            entries.append({"file": name, "files": list(files), "source": src, "nvrtc": major, "arch": arch,
+                            "options": list(options), "lowered": lowered})
+            if i % 10 == 0:
+                log(f"  {i}/{len(todo)} compiled, {time.perf_counter() - t0:.0f} s")
+    entries.sort(key=lambda e: e["file"])
+    os.makedirs(out_dir, exist_ok=True)
+    index = {"arch": arch, "nvrtc": list(compiler.version()), "entries": entries}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
+        z.writestr(zipfile.ZipInfo("index.json", date_time=(2020, 1, 1, 0, 0, 0)),
+                   json.dumps(index, sort_keys=True, indent=0), compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+        for name in sorted(blobs):
+            z.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), blobs[name],
+                       compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+    _loader._write_atomic(path, buf.getvalue())
+    summary = {"arch": arch, "programs": len(entries), "kernels": sum(len(e["lowered"]) for e in entries),
+               "cubin_bytes": sum(len(b) for b in blobs.values()), "zip_bytes": os.path.getsize(path),
+               "seconds": round(time.perf_counter() - t0, 1)}
+    log(f"{arch}: {summary['kernels']} kernels in {summary['programs']} cubins, "
+        f"{summary['cubin_bytes'] / 2**20:.1f} MiB ({summary['zip_bytes'] / 2**20:.1f} MiB zipped), "
+        f"{summary['seconds']} s")
+    return summary
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m mpiml.kernels.build", description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default=",".join(ARCHS), help="comma-separated, e.g. sm_80,sm_90")
+    ap.add_argument("--out", default=_loader._prebuilt_folder(), help="folder of the sm_XY.zip files")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--list", action="store_true", help="print the programs, compile nothing")
+    ap.add_argument("--fresh", action="store_true", help="compile every program (default: keep those of the "
+                                                         "zip already there whose source has not changed)")
+    ap.add_argument("--json", help="write the summary here")
+    args = ap.parse_args(argv)
+    archs = [a.strip() for a in args.arch.split(",") if a.strip()]
+    unknown = [a for a in archs if a not in DEVICE_MODELS]
+    if unknown:
+        ap.error(f"unknown architecture(s) {unknown} (known: {sorted(DEVICE_MODELS)})")
+    if args.list:
+        for arch in archs:
+            progs = specs(arch)
+            print(f"{arch}: {sum(len(e) for _, e in progs)} kernels in {len(progs)} programs")
+            for files, exprs in progs:
+                print(f"  {'+'.join(files)}: " + "; ".join(exprs))
+        for skipped in _SKIPPED:
+            print("plan raised:", *skipped)
+        return 0
+    supported = _loader._CtypesNVRTC().archs()
+    summaries = []
+    for arch in archs:
+        if int(arch[3:]) not in supported:
+            print(f"{arch}: skipped, this NVRTC compiles for {supported}")
+            continue
+        summaries.append(build_arch(arch, args.out, jobs=args.jobs, fresh=args.fresh))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summaries, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
