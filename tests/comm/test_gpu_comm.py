@@ -71,3 +71,11 @@ def test_two_level_virtual_nodes(mpi):
     proc = mpi(os.path.join(HERE, "gpu_collectives.py"), 4, "ipc", "--graph", timeout=600,
                env={"MPIML_TIMEOUT": "60", "MPIML_NODE_SIZE": "2"})
     assert "OK" in proc.stdout
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_repeated_calls_that_part_raise_at_the_next_round(mpi, n):
+    """Repeats of agreed device calls run unchecked; their mismatch is raised on every rank at the next round."""
+    _need(n)
+    proc = mpi(os.path.join(HERE, "gpu_deferred.py"), n, "ipc,nccl", timeout=300, env={"MPIML_TIMEOUT": "30"})
+    assert "OK" in proc.stdout

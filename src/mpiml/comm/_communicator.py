@@ -43,6 +43,7 @@ from .._array import as_supported_array, get_namespace, is_device_array
 from .._errors import CollectiveMismatchError, CommError, CommTimeoutError
 from . import _profile
 from ._agreement import Agreement, _release
+from ._hotpath import DEFERRED, NOTHING
 from ._ops import check_dtype, check_op, identity, SUPPORTED_DTYPES
 from ._objects import ObjectCollectives
 from ._p2p import MAX_TAG, PointToPoint, _cupy, _flat
@@ -62,14 +63,16 @@ class _Plan:
 
     ``replay(*algo_args)`` repeats the route chosen then (None until one ran);
     ``base`` and ``spec`` are the call's signature (hash base, readable fields);
-    ``inline(x, out)`` runs it inside the signature round (small host calls), or None.
+    ``inline(x, out)`` runs it inside the signature round (small host calls), or None;
+    ``deferrable``: once agreed, its repeats are checked later (``DEFERRED``, see ``_call_level``).
     """
 
-    __slots__ = ("replay", "xp", "base", "spec", "inline", "blocking", "route")
+    __slots__ = ("replay", "xp", "base", "spec", "inline", "blocking", "route", "deferrable")
 
-    def __init__(self, replay, xp, base, spec, inline, blocking):
+    def __init__(self, replay, xp, base, spec, inline, blocking, deferrable=False):
         self.replay, self.xp, self.base, self.spec, self.inline, self.blocking = \
             replay, xp, base, spec, inline, blocking
+        self.deferrable = deferrable
         self.route = None
 
 
@@ -108,6 +111,12 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         self._failure = None  # the first failure (then every call raises CommAbortedError)
         self._children = weakref.WeakSet()
         self._seq = 0  # collectives called on this communicator (part of every signature)
+        # (call number, plan) of the calls that ran before their signature was agreed (see
+        # Agreement._note_deferred); the next round agrees on them, at the latest after
+        # _check_every of them; which memory kinds defer is the same on every rank
+        self._deferred = []
+        self._check_every = _config.env_number("MPIML_CHECK_EVERY", 1024, minimum=1, unit="calls")
+        self._defer_memory = ("device",)
         self._round = self._notices = None
         self._untold = None  # a failure not yet told to the other ranks
         if tuning is None:
@@ -271,27 +280,29 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         memory = "device" if xp is not np else "host"
         spec = (op, *spec, memory, algorithm)
         base = signature_base(*spec, error=bool(error))
-        plan = _Plan(None, xp, base, spec, None, memory == "device")
+        plan = _Plan(None, xp, base, spec, None, memory == "device", memory in self._defer_memory)
         start = time.perf_counter()
         if (inline_bytes is not None and memory == "host" and algorithm is None and self.size > 1
                 and inline_bytes <= self._round.slot_bytes and op not in self._tuning.override):
             plan.inline = self._make_inline(op, base, spec, spec[1], spec[2])
-            if level != 0 and not error:
+            if level not in (0, DEFERRED) and not error:
                 plan.inline(*algo_args)
                 if _profile.active():
                     _profile.record(op, nbytes, self._world.name, "inline", time.perf_counter() - start)
                 return plan
-        if level == 0:
+        if level in (0, DEFERRED):
             if error:
                 raise ValueError(error)
             self._run_data(op, nbytes, xp, memory, algorithm, native, algo_args, plan)
+            if level == DEFERRED:
+                self._note_deferred(plan)
         else:
             self._start_round(base)
             if level == 1 or blocking or error or memory == "device" or (algorithm and "/" in algorithm):
                 # device calls too: they return once enqueued, so nothing is gained by overlapping
                 # the round, and a mismatch found first leaves no kernel waiting for its peers
                 self._wait_round(op)
-                if error or not self._round.agreed():
+                if error or not self._round_agreed():
                     self._mismatch(op, spec, posted=False, error=error)
                 self._run_data(op, nbytes, xp, memory, algorithm, native, algo_args, plan)
             else:
@@ -365,23 +376,25 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
 
     def _replay_plan(self, plan, level, *args):
         """Run a remembered plan, checked as :meth:`_run` would; an error poisons the communicator."""
-        if level != 0 and plan.inline is not None:
+        if level not in (0, DEFERRED) and plan.inline is not None:
             plan.inline(*args)
             return
         if plan.replay is None:  # (an inline plan, checks now off: _run finds the route)
             return False
-        if level == 0:
+        if level in (0, DEFERRED):
             try:
                 _complete(plan.replay(*args))
             except CommError as exc:
                 self._poison(exc)
                 raise
+            if level == DEFERRED:
+                self._note_deferred(plan)
             return
         op = plan.spec[0]
         self._start_round(plan.base)
         if level == 1 or plan.blocking:
             self._wait_round(op)
-            if not self._round.agreed():
+            if not self._round_agreed():
                 self._mismatch(op, plan.spec, posted=False)
             try:
                 _complete(plan.replay(*args))
@@ -398,7 +411,10 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
             return
         if key[1] is np.ndarray or not key[1].__module__.startswith("cupy"):
             return
-        fn = route[0].hot_launcher(self, op, route[1], x, arg)
+        plan = self._plans.get(key)
+        if plan is None:
+            return
+        fn = route[0].hot_launcher(self, plan, op, route[1], x, arg)
         if fn is not None:
             if len(self._hot) >= 1024:
                 self._hot.clear()
@@ -458,28 +474,29 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         self._run("barrier", 0, np, algorithm=algorithm, native=lambda t: t.native_barrier(), algo_args=(),
                   spec=(None, 0, 0, None, ()), level=self._call_level(None, 0), inline_bytes=0)
 
-    def bcast(self, x, root=0, *, algorithm=None):
+    def bcast(self, x, root=0, out=None, *, algorithm=None):
         """The root's array on every rank.
 
         Every rank passes an array of the root's shape and dtype (non-roots'
         contents are ignored; their array is not modified).  Returns ``x`` on the
-        root and a new array elsewhere.
+        root; elsewhere ``out`` (an array like ``x`` that receives the root's
+        data) or, if None, a new array.  The root ignores ``out``.
         """
         self._begin("bcast")
         key = ("bcast", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), root, algorithm)
         hot = self._hot.get(key) if self._hot else None
         if hot is not None:
-            res = hot(x, None)
+            res = hot(x, out)
             if res is not None:
                 return res
         plan = self._fast_plan(key)
-        if plan is not None and x.flags.c_contiguous:
-            buf = x if self.rank == root else plan.xp.empty_like(x)
+        if plan is not None and x.flags.c_contiguous and (self.rank == root or _fits(out, x, x.shape)):
+            buf = x if self.rank == root else plan.xp.empty_like(x) if out is None else out
             if self._replay_plan(plan, self._call_level(key, x.nbytes), _flat(buf), root) is not False:
                 return buf
         root = self._check_root(root)
         x, xp = self._prep(x)
-        buf = x if self.rank == root else xp.empty_like(x)
+        buf = x if self.rank == root else self._out(out, x.shape, x.dtype, xp)
         flat = _flat(buf)
         plan = self._run("bcast", x.nbytes, xp, algorithm=algorithm,
                          native=lambda t: t.native_bcast(flat, root), algo_args=(flat, root),
@@ -489,27 +506,38 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         self._remember_hot(key, "bcast", x, root)
         return buf
 
-    def reduce(self, x, op="sum", root=0, *, algorithm=None):
-        """Reduce ``x`` over all ranks with ``op``; the result on ``root``, None elsewhere."""
+    def reduce(self, x, op="sum", root=0, out=None, *, algorithm=None):
+        """Reduce ``x`` over all ranks with ``op``; the result on ``root`` (in ``out`` if given), None elsewhere."""
         self._begin("reduce")
         key = ("reduce", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), (op, root), algorithm)
+        hot = self._hot.get(key) if self._hot else None
+        if hot is not None:
+            res = hot(x, out)
+            if res is not None:
+                return None if res is NOTHING else res
         plan = self._fast_plan(key)
-        if plan is not None and x.flags.c_contiguous:
-            out = plan.xp.empty_like(x) if self.rank == root else None
-            if self._replay_plan(plan, self._call_level(key, x.nbytes), _flat(x),
-                                 _flat(out) if out is not None else None, op, root) is not False:
-                return out
+        if plan is not None and x.flags.c_contiguous and (self.rank != root or _fits(out, x, x.shape)):
+            res = (plan.xp.empty_like(x) if out is None else out) if self.rank == root else None
+            send = _flat(x)
+            if res is not None and res.size and _may_overlap(res, x):
+                send = send.copy()
+            if self._replay_plan(plan, self._call_level(key, x.nbytes), send,
+                                 _flat(res) if res is not None else None, op, root) is not False:
+                return res
         check_op(op)
         root = self._check_root(root)
         x, xp = self._prep(x)
+        out = self._out(out, x.shape, x.dtype, xp) if self.rank == root else None
         send = _flat(x)
-        out = xp.empty_like(x) if self.rank == root else None
+        if out is not None and out.size and _may_overlap(out, x):
+            send = send.copy()
         recv = _flat(out) if out is not None else None
         plan = self._run("reduce", x.nbytes, xp, algorithm=algorithm,
                          native=lambda t: t.native_reduce(send, recv, op, root),
                          algo_args=(send, recv, op, root), spec=(x.dtype, x.size, root, op, x.shape),
                          level=self._call_level(key, x.nbytes), inline_bytes=x.nbytes)
         self._remember(key, plan)
+        self._remember_hot(key, "reduce", x, (op, root))
         return out
 
     def allreduce(self, x, op="sum", out=None, *, algorithm=None):
@@ -527,7 +555,7 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
                                 and out.flags.c_contiguous)):
             res = plan.xp.empty_like(x) if out is None else out
             level = self._call_level(key, x.nbytes)
-            if level != 0 and plan.inline is not None:  # x is copied into the round before res is written
+            if level not in (0, DEFERRED) and plan.inline is not None:  # x goes into the round before res is written
                 plan.inline(_flat(x), _flat(res), op)
                 return res
             send = _flat(x)
@@ -554,24 +582,35 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         """``x`` with at least one dimension (scalars become 1-element vectors)."""
         return x.reshape(1) if x.ndim == 0 else x
 
-    def allgather(self, x, *, algorithm=None):
-        """Every rank's ``x`` concatenated along axis 0 (equal shapes on every rank)."""
+    def allgather(self, x, out=None, *, algorithm=None):
+        """Every rank's ``x`` concatenated along axis 0 (equal shapes on every rank), in ``out`` if given."""
         self._begin("allgather")
         key = ("allgather", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), None, algorithm)
+        hot = self._hot.get(key) if self._hot else None
+        if hot is not None:
+            res = hot(x, out)
+            if res is not None:
+                return res
         plan = self._fast_plan(key)
         if plan is not None and x.ndim and x.flags.c_contiguous:
-            out = plan.xp.empty((x.shape[0] * self.size,) + x.shape[1:], dtype=x.dtype)
-            if self._replay_plan(plan, self._call_level(key, x.nbytes), _flat(x), _flat(out)) is not False:
-                return out
+            shape = (x.shape[0] * self.size,) + x.shape[1:]
+            if _fits(out, x, shape) and (out is None or not _may_overlap(out, x)):
+                res = plan.xp.empty(shape, dtype=x.dtype) if out is None else out
+                if self._replay_plan(plan, self._call_level(key, x.nbytes), _flat(x), _flat(res)) is not False:
+                    return res
         x, xp = self._prep(x)
         x = self._lead(x)
-        out = xp.empty((x.shape[0] * self.size,) + x.shape[1:], dtype=x.dtype)
+        out = self._out(out, (x.shape[0] * self.size,) + x.shape[1:], x.dtype, xp)
         send, recv = _flat(x), _flat(out)
+        if out.size and _may_overlap(out, x):
+            send = send.copy()
         plan = self._run("allgather", x.nbytes * self.size, xp, algorithm=algorithm,
                          native=lambda t: t.native_allgather(send, recv), algo_args=(send, recv),
                          spec=(x.dtype, x.size, 0, None, x.shape), level=self._call_level(key, x.nbytes),
                          inline_bytes=x.nbytes)
         self._remember(key, plan)
+        if key[3]:  # (a 0-d x takes the full path each time)
+            self._remember_hot(key, "allgather", x, None)
         return out
 
     def gather(self, x, root=0, *, algorithm=None):
@@ -693,20 +732,40 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         more row.
         """
         self._begin("reduce_scatter")
+        key = ("reduce_scatter", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), op, algorithm)
+        hot = self._hot.get(key) if self._hot else None
+        if hot is not None:
+            res = hot(x, None)
+            if res is not None:
+                return res
+        plan = self._fast_plan(key)
+        if plan is not None and x.ndim and x.flags.c_contiguous:
+            rows, counts = self._blocks(x.shape)
+            out = plan.xp.empty((rows[self.rank],) + x.shape[1:], dtype=x.dtype)
+            if self._replay_plan(plan, self._call_level(key, x.nbytes), _flat(x), _flat(out), counts,
+                                 op) is not False:
+                return out
         check_op(op)
         x, xp = self._prep(x)
         x = self._lead(x)
-        n0 = x.shape[0]
-        rows = [n0 // self.size + (1 if r < n0 % self.size else 0) for r in range(self.size)]
-        row = int(np.prod(x.shape[1:], dtype=np.int64))
-        counts = [r * row for r in rows]
+        rows, counts = self._blocks(x.shape)
         out = xp.empty((rows[self.rank],) + x.shape[1:], dtype=x.dtype)
         send, recv = _flat(x), _flat(out)
-        self._run("reduce_scatter", x.nbytes, xp, algorithm=algorithm,
-                  native=lambda t: t.native_reduce_scatter(send, recv, counts, op),
-                  algo_args=(send, recv, counts, op), spec=(x.dtype, x.size, 0, op, x.shape),
-                  level=self._call_level(None, x.nbytes))
+        plan = self._run("reduce_scatter", x.nbytes, xp, algorithm=algorithm,
+                         native=lambda t: t.native_reduce_scatter(send, recv, counts, op),
+                         algo_args=(send, recv, counts, op), spec=(x.dtype, x.size, 0, op, x.shape),
+                         level=self._call_level(key, x.nbytes))
+        self._remember(key, plan)
+        if key[3]:
+            self._remember_hot(key, "reduce_scatter", x, (counts, op))
         return out
+
+    def _blocks(self, shape):
+        """Rows and element counts of every rank's reduce_scatter block of an array of ``shape``."""
+        n0 = shape[0]
+        rows = [n0 // self.size + (1 if r < n0 % self.size else 0) for r in range(self.size)]
+        row = int(np.prod(shape[1:], dtype=np.int64))
+        return rows, [r * row for r in rows]
 
     def _scan(self, kind, x, op, algorithm):
         self._begin(kind)
@@ -770,6 +829,12 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         child = Communicator(new, prefer=self.prefer, tuning=self._tuning)
         self._children.add(child)
         return child
+
+
+def _fits(out, x, shape):
+    """Whether ``out`` can take a result of ``shape`` like ``x`` as it is (None: one is allocated)."""
+    return out is None or (type(out) is type(x) and out.shape == shape and out.dtype == x.dtype
+                           and out.flags.c_contiguous)
 
 
 def _complete(req):
