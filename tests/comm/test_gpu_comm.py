@@ -79,3 +79,19 @@ def test_repeated_calls_that_part_raise_at_the_next_round(mpi, n):
     _need(n)
     proc = mpi(os.path.join(HERE, "gpu_deferred.py"), n, "ipc,nccl", timeout=300, env={"MPIML_TIMEOUT": "30"})
     assert "OK" in proc.stdout
+
+
+@pytest.mark.parametrize("backend", ["nccl", "ipc"])
+def test_killed_peer_found_dead_without_a_timeout(mpi, backend, tmp_path):
+    """SIGKILL with stream-ordered calls in flight, the launcher lets the job go on, MPIML_TIMEOUT
+    unset: every survivor raises CommAbortedError naming the dead rank within 5 s."""
+    import sys
+
+    n = min(_gpus(), 4)
+    if n < 2:
+        pytest.skip("needs 2 GPUs")
+    keep = os.path.join(HERE, "..", "faults", "keep_survivors.py")
+    env = {"MPIML_TIMEOUT": "", "MPIML_FAULT_OUT": str(tmp_path)}
+    proc = mpi(keep, n, str(tmp_path), str(n - 1), sys.executable, os.path.join(HERE, "gpu_timeout.py"), backend,
+               "dead", timeout=180, env=env, expect_ok=False)
+    assert "OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -89,8 +89,13 @@ class Agreement:
 
         A rank in the same call raises the error that rank raised (the same class and
         text: the call failed for the whole group); a rank at a later call raises
-        :class:`~mpiml.CommAbortedError` naming it.
+        :class:`~mpiml.CommAbortedError` naming it.  A peer on this host whose process
+        has ended (see :mod:`mpiml.comm._liveness`) aborts it too, naming that rank.
         """
+        live = self._liveness
+        if live is not None and live.look() is not None:
+            self._poison(CommAbortedError(live.describe(live.dead)))
+            raise self._aborted("wait")
         heard = self._notices.heard() if self._notices is not None else None
         if heard is None:
             return

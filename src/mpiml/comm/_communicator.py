@@ -44,6 +44,7 @@ from .._errors import CollectiveMismatchError, CommError, CommTimeoutError
 from . import _profile
 from ._agreement import Agreement, _release
 from ._hotpath import DEFERRED, NOTHING
+from ._liveness import Liveness, local_identity
 from ._ops import check_dtype, check_op, identity, SUPPORTED_DTYPES
 from ._objects import ObjectCollectives
 from ._p2p import MAX_TAG, PointToPoint, _cupy, _flat
@@ -117,7 +118,7 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         self._deferred = []
         self._check_every = _config.env_number("MPIML_CHECK_EVERY", 1024, minimum=1, unit="calls")
         self._defer_memory = ("device",)
-        self._round = self._notices = None
+        self._round = self._notices = self._liveness = None
         self._untold = None  # a failure not yet told to the other ranks
         if tuning is None:
             data = None
@@ -132,6 +133,8 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
                 raise ValueError(str(data))
             tuning = TuningTable.from_data(data)
         self._tuning = tuning
+        # the peers whose processes this rank can watch (see mpiml.comm._liveness)
+        self._liveness = Liveness(self.rank, self._allgather_obj(local_identity())) if self.size > 1 else None
         # created here, in the same order on every rank (a persistent collective's set-up is collective)
         self._round = SignatureRound(self._ctl, self.size) if self.size > 1 else None
         if self.size > 1 and getattr(self._ctl, "MPI", None) is not None:
