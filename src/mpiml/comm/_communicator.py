@@ -33,6 +33,7 @@ posts no round for array collectives.
 """
 
 from functools import partial
+import os
 import time
 import weakref
 
@@ -124,7 +125,8 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
             data = None
             if self.rank == 0:
                 try:
-                    data = TuningTable.from_config(_config.tuning_file(), _config.comm_algo_override()).to_data()
+                    data = TuningTable.from_config(_config.tuning_file(), _config.comm_algo_override(),
+                                                   explicit="MPIML_TUNING_FILE" in os.environ).to_data()
                 except ValueError as exc:  # a bad table or MPIML_COMM_ALGO: the same error everywhere
                     data = exc
             data = self._bcast_obj_ctl(data)
@@ -254,6 +256,8 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
             if backend in ("mpi", "self"):
                 backend = self._world.name
             return backend, algorithm
+        if memory == "device" and self._tuning.machine is None and self.size > 1:
+            self._tuning = self._machine_tuning()
         avail = self.available_backends(memory)
         if self.prefer not in ("auto", None, self._world.name) and memory == "device":
             if self.prefer in avail and self._device_backend_usable(self.prefer):
@@ -266,6 +270,24 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         if backend in ("mpi", "self"):
             backend = self._world.name
         return backend, algo
+
+    def _machine_tuning(self):
+        """The table with this machine's keyed rules (rank 0's key and files, agreed; see ``_tuning``).
+
+        Made at the first device call that consults the table: a collective call, so the
+        broadcast on the control context meets on every rank.
+        """
+        data = None
+        if self.rank == 0:
+            try:
+                from ._tuning import load_keyed_rules, machine_key
+
+                key = machine_key()
+                data = (key, [dict(r) for r in load_keyed_rules(key, _config.tuning_file())])
+            except Exception as exc:  # no NVML, a malformed file: the generic rules, and why
+                data = ("", [], f"{type(exc).__name__}: {exc}")
+        data = self._bcast_obj_ctl(data)
+        return self._tuning.with_machine(data[0], data[1])
 
     # ------------------------------------------------------------------ the engine
     def _run(self, op, nbytes, xp, *, algorithm, native, algo_args, spec, level, error=None, blocking=False,
