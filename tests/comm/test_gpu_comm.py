@@ -95,3 +95,16 @@ def test_killed_peer_found_dead_without_a_timeout(mpi, backend, tmp_path):
     proc = mpi(keep, n, str(tmp_path), str(n - 1), sys.executable, os.path.join(HERE, "gpu_timeout.py"), backend,
                "dead", timeout=180, env=env, expect_ok=False)
     assert "OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_machine_key_names_the_gpu_and_its_links():
+    """The key of this machine's tuning table: the GPU's name, then its NVLinks (or PCIe)."""
+    _need(1)
+    from mpiml.comm._tuning import machine_key, machine_slug
+
+    key = machine_key()
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+    name = name.decode() if isinstance(name, bytes) else name
+    assert key.startswith(name + ", ") and (key.endswith(" NVLinks") or key.endswith(", PCIe")), key
+    if _gpus() > 1 and cupy.cuda.runtime.deviceCanAccessPeer(0, 1):
+        print(key, machine_slug(key))
