@@ -145,7 +145,6 @@ def launcher(comm, transport, plan, op, x, bind, issue, err=None):
 
     ``err`` is the transport's host-mapped error word (a failure makes the full path raise it).
     """
-    cls, dtype, shape = x.__class__, x.dtype, x.shape
     err = err if err is not None else _NoError()
     active = _profile._ACTIVE
     check_level_ = check_level
@@ -171,7 +170,6 @@ def launcher(comm, transport, plan, op, x, bind, issue, err=None):
                 c._verify_sequence(op)
         return res
 
-    call.key = (cls, dtype, shape)
     return call
 
 
