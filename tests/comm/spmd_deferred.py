@@ -89,7 +89,9 @@ def mismatch(kind):
     check(got[0] == "CollectiveMismatchError", f"{kind}: the next round gave {got}")
     check(len(set(texts)) == 1, f"{kind}: ranks raised different errors: {texts}")
     want = "mismatched dtype" if kind == "dtype" else "mismatched op"
-    check(want in got[1] and "repeated device calls" in got[1], f"{kind}: unclear text {got[1]!r}")
+    call = 5 if kind == "dtype" else 4  # the parting call's number on this communicator
+    check(want in got[1] and "repeated device calls" in got[1] and f"at call {call} " in got[1],
+          f"{kind}: unclear text {got[1]!r}")
     after = outcome(lambda: c.allreduce(x))
     check(after[0] == "CommAbortedError", f"{kind}: after a deferred mismatch the communicator gave {after}")
     KEEP.append(c)  # (not closed: its abort notices may still be in flight, and a new context could reuse its id)

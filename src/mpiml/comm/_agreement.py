@@ -184,15 +184,20 @@ class Agreement:
         return level
 
     # ------------------------------------------------------------------ deferred checking
-    # A repeated device call runs without a host round: its (call number, signature)
-    # joins self._deferred, and every round folds a hash of that log into the hash it
-    # posts, so the ranks agree on the whole sequence at the next round: the next
-    # checked call, split or object collective, or the round that _note_deferred posts
-    # after _check_every deferred calls.  A mismatch then names the first call where the
-    # ranks' sequences part, and aborts the communicator (those calls moved data).
+    # A repeated device call runs without a host round: its plan (signature) joins
+    # self._deferred, and every round folds a hash of that log (with the call number of
+    # its first entry, _deferred_from) into the hash it posts, so the ranks agree on the
+    # whole sequence at the next round: the next checked call, split or object collective,
+    # or the round that _note_deferred posts after _check_every deferred calls.  Between
+    # two rounds every call is deferred (any other call posts a round), so entry i is call
+    # _deferred_from + i.  A mismatch then names the first call where the ranks' sequences
+    # part, and aborts the communicator (those calls moved data).
     def _note_deferred(self, plan):
-        self._deferred.append((self._seq, plan))
-        if len(self._deferred) >= self._check_every:
+        log = self._deferred
+        if not log:
+            self._deferred_from = self._seq
+        log.append(plan)
+        if len(log) >= self._check_every:
             self._verify_sequence(plan.spec[0])
 
     def _verify_sequence(self, op):
@@ -204,7 +209,7 @@ class Agreement:
         log = self._deferred
         if not log:
             return hash((base, self._seq))
-        return hash((base, self._seq, tuple([(s, p.base) for s, p in log])))
+        return hash((base, self._seq, self._deferred_from, tuple([p.base for p in log])))
 
     def _round_agreed(self):
         """Whether the round just completed agreed (and with it every deferred call: the log empties)."""
@@ -254,14 +259,14 @@ class Agreement:
         part among deferred calls (they ran).  The text names the first call at which
         the ranks' sequences (deferred calls, then this one) differ.
         """
-        log = [describe(p.spec, s) for s, p in self._deferred]
+        log = [describe(p.spec, self._deferred_from + i) for i, p in enumerate(self._deferred)]
         gathered = self._allgather_obj((describe(spec, self._seq), error, bool(posted), log))
         where, in_log = first_difference([lg + [d] for d, _, _, lg in gathered], [len(lg) for *_, lg in gathered])
         if in_log:
-            text = mismatch_text(op, [(seq[min(where, len(seq) - 1)], None)
-                                      for seq in ([*lg, d] for d, _, _, lg in gathered)])
-            text += (" (found when the ranks agreed on their repeated device calls, which run before their "
-                     "signatures are agreed: see MPIML_CHECK)")
+            items = [seq[min(where, len(seq) - 1)] for seq in ([*lg, d] for d, _, _, lg in gathered)]
+            text = mismatch_text(op, [(item, None) for item in items])
+            text += (f" (at call {items[0]['call']} of this communicator on rank 0; found when the ranks agreed "
+                     "on their repeated device calls, which run before their signatures are agreed: see MPIML_CHECK)")
         else:
             text = mismatch_text(op, [(d, e) for d, e, _, _ in gathered])
         exc = CollectiveMismatchError(text)

@@ -163,11 +163,13 @@ def launcher(comm, transport, plan, op, x, bind, issue, err=None):
             return None
         res, ip, outp = bound
         issue(ip, outp)
-        if level is None:  # deferred: logged, agreed at the next round (see Agreement._note_deferred)
-            c = ref()
-            log.append((c._seq, plan))
+        if level is None:  # deferred: logged, agreed at the next round (Agreement._note_deferred, inlined)
+            if not log:
+                c = ref()
+                c._deferred_from = c._seq
+            log.append(plan)
             if len(log) >= every:
-                c._verify_sequence(op)
+                ref()._verify_sequence(op)
         return res
 
     return call
