@@ -192,20 +192,30 @@ def lstsq_from_r(R, Z, cond):
 
 
 def ridge_from_gram(G, B, alphas):
-    """Solve ``(G + alpha I) w = b`` per target (Cholesky; eigen-fallback when singular)."""
+    """Solve ``(G + alpha I) w = b`` per target (Cholesky; eigen-fallback when singular).
+
+    The matrix counts as singular when Cholesky fails or its pivots say the
+    smallest eigenvalue is at the rounding level of a float64 Gram matrix
+    (``100 d ε`` of the largest); the eigen-fallback then drops those
+    eigenvalues, which gives the minimum-norm solution for ``alpha = 0``.
+    """
     d, t = B.shape
     coef = np.empty((d, t))
     groups = {}
+    singular = 100 * max(d, 1) * np.finfo(np.float64).eps
     for j, a in enumerate(alphas):
         groups.setdefault(float(a), []).append(j)
     for a, cols in groups.items():
         A = G + a * np.eye(d)
         try:
-            coef[:, cols] = scipy.linalg.cho_solve(scipy.linalg.cho_factor(A, lower=False, check_finite=False),
-                                                   B[:, cols], check_finite=False)
+            factor = scipy.linalg.cho_factor(A, lower=False, check_finite=False)
+            pivots = np.abs(np.diag(factor[0]))
+            if d and (pivots.min() / pivots.max()) ** 2 <= singular:
+                raise np.linalg.LinAlgError("numerically singular")
+            coef[:, cols] = scipy.linalg.cho_solve(factor, B[:, cols], check_finite=False)
         except np.linalg.LinAlgError:
             lam, V = np.linalg.eigh(A)
-            keep = lam > max(lam.max(), 0.0) * d * np.finfo(np.float64).eps
+            keep = lam > max(lam.max(), 0.0) * singular
             Vk = V[:, keep]
             coef[:, cols] = Vk @ ((Vk.T @ B[:, cols]) / lam[keep][:, None])
     return coef
