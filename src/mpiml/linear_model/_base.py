@@ -137,7 +137,8 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
                 if has_nan or has_inf:
                     raise ValueError(_nonfinite_message(has_nan, has_inf, y.dtype, None, "y"))
             if y.shape[0]:
-                check_classification_targets(to_numpy(y))
+                # the label type follows from the distinct values: no copy of a device y to the host
+                check_classification_targets(to_numpy(xp.unique(y)) if xp is not np else y)
     except Exception as exc:
         error = str(exc)
     if comm.size > 1:
@@ -240,7 +241,10 @@ def global_classes(y, comm):
     Labels of any type that NumPy sorts (numbers, strings) are accepted; a
     rank without rows contributes nothing.
     """
-    local = np.unique(to_numpy(y)) if y.shape[0] else None
+    if not y.shape[0]:
+        local = None
+    else:
+        local = to_numpy(get_namespace(y).unique(y)) if is_device_array(y) else np.unique(y)
     parts = comm.allgather_obj(local) if comm.size > 1 else [local]
     parts = [p for p in parts if p is not None]
     if not parts:

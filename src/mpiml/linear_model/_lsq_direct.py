@@ -58,13 +58,14 @@ def _local_augmented_gram(X, Y, sw, xp):
             return kernels.augmented_gram(X, Y, sw)
     G = xp.zeros((k, k), dtype=xp.float64)
     step = chunk_rows(k, xp=xp)
-    for s in range(0, n, step):
-        e = min(n, s + step)
-        Z = xp.empty((e - s, k), dtype=xp.float64)
-        Z[:, :d] = X[s:e]
-        Z[:, d:d + t] = Y[s:e]
-        Z[:, -1] = 1.0
-        G += (Z if sw is None else Z * sw[s:e].astype(xp.float64)[:, None]).T @ Z
+    with np.errstate(over="ignore", invalid="ignore"):  # overflowing squares are found by the caller
+        for s in range(0, n, step):
+            e = min(n, s + step)
+            Z = xp.empty((e - s, k), dtype=xp.float64)
+            Z[:, :d] = X[s:e]
+            Z[:, d:d + t] = Y[s:e]
+            Z[:, -1] = 1.0
+            G += (Z if sw is None else Z * sw[s:e].astype(xp.float64)[:, None]).T @ Z
     return G
 
 
