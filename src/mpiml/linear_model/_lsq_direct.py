@@ -34,8 +34,9 @@ makes the same choice.
 import numpy as np
 
 from .._array import is_device_array
+from ..utils._linalg import augmented_gram as local_augmented_gram
 from ..utils._linalg import is_sparse
-from ._base import allreduce_identical, as_like, chunk_rows
+from ._base import allreduce_identical, as_like
 
 __all__ = ["augmented_gram", "NormalEquations", "NORMAL_RTOL_FLOOR"]
 
@@ -46,36 +47,13 @@ NORMAL_RTOL_FLOOR = 1e-10
 _EPS64 = np.finfo(np.float64).eps
 
 
-def _local_augmented_gram(X, Y, sw, xp):
-    """This rank's ``ZᵀWZ`` (float64, on the namespace of ``X``), one pass over ``X``."""
-    n, d = X.shape
-    t = Y.shape[1]
-    k = d + t + 1
-    if xp is not np:
-        from ..kernels import linear as kernels
-
-        if kernels.supported(X) and k <= kernels.GRAM_MAX_COLUMNS:
-            return kernels.augmented_gram(X, Y, sw)
-    G = xp.zeros((k, k), dtype=xp.float64)
-    step = chunk_rows(k, xp=xp)
-    with np.errstate(over="ignore", invalid="ignore"):  # overflowing squares are found by the caller
-        for s in range(0, n, step):
-            e = min(n, s + step)
-            Z = xp.empty((e - s, k), dtype=xp.float64)
-            Z[:, :d] = X[s:e]
-            Z[:, d:d + t] = Y[s:e]
-            Z[:, -1] = 1.0
-            G += (Z if sw is None else Z * sw[s:e].astype(xp.float64)[:, None]).T @ Z
-    return G
-
-
 def augmented_gram(X, Y, sw, *, comm, xp):
     """Global ``ZᵀWZ`` with ``Z = [X | Y | 1]``: host float64 ``(k, k)``, one allreduce, the same bits everywhere.
 
     ``X`` is a dense shard, ``Y`` its 2-D targets, ``sw`` the row weights or
     None.  Non-finite values anywhere in the inputs make the result non-finite.
     """
-    local = _local_augmented_gram(X, Y, sw, xp)
+    local = local_augmented_gram(X, Y, sw)
     k = local.shape[0]
     return allreduce_identical(comm, as_like(local, np).ravel()).reshape(k, k)
 
