@@ -497,7 +497,9 @@ def main(argv):
     """
     from ..comm import launched_by_mpi
 
-    if launched_by_mpi() or "--json" in argv or any(a.startswith("--json=") for a in argv) or "pca" in argv:
+    worker = "--worker" in argv or any(a.startswith("--worker=") for a in argv)  # this driver's own MPI job
+    if not worker and (launched_by_mpi() or "--json" in argv or any(a.startswith("--json=") for a in argv)
+                       or "pca" in argv):
         from .ml_decomp import main as spmd_main
 
         return spmd_main(argv)

@@ -95,18 +95,20 @@ def augmented_gram(X, Y, w=None):
     threads = max(32, (ntiles + 31) // 32 * 32)
     X = cupy.ascontiguousarray(X)
     Y = cupy.ascontiguousarray(Y.astype(X.dtype, copy=False))
-    per_sm = max(1, min(8, 2048 // threads))
+    weighted = w is not None
+    ctype = _TYPES[np.dtype(X.dtype)]
+    fn = _function(f"mpiml_linear_gram<{ctype}, {'true' if weighted else 'false'}>")
+    smem = (_STAGE * kp + _STAGE) * 8
+    # one wave of blocks: as many as fit on every SM at once (threads, registers, shared memory)
+    regs = max(32, int(getattr(fn, "num_regs", 128) or 128))
+    per_sm = max(1, min(2048 // threads, 65536 // (regs * threads), (200 << 10) // smem))
     nblocks = int(max(1, min((n + _STAGE - 1) // _STAGE, _sm_count() * per_sm)))
     rows_per_block = ((n + nblocks - 1) // nblocks + _STAGE - 1) // _STAGE * _STAGE
     rows_per_block = max(rows_per_block, _STAGE)
     nblocks = int(max(1, (n + rows_per_block - 1) // rows_per_block))
     partial = cupy.empty(nblocks * kp * kp, dtype=cupy.float64)
-    weighted = w is not None
     if weighted:
         w = cupy.ascontiguousarray(w.astype(X.dtype, copy=False))
-    ctype = _TYPES[np.dtype(X.dtype)]
-    fn = _function(f"mpiml_linear_gram<{ctype}, {'true' if weighted else 'false'}>")
-    smem = (_STAGE * kp + _STAGE) * 8
     if n:
         fn((nblocks,), (threads,), (X, np.int64(n), np.int32(d), Y, np.int32(t), w if weighted else X,
                                     np.int64(rows_per_block), np.int32(kp), np.int32(ntiles), partial),
