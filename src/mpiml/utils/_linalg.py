@@ -157,7 +157,9 @@ def augmented_gram(A, Y=None, weights=None, *, chunk_bytes=None):
     if xp is not np:
         from ..kernels import linear as kernels
 
-        if kernels.supported(A) and k <= kernels.GRAM_MAX_COLUMNS:
+        # the kernel reads Y and the weights in A's dtype: only when that loses nothing
+        same = Y.dtype == A.dtype and (weights is None or weights.dtype == A.dtype)
+        if kernels.supported(A) and k <= kernels.GRAM_MAX_COLUMNS and same:
             return kernels.augmented_gram(A, Y, weights)
     G = xp.zeros((k, k), dtype=xp.float64)
     if n == 0:
