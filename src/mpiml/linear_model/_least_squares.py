@@ -20,8 +20,8 @@ from ..utils._validation import validate_sample_weight
 from ._base import allreduce_identical, as_like, local_X, raise_if_nonfinite, validate_X_y
 from ._lsq_direct import dense_direct_applies, solve_direct
 from ._lsq_solvers import (SPARSE_GRAM_MAX_FEATURES, as_2d_targets, conjugate_gradient, factor_from_gram, lsqr,
-                           lstsq_from_gram, lstsq_from_r, nnls_from_factor, ridge_from_gram, ridge_from_r,
-                           solve_least_squares)
+                           lstsq_from_gram, lstsq_from_gram_cholesky, lstsq_from_r, nnls_from_factor,
+                           ridge_from_gram, ridge_from_r, solve_least_squares)
 
 __all__ = ["LinearRegression", "Ridge"]
 
@@ -272,7 +272,7 @@ class LinearRegression(_LinearRegressorBase):
         if dense_direct_applies(X, self.positive) and self.solver in ("auto", "normal", "tsqr"):
             coef, intercept, (rank, sing), solver, self._solver_info = solve_direct(
                 X, y, sw, solver=self.solver, **common,
-                solve_gram=lambda G, B: _split3(lstsq_from_gram(G, B, self.tol)),
+                solve_gram=lambda G, B: _split3(lstsq_from_gram_cholesky(G, B, self.tol)),
                 solve_r=lambda R, Z: _split3(lstsq_from_r(R, Z, self.tol)),
                 on_nonfinite=lambda: raise_if_nonfinite(self, X, y, comm=comm, xp=xp))
             self.rank_ = rank

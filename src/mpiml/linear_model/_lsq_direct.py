@@ -12,9 +12,9 @@ float64); on the host, float64 row blocks go through BLAS.
 The centred system follows in float64: ``G = XᵀWX - s sᵀ / Σw`` (``s`` the
 column sums).  Its accuracy is judged from the same matrix, before solving:
 
-* ``κ``: the 2-norm condition number of ``G`` scaled to unit diagonal (the
-  normal equations are invariant to column scaling), from ``eigvalsh`` of the
-  ``d x d`` matrix (with ``alpha I`` added for ridge);
+* ``κ``: the condition number of ``G`` scaled to unit diagonal (the normal
+  equations are invariant to column scaling), LAPACK's estimate from its
+  Cholesky factor (with ``alpha I`` added for ridge);
 * ``δ = ε₆₄ (d + c)``: the relative error of ``G``, from the float64
   rounding of its ``d``-term row products and the cancellation of the
   centring, ``c = max_j (XᵀWX)_jj / G_jj - 1`` (the squared ratio of a
@@ -32,6 +32,7 @@ makes the same choice.
 """
 
 import numpy as np
+import scipy.linalg
 
 from .._array import is_device_array
 from ..utils._linalg import augmented_gram as local_augmented_gram
@@ -89,16 +90,26 @@ class NormalEquations:
         self.cancellation = float(max(ratio.max(initial=1.0) - 1.0, 0.0)) if fit_intercept else 0.0
 
     def condition(self, alpha=0.0):
-        """2-norm condition number of ``G + alpha I`` scaled to unit diagonal (inf when singular)."""
-        A = self.G + alpha * np.eye(self.d) if alpha else self.G
-        diag = np.diag(A)
+        """Condition number of ``G + alpha I`` scaled to unit diagonal (inf when not positive definite).
+
+        LAPACK's estimate from the Cholesky factor (``dpotrf`` + ``dpocon``,
+        ``O(d²)`` after the factorisation): the 1-norm condition number, within
+        a factor ``d`` of the 2-norm one and usually within 3 of its own true
+        value; far cheaper than an eigendecomposition of the ``d x d`` matrix.
+        """
         if self.d == 0:
             return 1.0
+        A = self.G + alpha * np.eye(self.d) if alpha else self.G
+        diag = np.diag(A)
         if not np.all(np.isfinite(A)) or np.any(diag <= 0):
             return np.inf
         root = 1.0 / np.sqrt(diag)
-        lam = np.linalg.eigvalsh(A * root[:, None] * root[None, :])
-        return float(lam[-1] / lam[0]) if lam[0] > 0 else np.inf
+        S = A * root[:, None] * root[None, :]
+        factor, info = scipy.linalg.lapack.dpotrf(S, lower=0, clean=1)
+        if info != 0:
+            return np.inf
+        rcond, info = scipy.linalg.lapack.dpocon(factor, float(np.abs(S).sum(axis=0).max()))
+        return float(1.0 / rcond) if info == 0 and rcond > 0 else np.inf
 
     def error_estimate(self, kappa, centred_pass=False):
         """Relative error of the normal equations' coefficients, about ``κ δ``."""

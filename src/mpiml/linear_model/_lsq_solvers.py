@@ -183,6 +183,26 @@ def lstsq_from_gram(G, B, cond):
     return coef, int(keep.sum()), sing
 
 
+def lstsq_from_gram_cholesky(G, B, cond):
+    """:func:`lstsq_from_gram` by Cholesky when ``G`` has full rank under the ``cond`` rule.
+
+    The singular values come from ``eigvalsh`` (no eigenvectors); the solve is
+    a Cholesky solve.  A rank-deficient ``G`` (or a failed factorisation) goes
+    to :func:`lstsq_from_gram`, whose minimum-norm rule then applies.
+    """
+    lam = np.linalg.eigvalsh(G)[::-1]
+    sing = np.sqrt(np.clip(lam, 0.0, None))
+    if sing.size and sing[0] > 0 and bool(np.all(sing > cond * sing[0])):
+        try:
+            coef = scipy.linalg.cho_solve(scipy.linalg.cho_factor(G, lower=False, check_finite=False), B,
+                                          check_finite=False)
+            if np.all(np.isfinite(coef)):
+                return coef, int(sing.size), sing
+        except np.linalg.LinAlgError:
+            pass
+    return lstsq_from_gram(G, B, cond)
+
+
 def lstsq_from_r(R, Z, cond):
     """Minimum-norm least squares from the triangular factor; singular values and rank."""
     coef, _, rank, sing = scipy.linalg.lstsq(R, Z, cond=cond, check_finite=False)
