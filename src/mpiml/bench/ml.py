@@ -345,7 +345,7 @@ def _launch(ranks, argv_extra, env=None):
 
 def main(argv):
     """Entry point of ``mpiml bench ml``; returns the exit status."""
-    linear = ("linreg", "logreg", "ridge", "tsvd")
+    linear = ("linreg", "logreg", "ridge", "tsvd", "pca")
     if set(linear) & set(argv) or {f"--algo={a}" for a in linear} & set(argv):
         from .ml_linear import main as linear_main
 

@@ -15,13 +15,14 @@ from ..utils._supervised import (  # noqa: F401 (re-exported: the linear models 
     _sparse_as_csr,
     as_like,
     global_classes,
+    raise_if_nonfinite,
     sparse_mismatch,
     validate_X_y,
 )
 from ..utils._validation import validate_data
 
 __all__ = ["allreduce_identical", "validate_X_y", "local_X", "chunk_rows", "global_classes", "as_like",
-           "SPARSE_DENSE_REQUIRED"]
+           "SPARSE_DENSE_REQUIRED", "raise_if_nonfinite"]
 
 #: Bytes of one float64 row chunk converted at a time (bounds the temporary memory).
 _CHUNK_BYTES = 8 << 20

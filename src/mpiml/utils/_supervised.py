@@ -9,12 +9,13 @@ import numpy as np
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data as _sk_validate_data
 
-from .._array import is_device_array, to_numpy
+from .._array import get_namespace, is_device_array, to_numpy
 from .._errors import DistributedInputError
 from ._linalg import is_sparse, to_csr
 from ._validation import _combine, _finite_flags, _nonfinite_message, validate_data
 
-__all__ = ["validate_X_y", "global_classes", "as_like", "sparse_mismatch", "SPARSE_DENSE_REQUIRED"]
+__all__ = ["validate_X_y", "global_classes", "as_like", "sparse_mismatch", "SPARSE_DENSE_REQUIRED",
+           "raise_if_nonfinite"]
 
 #: scikit-learn's message for sparse input where dense data is required (a TypeError).
 SPARSE_DENSE_REQUIRED = ("Sparse data was passed for X, but dense data is required. Use '.toarray()' to convert "
@@ -44,7 +45,8 @@ def _sparse_as_csr(X, accept_sparse):
     return to_csr(X)
 
 
-def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, accept_sparse=False):
+def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, accept_sparse=False,
+                 defer_finite=False):
     """Validate this rank's ``X`` and ``y`` and agree on them across ranks.
 
     On one process with host input, scikit-learn's ``validate_data`` (its exact
@@ -54,6 +56,11 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
     every rank.  With ``accept_sparse`` (``"csr"``), SciPy and ``cupyx``
     sparse shards are accepted and returned as CSR; whether ``X`` is sparse
     must then agree across ranks (it steers the solver).
+
+    With ``defer_finite`` and a dense CuPy ``X``, the NaN/infinity checks of
+    ``X`` and ``y`` are left to the caller, which finds non-finite values in
+    the reduction it makes anyway and then calls :func:`raise_if_nonfinite`
+    (no full read of the data and no wait for the device here).
 
     Returns
     -------
@@ -69,7 +76,9 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
         if not y_numeric:
             check_classification_targets(y)
         return X, y, np
-    X, xp = validate_data(estimator, X, comm=comm, reset=reset, accept_sparse="csr" if accept_sparse else False)
+    X, xp = validate_data(estimator, X, comm=comm, reset=reset, accept_sparse="csr" if accept_sparse else False,
+                          defer_finite=defer_finite)
+    deferred = defer_finite and xp is not np and not is_sparse(X)
     error = None
     if comm.size == 1 and xp is not np:
         X = _sparse_as_csr(X, accept_sparse)  # one process: scikit-learn's TypeError as is
@@ -94,7 +103,7 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
                 raise ValueError(f"y must be numeric; got dtype {y.dtype}")
             if y.dtype.kind != "f":
                 y = y.astype(xp.float64)
-            has_nan, has_inf = _finite_flags(y, xp, True)
+            has_nan, has_inf = (False, False) if deferred else _finite_flags(y, xp, True)
             if has_nan or has_inf:
                 raise ValueError(_nonfinite_message(has_nan, has_inf, y.dtype, None, "y"))
         else:
@@ -103,7 +112,8 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
                 if has_nan or has_inf:
                     raise ValueError(_nonfinite_message(has_nan, has_inf, y.dtype, None, "y"))
             if y.shape[0]:
-                check_classification_targets(to_numpy(y))
+                # the label type follows from the distinct values: no copy of a device y to the host
+                check_classification_targets(to_numpy(xp.unique(y)) if xp is not np else y)
     except Exception as exc:
         error = str(exc)
     if comm.size > 1:
@@ -115,6 +125,37 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
     elif error is not None:
         raise ValueError(error)
     return X, y, xp
+
+
+def raise_if_nonfinite(estimator, X, y, *, comm, xp):
+    """The NaN/infinity checks that ``validate_X_y(defer_finite=True)`` left out, with their errors.
+
+    Collective: every rank calls it (they all saw the same non-finite
+    reduction).  Raises what the checks would have raised (the same class and
+    text on every rank); returns when ``X`` and ``y`` are finite everywhere
+    (the reduction then overflowed).
+    """
+    name = type(estimator).__name__
+    xf = _finite_flags(X, xp, True)
+    yf = _finite_flags(y, xp, True)
+    if comm.size == 1:
+        if any(xf):
+            raise ValueError(_nonfinite_message(*xf, X.dtype, name))
+        if any(yf):
+            raise ValueError(_nonfinite_message(*yf, y.dtype, None, "y"))
+        return
+    facts = comm.allgather_obj((xf, yf, str(X.dtype), str(y.dtype)))
+    nan = [r for r, f in enumerate(facts) if f[0][0]]
+    if nan:
+        raise DistributedInputError(f"Input X contains NaN on rank(s) {nan}.")
+    inf = [r for r, f in enumerate(facts) if f[0][1]]
+    if inf:
+        raise DistributedInputError(f"Input X contains infinity or a value too large for "
+                                    f"{np.dtype(facts[inf[0]][2])!r} on rank(s) {inf}.")
+    msg = _combine([_nonfinite_message(*f[1], f[3], None, "y") if any(f[1]) else None for f in facts],
+                   "Invalid input")
+    if msg is not None:
+        raise DistributedInputError(msg)
 
 
 def _y_mismatch(facts):
@@ -150,7 +191,10 @@ def global_classes(y, comm):
     Labels of any type that NumPy sorts (numbers, strings) are accepted; a
     rank without rows contributes nothing.
     """
-    local = np.unique(to_numpy(y)) if y.shape[0] else None
+    if not y.shape[0]:
+        local = None
+    else:
+        local = to_numpy(get_namespace(y).unique(y)) if is_device_array(y) else np.unique(y)
     parts = comm.allgather_obj(local) if comm.size > 1 else [local]
     parts = [p for p in parts if p is not None]
     if not parts:
