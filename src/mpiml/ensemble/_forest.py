@@ -400,7 +400,7 @@ class _BaseForest(SPMDEstimator):
         sample = np.ascontiguousarray(to_numpy(sample))
         if comm is not None and comm.size > 1:
             sample = comm.allgatherv(sample)
-        return bin_edges(sample, self.max_bins, exact=keep is None)
+        return bin_edges(sample, self.max_bins, exact=keep is None, xp=xp)
 
     def _seed(self, comm):
         rs = check_random_state(self.random_state)
