@@ -29,7 +29,7 @@ import os
 
 import numpy as np
 
-__all__ = ["enabled", "apply_bins", "build_histograms", "split_candidates", "node_candidates", "partition"]
+__all__ = ["enabled", "thread_count", "apply_bins", "build_histograms", "split_candidates", "node_candidates", "partition"]
 
 _KERNELS = None
 
@@ -46,10 +46,32 @@ def enabled():
     return True
 
 
+def thread_count():
+    """Threads of this rank's kernels: ``MPIML_NUM_THREADS`` or ``OMP_NUM_THREADS`` when set, else this
+    process's cores divided by the ranks the launcher placed on the node (Open MPI, MPICH and Slurm
+    say how many), so that ranks sharing a node do not oversubscribe it."""
+    for name in ("MPIML_NUM_THREADS", "OMP_NUM_THREADS"):
+        if os.environ.get(name, "").strip().isdigit():
+            return max(1, int(os.environ[name]))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:                      # not on Linux
+        cores = os.cpu_count() or 1
+    local = 1
+    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"):
+        if os.environ.get(name, "").strip().isdigit():
+            local = max(1, int(os.environ[name]))
+            break
+    return max(1, cores // local)
+
+
 def _kernels():
     """The compiled kernels, defined on first use (Numba itself is imported lazily)."""
     global _KERNELS
     if _KERNELS is None:
+        import numba
+
+        numba.set_num_threads(min(thread_count(), numba.config.NUMBA_NUM_THREADS))
         _KERNELS = _define()
     return _KERNELS
 
@@ -144,7 +166,8 @@ def node_candidates(Xb, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, mw
         _kernels()["fused"](Xb, row, w, w if wy is None else wy, row if y is None else y,
                             np.ascontiguousarray(seg_start, dtype=np.int64), np.ascontiguousarray(seg_len, dtype=np.int64),
                             np.ascontiguousarray(fsel, dtype=np.int64), n_bins, tot, mwl if has_mwl else np.zeros(S),
-                            has_mwl, float(sw), float(sy), n_classes, int(count_rows), float(min_samples_leaf), *outs)
+                            has_mwl, float(sw), float(sy), n_classes, int(count_rows), float(min_samples_leaf),
+                            min(S, 1024), *outs)
     return outs
 
 
@@ -189,26 +212,26 @@ def _define():
     pjit = njit(cache=True, nogil=True, parallel=True)
 
     @jit
-    def add_rows(Xb, row, w, wy, y, e0, e1, f, K, D, h):
-        """Sum the elements ``e0:e1`` into the ``(B, C)`` histogram ``h`` of feature ``f``."""
+    def add_rows(Xb, row, w, wy, y, e0, e1, fs, K, D, h):
+        """Sum the elements ``e0:e1`` into the ``(len(fs), B, C)`` histograms ``h`` of the features ``fs``
+        (a row's bins are read together: one cache line per row)."""
         for e in range(e0, e1):
             r = row[e]
-            b = Xb[r, f]
-            if D:
-                h[b, 0] += 1.0
-            if K:
-                h[b, D + y[r]] += w[e]
-            else:
-                h[b, D] += w[e]
-                h[b, D + 1] += wy[e]
+            we = w[e]
+            ch = D + y[r] if K else D
+            wye = 0.0 if K else wy[e]
+            for j in range(fs.shape[0]):
+                b = Xb[r, fs[j]]
+                if D:
+                    h[j, b, 0] += 1.0
+                h[j, b, ch] += we
+                if not K:
+                    h[j, b, D + 1] += wye
 
     @pjit
     def hist(Xb, row, w, wy, y, seg_start, seg_len, fsel, K, D, out):
-        n, FH = fsel.shape
-        for p in prange(n * FH):
-            i = p // FH
-            j = p - i * FH
-            add_rows(Xb, row, w, wy, y, seg_start[i], seg_start[i] + seg_len[i], fsel[i, j], K, D, out[i, j])
+        for i in prange(fsel.shape[0]):
+            add_rows(Xb, row, w, wy, y, seg_start[i], seg_start[i] + seg_len[i], fsel[i], K, D, out[i])
 
     @jit
     def scan(cb, h, nb, B, tot, cum, mwl, has_mwl, sw, sy, K, D, msl):
@@ -329,27 +352,30 @@ def _define():
             o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = v, b, wl, lo, hi, occ
 
     @pjit
-    def fused(Xb, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl,
+    def fused(Xb, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl, n_chunks,
               o_val, o_b, o_wl, o_below, o_above, o_occ):
         S, m = fsel.shape
         C = tot.shape[1]
         every = np.arange(B)
-        for s in prange(S):
-            h = np.empty((B, C))
+        for t in prange(n_chunks):                   # buffers once per chunk of nodes
+            h = np.empty((m, B, C))
             cum = np.empty(C)
             cb = np.empty(B, dtype=np.int64)
-            e0 = seg_start[s]
-            n = seg_len[s]
-            key = np.empty(n, dtype=np.int64) if 4 * n < B else cb
-            for j in range(m):
-                if 4 * n < B:
-                    nb = compact(Xb, row, w, wy, y, e0, n, fsel[s, j], K, D, key, cb, h)
-                    v, b, wl, lo, hi, occ = scan(cb, h, nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
-                else:
-                    h[:, :] = 0.0
-                    add_rows(Xb, row, w, wy, y, e0, e0 + n, fsel[s, j], K, D, h)
-                    v, b, wl, lo, hi, occ = scan(every, h, B, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
-                o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = v, b, wl, lo, hi, occ
+            key = np.empty(B, dtype=np.int64)
+            for s in range(S * t // n_chunks, S * (t + 1) // n_chunks):
+                e0 = seg_start[s]
+                n = seg_len[s]
+                small = 4 * n < B
+                if not small:
+                    h[:, :, :] = 0.0
+                    add_rows(Xb, row, w, wy, y, e0, e0 + n, fsel[s], K, D, h)
+                for j in range(m):
+                    if small:
+                        nb = compact(Xb, row, w, wy, y, e0, n, fsel[s, j], K, D, key, cb, h[0])
+                        res = scan(cb, h[0], nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
+                    else:
+                        res = scan(every, h[j], B, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
+                    o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = res
 
     @pjit
     def move(Xb, row, w, wy, wy2, reg, starts, feature, tbin, dest, o_row, o_w, o_wy, o_wy2, t_row, t_w, t_wy, t_wy2,

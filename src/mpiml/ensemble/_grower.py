@@ -315,9 +315,12 @@ class TreeGrower:
     def _candidate_search(self, C):
         """The compiled per-(node, feature) split search for this forest, or None (whole-array search).
 
-        Compiled: gini (fewer than 8 classes: sums over classes in NumPy's order) and squared error.
+        Compiled: gini (fewer than 8 classes: sums over classes in NumPy's order) and squared error;
+        ``MPIML_RF_SPLIT_KERNEL=0`` turns it off (the array search, for comparisons: the same trees).
         """
         if self.K and (self.s.criterion != "gini" or self.K >= 8):
+            return None
+        if os.environ.get("MPIML_RF_SPLIT_KERNEL", "1") == "0":
             return None
         if self.cpu:
             return _cpu_kernels.split_candidates
