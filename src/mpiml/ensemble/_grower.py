@@ -48,10 +48,6 @@ from ._split import choose, decide, dense_candidates, node_stats
 
 __all__ = ["GrowSpec", "TreeGrower"]
 
-#: Largest histogram (bytes) summed by one allreduce; larger levels are cut in node chunks.
-HIST_BYTES = int(os.environ.get("MPIML_RF_HIST_BYTES", 64 << 20))
-#: Largest histogram (bytes) of split nodes kept for the sibling subtraction of the next level.
-SUB_BYTES = int(os.environ.get("MPIML_RF_SUB_BYTES", 1 << 30))
 #: ``MPIML_RF_GPU_KERNEL=0`` sums GPU histograms with ``bincount`` instead of the shared-memory kernel
 #: (for comparisons; the trees are the same).
 #: Largest ``elements x features`` handled by one ``bincount`` (bounds the temporary keys).
@@ -115,6 +111,8 @@ class TreeGrower:
         tree from its bootstrap counts), ``bootstrap_rate`` (None: no bootstrap,
         else the Poisson rate), ``seed``, ``max_local_rows`` (the largest shard of the ranks that grow
         together) and ``batch_elements`` (agreed by them: together they set the trees per batch),
+        ``hist_bytes`` (largest histogram of one allreduce) and ``sub_bytes`` (largest kept histograms
+        of split nodes, for the sibling subtraction below them), both agreed,
         ``scales`` (``s_w``, ``s_y``, ``s_y2``: powers of two), ``y_tol`` (variance under which a
         regression node is pure), ``verbose`` and ``rank`` (progress lines on rank 0), ``comm``
         (None: no communication), ``xp``.
@@ -465,7 +463,7 @@ class TreeGrower:
         S = len(el.starts) - 1
         m, F, B, C = self.m, self.F, self.B, self.C
         FH = F if self.full else m
-        per_chunk = max(2, HIST_BYTES // (FH * B * C * 8)) // 2 * 2     # whole sibling pairs
+        per_chunk = max(2, s.hist_bytes // (FH * B * C * 8)) // 2 * 2     # whole sibling pairs
         ident = xp.arange(F, dtype=xp.int32)
         decisions, kept_h, kept_e, kept_bytes = [], [], [], 0
         for c0 in range(0, S, per_chunk):
@@ -505,13 +503,13 @@ class TreeGrower:
             if keep:
                 sp = np.nonzero(~dec["leaf"])[0]
                 kept_bytes += len(sp) * FH * B * C * 8
-                if kept_bytes <= SUB_BYTES:
+                if kept_bytes <= s.sub_bytes:
                     kept_h.append(H[xp.asarray(sp)])
                     kept_e.append(ex[xp.asarray(sp)])
             self.stats["split_s"] += time.perf_counter() - t0
         dec = {key: np.concatenate([d[key] for d in decisions]) for key in decisions[0]}
         nxt = None
-        if keep and kept_bytes <= SUB_BYTES and kept_h:
+        if keep and kept_bytes <= s.sub_bytes and kept_h:
             sp = ~dec["leaf"]
             nxt = (xp.concatenate(kept_h), xp.concatenate(kept_e), dec["best_wl"][sp] <= dec["best_wr"][sp])
         return dec, nxt
