@@ -29,7 +29,7 @@ import os
 
 import numpy as np
 
-__all__ = ["enabled", "thread_count", "apply_bins", "build_histograms", "split_candidates", "node_candidates", "partition"]
+__all__ = ["enabled", "thread_count", "apply_bins", "segment_totals", "feature_orders", "build_histograms", "split_candidates", "node_candidates", "partition"]
 
 _KERNELS = None
 
@@ -169,6 +169,29 @@ def node_candidates(Xb, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, mw
                             has_mwl, float(sw), float(sy), n_classes, int(count_rows), float(min_samples_leaf),
                             min(S, 1024), *outs)
     return outs
+
+
+def segment_totals(row, w, wy, wy2, y, starts, n_classes, count_rows):
+    """Per segment the channel totals ``(S, C)`` and the extras ``(S, E)`` (rows; regression: ``sum(wy2)``)."""
+    S = len(starts) - 1
+    D = int(count_rows)
+    C = D + (n_classes if n_classes else 2)
+    tot = np.zeros((S, C))
+    extra = np.zeros((S, 1 if n_classes else 2))
+    if S:
+        _kernels()["totals"](row, w, w if wy is None else wy, w if wy2 is None else wy2, row if y is None else y,
+                             np.ascontiguousarray(starts, dtype=np.int64), n_classes, D, tot, extra)
+    return tot, extra
+
+
+def feature_orders(lead, trees, nodes, n_features):
+    """Per node the permutation of the features keyed by ``(seed, tree, node)``: the stable argsort of
+    :func:`mpiml.ensemble._hist.hash_uniform` draws (``lead`` its seed-and-stream word), as the array path."""
+    out = np.empty((len(nodes), n_features), dtype=np.int64)
+    if len(nodes):
+        _kernels()["orders"](np.uint64(lead), np.ascontiguousarray(trees, dtype=np.int64),
+                             np.ascontiguousarray(nodes, dtype=np.int64), out)
+    return out
 
 
 def partition(Xb, row, w, wy, wy2, starts, feature, threshold_bin):
@@ -413,6 +436,46 @@ def _define():
                 left += 1
 
     @pjit
+    def totals(row, w, wy, wy2, y, starts, K, D, tot, extra):
+        for s in prange(starts.shape[0] - 1):
+            for e in range(starts[s], starts[s + 1]):
+                if D:
+                    tot[s, 0] += 1.0
+                if K:
+                    tot[s, D + y[row[e]]] += w[e]
+                else:
+                    tot[s, D] += w[e]
+                    tot[s, D + 1] += wy[e]
+                    extra[s, 1] += wy2[e]
+            extra[s, 0] = starts[s + 1] - starts[s]
+
+    c_a = np.uint64(0xBF58476D1CE4E5B9)
+    c_b = np.uint64(0x94D049BB133111EB)
+
+    @jit
+    def mix(z):
+        z = (z ^ (z >> np.uint64(30))) * c_a
+        z = (z ^ (z >> np.uint64(27))) * c_b
+        return z ^ (z >> np.uint64(31))
+
+    @pjit
+    def orders(lead, trees, nodes, out):
+        S, F = out.shape
+        for s in prange(S):
+            head = mix(lead ^ (np.uint64(trees[s]) * c_a))
+            u = np.empty(F)
+            for j in range(F):
+                z = np.uint64(nodes[s] * F + j) * c_b + head
+                z = mix(mix(z))
+                u[j] = np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+            for j in range(F):                       # stable insertion sort of the draws
+                k = j - 1
+                while k >= 0 and u[out[s, k]] > u[j]:
+                    out[s, k + 1] = out[s, k]
+                    k -= 1
+                out[s, k + 1] = j
+
+    @pjit
     def bins(X, table, lens, out):
         n, d = X.shape
         for i in prange(n):
@@ -428,4 +491,4 @@ def _define():
                 out[i, j] = lo
 
     del numba
-    return {"bins": bins, "hist": hist, "split": split, "fused": fused, "move": move}
+    return {"totals": totals, "orders": orders, "bins": bins, "hist": hist, "split": split, "fused": fused, "move": move}

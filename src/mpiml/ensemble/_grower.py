@@ -43,7 +43,7 @@ import time
 import numpy as np
 
 from . import _cpu_kernels
-from ._hist import STREAM_FEATURES, hash_uniform, poisson_weights
+from ._hist import STREAM_FEATURES, hash_uniform, poisson_weights, stream_lead
 from ._split import choose, decide, dense_candidates, node_stats
 
 __all__ = ["GrowSpec", "TreeGrower"]
@@ -204,6 +204,8 @@ class TreeGrower:
         k = ranges[:, 1] - ranges[:, 0]
         tree_of = np.repeat(np.asarray(trees, dtype=np.int64), k)
         node_of = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in ranges])
+        if self.cpu:
+            return _cpu_kernels.feature_orders(stream_lead(self.s.seed, STREAM_FEATURES), tree_of, node_of, F)
         keys = xp.asarray(node_of)[:, None] * F + xp.arange(F, dtype=xp.int64)
         u = hash_uniform(xp, self.s.seed, STREAM_FEATURES, xp.asarray(tree_of)[:, None], keys)
         return np.argsort(u, axis=1, kind="stable") if xp is np else xp.argsort(u, axis=1)   # CuPy's is stable
@@ -277,6 +279,10 @@ class TreeGrower:
         xp, s = self.xp, self.s
         C, D, K = self.C, self.D, self.K
         S = len(el.starts) - 1
+        if self.cpu:
+            tot, extra = _cpu_kernels.segment_totals(el.row, el.w, el.wy, el.wy2, s.y if K else None, el.starts, K,
+                                                     bool(D))
+            return tot.reshape(S, 1, 1, C), extra
         seg = el.seg.astype(xp.int64)
         tot = xp.zeros(S * C, dtype=xp.float64)
         if el.row.shape[0]:

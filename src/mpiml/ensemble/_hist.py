@@ -54,6 +54,11 @@ def _mix(xp, z):
     return z ^ (z >> xp.uint64(31))
 
 
+def stream_lead(seed, stream):
+    """The 64-bit word of ``(seed, stream)`` that :func:`hash_uniform` mixes with per-entry counters."""
+    return ((int(seed) * _C_STREAM) ^ (int(stream) << 56)) & _MASK
+
+
 def hash_uniform(xp, seed, stream, a, b):
     """Uniform floats in [0, 1) keyed by ``(seed, stream, a, b)``; ``b`` an integer array.
 
@@ -76,7 +81,7 @@ def hash_uniform(xp, seed, stream, a, b):
         if isinstance(a, (int, np.integer)):
             head = xp.uint64(_mix_int(((int(seed) * _C_STREAM) ^ (int(stream) << 56) ^ (int(a) * _C_A)) & _MASK))
         else:                               # one counter ``a`` per entry (broadcast against ``b``)
-            lead = xp.uint64(((int(seed) * _C_STREAM) ^ (int(stream) << 56)) & _MASK)
+            lead = xp.uint64(stream_lead(seed, stream))
             head = _mix(xp, lead ^ (xp.asarray(a).astype(xp.uint64) * xp.uint64(_C_A)))
         z = xp.asarray(b).astype(xp.uint64) * xp.uint64(_C_B) + head
         z = _mix(xp, _mix(xp, z))
