@@ -52,7 +52,8 @@ def _parser():
     p.add_argument("--features", type=int, default=32)
     p.add_argument("--classes", type=int, default=2)
     p.add_argument("--trees", type=int, default=None, help="trees (default 100 on GPU, 10 on CPU)")
-    p.add_argument("--depth", type=int, default=12)
+    p.add_argument("--depth", type=lambda t: None if t.lower() == "none" else int(t), default=12,
+                   help="max_depth (none: unlimited, scikit-learn's default)")
     p.add_argument("--max-bins", type=int, default=256)
     p.add_argument("--max-features", default="default", help="default (each estimator's: sqrt for the classifier, "
                    "1.0 for the regressor, as scikit-learn), sqrt, log2, none, an int or a fraction")
