@@ -137,7 +137,11 @@ def main(argv):
     from ..comm import get_comm
 
     comm = get_comm()
+    from ..utils._threads import limit_threads
+
+    threads = limit_threads(comm)
     local = collect_local()
+    local["threads"] = threads
     everyone = comm.allgather_obj(local)
     if comm.rank != 0:
         return 0
@@ -176,6 +180,7 @@ def main(argv):
         print(f"  {per_rank}")
     else:
         print(f"GPUs: none ({gpu['why']})")
+    print(f"CPU threads per rank: {threads['threads']} ({threads['source']})")
     print("backends:")
     for name, (ok, detail) in report.items():
         print(f"  {name:<5} {'available' if ok else 'unavailable'}: {detail}")
