@@ -44,12 +44,12 @@ def _pair(q, x, metric, p, qn, xn):
         for f in range(d):
             t = np.float64(q[f]) - np.float64(x[f])
             acc += t * t
-    elif metric == 2:
-        for f in range(d):
-            acc += np.float64(q[f]) * np.float64(x[f])
+    elif metric == 2:  # q and x are unit rows here (qn, xn: the norms before, 0 for a zero row)
         if qn == 0.0 or xn == 0.0:
             return 1.0
-        acc = 1.0 - acc / (qn * xn)
+        for f in range(d):
+            acc += q[f] * x[f]
+        acc = 1.0 - acc
         return acc if acc > 0.0 else 0.0
     elif metric == 3:
         for f in range(d):
@@ -116,12 +116,12 @@ def _bar(metric, a, worst, rel):
 
     Squared euclidean: ``|q|^2 + |x|^2 - 2 q.x``, rounding ``<= rel (|q| + |x|)^2 <= 2 rel (|q|^2 +
     |x|^2)``, so a column can beat ``worst`` only if ``(1 - 2 rel) |x|^2 - 2 g <= worst - (1 - 2 rel) |q|^2``
-    (``screen[j] = (1 - 2 rel) |x_j|^2``).  Cosine: ``1 - g / (|q| |x|)``, rounding ``<= rel``, so only if
-    ``-g / |x| <= -|q| (1 - rel - worst)`` (``screen[j] = 1 / |x_j|``, 0 for a zero row: at distance 1,
-    it passes exactly when 1 could beat ``worst``; a zero query passes everything).
+    (``screen[j] = (1 - 2 rel) |x_j|^2``).  Cosine, on unit rows: ``1 - g``, rounding ``<= rel``, so only if
+    ``-g <= -(1 - rel - worst)`` (``screen[j] = 1``; a zero row, ``g = 0`` at distance 1, passes exactly when
+    1 could beat ``worst``; a zero query passes everything).
     """
     if metric == 2:
-        return np.inf if a == 0.0 else -a * (1.0 - rel - worst)
+        return np.inf if a == 0.0 else -(1.0 - rel - worst)
     return worst - (1.0 - 2.0 * rel) * a * a
 
 
@@ -177,12 +177,13 @@ def _topk_screened(Q, X, k, metric, out_d, out_i):
     candidates, which :func:`_select_tile` then measures exactly."""
     nq, d = Q.shape
     m = X.shape[0]
-    eps = np.finfo(Q.dtype).eps  # the product runs in the input's precision
-    rel = 2.0 * (d + 4) * eps
     qn, xn = _norms(Q, "cosine"), _norms(X, "cosine")
-    if metric == "cosine":
-        screen = np.divide(1.0, xn, out=np.zeros_like(xn), where=xn > 0)
-    else:
+    if metric == "cosine":  # unit rows in float64 (parallel rows of any length: the same unit row, distance)
+        Q, X = _unit(Q, qn), _unit(X, xn)
+        screen = np.ones(m)
+    eps = np.finfo(Q.dtype).eps  # the product runs in the precision of its operands
+    rel = 2.0 * (d + 4) * eps
+    if metric != "cosine":
         screen = (1.0 - 2.0 * rel) * xn * xn
     qstep = min(nq, _TILE_QUERIES)
     xstep = max(_INDEX_BLOCK, _TILE // max(1, qstep))
@@ -195,6 +196,10 @@ def _topk_screened(Q, X, k, metric, out_d, out_i):
             G = Qb @ X[x0:x0 + xstep].T
             _select_tile(G, Qb, X, x0, code, qn[q0:q0 + qstep], xn, screen, rel, bd, bi)
         _finish(bd, bi, code, out_d[q0:q0 + qstep], out_i[q0:q0 + qstep])
+
+
+def _unit(A, norms):
+    return A.astype(np.float64) / np.where(norms > 0, norms, 1.0)[:, None]
 
 
 def _norms(A, metric):
