@@ -18,7 +18,7 @@ def _step(X, w, shift, C, env, monkeypatch, labels=None):
 @pytest.mark.parametrize("weighted", [False, True])
 def test_lloyd_step_matches_numpy(dtype, weighted, monkeypatch):
     rng = np.random.default_rng(0)
-    n, d, k = 9000, 7, 5  # several parts, the last one uneven
+    n, d, k = 9000, 7, 5  # several chunks and parts, the last ones uneven
     X = (rng.normal(size=(n, d)) + 3 * rng.integers(0, k, size=(n, 1))).astype(dtype)
     C = X[rng.choice(n, k, replace=False)].astype(dtype)
     shift = X.mean(axis=0)
@@ -31,7 +31,7 @@ def test_lloyd_step_matches_numpy(dtype, weighted, monkeypatch):
     np.testing.assert_allclose(mind, mind0, rtol=rtol, atol=1e-3 if dtype == np.float32 else 1e-9)
     np.testing.assert_allclose(fast[:-1], slow[:-1], rtol=rtol, atol=1e-6)
     assert fast[-1] == slow[-1] == np.count_nonzero(lab != prev)
-    labels, dist, inertia = ops.assign(X, shift, C - shift, sample_weight=w)
+    labels, dist, inertia = ops.assign(X, shift, C - shift, sample_weight=np.ones(n, dtype) if w is None else w)
     np.testing.assert_array_equal(labels, lab)
     np.testing.assert_allclose(inertia, fast[-2], rtol=1e-6)
 
@@ -42,7 +42,7 @@ def test_bits_do_not_depend_on_threads():
     rng = np.random.default_rng(2)
     X, C = rng.normal(size=(20000, 6)), rng.normal(size=(8, 6))
     shift = X.mean(axis=0)
-    assert _kmeans_cpu.n_parts(20000, 8, 6) > 1
+    assert _kmeans_cpu.n_parts(min(20000, _kmeans_cpu._CHUNK), 8, 6) > 1
     out = []
     before = numba.get_num_threads()
     try:
