@@ -345,6 +345,13 @@ def _launch(ranks, argv_extra, env=None):
 
 def main(argv):
     """Entry point of ``mpiml bench ml``; returns the exit status."""
+    suite = argparse.ArgumentParser(add_help=False)
+    suite.add_argument("--algo")
+    suite.add_argument("--device")
+    if suite.parse_known_args(argv)[0].device == "cpu" and suite.parse_known_args(argv)[0].algo is None:
+        from .ml_cpu import main as cpu_main  # every estimator on CPU ranks vs scikit-learn(-intelex)
+
+        return cpu_main(argv)
     linear = ("linreg", "logreg", "ridge", "tsvd", "pca")
     if set(linear) & set(argv) or {f"--algo={a}" for a in linear} & set(argv):
         from .ml_linear import main as linear_main

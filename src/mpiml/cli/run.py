@@ -20,6 +20,8 @@ import time
 
 import numpy as np
 
+from ..utils._threads import thread_info
+from ._progress import scale_hint
 from ._options import aggregate_profile as _aggregate_profile
 from ._options import gpu_count as _gpu_count
 from ._options import launch_command, mpiexec_command, srun_command  # noqa: F401 (also imported from here)
@@ -117,6 +119,7 @@ def _run(args, comm):
         mpiml.init(device="gpu")  # local rank mod visible GPUs; honours CUDA_VISIBLE_DEVICES
     else:
         xp = np
+        mpiml.init(device="cpu")  # this rank's threads: its share of the node's cores
     rank0 = comm.rank == 0
     say = (lambda *a: print(*a, flush=True)) if rank0 else (lambda *a: None)
 
@@ -126,7 +129,8 @@ def _run(args, comm):
     k = args.k or (params["k"] if kind == "blobs" else 8)
     if k > n_total:
         raise UsageError(f"--k {k}: the data has {n_total} row(s), fewer than the {k} clusters asked for")
-    where = f"{ngpu and min(ngpu, comm.size) or 0} GPU(s)" if ngpu else "CPU"
+    where = f"{ngpu and min(ngpu, comm.size) or 0} GPU(s)" if ngpu else \
+        f"CPU, {thread_info().get('threads')} thread(s) each"
     say(f"mpiml run kmeans: {n_total} x {X.shape[1]} {args.dtype}, k={k}, init={args.init}, "
         f"{comm.size} rank(s) on {where}, backend={args.backend} (data ready in {time.perf_counter() - t0:.2f} s)")
 
@@ -151,6 +155,8 @@ def _run(args, comm):
     if args.save:
         mpiml.save(km, args.save)
         say(f"model saved to {args.save}")
+    if kind == "blobs":
+        say(scale_hint("kmeans", "blobs", n_total, fit_s, 1, comm.size))
     if args.compare_sklearn:
         _compare_sklearn(args, comm, X, k, xp, fit_s, km, say)
     return 0
@@ -214,7 +220,5 @@ def main(argv):
             rest = _strip_np(argv)
             cmd = launch_command(n, rest)
             print("launching: " + " ".join(cmd), flush=True)
-            env = dict(os.environ)
-            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
-            return subprocess.call(cmd, env=env)
+            return subprocess.call(cmd)  # each rank limits its threads to its share (mpiml.utils._threads)
     return run_checked("mpiml run", args, _run)

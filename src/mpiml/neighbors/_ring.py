@@ -100,6 +100,9 @@ def local_topk(Q, X, k, metric, xp, p=None):
         from ..kernels.distances import topk
 
         return topk(Q, X, k, metric=metric)
+    cpu = _cpu_topk() if xp is np and not sparse else None
+    if cpu is not None:  # dense host rows: the compiled kernel of mpiml.neighbors._cpu
+        return cpu(Q, X, k, metric, p)
     nq, m = Q.shape[0], X.shape[0]
     dist = xp.empty((nq, k), dtype=Q.dtype)
     idx = xp.empty((nq, k), dtype=xp.int64)
@@ -114,6 +117,20 @@ def local_topk(Q, X, k, metric, xp, p=None):
         idx[s:s + step] = _smallest_k(D, k, xp)
         dist[s:s + step] = xp.take_along_axis(D, idx[s:s + step], axis=1)
     return dist, idx
+
+
+def _cpu_topk():
+    """:func:`mpiml.neighbors._cpu.topk` (compiled, dense host rows), or None without Numba or with
+    ``MPIML_CPU_KERNELS=0`` (the blocked NumPy path below, for comparisons)."""
+    import os
+
+    if os.environ.get("MPIML_CPU_KERNELS", "1") == "0":
+        return None
+    try:
+        from ._cpu import topk
+    except ImportError:
+        return None
+    return topk
 
 
 def _smallest_k(D, k, xp):

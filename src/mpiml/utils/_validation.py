@@ -287,6 +287,10 @@ def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "flo
             from ..comm import get_comm
 
             comm = get_comm()
+    if reset:  # first use by an estimator: this rank's thread pools get its share of the node (once)
+        from ._threads import limit_threads
+
+        limit_threads(comm)
     name = type(estimator).__name__
     single = comm.size == 1
     # A local method (predict, transform: validated on the size-1 communicator, no communication) of a
