@@ -91,15 +91,22 @@ def local_distances(Q, X, metric, xp, p=None):
 def local_topk(Q, X, k, metric, xp, p=None):
     """``(distances, local indices)`` of the ``k`` nearest rows of ``X`` (ties to the lower index).
 
-    On CuPy with dense rows and a metric that :func:`mpiml.kernels.distances.topk`
-    supports, that kernel; otherwise blocks of distances (sparse rows: the block's norms
-    and transpose prepared once, :mod:`mpiml.neighbors._sparse`) and a selection per row.
+    On CuPy with dense float rows and ``k`` up to :data:`mpiml.kernels.select.MAX_K`, the fused
+    distance + selection kernel of :mod:`mpiml.kernels.select` (every metric; euclidean
+    distances in the GEMM form, recomputed by the caller); otherwise blocks of distances
+    (sparse rows: the block's norms and transpose prepared once, :mod:`mpiml.neighbors._sparse`)
+    and a selection per row.
     """
     sparse = _sparse.is_sparse(Q) or _sparse.is_sparse(X)
-    if xp is not np and metric in ("euclidean", "sqeuclidean", "cosine") and not sparse:
-        from ..kernels.distances import topk
+    if xp is not np and not sparse:
+        from ..kernels import select
 
-        return topk(Q, X, k, metric=metric)
+        if k <= select.MAX_K and X.dtype in (np.float32, np.float64):
+            return select.topk(Q, X, k, metric=metric, p=p)
+        if metric in ("euclidean", "sqeuclidean", "cosine"):
+            from ..kernels.distances import topk
+
+            return topk(Q, X, k, metric=metric)
     nq, m = Q.shape[0], X.shape[0]
     dist = xp.empty((nq, k), dtype=Q.dtype)
     idx = xp.empty((nq, k), dtype=xp.int64)
@@ -160,6 +167,10 @@ def _exact_sq(Q, X, idx, xp):
     The GEMM form selects the candidates; their reported distances are recomputed so
     that a query equal to an index row is at distance exactly 0 (as in scikit-learn).
     """
+    if xp is not np and not (_sparse.is_sparse(Q) or _sparse.is_sparse(X)) and X.dtype in (np.float32, np.float64):
+        from ..kernels.select import exact_sq
+
+        return exact_sq(Q, X, idx)
     if _sparse.is_sparse(Q) or _sparse.is_sparse(X):
         qrows = xp.repeat(xp.arange(idx.shape[0], dtype=xp.int64), idx.shape[1])
         return _sparse.pair_sq_distances(Q, X, qrows, idx.ravel(), xp).reshape(idx.shape)
