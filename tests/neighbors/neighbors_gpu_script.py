@@ -50,7 +50,7 @@ def check_rank_count_identity():
         X[3000:3100] = X[:100]
         Q[:20] = X[:20]
         for k in (1, 10, 257):
-            kw = dict(n_neighbors=k, metric=metric, p=3) if metric == "minkowski" else dict(n_neighbors=k, metric=metric)
+            kw = dict(n_neighbors=k, metric=metric, p=3 if metric == "minkowski" else 2)
             d1, i1 = NearestNeighbors(comm=alone, **kw).fit(cp.asarray(X)).kneighbors(cp.asarray(shard(Q)))
             for ex in ("overlap", "local"):
                 nn = NearestNeighbors(exchange=pin(ex), **kw).fit(cp.asarray(shard(X)))

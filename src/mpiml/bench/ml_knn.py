@@ -22,9 +22,10 @@ queries with the ring (``exchange="blocking"``, ``"overlap"`` and ``"onesided"``
 local search (every rank's queries against each shard, candidate lists merged by their
 owners; the one the cost model picks for few queries) (the slowest rank, best of ``--repeats``;
 the variants take turns, so drifts hit them alike).  Defaults on GPUs: the fixed problem
-1.6·10^7 x 32 rows, 4·10^4 queries spread over 1, 2, 4 ranks (strong scaling).  The table gives the percentage of the blocking time
-saved by the other two, the measure of seed 003 (MaTEx: 2.7-5.9 % for nonblocking
-overlap, 9-27.6 % for one-sided puts into a three-slot buffer).  The driver also
+1.6·10^7 x 32 rows, 4·10^4 queries spread over 1, 2, 4 ranks (strong scaling).  The table
+gives the percentage of the blocking time saved by the other variants, the measure of seed 003
+(MaTEx: 2.7-5.9 % for nonblocking overlap, 9-27.6 % for one-sided puts into a three-slot
+buffer).  The driver also
 times scikit-learn's brute force (``n_jobs=-1``, every host core) on the gathered
 data, and writes one JSON file and one PNG plot.
 """

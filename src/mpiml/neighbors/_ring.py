@@ -25,6 +25,11 @@ results (the arithmetic per block and the merge order do not depend on it):
   flag is up, lowers the flag, and computes on the copy at step ``s+1``.  Three slots let a sender run one step ahead
   of a slow receiver (MaTEx, seed 003).  Device blocks are staged through host memory.
 
+When the queries are few relative to the index, :func:`ring_kneighbors` may instead gather
+every rank's queries, search the local shard for all of them and send the candidate lists
+back to their owners (``strategy="local"``, chosen by :func:`choose_strategy`): far fewer
+bytes than ringing the index, the same result.
+
 Merging: the running top-k and the block's top-k are concatenated and ordered by
 (distance, global index) with two stable sorts, so exact ties go to the lower global
 index, like scikit-learn's brute force.
@@ -39,7 +44,8 @@ from .._array import get_namespace, is_device_array
 from .._errors import CommTimeoutError
 from . import _sparse
 
-__all__ = ["EXCHANGES", "STRATEGIES", "choose_strategy", "ring_kneighbors", "ring_radius", "ring_visit", "local_distances", "local_topk"]
+__all__ = ["EXCHANGES", "STRATEGIES", "choose_strategy", "ring_kneighbors", "ring_radius", "ring_visit",
+           "local_distances", "local_topk"]
 
 EXCHANGES = ("blocking", "overlap", "onesided")
 STRATEGIES = ("auto", "ring", "local")

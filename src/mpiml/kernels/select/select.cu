@@ -316,7 +316,8 @@ mpiml_knn_merge(const T* __restrict__ pv, const int* __restrict__ pi, int nq, in
 template <typename T, int MODE>
 __global__ void __launch_bounds__(MPIML_KNN_THREADS)
 mpiml_knn_norms(const T* __restrict__ A, int n, int d, T* __restrict__ out) {
-    for (long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x; r < n; r += (long long)gridDim.x * blockDim.x) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x; r < n; r += stride) {
         const T* a = A + r * d;
         T s = T(0);
         for (int c = 0; c < d; ++c) s = knn_fma(a[c], a[c], s);
