@@ -65,35 +65,55 @@ def _smem(itemsize, qt, k):
     return itemsize * (_DK * (qt + 4) + _DK * (_NT + 4) + qt * _NT + qt * k) + 4 * qt * k
 
 
-def plan(dtype, k, metric, nq, m, sms=132):
-    """``(TM, TY, splits, split_rows, shared bytes)`` of one launch (pure: testable without a GPU).
-
-    The largest query tile whose lists fit two blocks an SM, else the smallest that fits; the
-    index is split until the grid has about four blocks per SM (each split keeps at least
-    eight tiles of rows and ``4 k`` rows).
-    """
+def _config(dtype, k):
+    """``(TM, TY, shared bytes)``: the largest query tile whose lists fit two blocks an SM, else
+    the smallest (float64 leaves out 4 x 8 accumulators a thread, which would leave one block an SM)."""
     itemsize = np.dtype(dtype).itemsize
-    choice = None
-    for tm, ty in _CONFIGS:
-        if itemsize == 8 and tm == 4:
-            continue  # float64 accumulators of 4 x 8 pairs would leave one block an SM
-        if _smem(itemsize, tm * ty, k) <= _SMEM_GOOD:
-            choice = (tm, ty)
-            break
-    if choice is None:
-        choice = _CONFIGS[-1]
-    tm, ty = choice
+    fits = [(tm, ty) for tm, ty in _CONFIGS if not (itemsize == 8 and tm == 4)]
+    tm, ty = next((c for c in fits if _smem(itemsize, c[0] * c[1], k) <= _SMEM_GOOD), fits[-1])
     smem = _smem(itemsize, tm * ty, k)
     if smem > _SMEM_MAX:
         raise ValueError(f"k = {k} does not fit the selection kernel's shared memory")
-    q_tiles = max(1, -(-nq // (tm * ty)))
-    want = -(-4 * sms // q_tiles)
-    most = max(1, m // max(8 * _NT, 4 * k))
-    splits = int(max(1, min(want, most, 256)))
-    split_rows = -(-m // splits)
+    return tm, ty, smem
+
+
+def _splits(nq, m, k, qt, resident):
+    """``(splits, split_rows)``: cut the index so that the grid (query tiles x splits) fills at
+    least two waves of ``resident`` blocks, with the last wave nearly full; a split keeps at
+    least eight tiles of rows and ``4 k`` rows."""
+    q_tiles = max(1, -(-nq // qt))
+    most = int(max(1, min(m // max(8 * _NT, 4 * k), 256)))
+    best = 1
+    if q_tiles < 2 * resident:  # else enough query tiles: no split at all
+        options = [(s, s * q_tiles / resident) for s in range(1, most + 1)]
+        full = [(s, w) for s, w in options if w >= 2]
+        good = [s for s, w in full if w / np.ceil(w) >= 0.9]
+        if good:
+            best = good[0]
+        elif full:
+            best = max(full, key=lambda sw: (sw[1] / np.ceil(sw[1]), -sw[0]))[0]
+        else:
+            best = most
+    split_rows = -(-m // best)
     split_rows = -(-split_rows // _NT) * _NT
-    splits = -(-m // split_rows)
+    return -(-m // split_rows), split_rows
+
+
+def plan(dtype, k, metric, nq, m, sms=132, per_sm=2):
+    """``(TM, TY, splits, split_rows, shared bytes)`` of one launch (pure: testable without a GPU)."""
+    tm, ty, smem = _config(dtype, k)
+    splits, split_rows = _splits(nq, m, k, tm * ty, sms * per_sm)
     return tm, ty, splits, split_rows, smem
+
+
+def _resident(fn, smem):
+    """Blocks of ``fn`` resident on one SM (registers and shared memory)."""
+    import cupy
+
+    attrs = cupy.cuda.Device().attributes
+    regs = max(1, (int(fn.num_regs) + 7) // 8 * 8)
+    smem_sm = attrs.get("MaxSharedMemoryPerMultiprocessor", 228 * 1024)
+    return int(max(1, min(65536 // (regs * _THREADS), smem_sm // (smem + 1024), 8)))
 
 
 def _aux(A, mode, norms, cupy):
@@ -166,7 +186,7 @@ def topk(Q, X, k, *, metric="sqeuclidean", p=None):
         return dist, idx
     mode = METRICS[metric]
     ctype = _ctype(dtype)
-    tm, ty, splits, split_rows, smem = plan(dtype, k, metric, nq, m, _sms())
+    tm, ty, smem = _config(dtype, k)
     vec = d % (16 // dtype.itemsize) == 0 and X.data.ptr % 16 == 0 and Q.data.ptr % 16 == 0
     sel_expr = f"mpiml_knn_select<{ctype}, {mode}, {tm}, {ty}, {'true' if vec else 'false'}>"
     merge_expr = f"mpiml_knn_merge<{ctype}>"
@@ -175,6 +195,7 @@ def topk(Q, X, k, *, metric="sqeuclidean", p=None):
     sel, merge, norms = (mod.get_function(e) for e in (sel_expr, merge_expr, norms_expr))
     if smem > 48 * 1024:
         sel.max_dynamic_shared_size_bytes = smem
+    splits, split_rows = _splits(nq, m, k, tm * ty, _sms() * _resident(sel, smem))
     xaux = _aux(X, mode, norms, cupy)
     qaux = _aux(Q, mode, norms, cupy)
     pw = dtype.type(p if metric == "minkowski" else 1.0)

@@ -247,19 +247,25 @@ mpiml_knn_select(const T* __restrict__ Q, int nq, int d, const T* __restrict__ X
             if (q0 + qi >= nq) break;
             T* lv = Lv + qi * k;
             int* li = Li + qi * k;
+            T tv = lv[k - 1];  // the k-th entry, re-read only after an insertion
+            int ti = li[k - 1];
 #pragma unroll
             for (int cc = 0; cc < NT / 32; ++cc) {
                 const int col = cc * 32 + lane;
                 const int j = row0 + col;
                 const T v = Ds[qi * NT + col];
-                const bool pass = j < r_end && knn_before(v, j, lv[k - 1], li[k - 1]);
+                const bool pass = j < r_end && knn_before(v, j, tv, ti);
                 unsigned mask = __ballot_sync(MPIML_KNN_FULL, pass);
-                while (mask) {
-                    const int src = __ffs(mask) - 1;
-                    mask &= mask - 1;
-                    const T cv = __shfl_sync(MPIML_KNN_FULL, v, src);
-                    const int cj = __shfl_sync(MPIML_KNN_FULL, j, src);
-                    knn_insert(lv, li, k, cv, cj, lane);
+                if (mask) {
+                    do {
+                        const int src = __ffs(mask) - 1;
+                        mask &= mask - 1;
+                        const T cv = __shfl_sync(MPIML_KNN_FULL, v, src);
+                        const int cj = __shfl_sync(MPIML_KNN_FULL, j, src);
+                        knn_insert(lv, li, k, cv, cj, lane);
+                    } while (mask);
+                    tv = lv[k - 1];
+                    ti = li[k - 1];
                 }
             }
         }
