@@ -75,6 +75,18 @@ def main():
             check(isinstance(d, cp.ndarray), "distances follow X onto the GPU")
             assert_close(d, dh, f"{metric} {ex} distances", rtol=1e-9, atol=1e-9)
             assert_close(i, ih, f"{metric} {ex} indices", exact=True)
+    for metric in ("euclidean", "cosine", "manhattan"):  # radius: count + fill passes on the device
+        r = {"euclidean": 6.5, "cosine": 0.5, "manhattan": 30.0}[metric]
+        hd, hi = NearestNeighbors(radius=r, metric=metric).fit(shard(X)).radius_neighbors(shard(Q))
+        for ex in ("blocking", "overlap"):
+            gd, gi = NearestNeighbors(radius=r, metric=metric, exchange=pin(ex)).fit(
+                cp.asarray(shard(X))).radius_neighbors(cp.asarray(shard(Q)))
+            check(sum(len(a) for a in hi) > 0, f"radius {metric}: some neighbours")
+            check([len(a) for a in gi] == [len(a) for a in hi], f"radius {metric} {ex} counts")
+            if [len(a) for a in gi] == [len(a) for a in hi]:
+                assert_close(np.concatenate(gi), np.concatenate(hi), f"radius {metric} {ex} indices", exact=True)
+                assert_close(np.concatenate(gd), np.concatenate(hd), f"radius {metric} {ex} distances", rtol=1e-9,
+                             atol=1e-9)
     for ex in ("overlap", "onesided", "local"):
         clf = KNeighborsClassifier(n_neighbors=7, weights="distance", exchange=pin(ex)).fit(cp.asarray(shard(X)),
                                                                                       cp.asarray(shard(y)))

@@ -155,3 +155,45 @@ def test_exact_sq():
     same = exact_sq(cp.asarray(Q[5:9]), cp.asarray(X), cp.asarray(idx[5:9])).get()
     np.testing.assert_array_equal(same, got[5:9])
     assert (exact_sq(cp.asarray(X[:3]), cp.asarray(X), cp.arange(3)[:, None]).get() == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("metric", METRICS)
+def test_within(metric, dtype):
+    """The count + fill passes find exactly the pairs whose value is within the bound."""
+    import cupy as cp
+
+    from mpiml.kernels.select import within
+
+    rs = np.random.RandomState(11)
+    X, Q = rs.randn(5000, 12), rs.randn(90, 12)
+    D = reference(Q, X, metric)
+    bound = float(np.quantile(D, 0.01))
+    indptr, cols, vals = within(cp.asarray(Q.astype(dtype)), cp.asarray(X.astype(dtype)), bound, metric=metric,
+                                p=3.0 if metric == "minkowski" else None)
+    indptr, cols, vals = indptr.get(), cols.get(), vals.get()
+    assert indptr[0] == 0 and (np.diff(indptr) >= 0).all() and indptr[-1] == cols.size == vals.size
+    rtol = 1e-9 if dtype == np.float64 else 2e-4
+    scale = np.abs(D).max() + 1
+    for i in range(Q.shape[0]):
+        got = np.sort(cols[indptr[i]:indptr[i + 1]])
+        assert len(set(got)) == got.size
+        np.testing.assert_allclose(vals[indptr[i]:indptr[i + 1]], D[i, cols[indptr[i]:indptr[i + 1]]], rtol=rtol,
+                                   atol=rtol * scale)
+        sure = np.flatnonzero(D[i] <= bound - rtol * scale)   # certainly inside
+        maybe = np.flatnonzero(D[i] <= bound + rtol * scale)  # possibly inside (rounding)
+        assert np.isin(sure, got).all() and np.isin(got, maybe).all()
+
+
+def test_within_nothing_and_everything():
+    import cupy as cp
+
+    from mpiml.kernels.select import within
+
+    rs = np.random.RandomState(2)
+    X, Q = cp.asarray(rs.randn(300, 5)), cp.asarray(rs.randn(7, 5))
+    indptr, cols, _ = within(Q, X, -1.0, metric="manhattan")
+    assert int(indptr[-1]) == 0 and cols.size == 0
+    indptr, cols, _ = within(Q, X, 1e9, metric="manhattan")
+    assert (cp.diff(indptr) == 300).all()
+    assert (cp.sort(cols[indptr[3]:indptr[4]]) == cp.arange(300)).all()

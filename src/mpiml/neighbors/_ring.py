@@ -321,25 +321,40 @@ def ring_radius(Q, X, radius, *, metric, comm, offsets, counts, exchange, xp, p=
     def visit(block):
         if block.X.shape[0] == 0 or Q.shape[0] == 0:
             return
-        D = local_distances(Q, block.X, metric, xp, p)
+        sparse = _sparse.is_sparse(Q) or _sparse.is_sparse(block.X)
+        sq = metric in ("euclidean", "sqeuclidean")
         # the GEMM form picks candidates with a little slack; exact distances decide below
-        slack = radius * 1e-6 + 1e-9 if metric in ("euclidean", "sqeuclidean") else 0.0
-        rows, cols = (a.get() if hasattr(a, "get") else a for a in xp.nonzero(D <= radius + slack))
+        slack = radius * 1e-6 + 1e-9 if sq else 0.0
+        D = vals = None
+        if xp is not np and not sparse and block.X.dtype in (np.float32, np.float64):
+            from ..kernels.select import within
+
+            # a count pass then a fill pass on the device: no (queries x rows) matrix
+            bound = (radius + slack) ** 2 if metric == "euclidean" else radius + slack
+            indptr, cols, vals = within(Q, block.X, bound, metric=metric, p=p)
+            rows = np.repeat(np.arange(Q.shape[0]), np.diff(indptr.get()))
+            cols = cols.get()
+        else:
+            D = local_distances(Q, block.X, metric, xp, p)
+            rows, cols = (a.get() if hasattr(a, "get") else a for a in xp.nonzero(D <= radius + slack))
         if rows.size:
-            if metric in ("euclidean", "sqeuclidean"):
+            if sq:
                 rows_x, cols_x = (xp.asarray(a) for a in (rows, cols))
-                if _sparse.is_sparse(Q) or _sparse.is_sparse(block.X):
+                if sparse:
                     vals = _sparse.pair_sq_distances(Q, block.X, rows_x, cols_x, xp)
                 else:
                     diff = block.X[cols_x] - Q[rows_x]
                     vals = (diff * diff).sum(axis=1)
                 vals = xp.sqrt(vals) if metric == "euclidean" else vals
-            else:
+            elif D is not None:
                 vals = D[rows, cols]
             vals = vals.get() if hasattr(vals, "get") else vals
-            for r in np.unique(rows):
-                sel = rows == r
-                found[r].append((vals[sel], cols[sel] + block.offset))
+            order = np.argsort(rows, kind="stable")  # group by query (one pass, not one per query)
+            rows, cols, vals = rows[order], cols[order], vals[order]
+            starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+            ends = np.r_[starts[1:], rows.size]
+            for a, b in zip(starts, ends):
+                found[rows[a]].append((vals[a:b], cols[a:b] + block.offset))
 
     ring_visit(_Block(X, None, int(offsets[comm.rank])), visit, comm=comm, offsets=offsets, counts=counts,
                exchange=exchange)

@@ -14,7 +14,7 @@ from importlib import resources
 
 import numpy as np
 
-__all__ = ["METRICS", "MAX_K", "topk", "exact_sq", "plan"]
+__all__ = ["METRICS", "MAX_K", "topk", "within", "exact_sq", "plan"]
 
 #: metric -> MODE of the kernel
 METRICS = {"sqeuclidean": 0, "euclidean": 0, "cosine": 1, "inner_product": 2, "manhattan": 3, "chebyshev": 4,
@@ -218,3 +218,60 @@ def topk(Q, X, k, *, metric="sqeuclidean", p=None):
     if metric == "euclidean":
         cupy.sqrt(dist, out=dist)
     return dist, idx
+
+
+def within(Q, X, bound, *, metric="sqeuclidean", p=None):
+    """Every pair (query, row of ``X``) whose value is at most ``bound``, without the distance matrix.
+
+    Values as :func:`topk` selects them (``"euclidean"`` and ``"sqeuclidean"``: the squared GEMM
+    form).  A count pass sizes the output, a fill pass writes it.  Returns ``(indptr, cols,
+    vals)`` on the device: the pairs of query ``i`` are ``cols[indptr[i]:indptr[i + 1]]`` (int64
+    rows of ``X``) in no particular order, with their values.
+    """
+    import cupy
+
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r} (known: {sorted(METRICS)})")
+    X = cupy.ascontiguousarray(X)
+    if X.dtype not in (np.float32, np.float64):
+        X = X.astype(np.float64)
+    Q = cupy.ascontiguousarray(Q, dtype=X.dtype)
+    nq, d = Q.shape
+    m = X.shape[0]
+    if m >= 2 ** 31 - 1 or nq >= 2 ** 31 - 1:
+        raise ValueError("the radius kernel indexes rows with 32-bit integers")
+    if metric == "minkowski" and (p is None or not p > 0):
+        raise ValueError(f"minkowski needs a power p > 0, got {p!r}")
+    dtype = X.dtype
+    indptr = cupy.zeros(nq + 1, dtype=cupy.int64)
+    if nq == 0 or m == 0:
+        return indptr, cupy.empty(0, dtype=cupy.int64), cupy.empty(0, dtype=dtype)
+    mode, ctype = METRICS[metric], _ctype(dtype)
+    tm, ty = (4, 16) if dtype.itemsize == 4 else (2, 16)
+    smem = _smem(dtype.itemsize, tm * ty, 0)
+    vec = d % (16 // dtype.itemsize) == 0 and X.data.ptr % 16 == 0 and Q.data.ptr % 16 == 0
+    flag = "true" if vec else "false"
+    exprs = tuple(f"mpiml_knn_radius<{ctype}, {mode}, {tm}, {ty}, {flag}, {f}>" for f in ("false", "true"))
+    norms_expr = f"mpiml_knn_norms<{ctype}, {min(mode, 1)}>"
+    mod = _module(exprs + (norms_expr,))
+    count, fill, norms = (mod.get_function(e) for e in exprs + (norms_expr,))
+    for fn in (count, fill):
+        if smem > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = smem
+    splits, split_rows = _splits(nq, m, 1, tm * ty, _sms() * _resident(count, smem))
+    xaux, qaux = _aux(X, mode, norms, cupy), _aux(Q, mode, norms, cupy)
+    pw = dtype.type(p if metric == "minkowski" else 1.0)
+    bound = dtype.type(bound)
+    grid = (-(-nq // (tm * ty)), splits)
+    counts = cupy.zeros(nq, dtype=cupy.uint64)
+    null = cupy.empty(0, dtype=cupy.int64)
+    args = (Q, np.int32(nq), np.int32(d), X, np.int32(m), qaux, xaux, pw, bound, np.int32(split_rows))
+    count(grid, (_THREADS,), args + (counts, null, counts, null, cupy.empty(0, dtype=dtype)), shared_mem=smem)
+    cupy.cumsum(counts.astype(cupy.int64), out=indptr[1:])
+    total = int(indptr[-1])
+    cols = cupy.empty(total, dtype=cupy.int64)
+    vals = cupy.empty(total, dtype=dtype)
+    if total:
+        cursor = cupy.zeros(nq, dtype=cupy.uint64)
+        fill(grid, (_THREADS,), args + (counts, indptr, cursor, cols, vals), shared_mem=smem)
+    return indptr, cols, vals

@@ -154,6 +154,72 @@ __device__ __forceinline__ void knn_insert(T* lv, int* li, int k, T cv, int cj, 
     __syncwarp();
 }
 
+// The values of the QT x NT pairs of queries q0.. and index rows row0.. into Ds (after a barrier),
+// shared by the selection and the radius kernels.  Qs is reloaded for every chunk when the
+// dimensions take several chunks, else only for the first tile of a block.
+template <typename T, int MODE, int TM, int TY, bool VEC>
+__device__ __forceinline__ void knn_tile_values(const T* __restrict__ Q, int nq, int d, const T* __restrict__ X,
+                                                int q0, int row0, bool first, int r_end,
+                                                const T* __restrict__ xaux, const T (&qa)[TM], T p,
+                                                T* Qs, T* Xs, T* Ds, int tid) {
+    constexpr int NT = MPIML_KNN_NT, DK = MPIML_KNN_DK;
+    constexpr int TX = MPIML_KNN_THREADS / TY;
+    constexpr int QT = TM * TY;
+    constexpr int TN = NT / TX;
+    constexpr int G = TN / 4;  // groups of four consecutive rows a thread holds
+    constexpr int QTP = QT + 4, NTP = NT + 4;
+    static_assert(TN % 4 == 0, "a thread holds groups of four rows");
+    const int tx = tid % TX, ty = tid / TX;
+    const int n_chunks = (d + DK - 1) / DK;
+    T acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int n = 0; n < TN; ++n) acc[i][n] = T(0);
+
+    for (int c = 0; c < n_chunks; ++c) {
+        const int c0 = c * DK;
+        __syncthreads();  // the previous chunk (or tile) is no longer read
+        if (n_chunks > 1 || first) knn_load_tile<T, QT, QTP, VEC>(Qs, Q, q0, nq, c0, d, tid);
+        knn_load_tile<T, NT, NTP, VEC>(Xs, X, row0, r_end, c0, d, tid);
+        __syncthreads();
+#pragma unroll 4
+        for (int kk = 0; kk < DK; ++kk) {
+            T a[TM], b[TN];
+            if constexpr (TM == 4) {
+                knn_load4(Qs + kk * QTP + ty * 4, a);
+            } else {
+#pragma unroll
+                for (int i = 0; i < TM; ++i) a[i] = Qs[kk * QTP + ty * TM + i];
+            }
+#pragma unroll
+            for (int g = 0; g < G; ++g) knn_load4(Xs + kk * NTP + g * TX * 4 + tx * 4, b + 4 * g);
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int n = 0; n < TN; ++n) acc[i][n] = knn_acc<MODE>(acc[i][n], a[i], b[n], p);
+        }
+    }
+    // epilogue: values of the tile into Ds (rows past the split are masked in the scan)
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        T xa[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = row0 + g * TX * 4 + tx * 4 + e;
+            xa[e] = (MODE <= 1 && r < r_end) ? xaux[r] : T(0);
+        }
+#pragma unroll
+        for (int i = 0; i < TM; ++i) {
+            T v[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[e] = knn_value<MODE>(acc[i][4 * g + e], qa[i], xa[e], p);
+            knn_store4(Ds + (ty * TM + i) * NT + g * TX * 4 + tx * 4, v);
+        }
+    }
+    __syncthreads();
+}
+
 template <typename T, int MODE, int TM, int TY, bool VEC>
 __global__ void __launch_bounds__(MPIML_KNN_THREADS)
 mpiml_knn_select(const T* __restrict__ Q, int nq, int d, const T* __restrict__ X, int m,
@@ -162,11 +228,7 @@ mpiml_knn_select(const T* __restrict__ Q, int nq, int d, const T* __restrict__ X
     constexpr int NT = MPIML_KNN_NT, DK = MPIML_KNN_DK;
     constexpr int TX = MPIML_KNN_THREADS / TY;
     constexpr int QT = TM * TY;
-    constexpr int TN = NT / TX;
-    constexpr int G = TN / 4;  // groups of four consecutive rows a thread holds
-    static_assert(TN % 4 == 0, "a thread holds groups of four rows");
     static_assert(QT % 8 == 0, "every warp owns the same number of queries");
-
     constexpr int QTP = QT + 4, NTP = NT + 4;  // padded strides (16-byte multiples)
     extern __shared__ __align__(16) unsigned char knn_smem[];
     T* Qs = reinterpret_cast<T*>(knn_smem);          // [DK][QTP]
@@ -176,7 +238,7 @@ mpiml_knn_select(const T* __restrict__ Q, int nq, int d, const T* __restrict__ X
     int* Li = reinterpret_cast<int*>(Lv + QT * k);   // [QT][k]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int tx = tid % TX, ty = tid / TX;
+    const int ty = tid / TX;
     const int q0 = blockIdx.x * QT;
     const int split = blockIdx.y, n_splits = gridDim.y;
     const int r_begin = split * split_rows;
@@ -192,56 +254,10 @@ mpiml_knn_select(const T* __restrict__ Q, int nq, int d, const T* __restrict__ X
         const int q = q0 + ty * TM + i;
         qa[i] = (MODE <= 1 && q < nq) ? qaux[q] : T(0);
     }
-    const int n_chunks = (d + DK - 1) / DK;
 
     for (int row0 = r_begin; row0 < r_end; row0 += NT) {
-        T acc[TM][TN];
-#pragma unroll
-        for (int i = 0; i < TM; ++i)
-#pragma unroll
-            for (int n = 0; n < TN; ++n) acc[i][n] = T(0);
-
-        for (int c = 0; c < n_chunks; ++c) {
-            const int c0 = c * DK;
-            __syncthreads();  // the previous chunk (or tile) is no longer read
-            if (n_chunks > 1 || row0 == r_begin) knn_load_tile<T, QT, QTP, VEC>(Qs, Q, q0, nq, c0, d, tid);
-            knn_load_tile<T, NT, NTP, VEC>(Xs, X, row0, r_end, c0, d, tid);
-            __syncthreads();
-#pragma unroll 4
-            for (int kk = 0; kk < DK; ++kk) {
-                T a[TM], b[TN];
-                if constexpr (TM == 4) {
-                    knn_load4(Qs + kk * QTP + ty * 4, a);
-                } else {
-#pragma unroll
-                    for (int i = 0; i < TM; ++i) a[i] = Qs[kk * QTP + ty * TM + i];
-                }
-#pragma unroll
-                for (int g = 0; g < G; ++g) knn_load4(Xs + kk * NTP + g * TX * 4 + tx * 4, b + 4 * g);
-#pragma unroll
-                for (int i = 0; i < TM; ++i)
-#pragma unroll
-                    for (int n = 0; n < TN; ++n) acc[i][n] = knn_acc<MODE>(acc[i][n], a[i], b[n], p);
-            }
-        }
-        // epilogue: values of the tile into Ds (rows past the split are masked in the scan)
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            T xa[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = row0 + g * TX * 4 + tx * 4 + e;
-                xa[e] = (MODE <= 1 && r < r_end) ? xaux[r] : T(0);
-            }
-#pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                T v[4];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) v[e] = knn_value<MODE>(acc[i][4 * g + e], qa[i], xa[e], p);
-                knn_store4(Ds + (ty * TM + i) * NT + g * TX * 4 + tx * 4, v);
-            }
-        }
-        __syncthreads();
+        knn_tile_values<T, MODE, TM, TY, VEC>(Q, nq, d, X, q0, row0, row0 == r_begin, r_end, xaux, qa, p, Qs, Xs, Ds,
+                                              tid);
         // selection: warp w scans the queries w, w + 8, ...
         for (int qi = warp; qi < QT; qi += MPIML_KNN_THREADS / 32) {
             if (q0 + qi >= nq) break;
@@ -278,6 +294,78 @@ mpiml_knn_select(const T* __restrict__ Q, int nq, int d, const T* __restrict__ X
         for (int i = lane; i < k; i += 32) {
             out_v[base + i] = Lv[qi * k + i];
             out_i[base + i] = Li[qi * k + i];
+        }
+    }
+}
+
+// Pairs within a bound: the same tiles as mpiml_knn_select, then each warp scans its queries'
+// rows for values <= bound.  FILL false: counts[q] += the query's pairs (a count pass); FILL
+// true: the pairs of query q go to cols / vals at indptr[q] + (a slot taken from cursor[q]), in no
+// particular order (the caller sorts).  Grid: query tiles x index splits.
+template <typename T, int MODE, int TM, int TY, bool VEC, bool FILL>
+__global__ void __launch_bounds__(MPIML_KNN_THREADS)
+mpiml_knn_radius(const T* __restrict__ Q, int nq, int d, const T* __restrict__ X, int m,
+                 const T* __restrict__ qaux, const T* __restrict__ xaux, T p, T bound, int split_rows,
+                 unsigned long long* __restrict__ counts, const long long* __restrict__ indptr,
+                 unsigned long long* __restrict__ cursor, long long* __restrict__ cols, T* __restrict__ vals) {
+    constexpr int NT = MPIML_KNN_NT, DK = MPIML_KNN_DK;
+    constexpr int TX = MPIML_KNN_THREADS / TY;
+    constexpr int QT = TM * TY;
+    static_assert(QT % 8 == 0, "every warp owns the same number of queries");
+    constexpr int QTP = QT + 4, NTP = NT + 4;
+    extern __shared__ __align__(16) unsigned char knn_smem[];
+    T* Qs = reinterpret_cast<T*>(knn_smem);
+    T* Xs = Qs + DK * QTP;
+    T* Ds = Xs + DK * NTP;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int ty = tid / TX;
+    const int q0 = blockIdx.x * QT;
+    const int r_begin = blockIdx.y * split_rows;
+    const int r_end = min(m, r_begin + split_rows);
+    T qa[TM];
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        const int q = q0 + ty * TM + i;
+        qa[i] = (MODE <= 1 && q < nq) ? qaux[q] : T(0);
+    }
+    unsigned long long found[QT / 8];  // the pairs of this warp's queries (count pass; lane 0)
+#pragma unroll
+    for (int t = 0; t < QT / 8; ++t) found[t] = 0;
+    for (int row0 = r_begin; row0 < r_end; row0 += NT) {
+        knn_tile_values<T, MODE, TM, TY, VEC>(Q, nq, d, X, q0, row0, row0 == r_begin, r_end, xaux, qa, p, Qs, Xs, Ds,
+                                              tid);
+#pragma unroll
+        for (int t = 0; t < QT / 8; ++t) {
+            const int qi = warp + 8 * t;
+            const int q = q0 + qi;
+            if (q >= nq) break;
+#pragma unroll
+            for (int cc = 0; cc < NT / 32; ++cc) {
+                const int j = row0 + cc * 32 + lane;
+                const T v = Ds[qi * NT + cc * 32 + lane];
+                const bool in = j < r_end && v <= bound;
+                const unsigned mask = __ballot_sync(MPIML_KNN_FULL, in);
+                if (!mask) continue;
+                if constexpr (FILL) {
+                    unsigned long long base = 0;
+                    if (lane == 0) base = atomicAdd(cursor + q, (unsigned long long)__popc(mask));
+                    base = __shfl_sync(MPIML_KNN_FULL, base, 0);
+                    if (in) {
+                        const long long at = indptr[q] + (long long)base + __popc(mask & ((1u << lane) - 1u));
+                        cols[at] = j;
+                        vals[at] = v;
+                    }
+                } else {
+                    found[t] += __popc(mask);
+                }
+            }
+        }
+    }
+    if constexpr (!FILL) {
+#pragma unroll
+        for (int t = 0; t < QT / 8; ++t) {
+            const int q = q0 + warp + 8 * t;
+            if (q < nq && lane == 0 && found[t]) atomicAdd(counts + q, found[t]);
         }
     }
 }
