@@ -12,7 +12,7 @@ import numpy as np
 from ..comm._profile import human_bytes as _human_bytes
 
 __all__ = ["machine_info", "stamp", "Progress", "parse_bytes", "human_bytes", "require_matplotlib",
-           "measure_rates"]
+           "measure_rates", "FirstRows"]
 
 
 def require_matplotlib(option="--plot"):
@@ -159,3 +159,14 @@ def measure_rates(xp, dtype):
         except Exception as exc:
             rates["matrix_unit_note"] = f"not measured ({type(exc).__name__})"
     return rates
+
+
+class FirstRows:
+    """A stand-in communicator whose rank 0 holds the first ``n // (n // n_sub)`` >= ``n_sub`` rows of
+    ``n``: the generators are rank-count independent and draw only a rank's rows, so scikit-learn's
+    subsample is made without generating the whole dataset on the host."""
+
+    rank = 0
+
+    def __init__(self, n, n_sub):
+        self.size = max(1, n // max(n_sub, 1))

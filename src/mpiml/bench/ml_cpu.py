@@ -262,7 +262,7 @@ def main(argv):
     status, _ = bench_launch_check("cpu", "mpiml bench ml --device cpu")
     if status is not None:
         return status
-    from ..cli.run import mpiexec_command
+    from ..cli._options import mpiexec_command
 
     ranks = [int(r) for r in args.ranks.split(",") if r]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -243,7 +243,7 @@ def _wait_quietly(comm):
 def _gpu_rates(xp):
     """(name, HBM bytes/s, FP32 flop/s, FP64 flop/s, source) of this rank's device."""
     if xp is np:
-        from .ml import _measure_rates
+        from ._common import measure_rates as _measure_rates
 
         r = _measure_rates(np, np.float32)
         return "host", r["copy_bandwidth_Bps"] / 2, r["gemm_flops"], r["gemm_flops"] / 2, "measured"
@@ -252,7 +252,7 @@ def _gpu_rates(xp):
     for frag, bw, f32, f64 in _GPU_RATES:
         if frag in name:
             return name, bw, f32, f64, "datasheet"
-    from .ml import _measure_rates
+    from ._common import measure_rates as _measure_rates
 
     r = _measure_rates(xp, np.float32)
     return name, r["copy_bandwidth_Bps"] / 2, r["gemm_flops"], r["gemm_flops"] / 2, "measured"
@@ -399,7 +399,7 @@ def main(argv):
 
 def _sklearn(args, dtype, mine):
     """scikit-learn at its defaults on the first rows of the same global problem (rank 0, host)."""
-    from .ml_linear import _FirstRows
+    from ._common import FirstRows as _FirstRows
 
     n_total = int(args.rows)
     n_sub = min(n_total, int(args.sklearn_rows))

@@ -36,6 +36,7 @@ import time
 
 import numpy as np
 
+from ._common import FirstRows as _FirstRows
 from ._common import machine_info, stamp
 
 __all__ = ["main"]
@@ -361,17 +362,6 @@ def _logistic_objective(X, y, coef, intercept, C, classes):
         proba /= proba.sum(axis=1, keepdims=True)
     coef = np.asarray(coef)
     return float(log_loss(y, proba, labels=classes)) + float((coef * coef).sum()) / (2 * C * X.shape[0])
-
-
-class _FirstRows:
-    """A stand-in communicator whose rank 0 holds the first ``n // (n // n_sub)`` >= ``n_sub`` rows of
-    ``n``: the generators are rank-count independent and draw only a rank's rows, so scikit-learn's
-    subsample is made without generating the whole dataset on the host."""
-
-    rank = 0
-
-    def __init__(self, n, n_sub):
-        self.size = max(1, n // max(n_sub, 1))
 
 
 def _sklearn_baseline(args, result):
