@@ -10,9 +10,12 @@
 #   kmeans    mpiml bench ml --algo kmeans: scaling, the whole fit at 4e7 x 64 (k-means||), the four
 #             benchmark shapes; the kernel benchmark on one GPU
 #   knn       k-nearest neighbours (mpiml bench ml --algo knn); sparse k-means and neighbours
-#   linear    LinearRegression, Ridge, LogisticRegression dense; sparse Ridge
+#   linear    LinearRegression, Ridge, LogisticRegression at their defaults at 1, 2, 4 ranks
+#             (mpiml.bench.ml_decomp: mpiml, plain CuPy, scikit-learn, floor on the same data)
+#   linear_scale  LinearRegression 1e8 x 64, LogisticRegression 1e7 x 128, sparse Ridge on one GPU
 #   forest    random forests (mpiml bench ml --algo rf)
-#   pca       PCA and TruncatedSVD dense; sparse TruncatedSVD
+#   pca       PCA and TruncatedSVD at their defaults at 1, 2, 4 ranks (mpiml.bench.ml_decomp)
+#   pca_scale PCA 1e7 x 512 and 1e6 x 512 (with scikit-learn), sparse TruncatedSVD on one GPU
 #   firstfit  the first fit on a fresh machine (compilation included): benchmarks/gpu/first_fit.py
 #   dask      Dask over mpi:// with CuPy frames: comm checks, the comm sweep, (x + x.T).sum() vs tcp://
 #   seeds     the source documents' experiments (benchmarks/seeds/README.md)
@@ -28,9 +31,8 @@
 #                             benchmarks/results/ (<benchmark>_<machine>.json, e.g. kmeans_fit_4xh200.json)
 # Every step has its own time limit; a failing step does not stop the others; a step that would start
 # after BUDGET seconds (default 560, so that one part fits a 10-minute call) is skipped and says so.
-# Lines marked PLACEHOLDER are benchmarks being written now: fill in their flags and drop `todo`.
 set -u
-[ $# -ge 1 ] || { sed -n '2,30p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,/^set -u/p' "$0" | sed '$d'; exit 2; }
 
 # ---------------------------------------------------------------------- the environment
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -67,10 +69,6 @@ step() {  # step NAME SECONDS COMMAND...: run with its own limit, output to the 
     local rc=$?
     SUMMARY+=("$name: rc=$rc ($((SECONDS - t0))s)")
     echo "=== [$name] rc=$rc $((SECONDS - t0))s" >>"$LOG"
-}
-
-todo() {  # todo step NAME ...: a benchmark being written now; the summary says it did not run
-    SUMMARY+=("$2: PLACEHOLDER, not run (fill its flags in scripts/device_pass.sh and drop 'todo')")
 }
 
 keep() {  # keep FROM TO: rename a result (and its PNG) to its name in benchmarks/results/
@@ -135,14 +133,34 @@ part_kmeans() {   # most important first: the budget skips what does not fit (th
 }
 
 part_knn() {
-    todo step "k-nearest neighbours (GPUs $RANKS)" 200 python3 -m mpiml bench ml --algo knn --device gpu --ranks "$RANKS" --out "$RES" --tag "gpu_$MACHINE"  # PLACEHOLDER
+    step "k-nearest neighbours against the peers and scaling (GPUs $RANKS)" 240 python3 -m mpiml bench ml --algo knn \
+        --device gpu --ranks "$RANKS" --out "$RES" --tag "$MACHINE"
+    keep "ml_knn_$MACHINE" "knn_$MACHINE"
     step "sparse k-means and neighbours, 10^6 x 10^6 (1 rank)" 200 $MPIRUN -n 1 python3 benchmarks/sparse/sparse_gpu.py \
         --out "$RES/sparse_$MACHINE.json"
     step "sparse, 2 ranks (scale 0.1)" 60 $MPIRUN -n 2 python3 benchmarks/sparse/sparse_gpu.py --scale 0.1 \
         --out "$RES/sparse_2ranks_$MACHINE.json"
 }
 
-part_linear() {
+spmd_fits() {  # spmd_fits ALGO...: mpiml.bench.ml_decomp at its defaults (mpiml, plain CuPy, scikit-learn, floor)
+    local algo n                            # on the same global data at 1, 2, 4 ranks
+    for algo in "$@"; do
+        for n in ${RANKS//,/ }; do
+            step "$algo at the defaults, $n rank(s) (plain CuPy, scikit-learn scaled, floor)" 120 $MPIRUN -n "$n" \
+                python3 -m mpiml.bench.ml_decomp --algo "$algo" --json "$RES/${algo}_n${n}_$MACHINE.json"
+        done
+    done
+}
+
+part_linear() {   # the GPU tests of the one-pass path are in part tests (tests/linear_model/test_gpu_fused.py)
+    spmd_fits linreg ridge logreg
+}
+
+part_pca() {
+    spmd_fits pca tsvd
+}
+
+part_linear_scale() {   # the one-GPU runs at scale that README.md cites
     step "LinearRegression 1e8 x 64 float64 (1 GPU; scikit-learn on 1e6 rows, scaled)" 150 python3 -m mpiml bench ml \
         --algo linreg --device gpu --ranks 1 --rows 1e8 --repeats 3 --sklearn-rows 1e6 --out "$RES" --tag "$MACHINE"
     keep "ml_linreg_$MACHINE" "linreg_$MACHINE"
@@ -153,21 +171,22 @@ part_linear() {
         --device gpu --ranks 1 --sparse 0.001 --rows 1e6 --features 100000 --dtype float32 --sklearn-rows 2e5 \
         --out "$RES" --tag "$MACHINE"
     keep "ml_ridge_sparse_$MACHINE" "ridge_sparse_$MACHINE"
-    todo step "Ridge and LinearRegression at the defaults, GPUs $RANKS" 150 python3 -m mpiml bench ml --algo ridge --device gpu --ranks "$RANKS" --out "$RES" --tag "$MACHINE"  # PLACEHOLDER
 }
 
-part_forest() {
-    step "random forest 1e6 x 32, 20 trees, depth 10 (1 GPU)" 150 python3 -m mpiml bench ml --algo rf --device gpu \
-        --ranks 1 --rows 1e6 --trees 20 --depth 10 --sklearn-rows 2e5 --out "$RES" --tag "1e6_$MACHINE"
-    keep "ml_rf_1e6_$MACHINE" "rf_1e6_$MACHINE"
+part_forest() {   # the multi-GPU run first (the target is on 4 GPUs), then the one-GPU runs the docs cite
+    step "random forests at the defaults (GPUs $RANKS)" 200 python3 -m mpiml bench ml --algo rf --device gpu \
+        --ranks "$RANKS" --out "$RES" --tag "ranks_$MACHINE"
+    keep "ml_rf_ranks_$MACHINE" "rf_ranks_$MACHINE"
     step "random forest 1e7 x 32, 100 trees, depth 12 (1 GPU)" 200 python3 -m mpiml bench ml --algo rf --device gpu \
         --ranks 1 --rows 1e7 --trees 100 --depth 12 --sklearn-rows 1e5 --training global,local --out "$RES" \
         --tag "1e7_$MACHINE"
     keep "ml_rf_1e7_$MACHINE" "rf_$MACHINE"
-    todo step "random forests at the defaults, GPUs $RANKS" 200 python3 -m mpiml bench ml --algo rf --device gpu --ranks "$RANKS" --out "$RES" --tag "$MACHINE"  # PLACEHOLDER
+    step "random forest 1e6 x 32, 20 trees, depth 10 (1 GPU)" 150 python3 -m mpiml bench ml --algo rf --device gpu \
+        --ranks 1 --rows 1e6 --trees 20 --depth 10 --sklearn-rows 2e5 --out "$RES" --tag "1e6_$MACHINE"
+    keep "ml_rf_1e6_$MACHINE" "rf_1e6_$MACHINE"
 }
 
-part_pca() {
+part_pca_scale() {   # the one-GPU runs at scale that README.md and docs/decomposition.md cite
     step "PCA 1e7 x 512 -> 32 components (1 GPU)" 90 python3 -m mpiml run pca --np 1 --device gpu --dtype float32 \
         --data lowrank:n=10000000,d=512,rank=32 --components 32 --json "$RES/pca_1e7_$MACHINE.json"
     step "PCA 1e6 x 512 -> 32 components (1 GPU) with scikit-learn on the host cores" 90 python3 -m mpiml run pca \
@@ -177,11 +196,11 @@ part_pca() {
         --components 16 --device gpu --ranks 1 --sparse 0.001 --rows 1e6 --features 100000 --dtype float32 \
         --sklearn-rows 2e5 --out "$RES" --tag "$MACHINE"
     keep "ml_tsvd_sparse_$MACHINE" "tsvd_sparse_$MACHINE"
-    todo step "PCA and TruncatedSVD at the defaults, GPUs $RANKS" 150 python3 -m mpiml bench ml --algo pca --device gpu --ranks "$RANKS" --out "$RES" --tag "$MACHINE"  # PLACEHOLDER
 }
 
 part_firstfit() {
-    todo step "first fit on a fresh machine (compilation included)" 200 python3 benchmarks/gpu/first_fit.py --out "$RES/firstfit_$MACHINE.json"  # PLACEHOLDER
+    step "first fit on a fresh machine (compilation included; mpiml run kmeans on $R ranks)" 300 python3 \
+        benchmarks/gpu/first_fit.py --out "$RES/firstfit_$MACHINE.json" --np "$R"
 }
 
 part_dask() {
@@ -215,7 +234,7 @@ part_seeds() {
 # ---------------------------------------------------------------------- run
 for PART in "$@"; do
     if ! declare -F "part_$PART" >/dev/null; then
-        echo "scripts/device_pass.sh: unknown part '$PART' (tests comm kmeans knn linear forest pca firstfit dask seeds)"
+        echo "scripts/device_pass.sh: unknown part '$PART' (tests comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds)"
         exit 2
     fi
     LOG="$OUT/device_pass_$PART.log"
