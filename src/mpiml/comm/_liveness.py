@@ -83,20 +83,29 @@ class Liveness:
         self.watched = [(r, pid, start) for r, (host, pid, start) in enumerate(identities)
                         if r != rank and host == mine]
         self._next = 0.0
+        self._gone = None  # (rank, pid) seen gone at the last look: dead from the next one on
         self.dead = None  # (rank, pid) of the first peer found dead
 
     def look(self):
-        """``(rank, pid)`` of a peer whose process has ended, or None (looks at most every INTERVAL s)."""
+        """``(rank, pid)`` of a peer whose process has ended, or None (looks at most every INTERVAL s).
+
+        A peer is reported one look (INTERVAL) after its process was first seen gone, so
+        that a wait still polls for what the peer sent before it died: a collective it
+        completed its part of may still complete here.
+        """
         if self.dead is not None or not self.watched:
             return self.dead
         now = time.monotonic()
         if now < self._next:
             return None
         self._next = now + INTERVAL
+        if self._gone is not None:
+            self.dead = self._gone
+            return self.dead
         for r, pid, start in self.watched:
             if not process_alive(pid, start):
-                self.dead = (r, pid)
-                return self.dead
+                self._gone = (r, pid)
+                return None
         return None
 
     @staticmethod
