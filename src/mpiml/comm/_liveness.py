@@ -14,8 +14,9 @@ Why the process, not a heartbeat: a rank that is stopped (``SIGSTOP``), busy in
 a long computation or slow to be scheduled is alive, and declaring it dead
 would abort a healthy job; a heartbeat cannot tell those apart from death, the
 process table can.  Such a rank is still found by ``MPIML_TIMEOUT``.  Peers on
-other hosts are not watched (their launcher's daemon, or ``MPIML_TIMEOUT``,
-ends the job).
+other hosts, and peers whose process this one cannot see when the communicator
+is made (another pid namespace), are not watched (their launcher's daemon, or
+``MPIML_TIMEOUT``, ends the job).
 """
 
 import os
@@ -80,8 +81,10 @@ class Liveness:
 
     def __init__(self, rank, identities):
         mine = identities[rank][0]
+        # only peers this process can see as they described themselves now: a peer in another
+        # pid namespace (a container per rank) is not watched, never taken for dead
         self.watched = [(r, pid, start) for r, (host, pid, start) in enumerate(identities)
-                        if r != rank and host == mine]
+                        if r != rank and host == mine and start and process_alive(pid, start)]
         self._next = 0.0
         self._gone = None  # (rank, pid) seen gone at the last look: dead from the next one on
         self.dead = None  # (rank, pid) of the first peer found dead
