@@ -212,10 +212,10 @@ from mpi4py import MPI  # noqa: E402  (the verdict travels outside mpiml: its co
 
 everyone = MPI.COMM_WORLD.allgather({"rank": R, "failures": failures, "growth_mib": growth, "flat": ok_mem,
                                      "samples": samples})
+total_fail = sum(len(e["failures"]) for e in everyone)
+all_flat = all(e["flat"] for e in everyone)
+verdict = "OK" if total_fail == 0 and all_flat else "FAILED"
 if R == 0:
-    total_fail = sum(len(e["failures"]) for e in everyone)
-    all_flat = all(e["flat"] for e in everyone)
-    verdict = "OK" if total_fail == 0 and all_flat else "FAILED"
     doc = {"machine": f"{socket.gethostname()} {platform.machine()} "
                       f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()} x{cp.cuda.runtime.getDeviceCount()}",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -252,4 +252,5 @@ if R == 0:
             print(f"wrote {args.plot}", flush=True)
         except Exception as exc:
             print(f"plot failed: {type(exc).__name__}: {exc}", flush=True)
-sys.exit(0)
+sys.stdout.flush()
+sys.exit(0 if verdict == "OK" else 1)
