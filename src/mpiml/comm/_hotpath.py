@@ -140,7 +140,7 @@ def binding(op, x, *, rank, size, root=0, rows=None):
     return bind
 
 
-def launcher(comm, transport, plan, op, x, bind, issue, err=None):
+def launcher(comm, transport, plan, op, bind, issue, err=None):
     """``call(x, out)``: this collective repeated through ``bind`` and ``issue``, or None (full path).
 
     ``err`` is the transport's host-mapped error word (a failure makes the full path raise it).

@@ -417,7 +417,7 @@ class NCCLTransport(Transport):
             return None
         root = arg if op == "bcast" else arg[1] if op == "reduce" else 0
         bind = binding(op, x, rank=self.rank, size=self.size, root=int(root))
-        return launcher(comm, self, plan, op, x, bind, issue)
+        return launcher(comm, self, plan, op, bind, issue)
 
     def run_algorithm(self, op, name, *args):
         raise ValueError(f"algorithm {name!r} is not an NCCL algorithm; NCCL offers 'native', and every "
