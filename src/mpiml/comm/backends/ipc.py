@@ -513,8 +513,7 @@ class IPCTransport(Transport):
 
         nb, dtype = x.nbytes, x.dtype
         ll_ok = nb <= self.ll_max
-        algo = name
-        root, rows, red = 0, None, None
+        root, red = 0, None
         if op == "allreduce":
             algo = self._auto_allreduce(nb) if name == "native" else name
             red, family, parts = arg, "allreduce", (self.size if algo == "twoshot" else 1)
