@@ -242,6 +242,14 @@ def nccl_issue(transport, op, x, arg):
             s = stream().ptr
             call_(ip, outp, n, dt, s)
             done(s)
+    elif op == "reduce_scatter" and len(set(arg[0])) == 1 and arg[0][0]:  # equal parts only
+        (counts, red_op), call_ = arg, nc.reduceScatter
+        red, width = transport._op(red_op, x.dtype), int(counts[0])
+
+        def issue(ip, outp):
+            s = stream().ptr
+            call_(ip, outp, width, dt, red, s)
+            done(s)
     else:
         return None
     return issue
