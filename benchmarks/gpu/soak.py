@@ -183,8 +183,11 @@ def main():
                 samples.append({"t": elapsed, "step": steps, **memory()})
                 next_sample = elapsed + args.sample
             stop = comm.bcast_obj(elapsed >= args.seconds)
-    stream.synchronize()
-    comm.synchronize()
+    try:
+        stream.synchronize()
+        comm.synchronize()
+    except Exception as exc:  # (a failed run: its communicator is dead)
+        failures.append(f"synchronize: {type(exc).__name__}: {exc}"[:500])
     return t0, samples, failures, steps, calls_by_op
 
 
@@ -205,12 +208,14 @@ def flat(samples):
 
 t_start, samples, failures, steps, calls_by_op = main()
 ok_mem, growth = flat(samples)
-everyone = comm.allgather_obj({"rank": R, "failures": failures, "growth_mib": growth, "flat": ok_mem,
-                               "samples": samples})
+from mpi4py import MPI  # noqa: E402  (the verdict travels outside mpiml: its communicator may be dead)
+
+everyone = MPI.COMM_WORLD.allgather({"rank": R, "failures": failures, "growth_mib": growth, "flat": ok_mem,
+                                     "samples": samples})
+total_fail = sum(len(e["failures"]) for e in everyone)
+all_flat = all(e["flat"] for e in everyone)
+verdict = "OK" if total_fail == 0 and all_flat else "FAILED"
 if R == 0:
-    total_fail = sum(len(e["failures"]) for e in everyone)
-    all_flat = all(e["flat"] for e in everyone)
-    verdict = "OK" if total_fail == 0 and all_flat else "FAILED"
     doc = {"machine": f"{socket.gethostname()} {platform.machine()} "
                       f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()} x{cp.cuda.runtime.getDeviceCount()}",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -247,4 +252,5 @@ if R == 0:
             print(f"wrote {args.plot}", flush=True)
         except Exception as exc:
             print(f"plot failed: {type(exc).__name__}: {exc}", flush=True)
-sys.exit(0)
+sys.stdout.flush()
+sys.exit(0 if verdict == "OK" else 1)

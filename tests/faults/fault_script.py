@@ -259,20 +259,23 @@ def run_gone(sig):
 
 def run_dead_peer():
     """The last rank dies (SIGKILL) between calls while the launcher lets the job go on, with no
-    MPIML_TIMEOUT: each survivor's next call (a small inline one, then a forced ring on another
-    communicator) must raise CommAbortedError naming the dead rank within seconds."""
-    comms = [Communicator(world._world) for _ in range(2)]
+    MPIML_TIMEOUT: each survivor's next call (a small inline one, a forced ring, a receive from
+    the dead rank, each on its own communicator) must raise CommAbortedError naming the dead
+    rank within seconds."""
+    comms = [Communicator(world._world) for _ in range(3)]
     for c in comms:
         c.allreduce(np.ones(4))
     sync()
-    if r == last:
+    if r == last:  # dies once the others are out of the barrier (a peer found dead in it would abort it)
+        time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGKILL)
-    time.sleep(0.2)  # (it is dead, or about to be: the survivors' calls wait for it)
-    calls = {"inline": lambda: comms[0].allreduce(np.ones(4)),
-             "ring": lambda: comms[1].allreduce(np.ones(1 << 18), algorithm="ring")}
-    for name, call in calls.items():
+    time.sleep(0.2)  # the survivors' calls start before it dies and wait for it
+    calls = {"inline": (comms[0], lambda: comms[0].allreduce(np.ones(4))),
+             "ring": (comms[1], lambda: comms[1].allreduce(np.ones(1 << 18), algorithm="ring")),
+             "recv": (comms[2], lambda: comms[2].recv(last, tag=7))}
+    for name, (c, call) in calls.items():
         rec = attempt(call)
-        rec.update(name=name, after=after_state(comms[0] if name == "inline" else comms[1]))
+        rec.update(name=name, after=after_state(c))
         records.append(rec)
     leave(range(p - 1))
 

@@ -181,7 +181,7 @@ def test_a_killed_rank_is_found_dead_on_every_survivor_without_a_timeout(n):
     records, proc = run_fault("dead_peer", n, timeout_s=300, limit=None, expect_ok=False, keep_survivors=True)
     assert sorted(records) == list(range(n - 1)), (sorted(records), proc.stdout[-2000:], proc.stderr[-4000:])
     for k, recs in records.items():
-        assert [rec["name"] for rec in recs] == ["inline", "ring"], recs
+        assert [rec["name"] for rec in recs] == ["inline", "ring", "recv"], recs
         for rec in recs:
             assert not rec["returned"] and rec["type"] == "CommAbortedError", (k, rec)
             assert f"rank {n - 1} is dead" in rec["error"], (k, rec["error"])

@@ -349,6 +349,10 @@ class Communicator(Agreement, ObjectCollectives, MetadataCollectives, PointToPoi
             backend, transport = self._world.name, self._coll
         self._last_route = (transport, name)
         plan.route = (backend, name)
+        if memory == "device" and backend in ("mpi", "self"):
+            # staged through the host, the call blocks there anyway: it keeps its round, so a
+            # mismatch is found before MPI can hang or truncate on it
+            plan.deferrable = False
         try:
             if name == "native" or (backend not in ("mpi", "self") and name not in ALGORITHMS[op]):
                 if backend in ("mpi", "self") or name == "native":

@@ -140,7 +140,7 @@ def binding(op, x, *, rank, size, root=0, rows=None):
     return bind
 
 
-def launcher(comm, transport, plan, op, x, bind, issue, err=None):
+def launcher(comm, transport, plan, op, bind, issue, err=None):
     """``call(x, out)``: this collective repeated through ``bind`` and ``issue``, or None (full path).
 
     ``err`` is the transport's host-mapped error word (a failure makes the full path raise it).
@@ -241,6 +241,14 @@ def nccl_issue(transport, op, x, arg):
         def issue(ip, outp):
             s = stream().ptr
             call_(ip, outp, n, dt, s)
+            done(s)
+    elif op == "reduce_scatter" and len(set(arg[0])) == 1 and arg[0][0]:  # equal parts only
+        (counts, red_op), call_ = arg, nc.reduceScatter
+        red, width = transport._op(red_op, x.dtype), int(counts[0])
+
+        def issue(ip, outp):
+            s = stream().ptr
+            call_(ip, outp, width, dt, red, s)
             done(s)
     else:
         return None

@@ -14,8 +14,9 @@ Why the process, not a heartbeat: a rank that is stopped (``SIGSTOP``), busy in
 a long computation or slow to be scheduled is alive, and declaring it dead
 would abort a healthy job; a heartbeat cannot tell those apart from death, the
 process table can.  Such a rank is still found by ``MPIML_TIMEOUT``.  Peers on
-other hosts are not watched (their launcher's daemon, or ``MPIML_TIMEOUT``,
-ends the job).
+other hosts, and peers whose process this one cannot see when the communicator
+is made (another pid namespace), are not watched (their launcher's daemon, or
+``MPIML_TIMEOUT``, ends the job).
 """
 
 import os
@@ -80,23 +81,34 @@ class Liveness:
 
     def __init__(self, rank, identities):
         mine = identities[rank][0]
+        # only peers this process can see as they described themselves now: a peer in another
+        # pid namespace (a container per rank) is not watched, never taken for dead
         self.watched = [(r, pid, start) for r, (host, pid, start) in enumerate(identities)
-                        if r != rank and host == mine]
+                        if r != rank and host == mine and start and process_alive(pid, start)]
         self._next = 0.0
+        self._gone = None  # (rank, pid) seen gone at the last look: dead from the next one on
         self.dead = None  # (rank, pid) of the first peer found dead
 
     def look(self):
-        """``(rank, pid)`` of a peer whose process has ended, or None (looks at most every INTERVAL s)."""
+        """``(rank, pid)`` of a peer whose process has ended, or None (looks at most every INTERVAL s).
+
+        A peer is reported one look (INTERVAL) after its process was first seen gone, so
+        that a wait still polls for what the peer sent before it died: a collective it
+        completed its part of may still complete here.
+        """
         if self.dead is not None or not self.watched:
             return self.dead
         now = time.monotonic()
         if now < self._next:
             return None
         self._next = now + INTERVAL
+        if self._gone is not None:
+            self.dead = self._gone
+            return self.dead
         for r, pid, start in self.watched:
             if not process_alive(pid, start):
-                self.dead = (r, pid)
-                return self.dead
+                self._gone = (r, pid)
+                return None
         return None
 
     @staticmethod

@@ -38,11 +38,24 @@ def _cupy():
 
 class PointToPoint:
     """Mixin of :class:`~mpiml.comm.Communicator`: needs ``rank``, ``size``, ``backend``,
-    ``_p2p`` (a transport) and ``_prep``."""
+    ``_p2p`` (a transport), ``_prep``, ``_liveness``, ``_poison`` and ``_aborted``."""
 
     def _check_peer(self, peer, what):
         if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size:
             raise ValueError(f"{what} must be a rank in [0, {self.size}); got {peer!r}")
+
+    def _check_alive(self, peer, op):
+        """Raise CommAbortedError (and abort the communicator) if ``peer``'s process has ended.
+
+        Called by a send or receive that is still waiting for ``peer`` (see
+        :mod:`mpiml.comm._liveness`; the look is rate-limited, so this is cheap).
+        """
+        live = self._liveness
+        if live is not None and live.look() is not None and live.dead[0] == peer:
+            from .._errors import CommAbortedError
+
+            self._poison(CommAbortedError(live.describe(live.dead)))
+            raise self._aborted(op)
 
     def _check_tag(self, tag):
         if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= MAX_TAG:
@@ -77,6 +90,8 @@ class PointToPoint:
             done = all(r.test() for r in reqs)
             if done and _profile.active():
                 _profile.record("send", x.nbytes, self.backend, "p2p", time.perf_counter() - start)
+            if not done:
+                self._check_alive(dest, "send")
             return done
 
         def abandon():
@@ -137,9 +152,11 @@ class PointToPoint:
         def test():
             if state["payload"] is None:
                 if not hreq.test():
+                    self._check_alive(source, "recv")
                     return False
                 state["payload"] = on_header() or CompletedRequest()
             if not state["payload"].test():
+                self._check_alive(source, "recv")
                 return False
             if state["error"] is not None:
                 raise state["error"]

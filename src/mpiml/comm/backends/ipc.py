@@ -513,8 +513,7 @@ class IPCTransport(Transport):
 
         nb, dtype = x.nbytes, x.dtype
         ll_ok = nb <= self.ll_max
-        algo = name
-        root, rows, red = 0, None, None
+        root, red = 0, None
         if op == "allreduce":
             algo = self._auto_allreduce(nb) if name == "native" else name
             red, family, parts = arg, "allreduce", (self.size if algo == "twoshot" else 1)
@@ -538,7 +537,7 @@ class IPCTransport(Transport):
             fn = self._kernel("reduce", "mpiml_reduce_scatter_oneshot", dtype, self._reduce_op(red, dtype), False)
             issue = ipc_issue(self, op, x, fn, fn, _grid(max(counts)), THREADS, 0, self._displs_ptr(counts))
             bind = binding(op, x, rank=self.rank, size=self.size, rows=rows)
-            return launcher(comm, self, plan, op, x, bind, issue, self._err_code)
+            return launcher(comm, self, plan, op, bind, issue, self._err_code)
         else:
             return None
         if algo == "ll" and not ll_ok:
@@ -558,7 +557,7 @@ class IPCTransport(Transport):
                 fa = fu
         issue = ipc_issue(self, op, x, fa, fu, grid, block, mask, extra)
         bind = binding(op, x, rank=self.rank, size=self.size, root=root)
-        return launcher(comm, self, plan, op, x, bind, issue, self._err_code)
+        return launcher(comm, self, plan, op, bind, issue, self._err_code)
 
     # ------------------------------------------------------------------ helpers over other transports
     def _nccl(self):

@@ -405,8 +405,8 @@ class NCCLTransport(Transport):
     def hot_launcher(self, comm, plan, op, name, x, arg):
         """A launcher (see :mod:`mpiml.comm._hotpath`) issuing this collective directly, or None.
 
-        For allreduce, bcast, reduce and allgather; ``arg`` is the reduction, the
-        root or ``(reduction, root)``.
+        For allreduce, bcast, reduce, allgather and reduce_scatter of equal parts;
+        ``arg`` is the reduction, the root, ``(reduction, root)`` or ``(counts, reduction)``.
         """
         if self._sync or name != "native" or not x.size or self.comm is None:
             return None
@@ -416,8 +416,9 @@ class NCCLTransport(Transport):
         if issue is None:
             return None
         root = arg if op == "bcast" else arg[1] if op == "reduce" else 0
-        bind = binding(op, x, rank=self.rank, size=self.size, root=int(root))
-        return launcher(comm, self, plan, op, x, bind, issue)
+        rows = int(arg[0][self.rank]) // (x.size // x.shape[0]) if op == "reduce_scatter" else None
+        bind = binding(op, x, rank=self.rank, size=self.size, root=int(root), rows=rows)
+        return launcher(comm, self, plan, op, bind, issue)
 
     def run_algorithm(self, op, name, *args):
         raise ValueError(f"algorithm {name!r} is not an NCCL algorithm; NCCL offers 'native', and every "
