@@ -208,6 +208,10 @@ def _sklearnex_available():
 
 
 # ---------------------------------------------------------------------- the driver
+def _load():
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
 def _plot(result, path):
     import matplotlib
 
@@ -271,7 +275,7 @@ def main(argv):
               "sizes": {k: getattr(args, k) for k in ("rows", "features", "k", "iters", "components", "rf_rows",
                                                        "trees", "max_depth", "knn_rows", "queries", "neighbors",
                                                        "repeat")},
-              "mpiml": {}}
+              "mpiml": {}, "load_average_before": _load()}
     # every rank its share of the cores (the launcher sets nothing; a user's variable would still win)
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                                              "OPENBLAS_NUM_THREADS")}
@@ -296,6 +300,7 @@ def main(argv):
                                           "pip install scikit-learn-intelex"}
     else:
         result["sklearnex"] = dict(_single("sklearnex", args, names), version=detail)
+    result["load_average_after"] = _load()  # a shared machine's other work shows here
     tag = args.tag or f"{cores}core"
     os.makedirs(args.out, exist_ok=True)
     json_path = os.path.join(args.out, f"ml_cpu_{tag}.json")
