@@ -18,7 +18,7 @@ def _step(X, w, shift, C, env, monkeypatch, labels=None):
 @pytest.mark.parametrize("weighted", [False, True])
 def test_lloyd_step_matches_numpy(dtype, weighted, monkeypatch):
     rng = np.random.default_rng(0)
-    n, d, k = 9000, 7, 5  # several chunks and parts, the last ones uneven
+    n, d, k = 150000, 7, 5  # several chunks and parts, the last ones uneven
     X = (rng.normal(size=(n, d)) + 3 * rng.integers(0, k, size=(n, 1))).astype(dtype)
     C = X[rng.choice(n, k, replace=False)].astype(dtype)
     shift = X.mean(axis=0)
@@ -42,7 +42,7 @@ def test_bits_do_not_depend_on_threads():
     rng = np.random.default_rng(2)
     X, C = rng.normal(size=(20000, 6)), rng.normal(size=(8, 6))
     shift = X.mean(axis=0)
-    assert _kmeans_cpu.n_parts(min(20000, _kmeans_cpu._CHUNK), 8, 6) > 1
+    assert _kmeans_cpu.n_parts(min(20000, _kmeans_cpu.chunk_rows(8, 6)), 8, 6) > 1
     out = []
     before = numba.get_num_threads()
     try:

@@ -348,7 +348,8 @@ def main(argv):
     suite = argparse.ArgumentParser(add_help=False)
     suite.add_argument("--algo")
     suite.add_argument("--device")
-    if suite.parse_known_args(argv)[0].device == "cpu" and suite.parse_known_args(argv)[0].algo is None:
+    chosen = suite.parse_known_args(argv)[0]
+    if chosen.device == "cpu" and chosen.algo is None:
         from .ml_cpu import main as cpu_main  # every estimator on CPU ranks vs scikit-learn(-intelex)
 
         return cpu_main(argv)

@@ -136,16 +136,20 @@ def _fit(est, name, X, y, Q, centres=None):
 
 
 def _best(fn, repeat, sync=None):
-    best, value = float("inf"), None
+    """``(best wall seconds, value, CPU seconds of that run)``: the CPU time (every thread of the
+    process; the largest rank's under MPI) says how much work a run did even on a busy machine."""
+    best, value, cpu = float("inf"), None, None
     for _ in range(max(1, repeat)):
         if sync:
             sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         value = fn()
-        t = time.perf_counter() - t0
-        t = sync(t) if sync else t
-        best = min(best, t)
-    return best, value
+        t, c = time.perf_counter() - t0, time.process_time() - c0
+        if sync:
+            t, c = sync(t), sync(c)
+        if t < best:
+            best, cpu = t, c
+    return best, value, cpu
 
 
 # ---------------------------------------------------------------------- mpiml under mpiexec
@@ -156,7 +160,8 @@ def _worker(args):
 
     mpiml.init(device="cpu")
     comm = get_comm()
-    out = {"ranks": comm.size, "threads_per_rank": thread_info().get("threads"), "seconds": {}, "values": {}}
+    out = {"ranks": comm.size, "threads_per_rank": thread_info().get("threads"), "seconds": {}, "values": {},
+           "cpu_seconds": {}}
 
     def sync(t=None):
         if t is None:
@@ -170,10 +175,10 @@ def _worker(args):
         if name == "kmeans":  # the first k global rows, as the one-process runs take them
             centres = comm.bcast(np.ascontiguousarray(X[:args.k]), root=0)
         est = _estimator("mpiml", name, args, comm)
-        seconds, value = _best(lambda: _fit(est, name, X, y, Q, centres), args.repeat, sync)
+        seconds, value, cpu = _best(lambda: _fit(est, name, X, y, Q, centres), args.repeat, sync)
         if name == "knn" and value is not None:
             value = comm.allreduce_obj(value)
-        out["seconds"][name], out["values"][name] = seconds, value
+        out["seconds"][name], out["values"][name], out["cpu_seconds"][name] = seconds, value, cpu
         if comm.rank == 0:
             print(f"  mpiml {comm.size} rank(s): {_TITLES[name]} {seconds:.3f} s", flush=True)
     if comm.rank == 0:
@@ -187,15 +192,15 @@ def _single(lib, args, names):
     from ..comm import get_comm
 
     comm = get_comm("self")
-    seconds, values = {}, {}
+    seconds, values, cpu = {}, {}, {}
     for name in names:
         X, y, Q = _data(name, args, comm)
         X = np.asarray(X)
         centres = np.ascontiguousarray(X[:args.k]) if name == "kmeans" else None
         est = _estimator(lib, name, args)
-        seconds[name], values[name] = _best(lambda: _fit(est, name, X, y, Q, centres), args.repeat)
+        seconds[name], values[name], cpu[name] = _best(lambda: _fit(est, name, X, y, Q, centres), args.repeat)
         print(f"  {lib}: {_TITLES[name]} {seconds[name]:.3f} s", flush=True)
-    return {"seconds": seconds, "values": values}
+    return {"seconds": seconds, "values": values, "cpu_seconds": cpu}
 
 
 def _sklearnex_available():
@@ -208,6 +213,10 @@ def _sklearnex_available():
 
 
 # ---------------------------------------------------------------------- the driver
+def _load():
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
 def _plot(result, path):
     import matplotlib
 
@@ -271,7 +280,7 @@ def main(argv):
               "sizes": {k: getattr(args, k) for k in ("rows", "features", "k", "iters", "components", "rf_rows",
                                                        "trees", "max_depth", "knn_rows", "queries", "neighbors",
                                                        "repeat")},
-              "mpiml": {}}
+              "mpiml": {}, "load_average_before": _load()}
     # every rank its share of the cores (the launcher sets nothing; a user's variable would still win)
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                                              "OPENBLAS_NUM_THREADS")}
@@ -296,6 +305,7 @@ def main(argv):
                                           "pip install scikit-learn-intelex"}
     else:
         result["sklearnex"] = dict(_single("sklearnex", args, names), version=detail)
+    result["load_average_after"] = _load()  # a shared machine's other work shows here
     tag = args.tag or f"{cores}core"
     os.makedirs(args.out, exist_ok=True)
     json_path = os.path.join(args.out, f"ml_cpu_{tag}.json")

@@ -259,14 +259,14 @@ def _check_shape(args, n, d):
         raise UsageError(f"--components {args.components}: more than {what}")
 
 
-def _score(job, est, X, y, comm, say):
-    if job.make is _knn:  # the search of every row: in query blocks, with progress
+def _score(job, est, X, y, comm, say, cpu):
+    if cpu and job.make is _knn:  # the search of every row: in query blocks, with progress
         return blocked_knn_accuracy(est, X, y, comm, say)
     return est.score(X, y) if job.supervised else _explained(est)
 
 
-def _fit(job, est, X, y, say):
-    if hasattr(est, "n_estimators") and est.n_estimators > 1:  # forests: trees in batches, with progress
+def _fit(job, est, X, y, say, cpu):
+    if cpu and hasattr(est, "n_estimators") and est.n_estimators > 1:  # forests: trees in batches, with progress
         return fit_forest_in_batches(est, X, y, say)
     return est.fit(X, y) if job.supervised else est.fit(X)
 
@@ -302,14 +302,14 @@ def _run(args, comm):
     comm.barrier()
     t0 = time.perf_counter()
     with mpiml.profile() as prof:
-        _fit(job, est, X, y, say)
+        _fit(job, est, X, y, say, cpu=not ngpu)
         if xp is not np:
             xp.cuda.get_current_stream().synchronize()
     fit_s = time.perf_counter() - t0
     fit_s = comm.allreduce_obj(fit_s, op="max") if comm.size > 1 else fit_s
     say(f"fit: {fit_s:.3f} s, {job.detail(est)}")
     t0 = time.perf_counter()
-    score = float(_score(job, est, X, y, comm, say))
+    score = float(_score(job, est, X, y, comm, say, cpu=not ngpu))
     score_s = time.perf_counter() - t0
     say(f"{job.score_name} over all ranks: {score:.6f} ({score_s:.2f} s)")
     say("communication during fit (calls of rank 0, seconds = slowest rank):")

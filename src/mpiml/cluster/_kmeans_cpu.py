@@ -1,6 +1,6 @@
 """The Lloyd step of dense host rows: one BLAS product and one compiled pass per chunk of rows.
 
-Per chunk of :data:`_CHUNK` rows: the rows shifted, their products with the centres
+Per chunk of rows (:func:`chunk_rows`): the rows shifted, their products with the centres
 ``G = Xs @ C.T`` by BLAS (the one part where a tuned GEMM wins), then one pass of a
 Numba kernel over the chunk while it is in cache: for every row the nearest centre
 (``|c|^2 - 2 x.c``, the first on ties, as ``argmin``), its squared distance, and its
@@ -28,8 +28,15 @@ _PARTIAL_BYTES = 64 << 20
 #: At most this many parts of a chunk (enough for the threads of one rank), each of at least _MIN_ROWS rows.
 _MAX_PARTS = 16
 _MIN_ROWS = 256
-#: Rows per chunk: the shifted chunk and its products (d + k values a row) stay in cache.
-_CHUNK = 4096
+#: Bytes of a chunk's shifted rows and products (d + k float64 a row): in the last-level cache, and few
+#: chunks a step (each chunk is a BLAS call and a parallel region, whose every thread must be scheduled:
+#: 4096-row chunks made a step 20x slower on a busy machine).
+_CHUNK_BYTES = 8 << 20
+
+
+def chunk_rows(k, d):
+    """Rows per chunk (see :data:`_CHUNK_BYTES`), between 4096 and 65536."""
+    return int(min(65536, max(4096, _CHUNK_BYTES // ((d + k) * 8))))
 
 
 def n_parts(n, k, d):
@@ -89,14 +96,15 @@ def lloyd_step(X, sample_weight, shift, C, labels, mind, packed):
     c_sq = np.einsum("ij,ij->i", C64, C64)
     w = np.ones(n) if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=np.float64)
     shift = np.zeros(d, dtype=X.dtype) if shift is None else shift
-    parts = n_parts(min(n, _CHUNK), k, d)
+    chunk = chunk_rows(k, d)
+    parts = n_parts(min(n, chunk), k, d)
     sums_p = np.zeros((parts, k, d))
     counts_p = np.zeros((parts, k))
     stats_p = np.zeros((parts, 2))
     keep = mind is not None
     mind = mind if keep else np.empty(n, dtype=X.dtype)  # the kernel's argument must be an array
-    for s in range(0, n, _CHUNK):
-        e = min(n, s + _CHUNK)
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
         Xs = X[s:e] - shift
         G = Xs @ CT
         _rest_kernel(Xs, G, c_sq, w[s:e], labels[s:e], mind[s:e], keep, parts, sums_p,

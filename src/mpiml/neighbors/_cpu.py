@@ -1,22 +1,27 @@
-"""Exact k nearest rows on the CPU: blocked distances and a running top-k, compiled with Numba.
+"""Exact k nearest rows on the CPU: a running top-k per query, compiled with Numba.
 
 :func:`topk` is what :func:`mpiml.neighbors._ring.local_topk` runs for dense NumPy rows.
-Queries are split into blocks of :data:`_QUERY_BLOCK` rows, one block per task of a
-``prange`` loop (the threads of this rank, see :mod:`mpiml.utils._threads`); each task
-walks the index in blocks of :data:`_INDEX_BLOCK` rows (the block stays in cache while
-every query of the task meets it) and keeps, per query, the ``k`` best so far in a small
-sorted array.  A candidate costs one compare against the running ``k``-th value; only
-a better one is inserted (shifting the worse ones down).  No distance matrix is built
-and nothing is sorted.
+Per query the ``k`` best so far are kept in a small sorted array; a candidate costs one
+compare against the running ``k``-th value, only a better one is inserted (the worse
+ones shift down).  No distance matrix is kept and nothing is sorted.  Index rows are met
+in increasing order and a candidate enters only if strictly better than the ``k``-th,
+after every equal one: exact ties go to the lower index, as in scikit-learn's brute force.
 
-Index rows are met in increasing order and a candidate enters only if strictly better
-than the current ``k``-th, after every equal one: exact ties go to the lower index, as
-in scikit-learn's brute force.  Distances are accumulated in float64 from differences
-(``sum (q - x)^2``, never the ``|q|^2 - 2 q.x + |x|^2`` form), so a query equal to an
-index row is at distance exactly 0 and identical rows give identical distances.
-Minkowski compares ``sum |q - x|^p`` and takes the ``p``-th root of the ``k`` kept only;
-euclidean compares squares and takes the root at the end.
+* Euclidean, squared euclidean, cosine (:func:`_topk_screened`): tiles of ``Q @ X.T`` by
+  BLAS (the fastest way to touch every pair) *screen* the candidates with a proven bound
+  on their rounding; a candidate that may beat the ``k``-th value is then measured exactly
+  by :func:`_pair`, from differences in float64 (``sum (q - x)^2``), so a query equal to an
+  index row is at distance exactly 0 and identical rows give identical distances.
+  Cosine works on unit rows (parallel rows of any length tie exactly), a zero row at 1.
+* Manhattan, chebyshev, minkowski (:func:`_topk_kernel`): queries in parallel blocks of
+  :data:`_QUERY_BLOCK`, the index in cache-sized blocks of :data:`_INDEX_BLOCK` rows,
+  distances accumulated in float64; minkowski compares ``sum |q - x|^p`` and takes the
+  ``p``-th root of the ``k`` kept only.
+
+Queries (or a tile's query rows) run in parallel over ``prange``: the threads of this
+rank, limited by :mod:`mpiml.utils._threads`.
 """
+
 
 import numpy as np
 

@@ -6,7 +6,8 @@ use and cached on disk (``cache=True``), so later processes (every rank of every
 it in milliseconds; ``prange`` gives the threads, limited per rank by
 :mod:`mpiml.utils._threads`.
 
-The cache goes where ``NUMBA_CACHE_DIR`` says; when it is unset, under
+Numba's threading layer is ``workqueue`` unless ``NUMBA_THREADING_LAYER`` says otherwise
+(see :func:`numba`).  The cache goes where ``NUMBA_CACHE_DIR`` says; when it is unset, under
 ``$MPIML_KERNEL_CACHE/numba`` if that is set, else beside the package (Numba's default)
 when the package directory is writable, else ``~/.cache/mpiml/numba``.
 """

@@ -1,0 +1,35 @@
+"""``mpiml bench ml --device cpu``: one run, every contender on the same data, JSON + PNG."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from conftest import run_group
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.mpi
+def test_small_run_writes_every_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"), MPIML_TIMEOUT="60", OMP_NUM_THREADS="")
+    cmd = [sys.executable, "-m", "mpiml", "bench", "ml", "--device", "cpu", "--estimators", "kmeans,knn,linreg",
+           "--ranks", "1,2", "--rows", "3000", "--knn-rows", "2000", "--queries", "100", "--features", "8",
+           "--repeat", "1", "--out", str(tmp_path), "--tag", "t"]
+    out = run_group(cmd, 300, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads((tmp_path / "ml_cpu_t.json").read_text())
+    assert (tmp_path / "ml_cpu_t.png").stat().st_size > 0
+    assert result["machine"]["host"] and result["date"] and "bench ml --device cpu" in result["command"]
+    for r in ("1", "2"):
+        run = result["mpiml"][r]
+        assert run["ranks"] == int(r) and set(run["seconds"]) == {"kmeans", "knn", "linreg"}
+    assert set(result["sklearn"]["seconds"]) == {"kmeans", "knn", "linreg"}
+    assert "seconds" in result["sklearnex"] or "skipped" in result["sklearnex"]
+    # the same data and starting centres everywhere: the same k-means inertia and k-NN distances
+    for name in ("kmeans", "knn"):
+        ref = result["sklearn"]["values"][name]
+        for r in ("1", "2"):
+            assert result["mpiml"][r]["values"][name] == pytest.approx(ref, rel=1e-4), (name, r)
