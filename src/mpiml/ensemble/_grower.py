@@ -405,7 +405,7 @@ class TreeGrower:
         xp, s = self.xp, self.s
         T = len(trees)
         el = self._elements(trees)
-        recs = [{k: [] for k in _RECORDS} for _ in range(T)]
+        levels = []
         ranges = np.zeros((T, 2), dtype=np.int64)
         ranges[:, 1] = 1                            # node ids [lo, hi) of the current level, per tree
         roots = None
@@ -425,21 +425,13 @@ class TreeGrower:
                 dec, parent = self._split_level(el, perm, depth, root_w, parent, keep)
             if roots is None:
                 roots = dec["W"].copy()
-            ranges = self._record(recs, ranges, dec)
+            ranges = self._record(levels, ranges, dec)
             t0 = time.perf_counter()
             el = self._partition(el, dec)
             _sync(xp)
             self.stats["route_s"] += time.perf_counter() - t0
             depth += 1
-        out = []
-        for rec in recs:
-            tree = {key: np.concatenate(rec[key]).astype(dtype) for key, dtype in _RECORDS.items()}
-            tree["value"] = tree["value"].reshape(len(tree["feature"]), -1)
-            inner = tree["feature"] >= 0
-            tree["importances"] = np.bincount(tree["feature"][inner], weights=tree["decrease"][inner],
-                                              minlength=self.F).astype(np.float64)
-            out.append(tree)
-        return out
+        return self._trees(levels, T)
 
     def _leaf_level(self, el, perm, depth, root_w):
         """The last level (``depth == max_depth``): every node is a leaf; only per-node totals are summed."""
@@ -570,36 +562,47 @@ class TreeGrower:
         for key in ("leaf", "feature", "best_b", "below", "above", "decrease", "best_wl", "best_wr"):
             dec[key][sel] = again[key]
 
-    def _record(self, recs, ranges, dec):
-        """Append the level's nodes to the records, number the children (breadth first); new ranges."""
-        n_slots = len(dec["leaf"])
+    def _record(self, levels, ranges, dec):
+        """Append the level's nodes to ``levels``, number the children (breadth first); new ranges.
+
+        All trees at once: a node's children are numbered after the nodes of
+        its tree's current level, in the order of the split nodes.
+        """
         split = ~dec["leaf"]
         f = dec["feature"]
-        b = dec["best_b"]
-        thr = np.full(n_slots, -2.0)
+        thr = np.full(len(split), -2.0)
         if split.any():
-            thr[split] = self._thresholds(f[split], b[split], dec["below"][split], dec["above"][split])
+            thr[split] = self._thresholds(f[split], dec["best_b"][split], dec["below"][split], dec["above"][split])
+        T = len(ranges)
         k = ranges[:, 1] - ranges[:, 0]
-        base = np.concatenate([[0], np.cumsum(k)])
-        new_ranges = ranges.copy()
-        for t in range(len(ranges)):
-            hi = int(ranges[t, 1])
-            a, z = int(base[t]), int(base[t + 1])
-            sp = split[a:z]
-            order = np.cumsum(sp) - 1
-            left = np.where(sp, hi + 2 * order, -1).astype(np.int32)
-            rec = recs[t]
-            rec["feature"].append(np.where(sp, f[a:z], -2))
-            rec["threshold"].append(thr[a:z])
-            rec["left"].append(left)
-            rec["right"].append(np.where(sp, left + 1, -1).astype(np.int32))
-            rec["value"].append(dec["value"][a:z])
-            rec["n_node_samples"].append(dec["counts"][a:z])
-            rec["weighted_n_node_samples"].append(dec["W"][a:z])
-            rec["impurity"].append(dec["impurity"][a:z])
-            rec["decrease"].append(np.where(sp, dec["decrease"][a:z], 0.0))
-            new_ranges[t] = (hi, hi + 2 * int(sp.sum()))
-        return new_ranges
+        slot_tree = np.repeat(np.arange(T), k)
+        csp = np.concatenate([[0], np.cumsum(split)])
+        order = csp[1:] - 1 - csp[np.concatenate([[0], np.cumsum(k)[:-1]])][slot_tree]   # rank among the tree's splits
+        left = np.where(split, ranges[slot_tree, 1] + 2 * order, -1).astype(np.int32)
+        levels.append((slot_tree, {
+            "feature": np.where(split, f, -2), "threshold": thr, "left": left,
+            "right": np.where(split, left + 1, -1).astype(np.int32), "value": dec["value"],
+            "n_node_samples": dec["counts"], "weighted_n_node_samples": dec["W"], "impurity": dec["impurity"],
+            "decrease": np.where(split, dec["decrease"], 0.0)}))
+        n_split = np.bincount(slot_tree, weights=split, minlength=T).astype(np.int64)
+        return np.stack([ranges[:, 1], ranges[:, 1] + 2 * n_split], axis=1)
+
+    def _trees(self, levels, T):
+        """Per-tree dicts of host arrays (breadth-first nodes) from the records of every level."""
+        tid = np.concatenate([lv[0] for lv in levels])
+        by_tree = np.argsort(tid, kind="stable")              # levels in order within each tree
+        cuts = np.cumsum(np.bincount(tid, minlength=T))[:-1]
+        cols = {key: np.split(np.concatenate([lv[1][key] for lv in levels])[by_tree].astype(dtype), cuts)
+                for key, dtype in _RECORDS.items()}
+        out = []
+        for t in range(T):
+            tree = {key: cols[key][t] for key in _RECORDS}
+            tree["value"] = tree["value"].reshape(len(tree["feature"]), -1)
+            inner = tree["feature"] >= 0
+            tree["importances"] = np.bincount(tree["feature"][inner], weights=tree["decrease"][inner],
+                                              minlength=self.F).astype(np.float64)
+            out.append(tree)
+        return out
 
     def _partition(self, el, dec):
         """Elements of the children of the split nodes, left child then right, in slot order (stable).
