@@ -140,6 +140,8 @@ class TreeGrower:
             self.kernel = histograms
         # compiled host kernels (Numba) unless ``MPIML_RF_CPU_KERNEL=0`` (the NumPy path, same trees)
         self.cpu = self.xp is np and _cpu_kernels.enabled()
+        # the host kernels gather a node's rows from one feature's column of bins at a time
+        self.cols = np.ascontiguousarray(spec.Xb.T) if self.cpu else None
         # a rank that grows alone needs no histogram of any node: the search reads a per-thread one
         alone = spec.comm is None or spec.comm.size == 1
         self.fused = self.cpu and alone and self._candidate_search(self.C) is not None
@@ -226,7 +228,7 @@ class TreeGrower:
                                              fsel.astype(xp.int32), B, K, bool(D), self._max_weight)
             hist = None if h is None else h.astype(xp.float64)
         if hist is None and self.cpu:
-            hist = _cpu_kernels.build_histograms(s.Xb, el.row, el.w, el.wy, s.y if K else None, seg_start, seg_len,
+            hist = _cpu_kernels.build_histograms(self.cols, el.row, el.w, el.wy, s.y if K else None, seg_start, seg_len,
                                                  fsel, B, K, bool(D))
         if hist is None:
             hist = self._bincount_histogram(el, seg_start, seg_len, fsel)
@@ -522,7 +524,7 @@ class TreeGrower:
         st = node_stats(self, tot, ex, root_w)
         order = perm[:, :m]
         lens = el.lens()
-        cand = _cpu_kernels.node_candidates(s.Xb, el.row, el.w, el.wy, s.y if K else None, el.starts[:-1], lens,
+        cand = _cpu_kernels.node_candidates(self.cols, el.row, el.w, el.wy, s.y if K else None, el.starts[:-1], lens,
                                             order, self.B, tot, st["mwl"], s.scales[0], s.scales[1], K, bool(self.D),
                                             s.min_samples_leaf)
         self.stats["hist_elements"] += int(lens.sum()) * m
@@ -626,7 +628,7 @@ class TreeGrower:
             counts = counts[split_h].reshape(-1)
             return _Elements(row, seg, w, wy, wy2, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
         if self.cpu:
-            (row, w, wy, wy2), counts = _cpu_kernels.partition(s.Xb, el.row, el.w, el.wy, el.wy2, el.starts,
+            (row, w, wy, wy2), counts = _cpu_kernels.partition(self.cols, el.row, el.w, el.wy, el.wy2, el.starts,
                                                                np.where(split_h, dec["feature"], -1), dec["best_b"])
             counts = counts.reshape(-1)
             seg = np.repeat(np.arange(2 * n_split, dtype=np.int32), counts)
