@@ -18,7 +18,13 @@ thread count:
   needs no allreduce: each node's histogram lives in a per-thread buffer and
   is never written out;
 * :func:`partition`: the stable move of a level's elements into the
-  children's segments.
+  children's segments;
+* :func:`segment_totals`, :func:`feature_orders`, :func:`apply_bins`: the
+  per-node totals, the per-node feature orders (the same hash draws, a
+  stable sort) and the bins of the rows.
+
+The bins come as columns ``(n_features, n_rows)``: a node's rows are gathered
+from one feature's column at a time, which stays in cache.
 
 Numba compiles each kernel at its first call and caches the machine code
 next to this file (``cache=True``), so only the first fit on a machine pays
@@ -29,7 +35,8 @@ import os
 
 import numpy as np
 
-__all__ = ["enabled", "thread_count", "apply_bins", "segment_totals", "feature_orders", "build_histograms", "split_candidates", "node_candidates", "partition"]
+__all__ = ["enabled", "thread_count", "apply_bins", "segment_totals", "feature_orders", "build_histograms",
+           "split_candidates", "node_candidates", "partition"]
 
 _KERNELS = None
 
