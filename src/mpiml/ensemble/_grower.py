@@ -145,6 +145,9 @@ class TreeGrower:
         # a rank that grows alone needs no histogram of any node: the search reads a per-thread one
         alone = spec.comm is None or spec.comm.size == 1
         self.fused = self.cpu and alone and self._candidate_search(self.C) is not None
+        # several host ranks: nodes with fewer rows than bins gather their rows instead of reducing histograms
+        self.gather_small = (self.cpu and not alone and not self.full and self._candidate_search(self.C) is not None
+                             and os.environ.get("MPIML_RF_GATHER_SMALL", "1") != "0")
         self.stats = {"hist_s": 0.0, "allreduce_s": 0.0, "split_s": 0.0, "route_s": 0.0,
                       "allreduce_bytes": 0, "allreduce_calls": 0, "levels": 0, "hist_elements": 0,
                       "hist_nodes_built": 0, "hist_nodes_derived": 0}
@@ -460,6 +463,8 @@ class TreeGrower:
         xp, s = self.xp, self.s
         if self.fused:
             return self._fused_level(el, perm, depth, root_w), None
+        if self.gather_small:
+            return self._mixed_level(el, perm, depth, root_w), None
         S = len(el.starts) - 1
         m, F, B, C = self.m, self.F, self.B, self.C
         FH = F if self.full else m
@@ -498,7 +503,7 @@ class TreeGrower:
             rw = None if root_w is None else root_w[c0:c1]
             dec = self._evaluate(H, ex, order[:, :m], depth, rw, fpos=order[:, :m] if self.full else None)
             if m < F and dec["retry"].any():
-                self._draw_further(el, H if self.full else None, ex, c0, order, dec, depth, rw)
+                self._draw_further(el, H if self.full else None, ex, np.arange(c0, c1), order, dec, depth, rw)
             decisions.append(dec)
             if keep:
                 sp = np.nonzero(~dec["leaf"])[0]
@@ -533,11 +538,89 @@ class TreeGrower:
         t0 = time.perf_counter()
         dec = decide(self, choose(self.xp, cand), st, ex, order, depth)
         if m < self.F and dec["retry"].any():
-            self._draw_further(el, None, ex, 0, perm, dec, depth, root_w)
+            self._draw_further(el, None, ex, np.arange(len(lens)), perm, dec, depth, root_w)
         self.stats["split_s"] += time.perf_counter() - t0
         return dec
 
-    def _draw_further(self, el, H, ex, c0, order, dec, depth, root_w):
+    def _mixed_level(self, el, perm, depth, root_w):
+        """A level of several host ranks (every node builds its drawn features, no subtraction): nodes with
+        fewer rows than bins over all ranks gather their rows to every rank (one ``allgatherv`` of about
+        ``m + 24`` bytes a row) and are searched by the fused kernel; the others reduce histograms.
+
+        Sums are exact, so both ways give every rank the same decisions as reducing every histogram.
+        """
+        s, comm, m, B = self.s, self.s.comm, self.m, self.B
+        lens = el.lens()
+        total = comm.allreduce(lens.astype(np.float64))
+        small = total < B
+        parts = {}
+        for sel in (np.nonzero(small)[0], np.nonzero(~small)[0]):
+            if len(sel) == 0:
+                continue
+            rw = None if root_w is None else root_w[sel]
+            if small[sel[0]]:
+                parts[0] = (sel, self._gathered(el, perm[sel], sel, depth, rw))
+                continue
+            per_chunk = max(1, s.hist_bytes // (m * B * self.C * 8))
+            for a in range(0, len(sel), per_chunk):
+                built = sel[a:a + per_chunk]
+                order = perm[built]
+                t0 = time.perf_counter()
+                hb, eb = self._build(el, built, order[:, :m])
+                self.stats["hist_s"] += time.perf_counter() - t0
+                self.stats["hist_nodes_built"] += len(built)
+                hb, eb = self._reduce(hb, eb)
+                t0 = time.perf_counter()
+                rwc = None if rw is None else rw[a:a + per_chunk]
+                dec = self._evaluate(hb, eb, order[:, :m], depth, rwc)
+                if m < self.F and dec["retry"].any():
+                    self._draw_further(el, None, eb, built, order, dec, depth, rwc)
+                self.stats["split_s"] += time.perf_counter() - t0
+                parts[1 + a] = (built, dec)
+        S = len(lens)
+        first = next(iter(parts.values()))[1]
+        out = {key: np.empty((S,) + np.shape(v)[1:], dtype=np.asarray(v).dtype) for key, v in first.items()}
+        for slots, dec in parts.values():
+            for key in out:
+                out[key][slots] = dec[key]
+        return out
+
+    def _gathered(self, el, order, slots, depth, root_w):
+        """Decisions of the nodes ``slots`` from their rows gathered from every rank (see ``_mixed_level``)."""
+        s, comm, m, K = self.s, self.s.comm, self.m, self.K
+        t0 = time.perf_counter()
+        lens = el.lens()[slots]
+        first = el.starts[slots]
+        idx = np.repeat(first - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens) + np.arange(int(lens.sum()))
+        node = np.repeat(np.arange(len(slots), dtype=np.int64), lens)
+        rows = el.row[idx]
+        bins = self.cols[order[:, :m][node], rows[:, None]].astype(np.int32)        # (collectives: no uint8)
+        label = s.y[rows].astype(np.int64) if K else el.wy[idx]
+        g = [comm.allgatherv(np.ascontiguousarray(a)) for a in (node, bins, el.w[idx], label)]
+        g_wy2 = None if K else comm.allgatherv(np.ascontiguousarray(el.wy2[idx]))
+        by_node = np.argsort(g[0], kind="stable")
+        counts = np.bincount(g[0], minlength=len(slots))
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        cols = np.ascontiguousarray(g[1][by_node].T)
+        row = np.arange(len(by_node), dtype=np.int32)
+        w = g[2][by_node]
+        y = g[3][by_node] if K else None
+        wy = None if K else g[3][by_node]
+        wy2 = None if K else g_wy2[by_node]
+        tot, ex = _cpu_kernels.segment_totals(row, w, wy, wy2, y, starts, K, bool(self.D))
+        st = node_stats(self, tot, ex, root_w)
+        fsel = np.broadcast_to(np.arange(m, dtype=np.int64), (len(slots), m))
+        cand = _cpu_kernels.node_candidates(cols, row, w, wy, y, starts[:-1], counts, fsel, self.B, tot, st["mwl"],
+                                            s.scales[0], s.scales[1], K, bool(self.D), s.min_samples_leaf)
+        self.stats["hist_s"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        dec = decide(self, choose(np, cand), st, ex, order[:, :m], depth)
+        if m < self.F and dec["retry"].any():
+            self._draw_further(el, None, ex, slots, order, dec, depth, root_w)
+        self.stats["split_s"] += time.perf_counter() - t0
+        return dec
+
+    def _draw_further(self, el, H, ex, slots, order, dec, depth, root_w):
         """Second pass for the nodes whose drawn features were all constant (scikit-learn's rule).
 
         Histograms of the remaining features, in the node's order, for those
@@ -555,7 +638,7 @@ class TreeGrower:
         else:
             _sync(xp)
             t0 = time.perf_counter()
-            Hr, exr = self._build(el, c0 + sel, rest)
+            Hr, exr = self._build(el, slots[sel], rest)
             _sync(xp)
             self.stats["hist_s"] += time.perf_counter() - t0
             Hr, exr = self._reduce(Hr, exr)
