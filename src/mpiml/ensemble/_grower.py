@@ -22,6 +22,10 @@ each split is built and summed; its sibling is ``parent - child``.  That halves
 the histogram work and the allreduce bytes of every level below the root.
 **Last level.**  At ``max_depth`` every node is a leaf: only per-node totals are
 summed.
+**Host ranks** use the Numba kernels of :mod:`._cpu_kernels`: one rank alone
+searches each node from a per-thread histogram (none is written out); several
+ranks gather the rows of nodes with fewer rows than bins instead of reducing
+their histograms.
 
 Channels are integer-valued (fixed point, see :mod:`._hist`):
 
