@@ -126,11 +126,12 @@ def test_fused_candidates_equal_histogram_then_search(K):
     w = rng.integers(1, 5, row.shape[0]).astype(np.float64)
     wy = None if K else rng.integers(-9, 9, row.shape[0]).astype(np.float64)
     fsel = np.stack([rng.permutation(F)[:4] for _ in lens])
-    H = ck.build_histograms(Xb, row, w, wy, y if K else None, starts, lens, fsel, B, K, False)
+    cols = np.ascontiguousarray(Xb.T)
+    H = ck.build_histograms(cols, row, w, wy, y if K else None, starts, lens, fsel, B, K, False)
     tot = H[:, 0].sum(axis=1)
     fpos = np.broadcast_to(np.arange(4), fsel.shape)
     want = ck.split_candidates(H, fpos, tot, None, 1.0, 1.0, K, False, 1)
-    got = ck.node_candidates(Xb, row, w, wy, y if K else None, starts, lens, fsel, B, tot, None, 1.0, 1.0, K,
+    got = ck.node_candidates(cols, row, w, wy, y if K else None, starts, lens, fsel, B, tot, None, 1.0, 1.0, K,
                              False, 1)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
@@ -146,7 +147,8 @@ def test_histograms_and_partition_equal_numpy():
     row = rng.integers(0, n_rows, int(lens.sum())).astype(np.int32)
     w = rng.integers(1, 7, row.shape[0]).astype(np.float64)
     fsel = np.stack([rng.permutation(F)[:3] for _ in lens])
-    H = ck.build_histograms(Xb, row, w, None, y, starts[:-1], lens, fsel, B, 3, True)
+    cols = np.ascontiguousarray(Xb.T)
+    H = ck.build_histograms(cols, row, w, None, y, starts[:-1], lens, fsel, B, 3, True)
     for i in range(len(lens)):
         r = row[starts[i]:starts[i + 1]]
         for j in range(3):
@@ -158,7 +160,7 @@ def test_histograms_and_partition_equal_numpy():
     # partition: slot 2 is a leaf; left when the bin is <= the threshold bin, each side in its previous order
     feature, tbin = np.array([1, 3, -1, 0]), np.array([10, 5, 0, 20])
     wy = rng.normal(size=row.shape[0])
-    (r2, w2, wy2, _), counts = ck.partition(Xb, row, w, wy, wy * 2, starts, feature, tbin)
+    (r2, w2, wy2, _), counts = ck.partition(cols, row, w, wy, wy * 2, starts, feature, tbin)
     parts_r, parts_w, parts_wy = [], [], []
     for i in range(len(lens)):
         if feature[i] < 0:

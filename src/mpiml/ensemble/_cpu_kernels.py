@@ -18,7 +18,13 @@ thread count:
   needs no allreduce: each node's histogram lives in a per-thread buffer and
   is never written out;
 * :func:`partition`: the stable move of a level's elements into the
-  children's segments.
+  children's segments;
+* :func:`segment_totals`, :func:`feature_orders`, :func:`apply_bins`: the
+  per-node totals, the per-node feature orders (the same hash draws, a
+  stable sort) and the bins of the rows.
+
+The bins come as columns ``(n_features, n_rows)``: a node's rows are gathered
+from one feature's column at a time, which stays in cache.
 
 Numba compiles each kernel at its first call and caches the machine code
 next to this file (``cache=True``), so only the first fit on a machine pays
@@ -29,7 +35,8 @@ import os
 
 import numpy as np
 
-__all__ = ["enabled", "thread_count", "apply_bins", "segment_totals", "feature_orders", "build_histograms", "split_candidates", "node_candidates", "partition"]
+__all__ = ["enabled", "thread_count", "apply_bins", "segment_totals", "feature_orders", "build_histograms",
+           "split_candidates", "node_candidates", "partition"]
 
 _KERNELS = None
 
@@ -89,11 +96,13 @@ def apply_bins(X, edges, dtype):
     return out
 
 
-def build_histograms(Xb, row, w, wy, y, seg_start, seg_len, fsel, n_bins, n_classes, count_rows):
+def build_histograms(cols, row, w, wy, y, seg_start, seg_len, fsel, n_bins, n_classes, count_rows):
     """Histograms ``(segments, FH, bins, channels)`` (float64) of element segments, as the NumPy path's.
 
-    Parameters as :func:`mpiml.kernels.histograms.build_histograms` (host arrays):
-    ``wy`` None for classification, ``y`` None for regression.
+    Parameters as :func:`mpiml.kernels.histograms.build_histograms` (host arrays), except that the
+    bins come as ``cols``, the ``(n_features, n_rows)`` columns (a node's rows are gathered from
+    one column at a time, which stays in cache): ``wy`` None for classification, ``y`` None for
+    regression.
     """
     k = _kernels()
     n, FH = len(seg_len), int(fsel.shape[1])
@@ -103,7 +112,7 @@ def build_histograms(Xb, row, w, wy, y, seg_start, seg_len, fsel, n_bins, n_clas
         return out
     dummy_f = w if wy is None else wy
     dummy_i = row if y is None else y
-    k["hist"](Xb, row, w, dummy_f, dummy_i, np.ascontiguousarray(seg_start, dtype=np.int64),
+    k["hist"](cols, row, w, dummy_f, dummy_i, np.ascontiguousarray(seg_start, dtype=np.int64),
               np.ascontiguousarray(seg_len, dtype=np.int64), np.ascontiguousarray(fsel, dtype=np.int64),
               n_classes, int(count_rows), out)
     return out
@@ -153,17 +162,17 @@ def split_candidates(H, fpos, tot, mwl, sw, sy, n_classes, count_rows, min_sampl
     return outs
 
 
-def node_candidates(Xb, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, mwl, sw, sy, n_classes, count_rows,
+def node_candidates(cols, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, mwl, sw, sy, n_classes, count_rows,
                     min_samples_leaf):
     """:func:`build_histograms` then :func:`split_candidates` per node, without writing the histograms out.
 
-    ``fsel`` (S, m) holds the candidate features themselves (columns of ``Xb``).
+    ``fsel`` (S, m) holds the candidate features themselves (rows of ``cols``).
     """
     S, m = fsel.shape
     outs = _candidate_outputs(S, m)
     if S and m:
         has_mwl = mwl is not None
-        _kernels()["fused"](Xb, row, w, w if wy is None else wy, row if y is None else y,
+        _kernels()["fused"](cols, row, w, w if wy is None else wy, row if y is None else y,
                             np.ascontiguousarray(seg_start, dtype=np.int64), np.ascontiguousarray(seg_len, dtype=np.int64),
                             np.ascontiguousarray(fsel, dtype=np.int64), n_bins, tot, mwl if has_mwl else np.zeros(S),
                             has_mwl, float(sw), float(sy), n_classes, int(count_rows), float(min_samples_leaf),
@@ -194,11 +203,11 @@ def feature_orders(lead, trees, nodes, n_features):
     return out
 
 
-def partition(Xb, row, w, wy, wy2, starts, feature, threshold_bin):
+def partition(cols, row, w, wy, wy2, starts, feature, threshold_bin):
     """Stable partition of a level's elements into the children of the split slots.
 
     ``feature`` is -1 for a leaf slot (its elements are dropped), else the split
-    feature; an element goes left when its row's bin is ``<= threshold_bin``.
+    feature; an element goes left when its row's bin (``cols[feature, row]``) is ``<= threshold_bin``.
     Returns ``(row, w, wy, wy2)`` of the next level (``wy``, ``wy2`` None for
     classification) and the ``(split slots, 2)`` counts of left and right elements.
     One pass over the elements: a slot's output starts where the sizes of the
@@ -221,7 +230,7 @@ def partition(Xb, row, w, wy, wy2, starts, feature, threshold_bin):
     out_wy, out_wy2 = np.empty(m, dtype=np.float64), np.empty(m, dtype=np.float64)
     tmp_wy, tmp_wy2 = np.empty(n if reg else 0, dtype=np.float64), np.empty(n if reg else 0, dtype=np.float64)
     n_left = np.zeros(S, dtype=np.int64)
-    _kernels()["move"](Xb, row, w, wy if reg else w, wy2 if reg else w, reg, starts, feature, threshold_bin, dest,
+    _kernels()["move"](cols, row, w, wy if reg else w, wy2 if reg else w, reg, starts, feature, threshold_bin, dest,
                        out_row, out_w, out_wy, out_wy2, tmp_row, tmp_w, tmp_wy, tmp_wy2, n_left)
     counts = np.stack([n_left, np.diff(starts) - n_left], axis=1)[split]
     return (out_row, out_w, out_wy if reg else None, out_wy2 if reg else None), counts
@@ -235,32 +244,34 @@ def _define():
     pjit = njit(cache=True, nogil=True, parallel=True)
 
     @jit
-    def add_rows(Xb, row, w, wy, y, e0, e1, fs, K, D, h):
+    def add_rows(cols, row, w, wy, y, e0, e1, fs, K, D, h):
         """Sum the elements ``e0:e1`` into the ``(len(fs), B, C)`` histograms ``h`` of the features ``fs``
-        (a row's bins are read together: one cache line per row)."""
-        for e in range(e0, e1):
-            r = row[e]
-            we = w[e]
-            ch = D + y[r] if K else D
-            wye = 0.0 if K else wy[e]
-            for j in range(fs.shape[0]):
-                b = Xb[r, fs[j]]
+        (one feature at a time: its column of bins stays in cache while the node's rows are gathered)."""
+        for j in range(fs.shape[0]):
+            col = cols[fs[j]]
+            hj = h[j]
+            for e in range(e0, e1):
+                r = row[e]
+                b = col[r]
                 if D:
-                    h[j, b, 0] += 1.0
-                h[j, b, ch] += we
-                if not K:
-                    h[j, b, D + 1] += wye
+                    hj[b, 0] += 1.0
+                if K:
+                    hj[b, D + y[r]] += w[e]
+                else:
+                    hj[b, D] += w[e]
+                    hj[b, D + 1] += wy[e]
 
     @pjit
-    def hist(Xb, row, w, wy, y, seg_start, seg_len, fsel, K, D, out):
+    def hist(cols, row, w, wy, y, seg_start, seg_len, fsel, K, D, out):
         for i in prange(fsel.shape[0]):
-            add_rows(Xb, row, w, wy, y, seg_start[i], seg_start[i] + seg_len[i], fsel[i], K, D, out[i])
+            add_rows(cols, row, w, wy, y, seg_start[i], seg_start[i] + seg_len[i], fsel[i], K, D, out[i])
 
     @jit
     def scan(cb, h, nb, B, tot, cum, mwl, has_mwl, sw, sy, K, D, msl):
         """Best split of one (node, feature) histogram: bins ``cb[:nb]`` (increasing) with sums ``h[:nb]``
         (a dense histogram: ``cb`` = 0..B-1; a compact one: its non-empty bins); the NumPy search's arithmetic."""
         C = h.shape[1]
+        isw, isy = 1.0 / sw, 1.0 / sy
         for c in range(C):
             cum[c] = 0.0
         best, best_b, best_wl, wl0 = -np.inf, 0, 0.0, 0.0
@@ -288,25 +299,16 @@ def _define():
                 pending = False
             for c in range(C):
                 cum[c] += h[k, c]
+            # sw and sy are powers of two: multiplying by their inverses is the division, exactly
+            WL = 0.0
+            WR = 0.0
             if K:
-                WL = 0.0
-                WR = 0.0
-                sl = 0.0
-                sr = 0.0
                 for c in range(D, C):
-                    lw = cum[c] / sw
-                    rw = (tot[c] - cum[c]) / sw
-                    WL += lw
-                    WR += rw
-                    sl += lw * lw
-                    sr += rw * rw
-                proxy = sl / (WL if WL > 0 else 1.0) + sr / (WR if WR > 0 else 1.0)
+                    WL += cum[c] * isw
+                    WR += (tot[c] - cum[c]) * isw
             else:
-                WL = cum[D] / sw
-                WR = (tot[D] - cum[D]) / sw
-                SL = cum[D + 1] / sy
-                SR = (tot[D + 1] - cum[D + 1]) / sy
-                proxy = SL * SL / (WL if WL > 0 else 1.0) + SR * SR / (WR if WR > 0 else 1.0)
+                WL = cum[D] * isw
+                WR = (tot[D] - cum[D]) * isw
             if b == 0:
                 wl0 = WL
             valid = WL > 0 and WR > 0
@@ -314,7 +316,22 @@ def _define():
                 valid = valid and cum[0] >= msl and tot[0] - cum[0] >= msl
             if has_mwl:
                 valid = valid and WL >= mwl and WR >= mwl
-            if valid and proxy > best:
+            if not valid:
+                continue
+            if K:
+                sl = 0.0
+                sr = 0.0
+                for c in range(D, C):
+                    lw = cum[c] * isw
+                    rw = (tot[c] - cum[c]) * isw
+                    sl += lw * lw
+                    sr += rw * rw
+                proxy = sl / WL + sr / WR
+            else:
+                SL = cum[D + 1] * isy
+                SR = (tot[D + 1] - cum[D + 1]) * isy
+                proxy = SL * SL / WL + SR * SR / WR
+            if proxy > best:
                 best, best_b, best_wl = proxy, b, WL
                 below, above, pending = b, B, True
         if best == -np.inf:                        # no valid split: bin 0, as an argmax over -inf
@@ -323,11 +340,11 @@ def _define():
         return best, best_b, best_wl, below, above, occupied
 
     @jit
-    def compact(Xb, row, w, wy, y, e0, n, f, K, D, key, cb, h):
+    def compact(cols, row, w, wy, y, e0, n, f, K, D, key, cb, h):
         """The non-empty bins of feature ``f`` over the elements ``e0:e0+n`` (increasing, in ``cb``) and their
         sums (rows of ``h``), by sorting the elements' bins: for nodes with fewer rows than bins."""
         for i in range(n):
-            key[i] = Xb[row[e0 + i], f]
+            key[i] = cols[f, row[e0 + i]]
         for i in range(1, n):                        # insertion sort of the few element indices by bin
             v = key[i]
             k = i - 1
@@ -344,7 +361,7 @@ def _define():
         for i in range(n):                           # sums per bin (integers: exact in any order)
             e = e0 + i
             r = row[e]
-            b = Xb[r, f]
+            b = cols[f, r]
             lo, hi = 0, nb
             while lo < hi:
                 mid = (lo + hi) >> 1
@@ -375,7 +392,7 @@ def _define():
             o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = v, b, wl, lo, hi, occ
 
     @pjit
-    def fused(Xb, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl, n_chunks,
+    def fused(cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl, n_chunks,
               o_val, o_b, o_wl, o_below, o_above, o_occ):
         S, m = fsel.shape
         C = tot.shape[1]
@@ -391,28 +408,29 @@ def _define():
                 small = 4 * n < B
                 if not small:
                     h[:, :, :] = 0.0
-                    add_rows(Xb, row, w, wy, y, e0, e0 + n, fsel[s], K, D, h)
+                    add_rows(cols, row, w, wy, y, e0, e0 + n, fsel[s], K, D, h)
                 for j in range(m):
                     if small:
-                        nb = compact(Xb, row, w, wy, y, e0, n, fsel[s, j], K, D, key, cb, h[0])
+                        nb = compact(cols, row, w, wy, y, e0, n, fsel[s, j], K, D, key, cb, h[0])
                         res = scan(cb, h[0], nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
                     else:
                         res = scan(every, h[j], B, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
                     o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = res
 
     @pjit
-    def move(Xb, row, w, wy, wy2, reg, starts, feature, tbin, dest, o_row, o_w, o_wy, o_wy2, t_row, t_w, t_wy, t_wy2,
+    def move(cols, row, w, wy, wy2, reg, starts, feature, tbin, dest, o_row, o_w, o_wy, o_wy2, t_row, t_w, t_wy, t_wy2,
              n_left):
         for s in prange(starts.shape[0] - 1):
             f = feature[s]
             if f < 0:
                 continue
             t = tbin[s]
+            col = cols[f]
             left = dest[s]
             right = starts[s]                  # the right elements wait in the slot's own scratch range
             for e in range(starts[s], starts[s + 1]):
                 r = row[e]
-                if Xb[r, f] <= t:
+                if col[r] <= t:
                     o_row[left] = r
                     o_w[left] = w[e]
                     if reg:

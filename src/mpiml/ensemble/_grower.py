@@ -22,6 +22,10 @@ each split is built and summed; its sibling is ``parent - child``.  That halves
 the histogram work and the allreduce bytes of every level below the root.
 **Last level.**  At ``max_depth`` every node is a leaf: only per-node totals are
 summed.
+**Host ranks** use the Numba kernels of :mod:`._cpu_kernels`: one rank alone
+searches each node from a per-thread histogram (none is written out); several
+ranks gather the rows of nodes with fewer rows than bins instead of reducing
+their histograms.
 
 Channels are integer-valued (fixed point, see :mod:`._hist`):
 
@@ -140,9 +144,14 @@ class TreeGrower:
             self.kernel = histograms
         # compiled host kernels (Numba) unless ``MPIML_RF_CPU_KERNEL=0`` (the NumPy path, same trees)
         self.cpu = self.xp is np and _cpu_kernels.enabled()
+        # the host kernels gather a node's rows from one feature's column of bins at a time
+        self.cols = np.ascontiguousarray(spec.Xb.T) if self.cpu else None
         # a rank that grows alone needs no histogram of any node: the search reads a per-thread one
         alone = spec.comm is None or spec.comm.size == 1
         self.fused = self.cpu and alone and self._candidate_search(self.C) is not None
+        # several host ranks: nodes with fewer rows than bins gather their rows instead of reducing histograms
+        self.gather_small = (self.cpu and not alone and not self.full and self._candidate_search(self.C) is not None
+                             and os.environ.get("MPIML_RF_GATHER_SMALL", "1") != "0")
         self.stats = {"hist_s": 0.0, "allreduce_s": 0.0, "split_s": 0.0, "route_s": 0.0,
                       "allreduce_bytes": 0, "allreduce_calls": 0, "levels": 0, "hist_elements": 0,
                       "hist_nodes_built": 0, "hist_nodes_derived": 0}
@@ -226,7 +235,7 @@ class TreeGrower:
                                              fsel.astype(xp.int32), B, K, bool(D), self._max_weight)
             hist = None if h is None else h.astype(xp.float64)
         if hist is None and self.cpu:
-            hist = _cpu_kernels.build_histograms(s.Xb, el.row, el.w, el.wy, s.y if K else None, seg_start, seg_len,
+            hist = _cpu_kernels.build_histograms(self.cols, el.row, el.w, el.wy, s.y if K else None, seg_start, seg_len,
                                                  fsel, B, K, bool(D))
         if hist is None:
             hist = self._bincount_histogram(el, seg_start, seg_len, fsel)
@@ -405,7 +414,7 @@ class TreeGrower:
         xp, s = self.xp, self.s
         T = len(trees)
         el = self._elements(trees)
-        recs = [{k: [] for k in _RECORDS} for _ in range(T)]
+        levels = []
         ranges = np.zeros((T, 2), dtype=np.int64)
         ranges[:, 1] = 1                            # node ids [lo, hi) of the current level, per tree
         roots = None
@@ -425,21 +434,13 @@ class TreeGrower:
                 dec, parent = self._split_level(el, perm, depth, root_w, parent, keep)
             if roots is None:
                 roots = dec["W"].copy()
-            ranges = self._record(recs, ranges, dec)
+            ranges = self._record(levels, ranges, dec)
             t0 = time.perf_counter()
             el = self._partition(el, dec)
             _sync(xp)
             self.stats["route_s"] += time.perf_counter() - t0
             depth += 1
-        out = []
-        for rec in recs:
-            tree = {key: np.concatenate(rec[key]).astype(dtype) for key, dtype in _RECORDS.items()}
-            tree["value"] = tree["value"].reshape(len(tree["feature"]), -1)
-            inner = tree["feature"] >= 0
-            tree["importances"] = np.bincount(tree["feature"][inner], weights=tree["decrease"][inner],
-                                              minlength=self.F).astype(np.float64)
-            out.append(tree)
-        return out
+        return self._trees(levels, T)
 
     def _leaf_level(self, el, perm, depth, root_w):
         """The last level (``depth == max_depth``): every node is a leaf; only per-node totals are summed."""
@@ -466,6 +467,8 @@ class TreeGrower:
         xp, s = self.xp, self.s
         if self.fused:
             return self._fused_level(el, perm, depth, root_w), None
+        if self.gather_small:
+            return self._mixed_level(el, perm, depth, root_w), None
         S = len(el.starts) - 1
         m, F, B, C = self.m, self.F, self.B, self.C
         FH = F if self.full else m
@@ -504,7 +507,7 @@ class TreeGrower:
             rw = None if root_w is None else root_w[c0:c1]
             dec = self._evaluate(H, ex, order[:, :m], depth, rw, fpos=order[:, :m] if self.full else None)
             if m < F and dec["retry"].any():
-                self._draw_further(el, H if self.full else None, ex, c0, order, dec, depth, rw)
+                self._draw_further(el, H if self.full else None, ex, np.arange(c0, c1), order, dec, depth, rw)
             decisions.append(dec)
             if keep:
                 sp = np.nonzero(~dec["leaf"])[0]
@@ -530,7 +533,7 @@ class TreeGrower:
         st = node_stats(self, tot, ex, root_w)
         order = perm[:, :m]
         lens = el.lens()
-        cand = _cpu_kernels.node_candidates(s.Xb, el.row, el.w, el.wy, s.y if K else None, el.starts[:-1], lens,
+        cand = _cpu_kernels.node_candidates(self.cols, el.row, el.w, el.wy, s.y if K else None, el.starts[:-1], lens,
                                             order, self.B, tot, st["mwl"], s.scales[0], s.scales[1], K, bool(self.D),
                                             s.min_samples_leaf)
         self.stats["hist_elements"] += int(lens.sum()) * m
@@ -539,11 +542,89 @@ class TreeGrower:
         t0 = time.perf_counter()
         dec = decide(self, choose(self.xp, cand), st, ex, order, depth)
         if m < self.F and dec["retry"].any():
-            self._draw_further(el, None, ex, 0, perm, dec, depth, root_w)
+            self._draw_further(el, None, ex, np.arange(len(lens)), perm, dec, depth, root_w)
         self.stats["split_s"] += time.perf_counter() - t0
         return dec
 
-    def _draw_further(self, el, H, ex, c0, order, dec, depth, root_w):
+    def _mixed_level(self, el, perm, depth, root_w):
+        """A level of several host ranks (every node builds its drawn features, no subtraction): nodes with
+        fewer rows than bins over all ranks gather their rows to every rank (one ``allgatherv`` of about
+        ``m + 24`` bytes a row) and are searched by the fused kernel; the others reduce histograms.
+
+        Sums are exact, so both ways give every rank the same decisions as reducing every histogram.
+        """
+        s, comm, m, B = self.s, self.s.comm, self.m, self.B
+        lens = el.lens()
+        total = comm.allreduce(lens.astype(np.float64))
+        small = total < B
+        parts = {}
+        for sel in (np.nonzero(small)[0], np.nonzero(~small)[0]):
+            if len(sel) == 0:
+                continue
+            rw = None if root_w is None else root_w[sel]
+            if small[sel[0]]:
+                parts[0] = (sel, self._gathered(el, perm[sel], sel, depth, rw))
+                continue
+            per_chunk = max(1, s.hist_bytes // (m * B * self.C * 8))
+            for a in range(0, len(sel), per_chunk):
+                built = sel[a:a + per_chunk]
+                order = perm[built]
+                t0 = time.perf_counter()
+                hb, eb = self._build(el, built, order[:, :m])
+                self.stats["hist_s"] += time.perf_counter() - t0
+                self.stats["hist_nodes_built"] += len(built)
+                hb, eb = self._reduce(hb, eb)
+                t0 = time.perf_counter()
+                rwc = None if rw is None else rw[a:a + per_chunk]
+                dec = self._evaluate(hb, eb, order[:, :m], depth, rwc)
+                if m < self.F and dec["retry"].any():
+                    self._draw_further(el, None, eb, built, order, dec, depth, rwc)
+                self.stats["split_s"] += time.perf_counter() - t0
+                parts[1 + a] = (built, dec)
+        S = len(lens)
+        first = next(iter(parts.values()))[1]
+        out = {key: np.empty((S,) + np.shape(v)[1:], dtype=np.asarray(v).dtype) for key, v in first.items()}
+        for slots, dec in parts.values():
+            for key in out:
+                out[key][slots] = dec[key]
+        return out
+
+    def _gathered(self, el, order, slots, depth, root_w):
+        """Decisions of the nodes ``slots`` from their rows gathered from every rank (see ``_mixed_level``)."""
+        s, comm, m, K = self.s, self.s.comm, self.m, self.K
+        t0 = time.perf_counter()
+        lens = el.lens()[slots]
+        first = el.starts[slots]
+        idx = np.repeat(first - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens) + np.arange(int(lens.sum()))
+        node = np.repeat(np.arange(len(slots), dtype=np.int64), lens)
+        rows = el.row[idx]
+        bins = self.cols[order[:, :m][node], rows[:, None]].astype(np.int32)        # (collectives: no uint8)
+        label = s.y[rows].astype(np.int64) if K else el.wy[idx]
+        g = [comm.allgatherv(np.ascontiguousarray(a)) for a in (node, bins, el.w[idx], label)]
+        g_wy2 = None if K else comm.allgatherv(np.ascontiguousarray(el.wy2[idx]))
+        by_node = np.argsort(g[0], kind="stable")
+        counts = np.bincount(g[0], minlength=len(slots))
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        cols = np.ascontiguousarray(g[1][by_node].T)
+        row = np.arange(len(by_node), dtype=np.int32)
+        w = g[2][by_node]
+        y = g[3][by_node] if K else None
+        wy = None if K else g[3][by_node]
+        wy2 = None if K else g_wy2[by_node]
+        tot, ex = _cpu_kernels.segment_totals(row, w, wy, wy2, y, starts, K, bool(self.D))
+        st = node_stats(self, tot, ex, root_w)
+        fsel = np.broadcast_to(np.arange(m, dtype=np.int64), (len(slots), m))
+        cand = _cpu_kernels.node_candidates(cols, row, w, wy, y, starts[:-1], counts, fsel, self.B, tot, st["mwl"],
+                                            s.scales[0], s.scales[1], K, bool(self.D), s.min_samples_leaf)
+        self.stats["hist_s"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        dec = decide(self, choose(np, cand), st, ex, order[:, :m], depth)
+        if m < self.F and dec["retry"].any():
+            self._draw_further(el, None, ex, slots, order, dec, depth, root_w)
+        self.stats["split_s"] += time.perf_counter() - t0
+        return dec
+
+    def _draw_further(self, el, H, ex, slots, order, dec, depth, root_w):
         """Second pass for the nodes whose drawn features were all constant (scikit-learn's rule).
 
         Histograms of the remaining features, in the node's order, for those
@@ -561,7 +642,7 @@ class TreeGrower:
         else:
             _sync(xp)
             t0 = time.perf_counter()
-            Hr, exr = self._build(el, c0 + sel, rest)
+            Hr, exr = self._build(el, slots[sel], rest)
             _sync(xp)
             self.stats["hist_s"] += time.perf_counter() - t0
             Hr, exr = self._reduce(Hr, exr)
@@ -570,36 +651,47 @@ class TreeGrower:
         for key in ("leaf", "feature", "best_b", "below", "above", "decrease", "best_wl", "best_wr"):
             dec[key][sel] = again[key]
 
-    def _record(self, recs, ranges, dec):
-        """Append the level's nodes to the records, number the children (breadth first); new ranges."""
-        n_slots = len(dec["leaf"])
+    def _record(self, levels, ranges, dec):
+        """Append the level's nodes to ``levels``, number the children (breadth first); new ranges.
+
+        All trees at once: a node's children are numbered after the nodes of
+        its tree's current level, in the order of the split nodes.
+        """
         split = ~dec["leaf"]
         f = dec["feature"]
-        b = dec["best_b"]
-        thr = np.full(n_slots, -2.0)
+        thr = np.full(len(split), -2.0)
         if split.any():
-            thr[split] = self._thresholds(f[split], b[split], dec["below"][split], dec["above"][split])
+            thr[split] = self._thresholds(f[split], dec["best_b"][split], dec["below"][split], dec["above"][split])
+        T = len(ranges)
         k = ranges[:, 1] - ranges[:, 0]
-        base = np.concatenate([[0], np.cumsum(k)])
-        new_ranges = ranges.copy()
-        for t in range(len(ranges)):
-            hi = int(ranges[t, 1])
-            a, z = int(base[t]), int(base[t + 1])
-            sp = split[a:z]
-            order = np.cumsum(sp) - 1
-            left = np.where(sp, hi + 2 * order, -1).astype(np.int32)
-            rec = recs[t]
-            rec["feature"].append(np.where(sp, f[a:z], -2))
-            rec["threshold"].append(thr[a:z])
-            rec["left"].append(left)
-            rec["right"].append(np.where(sp, left + 1, -1).astype(np.int32))
-            rec["value"].append(dec["value"][a:z])
-            rec["n_node_samples"].append(dec["counts"][a:z])
-            rec["weighted_n_node_samples"].append(dec["W"][a:z])
-            rec["impurity"].append(dec["impurity"][a:z])
-            rec["decrease"].append(np.where(sp, dec["decrease"][a:z], 0.0))
-            new_ranges[t] = (hi, hi + 2 * int(sp.sum()))
-        return new_ranges
+        slot_tree = np.repeat(np.arange(T), k)
+        csp = np.concatenate([[0], np.cumsum(split)])
+        order = csp[1:] - 1 - csp[np.concatenate([[0], np.cumsum(k)[:-1]])][slot_tree]   # rank among the tree's splits
+        left = np.where(split, ranges[slot_tree, 1] + 2 * order, -1).astype(np.int32)
+        levels.append((slot_tree, {
+            "feature": np.where(split, f, -2), "threshold": thr, "left": left,
+            "right": np.where(split, left + 1, -1).astype(np.int32), "value": dec["value"],
+            "n_node_samples": dec["counts"], "weighted_n_node_samples": dec["W"], "impurity": dec["impurity"],
+            "decrease": np.where(split, dec["decrease"], 0.0)}))
+        n_split = np.bincount(slot_tree, weights=split, minlength=T).astype(np.int64)
+        return np.stack([ranges[:, 1], ranges[:, 1] + 2 * n_split], axis=1)
+
+    def _trees(self, levels, T):
+        """Per-tree dicts of host arrays (breadth-first nodes) from the records of every level."""
+        tid = np.concatenate([lv[0] for lv in levels])
+        by_tree = np.argsort(tid, kind="stable")              # levels in order within each tree
+        cuts = np.cumsum(np.bincount(tid, minlength=T))[:-1]
+        cols = {key: np.split(np.concatenate([lv[1][key] for lv in levels])[by_tree].astype(dtype), cuts)
+                for key, dtype in _RECORDS.items()}
+        out = []
+        for t in range(T):
+            tree = {key: cols[key][t] for key in _RECORDS}
+            tree["value"] = tree["value"].reshape(len(tree["feature"]), -1)
+            inner = tree["feature"] >= 0
+            tree["importances"] = np.bincount(tree["feature"][inner], weights=tree["decrease"][inner],
+                                              minlength=self.F).astype(np.float64)
+            out.append(tree)
+        return out
 
     def _partition(self, el, dec):
         """Elements of the children of the split nodes, left child then right, in slot order (stable).
@@ -623,7 +715,7 @@ class TreeGrower:
             counts = counts[split_h].reshape(-1)
             return _Elements(row, seg, w, wy, wy2, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
         if self.cpu:
-            (row, w, wy, wy2), counts = _cpu_kernels.partition(s.Xb, el.row, el.w, el.wy, el.wy2, el.starts,
+            (row, w, wy, wy2), counts = _cpu_kernels.partition(self.cols, el.row, el.w, el.wy, el.wy2, el.starts,
                                                                np.where(split_h, dec["feature"], -1), dec["best_b"])
             counts = counts.reshape(-1)
             seg = np.repeat(np.arange(2 * n_split, dtype=np.int32), counts)

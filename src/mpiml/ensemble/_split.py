@@ -165,13 +165,18 @@ def decide(g, best, st, ex, order, depth):
              "varying", "feature", "best_wl", "root_w")
     cols = (best_val, best_j, best_b, st["parent"], ex[:, 0], st["W"], st["impurity"], st["pure"], below, above,
             varying, feature, best_wl, st["root_w"])
-    packed = _host(xp, xp.stack([c.astype(xp.float64) for c in cols])) if n_slots else np.zeros((len(cols), 0))
+    value = st["value"]
+    n_values = int(value.shape[1])
+    if n_slots:
+        packed = _host(xp, xp.concatenate([xp.stack([c.astype(xp.float64) for c in cols]), value.T]))
+    else:
+        packed = np.zeros((len(cols) + n_values, 0))
     host = dict(zip(names, packed))
     for key in ("best_j", "best_b", "below", "above", "feature"):
         host[key] = host[key].astype(np.int64)
     for key in ("pure", "varying"):
         host[key] = host[key].astype(bool)
-    host["value"] = _host(xp, st["value"])
+    host["value"] = np.ascontiguousarray(packed[len(cols):].T)      # the node values, in the same transfer
     host["best_wr"] = host["W"] - host["best_wl"]
     msl = s.min_samples_leaf
     # a node is a leaf by its own numbers (before looking at split candidates) ...
