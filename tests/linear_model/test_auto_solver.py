@@ -118,3 +118,20 @@ def test_nan_and_overflow():
     est = LinearRegression().fit(X, y)
     assert est.solver_ == "tsqr"
     np.testing.assert_allclose(est.coef_, [1e-200, 2e-200, 3e-200], rtol=1e-8)
+
+
+def test_deferred_finite_check_raises_the_usual_messages():
+    """What a GPU fit raises when its Gram matrix is not finite (the check it deferred), on host arrays."""
+    from mpiml.linear_model._base import raise_if_nonfinite
+
+    comm = get_comm("self")
+    X, y = np.ones((5, 2)), np.ones(5)
+    raise_if_nonfinite(LinearRegression(), X, y, comm=comm, xp=np)  # finite: returns (an overflow)
+    Xn = X.copy()
+    Xn[1, 1] = np.nan
+    with pytest.raises(ValueError, match="Input X contains NaN.\nLinearRegression does not accept missing"):
+        raise_if_nonfinite(LinearRegression(), Xn, y, comm=comm, xp=np)
+    yi = y.copy()
+    yi[0] = np.inf
+    with pytest.raises(ValueError, match="Input y contains infinity or a value too large for dtype"):
+        raise_if_nonfinite(Ridge(), X, yi, comm=comm, xp=np)

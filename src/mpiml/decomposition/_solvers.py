@@ -39,6 +39,30 @@ class CentredRows:
         self.X = X
         self.mean = mean
         self.shape, self.dtype = X.shape, X.dtype
+        self.XT = device_transpose(X)
+
+
+class SparseRows:
+    """A ``cupyx`` CSR shard with its transpose stored as CSR, formed once per fit.
+
+    cuSPARSE multiplies a transposed CSR matrix by a dense block far more
+    slowly than a plain one (it scatters with atomics); the solvers multiply by
+    ``Xᵀ`` once per power iteration or block product, so one conversion per fit
+    (about the cost of one pass over the stored values, and their memory once
+    more) turns every ``Xᵀ U`` into a plain SpMM.
+    """
+
+    def __init__(self, X, XT=None):
+        self.X = X
+        self.XT = device_transpose(X) if XT is None else XT
+        self.shape, self.dtype = X.shape, X.dtype
+
+
+def device_transpose(X):
+    """``Xᵀ`` as CSR for a non-empty ``cupyx`` CSR shard, else None (host SciPy needs no help)."""
+    if type(X).__module__.startswith("cupyx") and getattr(X, "format", None) == "csr" and X.nnz and X.shape[0]:
+        return X.T.tocsr()
+    return None
 
 
 def _matvec(X, V):
@@ -46,14 +70,18 @@ def _matvec(X, V):
     if isinstance(X, CentredRows):
         V = V.astype(X.dtype, copy=False)
         return X.X @ V - (X.mean.astype(X.dtype) @ V)[None, :]
+    if isinstance(X, SparseRows):
+        return X.X @ V.astype(X.dtype, copy=False)
     return X @ V.astype(X.dtype, copy=False)
 
 
 def _rmatvec(X, U, comm, xp):
     """``X.T @ U`` summed over ranks, float64, replicated (one allreduce of d x b)."""
-    if isinstance(X, CentredRows):
-        out = (X.X.T @ U.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
-        out = out - xp.outer(X.mean.astype(xp.float64), U.sum(axis=0, dtype=xp.float64))
+    if isinstance(X, (CentredRows, SparseRows)):
+        XT = X.XT if X.XT is not None else X.X.T
+        out = (XT @ U.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
+        if isinstance(X, CentredRows):
+            out = out - xp.outer(X.mean.astype(xp.float64), U.sum(axis=0, dtype=xp.float64))
     else:
         out = (X.T @ U.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
     if comm.size > 1:

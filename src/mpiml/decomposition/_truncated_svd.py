@@ -10,7 +10,7 @@ from ..base import SPMDEstimator
 from ..utils._linalg import column_sq_dev, column_sums, svd_flip_rows
 from ..utils._param_validation import Interval, StrOptions
 from ._pca import _allreduce, _check_local, validate_local_rows, validated_rows
-from ._solvers import block_lanczos_svd, randomized_svd
+from ._solvers import SparseRows, block_lanczos_svd, device_transpose, randomized_svd
 
 __all__ = ["TruncatedSVD"]
 
@@ -162,16 +162,18 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         X, xp, counts, _ = validated_rows(self, X, comm, ensure_min_features=2)
         n, d = int(counts.sum()), X.shape[1]
         k = self.n_components
+        XT = device_transpose(X)  # cupyx CSR: Xᵀ stored once, every product with it a plain SpMM
+        operand = X if XT is None else SparseRows(X, XT)
         if self.algorithm == "arpack":
             if not k < min(n, d):  # scikit-learn passes scipy's svds message on; the shape follows it here
                 raise ValueError(f"`k` must be an integer satisfying `0 < k < min(A.shape)`. (n_components={k}, "
                                  f"n_samples={n}, n_features={d})")
-            _, S, Vt, self.n_iter_ = block_lanczos_svd(X, k, comm=comm, xp=xp, tol=self.tol,
+            _, S, Vt, self.n_iter_ = block_lanczos_svd(operand, k, comm=comm, xp=xp, tol=self.tol,
                                                        random_state=self.random_state)
         else:
             if k > d:
                 raise ValueError(f"n_components({k}) must be <= n_features({d}).")
-            _, S, Vt = randomized_svd(X, k, comm=comm, xp=xp, n_rows=n, row_offset=int(counts[:comm.rank].sum()),
+            _, S, Vt = randomized_svd(operand, k, comm=comm, xp=xp, n_rows=n, row_offset=int(counts[:comm.rank].sum()),
                                       n_oversamples=self.n_oversamples, n_iter=self.n_iter,
                                       power_iteration_normalizer=self.power_iteration_normalizer,
                                       random_state=self.random_state)

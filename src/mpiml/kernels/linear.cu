@@ -34,6 +34,11 @@ mpiml_linear_gram(const T* __restrict__ X, const long long n, const int d, const
     const int nt = kp / 4;
     const int extra = kp - d;                       // y columns, the ones column, the padding
     const bool active = tid < ntiles;
+    // e / d for e < STAGE * kp (< 2^12) by a float product: (e + 1/2) / d lies at least 1/(2d) >= 1/256 from
+    // an integer, far beyond the float rounding of the product (about 2^12 * 2^-24), so truncation is exact
+    // and the staging loops need no integer division
+    const float inv_d = 1.0f / (float)d;
+    const float inv_extra = 1.0f / (float)extra;
     int a = 0, b = 0;
     if (active) {                                   // tid -> (a, b): row a of the tile triangle holds nt - a tiles
         int rem = tid;
@@ -56,11 +61,11 @@ mpiml_linear_gram(const T* __restrict__ X, const long long n, const int d, const
         __syncthreads();                            // the previous stage is consumed
         const T* xs = X + s * d;                    // m * d contiguous values
         for (int e = tid; e < MPIML_LINEAR_STAGE * d; e += blockDim.x) {
-            const int r = e / d;
+            const int r = (int)(((float)e + 0.5f) * inv_d);   // e / d: exact, see the note at inv_d
             zs[r * kp + (e - r * d)] = (r < m) ? (double)xs[e] : 0.0;
         }
         for (int e = tid; e < MPIML_LINEAR_STAGE * extra; e += blockDim.x) {
-            const int r = e / extra;
+            const int r = (int)(((float)e + 0.5f) * inv_extra);
             const int c = e - r * extra;            // column d + c of Z
             double v = 0.0;
             if (r < m) {

@@ -106,7 +106,8 @@ def augmented_gram(X, Y, w=None):
     rows_per_block = ((n + nblocks - 1) // nblocks + _STAGE - 1) // _STAGE * _STAGE
     rows_per_block = max(rows_per_block, _STAGE)
     nblocks = int(max(1, (n + rows_per_block - 1) // rows_per_block))
-    partial = cupy.empty(nblocks * kp * kp, dtype=cupy.float64)
+    # zeros: a block writes only its tiles of the upper triangle, and the sum reads every entry
+    partial = cupy.zeros(nblocks * kp * kp, dtype=cupy.float64)
     if weighted:
         w = cupy.ascontiguousarray(w.astype(X.dtype, copy=False))
     if n:

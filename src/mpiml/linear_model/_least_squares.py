@@ -31,8 +31,11 @@ class _LinearRegressorBase(MultiOutputMixin, RegressorMixin, SPMDEstimator):
 
     def _fit_common(self, X, y, sample_weight, accept_sparse=True, defer_finite=False):
         comm = self._get_comm()
-        X, y, xp = validate_X_y(self, X, y, comm=comm, y_numeric=True, multi_output=True,
-                                accept_sparse=accept_sparse, defer_finite=defer_finite)
+        X, y, xp, any_weights = validate_X_y(self, X, y, comm=comm, y_numeric=True, multi_output=True,
+                                             accept_sparse=accept_sparse, defer_finite=defer_finite,
+                                             sample_weight_given=sample_weight is not None)
+        if not any_weights:  # no rank has weights: nothing to check or agree on (the rows are not all empty)
+            return X, y, None, xp, comm
         sw = validate_sample_weight(sample_weight, X, xp=xp, dtype=X.dtype, only_non_negative=True, comm=comm)
         return X, y, (None if sample_weight is None else sw), xp, comm
 

@@ -303,35 +303,50 @@ def _checked_allreduce(comm, local, replicated):
 class CentredOperator:
     """``A = sqrt(W) (X - 1 x̄ᵀ)`` of this rank's rows, used only through products.
 
-    ``matvec(v)``: ``A v`` for a replicated host vector ``v`` (local rows, no
-    communication).  ``rmatvec_local(u)``: this rank's part of ``Aᵀ u`` (host
-    float64); the global product is the sum over ranks.  ``X`` may be dense or
-    sparse; it is never centred or copied.
+    ``matvec(v)``: ``A v`` for a replicated vector ``v`` (host, or on X's
+    device; local rows, no communication).  ``rmatvec(u)``: this rank's part of
+    ``Aᵀ u`` on X's namespace, ``rmatvec_local(u)`` the same on the host; the
+    global product is the sum over ranks.  ``X`` may be dense or sparse; it is
+    never centred or copied.
     """
 
     def __init__(self, X, sw, x_mean, xp):
         self.X, self.xp = X, xp
         self.d = X.shape[1]
         self.mean = None if x_mean is None else np.asarray(x_mean, dtype=np.float64)
+        self._mean_dev = None
         self.root = None if sw is None else xp.sqrt(sw.astype(xp.float64))
 
     def matvec(self, v):
+        """``A v`` for a replicated vector ``v`` (host or on X's device): this rank's rows, float64."""
         xp, X = self.xp, self.X
-        u = X @ xp.asarray(v.astype(X.dtype, copy=False))
-        u = u.astype(xp.float64, copy=False)
+        v = xp.asarray(v, dtype=xp.float64)
+        u = (X @ v.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
         if self.mean is not None:
-            u = u - float(self.mean @ v)
+            u = u - self._mean_on(xp) @ v  # a 0-d array: no wait for the device
         return u if self.root is None else u * self.root
 
-    def rmatvec_local(self, u):
+    def rmatvec(self, u):
+        """This rank's part of ``Aᵀ u`` as a float64 vector on X's namespace (no transfer)."""
         xp, X = self.xp, self.X
         if X.shape[0] == 0:
-            return np.zeros(self.d)
+            return xp.zeros(self.d, dtype=xp.float64)
         su = u if self.root is None else u * self.root
-        out = as_like((X.T @ su.astype(X.dtype, copy=False)).astype(xp.float64, copy=False), np).ravel()
+        out = (X.T @ su.astype(X.dtype, copy=False)).astype(xp.float64, copy=False).ravel()
         if self.mean is not None:
-            out = out - self.mean * float(su.sum())
+            out = out - self._mean_on(xp) * su.sum()
         return out
+
+    def rmatvec_local(self, u):
+        """:meth:`rmatvec` as host float64."""
+        return as_like(self.rmatvec(u), np)
+
+    def _mean_on(self, xp):
+        if xp is np:
+            return self.mean
+        if self._mean_dev is None:
+            self._mean_dev = xp.asarray(self.mean)
+        return self._mean_dev
 
 
 def _sym_ortho(a, b):
@@ -446,29 +461,42 @@ def lsqr(op, b, *, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, co
     return x, itn
 
 
+def _summed(comm, local, replicated, xp):
+    """The sum over ranks of ``local`` (on X's namespace ``xp``), back on it; see :func:`_checked_allreduce`."""
+    if comm.size == 1:
+        return local
+    host = _checked_allreduce(comm, as_like(local, np), as_like(replicated, np))
+    return host if xp is np else xp.asarray(host)
+
+
 def conjugate_gradient(op, b, *, alpha, tol, max_iter=None, comm):
     """CG on ``(AᵀA + alpha I) x = Aᵀb`` (scikit-learn's ``"sparse_cg"``); returns ``(x, n_iter, converged)``.
 
     Stops when ``||r|| <= tol ||Aᵀb||`` (SciPy's ``cg`` with ``rtol=tol``) or
-    after ``max_iter`` iterations (default ``10 d``).  One allreduce of ``d``
-    float64 per iteration (``AᵀA p``); the right-hand side costs one more.
+    after ``max_iter`` iterations (default ``10 d``).  The iterate and the
+    residual live on X's device (a GPU iteration moves no vector to the host
+    on one rank; two scalars per iteration are read); one allreduce of ``d``
+    float64 per iteration (``AᵀA p``) across ranks; the right-hand side costs
+    one more.  ``x`` is returned as host float64.
     """
     d = op.d
+    xp = op.xp
     max_iter = 10 * d if max_iter is None else int(max_iter)
-    rhs = allreduce_identical(comm, op.rmatvec_local(b.astype(op.xp.float64, copy=False)))
-    x = np.zeros(d)
-    bnorm = float(np.linalg.norm(rhs))
+    rhs = op.rmatvec(b.astype(xp.float64, copy=False))
+    rhs = xp.asarray(allreduce_identical(comm, as_like(rhs, np))) if comm.size > 1 else rhs
+    x = xp.zeros(d, dtype=xp.float64)
+    bnorm = float(xp.sqrt(rhs @ rhs))
     if bnorm == 0:
-        return x, 0, True
+        return as_like(x, np), 0, True
     r = rhs.copy()
     p = r.copy()
     rs = float(r @ r)
     it = 0
     while it < max_iter:
         if np.sqrt(rs) <= tol * bnorm:
-            return x, it, True
+            return as_like(x, np), it, True
         it += 1
-        Ap = _checked_allreduce(comm, op.rmatvec_local(op.matvec(p)), p) + alpha * p
+        Ap = _summed(comm, op.rmatvec(op.matvec(p)), p, xp) + alpha * p
         pAp = float(p @ Ap)
         if pAp <= 0:
             break
@@ -478,7 +506,7 @@ def conjugate_gradient(op, b, *, alpha, tol, max_iter=None, comm):
         rs_new = float(r @ r)
         p = r + (rs_new / rs) * p
         rs = rs_new
-    return x, it, bool(np.sqrt(rs) <= tol * bnorm)
+    return as_like(x, np), it, bool(np.sqrt(rs) <= tol * bnorm)
 
 
 # ---------------------------------------------------------------------- the driver

@@ -161,13 +161,15 @@ def augmented_gram(A, Y=None, weights=None, *, chunk_bytes=None):
         same = Y.dtype == A.dtype and (weights is None or weights.dtype == A.dtype)
         if kernels.supported(A) and k <= kernels.GRAM_MAX_COLUMNS and same:
             return kernels.augmented_gram(A, Y, weights)
-    G = xp.zeros((k, k), dtype=xp.float64)
     if n == 0:
-        return G
+        return xp.zeros((k, k), dtype=xp.float64)
+    # rows padded with zero columns to a multiple of 8 values (64 bytes): aligned rows for the GEMM
+    kp = (k + 7) // 8 * 8
+    G = xp.zeros((kp, kp), dtype=xp.float64)
     nbytes = chunk_bytes or ((8 << 20) if xp is np else (256 << 20))
-    step = max(1024, nbytes // (8 * k))
-    buf = xp.empty((min(step, n), k), dtype=xp.float64)
-    buf[:, -1] = 1.0
+    step = max(1024, nbytes // (8 * kp))
+    buf = xp.zeros((min(step, n), kp), dtype=xp.float64)
+    buf[:, k - 1] = 1.0
     with np.errstate(over="ignore", invalid="ignore"):  # overflowing squares are the caller's to find
         for s in range(0, n, step):
             e = min(n, s + step)
@@ -179,7 +181,7 @@ def augmented_gram(A, Y=None, weights=None, *, chunk_bytes=None):
                 G += Z.T @ Z
             else:
                 G += (Z * xp.asarray(weights[s:e], dtype=xp.float64)[:, None]).T @ Z
-    return G
+    return xp.ascontiguousarray(G[:k, :k]) if kp != k else G
 
 
 def svd_flip_rows(Vt, U=None):

@@ -46,7 +46,7 @@ def _sparse_as_csr(X, accept_sparse):
 
 
 def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, accept_sparse=False,
-                 defer_finite=False):
+                 defer_finite=False, sample_weight_given=None):
     """Validate this rank's ``X`` and ``y`` and agree on them across ranks.
 
     On one process with host input, scikit-learn's ``validate_data`` (its exact
@@ -62,6 +62,10 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
     the reduction it makes anyway and then calls :func:`raise_if_nonfinite`
     (no full read of the data and no wait for the device here).
 
+    With ``sample_weight_given`` (whether this rank was passed weights), the
+    agreement also tells whether any rank was, returned as a fourth value:
+    when none was, the caller needs no agreement on the weights.
+
     Returns
     -------
     X, y, xp
@@ -75,7 +79,7 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
             y = y.astype(np.float64)
         if not y_numeric:
             check_classification_targets(y)
-        return X, y, np
+        return (X, y, np) if sample_weight_given is None else (X, y, np, bool(sample_weight_given))
     X, xp = validate_data(estimator, X, comm=comm, reset=reset, accept_sparse="csr" if accept_sparse else False,
                           defer_finite=defer_finite)
     deferred = defer_finite and xp is not np and not is_sparse(X)
@@ -116,15 +120,17 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
                 check_classification_targets(to_numpy(xp.unique(y)) if xp is not np else y)
     except Exception as exc:
         error = str(exc)
+    any_weights = bool(sample_weight_given)
     if comm.size > 1:
         facts = None if error else (tuple(y.shape[1:]), y.dtype.kind in "USO", is_sparse(X))
-        gathered = comm.allgather_obj((error, facts))
-        msg = _combine([e for e, _ in gathered], "Invalid input") or _y_mismatch([f for _, f in gathered])
+        gathered = comm.allgather_obj((error, facts, bool(sample_weight_given)))
+        msg = _combine([g[0] for g in gathered], "Invalid input") or _y_mismatch([g[1] for g in gathered])
         if msg is not None:
             raise DistributedInputError(msg)
+        any_weights = any(g[2] for g in gathered)
     elif error is not None:
         raise ValueError(error)
-    return X, y, xp
+    return (X, y, xp) if sample_weight_given is None else (X, y, xp, any_weights)
 
 
 def raise_if_nonfinite(estimator, X, y, *, comm, xp):
