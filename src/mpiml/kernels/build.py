@@ -120,8 +120,9 @@ def _own_module(expr):
     return expr.startswith("mpiml_distances_small<") and expr.endswith(", true>")
 
 
-def specs(arch):
-    """``[(files, expressions)]``: the programs compiled for ``arch``, each a list of expressions."""
+def specs(arch, model=None):
+    """``[(files, expressions)]``: the programs compiled for ``arch``, each a list of expressions; ``model``: the
+    device the distance plans are made for (default :data:`DEVICE_MODELS`'s for ``arch``)."""
     from . import FAMILIES, _name_expressions, copy_type, reduce_type
 
     out = []
@@ -132,7 +133,7 @@ def specs(arch):
             out.append((("ipc_common.cuh", file), _name_expressions(family, ct, None)))
     hist = [f"mpiml_hist_build<{c}, {d}, {w}>" for c in ("false", "true") for d in (0, 1) for w in ("false", "true")]
     out.append((("histograms.cu",), hist + ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>"]))
-    for file, exprs in _distances_exprs(DEVICE_MODELS[arch]).items():
+    for file, exprs in _distances_exprs(model or DEVICE_MODELS[arch]).items():
         shared = sorted(e for e in exprs if not _own_module(e))
         out += [((file,), shared[i:i + _GROUP]) for i in range(0, len(shared), _GROUP)]
         out += [((file,), [e]) for e in sorted(exprs) if _own_module(e)]
