@@ -381,3 +381,17 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
         assert any(f == files and set(exprs) <= set(e) for f, e in progs), (files, exprs)
     assert {f for f, _ in asked} == {("ipc_common.cuh", "allreduce.cu"), ("ipc_common.cuh", "bcast.cu"),
                                      ("histograms.cu",), ("distances_tc.cu",), ("distances.cu",)}
+
+
+def test_a_cubin_another_process_wrote_is_found(monkeypatch, tmp_path):
+    log = _fake(monkeypatch, tmp_path)
+    _loader.load(SRC, ["mpiml_hist_route"])
+    folder = str(tmp_path / "cache" / "sm_90")
+    src = _loader.source_hash(_loader.source_text(SRC), _loader.DEFAULT_OPTIONS)
+    exprs = ["mpiml_hist_move<true>", "mpiml_hist_move<false>"]
+    # written behind this process's back (its index of the folder is older)
+    _loader._store(folder, _loader.entry_key(src, exprs, "sm_90", 13), b"other",
+                   {"source": src, "nvrtc": 13, "arch": "sm_90", "lowered": {e: "_O" + e for e in exprs}})
+    fn = _loader.load(SRC, ["mpiml_hist_move<false>"])["mpiml_hist_move<false>"]
+    assert fn[2] == "_Ompiml_hist_move<false>" and len(_compiles(log)) == 1
+    assert _loader.stats()["cache"] >= 1
