@@ -78,7 +78,9 @@ def _env(cupy_cache, mpiml_cache):
     env["CUPY_CACHE_DIR"] = cupy_cache
     env["MPIML_KERNEL_CACHE"] = mpiml_cache
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "src")] + [p for p in [env.get("PYTHONPATH")] if p])
-    env.setdefault("NCCL_NVLS_ENABLE", "0")
+    for var in ("NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):      # no NVLink multicast on the shared host
+        env.setdefault(var, "0" if var.startswith("NCCL") else "1")
+    env.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     return env
 
 
