@@ -1,35 +1,67 @@
 #!/usr/bin/env bash
-# The whole GPU pass on the GPU host, in as few device calls as possible.
+# The one GPU-host pass: every device call of the project runs a PART of this script.
 #
-#   bash scripts/device_pass.sh all    # every GPU test, GPU comm benchmarks, tune/bench comm on CuPy buffers, Dask
-#   bash scripts/device_pass.sh two    # tune/bench comm on 2 GPUs, Dask with CuPy frames
-#   bash scripts/device_pass.sh ml     # KMeans GPU tests + mpiml bench ml
+#   bash scripts/device_pass.sh PART [PART ...]      (repository root, on the GPU host)
 #
-# Everything lands in $OUT: device_pass_<part>.log (the summary and every step's output) and
-# results_<part>.tar.gz (JSON, PNG and logs, laid out as in the repository's benchmarks/results).
-# Each step has its own time limit; a failing step does not stop the others.
+#   tests     every `-m gpu` test (each runs its own 1-, 2- and 4-rank jobs): comm, kernels and
+#             k-means, the estimator families, datasets, validation and model files
+#   comm      mpiml info; device collectives at 4/3 ranks with a stalled or killed peer; mpiml tune
+#             and mpiml bench comm on CuPy buffers; bench_gpu.py; vs_nccl.py; staged MPI (2 ranks)
+#   kmeans    mpiml bench ml --algo kmeans: scaling, the whole fit at 4e7 x 64 (k-means||), the four
+#             benchmark shapes; the kernel benchmark on one GPU
+#   knn       k-nearest neighbours (mpiml bench ml --algo knn); sparse k-means and neighbours
+#   linear    LinearRegression, Ridge, LogisticRegression dense; sparse Ridge
+#   forest    random forests (mpiml bench ml --algo rf)
+#   pca       PCA and TruncatedSVD dense; sparse TruncatedSVD
+#   firstfit  the first fit on a fresh machine (compilation included): benchmarks/gpu/first_fit.py
+#   dask      Dask over mpi:// with CuPy frames: comm checks, the comm sweep, (x + x.T).sum() vs tcp://
+#   seeds     the source documents' experiments (benchmarks/seeds/README.md)
+#
+# Environment (one preamble for every part): NVLink multicast off (DEVICE.md: NCCL_NVLS_ENABLE=0,
+# TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), Open MPI allowed to run as root with
+# oversubscription, PYTHONPATH=src:tests (plus the wheels carried in .whl/: dask, distributed, heat),
+# and the tests' launcher (MPIML_TEST_MPIEXEC[_ARGS]) set to that mpirun.
+#
+# Output, all under $OUT (default /tmp/device_pass_out):
+#   device_pass_<PART>.log    every step's command, output, exit status and time, then the summary
+#   results_<PART>.tar.gz     the JSON and PNG written by the part's benchmarks, named as in
+#                             benchmarks/results/ (<benchmark>_<machine>.json, e.g. kmeans_fit_4xh200.json)
+# Every step has its own time limit; a failing step does not stop the others; a step that would start
+# after BUDGET seconds (default 560, so that one part fits a 10-minute call) is skipped and says so.
+# Lines marked PLACEHOLDER are benchmarks being written now: fill in their flags and drop `todo`.
 set -u
-PART=${1:-all}
+[ $# -ge 1 ] || { sed -n '2,30p' "$0"; exit 2; }
+
+# ---------------------------------------------------------------------- the environment
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export MPIML_TEST_MPIEXEC_ARGS="--allow-run-as-root --bind-to none"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} MPIML_TIMEOUT=${MPIML_TIMEOUT:-120} DASK_LOGGING__DISTRIBUTED=error
+export MPIML_TEST_MPIEXEC=mpirun MPIML_TEST_MPIEXEC_ARGS="--allow-run-as-root --bind-to none --oversubscribe"
 OUT=${OUT:-/tmp/device_pass_out}
+BUDGET=${BUDGET:-560}
 mkdir -p "$OUT"
-WORK=$(mktemp -d)
-mkdir -p "$WORK/results"
-LOG="$OUT/device_pass_$PART.log"
-# carried wheels (dask, distributed and their pure-Python needs; heat) go on the path
-if ls .whl/*.whl >/dev/null 2>&1; then
+SITE=""
+if ls .whl/*.whl >/dev/null 2>&1; then   # dask, distributed and their pure-Python needs; heat
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-        >>"$LOG" 2>&1 && export PYTHONPATH="/tmp/site"
+        >"$OUT/wheels.log" 2>&1 && SITE=/tmp/site
 fi
-export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
-MPIRUN="mpirun --allow-run-as-root --bind-to none --oversubscribe"
-SUMMARY=()
+export PYTHONPATH="$PWD/src:$PWD/tests${SITE:+:$SITE}"
+MPIRUN="mpirun --allow-run-as-root --bind-to none --oversubscribe -x PYTHONPATH -x OMP_NUM_THREADS -x MPIML_TIMEOUT \
+ -x DASK_LOGGING__DISTRIBUTED -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS"
+PYTEST="python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts= -rs --durations=10"
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+MODEL=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h100|h200|a100|l40s|b200' \
+        | tr 'A-Z' 'a-z')
+MACHINE="${NGPU}x${MODEL:-gpu}"            # names the results: kmeans_fit_4xh200.json
+R=$(( NGPU >= 4 ? 4 : (NGPU >= 2 ? NGPU : 2) ))   # ranks of the multi-rank runs (they share one GPU if need be)
+RANKS=$( [ "$NGPU" -ge 4 ] && echo 1,2,4 || { [ "$NGPU" -ge 2 ] && echo 1,2 || echo 1; })
 
-step() {  # step NAME SECONDS COMMAND...
+step() {  # step NAME SECONDS COMMAND...: run with its own limit, output to the log, status to the summary
     local name=$1 secs=$2; shift 2
-    echo "=== [$name] (limit ${secs}s)" >>"$LOG"
+    if [ $((SECONDS - T0 + 10)) -gt "$BUDGET" ]; then SUMMARY+=("$name: skipped (budget)"); return; fi
+    local left=$((BUDGET - (SECONDS - T0)))
+    [ "$secs" -gt "$left" ] && secs=$left
+    echo "=== [$name] (limit ${secs}s, at $((SECONDS - T0))s): $*" >>"$LOG"
     local t0=$SECONDS
     timeout -k 10 "$secs" "$@" >>"$LOG" 2>&1
     local rc=$?
@@ -37,38 +69,168 @@ step() {  # step NAME SECONDS COMMAND...
     echo "=== [$name] rc=$rc $((SECONDS - t0))s" >>"$LOG"
 }
 
-tune_and_sweep() {  # tune_and_sweep N: mpiml tune, then mpiml bench comm with that table, on N GPUs
-    local n=$1
-    export MPIML_TUNING_FILE="$WORK/results/gpu_tuning_h200x$n.json"
-    local sweep="--ops allreduce,bcast,allgather,reduce --min-bytes 4 --max-bytes 256MiB --step 8 --rounds 3 --target-ms 3 --quiet"
-    step "mpiml tune --device gpu ($n GPUs)" 75 $MPIRUN -n "$n" -x MPIML_TUNING_FILE python3 -m mpiml tune --device gpu \
-        $sweep --series "nccl/*,ipc/*,mpi/native"
-    step "mpiml bench comm --device gpu ($n GPUs)" 75 $MPIRUN -n "$n" -x MPIML_TUNING_FILE python3 -m mpiml bench comm \
-        --device gpu $sweep --series "nccl/*,ipc/*,mpi/native" \
-        --json "$WORK/results/comm_gpu_$n.json" --plot "$WORK/results/comm_gpu_$n.png"
+todo() {  # todo step NAME ...: a benchmark being written now; the summary says it did not run
+    SUMMARY+=("$2: PLACEHOLDER, not run (fill its flags in scripts/device_pass.sh and drop 'todo')")
 }
 
-{ echo "device_pass $PART on $(hostname), $(date -u +%FT%TZ)"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; } >>"$LOG" 2>&1
+keep() {  # keep FROM TO: rename a result (and its PNG) to its name in benchmarks/results/
+    local from=${1%.json} to=${2%.json}
+    [ -f "$RES/$from.json" ] && mv "$RES/$from.json" "$RES/$to.json"
+    [ -f "$RES/$from.png" ] && mv "$RES/$from.png" "$RES/$to.png"
+    return 0
+}
 
-if [ "$PART" = all ]; then
-    # one call of under 10 minutes: every GPU test, then the GPU benchmarks
-    step "mpiml info (4 ranks)" 40 $MPIRUN -n 4 python3 -m mpiml info
-    step "GPU comm tests (1, 2, 4 ranks; every backend; graphs; timeouts; virtual nodes)" 150 \
-        python3 -m pytest -q -m gpu tests/comm/test_gpu_comm.py -p no:cacheprovider
-    step "other GPU tests (datasets, validation, model files, KMeans)" 110 \
-        python3 -m pytest -q -m gpu tests/datasets tests/utils tests/test_io.py tests/cluster -p no:cacheprovider
-    step "bench_gpu: raw NCCL vs mpiml paths, eager/sync/graph (4 GPUs)" 110 \
-        $MPIRUN -n 4 python3 benchmarks/gpu/bench_gpu.py --quick --out "$WORK/results/gpu_bench_4.json"
-    tune_and_sweep 4
-    step "Dask over mpi:// with CuPy frames" 100 bash benchmarks/dask/gpu_check.sh "$WORK/results/dask_gpu"
-    python3 benchmarks/gpu/report.py "$WORK/results" "$WORK/results/gpu_bench_4.json" >>"$LOG" 2>&1
-elif [ "$PART" = two ]; then
-    # 2 GPUs: tune and sweep on CuPy buffers (rules for 2 ranks), then Dask with CuPy frames
-    tune_and_sweep 2
-    step "Dask over mpi:// with CuPy frames" 120 bash benchmarks/dask/gpu_check.sh "$WORK/results/dask_gpu"
-elif [ "$PART" = ml ]; then
-    step "KMeans GPU tests and mpiml bench ml" 420 bash benchmarks/ml/gpu_pass.sh "$WORK/results/ml"
-fi
+# ---------------------------------------------------------------------- the parts
+part_tests() {
+    step "mpiml info ($R ranks)" 20 $MPIRUN -n "$R" python3 -m mpiml info
+    step "GPU comm tests (1-4 ranks; every backend; graphs; timeouts; virtual nodes)" 230 \
+        $PYTEST --timeout=220 tests/comm
+    step "GPU kernel and k-means tests (1-4 ranks)" 150 $PYTEST --timeout=140 tests/kernels tests/cluster
+    step "GPU tests of the other families, datasets, validation, model files" 150 $PYTEST --timeout=140 tests \
+        --ignore=tests/comm --ignore=tests/kernels --ignore=tests/cluster --ignore=tests/dask
+}
 
-{ echo "=== summary ($PART)"; for s in "${SUMMARY[@]}"; do echo "  $s"; done; } | tee -a "$LOG"
-tar -C "$WORK/results" -czf "$OUT/results_$PART.tar.gz" . && ls -la "$OUT"
+part_comm() {
+    step "mpiml info ($R ranks)" 30 $MPIRUN -n "$R" python3 -m mpiml info
+    step "collectives, $R ranks (mpi, nccl, ipc; graphs)" 70 $MPIRUN -n "$R" python3 tests/comm/gpu_collectives.py \
+        mpi,nccl,ipc --graph
+    step "collectives, 3 ranks (nccl, ipc)" 30 $MPIRUN -n 3 python3 tests/comm/gpu_collectives.py nccl,ipc --graph
+    step "peer stall (ipc, $R ranks)" 25 env MPIML_TIMEOUT=3 $MPIRUN -x MPIML_TIMEOUT -n "$R" \
+        python3 tests/comm/gpu_timeout.py ipc stall
+    step "peer killed (nccl, $R ranks)" 25 env MPIML_TIMEOUT=3 OMPI_MCA_orte_allowed_exit_without_sync=1 \
+        $MPIRUN -x MPIML_TIMEOUT -n "$R" python3 tests/comm/gpu_timeout.py nccl kill
+    export MPIML_TUNING_FILE="$RES/comm_tuning_$MACHINE.json"
+    local sweep="--ops allreduce,bcast,allgather,reduce --min-bytes 4 --max-bytes 256MiB --step 8 --rounds 3 \
+--target-ms 3 --quiet --series nccl/*,ipc/*,mpi/native"
+    step "mpiml tune --device gpu ($R ranks)" 75 $MPIRUN -x MPIML_TUNING_FILE -n "$R" python3 -m mpiml tune \
+        --device gpu $sweep
+    step "mpiml bench comm --device gpu ($R ranks)" 75 $MPIRUN -x MPIML_TUNING_FILE -n "$R" python3 -m mpiml bench \
+        comm --device gpu $sweep --json "$RES/comm_gpu_$MACHINE.json" --plot "$RES/comm_gpu_$MACHINE.png"
+    unset MPIML_TUNING_FILE
+    step "vs_nccl.py: raw NCCL vs mpiml's paths, eager and graph ($R ranks)" 120 $MPIRUN -n "$R" \
+        python3 benchmarks/gpu/vs_nccl.py --rounds 3 --out "$RES/vs_nccl_$MACHINE.json" --plot "$RES/vs_nccl_$MACHINE.png"
+    step "bench_gpu.py --quick ($R ranks)" 80 $MPIRUN -n "$R" python3 benchmarks/gpu/bench_gpu.py --quick \
+        --out "$RES/gpu_bench_$MACHINE.json"
+    step "staged MPI for device buffers (2 ranks)" 80 $MPIRUN -n 2 python3 benchmarks/gpu/staged_mpi.py \
+        --out "$RES/staged_mpi_$MACHINE.json" --budget 60
+    step "targets report" 20 python3 benchmarks/gpu/report.py "$RES" "$RES/gpu_bench_$MACHINE.json"
+}
+
+part_kmeans() {   # most important first: the budget skips what does not fit (the shapes took ~250 s on 4 x H200)
+    step "whole fit 4e7 x 64, k=64, k-means|| (GPUs $RANKS; scikit-learn on the host cores)" 150 python3 -m mpiml \
+        bench ml --algo kmeans --device gpu --ranks "$RANKS" --no-heat --shapes 4e7x64x64 --fit-init "k-means||" \
+        --out "$RES" --tag "fit_$MACHINE"
+    keep "ml_kmeans_fit_$MACHINE" "kmeans_fit_$MACHINE"
+    step "the four benchmark shapes (GPUs $RANKS; plain CuPy and scikit-learn)" 270 python3 -m mpiml bench ml \
+        --algo kmeans --device gpu --ranks "$RANKS" --no-heat --shapes 1e7x64x64,1e7x16x16,1e6x256x1024,2e6x1024x64 \
+        --out "$RES" --tag "shapes_$MACHINE"
+    keep "ml_kmeans_shapes_$MACHINE" "kmeans_shapes_$MACHINE"
+    step "kernel benchmark (one GPU)" 150 python3 benchmarks/ml/kernels_bench.py "$RES/kernels" --quick --all-shapes
+    [ -f "$RES/kernels/kernels_bench.json" ] && mv "$RES/kernels/kernels_bench.json" "$RES/kernels_1x${MODEL:-gpu}.json"
+    [ -f "$RES/kernels/kernels_bench.png" ] && mv "$RES/kernels/kernels_bench.png" "$RES/kernels_1x${MODEL:-gpu}.png"
+    rmdir "$RES/kernels" 2>/dev/null
+    step "strong and weak scaling (GPUs $RANKS; scikit-learn, Heat when it imports)" 150 python3 -m mpiml bench ml \
+        --algo kmeans --device gpu --ranks "$RANKS" --out "$RES" --tag "scaling_$MACHINE"
+    keep "ml_kmeans_scaling_$MACHINE" "kmeans_scaling_$MACHINE"
+}
+
+part_knn() {
+    todo step "k-nearest neighbours (GPUs $RANKS)" 200 python3 -m mpiml bench ml --algo knn --device gpu --ranks "$RANKS" --out "$RES" --tag "gpu_$MACHINE"  # PLACEHOLDER
+    step "sparse k-means and neighbours, 10^6 x 10^6 (1 rank)" 200 $MPIRUN -n 1 python3 benchmarks/sparse/sparse_gpu.py \
+        --out "$RES/sparse_$MACHINE.json"
+    step "sparse, 2 ranks (scale 0.1)" 60 $MPIRUN -n 2 python3 benchmarks/sparse/sparse_gpu.py --scale 0.1 \
+        --out "$RES/sparse_2ranks_$MACHINE.json"
+}
+
+part_linear() {
+    step "LinearRegression 1e8 x 64 float64 (1 GPU; scikit-learn on 1e6 rows, scaled)" 150 python3 -m mpiml bench ml \
+        --algo linreg --device gpu --ranks 1 --rows 1e8 --repeats 3 --sklearn-rows 1e6 --out "$RES" --tag "$MACHINE"
+    keep "ml_linreg_$MACHINE" "linreg_$MACHINE"
+    step "LogisticRegression 1e7 x 128 (1 GPU; scikit-learn on 1e6 rows)" 150 python3 -m mpiml bench ml --algo logreg \
+        --device gpu --ranks 1 --rows 1e7 --repeats 2 --sklearn-rows 1e6 --out "$RES" --tag "$MACHINE"
+    keep "ml_logreg_$MACHINE" "logreg_$MACHINE"
+    step "sparse Ridge, CSR 1e6 x 1e5, 1e8 values (1 GPU)" 100 python3 -m mpiml.bench.ml_linear --algo ridge \
+        --device gpu --ranks 1 --sparse 0.001 --rows 1e6 --features 100000 --dtype float32 --sklearn-rows 2e5 \
+        --out "$RES" --tag "$MACHINE"
+    keep "ml_ridge_sparse_$MACHINE" "ridge_sparse_$MACHINE"
+    todo step "Ridge and LinearRegression at the defaults, GPUs $RANKS" 150 python3 -m mpiml bench ml --algo ridge --device gpu --ranks "$RANKS" --out "$RES" --tag "$MACHINE"  # PLACEHOLDER
+}
+
+part_forest() {
+    step "random forest 1e6 x 32, 20 trees, depth 10 (1 GPU)" 150 python3 -m mpiml bench ml --algo rf --device gpu \
+        --ranks 1 --rows 1e6 --trees 20 --depth 10 --sklearn-rows 2e5 --out "$RES" --tag "1e6_$MACHINE"
+    keep "ml_rf_1e6_$MACHINE" "rf_1e6_$MACHINE"
+    step "random forest 1e7 x 32, 100 trees, depth 12 (1 GPU)" 200 python3 -m mpiml bench ml --algo rf --device gpu \
+        --ranks 1 --rows 1e7 --trees 100 --depth 12 --sklearn-rows 1e5 --training global,local --out "$RES" \
+        --tag "1e7_$MACHINE"
+    keep "ml_rf_1e7_$MACHINE" "rf_$MACHINE"
+    todo step "random forests at the defaults, GPUs $RANKS" 200 python3 -m mpiml bench ml --algo rf --device gpu --ranks "$RANKS" --out "$RES" --tag "$MACHINE"  # PLACEHOLDER
+}
+
+part_pca() {
+    step "PCA 1e7 x 512 -> 32 components (1 GPU)" 90 python3 -m mpiml run pca --np 1 --device gpu --dtype float32 \
+        --data lowrank:n=10000000,d=512,rank=32 --components 32 --json "$RES/pca_1e7_$MACHINE.json"
+    step "PCA 1e6 x 512 -> 32 components (1 GPU) with scikit-learn on the host cores" 90 python3 -m mpiml run pca \
+        --np 1 --device gpu --dtype float32 --data lowrank:n=1000000,d=512,rank=32 --components 32 --compare-sklearn \
+        --json "$RES/pca_$MACHINE.json"
+    step "sparse TruncatedSVD, CSR 1e6 x 1e5, 1e8 values (1 GPU)" 100 python3 -m mpiml.bench.ml_linear --algo tsvd \
+        --components 16 --device gpu --ranks 1 --sparse 0.001 --rows 1e6 --features 100000 --dtype float32 \
+        --sklearn-rows 2e5 --out "$RES" --tag "$MACHINE"
+    keep "ml_tsvd_sparse_$MACHINE" "tsvd_sparse_$MACHINE"
+    todo step "PCA and TruncatedSVD at the defaults, GPUs $RANKS" 150 python3 -m mpiml bench ml --algo pca --device gpu --ranks "$RANKS" --out "$RES" --tag "$MACHINE"  # PLACEHOLDER
+}
+
+part_firstfit() {
+    todo step "first fit on a fresh machine (compilation included)" 200 python3 benchmarks/gpu/first_fit.py --out "$RES/firstfit_$MACHINE.json"  # PLACEHOLDER
+}
+
+part_dask() {
+    python3 -c "import distributed" 2>/dev/null || { SUMMARY+=("dask: distributed does not import (carry its wheels \
+in .whl/)"); return; }
+    step "Dask comm and estimator tests (CuPy frames staged and by CUDA IPC)" 150 python3 -m pytest -q \
+        -p no:cacheprovider --timeout=140 -o addopts= tests/dask/test_comm.py tests/dask/test_estimators.py
+    step "Dask comm sweep, CuPy payloads, mpi:// vs tcp:// (2 ranks)" 60 $MPIRUN -n 2 python3 \
+        benchmarks/dask/bench_comm.py --device gpu --iters 30 --budget 67108864 --out "$RES/dask_gpu_comm_$MACHINE.json"
+    for p in mpi tcp; do
+        step "Dask CuPy (x + x.T).sum() over $p://, 2 workers" 90 $MPIRUN -n 4 python3 benchmarks/dask/gpu_rank.py \
+            --protocol $p benchmarks/dask/bench_apps.py --device gpu -n 8000 --chunk 2000 --repeat 5 \
+            --layouts scheduler,rows --out "$RES/dask_gpu_apps_${p}_$MACHINE.json"
+    done
+    step "Dask KMeans on CuPy chunks = the SPMD KMeans (2 workers)" 120 $MPIRUN -n 4 python3 \
+        benchmarks/dask/gpu_rank.py --protocol mpi tests/dask/_estimator_app.py "$RES/dask_gpu_kmeans_$MACHINE.json" cupy
+}
+
+part_seeds() {
+    step "seed 000 Fig. 1: small-message latency vs NCCL ($R ranks)" 90 $MPIRUN -n "$R" python3 \
+        benchmarks/gpu/vs_nccl.py --sizes 4,16,64,256,1024,4096,16384 --ops allreduce,reduce,bcast \
+        --out "$RES/seed000_fig1_$MACHINE.json"
+    step "seed 000 Fig. 10/11: estimator fits, auto vs forced paths ($R GPUs)" 200 python3 \
+        benchmarks/seeds/seed000_estimators.py --np "$R" --device gpu --json "$RES/seed000_$MACHINE.json" \
+        --plot "$RES/seed000_$MACHINE.png"
+    step "seed 004: reduction designs by size vs the cost model ($R ranks)" 120 $MPIRUN -n "$R" python3 \
+        benchmarks/seeds/seed004_reductions.py --device gpu --json "$RES/seed004_$MACHINE.json" \
+        --plot "$RES/seed004_$MACHINE.png"
+}
+
+# ---------------------------------------------------------------------- run
+for PART in "$@"; do
+    if ! declare -F "part_$PART" >/dev/null; then
+        echo "scripts/device_pass.sh: unknown part '$PART' (tests comm kmeans knn linear forest pca firstfit dask seeds)"
+        exit 2
+    fi
+    LOG="$OUT/device_pass_$PART.log"
+    RES=$(mktemp -d)
+    SUMMARY=()
+    T0=$SECONDS
+    { echo "device_pass $PART on $(hostname), $(date -u +%FT%TZ), commit $(cat .git-commit 2>/dev/null || git rev-parse \
+--short HEAD 2>/dev/null), machine $MACHINE"
+      nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
+      python3 -c "import numpy, scipy, sklearn, cupy, mpi4py; print('numpy', numpy.__version__, 'scipy', \
+scipy.__version__, 'sklearn', sklearn.__version__, 'cupy', cupy.__version__, 'mpi4py', mpi4py.__version__)"
+    } >>"$LOG" 2>&1
+    "part_$PART"
+    { echo "=== summary ($PART, $((SECONDS - T0))s, $MACHINE)"; for s in "${SUMMARY[@]}"; do echo "  $s"; done; } \
+        | tee -a "$LOG"
+    tar -C "$RES" -czf "$OUT/results_$PART.tar.gz" . && rm -rf "$RES"
+done
+ls -la "$OUT"

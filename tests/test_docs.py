@@ -11,6 +11,7 @@ says how it runs:
 * ``<!-- fragment: why -->``: a piece of a larger program (names defined elsewhere); not run.
 """
 
+import fnmatch
 import glob
 import os
 import re
@@ -84,3 +85,90 @@ def test_api_reference_builds_without_warnings(tmp_path):
                            str(tmp_path / "html")], env=_env(), capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, f"sphinx-build -W failed\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     assert (tmp_path / "html" / "index.html").exists()
+
+
+# ---------------------------------------------------------------------- result files named by the docs
+_RESULTS = os.path.join(ROOT, "benchmarks", "results")
+_HISTORY = os.path.join(ROOT, "benchmarks", "HISTORY.md")
+# a path under benchmarks/results/ as the docs write it (braces for alternatives: x_{a,b}.{json,png})
+_RESULT_PATH = re.compile(r"benchmarks/results/([\w./{},*-]*[\w}*])")
+_HISTORY_REF = re.compile(r"`history: ([^`]+)`")
+_BRACES = re.compile(r"\{([^{}]*)\}")
+
+
+def _doc_files():
+    return ([os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+            + sorted(glob.glob(os.path.join(ROOT, "benchmarks", "*.md")))
+            + sorted(glob.glob(os.path.join(ROOT, "benchmarks", "*", "*.md"))))
+
+
+def _expand(pattern):
+    """``a_{x,y}.{json,png}`` -> the four names (shell brace expansion, no nesting)."""
+    m = _BRACES.search(pattern)
+    if not m:
+        return [pattern]
+    return [e for alt in m.group(1).split(",") for e in _expand(pattern[:m.start()] + alt + pattern[m.end():])]
+
+
+def _history_names():
+    text = open(_HISTORY, encoding="utf-8").read()
+    return {os.path.basename(n) for n in re.findall(r"^\| `([^`]+)` \| \d{4}-", text, flags=re.M)}
+
+
+def _result_references():
+    """``(doc:line, kind, name)`` for every result path and every `history: NAME` in the docs.
+
+    A path a command writes (in a fenced block, or after ``--out``/``--json``/``--plot``) names a
+    result to come, not one the text relies on, and is left out.
+    """
+    for path in _doc_files():
+        rel = os.path.relpath(path, ROOT)
+        if rel == os.path.join("benchmarks", "HISTORY.md"):
+            continue
+        fenced = False
+        for i, line in enumerate(open(path, encoding="utf-8"), 1):
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+                continue
+            for m in _RESULT_PATH.finditer(line):
+                if not fenced and not re.search(r"--(out|json|plot)[ =]$", line[:m.start()]):
+                    yield f"{rel}:{i}", "path", m.group(1)
+            for m in _HISTORY_REF.finditer(line):
+                yield f"{rel}:{i}", "history", m.group(1).strip()
+
+
+def test_every_result_the_docs_name_exists():
+    refs = list(_result_references())
+    assert any(kind == "path" for _, kind, _ in refs), "no benchmarks/results/ path found: is the pattern wrong?"
+    history = _history_names()
+    assert len(history) > 100, "benchmarks/HISTORY.md lists no removed result"
+    bad = []
+    for where, kind, name in refs:
+        for one in _expand(name):
+            if kind == "path":
+                if not glob.glob(os.path.join(_RESULTS, one)):
+                    bad.append(f"{where}: benchmarks/results/{one} does not exist")
+            elif not any(fnmatch.fnmatch(h, one) for h in history):
+                bad.append(f"{where}: `history: {one}` is not listed in benchmarks/HISTORY.md")
+    assert not bad, "\n".join(bad)
+
+
+def test_removed_results_are_cited_as_history():
+    # a bare name of a removed result reads as if the file were there: cite it as `history: NAME`
+    removed = _history_names()
+    bare = re.compile(r"`((?:benchmarks/results/|results/)?[\w./-]+\.(?:json|png|log|txt))`")
+    bad = [f"{os.path.relpath(p, ROOT)}:{i}: `{m.group(1)}`"
+           for p in _doc_files() if not p.endswith("HISTORY.md")
+           for i, line in enumerate(open(p, encoding="utf-8"), 1)
+           for m in bare.finditer(line) if os.path.basename(m.group(1)) in removed]
+    assert not bad, "removed results cited as if present (write `history: NAME`):\n" + "\n".join(bad)
+
+
+def test_results_are_curated():
+    # the current result per benchmark and machine kind; experiments and logs stay in git history
+    files = os.listdir(_RESULTS)
+    assert len(files) <= 40, f"{len(files)} files in benchmarks/results (at most 40: move the rest to HISTORY.md)"
+    assert not [f for f in files if f.endswith(".log")], "logs go to the device pass's output, not into the tree"
+    cited = {os.path.basename(one) for _, kind, name in _result_references() if kind == "path" for one in _expand(name)}
+    uncited = [f for f in files if not any(fnmatch.fnmatch(f, c) for c in cited)]
+    assert not uncited, f"results no doc cites (cite them or move them to HISTORY.md): {uncited}"

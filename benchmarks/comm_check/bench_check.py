@@ -2,7 +2,7 @@
 
 Run (launches ``mpiexec -n 2`` and ``-n 4`` of itself, one after the other)::
 
-    python benchmarks/comm_check/bench_check.py --json benchmarks/results/check_cost_host.json
+    python benchmarks/comm_check/bench_check.py --json benchmarks/results/check_cost_vm.json
 
 Within one launch every (size, mode) cell is measured in each of ``--rounds``
 rounds, the modes in a new random order every round, so that a noisy machine

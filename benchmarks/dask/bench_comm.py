@@ -2,7 +2,7 @@
 
 Run on two ranks (rank 0 echoes, rank 1 measures)::
 
-    mpiexec -n 2 python benchmarks/dask/bench_comm.py --out benchmarks/results/dask_comm.json
+    mpiexec -n 2 python benchmarks/dask/bench_comm.py --out benchmarks/results/dask_comm_vm.json
 
 For each protocol and message size (1 B .. 64 MiB, a NumPy ``uint8`` payload
 sent out of band with ``to_serialize``, as Dask sends data; with ``--device gpu``

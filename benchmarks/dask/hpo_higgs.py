@@ -1,6 +1,6 @@
 """Seed 000's hyperparameter search, on a Higgs-shaped synthetic set (client script of ``mpiml dask``).
 
-    mpiexec -n 4 python -m mpiml.dask benchmarks/dask/hpo_higgs.py --out benchmarks/results/hpo_higgs_cpu.json
+    mpiexec -n 4 python -m mpiml.dask benchmarks/dask/hpo_higgs.py --out benchmarks/results/hpo_higgs_vm.json
     # the full size of the study: --n-samples 11000000 (GPU host: add --device gpu)
 
 The study (seed 000, Listing 2) tuned k-means on the Higgs boson set (11·10^6

@@ -1,8 +1,8 @@
 """Plot the Dask benchmark JSON files as PNGs.
 
-    python benchmarks/dask/plot.py benchmarks/results/dask_comm.json benchmarks/results/dask_apps.json
-    python benchmarks/dask/plot.py benchmarks/results/dask_gpu/dask_gpu_apps_h200x1.json \
-        benchmarks/results/dask_gpu/dask_gpu_comm_ipc_h200x1.json
+    python benchmarks/dask/plot.py benchmarks/results/dask_comm_vm.json benchmarks/results/dask_apps_vm.json
+    python benchmarks/dask/plot.py benchmarks/results/dask_gpu_apps_1xh200.json \
+        benchmarks/results/dask_gpu_comm_1xh200.json
 
 Writes ``<name>.png`` next to each JSON file.
 """

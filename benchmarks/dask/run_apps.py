@@ -1,6 +1,6 @@
 """Run bench_apps.py over mpi:// and tcp:// with 1..4 workers and merge the results.
 
-    python benchmarks/dask/run_apps.py --out benchmarks/results/dask_apps.json
+    python benchmarks/dask/run_apps.py --out benchmarks/results/dask_apps_vm.json
 
 Each (workers, protocol) pair is one ``mpiexec -n workers+2 python -m
 mpiml.dask --protocol P bench_apps.py`` launch; the protocols alternate for

@@ -28,18 +28,21 @@ def _fmt(b):
 
 
 def ratio_table(doc):
-    """Markdown: per op/mode/size, raw NCCL us, auto us and ratio, best single mpiml path and auto/best."""
-    lines = ["| op | mode | bytes | raw NCCL us | auto us | auto/NCCL | best mpiml path | auto/best |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    """Markdown: per op/mode/size, raw NCCL us, auto (default settings) and auto0 (``MPIML_CHECK=0``) us,
+    their ratios to NCCL and to each other, the best single mpiml path and auto/best."""
+    lines = ["| op | mode | bytes | raw NCCL us | auto us | auto0 us | auto/NCCL | auto/auto0 | best mpiml path "
+             "| auto/best |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (op, mode), paths in sorted(_series(doc).items()):
         for b in sorted(paths.get("raw", {})):
             raw = paths["raw"][b]
             auto = paths.get("auto", {}).get(b)
-            singles = {p: v[b] for p, v in paths.items() if p not in ("raw", "auto") and b in v}
+            auto0 = paths.get("auto0", {}).get(b, math.nan)
+            singles = {p: v[b] for p, v in paths.items() if p not in ("raw", "auto", "auto0") and b in v}
             best = min(singles.items(), key=lambda kv: kv[1]) if singles else (None, math.nan)
-            lines.append(f"| {op} | {mode} | {_fmt(b)} | {raw:.1f} | {auto:.1f} | {auto / raw:.2f} | "
-                         f"{best[0]} {best[1]:.1f} | {auto / best[1]:.2f} |" if auto else
-                         f"| {op} | {mode} | {_fmt(b)} | {raw:.1f} | - | - | - | - |")
+            lines.append(f"| {op} | {mode} | {_fmt(b)} | {raw:.1f} | {auto:.1f} | {auto0:.1f} | {auto / raw:.2f} | "
+                         f"{auto / auto0:.2f} | {best[0]} {best[1]:.1f} | {auto / best[1]:.2f} |" if auto else
+                         f"| {op} | {mode} | {_fmt(b)} | {raw:.1f} | - | - | - | - | - | - |")
     return "\n".join(lines)
 
 
@@ -61,7 +64,8 @@ def plot(doc, path):
             at, ar = axes[i][2 * j], axes[i][2 * j + 1]
             for p, pts in sorted(paths.items()):
                 xs = sorted(pts)
-                style = dict(lw=2.5, color="k") if p == "raw" else (dict(lw=2.5, color="C3") if p == "auto" else {})
+                style = {"raw": dict(lw=2.5, color="k"), "auto": dict(lw=2.5, color="C3"),
+                         "auto0": dict(lw=1.5, color="C3", ls="--")}.get(p, {})
                 at.loglog(xs, [pts[b] for b in xs], marker="o", ms=3, label=p, **style)
                 rx = [b for b in xs if b in raw]
                 ar.semilogx(rx, [pts[b] / raw[b] for b in rx], marker="o", ms=3, label=p, **style)

@@ -1,4 +1,4 @@
-"""Plots and the issue's targets from the JSON files of ``bench_gpu.py``.
+"""Plots and the targets from the JSON files of ``bench_gpu.py``.
 
 Usage: ``python report.py OUT_DIR gpu_bench_4.json [gpu_bench_2.json ...]``.
 Writes ``gpu_<ranks>.png`` per file and prints a markdown table of every

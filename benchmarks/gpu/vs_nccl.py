@@ -7,10 +7,13 @@ For each op and size, every path runs on the *same* CuPy buffers, interleaved in
 ``--rounds`` rounds (the median is kept, so drift hits every path alike):
 
 * ``raw``: ``cupy.cuda.nccl.NcclCommunicator`` called directly (the peer);
-* ``auto``: ``comm.allreduce(x, out=y)`` / ``comm.bcast(x)`` as a user calls it
-  (the tuning table, the hot path, stream-ordered);
+* ``auto``: ``comm.allreduce(x, out=y)``, ``comm.bcast(x, out=y)``,
+  ``comm.reduce(x, out=y)``, ``comm.allgather(x, out=y)``,
+  ``comm.reduce_scatter(x)`` as a user calls them, at the **default settings**
+  (``MPIML_CHECK`` unset: repeated calls deferred, see docs/comm.md);
+* ``auto0``: the same with ``MPIML_CHECK=0`` (no checking at all);
 * ``nccl``, ``ipc/ll``, ``ipc/oneshot``, ``ipc/twoshot``, ``ipc/pull``: one
-  path forced with ``algorithm=``.
+  path forced with ``algorithm=`` (``MPIML_CHECK=0``).
 
 Modes: ``eager`` (``iters`` back-to-back calls, one stream sync at the end,
 host-timed; per call; ``host_us`` is the time of the loop before the final
@@ -48,17 +51,17 @@ from mpiml import init
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
 ap.add_argument("--plot", default=None)
-ap.add_argument("--ops", default="allreduce,bcast,reduce,allgather")
+ap.add_argument("--ops", default="allreduce,bcast,reduce,allgather,reduce_scatter")
 ap.add_argument("--modes", default="eager,graph")
 ap.add_argument("--min-bytes", type=int, default=4)
 ap.add_argument("--max-bytes", type=int, default=256 << 20)
 ap.add_argument("--sizes", default=None, help="comma list of sizes in bytes (overrides min/max)")
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--link-GBps", type=float, default=450.0)
-ap.add_argument("--paths", default="raw,auto,nccl,ipc/ll,ipc/oneshot,ipc/twoshot,ipc/pull")
+ap.add_argument("--paths", default="raw,auto,auto0,nccl,ipc/ll,ipc/oneshot,ipc/twoshot,ipc/pull")
 args = ap.parse_args()
 
-os.environ.setdefault("MPIML_CHECK", "0")  # the peer checks nothing either
+os.environ.pop("MPIML_CHECK", None)  # set per path below (set_check)
 os.environ.setdefault("MPIML_TIMEOUT", "30")  # a stuck path is an error row, not a hung sweep
 comm = get_comm()
 init(device="gpu")  # local rank mod visible GPUs
@@ -79,6 +82,14 @@ else:
         s *= 4
 
 
+def set_check(path):
+    """``auto`` runs at the default settings; every other path with ``MPIML_CHECK=0`` (the peer checks nothing)."""
+    if path == "auto":
+        os.environ.pop("MPIML_CHECK", None)
+    else:
+        os.environ["MPIML_CHECK"] = "0"
+
+
 def ipc_limits():
     t = comm._device_transports.get("ipc")
     return (t.ll_max, t.cap) if t is not None else (0, 0)
@@ -94,30 +105,40 @@ def make_call(op, path, nbytes, x, y):
             return lambda: raw.bcast(x.data.ptr, n, nccl.NCCL_FLOAT32, 0, stream.ptr)
         if op == "reduce":
             return lambda: raw.reduce(x.data.ptr, y.data.ptr, n, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0, stream.ptr)
+        if op == "reduce_scatter":
+            return lambda: raw.reduceScatter(x.data.ptr, y.data.ptr, n // P, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                                             stream.ptr)
         return lambda: raw.allGather(x.data.ptr, y.data.ptr, n, nccl.NCCL_FLOAT32, stream.ptr)
     ll_max, cap = ipc_limits()
     if path == "ipc/ll" and x.nbytes > ll_max:
         return None
-    if path == "ipc/oneshot" and (op not in ("allreduce", "reduce") or nbytes > (4 << 20)):
+    if path == "ipc/oneshot" and (op not in ("allreduce", "reduce", "reduce_scatter") or nbytes > (4 << 20)):
+        return None
+    if path == "ipc/ll" and op == "reduce_scatter":
         return None
     if path == "ipc/twoshot" and (op != "allreduce" or nbytes < (64 << 10)):
         return None
     if path == "ipc/pull" and op not in ("bcast", "allgather"):
         return None
-    algo = {"auto": None, "nccl": "nccl/native"}.get(path, path)
+    algo = {"auto": None, "auto0": None, "nccl": "nccl/native"}.get(path, path)
     if op == "allreduce":
         return lambda: comm.allreduce(x, out=y, algorithm=algo)
     if op == "bcast":
-        return lambda: comm.bcast(x, root=0, algorithm=algo)
+        return lambda: comm.bcast(x, root=0, out=y, algorithm=algo)
     if op == "reduce":
-        return lambda: comm.reduce(x, root=0, algorithm=algo)
-    return lambda: comm.allgather(x, algorithm=algo)
+        return lambda: comm.reduce(x, root=0, out=y, algorithm=algo)
+    if op == "reduce_scatter":
+        return lambda: comm.reduce_scatter(x, algorithm=algo)
+    return lambda: comm.allgather(x, out=y, algorithm=algo)
 
 
 def buffers(op, nbytes):
+    """x holds nbytes (allgather: nbytes / P, its result nbytes; reduce_scatter: a multiple of P elements)."""
     n = max(1, nbytes // 4 // (P if op == "allgather" else 1))
+    if op == "reduce_scatter":
+        n = max(P, n // P * P)
     x = cp.ones(n, dtype=cp.float32)
-    y = cp.empty(n * (P if op == "allgather" else 1), dtype=cp.float32)
+    y = cp.empty(n * P if op == "allgather" else n // P if op == "reduce_scatter" else n, dtype=cp.float32)
     return x, y
 
 
@@ -191,6 +212,7 @@ for p in args.paths.split(","):
             w, wy = buffers(op, 4096)
             fn = make_call(op, p, 4096, w, wy)
             if fn is not None:
+                set_check(p)
                 fn()
         except Exception as exc:
             if R == 0:
@@ -218,6 +240,7 @@ for op in args.ops.split(","):
                         continue
                     err = None
                     h = float("nan")
+                    set_check(p)
                     try:
                         if mode == "eager":
                             t, h = eager(fn, it)
@@ -241,6 +264,7 @@ for op in args.ops.split(","):
                 if p in errors:
                     rec["error"] = errors[p]
                 rows.append(rec)
+            set_check("raw")
             if R == 0:
                 base = statistics.median(times["raw"]) * 1e6 if times.get("raw") else float("nan")
                 line = " ".join(f"{p}={statistics.median(times[p]) * 1e6:.1f}" for p in calls if times[p])
@@ -270,9 +294,11 @@ def host_loop(fn, calls=N):
 for nbytes in (4, 65536):
     x = cp.ones(max(1, nbytes // 4), dtype=cp.float32)
     y = cp.empty_like(x)
-    for op in ("allreduce", "bcast"):
-        for p in ("raw", "auto"):
+    for op in ("allreduce", "bcast", "reduce"):
+        for p in ("raw", "auto", "auto0"):
+            set_check(p)
             micro[f"host_us {op} {p} {nbytes}B"] = host_loop(make_call(op, p, nbytes, x, y), 300) * 1e6
+set_check("auto")
 x = cp.ones(1, dtype=cp.float32)
 y = cp.empty_like(x)
 comm.allreduce(x, out=y)

@@ -8,7 +8,7 @@ arg-min at 16 x 16 and float32 arg-mins at d 12, k 9 and d 16, k 32, all of 10^7
 medians of 10 launches, three rounds alternating the two forms, the best round of each, each form's
 registers, and whether the two give the same bits.  Launched back to back, neither waits on the host: the
 difference is the kernel's (and the bank fill's), not the wait for the centres that the bank removes from
-KMeans's device loop (``benchmarks/ml/ab_pass.sh`` measures that).
+KMeans's device loop (an A/B of ``mpiml bench ml --shapes`` measures that: ``benchmarks/ml/README.md``).
 """
 import json
 import os

@@ -2,8 +2,8 @@
 automatic choice against every collective forced onto one path (NCCL on GPUs), its message-size
 histogram, and scikit-learn on the host cores.
 
-    python benchmarks/seeds/seed000_estimators.py --np 4 --device gpu --json benchmarks/results/seed000_gpu_4.json \
-        --plot benchmarks/results/seed000_gpu_4.png
+    python benchmarks/seeds/seed000_estimators.py --np 4 --device gpu --json benchmarks/results/seed000_4xh200.json \
+        --plot benchmarks/results/seed000_4xh200.png
 
 For every estimator it runs ``mpiml run ALGO --json`` (the main job users run) twice: with the
 tuning table (``auto``) and with ``MPIML_COMM_ALGO`` forcing every collective onto ``--forced``

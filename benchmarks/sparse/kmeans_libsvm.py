@@ -2,7 +2,7 @@
 sparse result against the dense one on a slice.
 
     mpiexec -n 4 python benchmarks/sparse/kmeans_libsvm.py --rows 200000 --features 1000000 \
-        --nnz 16 --json benchmarks/results/sparse_kmeans_cpu4.json
+        --nnz 16 --json benchmarks/results/sparse_kmeans_vm.json
 
 Rank 0 writes the file (seeded, ``--nnz`` entries per row around one of ``--k`` sparse
 centres), every rank reads its byte range with ``mpiml.datasets.load_svmlight`` (CSR),

@@ -1,4 +1,4 @@
-"""Sparse KMeans and NearestNeighbors on the GPU at LIBSVM scale, never densified (issue 18).
+"""Sparse KMeans and NearestNeighbors on the GPU at LIBSVM scale, never densified.
 
     mpirun -n 1 python3 benchmarks/sparse/sparse_gpu.py --out $OUT/sparse_gpu.json          # 10^6 x 10^6
     mpirun -n 2 python3 benchmarks/sparse/sparse_gpu.py --scale 0.1 --out $OUT/sparse_gpu_2.json  # 2 ranks, 1 GPU

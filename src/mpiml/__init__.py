@@ -1,7 +1,6 @@
 """mpiml: machine learning on many GPUs from Python, with the fastest communication there is."""
 
-__version__ = "0.1.0"
-
+from ._version import __version__
 from ._errors import (  # noqa: E402
     BackendUnavailableError,
     CollectiveMismatchError,

@@ -44,11 +44,12 @@ _CHECK_LEVELS = {}
 def check_level():
     """Collective signature checking (``MPIML_CHECK``; the same on every rank).
 
-    ``None`` (unset, the default): every host collective, and every device
-    collective except a repeated call of less than ``CHEAP_CHECK_BYTES`` that a
-    device hot launcher serves, agrees on its signature; small host calls carry
-    their data inside the agreement, larger ones overlap it with the data (a
-    mismatch found then also aborts the communicator).  ``1``: every call agrees
+    ``None`` (unset, the default): every host collective, and the first device
+    collective of each call shape, agrees on its signature; later device calls
+    of an agreed shape are agreed with the next round (deferred, see
+    ``docs/comm.md``); small host calls carry their data inside the agreement,
+    larger ones overlap it with the data (a mismatch found then also aborts the
+    communicator).  ``1``: every call agrees
     before any data moves.  ``0``: no agreement for array collectives.  See
     ``docs/comm.md`` ("Checking collectives") for what each costs.
     """

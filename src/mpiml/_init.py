@@ -74,6 +74,9 @@ def init(device="auto"):
     """
     if not (device in ("auto", "gpu", "cpu") or (isinstance(device, int) and not isinstance(device, bool))):
         raise ValueError(f"device must be 'auto', 'gpu', 'cpu' or an int, got {device!r}")
+    from .utils._threads import limit_threads
+
+    limit_threads()  # this rank's BLAS/OpenMP/Numba pools get its share of the node's cores (once)
     if _STATE:
         bound = _STATE["device"]
         wanted_cpu = device == "cpu"

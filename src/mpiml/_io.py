@@ -164,7 +164,7 @@ def _payload(model):
     attributes = {k: enc.encode(v, f"attribute {k!r}") for k, v in state.items()}
     import sklearn
 
-    from . import __version__
+    from ._version import __version__
 
     meta = {
         "format": FORMAT_NAME, "version": FORMAT_VERSION,

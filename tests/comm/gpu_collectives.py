@@ -172,11 +172,39 @@ def run_stream_ordered(backend):
                     got = comm.allreduce(x, out=out, algorithm=algo)
                 outs.append(got.copy())
                 wants.append(want)
+        # every collective with a hot launcher, repeated: fresh results and out= alternating
+        out_b, out_r = cp.empty(n, dtype=cp.float32), cp.empty(n, dtype=cp.float32)
+        out_g = cp.empty(P * n, dtype=cp.float32)
+        for k in range(12):
+            xs = [data(r, n, np.float32, 200 + k) for r in range(P)]
+            x = cp.asarray(xs[R])
+            given = k % 2 == 1
+            b = comm.bcast(x, root=P - 1, out=out_b if given else None, algorithm=algo)
+            outs.append(b.copy())
+            wants.append(xs[P - 1])
+            red = comm.reduce(x, "sum", root=0, out=out_r if given else None, algorithm=algo)
+            if R == 0:
+                outs.append(red.copy())
+                wants.append(reduce_np(xs, "sum"))
+            else:
+                check(red is None, f"hot reduce {backend} n={n}: non-root got {type(red)}")
+            g = comm.allgather(x, out=out_g if given else None, algorithm=algo)
+            outs.append(g.copy())
+            wants.append(np.concatenate(xs))
+            outs.append(comm.reduce_scatter(x, "sum", algorithm=algo).copy())
+            wants.append(np.array_split(reduce_np(xs, "sum"), P)[R])
         comm.synchronize()
         for i, (got, want) in enumerate(zip(outs, wants)):
             assert_close(got, want, f"stream-ordered {backend} n={n} call {i}", exact=True)
-    if backend == "ipc" and P > 1:
-        check(len(comm._hot) > 0, "ipc: the hot path was never used")
+    if P > 1:
+        hot = {k[0] for k in comm._hot if k[5] == algo}
+        if backend == "nccl":
+            expected = {"allreduce", "bcast", "reduce", "allgather"}
+        elif os.environ.get("MPIML_NODE_SIZE"):  # two nodes: the ops that go to NCCL take its launcher
+            expected = {"bcast", "reduce", "allgather"}
+        else:
+            expected = {"allreduce", "bcast", "reduce", "allgather", "reduce_scatter"}
+        check(expected <= hot, f"{backend}: no hot launcher for {sorted(expected - hot)} (have {sorted(hot)})")
 
 
 def run_big(backend):

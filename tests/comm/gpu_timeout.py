@@ -6,7 +6,12 @@ Usage: ``MPIML_TIMEOUT=3 python gpu_timeout.py BACKEND MODE`` with MODE
 * ``kill``: the last rank enqueues the allreduce behind a long kernel and exits
   at once (run with Open MPI's ``orte_allowed_exit_without_sync`` so that the
   launcher lets the others go on);
-* ``sync``: like ``stall``, with ``MPIML_DEVICE_SYNC=1`` (the call itself raises).
+* ``sync``: like ``stall``, with ``MPIML_DEVICE_SYNC=1`` (the call itself raises);
+* ``dead``: like ``kill``, but the last rank kills itself (SIGKILL), ``MPIML_TIMEOUT``
+  is unset and every rank runs under ``tests/faults/keep_survivors.py`` (the launcher
+  lets the others go on): the survivors must find the peer's process gone and raise
+  ``CommAbortedError`` naming it within 5 s.  Survivors write ``$MPIML_FAULT_OUT/rank<k>.json``
+  when done.
 
 Collectives are stream-ordered (the default): the survivors' allreduce returns
 at once; ``comm.synchronize()`` (the first survivors) or the next calls (the
@@ -17,6 +22,7 @@ mpiml communicator is aborted by then).
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -33,7 +39,7 @@ init(device="gpu")  # local rank mod visible GPUs
 world = MPI.COMM_WORLD
 victim = comm.size - 1
 survivors = world.Split(0 if comm.rank != victim else MPI.UNDEFINED, comm.rank)
-limit = float(os.environ["MPIML_TIMEOUT"])
+limit = 0.0 if MODE == "dead" else float(os.environ["MPIML_TIMEOUT"])
 algo = f"{BACKEND}/native"
 failures = []
 
@@ -45,12 +51,14 @@ def main():
     comm.synchronize()
     comm.barrier()
     if comm.rank == victim:
-        if MODE == "kill":
+        if MODE in ("kill", "dead"):
             spin = cp.RawKernel(r'''extern "C" __global__ void mpiml_test_spin(long long n) {
                 long long t0 = clock64(); while (clock64() - t0 < n) {} }''', "mpiml_test_spin")
             spin((1,), (1,), (cp.int64(10**12),))
             comm.allreduce(x, algorithm=algo)
             sys.stdout.flush()
+            if MODE == "dead":
+                os.kill(os.getpid(), signal.SIGKILL)
             os._exit(0)
         time.sleep(limit + 8)
         return
@@ -76,6 +84,8 @@ def main():
             failures.append(f"rank {comm.rank}: raised after {took:.1f} s > MPIML_TIMEOUT + 5")
         if "allreduce" not in str(first) and "synchronize" not in str(first):
             failures.append(f"rank {comm.rank}: the error names no op: {first}")
+        if MODE == "dead" and f"rank {victim} is dead" not in str(first):
+            failures.append(f"rank {comm.rank}: the error does not name the dead rank: {first}")
         print(f"rank {comm.rank}: {BACKEND} {MODE}: {type(first).__name__} after {took:.1f} s: {first}", flush=True)
         for call in (lambda: comm.allreduce(x, algorithm=algo), comm.synchronize,
                      lambda: comm.bcast(x, algorithm=algo)):
@@ -103,7 +113,10 @@ else:
     code = 0
 sys.stdout.flush()
 sys.stderr.flush()
-if MODE == "kill":
+if MODE == "dead":
+    with open(os.path.join(os.environ["MPIML_FAULT_OUT"], f"rank{comm.rank}.json"), "w") as f:
+        f.write("{}")
+if MODE in ("kill", "dead"):
     os._exit(code)  # a dead peer: MPI_Finalize would wait for it
 world.Barrier()
 sys.exit(code)

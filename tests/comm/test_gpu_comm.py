@@ -3,7 +3,7 @@
 Each test launches ``mpirun -n N`` (N = 1, 2, 3, 4, where that many GPUs exist)
 on a script under ``tests/comm/`` that checks every op x dtype x size x backend
 collectively.  On the GPU host set ``MPIML_TEST_MPIEXEC_ARGS="--allow-run-as-root
---bind-to none"`` (``scripts/device_pass.sh`` and ``scripts/fastpath_pass.sh`` do).
+--bind-to none --oversubscribe"`` (``scripts/device_pass.sh`` does).
 Skipped without a GPU.
 """
 
@@ -71,3 +71,40 @@ def test_two_level_virtual_nodes(mpi):
     proc = mpi(os.path.join(HERE, "gpu_collectives.py"), 4, "ipc", "--graph", timeout=600,
                env={"MPIML_TIMEOUT": "60", "MPIML_NODE_SIZE": "2"})
     assert "OK" in proc.stdout
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_repeated_calls_that_part_raise_at_the_next_round(mpi, n):
+    """Repeats of agreed device calls run unchecked; their mismatch is raised on every rank at the next round."""
+    _need(n)
+    proc = mpi(os.path.join(HERE, "gpu_deferred.py"), n, "ipc,nccl", timeout=300, env={"MPIML_TIMEOUT": "30"})
+    assert "OK" in proc.stdout
+
+
+@pytest.mark.parametrize("backend", ["nccl", "ipc"])
+def test_killed_peer_found_dead_without_a_timeout(mpi, backend, tmp_path):
+    """SIGKILL with stream-ordered calls in flight, the launcher lets the job go on, MPIML_TIMEOUT
+    unset: every survivor raises CommAbortedError naming the dead rank within 5 s."""
+    import sys
+
+    n = min(_gpus(), 4)
+    if n < 2:
+        pytest.skip("needs 2 GPUs")
+    keep = os.path.join(HERE, "..", "faults", "keep_survivors.py")
+    env = {"MPIML_TIMEOUT": "", "MPIML_FAULT_OUT": str(tmp_path)}
+    proc = mpi(keep, n, str(tmp_path), str(n - 1), sys.executable, os.path.join(HERE, "gpu_timeout.py"), backend,
+               "dead", timeout=180, env=env, expect_ok=False)
+    assert "OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_machine_key_names_the_gpu_and_its_links():
+    """The key of this machine's tuning table: the GPU's name, then its NVLinks (or PCIe)."""
+    _need(1)
+    from mpiml.comm._tuning import machine_key, machine_slug
+
+    key = machine_key()
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+    name = name.decode() if isinstance(name, bytes) else name
+    assert key.startswith(name + ", ") and (key.endswith(" NVLinks") or key.endswith(", PCIe")), key
+    if _gpus() > 1 and cupy.cuda.runtime.deviceCanAccessPeer(0, 1):
+        print(key, machine_slug(key))

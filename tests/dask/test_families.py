@@ -33,7 +33,7 @@ AVAILABLE = [f for f in FAMILIES if _have(f)]
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_wrappers_mirror_the_spmd_classes(family):
     if family not in AVAILABLE:
-        pytest.skip(f"mpiml.{family} has not landed on this branch")
+        pytest.skip(f"mpiml.{family} is not importable here")
     spmd = importlib.import_module(f"mpiml.{family}")
     dsk = importlib.import_module(f"mpiml.dask.{family}")
     assert sorted(dsk.__all__) == sorted(FAMILIES[family])
@@ -47,7 +47,7 @@ def test_wrappers_mirror_the_spmd_classes(family):
 @pytest.mark.mpi
 def test_families_from_a_dask_client_match_spmd(tmp_path):
     if not AVAILABLE:
-        pytest.skip("none of mpiml.linear_model, .decomposition, .ensemble has landed on this branch")
+        pytest.skip("none of mpiml.linear_model, .decomposition, .ensemble is importable here")
     out = tmp_path / "result.json"
     run_mpi(LAUNCHER, 4, os.path.join(HERE, "_families_app.py"), out, timeout=150,
             env={"DASK_LOGGING__DISTRIBUTED": "critical"})

@@ -96,7 +96,7 @@ def main():
     same_error(lambda: load_svmlight(os.path.join(d, "bad.svm")), "malformed svmlight", ["bad.svm", "line 201"])
     same_error(lambda: load_svmlight(os.path.join(d, "data.svm"), n_features=2), "svmlight n_features too small",
                ["n_features"])
-    # the file's line numbers on every rank count (issue 15), whichever rank holds the line
+    # the error names the file's line number (header, comments, blank lines counted), whichever rank holds it
     same_error(lambda: load_csv(os.path.join(d, "bad.csv")), "csv line", ["line 301:", "'oops'"])
     same_error(lambda: load_csv(os.path.join(d, "bad_late.csv"), header=True), "csv line after header/comments",
                ["line 504:", "'oops'", "column 3"])

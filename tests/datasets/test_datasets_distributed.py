@@ -55,7 +55,7 @@ def prepared(tmp_path_factory):
     np.save(d / "svm_dense.npy", X_ref.toarray())
     np.save(d / "svm_y.npy", y_ref)
     (d / "bad.svm").write_text("1 1:0.5 3:2\n" * 200 + "0 2:x:y\n" + "1 1:1\n" * 200)
-    # issue 15: line numbers of the file (header, comment and blank lines counted), not rank-local rows
+    # errors name line numbers of the file (header, comment and blank lines counted), not rank-local rows
     (d / "bad_late.csv").write_text("x,y,z\n" + "# note\n\n" + "1,2,3\n" * 500 + "7,8,oops\n" + "4,5,6\n" * 20)
     (d / "narrow_late.csv").write_text("1,2,3\n" * 450 + "# c\n" + "4,5\n" + "1,2,3\n" * 9)
     (d / "bad_late.svm").write_text("# header comment\n" + "1 1:0.5 3:2\n" * 500 + "0 2:1 1:1\n" + "1 1:1\n" * 3)

@@ -295,7 +295,7 @@ def sparse_checks():
 
 
 def robustness_checks():
-    """Issue 12's hard cases for the decompositions: fewer directions than components, constant data."""
+    """Hard cases for the decompositions: fewer directions than components, constant data."""
     rs = np.random.RandomState(9)
     R = rs.randn(90, 2) @ rs.randn(2, 7)                       # rank 2, three components asked
     for Xi in (R, sp.csr_matrix(R)):

@@ -1,4 +1,4 @@
-"""scikit-learn's constructor parameters on one process (issue 18's drop-in rule for the forests).
+"""scikit-learn's constructor parameters on one process (the forests as drop-in replacements).
 
 Every public parameter of scikit-learn's RandomForestClassifier / Regressor is
 accepted with its default; each is either honoured with scikit-learn's meaning

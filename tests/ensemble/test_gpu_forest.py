@@ -110,6 +110,53 @@ def test_histogram_kernel_too_many_channels_falls_back():
     assert got is None          # one feature's tile (300 classes x 256 bins x 8 B) exceeds shared memory
 
 
+@pytest.mark.parametrize("K", [0, 2, 3, 7])
+@pytest.mark.parametrize("D", [0, 1])
+@pytest.mark.parametrize("with_mwl", [False, True])
+def test_split_kernel_equals_the_host_search(K, D, with_mwl):
+    """``mpiml_hist_split`` (one thread per node and feature) = the host's search, exactly (scores included)."""
+    import cupy as cp
+
+    from mpiml.ensemble import _cpu_kernels
+    from mpiml.ensemble._split import choose, dense_candidates
+    from mpiml.kernels.histograms import split_candidates
+
+    rng = np.random.default_rng(100 * K + 10 * D + with_mwl)
+    S, FH, m, B = 300, 7, 5, 256
+    C = D + (K if K else 2)
+    H = np.zeros((S, FH, B, C))
+    for s in range(S):
+        n = int(rng.integers(0, 300))
+        bins = rng.integers(0, B, size=(n, FH))
+        cls = rng.integers(0, max(K, 1), n)
+        w = rng.integers(1, 4, n).astype(float)
+        for f in range(FH):
+            np.add.at(H[s, f], (bins[:, f], np.full(n, D) + (cls if K else 0)), w)
+            if D:
+                np.add.at(H[s, f], (bins[:, f], 0), 1.0)
+            if not K:
+                np.add.at(H[s, f], (bins[:, f], D + 1), rng.integers(-50, 50, n).astype(float))
+    tot = H[:, 0].sum(axis=1)
+    fpos = np.stack([rng.permutation(FH)[:m] for _ in range(S)])
+    mwl = rng.uniform(0, 20, S) if with_mwl else None
+    args = (tot, mwl, 0.5, 0.25, K, bool(D), 3)
+    got = split_candidates(cp.asarray(H), cp.asarray(fpos), cp.asarray(tot), None if mwl is None else cp.asarray(mwl),
+                           *args[2:])
+    if _cpu_kernels.enabled():
+        want = _cpu_kernels.split_candidates(H, fpos, *args)
+        for name, a, b in zip(("val", "b", "wl", "below", "above", "occupied"), got, want):
+            np.testing.assert_array_equal(cp.asnumpy(a), b, err_msg=name)
+    # and the whole-array search on the device chooses the same split
+    from types import SimpleNamespace
+
+    g = SimpleNamespace(xp=cp, K=K, D=D, s=SimpleNamespace(scales=(0.5, 0.25, 1.0), criterion="gini",
+                                                           min_samples_leaf=3))
+    Hm = cp.take_along_axis(cp.asarray(H), cp.asarray(fpos)[:, :, None, None], axis=1)
+    ref = dense_candidates(g, Hm, cp.asarray(tot), None if mwl is None else cp.asarray(mwl))
+    for name, a, b in zip(("val", "j", "b", "wl", "below", "above", "varying"), choose(cp, got), ref):
+        np.testing.assert_array_equal(cp.asnumpy(a), cp.asnumpy(b), err_msg=name)
+
+
 @pytest.mark.parametrize("cls_name", ["RandomForestClassifier", "RandomForestRegressor"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_cupy_matches_numpy(cls_name, dtype):

@@ -20,7 +20,10 @@ Scenarios:
   the job (MPICH's launcher does: see ``kill``); once every other rank wrote
   its record, rank 0 kills it;
 * ``kill`` — the last rank kills itself (SIGKILL) in the middle of a ring
-  allreduce; the others report what they saw if the launcher lets them.
+  allreduce; the others report what they saw if the launcher lets them;
+* ``dead_peer`` — the last rank kills itself between calls, under a launcher
+  that lets the others go on and without ``MPIML_TIMEOUT``: the survivors' next
+  calls must find it dead (its process ended) within seconds.
 """
 
 import json
@@ -254,6 +257,26 @@ def run_gone(sig):
     leave(range(p - 1))
 
 
+def run_dead_peer():
+    """The last rank dies (SIGKILL) between calls while the launcher lets the job go on, with no
+    MPIML_TIMEOUT: each survivor's next call (a small inline one, then a forced ring on another
+    communicator) must raise CommAbortedError naming the dead rank within seconds."""
+    comms = [Communicator(world._world) for _ in range(2)]
+    for c in comms:
+        c.allreduce(np.ones(4))
+    sync()
+    if r == last:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.2)  # (it is dead, or about to be: the survivors' calls wait for it)
+    calls = {"inline": lambda: comms[0].allreduce(np.ones(4)),
+             "ring": lambda: comms[1].allreduce(np.ones(1 << 18), algorithm="ring")}
+    for name, call in calls.items():
+        rec = attempt(call)
+        rec.update(name=name, after=after_state(comms[0] if name == "inline" else comms[1]))
+        records.append(rec)
+    leave(range(p - 1))
+
+
 if __name__ == "__main__":
     {"mismatch": run_mismatch, "stall": run_stall, "freeze": lambda: run_gone(signal.SIGSTOP),
-     "kill": lambda: run_gone(signal.SIGKILL)}[sys.argv[1]]()
+     "kill": lambda: run_gone(signal.SIGKILL), "dead_peer": run_dead_peer}[sys.argv[1]]()

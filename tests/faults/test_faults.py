@@ -20,16 +20,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "fault_script.py")
 
 
-def run_fault(scenario, n, *, timeout_s, limit, launcher_args=(), expect_ok=True):
-    """Launch ``fault_script.py scenario`` on ``n`` ranks; return ``{rank: records}`` of the ranks that wrote."""
+def run_fault(scenario, n, *, timeout_s, limit, launcher_args=(), expect_ok=True, keep_survivors=False):
+    """Launch ``fault_script.py scenario`` on ``n`` ranks; return ``{rank: records}`` of the ranks that wrote.
+
+    ``keep_survivors``: every rank runs under ``keep_survivors.py``, so the launcher does not end
+    the job when the last rank is killed (``limit=None``: MPIML_TIMEOUT unset).
+    """
     out = tempfile.mkdtemp(prefix=f"mpiml_fault_{scenario}_")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "src"), TESTS, env.get("PYTHONPATH", "")])
-    env.update(MPIML_FAULT_OUT=out, MPIML_TIMEOUT=str(limit), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               MPIML_ABORT_ON_EXCEPTION="1")
+    env.update(MPIML_FAULT_OUT=out, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPIML_ABORT_ON_EXCEPTION="1")
+    if limit is None:  # the default (600 s)
+        env.pop("MPIML_TIMEOUT", None)
+    else:
+        env["MPIML_TIMEOUT"] = str(limit)
     env.pop("MPIML_CHECK", None)
     cmd = mpiexec_cmd(n)
-    cmd = cmd[:1] + list(launcher_args) + cmd[1:] + [sys.executable, SCRIPT, scenario]
+    wrap = [sys.executable, os.path.join(HERE, "keep_survivors.py"), out, str(n - 1)] if keep_survivors else []
+    cmd = cmd[:1] + list(launcher_args) + cmd[1:] + wrap + [sys.executable, SCRIPT, scenario]
     try:
         proc = run_group(cmd, timeout_s, env=env)
     except subprocess.TimeoutExpired as exc:
@@ -157,6 +165,25 @@ def test_a_killed_rank_ends_or_fails_the_job_without_a_hang(n):
     assert proc.returncode != 0
     for k, recs in records.items():
         (rec,) = recs
-        assert not rec["returned"] and rec["type"] == "CommTimeoutError", (k, rec)
+        # a timeout, or (first) the dead peer's process found gone, naming it
+        assert not rec["returned"] and (rec["type"] == "CommTimeoutError" or (
+            rec["type"] == "CommAbortedError" and f"rank {n - 1} is dead" in rec["error"])), (k, rec)
         assert rec["seconds"] <= limit + 5, (k, rec["seconds"])
     assert took < 120, f"the job took {took:.0f} s to end after a rank was killed"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_killed_rank_is_found_dead_on_every_survivor_without_a_timeout(n):
+    """SIGKILL between calls, the launcher lets the job go on (keep_survivors.py), MPIML_TIMEOUT unset: every
+    survivor's next wait finds the peer's process gone and raises CommAbortedError naming it,
+    within 5 s; later calls are refused."""
+    records, proc = run_fault("dead_peer", n, timeout_s=300, limit=None, expect_ok=False, keep_survivors=True)
+    assert sorted(records) == list(range(n - 1)), (sorted(records), proc.stdout[-2000:], proc.stderr[-4000:])
+    for k, recs in records.items():
+        assert [rec["name"] for rec in recs] == ["inline", "ring"], recs
+        for rec in recs:
+            assert not rec["returned"] and rec["type"] == "CommAbortedError", (k, rec)
+            assert f"rank {n - 1} is dead" in rec["error"], (k, rec["error"])
+            assert rec["seconds"] <= 5, (k, rec["name"], rec["seconds"])
+            assert set(rec["after"].values()) == {"CommAbortedError"}, (k, rec["after"])

@@ -53,6 +53,26 @@ def main():
     check(g32.coef_.dtype == cp.float32 and rel(g32.coef_, sk.LinearRegression().fit(X, Y[:, 0]).coef_) < 1e-4,
           "float32 on the GPU")
 
+    # the one-pass paths: float32 auto (normal equations through the Gram kernel), NaN on one rank only
+    Xa, ya = make_regression(n_samples=40000, n_features=64, noise=1.0, random_state=1)
+    Xa = (Xa + 2.0).astype(np.float32)
+    ya = ya.astype(np.float32)
+    g = LinearRegression().fit(cp.asarray(shard(Xa)), cp.asarray(shard(ya)))
+    h = LinearRegression().fit(shard(Xa), shard(ya))
+    check(g.solver_ == "normal" and rel(g.coef_, h.coef_) < 1e-6, f"float32 auto on the GPU: {g.solver_}")
+    Xn = shard(Xa).copy()
+    if rank == size - 1:
+        Xn[0, 0] = np.nan
+    try:
+        LinearRegression().fit(cp.asarray(Xn), cp.asarray(shard(ya)))
+        check(False, "NaN on the last rank was not found")
+    except ValueError as exc:
+        check("NaN" in str(exc), f"NaN message: {exc}")
+    Xb, yb2 = make_classification(n_samples=20000, n_features=30, random_state=3)
+    g = LogisticRegression(tol=1e-8).fit(cp.asarray(shard(Xb)), cp.asarray(shard(yb2)))
+    s = sk.LogisticRegression(tol=1e-8).fit(Xb, yb2)
+    check(rel(g.coef_, s.coef_) < 1e-5, f"fused binary logistic: rel {rel(g.coef_, s.coef_):.1e}")
+
     X, y = make_classification(n_samples=6000, n_features=12, n_informative=6, n_classes=3, random_state=0)
     Xd, yd = cp.asarray(shard(X)), cp.asarray(shard(y))
     for solver in ("lbfgs", "newton-cholesky"):

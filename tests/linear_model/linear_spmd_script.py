@@ -334,7 +334,7 @@ def sparse_checks():
 
 
 def robustness_checks():
-    """Issue 12's hard cases: rank-deficient and constant X (dense and sparse), singular Hessians, separable
+    """Hard cases: rank-deficient and constant X (dense and sparse), singular Hessians, separable
     classes under every solver, NaN in y or in the weights on one rank; scikit-learn's answer or the same
     error everywhere, never a hang."""
     rs = np.random.RandomState(3)
@@ -396,7 +396,26 @@ def robustness_checks():
                  "NaN in sample_weight on one rank")
 
 
+def auto_solver_checks():
+    """solver="auto": the same choice on every rank (it reads the reduced Gram), scikit-learn's coefficients."""
+    rs = np.random.RandomState(5)
+    n, d = 600, 6
+    U, _ = np.linalg.qr(rs.randn(n, d))
+    V, _ = np.linalg.qr(rs.randn(d, d))
+    for cond, want in ((10.0, "normal"), (1e8, "tsqr")):
+        X = (U * np.logspace(0, -np.log10(cond), d)) @ V.T * 10 + rs.randn(d)
+        y = X @ rs.randn(d) + 1e-3 * rs.randn(n)
+        m = LinearRegression().fit(shard(X, skip_last=True), shard(y, skip_last=True))
+        s = sk.LinearRegression().fit(X, y)
+        check(m.solver_ == want, f"auto at cond {cond:g}: {m.solver_}, want {want}")
+        same_on_every_rank(m.coef_, f"auto at cond {cond:g}")
+        check(rel(m.predict(X), s.predict(X)) < 1e-8, f"auto at cond {cond:g}: predictions")
+        r = Ridge(alpha=1e-3).fit(shard(X), shard(y))
+        check(rel(r.coef_, sk.Ridge(alpha=1e-3).fit(X, y).coef_) < 1e-6, f"Ridge auto at cond {cond:g}")
+
+
 def main():
+    auto_solver_checks()
     robustness_checks()
     sparse_checks()
     regression_checks()

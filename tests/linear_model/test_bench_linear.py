@@ -39,3 +39,32 @@ def test_sparse_benchmark_on_cpu(tmp_path, algo, extra):
     assert not result["sklearn"]["extrapolated"] and result["sklearn"]["fit_s"] > 0
     if algo == "ridge":
         assert runs[0]["solver"] == result["sklearn"]["solver"] == "sparse_cg"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algo", ["linreg", "ridge", "logreg", "pca", "tsvd"])
+def test_spmd_benchmark_on_cpu(tmp_path, algo):
+    """The one-run SPMD benchmark under mpiexec: mpiml, the plain peer, scikit-learn and the floor in one JSON."""
+    exe = _mpiexec()
+    if exe is None:
+        pytest.skip("no mpiexec on PATH")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "src"), env.get("PYTHONPATH", "")])
+    env.setdefault("MPIML_TIMEOUT", "60")
+    out = tmp_path / f"ml_{algo}.json"
+    small = ["--rows", "6000", "--features", "24", "--components", "4"] if algo in ("pca", "tsvd") else \
+        ["--rows", "6000", "--features", "16"]
+    proc = subprocess.run([exe, "-n", "2", sys.executable, "-m", "mpiml.bench.ml_decomp", "--algo", algo, "--json",
+                           str(out), "--device", "cpu", "--sklearn-rows", "3000", *small], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert out.with_suffix(".png").exists()
+    assert result["ranks"] == 2 and result["rows"] == 6000 and result["command"] and result["machine"]
+    assert result["mpiml"]["fit_s"] > 0 and result["peer"]["fit_s"] > 0 and result["floor"]["floor_s"] > 0
+    assert result["sklearn"]["scaled"] and result["sklearn"]["fit_s_scaled"] > result["sklearn"]["fit_s"]
+    if algo in ("linreg", "ridge", "pca"):  # exact solvers on both sides: rounding-level agreement
+        key = "coef_max_rel" if algo != "pca" else "spectrum_max_rel"
+        assert result["vs_peer"][key] < 1e-4, result["vs_peer"]
+    if algo == "logreg":  # both stop at a tolerance of 1e-4 on the gradient
+        assert result["vs_peer"]["coef_max_rel"] < 1e-2

@@ -18,13 +18,20 @@ from sklearn.metrics import pairwise_distances
 import mpiml
 from mpiml import DistributedInputError
 from mpiml.comm import get_comm
-from mpiml.neighbors import KNeighborsClassifier, KNeighborsRegressor, NearestNeighbors
+from mpiml.neighbors import KNeighborsClassifier, KNeighborsRegressor, NearestNeighbors, _ring
 
 from _spmd import assert_close, check, guarded
 
 comm = get_comm()
 rank, size = comm.rank, comm.size
-EXCHANGES = ("blocking", "overlap", "onesided")
+#: the ring's three exchanges, and the local search (every rank's queries against each shard)
+EXCHANGES = ("blocking", "overlap", "onesided", "local")
+
+
+def pin(variant):
+    """The ``exchange`` parameter of ``variant``; pins the search strategy it names."""
+    _ring.STRATEGY = "local" if variant == "local" else "ring"
+    return "overlap" if variant == "local" else variant
 
 
 def bounds(n, skip_last=False):
@@ -101,7 +108,7 @@ def check_kneighbors():
             d_ref, i_ref, i_sk = (shard(a) for a in reference(X, Q, 7, metric))
             results = {}
             for ex in EXCHANGES:
-                nn = NearestNeighbors(n_neighbors=7, metric=metric, exchange=ex).fit(Xl)
+                nn = NearestNeighbors(n_neighbors=7, metric=metric, exchange=pin(ex)).fit(Xl)
                 check(nn.n_samples_fit_ == X.shape[0], f"n_samples_fit_ {nn.n_samples_fit_}")
                 results[ex] = nn.kneighbors(Ql)
                 tag = f"{metric} {ex} skip_last={skip_last}"
@@ -124,7 +131,7 @@ def check_kneighbors():
         # scikit-learn's distances carry up to ~6e-8 of cancellation where they are 0
         assert_close(G, Gr.toarray(), "kneighbors_graph", rtol=1e-9, atol=1e-7)
         for ex in EXCHANGES:
-            rn = NearestNeighbors(radius=2.5, exchange=ex).fit(Xl)
+            rn = NearestNeighbors(radius=2.5, exchange=pin(ex)).fit(Xl)
             rd, ri = rn.radius_neighbors(Ql)
             Dq = np.sqrt(pairwise_distances(shard(Q), X, metric="sqeuclidean"))
             ok = len(ri) == Ql.shape[0]
@@ -149,7 +156,7 @@ def check_supervised():
     for weights in ("uniform", "distance"):
         ref = sk.KNeighborsClassifier(n_neighbors=5, weights=weights, algorithm="brute").fit(X, labels)
         for ex in EXCHANGES:
-            clf = KNeighborsClassifier(n_neighbors=5, weights=weights, exchange=ex).fit(Xl, ll)
+            clf = KNeighborsClassifier(n_neighbors=5, weights=weights, exchange=pin(ex)).fit(Xl, ll)
             check(list(clf.classes_) == ["ant", "bee", "cat", "dog"], f"classes_ {clf.classes_}")
             # weights="distance": queries on indexed rows are exact matches (distance 0) for us, ~6e-8
             # away for scikit-learn (cancellation), which weighs them 1/6e-8 instead of taking them alone
@@ -163,7 +170,7 @@ def check_supervised():
         for t in (target[:, 0], target):
             rref = sk.KNeighborsRegressor(n_neighbors=5, weights=weights, algorithm="brute").fit(X, t)
             for ex in EXCHANGES:
-                reg = KNeighborsRegressor(n_neighbors=5, weights=weights, exchange=ex).fit(Xl, shard(t, True))
+                reg = KNeighborsRegressor(n_neighbors=5, weights=weights, exchange=pin(ex)).fit(Xl, shard(t, True))
                 assert_close(reg.predict(Ql), rref.predict(shard(Q)), f"regress {weights} {ex} {t.ndim}",
                              rtol=1e-10 if weights == "uniform" else 1e-6)
                 s = reg.score(shard(X), shard(t))
@@ -205,7 +212,22 @@ def check_errors():
         expect_error(lambda: mpiml.save(nn, path), Exception, "keeps its index sharded", "save of a sharded index")
 
 
+def check_strategy_choice():
+    # few queries against a large index: the local search; many queries against a small one: the ring
+    q, x = np.full(size, 10), np.full(size, 10_000)
+    want = "local" if size > 1 else "ring"
+    check(_ring.choose_strategy(q, x, 32, 10, 4) == want, "few queries -> local")
+    check(_ring.choose_strategy(x, q, 32, 10, 4) == "ring", "many queries -> ring")
+    _ring.STRATEGY = "auto"
+    X, Q, _ = data(4)
+    d, i = NearestNeighbors(n_neighbors=6).fit(shard(X)).kneighbors(shard(Q))
+    d_ref, i_ref, _ = (shard(a) for a in reference(X, Q, 6, "euclidean"))
+    assert_close(d, d_ref, "auto distances", rtol=1e-9, atol=1e-9)
+    assert_close(i, i_ref, "auto indices", exact=True)
+
+
 def main():
+    check_strategy_choice()
     check_kneighbors()
     check_supervised()
     check_errors()

@@ -1,14 +1,18 @@
-"""What every benchmark result records: the machine, the date, the command."""
+"""What every benchmark result records: the machine, the date, the command, the device's rates."""
 
 import datetime
 import os
 import platform
 import socket
 import sys
+import time
+
+import numpy as np
 
 from ..comm._profile import human_bytes as _human_bytes
 
-__all__ = ["machine_info", "stamp", "Progress", "parse_bytes", "human_bytes", "require_matplotlib"]
+__all__ = ["machine_info", "stamp", "Progress", "parse_bytes", "human_bytes", "require_matplotlib",
+           "measure_rates"]
 
 
 def require_matplotlib(option="--plot"):
@@ -104,10 +108,54 @@ def bench_launch_check(device, prog="mpiml bench ml"):
     if missing:
         print(f"{prog}: {missing}", file=sys.stderr)
         return 2, 0
-    from ..cli.run import _gpu_count
+    from ..cli._options import gpu_count as _gpu_count
 
     ngpu = _gpu_count() if device != "cpu" else 0
     if device == "gpu" and not ngpu:
         print(f"{prog}: --device gpu but CuPy sees no GPU", file=sys.stderr)
         return 2, 0
     return None, ngpu
+
+
+def measure_rates(xp, dtype):
+    """Memory bandwidth (bytes/s, read + write of a copy) and GEMM rate (flop/s) on this rank's device."""
+    def timed(fn, reps):
+        fn()
+        if xp is not np:
+            xp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        if xp is not np:
+            xp.cuda.Device().synchronize()
+        return (time.perf_counter() - t0) / reps
+
+    nbytes = (1 << 31) if xp is not np else (1 << 28)
+    a = xp.ones(nbytes // 4, dtype=xp.float32)
+    b = xp.empty_like(a)
+    t = timed(lambda: xp.copyto(b, a), 10 if xp is not np else 3)
+    bw = 2 * nbytes / t
+    del a, b
+    m = 8192 if xp is not np else 1024
+    A = xp.ones((m, m), dtype=dtype)
+    B = xp.ones((m, m), dtype=dtype)
+    t = timed(lambda: A @ B, 10 if xp is not np else 3)
+    rates = {"copy_bandwidth_Bps": bw, "gemm_flops": 2 * m ** 3 / t, "gemm_dtype": str(np.dtype(dtype))}
+    if xp is not np:
+        try:  # the matrix-unit rate for float32 inputs (TF32), where torch is there to ask
+            import torch
+
+            torch.backends.cuda.matmul.allow_tf32 = True
+            At = torch.ones((m, m), device="cuda", dtype=torch.float32 if dtype == np.float32 else torch.float64)
+            At @ At
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(10):
+                At @ At
+            torch.cuda.synchronize()
+            rates["matrix_unit_flops"] = 2 * m ** 3 / ((time.perf_counter() - t0) / 10)
+            rates["matrix_unit"] = "tf32 tensor cores" if dtype == np.float32 else "fp64 tensor cores"
+            del At
+        except Exception as exc:
+            rates["matrix_unit_note"] = f"not measured ({type(exc).__name__})"
+    return rates

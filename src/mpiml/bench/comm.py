@@ -309,7 +309,7 @@ def plot(results, path, title):
 
 
 def build_parser(prog="mpiml bench comm"):
-    from ..cli import parser
+    from ..cli._options import parser
 
     p = parser(prog, "OSU-style sweep of collectives x algorithms x backends, with 'auto'.")
     p.add_argument("--ops", default=",".join(DEFAULT_OPS), help="comma-separated collectives")

@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from ._common import machine_info, stamp
+from ._common import measure_rates as _measure_rates
 
 __all__ = ["main"]
 
@@ -63,50 +64,6 @@ def _parser():
 
 
 # ---------------------------------------------------------------------- measuring the machine
-def _measure_rates(xp, dtype):
-    """Memory bandwidth (bytes/s, read + write of a copy) and GEMM rate (flop/s) on this rank's device."""
-    def timed(fn, reps):
-        fn()
-        if xp is not np:
-            xp.cuda.Device().synchronize()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        if xp is not np:
-            xp.cuda.Device().synchronize()
-        return (time.perf_counter() - t0) / reps
-
-    nbytes = (1 << 31) if xp is not np else (1 << 28)
-    a = xp.ones(nbytes // 4, dtype=xp.float32)
-    b = xp.empty_like(a)
-    t = timed(lambda: xp.copyto(b, a), 10 if xp is not np else 3)
-    bw = 2 * nbytes / t
-    del a, b
-    m = 8192 if xp is not np else 1024
-    A = xp.ones((m, m), dtype=dtype)
-    B = xp.ones((m, m), dtype=dtype)
-    t = timed(lambda: A @ B, 10 if xp is not np else 3)
-    rates = {"copy_bandwidth_Bps": bw, "gemm_flops": 2 * m ** 3 / t, "gemm_dtype": str(np.dtype(dtype))}
-    if xp is not np:
-        try:  # the matrix-unit rate for float32 inputs (TF32), where torch is there to ask
-            import torch
-
-            torch.backends.cuda.matmul.allow_tf32 = True
-            At = torch.ones((m, m), device="cuda", dtype=torch.float32 if dtype == np.float32 else torch.float64)
-            At @ At
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(10):
-                At @ At
-            torch.cuda.synchronize()
-            rates["matrix_unit_flops"] = 2 * m ** 3 / ((time.perf_counter() - t0) / 10)
-            rates["matrix_unit"] = "tf32 tensor cores" if dtype == np.float32 else "fp64 tensor cores"
-            del At
-        except Exception as exc:
-            rates["matrix_unit_note"] = f"not measured ({type(exc).__name__})"
-    return rates
-
-
 def _floor(n_local, d, k, itemsize, rates, key="gemm_flops"):
     """Seconds: one read of the shard at the copy bandwidth (read + write traffic), or the distance flops."""
     return max(n_local * d * itemsize / rates["copy_bandwidth_Bps"], 2.0 * n_local * k * d / rates[key])
@@ -378,7 +335,7 @@ def _plot(result, path):
 
 
 def _launch(ranks, argv_extra, env=None):
-    from ..cli.run import mpiexec_command
+    from ..cli._options import mpiexec_command
 
     cmd = mpiexec_command(ranks, [])
     cmd = cmd[:cmd.index("-m")] + ["-m", "mpiml", "bench", "ml", *argv_extra]
@@ -388,7 +345,14 @@ def _launch(ranks, argv_extra, env=None):
 
 def main(argv):
     """Entry point of ``mpiml bench ml``; returns the exit status."""
-    linear = ("linreg", "logreg", "ridge", "tsvd")
+    suite = argparse.ArgumentParser(add_help=False)
+    suite.add_argument("--algo")
+    suite.add_argument("--device")
+    if suite.parse_known_args(argv)[0].device == "cpu" and suite.parse_known_args(argv)[0].algo is None:
+        from .ml_cpu import main as cpu_main  # every estimator on CPU ranks vs scikit-learn(-intelex)
+
+        return cpu_main(argv)
+    linear = ("linreg", "logreg", "ridge", "tsvd", "pca")
     if set(linear) & set(argv) or {f"--algo={a}" for a in linear} & set(argv):
         from .ml_linear import main as linear_main
 

@@ -281,7 +281,7 @@ def _worker(args, outfile):
         xp = np
     results = {"runs": []}
     if world.rank == 0:
-        from .ml import _measure_rates
+        from ._common import measure_rates as _measure_rates
 
         results["rates"] = _measure_rates(xp, np.float64)  # the solvers accumulate in float64
     for R in [int(r) for r in args.ranks.split(",")]:
@@ -481,7 +481,7 @@ def _print_table(result):
 
 
 def _launch(ranks, argv_extra, env):
-    from ..cli.run import mpiexec_command
+    from ..cli._options import mpiexec_command
 
     cmd = mpiexec_command(ranks, [])
     cmd = cmd[:cmd.index("-m")] + ["-m", "mpiml.bench.ml_linear", *argv_extra]
@@ -490,7 +490,19 @@ def _launch(ranks, argv_extra, env):
 
 
 def main(argv):
-    """Entry point of ``mpiml bench ml --algo linreg|logreg``; returns the exit status."""
+    """Entry point of ``mpiml bench ml --algo linreg|logreg|ridge|tsvd|pca``; returns the exit status.
+
+    Under ``mpirun`` (or with ``--json``, or for pca) the one-run SPMD benchmark
+    of :mod:`.ml_decomp` runs instead of this driver.
+    """
+    from ..comm import launched_by_mpi
+
+    worker = "--worker" in argv or any(a.startswith("--worker=") for a in argv)  # this driver's own MPI job
+    if not worker and (launched_by_mpi() or "--json" in argv or any(a.startswith("--json=") for a in argv)
+                       or "pca" in argv):
+        from .ml_decomp import main as spmd_main
+
+        return spmd_main(argv)
     args = _parser().parse_args(argv)
     if args.worker:
         return _worker(args, args.worker)

@@ -1,19 +1,27 @@
-"""``mpiml bench ml --algo rf``: random-forest training time, global vs local, against scikit-learn.
+"""``mpiml bench ml --algo rf``: random-forest training at 1, 2, 4, ... ranks against scikit-learn.
 
 The driver (a plain process) launches one MPI job of ``max(--ranks)`` ranks;
 inside it, sub-communicators of 1, 2, 4, ... ranks (``split``) draw the same
-global data set (``mpiml.datasets.make_classification``: the rows do not depend
-on the rank count) and fit :class:`mpiml.ensemble.RandomForestClassifier` with
-``training="global"`` and ``"local"``, inside :func:`mpiml.profile`, each after a
-small warm-up fit of the same configuration (the first fit of a process compiles
-CuPy's and mpiml's kernels; ``--no-warmup`` times it instead).  Per
-configuration it records the fit time (slowest rank), the histogram time, the
-allreduce time and bytes per tree (from the profile), the partition and split-search
-times, the histogram element count (``hist_elements``), and the accuracy on a
-held-out set.  The driver then fits scikit-learn's ``RandomForestClassifier``
-with ``n_jobs=-1`` on every host core, on a subsample of the rows (its time
-scaled linearly to the full size, which flatters scikit-learn, whose cost grows
-like ``n log n``), and writes one JSON file and one PNG plot.
+global data set (``mpiml.datasets.make_classification`` for the classifier,
+``make_regression`` for the regressor: the rows do not depend on the rank
+count) and fit :class:`mpiml.ensemble.RandomForestClassifier` and
+:class:`~mpiml.ensemble.RandomForestRegressor` (``--estimators``; training
+``"global"`` by default, ``--training global,local`` adds cuML-style local
+training), inside :func:`mpiml.profile`, each after a small warm-up fit of the
+same configuration (the first fit of a process compiles CuPy's and mpiml's
+kernels; ``--no-warmup`` times it instead).  Per configuration it records the
+fit time (slowest rank), the histogram, split-search, partition and bin times,
+the allreduce time and bytes per tree and per level (from the profile: the
+level count is the grower's), and the accuracy / R^2 on a held-out set.  On one
+rank the same forest is also fitted on scikit-learn's subsample, so the
+quality comparison uses the same rows.  The driver then fits scikit-learn's
+forest with ``n_jobs=-1`` on every host core, on a subsample of the rows (its
+time scaled linearly to the full size, which flatters scikit-learn, whose cost
+grows like ``n log n``), and writes one JSON file and one PNG plot.
+
+Defaults on a GPU host: 4e7 x 32 global float32 rows, 100 trees, depth 12, each
+estimator's own ``max_features`` (``sqrt`` for the classifier, every feature for
+the regressor), ranks 1, 2, 4 up to the GPUs present.
 """
 
 import argparse
@@ -38,29 +46,34 @@ def _parser():
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     p.add_argument("--ranks", default=None, help="comma-separated rank counts (default 1,2,4 up to the GPUs, "
                    "1,2 on CPU)")
-    p.add_argument("--rows", type=float, default=None, help="global training rows (default 1e7 on GPU, 2e4 on CPU)")
+    p.add_argument("--estimators", default="classifier,regressor", help="comma-separated: classifier, regressor")
+    p.add_argument("--rows", type=float, default=None, help="global training rows (default 4e7 on GPU, 2e4 on CPU)")
     p.add_argument("--test-rows", type=float, default=None, help="held-out rows (default rows / 10, at most 1e6)")
     p.add_argument("--features", type=int, default=32)
     p.add_argument("--classes", type=int, default=2)
     p.add_argument("--trees", type=int, default=None, help="trees (default 100 on GPU, 10 on CPU)")
-    p.add_argument("--depth", type=int, default=12)
+    p.add_argument("--depth", type=lambda t: None if t.lower() == "none" else int(t), default=12,
+                   help="max_depth (none: unlimited, scikit-learn's default)")
     p.add_argument("--max-bins", type=int, default=256)
-    p.add_argument("--max-features", default="sqrt", help="sqrt, log2, none, an int or a fraction (default sqrt, "
-                   "scikit-learn's default for classifiers)")
+    p.add_argument("--max-features", default="default", help="default (each estimator's: sqrt for the classifier, "
+                   "1.0 for the regressor, as scikit-learn), sqrt, log2, none, an int or a fraction")
     p.add_argument("--no-warmup", action="store_true", help="time the first fit too (it compiles the GPU kernels)")
-    p.add_argument("--training", default="global,local", help="comma-separated: global, local")
+    p.add_argument("--training", default="global", help="comma-separated: global, local")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--sklearn-rows", type=float, default=None, help="rows of scikit-learn's subsample (default "
-                   "1e6 on GPU hosts, all rows on CPU)")
+                   "1e5 on GPU hosts, all rows on CPU)")
     p.add_argument("--no-sklearn", action="store_true")
-    p.add_argument("--out", default="benchmarks/results", help="directory of the JSON and PNG")
+    p.add_argument("--out", default="benchmarks/results", help="directory of the JSON and PNG, or the JSON's path "
+                   "(ending in .json; the PNG beside it)")
     p.add_argument("--tag", default=None, help="file name part (default gpu or cpu)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     return p
 
 
-def _max_features(text):
+def _max_features(text, estimator):
     text = str(text).lower()
+    if text == "default":
+        return "sqrt" if estimator == "classifier" else 1.0
     if text in ("sqrt", "log2"):
         return text
     if text == "none":
@@ -68,13 +81,17 @@ def _max_features(text):
     return float(text) if "." in text else int(text)
 
 
-def _data(args, comm, device):
+def _data(args, comm, device, estimator):
     """This rank's training and held-out rows: global rows ``[0, rows)`` train, the rest are held out."""
-    from ..datasets import make_classification, shard_bounds
+    from ..datasets import make_classification, make_regression, shard_bounds
 
     n = int(args.rows) + int(args.test_rows)
-    X, y = make_classification(n, args.features, n_informative=max(2, args.features // 2),
-                               n_redundant=min(2, args.features // 4), n_classes=args.classes, random_state=0,
+    if estimator == "classifier":
+        X, y = make_classification(n, args.features, n_informative=max(2, args.features // 2),
+                                   n_redundant=min(2, args.features // 4), n_classes=args.classes, random_state=0,
+                                   comm=comm, device=device, dtype=np.dtype(args.dtype))
+    else:
+        X, y = make_regression(n, args.features, n_informative=max(2, args.features // 2), noise=10.0, random_state=0,
                                comm=comm, device=device, dtype=np.dtype(args.dtype))
     start, _ = shard_bounds(n, comm.size, comm.rank)
     cut = min(max(int(args.rows) - start, 0), X.shape[0])
@@ -82,10 +99,38 @@ def _data(args, comm, device):
 
 
 # ---------------------------------------------------------------------- the MPI worker
-def _worker(args, outfile):
+def _estimator(name):
+    from ..ensemble import RandomForestClassifier, RandomForestRegressor
+
+    return RandomForestClassifier if name == "classifier" else RandomForestRegressor
+
+
+def _fit_one(args, est, training, X, y, Xt, yt, sub):
+    """Warm-up, then the timed fit of one configuration; this rank's numbers."""
     import mpiml
+
+    cls = _estimator(est)
+    kw = dict(max_depth=args.depth, max_bins=args.max_bins, max_features=_max_features(args.max_features, est),
+              training=training, random_state=0, comm=sub)
+    warm_s = 0.0
+    if not args.no_warmup:
+        # a small fit first: CuPy and the histogram kernels compile on first use (NVRTC)
+        n_warm = min(X.shape[0], 20000)
+        sub.barrier()
+        t0 = time.perf_counter()
+        cls(2, **kw).fit(X[:n_warm], y[:n_warm])
+        warm_s = time.perf_counter() - t0
+    rf = cls(args.trees, **kw)
+    sub.barrier()
+    t0 = time.perf_counter()
+    with mpiml.profile() as prof:
+        rf.fit(X, y)
+    fit_s = time.perf_counter() - t0
+    return rf, fit_s, warm_s, prof.summary(), rf.score(Xt, yt)
+
+
+def _worker(args, outfile):
     from ..comm import get_comm
-    from ..ensemble import RandomForestClassifier
 
     world = get_comm()
     use_gpu = args.device == "gpu"
@@ -94,86 +139,98 @@ def _worker(args, outfile):
 
         init(device="gpu")  # local rank mod visible GPUs
     device = "gpu" if use_gpu else "cpu"
-    max_features = _max_features(args.max_features)
-    runs = []
-    for R in [int(r) for r in args.ranks.split(",")]:
-        sub = world.split(0 if world.rank < R else None, key=world.rank)
-        if sub is not None:
-            X, y, Xt, yt = _data(args, sub, device)
-            for training in args.training.split(","):
-                warm_s = 0.0
-                if not args.no_warmup:
-                    # a small fit first: CuPy and the histogram kernels compile on first use (NVRTC)
-                    n_warm = min(X.shape[0], 20000)
-                    sub.barrier()
-                    t0 = time.perf_counter()
-                    RandomForestClassifier(2, max_depth=args.depth, max_bins=args.max_bins, max_features=max_features,
-                                           training=training, random_state=0, comm=sub).fit(X[:n_warm], y[:n_warm])
-                    warm_s = time.perf_counter() - t0
-                rf = RandomForestClassifier(args.trees, max_depth=args.depth, max_bins=args.max_bins,
-                                            max_features=max_features, training=training, random_state=0, comm=sub)
-                sub.barrier()
-                t0 = time.perf_counter()
-                with mpiml.profile() as prof:
-                    rf.fit(X, y)
-                fit_s = time.perf_counter() - t0
-                acc = rf.score(Xt, yt)
-                st = rf._fit_stats
-                mine = np.array([fit_s, st.get("hist_s", 0.0), st.get("allreduce_s", 0.0), st.get("split_s", 0.0),
-                                 st.get("route_s", 0.0), st.get("bins_s", 0.0)])
-                worst = sub.allreduce(mine, op="max") if sub.size > 1 else mine
-                ops = prof.summary()["ops"]
-                ar = ops.get("allreduce", {"calls": 0, "bytes": 0, "seconds": 0.0})
-                ag = ops.get("allgatherv", {"calls": 0, "bytes": 0, "seconds": 0.0})
-                if sub.rank == 0:
-                    T = args.trees
-                    row = {"ranks": R, "training": training, "n_total": int(args.rows), "fit_s": float(worst[0]),
-                           "hist_s": float(worst[1]), "allreduce_s": float(worst[2]), "split_s": float(worst[3]),
-                           "route_s": float(worst[4]), "bins_s": float(worst[5]), "accuracy": acc,
-                           "levels": st.get("levels"), "nodes": int(rf.tree_feature_.shape[0]),
-                           "allreduce_calls": ar["calls"], "allreduce_bytes": ar["bytes"],
-                           "allreduce_bytes_per_tree": ar["bytes"] / T,
-                           "allreduce_ms_per_tree": 1e3 * ar["seconds"] / T,
-                           "hist_ms_per_tree": 1e3 * float(worst[1]) / T,
-                           "allgatherv_bytes": ag["bytes"], "comm_seconds": prof.summary()["total_seconds"],
-                           "warmup_fit_s": warm_s, "hist_elements": st.get("hist_elements"),
-                           "hist_nodes_built": st.get("hist_nodes_built"),
-                           "hist_nodes_derived": st.get("hist_nodes_derived"),
-                           "route_ms_per_tree": 1e3 * float(worst[4]) / T,
-                           "split_ms_per_tree": 1e3 * float(worst[3]) / T}
-                    runs.append(row)
-                    print(f"ranks={R} {training:>6}: fit {row['fit_s']:.2f} s, accuracy {acc:.4f}, per tree: hist "
-                          f"{row['hist_ms_per_tree']:.1f} ms, allreduce {row['allreduce_ms_per_tree']:.1f} ms "
-                          f"({row['allreduce_bytes_per_tree'] / 2**20:.2f} MiB)", flush=True)
-                del rf
-            del X, y, Xt, yt
-            if use_gpu:
-                import cupy
+    runs, sklearn = [], []
+    for est in args.estimators.split(","):
+        for R in [int(r) for r in args.ranks.split(",")]:
+            sub = world.split(0 if world.rank < R else None, key=world.rank)
+            if sub is not None:
+                X, y, Xt, yt = _data(args, sub, device, est)
+                for training in args.training.split(","):
+                    rf, fit_s, warm_s, summary, score = _fit_one(args, est, training, X, y, Xt, yt, sub)
+                    st = rf._fit_stats
+                    mine = np.array([fit_s, st.get("hist_s", 0.0), st.get("allreduce_s", 0.0), st.get("split_s", 0.0),
+                                     st.get("route_s", 0.0), st.get("bins_s", 0.0)])
+                    worst = sub.allreduce(mine, op="max") if sub.size > 1 else mine
+                    ar = summary["ops"].get("allreduce", {"calls": 0, "bytes": 0, "seconds": 0.0})
+                    ag = summary["ops"].get("allgatherv", {"calls": 0, "bytes": 0, "seconds": 0.0})
+                    same_rows = None
+                    if R == 1 and training == "global" and args.sklearn_rows < args.rows:
+                        # the quality of this forest on scikit-learn's subsample (the same rows, the same held-out set)
+                        n_sub = int(args.sklearn_rows)
+                        cls = _estimator(est)
+                        small = cls(args.trees, max_depth=args.depth, max_bins=args.max_bins, random_state=0,
+                                    max_features=_max_features(args.max_features, est), comm=sub).fit(X[:n_sub],
+                                                                                                     y[:n_sub])
+                        same_rows = small.score(Xt, yt)
+                    if sub.rank == 0:
+                        T, levels = args.trees, max(int(st.get("levels") or 0), 1)
+                        row = {"estimator": est, "ranks": R, "training": training, "n_total": int(args.rows),
+                               "fit_s": float(worst[0]), "hist_s": float(worst[1]), "allreduce_s": float(worst[2]),
+                               "split_s": float(worst[3]), "route_s": float(worst[4]), "bins_s": float(worst[5]),
+                               "score": score, "score_name": "accuracy" if est == "classifier" else "r2",
+                               "score_on_sklearn_rows": same_rows,
+                               "levels": st.get("levels"), "nodes": int(rf.tree_feature_.shape[0]),
+                               "allreduce_calls": ar["calls"], "allreduce_bytes": ar["bytes"],
+                               "allreduce_bytes_per_tree": ar["bytes"] / T,
+                               "allreduce_ms_per_tree": 1e3 * ar["seconds"] / T,
+                               "allreduce_bytes_per_level": ar["bytes"] / levels,
+                               "allreduce_ms_per_level": 1e3 * ar["seconds"] / levels,
+                               "hist_ms_per_tree": 1e3 * float(worst[1]) / T,
+                               "allgatherv_bytes": ag["bytes"], "comm_seconds": summary["total_seconds"],
+                               "warmup_fit_s": warm_s, "hist_elements": st.get("hist_elements"),
+                               "hist_nodes_built": st.get("hist_nodes_built"),
+                               "hist_nodes_derived": st.get("hist_nodes_derived"),
+                               "route_ms_per_tree": 1e3 * float(worst[4]) / T,
+                               "split_ms_per_tree": 1e3 * float(worst[3]) / T}
+                        runs.append(row)
+                        print(f"{est} ranks={R} {training}: fit {row['fit_s']:.2f} s, {row['score_name']} {score:.4f}, "
+                              f"per tree: hist {row['hist_ms_per_tree']:.1f} ms, split {row['split_ms_per_tree']:.1f} ms"
+                              f", allreduce {row['allreduce_ms_per_tree']:.1f} ms "
+                              f"({row['allreduce_bytes_per_tree'] / 2**20:.2f} MiB); per level: allreduce "
+                              f"{row['allreduce_ms_per_level']:.2f} ms ({row['allreduce_bytes_per_level'] / 2**20:.2f} "
+                              f"MiB)", flush=True)
+                    del rf
+                if R == 1 and sub.rank == 0 and not args.no_sklearn:
+                    # the peer on this host's cores (the other ranks wait at the barrier below)
+                    sk = _sklearn_baseline(args, est, X, y, Xt, yt)
+                    sklearn.append(sk)
+                    print(f"scikit-learn {est} ({sk['cores']} cores, {sk['rows']} rows): {sk['fit_s']:.2f} s, scaled "
+                          f"{sk['scaled_fit_s']:.1f} s, {sk['score_name']} {sk['score']:.4f}", flush=True)
+                del X, y, Xt, yt
+                if use_gpu:
+                    import cupy
 
-                cupy.get_default_memory_pool().free_all_blocks()
-        world.barrier()
+                    cupy.get_default_memory_pool().free_all_blocks()
+            world.barrier()
     if world.rank == 0:
         with open(outfile, "w") as f:
-            json.dump({"runs": runs}, f)
+            json.dump({"runs": runs, "sklearn": sklearn}, f)
     return 0
 
 
 # ---------------------------------------------------------------------- the driver
-def _sklearn_baseline(args):
+def _sklearn_baseline(args, est, X, y, Xt, yt):
+    """scikit-learn's forest with ``n_jobs=-1`` on the first ``--sklearn-rows`` rows (host copies), scaled."""
     from sklearn.ensemble import RandomForestClassifier as SkClassifier
+    from sklearn.ensemble import RandomForestRegressor as SkRegressor
 
-    from ..comm import get_comm
+    from .._array import to_numpy
 
     n_sub = int(min(args.sklearn_rows, args.rows))
-    X, y, Xt, yt = _data(args, get_comm("self"), "cpu")
-    X, y = X[:n_sub], y[:n_sub]
-    rf = SkClassifier(args.trees, max_depth=args.depth, max_features=_max_features(args.max_features), n_jobs=-1,
-                      random_state=0)
+    X, y, Xt, yt = (to_numpy(a) for a in (X[:n_sub], y[:n_sub], Xt, yt))
+    cls = SkClassifier if est == "classifier" else SkRegressor
+    rf = cls(args.trees, max_depth=args.depth, max_features=_max_features(args.max_features, est), n_jobs=-1,
+             random_state=0)
     t0 = time.perf_counter()
     rf.fit(X, y)
     fit_s = time.perf_counter() - t0
-    return {"rows": n_sub, "fit_s": fit_s, "scaled_fit_s": fit_s * args.rows / n_sub, "cores": os.cpu_count(),
-            "accuracy": float(rf.score(Xt, yt))}
+    return {"estimator": est, "rows": n_sub, "fit_s": fit_s, "scaled_fit_s": fit_s * args.rows / n_sub,
+            "cores": os.cpu_count(), "score": float(rf.score(Xt, yt)),
+            "score_name": "accuracy" if est == "classifier" else "r2"}
+
+
+def _sklearn_for(result, est):
+    return next((sk for sk in result.get("sklearn", []) if sk["estimator"] == est), None)
 
 
 def _plot(result, path):
@@ -182,16 +239,20 @@ def _plot(result, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    ests = sorted({r["estimator"] for r in result["runs"]}) or ["classifier"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     ax = axes[0]
-    for training, marker in (("global", "o-"), ("local", "s-")):
-        runs = [r for r in result["runs"] if r["training"] == training]
-        if runs:
-            ax.plot([r["ranks"] for r in runs], [r["fit_s"] for r in runs], marker, label=f"mpiml {training}")
-    sk = result.get("sklearn")
-    ranks = sorted({r["ranks"] for r in result["runs"]})
-    if sk and "scaled_fit_s" in sk:
-        ax.plot(ranks, [sk["scaled_fit_s"]] * len(ranks), "k--", label=f"scikit-learn, {sk['cores']} cores")
+    ranks = sorted({r["ranks"] for r in result["runs"]}) or [1]
+    for est, color in zip(ests, ("C0", "C1")):
+        for training, marker in (("global", "o-"), ("local", "s:")):
+            runs = [r for r in result["runs"] if r["training"] == training and r["estimator"] == est]
+            if runs:
+                ax.plot([r["ranks"] for r in runs], [r["fit_s"] for r in runs], marker, color=color,
+                        label=f"mpiml {est} ({training})")
+        sk = _sklearn_for(result, est)
+        if sk:
+            ax.plot(ranks, [sk["scaled_fit_s"]] * len(ranks), "--", color=color,
+                    label=f"scikit-learn {est}, {sk['cores']} cores (scaled)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(ranks)
@@ -200,17 +261,19 @@ def _plot(result, path):
     ax.set_ylabel("training time (s)")
     ax.set_title(f"n={result['rows']:.3g}, d={result['features']}, {result['trees']} trees, depth {result['depth']}")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     ax = axes[1]
     runs = [r for r in result["runs"] if r["training"] == "global"]
     if runs:
         x = np.arange(len(runs))
-        ax.bar(x - 0.2, [r["hist_ms_per_tree"] for r in runs], 0.4, label="histograms")
-        ax.bar(x + 0.2, [r["allreduce_ms_per_tree"] for r in runs], 0.4, label="allreduce")
+        ax.bar(x - 0.3, [r["hist_ms_per_tree"] for r in runs], 0.2, label="histograms")
+        ax.bar(x - 0.1, [r["split_ms_per_tree"] for r in runs], 0.2, label="split search")
+        ax.bar(x + 0.1, [r["route_ms_per_tree"] for r in runs], 0.2, label="partition")
+        ax.bar(x + 0.3, [r["allreduce_ms_per_tree"] for r in runs], 0.2, label="allreduce")
         ax.set_xticks(x)
-        ax.set_xticklabels([f"{r['ranks']} ({r['allreduce_bytes_per_tree'] / 2**20:.1f} MiB)" for r in runs])
-        ax.set_xlabel("ranks (allreduce bytes per tree)")
-        ax.set_ylabel("ms per tree (global training)")
+        ax.set_xticklabels([f"{r['estimator'][:3]} {r['ranks']}" for r in runs], fontsize=8)
+        ax.set_xlabel("estimator, ranks (global training)")
+        ax.set_ylabel("ms per tree (slowest rank)")
         ax.legend(fontsize=8)
         ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
@@ -219,17 +282,23 @@ def _plot(result, path):
 
 
 def _print_table(result):
-    sk = result.get("sklearn", {})
-    base = sk.get("scaled_fit_s")
-    print(f"\n{'training':<9}{'ranks':>6}{'fit s':>9}{'accuracy':>10}{'hist ms/tree':>14}{'allred ms/tree':>16}"
-          f"{'MiB/tree':>10}{'vs sklearn':>12}")
+    print(f"\n{'estimator':<11}{'training':<9}{'ranks':>6}{'fit s':>9}{'1->R':>7}{'score':>9}{'hist ms/t':>11}"
+          f"{'split ms/t':>11}{'allred ms/lvl':>14}{'MiB/lvl':>9}{'vs sklearn':>12}")
     for r in result["runs"]:
-        speed = f"{base / r['fit_s']:.1f}x" if base else "-"
-        print(f"{r['training']:<9}{r['ranks']:>6}{r['fit_s']:>9.2f}{r['accuracy']:>10.4f}{r['hist_ms_per_tree']:>14.1f}"
-              f"{r['allreduce_ms_per_tree']:>16.2f}{r['allreduce_bytes_per_tree'] / 2**20:>10.2f}{speed:>12}")
-    if base:
-        print(f"scikit-learn ({sk['cores']} cores, {sk['rows']} rows): {sk['fit_s']:.2f} s, scaled to the full size "
-              f"{base:.2f} s, accuracy {sk['accuracy']:.4f}")
+        sk = _sklearn_for(result, r["estimator"])
+        one = next((q["fit_s"] for q in result["runs"] if q["estimator"] == r["estimator"] and q["ranks"] == 1
+                    and q["training"] == r["training"]), None)
+        speed = f"{sk['scaled_fit_s'] / r['fit_s']:.1f}x" if sk else "-"
+        scaling = f"{one / r['fit_s']:.2f}" if one else "-"
+        print(f"{r['estimator']:<11}{r['training']:<9}{r['ranks']:>6}{r['fit_s']:>9.2f}{scaling:>7}{r['score']:>9.4f}"
+              f"{r['hist_ms_per_tree']:>11.1f}{r['split_ms_per_tree']:>11.1f}{r['allreduce_ms_per_level']:>14.2f}"
+              f"{r['allreduce_bytes_per_level'] / 2**20:>9.2f}{speed:>12}")
+    for sk in result.get("sklearn", []):
+        same = next((r["score_on_sklearn_rows"] for r in result["runs"] if r["estimator"] == sk["estimator"]
+                     and r.get("score_on_sklearn_rows") is not None), None)
+        extra = f" (mpiml on the same rows: {same:.4f})" if same is not None else ""
+        print(f"scikit-learn {sk['estimator']} ({sk['cores']} cores, {sk['rows']} rows): {sk['fit_s']:.2f} s, scaled "
+              f"to the full size {sk['scaled_fit_s']:.2f} s, {sk['score_name']} {sk['score']:.4f}{extra}")
 
 
 def main(argv):
@@ -242,22 +311,26 @@ def main(argv):
     status, ngpu = bench_launch_check(args.device)
     if status is not None:
         return status
-    from ..cli.run import mpiexec_command
+    from ..cli._options import mpiexec_command
 
     device = "gpu" if ngpu else "cpu"
     if args.ranks is None:
         args.ranks = ",".join(str(r) for r in (1, 2, 4, 8) if r <= ngpu) if ngpu else "1,2"
     ranks = [int(r) for r in args.ranks.split(",")]
-    args.rows = args.rows or (1e7 if ngpu else 2e4)
+    args.rows = args.rows or (4e7 if ngpu else 2e4)
     args.test_rows = args.test_rows or min(1e6, max(args.rows / 10, 1000))
     args.trees = args.trees or (100 if ngpu else 10)
-    args.sklearn_rows = args.sklearn_rows or (1e6 if ngpu else args.rows)
+    args.sklearn_rows = args.sklearn_rows or (1e5 if ngpu else args.rows)
     tag = args.tag or device
-    os.makedirs(args.out, exist_ok=True)
+    out_dir = os.path.dirname(args.out) if args.out.endswith(".json") else args.out
+    os.makedirs(out_dir or ".", exist_ok=True)
     common = ["--algo", "rf", "--device", device, "--ranks", args.ranks, "--rows", str(args.rows), "--test-rows",
               str(args.test_rows), "--features", str(args.features), "--classes", str(args.classes), "--trees",
               str(args.trees), "--depth", str(args.depth), "--max-bins", str(args.max_bins), "--training",
-              args.training, "--dtype", args.dtype, "--max-features", str(args.max_features)]
+              args.training, "--dtype", args.dtype, "--max-features", str(args.max_features), "--estimators",
+              args.estimators, "--sklearn-rows", str(args.sklearn_rows)]
+    if args.no_sklearn:
+        common.append("--no-sklearn")
     if args.no_warmup:
         common.append("--no-warmup")
     env = dict(os.environ)
@@ -278,9 +351,7 @@ def main(argv):
                    "classes": args.classes, "trees": args.trees, "depth": args.depth, "max_bins": args.max_bins,
                    "max_features": args.max_features,
                    "machine": machine_info(), **stamp(["bench", "ml", *argv])})
-    if not args.no_sklearn:
-        result["sklearn"] = _sklearn_baseline(args)
-    base = os.path.join(args.out, f"ml_rf_{tag}")
+    base = args.out[:-len(".json")] if args.out.endswith(".json") else os.path.join(args.out, f"ml_rf_{tag}")
     with open(base + ".json", "w") as f:
         json.dump(result, f, indent=1)
     _plot(result, base + ".png")

@@ -65,7 +65,7 @@ def _write_atomic(path, doc):
 
 
 def main(argv):
-    from ..cli import parser
+    from ..cli._options import parser
 
     p = parser("mpiml tune", "Measure every backend x algorithm here and write this machine's tuning table.")
     p.add_argument("--ops", default=",".join(DEFAULT_OPS))
@@ -98,6 +98,12 @@ def main(argv):
     memory = "device" if args.device == "gpu" else "host"
     new_rules = rules_from_results(results, comm.size, memory, args.margin)
     path = args.output or _config.tuning_file()
+    key = None
+    if memory == "device" and not args.output and "MPIML_TUNING_FILE" not in os.environ:
+        from ..comm._tuning import machine_key, machine_table_path  # a table per GPU model and links
+
+        key = machine_key()
+        path = machine_table_path(key, path)
     kept = []
     if os.path.exists(path):
         with open(path) as f:
@@ -105,7 +111,7 @@ def main(argv):
         kept = [r for r in old.get("rules", [])
                 if not (r.get("memory") == memory and r.get("min_ranks") == comm.size and r.get("max_ranks") == comm.size)]
     doc = {"version": 1, **stamp(["tune"] + list(argv)), "machine": machine_info(comm),
-           "rules": new_rules + kept}
+           **({"machine_key": key} if key else {}), "rules": new_rules + kept}
     _write_atomic(path, doc)
     print(f"mpiml tune: {len(new_rules)} rules for {comm.size} ranks, {memory} memory -> {path}")
     for r in new_rules:

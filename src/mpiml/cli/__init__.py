@@ -8,10 +8,10 @@ and aborts the whole MPI job instead of leaving the other ranks hanging (as
 """
 
 import sys
-import time
 import traceback
 
-from ._report import ArgumentParser, say_once
+from ._options import parser  # noqa: F401 (the subcommands' parser, also imported from here)
+from ._options import say_once
 
 __all__ = ["main", "abort_on_exception"]
 
@@ -107,8 +107,3 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     code = abort_on_exception(_dispatch, argv)
     return int(code or 0)
-
-
-def parser(prog, description):
-    """An ``ArgumentParser`` for a subcommand (usage errors printed by rank 0, exit 2 on every rank)."""
-    return ArgumentParser(prog=prog, description=description)

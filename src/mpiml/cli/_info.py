@@ -7,7 +7,7 @@ import platform
 import socket
 import sys
 
-from . import parser
+from ._options import parser
 
 __all__ = ["main", "collect_local", "backend_report"]
 
@@ -154,7 +154,11 @@ def main(argv):
     from ..comm import get_comm
 
     comm = get_comm()
+    from ..utils._threads import limit_threads
+
+    threads = limit_threads(comm)
     local = collect_local()
+    local["threads"] = threads
     everyone = comm.allgather_obj(local)
     if comm.rank != 0:
         return 0
@@ -201,6 +205,7 @@ def main(argv):
         print(f"  {kern['this_gpu']['arch']}: " + (", ".join(f"{g['kernels']} kernels precompiled in {g['cubins']} "
                                                           f"cubins ({g['arch']}, NVRTC {g['nvrtc']})" for g in got)
                                                  if got else "none precompiled: `mpiml warmup` compiles them once"))
+    print(f"CPU threads per rank: {threads['threads']} ({threads['source']})")
     print("backends:")
     for name, (ok, detail) in report.items():
         print(f"  {name:<5} {'available' if ok else 'unavailable'}: {detail}")

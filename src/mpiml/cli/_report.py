@@ -14,13 +14,13 @@
   ``--debug``.
 """
 
-import argparse
 import os
 import sys
 import time
 import traceback
 
 from .._errors import MpimlError
+from ._options import ArgumentParser, launch_rank, say_once
 
 __all__ = ["ArgumentParser", "launch_rank", "say_once", "UsageError", "Outcome", "one_line", "output_problems",
            "preflight", "run_checked"]
@@ -28,39 +28,8 @@ __all__ = ["ArgumentParser", "launch_rank", "say_once", "UsageError", "Outcome",
 #: Seconds a failed rank waits for the others to report before it aborts the job.
 FAILURE_WAIT = 10.0
 
-# launchers' variables for this process's rank in the job
-_RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
-
-
-def launch_rank():
-    """This process's rank according to the launcher's variables (0 outside a launcher)."""
-    from .._abort import launch_size
-
-    if launch_size() < 2:
-        return 0
-    for name in _RANK_VARS:
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
-
-
-def say_once(text, file=None):
-    """Print ``text`` on rank 0 only."""
-    if launch_rank() == 0:
-        print(text, file=sys.stderr if file is None else file, flush=True)
-
-
 class UsageError(Exception):
     """A usage error found after parsing: printed once, exit status 2 on every rank."""
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """``argparse`` whose help, usage and errors are printed by rank 0 only (exit status 2 everywhere)."""
-
-    def _print_message(self, message, file=None):
-        if message and launch_rank() == 0:
-            super()._print_message(message, file)
 
 
 def one_line(exc):
@@ -180,7 +149,7 @@ def device_problems(args):
     """``--device gpu`` where CuPy sees no GPU."""
     if getattr(args, "device", None) != "gpu":
         return []
-    from .run import _gpu_count
+    from ._options import gpu_count as _gpu_count
 
     return [] if _gpu_count() else ["--device gpu: CuPy sees no GPU here (use --device cpu or auto)"]
 

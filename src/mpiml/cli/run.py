@@ -15,71 +15,23 @@ line and exit status 1; ``--debug`` adds the tracebacks (see :mod:`mpiml.cli._re
 
 import os
 import re
-import shutil
 import subprocess
-import sys
 import time
 
 import numpy as np
 
+from ..utils._threads import thread_info
+from ._progress import scale_hint
+from ._options import aggregate_profile as _aggregate_profile
+from ._options import gpu_count as _gpu_count
+from ._options import launch_command, mpiexec_command, srun_command  # noqa: F401 (also imported from here)
+from ._options import strip_np as _strip_np
 from ._report import ArgumentParser, UsageError, device_problems, output_problems, run_checked
 
 __all__ = ["main", "launch_command", "mpiexec_command", "srun_command", "parse_data_spec"]
 
 ALGORITHMS = ("kmeans", "linreg", "logreg", "rf", "rfr", "pca", "tsvd", "knn")
 DEFAULT_DATA = "blobs:n=200000,d=32,k=16"
-
-
-# ---------------------------------------------------------------------- launching
-def mpiexec_command(n, argv):
-    """``[mpiexec, -n, N, (Open MPI flags), python, -m, mpiml, run, *argv]``.
-
-    ``MPIML_MPIEXEC`` overrides the launcher found on PATH.  Open MPI (detected
-    from ``mpiexec --version``) gets ``--bind-to none --oversubscribe`` and, as
-    root, ``--allow-run-as-root``.
-    """
-    exe = os.environ.get("MPIML_MPIEXEC") or shutil.which("mpiexec") or shutil.which("mpirun")
-    if exe is None:
-        raise FileNotFoundError("no mpiexec on PATH (pip install mpich, or set MPIML_MPIEXEC)")
-    cmd = [exe, "-n", str(n)]
-    try:
-        version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20).stdout
-    except Exception:
-        version = ""
-    if "open mpi" in version.lower() or "openrte" in version.lower():
-        cmd += ["--bind-to", "none", "--oversubscribe"]
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            cmd.append("--allow-run-as-root")
-    return cmd + [sys.executable, "-m", "mpiml", "run", *argv]
-
-
-def srun_command(n, argv):
-    """``[srun, -n, N, --mpi=pmi2, python, -m, mpiml, run, *argv]``, inside a Slurm allocation.
-
-    ``MPIML_SRUN`` overrides the ``srun`` found on PATH; ``MPIML_SRUN_MPI`` the PMI plugin
-    (default ``pmi2``, which MPICH and Open MPI both speak).
-    """
-    exe = os.environ.get("MPIML_SRUN") or shutil.which("srun")
-    if exe is None:
-        raise FileNotFoundError("SLURM_JOB_ID is set but there is no srun on PATH (set MPIML_SRUN)")
-    mpi = os.environ.get("MPIML_SRUN_MPI", "pmi2")
-    return [exe, "-n", str(n), f"--mpi={mpi}", sys.executable, "-m", "mpiml", "run", *argv]
-
-
-def launch_command(n, argv):
-    """``srun`` inside a Slurm allocation (``SLURM_JOB_ID`` set), else ``mpiexec``."""
-    if os.environ.get("SLURM_JOB_ID"):
-        return srun_command(n, argv)
-    return mpiexec_command(n, argv)
-
-
-def _gpu_count():
-    try:
-        import cupy
-
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:
-        return 0
 
 
 # ---------------------------------------------------------------------- arguments
@@ -155,17 +107,6 @@ def _load(kind, params, comm, xp, dtype):
     return xp.ascontiguousarray(X, dtype=dtype)
 
 
-def _aggregate_profile(comm, prof):
-    """Every rank's profile summary; per op, the calls of rank 0 and the largest time over ranks."""
-    mine = prof.summary()
-    allp = comm.allgather_obj(mine) if comm.size > 1 else [mine]
-    agg = {"ops": {}, "histogram": allp[0]["histogram"], "calls": allp[0]["calls"],
-           "total_seconds": max(p["total_seconds"] for p in allp), "wall_seconds": allp[0]["wall_seconds"]}
-    for op, o in allp[0]["ops"].items():
-        agg["ops"][op] = dict(o, seconds=max(p["ops"].get(op, {}).get("seconds", 0.0) for p in allp))
-    return agg
-
-
 def _run(args, comm):
     import mpiml
     from ..cluster import KMeans
@@ -178,6 +119,7 @@ def _run(args, comm):
         mpiml.init(device="gpu")  # local rank mod visible GPUs; honours CUDA_VISIBLE_DEVICES
     else:
         xp = np
+        mpiml.init(device="cpu")  # this rank's threads: its share of the node's cores
     rank0 = comm.rank == 0
     say = (lambda *a: print(*a, flush=True)) if rank0 else (lambda *a: None)
 
@@ -187,7 +129,8 @@ def _run(args, comm):
     k = args.k or (params["k"] if kind == "blobs" else 8)
     if k > n_total:
         raise UsageError(f"--k {k}: the data has {n_total} row(s), fewer than the {k} clusters asked for")
-    where = f"{ngpu and min(ngpu, comm.size) or 0} GPU(s)" if ngpu else "CPU"
+    where = f"{ngpu and min(ngpu, comm.size) or 0} GPU(s)" if ngpu else \
+        f"CPU, {thread_info().get('threads')} thread(s) each"
     say(f"mpiml run kmeans: {n_total} x {X.shape[1]} {args.dtype}, k={k}, init={args.init}, "
         f"{comm.size} rank(s) on {where}, backend={args.backend} (data ready in {time.perf_counter() - t0:.2f} s)")
 
@@ -212,6 +155,8 @@ def _run(args, comm):
     if args.save:
         mpiml.save(km, args.save)
         say(f"model saved to {args.save}")
+    if kind == "blobs":
+        say(scale_hint("kmeans", "blobs", n_total, fit_s, 1, comm.size))
     if args.compare_sklearn:
         _compare_sklearn(args, comm, X, k, xp, fit_s, km, say)
     return 0
@@ -275,22 +220,5 @@ def main(argv):
             rest = _strip_np(argv)
             cmd = launch_command(n, rest)
             print("launching: " + " ".join(cmd), flush=True)
-            env = dict(os.environ)
-            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
-            return subprocess.call(cmd, env=env)
+            return subprocess.call(cmd)  # each rank limits its threads to its share (mpiml.utils._threads)
     return run_checked("mpiml run", args, _run)
-
-
-def _strip_np(argv):
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a == "--np":
-            skip = True
-            continue
-        if a.startswith("--np="):
-            continue
-        out.append(a)
-    return out

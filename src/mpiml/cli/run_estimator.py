@@ -21,8 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..utils._threads import thread_info
+from ._progress import blocked_knn_accuracy, fit_forest_in_batches, scale_hint
+from ._options import aggregate_profile as _aggregate_profile
+from ._options import gpu_count as _gpu_count
+from ._options import launch_command
+from ._options import strip_np as _strip_np
 from ._report import ArgumentParser, UsageError, device_problems, output_problems, run_checked
-from .run import _aggregate_profile, _gpu_count, _strip_np, launch_command
 
 __all__ = ["main", "JOBS", "parse_data_spec"]
 
@@ -32,6 +37,18 @@ _SPECS = {
     "lowrank": {"n": 1000000, "d": 256, "rank": 32, "seed": 0},
 }
 _FLOATS = ("noise",)
+#: Without a GPU: rows and features that a laptop-class CPU fits in seconds (the generators' other
+#: parameters as above); the k-NN score searches every row's neighbours (n^2 pairs), hence its size.
+_CPU_SIZES = {
+    "linreg": {"n": 200000, "d": 64}, "logreg": {"n": 200000, "d": 64},
+    "rf": {"n": 20000, "d": 32}, "rfr": {"n": 20000, "d": 32},
+    "pca": {"n": 100000, "d": 128}, "tsvd": {"n": 100000, "d": 128},
+    "knn": {"n": 20000, "d": 32},
+}
+#: Trees by default: on GPUs, and without one.
+_TREES = {"gpu": 100, "cpu": 20}
+#: How the fit's time grows with the rows, for the scale-up hint (the k-NN score: n^2).
+_TIME_EXPONENT = {"knn": 2}
 
 
 @dataclass(frozen=True)
@@ -136,12 +153,17 @@ JOBS = {
 }
 
 
-def parse_data_spec(spec, algorithm):
-    """``"regression:n=1000,d=8"`` -> ``("regression", {...})``; a path -> ``("file", {"path": ...})``."""
+def parse_data_spec(spec, algorithm, cpu=False):
+    """``"regression:n=1000,d=8"`` -> ``("regression", {...})``; a path -> ``("file", {"path": ...})``.
+
+    ``cpu``: the parameters not given take the CPU's sizes (``_CPU_SIZES``).
+    """
     kind = spec.split(":", 1)[0]
     job = JOBS[algorithm]
     if kind in _SPECS:
         params = dict(_SPECS[kind])
+        if cpu:
+            params.update((key, v) for key, v in _CPU_SIZES[algorithm].items() if key in params)
         for item in filter(None, spec[len(kind):].lstrip(":").split(",")):
             if "=" not in item:
                 raise ValueError(f"expected key=value in the data spec, got {item!r}")
@@ -182,7 +204,8 @@ def _parser():
     p.add_argument("--C", type=float, default=1.0, help="logreg: inverse penalty strength")
     p.add_argument("--max-iter", type=int, default=100, help="logreg")
     p.add_argument("--tol", type=float, default=1e-4, help="logreg")
-    p.add_argument("--trees", type=int, default=100, help="rf, rfr")
+    p.add_argument("--trees", type=int, default=None, help=f"rf, rfr (default {_TREES['gpu']} on GPUs, "
+                   f"{_TREES['cpu']} on CPUs)")
     p.add_argument("--max-depth", type=int, default=12, help="rf, rfr")
     p.add_argument("--training", choices=("global", "local"), default="global", help="rf, rfr")
     p.add_argument("--components", type=int, default=16, help="pca, tsvd")
@@ -236,15 +259,22 @@ def _check_shape(args, n, d):
         raise UsageError(f"--components {args.components}: more than {what}")
 
 
-def _score(job, est, X, y):
+def _score(job, est, X, y, comm, say):
+    if job.make is _knn:  # the search of every row: in query blocks, with progress
+        return blocked_knn_accuracy(est, X, y, comm, say)
     return est.score(X, y) if job.supervised else _explained(est)
+
+
+def _fit(job, est, X, y, say):
+    if hasattr(est, "n_estimators") and est.n_estimators > 1:  # forests: trees in batches, with progress
+        return fit_forest_in_batches(est, X, y, say)
+    return est.fit(X, y) if job.supervised else est.fit(X)
 
 
 def _run(args, comm):
     import mpiml
 
     job = JOBS[args.algorithm]
-    kind, params = parse_data_spec(args.data, args.algorithm)
     ngpu = _gpu_count() if args.device in ("auto", "gpu") else 0
     if ngpu:
         import cupy as xp
@@ -252,6 +282,10 @@ def _run(args, comm):
         mpiml.init(device="gpu")  # local rank mod visible GPUs; honours CUDA_VISIBLE_DEVICES
     else:
         xp = np
+        mpiml.init(device="cpu")  # this rank's threads: its share of the node's cores
+    kind, params = parse_data_spec(args.data, args.algorithm, cpu=not ngpu)
+    if args.trees is None:
+        args.trees = _TREES["gpu" if ngpu else "cpu"]
     say = (lambda *a: print(*a, flush=True)) if comm.rank == 0 else (lambda *a: None)
     t0 = time.perf_counter()
     X, y = _load(kind, params, comm, xp, np.dtype(args.dtype), job.supervised)
@@ -262,27 +296,35 @@ def _run(args, comm):
     _check_shape(args, n_total, int(X.shape[1]))
     where = f"{min(ngpu, comm.size)} GPU(s)" if ngpu else "CPU"
     est = job.make(args, comm)
+    threads = "" if ngpu else f", {thread_info().get('threads')} thread(s) each"
     say(f"mpiml run {args.algorithm}: {type(est).__name__} on {n_total} x {X.shape[1]} {args.dtype}, "
-        f"{comm.size} rank(s) on {where} (data ready in {load_s:.2f} s)")
+        f"{comm.size} rank(s) on {where}{threads} (data ready in {load_s:.2f} s)")
     comm.barrier()
     t0 = time.perf_counter()
     with mpiml.profile() as prof:
-        est.fit(X, y) if job.supervised else est.fit(X)
+        _fit(job, est, X, y, say)
         if xp is not np:
             xp.cuda.get_current_stream().synchronize()
     fit_s = time.perf_counter() - t0
     fit_s = comm.allreduce_obj(fit_s, op="max") if comm.size > 1 else fit_s
-    score = float(_score(job, est, X, y))
-    say(f"fit: {fit_s:.3f} s, {job.detail(est)}; {job.score_name} over all ranks: {score:.6f}")
+    say(f"fit: {fit_s:.3f} s, {job.detail(est)}")
+    t0 = time.perf_counter()
+    score = float(_score(job, est, X, y, comm, say))
+    score_s = time.perf_counter() - t0
+    say(f"{job.score_name} over all ranks: {score:.6f} ({score_s:.2f} s)")
     say("communication during fit (calls of rank 0, seconds = slowest rank):")
     profile = _aggregate_profile(comm, prof)
     say(prof.format(profile))
     if args.save:
         mpiml.save(est, args.save)
         say(f"model saved to {args.save}")
+    if kind != "file":
+        exponent = _TIME_EXPONENT.get(args.algorithm, 1)
+        say(scale_hint(args.algorithm, kind, n_total, fit_s + (score_s if exponent > 1 else 0), exponent, comm.size))
     report = {"algorithm": args.algorithm, "estimator": type(est).__name__, "ranks": comm.size, "device": where,
               "rows": n_total, "features": int(X.shape[1]), "dtype": args.dtype, "data": args.data,
-              "load_seconds": load_s, "fit_seconds": fit_s, "score_name": job.score_name, "score": score,
+              "load_seconds": load_s, "fit_seconds": fit_s, "score_seconds": score_s,
+              "score_name": job.score_name, "score": score, "threads_per_rank": thread_info().get("threads"),
               "communication": profile}
     if args.compare_sklearn:
         report["scikit_learn"] = _compare_sklearn(args, job, comm, X, y, xp, fit_s, score, say)
@@ -348,7 +390,5 @@ def main(argv):
         if n > 1:
             cmd = launch_command(n, _strip_np(argv))
             print("launching: " + " ".join(cmd), flush=True)
-            env = dict(os.environ)
-            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
-            return subprocess.call(cmd, env=env)
+            return subprocess.call(cmd)  # each rank limits its threads to its share (mpiml.utils._threads)
     return run_checked("mpiml run", args, _run)

@@ -153,7 +153,8 @@ def _lloyd(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
             centers = xp.asarray(c_host)
         if iter_seconds is not None:
             iter_seconds.append(time.perf_counter() - t0)
-        if _converged(it, inertia, changed, center_shift, tol, verbose and comm.rank == 0):
+        if _converged(it, inertia, changed, center_shift, tol, verbose and comm.rank == 0,
+                      (iter_seconds, max_iter)):
             break
     centers = xp.asarray(c_host)
     labels, _, inertia = ops.assign(shard.X, shard.shift, centers if sparse else c_host,
@@ -171,11 +172,17 @@ def _step_distances(shard, weight, centers):
     return labels, mind
 
 
-def _converged(it, inertia, changed, center_shift, tol, say):
+def _converged(it, inertia, changed, center_shift, tol, say, timing=None):
     """Whether Lloyd iteration ``it`` ends the run (scikit-learn's rules: no label changed, or the squared shift
-    of the centres within ``tol``); ``say``: one line an iteration, and the reason."""
+    of the centres within ``tol``); ``say``: one line an iteration, and the reason; ``timing``:
+    ``(seconds of the iterations so far, max_iter)``, to add the time of this one and a bound on what remains."""
     if say:
-        print(f"Iteration {it}, inertia {inertia:.6g}, center shift {center_shift:.3g}", flush=True)
+        tail = ""
+        if timing is not None and timing[0]:
+            seconds, max_iter = timing
+            left = max_iter - it - 1
+            tail = f" ({seconds[-1]:.3f} s; at most {left} more, {left * float(np.median(seconds)):.1f} s)"
+        print(f"Iteration {it}, inertia {inertia:.6g}, center shift {center_shift:.3g}{tail}", flush=True)
     if changed == 0 and it > 0:
         if say:
             print(f"Converged at iteration {it}: strict convergence.", flush=True)

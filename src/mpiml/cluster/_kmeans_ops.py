@@ -6,9 +6,12 @@ shifted by it, which keeps the ``||x||^2 - 2 x.c + ||c||^2`` expansion accurate
 (scikit-learn centres the data for the same reason; here nothing is copied:
 the shift is applied per chunk, or inside the GPU kernel while a tile is staged).
 
-Host arrays go through chunked BLAS matrix products; device arrays through the
+Dense host arrays go through the compiled one-pass step of :mod:`mpiml.cluster._kmeans_cpu`
+(sparse ones through chunked matrix products); device arrays through the
 fused kernel of :mod:`mpiml.cluster._gpu` (no ``n x k`` matrix is ever built).
 """
+
+import os
 
 import numpy as np
 
@@ -50,6 +53,20 @@ def chunk_rows(n_features, n_clusters, itemsize, batch_size=None, *, sparse=Fals
     if device:
         return int(max(256, min(_DEVICE_CHUNK_BYTES // max(per_row, 1), (1 << 31) // max(n_features + n_clusters, 1))))
     return int(max(256, min(65536, _HOST_CHUNK_BYTES // max(per_row, 1))))
+
+
+def _cpu_kernels(X):
+    """:mod:`mpiml.cluster._kmeans_cpu` (the compiled one-pass step) for dense host rows, else None.
+
+    ``MPIML_CPU_KERNELS=0`` keeps the NumPy path (for comparisons), as does a missing Numba.
+    """
+    if is_sparse(X) or _is_device(X) or os.environ.get("MPIML_CPU_KERNELS", "1") == "0":
+        return None
+    try:
+        from . import _kmeans_cpu
+    except ImportError:
+        return None
+    return _kmeans_cpu
 
 
 def _is_device(x):
@@ -187,6 +204,13 @@ def assign(X, shift, C, *, batch_size=None, sample_weight=None):
         if sample_weight is not None:
             inertia = float((sample_weight.astype(np.float64) * mind).sum())
         return labels, mind, inertia
+    cpu = _cpu_kernels(X)
+    if cpu is not None:
+        labels, mind = cpu.assign(X, shift, C)
+        inertia = None
+        if sample_weight is not None:
+            inertia = float(np.dot(sample_weight.astype(np.float64), mind.astype(np.float64)))
+        return labels, mind, inertia
     n, d = X.shape
     k = C.shape[0]
     labels = np.empty(n, dtype=np.int32)
@@ -243,6 +267,9 @@ def lloyd_step(X, sample_weight, shift, C, labels, mind, *, batch_size=None):
     n, d = X.shape
     k = C.shape[0]
     packed = np.zeros(k * d + k + PACK_EXTRA, dtype=np.float64)
+    cpu = _cpu_kernels(X)
+    if cpu is not None:
+        return cpu.lloyd_step(X, sample_weight, shift, C, labels, mind, packed)
     sums = packed[:k * d].reshape(k, d)
     c_sq = np.einsum("ij,ij->i", C, C)
     CT = _contiguous_t(X, C)

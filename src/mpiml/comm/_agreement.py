@@ -13,9 +13,12 @@ import numpy as np
 
 from .. import _config
 from .._errors import CollectiveMismatchError, CommAbortedError, CommError, CommTimeoutError
-from ._hotpath import check_level
+from ._hotpath import DEFERRED, check_level
 from ._request import poll_until, set_guard
-from ._signature import describe, mismatch_text
+from ._signature import describe, first_difference, mismatch_text, signature_base
+
+_SEQUENCE_SPEC = ("sequence", None, 0, 0, None, (), "device", None)
+_SEQUENCE_BASE = signature_base(*_SEQUENCE_SPEC)
 
 __all__ = ["Agreement"]
 
@@ -86,8 +89,13 @@ class Agreement:
 
         A rank in the same call raises the error that rank raised (the same class and
         text: the call failed for the whole group); a rank at a later call raises
-        :class:`~mpiml.CommAbortedError` naming it.
+        :class:`~mpiml.CommAbortedError` naming it.  A peer on this host whose process
+        has ended (see :mod:`mpiml.comm._liveness`) aborts it too, naming that rank.
         """
+        live = self._liveness
+        if live is not None and live.look() is not None:
+            self._poison(CommAbortedError(live.describe(live.dead)))
+            raise self._aborted("wait")
         heard = self._notices.heard() if self._notices is not None else None
         if heard is None:
             return
@@ -158,22 +166,62 @@ class Agreement:
 
     # ------------------------------------------------------------------ the signature round
     def _call_level(self, key, nbytes):
-        """How this call is checked: 0 not at all, 1 strictly, None the default (module docstring).
+        """How this call is checked: 0 not at all, 1 strictly, None the default, DEFERRED later.
 
-        A small device call that a hot launcher serves is not checked by default, on
-        whichever path it is served (see :mod:`mpiml.comm._hotpath`): ranks must agree
-        on whether a round is posted, and that choice depends only on the call shape.
+        Under the default, a repeated call (its shape's first call was agreed) on
+        memory that defers (device) is DEFERRED: it runs at once and joins the log
+        that the next round agrees on (see :meth:`_note_deferred`).  Whether a call
+        defers depends only on the sequence of call shapes, so ranks that made the
+        same calls post the same rounds.
         """
         if self.size == 1:
             return 0
         level = check_level()
-        if level is None and self._hot and nbytes < _config.CHEAP_CHECK_BYTES and key in self._hot:
-            return 0
+        if level is None and key is not None:
+            plan = self._plans.get(key)
+            if plan is not None and plan.deferrable:
+                return DEFERRED
         return level
+
+    # ------------------------------------------------------------------ deferred checking
+    # A repeated device call runs without a host round: its plan (signature) joins
+    # self._deferred, and every round folds a hash of that log (with the call number of
+    # its first entry, _deferred_from) into the hash it posts, so the ranks agree on the
+    # whole sequence at the next round: the next checked call, split or object collective,
+    # or the round that _note_deferred posts after _check_every deferred calls.  Between
+    # two rounds every call is deferred (any other call posts a round), so entry i is call
+    # _deferred_from + i.  A mismatch then names the first call where the ranks' sequences
+    # part, and aborts the communicator (those calls moved data).
+    def _note_deferred(self, plan):
+        log = self._deferred
+        if not log:
+            self._deferred_from = self._seq
+        log.append(plan)
+        if len(log) >= self._check_every:
+            self._verify_sequence(plan.spec[0])
+
+    def _verify_sequence(self, op):
+        """Agree now on the calls deferred so far (one blocking round)."""
+        if self.size > 1 and self._failure is None:
+            self._agree(op, _SEQUENCE_BASE, _SEQUENCE_SPEC)
+
+    def _round_hash(self, base):
+        log = self._deferred
+        if not log:
+            return hash((base, self._seq))
+        return hash((base, self._seq, self._deferred_from, tuple([p.base for p in log])))
+
+    def _round_agreed(self):
+        """Whether the round just completed agreed (and with it every deferred call: the log empties)."""
+        if self._round.agreed():
+            if self._deferred:
+                self._deferred.clear()
+            return True
+        return False
 
     def _start_round(self, base, aux=0):
         try:
-            self._round.start(hash((base, self._seq)), aux)
+            self._round.start(self._round_hash(base), aux)
         except CommError as exc:
             self._poison(exc)
             raise
@@ -191,13 +239,13 @@ class Agreement:
         """One blocking round (this rank's slot already written): the call's signature, agreed."""
         rnd = self._round
         try:
-            rnd.start(hash((base, self._seq)), aux)
+            rnd.start(self._round_hash(base), aux)
             if not rnd.done():
                 poll_until(rnd.done, op=op, peer="all", detail="the ranks' signature agreement", watch=self._listen)
         except CommError as exc:
             self._poison(exc)
             raise
-        if error or not rnd.agreed():
+        if error or not self._round_agreed():
             self._mismatch(op, spec, posted=False, error=error)
         return rnd
 
@@ -207,13 +255,25 @@ class Agreement:
         Every rank gets here from the same round, so the exchange meets.  If any rank
         had already posted its data collective, the communicator is aborted: that data
         may still be in flight and must never be taken for a later call's.  So it is
-        when a rank skipped a call (the call numbers differ).
+        when a rank skipped a call (the call numbers differ), and when the sequences
+        part among deferred calls (they ran).  The text names the first call at which
+        the ranks' sequences (deferred calls, then this one) differ.
         """
-        gathered = self._allgather_obj((describe(spec, self._seq), error, bool(posted)))
-        exc = CollectiveMismatchError(mismatch_text(op, [(d, e) for d, e, _ in gathered]))
+        log = [describe(p.spec, self._deferred_from + i) for i, p in enumerate(self._deferred)]
+        gathered = self._allgather_obj((describe(spec, self._seq), error, bool(posted), log))
+        where, in_log = first_difference([lg + [d] for d, _, _, lg in gathered], [len(lg) for *_, lg in gathered])
+        if in_log:
+            items = [seq[min(where, len(seq) - 1)] for seq in ([*lg, d] for d, _, _, lg in gathered)]
+            text = mismatch_text(op, [(item, None) for item in items])
+            text += (f" (at call {items[0]['call']} of this communicator on rank 0; found when the ranks agreed "
+                     "on their repeated device calls, which run before their signatures are agreed: see MPIML_CHECK)")
+        else:
+            text = mismatch_text(op, [(d, e) for d, e, _, _ in gathered])
+        exc = CollectiveMismatchError(text)
+        self._deferred.clear()
         # aborted too when the ranks' call numbers differ: their sequences of calls have parted,
         # and every later call would pair one rank's n-th call with another's (n+1)-th
-        if any(p for _, _, p in gathered) or len({d["call"] for d, _, _ in gathered}) > 1:
+        if in_log or any(p for _, _, p, _ in gathered) or len({d["call"] for d, _, _, _ in gathered}) > 1:
             self._poison(exc)
         raise exc
 
@@ -239,14 +299,14 @@ class Agreement:
                     self._wait_round(op)
                 except CommError:
                     raise exc from None
-                if rnd.agreed():  # an error of its own (a truncation is a mismatch: not here)
+                if self._round_agreed():  # an error of its own (a truncation is a mismatch: not here)
                     if isinstance(exc, CommError):
                         self._poison(exc)
                     raise
             self._mismatch(op, spec, posted=True)
         set_guard(*prev)
         self._wait_round(op)
-        if not rnd.agreed():
+        if not self._round_agreed():
             self._mismatch(op, spec, posted=True)
         return result
 

@@ -33,6 +33,7 @@ posts no round for array collectives.
 """
 
 from functools import partial
+import os
 import time
 import weakref
 
@@ -43,9 +44,12 @@ from .._array import as_supported_array, get_namespace, is_device_array
 from .._errors import CollectiveMismatchError, CommError, CommTimeoutError
 from . import _profile
 from ._agreement import Agreement, _release
-from ._ops import check_dtype, check_op, identity, SUPPORTED_DTYPES
+from ._hotpath import DEFERRED, NOTHING
+from ._liveness import Liveness, local_identity
+from ._ops import check_dtype, check_op, identity
 from ._objects import ObjectCollectives
-from ._p2p import MAX_TAG, PointToPoint, _cupy, _flat
+from ._metadata import MetadataCollectives
+from ._p2p import MAX_TAG, PointToPoint, _flat
 from ._signature import AbortNotices, SignatureRound, signature_base
 from ._tuning import TuningTable, stream_mode
 from .algorithms import ALGORITHMS, Channel, get_algorithm
@@ -53,8 +57,6 @@ from .backends import get_backend_factory
 
 __all__ = ["Communicator", "MAX_TAG"]
 
-_MAX_NDIM = 10  # dimensions carried in scatter's metadata
-_SCATTER_META = 4 + _MAX_NDIM  # int64 words of scatter's metadata in the root's slot
 
 
 class _Plan:
@@ -62,18 +64,20 @@ class _Plan:
 
     ``replay(*algo_args)`` repeats the route chosen then (None until one ran);
     ``base`` and ``spec`` are the call's signature (hash base, readable fields);
-    ``inline(x, out)`` runs it inside the signature round (small host calls), or None.
+    ``inline(x, out)`` runs it inside the signature round (small host calls), or None;
+    ``deferrable``: once agreed, its repeats are checked later (``DEFERRED``, see ``_call_level``).
     """
 
-    __slots__ = ("replay", "xp", "base", "spec", "inline", "blocking", "route")
+    __slots__ = ("replay", "xp", "base", "spec", "inline", "blocking", "route", "deferrable")
 
-    def __init__(self, replay, xp, base, spec, inline, blocking):
+    def __init__(self, replay, xp, base, spec, inline, blocking, deferrable=False):
         self.replay, self.xp, self.base, self.spec, self.inline, self.blocking = \
             replay, xp, base, spec, inline, blocking
+        self.deferrable = deferrable
         self.route = None
 
 
-class Communicator(Agreement, ObjectCollectives, PointToPoint):
+class Communicator(Agreement, ObjectCollectives, MetadataCollectives, PointToPoint):
     """An MPI-style communicator over NumPy and CuPy arrays.
 
     Use :func:`mpiml.comm.get_comm` to get the world communicator.
@@ -108,13 +112,22 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         self._failure = None  # the first failure (then every call raises CommAbortedError)
         self._children = weakref.WeakSet()
         self._seq = 0  # collectives called on this communicator (part of every signature)
-        self._round = self._notices = None
+        # plans of the calls that ran before their signature was agreed, the first being call
+        # number _deferred_from (see Agreement._note_deferred); the next round agrees on them,
+        # at the latest after _check_every of them; which memory kinds defer is the same on
+        # every rank
+        self._deferred = []
+        self._deferred_from = 0
+        self._check_every = _config.env_number("MPIML_CHECK_EVERY", 1024, minimum=1, unit="calls")
+        self._defer_memory = ("device",)
+        self._round = self._notices = self._liveness = None
         self._untold = None  # a failure not yet told to the other ranks
         if tuning is None:
             data = None
             if self.rank == 0:
                 try:
-                    data = TuningTable.from_config(_config.tuning_file(), _config.comm_algo_override()).to_data()
+                    data = TuningTable.from_config(_config.tuning_file(), _config.comm_algo_override(),
+                                                   explicit="MPIML_TUNING_FILE" in os.environ).to_data()
                 except ValueError as exc:  # a bad table or MPIML_COMM_ALGO: the same error everywhere
                     data = exc
             data = self._bcast_obj_ctl(data)
@@ -123,6 +136,8 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
                 raise ValueError(str(data))
             tuning = TuningTable.from_data(data)
         self._tuning = tuning
+        # the peers whose processes this rank can watch (see mpiml.comm._liveness)
+        self._liveness = Liveness(self.rank, self._allgather_obj(local_identity())) if self.size > 1 else None
         # created here, in the same order on every rank (a persistent collective's set-up is collective)
         self._round = SignatureRound(self._ctl, self.size) if self.size > 1 else None
         if self.size > 1 and getattr(self._ctl, "MPI", None) is not None:
@@ -242,6 +257,8 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
             if backend in ("mpi", "self"):
                 backend = self._world.name
             return backend, algorithm
+        if memory == "device" and self._tuning.machine is None and self.size > 1:
+            self._tuning = self._machine_tuning()
         avail = self.available_backends(memory)
         if self.prefer not in ("auto", None, self._world.name) and memory == "device":
             if self.prefer in avail and self._device_backend_usable(self.prefer):
@@ -254,6 +271,24 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         if backend in ("mpi", "self"):
             backend = self._world.name
         return backend, algo
+
+    def _machine_tuning(self):
+        """The table with this machine's keyed rules (rank 0's key and files, agreed; see ``_tuning``).
+
+        Made at the first device call that consults the table: a collective call, so the
+        broadcast on the control context meets on every rank.
+        """
+        data = None
+        if self.rank == 0:
+            try:
+                from ._tuning import load_keyed_rules, machine_key
+
+                key = machine_key()
+                data = (key, [dict(r) for r in load_keyed_rules(key, _config.tuning_file())])
+            except Exception as exc:  # no NVML, a malformed file: the generic rules, and why
+                data = ("", [], f"{type(exc).__name__}: {exc}")
+        data = self._bcast_obj_ctl(data)
+        return self._tuning.with_machine(data[0], data[1])
 
     # ------------------------------------------------------------------ the engine
     def _run(self, op, nbytes, xp, *, algorithm, native, algo_args, spec, level, error=None, blocking=False,
@@ -271,27 +306,29 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         memory = "device" if xp is not np else "host"
         spec = (op, *spec, memory, algorithm)
         base = signature_base(*spec, error=bool(error))
-        plan = _Plan(None, xp, base, spec, None, memory == "device")
+        plan = _Plan(None, xp, base, spec, None, memory == "device", memory in self._defer_memory)
         start = time.perf_counter()
         if (inline_bytes is not None and memory == "host" and algorithm is None and self.size > 1
                 and inline_bytes <= self._round.slot_bytes and op not in self._tuning.override):
             plan.inline = self._make_inline(op, base, spec, spec[1], spec[2])
-            if level != 0 and not error:
+            if level not in (0, DEFERRED) and not error:
                 plan.inline(*algo_args)
                 if _profile.active():
                     _profile.record(op, nbytes, self._world.name, "inline", time.perf_counter() - start)
                 return plan
-        if level == 0:
+        if level in (0, DEFERRED):
             if error:
                 raise ValueError(error)
             self._run_data(op, nbytes, xp, memory, algorithm, native, algo_args, plan)
+            if level == DEFERRED:
+                self._note_deferred(plan)
         else:
             self._start_round(base)
             if level == 1 or blocking or error or memory == "device" or (algorithm and "/" in algorithm):
                 # device calls too: they return once enqueued, so nothing is gained by overlapping
                 # the round, and a mismatch found first leaves no kernel waiting for its peers
                 self._wait_round(op)
-                if error or not self._round.agreed():
+                if error or not self._round_agreed():
                     self._mismatch(op, spec, posted=False, error=error)
                 self._run_data(op, nbytes, xp, memory, algorithm, native, algo_args, plan)
             else:
@@ -365,23 +402,25 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
 
     def _replay_plan(self, plan, level, *args):
         """Run a remembered plan, checked as :meth:`_run` would; an error poisons the communicator."""
-        if level != 0 and plan.inline is not None:
+        if level not in (0, DEFERRED) and plan.inline is not None:
             plan.inline(*args)
             return
         if plan.replay is None:  # (an inline plan, checks now off: _run finds the route)
             return False
-        if level == 0:
+        if level in (0, DEFERRED):
             try:
                 _complete(plan.replay(*args))
             except CommError as exc:
                 self._poison(exc)
                 raise
+            if level == DEFERRED:
+                self._note_deferred(plan)
             return
         op = plan.spec[0]
         self._start_round(plan.base)
         if level == 1 or plan.blocking:
             self._wait_round(op)
-            if not self._round.agreed():
+            if not self._round_agreed():
                 self._mismatch(op, plan.spec, posted=False)
             try:
                 _complete(plan.replay(*args))
@@ -398,7 +437,10 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
             return
         if key[1] is np.ndarray or not key[1].__module__.startswith("cupy"):
             return
-        fn = route[0].hot_launcher(self, op, route[1], x, arg)
+        plan = self._plans.get(key)
+        if plan is None:
+            return
+        fn = route[0].hot_launcher(self, plan, op, route[1], x, arg)
         if fn is not None:
             if len(self._hot) >= 1024:
                 self._hot.clear()
@@ -458,28 +500,29 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         self._run("barrier", 0, np, algorithm=algorithm, native=lambda t: t.native_barrier(), algo_args=(),
                   spec=(None, 0, 0, None, ()), level=self._call_level(None, 0), inline_bytes=0)
 
-    def bcast(self, x, root=0, *, algorithm=None):
+    def bcast(self, x, root=0, out=None, *, algorithm=None):
         """The root's array on every rank.
 
         Every rank passes an array of the root's shape and dtype (non-roots'
         contents are ignored; their array is not modified).  Returns ``x`` on the
-        root and a new array elsewhere.
+        root; elsewhere ``out`` (an array like ``x`` that receives the root's
+        data) or, if None, a new array.  The root ignores ``out``.
         """
         self._begin("bcast")
         key = ("bcast", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), root, algorithm)
         hot = self._hot.get(key) if self._hot else None
         if hot is not None:
-            res = hot(x, None)
+            res = hot(x, out)
             if res is not None:
                 return res
         plan = self._fast_plan(key)
-        if plan is not None and x.flags.c_contiguous:
-            buf = x if self.rank == root else plan.xp.empty_like(x)
+        if plan is not None and x.flags.c_contiguous and (self.rank == root or _fits(out, x, x.shape)):
+            buf = x if self.rank == root else plan.xp.empty_like(x) if out is None else out
             if self._replay_plan(plan, self._call_level(key, x.nbytes), _flat(buf), root) is not False:
                 return buf
         root = self._check_root(root)
         x, xp = self._prep(x)
-        buf = x if self.rank == root else xp.empty_like(x)
+        buf = x if self.rank == root else self._out(out, x.shape, x.dtype, xp)
         flat = _flat(buf)
         plan = self._run("bcast", x.nbytes, xp, algorithm=algorithm,
                          native=lambda t: t.native_bcast(flat, root), algo_args=(flat, root),
@@ -489,27 +532,38 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         self._remember_hot(key, "bcast", x, root)
         return buf
 
-    def reduce(self, x, op="sum", root=0, *, algorithm=None):
-        """Reduce ``x`` over all ranks with ``op``; the result on ``root``, None elsewhere."""
+    def reduce(self, x, op="sum", root=0, out=None, *, algorithm=None):
+        """Reduce ``x`` over all ranks with ``op``; the result on ``root`` (in ``out`` if given), None elsewhere."""
         self._begin("reduce")
         key = ("reduce", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), (op, root), algorithm)
+        hot = self._hot.get(key) if self._hot else None
+        if hot is not None:
+            res = hot(x, out)
+            if res is not None:
+                return None if res is NOTHING else res
         plan = self._fast_plan(key)
-        if plan is not None and x.flags.c_contiguous:
-            out = plan.xp.empty_like(x) if self.rank == root else None
-            if self._replay_plan(plan, self._call_level(key, x.nbytes), _flat(x),
-                                 _flat(out) if out is not None else None, op, root) is not False:
-                return out
+        if plan is not None and x.flags.c_contiguous and (self.rank != root or _fits(out, x, x.shape)):
+            res = (plan.xp.empty_like(x) if out is None else out) if self.rank == root else None
+            send = _flat(x)
+            if res is not None and res.size and _may_overlap(res, x):
+                send = send.copy()
+            if self._replay_plan(plan, self._call_level(key, x.nbytes), send,
+                                 _flat(res) if res is not None else None, op, root) is not False:
+                return res
         check_op(op)
         root = self._check_root(root)
         x, xp = self._prep(x)
+        out = self._out(out, x.shape, x.dtype, xp) if self.rank == root else None
         send = _flat(x)
-        out = xp.empty_like(x) if self.rank == root else None
+        if out is not None and out.size and _may_overlap(out, x):
+            send = send.copy()
         recv = _flat(out) if out is not None else None
         plan = self._run("reduce", x.nbytes, xp, algorithm=algorithm,
                          native=lambda t: t.native_reduce(send, recv, op, root),
                          algo_args=(send, recv, op, root), spec=(x.dtype, x.size, root, op, x.shape),
                          level=self._call_level(key, x.nbytes), inline_bytes=x.nbytes)
         self._remember(key, plan)
+        self._remember_hot(key, "reduce", x, (op, root))
         return out
 
     def allreduce(self, x, op="sum", out=None, *, algorithm=None):
@@ -527,7 +581,7 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
                                 and out.flags.c_contiguous)):
             res = plan.xp.empty_like(x) if out is None else out
             level = self._call_level(key, x.nbytes)
-            if level != 0 and plan.inline is not None:  # x is copied into the round before res is written
+            if level not in (0, DEFERRED) and plan.inline is not None:  # x goes into the round before res is written
                 plan.inline(_flat(x), _flat(res), op)
                 return res
             send = _flat(x)
@@ -554,24 +608,35 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         """``x`` with at least one dimension (scalars become 1-element vectors)."""
         return x.reshape(1) if x.ndim == 0 else x
 
-    def allgather(self, x, *, algorithm=None):
-        """Every rank's ``x`` concatenated along axis 0 (equal shapes on every rank)."""
+    def allgather(self, x, out=None, *, algorithm=None):
+        """Every rank's ``x`` concatenated along axis 0 (equal shapes on every rank), in ``out`` if given."""
         self._begin("allgather")
         key = ("allgather", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), None, algorithm)
+        hot = self._hot.get(key) if self._hot else None
+        if hot is not None:
+            res = hot(x, out)
+            if res is not None:
+                return res
         plan = self._fast_plan(key)
         if plan is not None and x.ndim and x.flags.c_contiguous:
-            out = plan.xp.empty((x.shape[0] * self.size,) + x.shape[1:], dtype=x.dtype)
-            if self._replay_plan(plan, self._call_level(key, x.nbytes), _flat(x), _flat(out)) is not False:
-                return out
+            shape = (x.shape[0] * self.size,) + x.shape[1:]
+            if _fits(out, x, shape) and (out is None or not _may_overlap(out, x)):
+                res = plan.xp.empty(shape, dtype=x.dtype) if out is None else out
+                if self._replay_plan(plan, self._call_level(key, x.nbytes), _flat(x), _flat(res)) is not False:
+                    return res
         x, xp = self._prep(x)
         x = self._lead(x)
-        out = xp.empty((x.shape[0] * self.size,) + x.shape[1:], dtype=x.dtype)
+        out = self._out(out, (x.shape[0] * self.size,) + x.shape[1:], x.dtype, xp)
         send, recv = _flat(x), _flat(out)
+        if out.size and _may_overlap(out, x):
+            send = send.copy()
         plan = self._run("allgather", x.nbytes * self.size, xp, algorithm=algorithm,
                          native=lambda t: t.native_allgather(send, recv), algo_args=(send, recv),
                          spec=(x.dtype, x.size, 0, None, x.shape), level=self._call_level(key, x.nbytes),
                          inline_bytes=x.nbytes)
         self._remember(key, plan)
+        if key[3]:  # (a 0-d x takes the full path each time)
+            self._remember_hot(key, "allgather", x, None)
         return out
 
     def gather(self, x, root=0, *, algorithm=None):
@@ -588,104 +653,6 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
                   inline_bytes=x.nbytes)
         return out
 
-    def _v_call(self, op, x, root, algorithm):
-        """allgatherv / gatherv: one blocking round agrees on the signature and carries every
-        rank's row count (and, when every rank's rows fit, the rows themselves)."""
-        self._begin(op)
-        start = time.perf_counter()
-        if root is not None:
-            root = self._check_root(root)
-        x, xp = self._prep(x)
-        x = self._lead(x)
-        memory = "device" if xp is not np else "host"
-        row = int(np.prod(x.shape[1:], dtype=np.int64))
-        inline = (memory == "host" and algorithm is None and op not in self._tuning.override
-                  and self.size > 1)
-        if self.size == 1:
-            rows = [x.shape[0]]
-        else:
-            spec = (op, x.dtype, 0, 0 if root is None else root, None, x.shape[1:], memory, algorithm)
-            rnd = self._round
-            if inline and x.nbytes <= rnd.slot_bytes:
-                rnd.slot[:x.nbytes] = x.reshape(-1).view(np.uint8)
-            rnd = self._agree(op, signature_base(*spec), spec, aux=x.shape[0])
-            rows = rnd.aux.tolist()
-        total = sum(rows)
-        out = xp.empty((total,) + x.shape[1:], dtype=x.dtype) if root in (None, self.rank) else None
-        if inline and max(rows) * row * x.itemsize <= rnd.slot_bytes:
-            if out is not None:  # every rank's rows came with the round
-                flat, at = out.reshape(-1).view(np.uint8), 0
-                for r, k in enumerate(rows):
-                    nb = k * row * x.itemsize
-                    flat[at:at + nb] = rnd.slots[r, :nb]
-                    at += nb
-            if _profile.active():
-                _profile.record(op, total * row * x.itemsize, self._world.name, "inline",
-                                time.perf_counter() - start)
-            return out
-        counts = [int(r) * row for r in rows]
-        send, recv = _flat(x), (_flat(out) if out is not None else None)
-        if root is None:
-            native, algo_args = (lambda t: t.native_allgatherv(send, recv, counts)), (send, recv, counts)
-        else:
-            native, algo_args = (lambda t: t.native_gatherv(send, recv, counts, root)), (send, recv, counts, root)
-        self._run(op, total * row * x.itemsize, xp, algorithm=algorithm, native=native, algo_args=algo_args,
-                  spec=(x.dtype, 0, 0 if root is None else root, None, x.shape[1:]), level=0)
-        return out
-
-    def allgatherv(self, x, *, algorithm=None):
-        """Every rank's ``x`` concatenated along axis 0; first dimensions may differ."""
-        return self._v_call("allgatherv", x, None, algorithm)
-
-    def gatherv(self, x, root=0, *, algorithm=None):
-        """Like :meth:`gather`, but first dimensions may differ across ranks."""
-        return self._v_call("gatherv", x, root, algorithm)
-
-    def scatter(self, x, root=0, *, algorithm=None):
-        """The root's ``x`` split along axis 0 into ``size`` equal blocks; this rank's block.
-
-        Only the root's ``x`` is read (others may pass None).  The root's shape
-        and dtype travel in the signature round, and a first dimension that does
-        not divide by ``size`` is the same ``ValueError`` on every rank.
-        """
-        self._begin("scatter")
-        root = self._check_root(root)
-        meta = np.zeros(_SCATTER_META, dtype=np.int64)
-        error = None
-        if self.rank == root:
-            try:  # a bad x on a rank that thinks it is the root travels in the round
-                x, xp = self._prep(x)
-            except (TypeError, ValueError) as exc:
-                if self.size == 1:
-                    raise
-                error = f"{type(exc).__name__}: {exc}"
-            else:
-                x = self._lead(x)
-                ok = x.ndim <= _MAX_NDIM and x.shape[0] % self.size == 0
-                meta[:4] = [1 if ok else 0, x.ndim, SUPPORTED_DTYPES.index(x.dtype) + 1, 1 if xp is not np else 0]
-                meta[4:4 + min(x.ndim, _MAX_NDIM)] = x.shape[:_MAX_NDIM]
-        if self.size > 1:  # every rank learns the root's metadata from the round
-            spec = ("scatter", None, 0, root, None, (), "host", algorithm)
-            rnd = self._round
-            rnd.slot_view(np.int64, _SCATTER_META)[...] = meta
-            rnd = self._agree("scatter", signature_base(*spec, error=bool(error)), spec, error=error)
-            meta = rnd.rows(np.int64, _SCATTER_META)[root].copy()
-        ok, ndim, dcode, dev = (int(v) for v in meta[:4])
-        shape = tuple(int(s) for s in meta[4:4 + ndim])
-        if not ok:
-            raise ValueError(f"scatter: the root's array has shape {shape}; its first dimension must "
-                             f"divide by the communicator size {self.size}")
-        dtype = SUPPORTED_DTYPES[dcode - 1]
-        xp = get_namespace(x) if self.rank == root else (np if not dev else _cupy())
-        block = (shape[0] // self.size,) + shape[1:]
-        out = xp.empty(block, dtype=dtype)
-        send = _flat(x) if self.rank == root else None
-        recv = _flat(out)
-        self._run("scatter", out.nbytes * self.size, xp, algorithm=algorithm,
-                  native=lambda t: t.native_scatter(send, recv, root), algo_args=(send, recv, root),
-                  spec=(dtype, out.size, root, None, block), level=0)
-        return out
-
     def reduce_scatter(self, x, op="sum", *, algorithm=None):
         """Reduce ``x`` over all ranks and return this rank's block along axis 0.
 
@@ -693,20 +660,40 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         more row.
         """
         self._begin("reduce_scatter")
+        key = ("reduce_scatter", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), op, algorithm)
+        hot = self._hot.get(key) if self._hot else None
+        if hot is not None:
+            res = hot(x, None)
+            if res is not None:
+                return res
+        plan = self._fast_plan(key)
+        if plan is not None and x.ndim and x.flags.c_contiguous:
+            rows, counts = self._blocks(x.shape)
+            out = plan.xp.empty((rows[self.rank],) + x.shape[1:], dtype=x.dtype)
+            if self._replay_plan(plan, self._call_level(key, x.nbytes), _flat(x), _flat(out), counts,
+                                 op) is not False:
+                return out
         check_op(op)
         x, xp = self._prep(x)
         x = self._lead(x)
-        n0 = x.shape[0]
-        rows = [n0 // self.size + (1 if r < n0 % self.size else 0) for r in range(self.size)]
-        row = int(np.prod(x.shape[1:], dtype=np.int64))
-        counts = [r * row for r in rows]
+        rows, counts = self._blocks(x.shape)
         out = xp.empty((rows[self.rank],) + x.shape[1:], dtype=x.dtype)
         send, recv = _flat(x), _flat(out)
-        self._run("reduce_scatter", x.nbytes, xp, algorithm=algorithm,
-                  native=lambda t: t.native_reduce_scatter(send, recv, counts, op),
-                  algo_args=(send, recv, counts, op), spec=(x.dtype, x.size, 0, op, x.shape),
-                  level=self._call_level(None, x.nbytes))
+        plan = self._run("reduce_scatter", x.nbytes, xp, algorithm=algorithm,
+                         native=lambda t: t.native_reduce_scatter(send, recv, counts, op),
+                         algo_args=(send, recv, counts, op), spec=(x.dtype, x.size, 0, op, x.shape),
+                         level=self._call_level(key, x.nbytes))
+        self._remember(key, plan)
+        if key[3]:
+            self._remember_hot(key, "reduce_scatter", x, (counts, op))
         return out
+
+    def _blocks(self, shape):
+        """Rows and element counts of every rank's reduce_scatter block of an array of ``shape``."""
+        n0 = shape[0]
+        rows = [n0 // self.size + (1 if r < n0 % self.size else 0) for r in range(self.size)]
+        row = int(np.prod(shape[1:], dtype=np.int64))
+        return rows, [r * row for r in rows]
 
     def _scan(self, kind, x, op, algorithm):
         self._begin(kind)
@@ -770,6 +757,12 @@ class Communicator(Agreement, ObjectCollectives, PointToPoint):
         child = Communicator(new, prefer=self.prefer, tuning=self._tuning)
         self._children.add(child)
         return child
+
+
+def _fits(out, x, shape):
+    """Whether ``out`` can take a result of ``shape`` like ``x`` as it is (None: one is allocated)."""
+    return out is None or (type(out) is type(x) and out.shape == shape and out.dtype == x.dtype
+                           and out.flags.c_contiguous)
 
 
 def _complete(req):

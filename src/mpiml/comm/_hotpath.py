@@ -1,41 +1,58 @@
-"""The hot path of repeated device collectives: a few Python operations, then one kernel launch.
+"""The hot path of repeated device collectives: a few Python operations, then one launch.
 
 The first call of a shape goes through :meth:`Communicator._run` (validation,
-the tuning table, the signature check); a device transport that can repeat
-that call with one kernel returns a *launcher* for it, which the communicator
-keeps per call shape.  A launcher holds everything that does not change from
-call to call: the kernel handles (16- or 8-byte aligned and unaligned
-variants), the grid, and its own pre-packed argument block of five 64-bit
-words (context, in, out, count, extra), of which only the two pointers are
-written per call before ``cuLaunchKernel``.
+the tuning table, the signature agreement); a device transport that can repeat
+that call with one kernel (``ipc``) or one NCCL call returns a *launcher* for
+it, which the communicator keeps per call shape.  A launcher is built from two
+parts, so every collective shares one per-call skeleton (:func:`launcher`):
+
+* a *binding* of the collective (:func:`binding`): from the call's ``x`` and
+  ``out`` it returns ``(result, in_ptr, out_ptr)``: the result array
+  (allocated only when ``out`` is None and this rank receives), and the two
+  pointers handed to the device, or None when the call must take the full
+  path (an ``out`` of another type, dtype or shape, non-contiguous, or
+  overlapping the input without being it);
+* an *issue* function (:func:`ipc_issue`, :func:`nccl_issue`): the kernel
+  handles, grid and pre-packed argument block of five 64-bit words (context,
+  in, out, count, extra) of which only the two pointers are written per call
+  before ``cuLaunchKernel``; or the NCCL call and its watchdog event.
 
 A launcher returns None, and the communicator takes the full path, whenever
-anything would make the result differ from the full path: an ``out`` of
-another type, dtype or shape, a non-contiguous array, overlapping (but not
-identical) input and output, profiling, strict checking (``MPIML_CHECK=1``)
-or a call of 1 MiB or more under the default checking, or a failure recorded
-by the transport (so that the full path raises it).
+anything would make the result differ from the full path: the binding says
+so, profiling is on, strict checking (``MPIML_CHECK=1``), or the transport
+recorded a failure (so that the full path raises it).
 
-Signature checking: under the default ``MPIML_CHECK`` a hot call (below
-1 MiB, after its shape's first call, which was checked) is *not* checked, on
-whichever path it ends up served: the host-side agreement costs a host round
-of the control communicator (``benchmarks/results/check_cost_host.json``:
-about 25 us at 2 ranks on the 2-core test machine, against 5-7 us for the
-whole eager device call), and ranks must agree on whether a round is posted,
-which depends only on the call shape.  The device-side check (the signature
-carried in the kernels' flags, designed in ``benchmarks/gpu/README.md``) is
-not built: it needs several GPUs, which were not available.  ``MPIML_CHECK=1``
-checks every call on the host.
+Checking: under the default ``MPIML_CHECK`` a hot call is *deferred* (see
+:meth:`Agreement._note_deferred`): it is launched at once, and its signature
+joins this rank's log of unverified calls, which the ranks agree on at the
+next signature round (every ``MPIML_CHECK_EVERY`` deferred calls at the
+latest).  ``MPIML_CHECK=0`` logs nothing.
 """
 
 import ctypes
 import os
 import time
+import weakref
 
 from .. import _config
 from . import _profile
 
-__all__ = ["ArgBlock", "allreduce_launcher", "bcast_launcher", "nccl_launcher", "check_level"]
+__all__ = ["ArgBlock", "DEFERRED", "NOTHING", "binding", "launcher", "ipc_issue", "nccl_issue", "check_level"]
+
+#: checking level of a call whose signature is agreed later, with its communicator's next round
+DEFERRED = 2
+
+
+class _Nothing:
+    """What a launcher returns for a rank that receives nothing (reduce off the root)."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "NOTHING"
+
+
+NOTHING = _Nothing()
 
 # MPIML_CHECK is read per call (a test or a user may change it at run time), but
 # os.environ.get costs ~0.5-2 us; the raw bytes of CPython's environment mapping
@@ -71,87 +88,121 @@ class ArgBlock:
         self.argv_ptr = ctypes.addressof(self.argv)
 
 
-def _guards(transport, x):
-    """What every launcher checks per call, bound once."""
-    return (x.__class__, x.dtype, x.shape, x.nbytes, getattr(transport, "_err_code", None), _profile._ACTIVE,
-            check_level, x.nbytes >= _config.CHEAP_CHECK_BYTES)
+class _NoError:
+    value = 0
 
 
-def allreduce_launcher(transport, x, fn_aligned, fn_unaligned, grid, block, mask, extra=0):
-    """``call(x, out)`` launching one allreduce kernel on CuPy's current stream, or returning None."""
+def binding(op, x, *, rank, size, root=0, rows=None):
+    """``bind(x, out) -> (result, in_ptr, out_ptr)`` or None for collective ``op`` on arrays like ``x``.
+
+    ``rows`` is this rank's first dimension of a reduce_scatter result.
+    """
     import cupy
 
-    cls, dtype, shape, nb, err, active, check_level_, check_default = _guards(transport, x)
-    args = ArgBlock(transport._ctx.data.ptr, x.size, extra)
-    words, argv = args.words, args.argv_ptr
-    launch = transport._launch_kernel
-    stream = cupy.cuda.get_current_stream
+    cls, dtype, shape, nb = x.__class__, x.dtype, x.shape, x.nbytes
     empty = cupy.empty
+    if op == "bcast" and rank == root:
+        def bind(x, out):
+            p = x.data.ptr
+            return x, p, p
+        return bind
+    if op == "reduce" and rank != root:
+        def bind(x, out):
+            return NOTHING, x.data.ptr, 0
+        return bind
+    if op == "allgather":
+        oshape = (shape[0] * size,) + shape[1:]
+    elif op == "reduce_scatter":
+        oshape = (rows,) + shape[1:]
+    else:  # allreduce, reduce (root), bcast (non-root): the shape of x
+        oshape = shape
+    onb = nb * size if op == "allgather" else nb
+    if op == "bcast":  # non-root: receives into out (in and out are the same buffer)
+        def bind(x, out):
+            if out is None:
+                out = empty(oshape, dtype)
+            elif out.__class__ is not cls or out.dtype is not dtype or not out._c_contiguous or out.shape != oshape:
+                return None
+            p = out.data.ptr
+            return out, p, p
+        return bind
+
+    def bind(x, out):
+        if out is None:
+            out = empty(oshape, dtype)
+        elif out.__class__ is not cls or out.dtype is not dtype or not out._c_contiguous or out.shape != oshape:
+            return None
+        xp_ = x.data.ptr
+        yp = out.data.ptr
+        if xp_ != yp and xp_ < yp + onb and yp < xp_ + nb:
+            return None
+        return out, xp_, yp
+    return bind
+
+
+def launcher(comm, transport, plan, op, x, bind, issue, err=None):
+    """``call(x, out)``: this collective repeated through ``bind`` and ``issue``, or None (full path).
+
+    ``err`` is the transport's host-mapped error word (a failure makes the full path raise it).
+    """
+    err = err if err is not None else _NoError()
+    active = _profile._ACTIVE
+    check_level_ = check_level
+    log = comm._deferred
+    every = comm._check_every
+    ref = weakref.ref(comm)
 
     def call(x, out):
         if not x._c_contiguous or err.value or active or transport._broken is not None or transport._sync:
             return None
         level = check_level_()
-        if level == 1 or (level is None and check_default):
+        if level == 1:
             return None
-        if out is None:
-            out = empty(shape, dtype)
-        elif out.__class__ is not cls or out.dtype is not dtype or not out._c_contiguous or out.shape != shape:
+        bound = bind(x, out)
+        if bound is None:
             return None
-        xp_ = x.data.ptr
-        yp = out.data.ptr
-        if xp_ != yp and xp_ < yp + nb and yp < xp_ + nb:
-            return None
-        words[1] = xp_
-        words[2] = yp
-        launch(fn_unaligned if (xp_ | yp) & mask else fn_aligned, grid, 1, 1, block, 1, 1, 0, stream().ptr, argv, 0)
-        transport._last_op = "allreduce"
-        return out
+        res, ip, outp = bound
+        issue(ip, outp)
+        if level is None:  # deferred: logged, agreed at the next round (Agreement._note_deferred, inlined)
+            if not log:
+                c = ref()
+                c._deferred_from = c._seq
+            log.append(plan)
+            if len(log) >= every:
+                ref()._verify_sequence(op)
+        return res
 
-    call.args = args  # keeps the argument block alive with the launcher
     return call
 
 
-def bcast_launcher(transport, rank, root, x, fn_aligned, fn_unaligned, grid, block, mask):
-    """``call(x, None)`` launching one bcast kernel (the root's ``x``; a new array elsewhere), or None."""
+def ipc_issue(transport, op, x, fn_aligned, fn_unaligned, grid, block, mask, extra=0):
+    """``issue(in_ptr, out_ptr)`` launching one IPC kernel on CuPy's current stream."""
     import cupy
 
-    cls, dtype, shape, nb, err, active, check_level_, check_default = _guards(transport, x)
-    args = ArgBlock(transport._ctx.data.ptr, x.size, root)
+    args = ArgBlock(transport._ctx.data.ptr, x.size, extra)
     words, argv = args.words, args.argv_ptr
     launch = transport._launch_kernel
     stream = cupy.cuda.get_current_stream
-    empty = cupy.empty
-    is_root = rank == root
 
-    def call(x, _unused):
-        if not x._c_contiguous or err.value or active or transport._broken is not None or transport._sync:
-            return None
-        level = check_level_()
-        if level == 1 or (level is None and check_default):
-            return None
-        buf = x if is_root else empty(shape, dtype)
-        p = buf.data.ptr
-        words[1] = p
-        words[2] = p
-        launch(fn_unaligned if p & mask else fn_aligned, grid, 1, 1, block, 1, 1, 0, stream().ptr, argv, 0)
-        transport._last_op = "bcast"
-        return buf
+    def issue(ip, outp):
+        words[1] = ip
+        words[2] = outp
+        launch(fn_unaligned if (ip | outp) & mask else fn_aligned, grid, 1, 1, block, 1, 1, 0, stream().ptr,
+               argv, 0)
+        transport._last_op = op
 
-    call.args = args
-    return call
+    issue.args = args  # keeps the argument block alive with the launcher
+    return issue
 
 
-def nccl_launcher(transport, op, x, arg):
-    """``call(x, out)`` issuing one NCCL allreduce or bcast, tracked for the watchdog, or returning None."""
+def nccl_issue(transport, op, x, arg):
+    """``issue(in_ptr, out_ptr)`` making one NCCL call (tracked for the watchdog), or None if ``op`` has none."""
     import cupy
 
-    cls, dtype, shape, nb, _, active, check_level_, check_default = _guards(transport, x)
     nc = transport.comm
     dt = transport._dt(x)
     n = x.size
     stream = cupy.cuda.get_current_stream
-    empty = cupy.empty
     runtime = cupy.cuda.runtime
     track = transport._timeout is not None
     inflight, free = transport._inflight, transport._free_events
@@ -163,45 +214,34 @@ def nccl_launcher(transport, op, x, arg):
             inflight.append((time.monotonic(), ev, op))
 
     if op == "allreduce":
-        red = transport._op(arg, dtype)
-        reduce = nc.allReduce
+        red, call_ = transport._op(arg, x.dtype), nc.allReduce
 
-        def call(x, out):
-            if not x._c_contiguous or active or transport._broken is not None or transport._sync:
-                return None
-            level = check_level_()
-            if level == 1 or (level is None and check_default):
-                return None
-            if out is None:
-                out = empty(shape, dtype)
-            elif out.__class__ is not cls or out.dtype is not dtype or not out._c_contiguous or out.shape != shape:
-                return None
-            xp_ = x.data.ptr
-            yp = out.data.ptr
-            if xp_ != yp and xp_ < yp + nb and yp < xp_ + nb:
-                return None
+        def issue(ip, outp):
             s = stream().ptr
-            reduce(xp_, yp, n, dt, red, s)
+            call_(ip, outp, n, dt, red, s)
             done(s)
-            return out
+    elif op == "bcast":
+        root, call_ = int(arg), nc.bcast
 
-        return call
-    if op == "bcast":
-        root = int(arg)
-        is_root = transport.rank == root
-        bcast = nc.bcast
-
-        def call(x, _unused):
-            if not x._c_contiguous or active or transport._broken is not None or transport._sync:
-                return None
-            level = check_level_()
-            if level == 1 or (level is None and check_default):
-                return None
-            buf = x if is_root else empty(shape, dtype)
+        def issue(ip, outp):
             s = stream().ptr
-            bcast(buf.data.ptr, n, dt, root, s)
+            call_(outp, n, dt, root, s)
             done(s)
-            return buf
+    elif op == "reduce":
+        (red_op, root), call_ = arg, nc.reduce
+        red = transport._op(red_op, x.dtype)
 
-        return call
-    return None
+        def issue(ip, outp):
+            s = stream().ptr
+            call_(ip, outp or ip, n, dt, red, root, s)  # (NCCL ignores a non-root's receive buffer)
+            done(s)
+    elif op == "allgather":
+        call_ = nc.allGather
+
+        def issue(ip, outp):
+            s = stream().ptr
+            call_(ip, outp, n, dt, s)
+            done(s)
+    else:
+        return None
+    return issue

@@ -36,8 +36,8 @@ from .._errors import CollectiveMismatchError, CommError
 from ._ops import OPS, dtype_code
 from .algorithms import COLLECTIVES
 
-__all__ = ["SLOT_BYTES", "slot_bytes", "HEADER_WORDS", "KINDS", "SignatureRound", "RoundMismatch", "AbortNotices", "signature_base",
-           "describe", "mismatch_text"]
+__all__ = ["SLOT_BYTES", "slot_bytes", "HEADER_WORDS", "KINDS", "SignatureRound", "RoundMismatch", "AbortNotices",
+           "signature_base", "describe", "mismatch_text", "first_difference"]
 
 #: the most bytes of inline payload per rank in a round (see :func:`slot_bytes`)
 SLOT_BYTES = 4096
@@ -52,12 +52,12 @@ def slot_bytes(size):
     Every round moves ``size`` rows to every rank, inline payload or not, so the
     slot shrinks as the group grows: 4 KiB up to 4 ranks (the small host calls of
     a k-means step travel inline), 128 bytes at 128 ranks and beyond (scatter's
-    metadata still fits).  Measured in ``benchmarks/results/check_cost_host.json``.
+    metadata still fits).  Measured in ``benchmarks/results/check_cost_vm.json``.
     """
     return max(128, min(SLOT_BYTES, ROUND_BYTES // max(size, 1)) // 8 * 8)
 
 #: collectives named in signatures, with a code each (ints only: str hashes are salted per process)
-KINDS = COLLECTIVES + ("allgather_obj", "bcast_obj", "allreduce_obj", "split")
+KINDS = COLLECTIVES + ("allgather_obj", "bcast_obj", "allreduce_obj", "split", "sequence")
 _KIND_CODE = {k: i + 1 for i, k in enumerate(KINDS)}
 _RED_CODE = {op: i + 1 for i, op in enumerate(OPS)}
 
@@ -116,6 +116,17 @@ def mismatch_text(op, details):
             label = "trailing shape" if field == "shape" and op in ("allgatherv", "gatherv") else field
             return f"{op} called with mismatched {label} across ranks: {_groups(values)}"
     return f"{op} called with mismatched arguments across ranks"
+
+
+def first_difference(sequences, logged):
+    """``(index, in_log)``: where the ranks' call ``sequences`` first differ (a shorter one repeats its
+    last entry), and whether that is among the first ``logged[r]`` (deferred) entries of some rank."""
+    longest = max(len(s) for s in sequences)
+    for i in range(longest):
+        items = [s[min(i, len(s) - 1)] for s in sequences]
+        if any(item != items[0] for item in items[1:]):
+            return i, any(i < n for n in logged)
+    return longest - 1, False
 
 
 class RoundMismatch(CollectiveMismatchError):

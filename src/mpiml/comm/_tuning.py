@@ -22,16 +22,26 @@ well-formed collective.
 
 ``MPIML_COMM_ALGO="allreduce:ring;bcast:nccl/native"`` overrides the table for
 the ops it names (``op:[backend/]algorithm``, ops separated by ``;``).
+
+Tables travel with the hardware they were measured on.  A device table is
+keyed by the GPU model and its links (:func:`machine_key`, e.g. ``"NVIDIA H100
+80GB HBM3, 18 NVLinks"``): ``mpiml tune --device gpu`` writes
+``<dir of the tuning file>/tuning-<slug>.json`` (:func:`machine_table_path`),
+and tables measured by the project ship as ``mpiml/comm/tuning/<slug>.json``.
+At a communicator's first device call its ranks agree on rank 0's key and put
+that machine's rules (the user's file, then the shipped one) before the
+generic defaults; a file named by ``MPIML_TUNING_FILE`` still comes first.
 """
 
 import json
 import os
+import re
 from importlib import resources
 
 from .algorithms import ALGORITHM_NAMES, COLLECTIVES
 
 __all__ = ["Rule", "TuningTable", "parse_override", "load_default_rules", "load_machine_rules", "stream_mode",
-           "MODES"]
+           "MODES", "machine_key", "machine_slug", "machine_table_path", "load_keyed_rules"]
 
 MEMORY_KINDS = ("host", "device")
 #: the execution modes a rule may name (besides "*")
@@ -121,25 +131,95 @@ def load_machine_rules(path):
         return _read_rules(f.read(), path)
 
 
-class TuningTable:
-    """Rules in priority order, plus the parsed override."""
+# ---------------------------------------------------------------- tables per machine kind
+def _nvlink_count(bus_id):
+    """Active NVLinks of the GPU at PCI ``bus_id`` (NVML through ctypes), 0 when NVML cannot tell."""
+    import ctypes
 
-    def __init__(self, rules, override=None):
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return 0
+    if nvml.nvmlInit_v2() != 0:
+        return 0
+    try:
+        handle = ctypes.c_void_p()
+        if nvml.nvmlDeviceGetHandleByPciBusId_v2(bus_id.encode(), ctypes.byref(handle)) != 0:
+            return 0
+        count, state = 0, ctypes.c_int()
+        for link in range(18):  # NVML_NVLINK_MAX_LINKS
+            if nvml.nvmlDeviceGetNvLinkState(handle, link, ctypes.byref(state)) == 0 and state.value == 1:
+                count += 1
+        return count
+    finally:
+        nvml.nvmlShutdown()
+
+
+def machine_key():
+    """``"<GPU name>, <n> NVLinks"`` of CuPy's current device (``"..., PCIe"`` without NVLink)."""
+    import cupy
+
+    rt = cupy.cuda.runtime
+    dev = rt.getDevice()
+    name = rt.getDeviceProperties(dev)["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    links = _nvlink_count(rt.deviceGetPCIBusId(dev))
+    return f"{name}, {links} NVLinks" if links else f"{name}, PCIe"
+
+
+def machine_slug(key):
+    """A file-name form of a :func:`machine_key`: ``"nvidia-h100-80gb-hbm3-18-nvlinks"``."""
+    return re.sub(r"[^a-z0-9]+", "-", key.lower()).strip("-")
+
+
+def machine_table_path(key, tuning_file):
+    """Where ``mpiml tune --device gpu`` writes the table of machine ``key`` (beside ``tuning_file``)."""
+    return os.path.join(os.path.dirname(tuning_file) or ".", f"tuning-{machine_slug(key)}.json")
+
+
+def load_keyed_rules(key, tuning_file):
+    """The rules of machine ``key``: the user's table (:func:`machine_table_path`), then the shipped one."""
+    rules = load_machine_rules(machine_table_path(key, tuning_file))
+    shipped = resources.files("mpiml.comm").joinpath("tuning", f"{machine_slug(key)}.json")
+    if shipped.is_file():
+        rules += _read_rules(shipped.read_text(), f"mpiml/comm/tuning/{machine_slug(key)}.json")
+    return rules
+
+
+class TuningTable:
+    """Rules in priority order, plus the parsed override.
+
+    ``explicit`` leading rules come from a file the user named (``MPIML_TUNING_FILE``):
+    they stay ahead of a machine's keyed rules (:meth:`with_machine`).  ``machine``
+    is the agreed key once the keyed rules are in (None before).
+    """
+
+    def __init__(self, rules, override=None, explicit=0, machine=None):
         self.rules = list(rules)
         self.override = dict(override or {})
+        self.explicit = explicit
+        self.machine = machine
 
     @classmethod
-    def from_config(cls, machine_path, override_text):
-        return cls(load_machine_rules(machine_path) + load_default_rules(), parse_override(override_text))
+    def from_config(cls, machine_path, override_text, explicit=False):
+        own = load_machine_rules(machine_path)
+        return cls(own + load_default_rules(), parse_override(override_text), len(own) if explicit else 0)
 
     def to_data(self):
         return {"rules": [dict(r) for r in self.rules],
-                "override": {k: list(v) for k, v in self.override.items()}}
+                "override": {k: list(v) for k, v in self.override.items()},
+                "explicit": self.explicit, "machine": self.machine}
 
     @classmethod
     def from_data(cls, data):
         return cls([Rule(**r) for r in data["rules"]],
-                   {k: tuple(v) for k, v in data["override"].items()})
+                   {k: tuple(v) for k, v in data["override"].items()}, data.get("explicit", 0), data.get("machine"))
+
+    def with_machine(self, key, rules):
+        """This table with machine ``key``'s ``rules`` after the explicit ones, before the rest."""
+        rules = [r if isinstance(r, Rule) else Rule(**r) for r in rules]
+        return TuningTable(self.rules[:self.explicit] + rules + self.rules[self.explicit:], self.override,
+                           self.explicit, key or "")
 
     def choose(self, op, nbytes, ranks, memory, available=("mpi",), mode="eager"):
         """``(backend, algorithm)`` for one call; rules naming unavailable backends are skipped."""

@@ -33,7 +33,7 @@ _LAZY = {
     "worker_addresses": "mpiml.dask._launcher",
     "main": "mpiml.dask._launcher",
     "DaskSPMDEstimator": "mpiml.dask._estimator",
-    "DaskSPMDError": "mpiml.dask._estimator",
+    "DaskSPMDError": "mpiml.dask._spmd",
 }
 
 

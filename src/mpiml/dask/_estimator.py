@@ -31,7 +31,7 @@ import uuid
 
 from sklearn.base import BaseEstimator
 
-from .._errors import MpimlError
+from ._spmd import DaskSPMDError
 
 __all__ = ["DaskSPMDEstimator", "DaskSPMDError"]
 
@@ -43,10 +43,6 @@ _job_ids = itertools.count(1)
 _job_lock = threading.Lock()
 #: scheduler address -> why the workers communicator can no longer be used
 _broken = {}
-
-
-class DaskSPMDError(MpimlError, RuntimeError):
-    """A Dask-driven SPMD job could not run or finish (no MPI workers, a lost worker, ...)."""
 
 
 # ---------------------------------------------------------------------- client and inputs

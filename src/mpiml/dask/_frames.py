@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._staging import IPC_DESCRIPTOR_BYTES
+
 __all__ = [
     "DATA",
     "CLOSE",
@@ -75,8 +77,6 @@ FLAG_IPC = 2
 FLAG_IPC_PROBE = 4
 #: the word after an ACK's kind: what it answers
 ACK_COPIED, ACK_PROBE_OK, ACK_PROBE_FAILED = 1, 2, 3
-#: a CUDA IPC frame on the wire: the 64-byte cudaIpcMemHandle, then offset and size (uint64)
-IPC_DESCRIPTOR_BYTES = 80
 _DEFAULT_IPC_BYTES = 2**20
 
 #: Size of the receive buffer posted for every header (8 KiB).

@@ -33,7 +33,15 @@ import threading
 
 import numpy as np
 
-__all__ = ["Job", "setup_launched_ranks", "worker_info", "run_job", "run_block_method", "FIRST_WORKER_RANK"]
+from .._errors import MpimlError
+
+__all__ = ["DaskSPMDError", "Job", "setup_launched_ranks", "worker_info", "run_job", "run_block_method",
+           "FIRST_WORKER_RANK"]
+
+
+class DaskSPMDError(MpimlError, RuntimeError):
+    """A Dask-driven SPMD job could not run or finish (no MPI workers, a lost worker, ...)."""
+
 
 #: Ranks of ``mpiml dask``: 0 scheduler, 1 client, from here on workers.
 FIRST_WORKER_RANK = 2
@@ -272,8 +280,6 @@ def _picklable(exc):
         pickle.loads(pickle.dumps(exc))
         return exc
     except Exception:
-        from ._estimator import DaskSPMDError
-
         return DaskSPMDError(f"{type(exc).__name__}: {exc}")
 
 

@@ -29,9 +29,12 @@ import os
 import threading
 
 __all__ = ["CupyStager", "PinnedCache", "get_stager", "set_stager", "pinned_cache", "staging_bytes",
-           "staging_slots", "wait_event"]
+           "staging_slots", "wait_event", "IPC_DESCRIPTOR_BYTES"]
 
 _DEFAULT_BYTES = 4 * 2**20
+#: a CUDA IPC frame on the wire (:meth:`CupyStager.ipc_export`): the 64-byte cudaIpcMemHandle, then
+#: offset and size (uint64)
+IPC_DESCRIPTOR_BYTES = 80
 #: cudaMemcpyKind values (CUDA runtime ABI)
 _HOST_TO_DEVICE, _DEVICE_TO_HOST, _DEFAULT = 1, 2, 4
 
@@ -172,8 +175,6 @@ class CupyStager:
     def ipc_export(self, dev):
         """The IPC descriptor of device bytes ``dev`` (``uint8``: handle, offset, size)."""
         import numpy as np
-
-        from ._frames import IPC_DESCRIPTOR_BYTES
 
         ptr = dev.data.ptr
         base = _allocation_base(ptr)

@@ -9,7 +9,7 @@ from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from .._array import get_namespace, is_device_array, to_numpy
 from .._errors import DistributedInputError
 from ..base import SPMDEstimator
-from ..utils._linalg import column_sq_dev, column_sums, gram, is_sparse, svd_flip_rows, to_csr, tsqr
+from ..utils._linalg import augmented_gram, column_sq_dev, column_sums, gram, is_sparse, svd_flip_rows, to_csr, tsqr
 from ..utils._param_validation import Interval, RealNotInt, StrOptions
 from ..utils._validation import validate_data
 from ._solvers import CentredRows, block_lanczos_svd, randomized_svd
@@ -25,6 +25,31 @@ def _allreduce(comm, x):
 def _global_mean(X, n_rows, *, comm, xp):
     """Column means over every rank's rows (one allreduce of ``d`` float64; dense or sparse ``X``)."""
     return _allreduce(comm, column_sums(X)) / n_rows
+
+
+#: A covariance from the uncentred Gram matrix loses about ``ε (1 + mean² / variance)`` relative in its
+#: worst column; beyond this ratio the rows are centred and the Gram formed again (a second read of X).
+_MAX_CANCELLATION = 1e4
+
+
+def _mean_and_covariance(X, n_rows, *, comm, xp):
+    """Global mean and covariance of dense rows from one read of ``X`` and one allreduce of ``(d + 1)²`` float64.
+
+    The Gram matrix of ``[X | 1]`` holds ``XᵀX`` and the column sums; the
+    covariance is ``(XᵀX - n m mᵀ) / (n - 1)`` in float64 (scikit-learn's
+    ``"covariance_eigh"`` forms it the same way, in the data's dtype).  When a
+    column's mean is large against its spread (see ``_MAX_CANCELLATION``), the
+    covariance is formed again from the centred rows.
+    """
+    d = X.shape[1]
+    Z = _allreduce(comm, augmented_gram(X))
+    mean = Z[:d, d] / n_rows
+    C = Z[:d, :d] - n_rows * xp.outer(mean, mean)
+    raw, centred = xp.diagonal(Z)[:d], xp.diagonal(C)
+    worst = float(to_numpy(xp.max(raw / xp.where(centred > 0, centred, xp.inf)))) if d else 0.0
+    if not np.isfinite(worst) or worst > _MAX_CANCELLATION:
+        C = _allreduce(comm, gram(X, shift=mean))
+    return mean, C / (n_rows - 1)
 
 
 #: scikit-learn's TypeError for a sparse X with a solver that needs dense data.
@@ -256,12 +281,15 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
         solver = fixed if fixed != "auto" else self._choose_solver(n, d, n_components)
         self._fit_svd_solver = solver
         self._fit_sparse = sparse
+        if solver == "covariance_eigh" and not sparse:
+            self.mean_, C = _mean_and_covariance(X, n, comm=comm, xp=xp)
+            return self._fit_full(X, n, d, n_components, solver, comm, xp, C=C)
         self.mean_ = _global_mean(X, n, comm=comm, xp=xp)
         if solver in ("full", "covariance_eigh"):
             return self._fit_full(X, n, d, n_components, solver, comm, xp)
         return self._fit_truncated(X, n, d, offset, n_components, solver, comm, xp)
 
-    def _fit_full(self, X, n, d, n_components, solver, comm, xp):
+    def _fit_full(self, X, n, d, n_components, solver, comm, xp, C=None):
         if n_components == "mle":
             if n < d:
                 raise ValueError("n_components='mle' is only supported if n_samples >= n_features")
@@ -277,7 +305,8 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
             _, S, Vt = xp.linalg.svd(R.astype(xp.float64), full_matrices=False)
             explained_variance = S ** 2 / (n - 1)
         else:
-            C = _allreduce(comm, gram(X, shift=self.mean_)) / (n - 1)
+            if C is None:
+                C = _allreduce(comm, gram(X, shift=self.mean_)) / (n - 1)
             evals, evecs = xp.linalg.eigh(C)
             evals, evecs = evals[::-1], evecs[:, ::-1]
             evals = xp.where(evals < 0, 0.0, evals)

@@ -78,6 +78,21 @@ def _batch_elements(xp):
     return 1 << 28 if xp is not np else 1 << 26
 
 
+def _level_budgets(xp):
+    """This rank's byte budgets of a level: ``(histograms per allreduce, kept histograms for subtraction)``.
+
+    ``MPIML_RF_HIST_BYTES`` / ``MPIML_RF_SUB_BYTES`` when set; else 256 MiB and a tenth of the free device
+    memory (at least 1 GiB) on GPUs, 64 MiB and 1 GiB on hosts.  The ranks agree on the smallest (the
+    budgets set the sequence of allreduces).
+    """
+    hist = os.environ.get("MPIML_RF_HIST_BYTES")
+    sub = os.environ.get("MPIML_RF_SUB_BYTES")
+    if xp is np:
+        return int(hist or 64 << 20), int(sub or 1 << 30)
+    free = xp.cuda.runtime.memGetInfo()[0] if sub is None else 0
+    return int(hist or 256 << 20), int(sub or max(1 << 30, free // 10))
+
+
 def _agree_max(comm, values):
     """Element-wise maximum over ranks of a short list of floats (one small allreduce)."""
     arr = np.asarray(values, dtype=np.float64)
@@ -214,12 +229,13 @@ class _BaseForest(SPMDEstimator):
             lam = self._poisson_rate(n_rows)
             kmax = poisson_max(lam) if lam is not None else 1
             # agreed: the largest weight and |target|, whether some weight is not an integer, and the
-            # smallest batch of elements a rank asks for (the batches set the sequence of allreduces)
+            # smallest batch of elements and level budgets a rank asks for (they set the sequence of allreduces)
             local = [float(xp.max(wl)) if wl.shape[0] else 0.0,
                      float(xp.max(xp.abs(tl))) if (wl.shape[0] and not self._is_classifier) else 0.0,
                      float(subsample or (bool(wl.shape[0]) and bool(xp.any(wl != xp.rint(wl))))),
-                     -float(_batch_elements(xp))]
-            mw, my, fractional, batch = (_agree_max(comm_, local) if comm_ is not None else np.asarray(local)).tolist()
+                     -float(_batch_elements(xp)), *(-float(b) for b in _level_budgets(xp))]
+            mw, my, fractional, batch, hist_bytes, sub_bytes = (
+                _agree_max(comm_, local) if comm_ is not None else np.asarray(local)).tolist()
             budget = 2.0 ** FIXED_POINT_BITS / (max(n_rows, 1) * kmax)
             s_w = power_of_two_below(budget / mw) if mw > 0 else 1.0
             if not fractional and mw <= budget:
@@ -239,6 +255,7 @@ class _BaseForest(SPMDEstimator):
                 min_impurity_decrease=self.min_impurity_decrease, balanced_subsample=subsample,
                 bootstrap_rate=lam, seed=seed, scales=(s_w, s_y, s_y2),
                 max_local_rows=int(counts.max()) if comm_ is not None else Xl.shape[0], batch_elements=int(-batch),
+                hist_bytes=int(-hist_bytes), sub_bytes=int(-sub_bytes),
                 y_tol=max(np.finfo(np.float64).eps, 1e-9 * my * my), verbose=self.verbose, rank=comm.rank,
                 comm=comm_, xp=xp)
             return TreeGrower(spec)
@@ -400,7 +417,7 @@ class _BaseForest(SPMDEstimator):
         sample = np.ascontiguousarray(to_numpy(sample))
         if comm is not None and comm.size > 1:
             sample = comm.allgatherv(sample)
-        return bin_edges(sample, self.max_bins, exact=keep is None)
+        return bin_edges(sample, self.max_bins, exact=keep is None, xp=xp)
 
     def _seed(self, comm):
         rs = check_random_state(self.random_state)
@@ -637,7 +654,7 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
     state fits in memory), ``nodes x max_features x bins x n_classes x 8``
     bytes (one more channel when ``min_samples_leaf > 1``) plus 8 bytes per
     node; one more allreduce on levels where some node's drawn features are
-    all constant; levels larger than ``MPIML_RF_HIST_BYTES`` (64 MiB) are cut
+    all constant; levels larger than ``MPIML_RF_HIST_BYTES`` (64 MiB, GPUs 256 MiB) are cut
     into several allreduces.  Histograms are fixed-point integers in float64, so
     every rank and every rank count sees the same sums and grows the same trees.
 

@@ -42,14 +42,12 @@ import time
 
 import numpy as np
 
-from ._hist import STREAM_FEATURES, hash_uniform, poisson_weights
+from . import _cpu_kernels
+from ._hist import STREAM_FEATURES, hash_uniform, poisson_weights, stream_lead
+from ._split import choose, decide, dense_candidates, node_stats
 
 __all__ = ["GrowSpec", "TreeGrower"]
 
-#: Largest histogram (bytes) summed by one allreduce; larger levels are cut in node chunks.
-HIST_BYTES = int(os.environ.get("MPIML_RF_HIST_BYTES", 64 << 20))
-#: Largest histogram (bytes) of split nodes kept for the sibling subtraction of the next level.
-SUB_BYTES = int(os.environ.get("MPIML_RF_SUB_BYTES", 1 << 30))
 #: ``MPIML_RF_GPU_KERNEL=0`` sums GPU histograms with ``bincount`` instead of the shared-memory kernel
 #: (for comparisons; the trees are the same).
 #: Largest ``elements x features`` handled by one ``bincount`` (bounds the temporary keys).
@@ -87,10 +85,6 @@ class _Elements:
         return self._wy2_sums
 
 
-def _xlogx(xp, a):
-    return xp.where(a > 0, a * xp.log(xp.where(a > 0, a, 1.0)), 0.0)
-
-
 def _sync(xp):
     if xp is not np:
         xp.cuda.get_current_stream().synchronize()
@@ -117,6 +111,8 @@ class TreeGrower:
         tree from its bootstrap counts), ``bootstrap_rate`` (None: no bootstrap,
         else the Poisson rate), ``seed``, ``max_local_rows`` (the largest shard of the ranks that grow
         together) and ``batch_elements`` (agreed by them: together they set the trees per batch),
+        ``hist_bytes`` (largest histogram of one allreduce) and ``sub_bytes`` (largest kept histograms
+        of split nodes, for the sibling subtraction below them), both agreed,
         ``scales`` (``s_w``, ``s_y``, ``s_y2``: powers of two), ``y_tol`` (variance under which a
         regression node is pure), ``verbose`` and ``rank`` (progress lines on rank 0), ``comm``
         (None: no communication), ``xp``.
@@ -142,6 +138,11 @@ class TreeGrower:
             from ..kernels import histograms
 
             self.kernel = histograms
+        # compiled host kernels (Numba) unless ``MPIML_RF_CPU_KERNEL=0`` (the NumPy path, same trees)
+        self.cpu = self.xp is np and _cpu_kernels.enabled()
+        # a rank that grows alone needs no histogram of any node: the search reads a per-thread one
+        alone = spec.comm is None or spec.comm.size == 1
+        self.fused = self.cpu and alone and self._candidate_search(self.C) is not None
         self.stats = {"hist_s": 0.0, "allreduce_s": 0.0, "split_s": 0.0, "route_s": 0.0,
                       "allreduce_bytes": 0, "allreduce_calls": 0, "levels": 0, "hist_elements": 0,
                       "hist_nodes_built": 0, "hist_nodes_derived": 0}
@@ -203,6 +204,8 @@ class TreeGrower:
         k = ranges[:, 1] - ranges[:, 0]
         tree_of = np.repeat(np.asarray(trees, dtype=np.int64), k)
         node_of = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in ranges])
+        if self.cpu:
+            return _cpu_kernels.feature_orders(stream_lead(self.s.seed, STREAM_FEATURES), tree_of, node_of, F)
         keys = xp.asarray(node_of)[:, None] * F + xp.arange(F, dtype=xp.int64)
         u = hash_uniform(xp, self.s.seed, STREAM_FEATURES, xp.asarray(tree_of)[:, None], keys)
         return np.argsort(u, axis=1, kind="stable") if xp is np else xp.argsort(u, axis=1)   # CuPy's is stable
@@ -222,6 +225,9 @@ class TreeGrower:
             h = self.kernel.build_histograms(s.Xb, el.row, el.w, el.wy, s.y if K else None, seg_start, seg_len,
                                              fsel.astype(xp.int32), B, K, bool(D), self._max_weight)
             hist = None if h is None else h.astype(xp.float64)
+        if hist is None and self.cpu:
+            hist = _cpu_kernels.build_histograms(s.Xb, el.row, el.w, el.wy, s.y if K else None, seg_start, seg_len,
+                                                 fsel, B, K, bool(D))
         if hist is None:
             hist = self._bincount_histogram(el, seg_start, seg_len, fsel)
         extra = xp.zeros((n, self.E), dtype=xp.float64)
@@ -273,6 +279,10 @@ class TreeGrower:
         xp, s = self.xp, self.s
         C, D, K = self.C, self.D, self.K
         S = len(el.starts) - 1
+        if self.cpu:
+            tot, extra = _cpu_kernels.segment_totals(el.row, el.w, el.wy, el.wy2, s.y if K else None, el.starts, K,
+                                                     bool(D))
+            return tot.reshape(S, 1, 1, C), extra
         seg = el.seg.astype(xp.int64)
         tot = xp.zeros(S * C, dtype=xp.float64)
         if el.row.shape[0]:
@@ -306,121 +316,45 @@ class TreeGrower:
         return buf[:hist.size].reshape(hist.shape), buf[hist.size:].reshape(extra.shape)
 
     # ------------------------------------------------------------------ split evaluation
-    def _evaluate(self, H, ex, order, depth, root_weight, first_only=False):
+    def _candidate_search(self, C):
+        """The compiled per-(node, feature) split search for this forest, or None (whole-array search).
+
+        Compiled: gini (fewer than 8 classes: sums over classes in NumPy's order) and squared error;
+        ``MPIML_RF_SPLIT_KERNEL=0`` turns it off (the array search, for comparisons: the same trees).
+        """
+        if self.K and (self.s.criterion != "gini" or self.K >= 8):
+            return None
+        if os.environ.get("MPIML_RF_SPLIT_KERNEL", "1") == "0":
+            return None
+        if self.cpu:
+            return _cpu_kernels.split_candidates
+        if self.kernel is not None and C <= self.kernel.SPLIT_MAX_CHANNELS:
+            return self.kernel.split_candidates
+        return None
+
+    def _evaluate(self, H, ex, order, depth, root_weight, first_only=False, fpos=None):
         """Per-slot decisions (host arrays) from the reduced histograms (same on every rank).
 
-        ``H`` is ``(S, m, B, C)`` with features in the node's order ``order``
-        (``(S, m)`` feature ids on ``xp``), ``ex`` the ``(S, E)`` extras.
-        Only non-empty bins are split candidates (a split after an empty bin
-        repeats the one before it), so the work is proportional to the
-        non-empty bins: per-(node, feature) prefix sums are exact int64 sums.
-        Ties go to the lowest (feature position, bin).  With ``first_only``
-        only the first feature that is not constant in the node is a candidate
-        (the features drawn after ``max_features`` constant ones).
+        ``H`` is ``(S, FH, B, C)``, ``ex`` the ``(S, E)`` extras, ``order`` the
+        ``(S, m)`` candidate feature ids in the node's order and ``fpos`` their
+        positions in ``H`` (None: ``H`` holds exactly them, in that order).
+        With ``first_only`` only the first feature that is not constant in the
+        node is a candidate (see :func:`._split.dense_candidates`).
         """
         xp, s = self.xp, self.s
-        n_slots, m, B, C = H.shape
-        D = self.D
-        sw = s.scales[0]
-        tot = H[:, 0].sum(axis=1)                                # (S, C): every row is in one bin per feature
-        # (S, m, B) bins holding rows: the row count, the weight (regression), or the class weights (all >= 1)
-        occupied = H.sum(axis=3) > 0 if (self.K and not D) else H[..., 0] > 0
-        nz = xp.flatnonzero(occupied.ravel())                    # non-empty (slot, feature, bin)
-        G = H.reshape(-1, C)[nz].astype(xp.int64)
-        seg = nz // B
-        first = xp.searchsorted(seg, seg, side="left")
-        cs = xp.cumsum(G, axis=0)
-        left_i = cs - (cs[first] - G[first])
-        slot = seg // m
-        left = left_i.astype(xp.float64)
-        right = tot[slot] - left
-        msl = s.min_samples_leaf
-        if self.K:
-            wl, wr, wt = left[:, D:] / sw, right[:, D:] / sw, tot[:, D:] / sw
-            WL, WR, W = wl.sum(-1), wr.sum(-1), wt.sum(-1)
-            Wd = xp.where(W > 0, W, 1)
-            p = wt / Wd[:, None]
-            if s.criterion == "gini":
-                proxy = (wl * wl).sum(-1) / xp.where(WL > 0, WL, 1) + (wr * wr).sum(-1) / xp.where(WR > 0, WR, 1)
-                parent = (wt * wt).sum(-1) / Wd
-                impurity = 1.0 - (p * p).sum(-1)
-            else:
-                proxy = _xlogx(xp, wl).sum(-1) + _xlogx(xp, wr).sum(-1) - _xlogx(xp, WL) - _xlogx(xp, WR)
-                parent = _xlogx(xp, wt).sum(-1) - _xlogx(xp, W)
-                impurity = -(_xlogx(xp, p).sum(-1)) / math.log(2.0)
-            value = p
-            pure = (wt > 0).sum(-1) <= 1
+        tot = H[:, 0].sum(axis=1)                 # (S, C): every row is in one bin of every feature
+        st = node_stats(self, tot, ex, root_weight)
+        search = None if first_only else self._candidate_search(H.shape[3])
+        if search is not None:
+            if fpos is None:
+                fpos = xp.broadcast_to(xp.arange(order.shape[1], dtype=xp.int64), order.shape)
+            cand = search(H, fpos, tot, st["mwl"], s.scales[0], s.scales[1], self.K, bool(self.D),
+                          s.min_samples_leaf)
+            best = choose(xp, cand)
         else:
-            WL, WR, W = left[:, D] / sw, right[:, D] / sw, tot[:, D] / sw
-            q = s.scales[1]
-            SL, SR, S1 = left[:, D + 1] / q, right[:, D + 1] / q, tot[:, D + 1] / q
-            proxy = SL * SL / xp.where(WL > 0, WL, 1) + SR * SR / xp.where(WR > 0, WR, 1)
-            Wd = xp.where(W > 0, W, 1)
-            parent = S1 * S1 / Wd
-            mean = S1 / Wd
-            impurity = xp.maximum(ex[:, 1] / s.scales[2] / Wd - mean * mean, 0.0)
-            value = mean[:, None]
-            pure = impurity <= s.y_tol
-        valid = (WL > 0) & (WR > 0)
-        if D:
-            valid &= (left[:, 0] >= msl) & (right[:, 0] >= msl)
-        varying = occupied.sum(axis=2) >= 2                      # (S, m): not constant in the node
-        if first_only:
-            first_varying = xp.argmax(varying, axis=1)
-            valid &= (seg % m) == first_varying[slot]
-        rw = W if root_weight is None else xp.asarray(root_weight)
-        mwl = None
-        if s.min_weight_fraction_leaf > 0:
-            mwl = s.min_weight_fraction_leaf * rw
-            valid &= (WL >= mwl[slot]) & (WR >= mwl[slot])
-        dense = xp.full(n_slots * m * B, -xp.inf, dtype=xp.float64)
-        dense[nz] = xp.where(valid, proxy, -xp.inf)
-        dense_wl = xp.zeros(n_slots * m * B, dtype=xp.float64)
-        dense_wl[nz] = WL
-        flat = dense.reshape(n_slots, m * B)
-        best = xp.argmax(flat, axis=1)
-        best_val = xp.take_along_axis(flat, best[:, None], axis=1)[:, 0]
-        best_wl = xp.take_along_axis(dense_wl.reshape(n_slots, m * B), best[:, None], axis=1)[:, 0]
-        best_j, best_b = best // B, best % B
-        counts = ex[:, 0]
-        # the non-empty bins of the chosen feature next to the split, for thresholds between values present
-        chosen = xp.take_along_axis(occupied, best_j[:, None, None].astype(xp.int64), axis=1)[:, 0, :]
-        idx = xp.arange(B)
-        below = xp.where(chosen & (idx <= best_b[:, None]), idx, -1).max(axis=1)
-        above = xp.where(chosen & (idx > best_b[:, None]), idx, B).min(axis=1)
-        feature = xp.take_along_axis(order, best_j[:, None].astype(xp.int64), axis=1)[:, 0]
-        # one transfer of the per-slot numbers
-        names = ("best_val", "best_j", "best_b", "parent", "counts", "W", "impurity", "pure", "below", "above",
-                 "varying", "feature", "best_wl", "root_w")
-        cols = (best_val, best_j, best_b, parent, counts, W, impurity, pure, below, above, varying.any(axis=1),
-                feature, best_wl, rw)
-        packed = _host(xp, xp.stack([c.astype(xp.float64) for c in cols])) if n_slots else np.zeros((len(cols), 0))
-        host = dict(zip(names, packed))
-        for key in ("best_j", "best_b", "below", "above", "feature"):
-            host[key] = host[key].astype(np.int64)
-        for key in ("pure", "varying"):
-            host[key] = host[key].astype(bool)
-        host["value"] = _host(xp, value)
-        host["best_wr"] = host["W"] - host["best_wl"]
-        # a node is a leaf by its own numbers (before looking at split candidates) ...
-        small = host["pure"] | (host["counts"] < s.min_samples_split) | (host["counts"] < 2 * msl)
-        if mwl is not None:
-            small |= host["W"] < 2 * s.min_weight_fraction_leaf * host["root_w"]
-        at_depth = s.max_depth is not None and depth >= s.max_depth
-        # ... or when no split is valid (or good enough)
-        decrease = np.where(np.isfinite(host["best_val"]), host["best_val"] - host["parent"], 0.0)
-        weak = ~np.isfinite(host["best_val"])
-        if s.min_impurity_decrease > 0:
-            # scikit-learn's weighted impurity decrease: (N_t / N) * (impurity - ...) with N the root's weight
-            scale = math.log(2.0) if (self.K and s.criterion != "gini") else 1.0
-            rootw = np.where(host["root_w"] > 0, host["root_w"], 1.0)
-            weak |= decrease / scale / rootw + 1e-7 < s.min_impurity_decrease
-        leaf = weak | small | at_depth
-        # nodes that would split but whose drawn features are all constant: draw further features
-        host["retry"] = leaf & ~host["varying"] & ~small & (not at_depth)
-        host["leaf"] = leaf
-        host["decrease"] = np.where(leaf, 0.0, np.maximum(decrease, 0.0))
-        return host
+            Hm = H if fpos is None else xp.take_along_axis(H, fpos[:, :, None, None], axis=1)
+            best = dense_candidates(self, Hm, tot, st["mwl"], first_only)
+        return decide(self, best, st, ex, order, depth)
 
     def _bin_tables(self):
         """Padded ``(F, B)`` tables of bin values (NaN where bins are not single values) and edges."""
@@ -530,10 +464,12 @@ class TreeGrower:
         (None when it must build every node).
         """
         xp, s = self.xp, self.s
+        if self.fused:
+            return self._fused_level(el, perm, depth, root_w), None
         S = len(el.starts) - 1
         m, F, B, C = self.m, self.F, self.B, self.C
         FH = F if self.full else m
-        per_chunk = max(2, HIST_BYTES // (FH * B * C * 8)) // 2 * 2     # whole sibling pairs
+        per_chunk = max(2, s.hist_bytes // (FH * B * C * 8)) // 2 * 2     # whole sibling pairs
         ident = xp.arange(F, dtype=xp.int32)
         decisions, kept_h, kept_e, kept_bytes = [], [], [], 0
         for c0 in range(0, S, per_chunk):
@@ -565,25 +501,47 @@ class TreeGrower:
             else:
                 H, ex = hb, eb
             order = perm[c0:c1]
-            Hm = xp.take_along_axis(H, order[:, :m, None, None], axis=1) if self.full else H
             rw = None if root_w is None else root_w[c0:c1]
-            dec = self._evaluate(Hm, ex, order[:, :m], depth, rw)
+            dec = self._evaluate(H, ex, order[:, :m], depth, rw, fpos=order[:, :m] if self.full else None)
             if m < F and dec["retry"].any():
                 self._draw_further(el, H if self.full else None, ex, c0, order, dec, depth, rw)
             decisions.append(dec)
             if keep:
                 sp = np.nonzero(~dec["leaf"])[0]
                 kept_bytes += len(sp) * FH * B * C * 8
-                if kept_bytes <= SUB_BYTES:
+                if kept_bytes <= s.sub_bytes:
                     kept_h.append(H[xp.asarray(sp)])
                     kept_e.append(ex[xp.asarray(sp)])
             self.stats["split_s"] += time.perf_counter() - t0
         dec = {key: np.concatenate([d[key] for d in decisions]) for key in decisions[0]}
         nxt = None
-        if keep and kept_bytes <= SUB_BYTES and kept_h:
+        if keep and kept_bytes <= s.sub_bytes and kept_h:
             sp = ~dec["leaf"]
             nxt = (xp.concatenate(kept_h), xp.concatenate(kept_e), dec["best_wl"][sp] <= dec["best_wr"][sp])
         return dec, nxt
+
+    def _fused_level(self, el, perm, depth, root_w):
+        """A level of a rank that grows alone, on the host: per node, histograms in a thread's buffer and
+        the split search in one compiled pass (no histogram array, no allreduce)."""
+        s, m, K = self.s, self.m, self.K
+        t0 = time.perf_counter()
+        tot, ex = self._totals(el)
+        tot = tot[:, 0, 0]
+        st = node_stats(self, tot, ex, root_w)
+        order = perm[:, :m]
+        lens = el.lens()
+        cand = _cpu_kernels.node_candidates(s.Xb, el.row, el.w, el.wy, s.y if K else None, el.starts[:-1], lens,
+                                            order, self.B, tot, st["mwl"], s.scales[0], s.scales[1], K, bool(self.D),
+                                            s.min_samples_leaf)
+        self.stats["hist_elements"] += int(lens.sum()) * m
+        self.stats["hist_nodes_built"] += len(lens)
+        self.stats["hist_s"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        dec = decide(self, choose(self.xp, cand), st, ex, order, depth)
+        if m < self.F and dec["retry"].any():
+            self._draw_further(el, None, ex, 0, perm, dec, depth, root_w)
+        self.stats["split_s"] += time.perf_counter() - t0
+        return dec
 
     def _draw_further(self, el, H, ex, c0, order, dec, depth, root_w):
         """Second pass for the nodes whose drawn features were all constant (scikit-learn's rule).
@@ -663,6 +621,12 @@ class TreeGrower:
             (row, seg, w, wy, wy2), counts = self.kernel.partition_rows(s.Xb, el.seg, el.row, el.w, el.wy, el.wy2,
                                                                         code, el.starts)
             counts = counts[split_h].reshape(-1)
+            return _Elements(row, seg, w, wy, wy2, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+        if self.cpu:
+            (row, w, wy, wy2), counts = _cpu_kernels.partition(s.Xb, el.row, el.w, el.wy, el.wy2, el.starts,
+                                                               np.where(split_h, dec["feature"], -1), dec["best_b"])
+            counts = counts.reshape(-1)
+            seg = np.repeat(np.arange(2 * n_split, dtype=np.int32), counts)
             return _Elements(row, seg, w, wy, wy2, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
         starts = el.starts
         seg = el.seg

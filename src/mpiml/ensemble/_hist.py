@@ -54,6 +54,11 @@ def _mix(xp, z):
     return z ^ (z >> xp.uint64(31))
 
 
+def stream_lead(seed, stream):
+    """The 64-bit word of ``(seed, stream)`` that :func:`hash_uniform` mixes with per-entry counters."""
+    return ((int(seed) * _C_STREAM) ^ (int(stream) << 56)) & _MASK
+
+
 def hash_uniform(xp, seed, stream, a, b):
     """Uniform floats in [0, 1) keyed by ``(seed, stream, a, b)``; ``b`` an integer array.
 
@@ -76,7 +81,7 @@ def hash_uniform(xp, seed, stream, a, b):
         if isinstance(a, (int, np.integer)):
             head = xp.uint64(_mix_int(((int(seed) * _C_STREAM) ^ (int(stream) << 56) ^ (int(a) * _C_A)) & _MASK))
         else:                               # one counter ``a`` per entry (broadcast against ``b``)
-            lead = xp.uint64(((int(seed) * _C_STREAM) ^ (int(stream) << 56)) & _MASK)
+            lead = xp.uint64(stream_lead(seed, stream))
             head = _mix(xp, lead ^ (xp.asarray(a).astype(xp.uint64) * xp.uint64(_C_A)))
         z = xp.asarray(b).astype(xp.uint64) * xp.uint64(_C_B) + head
         z = _mix(xp, _mix(xp, z))
@@ -125,7 +130,7 @@ def sample_rows(xp, seed, offset, n_local, n_total, target):
     return xp.nonzero(u < target / n_total)[0]
 
 
-def bin_edges(sample, max_bins, exact):
+def bin_edges(sample, max_bins, exact, xp=np):
     """Bin edges and bin values of every feature from the gathered ``sample`` (host arrays).
 
     Parameters
@@ -138,6 +143,9 @@ def bin_edges(sample, max_bins, exact):
         True when the sample holds every row: a feature with at most
         ``max_bins`` distinct values then records them as its bin values, so
         that thresholds can sit half way between the values present in a node.
+    xp : module, default=numpy
+        Where the columns are sorted (CuPy: every column in one call on the
+        device, then one copy back); the rest is host work linear in the sample.
 
     Returns
     -------
@@ -146,10 +154,15 @@ def bin_edges(sample, max_bins, exact):
     values : list of float64 arrays or None
         The value of each bin where bins are single values, else None.
     """
+    cols = np.ascontiguousarray(np.asarray(sample, dtype=np.float64).T)
+    if xp is not np and cols.size:
+        cols = xp.sort(xp.asarray(cols), axis=1).get()
+    else:
+        cols.sort(axis=1)
     edges, values = [], []
-    for j in range(sample.shape[1]):
-        col = np.sort(np.asarray(sample[:, j], dtype=np.float64))
-        uniq = np.unique(col)
+    for col in cols:
+        # the distinct values of a sorted column
+        uniq = col[np.concatenate([[True], col[1:] != col[:-1]])] if len(col) else col
         if len(uniq) <= max_bins:
             e = (uniq[:-1] + uniq[1:]) / 2.0
             # midpoints of adjacent floats can round up to the upper value
@@ -170,6 +183,11 @@ def apply_bins(X, edges, xp):
     n, d = X.shape
     most = max((len(e) + 1 for e in edges), default=1)
     dtype = xp.uint8 if most <= 256 else xp.uint16
+    if xp is np:
+        from . import _cpu_kernels
+
+        if _cpu_kernels.enabled():
+            return _cpu_kernels.apply_bins(X, edges, dtype)
     out = xp.empty((n, d), dtype=dtype)
     for j in range(d):
         e = xp.asarray(edges[j])

@@ -70,7 +70,7 @@ _SMALL_MAX = 32
 # limit of a launch's parameters, less the other arguments)
 _SMALL_PARAM_BYTES = 3968
 # its tiles in shared memory (in flight + 1) and rows a thread (see small_plan).  Measured on an H200, Lloyd
-# step at 10^7 rows (benchmarks/results/small_kernel_h200_2026-11-24{,b}.json): two tiles everywhere (three:
+# step at 10^7 rows (small_kernel_h200_2026-11-24{,b}.json in benchmarks/HISTORY.md): two tiles everywhere (three:
 # 0.64 vs 0.49 ms float32 d = k = 16, 1.15 vs 0.85 float64); float32 rows of 16 features or fewer two rows a
 # thread (0.490 vs 0.509 ms at d = k = 16 with the centres as parameters; 1.141 vs 1.386 at d = k = 32 from
 # shared memory), wider rows with the centres as parameters one (0.840 vs 1.033 at d 32, k 16); float64 one
@@ -339,11 +339,11 @@ def _method(method, k, d, dtype=np.float32, lloyd=True):
     (compute capability 8.0 or later): ``"tc"``, except float64 from k = 256 on, which goes through
     cuBLAS (``"gemm"``: DGEMM on the FP64 tensor cores beats DMMA ``mma.sync`` there).  Measured on an
     H200 at 10^6 x 256, k = 1024: float32 Lloyd step tc 14.2 ms vs gemm 19.4 ms
-    (``benchmarks/results/lloyd_variants_h200_2026-11-24_k1024.json``), float64 gemm 21.7 vs tc 37.2 ms.
+    (``lloyd_variants_h200_2026-11-24_k1024.json``, benchmarks/HISTORY.md), float64 gemm 21.7 vs tc 37.2 ms.
     ``"small"`` (whole rows in registers) for k, d <= 32 where it beats the tensor-core kernel: float32
     Lloyd steps, float32 arg-mins of k x d <= 512, and float64 where the centres fit the kernel's parameters
     (k x d up to 16 x 16 or 32 x 8).  Measured at 10^7 rows, centres from the host as KMeans passes them
-    (``benchmarks/results/small_kernel_h200_2026-11-24b.json``), small vs tc, ms: float32 Lloyd 0.49 vs 0.67
+    (``small_kernel_h200_2026-11-24b.json``, benchmarks/HISTORY.md), small vs tc, ms: float32 Lloyd 0.49 vs 0.67
     (d = k = 16), 1.15 vs 1.51 (32, 32), 0.39 vs 0.64 (8, 8), 0.84 vs 1.24 (d 32, k 16), 0.41 vs 0.79
     (d 3, k 5); float32 arg-min 0.24 vs 0.33 (16, 16) but 0.74 vs 0.70 (32, 32); float64 Lloyd 0.85 vs 0.95
     (16, 16), 0.62 vs 0.76 (8, 8), 0.64 vs 0.85 (3, 5); from shared memory (k x d too large for the
@@ -784,7 +784,7 @@ def small_plan(dtype, k, d, *, mode="lloyd", vw=None, stages=None, rows=None, pa
     tiles of 256 R rows (2 R m-tiles of 16 a warp; default 4 for 8 features where two blocks an SM fit, else
     2, and 1 for 32 features).  Default: Lloyd steps where it fits, arg-mins where at least half of the padded
     KP x DQ is real.  Measured on an H200 at 10^7 rows
-    (``benchmarks/results/small_kernel_h200_2026-11-24d.json``, before the unit-weight form),
+    (``small_kernel_h200_2026-11-24d.json`` in benchmarks/HISTORY.md, before the unit-weight form),
     tensor-core vs SIMT form, ms: Lloyd 0.35 vs 0.49 (d = k = 16), 0.24 vs 0.38 (8, 8), 0.49 vs 0.68 (d 32,
     k 8), 0.40 vs 0.47 (d 12, k 9), 0.26 vs 0.41 (d 3, k 5); arg-min 0.18 vs 0.23 (16, 16), 0.11 vs 0.15
     (8, 8), but 0.22 vs 0.18 (d 12, k 9).  Two tiles in flight beat three (0.35 vs 0.40-0.41 ms at 16 x 16:

@@ -124,3 +124,101 @@ __global__ void mpiml_hist_move(const long long n, const int* __restrict__ seg,
     out_w[pos] = w[e];
     if (REG) { out_wy[pos] = wy[e]; out_wy2[pos] = wy2[e]; }
 }
+
+// Split search of a level (forests): the best bin of every (node, candidate feature) pair.
+//
+// One thread per pair (node s, candidate j) scans the reduced histogram of feature fpos[s, j]
+// (H is (S, FH, B, C) doubles holding exact integers) bin by bin, keeping the channel prefix sums;
+// only non-empty bins are candidates.  The score is evaluated with the same IEEE operations, in the
+// same order, as the array search of mpiml.ensemble._split (explicitly rounded intrinsics: no
+// contraction into fused multiply-adds), so every path chooses the same splits:
+//   CLS (gini): sum_c (l_c / sw)^2 / W_L + sum_c (r_c / sw)^2 / W_R, sums over classes left to right;
+//   regression: (S_L / sy)^2 / W_L + (S_R / sy)^2 / W_R.
+// A split is valid with weight on both sides, at least msl rows on each (with the row channel, D = 1)
+// and at least mwl[s] weight on each (has_mwl).  Ties go to the lowest bin.  Outputs per pair: the
+// best score (-inf and bin 0 without a valid split), its bin, its left weight, the nearest non-empty
+// bins at or below / above it (-1 / B when none) and the number of non-empty bins.
+#define MPIML_HIST_SPLIT_MAX_C 8
+
+template <bool CLS>
+__global__ void __launch_bounds__(MPIML_HIST_THREADS)
+mpiml_hist_split(const double* __restrict__ H, const long long FH, const int B, const int C,
+                 const long long* __restrict__ fpos, const int m, const long long S,
+                 const double* __restrict__ tot, const double* __restrict__ mwl, const int has_mwl,
+                 const double sw, const double sy, const int D, const double msl,
+                 double* __restrict__ o_val, long long* __restrict__ o_b, double* __restrict__ o_wl,
+                 long long* __restrict__ o_below, long long* __restrict__ o_above, long long* __restrict__ o_occ) {
+    const long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= S * m) return;
+    const long long s = p / m;
+    const double* h = H + (s * FH + fpos[p]) * (long long)B * C;
+    const double* t = tot + s * C;
+    const double lim = has_mwl ? mwl[s] : 0.0;
+    double cum[MPIML_HIST_SPLIT_MAX_C];
+    for (int c = 0; c < C; ++c) cum[c] = 0.0;
+    double best = -__longlong_as_double(0x7ff0000000000000LL), best_wl = 0.0, wl0 = 0.0;
+    int best_b = 0, below = -1, above = B, first_after0 = B, occupied = 0;
+    bool pending = false, bin0 = false;
+    for (int b = 0; b < B; ++b) {
+        const double* hb = h + (long long)b * C;
+        bool occ;
+        if (D || !CLS) {
+            occ = hb[0] > 0.0;
+        } else {
+            occ = false;
+            for (int c = 0; c < C; ++c) occ = occ || (hb[c] > 0.0);
+        }
+        if (!occ) continue;
+        ++occupied;
+        if (b == 0) bin0 = true;
+        else if (first_after0 == B) first_after0 = b;
+        if (pending) { above = b; pending = false; }
+        for (int c = 0; c < C; ++c) cum[c] = __dadd_rn(cum[c], hb[c]);
+        double WL, WR, proxy;
+        if (CLS) {
+            double sl = 0.0, sr = 0.0;
+            WL = 0.0;
+            WR = 0.0;
+            for (int c = D; c < C; ++c) {
+                const double lw = __ddiv_rn(cum[c], sw);
+                const double rw = __ddiv_rn(__dsub_rn(t[c], cum[c]), sw);
+                WL = __dadd_rn(WL, lw);
+                WR = __dadd_rn(WR, rw);
+                sl = __dadd_rn(sl, __dmul_rn(lw, lw));
+                sr = __dadd_rn(sr, __dmul_rn(rw, rw));
+            }
+            proxy = __dadd_rn(__ddiv_rn(sl, WL > 0.0 ? WL : 1.0), __ddiv_rn(sr, WR > 0.0 ? WR : 1.0));
+        } else {
+            WL = __ddiv_rn(cum[D], sw);
+            WR = __ddiv_rn(__dsub_rn(t[D], cum[D]), sw);
+            const double SL = __ddiv_rn(cum[D + 1], sy);
+            const double SR = __ddiv_rn(__dsub_rn(t[D + 1], cum[D + 1]), sy);
+            proxy = __dadd_rn(__ddiv_rn(__dmul_rn(SL, SL), WL > 0.0 ? WL : 1.0),
+                              __ddiv_rn(__dmul_rn(SR, SR), WR > 0.0 ? WR : 1.0));
+        }
+        if (b == 0) wl0 = WL;
+        bool valid = WL > 0.0 && WR > 0.0;
+        if (D) valid = valid && cum[0] >= msl && __dsub_rn(t[0], cum[0]) >= msl;
+        if (has_mwl) valid = valid && WL >= lim && WR >= lim;
+        if (valid && proxy > best) {
+            best = proxy;
+            best_b = b;
+            best_wl = WL;
+            below = b;
+            above = B;
+            pending = true;
+        }
+    }
+    if (!(best > -__longlong_as_double(0x7ff0000000000000LL))) {   // no valid split: bin 0, as an argmax over -inf
+        best_b = 0;
+        best_wl = wl0;
+        below = bin0 ? 0 : -1;
+        above = first_after0;
+    }
+    o_val[p] = best;
+    o_b[p] = best_b;
+    o_wl[p] = best_wl;
+    o_below[p] = below;
+    o_above[p] = above;
+    o_occ[p] = occupied;
+}

@@ -19,7 +19,7 @@ from importlib import resources
 
 import numpy as np
 
-__all__ = ["build_histograms", "partition_rows", "tile_features", "plan_items"]
+__all__ = ["build_histograms", "partition_rows", "split_candidates", "tile_features", "plan_items"]
 
 _THREADS = 256
 #: Shared memory asked for per block without an opt-in (bytes).
@@ -225,3 +225,37 @@ def partition_rows(Xb, seg, row, w, wy, wy2, code, starts):
             blocks, (_THREADS,), (np.int64(n), seg, flags, csp[1:], a >> 32, b & low, rank, row, w,
                                   wy if reg else w, wy2 if reg else w, out_row, out_seg, out_w, out_wy, out_wy2))
     return (out_row, out_seg, out_w, out_wy if reg else None, out_wy2 if reg else None), counts_h
+
+
+#: Most channels :func:`split_candidates` handles (a thread's prefix sums live in registers).
+SPLIT_MAX_CHANNELS = 8
+
+
+def split_candidates(H, fpos, tot, mwl, sw, sy, n_classes, count_rows, min_samples_leaf):
+    """The best split of every (node, candidate feature) pair of reduced histograms, one thread per pair.
+
+    The GPU twin of :func:`mpiml.ensemble._cpu_kernels.split_candidates` (same parameters, CuPy
+    arrays; gini for ``n_classes > 0``, squared error for 0; at most :data:`SPLIT_MAX_CHANNELS`
+    channels).  Returns ``(best_val, best_b, best_wl, below, above, n_occupied)``, each ``(S, m)``.
+    """
+    import cupy
+
+    S, m = (int(d) for d in fpos.shape)
+    _, FH, B, C = (int(d) for d in H.shape)
+    if C > SPLIT_MAX_CHANNELS:
+        raise ValueError(f"split_candidates handles at most {SPLIT_MAX_CHANNELS} channels, got {C}")
+    outs = (cupy.empty((S, m), dtype=cupy.float64), cupy.empty((S, m), dtype=cupy.int64),
+            cupy.empty((S, m), dtype=cupy.float64), cupy.empty((S, m), dtype=cupy.int64),
+            cupy.empty((S, m), dtype=cupy.int64), cupy.empty((S, m), dtype=cupy.int64))
+    n = S * m
+    if n == 0:
+        return outs
+    has_mwl = mwl is not None
+    fn = _function(expr=f"mpiml_hist_split<{'true' if n_classes else 'false'}>")
+    fn((-(-n // _THREADS),), (_THREADS,),
+       (cupy.ascontiguousarray(H, dtype=cupy.float64), np.int64(FH), np.int32(B), np.int32(C),
+        cupy.ascontiguousarray(fpos, dtype=cupy.int64), np.int32(m), np.int64(S),
+        cupy.ascontiguousarray(tot, dtype=cupy.float64),
+        cupy.ascontiguousarray(mwl, dtype=cupy.float64) if has_mwl else outs[0], np.int32(has_mwl),
+        np.float64(sw), np.float64(sy), np.int32(bool(count_rows)), np.float64(min_samples_leaf)) + outs)
+    return outs

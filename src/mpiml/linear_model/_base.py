@@ -1,4 +1,4 @@
-"""Shared pieces of the linear models: agreed reductions, target validation, global scores.
+"""Shared pieces of the linear models: agreed reductions, chunking, validation of rows to predict.
 
 Every reduction whose result steers a solver (a Gram matrix, a loss, a
 gradient) goes through :func:`allreduce_identical`: a float64 host buffer
@@ -7,20 +7,22 @@ holds the same bits and takes the same decisions.
 """
 
 import numpy as np
-from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import validate_data as _sk_validate_data
 
-from .._array import get_namespace, is_device_array, to_numpy
-from .._errors import DistributedInputError
-from ..utils._linalg import is_sparse, to_csr
-from ..utils._validation import _combine, _finite_flags, _nonfinite_message, validate_data
+from .._array import get_namespace
+from ..utils._linalg import is_sparse
+from ..utils._supervised import (  # noqa: F401 (re-exported: the linear models import them from here)
+    SPARSE_DENSE_REQUIRED,
+    _sparse_as_csr,
+    as_like,
+    global_classes,
+    raise_if_nonfinite,
+    sparse_mismatch,
+    validate_X_y,
+)
+from ..utils._validation import validate_data
 
 __all__ = ["allreduce_identical", "validate_X_y", "local_X", "chunk_rows", "global_classes", "as_like",
-           "SPARSE_DENSE_REQUIRED"]
-
-#: scikit-learn's message for sparse input where dense data is required (a TypeError).
-SPARSE_DENSE_REQUIRED = ("Sparse data was passed for X, but dense data is required. Use '.toarray()' to convert "
-                         "to a dense numpy array.")
+           "SPARSE_DENSE_REQUIRED", "raise_if_nonfinite"]
 
 #: Bytes of one float64 row chunk converted at a time (bounds the temporary memory).
 _CHUNK_BYTES = 8 << 20
@@ -47,129 +49,6 @@ def chunk_rows(n_cols, itemsize=8, xp=np):
     return max(1024, nbytes // max(1, n_cols * itemsize))
 
 
-def as_like(array, xp, dtype=None):
-    """A host or device copy of ``array`` on namespace ``xp`` (optionally cast)."""
-    if xp is np:
-        out = to_numpy(array)
-    else:
-        out = array if is_device_array(array) else xp.asarray(array)
-    return out if dtype is None else out.astype(dtype, copy=False)
-
-
-def _sk_single(comm, X, y):
-    return comm.size == 1 and not is_device_array(X) and not is_device_array(y)
-
-
-def _sparse_as_csr(X, accept_sparse):
-    """CSR for an accepted sparse shard (SciPy's validation converts host input already; ``cupyx`` input is
-    converted here); scikit-learn's TypeError where dense data is required."""
-    if not is_sparse(X):
-        return X
-    if not accept_sparse:
-        raise TypeError(SPARSE_DENSE_REQUIRED)
-    return to_csr(X)
-
-
-def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, accept_sparse=False):
-    """Validate this rank's ``X`` and ``y`` and agree on them across ranks.
-
-    On one process with host input, scikit-learn's ``validate_data`` (its exact
-    messages).  Otherwise :func:`mpiml.utils.validate_data` for ``X``, then
-    local checks of ``y`` (length, dimensions, numeric, finite) agreed with one
-    ``allgather_obj`` and raised as the same :class:`DistributedInputError` on
-    every rank.  With ``accept_sparse`` (``"csr"``), SciPy and ``cupyx``
-    sparse shards are accepted and returned as CSR; whether ``X`` is sparse
-    must then agree across ranks (it steers the solver).
-
-    Returns
-    -------
-    X, y, xp
-        ``y`` is on the namespace of ``X``; float for regressors (``y_numeric``).
-    """
-    if _sk_single(comm, X, y):
-        X, y = _sk_validate_data(estimator, X, y, reset=reset, dtype=[np.float64, np.float32],
-                                 y_numeric=y_numeric, multi_output=multi_output,
-                                 accept_sparse="csr" if accept_sparse else False)
-        if y_numeric and y.dtype.kind != "f":
-            y = y.astype(np.float64)
-        if not y_numeric:
-            check_classification_targets(y)
-        return X, y, np
-    X, xp = validate_data(estimator, X, comm=comm, reset=reset, accept_sparse="csr" if accept_sparse else False)
-    error = None
-    if comm.size == 1 and xp is not np:
-        X = _sparse_as_csr(X, accept_sparse)  # one process: scikit-learn's TypeError as is
-    try:
-        X = _sparse_as_csr(X, accept_sparse)
-        if y is None:
-            raise ValueError(f"{type(estimator).__name__} requires y to be passed, but the target y is None.")
-        if xp is np:
-            y = to_numpy(y) if is_device_array(y) else np.asarray(y)
-        else:
-            y = as_like(y, xp)
-        if y.ndim == 2 and y.shape[1] == 1 and not multi_output:
-            y = y.ravel()
-        if y.ndim not in ((1, 2) if multi_output else (1,)):
-            raise ValueError(f"y should be a 1d array{' or 2d array' if multi_output else ''}, got an array "
-                             f"of shape {tuple(y.shape)} instead.")
-        if y.shape[0] != X.shape[0]:
-            raise ValueError(f"Found input variables with inconsistent numbers of samples: "
-                             f"[{X.shape[0]}, {y.shape[0]}]")
-        if y_numeric:
-            if y.dtype.kind not in "biuf":
-                raise ValueError(f"y must be numeric; got dtype {y.dtype}")
-            if y.dtype.kind != "f":
-                y = y.astype(xp.float64)
-            has_nan, has_inf = _finite_flags(y, xp, True)
-            if has_nan or has_inf:
-                raise ValueError(_nonfinite_message(has_nan, has_inf, y.dtype, None, "y"))
-        else:
-            if y.dtype.kind == "f":
-                has_nan, has_inf = _finite_flags(y, xp, True)
-                if has_nan or has_inf:
-                    raise ValueError(_nonfinite_message(has_nan, has_inf, y.dtype, None, "y"))
-            if y.shape[0]:
-                check_classification_targets(to_numpy(y))
-    except Exception as exc:
-        error = str(exc)
-    if comm.size > 1:
-        facts = None if error else (tuple(y.shape[1:]), y.dtype.kind in "USO", is_sparse(X))
-        gathered = comm.allgather_obj((error, facts))
-        msg = _combine([e for e, _ in gathered], "Invalid input") or _y_mismatch([f for _, f in gathered])
-        if msg is not None:
-            raise DistributedInputError(msg)
-    elif error is not None:
-        raise ValueError(error)
-    return X, y, xp
-
-
-def _y_mismatch(facts):
-    """The message for targets whose shape or kind (labels as text vs numbers) differ across ranks,
-    or for ``X`` sparse on some ranks only."""
-    def describe(i, value):
-        if i == 0:
-            return "a 1-d target" if not value else f"{value[0]} target columns"
-        return "text labels" if value else "numeric labels"
-
-    for i in (0, 1):
-        ref = facts[0][i]
-        bad = [r for r, f in enumerate(facts) if f[i] != ref]
-        if bad:
-            return (f"y has {describe(i, facts[bad[0]][i])} on rank(s) {bad} but {describe(i, ref)} on rank 0 "
-                    "(every rank must pass targets of the same shape and kind).")
-    return sparse_mismatch([f[2] for f in facts])
-
-
-def sparse_mismatch(flags):
-    """The message for ``X`` sparse on some ranks and dense on others, or None."""
-    if len(set(flags)) <= 1:
-        return None
-    sparse = [r for r, f in enumerate(flags) if f]
-    dense = [r for r, f in enumerate(flags) if not f]
-    return (f"X is sparse on rank(s) {sparse} but dense on rank(s) {dense} (every rank must pass the same kind "
-            "of matrix).")
-
-
 def local_X(estimator, X, accept_sparse=True):
     """Validate rows for a local method (predict, decision_function): no communication.
 
@@ -193,17 +72,3 @@ def local_X(estimator, X, accept_sparse=True):
     if xp is not np:
         X = _sparse_as_csr(X, accept_sparse)
     return X, xp
-
-
-def global_classes(y, comm):
-    """The sorted union of the labels of every rank (one ``allgather_obj``).
-
-    Labels of any type that NumPy sorts (numbers, strings) are accepted; a
-    rank without rows contributes nothing.
-    """
-    local = np.unique(to_numpy(y)) if y.shape[0] else None
-    parts = comm.allgather_obj(local) if comm.size > 1 else [local]
-    parts = [p for p in parts if p is not None]
-    if not parts:
-        return np.array([])
-    return np.unique(np.concatenate(parts))

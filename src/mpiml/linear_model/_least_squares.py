@@ -17,10 +17,11 @@ from ..base import SPMDEstimator
 from ..utils._linalg import is_sparse
 from ..utils._param_validation import Interval, StrOptions
 from ..utils._validation import validate_sample_weight
-from ._base import allreduce_identical, as_like, local_X, validate_X_y
+from ._base import allreduce_identical, as_like, local_X, raise_if_nonfinite, validate_X_y
+from ._lsq_direct import dense_direct_applies, solve_direct
 from ._lsq_solvers import (SPARSE_GRAM_MAX_FEATURES, as_2d_targets, conjugate_gradient, factor_from_gram, lsqr,
-                           lstsq_from_gram, lstsq_from_r, nnls_from_factor, ridge_from_gram, ridge_from_r,
-                           solve_least_squares)
+                           lstsq_from_gram, lstsq_from_gram_cholesky, lstsq_from_r, nnls_from_factor,
+                           ridge_from_gram, ridge_from_r, solve_least_squares)
 
 __all__ = ["LinearRegression", "Ridge"]
 
@@ -28,10 +29,10 @@ __all__ = ["LinearRegression", "Ridge"]
 class _LinearRegressorBase(MultiOutputMixin, RegressorMixin, SPMDEstimator):
     """Prediction and the global R² shared by LinearRegression and Ridge."""
 
-    def _fit_common(self, X, y, sample_weight, accept_sparse=True):
+    def _fit_common(self, X, y, sample_weight, accept_sparse=True, defer_finite=False):
         comm = self._get_comm()
         X, y, xp = validate_X_y(self, X, y, comm=comm, y_numeric=True, multi_output=True,
-                                accept_sparse=accept_sparse)
+                                accept_sparse=accept_sparse, defer_finite=defer_finite)
         sw = validate_sample_weight(sample_weight, X, xp=xp, dtype=X.dtype, only_non_negative=True, comm=comm)
         return X, y, (None if sample_weight is None else sw), xp, comm
 
@@ -260,13 +261,23 @@ class LinearRegression(_LinearRegressorBase):
         if self.positive and self.solver == "lsqr":
             raise ValueError("solver='lsqr' does not support positive=True; use solver='auto', 'tsqr' or 'normal', "
                              "or set positive=False.")
-        X, y, sw, xp, comm = self._fit_common(X, y, sample_weight, accept_sparse=not self.positive)
+        # the dense direct solvers find NaN/infinity in their Gram matrix: no separate read of X for the check
+        X, y, sw, xp, comm = self._fit_common(X, y, sample_weight, accept_sparse=not self.positive,
+                                              defer_finite=not self.positive and self.solver in ("auto", "normal"))
         solver = self._resolve_solver(X)
         for name in ("rank_", "singular_", "n_iter_", "_n_krylov_iter"):
             if hasattr(self, name):
                 delattr(self, name)
         common = dict(fit_intercept=self.fit_intercept, comm=comm, xp=xp)
-        if self.positive:
+        if dense_direct_applies(X, self.positive) and self.solver in ("auto", "normal", "tsqr"):
+            coef, intercept, (rank, sing), solver, self._solver_info = solve_direct(
+                X, y, sw, solver=self.solver, **common,
+                solve_gram=lambda G, B: _split3(lstsq_from_gram_cholesky(G, B, self.tol)),
+                solve_r=lambda R, Z: _split3(lstsq_from_r(R, Z, self.tol)),
+                on_nonfinite=lambda: raise_if_nonfinite(self, X, y, comm=comm, xp=xp))
+            self.rank_ = rank
+            self.singular_ = np.asarray(sing, dtype=np.float64).astype(X.dtype)
+        elif self.positive:
             coef, intercept, _ = solve_least_squares(
                 X, y, sw, method="tsqr" if solver == "tsqr" else "gram", **common,
                 solve_r=lambda R, Z: (nnls_from_factor(R, Z), None),
@@ -478,12 +489,21 @@ class Ridge(_LinearRegressorBase):
         """
         self._validate_params()
         self._check_solver_rules()
-        X, y, sw, xp, comm = self._fit_common(X, y, sample_weight)
+        X, y, sw, xp, comm = self._fit_common(
+            X, y, sample_weight, defer_finite=not self.positive and self.solver in ("auto", "cholesky", "normal"))
         alphas = self._alphas(1 if y.ndim == 1 else y.shape[1])
         solver = self._resolve_solver(X)
         common = dict(fit_intercept=self.fit_intercept, comm=comm, xp=xp)
         n_iter = None
-        if solver == "nnls":
+        if dense_direct_applies(X, self.positive) and solver in ("cholesky", "svd"):
+            mode = {"auto": "auto", "cholesky": "normal", "normal": "normal"}.get(self.solver, "tsqr")
+            coef, intercept, _, used, self._solver_info = solve_direct(
+                X, y, sw, solver=mode, alpha=float(np.min(alphas)), **common,
+                solve_gram=lambda G, B: (ridge_from_gram(G, B, alphas), None),
+                solve_r=lambda R, Z: (ridge_from_r(R, Z, alphas), None),
+                on_nonfinite=lambda: raise_if_nonfinite(self, X, y, comm=comm, xp=xp))
+            solver = "cholesky" if used == "normal" else "svd"
+        elif solver == "nnls":
             sparse = is_sparse(X)
             coef, intercept, _ = solve_least_squares(
                 X, y, sw, method="gram" if sparse else "tsqr", **common,

@@ -57,6 +57,12 @@ def expit(raw, xp):
     return xp.exp(-xp.logaddexp(0.0, -raw))
 
 
+def _fused_kernel_takes(X):
+    from ..kernels import linear as kernels
+
+    return kernels.supported(X) and X.flags.c_contiguous and X.shape[1] <= kernels.LOGISTIC_MAX_FEATURES
+
+
 class Objective:
     """The distributed logistic objective on validated shards.
 
@@ -88,6 +94,11 @@ class Objective:
         self.penalised = penalised.ravel()
         if self.binary:
             self.y01 = (y_idx == 1).astype(X.dtype)
+        # dense binary CuPy shards: one kernel reads X once per evaluation (loss, gradient, or H v)
+        self._fused = (self.binary and not self.sparse and xp is not np and X.shape[0] > 0
+                       and _fused_kernel_takes(X))
+        if self._fused:
+            self._sw_x = xp.ascontiguousarray(sw.astype(X.dtype, copy=False))
 
     @property
     def n_params(self):
@@ -112,6 +123,27 @@ class Objective:
         # in X's dtype (no float64 copy of a float32 shard per evaluation, as scikit-learn), float64 after
         return as_like((G.T.astype(X.dtype) @ X).astype(xp.float64), np)
 
+    def _fused_local(self, w, v=None):
+        """``[Σ w·loss | gradient]`` (or ``H v`` when ``v`` is given) by one read of ``X`` on the device."""
+        from ..kernels.linear import logistic_pass
+
+        coef, intercept = self.split(w)
+        if v is None:
+            vec, vbias = None, 0.0
+        else:
+            vc, vb = self.split(v)
+            vec, vbias = vc[0], float(vb[0])
+        host = as_like(logistic_pass(self.X, self.y01, self._sw_x, coef[0], float(intercept[0]), vec, vbias), np)
+        D = self.d + self.fi
+        out = np.empty(D if v is not None else 1 + D)
+        body = out if v is not None else out[1:]
+        if v is None:
+            out[0] = host[0]
+        body[:self.d] = host[2:]
+        if self.fi:
+            body[self.d] = self.scale * host[1]
+        return out
+
     def _local(self, w, hessian):
         """This rank's ``[Σ w·loss | gradient | (Hessian)]`` as host float64 (unscaled)."""
         xp, X, sw = self.xp, self.X, self.sw
@@ -120,6 +152,8 @@ class Objective:
         out = np.zeros(1 + npar + (npar * npar if hessian else 0))
         if n == 0:
             return out
+        if self._fused and not hessian:
+            return self._fused_local(w)
         raw = self.raw(X, w)
         if self.binary:
             loss = xp.logaddexp(0.0, raw) - self.y01 * raw
@@ -132,11 +166,20 @@ class Objective:
             G[xp.arange(n), self.y_idx] -= 1
             G *= sw[:, None]
         self._stash = (_fingerprint(w), prob)
-        out[0] = float(sw.astype(xp.float64) @ loss.astype(xp.float64))
         grad = np.zeros((self.k, D))
-        grad[:, :self.d] = self._xt(G)
-        if self.fi:
-            grad[:, self.d] = self.scale * as_like(G.astype(xp.float64).sum(axis=0), np)
+        if xp is np or self.sparse:
+            out[0] = float(sw.astype(xp.float64) @ loss.astype(xp.float64))
+            grad[:, :self.d] = self._xt(G)
+            if self.fi:
+                grad[:, self.d] = self.scale * as_like(G.astype(xp.float64).sum(axis=0), np)
+        else:  # one transfer from the device: [loss | Gᵀ X | column sums of G]
+            parts = [(sw.astype(xp.float64) @ loss.astype(xp.float64)).reshape(1),
+                     (G.T.astype(X.dtype) @ X).astype(xp.float64).ravel(), G.astype(xp.float64).sum(axis=0)]
+            host = as_like(xp.concatenate(parts), np)
+            out[0] = host[0]
+            grad[:, :self.d] = host[1:1 + self.k * self.d].reshape(self.k, self.d)
+            if self.fi:
+                grad[:, self.d] = self.scale * host[1 + self.k * self.d:]
         out[1:1 + npar] = grad.ravel()
         if hessian:
             out[1 + npar:] = self._local_hessian(prob).ravel()
@@ -226,7 +269,9 @@ class Objective:
         v = np.asarray(v, dtype=np.float64)
         npar, D = self.n_params, self.d + self.fi
         local = np.zeros(npar)
-        if X.shape[0]:
+        if X.shape[0] and self._fused:
+            local = self._fused_local(w, v)
+        elif X.shape[0]:
             fp_w, prob = self._stash
             if fp_w != _fingerprint(w):
                 raise RuntimeError("hessp needs the probabilities of its point: evaluate(w) first")

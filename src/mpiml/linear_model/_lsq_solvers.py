@@ -183,6 +183,26 @@ def lstsq_from_gram(G, B, cond):
     return coef, int(keep.sum()), sing
 
 
+def lstsq_from_gram_cholesky(G, B, cond):
+    """:func:`lstsq_from_gram` by Cholesky when ``G`` has full rank under the ``cond`` rule.
+
+    The singular values come from ``eigvalsh`` (no eigenvectors); the solve is
+    a Cholesky solve.  A rank-deficient ``G`` (or a failed factorisation) goes
+    to :func:`lstsq_from_gram`, whose minimum-norm rule then applies.
+    """
+    lam = np.linalg.eigvalsh(G)[::-1]
+    sing = np.sqrt(np.clip(lam, 0.0, None))
+    if sing.size and sing[0] > 0 and bool(np.all(sing > cond * sing[0])):
+        try:
+            coef = scipy.linalg.cho_solve(scipy.linalg.cho_factor(G, lower=False, check_finite=False), B,
+                                          check_finite=False)
+            if np.all(np.isfinite(coef)):
+                return coef, int(sing.size), sing
+        except np.linalg.LinAlgError:
+            pass
+    return lstsq_from_gram(G, B, cond)
+
+
 def lstsq_from_r(R, Z, cond):
     """Minimum-norm least squares from the triangular factor; singular values and rank."""
     coef, _, rank, sing = scipy.linalg.lstsq(R, Z, cond=cond, check_finite=False)
@@ -192,20 +212,30 @@ def lstsq_from_r(R, Z, cond):
 
 
 def ridge_from_gram(G, B, alphas):
-    """Solve ``(G + alpha I) w = b`` per target (Cholesky; eigen-fallback when singular)."""
+    """Solve ``(G + alpha I) w = b`` per target (Cholesky; eigen-fallback when singular).
+
+    The matrix counts as singular when Cholesky fails or its pivots say the
+    smallest eigenvalue is at the rounding level of a float64 Gram matrix
+    (``100 d ε`` of the largest); the eigen-fallback then drops those
+    eigenvalues, which gives the minimum-norm solution for ``alpha = 0``.
+    """
     d, t = B.shape
     coef = np.empty((d, t))
     groups = {}
+    singular = 100 * max(d, 1) * np.finfo(np.float64).eps
     for j, a in enumerate(alphas):
         groups.setdefault(float(a), []).append(j)
     for a, cols in groups.items():
         A = G + a * np.eye(d)
         try:
-            coef[:, cols] = scipy.linalg.cho_solve(scipy.linalg.cho_factor(A, lower=False, check_finite=False),
-                                                   B[:, cols], check_finite=False)
+            factor = scipy.linalg.cho_factor(A, lower=False, check_finite=False)
+            pivots = np.abs(np.diag(factor[0]))
+            if d and (pivots.min() / pivots.max()) ** 2 <= singular:
+                raise np.linalg.LinAlgError("numerically singular")
+            coef[:, cols] = scipy.linalg.cho_solve(factor, B[:, cols], check_finite=False)
         except np.linalg.LinAlgError:
             lam, V = np.linalg.eigh(A)
-            keep = lam > max(lam.max(), 0.0) * d * np.finfo(np.float64).eps
+            keep = lam > max(lam.max(), 0.0) * singular
             Vk = V[:, keep]
             coef[:, cols] = Vk @ ((Vk.T @ B[:, cols]) / lam[keep][:, None])
     return coef

@@ -25,6 +25,11 @@ results (the arithmetic per block and the merge order do not depend on it):
   flag is up, lowers the flag, and computes on the copy at step ``s+1``.  Three slots let a sender run one step ahead
   of a slow receiver (MaTEx, seed 003).  Device blocks are staged through host memory.
 
+When the queries are few relative to the index, :func:`ring_kneighbors` may instead gather
+every rank's queries, search the local shard for all of them and send the candidate lists
+back to their owners (``strategy="local"``, chosen by :func:`choose_strategy`): far fewer
+bytes than ringing the index, the same result.
+
 Merging: the running top-k and the block's top-k are concatenated and ordered by
 (distance, global index) with two stable sorts, so exact ties go to the lower global
 index, like scikit-learn's brute force.
@@ -39,9 +44,13 @@ from .._array import get_namespace, is_device_array
 from .._errors import CommTimeoutError
 from . import _sparse
 
-__all__ = ["EXCHANGES", "ring_kneighbors", "ring_radius", "ring_visit", "local_distances", "local_topk"]
+__all__ = ["EXCHANGES", "STRATEGIES", "choose_strategy", "ring_kneighbors", "ring_radius", "ring_visit",
+           "local_distances", "local_topk"]
 
 EXCHANGES = ("blocking", "overlap", "onesided")
+STRATEGIES = ("auto", "ring", "local")
+#: Default search strategy of :func:`ring_kneighbors` (tests and benchmarks may pin it).
+STRATEGY = "auto"
 _TAG_X = 0x4E4E  # tags _TAG_X .. _TAG_X + 3: rows (or CSR data, indices, indptr), targets
 _SLOTS = 3
 #: Rows of queries per distance block on the host (bounds the (rows, m) temporary).
@@ -91,15 +100,25 @@ def local_distances(Q, X, metric, xp, p=None):
 def local_topk(Q, X, k, metric, xp, p=None):
     """``(distances, local indices)`` of the ``k`` nearest rows of ``X`` (ties to the lower index).
 
-    On CuPy with dense rows and a metric that :func:`mpiml.kernels.distances.topk`
-    supports, that kernel; otherwise blocks of distances (sparse rows: the block's norms
-    and transpose prepared once, :mod:`mpiml.neighbors._sparse`) and a selection per row.
+    On CuPy with dense float rows and ``k`` up to :data:`mpiml.kernels.select.MAX_K`, the fused
+    distance + selection kernel of :mod:`mpiml.kernels.select` (every metric; euclidean
+    distances in the GEMM form, recomputed by the caller); otherwise blocks of distances
+    (sparse rows: the block's norms and transpose prepared once, :mod:`mpiml.neighbors._sparse`)
+    and a selection per row.
     """
     sparse = _sparse.is_sparse(Q) or _sparse.is_sparse(X)
-    if xp is not np and metric in ("euclidean", "sqeuclidean", "cosine") and not sparse:
-        from ..kernels.distances import topk
+    if xp is not np and not sparse:
+        from ..kernels import select
 
-        return topk(Q, X, k, metric=metric)
+        if k <= select.MAX_K and X.dtype in (np.float32, np.float64):
+            return select.topk(Q, X, k, metric=metric, p=p)
+        if metric in ("euclidean", "sqeuclidean", "cosine"):
+            from ..kernels.distances import topk
+
+            return topk(Q, X, k, metric=metric)
+    cpu = _cpu_topk() if xp is np and not sparse else None
+    if cpu is not None:  # dense host rows: the compiled kernel of mpiml.neighbors._cpu
+        return cpu(Q, X, k, metric, p)
     nq, m = Q.shape[0], X.shape[0]
     dist = xp.empty((nq, k), dtype=Q.dtype)
     idx = xp.empty((nq, k), dtype=xp.int64)
@@ -114,6 +133,20 @@ def local_topk(Q, X, k, metric, xp, p=None):
         idx[s:s + step] = _smallest_k(D, k, xp)
         dist[s:s + step] = xp.take_along_axis(D, idx[s:s + step], axis=1)
     return dist, idx
+
+
+def _cpu_topk():
+    """:func:`mpiml.neighbors._cpu.topk` (compiled, dense host rows), or None without Numba or with
+    ``MPIML_CPU_KERNELS=0`` (the blocked NumPy path below, for comparisons)."""
+    import os
+
+    if os.environ.get("MPIML_CPU_KERNELS", "1") == "0":
+        return None
+    try:
+        from ._cpu import topk
+    except ImportError:
+        return None
+    return topk
 
 
 def _smallest_k(D, k, xp):
@@ -160,6 +193,10 @@ def _exact_sq(Q, X, idx, xp):
     The GEMM form selects the candidates; their reported distances are recomputed so
     that a query equal to an index row is at distance exactly 0 (as in scikit-learn).
     """
+    if xp is not np and not (_sparse.is_sparse(Q) or _sparse.is_sparse(X)) and X.dtype in (np.float32, np.float64):
+        from ..kernels.select import exact_sq
+
+        return exact_sq(Q, X, idx)
     if _sparse.is_sparse(Q) or _sparse.is_sparse(X):
         qrows = xp.repeat(xp.arange(idx.shape[0], dtype=xp.int64), idx.shape[1])
         return _sparse.pair_sq_distances(Q, X, qrows, idx.ravel(), xp).reshape(idx.shape)
@@ -196,7 +233,26 @@ def _search_block(Q, block, k, metric, p, state, xp):
     return merge_topk(*state, d, i + block.offset, pay, k, xp)
 
 
-def ring_kneighbors(Q, X, Y, k, *, metric, comm, offsets, counts, exchange, xp, p=None):
+def choose_strategy(query_counts, index_counts, d, k, itemsize, t=0):
+    """``"ring"`` or ``"local"``: the search that moves fewer bytes through the slowest rank.
+
+    The ring sends the largest index block over every link ``p - 1`` times (each step waits
+    for it); the local search receives every other rank's queries once and exchanges ``k``
+    candidates (distance, global index, payload) per foreign query.  The inputs are
+    replicated, so every rank takes the same branch.
+    """
+    p = len(index_counts)
+    if p == 1:
+        return "ring"
+    row = d * itemsize + 8 * t
+    ring = (p - 1) * int(np.max(index_counts)) * row
+    total = int(np.sum(query_counts))
+    foreign = total - int(np.min(query_counts))
+    local = foreign * d * itemsize + 2 * foreign * k * (itemsize + 8 + 8 * t)
+    return "local" if local < ring else "ring"
+
+
+def ring_kneighbors(Q, X, Y, k, *, metric, comm, offsets, counts, exchange, xp, p=None, strategy=None):
     """The global ``k`` nearest neighbours of this rank's queries ``Q`` over every rank's ``X``.
 
     Parameters
@@ -204,12 +260,27 @@ def ring_kneighbors(Q, X, Y, k, *, metric, comm, offsets, counts, exchange, xp, 
     Q : (n_queries, d) array of this rank.
     X : (n_local, d) this rank's index shard; ``Y`` its payload ``(n_local, t)`` float64 or None.
     offsets, counts : global offset and row count of every rank's shard (host int64).
-    exchange : one of :data:`EXCHANGES`.
+    exchange : one of :data:`EXCHANGES` (how the ring moves blocks).
+    strategy : ``"ring"``, ``"local"`` or ``"auto"`` (default :data:`STRATEGY`): ``"local"``
+        gathers every rank's queries, searches this rank's shard for all of them and sends
+        the candidate lists back to their owners (dense rows only); ``"auto"`` picks by
+        :func:`choose_strategy`.  Identical results.
 
     Returns
     -------
     dist (n_queries, k), global indices (n_queries, k) int64, payload (n_queries, k, t) or None.
     """
+    strategy = STRATEGY if strategy is None else strategy
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    if comm.size > 1 and strategy != "ring" and not (_sparse.is_sparse(Q) or _sparse.is_sparse(X)):
+        from ..utils._validation import row_counts
+
+        qcounts = row_counts(Q.shape[0], comm)
+        if strategy == "local" or choose_strategy(qcounts, counts, X.shape[1], k, X.dtype.itemsize,
+                                                  0 if Y is None else Y.shape[1]) == "local":
+            return _local_kneighbors(Q, X, Y, k, metric=metric, p=p, comm=comm, offsets=offsets, qcounts=qcounts,
+                                     xp=xp)
     state = [(None, None, None)]
 
     def visit(block):
@@ -220,6 +291,46 @@ def ring_kneighbors(Q, X, Y, k, *, metric, comm, offsets, counts, exchange, xp, 
     return state[0]
 
 
+def _local_kneighbors(Q, X, Y, k, *, metric, p, comm, offsets, qcounts, xp):
+    """Every rank's queries against this rank's shard; each owner merges the ranks' candidate lists.
+
+    Lists are padded to ``k`` columns with ``(inf, int64 max)`` (a shard may hold fewer rows);
+    the merge orders by (distance, global index), so the result does not depend on the order
+    in which lists arrive and equals the ring's.
+    """
+    size, rank = comm.size, comm.rank
+    Qall = comm.allgatherv(xp.ascontiguousarray(Q))
+    qoff = np.concatenate([[0], np.cumsum(qcounts)]).astype(np.int64)
+    n_all, t = int(qoff[-1]), None if Y is None else Y.shape[1]
+    dist, gidx, pay = _search_block(Qall, _Block(X, Y, int(offsets[rank])), k, metric, p, (None, None, None), xp)
+    if dist is None:
+        dist = xp.empty((n_all, 0), dtype=X.dtype)
+        gidx = xp.empty((n_all, 0), dtype=xp.int64)
+        pay = None if Y is None else xp.empty((n_all, 0, t))
+    if dist.shape[1] < k:
+        pad = k - dist.shape[1]
+        dist = xp.concatenate([dist, xp.full((n_all, pad), np.inf, dtype=dist.dtype)], axis=1)
+        gidx = xp.concatenate([gidx, xp.full((n_all, pad), np.iinfo(np.int64).max, dtype=xp.int64)], axis=1)
+        if pay is not None:
+            pay = xp.concatenate([pay, xp.zeros((n_all, pad, t), dtype=pay.dtype)], axis=1)
+    parts = [dist, gidx] + ([] if pay is None else [pay])
+
+    def rows(a, j):
+        return xp.ascontiguousarray(a[qoff[j]:qoff[j + 1]])
+
+    sends = [comm.isend(rows(a, j), j, tag=_TAG_X + i) for j in range(size) if j != rank for i, a in enumerate(parts)]
+    recvs = {j: [comm.irecv(j, tag=_TAG_X + i) for i in range(len(parts))] for j in range(size) if j != rank}
+    state = (None, None, None)
+    for j in range(size):
+        got = [rows(a, rank) for a in parts] if j == rank else [r.wait() for r in recvs[j]]
+        state = merge_topk(*state, got[0], got[1], got[2] if pay is not None else None, k, xp)
+    for s in sends:
+        s.wait()
+    if qcounts[rank] == 0:
+        return None, None, None
+    return state
+
+
 def ring_radius(Q, X, radius, *, metric, comm, offsets, counts, exchange, xp, p=None):
     """Every index row within ``radius`` of each query: per query, (distances, global indices) sorted."""
     found = [[] for _ in range(Q.shape[0])]
@@ -227,25 +338,40 @@ def ring_radius(Q, X, radius, *, metric, comm, offsets, counts, exchange, xp, p=
     def visit(block):
         if block.X.shape[0] == 0 or Q.shape[0] == 0:
             return
-        D = local_distances(Q, block.X, metric, xp, p)
+        sparse = _sparse.is_sparse(Q) or _sparse.is_sparse(block.X)
+        sq = metric in ("euclidean", "sqeuclidean")
         # the GEMM form picks candidates with a little slack; exact distances decide below
-        slack = radius * 1e-6 + 1e-9 if metric in ("euclidean", "sqeuclidean") else 0.0
-        rows, cols = (a.get() if hasattr(a, "get") else a for a in xp.nonzero(D <= radius + slack))
+        slack = radius * 1e-6 + 1e-9 if sq else 0.0
+        D = vals = None
+        if xp is not np and not sparse and block.X.dtype in (np.float32, np.float64):
+            from ..kernels.select import within
+
+            # a count pass then a fill pass on the device: no (queries x rows) matrix
+            bound = (radius + slack) ** 2 if metric == "euclidean" else radius + slack
+            indptr, cols, vals = within(Q, block.X, bound, metric=metric, p=p)
+            rows = np.repeat(np.arange(Q.shape[0]), np.diff(indptr.get()))
+            cols = cols.get()
+        else:
+            D = local_distances(Q, block.X, metric, xp, p)
+            rows, cols = (a.get() if hasattr(a, "get") else a for a in xp.nonzero(D <= radius + slack))
         if rows.size:
-            if metric in ("euclidean", "sqeuclidean"):
+            if sq:
                 rows_x, cols_x = (xp.asarray(a) for a in (rows, cols))
-                if _sparse.is_sparse(Q) or _sparse.is_sparse(block.X):
+                if sparse:
                     vals = _sparse.pair_sq_distances(Q, block.X, rows_x, cols_x, xp)
                 else:
                     diff = block.X[cols_x] - Q[rows_x]
                     vals = (diff * diff).sum(axis=1)
                 vals = xp.sqrt(vals) if metric == "euclidean" else vals
-            else:
+            elif D is not None:
                 vals = D[rows, cols]
             vals = vals.get() if hasattr(vals, "get") else vals
-            for r in np.unique(rows):
-                sel = rows == r
-                found[r].append((vals[sel], cols[sel] + block.offset))
+            order = np.argsort(rows, kind="stable")  # group by query (one pass, not one per query)
+            rows, cols, vals = rows[order], cols[order], vals[order]
+            starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+            ends = np.r_[starts[1:], rows.size]
+            for a, b in zip(starts, ends):
+                found[rows[a]].append((vals[a:b], cols[a:b] + block.offset))
 
     ring_visit(_Block(X, None, int(offsets[comm.rank])), visit, comm=comm, offsets=offsets, counts=counts,
                exchange=exchange)

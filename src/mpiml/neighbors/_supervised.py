@@ -12,8 +12,8 @@ from sklearn.base import ClassifierMixin, MultiOutputMixin, RegressorMixin
 from sklearn.exceptions import DataConversionWarning
 
 from .._array import get_namespace
-from ..linear_model._base import global_classes, validate_X_y
 from ..utils._param_validation import StrOptions
+from ..utils._supervised import global_classes, validate_X_y
 from ..utils._validation import agree_on_error
 from ._base import _NeighborsBase, _as_csr
 

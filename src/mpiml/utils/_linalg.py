@@ -12,6 +12,8 @@ calls them with its own block and the same keyword arguments.
 * :func:`orthonormalize` — an orthonormal basis of the columns of ``A`` by
   either method (what randomised SVD calls between power iterations).
 * :func:`gram` — ``(A - shift)^T (A - shift)`` accumulated in float64.
+* :func:`augmented_gram` — ``[A | Y | 1]ᵀ W [A | Y | 1]`` in float64 from one
+  read of ``A``: the Gram matrix, the cross products and the column sums at once.
 * :func:`svd_flip_rows` — scikit-learn's ``svd_flip(u, v, u_based_decision=False)``
   sign rule on the replicated factor.
 
@@ -32,7 +34,8 @@ import numpy as np
 
 from .._array import get_namespace, to_numpy
 
-__all__ = ["tsqr", "cholesky_qr2", "orthonormalize", "gram", "svd_flip_rows", "NotPositiveDefiniteError",
+__all__ = ["tsqr", "cholesky_qr2", "orthonormalize", "gram", "augmented_gram", "svd_flip_rows",
+           "NotPositiveDefiniteError",
            "is_sparse", "to_csr", "sparse_gram", "scale_rows", "column_sums", "column_sq_dev", "densify_rows"]
 
 #: Tag of the point-to-point messages of the TSQR tree (the user's p2p context).
@@ -114,6 +117,69 @@ def gram(A, *, shift=None, chunk_rows=None):
             block -= sh
         out += block.T @ block
     return out
+
+
+def augmented_gram(A, Y=None, weights=None, *, chunk_bytes=None):
+    """``Zᵀ diag(weights) Z`` with ``Z = [A | Y | 1]`` of a local dense block, float64, one read of ``A``.
+
+    Parameters
+    ----------
+    A : ndarray of shape (n, d)
+        Dense NumPy or CuPy block, float32 or float64.
+    Y : ndarray of shape (n, t), default=None
+        Extra columns (the targets of a regression); None for ``t = 0``.
+    weights : ndarray of shape (n,), default=None
+        Row weights; None means ones.
+    chunk_bytes : int, default=None
+        Bytes of the float64 row block formed at a time (8 MiB on the host,
+        256 MiB on a GPU).
+
+    Returns
+    -------
+    ndarray of shape (k, k), ``k = d + t + 1``, float64, on the namespace of ``A``.
+        The upper-left block is ``AᵀWA``, the last column holds the weighted
+        column sums of ``A`` and ``Y`` and, last, the weight total.
+
+    Notes
+    -----
+    On a GPU with ``k <= 124`` a kernel (:mod:`mpiml.kernels.linear`) reads
+    ``A`` once and forms every product and sum in float64 (a product of two
+    float32 values is exact in float64).  Otherwise the rows go through a
+    reused float64 buffer ``[A | Y | 1]`` a block at a time and BLAS (cuBLAS)
+    forms ``ZᵀZ``.  Non-finite input makes the result non-finite.
+    """
+    xp = get_namespace(A)
+    n, d = A.shape
+    if Y is None:
+        Y = xp.zeros((n, 0), dtype=A.dtype)
+    t = Y.shape[1]
+    k = d + t + 1
+    if xp is not np:
+        from ..kernels import linear as kernels
+
+        # the kernel reads Y and the weights in A's dtype: only when that loses nothing
+        same = Y.dtype == A.dtype and (weights is None or weights.dtype == A.dtype)
+        if kernels.supported(A) and k <= kernels.GRAM_MAX_COLUMNS and same:
+            return kernels.augmented_gram(A, Y, weights)
+    G = xp.zeros((k, k), dtype=xp.float64)
+    if n == 0:
+        return G
+    nbytes = chunk_bytes or ((8 << 20) if xp is np else (256 << 20))
+    step = max(1024, nbytes // (8 * k))
+    buf = xp.empty((min(step, n), k), dtype=xp.float64)
+    buf[:, -1] = 1.0
+    with np.errstate(over="ignore", invalid="ignore"):  # overflowing squares are the caller's to find
+        for s in range(0, n, step):
+            e = min(n, s + step)
+            Z = buf[:e - s]
+            Z[:, :d] = A[s:e]
+            if t:
+                Z[:, d:d + t] = Y[s:e]
+            if weights is None:
+                G += Z.T @ Z
+            else:
+                G += (Z * xp.asarray(weights[s:e], dtype=xp.float64)[:, None]).T @ Z
+    return G
 
 
 def svd_flip_rows(Vt, U=None):

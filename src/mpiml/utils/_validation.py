@@ -221,7 +221,8 @@ def _normalise_input(X):
 
 # ---------------------------------------------------------------------- public checks
 def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "float32"), accept_sparse=False,
-                  ensure_all_finite=True, ensure_min_features=1, allow_local_empty=True, order=None):
+                  ensure_all_finite=True, ensure_min_features=1, allow_local_empty=True, order=None,
+                  defer_finite=False):
     """Validate this rank's shard ``X`` and agree on it across ranks.
 
     Parameters
@@ -252,6 +253,12 @@ def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "flo
         zero rows are accepted too.
     order : {None, "C", "F"}, default=None
         Memory layout to enforce.
+    defer_finite : bool, default=False
+        For a dense CuPy ``X``: skip the NaN/infinity check (a full read of
+        ``X`` and a wait for the device) because the caller finds non-finite
+        values in a reduction it makes anyway and then raises the same error
+        (:func:`mpiml.linear_model._base.raise_if_nonfinite`).  Host and
+        sparse input are checked here as usual.
 
     Returns
     -------
@@ -280,6 +287,10 @@ def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "flo
             from ..comm import get_comm
 
             comm = get_comm()
+    if reset:  # first use by an estimator: this rank's thread pools get its share of the node (once)
+        from ._threads import limit_threads
+
+        limit_threads(comm)
     name = type(estimator).__name__
     single = comm.size == 1
     # A local method (predict, transform: validated on the size-1 communicator, no communication) of a
@@ -306,12 +317,13 @@ def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "flo
                 ensure_min_samples=1 if single and not local_empty_ok else 0,
                 ensure_min_features=ensure_min_features,
             )
-        if single and xp is not np:
+        deferred = defer_finite and xp is not np and not hasattr(X, "format")
+        if single and xp is not np and not deferred:
             has_nan, has_inf = _finite_flags(X, xp, ensure_all_finite)
             if has_nan or has_inf:
                 raise ValueError(_nonfinite_message(has_nan, has_inf, X.dtype, name))
         if not single:
-            has_nan, has_inf = _finite_flags(X, xp, ensure_all_finite)
+            has_nan, has_inf = (False, False) if deferred else _finite_flags(X, xp, ensure_all_finite)
             facts = (xp is not np, X.shape[0], X.shape[1], str(X.dtype), has_nan, has_inf, tuple(X.shape))
     except Exception as exc:
         if single:
@@ -429,11 +441,18 @@ def validate_sample_weight(sample_weight, X, *, xp=None, dtype=None, only_non_ne
             has_nan, has_inf = _finite_flags(out, xp, True)
             if has_nan or has_inf:
                 raise ValueError(_nonfinite_message(has_nan, has_inf, out.dtype, None, "sample_weight"))
-        if only_non_negative and out.size and bool((out < 0).any()):
+        if isinstance(sample_weight, (int, float, np.number)) and not isinstance(sample_weight, bool):
+            negative, nonzero = n > 0 and sample_weight < 0, n > 0 and sample_weight != 0  # known on the host
+        elif sample_weight is None:
+            negative, nonzero = False, n > 0
+        else:
+            negative = bool(out.size and (out < 0).any())
+            nonzero = out.size > 0 and bool((out != 0).any())
+        if only_non_negative and negative:
             raise ValueError("Negative values in data passed to `sample_weight`")
     except Exception as exc:
         error = exc
-    nonzero = error is None and out.size > 0 and bool((out != 0).any())
+    nonzero = error is None and bool(nonzero)
     if comm is not None and comm.size > 1:
         gathered = comm.allgather_obj((None if error is None else str(error), nonzero))
         msg = _combine([e for e, _ in gathered], "Invalid sample_weight")

@@ -8,7 +8,8 @@ milliseconds (default 10) at every communicator that has a device transport:
 * ``ipc``: the host-mapped error record that a kernel writes when a wait ran
   past ``MPIML_TIMEOUT`` (the kernels time themselves with ``%globaltimer``);
 * ``nccl``: ``ncclCommGetAsyncError``, and an event recorded after each call,
-  which must have completed within ``MPIML_TIMEOUT`` of the call's enqueueing.
+  which must have completed within ``MPIML_TIMEOUT`` of the call's enqueueing;
+* every peer on this host whose process has ended (:mod:`mpiml.comm._liveness`).
 
 On a failure it calls :meth:`Communicator._poison` (through a weak reference):
 the transports are aborted (waiting IPC kernels give up, the NCCL communicator
@@ -64,6 +65,12 @@ def check(comm):
         if exc is not None:
             comm._poison(exc)
             return True
+    live = getattr(comm, "_liveness", None)
+    if live is not None and live.look() is not None:  # a peer's process ended: its kernels never come
+        from ..._errors import CommAbortedError
+
+        comm._poison(CommAbortedError(live.describe(live.dead)))
+        return True
     return False
 
 

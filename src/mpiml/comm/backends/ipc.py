@@ -104,6 +104,11 @@ class IPCTransport(Transport):
         self._two_level_parts = None
         self._fallback = None
         self._displs = {}
+        # what every role of this transport reads (the two-level role below returns before _setup):
+        # whether calls wait on the host, the timeout, the error word the hot path polls
+        self._sync = device_sync()
+        self._timeout = _config.timeout()
+        self._err_code = None
         err = None
         try:
             import cupy  # noqa: F401  (both needed below)
@@ -116,7 +121,9 @@ class IPCTransport(Transport):
         self.nodes = node_layout(ids, _config.node_size())
         self.multi_node = len(set(self.nodes)) > 1
         if self.multi_node:
-            return  # only two_level (and the NCCL fallback) run across nodes
+            # only two_level (and the NCCL fallback) run across nodes; no workspace here: the
+            # node's IPC part is a transport of its own (_two_level), made on first use
+            return
         if self.size > MAX_RANKS:
             raise BackendUnavailableError(f"the 'ipc' backend serves at most {MAX_RANKS} ranks; got {self.size}")
         self.cap = _env_bytes("MPIML_IPC_BYTES", 32 << 20) // _CHUNK_ALIGN * _CHUNK_ALIGN
@@ -193,11 +200,12 @@ class IPCTransport(Transport):
 
         self._launch_kernel = driver.launchKernel
         self._cupy = cupy
-        self._sync = device_sync()
-        self._timeout = timeout
         world.native_barrier().wait()  # nobody launches before every peer is mapped
 
     def close(self):
+        helpers, self._fallback, self._two_level_parts = self._helpers(), None, None
+        for t in helpers:  # (the two-level role holds nothing but these)
+            t.close()
         if self._base is None and self._err_host is None:
             return
         try:
@@ -221,9 +229,6 @@ class IPCTransport(Transport):
         except Exception:
             pass
         self._opened, self._base, self._err_host = [], None, None
-        for t in (self._fallback, *(self._two_level_parts or ())):
-            if t is not None:
-                t.close()
 
     # ------------------------------------------------------------------ launching
     def _check(self, op):
@@ -432,14 +437,18 @@ class IPCTransport(Transport):
             if recvbuf.size:
                 recvbuf[...] = tmp[displs[self.rank]:displs[self.rank + 1]]
             return self._done("reduce_scatter")
-        dev_displs = self._displs.get(counts)
-        if dev_displs is None:
-            dev_displs = self._cupy.asarray(displs)
-            self._displs[counts] = dev_displs
         fn = self._kernel("reduce", "mpiml_reduce_scatter_oneshot", dtype, self._reduce_op(op, dtype), False)
         self._launch(fn, _grid(max(counts)), sendbuf.data.ptr, recvbuf.data.ptr if recvbuf.size else 0, n,
-                     dev_displs.data.ptr)
+                     self._displs_ptr(counts))
         return self._done("reduce_scatter")
+
+    def _displs_ptr(self, counts):
+        """Device pointer of the element offsets of ``counts`` (cached per counts)."""
+        dev = self._displs.get(counts)
+        if dev is None:
+            dev = self._cupy.asarray(np.concatenate(([0], np.cumsum(counts))).astype(np.int64))
+            self._displs[counts] = dev
+        return dev.data.ptr
 
     # ops without an IPC kernel: NCCL over the same ranks
     def native_allgatherv(self, sendbuf, recvbuf, counts):
@@ -485,42 +494,71 @@ class IPCTransport(Transport):
                          f"(ipc algorithms: {list(IPC_ALGORITHMS)})")
 
     # ------------------------------------------------------------------ hot path
-    def hot_launcher(self, comm, op, name, x, arg):
+    def hot_launcher(self, comm, plan, op, name, x, arg):
         """A launcher (see :mod:`mpiml.comm._hotpath`) repeating this call with one kernel, or None.
 
-        Only for stream-ordered calls (``MPIML_DEVICE_SYNC=0``) that fit in one
-        kernel on one node: allreduce (ll, oneshot, twoshot) and bcast (ll, pull).
+        For stream-ordered calls (``MPIML_DEVICE_SYNC=0``) that fit in one kernel
+        on one node: allreduce (ll, oneshot, twoshot), bcast and allgather (ll,
+        pull), reduce (ll, oneshot), reduce_scatter (oneshot).  ``arg`` is the
+        reduction, the root, ``(reduction, root)`` or ``(counts, reduction)``.
+        Across nodes, the ops that go to NCCL take NCCL's launcher.
         """
-        if self._sync or self.multi_node or self._err_host is None or not x.size or x.nbytes > self.cap:
+        if self.multi_node:
+            if op == "allreduce" or self._sync:
+                return None
+            return self._nccl().hot_launcher(comm, plan, op, "native", x, arg)
+        if self._sync or self._err_host is None or not x.size or x.nbytes > self.cap:
             return None
-        from .._hotpath import allreduce_launcher, bcast_launcher
+        from .._hotpath import binding, ipc_issue, launcher
 
         nb, dtype = x.nbytes, x.dtype
+        ll_ok = nb <= self.ll_max
+        algo = name
+        root, rows, red = 0, None, None
         if op == "allreduce":
             algo = self._auto_allreduce(nb) if name == "native" else name
-            if algo == "ll" and nb <= self.ll_max:
-                kernel, grid, block, mask = "mpiml_allreduce_ll", _ll_grid(nb), LL_THREADS, 7
-            elif algo in ("oneshot", "twoshot"):
-                units, parts = -(-nb // 16), (self.size if algo == "twoshot" else 1)
-                kernel, grid, block, mask = "mpiml_allreduce_" + algo, _grid(-(-units // parts)), THREADS, 15
-            else:
+            red, family, parts = arg, "allreduce", (self.size if algo == "twoshot" else 1)
+            if algo not in ("ll", "oneshot", "twoshot"):
                 return None
-            rop = self._reduce_op(arg, dtype)
-            fa = self._kernel("allreduce", kernel, dtype, rop, True)
-            fu = self._kernel("allreduce", kernel, dtype, rop, False)
-            return allreduce_launcher(self, x, fa, fu, grid, block, mask)
-        if op == "bcast":
-            algo = ("ll" if nb <= self.ll_max else "pull") if name == "native" else name
-            if algo == "ll" and nb <= self.ll_max:
-                kernel, grid, block, mask = "mpiml_bcast_ll", _ll_grid(nb), LL_THREADS, 7
-            elif algo == "pull":
-                kernel, grid, block, mask = "mpiml_bcast_pull", _grid(-(-nb // 16)), THREADS, 15
-            else:
+        elif op in ("bcast", "allgather"):
+            algo = ("ll" if ll_ok else "pull") if name == "native" else name
+            family, parts = "bcast", 1
+            root = int(arg) if op == "bcast" else 0
+            if algo not in ("ll", "pull"):
                 return None
-            fa = self._kernel("bcast", kernel, dtype, None, True)
-            fu = self._kernel("bcast", kernel, dtype, None, False)
-            return bcast_launcher(self, comm.rank, int(arg), x, fa, fu, grid, block, mask)
-        return None
+        elif op == "reduce":
+            algo = ("ll" if ll_ok else "oneshot") if name == "native" else name
+            (red, root), family, parts = arg, "reduce", 1
+            if algo not in ("ll", "oneshot"):
+                return None
+        elif op == "reduce_scatter" and name in ("native", "oneshot"):
+            counts, red = arg
+            counts = tuple(int(c) for c in counts)
+            rows = counts[self.rank] // (x.size // x.shape[0])  # (x has rows: the communicator made it 1-d+)
+            fn = self._kernel("reduce", "mpiml_reduce_scatter_oneshot", dtype, self._reduce_op(red, dtype), False)
+            issue = ipc_issue(self, op, x, fn, fn, _grid(max(counts)), THREADS, 0, self._displs_ptr(counts))
+            bind = binding(op, x, rank=self.rank, size=self.size, rows=rows)
+            return launcher(comm, self, plan, op, x, bind, issue, self._err_code)
+        else:
+            return None
+        if algo == "ll" and not ll_ok:
+            return None
+        kernel = f"mpiml_{op}_{algo}"
+        if algo == "ll":
+            grid, block, mask = _ll_grid(nb), LL_THREADS, 7
+        else:
+            grid, block, mask = _grid(-(-(-(-nb // 16)) // parts)), THREADS, 15
+        rop = self._reduce_op(red, dtype) if red is not None else None
+        fa = self._kernel(family, kernel, dtype, rop, True)
+        fu = self._kernel(family, kernel, dtype, rop, False)
+        extra = root
+        if op == "allgather":
+            extra = x.size  # the row stride of the result, in elements
+            if nb & mask:
+                fa = fu
+        issue = ipc_issue(self, op, x, fa, fu, grid, block, mask, extra)
+        bind = binding(op, x, rank=self.rank, size=self.size, root=root)
+        return launcher(comm, self, plan, op, x, bind, issue, self._err_code)
 
     # ------------------------------------------------------------------ helpers over other transports
     def _nccl(self):

@@ -402,13 +402,22 @@ class NCCLTransport(Transport):
     def irecv(self, buf, source, tag):
         return self._p2p("recv", buf, source)
 
-    def hot_launcher(self, comm, op, name, x, arg):
-        """A launcher (see :mod:`mpiml.comm._hotpath`) issuing this allreduce / bcast directly, or None."""
-        if self._sync or name != "native" or not x.size or self.comm is None or op not in ("allreduce", "bcast"):
-            return None
-        from .._hotpath import nccl_launcher
+    def hot_launcher(self, comm, plan, op, name, x, arg):
+        """A launcher (see :mod:`mpiml.comm._hotpath`) issuing this collective directly, or None.
 
-        return nccl_launcher(self, op, x, arg)
+        For allreduce, bcast, reduce and allgather; ``arg`` is the reduction, the
+        root or ``(reduction, root)``.
+        """
+        if self._sync or name != "native" or not x.size or self.comm is None:
+            return None
+        from .._hotpath import binding, launcher, nccl_issue
+
+        issue = nccl_issue(self, op, x, arg)
+        if issue is None:
+            return None
+        root = arg if op == "bcast" else arg[1] if op == "reduce" else 0
+        bind = binding(op, x, rank=self.rank, size=self.size, root=int(root))
+        return launcher(comm, self, plan, op, x, bind, issue)
 
     def run_algorithm(self, op, name, *args):
         raise ValueError(f"algorithm {name!r} is not an NCCL algorithm; NCCL offers 'native', and every "

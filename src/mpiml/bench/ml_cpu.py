@@ -1,0 +1,307 @@
+"""``mpiml bench ml --device cpu``: mpiml on CPU ranks against scikit-learn and scikit-learn-intelex.
+
+The driver (a plain process) times, on the same data in one run:
+
+* mpiml at each of ``--ranks`` (default 1, 2, 4) under ``mpiexec``, every rank taking its
+  share of the node's cores (:mod:`mpiml.utils._threads`) and its rows of the data;
+* scikit-learn in the driver process on every core (``n_jobs=-1`` where it applies);
+* scikit-learn-intelex (oneDAL) estimators (``sklearnex.*``, the classes that
+  ``patch_sklearn()`` substitutes) on every core, when it is installed; otherwise the
+  entry says why it was skipped.
+
+Every generator of :mod:`mpiml.datasets` draws a row from its global index, so the
+driver's one-process draw is the concatenation of the ranks' shards: the same data for
+every contender.  Each fit is timed ``--repeat`` times and the best is kept (the first
+of a process loads the compiled kernels).  KMeans starts from the same centres
+everywhere (``init`` = the first ``k`` rows, one run) and runs a fixed number of Lloyd
+iterations (``tol=0``); NearestNeighbors is the index's fit plus the ``k``-NN search of
+the query rows (spread over the ranks for mpiml).
+
+The JSON (machine, date, command, sizes, every time and score) and a PNG go to ``--out``.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from ._common import machine_info, stamp
+
+__all__ = ["main", "ESTIMATORS"]
+
+ESTIMATORS = ("kmeans", "logreg", "pca", "linreg", "rf", "knn")
+_TITLES = {"kmeans": "KMeans", "logreg": "LogisticRegression", "pca": "PCA", "linreg": "LinearRegression",
+           "rf": "RandomForestClassifier", "knn": "NearestNeighbors"}
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="mpiml bench ml --device cpu",
+                                description="mpiml on 1, 2, 4 CPU ranks vs scikit-learn and scikit-learn-intelex "
+                                "on every core: KMeans, LogisticRegression, PCA, LinearRegression, "
+                                "RandomForestClassifier, NearestNeighbors on the same data.")
+    p.add_argument("--device", choices=("cpu",), default="cpu")
+    p.add_argument("--estimators", default=",".join(ESTIMATORS), help=f"comma-separated subset of {ESTIMATORS}")
+    p.add_argument("--ranks", default="1,2,4", help="mpiml rank counts (default 1,2,4)")
+    p.add_argument("--rows", type=float, default=1e5, help="rows of KMeans, LogisticRegression, PCA, "
+                   "LinearRegression (default 1e5)")
+    p.add_argument("--features", type=int, default=32)
+    p.add_argument("--k", type=int, default=16, help="KMeans clusters")
+    p.add_argument("--iters", type=int, default=20, help="KMeans Lloyd iterations")
+    p.add_argument("--components", type=int, default=8, help="PCA components")
+    p.add_argument("--rf-rows", type=float, default=2e4)
+    p.add_argument("--trees", type=int, default=20)
+    p.add_argument("--max-depth", type=int, default=12)
+    p.add_argument("--knn-rows", type=float, default=5e4, help="NearestNeighbors index rows")
+    p.add_argument("--queries", type=int, default=2000, help="NearestNeighbors query rows")
+    p.add_argument("--neighbors", type=int, default=10)
+    p.add_argument("--repeat", type=int, default=2, help="fits per measurement, the best kept")
+    p.add_argument("--no-sklearn", action="store_true")
+    p.add_argument("--no-sklearnex", action="store_true")
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--tag", default=None, help="file name part: ml_cpu_<tag>.json (default: <cores>core)")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+# ---------------------------------------------------------------------- data (the same for everyone)
+def _data(name, args, comm):
+    """``(X, y, queries)`` of this communicator's rank (the whole set on a size-1 communicator)."""
+    from .. import datasets
+
+    d = args.features
+    if name == "kmeans":
+        X, _ = datasets.make_blobs(int(args.rows), d, centers=args.k, random_state=0, comm=comm)
+        return X, None, None
+    if name in ("logreg", "rf"):
+        n = int(args.rows if name == "logreg" else args.rf_rows)
+        X, y = datasets.make_classification(n, d, n_informative=d // 2, n_redundant=0, random_state=0, comm=comm)
+        return X, y, None
+    if name == "linreg":
+        X, y = datasets.make_regression(int(args.rows), d, n_informative=d, noise=1.0, random_state=0, comm=comm)
+        return X, y, None
+    if name == "pca":
+        X = datasets.make_low_rank_matrix(int(args.rows), d, effective_rank=max(1, d // 4), random_state=0, comm=comm)
+        return X, None, None
+    X, _ = datasets.make_blobs(int(args.knn_rows), d, centers=32, random_state=1, comm=comm)
+    Q, _ = datasets.make_blobs(args.queries, d, centers=32, random_state=2, comm=comm)
+    return X, None, Q
+
+
+def _estimator(lib, name, args, comm=None):
+    """``lib``: "mpiml", "sklearn" or "sklearnex"; the same settings for all three."""
+    if lib == "mpiml":
+        from .. import cluster, decomposition, ensemble, linear_model, neighbors
+        extra = {"comm": comm}
+    elif lib == "sklearn":
+        from sklearn import cluster, decomposition, ensemble, linear_model, neighbors
+        extra = {}
+    else:
+        from sklearnex import cluster, decomposition, ensemble, linear_model, neighbors
+        extra = {}
+    jobs = {} if lib == "mpiml" else {"n_jobs": -1}
+    if name == "kmeans":
+        return cluster.KMeans(args.k, init="random", n_init=1, max_iter=args.iters, tol=0.0, random_state=0, **extra)
+    if name == "logreg":
+        return linear_model.LogisticRegression(max_iter=100, tol=1e-4, **extra)
+    if name == "pca":
+        return decomposition.PCA(args.components, random_state=0, **extra)
+    if name == "linreg":
+        return linear_model.LinearRegression(**extra)
+    if name == "rf":
+        return ensemble.RandomForestClassifier(args.trees, max_depth=args.max_depth, random_state=0, **jobs, **extra)
+    return neighbors.NearestNeighbors(n_neighbors=args.neighbors, **({"algorithm": "brute"} if lib != "mpiml" else {}),
+                                      **jobs, **extra)
+
+
+def _fit(est, name, X, y, Q, centres=None):
+    """Fit (and search, for k-NN); returns a number to compare (score, inertia, distance sum)."""
+    if name == "kmeans":
+        est.set_params(init=centres)
+        est.fit(X)
+        return float(est.inertia_)
+    if name == "knn":
+        est.fit(X)
+        dist, _ = est.kneighbors(Q)
+        return float(np.asarray(dist).sum())
+    if y is None:
+        est.fit(X)
+        return float(np.sum(est.explained_variance_ratio_))
+    est.fit(X, y)
+    return None
+
+
+def _best(fn, repeat, sync=None):
+    best, value = float("inf"), None
+    for _ in range(max(1, repeat)):
+        if sync:
+            sync()
+        t0 = time.perf_counter()
+        value = fn()
+        t = time.perf_counter() - t0
+        t = sync(t) if sync else t
+        best = min(best, t)
+    return best, value
+
+
+# ---------------------------------------------------------------------- mpiml under mpiexec
+def _worker(args):
+    import mpiml
+    from ..comm import get_comm
+    from ..utils._threads import thread_info
+
+    mpiml.init(device="cpu")
+    comm = get_comm()
+    out = {"ranks": comm.size, "threads_per_rank": thread_info().get("threads"), "seconds": {}, "values": {}}
+
+    def sync(t=None):
+        if t is None:
+            comm.barrier()
+            return None
+        return comm.allreduce_obj(t, op="max")
+
+    for name in args.estimators.split(","):
+        X, y, Q = _data(name, args, comm)
+        centres = None
+        if name == "kmeans":  # the first k global rows, as the one-process runs take them
+            centres = comm.bcast(np.ascontiguousarray(X[:args.k]), root=0)
+        est = _estimator("mpiml", name, args, comm)
+        seconds, value = _best(lambda: _fit(est, name, X, y, Q, centres), args.repeat, sync)
+        if name == "knn" and value is not None:
+            value = comm.allreduce_obj(value)
+        out["seconds"][name], out["values"][name] = seconds, value
+        if comm.rank == 0:
+            print(f"  mpiml {comm.size} rank(s): {_TITLES[name]} {seconds:.3f} s", flush=True)
+    if comm.rank == 0:
+        with open(args.worker, "w") as f:
+            json.dump(out, f)
+    return 0
+
+
+# ---------------------------------------------------------------------- one process, every core
+def _single(lib, args, names):
+    from ..comm import get_comm
+
+    comm = get_comm("self")
+    seconds, values = {}, {}
+    for name in names:
+        X, y, Q = _data(name, args, comm)
+        X = np.asarray(X)
+        centres = np.ascontiguousarray(X[:args.k]) if name == "kmeans" else None
+        est = _estimator(lib, name, args)
+        seconds[name], values[name] = _best(lambda: _fit(est, name, X, y, Q, centres), args.repeat)
+        print(f"  {lib}: {_TITLES[name]} {seconds[name]:.3f} s", flush=True)
+    return {"seconds": seconds, "values": values}
+
+
+def _sklearnex_available():
+    try:
+        import sklearnex
+
+        return True, getattr(sklearnex, "__version__", "?")
+    except Exception as exc:  # not installed, or its oneDAL library does not load here
+        return False, f"{type(exc).__name__}: {exc}"
+
+
+# ---------------------------------------------------------------------- the driver
+def _plot(result, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["estimators"])
+    series = [(f"mpiml {r} rank(s)", [result["mpiml"].get(str(r), {}).get("seconds", {}).get(n) for n in names])
+              for r in result["ranks"]]
+    for lib in ("sklearn", "sklearnex"):
+        if isinstance(result.get(lib), dict) and "seconds" in result[lib]:
+            series.append((f"{lib} ({result['machine']['cpus']} cores)", [result[lib]["seconds"].get(n) for n in names]))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / max(1, len(series))
+    for i, (label, values) in enumerate(series):
+        xs = [j + i * width for j, v in enumerate(values) if v]
+        ax.bar(xs, [v for v in values if v], width, label=label)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))])
+    ax.set_xticklabels([_TITLES[n] for n in names], rotation=15)
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds (fit; k-NN: fit + search), lower is better")
+    ax.set_title(f"CPU: mpiml ranks vs scikit-learn / scikit-learn-intelex, {result['machine']['host']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _table(result):
+    names = result["estimators"]
+    head = ["estimator"] + [f"mpiml R={r}" for r in result["ranks"]] + ["scikit-learn", "sklearnex"]
+    print(" | ".join(head))
+    for n in names:
+        row = [_TITLES[n]] + [result["mpiml"].get(str(r), {}).get("seconds", {}).get(n) for r in result["ranks"]]
+        for lib in ("sklearn", "sklearnex"):
+            row.append(result[lib]["seconds"].get(n) if "seconds" in result.get(lib, {}) else None)
+        print(" | ".join(row[:1] + [f"{v:.3f}" if isinstance(v, float) else "-" for v in row[1:]]))
+
+
+def main(argv):
+    """Entry point; returns the exit status."""
+    args = _parser().parse_args(argv)
+    names = [n for n in args.estimators.split(",") if n]
+    unknown = sorted(set(names) - set(ESTIMATORS))
+    if unknown:
+        print(f"mpiml bench ml --device cpu: unknown estimators {unknown} (known: {list(ESTIMATORS)})", file=sys.stderr)
+        return 2
+    if args.worker:
+        return _worker(args)
+    from ._common import bench_launch_check
+
+    status, _ = bench_launch_check("cpu", "mpiml bench ml --device cpu")
+    if status is not None:
+        return status
+    from ..cli.run import mpiexec_command
+
+    ranks = [int(r) for r in args.ranks.split(",") if r]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    result = {"bench": "ml_cpu", "estimators": names, "ranks": ranks, "machine": machine_info(),
+              "cores": cores, **stamp(["bench", "ml", *argv]),
+              "sizes": {k: getattr(args, k) for k in ("rows", "features", "k", "iters", "components", "rf_rows",
+                                                       "trees", "max_depth", "knn_rows", "queries", "neighbors",
+                                                       "repeat")},
+              "mpiml": {}}
+    # every rank its share of the cores (the launcher sets nothing; a user's variable would still win)
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                                             "OPENBLAS_NUM_THREADS")}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in ranks:
+            path = os.path.join(tmp, f"r{r}.json")
+            cmd = mpiexec_command(r, [])
+            cmd = cmd[:cmd.index("-m")] + ["-m", "mpiml", "bench", "ml", *argv, "--worker", path]
+            print("launching: " + " ".join(cmd), flush=True)
+            rc = subprocess.call(cmd, env=env)
+            if rc != 0 or not os.path.exists(path):
+                result["mpiml"][str(r)] = {"error": f"exit status {rc}"}
+                continue
+            with open(path) as f:
+                result["mpiml"][str(r)] = json.load(f)
+    result["sklearn"] = {"skipped": "--no-sklearn"} if args.no_sklearn else _single("sklearn", args, names)
+    ok, detail = _sklearnex_available()
+    if args.no_sklearnex:
+        result["sklearnex"] = {"skipped": "--no-sklearnex"}
+    elif not ok:
+        result["sklearnex"] = {"skipped": f"scikit-learn-intelex does not import here ({detail}); "
+                                          "pip install scikit-learn-intelex"}
+    else:
+        result["sklearnex"] = dict(_single("sklearnex", args, names), version=detail)
+    tag = args.tag or f"{cores}core"
+    os.makedirs(args.out, exist_ok=True)
+    json_path = os.path.join(args.out, f"ml_cpu_{tag}.json")
+    with open(json_path, "w") as f:
+        json.dump(result, f, indent=2)
+    _plot(result, os.path.join(args.out, f"ml_cpu_{tag}.png"))
+    _table(result)
+    print(f"wrote {json_path} and its .png")
+    return 0

@@ -1,0 +1,195 @@
+"""Split choice of a level from its reduced histograms: the same decisions on every rank.
+
+Three steps, all over every node of a level at once:
+
+1. :func:`node_stats`: per node, from its channel totals, the weight, the
+   impurity, the value, purity and the parent's score;
+2. the candidates: per (node, candidate feature) the best bin, either by a
+   compiled kernel (:func:`mpiml.ensemble._cpu_kernels.split_candidates` on
+   the host, ``mpiml_hist_split`` of :mod:`mpiml.kernels.histograms` on the
+   GPU: one pass over the histograms, nothing of their size allocated) or by
+   :func:`dense_candidates`, whole-array operations (every criterion, and the
+   features drawn after constant ones); :func:`choose` keeps the best feature
+   of each node (ties to the earliest feature of the node's order, then the
+   lowest bin);
+3. :func:`decide`: the per-node numbers come to the host in one transfer and
+   the leaf rules are applied there.
+
+Every path evaluates the same IEEE expressions in the same order on the same
+exact (integer-valued) sums, so the decisions, and the trees, do not depend on
+the path or on the number of ranks.
+"""
+
+import math
+
+import numpy as np
+
+__all__ = ["node_stats", "dense_candidates", "choose", "decide"]
+
+
+def _xlogx(xp, a):
+    return xp.where(a > 0, a * xp.log(xp.where(a > 0, a, 1.0)), 0.0)
+
+
+def _host(xp, a):
+    return a.get() if xp is not np else np.asarray(a)
+
+
+def node_stats(g, tot, ex, root_weight):
+    """Per-node numbers from the channel totals ``tot`` (S, C) and extras ``ex`` (S, E) of grower ``g``.
+
+    Returns a dict of ``xp`` arrays: ``W`` (weight), ``parent`` (the score of no
+    split), ``impurity``, ``value`` (S, K or 1), ``pure``, ``root_w`` and ``mwl``
+    (the smallest weight of a child, None without ``min_weight_fraction_leaf``).
+    """
+    xp, s, D = g.xp, g.s, g.D
+    sw = s.scales[0]
+    if g.K:
+        wt = tot[:, D:] / sw
+        W = wt.sum(-1)
+        Wd = xp.where(W > 0, W, 1)
+        p = wt / Wd[:, None]
+        if s.criterion == "gini":
+            parent = (wt * wt).sum(-1) / Wd
+            impurity = 1.0 - (p * p).sum(-1)
+        else:
+            parent = _xlogx(xp, wt).sum(-1) - _xlogx(xp, W)
+            impurity = -(_xlogx(xp, p).sum(-1)) / math.log(2.0)
+        value = p
+        pure = (wt > 0).sum(-1) <= 1
+    else:
+        W = tot[:, D] / sw
+        S1 = tot[:, D + 1] / s.scales[1]
+        Wd = xp.where(W > 0, W, 1)
+        parent = S1 * S1 / Wd
+        mean = S1 / Wd
+        impurity = xp.maximum(ex[:, 1] / s.scales[2] / Wd - mean * mean, 0.0)
+        value = mean[:, None]
+        pure = impurity <= s.y_tol
+    rw = W if root_weight is None else xp.asarray(root_weight)
+    mwl = s.min_weight_fraction_leaf * rw if s.min_weight_fraction_leaf > 0 else None
+    return {"W": W, "parent": parent, "impurity": impurity, "value": value, "pure": pure, "root_w": rw, "mwl": mwl}
+
+
+def dense_candidates(g, Hm, tot, mwl, first_only=False):
+    """The best split of every node by whole-array operations over its histograms ``Hm`` (S, m, B, C).
+
+    Only non-empty bins are split candidates (a split after an empty bin
+    repeats the one before it), so the work is proportional to the non-empty
+    bins: per-(node, feature) prefix sums are exact int64 sums.  Ties go to the
+    lowest (feature position, bin).  With ``first_only`` only the first feature
+    that is not constant in the node is a candidate (the features drawn after
+    ``max_features`` constant ones).
+
+    Returns per node ``(best_val, best_j, best_b, best_wl, below, above, varying)``.
+    """
+    xp, s, D = g.xp, g.s, g.D
+    n_slots, m, B, C = Hm.shape
+    sw = s.scales[0]
+    # (S, m, B) bins holding rows: the row count, the weight (regression), or the class weights (all >= 1)
+    occupied = Hm.sum(axis=3) > 0 if (g.K and not D) else Hm[..., 0] > 0
+    nz = xp.flatnonzero(occupied.ravel())                    # non-empty (slot, feature, bin)
+    G = Hm.reshape(-1, C)[nz].astype(xp.int64)
+    seg = nz // B
+    first = xp.searchsorted(seg, seg, side="left")
+    cs = xp.cumsum(G, axis=0)
+    left_i = cs - (cs[first] - G[first])
+    slot = seg // m
+    left = left_i.astype(xp.float64)
+    right = tot[slot] - left
+    if g.K:
+        wl, wr = left[:, D:] / sw, right[:, D:] / sw
+        WL, WR = wl.sum(-1), wr.sum(-1)
+        if s.criterion == "gini":
+            proxy = (wl * wl).sum(-1) / xp.where(WL > 0, WL, 1) + (wr * wr).sum(-1) / xp.where(WR > 0, WR, 1)
+        else:
+            proxy = _xlogx(xp, wl).sum(-1) + _xlogx(xp, wr).sum(-1) - _xlogx(xp, WL) - _xlogx(xp, WR)
+    else:
+        WL, WR = left[:, D] / sw, right[:, D] / sw
+        q = s.scales[1]
+        SL, SR = left[:, D + 1] / q, right[:, D + 1] / q
+        proxy = SL * SL / xp.where(WL > 0, WL, 1) + SR * SR / xp.where(WR > 0, WR, 1)
+    valid = (WL > 0) & (WR > 0)
+    if D:
+        msl = s.min_samples_leaf
+        valid &= (left[:, 0] >= msl) & (right[:, 0] >= msl)
+    varying = occupied.sum(axis=2) >= 2                      # (S, m): not constant in the node
+    if first_only:
+        first_varying = xp.argmax(varying, axis=1)
+        valid &= (seg % m) == first_varying[slot]
+    if mwl is not None:
+        valid &= (WL >= mwl[slot]) & (WR >= mwl[slot])
+    dense = xp.full(n_slots * m * B, -xp.inf, dtype=xp.float64)
+    dense[nz] = xp.where(valid, proxy, -xp.inf)
+    dense_wl = xp.zeros(n_slots * m * B, dtype=xp.float64)
+    dense_wl[nz] = WL
+    flat = dense.reshape(n_slots, m * B)
+    best = xp.argmax(flat, axis=1)
+    best_val = xp.take_along_axis(flat, best[:, None], axis=1)[:, 0]
+    best_wl = xp.take_along_axis(dense_wl.reshape(n_slots, m * B), best[:, None], axis=1)[:, 0]
+    best_j, best_b = best // B, best % B
+    # the non-empty bins of the chosen feature next to the split, for thresholds between values present
+    chosen = xp.take_along_axis(occupied, best_j[:, None, None].astype(xp.int64), axis=1)[:, 0, :]
+    idx = xp.arange(B)
+    below = xp.where(chosen & (idx <= best_b[:, None]), idx, -1).max(axis=1)
+    above = xp.where(chosen & (idx > best_b[:, None]), idx, B).min(axis=1)
+    return best_val, best_j, best_b, best_wl, below, above, varying.any(axis=1)
+
+
+def choose(xp, cand):
+    """Per node, the best of the per-feature candidates ``(val, b, wl, below, above, occupied)`` (each (S, m)).
+
+    The first feature with the largest score wins (all -inf: the first), as an
+    argmax over ``(feature position, bin)``; returns what :func:`dense_candidates` returns.
+    """
+    val, b, wl, below, above, occ = cand
+    if val.shape[0] == 0:
+        z = xp.zeros(0)
+        return z, z, z, z, z, z, xp.zeros(0, dtype=bool)
+    j = xp.argmax(val, axis=1)[:, None]
+
+    def pick(a):
+        return xp.take_along_axis(a, j, axis=1)[:, 0]
+
+    return pick(val), j[:, 0], pick(b), pick(wl), pick(below), pick(above), (occ >= 2).any(axis=1)
+
+
+def decide(g, best, st, ex, order, depth):
+    """Per-slot decisions (host arrays) from the chosen candidates ``best`` and the node stats ``st``."""
+    xp, s = g.xp, g.s
+    best_val, best_j, best_b, best_wl, below, above, varying = best
+    n_slots = int(ex.shape[0])
+    feature = xp.take_along_axis(order, best_j[:, None].astype(xp.int64), axis=1)[:, 0] if n_slots else best_j
+    # one transfer of the per-slot numbers
+    names = ("best_val", "best_j", "best_b", "parent", "counts", "W", "impurity", "pure", "below", "above",
+             "varying", "feature", "best_wl", "root_w")
+    cols = (best_val, best_j, best_b, st["parent"], ex[:, 0], st["W"], st["impurity"], st["pure"], below, above,
+            varying, feature, best_wl, st["root_w"])
+    packed = _host(xp, xp.stack([c.astype(xp.float64) for c in cols])) if n_slots else np.zeros((len(cols), 0))
+    host = dict(zip(names, packed))
+    for key in ("best_j", "best_b", "below", "above", "feature"):
+        host[key] = host[key].astype(np.int64)
+    for key in ("pure", "varying"):
+        host[key] = host[key].astype(bool)
+    host["value"] = _host(xp, st["value"])
+    host["best_wr"] = host["W"] - host["best_wl"]
+    msl = s.min_samples_leaf
+    # a node is a leaf by its own numbers (before looking at split candidates) ...
+    small = host["pure"] | (host["counts"] < s.min_samples_split) | (host["counts"] < 2 * msl)
+    if st["mwl"] is not None:
+        small |= host["W"] < 2 * s.min_weight_fraction_leaf * host["root_w"]
+    at_depth = s.max_depth is not None and depth >= s.max_depth
+    # ... or when no split is valid (or good enough)
+    decrease = np.where(np.isfinite(host["best_val"]), host["best_val"] - host["parent"], 0.0)
+    weak = ~np.isfinite(host["best_val"])
+    if s.min_impurity_decrease > 0:
+        # scikit-learn's weighted impurity decrease: (N_t / N) * (impurity - ...) with N the root's weight
+        scale = math.log(2.0) if (g.K and s.criterion != "gini") else 1.0
+        rootw = np.where(host["root_w"] > 0, host["root_w"], 1.0)
+        weak |= decrease / scale / rootw + 1e-7 < s.min_impurity_decrease
+    leaf = weak | small | at_depth
+    # nodes that would split but whose drawn features are all constant: draw further features
+    host["retry"] = leaf & ~host["varying"] & ~small & (not at_depth)
+    host["leaf"] = leaf
+    host["decrease"] = np.where(leaf, 0.0, np.maximum(decrease, 0.0))
+    return host

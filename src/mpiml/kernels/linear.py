@@ -1,0 +1,153 @@
+"""Launchers of the one-pass linear-model kernels (``linear.cu``) on CuPy arrays.
+
+:func:`augmented_gram` returns the float64 Gram matrix of ``[X | Y | 1]``
+(weighted), read from ``X`` once; :func:`logistic_pass` the binary logistic
+loss and gradient (or a Hessian-vector product), also read from ``X`` once.
+Both end with a deterministic sum of per-block partials on the device, so the
+result does not depend on scheduling: the same bits on every run.  The source
+compiles through ``cupy.RawModule(name_expressions=...)`` on first use and is
+memoised per device.
+"""
+
+from importlib import resources
+
+import numpy as np
+
+__all__ = ["augmented_gram", "logistic_pass", "GRAM_MAX_COLUMNS", "LOGISTIC_MAX_FEATURES"]
+
+#: Largest ``k = d + t + 1`` of the Gram kernel: its ``(k / 4)(k / 4 + 1) / 2`` register tiles fit one
+#: block of at most 512 threads.  Wider problems are compute-bound and go to cuBLAS on float64 chunks.
+GRAM_MAX_COLUMNS = 124
+#: Largest ``d`` of the logistic kernel (a lane holds at most 8 columns of a row in registers).
+LOGISTIC_MAX_FEATURES = 256
+
+_STAGE = 32
+_LOGISTIC_THREADS = 256
+_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+
+_SOURCE = None
+_FUNCTIONS = {}
+_SMS = {}
+
+
+def _source():
+    global _SOURCE
+    if _SOURCE is None:
+        _SOURCE = resources.files("mpiml.kernels").joinpath("linear.cu").read_text()
+    return _SOURCE
+
+
+def _function(expr):
+    import cupy
+
+    key = (cupy.cuda.runtime.getDevice(), expr)
+    fn = _FUNCTIONS.get(key)
+    if fn is None:
+        mod = cupy.RawModule(code=_source(), options=("--std=c++17",), name_expressions=[expr])
+        fn = mod.get_function(expr)
+        _FUNCTIONS[key] = fn
+    return fn
+
+
+def _sm_count():
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    if dev not in _SMS:
+        _SMS[dev] = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
+    return _SMS[dev]
+
+
+def _sum_blocks(partial, nblocks, m):
+    import cupy
+
+    out = cupy.empty(m, dtype=cupy.float64)
+    threads = 256
+    grid = max(1, min((m + threads - 1) // threads, 4 * _sm_count()))
+    _function("mpiml_linear_sum_blocks")((grid,), (threads,), (partial, np.int32(nblocks), np.int64(m), out))
+    return out
+
+
+def supported(X):
+    """Whether the kernels take ``X`` (a dense CuPy float32/float64 matrix)."""
+    return getattr(X, "ndim", 0) == 2 and np.dtype(X.dtype) in _TYPES and type(X).__module__.startswith("cupy") \
+        and not hasattr(X, "format")
+
+
+def augmented_gram(X, Y, w=None):
+    """``Zᵀ diag(w) Z`` with ``Z = [X | Y | 1]`` as a float64 CuPy matrix of shape (k, k), ``k = d + t + 1``.
+
+    ``X`` (n, d) and ``Y`` (n, t) share a dtype (float32 or float64); ``w``
+    (n,) or None.  Products are formed and summed in float64 (a float32
+    product is exact in float64).  Only the upper triangle is computed; the
+    result is symmetrised.  Needs ``k <= GRAM_MAX_COLUMNS``.
+    """
+    import cupy
+
+    n, d = X.shape
+    t = Y.shape[1]
+    k = d + t + 1
+    if k > GRAM_MAX_COLUMNS:
+        raise ValueError(f"augmented_gram takes at most {GRAM_MAX_COLUMNS} columns; got {k}")
+    nt = (k + 3) // 4
+    kp = 4 * nt
+    ntiles = nt * (nt + 1) // 2
+    threads = max(32, (ntiles + 31) // 32 * 32)
+    X = cupy.ascontiguousarray(X)
+    Y = cupy.ascontiguousarray(Y.astype(X.dtype, copy=False))
+    weighted = w is not None
+    ctype = _TYPES[np.dtype(X.dtype)]
+    fn = _function(f"mpiml_linear_gram<{ctype}, {'true' if weighted else 'false'}>")
+    smem = (_STAGE * kp + _STAGE) * 8
+    # one wave of blocks: as many as fit on every SM at once (threads, registers, shared memory)
+    regs = max(32, int(getattr(fn, "num_regs", 128) or 128))
+    per_sm = max(1, min(2048 // threads, 65536 // (regs * threads), (200 << 10) // smem))
+    nblocks = int(max(1, min((n + _STAGE - 1) // _STAGE, _sm_count() * per_sm)))
+    rows_per_block = ((n + nblocks - 1) // nblocks + _STAGE - 1) // _STAGE * _STAGE
+    rows_per_block = max(rows_per_block, _STAGE)
+    nblocks = int(max(1, (n + rows_per_block - 1) // rows_per_block))
+    partial = cupy.empty(nblocks * kp * kp, dtype=cupy.float64)
+    if weighted:
+        w = cupy.ascontiguousarray(w.astype(X.dtype, copy=False))
+    if n:
+        fn((nblocks,), (threads,), (X, np.int64(n), np.int32(d), Y, np.int32(t), w if weighted else X,
+                                    np.int64(rows_per_block), np.int32(kp), np.int32(ntiles), partial),
+           shared_mem=smem)
+        G = _sum_blocks(partial, nblocks, kp * kp).reshape(kp, kp)[:k, :k]
+    else:
+        G = cupy.zeros((k, k), dtype=cupy.float64)
+    upper = cupy.triu(G)
+    return upper + cupy.triu(G, 1).T
+
+
+def logistic_pass(X, y01, sw, coef, bias, vec=None, vbias=0.0):
+    """One read of ``X`` for the binary logistic objective; a float64 CuPy vector of length ``d + 2``.
+
+    Without ``vec``: ``[Σ sw·loss, Σ g, Σ g x]`` with ``g = sw (expit(m) - y)``
+    and ``m = X coef + bias`` (the loss and the unscaled gradient).  With
+    ``vec`` (the Hessian-vector product at ``coef``): ``[0, Σ q, Σ q x]`` with
+    ``q = sw p (1 - p) (X vec + vbias)``.  ``coef`` and ``vec`` are host
+    float64 vectors of length ``d``; needs ``d <= LOGISTIC_MAX_FEATURES``.
+    """
+    import cupy
+
+    n, d = X.shape
+    if d > LOGISTIC_MAX_FEATURES:
+        raise ValueError(f"logistic_pass takes at most {LOGISTIC_MAX_FEATURES} features; got {d}")
+    cpl = 1
+    while 32 * cpl < d:
+        cpl *= 2
+    mode = 0 if vec is None else 1
+    warps = _LOGISTIC_THREADS // 32
+    nblocks = int(max(1, min((n + warps - 1) // warps, 8 * _sm_count())))
+    partial = cupy.empty(nblocks * (d + 2), dtype=cupy.float64)
+    cw = cupy.asarray(np.ascontiguousarray(coef, dtype=np.float64))
+    cv = cupy.asarray(np.ascontiguousarray(vec, dtype=np.float64)) if mode else cw
+    ctype = _TYPES[np.dtype(X.dtype)]
+    fn = _function(f"mpiml_linear_logistic<{ctype}, {mode}, {cpl}>")
+    if n == 0:
+        return cupy.zeros(d + 2, dtype=cupy.float64)
+    fn((nblocks,), (_LOGISTIC_THREADS,),
+       (X, np.int64(n), np.int32(d), y01, sw, cw, np.float64(bias), cv, np.float64(vbias), partial),
+       shared_mem=warps * d * 8)
+    return _sum_blocks(partial, nblocks, d + 2)

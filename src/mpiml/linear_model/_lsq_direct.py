@@ -1,0 +1,200 @@
+"""Direct least squares on dense shards: one pass over ``X``, then normal equations or TSQR.
+
+One pass over the shard forms the float64 Gram matrix of the augmented matrix
+``Z = [X | Y | 1]`` (rows weighted): ``ZᵀWZ`` holds ``XᵀWX``, ``XᵀWY``, the
+weighted column sums of ``X`` and ``Y`` and the weight total, so **one**
+allreduce of ``k²`` float64 values (``k = d + t + 1``) carries everything the
+normal equations need, the means included.  On a GPU a kernel
+(:mod:`mpiml.kernels.linear`) reads float32 or float64 ``X`` once and forms
+every product and sum in float64 (a product of two float32 values is exact in
+float64); on the host, float64 row blocks go through BLAS.
+
+The centred system follows in float64: ``G = XᵀWX - s sᵀ / Σw`` (``s`` the
+column sums).  Its accuracy is judged from the same matrix, before solving:
+
+* ``κ``: the condition number of ``G`` scaled to unit diagonal (the normal
+  equations are invariant to column scaling), LAPACK's estimate from its
+  Cholesky factor (with ``alpha I`` added for ridge);
+* ``δ = ε₆₄ (d + c)``: the relative error of ``G``, from the float64
+  rounding of its ``d``-term row products and the cancellation of the
+  centring, ``c = max_j (XᵀWX)_jj / G_jj - 1`` (the squared ratio of a
+  column's mean to its standard deviation);
+* the normal equations' relative error in the coefficients is about ``κ δ``.
+
+``solver="auto"`` takes the normal equations when ``κ δ <= max(√κ u, 1e-10)``,
+``u`` the unit roundoff of the data's dtype: no worse than a backward-stable
+solver working in that dtype (``√κ u``, what scikit-learn's ``lstsq`` reaches
+on float32 data), and never worse than ``1e-10`` relative on float64 data.
+When only the cancellation is to blame (``κ ε₆₄ d`` passes), a second pass
+forms the Gram of the exactly centred rows; otherwise TSQR runs (its error is
+about ``√κ ε₆₄``).  Every rank holds the same reduced matrix, so every rank
+makes the same choice.
+"""
+
+import numpy as np
+import scipy.linalg
+
+from .._array import is_device_array
+from ..utils._linalg import augmented_gram as local_augmented_gram
+from ..utils._linalg import is_sparse
+from ._base import allreduce_identical, as_like
+
+__all__ = ["augmented_gram", "NormalEquations", "NORMAL_RTOL_FLOOR"]
+
+#: "auto" accepts the normal equations on float64 data while their estimated
+#: relative error in the coefficients stays below this.
+NORMAL_RTOL_FLOOR = 1e-10
+
+_EPS64 = np.finfo(np.float64).eps
+
+
+def augmented_gram(X, Y, sw, *, comm, xp):
+    """Global ``ZᵀWZ`` with ``Z = [X | Y | 1]``: host float64 ``(k, k)``, one allreduce, the same bits everywhere.
+
+    ``X`` is a dense shard, ``Y`` its 2-D targets, ``sw`` the row weights or
+    None.  Non-finite values anywhere in the inputs make the result non-finite.
+    """
+    local = local_augmented_gram(X, Y, sw)
+    k = local.shape[0]
+    return allreduce_identical(comm, as_like(local, np).ravel()).reshape(k, k)
+
+
+class NormalEquations:
+    """The centred normal equations read off a global augmented Gram matrix, and their accuracy.
+
+    Attributes: ``G`` (d, d) and ``B`` (d, t) of the centred (or, without an
+    intercept, raw) weighted data, ``x_mean``, ``y_mean`` (None without an
+    intercept), ``sw_sum``, ``cancellation`` (``c`` of the module notes) and
+    ``raw_diag`` (the diagonal of ``XᵀWX``).
+    """
+
+    def __init__(self, Z, d, fit_intercept):
+        t = Z.shape[0] - d - 1
+        self.d, self.t = d, t
+        self.sw_sum = float(Z[-1, -1])
+        Gx, Bx = Z[:d, :d], Z[:d, d:d + t]
+        self.raw_diag = np.diag(Gx).copy()
+        if fit_intercept:
+            sx, sy = Z[:d, -1], Z[d:d + t, -1]
+            n = self.sw_sum if self.sw_sum != 0 else 1.0
+            self.x_mean, self.y_mean = sx / n, sy / n
+            G = Gx - np.outer(sx, sx) / n
+            self.G = (G + G.T) / 2
+            self.B = Bx - np.outer(sx, sy) / n
+        else:
+            self.x_mean = self.y_mean = None
+            self.G, self.B = Gx.copy(), Bx.copy()
+        diag = np.diag(self.G)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(diag > 0, self.raw_diag / np.where(diag > 0, diag, 1.0), np.inf)
+        self.cancellation = float(max(ratio.max(initial=1.0) - 1.0, 0.0)) if fit_intercept else 0.0
+
+    def condition(self, alpha=0.0):
+        """Condition number of ``G + alpha I`` scaled to unit diagonal (inf when not positive definite).
+
+        LAPACK's estimate from the Cholesky factor (``dpotrf`` + ``dpocon``,
+        ``O(d²)`` after the factorisation): the 1-norm condition number, within
+        a factor ``d`` of the 2-norm one and usually within 3 of its own true
+        value; far cheaper than an eigendecomposition of the ``d x d`` matrix.
+        """
+        if self.d == 0:
+            return 1.0
+        A = self.G + alpha * np.eye(self.d) if alpha else self.G
+        diag = np.diag(A)
+        if not np.all(np.isfinite(A)) or np.any(diag <= 0):
+            return np.inf
+        root = 1.0 / np.sqrt(diag)
+        S = A * root[:, None] * root[None, :]
+        factor, info = scipy.linalg.lapack.dpotrf(S, lower=0, clean=1)
+        if info != 0:
+            return np.inf
+        rcond, info = scipy.linalg.lapack.dpocon(factor, float(np.abs(S).sum(axis=0).max()))
+        return float(1.0 / rcond) if info == 0 and rcond > 0 else np.inf
+
+    def error_estimate(self, kappa, centred_pass=False):
+        """Relative error of the normal equations' coefficients, about ``κ δ``."""
+        c = 0.0 if centred_pass else self.cancellation
+        return kappa * _EPS64 * (self.d + c)
+
+    @staticmethod
+    def tolerance(kappa, dtype):
+        """The error a backward-stable solver in ``dtype`` would make (``√κ u``), at least ``1e-10``."""
+        u = np.finfo(np.dtype(dtype)).eps / 2
+        return max(np.sqrt(kappa) * u, NORMAL_RTOL_FLOOR)
+
+    def choose(self, dtype, alpha=0.0, fit_intercept=True):
+        """``"normal"``, ``"centred"`` (a second, exactly centred Gram pass) or ``"tsqr"`` (see the module notes)."""
+        kappa = self.condition(alpha)
+        if not np.isfinite(kappa):
+            return "tsqr", kappa
+        tol = self.tolerance(kappa, dtype)
+        if self.error_estimate(kappa) <= tol:
+            return "normal", kappa
+        if fit_intercept and self.error_estimate(kappa, centred_pass=True) <= tol:
+            return "centred", kappa
+        return "tsqr", kappa
+
+    def needs_centred_pass(self, alpha=0.0):
+        """For an explicit ``"normal"`` solver: whether the centring cancellation dominates the error."""
+        if self.cancellation <= self.d:
+            return False
+        kappa = self.condition(alpha)
+        return not np.isfinite(kappa) or self.error_estimate(kappa) > NORMAL_RTOL_FLOOR
+
+
+def dense_direct_applies(X, positive):
+    """Whether the one-pass direct path applies: a dense shard (host or device) and no sign constraint."""
+    return not positive and not is_sparse(X) and (isinstance(X, np.ndarray) or is_device_array(X))
+
+
+def solve_direct(X, y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve_r, on_nonfinite, alpha=0.0):
+    """One-pass normal equations or TSQR on a dense shard; ``(coef (t, d), intercept (t,), extra, used, info)``.
+
+    ``solver``: ``"auto"`` (see the module notes), ``"normal"`` (the normal
+    equations; a second, exactly centred pass when the centring cancellation
+    dominates their error) or ``"tsqr"``.  ``solve_gram(G, B)`` and
+    ``solve_r(R, Z)`` return ``(coef (d, t), extra)`` as for
+    :func:`._lsq_solvers.solve_least_squares`.  ``on_nonfinite()`` is called on
+    every rank when the reduced Gram matrix is not finite: it raises the input
+    error, or returns when the inputs are finite (float64 overflow of the
+    squares), and TSQR then runs.  ``used`` is ``"normal"`` or ``"tsqr"``;
+    ``info`` holds the condition estimate and the route taken.
+
+    Communicated: one allreduce of ``k²`` float64 (``k = d + t + 1``), plus,
+    on the centred route, one of ``d² + d t``, or, on the TSQR route, one
+    allgather of a ``(d + t)²`` factor per rank.
+    """
+    from ._lsq_solvers import as_2d_targets, gram, tsqr_r, weighted_means
+
+    Y = as_2d_targets(y)
+    d, t = X.shape[1], Y.shape[1]
+    info = {"condition": None, "route": None}
+    ne = None
+    if solver != "tsqr":
+        Z = augmented_gram(X, Y, sw, comm=comm, xp=xp)
+        if np.all(np.isfinite(Z)):
+            ne = NormalEquations(Z, d, fit_intercept)
+        else:
+            on_nonfinite()  # raises on every rank unless the squares overflowed
+    if ne is None:
+        route = "tsqr"
+        if fit_intercept:
+            x_mean, y_mean, sw_sum = weighted_means(X, Y, sw, comm=comm, xp=xp)
+        else:
+            x_mean = y_mean = sw_sum = None
+    else:
+        x_mean, y_mean, sw_sum = ne.x_mean, ne.y_mean, ne.sw_sum
+        if solver == "auto":
+            route, info["condition"] = ne.choose(X.dtype, alpha, fit_intercept)
+        else:
+            route = "centred" if fit_intercept and ne.needs_centred_pass(alpha) else "normal"
+    info["route"] = route
+    if route == "tsqr":
+        R = tsqr_r(X, Y, sw, x_mean, y_mean, comm=comm, xp=xp)
+        coef, extra = solve_r(R[:d, :d], R[:d, d:])
+    else:
+        G, B = (ne.G, ne.B) if route == "normal" else gram(X, Y, sw, x_mean, y_mean, sw_sum, comm=comm, xp=xp)
+        coef, extra = solve_gram(G, B)
+    coef = coef.T
+    intercept = y_mean - coef @ x_mean if fit_intercept else np.zeros(t)
+    return coef, intercept, extra, ("tsqr" if route == "tsqr" else "normal"), info

@@ -1,0 +1,246 @@
+"""Exact k nearest rows on the CPU: blocked distances and a running top-k, compiled with Numba.
+
+:func:`topk` is what :func:`mpiml.neighbors._ring.local_topk` runs for dense NumPy rows.
+Queries are split into blocks of :data:`_QUERY_BLOCK` rows, one block per task of a
+``prange`` loop (the threads of this rank, see :mod:`mpiml.utils._threads`); each task
+walks the index in blocks of :data:`_INDEX_BLOCK` rows (the block stays in cache while
+every query of the task meets it) and keeps, per query, the ``k`` best so far in a small
+sorted array.  A candidate costs one compare against the running ``k``-th value; only
+a better one is inserted (shifting the worse ones down).  No distance matrix is built
+and nothing is sorted.
+
+Index rows are met in increasing order and a candidate enters only if strictly better
+than the current ``k``-th, after every equal one: exact ties go to the lower index, as
+in scikit-learn's brute force.  Distances are accumulated in float64 from differences
+(``sum (q - x)^2``, never the ``|q|^2 - 2 q.x + |x|^2`` form), so a query equal to an
+index row is at distance exactly 0 and identical rows give identical distances.
+Minkowski compares ``sum |q - x|^p`` and takes the ``p``-th root of the ``k`` kept only;
+euclidean compares squares and takes the root at the end.
+"""
+
+import numpy as np
+
+from ..utils._jit import FASTMATH, numba
+
+__all__ = ["topk", "METRICS"]
+
+nb = numba()
+
+#: metric name -> code used inside the kernel
+METRICS = {"euclidean": 0, "sqeuclidean": 1, "cosine": 2, "manhattan": 3, "chebyshev": 4, "minkowski": 5}
+#: Queries per parallel task: enough per task to amortise reading an index block, few
+#: enough that every thread gets blocks (a small query batch still spreads over the threads).
+_QUERY_BLOCK = 16
+#: Index rows per block: 256 rows of 64 float64 features are 128 KiB, an L2-sized tile.
+_INDEX_BLOCK = 256
+
+
+@nb.njit(cache=True, fastmath=FASTMATH, inline="always")
+def _pair(q, x, metric, p, qn, xn):
+    """The compared quantity for one pair (before the final transform)."""
+    d = q.shape[0]
+    acc = 0.0
+    if metric <= 1:
+        for f in range(d):
+            t = np.float64(q[f]) - np.float64(x[f])
+            acc += t * t
+    elif metric == 2:  # q and x are unit rows here (qn, xn: the norms before, 0 for a zero row)
+        if qn == 0.0 or xn == 0.0:
+            return 1.0
+        for f in range(d):
+            acc += q[f] * x[f]
+        acc = 1.0 - acc
+        return acc if acc > 0.0 else 0.0
+    elif metric == 3:
+        for f in range(d):
+            acc += abs(np.float64(q[f]) - np.float64(x[f]))
+    elif metric == 4:
+        for f in range(d):
+            t = abs(np.float64(q[f]) - np.float64(x[f]))
+            if t > acc:
+                acc = t
+    else:
+        for f in range(d):
+            acc += abs(np.float64(q[f]) - np.float64(x[f])) ** p
+    return acc
+
+
+@nb.njit(cache=True, fastmath=FASTMATH, inline="always")
+def _insert(bd, bi, r, k, dist, j):
+    """Put ``(dist, j)`` into row ``r`` of the sorted lists, after every entry ``<= dist``."""
+    pos = k - 1
+    while pos > 0 and bd[r, pos - 1] > dist:
+        bd[r, pos] = bd[r, pos - 1]
+        bi[r, pos] = bi[r, pos - 1]
+        pos -= 1
+    bd[r, pos] = dist
+    bi[r, pos] = j
+
+
+@nb.njit(cache=True, parallel=True, fastmath=FASTMATH)
+def _topk_kernel(Q, X, k, metric, p, qnorm, xnorm, out_d, out_i):
+    nq = Q.shape[0]
+    m = X.shape[0]
+    nblocks = (nq + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    for b in nb.prange(nblocks):
+        q0 = b * _QUERY_BLOCK
+        q1 = min(nq, q0 + _QUERY_BLOCK)
+        bd = np.full((q1 - q0, k), np.inf)
+        bi = np.zeros((q1 - q0, k), dtype=np.int64)
+        for x0 in range(0, m, _INDEX_BLOCK):
+            x1 = min(m, x0 + _INDEX_BLOCK)
+            for qi in range(q0, q1):
+                r = qi - q0
+                worst = bd[r, k - 1]
+                q = Q[qi]
+                qn = qnorm[qi]
+                for j in range(x0, x1):
+                    dist = _pair(q, X[j], metric, p, qn, xnorm[j])
+                    if dist < worst:
+                        _insert(bd, bi, r, k, dist, j)
+                        worst = bd[r, k - 1]
+        for r in range(q1 - q0):
+            for c in range(k):
+                v = bd[r, c]
+                if metric == 0:
+                    v = np.sqrt(v)
+                elif metric == 5:
+                    v = v ** (1.0 / p)
+                out_d[q0 + r, c] = v
+                out_i[q0 + r, c] = bi[r, c]
+
+
+@nb.njit(cache=True, inline="always")
+def _bar(metric, a, worst, rel):
+    """The screen's threshold for a query of norm ``a`` whose ``k``-th value is ``worst``.
+
+    Squared euclidean: ``|q|^2 + |x|^2 - 2 q.x``, rounding ``<= rel (|q| + |x|)^2 <= 2 rel (|q|^2 +
+    |x|^2)``, so a column can beat ``worst`` only if ``(1 - 2 rel) |x|^2 - 2 g <= worst - (1 - 2 rel) |q|^2``
+    (``screen[j] = (1 - 2 rel) |x_j|^2``).  Cosine, on unit rows: ``1 - g``, rounding ``<= rel``, so only if
+    ``-g <= -(1 - rel - worst)`` (``screen[j] = 1``; a zero row, ``g = 0`` at distance 1, passes exactly when
+    1 could beat ``worst``; a zero query passes everything).
+    """
+    if metric == 2:
+        return np.inf if a == 0.0 else -(1.0 - rel - worst)
+    return worst - (1.0 - 2.0 * rel) * a * a
+
+
+@nb.njit(cache=True, parallel=True, fastmath=FASTMATH)
+def _select_tile(G, Q, X, x0, metric, qn, xn, screen, rel, bd, bi):
+    """Merge one tile of GEMM products ``G = Q @ X[x0:x0 + G.shape[1]].T`` into the running lists.
+
+    ``G`` only screens: a column is looked at exactly (by :func:`_pair`, from differences)
+    when its screened value, less the rounding bound of the product, can beat the
+    running ``k``-th value.  The bound of a dot product of length ``d`` summed in any
+    order is ``gamma_d sum |q_f x_f| <= gamma_d |q| |x|`` (``rel`` >= twice ``gamma_d``), so
+    no row that belongs in the top ``k`` is screened out, and what is kept is exact.
+    """
+    nq = G.shape[0]
+    width = G.shape[1]
+    k = bd.shape[1]
+    for r in nb.prange(nq):
+        q = Q[r]
+        a = qn[r]
+        worst = bd[r, k - 1]
+        bar = _bar(metric, a, worst, rel)
+        for c in range(width):
+            j = x0 + c
+            g = np.float64(G[r, c])
+            if metric == 2:
+                hit = -g * screen[j] <= bar
+            else:
+                hit = screen[j] - 2.0 * g <= bar
+            if hit:
+                dist = _pair(q, X[j], metric, 2.0, a, xn[j])
+                if dist < worst:
+                    _insert(bd, bi, r, k, dist, j)
+                    worst = bd[r, k - 1]
+                    bar = _bar(metric, a, worst, rel)
+
+
+@nb.njit(cache=True, parallel=True)
+def _finish(bd, bi, metric, out_d, out_i):
+    for r in nb.prange(bd.shape[0]):
+        for c in range(bd.shape[1]):
+            out_d[r, c] = np.sqrt(bd[r, c]) if metric == 0 else bd[r, c]
+            out_i[r, c] = bi[r, c]
+
+
+#: Entries of one GEMM tile (queries x index rows): written by BLAS and read once by the
+#: selection, so it should stay in cache (2^19 float64: 4 MiB).
+_TILE = 1 << 19
+_TILE_QUERIES = 256
+
+
+def _topk_screened(Q, X, k, metric, out_d, out_i):
+    """Euclidean, squared euclidean and cosine: tiles of ``Q @ X.T`` by BLAS screen the
+    candidates, which :func:`_select_tile` then measures exactly."""
+    nq, d = Q.shape
+    m = X.shape[0]
+    qn, xn = _norms(Q, "cosine"), _norms(X, "cosine")
+    if metric == "cosine":  # unit rows in float64 (parallel rows of any length: the same unit row, distance)
+        Q, X = _unit(Q, qn), _unit(X, xn)
+        screen = np.ones(m)
+    eps = np.finfo(Q.dtype).eps  # the product runs in the precision of its operands
+    rel = 2.0 * (d + 4) * eps
+    if metric != "cosine":
+        screen = (1.0 - 2.0 * rel) * xn * xn
+    qstep = min(nq, _TILE_QUERIES)
+    xstep = max(_INDEX_BLOCK, _TILE // max(1, qstep))
+    code = METRICS[metric]
+    for q0 in range(0, nq, qstep):
+        Qb = Q[q0:q0 + qstep]
+        bd = np.full((Qb.shape[0], k), np.inf)
+        bi = np.zeros((Qb.shape[0], k), dtype=np.int64)
+        for x0 in range(0, m, xstep):
+            G = Qb @ X[x0:x0 + xstep].T
+            _select_tile(G, Qb, X, x0, code, qn[q0:q0 + qstep], xn, screen, rel, bd, bi)
+        _finish(bd, bi, code, out_d[q0:q0 + qstep], out_i[q0:q0 + qstep])
+
+
+def _unit(A, norms):
+    return A.astype(np.float64) / np.where(norms > 0, norms, 1.0)[:, None]
+
+
+def _norms(A, metric):
+    if metric != "cosine":
+        return np.zeros(A.shape[0])
+    A64 = A.astype(np.float64, copy=False)
+    return np.sqrt(np.einsum("ij,ij->i", A64, A64))
+
+
+def topk(Q, X, k, metric="euclidean", p=None):
+    """``(distances, local indices)`` of the ``k`` nearest rows of ``X`` for every row of ``Q``.
+
+    Parameters
+    ----------
+    Q : ndarray of shape (n_queries, d)
+        Dense float32 or float64 query rows.
+    X : ndarray of shape (m, d)
+        Dense index rows, same dtype; ``1 <= k <= m``.
+    metric : {"euclidean", "sqeuclidean", "cosine", "manhattan", "chebyshev", "minkowski"}
+    p : float, default=None
+        Minkowski's power (``metric="minkowski"`` only).
+
+    Returns
+    -------
+    distances : ndarray of shape (n_queries, k), dtype of ``Q``
+        Ascending per row.
+    indices : ndarray of shape (n_queries, k), int64
+        Rows of ``X``; exact ties ordered by index.
+    """
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r} (known: {sorted(METRICS)})")
+    m = X.shape[0]
+    if not 1 <= k <= m:
+        raise ValueError(f"k must be in [1, {m}] (the index rows), got {k}")
+    Q = np.ascontiguousarray(Q)
+    X = np.ascontiguousarray(X, dtype=Q.dtype)
+    out_d = np.empty((Q.shape[0], k), dtype=Q.dtype)
+    out_i = np.empty((Q.shape[0], k), dtype=np.int64)
+    if Q.shape[0] and metric in ("euclidean", "sqeuclidean", "cosine"):
+        _topk_screened(Q, X, int(k), metric, out_d, out_i)
+    elif Q.shape[0]:
+        power = float(p) if metric == "minkowski" else 2.0
+        _topk_kernel(Q, X, int(k), METRICS[metric], power, _norms(Q, metric), _norms(X, metric), out_d, out_i)
+    return out_d, out_i

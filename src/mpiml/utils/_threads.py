@@ -1,0 +1,166 @@
+"""Threads per rank: each CPU rank uses its share of the node's cores, not all of them.
+
+Every BLAS / OpenMP pool (and Numba's) starts with one thread per core.  With R ranks on
+one node that is R x cores threads fighting over the cores: two ranks ran slower than one.
+Here, once per process (at :func:`mpiml.init` or when an estimator first validates its
+data, whichever comes first), the pools of this rank are limited through
+``threadpoolctl`` to
+
+    threads = max(1, cores of the node // ranks on the node)
+
+unless the user chose: ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` or ``OPENBLAS_NUM_THREADS``
+set (the libraries read them; nothing is changed), or Slurm's ``SLURM_CPUS_PER_TASK``
+(``--cpus-per-task``), which is applied as the limit.
+
+Ranks on the node: at :func:`mpiml.init` (called by every rank) an MPI shared-memory
+split of the world (``MPI.COMM_TYPE_SHARED``, one cheap collective); at an estimator's
+first use, whose communicator may be a part of the world, the launcher's count (Open MPI,
+MPICH's Hydra, MVAPICH set one: no communication), else the split of that communicator.  Cores are this process's affinity set (``os.sched_getaffinity``); after a split,
+the union of the node's ranks' sets (a launcher that binds each rank to its own cores
+leaves each rank its own set).
+"""
+
+import os
+import sys
+
+__all__ = ["limit_threads", "thread_info", "USER_VARS"]
+
+#: Variables by which a user sets the thread count themselves; their value wins.
+USER_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+#: Launchers' count of the ranks of this node (no communication needed).
+_LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE",
+                    "PMI_LOCAL_SIZE")
+
+_STATE = {}  # once set: threads, ranks_on_node, cores, source (a sentence), applied (bool)
+_LIMITER = []  # the threadpool_limits object (kept so the limit is not garbage collected)
+
+
+def _affinity():
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS, Windows
+        return list(range(os.cpu_count() or 1))
+
+
+def _user_setting():
+    """``(threads, "NAME=value")`` when the user chose a thread count, else ``(None, None)``."""
+    for var in USER_VARS:
+        value = os.environ.get(var, "").strip()
+        if value:
+            first = value.split(",")[0]  # OpenMP accepts a list per nesting level
+            return (int(first) if first.isdigit() and int(first) > 0 else None), f"{var}={value}"
+    value = os.environ.get("SLURM_CPUS_PER_TASK", "").strip()
+    if value.isdigit() and int(value) > 0:
+        return int(value), f"SLURM_CPUS_PER_TASK={value}"
+    return None, None
+
+
+def _raw_mpi(comm):
+    """The mpi4py communicator under ``comm``, or None (size-1 or non-MPI communicator)."""
+    if comm is None:
+        from ..comm import launched_by_mpi
+
+        if not launched_by_mpi():
+            return None
+        from ..comm.backends.mpi import mpi_module
+
+        return mpi_module().COMM_WORLD
+    if comm.size == 1:
+        return None
+    return getattr(getattr(comm, "_world", None), "comm", None)
+
+
+def _node_shape(comm):
+    """``(ranks on this node, cores of this node for them, how)``.
+
+    The world (``comm=None``, called by every rank from :func:`mpiml.init`): the
+    shared-memory split.  An estimator's communicator (perhaps a part of the world):
+    the launcher's count first, the split of that communicator where there is none.
+    """
+    mine = _affinity()
+    raw = _raw_mpi(comm)
+    for var in _LOCAL_SIZE_VARS if comm is not None or raw is None else ():
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value), len(mine), var
+    if raw is None:
+        return 1, len(mine), "one process"
+    from ..comm.backends.mpi import mpi_module
+
+    MPI = mpi_module()
+    node = raw.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        sets = node.allgather(mine)
+    finally:
+        node.Free()
+    union = set().union(*map(set, sets))
+    return len(sets), len(union), "MPI shared-memory split"
+
+
+def _set_numba_threads(n):
+    numba = sys.modules.get("numba")
+    if numba is None or n is None:
+        return
+    try:
+        numba.set_num_threads(max(1, min(int(n), int(numba.config.NUMBA_NUM_THREADS))))
+    except Exception:  # a threading layer that cannot change its count: leave it as it is
+        pass
+
+
+def limit_threads(comm=None):
+    """Limit this rank's thread pools once per process; return :func:`thread_info`.
+
+    Parameters
+    ----------
+    comm : Communicator, default=None
+        Whose ranks share the node when the launcher does not say; None: the world (when
+        launched by MPI).  Without launcher variables this is a collective of ``comm``.
+
+    Returns
+    -------
+    info : dict
+        ``threads`` (per rank), ``ranks_on_node``, ``cores``, ``source`` (why this count)
+        and ``applied`` (False when the user's variables decide).
+    """
+    if _STATE:
+        return dict(_STATE)
+    user, var = _user_setting()
+    ranks, cores, how = _node_shape(comm)
+    if var is not None and not var.startswith("SLURM"):
+        threads, applied, source = user, False, f"set by the user ({var})"
+    elif var is not None:
+        threads, applied, source = user, True, f"set by Slurm ({var})"
+    else:
+        threads, applied = max(1, cores // ranks), True
+        source = f"{cores} core(s) / {ranks} rank(s) on the node ({how})"
+    if applied:
+        try:
+            from threadpoolctl import threadpool_limits
+
+            _LIMITER.append(threadpool_limits(limits=threads))
+        except ImportError:  # threadpoolctl comes with scikit-learn; without it, the pools stay as they are
+            applied = False
+            source += "; threadpoolctl is not installed, pools not limited"
+        for v in USER_VARS:  # for libraries loaded later (OpenMP runtimes read it when they start)
+            os.environ.setdefault(v, str(threads))
+    _set_numba_threads(threads)
+    _STATE.update(threads=threads, ranks_on_node=ranks, cores=cores, source=source, applied=applied)
+    return dict(_STATE)
+
+
+def thread_info():
+    """The limit chosen by :func:`limit_threads` (``{}`` before it ran), plus the pools seen now."""
+    out = dict(_STATE)
+    if out:
+        try:
+            from threadpoolctl import threadpool_info
+
+            out["pools"] = [f"{p.get('internal_api')}:{p.get('num_threads')}" for p in threadpool_info()]
+        except ImportError:
+            out["pools"] = []
+    return out
+
+
+def numba_threads():
+    """Threads a Numba kernel of this rank should use: the limit, else Numba's own count."""
+    return _STATE.get("threads")

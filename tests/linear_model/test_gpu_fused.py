@@ -1,0 +1,125 @@
+"""The one-pass GPU kernels of the linear models (``mpiml.kernels.linear``) against NumPy (GPU host only)."""
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n,d,t", [(0, 3, 1), (1, 1, 1), (31, 5, 1), (33, 8, 2), (10007, 64, 1), (4099, 120, 2)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_augmented_gram_kernel(dtype, n, d, t, weighted):
+    import cupy as cp
+
+    from mpiml.kernels.linear import augmented_gram
+
+    rs = np.random.RandomState(n + d)
+    X = (rs.randn(n, d) * 3 + 2).astype(dtype)
+    Y = rs.randn(n, t).astype(dtype)
+    w = rs.uniform(0.5, 2.0, n).astype(dtype) if weighted else None
+    G = augmented_gram(cp.asarray(X), cp.asarray(Y), None if w is None else cp.asarray(w)).get()
+    Z = np.c_[X.astype(np.float64), Y.astype(np.float64), np.ones(n)]
+    ref = (Z * (1.0 if w is None else w.astype(np.float64)[:, None])).T @ Z
+    np.testing.assert_allclose(G, ref, rtol=1e-12, atol=1e-9)
+    np.testing.assert_array_equal(G, G.T)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("d", [1, 7, 32, 64, 100, 256])
+def test_logistic_kernel(dtype, d):
+    import cupy as cp
+
+    from mpiml.kernels.linear import logistic_pass
+
+    rs = np.random.RandomState(d)
+    n = 5003
+    X = rs.randn(n, d).astype(dtype)
+    y = (rs.rand(n) < 0.4).astype(dtype)
+    sw = rs.uniform(0.5, 2.0, n).astype(dtype)
+    coef, bias, vec, vb = rs.randn(d) * 0.3, 0.2, rs.randn(d), -0.7
+    Xd = X.astype(np.float64)
+    m = Xd @ coef + bias
+    p = 1 / (1 + np.exp(-m))
+    g = sw * (p - y)
+    loss = sw @ (np.logaddexp(0, m) - y * m)
+    out = logistic_pass(cp.asarray(X), cp.asarray(y), cp.asarray(sw), coef, bias).get()
+    np.testing.assert_allclose(out, np.r_[loss, g.sum(), g @ Xd], rtol=1e-10, atol=1e-9)
+    q = sw * p * (1 - p) * (Xd @ vec + vb)
+    out = logistic_pass(cp.asarray(X), cp.asarray(y), cp.asarray(sw), coef, bias, vec, vb).get()
+    np.testing.assert_allclose(out[1:], np.r_[q.sum(), q @ Xd], rtol=1e-10, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_auto_on_the_gpu_matches_the_host(dtype):
+    import cupy as cp
+
+    from mpiml.linear_model import LinearRegression, Ridge
+
+    rs = np.random.RandomState(0)
+    X = (rs.randn(200_000, 64) + 1.0).astype(dtype)
+    y = (X @ rs.randn(64) + rs.randn(200_000)).astype(dtype)
+    g = LinearRegression().fit(cp.asarray(X), cp.asarray(y))
+    h = LinearRegression().fit(X, y)
+    assert g.solver_ == h.solver_ == "normal" and isinstance(g.coef_, cp.ndarray)
+    np.testing.assert_allclose(g.coef_.get(), h.coef_, rtol=1e-6 if dtype == np.float32 else 1e-11)
+    w = rs.uniform(0.5, 2.0, 200_000).astype(dtype)
+    g = Ridge(alpha=5.0).fit(cp.asarray(X), cp.asarray(np.c_[y, -y]), sample_weight=cp.asarray(w))
+    h = Ridge(alpha=5.0).fit(X, np.c_[y, -y], sample_weight=w)
+    assert g.solver_ == "cholesky"
+    np.testing.assert_allclose(g.coef_.get(), h.coef_, rtol=1e-6 if dtype == np.float32 else 1e-11)
+
+
+def test_ill_conditioned_on_the_gpu_takes_tsqr():
+    import cupy as cp
+
+    from mpiml.linear_model import LinearRegression
+
+    rs = np.random.RandomState(1)
+    U, _ = np.linalg.qr(rs.randn(5000, 6))
+    X = (U * np.logspace(0, -8, 6)) @ np.linalg.qr(rs.randn(6, 6))[0] * 10 + 3.0
+    y = X @ rs.randn(6)
+    g = LinearRegression().fit(cp.asarray(X), cp.asarray(y))
+    h = LinearRegression().fit(X, y)
+    assert g.solver_ == h.solver_ == "tsqr"
+    np.testing.assert_allclose(g.predict(cp.asarray(X)).get(), h.predict(X), rtol=1e-9, atol=1e-9)
+
+
+def test_non_finite_input_on_the_gpu():
+    import cupy as cp
+
+    from mpiml.linear_model import LinearRegression, Ridge
+
+    rs = np.random.RandomState(2)
+    X, y = rs.randn(1000, 4).astype(np.float32), rs.randn(1000).astype(np.float32)
+    Xn = X.copy()
+    Xn[7, 2] = np.nan
+    for est in (LinearRegression(), Ridge()):
+        with pytest.raises(ValueError, match="Input X contains NaN"):
+            est.fit(cp.asarray(Xn), cp.asarray(y))
+        Xi = X.copy()
+        Xi[3, 0] = np.inf
+        with pytest.raises(ValueError, match="Input X contains infinity"):
+            est.fit(cp.asarray(Xi), cp.asarray(y))
+        yn = y.copy()
+        yn[0] = np.nan
+        with pytest.raises(ValueError, match="Input y contains NaN"):
+            est.fit(cp.asarray(X), cp.asarray(yn))
+
+
+@pytest.mark.parametrize("solver", ["lbfgs", "newton-cg"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_binary_logistic_matches_the_host(solver, dtype):
+    import cupy as cp
+    from sklearn.datasets import make_classification
+
+    from mpiml.linear_model import LogisticRegression
+
+    X, y = make_classification(n_samples=20000, n_features=40, random_state=0)
+    X = X.astype(dtype)
+    w = np.random.RandomState(0).uniform(0.5, 2.0, len(y))
+    g = LogisticRegression(solver=solver, tol=1e-8, max_iter=500).fit(cp.asarray(X), cp.asarray(y),
+                                                                      sample_weight=cp.asarray(w))
+    h = LogisticRegression(solver=solver, tol=1e-8, max_iter=500).fit(X, y, sample_weight=w)
+    np.testing.assert_allclose(g.coef_.get(), h.coef_, rtol=1e-4 if dtype == np.float32 else 1e-6, atol=1e-6)
+    np.testing.assert_allclose(g.intercept_.get(), h.intercept_, rtol=1e-4, atol=1e-6)

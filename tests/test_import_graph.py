@@ -1,0 +1,238 @@
+"""The package's import graph has no circle and no arrow that points up a layer.
+
+The graph is read from the source with ``ast``, without importing anything: every ``import`` and
+``from ... import`` in a module is an edge, at module level or inside a function or a class alike
+(an import moved into a function still ties the two modules together). An edge goes to the deepest
+module of the package that the statement names: ``from mpiml.comm import get_comm`` is an edge to
+``mpiml.comm`` (the package's ``__init__.py``), ``from mpiml.comm._ops import X`` to
+``mpiml.comm._ops``, and ``from . import _ops`` inside ``mpiml.comm`` to ``mpiml.comm._ops``.
+
+Layers, top to bottom (DESIGN.md, "Layers", with the places of the shared modules decided here;
+docs/architecture.md says what each owns). A module may import its own layer and any layer below
+it, never one above:
+
+====  =========================================================================================
+ 11   ``mpiml.__main__``, ``mpiml.cli``: the ``mpiml`` command, which dispatches to the benchmarks
+ 10   ``mpiml.bench``: the benchmark suites, and ``mpiml.cli._options`` (printing once, argument
+      parsing, launching ranks), the one piece of the command line that the benchmarks use
+  9   ``mpiml`` (the package's ``__init__.py``): the public face; it imports from the layers below
+      (comm, _io, ...). The command line may use it as any client does; nothing below may.
+      ``mpiml._init`` (``mpiml.init``: binds a GPU per local rank, sizes the thread pools) sits
+      here too: it sets up what the layers below use, so it may call any of them.
+  8   ``mpiml.dask``: the ``mpi://`` comm backend and the Dask-driven estimators
+  7   ``mpiml.cluster``, ``neighbors``, ``linear_model``, ``decomposition``, ``ensemble``, and
+      ``mpiml.utils._testing`` (a small estimator kept for the tests and as a template)
+  6   ``mpiml.datasets``
+  5   ``mpiml.base``, ``mpiml._io``: the estimators' base class; saving and loading models
+  4   ``mpiml.utils``: parameter constraints, input validation (which agrees on errors across
+      ranks, so it takes the world communicator when given none) and distributed linear algebra,
+      shared by every estimator family
+  3   ``mpiml.comm``
+  2   ``mpiml.kernels``
+  1   ``mpiml._array``, ``_config``, ``_errors``, ``_abort``, ``_version``: the array namespace,
+      configuration, exceptions, the abort-on-error hook, the version
+====  =========================================================================================
+
+Within one package (``mpiml.dask``, ``mpiml.cli``, ...) any order is allowed, but no circle.
+"""
+
+import ast
+import os
+
+import pytest
+
+from conftest import ROOT
+
+SRC = os.path.join(ROOT, "src")
+PACKAGE = "mpiml"
+
+LAYERS = [
+    (1, ["_array", "_config", "_errors", "_abort", "_version"]),
+    (2, ["kernels"]),
+    (3, ["comm"]),
+    (4, ["utils"]),
+    (5, ["base", "_io"]),
+    (6, ["datasets"]),
+    (7, ["cluster", "neighbors", "linear_model", "decomposition", "ensemble"]),
+    (8, ["dask"]),
+    (9, ["_init"]),
+    (10, ["bench"]),
+    (11, ["__main__", "cli"]),
+]
+FACADE = 9  # mpiml/__init__.py
+#: Modules whose layer is not their package's (with the reason in the module docstring above).
+OWN_LAYER = {"mpiml.utils._testing": 7, "mpiml.cli._options": 10}
+
+
+def modules(src=SRC, package=PACKAGE):
+    """``{dotted name: path}`` of every Python module of the package under ``src``."""
+    found = {}
+    for dirpath, _, files in os.walk(os.path.join(src, package)):
+        for f in files:
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(dirpath, f), src)[:-3].split(os.sep)
+                if rel[-1] == "__init__":
+                    rel = rel[:-1]
+                found[".".join(rel)] = os.path.join(dirpath, f)
+    return found
+
+
+def _resolve(name, known):
+    """The deepest known module that ``name`` (a dotted path, maybe ending in an attribute) names."""
+    parts = name.split(".")
+    while parts:
+        cand = ".".join(parts)
+        if cand in known:
+            return cand
+        parts.pop()
+    return None
+
+
+def edges(known):
+    """``{module: {imported module: first line}}`` over every import statement of every module."""
+    graph = {}
+    for mod, path in known.items():
+        is_pkg = os.path.basename(path) == "__init__.py"
+        tree = ast.parse(open(path, encoding="utf-8").read(), filename=path)
+        out = graph.setdefault(mod, {})
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    base = base[:len(base) - (node.level - 1)]
+                    stem = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    stem = node.module or ""
+                # ``from pkg import sub`` names the submodule when there is one
+                targets = [f"{stem}.{a.name}" for a in node.names if a.name != "*"] or [stem]
+                if any(a.name == "*" for a in node.names):
+                    targets.append(stem)
+            for t in targets:
+                if not t.startswith(PACKAGE):
+                    continue
+                dst = _resolve(t, known)
+                if dst and dst != mod:
+                    out.setdefault(dst, node.lineno)
+    return graph
+
+
+def layer(mod):
+    if mod in OWN_LAYER:
+        return OWN_LAYER[mod]
+    parts = mod.split(".")
+    if len(parts) == 1:
+        return FACADE
+    for level, names in LAYERS:
+        if parts[1] in names:
+            return level
+    raise AssertionError(f"{mod}: no layer; add it to LAYERS (and to docs/architecture.md)")
+
+
+def cycles(graph):
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _package(mod):
+    return mod if mod in OWN_LAYER else ".".join(mod.split(".")[:2])
+
+
+def _package_cycles(graph):
+    """Circles between the packages of one layer's siblings (e.g. ``mpiml.cli`` <-> ``mpiml.bench``)."""
+    top = {}
+    for src, dsts in graph.items():
+        a = _package(src)
+        for dst in dsts:
+            b = _package(dst)
+            if a != b:
+                top.setdefault(a, {})[b] = 1
+    return cycles(top)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return edges(modules())
+
+
+def test_the_graph_sees_the_package(graph):
+    # guard against a reader that finds nothing and so passes vacuously
+    assert len(graph) > 50
+    assert "mpiml.comm._communicator" in graph["mpiml.comm"]
+    assert "mpiml.cluster._kmeans" in graph["mpiml.cluster"]
+
+
+def test_no_import_circle_between_modules(graph):
+    found = cycles(graph)
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_no_import_circle_between_packages(graph):
+    found = _package_cycles(graph)
+    assert not found, "package circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_no_arrow_points_up_a_layer(graph):
+    up = [f"{src} (layer {layer(src)}) -> {dst} (layer {layer(dst)}), line {line}"
+          for src, dsts in sorted(graph.items()) for dst, line in sorted(dsts.items())
+          if layer(dst) > layer(src)]
+    assert not up, "imports that point up:\n" + "\n".join(up)
+
+
+FAMILIES = LAYERS[6][1]
+
+
+def test_no_estimator_family_imports_another(graph):
+    # what two families share lives in utils/ or base.py, so a family can change alone
+    fam = [f"{s} -> {d}, line {line}" for s, ds in sorted(graph.items()) for d, line in sorted(ds.items())
+           if _family(s) and _family(d) and _family(s) != _family(d)]
+    assert not fam, "\n".join(fam)
+
+
+def _family(mod):
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in FAMILIES and mod not in OWN_LAYER else None
+
+
+def test_the_checker_finds_a_circle_and_an_upward_arrow(tmp_path):
+    pkg = tmp_path / PACKAGE
+    (pkg / "comm").mkdir(parents=True)
+    (pkg / "cli").mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "comm" / "__init__.py").write_text("def f():\n    from mpiml.cli import g\n")
+    (pkg / "cli" / "__init__.py").write_text("from ..comm import f\n")
+    g = edges(modules(str(tmp_path)))
+    assert g["mpiml.comm"] == {"mpiml.cli": 2}
+    assert g["mpiml.cli"] == {"mpiml.comm": 1}
+    assert cycles(g) == [["mpiml.cli", "mpiml.comm"]]
+    assert layer("mpiml.comm") < layer("mpiml.cli")

@@ -1,0 +1,37 @@
+"""Threads per rank (mpiml.utils._threads) under real mpiexec at 1-4 ranks."""
+
+import os
+
+import pytest
+
+from conftest import run_mpi
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "threads_spmd_script.py")
+#: Every variable by which a user chooses the count, blanked (run_mpi sets two of them to 1).
+UNSET = {"OMP_NUM_THREADS": "", "MKL_NUM_THREADS": "", "OPENBLAS_NUM_THREADS": "", "SLURM_CPUS_PER_TASK": ""}
+
+
+def _cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("mode", ["init", "estimator"])
+def test_limit_is_cores_over_ranks(n, mode):
+    want = max(1, _cores() // n)
+    run_mpi(SCRIPT, n, mode, want, 1, want, env=UNSET, timeout=180)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 2])
+def test_user_variable_wins(n):
+    # the user's count, even above cores / ranks, is left to the libraries: nothing is limited
+    threads = _cores() + 1
+    env = dict(UNSET, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    run_mpi(SCRIPT, n, "init", threads, 0, -1, env=env, timeout=120)
+
+
+@pytest.mark.mpi
+def test_slurm_cpus_per_task_is_applied():
+    run_mpi(SCRIPT, 2, "estimator", 2, 1, 2, env=dict(UNSET, SLURM_CPUS_PER_TASK="2"), timeout=120)
