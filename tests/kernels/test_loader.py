@@ -352,10 +352,11 @@ class _FakeCupyModule:
 
 
 def test_what_the_families_ask_for_is_shipped(monkeypatch):
-    """The requests of the three compile sites (collectives, histograms, a k-means step at 10^6 x 32, k = 32 on an
-    sm_90 device) are each held by one program of the build's specs, so the shipped cubins serve them."""
+    """The requests of the compile sites (collectives, histograms, linear models, k-selection, a k-means step at
+    10^6 x 32, k = 32 on an sm_90 device) are each held by one program of the build's specs, so the shipped
+    cubins serve them."""
     from mpiml import kernels
-    from mpiml.kernels import build, distances, histograms
+    from mpiml.kernels import build, distances, histograms, linear, select
 
     asked = []
 
@@ -371,6 +372,12 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
     kernels._module("allreduce", kernels.reduce_type(np.float32), 4)
     kernels._module("bcast", kernels.copy_type(8), 8)
     histograms._function(True, 1, False)
+    histograms._function(expr="mpiml_hist_split<true>")
+    monkeypatch.setattr(linear, "_FUNCTIONS", {})
+    monkeypatch.setattr(select, "_MODULES", {})
+    linear._function("mpiml_linear_logistic<float, 0, 1>")
+    select._module(("mpiml_knn_select<float, 0, 4, 16, true>", "mpiml_knn_merge<float>", "mpiml_knn_norms<float, 0>"))
+    select._module(("mpiml_knn_exact_sq<double>",))
     with build._emulated_device(distances, build.DEVICE_MODELS["sm_90"]):
         plan = distances.small_plan(np.float32, 32, 32, mode="lloyd", vw=4, unit=True)
         for expr in (plan["expr"], plan.get("expr_cb", plan["expr"]), "mpiml_distances_reduce_partials",
@@ -380,7 +387,8 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
     for files, exprs in asked:
         assert any(f == files and set(exprs) <= set(e) for f, e in progs), (files, exprs)
     assert {f for f, _ in asked} == {("ipc_common.cuh", "allreduce.cu"), ("ipc_common.cuh", "bcast.cu"),
-                                     ("histograms.cu",), ("distances_tc.cu",), ("distances.cu",)}
+                                     ("histograms.cu",), ("distances_tc.cu",), ("distances.cu",), ("linear.cu",),
+                                     ("select/select.cu",)}
 
 
 def test_a_cubin_another_process_wrote_is_found(monkeypatch, tmp_path):

@@ -14,7 +14,7 @@ import concurrent.futures
 import os
 import time
 
-from . import parser
+from ._options import parser
 
 __all__ = ["main"]
 
