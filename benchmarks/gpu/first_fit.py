@@ -68,8 +68,8 @@ for _ in range(2):
     cupy.cuda.Device().synchronize()
     fits.append(time.perf_counter() - t)
 from mpiml.kernels import _loader
-print("RESULT " + json.dumps({{"import_init_s": t_import, "import_split": split, "data_s": t_data, "first_s": fits[0], "second_s": fits[1],
-                               "kernels": _loader.stats()}}), flush=True)
+print("RESULT " + json.dumps({{"import_init_s": t_import, "import_split": split, "data_s": t_data,
+                               "first_s": fits[0], "second_s": fits[1], "kernels": _loader.stats()}}), flush=True)
 """
 
 

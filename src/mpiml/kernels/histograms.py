@@ -59,7 +59,8 @@ def _function(classification=None, count_rows=None, wide=None, expr=None):
         # a tree level needs a build, the route and a move: the family's kernels load as one cubin
         from ._loader import load
 
-        exprs = [f"mpiml_hist_build<{c}, {d}, {w}>" for c in ("false", "true") for d in (0, 1) for w in ("false", "true")]
+        exprs = [f"mpiml_hist_build<{c}, {d}, {w}>"
+                 for c in ("false", "true") for d in (0, 1) for w in ("false", "true")]
         exprs += ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>", "mpiml_hist_split<false>",
                   "mpiml_hist_split<true>"]
         fns = load(("histograms.cu",), exprs + ([expr] if expr not in exprs else []))
