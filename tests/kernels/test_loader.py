@@ -403,3 +403,64 @@ def test_a_cubin_another_process_wrote_is_found(monkeypatch, tmp_path):
     fn = _loader.load(SRC, ["mpiml_hist_move<false>"])["mpiml_hist_move<false>"]
     assert fn[2] == "_Ompiml_hist_move<false>" and len(_compiles(log)) == 1
     assert _loader.stats()["cache"] >= 1
+
+
+class _FakeRawModule:
+    def __init__(self, path):
+        self.path = path
+        self.image = open(path, "rb").read()
+
+    def get_function(self, name):
+        assert name.encode() in self.image, f"{name} is not in {self.path}"
+        return ("function", self.path, name)
+
+    def get_global(self, name):
+        return ("global", self.path, name)
+
+
+class _FakeCupyDevice(_FakeCupyModule):
+    """``cupy`` on an sm_90 device of CUDA 13, loading cubins from files."""
+
+    RawModule = staticmethod(lambda path: _FakeRawModule(path))
+
+    class cuda(_FakeCupyModule.cuda):
+        class runtime(_FakeCupyModule.cuda.runtime):
+            @staticmethod
+            def runtimeGetVersion():
+                return 13000
+
+        class Device:
+            def __init__(self, dev=0):
+                self.compute_capability = "90"
+
+
+@pytest.mark.skipif("sm_90" not in _loader.prebuilt_archs(), reason="no sm_90 cubins shipped")
+def test_a_kmeans_step_on_sm_90_is_served_by_the_shipped_zip(monkeypatch, tmp_path):
+    """Through the loader as on the GPU (a fake CuPy that loads the cubin files): the kernels of a k-means step,
+    the histograms and an allreduce come from the shipped zip, extracted into the cache; nothing compiles."""
+    from mpiml import kernels
+    from mpiml.kernels import build, distances, histograms
+
+    monkeypatch.setitem(sys.modules, "cupy", _FakeCupyDevice)
+    monkeypatch.setenv("MPIML_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("MPIML_KERNEL_STRICT", "1")
+    monkeypatch.setattr(_loader, "_COMPILER", FakeCompiler(str(tmp_path / "compiles.jsonl")))
+    monkeypatch.setattr(kernels, "_MODULES", {})
+    monkeypatch.setattr(histograms, "_FUNCTIONS", {})
+    monkeypatch.setattr(distances, "_MODULES", {})
+    _forget()
+    before = _loader.stats()
+    with build._emulated_device(distances, build.DEVICE_MODELS["sm_90"]):
+        plan = distances.small_plan(np.float32, 32, 32, mode="lloyd", vw=4, unit=True)
+        assign = distances.tc_plan(np.float32, 32, 32, mode="assign", vw=4)
+        for expr in (plan["expr"], assign["expr"], assign["pack"], "mpiml_distances_reduce_partials",
+                     "mpiml_lloyd_update<float>"):
+            fn = distances._function(expr)
+            assert fn[2].startswith(("_Z", "mpiml_"))
+    histograms._function(True, 1, False)
+    kernels._module("allreduce", kernels.reduce_type(np.float32), 4)
+    after = _loader.stats()
+    assert after["compiled"] == before["compiled"] and after["fallback"] == before["fallback"]
+    assert after["prebuilt"] - before["prebuilt"] >= 4
+    assert not (tmp_path / "compiles.jsonl").exists()
+    assert list((tmp_path / "prebuilt" / "sm_90").glob("*.cubin"))
