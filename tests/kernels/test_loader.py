@@ -303,7 +303,7 @@ def test_shipped_cubins_match_the_sources():
     with ``python -m mpiml.kernels.build`` (a stale cubin is never loaded, but its kernels compile again)."""
     stale = []
     for arch in _loader.prebuilt_archs():
-        _loader._PREBUILT.pop(arch, None)
+        _forget()
         _, index = _loader._prebuilt(arch)
         for e in index["entries"]:
             assert e["file"] == _loader.entry_key(e["source"], list(e["lowered"]), arch, e["nvrtc"]) + ".cubin"
@@ -321,6 +321,7 @@ def test_shipped_cubin_runs(monkeypatch, tmp_path):
     import cupy
 
     cc = int(cupy.cuda.Device().compute_capability)
+    _forget()
     if not _loader.prebuilt_summary(cc):
         pytest.skip(f"no cubins shipped for sm_{cc}")
     monkeypatch.setenv("MPIML_KERNEL_CACHE", str(tmp_path))

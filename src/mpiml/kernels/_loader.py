@@ -43,7 +43,7 @@ _TEXTS = {}          # (files) -> source text
 _HASHES = {}         # (text, options) -> source hash
 _LOADED = {}         # (device, source hash) -> [Module]: the modules loaded so far
 _CACHE_INDEX = {}    # cache folder -> {json path: metadata}
-_PREBUILT = {}       # arch -> (zip path, index) or None
+_PREBUILT = {}       # zip path -> (zip path, index) or None
 _STATS = {"prebuilt": 0, "cache": 0, "compiled": 0, "fallback": 0}
 
 
@@ -296,8 +296,8 @@ def _prebuilt_folder():
 
 def _prebuilt(arch):
     """``(zip path, index)`` of the cubins shipped for ``arch``, or None."""
-    if arch not in _PREBUILT:
-        path = os.path.join(_prebuilt_folder(), arch + ".zip")
+    path = os.path.join(_prebuilt_folder(), arch + ".zip")
+    if path not in _PREBUILT:
         entry = None
         if os.path.exists(path):
             try:
@@ -305,8 +305,8 @@ def _prebuilt(arch):
                     entry = (path, json.loads(z.read("index.json")))
             except (OSError, ValueError, KeyError, zipfile.BadZipFile):
                 entry = None
-        _PREBUILT[arch] = entry
-    return _PREBUILT[arch]
+        _PREBUILT[path] = entry
+    return _PREBUILT[path]
 
 
 def prebuilt_archs():
