@@ -3,6 +3,8 @@
 
     PYTHONPATH=src python3 benchmarks/gpu/first_fit.py --out $OUT/first_fit.json [--np 4] [--only kmeans,pca]
 
+(``--np`` defaults to the GPUs there, at most 4: one rank a GPU.)
+
 For every estimator, a fresh process with an empty ``CUPY_CACHE_DIR`` and an empty ``MPIML_KERNEL_CACHE``
 ("cold"), one with CuPy's cache kept and ours emptied ("cupy_warm": what our kernels cost a new machine
 beyond CuPy's own), then one reusing both ("warm"), times: ``import mpiml`` + ``mpiml.init()`` + the estimator's
@@ -140,7 +142,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "first_fit.json"))
     ap.add_argument("--only", default=",".join(ESTIMATORS))
-    ap.add_argument("--np", type=int, default=4, help="ranks of the mpiml run kmeans check (0: skip it)")
+    ap.add_argument("--np", type=int, default=None, help="ranks of the mpiml run kmeans check, one a GPU "
+                                                          "(default: the GPUs here, at most 4; 0: skip it)")
     ap.add_argument("--data", default="blobs:n=4000000,d=32,k=32", help="data of the mpiml run kmeans check")
     ap.add_argument("--timeout", type=float, default=120)
     args = ap.parse_args(argv)
@@ -154,6 +157,8 @@ def main(argv=None):
                                        capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
     except (OSError, subprocess.SubprocessError):
         result["gpu"] = None
+    if args.np is None:
+        args.np = min(4, len(result["gpu"] or []))
     with tempfile.TemporaryDirectory(prefix="mpiml-first-fit-") as tmp:
         for name in names:
             cupy_cache, mpiml_cache = os.path.join(tmp, name, "cupy"), os.path.join(tmp, name, "mpiml")
