@@ -122,6 +122,7 @@ def test_imports_do_not_touch_cupy(tmp_path):
     code = ("import sys\n"
             "import mpiml, mpiml.cluster, mpiml.linear_model, mpiml.decomposition, mpiml.ensemble, mpiml.neighbors\n"
             "import mpiml.kernels, mpiml.kernels._loader, mpiml.kernels.distances, mpiml.kernels.histograms\n"
+            "import mpiml.kernels.linear, mpiml.kernels.select, mpiml.kernels.build\n"
             "bad = sorted({m.split('.')[0] for m in sys.modules} & {'cupy', 'matplotlib', 'dask', 'distributed'})\n"
             "assert not bad, bad\n")
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")

@@ -303,7 +303,7 @@ def test_shipped_cubins_match_the_sources():
     with ``python -m mpiml.kernels.build`` (a stale cubin is never loaded, but its kernels compile again)."""
     stale = []
     for arch in _loader.prebuilt_archs():
-        _loader._PREBUILT.pop(arch, None)
+        _forget()
         _, index = _loader._prebuilt(arch)
         for e in index["entries"]:
             assert e["file"] == _loader.entry_key(e["source"], list(e["lowered"]), arch, e["nvrtc"]) + ".cubin"
@@ -321,6 +321,7 @@ def test_shipped_cubin_runs(monkeypatch, tmp_path):
     import cupy
 
     cc = int(cupy.cuda.Device().compute_capability)
+    _forget()
     if not _loader.prebuilt_summary(cc):
         pytest.skip(f"no cubins shipped for sm_{cc}")
     monkeypatch.setenv("MPIML_KERNEL_CACHE", str(tmp_path))
@@ -352,10 +353,11 @@ class _FakeCupyModule:
 
 
 def test_what_the_families_ask_for_is_shipped(monkeypatch):
-    """The requests of the three compile sites (collectives, histograms, a k-means step at 10^6 x 32, k = 32 on an
-    sm_90 device) are each held by one program of the build's specs, so the shipped cubins serve them."""
+    """The requests of the compile sites (collectives, histograms, linear models, k-selection, a k-means step at
+    10^6 x 32, k = 32 on an sm_90 device) are each held by one program of the build's specs, so the shipped
+    cubins serve them."""
     from mpiml import kernels
-    from mpiml.kernels import build, distances, histograms
+    from mpiml.kernels import build, distances, histograms, linear, select
 
     asked = []
 
@@ -371,6 +373,12 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
     kernels._module("allreduce", kernels.reduce_type(np.float32), 4)
     kernels._module("bcast", kernels.copy_type(8), 8)
     histograms._function(True, 1, False)
+    histograms._function(expr="mpiml_hist_split<true>")
+    monkeypatch.setattr(linear, "_FUNCTIONS", {})
+    monkeypatch.setattr(select, "_MODULES", {})
+    linear._function("mpiml_linear_logistic<float, 0, 1>")
+    select._module(("mpiml_knn_select<float, 0, 4, 16, true>", "mpiml_knn_merge<float>", "mpiml_knn_norms<float, 0>"))
+    select._module(("mpiml_knn_exact_sq<double>",))
     with build._emulated_device(distances, build.DEVICE_MODELS["sm_90"]):
         plan = distances.small_plan(np.float32, 32, 32, mode="lloyd", vw=4, unit=True)
         for expr in (plan["expr"], plan.get("expr_cb", plan["expr"]), "mpiml_distances_reduce_partials",
@@ -380,4 +388,80 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
     for files, exprs in asked:
         assert any(f == files and set(exprs) <= set(e) for f, e in progs), (files, exprs)
     assert {f for f, _ in asked} == {("ipc_common.cuh", "allreduce.cu"), ("ipc_common.cuh", "bcast.cu"),
-                                     ("histograms.cu",), ("distances_tc.cu",), ("distances.cu",)}
+                                     ("histograms.cu",), ("distances_tc.cu",), ("distances.cu",), ("linear.cu",),
+                                     ("select/select.cu",)}
+
+
+def test_a_cubin_another_process_wrote_is_found(monkeypatch, tmp_path):
+    log = _fake(monkeypatch, tmp_path)
+    _loader.load(SRC, ["mpiml_hist_route"])
+    folder = str(tmp_path / "cache" / "sm_90")
+    src = _loader.source_hash(_loader.source_text(SRC), _loader.DEFAULT_OPTIONS)
+    exprs = ["mpiml_hist_move<true>", "mpiml_hist_move<false>"]
+    # written behind this process's back (its index of the folder is older)
+    _loader._store(folder, _loader.entry_key(src, exprs, "sm_90", 13), b"other",
+                   {"source": src, "nvrtc": 13, "arch": "sm_90", "lowered": {e: "_O" + e for e in exprs}})
+    fn = _loader.load(SRC, ["mpiml_hist_move<false>"])["mpiml_hist_move<false>"]
+    assert fn[2] == "_Ompiml_hist_move<false>" and len(_compiles(log)) == 1
+    assert _loader.stats()["cache"] >= 1
+
+
+class _FakeRawModule:
+    def __init__(self, path):
+        self.path = path
+        self.image = open(path, "rb").read()
+
+    def get_function(self, name):
+        assert name.encode() in self.image, f"{name} is not in {self.path}"
+        return ("function", self.path, name)
+
+    def get_global(self, name):
+        return ("global", self.path, name)
+
+
+class _FakeCupyDevice(_FakeCupyModule):
+    """``cupy`` on an sm_90 device of CUDA 13, loading cubins from files."""
+
+    RawModule = staticmethod(lambda path: _FakeRawModule(path))
+
+    class cuda(_FakeCupyModule.cuda):
+        class runtime(_FakeCupyModule.cuda.runtime):
+            @staticmethod
+            def runtimeGetVersion():
+                return 13000
+
+        class Device:
+            def __init__(self, dev=0):
+                self.compute_capability = "90"
+
+
+@pytest.mark.skipif("sm_90" not in _loader.prebuilt_archs(), reason="no sm_90 cubins shipped")
+def test_a_kmeans_step_on_sm_90_is_served_by_the_shipped_zip(monkeypatch, tmp_path):
+    """Through the loader as on the GPU (a fake CuPy that loads the cubin files): the kernels of a k-means step,
+    the histograms and an allreduce come from the shipped zip, extracted into the cache; nothing compiles."""
+    from mpiml import kernels
+    from mpiml.kernels import build, distances, histograms
+
+    monkeypatch.setitem(sys.modules, "cupy", _FakeCupyDevice)
+    monkeypatch.setenv("MPIML_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("MPIML_KERNEL_STRICT", "1")
+    monkeypatch.setattr(_loader, "_COMPILER", FakeCompiler(str(tmp_path / "compiles.jsonl")))
+    monkeypatch.setattr(kernels, "_MODULES", {})
+    monkeypatch.setattr(histograms, "_FUNCTIONS", {})
+    monkeypatch.setattr(distances, "_MODULES", {})
+    _forget()
+    before = _loader.stats()
+    with build._emulated_device(distances, build.DEVICE_MODELS["sm_90"]):
+        plan = distances.small_plan(np.float32, 32, 32, mode="lloyd", vw=4, unit=True)
+        assign = distances.tc_plan(np.float32, 32, 32, mode="assign", vw=4)
+        for expr in (plan["expr"], assign["expr"], assign["pack"], "mpiml_distances_reduce_partials",
+                     "mpiml_lloyd_update<float>"):
+            fn = distances._function(expr)
+            assert fn[2].startswith(("_Z", "mpiml_"))
+    histograms._function(True, 1, False)
+    kernels._module("allreduce", kernels.reduce_type(np.float32), 4)
+    after = _loader.stats()
+    assert after["compiled"] == before["compiled"] and after["fallback"] == before["fallback"]
+    assert after["prebuilt"] - before["prebuilt"] >= 4
+    assert not (tmp_path / "compiles.jsonl").exists()
+    assert list((tmp_path / "prebuilt" / "sm_90").glob("*.cubin"))

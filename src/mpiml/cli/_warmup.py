@@ -46,11 +46,12 @@ def _compile_one(args):
 
 def compile_specs(arch, jobs, gpu, say):
     """Put every program of ``build.specs(arch)`` in the cache unless shipped; ``{how: count}``."""
-    from ..kernels import build
+    from ..kernels import _loader, build, distances
 
-    # no GPU: NVRTC through ctypes (the wheel), in processes; on a GPU: CuPy's NVRTC, in threads
-    major = None if gpu else __import__("mpiml.kernels._loader", fromlist=["x"])._CtypesNVRTC().version()[0]
-    todo = [(files, exprs, arch, major) for files, exprs in build.specs(arch)]
+    # no GPU: NVRTC through ctypes (the wheel), in processes, for a typical device of the architecture; on a
+    # GPU: CuPy's NVRTC, in threads, for the plans of this device
+    major = None if gpu else _loader._CtypesNVRTC().version()[0]
+    todo = [(files, exprs, arch, major) for files, exprs in build.specs(arch, distances._device() if gpu else None)]
     counts = {}
     pool_cls = concurrent.futures.ThreadPoolExecutor if gpu else concurrent.futures.ProcessPoolExecutor
     t = time.perf_counter()
@@ -83,7 +84,7 @@ def main(argv):
             p.error(f"no GPU here ({type(exc).__name__}: {exc}); name one with --arch sm_XY")
     from ..kernels import build
 
-    if args.arch not in build.DEVICE_MODELS:
+    if not gpu and args.arch not in build.DEVICE_MODELS:
         p.error(f"--arch must be one of {sorted(build.DEVICE_MODELS)}, got {args.arch!r}")
     say = print
     say(f"mpiml warmup: kernels for {args.arch} into {_loader.cache_dir()}")

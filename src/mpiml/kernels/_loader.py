@@ -33,8 +33,8 @@ import tempfile
 import zipfile
 from importlib import resources
 
-__all__ = ["load", "load_module", "ensure_cached", "Module", "stats", "cache_dir", "source_text", "source_hash", "entry_key", "prebuilt_archs",
-           "prebuilt_summary", "compile_cubin", "DEFAULT_OPTIONS"]
+__all__ = ["load", "load_module", "ensure_cached", "Module", "stats", "cache_dir", "source_text", "source_hash",
+           "entry_key", "prebuilt_archs", "prebuilt_summary", "compile_cubin", "DEFAULT_OPTIONS"]
 
 DEFAULT_OPTIONS = ("--std=c++17",)
 _PACKAGE = "mpiml.kernels"
@@ -42,8 +42,8 @@ _PACKAGE = "mpiml.kernels"
 _TEXTS = {}          # (files) -> source text
 _HASHES = {}         # (text, options) -> source hash
 _LOADED = {}         # (device, source hash) -> [Module]: the modules loaded so far
-_CACHE_INDEX = {}    # (directory, arch) -> {json path: metadata}
-_PREBUILT = {}       # arch -> (zip path, index) or None
+_CACHE_INDEX = {}    # cache folder -> {json path: metadata}
+_PREBUILT = {}       # zip path -> (zip path, index) or None
 _STATS = {"prebuilt": 0, "cache": 0, "compiled": 0, "fallback": 0}
 
 
@@ -267,23 +267,24 @@ def _read_meta(path):
         return None
 
 
-def find_cached(folder, src_hash, expressions, nvrtc_major, rescan=False):
+def find_cached(folder, src_hash, expressions, nvrtc_major):
     """``(cubin path, metadata)`` of a cubin in ``folder`` compiled from ``src_hash`` by ``nvrtc_major`` that
-    holds every expression, or None.  The folder's JSON files are read once a process (again on ``rescan``)."""
-    index = _CACHE_INDEX.get(folder)
-    if index is None or rescan:
-        index = {}
-        for path in glob.glob(os.path.join(folder, "*.json")):
-            meta = (_CACHE_INDEX.get(folder) or {}).get(path) or _read_meta(path)
-            if meta is not None:
-                index[path] = meta
-        _CACHE_INDEX[folder] = index
+    holds every expression, or None.  The folder's JSON files are read once a process, and its new ones
+    again on a miss (another process may have compiled since)."""
     need = set(expressions)
-    for path, meta in index.items():
-        if meta.get("source") == src_hash and meta.get("nvrtc") == nvrtc_major and need <= meta["lowered"].keys():
-            cubin = path[:-5] + ".cubin"
-            if os.path.exists(cubin):
-                return cubin, meta
+    for scan in (False, True):
+        index = _CACHE_INDEX.get(folder)
+        if index is None or scan:
+            known = index or {}
+            index = _CACHE_INDEX[folder] = {}
+            for path in glob.glob(os.path.join(folder, "*.json")):
+                meta = known.get(path) or _read_meta(path)
+                if meta is not None:
+                    index[path] = meta
+        for path, meta in index.items():
+            if (meta.get("source") == src_hash and meta.get("nvrtc") == nvrtc_major
+                    and need <= meta["lowered"].keys() and os.path.exists(path[:-5] + ".cubin")):
+                return path[:-5] + ".cubin", meta
     return None
 
 
@@ -295,8 +296,8 @@ def _prebuilt_folder():
 
 def _prebuilt(arch):
     """``(zip path, index)`` of the cubins shipped for ``arch``, or None."""
-    if arch not in _PREBUILT:
-        path = os.path.join(_prebuilt_folder(), arch + ".zip")
+    path = os.path.join(_prebuilt_folder(), arch + ".zip")
+    if path not in _PREBUILT:
         entry = None
         if os.path.exists(path):
             try:
@@ -304,8 +305,8 @@ def _prebuilt(arch):
                     entry = (path, json.loads(z.read("index.json")))
             except (OSError, ValueError, KeyError, zipfile.BadZipFile):
                 entry = None
-        _PREBUILT[arch] = entry
-    return _PREBUILT[arch]
+        _PREBUILT[path] = entry
+    return _PREBUILT[path]
 
 
 def prebuilt_archs():

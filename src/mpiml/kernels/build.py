@@ -8,7 +8,8 @@ Writes one ``sm_XY.zip`` an architecture: ``index.json`` (per cubin: the source 
 lowered name of every expression) and the cubins, named by their key (see :mod:`mpiml.kernels._loader`).
 The specialisations come from the families' own plan functions: the distance kernels' plans are asked
 for a grid of shapes with the shared memory and compute capability of a typical GPU of each architecture
-(they depend on it), the collectives' every element type, the histograms' whole family.  NVRTC comes
+(they depend on it), the collectives' every element type, the histograms' and linear models' whole
+families, and the k-selection kernels of the common metrics for every query tile and alignment.  NVRTC comes
 from the ``nvidia-cuda-nvrtc`` wheel (or ``MPIML_NVRTC``).  Rerun this after any change to a ``.cu`` file
 (a cubin is found only for the exact source it was compiled from): the programs of unchanged sources are
 kept from the zip already there, so only the changed family compiles again.
@@ -47,6 +48,8 @@ DEVICE_MODELS = {
 #: Shapes whose distance kernels are shipped: clusters (or index rows) k and features d.
 _KS = (2, 3, 8, 10, 16, 32, 64, 128, 256)
 _DS = (2, 3, 8, 16, 32, 64, 128)
+#: Metrics whose k-selection kernels are shipped (the others compile once per machine: 0.9 MiB an architecture).
+_SELECT_METRICS = ("euclidean", "cosine", "inner_product")
 #: Most expressions of one source a program holds (smaller programs build in parallel, larger load slower).
 _GROUP = 12
 #: Plans that raised on an emulated device (printed by --list).
@@ -115,13 +118,40 @@ def _launch_exprs(D, dtype, k, d, vw, lloyd, tc, simt):
             simt.add(f"mpiml_distances_label_sums<{ct}, {plan['accum']}>")
 
 
+def _select_programs():
+    """The k-selection family's programs as its launchers ask for them: per element type, metric of
+    :data:`_SELECT_METRICS`, query tile (from k up to ``MAX_K``) and row alignment, the selection with its merge
+    and norms; the radius pair."""
+    from . import select
+
+    out = []
+    for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
+        ct = select._ctype(dtype)
+        out.append((("select/select.cu",), [f"mpiml_knn_exact_sq<{ct}>"]))
+        tiles = set()
+        for k in (1, 2, 5, 10, 16, 32, 64, 100, 128, 256, 512, select.MAX_K):
+            with contextlib.suppress(ValueError):
+                tiles.add(select._config(dtype, k)[:2])
+        for mode in sorted({select.METRICS[m] for m in _SELECT_METRICS}):
+            norms = f"mpiml_knn_norms<{ct}, {min(mode, 1)}>"
+            for vec in ("false", "true"):
+                for tm, ty in sorted(tiles):
+                    out.append((("select/select.cu",), [f"mpiml_knn_select<{ct}, {mode}, {tm}, {ty}, {vec}>",
+                                                         f"mpiml_knn_merge<{ct}>", norms]))
+                tm, ty = (4, 16) if dtype.itemsize == 4 else (2, 16)
+                out.append((("select/select.cu",), [f"mpiml_knn_radius<{ct}, {mode}, {tm}, {ty}, {vec}, {f}>"
+                                                     for f in ("false", "true")] + [norms]))
+    return out
+
+
 def _own_module(expr):
     """Whether ``expr`` needs a module of its own (its constant bank is one per module)."""
     return expr.startswith("mpiml_distances_small<") and expr.endswith(", true>")
 
 
-def specs(arch):
-    """``[(files, expressions)]``: the programs compiled for ``arch``, each a list of expressions."""
+def specs(arch, model=None):
+    """``[(files, expressions)]``: the programs compiled for ``arch``, each a list of expressions; ``model``: the
+    device the distance plans are made for (default :data:`DEVICE_MODELS`'s for ``arch``)."""
     from . import FAMILIES, _name_expressions, copy_type, reduce_type
 
     out = []
@@ -131,8 +161,14 @@ def specs(arch):
         for ct in sorted(ctypes):
             out.append((("ipc_common.cuh", file), _name_expressions(family, ct, None)))
     hist = [f"mpiml_hist_build<{c}, {d}, {w}>" for c in ("false", "true") for d in (0, 1) for w in ("false", "true")]
-    out.append((("histograms.cu",), hist + ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>"]))
-    for file, exprs in _distances_exprs(DEVICE_MODELS[arch]).items():
+    out.append((("histograms.cu",), hist + ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>",
+                                            "mpiml_hist_split<false>", "mpiml_hist_split<true>"]))
+    for ct in ("float", "double"):
+        out.append((("linear.cu",), [f"mpiml_linear_gram<{ct}, {w}>" for w in ("false", "true")]
+                    + [f"mpiml_linear_logistic<{ct}, {m}, {c}>" for m in (0, 1) for c in (1, 2, 4, 8)]
+                    + ["mpiml_linear_sum_blocks"]))
+    out += _select_programs()
+    for file, exprs in _distances_exprs(model or DEVICE_MODELS[arch]).items():
         shared = sorted(e for e in exprs if not _own_module(e))
         out += [((file,), shared[i:i + _GROUP]) for i in range(0, len(shared), _GROUP)]
         out += [((file,), [e]) for e in sorted(exprs) if _own_module(e)]

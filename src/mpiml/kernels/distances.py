@@ -12,7 +12,6 @@ dtype of ``X``), any strides (non-contiguous input is copied once), any ``d`` an
 import functools
 import os
 import threading
-from importlib import resources
 
 import numpy as np
 
@@ -91,7 +90,6 @@ _SUMS_TILES = {(True, 2): ((2, 20), (2, 16), (3, 8)), (True, 1): ((3, 8),), (Fal
 _TC_STAGES = 2                    # buffers of the copies of X (the copies run STAGES - 1 steps ahead)
 _METHODS = ("auto", "fused", "gemm", "tc", "small")
 
-_SOURCES = {}
 _MODULES = {}
 _DEVICE = {}
 
@@ -100,13 +98,6 @@ def _cupy():
     import cupy
 
     return cupy
-
-
-def _source(name="distances.cu"):
-    src = _SOURCES.get(name)
-    if src is None:
-        src = _SOURCES[name] = resources.files("mpiml.kernels").joinpath(name).read_text()
-    return src
 
 
 def _function(expr, source=None):

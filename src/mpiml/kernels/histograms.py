@@ -15,8 +15,6 @@ bit for bit.  The family's kernels are loaded together through
 memoised per device.
 """
 
-from importlib import resources
-
 import numpy as np
 
 __all__ = ["build_histograms", "partition_rows", "split_candidates", "tile_features", "plan_items"]
@@ -31,16 +29,8 @@ _MAX_ROWS_PER_ITEM = 32768
 #: Work items aimed at per streaming multiprocessor on large levels.
 _ITEMS_PER_SM = 4
 
-_SOURCE = None
 _FUNCTIONS = {}
 _DEVICES = {}
-
-
-def _source():
-    global _SOURCE
-    if _SOURCE is None:
-        _SOURCE = resources.files("mpiml.kernels").joinpath("histograms.cu").read_text()
-    return _SOURCE
 
 
 def _device_info():
@@ -69,8 +59,10 @@ def _function(classification=None, count_rows=None, wide=None, expr=None):
         # a tree level needs a build, the route and a move: the family's kernels load as one cubin
         from ._loader import load
 
-        exprs = [f"mpiml_hist_build<{c}, {d}, {w}>" for c in ("false", "true") for d in (0, 1) for w in ("false", "true")]
-        exprs += ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>"]
+        exprs = [f"mpiml_hist_build<{c}, {d}, {w}>"
+                 for c in ("false", "true") for d in (0, 1) for w in ("false", "true")]
+        exprs += ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>", "mpiml_hist_split<false>",
+                  "mpiml_hist_split<true>"]
         fns = load(("histograms.cu",), exprs + ([expr] if expr not in exprs else []))
         _FUNCTIONS.update(((key[0], e), f) for e, f in fns.items())
         fn = fns[expr]

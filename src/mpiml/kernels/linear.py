@@ -4,12 +4,10 @@
 (weighted), read from ``X`` once; :func:`logistic_pass` the binary logistic
 loss and gradient (or a Hessian-vector product), also read from ``X`` once.
 Both end with a deterministic sum of per-block partials on the device, so the
-result does not depend on scheduling: the same bits on every run.  The source
-compiles through ``cupy.RawModule(name_expressions=...)`` on first use and is
-memoised per device.
+result does not depend on scheduling: the same bits on every run.  The kernels
+load through :mod:`mpiml.kernels._loader` (shipped, cached or compiled once) on
+first use and are memoised per device.
 """
-
-from importlib import resources
 
 import numpy as np
 
@@ -25,16 +23,8 @@ _STAGE = 32
 _LOGISTIC_THREADS = 256
 _TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
-_SOURCE = None
 _FUNCTIONS = {}
 _SMS = {}
-
-
-def _source():
-    global _SOURCE
-    if _SOURCE is None:
-        _SOURCE = resources.files("mpiml.kernels").joinpath("linear.cu").read_text()
-    return _SOURCE
 
 
 def _function(expr):
@@ -43,8 +33,10 @@ def _function(expr):
     key = (cupy.cuda.runtime.getDevice(), expr)
     fn = _FUNCTIONS.get(key)
     if fn is None:
-        mod = cupy.RawModule(code=_source(), options=("--std=c++17",), name_expressions=[expr])
-        fn = mod.get_function(expr)
+        # shipped, cached or compiled once (:mod:`mpiml.kernels._loader`), with the partials' sum every pass ends with
+        from ._loader import load_module
+
+        fn = load_module(("linear.cu",), [expr], also=("mpiml_linear_sum_blocks",)).get_function(expr)
         _FUNCTIONS[key] = fn
     return fn
 

@@ -6,11 +6,9 @@ their distances in registers and keeps each query's ``k`` best in shared memory,
 running ``k``-th threshold (one compare per candidate for almost all of them).  The index is
 cut into splits so that every SM is busy; a merge kernel ranks the splits' sorted lists.
 
-Nothing compiles at import; :func:`_module` compiles (through NVRTC) the instantiations one
-call needs, memoised per device.
+Nothing compiles at import; :func:`_module` loads the instantiations one call needs (a shipped
+cubin, this machine's cache, else NVRTC once, see :mod:`mpiml.kernels._loader`), memoised per device.
 """
-
-from importlib import resources
 
 import numpy as np
 
@@ -29,7 +27,6 @@ MAX_K = 1024
 #: bytes of the per-split partial lists allowed per launch (larger query sets go in batches)
 _PARTIAL_BYTES = 256 << 20
 
-_SOURCE = []
 _MODULES = {}
 _DEVICE = {}
 
@@ -41,10 +38,10 @@ def _module(expressions):
     key = (cupy.cuda.runtime.getDevice(), tuple(expressions))
     mod = _MODULES.get(key)
     if mod is None:
-        if not _SOURCE:
-            _SOURCE.append(resources.files("mpiml.kernels.select").joinpath("select.cu").read_text())
-        mod = _MODULES[key] = cupy.RawModule(code=_SOURCE[0], options=("--std=c++17",),
-                                             name_expressions=list(expressions))
+        # shipped, cached or compiled once, the call's instantiations in one program (mpiml.kernels._loader)
+        from .._loader import load_module
+
+        mod = _MODULES[key] = load_module(("select/select.cu",), list(expressions))
     return mod
 
 
