@@ -19,6 +19,9 @@
 #   firstfit  the first fit on a fresh machine (compilation included): benchmarks/gpu/first_fit.py
 #   dask      Dask over mpi:// with CuPy frames: comm checks, the comm sweep, (x + x.T).sum() vs tcp://
 #   seeds     the source documents' experiments (benchmarks/seeds/README.md)
+#   wave      one call with each performance target's headline: k-NN vs its peers and over GPUs, LinearRegression
+#             and LogisticRegression on 1 and all GPUs, the forest on 1 and all GPUs, every op vs raw NCCL
+#   wave2     the first fit on a fresh machine, PCA and Ridge on all GPUs
 #
 # Environment (one preamble for every part): NVLink multicast off (DEVICE.md: NCCL_NVLS_ENABLE=0,
 # TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), Open MPI allowed to run as root with
@@ -231,10 +234,37 @@ part_seeds() {
         --plot "$RES/seed004_$MACHINE.png"
 }
 
+part_wave() {   # the headline of each performance target in one call (~590 s on 4 GPUs), most important first
+    step "k-NN: mpiml vs the PyTorch user, CuPy, scikit-learn, floor (1 GPU); ring vs local at GPUs $RANKS" 230 \
+        python3 -m mpiml bench ml --algo knn --device gpu --ranks "$RANKS" --out "$RES" --tag "$MACHINE"
+    keep "ml_knn_$MACHINE" "knn_$MACHINE"
+    local algo n
+    for algo in linreg logreg; do
+        for n in 1 "$R"; do
+            step "$algo 4e7 x 64 at the defaults, $n GPU(s) (plain CuPy, scikit-learn scaled, floor)" 60 $MPIRUN -n "$n" \
+                python3 -m mpiml.bench.ml_decomp --algo "$algo" --json "$RES/${algo}_n${n}_$MACHINE.json"
+        done
+    done
+    step "RandomForestClassifier 100 trees depth 12 (GPUs 1,$R)" 150 python3 -m mpiml bench ml --algo rf --device gpu \
+        --ranks "1,$R" --estimators classifier --out "$RES/rf_ranks_$MACHINE.json"
+    step "vs_nccl.py: every op, default and MPIML_CHECK=0 beside raw NCCL ($R ranks)" 100 $MPIRUN -n "$R" \
+        python3 benchmarks/gpu/vs_nccl.py --rounds 2 --max-bytes 67108864 --paths raw,auto,auto0 \
+        --out "$RES/vs_nccl_$MACHINE.json" --plot "$RES/vs_nccl_$MACHINE.png"
+}
+
+part_wave2() {   # the first fit on a fresh machine, then PCA and Ridge on every GPU (~300 s)
+    step "first fit on a fresh machine (compilation included; mpiml run kmeans on $R ranks)" 200 python3 \
+        benchmarks/gpu/first_fit.py --out "$RES/firstfit_$MACHINE.json" --np "$R"
+    step "PCA 1e7 x 512 -> 32 at the defaults, $R GPUs" 50 $MPIRUN -n "$R" python3 -m mpiml.bench.ml_decomp \
+        --algo pca --json "$RES/pca_n${R}_$MACHINE.json"
+    step "Ridge 4e7 x 64 at the defaults, $R GPUs" 50 $MPIRUN -n "$R" python3 -m mpiml.bench.ml_decomp \
+        --algo ridge --json "$RES/ridge_n${R}_$MACHINE.json"
+}
+
 # ---------------------------------------------------------------------- run
 for PART in "$@"; do
     if ! declare -F "part_$PART" >/dev/null; then
-        echo "scripts/device_pass.sh: unknown part '$PART' (tests comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds)"
+        echo "scripts/device_pass.sh: unknown part '$PART' (tests comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds wave wave2)"
         exit 2
     fi
     LOG="$OUT/device_pass_$PART.log"
