@@ -62,7 +62,10 @@ def _ctype(dtype):
 
 
 def _smem(itemsize, qt, k):
-    return itemsize * (_DK * (qt + 4) + _DK * (_NT + 4) + qt * _NT + qt * k) + 4 * qt * k
+    """Shared bytes: query and row chunks, the tile's values, and (selection) the lists, the k-th
+    values and the flags of the queries."""
+    lists = itemsize * (qt * k + qt) + 4 * (qt * k + qt) if k else 0
+    return itemsize * (_DK * (qt + 4) + _DK * (_NT + 4) + qt * _NT) + lists
 
 
 def _config(dtype, k):
