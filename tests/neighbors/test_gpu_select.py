@@ -171,7 +171,7 @@ def test_within(metric, dtype):
 
     rs = np.random.RandomState(11)
     X, Q = rs.randn(5000, 12), rs.randn(90, 12)
-    D = reference(Q, X, metric)
+    D = reference(Q, X, "sqeuclidean" if metric == "euclidean" else metric)  # euclidean: the squared GEMM form
     bound = float(np.quantile(D, 0.01))
     indptr, cols, vals = within(cp.asarray(Q.astype(dtype)), cp.asarray(X.astype(dtype)), bound, metric=metric,
                                 p=3.0 if metric == "minkowski" else None)
