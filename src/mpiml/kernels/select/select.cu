@@ -185,7 +185,7 @@ __device__ __forceinline__ void knn_tile_values(const T* __restrict__ Q, int nq,
         if (n_chunks > 1 || first) knn_load_tile<T, QT, QTP, VEC>(Qs, Q, q0, nq, c0, d, tid);
         knn_load_tile<T, NT, NTP, VEC>(Xs, X, row0, r_end, c0, d, tid);
         __syncthreads();
-#pragma unroll 4
+#pragma unroll 8
         for (int kk = 0; kk < DK; ++kk) {
             T a[TM], b[TN];
             if constexpr (TM == 4) {
