@@ -18,8 +18,10 @@ rank, size = comm.rank, comm.size
 cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
 
 
-def shard(a):
+def shard(a, empty_last=False):
     w = np.arange(1, size + 1, dtype=np.float64)
+    if empty_last and size > 2:
+        w[-1] = 0  # the last rank holds no rows
     b = np.concatenate([[0], np.round(np.cumsum(w) / w.sum() * a.shape[0]).astype(int)])
     return a[b[rank]:b[rank + 1]]
 
@@ -57,6 +59,15 @@ def check_rank_count_identity():
                 d, i = nn.kneighbors(cp.asarray(shard(Q)))
                 assert_close(i, i1, f"{metric} k={k} {ex} indices at {size} ranks", exact=True)
                 assert_close(d, d1, f"{metric} k={k} {ex} distances at {size} ranks", exact=True)
+    # an empty index shard on the last rank (3 or more ranks), both searches
+    X, Q = rs.randn(3000, 9).astype(np.float32), rs.randn(200, 9).astype(np.float32)
+    d1, i1 = NearestNeighbors(n_neighbors=12, metric="manhattan", comm=alone).fit(cp.asarray(X)).kneighbors(
+        cp.asarray(shard(Q)))
+    for ex in ("overlap", "local"):
+        nn = NearestNeighbors(n_neighbors=12, metric="manhattan", exchange=pin(ex)).fit(cp.asarray(shard(X, True)))
+        d, i = nn.kneighbors(cp.asarray(shard(Q)))
+        assert_close(i, i1, f"empty shard {ex} indices", exact=True)
+        assert_close(d, d1, f"empty shard {ex} distances", exact=True)
     _ring.STRATEGY = "auto"
 
 

@@ -58,7 +58,11 @@ def check_random(Q, X, k, metric, dtype):
     np.testing.assert_allclose(true, rd, rtol=rtol, atol=rtol * scale)
     np.testing.assert_allclose(d, rd, rtol=rtol, atol=rtol * scale)
     if dtype == np.float64:
-        np.testing.assert_array_equal(i, ri)
+        # rows whose k + 1 nearest are well apart have one answer; elsewhere (e.g. cosine in one
+        # dimension: every distance 0 or 2) rounding orders mathematically equal distances
+        near = np.sort(D, axis=1)[:, :k + 1]
+        apart = (np.diff(near, axis=1) > 1e-9 * scale).all(axis=1)
+        np.testing.assert_array_equal(i[apart], ri[apart])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -167,7 +171,7 @@ def test_within(metric, dtype):
 
     rs = np.random.RandomState(11)
     X, Q = rs.randn(5000, 12), rs.randn(90, 12)
-    D = reference(Q, X, metric)
+    D = reference(Q, X, "sqeuclidean" if metric == "euclidean" else metric)  # euclidean: the squared GEMM form
     bound = float(np.quantile(D, 0.01))
     indptr, cols, vals = within(cp.asarray(Q.astype(dtype)), cp.asarray(X.astype(dtype)), bound, metric=metric,
                                 p=3.0 if metric == "minkowski" else None)

@@ -45,13 +45,19 @@ def _module(expressions):
     return mod
 
 
-def _sms():
+def _device():
+    """(SMs, shared bytes an SM) of the current device (memoised: reading attributes is slow)."""
     import cupy
 
     dev = cupy.cuda.runtime.getDevice()
     if dev not in _DEVICE:
-        _DEVICE[dev] = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
+        attrs = cupy.cuda.Device(dev).attributes
+        _DEVICE[dev] = (attrs["MultiProcessorCount"], attrs.get("MaxSharedMemoryPerMultiprocessor", 228 * 1024))
     return _DEVICE[dev]
+
+
+def _sms():
+    return _device()[0]
 
 
 def _ctype(dtype):
@@ -59,7 +65,10 @@ def _ctype(dtype):
 
 
 def _smem(itemsize, qt, k):
-    return itemsize * (_DK * (qt + 4) + _DK * (_NT + 4) + qt * _NT + qt * k) + 4 * qt * k
+    """Shared bytes: query and row chunks, the tile's values, and (selection) the lists, the k-th
+    values and the flags of the queries."""
+    lists = itemsize * (qt * k + qt) + 4 * (qt * k + qt) if k else 0
+    return itemsize * (_DK * (qt + 4) + _DK * (_NT + 4) + qt * _NT) + lists
 
 
 def _config(dtype, k):
@@ -105,11 +114,8 @@ def plan(dtype, k, metric, nq, m, sms=132, per_sm=2):
 
 def _resident(fn, smem):
     """Blocks of ``fn`` resident on one SM (registers and shared memory)."""
-    import cupy
-
-    attrs = cupy.cuda.Device().attributes
     regs = max(1, (int(fn.num_regs) + 7) // 8 * 8)
-    smem_sm = attrs.get("MaxSharedMemoryPerMultiprocessor", 228 * 1024)
+    smem_sm = _device()[1]
     return int(max(1, min(65536 // (regs * _THREADS), smem_sm // (smem + 1024), 8)))
 
 

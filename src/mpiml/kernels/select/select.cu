@@ -156,12 +156,14 @@ __device__ __forceinline__ void knn_insert(T* lv, int* li, int k, T cv, int cj, 
 
 // The values of the QT x NT pairs of queries q0.. and index rows row0.. into Ds (after a barrier),
 // shared by the selection and the radius kernels.  Qs is reloaded for every chunk when the
-// dimensions take several chunks, else only for the first tile of a block.
-template <typename T, int MODE, int TM, int TY, bool VEC>
+// dimensions take several chunks, else only for the first tile of a block.  With SCREEN, a
+// query's flag is raised when one of its values is at most thr[query] (from the registers), so
+// that the scan skips the queries with no candidate in the tile.
+template <typename T, int MODE, int TM, int TY, bool VEC, bool SCREEN>
 __device__ __forceinline__ void knn_tile_values(const T* __restrict__ Q, int nq, int d, const T* __restrict__ X,
                                                 int q0, int row0, bool first, int r_end,
                                                 const T* __restrict__ xaux, const T (&qa)[TM], T p,
-                                                T* Qs, T* Xs, T* Ds, int tid) {
+                                                T* Qs, T* Xs, T* Ds, const T* thr, int* flags, int tid) {
     constexpr int NT = MPIML_KNN_NT, DK = MPIML_KNN_DK;
     constexpr int TX = MPIML_KNN_THREADS / TY;
     constexpr int QT = TM * TY;
@@ -183,7 +185,7 @@ __device__ __forceinline__ void knn_tile_values(const T* __restrict__ Q, int nq,
         if (n_chunks > 1 || first) knn_load_tile<T, QT, QTP, VEC>(Qs, Q, q0, nq, c0, d, tid);
         knn_load_tile<T, NT, NTP, VEC>(Xs, X, row0, r_end, c0, d, tid);
         __syncthreads();
-#pragma unroll 4
+#pragma unroll 8
         for (int kk = 0; kk < DK; ++kk) {
             T a[TM], b[TN];
             if constexpr (TM == 4) {
@@ -215,6 +217,10 @@ __device__ __forceinline__ void knn_tile_values(const T* __restrict__ Q, int nq,
 #pragma unroll
             for (int e = 0; e < 4; ++e) v[e] = knn_value<MODE>(acc[i][4 * g + e], qa[i], xa[e], p);
             knn_store4(Ds + (ty * TM + i) * NT + g * TX * 4 + tx * 4, v);
+            if constexpr (SCREEN) {
+                const T t = thr[ty * TM + i];
+                if (v[0] <= t || v[1] <= t || v[2] <= t || v[3] <= t) flags[ty * TM + i] = 1;
+            }
         }
     }
     __syncthreads();
@@ -235,7 +241,9 @@ mpiml_knn_select(const T* __restrict__ Q, int nq, int d, const T* __restrict__ X
     T* Xs = Qs + DK * QTP;                           // [DK][NTP]
     T* Ds = Xs + DK * NTP;                           // [QT][NT]
     T* Lv = Ds + QT * NT;                            // [QT][k]
-    int* Li = reinterpret_cast<int*>(Lv + QT * k);   // [QT][k]
+    T* Tv = Lv + QT * k;                             // [QT] the k-th value of each query
+    int* Li = reinterpret_cast<int*>(Tv + QT);       // [QT][k]
+    int* Fl = Li + QT * k;                           // [QT] candidates in this tile
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int ty = tid / TX;
@@ -248,6 +256,10 @@ mpiml_knn_select(const T* __restrict__ Q, int nq, int d, const T* __restrict__ X
         Lv[i] = knn_inf<T>();
         Li[i] = MPIML_KNN_NONE;
     }
+    for (int i = tid; i < QT; i += MPIML_KNN_THREADS) {
+        Tv[i] = knn_inf<T>();
+        Fl[i] = 0;
+    }
     T qa[TM];
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
@@ -256,11 +268,12 @@ mpiml_knn_select(const T* __restrict__ Q, int nq, int d, const T* __restrict__ X
     }
 
     for (int row0 = r_begin; row0 < r_end; row0 += NT) {
-        knn_tile_values<T, MODE, TM, TY, VEC>(Q, nq, d, X, q0, row0, row0 == r_begin, r_end, xaux, qa, p, Qs, Xs, Ds,
-                                              tid);
+        knn_tile_values<T, MODE, TM, TY, VEC, true>(Q, nq, d, X, q0, row0, row0 == r_begin, r_end, xaux, qa, p, Qs,
+                                                    Xs, Ds, Tv, Fl, tid);
         // selection: warp w scans the queries w, w + 8, ...
         for (int qi = warp; qi < QT; qi += MPIML_KNN_THREADS / 32) {
             if (q0 + qi >= nq) break;
+            if (!Fl[qi]) continue;  // no value of this tile reaches the query's k-th
             T* lv = Lv + qi * k;
             int* li = Li + qi * k;
             T tv = lv[k - 1];  // the k-th entry, re-read only after an insertion
@@ -283,6 +296,11 @@ mpiml_knn_select(const T* __restrict__ Q, int nq, int d, const T* __restrict__ X
                     tv = lv[k - 1];
                     ti = li[k - 1];
                 }
+            }
+            __syncwarp();
+            if (lane == 0) {
+                Tv[qi] = tv;
+                Fl[qi] = 0;
             }
         }
     }
@@ -332,8 +350,8 @@ mpiml_knn_radius(const T* __restrict__ Q, int nq, int d, const T* __restrict__ X
 #pragma unroll
     for (int t = 0; t < QT / 8; ++t) found[t] = 0;
     for (int row0 = r_begin; row0 < r_end; row0 += NT) {
-        knn_tile_values<T, MODE, TM, TY, VEC>(Q, nq, d, X, q0, row0, row0 == r_begin, r_end, xaux, qa, p, Qs, Xs, Ds,
-                                              tid);
+        knn_tile_values<T, MODE, TM, TY, VEC, false>(Q, nq, d, X, q0, row0, row0 == r_begin, r_end, xaux, qa, p, Qs,
+                                                     Xs, Ds, nullptr, nullptr, tid);
 #pragma unroll
         for (int t = 0; t < QT / 8; ++t) {
             const int qi = warp + 8 * t;
