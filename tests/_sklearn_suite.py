@@ -56,7 +56,7 @@ def _deviation(deviations, name, arguments):
     return reason if predicate(arguments) else None
 
 
-def _adapt(module, name, fn, swaps, skip_classes, deviations, namespaces):
+def _adapt(module, name, fn, swaps, skip_classes, deviations, namespaces, thin):
     sig = inspect.signature(fn)
     theirs = {id(getattr(module, n, None)): ours for n, ours in swaps.items() if hasattr(module, n)}
     theirs.update({id(k): v for k, v in namespaces.get("_by_class", {}).items()})
@@ -73,6 +73,8 @@ def _adapt(module, name, fn, swaps, skip_classes, deviations, namespaces):
     @functools.wraps(fn)
     def test(*args, **kwargs):
         bound = sig.bind(*args, **kwargs)
+        if thin is not None and thin(_current_id(name)):
+            pytest.skip(thin.__doc__)
         reason = _deviation(deviations, name, dict(bound.arguments))
         for arg, value in list(bound.arguments.items()):
             bound.arguments[arg] = swap(value)
@@ -107,14 +109,22 @@ def namespace(original, **ours):
     return ns
 
 
-def adopt(module, swaps, *, deviations=None, skip_classes=None, namespaces=None, uses=None, exclude=()):
-    """The adapted test functions of ``module``, as a ``{name: test}`` dict to put in globals()."""
+def adopt(module, swaps, *, deviations=None, skip_classes=None, namespaces=None, uses=None, exclude=(),
+          thin=None):
+    """The adapted test functions of ``module``, as a ``{name: test}`` dict to put in globals().
+
+    ``thin``, a predicate on the test id whose docstring says why, skips the parametrizations
+    it selects (to keep a file's run short where many cases exercise the same code).
+    """
     deviations = deviations or {}
     skip_classes = skip_classes or {}
     namespaces = namespaces or {}
     words = tuple(uses) if uses is not None else tuple(f"{n}(" for n in swaps)
     tests = {}
     for name, fn in sorted(vars(module).items()):
+        if type(fn).__name__ == "FixtureFunctionDefinition" or hasattr(fn, "_pytestfixturefunction"):
+            tests[name] = fn  # the module's own fixtures, which its tests ask for
+            continue
         if not (name.startswith("test_") and callable(fn)) or name in exclude:
             continue
         try:
@@ -123,7 +133,7 @@ def adopt(module, swaps, *, deviations=None, skip_classes=None, namespaces=None,
             continue
         if not any(w in src for w in words):
             continue
-        tests[name] = _adapt(module, name, fn, swaps, skip_classes, deviations, namespaces)
-    unknown = {d.split("[")[0] for d in deviations} - set(tests)
+        tests[name] = _adapt(module, name, fn, swaps, skip_classes, deviations, namespaces, thin)
+    unknown = {d.split("[")[0] for d in deviations} - {n for n in tests if n.startswith("test_")}
     assert not unknown, f"deviations listed for tests that were not collected: {sorted(unknown)}"
     return tests
