@@ -21,6 +21,7 @@ from ..base import SPMDEstimator
 from ..utils._param_validation import InvalidParameterError, Interval, StrOptions
 from ..utils._validation import row_counts, validate_data
 from . import _sparse
+from ._metrics import metric_constraint, resolve_host_metric, sparse_accepts
 from ._ring import EXCHANGES, ring_kneighbors, ring_radius
 
 __all__ = ["NearestNeighbors"]
@@ -36,22 +37,16 @@ SPARSE_METRICS = ("cityblock", "cosine", "euclidean", "l1", "l2", "manhattan", "
 ALGORITHMS = ("auto", "ball_tree", "kd_tree", "brute")
 
 
-def _metric_error(owner, metric):
-    names = "{" + ", ".join(repr(m) for m in sorted(METRICS)) + "}"
-    return InvalidParameterError(f"The 'metric' parameter of {owner} must be a str among {names}. "
-                                 f"Got {metric!r} instead.")
-
-
 def resolve_metric(owner, metric, p, metric_params, algorithm):
     """``(distance, p, effective_metric_, effective_metric_params_)`` as scikit-learn resolves them.
 
     ``metric="minkowski"`` with ``p`` 1, 2 or inf is manhattan, euclidean or chebyshev;
     ``p`` given in ``metric_params`` wins over the ``p`` parameter (with scikit-learn's
-    warning).  Metrics mpiml does not compute (callables, scikit-learn's rarer names)
-    raise scikit-learn's parameter error naming the value.
+    warning).  Every other metric scikit-learn's brute force accepts (its rarer names,
+    ``metric_params`` beyond ``p``, ``DistanceMetric`` objects, callables) is computed on the
+    host by :mod:`mpiml.neighbors._metrics`.
     """
-    if callable(metric) or metric not in METRICS:
-        raise _metric_error(owner, metric)
+    host = not isinstance(metric, str) or metric not in METRICS  # the rarer metrics: _metrics.HostMetric
     params = dict(metric_params or {})
     if "p" in params:
         warnings.warn("Parameter p is found in metric_params. The corresponding parameter from __init__ "
@@ -62,9 +57,8 @@ def resolve_metric(owner, metric, p, metric_params, algorithm):
                                         f"Got {p!r} instead.")
     if "w" in params and params["w"] is None:  # scikit-learn's own unweighted value
         del params["w"]
-    if params:
-        raise ValueError(f"metric_params {sorted(params)} are not supported by mpiml.neighbors with metric "
-                         f"{metric!r} (only 'p' is)")
+    if host or params:
+        return resolve_host_metric(owner, metric, p, params, algorithm)
     if algorithm in ("kd_tree", "ball_tree"):
         from sklearn.neighbors import VALID_METRICS
 
@@ -89,7 +83,7 @@ def resolve_metric(owner, metric, p, metric_params, algorithm):
 def _check_sparse_metric(metric, X):
     """scikit-learn's refusal of a metric it cannot compute on sparse rows (the input kind may
     differ across ranks: the caller agrees on the verdict)."""
-    if _sparse.is_sparse(X) and metric not in SPARSE_METRICS:
+    if _sparse.is_sparse(X) and metric not in SPARSE_METRICS and not sparse_accepts(metric):
         raise ValueError(f"Metric '{metric}' not valid for sparse input. Valid metrics for sparse input: "
                          f"{list(SPARSE_METRICS)}.")
 
@@ -106,7 +100,7 @@ class _NeighborsBase(SPMDEstimator):
         "n_neighbors": [Interval(Integral, 1, None, closed="left"), None],
         "algorithm": [StrOptions(set(ALGORITHMS))],
         "leaf_size": [Interval(Integral, 1, None, closed="left")],
-        "metric": [StrOptions(set(METRICS)), callable],
+        "metric": metric_constraint(METRICS),
         "p": [Interval(Real, 0, None, closed="right"), None],
         "metric_params": [dict, None],
         "n_jobs": [Integral, None],
