@@ -191,7 +191,7 @@ def check_errors():
         Xnan[0, 0] = np.nan
     expect_error(lambda: NearestNeighbors().fit(Xnan), ValueError, "NaN", "NaN in fit")
     expect_error(lambda: NearestNeighbors().fit(X[:0]), ValueError, "0 sample", "empty index on every rank")
-    expect_error(lambda: NearestNeighbors(metric="braycurtis").fit(shard(X)), ValueError, "Got 'braycurtis' instead",
+    expect_error(lambda: NearestNeighbors(metric="bray-curtis").fit(shard(X)), ValueError, "Got 'bray-curtis' instead",
                  "unknown metric")
     Qnan = shard(Q).copy()
     if rank == size - 1 and Qnan.shape[0]:

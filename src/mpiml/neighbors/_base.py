@@ -15,13 +15,15 @@ import warnings
 from numbers import Integral, Real
 
 import numpy as np
+# scikit-learn recognises a neighbours estimator by these mixins (isinstance); see NearestNeighbors
+from sklearn.neighbors._base import KNeighborsMixin, RadiusNeighborsMixin
 
 from .._array import get_namespace
 from ..base import SPMDEstimator
 from ..utils._param_validation import InvalidParameterError, Interval, StrOptions
 from ..utils._validation import row_counts, validate_data
 from . import _sparse
-from ._metrics import metric_constraint, resolve_host_metric, sparse_accepts
+from ._metrics import check_semimetric, metric_constraint, resolve_host_metric, sparse_accepts
 from ._ring import EXCHANGES, ring_kneighbors, ring_radius
 
 __all__ = ["NearestNeighbors"]
@@ -76,6 +78,7 @@ def resolve_metric(owner, metric, p, metric_params, algorithm):
         elif math.isinf(p):
             distance, effective = "chebyshev", "chebyshev"
         else:
+            check_semimetric(p, algorithm)
             effective_params = {"p": p, "w": None}
     return distance, p, effective, effective_params
 
@@ -164,6 +167,11 @@ class _NeighborsBase(SPMDEstimator):
         self.effective_metric_params_ = dict(self._effective_params)
         self._fit_method = "brute"
         return self
+
+    @property
+    def _fit_X(self):
+        """This rank's shard of the index (scikit-learn's name, read by its ``kneighbors_graph``)."""
+        return self._shard_X
 
     def _metric_args(self):
         """(distance, p) for the ring; restored from the parameters after a model file is loaded."""
@@ -374,12 +382,18 @@ def _drop_self(dist, gidx, pay, offset, xp):
     return dist, gidx, pay
 
 
-class NearestNeighbors(_NeighborsBase):
+class NearestNeighbors(_NeighborsBase, KNeighborsMixin, RadiusNeighborsMixin):
     """Unsupervised exact nearest neighbours over the rows of every rank (SPMD), NumPy or CuPy.
 
     Each rank calls :meth:`fit` with its rows: they stay on that rank as its shard of the
     index.  :meth:`kneighbors` is collective and answers this rank's queries against the
     whole (global) index, with global indices (rows of lower ranks + local index).
+
+    The class derives from scikit-learn's ``KNeighborsMixin`` and ``RadiusNeighborsMixin``
+    (the classifier and regressor from ``KNeighborsMixin``) so that scikit-learn recognises
+    it where it asks ``isinstance`` (its ``kneighbors_graph`` / ``radius_neighbors_graph``
+    functions reuse a fitted estimator); every public method of those mixins is mpiml's
+    own, and ``_fit_X``, the one private name their functions read, is this rank's shard.
 
     Parameters
     ----------

@@ -20,6 +20,8 @@ hand -- ``V`` of seuclidean, ``VI`` of mahalanobis -- must be given in
 so they are refused without them, naming the parameter.
 """
 
+import warnings
+
 import numpy as np
 
 __all__ = ["HostMetric", "ALL_METRICS", "BRUTE_METRICS", "metric_constraint", "sparse_accepts", "SPARSE_BRUTE_METRICS", "resolve_host_metric", "host_topk"]
@@ -94,6 +96,18 @@ def sparse_accepts(metric):
     return callable(metric) or isinstance(metric, DistanceMetric) or metric in SPARSE_BRUTE_METRICS
 
 
+def check_semimetric(p, algorithm):
+    """scikit-learn's rule for the Minkowski semi-metrics (``0 < p < 1``): an error with a tree
+    algorithm, else a warning (brute force, which is what runs)."""
+    if p is None or not 0 < p < 1:
+        return
+    if algorithm in ("kd_tree", "ball_tree"):
+        raise ValueError(f'algorithm="{algorithm}" does not support 0 < p < 1 for the Minkowski metric. To '
+                         'resolve this problem either set p >= 1 or algorithm="brute".')
+    warnings.warn("Mind that for 0 < p < 1, Minkowski metrics are not distance metrics. Continuing the execution "
+                  "with `algorithm='brute'`.", UserWarning, stacklevel=5)
+
+
 def resolve_host_metric(owner, metric, p, params, algorithm):
     """``(HostMetric, p, effective_metric_, effective_metric_params_)`` for a metric the dedicated
     kernels do not compute, with scikit-learn's errors; ``params`` is ``metric_params`` without ``p``."""
@@ -109,10 +123,8 @@ def resolve_host_metric(owner, metric, p, params, algorithm):
         return HostMetric(metric, {}), p, metric, dict(params)
     if metric == "precomputed":
         raise ValueError("metric='precomputed' is not supported by mpiml.neighbors: pass the rows themselves")
-    check = "brute" if algorithm in ("auto", "brute") or metric == "precomputed" else algorithm
-    if algorithm == "auto" and metric in VALID_METRICS["ball_tree"]:
-        check = "ball_tree"
-    if metric not in VALID_METRICS[check] and metric not in BRUTE_METRICS:
+    check = algorithm if algorithm in ("kd_tree", "ball_tree") else "brute"
+    if metric not in VALID_METRICS[check]:
         raise ValueError(f"Metric '{metric}' not valid. Use sorted(sklearn.neighbors.VALID_METRICS['{check}']) "
                          "to get valid options. Metric can also be a callable function.")
     if metric in _NEEDS and _NEEDS[metric] not in params:
@@ -120,7 +132,12 @@ def resolve_host_metric(owner, metric, p, params, algorithm):
                          "estimated from the rows at hand it would depend on how the index is sharded")
     effective_params = dict(params)
     if metric in ("minkowski", "p"):
-        effective_params = {"p": float(p if p is not None else 2.0), **params}
+        p = float(p if p is not None else 2.0)
+        if algorithm == "kd_tree" and params.get("w") is not None:
+            raise ValueError("algorithm='kd_tree' does not support the weighted Minkowski metric (metric_params "
+                             "'w'): use algorithm='brute' or 'ball_tree'")
+        check_semimetric(p, algorithm)
+        effective_params = {"p": p, **params}
         metric = "minkowski"
     return HostMetric(metric, effective_params), p, metric, effective_params
 

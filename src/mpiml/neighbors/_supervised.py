@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 from sklearn.base import ClassifierMixin, MultiOutputMixin, RegressorMixin
 from sklearn.exceptions import DataConversionWarning
+from sklearn.neighbors._base import KNeighborsMixin  # recognised as scikit-learn's (see NearestNeighbors)
 
 from .._array import get_namespace
 from ..utils._param_validation import StrOptions
@@ -112,7 +113,7 @@ class _SupervisedBase(_NeighborsBase):
         return X, y, xp
 
 
-class KNeighborsClassifier(MultiOutputMixin, ClassifierMixin, _SupervisedBase):
+class KNeighborsClassifier(MultiOutputMixin, ClassifierMixin, _SupervisedBase, KNeighborsMixin):
     """k-nearest-neighbour vote over the rows of every rank (SPMD), NumPy or CuPy.
 
     Parameters
@@ -228,7 +229,7 @@ class KNeighborsClassifier(MultiOutputMixin, ClassifierMixin, _SupervisedBase):
         return tags
 
 
-class KNeighborsRegressor(MultiOutputMixin, RegressorMixin, _SupervisedBase):
+class KNeighborsRegressor(MultiOutputMixin, RegressorMixin, _SupervisedBase, KNeighborsMixin):
     """k-nearest-neighbour (weighted) mean over the rows of every rank (SPMD), NumPy or CuPy.
 
     Parameters
