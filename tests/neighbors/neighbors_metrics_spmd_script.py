@@ -48,6 +48,14 @@ def main():
         for row in range(len(ri)):
             want = np.sort(D[1][row][D[0][row] <= r])
             check(np.array_equal(np.sort(ri[row]), want), f"{label}: radius neighbours of query {row}")
+    # metric="precomputed": each rank holds its rows of the distance matrices
+    from sklearn.metrics import pairwise_distances
+
+    D, DQ = pairwise_distances(X), pairwise_distances(Q, X)
+    ref = sk.NearestNeighbors(n_neighbors=4, metric="precomputed").fit(D)
+    ours = NearestNeighbors(n_neighbors=4, metric="precomputed").fit(shard(D))
+    assert_close(ours.kneighbors(shard(DQ))[1], ref.kneighbors(shard(DQ))[1], "precomputed: indices", exact=True)
+    assert_close(ours.kneighbors()[1], shard(ref.kneighbors()[1]), "precomputed, X=None: indices", exact=True)
     y = X @ np.arange(5.0)
     reg = KNeighborsRegressor(n_neighbors=3, metric="canberra", weights="distance").fit(shard(X, True), shard(y, True))
     ref = sk.KNeighborsRegressor(n_neighbors=3, metric="canberra", weights="distance").fit(X, y)

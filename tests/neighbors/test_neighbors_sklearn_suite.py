@@ -27,30 +27,18 @@ NO_SUCH_CLASS = "mpiml has no such class (radius queries are NearestNeighbors.ra
 # test name -> why mpiml differs (each must still fail)
 DEVIATIONS = {
     "test_KNeighborsClassifier_raise_on_all_zero_weights": "a query whose neighbours all have zero weight (callable weights) is not refused",
-    "test_auto_algorithm[X0-precomputed-None-brute]": "metric='precomputed' is not implemented yet (refused with a ValueError)",
     "test_auto_algorithm[X3-euclidean-None-kd_tree]": "_fit_method is 'brute' for every algorithm: the exact brute-force search runs (same neighbours)",
     "test_auto_algorithm[X4-seuclidean-metric_params4-ball_tree]": "_fit_method is 'brute' for every algorithm: the exact brute-force search runs (same neighbours)",
     "test_k_and_radius_neighbors_duplicates": "radius_neighbors returns each query's neighbours sorted by distance, also with sort_results=False (scikit-learn's brute force keeps index order)",
     "test_k_and_radius_neighbors_train_is_not_query": "radius_neighbors returns each query's neighbours sorted by distance, also with sort_results=False (scikit-learn's brute force keeps index order)",
-    "test_kneighbors_regressor_sparse": "metric='precomputed' is not implemented yet (refused with a ValueError)",
+    "test_kneighbors_regressor_sparse": "predicting with sparse rows on a regressor fitted on a precomputed matrix does not raise scikit-learn's TypeError",
     "test_nan_euclidean_support[KNeighborsClassifier-params0]": "NaN in X is refused at validation, also with metric='nan_euclidean'",
     "test_nan_euclidean_support[KNeighborsRegressor-params1]": "NaN in X is refused at validation, also with metric='nan_euclidean'",
     "test_nearest_neighbors_validate_params": "an unknown graph mode is refused by parameter validation, with its message rather than scikit-learn's 'Unsupported mode' text",
-    "test_pipeline_with_nearest_neighbors_transformer": "metric='precomputed' is not implemented yet (refused with a ValueError)",
-    "test_precomputed_cross_validation": "metric='precomputed' is not implemented yet (refused with a ValueError)",
-    "test_precomputed_dense": "metric='precomputed' is not implemented yet (refused with a ValueError)",
-    "test_precomputed_sparse_invalid": "metric='precomputed' is not implemented yet (refused with a ValueError)",
-    "test_precomputed_sparse_knn": "metric='precomputed' is not implemented yet (refused with a ValueError)",
-    "test_precomputed_sparse_radius": "metric='precomputed' is not implemented yet (refused with a ValueError)",
+    "test_precomputed_sparse_invalid": "a precomputed sparse graph is not checked for rows sorted by data / negative values",
     "test_predict_sparse_ball_kd_tree": "sparse queries on an index fitted with algorithm='kd_tree'/'ball_tree' are answered (brute force) instead of refused",
     "test_radius_neighbors_parallel_array_radius": "an array of per-query radii is not supported",
-    "test_radius_neighbors_returns_array_of_objects": "metric='precomputed' is not implemented yet (refused with a ValueError)",
-    "test_radius_neighbors_sort_results[brute-precomputed]": "metric='precomputed' is not implemented yet (refused with a ValueError)",
     "test_unsupervised_inputs": "fit(X) with X a fitted neighbours estimator (scikit-learn reuses its index) is not supported",
-    "test_valid_brute_metric_for_auto_algorithm[float32-csr_matrix-precomputed]": "metric='precomputed' is not implemented yet (refused with a ValueError)",
-    "test_valid_brute_metric_for_auto_algorithm[float32-csr_array-precomputed]": "metric='precomputed' is not implemented yet (refused with a ValueError)",
-    "test_valid_brute_metric_for_auto_algorithm[float64-csr_matrix-precomputed]": "metric='precomputed' is not implemented yet (refused with a ValueError)",
-    "test_valid_brute_metric_for_auto_algorithm[float64-csr_array-precomputed]": "metric='precomputed' is not implemented yet (refused with a ValueError)",
 }
 
 globals().update(adopt(

@@ -23,7 +23,8 @@ from ..base import SPMDEstimator
 from ..utils._param_validation import InvalidParameterError, Interval, StrOptions
 from ..utils._validation import row_counts, validate_data
 from . import _sparse
-from ._metrics import check_semimetric, metric_constraint, resolve_host_metric, sparse_accepts
+from ._metrics import (check_semimetric, metric_constraint, precomputed_index, resolve_host_metric,
+                       sparse_accepts)
 from ._ring import EXCHANGES, ring_kneighbors, ring_radius
 
 __all__ = ["NearestNeighbors"]
@@ -163,15 +164,25 @@ class _NeighborsBase(SPMDEstimator):
         self._shard_counts = counts
         self._shard_offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         self.n_samples_fit_ = int(counts.sum())
+        self._precomputed_rows = None
+        if self._effective == "precomputed":  # the index is the rows' global numbers (mpiml.neighbors._metrics)
+            self._precomputed_rows = X
+            self._shard_X = precomputed_index(X, int(self._shard_offsets[comm.rank]), self.n_samples_fit_,
+                                              get_namespace(X))
         self.effective_metric_ = self._effective
         self.effective_metric_params_ = dict(self._effective_params)
         self._fit_method = "brute"
         return self
 
+    def _train_queries(self):
+        """The fitted rows as queries (``X=None``): the rows of a precomputed matrix, or the shard."""
+        rows = getattr(self, "_precomputed_rows", None)
+        return self._shard_X if rows is None else rows
+
     @property
     def _fit_X(self):
-        """This rank's shard of the index (scikit-learn's name, read by its ``kneighbors_graph``)."""
-        return self._shard_X
+        """This rank's rows of the index (scikit-learn's name, read by its ``kneighbors_graph``)."""
+        return self._train_queries()
 
     def _metric_args(self):
         """(distance, p) for the ring; restored from the parameters after a model file is loaded."""
@@ -207,7 +218,7 @@ class _NeighborsBase(SPMDEstimator):
             raise ValueError(f"Expected n_neighbors > 0. Got {k!r}")
         query_is_train = X is None
         if query_is_train:
-            Q = self._shard_X
+            Q = self._train_queries()
             xp = get_namespace(Q)
             k_search = k + 1
         else:
@@ -280,7 +291,8 @@ class _NeighborsBase(SPMDEstimator):
         if radius is None or not radius >= 0:
             raise ValueError(f"radius must be a non-negative number; got {radius!r}")
         if X is None:
-            Q, xp = self._shard_X, get_namespace(self._shard_X)
+            Q = self._train_queries()
+            xp = get_namespace(Q)
         else:
             Q, xp = self._queries(X)
         metric, p = self._metric_args()
@@ -362,6 +374,7 @@ class _NeighborsBase(SPMDEstimator):
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = True
+        tags.input_tags.pairwise = self.metric == "precomputed"  # cross-validation splits both axes
         return tags
 
 

@@ -24,7 +24,7 @@ import warnings
 
 import numpy as np
 
-__all__ = ["HostMetric", "ALL_METRICS", "BRUTE_METRICS", "metric_constraint", "sparse_accepts", "SPARSE_BRUTE_METRICS", "resolve_host_metric", "host_topk"]
+__all__ = ["HostMetric", "precomputed_index", "ALL_METRICS", "BRUTE_METRICS", "metric_constraint", "sparse_accepts", "SPARSE_BRUTE_METRICS", "resolve_host_metric", "host_topk"]
 
 
 def _valid_metrics():
@@ -69,6 +69,8 @@ class HostMetric:
         from sklearn.metrics import DistanceMetric, pairwise_distances
 
         Qh, Xh = _host(Q), _host(X)
+        if self.metric == "precomputed":
+            return xp.asarray(_precomputed_columns(Qh, np.asarray(Xh)[:, 0].astype(np.int64), Q.dtype))
         if Qh.shape[0] == 0 or Xh.shape[0] == 0:
             D = np.zeros((Qh.shape[0], Xh.shape[0]))
         elif isinstance(self.metric, DistanceMetric):
@@ -94,6 +96,29 @@ def sparse_accepts(metric):
     from sklearn.metrics import DistanceMetric
 
     return callable(metric) or isinstance(metric, DistanceMetric) or metric in SPARSE_BRUTE_METRICS
+
+
+def _precomputed_columns(Qh, ids, dtype):
+    """The columns ``ids`` of a block of precomputed distances; on sparse rows a pair not stored is
+    not a neighbour (infinitely far), as in scikit-learn's precomputed graphs."""
+    import scipy.sparse as sp
+
+    dtype = dtype if dtype in (np.float32, np.float64) else np.float64
+    if sp.issparse(Qh):
+        block = Qh.tocsc()[:, ids].tocoo()
+        D = np.full(block.shape, np.inf, dtype=dtype)
+        D[block.row, block.col] = block.data
+        return D
+    return np.asarray(Qh)[:, ids].astype(dtype, copy=False)
+
+
+def precomputed_index(X, offset, n_total, xp):
+    """The index shard standing for this rank's rows of a precomputed distance matrix: their global
+    numbers as a float64 column (the ring sends them; a visiting block's numbers pick the columns
+    of the queries' precomputed distances). scikit-learn's square-matrix rule first."""
+    if X.shape[1] != n_total:
+        raise ValueError(f"Precomputed matrix must be square. Input is a {n_total}x{X.shape[1]} matrix.")
+    return xp.arange(offset, offset + X.shape[0], dtype=xp.float64)[:, None]
 
 
 def check_semimetric(p, algorithm):
@@ -122,7 +147,7 @@ def resolve_host_metric(owner, metric, p, params, algorithm):
     if isinstance(metric, DistanceMetric):
         return HostMetric(metric, {}), p, metric, dict(params)
     if metric == "precomputed":
-        raise ValueError("metric='precomputed' is not supported by mpiml.neighbors: pass the rows themselves")
+        return HostMetric("precomputed", {}), p, "precomputed", {}
     check = algorithm if algorithm in ("kd_tree", "ball_tree") else "brute"
     if metric not in VALID_METRICS[check]:
         raise ValueError(f"Metric '{metric}' not valid. Use sorted(sklearn.neighbors.VALID_METRICS['{check}']) "
