@@ -19,16 +19,7 @@ from mpiml.linear_model import Ridge  # noqa: E402
 DEVIATIONS = {
     "test_lbfgs_solver_error": "positive=True with lbfgs and max_iter=1 does not raise scikit-learn's \"lbfgs solver did not converge\" ConvergenceWarning",
     "test_n_iter": "solver='sag'/'saga' run a direct solver here: n_iter_ is None, not the SAG iteration count",
-    "test_ridge_fit_intercept_sparse_error": "sparse X with fit_intercept=True is accepted by every solver; scikit-learn refuses some solvers (\"solver=... does not support\")",
-    "test_ridge_fit_intercept_sparse_sag": "the '\"sag\" solver requires many iterations' UserWarning for sparse X with an intercept is not raised",
-    "test_ridge_regression[long-True-sag]": "solver_ reports the algorithm that ran ('sparse_cg') when 'sag'/'saga' is asked",
-    "test_ridge_regression[long-True-saga]": "solver_ reports the algorithm that ran ('sparse_cg') when 'sag'/'saga' is asked",
-    "test_ridge_regression[long-False-sag]": "solver_ reports the algorithm that ran ('sparse_cg') when 'sag'/'saga' is asked",
-    "test_ridge_regression[long-False-saga]": "solver_ reports the algorithm that ran ('sparse_cg') when 'sag'/'saga' is asked",
-    "test_ridge_regression[wide-True-sag]": "solver_ reports the algorithm that ran ('sparse_cg') when 'sag'/'saga' is asked",
-    "test_ridge_regression[wide-True-saga]": "solver_ reports the algorithm that ran ('sparse_cg') when 'sag'/'saga' is asked",
-    "test_ridge_regression[wide-False-sag]": "solver_ reports the algorithm that ran ('sparse_cg') when 'sag'/'saga' is asked",
-    "test_ridge_regression[wide-False-saga]": "solver_ reports the algorithm that ran ('sparse_cg') when 'sag'/'saga' is asked",
+    "test_ridge_fit_intercept_sparse_error": "svd / cholesky / saga fit the intercept of sparse rows exactly here; scikit-learn refuses them (\"solver=... does not support\")",
     "test_ridge_shapes_type": "a 2-D y with one column gives coef_ of shape (1, n_features), scikit-learn's (n_features,)",
     "test_ridgecv_sample_weight": "score() on a one-row fold returns 0.0 where scikit-learn's r2_score returns NaN, so GridSearchCV ranks the alphas differently",
 }
