@@ -94,3 +94,25 @@ def test_recognised_as_scikit_learn_neighbours():
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_rare_metrics_spmd(mpi, n):
     mpi(os.path.join(HERE, "neighbors_metrics_spmd_script.py"), n, timeout=240)
+
+
+@pytest.mark.gpu
+def test_rare_metrics_on_cupy_shards_match_the_host():
+    cp = pytest.importorskip("cupy")
+    from sklearn.metrics import pairwise_distances
+
+    for metric, params in (("canberra", None), ("seuclidean", PARAMS["seuclidean"]), (DistanceMetric.get_metric(
+            "manhattan"), None)):
+        host = NearestNeighbors(n_neighbors=4, metric=metric, metric_params=params).fit(X)
+        dev = NearestNeighbors(n_neighbors=4, metric=metric, metric_params=params).fit(cp.asarray(X))
+        d, i = dev.kneighbors(cp.asarray(Q))
+        assert isinstance(d, cp.ndarray)
+        np.testing.assert_array_equal(i.get(), host.kneighbors(Q)[1])
+        np.testing.assert_allclose(d.get(), host.kneighbors(Q)[0], rtol=1e-12)
+        rd, ri = dev.radius_neighbors(cp.asarray(Q), radius=0.8)
+        for a, b in zip(ri, host.radius_neighbors(Q, radius=0.8)[1]):
+            np.testing.assert_array_equal(np.sort(np.asarray(a.get() if hasattr(a, "get") else a)), np.sort(b))
+    D, DQ = pairwise_distances(X), pairwise_distances(Q, X)
+    dev = NearestNeighbors(n_neighbors=3, metric="precomputed").fit(cp.asarray(D))
+    ref = sk.NearestNeighbors(n_neighbors=3, metric="precomputed").fit(D)
+    np.testing.assert_array_equal(dev.kneighbors(cp.asarray(DQ))[1].get(), ref.kneighbors(DQ)[1])
