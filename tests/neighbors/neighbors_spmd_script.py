@@ -132,7 +132,7 @@ def check_kneighbors():
         assert_close(G, Gr.toarray(), "kneighbors_graph", rtol=1e-9, atol=1e-7)
         for ex in EXCHANGES:
             rn = NearestNeighbors(radius=2.5, exchange=pin(ex)).fit(Xl)
-            rd, ri = rn.radius_neighbors(Ql)
+            rd, ri = rn.radius_neighbors(Ql, sort_results=True)
             Dq = np.sqrt(pairwise_distances(shard(Q), X, metric="sqeuclidean"))
             ok = len(ri) == Ql.shape[0]
             for r in range(len(ri)):

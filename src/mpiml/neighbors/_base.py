@@ -274,8 +274,8 @@ class _NeighborsBase(SPMDEstimator):
         """Every global index row within ``radius`` of each of this rank's queries (collective).
 
         Meant for small radii: each query's neighbours are kept on this rank's host as
-        they are found.  Results are always sorted by (distance, global index), which is
-        one of the orders scikit-learn allows with ``sort_results=False``.
+        they are found.  Results are sorted by (distance, global index) with
+        ``sort_results``, else by global index (scikit-learn's brute-force order).
 
         Returns
         -------
@@ -304,6 +304,10 @@ class _NeighborsBase(SPMDEstimator):
             for r in range(len(inds)):
                 keep = inds[r] != offset + r
                 dists[r], inds[r] = dists[r][keep], inds[r][keep]
+        if not sort_results:  # scikit-learn's brute-force order: by index
+            for r in range(len(inds)):
+                order = np.argsort(inds[r], kind="stable")
+                dists[r], inds[r] = dists[r][order], inds[r][order]
         neigh_ind = np.empty(len(inds), dtype=object)
         neigh_ind[:] = inds
         if not return_distance:
@@ -379,13 +383,14 @@ class _NeighborsBase(SPMDEstimator):
 
 
 def _drop_self(dist, gidx, pay, offset, xp):
-    """scikit-learn's rule for ``X=None``: drop each row's own index, or the last column if absent."""
+    """scikit-learn's rule for ``X=None``: drop each row's own index, or the first column if absent
+    (a duplicate of the row took its place)."""
     n, k1 = gidx.shape
     own = xp.arange(offset, offset + n, dtype=gidx.dtype)[:, None]
     is_self = gidx == own
-    # mark one column to drop per row: the own index where present, else the last column
+    # mark one column to drop per row: the own index where present, else the first column
     has = is_self.any(axis=1)
-    drop = xp.where(has, xp.argmax(is_self, axis=1), k1 - 1)
+    drop = xp.where(has, xp.argmax(is_self, axis=1), 0)
     keep = xp.ones((n, k1), dtype=bool)
     keep[xp.arange(n), drop] = False
     dist = dist[keep].reshape(n, k1 - 1)
