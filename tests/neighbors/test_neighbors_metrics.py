@@ -90,6 +90,15 @@ def test_recognised_as_scikit_learn_neighbours():
     np.testing.assert_array_equal(kneighbors_graph(nn, 3).toarray(), kneighbors_graph(X, 3).toarray())
 
 
+def test_fit_takes_a_fitted_index_as_scikit_learn():
+    y = (X[:, 0] > 0.5).astype(int)
+    ref = sk.KNeighborsClassifier(n_neighbors=3).fit(X, y).predict(Q)
+    for index in (NearestNeighbors().fit(X), sk.BallTree(X), sk.KDTree(X)):
+        np.testing.assert_array_equal(KNeighborsClassifier(n_neighbors=3).fit(index, y).predict(Q), ref)
+        np.testing.assert_array_equal(NearestNeighbors(n_neighbors=2).fit(index).kneighbors(Q)[1],
+                                      sk.NearestNeighbors(n_neighbors=2).fit(X).kneighbors(Q)[1])
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_rare_metrics_spmd(mpi, n):

@@ -32,11 +32,9 @@ DEVIATIONS = {
     "test_kneighbors_regressor_sparse": "a sparse precomputed matrix is accepted by the regressor where scikit-learn raises a TypeError",
     "test_nan_euclidean_support[KNeighborsClassifier-params0]": "NaN in X is refused at validation, also with metric='nan_euclidean'",
     "test_nan_euclidean_support[KNeighborsRegressor-params1]": "NaN in X is refused at validation, also with metric='nan_euclidean'",
-    "test_nearest_neighbors_validate_params": "an unknown graph mode is refused by parameter validation, with its message rather than scikit-learn's 'Unsupported mode' text",
     "test_precomputed_sparse_invalid": "a precomputed sparse graph is not checked for rows sorted by data / negative values",
     "test_predict_sparse_ball_kd_tree": "sparse queries on an index fitted with algorithm='kd_tree'/'ball_tree' are answered (brute force) instead of refused",
     "test_radius_neighbors_parallel_array_radius": "an array of per-query radii is not supported",
-    "test_unsupervised_inputs": "fit(X) with X a fitted neighbours estimator (scikit-learn reuses its index) is not supported",
 }
 
 globals().update(adopt(

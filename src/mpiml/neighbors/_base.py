@@ -23,7 +23,7 @@ from ..base import SPMDEstimator
 from ..utils._param_validation import InvalidParameterError, Interval, StrOptions
 from ..utils._validation import row_counts, validate_data
 from . import _sparse
-from ._metrics import (check_semimetric, metric_constraint, precomputed_index, resolve_host_metric,
+from ._metrics import (check_semimetric, index_rows, metric_constraint, precomputed_index, resolve_host_metric,
                        sparse_accepts)
 from ._ring import EXCHANGES, ring_kneighbors, ring_radius
 
@@ -322,7 +322,7 @@ class _NeighborsBase(SPMDEstimator):
         Shape ``(n_local_queries, n_samples_fit_)``; ``mode`` as in :meth:`kneighbors_graph`.
         """
         if mode not in ("connectivity", "distance"):
-            raise ValueError(f'Unsupported mode, must be one of "connectivity", "distance" but got "{mode}" '
+            raise ValueError(f'Unsupported mode, must be one of "connectivity", or "distance" but got "{mode}" '
                              "instead")
         from scipy.sparse import csr_matrix
 
@@ -493,5 +493,5 @@ class NearestNeighbors(_NeighborsBase, KNeighborsMixin, RadiusNeighborsMixin):
         y : Ignored
         """
         self._validate_fit_params()
-        X, _ = self._validate_index(X)
+        X, _ = self._validate_index(index_rows(X))
         return self._fit_index(X)

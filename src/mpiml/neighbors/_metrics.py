@@ -24,7 +24,7 @@ import warnings
 
 import numpy as np
 
-__all__ = ["HostMetric", "precomputed_index", "ALL_METRICS", "BRUTE_METRICS", "metric_constraint", "sparse_accepts", "SPARSE_BRUTE_METRICS", "resolve_host_metric", "host_topk"]
+__all__ = ["HostMetric", "index_rows", "precomputed_index", "ALL_METRICS", "BRUTE_METRICS", "metric_constraint", "sparse_accepts", "SPARSE_BRUTE_METRICS", "resolve_host_metric", "host_topk"]
 
 
 def _valid_metrics():
@@ -119,6 +119,18 @@ def precomputed_index(X, offset, n_total, xp):
     if X.shape[1] != n_total:
         raise ValueError(f"Precomputed matrix must be square. Input is a {n_total}x{X.shape[1]} matrix.")
     return xp.arange(offset, offset + X.shape[0], dtype=xp.float64)[:, None]
+
+
+def index_rows(X):
+    """The rows behind a fitted index passed as ``X`` to ``fit`` (scikit-learn accepts a fitted
+    neighbours estimator, a ``BallTree`` or a ``KDTree``): for an mpiml estimator, this rank's
+    rows; anything else is returned unchanged."""
+    from sklearn.neighbors import BallTree, KDTree
+
+    if isinstance(X, (BallTree, KDTree)):
+        return np.asarray(X.data)
+    rows = getattr(X, "_fit_X", None) if hasattr(X, "kneighbors") and hasattr(X, "n_samples_fit_") else None
+    return X if rows is None else rows
 
 
 def check_semimetric(p, algorithm):

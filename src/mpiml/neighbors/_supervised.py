@@ -17,6 +17,7 @@ from ..utils._param_validation import StrOptions
 from ..utils._supervised import global_classes, validate_X_y
 from ..utils._validation import agree_on_error
 from ._base import _NeighborsBase, _as_csr
+from ._metrics import index_rows
 
 __all__ = ["KNeighborsClassifier", "KNeighborsRegressor"]
 
@@ -106,7 +107,7 @@ class _SupervisedBase(_NeighborsBase):
     def _validate_training(self, X, y, *, y_numeric):
         """Validated ``X`` (dense, or canonical CSR) and ``y`` of this rank (collective)."""
         comm = self._get_comm()
-        X, y, xp = validate_X_y(self, X, y, comm=comm, y_numeric=y_numeric, multi_output=True,
+        X, y, xp = validate_X_y(self, index_rows(X), y, comm=comm, y_numeric=y_numeric, multi_output=True,
                                 accept_sparse="csr")
         X = _as_csr(X)
         self._check_sparse_input(X, index=True)
