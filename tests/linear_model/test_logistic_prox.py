@@ -119,3 +119,14 @@ def test_l1_elasticnet_spmd_gpu(mpi, n):
     if cp.cuda.runtime.getDeviceCount() < n:
         pytest.skip(f"needs {n} GPUs")
     mpi(SCRIPT, n, "--gpu", timeout=240)
+
+
+def test_sparsify_after_l1_keeps_the_predictions():
+    X, y = make_classification(200, 30, n_informative=4, random_state=5)
+    m = LogisticRegression(solver="saga", l1_ratio=1.0, C=0.05).fit(X, y)
+    dense = m.decision_function(X)
+    assert sp.issparse(m.sparsify().coef_) and m.coef_.nnz == np.count_nonzero(m.densify().coef_)
+    m.sparsify()
+    np.testing.assert_allclose(m.decision_function(sp.csr_matrix(X)), dense, rtol=1e-12)
+    m.set_params(warm_start=True).fit(X, y)  # a sparse coef_ is a valid starting point
+    assert isinstance(m.coef_, np.ndarray)

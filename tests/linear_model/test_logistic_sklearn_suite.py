@@ -33,7 +33,6 @@ DEVIATIONS = {
     "test_logreg_predict_proba_multinomial": "calls the private scikit-learn method _predict_proba_lr",
     "test_newton_cholesky_fallback_to_lbfgs": "newton-cholesky's fallback to lbfgs on a singular Hessian counts its iterations differently from scikit-learn's (n_iter_ under a max_iter limit)",
     "test_scores_attribute_layout_elasticnet": "compares the CV scores of scikit-learn's SAGA (stopped at tol=1e-4) with ours to 1.8e-4; ours are those of the exact minimisers (4e-4 apart)",
-    "test_sparsify": "sparsify()/densify() (SparseCoefMixin) are not provided",
 }
 
 globals().update(adopt(skt, {"LogisticRegression": LogisticRegression}, deviations=DEVIATIONS))

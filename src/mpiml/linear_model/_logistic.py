@@ -20,7 +20,7 @@ from ..utils._validation import validate_sample_weight
 from ._base import allreduce_identical, as_like, global_classes, local_X, validate_X_y
 from ._logistic_loss import (Objective, centre_multinomial, expit, lbfgs, newton_cg, newton_cholesky,
                              softmax_stats)
-from ._logistic_prox import solve_like
+from ._logistic_prox import SparseCoefMixin, dense_coef, solve_like
 
 __all__ = ["LogisticRegression"]
 
@@ -44,7 +44,7 @@ def _check_solver(solver, penalty, dual):
         raise ValueError("C=np.inf as well as penalty=None is not supported for the liblinear solver")
 
 
-class LogisticRegression(ClassifierMixin, SPMDEstimator):
+class LogisticRegression(ClassifierMixin, SparseCoefMixin, SPMDEstimator):
     """Logistic regression (binary or multinomial) over the rows of every rank (SPMD), dense or sparse.
 
     Every rank calls :meth:`fit` with its own rows and labels; ``classes_`` is
@@ -273,7 +273,7 @@ class LogisticRegression(ClassifierMixin, SPMDEstimator):
         coef = getattr(self, "coef_", None) if self.warm_start else None
         if coef is None:
             return w0.ravel()
-        coef = as_like(coef, np).astype(np.float64)
+        coef = as_like(dense_coef(coef), np).astype(np.float64)
         if obj.fi:
             coef = np.concatenate([coef, as_like(self.intercept_, np).reshape(-1, 1) / obj.scale], axis=1)
         if coef.shape != w0.shape:
@@ -362,7 +362,7 @@ class LogisticRegression(ClassifierMixin, SPMDEstimator):
         ndarray of shape (n_local_samples,) for two classes, else (n_local_samples, n_classes)
         """
         X, xp = local_X(self, X)
-        scores = X @ as_like(self.coef_, xp, X.dtype).T + as_like(self.intercept_, xp, X.dtype)
+        scores = X @ as_like(dense_coef(self.coef_), xp, X.dtype).T + as_like(self.intercept_, xp, X.dtype)
         return scores[:, 0] if scores.shape[1] == 1 else scores
 
     def predict_proba(self, X):

@@ -39,10 +39,42 @@ from sklearn.exceptions import ConvergenceWarning
 
 from ._logistic_loss import lbfgs
 
-__all__ = ["fista", "prox_newton", "soft_threshold", "solve_like"]
+__all__ = ["SparseCoefMixin", "dense_coef", "fista", "prox_newton", "soft_threshold", "solve_like"]
 
 #: the largest ``k (d + 1)`` whose dense Hessian the proximal Newton method forms
 NEWTON_MAX_PARAMS = 3000
+
+
+class SparseCoefMixin:
+    """scikit-learn's ``sparsify`` / ``densify``: ``coef_`` as a sparse matrix (SciPy, or ``cupyx`` on
+    the device) after an L1 fit with many zeros, and back (local, no communication)."""
+
+    def sparsify(self):
+        """Convert ``coef_`` to a CSR matrix; returns the estimator."""
+        self._check_is_fitted("coef_")
+        coef = self.coef_
+        if hasattr(coef, "toarray"):
+            return self
+        if isinstance(coef, np.ndarray):
+            import scipy.sparse as sp
+
+            self.coef_ = sp.csr_matrix(coef)
+        else:
+            import cupyx.scipy.sparse as csp
+
+            self.coef_ = csp.csr_matrix(coef)
+        return self
+
+    def densify(self):
+        """Convert a sparse ``coef_`` back to a dense array; returns the estimator."""
+        self._check_is_fitted("coef_")
+        self.coef_ = dense_coef(self.coef_)
+        return self
+
+
+def dense_coef(coef):
+    """``coef_`` as a dense array (it is sparse after :meth:`SparseCoefMixin.sparsify`)."""
+    return coef.toarray() if hasattr(coef, "toarray") else coef
 
 
 def soft_threshold(v, t):
