@@ -132,7 +132,7 @@ def check_kneighbors():
         assert_close(G, Gr.toarray(), "kneighbors_graph", rtol=1e-9, atol=1e-7)
         for ex in EXCHANGES:
             rn = NearestNeighbors(radius=2.5, exchange=pin(ex)).fit(Xl)
-            rd, ri = rn.radius_neighbors(Ql)
+            rd, ri = rn.radius_neighbors(Ql, sort_results=True)
             Dq = np.sqrt(pairwise_distances(shard(Q), X, metric="sqeuclidean"))
             ok = len(ri) == Ql.shape[0]
             for r in range(len(ri)):
@@ -191,7 +191,7 @@ def check_errors():
         Xnan[0, 0] = np.nan
     expect_error(lambda: NearestNeighbors().fit(Xnan), ValueError, "NaN", "NaN in fit")
     expect_error(lambda: NearestNeighbors().fit(X[:0]), ValueError, "0 sample", "empty index on every rank")
-    expect_error(lambda: NearestNeighbors(metric="braycurtis").fit(shard(X)), ValueError, "Got 'braycurtis' instead",
+    expect_error(lambda: NearestNeighbors(metric="bray-curtis").fit(shard(X)), ValueError, "Got 'bray-curtis' instead",
                  "unknown metric")
     Qnan = shard(Q).copy()
     if rank == size - 1 and Qnan.shape[0]:

@@ -45,8 +45,8 @@ def test_save_and_load_round_trip(tmp_path):
 def test_unknown_metric_and_exchange_are_clear_errors():
     X = np.random.RandomState(0).randn(10, 2)
     with pytest.raises(ValueError, match="The 'metric' parameter of NearestNeighbors must be a str among .*"
-                                         "Got 'braycurtis' instead"):
-        NearestNeighbors(metric="braycurtis").fit(X)
+                                         "Got 'bray-curtis' instead"):
+        NearestNeighbors(metric="bray-curtis").fit(X)
     with pytest.raises(ValueError, match="'exchange' parameter of NearestNeighbors"):
         NearestNeighbors(exchange="carrier-pigeon").fit(X)
     with pytest.raises(ValueError, match="n_neighbors <= n_samples_fit"):

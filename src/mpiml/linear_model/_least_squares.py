@@ -22,6 +22,7 @@ from ._lsq_direct import dense_direct_applies, solve_direct
 from ._lsq_solvers import (SPARSE_GRAM_MAX_FEATURES, as_2d_targets, conjugate_gradient, factor_from_gram, lsqr,
                            lstsq_from_gram, lstsq_from_gram_cholesky, lstsq_from_r, nnls_from_factor,
                            ridge_from_gram, ridge_from_r, solve_least_squares)
+from ._ridge_rules import check_sparse_intercept, reported_solver
 
 __all__ = ["LinearRegression", "Ridge"]
 
@@ -396,7 +397,9 @@ class Ridge(_LinearRegressorBase):
         scikit-learn).
     solver_ : str
         The solver that ran: ``"cholesky"``, ``"svd"``, ``"lsqr"``,
-        ``"sparse_cg"`` or ``"nnls"`` (``positive=True``).
+        ``"sparse_cg"`` or ``"nnls"`` (``positive=True``); ``"sag"``/``"saga"``
+        when asked, as scikit-learn reports them.  Sparse rows with an intercept:
+        scikit-learn's refusal of the other solvers and its ``"sag"`` warning.
     n_features_in_ : int
         Number of features.
 
@@ -494,6 +497,7 @@ class Ridge(_LinearRegressorBase):
         self._check_solver_rules()
         X, y, sw, xp, comm = self._fit_common(
             X, y, sample_weight, defer_finite=not self.positive and self.solver in ("auto", "cholesky", "normal"))
+        check_sparse_intercept(self, is_sparse(X))
         alphas = self._alphas(1 if y.ndim == 1 else y.shape[1])
         solver = self._resolve_solver(X)
         common = dict(fit_intercept=self.fit_intercept, comm=comm, xp=xp)
@@ -525,7 +529,7 @@ class Ridge(_LinearRegressorBase):
         self._set_coef(coef, intercept, y, X, xp)
         self._n_krylov_iter = n_iter  # iterations of lsqr or sparse_cg (benchmarks count the passes over X)
         self.n_iter_ = n_iter if solver == "lsqr" else None  # scikit-learn reports lsqr's only
-        self.solver_ = solver
+        self.solver_ = reported_solver(self, solver)
         return self
 
     def __sklearn_tags__(self):

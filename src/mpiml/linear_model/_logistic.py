@@ -20,6 +20,7 @@ from ..utils._validation import validate_sample_weight
 from ._base import allreduce_identical, as_like, global_classes, local_X, validate_X_y
 from ._logistic_loss import (Objective, centre_multinomial, expit, lbfgs, newton_cg, newton_cholesky,
                              softmax_stats)
+from ._logistic_prox import SparseCoefMixin, dense_coef, solve_like
 
 __all__ = ["LogisticRegression"]
 
@@ -43,7 +44,7 @@ def _check_solver(solver, penalty, dual):
         raise ValueError("C=np.inf as well as penalty=None is not supported for the liblinear solver")
 
 
-class LogisticRegression(ClassifierMixin, SPMDEstimator):
+class LogisticRegression(ClassifierMixin, SparseCoefMixin, SPMDEstimator):
     """Logistic regression (binary or multinomial) over the rows of every rank (SPMD), dense or sparse.
 
     Every rank calls :meth:`fit` with its own rows and labels; ``classes_`` is
@@ -56,15 +57,16 @@ class LogisticRegression(ClassifierMixin, SPMDEstimator):
     ----------
     penalty : {"l1", "l2", "elasticnet", None}, default="deprecated"
         Deprecated by scikit-learn 1.8 (a FutureWarning when set, as there):
-        use ``l1_ratio`` and ``C``.  ``"l2"`` or None only: the L1 and
-        elastic-net penalties need a proximal solver that is not implemented
-        (``ValueError`` naming the penalty).
+        use ``l1_ratio`` and ``C``.  ``"l1"`` (solvers ``"liblinear"`` and
+        ``"saga"``) and ``"elasticnet"`` (``"saga"``) run the proximal Newton
+        method of ``_logistic_prox``, as does ``l1_ratio > 0``.
     C : float, default=1.0
         Inverse of the penalty strength, in ``(0, inf]``; ``np.inf`` means no
         penalty.
     l1_ratio : float, default=0.0
-        The elastic-net mixing; only 0 (the L2 penalty) is supported, as with
-        scikit-learn's ``"lbfgs"`` and Newton solvers.
+        The elastic-net mixing: the penalty is ``(1 - l1_ratio) ||w||² / 2 +
+        l1_ratio ||w||₁`` over ``C``; above 0 only with ``"saga"`` (1 also with
+        ``"liblinear"``), as in scikit-learn.
     dual : bool, default=False
         Only with ``solver="liblinear"`` (scikit-learn's rule); the dual and
         primal problems share their minimiser, which is found in the primal.
@@ -91,10 +93,12 @@ class LogisticRegression(ClassifierMixin, SPMDEstimator):
         ``n_classes · n_features`` up to a few thousand.  ``"newton-cg"``:
         Newton steps from conjugate gradients on Hessian-vector products (one
         allreduce each; no Hessian is formed, so it suits many features).
-        ``"sag"``, ``"saga"`` (stochastic, without an efficient SPMD form) run
-        L-BFGS on the same objective, hence reach the same minimiser;
-        ``"liblinear"`` runs L-BFGS on liblinear's objective (penalised
-        intercept, binary problems only, as there).
+        ``"sag"``, ``"saga"`` (stochastic, without an efficient SPMD form) and
+        ``"liblinear"`` (liblinear's objective: penalised intercept, binary
+        problems only, as there) run a proximal Newton method on the same
+        objective, L1 share included (one allreduce per evaluation of the loss,
+        gradient and Hessian), hence reach the same minimiser; beyond a few
+        thousand coefficients, L-BFGS (L2) or FISTA (with an L1 share).
     max_iter : int, default=100
         Maximum iterations of the solver.
     verbose : int, default=0
@@ -241,10 +245,6 @@ class LogisticRegression(ClassifierMixin, SPMDEstimator):
                 warnings.warn("Setting penalty=None will ignore the C and l1_ratio parameters", UserWarning,
                               stacklevel=3)
             C, penalty = np.inf, "l2"
-        if penalty in ("l1", "elasticnet"):
-            raise ValueError(f"penalty='{penalty}' (l1_ratio={self.l1_ratio}) is not supported by mpiml's "
-                             "LogisticRegression, which solves the L2-penalised or unpenalised problem only; "
-                             "use l1_ratio=0.")
         if self.n_jobs is not None:
             warnings.warn(f"'n_jobs' has no effect since 1.8 and will be removed in 1.10. You provided "
                           f"'n_jobs={self.n_jobs}', please leave it unspecified.", FutureWarning, stacklevel=3)
@@ -273,7 +273,7 @@ class LogisticRegression(ClassifierMixin, SPMDEstimator):
         coef = getattr(self, "coef_", None) if self.warm_start else None
         if coef is None:
             return w0.ravel()
-        coef = as_like(coef, np).astype(np.float64)
+        coef = as_like(dense_coef(coef), np).astype(np.float64)
         if obj.fi:
             coef = np.concatenate([coef, as_like(self.intercept_, np).reshape(-1, 1) / obj.scale], axis=1)
         if coef.shape != w0.shape:
@@ -320,13 +320,19 @@ class LogisticRegression(ClassifierMixin, SPMDEstimator):
         if sw_sum == 0 or not np.isfinite(sw_sum):
             raise ValueError("The weighted sum of the rows is zero (sample_weight times class_weight).")
         liblinear = self.solver == "liblinear"
+        # the L1 share of the penalty (l1 / elasticnet): solved by the proximal Newton method
+        l1_ratio = {"l1": 1.0, "elasticnet": float(self.l1_ratio or 0.0)}.get(penalty, 0.0)
+        l1 = 0.0 if np.isinf(C) else l1_ratio / (C * sw_sum)
         obj = Objective(X, y_idx, sw, n_classes=len(classes), fit_intercept=self.fit_intercept,
-                        l2=0.0 if np.isinf(C) else 1.0 / (C * sw_sum), sw_sum=sw_sum, comm=comm, xp=xp,
+                        l2=0.0 if np.isinf(C) else (1.0 - l1_ratio) / (C * sw_sum), sw_sum=sw_sum, comm=comm, xp=xp,
                         intercept_scaling=self.intercept_scaling if liblinear else 1.0,
                         penalise_intercept=liblinear)
         w0 = self._initial_point(obj)
         algorithm = _SOLVERS[self.solver]
-        if algorithm == "lbfgs":
+        if l1 > 0 or self.solver in ("sag", "saga", "liblinear"):
+            w, n_iter = solve_like(obj, w0, l1=l1, solver=self.solver, max_iter=self.max_iter, tol=self.tol,
+                                   verbose=self.verbose)
+        elif algorithm == "lbfgs":
             w, n_iter, res = lbfgs(obj, w0, max_iter=self.max_iter, tol=self.tol, verbose=self.verbose)
             self._n_fun_evals_scipy = int(res.nfev)
         elif algorithm == "newton-cholesky":
@@ -334,10 +340,16 @@ class LogisticRegression(ClassifierMixin, SPMDEstimator):
         else:
             w, n_iter = newton_cg(obj, w0, max_iter=self.max_iter, tol=self.tol, verbose=self.verbose)
         self._n_fun_evals = obj.n_evals
-        W = centre_multinomial(np.asarray(w).reshape(obj.k, obj.d + obj.fi), obj)
+        W = np.asarray(w).reshape(obj.k, obj.d + obj.fi)
+        if l1 == 0 or obj.l2 > 0:  # (the L1 norm of the coefficients is not invariant to centring them)
+            W = centre_multinomial(W, obj)
+        elif not obj.binary and obj.fi:
+            W = W.copy()
+            W[:, -1] -= W[:, -1].mean()
         self.classes_ = classes
-        self.coef_ = as_like(W[:, :obj.d], xp, X.dtype)
-        self.intercept_ = as_like(W[:, obj.d] * obj.scale if obj.fi else np.zeros(obj.k), xp, X.dtype)
+        out = np.float64 if liblinear else X.dtype  # scikit-learn's liblinear returns float64 always
+        self.coef_ = as_like(W[:, :obj.d], xp, out)
+        self.intercept_ = as_like(W[:, obj.d] * obj.scale if obj.fi else np.zeros(obj.k), xp, out)
         self.n_iter_ = np.array([n_iter], dtype=np.int32)
         return self
 
@@ -350,7 +362,7 @@ class LogisticRegression(ClassifierMixin, SPMDEstimator):
         ndarray of shape (n_local_samples,) for two classes, else (n_local_samples, n_classes)
         """
         X, xp = local_X(self, X)
-        scores = X @ as_like(self.coef_, xp, X.dtype).T + as_like(self.intercept_, xp, X.dtype)
+        scores = X @ as_like(dense_coef(self.coef_), xp, X.dtype).T + as_like(self.intercept_, xp, X.dtype)
         return scores[:, 0] if scores.shape[1] == 1 else scores
 
     def predict_proba(self, X):

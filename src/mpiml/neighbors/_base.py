@@ -15,12 +15,16 @@ import warnings
 from numbers import Integral, Real
 
 import numpy as np
+# scikit-learn recognises a neighbours estimator by these mixins (isinstance); see NearestNeighbors
+from sklearn.neighbors._base import KNeighborsMixin, RadiusNeighborsMixin
 
 from .._array import get_namespace
 from ..base import SPMDEstimator
 from ..utils._param_validation import InvalidParameterError, Interval, StrOptions
 from ..utils._validation import row_counts, validate_data
 from . import _sparse
+from ._metrics import (check_semimetric, index_rows, metric_constraint, precomputed_index, resolve_host_metric,
+                       sparse_accepts)
 from ._ring import EXCHANGES, ring_kneighbors, ring_radius
 
 __all__ = ["NearestNeighbors"]
@@ -36,22 +40,16 @@ SPARSE_METRICS = ("cityblock", "cosine", "euclidean", "l1", "l2", "manhattan", "
 ALGORITHMS = ("auto", "ball_tree", "kd_tree", "brute")
 
 
-def _metric_error(owner, metric):
-    names = "{" + ", ".join(repr(m) for m in sorted(METRICS)) + "}"
-    return InvalidParameterError(f"The 'metric' parameter of {owner} must be a str among {names}. "
-                                 f"Got {metric!r} instead.")
-
-
 def resolve_metric(owner, metric, p, metric_params, algorithm):
     """``(distance, p, effective_metric_, effective_metric_params_)`` as scikit-learn resolves them.
 
     ``metric="minkowski"`` with ``p`` 1, 2 or inf is manhattan, euclidean or chebyshev;
     ``p`` given in ``metric_params`` wins over the ``p`` parameter (with scikit-learn's
-    warning).  Metrics mpiml does not compute (callables, scikit-learn's rarer names)
-    raise scikit-learn's parameter error naming the value.
+    warning).  Every other metric scikit-learn's brute force accepts (its rarer names,
+    ``metric_params`` beyond ``p``, ``DistanceMetric`` objects, callables) is computed on the
+    host by :mod:`mpiml.neighbors._metrics`.
     """
-    if callable(metric) or metric not in METRICS:
-        raise _metric_error(owner, metric)
+    host = not isinstance(metric, str) or metric not in METRICS  # the rarer metrics: _metrics.HostMetric
     params = dict(metric_params or {})
     if "p" in params:
         warnings.warn("Parameter p is found in metric_params. The corresponding parameter from __init__ "
@@ -62,9 +60,8 @@ def resolve_metric(owner, metric, p, metric_params, algorithm):
                                         f"Got {p!r} instead.")
     if "w" in params and params["w"] is None:  # scikit-learn's own unweighted value
         del params["w"]
-    if params:
-        raise ValueError(f"metric_params {sorted(params)} are not supported by mpiml.neighbors with metric "
-                         f"{metric!r} (only 'p' is)")
+    if host or params:
+        return resolve_host_metric(owner, metric, p, params, algorithm)
     if algorithm in ("kd_tree", "ball_tree"):
         from sklearn.neighbors import VALID_METRICS
 
@@ -82,6 +79,7 @@ def resolve_metric(owner, metric, p, metric_params, algorithm):
         elif math.isinf(p):
             distance, effective = "chebyshev", "chebyshev"
         else:
+            check_semimetric(p, algorithm)
             effective_params = {"p": p, "w": None}
     return distance, p, effective, effective_params
 
@@ -89,7 +87,7 @@ def resolve_metric(owner, metric, p, metric_params, algorithm):
 def _check_sparse_metric(metric, X):
     """scikit-learn's refusal of a metric it cannot compute on sparse rows (the input kind may
     differ across ranks: the caller agrees on the verdict)."""
-    if _sparse.is_sparse(X) and metric not in SPARSE_METRICS:
+    if _sparse.is_sparse(X) and metric not in SPARSE_METRICS and not sparse_accepts(metric):
         raise ValueError(f"Metric '{metric}' not valid for sparse input. Valid metrics for sparse input: "
                          f"{list(SPARSE_METRICS)}.")
 
@@ -106,7 +104,7 @@ class _NeighborsBase(SPMDEstimator):
         "n_neighbors": [Interval(Integral, 1, None, closed="left"), None],
         "algorithm": [StrOptions(set(ALGORITHMS))],
         "leaf_size": [Interval(Integral, 1, None, closed="left")],
-        "metric": [StrOptions(set(METRICS)), callable],
+        "metric": metric_constraint(METRICS),
         "p": [Interval(Real, 0, None, closed="right"), None],
         "metric_params": [dict, None],
         "n_jobs": [Integral, None],
@@ -166,10 +164,25 @@ class _NeighborsBase(SPMDEstimator):
         self._shard_counts = counts
         self._shard_offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         self.n_samples_fit_ = int(counts.sum())
+        self._precomputed_rows = None
+        if self._effective == "precomputed":  # the index is the rows' global numbers (mpiml.neighbors._metrics)
+            self._precomputed_rows = X
+            self._shard_X = precomputed_index(X, int(self._shard_offsets[comm.rank]), self.n_samples_fit_,
+                                              get_namespace(X))
         self.effective_metric_ = self._effective
         self.effective_metric_params_ = dict(self._effective_params)
         self._fit_method = "brute"
         return self
+
+    def _train_queries(self):
+        """The fitted rows as queries (``X=None``): the rows of a precomputed matrix, or the shard."""
+        rows = getattr(self, "_precomputed_rows", None)
+        return self._shard_X if rows is None else rows
+
+    @property
+    def _fit_X(self):
+        """This rank's rows of the index (scikit-learn's name, read by its ``kneighbors_graph``)."""
+        return self._train_queries()
 
     def _metric_args(self):
         """(distance, p) for the ring; restored from the parameters after a model file is loaded."""
@@ -205,7 +218,7 @@ class _NeighborsBase(SPMDEstimator):
             raise ValueError(f"Expected n_neighbors > 0. Got {k!r}")
         query_is_train = X is None
         if query_is_train:
-            Q = self._shard_X
+            Q = self._train_queries()
             xp = get_namespace(Q)
             k_search = k + 1
         else:
@@ -261,8 +274,8 @@ class _NeighborsBase(SPMDEstimator):
         """Every global index row within ``radius`` of each of this rank's queries (collective).
 
         Meant for small radii: each query's neighbours are kept on this rank's host as
-        they are found.  Results are always sorted by (distance, global index), which is
-        one of the orders scikit-learn allows with ``sort_results=False``.
+        they are found.  Results are sorted by (distance, global index) with
+        ``sort_results``, else by global index (scikit-learn's brute-force order).
 
         Returns
         -------
@@ -278,7 +291,8 @@ class _NeighborsBase(SPMDEstimator):
         if radius is None or not radius >= 0:
             raise ValueError(f"radius must be a non-negative number; got {radius!r}")
         if X is None:
-            Q, xp = self._shard_X, get_namespace(self._shard_X)
+            Q = self._train_queries()
+            xp = get_namespace(Q)
         else:
             Q, xp = self._queries(X)
         metric, p = self._metric_args()
@@ -290,6 +304,10 @@ class _NeighborsBase(SPMDEstimator):
             for r in range(len(inds)):
                 keep = inds[r] != offset + r
                 dists[r], inds[r] = dists[r][keep], inds[r][keep]
+        if not sort_results:  # scikit-learn's brute-force order: by index
+            for r in range(len(inds)):
+                order = np.argsort(inds[r], kind="stable")
+                dists[r], inds[r] = dists[r][order], inds[r][order]
         neigh_ind = np.empty(len(inds), dtype=object)
         neigh_ind[:] = inds
         if not return_distance:
@@ -304,7 +322,7 @@ class _NeighborsBase(SPMDEstimator):
         Shape ``(n_local_queries, n_samples_fit_)``; ``mode`` as in :meth:`kneighbors_graph`.
         """
         if mode not in ("connectivity", "distance"):
-            raise ValueError(f'Unsupported mode, must be one of "connectivity", "distance" but got "{mode}" '
+            raise ValueError(f'Unsupported mode, must be one of "connectivity", or "distance" but got "{mode}" '
                              "instead")
         from scipy.sparse import csr_matrix
 
@@ -360,17 +378,19 @@ class _NeighborsBase(SPMDEstimator):
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = True
+        tags.input_tags.pairwise = self.metric == "precomputed"  # cross-validation splits both axes
         return tags
 
 
 def _drop_self(dist, gidx, pay, offset, xp):
-    """scikit-learn's rule for ``X=None``: drop each row's own index, or the last column if absent."""
+    """scikit-learn's rule for ``X=None``: drop each row's own index, or the first column if absent
+    (a duplicate of the row took its place)."""
     n, k1 = gidx.shape
     own = xp.arange(offset, offset + n, dtype=gidx.dtype)[:, None]
     is_self = gidx == own
-    # mark one column to drop per row: the own index where present, else the last column
+    # mark one column to drop per row: the own index where present, else the first column
     has = is_self.any(axis=1)
-    drop = xp.where(has, xp.argmax(is_self, axis=1), k1 - 1)
+    drop = xp.where(has, xp.argmax(is_self, axis=1), 0)
     keep = xp.ones((n, k1), dtype=bool)
     keep[xp.arange(n), drop] = False
     dist = dist[keep].reshape(n, k1 - 1)
@@ -380,12 +400,18 @@ def _drop_self(dist, gidx, pay, offset, xp):
     return dist, gidx, pay
 
 
-class NearestNeighbors(_NeighborsBase):
+class NearestNeighbors(_NeighborsBase, KNeighborsMixin, RadiusNeighborsMixin):
     """Unsupervised exact nearest neighbours over the rows of every rank (SPMD), NumPy or CuPy.
 
     Each rank calls :meth:`fit` with its rows: they stay on that rank as its shard of the
     index.  :meth:`kneighbors` is collective and answers this rank's queries against the
     whole (global) index, with global indices (rows of lower ranks + local index).
+
+    The class derives from scikit-learn's ``KNeighborsMixin`` and ``RadiusNeighborsMixin``
+    (the classifier and regressor from ``KNeighborsMixin``) so that scikit-learn recognises
+    it where it asks ``isinstance`` (its ``kneighbors_graph`` / ``radius_neighbors_graph``
+    functions reuse a fitted estimator); every public method of those mixins is mpiml's
+    own, and ``_fit_X``, the one private name their functions read, is this rank's shard.
 
     Parameters
     ----------
@@ -467,5 +493,5 @@ class NearestNeighbors(_NeighborsBase):
         y : Ignored
         """
         self._validate_fit_params()
-        X, _ = self._validate_index(X)
+        X, _ = self._validate_index(index_rows(X))
         return self._fit_index(X)

@@ -67,6 +67,8 @@ def local_distances(Q, X, metric, xp, p=None):
     Identical rows give identical distances, so constructed ties stay exact.  Sparse
     rows (either side) go through :mod:`mpiml.neighbors._sparse`.
     """
+    if not isinstance(metric, str):  # the rarer metrics, on the host (mpiml.neighbors._metrics)
+        return metric.distances(Q, X, xp)
     if _sparse.is_sparse(Q) or _sparse.is_sparse(X):
         return _sparse.distances(Q, _sparse.prepare(X, metric, xp), xp)
     if metric in ("euclidean", "sqeuclidean"):
@@ -106,6 +108,10 @@ def local_topk(Q, X, k, metric, xp, p=None):
     (sparse rows: the block's norms and transpose prepared once, :mod:`mpiml.neighbors._sparse`)
     and a selection per row.
     """
+    if not isinstance(metric, str):  # the rarer metrics, on the host (mpiml.neighbors._metrics)
+        from ._metrics import host_topk
+
+        return host_topk(Q, X, k, metric, xp, _smallest_k, _HOST_BLOCK_BYTES)
     sparse = _sparse.is_sparse(Q) or _sparse.is_sparse(X)
     if xp is not np and not sparse:
         from ..kernels import select
@@ -343,7 +349,7 @@ def ring_radius(Q, X, radius, *, metric, comm, offsets, counts, exchange, xp, p=
         # the GEMM form picks candidates with a little slack; exact distances decide below
         slack = radius * 1e-6 + 1e-9 if sq else 0.0
         D = vals = None
-        if xp is not np and not sparse and block.X.dtype in (np.float32, np.float64):
+        if xp is not np and not sparse and block.X.dtype in (np.float32, np.float64) and isinstance(metric, str):
             from ..kernels.select import within
 
             # a count pass then a fill pass on the device: no (queries x rows) matrix

@@ -10,12 +10,14 @@ import warnings
 import numpy as np
 from sklearn.base import ClassifierMixin, MultiOutputMixin, RegressorMixin
 from sklearn.exceptions import DataConversionWarning
+from sklearn.neighbors._base import KNeighborsMixin  # recognised as scikit-learn's (see NearestNeighbors)
 
 from .._array import get_namespace
 from ..utils._param_validation import StrOptions
 from ..utils._supervised import global_classes, validate_X_y
 from ..utils._validation import agree_on_error
 from ._base import _NeighborsBase, _as_csr
+from ._metrics import index_rows
 
 __all__ = ["KNeighborsClassifier", "KNeighborsRegressor"]
 
@@ -105,14 +107,14 @@ class _SupervisedBase(_NeighborsBase):
     def _validate_training(self, X, y, *, y_numeric):
         """Validated ``X`` (dense, or canonical CSR) and ``y`` of this rank (collective)."""
         comm = self._get_comm()
-        X, y, xp = validate_X_y(self, X, y, comm=comm, y_numeric=y_numeric, multi_output=True,
+        X, y, xp = validate_X_y(self, index_rows(X), y, comm=comm, y_numeric=y_numeric, multi_output=True,
                                 accept_sparse="csr")
         X = _as_csr(X)
         self._check_sparse_input(X, index=True)
         return X, y, xp
 
 
-class KNeighborsClassifier(MultiOutputMixin, ClassifierMixin, _SupervisedBase):
+class KNeighborsClassifier(MultiOutputMixin, ClassifierMixin, _SupervisedBase, KNeighborsMixin):
     """k-nearest-neighbour vote over the rows of every rank (SPMD), NumPy or CuPy.
 
     Parameters
@@ -228,7 +230,7 @@ class KNeighborsClassifier(MultiOutputMixin, ClassifierMixin, _SupervisedBase):
         return tags
 
 
-class KNeighborsRegressor(MultiOutputMixin, RegressorMixin, _SupervisedBase):
+class KNeighborsRegressor(MultiOutputMixin, RegressorMixin, _SupervisedBase, KNeighborsMixin):
     """k-nearest-neighbour (weighted) mean over the rows of every rank (SPMD), NumPy or CuPy.
 
     Parameters

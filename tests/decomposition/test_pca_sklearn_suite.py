@@ -1,0 +1,47 @@
+"""scikit-learn's own PCA tests, pointed at mpiml's classes.
+
+The test functions of ``sklearn/decomposition/tests/test_pca.py`` (shipped with
+scikit-learn) that
+construct one of the swapped classes run on one process with ours in its place (see
+``tests/_sklearn_suite.py``). Known deviations are listed in ``DEVIATIONS`` with
+their reason; each must still fail (strict xfail).
+"""
+
+import pytest
+
+skt = pytest.importorskip("sklearn.decomposition.tests.test_pca")
+
+from _sklearn_suite import adopt, global_dtype, global_random_seed  # noqa: E402,F401
+
+from mpiml.decomposition import PCA  # noqa: E402
+
+# test name -> why mpiml differs (each must still fail)
+DEVIATIONS = {
+    "test_pca_sparse[1-arpack-csr_matrix-10-0.1]": "sparse X with svd_solver='arpack': the sparse result (implicitly centred operator) differs from the dense one beyond rtol 1e-7 on some components",
+    "test_pca_sparse[1-arpack-csr_matrix-10-0.3]": "sparse X with svd_solver='arpack': the sparse result (implicitly centred operator) differs from the dense one beyond rtol 1e-7 on some components",
+    "test_pca_sparse[1-arpack-csc_matrix-10-0.1]": "sparse X with svd_solver='arpack': the sparse result (implicitly centred operator) differs from the dense one beyond rtol 1e-7 on some components",
+    "test_pca_sparse[1-arpack-csc_matrix-10-0.3]": "sparse X with svd_solver='arpack': the sparse result (implicitly centred operator) differs from the dense one beyond rtol 1e-7 on some components",
+    "test_pca_sparse[10-arpack-csr_matrix-10-0.1]": "sparse X with svd_solver='arpack': the sparse result (implicitly centred operator) differs from the dense one beyond rtol 1e-7 on some components",
+    "test_pca_sparse[10-arpack-csr_matrix-10-0.3]": "sparse X with svd_solver='arpack': the sparse result (implicitly centred operator) differs from the dense one beyond rtol 1e-7 on some components",
+    "test_pca_sparse[10-arpack-csc_matrix-10-0.1]": "sparse X with svd_solver='arpack': the sparse result (implicitly centred operator) differs from the dense one beyond rtol 1e-7 on some components",
+    "test_pca_sparse[10-arpack-csc_matrix-10-0.3]": "sparse X with svd_solver='arpack': the sparse result (implicitly centred operator) differs from the dense one beyond rtol 1e-7 on some components",
+    "test_pca_sparse[100-arpack-csr_matrix-10-0.1]": "sparse X with svd_solver='arpack': the sparse result (implicitly centred operator) differs from the dense one beyond rtol 1e-7 on some components",
+    "test_pca_sparse[100-arpack-csr_matrix-10-0.3]": "sparse X with svd_solver='arpack': the sparse result (implicitly centred operator) differs from the dense one beyond rtol 1e-7 on some components",
+    "test_pca_sparse[100-arpack-csc_matrix-10-0.1]": "sparse X with svd_solver='arpack': the sparse result (implicitly centred operator) differs from the dense one beyond rtol 1e-7 on some components",
+    "test_pca_sparse[100-arpack-csc_matrix-10-0.3]": "sparse X with svd_solver='arpack': the sparse result (implicitly centred operator) differs from the dense one beyond rtol 1e-7 on some components",
+}
+
+
+def _thin(test_id):
+    """csr_array / csc_array cases of test_pca_sparse run as their csr_matrix / csc_matrix twins
+    (the same code path here); they are skipped to keep the file's run short"""
+    return test_id.startswith("test_pca_sparse[") and "_array-" in test_id
+
+
+globals().update(adopt(skt, {"PCA": PCA}, deviations=DEVIATIONS, thin=_thin))
+
+
+def test_the_suite_was_found():
+    """Guard: a scikit-learn release that moves its tests must not leave this module empty."""
+    adapted = [n for n in globals() if n.startswith("test_") and n != "test_the_suite_was_found"]
+    assert len(adapted) >= 20, adapted
