@@ -19,9 +19,13 @@ def check(cond, msg):
     return cond
 
 
+def _host(a):
+    """A NumPy copy of a host or device (CuPy) array."""
+    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
 def assert_close(got, want, msg, rtol=1e-6, atol=0.0, exact=False):
-    got = got.get() if hasattr(got, "get") and not isinstance(got, np.ndarray) else np.asarray(got)
-    want = np.asarray(want)
+    got, want = _host(got), _host(want)
     if got.shape != want.shape:
         return check(False, f"{msg}: shape {got.shape} != {want.shape}")
     if got.dtype != want.dtype:
