@@ -3,8 +3,9 @@
 #
 #   bash scripts/device_pass.sh PART [PART ...]      (repository root, on the GPU host)
 #
-#   tests     every `-m gpu` test (each runs its own 1-, 2- and 4-rank jobs): comm, kernels and
-#             k-means, the estimator families, datasets, validation and model files
+#   tests     the `-m gpu` tests of comm, the neighbours, the kernel loader and start-up (1-4 ranks)
+#   tests2    every other `-m gpu` test: the kernels and k-means, the other families, datasets,
+#             validation, model files (the 150 s limits of one part were too short on 4 x H100)
 #   comm      mpiml info; device collectives at 4/3 ranks with a stalled or killed peer; mpiml tune
 #             and mpiml bench comm on CuPy buffers; bench_gpu.py; vs_nccl.py; staged MPI (2 ranks)
 #   kmeans    mpiml bench ml --algo kmeans: scaling, the whole fit at 4e7 x 64 (k-means||), the four
@@ -82,13 +83,18 @@ keep() {  # keep FROM TO: rename a result (and its PNG) to its name in benchmark
 }
 
 # ---------------------------------------------------------------------- the parts
-part_tests() {
+part_tests() {   # the comm tests (~190 s on 4 x H100); the families' tests are part tests2
     step "mpiml info ($R ranks)" 20 $MPIRUN -n "$R" python3 -m mpiml info
-    step "GPU comm tests (1-4 ranks; every backend; graphs; timeouts; virtual nodes)" 230 \
-        $PYTEST --timeout=220 tests/comm
-    step "GPU kernel and k-means tests (1-4 ranks)" 150 $PYTEST --timeout=140 tests/kernels tests/cluster
-    step "GPU tests of the other families, datasets, validation, model files" 150 $PYTEST --timeout=140 tests \
-        --ignore=tests/comm --ignore=tests/kernels --ignore=tests/cluster --ignore=tests/dask
+    step "GPU comm tests (1-4 ranks; every backend; graphs; timeouts; virtual nodes)" 260 \
+        $PYTEST --timeout=250 tests/comm
+    step "GPU tests of the neighbours, the loader and the init (1-4 ranks)" 200 $PYTEST --timeout=190 \
+        tests/neighbors tests/kernels/test_loader.py tests/test_init.py
+}
+
+part_tests2() {   # every other GPU test: the kernels and k-means (650 tests), then the other families
+    step "GPU kernel and k-means tests (1-4 ranks)" 280 $PYTEST --timeout=270 tests/kernels tests/cluster
+    step "GPU tests of the other families, datasets, validation, model files" 270 $PYTEST --timeout=260 tests \
+        --ignore=tests/comm --ignore=tests/kernels --ignore=tests/cluster --ignore=tests/dask --ignore=tests/neighbors
 }
 
 part_comm() {
@@ -264,7 +270,7 @@ part_wave2() {   # the first fit on a fresh machine, then PCA and Ridge on every
 # ---------------------------------------------------------------------- run
 for PART in "$@"; do
     if ! declare -F "part_$PART" >/dev/null; then
-        echo "scripts/device_pass.sh: unknown part '$PART' (tests comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds wave wave2)"
+        echo "scripts/device_pass.sh: unknown part '$PART' (tests tests2 comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds wave wave2)"
         exit 2
     fi
     LOG="$OUT/device_pass_$PART.log"
