@@ -1,6 +1,7 @@
 """What every benchmark result records: the machine, the date, the command, the device's rates."""
 
 import datetime
+import json
 import os
 import platform
 import socket
@@ -45,6 +46,15 @@ def machine_info(comm=None):
     if comm is not None:
         info["ranks"] = comm.size
     return info
+
+
+def write_result(base, result, plot, table):
+    """``base.json`` and ``base.png`` (``plot(result, path)``), then the terminal table (``table(result)``)."""
+    with open(base + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    plot(result, base + ".png")
+    table(result)
+    print(f"wrote {base}.json and {base}.png")
 
 
 def stamp(argv):

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from ._common import machine_info, stamp
+from ._common import machine_info, stamp, write_result
 from ._common import measure_rates as _measure_rates
 
 __all__ = ["main"]
@@ -412,11 +412,7 @@ def main(argv):
             if not args.no_sklearn:
                 result["sklearn_shapes"] = _sklearn_shapes(args)
             base = os.path.join(args.out, f"ml_kmeans_{tag}")
-            with open(base + ".json", "w") as f:
-                json.dump(result, f, indent=1)
-            _plot_shapes(result, base + ".png")
-            _print_shapes(result)
-            print(f"wrote {base}.json and {base}.png")
+            write_result(base, result, _plot_shapes, _print_shapes)
             return 0
         if not args.no_sklearn:
             n_sub = int(args.sklearn_rows)
@@ -431,11 +427,7 @@ def main(argv):
                   f"(scaled to the full sizes in the JSON)", flush=True)
         result["heat"] = _run_heat(args, common, max(ranks), tmp, env)
     base = os.path.join(args.out, f"ml_kmeans_{tag}")
-    with open(base + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    _plot(result, base + ".png")
-    _print_table(result)
-    print(f"wrote {base}.json and {base}.png")
+    write_result(base, result, _plot, _print_table)
     return 0
 
 

@@ -40,7 +40,7 @@ import time
 
 import numpy as np
 
-from ._common import machine_info, stamp
+from ._common import machine_info, stamp, write_result
 
 __all__ = ["main"]
 
@@ -467,11 +467,7 @@ def main(argv):
         if not args.no_sklearn:
             result["sklearn"] = _sklearn_baseline(args)
     base = os.path.join(args.out, f"ml_knn_{tag}")
-    with open(base + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    _plot(result, base + ".png")
-    _print_table(result)
-    print(f"wrote {base}.json and {base}.png")
+    write_result(base, result, _plot, _print_table)
     return 0
 
 

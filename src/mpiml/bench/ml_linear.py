@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 from ._common import FirstRows as _FirstRows
-from ._common import machine_info, stamp
+from ._common import machine_info, stamp, write_result
 
 __all__ = ["main"]
 
@@ -549,11 +549,7 @@ def main(argv):
         result["sklearn"] = _sklearn_baseline(args, result)
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, f"ml_{args.algo}{'_sparse' if args.sparse else ''}_{args.tag or device}")
-    with open(base + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    _plot(result, base + ".png")
-    _print_table(result)
-    print(f"wrote {base}.json and {base}.png")
+    write_result(base, result, _plot, _print_table)
     return 0
 
 

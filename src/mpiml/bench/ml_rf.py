@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from ._common import machine_info, stamp
+from ._common import machine_info, stamp, write_result
 
 __all__ = ["main"]
 
@@ -352,9 +352,5 @@ def main(argv):
                    "max_features": args.max_features,
                    "machine": machine_info(), **stamp(["bench", "ml", *argv])})
     base = args.out[:-len(".json")] if args.out.endswith(".json") else os.path.join(args.out, f"ml_rf_{tag}")
-    with open(base + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    _plot(result, base + ".png")
-    _print_table(result)
-    print(f"wrote {base}.json and {base}.png")
+    write_result(base, result, _plot, _print_table)
     return 0
