@@ -257,7 +257,7 @@ def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "flo
         For a dense CuPy ``X``: skip the NaN/infinity check (a full read of
         ``X`` and a wait for the device) because the caller finds non-finite
         values in a reduction it makes anyway and then raises the same error
-        (:func:`mpiml.linear_model._base.raise_if_nonfinite`).  Host and
+        (:func:`mpiml.utils._supervised.raise_if_nonfinite`).  Host and
         sparse input are checked here as usual.
 
     Returns
