@@ -13,7 +13,6 @@ the suite (strict xfail), so the list stays true.
 import functools
 import inspect
 
-import numpy as np
 import pytest
 import scipy.sparse as sp
 
@@ -23,21 +22,13 @@ from sklearn.cluster import KMeans as SkKMeans, MiniBatchKMeans  # noqa: E402
 
 from mpiml.cluster import KMeans  # noqa: E402
 
+from _sklearn_suite import global_dtype, global_random_seed  # noqa: E402,F401 (scikit-learn's fixtures)
+
 # test name -> why mpiml differs (each must still fail: strict xfail)
 DEVIATIONS = {
     "test_sample_weight_init": "calls the private scikit-learn method KMeans._init_centroids",
     "test_sample_weight_zero": "calls the private scikit-learn method KMeans._init_centroids",
 }
-
-
-@pytest.fixture
-def global_random_seed():
-    return 42
-
-
-@pytest.fixture(params=[np.float32, np.float64], ids=["float32", "float64"])
-def global_dtype(request):
-    return request.param
 
 
 def _is_sparse_arg(value):
