@@ -153,6 +153,27 @@ def exact_sq(Q, X, idx):
     return out
 
 
+def _inputs(Q, X, metric, p, kernel):
+    """``(Q, X)`` C-contiguous on the device in one float dtype (that of ``X``, float64 for other
+    dtypes), after the checks both kernels share: a known metric, matching columns, 32-bit row
+    indices, a positive minkowski power."""
+    import cupy
+
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r} (known: {sorted(METRICS)})")
+    X = cupy.ascontiguousarray(X)
+    if X.dtype not in (np.float32, np.float64):
+        X = X.astype(np.float64)
+    Q = cupy.ascontiguousarray(Q, dtype=X.dtype)
+    if X.shape[1] != Q.shape[1]:
+        raise ValueError(f"Q has {Q.shape[1]} columns, X has {X.shape[1]}")
+    if X.shape[0] >= 2 ** 31 - 1 or Q.shape[0] >= 2 ** 31 - 1:
+        raise ValueError(f"the {kernel} kernel indexes rows with 32-bit integers")
+    if metric == "minkowski" and (p is None or not p > 0):
+        raise ValueError(f"minkowski needs a power p > 0, got {p!r}")
+    return Q, X
+
+
 def topk(Q, X, k, *, metric="sqeuclidean", p=None):
     """``(distances, indices)`` of the ``k`` nearest rows of ``X`` for every row of ``Q`` (CuPy).
 
@@ -164,24 +185,13 @@ def topk(Q, X, k, *, metric="sqeuclidean", p=None):
     """
     import cupy
 
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r} (known: {sorted(METRICS)})")
-    X = cupy.ascontiguousarray(X)
-    if X.dtype not in (np.float32, np.float64):
-        X = X.astype(np.float64)
-    Q = cupy.ascontiguousarray(Q, dtype=X.dtype)
+    Q, X = _inputs(Q, X, metric, p, "selection")
     nq, d = Q.shape
     m = X.shape[0]
-    if X.shape[1] != d:
-        raise ValueError(f"Q has {d} columns, X has {X.shape[1]}")
     if not 1 <= k <= m:
         raise ValueError(f"k must be in [1, {m}] (rows of X), got {k}")
     if k > MAX_K:
         raise ValueError(f"k = {k} is above the selection kernel's {MAX_K}")
-    if m >= 2 ** 31 - 1 or nq >= 2 ** 31 - 1:
-        raise ValueError("the selection kernel indexes rows with 32-bit integers")
-    if metric == "minkowski" and (p is None or not p > 0):
-        raise ValueError(f"minkowski needs a power p > 0, got {p!r}")
     dtype = X.dtype
     dist = cupy.empty((nq, k), dtype=dtype)
     idx = cupy.empty((nq, k), dtype=cupy.int64)
@@ -233,18 +243,9 @@ def within(Q, X, bound, *, metric="sqeuclidean", p=None):
     """
     import cupy
 
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r} (known: {sorted(METRICS)})")
-    X = cupy.ascontiguousarray(X)
-    if X.dtype not in (np.float32, np.float64):
-        X = X.astype(np.float64)
-    Q = cupy.ascontiguousarray(Q, dtype=X.dtype)
+    Q, X = _inputs(Q, X, metric, p, "radius")
     nq, d = Q.shape
     m = X.shape[0]
-    if m >= 2 ** 31 - 1 or nq >= 2 ** 31 - 1:
-        raise ValueError("the radius kernel indexes rows with 32-bit integers")
-    if metric == "minkowski" and (p is None or not p > 0):
-        raise ValueError(f"minkowski needs a power p > 0, got {p!r}")
     dtype = X.dtype
     indptr = cupy.zeros(nq + 1, dtype=cupy.int64)
     if nq == 0 or m == 0:
