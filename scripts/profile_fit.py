@@ -27,7 +27,8 @@ def make(algo, n, d):
 
 
 def estimator(algo):
-    import mpiml
+    import mpiml.decomposition
+    import mpiml.linear_model
     return {"linreg": lambda: mpiml.linear_model.LinearRegression(),
             "ridge": lambda: mpiml.linear_model.Ridge(),
             "logreg": lambda: mpiml.linear_model.LogisticRegression(),
