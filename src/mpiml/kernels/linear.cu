@@ -166,7 +166,7 @@ mpiml_linear_gram_mma(const T* __restrict__ X, const long long n, const int d, c
                       const T* __restrict__ w, const long long rows_per_block, const int kp,
                       double* __restrict__ partial) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    extern __shared__ double zs[];                  // MPIML_LINEAR_MMA_STAGE x (kp + 4), then the stage's weights
+    extern __shared__ __align__(16) double zs[];    // MPIML_LINEAR_MMA_STAGE x (kp + 4), then the stage's weights
     const int ld = kp + 4;
     double* ws = zs + MPIML_LINEAR_MMA_STAGE * ld;
     const int tid = threadIdx.x;
@@ -213,6 +213,14 @@ mpiml_linear_gram_mma(const T* __restrict__ X, const long long n, const int d, c
         if (yreg && tid < m * t) ybuf = Y[s * t + tid];
         if (W && tid < m) wbuf = w[s + tid];
     };
+    {                                               // the ones column and the padding, the same for every stage
+        const int ones = extra - t;
+        for (int e = tid; e < MPIML_LINEAR_MMA_STAGE * ones; e += blockDim.x) {
+            const int r = e / ones;
+            const int c = e - r * ones;
+            zs[r * ld + d + t + c] = c == 0 ? 1.0 : 0.0;
+        }
+    }
     if (r0 < r1) prefetch(r0);
     for (long long s = r0; s < r1; s += MPIML_LINEAR_MMA_STAGE) {
         const int m = (int)min((long long)MPIML_LINEAR_MMA_STAGE, r1 - s);
@@ -223,14 +231,15 @@ mpiml_linear_gram_mma(const T* __restrict__ X, const long long n, const int d, c
 #pragma unroll
             for (int u = 0; u < VPT; ++u) {
                 const int i = tid + u * blockDim.x;
-                if (i < all) {
+                if (i < all) {                      // a unit lies in one row (d % EPU == 0): 16-byte stores
                     const T* v = reinterpret_cast<const T*>(&buf[u]);
+                    const int e = i * EPU;
+                    const int r = (int)(((float)e + 0.5f) * inv_d);
+                    double2* dst = reinterpret_cast<double2*>(zs + r * ld + (e - r * d));
+                    const bool ok = i < units;
 #pragma unroll
-                    for (int q = 0; q < EPU; ++q) {
-                        const int e = i * EPU + q;
-                        const int r = (int)(((float)e + 0.5f) * inv_d);
-                        zs[r * ld + (e - r * d)] = (i < units) ? (double)v[q] : 0.0;
-                    }
+                    for (int q = 0; q < EPU; q += 2)
+                        dst[q / 2] = ok ? make_double2((double)v[q], (double)v[q + 1]) : make_double2(0.0, 0.0);
                 }
             }
         } else {
@@ -251,11 +260,8 @@ mpiml_linear_gram_mma(const T* __restrict__ X, const long long n, const int d, c
                 zs[r * ld + d + (e - r * t)] = (r < m) ? (double)Y[s * t + e] : 0.0;
             }
         }
-        const int ones = extra - t;                 // the ones column, then the padding
-        for (int e = tid; e < MPIML_LINEAR_MMA_STAGE * ones; e += blockDim.x) {
-            const int r = e / ones;
-            const int c = e - r * ones;
-            zs[r * ld + d + t + c] = (r < m && c == 0) ? 1.0 : 0.0;
+        if (m < MPIML_LINEAR_MMA_STAGE) {           // the block's last stage, partial: its empty rows count no one
+            for (int r = m + tid; r < MPIML_LINEAR_MMA_STAGE; r += blockDim.x) zs[r * ld + d + t] = 0.0;
         }
         if (W && tid < MPIML_LINEAR_MMA_STAGE) ws[tid] = (tid < m) ? (double)wbuf : 0.0;
         __syncthreads();
