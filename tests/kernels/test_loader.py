@@ -388,7 +388,7 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
     for files, exprs in asked:
         assert any(f == files and set(exprs) <= set(e) for f, e in progs), (files, exprs)
     assert {f for f, _ in asked} == {("ipc_common.cuh", "allreduce.cu"), ("ipc_common.cuh", "bcast.cu"),
-                                     ("histograms.cu",), ("distances_tc.cu",), ("distances.cu",), ("linear.cu",),
+                                     ("histograms.cu",), ("distances_tc.cu",), ("distances.cu",), ("linear/linear.cu",),
                                      ("select/select.cu",)}
 
 

@@ -164,7 +164,7 @@ def specs(arch, model=None):
     out.append((("histograms.cu",), hist + ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>",
                                             "mpiml_hist_split<false>", "mpiml_hist_split<true>"]))
     for ct in ("float", "double"):
-        out.append((("linear.cu",), [f"mpiml_linear_gram<{ct}, {w}>" for w in ("false", "true")]
+        out.append((("linear/linear.cu",), [f"mpiml_linear_gram<{ct}, {w}>" for w in ("false", "true")]
                     + [f"mpiml_linear_gram_mma<{ct}, {w}, {m}>" for w in ("false", "true") for m in range(1, 17)]
                     + [f"mpiml_linear_logistic<{ct}, {m}, {c}>" for m in (0, 1) for c in (1, 2, 4, 8)]
                     + ["mpiml_linear_sum_blocks"]))
