@@ -290,3 +290,19 @@ def test_no_module_is_long_without_saying_why():
                 long.append(f"{rel}: {len(lines)} lines")
     assert not long, (f"modules over {MAX_LINES} lines whose head does not say '{LONG_BECAUSE} ...' "
                       "(split them, or say why):\n" + "\n".join(long))
+
+
+def test_every_cuda_source_is_package_data():
+    # a wheel holds only what pyproject.toml's package-data names: a .cuh in a family folder must match too
+    import fnmatch
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        globs = tomllib.load(f)["tool"]["setuptools"]["package-data"][PACKAGE]
+    pkg = os.path.join(SRC, PACKAGE)
+    sources = [os.path.relpath(os.path.join(d, f), pkg).replace(os.sep, "/") for d, _, fs in os.walk(KERNELS)
+               for f in fs if f.endswith((".cu", ".cuh"))]
+    assert len(sources) > 5
+    # setuptools globs do not cross folders: '*' matches within one path part
+    left = [s for s in sources if not any(fnmatch.fnmatch(s, g) and s.count("/") == g.count("/") for g in globs)]
+    assert not left, f"CUDA sources missing from [tool.setuptools.package-data] in pyproject.toml: {left}"

@@ -381,7 +381,8 @@ def test_tc_pack_kernel_matches_numpy(k, d, bn, dk, dtype):
     nJ, nF = plan["nJ"], plan["nF"]
     Cp = cp.empty(nJ * nF * dk * bn * (2 if dtype == np.float32 else 1), dtype=dtype)
     c_sq = cp.empty(nJ * bn, dtype=dtype)
-    kmeans._common._function(plan["pack"])((4,), (256,), (Cd, np.int32(k), np.int32(d), np.int32(nJ), np.int32(nF), Cp, c_sq))
+    pack = kmeans._common._function(plan["pack"])
+    pack((4,), (256,), (Cd, np.int32(k), np.int32(d), np.int32(nJ), np.int32(nF), Cp, c_sq))
     np.testing.assert_array_equal(Cp.get(), kmeans.pack_centres(C, bn, dk, np))
     want = np.full(nJ * bn, np.inf)
     want[:k] = (C.astype(np.float64) ** 2).sum(1)

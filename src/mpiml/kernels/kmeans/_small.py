@@ -229,7 +229,8 @@ def _small_bank_fill(plan, C):
     entry = _BANKS.get((dev, expr))
     if entry is None:
         _function(expr)
-        sym = _common._MODULES[(dev, expr)][1].get_global("mpiml_small_bank_" + ("f" if plan["ctype"] == "float" else "d"))
+        mod = _common._MODULES[(dev, expr)][1]
+        sym = mod.get_global("mpiml_small_bank_" + ("f" if plan["ctype"] == "float" else "d"))
         entry = _BANKS[(dev, expr)] = [sym, None]
     stream = cupy.cuda.get_current_stream()
     if entry[1] is not None:
