@@ -46,12 +46,13 @@ def _compile_one(args):
 
 def compile_specs(arch, jobs, gpu, say):
     """Put every program of ``build.specs(arch)`` in the cache unless shipped; ``{how: count}``."""
-    from ..kernels import _loader, build, distances
+    from ..kernels import _loader, build
+    from ..kernels.kmeans import _common
 
     # no GPU: NVRTC through ctypes (the wheel), in processes, for a typical device of the architecture; on a
     # GPU: CuPy's NVRTC, in threads, for the plans of this device
     major = None if gpu else _loader._CtypesNVRTC().version()[0]
-    todo = [(files, exprs, arch, major) for files, exprs in build.specs(arch, distances._device() if gpu else None)]
+    todo = [(files, exprs, arch, major) for files, exprs in build.specs(arch, _common._device() if gpu else None)]
     counts = {}
     pool_cls = concurrent.futures.ThreadPoolExecutor if gpu else concurrent.futures.ProcessPoolExecutor
     t = time.perf_counter()

@@ -119,7 +119,7 @@ def local_topk(Q, X, k, metric, xp, p=None):
         if k <= select.MAX_K and X.dtype in (np.float32, np.float64):
             return select.topk(Q, X, k, metric=metric, p=p)
         if metric in ("euclidean", "sqeuclidean", "cosine"):
-            from ..kernels.distances import topk
+            from ..kernels.kmeans import topk
 
             return topk(Q, X, k, metric=metric)
     cpu = _cpu_topk() if xp is np and not sparse else None
