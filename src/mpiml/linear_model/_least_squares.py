@@ -17,7 +17,7 @@ from ..base import SPMDEstimator
 from ..utils._linalg import is_sparse
 from ..utils._param_validation import Interval, StrOptions
 from ..utils._validation import validate_sample_weight
-from ._base import allreduce_identical, as_like, local_X, raise_if_nonfinite, validate_X_y
+from ._base import allreduce_identical, as_like, local_X, overwrite_as_preprocessed, raise_if_nonfinite, validate_X_y
 from ._lsq_direct import dense_direct_applies, solve_direct
 from ._lsq_solvers import (SPARSE_GRAM_MAX_FEATURES, as_2d_targets, conjugate_gradient, factor_from_gram, lsqr,
                            lstsq_from_gram, lstsq_from_gram_cholesky, lstsq_from_r, nnls_from_factor,
@@ -128,8 +128,12 @@ class LinearRegression(_LinearRegressorBase):
         Whether to fit an intercept (the data are centred on the global
         weighted mean; implicitly for sparse ``X``).
     copy_X : bool, default=True
-        Accepted for compatibility; ``X`` is never modified (centring works on
-        float64 copies of row chunks, or implicitly).
+        True: ``X`` is never modified (centring works on float64 copies of row
+        chunks, or implicitly).  False: after the fit, a dense ``X`` that needed
+        no conversion is left as scikit-learn leaves it, centred on the global
+        (weighted) means when ``fit_intercept`` and its rows scaled by
+        ``sqrt(sample_weight)`` (one more allreduce of ``n_features + 1``
+        values); the solvers do not need it, so this saves no memory here.
     tol : float, default=1e-6
         Dense solvers: singular values of the centred, weighted ``X`` below
         ``tol`` times the largest are treated as zero (scikit-learn's
@@ -266,6 +270,7 @@ class LinearRegression(_LinearRegressorBase):
             raise ValueError("solver='lsqr' does not support positive=True; use solver='auto', 'tsqr' or 'normal', "
                              "or set positive=False.")
         # the dense direct solvers find NaN/infinity in their Gram matrix: no separate read of X for the check
+        X_given = X
         X, y, sw, xp, comm = self._fit_common(X, y, sample_weight, accept_sparse=not self.positive,
                                               defer_finite=not self.positive and self.solver in ("auto", "normal"))
         solver = self._resolve_solver(X)
@@ -301,6 +306,8 @@ class LinearRegression(_LinearRegressorBase):
             self.singular_ = np.asarray(sing, dtype=np.float64).astype(X.dtype)
         self._set_coef(coef, intercept, y, X, xp)
         self.solver_ = solver
+        if not self.copy_X:  # scikit-learn's LinearRegression centres (and weights) a dense X in place
+            overwrite_as_preprocessed(X, X_given, sw, fit_intercept=self.fit_intercept, comm=comm, xp=xp)
         return self
 
     def __sklearn_tags__(self):
