@@ -8,10 +8,12 @@ and Krylov iterations on the implicitly centred operator (``"lsqr"``,
 non-negative least-squares problem on a square factor of the data.
 """
 
+import warnings
 from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import MultiOutputMixin, RegressorMixin
+from sklearn.exceptions import UndefinedMetricWarning
 
 from ..base import SPMDEstimator
 from ..utils._linalg import is_sparse
@@ -100,9 +102,14 @@ class _LinearRegressorBase(MultiOutputMixin, RegressorMixin, SPMDEstimator):
         Y = as_2d_targets(y).astype(xp.float64)
         P = as_2d_targets(self.predict(X)).astype(xp.float64)
         t = Y.shape[1]
-        first = np.concatenate([[float(sw.sum())], as_like(sw @ Y, np)]) if X.shape[0] else np.zeros(t + 1)
+        first = (np.concatenate([[float(sw.sum())], as_like(sw @ Y, np), [X.shape[0]]]) if X.shape[0]
+                 else np.zeros(t + 2))  # [Σw | Σw·y | rows]
         first = allreduce_identical(comm, first)
-        y_mean = xp.asarray(first[1:] / first[0])
+        if first[-1] < 2:  # scikit-learn's r2_score: undefined below two rows (the count is global: every rank)
+            warnings.warn("R^2 score is not well-defined with less than two samples.", UndefinedMetricWarning,
+                          stacklevel=2)
+            return float("nan")
+        y_mean = xp.asarray(first[1:-1] / first[0])
         second = np.zeros(2 * t)
         if X.shape[0]:
             second[:t] = as_like(sw @ (Y - y_mean) ** 2, np)
@@ -396,12 +403,15 @@ class Ridge(_LinearRegressorBase):
     Attributes
     ----------
     coef_ : ndarray of shape (n_features,) or (n_targets, n_features)
-        Replicated; NumPy or CuPy like ``X``, dtype of ``X``.
+        Replicated; NumPy or CuPy like ``X``, dtype of ``X``.  ``(n_features,)``
+        also for a ``y`` of one column (whose ``intercept_`` has shape ``(1,)``),
+        as scikit-learn's Ridge.
     intercept_ : float or ndarray of shape (n_targets,)
         Replicated; 0.0 when ``fit_intercept=False``.
     n_iter_ : None or ndarray of shape (n_targets,)
-        Iterations of ``"lsqr"`` per target; None for the other solvers (as
-        scikit-learn).
+        Iterations of ``"lsqr"`` per target, and of the ``"sparse_cg"`` that
+        runs ``"sag"`` / ``"saga"`` (bounded by ``max_iter``, as scikit-learn's
+        epochs are); None for the other solvers (as scikit-learn).
     solver_ : str
         The solver that ran: ``"cholesky"``, ``"svd"``, ``"lsqr"``,
         ``"sparse_cg"`` or ``"nnls"`` (``positive=True``); ``"sag"``/``"saga"``
@@ -534,8 +544,11 @@ class Ridge(_LinearRegressorBase):
                 solve_gram=lambda G, B: (ridge_from_gram(G, B, alphas), None),
                 solve_r=lambda R, Z: (ridge_from_r(R, Z, alphas), None))
         self._set_coef(coef, intercept, y, X, xp)
+        if y.ndim == 2 and y.shape[1] == 1:  # scikit-learn's Ridge: a one-column y gives a 1-D coef_
+            self.coef_ = self.coef_[0]
         self._n_krylov_iter = n_iter  # iterations of lsqr or sparse_cg (benchmarks count the passes over X)
-        self.n_iter_ = n_iter if solver == "lsqr" else None  # scikit-learn reports lsqr's only
+        # scikit-learn reports lsqr's and sag/saga's iterations (those run as sparse_cg here: its count)
+        self.n_iter_ = n_iter if solver == "lsqr" or self.solver in ("sag", "saga") else None
         self.solver_ = reported_solver(self, solver)
         return self
 
