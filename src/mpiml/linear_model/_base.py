@@ -85,7 +85,8 @@ def overwrite_as_preprocessed(X, X_given, sw, *, fit_intercept, comm, xp):
     """
     if is_sparse(X):
         return
-    write = X is X_given and X.shape[0] > 0 and getattr(X, "flags", None) is not None and X.flags.writeable
+    # (CuPy arrays are always writeable: their flags have no such field)
+    write = X is X_given and X.shape[0] > 0 and getattr(X.flags, "writeable", True)
     if fit_intercept:
         pack = np.zeros(X.shape[1] + 1)
         if X.shape[0]:
