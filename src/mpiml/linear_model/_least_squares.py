@@ -416,7 +416,8 @@ class Ridge(_LinearRegressorBase):
         The solver that ran: ``"cholesky"``, ``"svd"``, ``"lsqr"``,
         ``"sparse_cg"`` or ``"nnls"`` (``positive=True``); ``"sag"``/``"saga"``
         when asked, as scikit-learn reports them.  Sparse rows with an intercept:
-        scikit-learn's refusal of the other solvers and its ``"sag"`` warning.
+        scikit-learn's ``"sag"`` warning; every solver fits that intercept
+        (scikit-learn refuses ``"svd"``, ``"cholesky"`` and ``"saga"`` there).
     n_features_in_ : int
         Number of features.
 

@@ -164,6 +164,9 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
         objective, L1 share included (one allreduce per evaluation of the loss,
         gradient and Hessian), hence reach the same minimiser; beyond a few
         thousand coefficients, L-BFGS (L2) or FISTA (with an L1 share).
+        As scikit-learn's, ``"liblinear"``, ``"sag"`` and ``"saga"`` refuse
+        sparse ``X`` with int64 indices and ``"liblinear"`` values above 1e30
+        (the same ValueError on every rank when any shard has them).
     max_iter : int, default=100
         Maximum iterations of the solver.
     verbose : int, default=0
@@ -224,6 +227,10 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
     and falls back to L-BFGS when Cholesky fails, as scikit-learn's does.
     With separable classes and no penalty the coefficients diverge and a
     :class:`~sklearn.exceptions.ConvergenceWarning` is issued.
+
+    Callbacks (:meth:`set_callbacks`, scikit-learn >= 1.9): with ``"lbfgs"``,
+    scikit-learn's task tree, one subtask per iteration; each rank calls its
+    own callbacks with its own rows and the replicated coefficients.
 
     :meth:`predict`, :meth:`predict_proba` and :meth:`decision_function` act
     on local rows; :meth:`score` (accuracy) is global: one allreduce of two
