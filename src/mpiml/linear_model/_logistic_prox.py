@@ -198,7 +198,9 @@ def prox_newton(obj, w0, *, l1, max_iter, tol, solver, verbose=0):
     minimiser, is at most ``tol`` relative to the coefficients (``max(1, max|w|)``); that last
     step is taken whole, without an evaluation, which squares the error. (A residual of the
     averaged objective below ``tol`` would leave the coefficients ``tol / λ_min(H)`` away: 4e-4 on
-    a small, weakly penalised problem where scikit-learn's own solvers stop 1e-5 from it.)
+    a small, weakly penalised problem where scikit-learn's own solvers stop 1e-5 from it.)  Without
+    any penalty the minimiser may not exist (separable classes: the steps grow), so there a residual
+    below ``tol`` also stops, as scikit-learn's L-BFGS does.
     """
     lam = np.where(obj.penalised, l1, 0.0)
     free = np.ones(obj.n_params, dtype=bool)
@@ -211,7 +213,11 @@ def prox_newton(obj, w0, *, l1, max_iter, tol, solver, verbose=0):
     n_iter = 0
     converged = _residual(w, g, lam, free) == 0.0
     eps = 16 * np.finfo(obj.X.dtype).eps
+    unpenalised = obj.l2 == 0 and l1 == 0
     while not converged and n_iter < max_iter:
+        if unpenalised and _residual(w, g, lam, free) <= tol:
+            converged = True
+            break
         n_iter += 1
         if l1 > 0:
             step = _quadratic_step(w, g, H, lam, free, tol=max(tol * 1e-2, 1e-12)) - w
