@@ -6,7 +6,8 @@
   same error on every rank when only one rank's shard has the problem);
 - LinearRegression(copy_X=False): the shards are left centred on the *global* weighted
   means and scaled by sqrt(w), as one process leaves the gathered array;
-- Ridge: ``n_iter_`` of sag / saga, the 1-D ``coef_`` of a one-column ``y``, and
+- Ridge: ``n_iter_`` of sag / saga, ``positive=True`` with ``solver="lbfgs"``, the 1-D ``coef_`` of a
+  one-column ``y``, and
   ``score`` NaN when the ranks hold fewer than two rows in total.
 
 Every rank builds the same global data and keeps an uneven shard (the last rank of 3 or 4
@@ -161,6 +162,23 @@ def ridge_checks():
         ref = Ridge(solver=solver, tol=1e-10, comm=SELF).fit(X, y)
         check(list(m.n_iter_) == list(ref.n_iter_), f"{solver}: n_iter_ {m.n_iter_} vs one process {ref.n_iter_}")
         assert_close(m.coef_, ref.coef_, f"{solver}: coef", rtol=1e-8, atol=1e-10)
+    # positive=True with solver="lbfgs": scikit-learn's bounded L-BFGS-B on the replicated factor
+    ypos = X @ np.abs(np.random.default_rng(1).standard_normal(X.shape[1])) + 5.0
+    ypos[:10] -= 40.0
+    for sparse in (False, True):
+        Xs = sp.csr_matrix(shard(X)) if sparse else shard(X)
+        m = Ridge(positive=True, solver="lbfgs", tol=1e-10).fit(Xs, shard(ypos))
+        ref = Ridge(positive=True, solver="lbfgs", tol=1e-10, comm=SELF).fit(X, ypos)
+        exact = Ridge(positive=True, comm=SELF).fit(X, ypos)
+        check(m.solver_ == "lbfgs" and exact.solver_ == "nnls", f"positive lbfgs: solver_ {m.solver_}, {exact.solver_}")
+        check(bool((m.coef_ >= 0).all()), "positive lbfgs: a negative coefficient")
+        assert_close(m.coef_, ref.coef_, f"positive lbfgs sparse={sparse}: vs one process", rtol=1e-6, atol=1e-8)
+        assert_close(m.coef_, exact.coef_, f"positive lbfgs sparse={sparse}: vs NNLS", rtol=1e-5, atol=1e-6)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        Ridge(positive=True, solver="lbfgs", max_iter=1, tol=1e-12).fit(shard(X), shard(ypos))
+    warned = any("lbfgs solver did not converge" in str(r.message) for r in rec)
+    check(warned and comm.allgather_obj(warned) == [True] * size, "positive lbfgs max_iter=1: no warning everywhere")
     m = Ridge().fit(shard(X, True), shard(y, True)[:, None])
     check(m.coef_.shape == (X.shape[1],) and np.shape(m.intercept_) == (1,),
           f"one-column y: coef_ {m.coef_.shape}, intercept_ {np.shape(m.intercept_)}")

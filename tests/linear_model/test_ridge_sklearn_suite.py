@@ -17,7 +17,6 @@ from mpiml.linear_model import Ridge  # noqa: E402
 
 # test name -> why mpiml differs (each must still fail)
 DEVIATIONS = {
-    "test_lbfgs_solver_error": "positive=True with lbfgs and max_iter=1 does not raise scikit-learn's \"lbfgs solver did not converge\" ConvergenceWarning",
     "test_ridge_fit_intercept_sparse_error": "svd / cholesky / saga fit the intercept of sparse rows exactly here; scikit-learn refuses them (\"solver=... does not support\")",
 }
 

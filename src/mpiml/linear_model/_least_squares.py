@@ -8,6 +8,7 @@ and Krylov iterations on the implicitly centred operator (``"lsqr"``,
 non-negative least-squares problem on a square factor of the data.
 """
 
+import functools
 import warnings
 from numbers import Integral, Real
 
@@ -24,7 +25,7 @@ from ._lsq_direct import dense_direct_applies, solve_direct
 from ._lsq_solvers import (SPARSE_GRAM_MAX_FEATURES, as_2d_targets, conjugate_gradient, factor_from_gram, lsqr,
                            lstsq_from_gram, lstsq_from_gram_cholesky, lstsq_from_r, nnls_from_factor,
                            ridge_from_gram, ridge_from_r, solve_least_squares)
-from ._ridge_rules import check_sparse_intercept, reported_solver
+from ._ridge_rules import check_sparse_intercept, lbfgs_from_factor, reported_solver
 
 __all__ = ["LinearRegression", "Ridge"]
 
@@ -393,7 +394,9 @@ class Ridge(_LinearRegressorBase):
         root of the Gram matrix for sparse ``X``) solved exactly by
         :func:`scipy.optimize.nnls` on every rank; scikit-learn reaches the
         same minimiser with L-BFGS-B.  ``solver`` must be ``"auto"`` or
-        ``"lbfgs"``.
+        ``"lbfgs"``; ``"lbfgs"`` runs scikit-learn's bounded L-BFGS-B (its
+        ``max_iter``, ``tol`` and ConvergenceWarning) on that factor, on every
+        rank alike without communication (``solver_ == "lbfgs"``).
     random_state : int, RandomState instance or None, default=None
         Accepted for compatibility (scikit-learn uses it for ``"sag"`` and
         ``"saga"`` only); the solvers here are deterministic.
@@ -530,10 +533,15 @@ class Ridge(_LinearRegressorBase):
             solver = "cholesky" if used == "normal" else "svd"
         elif solver == "nnls":
             sparse = is_sparse(X)
+            if self.solver == "lbfgs":  # what was asked: scikit-learn's iterations, max_iter and tol
+                solver = "lbfgs"
+                on_factor = functools.partial(lbfgs_from_factor, max_iter=self.max_iter, tol=self.tol)
+            else:
+                on_factor = nnls_from_factor
             coef, intercept, _ = solve_least_squares(
                 X, y, sw, method="gram" if sparse else "tsqr", **common,
-                solve_r=lambda R, Z: (nnls_from_factor(R, Z, alphas), None),
-                solve_gram=lambda G, B: (nnls_from_factor(*factor_from_gram(G, B), alphas), None))
+                solve_r=lambda R, Z: (on_factor(R, Z, alphas), None),
+                solve_gram=lambda G, B: (on_factor(*factor_from_gram(G, B), alphas), None))
         elif solver in ("lsqr", "sparse_cg"):
             run = _lsqr_targets if solver == "lsqr" else _cg_targets
             coef, intercept, n_iter = solve_least_squares(
