@@ -200,7 +200,9 @@ def prox_newton(obj, w0, *, l1, max_iter, tol, solver, verbose=0):
     averaged objective below ``tol`` would leave the coefficients ``tol / λ_min(H)`` away: 4e-4 on
     a small, weakly penalised problem where scikit-learn's own solvers stop 1e-5 from it.)  Without
     any penalty the minimiser may not exist (separable classes: the steps grow), so there a residual
-    below ``tol`` also stops, as scikit-learn's L-BFGS does.
+    below ``tol`` also stops, as scikit-learn's L-BFGS does.  So does a residual below ``tol`` once
+    the steps stop contracting (rounding, e.g. float32 rows with a poorly conditioned Hessian, sets a
+    floor under them).
     """
     lam = np.where(obj.penalised, l1, 0.0)
     free = np.ones(obj.n_params, dtype=bool)
@@ -214,6 +216,7 @@ def prox_newton(obj, w0, *, l1, max_iter, tol, solver, verbose=0):
     converged = _residual(w, g, lam, free) == 0.0
     eps = 16 * np.finfo(obj.X.dtype).eps
     unpenalised = obj.l2 == 0 and l1 == 0
+    previous = np.inf
     while not converged and n_iter < max_iter:
         if unpenalised and _residual(w, g, lam, free) <= tol:
             converged = True
@@ -227,6 +230,10 @@ def prox_newton(obj, w0, *, l1, max_iter, tol, solver, verbose=0):
         if np.isfinite(size) and size <= tol * max(1.0, float(np.max(np.abs(w), initial=0.0))):
             w, converged = w + step, True
             break
+        if not size < 0.5 * previous and _residual(w, g, lam, free) <= tol:
+            converged, n_iter = True, n_iter - 1  # (this step is not taken)
+            break
+        previous = size
         z = w + step
         # predicted decrease of F (negative for a descent direction)
         delta = float(g @ step) + _penalty(obj, l1, z) - _penalty(obj, l1, w)
