@@ -8,7 +8,8 @@ from conftest import run_mpi
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "threads_spmd_script.py")
 #: Every variable by which a user chooses the count, blanked (run_mpi sets two of them to 1).
-UNSET = {"OMP_NUM_THREADS": "", "MKL_NUM_THREADS": "", "OPENBLAS_NUM_THREADS": "", "SLURM_CPUS_PER_TASK": ""}
+UNSET = {"OMP_NUM_THREADS": "", "MKL_NUM_THREADS": "", "OPENBLAS_NUM_THREADS": "", "SLURM_CPUS_PER_TASK": "",
+         "NUMBA_THREADING_LAYER": "", "NUMBA_NUM_THREADS": ""}
 
 
 def _cores():
@@ -17,7 +18,7 @@ def _cores():
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-@pytest.mark.parametrize("mode", ["init", "estimator"])
+@pytest.mark.parametrize("mode", ["init", "estimator", "kernels"])
 def test_limit_is_cores_over_ranks(n, mode):
     want = max(1, _cores() // n)
     run_mpi(SCRIPT, n, mode, want, 1, want, env=UNSET, timeout=180)

@@ -101,6 +101,10 @@ def _set_numba_threads(n):
     """Numba's threads: this rank's share, on the workqueue layer (before anything launches a layer)."""
     numba = sys.modules.get("numba")
     if numba is None:
+        # whoever imports Numba later (a kernel module, or a library) reads the layer from here; the
+        # user's choice (the variable set) wins
+        if not os.environ.get("NUMBA_THREADING_LAYER"):
+            os.environ["NUMBA_THREADING_LAYER"] = "workqueue"
         return
     if not os.environ.get("NUMBA_THREADING_LAYER"):
         # A rank alternates BLAS products and Numba loops; OpenMP's threads spin between parallel
