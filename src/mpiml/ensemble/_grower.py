@@ -602,9 +602,16 @@ class TreeGrower:
         label = s.y[rows].astype(np.int64) if K else el.wy[idx]
         g = [comm.allgatherv(np.ascontiguousarray(a)) for a in (node, bins, el.w[idx], label)]
         g_wy2 = None if K else comm.allgatherv(np.ascontiguousarray(el.wy2[idx]))
-        by_node = np.argsort(g[0], kind="stable")
+        # each rank searches a contiguous share of the nodes (balanced by rows, the same on every rank)
+        # and the per-node results are gathered: no rank repeats another's search
         counts = np.bincount(g[0], minlength=len(slots))
-        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        ends = np.cumsum(counts)
+        owner = np.minimum((2 * ends - counts) * comm.size // max(2 * int(ends[-1]), 1), comm.size - 1)
+        mine = np.nonzero(owner == comm.rank)[0]
+        keep = np.nonzero((owner == comm.rank)[g[0]])[0]
+        by_node = keep[np.argsort(g[0][keep], kind="stable")]
+        n_rows = counts[mine]
+        starts = np.concatenate([[0], np.cumsum(n_rows)]).astype(np.int64)
         cols = np.ascontiguousarray(g[1][by_node].T)
         row = np.arange(len(by_node), dtype=np.int32)
         w = g[2][by_node]
@@ -612,10 +619,16 @@ class TreeGrower:
         wy = None if K else g[3][by_node]
         wy2 = None if K else g_wy2[by_node]
         tot, ex = _cpu_kernels.segment_totals(row, w, wy, wy2, y, starts, K, bool(self.D))
-        st = node_stats(self, tot, ex, root_w)
-        fsel = np.broadcast_to(np.arange(m, dtype=np.int64), (len(slots), m))
-        cand = _cpu_kernels.node_candidates(cols, row, w, wy, y, starts[:-1], counts, fsel, self.B, tot, st["mwl"],
+        st = node_stats(self, tot, ex, None if root_w is None else root_w[mine])
+        fsel = np.broadcast_to(np.arange(m, dtype=np.int64), (len(mine), m))
+        cand = _cpu_kernels.node_candidates(cols, row, w, wy, y, starts[:-1], n_rows, fsel, self.B, tot, st["mwl"],
                                             s.scales[0], s.scales[1], K, bool(self.D), s.min_samples_leaf)
+        C, E = tot.shape[1], ex.shape[1]
+        every = comm.allgatherv(np.concatenate([tot, ex] + [np.asarray(c, dtype=np.float64) for c in cand], axis=1))
+        tot, ex = every[:, :C], every[:, C:C + E]
+        cand = tuple(every[:, C + E + i * m:C + E + (i + 1) * m] for i in range(6))
+        cand = tuple(c if i in (0, 2) else c.astype(np.int64) for i, c in enumerate(cand))   # (val, b, wl, ...)
+        st = node_stats(self, tot, ex, root_w)
         self.stats["hist_s"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         dec = decide(self, choose(np, cand), st, ex, order[:, :m], depth)
