@@ -27,6 +27,7 @@ rank, limited by :mod:`mpiml.utils._threads`.
 import numpy as np
 
 from ..utils._jit import FASTMATH, numba
+from ..utils._threads import one_blas_thread
 
 __all__ = ["topk", "METRICS"]
 
@@ -200,23 +201,6 @@ def _screened_blocks(Q, X, k, metric, qn, xn, screen, rel, qstep, xstep, out_d, 
 #: selection while in cache (2^18 float32: 1 MiB).
 _TILE = 1 << 18
 _TILE_QUERIES = 256
-_BLAS = []  # a threadpoolctl controller, made once (finding the BLAS libraries costs milliseconds)
-
-
-def _one_blas_thread():
-    """A context in which BLAS runs on the calling thread only (no context without threadpoolctl)."""
-    if not _BLAS:
-        try:
-            from threadpoolctl import ThreadpoolController
-
-            _BLAS.append(ThreadpoolController())
-        except ImportError:
-            _BLAS.append(None)
-    if _BLAS[0] is None:
-        import contextlib
-
-        return contextlib.nullcontext()
-    return _BLAS[0].limit(limits=1, user_api="blas")
 
 
 def _topk_screened(Q, X, k, metric, out_d, out_i):
@@ -235,7 +219,7 @@ def _topk_screened(Q, X, k, metric, out_d, out_i):
     # at least 4 blocks a thread, when the queries allow it (a rank's share of a query batch may be small)
     qstep = int(min(_TILE_QUERIES, max(16, -(-nq // (4 * nb.get_num_threads())))))
     xstep = int(min(8192, max(_INDEX_BLOCK, _TILE // qstep)))
-    with _one_blas_thread():
+    with one_blas_thread():
         _screened_blocks(Q, X, k, METRICS[metric], qn, xn, screen, rel, qstep, xstep, out_d, out_i)
 
 
