@@ -23,9 +23,11 @@ the histogram work and the allreduce bytes of every level below the root.
 **Last level.**  At ``max_depth`` every node is a leaf: only per-node totals are
 summed.
 **Host ranks** use the Numba kernels of :mod:`._cpu_kernels`: one rank alone
-searches each node from a per-thread histogram (none is written out); several
-ranks gather the rows of nodes with fewer rows than bins instead of reducing
-their histograms.
+searches each node from a per-thread histogram (none is written out).  Several
+host ranks whose binned rows fit a budget gather them all and grow whole trees
+each (:meth:`TreeGrower._grow_tree_parallel`: the same trees); otherwise they grow
+level by level, and the nodes with fewer rows than bins are searched by one rank
+each, which receives their rows, instead of reducing their histograms.
 
 Channels are integer-valued (fixed point, see :mod:`._hist`):
 
@@ -398,6 +400,8 @@ class TreeGrower:
     # ------------------------------------------------------------------ growing
     def grow(self, trees):
         """Grow the trees with global indices ``trees``; returns a list of per-tree dicts of host arrays."""
+        if self._tree_parallel(trees):
+            return self._grow_tree_parallel(trees)
         out = []
         # the same on every rank (the batches decide the sequence of allreduces): agreed numbers only
         per_batch = max(1, self.s.batch_elements // max(self.s.max_local_rows, 1))
@@ -409,6 +413,50 @@ class TreeGrower:
                 print(f"grew trees {batch[0]}-{batch[-1]} in {time.perf_counter() - t0:.2f} s "
                       f"({len(trees) - a - len(batch)} to go)", flush=True)
         return out
+
+    def _tree_parallel(self, trees):
+        """Whether host ranks grow whole trees each on every row (see :meth:`_grow_tree_parallel`): several
+        ranks, at least two trees, and the binned rows of all ranks (twice: rows and columns) plus four
+        numbers a row within ``MPIML_RF_TREE_PARALLEL_BYTES`` (default 1 GiB) per rank.  Agreed inputs only."""
+        comm = self.s.comm
+        if not self.cpu or comm is None or comm.size == 1 or len(trees) < 2:
+            return False
+        budget = float(os.environ.get("MPIML_RF_TREE_PARALLEL_BYTES", 1 << 30))
+        n_total = int(comm.allreduce(np.array([float(self.n)]))[0])
+        return n_total * (2 * self.F * self.s.Xb.dtype.itemsize + 32) <= budget
+
+    def _grow_tree_parallel(self, trees):
+        """Every rank gathers the binned rows of all ranks (one allgatherv each of bins, targets, weights,
+        row counters: a few bytes a row) and grows its share of the trees alone, on every row, with the
+        fused host kernels (no histogram, no allreduce per level); one allgather of the trees.
+
+        The rows come in global order with their global counters, so each tree is the one a single
+        process grows (the same bootstrap draws, feature orders and splits): the same forest as the
+        level-wise growth at any rank count, but the per-level work of a rank no longer includes
+        every node's search of a level, nor the per-level collectives, which did not shrink with
+        rows per rank (two ranks were slower than one on deep trees).
+        """
+        s, comm = self.s, self.s.comm
+        Xb = np.ascontiguousarray(s.Xb)
+        width = Xb.shape[1] * Xb.itemsize
+        pad = np.zeros((Xb.shape[0], -width % 4), dtype=np.uint8)            # collectives move 4-byte words
+        words = np.ascontiguousarray(np.concatenate([Xb.view(np.uint8).reshape(Xb.shape[0], width), pad], axis=1))
+        allX = comm.allgatherv(words.view(np.int32)).view(np.uint8)[:, :width].copy().view(Xb.dtype)
+        spec = GrowSpec(**{**s.__dict__, "Xb": allX, "y": comm.allgatherv(np.ascontiguousarray(s.y)),
+                           "weight": comm.allgatherv(np.ascontiguousarray(s.weight, dtype=np.float64)),
+                           "row_index": comm.allgatherv(np.ascontiguousarray(s.row_index, dtype=np.int64)),
+                           "comm": None, "max_local_rows": int(allX.shape[0]),
+                           "verbose": s.verbose if comm.rank == 0 else 0})
+        alone = TreeGrower(spec)
+        mine = list(trees[comm.rank::comm.size])
+        grown = alone.grow(mine) if mine else []
+        for key, value in alone.stats.items():
+            self.stats[key] += value
+        self.stats["tree_parallel"] = 1
+        by_id = {}
+        for ids, those in comm.allgather_obj((mine, grown)):
+            by_id.update(zip(ids, those))
+        return [by_id[t] for t in trees]
 
     def _grow_batch(self, trees):
         xp, s = self.xp, self.s
@@ -563,7 +611,7 @@ class TreeGrower:
                 continue
             rw = None if root_w is None else root_w[sel]
             if small[sel[0]]:
-                parts[0] = (sel, self._gathered(el, perm[sel], sel, depth, rw))
+                parts[0] = (sel, self._gathered(el, perm[sel], sel, depth, rw, total[sel]))
                 continue
             per_chunk = max(1, s.hist_bytes // (m * B * self.C * 8))
             for a in range(0, len(sel), per_chunk):
@@ -589,35 +637,46 @@ class TreeGrower:
                 out[key][slots] = dec[key]
         return out
 
-    def _gathered(self, el, order, slots, depth, root_w):
-        """Decisions of the nodes ``slots`` from their rows gathered from every rank (see ``_mixed_level``)."""
+    def _gathered(self, el, order, slots, depth, root_w, counts):
+        """Decisions of the nodes ``slots`` (``counts``: their rows over all ranks) from their rows gathered
+        (see ``_mixed_level``): each node is searched by one rank, its owner (contiguous shares of the
+        nodes balanced by rows, the same on every rank), which receives that node's rows alone (one
+        ``gatherv`` per owner); the per-node results are then gathered by every rank."""
         s, comm, m, K = self.s, self.s.comm, self.m, self.K
         t0 = time.perf_counter()
+        counts = np.asarray(counts, dtype=np.int64)
+        ends = np.cumsum(counts)
+        owner = np.minimum((2 * ends - counts) * comm.size // max(2 * int(ends[-1]), 1), comm.size - 1)
         lens = el.lens()[slots]
         first = el.starts[slots]
+        # this rank's rows of those nodes, by node, as float64 (exact: bins, classes, fixed-point weights)
         idx = np.repeat(first - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens) + np.arange(int(lens.sum()))
         node = np.repeat(np.arange(len(slots), dtype=np.int64), lens)
         rows = el.row[idx]
-        bins = self.cols[order[:, :m][node], rows[:, None]].astype(np.int32)        # (collectives: no uint8)
-        label = s.y[rows].astype(np.int64) if K else el.wy[idx]
-        g = [comm.allgatherv(np.ascontiguousarray(a)) for a in (node, bins, el.w[idx], label)]
-        g_wy2 = None if K else comm.allgatherv(np.ascontiguousarray(el.wy2[idx]))
-        # each rank searches a contiguous share of the nodes (balanced by rows, the same on every rank)
-        # and the per-node results are gathered: no rank repeats another's search
-        counts = np.bincount(g[0], minlength=len(slots))
-        ends = np.cumsum(counts)
-        owner = np.minimum((2 * ends - counts) * comm.size // max(2 * int(ends[-1]), 1), comm.size - 1)
+        label = s.y[rows] if K else el.wy[idx]
+        fields = [node, el.w[idx], label] + ([] if K else [el.wy2[idx]])
+        nf = len(fields)
+        packed = np.empty((len(idx), nf + m))
+        for j, c in enumerate(fields):
+            packed[:, j] = c
+        packed[:, nf:] = self.cols[order[:, :m][node], rows[:, None]]
+        cut = np.searchsorted(owner[node], np.arange(comm.size + 1))   # owners are contiguous and increasing
         mine = np.nonzero(owner == comm.rank)[0]
-        keep = np.nonzero((owner == comm.rank)[g[0]])[0]
-        by_node = keep[np.argsort(g[0][keep], kind="stable")]
+        got = None
+        for o in range(comm.size):
+            part = comm.gatherv(np.ascontiguousarray(packed[cut[o]:cut[o + 1]]), root=o)
+            if o == comm.rank:
+                got = part
+        # the rows of this rank's nodes, in rank order then by node (stable): the order of one process
+        got = got[np.argsort(got[:, 0], kind="stable")]
         n_rows = counts[mine]
         starts = np.concatenate([[0], np.cumsum(n_rows)]).astype(np.int64)
-        cols = np.ascontiguousarray(g[1][by_node].T)
-        row = np.arange(len(by_node), dtype=np.int32)
-        w = g[2][by_node]
-        y = g[3][by_node] if K else None
-        wy = None if K else g[3][by_node]
-        wy2 = None if K else g_wy2[by_node]
+        cols = np.ascontiguousarray(got[:, nf:].T.astype(self.cols.dtype))
+        row = np.arange(got.shape[0], dtype=np.int32)
+        w = np.ascontiguousarray(got[:, 1])
+        y = got[:, 2].astype(s.y.dtype) if K else None
+        wy = None if K else np.ascontiguousarray(got[:, 2])
+        wy2 = None if K else np.ascontiguousarray(got[:, 3])
         tot, ex = _cpu_kernels.segment_totals(row, w, wy, wy2, y, starts, K, bool(self.D))
         st = node_stats(self, tot, ex, None if root_w is None else root_w[mine])
         fsel = np.broadcast_to(np.arange(m, dtype=np.int64), (len(mine), m))
