@@ -36,3 +36,18 @@ def test_user_variable_wins(n):
 @pytest.mark.mpi
 def test_slurm_cpus_per_task_is_applied():
     run_mpi(SCRIPT, 2, "estimator", 2, 1, 2, env=dict(UNSET, SLURM_CPUS_PER_TASK="2"), timeout=120)
+
+
+def test_one_blas_thread_is_a_context():
+    # kernels that call BLAS from their own threads hold BLAS to one thread, and give the pool back after
+    from threadpoolctl import threadpool_info
+
+    from mpiml.utils._threads import one_blas_thread
+
+    def blas():
+        return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+    before = blas()
+    with one_blas_thread():
+        assert set(blas()) <= {1}
+    assert blas() == before
