@@ -25,7 +25,7 @@ summed.
 **Host ranks** use the Numba kernels of :mod:`._cpu_kernels`: one rank alone
 searches each node from a per-thread histogram (none is written out).  Several
 host ranks whose binned rows fit a budget gather them all and grow whole trees
-each (:meth:`TreeGrower._grow_tree_parallel`: the same trees); otherwise they grow
+each (:mod:`._tree_parallel`: the same trees); otherwise they grow
 level by level, and the nodes with fewer rows than bins are searched by one rank
 each, which receives their rows, instead of reducing their histograms.
 
@@ -48,7 +48,7 @@ import time
 
 import numpy as np
 
-from . import _cpu_kernels
+from . import _cpu_kernels, _tree_parallel
 from ._hist import STREAM_FEATURES, hash_uniform, poisson_weights, stream_lead
 from ._split import choose, decide, dense_candidates, node_stats
 
@@ -400,8 +400,8 @@ class TreeGrower:
     # ------------------------------------------------------------------ growing
     def grow(self, trees):
         """Grow the trees with global indices ``trees``; returns a list of per-tree dicts of host arrays."""
-        if self._tree_parallel(trees):
-            return self._grow_tree_parallel(trees)
+        if _tree_parallel.applies(self, trees):            # several host ranks: whole trees per rank
+            return _tree_parallel.grow(self, trees)
         out = []
         # the same on every rank (the batches decide the sequence of allreduces): agreed numbers only
         per_batch = max(1, self.s.batch_elements // max(self.s.max_local_rows, 1))
@@ -413,50 +413,6 @@ class TreeGrower:
                 print(f"grew trees {batch[0]}-{batch[-1]} in {time.perf_counter() - t0:.2f} s "
                       f"({len(trees) - a - len(batch)} to go)", flush=True)
         return out
-
-    def _tree_parallel(self, trees):
-        """Whether host ranks grow whole trees each on every row (see :meth:`_grow_tree_parallel`): several
-        ranks, at least two trees, and the binned rows of all ranks (twice: rows and columns) plus four
-        numbers a row within ``MPIML_RF_TREE_PARALLEL_BYTES`` (default 1 GiB) per rank.  Agreed inputs only."""
-        comm = self.s.comm
-        if not self.cpu or comm is None or comm.size == 1 or len(trees) < 2:
-            return False
-        budget = float(os.environ.get("MPIML_RF_TREE_PARALLEL_BYTES", 1 << 30))
-        n_total = int(comm.allreduce(np.array([float(self.n)]))[0])
-        return n_total * (2 * self.F * self.s.Xb.dtype.itemsize + 32) <= budget
-
-    def _grow_tree_parallel(self, trees):
-        """Every rank gathers the binned rows of all ranks (one allgatherv each of bins, targets, weights,
-        row counters: a few bytes a row) and grows its share of the trees alone, on every row, with the
-        fused host kernels (no histogram, no allreduce per level); one allgather of the trees.
-
-        The rows come in global order with their global counters, so each tree is the one a single
-        process grows (the same bootstrap draws, feature orders and splits): the same forest as the
-        level-wise growth at any rank count, but the per-level work of a rank no longer includes
-        every node's search of a level, nor the per-level collectives, which did not shrink with
-        rows per rank (two ranks were slower than one on deep trees).
-        """
-        s, comm = self.s, self.s.comm
-        Xb = np.ascontiguousarray(s.Xb)
-        width = Xb.shape[1] * Xb.itemsize
-        pad = np.zeros((Xb.shape[0], -width % 4), dtype=np.uint8)            # collectives move 4-byte words
-        words = np.ascontiguousarray(np.concatenate([Xb.view(np.uint8).reshape(Xb.shape[0], width), pad], axis=1))
-        allX = comm.allgatherv(words.view(np.int32)).view(np.uint8)[:, :width].copy().view(Xb.dtype)
-        spec = GrowSpec(**{**s.__dict__, "Xb": allX, "y": comm.allgatherv(np.ascontiguousarray(s.y)),
-                           "weight": comm.allgatherv(np.ascontiguousarray(s.weight, dtype=np.float64)),
-                           "row_index": comm.allgatherv(np.ascontiguousarray(s.row_index, dtype=np.int64)),
-                           "comm": None, "max_local_rows": int(allX.shape[0]),
-                           "verbose": s.verbose if comm.rank == 0 else 0})
-        alone = TreeGrower(spec)
-        mine = list(trees[comm.rank::comm.size])
-        grown = alone.grow(mine) if mine else []
-        for key, value in alone.stats.items():
-            self.stats[key] += value
-        self.stats["tree_parallel"] = 1
-        by_id = {}
-        for ids, those in comm.allgather_obj((mine, grown)):
-            by_id.update(zip(ids, those))
-        return [by_id[t] for t in trees]
 
     def _grow_batch(self, trees):
         xp, s = self.xp, self.s
