@@ -172,17 +172,17 @@ def split(H, fpos, tot, mwl, has_mwl, sw, sy, K, D, msl, o_val, o_b, o_wl, o_bel
 
 
 @_pjit
-def fused(cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl, n_chunks,
+def fused(cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl, bounds,
           o_val, o_b, o_wl, o_below, o_above, o_occ):
     S, m = fsel.shape
     C = tot.shape[1]
     every = np.arange(B)
-    for t in _nb.prange(n_chunks):                   # buffers once per chunk of nodes
+    for t in _nb.prange(bounds.shape[0] - 1):        # buffers once per chunk of nodes (chunks of equal work)
         h = np.empty((m, B, C))
         cum = np.empty(C)
         cb = np.empty(B, dtype=np.int64)
         key = np.empty(B, dtype=np.int64)
-        for s in range(S * t // n_chunks, S * (t + 1) // n_chunks):
+        for s in range(bounds[t], bounds[t + 1]):
             e0 = seg_start[s]
             n = seg_len[s]
             small = 4 * n < B

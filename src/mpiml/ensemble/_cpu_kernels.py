@@ -173,8 +173,23 @@ def node_candidates(cols, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, 
                             np.ascontiguousarray(seg_start, dtype=np.int64), np.ascontiguousarray(seg_len, dtype=np.int64),
                             np.ascontiguousarray(fsel, dtype=np.int64), n_bins, tot, mwl if has_mwl else np.zeros(S),
                             has_mwl, float(sw), float(sy), n_classes, int(count_rows), float(min_samples_leaf),
-                            min(S, 1024), *outs)
+                            _chunks_of_equal_work(seg_len, n_bins, S), *outs)
     return outs
+
+
+def _chunks_of_equal_work(seg_len, n_bins, S):
+    """Boundaries of at most 1024 contiguous chunks of nodes of about equal work for :func:`node_candidates`
+    (the threads take equal runs of chunks: chunks of equal node counts left one thread the big nodes).
+
+    A node of ``n`` rows costs about ``n + B`` a feature (its histogram's rows and bins), or ``n + n^2 / 4``
+    when it has fewer than ``B / 4`` rows (the compact search sorts them).
+    """
+    n = np.asarray(seg_len, dtype=np.float64)
+    cost = np.where(4 * n < n_bins, n + n * n / 4, n + n_bins) + 1.0
+    ends = np.cumsum(cost)
+    chunks = min(S, 1024)
+    bounds = np.searchsorted(ends, ends[-1] * np.arange(1, chunks) / chunks, side="right")
+    return np.unique(np.concatenate([[0], bounds, [S]])).astype(np.int64)
 
 
 def segment_totals(row, w, wy, wy2, y, starts, n_classes, count_rows):
