@@ -37,6 +37,7 @@ def _threads_per_rank():
 
     return thread_info().get("threads")
 
+
 ALGORITHMS = ("kmeans", "linreg", "logreg", "rf", "rfr", "pca", "tsvd", "knn")
 DEFAULT_DATA = "blobs:n=200000,d=32,k=16"
 

@@ -38,6 +38,7 @@ def _threads_per_rank():
 
     return thread_info().get("threads")
 
+
 _SPECS = {
     "regression": {"n": 1000000, "d": 64, "t": 1, "noise": 1.0, "seed": 0},
     "classification": {"n": 1000000, "d": 64, "classes": 2, "seed": 0},
