@@ -42,7 +42,7 @@ def test_bits_do_not_depend_on_threads():
     rng = np.random.default_rng(2)
     X, C = rng.normal(size=(20000, 6)), rng.normal(size=(8, 6))
     shift = X.mean(axis=0)
-    assert _kmeans_cpu.n_parts(min(20000, _kmeans_cpu.chunk_rows(8, 6)), 8, 6) > 1
+    assert _kmeans_cpu.n_parts(20000, 8, 6) > 1
     out = []
     before = numba.get_num_threads()
     try:

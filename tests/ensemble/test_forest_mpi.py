@@ -18,12 +18,15 @@ SCRIPT = os.path.join(HERE, "forest_spmd_script.py")
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_forest_spmd(mpi, tmp_path, n):
+@pytest.mark.parametrize("n, growth", [(1, "tree"), (2, "tree"), (3, "tree"), (4, "tree"), (2, "level"), (3, "level")])
+def test_forest_spmd(mpi, tmp_path, n, growth):
     # small batches of trees and small allreduces, so that batching and node chunks are exercised on uneven
-    # shards (and must not change the trees: the reference below is grown with the defaults)
-    mpi(SCRIPT, n, str(tmp_path), timeout=240, env={"MPIML_RF_BATCH_ELEMENTS": "1500",
-                                                     "MPIML_RF_HIST_BYTES": str(1 << 20)})
+    # shards (and must not change the trees: the reference below is grown with the defaults); "level": no
+    # rank gathers every row (MPIML_RF_TREE_PARALLEL_BYTES=0), every level's nodes are grown by all ranks
+    env = {"MPIML_RF_BATCH_ELEMENTS": "1500", "MPIML_RF_HIST_BYTES": str(1 << 20)}
+    if growth == "level":
+        env["MPIML_RF_TREE_PARALLEL_BYTES"] = "0"
+    mpi(SCRIPT, n, str(tmp_path), timeout=240, env=env)
     model = mpiml.load(str(tmp_path / "forest.mpiml"))
     X = np.load(tmp_path / "X.npy")
     np.testing.assert_array_equal(model.predict_proba(X), np.load(tmp_path / "proba.npy"))

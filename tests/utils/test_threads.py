@@ -8,7 +8,8 @@ from conftest import run_mpi
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "threads_spmd_script.py")
 #: Every variable by which a user chooses the count, blanked (run_mpi sets two of them to 1).
-UNSET = {"OMP_NUM_THREADS": "", "MKL_NUM_THREADS": "", "OPENBLAS_NUM_THREADS": "", "SLURM_CPUS_PER_TASK": ""}
+UNSET = {"OMP_NUM_THREADS": "", "MKL_NUM_THREADS": "", "OPENBLAS_NUM_THREADS": "", "SLURM_CPUS_PER_TASK": "",
+         "NUMBA_THREADING_LAYER": "", "NUMBA_NUM_THREADS": ""}
 
 
 def _cores():
@@ -17,7 +18,7 @@ def _cores():
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-@pytest.mark.parametrize("mode", ["init", "estimator"])
+@pytest.mark.parametrize("mode", ["init", "estimator", "kernels"])
 def test_limit_is_cores_over_ranks(n, mode):
     want = max(1, _cores() // n)
     run_mpi(SCRIPT, n, mode, want, 1, want, env=UNSET, timeout=180)
@@ -35,3 +36,18 @@ def test_user_variable_wins(n):
 @pytest.mark.mpi
 def test_slurm_cpus_per_task_is_applied():
     run_mpi(SCRIPT, 2, "estimator", 2, 1, 2, env=dict(UNSET, SLURM_CPUS_PER_TASK="2"), timeout=120)
+
+
+def test_one_blas_thread_is_a_context():
+    # kernels that call BLAS from their own threads hold BLAS to one thread, and give the pool back after
+    from threadpoolctl import threadpool_info
+
+    from mpiml.utils._threads import one_blas_thread
+
+    def blas():
+        return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+    before = blas()
+    with one_blas_thread():
+        assert set(blas()) <= {1}
+    assert blas() == before

@@ -1,7 +1,10 @@
 """Run under mpiexec: the thread limit of every rank, against what the test expects.
 
-argv: mode ("init" | "estimator"), expected threads per rank, expected "applied" (0/1),
-expected pool size (-1: do not check the pools).
+argv: mode ("init" | "estimator" | "kernels"), expected threads per rank, expected "applied" (0/1),
+expected pool size (-1: do not check the pools).  "kernels" fits a forest first (the first module
+to import Numba), then neighbours and KMeans, and checks Numba's pool and threading layer too:
+OpenMP's spinning threads, picked when the forest imported Numba first, made the later BLAS
+products of a rank 3-5 times slower.
 """
 
 import sys
@@ -21,11 +24,24 @@ def main():
     check(thread_info() == {}, "a limit before init or any fit")
     if mode == "init":
         mpiml.init(device="cpu")
-    else:
+    elif mode == "estimator":
         from mpiml.cluster import KMeans
 
         X = np.random.default_rng(comm.rank).normal(size=(50, 3))
         KMeans(2, random_state=0, n_init=1).fit(X)
+    else:
+        from mpiml.cluster import KMeans
+        from mpiml.ensemble import RandomForestClassifier
+        from mpiml.neighbors import NearestNeighbors
+
+        X = np.random.default_rng(comm.rank).normal(size=(60, 3))
+        RandomForestClassifier(2, max_depth=3, random_state=0).fit(X, (X[:, 0] > 0).astype(int))
+        NearestNeighbors(n_neighbors=2).fit(X).kneighbors(X[:5])
+        KMeans(2, random_state=0, n_init=1).fit(X)
+        import numba
+
+        check(numba.get_num_threads() == want, f"Numba threads {numba.get_num_threads()} != {want}")
+        check(numba.threading_layer() == "workqueue", f"Numba's threading layer is {numba.threading_layer()}")
     info = thread_info()
     check(info.get("threads") == want, f"threads {info.get('threads')} != {want} ({info})")
     check(info.get("applied") == applied, f"applied {info.get('applied')} != {applied} ({info})")

@@ -55,11 +55,14 @@ def _parser():
     p.add_argument("--components", type=int, default=8, help="PCA components")
     p.add_argument("--rf-rows", type=float, default=2e4)
     p.add_argument("--trees", type=int, default=20)
-    p.add_argument("--max-depth", type=int, default=12)
+    p.add_argument("--max-depth", type=int, default=12, help="forest depth (0: unlimited, scikit-learn's default)")
     p.add_argument("--knn-rows", type=float, default=5e4, help="NearestNeighbors index rows")
     p.add_argument("--queries", type=int, default=2000, help="NearestNeighbors query rows")
     p.add_argument("--neighbors", type=int, default=10)
     p.add_argument("--repeat", type=int, default=2, help="fits per measurement, the best kept")
+    p.add_argument("--threads-per-rank", type=int, default=None,
+                   help="threads of every mpiml rank (OMP_NUM_THREADS of the ranks; default: the node's cores "
+                   "divided by the ranks on it). scikit-learn and scikit-learn-intelex always use every core")
     p.add_argument("--no-sklearn", action="store_true")
     p.add_argument("--no-sklearnex", action="store_true")
     p.add_argument("--out", default="benchmarks/results")
@@ -113,7 +116,8 @@ def _estimator(lib, name, args, comm=None):
     if name == "linreg":
         return linear_model.LinearRegression(**extra)
     if name == "rf":
-        return ensemble.RandomForestClassifier(args.trees, max_depth=args.max_depth, random_state=0, **jobs, **extra)
+        return ensemble.RandomForestClassifier(args.trees, max_depth=args.max_depth or None, random_state=0, **jobs,
+                                               **extra)
     return neighbors.NearestNeighbors(n_neighbors=args.neighbors, **({"algorithm": "brute"} if lib != "mpiml" else {}),
                                       **jobs, **extra)
 
@@ -245,14 +249,25 @@ def _plot(result, path):
     plt.close(fig)
 
 
+def _speedups(result):
+    """Per estimator, the time at the fewest ranks over the time at each rank count (1.0 for the fewest)."""
+    runs = {r: result["mpiml"].get(str(r), {}).get("seconds", {}) for r in result["ranks"]}
+    base = runs.get(min(result["ranks"]), {}) if result["ranks"] else {}
+    return {name: {str(r): round(base[name] / runs[r][name], 3) for r in result["ranks"] if runs[r].get(name)}
+            for name in result["estimators"] if base.get(name)}
+
+
 def _table(result):
     names = result["estimators"]
-    head = ["estimator"] + [f"mpiml R={r}" for r in result["ranks"]] + ["scikit-learn", "sklearnex"]
+    top = str(max(result["ranks"]))
+    head = ["estimator"] + [f"mpiml R={r}" for r in result["ranks"]] + ["scikit-learn", "sklearnex",
+                                                                         f"R={top} speed-up"]
     print(" | ".join(head))
     for n in names:
         row = [_TITLES[n]] + [result["mpiml"].get(str(r), {}).get("seconds", {}).get(n) for r in result["ranks"]]
         for lib in ("sklearn", "sklearnex"):
             row.append(result[lib]["seconds"].get(n) if "seconds" in result.get(lib, {}) else None)
+        row.append(result["speedup"].get(n, {}).get(top))
         print(" | ".join(row[:1] + [f"{v:.3f}" if isinstance(v, float) else "-" for v in row[1:]]))
 
 
@@ -279,11 +294,14 @@ def main(argv):
               "cores": cores, **stamp(["bench", "ml", *argv]),
               "sizes": {k: getattr(args, k) for k in ("rows", "features", "k", "iters", "components", "rf_rows",
                                                        "trees", "max_depth", "knn_rows", "queries", "neighbors",
-                                                       "repeat")},
+                                                       "repeat", "threads_per_rank")},
               "mpiml": {}, "load_average_before": _load()}
     # every rank its share of the cores (the launcher sets nothing; a user's variable would still win)
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                                              "OPENBLAS_NUM_THREADS")}
+    if args.threads_per_rank:  # a fixed count per rank (1 -> R ranks of T threads: the cores grow with R)
+        env.update({k: str(args.threads_per_rank) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                                             "OPENBLAS_NUM_THREADS")})
     with tempfile.TemporaryDirectory() as tmp:
         for r in ranks:
             path = os.path.join(tmp, f"r{r}.json")
@@ -306,6 +324,7 @@ def main(argv):
     else:
         result["sklearnex"] = dict(_single("sklearnex", args, names), version=detail)
     result["load_average_after"] = _load()  # a shared machine's other work shows here
+    result["speedup"] = _speedups(result)
     tag = args.tag or f"{cores}core"
     os.makedirs(args.out, exist_ok=True)
     json_path = os.path.join(args.out, f"ml_cpu_{tag}.json")

@@ -20,7 +20,6 @@ import time
 
 import numpy as np
 
-from ..utils._threads import thread_info
 from ._progress import scale_hint
 from ._options import aggregate_profile as _aggregate_profile
 from ._options import gpu_count as _gpu_count
@@ -29,6 +28,15 @@ from ._options import strip_np as _strip_np
 from ._report import ArgumentParser, UsageError, device_problems, output_problems, run_checked
 
 __all__ = ["main", "launch_command", "mpiexec_command", "srun_command", "parse_data_spec"]
+
+
+def _threads_per_rank():
+    """This rank's thread limit (imported here: the launching process must not pay for scikit-learn's
+    import, which ``mpiml.utils`` brings, before it starts the ranks)."""
+    from ..utils._threads import thread_info
+
+    return thread_info().get("threads")
+
 
 ALGORITHMS = ("kmeans", "linreg", "logreg", "rf", "rfr", "pca", "tsvd", "knn")
 DEFAULT_DATA = "blobs:n=200000,d=32,k=16"
@@ -130,7 +138,7 @@ def _run(args, comm):
     if k > n_total:
         raise UsageError(f"--k {k}: the data has {n_total} row(s), fewer than the {k} clusters asked for")
     where = f"{ngpu and min(ngpu, comm.size) or 0} GPU(s)" if ngpu else \
-        f"CPU, {thread_info().get('threads')} thread(s) each"
+        f"CPU, {_threads_per_rank()} thread(s) each"
     say(f"mpiml run kmeans: {n_total} x {X.shape[1]} {args.dtype}, k={k}, init={args.init}, "
         f"{comm.size} rank(s) on {where}, backend={args.backend} (data ready in {time.perf_counter() - t0:.2f} s)")
 

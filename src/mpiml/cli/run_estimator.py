@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..utils._threads import thread_info
 from ._progress import blocked_knn_accuracy, fit_forest_in_batches, scale_hint
 from ._options import aggregate_profile as _aggregate_profile
 from ._options import gpu_count as _gpu_count
@@ -30,6 +29,15 @@ from ._options import strip_np as _strip_np
 from ._report import ArgumentParser, UsageError, device_problems, output_problems, run_checked
 
 __all__ = ["main", "JOBS", "parse_data_spec"]
+
+
+def _threads_per_rank():
+    """This rank's thread limit (imported here: the launching process must not pay for scikit-learn's
+    import, which ``mpiml.utils`` brings, before it starts the ranks)."""
+    from ..utils._threads import thread_info
+
+    return thread_info().get("threads")
+
 
 _SPECS = {
     "regression": {"n": 1000000, "d": 64, "t": 1, "noise": 1.0, "seed": 0},
@@ -296,7 +304,7 @@ def _run(args, comm):
     _check_shape(args, n_total, int(X.shape[1]))
     where = f"{min(ngpu, comm.size)} GPU(s)" if ngpu else "CPU"
     est = job.make(args, comm)
-    threads = "" if ngpu else f", {thread_info().get('threads')} thread(s) each"
+    threads = "" if ngpu else f", {_threads_per_rank()} thread(s) each"
     say(f"mpiml run {args.algorithm}: {type(est).__name__} on {n_total} x {X.shape[1]} {args.dtype}, "
         f"{comm.size} rank(s) on {where}{threads} (data ready in {load_s:.2f} s)")
     comm.barrier()
@@ -324,7 +332,7 @@ def _run(args, comm):
     report = {"algorithm": args.algorithm, "estimator": type(est).__name__, "ranks": comm.size, "device": where,
               "rows": n_total, "features": int(X.shape[1]), "dtype": args.dtype, "data": args.data,
               "load_seconds": load_s, "fit_seconds": fit_s, "score_seconds": score_s,
-              "score_name": job.score_name, "score": score, "threads_per_rank": thread_info().get("threads"),
+              "score_name": job.score_name, "score": score, "threads_per_rank": _threads_per_rank(),
               "communication": profile}
     if args.compare_sklearn:
         report["scikit_learn"] = _compare_sklearn(args, job, comm, X, y, xp, fit_s, score, say)

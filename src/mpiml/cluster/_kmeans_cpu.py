@@ -1,84 +1,94 @@
-"""The Lloyd step of dense host rows: one BLAS product and one compiled pass per chunk of rows.
+"""The Lloyd step of dense host rows: one compiled kernel, BLAS products inside it.
 
-Per chunk of rows (:func:`chunk_rows`): the rows shifted, their products with the centres
-``G = Xs @ C.T`` by BLAS (the one part where a tuned GEMM wins), then one pass of a
-Numba kernel over the chunk while it is in cache: for every row the nearest centre
-(``|c|^2 - 2 x.c``, the first on ties, as ``argmin``), its squared distance, and its
-weighted contribution to that centre's sum and count, the inertia and the count of
-changed labels.  The NumPy path made, per chunk, an ``argmin``, a gather, a row-norm
-pass, a one-hot sparse product and, at the end, a ``bincount``.
+The rows are cut into parts (:func:`n_parts`), run in parallel by this rank's threads.
+Per block of a part (:func:`block_rows`, in a core's cache): the rows shifted, their
+products with the centres ``G = Xs @ C.T`` by BLAS on the calling thread (the one part
+where a tuned GEMM wins; BLAS's own pool is held to one thread meanwhile, so its threads
+and the kernel's never compete), then one pass over the block while it is in cache: for
+every row the nearest centre (``|c|^2 - 2 x.c``, the first on ties, as ``argmin``), its
+squared distance, and its weighted contribution to that centre's sum and count, the
+inertia and the count of changed labels.  The NumPy path made an ``argmin``, a gather, a
+row-norm pass, a one-hot sparse product and, at the end, a ``bincount``.
 
-Determinism: each chunk's rows are cut into parts that depend only on the chunk's
-length and ``(k, d)``, never on the thread count; part ``p`` of every chunk adds into
-its own float64 partial sums, in row order, and the partials are added in part order at
-the end.  The same input gives the same bits with 1 or 64 threads.  The ranks' sums are
-then added by the caller's one allreduce, as before.
+Determinism: the parts depend only on the rows' count and ``(k, d)``, never on the
+thread count; part ``p`` adds into its own float64 partial sums, in row order, and the
+partials are added in part order at the end.  The same input gives the same bits with 1
+or 64 threads.  The ranks' sums are then added by the caller's one allreduce.
 """
 
 import numpy as np
 
 from ..utils._jit import FASTMATH, numba
+from ..utils._threads import one_blas_thread
 
-__all__ = ["lloyd_step", "assign", "n_parts"]
+__all__ = ["lloyd_step", "assign", "n_parts", "block_rows"]
 
 nb = numba()
 
 #: Bound on the per-part partial sums (parts x k x d float64).
 _PARTIAL_BYTES = 64 << 20
-#: At most this many parts of a chunk (enough for the threads of one rank), each of at least _MIN_ROWS rows.
-_MAX_PARTS = 16
+#: At most this many parts of a rank's rows (enough for the threads of one rank), each of at least _MIN_ROWS rows.
+_MAX_PARTS = 64
 _MIN_ROWS = 256
-#: Bytes of a chunk's shifted rows and products (d + k float64 a row): in the last-level cache, and few
-#: chunks a step (each chunk is a BLAS call and a parallel region, whose every thread must be scheduled:
-#: 4096-row chunks made a step 20x slower on a busy machine).
-_CHUNK_BYTES = 8 << 20
+#: Bytes of a block's shifted rows and products (d + k float64 a row): in a core's L2 cache while
+#: the block's pass reads them back.
+_BLOCK_BYTES = 256 << 10
 
 
-def chunk_rows(k, d):
-    """Rows per chunk (see :data:`_CHUNK_BYTES`), between 4096 and 65536."""
-    return int(min(65536, max(4096, _CHUNK_BYTES // ((d + k) * 8))))
+def block_rows(k, d):
+    """Rows per block of a part (see :data:`_BLOCK_BYTES`), between 64 and 4096."""
+    return int(min(4096, max(64, _BLOCK_BYTES // ((d + k) * 8))))
 
 
 def n_parts(n, k, d):
-    """Parts of a chunk of ``n`` rows for the partial sums: a function of the shape alone (see module notes)."""
+    """Parts of ``n`` rows for the partial sums: a function of the shape alone (see module notes)."""
     by_memory = _PARTIAL_BYTES // max(1, (k * d + k + 2) * 8)
     return int(max(1, min(_MAX_PARTS, n // _MIN_ROWS, by_memory)))
 
 
-@nb.njit(cache=True, parallel=True, fastmath=FASTMATH)
-def _rest_kernel(Xs, G, c_sq, w, labels, mind, keep_mind, parts, sums_p, counts_p, stats_p):
-    """Given ``G = Xs @ C.T`` of a chunk of shifted rows: labels, distances and the per-part sums, one pass."""
-    n, d = Xs.shape
-    k = G.shape[1]
+@nb.njit(cache=True, parallel=True, nogil=True, fastmath=FASTMATH)
+def _lloyd_kernel(X, shift, CT, c_sq, w, labels, mind, keep_mind, parts, block, sums_p, counts_p, stats_p):
+    """Parts of the rows in parallel; per block of a part: the shifted rows, their products with the
+    centres by BLAS (one thread: the parts run side by side) and one pass for labels, distances, sums."""
+    n, d = X.shape
+    k = CT.shape[1]
     for part in nb.prange(parts):
         start = part * n // parts
         stop = (part + 1) * n // parts
+        Xs = np.empty_like(X[:min(block, n)])
         inertia = 0.0
         changed = 0
-        for i in range(start, stop):
-            best = np.inf
-            label = 0
-            for j in range(k):
-                val = c_sq[j] - 2.0 * np.float64(G[i, j])
-                if val < best:
-                    best = val
-                    label = j
-            x_sq = 0.0
-            for f in range(d):
-                v = np.float64(Xs[i, f])
-                x_sq += v * v
-            dist = best + x_sq
-            dist = dist if dist > 0.0 else 0.0
-            if labels[i] != label:
-                changed += 1
-            labels[i] = label
-            if keep_mind:
-                mind[i] = dist
-            wi = w[i]
-            inertia += wi * dist
-            counts_p[part, label] += wi
-            for f in range(d):
-                sums_p[part, label, f] += wi * np.float64(Xs[i, f])
+        for b0 in range(start, stop, block):
+            m = min(stop, b0 + block) - b0
+            for i in range(m):
+                for f in range(d):
+                    Xs[i, f] = X[b0 + i, f] - shift[f]
+            G = np.dot(Xs[:m], CT)
+            for i in range(m):
+                best = np.inf
+                label = 0
+                for j in range(k):
+                    val = c_sq[j] - 2.0 * np.float64(G[i, j])
+                    if val < best:
+                        best = val
+                        label = j
+                x_sq = 0.0
+                for f in range(d):
+                    v = np.float64(Xs[i, f])
+                    x_sq += v * v
+                dist = best + x_sq
+                dist = dist if dist > 0.0 else 0.0
+                r = b0 + i
+                if labels[r] != label:
+                    changed += 1
+                labels[r] = label
+                if keep_mind:
+                    mind[r] = dist
+                wi = w[r]
+                inertia += wi * dist
+                counts_p[part, label] += wi
+                for f in range(d):
+                    sums_p[part, label, f] += wi * np.float64(Xs[i, f])
         stats_p[part, 0] += inertia
         stats_p[part, 1] += changed
 
@@ -91,24 +101,21 @@ def lloyd_step(X, sample_weight, shift, C, labels, mind, packed):
     """
     n, d = X.shape
     k = C.shape[0]
-    CT = np.ascontiguousarray(C.T)
+    CT = np.ascontiguousarray(C.T, dtype=X.dtype)
     C64 = C.astype(np.float64, copy=False)
     c_sq = np.einsum("ij,ij->i", C64, C64)
     w = np.ones(n) if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=np.float64)
-    shift = np.zeros(d, dtype=X.dtype) if shift is None else shift
-    chunk = chunk_rows(k, d)
-    parts = n_parts(min(n, chunk), k, d)
+    shift = np.zeros(d, dtype=X.dtype) if shift is None else np.ascontiguousarray(shift, dtype=X.dtype)
+    parts = n_parts(n, k, d)
     sums_p = np.zeros((parts, k, d))
     counts_p = np.zeros((parts, k))
     stats_p = np.zeros((parts, 2))
     keep = mind is not None
     mind = mind if keep else np.empty(n, dtype=X.dtype)  # the kernel's argument must be an array
-    for s in range(0, n, chunk):
-        e = min(n, s + chunk)
-        Xs = X[s:e] - shift
-        G = Xs @ CT
-        _rest_kernel(Xs, G, c_sq, w[s:e], labels[s:e], mind[s:e], keep, parts, sums_p,
-                     counts_p, stats_p)
+    if n:
+        with one_blas_thread():
+            _lloyd_kernel(np.ascontiguousarray(X), shift, CT, c_sq, w, labels, mind, keep, parts, block_rows(k, d),
+                          sums_p, counts_p, stats_p)
     sums = packed[:k * d].reshape(k, d)
     counts = packed[k * d:k * d + k]
     for part in range(parts):  # in part order: the same bits whatever the thread count

@@ -26,9 +26,9 @@ thread count:
 The bins come as columns ``(n_features, n_rows)``: a node's rows are gathered
 from one feature's column at a time, which stays in cache.
 
-Numba compiles each kernel at its first call and caches the machine code
-next to this file (``cache=True``), so only the first fit on a machine pays
-the compilation.  Nothing is compiled at import.
+Numba compiles each kernel (:mod:`._cpu_jit`) at its first call and caches
+the machine code on disk (``cache=True``), so only the first fit on a machine
+pays the compilation.  Nothing is imported or compiled at import.
 """
 
 import os
@@ -54,32 +54,29 @@ def enabled():
 
 
 def thread_count():
-    """Threads of this rank's kernels: ``MPIML_NUM_THREADS`` or ``OMP_NUM_THREADS`` when set, else this
-    process's cores divided by the ranks the launcher placed on the node (Open MPI, MPICH and Slurm
-    say how many), so that ranks sharing a node do not oversubscribe it."""
-    for name in ("MPIML_NUM_THREADS", "OMP_NUM_THREADS"):
-        if os.environ.get(name, "").strip().isdigit():
-            return max(1, int(os.environ[name]))
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:                      # not on Linux
-        cores = os.cpu_count() or 1
-    local = 1
-    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"):
-        if os.environ.get(name, "").strip().isdigit():
-            local = max(1, int(os.environ[name]))
-            break
-    return max(1, cores // local)
+    """Threads of this rank's kernels: the limit of :mod:`mpiml.utils._threads` (this rank's share of
+    the node's cores, or the user's ``OMP_NUM_THREADS``) once set, else Numba's own count."""
+    from ..utils._threads import numba_threads
+
+    return numba_threads() or _jit_numba().get_num_threads()
+
+
+def _jit_numba():
+    from ..utils._jit import numba
+
+    return numba()
 
 
 def _kernels():
-    """The compiled kernels, defined on first use (Numba itself is imported lazily)."""
+    """The compiled kernels (:mod:`._cpu_jit`, imported on first use with Numba, its threading layer and
+    this rank's thread count set by :mod:`mpiml.utils._jit`)."""
     global _KERNELS
     if _KERNELS is None:
-        import numba
+        from . import _cpu_jit
 
-        numba.set_num_threads(min(thread_count(), numba.config.NUMBA_NUM_THREADS))
-        _KERNELS = _define()
+        _KERNELS = {name: getattr(_cpu_jit, name) for name in
+                    ("totals", "orders", "bins", "hist", "split", "fused", "move")}
+    _jit_numba()  # the thread count of the calling thread (Numba's is per thread)
     return _KERNELS
 
 
@@ -176,8 +173,23 @@ def node_candidates(cols, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, 
                             np.ascontiguousarray(seg_start, dtype=np.int64), np.ascontiguousarray(seg_len, dtype=np.int64),
                             np.ascontiguousarray(fsel, dtype=np.int64), n_bins, tot, mwl if has_mwl else np.zeros(S),
                             has_mwl, float(sw), float(sy), n_classes, int(count_rows), float(min_samples_leaf),
-                            min(S, 1024), *outs)
+                            _chunks_of_equal_work(seg_len, n_bins, S), *outs)
     return outs
+
+
+def _chunks_of_equal_work(seg_len, n_bins, S):
+    """Boundaries of at most 1024 contiguous chunks of nodes of about equal work for :func:`node_candidates`
+    (the threads take equal runs of chunks: chunks of equal node counts left one thread the big nodes).
+
+    A node of ``n`` rows costs about ``n + B`` a feature (its histogram's rows and bins), or ``n + n^2 / 4``
+    when it has fewer than ``B / 4`` rows (the compact search sorts them).
+    """
+    n = np.asarray(seg_len, dtype=np.float64)
+    cost = np.where(4 * n < n_bins, n + n * n / 4, n + n_bins) + 1.0
+    ends = np.cumsum(cost)
+    chunks = min(S, 1024)
+    bounds = np.searchsorted(ends, ends[-1] * np.arange(1, chunks) / chunks, side="right")
+    return np.unique(np.concatenate([[0], bounds, [S]])).astype(np.int64)
 
 
 def segment_totals(row, w, wy, wy2, y, starts, n_classes, count_rows):
@@ -234,279 +246,3 @@ def partition(cols, row, w, wy, wy2, starts, feature, threshold_bin):
                        out_row, out_w, out_wy, out_wy2, tmp_row, tmp_w, tmp_wy, tmp_wy2, n_left)
     counts = np.stack([n_left, np.diff(starts) - n_left], axis=1)[split]
     return (out_row, out_w, out_wy if reg else None, out_wy2 if reg else None), counts
-
-
-def _define():
-    import numba
-    from numba import njit, prange
-
-    jit = njit(cache=True, nogil=True)
-    pjit = njit(cache=True, nogil=True, parallel=True)
-
-    @jit
-    def add_rows(cols, row, w, wy, y, e0, e1, fs, K, D, h):
-        """Sum the elements ``e0:e1`` into the ``(len(fs), B, C)`` histograms ``h`` of the features ``fs``
-        (one feature at a time: its column of bins stays in cache while the node's rows are gathered)."""
-        for j in range(fs.shape[0]):
-            col = cols[fs[j]]
-            hj = h[j]
-            for e in range(e0, e1):
-                r = row[e]
-                b = col[r]
-                if D:
-                    hj[b, 0] += 1.0
-                if K:
-                    hj[b, D + y[r]] += w[e]
-                else:
-                    hj[b, D] += w[e]
-                    hj[b, D + 1] += wy[e]
-
-    @pjit
-    def hist(cols, row, w, wy, y, seg_start, seg_len, fsel, K, D, out):
-        for i in prange(fsel.shape[0]):
-            add_rows(cols, row, w, wy, y, seg_start[i], seg_start[i] + seg_len[i], fsel[i], K, D, out[i])
-
-    @jit
-    def scan(cb, h, nb, B, tot, cum, mwl, has_mwl, sw, sy, K, D, msl):
-        """Best split of one (node, feature) histogram: bins ``cb[:nb]`` (increasing) with sums ``h[:nb]``
-        (a dense histogram: ``cb`` = 0..B-1; a compact one: its non-empty bins); the NumPy search's arithmetic."""
-        C = h.shape[1]
-        isw, isy = 1.0 / sw, 1.0 / sy
-        for c in range(C):
-            cum[c] = 0.0
-        best, best_b, best_wl, wl0 = -np.inf, 0, 0.0, 0.0
-        occupied, below, above, pending = 0, -1, B, False
-        first_after0 = B
-        bin0 = False
-        for k in range(nb):
-            b = cb[k]
-            if D or K == 0:
-                occ = h[k, 0] > 0
-            else:
-                occ = False
-                for c in range(C):
-                    if h[k, c] > 0:
-                        occ = True
-            if not occ:
-                continue
-            occupied += 1
-            if b == 0:
-                bin0 = True
-            elif first_after0 == B:
-                first_after0 = b
-            if pending:
-                above = b
-                pending = False
-            for c in range(C):
-                cum[c] += h[k, c]
-            # sw and sy are powers of two: multiplying by their inverses is the division, exactly
-            WL = 0.0
-            WR = 0.0
-            if K:
-                for c in range(D, C):
-                    WL += cum[c] * isw
-                    WR += (tot[c] - cum[c]) * isw
-            else:
-                WL = cum[D] * isw
-                WR = (tot[D] - cum[D]) * isw
-            if b == 0:
-                wl0 = WL
-            valid = WL > 0 and WR > 0
-            if D:
-                valid = valid and cum[0] >= msl and tot[0] - cum[0] >= msl
-            if has_mwl:
-                valid = valid and WL >= mwl and WR >= mwl
-            if not valid:
-                continue
-            if K:
-                sl = 0.0
-                sr = 0.0
-                for c in range(D, C):
-                    lw = cum[c] * isw
-                    rw = (tot[c] - cum[c]) * isw
-                    sl += lw * lw
-                    sr += rw * rw
-                proxy = sl / WL + sr / WR
-            else:
-                SL = cum[D + 1] * isy
-                SR = (tot[D + 1] - cum[D + 1]) * isy
-                proxy = SL * SL / WL + SR * SR / WR
-            if proxy > best:
-                best, best_b, best_wl = proxy, b, WL
-                below, above, pending = b, B, True
-        if best == -np.inf:                        # no valid split: bin 0, as an argmax over -inf
-            best_b, best_wl = 0, wl0
-            below, above = (0 if bin0 else -1), first_after0
-        return best, best_b, best_wl, below, above, occupied
-
-    @jit
-    def compact(cols, row, w, wy, y, e0, n, f, K, D, key, cb, h):
-        """The non-empty bins of feature ``f`` over the elements ``e0:e0+n`` (increasing, in ``cb``) and their
-        sums (rows of ``h``), by sorting the elements' bins: for nodes with fewer rows than bins."""
-        for i in range(n):
-            key[i] = cols[f, row[e0 + i]]
-        for i in range(1, n):                        # insertion sort of the few element indices by bin
-            v = key[i]
-            k = i - 1
-            while k >= 0 and key[k] > v:
-                key[k + 1] = key[k]
-                k -= 1
-            key[k + 1] = v
-        nb = 0
-        for i in range(n):
-            if nb == 0 or cb[nb - 1] != key[i]:
-                cb[nb] = key[i]
-                h[nb, :] = 0.0
-                nb += 1
-        for i in range(n):                           # sums per bin (integers: exact in any order)
-            e = e0 + i
-            r = row[e]
-            b = cols[f, r]
-            lo, hi = 0, nb
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if cb[mid] < b:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            if D:
-                h[lo, 0] += 1.0
-            if K:
-                h[lo, D + y[r]] += w[e]
-            else:
-                h[lo, D] += w[e]
-                h[lo, D + 1] += wy[e]
-        return nb
-
-    @pjit
-    def split(H, fpos, tot, mwl, has_mwl, sw, sy, K, D, msl, o_val, o_b, o_wl, o_below, o_above, o_occ):
-        S, m = fpos.shape
-        B, C = H.shape[2], H.shape[3]
-        every = np.arange(B)
-        for p in prange(S * m):
-            s = p // m
-            j = p - s * m
-            cum = np.empty(C)
-            v, b, wl, lo, hi, occ = scan(every, H[s, fpos[s, j]], B, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D,
-                                         msl)
-            o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = v, b, wl, lo, hi, occ
-
-    @pjit
-    def fused(cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl, n_chunks,
-              o_val, o_b, o_wl, o_below, o_above, o_occ):
-        S, m = fsel.shape
-        C = tot.shape[1]
-        every = np.arange(B)
-        for t in prange(n_chunks):                   # buffers once per chunk of nodes
-            h = np.empty((m, B, C))
-            cum = np.empty(C)
-            cb = np.empty(B, dtype=np.int64)
-            key = np.empty(B, dtype=np.int64)
-            for s in range(S * t // n_chunks, S * (t + 1) // n_chunks):
-                e0 = seg_start[s]
-                n = seg_len[s]
-                small = 4 * n < B
-                if not small:
-                    h[:, :, :] = 0.0
-                    add_rows(cols, row, w, wy, y, e0, e0 + n, fsel[s], K, D, h)
-                for j in range(m):
-                    if small:
-                        nb = compact(cols, row, w, wy, y, e0, n, fsel[s, j], K, D, key, cb, h[0])
-                        res = scan(cb, h[0], nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
-                    else:
-                        res = scan(every, h[j], B, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
-                    o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = res
-
-    @pjit
-    def move(cols, row, w, wy, wy2, reg, starts, feature, tbin, dest, o_row, o_w, o_wy, o_wy2, t_row, t_w, t_wy, t_wy2,
-             n_left):
-        for s in prange(starts.shape[0] - 1):
-            f = feature[s]
-            if f < 0:
-                continue
-            t = tbin[s]
-            col = cols[f]
-            left = dest[s]
-            right = starts[s]                  # the right elements wait in the slot's own scratch range
-            for e in range(starts[s], starts[s + 1]):
-                r = row[e]
-                if col[r] <= t:
-                    o_row[left] = r
-                    o_w[left] = w[e]
-                    if reg:
-                        o_wy[left] = wy[e]
-                        o_wy2[left] = wy2[e]
-                    left += 1
-                else:
-                    t_row[right] = r
-                    t_w[right] = w[e]
-                    if reg:
-                        t_wy[right] = wy[e]
-                        t_wy2[right] = wy2[e]
-                    right += 1
-            n_left[s] = left - dest[s]
-            for i in range(starts[s], right):
-                o_row[left] = t_row[i]
-                o_w[left] = t_w[i]
-                if reg:
-                    o_wy[left] = t_wy[i]
-                    o_wy2[left] = t_wy2[i]
-                left += 1
-
-    @pjit
-    def totals(row, w, wy, wy2, y, starts, K, D, tot, extra):
-        for s in prange(starts.shape[0] - 1):
-            for e in range(starts[s], starts[s + 1]):
-                if D:
-                    tot[s, 0] += 1.0
-                if K:
-                    tot[s, D + y[row[e]]] += w[e]
-                else:
-                    tot[s, D] += w[e]
-                    tot[s, D + 1] += wy[e]
-                    extra[s, 1] += wy2[e]
-            extra[s, 0] = starts[s + 1] - starts[s]
-
-    c_a = np.uint64(0xBF58476D1CE4E5B9)
-    c_b = np.uint64(0x94D049BB133111EB)
-
-    @jit
-    def mix(z):
-        z = (z ^ (z >> np.uint64(30))) * c_a
-        z = (z ^ (z >> np.uint64(27))) * c_b
-        return z ^ (z >> np.uint64(31))
-
-    @pjit
-    def orders(lead, trees, nodes, out):
-        S, F = out.shape
-        for s in prange(S):
-            head = mix(lead ^ (np.uint64(trees[s]) * c_a))
-            u = np.empty(F)
-            for j in range(F):
-                z = np.uint64(nodes[s] * F + j) * c_b + head
-                z = mix(mix(z))
-                u[j] = np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
-            for j in range(F):                       # stable insertion sort of the draws
-                k = j - 1
-                while k >= 0 and u[out[s, k]] > u[j]:
-                    out[s, k + 1] = out[s, k]
-                    k -= 1
-                out[s, k + 1] = j
-
-    @pjit
-    def bins(X, table, lens, out):
-        n, d = X.shape
-        for i in prange(n):
-            for j in range(d):
-                x = np.float64(X[i, j])
-                lo, hi = 0, lens[j]
-                while lo < hi:
-                    mid = (lo + hi) >> 1
-                    if table[j, mid] < x:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                out[i, j] = lo
-
-    del numba
-    return {"totals": totals, "orders": orders, "bins": bins, "hist": hist, "split": split, "fused": fused, "move": move}

@@ -8,7 +8,8 @@ in increasing order and a candidate enters only if strictly better than the ``k`
 after every equal one: exact ties go to the lower index, as in scikit-learn's brute force.
 
 * Euclidean, squared euclidean, cosine (:func:`_topk_screened`): tiles of ``Q @ X.T`` by
-  BLAS (the fastest way to touch every pair) *screen* the candidates with a proven bound
+  BLAS (the fastest way to touch every pair; one BLAS thread per query block, the blocks in
+  parallel, so BLAS's and Numba's threads never compete) *screen* the candidates with a proven bound
   on their rounding; a candidate that may beat the ``k``-th value is then measured exactly
   by :func:`_pair`, from differences in float64 (``sum (q - x)^2``), so a query equal to an
   index row is at distance exactly 0 and identical rows give identical distances.
@@ -26,6 +27,7 @@ rank, limited by :mod:`mpiml.utils._threads`.
 import numpy as np
 
 from ..utils._jit import FASTMATH, numba
+from ..utils._threads import one_blas_thread
 
 __all__ = ["topk", "METRICS"]
 
@@ -36,6 +38,8 @@ METRICS = {"euclidean": 0, "sqeuclidean": 1, "cosine": 2, "manhattan": 3, "cheby
 #: Queries per parallel task: enough per task to amortise reading an index block, few
 #: enough that every thread gets blocks (a small query batch still spreads over the threads).
 _QUERY_BLOCK = 16
+#: Columns of a GEMM tile screened together by a vectorised minimum before any is looked at alone.
+_GROUP = 32
 #: Index rows per block: 256 rows of 64 float64 features are 128 KiB, an L2-sized tile.
 _INDEX_BLOCK = 256
 
@@ -130,7 +134,7 @@ def _bar(metric, a, worst, rel):
     return worst - (1.0 - 2.0 * rel) * a * a
 
 
-@nb.njit(cache=True, parallel=True, fastmath=FASTMATH)
+@nb.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def _select_tile(G, Q, X, x0, metric, qn, xn, screen, rel, bd, bi):
     """Merge one tile of GEMM products ``G = Q @ X[x0:x0 + G.shape[1]].T`` into the running lists.
 
@@ -143,37 +147,59 @@ def _select_tile(G, Q, X, x0, metric, qn, xn, screen, rel, bd, bi):
     nq = G.shape[0]
     width = G.shape[1]
     k = bd.shape[1]
-    for r in nb.prange(nq):
+    for r in range(nq):
         q = Q[r]
         a = qn[r]
         worst = bd[r, k - 1]
         bar = _bar(metric, a, worst, rel)
-        for c in range(width):
-            j = x0 + c
-            g = np.float64(G[r, c])
-            if metric == 2:
-                hit = -g * screen[j] <= bar
-            else:
-                hit = screen[j] - 2.0 * g <= bar
-            if hit:
-                dist = _pair(q, X[j], metric, 2.0, a, xn[j])
-                if dist < worst:
-                    _insert(bd, bi, r, k, dist, j)
-                    worst = bd[r, k - 1]
-                    bar = _bar(metric, a, worst, rel)
+        for c0 in range(0, width, _GROUP):
+            c1 = min(width, c0 + _GROUP)
+            low = np.inf                      # a vectorised pass: does any column of the group pass?
+            for c in range(c0, c1):
+                v = -np.float64(G[r, c]) if metric == 2 else screen[x0 + c] - 2.0 * np.float64(G[r, c])
+                low = min(low, v)
+            if low > bar:
+                continue
+            for c in range(c0, c1):
+                j = x0 + c
+                g = np.float64(G[r, c])
+                if metric == 2:
+                    hit = -g * screen[j] <= bar
+                else:
+                    hit = screen[j] - 2.0 * g <= bar
+                if hit:
+                    dist = _pair(q, X[j], metric, 2.0, a, xn[j])
+                    if dist < worst:
+                        _insert(bd, bi, r, k, dist, j)
+                        worst = bd[r, k - 1]
+                        bar = _bar(metric, a, worst, rel)
 
 
-@nb.njit(cache=True, parallel=True)
-def _finish(bd, bi, metric, out_d, out_i):
-    for r in nb.prange(bd.shape[0]):
-        for c in range(bd.shape[1]):
-            out_d[r, c] = np.sqrt(bd[r, c]) if metric == 0 else bd[r, c]
-            out_i[r, c] = bi[r, c]
+@nb.njit(cache=True, parallel=True, nogil=True, fastmath=FASTMATH)
+def _screened_blocks(Q, X, k, metric, qn, xn, screen, rel, qstep, xstep, out_d, out_i):
+    """Query blocks in parallel; per block, tiles of the index: the tile's GEMM (one BLAS thread: the
+    threads of this rank run blocks side by side) then :func:`_select_tile` while the tile is in cache."""
+    nq = Q.shape[0]
+    m = X.shape[0]
+    for b in nb.prange((nq + qstep - 1) // qstep):
+        q0 = b * qstep
+        q1 = min(nq, q0 + qstep)
+        Qb = Q[q0:q1]
+        bd = np.full((q1 - q0, k), np.inf)
+        bi = np.zeros((q1 - q0, k), dtype=np.int64)
+        for x0 in range(0, m, xstep):
+            x1 = min(m, x0 + xstep)
+            G = np.dot(Qb, X[x0:x1].T)
+            _select_tile(G, Qb, X, x0, metric, qn[q0:q1], xn, screen, rel, bd, bi)
+        for r in range(q1 - q0):
+            for c in range(k):
+                out_d[q0 + r, c] = np.sqrt(bd[r, c]) if metric == 0 else bd[r, c]
+                out_i[q0 + r, c] = bi[r, c]
 
 
 #: Entries of one GEMM tile (queries x index rows): written by BLAS and read once by the
-#: selection, so it should stay in cache (2^19 float64: 4 MiB).
-_TILE = 1 << 19
+#: selection while in cache (2^18 float32: 1 MiB).
+_TILE = 1 << 18
 _TILE_QUERIES = 256
 
 
@@ -190,17 +216,11 @@ def _topk_screened(Q, X, k, metric, out_d, out_i):
     rel = 2.0 * (d + 4) * eps
     if metric != "cosine":
         screen = (1.0 - 2.0 * rel) * xn * xn
-    qstep = min(nq, _TILE_QUERIES)
-    xstep = max(_INDEX_BLOCK, _TILE // max(1, qstep))
-    code = METRICS[metric]
-    for q0 in range(0, nq, qstep):
-        Qb = Q[q0:q0 + qstep]
-        bd = np.full((Qb.shape[0], k), np.inf)
-        bi = np.zeros((Qb.shape[0], k), dtype=np.int64)
-        for x0 in range(0, m, xstep):
-            G = Qb @ X[x0:x0 + xstep].T
-            _select_tile(G, Qb, X, x0, code, qn[q0:q0 + qstep], xn, screen, rel, bd, bi)
-        _finish(bd, bi, code, out_d[q0:q0 + qstep], out_i[q0:q0 + qstep])
+    # at least 4 blocks a thread, when the queries allow it (a rank's share of a query batch may be small)
+    qstep = int(min(_TILE_QUERIES, max(16, -(-nq // (4 * nb.get_num_threads())))))
+    xstep = int(min(8192, max(_INDEX_BLOCK, _TILE // qstep)))
+    with one_blas_thread():
+        _screened_blocks(Q, X, k, METRICS[metric], qn, xn, screen, rel, qstep, xstep, out_d, out_i)
 
 
 def _unit(A, norms):

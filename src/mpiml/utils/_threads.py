@@ -23,7 +23,7 @@ leaves each rank its own set).
 import os
 import sys
 
-__all__ = ["limit_threads", "thread_info", "USER_VARS"]
+__all__ = ["limit_threads", "thread_info", "one_blas_thread", "USER_VARS"]
 
 #: Variables by which a user sets the thread count themselves; their value wins.
 USER_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -33,6 +33,7 @@ _LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_W
 
 _STATE = {}  # once set: threads, ranks_on_node, cores, source (a sentence), applied (bool)
 _LIMITER = []  # the threadpool_limits object (kept so the limit is not garbage collected)
+_CONTROLLER = []  # a threadpoolctl ThreadpoolController, made once (finding the libraries costs milliseconds)
 
 
 def _affinity():
@@ -101,6 +102,10 @@ def _set_numba_threads(n):
     """Numba's threads: this rank's share, on the workqueue layer (before anything launches a layer)."""
     numba = sys.modules.get("numba")
     if numba is None:
+        # whoever imports Numba later (a kernel module, or a library) reads the layer from here; the
+        # user's choice (the variable set) wins
+        if not os.environ.get("NUMBA_THREADING_LAYER"):
+            os.environ["NUMBA_THREADING_LAYER"] = "workqueue"
         return
     if not os.environ.get("NUMBA_THREADING_LAYER"):
         # A rank alternates BLAS products and Numba loops; OpenMP's threads spin between parallel
@@ -172,3 +177,24 @@ def thread_info():
 def numba_threads():
     """Threads a Numba kernel of this rank should use: the limit, else Numba's own count."""
     return _STATE.get("threads")
+
+
+def one_blas_thread():
+    """A context in which BLAS calls run on the calling thread alone.
+
+    For compiled kernels whose own threads (this rank's share) each call BLAS on their block:
+    BLAS's pool would otherwise start its threads inside every one of them.  Entering it costs
+    microseconds; without threadpoolctl it changes nothing.
+    """
+    if not _CONTROLLER:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _CONTROLLER.append(ThreadpoolController())
+        except ImportError:
+            _CONTROLLER.append(None)
+    if _CONTROLLER[0] is None:
+        import contextlib
+
+        return contextlib.nullcontext()
+    return _CONTROLLER[0].limit(limits=1, user_api="blas")

@@ -1,0 +1,295 @@
+"""The Numba kernels of :mod:`mpiml.ensemble._cpu_kernels`, at module level (imported on first use).
+
+They live at module level, not in a function, so that Numba's on-disk cache finds them
+again in every later process: kernels defined inside a function and calling each other
+through closure cells got a new cache key per process and were compiled again by every
+rank of every job (about 5 s a process on a 2-core machine).  Everything here is in one
+file on purpose: Numba's cache is invalidated by this file's time stamp, and a kernel's
+callees are compiled into it, so a change to any of them must reach all.
+"""
+
+import numpy as np
+
+from ..utils._jit import numba
+
+_nb = numba()
+
+_jit = _nb.njit(cache=True, nogil=True)
+_pjit = _nb.njit(cache=True, nogil=True, parallel=True)
+
+
+@_jit
+def add_rows(cols, row, w, wy, y, e0, e1, fs, K, D, h):
+    """Sum the elements ``e0:e1`` into the ``(len(fs), B, C)`` histograms ``h`` of the features ``fs``
+    (one feature at a time: its column of bins stays in cache while the node's rows are gathered)."""
+    for j in range(fs.shape[0]):
+        col = cols[fs[j]]
+        hj = h[j]
+        for e in range(e0, e1):
+            r = row[e]
+            b = col[r]
+            if D:
+                hj[b, 0] += 1.0
+            if K:
+                hj[b, D + y[r]] += w[e]
+            else:
+                hj[b, D] += w[e]
+                hj[b, D + 1] += wy[e]
+
+
+@_pjit
+def hist(cols, row, w, wy, y, seg_start, seg_len, fsel, K, D, out):
+    for i in _nb.prange(fsel.shape[0]):
+        add_rows(cols, row, w, wy, y, seg_start[i], seg_start[i] + seg_len[i], fsel[i], K, D, out[i])
+
+
+@_jit
+def scan(cb, h, nb, B, tot, cum, mwl, has_mwl, sw, sy, K, D, msl):
+    """Best split of one (node, feature) histogram: bins ``cb[:nb]`` (increasing) with sums ``h[:nb]``
+    (a dense histogram: ``cb`` = 0..B-1; a compact one: its non-empty bins); the NumPy search's arithmetic."""
+    C = h.shape[1]
+    isw, isy = 1.0 / sw, 1.0 / sy
+    for c in range(C):
+        cum[c] = 0.0
+    best, best_b, best_wl, wl0 = -np.inf, 0, 0.0, 0.0
+    occupied, below, above, pending = 0, -1, B, False
+    first_after0 = B
+    bin0 = False
+    for k in range(nb):
+        b = cb[k]
+        if D or K == 0:
+            occ = h[k, 0] > 0
+        else:
+            occ = False
+            for c in range(C):
+                if h[k, c] > 0:
+                    occ = True
+        if not occ:
+            continue
+        occupied += 1
+        if b == 0:
+            bin0 = True
+        elif first_after0 == B:
+            first_after0 = b
+        if pending:
+            above = b
+            pending = False
+        for c in range(C):
+            cum[c] += h[k, c]
+        # sw and sy are powers of two: multiplying by their inverses is the division, exactly
+        WL = 0.0
+        WR = 0.0
+        if K:
+            for c in range(D, C):
+                WL += cum[c] * isw
+                WR += (tot[c] - cum[c]) * isw
+        else:
+            WL = cum[D] * isw
+            WR = (tot[D] - cum[D]) * isw
+        if b == 0:
+            wl0 = WL
+        valid = WL > 0 and WR > 0
+        if D:
+            valid = valid and cum[0] >= msl and tot[0] - cum[0] >= msl
+        if has_mwl:
+            valid = valid and WL >= mwl and WR >= mwl
+        if not valid:
+            continue
+        if K:
+            sl = 0.0
+            sr = 0.0
+            for c in range(D, C):
+                lw = cum[c] * isw
+                rw = (tot[c] - cum[c]) * isw
+                sl += lw * lw
+                sr += rw * rw
+            proxy = sl / WL + sr / WR
+        else:
+            SL = cum[D + 1] * isy
+            SR = (tot[D + 1] - cum[D + 1]) * isy
+            proxy = SL * SL / WL + SR * SR / WR
+        if proxy > best:
+            best, best_b, best_wl = proxy, b, WL
+            below, above, pending = b, B, True
+    if best == -np.inf:                        # no valid split: bin 0, as an argmax over -inf
+        best_b, best_wl = 0, wl0
+        below, above = (0 if bin0 else -1), first_after0
+    return best, best_b, best_wl, below, above, occupied
+
+
+@_jit
+def compact(cols, row, w, wy, y, e0, n, f, K, D, key, cb, h):
+    """The non-empty bins of feature ``f`` over the elements ``e0:e0+n`` (increasing, in ``cb``) and their
+    sums (rows of ``h``), by sorting the elements' bins: for nodes with fewer rows than bins."""
+    for i in range(n):
+        key[i] = cols[f, row[e0 + i]]
+    for i in range(1, n):                        # insertion sort of the few element indices by bin
+        v = key[i]
+        k = i - 1
+        while k >= 0 and key[k] > v:
+            key[k + 1] = key[k]
+            k -= 1
+        key[k + 1] = v
+    nb = 0
+    for i in range(n):
+        if nb == 0 or cb[nb - 1] != key[i]:
+            cb[nb] = key[i]
+            h[nb, :] = 0.0
+            nb += 1
+    for i in range(n):                           # sums per bin (integers: exact in any order)
+        e = e0 + i
+        r = row[e]
+        b = cols[f, r]
+        lo, hi = 0, nb
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if cb[mid] < b:
+                lo = mid + 1
+            else:
+                hi = mid
+        if D:
+            h[lo, 0] += 1.0
+        if K:
+            h[lo, D + y[r]] += w[e]
+        else:
+            h[lo, D] += w[e]
+            h[lo, D + 1] += wy[e]
+    return nb
+
+
+@_pjit
+def split(H, fpos, tot, mwl, has_mwl, sw, sy, K, D, msl, o_val, o_b, o_wl, o_below, o_above, o_occ):
+    S, m = fpos.shape
+    B, C = H.shape[2], H.shape[3]
+    every = np.arange(B)
+    for p in _nb.prange(S * m):
+        s = p // m
+        j = p - s * m
+        cum = np.empty(C)
+        v, b, wl, lo, hi, occ = scan(every, H[s, fpos[s, j]], B, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D,
+                                     msl)
+        o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = v, b, wl, lo, hi, occ
+
+
+@_pjit
+def fused(cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl, bounds,
+          o_val, o_b, o_wl, o_below, o_above, o_occ):
+    S, m = fsel.shape
+    C = tot.shape[1]
+    every = np.arange(B)
+    for t in _nb.prange(bounds.shape[0] - 1):        # buffers once per chunk of nodes (chunks of equal work)
+        h = np.empty((m, B, C))
+        cum = np.empty(C)
+        cb = np.empty(B, dtype=np.int64)
+        key = np.empty(B, dtype=np.int64)
+        for s in range(bounds[t], bounds[t + 1]):
+            e0 = seg_start[s]
+            n = seg_len[s]
+            small = 4 * n < B
+            if not small:
+                h[:, :, :] = 0.0
+                add_rows(cols, row, w, wy, y, e0, e0 + n, fsel[s], K, D, h)
+            for j in range(m):
+                if small:
+                    nb = compact(cols, row, w, wy, y, e0, n, fsel[s, j], K, D, key, cb, h[0])
+                    res = scan(cb, h[0], nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
+                else:
+                    res = scan(every, h[j], B, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
+                o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = res
+
+
+@_pjit
+def move(cols, row, w, wy, wy2, reg, starts, feature, tbin, dest, o_row, o_w, o_wy, o_wy2, t_row, t_w, t_wy, t_wy2,
+         n_left):
+    for s in _nb.prange(starts.shape[0] - 1):
+        f = feature[s]
+        if f < 0:
+            continue
+        t = tbin[s]
+        col = cols[f]
+        left = dest[s]
+        right = starts[s]                  # the right elements wait in the slot's own scratch range
+        for e in range(starts[s], starts[s + 1]):
+            r = row[e]
+            if col[r] <= t:
+                o_row[left] = r
+                o_w[left] = w[e]
+                if reg:
+                    o_wy[left] = wy[e]
+                    o_wy2[left] = wy2[e]
+                left += 1
+            else:
+                t_row[right] = r
+                t_w[right] = w[e]
+                if reg:
+                    t_wy[right] = wy[e]
+                    t_wy2[right] = wy2[e]
+                right += 1
+        n_left[s] = left - dest[s]
+        for i in range(starts[s], right):
+            o_row[left] = t_row[i]
+            o_w[left] = t_w[i]
+            if reg:
+                o_wy[left] = t_wy[i]
+                o_wy2[left] = t_wy2[i]
+            left += 1
+
+
+@_pjit
+def totals(row, w, wy, wy2, y, starts, K, D, tot, extra):
+    for s in _nb.prange(starts.shape[0] - 1):
+        for e in range(starts[s], starts[s + 1]):
+            if D:
+                tot[s, 0] += 1.0
+            if K:
+                tot[s, D + y[row[e]]] += w[e]
+            else:
+                tot[s, D] += w[e]
+                tot[s, D + 1] += wy[e]
+                extra[s, 1] += wy2[e]
+        extra[s, 0] = starts[s + 1] - starts[s]
+
+
+_C_A = np.uint64(0xBF58476D1CE4E5B9)
+_C_B = np.uint64(0x94D049BB133111EB)
+
+
+@_jit
+def mix(z):
+    z = (z ^ (z >> np.uint64(30))) * _C_A
+    z = (z ^ (z >> np.uint64(27))) * _C_B
+    return z ^ (z >> np.uint64(31))
+
+
+@_pjit
+def orders(lead, trees, nodes, out):
+    S, F = out.shape
+    for s in _nb.prange(S):
+        head = mix(lead ^ (np.uint64(trees[s]) * _C_A))
+        u = np.empty(F)
+        for j in range(F):
+            z = np.uint64(nodes[s] * F + j) * _C_B + head
+            z = mix(mix(z))
+            u[j] = np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+        for j in range(F):                       # stable insertion sort of the draws
+            k = j - 1
+            while k >= 0 and u[out[s, k]] > u[j]:
+                out[s, k + 1] = out[s, k]
+                k -= 1
+            out[s, k + 1] = j
+
+
+@_pjit
+def bins(X, table, lens, out):
+    n, d = X.shape
+    for i in _nb.prange(n):
+        for j in range(d):
+            x = np.float64(X[i, j])
+            lo, hi = 0, lens[j]
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if table[j, mid] < x:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            out[i, j] = lo
