@@ -116,7 +116,9 @@ def _run(args, comm):
     if ngpu:
         import cupy as xp
 
-        mpiml.init(device="gpu")  # local rank mod visible GPUs; honours CUDA_VISIBLE_DEVICES
+        # local rank mod visible GPUs; honours CUDA_VISIBLE_DEVICES. CuPy's kernels of this run compile ahead,
+        # in the background, split among the node's ranks (mpiml.kernels._cupy_warm)
+        mpiml.init(device="gpu", warm=["run-kmeans"])
     else:
         xp = np
         mpiml.init(device="cpu")  # this rank's threads: its share of the node's cores
