@@ -405,3 +405,60 @@ def test_ranks_of_a_node_share_the_work(tmp_path, size):
     for st in got.values():
         assert st["state"] == "done" and st["pending"] == 0
         assert sum(st["counts"].values()) == len(m["entries"])
+
+
+# ------------------------------------------------------------------------------------------------ on a GPU
+
+_GPU_SCRIPT = r"""
+import json, os, sys
+import cupy
+from mpiml.kernels import _cupy_warm as cw
+
+def work():
+    x = cupy.arange(1000, dtype=cupy.float64)
+    y = cupy.ElementwiseKernel("T x", "T y", "y = x * 3 + 1", "mpiml_test_warm_affine")(x)
+    s = cupy.ReductionKernel("T x", "T y", "x * x", "a + b", "y = a", "0", "mpiml_test_warm_sumsq")(y)
+    z = (y.astype(cupy.float32) - 0.5).sum()
+    return float(s) + float(z)
+
+step, path = sys.argv[1], sys.argv[2]
+cache = os.environ["CUPY_CACHE_DIR"]
+if step == "record":
+    with cw.Recorder() as rec:
+        with rec.tagged("test"):
+            value = work()
+    cw.write_manifest(path, rec.manifest())
+    print(json.dumps({"value": value, "entries": len(rec.entries), "errors": rec.errors}))
+else:
+    st = cw.start(0, manifest=cw.read_manifest(path), wait=True)
+    before = sorted(os.listdir(cache))
+    value = work()
+    after = sorted(os.listdir(cache))
+    print(json.dumps({"value": value, "status": st, "new_files": sorted(set(after) - set(before))}))
+"""
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_replay_fills_cupys_cache(tmp_path):
+    """Recorded in one process; in another with an empty CuPy cache the warm-up compiles every entry, and the
+    same kernels then run without compiling anything (no new file in CuPy's cache)."""
+    from conftest import ROOT, have_gpu, run_group
+
+    if not have_gpu():
+        pytest.skip("no GPU")
+    script = tmp_path / "warm.py"
+    script.write_text(_GPU_SCRIPT)
+    manifest = str(tmp_path / "m.json.gz")
+    out = {}
+    for step, cache in (("record", "c1"), ("warm", "c2")):
+        os.makedirs(tmp_path / cache)
+        env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / cache), MPIML_CUPY_WARM="1",
+                   PYTHONPATH=os.path.join(ROOT, "src"))
+        p = run_group([sys.executable, str(script), step, manifest], 300, env=env)
+        assert p.returncode == 0, p.stderr[-3000:]
+        out[step] = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["record"]["errors"] == [] and out["record"]["entries"] >= 3
+    st = out["warm"]["status"]
+    assert st["state"] == "done" and st["counts"]["compiled"] == out["record"]["entries"], st
+    assert out["warm"]["new_files"] == [], out["warm"]
+    assert out["warm"]["value"] == out["record"]["value"]
