@@ -109,7 +109,6 @@ def _load(kind, params, comm, xp, dtype):
 
 def _run(args, comm):
     import mpiml
-    from ..cluster import KMeans
 
     kind, params = parse_data_spec(args.data)
     ngpu = _gpu_count() if args.device in ("auto", "gpu") else 0
@@ -122,6 +121,8 @@ def _run(args, comm):
     else:
         xp = np
         mpiml.init(device="cpu")  # this rank's threads: its share of the node's cores
+    from ..cluster import KMeans  # after init: scikit-learn's imports (1-2 s) overlap the warm-up's compiles
+
     rank0 = comm.rank == 0
     say = (lambda *a: print(*a, flush=True)) if rank0 else (lambda *a: None)
 
