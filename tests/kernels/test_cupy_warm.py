@@ -382,11 +382,45 @@ def test_a_compile_error_of_the_fit_reaches_the_fit(tmp_path):
 
 
 def _node_rank(args):
-    cache, log, rank, size, manifest = args
+    cache, log, rank, size, manifest, *who = args
     cw._reset()
-    fake = FakeCupy(cache, log, delay=0.05)
+    fake = FakeCupy(cache, log, delay=0.15)   # long enough that every rank finds work
     st = cw.start(rank, hooks=fake, manifest=manifest, node_rank=rank, node_size=size, cores=2 * size, wait=True)
-    return rank, st
+    return (who[0] if who else rank), st
+
+
+def test_ranks_that_do_not_know_their_place_still_share(tmp_path):
+    """No launcher variable: every rank believes it is local rank 0 of 1 and starts at the same entry.  An entry
+    another rank is compiling is put back and waited for at the end, so the work is still shared."""
+    fake = FakeCupy(tmp_path / "rec", tmp_path / "rec.log")
+    os.makedirs(fake.cache)
+    m = _manifest(fake)
+    cache, log = str(tmp_path / "cache"), str(tmp_path / "log")
+    os.makedirs(cache)
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    with ctx.Pool(2) as pool:
+        got = dict(pool.map(_node_rank, [(cache, log, 0, 1, m, r) for r in range(2)]))
+    compiles = _compiles(log)
+    assert len(compiles) == len({c["key"] for c in compiles}) == len(m["entries"])
+    assert len({c["pid"] for c in compiles}) == 2
+    for st in got.values():
+        assert st["state"] == "done" and sum(st["counts"].values()) == len(m["entries"])
+
+
+def test_the_fits_workload_goes_first(tmp_path):
+    fake = FakeCupy(tmp_path / "cache", tmp_path / "log")
+    os.makedirs(fake.cache)
+    shared = [(SOURCES[0], (), {})]
+    m = _record(fake, {"data": shared, "kmeans": shared + [(s, (), {}) for s in SOURCES[1:4]],
+                       "pca": shared + [(s, (), {}) for s in SOURCES[4:8]],
+                       "rf": shared + [(s, (), {}) for s in SOURCES[8:12]]})
+    w = cw._Warmup(m["entries"], fake, None, 0, 1, 1, str(tmp_path / "markers"), fake.versions())
+    ids = {e["source"]: e["id"] for e in m["entries"]}
+    w.claim(ids[SOURCES[0]])              # shared by every workload: nothing is learnt
+    w.claim(ids[SOURCES[9]])              # rf's own
+    assert [set(w.entries[e]["tags"]) for e in w.pending[:3]] == [{"rf"}] * 3
+    w.claim(ids[SOURCES[5]])              # now pca
+    assert [set(w.entries[e]["tags"]) for e in w.pending[:3]] == [{"pca"}] * 3
 
 
 @pytest.mark.parametrize("size", [2, 3])

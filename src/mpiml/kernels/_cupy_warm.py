@@ -26,7 +26,7 @@ its module at each call.  So:
 
 ``MPIML_CUPY_WARM``: ``0`` turns it off; ``wait`` makes :func:`mpiml.init` return only once the kernels
 are compiled; a comma-separated list of tags (``kmeans,pca``) compiles only those workloads' kernels.
-``MPIML_CUPY_WARM_JOBS``: threads per rank (default: this rank's share of the node's cores, at most 32).
+``MPIML_CUPY_WARM_JOBS``: threads per rank (default: this rank's share of the node's cores, at most 16).
 Nothing here ever fails a fit: a warm-up that fails says why once (logger ``mpiml.kernels``) and stops.
 """
 
@@ -48,7 +48,7 @@ __all__ = ["Recorder", "read_manifest", "write_manifest", "manifest_path", "star
 MANIFEST = "cupy_kernels.json.gz"
 FORMAT = 1
 _PACKAGE = "mpiml.kernels"
-_MAX_JOBS = 32
+_MAX_JOBS = 16
 _FIELDS = ("source", "options", "arch", "extra_source", "backend", "enable_cooperative_groups", "name_expressions",
            "jitify", "to_ltoir")
 _OFF = ("0", "off", "no", "false")
@@ -220,6 +220,27 @@ def _replay(spec, fn, options, hooks):
     return fn(spec["source"], opts, **{k: v for k, v in kwargs.items() if k in params})
 
 
+@contextlib.contextmanager
+def _flock(path, blocking=True):
+    """An exclusive ``flock`` on ``path`` (created); yields whether it was taken (always, when blocking)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 class _Skip(Exception):
     """An entry that cannot be replayed here (not an error of the warm-up)."""
 
@@ -373,7 +394,7 @@ def node_order(n_entries, node_rank, node_size):
 
 
 def default_jobs(cores=None, ranks_on_node=1):
-    """Threads of one rank: ``MPIML_CUPY_WARM_JOBS``, else its share of the node's cores, at most 32."""
+    """Threads of one rank: ``MPIML_CUPY_WARM_JOBS``, else its share of the node's cores, at most 16."""
     named = os.environ.get("MPIML_CUPY_WARM_JOBS", "").strip()
     if named.isdigit() and int(named) > 0:
         return int(named)
@@ -397,7 +418,8 @@ class _Warmup:
         arch = hooks.arch()
         self.salt = f"{versions['cupy']}|{versions['nvrtc']}|{arch}"
         self.counts = {"compiled": 0, "cached": 0, "waited": 0, "by_fit": 0, "skipped": 0, "failed": 0}
-        self.boosted = set()
+        self.context = set()
+        self.deferred = []
         self.lock = threading.Lock()
         self.entry_locks = {}
         self.stopping = False
@@ -425,17 +447,20 @@ class _Warmup:
                 lk = self.entry_locks[eid] = threading.Lock()
             return lk
 
-    def ensure(self, eid, live=None):
+    def ensure(self, eid, live=None, blocking=True):
         """Put entry ``eid`` in CuPy's cache unless its marker says it is: here, or by waiting for the thread or
-        process compiling it.  ``live`` (the fit's own call) compiles it instead of a replay; returns
-        ``(how, its result or None)``."""
-        from ._loader import _file_lock
-
+        process compiling it (``blocking=False``: return ``("busy", None)`` instead of waiting).  ``live`` (the
+        fit's own call) compiles it instead of a replay; returns ``(how, its result or None)``."""
         marker = self.marker(eid)
-        with self._entry_lock(eid):          # threads of this process (flock may not separate them on NFS)
+        lk = self._entry_lock(eid)           # threads of this process (flock may not separate them on NFS)
+        if not lk.acquire(blocking):
+            return "busy", None
+        try:
             if os.path.exists(marker):
                 return "cached", None
-            with _file_lock(marker + ".lock"):   # other processes
+            with _flock(marker + ".lock", blocking) as got:   # other processes
+                if not got:
+                    return "busy", None
                 if os.path.exists(marker):
                     return "waited", None
                 result = live() if live is not None else _replay(self.entries[eid], self.orig, self.options,
@@ -443,23 +468,37 @@ class _Warmup:
                 with open(marker, "wb"):
                     pass
                 return "compiled", result
+        finally:
+            lk.release()
 
     # -- the queue
     def take(self):
+        """``(entry, blocking)``: the next entry; those another thread or rank was compiling come last, waited
+        for.  ``(None, _)`` when there is none left."""
         with self.lock:
-            if self.stopping or not self.pending:
-                return None
-            return self.pending.pop(0)
+            if self.stopping:
+                return None, False
+            if self.pending:
+                return self.pending.pop(0), False
+            if self.deferred:
+                return self.deferred.pop(0), True
+            return None, False
+
+    def defer(self, eid):
+        with self.lock:
+            self.deferred.append(eid)
 
     def claim(self, eid):
-        """A fit needs ``eid`` now: nobody else takes it from the queue, and its workloads go first."""
+        """A fit needs ``eid`` now: nobody else takes it from the queue, and the entries of the workloads that
+        explain the fit's requests so far (the tags they share, else this one's) go first."""
         with self.lock:
             with contextlib.suppress(ValueError):
                 self.pending.remove(eid)
-            tags = set(self.entries[eid]["tags"]) - self.boosted
-            if tags:
-                self.boosted |= tags
-                self.pending.sort(key=lambda e: not tags.intersection(self.entries[e]["tags"]))
+            tags = set(self.entries[eid]["tags"])
+            context = (self.context & tags) or tags
+            if context != self.context:
+                self.context = context
+                self.pending.sort(key=lambda e: not context.intersection(self.entries[e]["tags"]))
 
     def count(self, how):
         with self.lock:
@@ -512,11 +551,14 @@ class _Warmup:
             if self.device is not None:
                 self.hooks.use_device(self.device)
             while True:
-                eid = self.take()
+                eid, blocking = self.take()
                 if eid is None:
                     break
                 try:
-                    how, _ = self.ensure(eid)
+                    how, _ = self.ensure(eid, blocking=blocking)
+                    if how == "busy":
+                        self.defer(eid)
+                        continue
                     self.count(how)
                 except _Skip:
                     self.count("skipped")
@@ -588,7 +630,7 @@ def start(device=None, *, tags=None, node_rank=0, node_size=1, cores=None, hooks
     node_rank, node_size : int
         This process's rank among the ranks of its node, and their count: how the list is split.
     cores : int, default=None
-        Cores of the node for its ranks (threads: ``cores // node_size``, at most 32).
+        Cores of the node for its ranks (threads: ``cores // node_size``, at most 16).
     hooks, manifest :
         CuPy's side (:class:`CupyHooks`) and the manifest (default: the shipped one); the tests pass their own.
     wait : bool, default=None
