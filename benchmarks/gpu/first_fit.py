@@ -13,7 +13,8 @@ synchronisation), in these states:
 * ``cold``: an empty ``CUPY_CACHE_DIR`` and an empty ``MPIML_KERNEL_CACHE``, the default settings: ``mpiml.init()``
   starts compiling the shipped manifest's CuPy kernels in the background (``mpiml.kernels._cupy_warm``) and a
   fit takes what it needs first;
-* ``cold_wait``: the same with ``MPIML_CUPY_WARM=wait`` (``mpiml.init()`` returns once they are compiled);
+* ``cold_wait``: the same with ``MPIML_CUPY_WARM=wait,data,<estimator>``: ``mpiml.init()`` returns once the kernels
+  of the data's lines and of that estimator are compiled (a user who names the workload);
 * ``warm``: the caches that ``cold`` left (a machine that ran mpiml before);
 * ``cold_off`` (not by default): empty caches, ``MPIML_CUPY_WARM=0``: CuPy compiles inside the fits, as before.
 
@@ -91,7 +92,8 @@ print("RESULT " + json.dumps({{"import_init_s": t_import, "import_split": split,
 """
 
 #: state -> (MPIML_CUPY_WARM, caches: "new" empty ones, or "reuse" those of the state named)
-STATES = {"cold": ("1", "new"), "cold_wait": ("wait", "new"), "warm": ("1", "reuse:cold"), "cold_off": ("0", "new")}
+STATES = {"cold": ("1", "new"), "cold_wait": ("wait,data,{name}", "new"), "warm": ("1", "reuse:cold"),
+          "cold_off": ("0", "new")}
 
 
 def _env(cupy_cache, mpiml_cache):
@@ -194,7 +196,7 @@ def main(argv=None):
                 cupy_cache, mpiml_cache = os.path.join(tmp, name, owner, "cupy"), os.path.join(tmp, name, owner, "mpiml")
                 os.makedirs(cupy_cache, exist_ok=True)
                 os.makedirs(mpiml_cache, exist_ok=True)
-                env = dict(_env(cupy_cache, mpiml_cache), MPIML_CUPY_WARM=warm)
+                env = dict(_env(cupy_cache, mpiml_cache), MPIML_CUPY_WARM=warm.format(name=name))
                 row[state] = r = run_one(name, env, args.timeout)
                 w = r.get("cupy_warm_at_fit") or {}
                 print(f"{name if state == states[0] else '':7s} {state:9s}: " + (

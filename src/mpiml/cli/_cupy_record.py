@@ -134,7 +134,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), _cupy_warm.MANIFEST))
     ap.add_argument("--only", default=",".join(WORKLOADS), help="workloads, comma-separated")
-    ap.add_argument("--jobs", type=int, default=None, help="workloads at once (default: 2 per GPU, at most 8)")
+    ap.add_argument("--jobs", type=int, default=None, help="workloads at once (default: 8, at most half the cores)")
     ap.add_argument("--timeout", type=float, default=170, help="seconds per workload")
     ap.add_argument("--workload", default=None, help=argparse.SUPPRESS)   # a child: one workload
     ap.add_argument("--part", default=None, help=argparse.SUPPRESS)
@@ -147,7 +147,7 @@ def main(argv=None):
     if unknown:
         ap.error(f"unknown workloads {unknown} (known: {list(WORKLOADS)})")
     ngpu = _gpus()
-    jobs = args.jobs or min(8, 2 * ngpu)
+    jobs = args.jobs or max(1, min(8, (os.cpu_count() or 2) // 2))
     t0 = time.perf_counter()
     parts, failed = {}, {}
     with tempfile.TemporaryDirectory(prefix="mpiml-cupy-record-") as tmp:
