@@ -365,6 +365,24 @@ def test_a_fit_that_comes_first_takes_its_entry(tmp_path):
     assert fake.get() == fake._compile
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_forked_child_drops_the_hook(tmp_path):
+    fake = FakeCupy(tmp_path / "cache", tmp_path / "log")
+    os.makedirs(fake.cache)
+    m = _manifest(fake)
+    fake.cache = str(tmp_path / "empty")
+    os.makedirs(fake.cache)
+    fake.delay = 0.2
+    cw.start(0, hooks=fake, manifest=m, cores=1)
+    assert fake.get() is not fake._compile
+    pid = os.fork()
+    if pid == 0:       # the child: CuPy's own function again, nothing waits on the parent's threads
+        os._exit(0 if fake.get() == fake._compile and cw.wait(0.1) else 1)
+    _, code = os.waitpid(pid, 0)
+    assert code == 0
+    assert cw.wait(30)
+
+
 def test_a_compile_error_of_the_fit_reaches_the_fit(tmp_path):
     fake = FakeCupy(tmp_path / "cache", tmp_path / "log")
     os.makedirs(fake.cache)

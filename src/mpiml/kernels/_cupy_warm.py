@@ -607,6 +607,13 @@ class _Warmup:
         for t in self.threads:
             t.start()
 
+    def forget_in_child(self):
+        self.active = False
+        self.stopping = True
+        if self.hooks.get() is self.hooked:
+            self.hooks.set(self.orig)
+        self.done.set()
+
     def stop(self, timeout):
         """No new entries; wait up to ``timeout`` s for those being compiled (at exit)."""
         with self.lock:
@@ -692,6 +699,8 @@ def _start(device, tags, node_rank, node_size, cores, hooks, manifest, wait, set
     _STATUS.update(w.status())
     w.start()
     atexit.register(w.stop, 5.0)
+    if hasattr(os, "register_at_fork"):   # a forked child has none of the threads (nor their locks' owners)
+        os.register_at_fork(after_in_child=w.forget_in_child)
     if wait:
         w.done.wait()
     return status()
