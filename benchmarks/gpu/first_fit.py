@@ -125,6 +125,7 @@ def run_one(name, env, timeout):
             out = json.loads(line[7:])
             out["process_s"] = wall
             out["goal_met"] = out["first_s"] <= 2 * out["second_s"] + 0.5
+            out["warnings"] = [x for x in p.stderr.splitlines() if "mpiml" in x][:10]
             # the kernel modules not found shipped: what the build's specs miss for this workload
             with contextlib.suppress(OSError):
                 out["not_shipped"] = [r for r in map(json.loads, open(record)) if r["how"] != "prebuilt"]
