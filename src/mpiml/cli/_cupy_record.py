@@ -7,13 +7,17 @@ round-robin), under :class:`._cupy_warm.Recorder`, with the warm-up off; the par
 order of :data:`WORKLOADS` (an entry keeps every workload that needed it as a tag) and written as gzipped
 JSON with the CuPy and NVRTC versions.  Commit the result as ``src/mpiml/kernels/cupy_kernels.json.gz``.
 The workloads are those of ``benchmarks/gpu/first_fit.py`` (10^6 x 32 rows, float32 and float64) with
-their predictions, and ``mpiml run`` of every algorithm on one rank.  Entries of mpiml's own kernels
+their predictions, ``mpiml run`` of every algorithm on one rank, and ``mpiml run kmeans`` on 2 ranks
+(what a communicator of several ranks adds; skipped without 2 GPUs and ``mpiexec``).  Entries of mpiml's own kernels
 (the loader's fallback to ``RawModule``) are left out: the package ships those.
 """
 
 import argparse
+import contextlib
+import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,6 +89,9 @@ WORKLOADS = {
     "run-tsvd": ["run", "tsvd", "--np", "1", "--device", "gpu", "--data", "lowrank:n=200000"],
     "run-knn": ["run", "knn", "--np", "1", "--device", "gpu", "--data", "classification:n=50000,d=32"],
 }
+#: workloads run under mpiexec on this many ranks (one GPU each), and the tag they record under
+MPI_WORKLOADS = {"run-kmeans-np2": (2, "run-kmeans")}
+WORKLOADS["run-kmeans-np2"] = WORKLOADS["run-kmeans"]
 
 
 def own_kernel(entry):
@@ -100,6 +107,10 @@ def record_one(name, part):
     from mpiml.kernels import _cupy_warm
 
     mpiml.init(device="gpu", warm=False)
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")) or 0)
+    if name in MPI_WORKLOADS:
+        part = f"{part}.{rank}"
+    tag = MPI_WORKLOADS.get(name, (1, name))[1]
     t = time.perf_counter()
     with _cupy_warm.Recorder() as rec:
         if name == "data" or WORKLOADS[name] is None:
@@ -111,13 +122,44 @@ def record_one(name, part):
                         _fits(name, X, yc, yr)
                 del X, yc, yr
         else:
-            with rec.tagged(name):
+            with rec.tagged(tag):
                 _run_cli(WORKLOADS[name])
         cupy.cuda.Device().synchronize()
     manifest = rec.manifest(workload=name, seconds=round(time.perf_counter() - t, 2))
     manifest["entries"] = [e for e in manifest["entries"] if not own_kernel(e)]
     with open(part, "w") as f:
         json.dump(manifest, f)
+
+
+def _mpiexec(n):
+    """The launch command of ``n`` ranks (Open MPI: no binding, root allowed), or None."""
+    exe = os.environ.get("MPIML_MPIEXEC") or shutil.which("mpirun") or shutil.which("mpiexec")
+    if exe is None:
+        return None
+    cmd = [exe, "-n", str(n)]
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.lower()
+    if "open mpi" in version or "openrte" in version:
+        cmd += ["--bind-to", "none", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    return cmd
+
+
+def _read_parts(name, part):
+    """The manifest(s) a workload wrote: one, or one per rank (merged)."""
+    if name not in MPI_WORKLOADS:
+        with open(part) as f:
+            return json.load(f)
+    from mpiml.kernels import _cupy_warm
+
+    found = sorted(glob.glob(part + ".*"))
+    if not found:
+        raise FileNotFoundError(part + ".*")
+    ms = []
+    for path in found:
+        with open(path) as f:
+            ms.append(json.load(f))
+    out = _cupy_warm.merge(ms)
+    out["recorded"] = ms[0]["recorded"]
+    return out
 
 
 def _gpus():
@@ -160,9 +202,17 @@ def main(argv=None):
                 for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"):   # a plain process, never an MPI rank
                     env.pop(var, None)
                 part = os.path.join(tmp, name + ".json")
+                cmd = [sys.executable, "-m", "mpiml.cli._cupy_record", "--workload", name, "--part", part]
+                if name in MPI_WORKLOADS:
+                    n = MPI_WORKLOADS[name][0]
+                    launch = _mpiexec(n)
+                    if launch is None or ngpu < n:
+                        print(f"{name:12s} skipped: needs mpiexec and {n} GPUs", flush=True)
+                        continue
+                    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(n))
+                    cmd = launch + cmd
                 log = open(os.path.join(tmp, name + ".log"), "w+")
-                p = subprocess.Popen([sys.executable, "-m", "mpiml.cli._cupy_record", "--workload", name,
-                                      "--part", part], env=env, stdout=log, stderr=subprocess.STDOUT)
+                p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
                 running.append((name, part, p, log, time.perf_counter()))
             time.sleep(0.2)
             for item in list(running):
@@ -176,9 +226,12 @@ def main(argv=None):
                 log.seek(0)
                 tail = log.read()[-1500:]
                 log.close()
-                if p.returncode == 0 and os.path.exists(part):
-                    with open(part) as f:
-                        parts[name] = json.load(f)
+                got = None
+                if p.returncode == 0:
+                    with contextlib.suppress(OSError, ValueError):
+                        got = _read_parts(name, part)
+                if got is not None:
+                    parts[name] = got
                     print(f"{name:12s} {len(parts[name]['entries']):4d} modules, "
                           f"{parts[name]['recorded']['seconds']:.1f} s", flush=True)
                 else:
