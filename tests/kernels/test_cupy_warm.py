@@ -514,3 +514,14 @@ def test_on_a_gpu_the_replay_fills_cupys_cache(tmp_path):
     assert st["state"] == "done" and st["counts"]["compiled"] == out["record"]["entries"], st
     assert out["warm"]["new_files"] == [], out["warm"]
     assert out["warm"]["value"] == out["record"]["value"]
+
+
+def test_every_mpiml_run_names_a_recorded_workload():
+    """`mpiml run ALGORITHM` compiles ahead the workload `run-ALGORITHM`: the recorder must record each."""
+    from mpiml.cli import _cupy_record
+    from mpiml.cli.run_estimator import JOBS
+
+    recorded = {_cupy_record.MPI_WORKLOADS.get(w, (1, w))[1] for w in _cupy_record.WORKLOADS}
+    assert {f"run-{a}" for a in JOBS} | {"run-kmeans"} <= recorded
+    # the estimators' own tags are those of mpiml run's algorithms (MPIML_CUPY_WARM=kmeans,pca names them)
+    assert {w for w in _cupy_record.WORKLOADS if not w.startswith("run-")} - {"data"} <= set(JOBS) | {"kmeans"}
