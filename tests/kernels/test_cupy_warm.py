@@ -336,6 +336,21 @@ def test_start_never_raises(tmp_path, caplog):
     assert st["state"] == "skipped" and "cannot write" in st["reason"]
 
 
+def test_workers_without_a_device_stop_and_say_so(tmp_path, caplog):
+    fake = FakeCupy(tmp_path / "cache", tmp_path / "log")
+    os.makedirs(fake.cache)
+    m = _manifest(fake)
+
+    def no_device(device):
+        raise RuntimeError("cudaErrorNoDevice")
+
+    fake.use_device = no_device
+    with caplog.at_level(logging.WARNING, logger="mpiml.kernels"):
+        st = _warm(fake, m, cores=3)
+    assert st["state"] == "done" and fake.get() == fake._compile
+    assert sum("cudaErrorNoDevice" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_a_fit_that_comes_first_takes_its_entry(tmp_path):
     """While the warm-up runs (slow compiles), the fit's own calls: an entry not started is compiled by the fit
     at once, one being compiled is waited for; each entry compiles once; the fit's workload moves up."""

@@ -538,6 +538,8 @@ class _Warmup:
             except BaseException as exc:  # noqa: BLE001
                 if "error" in out:         # CuPy's own failure: the fit sees it as it would have
                     raise out["error"] from None
+                if not isinstance(exc, Exception):   # an interrupt while waiting
+                    raise
                 _warn_once("hook", f"{type(exc).__name__}: {exc}")
             if "result" in out:
                 return out["result"]
@@ -550,24 +552,29 @@ class _Warmup:
         try:
             if self.device is not None:
                 self.hooks.use_device(self.device)
-            while True:
-                eid, blocking = self.take()
-                if eid is None:
-                    break
-                try:
-                    how, _ = self.ensure(eid, blocking=blocking)
-                    if how == "busy":
-                        self.defer(eid)
-                        continue
-                    self.count(how)
-                except _Skip:
-                    self.count("skipped")
-                except Exception as exc:  # noqa: BLE001 - one entry that does not compile here
-                    self.count("failed")
-                    _warn_once("entry", f"an entry failed to compile ({type(exc).__name__}: "
-                                        f"{str(exc).splitlines()[0] if str(exc) else ''}); the others go on")
+            self._work()
+        except Exception as exc:  # noqa: BLE001 - a thread that cannot work (no device): said once
+            _warn_once("worker", f"a worker stopped ({type(exc).__name__}: {exc})")
         finally:
             self._worker_done()
+
+    def _work(self):
+        while True:
+            eid, blocking = self.take()
+            if eid is None:
+                break
+            try:
+                how, _ = self.ensure(eid, blocking=blocking)
+                if how == "busy":
+                    self.defer(eid)
+                    continue
+                self.count(how)
+            except _Skip:
+                self.count("skipped")
+            except Exception as exc:  # noqa: BLE001 - one entry that does not compile here
+                self.count("failed")
+                _warn_once("entry", f"an entry failed to compile ({type(exc).__name__}: "
+                                    f"{str(exc).splitlines()[0] if str(exc) else ''}); the others go on")
 
     def _worker_done(self):
         with self.lock:
