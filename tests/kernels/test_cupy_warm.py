@@ -29,6 +29,7 @@ class FakeCupy:
         self.cache, self.log, self.include, self.delay = str(cache), str(log), include, delay
         self._versions = {"cupy": cupy, "nvrtc": list(nvrtc)}
         self.devices = []
+        self.calls = 0
         self.fn = self._compile
 
     def _compile(self, source, options=(), *, arch=None, extra_source=None, backend="nvrtc",
@@ -37,6 +38,7 @@ class FakeCupy:
         key = hashlib.sha256(repr((source, tuple(options), arch or "90", extra_source, backend,
                                    name_expressions, jitify)).encode()).hexdigest()[:16]
         path = os.path.join(self.cache, key + ".cubin")
+        self.calls += 1
         if os.path.exists(path):
             return ("module", key)
         if "BROKEN" in source:
@@ -244,10 +246,13 @@ def test_warm_compiles_each_entry_once_then_finds_them(tmp_path):
     for s in SOURCES:
         fake.kernel(s)
     assert len(_compiles(fake.log)) == len(m["entries"])
-    # a second process: the markers say it is done, nothing compiled, nothing loaded
+    # a second process: the markers say it is done, nothing compiled; one entry per set of options is loaded
+    # (CuPy's set-up of those options, off the fit's path)
     cw._reset()
+    fake.calls = 0
     st = _warm(fake, m)
     assert st["counts"]["cached"] == len(m["entries"]) and st["counts"]["compiled"] == 0
+    assert fake.calls == len({json.dumps(e["options"]) for e in m["entries"]}) == 1
 
 
 def test_tags_select_entries(tmp_path, monkeypatch):

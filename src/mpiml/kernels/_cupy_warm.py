@@ -420,6 +420,12 @@ class _Warmup:
         self.counts = {"compiled": 0, "cached": 0, "waited": 0, "by_fit": 0, "skipped": 0, "failed": 0}
         self.context = set()
         self.deferred = []
+        # one entry per set of options: replayed even where cached, so that CuPy's per-process set-up of those
+        # options (loading NVRTC, its one-off compile of an empty file per option set) is not a fit's
+        primers = {}
+        for e in entries:
+            primers.setdefault(json.dumps([e["options"], e["arch"], e["backend"]], sort_keys=True), e["id"])
+        self.primers = list(primers.values())
         self.lock = threading.Lock()
         self.entry_locks = {}
         self.stopping = False
@@ -558,7 +564,16 @@ class _Warmup:
         finally:
             self._worker_done()
 
+    def _prime(self):
+        with self.lock:
+            todo, self.primers = self.primers, []
+        for eid in todo:
+            if os.path.exists(self.marker(eid)):      # in the cache: CuPy loads it (a missing one the queue compiles)
+                with contextlib.suppress(Exception):
+                    _replay(self.entries[eid], self.orig, self.options, self.hooks)
+
     def _work(self):
+        self._prime()
         while True:
             eid, blocking = self.take()
             if eid is None:
