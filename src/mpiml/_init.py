@@ -47,7 +47,7 @@ def init(device="auto", *, warm=None):
         ``"auto"``: the GPU ``local_rank % n_visible`` when CuPy sees a GPU, else the
         CPU. ``"gpu"``: the same, but raise when there is no GPU. ``"cpu"``: no GPU
         is touched. An int: that visible device.
-    warm : list of str or False, default=None
+    warm : list of str, str or False, default=None
         On a GPU, the workloads whose CuPy kernels are compiled ahead, in the background
         (:mod:`mpiml.kernels._cupy_warm`; tags such as ``"kmeans"``, ``"pca"``): None
         follows ``MPIML_CUPY_WARM`` (default: every estimator's), False compiles none.

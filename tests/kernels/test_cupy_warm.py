@@ -269,6 +269,8 @@ def test_tags_select_entries(tmp_path, monkeypatch):
     monkeypatch.setenv("MPIML_CUPY_WARM", "pca")
     st = _warm(fake, m)
     assert st["entries"] == sum("pca" in e["tags"] for e in m["entries"])
+    cw._reset()
+    assert _warm(fake, m, tags="kmeans")["entries"] == len(kmeans)     # init(warm="kmeans") as well as a list
 
 
 @pytest.mark.parametrize("setting, reason", [("0", "turned off"), ("off", "turned off")])

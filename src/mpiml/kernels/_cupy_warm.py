@@ -693,6 +693,8 @@ def _start(device, tags, node_rank, node_size, cores, hooks, manifest, wait, set
     if not on or tags is False:
         return _skip("turned off (MPIML_CUPY_WARM=0)" if not on else "turned off by the caller")
     wait = env_wait if wait is None else bool(wait)
+    if isinstance(tags, str):
+        tags = [t.strip().lower() for t in tags.split(",") if t.strip()]
     tags = list(tags) if tags else env_tags
     if os.environ.get("CUPY_CACHE_IN_MEMORY", "").strip().lower() in ("1", "true", "yes", "on"):
         return _skip("CUPY_CACHE_IN_MEMORY is set: CuPy keeps no cache to fill")
