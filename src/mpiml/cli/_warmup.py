@@ -69,7 +69,7 @@ def main(argv):
     p.add_argument("--arch", default=None, help="compile for this architecture (sm_80, sm_90, ...), no GPU needed; "
                                                 "default: the GPU's")
     p.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="programs compiled at once")
-    p.add_argument("--no-fit", action="store_true", help="skip the small fits (they fill CuPy's cache)")
+    p.add_argument("--no-fit", action="store_true", help="skip the small fits (they compile what CuPy's kernel list misses)")
     p.add_argument("--only", default=",".join(_FITS), help="estimators fitted, comma-separated")
     args = p.parse_args(argv)
     from ..kernels import _loader
@@ -93,7 +93,7 @@ def main(argv):
     counts = compile_specs(args.arch, args.jobs, gpu, say)
     say(f"  {counts.get('prebuilt', 0)} programs shipped, {counts.get('cache', 0)} already cached, "
         f"{counts.get('compiled', 0)} compiled now ({time.perf_counter() - t:.1f} s)")
-    if gpu and not args.no_fit:
+    if gpu:
         import cupy
 
         import mpiml
@@ -111,6 +111,7 @@ def main(argv):
         say(f"  CuPy kernels ({_cupy_warm.MANIFEST}): " + (
             f"{st['entries']} modules, {st['counts']}" if "counts" in st else st.get("reason", st["state"]))
             + f" ({time.perf_counter() - t:.1f} s; CuPy's cache: CUPY_CACHE_DIR)")
+    if gpu and not args.no_fit:
         rs = cupy.random.RandomState(0)
         X = rs.standard_normal((20000, 32), dtype=cupy.float32)
         yc = (X[:, 0] > 0).astype(cupy.int32)
