@@ -201,6 +201,9 @@ def main(argv=None):
                 env = dict(os.environ, MPIML_CUPY_WARM="0", CUDA_VISIBLE_DEVICES=str(i % ngpu))
                 for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"):   # a plain process, never an MPI rank
                     env.pop(var, None)
+                for var, value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
+                                   ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):   # no NVLink multicast (DEVICE.md)
+                    env.setdefault(var, value)
                 part = os.path.join(tmp, name + ".json")
                 cmd = [sys.executable, "-m", "mpiml.cli._cupy_record", "--workload", name, "--part", part]
                 if name in MPI_WORKLOADS:
