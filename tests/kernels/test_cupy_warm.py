@@ -405,6 +405,20 @@ def test_a_forked_child_drops_the_hook(tmp_path):
     assert cw.wait(30)
 
 
+def test_a_recorder_over_a_running_warm_up_sees_cupys_arguments(tmp_path):
+    fake = FakeCupy(tmp_path / "cache", tmp_path / "log")
+    os.makedirs(fake.cache)
+    m = _manifest(fake)
+    fake.cache = str(tmp_path / "empty")
+    os.makedirs(fake.cache)
+    fake.delay = 0.1
+    cw.start(0, hooks=fake, manifest=m, cores=2)
+    with cw.Recorder(fake) as rec:
+        fake.kernel(SOURCES[3], ("-DY",))
+    assert rec.errors == [] and [e["options"] for e in rec.entries.values()] == [{"user": ["-DY"]}]
+    assert cw.wait(30)
+
+
 def test_a_compile_error_of_the_fit_reaches_the_fit(tmp_path):
     fake = FakeCupy(tmp_path / "cache", tmp_path / "log")
     os.makedirs(fake.cache)

@@ -32,6 +32,7 @@ Nothing here ever fails a fit: a warm-up that fails says why once (logger ``mpim
 
 import atexit
 import contextlib
+import functools
 import gzip
 import hashlib
 import inspect
@@ -279,6 +280,7 @@ class Recorder:
         self._options = _Options(self.hooks)
         orig = self._orig = self.hooks.get()
 
+        @functools.wraps(orig)          # its signature too, for a wrapper above this one
         def hooked(*args, **kwargs):
             if self._on:
                 try:
@@ -518,6 +520,7 @@ class _Warmup:
     def _make_hook(self):
         orig = self.orig
 
+        @functools.wraps(orig)
         def hooked(*args, **kwargs):
             eid = None
             if self.active:
