@@ -419,6 +419,20 @@ def test_a_recorder_over_a_running_warm_up_sees_cupys_arguments(tmp_path):
     assert cw.wait(30)
 
 
+def test_stop_ends_the_warm_up_early(tmp_path):
+    fake = FakeCupy(tmp_path / "cache", tmp_path / "log")
+    os.makedirs(fake.cache)
+    m = _manifest(fake)
+    fake.cache = str(tmp_path / "empty")
+    os.makedirs(fake.cache)
+    fake.delay = 0.2
+    cw.start(0, hooks=fake, manifest=m, cores=1)
+    time.sleep(0.1)
+    cw.stop(5)
+    st = cw.status()
+    assert st["state"] == "done" and st["pending"] > 0 and fake.get() == fake._compile
+
+
 def test_a_compile_error_of_the_fit_reaches_the_fit(tmp_path):
     fake = FakeCupy(tmp_path / "cache", tmp_path / "log")
     os.makedirs(fake.cache)

@@ -43,8 +43,8 @@ import threading
 import time
 from importlib import resources
 
-__all__ = ["Recorder", "read_manifest", "write_manifest", "manifest_path", "start", "wait", "status", "parse_setting",
-           "MANIFEST", "FORMAT"]
+__all__ = ["Recorder", "read_manifest", "write_manifest", "manifest_path", "start", "wait", "stop", "status",
+           "parse_setting", "MANIFEST", "FORMAT"]
 
 MANIFEST = "cupy_kernels.json.gz"
 FORMAT = 1
@@ -738,6 +738,12 @@ def wait(timeout=None):
     if not _CURRENT:
         return True
     return _CURRENT[0].done.wait(timeout)
+
+
+def stop(timeout=10.0):
+    """End this process's warm-up early: no new entries; wait up to ``timeout`` s for those being compiled."""
+    if _CURRENT:
+        _CURRENT[0].stop(timeout)
 
 
 def status():
