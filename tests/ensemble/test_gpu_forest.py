@@ -1,6 +1,6 @@
 """Random forests on CuPy shards (GPU host only): the histogram kernel and the device path.
 
-The histogram kernel (``mpiml.kernels.histograms``) is checked against a NumPy
+The histogram kernel (``mpiml.kernels.forest.histograms``) is checked against a NumPy
 reference in int64 (exact sums: equality, not closeness) on odd shapes, empty
 segments, empty segment sets, segments cut into several work items, the
 narrow (32-bit) and wide (carry) accumulators, regression's signed channel and
@@ -64,7 +64,7 @@ def _case(rng, n_rows, F, B, K, lens, FH, w_max, signed_wy=False):
 def test_histogram_kernel_equals_numpy(name, n_rows, F, B, K, D, lens, FH, w_max, signed):
     import cupy as cp
 
-    from mpiml.kernels.histograms import build_histograms
+    from mpiml.kernels.forest.histograms import build_histograms
 
     rng = np.random.default_rng(abs(hash(name)) % 2 ** 32)
     Xb, row, w, wy, y, starts, lens, fsel = _case(rng, n_rows, F, B, K, lens, FH, w_max, signed)
@@ -85,7 +85,7 @@ def test_histogram_kernel_equals_numpy(name, n_rows, F, B, K, D, lens, FH, w_max
 def test_histogram_kernel_empty_inputs():
     import cupy as cp
 
-    from mpiml.kernels.histograms import build_histograms
+    from mpiml.kernels.forest.histograms import build_histograms
 
     Xb = cp.zeros((10, 3), dtype=cp.uint8)
     row = cp.zeros(0, dtype=cp.int32)
@@ -101,7 +101,7 @@ def test_histogram_kernel_empty_inputs():
 def test_histogram_kernel_too_many_channels_falls_back():
     import cupy as cp
 
-    from mpiml.kernels.histograms import build_histograms
+    from mpiml.kernels.forest.histograms import build_histograms
 
     rng = np.random.default_rng(0)
     Xb, row, w, wy, y, starts, lens, fsel = _case(rng, 500, 3, 256, 300, [500], 2, 2 ** 40)
@@ -119,7 +119,7 @@ def test_split_kernel_equals_the_host_search(K, D, with_mwl):
 
     from mpiml.ensemble import _cpu_kernels
     from mpiml.ensemble._split import choose, dense_candidates
-    from mpiml.kernels.histograms import split_candidates
+    from mpiml.kernels.forest.histograms import split_candidates
 
     rng = np.random.default_rng(100 * K + 10 * D + with_mwl)
     S, FH, m, B = 300, 7, 5, 256

@@ -7,7 +7,7 @@ batch, then their nodes) are the segment ``starts[s]:starts[s+1]``.  Per level:
 
 1. each rank sums the segments of the nodes it must build into histograms
    ``(node, feature, bin, channel)``: a shared-memory CUDA kernel on CuPy
-   (:mod:`mpiml.kernels.histograms`), ``bincount`` on NumPy;
+   (:mod:`mpiml.kernels.forest.histograms`), ``bincount`` on NumPy;
 2. the histograms are summed over ranks with one allreduce (several when they
    exceed a byte budget);
 3. every rank evaluates the same splits on the same numbers (array operations
@@ -139,7 +139,7 @@ class TreeGrower:
         self.full = 2 * self.m > self.F
         self.kernel = None
         if self.xp is not np and spec.Xb.dtype == np.uint8 and os.environ.get("MPIML_RF_GPU_KERNEL", "1") != "0":
-            from ..kernels import histograms
+            from ..kernels.forest import histograms
 
             self.kernel = histograms
         # compiled host kernels (Numba) unless ``MPIML_RF_CPU_KERNEL=0`` (the NumPy path, same trees)

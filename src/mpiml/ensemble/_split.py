@@ -6,7 +6,7 @@ Three steps, all over every node of a level at once:
    impurity, the value, purity and the parent's score;
 2. the candidates: per (node, candidate feature) the best bin, either by a
    compiled kernel (:func:`mpiml.ensemble._cpu_kernels.split_candidates` on
-   the host, ``mpiml_hist_split`` of :mod:`mpiml.kernels.histograms` on the
+   the host, ``mpiml_hist_split`` of :mod:`mpiml.kernels.forest.histograms` on the
    GPU: one pass over the histograms, nothing of their size allocated) or by
    :func:`dense_candidates`, whole-array operations (every criterion, and the
    features drawn after constant ones); :func:`choose` keeps the best feature
