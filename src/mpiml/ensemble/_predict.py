@@ -1,0 +1,173 @@
+"""Using the fitted trees: the walk of the flat arrays (``apply``, the mean of the leaf values), the
+out-of-bag estimates and the global R² (:class:`_ForestPrediction`, a mixin of the forests)."""
+
+import warnings
+
+import numpy as np
+
+from .._array import get_namespace, is_device_array, to_numpy
+from ..utils._validation import validate_data
+from ._flat import TREE_ARRAYS, apply_forest
+from ._hist import STREAM_BOOTSTRAP, hash_uniform, poisson_table
+
+
+def _global_r2(yt, pred, w, comm):
+    """R² over the rows of every rank (one allgather of four floats per rank)."""
+    W = float(w.sum())
+    mean = float((w * yt).sum() / W) if W > 0 else 0.0
+    part = np.array([W, mean, float((w * (yt - mean) ** 2).sum()), float((w * (yt - pred) ** 2).sum())])
+    parts = comm.allgather(part[None, :]) if comm.size > 1 else part[None, :]
+    W = parts[:, 0].sum()
+    if W <= 0:
+        return 0.0
+    mean = (parts[:, 0] * parts[:, 1]).sum() / W
+    ss_tot = parts[:, 2].sum() + (parts[:, 0] * (parts[:, 1] - mean) ** 2).sum()
+    ss_res = parts[:, 3].sum()
+    if ss_tot == 0:
+        return 1.0 if ss_res == 0 else 0.0
+    return float(1.0 - ss_res / ss_tot)
+
+
+
+class _ForestPrediction:
+    """Prediction, ``apply`` and the out-of-bag estimates of a fitted forest (flat tree arrays)."""
+
+    def _set_oob_score(self, X, targets, counts, offset, seed, comm):
+        """Out-of-bag predictions of the local rows and the global out-of-bag score.
+
+        A row is out of bag for a tree when its Poisson weight for that tree is
+        0 (global training: keyed by the global row index, as in the fit); with
+        ``training="local"`` every row of another rank is out of bag for the
+        trees this rank did not grow.
+        """
+        xp = get_namespace(X)
+        n, T = X.shape[0], self.n_estimators_
+        K = len(self.classes_) if self._is_classifier else 1
+        glob = self.training == "global"
+        if glob:
+            index, rate = xp.arange(offset, offset + n, dtype=xp.int64), self._poisson_rate(int(counts.sum()))
+            mine = np.ones(T, dtype=bool)
+        else:
+            owners = [r for r in range(comm.size) if counts[r] > 0]
+            index, rate = xp.arange(n, dtype=xp.int64), self._poisson_rate(max(n, 1))
+            mine = np.array([owners[t % len(owners)] == comm.rank for t in range(T)])
+        p0 = float(poisson_table(rate)[0])                # a weight is 0 when the draw is below P(0)
+        sums = xp.zeros((n, K), dtype=xp.float64)
+        seen = xp.zeros(n, dtype=xp.float64)
+        a = self._walk_arrays(xp)
+        tree_ids = xp.asarray(np.arange(T, dtype=np.int64))
+        mine_x = xp.asarray(mine)
+        step = max(1, (1 << 22) // max(T, 1))
+        for s0 in range(0, n, step):
+            Xb = X[s0:s0 + step]
+            leaves = apply_forest(Xb, a["feature"], a["threshold"], a["children_left"], a["children_right"],
+                                  a["offsets"], xp)
+            u = hash_uniform(xp, seed, STREAM_BOOTSTRAP, tree_ids[None, :], index[s0:s0 + step, None])
+            oob = xp.where(mine_x[None, :], u < p0, True)
+            val = a["value"][leaves]                                       # (rows, trees, K)
+            sums[s0:s0 + step] = (val * oob[:, :, None]).sum(axis=1)
+            seen[s0:s0 + step] = oob.sum(axis=1)
+        missing = float(xp.sum(seen == 0)) if n else 0.0
+        if comm.size > 1:
+            missing = float(comm.allreduce(np.array([missing]))[0])
+        if missing > 0:
+            warnings.warn("Some inputs do not have OOB scores. This probably means too few trees were used to "
+                          "compute any reliable OOB estimates.", UserWarning)
+        pred = sums / xp.where(seen > 0, seen, 1.0)[:, None]
+        if self._is_classifier:
+            self.oob_decision_function_ = pred
+            codes = xp.argmax(pred, axis=1)
+            if callable(self.oob_score):
+                yt = self._gathered(self.classes_[to_numpy(targets)], comm)
+                yp = self._gathered(self.classes_[to_numpy(codes)], comm)
+                self.oob_score_ = float(self.oob_score(yt, yp))
+            else:
+                part = np.array([float(xp.sum(codes == targets)), float(n)])
+                tot = comm.allreduce(part) if comm.size > 1 else part
+                self.oob_score_ = float(tot[0] / tot[1]) if tot[1] > 0 else 0.0
+        else:
+            self.oob_prediction_ = pred[:, 0]
+            if callable(self.oob_score):
+                self.oob_score_ = float(self.oob_score(self._gathered(to_numpy(targets), comm),
+                                                       self._gathered(to_numpy(pred[:, 0]), comm)))
+            else:
+                self.oob_score_ = _global_r2(to_numpy(targets), to_numpy(pred[:, 0]), np.ones(n), comm)
+
+    @staticmethod
+    def _gathered(a, comm):
+        a = np.ascontiguousarray(np.asarray(a))
+        return comm.allgatherv(a) if comm.size > 1 else a
+
+    # ------------------------------------------------------------------ using the trees
+    def get_tree(self, i):
+        """The arrays of tree ``i``: feature, threshold, children_left/right (tree-local), value, ...
+
+        Returns
+        -------
+        dict of ndarray
+            Keys ``feature``, ``threshold``, ``children_left``, ``children_right``,
+            ``value``, ``n_node_samples``, ``weighted_n_node_samples``, ``impurity``.
+        """
+        self._check_is_fitted()
+        a, b = int(self.tree_offsets_[i]), int(self.tree_offsets_[i + 1])
+        return {name: getattr(self, f"tree_{name}_")[a:b] for name, _ in TREE_ARRAYS}
+
+    @property
+    def n_estimators_(self):
+        """Number of fitted trees."""
+        return int(self.tree_offsets_.shape[0]) - 1
+
+    def _local_X(self, X):
+        """Validate local rows without communicating; an empty shard is valid when there are several ranks."""
+        from ..comm import get_comm
+
+        self._check_is_fitted()
+        shape = getattr(X, "shape", None)
+        if shape is not None and len(shape) == 2 and shape[0] == 0 and self._get_comm().size > 1:
+            if shape[1] != self.n_features_in_:
+                raise ValueError(f"X has {shape[1]} features, but {type(self).__name__} is expecting "
+                                 f"{self.n_features_in_} features as input.")
+            xp = get_namespace(X)
+            return xp.zeros((0, shape[1]), dtype=X.dtype if X.dtype.kind == "f" else xp.float64), xp
+        return validate_data(self, X, comm=get_comm("self"), reset=False)
+
+    def _walk_arrays(self, xp):
+        """The flat tree arrays on ``xp`` (copied to or from the device when the model lives elsewhere)."""
+        if xp is np:
+            conv = to_numpy
+        else:
+            def conv(a):
+                return a if is_device_array(a) else xp.asarray(a)
+        arrays = {name: conv(getattr(self, f"tree_{name}_")) for name in
+                  ("feature", "threshold", "children_left", "children_right", "value")}
+        arrays["offsets"] = conv(self.tree_offsets_)
+        return arrays
+
+    def _leaves(self, X, xp):
+        a = self._walk_arrays(xp)
+        return apply_forest(X, a["feature"], a["threshold"], a["children_left"], a["children_right"],
+                            a["offsets"], xp), a
+
+    def apply(self, X):
+        """Index of the leaf reached by each local row in each tree (tree-local node ids).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_local_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_local_samples, n_estimators), int64
+        """
+        X, xp = self._local_X(X)
+        leaves, a = self._leaves(X, xp)
+        return leaves - a["offsets"][:-1][None, :].astype(xp.int64)
+
+    def _mean_value(self, X):
+        X, xp = self._local_X(X)
+        leaves, a = self._leaves(X, xp)
+        value = a["value"]
+        out = xp.zeros((X.shape[0], value.shape[1]), dtype=xp.float64)
+        for t in range(leaves.shape[1]):
+            out += value[leaves[:, t]]
+        return out / max(leaves.shape[1], 1), xp
