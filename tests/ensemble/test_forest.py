@@ -6,7 +6,8 @@ Checks of scikit-learn's ``parametrize_with_checks`` that are expected to fail, 
 - ``check_sample_weight_equivalence_on_dense_data``: bootstrap weights are
   Poisson draws per row, so integer sample weights and repeated rows draw
   different bootstrap samples (scikit-learn marks the same check for its own
-  forests, whose bootstrap also draws per row).
+  forests, whose bootstrap also draws per row); ``..._on_sparse_data`` likewise,
+  now that sparse ``X`` is accepted.
 """
 
 import warnings
@@ -25,6 +26,8 @@ from mpiml.utils import InvalidParameterError
 
 _EXPECTED_FAILED = {
     "check_sample_weight_equivalence_on_dense_data":
+        "per-row Poisson bootstrap: integer weights and repeated rows draw different samples",
+    "check_sample_weight_equivalence_on_sparse_data":
         "per-row Poisson bootstrap: integer weights and repeated rows draw different samples",
 }
 

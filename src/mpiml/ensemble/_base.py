@@ -18,7 +18,7 @@ from ..utils._validation import check_random_state, row_counts, validate_data, v
 from ._flat import TREE_ARRAYS, pack_trees
 from ._grower import GrowSpec, TreeGrower, power_of_two_below
 from ._hist import FIXED_POINT_BITS, apply_bins, bin_edges, poisson_max, sample_rows
-from ._predict import _ForestPrediction
+from ._predict import _ForestPrediction, densified
 from ._prune import prune_best_first, prune_cost_complexity
 
 #: Rows gathered (over all ranks, in expectation) to choose the bin edges.
@@ -170,7 +170,8 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
                           '`criterion="squared_error"` to remove this warning.', FutureWarning)
             criterion = "squared_error"
         comm = self._get_comm()
-        X, xp = validate_data(self, X, comm=comm)
+        X, xp = validate_data(self, X, comm=comm, accept_sparse=["csr", "csc"])
+        X = densified(X)                  # bins are per-feature columns: sparse shards are expanded
         targets = self._validate_y(y, X, comm)
         sw = validate_sample_weight(sample_weight, X, xp=xp, dtype=np.float64, only_non_negative=True, comm=comm)
         counts = row_counts(X.shape[0], comm)
@@ -249,6 +250,7 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
             trees = self._fit_local(X, weight, targets, counts, comm, grower_for, new_ids)
         trees = [self._prune(t, X.shape[1]) for t in trees]
         self._seed_ = seed
+        self._n_local_rows_, self._row_offset_, self._fit_row_counts_ = X.shape[0], offset, counts
         self._set_trees(old_trees + trees, xp)
         if self.oob_score:
             t0 = time.perf_counter()
@@ -337,6 +339,10 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
         seed = int(rs.randint(np.iinfo(np.int32).max))
         return comm.bcast_obj(seed) if comm.size > 1 else seed
 
+    def _max_features_drawn(self):
+        """Features examined per node (scikit-learn's ``max_features_``)."""
+        return _n_features_to_draw(self.max_features, self.n_features_in_, type(self).__name__)
+
     def _set_trees(self, trees, xp):
         n_values = len(self.classes_) if self._is_classifier else 1
         flat = pack_trees(trees, n_values)
@@ -361,7 +367,7 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = False
+        tags.input_tags.sparse = True
         tags.target_tags.multi_output = False
         return tags
 

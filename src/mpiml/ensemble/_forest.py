@@ -223,6 +223,10 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
             codes = np.array([lookup[label] for label in labels.tolist()], dtype=np.int32)[inverse.ravel()]
         return xp.asarray(codes)
 
+    def _output_classes(self):
+        """Classes per output."""
+        return [self.n_classes_]
+
     def _class_weights(self, codes, xp, comm):
         cw = self.class_weight
         if cw is None:
@@ -415,6 +419,10 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
 
     def _class_weights(self, targets, xp, comm):
         return 1.0
+
+    def _output_classes(self):
+        """Values per node and output (1 for each output of a regression)."""
+        return [1] * self.n_outputs_
 
     def predict(self, X):
         """Mean over trees of the leaf values reached by each local row (no communication).

@@ -4,11 +4,24 @@ out-of-bag estimates and the global R² (:class:`_ForestPrediction`, a mixin of 
 import warnings
 
 import numpy as np
+import scipy.sparse as sp
 
 from .._array import get_namespace, is_device_array, to_numpy
 from ..utils._validation import validate_data
 from ._flat import TREE_ARRAYS, apply_forest
-from ._hist import STREAM_BOOTSTRAP, hash_uniform, poisson_table
+from ._hist import STREAM_BOOTSTRAP, hash_uniform, poisson_table, poisson_weights
+from ._tree import ForestTreeClassifier, ForestTreeRegressor, TreeStructure
+
+#: The forest parameters a tree of ``estimators_`` carries (scikit-learn's decision-tree parameters).
+_TREE_PARAMS = ("criterion", "max_depth", "min_samples_split", "min_samples_leaf", "min_weight_fraction_leaf",
+                "max_features", "max_leaf_nodes", "min_impurity_decrease", "ccp_alpha", "monotonic_cst")
+
+
+def densified(X):
+    """A validated shard as a dense array on its device (SciPy and cupyx sparse matrices are expanded)."""
+    if sp.issparse(X) or (not hasattr(X, "__cuda_array_interface__") and hasattr(X, "toarray")):
+        return X.toarray()
+    return X
 
 
 def _global_r2(yt, pred, w, comm):
@@ -129,7 +142,8 @@ class _ForestPrediction:
                                  f"{self.n_features_in_} features as input.")
             xp = get_namespace(X)
             return xp.zeros((0, shape[1]), dtype=X.dtype if X.dtype.kind == "f" else xp.float64), xp
-        return validate_data(self, X, comm=get_comm("self"), reset=False)
+        X, xp = validate_data(self, X, comm=get_comm("self"), reset=False, accept_sparse=["csr", "csc"])
+        return densified(X), xp
 
     def _walk_arrays(self, xp):
         """The flat tree arrays on ``xp`` (copied to or from the device when the model lives elsewhere)."""
@@ -171,3 +185,94 @@ class _ForestPrediction:
         for t in range(leaves.shape[1]):
             out += value[leaves[:, t]]
         return out / max(leaves.shape[1], 1), xp
+
+    # ------------------------------------------------------------------ the trees as estimators
+    def _tree_random_state(self, t):
+        """The ``random_state`` of tree ``t``: a function of the forest's seed and ``t`` (warm starts keep it)."""
+        return int(np.random.SeedSequence([int(self._seed_), int(t)]).generate_state(1)[0] & 0x7FFFFFFF)
+
+    @property
+    def estimators_(self):
+        """The fitted trees as per-tree estimators (host copies; see :mod:`mpiml.ensemble._tree`)."""
+        self._check_is_fitted()
+        key = id(self.tree_offsets_)
+        cached = getattr(self, "_estimators_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        cls = ForestTreeClassifier if self._is_classifier else ForestTreeRegressor
+        params = {k: getattr(self, k) for k in _TREE_PARAMS}
+        if self._is_classifier:
+            params["class_weight"] = self.class_weight
+        n_classes = self._output_classes()
+        mf = self._max_features_drawn()
+        out = []
+        for t in range(self.n_estimators_):
+            arrays = {k: to_numpy(v) for k, v in self.get_tree(t).items()}
+            tree = cls(**params, random_state=self._tree_random_state(t))
+            tree._adopt(TreeStructure(arrays, self.n_features_in_, n_classes), self.n_features_in_,
+                        self.n_outputs_, mf)
+            if self._is_classifier:
+                tree.classes_, tree.n_classes_ = self.classes_, self.n_classes_
+            out.append(tree)
+        self._estimators_cache = (key, out)
+        return out
+
+    def __len__(self):
+        return self.n_estimators_
+
+    def __getitem__(self, index):
+        return self.estimators_[index]
+
+    def __iter__(self):
+        return iter(self.estimators_)
+
+    @property
+    def estimators_samples_(self):
+        """Per tree, the indices of this rank's rows in its bootstrap, each repeated as often as drawn.
+
+        The bootstrap draws a Poisson weight per row (see the docs), so the lengths vary from tree to tree
+        around ``max_samples`` (scikit-learn draws exactly that many); without bootstrap every row once.
+        Global training: indices of this rank's rows, drawn by their global index; local training: the
+        trees this rank did not grow are empty.
+        """
+        self._check_is_fitted()
+        n, T = self._n_local_rows_, self.n_estimators_
+        if not self.bootstrap:
+            return [np.arange(n, dtype=np.int32) for _ in range(T)]
+        counts = self._fit_row_counts_
+        comm = self._get_comm()
+        out = []
+        if self.training == "global":
+            index = np.arange(self._row_offset_, self._row_offset_ + n, dtype=np.int64)
+            rate = self._poisson_rate(int(counts.sum()))
+            for t in range(T):
+                draws = np.asarray(poisson_weights(np, self._seed_, t, index, rate)).astype(np.int64)
+                out.append(np.repeat(np.arange(n, dtype=np.int32), draws))
+            return out
+        owners = [r for r in range(len(counts)) if counts[r] > 0]
+        rate = self._poisson_rate(max(n, 1))
+        index = np.arange(n, dtype=np.int64)
+        for t in range(T):
+            if owners[t % len(owners)] != comm.rank:
+                out.append(np.zeros(0, dtype=np.int32))
+                continue
+            draws = np.asarray(poisson_weights(np, self._seed_, t, index, rate)).astype(np.int64)
+            out.append(np.repeat(np.arange(n, dtype=np.int32), draws))
+        return out
+
+    def decision_path(self, X):
+        """The nodes each local row passes through in every tree (no communication).
+
+        Returns
+        -------
+        indicator : scipy.sparse.csr_matrix of shape (n_local_samples, n_nodes)
+            Host matrix; column ``n_nodes_ptr[t] + i`` is node ``i`` of tree ``t``.
+        n_nodes_ptr : ndarray of shape (n_estimators + 1,)
+            Column ranges of the trees (``tree_offsets_`` on the host).
+        """
+        X, _ = self._local_X(X)
+        X = to_numpy(X)
+        paths = [tree.tree_.decision_path(X) for tree in self.estimators_]
+        ptr = np.asarray(to_numpy(self.tree_offsets_), dtype=np.int64)
+        indicator = sp.hstack(paths).tocsr() if paths else sp.csr_matrix((X.shape[0], 0))
+        return indicator, ptr
