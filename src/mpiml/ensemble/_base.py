@@ -221,13 +221,17 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
             if not fractional and mw <= budget:
                 s_w = 1.0          # integer weights are their own fixed point: small sums, 32-bit GPU atomics
             s_y = power_of_two_below(budget / (mw * my)) if mw > 0 and my > 0 else 1.0
-            s_y2 = power_of_two_below(budget / (mw * my * my)) if mw > 0 and my > 0 else 1.0
+            # the per-row extra: sum over outputs of y**2, or y log y (Poisson: below max(y log y, 1/e))
+            y2 = (max(my * abs(math.log(my)), 1.0 / math.e) if criterion == "poisson" and my > 0
+                  else my * my * self.n_outputs_)
+            s_y2 = power_of_two_below(budget / (mw * y2)) if mw > 0 and my > 0 else 1.0
             t0 = time.perf_counter()
             edges, values = self._bins(Xl, xp, seed, index, n_rows, comm_)
             self._fit_stats["bins_s"] = time.perf_counter() - t0
             spec = GrowSpec(
                 Xb=apply_bins(Xl, edges, xp), n_bins=[len(e) + 1 for e in edges], edges=edges, values=values,
-                y=tl, weight=wl, row_index=index, n_classes=len(self.classes_) if self._is_classifier else 0,
+                y=tl, weight=wl, row_index=index, n_classes=self._n_codes_ if self._is_classifier else 0,
+                n_outputs=self.n_outputs_,
                 criterion=criterion, max_depth=depth,
                 min_samples_split=max(_n_from(self.min_samples_split, n_rows), 2),
                 min_samples_leaf=_n_from(self.min_samples_leaf, n_rows), max_features=mf,
@@ -248,7 +252,7 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
             del grower                                   # it holds the binned rows and the row weights
         else:
             trees = self._fit_local(X, weight, targets, counts, comm, grower_for, new_ids)
-        trees = [self._prune(t, X.shape[1]) for t in trees]
+        trees = [self._prune(self._output_values(t), X.shape[1]) for t in trees]
         self._seed_ = seed
         self._n_local_rows_, self._row_offset_, self._fit_row_counts_ = X.shape[0], offset, counts
         self._set_trees(old_trees + trees, xp)
@@ -308,7 +312,7 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
             self._fit_stats.update(grower.stats)
         if comm.size == 1:
             return trees
-        n_values = len(self.classes_) if self._is_classifier else 1
+        n_values = self._n_codes_ if self._is_classifier else self.n_outputs_     # the grower's node values
         mat = _tree_matrix(trees, n_values) if trees else np.zeros((0, 7 + n_values))
         t0 = time.perf_counter()
         everything = comm.allgatherv(np.ascontiguousarray(mat))
@@ -339,13 +343,16 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
         seed = int(rs.randint(np.iinfo(np.int32).max))
         return comm.bcast_obj(seed) if comm.size > 1 else seed
 
+    def _n_values(self):
+        """Values per node of the fitted trees: the classes of every output, or one per regression output."""
+        return int(sum(self._output_classes()))
+
     def _max_features_drawn(self):
         """Features examined per node (scikit-learn's ``max_features_``)."""
         return _n_features_to_draw(self.max_features, self.n_features_in_, type(self).__name__)
 
     def _set_trees(self, trees, xp):
-        n_values = len(self.classes_) if self._is_classifier else 1
-        flat = pack_trees(trees, n_values)
+        flat = pack_trees(trees, self._n_values())
         self.tree_offsets_ = xp.asarray(flat["offsets"])
         for name, _ in TREE_ARRAYS:
             setattr(self, f"tree_{name}_", xp.asarray(flat[name]))
@@ -363,12 +370,11 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
         else:
             mean = np.zeros(F)
         self.feature_importances_ = xp.asarray(mean)
-        self.n_outputs_ = 1
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = True
-        tags.target_tags.multi_output = False
+        tags.target_tags.multi_output = True
         return tags
 
     def _check_y_common(self, y, X):

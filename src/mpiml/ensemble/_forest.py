@@ -15,6 +15,23 @@ from ._predict import _global_r2
 __all__ = ["RandomForestClassifier", "RandomForestRegressor"]
 
 
+def _n_outputs_of(y, comm):
+    """Columns of a 2-d ``y`` (1 for 1-d ``y`` and column vectors), agreed by the ranks."""
+    shape = getattr(y, "shape", None)
+    if shape is None and y is not None and not isinstance(y, str):
+        try:
+            shape = np.shape(y)
+        except Exception:                                # ragged input: the checks below raise
+            shape = None
+    n = int(shape[1]) if shape is not None and len(shape) == 2 and shape[1] > 1 else 1
+    if comm.size > 1:
+        seen = comm.allgather_obj(n)
+        if len(set(seen)) > 1:
+            raise DistributedInputError(f"y has {seen[comm.rank]} output(s) on rank {comm.rank} but "
+                                        f"{seen[0]} on rank 0; every rank must pass the same outputs.")
+    return n
+
+
 class RandomForestClassifier(ClassifierMixin, _BaseForest):
     """A random forest classifier trained on the rows of every rank (SPMD), on NumPy or CuPy shards.
 
@@ -171,7 +188,52 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
         self.comm = comm
 
     def _validate_y(self, y, X, comm):
-        """Local label checks, one agreement on the classes of every rank; returns the codes on X's device."""
+        """Classes of every rank (per output); returns the class codes on X's device.
+
+        Several outputs (2-d ``y``): the trees grow on the *joint* labels (the combinations of the
+        outputs' classes present over every rank, one agreement) and their leaf values are then
+        marginalised per output (:meth:`_output_values`).
+        """
+        n_out = _n_outputs_of(y, comm)
+        self.n_outputs_ = n_out
+        if n_out == 1:
+            self.classes_, codes = self._labels(y, X, comm)
+            self.n_classes_ = len(self.classes_)
+            self._joint_, self._n_codes_ = None, self.n_classes_
+            return codes
+        Y = np.asarray(to_numpy(y) if is_device_array(y) else y)
+        per = [self._labels(Y[:, o], X, comm) for o in range(n_out)]
+        self.classes_ = [c for c, _ in per]
+        self.n_classes_ = [len(c) for c in self.classes_]
+        codes = np.stack([to_numpy(c) for _, c in per], axis=1).astype(np.int64)
+        if self.oob_score and max(self.n_classes_) > 2:
+            raise ValueError("The type of target cannot be used to compute OOB estimates. Got "
+                             "multiclass-multioutput while only the following are supported: continuous, "
+                             "continuous-multioutput, binary, multiclass, multilabel-indicator.")
+        if float(np.prod([float(k) for k in self.n_classes_])) >= 2.0 ** 62:
+            raise ValueError(f"{type(self).__name__}: too many combinations of classes over the outputs "
+                             f"({self.n_classes_}) for joint labels")
+        strides = np.cumprod([1] + self.n_classes_[::-1][:-1])[::-1].astype(np.int64)
+        key = codes @ strides
+        present = np.unique(key)
+        if comm.size > 1:
+            present = np.unique(np.concatenate([np.asarray(p, dtype=np.int64) for p in comm.allgather_obj(
+                present.tolist())]))
+        self._joint_ = np.stack(np.unravel_index(present, self.n_classes_), axis=1).astype(np.int64)
+        self._n_codes_ = len(present)
+        return get_namespace(X).asarray(np.searchsorted(present, key).astype(np.int32))
+
+    def _output_values(self, tree):
+        """A grown tree with its node values as the concatenated class fractions of every output."""
+        if self._joint_ is None:
+            return tree
+        value = np.asarray(tree["value"]).reshape(len(tree["feature"]), -1)
+        parts = [value @ (self._joint_[:, o][:, None] == np.arange(k)[None, :]).astype(np.float64)
+                 for o, k in enumerate(self.n_classes_)]
+        return {**tree, "value": np.concatenate(parts, axis=1)}
+
+    def _labels(self, y, X, comm):
+        """Local label checks, one agreement on the classes of every rank: ``(classes, codes on X's device)``."""
         error, labels, kind, inverse = None, None, None, None
         try:
             y = self._check_y_common(y, X)
@@ -212,40 +274,54 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
             classes = np.unique(np.asarray(merged, dtype=object if kinds == {"str"} else None))
             if kinds == {"str"}:
                 classes = classes.astype(str)
-        self.classes_ = classes
-        self.n_classes_ = len(classes)
         xp = get_namespace(X)
         if is_device_array(y):                           # numeric labels on the device: codes by bisection
-            return xp.searchsorted(xp.asarray(classes), y).astype(xp.int32) if y.size else xp.zeros(0, xp.int32)
+            return classes, (xp.searchsorted(xp.asarray(classes), y).astype(xp.int32) if y.size
+                             else xp.zeros(0, xp.int32))
         codes = np.zeros(0, dtype=np.int32)
         if y.size:
             lookup = {label: i for i, label in enumerate(classes.tolist())}
             codes = np.array([lookup[label] for label in labels.tolist()], dtype=np.int32)[inverse.ravel()]
-        return xp.asarray(codes)
+        return classes, xp.asarray(codes)
 
     def _output_classes(self):
         """Classes per output."""
-        return [self.n_classes_]
+        return list(self.n_classes_) if self.n_outputs_ > 1 else [self.n_classes_]
 
     def _class_weights(self, codes, xp, comm):
+        """Per-row class weights (several outputs: the product of the outputs' weights, as scikit-learn)."""
         cw = self.class_weight
         if cw is None:
             return 1.0
-        K = len(self.classes_)
         if cw == "balanced_subsample" and self.bootstrap:
             return 1.0                                   # per tree, from its bootstrap counts (the grower)
+        if self._joint_ is None:
+            return xp.asarray(self._per_class_weights(cw, self.classes_, codes, comm))[codes]
+        if not isinstance(cw, str) and (not isinstance(cw, (list, tuple)) or len(cw) != self.n_outputs_):
+            raise ValueError("For multi-output, number of elements in class_weight should match number of "
+                             "outputs.")
+        out = np.ones(self._n_codes_)
+        host = to_numpy(codes)
+        for o, classes in enumerate(self.classes_):
+            per_output = self._joint_[host, o]
+            out_o = self._per_class_weights(cw if isinstance(cw, str) else cw[o], classes, per_output, comm)
+            out = out * out_o[self._joint_[:, o]]
+        return xp.asarray(out)[codes]
+
+    @staticmethod
+    def _per_class_weights(cw, classes, codes, comm):
+        K = len(classes)
         if isinstance(cw, str):  # "balanced" (and "balanced_subsample" without bootstrap): global class counts
             local = np.bincount(to_numpy(codes), minlength=K).astype(np.float64)
             total = comm.allreduce(local) if comm.size > 1 else local
-            per_class = total.sum() / (K * np.where(total > 0, total, 1))
-        else:
-            per_class = np.ones(K)
-            for label, w in cw.items():
-                hit = np.nonzero(self.classes_ == label)[0]
-                if hit.size == 0:
-                    raise ValueError(f"The classes, {[label]}, are not in class_weight")
-                per_class[hit[0]] = w
-        return xp.asarray(per_class)[codes]
+            return total.sum() / (K * np.where(total > 0, total, 1))
+        per_class = np.ones(K)
+        for label, w in cw.items():
+            hit = np.nonzero(classes == label)[0]
+            if hit.size == 0:
+                raise ValueError(f"The classes, {[label]}, are not in class_weight")
+            per_class[hit[0]] = w
+        return per_class
 
     def predict_proba(self, X):
         """Mean over trees of the class fractions of the leaf each local row reaches (no communication).
@@ -254,15 +330,19 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
         -------
         ndarray of shape (n_local_samples, n_classes), float64
         """
+        self._check_is_fitted()
         proba, _ = self._mean_value(X)
-        return proba
+        if self.n_outputs_ == 1:
+            return proba
+        cuts = np.cumsum(self.n_classes_)[:-1]
+        return [proba[:, a:b] for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [proba.shape[1]]]))]
 
     def predict_log_proba(self, X):
         """Logarithm of :meth:`predict_proba`."""
         proba = self.predict_proba(X)
-        xp = get_namespace(proba)
+        xp = get_namespace(proba if self.n_outputs_ == 1 else proba[0])
         with np.errstate(divide="ignore"):
-            return xp.log(proba)
+            return xp.log(proba) if self.n_outputs_ == 1 else [xp.log(p) for p in proba]
 
     def predict(self, X):
         """The most probable class of each local row (no communication).
@@ -272,6 +352,10 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
         ndarray of shape (n_local_samples,)
             Labels from ``classes_`` (on the device of ``X`` for numeric labels).
         """
+        self._check_is_fitted()
+        if self.n_outputs_ > 1:
+            return np.stack([c[to_numpy(get_namespace(p).argmax(p, axis=1))]
+                             for c, p in zip(self.classes_, self.predict_proba(X))], axis=1)
         proba, xp = self._mean_value(X)
         idx = xp.argmax(proba, axis=1)
         if xp is not np and self.classes_.dtype.kind in "biuf":
@@ -296,12 +380,13 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
         try:
             pred = to_numpy(self.predict(X))
             yt = to_numpy(y) if is_device_array(y) else np.asarray(y)
-            yt = column_or_1d(yt)
+            yt = column_or_1d(yt) if self.n_outputs_ == 1 else yt
             w = np.ones(len(yt)) if sample_weight is None else np.asarray(to_numpy(sample_weight), dtype=np.float64)
             if len(yt) != len(pred) or len(w) != len(pred):
                 raise ValueError(f"Found input variables with inconsistent numbers of samples: "
                                  f"[{len(pred)}, {len(yt)}]")
-            part = np.array([float(np.sum(w * (pred == yt))), float(np.sum(w))])
+            hit = pred == yt if self.n_outputs_ == 1 else (pred == yt).all(axis=1)   # several outputs: all right
+            part = np.array([float(np.sum(w * hit)), float(np.sum(w))])
         except Exception as exc:
             error = exc
         agree_on_error(comm, error, prefix="Cannot score")
@@ -370,7 +455,7 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
     _is_classifier = False
     _parameter_constraints = {
         **_BaseForest._parameter_constraints,
-        "criterion": [StrOptions({"squared_error", "friedman_mse"})],
+        "criterion": [StrOptions({"squared_error", "friedman_mse", "poisson"})],
     }
 
     def __init__(self, n_estimators=100, *, criterion="squared_error", max_depth=None, min_samples_split=2,
@@ -402,8 +487,15 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
 
     def _validate_y(self, y, X, comm):
         error, yf = None, None
+        self.n_outputs_ = _n_outputs_of(y, comm)
         try:
-            y = self._check_y_common(y, X)
+            if self.n_outputs_ > 1:
+                y = np.asarray(to_numpy(y) if is_device_array(y) else y)
+                if y.shape[0] != X.shape[0]:
+                    raise ValueError(f"Found input variables with inconsistent numbers of samples: "
+                                     f"[{X.shape[0]}, {y.shape[0]}]")
+            else:
+                y = self._check_y_common(y, X)
             ns = get_namespace(y) if is_device_array(y) else np
             try:
                 yf = y.astype(ns.float64) if ns is not np else np.asarray(y, dtype=np.float64)
@@ -412,9 +504,15 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
             if yf.size and not bool(ns.isfinite(yf).all()):
                 raise ValueError("Input y contains NaN." if bool(ns.isnan(yf).any()) else
                                  "Input y contains infinity or a value too large for dtype('float64').")
+            if self.criterion == "poisson" and yf.size and bool((yf < 0).any()):
+                raise ValueError("Some value(s) of y are negative which is not allowed for Poisson regression.")
         except Exception as exc:
             error = exc
         agree_on_error(comm, error, prefix="Invalid input y")
+        if self.criterion == "poisson":
+            total = np.array([float(yf.sum()) if yf.size else 0.0])
+            if (comm.allreduce(total) if comm.size > 1 else total)[0] <= 0:
+                raise ValueError("Sum of y is not strictly positive which is necessary for Poisson regression.")
         return get_namespace(X).asarray(yf)
 
     def _class_weights(self, targets, xp, comm):
@@ -424,6 +522,9 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
         """Values per node and output (1 for each output of a regression)."""
         return [1] * self.n_outputs_
 
+    def _output_values(self, tree):
+        return tree
+
     def predict(self, X):
         """Mean over trees of the leaf values reached by each local row (no communication).
 
@@ -432,7 +533,7 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
         ndarray of shape (n_local_samples,), float64
         """
         value, _ = self._mean_value(X)
-        return value[:, 0]
+        return value[:, 0] if self.n_outputs_ == 1 else value
 
     def score(self, X, y, sample_weight=None):
         """R² over the rows of every rank (one allgather of four floats per rank).
@@ -445,7 +546,8 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
         error, part = None, np.zeros(4)
         try:
             pred = to_numpy(self.predict(X))
-            yt = column_or_1d(to_numpy(y) if is_device_array(y) else np.asarray(y)).astype(np.float64)
+            yt = to_numpy(y) if is_device_array(y) else np.asarray(y)
+            yt = (column_or_1d(yt) if self.n_outputs_ == 1 else yt).astype(np.float64)
             w = np.ones(len(yt)) if sample_weight is None else np.asarray(to_numpy(sample_weight), dtype=np.float64)
             if len(yt) != len(pred) or len(w) != len(pred):
                 raise ValueError(f"Found input variables with inconsistent numbers of samples: "
@@ -455,4 +557,6 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
         agree_on_error(comm, error, prefix="Cannot score")
         if error is not None:                            # pragma: no cover - agree_on_error raised
             raise error
+        if self.n_outputs_ > 1:                          # the mean of the outputs' R² (scikit-learn's default)
+            return float(np.mean([_global_r2(yt[:, q], pred[:, q], w, comm) for q in range(self.n_outputs_)]))
         return _global_r2(yt, pred, w, comm)

@@ -30,7 +30,8 @@ their histograms.
 Channels are integer-valued (fixed point, see :mod:`._hist`):
 
 * classification: ``[weight of class 0, ..., weight of class K-1]``;
-* regression: ``[weight, weight * y]``;
+* regression: ``[weight, weight * y]`` (``[weight, weight * y_1, ..., weight * y_Q]`` for ``Q``
+  outputs: those grow on the array path, NumPy or CuPy, without the compiled kernels);
 * a leading ``rows`` channel only when ``min_samples_leaf > 1`` (it counts
   rows with non-zero weight on each side of a split);
 * per node: the rows, and for regression ``sum(weight * y**2)`` (the purity test).
@@ -128,22 +129,24 @@ class TreeGrower:
         self.n, self.F = spec.Xb.shape
         self.B = int(max(spec.n_bins)) if len(spec.n_bins) else 1
         self.K = spec.n_classes
+        self.Q = 1 if self.K else getattr(spec, "n_outputs", 1)      # regression outputs
         # a per-bin row count is needed only to enforce min_samples_leaf > 1: with 1, a side with
         # weight has a row; node row counts travel in the per-node extras
         self.D = 1 if spec.min_samples_leaf > 1 else 0
-        self.C = self.D + (self.K if self.K else 2)
+        self.C = self.D + (self.K if self.K else 1 + self.Q)
         self.E = 1 if self.K else 2                  # per node: rows (and sum of weight * y**2)
         self.m = min(spec.max_features, self.F)
         # histograms of every feature (and sibling subtraction) when that is the cheaper build:
         # F features on at most half the rows against m features on all of them
         self.full = 2 * self.m > self.F
         self.kernel = None
-        if self.xp is not np and spec.Xb.dtype == np.uint8 and os.environ.get("MPIML_RF_GPU_KERNEL", "1") != "0":
+        if (self.xp is not np and spec.Xb.dtype == np.uint8 and self.Q == 1
+                and os.environ.get("MPIML_RF_GPU_KERNEL", "1") != "0"):
             from ..kernels.forest import histograms
 
             self.kernel = histograms
         # compiled host kernels (Numba) unless ``MPIML_RF_CPU_KERNEL=0`` (the NumPy path, same trees)
-        self.cpu = self.xp is np and _cpu_kernels.enabled()
+        self.cpu = self.xp is np and self.Q == 1 and _cpu_kernels.enabled()
         # the host kernels gather a node's rows from one feature's column of bins at a time
         self.cols = np.ascontiguousarray(spec.Xb.T) if self.cpu else None
         # a rank that grows alone needs no histogram of any node: the search reads a per-thread one
@@ -178,8 +181,15 @@ class TreeGrower:
             counts.append(int(r.shape[0]))
             if not self.K:
                 wr, yr = w[r], s.y[r]
-                wys.append(xp.rint(wr * yr * s.scales[1]))
-                wy2s.append(xp.rint(wr * yr * yr * s.scales[2]))
+                if self.Q > 1:
+                    wys.append(xp.rint(wr[:, None] * yr * s.scales[1]))
+                    wy2s.append(xp.rint(wr * (yr * yr).sum(axis=1) * s.scales[2]))
+                else:
+                    wys.append(xp.rint(wr * yr * s.scales[1]))
+                    # the node impurity's extra: sum w y**2 (squared error) or sum w y log y (Poisson)
+                    y2 = (xp.where(yr > 0, yr * xp.log(xp.where(yr > 0, yr, 1.0)), 0.0) if s.criterion == "poisson"
+                          else yr * yr)
+                    wy2s.append(xp.rint(wr * y2 * s.scales[2]))
         cat = (lambda parts: xp.concatenate(parts)) if len(trees) > 1 else (lambda parts: parts[0])
         starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         seg = xp.asarray(np.repeat(np.arange(len(trees), dtype=np.int32), counts))
@@ -278,8 +288,9 @@ class TreeGrower:
                 keys.append(key + D + xp.broadcast_to(s.y[r].astype(xp.int64)[:, None], (ne, FH)).ravel())
                 wts.append(w)
             else:
-                keys += [key + D, key + D + 1]
-                wts += [w, xp.broadcast_to(el.wy[e][:, None], (ne, FH)).ravel()]
+                wy = el.wy[e].reshape(ne, self.Q)
+                keys += [key + D] + [key + D + 1 + q for q in range(self.Q)]
+                wts += [w] + [xp.broadcast_to(wy[:, q:q + 1], (ne, FH)).ravel() for q in range(self.Q)]
             hist += xp.bincount(xp.concatenate(keys), weights=xp.concatenate(wts), minlength=span)
         return hist.reshape(n, FH, B, C)
 
@@ -301,7 +312,9 @@ class TreeGrower:
                 tot += xp.bincount(seg * C + D + s.y[el.row].astype(xp.int64), weights=el.w, minlength=S * C)
             else:
                 tot += xp.bincount(seg * C + D, weights=el.w, minlength=S * C)
-                tot += xp.bincount(seg * C + D + 1, weights=el.wy, minlength=S * C)
+                wy = el.wy.reshape(-1, self.Q)
+                for q in range(self.Q):
+                    tot += xp.bincount(seg * C + D + 1 + q, weights=wy[:, q], minlength=S * C)
         slots = np.arange(S)
         extra = xp.zeros((S, self.E), dtype=xp.float64)
         extra[:, 0] = xp.asarray(el.lens().astype(np.float64))
@@ -331,7 +344,7 @@ class TreeGrower:
         Compiled: gini (fewer than 8 classes: sums over classes in NumPy's order) and squared error;
         ``MPIML_RF_SPLIT_KERNEL=0`` turns it off (the array search, for comparisons: the same trees).
         """
-        if self.K and (self.s.criterion != "gini" or self.K >= 8):
+        if (self.K and (self.s.criterion != "gini" or self.K >= 8)) or self.Q > 1 or self.s.criterion == "poisson":
             return None
         if os.environ.get("MPIML_RF_SPLIT_KERNEL", "1") == "0":
             return None
@@ -706,7 +719,8 @@ class TreeGrower:
         if n_split == 0 or el.row.shape[0] == 0:
             empty_i = xp.zeros(0, dtype=xp.int32)
             empty_f = xp.zeros(0, dtype=xp.float64)
-            return _Elements(empty_i, empty_i, empty_f, None if self.K else empty_f, None if self.K else empty_f,
+            empty_y = xp.zeros((0, self.Q), dtype=xp.float64) if self.Q > 1 else empty_f
+            return _Elements(empty_i, empty_i, empty_f, None if self.K else empty_y, None if self.K else empty_f,
                              np.zeros(2 * n_split + 1, dtype=np.int64))
         if self.kernel is not None:
             code = np.where(split_h, dec["feature"] * 256 + dec["best_b"], -1)
@@ -742,7 +756,7 @@ class TreeGrower:
         rank = xp.asarray((np.cumsum(split_h) - 1).astype(np.int32))
 
         def moved(a, dtype):
-            out = xp.empty(n_new, dtype=dtype)
+            out = xp.empty((n_new,) + tuple(a.shape[1:]), dtype=dtype)
             out[pos] = a[kept]
             return out
 

@@ -55,7 +55,7 @@ class _ForestPrediction:
         """
         xp = get_namespace(X)
         n, T = X.shape[0], self.n_estimators_
-        K = len(self.classes_) if self._is_classifier else 1
+        K = self._n_values()
         glob = self.training == "global"
         if glob:
             index, rate = xp.arange(offset, offset + n, dtype=xp.int64), self._poisson_rate(int(counts.sum()))
@@ -87,7 +87,20 @@ class _ForestPrediction:
             warnings.warn("Some inputs do not have OOB scores. This probably means too few trees were used to "
                           "compute any reliable OOB estimates.", UserWarning)
         pred = sums / xp.where(seen > 0, seen, 1.0)[:, None]
-        if self._is_classifier:
+        if self._is_classifier and self.n_outputs_ > 1:
+            # binary outputs only (multilabel-indicator): (rows, 2, outputs); the score: rows with every output right
+            Q = self.n_outputs_
+            self.oob_decision_function_ = pred.reshape(n, Q, 2).transpose(0, 2, 1)
+            codes = xp.argmax(self.oob_decision_function_, axis=1)
+            truth = xp.asarray(self._joint_)[targets]
+            if callable(self.oob_score):
+                self.oob_score_ = float(self.oob_score(self._gathered(to_numpy(truth), comm),
+                                                       self._gathered(to_numpy(codes), comm)))
+            else:
+                part = np.array([float(xp.sum((codes == truth).all(axis=1))), float(n)])
+                tot = comm.allreduce(part) if comm.size > 1 else part
+                self.oob_score_ = float(tot[0] / tot[1]) if tot[1] > 0 else 0.0
+        elif self._is_classifier:
             self.oob_decision_function_ = pred
             codes = xp.argmax(pred, axis=1)
             if callable(self.oob_score):
@@ -98,6 +111,14 @@ class _ForestPrediction:
                 part = np.array([float(xp.sum(codes == targets)), float(n)])
                 tot = comm.allreduce(part) if comm.size > 1 else part
                 self.oob_score_ = float(tot[0] / tot[1]) if tot[1] > 0 else 0.0
+        elif self.n_outputs_ > 1:
+            self.oob_prediction_ = pred
+            yt, yp = to_numpy(targets), to_numpy(pred)
+            if callable(self.oob_score):
+                self.oob_score_ = float(self.oob_score(self._gathered(yt, comm), self._gathered(yp, comm)))
+            else:                                        # the mean of the outputs' R² (scikit-learn's r2_score)
+                self.oob_score_ = float(np.mean([_global_r2(yt[:, q], yp[:, q], np.ones(n), comm)
+                                                 for q in range(self.n_outputs_)]))
         else:
             self.oob_prediction_ = pred[:, 0]
             if callable(self.oob_score):

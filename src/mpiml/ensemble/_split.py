@@ -57,13 +57,28 @@ def node_stats(g, tot, ex, root_weight):
             impurity = -(_xlogx(xp, p).sum(-1)) / math.log(2.0)
         value = p
         pure = (wt > 0).sum(-1) <= 1
+    elif g.Q > 1:                     # several outputs: the mean of their squared errors (scikit-learn's)
+        W = tot[:, D] / sw
+        S1 = tot[:, D + 1:D + 1 + g.Q] / s.scales[1]
+        Wd = xp.where(W > 0, W, 1)
+        parent = (S1 * S1).sum(-1) / Wd / g.Q
+        mean = S1 / Wd[:, None]
+        impurity = xp.maximum(ex[:, 1] / s.scales[2] / Wd - (mean * mean).sum(-1), 0.0) / g.Q
+        value = mean
+        pure = impurity <= s.y_tol
     else:
         W = tot[:, D] / sw
         S1 = tot[:, D + 1] / s.scales[1]
         Wd = xp.where(W > 0, W, 1)
-        parent = S1 * S1 / Wd
         mean = S1 / Wd
-        impurity = xp.maximum(ex[:, 1] / s.scales[2] / Wd - mean * mean, 0.0)
+        if s.criterion == "poisson":
+            # half Poisson deviance: only its part that depends on the split (sum y log(mean)) is compared;
+            # the impurity is from the per-node sum of w y log y (the extras' second column)
+            parent = _xlogx(xp, S1) - S1 * xp.log(Wd)
+            impurity = xp.maximum(ex[:, 1] / s.scales[2] / Wd - _xlogx(xp, mean), 0.0)
+        else:
+            parent = S1 * S1 / Wd
+            impurity = xp.maximum(ex[:, 1] / s.scales[2] / Wd - mean * mean, 0.0)
         value = mean[:, None]
         pure = impurity <= s.y_tol
     rw = W if root_weight is None else xp.asarray(root_weight)
@@ -107,9 +122,19 @@ def dense_candidates(g, Hm, tot, mwl, first_only=False):
     else:
         WL, WR = left[:, D] / sw, right[:, D] / sw
         q = s.scales[1]
-        SL, SR = left[:, D + 1] / q, right[:, D + 1] / q
-        proxy = SL * SL / xp.where(WL > 0, WL, 1) + SR * SR / xp.where(WR > 0, WR, 1)
+        WLd, WRd = xp.where(WL > 0, WL, 1), xp.where(WR > 0, WR, 1)
+        if g.Q > 1:
+            SL, SR = left[:, D + 1:D + 1 + g.Q] / q, right[:, D + 1:D + 1 + g.Q] / q
+            proxy = ((SL * SL).sum(-1) / WLd + (SR * SR).sum(-1) / WRd) / g.Q
+        else:
+            SL, SR = left[:, D + 1] / q, right[:, D + 1] / q
+            if s.criterion == "poisson":
+                proxy = _xlogx(xp, SL) - SL * xp.log(WLd) + _xlogx(xp, SR) - SR * xp.log(WRd)
+            else:
+                proxy = SL * SL / WLd + SR * SR / WRd
     valid = (WL > 0) & (WR > 0)
+    if not g.K and s.criterion == "poisson":
+        valid &= (SL > 0) & (SR > 0)          # a child without a positive target sum has an infinite deviance
     if D:
         msl = s.min_samples_leaf
         valid &= (left[:, 0] >= msl) & (right[:, 0] >= msl)
