@@ -178,7 +178,9 @@ def test_invalid_parameters(params, match):
 def test_bootstrap_options():
     X, y = load_breast_cancer(return_X_y=True)
     with pytest.raises(ValueError, match="max_samples"):
-        RandomForestClassifier(n_estimators=2, max_samples=10**6).fit(X, y)
+        RandomForestClassifier(n_estimators=2, max_samples=10**6).fit(X, y)     # above 16 draws per row
+    more = RandomForestClassifier(n_estimators=2, max_samples=2 * len(X), max_depth=2, random_state=0).fit(X, y)
+    assert more._n_samples_bootstrap == 2 * len(X) and more.score(X, y) > 0.8
     with pytest.raises(ValueError, match="bootstrap=False"):
         RandomForestClassifier(n_estimators=2, bootstrap=False, max_samples=0.5).fit(X, y)
     small = RandomForestClassifier(n_estimators=2, max_samples=0.2, max_depth=1, random_state=0).fit(X, y)

@@ -39,16 +39,11 @@ def _thin(test_id):
 # test name -> why mpiml differs (each must still fail)
 DEVIATIONS = {
     "test_backend_respected": "joblib backends are not used: the trees are grown by the SPMD histogram builder, not joblib workers",
-    "test_class_weight_balanced_and_bootstrap_multi_output": "multi-output y (2-D) is not supported",
     "test_class_weights_forest": "reads the private attribute _sample_weight of scikit-learn's trees",
     "test_estimators_samples": "estimators_samples_ is not provided",
     "test_forest_multioutput_integral_regression_target": "multi-output y (2-D) is not supported",
-    "test_forest_y_sparse": "sparse y is refused as in a dense-only estimator; scikit-learn's message differs",
-    "test_friedman_mse_deprecation": "the FutureWarning for criterion='friedman_mse' is not raised",
     "test_importances[RandomForestRegressor-absolute_error-float64]": "criteria other than squared_error / friedman_mse (regression) are not implemented",
     "test_importances[RandomForestRegressor-absolute_error-float32]": "criteria other than squared_error / friedman_mse (regression) are not implemented",
-    "test_max_samples_geq_one": "max_samples as an integer above the row count is refused",
-    "test_memory_layout": "reads scikit-learn's estimator (the base tree) attribute",
     "test_missing_value_is_predictive[RandomForestRegressor-squared_error]": "missing values (NaN) in X are not supported",
     "test_missing_value_is_predictive[RandomForestRegressor-absolute_error]": "criteria other than squared_error / friedman_mse (regression) are not implemented",
     "test_missing_value_is_predictive[RandomForestRegressor-friedman_mse]": "missing values (NaN) in X are not supported",
@@ -62,11 +57,8 @@ DEVIATIONS = {
     "test_missing_values_is_resilient[RandomForestClassifier-gini]": "missing values (NaN) in X are not supported",
     "test_missing_values_is_resilient[RandomForestClassifier-log_loss]": "missing values (NaN) in X are not supported",
     "test_mse_criterion_object_segfault_smoke_test": "criteria other than squared_error / friedman_mse (regression) are not implemented",
-    "test_oob_not_computed_twice": "patches the private scikit-learn method _set_oob_score_and_attributes",
     "test_regression_criterion[absolute_error-RandomForestRegressor]": "criteria other than squared_error / friedman_mse (regression) are not implemented",
-    "test_unfitted_feature_importances": "feature_importances_ of an unfitted forest raises AttributeError, not NotFittedError",
     "test_validate_y_class_weight": "calls the private scikit-learn method _validate_y_class_weight",
-    "test_warm_start_oob": "warm_start with oob_score does not recompute oob_score_",
 }
 
 if os.environ.get("MPIML_SUITE_ALL"):      # every test as a plain test: the real failures, with their tracebacks

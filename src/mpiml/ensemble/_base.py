@@ -23,6 +23,11 @@ from ._prune import prune_best_first, prune_cost_complexity
 
 #: Rows gathered (over all ranks, in expectation) to choose the bin edges.
 BIN_SAMPLE_ROWS = 200_000
+FRIEDMAN_MSE_WARNING = ('Value `"friedman_mse"` for `criterion` is deprecated and will be removed in 1.11. It '
+                        'maps to `"squared_error"` as both were always equivalent. Use '
+                        '`criterion="squared_error"` to remove this warning.')
+#: Largest bootstrap rate (``max_samples / n_samples``): the Poisson table stops at 64 draws per row.
+MAX_POISSON_RATE = 16
 
 _TREE_ATTRS = tuple(f"tree_{name}_" for name, _ in TREE_ARRAYS)
 
@@ -118,7 +123,7 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
         "max_features": [Interval(Integral, 1, None, closed="left"),
                          Interval(RealNotInt, 0.0, 1.0, closed="right"), StrOptions({"sqrt", "log2"}), None],
         "bootstrap": ["boolean"],
-        "max_samples": [None, Interval(RealNotInt, 0.0, 1.0, closed="right"),
+        "max_samples": [None, Interval(RealNotInt, 0.0, None, closed="neither"),
                         Interval(Integral, 1, None, closed="left")],
         "random_state": ["random_state"],
         "n_jobs": [Integral, None],
@@ -165,9 +170,7 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
                 f"by mpiml's forests). Got {self.monotonic_cst!r} instead.")
         criterion = self.criterion
         if criterion == "friedman_mse":
-            warnings.warn('Value `"friedman_mse"` for `criterion` is deprecated and will be removed in 1.11. It '
-                          'maps to `"squared_error"` as both were always equivalent. Use '
-                          '`criterion="squared_error"` to remove this warning.', FutureWarning)
+            warnings.warn(FRIEDMAN_MSE_WARNING, FutureWarning)
             criterion = "squared_error"
         comm = self._get_comm()
         X, xp = validate_data(self, X, comm=comm, accept_sparse=["csr", "csc"])
@@ -176,8 +179,11 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
         sw = validate_sample_weight(sample_weight, X, xp=xp, dtype=np.float64, only_non_negative=True, comm=comm)
         counts = row_counts(X.shape[0], comm)
         n_total, offset = int(counts.sum()), int(counts[:comm.rank].sum())
-        if self.bootstrap and isinstance(self.max_samples, Integral) and self.max_samples > n_total:
-            raise ValueError(f"`max_samples` must be <= n_samples={n_total} but got value {self.max_samples}")
+        rate = self._poisson_rate(n_total)
+        self._n_samples_bootstrap = None if rate is None else int(round(rate * n_total))
+        if rate is not None and rate > MAX_POISSON_RATE:
+            raise ValueError(f"max_samples={self.max_samples} asks for {rate:.1f} draws per row; at most "
+                             f"{MAX_POISSON_RATE} x n_samples={n_total} is supported (Poisson bootstrap weights)")
         mf = _n_features_to_draw(self.max_features, X.shape[1], name)
         old_trees = []
         if self.warm_start and getattr(self, "tree_offsets_", None) is not None:
@@ -187,6 +193,8 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
                                  f"len(estimators_)={n_old} when warm_start==True")
             if self.n_estimators == n_old:
                 warnings.warn("Warm-start fitting without increasing n_estimators does not fit new trees.")
+                if self.oob_score and not hasattr(self, "oob_score_"):
+                    self._set_oob_score_and_attributes(X, targets, counts, offset, self._seed_, comm)
                 return self
             old_trees = self._trees_as_dicts()
             # the seed of the first fit (a loaded model draws it again: the same for an int random_state)
@@ -258,7 +266,7 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
         self._set_trees(old_trees + trees, xp)
         if self.oob_score:
             t0 = time.perf_counter()
-            self._set_oob_score(X, targets, counts, offset, seed, comm)
+            self._set_oob_score_and_attributes(X, targets, counts, offset, seed, comm)
             self._fit_stats["oob_s"] = time.perf_counter() - t0
         self._fit_stats["fit_s"] = time.perf_counter() - t_start
         return self
@@ -343,6 +351,25 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
         seed = int(rs.randint(np.iinfo(np.int32).max))
         return comm.bcast_obj(seed) if comm.size > 1 else seed
 
+    @property
+    def feature_importances_(self):
+        """Mean decrease in impurity per feature (normalised per tree, then in total)."""
+        self._check_is_fitted()
+        return self._feature_importances
+
+    @feature_importances_.setter
+    def feature_importances_(self, value):           # model files set it back
+        self._feature_importances = value
+
+    @property
+    def estimator(self):
+        """The template of the trees (scikit-learn's ``estimator``): an unfitted per-tree estimator."""
+        from ._tree import ForestTreeClassifier, ForestTreeRegressor
+
+        return ForestTreeClassifier() if self._is_classifier else ForestTreeRegressor()
+
+    estimator_ = estimator
+
     def _n_values(self):
         """Values per node of the fitted trees: the classes of every output, or one per regression output."""
         return int(sum(self._output_classes()))
@@ -369,7 +396,7 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
             mean = mean / mean.sum() if mean.sum() > 0 else mean
         else:
             mean = np.zeros(F)
-        self.feature_importances_ = xp.asarray(mean)
+        self._feature_importances = xp.asarray(mean)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

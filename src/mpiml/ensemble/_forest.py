@@ -1,6 +1,9 @@
 """Random forests over the rows of every rank (SPMD): global (exact, all rows) or local training."""
 
+import warnings
+
 import numpy as np
+import scipy.sparse as sp
 from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import column_or_1d
@@ -9,7 +12,7 @@ from .._array import get_namespace, is_device_array, to_numpy
 from .._errors import DistributedInputError
 from ..utils._param_validation import StrOptions
 from ..utils._validation import agree_on_error
-from ._base import _BaseForest
+from ._base import FRIEDMAN_MSE_WARNING, _BaseForest
 from ._predict import _global_r2
 
 __all__ = ["RandomForestClassifier", "RandomForestRegressor"]
@@ -155,7 +158,7 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
     _parameter_constraints = {
         **_BaseForest._parameter_constraints,
         "criterion": [StrOptions({"gini", "entropy", "log_loss"})],
-        "class_weight": [StrOptions({"balanced", "balanced_subsample"}), dict, None],
+        "class_weight": [StrOptions({"balanced", "balanced_subsample"}), dict, list, None],
     }
     _saved_attributes = _BaseForest._saved_attributes + ("classes_", "n_classes_")
 
@@ -194,6 +197,8 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
         outputs' classes present over every rank, one agreement) and their leaf values are then
         marginalised per output (:meth:`_output_values`).
         """
+        if sp.issparse(y):
+            raise ValueError("sparse multilabel-indicator for y is not supported.")
         n_out = _n_outputs_of(y, comm)
         self.n_outputs_ = n_out
         if n_out == 1:
@@ -463,6 +468,8 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
                  min_impurity_decrease=0.0, bootstrap=True, oob_score=False, n_jobs=None, random_state=None,
                  verbose=0, warm_start=False, ccp_alpha=0.0, max_samples=None, monotonic_cst=None, max_bins=256,
                  training="global", comm=None):
+        if isinstance(criterion, str) and criterion == "friedman_mse":     # scikit-learn warns on construction
+            warnings.warn(FRIEDMAN_MSE_WARNING, FutureWarning)
         self.n_estimators = n_estimators
         self.criterion = criterion
         self.max_depth = max_depth

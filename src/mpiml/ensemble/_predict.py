@@ -45,7 +45,7 @@ def _global_r2(yt, pred, w, comm):
 class _ForestPrediction:
     """Prediction, ``apply`` and the out-of-bag estimates of a fitted forest (flat tree arrays)."""
 
-    def _set_oob_score(self, X, targets, counts, offset, seed, comm):
+    def _set_oob_score_and_attributes(self, X, targets, counts, offset, seed, comm):
         """Out-of-bag predictions of the local rows and the global out-of-bag score.
 
         A row is out of bag for a tree when its Poisson weight for that tree is
