@@ -173,8 +173,11 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
             warnings.warn(FRIEDMAN_MSE_WARNING, FutureWarning)
             criterion = "squared_error"
         comm = self._get_comm()
-        X, xp = validate_data(self, X, comm=comm, accept_sparse=["csr", "csc"])
+        X, xp = validate_data(self, X, comm=comm, accept_sparse=["csr", "csc"], ensure_all_finite="allow-nan")
         X = densified(X)                  # bins are per-feature columns: sparse shards are expanded
+        # features with missing values on some rank (one allreduce of a flag per feature): a bin of their own
+        local_nan = (to_numpy(xp.isnan(X).any(axis=0)) if X.shape[0] else np.zeros(X.shape[1], dtype=bool))
+        self._missing = _agree_max(comm, local_nan.astype(np.float64)) > 0 if X.shape[1] else local_nan
         targets = self._validate_y(y, X, comm)
         sw = validate_sample_weight(sample_weight, X, xp=xp, dtype=np.float64, only_non_negative=True, comm=comm)
         counts = row_counts(X.shape[0], comm)
@@ -344,7 +347,8 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
         sample = np.ascontiguousarray(to_numpy(sample))
         if comm is not None and comm.size > 1:
             sample = comm.allgatherv(sample)
-        return bin_edges(sample, self.max_bins, exact=keep is None, xp=xp)
+        return bin_edges(sample, self.max_bins, exact=keep is None, xp=xp,
+                         missing=self._missing if self._missing.any() else None)
 
     def _seed(self, comm):
         rs = check_random_state(self.random_state)
@@ -401,6 +405,7 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = True
+        tags.input_tags.allow_nan = True
         tags.target_tags.multi_output = True
         return tags
 

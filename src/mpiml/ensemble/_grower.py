@@ -402,6 +402,7 @@ class TreeGrower:
         vals, edges, exact = self._bin_tables()
         thr = edges[f, np.minimum(b, edges.shape[1] - 1)]
         ex = exact[f] & (below >= 0) & (above < self.B)
+        ex[ex] &= ~np.isnan(vals[f[ex], above[ex]])            # the bin above is the missing values': the edge
         if ex.any():
             vlo, vhi = vals[f[ex], below[ex]], vals[f[ex], above[ex]]
             mid = (vlo + vhi) / 2.0

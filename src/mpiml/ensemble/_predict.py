@@ -163,7 +163,8 @@ class _ForestPrediction:
                                  f"{self.n_features_in_} features as input.")
             xp = get_namespace(X)
             return xp.zeros((0, shape[1]), dtype=X.dtype if X.dtype.kind == "f" else xp.float64), xp
-        X, xp = validate_data(self, X, comm=get_comm("self"), reset=False, accept_sparse=["csr", "csc"])
+        X, xp = validate_data(self, X, comm=get_comm("self"), reset=False, accept_sparse=["csr", "csc"],
+                              ensure_all_finite="allow-nan")
         return densified(X), xp
 
     def _walk_arrays(self, xp):
