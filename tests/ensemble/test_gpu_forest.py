@@ -223,3 +223,43 @@ def test_forest_gpu_spmd(mpi, n):
     if gpus < n:
         env["MPIML_COMM_ALGO"] = "allreduce:mpi/native"
     mpi(os.path.join(HERE, "forest_gpu_script.py"), n, timeout=300, env=env)
+
+
+@pytest.mark.parametrize("case", ["sparse", "multi_output_regression", "multi_output_classification", "nan",
+                                  "poisson"])
+def test_gpu_features_grow_the_numpy_trees(case):
+    """Sparse X (cupyx), multi-output y, NaN and poisson on CuPy: the trees of the NumPy fit, exactly
+    (exact histograms; these cases take the array split search on both), and estimators_ on the host."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+    import scipy.sparse as sp
+    from sklearn.datasets import make_classification, make_regression
+
+    from mpiml.ensemble import RandomForestClassifier, RandomForestRegressor
+
+    X, y = make_classification(n_samples=4000, n_features=8, n_informative=5, n_classes=3, random_state=2)
+    X = np.round(X, 2)
+    cls, Xh, yh, kw = RandomForestClassifier, X, y, {}
+    if case == "sparse":
+        Xh = np.where(np.abs(X) < 0.8, 0.0, X)
+    elif case == "multi_output_regression":
+        cls = RandomForestRegressor
+        Xh, yh = make_regression(n_samples=4000, n_features=8, n_targets=3, random_state=2)
+        Xh = np.round(Xh, 2)
+    elif case == "multi_output_classification":
+        yh = np.stack([y, (X[:, 0] > 0).astype(int)], axis=1)
+    elif case == "nan":
+        Xh = X.copy()
+        Xh[np.random.RandomState(0).rand(*X.shape) < 0.1] = np.nan
+    elif case == "poisson":
+        cls, yh, kw = RandomForestRegressor, np.exp(X[:, 0] / 2), {"criterion": "poisson"}
+    params = dict(n_estimators=3, max_depth=7, random_state=0, **kw)
+    host = cls(**params).fit(sp.csr_matrix(Xh) if case == "sparse" else Xh, yh)
+    Xd = csp.csr_matrix(cp.asarray(Xh)) if case == "sparse" else cp.asarray(Xh)
+    dev = cls(**params).fit(Xd, cp.asarray(yh))
+    for key in ("tree_feature_", "tree_n_node_samples_", "tree_threshold_", "tree_value_"):
+        np.testing.assert_allclose(cp.asnumpy(getattr(dev, key)), getattr(host, key), rtol=1e-12, err_msg=key)
+    assert len(dev.estimators_) == 3 and dev.estimators_[0].tree_.node_count == int(dev.tree_offsets_[1])
+    pred = dev.predict(cp.asarray(Xh) if case != "sparse" else Xd)
+    np.testing.assert_allclose(cp.asnumpy(pred) if isinstance(pred, cp.ndarray) else np.asarray(pred, dtype=float),
+                               np.asarray(host.predict(Xh), dtype=float), rtol=1e-9)
