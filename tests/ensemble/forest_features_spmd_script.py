@@ -19,7 +19,7 @@ comm = get_comm()
 SELF = get_comm("self")
 rank, size = comm.rank, comm.size
 TREE_KEYS = ("tree_offsets_", "tree_feature_", "tree_threshold_", "tree_children_left_", "tree_children_right_",
-             "tree_value_", "tree_n_node_samples_", "tree_impurity_", "feature_importances_")
+             "tree_value_", "tree_n_node_samples_", "tree_impurity_", "tree_missing_left_", "feature_importances_")
 
 
 def shard(a):

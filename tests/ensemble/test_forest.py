@@ -186,3 +186,29 @@ def test_bootstrap_options():
     small = RandomForestClassifier(n_estimators=2, max_samples=0.2, max_depth=1, random_state=0).fit(X, y)
     # the root's rows are about a fifth of the data (Poisson(0.2) weights: rows drawn at least once)
     assert 0.12 * len(y) < small.tree_n_node_samples_[0] < 0.25 * len(y)
+
+
+def test_missing_values_go_to_the_learned_side(tmp_path):
+    rng = np.random.RandomState(0)
+    x = rng.rand(400)
+    y = (x > 0.5).astype(int)
+    X = np.stack([x, rng.rand(400)], axis=1)
+    miss = rng.rand(400) < 0.2
+    y[miss] = 0                                   # the missing values behave like the low ones: left
+    X[miss, 0] = np.nan
+    rf = RandomForestClassifier(n_estimators=1, bootstrap=False, max_features=None, max_depth=1,
+                                random_state=0).fit(X, y)
+    assert rf.tree_feature_[0] == 0 and rf.tree_missing_left_[0] == 1
+    assert rf.estimators_[0].tree_.missing_go_to_left[0] == 1
+    np.testing.assert_array_equal(rf.predict(X), y)
+    np.testing.assert_array_equal(rf.estimators_[0].predict(X), y)
+    path = str(tmp_path / "rf.mpiml")
+    mpiml.save(rf, path)
+    np.testing.assert_array_equal(mpiml.load(path).predict(X), y)
+    # mirrored: the missing values behave like the high ones and go right
+    X2 = X.copy()
+    X2[:, 0] = 1 - X2[:, 0]
+    rf = RandomForestClassifier(n_estimators=1, bootstrap=False, max_features=None, max_depth=1,
+                                random_state=0).fit(X2, y)
+    assert rf.tree_missing_left_[0] == 0
+    np.testing.assert_array_equal(rf.predict(X2), y)

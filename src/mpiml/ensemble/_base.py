@@ -243,6 +243,7 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
                 Xb=apply_bins(Xl, edges, xp), n_bins=[len(e) + 1 for e in edges], edges=edges, values=values,
                 y=tl, weight=wl, row_index=index, n_classes=self._n_codes_ if self._is_classifier else 0,
                 n_outputs=self.n_outputs_,
+                missing_bin=[len(e) if m else -1 for e, m in zip(edges, self._missing)],
                 criterion=criterion, max_depth=depth,
                 min_samples_split=max(_n_from(self.min_samples_split, n_rows), 2),
                 min_samples_leaf=_n_from(self.min_samples_leaf, n_rows), max_features=mf,
@@ -298,7 +299,7 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
             t = {name: to_numpy(a) for name, a in self.get_tree(i).items()}
             tree = {"left": t["children_left"], "right": t["children_right"], **{
                 k: t[k] for k in ("feature", "threshold", "value", "n_node_samples", "weighted_n_node_samples",
-                                  "impurity")}}
+                                  "impurity", "missing_left")}}
             if imps is not None:
                 tree["importances"] = imps[i]
             else:                      # a loaded model: the decrease of each split from the node impurities

@@ -147,6 +147,9 @@ class TreeGrower:
             self.kernel = histograms
         # compiled host kernels (Numba) unless ``MPIML_RF_CPU_KERNEL=0`` (the NumPy path, same trees)
         self.cpu = self.xp is np and self.Q == 1 and _cpu_kernels.enabled()
+        # missing values: the bin of each feature's NaN (-1: none); their splits take the array search
+        nan_bin = getattr(spec, "missing_bin", None)
+        self.nan_bin = np.asarray(nan_bin) if nan_bin is not None and (np.asarray(nan_bin) >= 0).any() else None
         # the host kernels gather a node's rows from one feature's column of bins at a time
         self.cols = np.ascontiguousarray(spec.Xb.T) if self.cpu else None
         # a rank that grows alone needs no histogram of any node: the search reads a per-thread one
@@ -344,7 +347,8 @@ class TreeGrower:
         Compiled: gini (fewer than 8 classes: sums over classes in NumPy's order) and squared error;
         ``MPIML_RF_SPLIT_KERNEL=0`` turns it off (the array search, for comparisons: the same trees).
         """
-        if (self.K and (self.s.criterion != "gini" or self.K >= 8)) or self.Q > 1 or self.s.criterion == "poisson":
+        if ((self.K and (self.s.criterion != "gini" or self.K >= 8)) or self.Q > 1 or self.s.criterion == "poisson"
+                or getattr(self, "nan_bin", None) is not None):
             return None
         if os.environ.get("MPIML_RF_SPLIT_KERNEL", "1") == "0":
             return None
@@ -375,8 +379,12 @@ class TreeGrower:
             best = choose(xp, cand)
         else:
             Hm = H if fpos is None else xp.take_along_axis(H, fpos[:, :, None, None], axis=1)
-            best = dense_candidates(self, Hm, tot, st["mwl"], first_only)
-        return decide(self, best, st, ex, order, depth)
+            nanb = None if self.nan_bin is None else xp.asarray(self.nan_bin)[xp.asarray(order)]
+            best = dense_candidates(self, Hm, tot, st["mwl"], first_only, nanb=nanb)
+        dec = decide(self, best[:7], st, ex, order, depth)
+        dec["missing_left"] = (_host(xp, best[7]).astype(bool) & ~dec["leaf"] if len(best) > 7
+                               else np.zeros(len(dec["leaf"]), dtype=bool))
+        return dec
 
     def _bin_tables(self):
         """Padded ``(F, B)`` tables of bin values (NaN where bins are not single values) and edges."""
@@ -662,7 +670,8 @@ class TreeGrower:
             Hr, exr = self._reduce(Hr, exr)
         rw = None if root_w is None else root_w[sel]
         again = self._evaluate(Hr, exr, rest, depth, rw, first_only=True)
-        for key in ("leaf", "feature", "best_b", "below", "above", "decrease", "best_wl", "best_wr"):
+        dec.setdefault("missing_left", np.zeros(len(dec["leaf"]), dtype=bool))
+        for key in ("leaf", "feature", "best_b", "below", "above", "decrease", "best_wl", "best_wr", "missing_left"):
             dec[key][sel] = again[key]
 
     def _record(self, levels, ranges, dec):
@@ -686,7 +695,8 @@ class TreeGrower:
             "feature": np.where(split, f, -2), "threshold": thr, "left": left,
             "right": np.where(split, left + 1, -1).astype(np.int32), "value": dec["value"],
             "n_node_samples": dec["counts"], "weighted_n_node_samples": dec["W"], "impurity": dec["impurity"],
-            "decrease": np.where(split, dec["decrease"], 0.0)}))
+            "decrease": np.where(split, dec["decrease"], 0.0),
+            "missing_left": np.where(split, dec.get("missing_left", False), False)}))
         n_split = np.bincount(slot_tree, weights=split, minlength=T).astype(np.int64)
         return np.stack([ranges[:, 1], ranges[:, 1] + 2 * n_split], axis=1)
 
@@ -723,13 +733,14 @@ class TreeGrower:
             empty_y = xp.zeros((0, self.Q), dtype=xp.float64) if self.Q > 1 else empty_f
             return _Elements(empty_i, empty_i, empty_f, None if self.K else empty_y, None if self.K else empty_f,
                              np.zeros(2 * n_split + 1, dtype=np.int64))
-        if self.kernel is not None:
+        nan_left = self.nan_bin is not None and bool(np.any(dec.get("missing_left", False)))
+        if self.kernel is not None and not nan_left:
             code = np.where(split_h, dec["feature"] * 256 + dec["best_b"], -1)
             (row, seg, w, wy, wy2), counts = self.kernel.partition_rows(s.Xb, el.seg, el.row, el.w, el.wy, el.wy2,
                                                                         code, el.starts)
             counts = counts[split_h].reshape(-1)
             return _Elements(row, seg, w, wy, wy2, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
-        if self.cpu:
+        if self.cpu and not nan_left:
             (row, w, wy, wy2), counts = _cpu_kernels.partition(self.cols, el.row, el.w, el.wy, el.wy2, el.starts,
                                                                np.where(split_h, dec["feature"], -1), dec["best_b"])
             counts = counts.reshape(-1)
@@ -740,7 +751,11 @@ class TreeGrower:
         sp = xp.asarray(split_h)[seg]
         fx = xp.asarray(np.where(split_h, dec["feature"], 0).astype(np.int32))[seg]
         bx = xp.asarray(np.where(split_h, dec["best_b"], 0).astype(np.int32))[seg]
-        go = s.Xb[el.row, fx].astype(xp.int32) <= bx
+        bins = s.Xb[el.row, fx].astype(xp.int32)
+        go = bins <= bx
+        if nan_left:                                 # missing values to the left where the split learned so
+            nb = np.where(split_h & dec["missing_left"], self.nan_bin[np.where(split_h, dec["feature"], 0)], -1)
+            go |= bins == xp.asarray(nb.astype(np.int32))[seg]
         is_l = sp & go
         is_r = sp & ~go
         cl = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(is_l, dtype=xp.int64)])
@@ -772,4 +787,4 @@ class TreeGrower:
 #: Per-node records of a tree and their dtypes.
 _RECORDS = {"feature": np.int32, "threshold": np.float64, "left": np.int32, "right": np.int32,
             "value": np.float64, "n_node_samples": np.int64, "weighted_n_node_samples": np.float64,
-            "impurity": np.float64, "decrease": np.float64}
+            "impurity": np.float64, "decrease": np.float64, "missing_left": np.uint8}

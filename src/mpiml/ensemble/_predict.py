@@ -74,7 +74,7 @@ class _ForestPrediction:
         for s0 in range(0, n, step):
             Xb = X[s0:s0 + step]
             leaves = apply_forest(Xb, a["feature"], a["threshold"], a["children_left"], a["children_right"],
-                                  a["offsets"], xp)
+                                  a["offsets"], xp, a["missing_left"])
             u = hash_uniform(xp, seed, STREAM_BOOTSTRAP, tree_ids[None, :], index[s0:s0 + step, None])
             oob = xp.where(mine_x[None, :], u < p0, True)
             val = a["value"][leaves]                                       # (rows, trees, K)
@@ -144,7 +144,13 @@ class _ForestPrediction:
         """
         self._check_is_fitted()
         a, b = int(self.tree_offsets_[i]), int(self.tree_offsets_[i + 1])
-        return {name: getattr(self, f"tree_{name}_")[a:b] for name, _ in TREE_ARRAYS}
+        return {name: self._tree_array(name)[a:b] for name, _ in TREE_ARRAYS}
+
+    def _tree_array(self, name):
+        """A flat tree array; the missing-value sides of a model saved before they existed are all right (0)."""
+        if name == "missing_left" and getattr(self, "tree_missing_left_", None) is None:
+            return np.zeros(self.tree_feature_.shape[0], dtype=np.uint8)
+        return getattr(self, f"tree_{name}_")
 
     @property
     def n_estimators_(self):
@@ -174,15 +180,15 @@ class _ForestPrediction:
         else:
             def conv(a):
                 return a if is_device_array(a) else xp.asarray(a)
-        arrays = {name: conv(getattr(self, f"tree_{name}_")) for name in
-                  ("feature", "threshold", "children_left", "children_right", "value")}
+        arrays = {name: conv(self._tree_array(name)) for name in
+                  ("feature", "threshold", "children_left", "children_right", "value", "missing_left")}
         arrays["offsets"] = conv(self.tree_offsets_)
         return arrays
 
     def _leaves(self, X, xp):
         a = self._walk_arrays(xp)
         return apply_forest(X, a["feature"], a["threshold"], a["children_left"], a["children_right"],
-                            a["offsets"], xp), a
+                            a["offsets"], xp, a["missing_left"]), a
 
     def apply(self, X):
         """Index of the leaf reached by each local row in each tree (tree-local node ids).

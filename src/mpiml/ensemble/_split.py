@@ -86,32 +86,10 @@ def node_stats(g, tot, ex, root_weight):
     return {"W": W, "parent": parent, "impurity": impurity, "value": value, "pure": pure, "root_w": rw, "mwl": mwl}
 
 
-def dense_candidates(g, Hm, tot, mwl, first_only=False):
-    """The best split of every node by whole-array operations over its histograms ``Hm`` (S, m, B, C).
-
-    Only non-empty bins are split candidates (a split after an empty bin
-    repeats the one before it), so the work is proportional to the non-empty
-    bins: per-(node, feature) prefix sums are exact int64 sums.  Ties go to the
-    lowest (feature position, bin).  With ``first_only`` only the first feature
-    that is not constant in the node is a candidate (the features drawn after
-    ``max_features`` constant ones).
-
-    Returns per node ``(best_val, best_j, best_b, best_wl, below, above, varying)``.
-    """
+def _scored(g, left, right, mwl):
+    """Split scores (the proxy: larger is better), left weights and validity of candidate sides."""
     xp, s, D = g.xp, g.s, g.D
-    n_slots, m, B, C = Hm.shape
     sw = s.scales[0]
-    # (S, m, B) bins holding rows: the row count, the weight (regression), or the class weights (all >= 1)
-    occupied = Hm.sum(axis=3) > 0 if (g.K and not D) else Hm[..., 0] > 0
-    nz = xp.flatnonzero(occupied.ravel())                    # non-empty (slot, feature, bin)
-    G = Hm.reshape(-1, C)[nz].astype(xp.int64)
-    seg = nz // B
-    first = xp.searchsorted(seg, seg, side="left")
-    cs = xp.cumsum(G, axis=0)
-    left_i = cs - (cs[first] - G[first])
-    slot = seg // m
-    left = left_i.astype(xp.float64)
-    right = tot[slot] - left
     if g.K:
         wl, wr = left[:, D:] / sw, right[:, D:] / sw
         WL, WR = wl.sum(-1), wr.sum(-1)
@@ -138,12 +116,57 @@ def dense_candidates(g, Hm, tot, mwl, first_only=False):
     if D:
         msl = s.min_samples_leaf
         valid &= (left[:, 0] >= msl) & (right[:, 0] >= msl)
+    if mwl is not None:
+        valid &= (WL >= mwl) & (WR >= mwl)
+    return proxy, WL, valid
+
+
+def dense_candidates(g, Hm, tot, mwl, first_only=False, nanb=None):
+    """The best split of every node by whole-array operations over its histograms ``Hm`` (S, m, B, C).
+
+    Only non-empty bins are split candidates (a split after an empty bin
+    repeats the one before it), so the work is proportional to the non-empty
+    bins: per-(node, feature) prefix sums are exact int64 sums.  Ties go to the
+    lowest (feature position, bin).  With ``first_only`` only the first feature
+    that is not constant in the node is a candidate (the features drawn after
+    ``max_features`` constant ones).
+
+    ``nanb`` (S, m): the missing-value bin of each candidate feature (-1: none); with it, each split
+    is also scored with the missing values on the left, and an eighth array says per node whether
+    the chosen split sends them left.
+
+    Returns per node ``(best_val, best_j, best_b, best_wl, below, above, varying)``.
+    """
+    xp, D = g.xp, g.D
+    n_slots, m, B, C = Hm.shape
+    # (S, m, B) bins holding rows: the row count, the weight (regression), or the class weights (all >= 1)
+    occupied = Hm.sum(axis=3) > 0 if (g.K and not D) else Hm[..., 0] > 0
+    nz = xp.flatnonzero(occupied.ravel())                    # non-empty (slot, feature, bin)
+    G = Hm.reshape(-1, C)[nz].astype(xp.int64)
+    seg = nz // B
+    first = xp.searchsorted(seg, seg, side="left")
+    cs = xp.cumsum(G, axis=0)
+    left_i = cs - (cs[first] - G[first])
+    slot = seg // m
+    left = left_i.astype(xp.float64)
+    mwl_e = None if mwl is None else mwl[slot]
+    proxy, WL, valid = _scored(g, left, tot[slot] - left, mwl_e)
+    mleft = None
+    if nanb is not None:
+        # missing values to the left as well: the node's missing-value bin joins the left side of every split
+        # of its feature below that bin; the better side wins (ties: missing values right)
+        nb = nanb.reshape(-1).astype(xp.int64)
+        nb = xp.where(nb < B, nb, -1)                        # one-bin totals (the last level): no split
+        nan_h = Hm.reshape(n_slots * m, B, C)[xp.arange(n_slots * m), xp.maximum(nb, 0)] * (nb >= 0)[:, None]
+        below_nan = (nz % B) < nb[seg]
+        left2 = left + nan_h[seg] * below_nan[:, None]
+        proxy2, WL2, valid2 = _scored(g, left2, tot[slot] - left2, mwl_e)
+        mleft = valid2 & (~valid | (proxy2 > proxy)) & below_nan & (nan_h[seg].sum(-1) > 0)
+        proxy, WL, valid = xp.where(mleft, proxy2, proxy), xp.where(mleft, WL2, WL), valid | mleft
     varying = occupied.sum(axis=2) >= 2                      # (S, m): not constant in the node
     if first_only:
         first_varying = xp.argmax(varying, axis=1)
         valid &= (seg % m) == first_varying[slot]
-    if mwl is not None:
-        valid &= (WL >= mwl[slot]) & (WR >= mwl[slot])
     dense = xp.full(n_slots * m * B, -xp.inf, dtype=xp.float64)
     dense[nz] = xp.where(valid, proxy, -xp.inf)
     dense_wl = xp.zeros(n_slots * m * B, dtype=xp.float64)
@@ -158,7 +181,12 @@ def dense_candidates(g, Hm, tot, mwl, first_only=False):
     idx = xp.arange(B)
     below = xp.where(chosen & (idx <= best_b[:, None]), idx, -1).max(axis=1)
     above = xp.where(chosen & (idx > best_b[:, None]), idx, B).min(axis=1)
-    return best_val, best_j, best_b, best_wl, below, above, varying.any(axis=1)
+    out = (best_val, best_j, best_b, best_wl, below, above, varying.any(axis=1))
+    if mleft is not None:
+        dense_ml = xp.zeros(n_slots * m * B, dtype=bool)
+        dense_ml[nz] = mleft
+        out += (xp.take_along_axis(dense_ml.reshape(n_slots, m * B), best[:, None], axis=1)[:, 0],)
+    return out
 
 
 def choose(xp, cand):
