@@ -84,10 +84,12 @@ def _agree_max(comm, values):
 
 
 def _tree_matrix(trees, n_values):
-    """Per-node rows ``[feature, threshold, left, right, n, weighted n, impurity, value...]`` (float64)."""
+    """Per-node rows of the :data:`TREE_ARRAYS` (``value`` as ``n_values`` columns), float64."""
+    if not trees:
+        return np.zeros((0, len(TREE_ARRAYS) - 1 + n_values))
     flat = pack_trees(trees, n_values)
     cols = [flat[name].reshape(len(flat["feature"]), -1).astype(np.float64) for name, _ in TREE_ARRAYS]
-    return np.concatenate(cols, axis=1) if cols else np.zeros((0, 7 + n_values))
+    return np.concatenate(cols, axis=1)
 
 
 def _trees_from_matrix(mat, counts, n_values):
@@ -325,7 +327,7 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
         if comm.size == 1:
             return trees
         n_values = self._n_codes_ if self._is_classifier else self.n_outputs_     # the grower's node values
-        mat = _tree_matrix(trees, n_values) if trees else np.zeros((0, 7 + n_values))
+        mat = _tree_matrix(trees, n_values)
         t0 = time.perf_counter()
         everything = comm.allgatherv(np.ascontiguousarray(mat))
         meta = comm.allgather_obj((mine, [len(t["feature"]) for t in trees],
