@@ -14,7 +14,7 @@ import pytest
 from conftest import have_gpu
 from mpiml.kernels import _loader
 
-SRC = ("histograms.cu",)
+SRC = ("forest/histograms.cu",)
 EXPRS = ["mpiml_hist_route", "mpiml_hist_move<true>"]
 
 
@@ -231,7 +231,7 @@ def test_build_specs_cover_the_collectives_and_histograms():
 
     progs = build.specs("sm_90")
     files = {f for f, _ in progs}
-    assert ("histograms.cu",) in files and kmeans.TC_FILES in files and kmeans.SIMT_FILES in files
+    assert ("forest/histograms.cu",) in files and kmeans.TC_FILES in files and kmeans.SIMT_FILES in files
     assert all(("ipc_common.cuh", FAMILIES[f][0]) in files for f in FAMILIES)
     # a form with a constant bank is alone in its program
     for _, exprs in progs:
@@ -333,7 +333,7 @@ def test_shipped_cubin_runs(monkeypatch, tmp_path):
     fn((3,), (256,), (part, np.int32(5), np.int64(70), out))
     cupy.testing.assert_array_equal(out, part.sum(axis=0) + 1)
     hist = [f"mpiml_hist_build<{c}, {d}, {w}>" for c in ("false", "true") for d in (0, 1) for w in ("false", "true")]
-    fns = _loader.load(("histograms.cu",), hist + ["mpiml_hist_route"])
+    fns = _loader.load(("forest/histograms.cu",), hist + ["mpiml_hist_route"])
     assert len({id(f) for f in fns.values()}) == len(fns)
     after = _loader.stats()
     assert after["prebuilt"] - before["prebuilt"] == 2 and after["compiled"] == before["compiled"]
@@ -355,7 +355,8 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
     10^6 x 32, k = 32 on an sm_90 device) are each held by one program of the build's specs, so the shipped
     cubins serve them."""
     from mpiml import kernels
-    from mpiml.kernels import build, histograms, kmeans, linear, select
+    from mpiml.kernels import build, kmeans, linear, select
+    from mpiml.kernels.forest import histograms
 
     asked = []
 
@@ -386,7 +387,7 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
     for files, exprs in asked:
         assert any(f == files and set(exprs) <= set(e) for f, e in progs), (files, exprs)
     assert {f for f, _ in asked} == {("ipc_common.cuh", "allreduce.cu"), ("ipc_common.cuh", "bcast.cu"),
-                                     ("histograms.cu",), kmeans.TC_FILES, kmeans.SIMT_FILES, ("linear/linear.cu",),
+                                     ("forest/histograms.cu",), kmeans.TC_FILES, kmeans.SIMT_FILES, ("linear/linear.cu",),
                                      ("select/select.cu",)}
 
 
@@ -438,7 +439,8 @@ def test_a_kmeans_step_on_sm_90_is_served_by_the_shipped_zip(monkeypatch, tmp_pa
     """Through the loader as on the GPU (a fake CuPy that loads the cubin files): the kernels of a k-means step,
     the histograms and an allreduce come from the shipped zip, extracted into the cache; nothing compiles."""
     from mpiml import kernels
-    from mpiml.kernels import build, histograms, kmeans
+    from mpiml.kernels import build, kmeans
+    from mpiml.kernels.forest import histograms
 
     monkeypatch.setitem(sys.modules, "cupy", _FakeCupyDevice)
     monkeypatch.setenv("MPIML_KERNEL_CACHE", str(tmp_path))

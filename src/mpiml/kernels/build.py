@@ -154,7 +154,7 @@ def specs(arch, model=None):
         for ct in sorted(ctypes):
             out.append((("ipc_common.cuh", file), _name_expressions(family, ct, None)))
     hist = [f"mpiml_hist_build<{c}, {d}, {w}>" for c in ("false", "true") for d in (0, 1) for w in ("false", "true")]
-    out.append((("histograms.cu",), hist + ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>",
+    out.append((("forest/histograms.cu",), hist + ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>",
                                             "mpiml_hist_split<false>", "mpiml_hist_split<true>"]))
     for ct in ("float", "double"):
         out.append((("linear/linear.cu",), [f"mpiml_linear_gram<{ct}, {w}>" for w in ("false", "true")]
