@@ -9,7 +9,7 @@ For each op and size, every path runs on the *same* CuPy buffers, interleaved in
 * ``raw``: ``cupy.cuda.nccl.NcclCommunicator`` called directly (the peer);
 * ``auto``: ``comm.allreduce(x, out=y)``, ``comm.bcast(x, out=y)``,
   ``comm.reduce(x, out=y)``, ``comm.allgather(x, out=y)``,
-  ``comm.reduce_scatter(x)`` as a user calls them, at the **default settings**
+  ``comm.reduce_scatter(x, out=y)`` as a user calls them, at the **default settings**
   (``MPIML_CHECK`` unset: repeated calls deferred, see docs/comm.md);
 * ``auto0``: the same with ``MPIML_CHECK=0`` (no checking at all);
 * ``nccl``, ``ipc/ll``, ``ipc/oneshot``, ``ipc/twoshot``, ``ipc/pull``: one
@@ -110,13 +110,12 @@ def make_call(op, path, nbytes, x, y):
                                              stream.ptr)
         return lambda: raw.allGather(x.data.ptr, y.data.ptr, n, nccl.NCCL_FLOAT32, stream.ptr)
     ll_max, cap = ipc_limits()
-    if path == "ipc/ll" and x.nbytes > ll_max:
+    if path == "ipc/ll" and (x.nbytes // P if op == "reduce_scatter" else x.nbytes) > ll_max:
         return None
-    if path == "ipc/oneshot" and (op not in ("allreduce", "reduce", "reduce_scatter") or nbytes > (4 << 20)):
+    if path == "ipc/oneshot" and (op not in ("allreduce", "reduce", "reduce_scatter")
+                                  or nbytes > (cap if op == "reduce_scatter" else 4 << 20)):
         return None
-    if path == "ipc/ll" and op == "reduce_scatter":
-        return None
-    if path == "ipc/twoshot" and (op != "allreduce" or nbytes < (64 << 10)):
+    if path == "ipc/twoshot" and (op not in ("allreduce", "bcast", "reduce") or nbytes < (64 << 10)):
         return None
     if path == "ipc/pull" and op not in ("bcast", "allgather"):
         return None
@@ -128,7 +127,7 @@ def make_call(op, path, nbytes, x, y):
     if op == "reduce":
         return lambda: comm.reduce(x, root=0, out=y, algorithm=algo)
     if op == "reduce_scatter":
-        return lambda: comm.reduce_scatter(x, algorithm=algo)
+        return lambda: comm.reduce_scatter(x, out=y, algorithm=algo)
     return lambda: comm.allgather(x, out=y, algorithm=algo)
 
 

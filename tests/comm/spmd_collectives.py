@@ -289,12 +289,22 @@ def test_shapes_and_out(comm):
         got = comm.reduce_scatter(x, algorithm=algo)
         want = np.array_split(np.arange(30, dtype=np.float32).reshape(5, 3, 2) * (p * (p + 1) // 2), p)[r]
         assert_close(got, want, f"reduce_scatter[{algo}] 3-d", exact=True)
+        out = np.full(want.shape, -1.0, dtype=np.float32)
+        for _ in range(2):  # the first call and its repeat (the plan's replay)
+            got = comm.reduce_scatter(x, out=out, algorithm=algo)
+            check(got is out, f"reduce_scatter[{algo}] out= is not returned")
+            assert_close(out, want, f"reduce_scatter[{algo}] 3-d out=", exact=True)
     # wrong out= is the same ValueError everywhere, before any communication
     try:
         comm.allreduce(np.zeros(3), out=np.zeros(4))
         check(False, "allreduce with a wrong out= did not raise")
     except ValueError as exc:
         check("out must have shape" in str(exc), f"wrong out= message: {exc}")
+    try:
+        comm.reduce_scatter(np.zeros(3 * comm.size), out=np.zeros(4))
+        check(False, "reduce_scatter with a wrong out= did not raise")
+    except ValueError as exc:
+        check("out must have shape (3,)" in str(exc), f"reduce_scatter: wrong out= message: {exc}")
 
 
 def test_algorithm_names(comm):

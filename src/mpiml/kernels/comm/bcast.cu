@@ -19,7 +19,8 @@ __global__ void mpiml_bcast_pull(const MpimlCtx* c, const T* in, T* out, long lo
     mpiml_end(c, epoch);
 }
 
-// Allgather: copy in, barrier, read every rank's n elements into out[r * stride ...].
+// Allgather: copy in, barrier, read every rank's n elements into out[r * stride ...]
+// (pack i of every rank by the thread that wrote pack i: the block's barrier covers it).
 template <typename T, bool A>
 __global__ void mpiml_allgather_pull(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
     const unsigned epoch = mpiml_begin(c);
@@ -27,9 +28,15 @@ __global__ void mpiml_allgather_pull(const MpimlCtx* c, const T* in, T* out, lon
     MpimlPack<T>* mine = mpiml_packs<T>(c, (int)c->rank, epoch);
     MPIML_GRID_LOOP(i, units) mine[i] = mpiml_load_user<T, A>(in, i, n);
     if (mpiml_barrier(c, epoch, 0)) {
-        for (int r = 0; r < (int)c->nranks; ++r) {
-            const MpimlPack<T>* theirs = mpiml_packs<T>(c, r, epoch);
-            MPIML_GRID_LOOP(i, units) mpiml_store_user<T, A>(out + r * stride, i, n, mpiml_ld(theirs + i));
+        const int nr = (int)c->nranks;
+        MPIML_GRID_LOOP(i, units) {  // every rank's pack i loaded before the first is stored: one link latency
+            MpimlPack<T> v[MPIML_MAX_RANKS];
+#pragma unroll
+            for (int r = 0; r < MPIML_MAX_RANKS; ++r)
+                if (r < nr) v[r] = mpiml_ld(mpiml_packs<T>(c, r, epoch) + i);
+#pragma unroll
+            for (int r = 0; r < MPIML_MAX_RANKS; ++r)
+                if (r < nr) mpiml_store_user<T, A>(out + r * stride, i, n, v[r]);
         }
     }
     mpiml_end(c, epoch);
@@ -89,6 +96,60 @@ __global__ void mpiml_allgather_ll(const MpimlCtx* c, const T* in, T* out, long 
             mpiml_ll_put<A>(out + r * stride, i, nbytes, v);
         }
         if (!ok) break;
+    }
+    mpiml_end(c, epoch);
+}
+
+// Two-shot broadcast (scatter + allgather, both pushed): the packs are cut into
+// nranks parts of `part` packs, part r living at [r * part] of every buffer.
+//   1. the root writes part r of its input into rank r's buffer;
+//   2. barrier; rank r writes its part (from its own memory) into every other
+//      rank's buffer and, off the root, into out;
+//   3. barrier; off the root, the other parts are copied from this rank's own
+//      memory into out.
+// Each link carries about n / nranks from every rank instead of n from the root.
+// Pack idx = r * part + i is handled by the same (block, thread) in every phase
+// and on every rank, so a block's barriers cover what it reads.
+template <typename T, bool A>
+__global__ void mpiml_bcast_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    const unsigned epoch = mpiml_begin(c);
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+    const long long part = (units + nr - 1) / nr;
+    if (me == root) {
+        for (int k = 0; k < nr; ++k) {
+            const int r = (me + 1 + k) % nr;  // own part last
+            MpimlPack<T>* dst = mpiml_packs<T>(c, r, epoch);
+            MPIML_GRID_LOOP(i, part) {
+                const long long idx = r * part + i;
+                if (idx < units) dst[idx] = mpiml_load_user<T, A>(in, idx, n);
+            }
+        }
+    }
+    if (mpiml_barrier(c, epoch, 0)) {
+        const MpimlPack<T>* mine = mpiml_packs<T>(c, me, epoch);
+        MPIML_GRID_LOOP(i, part) {
+            const long long idx = me * part + i;
+            if (idx < units) {
+                const MpimlPack<T> v = mpiml_ld(mine + idx);
+                for (int k = 1; k < nr; ++k) {
+                    const int r = (me + k) % nr;
+                    if (r != root) mpiml_packs<T>(c, r, epoch)[idx] = v;
+                }
+                if (me != root) mpiml_store_user<T, A>(out, idx, n, v);
+            }
+        }
+        if (mpiml_barrier(c, epoch, 1) && me != root) {
+            MPIML_GRID_LOOP(i, part) {
+                MpimlPack<T> v[MPIML_MAX_RANKS];
+#pragma unroll
+                for (int r = 0; r < MPIML_MAX_RANKS; ++r)
+                    if (r < nr && r != me && r * part + i < units) v[r] = mpiml_ld(mine + r * part + i);
+#pragma unroll
+                for (int r = 0; r < MPIML_MAX_RANKS; ++r)
+                    if (r < nr && r != me && r * part + i < units) mpiml_store_user<T, A>(out, r * part + i, n, v[r]);
+            }
+        }
     }
     mpiml_end(c, epoch);
 }

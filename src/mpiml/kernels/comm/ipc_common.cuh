@@ -325,22 +325,20 @@ __device__ __forceinline__ MpimlPack<T>* mpiml_packs(const MpimlCtx* c, int r, u
     return reinterpret_cast<MpimlPack<T>*>(mpiml_buf(c, r, epoch));
 }
 
-// op over ranks [r0, r1) of pack i of each rank's buffer, in rank order.
+// op over packs v[0], ..., v[m - 1] (m <= MPIML_MAX_RANKS), in that order.
 template <typename T, int OP>
-__device__ __forceinline__ MpimlPack<T> mpiml_reduce_packs(const MpimlCtx* c, unsigned epoch, long long i,
-                                                           int r0, int r1) {
+__device__ __forceinline__ MpimlPack<T> mpiml_fold(const MpimlPack<T>* v, int m) {
     typedef typename MpimlAcc<T>::type Acc;
     constexpr int L = MpimlPack<T>::L;
     Acc acc[L];
-    {
-        MpimlPack<T> v = mpiml_ld(mpiml_packs<T>(c, r0, epoch) + i);
 #pragma unroll
-        for (int k = 0; k < L; ++k) acc[k] = MpimlAcc<T>::load(v.e[k]);
-    }
-    for (int r = r0 + 1; r < r1; ++r) {
-        MpimlPack<T> v = mpiml_ld(mpiml_packs<T>(c, r, epoch) + i);
+    for (int k = 0; k < L; ++k) acc[k] = MpimlAcc<T>::load(v[0].e[k]);
 #pragma unroll
-        for (int k = 0; k < L; ++k) acc[k] = MpimlOp<OP>::f(acc[k], MpimlAcc<T>::load(v.e[k]));
+    for (int r = 1; r < MPIML_MAX_RANKS; ++r) {
+        if (r < m) {
+#pragma unroll
+            for (int k = 0; k < L; ++k) acc[k] = MpimlOp<OP>::f(acc[k], MpimlAcc<T>::load(v[r].e[k]));
+        }
     }
     MpimlPack<T> out;
 #pragma unroll
@@ -348,14 +346,28 @@ __device__ __forceinline__ MpimlPack<T> mpiml_reduce_packs(const MpimlCtx* c, un
     return out;
 }
 
-// Scalar variant (reduce_scatter, whose parts need not fall on pack boundaries).
+// op over ranks [r0, r1) of pack i of each rank's buffer, in rank order. Every
+// load is issued before the first is used: one link latency, not r1 - r0 of them.
 template <typename T, int OP>
-__device__ __forceinline__ T mpiml_reduce_one(const MpimlCtx* c, unsigned epoch, long long idx, int r0, int r1) {
-    typedef typename MpimlAcc<T>::type Acc;
-    Acc acc = MpimlAcc<T>::load(__ldcg(reinterpret_cast<const T*>(mpiml_buf(c, r0, epoch)) + idx));
-    for (int r = r0 + 1; r < r1; ++r)
-        acc = MpimlOp<OP>::f(acc, MpimlAcc<T>::load(__ldcg(reinterpret_cast<const T*>(mpiml_buf(c, r, epoch)) + idx)));
-    return MpimlAcc<T>::store(acc);
+__device__ __forceinline__ MpimlPack<T> mpiml_reduce_packs(const MpimlCtx* c, unsigned epoch, long long i,
+                                                           int r0, int r1) {
+    MpimlPack<T> v[MPIML_MAX_RANKS];
+#pragma unroll
+    for (int j = 0; j < MPIML_MAX_RANKS; ++j)
+        if (r0 + j < r1) v[j] = mpiml_ld(mpiml_packs<T>(c, r0 + j, epoch) + i);
+    return mpiml_fold<T, OP>(v, r1 - r0);
+}
+
+// op over src[r * stride + i] for r = 0..m-1 (the sources' copies of one pack,
+// pushed into this rank's own buffer), in rank order; loads first, as above.
+template <typename T, int OP>
+__device__ __forceinline__ MpimlPack<T> mpiml_reduce_strided(const MpimlPack<T>* src, long long stride, long long i,
+                                                             int m) {
+    MpimlPack<T> v[MPIML_MAX_RANKS];
+#pragma unroll
+    for (int r = 0; r < MPIML_MAX_RANKS; ++r)
+        if (r < m) v[r] = mpiml_ld(src + r * stride + i);
+    return mpiml_fold<T, OP>(v, m);
 }
 
 #define MPIML_GRID_LOOP(i, n) \

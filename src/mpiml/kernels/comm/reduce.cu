@@ -29,23 +29,70 @@ __global__ void mpiml_scan_oneshot(const MpimlCtx* c, const T* in, T* out, long 
     mpiml_end(c, epoch);
 }
 
+// The largest part, in packs of 16 bytes: the distance between two sources'
+// copies of a part in a receiver's buffer (reduce-scatter below).
+template <typename T>
+__device__ __forceinline__ long long mpiml_part_stride(const long long* displs, int nr) {
+    constexpr int L = MpimlPack<T>::L;
+    long long m = 0;
+    for (int r = 0; r < nr; ++r) m = max(m, (displs[r + 1] - displs[r] + L - 1) / L);
+    return m;
+}
+
 // Reduce-scatter with parts given by displs (device array of nranks + 1 element
-// offsets): copy in part by part, barrier, rank r reduces part r into out.
-// Element by element, since parts need not fall on pack boundaries.
+// offsets), pushed: every rank writes part r of its input into rank r's buffer
+// at [me * stride], barrier, then rank r reduces the sources' copies of its part
+// from its own memory (local loads only) into out. Pack i of every part is
+// handled by the same (block, thread) on every rank (the grid is agreed), so a
+// block's barrier covers what it reads. A: in and out 16-byte aligned and every
+// part starts on a 16-byte boundary. The host keeps nranks * stride packs
+// within one staging buffer.
 template <typename T, int OP, bool A>
 __global__ void mpiml_reduce_scatter_oneshot(const MpimlCtx* c, const T* in, T* out, long long n,
                                              long long displs_ptr) {
+    constexpr int L = MpimlPack<T>::L;
     const long long* displs = reinterpret_cast<const long long*>(displs_ptr);
     const unsigned epoch = mpiml_begin(c);
     const int nr = (int)c->nranks, me = (int)c->rank;
-    T* mine = reinterpret_cast<T*>(mpiml_buf(c, me, epoch));
-    for (int r = 0; r < nr; ++r) {
+    const long long stride = mpiml_part_stride<T>(displs, nr);
+    for (int k = 1; k <= nr; ++k) {
+        const int r = (me + k) % nr;  // own part last: the peers' stores go out first
         const long long d = displs[r], len = displs[r + 1] - d;
-        MPIML_GRID_LOOP(i, len) mine[d + i] = in[d + i];
+        MpimlPack<T>* dst = mpiml_packs<T>(c, r, epoch) + me * stride;
+        MPIML_GRID_LOOP(i, (len + L - 1) / L) dst[i] = mpiml_load_user<T, A>(in + d, i, len);
     }
     if (mpiml_barrier(c, epoch, 0)) {
-        const long long d = displs[me], len = displs[me + 1] - d;
-        MPIML_GRID_LOOP(i, len) out[i] = mpiml_reduce_one<T, OP>(c, epoch, d + i, 0, nr);
+        const long long len = displs[me + 1] - displs[me];
+        const MpimlPack<T>* src = mpiml_packs<T>(c, me, epoch);
+        MPIML_GRID_LOOP(i, (len + L - 1) / L)
+            mpiml_store_user<T, A>(out, i, len, mpiml_reduce_strided<T, OP>(src, stride, i, nr));
+    }
+    mpiml_end(c, epoch);
+}
+
+// LL reduce-scatter (no barrier): every rank pushes the lines of part r into
+// rank r's LL slot [me]; each reduces the lines of its own part, in rank order,
+// as their flags arrive. A: in and out 8-byte aligned and every part starts on an
+// 8-byte boundary. The host keeps every part within one LL slot's payload.
+template <typename T, int OP, bool A>
+__global__ void mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long displs_ptr) {
+    const long long* displs = reinterpret_cast<const long long*>(displs_ptr);
+    const unsigned epoch = mpiml_begin(c);
+    const unsigned flag = epoch + 1u;
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    for (int k = 1; k <= nr; ++k) {
+        const int r = (me + k) % nr;
+        const long long d = displs[r];
+        const long long nbytes = (displs[r + 1] - d) * (long long)sizeof(T);
+        uint4* dst = mpiml_ll_slot(c, r, epoch, me);
+        MPIML_GRID_LOOP(i, (nbytes + 7) / 8) mpiml_ll_store(dst + i, mpiml_ll_get<A>(in + d, i, nbytes), flag);
+    }
+    const long long nbytes = (displs[me + 1] - displs[me]) * (long long)sizeof(T);
+    bool ok = true;
+    MPIML_GRID_LOOP(i, (nbytes + 7) / 8) {
+        const uint2 v = mpiml_ll_reduce_line<T, OP>(c, epoch, flag, i, ok);
+        if (!ok) break;
+        mpiml_ll_put<A>(out, i, nbytes, v);
     }
     mpiml_end(c, epoch);
 }
@@ -69,6 +116,51 @@ __global__ void mpiml_reduce_ll(const MpimlCtx* c, const T* in, T* out, long lon
             const uint2 v = mpiml_ll_reduce_line<T, OP>(c, epoch, flag, i, ok);
             if (!ok) break;
             mpiml_ll_put<A>(out, i, nbytes, v);
+        }
+    }
+    mpiml_end(c, epoch);
+}
+
+// Two-shot reduce (reduce-scatter + gather, both pushed): as the two-shot
+// allreduce (allreduce.cu), but the reduced parts go to the root alone, at
+// nranks * part + [r * part] of its buffer, and only the root writes out. The
+// host keeps 2 * nranks * part packs within one staging buffer.
+template <typename T, int OP, bool A>
+__global__ void mpiml_reduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    const unsigned epoch = mpiml_begin(c);
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+    const long long part = (units + nr - 1) / nr;
+    for (int k = 1; k <= nr; ++k) {
+        const int r = (me + k) % nr;  // own part last
+        MpimlPack<T>* dst = mpiml_packs<T>(c, r, epoch) + me * part;
+        MPIML_GRID_LOOP(i, part) {
+            const long long idx = r * part + i;
+            if (idx < units) dst[i] = mpiml_load_user<T, A>(in, idx, n);
+        }
+    }
+    if (mpiml_barrier(c, epoch, 0)) {
+        const MpimlPack<T>* mine = mpiml_packs<T>(c, me, epoch);
+        MpimlPack<T>* at_root = mpiml_packs<T>(c, (int)root, epoch) + nr * part;
+        MPIML_GRID_LOOP(i, part) {
+            const long long idx = me * part + i;
+            if (idx < units) {
+                const MpimlPack<T> v = mpiml_reduce_strided<T, OP>(mine, part, i, nr);
+                if (me == root) mpiml_store_user<T, A>(out, idx, n, v);
+                else at_root[idx] = v;
+            }
+        }
+        if (mpiml_barrier(c, epoch, 1) && me == root) {
+            const MpimlPack<T>* reduced = mine + nr * part;
+            MPIML_GRID_LOOP(i, part) {
+                MpimlPack<T> v[MPIML_MAX_RANKS];
+#pragma unroll
+                for (int r = 0; r < MPIML_MAX_RANKS; ++r)
+                    if (r < nr && r != me && r * part + i < units) v[r] = mpiml_ld(reduced + r * part + i);
+#pragma unroll
+                for (int r = 0; r < MPIML_MAX_RANKS; ++r)
+                    if (r < nr && r != me && r * part + i < units) mpiml_store_user<T, A>(out, r * part + i, n, v[r]);
+            }
         }
     }
     mpiml_end(c, epoch);
