@@ -297,6 +297,21 @@ for nbytes in (4, 65536):
         for p in ("raw", "auto", "auto0"):
             set_check(p)
             micro[f"host_us {op} {p} {nbytes}B"] = host_loop(make_call(op, p, nbytes, x, y), 300) * 1e6
+# the default's checking against none, over long runs (the agreement round of MPIML_CHECK_EVERY = 1024
+# deferred calls included): per call, the median of 5 interleaved runs of 2048 calls each
+for op in ("allreduce", "reduce_scatter"):
+    for nbytes in (4 * P, 65536, 1 << 20):
+        x, y = buffers(op, nbytes)
+        per = {"auto": [], "auto0": []}
+        for _ in range(5):
+            for p in per:
+                set_check(p)
+                fn = make_call(op, p, nbytes, x, y)
+                t, _h = eager(fn, 2048)
+                per[p].append(agree(t))
+        a, b = statistics.median(per["auto"]), statistics.median(per["auto0"])
+        micro[f"check cost {op} {nbytes}B: default / MPIML_CHECK=0 over 2048-call runs"] = a / b
+        micro[f"us per call {op} {nbytes}B default, MPIML_CHECK=0"] = [a * 1e6, b * 1e6]
 set_check("auto")
 x = cp.ones(1, dtype=cp.float32)
 y = cp.empty_like(x)
