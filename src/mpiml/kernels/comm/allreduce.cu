@@ -8,7 +8,8 @@
 // One-shot: copy in, barrier, every rank reduces all packs from all peers.
 // Reads n * nranks over the links: best for small messages.
 template <typename T, int OP, bool A>
-__global__ void mpiml_allreduce_oneshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_allreduce_oneshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
     const unsigned epoch = mpiml_begin(c);
     const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
     MpimlPack<T>* mine = mpiml_packs<T>(c, (int)c->rank, epoch);
@@ -33,7 +34,8 @@ __global__ void mpiml_allreduce_oneshot(const MpimlCtx* c, const T* in, T* out, 
 // out[idx] only after it read in[idx] (in == out is safe). The host keeps
 // 2 * nranks * part packs within one staging buffer.
 template <typename T, int OP, bool A>
-__global__ void mpiml_allreduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_allreduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
     const unsigned epoch = mpiml_begin(c);
     const int nr = (int)c->nranks, me = (int)c->rank;
     const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
@@ -78,7 +80,8 @@ __global__ void mpiml_allreduce_twoshot(const MpimlCtx* c, const T* in, T* out, 
 // A counts 8-byte alignment here (lines are 8 bytes of payload). The same
 // thread handles line i in both loops, so in == out is safe.
 template <typename T, int OP, bool A>
-__global__ void mpiml_allreduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_allreduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
     const long long nbytes = n * (long long)sizeof(T);
     const long long lines = (nbytes + 7) / 8;
     const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;

@@ -4,7 +4,8 @@
 
 // Broadcast by pulling: the root copies in, barrier, the others read the root's buffer.
 template <typename T, bool A>
-__global__ void mpiml_bcast_pull(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_bcast_pull(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
     const unsigned epoch = mpiml_begin(c);
     const int me = (int)c->rank;
     const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
@@ -22,7 +23,8 @@ __global__ void mpiml_bcast_pull(const MpimlCtx* c, const T* in, T* out, long lo
 // Allgather: copy in, barrier, read every rank's n elements into out[r * stride ...]
 // (pack i of every rank by the thread that wrote pack i: the block's barrier covers it).
 template <typename T, bool A>
-__global__ void mpiml_allgather_pull(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_allgather_pull(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
     const unsigned epoch = mpiml_begin(c);
     const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
     MpimlPack<T>* mine = mpiml_packs<T>(c, (int)c->rank, epoch);
@@ -47,7 +49,8 @@ __global__ void mpiml_allgather_pull(const MpimlCtx* c, const T* in, T* out, lon
 // alignment. The root waits for nobody: the ack wait in mpiml_begin keeps it
 // from reusing a slot parity that a slow peer still reads.
 template <typename T, bool A>
-__global__ void mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
     const int nr = (int)c->nranks, me = (int)c->rank;
     const long long nbytes = n * (long long)sizeof(T);
     const long long lines = (nbytes + 7) / 8;
@@ -73,7 +76,8 @@ __global__ void mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long
 // LL allgather: every rank pushes its n elements into every rank's slot [me];
 // each copies slot r to out[r * stride ...] as the lines arrive.
 template <typename T, bool A>
-__global__ void mpiml_allgather_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_allgather_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
     const long long nbytes = n * (long long)sizeof(T);
     const long long lines = (nbytes + 7) / 8;
     const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -111,7 +115,8 @@ __global__ void mpiml_allgather_ll(const MpimlCtx* c, const T* in, T* out, long 
 // Pack idx = r * part + i is handled by the same (block, thread) in every phase
 // and on every rank, so a block's barriers cover what it reads.
 template <typename T, bool A>
-__global__ void mpiml_bcast_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_bcast_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
     const unsigned epoch = mpiml_begin(c);
     const int nr = (int)c->nranks, me = (int)c->rank;
     const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;

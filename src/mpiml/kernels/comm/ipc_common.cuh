@@ -43,6 +43,12 @@
 // float32, so every rank computes bit-identical results.
 
 #define MPIML_MAX_RANKS 8
+// Threads per block of the barrier kernels and of the LL kernels (the host launches
+// with these: mpiml.comm.backends.ipc THREADS, LL_THREADS); kernels declare them as
+// launch bounds, so the compiler keeps within the registers a block of that size has
+// (the one-byte types unpack 16 elements a pack and would ask for more).
+#define MPIML_THREADS 512
+#define MPIML_LL_THREADS 256
 #define MPIML_MAX_BLOCKS 128
 #define MPIML_FLAG_OFF 256
 #define MPIML_DATA_OFF 16384

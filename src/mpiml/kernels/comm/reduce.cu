@@ -3,7 +3,8 @@
 
 // Reduce: copy in, barrier, the root reduces every rank's packs in rank order.
 template <typename T, int OP, bool A>
-__global__ void mpiml_reduce_oneshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_reduce_oneshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
     const unsigned epoch = mpiml_begin(c);
     const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
     MpimlPack<T>* mine = mpiml_packs<T>(c, (int)c->rank, epoch);
@@ -17,7 +18,8 @@ __global__ void mpiml_reduce_oneshot(const MpimlCtx* c, const T* in, T* out, lon
 
 // Scan (extra = 0) or exclusive scan (extra = 1): rank r reduces ranks 0..r (0..r-1).
 template <typename T, int OP, bool A>
-__global__ void mpiml_scan_oneshot(const MpimlCtx* c, const T* in, T* out, long long n, long long exclusive) {
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_scan_oneshot(const MpimlCtx* c, const T* in, T* out, long long n, long long exclusive) {
     const unsigned epoch = mpiml_begin(c);
     const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
     MpimlPack<T>* mine = mpiml_packs<T>(c, (int)c->rank, epoch);
@@ -48,7 +50,8 @@ __device__ __forceinline__ long long mpiml_part_stride(const long long* displs, 
 // part starts on a 16-byte boundary. The host keeps nranks * stride packs
 // within one staging buffer.
 template <typename T, int OP, bool A>
-__global__ void mpiml_reduce_scatter_oneshot(const MpimlCtx* c, const T* in, T* out, long long n,
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_reduce_scatter_oneshot(const MpimlCtx* c, const T* in, T* out, long long n,
                                              long long displs_ptr) {
     constexpr int L = MpimlPack<T>::L;
     const long long* displs = reinterpret_cast<const long long*>(displs_ptr);
@@ -75,7 +78,8 @@ __global__ void mpiml_reduce_scatter_oneshot(const MpimlCtx* c, const T* in, T* 
 // as their flags arrive. A: in and out 8-byte aligned and every part starts on an
 // 8-byte boundary. The host keeps every part within one LL slot's payload.
 template <typename T, int OP, bool A>
-__global__ void mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long displs_ptr) {
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long displs_ptr) {
     const long long* displs = reinterpret_cast<const long long*>(displs_ptr);
     const unsigned epoch = mpiml_begin(c);
     const unsigned flag = epoch + 1u;
@@ -100,7 +104,8 @@ __global__ void mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, 
 // LL reduce (see allreduce.cu's mpiml_allreduce_ll): every rank pushes its lines
 // into the root's slot [me]; the root reduces them in rank order.
 template <typename T, int OP, bool A>
-__global__ void mpiml_reduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_reduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
     const long long nbytes = n * (long long)sizeof(T);
     const long long lines = (nbytes + 7) / 8;
     const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -126,7 +131,8 @@ __global__ void mpiml_reduce_ll(const MpimlCtx* c, const T* in, T* out, long lon
 // nranks * part + [r * part] of its buffer, and only the root writes out. The
 // host keeps 2 * nranks * part packs within one staging buffer.
 template <typename T, int OP, bool A>
-__global__ void mpiml_reduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_reduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
     const unsigned epoch = mpiml_begin(c);
     const int nr = (int)c->nranks, me = (int)c->rank;
     const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
