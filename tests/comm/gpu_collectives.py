@@ -294,8 +294,8 @@ def run_graph(backend):
                 assert_close(y, total, f"graph allreduce {backend} n={n} rep={rep}", exact=True)
                 assert_close(bb, xs[0] * 2, f"graph bcast {backend} n={n} rep={rep}", exact=True)
                 assert_close(m, total, f"graph allreduce(max of equal) {backend} n={n} rep={rep}", exact=True)
-                assert_close(rs, np.array_split(total[:n // P * P], P)[R], f"graph reduce_scatter {backend} n={n} rep={rep}",
-                             exact=True)
+                assert_close(rs, np.array_split(total[:n // P * P], P)[R],
+                             f"graph reduce_scatter {backend} n={n} rep={rep}", exact=True)
                 e = comm.allreduce(x, algorithm=algo)         # eager between replays
                 stream.synchronize()
                 assert_close(e, total, f"eager after graph {backend} n={n} rep={rep}", exact=True)

@@ -51,8 +51,7 @@ __device__ __forceinline__ long long mpiml_part_stride(const long long* displs, 
 // within one staging buffer.
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_THREADS)
-mpiml_reduce_scatter_oneshot(const MpimlCtx* c, const T* in, T* out, long long n,
-                                             long long displs_ptr) {
+mpiml_reduce_scatter_oneshot(const MpimlCtx* c, const T* in, T* out, long long n, long long displs_ptr) {
     constexpr int L = MpimlPack<T>::L;
     const long long* displs = reinterpret_cast<const long long*>(displs_ptr);
     const unsigned epoch = mpiml_begin(c);
