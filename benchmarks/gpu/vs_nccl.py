@@ -12,7 +12,7 @@ For each op and size, every path runs on the *same* CuPy buffers, interleaved in
   ``comm.reduce_scatter(x, out=y)`` as a user calls them, at the **default settings**
   (``MPIML_CHECK`` unset: repeated calls deferred, see docs/comm.md);
 * ``auto0``: the same with ``MPIML_CHECK=0`` (no checking at all);
-* ``nccl``, ``ipc/ll``, ``ipc/oneshot``, ``ipc/twoshot``, ``ipc/pull``: one
+* ``nccl``, ``ipc/ll``, ``ipc/oneshot``, ``ipc/twoshot``, ``ipc/pull``, ``ipc/push``: one
   path forced with ``algorithm=`` (``MPIML_CHECK=0``).
 
 Modes: ``eager`` (``iters`` back-to-back calls, one stream sync at the end,
@@ -58,7 +58,7 @@ ap.add_argument("--max-bytes", type=int, default=256 << 20)
 ap.add_argument("--sizes", default=None, help="comma list of sizes in bytes (overrides min/max)")
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--link-GBps", type=float, default=450.0)
-ap.add_argument("--paths", default="raw,auto,auto0,nccl,ipc/ll,ipc/oneshot,ipc/twoshot,ipc/pull")
+ap.add_argument("--paths", default="raw,auto,auto0,nccl,ipc/ll,ipc/oneshot,ipc/twoshot,ipc/pull,ipc/push")
 args = ap.parse_args()
 
 os.environ.pop("MPIML_CHECK", None)  # set per path below (set_check)
@@ -118,6 +118,8 @@ def make_call(op, path, nbytes, x, y):
     if path == "ipc/twoshot" and (op not in ("allreduce", "bcast", "reduce") or nbytes < (64 << 10)):
         return None
     if path == "ipc/pull" and op not in ("bcast", "allgather"):
+        return None
+    if path == "ipc/push" and (op != "allgather" or nbytes < (64 << 10) or x.nbytes > cap // P):
         return None
     algo = {"auto": None, "auto0": None, "nccl": "nccl/native"}.get(path, path)
     if op == "allreduce":

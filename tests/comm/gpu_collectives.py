@@ -132,7 +132,7 @@ def run_algorithms(backend):
             got = comm.reduce(x, "sum", root=P - 1, algorithm=f"ipc/{name}")
             if R == P - 1:
                 assert_close(got, want, f"reduce ipc/{name}", exact=True)
-        for name in ("ll", "pull"):
+        for name in ("ll", "pull", "push"):
             assert_close(comm.allgather(x, algorithm=f"ipc/{name}"), np.concatenate(xs), f"allgather ipc/{name}",
                          exact=True)
         # reduce_scatter: equal 16-byte parts (the aligned kernels), uneven parts, an offset view, rows of 3,
@@ -248,7 +248,10 @@ def run_big(backend):
                          f"offset={offset}", exact=True)
             assert_close(comm.reduce_scatter(x, "max", algorithm=algo), np.array_split(reduce_np(xs, "max"), P)[R],
                          f"reduce_scatter {backend} big {np.dtype(dtype).name} offset={offset}", exact=True)
-            if backend == "ipc" and P > 1:  # the two-shot bcast and reduce, from every root, unaligned too
+            if backend == "ipc" and P > 1:  # the pushed allgather; the two-shot bcast and reduce from every root
+                for name in ("pull", "push"):
+                    assert_close(comm.allgather(x, algorithm=f"ipc/{name}"), np.concatenate(xs),
+                                 f"allgather ipc/{name} big {np.dtype(dtype).name} offset={offset}", exact=True)
                 for root in range(P):
                     b = device(xs[R], offset)
                     assert_close(comm.bcast(b, root=root, algorithm="ipc/twoshot"), xs[root],

@@ -26,6 +26,8 @@ Algorithms (``algorithm=`` with backend ``ipc``):
                      buffers, two barriers (allreduce); scatter + all-gather
                      (bcast); reduce-scatter + gather (reduce)
 ``pull``             readers copy from the root / every rank (bcast, allgather)
+``push``             every rank writes its part into every peer's buffer, barrier,
+                     each copies from its own memory (allgather)
 ``two_level``        reduce in each node over IPC, allreduce among node leaders
                      over NCCL, bcast in each node (allreduce; nodes from the
                      hosts, cut into virtual nodes by ``MPIML_NODE_SIZE``)
@@ -68,7 +70,7 @@ PROBE_OFF = 64
 THREADS = 512
 LL_THREADS = 256
 LL_MAX_BLOCKS = 264
-IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "pull", "two_level")
+IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "pull", "push", "two_level")
 ERR_TIMEOUT, ERR_ABORT = 1, 3
 
 _CHUNK_ALIGN = 256
@@ -143,6 +145,8 @@ class IPCTransport(Transport):
         self.ll_max = _env_bytes("MPIML_IPC_LL_BYTES", 256 << 10) // 16 * 16
         # two-shot keeps the sources' copies and the reduced parts (2 n, rounded up to the parts) in a buffer
         self.twoshot_cap = (self.cap // 2 - 16 * (MAX_RANKS + 1)) // _CHUNK_ALIGN * _CHUNK_ALIGN
+        # a pushed allgather keeps every rank's part (its packs) in each buffer
+        self.push_cap = (self.cap // self.size - 16) // _CHUNK_ALIGN * _CHUNK_ALIGN
         self._setup()
 
     # ------------------------------------------------------------------ set-up
@@ -435,10 +439,14 @@ class IPCTransport(Transport):
                 fn = self._kernel("bcast", "mpiml_allgather_ll", dtype, None, aligned)
                 self._launch(fn, _ll_grid(count * isz), sp + off, rp + off, count, n, LL_THREADS)
             return self._done("allgather")
-        for start, count in self._chunks(n, isz):
+        if algorithm not in (None, "pull", "push"):
+            raise ValueError(f"algorithm {algorithm!r} does not apply to allgather on the ipc backend (ll, pull, push)")
+        push = algorithm == "push"
+        kernel = "mpiml_allgather_push" if push else "mpiml_allgather_pull"
+        for start, count in self._chunks(n, isz, self.push_cap if push else None):
             off = start * isz
             aligned = not ((sp + off) & 15 or (rp + off) & 15 or (n * isz) & 15)
-            fn = self._kernel("bcast", "mpiml_allgather_pull", dtype, None, aligned)
+            fn = self._kernel("bcast", kernel, dtype, None, aligned)
             self._launch(fn, _grid(-(-count * isz // 16)), sp + off, rp + off, count, n)
         return self._done("allgather")
 
@@ -534,7 +542,7 @@ class IPCTransport(Transport):
 
     _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot"), "reduce": ("ll", "oneshot", "twoshot"),
                       "scan": ("oneshot",), "exscan": ("oneshot",), "bcast": ("ll", "pull", "twoshot"),
-                      "allgather": ("ll", "pull"),
+                      "allgather": ("ll", "pull", "push"),
                       "reduce_scatter": ("ll", "oneshot")}
 
     def algorithm_names(self, op):
@@ -548,6 +556,7 @@ class IPCTransport(Transport):
             return self.native_allreduce(*args, algorithm=name)
         if (op, name) in (("reduce", "ll"), ("reduce", "oneshot"), ("reduce", "twoshot"), ("bcast", "ll"),
                           ("bcast", "pull"), ("bcast", "twoshot"), ("allgather", "ll"), ("allgather", "pull"),
+                          ("allgather", "push"),
                           ("reduce_scatter", "ll"), ("reduce_scatter", "oneshot")):
             return getattr(self, "native_" + op)(*args, algorithm=name)
         if (op, name) in (("scan", "oneshot"), ("exscan", "oneshot")):
@@ -561,7 +570,7 @@ class IPCTransport(Transport):
 
         For stream-ordered calls (``MPIML_DEVICE_SYNC=0``) that fit in one kernel
         on one node: allreduce (ll, oneshot, twoshot), bcast (ll, pull, twoshot),
-        allgather (ll, pull), reduce (ll, oneshot, twoshot), reduce_scatter (ll, oneshot).  ``arg`` is the
+        allgather (ll, pull, push), reduce (ll, oneshot, twoshot), reduce_scatter (ll, oneshot).  ``arg`` is the
         reduction, the root, ``(reduction, root)`` or ``(counts, reduction)``.
         Across nodes, the ops that go to NCCL take NCCL's launcher.
         """
@@ -585,7 +594,7 @@ class IPCTransport(Transport):
             algo = ("ll" if ll_ok else "pull") if name == "native" else name
             family, parts = "bcast", (self.size if algo == "twoshot" else 1)
             root = int(arg) if op == "bcast" else 0
-            if algo not in (("ll", "pull", "twoshot") if op == "bcast" else ("ll", "pull")):
+            if algo not in (("ll", "pull", "twoshot") if op == "bcast" else ("ll", "pull", "push")):
                 return None
         elif op == "reduce":
             algo = ("ll" if ll_ok else "oneshot") if name == "native" else name
@@ -605,7 +614,8 @@ class IPCTransport(Transport):
             return launcher(comm, self, plan, op, bind, issue, self._err_code)
         else:
             return None
-        if algo == "ll" and not ll_ok or algo == "twoshot" and nb > self.twoshot_cap:
+        if algo == "ll" and not ll_ok or algo == "twoshot" and nb > self.twoshot_cap or \
+                algo == "push" and nb > self.push_cap:
             return None
         kernel = f"mpiml_{op}_{algo}"
         if algo == "ll":

@@ -62,13 +62,10 @@ mpiml_allreduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, lon
         if (mpiml_barrier(c, epoch, 1)) {
             const MpimlPack<T>* reduced = mine + nr * part;
             MPIML_GRID_LOOP(i, part) {
-                MpimlPack<T> v[MPIML_MAX_RANKS];
-#pragma unroll
-                for (int r = 0; r < MPIML_MAX_RANKS; ++r)
-                    if (r < nr && r != me && r * part + i < units) v[r] = mpiml_ld(reduced + r * part + i);
-#pragma unroll
-                for (int r = 0; r < MPIML_MAX_RANKS; ++r)
-                    if (r < nr && r != me && r * part + i < units) mpiml_store_user<T, A>(out, r * part + i, n, v[r]);
+                mpiml_copy_ranks<T>(
+                    nr, me,
+                    [&](int r) { return r * part + i < units ? reduced + r * part + i : nullptr; },
+                    [&](int r, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out, r * part + i, n, v); });
             }
         }
     }
@@ -80,8 +77,7 @@ mpiml_allreduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, lon
 // A counts 8-byte alignment here (lines are 8 bytes of payload). The same
 // thread handles line i in both loops, so in == out is safe.
 template <typename T, int OP, bool A>
-__global__ void __launch_bounds__(MPIML_LL_THREADS)
-mpiml_allreduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+__global__ void mpiml_allreduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
     const long long nbytes = n * (long long)sizeof(T);
     const long long lines = (nbytes + 7) / 8;
     const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;

@@ -32,13 +32,9 @@ mpiml_allgather_pull(const MpimlCtx* c, const T* in, T* out, long long n, long l
     if (mpiml_barrier(c, epoch, 0)) {
         const int nr = (int)c->nranks;
         MPIML_GRID_LOOP(i, units) {  // every rank's pack i loaded before the first is stored: one link latency
-            MpimlPack<T> v[MPIML_MAX_RANKS];
-#pragma unroll
-            for (int r = 0; r < MPIML_MAX_RANKS; ++r)
-                if (r < nr) v[r] = mpiml_ld(mpiml_packs<T>(c, r, epoch) + i);
-#pragma unroll
-            for (int r = 0; r < MPIML_MAX_RANKS; ++r)
-                if (r < nr) mpiml_store_user<T, A>(out + r * stride, i, n, v[r]);
+            mpiml_copy_ranks<T>(
+                nr, -1, [&](int r) { return mpiml_packs<T>(c, r, epoch) + i; },
+                [&](int r, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out + r * stride, i, n, v); });
         }
     }
     mpiml_end(c, epoch);
@@ -49,8 +45,7 @@ mpiml_allgather_pull(const MpimlCtx* c, const T* in, T* out, long long n, long l
 // alignment. The root waits for nobody: the ack wait in mpiml_begin keeps it
 // from reusing a slot parity that a slow peer still reads.
 template <typename T, bool A>
-__global__ void __launch_bounds__(MPIML_LL_THREADS)
-mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+__global__ void mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
     const int nr = (int)c->nranks, me = (int)c->rank;
     const long long nbytes = n * (long long)sizeof(T);
     const long long lines = (nbytes + 7) / 8;
@@ -76,8 +71,7 @@ mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long ro
 // LL allgather: every rank pushes its n elements into every rank's slot [me];
 // each copies slot r to out[r * stride ...] as the lines arrive.
 template <typename T, bool A>
-__global__ void __launch_bounds__(MPIML_LL_THREADS)
-mpiml_allgather_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
+__global__ void mpiml_allgather_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
     const long long nbytes = n * (long long)sizeof(T);
     const long long lines = (nbytes + 7) / 8;
     const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -146,14 +140,39 @@ mpiml_bcast_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long lo
         }
         if (mpiml_barrier(c, epoch, 1) && me != root) {
             MPIML_GRID_LOOP(i, part) {
-                MpimlPack<T> v[MPIML_MAX_RANKS];
-#pragma unroll
-                for (int r = 0; r < MPIML_MAX_RANKS; ++r)
-                    if (r < nr && r != me && r * part + i < units) v[r] = mpiml_ld(mine + r * part + i);
-#pragma unroll
-                for (int r = 0; r < MPIML_MAX_RANKS; ++r)
-                    if (r < nr && r != me && r * part + i < units) mpiml_store_user<T, A>(out, r * part + i, n, v[r]);
+                mpiml_copy_ranks<T>(
+                    nr, me,
+                    [&](int r) { return r * part + i < units ? mine + r * part + i : nullptr; },
+                    [&](int r, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out, r * part + i, n, v); });
             }
+        }
+    }
+    mpiml_end(c, epoch);
+}
+
+// Allgather by pushing: every rank writes its n elements into every peer's buffer
+// at [me * units] (and straight into its own out), barrier, then copies the
+// peers' parts from its own memory into out[r * stride ...]. Stores only cross
+// the links. Pack i of every part is handled by the same (block, thread) on every
+// rank, so a block's barrier covers what it reads. The host keeps nranks * units
+// packs within one staging buffer.
+template <typename T, bool A>
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_allgather_push(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
+    const unsigned epoch = mpiml_begin(c);
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+    MPIML_GRID_LOOP(i, units) {
+        const MpimlPack<T> v = mpiml_load_user<T, A>(in, i, n);
+        for (int k = 1; k < nr; ++k) mpiml_packs<T>(c, (me + k) % nr, epoch)[me * units + i] = v;
+        mpiml_store_user<T, A>(out + me * stride, i, n, v);
+    }
+    if (mpiml_barrier(c, epoch, 0)) {
+        const MpimlPack<T>* mine = mpiml_packs<T>(c, me, epoch);
+        MPIML_GRID_LOOP(i, units) {
+            mpiml_copy_ranks<T>(
+                nr, me, [&](int r) { return mine + r * units + i; },
+                [&](int r, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out + r * stride, i, n, v); });
         }
     }
     mpiml_end(c, epoch);

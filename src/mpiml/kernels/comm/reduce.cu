@@ -77,8 +77,7 @@ mpiml_reduce_scatter_oneshot(const MpimlCtx* c, const T* in, T* out, long long n
 // as their flags arrive. A: in and out 8-byte aligned and every part starts on an
 // 8-byte boundary. The host keeps every part within one LL slot's payload.
 template <typename T, int OP, bool A>
-__global__ void __launch_bounds__(MPIML_LL_THREADS)
-mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long displs_ptr) {
+__global__ void mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long displs_ptr) {
     const long long* displs = reinterpret_cast<const long long*>(displs_ptr);
     const unsigned epoch = mpiml_begin(c);
     const unsigned flag = epoch + 1u;
@@ -103,8 +102,7 @@ mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, long long n, lon
 // LL reduce (see allreduce.cu's mpiml_allreduce_ll): every rank pushes its lines
 // into the root's slot [me]; the root reduces them in rank order.
 template <typename T, int OP, bool A>
-__global__ void __launch_bounds__(MPIML_LL_THREADS)
-mpiml_reduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+__global__ void mpiml_reduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
     const long long nbytes = n * (long long)sizeof(T);
     const long long lines = (nbytes + 7) / 8;
     const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -158,13 +156,10 @@ mpiml_reduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long l
         if (mpiml_barrier(c, epoch, 1) && me == root) {
             const MpimlPack<T>* reduced = mine + nr * part;
             MPIML_GRID_LOOP(i, part) {
-                MpimlPack<T> v[MPIML_MAX_RANKS];
-#pragma unroll
-                for (int r = 0; r < MPIML_MAX_RANKS; ++r)
-                    if (r < nr && r != me && r * part + i < units) v[r] = mpiml_ld(reduced + r * part + i);
-#pragma unroll
-                for (int r = 0; r < MPIML_MAX_RANKS; ++r)
-                    if (r < nr && r != me && r * part + i < units) mpiml_store_user<T, A>(out, r * part + i, n, v[r]);
+                mpiml_copy_ranks<T>(
+                    nr, me,
+                    [&](int r) { return r * part + i < units ? reduced + r * part + i : nullptr; },
+                    [&](int r, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out, r * part + i, n, v); });
             }
         }
     }
