@@ -322,8 +322,24 @@ def test_algorithm_names(comm):
     check(comm.allreduce(x)[0] == comm.size, "communicator unusable after a bad algorithm name")
 
 
+def test_sendrecv(comm):
+    """isendrecv around a ring (host arrays: the host path), shapes and dtypes differing per rank."""
+    p, r = comm.size, comm.rank
+    right, left = (r + 1) % p, (r - 1) % p
+    for step in range(3):
+        x = (np.arange(5 * (r + 1) + step) + r).astype(np.float64 if r % 2 else np.int32).reshape(-1, 1)
+        got = comm.isendrecv(x, right, left, tag=7).wait()
+        want = (np.arange(5 * (left + 1) + step) + left).astype(np.float64 if left % 2 else np.int32).reshape(-1, 1)
+        assert_close(got, want, f"isendrecv step {step}", exact=True)
+    try:
+        comm.isendrecv(np.ones(2), p, left)
+        check(False, "isendrecv to a rank outside the communicator did not raise")
+    except ValueError as exc:
+        check("dest must be a rank" in str(exc), f"isendrecv bad dest: {exc}")
+
+
 SECTIONS = (test_allreduce, test_reduce, test_reduce_scatter, test_scans, test_bcast, test_gathers,
-            test_scatter_alltoall, test_barrier, test_shapes_and_out, test_algorithm_names)
+            test_scatter_alltoall, test_barrier, test_shapes_and_out, test_algorithm_names, test_sendrecv)
 
 
 def run(comm, sections=SECTIONS):
