@@ -199,6 +199,8 @@ class PointToPoint:
         self._check_peer(source, "source")
         self._check_tag(tag)
         x, xp = self._prep(x)
+        if x.ndim > _MAX_NDIM:
+            raise ValueError(f"sendrecv supports at most {_MAX_NDIM} dimensions; got {x.ndim}")
         nccl_t = None
         if xp is not np and dest != self.rank and source != self.rank:
             nccl_t = self._p2p_device()
