@@ -227,12 +227,12 @@ def test_nvrtc_compiles_one_program_with_every_expression():
 
 @pytest.mark.skipif(not _nvrtc_available(), reason="no NVRTC library")
 def test_build_specs_cover_the_collectives_and_histograms():
-    from mpiml.kernels import FAMILIES, build, kmeans
+    from mpiml.kernels import COMMON, FAMILIES, build, kmeans
 
     progs = build.specs("sm_90")
     files = {f for f, _ in progs}
     assert ("forest/histograms.cu",) in files and kmeans.TC_FILES in files and kmeans.SIMT_FILES in files
-    assert all(("ipc_common.cuh", FAMILIES[f][0]) in files for f in FAMILIES)
+    assert all((COMMON, FAMILIES[f][0]) in files for f in FAMILIES)
     # a form with a constant bank is alone in its program
     for _, exprs in progs:
         if any(build._own_module(e) for e in exprs):
@@ -386,7 +386,8 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
     progs = build.specs("sm_90")
     for files, exprs in asked:
         assert any(f == files and set(exprs) <= set(e) for f, e in progs), (files, exprs)
-    assert {f for f, _ in asked} == {("ipc_common.cuh", "allreduce.cu"), ("ipc_common.cuh", "bcast.cu"),
+    assert {f for f, _ in asked} == {("comm/ipc_common.cuh", "comm/allreduce.cu"),
+                                     ("comm/ipc_common.cuh", "comm/bcast.cu"),
                                      ("forest/histograms.cu",), kmeans.TC_FILES, kmeans.SIMT_FILES, ("linear/linear.cu",),
                                      ("select/select.cu",)}
 

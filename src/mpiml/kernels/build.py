@@ -145,14 +145,14 @@ def _own_module(expr):
 def specs(arch, model=None):
     """``[(files, expressions)]``: the programs compiled for ``arch``, each a list of expressions; ``model``: the
     device the distance plans are made for (default :data:`DEVICE_MODELS`'s for ``arch``)."""
-    from . import FAMILIES, _name_expressions, copy_type, reduce_type
+    from . import COMMON, FAMILIES, _name_expressions, copy_type, reduce_type
 
     out = []
     for family, (file, _, reduces) in FAMILIES.items():
         ctypes = ({reduce_type(t) for t in ("float16", "float32", "float64", "int32", "int64", "bool")} if reduces
                   else {copy_type(s) for s in (1, 2, 4, 8)})
         for ct in sorted(ctypes):
-            out.append((("ipc_common.cuh", file), _name_expressions(family, ct, None)))
+            out.append(((COMMON, file), _name_expressions(family, ct, None)))
     hist = [f"mpiml_hist_build<{c}, {d}, {w}>" for c in ("false", "true") for d in (0, 1) for w in ("false", "true")]
     out.append((("forest/histograms.cu",), hist + ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>",
                                             "mpiml_hist_split<false>", "mpiml_hist_split<true>"]))
