@@ -24,6 +24,9 @@
 #   wave      one call with each performance target's headline: k-NN vs its peers and over GPUs, LinearRegression
 #             and LogisticRegression on 1 and all GPUs, the forest on 1 and all GPUs, every op vs raw NCCL
 #   wave2     the first fit on a fresh machine, PCA and Ridge on all GPUs
+#   wave3     the linear models at 1 and all GPUs, the new collectives (correctness, then vs raw NCCL), the CuPy
+#             kernels' manifest and the first fit, the k-NN ring vs local
+#   wave3_one one GPU: the families' GPU tests, the new scikit-learn parameters on CuPy, the CuPy warm-up test
 #
 # Environment (one preamble for every part): NVLink multicast off (DEVICE.md: NCCL_NVLS_ENABLE=0,
 # TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), Open MPI allowed to run as root with
@@ -274,10 +277,46 @@ part_wave2() {   # the first fit on a fresh machine, then PCA and Ridge on every
         --algo ridge --json "$RES/ridge_n${R}_$MACHINE.json"
 }
 
+part_wave3_one() {   # one GPU: every family's GPU tests, the new scikit-learn parameters on CuPy, the CuPy warm-up test
+    step "GPU tests of the linear models, decomposition, forests" 200 $PYTEST --timeout=190 tests/linear_model \
+        tests/decomposition tests/ensemble
+    step "the new scikit-learn parameters of the linear models and PCA on CuPy" 100 python3 -m pytest -v \
+        -p no:cacheprovider -o addopts= --timeout=90 tests/linear_model/test_gpu_suite_params.py \
+        "tests/decomposition/test_gpu_decomposition.py::test_pca_arpack_many_components_cupyx_sparse_equals_dense"
+    step "a recorded CuPy manifest replayed into an empty CuPy cache leaves nothing to compile" 100 python3 -m pytest \
+        -v -p no:cacheprovider -o addopts= --timeout=90 tests/kernels/test_cupy_warm.py
+    step "LinearRegression / LogisticRegression: where one GPU fit's time goes" 60 sh -c \
+        "python3 scripts/profile_fit.py linreg --kernels --top 25; python3 scripts/profile_fit.py logreg --kernels --top 25"
+}
+
+part_wave3() {   # all GPUs: the linear models at 1 and all GPUs, the new collectives (correctness, then vs NCCL),
+                 # the CuPy kernels' manifest and the first fit, the k-NN ring over device-direct point-to-point
+    local algo n
+    for algo in linreg logreg ridge; do
+        for n in 1 "$R"; do
+            step "$algo 4e7 x 64 at the defaults, $n GPU(s) (plain CuPy, scikit-learn scaled, floor)" 60 $MPIRUN -n "$n" \
+                python3 -m mpiml.bench.ml_decomp --algo "$algo" --json "$RES/${algo}_n${n}_$MACHINE.json"
+        done
+    done
+    step "every collective x dtype x size on ipc and nccl, every IPC algorithm, graphs ($R ranks)" 150 $MPIRUN -n "$R" \
+        python3 tests/comm/gpu_collectives.py ipc,nccl --graph
+    step "device-direct isendrecv rings ($R ranks)" 60 $MPIRUN -n "$R" python3 tests/comm/gpu_sendrecv.py
+    step "vs_nccl.py: every op, default and MPIML_CHECK=0 beside raw NCCL ($R ranks)" 120 $MPIRUN -n "$R" \
+        python3 benchmarks/gpu/vs_nccl.py --rounds 2 --max-bytes 67108864 --out "$RES/vs_nccl_$MACHINE.json" \
+        --plot "$RES/vs_nccl_$MACHINE.png"
+    step "record the CuPy kernels the estimators and mpiml run compile" 170 python3 -m mpiml.cli._cupy_record \
+        --out "$RES/cupy_kernels.json.gz" --jobs 17 --timeout 150
+    [ -f "$RES/cupy_kernels.json.gz" ] && cp "$RES/cupy_kernels.json.gz" src/mpiml/kernels/cupy_kernels.json.gz
+    step "first fit from empty caches with the warm-up on; mpiexec -n $R mpiml run kmeans" 200 python3 \
+        benchmarks/gpu/first_fit.py --out "$RES/firstfit_$MACHINE.json" --states cold --np "$R"
+    step "k-NN ring vs local at GPUs $RANKS (device-direct ring)" 150 python3 -m mpiml bench ml --algo knn --device gpu \
+        --part scaling --ranks "$RANKS" --repeats 2 --out "$RES" --tag "scaling_$MACHINE"
+}
+
 # ---------------------------------------------------------------------- run
 for PART in "$@"; do
     if ! declare -F "part_$PART" >/dev/null; then
-        echo "scripts/device_pass.sh: unknown part '$PART' (tests tests2 tests3 comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds wave wave2)"
+        echo "scripts/device_pass.sh: unknown part '$PART' (tests tests2 tests3 wave3 wave3_one comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds wave wave2)"
         exit 2
     fi
     LOG="$OUT/device_pass_$PART.log"
