@@ -366,7 +366,7 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
 
         At most :data:`TARGET_BINS` distinct targets over every rank: one bin per value (exact medians);
         otherwise bins between quantiles of a sample (as the features' bins) valued by the mean target of
-        their rows over every rank (one allreduce): the medians are then those of the bin values.
+        the sample's rows in them: the medians are then those of the bin values.
         """
         yh = np.asarray(to_numpy(y), dtype=np.float64)
         local = np.unique(yh)
@@ -384,9 +384,11 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
         edges = bin_edges(sample, TARGET_BINS, exact=False)[0][0]
         codes = np.searchsorted(edges, yh, side="left")
         K = len(edges) + 1
-        part = np.concatenate([np.bincount(codes, minlength=K), np.bincount(codes, weights=yh, minlength=K)])
-        part = comm.allreduce(part.astype(np.float64)) if comm.size > 1 else part.astype(np.float64)
-        values = part[K:] / np.where(part[:K] > 0, part[:K], 1)
+        # each bin's value: the mean of the sample's targets in it (the sample is in global row order on every
+        # rank, so the sums, and the trees, do not depend on the rank count)
+        s_codes = np.searchsorted(edges, sample[:, 0], side="left")
+        n_in = np.bincount(s_codes, minlength=K)
+        values = np.bincount(s_codes, weights=sample[:, 0], minlength=K) / np.where(n_in > 0, n_in, 1)
         self._n_codes_ = K
         return xp.asarray(codes.astype(np.int32)), values
 
