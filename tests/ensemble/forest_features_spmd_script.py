@@ -103,6 +103,11 @@ def main():
     ref = on_root(lambda: RandomForestRegressor(comm=SELF, **params).fit(Xc, yp))
     got = RandomForestRegressor(**params).fit(shard(Xc), shard(yp))
     same_trees(got, ref, "poisson")
+    params = dict(n_estimators=3, max_depth=5, criterion="absolute_error", random_state=7)
+    for target in (np.round(yp * 4), yp):              # few distinct targets (exact medians), many (target bins)
+        ref = on_root(lambda: RandomForestRegressor(comm=SELF, **params).fit(Xc, target))
+        got = RandomForestRegressor(**params).fit(shard(Xc), shard(target))
+        same_trees(got, ref, f"absolute_error ({len(np.unique(target))} distinct targets)")
     bad = shard(yp).copy()
     if rank == size - 1 and len(bad):
         bad[0] = -1.0

@@ -212,3 +212,16 @@ def test_missing_values_go_to_the_learned_side(tmp_path):
                                 random_state=0).fit(X2, y)
     assert rf.tree_missing_left_[0] == 0
     np.testing.assert_array_equal(rf.predict(X2), y)
+
+
+@pytest.mark.parametrize("cls", [RandomForestClassifier, RandomForestRegressor])
+def test_fit_leaves_the_callers_arrays_alone(cls):
+    """The bin edges sort columns: a one-feature X (and the targets' bins) must be copies, not the caller's."""
+    rng = np.random.RandomState(0)
+    X = rng.rand(50, 1)
+    y = (X[:, 0] > 0.5).astype(float) if cls is RandomForestClassifier else rng.rand(50)
+    X0, y0 = X.copy(), y.copy()
+    kw = {} if cls is RandomForestClassifier else {"criterion": "absolute_error"}
+    cls(n_estimators=2, random_state=0, **kw).fit(X, y)
+    np.testing.assert_array_equal(X, X0)
+    np.testing.assert_array_equal(y, y0)

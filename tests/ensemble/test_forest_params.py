@@ -154,7 +154,6 @@ def test_friedman_mse_is_squared_error_with_scikit_learns_warning():
 @pytest.mark.parametrize("cls,params,match", [
     (RandomForestRegressor, {"criterion": "gini"},
      r"The 'criterion' parameter of RandomForestRegressor must be a str among .* Got 'gini' instead"),
-    (RandomForestRegressor, {"criterion": "absolute_error"}, r"Got 'absolute_error' instead"),
     (RandomForestClassifier, {"monotonic_cst": [1, 0]},
      r"The 'monotonic_cst' parameter of RandomForestClassifier must be None .* Got \[1, 0\] instead"),
     (RandomForestClassifier, {"max_leaf_nodes": 1}, r"The 'max_leaf_nodes' parameter .* Got 1 instead"),

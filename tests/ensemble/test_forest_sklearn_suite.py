@@ -42,12 +42,7 @@ DEVIATIONS = {
     "test_class_weights_forest": "reads the private attribute _sample_weight of scikit-learn's trees",
     "test_estimators_samples": "estimators_samples_ is not provided",
     "test_forest_multioutput_integral_regression_target": "multi-output y (2-D) is not supported",
-    "test_importances[RandomForestRegressor-absolute_error-float64]": "criteria other than squared_error / friedman_mse (regression) are not implemented",
-    "test_importances[RandomForestRegressor-absolute_error-float32]": "criteria other than squared_error / friedman_mse (regression) are not implemented",
-    "test_missing_value_is_predictive[RandomForestRegressor-absolute_error]": "criteria other than squared_error / friedman_mse (regression) are not implemented",
-    "test_missing_values_is_resilient[RandomForestRegressor-absolute_error]": "criteria other than squared_error / friedman_mse (regression) are not implemented",
     "test_mse_criterion_object_segfault_smoke_test": "criteria other than squared_error / friedman_mse (regression) are not implemented",
-    "test_regression_criterion[absolute_error-RandomForestRegressor]": "criteria other than squared_error / friedman_mse (regression) are not implemented",
     "test_validate_y_class_weight": "calls the private scikit-learn method _validate_y_class_weight",
 }
 

@@ -20,12 +20,15 @@ from ._grower import GrowSpec, TreeGrower, power_of_two_below
 from ._hist import FIXED_POINT_BITS, apply_bins, bin_edges, poisson_max, sample_rows
 from ._predict import _ForestPrediction, densified
 from ._prune import prune_best_first, prune_cost_complexity
+from ._tree import ForestTreeClassifier, ForestTreeRegressor
 
 #: Rows gathered (over all ranks, in expectation) to choose the bin edges.
 BIN_SAMPLE_ROWS = 200_000
 FRIEDMAN_MSE_WARNING = ('Value `"friedman_mse"` for `criterion` is deprecated and will be removed in 1.11. It '
                         'maps to `"squared_error"` as both were always equivalent. Use '
                         '`criterion="squared_error"` to remove this warning.')
+#: Target bins of ``criterion="absolute_error"`` (more distinct targets: quantile bins).
+TARGET_BINS = 64
 #: Largest bootstrap rate (``max_samples / n_samples``): the Poisson table stops at 64 draws per row.
 MAX_POISSON_RATE = 16
 
@@ -210,6 +213,10 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
         new_ids = list(range(len(old_trees), self.n_estimators))
         subsample = self._is_classifier and self.class_weight == "balanced_subsample" and self.bootstrap
         weight = sw * self._class_weights(targets, xp, comm)
+        # absolute error: the trees grow on target bins (classes whose weights give the medians)
+        grown = targets
+        if criterion == "absolute_error":
+            grown, self._y_values = self._target_bins(targets, xp, seed, offset, n_total, comm)
         glob = self.training == "global"
         self._fit_stats = {"training": self.training, "ranks": comm.size}
         # best-first growth of at most max_leaf_nodes leaves never goes deeper than max_leaf_nodes - 1
@@ -224,7 +231,7 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
             # agreed: the largest weight and |target|, whether some weight is not an integer, and the
             # smallest batch of elements and level budgets a rank asks for (they set the sequence of allreduces)
             local = [float(xp.max(wl)) if wl.shape[0] else 0.0,
-                     float(xp.max(xp.abs(tl))) if (wl.shape[0] and not self._is_classifier) else 0.0,
+                     float(xp.max(xp.abs(tl))) if (wl.shape[0] and not self._n_codes_) else 0.0,
                      float(subsample or (bool(wl.shape[0]) and bool(xp.any(wl != xp.rint(wl))))),
                      -float(_batch_elements(xp)), *(-float(b) for b in _level_budgets(xp))]
             mw, my, fractional, batch, hist_bytes, sub_bytes = (
@@ -243,7 +250,8 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
             self._fit_stats["bins_s"] = time.perf_counter() - t0
             spec = GrowSpec(
                 Xb=apply_bins(Xl, edges, xp), n_bins=[len(e) + 1 for e in edges], edges=edges, values=values,
-                y=tl, weight=wl, row_index=index, n_classes=self._n_codes_ if self._is_classifier else 0,
+                y=tl, weight=wl, row_index=index, n_classes=self._n_codes_,
+                y_values=getattr(self, "_y_values", None) if criterion == "absolute_error" else None,
                 n_outputs=self.n_outputs_,
                 missing_bin=[len(e) if m else -1 for e, m in zip(edges, self._missing)],
                 criterion=criterion, max_depth=depth,
@@ -260,12 +268,12 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
 
         if glob:
             index = xp.arange(offset, offset + X.shape[0], dtype=xp.int64)
-            grower = grower_for(X, weight, targets, index, n_total, comm)
+            grower = grower_for(X, weight, grown, index, n_total, comm)
             trees = grower.grow(new_ids)
             self._fit_stats.update(grower.stats)
             del grower                                   # it holds the binned rows and the row weights
         else:
-            trees = self._fit_local(X, weight, targets, counts, comm, grower_for, new_ids)
+            trees = self._fit_local(X, weight, grown, counts, comm, grower_for, new_ids)
         trees = [self._prune(self._output_values(t), X.shape[1]) for t in trees]
         self._seed_ = seed
         self._n_local_rows_, self._row_offset_, self._fit_row_counts_ = X.shape[0], offset, counts
@@ -353,6 +361,37 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
         return bin_edges(sample, self.max_bins, exact=keep is None, xp=xp,
                          missing=self._missing if self._missing.any() else None)
 
+    def _target_bins(self, y, xp, seed, offset, n_total, comm):
+        """Codes of the targets' bins and each bin's value, the same on every rank.
+
+        At most :data:`TARGET_BINS` distinct targets over every rank: one bin per value (exact medians);
+        otherwise bins between quantiles of a sample (as the features' bins) valued by the mean target of
+        the sample's rows in them: the medians are then those of the bin values.
+        """
+        yh = np.asarray(to_numpy(y), dtype=np.float64)
+        local = np.unique(yh)
+        seen = [local.tolist()] if comm.size == 1 else comm.allgather_obj(
+            local.tolist() if len(local) <= TARGET_BINS else None)
+        if all(v is not None for v in seen):
+            values = np.unique(np.concatenate([np.asarray(v, dtype=np.float64) for v in seen]))
+            if len(values) <= TARGET_BINS:
+                self._n_codes_ = len(values)
+                return xp.asarray(np.searchsorted(values, yh).astype(np.int32)), values
+        keep = sample_rows(np, seed, offset, len(yh), n_total, BIN_SAMPLE_ROWS)
+        sample = np.ascontiguousarray((yh if keep is None else yh[keep])[:, None])
+        if comm.size > 1:
+            sample = comm.allgatherv(sample)
+        edges = bin_edges(sample, TARGET_BINS, exact=False)[0][0]
+        codes = np.searchsorted(edges, yh, side="left")
+        K = len(edges) + 1
+        # each bin's value: the mean of the sample's targets in it (the sample is in global row order on every
+        # rank, so the sums, and the trees, do not depend on the rank count)
+        s_codes = np.searchsorted(edges, sample[:, 0], side="left")
+        n_in = np.bincount(s_codes, minlength=K)
+        values = np.bincount(s_codes, weights=sample[:, 0], minlength=K) / np.where(n_in > 0, n_in, 1)
+        self._n_codes_ = K
+        return xp.asarray(codes.astype(np.int32)), values
+
     def _seed(self, comm):
         rs = check_random_state(self.random_state)
         seed = int(rs.randint(np.iinfo(np.int32).max))
@@ -371,8 +410,6 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
     @property
     def estimator(self):
         """The template of the trees (scikit-learn's ``estimator``): an unfitted per-tree estimator."""
-        from ._tree import ForestTreeClassifier, ForestTreeRegressor
-
         return ForestTreeClassifier() if self._is_classifier else ForestTreeRegressor()
 
     estimator_ = estimator

@@ -14,6 +14,7 @@ from ..utils._param_validation import StrOptions
 from ..utils._validation import agree_on_error
 from ._base import FRIEDMAN_MSE_WARNING, _BaseForest
 from ._predict import _global_r2
+from ._tree import ForestTreeClassifier, ForestTreeRegressor
 
 __all__ = ["RandomForestClassifier", "RandomForestRegressor"]
 
@@ -460,7 +461,7 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
     _is_classifier = False
     _parameter_constraints = {
         **_BaseForest._parameter_constraints,
-        "criterion": [StrOptions({"squared_error", "friedman_mse", "poisson"})],
+        "criterion": [StrOptions({"squared_error", "friedman_mse", "poisson", "absolute_error"})],
     }
 
     def __init__(self, n_estimators=100, *, criterion="squared_error", max_depth=None, min_samples_split=2,
@@ -516,6 +517,10 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
         except Exception as exc:
             error = exc
         agree_on_error(comm, error, prefix="Invalid input y")
+        self._n_codes_ = 0                               # absolute error: the target bins (set by the fit)
+        if self.criterion == "absolute_error" and self.n_outputs_ > 1:
+            raise ValueError("criterion='absolute_error' takes one output in mpiml's forests; got "
+                             f"{self.n_outputs_}")
         if self.criterion == "poisson":
             total = np.array([float(yf.sum()) if yf.size else 0.0])
             if (comm.allreduce(total) if comm.size > 1 else total)[0] <= 0:
@@ -567,3 +572,8 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
         if self.n_outputs_ > 1:                          # the mean of the outputs' R² (scikit-learn's default)
             return float(np.mean([_global_r2(yt[:, q], pred[:, q], w, comm) for q in range(self.n_outputs_)]))
         return _global_r2(yt, pred, w, comm)
+
+
+# a tree of estimators_ refits itself as a one-tree forest: the forest classes, registered from above
+ForestTreeClassifier._forest_class = RandomForestClassifier
+ForestTreeRegressor._forest_class = RandomForestRegressor

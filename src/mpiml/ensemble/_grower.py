@@ -51,7 +51,7 @@ import numpy as np
 
 from . import _cpu_kernels, _tree_parallel
 from ._hist import STREAM_FEATURES, hash_uniform, poisson_weights, stream_lead
-from ._split import choose, decide, dense_candidates, node_stats
+from ._split import choose, decide, dense_candidates, node_stats, thresholds
 
 __all__ = ["GrowSpec", "TreeGrower"]
 
@@ -388,37 +388,6 @@ class TreeGrower:
                                else np.zeros(len(dec["leaf"]), dtype=bool))
         return dec
 
-    def _bin_tables(self):
-        """Padded ``(F, B)`` tables of bin values (NaN where bins are not single values) and edges."""
-        if getattr(self, "_tables", None) is None:
-            F, B = self.F, self.B
-            vals = np.full((F, B), np.nan)
-            edges = np.full((F, max(B - 1, 1)), np.nan)
-            for f in range(F):
-                e = self.s.edges[f]
-                edges[f, :len(e)] = e
-                if self.s.values[f] is not None:
-                    vals[f, :len(self.s.values[f])] = self.s.values[f]
-            self._tables = (vals, edges, np.array([v is not None for v in self.s.values], dtype=bool))
-        return self._tables
-
-    def _thresholds(self, f, b, below, above):
-        """Thresholds of splits after bin ``b`` of features ``f``.
-
-        Where bins are single values: half way between the last value present
-        in the node at or below ``b`` (bin ``below``) and the first one above
-        it (bin ``above``), as an exact tree; otherwise the bin edge.
-        """
-        vals, edges, exact = self._bin_tables()
-        thr = edges[f, np.minimum(b, edges.shape[1] - 1)]
-        ex = exact[f] & (below >= 0) & (above < self.B)
-        ex[ex] &= ~np.isnan(vals[f[ex], above[ex]])            # the bin above is the missing values': the edge
-        if ex.any():
-            vlo, vhi = vals[f[ex], below[ex]], vals[f[ex], above[ex]]
-            mid = (vlo + vhi) / 2.0
-            thr[ex] = np.where(mid >= vhi, vlo, mid)           # adjacent floats: the midpoint rounds up
-        return thr
-
     # ------------------------------------------------------------------ growing
     def grow(self, trees):
         """Grow the trees with global indices ``trees``; returns a list of per-tree dicts of host arrays."""
@@ -712,7 +681,7 @@ class TreeGrower:
         f = dec["feature"]
         thr = np.full(len(split), -2.0)
         if split.any():
-            thr[split] = self._thresholds(f[split], dec["best_b"][split], dec["below"][split], dec["above"][split])
+            thr[split] = thresholds(self, f[split], dec["best_b"][split], dec["below"][split], dec["above"][split])
         T = len(ranges)
         k = ranges[:, 1] - ranges[:, 0]
         slot_tree = np.repeat(np.arange(T), k)

@@ -164,7 +164,8 @@ def bin_edges(sample, max_bins, exact, xp=np, missing=None):
     values : list of float64 arrays or None
         The value of each bin where bins are single values, else None.
     """
-    cols = np.ascontiguousarray(np.asarray(sample, dtype=np.float64).T)
+    # a copy: the columns are sorted in place (one feature's (n, 1) sample transposes without a copy)
+    cols = np.array(np.asarray(sample, dtype=np.float64).T, order="C", copy=True)
     if xp is not np and cols.size:
         cols = xp.sort(xp.asarray(cols), axis=1).get()
     else:

@@ -24,11 +24,19 @@ import math
 
 import numpy as np
 
-__all__ = ["node_stats", "dense_candidates", "choose", "decide"]
+__all__ = ["node_stats", "dense_candidates", "choose", "decide", "thresholds"]
 
 
 def _xlogx(xp, a):
     return xp.where(a > 0, a * xp.log(xp.where(a > 0, a, 1.0)), 0.0)
+
+
+def _abs_cost(xp, wt, W, values):
+    """Sum of weighted absolute deviations from the weighted median, and that median, of rows given as
+    weights ``wt`` (N, K) over the sorted target ``values`` (K,)."""
+    v = xp.asarray(values)
+    med = v[xp.argmax(xp.cumsum(wt, axis=-1) >= (W / 2.0)[:, None], axis=-1)]
+    return (wt * xp.abs(v[None, :] - med[:, None])).sum(-1), med
 
 
 def _host(xp, a):
@@ -44,7 +52,15 @@ def node_stats(g, tot, ex, root_weight):
     """
     xp, s, D = g.xp, g.s, g.D
     sw = s.scales[0]
-    if g.K:
+    if g.K and s.criterion == "absolute_error":    # channels: the weights of the target bins
+        wt = tot[:, D:] / sw
+        W = wt.sum(-1)
+        Wd = xp.where(W > 0, W, 1)
+        cost, med = _abs_cost(xp, wt, W, s.y_values)
+        parent, impurity = -cost, cost / Wd
+        value = med[:, None]
+        pure = (wt > 0).sum(-1) <= 1
+    elif g.K:
         wt = tot[:, D:] / sw
         W = wt.sum(-1)
         Wd = xp.where(W > 0, W, 1)
@@ -90,7 +106,11 @@ def _scored(g, left, right, mwl):
     """Split scores (the proxy: larger is better), left weights and validity of candidate sides."""
     xp, s, D = g.xp, g.s, g.D
     sw = s.scales[0]
-    if g.K:
+    if g.K and s.criterion == "absolute_error":
+        wl, wr = left[:, D:] / sw, right[:, D:] / sw
+        WL, WR = wl.sum(-1), wr.sum(-1)
+        proxy = -(_abs_cost(xp, wl, WL, s.y_values)[0] + _abs_cost(xp, wr, WR, s.y_values)[0])
+    elif g.K:
         wl, wr = left[:, D:] / sw, right[:, D:] / sw
         WL, WR = wl.sum(-1), wr.sum(-1)
         if s.criterion == "gini":
@@ -242,7 +262,7 @@ def decide(g, best, st, ex, order, depth):
     weak = ~np.isfinite(host["best_val"])
     if s.min_impurity_decrease > 0:
         # scikit-learn's weighted impurity decrease: (N_t / N) * (impurity - ...) with N the root's weight
-        scale = math.log(2.0) if (g.K and s.criterion != "gini") else 1.0
+        scale = math.log(2.0) if (g.K and s.criterion in ("entropy", "log_loss")) else 1.0
         rootw = np.where(host["root_w"] > 0, host["root_w"], 1.0)
         weak |= decrease / scale / rootw + 1e-7 < s.min_impurity_decrease
     leaf = weak | small | at_depth
@@ -251,3 +271,36 @@ def decide(g, best, st, ex, order, depth):
     host["leaf"] = leaf
     host["decrease"] = np.where(leaf, 0.0, np.maximum(decrease, 0.0))
     return host
+
+
+def _bin_tables(g):
+    """Padded ``(F, B)`` tables of bin values (NaN where bins are not single values) and edges of grower ``g``."""
+    if getattr(g, "_tables", None) is None:
+        F, B = g.F, g.B
+        vals = np.full((F, B), np.nan)
+        edges = np.full((F, max(B - 1, 1)), np.nan)
+        for f in range(F):
+            e = g.s.edges[f]
+            edges[f, :len(e)] = e
+            if g.s.values[f] is not None:
+                vals[f, :len(g.s.values[f])] = g.s.values[f]
+        g._tables = (vals, edges, np.array([v is not None for v in g.s.values], dtype=bool))
+    return g._tables
+
+
+def thresholds(g, f, b, below, above):
+    """Thresholds of splits after bin ``b`` of features ``f`` (host arrays) of grower ``g``.
+
+    Where bins are single values: half way between the last value present
+    in the node at or below ``b`` (bin ``below``) and the first one above
+    it (bin ``above``), as an exact tree; otherwise the bin edge.
+    """
+    vals, edges, exact = _bin_tables(g)
+    thr = edges[f, np.minimum(b, edges.shape[1] - 1)]
+    ex = exact[f] & (below >= 0) & (above < g.B)
+    ex[ex] &= ~np.isnan(vals[f[ex], above[ex]])            # the bin above is the missing values': the edge
+    if ex.any():
+        vlo, vhi = vals[f[ex], below[ex]], vals[f[ex], above[ex]]
+        mid = (vlo + vhi) / 2.0
+        thr[ex] = np.where(mid >= vhi, vlo, mid)           # adjacent floats: the midpoint rounds up
+    return thr

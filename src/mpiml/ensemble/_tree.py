@@ -19,6 +19,7 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 
 from .._array import to_numpy
+from ..comm import get_comm
 
 __all__ = ["TreeStructure", "ForestTreeClassifier", "ForestTreeRegressor", "tree_depths"]
 
@@ -159,6 +160,9 @@ class TreeStructure:
 class _ForestTree(BaseEstimator):
     """Shared surface of the per-tree estimators (see the module docstring)."""
 
+    #: The forest class that grows a lone tree in :meth:`fit` (set by :mod:`._forest`, which sits above).
+    _forest_class = None
+
     def _adopt(self, structure, n_features_in, n_outputs, max_features_):
         self.tree_ = structure
         self.n_features_in_ = n_features_in
@@ -189,10 +193,7 @@ class _ForestTree(BaseEstimator):
 
     def fit(self, X, y, sample_weight=None, check_input=True):
         """Grow this tree alone on the given rows (one process, no bootstrap), with these parameters."""
-        from . import RandomForestClassifier, RandomForestRegressor
-        from ..comm import get_comm
-
-        forest_cls = RandomForestClassifier if isinstance(self, ClassifierMixin) else RandomForestRegressor
+        forest_cls = self._forest_class
         params = {k: v for k, v in self.get_params().items() if k in forest_cls().get_params()}
         forest = forest_cls(n_estimators=1, bootstrap=False, comm=get_comm("self"), **params)
         forest.fit(X, y, sample_weight=sample_weight)
