@@ -4,8 +4,9 @@
 #   bash scripts/device_pass.sh PART [PART ...]      (repository root, on the GPU host)
 #
 #   tests     the `-m gpu` tests of comm, the neighbours, the kernel loader and start-up (1-4 ranks)
-#   tests2    every other `-m gpu` test: the kernels and k-means, the other families, datasets,
-#             validation, model files (the 150 s limits of one part were too short on 4 x H100)
+#   tests2    the `-m gpu` tests of the kernels and k-means (~300 s on one H100)
+#   tests3    every other `-m gpu` test: the linear models, decomposition, forests, datasets, validation,
+#             model files
 #   comm      mpiml info; device collectives at 4/3 ranks with a stalled or killed peer; mpiml tune
 #             and mpiml bench comm on CuPy buffers; bench_gpu.py; vs_nccl.py; staged MPI (2 ranks)
 #   kmeans    mpiml bench ml --algo kmeans: scaling, the whole fit at 4e7 x 64 (k-means||), the four
@@ -54,7 +55,7 @@ fi
 export PYTHONPATH="$PWD/src:$PWD/tests${SITE:+:$SITE}"
 MPIRUN="mpirun --allow-run-as-root --bind-to none --oversubscribe -x PYTHONPATH -x OMP_NUM_THREADS -x MPIML_TIMEOUT \
  -x DASK_LOGGING__DISTRIBUTED -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS"
-PYTEST="python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts= -rs --durations=10"
+PYTEST="python3 -m pytest -v -m gpu -p no:cacheprovider -o addopts= -rs --durations=10"
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 MODEL=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h100|h200|a100|l40s|b200' \
         | tr 'A-Z' 'a-z')
@@ -91,10 +92,16 @@ part_tests() {   # the comm tests (~190 s on 4 x H100); the families' tests are 
         tests/neighbors tests/kernels/test_loader.py tests/test_init.py
 }
 
-part_tests2() {   # every other GPU test: the kernels and k-means (650 tests), then the other families
-    step "GPU kernel and k-means tests (1-4 ranks)" 280 $PYTEST --timeout=270 tests/kernels tests/cluster
-    step "GPU tests of the other families, datasets, validation, model files" 270 $PYTEST --timeout=260 tests \
-        --ignore=tests/comm --ignore=tests/kernels --ignore=tests/cluster --ignore=tests/dask --ignore=tests/neighbors
+part_tests2() {   # the kernels and k-means (650 tests; ~300 s on one H100)
+    step "GPU kernel and k-means tests (1-4 ranks)" 400 $PYTEST --timeout=390 tests/kernels tests/cluster
+}
+
+part_tests3() {   # the families' GPU tests, then datasets, validation, model files and the rest
+    step "GPU tests of the linear models, decomposition, forests" 270 $PYTEST --timeout=260 tests/linear_model \
+        tests/decomposition tests/ensemble
+    step "GPU tests of datasets, validation, model files, the rest" 200 $PYTEST --timeout=190 tests --ignore=tests/comm \
+        --ignore=tests/kernels --ignore=tests/cluster --ignore=tests/dask --ignore=tests/neighbors \
+        --ignore=tests/linear_model --ignore=tests/decomposition --ignore=tests/ensemble
 }
 
 part_comm() {
@@ -270,7 +277,7 @@ part_wave2() {   # the first fit on a fresh machine, then PCA and Ridge on every
 # ---------------------------------------------------------------------- run
 for PART in "$@"; do
     if ! declare -F "part_$PART" >/dev/null; then
-        echo "scripts/device_pass.sh: unknown part '$PART' (tests tests2 comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds wave wave2)"
+        echo "scripts/device_pass.sh: unknown part '$PART' (tests tests2 tests3 comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds wave wave2)"
         exit 2
     fi
     LOG="$OUT/device_pass_$PART.log"

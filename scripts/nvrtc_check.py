@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Compile a kernel family's CUDA source with NVRTC for a named architecture, no GPU needed.
 
-    PYTHONPATH=src python scripts/nvrtc_check.py src/mpiml/kernels/distances_tc.cu \
-        --expr 'mpiml_distances_small<float, 16, 16, 2>' --arch sm_90
+    K=src/mpiml/kernels/kmeans
+    PYTHONPATH=src python scripts/nvrtc_check.py $K/tc_common.cuh $K/tc.cu $K/sums.cu $K/small.cu $K/small_tc.cu \
+        --expr 'mpiml_distances_small<float, float, 16, 16, 16, 1, 2, 2, true>' --arch sm_90
 
 Catches compile errors on a machine without a GPU before a device session is spent on them. The
 sources are concatenated in order (give ``kernels/ipc_common.cuh`` first for the collectives). It

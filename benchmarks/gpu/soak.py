@@ -104,14 +104,14 @@ def call(op, x, out, root):
         return comm.reduce(x, "sum", root=root, out=out)
     if op == "allgather":
         return comm.allgather(x, out=out)
-    return comm.reduce_scatter(x, "sum")
+    return comm.reduce_scatter(x, "sum", out=out)
 
 
 def out_for(op, n, dtype):
     if op == "allgather":
         return cp.empty(n * P, dtype=dtype)
     if op == "reduce_scatter":
-        return None
+        return cp.empty(n // P + (1 if R < n % P else 0), dtype=dtype)  # this rank's block (array_split)
     return cp.empty(n, dtype=dtype)
 
 

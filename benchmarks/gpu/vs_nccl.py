@@ -9,10 +9,10 @@ For each op and size, every path runs on the *same* CuPy buffers, interleaved in
 * ``raw``: ``cupy.cuda.nccl.NcclCommunicator`` called directly (the peer);
 * ``auto``: ``comm.allreduce(x, out=y)``, ``comm.bcast(x, out=y)``,
   ``comm.reduce(x, out=y)``, ``comm.allgather(x, out=y)``,
-  ``comm.reduce_scatter(x)`` as a user calls them, at the **default settings**
+  ``comm.reduce_scatter(x, out=y)`` as a user calls them, at the **default settings**
   (``MPIML_CHECK`` unset: repeated calls deferred, see docs/comm.md);
 * ``auto0``: the same with ``MPIML_CHECK=0`` (no checking at all);
-* ``nccl``, ``ipc/ll``, ``ipc/oneshot``, ``ipc/twoshot``, ``ipc/pull``: one
+* ``nccl``, ``ipc/ll``, ``ipc/oneshot``, ``ipc/twoshot``, ``ipc/pull``, ``ipc/push``: one
   path forced with ``algorithm=`` (``MPIML_CHECK=0``).
 
 Modes: ``eager`` (``iters`` back-to-back calls, one stream sync at the end,
@@ -58,7 +58,7 @@ ap.add_argument("--max-bytes", type=int, default=256 << 20)
 ap.add_argument("--sizes", default=None, help="comma list of sizes in bytes (overrides min/max)")
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--link-GBps", type=float, default=450.0)
-ap.add_argument("--paths", default="raw,auto,auto0,nccl,ipc/ll,ipc/oneshot,ipc/twoshot,ipc/pull")
+ap.add_argument("--paths", default="raw,auto,auto0,nccl,ipc/ll,ipc/oneshot,ipc/twoshot,ipc/pull,ipc/push")
 args = ap.parse_args()
 
 os.environ.pop("MPIML_CHECK", None)  # set per path below (set_check)
@@ -110,15 +110,16 @@ def make_call(op, path, nbytes, x, y):
                                              stream.ptr)
         return lambda: raw.allGather(x.data.ptr, y.data.ptr, n, nccl.NCCL_FLOAT32, stream.ptr)
     ll_max, cap = ipc_limits()
-    if path == "ipc/ll" and x.nbytes > ll_max:
+    if path == "ipc/ll" and (x.nbytes // P if op == "reduce_scatter" else x.nbytes) > ll_max:
         return None
-    if path == "ipc/oneshot" and (op not in ("allreduce", "reduce", "reduce_scatter") or nbytes > (4 << 20)):
+    if path == "ipc/oneshot" and (op not in ("allreduce", "reduce", "reduce_scatter")
+                                  or nbytes > (cap if op == "reduce_scatter" else 4 << 20)):
         return None
-    if path == "ipc/ll" and op == "reduce_scatter":
-        return None
-    if path == "ipc/twoshot" and (op != "allreduce" or nbytes < (64 << 10)):
+    if path == "ipc/twoshot" and (op not in ("allreduce", "bcast", "reduce") or nbytes < (64 << 10)):
         return None
     if path == "ipc/pull" and op not in ("bcast", "allgather"):
+        return None
+    if path == "ipc/push" and (op != "allgather" or nbytes < (64 << 10) or x.nbytes > cap // P):
         return None
     algo = {"auto": None, "auto0": None, "nccl": "nccl/native"}.get(path, path)
     if op == "allreduce":
@@ -128,7 +129,7 @@ def make_call(op, path, nbytes, x, y):
     if op == "reduce":
         return lambda: comm.reduce(x, root=0, out=y, algorithm=algo)
     if op == "reduce_scatter":
-        return lambda: comm.reduce_scatter(x, algorithm=algo)
+        return lambda: comm.reduce_scatter(x, out=y, algorithm=algo)
     return lambda: comm.allgather(x, out=y, algorithm=algo)
 
 
@@ -298,6 +299,21 @@ for nbytes in (4, 65536):
         for p in ("raw", "auto", "auto0"):
             set_check(p)
             micro[f"host_us {op} {p} {nbytes}B"] = host_loop(make_call(op, p, nbytes, x, y), 300) * 1e6
+# the default's checking against none, over long runs (the agreement round of MPIML_CHECK_EVERY = 1024
+# deferred calls included): per call, the median of 5 interleaved runs of 2048 calls each
+for op in ("allreduce", "reduce_scatter"):
+    for nbytes in (4 * P, 65536, 1 << 20):
+        x, y = buffers(op, nbytes)
+        per = {"auto": [], "auto0": []}
+        for _ in range(5):
+            for p in per:
+                set_check(p)
+                fn = make_call(op, p, nbytes, x, y)
+                t, _h = eager(fn, 2048)
+                per[p].append(agree(t))
+        a, b = statistics.median(per["auto"]), statistics.median(per["auto0"])
+        micro[f"check cost {op} {nbytes}B: default / MPIML_CHECK=0 over 2048-call runs"] = a / b
+        micro[f"us per call {op} {nbytes}B default, MPIML_CHECK=0"] = [a * 1e6, b * 1e6]
 set_check("auto")
 x = cp.ones(1, dtype=cp.float32)
 y = cp.empty_like(x)

@@ -38,7 +38,7 @@ def _visible_gpus():
         return 0, cupy
 
 
-def init(device="auto"):
+def init(device="auto", *, warm=None):
     """Bind this process to a device, once; every later call returns the same binding.
 
     Parameters
@@ -47,6 +47,10 @@ def init(device="auto"):
         ``"auto"``: the GPU ``local_rank % n_visible`` when CuPy sees a GPU, else the
         CPU. ``"gpu"``: the same, but raise when there is no GPU. ``"cpu"``: no GPU
         is touched. An int: that visible device.
+    warm : list of str, str or False, default=None
+        On a GPU, the workloads whose CuPy kernels are compiled ahead, in the background
+        (:mod:`mpiml.kernels._cupy_warm`; tags such as ``"kmeans"``, ``"pca"``): None
+        follows ``MPIML_CUPY_WARM`` (default: every estimator's), False compiles none.
 
     Returns
     -------
@@ -105,7 +109,18 @@ def init(device="auto"):
         how = f"local rank {local} ({var or 'no launcher variable'}) mod {n} visible GPU(s)"
     cupy.cuda.Device(dev).use()
     _STATE.update(device=dev, how=how)
+    _start_cupy_warm(dev, local, warm)
     return dev
+
+
+def _start_cupy_warm(dev, local, warm):
+    """CuPy's kernels that the fits use, compiled ahead on this node (never fails ``init``)."""
+    from .kernels import _cupy_warm
+    from .utils._threads import thread_info
+
+    info = thread_info()
+    _cupy_warm.start(dev, tags=warm, node_rank=local, node_size=info.get("ranks_on_node") or 1,
+                     cores=info.get("cores"))
 
 
 def _describe(bound):

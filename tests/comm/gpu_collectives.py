@@ -122,18 +122,37 @@ def run_algorithms(backend):
         names = ["ll", "oneshot", "twoshot", "two_level"]
     for name in names:
         assert_close(comm.allreduce(x, algorithm=f"{backend}/{name}"), want, f"allreduce {backend}/{name}", exact=True)
-    for name in [a for a in algorithm_names("bcast") if a != "native"] if backend != "ipc" else ["ll", "pull"]:
+    for name in [a for a in algorithm_names("bcast") if a != "native"] if backend != "ipc" else ["ll", "pull",
+                                                                                                "twoshot"]:
         b = cp.asarray(xs[R])
         assert_close(comm.bcast(b, root=0, algorithm=f"{backend}/{name}"), xs[0], f"bcast {backend}/{name}",
                      exact=True)
     if backend == "ipc":
-        for name in ("ll", "oneshot"):
+        for name in ("ll", "oneshot", "twoshot"):
             got = comm.reduce(x, "sum", root=P - 1, algorithm=f"ipc/{name}")
             if R == P - 1:
                 assert_close(got, want, f"reduce ipc/{name}", exact=True)
-        for name in ("ll", "pull"):
+        for name in ("ll", "pull", "push"):
             assert_close(comm.allgather(x, algorithm=f"ipc/{name}"), np.concatenate(xs), f"allgather ipc/{name}",
                          exact=True)
+        # reduce_scatter: equal 16-byte parts (the aligned kernels), uneven parts, an offset view, rows of 3,
+        # a given out, every op and a half type
+        for shape, offset, dtype in (((4096,), False, np.float32), ((4099,), False, np.float32),
+                                     ((4096,), True, np.float32), ((1366, 3), False, np.float64),
+                                     ((4103,), True, np.float16), ((64 * P,), False, np.int64)):
+            size = int(np.prod(shape))
+            ys = [data(r, size, dtype, 4) for r in range(P)]
+            y = device(ys[R], offset).reshape(shape)
+            for name in ("ll", "oneshot"):
+                for op in OPS:
+                    want = np.array_split(reduce_np(ys, op).reshape(shape), P)[R]
+                    tag = f"reduce_scatter ipc/{name} {op} {shape} {np.dtype(dtype).name} offset={offset}"
+                    assert_close(comm.reduce_scatter(y, op, algorithm=f"ipc/{name}"), want, tag, exact=True)
+                    out = cp.full(want.shape, 9, dtype=dtype)
+                    got = comm.reduce_scatter(y, op, out=out, algorithm=f"ipc/{name}")
+                    check(got is out, f"{tag}: out= not returned")
+                    assert_close(out, want, tag + " out=", exact=True)
+                assert_close(y, ys[R].reshape(shape), f"reduce_scatter ipc/{name}: input modified", exact=True)
 
 
 def run_stream_ordered(backend):
@@ -191,8 +210,10 @@ def run_stream_ordered(backend):
             g = comm.allgather(x, out=out_g if given else None, algorithm=algo)
             outs.append(g.copy())
             wants.append(np.concatenate(xs))
-            outs.append(comm.reduce_scatter(x, "sum", algorithm=algo).copy())
-            wants.append(np.array_split(reduce_np(xs, "sum"), P)[R])
+            want_rs = np.array_split(reduce_np(xs, "sum"), P)[R]
+            out_s = cp.empty(want_rs.shape, dtype=cp.float32) if given else None
+            outs.append(comm.reduce_scatter(x, "sum", out=out_s, algorithm=algo).copy())
+            wants.append(want_rs)
         comm.synchronize()
         for i, (got, want) in enumerate(zip(outs, wants)):
             assert_close(got, want, f"stream-ordered {backend} n={n} call {i}", exact=True)
@@ -220,6 +241,26 @@ def run_big(backend):
             # bit-identical on every rank
             h = comm.allgather(cp.asarray([int(cp.asnumpy(got).view(np.uint8).sum())]))
             check(len(set(cp.asnumpy(h).tolist())) == 1, f"allreduce {backend} big: ranks differ {h}")
+            # in place (the two-shot kernel reads in[i] before it writes out[i])
+            y = device(xs[R], offset)
+            comm.allreduce(y, "sum", out=y, algorithm=algo)
+            assert_close(y, reduce_np(xs, "sum"), f"allreduce in place {backend} big {np.dtype(dtype).name} "
+                         f"offset={offset}", exact=True)
+            assert_close(comm.reduce_scatter(x, "max", algorithm=algo), np.array_split(reduce_np(xs, "max"), P)[R],
+                         f"reduce_scatter {backend} big {np.dtype(dtype).name} offset={offset}", exact=True)
+            if backend == "ipc" and P > 1:  # the pushed allgather; the two-shot bcast and reduce from every root
+                for name in ("pull", "push"):
+                    assert_close(comm.allgather(x, algorithm=f"ipc/{name}"), np.concatenate(xs),
+                                 f"allgather ipc/{name} big {np.dtype(dtype).name} offset={offset}", exact=True)
+                for root in range(P):
+                    b = device(xs[R], offset)
+                    assert_close(comm.bcast(b, root=root, algorithm="ipc/twoshot"), xs[root],
+                                 f"bcast ipc/twoshot root={root} big {np.dtype(dtype).name} offset={offset}",
+                                 exact=True)
+                    got = comm.reduce(x, "min", root=root, algorithm="ipc/twoshot")
+                    if R == root:
+                        assert_close(got, reduce_np(xs, "min"), f"reduce ipc/twoshot root={root} big "
+                                     f"{np.dtype(dtype).name} offset={offset}", exact=True)
 
 
 def run_graph(backend):
@@ -237,11 +278,14 @@ def run_graph(backend):
             comm.allreduce(x, out=y, algorithm=algo)          # warm-up: compile, connect, pool
             comm.bcast(b, root=0, algorithm=algo)
             comm.reduce(x, "max", root=0, algorithm=algo)
+            rs_out = cp.empty(n // P, dtype=cp.float32)
+            comm.reduce_scatter(x[:n // P * P], "sum", out=rs_out, algorithm=algo)
             stream.synchronize()
             stream.begin_capture()
             comm.allreduce(x, out=y, algorithm=algo)
             bb = comm.bcast(b, root=0, algorithm=algo)   # non-roots: an array allocated in the capture
             comm.allreduce(y, "max", out=m, algorithm=algo)
+            rs = comm.reduce_scatter(x[:n // P * P], "sum", out=rs_out, algorithm=algo)  # equal parts
             graph = stream.end_capture()
             for rep in range(3):
                 xs = [data(r, n, np.float32, 10 + rep) for r in range(P)]
@@ -253,6 +297,8 @@ def run_graph(backend):
                 assert_close(y, total, f"graph allreduce {backend} n={n} rep={rep}", exact=True)
                 assert_close(bb, xs[0] * 2, f"graph bcast {backend} n={n} rep={rep}", exact=True)
                 assert_close(m, total, f"graph allreduce(max of equal) {backend} n={n} rep={rep}", exact=True)
+                assert_close(rs, np.array_split(total[:n // P * P], P)[R],
+                             f"graph reduce_scatter {backend} n={n} rep={rep}", exact=True)
                 e = comm.allreduce(x, algorithm=algo)         # eager between replays
                 stream.synchronize()
                 assert_close(e, total, f"eager after graph {backend} n={n} rep={rep}", exact=True)

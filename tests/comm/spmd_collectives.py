@@ -289,12 +289,22 @@ def test_shapes_and_out(comm):
         got = comm.reduce_scatter(x, algorithm=algo)
         want = np.array_split(np.arange(30, dtype=np.float32).reshape(5, 3, 2) * (p * (p + 1) // 2), p)[r]
         assert_close(got, want, f"reduce_scatter[{algo}] 3-d", exact=True)
+        out = np.full(want.shape, -1.0, dtype=np.float32)
+        for _ in range(2):  # the first call and its repeat (the plan's replay)
+            got = comm.reduce_scatter(x, out=out, algorithm=algo)
+            check(got is out, f"reduce_scatter[{algo}] out= is not returned")
+            assert_close(out, want, f"reduce_scatter[{algo}] 3-d out=", exact=True)
     # wrong out= is the same ValueError everywhere, before any communication
     try:
         comm.allreduce(np.zeros(3), out=np.zeros(4))
         check(False, "allreduce with a wrong out= did not raise")
     except ValueError as exc:
         check("out must have shape" in str(exc), f"wrong out= message: {exc}")
+    try:
+        comm.reduce_scatter(np.zeros(3 * comm.size), out=np.zeros(4))
+        check(False, "reduce_scatter with a wrong out= did not raise")
+    except ValueError as exc:
+        check("out must have shape (3,)" in str(exc), f"reduce_scatter: wrong out= message: {exc}")
 
 
 def test_algorithm_names(comm):
@@ -312,8 +322,24 @@ def test_algorithm_names(comm):
     check(comm.allreduce(x)[0] == comm.size, "communicator unusable after a bad algorithm name")
 
 
+def test_sendrecv(comm):
+    """isendrecv around a ring (host arrays: the host path), shapes and dtypes differing per rank."""
+    p, r = comm.size, comm.rank
+    right, left = (r + 1) % p, (r - 1) % p
+    for step in range(3):
+        x = (np.arange(5 * (r + 1) + step) + r).astype(np.float64 if r % 2 else np.int32).reshape(-1, 1)
+        got = comm.isendrecv(x, right, left, tag=7).wait()
+        want = (np.arange(5 * (left + 1) + step) + left).astype(np.float64 if left % 2 else np.int32).reshape(-1, 1)
+        assert_close(got, want, f"isendrecv step {step}", exact=True)
+    try:
+        comm.isendrecv(np.ones(2), p, left)
+        check(False, "isendrecv to a rank outside the communicator did not raise")
+    except ValueError as exc:
+        check("dest must be a rank" in str(exc), f"isendrecv bad dest: {exc}")
+
+
 SECTIONS = (test_allreduce, test_reduce, test_reduce_scatter, test_scans, test_bcast, test_gathers,
-            test_scatter_alltoall, test_barrier, test_shapes_and_out, test_algorithm_names)
+            test_scatter_alltoall, test_barrier, test_shapes_and_out, test_algorithm_names, test_sendrecv)
 
 
 def run(comm, sections=SECTIONS):

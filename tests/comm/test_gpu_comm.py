@@ -73,6 +73,14 @@ def test_two_level_virtual_nodes(mpi):
     assert "OK" in proc.stdout
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_device_sendrecv_rings(mpi, n):
+    """comm.isendrecv of CuPy arrays goes over NCCL, stream-ordered, rank-specific shapes and dtypes."""
+    _need(n)
+    proc = mpi(os.path.join(HERE, "gpu_sendrecv.py"), n, timeout=300, env={"MPIML_TIMEOUT": "60"})
+    assert "OK" in proc.stdout
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_repeated_calls_that_part_raise_at_the_next_round(mpi, n):
     """Repeats of agreed device calls run unchecked; their mismatch is raised on every rank at the next round."""

@@ -318,10 +318,32 @@ def robustness_checks():
                   f"constant X {solver}: scikit-learn differs")
 
 
+def clustered_arpack_checks():
+    """Ten components of a sparse matrix whose covariance tail is clustered (no decaying scale): the block
+    Lanczos must converge (no ConvergenceWarning), the sparse fit must equal the dense one to 1e-8 (scikit-learn's
+    test_pca_sparse asks 1e-7) and the one-process fit."""
+    rs = np.random.RandomState(5)
+    X = sp.csr_matrix(sp.random(600, 150, density=0.3, random_state=rs, format="csr")
+                      @ sp.diags(rs.random_sample(150) * 10))
+    Xl = shard(X, True)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        est = PCA(10, svd_solver="arpack", random_state=0).fit(Xl)
+        dense = PCA(10, svd_solver="arpack", random_state=0).fit(Xl.toarray())
+        one = PCA(10, svd_solver="arpack", random_state=0, comm=SELF).fit(X)
+    check(not [r for r in rec if "converge" in str(r.message)], "clustered arpack: a convergence warning")
+    for name in ("components_", "explained_variance_", "singular_values_"):
+        assert_close(getattr(est, name), getattr(dense, name), f"clustered arpack sparse vs dense: {name}",
+                     rtol=1e-8, atol=1e-12)
+        assert_close(getattr(est, name), getattr(one, name), f"clustered arpack vs one process: {name}",
+                     rtol=1e-8, atol=1e-12)
+
+
 def main():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         robustness_checks()
+        clustered_arpack_checks()
         sparse_checks()
         pca_checks()
         tsvd_checks()

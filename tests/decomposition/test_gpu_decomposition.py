@@ -101,3 +101,23 @@ def test_sparse_cupyx_matches_scipy():
         PCA(3, svd_solver="full").fit(Xg)
     with pytest.raises(TypeError, match="dense data is required"):
         PCA(3).fit(Xg).score(Xg)
+
+
+def test_pca_arpack_many_components_cupyx_sparse_equals_dense():
+    """Ten components on a clustered spectrum: the cupyx CSR fit (implicit centring) equals the dense CuPy one
+    and the host one (scikit-learn's test_pca_sparse asks rtol 1e-7)."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+    import scipy.sparse as sp
+
+    from mpiml.decomposition import PCA
+
+    rs = np.random.RandomState(5)
+    X = sp.csr_matrix(sp.random(2000, 150, density=0.3, random_state=rs, format="csr")
+                      @ sp.diags(rs.random_sample(150) * 10))
+    s = PCA(10, svd_solver="arpack", random_state=0).fit(csp.csr_matrix(X))
+    d = PCA(10, svd_solver="arpack", random_state=0).fit(cp.asarray(X.toarray()))
+    h = PCA(10, svd_solver="arpack", random_state=0).fit(X)
+    for name in ("components_", "explained_variance_", "singular_values_"):
+        np.testing.assert_allclose(getattr(s, name).get(), getattr(d, name).get(), rtol=1e-7, atol=1e-12)
+        np.testing.assert_allclose(getattr(s, name).get(), getattr(h, name), rtol=1e-7, atol=1e-12)

@@ -221,8 +221,8 @@ def main():
                   shard(Xr_tr), yo))
     Xn = shard(Xc_tr).copy()
     if rank == 0:
-        Xn[0, 0] = np.nan
-    cases.append(("NaN in X on rank 0", RandomForestClassifier(n_estimators=2), Xn, shard(yc_tr)))
+        Xn[0, 0] = np.inf                                    # NaN is a missing value; infinity is refused
+    cases.append(("infinity in X on rank 0", RandomForestClassifier(n_estimators=2), Xn, shard(yc_tr)))
     cases.append(("continuous labels", RandomForestClassifier(n_estimators=2), shard(Xr_tr), shard(yr_tr)))
     for what, est, X, y in cases:
         msg = None

@@ -6,7 +6,8 @@ Checks of scikit-learn's ``parametrize_with_checks`` that are expected to fail, 
 - ``check_sample_weight_equivalence_on_dense_data``: bootstrap weights are
   Poisson draws per row, so integer sample weights and repeated rows draw
   different bootstrap samples (scikit-learn marks the same check for its own
-  forests, whose bootstrap also draws per row).
+  forests, whose bootstrap also draws per row); ``..._on_sparse_data`` likewise,
+  now that sparse ``X`` is accepted.
 """
 
 import warnings
@@ -25,6 +26,8 @@ from mpiml.utils import InvalidParameterError
 
 _EXPECTED_FAILED = {
     "check_sample_weight_equivalence_on_dense_data":
+        "per-row Poisson bootstrap: integer weights and repeated rows draw different samples",
+    "check_sample_weight_equivalence_on_sparse_data":
         "per-row Poisson bootstrap: integer weights and repeated rows draw different samples",
 }
 
@@ -175,9 +178,37 @@ def test_invalid_parameters(params, match):
 def test_bootstrap_options():
     X, y = load_breast_cancer(return_X_y=True)
     with pytest.raises(ValueError, match="max_samples"):
-        RandomForestClassifier(n_estimators=2, max_samples=10**6).fit(X, y)
+        RandomForestClassifier(n_estimators=2, max_samples=10**6).fit(X, y)     # above 16 draws per row
+    more = RandomForestClassifier(n_estimators=2, max_samples=2 * len(X), max_depth=2, random_state=0).fit(X, y)
+    assert more._n_samples_bootstrap == 2 * len(X) and more.score(X, y) > 0.8
     with pytest.raises(ValueError, match="bootstrap=False"):
         RandomForestClassifier(n_estimators=2, bootstrap=False, max_samples=0.5).fit(X, y)
     small = RandomForestClassifier(n_estimators=2, max_samples=0.2, max_depth=1, random_state=0).fit(X, y)
     # the root's rows are about a fifth of the data (Poisson(0.2) weights: rows drawn at least once)
     assert 0.12 * len(y) < small.tree_n_node_samples_[0] < 0.25 * len(y)
+
+
+def test_missing_values_go_to_the_learned_side(tmp_path):
+    rng = np.random.RandomState(0)
+    x = rng.rand(400)
+    y = (x > 0.5).astype(int)
+    X = np.stack([x, rng.rand(400)], axis=1)
+    miss = rng.rand(400) < 0.2
+    y[miss] = 0                                   # the missing values behave like the low ones: left
+    X[miss, 0] = np.nan
+    rf = RandomForestClassifier(n_estimators=1, bootstrap=False, max_features=None, max_depth=1,
+                                random_state=0).fit(X, y)
+    assert rf.tree_feature_[0] == 0 and rf.tree_missing_left_[0] == 1
+    assert rf.estimators_[0].tree_.missing_go_to_left[0] == 1
+    np.testing.assert_array_equal(rf.predict(X), y)
+    np.testing.assert_array_equal(rf.estimators_[0].predict(X), y)
+    path = str(tmp_path / "rf.mpiml")
+    mpiml.save(rf, path)
+    np.testing.assert_array_equal(mpiml.load(path).predict(X), y)
+    # mirrored: the missing values behave like the high ones and go right
+    X2 = X.copy()
+    X2[:, 0] = 1 - X2[:, 0]
+    rf = RandomForestClassifier(n_estimators=1, bootstrap=False, max_features=None, max_depth=1,
+                                random_state=0).fit(X2, y)
+    assert rf.tree_missing_left_[0] == 0
+    np.testing.assert_array_equal(rf.predict(X2), y)

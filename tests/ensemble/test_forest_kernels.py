@@ -89,7 +89,7 @@ class _Grower:
     def __init__(self, K, D, msl, sw, sy):
         from types import SimpleNamespace
 
-        self.xp, self.K, self.D = np, K, D
+        self.xp, self.K, self.D, self.Q = np, K, D, 1
         self.s = SimpleNamespace(scales=(sw, sy, 1.0), criterion="gini", min_samples_leaf=msl)
 
 

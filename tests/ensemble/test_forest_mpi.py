@@ -42,3 +42,13 @@ def test_forest_spmd(mpi, tmp_path, n, growth):
     assert exact["tree_feature_"].shape[0] > 3 * 7
     for key in exact.files:
         np.testing.assert_array_equal(exact[key], getattr(ref, key), err_msg=key)
+
+
+FEATURES = os.path.join(HERE, "forest_features_spmd_script.py")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_forest_features_spmd(mpi, n):
+    """Sparse X, multi-output y, NaN, poisson, estimators_: the trees of one process at every rank count."""
+    mpi(FEATURES, n, timeout=240, env={"MPIML_RF_BATCH_ELEMENTS": "1500"})

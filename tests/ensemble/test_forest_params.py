@@ -152,8 +152,8 @@ def test_friedman_mse_is_squared_error_with_scikit_learns_warning():
 
 
 @pytest.mark.parametrize("cls,params,match", [
-    (RandomForestRegressor, {"criterion": "poisson"},
-     r"The 'criterion' parameter of RandomForestRegressor must be a str among .* Got 'poisson' instead"),
+    (RandomForestRegressor, {"criterion": "gini"},
+     r"The 'criterion' parameter of RandomForestRegressor must be a str among .* Got 'gini' instead"),
     (RandomForestRegressor, {"criterion": "absolute_error"}, r"Got 'absolute_error' instead"),
     (RandomForestClassifier, {"monotonic_cst": [1, 0]},
      r"The 'monotonic_cst' parameter of RandomForestClassifier must be None .* Got \[1, 0\] instead"),

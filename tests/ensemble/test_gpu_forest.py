@@ -1,6 +1,6 @@
 """Random forests on CuPy shards (GPU host only): the histogram kernel and the device path.
 
-The histogram kernel (``mpiml.kernels.histograms``) is checked against a NumPy
+The histogram kernel (``mpiml.kernels.forest.histograms``) is checked against a NumPy
 reference in int64 (exact sums: equality, not closeness) on odd shapes, empty
 segments, empty segment sets, segments cut into several work items, the
 narrow (32-bit) and wide (carry) accumulators, regression's signed channel and
@@ -64,7 +64,7 @@ def _case(rng, n_rows, F, B, K, lens, FH, w_max, signed_wy=False):
 def test_histogram_kernel_equals_numpy(name, n_rows, F, B, K, D, lens, FH, w_max, signed):
     import cupy as cp
 
-    from mpiml.kernels.histograms import build_histograms
+    from mpiml.kernels.forest.histograms import build_histograms
 
     rng = np.random.default_rng(abs(hash(name)) % 2 ** 32)
     Xb, row, w, wy, y, starts, lens, fsel = _case(rng, n_rows, F, B, K, lens, FH, w_max, signed)
@@ -85,7 +85,7 @@ def test_histogram_kernel_equals_numpy(name, n_rows, F, B, K, D, lens, FH, w_max
 def test_histogram_kernel_empty_inputs():
     import cupy as cp
 
-    from mpiml.kernels.histograms import build_histograms
+    from mpiml.kernels.forest.histograms import build_histograms
 
     Xb = cp.zeros((10, 3), dtype=cp.uint8)
     row = cp.zeros(0, dtype=cp.int32)
@@ -101,7 +101,7 @@ def test_histogram_kernel_empty_inputs():
 def test_histogram_kernel_too_many_channels_falls_back():
     import cupy as cp
 
-    from mpiml.kernels.histograms import build_histograms
+    from mpiml.kernels.forest.histograms import build_histograms
 
     rng = np.random.default_rng(0)
     Xb, row, w, wy, y, starts, lens, fsel = _case(rng, 500, 3, 256, 300, [500], 2, 2 ** 40)
@@ -119,7 +119,7 @@ def test_split_kernel_equals_the_host_search(K, D, with_mwl):
 
     from mpiml.ensemble import _cpu_kernels
     from mpiml.ensemble._split import choose, dense_candidates
-    from mpiml.kernels.histograms import split_candidates
+    from mpiml.kernels.forest.histograms import split_candidates
 
     rng = np.random.default_rng(100 * K + 10 * D + with_mwl)
     S, FH, m, B = 300, 7, 5, 256
@@ -223,3 +223,52 @@ def test_forest_gpu_spmd(mpi, n):
     if gpus < n:
         env["MPIML_COMM_ALGO"] = "allreduce:mpi/native"
     mpi(os.path.join(HERE, "forest_gpu_script.py"), n, timeout=300, env=env)
+
+
+@pytest.mark.parametrize("case", ["sparse", "multi_output_regression", "multi_output_classification", "nan",
+                                  "poisson"])
+def test_gpu_features_grow_the_numpy_trees(case):
+    """Sparse X (cupyx), multi-output y, NaN and poisson on CuPy: the trees of the NumPy fit, exactly
+    (exact histograms; these cases take the array split search on both), and estimators_ on the host."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+    import scipy.sparse as sp
+    from sklearn.datasets import make_classification, make_regression
+
+    from mpiml.ensemble import RandomForestClassifier, RandomForestRegressor
+
+    X, y = make_classification(n_samples=4000, n_features=8, n_informative=5, n_classes=3, random_state=2)
+    X = np.round(X, 2)
+    cls, Xh, yh, kw = RandomForestClassifier, X, y, {}
+    if case == "sparse":
+        Xh = np.where(np.abs(X) < 0.8, 0.0, X)
+    elif case == "multi_output_regression":
+        cls = RandomForestRegressor
+        Xh, yh = make_regression(n_samples=4000, n_features=8, n_targets=3, random_state=2)
+        Xh = np.round(Xh, 2)
+    elif case == "multi_output_classification":
+        yh = np.stack([y, (X[:, 0] > 0).astype(int)], axis=1)
+    elif case == "nan":
+        Xh = X.copy()
+        Xh[np.random.RandomState(0).rand(*X.shape) < 0.1] = np.nan
+    elif case == "poisson":
+        cls, yh, kw = RandomForestRegressor, np.exp(X[:, 0] / 2), {"criterion": "poisson"}
+    params = dict(n_estimators=3, max_depth=7, random_state=0, **kw)
+    host = cls(**params).fit(sp.csr_matrix(Xh) if case == "sparse" else Xh, yh)
+    Xd = csp.csr_matrix(cp.asarray(Xh)) if case == "sparse" else cp.asarray(Xh)
+    dev = cls(**params).fit(Xd, cp.asarray(yh))
+    assert len(dev.estimators_) == 3 and dev.estimators_[0].tree_.node_count == int(dev.tree_offsets_[1])
+    pred = dev.predict(cp.asarray(Xh) if case != "sparse" else Xd)
+    pred = cp.asnumpy(pred) if isinstance(pred, cp.ndarray) else np.asarray(pred, dtype=float)
+    want = np.asarray(host.predict(Xh), dtype=float)
+    if case in ("sparse", "multi_output_classification"):
+        # three (joint: up to six) classes take the compiled split searches, host and GPU: not bit-identical
+        assert np.mean(np.all(pred.reshape(len(want), -1) == want.reshape(len(want), -1), axis=1)) >= 0.99
+        return
+    if case == "poisson":              # logarithms on the device and the host may differ in the last bit
+        assert np.mean(np.isclose(pred, want, rtol=1e-9)) >= 0.99
+        return
+    # the array split search on both, with the same IEEE operations (no logarithms): the same trees
+    for key in ("tree_feature_", "tree_n_node_samples_", "tree_threshold_", "tree_value_", "tree_missing_left_"):
+        np.testing.assert_allclose(cp.asnumpy(getattr(dev, key)), getattr(host, key), rtol=1e-12, err_msg=key)
+    np.testing.assert_allclose(pred, want, rtol=1e-9)

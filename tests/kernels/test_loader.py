@@ -14,7 +14,7 @@ import pytest
 from conftest import have_gpu
 from mpiml.kernels import _loader
 
-SRC = ("histograms.cu",)
+SRC = ("forest/histograms.cu",)
 EXPRS = ["mpiml_hist_route", "mpiml_hist_move<true>"]
 
 
@@ -227,21 +227,19 @@ def test_nvrtc_compiles_one_program_with_every_expression():
 
 @pytest.mark.skipif(not _nvrtc_available(), reason="no NVRTC library")
 def test_build_specs_cover_the_collectives_and_histograms():
-    from mpiml.kernels import FAMILIES, build
+    from mpiml.kernels import COMMON, FAMILIES, build, kmeans
 
     progs = build.specs("sm_90")
     files = {f for f, _ in progs}
-    assert ("histograms.cu",) in files and ("distances_tc.cu",) in files and ("distances.cu",) in files
-    assert all(("ipc_common.cuh", FAMILIES[f][0]) in files for f in FAMILIES)
+    assert ("forest/histograms.cu",) in files and kmeans.TC_FILES in files and kmeans.SIMT_FILES in files
+    assert all((COMMON, FAMILIES[f][0]) in files for f in FAMILIES)
     # a form with a constant bank is alone in its program
     for _, exprs in progs:
         if any(build._own_module(e) for e in exprs):
             assert len(exprs) == 1
     # KMeans(32) on 32 float32 features: its Lloyd step is shipped
-    from mpiml.kernels import distances
-
-    with build._emulated_device(distances, build.DEVICE_MODELS["sm_90"]):
-        want = distances.small_plan(np.float32, 32, 32, mode="lloyd", vw=4, unit=True)["expr"]
+    with kmeans.emulated_device(build.DEVICE_MODELS["sm_90"]):
+        want = kmeans.small_plan(np.float32, 32, 32, mode="lloyd", vw=4, unit=True)["expr"]
     assert any(want in exprs for _, exprs in progs)
 
 
@@ -255,7 +253,7 @@ def test_loaded_cubin_runs(monkeypatch, tmp_path):
     monkeypatch.setenv("MPIML_KERNEL_STRICT", "1")
     monkeypatch.setattr(_loader, "_prebuilt_folder", lambda: str(tmp_path / "none"))
     _forget()
-    src = ("distances.cu",)
+    src = ("kmeans/simt.cu",)
     expr = "mpiml_distances_reduce_partials"
     fn = _loader.load(src, [expr])[expr]
     assert _loader.stats()["compiled"] >= 1
@@ -329,13 +327,13 @@ def test_shipped_cubin_runs(monkeypatch, tmp_path):
     _forget()
     before = _loader.stats()
     expr = "mpiml_distances_reduce_partials"
-    fn = _loader.load(("distances.cu",), [expr])[expr]
+    fn = _loader.load(("kmeans/simt.cu",), [expr])[expr]
     part = cupy.arange(5 * 70, dtype=cupy.float64).reshape(5, 70)
     out = cupy.ones(70, dtype=cupy.float64)
     fn((3,), (256,), (part, np.int32(5), np.int64(70), out))
     cupy.testing.assert_array_equal(out, part.sum(axis=0) + 1)
     hist = [f"mpiml_hist_build<{c}, {d}, {w}>" for c in ("false", "true") for d in (0, 1) for w in ("false", "true")]
-    fns = _loader.load(("histograms.cu",), hist + ["mpiml_hist_route"])
+    fns = _loader.load(("forest/histograms.cu",), hist + ["mpiml_hist_route"])
     assert len({id(f) for f in fns.values()}) == len(fns)
     after = _loader.stats()
     assert after["prebuilt"] - before["prebuilt"] == 2 and after["compiled"] == before["compiled"]
@@ -357,7 +355,8 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
     10^6 x 32, k = 32 on an sm_90 device) are each held by one program of the build's specs, so the shipped
     cubins serve them."""
     from mpiml import kernels
-    from mpiml.kernels import build, distances, histograms, linear, select
+    from mpiml.kernels import build, kmeans, linear, select
+    from mpiml.kernels.forest import histograms
 
     asked = []
 
@@ -369,7 +368,7 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
     monkeypatch.setattr(_loader, "load_module", fake_load_module)
     monkeypatch.setattr(kernels, "_MODULES", {})
     monkeypatch.setattr(histograms, "_FUNCTIONS", {})
-    monkeypatch.setattr(distances, "_MODULES", {})
+    monkeypatch.setattr(kmeans._common, "_MODULES", {})
     kernels._module("allreduce", kernels.reduce_type(np.float32), 4)
     kernels._module("bcast", kernels.copy_type(8), 8)
     histograms._function(True, 1, False)
@@ -379,16 +378,17 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
     linear._function("mpiml_linear_logistic<float, 0, 1>")
     select._module(("mpiml_knn_select<float, 0, 4, 16, true>", "mpiml_knn_merge<float>", "mpiml_knn_norms<float, 0>"))
     select._module(("mpiml_knn_exact_sq<double>",))
-    with build._emulated_device(distances, build.DEVICE_MODELS["sm_90"]):
-        plan = distances.small_plan(np.float32, 32, 32, mode="lloyd", vw=4, unit=True)
+    with kmeans.emulated_device(build.DEVICE_MODELS["sm_90"]):
+        plan = kmeans.small_plan(np.float32, 32, 32, mode="lloyd", vw=4, unit=True)
         for expr in (plan["expr"], plan.get("expr_cb", plan["expr"]), "mpiml_distances_reduce_partials",
                      "mpiml_lloyd_update<float>"):
-            distances._function(expr)
+            kmeans._common._function(expr)
     progs = build.specs("sm_90")
     for files, exprs in asked:
         assert any(f == files and set(exprs) <= set(e) for f, e in progs), (files, exprs)
-    assert {f for f, _ in asked} == {("ipc_common.cuh", "allreduce.cu"), ("ipc_common.cuh", "bcast.cu"),
-                                     ("histograms.cu",), ("distances_tc.cu",), ("distances.cu",), ("linear.cu",),
+    assert {f for f, _ in asked} == {("comm/ipc_common.cuh", "comm/allreduce.cu"),
+                                     ("comm/ipc_common.cuh", "comm/bcast.cu"),
+                                     ("forest/histograms.cu",), kmeans.TC_FILES, kmeans.SIMT_FILES, ("linear/linear.cu",),
                                      ("select/select.cu",)}
 
 
@@ -440,7 +440,8 @@ def test_a_kmeans_step_on_sm_90_is_served_by_the_shipped_zip(monkeypatch, tmp_pa
     """Through the loader as on the GPU (a fake CuPy that loads the cubin files): the kernels of a k-means step,
     the histograms and an allreduce come from the shipped zip, extracted into the cache; nothing compiles."""
     from mpiml import kernels
-    from mpiml.kernels import build, distances, histograms
+    from mpiml.kernels import build, kmeans
+    from mpiml.kernels.forest import histograms
 
     monkeypatch.setitem(sys.modules, "cupy", _FakeCupyDevice)
     monkeypatch.setenv("MPIML_KERNEL_CACHE", str(tmp_path))
@@ -448,15 +449,15 @@ def test_a_kmeans_step_on_sm_90_is_served_by_the_shipped_zip(monkeypatch, tmp_pa
     monkeypatch.setattr(_loader, "_COMPILER", FakeCompiler(str(tmp_path / "compiles.jsonl")))
     monkeypatch.setattr(kernels, "_MODULES", {})
     monkeypatch.setattr(histograms, "_FUNCTIONS", {})
-    monkeypatch.setattr(distances, "_MODULES", {})
+    monkeypatch.setattr(kmeans._common, "_MODULES", {})
     _forget()
     before = _loader.stats()
-    with build._emulated_device(distances, build.DEVICE_MODELS["sm_90"]):
-        plan = distances.small_plan(np.float32, 32, 32, mode="lloyd", vw=4, unit=True)
-        assign = distances.tc_plan(np.float32, 32, 32, mode="assign", vw=4)
+    with kmeans.emulated_device(build.DEVICE_MODELS["sm_90"]):
+        plan = kmeans.small_plan(np.float32, 32, 32, mode="lloyd", vw=4, unit=True)
+        assign = kmeans.tc_plan(np.float32, 32, 32, mode="assign", vw=4)
         for expr in (plan["expr"], assign["expr"], assign["pack"], "mpiml_distances_reduce_partials",
                      "mpiml_lloyd_update<float>"):
-            fn = distances._function(expr)
+            fn = kmeans._common._function(expr)
             assert fn[2].startswith(("_Z", "mpiml_"))
     histograms._function(True, 1, False)
     kernels._module("allreduce", kernels.reduce_type(np.float32), 4)

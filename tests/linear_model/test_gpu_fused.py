@@ -9,10 +9,16 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n,d,t", [(0, 3, 1), (1, 1, 1), (31, 5, 1), (33, 8, 2), (10007, 64, 1), (4099, 120, 2)])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_augmented_gram_kernel(dtype, n, d, t, weighted):
+@pytest.mark.parametrize("tensor_cores", [True, False])
+def test_augmented_gram_kernel(dtype, n, d, t, weighted, tensor_cores, monkeypatch):
     import cupy as cp
 
+    from mpiml.kernels import linear
     from mpiml.kernels.linear import augmented_gram
+
+    if tensor_cores and not linear._tensor_cores():
+        pytest.skip("no float64 tensor cores on this GPU")
+    monkeypatch.setattr(linear, "_tensor_cores", lambda: tensor_cores)   # False: the CUDA-core kernel of older GPUs
 
     rs = np.random.RandomState(n + d)
     X = (rs.randn(n, d) * 3 + 2).astype(dtype)
@@ -121,5 +127,9 @@ def test_fused_binary_logistic_matches_the_host(solver, dtype):
     g = LogisticRegression(solver=solver, tol=1e-8, max_iter=500).fit(cp.asarray(X), cp.asarray(y),
                                                                       sample_weight=cp.asarray(w))
     h = LogisticRegression(solver=solver, tol=1e-8, max_iter=500).fit(X, y, sample_weight=w)
-    np.testing.assert_allclose(g.coef_.get(), h.coef_, rtol=1e-4 if dtype == np.float32 else 1e-6, atol=1e-6)
-    np.testing.assert_allclose(g.intercept_.get(), h.intercept_, rtol=1e-4, atol=1e-6)
+    # float32: the host objective rounds to float32 (the GPU pass sums in float64), so the two optima agree
+    # to float32 precision relative to the largest coefficient, not entry by entry for the tiny ones
+    scale = float(np.abs(h.coef_).max())
+    atol = 1e-5 * scale if dtype == np.float32 else 1e-6
+    np.testing.assert_allclose(g.coef_.get(), h.coef_, rtol=1e-4 if dtype == np.float32 else 1e-6, atol=atol)
+    np.testing.assert_allclose(g.intercept_.get(), h.intercept_, rtol=1e-4, atol=atol)

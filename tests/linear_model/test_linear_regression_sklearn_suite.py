@@ -17,8 +17,6 @@ from mpiml.linear_model import LinearRegression  # noqa: E402
 
 # test name -> why mpiml differs (each must still fail)
 DEVIATIONS = {
-    "test_inplace_data_preprocessing[True-None]": "copy_X=False does not centre and scale X in place (X is never modified)",
-    "test_inplace_data_preprocessing[False-None]": "copy_X=False does not centre and scale X in place (X is never modified)",
 }
 
 globals().update(adopt(skt, {"LinearRegression": LinearRegression}, deviations=DEVIATIONS))

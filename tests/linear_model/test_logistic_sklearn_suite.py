@@ -16,23 +16,9 @@ from mpiml.linear_model import LogisticRegression  # noqa: E402
 
 # test name -> why mpiml differs (each must still fail)
 DEVIATIONS = {
-    "test_elastic_net_vs_l1_l2[1]": "an inequality that holds for SAGA's approximate solutions: with the exact minimisers the grid-searched l1_ratio scores 0.808 < 0.816 (L1) at C=1",
-    "test_large_sparse_matrix[csr_matrix-liblinear]": "int64-indexed sparse input is accepted by every solver (scikit-learn's liblinear/sag/saga refuse it)",
-    "test_large_sparse_matrix[csr_matrix-sag]": "int64-indexed sparse input is accepted by every solver (scikit-learn's liblinear/sag/saga refuse it)",
-    "test_large_sparse_matrix[csr_matrix-saga]": "int64-indexed sparse input is accepted by every solver (scikit-learn's liblinear/sag/saga refuse it)",
-    "test_large_sparse_matrix[csr_array-liblinear]": "int64-indexed sparse input is accepted by every solver (scikit-learn's liblinear/sag/saga refuse it)",
-    "test_large_sparse_matrix[csr_array-sag]": "int64-indexed sparse input is accepted by every solver (scikit-learn's liblinear/sag/saga refuse it)",
-    "test_large_sparse_matrix[csr_array-saga]": "int64-indexed sparse input is accepted by every solver (scikit-learn's liblinear/sag/saga refuse it)",
     "test_liblinear_dual_random_state": "the dual liblinear problem is solved exactly and deterministically: random_state has no effect",
-    "test_liblinear_with_large_values": "'liblinear' here is not LIBLINEAR and does not freeze when X.max() > 1e30, so that refusal is not raised",
-    "test_logistic_cv": "compares scikit-learn's LogisticRegressionCV (LIBLINEAR, stopped at tol=1e-4) with ours at 6 decimals; ours is the exact minimiser (6e-4 apart)",
+    "test_logistic_cv": "compares scikit-learn's LogisticRegressionCV (LIBLINEAR, stopped at tol=1e-4: 1.6e-5 from the minimiser) with ours (1e-7 from it) at 6 decimals",
     "test_logistic_cv_multinomial_score": "calls scikit-learn's private _log_reg_scoring_path with every get_params() of the estimator, including mpiml's comm",
-    "test_logistic_regression_callback_fitted_estimator": "scikit-learn's experimental callback API (set_callbacks) is not implemented",
-    "test_logistic_regression_callback_support": "scikit-learn's experimental callback API (set_callbacks) is not implemented",
-    "test_logistic_regression_callback_support_warning": "scikit-learn's experimental callback API (set_callbacks) is not implemented",
-    "test_logreg_predict_proba_multinomial": "calls the private scikit-learn method _predict_proba_lr",
-    "test_newton_cholesky_fallback_to_lbfgs": "newton-cholesky's fallback to lbfgs on a singular Hessian counts its iterations differently from scikit-learn's (n_iter_ under a max_iter limit)",
-    "test_scores_attribute_layout_elasticnet": "compares the CV scores of scikit-learn's SAGA (stopped at tol=1e-4) with ours to 1.8e-4; ours are those of the exact minimisers (4e-4 apart)",
 }
 
 globals().update(adopt(skt, {"LogisticRegression": LogisticRegression}, deviations=DEVIATIONS))

@@ -17,11 +17,7 @@ from mpiml.linear_model import Ridge  # noqa: E402
 
 # test name -> why mpiml differs (each must still fail)
 DEVIATIONS = {
-    "test_lbfgs_solver_error": "positive=True with lbfgs and max_iter=1 does not raise scikit-learn's \"lbfgs solver did not converge\" ConvergenceWarning",
-    "test_n_iter": "solver='sag'/'saga' run a direct solver here: n_iter_ is None, not the SAG iteration count",
     "test_ridge_fit_intercept_sparse_error": "svd / cholesky / saga fit the intercept of sparse rows exactly here; scikit-learn refuses them (\"solver=... does not support\")",
-    "test_ridge_shapes_type": "a 2-D y with one column gives coef_ of shape (1, n_features), scikit-learn's (n_features,)",
-    "test_ridgecv_sample_weight": "score() on a one-row fold returns 0.0 where scikit-learn's r2_score returns NaN, so GridSearchCV ranks the alphas differently",
 }
 
 globals().update(adopt(skt, {"Ridge": Ridge}, deviations=DEVIATIONS))

@@ -342,10 +342,16 @@ def test_positive_fits_are_scikit_learns_non_negative_solutions():
         ours = ml.LinearRegression(positive=True, solver=solver).fit(X, y)
         np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=1e-9, atol=1e-12)
         assert ours.coef_.min() >= 0
-    theirs = sk.Ridge(alpha=5.0, positive=True, tol=1e-12).fit(X, y)
+    exact = sk.Ridge(alpha=5.0, positive=True, tol=1e-12).fit(X, y)
     for Xi in (X, sp.csr_matrix(X)):
-        ours = ml.Ridge(alpha=5.0, positive=True, solver="lbfgs").fit(Xi, y)
-        np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=1e-6, atol=1e-7)
+        ours = ml.Ridge(alpha=5.0, positive=True).fit(Xi, y)  # "auto": exact NNLS
+        np.testing.assert_allclose(ours.coef_, exact.coef_, rtol=1e-6, atol=1e-7)
+        # "lbfgs": scikit-learn's L-BFGS-B iterations on the factor, its tol included (the same point)
+        for tol in (1e-4, 1e-12):
+            theirs = sk.Ridge(alpha=5.0, positive=True, solver="lbfgs", tol=tol).fit(X, y)
+            ours = ml.Ridge(alpha=5.0, positive=True, solver="lbfgs", tol=tol).fit(Xi, y)
+            np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=1e-9, atol=1e-12)
+            assert ours.solver_ == "lbfgs"
 
 
 @pytest.mark.parametrize("solver", ["sag", "saga", "liblinear"])

@@ -135,3 +135,24 @@ def test_cuda_tensor_becomes_cupy_without_copy():
     assert xp is cupy and X.data.ptr == t.data_ptr()
     X, xp = validate_data(MinimalSPMDTransformer(), t.cpu(), comm=get_comm("self"))
     assert xp is np and X.shape == (4, 3)
+
+
+@pytest.mark.parametrize("y,expected", [
+    ([1.0, 0.0, 1.0, 0.0], [0.0, 1.0]),          # binary: min and max, no sort
+    ([3, 3, 3], [3]),                              # one label
+    ([2, 0, 1, 2, 0], [0, 1, 2]),                  # three: the unique fallback
+    ([-1.5, 7.0, -1.5], [-1.5, 7.0]),
+])
+def test_device_labels_finds_the_distinct_labels(y, expected):
+    # the binary shortcut of the CuPy path, run on NumPy (the function only uses the array namespace)
+    from mpiml.utils._supervised import _device_labels
+
+    got = _device_labels(np.asarray(y))
+    np.testing.assert_array_equal(got, np.asarray(expected, dtype=np.asarray(y).dtype))
+
+
+def test_device_labels_with_nan_falls_back_to_unique():
+    from mpiml.utils._supervised import _device_labels
+
+    got = _device_labels(np.array([0.0, np.nan, 1.0]))
+    assert got.shape == (3,) and np.isnan(got[-1])

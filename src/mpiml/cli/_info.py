@@ -124,6 +124,27 @@ def kernel_info(gpu):
 
         cc = int(cupy.cuda.Device(0).compute_capability)
         out["this_gpu"] = {"arch": f"sm_{cc}", "prebuilt": _loader.prebuilt_summary(cc)}
+    out["cupy_warm"] = cupy_warm_info(gpu)
+    return out
+
+
+def cupy_warm_info(gpu):
+    """The shipped list of CuPy's own kernels (mpiml.kernels._cupy_warm) and whether it fits the CuPy here."""
+    from ..kernels import _cupy_warm
+
+    try:
+        m = _cupy_warm.read_manifest()
+    except ValueError as exc:
+        return {"manifest": None, "why": str(exc)}
+    if m is None:
+        return {"manifest": None, "why": f"not shipped ({_cupy_warm.MANIFEST})"}
+    out = {"manifest": _cupy_warm.MANIFEST, "entries": len(m["entries"]), "cupy": m["cupy"], "nvrtc": m["nvrtc"],
+           "setting": os.environ.get("MPIML_CUPY_WARM", "1"),
+           "cupy_cache": os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")}
+    if gpu.get("available"):
+        import cupy
+
+        out["matches"] = cupy.__version__ == m["cupy"]
     return out
 
 
@@ -205,6 +226,11 @@ def main(argv):
         print(f"  {kern['this_gpu']['arch']}: " + (", ".join(f"{g['kernels']} kernels precompiled in {g['cubins']} "
                                                           f"cubins ({g['arch']}, NVRTC {g['nvrtc']})" for g in got)
                                                  if got else "none precompiled: `mpiml warmup` compiles them once"))
+    w = kern["cupy_warm"]
+    print("CuPy's kernels compiled ahead at mpiml.init: " + (
+        f"{w['entries']} recorded with CuPy {w['cupy']} (NVRTC {'.'.join(map(str, w['nvrtc']))})"
+        + ("" if w.get("matches", True) else ", not this CuPy: not used")
+        + f"; MPIML_CUPY_WARM={w['setting']}; into {w['cupy_cache']} (CUPY_CACHE_DIR)" if w["manifest"] else w["why"]))
     print(f"CPU threads per rank: {threads['threads']} ({threads['source']})")
     print("backends:")
     for name, (ok, detail) in report.items():

@@ -3,8 +3,9 @@
 1. The kernels the estimators use at common shapes (:func:`mpiml.kernels.build.specs`) that no shipped cubin
    holds are compiled into the kernel cache (``MPIML_KERNEL_CACHE``), several programs at a time.  With
    ``--arch sm_XY`` this needs no GPU (a login node can fill a cluster's shared cache).
-2. On a GPU (unless ``--no-fit``), each estimator is fitted once on a small sample, which also fills CuPy's
-   own cache with the element-wise and reduction kernels that the fits use.
+2. On a GPU, CuPy's own element-wise and reduction kernels that the package's manifest lists
+   (:mod:`mpiml.kernels._cupy_warm`) are compiled into CuPy's cache, in parallel; then (unless ``--no-fit``)
+   each estimator is fitted once on a small sample, which compiles whatever the manifest misses.
 
 Run it once after installing, or in a cluster job's prologue; under ``mpiexec`` every rank may run it (the
 ranks of a node share the work through the cache's file locks).
@@ -46,12 +47,13 @@ def _compile_one(args):
 
 def compile_specs(arch, jobs, gpu, say):
     """Put every program of ``build.specs(arch)`` in the cache unless shipped; ``{how: count}``."""
-    from ..kernels import _loader, build, distances
+    from ..kernels import _loader, build
+    from ..kernels.kmeans import _common
 
     # no GPU: NVRTC through ctypes (the wheel), in processes, for a typical device of the architecture; on a
     # GPU: CuPy's NVRTC, in threads, for the plans of this device
     major = None if gpu else _loader._CtypesNVRTC().version()[0]
-    todo = [(files, exprs, arch, major) for files, exprs in build.specs(arch, distances._device() if gpu else None)]
+    todo = [(files, exprs, arch, major) for files, exprs in build.specs(arch, _common._device() if gpu else None)]
     counts = {}
     pool_cls = concurrent.futures.ThreadPoolExecutor if gpu else concurrent.futures.ProcessPoolExecutor
     t = time.perf_counter()
@@ -68,7 +70,7 @@ def main(argv):
     p.add_argument("--arch", default=None, help="compile for this architecture (sm_80, sm_90, ...), no GPU needed; "
                                                 "default: the GPU's")
     p.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="programs compiled at once")
-    p.add_argument("--no-fit", action="store_true", help="skip the small fits (they fill CuPy's cache)")
+    p.add_argument("--no-fit", action="store_true", help="skip the small fits (they compile what CuPy's kernel list misses)")
     p.add_argument("--only", default=",".join(_FITS), help="estimators fitted, comma-separated")
     args = p.parse_args(argv)
     from ..kernels import _loader
@@ -92,12 +94,25 @@ def main(argv):
     counts = compile_specs(args.arch, args.jobs, gpu, say)
     say(f"  {counts.get('prebuilt', 0)} programs shipped, {counts.get('cache', 0)} already cached, "
         f"{counts.get('compiled', 0)} compiled now ({time.perf_counter() - t:.1f} s)")
-    if gpu and not args.no_fit:
+    if gpu:
         import cupy
 
         import mpiml
 
-        mpiml.init(device="gpu")
+        dev = mpiml.init(device="gpu", warm=False)
+        from .._init import _local_rank
+        from ..kernels import _cupy_warm
+        from ..utils._threads import thread_info
+
+        # CuPy's own kernels that the package's manifest lists, all of them, the node's ranks sharing the list
+        t = time.perf_counter()
+        info = thread_info()
+        st = _cupy_warm.start(dev, wait=True, node_rank=_local_rank()[0], node_size=info.get("ranks_on_node") or 1,
+                              cores=info.get("cores"), setting="wait")
+        say(f"  CuPy kernels ({_cupy_warm.MANIFEST}): " + (
+            f"{st['entries']} modules, {st['counts']}" if "counts" in st else st.get("reason", st["state"]))
+            + f" ({time.perf_counter() - t:.1f} s; CuPy's cache: CUPY_CACHE_DIR)")
+    if gpu and not args.no_fit:
         rs = cupy.random.RandomState(0)
         X = rs.standard_normal((20000, 32), dtype=cupy.float32)
         yc = (X[:, 0] > 0).astype(cupy.int32)

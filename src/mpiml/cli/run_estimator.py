@@ -287,7 +287,8 @@ def _run(args, comm):
     if ngpu:
         import cupy as xp
 
-        mpiml.init(device="gpu")  # local rank mod visible GPUs; honours CUDA_VISIBLE_DEVICES
+        # local rank mod visible GPUs; CuPy's kernels of this run compile ahead (mpiml.kernels._cupy_warm)
+        mpiml.init(device="gpu", warm=[f"run-{args.algorithm}"])
     else:
         xp = np
         mpiml.init(device="cpu")  # this rank's threads: its share of the node's cores

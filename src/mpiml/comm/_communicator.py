@@ -657,32 +657,39 @@ class Communicator(Agreement, ObjectCollectives, MetadataCollectives, PointToPoi
                   inline_bytes=x.nbytes)
         return out
 
-    def reduce_scatter(self, x, op="sum", *, algorithm=None):
-        """Reduce ``x`` over all ranks and return this rank's block along axis 0.
+    def reduce_scatter(self, x, op="sum", out=None, *, algorithm=None):
+        """Reduce ``x`` over all ranks and return this rank's block along axis 0 (in ``out`` if given).
 
         Blocks follow ``numpy.array_split``: the first ``n % size`` ranks get one
-        more row.
+        more row.  ``out`` must have this rank's block's shape and ``x``'s dtype.
         """
         self._begin("reduce_scatter")
         key = ("reduce_scatter", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), op, algorithm)
         hot = self._hot.get(key) if self._hot else None
         if hot is not None:
-            res = hot(x, None)
+            res = hot(x, out)
             if res is not None:
                 return res
         plan = self._fast_plan(key)
         if plan is not None and x.ndim and x.flags.c_contiguous:
             rows, counts = self._blocks(x.shape)
-            out = plan.xp.empty((rows[self.rank],) + x.shape[1:], dtype=x.dtype)
-            if self._replay_plan(plan, self._call_level(key, x.nbytes), _flat(x), _flat(out), counts,
-                                 op) is not False:
-                return out
+            shape = (rows[self.rank],) + x.shape[1:]
+            if _fits(out, x, shape):
+                res = plan.xp.empty(shape, dtype=x.dtype) if out is None else out
+                send = _flat(x)
+                if res.size and _may_overlap(res, x):
+                    send = send.copy()
+                if self._replay_plan(plan, self._call_level(key, x.nbytes), send, _flat(res), counts,
+                                     op) is not False:
+                    return res
         check_op(op)
         x, xp = self._prep(x)
         x = self._lead(x)
         rows, counts = self._blocks(x.shape)
-        out = xp.empty((rows[self.rank],) + x.shape[1:], dtype=x.dtype)
+        out = self._out(out, (rows[self.rank],) + x.shape[1:], x.dtype, xp)
         send, recv = _flat(x), _flat(out)
+        if out.size and _may_overlap(out, x):
+            send = send.copy()
         plan = self._run("reduce_scatter", x.nbytes, xp, algorithm=algorithm,
                          native=lambda t: t.native_reduce_scatter(send, recv, counts, op),
                          algo_args=(send, recv, counts, op), spec=(x.dtype, x.size, 0, op, x.shape),

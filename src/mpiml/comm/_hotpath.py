@@ -116,7 +116,10 @@ def binding(op, x, *, rank, size, root=0, rows=None):
         oshape = (rows,) + shape[1:]
     else:  # allreduce, reduce (root), bcast (non-root): the shape of x
         oshape = shape
-    onb = nb * size if op == "allgather" else nb
+    # bytes of the result: an overlap of x with an ``out`` beyond them is none (a reduce_scatter result
+    # is one part of x's size: the whole of x's would see overlaps that are not there, and take the full path)
+    onb = nb * size if op == "allgather" else rows * (x.size // shape[0]) * x.itemsize if op == "reduce_scatter" \
+        else nb
     if op == "bcast":  # non-root: receives into out (in and out are the same buffer)
         def bind(x, out):
             if out is None:

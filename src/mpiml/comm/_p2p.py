@@ -175,3 +175,86 @@ class PointToPoint:
     def recv(self, source, tag=0, out=None):
         """Receive an array from ``source`` (into ``out`` when given) and return it."""
         return self.irecv(source, tag, out).wait()
+
+    def isendrecv(self, x, dest, source, tag=0):
+        """Send ``x`` to ``dest`` and receive an array from ``source``; the request's ``wait()`` returns it.
+
+        A device (CuPy) array travels device-direct over the communicator's NCCL
+        transport: the header (dtype, shape) still goes over the host, then the
+        payloads go as one NCCL group (this send and this receive) on a stream of
+        the communicator's own, after the work queued on the current stream; ``wait()``
+        returns once the header has arrived, with the current stream made to wait
+        for the transfer (stream-ordered: the host does not wait for the data).
+
+        NCCL pairs a rank's sends to a peer with that peer's receives in the order
+        they were posted, not by tag: every device ``isendrecv`` between two ranks
+        must be posted in the same order on both (as a ring's steps are). The first
+        device ``isendrecv`` of a communicator without an NCCL transport creates it,
+        which is collective: every rank makes that call. Host arrays, a peer that is
+        this rank, or no NCCL take the host path (``isend`` + ``irecv``).
+        """
+        if self._failure is not None:
+            raise self._aborted("sendrecv")
+        self._check_peer(dest, "dest")
+        self._check_peer(source, "source")
+        self._check_tag(tag)
+        x, xp = self._prep(x)
+        if x.ndim > _MAX_NDIM:
+            raise ValueError(f"sendrecv supports at most {_MAX_NDIM} dimensions; got {x.ndim}")
+        nccl_t = None
+        if xp is not np and dest != self.rank and source != self.rank:
+            nccl_t = self._p2p_device()
+        if nccl_t is None:
+            sreq, rreq = self.isend(x, dest, tag), self.irecv(source, tag)
+
+            def test():
+                return sreq.test() and rreq.test()
+
+            return Request(test, op="sendrecv", peer=source, result=lambda: rreq._value())
+        return self._device_sendrecv(nccl_t, x, dest, source, tag)
+
+    def _p2p_device(self):
+        """The NCCL transport for device point-to-point, or None (made on first use: collective)."""
+        t = self._device_transports.get("nccl")
+        if t is not None:
+            return t
+        if "nccl" in self._unavailable or self.size == 1:
+            return None
+        return self._device_transports.get("nccl") if self._device_backend_usable("nccl") else None
+
+    def _device_sendrecv(self, t, x, dest, source, tag):
+        cupy = _cupy()
+        # the header: dtype code, ndim, shape (an inline host message)
+        meta = np.zeros(2 + _MAX_NDIM, dtype=np.int64)
+        meta[:2] = dtype_code(x.dtype), x.ndim
+        meta[2:2 + x.ndim] = x.shape
+        hsend = self.isend(meta, dest, tag)
+        got = self.irecv(source, tag).wait()
+        hsend.wait()
+        dtype = SUPPORTED_DTYPES[int(got[0]) - 1]
+        shape = tuple(int(v) for v in got[2:2 + int(got[1])])
+        out = cupy.empty(shape, dtype=dtype)
+        stream = self.__dict__.get("_p2p_stream")
+        if stream is None:
+            stream = self._p2p_stream = cupy.cuda.Stream(non_blocking=True)
+        current = cupy.cuda.get_current_stream()
+        stream.wait_event(current.record())  # x is ready, out allocated
+        t._check("sendrecv")
+        nccl = t._nccl
+        nccl.groupStart()
+        try:
+            if x.size:
+                t.comm.send(x.data.ptr, x.size, t._dt(x), dest, stream.ptr)
+            if out.size:
+                t.comm.recv(out.data.ptr, out.size, t._dt(out), source, stream.ptr)
+        finally:
+            nccl.groupEnd()
+        done = stream.record()
+        keep = [x]
+
+        def result():
+            cupy.cuda.get_current_stream().wait_event(done)  # later work (and x's reuse) after the transfer
+            keep.clear()
+            return out
+
+        return CompletedRequest(result, op="sendrecv", peer=source)

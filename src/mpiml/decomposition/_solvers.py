@@ -250,7 +250,12 @@ def block_lanczos_svd(X, n_components, *, comm, xp, tol=0.0, random_state=None, 
     random_state : int, RandomState instance or None
         Start block (Gaussian, the same on every rank).
     ncv : int, default=None
-        Basis size per restart; default ``min(d, max(2k + 1, 20))`` as ARPACK's.
+        Basis size per restart; default ``min(d, max(20, min(8k, 2k + 256)))``.
+        A restart keeps ``k`` Ritz vectors and adds ``(ncv - k) / k`` blocks of
+        ``k``: ARPACK's ``max(2k + 1, 20)`` (one vector per product there) would
+        leave a single block, a subspace iteration that stalls on the clustered
+        tail of a covariance spectrum (residual 1e-7 after 300 restarts on a
+        1000 x 300 sparse matrix with k = 10, where 8k converges to 1e-13 in 12-17).
     max_restarts : int, default=300
 
     Returns
@@ -272,7 +277,7 @@ def block_lanczos_svd(X, n_components, *, comm, xp, tol=0.0, random_state=None, 
     n_local, d = X.shape
     k = n_components
     b = max(k, 1)
-    ncv = min(d, max(2 * k + 1, 20)) if ncv is None else min(d, max(int(ncv), b + 1))
+    ncv = min(d, max(20, 2 * k + 1, min(8 * k, 2 * k + 256))) if ncv is None else min(d, max(int(ncv), b + 1))
     floor = 1e3 * float(np.finfo(X.dtype).eps)
     tol_eff = max(float(tol), floor)
 

@@ -18,7 +18,7 @@ __all__ = ["pack_trees", "apply_forest", "TREE_ARRAYS"]
 #: The per-node arrays of a fitted forest: (attribute suffix, dtype).
 TREE_ARRAYS = (("feature", np.int32), ("threshold", np.float64), ("children_left", np.int32),
                ("children_right", np.int32), ("value", np.float64), ("n_node_samples", np.int64),
-               ("weighted_n_node_samples", np.float64), ("impurity", np.float64))
+               ("weighted_n_node_samples", np.float64), ("impurity", np.float64), ("missing_left", np.uint8))
 
 _KEYS = {"children_left": "left", "children_right": "right"}
 
@@ -34,7 +34,8 @@ def pack_trees(trees, n_values):
     out = {"offsets": offsets}
     for name, dtype in TREE_ARRAYS:
         key = _KEYS.get(name, name)
-        parts = [np.asarray(t[key], dtype=dtype) for t in trees]
+        # trees grown without missing values may lack the missing_left flags: all 0 (missing values go right)
+        parts = [np.asarray(t[key] if key in t else np.zeros(len(t["feature"])), dtype=dtype) for t in trees]
         if name == "value":
             parts = [p.reshape(-1, n_values) for p in parts]
             out[name] = np.concatenate(parts) if parts else np.zeros((0, n_values))
@@ -43,7 +44,7 @@ def pack_trees(trees, n_values):
     return out
 
 
-def apply_forest(X, feature, threshold, left, right, offsets, xp):
+def apply_forest(X, feature, threshold, left, right, offsets, xp, missing_left=None):
     """Global node index of the leaf reached by every row in every tree.
 
     Parameters
@@ -53,6 +54,8 @@ def apply_forest(X, feature, threshold, left, right, offsets, xp):
         Flat tree arrays on ``X``'s namespace (children tree-local).
     offsets : ndarray of shape (n_trees + 1,)
     xp : module
+    missing_left : ndarray of shape (n_nodes,), default=None
+        1 where a split sends missing values (NaN) left; None: every NaN goes right.
 
     Returns
     -------
@@ -79,7 +82,10 @@ def apply_forest(X, feature, threshold, left, right, offsets, xp):
             if not bool(inner.any()):
                 break
             x = Xc[rows, xp.where(inner, f, 0)]
-            nxt = xp.where(x <= threshold[node], gleft[node], gright[node])
+            go = x <= threshold[node]
+            if missing_left is not None:
+                go |= xp.isnan(x) & (missing_left[node] == 1)
+            nxt = xp.where(go, gleft[node], gright[node])
             node = xp.where(inner, nxt, node)
         out[a:a + m] = node
     return out

@@ -7,7 +7,7 @@ batch, then their nodes) are the segment ``starts[s]:starts[s+1]``.  Per level:
 
 1. each rank sums the segments of the nodes it must build into histograms
    ``(node, feature, bin, channel)``: a shared-memory CUDA kernel on CuPy
-   (:mod:`mpiml.kernels.histograms`), ``bincount`` on NumPy;
+   (:mod:`mpiml.kernels.forest.histograms`), ``bincount`` on NumPy;
 2. the histograms are summed over ranks with one allreduce (several when they
    exceed a byte budget);
 3. every rank evaluates the same splits on the same numbers (array operations
@@ -32,7 +32,8 @@ each, which receives their rows, instead of reducing their histograms.
 Channels are integer-valued (fixed point, see :mod:`._hist`):
 
 * classification: ``[weight of class 0, ..., weight of class K-1]``;
-* regression: ``[weight, weight * y]``;
+* regression: ``[weight, weight * y]`` (``[weight, weight * y_1, ..., weight * y_Q]`` for ``Q``
+  outputs: those grow on the array path, NumPy or CuPy, without the compiled kernels);
 * a leading ``rows`` channel only when ``min_samples_leaf > 1`` (it counts
   rows with non-zero weight on each side of a split);
 * per node: the rows, and for regression ``sum(weight * y**2)`` (the purity test).
@@ -130,22 +131,27 @@ class TreeGrower:
         self.n, self.F = spec.Xb.shape
         self.B = int(max(spec.n_bins)) if len(spec.n_bins) else 1
         self.K = spec.n_classes
+        self.Q = 1 if self.K else getattr(spec, "n_outputs", 1)      # regression outputs
         # a per-bin row count is needed only to enforce min_samples_leaf > 1: with 1, a side with
         # weight has a row; node row counts travel in the per-node extras
         self.D = 1 if spec.min_samples_leaf > 1 else 0
-        self.C = self.D + (self.K if self.K else 2)
+        self.C = self.D + (self.K if self.K else 1 + self.Q)
         self.E = 1 if self.K else 2                  # per node: rows (and sum of weight * y**2)
         self.m = min(spec.max_features, self.F)
         # histograms of every feature (and sibling subtraction) when that is the cheaper build:
         # F features on at most half the rows against m features on all of them
         self.full = 2 * self.m > self.F
         self.kernel = None
-        if self.xp is not np and spec.Xb.dtype == np.uint8 and os.environ.get("MPIML_RF_GPU_KERNEL", "1") != "0":
-            from ..kernels import histograms
+        if (self.xp is not np and spec.Xb.dtype == np.uint8 and self.Q == 1
+                and os.environ.get("MPIML_RF_GPU_KERNEL", "1") != "0"):
+            from ..kernels.forest import histograms
 
             self.kernel = histograms
         # compiled host kernels (Numba) unless ``MPIML_RF_CPU_KERNEL=0`` (the NumPy path, same trees)
-        self.cpu = self.xp is np and _cpu_kernels.enabled()
+        self.cpu = self.xp is np and self.Q == 1 and _cpu_kernels.enabled()
+        # missing values: the bin of each feature's NaN (-1: none); their splits take the array search
+        nan_bin = getattr(spec, "missing_bin", None)
+        self.nan_bin = np.asarray(nan_bin) if nan_bin is not None and (np.asarray(nan_bin) >= 0).any() else None
         # the host kernels gather a node's rows from one feature's column of bins at a time
         self.cols = np.ascontiguousarray(spec.Xb.T) if self.cpu else None
         # a rank that grows alone needs no histogram of any node: the search reads a per-thread one
@@ -180,8 +186,15 @@ class TreeGrower:
             counts.append(int(r.shape[0]))
             if not self.K:
                 wr, yr = w[r], s.y[r]
-                wys.append(xp.rint(wr * yr * s.scales[1]))
-                wy2s.append(xp.rint(wr * yr * yr * s.scales[2]))
+                if self.Q > 1:
+                    wys.append(xp.rint(wr[:, None] * yr * s.scales[1]))
+                    wy2s.append(xp.rint(wr * (yr * yr).sum(axis=1) * s.scales[2]))
+                else:
+                    wys.append(xp.rint(wr * yr * s.scales[1]))
+                    # the node impurity's extra: sum w y**2 (squared error) or sum w y log y (Poisson)
+                    y2 = (xp.where(yr > 0, yr * xp.log(xp.where(yr > 0, yr, 1.0)), 0.0) if s.criterion == "poisson"
+                          else yr * yr)
+                    wy2s.append(xp.rint(wr * y2 * s.scales[2]))
         cat = (lambda parts: xp.concatenate(parts)) if len(trees) > 1 else (lambda parts: parts[0])
         starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         seg = xp.asarray(np.repeat(np.arange(len(trees), dtype=np.int32), counts))
@@ -280,8 +293,9 @@ class TreeGrower:
                 keys.append(key + D + xp.broadcast_to(s.y[r].astype(xp.int64)[:, None], (ne, FH)).ravel())
                 wts.append(w)
             else:
-                keys += [key + D, key + D + 1]
-                wts += [w, xp.broadcast_to(el.wy[e][:, None], (ne, FH)).ravel()]
+                wy = el.wy[e].reshape(ne, self.Q)
+                keys += [key + D] + [key + D + 1 + q for q in range(self.Q)]
+                wts += [w] + [xp.broadcast_to(wy[:, q:q + 1], (ne, FH)).ravel() for q in range(self.Q)]
             hist += xp.bincount(xp.concatenate(keys), weights=xp.concatenate(wts), minlength=span)
         return hist.reshape(n, FH, B, C)
 
@@ -303,7 +317,9 @@ class TreeGrower:
                 tot += xp.bincount(seg * C + D + s.y[el.row].astype(xp.int64), weights=el.w, minlength=S * C)
             else:
                 tot += xp.bincount(seg * C + D, weights=el.w, minlength=S * C)
-                tot += xp.bincount(seg * C + D + 1, weights=el.wy, minlength=S * C)
+                wy = el.wy.reshape(-1, self.Q)
+                for q in range(self.Q):
+                    tot += xp.bincount(seg * C + D + 1 + q, weights=wy[:, q], minlength=S * C)
         slots = np.arange(S)
         extra = xp.zeros((S, self.E), dtype=xp.float64)
         extra[:, 0] = xp.asarray(el.lens().astype(np.float64))
@@ -333,7 +349,8 @@ class TreeGrower:
         Compiled: gini (fewer than 8 classes: sums over classes in NumPy's order) and squared error;
         ``MPIML_RF_SPLIT_KERNEL=0`` turns it off (the array search, for comparisons: the same trees).
         """
-        if self.K and (self.s.criterion != "gini" or self.K >= 8):
+        if ((self.K and (self.s.criterion != "gini" or self.K >= 8)) or self.Q > 1 or self.s.criterion == "poisson"
+                or getattr(self, "nan_bin", None) is not None):
             return None
         if os.environ.get("MPIML_RF_SPLIT_KERNEL", "1") == "0":
             return None
@@ -364,8 +381,12 @@ class TreeGrower:
             best = choose(xp, cand)
         else:
             Hm = H if fpos is None else xp.take_along_axis(H, fpos[:, :, None, None], axis=1)
-            best = dense_candidates(self, Hm, tot, st["mwl"], first_only)
-        return decide(self, best, st, ex, order, depth)
+            nanb = None if self.nan_bin is None else xp.asarray(self.nan_bin)[xp.asarray(order)]
+            best = dense_candidates(self, Hm, tot, st["mwl"], first_only, nanb=nanb)
+        dec = decide(self, best[:7], st, ex, order, depth)
+        dec["missing_left"] = (_host(xp, best[7]).astype(bool) & ~dec["leaf"] if len(best) > 7
+                               else np.zeros(len(dec["leaf"]), dtype=bool))
+        return dec
 
     def _bin_tables(self):
         """Padded ``(F, B)`` tables of bin values (NaN where bins are not single values) and edges."""
@@ -391,6 +412,7 @@ class TreeGrower:
         vals, edges, exact = self._bin_tables()
         thr = edges[f, np.minimum(b, edges.shape[1] - 1)]
         ex = exact[f] & (below >= 0) & (above < self.B)
+        ex[ex] &= ~np.isnan(vals[f[ex], above[ex]])            # the bin above is the missing values': the edge
         if ex.any():
             vlo, vhi = vals[f[ex], below[ex]], vals[f[ex], above[ex]]
             mid = (vlo + vhi) / 2.0
@@ -676,7 +698,8 @@ class TreeGrower:
             Hr, exr = self._reduce(Hr, exr)
         rw = None if root_w is None else root_w[sel]
         again = self._evaluate(Hr, exr, rest, depth, rw, first_only=True)
-        for key in ("leaf", "feature", "best_b", "below", "above", "decrease", "best_wl", "best_wr"):
+        dec.setdefault("missing_left", np.zeros(len(dec["leaf"]), dtype=bool))
+        for key in ("leaf", "feature", "best_b", "below", "above", "decrease", "best_wl", "best_wr", "missing_left"):
             dec[key][sel] = again[key]
 
     def _record(self, levels, ranges, dec):
@@ -700,7 +723,8 @@ class TreeGrower:
             "feature": np.where(split, f, -2), "threshold": thr, "left": left,
             "right": np.where(split, left + 1, -1).astype(np.int32), "value": dec["value"],
             "n_node_samples": dec["counts"], "weighted_n_node_samples": dec["W"], "impurity": dec["impurity"],
-            "decrease": np.where(split, dec["decrease"], 0.0)}))
+            "decrease": np.where(split, dec["decrease"], 0.0),
+            "missing_left": np.where(split, dec.get("missing_left", False), False)}))
         n_split = np.bincount(slot_tree, weights=split, minlength=T).astype(np.int64)
         return np.stack([ranges[:, 1], ranges[:, 1] + 2 * n_split], axis=1)
 
@@ -734,15 +758,17 @@ class TreeGrower:
         if n_split == 0 or el.row.shape[0] == 0:
             empty_i = xp.zeros(0, dtype=xp.int32)
             empty_f = xp.zeros(0, dtype=xp.float64)
-            return _Elements(empty_i, empty_i, empty_f, None if self.K else empty_f, None if self.K else empty_f,
+            empty_y = xp.zeros((0, self.Q), dtype=xp.float64) if self.Q > 1 else empty_f
+            return _Elements(empty_i, empty_i, empty_f, None if self.K else empty_y, None if self.K else empty_f,
                              np.zeros(2 * n_split + 1, dtype=np.int64))
-        if self.kernel is not None:
+        nan_left = self.nan_bin is not None and bool(np.any(dec.get("missing_left", False)))
+        if self.kernel is not None and not nan_left:
             code = np.where(split_h, dec["feature"] * 256 + dec["best_b"], -1)
             (row, seg, w, wy, wy2), counts = self.kernel.partition_rows(s.Xb, el.seg, el.row, el.w, el.wy, el.wy2,
                                                                         code, el.starts)
             counts = counts[split_h].reshape(-1)
             return _Elements(row, seg, w, wy, wy2, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
-        if self.cpu:
+        if self.cpu and not nan_left:
             (row, w, wy, wy2), counts = _cpu_kernels.partition(self.cols, el.row, el.w, el.wy, el.wy2, el.starts,
                                                                np.where(split_h, dec["feature"], -1), dec["best_b"])
             counts = counts.reshape(-1)
@@ -753,7 +779,11 @@ class TreeGrower:
         sp = xp.asarray(split_h)[seg]
         fx = xp.asarray(np.where(split_h, dec["feature"], 0).astype(np.int32))[seg]
         bx = xp.asarray(np.where(split_h, dec["best_b"], 0).astype(np.int32))[seg]
-        go = s.Xb[el.row, fx].astype(xp.int32) <= bx
+        bins = s.Xb[el.row, fx].astype(xp.int32)
+        go = bins <= bx
+        if nan_left:                                 # missing values to the left where the split learned so
+            nb = np.where(split_h & dec["missing_left"], self.nan_bin[np.where(split_h, dec["feature"], 0)], -1)
+            go |= bins == xp.asarray(nb.astype(np.int32))[seg]
         is_l = sp & go
         is_r = sp & ~go
         cl = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(is_l, dtype=xp.int64)])
@@ -770,7 +800,7 @@ class TreeGrower:
         rank = xp.asarray((np.cumsum(split_h) - 1).astype(np.int32))
 
         def moved(a, dtype):
-            out = xp.empty(n_new, dtype=dtype)
+            out = xp.empty((n_new,) + tuple(a.shape[1:]), dtype=dtype)
             out[pos] = a[kept]
             return out
 
@@ -785,4 +815,4 @@ class TreeGrower:
 #: Per-node records of a tree and their dtypes.
 _RECORDS = {"feature": np.int32, "threshold": np.float64, "left": np.int32, "right": np.int32,
             "value": np.float64, "n_node_samples": np.int64, "weighted_n_node_samples": np.float64,
-            "impurity": np.float64, "decrease": np.float64}
+            "impurity": np.float64, "decrease": np.float64, "missing_left": np.uint8}

@@ -130,7 +130,11 @@ def sample_rows(xp, seed, offset, n_local, n_total, target):
     return xp.nonzero(u < target / n_total)[0]
 
 
-def bin_edges(sample, max_bins, exact, xp=np):
+#: The edge below a feature's missing-value bin: every finite value is at or under it, NaN (binned as +inf) above.
+MISSING_EDGE = float(np.finfo(np.float64).max)
+
+
+def bin_edges(sample, max_bins, exact, xp=np, missing=None):
     """Bin edges and bin values of every feature from the gathered ``sample`` (host arrays).
 
     Parameters
@@ -146,6 +150,12 @@ def bin_edges(sample, max_bins, exact, xp=np):
     xp : module, default=numpy
         Where the columns are sorted (CuPy: every column in one call on the
         device, then one copy back); the rest is host work linear in the sample.
+    missing : sequence of bool, default=None
+        Features with missing values (NaN) on some rank: their values get at
+        most ``max_bins - 1`` bins and NaN the last bin, after the edge
+        :data:`MISSING_EDGE` (rows are binned with NaN as +inf, see
+        :func:`apply_bins`), so a split after the last value bin sends the
+        missing values alone to the right.
 
     Returns
     -------
@@ -160,27 +170,33 @@ def bin_edges(sample, max_bins, exact, xp=np):
     else:
         cols.sort(axis=1)
     edges, values = [], []
-    for col in cols:
+    for j, col in enumerate(cols):
+        nan_bin = missing is not None and bool(missing[j])
+        if nan_bin:
+            col = col[~np.isnan(col)]                      # sorted: the NaN were last
+        nb = max_bins - 1 if nan_bin else max_bins
         # the distinct values of a sorted column
         uniq = col[np.concatenate([[True], col[1:] != col[:-1]])] if len(col) else col
-        if len(uniq) <= max_bins:
+        if len(uniq) <= nb:
             e = (uniq[:-1] + uniq[1:]) / 2.0
             # midpoints of adjacent floats can round up to the upper value
             e = np.where(e >= uniq[1:], uniq[:-1], e)
-            edges.append(e)
-            values.append(uniq if exact else None)
-            continue
-        pos = np.linspace(0, len(col) - 1, max_bins + 1)[1:-1]
-        lo, hi = col[np.floor(pos).astype(np.int64)], col[np.ceil(pos).astype(np.int64)]
-        e = np.unique((lo + hi) / 2.0)
-        edges.append(e)
-        values.append(None)
+            v = uniq if exact else None
+        else:
+            pos = np.linspace(0, len(col) - 1, nb + 1)[1:-1]
+            lo, hi = col[np.floor(pos).astype(np.int64)], col[np.ceil(pos).astype(np.int64)]
+            e = np.unique((lo + hi) / 2.0)
+            v = None
+        edges.append(np.append(e, MISSING_EDGE) if nan_bin else e)
+        values.append(v)
     return edges, values
 
 
 def apply_bins(X, edges, xp):
-    """Bin index of every entry of ``X`` (uint8 for up to 256 bins, else uint16)."""
+    """Bin index of every entry of ``X`` (uint8 for up to 256 bins, else uint16); NaN is binned as +inf."""
     n, d = X.shape
+    if n and d and X.dtype.kind == "f" and bool(xp.isnan(X).any()):
+        X = xp.where(xp.isnan(X), xp.inf, X)
     most = max((len(e) + 1 for e in edges), default=1)
     dtype = xp.uint8 if most <= 256 else xp.uint16
     if xp is np:

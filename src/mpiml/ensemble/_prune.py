@@ -23,7 +23,7 @@ def _keep(tree, kept, leaves, n_features):
     kept = np.asarray(kept, dtype=np.int64)
     new_id = np.full(len(tree["feature"]), -1, dtype=np.int64)
     new_id[kept] = np.arange(len(kept))
-    out = {key: np.asarray(tree[key])[kept].copy() for key in _NODE_KEYS}
+    out = {key: np.asarray(tree[key])[kept].copy() for key in _NODE_KEYS + ("missing_left",) if key in tree}
     cut = np.asarray(leaves)[kept]
     inner = ~cut & (out["left"] >= 0)
     out["left"] = np.where(inner, new_id[np.where(inner, out["left"], 0)], -1).astype(np.int32)
@@ -31,6 +31,8 @@ def _keep(tree, kept, leaves, n_features):
     out["feature"] = np.where(inner, out["feature"], -2).astype(np.int32)
     out["threshold"] = np.where(inner, out["threshold"], -2.0)
     out["decrease"] = np.where(inner, out["decrease"], 0.0)
+    if "missing_left" in out:
+        out["missing_left"] = np.where(inner, out["missing_left"], 0).astype(np.uint8)
     out["importances"] = np.bincount(out["feature"][inner], weights=out["decrease"][inner],
                                      minlength=n_features).astype(np.float64)
     return out

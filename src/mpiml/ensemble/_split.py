@@ -6,7 +6,7 @@ Three steps, all over every node of a level at once:
    impurity, the value, purity and the parent's score;
 2. the candidates: per (node, candidate feature) the best bin, either by a
    compiled kernel (:func:`mpiml.ensemble._cpu_kernels.split_candidates` on
-   the host, ``mpiml_hist_split`` of :mod:`mpiml.kernels.histograms` on the
+   the host, ``mpiml_hist_split`` of :mod:`mpiml.kernels.forest.histograms` on the
    GPU: one pass over the histograms, nothing of their size allocated) or by
    :func:`dense_candidates`, whole-array operations (every criterion, and the
    features drawn after constant ones); :func:`choose` keeps the best feature
@@ -57,13 +57,28 @@ def node_stats(g, tot, ex, root_weight):
             impurity = -(_xlogx(xp, p).sum(-1)) / math.log(2.0)
         value = p
         pure = (wt > 0).sum(-1) <= 1
+    elif g.Q > 1:                     # several outputs: the mean of their squared errors (scikit-learn's)
+        W = tot[:, D] / sw
+        S1 = tot[:, D + 1:D + 1 + g.Q] / s.scales[1]
+        Wd = xp.where(W > 0, W, 1)
+        parent = (S1 * S1).sum(-1) / Wd / g.Q
+        mean = S1 / Wd[:, None]
+        impurity = xp.maximum(ex[:, 1] / s.scales[2] / Wd - (mean * mean).sum(-1), 0.0) / g.Q
+        value = mean
+        pure = impurity <= s.y_tol
     else:
         W = tot[:, D] / sw
         S1 = tot[:, D + 1] / s.scales[1]
         Wd = xp.where(W > 0, W, 1)
-        parent = S1 * S1 / Wd
         mean = S1 / Wd
-        impurity = xp.maximum(ex[:, 1] / s.scales[2] / Wd - mean * mean, 0.0)
+        if s.criterion == "poisson":
+            # half Poisson deviance: only its part that depends on the split (sum y log(mean)) is compared;
+            # the impurity is from the per-node sum of w y log y (the extras' second column)
+            parent = _xlogx(xp, S1) - S1 * xp.log(Wd)
+            impurity = xp.maximum(ex[:, 1] / s.scales[2] / Wd - _xlogx(xp, mean), 0.0)
+        else:
+            parent = S1 * S1 / Wd
+            impurity = xp.maximum(ex[:, 1] / s.scales[2] / Wd - mean * mean, 0.0)
         value = mean[:, None]
         pure = impurity <= s.y_tol
     rw = W if root_weight is None else xp.asarray(root_weight)
@@ -71,32 +86,10 @@ def node_stats(g, tot, ex, root_weight):
     return {"W": W, "parent": parent, "impurity": impurity, "value": value, "pure": pure, "root_w": rw, "mwl": mwl}
 
 
-def dense_candidates(g, Hm, tot, mwl, first_only=False):
-    """The best split of every node by whole-array operations over its histograms ``Hm`` (S, m, B, C).
-
-    Only non-empty bins are split candidates (a split after an empty bin
-    repeats the one before it), so the work is proportional to the non-empty
-    bins: per-(node, feature) prefix sums are exact int64 sums.  Ties go to the
-    lowest (feature position, bin).  With ``first_only`` only the first feature
-    that is not constant in the node is a candidate (the features drawn after
-    ``max_features`` constant ones).
-
-    Returns per node ``(best_val, best_j, best_b, best_wl, below, above, varying)``.
-    """
+def _scored(g, left, right, mwl):
+    """Split scores (the proxy: larger is better), left weights and validity of candidate sides."""
     xp, s, D = g.xp, g.s, g.D
-    n_slots, m, B, C = Hm.shape
     sw = s.scales[0]
-    # (S, m, B) bins holding rows: the row count, the weight (regression), or the class weights (all >= 1)
-    occupied = Hm.sum(axis=3) > 0 if (g.K and not D) else Hm[..., 0] > 0
-    nz = xp.flatnonzero(occupied.ravel())                    # non-empty (slot, feature, bin)
-    G = Hm.reshape(-1, C)[nz].astype(xp.int64)
-    seg = nz // B
-    first = xp.searchsorted(seg, seg, side="left")
-    cs = xp.cumsum(G, axis=0)
-    left_i = cs - (cs[first] - G[first])
-    slot = seg // m
-    left = left_i.astype(xp.float64)
-    right = tot[slot] - left
     if g.K:
         wl, wr = left[:, D:] / sw, right[:, D:] / sw
         WL, WR = wl.sum(-1), wr.sum(-1)
@@ -107,18 +100,73 @@ def dense_candidates(g, Hm, tot, mwl, first_only=False):
     else:
         WL, WR = left[:, D] / sw, right[:, D] / sw
         q = s.scales[1]
-        SL, SR = left[:, D + 1] / q, right[:, D + 1] / q
-        proxy = SL * SL / xp.where(WL > 0, WL, 1) + SR * SR / xp.where(WR > 0, WR, 1)
+        WLd, WRd = xp.where(WL > 0, WL, 1), xp.where(WR > 0, WR, 1)
+        if g.Q > 1:
+            SL, SR = left[:, D + 1:D + 1 + g.Q] / q, right[:, D + 1:D + 1 + g.Q] / q
+            proxy = ((SL * SL).sum(-1) / WLd + (SR * SR).sum(-1) / WRd) / g.Q
+        else:
+            SL, SR = left[:, D + 1] / q, right[:, D + 1] / q
+            if s.criterion == "poisson":
+                proxy = _xlogx(xp, SL) - SL * xp.log(WLd) + _xlogx(xp, SR) - SR * xp.log(WRd)
+            else:
+                proxy = SL * SL / WLd + SR * SR / WRd
     valid = (WL > 0) & (WR > 0)
+    if not g.K and s.criterion == "poisson":
+        valid &= (SL > 0) & (SR > 0)          # a child without a positive target sum has an infinite deviance
     if D:
         msl = s.min_samples_leaf
         valid &= (left[:, 0] >= msl) & (right[:, 0] >= msl)
+    if mwl is not None:
+        valid &= (WL >= mwl) & (WR >= mwl)
+    return proxy, WL, valid
+
+
+def dense_candidates(g, Hm, tot, mwl, first_only=False, nanb=None):
+    """The best split of every node by whole-array operations over its histograms ``Hm`` (S, m, B, C).
+
+    Only non-empty bins are split candidates (a split after an empty bin
+    repeats the one before it), so the work is proportional to the non-empty
+    bins: per-(node, feature) prefix sums are exact int64 sums.  Ties go to the
+    lowest (feature position, bin).  With ``first_only`` only the first feature
+    that is not constant in the node is a candidate (the features drawn after
+    ``max_features`` constant ones).
+
+    ``nanb`` (S, m): the missing-value bin of each candidate feature (-1: none); with it, each split
+    is also scored with the missing values on the left, and an eighth array says per node whether
+    the chosen split sends them left.
+
+    Returns per node ``(best_val, best_j, best_b, best_wl, below, above, varying)``.
+    """
+    xp, D = g.xp, g.D
+    n_slots, m, B, C = Hm.shape
+    # (S, m, B) bins holding rows: the row count, the weight (regression), or the class weights (all >= 1)
+    occupied = Hm.sum(axis=3) > 0 if (g.K and not D) else Hm[..., 0] > 0
+    nz = xp.flatnonzero(occupied.ravel())                    # non-empty (slot, feature, bin)
+    G = Hm.reshape(-1, C)[nz].astype(xp.int64)
+    seg = nz // B
+    first = xp.searchsorted(seg, seg, side="left")
+    cs = xp.cumsum(G, axis=0)
+    left_i = cs - (cs[first] - G[first])
+    slot = seg // m
+    left = left_i.astype(xp.float64)
+    mwl_e = None if mwl is None else mwl[slot]
+    proxy, WL, valid = _scored(g, left, tot[slot] - left, mwl_e)
+    mleft = None
+    if nanb is not None:
+        # missing values to the left as well: the node's missing-value bin joins the left side of every split
+        # of its feature below that bin; the better side wins (ties: missing values right)
+        nb = nanb.reshape(-1).astype(xp.int64)
+        nb = xp.where(nb < B, nb, -1)                        # one-bin totals (the last level): no split
+        nan_h = Hm.reshape(n_slots * m, B, C)[xp.arange(n_slots * m), xp.maximum(nb, 0)] * (nb >= 0)[:, None]
+        below_nan = (nz % B) < nb[seg]
+        left2 = left + nan_h[seg] * below_nan[:, None]
+        proxy2, WL2, valid2 = _scored(g, left2, tot[slot] - left2, mwl_e)
+        mleft = valid2 & (~valid | (proxy2 > proxy)) & below_nan & (nan_h[seg].sum(-1) > 0)
+        proxy, WL, valid = xp.where(mleft, proxy2, proxy), xp.where(mleft, WL2, WL), valid | mleft
     varying = occupied.sum(axis=2) >= 2                      # (S, m): not constant in the node
     if first_only:
         first_varying = xp.argmax(varying, axis=1)
         valid &= (seg % m) == first_varying[slot]
-    if mwl is not None:
-        valid &= (WL >= mwl[slot]) & (WR >= mwl[slot])
     dense = xp.full(n_slots * m * B, -xp.inf, dtype=xp.float64)
     dense[nz] = xp.where(valid, proxy, -xp.inf)
     dense_wl = xp.zeros(n_slots * m * B, dtype=xp.float64)
@@ -133,7 +181,12 @@ def dense_candidates(g, Hm, tot, mwl, first_only=False):
     idx = xp.arange(B)
     below = xp.where(chosen & (idx <= best_b[:, None]), idx, -1).max(axis=1)
     above = xp.where(chosen & (idx > best_b[:, None]), idx, B).min(axis=1)
-    return best_val, best_j, best_b, best_wl, below, above, varying.any(axis=1)
+    out = (best_val, best_j, best_b, best_wl, below, above, varying.any(axis=1))
+    if mleft is not None:
+        dense_ml = xp.zeros(n_slots * m * B, dtype=bool)
+        dense_ml[nz] = mleft
+        out += (xp.take_along_axis(dense_ml.reshape(n_slots, m * B), best[:, None], axis=1)[:, 0],)
+    return out
 
 
 def choose(xp, cand):

@@ -1,7 +1,8 @@
 """CUDA sources of the collectives, loaded through :mod:`mpiml.kernels._loader`, memoized per device.
 
-Each family is one templated ``.cu`` file beside this module; the shared
-protocol lives in ``ipc_common.cuh`` and is prepended to every family. Nothing
+Each family is one templated ``.cu`` file in ``kernels/comm/``; the shared
+protocol lives in ``comm/ipc_common.cuh`` and is prepended to every family
+(paths are relative to ``kernels/``, as the loader takes them). Nothing
 compiles at import: :func:`get_kernel` loads a family for one element type
 the first time it is asked for (a shipped cubin, this machine's cache, else
 NVRTC once) and returns the raw ``CUfunction`` handle, which the caller launches
@@ -18,14 +19,19 @@ from importlib import resources
 
 import numpy as np
 
-__all__ = ["get_kernel", "source", "reduce_type", "copy_type", "FAMILIES", "OP_CODES"]
+__all__ = ["get_kernel", "source", "reduce_type", "copy_type", "FAMILIES", "OP_CODES", "COMMON"]
 
-#: family -> (file, kernels in it, whether they reduce)
+#: the protocol header prepended to every family (a path relative to kernels/)
+COMMON = "comm/ipc_common.cuh"
+
+#: family -> (file relative to kernels/, kernels in it, whether they reduce)
 FAMILIES = {
-    "allreduce": ("allreduce.cu", ("mpiml_allreduce_oneshot", "mpiml_allreduce_twoshot", "mpiml_allreduce_ll"), True),
-    "reduce": ("reduce.cu", ("mpiml_reduce_oneshot", "mpiml_scan_oneshot", "mpiml_reduce_scatter_oneshot",
-                          "mpiml_reduce_ll"), True),
-    "bcast": ("bcast.cu", ("mpiml_bcast_pull", "mpiml_allgather_pull", "mpiml_bcast_ll", "mpiml_allgather_ll"), False),
+    "allreduce": ("comm/allreduce.cu", ("mpiml_allreduce_oneshot", "mpiml_allreduce_twoshot", "mpiml_allreduce_ll"),
+                  True),
+    "reduce": ("comm/reduce.cu", ("mpiml_reduce_oneshot", "mpiml_scan_oneshot", "mpiml_reduce_scatter_oneshot",
+                               "mpiml_reduce_scatter_ll", "mpiml_reduce_ll", "mpiml_reduce_twoshot"), True),
+    "bcast": ("comm/bcast.cu", ("mpiml_bcast_pull", "mpiml_allgather_pull", "mpiml_bcast_ll", "mpiml_allgather_ll",
+                                "mpiml_bcast_twoshot", "mpiml_allgather_push"), False),
 }
 
 OP_CODES = {"sum": 0, "prod": 1, "min": 2, "max": 3}
@@ -60,7 +66,7 @@ def source(family):
     text = _SOURCES.get(family)
     if text is None:
         pkg = resources.files(__name__)
-        text = pkg.joinpath("ipc_common.cuh").read_text() + "\n" + pkg.joinpath(FAMILIES[family][0]).read_text()
+        text = pkg.joinpath(COMMON).read_text() + "\n" + pkg.joinpath(FAMILIES[family][0]).read_text()
         _SOURCES[family] = text
     return text
 
@@ -82,7 +88,7 @@ def _module(family, ctype, size):
         # every instantiation of the family for this type in one cubin: shipped, cached or compiled once
         from ._loader import load_module
 
-        mod = load_module(("ipc_common.cuh", FAMILIES[family][0]), _name_expressions(family, ctype, size))
+        mod = load_module((COMMON, FAMILIES[family][0]), _name_expressions(family, ctype, size))
         _MODULES[key] = mod
     return mod
 

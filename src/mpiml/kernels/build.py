@@ -6,7 +6,7 @@
 
 Writes one ``sm_XY.zip`` an architecture: ``index.json`` (per cubin: the source hash, NVRTC major, the
 lowered name of every expression) and the cubins, named by their key (see :mod:`mpiml.kernels._loader`).
-The specialisations come from the families' own plan functions: the distance kernels' plans are asked
+The specialisations come from the families' own plan functions: the k-means kernels' plans are asked
 for a grid of shapes with the shared memory and compute capability of a typical GPU of each architecture
 (they depend on it), the collectives' every element type, the histograms' and linear models' whole
 families, and the k-selection kernels of the common metrics for every query tile and alignment.  NVRTC comes
@@ -56,26 +56,15 @@ _GROUP = 12
 _SKIPPED = []
 
 
-@contextlib.contextmanager
-def _emulated_device(distances, model):
-    """The distance plans as they come out on a device of ``model`` (no GPU needed)."""
-    saved = distances._have_device, distances._device
-    distances._have_device = lambda: True
-    distances._device = lambda: model
-    try:
-        yield
-    finally:
-        distances._have_device, distances._device = saved
-
-
-def _distances_exprs(model):
-    """``{source file: set of expressions}`` the distance launches ask for at the shapes of the grid."""
-    from . import distances as D
+def _kmeans_exprs(model):
+    """``{program's files: set of expressions}`` the k-means launches ask for at the shapes of the grid."""
+    from .kmeans import SIMT_FILES, TC_FILES, emulated_device, kernel_plan
+    from .kmeans._common import _CTYPE
 
     tc, simt = set(), set()
-    with _emulated_device(D, model):
+    with emulated_device(model):
         for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
-            ct = D._CTYPE[dtype]
+            ct = _CTYPE[dtype]
             tc.update({f"mpiml_distances_step_totals<{ct}>", f"mpiml_small_bank_pack<{ct}>"})
             simt.update({"mpiml_distances_reduce_partials", f"mpiml_lloyd_update<{ct}>",
                          f"mpiml_distances_argmin_gemm<{ct}>", f"mpiml_distances_label_sums<{ct}, {ct}>"})
@@ -83,35 +72,39 @@ def _distances_exprs(model):
                 vw = 16 // dtype.itemsize if d % (16 // dtype.itemsize) == 0 else 1
                 for k in _KS:
                     for metric in ("sqeuclidean", "euclidean", "inner_product", "cosine"):
-                        simt.add(D.kernel_plan(dtype, k, d, mode=metric, vw=vw)["expr"])
+                        simt.add(kernel_plan(dtype, k, d, mode=metric, vw=vw)["expr"])
                     for lloyd in (True, False):
                         try:
-                            _launch_exprs(D, dtype, k, d, vw, lloyd, tc, simt)
+                            _launch_exprs(dtype, k, d, vw, lloyd, tc, simt)
                         except ValueError as exc:      # a plan that does not fit this device: nothing to ship
                             _SKIPPED.append((model[3], dtype.name, k, d, "lloyd" if lloyd else "assign", str(exc)))
-    return {"distances_tc.cu": tc, "distances.cu": simt}
+    return {TC_FILES: tc, SIMT_FILES: simt}
 
 
-def _launch_exprs(D, dtype, k, d, vw, lloyd, tc, simt):
+def _launch_exprs(dtype, k, d, vw, lloyd, tc, simt):
     """Add the expressions of one Lloyd step or arg-min launch (the choices of the launchers)."""
-    ct = D._CTYPE[dtype]
+    from .kmeans import kernel_plan, small_plan, sums_plan, tc_plan
+    from .kmeans._common import _CTYPE, _GEMM_FROM_K
+    from .kmeans._lloyd import _method
+
+    ct = _CTYPE[dtype]
     mode = "lloyd" if lloyd else "assign"
-    method = D._method("auto", k, d, dtype, lloyd)
+    method = _method("auto", k, d, dtype, lloyd)
     if method == "small":
         for unit in (True, False):
-            plan = D.small_plan(dtype, k, d, mode=mode, vw=vw, unit=unit)
+            plan = small_plan(dtype, k, d, mode=mode, vw=vw, unit=unit)
             tc.update(v for key, v in plan.items() if key.startswith("expr"))
     elif method == "tc":
         for m in ({mode, "assign"} if lloyd else {mode}):
-            plan = D.tc_plan(dtype, k, d, mode=m, vw=vw)
+            plan = tc_plan(dtype, k, d, mode=m, vw=vw)
             tc.update((plan["expr"], plan["pack"]))
-        if lloyd and not D.tc_plan(dtype, k, d, mode=mode, vw=vw)["fused"]:
-            if k >= D._GEMM_FROM_K:
+        if lloyd and not tc_plan(dtype, k, d, mode=mode, vw=vw)["fused"]:
+            if k >= _GEMM_FROM_K:
                 simt.add(f"mpiml_distances_label_sums<{ct}, {ct}>")
             else:
-                tc.add(D.sums_plan(dtype, k, d, vw=vw)["expr"])
+                tc.add(sums_plan(dtype, k, d, vw=vw)["expr"])
     else:
-        plan = D.kernel_plan(dtype, k, d, mode=mode, vw=vw)
+        plan = kernel_plan(dtype, k, d, mode=mode, vw=vw)
         if method == "fused":
             simt.add(plan["expr"])
         if lloyd and (method == "gemm" or not plan["groups"]):
@@ -152,26 +145,27 @@ def _own_module(expr):
 def specs(arch, model=None):
     """``[(files, expressions)]``: the programs compiled for ``arch``, each a list of expressions; ``model``: the
     device the distance plans are made for (default :data:`DEVICE_MODELS`'s for ``arch``)."""
-    from . import FAMILIES, _name_expressions, copy_type, reduce_type
+    from . import COMMON, FAMILIES, _name_expressions, copy_type, reduce_type
 
     out = []
     for family, (file, _, reduces) in FAMILIES.items():
         ctypes = ({reduce_type(t) for t in ("float16", "float32", "float64", "int32", "int64", "bool")} if reduces
                   else {copy_type(s) for s in (1, 2, 4, 8)})
         for ct in sorted(ctypes):
-            out.append((("ipc_common.cuh", file), _name_expressions(family, ct, None)))
+            out.append(((COMMON, file), _name_expressions(family, ct, None)))
     hist = [f"mpiml_hist_build<{c}, {d}, {w}>" for c in ("false", "true") for d in (0, 1) for w in ("false", "true")]
-    out.append((("histograms.cu",), hist + ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>",
+    out.append((("forest/histograms.cu",), hist + ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>",
                                             "mpiml_hist_split<false>", "mpiml_hist_split<true>"]))
     for ct in ("float", "double"):
-        out.append((("linear.cu",), [f"mpiml_linear_gram<{ct}, {w}>" for w in ("false", "true")]
+        out.append((("linear/linear.cu",), [f"mpiml_linear_gram<{ct}, {w}>" for w in ("false", "true")]
+                    + [f"mpiml_linear_gram_mma<{ct}, {w}, {m}>" for w in ("false", "true") for m in range(1, 17)]
                     + [f"mpiml_linear_logistic<{ct}, {m}, {c}>" for m in (0, 1) for c in (1, 2, 4, 8)]
                     + ["mpiml_linear_sum_blocks"]))
     out += _select_programs()
-    for file, exprs in _distances_exprs(model or DEVICE_MODELS[arch]).items():
+    for files, exprs in _kmeans_exprs(model or DEVICE_MODELS[arch]).items():
         shared = sorted(e for e in exprs if not _own_module(e))
-        out += [((file,), shared[i:i + _GROUP]) for i in range(0, len(shared), _GROUP)]
-        out += [((file,), [e]) for e in sorted(exprs) if _own_module(e)]
+        out += [(files, shared[i:i + _GROUP]) for i in range(0, len(shared), _GROUP)]
+        out += [(files, [e]) for e in sorted(exprs) if _own_module(e)]
     return out
 
 
@@ -208,7 +202,8 @@ def build_arch(arch, out_dir, *, jobs=1, options=_loader.DEFAULT_OPTIONS, nvrtc_
         src = _loader.source_hash(_loader.source_text(files), options)
         name = _loader.entry_key(src, exprs, arch, major) + ".cubin"
         if name in old:
-            entries.append(old[name][0])
+            # the same text and expressions: the same cubin, under the files' names now (a family moved or split)
+            entries.append(dict(old[name][0], files=list(files)))
             blobs[name] = old[name][1]
         else:
             todo.append((files, exprs, arch, tuple(options), nvrtc_path))

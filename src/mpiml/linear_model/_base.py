@@ -72,3 +72,29 @@ def local_X(estimator, X, accept_sparse=True):
     if xp is not np:
         X = _sparse_as_csr(X, accept_sparse)
     return X, xp
+
+
+def overwrite_as_preprocessed(X, X_given, sw, *, fit_intercept, comm, xp):
+    """``copy_X=False``: leave the caller's dense ``X`` as scikit-learn's preprocessing leaves it.
+
+    That is centred on the global (weighted) column means when ``fit_intercept``
+    and, with sample weights, each row scaled by ``sqrt(weight)``.  Collective when
+    ``fit_intercept`` (one allreduce of ``n_features + 1`` values, on every rank of
+    ``comm`` whatever its rows); only a rank whose validated ``X`` *is* the array it
+    was given (no conversion copied it) writes.  Sparse ``X`` is left alone, as there.
+    """
+    if is_sparse(X):
+        return
+    # (CuPy arrays are always writeable: their flags have no such field)
+    write = X is X_given and X.shape[0] > 0 and getattr(X.flags, "writeable", True)
+    if fit_intercept:
+        pack = np.zeros(X.shape[1] + 1)
+        if X.shape[0]:
+            w = xp.ones(X.shape[0], dtype=xp.float64) if sw is None else sw.astype(xp.float64)
+            pack[0] = float(w.sum())
+            pack[1:] = as_like(w @ X.astype(xp.float64, copy=False), np)
+        pack = allreduce_identical(comm, pack)
+        if write and pack[0] > 0:
+            X -= as_like(pack[1:] / pack[0], xp, X.dtype)
+    if write and sw is not None:
+        X *= xp.sqrt(sw).astype(X.dtype)[:, None]

@@ -8,21 +8,24 @@ and Krylov iterations on the implicitly centred operator (``"lsqr"``,
 non-negative least-squares problem on a square factor of the data.
 """
 
+import functools
+import warnings
 from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import MultiOutputMixin, RegressorMixin
+from sklearn.exceptions import UndefinedMetricWarning
 
 from ..base import SPMDEstimator
 from ..utils._linalg import is_sparse
 from ..utils._param_validation import Interval, StrOptions
 from ..utils._validation import validate_sample_weight
-from ._base import allreduce_identical, as_like, local_X, raise_if_nonfinite, validate_X_y
+from ._base import allreduce_identical, as_like, local_X, overwrite_as_preprocessed, raise_if_nonfinite, validate_X_y
 from ._lsq_direct import dense_direct_applies, solve_direct
 from ._lsq_solvers import (SPARSE_GRAM_MAX_FEATURES, as_2d_targets, conjugate_gradient, factor_from_gram, lsqr,
                            lstsq_from_gram, lstsq_from_gram_cholesky, lstsq_from_r, nnls_from_factor,
                            ridge_from_gram, ridge_from_r, solve_least_squares)
-from ._ridge_rules import check_sparse_intercept, reported_solver
+from ._ridge_rules import check_sparse_intercept, lbfgs_from_factor, reported_solver
 
 __all__ = ["LinearRegression", "Ridge"]
 
@@ -100,9 +103,14 @@ class _LinearRegressorBase(MultiOutputMixin, RegressorMixin, SPMDEstimator):
         Y = as_2d_targets(y).astype(xp.float64)
         P = as_2d_targets(self.predict(X)).astype(xp.float64)
         t = Y.shape[1]
-        first = np.concatenate([[float(sw.sum())], as_like(sw @ Y, np)]) if X.shape[0] else np.zeros(t + 1)
+        first = (np.concatenate([[float(sw.sum())], as_like(sw @ Y, np), [X.shape[0]]]) if X.shape[0]
+                 else np.zeros(t + 2))  # [Σw | Σw·y | rows]
         first = allreduce_identical(comm, first)
-        y_mean = xp.asarray(first[1:] / first[0])
+        if first[-1] < 2:  # scikit-learn's r2_score: undefined below two rows (the count is global: every rank)
+            warnings.warn("R^2 score is not well-defined with less than two samples.", UndefinedMetricWarning,
+                          stacklevel=2)
+            return float("nan")
+        y_mean = xp.asarray(first[1:-1] / first[0])
         second = np.zeros(2 * t)
         if X.shape[0]:
             second[:t] = as_like(sw @ (Y - y_mean) ** 2, np)
@@ -128,8 +136,12 @@ class LinearRegression(_LinearRegressorBase):
         Whether to fit an intercept (the data are centred on the global
         weighted mean; implicitly for sparse ``X``).
     copy_X : bool, default=True
-        Accepted for compatibility; ``X`` is never modified (centring works on
-        float64 copies of row chunks, or implicitly).
+        True: ``X`` is never modified (centring works on float64 copies of row
+        chunks, or implicitly).  False: after the fit, a dense ``X`` that needed
+        no conversion is left as scikit-learn leaves it, centred on the global
+        (weighted) means when ``fit_intercept`` and its rows scaled by
+        ``sqrt(sample_weight)`` (one more allreduce of ``n_features + 1``
+        values); the solvers do not need it, so this saves no memory here.
     tol : float, default=1e-6
         Dense solvers: singular values of the centred, weighted ``X`` below
         ``tol`` times the largest are treated as zero (scikit-learn's
@@ -266,6 +278,7 @@ class LinearRegression(_LinearRegressorBase):
             raise ValueError("solver='lsqr' does not support positive=True; use solver='auto', 'tsqr' or 'normal', "
                              "or set positive=False.")
         # the dense direct solvers find NaN/infinity in their Gram matrix: no separate read of X for the check
+        X_given = X
         X, y, sw, xp, comm = self._fit_common(X, y, sample_weight, accept_sparse=not self.positive,
                                               defer_finite=not self.positive and self.solver in ("auto", "normal"))
         solver = self._resolve_solver(X)
@@ -301,6 +314,8 @@ class LinearRegression(_LinearRegressorBase):
             self.singular_ = np.asarray(sing, dtype=np.float64).astype(X.dtype)
         self._set_coef(coef, intercept, y, X, xp)
         self.solver_ = solver
+        if not self.copy_X:  # scikit-learn's LinearRegression centres (and weights) a dense X in place
+            overwrite_as_preprocessed(X, X_given, sw, fit_intercept=self.fit_intercept, comm=comm, xp=xp)
         return self
 
     def __sklearn_tags__(self):
@@ -379,7 +394,9 @@ class Ridge(_LinearRegressorBase):
         root of the Gram matrix for sparse ``X``) solved exactly by
         :func:`scipy.optimize.nnls` on every rank; scikit-learn reaches the
         same minimiser with L-BFGS-B.  ``solver`` must be ``"auto"`` or
-        ``"lbfgs"``.
+        ``"lbfgs"``; ``"lbfgs"`` runs scikit-learn's bounded L-BFGS-B (its
+        ``max_iter``, ``tol`` and ConvergenceWarning) on that factor, on every
+        rank alike without communication (``solver_ == "lbfgs"``).
     random_state : int, RandomState instance or None, default=None
         Accepted for compatibility (scikit-learn uses it for ``"sag"`` and
         ``"saga"`` only); the solvers here are deterministic.
@@ -389,17 +406,21 @@ class Ridge(_LinearRegressorBase):
     Attributes
     ----------
     coef_ : ndarray of shape (n_features,) or (n_targets, n_features)
-        Replicated; NumPy or CuPy like ``X``, dtype of ``X``.
+        Replicated; NumPy or CuPy like ``X``, dtype of ``X``.  ``(n_features,)``
+        also for a ``y`` of one column (whose ``intercept_`` has shape ``(1,)``),
+        as scikit-learn's Ridge.
     intercept_ : float or ndarray of shape (n_targets,)
         Replicated; 0.0 when ``fit_intercept=False``.
     n_iter_ : None or ndarray of shape (n_targets,)
-        Iterations of ``"lsqr"`` per target; None for the other solvers (as
-        scikit-learn).
+        Iterations of ``"lsqr"`` per target, and of the ``"sparse_cg"`` that
+        runs ``"sag"`` / ``"saga"`` (bounded by ``max_iter``, as scikit-learn's
+        epochs are); None for the other solvers (as scikit-learn).
     solver_ : str
         The solver that ran: ``"cholesky"``, ``"svd"``, ``"lsqr"``,
         ``"sparse_cg"`` or ``"nnls"`` (``positive=True``); ``"sag"``/``"saga"``
         when asked, as scikit-learn reports them.  Sparse rows with an intercept:
-        scikit-learn's refusal of the other solvers and its ``"sag"`` warning.
+        scikit-learn's ``"sag"`` warning; every solver fits that intercept
+        (scikit-learn refuses ``"svd"``, ``"cholesky"`` and ``"saga"`` there).
     n_features_in_ : int
         Number of features.
 
@@ -512,10 +533,15 @@ class Ridge(_LinearRegressorBase):
             solver = "cholesky" if used == "normal" else "svd"
         elif solver == "nnls":
             sparse = is_sparse(X)
+            if self.solver == "lbfgs":  # what was asked: scikit-learn's iterations, max_iter and tol
+                solver = "lbfgs"
+                on_factor = functools.partial(lbfgs_from_factor, max_iter=self.max_iter, tol=self.tol)
+            else:
+                on_factor = nnls_from_factor
             coef, intercept, _ = solve_least_squares(
                 X, y, sw, method="gram" if sparse else "tsqr", **common,
-                solve_r=lambda R, Z: (nnls_from_factor(R, Z, alphas), None),
-                solve_gram=lambda G, B: (nnls_from_factor(*factor_from_gram(G, B), alphas), None))
+                solve_r=lambda R, Z: (on_factor(R, Z, alphas), None),
+                solve_gram=lambda G, B: (on_factor(*factor_from_gram(G, B), alphas), None))
         elif solver in ("lsqr", "sparse_cg"):
             run = _lsqr_targets if solver == "lsqr" else _cg_targets
             coef, intercept, n_iter = solve_least_squares(
@@ -527,8 +553,11 @@ class Ridge(_LinearRegressorBase):
                 solve_gram=lambda G, B: (ridge_from_gram(G, B, alphas), None),
                 solve_r=lambda R, Z: (ridge_from_r(R, Z, alphas), None))
         self._set_coef(coef, intercept, y, X, xp)
+        if y.ndim == 2 and y.shape[1] == 1:  # scikit-learn's Ridge: a one-column y gives a 1-D coef_
+            self.coef_ = self.coef_[0]
         self._n_krylov_iter = n_iter  # iterations of lsqr or sparse_cg (benchmarks count the passes over X)
-        self.n_iter_ = n_iter if solver == "lsqr" else None  # scikit-learn reports lsqr's only
+        # scikit-learn reports lsqr's and sag/saga's iterations (those run as sparse_cg here: its count)
+        self.n_iter_ = n_iter if solver == "lsqr" or self.solver in ("sag", "saga") else None
         self.solver_ = reported_solver(self, solver)
         return self
 

@@ -16,13 +16,24 @@ from sklearn.utils.class_weight import compute_class_weight
 
 from ..base import SPMDEstimator
 from ..utils._param_validation import Hidden, Interval, StrOptions
-from ..utils._validation import validate_sample_weight
+from ..utils._linalg import is_sparse
+from ..utils._validation import agree_on_error, validate_sample_weight
 from ._base import allreduce_identical, as_like, global_classes, local_X, validate_X_y
 from ._logistic_loss import (Objective, centre_multinomial, expit, lbfgs, newton_cg, newton_cholesky,
                              softmax_stats)
 from ._logistic_prox import SparseCoefMixin, dense_coef, solve_like
 
 __all__ = ["LogisticRegression"]
+
+try:  # scikit-learn >= 1.9: the (experimental) public callback API
+    from sklearn.callback import CallbackSupportMixin as _CallbackSupport
+    from sklearn.callback import with_callbacks as _with_callbacks
+except ImportError:  # older scikit-learn: no callbacks to call
+    class _CallbackSupport:  # noqa: D101
+        pass
+
+    def _with_callbacks(method):
+        return method
 
 # The names the previous releases of this module exported (tests and tools use them).
 _Objective, _expit, _softmax_stats = Objective, expit, softmax_stats
@@ -44,7 +55,61 @@ def _check_solver(solver, penalty, dual):
         raise ValueError("C=np.inf as well as penalty=None is not supported for the liblinear solver")
 
 
-class LogisticRegression(ClassifierMixin, SparseCoefMixin, SPMDEstimator):
+class _LbfgsHooks:
+    """scikit-learn's callback hooks around the L-BFGS iterations (its task layout).
+
+    One subtask per iteration named ``"lbfgs-iter"``: it begins with the
+    coefficients at the start of the iteration and ends with those at its end
+    (``fitted_estimator`` is a copy of the estimator holding them, as a fit
+    stopped there would); the subtask begun after the last iteration ends
+    empty.  Every rank calls its own callbacks with its own rows; the
+    coefficients are the same bits on every rank.
+    """
+
+    def __init__(self, ctx, estimator, X, y, metadata, to_attributes, w0):
+        self.ctx, self.estimator, self.X, self.y, self.metadata = ctx, estimator, X, y, metadata
+        self.to_attributes = to_attributes
+        self.current = self._begin(w0)
+
+    def _begin(self, w):
+        sub = self.ctx.subcontext(task_name="lbfgs-iter")
+        sub.call_on_fit_task_begin(estimator=self.estimator, X=self.X, y=self.y, metadata=self.metadata,
+                                   reconstruction_attributes=lambda: self.to_attributes(w))
+        return sub
+
+    def __call__(self, w):
+        w = np.array(w, copy=True)
+        self.current.call_on_fit_task_end(estimator=self.estimator, X=self.X, y=self.y, metadata=self.metadata,
+                                          reconstruction_attributes=lambda: self.to_attributes(w))
+        self.current = self._begin(w)
+
+    def close(self):
+        self.current.call_on_fit_task_end(estimator=self.estimator)
+
+
+def _int64_indexed(X):
+    """Whether ``X`` (as given) is a sparse matrix with 64-bit indices."""
+    return is_sparse(X) and any(getattr(getattr(X, a, None), "dtype", None) == np.int64
+                                for a in ("indices", "indptr"))
+
+
+def _large_sparse_or_values(solver, X, int64_indexed):
+    """This rank's reason to refuse ``X`` as scikit-learn's liblinear / sag / saga do (or None)."""
+    if solver not in ("liblinear", "sag", "saga"):
+        return None
+    if int64_indexed:
+        return (f"Only sparse matrices with 32-bit integer indices are accepted by solver={solver!r} (as in "
+                "scikit-learn); got int64 indices. The solvers 'lbfgs', 'newton-cg' and 'newton-cholesky' "
+                "accept them.")
+    values = X.data if is_sparse(X) else X  # (a sparse shard's implicit zeros cannot exceed 1e30)
+    if solver == "liblinear" and values.size:
+        if float(values.max()) > 1e30:  # (one device-to-host scalar for a CuPy shard)
+            return ("Using the 'liblinear' solver while X contains a maximum value > 1e30 results in a frozen "
+                    "fit. Please choose another solver or rescale the input X.")
+    return None
+
+
+class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPMDEstimator):
     """Logistic regression (binary or multinomial) over the rows of every rank (SPMD), dense or sparse.
 
     Every rank calls :meth:`fit` with its own rows and labels; ``classes_`` is
@@ -99,6 +164,9 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, SPMDEstimator):
         objective, L1 share included (one allreduce per evaluation of the loss,
         gradient and Hessian), hence reach the same minimiser; beyond a few
         thousand coefficients, L-BFGS (L2) or FISTA (with an L1 share).
+        As scikit-learn's, ``"liblinear"``, ``"sag"`` and ``"saga"`` refuse
+        sparse ``X`` with int64 indices and ``"liblinear"`` values above 1e30
+        (the same ValueError on every rank when any shard has them).
     max_iter : int, default=100
         Maximum iterations of the solver.
     verbose : int, default=0
@@ -160,6 +228,10 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, SPMDEstimator):
     With separable classes and no penalty the coefficients diverge and a
     :class:`~sklearn.exceptions.ConvergenceWarning` is issued.
 
+    Callbacks (:meth:`set_callbacks`, scikit-learn >= 1.9): with ``"lbfgs"``,
+    scikit-learn's task tree, one subtask per iteration; each rank calls its
+    own callbacks with its own rows and the replicated coefficients.
+
     :meth:`predict`, :meth:`predict_proba` and :meth:`decision_function` act
     on local rows; :meth:`score` (accuracy) is global: one allreduce of two
     values.
@@ -208,6 +280,34 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, SPMDEstimator):
         tags.input_tags.sparse = True
         return tags
 
+    def set_callbacks(self, *callbacks):
+        """Set scikit-learn callbacks (``sklearn.callback``, scikit-learn >= 1.9); called with
+        ``solver="lbfgs"`` only, as there.  Each rank calls its own callbacks with its own rows.
+
+        Returns
+        -------
+        self : LogisticRegression
+        """
+        if not hasattr(_CallbackSupport, "set_callbacks"):
+            raise NotImplementedError("callbacks need scikit-learn >= 1.9 (sklearn.callback)")
+        if self.solver != "lbfgs":
+            warnings.warn(f"Callbacks are only supported in {type(self).__name__} for solver='lbfgs'. This "
+                          f"estimator has solver='{self.solver}', callbacks will be ignored during the solving "
+                          "of the regression.", UserWarning, stacklevel=2)
+        return super().set_callbacks(*callbacks)
+
+    def _fitted_attributes(self, w, obj, l1, xp, out):
+        """``coef_`` and ``intercept_`` from the solver's flat coefficients (the representation scikit-learn
+        reports for the multinomial)."""
+        W = np.asarray(w).reshape(obj.k, obj.d + obj.fi)
+        if l1 == 0 or obj.l2 > 0:  # (the L1 norm of the coefficients is not invariant to centring them)
+            W = centre_multinomial(W, obj)
+        elif not obj.binary and obj.fi:
+            W = W.copy()
+            W[:, -1] -= W[:, -1].mean()
+        return {"coef_": as_like(W[:, :obj.d], xp, out),
+                "intercept_": as_like(W[:, obj.d] * obj.scale if obj.fi else np.zeros(obj.k), xp, out)}
+
     # ------------------------------------------------------------------ parameters
     def _resolve_penalty(self):
         """The effective penalty and C, with scikit-learn's warnings and errors (before any communication)."""
@@ -254,7 +354,12 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, SPMDEstimator):
         """Per-row weights (sample × class weight) and their global sum (one allreduce)."""
         k = len(classes)
         counts = np.zeros(k)
-        if y_idx.shape[0]:
+        if y_idx.shape[0] and xp is not np and k <= 8:
+            # a few classes on a GPU: one masked sum per class (a weighted bincount into k bins is k
+            # float64 atomics hammered by every row: ~10 ms at 4e7 rows and two classes)
+            sw64 = sw.astype(xp.float64, copy=False)
+            counts = np.array([float(xp.where(y_idx == c, sw64, 0.0).sum()) for c in range(k)])
+        elif y_idx.shape[0]:
             counts = as_like(xp.bincount(y_idx, weights=sw.astype(xp.float64), minlength=k), np)
         counts = allreduce_identical(comm, counts)
         if self.class_weight is None:
@@ -282,6 +387,7 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, SPMDEstimator):
         return coef.ravel()
 
     # ------------------------------------------------------------------ fitting
+    @_with_callbacks
     def fit(self, X, y, sample_weight=None):
         """Fit the model to the rows of every rank.
 
@@ -302,7 +408,10 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, SPMDEstimator):
         self._validate_params()
         penalty, C = self._resolve_penalty()
         comm = self._get_comm()
+        int64_indexed = _int64_indexed(X)
         X, y, xp = validate_X_y(self, X, y, comm=comm, y_numeric=False, multi_output=False, accept_sparse=True)
+        if self.solver in ("liblinear", "sag", "saga"):  # scikit-learn's refusals for these solvers
+            agree_on_error(comm, _large_sparse_or_values(self.solver, X, int64_indexed), error_class=ValueError)
         # scikit-learn's LogisticRegression accepts negative sample weights; so does this one
         sw = validate_sample_weight(sample_weight, X, xp=xp, dtype=X.dtype, comm=comm)
         classes = global_classes(y, comm)
@@ -329,28 +438,36 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, SPMDEstimator):
                         penalise_intercept=liblinear)
         w0 = self._initial_point(obj)
         algorithm = _SOLVERS[self.solver]
+        out = np.float64 if liblinear else X.dtype  # scikit-learn's liblinear returns float64 always
+        ctx = metadata = None
+        if hasattr(self, "_init_callback_context"):  # scikit-learn's callback task tree (one subtask per iteration)
+            ctx = self._init_callback_context(max_subtasks=max(self.max_iter, 1) + 1)
+            metadata = {"sample_weight": sample_weight} if sample_weight is not None else None
+            ctx.call_on_fit_task_begin(estimator=self, X=X, y=y, metadata=metadata)
         if l1 > 0 or self.solver in ("sag", "saga", "liblinear"):
             w, n_iter = solve_like(obj, w0, l1=l1, solver=self.solver, max_iter=self.max_iter, tol=self.tol,
                                    verbose=self.verbose)
         elif algorithm == "lbfgs":
-            w, n_iter, res = lbfgs(obj, w0, max_iter=self.max_iter, tol=self.tol, verbose=self.verbose)
+            hooks = None
+            if ctx is not None and getattr(self, "_skl_callbacks", None):
+                hooks = _LbfgsHooks(ctx, self, X, y, metadata, lambda w: {
+                    "classes_": classes, **self._fitted_attributes(w, obj, 0.0, xp, out)}, w0)
+            w, n_iter, res = lbfgs(obj, w0, max_iter=self.max_iter, tol=self.tol, verbose=self.verbose,
+                                   on_iteration=hooks)
+            if hooks is not None:
+                hooks.close()
             self._n_fun_evals_scipy = int(res.nfev)
         elif algorithm == "newton-cholesky":
             w, n_iter = newton_cholesky(obj, w0, max_iter=self.max_iter, tol=self.tol, verbose=self.verbose)
         else:
             w, n_iter = newton_cg(obj, w0, max_iter=self.max_iter, tol=self.tol, verbose=self.verbose)
         self._n_fun_evals = obj.n_evals
-        W = np.asarray(w).reshape(obj.k, obj.d + obj.fi)
-        if l1 == 0 or obj.l2 > 0:  # (the L1 norm of the coefficients is not invariant to centring them)
-            W = centre_multinomial(W, obj)
-        elif not obj.binary and obj.fi:
-            W = W.copy()
-            W[:, -1] -= W[:, -1].mean()
         self.classes_ = classes
-        out = np.float64 if liblinear else X.dtype  # scikit-learn's liblinear returns float64 always
-        self.coef_ = as_like(W[:, :obj.d], xp, out)
-        self.intercept_ = as_like(W[:, obj.d] * obj.scale if obj.fi else np.zeros(obj.k), xp, out)
+        for name, value in self._fitted_attributes(w, obj, l1, xp, out).items():
+            setattr(self, name, value)
         self.n_iter_ = np.array([n_iter], dtype=np.int32)
+        if ctx is not None:
+            ctx.call_on_fit_task_end(estimator=self, X=X, y=y, metadata=metadata, reconstruction_attributes={})
         return self
 
     # ------------------------------------------------------------------ using the model
@@ -380,6 +497,18 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, SPMDEstimator):
             p1 = expit(scores, xp)
             return xp.stack([1 - p1, p1], axis=1)
         return softmax_stats(scores, xp)[1]
+
+    def _predict_proba_lr(self, X):
+        """One-vs-rest probabilities: the logistic of each class's score, normalised over the classes
+        (scikit-learn's linear-classifier helper; local, no communication)."""
+        from .._array import get_namespace
+
+        scores = self.decision_function(X)
+        xp = get_namespace(scores)
+        p = expit(scores, xp)
+        if p.ndim == 1:
+            return xp.stack([1 - p, p], axis=1)
+        return p / p.sum(axis=1, keepdims=True)
 
     def predict_log_proba(self, X):
         """Logarithm of :meth:`predict_proba` (no communication)."""

@@ -302,10 +302,28 @@ def _verbose_callback(obj, verbose):
     return callback
 
 
-def lbfgs(obj, w0, *, max_iter, tol, verbose=0):
-    """scipy's L-BFGS-B on every rank with scikit-learn's options; returns ``(w, n_iter, result)``."""
+def _iteration_callback(obj, verbose, on_iteration):
+    """scipy's per-iteration callback: the verbose print and/or ``on_iteration(w)`` (None if neither)."""
+    printer = _verbose_callback(obj, verbose)
+    if printer is None and on_iteration is None:
+        return None
+
+    def callback(intermediate_result):
+        if printer is not None:
+            printer(intermediate_result)
+        if on_iteration is not None:
+            on_iteration(np.asarray(intermediate_result.x))
+    return callback
+
+
+def lbfgs(obj, w0, *, max_iter, tol, verbose=0, on_iteration=None):
+    """scipy's L-BFGS-B on every rank with scikit-learn's options; returns ``(w, n_iter, result)``.
+
+    ``on_iteration(w)``, if given, is called with the coefficients at the end of every
+    iteration (the same on every rank: it is called by every rank with the same bits).
+    """
     res = scipy.optimize.minimize(obj.evaluate, w0, method="L-BFGS-B", jac=True,
-                                  callback=_verbose_callback(obj, verbose),
+                                  callback=_iteration_callback(obj, verbose, on_iteration),
                                   options={"maxiter": max_iter, "maxls": 50, "gtol": tol,
                                            "ftol": 64 * np.finfo(float).eps})
     n_iter = min(int(res.nit), max_iter)
@@ -391,7 +409,8 @@ def newton_cholesky(obj, w0, *, max_iter, tol, verbose=0):
     n_iter = it - 1
     if not converged:
         if fallback:
-            w, extra, _ = lbfgs(obj, w, max_iter=max(max_iter - n_iter, 0), tol=tol, verbose=verbose)
+            # the iteration that failed counts against max_iter (scikit-learn's budget for the fallback)
+            w, extra, _ = lbfgs(obj, w, max_iter=max(max_iter - it, 0), tol=tol, verbose=verbose)
             n_iter += extra
         else:
             warnings.warn(f"Newton solver did not converge after {n_iter} iterations.", ConvergenceWarning,

@@ -11,7 +11,11 @@ than refused. ``solver_`` names scikit-learn's choice: ``"sag"``/``"saga"`` when
 
 import warnings
 
-__all__ = ["check_sparse_intercept", "reported_solver"]
+import numpy as np
+import scipy.optimize
+from sklearn.exceptions import ConvergenceWarning
+
+__all__ = ["check_sparse_intercept", "reported_solver", "lbfgs_from_factor"]
 
 
 def check_sparse_intercept(est, sparse):
@@ -27,3 +31,31 @@ def check_sparse_intercept(est, sparse):
 def reported_solver(est, ran):
     """``solver_``: scikit-learn's name for what was asked (``"sag"``/``"saga"``), else what ran."""
     return est.solver if est.solver in ("sag", "saga") and ran == "sparse_cg" else ran
+
+
+def lbfgs_from_factor(R, Z, alphas, *, max_iter, tol):
+    """``solver="lbfgs"`` with ``positive=True``: scikit-learn's bounded L-BFGS-B, on a square factor.
+
+    ``½||R w - z||² + ½ alpha ||w||²`` has the gradient (and, up to a constant, the value) of
+    scikit-learn's ``½||X̃ w - ỹ||² + ½ alpha ||w||²`` on the centred, weighted rows, since
+    ``RᵀR = X̃ᵀX̃`` and ``Rᵀz = X̃ᵀỹ``: the same iterations with its ``tol`` and ``max_iter``
+    (and its ConvergenceWarning), run on every rank alike on the replicated factor, with no
+    communication.  Returns ``coef`` of shape ``(d, t)``.
+    """
+    d, t = R.shape[1], Z.shape[1]
+    coef = np.empty((d, t))
+    options = {} if max_iter is None else {"maxiter": int(max_iter)}
+    for j in range(t):
+        z, alpha = Z[:, j], float(alphas[j])
+
+        def value_and_gradient(w):
+            r = R @ w - z
+            return 0.5 * float(r @ r) + 0.5 * alpha * float(w @ w), R.T @ r + alpha * w
+
+        res = scipy.optimize.minimize(value_and_gradient, np.zeros(d), method="L-BFGS-B", jac=True, tol=tol,
+                                      bounds=[(0, np.inf)] * d, options=options)
+        if not res.success:
+            warnings.warn(f"The lbfgs solver did not converge. Try increasing max_iter or tol. Currently: "
+                          f"max_iter={max_iter} and tol={tol}", ConvergenceWarning, stacklevel=4)
+        coef[:, j] = res.x
+    return coef

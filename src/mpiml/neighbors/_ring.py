@@ -119,7 +119,7 @@ def local_topk(Q, X, k, metric, xp, p=None):
         if k <= select.MAX_K and X.dtype in (np.float32, np.float64):
             return select.topk(Q, X, k, metric=metric, p=p)
         if metric in ("euclidean", "sqeuclidean", "cosine"):
-            from ..kernels.distances import topk
+            from ..kernels.kmeans import topk
 
             return topk(Q, X, k, metric=metric)
     cpu = _cpu_topk() if xp is np and not sparse else None
@@ -432,16 +432,15 @@ def _post(block, right, left, comm):
     parts = _parts(block.X)
     if block.Y is not None:
         parts.append(block.Y)
-    sends = [comm.isend(a, right, tag=_TAG_X + i) for i, a in enumerate(parts)]
-    recvs = [comm.irecv(left, tag=_TAG_X + i) for i in range(len(parts))]
-    return sends, recvs, _sparse.is_sparse(block.X), block.X.shape[1], block.Y is not None
+    # device blocks go device-direct (NCCL send/recv, stream-ordered) where the communicator has NCCL;
+    # every rank posts its parts in the same order, as NCCL's pairing of sends and receives needs
+    pairs = [comm.isendrecv(a, right, left, tag=_TAG_X + i) for i, a in enumerate(parts)]
+    return pairs, _sparse.is_sparse(block.X), block.X.shape[1], block.Y is not None
 
 
 def _finish(reqs, offset):
-    sends, recvs, sparse, d, has_y = reqs
-    got = [r.wait() for r in recvs]
-    for s in sends:
-        s.wait()
+    pairs, sparse, d, has_y = reqs
+    got = [r.wait() for r in pairs]
     Y = got.pop() if has_y else None
     if sparse:
         X = _sparse.csr_like(got[0], got[1], got[2], d, get_namespace(got[0]))

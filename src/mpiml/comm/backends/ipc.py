@@ -17,10 +17,17 @@ Algorithms (``algorithm=`` with backend ``ipc``):
 ===================  ===========================================================
 ``ll``               no barrier: data pushed into the peers' slots in 16-byte
                      lines that carry the call's flag (allreduce, reduce, bcast,
-                     allgather; up to ``MPIML_IPC_LL_BYTES`` per call, 256 KiB)
-``oneshot``          every rank reads all peers (allreduce, reduce, scan)
-``twoshot``          reduce-scatter + all-gather through the peers (allreduce)
+                     allgather; up to ``MPIML_IPC_LL_BYTES`` per call, 256 KiB;
+                     reduce_scatter: up to that much per part)
+``oneshot``          every rank reads all peers (allreduce, reduce, scan);
+                     reduce_scatter: every rank pushes part r into rank r's
+                     buffer, barrier, each reduces its part from its own memory
+``twoshot``          reduce-scatter + all-gather, both pushed into the peers'
+                     buffers, two barriers (allreduce); scatter + all-gather
+                     (bcast); reduce-scatter + gather (reduce)
 ``pull``             readers copy from the root / every rank (bcast, allgather)
+``push``             every rank writes its part into every peer's buffer, barrier,
+                     each copies from its own memory (allgather)
 ``two_level``        reduce in each node over IPC, allreduce among node leaders
                      over NCCL, bcast in each node (allreduce; nodes from the
                      hosts, cut into virtual nodes by ``MPIML_NODE_SIZE``)
@@ -29,7 +36,8 @@ Algorithms (``algorithm=`` with backend ``ipc``):
 ``native`` picks ll up to ``MPIML_IPC_LL_BYTES`` (256 KiB), then oneshot up to
 ``MPIML_IPC_ONESHOT_BYTES`` (if larger) and twoshot above; bcast and allgather
 likewise pick ll, then pull.  Messages larger than one staging buffer (``MPIML_IPC_BYTES``,
-32 MiB) run in chunks; reduce_scatter above it falls back to chunked allreduce.
+32 MiB; half of it for twoshot) run in chunks; a reduce_scatter whose parts do not
+fit one buffer goes to NCCL.
 Ops without an IPC kernel (gather, scatter, alltoall, v-variants) go to NCCL.
 
 Cost model (per call): ``launch + one-way + 2 n * p / link_bw`` (ll),
@@ -62,7 +70,7 @@ PROBE_OFF = 64
 THREADS = 512
 LL_THREADS = 256
 LL_MAX_BLOCKS = 264
-IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "pull", "two_level")
+IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "pull", "push", "two_level")
 ERR_TIMEOUT, ERR_ABORT = 1, 3
 
 _CHUNK_ALIGN = 256
@@ -78,6 +86,11 @@ def _grid(units):
 
 def _ll_grid(nbytes):
     return max(1, min(LL_MAX_BLOCKS, -(-nbytes // (8 * LL_THREADS))))
+
+
+def _displs(counts):
+    """Element offsets of the parts ``counts`` (``len(counts) + 1`` of them)."""
+    return np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
 
 
 class IPCTransport(Transport):
@@ -104,6 +117,7 @@ class IPCTransport(Transport):
         self._two_level_parts = None
         self._fallback = None
         self._displs = {}
+        self._rs_kernels = {}  # (algorithm, counts, dtype, op) -> reduce-scatter kernels, grid, block
         # what every role of this transport reads (the two-level role below returns before _setup):
         # whether calls wait on the host, the timeout, the error word the hot path polls
         self._sync = device_sync()
@@ -129,6 +143,10 @@ class IPCTransport(Transport):
         self.cap = _env_bytes("MPIML_IPC_BYTES", 32 << 20) // _CHUNK_ALIGN * _CHUNK_ALIGN
         self.oneshot_max = _env_bytes("MPIML_IPC_ONESHOT_BYTES", 256 << 10)
         self.ll_max = _env_bytes("MPIML_IPC_LL_BYTES", 256 << 10) // 16 * 16
+        # two-shot keeps the sources' copies and the reduced parts (2 n, rounded up to the parts) in a buffer
+        self.twoshot_cap = (self.cap // 2 - 16 * (MAX_RANKS + 1)) // _CHUNK_ALIGN * _CHUNK_ALIGN
+        # a pushed allgather keeps every rank's part (its packs) in each buffer
+        self.push_cap = (self.cap // self.size - 16) // _CHUNK_ALIGN * _CHUNK_ALIGN
         self._setup()
 
     # ------------------------------------------------------------------ set-up
@@ -337,7 +355,8 @@ class IPCTransport(Transport):
         rp = recvbuf.data.ptr if recvbuf is not None and recvbuf.size else 0
         ll = kernel.endswith("_ll")
         mask = 7 if ll else 15
-        for start, count in self._chunks(n, isz, self.ll_max if ll else self.cap):
+        cap = self.ll_max if ll else self.twoshot_cap if kernel.endswith("_twoshot") else self.cap
+        for start, count in self._chunks(n, isz, cap):
             off = start * isz
             aligned = not ((sp + off) & mask or (rp + off if rp else 0) & mask)
             fn = self._kernel(family, kernel, dtype, rop, aligned)
@@ -377,6 +396,9 @@ class IPCTransport(Transport):
         out = recvbuf if self.rank == root else None
         if algorithm == "ll" or (algorithm is None and sendbuf.nbytes <= self.ll_max):
             return self._elementwise("reduce", "reduce", "mpiml_reduce_ll", sendbuf, out, op, int(root))
+        if algorithm == "twoshot":
+            return self._elementwise("reduce", "reduce", "mpiml_reduce_twoshot", sendbuf, out, op, int(root),
+                                     parts=self.size)
         return self._elementwise("reduce", "reduce", "mpiml_reduce_oneshot", sendbuf, out, op, int(root))
 
     def native_bcast(self, buf, root, algorithm=None):
@@ -384,6 +406,9 @@ class IPCTransport(Transport):
             return self._nccl().native_bcast(buf, root)
         if algorithm == "ll" or (algorithm is None and buf.nbytes <= self.ll_max):
             return self._elementwise("bcast", "bcast", "mpiml_bcast_ll", buf, buf, None, int(root))
+        if algorithm == "twoshot":
+            return self._elementwise("bcast", "bcast", "mpiml_bcast_twoshot", buf, buf, None, int(root),
+                                     parts=self.size)
         return self._elementwise("bcast", "bcast", "mpiml_bcast_pull", buf, buf, None, int(root))
 
     def native_scan(self, sendbuf, recvbuf, op):
@@ -414,39 +439,82 @@ class IPCTransport(Transport):
                 fn = self._kernel("bcast", "mpiml_allgather_ll", dtype, None, aligned)
                 self._launch(fn, _ll_grid(count * isz), sp + off, rp + off, count, n, LL_THREADS)
             return self._done("allgather")
-        for start, count in self._chunks(n, isz):
+        if algorithm not in (None, "pull", "push"):
+            raise ValueError(f"algorithm {algorithm!r} does not apply to allgather on the ipc backend (ll, pull, push)")
+        push = algorithm == "push"
+        kernel = "mpiml_allgather_push" if push else "mpiml_allgather_pull"
+        for start, count in self._chunks(n, isz, self.push_cap if push else None):
             off = start * isz
             aligned = not ((sp + off) & 15 or (rp + off) & 15 or (n * isz) & 15)
-            fn = self._kernel("bcast", "mpiml_allgather_pull", dtype, None, aligned)
+            fn = self._kernel("bcast", kernel, dtype, None, aligned)
             self._launch(fn, _grid(-(-count * isz // 16)), sp + off, rp + off, count, n)
         return self._done("allgather")
 
-    def native_reduce_scatter(self, sendbuf, recvbuf, counts, op):
+    def native_reduce_scatter(self, sendbuf, recvbuf, counts, op, algorithm=None):
         if self.multi_node:
             return self._nccl().native_reduce_scatter(sendbuf, recvbuf, counts, op)
         self._check("reduce_scatter")
-        n = sendbuf.size
-        if n == 0:
+        self._last_op = "reduce_scatter"
+        if sendbuf.size == 0:
             return DONE
-        dtype = sendbuf.dtype
         counts = tuple(int(c) for c in counts)
-        displs = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-        if sendbuf.nbytes > self.cap:  # too large for one kernel: chunked allreduce, keep our part
-            tmp = self._cupy.empty_like(sendbuf)
-            self.native_allreduce(sendbuf, tmp, op, "twoshot")
-            if recvbuf.size:
-                recvbuf[...] = tmp[displs[self.rank]:displs[self.rank + 1]]
-            return self._done("reduce_scatter")
-        fn = self._kernel("reduce", "mpiml_reduce_scatter_oneshot", dtype, self._reduce_op(op, dtype), False)
-        self._launch(fn, _grid(max(counts)), sendbuf.data.ptr, recvbuf.data.ptr if recvbuf.size else 0, n,
-                     self._displs_ptr(counts))
+        if algorithm is None:
+            algorithm = self._auto_reduce_scatter(counts, sendbuf.dtype.itemsize)
+        if not self._reduce_scatter_fits(algorithm, counts, sendbuf.dtype.itemsize):
+            # parts larger than one buffer (or one LL slot): NCCL's own reduce-scatter
+            return self._nccl().native_reduce_scatter(sendbuf, recvbuf, counts, op)
+        sp, rp = sendbuf.data.ptr, (recvbuf.data.ptr if recvbuf.size else 0)
+        fn, grid, block = self._reduce_scatter_kernel(algorithm, counts, sendbuf.dtype, op, sp, rp)
+        self._launch(fn, grid, sp, rp, sendbuf.size, self._displs_ptr(counts), block)
         return self._done("reduce_scatter")
 
+    def _auto_reduce_scatter(self, counts, itemsize):
+        return "ll" if max(counts) * itemsize <= self.ll_max else "oneshot"
+
+    def _reduce_scatter_fits(self, algorithm, counts, itemsize):
+        """Whether every part fits one LL slot (ll) or the sources' copies one staging buffer (oneshot)."""
+        if algorithm == "ll":
+            return max(counts) * itemsize <= self.ll_max
+        if algorithm == "oneshot":
+            stride = -(-max(counts) * itemsize // 16)  # packs of the largest part
+            return self.size * stride * 16 <= self.cap
+        raise ValueError(f"algorithm {algorithm!r} does not apply to reduce_scatter on the ipc backend "
+                         "(ll, oneshot)")
+
+    def _reduce_scatter_kernel(self, algorithm, counts, dtype, op, sp, rp):
+        """``(function, grid, block)`` of one reduce-scatter.
+
+        The aligned form only when ``sp``, ``rp`` and every part's start are 8-byte
+        (ll) or 16-byte (oneshot) aligned; with ``rp`` None, the pair
+        ``(aligned, unaligned)`` instead of one function (the hot path picks per call).
+        """
+        ll = algorithm == "ll"
+        mask = 7 if ll else 15
+        key = (algorithm, counts, dtype, op)
+        hit = self._rs_kernels.get(key)
+        if hit is None:
+            isz = dtype.itemsize
+            parts_ok = not any(int(d) * isz & mask for d in _displs(counts))
+            kernel = "mpiml_reduce_scatter_ll" if ll else "mpiml_reduce_scatter_oneshot"
+            rop = self._reduce_op(op, dtype)
+            fu = self._kernel("reduce", kernel, dtype, rop, False)
+            fa = self._kernel("reduce", kernel, dtype, rop, True) if parts_ok else fu
+            if ll:
+                grid, block = _ll_grid(max(counts) * isz), LL_THREADS
+            else:
+                grid, block = _grid(-(-max(counts) * isz // 16)), THREADS
+            hit = self._rs_kernels[key] = (fa, fu, grid, block)
+        fa, fu, grid, block = hit
+        if rp is None:
+            return (fa, fu), grid, block
+        return (fu if (sp | rp) & mask else fa), grid, block
+
     def _displs_ptr(self, counts):
-        """Device pointer of the element offsets of ``counts`` (cached per counts)."""
+        """Device pointer of the element offsets of ``counts`` (cached per counts; kept while the
+        transport lives, since a captured CUDA graph may hold the pointer)."""
         dev = self._displs.get(counts)
         if dev is None:
-            dev = self._cupy.asarray(np.concatenate(([0], np.cumsum(counts))).astype(np.int64))
+            dev = self._cupy.asarray(_displs(counts))
             self._displs[counts] = dev
         return dev.data.ptr
 
@@ -472,9 +540,10 @@ class IPCTransport(Transport):
     def irecv(self, buf, source, tag):
         return self._nccl().irecv(buf, source, tag)
 
-    _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot"), "reduce": ("ll", "oneshot"), "scan": ("oneshot",),
-                      "exscan": ("oneshot",), "bcast": ("ll", "pull"), "allgather": ("ll", "pull"),
-                      "reduce_scatter": ("oneshot",)}
+    _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot"), "reduce": ("ll", "oneshot", "twoshot"),
+                      "scan": ("oneshot",), "exscan": ("oneshot",), "bcast": ("ll", "pull", "twoshot"),
+                      "allgather": ("ll", "pull", "push"),
+                      "reduce_scatter": ("ll", "oneshot")}
 
     def algorithm_names(self, op):
         """The IPC algorithms of ``op`` (what ``mpiml bench comm`` and ``mpiml tune`` time)."""
@@ -485,10 +554,12 @@ class IPCTransport(Transport):
         """Run IPC algorithm ``name`` (see the module docstring) for collective ``op``."""
         if op == "allreduce" and name in ("ll", "oneshot", "twoshot", "two_level"):
             return self.native_allreduce(*args, algorithm=name)
-        if (op, name) in (("reduce", "ll"), ("reduce", "oneshot"), ("bcast", "ll"), ("bcast", "pull"),
-                          ("allgather", "ll"), ("allgather", "pull")):
+        if (op, name) in (("reduce", "ll"), ("reduce", "oneshot"), ("reduce", "twoshot"), ("bcast", "ll"),
+                          ("bcast", "pull"), ("bcast", "twoshot"), ("allgather", "ll"), ("allgather", "pull"),
+                          ("allgather", "push"),
+                          ("reduce_scatter", "ll"), ("reduce_scatter", "oneshot")):
             return getattr(self, "native_" + op)(*args, algorithm=name)
-        if (op, name) in (("scan", "oneshot"), ("exscan", "oneshot"), ("reduce_scatter", "oneshot")):
+        if (op, name) in (("scan", "oneshot"), ("exscan", "oneshot")):
             return getattr(self, "native_" + op)(*args)
         raise ValueError(f"algorithm {name!r} does not apply to {op} on the ipc backend "
                          f"(ipc algorithms: {list(IPC_ALGORITHMS)})")
@@ -498,8 +569,8 @@ class IPCTransport(Transport):
         """A launcher (see :mod:`mpiml.comm._hotpath`) repeating this call with one kernel, or None.
 
         For stream-ordered calls (``MPIML_DEVICE_SYNC=0``) that fit in one kernel
-        on one node: allreduce (ll, oneshot, twoshot), bcast and allgather (ll,
-        pull), reduce (ll, oneshot), reduce_scatter (oneshot).  ``arg`` is the
+        on one node: allreduce (ll, oneshot, twoshot), bcast (ll, pull, twoshot),
+        allgather (ll, pull, push), reduce (ll, oneshot, twoshot), reduce_scatter (ll, oneshot).  ``arg`` is the
         reduction, the root, ``(reduction, root)`` or ``(counts, reduction)``.
         Across nodes, the ops that go to NCCL take NCCL's launcher.
         """
@@ -521,26 +592,30 @@ class IPCTransport(Transport):
                 return None
         elif op in ("bcast", "allgather"):
             algo = ("ll" if ll_ok else "pull") if name == "native" else name
-            family, parts = "bcast", 1
+            family, parts = "bcast", (self.size if algo == "twoshot" else 1)
             root = int(arg) if op == "bcast" else 0
-            if algo not in ("ll", "pull"):
+            if algo not in (("ll", "pull", "twoshot") if op == "bcast" else ("ll", "pull", "push")):
                 return None
         elif op == "reduce":
             algo = ("ll" if ll_ok else "oneshot") if name == "native" else name
-            (red, root), family, parts = arg, "reduce", 1
-            if algo not in ("ll", "oneshot"):
+            (red, root), family, parts = arg, "reduce", (self.size if algo == "twoshot" else 1)
+            if algo not in ("ll", "oneshot", "twoshot"):
                 return None
-        elif op == "reduce_scatter" and name in ("native", "oneshot"):
+        elif op == "reduce_scatter" and name in ("native", "ll", "oneshot"):
             counts, red = arg
             counts = tuple(int(c) for c in counts)
+            algo = self._auto_reduce_scatter(counts, dtype.itemsize) if name == "native" else name
+            if not self._reduce_scatter_fits(algo, counts, dtype.itemsize):
+                return None
+            (fa, fu), grid, block = self._reduce_scatter_kernel(algo, counts, dtype, red, 0, None)
             rows = counts[self.rank] // (x.size // x.shape[0])  # (x has rows: the communicator made it 1-d+)
-            fn = self._kernel("reduce", "mpiml_reduce_scatter_oneshot", dtype, self._reduce_op(red, dtype), False)
-            issue = ipc_issue(self, op, x, fn, fn, _grid(max(counts)), THREADS, 0, self._displs_ptr(counts))
+            issue = ipc_issue(self, op, x, fa, fu, grid, block, 7 if algo == "ll" else 15, self._displs_ptr(counts))
             bind = binding(op, x, rank=self.rank, size=self.size, rows=rows)
             return launcher(comm, self, plan, op, bind, issue, self._err_code)
         else:
             return None
-        if algo == "ll" and not ll_ok:
+        if algo == "ll" and not ll_ok or algo == "twoshot" and nb > self.twoshot_cap or \
+                algo == "push" and nb > self.push_cap:
             return None
         kernel = f"mpiml_{op}_{algo}"
         if algo == "ll":

@@ -7,8 +7,8 @@ re-created per fit).  Calls are stream-ordered on CuPy's current stream; see
 becomes :class:`~mpiml.CommTimeoutError` (the NCCL communicator is aborted
 then, and the transport refuses further calls).
 
-Native: allreduce, bcast, reduce, allgather, reduce_scatter (uneven parts are
-padded to the largest).  Built from grouped send/recv: gather(v), scatter,
+Native: allreduce, bcast, reduce, allgather, reduce_scatter (uneven parts: one
+reduce per part, to its rank, in one NCCL group).  Built from grouped send/recv: gather(v), scatter,
 allgatherv, alltoall, scan/exscan (every rank receives the lower ranks' data
 and reduces it in rank order, so results are deterministic).  Point-to-point
 (used by our algorithms through :class:`~mpiml.comm.algorithms.Channel`) is
@@ -266,19 +266,20 @@ class NCCLTransport(Transport):
             self.comm.reduceScatter(sendbuf.data.ptr, recvbuf.data.ptr, width, self._dt(sendbuf),
                                     self._op(op, sendbuf.dtype), stream)
             return self._done("reduce_scatter")
-        # uneven parts: pad every part to the widest, reduce-scatter, keep our own count
-        cp = self._cupy
-        padded = cp.zeros((self.size, width), dtype=sendbuf.dtype)
-        start = 0
-        for r, c in enumerate(counts):
-            if c:
-                padded[r, :c] = sendbuf[start:start + c]
-            start += c
-        part = cp.empty(width, dtype=sendbuf.dtype)
-        self.comm.reduceScatter(padded.data.ptr, part.data.ptr, width, self._dt(sendbuf),
-                                self._op(op, sendbuf.dtype), stream)
-        if recvbuf.size:
-            recvbuf[...] = part[:recvbuf.size]
+        # uneven parts: one reduce per part, to its rank, in one NCCL group; no temporaries (a padded copy
+        # made while a CUDA graph is captured would be freed, and its memory reused, before the replays)
+        nccl, isz = self._nccl, sendbuf.dtype.itemsize
+        dt, red = self._dt(sendbuf), self._op(op, sendbuf.dtype)
+        sp, start = sendbuf.data.ptr, 0
+        nccl.groupStart()
+        try:
+            for r, c in enumerate(counts):
+                if c:
+                    into = recvbuf.data.ptr if r == self.rank else sp + start * isz  # (ignored off the root)
+                    self.comm.reduce(sp + start * isz, into, c, dt, red, r, stream)
+                start += c
+        finally:
+            nccl.groupEnd()
         return self._done("reduce_scatter")
 
     # -- from grouped send/recv ---------------------------------------------------------------

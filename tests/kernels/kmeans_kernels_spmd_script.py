@@ -1,13 +1,13 @@
 """The Lloyd step (tensor-core and SIMT kernels) on 1-4 ranks (one GPU each, or ranks sharing GPUs), rank 0 holding no rows.
 
-Run by test_distances.py: the allreduced packed vector equals one process's over all rows.
+Run by test_kmeans_kernels.py: the allreduced packed vector equals one process's over all rows.
 """
 
 import cupy as cp
 import numpy as np
 
 from mpiml.comm import get_comm
-from mpiml.kernels import distances
+from mpiml.kernels import kmeans
 
 from _spmd import assert_close, check, guarded
 
@@ -30,10 +30,10 @@ def main():
         lo, hi = (0, 0) if rank == 0 else (int(edges[rank - 1]), int(edges[rank]))
     for dtype, method in ((np.float64, "auto"), (np.float32, "auto"), (np.float64, "fused"), (np.float32, "fused")):
         Xl = cp.asarray(X[lo:hi].astype(dtype))
-        packed = distances.lloyd_step_packed(Xl, cp.asarray((C - shift).astype(dtype)), cp.asarray(w[lo:hi]),
+        packed = kmeans.lloyd_step_packed(Xl, cp.asarray((C - shift).astype(dtype)), cp.asarray(w[lo:hi]),
                                              shift=cp.asarray(shift.astype(dtype)), method=method)
         total = comm.allreduce(packed.get()) if size > 1 else packed.get()
-        ref = distances.lloyd_step_packed(cp.asarray(X.astype(dtype)), cp.asarray((C - shift).astype(dtype)),
+        ref = kmeans.lloyd_step_packed(cp.asarray(X.astype(dtype)), cp.asarray((C - shift).astype(dtype)),
                                           cp.asarray(w), shift=cp.asarray(shift.astype(dtype)), method=method).get()
         check(int(total[-1]) == n, f"{np.dtype(dtype).name}: changed labels {int(total[-1])} != {n}")
         rtol = 1e-11 if dtype == np.float64 else 1e-5

@@ -8,7 +8,8 @@
 // One-shot: copy in, barrier, every rank reduces all packs from all peers.
 // Reads n * nranks over the links: best for small messages.
 template <typename T, int OP, bool A>
-__global__ void mpiml_allreduce_oneshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_allreduce_oneshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
     const unsigned epoch = mpiml_begin(c);
     const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
     MpimlPack<T>* mine = mpiml_packs<T>(c, (int)c->rank, epoch);
@@ -20,34 +21,51 @@ __global__ void mpiml_allreduce_oneshot(const MpimlCtx* c, const T* in, T* out, 
     mpiml_end(c, epoch);
 }
 
-// Two-shot: reduce-scatter (rank r reduces part r into its own buffer), barrier,
-// all-gather of the reduced parts. Every phase maps pack idx = r * part + i to
-// the same (block, thread), so a block's barrier covers exactly what it reads.
+// Two-shot, pushed: the packs are cut into nranks parts of `part` packs; each
+// rank's buffer holds the sources' copies of its own part at [s * part] and,
+// after them (at nranks * part), every rank's reduced part at [r * part].
+//   1. every rank writes part r of its input into rank r's buffer at [me * part];
+//   2. barrier; rank r reduces its part from its own memory (local loads only),
+//      writes it to out and into every peer's buffer at nranks * part + [r * part];
+//   3. barrier; every rank copies the peers' reduced parts from its own memory to out.
+// Every link carries stores only (no remote load waits for a reply). Pack
+// idx = r * part + i is handled by the same (block, thread) in every phase and on
+// every rank, so a block's barriers cover what it reads, and a thread writes
+// out[idx] only after it read in[idx] (in == out is safe). The host keeps
+// 2 * nranks * part packs within one staging buffer.
 template <typename T, int OP, bool A>
-__global__ void mpiml_allreduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_allreduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
     const unsigned epoch = mpiml_begin(c);
     const int nr = (int)c->nranks, me = (int)c->rank;
     const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
     const long long part = (units + nr - 1) / nr;
-    MpimlPack<T>* mine = mpiml_packs<T>(c, me, epoch);
-    for (int r = 0; r < nr; ++r) {
+    for (int k = 1; k <= nr; ++k) {
+        const int r = (me + k) % nr;  // own part last: the peers' stores go out first
+        MpimlPack<T>* dst = mpiml_packs<T>(c, r, epoch) + me * part;
         MPIML_GRID_LOOP(i, part) {
             const long long idx = r * part + i;
-            if (idx < units) mine[idx] = mpiml_load_user<T, A>(in, idx, n);
+            if (idx < units) dst[i] = mpiml_load_user<T, A>(in, idx, n);
         }
     }
     if (mpiml_barrier(c, epoch, 0)) {
+        const MpimlPack<T>* mine = mpiml_packs<T>(c, me, epoch);
         MPIML_GRID_LOOP(i, part) {
             const long long idx = me * part + i;
-            if (idx < units) mine[idx] = mpiml_reduce_packs<T, OP>(c, epoch, idx, 0, nr);
+            if (idx < units) {
+                const MpimlPack<T> v = mpiml_reduce_strided<T, OP>(mine, part, i, nr);
+                for (int k = 1; k < nr; ++k)
+                    mpiml_packs<T>(c, (me + k) % nr, epoch)[nr * part + idx] = v;
+                mpiml_store_user<T, A>(out, idx, n, v);
+            }
         }
         if (mpiml_barrier(c, epoch, 1)) {
-            for (int r = 0; r < nr; ++r) {
-                const MpimlPack<T>* theirs = mpiml_packs<T>(c, r, epoch);
-                MPIML_GRID_LOOP(i, part) {
-                    const long long idx = r * part + i;
-                    if (idx < units) mpiml_store_user<T, A>(out, idx, n, mpiml_ld(theirs + idx));
-                }
+            const MpimlPack<T>* reduced = mine + nr * part;
+            MPIML_GRID_LOOP(i, part) {
+                mpiml_copy_ranks<T>(
+                    nr, me,
+                    [&](int r) { return r * part + i < units ? reduced + r * part + i : nullptr; },
+                    [&](int r, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out, r * part + i, n, v); });
             }
         }
     }

@@ -1,4 +1,4 @@
-"""The fused distance kernels (``mpiml.kernels.distances``) against NumPy float64 references.
+"""The k-means kernel family (``mpiml.kernels.kmeans``) against NumPy float64 references.
 
 Shapes cover odd d and k, k = 1, d = 1, tiles of d and k, non-contiguous input, float32 and
 float64, empty inputs and exact ties.  GPU host only (skipped elsewhere).
@@ -46,9 +46,9 @@ def _method_tile(method, k, d, dtype):
     if method.startswith("small") and (k > 32 or d > 32):
         pytest.skip("the small kernel takes k, d <= 32")
     if method == "small_tc":
-        from mpiml.kernels import distances
+        from mpiml.kernels import kmeans
 
-        if not distances._small_tc_fits(dtype, k, d):
+        if not kmeans._small._small_tc_fits(dtype, k, d):
             pytest.skip("the tensor-core small kernel takes float32, padded k x d <= _SMALL_TC_CELLS")
         return "small", (None, None, None, True)
     if method == "small_simt":
@@ -62,13 +62,13 @@ def _method_tile(method, k, d, dtype):
 def test_argmin_matches_reference(n, d, k, dtype, method):
     import cupy as cp
 
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     method, tile = _method_tile(method, k, d, dtype)
     X, C = _data(n, d, k, dtype)
     D = _ref_sq(X, C)
     want = np.argmin(D, axis=1)
-    lab, dist = distances.argmin_sqeuclidean(cp.asarray(X), cp.asarray(C), method=method, tile=tile)
+    lab, dist = kmeans.argmin_sqeuclidean(cp.asarray(X), cp.asarray(C), method=method, tile=tile)
     lab, dist = lab.get(), dist.get()
     assert lab.dtype == np.int32 and dist.dtype == dtype
     rtol = 1e-4 if dtype == np.float32 else 1e-10
@@ -89,7 +89,7 @@ def test_argmin_matches_reference(n, d, k, dtype, method):
 def test_lloyd_step_matches_reference(n, d, k, dtype, accum, method):
     import cupy as cp
 
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     method, tile = _method_tile(method, k, d, dtype)
     X, C = _data(n, d, k, dtype, seed=1)
@@ -101,15 +101,15 @@ def test_lloyd_step_matches_reference(n, d, k, dtype, accum, method):
     Cs = (C - shift).astype(dtype)
     if tile is not None:
         lab = cp.full(n, -1, cp.int32)
-        out = distances.lloyd_step_packed(cp.asarray(X), cp.asarray(Cs), cp.asarray(w), shift=cp.asarray(shift),
+        out = kmeans.lloyd_step_packed(cp.asarray(X), cp.asarray(Cs), cp.asarray(w), shift=cp.asarray(shift),
                                           labels=lab, method=method, tile=tile)
         sums, counts, inertia = out[:k * d].reshape(k, d), out[k * d:k * d + k], float(out[-2])
         # the arg-min form of the same kernel computes the same distances
-        alab = distances.argmin_sqeuclidean(cp.asarray(X), cp.asarray(Cs), shift=cp.asarray(shift), method=method,
+        alab = kmeans.argmin_sqeuclidean(cp.asarray(X), cp.asarray(Cs), shift=cp.asarray(shift), method=method,
                                             tile=tile)[0]
         assert bool((alab == lab).all())
     else:
-        sums, counts, inertia, lab = distances.lloyd_step(cp.asarray(X), cp.asarray(Cs), cp.asarray(w),
+        sums, counts, inertia, lab = kmeans.lloyd_step(cp.asarray(X), cp.asarray(Cs), cp.asarray(w),
                                                           shift=cp.asarray(shift), accum=accum, method=method)
     lab = lab.get()
     D = _ref_sq(X, C)
@@ -138,7 +138,7 @@ def test_lloyd_step_without_weights_or_distances(n, d, k, method):
     the buffer with the distances the weighted form writes."""
     import cupy as cp
 
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     dtype = np.float32
     method, tile = _method_tile(method, k, d, dtype)
@@ -146,14 +146,14 @@ def test_lloyd_step_without_weights_or_distances(n, d, k, method):
     Xd, Cd = cp.asarray(X), cp.asarray(C)
     shift = cp.asarray(X.mean(0).astype(dtype))
     if tile is not None and tile[3]:
-        unit = distances.small_plan(dtype, k, d, unit=True)
+        unit = kmeans.small_plan(dtype, k, d, unit=True)
         assert unit["expr"].startswith("mpiml_distances_small_tc<") and ", 2, " in unit["expr"]  # MODE 2
         tile = (None, unit["R"], None, True)     # the weighted step in the same tiles (the same order of adds)
     old = cp.asarray(np.random.RandomState(5).randint(-1, k, n).astype(np.int32))
     runs = []
     for w, mind in ((cp.ones(n, dtype), cp.full(n, -7, dtype)), (None, None), (None, cp.full(n, -7, dtype))):
         labels = old.copy()
-        p = distances.lloyd_step_packed(Xd, Cd - shift, w, shift=shift, labels=labels, mind=mind, method=method,
+        p = kmeans.lloyd_step_packed(Xd, Cd - shift, w, shift=shift, labels=labels, mind=mind, method=method,
                                         tile=tile)
         runs.append((p.get(), labels.get(), None if mind is None else mind.get()))
     np.testing.assert_array_equal(runs[0][0], runs[1][0])
@@ -177,7 +177,7 @@ def test_small_kernel_centres_as_parameters_or_shared(n, d, k, dtype):
     form (float32, the default there) against it: labels up to near ties, sums and weights within rounding."""
     import cupy as cp
 
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     X, C = _data(n, d, k, dtype, seed=9)
     Xd = cp.asarray(X)
@@ -185,15 +185,15 @@ def test_small_kernel_centres_as_parameters_or_shared(n, d, k, dtype):
     runs = [("host", C, (None, None, None, False)), ("device", cp.asarray(C), (None, None, None, False)),
             ("shared", C, (2, 1, False))]
     if dtype == np.float32:
-        assert distances.small_plan(dtype, k, d).get("tc")
+        assert kmeans.small_plan(dtype, k, d).get("tc")
         runs += [("tc_host", C, None), ("tc_device", cp.asarray(C), None)]
     for name, Cx, tile in runs:
         labels = cp.full(n, -1, cp.int32)
-        p = distances.lloyd_step_packed(Xd, Cx, labels=labels, method="small", tile=tile)
-        lab, dist = distances.argmin_sqeuclidean(Xd, Cx, method="small", tile=tile)
+        p = kmeans.lloyd_step_packed(Xd, Cx, labels=labels, method="small", tile=tile)
+        lab, dist = kmeans.argmin_sqeuclidean(Xd, Cx, method="small", tile=tile)
         assert bool((lab == labels).all())
         out[name] = (p.get(), labels.get(), dist.get())
-    assert distances.small_plan(dtype, k, d)["PC"]
+    assert kmeans.small_plan(dtype, k, d)["PC"]
     np.testing.assert_array_equal(out["host"][0], out["device"][0])
     np.testing.assert_array_equal(out["host"][1], out["shared"][1])
     np.testing.assert_allclose(out["host"][0], out["shared"][0], rtol=1e-5 if dtype == np.float32 else 1e-12,
@@ -222,17 +222,17 @@ def test_small_kernel_constant_bank_across_streams_and_threads(dtype):
 
     import cupy as cp
 
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     n, d, k = 60000, 16, 16
     X, _ = _data(n, d, k, dtype, seed=3)
     Xd = cp.asarray(X)
     Cs = [_data(n, d, k, dtype, seed=s)[1] for s in range(6)]
     tile = (None, None, None, False)
-    assert distances.small_plan(dtype, k, d, tc=False)["PC"]
+    assert kmeans.small_plan(dtype, k, d, tc=False)["PC"]
 
     def step(C):
-        return distances.lloyd_step_packed(Xd, C, labels=cp.full(n, -1, cp.int32), method="small", tile=tile)
+        return kmeans.lloyd_step_packed(Xd, C, labels=cp.full(n, -1, cp.int32), method="small", tile=tile)
 
     want = [step(C).get() for C in Cs]                     # host centres: the parameters
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
@@ -277,7 +277,7 @@ def test_lloyd_update_is_the_host_update(k, d, dtype):
     import cupyx
 
     from mpiml.cluster._kmeans import _centre_update
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     rs = np.random.RandomState(k + d)
     C = rs.randn(k, d).astype(dtype)
@@ -288,7 +288,7 @@ def test_lloyd_update_is_the_host_update(k, d, dtype):
     runs = []
     for host in (False, True):                   # the scalars to device memory, then to pinned host memory
         tail = cupyx.empty_pinned(4, dtype=np.float64) if host else None
-        got, tail = distances.lloyd_update(cp.asarray(packed), cp.asarray(C), tail=tail)
+        got, tail = kmeans.lloyd_update(cp.asarray(packed), cp.asarray(C), tail=tail)
         cp.cuda.get_current_stream().synchronize()
         assert got.dtype == dtype and got.shape == (k, d) and isinstance(tail, np.ndarray) == host
         runs.append((got.get(), tail.copy() if host else tail.get()))
@@ -299,7 +299,7 @@ def test_lloyd_update_is_the_host_update(k, d, dtype):
     assert tail[0] == 123.25 and tail[1] == 17.0 and tail[3] == (counts == 0).sum()
     np.testing.assert_allclose(tail[2], float(shift), rtol=1e-12)
     with pytest.raises(ValueError, match="k\\*d \\+ k \\+ 2"):
-        distances.lloyd_update(cp.zeros(k * d + k, dtype=cp.float64), cp.asarray(C))
+        kmeans.lloyd_update(cp.zeros(k * d + k, dtype=cp.float64), cp.asarray(C))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -310,7 +310,7 @@ def test_step_totals_pass(n, k, dtype):
     twice."""
     import cupy as cp
 
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     rs = np.random.RandomState(n + k)
     lab = rs.randint(0, k, n).astype(np.int32)
@@ -321,7 +321,7 @@ def test_step_totals_pass(n, k, dtype):
     for _ in range(2):
         labels = cp.asarray(old)
         got = cp.zeros(k + 2)
-        distances._step_totals(cp.asarray(lab), labels, cp.asarray(w), cp.asarray(md), k, got, dtype)
+        kmeans._tc._step_totals(cp.asarray(lab), labels, cp.asarray(w), cp.asarray(md), k, got, dtype)
         np.testing.assert_array_equal(labels.get(), lab)
         runs.append(got.get())
     got = runs[0]
@@ -332,7 +332,7 @@ def test_step_totals_pass(n, k, dtype):
     assert abs(got[k] - inertia) <= 1e-12 * max(inertia, 1.0)
     assert int(got[k + 1]) == int((old != lab).sum())
     ones = cp.full(k + 2, 0.5)              # unit weights (no array), added to what out holds
-    distances._step_totals(cp.asarray(lab), cp.asarray(old), None, cp.asarray(md), k, ones, dtype)
+    kmeans._tc._step_totals(cp.asarray(lab), cp.asarray(old), None, cp.asarray(md), k, ones, dtype)
     np.testing.assert_array_equal(ones.get()[:k], np.bincount(lab, minlength=k) + 0.5)
 
 
@@ -340,31 +340,31 @@ def test_step_totals_pass(n, k, dtype):
 def test_lloyd_packed_changed_and_labels_in_place(dtype):
     import cupy as cp
 
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     X, C = _data(3001, 9, 11, dtype, seed=3)
     Xd, Cd = cp.asarray(X), cp.asarray(C)
     labels = cp.full(3001, -1, cp.int32)
     mind = cp.empty(3001, dtype)
-    p1 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind)
+    p1 = kmeans.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind)
     assert int(p1[-1].get()) == 3001                       # every label changed from -1
-    ref_lab, ref_d = distances.argmin_sqeuclidean(Xd, Cd)
+    ref_lab, ref_d = kmeans.argmin_sqeuclidean(Xd, Cd)
     # the expansion |x|^2 - 2 x.c + |c|^2 rounds differently in each kernel family (float32: ~1e-5 of |x|^2)
     assert bool((labels == ref_lab).all()) and bool(cp.allclose(mind, ref_d, rtol=1e-4 if dtype == np.float32 else 1e-5,
                                                                  atol=1e-4 * float(ref_d.max())))
-    p2 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind)
+    p2 = kmeans.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind)
     assert int(p2[-1].get()) == 0                          # same centres: nothing changed
     assert bool(cp.array_equal(p1[:-1], p2[:-1]))          # deterministic: the same bits twice
     labels[:] = -1
-    p3 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind, method="gemm")
+    p3 = kmeans.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind, method="gemm")
     assert int(p3[-1].get()) == 3001 and bool((labels == ref_lab).all())
     assert bool(cp.allclose(p3[:-1], p1[:-1], rtol=1e-5 if dtype == np.float32 else 1e-12))
     for method in ("fused", "tc", "small"):
         labels[:] = -1
-        p4 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind, method=method)
+        p4 = kmeans.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind, method=method)
         assert int(p4[-1].get()) == 3001 and bool((labels == ref_lab).all())
         assert bool(cp.allclose(p4[:-1], p1[:-1], rtol=1e-5 if dtype == np.float32 else 1e-12))
-        p5 = distances.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind, method=method)
+        p5 = kmeans.lloyd_step_packed(Xd, Cd, labels=labels, mind=mind, method=method)
         assert bool(cp.array_equal(p4[:-2], p5[:-2]))      # the same sums, weights and inertia bits
 
 
@@ -373,16 +373,17 @@ def test_lloyd_packed_changed_and_labels_in_place(dtype):
 def test_tc_pack_kernel_matches_numpy(k, d, bn, dk, dtype):
     import cupy as cp
 
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     C = np.random.RandomState(8).randn(k, d).astype(dtype) * 7
-    plan = distances.tc_plan(dtype, k, d, tile=(2, bn, dk))
+    plan = kmeans.tc_plan(dtype, k, d, tile=(2, bn, dk))
     Cd = cp.asarray(C)
     nJ, nF = plan["nJ"], plan["nF"]
     Cp = cp.empty(nJ * nF * dk * bn * (2 if dtype == np.float32 else 1), dtype=dtype)
     c_sq = cp.empty(nJ * bn, dtype=dtype)
-    distances._function(plan["pack"])((4,), (256,), (Cd, np.int32(k), np.int32(d), np.int32(nJ), np.int32(nF), Cp, c_sq))
-    np.testing.assert_array_equal(Cp.get(), distances.pack_centres(C, bn, dk, np))
+    pack = kmeans._common._function(plan["pack"])
+    pack((4,), (256,), (Cd, np.int32(k), np.int32(d), np.int32(nJ), np.int32(nF), Cp, c_sq))
+    np.testing.assert_array_equal(Cp.get(), kmeans.pack_centres(C, bn, dk, np))
     want = np.full(nJ * bn, np.inf)
     want[:k] = (C.astype(np.float64) ** 2).sum(1)
     np.testing.assert_allclose(c_sq.get(), want, rtol=1e-5 if dtype == np.float32 else 1e-13)
@@ -402,7 +403,7 @@ def test_tc_lloyd_against_float64(n, d, k, tile, dtype, accum):
     with data away from the origin (the shift matters) and float32 labels checked except at near ties."""
     import cupy as cp
 
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     rs = np.random.RandomState(7)
     Ctrue = rs.randn(k, d) * 3 + 50.0
@@ -417,7 +418,7 @@ def test_tc_lloyd_against_float64(n, d, k, tile, dtype, accum):
     out = cp.zeros(k * d + k + 2)
     # "pass": the SIMT sums pass, "pass-mma": the one-hot sums pass on the tensor cores, "pass-label": the
     # SIMT family's column pass
-    plan = distances._tc_launch(Xd, cp.asarray(Cs), cp.asarray(shift), cp.asarray(w), labels, mind, out,
+    plan = kmeans._tc._tc_launch(Xd, cp.asarray(Cs), cp.asarray(shift), cp.asarray(w), labels, mind, out,
                                 lloyd=True, tile=tile, accum=accum.split("-")[0],
                                 sums=accum.split("-")[1] if "-" in accum else "simt")
     lab = labels.get()
@@ -447,32 +448,32 @@ def test_tc_lloyd_against_float64(n, d, k, tile, dtype, accum):
 def test_non_contiguous_and_mixed_dtypes():
     import cupy as cp
 
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     X, C = _data(2000, 24, 13, np.float64, seed=4)
     Xd = cp.asarray(X)
     Xv = Xd[::2, ::3]                                      # strided rows and columns
     Cv = cp.asarray(C[:, ::3]).astype(cp.float32)          # cast to float64 by the wrapper
-    lab, dist = distances.argmin_sqeuclidean(Xv, Cv)
+    lab, dist = kmeans.argmin_sqeuclidean(Xv, Cv)
     D = _ref_sq(X[::2, ::3], C[:, ::3].astype(np.float32).astype(np.float64))
     assert _near_tie_ok(D, lab.get(), np.argmin(D, 1), 1e-10)
     Xf = cp.asfortranarray(Xd)
-    lab2, _ = distances.argmin_sqeuclidean(Xf, cp.asarray(C))
-    lab3, _ = distances.argmin_sqeuclidean(Xd, cp.asarray(C))
+    lab2, _ = kmeans.argmin_sqeuclidean(Xf, cp.asarray(C))
+    lab3, _ = kmeans.argmin_sqeuclidean(Xd, cp.asarray(C))
     assert bool((lab2 == lab3).all())
 
 
 def test_unaligned_rows_take_scalar_loads():
     import cupy as cp
 
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     X, C = _data(1001, 8, 6, np.float32, seed=5)
     buf = cp.zeros(X.size + 1, dtype=cp.float32)
     buf[1:] = cp.asarray(X).ravel()
     Xu = buf[1:].reshape(X.shape)                          # contiguous, 4 bytes past a 16-byte boundary
     assert Xu.data.ptr % 16 != 0
-    lab, _ = distances.argmin_sqeuclidean(Xu, cp.asarray(C))
+    lab, _ = kmeans.argmin_sqeuclidean(Xu, cp.asarray(C))
     D = _ref_sq(X, C)
     assert _near_tie_ok(D, lab.get(), np.argmin(D, 1), 1e-4)
 
@@ -481,21 +482,21 @@ def test_unaligned_rows_take_scalar_loads():
 def test_empty_inputs(dtype):
     import cupy as cp
 
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     X = cp.empty((0, 5), dtype=dtype)
     C = cp.ones((3, 5), dtype=dtype)
-    lab, dist = distances.argmin_sqeuclidean(X, C)
+    lab, dist = kmeans.argmin_sqeuclidean(X, C)
     assert lab.shape == (0,) and dist.shape == (0,)
-    sums, counts, inertia, lab = distances.lloyd_step(X, C)
+    sums, counts, inertia, lab = kmeans.lloyd_step(X, C)
     assert sums.shape == (3, 5) and float(abs(sums).sum()) == 0 and float(counts.sum()) == 0 and inertia == 0
-    assert distances.pairwise_distances(X, C).shape == (0, 3)
+    assert kmeans.pairwise_distances(X, C).shape == (0, 3)
 
 
 def test_ties_go_to_the_lower_index():
     import cupy as cp
 
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     # every row is exactly as far from centres 2j and 2j+1 (mirror images): the lower wins
     rs = np.random.RandomState(6)
@@ -507,7 +508,7 @@ def test_ties_go_to_the_lower_index():
     C[0::2], C[1::2] = base - off, base + off
     X = np.repeat(base, 7, axis=0)                         # rows at the midpoints, integers: exact
     for dtype in (np.float32, np.float64):
-        lab, dist = distances.argmin_sqeuclidean(cp.asarray(X.astype(dtype)), cp.asarray(C.astype(dtype)))
+        lab, dist = kmeans.argmin_sqeuclidean(cp.asarray(X.astype(dtype)), cp.asarray(C.astype(dtype)))
         want = np.argmin(_ref_sq(X, C), axis=1)            # numpy also takes the first minimum
         assert bool((lab.get() == want).all())
         assert bool((lab.get() % 2 == 0).all())
@@ -519,13 +520,13 @@ def test_ties_go_to_the_lower_index():
 def test_pairwise_matches_reference(metric, dtype, n, m, d):
     import cupy as cp
 
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     rs = np.random.RandomState(7)
     X = rs.randn(n, d).astype(dtype)
     Y = rs.randn(m, d).astype(dtype)
     Y[0] = 0                                               # a zero row (cosine: distance 1)
-    got = distances.pairwise_distances(cp.asarray(X), cp.asarray(Y), metric=metric).get()
+    got = kmeans.pairwise_distances(cp.asarray(X), cp.asarray(Y), metric=metric).get()
     X64, Y64 = X.astype(np.float64), Y.astype(np.float64)
     if metric in ("sqeuclidean", "euclidean"):
         ref = _ref_sq(X, Y)
@@ -546,12 +547,12 @@ def test_pairwise_matches_reference(metric, dtype, n, m, d):
 def test_topk_like_brute_force_with_ties(metric):
     import cupy as cp
 
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     rs = np.random.RandomState(8)
     X = rs.randint(-3, 4, size=(3000, 5)).astype(np.float64)  # many exact ties
     Q = rs.randint(-3, 4, size=(77, 5)).astype(np.float64)
-    dist, idx = distances.topk(cp.asarray(Q), cp.asarray(X), 25, metric=metric, block_bytes=1 << 20)
+    dist, idx = kmeans.topk(cp.asarray(Q), cp.asarray(X), 25, metric=metric, block_bytes=1 << 20)
     if metric == "sqeuclidean":
         D = _ref_sq(Q, X)
     elif metric == "inner_product":
@@ -569,30 +570,30 @@ def test_topk_like_brute_force_with_ties(metric):
 def test_errors():
     import cupy as cp
 
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     with pytest.raises(TypeError, match="float32 or float64"):
-        distances.argmin_sqeuclidean(cp.ones((3, 2), cp.int32), cp.ones((1, 2), cp.int32))
+        kmeans.argmin_sqeuclidean(cp.ones((3, 2), cp.int32), cp.ones((1, 2), cp.int32))
     with pytest.raises(ValueError, match="features"):
-        distances.argmin_sqeuclidean(cp.ones((3, 2)), cp.ones((1, 3)))
+        kmeans.argmin_sqeuclidean(cp.ones((3, 2)), cp.ones((1, 3)))
     with pytest.raises(ValueError, match="method"):
-        distances.argmin_sqeuclidean(cp.ones((3, 2)), cp.ones((1, 2)), method="blas")
+        kmeans.argmin_sqeuclidean(cp.ones((3, 2)), cp.ones((1, 2)), method="blas")
     os.environ["MPIML_DISTANCES_METHOD"] = "blas"
     try:
         with pytest.raises(ValueError, match="MPIML_DISTANCES_METHOD"):
-            distances.argmin_sqeuclidean(cp.ones((3, 2)), cp.ones((1, 2)))
+            kmeans.argmin_sqeuclidean(cp.ones((3, 2)), cp.ones((1, 2)))
     finally:
         del os.environ["MPIML_DISTANCES_METHOD"]
     with pytest.raises(ValueError, match="small"):
-        distances.argmin_sqeuclidean(cp.ones((3, 40)), cp.ones((1, 40)), method="small")
+        kmeans.argmin_sqeuclidean(cp.ones((3, 40)), cp.ones((1, 40)), method="small")
     with pytest.raises(ValueError, match="unknown metric"):
-        distances.pairwise_distances(cp.ones((3, 2)), cp.ones((1, 2)), metric="manhattan")
+        kmeans.pairwise_distances(cp.ones((3, 2)), cp.ones((1, 2)), metric="manhattan")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_lloyd_step_spmd_with_empty_shard(mpi, n):
-    mpi(os.path.join(HERE, "distances_spmd_script.py"), n, timeout=240)
+    mpi(os.path.join(HERE, "kmeans_kernels_spmd_script.py"), n, timeout=240)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -605,7 +606,7 @@ def test_sums_pass_matches_float64_and_repeats_its_bits(n, d, k, dtype, kind):
     in 3 clusters: thousands of values a cell); the same bits twice."""
     import cupy as cp
 
-    from mpiml.kernels import distances
+    from mpiml.kernels import kmeans
 
     rs = np.random.RandomState(11)
     X = (rs.randn(n, d) * 3 + 20).astype(dtype)
@@ -615,7 +616,7 @@ def test_sums_pass_matches_float64_and_repeats_its_bits(n, d, k, dtype, kind):
     outs = []
     for _ in range(2):
         out = cp.zeros(k * d + k + 2)
-        plan = distances._sums_pass(cp.asarray(X), cp.asarray(shift), cp.asarray(w), cp.asarray(lab), k, out,
+        plan = kmeans._tc._sums_pass(cp.asarray(X), cp.asarray(shift), cp.asarray(w), cp.asarray(lab), k, out,
                                     kind=kind)
         outs.append(out)
     ref = np.zeros((k, d))

@@ -57,13 +57,13 @@ def _function(classification=None, count_rows=None, wide=None, expr=None):
     fn = _FUNCTIONS.get(key)
     if fn is None:
         # a tree level needs a build, the route and a move: the family's kernels load as one cubin
-        from ._loader import load
+        from .._loader import load
 
         exprs = [f"mpiml_hist_build<{c}, {d}, {w}>"
                  for c in ("false", "true") for d in (0, 1) for w in ("false", "true")]
         exprs += ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>", "mpiml_hist_split<false>",
                   "mpiml_hist_split<true>"]
-        fns = load(("histograms.cu",), exprs + ([expr] if expr not in exprs else []))
+        fns = load(("forest/histograms.cu",), exprs + ([expr] if expr not in exprs else []))
         _FUNCTIONS.update(((key[0], e), f) for e, f in fns.items())
         fn = fns[expr]
     return fn

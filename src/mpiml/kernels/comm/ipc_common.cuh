@@ -43,6 +43,11 @@
 // float32, so every rank computes bit-identical results.
 
 #define MPIML_MAX_RANKS 8
+// Threads per block of the barrier kernels (the host launches them with
+// mpiml.comm.backends.ipc.THREADS); they declare it as their launch bounds, so the
+// compiler keeps within the 128 registers a thread of such a block may have. The
+// LL kernels run 256 threads a block, for which any register count fits.
+#define MPIML_THREADS 512
 #define MPIML_MAX_BLOCKS 128
 #define MPIML_FLAG_OFF 256
 #define MPIML_DATA_OFF 16384
@@ -325,22 +330,20 @@ __device__ __forceinline__ MpimlPack<T>* mpiml_packs(const MpimlCtx* c, int r, u
     return reinterpret_cast<MpimlPack<T>*>(mpiml_buf(c, r, epoch));
 }
 
-// op over ranks [r0, r1) of pack i of each rank's buffer, in rank order.
+// op over packs v[0], ..., v[m - 1] (m <= MPIML_MAX_RANKS), in that order.
 template <typename T, int OP>
-__device__ __forceinline__ MpimlPack<T> mpiml_reduce_packs(const MpimlCtx* c, unsigned epoch, long long i,
-                                                           int r0, int r1) {
+__device__ __forceinline__ MpimlPack<T> mpiml_fold(const MpimlPack<T>* v, int m) {
     typedef typename MpimlAcc<T>::type Acc;
     constexpr int L = MpimlPack<T>::L;
     Acc acc[L];
-    {
-        MpimlPack<T> v = mpiml_ld(mpiml_packs<T>(c, r0, epoch) + i);
 #pragma unroll
-        for (int k = 0; k < L; ++k) acc[k] = MpimlAcc<T>::load(v.e[k]);
-    }
-    for (int r = r0 + 1; r < r1; ++r) {
-        MpimlPack<T> v = mpiml_ld(mpiml_packs<T>(c, r, epoch) + i);
+    for (int k = 0; k < L; ++k) acc[k] = MpimlAcc<T>::load(v[0].e[k]);
 #pragma unroll
-        for (int k = 0; k < L; ++k) acc[k] = MpimlOp<OP>::f(acc[k], MpimlAcc<T>::load(v.e[k]));
+    for (int r = 1; r < MPIML_MAX_RANKS; ++r) {
+        if (r < m) {
+#pragma unroll
+            for (int k = 0; k < L; ++k) acc[k] = MpimlOp<OP>::f(acc[k], MpimlAcc<T>::load(v[r].e[k]));
+        }
     }
     MpimlPack<T> out;
 #pragma unroll
@@ -348,14 +351,78 @@ __device__ __forceinline__ MpimlPack<T> mpiml_reduce_packs(const MpimlCtx* c, un
     return out;
 }
 
-// Scalar variant (reduce_scatter, whose parts need not fall on pack boundaries).
+// Every load issued before the first is used (below) keeps up to MPIML_MAX_RANKS
+// packs in registers; a one-byte type holds its 16 elements a pack in 16 of them,
+// more than a 512-thread block has, so one-byte types load and use one rank at a
+// time instead.
+template <typename T>
+struct MpimlLoadsFirst {
+    static constexpr bool value = sizeof(T) > 1;
+};
+
+// op over ranks [r0, r1) of pack i of each rank's buffer, in rank order. Every
+// load is issued before the first is used: one link latency, not r1 - r0 of them.
 template <typename T, int OP>
-__device__ __forceinline__ T mpiml_reduce_one(const MpimlCtx* c, unsigned epoch, long long idx, int r0, int r1) {
-    typedef typename MpimlAcc<T>::type Acc;
-    Acc acc = MpimlAcc<T>::load(__ldcg(reinterpret_cast<const T*>(mpiml_buf(c, r0, epoch)) + idx));
-    for (int r = r0 + 1; r < r1; ++r)
-        acc = MpimlOp<OP>::f(acc, MpimlAcc<T>::load(__ldcg(reinterpret_cast<const T*>(mpiml_buf(c, r, epoch)) + idx)));
-    return MpimlAcc<T>::store(acc);
+__device__ __forceinline__ MpimlPack<T> mpiml_reduce_packs(const MpimlCtx* c, unsigned epoch, long long i,
+                                                           int r0, int r1) {
+    if constexpr (MpimlLoadsFirst<T>::value) {
+        MpimlPack<T> v[MPIML_MAX_RANKS];
+#pragma unroll
+        for (int j = 0; j < MPIML_MAX_RANKS; ++j)
+            if (r0 + j < r1) v[j] = mpiml_ld(mpiml_packs<T>(c, r0 + j, epoch) + i);
+        return mpiml_fold<T, OP>(v, r1 - r0);
+    } else {
+        MpimlPack<T> acc = mpiml_ld(mpiml_packs<T>(c, r0, epoch) + i);
+        for (int r = r0 + 1; r < r1; ++r) {
+            MpimlPack<T> v[2] = {acc, mpiml_ld(mpiml_packs<T>(c, r, epoch) + i)};
+            acc = mpiml_fold<T, OP>(v, 2);
+        }
+        return acc;
+    }
+}
+
+// op over src[r * stride + i] for r = 0..m-1 (the sources' copies of one pack,
+// pushed into this rank's own buffer), in rank order; loads first, as above.
+template <typename T, int OP>
+__device__ __forceinline__ MpimlPack<T> mpiml_reduce_strided(const MpimlPack<T>* src, long long stride, long long i,
+                                                             int m) {
+    if constexpr (MpimlLoadsFirst<T>::value) {
+        MpimlPack<T> v[MPIML_MAX_RANKS];
+#pragma unroll
+        for (int r = 0; r < MPIML_MAX_RANKS; ++r)
+            if (r < m) v[r] = mpiml_ld(src + r * stride + i);
+        return mpiml_fold<T, OP>(v, m);
+    } else {
+        MpimlPack<T> acc = mpiml_ld(src + i);
+        for (int r = 1; r < m; ++r) {
+            MpimlPack<T> v[2] = {acc, mpiml_ld(src + r * stride + i)};
+            acc = mpiml_fold<T, OP>(v, 2);
+        }
+        return acc;
+    }
+}
+
+// dst(r, pack) for every rank r < nr but `skip` whose src(r) is not null: the
+// copies of a pack from several ranks' parts; loads first, as above.
+template <typename T, typename Src, typename Dst>
+__device__ __forceinline__ void mpiml_copy_ranks(int nr, int skip, Src src, Dst dst) {
+    if constexpr (MpimlLoadsFirst<T>::value) {
+        MpimlPack<T> v[MPIML_MAX_RANKS];
+#pragma unroll
+        for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
+            const MpimlPack<T>* p = (r < nr && r != skip) ? src(r) : nullptr;
+            if (p != nullptr) v[r] = mpiml_ld(p);
+        }
+#pragma unroll
+        for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
+            if (r < nr && r != skip && src(r) != nullptr) dst(r, v[r]);
+        }
+    } else {
+        for (int r = 0; r < nr; ++r) {
+            const MpimlPack<T>* p = r != skip ? src(r) : nullptr;
+            if (p != nullptr) dst(r, mpiml_ld(p));
+        }
+    }
 }
 
 #define MPIML_GRID_LOOP(i, n) \

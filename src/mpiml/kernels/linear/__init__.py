@@ -20,6 +20,7 @@ GRAM_MAX_COLUMNS = 124
 LOGISTIC_MAX_FEATURES = 256
 
 _STAGE = 32
+_MMA_STAGE = 32                 # MPIML_LINEAR_MMA_STAGE in linear.cu
 _LOGISTIC_THREADS = 256
 _TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
@@ -34,11 +35,22 @@ def _function(expr):
     fn = _FUNCTIONS.get(key)
     if fn is None:
         # shipped, cached or compiled once (:mod:`mpiml.kernels._loader`), with the partials' sum every pass ends with
-        from ._loader import load_module
+        from .._loader import load_module
 
-        fn = load_module(("linear.cu",), [expr], also=("mpiml_linear_sum_blocks",)).get_function(expr)
+        fn = load_module(("linear/linear.cu",), [expr], also=("mpiml_linear_sum_blocks",)).get_function(expr)
+        try:   # all of the SM's on-chip memory as shared memory: the one-pass kernels stage rows, they reuse no L1
+            fn.preferred_shared_memory_carveout = 100
+        except Exception:   # an older CuPy without the attribute: the driver's default split
+            pass
         _FUNCTIONS[key] = fn
     return fn
+
+
+def _tensor_cores():
+    """Whether the current device has float64 tensor cores (DMMA, compute capability 8.0 and later)."""
+    import cupy
+
+    return int(cupy.cuda.Device().compute_capability) >= 80
 
 
 def _sm_count():
@@ -81,30 +93,43 @@ def augmented_gram(X, Y, w=None):
     k = d + t + 1
     if k > GRAM_MAX_COLUMNS:
         raise ValueError(f"augmented_gram takes at most {GRAM_MAX_COLUMNS} columns; got {k}")
-    nt = (k + 3) // 4
-    kp = 4 * nt
-    ntiles = nt * (nt + 1) // 2
-    threads = max(32, (ntiles + 31) // 32 * 32)
     X = cupy.ascontiguousarray(X)
     Y = cupy.ascontiguousarray(Y.astype(X.dtype, copy=False))
     weighted = w is not None
+    if weighted:
+        w = cupy.ascontiguousarray(w.astype(X.dtype, copy=False))
     ctype = _TYPES[np.dtype(X.dtype)]
-    fn = _function(f"mpiml_linear_gram<{ctype}, {'true' if weighted else 'false'}>")
-    smem = (_STAGE * kp + _STAGE) * 8
+    wflag = "true" if weighted else "false"
+    if _tensor_cores():
+        # float64 tensor cores (DMMA): tiles of 8 columns, (nt + 1) / 2 warps, all of a block's tiles per warp pair
+        nt = (k + 7) // 8
+        kp = 8 * nt
+        fn = _function(f"mpiml_linear_gram_mma<{ctype}, {wflag}, {nt}>")
+        threads = 32 * ((nt + 1) // 2)
+        smem = (_MMA_STAGE * (kp + 4) + _MMA_STAGE) * 8
+        stage = _MMA_STAGE
+        args = ()
+    else:
+        nt = (k + 3) // 4
+        kp = 4 * nt
+        ntiles = nt * (nt + 1) // 2
+        threads = max(32, (ntiles + 31) // 32 * 32)
+        fn = _function(f"mpiml_linear_gram<{ctype}, {wflag}>")
+        smem = (_STAGE * kp + _STAGE) * 8
+        stage = _STAGE
+        args = (np.int32(ntiles),)
     # one wave of blocks: as many as fit on every SM at once (threads, registers, shared memory)
     regs = max(32, int(getattr(fn, "num_regs", 128) or 128))
     per_sm = max(1, min(2048 // threads, 65536 // (regs * threads), (200 << 10) // smem))
-    nblocks = int(max(1, min((n + _STAGE - 1) // _STAGE, _sm_count() * per_sm)))
-    rows_per_block = ((n + nblocks - 1) // nblocks + _STAGE - 1) // _STAGE * _STAGE
-    rows_per_block = max(rows_per_block, _STAGE)
+    nblocks = int(max(1, min((n + stage - 1) // stage, _sm_count() * per_sm)))
+    rows_per_block = ((n + nblocks - 1) // nblocks + stage - 1) // stage * stage
+    rows_per_block = max(rows_per_block, stage)
     nblocks = int(max(1, (n + rows_per_block - 1) // rows_per_block))
     # zeros: a block writes only its tiles of the upper triangle, and the sum reads every entry
     partial = cupy.zeros(nblocks * kp * kp, dtype=cupy.float64)
-    if weighted:
-        w = cupy.ascontiguousarray(w.astype(X.dtype, copy=False))
     if n:
         fn((nblocks,), (threads,), (X, np.int64(n), np.int32(d), Y, np.int32(t), w if weighted else X,
-                                    np.int64(rows_per_block), np.int32(kp), np.int32(ntiles), partial),
+                                    np.int64(rows_per_block), np.int32(kp)) + args + (partial,),
            shared_mem=smem)
         G = _sum_blocks(partial, nblocks, kp * kp).reshape(kp, kp)[:k, :k]
     else:
@@ -132,12 +157,16 @@ def logistic_pass(X, y01, sw, coef, bias, vec=None, vbias=0.0):
         cpl *= 2
     mode = 0 if vec is None else 1
     warps = _LOGISTIC_THREADS // 32
-    nblocks = int(max(1, min((n + warps - 1) // warps, 8 * _sm_count())))
+    rows = 16 if cpl <= 2 else (8 if cpl == 4 else 4)      # a warp's batch of rows (mpiml_linear_rows in linear.cu)
+    ctype = _TYPES[np.dtype(X.dtype)]
+    fn = _function(f"mpiml_linear_logistic<{ctype}, {mode}, {cpl}>")
+    # one wave: as many blocks as are resident on every SM at once (the warps stride over the row batches)
+    regs = max(32, int(getattr(fn, "num_regs", 64) or 64))
+    per_sm = max(1, min(2048 // _LOGISTIC_THREADS, 65536 // (regs * _LOGISTIC_THREADS)))
+    nblocks = int(max(1, min((n + warps * rows - 1) // (warps * rows), per_sm * _sm_count())))
     partial = cupy.empty(nblocks * (d + 2), dtype=cupy.float64)
     cw = cupy.asarray(np.ascontiguousarray(coef, dtype=np.float64))
     cv = cupy.asarray(np.ascontiguousarray(vec, dtype=np.float64)) if mode else cw
-    ctype = _TYPES[np.dtype(X.dtype)]
-    fn = _function(f"mpiml_linear_logistic<{ctype}, {mode}, {cpl}>")
     if n == 0:
         return cupy.zeros(d + 2, dtype=cupy.float64)
     fn((nblocks,), (_LOGISTIC_THREADS,),

@@ -1,0 +1,433 @@
+"""The shared fitting of the random forests: validation, the bins, the growers (global or local), the
+pruning and the flat trees (:class:`_BaseForest`)."""
+
+import math
+import os
+import time
+import warnings
+from numbers import Integral, Real
+
+import numpy as np
+from sklearn.exceptions import DataConversionWarning
+from sklearn.utils.validation import column_or_1d
+
+from .._array import get_namespace, is_device_array, to_numpy
+from ..base import SPMDEstimator
+from ..utils._param_validation import InvalidParameterError, Interval, RealNotInt, StrOptions
+from ..utils._validation import check_random_state, row_counts, validate_data, validate_sample_weight
+from ._flat import TREE_ARRAYS, pack_trees
+from ._grower import GrowSpec, TreeGrower, power_of_two_below
+from ._hist import FIXED_POINT_BITS, apply_bins, bin_edges, poisson_max, sample_rows
+from ._predict import _ForestPrediction, densified
+from ._prune import prune_best_first, prune_cost_complexity
+
+#: Rows gathered (over all ranks, in expectation) to choose the bin edges.
+BIN_SAMPLE_ROWS = 200_000
+FRIEDMAN_MSE_WARNING = ('Value `"friedman_mse"` for `criterion` is deprecated and will be removed in 1.11. It '
+                        'maps to `"squared_error"` as both were always equivalent. Use '
+                        '`criterion="squared_error"` to remove this warning.')
+#: Largest bootstrap rate (``max_samples / n_samples``): the Poisson table stops at 64 draws per row.
+MAX_POISSON_RATE = 16
+
+_TREE_ATTRS = tuple(f"tree_{name}_" for name, _ in TREE_ARRAYS)
+
+
+# ---------------------------------------------------------------------- private helpers
+def _n_from(value, n):
+    """``min_samples_*`` as a number of rows: ints as given, fractions of ``n`` rounded up."""
+    if isinstance(value, Integral):
+        return int(value)
+    return max(1, int(math.ceil(value * n)))
+
+
+def _n_features_to_draw(max_features, n_features, name):
+    if max_features is None:
+        return n_features
+    if isinstance(max_features, str):
+        f = math.sqrt if max_features == "sqrt" else math.log2
+        return max(1, int(f(n_features)))
+    if isinstance(max_features, Integral):
+        if max_features > n_features:
+            raise ValueError(f"max_features must be in (0, n_features={n_features}] for {name}; "
+                             f"got {max_features}")
+        return int(max_features)
+    return max(1, int(max_features * n_features))
+
+
+def _batch_elements(xp):
+    """Trees x local rows grown together: ``MPIML_RF_BATCH_ELEMENTS``, else 2**28 on GPUs, 2**26 on hosts."""
+    env = os.environ.get("MPIML_RF_BATCH_ELEMENTS")
+    if env:
+        return int(env)
+    return 1 << 28 if xp is not np else 1 << 26
+
+
+def _level_budgets(xp):
+    """This rank's byte budgets of a level: ``(histograms per allreduce, kept histograms for subtraction)``.
+
+    ``MPIML_RF_HIST_BYTES`` / ``MPIML_RF_SUB_BYTES`` when set; else 256 MiB and a tenth of the free device
+    memory (at least 1 GiB) on GPUs, 64 MiB and 1 GiB on hosts.  The ranks agree on the smallest (the
+    budgets set the sequence of allreduces).
+    """
+    hist = os.environ.get("MPIML_RF_HIST_BYTES")
+    sub = os.environ.get("MPIML_RF_SUB_BYTES")
+    if xp is np:
+        return int(hist or 64 << 20), int(sub or 1 << 30)
+    free = xp.cuda.runtime.memGetInfo()[0] if sub is None else 0
+    return int(hist or 256 << 20), int(sub or max(1 << 30, free // 10))
+
+
+def _agree_max(comm, values):
+    """Element-wise maximum over ranks of a short list of floats (one small allreduce)."""
+    arr = np.asarray(values, dtype=np.float64)
+    return comm.allreduce(arr, op="max") if comm.size > 1 else arr
+
+
+def _tree_matrix(trees, n_values):
+    """Per-node rows of the :data:`TREE_ARRAYS` (``value`` as ``n_values`` columns), float64."""
+    if not trees:
+        return np.zeros((0, len(TREE_ARRAYS) - 1 + n_values))
+    flat = pack_trees(trees, n_values)
+    cols = [flat[name].reshape(len(flat["feature"]), -1).astype(np.float64) for name, _ in TREE_ARRAYS]
+    return np.concatenate(cols, axis=1)
+
+
+def _trees_from_matrix(mat, counts, n_values):
+    trees, start = [], 0
+    names = [name for name, _ in TREE_ARRAYS]
+    widths = [n_values if name == "value" else 1 for name in names]
+    for c in counts:
+        block = mat[start:start + c]
+        start += c
+        tree, col = {}, 0
+        for name, width, (_, dtype) in zip(names, widths, TREE_ARRAYS):
+            part = block[:, col:col + width]
+            col += width
+            key = {"children_left": "left", "children_right": "right"}.get(name, name)
+            tree[key] = part.astype(dtype) if name == "value" else part[:, 0].astype(dtype)
+        trees.append(tree)
+    return trees
+
+
+# ---------------------------------------------------------------------- the estimators
+class _BaseForest(_ForestPrediction, SPMDEstimator):
+    """Shared fitting and prediction of :class:`RandomForestClassifier` and :class:`RandomForestRegressor`."""
+
+    _parameter_constraints = {
+        **SPMDEstimator._parameter_constraints,
+        "n_estimators": [Interval(Integral, 1, None, closed="left")],
+        "max_depth": [Interval(Integral, 1, None, closed="left"), None],
+        "min_samples_split": [Interval(Integral, 2, None, closed="left"),
+                              Interval(RealNotInt, 0.0, 1.0, closed="right")],
+        "min_samples_leaf": [Interval(Integral, 1, None, closed="left"),
+                             Interval(RealNotInt, 0.0, 1.0, closed="neither")],
+        "min_weight_fraction_leaf": [Interval(Real, 0.0, 0.5, closed="both")],
+        "max_features": [Interval(Integral, 1, None, closed="left"),
+                         Interval(RealNotInt, 0.0, 1.0, closed="right"), StrOptions({"sqrt", "log2"}), None],
+        "bootstrap": ["boolean"],
+        "max_samples": [None, Interval(RealNotInt, 0.0, None, closed="neither"),
+                        Interval(Integral, 1, None, closed="left")],
+        "random_state": ["random_state"],
+        "n_jobs": [Integral, None],
+        "verbose": ["verbose"],
+        "max_leaf_nodes": [Interval(Integral, 2, None, closed="left"), None],
+        "min_impurity_decrease": [Interval(Real, 0.0, None, closed="left")],
+        "oob_score": ["boolean", callable],
+        "warm_start": ["boolean"],
+        "ccp_alpha": [Interval(Real, 0.0, None, closed="left")],
+        "monotonic_cst": ["array-like", None],
+        "max_bins": [Interval(Integral, 2, 256, closed="both")],
+        "training": [StrOptions({"global", "local"})],
+    }
+    _saved_attributes = ("tree_offsets_",) + _TREE_ATTRS + ("feature_importances_", "n_outputs_")
+
+    # ------------------------------------------------------------------ fitting
+    def fit(self, X, y, sample_weight=None):
+        """Grow the forest on the rows of every rank.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_local_samples, n_features)
+            This rank's rows (NumPy or CuPy; float32 and float64 are kept).
+        y : array-like of shape (n_local_samples,)
+            This rank's targets.
+        sample_weight : array-like of shape (n_local_samples,), default=None
+            Weights of this rank's rows.
+
+        Returns
+        -------
+        self
+        """
+        t_start = time.perf_counter()
+        self._validate_params()
+        name = type(self).__name__
+        if not self.bootstrap and self.max_samples is not None:
+            raise ValueError("`max_sample` cannot be set if `bootstrap=False`. Either switch to `bootstrap=True` "
+                             "or set `max_sample=None`.")
+        if not self.bootstrap and self.oob_score:
+            raise ValueError("Out of bag estimation only available if bootstrap=True")
+        if self.monotonic_cst is not None:
+            raise InvalidParameterError(
+                f"The 'monotonic_cst' parameter of {name} must be None (monotonic constraints are not supported "
+                f"by mpiml's forests). Got {self.monotonic_cst!r} instead.")
+        criterion = self.criterion
+        if criterion == "friedman_mse":
+            warnings.warn(FRIEDMAN_MSE_WARNING, FutureWarning)
+            criterion = "squared_error"
+        comm = self._get_comm()
+        X, xp = validate_data(self, X, comm=comm, accept_sparse=["csr", "csc"], ensure_all_finite="allow-nan")
+        X = densified(X)                  # bins are per-feature columns: sparse shards are expanded
+        # features with missing values on some rank (one allreduce of a flag per feature): a bin of their own
+        local_nan = (to_numpy(xp.isnan(X).any(axis=0)) if X.shape[0] else np.zeros(X.shape[1], dtype=bool))
+        self._missing = _agree_max(comm, local_nan.astype(np.float64)) > 0 if X.shape[1] else local_nan
+        targets = self._validate_y(y, X, comm)
+        sw = validate_sample_weight(sample_weight, X, xp=xp, dtype=np.float64, only_non_negative=True, comm=comm)
+        counts = row_counts(X.shape[0], comm)
+        n_total, offset = int(counts.sum()), int(counts[:comm.rank].sum())
+        rate = self._poisson_rate(n_total)
+        self._n_samples_bootstrap = None if rate is None else int(round(rate * n_total))
+        if rate is not None and rate > MAX_POISSON_RATE:
+            raise ValueError(f"max_samples={self.max_samples} asks for {rate:.1f} draws per row; at most "
+                             f"{MAX_POISSON_RATE} x n_samples={n_total} is supported (Poisson bootstrap weights)")
+        mf = _n_features_to_draw(self.max_features, X.shape[1], name)
+        old_trees = []
+        if self.warm_start and getattr(self, "tree_offsets_", None) is not None:
+            n_old = self.n_estimators_
+            if self.n_estimators < n_old:
+                raise ValueError(f"n_estimators={self.n_estimators} must be larger or equal to "
+                                 f"len(estimators_)={n_old} when warm_start==True")
+            if self.n_estimators == n_old:
+                warnings.warn("Warm-start fitting without increasing n_estimators does not fit new trees.")
+                if self.oob_score and not hasattr(self, "oob_score_"):
+                    self._set_oob_score_and_attributes(X, targets, counts, offset, self._seed_, comm)
+                return self
+            old_trees = self._trees_as_dicts()
+            # the seed of the first fit (a loaded model draws it again: the same for an int random_state)
+            seed = getattr(self, "_seed_", None)
+            seed = self._seed(comm) if seed is None else seed
+        else:
+            seed = self._seed(comm)
+        new_ids = list(range(len(old_trees), self.n_estimators))
+        subsample = self._is_classifier and self.class_weight == "balanced_subsample" and self.bootstrap
+        weight = sw * self._class_weights(targets, xp, comm)
+        glob = self.training == "global"
+        self._fit_stats = {"training": self.training, "ranks": comm.size}
+        # best-first growth of at most max_leaf_nodes leaves never goes deeper than max_leaf_nodes - 1
+        depth = self.max_depth
+        if self.max_leaf_nodes is not None:
+            depth = self.max_leaf_nodes - 1 if depth is None else min(depth, self.max_leaf_nodes - 1)
+
+        def grower_for(Xl, wl, tl, index, n_rows, comm_):
+            # fixed-point scales from the largest weight and target over the rows this grower sees
+            lam = self._poisson_rate(n_rows)
+            kmax = poisson_max(lam) if lam is not None else 1
+            # agreed: the largest weight and |target|, whether some weight is not an integer, and the
+            # smallest batch of elements and level budgets a rank asks for (they set the sequence of allreduces)
+            local = [float(xp.max(wl)) if wl.shape[0] else 0.0,
+                     float(xp.max(xp.abs(tl))) if (wl.shape[0] and not self._is_classifier) else 0.0,
+                     float(subsample or (bool(wl.shape[0]) and bool(xp.any(wl != xp.rint(wl))))),
+                     -float(_batch_elements(xp)), *(-float(b) for b in _level_budgets(xp))]
+            mw, my, fractional, batch, hist_bytes, sub_bytes = (
+                _agree_max(comm_, local) if comm_ is not None else np.asarray(local)).tolist()
+            budget = 2.0 ** FIXED_POINT_BITS / (max(n_rows, 1) * kmax)
+            s_w = power_of_two_below(budget / mw) if mw > 0 else 1.0
+            if not fractional and mw <= budget:
+                s_w = 1.0          # integer weights are their own fixed point: small sums, 32-bit GPU atomics
+            s_y = power_of_two_below(budget / (mw * my)) if mw > 0 and my > 0 else 1.0
+            # the per-row extra: sum over outputs of y**2, or y log y (Poisson: below max(y log y, 1/e))
+            y2 = (max(my * abs(math.log(my)), 1.0 / math.e) if criterion == "poisson" and my > 0
+                  else my * my * self.n_outputs_)
+            s_y2 = power_of_two_below(budget / (mw * y2)) if mw > 0 and my > 0 else 1.0
+            t0 = time.perf_counter()
+            edges, values = self._bins(Xl, xp, seed, index, n_rows, comm_)
+            self._fit_stats["bins_s"] = time.perf_counter() - t0
+            spec = GrowSpec(
+                Xb=apply_bins(Xl, edges, xp), n_bins=[len(e) + 1 for e in edges], edges=edges, values=values,
+                y=tl, weight=wl, row_index=index, n_classes=self._n_codes_ if self._is_classifier else 0,
+                n_outputs=self.n_outputs_,
+                missing_bin=[len(e) if m else -1 for e, m in zip(edges, self._missing)],
+                criterion=criterion, max_depth=depth,
+                min_samples_split=max(_n_from(self.min_samples_split, n_rows), 2),
+                min_samples_leaf=_n_from(self.min_samples_leaf, n_rows), max_features=mf,
+                min_weight_fraction_leaf=self.min_weight_fraction_leaf,
+                min_impurity_decrease=self.min_impurity_decrease, balanced_subsample=subsample,
+                bootstrap_rate=lam, seed=seed, scales=(s_w, s_y, s_y2),
+                max_local_rows=int(counts.max()) if comm_ is not None else Xl.shape[0], batch_elements=int(-batch),
+                hist_bytes=int(-hist_bytes), sub_bytes=int(-sub_bytes),
+                y_tol=max(np.finfo(np.float64).eps, 1e-9 * my * my), verbose=self.verbose, rank=comm.rank,
+                comm=comm_, xp=xp)
+            return TreeGrower(spec)
+
+        if glob:
+            index = xp.arange(offset, offset + X.shape[0], dtype=xp.int64)
+            grower = grower_for(X, weight, targets, index, n_total, comm)
+            trees = grower.grow(new_ids)
+            self._fit_stats.update(grower.stats)
+            del grower                                   # it holds the binned rows and the row weights
+        else:
+            trees = self._fit_local(X, weight, targets, counts, comm, grower_for, new_ids)
+        trees = [self._prune(self._output_values(t), X.shape[1]) for t in trees]
+        self._seed_ = seed
+        self._n_local_rows_, self._row_offset_, self._fit_row_counts_ = X.shape[0], offset, counts
+        self._set_trees(old_trees + trees, xp)
+        if self.oob_score:
+            t0 = time.perf_counter()
+            self._set_oob_score_and_attributes(X, targets, counts, offset, seed, comm)
+            self._fit_stats["oob_s"] = time.perf_counter() - t0
+        self._fit_stats["fit_s"] = time.perf_counter() - t_start
+        return self
+
+    def _poisson_rate(self, n_rows):
+        """The Poisson rate of the bootstrap weights (None without bootstrap)."""
+        if not self.bootstrap:
+            return None
+        ms = self.max_samples
+        if ms is None:
+            return 1.0
+        return ms / n_rows if isinstance(ms, Integral) else max(round(ms * n_rows), 1) / n_rows
+
+    def _prune(self, tree, n_features):
+        if self.max_leaf_nodes is not None:
+            tree = prune_best_first(tree, self.max_leaf_nodes, n_features)
+        if self.ccp_alpha > 0:
+            tree = prune_cost_complexity(tree, self.ccp_alpha, n_features)
+        return tree
+
+    def _trees_as_dicts(self):
+        """The fitted trees as the grower's per-tree dicts (host arrays), for warm starts."""
+        imps = getattr(self, "_tree_importances", None)
+        out = []
+        for i in range(self.n_estimators_):
+            t = {name: to_numpy(a) for name, a in self.get_tree(i).items()}
+            tree = {"left": t["children_left"], "right": t["children_right"], **{
+                k: t[k] for k in ("feature", "threshold", "value", "n_node_samples", "weighted_n_node_samples",
+                                  "impurity", "missing_left")}}
+            if imps is not None:
+                tree["importances"] = imps[i]
+            else:                      # a loaded model: the decrease of each split from the node impurities
+                inner = tree["left"] >= 0
+                w, imp = tree["weighted_n_node_samples"], tree["impurity"]
+                l, r = tree["left"][inner], tree["right"][inner]
+                dec = w[inner] * imp[inner] - w[l] * imp[l] - w[r] * imp[r]
+                tree["importances"] = np.bincount(tree["feature"][inner], weights=dec, minlength=self.n_features_in_)
+            out.append(tree)
+        return out
+
+    def _fit_local(self, X, weight, targets, counts, comm, grower_for, tree_ids):
+        """cuML's scheme: each rank grows its share of the trees on its own rows; one allgather."""
+        xp = get_namespace(X)
+        owners = [r for r in range(comm.size) if counts[r] > 0]
+        mine = [t for t in tree_ids if owners[t % len(owners)] == comm.rank]
+        trees = []
+        if mine:
+            index = xp.arange(X.shape[0], dtype=xp.int64)
+            grower = grower_for(X, weight, targets, index, X.shape[0], None)
+            trees = grower.grow(mine)
+            self._fit_stats.update(grower.stats)
+        if comm.size == 1:
+            return trees
+        n_values = self._n_codes_ if self._is_classifier else self.n_outputs_     # the grower's node values
+        mat = _tree_matrix(trees, n_values)
+        t0 = time.perf_counter()
+        everything = comm.allgatherv(np.ascontiguousarray(mat))
+        meta = comm.allgather_obj((mine, [len(t["feature"]) for t in trees],
+                                   [t["importances"].tolist() for t in trees]))
+        self._fit_stats.update(allgather_s=time.perf_counter() - t0, allgather_bytes=int(everything.nbytes))
+        by_id, start = {}, 0
+        for ids, sizes, imps in meta:
+            block = everything[start:start + sum(sizes)]
+            start += sum(sizes)
+            for tid, tree, imp in zip(ids, _trees_from_matrix(block, sizes, n_values), imps):
+                tree["importances"] = np.asarray(imp)
+                by_id[tid] = tree
+        return [by_id[t] for t in tree_ids]
+
+    def _bins(self, X, xp, seed, index, n_rows, comm):
+        """Bin edges agreed by the ranks of ``comm`` (None: this rank alone)."""
+        offset = int(index[0]) if index.shape[0] else 0
+        keep = sample_rows(xp, seed, offset, X.shape[0], n_rows, BIN_SAMPLE_ROWS)
+        sample = X if keep is None else X[keep]
+        sample = np.ascontiguousarray(to_numpy(sample))
+        if comm is not None and comm.size > 1:
+            sample = comm.allgatherv(sample)
+        return bin_edges(sample, self.max_bins, exact=keep is None, xp=xp,
+                         missing=self._missing if self._missing.any() else None)
+
+    def _seed(self, comm):
+        rs = check_random_state(self.random_state)
+        seed = int(rs.randint(np.iinfo(np.int32).max))
+        return comm.bcast_obj(seed) if comm.size > 1 else seed
+
+    @property
+    def feature_importances_(self):
+        """Mean decrease in impurity per feature (normalised per tree, then in total)."""
+        self._check_is_fitted()
+        return self._feature_importances
+
+    @feature_importances_.setter
+    def feature_importances_(self, value):           # model files set it back
+        self._feature_importances = value
+
+    @property
+    def estimator(self):
+        """The template of the trees (scikit-learn's ``estimator``): an unfitted per-tree estimator."""
+        from ._tree import ForestTreeClassifier, ForestTreeRegressor
+
+        return ForestTreeClassifier() if self._is_classifier else ForestTreeRegressor()
+
+    estimator_ = estimator
+
+    def _n_values(self):
+        """Values per node of the fitted trees: the classes of every output, or one per regression output."""
+        return int(sum(self._output_classes()))
+
+    def _max_features_drawn(self):
+        """Features examined per node (scikit-learn's ``max_features_``)."""
+        return _n_features_to_draw(self.max_features, self.n_features_in_, type(self).__name__)
+
+    def _set_trees(self, trees, xp):
+        flat = pack_trees(trees, self._n_values())
+        self.tree_offsets_ = xp.asarray(flat["offsets"])
+        for name, _ in TREE_ARRAYS:
+            setattr(self, f"tree_{name}_", xp.asarray(flat[name]))
+        self._tree_importances = np.stack([np.asarray(t["importances"], dtype=np.float64) for t in trees]) \
+            if trees else np.zeros((0, self.n_features_in_))
+        imps = []
+        for t in trees:
+            if len(t["feature"]) > 1:
+                total = t["importances"].sum()
+                imps.append(t["importances"] / total if total > 0 else t["importances"])
+        F = self.n_features_in_
+        if imps:
+            mean = np.mean(imps, axis=0)
+            mean = mean / mean.sum() if mean.sum() > 0 else mean
+        else:
+            mean = np.zeros(F)
+        self._feature_importances = xp.asarray(mean)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        tags.input_tags.allow_nan = True
+        tags.target_tags.multi_output = True
+        return tags
+
+    def _check_y_common(self, y, X):
+        """``y`` as a 1-d array: numeric device arrays stay on their device (labels and checks run there)."""
+        name = type(self).__name__
+        if y is None:
+            raise ValueError(f"{name} requires y to be passed, but the target y is None.")
+        if is_device_array(y) and is_device_array(X) and y.dtype.kind in "biuf":
+            if y.ndim == 2 and y.shape[1] == 1:
+                warnings.warn("A column-vector y was passed when a 1d array was expected. Please change the shape "
+                              "of y to (n_samples, ), for example using ravel().", DataConversionWarning)
+                y = y.ravel()
+            if y.ndim != 1:
+                raise ValueError(f"y should be a 1d array, got an array of shape {tuple(y.shape)} instead.")
+        else:
+            y = to_numpy(y) if is_device_array(y) else y
+            y = column_or_1d(y, warn=True)
+        if y.shape[0] != X.shape[0]:
+            raise ValueError(f"Found input variables with inconsistent numbers of samples: "
+                             f"[{X.shape[0]}, {y.shape[0]}]")
+        return y

@@ -1,0 +1,179 @@
+// Data movement without reduction: broadcast and allgather. T is an unsigned
+// type of the element size, A whether the user's arrays are 16-byte aligned;
+// n counts elements (see allreduce.cu for the argument layout).
+
+// Broadcast by pulling: the root copies in, barrier, the others read the root's buffer.
+template <typename T, bool A>
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_bcast_pull(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    const unsigned epoch = mpiml_begin(c);
+    const int me = (int)c->rank;
+    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+    if (me == root) {
+        MpimlPack<T>* mine = mpiml_packs<T>(c, me, epoch);
+        MPIML_GRID_LOOP(i, units) mine[i] = mpiml_load_user<T, A>(in, i, n);
+    }
+    if (mpiml_barrier(c, epoch, 0) && me != root) {
+        const MpimlPack<T>* theirs = mpiml_packs<T>(c, (int)root, epoch);
+        MPIML_GRID_LOOP(i, units) mpiml_store_user<T, A>(out, i, n, mpiml_ld(theirs + i));
+    }
+    mpiml_end(c, epoch);
+}
+
+// Allgather: copy in, barrier, read every rank's n elements into out[r * stride ...]
+// (pack i of every rank by the thread that wrote pack i: the block's barrier covers it).
+template <typename T, bool A>
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_allgather_pull(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
+    const unsigned epoch = mpiml_begin(c);
+    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+    MpimlPack<T>* mine = mpiml_packs<T>(c, (int)c->rank, epoch);
+    MPIML_GRID_LOOP(i, units) mine[i] = mpiml_load_user<T, A>(in, i, n);
+    if (mpiml_barrier(c, epoch, 0)) {
+        const int nr = (int)c->nranks;
+        MPIML_GRID_LOOP(i, units) {  // every rank's pack i loaded before the first is stored: one link latency
+            mpiml_copy_ranks<T>(
+                nr, -1, [&](int r) { return mpiml_packs<T>(c, r, epoch) + i; },
+                [&](int r, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out + r * stride, i, n, v); });
+        }
+    }
+    mpiml_end(c, epoch);
+}
+
+// LL broadcast (no barrier): the root pushes its lines into every other rank's
+// slot [root]; the others copy them out as their flags arrive. A counts 8-byte
+// alignment. The root waits for nobody: the ack wait in mpiml_begin keeps it
+// from reusing a slot parity that a slow peer still reads.
+template <typename T, bool A>
+__global__ void mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    const long long nbytes = n * (long long)sizeof(T);
+    const long long lines = (nbytes + 7) / 8;
+    const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint2 v0 = (me == root && i0 < lines) ? mpiml_ll_get<A>(in, i0, nbytes) : make_uint2(0u, 0u);
+    const unsigned epoch = mpiml_begin(c);
+    const unsigned flag = epoch + 1u;
+    if (me == root) {
+        MPIML_GRID_LOOP(i, lines) {
+            const uint2 v = i == i0 ? v0 : mpiml_ll_get<A>(in, i, nbytes);
+            for (int k = 1; k < nr; ++k) mpiml_ll_store(mpiml_ll_slot(c, (me + k) % nr, epoch, me) + i, v, flag);
+        }
+    } else {
+        MPIML_GRID_LOOP(i, lines) {
+            uint2 v;
+            if (!mpiml_ll_load(c, mpiml_ll_slot(c, me, epoch, (int)root) + i, flag, v, (int)root, epoch)) break;
+            mpiml_ll_put<A>(out, i, nbytes, v);
+        }
+    }
+    mpiml_end(c, epoch);
+}
+
+// LL allgather: every rank pushes its n elements into every rank's slot [me];
+// each copies slot r to out[r * stride ...] as the lines arrive.
+template <typename T, bool A>
+__global__ void mpiml_allgather_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
+    const long long nbytes = n * (long long)sizeof(T);
+    const long long lines = (nbytes + 7) / 8;
+    const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint2 v0 = i0 < lines ? mpiml_ll_get<A>(in, i0, nbytes) : make_uint2(0u, 0u);
+    const unsigned epoch = mpiml_begin(c);
+    const unsigned flag = epoch + 1u;
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    MPIML_GRID_LOOP(i, lines) {
+        const uint2 v = i == i0 ? v0 : mpiml_ll_get<A>(in, i, nbytes);
+        for (int k = 1; k <= nr; ++k) mpiml_ll_store(mpiml_ll_slot(c, (me + k) % nr, epoch, me) + i, v, flag);
+    }
+    for (int r = 0; r < nr; ++r) {
+        bool ok = true;
+        MPIML_GRID_LOOP(i, lines) {
+            uint2 v;
+            if (!mpiml_ll_load(c, mpiml_ll_slot(c, me, epoch, r) + i, flag, v, r, epoch)) {
+                ok = false;
+                break;
+            }
+            mpiml_ll_put<A>(out + r * stride, i, nbytes, v);
+        }
+        if (!ok) break;
+    }
+    mpiml_end(c, epoch);
+}
+
+// Two-shot broadcast (scatter + allgather, both pushed): the packs are cut into
+// nranks parts of `part` packs, part r living at [r * part] of every buffer.
+//   1. the root writes part r of its input into rank r's buffer;
+//   2. barrier; rank r writes its part (from its own memory) into every other
+//      rank's buffer and, off the root, into out;
+//   3. barrier; off the root, the other parts are copied from this rank's own
+//      memory into out.
+// Each link carries about n / nranks from every rank instead of n from the root.
+// Pack idx = r * part + i is handled by the same (block, thread) in every phase
+// and on every rank, so a block's barriers cover what it reads.
+template <typename T, bool A>
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_bcast_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    const unsigned epoch = mpiml_begin(c);
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+    const long long part = (units + nr - 1) / nr;
+    if (me == root) {
+        for (int k = 0; k < nr; ++k) {
+            const int r = (me + 1 + k) % nr;  // own part last
+            MpimlPack<T>* dst = mpiml_packs<T>(c, r, epoch);
+            MPIML_GRID_LOOP(i, part) {
+                const long long idx = r * part + i;
+                if (idx < units) dst[idx] = mpiml_load_user<T, A>(in, idx, n);
+            }
+        }
+    }
+    if (mpiml_barrier(c, epoch, 0)) {
+        const MpimlPack<T>* mine = mpiml_packs<T>(c, me, epoch);
+        MPIML_GRID_LOOP(i, part) {
+            const long long idx = me * part + i;
+            if (idx < units) {
+                const MpimlPack<T> v = mpiml_ld(mine + idx);
+                for (int k = 1; k < nr; ++k) {
+                    const int r = (me + k) % nr;
+                    if (r != root) mpiml_packs<T>(c, r, epoch)[idx] = v;
+                }
+                if (me != root) mpiml_store_user<T, A>(out, idx, n, v);
+            }
+        }
+        if (mpiml_barrier(c, epoch, 1) && me != root) {
+            MPIML_GRID_LOOP(i, part) {
+                mpiml_copy_ranks<T>(
+                    nr, me,
+                    [&](int r) { return r * part + i < units ? mine + r * part + i : nullptr; },
+                    [&](int r, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out, r * part + i, n, v); });
+            }
+        }
+    }
+    mpiml_end(c, epoch);
+}
+
+// Allgather by pushing: every rank writes its n elements into every peer's buffer
+// at [me * units] (and straight into its own out), barrier, then copies the
+// peers' parts from its own memory into out[r * stride ...]. Stores only cross
+// the links. Pack i of every part is handled by the same (block, thread) on every
+// rank, so a block's barrier covers what it reads. The host keeps nranks * units
+// packs within one staging buffer.
+template <typename T, bool A>
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_allgather_push(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
+    const unsigned epoch = mpiml_begin(c);
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+    MPIML_GRID_LOOP(i, units) {
+        const MpimlPack<T> v = mpiml_load_user<T, A>(in, i, n);
+        for (int k = 1; k < nr; ++k) mpiml_packs<T>(c, (me + k) % nr, epoch)[me * units + i] = v;
+        mpiml_store_user<T, A>(out + me * stride, i, n, v);
+    }
+    if (mpiml_barrier(c, epoch, 0)) {
+        const MpimlPack<T>* mine = mpiml_packs<T>(c, me, epoch);
+        MPIML_GRID_LOOP(i, units) {
+            mpiml_copy_ranks<T>(
+                nr, me, [&](int r) { return mine + r * units + i; },
+                [&](int r, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out + r * stride, i, n, v); });
+        }
+    }
+    mpiml_end(c, epoch);
+}

@@ -1,0 +1,167 @@
+// Reductions to one rank or to parts: reduce, scan, reduce_scatter (argument
+// layout as in allreduce.cu; n counts elements).
+
+// Reduce: copy in, barrier, the root reduces every rank's packs in rank order.
+template <typename T, int OP, bool A>
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_reduce_oneshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    const unsigned epoch = mpiml_begin(c);
+    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+    MpimlPack<T>* mine = mpiml_packs<T>(c, (int)c->rank, epoch);
+    MPIML_GRID_LOOP(i, units) mine[i] = mpiml_load_user<T, A>(in, i, n);
+    if (mpiml_barrier(c, epoch, 0) && c->rank == root) {
+        MPIML_GRID_LOOP(i, units)
+            mpiml_store_user<T, A>(out, i, n, mpiml_reduce_packs<T, OP>(c, epoch, i, 0, (int)c->nranks));
+    }
+    mpiml_end(c, epoch);
+}
+
+// Scan (extra = 0) or exclusive scan (extra = 1): rank r reduces ranks 0..r (0..r-1).
+template <typename T, int OP, bool A>
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_scan_oneshot(const MpimlCtx* c, const T* in, T* out, long long n, long long exclusive) {
+    const unsigned epoch = mpiml_begin(c);
+    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+    MpimlPack<T>* mine = mpiml_packs<T>(c, (int)c->rank, epoch);
+    MPIML_GRID_LOOP(i, units) mine[i] = mpiml_load_user<T, A>(in, i, n);
+    const int upto = (int)c->rank + (exclusive ? 0 : 1);
+    if (mpiml_barrier(c, epoch, 0) && upto > 0) {
+        MPIML_GRID_LOOP(i, units) mpiml_store_user<T, A>(out, i, n, mpiml_reduce_packs<T, OP>(c, epoch, i, 0, upto));
+    }
+    mpiml_end(c, epoch);
+}
+
+// The largest part, in packs of 16 bytes: the distance between two sources'
+// copies of a part in a receiver's buffer (reduce-scatter below).
+template <typename T>
+__device__ __forceinline__ long long mpiml_part_stride(const long long* displs, int nr) {
+    constexpr int L = MpimlPack<T>::L;
+    long long m = 0;
+    for (int r = 0; r < nr; ++r) m = max(m, (displs[r + 1] - displs[r] + L - 1) / L);
+    return m;
+}
+
+// Reduce-scatter with parts given by displs (device array of nranks + 1 element
+// offsets), pushed: every rank writes part r of its input into rank r's buffer
+// at [me * stride], barrier, then rank r reduces the sources' copies of its part
+// from its own memory (local loads only) into out. Pack i of every part is
+// handled by the same (block, thread) on every rank (the grid is agreed), so a
+// block's barrier covers what it reads. A: in and out 16-byte aligned and every
+// part starts on a 16-byte boundary. The host keeps nranks * stride packs
+// within one staging buffer.
+template <typename T, int OP, bool A>
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_reduce_scatter_oneshot(const MpimlCtx* c, const T* in, T* out, long long n, long long displs_ptr) {
+    constexpr int L = MpimlPack<T>::L;
+    const long long* displs = reinterpret_cast<const long long*>(displs_ptr);
+    const unsigned epoch = mpiml_begin(c);
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    const long long stride = mpiml_part_stride<T>(displs, nr);
+    for (int k = 1; k <= nr; ++k) {
+        const int r = (me + k) % nr;  // own part last: the peers' stores go out first
+        const long long d = displs[r], len = displs[r + 1] - d;
+        MpimlPack<T>* dst = mpiml_packs<T>(c, r, epoch) + me * stride;
+        MPIML_GRID_LOOP(i, (len + L - 1) / L) dst[i] = mpiml_load_user<T, A>(in + d, i, len);
+    }
+    if (mpiml_barrier(c, epoch, 0)) {
+        const long long len = displs[me + 1] - displs[me];
+        const MpimlPack<T>* src = mpiml_packs<T>(c, me, epoch);
+        MPIML_GRID_LOOP(i, (len + L - 1) / L)
+            mpiml_store_user<T, A>(out, i, len, mpiml_reduce_strided<T, OP>(src, stride, i, nr));
+    }
+    mpiml_end(c, epoch);
+}
+
+// LL reduce-scatter (no barrier): every rank pushes the lines of part r into
+// rank r's LL slot [me]; each reduces the lines of its own part, in rank order,
+// as their flags arrive. A: in and out 8-byte aligned and every part starts on an
+// 8-byte boundary. The host keeps every part within one LL slot's payload.
+template <typename T, int OP, bool A>
+__global__ void mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long displs_ptr) {
+    const long long* displs = reinterpret_cast<const long long*>(displs_ptr);
+    const unsigned epoch = mpiml_begin(c);
+    const unsigned flag = epoch + 1u;
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    for (int k = 1; k <= nr; ++k) {
+        const int r = (me + k) % nr;
+        const long long d = displs[r];
+        const long long nbytes = (displs[r + 1] - d) * (long long)sizeof(T);
+        uint4* dst = mpiml_ll_slot(c, r, epoch, me);
+        MPIML_GRID_LOOP(i, (nbytes + 7) / 8) mpiml_ll_store(dst + i, mpiml_ll_get<A>(in + d, i, nbytes), flag);
+    }
+    const long long nbytes = (displs[me + 1] - displs[me]) * (long long)sizeof(T);
+    bool ok = true;
+    MPIML_GRID_LOOP(i, (nbytes + 7) / 8) {
+        const uint2 v = mpiml_ll_reduce_line<T, OP>(c, epoch, flag, i, ok);
+        if (!ok) break;
+        mpiml_ll_put<A>(out, i, nbytes, v);
+    }
+    mpiml_end(c, epoch);
+}
+
+// LL reduce (see allreduce.cu's mpiml_allreduce_ll): every rank pushes its lines
+// into the root's slot [me]; the root reduces them in rank order.
+template <typename T, int OP, bool A>
+__global__ void mpiml_reduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    const long long nbytes = n * (long long)sizeof(T);
+    const long long lines = (nbytes + 7) / 8;
+    const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint2 v0 = i0 < lines ? mpiml_ll_get<A>(in, i0, nbytes) : make_uint2(0u, 0u);
+    const unsigned epoch = mpiml_begin(c);
+    const unsigned flag = epoch + 1u;
+    const int me = (int)c->rank;
+    MPIML_GRID_LOOP(i, lines)
+        mpiml_ll_store(mpiml_ll_slot(c, (int)root, epoch, me) + i, i == i0 ? v0 : mpiml_ll_get<A>(in, i, nbytes), flag);
+    if (me == root) {
+        bool ok = true;
+        MPIML_GRID_LOOP(i, lines) {
+            const uint2 v = mpiml_ll_reduce_line<T, OP>(c, epoch, flag, i, ok);
+            if (!ok) break;
+            mpiml_ll_put<A>(out, i, nbytes, v);
+        }
+    }
+    mpiml_end(c, epoch);
+}
+
+// Two-shot reduce (reduce-scatter + gather, both pushed): as the two-shot
+// allreduce (allreduce.cu), but the reduced parts go to the root alone, at
+// nranks * part + [r * part] of its buffer, and only the root writes out. The
+// host keeps 2 * nranks * part packs within one staging buffer.
+template <typename T, int OP, bool A>
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_reduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    const unsigned epoch = mpiml_begin(c);
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+    const long long part = (units + nr - 1) / nr;
+    for (int k = 1; k <= nr; ++k) {
+        const int r = (me + k) % nr;  // own part last
+        MpimlPack<T>* dst = mpiml_packs<T>(c, r, epoch) + me * part;
+        MPIML_GRID_LOOP(i, part) {
+            const long long idx = r * part + i;
+            if (idx < units) dst[i] = mpiml_load_user<T, A>(in, idx, n);
+        }
+    }
+    if (mpiml_barrier(c, epoch, 0)) {
+        const MpimlPack<T>* mine = mpiml_packs<T>(c, me, epoch);
+        MpimlPack<T>* at_root = mpiml_packs<T>(c, (int)root, epoch) + nr * part;
+        MPIML_GRID_LOOP(i, part) {
+            const long long idx = me * part + i;
+            if (idx < units) {
+                const MpimlPack<T> v = mpiml_reduce_strided<T, OP>(mine, part, i, nr);
+                if (me == root) mpiml_store_user<T, A>(out, idx, n, v);
+                else at_root[idx] = v;
+            }
+        }
+        if (mpiml_barrier(c, epoch, 1) && me == root) {
+            const MpimlPack<T>* reduced = mine + nr * part;
+            MPIML_GRID_LOOP(i, part) {
+                mpiml_copy_ranks<T>(
+                    nr, me,
+                    [&](int r) { return r * part + i < units ? reduced + r * part + i : nullptr; },
+                    [&](int r, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out, r * part + i, n, v); });
+            }
+        }
+    }
+    mpiml_end(c, epoch);
+}

@@ -1,0 +1,440 @@
+// One-pass reductions of the linear models (mpiml.linear_model): each kernel reads X once.
+//
+// mpiml_linear_gram<T, W>: partial augmented Gram matrices.  Row i of the virtual matrix Z is
+// [x_i (d values), y_i (t values), 1], padded with zeros to kp = 4 * nt columns; the kernel sums
+// (w_i) z_i z_iᵀ over the rows, so one k x k matrix (k = d + t + 1) holds XᵀWX, XᵀWY, YᵀWY, the
+// weighted column sums of X and Y and the weight total.  Every product of two float32 values is
+// exact in double and every sum is a double: the result is the float64 Gram of the data, whatever
+// T is.  A block owns a contiguous range of rows, staged STAGE rows at a time in shared memory
+// (converted to double once); thread j < ntiles owns the 4 x 4 tile (a, b), a <= b, of the upper
+// triangle of tiles, in registers.  Block g writes its tiles to partial[g * kp * kp ...]; entries
+// of tiles below the diagonal are not written (the caller reads the upper triangle).
+//
+// mpiml_linear_logistic<T, MODE, CPL>: one pass of the binary logistic objective.  A warp takes R
+// rows at a time (R = 16, 8, 4 for CPL <= 2, 4, 8; lane l holds columns l, l + 32, ... : CPL of
+// them), forms the margins m = x·coef + b by one transposing butterfly of shuffles, then, one lane
+// group per row,
+//   MODE 0:  loss += sw·(softplus(m) - y m),  g = sw·(expit(m) - y),  grad += g x,  gsum += g;
+//   MODE 1:  u = x·vec + vb,  q = sw·p(1 - p)·u  (p = expit(m)),  grad += q x,  gsum += q
+// (the Hessian-vector product at coef).  Block g writes [loss, gsum, grad (d)] to
+// partial[g * (d + 2) ...].
+//
+// mpiml_linear_sum_blocks: out[j] = Σ_g partial[g * m + j] in block order (deterministic).
+
+#define MPIML_LINEAR_STAGE 32
+#define MPIML_LINEAR_LOGISTIC_THREADS 256
+
+template <typename T, bool W>
+__global__ void __launch_bounds__(512)
+mpiml_linear_gram(const T* __restrict__ X, const long long n, const int d, const T* __restrict__ Y, const int t,
+                  const T* __restrict__ w, const long long rows_per_block, const int kp, const int ntiles,
+                  double* __restrict__ partial) {
+    extern __shared__ double zs[];                  // MPIML_LINEAR_STAGE x kp, then MPIML_LINEAR_STAGE weights
+    double* ws = zs + MPIML_LINEAR_STAGE * kp;
+    const int tid = threadIdx.x;
+    const int nt = kp / 4;
+    const int extra = kp - d;                       // y columns, the ones column, the padding
+    const bool active = tid < ntiles;
+    // e / d for e < STAGE * kp (< 2^12) by a float product: (e + 1/2) / d lies at least 1/(2d) >= 1/256 from
+    // an integer, far beyond the float rounding of the product (about 2^12 * 2^-24), so truncation is exact
+    // and the staging loops need no integer division
+    const float inv_d = 1.0f / (float)d;
+    const float inv_extra = 1.0f / (float)extra;
+    int a = 0, b = 0;
+    if (active) {                                   // tid -> (a, b): row a of the tile triangle holds nt - a tiles
+        int rem = tid;
+        while (rem >= nt - a) {
+            rem -= nt - a;
+            ++a;
+        }
+        b = a + rem;
+    }
+    double acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0;
+
+    const long long r0 = (long long)blockIdx.x * rows_per_block;
+    const long long r1 = min(n, r0 + rows_per_block);
+    for (long long s = r0; s < r1; s += MPIML_LINEAR_STAGE) {
+        const int m = (int)min((long long)MPIML_LINEAR_STAGE, r1 - s);
+        __syncthreads();                            // the previous stage is consumed
+        const T* xs = X + s * d;                    // m * d contiguous values
+        for (int e = tid; e < MPIML_LINEAR_STAGE * d; e += blockDim.x) {
+            const int r = (int)(((float)e + 0.5f) * inv_d);   // e / d: exact, see the note at inv_d
+            zs[r * kp + (e - r * d)] = (r < m) ? (double)xs[e] : 0.0;
+        }
+        for (int e = tid; e < MPIML_LINEAR_STAGE * extra; e += blockDim.x) {
+            const int r = (int)(((float)e + 0.5f) * inv_extra);
+            const int c = e - r * extra;            // column d + c of Z
+            double v = 0.0;
+            if (r < m) {
+                if (c < t) v = (double)Y[(s + r) * t + c];
+                else if (c == t) v = 1.0;
+            }
+            zs[r * kp + d + c] = v;
+        }
+        if (W) {
+            for (int e = tid; e < MPIML_LINEAR_STAGE; e += blockDim.x) ws[e] = (e < m) ? (double)w[s + e] : 0.0;
+        }
+        __syncthreads();
+        if (active) {
+            for (int r = 0; r < m; ++r) {
+                const double2* za2 = reinterpret_cast<const double2*>(zs + r * kp + 4 * a);
+                const double2* zb2 = reinterpret_cast<const double2*>(zs + r * kp + 4 * b);
+                const double2 p0 = za2[0], p1 = za2[1], q0 = zb2[0], q1 = zb2[1];
+                double za[4] = {p0.x, p0.y, p1.x, p1.y};
+                const double zb[4] = {q0.x, q0.y, q1.x, q1.y};
+                if (W) {
+                    const double wr = ws[r];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) za[i] *= wr;
+                }
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) acc[i][j] = fma(za[i], zb[j], acc[i][j]);
+            }
+        }
+    }
+    if (active) {
+        double* out = partial + (long long)blockIdx.x * kp * kp;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) out[(4 * a + i) * kp + 4 * b + j] = acc[i][j];
+    }
+}
+
+// mpiml_linear_gram_mma<T, W, NT>: the same partial Gram matrices on the float64 tensor cores
+// (DMMA, mma.m8n8k4 .f64, sm_80 and later), for the same exact products and float64 sums.  Columns
+// are padded to kp = 8 * nt (multiple of 8); the upper triangle of 8 x 8 tiles (I <= J) is shared
+// among (nt + 1) / 2 warps, warp w taking tile rows w and nt - 1 - w: nt + 1 tiles each (one row for
+// the middle warp when nt is odd), so the warps are balanced.  Per k-step of 4 staged rows a warp
+// loads one B fragment per tile (one double per lane; its rows' A fragments are among them) and
+// issues one DMMA per tile, all indices constant (a code path per warp, mpiml_linear_gram_stage).  Staged rows have a stride of kp + 4 doubles, so the 4 rows x 8 columns a
+// half-warp reads fall in 16 distinct 8-byte banks.  Fragments (g = lane / 4, t = lane % 4): A a0 =
+// Zᵀ(8I + g, row t) = Z(row t, 8I + g), B b0 = Z(row t, 8J + g), C (8I + g, 8J + 2t + {0, 1}).  While
+// the tensor cores work on one stage, the next one's rows are in flight into registers.  Block b
+// writes the tiles it owns to partial[b * kp * kp ...] (the lower triangle is not written).
+#define MPIML_LINEAR_MMA_STAGE 32
+
+__device__ __forceinline__ void mpiml_linear_dmma(double (&c)[2], const double a, const double b) {
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+                 : "+d"(c[0]), "+d"(c[1])
+                 : "d"(a), "d"(b));
+}
+
+// One staged block of rows on the tensor cores for warp WID of mpiml_linear_gram_mma<.., NT>: its tile
+// rows, their split and its tile count are constants, so the k-step is NTILES fragment loads and NTILES
+// DMMAs with nothing in between (the A fragment of row I0 is the B fragment of column I0, that of row
+// I1 the one of column I1 = j - 1 at j = SPLIT).
+template <bool W, int NT, int WID>
+__device__ __forceinline__ void mpiml_linear_gram_stage(double (&acc)[NT + 1][2], const double* zs, const double* ws,
+                                                        const int ld, const int g, const int tq) {
+    constexpr int I0 = WID, I1 = NT - 1 - WID, SPLIT = NT - WID;
+    constexpr int NTILES = I0 < I1 ? NT + 1 : SPLIT;
+#pragma unroll 2
+    for (int k4 = 0; k4 < MPIML_LINEAR_MMA_STAGE; k4 += 4) {
+        const double* zr = zs + (k4 + tq) * ld + g;
+        double b[NTILES];
+#pragma unroll
+        for (int j = 0; j < NTILES; ++j) b[j] = zr[8 * (j < SPLIT ? I0 + j : j - 1)];
+        double a0 = b[0];
+        double a1 = b[NTILES > SPLIT ? SPLIT : 0];
+        if (W) {
+            const double wr = ws[k4 + tq];
+            a0 *= wr;
+            a1 *= wr;
+        }
+#pragma unroll
+        for (int j = 0; j < NTILES; ++j) mpiml_linear_dmma(acc[j], j < SPLIT ? a0 : a1, b[j]);
+    }
+}
+
+template <bool W, int NT, int WID>
+__device__ __forceinline__ void mpiml_linear_gram_warp(const int warp, double (&acc)[NT + 1][2], const double* zs,
+                                                       const double* ws, const int ld, const int g, const int tq) {
+    if (warp == WID) mpiml_linear_gram_stage<W, NT, WID>(acc, zs, ws, ld, g, tq);
+    else if constexpr (WID + 1 < (NT + 1) / 2) mpiml_linear_gram_warp<W, NT, WID + 1>(warp, acc, zs, ws, ld, g, tq);
+}
+
+template <typename T, bool W, int NT>          // nt = NT = kp / 8 (1 .. 16: k <= 128)
+__global__ void __launch_bounds__(256, 2)
+mpiml_linear_gram_mma(const T* __restrict__ X, const long long n, const int d, const T* __restrict__ Y, const int t,
+                      const T* __restrict__ w, const long long rows_per_block, const int kp,
+                      double* __restrict__ partial) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) double zs[];    // MPIML_LINEAR_MMA_STAGE x (kp + 4), then the stage's weights
+    const int ld = kp + 4;
+    double* ws = zs + MPIML_LINEAR_MMA_STAGE * ld;
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int g = lane >> 2, tq = lane & 3;
+    constexpr int nt = NT;
+    const int I0 = warp, I1 = nt - 1 - warp;        // the warp's two tile rows (I0 <= I1; equal: one row)
+    const bool active = I0 <= I1;
+    const int extra = kp - d;
+    const float inv_d = 1.0f / (float)d;            // exact e / d by a float product, as in mpiml_linear_gram
+    // the warp's tiles in one array: acc[j] for j < nt - I0 is tile (I0, I0 + j), then tile (I1, j - 1)
+    // (row I1 = nt - 1 - I0 holds columns I1 .. nt - 1, which is j - 1 for j = nt - I0 .. nt)
+    const int split = nt - I0;
+    const int ntiles = I0 < I1 ? nt + 1 : split;
+    double acc[NT + 1][2];
+#pragma unroll
+    for (int j = 0; j <= NT; ++j) acc[j][0] = acc[j][1] = 0.0;
+
+    // X's rows of a stage are one contiguous run of STAGE * d values: when a row is a whole number of
+    // 16-byte units, the next stage is loaded as such units into registers while the tensor cores work
+    // on the current one (VPT units per thread cover a stage: threads >= 2 k >= 2 d, so STAGE * d * 4 / 16
+    // / threads <= 4 for float and <= 8 for double; checked, else the plain staging)
+    constexpr int VPT = sizeof(T) == 4 ? 4 : 8;
+    constexpr int EPU = 16 / sizeof(T);             // values per unit
+    const bool vec = (d % EPU) == 0 && MPIML_LINEAR_MMA_STAGE * d / EPU <= VPT * (int)blockDim.x;
+    uint4 buf[VPT];
+    const long long r0 = (long long)blockIdx.x * rows_per_block;
+    const long long r1 = min(n, r0 + rows_per_block);
+    // the stage's y values (STAGE * t of them, contiguous) and weights ride along, one per thread
+    const bool yreg = MPIML_LINEAR_MMA_STAGE * t <= (int)blockDim.x;
+    T ybuf = (T)0, wbuf = (T)0;
+    auto prefetch = [&](long long s) {
+        const int m = (int)min((long long)MPIML_LINEAR_MMA_STAGE, r1 - s);
+        if (vec) {
+            const int units = m * d / EPU;
+            const uint4* src = reinterpret_cast<const uint4*>(X + s * d);
+#pragma unroll
+            for (int u = 0; u < VPT; ++u) {
+                const int i = tid + u * blockDim.x;
+                if (i < units) buf[u] = src[i];
+            }
+        }
+        if (yreg && tid < m * t) ybuf = Y[s * t + tid];
+        if (W && tid < m) wbuf = w[s + tid];
+    };
+    {                                               // the ones column and the padding, the same for every stage
+        const int ones = extra - t;
+        for (int e = tid; e < MPIML_LINEAR_MMA_STAGE * ones; e += blockDim.x) {
+            const int r = e / ones;
+            const int c = e - r * ones;
+            zs[r * ld + d + t + c] = c == 0 ? 1.0 : 0.0;
+        }
+    }
+    if (r0 < r1) prefetch(r0);
+    for (long long s = r0; s < r1; s += MPIML_LINEAR_MMA_STAGE) {
+        const int m = (int)min((long long)MPIML_LINEAR_MMA_STAGE, r1 - s);
+        __syncthreads();                            // the previous stage is consumed
+        if (vec) {
+            const int units = m * d / EPU;
+            const int all = MPIML_LINEAR_MMA_STAGE * d / EPU;
+#pragma unroll
+            for (int u = 0; u < VPT; ++u) {
+                const int i = tid + u * blockDim.x;
+                if (i < all) {                      // a unit lies in one row (d % EPU == 0): 16-byte stores
+                    const T* v = reinterpret_cast<const T*>(&buf[u]);
+                    const int e = i * EPU;
+                    const int r = (int)(((float)e + 0.5f) * inv_d);
+                    double2* dst = reinterpret_cast<double2*>(zs + r * ld + (e - r * d));
+                    const bool ok = i < units;
+#pragma unroll
+                    for (int q = 0; q < EPU; q += 2)
+                        dst[q / 2] = ok ? make_double2((double)v[q], (double)v[q + 1]) : make_double2(0.0, 0.0);
+                }
+            }
+        } else {
+            const T* xs = X + s * d;
+            for (int e = tid; e < MPIML_LINEAR_MMA_STAGE * d; e += blockDim.x) {
+                const int r = (int)(((float)e + 0.5f) * inv_d);
+                zs[r * ld + (e - r * d)] = (r < m) ? (double)xs[e] : 0.0;
+            }
+        }
+        if (yreg) {
+            if (tid < MPIML_LINEAR_MMA_STAGE * t) {
+                const int r = tid / t;
+                zs[r * ld + d + (tid - r * t)] = (r < m) ? (double)ybuf : 0.0;
+            }
+        } else {
+            for (int e = tid; e < MPIML_LINEAR_MMA_STAGE * t; e += blockDim.x) {
+                const int r = e / t;
+                zs[r * ld + d + (e - r * t)] = (r < m) ? (double)Y[s * t + e] : 0.0;
+            }
+        }
+        if (m < MPIML_LINEAR_MMA_STAGE) {           // the block's last stage, partial: its empty rows count no one
+            for (int r = m + tid; r < MPIML_LINEAR_MMA_STAGE; r += blockDim.x) zs[r * ld + d + t] = 0.0;
+        }
+        if (W && tid < MPIML_LINEAR_MMA_STAGE) ws[tid] = (tid < m) ? (double)wbuf : 0.0;
+        __syncthreads();
+        if (s + MPIML_LINEAR_MMA_STAGE < r1) prefetch(s + MPIML_LINEAR_MMA_STAGE);   // in flight meanwhile
+        if (active) mpiml_linear_gram_warp<W, NT, 0>(warp, acc, zs, ws, ld, g, tq);
+    }
+    if (active) {
+        double* out = partial + (long long)blockIdx.x * kp * kp;
+#pragma unroll
+        for (int j = 0; j <= NT; ++j) {
+            if (j < ntiles) {
+                const int I = j < split ? I0 : I1;
+                const int J = j < split ? I0 + j : j - 1;
+                out[(8 * I + g) * kp + 8 * J + 2 * tq] = acc[j][0];
+                out[(8 * I + g) * kp + 8 * J + 2 * tq + 1] = acc[j][1];
+            }
+        }
+    }
+#endif
+}
+
+__device__ __forceinline__ double mpiml_linear_warp_sum(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double mpiml_linear_softplus(double m) {   // log(1 + exp(m)), overflow-safe
+    return m > 0.0 ? m + log1p(exp(-m)) : log1p(exp(m));
+}
+
+__device__ __forceinline__ double mpiml_linear_expit(double m) {
+    if (m >= 0.0) return 1.0 / (1.0 + exp(-m));
+    const double e = exp(m);
+    return e / (1.0 + e);
+}
+
+// One level of the transposing butterfly of mpiml_linear_logistic: CNT partial sums per lane become
+// CNT / 2 (lanes with bit O set keep the upper half), down to one, then plain sums over the lanes left.
+// Recursion on compile-time CNT and O keeps every index constant, so the arrays stay in registers.
+template <int CNT, int O, bool TWO>
+__device__ __forceinline__ void mpiml_linear_butterfly(double* v, double* u, const int lane) {
+    if constexpr (CNT > 1) {
+        constexpr int H = CNT / 2;
+        const bool upper = (lane & O) != 0;
+#pragma unroll
+        for (int j = 0; j < H; ++j) {
+            const double rv = __shfl_xor_sync(0xffffffffu, upper ? v[j] : v[j + H], O);
+            v[j] = (upper ? v[j + H] : v[j]) + rv;
+            if (TWO) {
+                const double ru = __shfl_xor_sync(0xffffffffu, upper ? u[j] : u[j + H], O);
+                u[j] = (upper ? u[j + H] : u[j]) + ru;
+            }
+        }
+    } else {
+        v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
+        if (TWO) u[0] += __shfl_xor_sync(0xffffffffu, u[0], O);
+    }
+    if constexpr (O > 1) mpiml_linear_butterfly<(CNT > 1 ? CNT / 2 : 1), O / 2, TWO>(v, u, lane);
+}
+
+// Rows per warp batch of mpiml_linear_logistic: a lane holds CPL columns of each of them in registers.
+template <int CPL> struct mpiml_linear_rows { static constexpr int R = CPL <= 2 ? 16 : (CPL == 4 ? 8 : 4); };
+
+template <typename T, int MODE, int CPL>
+__global__ void __launch_bounds__(MPIML_LINEAR_LOGISTIC_THREADS)
+mpiml_linear_logistic(const T* __restrict__ X, const long long n, const int d, const T* __restrict__ y01,
+                      const T* __restrict__ sw, const double* __restrict__ coef, const double bias,
+                      const double* __restrict__ vec, const double vbias, double* __restrict__ partial) {
+    // A warp takes R rows at a time: lane l loads columns l, l + 32, ... of each (R * CPL independent
+    // coalesced loads in flight), forms its R partial dot products, and one transposing butterfly
+    // (R - 1 + 5 - log2 R shuffles instead of 5 R) leaves the margin of row (l >> (5 - log2 R)) on lane l.
+    // The per-row scalar work (expit, softplus: float64 transcendentals) then runs once per row across
+    // the lanes instead of once per row on the whole warp; the row's coefficient comes back to every
+    // lane by one shuffle per row for the gradient sum.
+    constexpr int R = mpiml_linear_rows<CPL>::R;
+    constexpr int P = R == 16 ? 4 : (R == 8 ? 3 : 2);   // log2 R
+    constexpr int SH = 5 - P;                           // lanes 2^SH share a row after the butterfly
+    __shared__ double red[MPIML_LINEAR_LOGISTIC_THREADS / 32][2];
+    extern __shared__ double gsh[];                 // (threads / 32) x d
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int warps = blockDim.x >> 5;
+    const int own = (lane >> SH) & (R - 1);         // the row of the batch whose margin this lane ends with
+    const bool lead = (lane & ((1 << SH) - 1)) == 0;
+    double cw[CPL], cv[CPL], g[CPL];
+#pragma unroll
+    for (int q = 0; q < CPL; ++q) {
+        const int c = lane + 32 * q;
+        cw[q] = c < d ? coef[c] : 0.0;
+        cv[q] = (MODE == 1 && c < d) ? vec[c] : 0.0;
+        g[q] = 0.0;
+    }
+    double loss = 0.0, gsum = 0.0;
+    const long long nbatch = (n + R - 1) / R;
+    const long long stride = (long long)gridDim.x * warps;
+    for (long long bi = (long long)blockIdx.x * warps + warp; bi < nbatch; bi += stride) {
+        const long long i0 = bi * R;
+        T x[R][CPL];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const bool ok = i0 + r < n;
+            const T* row = X + (i0 + r) * d;
+#pragma unroll
+            for (int q = 0; q < CPL; ++q) {
+                const int c = lane + 32 * q;
+                x[r][q] = (ok && c < d) ? row[c] : (T)0;
+            }
+        }
+        double v[R], u[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            double dot = 0.0, dotv = 0.0;
+#pragma unroll
+            for (int q = 0; q < CPL; ++q) {
+                dot = fma((double)x[r][q], cw[q], dot);
+                if (MODE == 1) dotv = fma((double)x[r][q], cv[q], dotv);
+            }
+            v[r] = dot;
+            u[r] = dotv;
+        }
+        mpiml_linear_butterfly<R, 16, MODE == 1>(v, u, lane);   // lane l: the margin of row `own`
+        const long long i = i0 + own;
+        double coeff = 0.0;
+        if (i < n) {
+            const double m = v[0] + bias;
+            const double wi = (double)sw[i];
+            if (MODE == 0) {
+                const double yi = (double)y01[i];
+                coeff = wi * (mpiml_linear_expit(m) - yi);
+                if (lead) loss += wi * (mpiml_linear_softplus(m) - yi * m);
+            } else {
+                const double p = mpiml_linear_expit(m);
+                coeff = wi * p * (1.0 - p) * (u[0] + vbias);
+            }
+        }
+        if (lead) gsum += coeff;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const double cr = __shfl_sync(0xffffffffu, coeff, r << SH);
+#pragma unroll
+            for (int q = 0; q < CPL; ++q) g[q] = fma(cr, (double)x[r][q], g[q]);
+        }
+    }
+    // the warp's loss and gsum sit on its lead lanes: sum them to lane 0
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        loss += __shfl_xor_sync(0xffffffffu, loss, o);
+        gsum += __shfl_xor_sync(0xffffffffu, gsum, o);
+    }
+#pragma unroll
+    for (int q = 0; q < CPL; ++q) {
+        const int c = lane + 32 * q;
+        if (c < d) gsh[warp * d + c] = g[q];
+    }
+    if (lane == 0) {
+        red[warp][0] = loss;
+        red[warp][1] = gsum;
+    }
+    __syncthreads();
+    double* out = partial + (long long)blockIdx.x * (d + 2);
+    for (int j = threadIdx.x; j < d + 2; j += blockDim.x) {
+        double s = 0.0;
+        for (int v = 0; v < warps; ++v) s += j < 2 ? red[v][j] : gsh[v * d + (j - 2)];
+        out[j] = s;
+    }
+}
+
+__global__ void mpiml_linear_sum_blocks(const double* __restrict__ partial, const int nblocks, const long long m,
+                                        double* __restrict__ out) {
+    for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < m; j += (long long)gridDim.x * blockDim.x) {
+        double s = 0.0;
+        for (int g = 0; g < nblocks; ++g) s += partial[(long long)g * m + j];
+        out[j] = s;
+    }
+}
