@@ -206,3 +206,11 @@ def test_thread_count_is_the_rank_limit():
     want = numba_threads() or numba.get_num_threads()
     assert ck.thread_count() == want
     assert numba.get_num_threads() == want
+
+def test_node_chunks_cover_every_node_once_by_work():
+    # the fused search's chunks: contiguous, every node once, the big nodes spread over several chunks
+    lens = np.array([5000, 1, 2, 3] * 50 + [4000] * 3, dtype=np.int64)
+    bounds = ck._chunks_of_equal_work(lens, 256, len(lens))
+    assert bounds[0] == 0 and bounds[-1] == len(lens) and np.all(np.diff(bounds) > 0)
+    big = np.nonzero(lens >= 4000)[0]
+    assert len(np.unique(np.searchsorted(bounds, big, side="right"))) == len(big)
