@@ -331,6 +331,9 @@ def test_sendrecv(comm):
         got = comm.isendrecv(x, right, left, tag=7).wait()
         want = (np.arange(5 * (left + 1) + step) + left).astype(np.float64 if left % 2 else np.int32).reshape(-1, 1)
         assert_close(got, want, f"isendrecv step {step}", exact=True)
+    big = np.full(1 << 20, r, dtype=np.float64)  # 8 MB: a rendezvous send completes only once the receive is posted
+    got = comm.isendrecv(big, right, left, tag=8).wait()
+    check(got.shape == big.shape and bool(np.all(got == left)), f"isendrecv of 8 MB from rank {left}")
     try:
         comm.isendrecv(np.ones(2), p, left)
         check(False, "isendrecv to a rank outside the communicator did not raise")

@@ -208,7 +208,8 @@ class PointToPoint:
             sreq, rreq = self.isend(x, dest, tag), self.irecv(source, tag)
 
             def test():
-                return sreq.test() and rreq.test()
+                received = rreq.test()  # always driven: it posts the payload receive that our peer's send needs
+                return sreq.test() and received
 
             return Request(test, op="sendrecv", peer=source, result=lambda: rreq._value())
         return self._device_sendrecv(nccl_t, x, dest, source, tag)
