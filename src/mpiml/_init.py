@@ -50,7 +50,7 @@ def init(device="auto", *, warm=None):
     warm : list of str, str or False, default=None
         On a GPU, the workloads whose CuPy kernels are compiled ahead, in the background
         (:mod:`mpiml.kernels._cupy_warm`; tags such as ``"kmeans"``, ``"pca"``): None
-        follows ``MPIML_CUPY_WARM`` (default: every estimator's), False compiles none.
+        follows ``MPIML_CUPY_WARM`` (unset: none; ``1``: every estimator's), False compiles none.
 
     Returns
     -------
@@ -114,7 +114,15 @@ def init(device="auto", *, warm=None):
 
 
 def _start_cupy_warm(dev, local, warm):
-    """CuPy's kernels that the fits use, compiled ahead on this node (never fails ``init``)."""
+    """CuPy's kernels that the fits use, compiled ahead on this node (never fails ``init``).
+
+    Off unless asked for (``warm`` given, or ``MPIML_CUPY_WARM`` set): on 4 x H100 a background
+    compile of every estimator's kernels made the cold first fit of LinearRegression 4.6 s and of
+    LogisticRegression 13.7 s instead of 0.5 s and 8.2 s (its threads compete with the fit's own
+    compiles, benchmarks/results/firstfit_4xh100.json); ``mpiml run`` asks for its one workload.
+    """
+    if warm is None and not os.environ.get("MPIML_CUPY_WARM", "").strip():
+        return
     from .kernels import _cupy_warm
     from .utils._threads import thread_info
 

@@ -575,3 +575,21 @@ def test_every_mpiml_run_names_a_recorded_workload():
     assert {f"run-{a}" for a in JOBS} | {"run-kmeans"} <= recorded
     # the estimators' own tags are those of mpiml run's algorithms (MPIML_CUPY_WARM=kmeans,pca names them)
     assert {w for w in _cupy_record.WORKLOADS if not w.startswith("run-")} - {"data"} <= set(JOBS) | {"kmeans"}
+
+
+@pytest.mark.parametrize("env,warm,started", [(None, None, False), ("1", None, True), ("0", None, True),
+                                              (None, ["run-kmeans"], True), (None, False, True)])
+def test_init_starts_the_warm_up_only_when_asked(monkeypatch, env, warm, started):
+    # a background compile of every workload slowed cold first fits on 4 x H100: off unless asked for
+    # (env "0" and warm=False still reach start(), which records why it skips)
+    from mpiml import _init
+    from mpiml.kernels import _cupy_warm as cw
+
+    calls = []
+    monkeypatch.setattr(cw, "start", lambda *a, **k: calls.append(k))
+    if env is None:
+        monkeypatch.delenv("MPIML_CUPY_WARM", raising=False)
+    else:
+        monkeypatch.setenv("MPIML_CUPY_WARM", env)
+    _init._start_cupy_warm(0, 0, warm)
+    assert bool(calls) is started

@@ -24,8 +24,10 @@ its module at each call.  So:
   for where another thread or rank is compiling it) and moves that workload's other entries to the
   front of the queue.  A manifest recorded with another CuPy version or CUDA major is not used.
 
-``MPIML_CUPY_WARM``: ``0`` turns it off; ``wait`` makes :func:`mpiml.init` return only once the kernels
-are compiled; a comma-separated list of tags (``kmeans,pca``) compiles only those workloads' kernels.
+``MPIML_CUPY_WARM``: unset, :func:`mpiml.init` starts no warm-up (``mpiml run`` warms its own workload,
+``mpiml warmup`` compiles everything ahead); ``1`` starts it for every workload; ``0`` turns it off
+everywhere; ``wait`` makes :func:`mpiml.init` return only once the kernels are compiled; a comma-separated
+list of tags (``kmeans,pca``) compiles only those workloads' kernels.
 ``MPIML_CUPY_WARM_JOBS``: threads per rank (default: this rank's share of the node's cores, at most 16).
 Nothing here ever fails a fit: a warm-up that fails says why once (logger ``mpiml.kernels``) and stops.
 """
