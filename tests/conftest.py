@@ -22,7 +22,9 @@ TESTS = os.path.join(ROOT, "tests")
 
 
 def _mpiexec():
-    exe = os.environ.get("MPIML_TEST_MPIEXEC") or shutil.which("mpiexec") or shutil.which("mpirun")
+    here = os.path.dirname(sys.executable)   # a virtual environment used without activating it
+    exe = (os.environ.get("MPIML_TEST_MPIEXEC") or shutil.which("mpiexec") or shutil.which("mpirun")
+           or shutil.which("mpiexec", path=here) or shutil.which("mpirun", path=here))
     return exe
 
 

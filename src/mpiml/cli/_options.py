@@ -59,11 +59,14 @@ def parser(prog, description):
 def mpiexec_command(n, argv):
     """``[mpiexec, -n, N, (Open MPI flags), python, -m, mpiml, run, *argv]``.
 
-    ``MPIML_MPIEXEC`` overrides the launcher found on PATH.  Open MPI (detected
+    ``MPIML_MPIEXEC`` overrides the launcher found on PATH (or, when PATH has none, beside this
+    Python: a virtual environment's ``pip install mpich`` used without activating it).  Open MPI (detected
     from ``mpiexec --version``) gets ``--bind-to none --oversubscribe`` and, as
     root, ``--allow-run-as-root``.
     """
-    exe = os.environ.get("MPIML_MPIEXEC") or shutil.which("mpiexec") or shutil.which("mpirun")
+    here = os.path.dirname(sys.executable)
+    exe = (os.environ.get("MPIML_MPIEXEC") or shutil.which("mpiexec") or shutil.which("mpirun")
+           or shutil.which("mpiexec", path=here) or shutil.which("mpirun", path=here))
     if exe is None:
         raise FileNotFoundError("no mpiexec on PATH (pip install mpich, or set MPIML_MPIEXEC)")
     cmd = [exe, "-n", str(n)]
