@@ -27,6 +27,9 @@
 #   wave3     the linear models at 1 and all GPUs, the new collectives (correctness, then vs raw NCCL), the CuPy
 #             kernels' manifest and the first fit, the k-NN ring vs local
 #   wave3_one one GPU: the families' GPU tests, the new scikit-learn parameters on CuPy, the CuPy warm-up test
+#   wave4     still to measure: k-NN d = 960, the forest regressor on 1 and all GPUs, the first fit with init
+#             waiting (cold_wait), CPU ranks 1 -> 8 on the host's cores
+#   soak      five minutes of random checked collectives on every GPU (BUDGET=400)
 #
 # Environment (one preamble for every part): NVLink multicast off (DEVICE.md: NCCL_NVLS_ENABLE=0,
 # TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1), Open MPI allowed to run as root with
@@ -313,10 +316,29 @@ part_wave3() {   # all GPUs: the linear models at 1 and all GPUs, the new collec
         --part scaling --ranks "$RANKS" --repeats 2 --out "$RES" --tag "scaling_$MACHINE"
 }
 
+part_wave4() {   # what the wave still has to measure: k-NN at d = 960, the forest regressor on 1 and all GPUs,
+                 # the first fit with init waiting for its CuPy kernels, CPU ranks 1 -> 8 on the host's cores
+    step "k-NN d = 960 against the PyTorch user (1 GPU)" 150 python3 -m mpiml bench ml --algo knn --device gpu \
+        --part peers --cases 960:float32:10 --ranks 1 --out "$RES" --tag "d960_$MACHINE"
+    step "RandomForestRegressor 100 trees depth 12 (GPUs 1,$R)" 150 python3 -m mpiml bench ml --algo rf --device gpu \
+        --ranks "1,$R" --estimators regressor --out "$RES/rf_regressor_ranks_$MACHINE.json"
+    step "first fit, mpiml.init waiting for the fit's CuPy kernels (cold_wait)" 200 python3 benchmarks/gpu/first_fit.py \
+        --out "$RES/firstfit_wait_$MACHINE.json" --states cold_wait --np "$R"
+    step "CPU ranks 1 -> 8 of cores/8 threads: KMeans, forest, k-NN vs scikit-learn(-intelex)" 300 env -u OMP_NUM_THREADS \
+        python3 -m mpiml bench ml --device cpu --estimators kmeans,rf,knn --ranks 1,8 \
+        --threads-per-rank "$(( $(nproc) / 8 ))" --rows 2e6 --features 32 --k 16 --iters 20 --rf-rows 2e5 --trees 32 \
+        --max-depth 0 --knn-rows 2e5 --queries 20000 --neighbors 10 --repeat 2 --out "$RES" --tag "64core_$MACHINE"
+}
+
+part_soak() {   # five minutes of random collectives on every GPU, every result checked, memory sampled
+    step "soak: random ops, 4 B-64 MiB, dtypes, eager and graphs ($R ranks, 300 s)" 340 $MPIRUN -n "$R" python3 \
+        benchmarks/gpu/soak.py --seconds 300 --out "$RES/soak_$MACHINE.json" --plot "$RES/soak_$MACHINE.png"
+}
+
 # ---------------------------------------------------------------------- run
 for PART in "$@"; do
     if ! declare -F "part_$PART" >/dev/null; then
-        echo "scripts/device_pass.sh: unknown part '$PART' (tests tests2 tests3 wave3 wave3_one comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds wave wave2)"
+        echo "scripts/device_pass.sh: unknown part '$PART' (tests tests2 tests3 wave3 wave3_one wave4 soak comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds wave wave2)"
         exit 2
     fi
     LOG="$OUT/device_pass_$PART.log"
