@@ -62,6 +62,15 @@ def _sm_count():
     return _SMS[dev]
 
 
+def _wave(fn, threads, smem=None, regs_unknown=128):
+    """Blocks of ``fn`` resident on the whole GPU at once (threads, registers and, if given, shared memory per SM)."""
+    regs = max(32, int(getattr(fn, "num_regs", regs_unknown) or regs_unknown))
+    per_sm = min(2048 // threads, 65536 // (regs * threads))
+    if smem is not None:
+        per_sm = min(per_sm, (200 << 10) // smem)
+    return _sm_count() * max(1, per_sm)
+
+
 def _sum_blocks(partial, nblocks, m):
     import cupy
 
@@ -119,9 +128,7 @@ def augmented_gram(X, Y, w=None):
         stage = _STAGE
         args = (np.int32(ntiles),)
     # one wave of blocks: as many as fit on every SM at once (threads, registers, shared memory)
-    regs = max(32, int(getattr(fn, "num_regs", 128) or 128))
-    per_sm = max(1, min(2048 // threads, 65536 // (regs * threads), (200 << 10) // smem))
-    nblocks = int(max(1, min((n + stage - 1) // stage, _sm_count() * per_sm)))
+    nblocks = int(max(1, min((n + stage - 1) // stage, _wave(fn, threads, smem))))
     rows_per_block = ((n + nblocks - 1) // nblocks + stage - 1) // stage * stage
     rows_per_block = max(rows_per_block, stage)
     nblocks = int(max(1, (n + rows_per_block - 1) // rows_per_block))
@@ -161,9 +168,7 @@ def logistic_pass(X, y01, sw, coef, bias, vec=None, vbias=0.0):
     ctype = _TYPES[np.dtype(X.dtype)]
     fn = _function(f"mpiml_linear_logistic<{ctype}, {mode}, {cpl}>")
     # one wave: as many blocks as are resident on every SM at once (the warps stride over the row batches)
-    regs = max(32, int(getattr(fn, "num_regs", 64) or 64))
-    per_sm = max(1, min(2048 // _LOGISTIC_THREADS, 65536 // (regs * _LOGISTIC_THREADS)))
-    nblocks = int(max(1, min((n + warps * rows - 1) // (warps * rows), per_sm * _sm_count())))
+    nblocks = int(max(1, min((n + warps * rows - 1) // (warps * rows), _wave(fn, _LOGISTIC_THREADS, regs_unknown=64))))
     partial = cupy.empty(nblocks * (d + 2), dtype=cupy.float64)
     cw = cupy.asarray(np.ascontiguousarray(coef, dtype=np.float64))
     cv = cupy.asarray(np.ascontiguousarray(vec, dtype=np.float64)) if mode else cw
