@@ -165,10 +165,11 @@ part_knn() {
 }
 
 spmd_fits() {  # spmd_fits ALGO...: mpiml.bench.ml_decomp at its defaults (mpiml, plain CuPy, scikit-learn, floor)
-    local algo n                            # on the same global data at 1, 2, 4 ranks
-    for algo in "$@"; do
-        for n in ${RANKS//,/ }; do
-            step "$algo at the defaults, $n rank(s) (plain CuPy, scikit-learn scaled, floor)" 120 $MPIRUN -n "$n" \
+    local algo n                            # on the same global data at FIT_RANKS (default 1, 2, 4) ranks,
+    for algo in "$@"; do                    # FIT_SECS (default 120) each
+        for n in ${FIT_RANKS:-${RANKS//,/ }}; do
+            step "$algo at the defaults, $n rank(s) (plain CuPy, scikit-learn scaled, floor)" "${FIT_SECS:-120}" \
+                $MPIRUN -n "$n" \
                 python3 -m mpiml.bench.ml_decomp --algo "$algo" --json "$RES/${algo}_n${n}_$MACHINE.json"
         done
     done
@@ -257,13 +258,7 @@ part_wave() {   # the headline of each performance target in one call (~590 s on
     step "k-NN: mpiml vs the PyTorch user, CuPy, scikit-learn, floor (1 GPU); ring vs local at GPUs $RANKS" 230 \
         python3 -m mpiml bench ml --algo knn --device gpu --ranks "$RANKS" --out "$RES" --tag "$MACHINE"
     keep "ml_knn_$MACHINE" "knn_$MACHINE"
-    local algo n
-    for algo in linreg logreg; do
-        for n in 1 "$R"; do
-            step "$algo 4e7 x 64 at the defaults, $n GPU(s) (plain CuPy, scikit-learn scaled, floor)" 60 $MPIRUN -n "$n" \
-                python3 -m mpiml.bench.ml_decomp --algo "$algo" --json "$RES/${algo}_n${n}_$MACHINE.json"
-        done
-    done
+    FIT_RANKS="1 $R" FIT_SECS=60 spmd_fits linreg logreg
     step "RandomForestClassifier 100 trees depth 12 (GPUs 1,$R)" 150 python3 -m mpiml bench ml --algo rf --device gpu \
         --ranks "1,$R" --estimators classifier --out "$RES/rf_ranks_$MACHINE.json"
     step "vs_nccl.py: every op, default and MPIML_CHECK=0 beside raw NCCL ($R ranks)" 100 $MPIRUN -n "$R" \
@@ -294,13 +289,7 @@ part_wave3_one() {   # one GPU: every family's GPU tests, the new scikit-learn p
 
 part_wave3() {   # all GPUs: the linear models at 1 and all GPUs, the new collectives (correctness, then vs NCCL),
                  # the CuPy kernels' manifest and the first fit, the k-NN ring over device-direct point-to-point
-    local algo n
-    for algo in linreg logreg ridge; do
-        for n in 1 "$R"; do
-            step "$algo 4e7 x 64 at the defaults, $n GPU(s) (plain CuPy, scikit-learn scaled, floor)" 60 $MPIRUN -n "$n" \
-                python3 -m mpiml.bench.ml_decomp --algo "$algo" --json "$RES/${algo}_n${n}_$MACHINE.json"
-        done
-    done
+    FIT_RANKS="1 $R" FIT_SECS=60 spmd_fits linreg logreg ridge
     step "every collective x dtype x size on ipc and nccl, every IPC algorithm, graphs ($R ranks)" 150 $MPIRUN -n "$R" \
         python3 tests/comm/gpu_collectives.py ipc,nccl --graph
     step "device-direct isendrecv rings ($R ranks)" 60 $MPIRUN -n "$R" python3 tests/comm/gpu_sendrecv.py
