@@ -6,24 +6,12 @@ public functions are re-exported, and any other name (the benchmarks time privat
 family: set it on the module that defines it (``mpiml.kernels.kmeans._small._SMALL_TC_CELLS``).
 """
 
-from .kmeans import (_common, _lloyd, _simt, _small, _tc, argmin_sqeuclidean, kernel_plan, lloyd_step,
-                     lloyd_step_packed, lloyd_update, pack_centres, pairwise_distances, small_plan, sums_plan,
-                     tc_plan, tc_supported, topk)
+from . import kmeans
+from .kmeans import _common, _lloyd, _simt, _small, _tc
+from .kmeans import *  # noqa: F401,F403 - the family's public functions, under their old module
 
-__all__ = [
-    "argmin_sqeuclidean",
-    "lloyd_step",
-    "lloyd_step_packed",
-    "lloyd_update",
-    "pairwise_distances",
-    "topk",
-    "kernel_plan",
-    "tc_plan",
-    "small_plan",
-    "sums_plan",
-    "tc_supported",
-    "pack_centres",
-]
+# the family's public names, less the build's file lists and device emulation (never part of this module)
+__all__ = [n for n in kmeans.__all__ if n not in ("emulated_device", "TC_FILES", "SIMT_FILES")]
 
 _FAMILY = (_lloyd, _small, _tc, _simt, _common)
 
