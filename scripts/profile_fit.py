@@ -1,6 +1,8 @@
-"""Where one fit's time goes, on one GPU: best-of-N wall time, then a cProfile of one more fit.
+"""Where one fit's time goes, on one GPU or each of R: best-of-N wall time, then a cProfile of one more fit.
 
     python3 scripts/profile_fit.py linreg [--rows 4e7] [--features 64] [--repeats 3] [--top 30]
+    mpirun -n 4 python3 scripts/profile_fit.py linreg       (the global rows spread over the ranks; rank 0 prints,
+                                                             after a barrier before each fit)
 
 Estimators at their defaults on the float32 CuPy data of mpiml.bench.ml_decomp (its generators and
 estimators, so the profile is of the benchmark's fit). The profile
@@ -38,14 +40,19 @@ def main():
         est = ml_decomp._mpiml_estimator(args, comm)
         return est.fit(X) if y is None else est.fit(X, y)
 
+    def say(*args):
+        if comm.rank == 0:
+            print(*args, flush=True)
+
     times = []
     for _ in range(a.repeats):
         cupy.cuda.Device().synchronize()
+        comm.barrier()
         t0 = time.perf_counter()
         fit()
         cupy.cuda.Device().synchronize()
         times.append(time.perf_counter() - t0)
-    print(f"{a.algo} {int(a.rows)} x {a.features}: fits {['%.4f' % t for t in times]} s, best {min(times):.4f} s")
+    say(f"{a.algo} {int(a.rows)} x {a.features} on {comm.size} rank(s): fits {['%.4f' % t for t in times]} s, best {min(times):.4f} s")
     if a.kernels and a.algo in ("linreg", "ridge", "logreg"):
         from mpiml.kernels.linear import augmented_gram, logistic_pass
 
@@ -61,12 +68,15 @@ def main():
             call()
             e1.record()
             e1.synchronize()
-            print(f"  {name}: {cupy.cuda.get_elapsed_time(e0, e1):.3f} ms")
+            say(f"  {name}: {cupy.cuda.get_elapsed_time(e0, e1):.3f} ms")
+    comm.barrier()
     pr = cProfile.Profile()
     pr.enable()
     fit()
     cupy.cuda.Device().synchronize()
     pr.disable()
+    if comm.rank:
+        return
     st = pstats.Stats(pr)
     st.sort_stats("tottime").print_stats(a.top)
     st.sort_stats("cumulative").print_stats(a.top)
