@@ -161,35 +161,44 @@ class Bench:
         return lambda: comm.bcast(x, root=0, out=y, algorithm=algo)
 
     def attempt(self, fn):
-        """Run ``fn``; the first error of any rank (agreed on every rank), or None."""
-        err = None
+        """``(error, values)``: ``fn()`` on every rank, then one agreement: the first error of any rank
+        (None if none) and every rank's return value, in rank order (the same on every rank)."""
+        err = val = None
         try:
-            fn()
+            val = fn()
         except Exception as exc:
             err = f"{type(exc).__name__}: {exc}"[:300]
-        errs = [e for e in self.comm.allgather_obj(err) if e]
-        return errs[0] if errs else None
+        got = self.comm.allgather_obj((err, val))
+        errs = [e for e, _ in got if e]
+        return (errs[0] if errs else None), [v for _, v in got]
 
     def check(self, fn, x, y):
-        """Run one broadcast into a cleared ``y``; True on every rank when every rank got rank 0's data."""
+        """One broadcast into a cleared ``y``; whether this rank holds rank 0's data (the caller agrees)."""
         if self.R != 0:
             y.fill(0)
         self.sync()
         fn()
         self.sync()
-        ok = True if self.R == 0 else bool(self.xp.array_equal(y, x))
-        return bool(self.comm.allreduce_obj(int(ok), op="min"))
+        return True if self.R == 0 else bool(self.xp.array_equal(y, x))
+
+    def checked(self, fn, x, y):
+        """None if every rank received rank 0's data through ``fn``, else the error (the same on every rank)."""
+        err, oks = self.attempt(lambda: self.check(fn, x, y))
+        return err or (None if all(oks) else f"wrong result on rank(s) {[r for r, ok in enumerate(oks) if not ok]}")
 
     def timed(self, fn, iters):
-        """Seconds per call of ``iters`` back-to-back calls (one warm-up call), the slowest rank."""
-        fn()
-        self.sync()
-        self.comm.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
+        """``(error, seconds per call)`` of ``iters`` back-to-back calls after one warm-up call, the slowest rank."""
+        def run():
             fn()
-        self.sync()
-        return self.comm.allreduce_obj(time.perf_counter() - t0, op="max") / iters
+            self.sync()
+            self.comm.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            self.sync()
+            return (time.perf_counter() - t0) / iters
+        err, times = self.attempt(run)
+        return err, (None if err else max(times))
 
     def buffers(self, count):
         xp = self.xp
@@ -209,10 +218,10 @@ def sweep(b, paths, args):
         s *= 4
     if b.gpu and "ipc/ll" in paths:  # the IPC transport exists after one call; its LL limit decides ipc/ll
         x, y = b.buffers(1024)
-        if b.attempt(b.call("ipc/pull", x, y)) is None:
+        if b.attempt(b.call("ipc/pull", x, y))[0] is None:
             t = b.comm._device_transports.get("ipc")
             b.ll_max = getattr(t, "ll_max", None)
-    rows = []
+    rows, reported = [], set()
     for nbytes in sizes:
         x, y = b.buffers(max(1, nbytes // 4))
         calls, errors = {}, {}
@@ -220,10 +229,7 @@ def sweep(b, paths, args):
             if not b.applies(p, nbytes):
                 continue
             fn = b.call(p, x, y)
-            ok = [None]
-            err = b.attempt(lambda fn=fn: ok.__setitem__(0, b.check(fn, x, y)))
-            if err is None and not ok[0]:
-                err = "wrong result: a rank did not receive rank 0's data"
+            err = b.checked(fn, x, y)
             if err:
                 errors[p] = err
             else:
@@ -233,12 +239,11 @@ def sweep(b, paths, args):
             for p, fn in calls.items():
                 if p in errors:
                     continue
-                t = [float("nan")]
-                err = b.attempt(lambda fn=fn, t=t: t.__setitem__(0, b.timed(fn, _iters(nbytes, args.quick))))
+                err, t = b.timed(fn, _iters(nbytes, args.quick))
                 if err:
                     errors[p] = err
                 else:
-                    times[p].append(t[0])
+                    times[p].append(t)
         for p in list(calls) + list(errors):
             us = statistics.median(times[p]) * 1e6 if times.get(p) else None
             rows.append({"bytes": nbytes, "path": p, "us": us, "GBps": nbytes / us / 1e3 if us else None,
@@ -246,6 +251,10 @@ def sweep(b, paths, args):
         if b.R == 0:
             line = "  ".join(f"{r['path']}={_seeds.fmt(r['us'], '.1f')}" for r in rows if r["bytes"] == nbytes)
             print(f"bcast {nbytes:>10d} B  us: {line}", flush=True)
+            for r in rows:
+                if r["bytes"] == nbytes and "error" in r and r["path"] not in reported:
+                    reported.add(r["path"])
+                    print(f"  {r['path']} failed (reported once): {r['error']}", flush=True)
         del x, y
     return rows
 
@@ -267,17 +276,13 @@ def streaming(b, paths, args):
             def step(calls=calls):
                 for c in calls:
                     c()
-            ok = [None]
-            err = b.attempt(lambda: ok.__setitem__(0, b.check(step, x, y)))
-            if err is None and not ok[0]:
-                err = "wrong result: a rank did not receive rank 0's model"
+            err = b.checked(step, x, y)
             times = []
             for _ in range(args.rounds if err is None else 0):
-                t = [float("nan")]
-                err = b.attempt(lambda t=t: t.__setitem__(0, b.timed(step, args.steps)))
+                err, t = b.timed(step, args.steps)
                 if err:
                     break
-                times.append(t[0])
+                times.append(t)
             ms = statistics.median(times) * 1e3 if times and not err else None
             row = {"model": name, "path": p, "parameters": total, "tensors": len(tensors), "bytes": total * 4,
                    "ms": ms, "GBps": total * 4 / ms / 1e6 if ms else None}
