@@ -179,7 +179,7 @@ class Bench:
         self.sync()
         fn()
         self.sync()
-        return True if self.R == 0 else bool(self.xp.array_equal(y, x))
+        return True if self.R == 0 else bool(self.xp.array_equal(y, self.pattern(y.size)))
 
     def checked(self, fn, x, y):
         """None if every rank received rank 0's data through ``fn``, else the error (the same on every rank)."""
@@ -200,10 +200,15 @@ class Bench:
         err, times = self.attempt(run)
         return err, (None if err else max(times))
 
+    def pattern(self, count):
+        """Rank 0's data: 1, 2, ... 251, 1, 2, ..."""
+        return (self.xp.arange(count, dtype=self.xp.float32) % 251) + 1
+
     def buffers(self, count):
-        xp = self.xp
-        x = (xp.arange(count, dtype=xp.float32) % 251) + 1
-        return x, xp.zeros(count, dtype=xp.float32)
+        """``x`` (rank 0's data on rank 0, -1 elsewhere: a path that kept a rank's own ``x`` fails the check)
+        and the receive buffer ``y``."""
+        x = self.pattern(count) if self.R == 0 else self.xp.full(count, -1, dtype=self.xp.float32)
+        return x, self.xp.zeros(count, dtype=self.xp.float32)
 
 
 def _iters(nbytes, quick):
