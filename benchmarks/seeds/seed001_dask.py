@@ -283,7 +283,8 @@ def main(argv=None):
             f"comm (2 ranks): {_seeds.fmt(c.get('latency_1B_speedup'))}x at 1 B, "
             f"{_seeds.fmt(c.get('throughput_2MB_up_speedup_median'))}x from 2 MB; (x + x.T).sum() "
             f"{_seeds.fmt(st and st['tcp_over_mpi'])}x (scheduler's placement), "
-            f"{_seeds.fmt(rows_ and rows_['tcp_over_mpi'])}x (by rows); x.sum() {_seeds.fmt(sm and sm['tcp_over_mpi'])}x",
+            f"{_seeds.fmt(rows_ and rows_['tcp_over_mpi'])}x (by rows); "
+            f"x.sum() {_seeds.fmt(sm and sm['tcp_over_mpi'])}x",
             "tcp://", _seeds.fmt(rows_ and rows_["vs_document"]), result["command"]])
     _seeds.write_json(result, args.json)
     plot(result, args.plot)

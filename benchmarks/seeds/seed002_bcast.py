@@ -371,7 +371,8 @@ def plot(result, path):
             vals = [next((r["ms"] or 0 for r in stream if r["model"] == m and r["path"] == p), 0) for m in models]
             axes[2].bar([i + j * w for i in range(len(models))], vals, w, label=p)
         axes[2].set_xticks([i + 0.4 - w / 2 for i in range(len(models))], models)
-        axes[2].set(ylabel="ms per model broadcast", title=f"streaming: every parameter tensor, {result['ranks']} ranks")
+        axes[2].set(ylabel="ms per model broadcast",
+                    title=f"streaming: every parameter tensor, {result['ranks']} ranks")
         axes[2].legend(fontsize=7)
         return fig
     _seeds.plot_file(path, draw)
@@ -407,9 +408,11 @@ def main(argv=None):
               f"{_seeds.fmt(s['auto_over_peer']):>9}  {s['best_path']} {_seeds.fmt(s['best_us'], '.1f')} us "
               f"({_seeds.fmt(s['best_over_peer'])})")
     for m, v in summary["models"].items():
-        print(f"{m:<8} per tensor: peer {_seeds.fmt(v['peer_ms'], '.3f')} ms, auto {_seeds.fmt(v['auto_ms'], '.3f')} ms "
+        print(f"{m:<8} per tensor: peer {_seeds.fmt(v['peer_ms'], '.3f')} ms, "
+              f"auto {_seeds.fmt(v['auto_ms'], '.3f')} ms "
               f"({_seeds.fmt(v['auto_over_peer'])}), best {v['best_path']} ({_seeds.fmt(v['best_over_peer'])}); "
-              f"fused: peer {_seeds.fmt(v['fused_peer_ms'], '.3f')} ms, auto {_seeds.fmt(v['fused_auto_ms'], '.3f')} ms")
+              f"fused: peer {_seeds.fmt(v['fused_peer_ms'], '.3f')} ms, "
+              f"auto {_seeds.fmt(v['fused_auto_ms'], '.3f')} ms")
     models = "; ".join(f"{m} {_seeds.fmt(v['auto_over_peer'])}" for m, v in summary["models"].items())
     _seeds.readme_row([
         "002", f"{b.P} {'GPUs' if b.gpu else 'CPU ranks'}",

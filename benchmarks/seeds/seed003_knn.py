@@ -116,7 +116,7 @@ def make_data(spec, comm, device, xp):
 def run_workload(spec, args, comm, xp, sync):
     from mpiml.neighbors import KNeighborsClassifier, _ring
 
-    P, R = comm.size, comm.rank
+    P = comm.size
     X, y, Q = make_data(spec, comm, args.device, xp)
     sync()
     models = {ex: KNeighborsClassifier(n_neighbors=args.k, exchange=ex, comm=comm).fit(X, y) for ex in EXCHANGES}
@@ -254,7 +254,8 @@ def main(argv=None):
             extra = (f"; comm alone {row['comm_s']:.4f} s, compute alone {row['compute_s']:.4f} s "
                      f"(comm {row['comm_share_pct']:.1f} %, overlap could save <= {row['ideal_saved_pct']:.1f} %)"
                      if "comm_s" in row else "")
-            print(f"{spec['name']:<8} {spec['kind']:<6} {spec['rows']} x {spec['features']}, {spec['queries']} queries, "
+            print(f"{spec['name']:<8} {spec['kind']:<6} {spec['rows']} x {spec['features']}, "
+                  f"{spec['queries']} queries, "
                   f"{comm.size} ranks: blocking {row['blocking_s']:.4f} s, overlap {row['overlap_s']:.4f} s "
                   f"({row['overlap_saved_pct']:+.1f} %), onesided {row['onesided_s']:.4f} s "
                   f"({row['onesided_saved_pct']:+.1f} %); identical {row['identical_predictions']}{extra}", flush=True)
