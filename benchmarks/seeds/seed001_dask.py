@@ -249,6 +249,11 @@ def main(argv=None):
     args = parse(argv)
     if args.client:
         return client_main(args)
+    launched = max(int(os.environ.get(v, "1") or 1) for v in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"))
+    if launched > 1:  # every rank would launch the same jobs
+        print("seed001_dask.py launches its Dask jobs itself: run it as one process (python ...), "
+              f"not under mpiexec -n {launched}", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     parts = args.parts.split(",")
     with tempfile.TemporaryDirectory() as tmp:

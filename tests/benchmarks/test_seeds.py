@@ -143,6 +143,13 @@ def test_seed001_dask_cpu_quick(tmp_path):
     _row(proc.stdout, "001")
 
 
+@pytest.mark.mpi
+def test_seed001_refuses_to_run_on_every_rank(mpi):
+    # a driver: under mpiexec -n 2 each rank would launch the same Dask jobs
+    proc = mpi(_script("seed001_dask.py"), 2, "--device", "cpu", "--quick", timeout=60, expect_ok=False)
+    assert proc.returncode != 0 and "run it as one process" in proc.stderr
+
+
 # ---------------------------------------------------------------------- the GPU host
 def _gpus():
     import cupy
