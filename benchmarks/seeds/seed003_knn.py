@@ -98,7 +98,9 @@ def make_data(spec, comm, device, xp):
         X, lab = make_blobs(spec["rows"], random_state=0, **kw)
         Q, _ = make_blobs(spec["queries"], random_state=1, **kw)
         return X, lab % 2, Q
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "sparse"))
+    sparse_dir = os.path.join(os.path.dirname(HERE), "sparse")
+    if sparse_dir not in sys.path:
+        sys.path.insert(0, sparse_dir)
     import sparse_gpu  # the LIBSVM-like generator of the sparse benchmarks
 
     if device == "gpu":
