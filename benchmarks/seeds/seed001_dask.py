@@ -161,7 +161,7 @@ def comm_part(args, tmp):
     return _launch(cmd, args, out)
 
 
-def apps_part(args, tmp):
+def apps_part(args, tmp, save):
     runs = []
     for w in [int(v) for v in args.workers.split(",")]:
         for protocol in args.protocols.split(","):
@@ -175,6 +175,7 @@ def apps_part(args, tmp):
             run.setdefault("protocol", protocol)
             run.setdefault("workers", w)
             runs.append(run)
+            save(runs)
             apps = {k: round(v["seconds"], 4) for k, v in run.get("apps", {}).items()}
             print(f"apps {protocol:>3}:// {w} worker(s): {apps or run.get('error', '')[-400:]}", flush=True)
     return runs
@@ -256,8 +257,20 @@ def main(argv=None):
         return 2
     t0 = time.perf_counter()
     parts = args.parts.split(",")
+    result = {"seed": "001", "experiment": "Dask mpi:// vs tcp://: comm, (x + x.T).sum(), x.sum()",
+              "machine": _seeds.machine(), **_seeds.stamp(), "device": args.device, "workers": args.workers,
+              "peer": "tcp:// (Dask's own), same machine, same run", "document": DOC, "comm": None, "apps": []}
+
+    def save(runs=None):  # the JSON after every launch: a run cut short keeps what it measured
+        if runs is not None:
+            result["apps"] = runs
+        result["summary"] = summarise(result["comm"], result["apps"])
+        result["seconds"] = time.perf_counter() - t0
+        _seeds.write_json(result, args.json)
+
     with tempfile.TemporaryDirectory() as tmp:
-        comm = comm_part(args, tmp) if "comm" in parts else None
+        comm = result["comm"] = comm_part(args, tmp) if "comm" in parts else None
+        save()
         if comm and "error" in comm:
             print(f"comm sweep failed: {comm['error'][-600:]}", flush=True)
         elif comm:
@@ -265,12 +278,8 @@ def main(argv=None):
                 for r in rows:
                     print(f"comm {proto:>3}:// {r['bytes']:>10} B  latency {r['latency_us']:9.1f} us  "
                           f"throughput {r['throughput_MBps']:9.1f} MB/s", flush=True)
-        runs = apps_part(args, tmp) if "apps" in parts else []
-    summary = summarise(comm, runs)
-    result = {"seed": "001", "experiment": "Dask mpi:// vs tcp://: comm, (x + x.T).sum(), x.sum()",
-              "machine": _seeds.machine(), **_seeds.stamp(), "device": args.device, "workers": args.workers,
-              "peer": "tcp:// (Dask's own), same machine, same run", "document": DOC, "comm": comm,
-              "apps": runs, "summary": summary, "seconds": time.perf_counter() - t0}
+        runs = apps_part(args, tmp, save) if "apps" in parts else []
+    summary = result["summary"]
     c = summary["comm"] or {}
     print(f"\nseed 001 ({args.device}): speed-ups of mpi:// over tcp:// (document: over UCX)")
     print(f"comm: latency at 1 B {_seeds.fmt(c.get('latency_1B_speedup'))}x (document 6x); throughput from 2 MB "
@@ -291,7 +300,6 @@ def main(argv=None):
             f"{_seeds.fmt(rows_ and rows_['tcp_over_mpi'])}x (by rows); "
             f"x.sum() {_seeds.fmt(sm and sm['tcp_over_mpi'])}x",
             "tcp://", _seeds.fmt(rows_ and rows_["vs_document"]), result["command"]])
-    _seeds.write_json(result, args.json)
     plot(result, args.plot)
     failed = (comm and "error" in comm) or any("error" in r for r in runs)
     wrong = any(not a["values_agree"] for a in summary["apps"])

@@ -467,21 +467,28 @@ def main(argv=None):
     else:
         spaths = [p for p in args.stream_paths.split(",") if p]
     t0 = time.perf_counter()
-    rows = sweep(b, paths, args)
-    a2a = alltoall(b, paths, args)
-    stream = streaming(b, spaths, args) if spaths else []
-    if b.R != 0:
-        return 0
-    summary = summarise(rows, a2a, stream, peer, b.P)
     result = {"seed": "002", "experiment": "intra-node broadcast vs NCCL (one root, every root); streaming model "
                                            "broadcast",
               "machine": _seeds.machine(b.comm), **_seeds.stamp(b.P), "ranks": b.P, "device": args.device,
               "peer": peer, "document": DOC, "node_size": args.node_size if b.node is not None else None,
               "model_scale": args.model_scale, "steps": args.steps, "rounds": args.rounds,
-              "seconds": time.perf_counter() - t0, "rows": rows, "alltoall": a2a, "streaming": stream,
-              "summary": summary}
-    # the document's 0.32 is its best case, of the all-to-all broadcast: against our best case of the same
-    summary["ours_vs_document"] = _seeds.ratio(summary["alltoall_auto_over_peer_min"], DOC["latency_ratio"])
+              "rows": [], "alltoall": [], "streaming": []}
+
+    def record(part, got):  # rank 0 writes what is measured so far: a run cut short keeps its parts
+        result[part] = got
+        if b.R == 0:
+            summary = result["summary"] = summarise(result["rows"], result["alltoall"], result["streaming"], peer,
+                                                    b.P)
+            # the document's 0.32 is its best case, of the all-to-all broadcast: against our best case of the same
+            summary["ours_vs_document"] = _seeds.ratio(summary["alltoall_auto_over_peer_min"], DOC["latency_ratio"])
+            result["seconds"] = time.perf_counter() - t0
+            _seeds.write_json(result, args.json)
+    record("rows", sweep(b, paths, args))
+    record("alltoall", alltoall(b, paths, args))
+    record("streaming", streaming(b, spaths, args) if spaths else [])
+    if b.R != 0:
+        return 0
+    summary = result["summary"]
     print(f"\nseed 002, {b.P} ranks ({args.device}); times are ours / {peer} (below 1: ours faster)")
     print(f"{'bytes':>10} {'peer us':>10} {'auto us':>10} {'auto/peer':>9}  best of ours")
     for s in summary["sizes"]:
@@ -506,7 +513,6 @@ def main(argv=None):
         f"path {_seeds.fmt(summary['best_over_peer_min_doc_range'])}), all-to-all down to "
         f"{_seeds.fmt(summary['alltoall_auto_over_peer_min'])}; model bcast {models}",
         peer, _seeds.fmt(summary["ours_vs_document"]), result["command"]])
-    _seeds.write_json(result, args.json)
     plot(result, args.plot)
     return 0
 
