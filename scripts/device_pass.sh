@@ -20,7 +20,8 @@
 #   pca_scale PCA 1e7 x 512 and 1e6 x 512 (with scikit-learn), sparse TruncatedSVD on one GPU
 #   firstfit  the first fit on a fresh machine (compilation included): benchmarks/gpu/first_fit.py
 #   dask      Dask over mpi:// with CuPy frames: comm checks, the comm sweep, (x + x.T).sum() vs tcp://
-#   seeds     the source documents' experiments (benchmarks/seeds/README.md)
+#   seeds     the source documents' experiments (benchmarks/seeds/README.md) at the host's GPU count
+#   seeds_ranks  the 1- and 2-GPU columns of seeds 002 and 003
 #   wave      one call with each performance target's headline: k-NN vs its peers and over GPUs, LinearRegression
 #             and LogisticRegression on 1 and all GPUs, the forest on 1 and all GPUs, every op vs raw NCCL
 #   wave2     the first fit on a fresh machine, PCA and Ridge on all GPUs
@@ -242,16 +243,36 @@ in .whl/)"); return; }
         benchmarks/dask/gpu_rank.py --protocol mpi tests/dask/_estimator_app.py "$RES/dask_gpu_kmeans_$MACHINE.json" cupy
 }
 
-part_seeds() {
-    step "seed 000 Fig. 1: small-message latency vs NCCL ($R ranks)" 90 $MPIRUN -n "$R" python3 \
-        benchmarks/gpu/vs_nccl.py --sizes 4,16,64,256,1024,4096,16384 --ops allreduce,reduce,bcast \
+part_seeds() {   # the five documents (benchmarks/seeds/README.md) at the host's GPU count, the newest first
+    step "seed 002: bcast 4 B-256 MiB, IPC / pipelined / two-level vs raw NCCL; all-to-all; AlexNet, VGG-16 streaming ($R GPUs)" 90 \
+        $MPIRUN -n "$R" python3 benchmarks/seeds/seed002_bcast.py --device gpu \
+        --json "$RES/seed002_n${R}_$MACHINE.json" --plot "$RES/seed002_n${R}_$MACHINE.png"
+    step "seed 003: k-NN ring blocking / overlap / onesided on KDD shapes ($R GPUs)" 90 $MPIRUN -n "$R" python3 \
+        benchmarks/seeds/seed003_knn.py --device gpu --json "$RES/seed003_n${R}_$MACHINE.json" \
+        --plot "$RES/seed003_n${R}_$MACHINE.png"
+    step "seed 001: Dask mpi:// vs tcp:// (CuPy frames, GPUs 0-1); (x + x.T).sum(), x.sum() on workers $RANKS" 160 \
+        python3 benchmarks/seeds/seed001_dask.py --device gpu --workers "$RANKS" --mpiexec "$MPIRUN" -n 8000 \
+        --chunk 2000 --repeat 3 --timeout 70 --json "$RES/seed001_$MACHINE.json" --plot "$RES/seed001_$MACHINE.png"
+    step "seed 000 Fig. 1: small-message latency vs NCCL ($R ranks)" 70 $MPIRUN -n "$R" python3 \
+        benchmarks/gpu/vs_nccl.py --sizes 4,16,64,256,1024,4096,16384 --ops allreduce,reduce,bcast --rounds 2 \
         --out "$RES/seed000_fig1_$MACHINE.json"
-    step "seed 000 Fig. 10/11: estimator fits, auto vs forced paths ($R GPUs)" 200 python3 \
-        benchmarks/seeds/seed000_estimators.py --np "$R" --device gpu --json "$RES/seed000_$MACHINE.json" \
-        --plot "$RES/seed000_$MACHINE.png"
-    step "seed 004: reduction designs by size vs the cost model ($R ranks)" 120 $MPIRUN -n "$R" python3 \
+    step "seed 004: reduction designs by size vs the cost model ($R ranks)" 90 $MPIRUN -n "$R" python3 \
         benchmarks/seeds/seed004_reductions.py --device gpu --json "$RES/seed004_$MACHINE.json" \
         --plot "$RES/seed004_$MACHINE.png"
+    step "seed 000 Fig. 10/11: estimator fits, auto vs every collective on NCCL ($R GPUs)" 150 python3 \
+        benchmarks/seeds/seed000_estimators.py --np "$R" --device gpu --algos knn,linreg,tsvd,rf --timeout 60 \
+        --json "$RES/seed000_$MACHINE.json" --plot "$RES/seed000_$MACHINE.png"
+}
+
+part_seeds_ranks() {   # the 1- and 2-GPU columns of 002 and 003 (~2 min); 001 covers its worker counts itself
+    local n
+    for n in ${RANKS//,/ }; do
+        [ "$n" = "$R" ] && continue
+        [ "$n" -gt 1 ] && step "seed 002 ($n GPUs)" 60 $MPIRUN -n "$n" python3 benchmarks/seeds/seed002_bcast.py \
+            --device gpu --json "$RES/seed002_n${n}_$MACHINE.json" --plot "$RES/seed002_n${n}_$MACHINE.png"
+        step "seed 003 ($n GPU(s))" 90 $MPIRUN -n "$n" python3 benchmarks/seeds/seed003_knn.py --device gpu \
+            --json "$RES/seed003_n${n}_$MACHINE.json" --plot "$RES/seed003_n${n}_$MACHINE.png"
+    done
 }
 
 part_wave() {   # the headline of each performance target in one call (~590 s on 4 GPUs), most important first
@@ -327,7 +348,7 @@ part_soak() {   # five minutes of random collectives on every GPU, every result 
 # ---------------------------------------------------------------------- run
 for PART in "$@"; do
     if ! declare -F "part_$PART" >/dev/null; then
-        echo "scripts/device_pass.sh: unknown part '$PART' (tests tests2 tests3 wave3 wave3_one wave4 soak comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds wave wave2)"
+        echo "scripts/device_pass.sh: unknown part '$PART' (tests tests2 tests3 wave3 wave3_one wave4 soak comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds seeds_ranks wave wave2)"
         exit 2
     fi
     LOG="$OUT/device_pass_$PART.log"
