@@ -229,7 +229,7 @@ def main():
                 last, last_graph = s, True
             else:
                 if shared.random() < 0.3 and R == int(shared.integers(P)):
-                    _SPIN((1,), (1,), (np.int64(int(local.integers(2000, 60000))),))  # this rank late
+                    _SPIN((1,), (1,), (np.int64(int(local.integers(5000, 200000))),))  # this rank late
                     spins += 1
                 kdev = kvals[j % len(kvals)] if j % 3 else zero
                 keep.append(collective(op, algo, n, root, kdev))
