@@ -66,6 +66,18 @@ def test_peer_failure_raises_on_every_survivor(mpi, backend, mode):
     assert "OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_ipc_calls_across_streams_and_graph_replays(mpi, n):
+    """3000 IPC collectives of every algorithm, hopping between three streams with no host wait, one rank
+    made late at a time, graph replays between them; every result checked on the device. Two kernels of
+    one workspace running at once on a rank (the 4-GPU hang of gpu_collectives.py --graph) hang or
+    corrupt here within MPIML_TIMEOUT."""
+    _need(n)
+    proc = mpi(os.path.join(HERE, "gpu_stress_epochs.py"), n, "--calls", "3000", timeout=300,
+               env={"MPIML_TIMEOUT": "30"})
+    assert "OK" in proc.stdout
+
+
 def test_two_level_virtual_nodes(mpi):
     _need(4)
     proc = mpi(os.path.join(HERE, "gpu_collectives.py"), 4, "ipc", "--graph", timeout=600,

@@ -38,3 +38,9 @@ def test_every_kernel_exists_with_its_launch_bounds(family):
     assert len(re.findall(r"__global__", text)) == len(kernels)
     for name, bounded in kernels.items():
         assert bounded == (not name.endswith("_ll")), (name, bounded)
+
+
+def test_the_error_codes_the_kernels_write_are_the_hosts():
+    text = _text(COMMON)
+    for name, value in (("TIMEOUT", ipc.ERR_TIMEOUT), ("ABORT", ipc.ERR_ABORT), ("OVERLAP", ipc.ERR_OVERLAP)):
+        assert re.search(rf"#define MPIML_ERR_{name} {value}\b", text), name

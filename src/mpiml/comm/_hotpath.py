@@ -186,12 +186,15 @@ def ipc_issue(transport, op, x, fn_aligned, fn_unaligned, grid, block, mask, ext
     words, argv = args.words, args.argv_ptr
     launch = transport._launch_kernel
     stream = cupy.cuda.get_current_stream
+    order = transport._order  # one call at a time across streams (ipc.StreamOrder)
 
     def issue(ip, outp):
         words[1] = ip
         words[2] = outp
-        launch(fn_unaligned if (ip | outp) & mask else fn_aligned, grid, 1, 1, block, 1, 1, 0, stream().ptr,
-               argv, 0)
+        s = stream().ptr
+        if s != order.last:
+            order.switch(s)
+        launch(fn_unaligned if (ip | outp) & mask else fn_aligned, grid, 1, 1, block, 1, 1, 0, s, argv, 0)
         transport._last_op = op
 
     issue.args = args  # keeps the argument block alive with the launcher

@@ -44,6 +44,18 @@ Cost model (per call): ``launch + one-way + 2 n * p / link_bw`` (ll),
 ``launch + barrier + n * p / link_bw`` (one-shot) or ``launch + 2 barrier +
 2 n / link_bw`` (two-shot), with barrier ~ a round trip over NVLink.
 
+One call at a time: a kernel takes its call number from the workspace's epoch
+word when it starts, so two collectives of one workspace must never run at once
+on a rank.  Launches on one stream are ordered by the stream; a launch on
+another stream than the previous launch's first makes the new stream wait on an
+event recorded on the old one (:class:`StreamOrder`: one integer comparison per
+call while the stream stays the same).  Captured launches are not ordered here:
+a CUDA graph runs where it is launched, and the stream it is launched on must
+be ordered with the communicator's other collectives by the caller (launch it
+on the stream of the calls around it, or wait on their events), as for NCCL.
+A wait that times out after another kernel moved the epoch word under it
+reports that overlap instead of a plain timeout.
+
 Failures are stream-ordered too: a kernel that waits past ``MPIML_TIMEOUT``
 writes the host-mapped error record and ends; the watchdog
 (:mod:`~mpiml.comm.backends._watchdog`) reads the record and poisons the
@@ -61,7 +73,7 @@ from ._base import Transport
 from ._device import require_exclusive_devices
 from ._stream import DONE, agree_or_raise, device_sync, node_layout
 
-__all__ = ["IPCTransport", "IPC_ALGORITHMS"]
+__all__ = ["IPCTransport", "IPC_ALGORITHMS", "StreamOrder"]
 
 MAX_RANKS = 8
 MAX_BLOCKS = 128
@@ -71,7 +83,7 @@ THREADS = 512
 LL_THREADS = 256
 LL_MAX_BLOCKS = 264
 IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "pull", "push", "two_level")
-ERR_TIMEOUT, ERR_ABORT = 1, 3
+ERR_TIMEOUT, ERR_ABORT, ERR_OVERLAP = 1, 3, 4
 
 _CHUNK_ALIGN = 256
 
@@ -91,6 +103,63 @@ def _ll_grid(nbytes):
 def _displs(counts):
     """Element offsets of the parts ``counts`` (``len(counts) + 1`` of them)."""
     return np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+
+
+class StreamOrder:
+    """Keeps the kernels of one workspace in issue order across the CUDA streams they are launched on.
+
+    ``last`` is the stream (pointer) of the last launch outside a capture; a
+    launcher calls :meth:`switch` before launching on stream ``s`` only when
+    ``s != last``, so calls that stay on one stream pay one comparison.  A switch
+    makes ``s`` wait on an event recorded now on ``last``: the kernel about to
+    start then cannot run beside the previous one (both would take the same call
+    number from the epoch word, and the peers would give the second call the
+    next one).  Launches into a capturing stream are left alone (they run when
+    the graph is launched, on a stream the caller orders) and do not move ``last``.
+
+    ``capturing(s)``, ``record(s)`` and ``wait(s)`` are the CUDA operations
+    (stream capture status; record this object's event on ``s``; make ``s`` wait
+    on it), injected so that a model of the protocol can use this class as is.
+    """
+
+    __slots__ = ("last", "event", "_capturing", "_record", "_wait")
+
+    def __init__(self, capturing, record, wait, event=None):
+        self.last = None
+        self.event = event  # (the CUDA event of cuda(), destroyed by close())
+        self._capturing, self._record, self._wait = capturing, record, wait
+
+    def switch(self, s):
+        """Order a launch on stream ``s`` after every earlier launch (call when ``s != self.last``)."""
+        if self._capturing(s):
+            return
+        last = self.last
+        if last is not None:
+            if self._capturing(last):
+                # its earlier kernels may still run, and an event recorded on it now would be part
+                # of the capture, not an order: refuse rather than start a second call beside them
+                raise CommError("ipc collective on a stream while the stream of this communicator's previous "
+                                "collective is capturing a CUDA graph: finish that capture first, or "
+                                "synchronize that stream before it begins")
+            self._record(last)
+            self._wait(s)
+        self.last = s
+
+    @classmethod
+    def cuda(cls):
+        """The order over CuPy's runtime (one event, no timing)."""
+        from cupy.cuda import runtime
+
+        event = runtime.eventCreateWithFlags(2)  # cudaEventDisableTiming
+        return cls(lambda s: runtime.streamIsCapturing(s) != 0, lambda s: runtime.eventRecord(event, s),
+                   lambda s: runtime.streamWaitEvent(s, event, 0), event)
+
+    def close(self):
+        if self.event is not None:
+            from cupy.cuda import runtime
+
+            event, self.event = self.event, None
+            runtime.eventDestroy(event)
 
 
 class IPCTransport(Transport):
@@ -123,6 +192,7 @@ class IPCTransport(Transport):
         self._sync = device_sync()
         self._timeout = _config.timeout()
         self._err_code = None
+        self._order = None  # StreamOrder of this workspace's launches (made with it, in _setup)
         err = None
         try:
             import cupy  # noqa: F401  (both needed below)
@@ -217,6 +287,7 @@ class IPCTransport(Transport):
         from cupy_backends.cuda.api import driver
 
         self._launch_kernel = driver.launchKernel
+        self._order = StreamOrder.cuda()
         self._cupy = cupy
         world.native_barrier().wait()  # nobody launches before every peer is mapped
 
@@ -238,6 +309,8 @@ class IPCTransport(Transport):
                 runtime.ipcCloseMemHandle(p)
             if self._base is not None:
                 runtime.free(self._base)
+            if self._order is not None:
+                self._order.close()
             if self._err_host is not None:
                 from ._watchdog import _LOCK
 
@@ -264,6 +337,16 @@ class IPCTransport(Transport):
             return CommTimeoutError(op, peer, self._timeout or 0,
                                     f"ipc kernel on rank {self.rank}, call {epoch}; the communicator "
                                     "cannot be used any more")
+        if code == ERR_OVERLAP:
+            seen = int(self._err[4])
+            self._broken = (f"rank {self.rank}: call {epoch} ran at the same time as another collective of this "
+                            f"communicator (call counter {seen} when it gave up)")
+            return CommTimeoutError(op, peer, self._timeout or 0,
+                                    f"ipc kernel on rank {self.rank}, call {epoch}, ran at the same time as "
+                                    f"another ipc collective of this communicator on this rank, which moved "
+                                    f"the call counter to {seen}: collectives launched on several streams, or "
+                                    "a CUDA graph launched on a stream not ordered with the other calls; the "
+                                    "communicator cannot be used any more")
         self._broken = self._broken or f"aborted (error code {code})"
         return CommError(f"{op} on the ipc backend: the communicator was aborted ({self._broken})")
 
@@ -307,8 +390,10 @@ class IPCTransport(Transport):
         a[2] = outp
         a[3] = n
         a[4] = extra
-        self._launch_kernel(fn, grid, 1, 1, block, 1, 1, 0, self._cupy.cuda.get_current_stream().ptr,
-                            self._argv_ptr, 0)
+        s = self._cupy.cuda.get_current_stream().ptr
+        if s != self._order.last:
+            self._order.switch(s)
+        self._launch_kernel(fn, grid, 1, 1, block, 1, 1, 0, s, self._argv_ptr, 0)
 
     def _done(self, op):
         """Completion of a call: wait on the host (bounded by the device timeout) or not."""

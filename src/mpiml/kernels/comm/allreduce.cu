@@ -40,14 +40,7 @@ mpiml_allreduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, lon
     const int nr = (int)c->nranks, me = (int)c->rank;
     const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
     const long long part = (units + nr - 1) / nr;
-    for (int k = 1; k <= nr; ++k) {
-        const int r = (me + k) % nr;  // own part last: the peers' stores go out first
-        MpimlPack<T>* dst = mpiml_packs<T>(c, r, epoch) + me * part;
-        MPIML_GRID_LOOP(i, part) {
-            const long long idx = r * part + i;
-            if (idx < units) dst[i] = mpiml_load_user<T, A>(in, idx, n);
-        }
-    }
+    mpiml_push_parts<T, A>(c, epoch, in, part, MpimlEvenParts<T>{n, part});
     if (mpiml_barrier(c, epoch, 0)) {
         const MpimlPack<T>* mine = mpiml_packs<T>(c, me, epoch);
         MPIML_GRID_LOOP(i, part) {

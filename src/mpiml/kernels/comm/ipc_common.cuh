@@ -39,6 +39,17 @@
 // only once a wait has lasted 20 us, and then every 8192 spins, so fast calls
 // never touch the host and slow ones seldom).
 //
+// One call at a time: a kernel takes its call number E from the epoch word at
+// its start, so two collectives of one workspace must never run at once on a
+// rank (both would read E; the peers give E + 1 to the second one, whose flags
+// and barrier values it then never sees). The host orders them: a launch on
+// another stream than the previous one waits on an event recorded on that one
+// (mpiml.comm.backends.ipc.StreamOrder); graphs are ordered by the stream they
+// are launched on. A wait that times out re-reads the epoch word: if it has
+// moved (another kernel finished call E on this rank meanwhile), the record says
+// MPIML_ERR_OVERLAP instead of a plain timeout, at no cost to the calls that
+// do not time out.
+//
 // Reductions visit ranks in order 0, 1, ..., n-1 and accumulate float16 in
 // float32, so every rank computes bit-identical results.
 
@@ -54,6 +65,7 @@
 #define MPIML_ACK_OFF 128
 #define MPIML_ERR_TIMEOUT 1
 #define MPIML_ERR_ABORT 3
+#define MPIML_ERR_OVERLAP 4
 
 struct MpimlCtx {
     char* peers[MPIML_MAX_RANKS];  // workspace bases, this rank's own included
@@ -61,7 +73,8 @@ struct MpimlCtx {
     long long nranks;
     long long timeout_ns;          // 0: wait forever
     long long cap;                 // bytes of one staging buffer
-    int* err;                      // host-mapped: [0] code, [1] peer, [2] block, [3] epoch
+    int* err;                      // host-mapped: [0] code, [1] peer, [2] block, [3] epoch,
+                                   // [4] the epoch word when the wait gave up
     long long ll_off;              // offset of the LL slots in each workspace
     long long ll_slot;             // bytes of one LL slot (twice the payload)
 };
@@ -109,11 +122,15 @@ __device__ __forceinline__ bool mpiml_spin_expired(const MpimlCtx* c, MpimlSpin&
     volatile int* err = c->err;
     if ((s.spins & 8191u) == 0 && err[0] != 0) return true;  // a host read: seldom
     if (c->timeout_ns > 0 && now - s.t0 > (unsigned long long)c->timeout_ns) {
+        // only this kernel's last block moves the epoch word, and it has not ended: a new value
+        // means that another collective ran on this rank at the same time (see "One call at a time")
+        const unsigned seen = *reinterpret_cast<volatile unsigned*>(c->peers[c->rank]);
         err[1] = peer;
         err[2] = blockIdx.x;
         err[3] = (int)epoch;
+        err[4] = (int)seen;
         __threadfence_system();
-        err[0] = MPIML_ERR_TIMEOUT;
+        err[0] = seen == epoch ? MPIML_ERR_TIMEOUT : MPIML_ERR_OVERLAP;
         __threadfence_system();
         return true;
     }
@@ -427,6 +444,37 @@ __device__ __forceinline__ void mpiml_copy_ranks(int nr, int skip, Src src, Dst 
 
 #define MPIML_GRID_LOOP(i, n) \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
+
+// The first phase of the pushed kernels (two-shot allreduce and reduce, one-shot
+// reduce-scatter): part r of the input, elements [d, d + len) as part(r, d, len)
+// gives them (len <= 0: none), goes into rank r's buffer at [me * stride] packs,
+// the peers' parts first and this rank's own last (the stores that cross the links
+// go out first). Pack i of a part is written by grid index i, on every rank: the
+// kernels' later phases read it with the same (block, thread), so a block's
+// barrier covers it. A: in and every part's start are 16-byte aligned.
+template <typename T, bool A, typename Part>
+__device__ __forceinline__ void mpiml_push_parts(const MpimlCtx* c, unsigned epoch, const T* in, long long stride,
+                                                 Part part) {
+    constexpr int L = MpimlPack<T>::L;
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    for (int k = 1; k <= nr; ++k) {
+        const int r = (me + k) % nr;
+        long long d = 0, len = 0;
+        part(r, d, len);
+        MpimlPack<T>* dst = mpiml_packs<T>(c, r, epoch) + me * stride;
+        MPIML_GRID_LOOP(i, (len + L - 1) / L) dst[i] = mpiml_load_user<T, A>(in + d, i, len);
+    }
+}
+
+// Part r of an array of n elements cut into parts of `part` packs (the two-shot kernels).
+template <typename T>
+struct MpimlEvenParts {
+    long long n, part;
+    __device__ __forceinline__ void operator()(int r, long long& d, long long& len) const {
+        d = r * part * MpimlPack<T>::L;
+        len = min(part * MpimlPack<T>::L, n - d);
+    }
+};
 
 // One LL line reduced over every rank's slot, in rank order 0..n-1 (bit-identical
 // everywhere); ok becomes false on a timeout or abort.

@@ -57,12 +57,10 @@ mpiml_reduce_scatter_oneshot(const MpimlCtx* c, const T* in, T* out, long long n
     const unsigned epoch = mpiml_begin(c);
     const int nr = (int)c->nranks, me = (int)c->rank;
     const long long stride = mpiml_part_stride<T>(displs, nr);
-    for (int k = 1; k <= nr; ++k) {
-        const int r = (me + k) % nr;  // own part last: the peers' stores go out first
-        const long long d = displs[r], len = displs[r + 1] - d;
-        MpimlPack<T>* dst = mpiml_packs<T>(c, r, epoch) + me * stride;
-        MPIML_GRID_LOOP(i, (len + L - 1) / L) dst[i] = mpiml_load_user<T, A>(in + d, i, len);
-    }
+    mpiml_push_parts<T, A>(c, epoch, in, stride, [=](int r, long long& d, long long& len) {
+        d = displs[r];
+        len = displs[r + 1] - d;
+    });
     if (mpiml_barrier(c, epoch, 0)) {
         const long long len = displs[me + 1] - displs[me];
         const MpimlPack<T>* src = mpiml_packs<T>(c, me, epoch);
@@ -134,14 +132,7 @@ mpiml_reduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long l
     const int nr = (int)c->nranks, me = (int)c->rank;
     const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
     const long long part = (units + nr - 1) / nr;
-    for (int k = 1; k <= nr; ++k) {
-        const int r = (me + k) % nr;  // own part last
-        MpimlPack<T>* dst = mpiml_packs<T>(c, r, epoch) + me * part;
-        MPIML_GRID_LOOP(i, part) {
-            const long long idx = r * part + i;
-            if (idx < units) dst[i] = mpiml_load_user<T, A>(in, idx, n);
-        }
-    }
+    mpiml_push_parts<T, A>(c, epoch, in, part, MpimlEvenParts<T>{n, part});
     if (mpiml_barrier(c, epoch, 0)) {
         const MpimlPack<T>* mine = mpiml_packs<T>(c, me, epoch);
         MpimlPack<T>* at_root = mpiml_packs<T>(c, (int)root, epoch) + nr * part;

@@ -1,0 +1,470 @@
+"""A model of the IPC collectives' synchronisation (``kernels/comm/ipc_common.cuh``), run on the CPU.
+
+Each rank has a workspace (the epoch word, ack[r], barrier flags [slot][peer],
+two staging buffers, LL slots [parity][source]), CUDA streams (FIFOs of kernel
+launches, event records and event waits) and a host that issues a program of
+collectives, graph captures and replays, and stream waits.  Kernels follow the
+header's protocol step by step (one block: the protocol is the same for every
+block): ``begin`` reads the epoch E and waits until every ack has reached E - 1;
+the LL kernels store (flag E + 1, data) lines into slots [E % 2][me] and spin on
+their own slots until the flag is E + 1; barriers store 2E + s + 1 and spin until
+each peer's value has reached it; ``end`` stores E + 1 into the epoch word and
+into every peer's ack[me].  A scheduler interleaves every actor (hosts, stream
+heads, each running kernel's next step) in a random or scripted order; memory is
+sequentially consistent here (the model checks the protocol's logic, not its
+fences).  Every piece of data carries the logical call that wrote it, so a
+kernel that consumes another call's data is caught, and a run that cannot go on
+is reported as the GPU reports it: (rank, call E, the peer waited for, whether
+the epoch word moved under the wait).
+
+The host's launch path is :class:`mpiml.comm.backends.ipc.StreamOrder` itself,
+over model streams.
+"""
+
+import random
+from collections import deque
+
+import pytest
+
+from mpiml._errors import CommError
+from mpiml.comm.backends.ipc import StreamOrder
+
+
+# ---------------------------------------------------------------- the device
+class Workspace:
+    def __init__(self, nranks, epoch):
+        self.epoch = epoch
+        self.ack = [epoch] * nranks
+        past = 2 * (epoch - 1) + 1 if epoch else 0  # barrier values of the last call done
+        self.flag = {(s, t): past + s if epoch else 0 for s in (0, 1) for t in range(nranks)}
+        self.buf = [{}, {}]
+        self.ll = [[(0, None, [0] * nranks)] * nranks for _ in (0, 1)]  # (flag, call, value)
+
+
+class Model:
+    """The ranks' workspaces, streams and running kernels; ``run`` interleaves them."""
+
+    def __init__(self, nranks, epoch=0, ordered=True, seed=0, first=None, drop=()):
+        self.P = nranks
+        self.drop = set(drop)  # rules of the protocol left out (to show that each one is needed)
+        self.ws = [Workspace(nranks, epoch) for _ in range(nranks)]
+        self.streams = [{} for _ in range(nranks)]  # name -> deque of ops
+        self.running = {}                            # (rank, stream) -> [generator, pending yield, info]
+        self.capturing = [set() for _ in range(nranks)]
+        self.graphs = [{} for _ in range(nranks)]
+        self.event_tok = [None] * nranks             # each rank's StreamOrder event: the latest record
+        self.orders = [StreamOrder(self._capturing(r), self._record(r), self._wait(r)) for r in range(nranks)]
+        self.ordered = ordered
+        self.rng = random.Random(seed)
+        self.first = first                           # ranks whose actors go first (a scripted schedule)
+        self.results, self.errors, self.epochs = {}, [], {}
+        self.calls = [0] * nranks                    # logical calls issued per rank
+
+    # -- host-side hooks of StreamOrder
+    def _capturing(self, r):
+        return lambda s: s in self.capturing[r]
+
+    def _record(self, r):
+        def record(s):
+            tok = {"done": False}
+            self.event_tok[r] = tok
+            self._queue(r, s).append(("record", tok))
+        return record
+
+    def _wait(self, r):
+        return lambda s: self._queue(r, s).append(("wait", self.event_tok[r]))
+
+    def _queue(self, r, s):
+        return self.streams[r].setdefault(s, deque())
+
+    def launch(self, r, s, spec):
+        """The host's launch of one kernel: ordered (or not), captured or enqueued."""
+        if self.ordered and s != self.orders[r].last:
+            self.orders[r].switch(s)
+        if s in self.capturing[r]:
+            self.graphs[r][self._capture_id[r]].append(spec)
+        else:
+            self._queue(r, s).append(("kernel", self._numbered(r, spec)))
+
+    def _numbered(self, r, spec):
+        j = self.calls[r]
+        self.calls[r] += 1
+        return dict(spec, call=j)
+
+    # -- kernels (generators: yield ("step",) or ("wait", peer, predicate))
+    def kernel(self, r, spec):
+        ws, P, me = self.ws, self.P, r
+        j = spec["call"]
+        E = ws[me].epoch
+        self.epochs[(me, j)] = E
+        if E >= 2 and "ack wait" not in self.drop:
+            for t in range(P):
+                yield ("wait", t, lambda t=t: ws[me].ack[t] >= E - 1)
+        p = 0 if "parity" in self.drop else E % 2
+        flag = 1 if "call flag" in self.drop else E + 1
+        x = [self.value(j, me, q) for q in range(P)]  # rank me's input, in P parts
+        op, algo, root = spec["op"], spec["algo"], spec.get("root", 0)
+
+        def got(tag, want_call, what):
+            if tag != want_call:
+                self.errors.append(f"rank {me} call {j} (E={E}) read {what} of call {tag}")
+
+        def load(owner, key, empty):
+            """(call, data) in rank owner's buffer of parity p at key; never written: (None, empty)."""
+            return ws[owner].buf[p].get(key, (None, empty))
+
+        def barrier(s):
+            if "two slots" in self.drop:
+                s = 0
+            val = 2 * E + s + 1
+            for t in range(P):
+                ws[t].flag[(s, me)] = val
+                yield ("step",)
+            for t in range(P):
+                yield ("wait", t, lambda t=t: ws[me].flag[(s, t)] >= val)
+
+        def ll_read(src):
+            yield ("wait", src, lambda: ws[me].ll[p][src][0] == flag)
+            _, tag, v = ws[me].ll[p][src]
+            got(tag, j, f"rank {src}'s LL line")
+            return v
+
+        if algo == "ll":
+            dests = {"allreduce": [(me + k) % P for k in range(1, P + 1)],
+                     "bcast": [(me + k) % P for k in range(1, P)] if me == root else [],
+                     "reduce": [root]}[op]
+            for d in dests:
+                ws[d].ll[p][me] = (flag, j, x)
+                yield ("step",)
+            if op == "allreduce" or (op == "reduce" and me == root):
+                acc = [0] * P
+                for src in range(P):
+                    v = yield from ll_read(src)
+                    acc = [a + b for a, b in zip(acc, v)]
+                self.results[(me, j)] = acc
+            elif op == "bcast":
+                self.results[(me, j)] = (yield from ll_read(root)) if me != root else x
+        elif algo == "oneshot":  # allreduce: copy in, barrier, read every rank's buffer
+            ws[me].buf[p]["own"] = (j, x)
+            yield from barrier(0)
+            acc = [0] * P
+            for src in range(P):
+                tag, v = load(src, "own", [0] * P)
+                got(tag, j, f"rank {src}'s buffer")
+                acc = [a + b for a, b in zip(acc, v)]
+                yield ("step",)
+            self.results[(me, j)] = acc
+        elif algo == "pull":  # bcast: the root copies in, barrier, the others read its buffer
+            if me == root:
+                ws[me].buf[p]["own"] = (j, x)
+            yield from barrier(0)
+            if me != root:
+                tag, v = load(root, "own", [0] * P)
+                got(tag, j, "the root's buffer")
+                x = v
+            self.results[(me, j)] = x
+        elif algo == "twoshot":  # allreduce / reduce: push parts, barrier, reduce own part, push it, barrier
+            for k in range(1, P + 1):
+                d = (me + k) % P
+                ws[d].buf[p][("src", me)] = (j, x[d])
+                yield ("step",)
+            yield from barrier(0)
+            v = 0
+            for src in range(P):
+                tag, part = load(me, ("src", src), 0)
+                got(tag, j, f"rank {src}'s part")
+                v += part
+            res = {me: v}
+            for d in range(P) if op == "allreduce" else [root]:
+                if d != me:
+                    ws[d].buf[p][("red", me)] = (j, v)
+                    yield ("step",)
+            yield from barrier(1)
+            if op == "allreduce" or me == root:
+                for src in range(P):
+                    if src != me:
+                        tag, part = load(me, ("red", src), 0)
+                        got(tag, j, f"rank {src}'s reduced part")
+                        res[src] = part
+                self.results[(me, j)] = [res[q] for q in range(P)]
+        else:
+            raise ValueError(algo)
+        ws[me].epoch = E + 1
+        for t in range(P):
+            ws[t].ack[me] = E + 1
+            yield ("step",)
+
+    @staticmethod
+    def value(j, r, q):
+        return 1000 * j + 10 * r + q
+
+    def expected(self, spec, r):
+        j, P, root = spec["call"], self.P, spec.get("root", 0)
+        if spec["op"] == "bcast":
+            return [self.value(j, root, q) for q in range(P)]
+        if spec["op"] == "reduce" and r != root:
+            return None
+        return [sum(self.value(j, s, q) for s in range(P)) for q in range(P)]
+
+    # -- the scheduler
+    def run(self, programs, max_steps=200_000):
+        """Run every rank's host program; returns None when all finished, else the stuck kernels."""
+        self._capture_id = [None] * self.P
+        hosts = [deque(p) for p in programs]
+        issued = [[] for _ in range(self.P)]  # kernels as numbered, to check their results
+        for _ in range(max_steps):
+            actors = []
+            for r in range(self.P):
+                if hosts[r] and self._host_ready(r, hosts[r][0]):
+                    actors.append((r, "host", None))
+                for s, q in self.streams[r].items():
+                    run = self.running.get((r, s))
+                    if run is not None:
+                        if run[1][0] == "step" or run[1][2]():
+                            actors.append((r, "kernel", s))
+                    elif q and (q[0][0] != "wait" or q[0][1] is None or q[0][1]["done"]):
+                        actors.append((r, "head", s))
+            if not actors:
+                break
+            if self.first is not None and any(a[0] in self.first for a in actors):
+                actors = [a for a in actors if a[0] in self.first]
+            r, kind, s = self.rng.choice(actors)
+            if kind == "host":
+                self._host_step(r, hosts[r].popleft(), issued[r])
+            elif kind == "head":
+                op = self.streams[r][s][0]
+                if op[0] == "kernel":
+                    gen = self.kernel(r, op[1])
+                    self._advance(r, s, gen, op[1])
+                else:
+                    if op[0] == "record":
+                        op[1]["done"] = True
+                    self.streams[r][s].popleft()
+            else:
+                gen, _, spec = self.running[(r, s)]
+                self._advance(r, s, gen, spec)
+        else:
+            raise AssertionError("the model ran past max_steps")
+        stuck = {}
+        for (r, s), (gen, pending, spec) in self.running.items():
+            E = self.epochs[(r, spec["call"])]
+            stuck.setdefault(r, []).append((E, pending[1] if pending[0] == "wait" else None,
+                                            self.ws[r].epoch != E))
+        if stuck or any(hosts):
+            return stuck
+        for r in range(self.P):
+            for spec in issued[r]:
+                want = self.expected(spec, r)
+                if want is not None and self.results.get((r, spec["call"])) != want:
+                    self.errors.append(f"rank {r} call {spec['call']}: {self.results.get((r, spec['call']))} "
+                                       f"!= {want}")
+        return None
+
+    def _advance(self, r, s, gen, spec):
+        try:
+            pending = next(gen)
+        except StopIteration:
+            self.running.pop((r, s), None)
+            self.streams[r][s].popleft()
+            return
+        self.running[(r, s)] = [gen, pending, spec]
+
+    def _host_ready(self, r, action):
+        if action[0] == "sync":  # the host waits until the stream has run dry
+            return not self.streams[r].get(action[1]) and (r, action[1]) not in self.running
+        return True
+
+    def _host_step(self, r, action, issued):
+        kind = action[0]
+        if kind == "call":
+            _, spec, s = action
+            n = self.calls[r]
+            self.launch(r, s, spec)
+            if s not in self.capturing[r]:
+                issued.append(dict(spec, call=n))
+        elif kind == "begin_capture":
+            _, gid, s = action
+            self.capturing[r].add(s)
+            self.graphs[r][gid] = []
+            self._capture_id[r] = gid
+        elif kind == "end_capture":
+            self.capturing[r].discard(action[2])
+        elif kind == "replay":  # a graph launch: its kernels read the epoch word when they run
+            _, gid, s = action
+            for spec in self.graphs[r][gid]:
+                numbered = self._numbered(r, spec)
+                issued.append(numbered)
+                self._queue(r, s).append(("kernel", numbered))
+        elif kind == "order":  # the caller orders stream b after stream a (a graph launch's neighbours)
+            _, a, b = action
+            tok = {"done": False}
+            self._queue(r, a).append(("record", tok))
+            self._queue(r, b).append(("wait", tok))
+        elif kind == "sync":
+            pass
+        else:
+            raise ValueError(kind)
+
+
+def call(op, algo, s, root=0):
+    return ("call", {"op": op, "algo": algo, "root": root}, s)
+
+
+# ---------------------------------------------------------------- the 4-GPU hang, replayed
+def _wave3(ordered, seed=0):
+    """Calls 722 and 723 of gpu_collectives.py --graph on 4 ranks.
+
+    722: run_big's last two-shot reduce (root 3) on the null stream; only the root waits for it (its
+    assert_close); on ranks 0 and 2 it also ended before their next launch (their hosts came later),
+    on rank 1 it did not. 723: run_graph's first allreduce, LL, on a non-blocking stream "B".
+    """
+    programs = []
+    for r in range(4):
+        prog = [call("reduce", "twoshot", "null", root=3)]
+        if r != 1:
+            prog.append(("sync", "null"))
+        prog.append(call("allreduce", "ll", "B"))
+        programs.append(prog)
+    model = Model(4, epoch=722, ordered=ordered, seed=seed, first={1})
+    return model, model.run(programs)
+
+
+def test_the_wave3_hang_replays_without_the_stream_order():
+    """The state of the log: rank 1 stuck in call 722 waiting for 0, ranks 0, 2, 3 in call 723 waiting
+    for 1; rank 1's epoch word had moved to 723 under its wait (two kernels had read 722)."""
+    model, stuck = _wave3(ordered=False)
+    assert stuck == {1: [(722, 0, True)], 0: [(723, 1, False)], 2: [(723, 1, False)], 3: [(723, 1, False)]}
+    assert model.epochs[(1, 0)] == model.epochs[(1, 1)] == 722  # both of rank 1's kernels took call 722
+    assert model.epochs[(0, 1)] == 723
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_stream_order_removes_it(seed):
+    model, stuck = _wave3(ordered=True, seed=seed)
+    assert stuck is None and not model.errors, (stuck, model.errors)
+    assert {model.epochs[(r, 1)] for r in range(4)} == {723}
+
+
+# ---------------------------------------------------------------- random programs
+KINDS = [("allreduce", "ll"), ("allreduce", "oneshot"), ("allreduce", "twoshot"), ("bcast", "ll"),
+         ("bcast", "pull"), ("reduce", "ll"), ("reduce", "twoshot")]
+
+
+def _programs(P, seed, calls=24, graphs=True):
+    """The same collectives on every rank (SPMD), each rank on streams of its own choosing, graphs captured
+    once and replayed between eager calls (their launches ordered by the caller), some host waits."""
+    shared, streams = random.Random(seed), ["null", "A", "B"]
+    plan = [(*shared.choice(KINDS), shared.randrange(P)) for _ in range(calls)]
+    graph = [(*shared.choice(KINDS), shared.randrange(P)) for _ in range(3)]
+    replay_at = {i for i in range(calls) if shared.random() < 0.15} if graphs else set()
+    sync_at = {i for i in range(calls) if shared.random() < 0.1}
+    programs = []
+    for r in range(P):
+        local = random.Random(1000 * seed + r)
+        prog, last, last_graph = [], None, False
+        if graphs:
+            prog.append(("begin_capture", 0, "G"))
+            prog += [call(op, algo, "G", root) for op, algo, root in graph]
+            prog.append(("end_capture", 0, "G"))
+        for i, (op, algo, root) in enumerate(plan):
+            s = local.choice(streams)
+            if i in replay_at:
+                if last is not None and last != s:
+                    prog.append(("order", last, s))
+                prog.append(("replay", 0, s))
+                last, last_graph = s, True
+            if last_graph and last != s:
+                prog.append(("order", last, s))
+            prog.append(call(op, algo, s, root))
+            last, last_graph = s, False
+            if i in sync_at:
+                prog.append(("sync", s))
+        programs.append(prog)
+    return programs
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_random_programs_with_the_stream_order_finish_with_the_right_data(P):
+    for seed in range(12):
+        model = Model(P, epoch=seed % 3, ordered=True, seed=seed)
+        stuck = model.run(_programs(P, seed))
+        assert stuck is None, (seed, stuck)
+        assert not model.errors, (seed, model.errors[:3])
+        # every rank gave every logical call the same number
+        calls = {j for (_, j) in model.epochs}
+        for j in calls:
+            assert len({model.epochs[(r, j)] for r in range(P)}) == 1, (seed, j)
+
+
+def test_random_programs_without_the_stream_order_fail_and_say_why():
+    """The same programs with launches left unordered: some runs hang or read another call's data, and in
+    every one of those the ranks gave some call different numbers (a kernel started beside or before the
+    one launched ahead of it on another stream)."""
+    failed = 0
+    for seed in range(12):
+        model = Model(4, ordered=False, seed=seed)
+        stuck = model.run(_programs(4, seed, graphs=False))
+        if stuck or model.errors:
+            failed += 1
+            numbers = {}
+            for (r, j), E in model.epochs.items():
+                numbers.setdefault(j, set()).add(E)
+            assert any(len(e) > 1 for e in numbers.values()), (seed, stuck, model.errors[:3])
+    assert failed >= 3, failed
+
+
+@pytest.mark.parametrize("rule", ["ack wait", "parity", "call flag", "two slots"])
+def test_every_rule_of_the_protocol_is_needed(rule):
+    """The model is sharp enough to matter: leave out one rule (the wait for every peer's ack of call
+    E - 2, the two parities of buffers and LL slots, the call's number in the LL flag, the two barrier
+    slots of a two-phase kernel) and runs that pass with it hang or read another call's data."""
+    if rule == "ack wait":  # the root of LL broadcasts waits for nobody else: let it run ahead
+        prog = [call("bcast", "ll", "S", 0) for _ in range(8)] + [call("reduce", "ll", "S", 0) for _ in range(4)]
+        runs = [(Model(3, seed=1, first={0}, drop=[rule]), [list(prog) for _ in range(3)])]
+    else:
+        runs = [(Model(3, seed=seed, drop=[rule]), _programs(3, seed, calls=40)) for seed in range(6)]
+    failed = 0
+    for model, programs in runs:
+        stuck = model.run(programs)
+        failed += bool(stuck or model.errors)
+    assert failed, rule
+
+
+def test_graph_replays_take_the_live_call_number():
+    """A graph captured once and replayed between eager calls on one stream: each replay's kernels read
+    the epoch word when they run, so they take new numbers, the same on every rank."""
+    P = 3
+    prog = [("begin_capture", 0, "S"), call("allreduce", "ll", "S"), call("bcast", "pull", "S", 2),
+            ("end_capture", 0, "S")]
+    for i in range(5):
+        prog += [call("allreduce", "twoshot", "S"), ("replay", 0, "S"), call("reduce", "ll", "S", i % P)]
+    model = Model(P, ordered=True, seed=3)
+    assert model.run([list(prog) for _ in range(P)]) is None and not model.errors
+    assert sorted({model.epochs[(0, j)] for j in range(model.calls[0])}) == list(range(model.calls[0]))
+
+
+# ---------------------------------------------------------------- StreamOrder itself
+def test_stream_order_costs_nothing_on_one_stream_and_orders_a_switch():
+    log = []
+    order = StreamOrder(lambda s: s == "cap", lambda s: log.append(("record", s)),
+                        lambda s: log.append(("wait", s)))
+
+    def launch(s):
+        if s != order.last:
+            order.switch(s)
+        log.append(("launch", s))
+
+    for s in ("a", "a", "b", "cap", "cap", "b", "a"):
+        launch(s)
+    assert log == [("launch", "a"), ("launch", "a"), ("record", "a"), ("wait", "b"), ("launch", "b"),
+                   ("launch", "cap"), ("launch", "cap"), ("launch", "b"), ("record", "b"), ("wait", "a"),
+                   ("launch", "a")]
+
+
+def test_stream_order_refuses_when_the_last_stream_is_capturing_now():
+    capturing = set()
+    order = StreamOrder(lambda s: s in capturing, lambda s: None, lambda s: None)
+    order.switch("a")
+    capturing.add("a")  # a capture began on "a" after its last collective, which may still run
+    with pytest.raises(CommError, match="capturing a CUDA graph"):
+        order.switch("b")
