@@ -1,4 +1,4 @@
-"""CuPy's own compiled kernels, shipped: the files of CuPy's kernel cache, zipped per architecture, put in place by init.
+"""CuPy's own compiled kernels, shipped: the files of CuPy's kernel cache, zipped per arch, put in place by init.
 
 CuPy compiles each element-wise, reduction and raw kernel with NVRTC the first time a machine needs it; on a
 machine where CuPy never ran that is most of a first fit (KMeans 10 s of 10.2 s on an H100), and compiling
@@ -59,7 +59,6 @@ import datetime
 import glob
 import hashlib
 import inspect
-import io
 import json
 import logging
 import os
