@@ -479,15 +479,18 @@ for name, est, args in (("kmeans", KMeans(n_clusters=32, random_state=0), (X,)),
     cupy.cuda.Device().synchronize()
     fit[name] = time.perf_counter() - t1
 new = sorted(n for n in set(os.listdir(cache)) - before if n.endswith(".cubin"))
-print("RESULT " + json.dumps({"status": st, "compiles": len(compiles), "sources": compiles[:5], "new_files": new,
+print("RESULT " + json.dumps({"status": st, "cupy_file": cupy.__file__, "compiles": len(compiles), "sources": compiles[:5], "new_files": new,
                               "fit_s": fit, "arch": compiler._get_arch(), "cupy": cupy.__version__}))
 """
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_the_shipped_cache_leaves_nothing_to_compile(tmp_path):
+@pytest.mark.parametrize("install_path", ["same", "symlinked"])
+def test_on_a_gpu_the_shipped_cache_leaves_nothing_to_compile(tmp_path, install_path):
     """A fresh process with an empty CuPy cache: init installs the shipped files, and KMeans and
-    LinearRegression fits on 10^5 rows then compile no CuPy kernel (no NVRTC call, no new cache file)."""
+    LinearRegression fits on 10^5 rows then compile no CuPy kernel (no NVRTC call, no new cache file).
+    ``symlinked``: CuPy imported through a symlink, so its include paths (part of CuPy's key) differ from
+    the recording's, as in another virtual environment: the files must be re-keyed."""
     from conftest import ROOT, have_gpu, run_group
 
     if not have_gpu():
@@ -502,15 +505,24 @@ def test_on_a_gpu_the_shipped_cache_leaves_nothing_to_compile(tmp_path):
     h = ship.read_header(z)
     if h["cupy"] != cupy.__version__:
         pytest.skip(f"{os.path.basename(z)} is for CuPy {h['cupy']}, this is {cupy.__version__}")
+    path = [os.path.join(ROOT, "src")]
+    if install_path == "symlinked":
+        if not h["mapped"]:
+            pytest.skip(f"{os.path.basename(z)} maps no file to the manifest: it cannot be re-keyed")
+        os.makedirs(tmp_path / "alt")
+        os.symlink(os.path.dirname(cupy.__file__), tmp_path / "alt" / "cupy")
+        path.insert(0, str(tmp_path / "alt"))
     script = tmp_path / "fits.py"
     script.write_text(_GPU_SCRIPT)
     os.makedirs(tmp_path / "cupy")
     env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / "cupy"), MPIML_KERNEL_CACHE=str(tmp_path / "mpiml"),
-               MPIML_CUPY_SHIP=z, PYTHONPATH=os.path.join(ROOT, "src"))
+               MPIML_CUPY_SHIP=z, PYTHONPATH=os.pathsep.join(path))
     env.pop("MPIML_CUPY_WARM", None)
     p = run_group([sys.executable, str(script)], 300, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][7:])
     print(json.dumps(out, indent=1))
     assert out["status"]["state"] == "installed" and out["status"]["written"] > 0, out["status"]
+    want = {"same": "as shipped" if h["mapped"] else "unchecked", "symlinked": "re-keyed"}[install_path]
+    assert out["status"]["keys"] == want, out["status"]
     assert out["compiles"] == 0 and out["new_files"] == [], out

@@ -71,7 +71,7 @@ import zipfile
 
 from . import _cupy_warm, _loader
 
-__all__ = ["pack", "install", "status", "read_header", "shipped_path", "shipped", "zip_name", "ShipHooks",
+__all__ = ["pack", "install", "status", "info", "read_header", "shipped_path", "shipped", "zip_name", "ShipHooks",
            "HEADER", "FORMAT"]
 
 FORMAT = 1
@@ -435,6 +435,22 @@ def status():
     (already in the cache), ``keys`` ("as shipped", "re-keyed" for this install's paths, "unchecked"),
     ``seconds``."""
     return dict(_STATUS)
+
+
+def info(gpu=False):
+    """For ``mpiml info``: the zips shipped, whether one fits this process's CuPy, NVRTC and GPU 0 (``gpu``),
+    where CuPy's cache is, and what :func:`install` did in this process."""
+    out = {"shipped": shipped(), "setting": os.environ.get("MPIML_CUPY_SHIP", ""), "status": status()}
+    if gpu:
+        try:
+            hooks = ShipHooks()
+            arch, versions = str(hooks.arch()), hooks.versions()
+            out.update(arch=arch, cupy=versions["cupy"], nvrtc=versions["nvrtc"], cache_dir=hooks.cache_dir())
+            h = next((z for z in out["shipped"] if str(z.get("arch")) == arch), None)
+            out["fits"] = h is not None and h["cupy"] == versions["cupy"] and list(h["nvrtc"]) == versions["nvrtc"]
+        except Exception as exc:  # noqa: BLE001 - descriptive only
+            out["error"] = f"{type(exc).__name__}: {exc}"
+    return out
 
 
 def _reset():
