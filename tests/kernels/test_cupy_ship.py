@@ -178,6 +178,18 @@ def test_an_unmapped_zip_is_installed_as_shipped_unchecked(tmp_path):
     assert (st["keys"], st["written"], user.named) == ("unchecked", 12, 0)
 
 
+def test_a_name_cupy_cannot_compute_leaves_the_files_as_shipped(tmp_path):
+    fake, m = _recording(tmp_path)
+    z = str(tmp_path / "c.zip")
+    ship.pack(fake.cache, z, m, hooks=fake)
+    user = FakeShip(tmp_path / "user", include="/elsewhere")
+    os.makedirs(user.cache)
+    user.names = lambda entries: {e["id"]: None for e in entries}
+    st = ship.install(hooks=user, path=z)
+    assert (st["keys"], st["written"]) == ("unchecked", 12)
+    assert _files(user.cache) == _files(fake.cache)
+
+
 @pytest.mark.parametrize("other", [{"cupy": "14.1.1"}, {"nvrtc": (13, 1)}, {"nvrtc": (12, 9)}, {"arch": "80"}])
 def test_other_versions_write_nothing(tmp_path, other):
     fake, m = _recording(tmp_path)

@@ -235,6 +235,8 @@ def pack(cache_dir, out_zip, manifest=None, *, hooks=None, versions=None, arch=N
     if runtime is None and hooks is not None:
         with contextlib.suppress(Exception):
             runtime = hooks.runtime()
+    if runtime is None and manifest is not None:
+        runtime = (manifest.get("recorded") or {}).get("cuda_runtime")
     files, skipped = {}, 0
     for name in sorted(os.listdir(cache_dir)):
         path = os.path.join(cache_dir, name)
@@ -255,7 +257,8 @@ def pack(cache_dir, out_zip, manifest=None, *, hooks=None, versions=None, arch=N
                   timespec="seconds"),
               "count": len(files), "bytes": sum(len(d) for d in files.values()), "invalid_skipped": skipped,
               "manifest_entries": len(manifest["entries"]) if manifest else 0,
-              "mapped": len(mapped), "entries": {name: mapped.get(name) for name in files},
+              "mapped": len(mapped), "checked": manifest is not None and hooks is not None,
+              "entries": {name: mapped.get(name) for name in files},
               "options": list(hooks.assemble(())) if hooks is not None else None}
     header["id"] = hashlib.sha256(json.dumps(sorted((n, d[:_HASH].decode()) for n, d in files.items()))
                                   .encode()).hexdigest()[:24]
@@ -413,7 +416,8 @@ def _plan(z, header, hooks):
 
     One mapped module's name is computed here: equal to the shipped name, every file goes in as shipped
     ("as shipped"); different, each module of the manifest gets the name computed here ("re-keyed", the
-    unmapped files are left out).  Without a mapped module nothing can be checked ("unchecked")."""
+    unmapped files are left out).  Without a mapped module, or where CuPy cannot compute the name, nothing
+    is checked: the files go in as shipped ("unchecked"; a wrong name is never looked up)."""
     files = [n for n in z.namelist() if _FILE.match(n)]
     mapped = {n: e for n, e in (header.get("entries") or {}).items() if e and n in files}
     if not mapped:
@@ -422,6 +426,8 @@ def _plan(z, header, hooks):
     by_id = {e["id"]: e for e in manifest["entries"]}
     probe_name, probe_id = next(iter(sorted(mapped.items())))
     here = hooks.names([by_id[probe_id]]).get(probe_id)
+    if here is None:                  # CuPy could not key it here (its NVRTC refused the options): as shipped
+        return [(n, n) for n in files], "unchecked"
     if here == probe_name:
         return [(n, n) for n in files], "as shipped"
     names = hooks.names([by_id[e] for e in mapped.values()])
@@ -488,8 +494,9 @@ def _say(path, h):
     print(f"{path}: {h['count']} files, {h['bytes'] / 2**20:.1f} MiB of cubins, "
           f"{os.path.getsize(path) / 2**20:.1f} MiB zipped; CuPy {h['cupy']}, NVRTC "
           f"{'.'.join(map(str, h['nvrtc']))}, sm_{h['arch']}, CUDA runtime {h.get('cuda_runtime')}; "
-          f"{h['mapped']} of the manifest's {h['manifest_entries']} modules found under the names CuPy computes "
-          f"here; {h['invalid_skipped']} invalid files skipped", flush=True)
+          + (f"{h['mapped']} of the manifest's {h['manifest_entries']} modules found under the names CuPy computes "
+             "here" if h.get("checked") else "names not checked (no CuPy or no manifest here)")
+          + f"; {h['invalid_skipped']} invalid files skipped", flush=True)
 
 
 def main(argv=None):
