@@ -22,6 +22,11 @@ from mpiml.kernels import _cupy_ship as ship
 from mpiml.kernels import _cupy_warm as cw
 
 
+#: a zip named by the caller for the GPU test (MPIML_CUPY_SHIP=/path/cupy_sm90.zip), read before the fixture
+#: below clears the variable for the CPU tests
+_ZIP = os.environ.get("MPIML_CUPY_SHIP", "") if os.environ.get("MPIML_CUPY_SHIP", "").endswith(".zip") else None
+
+
 def _cupy_file(payload):
     """A file of CuPy's disk cache: the SHA-1 hex of the payload, then the payload."""
     return hashlib.sha1(payload).hexdigest().encode() + payload
@@ -514,8 +519,7 @@ def test_on_a_gpu_the_shipped_cache_leaves_nothing_to_compile(tmp_path, install_
     import cupy
 
     cc = cupy.cuda.Device(0).compute_capability
-    z = os.environ.get("MPIML_CUPY_SHIP") if os.environ.get("MPIML_CUPY_SHIP", "").endswith(".zip") \
-        else ship.shipped_path(cc)
+    z = _ZIP or ship.shipped_path(cc)
     if not os.path.exists(z):
         pytest.skip(f"no CuPy cache shipped for sm_{cc} ({z})")
     h = ship.read_header(z)
