@@ -98,7 +98,7 @@ def _files(folder):
 
 @pytest.fixture(autouse=True)
 def fresh_state(monkeypatch):
-    for var in ("MPIML_CUPY_SHIP", "CUPY_CACHE_IN_MEMORY"):
+    for var in ("MPIML_CUPY_SHIP", "CUPY_CACHE_IN_MEMORY", "CUPY_CUDA_COMPILE_WITH_DEBUG", "CUPY_COMPILE_WITH_PTX"):
         monkeypatch.delenv(var, raising=False)
     ship._reset()
     yield
@@ -217,9 +217,12 @@ def test_switches_and_missing_zip(tmp_path, monkeypatch):
     monkeypatch.setenv("MPIML_CUPY_SHIP", "off")
     assert ship.install(hooks=user, path=z)["state"] == "skipped"
     monkeypatch.delenv("MPIML_CUPY_SHIP")
-    monkeypatch.setenv("CUPY_CACHE_IN_MEMORY", "1")
-    assert "CUPY_CACHE_IN_MEMORY" in ship.install(hooks=user, path=z)["reason"]
-    monkeypatch.delenv("CUPY_CACHE_IN_MEMORY")
+    for var in ("CUPY_CACHE_IN_MEMORY", "CUPY_CUDA_COMPILE_WITH_DEBUG", "CUPY_COMPILE_WITH_PTX"):
+        monkeypatch.setenv(var, "1")
+        assert var in ship.install(hooks=user, path=z)["reason"]
+        monkeypatch.setenv(var, "true")        # CuPy reads only an integer 1 as on
+        assert ship._cupy_flag(var) is False
+        monkeypatch.delenv(var)
     assert "no CuPy kernels shipped for sm_90" in ship.install(hooks=user, path=str(tmp_path / "none.zip"))["reason"]
     user.cache_dir = lambda: None
     assert "backend" in ship.install(hooks=user, path=z)["reason"]

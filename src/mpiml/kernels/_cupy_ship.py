@@ -300,6 +300,14 @@ def _skip(reason, log=False, **more):
     return dict(_STATUS)
 
 
+def _cupy_flag(name):
+    """A boolean CuPy setting, read as CuPy reads it (only an integer 1 is on)."""
+    try:
+        return int(os.environ.get(name, "") or 0) == 1
+    except ValueError:
+        return False
+
+
 def _marker_name(path, st, versions, arch, cache, paths):
     text = json.dumps([os.path.realpath(path), st.st_size, st.st_mtime_ns, versions["cupy"],
                        list(versions["nvrtc"]), arch, os.path.realpath(cache), paths])
@@ -357,8 +365,11 @@ def _install(hooks, path, setting):
     value = (os.environ.get("MPIML_CUPY_SHIP", "") if setting is None else setting).strip()
     if value.lower() in _OFF:
         return _skip("turned off (MPIML_CUPY_SHIP=0)")
-    if os.environ.get("CUPY_CACHE_IN_MEMORY", "").strip().lower() in ("1", "true", "yes", "on"):
-        return _skip("CUPY_CACHE_IN_MEMORY is set: CuPy reads no cache folder")
+    if _cupy_flag("CUPY_CACHE_IN_MEMORY"):
+        return _skip("CUPY_CACHE_IN_MEMORY=1: CuPy reads no cache folder")
+    for var in ("CUPY_CUDA_COMPILE_WITH_DEBUG", "CUPY_COMPILE_WITH_PTX"):
+        if _cupy_flag(var):           # other code than the shipped cubins, under keys the probe would re-key to
+            return _skip(f"{var}=1: CuPy compiles other code than the shipped cubins")
     hooks = hooks or ShipHooks()
     arch = str(hooks.arch())
     if path is None:
