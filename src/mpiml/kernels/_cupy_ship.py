@@ -249,16 +249,20 @@ def pack(cache_dir, out_zip, manifest=None, *, hooks=None, versions=None, arch=N
             files[name] = data
         else:
             skipped += 1
-    mapped = {}
+    mapped, checked = {}, False
     if manifest is not None and hooks is not None:
         entries = [e for e in manifest["entries"] if e.get("backend", "nvrtc") == "nvrtc"]
-        mapped = {name: eid for eid, name in hooks.names(entries).items() if name in files}
+        try:
+            mapped = {name: eid for eid, name in hooks.names(entries).items() if name in files}
+            checked = True
+        except Exception as exc:  # noqa: BLE001 - still a zip, only not re-keyable
+            _warn_once("pack", f"names not computed ({type(exc).__name__}: {exc})")
     header = {"format": FORMAT, "cupy": versions["cupy"], "nvrtc": list(versions["nvrtc"]), "arch": arch,
               "cuda_runtime": runtime, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
                   timespec="seconds"),
               "count": len(files), "bytes": sum(len(d) for d in files.values()), "invalid_skipped": skipped,
               "manifest_entries": len(manifest["entries"]) if manifest else 0,
-              "mapped": len(mapped), "checked": manifest is not None and hooks is not None,
+              "mapped": len(mapped), "checked": checked,
               "entries": {name: mapped.get(name) for name in files},
               "options": list(hooks.assemble(())) if hooks is not None else None}
     header["id"] = hashlib.sha256(json.dumps(sorted((n, d[:_HASH].decode()) for n, d in files.items()))
