@@ -293,6 +293,23 @@ def test_a_read_only_cache_folder_never_fails(tmp_path, monkeypatch, caplog):
     assert os.listdir(user.cache) == []
 
 
+def test_a_file_system_without_locks_still_installs(tmp_path, monkeypatch):
+    import fcntl
+
+    fake, m = _recording(tmp_path)
+    z = str(tmp_path / "c.zip")
+    ship.pack(fake.cache, z, m, hooks=fake)
+    user = FakeShip(tmp_path / "user")
+    os.makedirs(user.cache)
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    st = ship.install(hooks=user, path=z)
+    assert (st["state"], st["written"]) == ("installed", 12), st
+
+
 def test_install_never_raises(tmp_path):
     bad = tmp_path / "bad.zip"
     bad.write_bytes(b"not a zip")

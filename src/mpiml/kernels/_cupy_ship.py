@@ -318,6 +318,22 @@ def _marker_name(path, st, versions, arch, cache, paths):
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+@contextlib.contextmanager
+def _node_lock(path):
+    """``flock`` on ``path`` where the file system has it; without it (some NFS) the writes stay safe, only
+    repeated by each rank."""
+    lock = _cupy_warm._flock(path)
+    try:
+        lock.__enter__()
+    except OSError:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.__exit__(None, None, None)
+
+
 def _write(folder, name, data):
     """``folder/name`` <- ``data`` through a temporary file and a rename; False when it is already there."""
     target = os.path.join(folder, name)
@@ -402,7 +418,7 @@ def _install(hooks, path, setting):
         os.makedirs(marker_dir, exist_ok=True)
     except OSError as exc:
         return _skip(f"cannot write into CuPy's cache {cache} ({exc})", log=True, zip=path)
-    with _cupy_warm._flock(marker + ".lock"):     # the ranks of a node: one writes, the others wait
+    with _node_lock(marker + ".lock"):            # the ranks of a node: one writes, the others wait
         if os.path.exists(marker):
             _STATUS.clear()
             _STATUS.update(state="present", zip=path, cache_dir=cache, marker=marker, waited=True)
