@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""First fit against second fit on a GPU, from cold caches with CuPy's kernels compiled ahead, each in a fresh process.
+"""First fit against second fit on a GPU, from cold caches with CuPy's compiled kernels shipped, in fresh processes.
 
     PYTHONPATH=src python3 benchmarks/gpu/first_fit.py --out $OUT/first_fit.json [--np 4] [--only kmeans,pca]
-        [--states cold,cold_wait,warm,cold_off]
+        [--states cold,warm,cold_noship] [--ship ZIP]
 
 (``--np`` defaults to the GPUs there, at most 4: one rank a GPU.)
 
@@ -10,19 +10,21 @@ For every estimator, fresh processes that time ``import mpiml`` + ``mpiml.init()
 the data (10^6 x 32 float32 CuPy rows), then the first and the second fit (each ended by a device
 synchronisation), in these states:
 
-* ``cold``: an empty ``CUPY_CACHE_DIR`` and an empty ``MPIML_KERNEL_CACHE``, the default settings: ``mpiml.init()``
-  starts compiling the shipped manifest's CuPy kernels in the background (``mpiml.kernels._cupy_warm``) and a
-  fit takes what it needs first;
-* ``cold_wait``: the same with ``MPIML_CUPY_WARM=wait,data,<estimator>``: ``mpiml.init()`` returns once the kernels
-  of the data's lines and of that estimator are compiled (a user who names the workload);
+* ``cold``: an empty ``CUPY_CACHE_DIR`` and an empty ``MPIML_KERNEL_CACHE``, the default settings: what a user
+  gets on a new machine, ``mpiml.init()`` writing the CuPy cache files the package ships for this GPU
+  (``mpiml.kernels._cupy_ship``; ``--ship ZIP`` installs that zip instead) before the fits;
 * ``warm``: the caches that ``cold`` left (a machine that ran mpiml before);
-* ``cold_off`` (not by default): empty caches, ``MPIML_CUPY_WARM=0``: CuPy compiles inside the fits, as before.
+* ``cold_noship``: empty caches, ``MPIML_CUPY_SHIP=0``: CuPy compiles inside the fits, as before the cache was shipped;
+* ``cold_warmup``, ``cold_wait`` (not by default): empty caches, nothing shipped, the recorded list compiled in
+  the background from ``mpiml.init()`` (``MPIML_CUPY_WARM=1``), or waited for (``wait,data,<estimator>``).
 
-Then ``mpiexec -n N python -m mpiml run kmeans`` from empty caches at the default settings: seconds from launch
-to its first ``Iteration`` line.  The shipped cubins (``mpiml/kernels/prebuilt``) are used as they are; the
-per-process loader counts say how each kernel module of ours was served, and ``cupy_warm`` what the warm-up
-did by the end of the first fit.  The goal: first fit <= 2 x second + 0.5 s, and the first k-means iteration
-of 4 ranks within 8 s of launch.
+Each process also says what the install did (``cupy_ship``), how many modules CuPy compiled with NVRTC during
+the first fit (``cupy_compiles_first_fit``: 0 when everything came from the cache) and what the warm-up did.
+Then ``mpiexec -n N python -m mpiml run kmeans`` from empty caches at the default settings (and, with
+``cold_noship`` among the states, once more with ``MPIML_CUPY_SHIP=0``): seconds from launch to its first
+``Iteration`` line.  The shipped cubins of our own kernels (``mpiml/kernels/prebuilt/sm_XY.zip``) are used as
+they are; the per-process loader counts say how each kernel module of ours was served.  The goal: first fit
+<= 2 x second + 0.5 s, and the first k-means iteration of 4 ranks within 8 s of launch.
 """
 
 import argparse
@@ -64,6 +66,15 @@ import mpiml
 mpiml.init()
 {imp}
 t4 = time.perf_counter()
+from mpiml.kernels import _cupy_ship
+ship = _cupy_ship.status()
+from cupy.cuda import compiler
+compiles = []
+_nvrtc = compiler._compile_using_nvrtc_no_warning
+def _counted(*a, **k):
+    compiles.append(1)
+    return _nvrtc(*a, **k)
+compiler._compile_using_nvrtc_no_warning = _counted   # CuPy's own NVRTC compiles (a cache miss each)
 t_import = t4 - t0
 split = {{"cupy_import_s": t1 - t0, "context_s": t2 - t1, "sklearn_import_s": t3 - t2, "mpiml_s": t4 - t3}}
 t = time.perf_counter()
@@ -83,6 +94,7 @@ for _ in range(2):
     cupy.cuda.Device().synchronize()
     fits.append(time.perf_counter() - t)
     if len(fits) == 1:
+        n_compiles = len(compiles)
         t_first_end = time.perf_counter() - t0
         t = time.perf_counter()
         _cupy_warm.stop(30)   # the second fit in steady state: no background compiles beside it (the rest of the
@@ -91,14 +103,32 @@ for _ in range(2):
 from mpiml.kernels import _loader
 print("RESULT " + json.dumps({{"import_init_s": t_import, "import_split": split, "data_s": t_data,
                                "first_s": fits[0], "second_s": fits[1], "start_to_first_fit_end_s": t_first_end,
-                               "warm_up_rest_s": t_warm_rest,
+                               "warm_up_rest_s": t_warm_rest, "cupy_ship": ship,
+                               "cupy_compiles_first_fit": n_compiles,
                                "kernels": _loader.stats(), "cupy_warm_at_fit": warm_at_fit,
                                "cupy_warm": _cupy_warm.status()}}), flush=True)
 """
 
-#: state -> (MPIML_CUPY_WARM, caches: "new" empty ones, or "reuse" those of the state named)
-STATES = {"cold": ("1", "new"), "cold_wait": ("wait,data,{name}", "new"), "warm": ("1", "reuse:cold"),
-          "cold_off": ("0", "new")}
+#: state -> (its settings, caches: "new" empty ones, or "reuse" those of the state named); an unset variable is
+#: removed from the environment (the default)
+STATES = {"cold": ({"MPIML_CUPY_WARM": None}, "new"),
+          "warm": ({"MPIML_CUPY_WARM": None}, "reuse:cold"),
+          "cold_noship": ({"MPIML_CUPY_SHIP": "0", "MPIML_CUPY_WARM": None}, "new"),
+          "cold_warmup": ({"MPIML_CUPY_SHIP": "0", "MPIML_CUPY_WARM": "1"}, "new"),
+          "cold_wait": ({"MPIML_CUPY_SHIP": "0", "MPIML_CUPY_WARM": "wait,data,{name}"}, "new")}
+
+
+def _settings(env, settings, name="", ship=None):
+    """``env`` with a state's settings (``None``: unset) and ``--ship`` where the state does not turn it off."""
+    env = dict(env)
+    if ship:
+        env["MPIML_CUPY_SHIP"] = os.path.abspath(ship)
+    for var, value in settings.items():
+        if value is None:
+            env.pop(var, None)
+        else:
+            env[var] = value.format(name=name)
+    return env
 
 
 def _env(cupy_cache, mpiml_cache):
@@ -174,7 +204,8 @@ def main(argv=None):
                                                           "(default: the GPUs here, at most 4; 0: skip it)")
     ap.add_argument("--data", default="blobs:n=4000000,d=32,k=32", help="data of the mpiml run kmeans check")
     ap.add_argument("--timeout", type=float, default=120)
-    ap.add_argument("--states", default="cold,cold_wait,warm", help=f"of {list(STATES)}")
+    ap.add_argument("--states", default="cold,warm,cold_noship", help=f"of {list(STATES)}")
+    ap.add_argument("--ship", default=None, help="a zip of CuPy's cache to install instead of the package's")
     args = ap.parse_args(argv)
     names = [n for n in args.only.split(",") if n]
     started = time.time()
@@ -192,34 +223,41 @@ def main(argv=None):
     bad = sorted(set(states) - set(STATES))
     if bad:
         ap.error(f"--states: unknown {bad} (known: {list(STATES)})")
-    result["states"] = {x: {"MPIML_CUPY_WARM": STATES[x][0], "caches": STATES[x][1]} for x in states}
+    result["states"] = {x: {"settings": STATES[x][0], "caches": STATES[x][1]} for x in states}
+    result["ship"] = args.ship
     with tempfile.TemporaryDirectory(prefix="mpiml-first-fit-") as tmp:
         for name in names:
             row = {}
             for state in states:
-                warm, caches = STATES[state]
+                settings, caches = STATES[state]
                 owner = caches.split(":", 1)[1] if caches.startswith("reuse:") else state
                 cupy_cache, mpiml_cache = os.path.join(tmp, name, owner, "cupy"), os.path.join(tmp, name, owner, "mpiml")
                 os.makedirs(cupy_cache, exist_ok=True)
                 os.makedirs(mpiml_cache, exist_ok=True)
-                env = dict(_env(cupy_cache, mpiml_cache), MPIML_CUPY_WARM=warm.format(name=name))
+                env = _settings(_env(cupy_cache, mpiml_cache), settings, name, args.ship)
                 row[state] = r = run_one(name, env, args.timeout)
-                w = r.get("cupy_warm_at_fit") or {}
-                print(f"{name if state == states[0] else '':7s} {state:9s}: " + (
+                w, sh = r.get("cupy_warm_at_fit") or {}, r.get("cupy_ship") or {}
+                print(f"{name if state == states[0] else '':7s} {state:11s}: " + (
                     f"import+init {r['import_init_s']:.2f} s, data {r['data_s']:.2f} s, first {r['first_s']:.2f} s, "
                     f"second {r['second_s']:.3f} s, goal {'met' if r['goal_met'] else 'missed'}; start to first fit "
-                    f"end {r['start_to_first_fit_end_s']:.2f} s; CuPy warm-up at the fit: {w.get('state')} "
-                    f"{w.get('counts', w.get('reason', ''))}" if "error" not in r else r["error"][-400:]), flush=True)
+                    f"end {r['start_to_first_fit_end_s']:.2f} s; CuPy compiles in the first fit "
+                    f"{r['cupy_compiles_first_fit']}; shipped cache: {sh.get('state')} "
+                    f"{sh.get('written', sh.get('reason', ''))} ({sh.get('keys', '')}, {sh.get('seconds')} s); "
+                    f"warm-up: {w.get('state')} {w.get('counts', '')}" if "error" not in r else r["error"][-400:]),
+                    flush=True)
             result["estimators"][name] = row
-        if args.np:
-            cupy_cache, mpiml_cache = os.path.join(tmp, "run", "cupy"), os.path.join(tmp, "run", "mpiml")
+        runs = [("mpiml_run_kmeans", {"MPIML_CUPY_WARM": None})]
+        if "cold_noship" in states:
+            runs.append(("mpiml_run_kmeans_noship", {"MPIML_CUPY_SHIP": "0", "MPIML_CUPY_WARM": None}))
+        for key, settings in runs if args.np else ():
+            cupy_cache, mpiml_cache = os.path.join(tmp, key, "cupy"), os.path.join(tmp, key, "mpiml")
             os.makedirs(cupy_cache)
             os.makedirs(mpiml_cache)
-            env = _env(cupy_cache, mpiml_cache)
-            result["mpiml_run_kmeans"] = first_iteration(args.np, env, 4 * args.timeout, args.data)
-            r = result["mpiml_run_kmeans"]
-            print(f"mpiexec -n {args.np} mpiml run kmeans: first iteration after {r.get('first_iteration_s')} s "
-                  f"(exit {r.get('exit')})", flush=True)
+            env = _settings(_env(cupy_cache, mpiml_cache), settings, ship=args.ship)
+            result[key] = r = first_iteration(args.np, env, 4 * args.timeout, args.data)
+            r["settings"] = settings
+            print(f"mpiexec -n {args.np} mpiml run kmeans ({key}): first iteration after "
+                  f"{r.get('first_iteration_s')} s (exit {r.get('exit')})", flush=True)
             if r.get("first_iteration_s") is None:
                 print("\n".join(r.get("tail", [])) or r.get("error"), flush=True)
     result["seconds"] = round(time.time() - started, 1)

@@ -109,8 +109,17 @@ def init(device="auto", *, warm=None):
         how = f"local rank {local} ({var or 'no launcher variable'}) mod {n} visible GPU(s)"
     cupy.cuda.Device(dev).use()
     _STATE.update(device=dev, how=how)
+    _install_cupy_kernels(dev)
     _start_cupy_warm(dev, local, warm)
     return dev
+
+
+def _install_cupy_kernels(dev):
+    """CuPy's own kernels, compiled when the package was built, into CuPy's cache before any fit
+    (:mod:`mpiml.kernels._cupy_ship`; ``MPIML_CUPY_SHIP=0`` turns it off; never fails ``init``)."""
+    from .kernels import _cupy_ship
+
+    _cupy_ship.install(dev)
 
 
 def _start_cupy_warm(dev, local, warm):

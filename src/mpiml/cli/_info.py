@@ -125,6 +125,9 @@ def kernel_info(gpu):
         cc = int(cupy.cuda.Device(0).compute_capability)
         out["this_gpu"] = {"arch": f"sm_{cc}", "prebuilt": _loader.prebuilt_summary(cc)}
     out["cupy_warm"] = cupy_warm_info(gpu)
+    from ..kernels import _cupy_ship
+
+    out["cupy_ship"] = _cupy_ship.info(bool(gpu.get("available")))
     return out
 
 
@@ -231,6 +234,13 @@ def main(argv):
         f"{w['entries']} recorded with CuPy {w['cupy']} (NVRTC {'.'.join(map(str, w['nvrtc']))})"
         + ("" if w.get("matches", True) else ", not this CuPy: not used")
         + f"; MPIML_CUPY_WARM={w['setting']}; into {w['cupy_cache']} (CUPY_CACHE_DIR)" if w["manifest"] else w["why"]))
+    s = kern["cupy_ship"]
+    print("CuPy's kernels shipped compiled: " + ("; ".join(
+        f"{z['zip']} ({z.get('count')} files, CuPy {z.get('cupy')}, NVRTC {'.'.join(map(str, z.get('nvrtc') or []))})"
+        for z in s["shipped"]) or "none") + ("" if "fits" not in s else (
+        f"; {'used' if s['fits'] else 'none fits'} here (sm_{s['arch']}, CuPy {s['cupy']}, NVRTC "
+        f"{'.'.join(map(str, s['nvrtc']))}), written by mpiml.init into {s['cache_dir']} unless MPIML_CUPY_SHIP=0"))
+          + (f"; this process: {s['status']['state']}" if s["status"].get("state") != "not started" else ""))
     print(f"CPU threads per rank: {threads['threads']} ({threads['source']})")
     print("backends:")
     for name, (ok, detail) in report.items():
