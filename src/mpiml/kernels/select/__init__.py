@@ -260,6 +260,9 @@ def _gemm_topk(Q, X, k, mode, gp, dist, idx):
     mode_saved = cublas.getMathMode(handle) if hasattr(cublas, "getMathMode") else None
     if mode_saved:  # no TF32 (nor any other reduced precision) for the dot products
         cublas.setMathMode(handle, 0)
+    pointer_saved = cublas.getPointerMode(handle) if hasattr(cublas, "getPointerMode") else None
+    if pointer_saved:  # alpha and beta are host scalars
+        cublas.setPointerMode(handle, 0)
     try:
         for s in range(0, nq, qb):
             n = min(qb, nq - s)
@@ -292,6 +295,8 @@ def _gemm_topk(Q, X, k, mode, gp, dist, idx):
     finally:
         if mode_saved:
             cublas.setMathMode(handle, mode_saved)
+        if pointer_saved:
+            cublas.setPointerMode(handle, pointer_saved)
 
 
 def _inputs(Q, X, metric, p, kernel):
