@@ -117,7 +117,7 @@ def _split_search(Q, X, bounds, k, metric):
         if metric in ("euclidean", "sqeuclidean"):
             d = exact_sq(Q, part, i)
             d = cp.sqrt(d) if metric == "euclidean" else d
-        state = merge_topk(*state, d, i + a, None, None, k, cp)
+        state = merge_topk(*state, d, i + a, None, k, cp)
     return state[0].get(), state[1].get()
 
 
