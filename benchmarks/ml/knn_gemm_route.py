@@ -60,7 +60,7 @@ def main(argv=None):
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--shape-d", type=int, default=960)
-    ap.add_argument("--shapes", default="1024x16384,2048x8192,2048x16384,4096x8192,512x32768")
+    ap.add_argument("--shapes", default="1024x16384,1024x8192,512x16384,2048x8192,2048x16384")
     ap.add_argument("--warm-only", action="store_true")
     args = ap.parse_args(argv)
     if args.warm_only:
