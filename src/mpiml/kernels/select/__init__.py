@@ -263,6 +263,9 @@ def _gemm_topk(Q, X, k, mode, gp, dist, idx):
     pointer_saved = cublas.getPointerMode(handle) if hasattr(cublas, "getPointerMode") else None
     if pointer_saved:  # alpha and beta are host scalars
         cublas.setPointerMode(handle, 0)
+    atomics_saved = cublas.getAtomicsMode(handle) if hasattr(cublas, "getAtomicsMode") else None
+    if atomics_saved:  # no atomics: a GEMM's sums in one order, run after run
+        cublas.setAtomicsMode(handle, 0)
     try:
         for s in range(0, nq, qb):
             n = min(qb, nq - s)
@@ -297,6 +300,8 @@ def _gemm_topk(Q, X, k, mode, gp, dist, idx):
             cublas.setMathMode(handle, mode_saved)
         if pointer_saved:
             cublas.setPointerMode(handle, pointer_saved)
+        if atomics_saved:
+            cublas.setAtomicsMode(handle, atomics_saved)
 
 
 def _inputs(Q, X, metric, p, kernel):
