@@ -164,3 +164,14 @@ def test_float32_without_tf32():
     d, i = topk(cp.asarray(Q), cp.asarray(X), 5, metric="inner_product", route="gemm")
     np.testing.assert_array_equal(i.get(), np.tile([6, 13, 20, 27, 34], (3, 1)))
     np.testing.assert_array_equal(d.get(), np.full((3, 5), -960 * (1 + 6 * 2.0 ** -12), dtype=np.float32))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_estimator_identical_at_any_rank_count(mpi, n):
+    """NearestNeighbors on wide rows (the GEMM route) at 1, 2, 3 ranks (sharing GPUs if need be): the
+    answer of one process with the whole index."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    mpi(os.path.join(here, "neighbors_gemm_gpu_script.py"), n, timeout=300)
