@@ -47,6 +47,7 @@ inline unsigned __ballot_sync(unsigned, bool p) {
     emu_warp_bar->arrive_and_wait();
     return m;
 }
+inline bool __any_sync(unsigned m, bool p) { return __ballot_sync(m, p) != 0; }
 template <typename V> V __shfl_sync(unsigned, V v, int src) { return emu_exchange(v, src); }
 template <typename V> V __shfl_xor_sync(unsigned, V v, int off) { return emu_exchange(v, lane_id() ^ off); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }

@@ -25,6 +25,8 @@ pytestmark = [pytest.mark.slow,
 SELECT = [("float", 0, 4, 16, 0), ("double", 5, 2, 16, 1), ("float", 3, 4, 16, 0), ("float", 4, 1, 16, 1),
           ("double", 1, 1, 8, 1)]
 RADIUS = [("float", 0, 4, 16, 1), ("double", 3, 2, 16, 1)]
+# (ctype, mode) of the GEMM route's tile selection
+TILE = [("float", 0), ("double", 1), ("float", 2), ("double", 0)]
 
 
 def _harness():
@@ -46,6 +48,12 @@ def _harness():
   emu_launch(dim3{{(unsigned)((nq + {tm * ty} - 1) / {tm * ty}), (unsigned)splits, 1}}, 256, smem, [&] {{
     mpiml_knn_radius<{T}, {mode}, {tm}, {ty}, {v}, {fill}>(Q, nq, d, X, m, qa, xa, p, bound, split_rows, counts,
       indptr, cursor, cols, vals); }}); }}''')
+    for T, mode in TILE:
+        out.append(f'''extern "C" void tile_{T}_{mode}(const {T}* S, int lds, int nq, int cols, int row0, int split_cols,
+  const {T}* qa, const {T}* xa, int k, {T}* pv, int* pi, int splits, long smem) {{
+  emu_launch(dim3{{(unsigned)((nq + MPIML_KNN_TS_WARPS - 1) / MPIML_KNN_TS_WARPS), (unsigned)splits, 1}},
+    MPIML_KNN_TS_WARPS * 32, smem, [&] {{
+    mpiml_knn_tile_select<{T}, {mode}>(S, lds, nq, cols, row0, split_cols, qa, xa, k, pv, pi); }}); }}''')
     for T in ("float", "double"):
         out.append(f'''extern "C" void merge_{T}(const {T}* pv, const int* pi, int nq, int splits, int k, {T}* ov, long long* oi) {{
   emu_launch(dim3{{4, 1, 1}}, 256, 0, [&] {{ mpiml_knn_merge<{T}>(pv, pi, nq, splits, k, ov, oi); }}); }}
@@ -169,3 +177,61 @@ def test_exact_sq_emulated(lib):
     out = np.empty((50, 11))
     lib.exact_double(_p(Q), _p(X), 37, _p(idx), 50, 11, _p(out))
     np.testing.assert_allclose(out, ((X[idx] - Q[:, None, :]) ** 2).sum(2), rtol=1e-12)
+
+
+def emulated_gemm_topk(lib, Q, X, k, metric, qb, cb):
+    """The GEMM route's steps (mpiml.kernels.select._gemm_topk) with NumPy's products as the tiles and the
+    emulated tile selection and merge (tiles of qb x cb)."""
+    T, _ = _ct(X.dtype)
+    nq, d = Q.shape
+    m, mode = X.shape[0], S.METRICS[metric]
+    splits = int(max(1, min(S._TS_SPLITS, cb // max(128, 8 * k))))
+    split_cols = -(-(-(-cb // splits)) // 128) * 128
+    splits = -(-cb // split_cols)
+    qa, xa = _aux(lib, Q, mode), _aux(lib, X, mode)
+    smem = S._TS_WARPS * k * (X.dtype.itemsize + 4)
+    fn = getattr(lib, f"tile_{T}_{mode}")
+    fn.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 5 + [ctypes.c_void_p] * 2 + [ctypes.c_int] + \
+        [ctypes.c_void_p] * 2 + [ctypes.c_int, ctypes.c_long]
+    ov, oi = np.empty((nq, k), X.dtype), np.empty((nq, k), np.int64)
+    for s in range(0, nq, qb):
+        n = min(qb, nq - s)
+        pv = np.full((qb, splits, k), np.inf, X.dtype)
+        pi = np.full((qb, splits, k), 0x7FFFFFFF, np.int32)
+        qs = np.ascontiguousarray(qa[s:]) if mode <= 1 else qa
+        for c0 in range(0, m, cb):
+            r = min(cb, m - c0)
+            tile = np.zeros((qb, cb), X.dtype)
+            tile[:n, :r] = Q[s:s + n] @ X[c0:c0 + r].T
+            fn(_p(tile), cb, n, r, c0, split_cols, _p(qs), _p(xa), k, _p(pv), _p(pi), splits, smem)
+        getattr(lib, f"merge_{T}")(_p(pv), _p(pi), n, splits, k, _p(ov[s:]), _p(oi[s:]))
+    return (np.sqrt(ov) if metric == "euclidean" else ov), oi, splits
+
+
+@pytest.mark.parametrize("dtype,metric,k,qb,cb", [
+    (np.float32, "sqeuclidean", 5, 8, 256),
+    (np.float64, "cosine", 40, 4, 384),
+    (np.float32, "inner_product", 1, 8, 512),
+    (np.float64, "euclidean", 130, 8, 256),
+])
+def test_tile_select_emulated(lib, dtype, metric, k, qb, cb):
+    """Duplicated integer rows (exact products, ties): the rows and order of NumPy's brute force, over
+    several chunks (the last partial) and query batches (the last partial)."""
+    from test_gpu_select import ref_topk, reference
+
+    rs = np.random.RandomState(k)
+    base = rs.randint(-2, 3, size=(9, 6)).astype(np.float64)
+    base[2] = 0
+    X = base[rs.randint(0, 9, size=2 * cb + 77)]
+    Q = np.concatenate([base[:4], rs.randint(-2, 3, size=(qb + 3, 6))]).astype(np.float64)
+    D = reference(Q, X, metric)
+    rd, ri = ref_topk(D, k)
+    d, i, splits = emulated_gemm_topk(lib, Q.astype(dtype), X.astype(dtype), k, metric, qb, cb)
+    if metric != "cosine":
+        np.testing.assert_array_equal(i, ri)
+    np.testing.assert_allclose(np.take_along_axis(D, i, 1), rd, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(d, rd, rtol=1e-6, atol=1e-6)
+    # every listed row once, ties in row order
+    assert all(len(set(r)) == k for r in i)
+    same = np.diff(d, axis=1) == 0
+    assert (np.diff(i, axis=1)[same] > 0).all()

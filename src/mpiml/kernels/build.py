@@ -134,6 +134,9 @@ def _select_programs():
                 tm, ty = (4, 16) if dtype.itemsize == 4 else (2, 16)
                 out.append((("select/select.cu",), [f"mpiml_knn_radius<{ct}, {mode}, {tm}, {ty}, {vec}, {f}>"
                                                      for f in ("false", "true")] + [norms]))
+            # the GEMM route's selection over a cuBLAS tile (select.topk at large d)
+            out.append((("select/select.cu",), [f"mpiml_knn_tile_select<{ct}, {mode}>", f"mpiml_knn_merge<{ct}>",
+                                                 norms]))
     return out
 
 

@@ -12,7 +12,7 @@ cubin, this machine's cache, else NVRTC once, see :mod:`mpiml.kernels._loader`),
 
 import numpy as np
 
-__all__ = ["METRICS", "MAX_K", "topk", "within", "exact_sq", "plan"]
+__all__ = ["METRICS", "MAX_K", "topk", "within", "exact_sq", "plan", "gemm_plan"]
 
 #: metric -> MODE of the kernel
 METRICS = {"sqeuclidean": 0, "euclidean": 0, "cosine": 1, "inner_product": 2, "manhattan": 3, "chebyshev": 4,
@@ -26,6 +26,16 @@ _SMEM_MAX = 200 * 1024
 MAX_K = 1024
 #: bytes of the per-split partial lists allowed per launch (larger query sets go in batches)
 _PARTIAL_BYTES = 256 << 20
+
+#: the GEMM route (cuBLAS dot products of a fixed-shape tile, then mpiml_knn_tile_select): the GEMM-form
+#: metrics from this many dimensions on (by dtype), query rows and index rows of one tile, warps a block
+GEMM_METRICS = ("sqeuclidean", "euclidean", "cosine", "inner_product")
+_GEMM_MIN_D = {4: 256, 8: 256}
+_GEMM_QUERIES = 1024
+_GEMM_ROWS = 16384
+_TS_WARPS = 4
+#: most column splits of a tile (each split keeps its own running list of every query)
+_TS_SPLITS = 16
 
 _MODULES = {}
 _DEVICE = {}
@@ -112,6 +122,40 @@ def plan(dtype, k, metric, nq, m, sms=132, per_sm=2):
     return tm, ty, splits, split_rows, smem
 
 
+def gemm_plan(dtype, k, metric, d):
+    """The GEMM route's launch plan, or None when the fused kernel runs (pure: testable without a GPU).
+
+    The route is taken for the GEMM-form metrics (:data:`GEMM_METRICS`) from ``d`` of
+    ``_GEMM_MIN_D`` on: there the dot products are a GEMM that cuBLAS runs near the peak, while the
+    register-tiled SIMT kernel reaches well under half of it.  Returns a dict: ``queries`` and
+    ``rows`` (the fixed shape of a tile: query rows x index rows), ``dp`` (``d`` rounded up to 16
+    bytes: the GEMM's inner dimension), ``splits`` and ``split_cols`` (column splits of a tile, each
+    with a running list of ``k`` entries a query), ``smem`` (shared bytes of a block) and
+    ``tile_bytes``.  Whether the route is taken, and the tile's shape, depend only on (``metric``,
+    ``d``, dtype) -- never on the number of queries or index rows, which differ between ranks --
+    so that every rank count computes every pair by the same GEMM (see :func:`topk`).
+    """
+    dtype = np.dtype(dtype)
+    if metric not in GEMM_METRICS or d < _GEMM_MIN_D[dtype.itemsize]:
+        return None
+    return _gemm_shape(dtype, k, d)
+
+
+def _gemm_shape(dtype, k, d):
+    """:func:`gemm_plan`'s dict, whatever ``d``."""
+    dtype = np.dtype(dtype)
+    per16 = 16 // dtype.itemsize
+    qb, cb = _GEMM_QUERIES, _GEMM_ROWS
+    # splits: enough warps to fill the GPU, but each split's columns at least 8 k (its list is read
+    # and written back once per tile) and a whole number of 128-column steps
+    splits = int(max(1, min(_TS_SPLITS, cb // max(128, 8 * k))))
+    split_cols = -(-cb // splits)
+    split_cols = -(-split_cols // 128) * 128
+    splits = -(-cb // split_cols)
+    return {"queries": qb, "rows": cb, "dp": -(-d // per16) * per16, "splits": splits, "split_cols": split_cols,
+            "smem": _TS_WARPS * k * (dtype.itemsize + 4), "tile_bytes": qb * cb * dtype.itemsize}
+
+
 def _resident(fn, smem):
     """Blocks of ``fn`` resident on one SM (registers and shared memory)."""
     regs = max(1, (int(fn.num_regs) + 7) // 8 * 8)
@@ -153,6 +197,113 @@ def exact_sq(Q, X, idx):
     return out
 
 
+def _aligned_zeros(shape, dtype, cupy, align=256):
+    """A C-contiguous zero array whose data starts on an ``align``-byte boundary."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape))
+    flat = cupy.zeros(n + align // dtype.itemsize, dtype=dtype)
+    off = (-flat.data.ptr % align) // dtype.itemsize
+    return flat[off:off + n].reshape(shape)
+
+
+def _gemm_consts(cublas):
+    from cupy_backends.cuda.api import runtime
+
+    return {"r32": getattr(runtime, "CUDA_R_32F", 0), "r64": getattr(runtime, "CUDA_R_64F", 1),
+            "c32": getattr(cublas, "CUBLAS_COMPUTE_32F", 68), "c64": getattr(cublas, "CUBLAS_COMPUTE_64F", 70),
+            "algo": getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1), "n": getattr(cublas, "CUBLAS_OP_N", 0),
+            "t": getattr(cublas, "CUBLAS_OP_T", 1)}
+
+
+def _gemm_topk(Q, X, k, mode, gp, dist, idx):
+    """The GEMM route of :func:`topk` (its docstring says why every GEMM has one shape): for each batch
+    of ``gp["queries"]`` queries, each chunk of ``gp["rows"]`` index rows: the tile of dot products by
+    cuBLAS, then ``mpiml_knn_tile_select`` into the splits' running lists; the lists merged into
+    ``dist`` / ``idx`` after the last chunk.  Everything is enqueued on CuPy's current stream, with no
+    host synchronisation."""
+    import cupy
+    from cupy_backends.cuda.libs import cublas
+
+    dtype = X.dtype
+    nq, d = Q.shape
+    m = X.shape[0]
+    qb, cb, dp = gp["queries"], gp["rows"], gp["dp"]
+    splits, split_cols, smem = gp["splits"], gp["split_cols"], gp["smem"]
+    ctype = _ctype(dtype)
+    sel_expr = f"mpiml_knn_tile_select<{ctype}, {mode}>"
+    merge_expr = f"mpiml_knn_merge<{ctype}>"
+    norms_expr = f"mpiml_knn_norms<{ctype}, {min(mode, 1)}>"
+    mod = _module((sel_expr, merge_expr, norms_expr))
+    sel, merge, norms = (mod.get_function(e) for e in (sel_expr, merge_expr, norms_expr))
+    if smem > 48 * 1024:
+        sel.max_dynamic_shared_size_bytes = smem
+    xaux = _aux(X, mode, norms, cupy)
+    qaux = _aux(Q, mode, norms, cupy)
+    # X is read in place where its rows are whole 16-byte multiples and it starts on a 256-byte
+    # boundary (then every full chunk does: cb * dp * itemsize is a multiple of 256); else each chunk
+    # is staged.  The last, partial chunk is always staged (padded with zero rows).
+    inplace = d == dp and X.data.ptr % 256 == 0
+    n_full = m // cb if inplace else 0
+    xbuf = _aligned_zeros((cb, dp), dtype, cupy) if n_full * cb < m else None
+    if inplace and xbuf is not None:
+        xbuf[:m - n_full * cb, :d] = X[n_full * cb:]
+    qbuf = _aligned_zeros((qb, dp), dtype, cupy)
+    tile = _aligned_zeros((qb, cb), dtype, cupy)
+    pv = cupy.empty((qb, splits, k), dtype=dtype)
+    pi = cupy.empty((qb, splits, k), dtype=cupy.int32)
+    c = _gemm_consts(cublas)
+    f32 = dtype == np.float32
+    ctype_id, compute = (c["r32"], c["c32"]) if f32 else (c["r64"], c["c64"])
+    one, zero = np.array(1, dtype=dtype), np.array(0, dtype=dtype)
+    handle = cupy.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    mode_saved = cublas.getMathMode(handle) if hasattr(cublas, "getMathMode") else None
+    if mode_saved:  # no TF32 (nor any other reduced precision) for the dot products
+        cublas.setMathMode(handle, 0)
+    pointer_saved = cublas.getPointerMode(handle) if hasattr(cublas, "getPointerMode") else None
+    if pointer_saved:  # alpha and beta are host scalars
+        cublas.setPointerMode(handle, 0)
+    atomics_saved = cublas.getAtomicsMode(handle) if hasattr(cublas, "getAtomicsMode") else None
+    if atomics_saved:  # no atomics: a GEMM's sums in one order, run after run
+        cublas.setAtomicsMode(handle, 0)
+    try:
+        for s in range(0, nq, qb):
+            n = min(qb, nq - s)
+            qbuf[:n, :d] = Q[s:s + n]
+            if n < qb:
+                qbuf[n:] = 0
+            qa = qaux[s:] if mode <= 1 else qaux
+            pv.fill(np.inf)
+            pi.fill(0x7FFFFFFF)
+            for c0 in range(0, m, cb):
+                r = min(cb, m - c0)
+                if inplace and r == cb:
+                    a_ptr = X.data.ptr + c0 * dp * dtype.itemsize
+                else:
+                    if not inplace:
+                        xbuf[:r, :d] = X[c0:c0 + r]
+                        if r < cb:
+                            xbuf[r:] = 0
+                    a_ptr = xbuf.data.ptr
+                # column-major: tile^T (cb x qb) = chunk (cb x dp, stored as dp x cb) ^T . queries (dp x qb)
+                cublas.gemmEx(handle, c["t"], c["n"], cb, qb, dp, one.ctypes.data, a_ptr, ctype_id, dp,
+                              qbuf.data.ptr, ctype_id, dp, zero.ctypes.data, tile.data.ptr, ctype_id, cb,
+                              compute, c["algo"])
+                sel((-(-n // _TS_WARPS), splits), (_TS_WARPS * 32,),
+                    (tile, np.int32(cb), np.int32(n), np.int32(r), np.int32(c0), np.int32(split_cols), qa, xaux,
+                     np.int32(k), pv, pi), shared_mem=smem)
+            total = n * splits * k
+            merge((int(min(-(-total // _THREADS), 65535)),), (_THREADS,),
+                  (pv, pi, np.int32(n), np.int32(splits), np.int32(k), dist[s:s + n], idx[s:s + n]))
+    finally:
+        if mode_saved:
+            cublas.setMathMode(handle, mode_saved)
+        if pointer_saved:
+            cublas.setPointerMode(handle, pointer_saved)
+        if atomics_saved:
+            cublas.setAtomicsMode(handle, atomics_saved)
+
+
 def _inputs(Q, X, metric, p, kernel):
     """``(Q, X)`` C-contiguous on the device in one float dtype (that of ``X``, float64 for other
     dtypes), after the checks both kernels share: a known metric, matching columns, 32-bit row
@@ -174,7 +325,7 @@ def _inputs(Q, X, metric, p, kernel):
     return Q, X
 
 
-def topk(Q, X, k, *, metric="sqeuclidean", p=None):
+def topk(Q, X, k, *, metric="sqeuclidean", p=None, route="auto"):
     """``(distances, indices)`` of the ``k`` nearest rows of ``X`` for every row of ``Q`` (CuPy).
 
     Indices are rows of ``X`` (int64), ordered by (distance, row): ties keep the lower row.
@@ -182,6 +333,22 @@ def topk(Q, X, k, *, metric="sqeuclidean", p=None):
     ``max(|q|² + |x|² - 2 q.x, 0)``, its square root for euclidean), ``"cosine"``,
     ``"inner_product"`` (``-q.x``), ``"manhattan"``, ``"chebyshev"``, ``"minkowski"`` (power
     ``p``).  ``Q`` and ``X`` are float32 or float64 (``Q`` is cast to the dtype of ``X``).
+
+    ``route``: ``"auto"`` (:func:`gemm_plan` decides), ``"fused"`` (the fused kernel) or ``"gemm"``
+    (the GEMM route, GEMM-form metrics only).  The GEMM route, taken by ``"auto"`` for the GEMM-form
+    metrics at large ``d``: cuBLAS (FP32 without TF32, or FP64) computes the dot products of a batch
+    of queries with a chunk of index rows into a tile in device memory, and ``mpiml_knn_tile_select``
+    applies the epilogue and keeps each query's ``k`` best behind a ``k``-th threshold, across the
+    chunks.  Results must not depend on how the index or the queries are split between ranks (or
+    batches): the value that selects a pair has to be the same bits whichever tile computed it.
+    cuBLAS picks its algorithm -- and with it the order in which the ``d`` products of a dot product
+    are added -- from the GEMM's shape, leading dimensions and pointer alignment, so every GEMM here
+    has one fixed shape (``queries x rows x dp`` of :func:`gemm_plan`, chosen from ``d`` and the
+    dtype alone): the last query batch and the last index chunk are padded with zero rows to it,
+    rows shorter than 16 bytes' multiples are padded with zero columns, and every operand starts on
+    a 256-byte boundary (else it is staged in an aligned buffer).  Within one algorithm every output
+    element sums its products the same way, so a pair's value does not depend on its place in the
+    tile, on the other rows, or on the rank count.
     """
     import cupy
 
@@ -198,6 +365,20 @@ def topk(Q, X, k, *, metric="sqeuclidean", p=None):
     if nq == 0:
         return dist, idx
     mode = METRICS[metric]
+    if route not in ("auto", "fused", "gemm"):
+        raise ValueError(f"route must be 'auto', 'fused' or 'gemm', got {route!r}")
+    if route == "gemm" and metric not in GEMM_METRICS:
+        raise ValueError(f"the GEMM route serves {GEMM_METRICS}, not {metric!r}")
+    gp = None
+    if route == "gemm":
+        gp = _gemm_shape(dtype, k, d)
+    elif route == "auto":
+        gp = gemm_plan(dtype, k, metric, d)
+    if gp is not None:
+        _gemm_topk(Q, X, k, mode, gp, dist, idx)
+        if metric == "euclidean":
+            cupy.sqrt(dist, out=dist)
+        return dist, idx
     ctype = _ctype(dtype)
     tm, ty, smem = _config(dtype, k)
     vec = d % (16 // dtype.itemsize) == 0 and X.data.ptr % 16 == 0 and Q.data.ptr % 16 == 0

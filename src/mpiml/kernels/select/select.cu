@@ -461,3 +461,76 @@ mpiml_knn_exact_sq(const T* __restrict__ Q, const T* __restrict__ X, int d, cons
         if (lane == 0) out[t] = s;
     }
 }
+
+// The selection over a materialised tile (the GEMM route of topk for the GEMM-form metrics at large d):
+// S holds the dot products of a batch of queries (rows) with a chunk of index rows (columns, ld = lds),
+// computed by cuBLAS with fixed shapes.  Block (b, s) holds MPIML_KNN_TS_WARPS warps, warp w the query
+// q = b * WARPS + w and split s of the chunk's columns [s * split_cols, (s + 1) * split_cols) below cols;
+// column c is index row row0 + c.  The query's running list of split s (pv / pi at (q * splits + s) * k,
+// sorted by (value, row), (+inf, NONE) when empty) is read into shared memory, the split's columns are
+// scanned as in mpiml_knn_select (the epilogue knn_value<MODE> of each dot product, one compare against
+// the list's k-th entry, a ballot, warp-cooperative insertions) and the list is written back, so it runs
+// across the chunks of the index; mpiml_knn_merge ranks the splits' lists at the end.  Warps never wait
+// for each other (no block barrier): a warp past the batch's queries returns at once.
+#define MPIML_KNN_TS_WARPS 4
+template <typename T, int MODE>
+__global__ void __launch_bounds__(MPIML_KNN_TS_WARPS * 32)
+mpiml_knn_tile_select(const T* __restrict__ S, int lds, int nq, int cols, int row0, int split_cols,
+                      const T* __restrict__ qaux, const T* __restrict__ xaux, int k,
+                      T* __restrict__ pv, int* __restrict__ pi) {
+    constexpr int U = 4;  // loads of 32 columns in flight per lane
+    extern __shared__ __align__(16) unsigned char knn_smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int q = blockIdx.x * MPIML_KNN_TS_WARPS + warp;
+    if (q >= nq) return;
+    const int split = blockIdx.y, n_splits = gridDim.y;
+    const int c_begin = split * split_cols;
+    const int c_end = min(cols, c_begin + split_cols);
+    if (c_begin >= c_end) return;
+    T* lv = reinterpret_cast<T*>(knn_smem) + warp * k;
+    int* li = reinterpret_cast<int*>(reinterpret_cast<T*>(knn_smem) + MPIML_KNN_TS_WARPS * k) + warp * k;
+    const long long base = ((long long)q * n_splits + split) * k;
+    for (int i = lane; i < k; i += 32) {
+        lv[i] = pv[base + i];
+        li[i] = pi[base + i];
+    }
+    __syncwarp();
+    T tv = lv[k - 1];
+    int ti = li[k - 1];
+    const T qa = MODE <= 1 ? qaux[q] : T(0);
+    const T* __restrict__ srow = S + (long long)q * lds;
+    for (int c0 = c_begin; c0 < c_end; c0 += 32 * U) {
+        T v[U];
+        bool pass[U];
+        bool any = false;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + 32 * u + lane;
+            const bool in = c < c_end;
+            const T s = in ? srow[c] : T(0);
+            const T xa = (MODE <= 1 && in) ? xaux[row0 + c] : T(0);
+            v[u] = knn_value<MODE>(s, qa, xa, T(1));
+            pass[u] = in && knn_before(v[u], row0 + c, tv, ti);
+            any |= pass[u];
+        }
+        if (!__any_sync(MPIML_KNN_FULL, any)) continue;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            unsigned mask = __ballot_sync(MPIML_KNN_FULL, pass[u]);
+            while (mask) {
+                const int src = __ffs(mask) - 1;
+                mask &= mask - 1;
+                const T cv = __shfl_sync(MPIML_KNN_FULL, v[u], src);
+                const int cj = row0 + c0 + 32 * u + src;
+                knn_insert(lv, li, k, cv, cj, lane);  // re-checks against the current k-th entry
+            }
+        }
+        tv = lv[k - 1];
+        ti = li[k - 1];
+    }
+    __syncwarp();
+    for (int i = lane; i < k; i += 32) {
+        pv[base + i] = lv[i];
+        pi[base + i] = li[i];
+    }
+}
