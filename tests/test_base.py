@@ -96,6 +96,27 @@ def test_estimator_contract():
     assert est.comm is one  # pickling did not touch the original
 
 
+def test_comm_is_a_parameter_reported_only_when_set():
+    from sklearn.pipeline import make_pipeline
+
+    plain = MinimalSPMDTransformer(shift=2.0)
+    assert "comm" not in plain.get_params() and plain.get_params()["shift"] == 2.0
+    assert type(plain)(**plain.get_params()).get_params() == plain.get_params()
+    one = get_comm("self")
+    bound = MinimalSPMDTransformer(comm=one)
+    assert bound.get_params()["comm"] is one and type(bound)(**bound.get_params()).comm is one
+    assert clone(bound).comm is one and clone(plain).comm is None
+    assert plain.set_params(comm=one).comm is one and plain.get_params()["comm"] is one
+    assert plain.set_params(comm=None).comm is None and "comm" not in plain.get_params()
+    pipe = make_pipeline(MinimalSPMDTransformer())
+    pipe.set_params(minimalspmdtransformer__comm=one)
+    assert pipe[0].comm is one and pipe.get_params()["minimalspmdtransformer__comm"] is one
+    with pytest.raises(ValueError, match="Invalid parameter"):
+        plain.set_params(not_a_parameter=1)
+    with pytest.raises(InvalidParameterError, match="The 'comm' parameter"):
+        MinimalSPMDTransformer(comm="world").fit(np.ones((3, 2)))
+
+
 def test_saved_state_protocol():
     est = MinimalSPMDTransformer().fit(np.arange(6.0).reshape(3, 2))
     state = est._get_saved_state()

@@ -58,6 +58,29 @@ class SPMDEstimator(BaseEstimator):
             self._parameter_constraints, self.get_params(deep=False), caller_name=type(self).__name__
         )
 
+    def get_params(self, deep=True):
+        """The estimator's parameters (scikit-learn's), ``comm`` among them only when it is set.
+
+        ``comm`` binds the estimator to a group of processes; it is not a
+        model parameter.  Left at its default (None: the world), it is not
+        reported, so the parameters of an estimator at mpiml's defaults are
+        exactly scikit-learn's and can be passed wherever scikit-learn takes
+        its estimator's parameters (``type(est)(**est.get_params())`` and
+        ``clone`` rebuild it as it was either way).  scikit-learn's own checks
+        allow a parameter whose default is None to be absent from
+        ``get_params``; :meth:`set_params` accepts ``comm`` in both cases.
+        """
+        params = super().get_params(deep=deep)
+        if params.get("comm", True) is None:
+            del params["comm"]
+        return params
+
+    def set_params(self, **params):
+        """Set parameters (scikit-learn's ``set_params``); ``comm`` is accepted even while unset."""
+        if "comm" in params and "comm" in self._get_param_names():
+            self.comm = params.pop("comm")
+        return super().set_params(**params)
+
     def _get_comm(self):
         """The communicator to use: the ``comm`` parameter, or :func:`mpiml.comm.get_comm`."""
         comm = getattr(self, "comm", None)

@@ -15,11 +15,7 @@ from _sklearn_suite import adopt, global_dtype, global_random_seed  # noqa: E402
 from mpiml.linear_model import LogisticRegression  # noqa: E402
 
 # test name -> why mpiml differs (each must still fail)
-DEVIATIONS = {
-    "test_liblinear_dual_random_state": "the dual liblinear problem is solved exactly and deterministically: random_state has no effect",
-    "test_logistic_cv": "compares scikit-learn's LogisticRegressionCV (LIBLINEAR, stopped at tol=1e-4: 1.6e-5 from the minimiser) with ours (1e-7 from it) at 6 decimals",
-    "test_logistic_cv_multinomial_score": "calls scikit-learn's private _log_reg_scoring_path with every get_params() of the estimator, including mpiml's comm",
-}
+DEVIATIONS = {}
 
 globals().update(adopt(skt, {"LogisticRegression": LogisticRegression}, deviations=DEVIATIONS))
 

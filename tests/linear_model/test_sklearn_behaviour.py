@@ -9,8 +9,8 @@ deliberately differs, the test says so and checks the documented behaviour inste
   scikit-learn iterates (``"sparse_cg"``); ``"sag"``/``"saga"`` run as ``"sparse_cg"``;
   ``"cholesky"``/``"svd"`` accept sparse ``X`` with an intercept (scikit-learn refuses).
 * ``Ridge(positive=True)`` reports ``solver_ == "nnls"`` (an exact non-negative solve).
-* ``LogisticRegression`` refuses the L1 and elastic-net penalties (ValueError naming the penalty);
-  ``"sag"``, ``"saga"`` and ``"liblinear"`` run L-BFGS on their objective.
+* ``LogisticRegression``'s ``"sag"`` and ``"saga"`` run a proximal Newton method on their objective;
+  ``"liblinear"`` runs LIBLINEAR's own algorithms (``test_liblinear.py``).
 
 The core of these checks also runs on 3 ranks (``linear_behaviour_script.py``).
 """
@@ -119,6 +119,22 @@ def test_get_params_set_params_clone(name):
     assert twin.get_params() == {**params, "fit_intercept": False}
     with pytest.raises(ValueError, match="Invalid parameter"):
         est.set_params(not_a_parameter=1)
+
+
+def test_parameters_feed_scikit_learn_and_its_searches():
+    # comm left unset is not reported: the parameters are scikit-learn's own
+    from sklearn.model_selection import GridSearchCV
+
+    from mpiml.comm import get_comm
+
+    for name in ("Ridge", "LogisticRegression"):
+        ours = getattr(ml, name)(tol=1e-3)
+        assert getattr(sk, name)(**ours.get_params()).get_params() == ours.get_params()
+    X, y = _data("bin", n=90)
+    one = get_comm("self")
+    search = GridSearchCV(ml.LogisticRegression(), {"C": [0.1, 1.0], "comm": [None, one]}, cv=3).fit(X, y)
+    assert {p["comm"] for p in search.cv_results_["params"]} == {None, one}
+    assert search.best_estimator_.comm is search.best_params_["comm"]
 
 
 # ---------------------------------------------------------------------- errors and warnings

@@ -21,6 +21,7 @@ from ..utils._validation import agree_on_error, validate_sample_weight
 from ._base import allreduce_identical, as_like, global_classes, local_X, validate_X_y
 from ._logistic_loss import (Objective, centre_multinomial, expit, lbfgs, newton_cg, newton_cholesky,
                              softmax_stats)
+from ._liblinear import DUAL_GATHER_BYTES, dual_coordinate_descent, tolerance_scale, tron, warn_if_not_converged
 from ._logistic_prox import SparseCoefMixin, dense_coef, solve_like
 
 __all__ = ["LogisticRegression"]
@@ -133,8 +134,10 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
         l1_ratio ||w||₁`` over ``C``; above 0 only with ``"saga"`` (1 also with
         ``"liblinear"``), as in scikit-learn.
     dual : bool, default=False
-        Only with ``solver="liblinear"`` (scikit-learn's rule); the dual and
-        primal problems share their minimiser, which is found in the primal.
+        Only with ``solver="liblinear"`` (scikit-learn's rule).  ``True``:
+        LIBLINEAR's dual coordinate descent, rows visited in a
+        ``random_state``-seeded order (the rows are gathered on rank 0, see
+        :mod:`._liblinear`); ``False``: LIBLINEAR's trust-region Newton method.
     tol : float, default=1e-4
         Stop when the largest absolute entry of the gradient (projected, for
         L-BFGS) is at most ``tol``; Newton-Cholesky also requires half the
@@ -149,21 +152,26 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
         Weights per class, multiplied with ``sample_weight``.  ``"balanced"``
         uses ``Σw / (n_classes · Σw per class)`` over the rows of every rank.
     random_state : int, RandomState instance or None, default=None
-        Accepted for compatibility (scikit-learn shuffles with it in
-        ``"sag"``, ``"saga"`` and ``"liblinear"``); the solvers here are
-        deterministic.
+        The order in which ``solver="liblinear", dual=True`` visits the rows
+        (a permutation of the global rows per epoch: the result does not
+        depend on the rank count).  No effect elsewhere (scikit-learn's
+        ``"sag"``/``"saga"`` shuffle with it; the method here is deterministic).
     solver : {"lbfgs", "liblinear", "newton-cg", "newton-cholesky", "sag", "saga"}, default="lbfgs"
         ``"lbfgs"``: scipy's L-BFGS-B, one allreduce per function evaluation.
         ``"newton-cholesky"``: Newton steps from the full Hessian, for
         ``n_classes · n_features`` up to a few thousand.  ``"newton-cg"``:
         Newton steps from conjugate gradients on Hessian-vector products (one
         allreduce each; no Hessian is formed, so it suits many features).
-        ``"sag"``, ``"saga"`` (stochastic, without an efficient SPMD form) and
-        ``"liblinear"`` (liblinear's objective: penalised intercept, binary
-        problems only, as there) run a proximal Newton method on the same
-        objective, L1 share included (one allreduce per evaluation of the loss,
-        gradient and Hessian), hence reach the same minimiser; beyond a few
-        thousand coefficients, L-BFGS (L2) or FISTA (with an L1 share).
+        ``"sag"`` and ``"saga"`` (stochastic, without an efficient SPMD form)
+        run a proximal Newton method on the same objective, L1 share included
+        (one allreduce per evaluation of the loss, gradient and Hessian), hence
+        reach the same minimiser; beyond a few thousand coefficients, L-BFGS
+        (L2) or FISTA (with an L1 share).  ``"liblinear"`` (LIBLINEAR's
+        objective: penalised intercept, binary problems only, float64, rows of
+        non-positive weight left out, ``warm_start`` ignored, as there) runs
+        LIBLINEAR's own algorithms with the L2 penalty, so it stops where
+        LIBLINEAR stops (:mod:`._liblinear`), and the proximal Newton method
+        with the L1 penalty.
         As scikit-learn's, ``"liblinear"``, ``"sag"`` and ``"saga"`` refuse
         sparse ``X`` with int64 indices and ``"liblinear"`` values above 1e30
         (the same ValueError on every rank when any shard has them).
@@ -210,6 +218,10 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
     * ``"newton-cg"``: one allreduce of ``m·D + 3`` values per trial point
       and one of ``m·D + 2`` per Hessian-vector product (at most 200 per
       Newton step).
+    * ``"liblinear"``, L2: ``dual=False`` as ``"newton-cg"`` (one allreduce per
+      trial point and per conjugate-gradient step) plus one of 2 row counts;
+      ``dual=True``: one ``gatherv`` of the rows to rank 0 (CSR) and one
+      broadcast of ``D + 1`` values.
 
     Every reduction is a binomial reduce to rank 0 followed by a broadcast, so
     every rank receives the same bits and the optimiser's decisions (step
@@ -386,6 +398,31 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
             raise ValueError(f"Initialization coef is of shape {coef.shape}, expected shape {want}")
         return coef.ravel()
 
+    def _liblinear_l2(self, obj, y_idx, C):
+        """``solver="liblinear"`` with the L2 penalty: LIBLINEAR's trust-region Newton method
+        (``dual=False``) or dual coordinate descent (``dual=True``), with its stopping rules
+        (see :mod:`._liblinear`); starts from zero whatever ``warm_start`` says, as there."""
+        if self.dual:
+            C_rows = C * as_like(obj.sw, np).astype(np.float64)
+            found = dual_coordinate_descent(obj, C_rows, eps=self.tol, max_iter=self.max_iter,
+                                            random_state=self.random_state,
+                                            verbose=self.verbose and obj.comm.rank == 0)
+            if found is not None:
+                warn_if_not_converged(found[1], self.max_iter)
+                return found
+            warnings.warn(f"dual=True: the rows of every rank exceed {DUAL_GATHER_BYTES >> 20} MiB, more than the "
+                          "dual coordinate descent gathers on one rank; the same problem is solved in the primal "
+                          "(random_state has no effect).", UserWarning, stacklevel=3)
+        kept = obj.sw > 0
+        counts = np.zeros(2)
+        if obj.X.shape[0]:
+            counts[:] = float((kept & (y_idx == 1)).sum()), float(kept.sum())
+        counts = allreduce_identical(obj.comm, counts)
+        w, n_iter = tron(obj, eps=self.tol * tolerance_scale(counts[0], counts[1]), max_iter=self.max_iter,
+                         verbose=self.verbose)
+        warn_if_not_converged(n_iter, self.max_iter)
+        return w, n_iter
+
     # ------------------------------------------------------------------ fitting
     @_with_callbacks
     def fit(self, X, y, sample_weight=None):
@@ -412,6 +449,8 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
         X, y, xp = validate_X_y(self, X, y, comm=comm, y_numeric=False, multi_output=False, accept_sparse=True)
         if self.solver in ("liblinear", "sag", "saga"):  # scikit-learn's refusals for these solvers
             agree_on_error(comm, _large_sparse_or_values(self.solver, X, int64_indexed), error_class=ValueError)
+        if self.solver == "liblinear" and X.dtype != np.float64:
+            X = X.astype(xp.float64)  # LIBLINEAR works on float64 rows (scikit-learn converts them too)
         # scikit-learn's LogisticRegression accepts negative sample weights; so does this one
         sw = validate_sample_weight(sample_weight, X, xp=xp, dtype=X.dtype, comm=comm)
         classes = global_classes(y, comm)
@@ -425,6 +464,8 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
                              "This solver needs samples of at least 2 classes in the data, but the data is empty")
         y_idx = (xp.searchsorted(xp.asarray(classes), y) if xp is not np
                  else np.searchsorted(classes, y)).astype(xp.int64)
+        if self.solver == "liblinear":  # LIBLINEAR leaves out the rows whose weight is not positive
+            sw = xp.where(sw > 0, sw, xp.zeros_like(sw))
         sw, sw_sum = self._row_weights(y_idx, sw, classes, xp, comm)
         if sw_sum == 0 or not np.isfinite(sw_sum):
             raise ValueError("The weighted sum of the rows is zero (sample_weight times class_weight).")
@@ -436,7 +477,8 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
                         l2=0.0 if np.isinf(C) else (1.0 - l1_ratio) / (C * sw_sum), sw_sum=sw_sum, comm=comm, xp=xp,
                         intercept_scaling=self.intercept_scaling if liblinear else 1.0,
                         penalise_intercept=liblinear)
-        w0 = self._initial_point(obj)
+        # (scikit-learn's liblinear ignores warm_start: LIBLINEAR always starts from zero)
+        w0 = np.zeros(obj.n_params) if liblinear else self._initial_point(obj)
         algorithm = _SOLVERS[self.solver]
         out = np.float64 if liblinear else X.dtype  # scikit-learn's liblinear returns float64 always
         ctx = metadata = None
@@ -444,7 +486,9 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
             ctx = self._init_callback_context(max_subtasks=max(self.max_iter, 1) + 1)
             metadata = {"sample_weight": sample_weight} if sample_weight is not None else None
             ctx.call_on_fit_task_begin(estimator=self, X=X, y=y, metadata=metadata)
-        if l1 > 0 or self.solver in ("sag", "saga", "liblinear"):
+        if liblinear and l1 == 0:
+            w, n_iter = self._liblinear_l2(obj, y_idx, C)
+        elif l1 > 0 or self.solver in ("sag", "saga", "liblinear"):
             w, n_iter = solve_like(obj, w0, l1=l1, solver=self.solver, max_iter=self.max_iter, tol=self.tol,
                                    verbose=self.verbose)
         elif algorithm == "lbfgs":

@@ -139,8 +139,8 @@ def _warn_not_converged(solver):
 
 
 def solve_like(obj, w0, *, l1, solver, max_iter, tol, verbose=0):
-    """The solver standing for scikit-learn's ``"sag"``, ``"saga"`` and ``"liblinear"`` (and for any
-    L1 share of the penalty): proximal Newton while the dense Hessian is affordable, else L-BFGS
+    """The solver standing for scikit-learn's ``"sag"`` and ``"saga"``, and for any L1 share of the
+    penalty (``"liblinear"``'s L2 runs LIBLINEAR's own methods, :mod:`._liblinear`): proximal Newton while the dense Hessian is affordable, else L-BFGS
     (no L1 share) or FISTA; returns ``(w, n_iter)`` and warns with scikit-learn's text for that solver."""
     if obj.n_params <= NEWTON_MAX_PARAMS:
         return prox_newton(obj, w0, l1=l1, max_iter=max_iter, tol=tol, solver=solver, verbose=verbose)
