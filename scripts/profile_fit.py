@@ -29,9 +29,11 @@ def main():
     a = p.parse_args()
     import cupy
 
+    import mpiml
     from mpiml.bench import ml_decomp
     from mpiml.comm import get_comm
 
+    mpiml.init(device="gpu")   # one GPU per rank, as the benchmark binds them
     comm = get_comm()
     args = argparse.Namespace(algo=a.algo, rows=a.rows, features=a.features, components=32)
     X, y = ml_decomp._data(args, comm, "gpu", "float32")
