@@ -20,7 +20,7 @@ on the device with its closed form (a mismatch counter read at the sync points),
 so the run costs a few kernel launches per call and no host copies.  With
 ``MPIML_TIMEOUT`` set (30 s), a hang fails fast.  ``--unordered`` turns the
 transport's stream ordering off, to show that this script catches its absence
-(it should then fail, with a timeout that names the overlap).
+(it should then fail: wrong data, or a CommError that names the overlap).
 
 Prints ``OK: 0 failure(s)`` through tests/_spmd.py, and one line of counts.
 """

@@ -53,8 +53,8 @@ call while the stream stays the same).  Captured launches are not ordered here:
 a CUDA graph runs where it is launched, and the stream it is launched on must
 be ordered with the communicator's other collectives by the caller (launch it
 on the stream of the calls around it, or wait on their events), as for NCCL.
-A wait that times out after another kernel moved the epoch word under it
-reports that overlap instead of a plain timeout.
+A wait of more than 20 us that finds the epoch word moved under it (another
+kernel of this workspace finished meanwhile) ends and reports that overlap.
 
 Failures are stream-ordered too: a kernel that waits past ``MPIML_TIMEOUT``
 writes the host-mapped error record and ends; the watchdog
@@ -341,12 +341,11 @@ class IPCTransport(Transport):
             seen = int(self._err[4])
             self._broken = (f"rank {self.rank}: call {epoch} ran at the same time as another collective of this "
                             f"communicator (call counter {seen} when it gave up)")
-            return CommTimeoutError(op, peer, self._timeout or 0,
-                                    f"ipc kernel on rank {self.rank}, call {epoch}, ran at the same time as "
-                                    f"another ipc collective of this communicator on this rank, which moved "
-                                    f"the call counter to {seen}: collectives launched on several streams, or "
-                                    "a CUDA graph launched on a stream not ordered with the other calls; the "
-                                    "communicator cannot be used any more")
+            return CommError(f"{op} on the ipc backend: the kernel of call {epoch} on rank {self.rank} ran at the "
+                             f"same time as another ipc collective of this communicator on this rank, which moved "
+                             f"the call counter to {seen} while it waited for rank {peer} (a CUDA graph holding "
+                             "collectives launched on a stream not ordered with the other calls?); the "
+                             "communicator cannot be used any more")
         self._broken = self._broken or f"aborted (error code {code})"
         return CommError(f"{op} on the ipc backend: the communicator was aborted ({self._broken})")
 
