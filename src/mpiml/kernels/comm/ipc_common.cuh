@@ -42,8 +42,8 @@
 // One call at a time: a kernel takes its call number E from the epoch word at
 // its start, so two collectives of one workspace must never run at once on a
 // rank (both would read E; the peers give E + 1 to the second one, whose flags
-// and barrier values it then never sees). The host orders them: a launch on
-// another stream than the previous one waits on an event recorded on that one
+// and barrier values it then never sees). The host orders them: each launch
+// records an event on its stream, and a launch on another stream waits on it
 // (mpiml.comm.backends.ipc.StreamOrder); graphs are ordered by the stream they
 // are launched on. A wait that has lasted 20 us re-reads the epoch word with the
 // error record (every 8192 spins): if it has moved (another kernel finished call
