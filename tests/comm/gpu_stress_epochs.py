@@ -7,20 +7,21 @@ collectives must never run at once on one rank.  This script makes them try:
 eager calls of every IPC algorithm (``ll``, ``oneshot``, ``twoshot``, ``pull``,
 ``push`` and ``native`` on sizes on both sides of the 256 KiB LL limit) hop
 between the null stream and two non-blocking streams with no host wait in
-between, one rank at a time is made late by a busy kernel before its call (so
-the others' kernels wait in their barriers and LL lines while the next call is
-already launched on another stream), and CUDA graphs of several collectives
-(captured once, their inputs read from a device word) are replayed between them
-on the current stream.  The eager calls are ordered only by the transport; the
-graph launches by this script, as the docs ask of a caller (a graph launch is
-not a call the communicator sees).
+between, and now and then onto a stream made for one call and destroyed right
+after it (its kernel maybe still waiting); one rank at a time is made late by a
+busy kernel before its call (so the others' kernels wait in their barriers and
+LL lines while the next call is already launched on another stream); and CUDA
+graphs of several collectives (captured once, their inputs read from a device
+word) are replayed between them on the current stream.  The eager calls are
+ordered only by the transport; the graph launches by this script, as the docs
+ask of a caller (a graph launch is not a call the communicator sees).
 
 Inputs are small integers written on the device, and every result is compared
 on the device with its closed form (a mismatch counter read at the sync points),
 so the run costs a few kernel launches per call and no host copies.  With
 ``MPIML_TIMEOUT`` set (30 s), a hang fails fast.  ``--unordered`` turns the
 transport's stream ordering off, to show that this script catches its absence
-(it should then fail, with a timeout that names the overlap).
+(it should then fail: wrong data, or a CommError that names the overlap).
 
 Prints ``OK: 0 failure(s)`` through tests/_spmd.py, and one line of counts.
 """
@@ -195,7 +196,7 @@ def main():
     if ARGS.unordered:
         from mpiml.comm.backends.ipc import StreamOrder
 
-        StreamOrder.switch = lambda self, s: setattr(self, "last", s)
+        StreamOrder.before = lambda self, s: None
     shared = np.random.default_rng(ARGS.seed)          # the same draws on every rank
     local = np.random.default_rng(1000 + ARGS.seed + R)  # this rank's streams
     streams = [cp.cuda.Stream.null, cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)]
@@ -209,24 +210,28 @@ def main():
                          ("reduce_scatter", "oneshot", 65537, 0), ("allreduce", "twoshot", 70001, 0)], capture))
     capture.synchronize()
     schedule = plans(shared, ARGS.calls)
-    eager = replays = graph_calls = switches = spins = 0
-    last, last_graph = None, False   # the stream of the previous launch; whether it was a graph's
+    eager = replays = graph_calls = switches = spins = temps = 0
+    # the previous step's stream (pointer), an event recorded after it, and whether it was a graph launch:
+    # the script orders only what a caller must (a graph launch and its neighbours), never a stream itself
+    prev_ptr, prev_event, prev_graph = None, None, False
     keep = []
     for j, (op, algo, n, root) in enumerate(schedule):
-        s = streams[local.integers(len(streams))]
-        if last is not None and s is not last:
+        graph_step = shared.random() < 0.08  # a graph replay instead of this call
+        if local.random() < 0.04:  # a stream made for this step alone, destroyed with its work in flight
+            s = cp.cuda.Stream(non_blocking=True)
+            temps += 1
+        else:
+            s = streams[local.integers(len(streams))]
+        if prev_ptr is not None and s.ptr != prev_ptr:
             switches += 1
-            if last_graph:  # a graph launch is the caller's to order (the transport never sees it)
-                s.wait_event(last.record())
+            if prev_graph or graph_step:  # a graph launch is the caller's to order (the transport never sees it)
+                s.wait_event(prev_event)
         with s:
-            if shared.random() < 0.08:  # a graph replay instead of this call
+            if graph_step:
                 g = graphs[shared.integers(len(graphs))]
-                if last is not None and s is not last and not last_graph:
-                    s.wait_event(last.record())
                 g.launch(int(shared.integers(1, 1000)), s)
                 replays += 1
                 graph_calls += g.calls
-                last, last_graph = s, True
             else:
                 if shared.random() < 0.3 and R == int(shared.integers(P)):
                     _SPIN((1,), (1,), (np.int64(int(local.integers(5000, 200000))),))  # this rank late
@@ -234,10 +239,10 @@ def main():
                 kdev = kvals[j % len(kvals)] if j % 3 else zero
                 keep.append(collective(op, algo, n, root, kdev))
                 eager += 1
-                last, last_graph = s, False
+        prev_ptr, prev_event, prev_graph = s.ptr, s.record(), graph_step
+        del s  # (a temporary stream is destroyed here, its kernels maybe still waiting for a late peer)
         if (j + 1) % 200 == 0 or j + 1 == len(schedule):
-            for st in (*streams, capture):
-                st.synchronize()
+            cp.cuda.Device().synchronize()  # (the destroyed streams' work too)
             keep.clear()
             bad = int(BAD.get()[0])
             check(bad == 0, f"after call {j + 1}: {bad} wrong elements on rank {R}")
@@ -250,7 +255,8 @@ def main():
     check(bad == 0, f"{bad} wrong elements at the end")
     if R == 0:
         print(f"{P} ranks: {eager} eager calls, {replays} graph replays ({graph_calls} collectives), "
-              f"{switches} stream switches, {spins} late starts, {time.perf_counter() - t0:.1f} s", flush=True)
+              f"{switches} stream switches, {temps} streams destroyed in flight (rank 0), {spins} late starts, "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
 
 
 guarded(main, comm)

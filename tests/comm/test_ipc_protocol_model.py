@@ -26,7 +26,6 @@ from collections import deque
 
 import pytest
 
-from mpiml._errors import CommError
 from mpiml.comm.backends.ipc import StreamOrder
 
 
@@ -51,6 +50,7 @@ class Model:
         self.streams = [{} for _ in range(nranks)]  # name -> deque of ops
         self.running = {}                            # (rank, stream) -> [generator, pending yield, info]
         self.capturing = [set() for _ in range(nranks)]
+        self.destroyed = [set() for _ in range(nranks)]  # streams the host destroyed (their work still runs)
         self.graphs = [{} for _ in range(nranks)]
         self.event_tok = [None] * nranks             # each rank's StreamOrder event: the latest record
         self.orders = [StreamOrder(self._capturing(r), self._record(r), self._wait(r)) for r in range(nranks)]
@@ -60,31 +60,39 @@ class Model:
         self.results, self.errors, self.epochs = {}, [], {}
         self.calls = [0] * nranks                    # logical calls issued per rank
 
-    # -- host-side hooks of StreamOrder
+    # -- host-side hooks of StreamOrder (a destroyed stream must never be touched again)
+    def _live(self, r, s):
+        if s in self.destroyed[r]:
+            raise AssertionError(f"rank {r}: stream {s!r} touched after it was destroyed")
+        return s
+
     def _capturing(self, r):
-        return lambda s: s in self.capturing[r]
+        return lambda s: self._live(r, s) in self.capturing[r]
 
     def _record(self, r):
         def record(s):
             tok = {"done": False}
             self.event_tok[r] = tok
-            self._queue(r, s).append(("record", tok))
+            self._queue(r, self._live(r, s)).append(("record", tok))
         return record
 
     def _wait(self, r):
-        return lambda s: self._queue(r, s).append(("wait", self.event_tok[r]))
+        return lambda s: self._queue(r, self._live(r, s)).append(("wait", self.event_tok[r]))
 
     def _queue(self, r, s):
         return self.streams[r].setdefault(s, deque())
 
     def launch(self, r, s, spec):
         """The host's launch of one kernel: ordered (or not), captured or enqueued."""
-        if self.ordered and s != self.orders[r].last:
-            self.orders[r].switch(s)
+        order = self.orders[r]
+        if self.ordered and s != order.last:
+            order.before(s)
         if s in self.capturing[r]:
             self.graphs[r][self._capture_id[r]].append(spec)
         else:
             self._queue(r, s).append(("kernel", self._numbered(r, spec)))
+        if self.ordered:
+            order.after(s)
 
     def _numbered(self, r, spec):
         j = self.calls[r]
@@ -300,6 +308,8 @@ class Model:
             tok = {"done": False}
             self._queue(r, a).append(("record", tok))
             self._queue(r, b).append(("wait", tok))
+        elif kind == "destroy":  # as cudaStreamDestroy: the work queued on it still runs
+            self.destroyed[r].add(action[1])
         elif kind == "sync":
             pass
         else:
@@ -443,28 +453,60 @@ def test_graph_replays_take_the_live_call_number():
     assert sorted({model.epochs[(0, j)] for j in range(model.calls[0])}) == list(range(model.calls[0]))
 
 
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_streams_destroyed_with_their_collective_in_flight(P):
+    """A stream made for one collective and destroyed at once (its kernel may still wait for a slow peer),
+    then collectives on other streams: nothing touches the dead stream, and every call is in order."""
+    for seed in range(8):
+        shared = random.Random(seed)
+        plan = [(*shared.choice(KINDS), shared.randrange(P)) for _ in range(20)]
+        programs = []
+        for r in range(P):
+            local = random.Random(100 * seed + r)
+            prog = []
+            for i, (op, algo, root) in enumerate(plan):
+                if local.random() < 0.4:
+                    prog += [call(op, algo, f"tmp{i}", root), ("destroy", f"tmp{i}")]
+                else:
+                    prog.append(call(op, algo, local.choice(["null", "A"]), root))
+            programs.append(prog)
+        model = Model(P, ordered=True, seed=seed, first={P - 1})
+        assert model.run(programs) is None and not model.errors, (seed, model.errors[:3])
+
+
 # ---------------------------------------------------------------- StreamOrder itself
-def test_stream_order_costs_nothing_on_one_stream_and_orders_a_switch():
+def test_stream_order_records_each_launch_and_waits_only_on_a_switch():
     log = []
     order = StreamOrder(lambda s: s == "cap", lambda s: log.append(("record", s)),
                         lambda s: log.append(("wait", s)))
 
-    def launch(s):
-        if s != order.last:
-            order.switch(s)
-        log.append(("launch", s))
-
     for s in ("a", "a", "b", "cap", "cap", "b", "a"):
-        launch(s)
-    assert log == [("launch", "a"), ("launch", "a"), ("record", "a"), ("wait", "b"), ("launch", "b"),
-                   ("launch", "cap"), ("launch", "cap"), ("launch", "b"), ("record", "b"), ("wait", "a"),
-                   ("launch", "a")]
+        if s != order.last:
+            order.before(s)
+        log.append(("launch", s))
+        order.after(s)
+    assert log == [("launch", "a"), ("record", "a"), ("launch", "a"), ("record", "a"),
+                   ("wait", "b"), ("launch", "b"), ("record", "b"),
+                   ("launch", "cap"), ("launch", "cap"),        # captured: no record, no wait, last stays "b"
+                   ("launch", "b"), ("record", "b"),
+                   ("wait", "a"), ("launch", "a"), ("record", "a")]
 
 
-def test_stream_order_refuses_when_the_last_stream_is_capturing_now():
-    capturing = set()
-    order = StreamOrder(lambda s: s in capturing, lambda s: None, lambda s: None)
-    order.switch("a")
-    capturing.add("a")  # a capture began on "a" after its last collective, which may still run
-    with pytest.raises(CommError, match="capturing a CUDA graph"):
-        order.switch("b")
+def test_stream_order_never_touches_the_previous_stream():
+    """The 4-GPU pass A failure: the previous launch's stream was destroyed (cudaErrorContextIsDestroyed,
+    or a crash inside cuStreamIsCapturing); only the launch stream may be queried, recorded or made to wait."""
+    gone, touched = set(), []
+
+    def touch(s):
+        assert s not in gone, f"touched destroyed stream {s}"
+        touched.append(s)
+        return False
+
+    order = StreamOrder(touch, touch, touch)
+    for s in ("tmp1", "b", "tmp2", "tmp3", "b"):
+        if s != order.last:
+            order.before(s)
+        order.after(s)
+        if s.startswith("tmp"):
+            gone.add(s)
+    assert set(touched) == {"tmp1", "tmp2", "tmp3", "b"}

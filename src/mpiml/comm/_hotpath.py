@@ -187,14 +187,16 @@ def ipc_issue(transport, op, x, fn_aligned, fn_unaligned, grid, block, mask, ext
     launch = transport._launch_kernel
     stream = cupy.cuda.get_current_stream
     order = transport._order  # one call at a time across streams (ipc.StreamOrder)
+    after = order.after
 
     def issue(ip, outp):
         words[1] = ip
         words[2] = outp
         s = stream().ptr
         if s != order.last:
-            order.switch(s)
+            order.before(s)
         launch(fn_unaligned if (ip | outp) & mask else fn_aligned, grid, 1, 1, block, 1, 1, 0, s, argv, 0)
+        after(s)
         transport._last_op = op
 
     issue.args = args  # keeps the argument block alive with the launcher

@@ -46,15 +46,17 @@ Cost model (per call): ``launch + one-way + 2 n * p / link_bw`` (ll),
 
 One call at a time: a kernel takes its call number from the workspace's epoch
 word when it starts, so two collectives of one workspace must never run at once
-on a rank.  Launches on one stream are ordered by the stream; a launch on
-another stream than the previous launch's first makes the new stream wait on an
-event recorded on the old one (:class:`StreamOrder`: one integer comparison per
-call while the stream stays the same).  Captured launches are not ordered here:
-a CUDA graph runs where it is launched, and the stream it is launched on must
-be ordered with the communicator's other collectives by the caller (launch it
-on the stream of the calls around it, or wait on their events), as for NCCL.
-A wait that times out after another kernel moved the epoch word under it
-reports that overlap instead of a plain timeout.
+on a rank.  Launches on one stream are ordered by the stream; every launch
+records an event on its stream, and a launch on another stream than the
+previous one's first makes the new stream wait on it (:class:`StreamOrder`: a
+capture-status query and an event record per call, a stream wait per switch;
+the previous stream is never touched, it may be gone).  Captured launches are
+not ordered here: a CUDA graph runs where it is launched, and the stream it is
+launched on must be ordered with the communicator's other collectives by the
+caller (launch it on the stream of the calls around it, or wait on their
+events), as for NCCL.
+A wait of more than 20 us that finds the epoch word moved under it (another
+kernel of this workspace finished meanwhile) ends and reports that overlap.
 
 Failures are stream-ordered too: a kernel that waits past ``MPIML_TIMEOUT``
 writes the host-mapped error record and ends; the watchdog
@@ -64,6 +66,7 @@ every kernel still waiting reads and gives up on.
 """
 
 import ctypes
+from functools import partial
 
 import numpy as np
 
@@ -108,14 +111,16 @@ def _displs(counts):
 class StreamOrder:
     """Keeps the kernels of one workspace in issue order across the CUDA streams they are launched on.
 
-    ``last`` is the stream (pointer) of the last launch outside a capture; a
-    launcher calls :meth:`switch` before launching on stream ``s`` only when
-    ``s != last``, so calls that stay on one stream pay one comparison.  A switch
-    makes ``s`` wait on an event recorded now on ``last``: the kernel about to
-    start then cannot run beside the previous one (both would take the same call
-    number from the epoch word, and the peers would give the second call the
-    next one).  Launches into a capturing stream are left alone (they run when
-    the graph is launched, on a stream the caller orders) and do not move ``last``.
+    After every launch outside a capture, :meth:`after` records this object's
+    event on the launch stream and remembers that stream in ``last``; before a
+    launch on another stream than ``last``, :meth:`before` makes the new stream
+    wait on the event.  The kernel about to start then cannot run beside the
+    previous one (both would take the same call number from the epoch word, and
+    the peers would give the second call the next one).  Only the launch stream
+    is ever touched: the previous one may be gone (a stream may be destroyed
+    with work in flight; an event recorded on it stays valid).  Launches into a
+    capturing stream record and wait for nothing (their kernels run when the
+    graph is launched, on a stream the caller orders) and leave ``last`` alone.
 
     ``capturing(s)``, ``record(s)`` and ``wait(s)`` are the CUDA operations
     (stream capture status; record this object's event on ``s``; make ``s`` wait
@@ -129,21 +134,16 @@ class StreamOrder:
         self.event = event  # (the CUDA event of cuda(), destroyed by close())
         self._capturing, self._record, self._wait = capturing, record, wait
 
-    def switch(self, s):
-        """Order a launch on stream ``s`` after every earlier launch (call when ``s != self.last``)."""
-        if self._capturing(s):
-            return
-        last = self.last
-        if last is not None:
-            if self._capturing(last):
-                # its earlier kernels may still run, and an event recorded on it now would be part
-                # of the capture, not an order: refuse rather than start a second call beside them
-                raise CommError("ipc collective on a stream while the stream of this communicator's previous "
-                                "collective is capturing a CUDA graph: finish that capture first, or "
-                                "synchronize that stream before it begins")
-            self._record(last)
+    def before(self, s):
+        """Before a launch on stream ``s`` when ``s != self.last``: wait for the previous launch."""
+        if self.last is not None and not self._capturing(s):
             self._wait(s)
-        self.last = s
+
+    def after(self, s):
+        """After every launch on stream ``s``: the event marks it, unless ``s`` is capturing."""
+        if not self._capturing(s):
+            self._record(s)
+            self.last = s
 
     @classmethod
     def cuda(cls):
@@ -151,7 +151,8 @@ class StreamOrder:
         from cupy.cuda import runtime
 
         event = runtime.eventCreateWithFlags(2)  # cudaEventDisableTiming
-        return cls(lambda s: runtime.streamIsCapturing(s) != 0, lambda s: runtime.eventRecord(event, s),
+        # (the capture status is an int, 0 when not capturing; the per-call two without a Python frame)
+        return cls(runtime.streamIsCapturing, partial(runtime.eventRecord, event),
                    lambda s: runtime.streamWaitEvent(s, event, 0), event)
 
     def close(self):
@@ -341,12 +342,11 @@ class IPCTransport(Transport):
             seen = int(self._err[4])
             self._broken = (f"rank {self.rank}: call {epoch} ran at the same time as another collective of this "
                             f"communicator (call counter {seen} when it gave up)")
-            return CommTimeoutError(op, peer, self._timeout or 0,
-                                    f"ipc kernel on rank {self.rank}, call {epoch}, ran at the same time as "
-                                    f"another ipc collective of this communicator on this rank, which moved "
-                                    f"the call counter to {seen}: collectives launched on several streams, or "
-                                    "a CUDA graph launched on a stream not ordered with the other calls; the "
-                                    "communicator cannot be used any more")
+            return CommError(f"{op} on the ipc backend: the kernel of call {epoch} on rank {self.rank} ran at the "
+                             f"same time as another ipc collective of this communicator on this rank, which moved "
+                             f"the call counter to {seen} while it waited for rank {peer} (a CUDA graph holding "
+                             "collectives launched on a stream not ordered with the other calls?); the "
+                             "communicator cannot be used any more")
         self._broken = self._broken or f"aborted (error code {code})"
         return CommError(f"{op} on the ipc backend: the communicator was aborted ({self._broken})")
 
@@ -391,9 +391,11 @@ class IPCTransport(Transport):
         a[3] = n
         a[4] = extra
         s = self._cupy.cuda.get_current_stream().ptr
-        if s != self._order.last:
-            self._order.switch(s)
+        order = self._order
+        if s != order.last:
+            order.before(s)
         self._launch_kernel(fn, grid, 1, 1, block, 1, 1, 0, s, self._argv_ptr, 0)
+        order.after(s)
 
     def _done(self, op):
         """Completion of a call: wait on the host (bounded by the device timeout) or not."""

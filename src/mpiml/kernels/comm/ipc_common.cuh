@@ -42,13 +42,13 @@
 // One call at a time: a kernel takes its call number E from the epoch word at
 // its start, so two collectives of one workspace must never run at once on a
 // rank (both would read E; the peers give E + 1 to the second one, whose flags
-// and barrier values it then never sees). The host orders them: a launch on
-// another stream than the previous one waits on an event recorded on that one
+// and barrier values it then never sees). The host orders them: each launch
+// records an event on its stream, and a launch on another stream waits on it
 // (mpiml.comm.backends.ipc.StreamOrder); graphs are ordered by the stream they
-// are launched on. A wait that times out re-reads the epoch word: if it has
-// moved (another kernel finished call E on this rank meanwhile), the record says
-// MPIML_ERR_OVERLAP instead of a plain timeout, at no cost to the calls that
-// do not time out.
+// are launched on. A wait that has lasted 20 us re-reads the epoch word with the
+// error record (every 8192 spins): if it has moved (another kernel finished call
+// E on this rank meanwhile), the record says MPIML_ERR_OVERLAP and the kernel
+// ends then, not after timeout_ns; calls that do not wait that long never look.
 //
 // Reductions visit ranks in order 0, 1, ..., n-1 and accumulate float16 in
 // float32, so every rank computes bit-identical results.
@@ -111,6 +111,18 @@ struct MpimlSpin {
     unsigned spins;
 };
 
+__device__ __forceinline__ void mpiml_record_error(const MpimlCtx* c, int code, int peer, unsigned epoch,
+                                                   unsigned seen) {
+    volatile int* err = c->err;
+    err[1] = peer;
+    err[2] = blockIdx.x;
+    err[3] = (int)epoch;
+    err[4] = (int)seen;
+    __threadfence_system();
+    err[0] = code;
+    __threadfence_system();
+}
+
 __device__ __forceinline__ bool mpiml_spin_expired(const MpimlCtx* c, MpimlSpin& s, int peer, unsigned epoch) {
     if (((++s.spins) & 511u) != 0) return false;
     const unsigned long long now = mpiml_globaltimer();
@@ -119,19 +131,15 @@ __device__ __forceinline__ bool mpiml_spin_expired(const MpimlCtx* c, MpimlSpin&
         return false;
     }
     if (now - s.t0 < 20000ull) return false;
-    volatile int* err = c->err;
-    if ((s.spins & 8191u) == 0 && err[0] != 0) return true;  // a host read: seldom
-    if (c->timeout_ns > 0 && now - s.t0 > (unsigned long long)c->timeout_ns) {
-        // only this kernel's last block moves the epoch word, and it has not ended: a new value
-        // means that another collective ran on this rank at the same time (see "One call at a time")
-        const unsigned seen = *reinterpret_cast<volatile unsigned*>(c->peers[c->rank]);
-        err[1] = peer;
-        err[2] = blockIdx.x;
-        err[3] = (int)epoch;
-        err[4] = (int)seen;
-        __threadfence_system();
-        err[0] = seen == epoch ? MPIML_ERR_TIMEOUT : MPIML_ERR_OVERLAP;
-        __threadfence_system();
+    const bool expired = c->timeout_ns > 0 && now - s.t0 > (unsigned long long)c->timeout_ns;
+    if ((s.spins & 8191u) != 0 && !expired) return false;
+    // seldom from here: a host read, and the epoch word, which only this kernel's last block moves
+    // (after this wait): another value means that another collective ran on this rank at the same
+    // time (see "One call at a time")
+    if (reinterpret_cast<volatile int*>(c->err)[0] != 0) return true;
+    const unsigned seen = *reinterpret_cast<volatile const unsigned*>(c->peers[c->rank]);
+    if (seen != epoch || expired) {
+        mpiml_record_error(c, seen == epoch ? MPIML_ERR_TIMEOUT : MPIML_ERR_OVERLAP, peer, epoch, seen);
         return true;
     }
     return false;
