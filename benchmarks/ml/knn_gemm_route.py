@@ -50,6 +50,18 @@ def _best(fn, repeats):
     return best, out
 
 
+def _write(args, cases):
+    from mpiml.bench._common import machine_info, stamp
+    from mpiml.kernels import select
+
+    result = {"benchmark": "knn_gemm_route", **stamp(["benchmarks/ml/knn_gemm_route.py"] + list(args.argv)),
+              "machine": machine_info(), "plan": {"min_d": select._GEMM_MIN_D, "queries": select._GEMM_QUERIES,
+                                                  "rows": select._GEMM_ROWS}, "cases": cases}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "knn_gemm_route.json"), "w") as f:
+        json.dump(result, f, indent=1, default=str)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -63,12 +75,12 @@ def main(argv=None):
     ap.add_argument("--shapes", default="1024x16384,1024x8192,512x16384,2048x8192,2048x16384")
     ap.add_argument("--warm-only", action="store_true")
     args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.warm_only:
         warm()
         return 0
     import cupy
 
-    from mpiml.bench._common import machine_info, stamp
     from mpiml.kernels import select
 
     rs = cupy.random.RandomState(0)
@@ -97,14 +109,9 @@ def main(argv=None):
                     select._GEMM_QUERIES, select._GEMM_ROWS = saved
             print(json.dumps(row), flush=True)
             cases.append(row)
+            _write(args, cases)  # after every case: a run cut off keeps what it measured
             del X, Q, i_f, i_g
             cupy.get_default_memory_pool().free_all_blocks()
-    result = {"benchmark": "knn_gemm_route", **stamp(["benchmarks/ml/knn_gemm_route.py"] + list(argv or sys.argv[1:])),
-              "machine": machine_info(), "plan": {"min_d": select._GEMM_MIN_D, "queries": select._GEMM_QUERIES, "rows": select._GEMM_ROWS},
-              "cases": cases}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "knn_gemm_route.json"), "w") as f:
-        json.dump(result, f, indent=1, default=str)
     return 0
 
 

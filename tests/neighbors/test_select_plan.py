@@ -34,7 +34,7 @@ def test_kernel_source_is_packaged():
     from importlib import resources
 
     src = resources.files("mpiml.kernels.select").joinpath("select.cu").read_text()
-    for name in ("mpiml_knn_select", "mpiml_knn_merge", "mpiml_knn_norms", "mpiml_knn_exact_sq"):
+    for name in ("mpiml_knn_select", "mpiml_knn_merge", "mpiml_knn_norms", "mpiml_knn_exact_sq", "mpiml_knn_tile_select"):
         assert name in src
 
 
