@@ -206,6 +206,7 @@ def main(argv=None):
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--states", default="cold,warm,cold_noship", help=f"of {list(STATES)}")
     ap.add_argument("--ship", default=None, help="a zip of CuPy's cache to install instead of the package's")
+    ap.add_argument("--note", default=None, help="a sentence stored in the JSON (what was left out, and why)")
     args = ap.parse_args(argv)
     names = [n for n in args.only.split(",") if n]
     started = time.time()
@@ -225,6 +226,8 @@ def main(argv=None):
         ap.error(f"--states: unknown {bad} (known: {list(STATES)})")
     result["states"] = {x: {"settings": STATES[x][0], "caches": STATES[x][1]} for x in states}
     result["ship"] = args.ship
+    if args.note:
+        result["note"] = args.note
     with tempfile.TemporaryDirectory(prefix="mpiml-first-fit-") as tmp:
         for name in names:
             row = {}
