@@ -196,6 +196,15 @@ def first_iteration(np_, env, timeout, data):
             "goal_met": first is not None and first <= 8.0, "until_first": timed[:40], "tail": lines[-12:]}
 
 
+def _save(path, result, started):
+    """Write what was measured so far (a pass cut off by its time limit keeps it)."""
+    result["seconds"] = round(time.time() - started, 1)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "first_fit.json"))
@@ -249,6 +258,7 @@ def main(argv=None):
                     f"warm-up: {w.get('state')} {w.get('counts', '')}" if "error" not in r else r["error"][-400:]),
                     flush=True)
             result["estimators"][name] = row
+            _save(args.out, result, started)
         runs = [("mpiml_run_kmeans", {"MPIML_CUPY_WARM": None})]
         if "cold_noship" in states:
             runs.append(("mpiml_run_kmeans_noship", {"MPIML_CUPY_SHIP": "0", "MPIML_CUPY_WARM": None}))
@@ -263,10 +273,7 @@ def main(argv=None):
                   f"{r.get('first_iteration_s')} s (exit {r.get('exit')})", flush=True)
             if r.get("first_iteration_s") is None:
                 print("\n".join(r.get("tail", [])) or r.get("error"), flush=True)
-    result["seconds"] = round(time.time() - started, 1)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    _save(args.out, result, started)
     print(f"wrote {args.out} ({result['seconds']} s)")
     return 0
 
