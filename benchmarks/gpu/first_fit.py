@@ -196,6 +196,15 @@ def first_iteration(np_, env, timeout, data):
             "goal_met": first is not None and first <= 8.0, "until_first": timed[:40], "tail": lines[-12:]}
 
 
+def _save(path, result, started):
+    """Write what was measured so far (a pass cut off by its time limit keeps it)."""
+    result["seconds"] = round(time.time() - started, 1)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "first_fit.json"))
@@ -206,6 +215,7 @@ def main(argv=None):
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--states", default="cold,warm,cold_noship", help=f"of {list(STATES)}")
     ap.add_argument("--ship", default=None, help="a zip of CuPy's cache to install instead of the package's")
+    ap.add_argument("--note", default=None, help="a sentence stored in the JSON (what was left out, and why)")
     args = ap.parse_args(argv)
     names = [n for n in args.only.split(",") if n]
     started = time.time()
@@ -225,6 +235,8 @@ def main(argv=None):
         ap.error(f"--states: unknown {bad} (known: {list(STATES)})")
     result["states"] = {x: {"settings": STATES[x][0], "caches": STATES[x][1]} for x in states}
     result["ship"] = args.ship
+    if args.note:
+        result["note"] = args.note
     with tempfile.TemporaryDirectory(prefix="mpiml-first-fit-") as tmp:
         for name in names:
             row = {}
@@ -246,6 +258,7 @@ def main(argv=None):
                     f"warm-up: {w.get('state')} {w.get('counts', '')}" if "error" not in r else r["error"][-400:]),
                     flush=True)
             result["estimators"][name] = row
+            _save(args.out, result, started)
         runs = [("mpiml_run_kmeans", {"MPIML_CUPY_WARM": None})]
         if "cold_noship" in states:
             runs.append(("mpiml_run_kmeans_noship", {"MPIML_CUPY_SHIP": "0", "MPIML_CUPY_WARM": None}))
@@ -260,10 +273,7 @@ def main(argv=None):
                   f"{r.get('first_iteration_s')} s (exit {r.get('exit')})", flush=True)
             if r.get("first_iteration_s") is None:
                 print("\n".join(r.get("tail", [])) or r.get("error"), flush=True)
-    result["seconds"] = round(time.time() - started, 1)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    _save(args.out, result, started)
     print(f"wrote {args.out} ({result['seconds']} s)")
     return 0
 
