@@ -159,6 +159,7 @@ class StreamOrder:
                    lambda s: runtime.streamWaitEvent(s.ptr, event, 0), event)
 
     def close(self):
+        self.last = None  # (the held stream may go)
         if self.event is not None:
             from cupy.cuda import runtime
 
