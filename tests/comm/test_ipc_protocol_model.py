@@ -85,7 +85,7 @@ class Model:
     def launch(self, r, s, spec):
         """The host's launch of one kernel: ordered (or not), captured or enqueued."""
         order = self.orders[r]
-        if self.ordered and s != order.last:
+        if self.ordered and s is not order.last:
             order.before(s)
         if s in self.capturing[r]:
             self.graphs[r][self._capture_id[r]].append(spec)
@@ -481,7 +481,7 @@ def test_stream_order_records_each_launch_and_waits_only_on_a_switch():
                         lambda s: log.append(("wait", s)))
 
     for s in ("a", "a", "b", "cap", "cap", "b", "a"):
-        if s != order.last:
+        if s is not order.last:
             order.before(s)
         log.append(("launch", s))
         order.after(s)
@@ -504,9 +504,27 @@ def test_stream_order_never_touches_the_previous_stream():
 
     order = StreamOrder(touch, touch, touch)
     for s in ("tmp1", "b", "tmp2", "tmp3", "b"):
-        if s != order.last:
+        if s is not order.last:
             order.before(s)
         order.after(s)
         if s.startswith("tmp"):
             gone.add(s)
     assert set(touched) == {"tmp1", "tmp2", "tmp3", "b"}
+
+
+def test_stream_order_tells_streams_apart_by_identity_not_handle():
+    """A destroyed stream's handle may come back as a new stream's: the order compares (and holds) the stream
+    objects, so a new stream with an old handle still waits for the previous launch."""
+
+    class Stream:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+    log = []
+    order = StreamOrder(lambda st: False, lambda st: log.append(("record", st.ptr)),
+                        lambda st: log.append(("wait", st.ptr)))
+    for st in (Stream(7), Stream(7)):  # the second: another stream that got the first one's handle
+        if st is not order.last:
+            order.before(st)
+        order.after(st)
+    assert log == [("record", 7), ("wait", 7), ("record", 7)]

@@ -192,11 +192,11 @@ def ipc_issue(transport, op, x, fn_aligned, fn_unaligned, grid, block, mask, ext
     def issue(ip, outp):
         words[1] = ip
         words[2] = outp
-        s = stream().ptr
-        if s != order.last:
-            order.before(s)
-        launch(fn_unaligned if (ip | outp) & mask else fn_aligned, grid, 1, 1, block, 1, 1, 0, s, argv, 0)
-        after(s)
+        st = stream()
+        if st is not order.last:  # (the stream object: ipc.StreamOrder says why not its handle)
+            order.before(st)
+        launch(fn_unaligned if (ip | outp) & mask else fn_aligned, grid, 1, 1, block, 1, 1, 0, st.ptr, argv, 0)
+        after(st)
         transport._last_op = op
 
     issue.args = args  # keeps the argument block alive with the launcher

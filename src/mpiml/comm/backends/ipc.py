@@ -66,7 +66,6 @@ every kernel still waiting reads and gives up on.
 """
 
 import ctypes
-from functools import partial
 
 import numpy as np
 
@@ -112,15 +111,19 @@ class StreamOrder:
     """Keeps the kernels of one workspace in issue order across the CUDA streams they are launched on.
 
     After every launch outside a capture, :meth:`after` records this object's
-    event on the launch stream and remembers that stream in ``last``; before a
-    launch on another stream than ``last``, :meth:`before` makes the new stream
-    wait on the event.  The kernel about to start then cannot run beside the
-    previous one (both would take the same call number from the epoch word, and
-    the peers would give the second call the next one).  Only the launch stream
-    is ever touched: the previous one may be gone (a stream may be destroyed
-    with work in flight; an event recorded on it stays valid).  Launches into a
-    capturing stream record and wait for nothing (their kernels run when the
-    graph is launched, on a stream the caller orders) and leave ``last`` alone.
+    event on the launch stream and keeps that stream (the object) in ``last``;
+    before a launch on another stream than ``last`` (``is not``), :meth:`before`
+    makes the new stream wait on the event.  The kernel about to start then
+    cannot run beside the previous one (both would take the same call number
+    from the epoch word, and the peers would give the second call the next one).
+    Only the launch stream is ever touched: an earlier one may be gone (a stream
+    may be destroyed with work in flight; an event recorded on it stays valid).
+    ``last`` is compared by identity and held, not by its handle: a destroyed
+    stream's handle may come back as a new stream's, while a stream object held
+    here is not destroyed, and a new object is another stream (at worst one wait
+    too many).  Launches into a capturing stream record and wait for nothing
+    (their kernels run when the graph is launched, on a stream the caller
+    orders) and leave ``last`` alone.
 
     ``capturing(s)``, ``record(s)`` and ``wait(s)`` are the CUDA operations
     (stream capture status; record this object's event on ``s``; make ``s`` wait
@@ -135,7 +138,7 @@ class StreamOrder:
         self._capturing, self._record, self._wait = capturing, record, wait
 
     def before(self, s):
-        """Before a launch on stream ``s`` when ``s != self.last``: wait for the previous launch."""
+        """Before a launch on stream ``s`` when ``s is not self.last``: wait for the previous launch."""
         if self.last is not None and not self._capturing(s):
             self._wait(s)
 
@@ -151,11 +154,12 @@ class StreamOrder:
         from cupy.cuda import runtime
 
         event = runtime.eventCreateWithFlags(2)  # cudaEventDisableTiming
-        # (the capture status is an int, 0 when not capturing; the per-call two without a Python frame)
-        return cls(runtime.streamIsCapturing, partial(runtime.eventRecord, event),
-                   lambda s: runtime.streamWaitEvent(s, event, 0), event)
+        # (streams are CuPy stream objects; the capture status is an int, 0 when not capturing)
+        return cls(lambda s: runtime.streamIsCapturing(s.ptr), lambda s: runtime.eventRecord(event, s.ptr),
+                   lambda s: runtime.streamWaitEvent(s.ptr, event, 0), event)
 
     def close(self):
+        self.last = None  # (the held stream may go)
         if self.event is not None:
             from cupy.cuda import runtime
 
@@ -390,12 +394,12 @@ class IPCTransport(Transport):
         a[2] = outp
         a[3] = n
         a[4] = extra
-        s = self._cupy.cuda.get_current_stream().ptr
+        st = self._cupy.cuda.get_current_stream()
         order = self._order
-        if s != order.last:
-            order.before(s)
-        self._launch_kernel(fn, grid, 1, 1, block, 1, 1, 0, s, self._argv_ptr, 0)
-        order.after(s)
+        if st is not order.last:
+            order.before(st)
+        self._launch_kernel(fn, grid, 1, 1, block, 1, 1, 0, st.ptr, self._argv_ptr, 0)
+        order.after(st)
 
     def _done(self, op):
         """Completion of a call: wait on the host (bounded by the device timeout) or not."""
