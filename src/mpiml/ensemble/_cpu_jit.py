@@ -293,3 +293,35 @@ def bins(X, table, lens, out):
                 else:
                     hi = mid
             out[i, j] = lo
+
+
+@_jit
+def boot(lead, key, k0, k1, first, Q, base, b0, g0, S, weighted, cum, c_lo, c_hi, out):
+    head = mix(lead ^ (np.uint64(key) * _C_A))
+    n = out.shape[0]
+    j = 0
+    for k in range(k0, k1):
+        while k >= first[j + 1]:                 # the draws run block after block
+            j += 1
+        z = np.uint64(k) * _C_B + head
+        z = mix(mix(z))
+        u = np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+        q = Q[b0 + j]
+        off = np.floor(u * q)
+        if off > q - 1.0:
+            off = q - 1.0
+        v = base[b0 + j] + off
+        if weighted:
+            if v >= c_lo and v < c_hi:
+                lo, hi = max(0, (b0 + j) * S - g0), min(n, (b0 + j + 1) * S - g0)    # the block's rows
+                while lo < hi:                   # the first row whose cumulated weight exceeds v
+                    mid = (lo + hi) >> 1
+                    if cum[mid] <= v:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                out[lo] += 1.0
+        else:
+            r = np.int64(v) - g0
+            if r >= 0 and r < n:
+                out[r] += 1.0
