@@ -150,8 +150,9 @@ def test_float32_and_sample_weight():
     rf = RandomForestRegressor(n_estimators=3, max_depth=4, random_state=0).fit(X32, y)
     assert rf.predict(X32).dtype == np.float64
     w = np.ones(len(y))
-    a = RandomForestRegressor(n_estimators=3, max_depth=4, random_state=0).fit(X, y, sample_weight=w)
-    b = RandomForestRegressor(n_estimators=3, max_depth=4, random_state=0).fit(X, y)
+    # unit weights weigh as no weights (with bootstrap, scikit-learn draws them otherwise: choice, not randint)
+    a = RandomForestRegressor(n_estimators=3, max_depth=4, random_state=0, bootstrap=False).fit(X, y, sample_weight=w)
+    b = RandomForestRegressor(n_estimators=3, max_depth=4, random_state=0, bootstrap=False).fit(X, y)
     np.testing.assert_array_equal(a.predict(X), b.predict(X))
     w[y > np.median(y)] = 0.0                                # zero weight: those rows are left out
     X = np.round(X * 100)                                    # few distinct values: one bin each, either way
@@ -217,15 +218,71 @@ def test_bootstrap_draws_exactly_max_samples_in_proportion_to_the_weights():
     assert 0.9 < oob.oob_score_ <= 1.0
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+def test_block_bootstrap_is_exact_and_cut_independent(weighted, monkeypatch):
+    """The bootstrap of large data sets: exactly n_draws draws a tree, never a zero-weight row, the same counts
+    whatever cut of the rows a rank holds (the state of the cut before it), the host kernel equal to the
+    array path (what CuPy runs), and the draws in proportion to the weights."""
+    from mpiml.ensemble import _bootstrap
+    from mpiml.ensemble._bootstrap import Bootstrap
+
+    N, m = 70_000, 50_000
+    assert N > _bootstrap.SKLEARN_ROWS
+    rng = np.random.RandomState(0)
+    w = rng.rand(N) * 2 if weighted else None
+    if weighted:
+        w[::13] = 0.0
+    whole = Bootstrap(np, m, N, 0, N, weights=w)
+    assert not whole.exact
+    keys = [3, 2 ** 31 - 5, 77]
+    c = whole.counts(keys)
+    assert np.all(c.sum(axis=1) == m)
+    if weighted:
+        assert c[:, ::13].sum() == 0
+    # cuts: each part alone, given the state of the whole and the weight before it (as after the allreduce)
+    cuts = [0, 1, 4095, 4096, 33_333, 69_999, N]
+    st = whole.state
+    q = np.cumsum(np.rint(w * st["scale"])) if weighted else None
+    parts = []
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        before = (float(q[lo - 1]) if lo else 0.0) if weighted else float(lo)
+        part = Bootstrap(np, m, N, lo, hi - lo, weights=None if w is None else w[lo:hi], state={**st, "before": before})
+        parts.append(part.counts(keys))
+    np.testing.assert_array_equal(np.concatenate(parts, axis=1), c)
+    np.testing.assert_array_equal(whole.counts(keys, 1234, 5000), c[:, 1234:6234])
+    monkeypatch.setenv("MPIML_RF_CPU_KERNEL", "0")
+    np.testing.assert_array_equal(Bootstrap(np, m, N, 0, N, weights=w).counts(keys), c)
+    monkeypatch.delenv("MPIML_RF_CPU_KERNEL")
+    many = sum(whole.counts([k])[0] for k in range(40))
+    expected = 40 * m * (np.ones(N) / N if w is None else w / w.sum())
+    assert np.abs(many - expected).sum() / (40 * m) < 0.5       # far below the L1 distance of unrelated draws
+    assert abs(many[:N // 2].sum() / (40 * m) - expected[:N // 2].sum() / (40 * m)) < 0.01
+
+
+def test_small_data_draws_are_scikit_learns():
+    """Up to SKLEARN_ROWS rows the bootstrap is scikit-learn's own draw from each tree's random_state."""
+    from sklearn.ensemble._forest import _generate_sample_indices
+
+    X, y = load_breast_cancer(return_X_y=True)
+    w = np.random.RandomState(2).rand(len(y))
+    for sw in (None, w):
+        rf = RandomForestClassifier(n_estimators=3, max_samples=0.6, max_depth=3, random_state=5).fit(X, y, sw)
+        for rows, tree in zip(rf.estimators_samples_, rf.estimators_):
+            theirs = _generate_sample_indices(tree.random_state, len(y), rf._n_samples_bootstrap, sw)
+            np.testing.assert_array_equal(np.sort(rows), np.sort(theirs))
+
+
 def test_refitting_a_tree_on_its_sample_gives_the_tree_again():
     """A tree of ``estimators_`` refitted on ``estimators_samples_`` (scikit-learn's contract): its feature
     orders come from its ``random_state``, its rows from the bootstrap.  Fewer distinct values per feature
-    than ``max_bins``: the bins are the values, whatever rows they are computed from."""
+    than ``max_bins``: the bins are the values, whatever rows they are computed from; regression targets of a
+    few values, so that the sample's largest |y| (it sets the fixed-point scale and the purity tolerance) is
+    the forest's."""
     from sklearn.base import clone
 
     rng = np.random.RandomState(1)
     X = rng.randn(250, 8)
-    y = X[:, 0] + X[:, 1] ** 2 + 0.1 * rng.randn(250)
+    y = np.clip(np.round(X[:, 0] + X[:, 1] ** 2), -2, 2)
     for cls, target in ((RandomForestRegressor, y), (RandomForestClassifier, (y > 0.5).astype(int))):
         rf = cls(n_estimators=4, max_samples=0.6, max_features=0.5, random_state=3).fit(X, target)
         for t in (0, 3):

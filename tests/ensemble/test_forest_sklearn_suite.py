@@ -39,9 +39,6 @@ def _thin(test_id):
 # test name -> why mpiml differs (each must still fail)
 DEVIATIONS = {
     "test_backend_respected": "joblib backends are not used: the trees are grown by the SPMD histogram builder, not joblib workers",
-    "test_regression_criterion[absolute_error-RandomForestRegressor]": "training R^2 of 5 trees with random_state=1 is 0.92997 against the test's 0.93: absolute error on more than 64 distinct targets splits on 64 target bins (approximate medians; over 40 seeds 0.934 vs scikit-learn's 0.939)",
-    **{f"test_forest_regressor_oob[True-X0-y0-0.7-{t}-RandomForestRegressor]": "out-of-bag R^2 of random_state=0 is 0.699 against the test's 0.7 (over 20 seeds 0.708, scikit-learn's 0.708; a quarter of scikit-learn's own seeds miss 0.7 too)" for t in ("array", "sparse_csr", "sparse_csc")},
-    "test_forest_multioutput_integral_regression_target": "rebuilds the out-of-bag rows with scikit-learn's private _generate_unsampled_indices from each tree's random_state (its own random stream: NumPy's RandomState(random_state).randint)",
 }
 
 if os.environ.get("MPIML_SUITE_ALL"):      # every test as a plain test: the real failures, with their tracebacks

@@ -17,22 +17,37 @@ the rank that holds each drawn row.  No rows move, and the counts do not depend 
 Given the block counts, the draws inside a block are independent picks with probability proportional to
 the weights, so the whole is the multinomial bootstrap of ``n_draws`` rows.  Integer arithmetic on
 float64 (values below 2**53) makes NumPy and CuPy agree to the bit.
+
+**Small data sets** (at most :data:`SKLEARN_ROWS` rows over the ranks) take scikit-learn's own draw
+instead: ``RandomState(tree key).randint(0, N, n_draws)``, or ``.choice(N, n_draws, p=weights / sum)``
+with weights, computed on every rank over every row's weight (one ``allgatherv`` of them per fit), at a
+cost of ``O(n_draws)`` per tree and rank that is small at that size.  The trees' keys being scikit-learn's
+``random_state`` of its trees, the rows drawn are those scikit-learn's forest draws for the same
+``random_state``: ``estimators_samples_`` and the out-of-bag rows are scikit-learn's.
 """
 
 import math
+import os
 
 import numpy as np
 
 from . import _cpu_kernels
 from ._hist import FIXED_POINT_BITS, STREAM_BOOTSTRAP, hash_uniform, stream_lead
 
-__all__ = ["Bootstrap", "MAX_BLOCKS", "MIN_BLOCK"]
+__all__ = ["Bootstrap", "MAX_BLOCKS", "MIN_BLOCK", "SKLEARN_ROWS"]
 
 #: Fewest rows per block, and most blocks: the blocks' multinomial costs O(blocks) per tree on every rank.
 MIN_BLOCK = 1024
 MAX_BLOCKS = 4096
 #: Draws handled by one pass of array operations (bounds the temporaries).
 CHUNK_DRAWS = 1 << 23
+#: Up to this many rows (over the ranks), scikit-learn's own draw (``MPIML_RF_SKLEARN_BOOTSTRAP_ROWS`` overrides;
+#: the ranks must agree on it, as on every setting that changes the trees).
+SKLEARN_ROWS = 1 << 16
+
+
+def _sklearn_rows():
+    return int(os.environ.get("MPIML_RF_SKLEARN_BOOTSTRAP_ROWS", SKLEARN_ROWS))
 
 
 def _power_of_two_below(x):
@@ -68,6 +83,7 @@ class Bootstrap:
         if state is None:
             state = self._agree(weights, comm)
         self.state = state
+        self.exact = bool(state.get("exact", False))
         self.scale = state["scale"]
         self.Q = np.asarray(state["totals"], dtype=np.float64)
         self.base = np.concatenate([[0.0], np.cumsum(self.Q)[:-1]])
@@ -80,8 +96,17 @@ class Bootstrap:
         self._memo = {}
 
     def _agree(self, weights, comm):
-        """Fixed-point scale, the blocks' weights and the weight before this rank's rows (one allreduce)."""
+        """Fixed-point scale, the blocks' weights and the weight before this rank's rows (one allreduce); small
+        data sets: every row's weight (one allgatherv)."""
         xp, size = self.xp, 1 if comm is None else comm.size
+        if self.N <= _sklearn_rows():
+            every = None
+            if weights is not None:
+                every = np.ascontiguousarray(np.asarray(weights.get() if xp is not np else weights, dtype=np.float64))
+                every = comm.allgatherv(every) if size > 1 else every
+            sizes = np.minimum(self.S, self.N - self.S * np.arange(self.nb)).astype(np.float64)
+            return {"exact": True, "weights": every, "scale": None, "unit": 1.0, "totals": sizes,
+                    "before": float(self.lo)}
         local = [np.inf, -np.inf]
         if weights is not None and self.n:
             local = [float(xp.min(weights)), float(xp.max(weights))]
@@ -110,6 +135,9 @@ class Bootstrap:
     def weight_sum(self):
         """The rows' total weight, the same on every rank and at every rank count (from the exact fixed-point
         totals; rows of equal weights: that weight times ``N``)."""
+        if self.exact:                        # scikit-learn's: the sum of the weights, or the row count
+            every = self.state["weights"]
+            return float(self.N) if every is None else float(np.sum(every))
         if self.scale is None:
             return float(self.state["unit"]) * self.N
         return float(self.Q.sum()) / self.scale
@@ -143,8 +171,21 @@ class Bootstrap:
             out[i] = self._tree_counts(int(key), start, n)
         return out
 
+    def _sklearn_counts(self, key, start, n):
+        """scikit-learn's draw of the tree of ``key`` (its ``_generate_sample_indices``), counted on the rows."""
+        rs = np.random.RandomState(key)
+        every = self.state["weights"]
+        if every is None:
+            drawn = rs.randint(0, self.N, self.m)
+        else:
+            drawn = rs.choice(self.N, self.m, replace=True, p=every / np.sum(every))
+        counts = np.bincount(drawn, minlength=self.N)[self.lo + start:self.lo + start + n]
+        return self.xp.asarray(counts.astype(np.float64))
+
     def _tree_counts(self, key, start, n):
         xp = self.xp
+        if self.exact:
+            return self._sklearn_counts(key, start, n)
         g0, g1 = self.lo + start, self.lo + start + n              # global rows of the range
         b0, b1 = g0 // self.S, (g1 - 1) // self.S + 1              # the blocks that meet them
         c = self.block_draws(key)
