@@ -243,15 +243,17 @@ def test_block_bootstrap_is_exact_and_cut_independent(weighted, monkeypatch):
     cuts = [0, 1, 4095, 4096, 33_333, 69_999, N]
     st = whole.state
     q = np.cumsum(np.rint(w * st["scale"])) if weighted else None
-    parts = []
-    for lo, hi in zip(cuts[:-1], cuts[1:]):
-        before = (float(q[lo - 1]) if lo else 0.0) if weighted else float(lo)
-        part = Bootstrap(np, m, N, lo, hi - lo, weights=None if w is None else w[lo:hi], state={**st, "before": before})
-        parts.append(part.counts(keys))
-    np.testing.assert_array_equal(np.concatenate(parts, axis=1), c)
-    np.testing.assert_array_equal(whole.counts(keys, 1234, 5000), c[:, 1234:6234])
-    monkeypatch.setenv("MPIML_RF_CPU_KERNEL", "0")
-    np.testing.assert_array_equal(Bootstrap(np, m, N, 0, N, weights=w).counts(keys), c)
+    for kernel in ("1", "0"):                   # the host kernel, then the array path (what CuPy runs)
+        monkeypatch.setenv("MPIML_RF_CPU_KERNEL", kernel)
+        parts = []
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            before = (float(q[lo - 1]) if lo else 0.0) if weighted else float(lo)
+            part = Bootstrap(np, m, N, lo, hi - lo, weights=None if w is None else w[lo:hi],
+                             state={**st, "before": before})
+            parts.append(part.counts(keys))
+        np.testing.assert_array_equal(np.concatenate(parts, axis=1), c)
+        np.testing.assert_array_equal(whole.counts(keys, 1234, 5000), c[:, 1234:6234])
+        np.testing.assert_array_equal(Bootstrap(np, m, N, 0, N, weights=w).counts(keys), c)
     monkeypatch.delenv("MPIML_RF_CPU_KERNEL")
     many = sum(whole.counts([k])[0] for k in range(40))
     expected = 40 * m * (np.ones(N) / N if w is None else w / w.sum())

@@ -208,7 +208,8 @@ class Bootstrap:
         d_Q, d_base = xp.asarray(self.Q[b0:b1]), xp.asarray(self.base[b0:b1])
         for a in range(k0, k1, CHUNK_DRAWS):
             k = xp.arange(a, min(a + CHUNK_DRAWS, k1), dtype=xp.int64)       # draw numbers of the tree
-            j = xp.searchsorted(d_first, k, side="right")                   # their blocks, from b0
+            j = (xp.searchsorted(d_first, k, side="right") if d_first.shape[0]      # their blocks, from b0
+                 else xp.zeros(k.shape, dtype=xp.int64))
             u = hash_uniform(xp, 0, STREAM_BOOTSTRAP, key, k)
             Qs = d_Q[j]
             v = d_base[j] + xp.minimum(xp.floor(u * Qs), Qs - 1.0)       # the global weight it lands on
