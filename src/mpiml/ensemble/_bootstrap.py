@@ -94,6 +94,7 @@ class Bootstrap:
             q = xp.rint(xp.asarray(weights, dtype=xp.float64) * self.scale)
             self.cum = float(state["before"]) + xp.cumsum(q)
         self._memo = {}
+        self._guide = None
 
     def _agree(self, weights, comm):
         """Fixed-point scale, the blocks' weights and the weight before this rank's rows (one allreduce); small
@@ -199,10 +200,13 @@ class Bootstrap:
             c_hi = float(self.cum[start + n - 1])
             cum = self.cum[start:start + n]
         if xp is np and _cpu_kernels.enabled():
+            weighted = self.scale is not None
+            if weighted and self._guide is None:        # once per fit: where each bucket's draws start looking
+                self._guide = _cpu_kernels.bootstrap_guide(self.cum, self.lo, self.S, self.N, self.Q, self.base)
             _cpu_kernels.bootstrap_counts(stream_lead(0, STREAM_BOOTSTRAP), key, k0, k1, first[b0:b1 + 1], self.Q,
-                                          self.base, b0, g0, self.S, cum if self.scale is not None else None,
-                                          c_lo if self.scale is not None else 0.0,
-                                          c_hi if self.scale is not None else 0.0, out)
+                                          self.base, b0, g0, self.S, self.N, cum if weighted else None,
+                                          self._guide, start, c_lo if weighted else 0.0,
+                                          c_hi if weighted else 0.0, out)
             return out
         d_first = xp.asarray(first[b0 + 1:b1])
         d_Q, d_base = xp.asarray(self.Q[b0:b1]), xp.asarray(self.base[b0:b1])
