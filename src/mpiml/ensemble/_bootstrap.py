@@ -152,7 +152,7 @@ class Bootstrap:
             else:
                 rng = np.random.Generator(np.random.Philox(key=np.array([int(key), STREAM_BOOTSTRAP], np.uint64)))
                 c = rng.multinomial(self.m, self.p).astype(np.int64)
-            if len(self._memo) < 4096:
+            if len(self._memo) < 64:              # a few trees' vectors (at most 4096 ints each)
                 self._memo[key] = c
         return c
 
