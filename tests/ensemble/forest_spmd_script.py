@@ -187,6 +187,26 @@ def main():
         else (ref.oob_score_, ref.oob_decision_function_)
     check(abs(got.oob_score_ - ref_oob[0]) < 1e-12, f"oob_score_ {got.oob_score_} vs one process {ref_oob[0]}")
     check(np.array_equal(gathered(got.oob_decision_function_), ref_oob[1]), "oob_decision_function_ rows differ")
+    # 5d. sample weights drive the bootstrap draws (exactly max_samples per tree over every rank, in
+    # proportion to the weights): the same trees, out-of-bag results and estimators_samples_ at every rank count
+    w_tr = np.random.RandomState(5).rand(len(yr_tr)) * 2
+    w_tr[::9] = 0.0
+    params = dict(n_estimators=6, max_depth=5, max_samples=0.6, max_features=0.5, random_state=6, oob_score=True)
+    ref = on_root(lambda: RandomForestRegressor(comm=SELF, **params).fit(Xr_tr, yr_tr, sample_weight=w_tr))
+    got = RandomForestRegressor(**params).fit(shard(Xr_tr), shard(yr_tr), sample_weight=shard(w_tr))
+    same_trees(got, ref, "regressor with sample weights and bootstrap")
+    ref_s = comm.bcast_obj(None if ref is None else (ref.oob_score_, ref.oob_prediction_,
+                                                     [s.tolist() for s in ref.estimators_samples_])) \
+        if size > 1 else (ref.oob_score_, ref.oob_prediction_, [s.tolist() for s in ref.estimators_samples_])
+    check(abs(got.oob_score_ - ref_s[0]) < 1e-12, f"weighted oob_score_ {got.oob_score_} vs {ref_s[0]}")
+    check(np.array_equal(gathered(got.oob_prediction_), ref_s[1]), "weighted oob_prediction_ rows differ")
+    start = sum((comm.allgather_obj(len(shard(yr_tr))) if size > 1 else [0])[:rank])
+    for t, s in enumerate(got.estimators_samples_):
+        every = gathered(s.astype(np.int64) + start)
+        check(sorted(every.tolist()) == sorted(ref_s[2][t]), f"estimators_samples_[{t}] differs from one process")
+        check(len(every) == got._n_samples_bootstrap, f"tree {t} drew {len(every)} rows")
+    check(got._n_samples_bootstrap == int(0.6 * w_tr.sum()), f"draws {got._n_samples_bootstrap}")
+
     warm = RandomForestRegressor(n_estimators=3, max_depth=5, random_state=2, warm_start=True).fit(
         shard(Xr_tr), shard(yr_tr))
     warm.set_params(n_estimators=6).fit(shard(Xr_tr), shard(yr_tr))

@@ -3,11 +3,10 @@ model files, parameters and the flat tree arrays.
 
 Checks of scikit-learn's ``parametrize_with_checks`` that are expected to fail, and why:
 
-- ``check_sample_weight_equivalence_on_dense_data``: bootstrap weights are
-  Poisson draws per row, so integer sample weights and repeated rows draw
-  different bootstrap samples (scikit-learn marks the same check for its own
-  forests, whose bootstrap also draws per row); ``..._on_sparse_data`` likewise,
-  now that sparse ``X`` is accepted.
+- ``check_sample_weight_equivalence_on_dense_data``: with ``max_samples=None``
+  the bootstrap draws ``n_samples`` rows, so integer sample weights and the
+  same rows repeated draw different numbers of rows (scikit-learn marks the
+  same check for its own forests); ``..._on_sparse_data`` likewise.
 """
 
 import warnings
@@ -17,7 +16,7 @@ import pytest
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits
 from sklearn.ensemble import RandomForestClassifier as SkClassifier
 from sklearn.ensemble import RandomForestRegressor as SkRegressor
-from sklearn.model_selection import KFold
+from sklearn.model_selection import RepeatedKFold
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import mpiml
@@ -26,9 +25,9 @@ from mpiml.utils import InvalidParameterError
 
 _EXPECTED_FAILED = {
     "check_sample_weight_equivalence_on_dense_data":
-        "per-row Poisson bootstrap: integer weights and repeated rows draw different samples",
+        "bootstrap of n_samples draws: integer weights and repeated rows draw different numbers of rows",
     "check_sample_weight_equivalence_on_sparse_data":
-        "per-row Poisson bootstrap: integer weights and repeated rows draw different samples",
+        "bootstrap of n_samples draws: integer weights and repeated rows draw different numbers of rows",
 }
 
 
@@ -45,10 +44,11 @@ def test_sklearn_compatible(estimator, check):
                                               (load_breast_cancer, RandomForestClassifier, SkClassifier),
                                               (load_diabetes, RandomForestRegressor, SkRegressor)])
 def test_shipped_data_sets_within_one_percent(load, cls, sk_cls):
-    """Accuracy / R^2 over 5 folds within 0.01 of scikit-learn's forest with the same parameters."""
+    """Accuracy / R^2 over 4 x 5 folds within 0.01 of scikit-learn's forest with the same parameters (one
+    5-fold pass of a few hundred rows moves by more than 0.01 with the random streams alone)."""
     X, y = load(return_X_y=True)
     ours, theirs = [], []
-    for i, (tr, te) in enumerate(KFold(5, shuffle=True, random_state=0).split(X)):
+    for i, (tr, te) in enumerate(RepeatedKFold(n_splits=5, n_repeats=4, random_state=0).split(X)):
         params = dict(n_estimators=30, max_depth=8, random_state=i)
         ours.append(cls(**params).fit(X[tr], y[tr]).score(X[te], y[te]))
         theirs.append(sk_cls(**params).fit(X[tr], y[tr]).score(X[te], y[te]))
@@ -150,8 +150,9 @@ def test_float32_and_sample_weight():
     rf = RandomForestRegressor(n_estimators=3, max_depth=4, random_state=0).fit(X32, y)
     assert rf.predict(X32).dtype == np.float64
     w = np.ones(len(y))
-    a = RandomForestRegressor(n_estimators=3, max_depth=4, random_state=0).fit(X, y, sample_weight=w)
-    b = RandomForestRegressor(n_estimators=3, max_depth=4, random_state=0).fit(X, y)
+    # unit weights weigh as no weights (with bootstrap, scikit-learn draws them otherwise: choice, not randint)
+    a = RandomForestRegressor(n_estimators=3, max_depth=4, random_state=0, bootstrap=False).fit(X, y, sample_weight=w)
+    b = RandomForestRegressor(n_estimators=3, max_depth=4, random_state=0, bootstrap=False).fit(X, y)
     np.testing.assert_array_equal(a.predict(X), b.predict(X))
     w[y > np.median(y)] = 0.0                                # zero weight: those rows are left out
     X = np.round(X * 100)                                    # few distinct values: one bin each, either way
@@ -177,15 +178,125 @@ def test_invalid_parameters(params, match):
 
 def test_bootstrap_options():
     X, y = load_breast_cancer(return_X_y=True)
-    with pytest.raises(ValueError, match="max_samples"):
-        RandomForestClassifier(n_estimators=2, max_samples=10**6).fit(X, y)     # above 16 draws per row
+    many = RandomForestClassifier(n_estimators=2, max_samples=50 * len(X), max_depth=2, random_state=0).fit(X, y)
+    assert [len(s) for s in many.estimators_samples_] == [50 * len(X)] * 2
+    assert many.tree_weighted_n_node_samples_[0] == 50 * len(X)      # a tree weighs its rows by their draws
     more = RandomForestClassifier(n_estimators=2, max_samples=2 * len(X), max_depth=2, random_state=0).fit(X, y)
     assert more._n_samples_bootstrap == 2 * len(X) and more.score(X, y) > 0.8
     with pytest.raises(ValueError, match="bootstrap=False"):
         RandomForestClassifier(n_estimators=2, bootstrap=False, max_samples=0.5).fit(X, y)
     small = RandomForestClassifier(n_estimators=2, max_samples=0.2, max_depth=1, random_state=0).fit(X, y)
-    # the root's rows are about a fifth of the data (Poisson(0.2) weights: rows drawn at least once)
-    assert 0.12 * len(y) < small.tree_n_node_samples_[0] < 0.25 * len(y)
+    # exactly int(0.2 n) draws: the root holds the distinct rows drawn (about 18 % of the data)
+    assert small._n_samples_bootstrap == int(0.2 * len(y))
+    assert small.tree_weighted_n_node_samples_[0] == int(0.2 * len(y))
+    assert 0.12 * len(y) < small.tree_n_node_samples_[0] < 0.2 * len(y)
+
+
+def test_bootstrap_draws_exactly_max_samples_in_proportion_to_the_weights():
+    """scikit-learn's bootstrap: ``max_samples`` draws with replacement, probabilities proportional to the
+    sample weights (times the class weights); the trees weigh their rows by the draw counts."""
+    rng = np.random.RandomState(0)
+    X = rng.rand(3000, 3)
+    y = (X[:, 0] > 0.5).astype(int)
+    w = rng.rand(3000) * 3
+    w[:300] = 0                                                  # never drawn
+    rf = RandomForestClassifier(n_estimators=40, max_samples=0.5, max_depth=2, random_state=0).fit(X, y, w)
+    assert rf._n_samples_bootstrap == int(0.5 * w.sum())        # a fraction of the weight sum (scikit-learn)
+    counts = np.zeros(len(X))
+    for s in rf.estimators_samples_:
+        assert len(s) == rf._n_samples_bootstrap and s.dtype == np.int32
+        counts += np.bincount(s, minlength=len(X))
+    assert counts[:300].sum() == 0
+    expected = 40 * rf._n_samples_bootstrap * w / w.sum()
+    assert abs(np.corrcoef(counts[300:], expected[300:])[0, 1]) > 0.8
+    # the drawn rows are what the trees were grown on: the root's weight is the number of draws
+    roots = rf.tree_weighted_n_node_samples_[np.asarray(rf.tree_offsets_)[:-1]]
+    assert np.all(roots == rf._n_samples_bootstrap)
+    np.testing.assert_allclose(rf._sample_weight, w)
+    # out of bag: the rows a tree did not draw
+    oob = RandomForestClassifier(n_estimators=5, max_samples=0.5, random_state=0, oob_score=True).fit(X, y)
+    assert 0.9 < oob.oob_score_ <= 1.0
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_block_bootstrap_is_exact_and_cut_independent(weighted, monkeypatch):
+    """The bootstrap of large data sets: exactly n_draws draws a tree, never a zero-weight row, the same counts
+    whatever cut of the rows a rank holds (the state of the cut before it), the host kernel equal to the
+    array path (what CuPy runs), and the draws in proportion to the weights."""
+    from mpiml.ensemble import _bootstrap
+    from mpiml.ensemble._bootstrap import Bootstrap
+
+    N, m = 70_000, 50_000
+    assert N > _bootstrap.SKLEARN_ROWS
+    rng = np.random.RandomState(0)
+    w = rng.rand(N) * 2 if weighted else None
+    if weighted:
+        w[::13] = 0.0
+    whole = Bootstrap(np, m, N, 0, N, weights=w)
+    assert not whole.exact
+    keys = [3, 2 ** 31 - 5, 77]
+    c = whole.counts(keys)
+    assert np.all(c.sum(axis=1) == m)
+    if weighted:
+        assert c[:, ::13].sum() == 0
+    # cuts: each part alone, given the state of the whole and the weight before it (as after the allreduce)
+    cuts = [0, 1, 4095, 4096, 33_333, 69_999, N]
+    st = whole.state
+    q = np.cumsum(np.rint(w * st["scale"])) if weighted else None
+    for kernel in ("1", "0"):                   # the host kernel, then the array path (what CuPy runs)
+        monkeypatch.setenv("MPIML_RF_CPU_KERNEL", kernel)
+        parts = []
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            before = (float(q[lo - 1]) if lo else 0.0) if weighted else float(lo)
+            part = Bootstrap(np, m, N, lo, hi - lo, weights=None if w is None else w[lo:hi],
+                             state={**st, "before": before})
+            parts.append(part.counts(keys))
+        np.testing.assert_array_equal(np.concatenate(parts, axis=1), c)
+        np.testing.assert_array_equal(whole.counts(keys, 1234, 5000), c[:, 1234:6234])
+        np.testing.assert_array_equal(Bootstrap(np, m, N, 0, N, weights=w).counts(keys), c)
+    monkeypatch.delenv("MPIML_RF_CPU_KERNEL")
+    many = sum(whole.counts([k])[0] for k in range(40))
+    expected = 40 * m * (np.ones(N) / N if w is None else w / w.sum())
+    assert np.abs(many - expected).sum() / (40 * m) < 0.5       # far below the L1 distance of unrelated draws
+    assert abs(many[:N // 2].sum() / (40 * m) - expected[:N // 2].sum() / (40 * m)) < 0.01
+
+
+def test_small_data_draws_are_scikit_learns():
+    """Up to SKLEARN_ROWS rows the bootstrap is scikit-learn's own draw from each tree's random_state."""
+    from sklearn.ensemble._forest import _generate_sample_indices
+
+    X, y = load_breast_cancer(return_X_y=True)
+    w = np.random.RandomState(2).rand(len(y))
+    for sw in (None, w):
+        rf = RandomForestClassifier(n_estimators=3, max_samples=0.6, max_depth=3, random_state=5).fit(X, y, sw)
+        for rows, tree in zip(rf.estimators_samples_, rf.estimators_):
+            theirs = _generate_sample_indices(tree.random_state, len(y), rf._n_samples_bootstrap, sw)
+            np.testing.assert_array_equal(np.sort(rows), np.sort(theirs))
+
+
+def test_refitting_a_tree_on_its_sample_gives_the_tree_again():
+    """A tree of ``estimators_`` refitted on ``estimators_samples_`` (scikit-learn's contract): its feature
+    orders come from its ``random_state``, its rows from the bootstrap.  Fewer distinct values per feature
+    than ``max_bins``: the bins are the values, whatever rows they are computed from; regression targets of a
+    few values, so that the sample's largest |y| (it sets the fixed-point scale and the purity tolerance) is
+    the forest's."""
+    from sklearn.base import clone
+
+    rng = np.random.RandomState(1)
+    X = rng.randn(250, 8)
+    y = np.clip(np.round(X[:, 0] + X[:, 1] ** 2), -2, 2)
+    for cls, target in ((RandomForestRegressor, y), (RandomForestClassifier, (y > 0.5).astype(int))):
+        rf = cls(n_estimators=4, max_samples=0.6, max_features=0.5, random_state=3).fit(X, target)
+        for t in (0, 3):
+            rows = rf.estimators_samples_[t]
+            tree = clone(rf.estimators_[t]).fit(X[rows], target[rows])
+            np.testing.assert_allclose(tree.tree_.value, rf.estimators_[t].tree_.value)
+            np.testing.assert_array_equal(tree.tree_.feature, rf.estimators_[t].tree_.feature)
+        # the trees' random_state are scikit-learn's for the same random_state
+        from sklearn.ensemble import RandomForestRegressor as SkForest
+
+        sk = SkForest(n_estimators=4, random_state=3).fit(X[:20], y[:20])
+        assert [e.random_state for e in rf.estimators_] == [e.random_state for e in sk.estimators_]
 
 
 def test_missing_values_go_to_the_learned_side(tmp_path):

@@ -18,14 +18,20 @@ SCRIPT = os.path.join(HERE, "forest_spmd_script.py")
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n, growth", [(1, "tree"), (2, "tree"), (3, "tree"), (4, "tree"), (2, "level"), (3, "level")])
-def test_forest_spmd(mpi, tmp_path, n, growth):
+@pytest.mark.parametrize("n, growth, draws", [(1, "tree", "sklearn"), (2, "tree", "sklearn"), (3, "tree", "sklearn"),
+                                              (4, "tree", "sklearn"), (2, "level", "sklearn"),
+                                              (3, "level", "sklearn"), (1, "tree", "blocks"), (2, "level", "blocks"),
+                                              (3, "tree", "blocks"), (4, "level", "blocks")])
+def test_forest_spmd(mpi, tmp_path, n, growth, draws):
     # small batches of trees and small allreduces, so that batching and node chunks are exercised on uneven
     # shards (and must not change the trees: the reference below is grown with the defaults); "level": no
-    # rank gathers every row (MPIML_RF_TREE_PARALLEL_BYTES=0), every level's nodes are grown by all ranks
+    # rank gathers every row (MPIML_RF_TREE_PARALLEL_BYTES=0), every level's nodes are grown by all ranks;
+    # "blocks": the bootstrap of large data sets (block multinomial, hashed draws) on these small ones
     env = {"MPIML_RF_BATCH_ELEMENTS": "1500", "MPIML_RF_HIST_BYTES": str(1 << 20)}
     if growth == "level":
         env["MPIML_RF_TREE_PARALLEL_BYTES"] = "0"
+    if draws == "blocks":
+        env["MPIML_RF_SKLEARN_BOOTSTRAP_ROWS"] = "0"
     mpi(SCRIPT, n, str(tmp_path), timeout=240, env=env)
     model = mpiml.load(str(tmp_path / "forest.mpiml"))
     X = np.load(tmp_path / "X.npy")
@@ -48,7 +54,10 @@ FEATURES = os.path.join(HERE, "forest_features_spmd_script.py")
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_forest_features_spmd(mpi, n):
+@pytest.mark.parametrize("n, draws", [(1, "sklearn"), (2, "sklearn"), (3, "sklearn"), (4, "sklearn"), (3, "blocks")])
+def test_forest_features_spmd(mpi, n, draws):
     """Sparse X, multi-output y, NaN, poisson, estimators_: the trees of one process at every rank count."""
-    mpi(FEATURES, n, timeout=240, env={"MPIML_RF_BATCH_ELEMENTS": "1500"})
+    env = {"MPIML_RF_BATCH_ELEMENTS": "1500"}
+    if draws == "blocks":                        # the bootstrap of large data sets, on these small ones
+        env["MPIML_RF_SKLEARN_BOOTSTRAP_ROWS"] = "0"
+    mpi(FEATURES, n, timeout=240, env=env)

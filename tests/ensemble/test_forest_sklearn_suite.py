@@ -39,11 +39,6 @@ def _thin(test_id):
 # test name -> why mpiml differs (each must still fail)
 DEVIATIONS = {
     "test_backend_respected": "joblib backends are not used: the trees are grown by the SPMD histogram builder, not joblib workers",
-    "test_class_weights_forest": "reads the private attribute _sample_weight of scikit-learn's trees",
-    "test_estimators_samples": "the bootstrap draws a Poisson weight per row (no rows move, any rank count): a tree's sample is not exactly max_samples rows, and a tree refitted on it draws other features",
-    "test_forest_multioutput_integral_regression_target": "rebuilds the out-of-bag rows with scikit-learn's private _generate_unsampled_indices from each tree's random_state (its multinomial bootstrap)",
-    "test_mse_criterion_object_segfault_smoke_test": "passes scikit-learn's private Cython MSE criterion object as the criterion",
-    "test_validate_y_class_weight": "calls the private scikit-learn method _validate_y_class_weight",
 }
 
 if os.environ.get("MPIML_SUITE_ALL"):      # every test as a plain test: the real failures, with their tracebacks

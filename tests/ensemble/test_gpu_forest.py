@@ -149,12 +149,64 @@ def test_split_kernel_equals_the_host_search(K, D, with_mwl):
     # and the whole-array search on the device chooses the same split
     from types import SimpleNamespace
 
-    g = SimpleNamespace(xp=cp, K=K, D=D, s=SimpleNamespace(scales=(0.5, 0.25, 1.0), criterion="gini",
-                                                           min_samples_leaf=3))
+    # the grower's fields the whole-array search reads: one regression output (Q), the criterion of the kind
+    g = SimpleNamespace(xp=cp, K=K, D=D, Q=1, s=SimpleNamespace(scales=(0.5, 0.25, 1.0),
+                                                                criterion="gini" if K else "squared_error",
+                                                                min_samples_leaf=3))
     Hm = cp.take_along_axis(cp.asarray(H), cp.asarray(fpos)[:, :, None, None], axis=1)
     ref = dense_candidates(g, Hm, cp.asarray(tot), None if mwl is None else cp.asarray(mwl))
     for name, a, b in zip(("val", "j", "b", "wl", "below", "above", "varying"), choose(cp, got), ref):
         np.testing.assert_array_equal(cp.asnumpy(a), cp.asnumpy(b), err_msg=name)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_bootstrap_counts_on_cupy_equal_numpy(weighted):
+    """The bootstrap draws (block multinomial, hashed draws, exact fixed-point weights) on CuPy: the NumPy
+    counts bit for bit (the array path and the host kernel), over any cut of the rows."""
+    import cupy as cp
+
+    from mpiml.ensemble._bootstrap import Bootstrap
+
+    rng = np.random.default_rng(3)
+    N = 300_000
+    w = rng.random(N) * 3 if weighted else None
+    if weighted:
+        w[::11] = 0.0
+    host = Bootstrap(np, 250_000, N, 0, N, weights=w)
+    dev = Bootstrap(cp, 250_000, N, 0, N, weights=None if w is None else cp.asarray(w))
+    keys = [5, 1_234_567, 2 ** 31 - 2]
+    want = host.counts(keys)
+    got = dev.counts(keys)
+    np.testing.assert_array_equal(cp.asnumpy(got), want)
+    assert np.all(want.sum(axis=1) == 250_000)
+    np.testing.assert_array_equal(cp.asnumpy(dev.counts(keys, 12_345, 100_000)), want[:, 12_345:112_345])
+
+
+@pytest.mark.parametrize("cls_name", ["RandomForestClassifier", "RandomForestRegressor"])
+def test_gpu_weighted_bootstrap_grows_the_numpy_forest(cls_name):
+    """Sample weights drive the draws: on CuPy the same trees, out-of-bag results and estimators_samples_."""
+    import cupy as cp
+    from sklearn.datasets import make_classification, make_regression
+
+    from mpiml import ensemble
+
+    cls = getattr(ensemble, cls_name)
+    make = make_classification if cls_name.endswith("Classifier") else make_regression
+    X, y = make(n_samples=6000, n_features=8, n_informative=5, random_state=4)
+    X = np.round(X, 2)
+    w = np.random.default_rng(4).random(6000) * 2
+    kw = dict(n_estimators=5, max_depth=7, max_samples=0.7, max_features=0.5, random_state=2, oob_score=True)
+    host = cls(**kw).fit(X, y, sample_weight=w)
+    dev = cls(**kw).fit(cp.asarray(X), cp.asarray(y), sample_weight=cp.asarray(w))
+    for a, b in zip(dev.estimators_samples_, host.estimators_samples_):      # the same draws
+        np.testing.assert_array_equal(a, b)
+    # the roots hold the draws: exactly max_samples of the weight sum each
+    roots = cp.asnumpy(dev.tree_weighted_n_node_samples_)[cp.asnumpy(dev.tree_offsets_)[:-1]]
+    assert np.all(roots == int(0.7 * w.sum()))
+    if cls_name.endswith("Classifier"):        # two-class gini: the same IEEE operations on both, the same trees
+        for key in ("tree_feature_", "tree_n_node_samples_", "tree_weighted_n_node_samples_"):
+            np.testing.assert_array_equal(cp.asnumpy(getattr(dev, key)), getattr(host, key), err_msg=key)
+        assert abs(dev.oob_score_ - host.oob_score_) < 1e-12
 
 
 @pytest.mark.parametrize("cls_name", ["RandomForestClassifier", "RandomForestRegressor"])

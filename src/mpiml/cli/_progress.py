@@ -32,8 +32,9 @@ class Progress:
 def fit_forest_in_batches(est, X, y, say, batches=5):
     """Grow ``est.n_estimators`` trees in up to ``batches`` warm-started fits, a line after each.
 
-    The trees are the ones a single fit grows (each tree's randomness is keyed by the fit's
-    seed and the tree's number); only the features' bins are computed again per batch.
+    The trees are the ones a single fit grows (each tree's randomness is keyed by its
+    ``random_state``, the tree's draw of the forest's ``random_state`` stream, which a warm
+    start continues); only the features' bins are computed again per batch.
     """
     total = int(est.n_estimators)
     sizes = np.diff(np.linspace(0, total, min(batches, total) + 1).round().astype(int))

@@ -17,7 +17,8 @@ from ..utils._param_validation import InvalidParameterError, Interval, RealNotIn
 from ..utils._validation import check_random_state, row_counts, validate_data, validate_sample_weight
 from ._flat import TREE_ARRAYS, pack_trees
 from ._grower import GrowSpec, TreeGrower, power_of_two_below
-from ._hist import FIXED_POINT_BITS, apply_bins, bin_edges, poisson_max, sample_rows
+from ._bootstrap import Bootstrap
+from ._hist import FIXED_POINT_BITS, apply_bins, bin_edges, sample_rows
 from ._predict import _ForestPrediction, densified
 from ._prune import prune_best_first, prune_cost_complexity
 from ._tree import ForestTreeClassifier, ForestTreeRegressor
@@ -27,10 +28,10 @@ BIN_SAMPLE_ROWS = 200_000
 FRIEDMAN_MSE_WARNING = ('Value `"friedman_mse"` for `criterion` is deprecated and will be removed in 1.11. It '
                         'maps to `"squared_error"` as both were always equivalent. Use '
                         '`criterion="squared_error"` to remove this warning.')
+#: Bound of the trees' keys (scikit-learn's ``MAX_INT``).
+MAX_INT = np.iinfo(np.int32).max
 #: Target bins of ``criterion="absolute_error"`` (more distinct targets: quantile bins).
 TARGET_BINS = 64
-#: Largest bootstrap rate (``max_samples / n_samples``): the Poisson table stops at 64 draws per row.
-MAX_POISSON_RATE = 16
 
 _TREE_ATTRS = tuple(f"tree_{name}_" for name, _ in TREE_ARRAYS)
 
@@ -142,7 +143,7 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
         "max_bins": [Interval(Integral, 2, 256, closed="both")],
         "training": [StrOptions({"global", "local"})],
     }
-    _saved_attributes = ("tree_offsets_",) + _TREE_ATTRS + ("feature_importances_", "n_outputs_")
+    _saved_attributes = ("tree_offsets_",) + _TREE_ATTRS + ("feature_importances_", "n_outputs_", "_tree_keys_")
 
     # ------------------------------------------------------------------ fitting
     def fit(self, X, y, sample_weight=None):
@@ -173,7 +174,7 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
             raise InvalidParameterError(
                 f"The 'monotonic_cst' parameter of {name} must be None (monotonic constraints are not supported "
                 f"by mpiml's forests). Got {self.monotonic_cst!r} instead.")
-        criterion = self.criterion
+        criterion = self._criterion_name()
         if criterion == "friedman_mse":
             warnings.warn(FRIEDMAN_MSE_WARNING, FutureWarning)
             criterion = "squared_error"
@@ -187,11 +188,15 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
         sw = validate_sample_weight(sample_weight, X, xp=xp, dtype=np.float64, only_non_negative=True, comm=comm)
         counts = row_counts(X.shape[0], comm)
         n_total, offset = int(counts.sum()), int(counts[:comm.rank].sum())
-        rate = self._poisson_rate(n_total)
-        self._n_samples_bootstrap = None if rate is None else int(round(rate * n_total))
-        if rate is not None and rate > MAX_POISSON_RATE:
-            raise ValueError(f"max_samples={self.max_samples} asks for {rate:.1f} draws per row; at most "
-                             f"{MAX_POISSON_RATE} x n_samples={n_total} is supported (Poisson bootstrap weights)")
+        # scikit-learn's combined weights: the sample weights times the expanded class weights (None: neither);
+        # with bootstrap the rows are drawn in proportion to them, else the trees weigh the rows by them
+        expanded = self._expanded_class_weight(targets, None if sample_weight is None else sw, xp, comm)
+        if expanded is None:
+            self._sample_weight = None if sample_weight is None else sw
+        else:
+            self._sample_weight = expanded if sample_weight is None else sw * expanded
+        weight = sw if self._sample_weight is None else self._sample_weight
+        self._n_samples_bootstrap = None
         mf = _n_features_to_draw(self.max_features, X.shape[1], name)
         old_trees = []
         if self.warm_start and getattr(self, "tree_offsets_", None) is not None:
@@ -205,14 +210,17 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
                     self._set_oob_score_and_attributes(X, targets, counts, offset, self._seed_, comm)
                 return self
             old_trees = self._trees_as_dicts()
-            # the seed of the first fit (a loaded model draws it again: the same for an int random_state)
+            old_keys = self._fitted_keys()
+            # the seed of the first fit (a loaded model: its first tree's key, as the first fit took)
             seed = getattr(self, "_seed_", None)
-            seed = self._seed(comm) if seed is None else seed
+            seed = int(old_keys[0]) if seed is None else seed
         else:
-            seed = self._seed(comm)
+            old_keys, seed = [], None
+        keys = self._draw_keys(comm, old_keys, self.n_estimators)
+        if seed is None:
+            seed = int(keys[0])     # the seed of the bins' sample: the first key, whatever n_estimators
         new_ids = list(range(len(old_trees), self.n_estimators))
         subsample = self._is_classifier and self.class_weight == "balanced_subsample" and self.bootstrap
-        weight = sw * self._class_weights(targets, xp, comm)
         # absolute error: the trees grow on target bins (classes whose weights give the medians)
         grown = targets
         if criterion == "absolute_error":
@@ -224,19 +232,31 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
         if self.max_leaf_nodes is not None:
             depth = self.max_leaf_nodes - 1 if depth is None else min(depth, self.max_leaf_nodes - 1)
 
-        def grower_for(Xl, wl, tl, index, n_rows, comm_):
+        def grower_for(Xl, wl, tl, offset_, n_rows, comm_):
             # fixed-point scales from the largest weight and target over the rows this grower sees
-            lam = self._poisson_rate(n_rows)
-            kmax = poisson_max(lam) if lam is not None else 1
             # agreed: the largest weight and |target|, whether some weight is not an integer, and the
             # smallest batch of elements and level budgets a rank asks for (they set the sequence of allreduces)
             local = [float(xp.max(wl)) if wl.shape[0] else 0.0,
                      float(xp.max(xp.abs(tl))) if (wl.shape[0] and not self._n_codes_) else 0.0,
-                     float(subsample or (bool(wl.shape[0]) and bool(xp.any(wl != xp.rint(wl))))),
+                     float(bool(wl.shape[0]) and bool(xp.any(wl != xp.rint(wl)))),
                      -float(_batch_elements(xp)), *(-float(b) for b in _level_budgets(xp))]
             mw, my, fractional, batch, hist_bytes, sub_bytes = (
                 _agree_max(comm_, local) if comm_ is not None else np.asarray(local)).tolist()
-            budget = 2.0 ** FIXED_POINT_BITS / (max(n_rows, 1) * kmax)
+            boot = None
+            if self.bootstrap:
+                # the draws of these rows (every rank's, or this rank's alone): max_samples of the exact
+                # total weight, so the number of draws does not depend on the rank count either
+                boot = Bootstrap(xp, 0, n_rows, offset_, Xl.shape[0], weights=wl if drawn_weights else None,
+                                 comm=comm_)
+                n_draws = boot.m = self._n_draws(n_rows, boot.weight_sum())
+                self._bootstrap_ = (n_draws, n_rows, boot.state)
+                self._n_samples_bootstrap = n_draws
+                # a tree weighs its rows by their draw counts (times the subsample's class weights): integers
+                # summing to n_draws per tree
+                mw, fractional, n_sum = 1.0, float(subsample), n_draws
+            else:
+                n_sum = n_rows
+            budget = 2.0 ** FIXED_POINT_BITS / max(n_sum, 1)
             s_w = power_of_two_below(budget / mw) if mw > 0 else 1.0
             if not fractional and mw <= budget:
                 s_w = 1.0          # integer weights are their own fixed point: small sums, 32-bit GPU atomics
@@ -246,11 +266,11 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
                   else my * my * self.n_outputs_)
             s_y2 = power_of_two_below(budget / (mw * y2)) if mw > 0 and my > 0 else 1.0
             t0 = time.perf_counter()
-            edges, values = self._bins(Xl, xp, seed, index, n_rows, comm_)
+            edges, values = self._bins(Xl, xp, seed, offset_, n_rows, comm_)
             self._fit_stats["bins_s"] = time.perf_counter() - t0
             spec = GrowSpec(
                 Xb=apply_bins(Xl, edges, xp), n_bins=[len(e) + 1 for e in edges], edges=edges, values=values,
-                y=tl, weight=wl, row_index=index, n_classes=self._n_codes_,
+                y=tl, weight=wl, n_classes=self._n_codes_,
                 y_values=getattr(self, "_y_values", None) if criterion == "absolute_error" else None,
                 n_outputs=self.n_outputs_,
                 missing_bin=[len(e) if m else -1 for e, m in zip(edges, self._missing)],
@@ -259,23 +279,23 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
                 min_samples_leaf=_n_from(self.min_samples_leaf, n_rows), max_features=mf,
                 min_weight_fraction_leaf=self.min_weight_fraction_leaf,
                 min_impurity_decrease=self.min_impurity_decrease, balanced_subsample=subsample,
-                bootstrap_rate=lam, seed=seed, scales=(s_w, s_y, s_y2),
+                bootstrap=boot, tree_keys=keys, scales=(s_w, s_y, s_y2),
                 max_local_rows=int(counts.max()) if comm_ is not None else Xl.shape[0], batch_elements=int(-batch),
                 hist_bytes=int(-hist_bytes), sub_bytes=int(-sub_bytes),
                 y_tol=max(np.finfo(np.float64).eps, 1e-9 * my * my), verbose=self.verbose, rank=comm.rank,
                 comm=comm_, xp=xp)
             return TreeGrower(spec)
 
+        drawn_weights = self._sample_weight is not None
         if glob:
-            index = xp.arange(offset, offset + X.shape[0], dtype=xp.int64)
-            grower = grower_for(X, weight, grown, index, n_total, comm)
+            grower = grower_for(X, weight, grown, offset, n_total, comm)
             trees = grower.grow(new_ids)
             self._fit_stats.update(grower.stats)
             del grower                                   # it holds the binned rows and the row weights
         else:
             trees = self._fit_local(X, weight, grown, counts, comm, grower_for, new_ids)
         trees = [self._prune(self._output_values(t), X.shape[1]) for t in trees]
-        self._seed_ = seed
+        self._seed_, self._tree_keys_ = seed, keys
         self._n_local_rows_, self._row_offset_, self._fit_row_counts_ = X.shape[0], offset, counts
         self._set_trees(old_trees + trees, xp)
         if self.oob_score:
@@ -285,14 +305,78 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
         self._fit_stats["fit_s"] = time.perf_counter() - t_start
         return self
 
-    def _poisson_rate(self, n_rows):
-        """The Poisson rate of the bootstrap weights (None without bootstrap)."""
-        if not self.bootstrap:
-            return None
+    def _criterion_name(self):
+        """``criterion`` as its name; a scikit-learn criterion object (``sklearn.tree._criterion.MSE``, ...,
+        accepted by scikit-learn's trees) as the name scikit-learn's trees give its class."""
+        c = self.criterion
+        if isinstance(c, str):
+            return c
+        from sklearn.tree._classes import CRITERIA_CLF, CRITERIA_REG
+
+        table = CRITERIA_CLF if self._is_classifier else CRITERIA_REG
+        for name, cls in table.items():
+            if type(c) is cls:
+                return name
+        raise ValueError(f"criterion={c!r}: of scikit-learn's criterion objects, {type(self).__name__} takes "
+                         f"those of {sorted({cls.__name__ for cls in table.values()})} (as the criteria "
+                         f"{sorted(table)}); got one of class {type(c).__name__}")
+
+    def _n_draws(self, n_rows, weight_sum):
+        """Bootstrap draws per tree (scikit-learn's): ``n_rows``, the ``max_samples`` count, or the fraction
+        ``max_samples`` of the weight sum (of ``n_rows`` without weights), at least 1."""
         ms = self.max_samples
         if ms is None:
-            return 1.0
-        return ms / n_rows if isinstance(ms, Integral) else max(round(ms * n_rows), 1) / n_rows
+            return int(n_rows)
+        if isinstance(ms, Integral):
+            return int(ms)
+        n = max(int(ms * weight_sum), 1)
+        if n < max(10, n_rows ** (1 / 3)):
+            what = (f"the number of samples is {n_rows} " if self._sample_weight is None
+                    else f"the total sum of sample weights is {weight_sum} ")
+            warnings.warn(f"Using the fractional value max_samples={ms} when {what}results in a low number ({n}) "
+                          "of bootstrap samples. We recommend passing `max_samples` as an integer instead.")
+        return n
+
+    def _draw_keys(self, comm, old, n):
+        """The keys of trees ``0 .. n - 1`` (their ``random_state``; every draw of a tree is keyed by its key),
+        ``old`` those of the trees already fitted (warm start).
+
+        scikit-learn's: successive ``randint(2**31 - 1)`` of ``check_random_state(random_state)``, the fitted
+        trees' draws skipped, so the trees' ``random_state`` are those scikit-learn's forest gives its trees;
+        rank 0's when ``random_state`` is not an int (None or a ``RandomState`` instance).
+        """
+        fixed = getattr(self, "_fixed_tree_keys", None)
+        if fixed is not None:                      # a tree of ``estimators_`` refitted alone keeps its key
+            return np.asarray(list(fixed)[:n], dtype=np.int64)
+        rs = check_random_state(self.random_state)
+        if len(old):
+            rs.randint(MAX_INT, size=len(old))
+        new = rs.randint(MAX_INT, size=n - len(old)).astype(np.int64)
+        if comm.size > 1 and not isinstance(self.random_state, Integral):
+            new = np.asarray(comm.bcast_obj(new.tolist()), dtype=np.int64)
+        return np.concatenate([np.asarray(old, dtype=np.int64), new])
+
+    def _validate_y_class_weight(self, y, sample_weight=None):
+        """The step of ``fit`` that checks ``y`` and expands ``class_weight`` (scikit-learn's method of the same
+        name): ``y`` of shape ``(n, n_outputs)`` or ``(n,)`` on this rank, agreed with every rank (the classes,
+        the weighted class counts of ``"balanced"``).
+
+        Returns
+        -------
+        y : ndarray
+            Class codes (classification) or the float64 targets, one row per row of ``y``.
+        expanded_class_weight : ndarray of shape (n,) or None
+            Per-row class weights; None without ``class_weight`` or for ``"balanced_subsample"`` with
+            bootstrap (computed per tree from its draws).
+        """
+        comm = self._get_comm()
+        xp = get_namespace(y) if is_device_array(y) else np
+        if getattr(y, "ndim", 1) == 2 and y.shape[1] == 1:
+            y = y[:, 0]
+        rows = xp.zeros((y.shape[0], 0))
+        codes = self._validate_y(y, rows, comm)
+        sw = None if sample_weight is None else xp.asarray(sample_weight, dtype=xp.float64)
+        return codes, self._expanded_class_weight(codes, sw, xp, comm)
 
     def _prune(self, tree, n_features):
         if self.max_leaf_nodes is not None:
@@ -323,13 +407,11 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
 
     def _fit_local(self, X, weight, targets, counts, comm, grower_for, tree_ids):
         """cuML's scheme: each rank grows its share of the trees on its own rows; one allgather."""
-        xp = get_namespace(X)
         owners = [r for r in range(comm.size) if counts[r] > 0]
         mine = [t for t in tree_ids if owners[t % len(owners)] == comm.rank]
         trees = []
         if mine:
-            index = xp.arange(X.shape[0], dtype=xp.int64)
-            grower = grower_for(X, weight, targets, index, X.shape[0], None)
+            grower = grower_for(X, weight, targets, 0, X.shape[0], None)
             trees = grower.grow(mine)
             self._fit_stats.update(grower.stats)
         if comm.size == 1:
@@ -350,9 +432,8 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
                 by_id[tid] = tree
         return [by_id[t] for t in tree_ids]
 
-    def _bins(self, X, xp, seed, index, n_rows, comm):
-        """Bin edges agreed by the ranks of ``comm`` (None: this rank alone)."""
-        offset = int(index[0]) if index.shape[0] else 0
+    def _bins(self, X, xp, seed, offset, n_rows, comm):
+        """Bin edges agreed by the ranks of ``comm`` (None: this rank alone); ``offset``: the first row's index."""
         keep = sample_rows(xp, seed, offset, X.shape[0], n_rows, BIN_SAMPLE_ROWS)
         sample = X if keep is None else X[keep]
         sample = np.ascontiguousarray(to_numpy(sample))
@@ -391,11 +472,6 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
         values = np.bincount(s_codes, weights=sample[:, 0], minlength=K) / np.where(n_in > 0, n_in, 1)
         self._n_codes_ = K
         return xp.asarray(codes.astype(np.int32)), values
-
-    def _seed(self, comm):
-        rs = check_random_state(self.random_state)
-        seed = int(rs.randint(np.iinfo(np.int32).max))
-        return comm.bcast_obj(seed) if comm.size > 1 else seed
 
     @property
     def feature_importances_(self):

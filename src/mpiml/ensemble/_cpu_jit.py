@@ -293,3 +293,72 @@ def bins(X, table, lens, out):
                 else:
                     hi = mid
             out[i, j] = lo
+
+
+@_jit
+def boot_guide(cum, lo, S, N, Q, base, out):
+    """Per local row slot ``i`` (global ``lo + i``: bucket ``j`` of block ``b``), the first local row whose
+    cumulated weight exceeds the bucket's share of the block's weight: where a draw of that bucket starts
+    looking (any start is corrected by :func:`boot`, so this needs no exactness)."""
+    n = cum.shape[0]
+    r = 0
+    for i in range(n):
+        g = lo + i
+        b = g // S
+        size = min(S, N - b * S)
+        t = base[b] + (g - b * S) * (Q[b] / size)
+        while r < n - 1 and cum[r] <= t:
+            r += 1
+        out[i] = r
+
+
+@_jit
+def _first_above(cum, v, lo, hi):
+    while lo < hi:                               # the first row whose cumulated weight exceeds v
+        mid = (lo + hi) >> 1
+        if cum[mid] <= v:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@_jit
+def boot(lead, key, k0, k1, first, Q, base, b0, g0, S, N, weighted, cum, guide, start, c_lo, c_hi, out):
+    head = mix(lead ^ (np.uint64(key) * _C_A))
+    n = out.shape[0]
+    j = 0
+    for k in range(k0, k1):
+        while k >= first[j + 1]:                 # the draws run block after block
+            j += 1
+        z = np.uint64(k) * _C_B + head
+        z = mix(mix(z))
+        u = np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+        q = Q[b0 + j]
+        off = np.floor(u * q)
+        if off > q - 1.0:
+            off = q - 1.0
+        v = base[b0 + j] + off
+        if weighted:
+            if v >= c_lo and v < c_hi:
+                b = b0 + j
+                blk_lo, blk_hi = max(0, b * S - g0), min(n, (b + 1) * S - g0)    # the block's rows
+                size = min(S, N - b * S)
+                jj = np.int64(u * size)
+                if jj >= size:
+                    jj = size - 1
+                idx = b * S + jj - g0            # the guide of the draw's bucket, when the slot is ours
+                if idx >= 0 and idx < n:
+                    r = min(max(guide[idx + start] - start, blk_lo), blk_hi - 1)
+                    if r > blk_lo and cum[r - 1] > v:
+                        r = _first_above(cum, v, blk_lo, r)
+                    else:
+                        while cum[r] <= v:
+                            r += 1
+                else:
+                    r = _first_above(cum, v, blk_lo, blk_hi)
+                out[r] += 1.0
+        else:
+            r = np.int64(v) - g0
+            if r >= 0 and r < n:
+                out[r] += 1.0

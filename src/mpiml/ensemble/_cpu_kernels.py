@@ -19,9 +19,10 @@ thread count:
   is never written out;
 * :func:`partition`: the stable move of a level's elements into the
   children's segments;
-* :func:`segment_totals`, :func:`feature_orders`, :func:`apply_bins`: the
-  per-node totals, the per-node feature orders (the same hash draws, a
-  stable sort) and the bins of the rows.
+* :func:`segment_totals`, :func:`feature_orders`, :func:`apply_bins`,
+  :func:`bootstrap_counts`: the per-node totals, the per-node feature orders
+  (the same hash draws, a stable sort), the bins of the rows and a tree's
+  bootstrap counts (the same draws as :mod:`._bootstrap`'s array path).
 
 The bins come as columns ``(n_features, n_rows)``: a node's rows are gathered
 from one feature's column at a time, which stays in cache.
@@ -36,7 +37,7 @@ import os
 import numpy as np
 
 __all__ = ["enabled", "thread_count", "apply_bins", "segment_totals", "feature_orders", "build_histograms",
-           "split_candidates", "node_candidates", "partition"]
+           "split_candidates", "node_candidates", "partition", "bootstrap_counts", "bootstrap_guide"]
 
 _KERNELS = None
 
@@ -75,7 +76,7 @@ def _kernels():
         from . import _cpu_jit
 
         _KERNELS = {name: getattr(_cpu_jit, name) for name in
-                    ("totals", "orders", "bins", "hist", "split", "fused", "move")}
+                    ("totals", "orders", "bins", "hist", "split", "fused", "move", "boot", "boot_guide")}
     _jit_numba()  # the thread count of the calling thread (Numba's is per thread)
     return _KERNELS
 
@@ -213,6 +214,30 @@ def feature_orders(lead, trees, nodes, n_features):
         _kernels()["orders"](np.uint64(lead), np.ascontiguousarray(trees, dtype=np.int64),
                              np.ascontiguousarray(nodes, dtype=np.int64), out)
     return out
+
+
+def bootstrap_guide(cum, lo, S, N, Q, base):
+    """Where the draws of each bucket of the weighted bootstrap start their search (local row ids)."""
+    out = np.zeros(len(cum), dtype=np.int64)
+    if len(cum):
+        _kernels()["boot_guide"](np.ascontiguousarray(cum, dtype=np.float64), np.int64(lo), np.int64(S), np.int64(N),
+                                 np.ascontiguousarray(Q, dtype=np.float64), np.ascontiguousarray(base, dtype=np.float64),
+                                 out)
+    return out
+
+
+def bootstrap_counts(lead, key, k0, k1, first, Q, base, b0, g0, S, N, cum, guide, start, c_lo, c_hi, out):
+    """Adds to ``out`` the draws ``k0 .. k1 - 1`` of one tree that land on the rows ``g0 .. g0 + len(out) - 1``
+    (:meth:`mpiml.ensemble._bootstrap.Bootstrap.counts`: the same hash draws and float64 arithmetic, one pass;
+    weighted draws find their row from ``guide`` (:func:`bootstrap_guide` of the rank's rows, ``start``: the
+    first row of ``out`` among them) and a short walk)."""
+    weighted = cum is not None
+    empty_f, empty_i = np.zeros(0), np.zeros(0, dtype=np.int64)
+    _kernels()["boot"](np.uint64(lead), np.int64(key), np.int64(k0), np.int64(k1),
+                       np.ascontiguousarray(first, dtype=np.int64), np.ascontiguousarray(Q, dtype=np.float64),
+                       np.ascontiguousarray(base, dtype=np.float64), np.int64(b0), np.int64(g0), np.int64(S),
+                       np.int64(N), weighted, np.ascontiguousarray(cum if weighted else empty_f, dtype=np.float64),
+                       guide if weighted else empty_i, np.int64(start), float(c_lo), float(c_hi), out)
 
 
 def partition(cols, row, w, wy, wy2, starts, feature, threshold_bin):

@@ -5,12 +5,13 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import ClassifierMixin, RegressorMixin
+from sklearn.tree._criterion import Criterion
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import column_or_1d
 
 from .._array import get_namespace, is_device_array, to_numpy
 from .._errors import DistributedInputError
-from ..utils._param_validation import StrOptions
+from ..utils._param_validation import Hidden, StrOptions
 from ..utils._validation import agree_on_error
 from ._base import FRIEDMAN_MSE_WARNING, _BaseForest
 from ._predict import _global_r2
@@ -44,7 +45,9 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
     n_estimators : int, default=100
         Number of trees.
     criterion : {"gini", "entropy", "log_loss"}, default="gini"
-        Split quality ("entropy" and "log_loss" are the same: Shannon entropy).
+        Split quality ("entropy" and "log_loss" are the same: Shannon entropy).  A scikit-learn
+        criterion object (``sklearn.tree._criterion.Gini`` / ``Entropy``, which scikit-learn's trees
+        accept) stands for the criterion it computes.
     max_depth : int or None, default=None
         Maximum depth; None grows until leaves are pure or too small.
     min_samples_split : int or float, default=2
@@ -158,7 +161,7 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
     _is_classifier = True
     _parameter_constraints = {
         **_BaseForest._parameter_constraints,
-        "criterion": [StrOptions({"gini", "entropy", "log_loss"})],
+        "criterion": [StrOptions({"gini", "entropy", "log_loss"}), Hidden(Criterion)],
         "class_weight": [StrOptions({"balanced", "balanced_subsample"}), dict, list, None],
     }
     _saved_attributes = _BaseForest._saved_attributes + ("classes_", "n_classes_")
@@ -294,15 +297,19 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
         """Classes per output."""
         return list(self.n_classes_) if self.n_outputs_ > 1 else [self.n_classes_]
 
-    def _class_weights(self, codes, xp, comm):
-        """Per-row class weights (several outputs: the product of the outputs' weights, as scikit-learn)."""
+    def _expanded_class_weight(self, codes, sample_weight, xp, comm):
+        """Per-row class weights (scikit-learn's expanded class weights; several outputs: the product of the
+        outputs' weights), or None: no ``class_weight``, or ``"balanced_subsample"`` with bootstrap (per tree,
+        from its bootstrap counts, in the grower).  ``"balanced"`` counts the classes weighted by
+        ``sample_weight`` over every rank."""
         cw = self.class_weight
         if cw is None:
-            return 1.0
+            return None
         if cw == "balanced_subsample" and self.bootstrap:
-            return 1.0                                   # per tree, from its bootstrap counts (the grower)
+            return None
+        sw = None if sample_weight is None else to_numpy(sample_weight)
         if self._joint_ is None:
-            return xp.asarray(self._per_class_weights(cw, self.classes_, codes, comm))[codes]
+            return xp.asarray(self._per_class_weights(cw, self.classes_, codes, comm, sw))[codes]
         if not isinstance(cw, str) and (not isinstance(cw, (list, tuple)) or len(cw) != self.n_outputs_):
             raise ValueError("For multi-output, number of elements in class_weight should match number of "
                              "outputs.")
@@ -310,15 +317,15 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
         host = to_numpy(codes)
         for o, classes in enumerate(self.classes_):
             per_output = self._joint_[host, o]
-            out_o = self._per_class_weights(cw if isinstance(cw, str) else cw[o], classes, per_output, comm)
+            out_o = self._per_class_weights(cw if isinstance(cw, str) else cw[o], classes, per_output, comm, sw)
             out = out * out_o[self._joint_[:, o]]
         return xp.asarray(out)[codes]
 
     @staticmethod
-    def _per_class_weights(cw, classes, codes, comm):
+    def _per_class_weights(cw, classes, codes, comm, sample_weight=None):
         K = len(classes)
-        if isinstance(cw, str):  # "balanced" (and "balanced_subsample" without bootstrap): global class counts
-            local = np.bincount(to_numpy(codes), minlength=K).astype(np.float64)
+        if isinstance(cw, str):  # "balanced" (and "balanced_subsample" without bootstrap): global weighted counts
+            local = np.bincount(to_numpy(codes), weights=sample_weight, minlength=K).astype(np.float64)
             total = comm.allreduce(local) if comm.size > 1 else local
             return total.sum() / (K * np.where(total > 0, total, 1))
         per_class = np.ones(K)
@@ -407,9 +414,11 @@ class RandomForestRegressor(RegressorMixin, _BaseForest):
     ----------
     n_estimators : int, default=100
         Number of trees.
-    criterion : {"squared_error", "friedman_mse"}, default="squared_error"
+    criterion : {"squared_error", "friedman_mse", "poisson", "absolute_error"}, default="squared_error"
         Split quality: reduction of the weighted variance ("friedman_mse" is the
-        same, with scikit-learn's deprecation warning).
+        same, with scikit-learn's deprecation warning), the half Poisson deviance, or the absolute
+        error (see the docs).  A scikit-learn criterion object (``sklearn.tree._criterion.MSE``,
+        ``Poisson``, ``MAE``, which scikit-learn's trees accept) stands for the criterion it computes.
     max_depth : int or None, default=None
         Maximum depth; None grows until leaves are pure or too small.
     min_samples_split : int or float, default=2
@@ -461,7 +470,7 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
     _is_classifier = False
     _parameter_constraints = {
         **_BaseForest._parameter_constraints,
-        "criterion": [StrOptions({"squared_error", "friedman_mse", "poisson", "absolute_error"})],
+        "criterion": [StrOptions({"squared_error", "friedman_mse", "poisson", "absolute_error"}), Hidden(Criterion)],
     }
 
     def __init__(self, n_estimators=100, *, criterion="squared_error", max_depth=None, min_samples_split=2,
@@ -512,23 +521,23 @@ tree_children_left_, tree_children_right_, tree_n_node_samples_, tree_weighted_n
             if yf.size and not bool(ns.isfinite(yf).all()):
                 raise ValueError("Input y contains NaN." if bool(ns.isnan(yf).any()) else
                                  "Input y contains infinity or a value too large for dtype('float64').")
-            if self.criterion == "poisson" and yf.size and bool((yf < 0).any()):
+            if self._criterion_name() == "poisson" and yf.size and bool((yf < 0).any()):
                 raise ValueError("Some value(s) of y are negative which is not allowed for Poisson regression.")
         except Exception as exc:
             error = exc
         agree_on_error(comm, error, prefix="Invalid input y")
         self._n_codes_ = 0                               # absolute error: the target bins (set by the fit)
-        if self.criterion == "absolute_error" and self.n_outputs_ > 1:
+        if self._criterion_name() == "absolute_error" and self.n_outputs_ > 1:
             raise ValueError("criterion='absolute_error' takes one output in mpiml's forests; got "
                              f"{self.n_outputs_}")
-        if self.criterion == "poisson":
+        if self._criterion_name() == "poisson":
             total = np.array([float(yf.sum()) if yf.size else 0.0])
             if (comm.allreduce(total) if comm.size > 1 else total)[0] <= 0:
                 raise ValueError("Sum of y is not strictly positive which is necessary for Poisson regression.")
         return get_namespace(X).asarray(yf)
 
-    def _class_weights(self, targets, xp, comm):
-        return 1.0
+    def _expanded_class_weight(self, targets, sample_weight, xp, comm):
+        return None
 
     def _output_classes(self):
         """Values per node and output (1 for each output of a regression)."""

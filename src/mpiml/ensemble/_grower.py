@@ -50,7 +50,7 @@ import time
 import numpy as np
 
 from . import _cpu_kernels, _owner_search, _tree_parallel
-from ._hist import STREAM_FEATURES, hash_uniform, poisson_weights, stream_lead
+from ._hist import STREAM_FEATURES, hash_uniform, stream_lead
 from ._split import choose, decide, dense_candidates, node_stats, thresholds
 
 __all__ = ["GrowSpec", "TreeGrower"]
@@ -110,13 +110,15 @@ class TreeGrower:
         ``Xb`` (n, F) bins, ``n_bins`` (F,) host ints, ``edges``/``values``
         (host lists from :func:`._hist.bin_edges`), ``y`` (classification:
         int class codes; regression: float64 targets), ``weight`` (n,)
-        float64 real weights (sample weight times class weight), ``row_index``
-        (n,) int64 counters of the bootstrap draws, ``n_classes`` (0 for
+        float64 real weights (sample weight times class weight: the trees' weights without bootstrap,
+        the draws' probabilities with it), ``n_classes`` (0 for
         regression), ``criterion``, ``max_depth`` (None: unlimited),
         ``min_samples_split``, ``min_samples_leaf`` (ints), ``min_weight_fraction_leaf``,
         ``min_impurity_decrease``, ``max_features`` (int), ``balanced_subsample`` (class weights per
-        tree from its bootstrap counts), ``bootstrap_rate`` (None: no bootstrap,
-        else the Poisson rate), ``seed``, ``max_local_rows`` (the largest shard of the ranks that grow
+        tree from its bootstrap counts), ``bootstrap`` (None: no bootstrap, else the
+        :class:`._bootstrap.Bootstrap` of these rows: a tree's weights are its draw counts),
+        ``tree_keys`` (host ints indexed by tree id: the key of every draw of the tree, its bootstrap
+        and its feature orders), ``max_local_rows`` (the largest shard of the ranks that grow
         together) and ``batch_elements`` (agreed by them: together they set the trees per batch),
         ``hist_bytes`` (largest histogram of one allreduce) and ``sub_bytes`` (largest kept histograms
         of split nodes, for the sibling subtraction below them), both agreed,
@@ -170,13 +172,13 @@ class TreeGrower:
         s, xp = self.s, self.xp
         rows, ws, wys, wy2s, counts = [], [], [], [], []
         draws = [None] * len(trees)
-        if s.bootstrap_rate is not None:
-            draws = [poisson_weights(xp, s.seed, tree, s.row_index, s.bootstrap_rate) for tree in trees]
+        if s.bootstrap is not None:
+            draws = [s.bootstrap.counts([s.tree_keys[tree]])[0] for tree in trees]
         cw = self._subsample_class_weights(draws) if getattr(s, "balanced_subsample", False) else None
         for i, tree in enumerate(trees):
-            w = s.weight
-            if draws[i] is not None:
-                w = w * draws[i]
+            # with bootstrap the rows were drawn in proportion to their weights: a tree weighs them by their
+            # draw counts (scikit-learn's bootstrap); without, by their weights
+            w = s.weight if draws[i] is None else draws[i]
             if cw is not None:
                 w = w * xp.asarray(cw[i])[s.y]
             wq = xp.rint(w * s.scales[0])
@@ -218,7 +220,7 @@ class TreeGrower:
     def _feature_sets(self, trees, ranges):
         """``(slots, F)`` random permutations of the features, one per node of the level (on ``xp``).
 
-        The order is a permutation keyed by ``(seed, tree, node id)``; its
+        The order is a permutation keyed by ``(tree key, node id)``; its
         first ``max_features`` entries are the node's features; when they are
         all constant in the node, the first non-constant one after them is used.  Among splits
         of equal quality the one on the earliest feature of the order wins
@@ -226,12 +228,13 @@ class TreeGrower:
         """
         xp, F = self.xp, self.F
         k = ranges[:, 1] - ranges[:, 0]
-        tree_of = np.repeat(np.asarray(trees, dtype=np.int64), k)
+        # the tree's key, not its place in the forest: a tree refitted alone on its sample draws the same
+        tree_of = np.repeat(np.asarray([self.s.tree_keys[t] for t in trees], dtype=np.int64), k)
         node_of = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in ranges])
         if self.cpu:
-            return _cpu_kernels.feature_orders(stream_lead(self.s.seed, STREAM_FEATURES), tree_of, node_of, F)
+            return _cpu_kernels.feature_orders(stream_lead(0, STREAM_FEATURES), tree_of, node_of, F)
         keys = xp.asarray(node_of)[:, None] * F + xp.arange(F, dtype=xp.int64)
-        u = hash_uniform(xp, self.s.seed, STREAM_FEATURES, xp.asarray(tree_of)[:, None], keys)
+        u = hash_uniform(xp, 0, STREAM_FEATURES, xp.asarray(tree_of)[:, None], keys)
         return np.argsort(u, axis=1, kind="stable") if xp is np else xp.argsort(u, axis=1)   # CuPy's is stable
 
     # ------------------------------------------------------------------ histograms

@@ -5,8 +5,8 @@ the CPU tests run what the GPU runs.
 
 * **Random numbers** come from a counter-based hash (splitmix64 finalisers)
   of ``(seed, stream, a, b)``: a draw depends only on its key, never on the
-  rank that makes it, so bootstrap weights keyed by the *global* row index do
-  not depend on the number of ranks.
+  rank that makes it, so draws keyed by a *global* index (a row, a tree's
+  bootstrap draw) do not depend on the number of ranks.
 * **Bins**: every rank keeps the rows whose hashed global index falls under a
   fixed rate (all rows when the data set is small), the kept rows are
   gathered, and every rank computes the same bin edges from the same sample.
@@ -19,11 +19,9 @@ the CPU tests run what the GPU runs.
   2**53, so sums are exact, in any order, on any number of ranks.
 """
 
-import math
-
 import numpy as np
 
-__all__ = ["hash_uniform", "poisson_table", "poisson_weights", "poisson_max", "sample_rows", "bin_edges",
+__all__ = ["hash_uniform", "sample_rows", "bin_edges",
            "apply_bins", "FIXED_POINT_BITS"]
 
 _C_STREAM = 0x9E3779B97F4A7C15
@@ -86,36 +84,6 @@ def hash_uniform(xp, seed, stream, a, b):
         z = xp.asarray(b).astype(xp.uint64) * xp.uint64(_C_B) + head
         z = _mix(xp, _mix(xp, z))
     return (z >> xp.uint64(11)).astype(xp.float64) * (1.0 / (1 << 53))
-
-
-def poisson_table(lam, tail=1e-17):
-    """Cumulative Poisson(``lam``) probabilities, ending where the tail is below ``tail``."""
-    cdf, p, k = [], math.exp(-lam), 0
-    total = 0.0
-    while True:
-        total += p
-        cdf.append(total)
-        k += 1
-        p *= lam / k
-        if 1.0 - total < tail or k > 64:
-            break
-    return np.array(cdf[:-1], dtype=np.float64)
-
-
-def poisson_weights(xp, seed, tree, index, lam):
-    """Bootstrap weights: Poisson(``lam``) draws keyed by ``(seed, tree, index)`` (float64).
-
-    ``index`` are global row indices (global training) or local ones (local
-    training).  Inverse-CDF sampling on a short table: identical in NumPy and CuPy.
-    """
-    u = hash_uniform(xp, seed, STREAM_BOOTSTRAP, tree, index)
-    table = xp.asarray(poisson_table(lam))
-    return xp.searchsorted(table, u, side="right").astype(xp.float64)
-
-
-def poisson_max(lam):
-    """The largest weight :func:`poisson_weights` can return for ``lam``."""
-    return len(poisson_table(lam))
 
 
 def sample_rows(xp, seed, offset, n_local, n_total, target):

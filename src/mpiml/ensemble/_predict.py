@@ -2,6 +2,7 @@
 out-of-bag estimates and the global R² (:class:`_ForestPrediction`, a mixin of the forests)."""
 
 import warnings
+from numbers import Integral
 
 import numpy as np
 import scipy.sparse as sp
@@ -9,7 +10,7 @@ import scipy.sparse as sp
 from .._array import get_namespace, is_device_array, to_numpy
 from ..utils._validation import validate_data
 from ._flat import TREE_ARRAYS, apply_forest
-from ._hist import STREAM_BOOTSTRAP, hash_uniform, poisson_table, poisson_weights
+from ._bootstrap import Bootstrap
 from ._tree import ForestTreeClassifier, ForestTreeRegressor, TreeStructure
 
 #: The forest parameters a tree of ``estimators_`` carries (scikit-learn's decision-tree parameters).
@@ -48,38 +49,39 @@ class _ForestPrediction:
     def _set_oob_score_and_attributes(self, X, targets, counts, offset, seed, comm):
         """Out-of-bag predictions of the local rows and the global out-of-bag score.
 
-        A row is out of bag for a tree when its Poisson weight for that tree is
-        0 (global training: keyed by the global row index, as in the fit); with
-        ``training="local"`` every row of another rank is out of bag for the
-        trees this rank did not grow.
+        A row is out of bag for a tree when the tree's bootstrap did not draw it (global training: the draws
+        of the fit, over every rank's rows, so the out-of-bag results do not depend on the rank count
+        either); with ``training="local"`` every row of another rank is out of bag for the trees this rank
+        did not grow.
         """
         xp = get_namespace(X)
         n, T = X.shape[0], self.n_estimators_
         K = self._n_values()
         glob = self.training == "global"
         if glob:
-            index, rate = xp.arange(offset, offset + n, dtype=xp.int64), self._poisson_rate(int(counts.sum()))
             mine = np.ones(T, dtype=bool)
         else:
             owners = [r for r in range(comm.size) if counts[r] > 0]
-            index, rate = xp.arange(n, dtype=xp.int64), self._poisson_rate(max(n, 1))
             mine = np.array([owners[t % len(owners)] == comm.rank for t in range(T)])
-        p0 = float(poisson_table(rate)[0])                # a weight is 0 when the draw is below P(0)
+        boot = self._fitted_bootstrap(xp) if mine.any() else None
+        keys = self._fitted_keys()
         sums = xp.zeros((n, K), dtype=xp.float64)
         seen = xp.zeros(n, dtype=xp.float64)
         a = self._walk_arrays(xp)
-        tree_ids = xp.asarray(np.arange(T, dtype=np.int64))
-        mine_x = xp.asarray(mine)
-        step = max(1, (1 << 22) // max(T, 1))
-        for s0 in range(0, n, step):
-            Xb = X[s0:s0 + step]
-            leaves = apply_forest(Xb, a["feature"], a["threshold"], a["children_left"], a["children_right"],
-                                  a["offsets"], xp, a["missing_left"])
-            u = hash_uniform(xp, seed, STREAM_BOOTSTRAP, tree_ids[None, :], index[s0:s0 + step, None])
-            oob = xp.where(mine_x[None, :], u < p0, True)
-            val = a["value"][leaves]                                       # (rows, trees, K)
-            sums[s0:s0 + step] = (val * oob[:, :, None]).sum(axis=1)
-            seen[s0:s0 + step] = oob.sum(axis=1)
+        offs = np.asarray(to_numpy(self.tree_offsets_), dtype=np.int64)
+        for t in range(T):                         # one tree at a time over every local row
+            lo, hi = int(offs[t]), int(offs[t + 1])
+            leaves = apply_forest(X, a["feature"][lo:hi], a["threshold"][lo:hi], a["children_left"][lo:hi],
+                                  a["children_right"][lo:hi], np.array([0, hi - lo]), xp,
+                                  a["missing_left"][lo:hi])[:, 0]
+            val = a["value"][lo:hi][leaves]                                  # (rows, K)
+            if mine[t]:
+                oob = (boot.counts([keys[t]])[0] == 0).astype(xp.float64)
+                sums += val * oob[:, None]
+                seen += oob
+            else:
+                sums += val
+                seen += 1.0
         missing = float(xp.sum(seen == 0)) if n else 0.0
         if comm.size > 1:
             missing = float(comm.allreduce(np.array([missing]))[0])
@@ -215,9 +217,23 @@ class _ForestPrediction:
         return out / max(leaves.shape[1], 1), xp
 
     # ------------------------------------------------------------------ the trees as estimators
-    def _tree_random_state(self, t):
-        """The ``random_state`` of tree ``t``: a function of the forest's seed and ``t`` (warm starts keep it)."""
-        return int(np.random.SeedSequence([int(self._seed_), int(t)]).generate_state(1)[0] & 0x7FFFFFFF)
+    def _fitted_keys(self):
+        """The keys of the fitted trees (their ``random_state``; a model saved without them: those an int
+        ``random_state`` gives, else those of 0)."""
+        keys = getattr(self, "_tree_keys_", None)
+        if keys is None:
+            rs = self.random_state if isinstance(self.random_state, Integral) else 0
+            keys = np.random.RandomState(rs).randint(np.iinfo(np.int32).max, size=self.n_estimators_)
+        return np.asarray(to_numpy(keys), dtype=np.int64)
+
+    def _fitted_bootstrap(self, xp):
+        """The :class:`._bootstrap.Bootstrap` of the last fit over this rank's rows (no communication)."""
+        n_draws, n_rows, state = self._bootstrap_
+        offset = self._row_offset_ if self.training == "global" else 0
+        w = self._sample_weight
+        if w is not None:
+            w = xp.asarray(to_numpy(w)) if xp is np else xp.asarray(w)
+        return Bootstrap(xp, n_draws, n_rows, offset, self._n_local_rows_, weights=w, state=state)
 
     @property
     def estimators_(self):
@@ -234,9 +250,10 @@ class _ForestPrediction:
         n_classes = self._output_classes()
         mf = self._max_features_drawn()
         out = []
+        keys = self._fitted_keys()
         for t in range(self.n_estimators_):
             arrays = {k: to_numpy(v) for k, v in self.get_tree(t).items()}
-            tree = cls(**params, random_state=self._tree_random_state(t))
+            tree = cls(**params, random_state=int(keys[t]))
             tree._adopt(TreeStructure(arrays, self.n_features_in_, n_classes), self.n_features_in_,
                         self.n_outputs_, mf)
             if self._is_classifier:
@@ -258,35 +275,27 @@ class _ForestPrediction:
     def estimators_samples_(self):
         """Per tree, the indices of this rank's rows in its bootstrap, each repeated as often as drawn.
 
-        The bootstrap draws a Poisson weight per row (see the docs), so the lengths vary from tree to tree
-        around ``max_samples`` (scikit-learn draws exactly that many); without bootstrap every row once.
-        Global training: indices of this rank's rows, drawn by their global index; local training: the
-        trees this rank did not grow are empty.
+        The bootstrap draws exactly ``max_samples`` rows per tree over every rank (with probabilities
+        proportional to the rows' weights): this rank's share of them, recomputed from the tree's key on
+        each call (no communication).  Without bootstrap every row once.  Local training: the trees this
+        rank did not grow are empty.
         """
         self._check_is_fitted()
         n, T = self._n_local_rows_, self.n_estimators_
         if not self.bootstrap:
             return [np.arange(n, dtype=np.int32) for _ in range(T)]
         counts = self._fit_row_counts_
-        comm = self._get_comm()
-        out = []
         if self.training == "global":
-            index = np.arange(self._row_offset_, self._row_offset_ + n, dtype=np.int64)
-            rate = self._poisson_rate(int(counts.sum()))
-            for t in range(T):
-                draws = np.asarray(poisson_weights(np, self._seed_, t, index, rate)).astype(np.int64)
-                out.append(np.repeat(np.arange(n, dtype=np.int32), draws))
-            return out
-        owners = [r for r in range(len(counts)) if counts[r] > 0]
-        rate = self._poisson_rate(max(n, 1))
-        index = np.arange(n, dtype=np.int64)
-        for t in range(T):
-            if owners[t % len(owners)] != comm.rank:
-                out.append(np.zeros(0, dtype=np.int32))
-                continue
-            draws = np.asarray(poisson_weights(np, self._seed_, t, index, rate)).astype(np.int64)
-            out.append(np.repeat(np.arange(n, dtype=np.int32), draws))
-        return out
+            mine = np.ones(T, dtype=bool)
+        else:
+            owners = [r for r in range(len(counts)) if counts[r] > 0]
+            rank = self._get_comm().rank
+            mine = np.array([owners[t % len(owners)] == rank for t in range(T)])
+        boot = self._fitted_bootstrap(np) if mine.any() else None
+        keys = self._fitted_keys()
+        rows = np.arange(n, dtype=np.int32)
+        return [np.repeat(rows, boot.counts([keys[t]])[0].astype(np.int64)) if mine[t] else np.zeros(0, np.int32)
+                for t in range(T)]
 
     def decision_path(self, X):
         """The nodes each local row passes through in every tree (no communication).

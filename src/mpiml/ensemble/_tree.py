@@ -14,9 +14,12 @@ when ``x[feature] <= threshold``, and a missing value (NaN) goes to the side the
 learned (``missing_go_to_left``).
 """
 
+from numbers import Integral
+
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.utils import check_random_state
 
 from .._array import to_numpy
 from ..comm import get_comm
@@ -192,10 +195,17 @@ class _ForestTree(BaseEstimator):
         return self.tree_.compute_feature_importances()
 
     def fit(self, X, y, sample_weight=None, check_input=True):
-        """Grow this tree alone on the given rows (one process, no bootstrap), with these parameters."""
+        """Grow this tree alone on the given rows (one process, no bootstrap), with these parameters.
+
+        The feature orders are drawn from ``random_state`` as the forest draws them for the tree of that key:
+        a tree of ``estimators_`` refitted on its ``estimators_samples_`` is the tree again.
+        """
         forest_cls = self._forest_class
         params = {k: v for k, v in self.get_params().items() if k in forest_cls().get_params()}
+        rs = self.random_state
+        key = int(rs) if isinstance(rs, Integral) else int(check_random_state(rs).randint(np.iinfo(np.int32).max))
         forest = forest_cls(n_estimators=1, bootstrap=False, comm=get_comm("self"), **params)
+        forest._fixed_tree_keys = [key]
         forest.fit(X, y, sample_weight=sample_weight)
         tree = forest.estimators_[0]
         self.__dict__.update({k: v for k, v in vars(tree).items() if k.endswith("_")})

@@ -6,13 +6,13 @@ for nodes with fewer rows than bins, on one owner rank): on CPUs that per-level 
 and the collectives do not shrink with the rows of a rank, and two ranks on one node
 were slower than one on deep trees.  The binned rows are small (a byte a feature a
 row), so when every rank can hold all of them, each rank gathers them (one
-``allgatherv`` each of bins, targets, weights and row counters) and grows its share of
+``allgatherv`` each of bins, targets and weights) and grows its share of
 the trees alone, round robin, with the one-rank fused kernels (no histogram is written
 out, no collective per level); one allgather exchanges the trees.
 
-The rows come in global order with their global counters, so each tree is the one a
-single process grows (the same bootstrap draws, feature orders and splits): the same
-forest as level-wise growth, at any rank count.
+The rows come in global order with their weights, so each tree is the one a single
+process grows (the same bootstrap draws, feature orders and splits): the same forest as
+level-wise growth, at any rank count.
 """
 
 import os
@@ -50,9 +50,12 @@ def grow(grower, trees):
     """The per-tree dicts of ``trees`` (as :meth:`._grower.TreeGrower.grow`), each grown by one rank."""
     s, comm = grower.s, grower.s.comm
     every = _allgather_bins(comm, s.Xb)
+    weight = comm.allgatherv(np.ascontiguousarray(s.weight, dtype=np.float64))
+    boot = s.bootstrap
+    if boot is not None:                       # the same draws, over every row from the first
+        boot = type(boot)(np, boot.m, boot.N, 0, boot.N, weights=weight, state={**boot.state, "before": 0.0})
     spec = type(s)(**{**s.__dict__, "Xb": every, "y": comm.allgatherv(np.ascontiguousarray(s.y)),
-                       "weight": comm.allgatherv(np.ascontiguousarray(s.weight, dtype=np.float64)),
-                       "row_index": comm.allgatherv(np.ascontiguousarray(s.row_index, dtype=np.int64)),
+                       "weight": weight, "bootstrap": boot,
                        "comm": None, "max_local_rows": int(every.shape[0]),
                        "verbose": s.verbose if comm.rank == 0 else 0})
     alone = type(grower)(spec)                 # a grower of this rank alone, on every row
