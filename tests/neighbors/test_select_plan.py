@@ -49,6 +49,15 @@ def test_gemm_route_from_the_threshold_on(metric, dtype):
     assert select.gemm_plan(dtype, 10, metric, 32) is None
 
 
+def test_gemm_threshold_by_dtype():
+    """The measured crossover (one H100): float32 from d = 192, float64 (DGEMM on the FP64 tensor
+    cores) from d = 128; below, the fused kernel."""
+    assert select.gemm_plan(np.float32, 10, "euclidean", 128) is None
+    assert select.gemm_plan(np.float32, 10, "euclidean", 192) is not None
+    assert select.gemm_plan(np.float64, 10, "euclidean", 127) is None
+    assert select.gemm_plan(np.float64, 10, "euclidean", 128) is not None
+
+
 @pytest.mark.parametrize("metric", ["manhattan", "chebyshev", "minkowski"])
 def test_gemm_route_only_for_gemm_forms(metric):
     assert select.gemm_plan(np.float32, 10, metric, 960) is None

@@ -104,7 +104,8 @@ def local_topk(Q, X, k, metric, xp, p=None):
 
     On CuPy with dense float rows and ``k`` up to :data:`mpiml.kernels.select.MAX_K`, the fused
     distance + selection kernel of :mod:`mpiml.kernels.select` (every metric; euclidean
-    distances in the GEMM form, recomputed by the caller); otherwise blocks of distances
+    distances in the GEMM form, recomputed by the caller; wide rows of the GEMM-form metrics go
+    through its GEMM route, cuBLAS tiles of one fixed shape); otherwise blocks of distances
     (sparse rows: the block's norms and transpose prepared once, :mod:`mpiml.neighbors._sparse`)
     and a selection per row.
     """
