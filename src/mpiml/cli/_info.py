@@ -142,7 +142,7 @@ def cupy_warm_info(gpu):
     if m is None:
         return {"manifest": None, "why": f"not shipped ({_cupy_warm.MANIFEST})"}
     out = {"manifest": _cupy_warm.MANIFEST, "entries": len(m["entries"]), "cupy": m["cupy"], "nvrtc": m["nvrtc"],
-           "setting": os.environ.get("MPIML_CUPY_WARM", "1"),
+           "setting": os.environ.get("MPIML_CUPY_WARM") or "unset (off but for mpiml run and mpiml warmup)",
            "cupy_cache": os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")}
     if gpu.get("available"):
         import cupy
@@ -230,7 +230,7 @@ def main(argv):
                                                           f"cubins ({g['arch']}, NVRTC {g['nvrtc']})" for g in got)
                                                  if got else "none precompiled: `mpiml warmup` compiles them once"))
     w = kern["cupy_warm"]
-    print("CuPy's kernels compiled ahead at mpiml.init: " + (
+    print("CuPy's kernels listed to compile ahead: " + (
         f"{w['entries']} recorded with CuPy {w['cupy']} (NVRTC {'.'.join(map(str, w['nvrtc']))})"
         + ("" if w.get("matches", True) else ", not this CuPy: not used")
         + f"; MPIML_CUPY_WARM={w['setting']}; into {w['cupy_cache']} (CUPY_CACHE_DIR)" if w["manifest"] else w["why"]))
