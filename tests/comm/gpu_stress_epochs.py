@@ -211,9 +211,12 @@ def main():
     capture.synchronize()
     schedule = plans(shared, ARGS.calls)
     eager = replays = graph_calls = switches = spins = temps = 0
-    # the previous step's stream (pointer), an event recorded after it, and whether it was a graph launch:
-    # the script orders only what a caller must (a graph launch and its neighbours), never a stream itself
-    prev_ptr, prev_event, prev_graph = None, None, False
+    # the previous step's stream, an event recorded after it, and whether it was a graph launch: the script
+    # orders only what a caller must (a graph launch and its neighbours). The stream is told apart by the
+    # object, held for one step, not by its handle: a stream destroyed with a graph in flight may hand its
+    # handle to the next new stream at once (pass B on 4 x H100: a graph on one such stream and the next
+    # call on another, same handle, left unordered, the detector named the overlap)
+    prev_stream, prev_event, prev_graph = None, None, False
     keep = []
     for j, (op, algo, n, root) in enumerate(schedule):
         graph_step = shared.random() < 0.08  # a graph replay instead of this call
@@ -222,7 +225,7 @@ def main():
             temps += 1
         else:
             s = streams[local.integers(len(streams))]
-        if prev_ptr is not None and s.ptr != prev_ptr:
+        if prev_stream is not None and s is not prev_stream:
             switches += 1
             if prev_graph or graph_step:  # a graph launch is the caller's to order (the transport never sees it)
                 s.wait_event(prev_event)
@@ -239,8 +242,8 @@ def main():
                 kdev = kvals[j % len(kvals)] if j % 3 else zero
                 keep.append(collective(op, algo, n, root, kdev))
                 eager += 1
-        prev_ptr, prev_event, prev_graph = s.ptr, s.record(), graph_step
-        del s  # (a temporary stream is destroyed here, its kernels maybe still waiting for a late peer)
+        prev_stream, prev_event, prev_graph = s, s.record(), graph_step
+        del s  # (a temporary stream is destroyed one step later, its kernels maybe still waiting for a late peer)
         if (j + 1) % 200 == 0 or j + 1 == len(schedule):
             cp.cuda.Device().synchronize()  # (the destroyed streams' work too)
             keep.clear()
