@@ -19,6 +19,21 @@ def check(cond, msg):
     return cond
 
 
+def uneven_bounds(n, size, skip_last=False):
+    """Row bounds of an uneven contiguous split of ``n`` rows: rank r holds a share proportional to
+    r + 1 (``skip_last``: the last rank holds none, when there are more than two)."""
+    w = np.arange(1, size + 1, dtype=np.float64)
+    if skip_last and size > 2:
+        w[-1] = 0
+    return np.concatenate([[0], np.round(np.cumsum(w) / w.sum() * n).astype(int)])
+
+
+def uneven_shard(a, rank, size, skip_last=False):
+    """This rank's rows of ``a`` under :func:`uneven_bounds`."""
+    b = uneven_bounds(a.shape[0], size, skip_last)
+    return a[b[rank]:b[rank + 1]]
+
+
 def _host(a):
     """A NumPy copy of a host or device (CuPy) array."""
     return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)

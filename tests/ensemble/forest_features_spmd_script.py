@@ -13,7 +13,7 @@ from sklearn.datasets import make_classification, make_regression
 from mpiml.comm import get_comm
 from mpiml.ensemble import RandomForestClassifier, RandomForestRegressor
 
-from _spmd import check, guarded
+from _spmd import check, guarded, uneven_shard
 
 comm = get_comm()
 SELF = get_comm("self")
@@ -23,9 +23,7 @@ TREE_KEYS = ("tree_offsets_", "tree_feature_", "tree_threshold_", "tree_children
 
 
 def shard(a):
-    w = np.arange(1, size + 1, dtype=np.float64)
-    bounds = np.concatenate([[0], np.round(np.cumsum(w) / w.sum() * a.shape[0]).astype(int)])
-    return a[bounds[rank]:bounds[rank + 1]]
+    return uneven_shard(a, rank, size)
 
 
 def gathered(a):

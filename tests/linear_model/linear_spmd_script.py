@@ -24,7 +24,7 @@ from mpiml.comm import get_comm
 from mpiml.linear_model import LinearRegression, LogisticRegression, Ridge
 from mpiml.linear_model._logistic import _Objective
 
-from _spmd import assert_close, check, guarded
+from _spmd import assert_close, check, guarded, uneven_bounds, uneven_shard
 
 comm = get_comm()
 SELF = get_comm("self")
@@ -33,15 +33,11 @@ OUT = sys.argv[1] if len(sys.argv) > 1 else None
 
 
 def bounds(n, skip_last=False):
-    w = np.arange(1, size + 1, dtype=np.float64)
-    if skip_last and size > 2:
-        w[-1] = 0
-    return np.concatenate([[0], np.round(np.cumsum(w) / w.sum() * n).astype(int)])
+    return uneven_bounds(n, size, skip_last)
 
 
 def shard(a, skip_last=False):
-    b = bounds(a.shape[0], skip_last)
-    return a[b[rank]:b[rank + 1]]
+    return uneven_shard(a, rank, size, skip_last)
 
 
 def gathered(a):

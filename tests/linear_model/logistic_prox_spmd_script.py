@@ -19,7 +19,7 @@ from sklearn.datasets import make_classification
 from mpiml.comm import get_comm
 from mpiml.linear_model import LogisticRegression
 
-from _spmd import assert_close, check, guarded
+from _spmd import assert_close, check, guarded, uneven_shard
 
 comm = get_comm()
 SELF = get_comm("self")
@@ -28,11 +28,7 @@ GPU = "--gpu" in sys.argv
 
 
 def shard(a, skip_last=False):
-    w = np.arange(1, size + 1, dtype=np.float64)
-    if skip_last and size > 2:
-        w[-1] = 0
-    b = np.concatenate([[0], np.round(np.cumsum(w) / w.sum() * a.shape[0]).astype(int)])
-    return a[b[rank]:b[rank + 1]]
+    return uneven_shard(a, rank, size, skip_last)
 
 
 def same_on_every_rank(a, msg):

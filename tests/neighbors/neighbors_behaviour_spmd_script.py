@@ -20,7 +20,7 @@ from mpiml import DistributedInputError
 from mpiml.comm import get_comm
 from mpiml.neighbors import KNeighborsClassifier, KNeighborsRegressor, NearestNeighbors
 
-from _spmd import assert_close, check, guarded
+from _spmd import assert_close, check, guarded, uneven_shard
 
 comm = get_comm()
 rank, size = comm.rank, comm.size
@@ -29,9 +29,7 @@ OURS = {"NearestNeighbors": NearestNeighbors, "KNeighborsClassifier": KNeighbors
 
 
 def shard(a):
-    w = np.arange(1, size + 1, dtype=np.float64)
-    b = np.concatenate([[0], np.round(np.cumsum(w) / w.sum() * a.shape[0]).astype(int)])
-    return a[b[rank]:b[rank + 1]]
+    return uneven_shard(a, rank, size)
 
 
 def unordered_sets(message):

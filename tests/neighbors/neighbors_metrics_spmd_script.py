@@ -13,18 +13,14 @@ from sklearn.metrics import DistanceMetric
 from mpiml.comm import get_comm
 from mpiml.neighbors import KNeighborsRegressor, NearestNeighbors
 
-from _spmd import assert_close, check, guarded
+from _spmd import assert_close, check, guarded, uneven_shard
 
 comm = get_comm()
 rank, size = comm.rank, comm.size
 
 
 def shard(a, skip_last=False):
-    w = np.arange(1, size + 1, dtype=np.float64)
-    if skip_last and size > 2:
-        w[-1] = 0
-    b = np.concatenate([[0], np.round(np.cumsum(w) / w.sum() * a.shape[0]).astype(int)])
-    return a[b[rank]:b[rank + 1]]
+    return uneven_shard(a, rank, size, skip_last)
 
 
 def main():
