@@ -55,9 +55,10 @@ OUT=${OUT:-/tmp/device_pass_out}
 BUDGET=${BUDGET:-560}
 mkdir -p "$OUT"
 SITE=""
-if ls .whl/*.whl >/dev/null 2>&1; then   # dask, distributed and their pure-Python needs; heat
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-        >"$OUT/wheels.log" 2>&1 && SITE=/tmp/site
+if ls .whl/*.whl >/dev/null 2>&1; then   # what the host lacks (scripts/device_wheels.sh): dask, distributed and their
+    # needs; scikit-learn-intelex with its oneDAL and TBB, whose libraries go to PREFIX/lib (hence --prefix, not --target)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --ignore-installed --prefix /tmp/pfx \
+        .whl/*.whl >"$OUT/wheels.log" 2>&1 && SITE=$(ls -d /tmp/pfx/lib/python3*/site-packages | head -1)
 fi
 export PYTHONPATH="$PWD/src:$PWD/tests${SITE:+:$SITE}"
 MPIRUN="mpirun --allow-run-as-root --bind-to none --oversubscribe -x PYTHONPATH -x OMP_NUM_THREADS -x MPIML_TIMEOUT \
