@@ -30,6 +30,8 @@
 #   wave3_one one GPU: the families' GPU tests, the new scikit-learn parameters on CuPy, the CuPy warm-up test
 #   wave4     still to measure: k-NN d = 960, the forest regressor on 1 and all GPUs, the first fit with init
 #             waiting (cold_wait), CPU ranks 1 -> 8 on the host's cores
+#   wave5     every op vs raw NCCL at the defaults, the forest regressor on 1 and all GPUs, CPU ranks 1 -> 8,
+#             1 and 2 CPU ranks on 2 cores
 #   soak      five minutes of random checked collectives on every GPU (BUDGET=400)
 #
 # Environment (one preamble for every part): NVLink multicast off (DEVICE.md: NCCL_NVLS_ENABLE=0,
@@ -341,6 +343,21 @@ part_wave4() {   # what the wave still has to measure: k-NN at d = 960, the fore
         --max-depth 0 --knn-rows 2e5 --queries 20000 --neighbors 10 --repeat 2 --out "$RES" --tag "64core_$MACHINE"
 }
 
+part_wave5() {   # every op against raw NCCL at the defaults users get, the forest regressor on 1 and all GPUs, CPU ranks
+                 # 1 -> 8 of 8 threads on the host's cores, then 1 and 2 ranks on 2 cores (taskset) with the peers
+    step "vs_nccl.py: every op, default and MPIML_CHECK=0 beside raw NCCL ($R ranks)" 100 $MPIRUN -n "$R" \
+        python3 benchmarks/gpu/vs_nccl.py --rounds 2 --max-bytes 67108864 --paths raw,auto,auto0 \
+        --out "$RES/vs_nccl_$MACHINE.json" --plot "$RES/vs_nccl_$MACHINE.png"
+    step "RandomForestRegressor 100 trees depth 12 (GPUs 1,$R)" 150 python3 -m mpiml bench ml --algo rf --device gpu \
+        --ranks "1,$R" --estimators regressor --out "$RES/rf_regressor_ranks_$MACHINE.json"
+    step "CPU ranks 1 -> 8 of cores/8 threads: KMeans, forest, k-NN vs scikit-learn(-intelex)" 240 env -u OMP_NUM_THREADS \
+        python3 -m mpiml bench ml --device cpu --estimators kmeans,rf,knn --ranks 1,8 \
+        --threads-per-rank "$(( $(nproc) / 8 ))" --rows 2e6 --features 32 --k 16 --iters 20 --rf-rows 2e5 --trees 32 \
+        --max-depth 0 --knn-rows 2e5 --queries 20000 --neighbors 10 --repeat 1 --out "$RES" --tag "64core_$MACHINE"
+    step "CPU, 2 cores (taskset 0,1): every estimator at 1 and 2 ranks vs scikit-learn(-intelex)" 120 env -u OMP_NUM_THREADS \
+        taskset -c 0,1 python3 -m mpiml bench ml --device cpu --ranks 1,2 --repeat 2 --out "$RES" --tag "2core_$MACHINE"
+}
+
 part_soak() {   # five minutes of random collectives on every GPU, every result checked, memory sampled
     step "soak: random ops, 4 B-64 MiB, dtypes, eager and graphs ($R ranks, 300 s)" 340 $MPIRUN -n "$R" python3 \
         benchmarks/gpu/soak.py --seconds 300 --out "$RES/soak_$MACHINE.json" --plot "$RES/soak_$MACHINE.png"
@@ -349,7 +366,7 @@ part_soak() {   # five minutes of random collectives on every GPU, every result 
 # ---------------------------------------------------------------------- run
 for PART in "$@"; do
     if ! declare -F "part_$PART" >/dev/null; then
-        echo "scripts/device_pass.sh: unknown part '$PART' (tests tests2 tests3 wave3 wave3_one wave4 soak comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds seeds_ranks wave wave2)"
+        echo "scripts/device_pass.sh: unknown part '$PART' (tests tests2 tests3 wave3 wave3_one wave4 wave5 soak comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds seeds_ranks wave wave2)"
         exit 2
     fi
     LOG="$OUT/device_pass_$PART.log"
