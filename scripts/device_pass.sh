@@ -339,7 +339,7 @@ part_wave4() {   # what the wave still has to measure: k-NN at d = 960, the fore
         --out "$RES/firstfit_wait_$MACHINE.json" --states cold_wait --np "$R"
     step "CPU ranks 1 -> 8 of cores/8 threads: KMeans, forest, k-NN vs scikit-learn(-intelex)" 300 env -u OMP_NUM_THREADS \
         python3 -m mpiml bench ml --device cpu --estimators kmeans,rf,knn --ranks 1,8 \
-        --threads-per-rank "$(( $(nproc) / 8 ))" --rows 2e6 --features 32 --k 16 --iters 20 --rf-rows 2e5 --trees 32 \
+        --threads-per-rank "$(( $(getconf _NPROCESSORS_ONLN) / 8 ))" --rows 2e6 --features 32 --k 16 --iters 20 --rf-rows 2e5 --trees 32 \
         --max-depth 0 --knn-rows 2e5 --queries 20000 --neighbors 10 --repeat 2 --out "$RES" --tag "64core_$MACHINE"
 }
 
@@ -352,7 +352,7 @@ part_wave5() {   # every op against raw NCCL at the defaults users get, the fore
         --ranks "1,$R" --estimators regressor --out "$RES/rf_regressor_ranks_$MACHINE.json"
     step "CPU ranks 1 -> 8 of cores/8 threads: KMeans, forest, k-NN vs scikit-learn(-intelex)" 240 env -u OMP_NUM_THREADS \
         python3 -m mpiml bench ml --device cpu --estimators kmeans,rf,knn --ranks 1,8 \
-        --threads-per-rank "$(( $(nproc) / 8 ))" --rows 2e6 --features 32 --k 16 --iters 20 --rf-rows 2e5 --trees 32 \
+        --threads-per-rank "$(( $(getconf _NPROCESSORS_ONLN) / 8 ))" --rows 2e6 --features 32 --k 16 --iters 20 --rf-rows 2e5 --trees 32 \
         --max-depth 0 --knn-rows 2e5 --queries 20000 --neighbors 10 --repeat 1 --out "$RES" --tag "64core_$MACHINE"
     step "CPU, 2 cores (taskset 0,1): every estimator at 1 and 2 ranks vs scikit-learn(-intelex)" 120 env -u OMP_NUM_THREADS \
         taskset -c 0,1 python3 -m mpiml bench ml --device cpu --ranks 1,2 --repeat 2 --out "$RES" --tag "2core_$MACHINE"
