@@ -134,8 +134,10 @@ class StreamOrder:
     caller orders).  If ``last`` itself has begun a capture since its latest
     eager launch, no event can mark that launch any more (a record would go into
     the graph): :meth:`before` then waits on the host until the device is idle
-    (``drain``: ``cudaDeviceSynchronize``, legal under CuPy's default relaxed
-    capture mode).
+    (``drain``: ``cudaDeviceSynchronize``; where the capture refuses it, a
+    ``CommError`` that says to synchronize the stream before beginning the
+    capture: the old per-launch record is what this rare case would need, and
+    every call would pay for it).
 
     ``capturing(s)``, ``record(s)``, ``wait(s)``, ``owned(s)`` and ``drain(s)``
     are the CUDA operations (stream capture status; record this object's event
@@ -188,8 +190,8 @@ class StreamOrder:
                 raise CommError(
                     "an ipc collective on another stream while the stream of the previous one is being captured "
                     "into a CUDA graph: the previous call can only be waited for by synchronizing the device, which "
-                    f"this capture's mode forbids ({type(exc).__name__}: {exc}); synchronize that stream before "
-                    "beginning the capture, or use the relaxed capture mode (CuPy's default)") from exc
+                    f"the capture refuses ({type(exc).__name__}: {exc}); synchronize that stream before beginning "
+                    "the capture") from exc
 
         # (streams are CuPy stream objects; the capture status is an int, 0 when not capturing)
         return cls(lambda s: runtime.streamIsCapturing(s.ptr), lambda s: runtime.eventRecord(event, s.ptr),
