@@ -42,8 +42,8 @@
 // One call at a time: a kernel takes its call number E from the epoch word at
 // its start, so two collectives of one workspace must never run at once on a
 // rank (both would read E; the peers give E + 1 to the second one, whose flags
-// and barrier values it then never sees). The host orders them: each launch
-// records an event on its stream, and a launch on another stream waits on it
+// and barrier values it then never sees). The host orders them: a launch on
+// another stream than the previous one's waits on an event recorded on that one
 // (mpiml.comm.backends.ipc.StreamOrder); graphs are ordered by the stream they
 // are launched on. A wait that has lasted 20 us re-reads the epoch word with the
 // error record (every 8192 spins): if it has moved (another kernel finished call
@@ -318,6 +318,12 @@ template <typename T> struct __align__(16) MpimlPack {
     T e[16 / sizeof(T)];
 };
 
+// Packs of n elements (the last one may be partial).
+template <typename T>
+__device__ __forceinline__ long long mpiml_units(long long n) {
+    return (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+}
+
 template <typename T, bool A>
 __device__ __forceinline__ MpimlPack<T> mpiml_load_user(const T* a, long long i, long long n) {
     constexpr int L = MpimlPack<T>::L;
@@ -513,3 +519,85 @@ __device__ __forceinline__ uint2 mpiml_ll_reduce_line(const MpimlCtx* c, unsigne
     return out.v;
 }
 
+
+// ---------------------------------------------------------------- blocks the kernels share
+// The first phase of the one-shot kernels: this rank's n elements into its own
+// buffer of call `epoch` (pack i by grid index i, which reads it back after the barrier).
+template <typename T, bool A>
+__device__ __forceinline__ void mpiml_stage_in(const MpimlCtx* c, unsigned epoch, const T* in, long long n) {
+    MpimlPack<T>* mine = mpiml_packs<T>(c, (int)c->rank, epoch);
+    MPIML_GRID_LOOP(i, mpiml_units<T>(n)) mine[i] = mpiml_load_user<T, A>(in, i, n);
+}
+
+// The last phase of the two-shot kernels (after their second barrier): pack i of
+// every part r but this rank's own, from `parts` (r * part + i, in this rank's own
+// memory), to out, for the packs below `units`. Loads first (mpiml_copy_ranks).
+template <typename T, bool A>
+__device__ __forceinline__ void mpiml_parts_out(int nr, int me, const MpimlPack<T>* parts, long long part,
+                                                long long units, long long i, T* out, long long n) {
+    mpiml_copy_ranks<T>(
+        nr, me, [&](int r) { return r * part + i < units ? parts + r * part + i : nullptr; },
+        [&](int r, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out, r * part + i, n, v); });
+}
+
+// An LL kernel's lines: nbytes of payload in 8-byte lines; the call number and
+// the lines' flag. This thread's first line of the input (if it sends: `sends`)
+// is read before the call number, so the read overlaps mpiml_begin's wait.
+// A: the input and output are 8-byte aligned.
+template <bool A>
+struct MpimlLines {
+    long long nbytes, lines, i0;
+    uint2 v0;
+    unsigned epoch, flag;
+
+    __device__ __forceinline__ MpimlLines(const MpimlCtx* c, const void* in, long long bytes, bool sends) {
+        nbytes = bytes;
+        lines = (bytes + 7) / 8;
+        i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+        v0 = (sends && i0 < lines) ? mpiml_ll_get<A>(in, i0, bytes) : make_uint2(0u, 0u);
+        epoch = mpiml_begin(c);
+        flag = epoch + 1u;
+    }
+
+    // line i of the input (the first one as read above)
+    __device__ __forceinline__ uint2 get(const void* in, long long i) const {
+        return i == i0 ? v0 : mpiml_ll_get<A>(in, i, nbytes);
+    }
+};
+
+// Every line of `in` into the LL slot [me] of ranks (me + k) % nranks for k in
+// [k0, k1] (the peers before this rank's own: their stores cross the links).
+template <bool A>
+__device__ __forceinline__ void mpiml_ll_push(const MpimlCtx* c, const MpimlLines<A>& ln, const void* in, int k0,
+                                              int k1) {
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    MPIML_GRID_LOOP(i, ln.lines) {
+        const uint2 v = ln.get(in, i);
+        for (int k = k0; k <= k1; ++k) mpiml_ll_store(mpiml_ll_slot(c, (me + k) % nr, ln.epoch, me) + i, v, ln.flag);
+    }
+}
+
+// The lines of this rank's slot [src] to out as their flags arrive; false on a timeout or abort.
+template <bool A>
+__device__ __forceinline__ bool mpiml_ll_copy_out(const MpimlCtx* c, const MpimlLines<A>& ln, int src, void* out) {
+    MPIML_GRID_LOOP(i, ln.lines) {
+        uint2 v;
+        if (!mpiml_ll_load(c, mpiml_ll_slot(c, (int)c->rank, ln.epoch, src) + i, ln.flag, v, src, ln.epoch))
+            return false;
+        mpiml_ll_put<A>(out, i, ln.nbytes, v);
+    }
+    return true;
+}
+
+// The lines of every rank's slot reduced in rank order (mpiml_ll_reduce_line) to out,
+// `lines` lines of nbytes (this rank's part of a reduce-scatter, or the whole call).
+template <typename T, int OP, bool A>
+__device__ __forceinline__ void mpiml_ll_reduce_out(const MpimlCtx* c, unsigned epoch, unsigned flag, void* out,
+                                                    long long nbytes) {
+    bool ok = true;
+    MPIML_GRID_LOOP(i, (nbytes + 7) / 8) {
+        const uint2 v = mpiml_ll_reduce_line<T, OP>(c, epoch, flag, i, ok);
+        if (!ok) break;
+        mpiml_ll_put<A>(out, i, nbytes, v);
+    }
+}
