@@ -48,14 +48,13 @@ __global__ void mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long
 }
 
 // LL allgather: every rank pushes its n elements into every rank's slot [me];
-// each copies slot r to out[r * stride ...] as the lines arrive.
+// each copies line i of every slot r to out[r * stride ...], the nranks lines
+// loaded at once.
 template <typename T, bool A>
 __global__ void mpiml_allgather_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
     const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
-    const int nr = (int)c->nranks;
-    mpiml_ll_push(c, ln, in, 1, nr);
-    for (int r = 0; r < nr; ++r)
-        if (!mpiml_ll_copy_out(c, ln, r, out + r * stride)) break;
+    mpiml_ll_push(c, ln, in, 1, (int)c->nranks);
+    mpiml_ll_gather_out<T, A>(c, ln, out, stride);
     mpiml_end(c, ln.epoch);
 }
 

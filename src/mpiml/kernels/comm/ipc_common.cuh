@@ -490,6 +490,35 @@ struct MpimlEvenParts {
     }
 };
 
+// Line i of this rank's slots [r] for every rank r < nranks, in v[r]; false on a
+// timeout or abort. Every slot's line is loaded before any flag is looked at: the
+// lines of most calls have all arrived by then, and one memory latency is paid
+// instead of nranks (a spin, per slot, only for a line still on its way).
+__device__ __forceinline__ bool mpiml_ll_load_ranks(const MpimlCtx* c, unsigned epoch, unsigned flag, long long i,
+                                                    uint2 (&v)[MPIML_MAX_RANKS]) {
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    uint4 w[MPIML_MAX_RANKS];
+#pragma unroll
+    for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
+        if (r < nr) {
+            asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(w[r].x), "=r"(w[r].y), "=r"(w[r].z), "=r"(w[r].w)
+                         : "l"(mpiml_ll_slot(c, me, epoch, r) + i) : "memory");
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
+        if (r < nr) {
+            if (w[r].y == flag && w[r].w == flag) {
+                v[r] = make_uint2(w[r].x, w[r].z);
+            } else if (!mpiml_ll_load(c, mpiml_ll_slot(c, me, epoch, r) + i, flag, v[r], r, epoch)) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 // One LL line reduced over every rank's slot, in rank order 0..n-1 (bit-identical
 // everywhere); ok becomes false on a timeout or abort.
 template <typename T, int OP>
@@ -499,26 +528,30 @@ __device__ __forceinline__ uint2 mpiml_ll_reduce_line(const MpimlCtx* c, unsigne
     constexpr int L = 8 / sizeof(T);
     union Line { uint2 v; T e[L]; };
     Acc acc[L];
-    const int nr = (int)c->nranks, me = (int)c->rank;
+    const int nr = (int)c->nranks;
     Line out;
     out.v = make_uint2(0u, 0u);
-    for (int r = 0; r < nr; ++r) {
-        Line w;
-        if (!mpiml_ll_load(c, mpiml_ll_slot(c, me, epoch, r) + i, flag, w.v, r, epoch)) {
-            ok = false;
-            return out.v;
-        }
+    uint2 got[MPIML_MAX_RANKS];
+    if (!mpiml_ll_load_ranks(c, epoch, flag, i, got)) {
+        ok = false;
+        return out.v;
+    }
 #pragma unroll
-        for (int k = 0; k < L; ++k) {
-            const Acc v = MpimlAcc<T>::load(w.e[k]);
-            acc[k] = r == 0 ? v : MpimlOp<OP>::f(acc[k], v);
+    for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
+        if (r < nr) {
+            Line w;
+            w.v = got[r];
+#pragma unroll
+            for (int k = 0; k < L; ++k) {
+                const Acc v = MpimlAcc<T>::load(w.e[k]);
+                acc[k] = r == 0 ? v : MpimlOp<OP>::f(acc[k], v);
+            }
         }
     }
 #pragma unroll
     for (int k = 0; k < L; ++k) out.e[k] = MpimlAcc<T>::store(acc[k]);
     return out.v;
 }
-
 
 // ---------------------------------------------------------------- blocks the kernels share
 // The first phase of the one-shot kernels: this rank's n elements into its own
@@ -574,6 +607,21 @@ __device__ __forceinline__ void mpiml_ll_push(const MpimlCtx* c, const MpimlLine
     MPIML_GRID_LOOP(i, ln.lines) {
         const uint2 v = ln.get(in, i);
         for (int k = k0; k <= k1; ++k) mpiml_ll_store(mpiml_ll_slot(c, (me + k) % nr, ln.epoch, me) + i, v, ln.flag);
+    }
+}
+
+// Every rank's lines (slot [r] of this rank) to out + r * stride elements of T, the
+// nranks lines of one index loaded at once (mpiml_ll_load_ranks).
+template <typename T, bool A>
+__device__ __forceinline__ void mpiml_ll_gather_out(const MpimlCtx* c, const MpimlLines<A>& ln, T* out,
+                                                    long long stride) {
+    const int nr = (int)c->nranks;
+    MPIML_GRID_LOOP(i, ln.lines) {
+        uint2 v[MPIML_MAX_RANKS];
+        if (!mpiml_ll_load_ranks(c, ln.epoch, ln.flag, i, v)) break;
+#pragma unroll
+        for (int r = 0; r < MPIML_MAX_RANKS; ++r)
+            if (r < nr) mpiml_ll_put<A>(out + r * stride, i, ln.nbytes, v[r]);
     }
 }
 
