@@ -513,7 +513,10 @@ class Communicator(Agreement, ObjectCollectives, MetadataCollectives, PointToPoi
         data) or, if None, a new array.  The root ignores ``out``.
         """
         self._begin("bcast")
-        key = ("bcast", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), root, algorithm)
+        try:  # (attributes read directly: getattr with a default costs ~0.2 us more a call)
+            key = ("bcast", type(x), x.dtype, x.shape, root, algorithm)
+        except AttributeError:  # not an array: the full path makes it one (or refuses it)
+            key = ("bcast", type(x), None, None, root, algorithm)
         hot = self._hot.get(key) if self._hot else None
         if hot is not None:
             res = hot(x, out)
@@ -539,7 +542,10 @@ class Communicator(Agreement, ObjectCollectives, MetadataCollectives, PointToPoi
     def reduce(self, x, op="sum", root=0, out=None, *, algorithm=None):
         """Reduce ``x`` over all ranks with ``op``; the result on ``root`` (in ``out`` if given), None elsewhere."""
         self._begin("reduce")
-        key = ("reduce", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), (op, root), algorithm)
+        try:  # (attributes read directly: getattr with a default costs ~0.2 us more a call)
+            key = ("reduce", type(x), x.dtype, x.shape, (op, root), algorithm)
+        except AttributeError:  # not an array: the full path makes it one (or refuses it)
+            key = ("reduce", type(x), None, None, (op, root), algorithm)
         hot = self._hot.get(key) if self._hot else None
         if hot is not None:
             res = hot(x, out)
@@ -573,7 +579,10 @@ class Communicator(Agreement, ObjectCollectives, MetadataCollectives, PointToPoi
     def allreduce(self, x, op="sum", out=None, *, algorithm=None):
         """Reduce ``x`` over all ranks with ``op`` (sum, prod, min, max); the result everywhere."""
         self._begin("allreduce")
-        key = ("allreduce", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), op, algorithm)
+        try:  # (attributes read directly: getattr with a default costs ~0.2 us more a call)
+            key = ("allreduce", type(x), x.dtype, x.shape, op, algorithm)
+        except AttributeError:  # not an array: the full path makes it one (or refuses it)
+            key = ("allreduce", type(x), None, None, op, algorithm)
         hot = self._hot.get(key) if self._hot else None
         if hot is not None:
             res = hot(x, out)
@@ -615,7 +624,10 @@ class Communicator(Agreement, ObjectCollectives, MetadataCollectives, PointToPoi
     def allgather(self, x, out=None, *, algorithm=None):
         """Every rank's ``x`` concatenated along axis 0 (equal shapes on every rank), in ``out`` if given."""
         self._begin("allgather")
-        key = ("allgather", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), None, algorithm)
+        try:  # (attributes read directly: getattr with a default costs ~0.2 us more a call)
+            key = ("allgather", type(x), x.dtype, x.shape, None, algorithm)
+        except AttributeError:  # not an array: the full path makes it one (or refuses it)
+            key = ("allgather", type(x), None, None, None, algorithm)
         hot = self._hot.get(key) if self._hot else None
         if hot is not None:
             res = hot(x, out)
@@ -664,7 +676,10 @@ class Communicator(Agreement, ObjectCollectives, MetadataCollectives, PointToPoi
         more row.  ``out`` must have this rank's block's shape and ``x``'s dtype.
         """
         self._begin("reduce_scatter")
-        key = ("reduce_scatter", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), op, algorithm)
+        try:  # (attributes read directly: getattr with a default costs ~0.2 us more a call)
+            key = ("reduce_scatter", type(x), x.dtype, x.shape, op, algorithm)
+        except AttributeError:  # not an array: the full path makes it one (or refuses it)
+            key = ("reduce_scatter", type(x), None, None, op, algorithm)
         hot = self._hot.get(key) if self._hot else None
         if hot is not None:
             res = hot(x, out)
