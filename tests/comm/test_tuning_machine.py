@@ -32,3 +32,30 @@ def test_the_machines_rules_come_before_the_defaults_and_after_an_explicit_file(
     again = TuningTable.from_data(explicit.to_data())  # what rank 0 broadcasts
     assert again.machine == KEY and again.explicit == 1 and again.rules == explicit.rules
     assert load_keyed_rules("Unknown GPU, PCIe", str(own)) == []
+
+
+def test_four_rank_defaults_route_where_the_4xh100_run_measured_a_win():
+    """The checked-in 4-rank device rules (vs_nccl.py on 4 x H100, 2026-11-27): LL to 256 KiB, the pushed
+    two-shot allreduce to 16 MiB, the two-shot bcast to 1 MiB, the pushed allgather to 16 MiB and the pull
+    to 64 MiB, reduce_scatter's IPC kernels to 16 MiB; NCCL beyond; every other rank count unchanged."""
+    from mpiml.comm._tuning import TuningTable, load_default_rules
+
+    table = TuningTable(load_default_rules())
+    avail = ("mpi", "nccl", "ipc")
+    want = {
+        ("allreduce", 4): ("ipc", "ll"), ("allreduce", 256 << 10): ("ipc", "ll"),
+        ("allreduce", 1 << 20): ("ipc", "twoshot"), ("allreduce", 16 << 20): ("ipc", "twoshot"),
+        ("allreduce", 64 << 20): ("nccl", "native"),
+        ("bcast", 256 << 10): ("ipc", "ll"), ("bcast", 1 << 20): ("ipc", "twoshot"), ("bcast", 4 << 20): ("nccl", "native"),
+        ("reduce", 256 << 10): ("ipc", "ll"), ("reduce", 1 << 20): ("nccl", "native"),
+        ("allgather", 256 << 10): ("ipc", "ll"), ("allgather", 1 << 20): ("ipc", "push"),
+        ("allgather", 16 << 20): ("ipc", "push"), ("allgather", 64 << 20): ("ipc", "pull"),
+        ("allgather", 256 << 20): ("nccl", "native"),
+        ("reduce_scatter", 16 << 20): ("ipc", "native"), ("reduce_scatter", 64 << 20): ("nccl", "native"),
+    }
+    for (op, nbytes), route in want.items():
+        for mode in ("eager", "graph"):
+            assert table.choose(op, nbytes, 4, "device", avail, mode) == route, (op, nbytes, mode)
+    # 3 ranks keep the generic rules (nothing measured there)
+    assert table.choose("allreduce", 1 << 20, 3, "device", avail) == ("nccl", "native")
+    assert table.choose("allgather", 1 << 20, 3, "device", avail) == ("ipc", "pull")
