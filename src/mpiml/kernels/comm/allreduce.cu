@@ -62,7 +62,8 @@ mpiml_allreduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, lon
 // A counts 8-byte alignment here (lines are 8 bytes of payload). The same
 // thread handles line i in both loops, so in == out is safe.
 template <typename T, int OP, bool A>
-__global__ void mpiml_allreduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_allreduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
     const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
     mpiml_ll_push(c, ln, in, 1, (int)c->nranks);  // own slot last; peers' stores go out first
     mpiml_ll_reduce_out<T, OP, A>(c, ln.epoch, ln.flag, out, ln.nbytes);

@@ -39,7 +39,8 @@ mpiml_allgather_pull(const MpimlCtx* c, const T* in, T* out, long long n, long l
 // alignment. The root waits for nobody: the ack wait in mpiml_begin keeps it
 // from reusing a slot parity that a slow peer still reads.
 template <typename T, bool A>
-__global__ void mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
     const bool sends = c->rank == root;
     const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), sends);
     if (sends) mpiml_ll_push(c, ln, in, 1, (int)c->nranks - 1);
@@ -51,7 +52,8 @@ __global__ void mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long
 // each copies line i of every slot r to out[r * stride ...], the nranks lines
 // loaded at once.
 template <typename T, bool A>
-__global__ void mpiml_allgather_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_allgather_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
     const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
     mpiml_ll_push(c, ln, in, 1, (int)c->nranks);
     mpiml_ll_gather_out<T, A>(c, ln, out, stride);

@@ -57,8 +57,11 @@
 // Threads per block of the barrier kernels (the host launches them with
 // mpiml.comm.backends.ipc.THREADS); they declare it as their launch bounds, so the
 // compiler keeps within the 128 registers a thread of such a block may have. The
-// LL kernels run 256 threads a block, for which any register count fits.
+// LL kernels likewise run MPIML_LL_THREADS (ipc.LL_THREADS) a block: 512, so that up
+// to 4 KiB a call is one block (a grid of several blocks ends through an atomic
+// count of finished blocks, about 1.3 us more in a CUDA graph on 4 x H100).
 #define MPIML_THREADS 512
+#define MPIML_LL_THREADS 512
 #define MPIML_MAX_BLOCKS 128
 #define MPIML_FLAG_OFF 256
 #define MPIML_DATA_OFF 16384

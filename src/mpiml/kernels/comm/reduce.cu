@@ -71,7 +71,8 @@ mpiml_reduce_scatter_oneshot(const MpimlCtx* c, const T* in, T* out, long long n
 // as their flags arrive. A: in and out 8-byte aligned and every part starts on an
 // 8-byte boundary. The host keeps every part within one LL slot's payload.
 template <typename T, int OP, bool A>
-__global__ void mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long displs_ptr) {
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long displs_ptr) {
     const long long* displs = reinterpret_cast<const long long*>(displs_ptr);
     const unsigned epoch = mpiml_begin(c);
     const unsigned flag = epoch + 1u;
@@ -90,7 +91,8 @@ __global__ void mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, 
 // LL reduce (see allreduce.cu's mpiml_allreduce_ll): every rank pushes its lines
 // into the root's slot [me]; the root reduces them in rank order.
 template <typename T, int OP, bool A>
-__global__ void mpiml_reduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_reduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
     const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
     const int me = (int)c->rank;
     MPIML_GRID_LOOP(i, ln.lines) mpiml_ll_store(mpiml_ll_slot(c, (int)root, ln.epoch, me) + i, ln.get(in, i), ln.flag);
