@@ -67,5 +67,5 @@ mpiml_allreduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long lon
     const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
     mpiml_ll_push(c, ln, in, 1, (int)c->nranks);  // own slot last; peers' stores go out first
     mpiml_ll_reduce_out<T, OP, A>(c, ln.epoch, ln.flag, out, ln.nbytes);
-    mpiml_end(c, ln.epoch);
+    mpiml_end<false>(c, ln.epoch);
 }

@@ -45,7 +45,7 @@ mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long ro
     const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), sends);
     if (sends) mpiml_ll_push(c, ln, in, 1, (int)c->nranks - 1);
     else mpiml_ll_copy_out(c, ln, (int)root, out);
-    mpiml_end(c, ln.epoch);
+    mpiml_end<false>(c, ln.epoch);
 }
 
 // LL allgather: every rank pushes its n elements into every rank's slot [me];
@@ -57,7 +57,7 @@ mpiml_allgather_ll(const MpimlCtx* c, const T* in, T* out, long long n, long lon
     const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
     mpiml_ll_push(c, ln, in, 1, (int)c->nranks);
     mpiml_ll_gather_out<T, A>(c, ln, out, stride);
-    mpiml_end(c, ln.epoch);
+    mpiml_end<false>(c, ln.epoch);
 }
 
 // Two-shot broadcast (scatter + allgather, both pushed): the packs are cut into

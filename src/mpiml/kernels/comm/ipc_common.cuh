@@ -182,13 +182,21 @@ __device__ __forceinline__ unsigned mpiml_begin(const MpimlCtx* c) {
 // The last block to finish advances the epoch for the next call and tells every
 // peer that this rank has finished call `epoch` (its reads of the peers' data
 // were performed before the block barrier, so the peers may reuse the buffers).
+// FENCE: a device-wide fence before a block counts itself finished. The LL kernels
+// pass false: their reads end in values this block has already used (stored to
+// out) before the block barrier, as a one-block grid's do before its acks, which
+// need no fence either; the epoch word and the count are read by the next kernel
+// only. There the fence only waited for the block's stores into the peers' slots
+// to cross NVLink (~1.3 us a call in a CUDA graph on 4 x H100 once a grid has two
+// blocks); the barrier kernels' last barrier has already released theirs.
+template <bool FENCE = true>
 __device__ __forceinline__ void mpiml_end(const MpimlCtx* c, unsigned epoch) {
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned* ctl = reinterpret_cast<unsigned*>(c->peers[c->rank]);
         bool last = gridDim.x == 1;
         if (!last) {
-            __threadfence();
+            if (FENCE) __threadfence();
             last = atomicAdd(ctl + 1, 1u) == gridDim.x - 1;
             if (last) ctl[1] = 0u;
         }

@@ -85,7 +85,7 @@ mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, long long n, lon
         MPIML_GRID_LOOP(i, (nbytes + 7) / 8) mpiml_ll_store(dst + i, mpiml_ll_get<A>(in + d, i, nbytes), flag);
     }
     mpiml_ll_reduce_out<T, OP, A>(c, epoch, flag, out, (displs[me + 1] - displs[me]) * (long long)sizeof(T));
-    mpiml_end(c, epoch);
+    mpiml_end<false>(c, epoch);
 }
 
 // LL reduce (see allreduce.cu's mpiml_allreduce_ll): every rank pushes its lines
@@ -97,7 +97,7 @@ mpiml_reduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long r
     const int me = (int)c->rank;
     MPIML_GRID_LOOP(i, ln.lines) mpiml_ll_store(mpiml_ll_slot(c, (int)root, ln.epoch, me) + i, ln.get(in, i), ln.flag);
     if (me == root) mpiml_ll_reduce_out<T, OP, A>(c, ln.epoch, ln.flag, out, ln.nbytes);
-    mpiml_end(c, ln.epoch);
+    mpiml_end<false>(c, ln.epoch);
 }
 
 // Two-shot reduce (reduce-scatter + gather, both pushed): as the two-shot
