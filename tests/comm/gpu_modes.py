@@ -100,12 +100,15 @@ def run_capture_on_the_previous_stream():
             comm.allreduce(x, algorithm="ipc/twoshot")
         with b:
             comm.allreduce(y, algorithm="ipc/ll")
+        with a:
+            x * 2  # (compiled and pooled before the capture)
     cp.cuda.Device().synchronize()
-    outcome, graph = None, None
+    outcome, graph, ended = None, None, "ok"
     with a:
         first = comm.allreduce(x, algorithm="ipc/twoshot")  # eager on A; may still run below
         a.begin_capture()
         try:
+            twice = x * 2  # (something captured on A)
             with b:
                 try:
                     second = comm.allreduce(y, algorithm="ipc/ll")  # eager on B, during A's capture
@@ -117,16 +120,20 @@ def run_capture_on_the_previous_stream():
             try:
                 graph = a.end_capture()
             except Exception as exc:  # a capture invalidated by the refused synchronization
-                outcome = (outcome or "") + f"; end_capture: {type(exc).__name__}"
+                ended = f"{type(exc).__name__}: {exc}"
+    if graph is not None:
+        graph.launch(a)
     cp.cuda.Device().synchronize()
+    if graph is not None:
+        check(bool(cp.array_equal(twice, x * 2)), "the graph captured on A: wrong result")
     check(bool(cp.array_equal(first, sum_of(n, 1))), "the eager call on A before the capture: wrong result")
     if outcome == "ordered":
         check(bool(cp.array_equal(second, sum_of(m, 2))), "the eager call on B during A's capture: wrong result")
     else:
         check(outcome.startswith("refused") and "synchronize" in outcome, f"unexpected outcome: {outcome}")
     if R == 0:
-        print(f"capture begun on the previous collective's stream, eager call on another: {outcome[:300]}",
-              flush=True)
+        print(f"capture begun on the previous collective's stream, eager call on another: {outcome[:300]} "
+              f"(end_capture: {ended[:200]})", flush=True)
     del graph
     return outcome
 
