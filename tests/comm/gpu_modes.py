@@ -101,7 +101,7 @@ def run_capture_on_the_previous_stream():
         with b:
             comm.allreduce(y, algorithm="ipc/ll")
         with a:
-            x * 2  # (compiled and pooled before the capture)
+            _ = x * 2  # (compiled and pooled before the capture)
     cp.cuda.Device().synchronize()
     outcome, graph, ended = None, None, "ok"
     with a:
