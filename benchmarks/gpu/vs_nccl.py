@@ -369,7 +369,6 @@ for op in ("bcast", "reduce", "allreduce"):
     if hot1 is not None:
         micro[f"host_us hot launcher alone ({op} 1 MiB nccl/native, stream held)"] = host_cost(
             lambda: hot1(x1, y1)) * 1e6
-    del x1, y1
 set_check("auto")
 micro["gpu_us noop kernel in a graph (the floor of any kernel path)"] = agree(
     graph(lambda: noop((1,), (32,), (x,)), 50)) * 1e6

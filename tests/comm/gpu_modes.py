@@ -16,8 +16,6 @@ Usage: ``python gpu_modes.py``.
 Prints ``OK: 0 failure(s)`` through tests/_spmd.py.
 """
 
-import numpy as np
-
 from _spmd import check, guarded
 
 import cupy as cp  # noqa: E402

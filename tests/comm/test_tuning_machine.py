@@ -36,8 +36,9 @@ def test_the_machines_rules_come_before_the_defaults_and_after_an_explicit_file(
 
 def test_four_rank_defaults_route_where_the_4xh100_run_measured_a_win():
     """The checked-in 4-rank device rules (vs_nccl.py on 4 x H100, 2026-11-27): LL to 256 KiB, the pushed
-    two-shot allreduce to 16 MiB, the two-shot bcast and reduce to 1 MiB eagerly (NCCL in graphs), the pushed allgather to 16 MiB and the pull
-    to 64 MiB, reduce_scatter's IPC kernels to 16 MiB; NCCL beyond; every other rank count unchanged."""
+    two-shot allreduce to 16 MiB, the two-shot bcast and reduce to 1 MiB eagerly (NCCL in graphs), the
+    pushed allgather to 16 MiB and the pull to 64 MiB, reduce_scatter's IPC kernels to 16 MiB; NCCL
+    beyond; every other rank count unchanged."""
     from mpiml.comm._tuning import TuningTable, load_default_rules
 
     table = TuningTable(load_default_rules())
