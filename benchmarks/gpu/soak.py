@@ -5,6 +5,9 @@ repeated calls are deferred and agreed in batches)::
 
     python benchmarks/gpu/soak.py --seconds 300 --out soak.json [--plot soak.png]
 
+``--cpu`` runs the same program on NumPy arrays over the host transport (no graphs, host memory
+only): a check of the script itself on a machine without a GPU.
+
 Every step draws, from one seeded generator that every rank shares, a collective (allreduce sum
 or max, bcast, reduce, allgather, reduce_scatter), a size from 4 B to 64 MiB (a fixed set of 30,
 so that plans and launchers are reused and the caches reach their steady state), a dtype
@@ -32,8 +35,6 @@ import time
 
 import numpy as np
 
-import cupy as cp
-
 from mpiml import init
 from mpiml.comm import get_comm
 
@@ -47,14 +48,23 @@ ap.add_argument("--max-bytes", type=int, default=64 << 20)
 ap.add_argument("--growth-mib", type=float, default=64.0, help="allowed growth of host RSS and of CuPy's pool in use")
 ap.add_argument("--device-growth-mib", type=float, default=512.0,
                 help="allowed growth of the device's used memory (CuPy's pool also caches freed blocks)")
+ap.add_argument("--cpu", action="store_true", help="NumPy arrays over the host transport, eager only")
 args = ap.parse_args()
+
+if args.cpu:
+    cp = np
+else:
+    import cupy as cp
 
 os.environ.setdefault("MPIML_TIMEOUT", "60")
 comm = get_comm()
-init(device="gpu")
+init(device="cpu" if args.cpu else "gpu")
 P, R = comm.size, comm.rank
-stream = cp.cuda.Stream(non_blocking=True)
-stream.use()
+if args.cpu:
+    stream = None
+else:
+    stream = cp.cuda.Stream(non_blocking=True)
+    stream.use()
 
 OPS = ["allreduce_sum", "allreduce_max", "bcast", "reduce", "allgather", "reduce_scatter"]
 DTYPES = [np.float16, np.float32, np.float64, np.int32, np.int64]
@@ -73,6 +83,8 @@ def rss_bytes():
 
 
 def memory():
+    if args.cpu:
+        return {"rss": rss_bytes(), "pool_used": 0, "pool_held": 0, "device_used": 0}
     pool = cp.get_default_memory_pool()
     free, total = cp.cuda.runtime.memGetInfo()
     return {"rss": rss_bytes(), "pool_used": pool.used_bytes(), "pool_held": pool.total_bytes(),
@@ -126,7 +138,7 @@ def step_once(step):
     nbytes = SIZES[rng.integers(len(SIZES))]
     dtype = DTYPES[rng.integers(len(DTYPES))]
     root = int(rng.integers(P))
-    mode = "graph" if rng.random() < 0.3 else "eager"
+    mode = "graph" if rng.random() < 0.3 and not args.cpu else "eager"
     given = bool(rng.integers(2))
     n = max(1, nbytes // np.dtype(dtype).itemsize)
     if op == "reduce_scatter":
@@ -179,12 +191,14 @@ def main():
         if steps % 20 == 0:  # agreed: sample and stop together
             elapsed = time.perf_counter() - t0
             if elapsed >= next_sample:
-                stream.synchronize()
+                if stream is not None:
+                    stream.synchronize()
                 samples.append({"t": elapsed, "step": steps, **memory()})
                 next_sample = elapsed + args.sample
             stop = comm.bcast_obj(elapsed >= args.seconds)
     try:
-        stream.synchronize()
+        if stream is not None:
+            stream.synchronize()
         comm.synchronize()
     except Exception as exc:  # (a failed run: its communicator is dead)
         failures.append(f"synchronize: {type(exc).__name__}: {exc}"[:500])
@@ -201,7 +215,7 @@ def flat(samples):
     for f in ("rss", "pool_used", "device_used"):
         first = np.median([s[f] for s in body[:k]])
         last = np.median([s[f] for s in body[-k:]])
-        growth[f] = (last - first) / 2**20
+        growth[f] = round(float(last - first) / 2**20, 2)
     limit = {"rss": args.growth_mib, "pool_used": args.growth_mib, "device_used": args.device_growth_mib}
     return all(g <= limit[f] for f, g in growth.items()), growth
 
@@ -216,8 +230,9 @@ total_fail = sum(len(e["failures"]) for e in everyone)
 all_flat = all(e["flat"] for e in everyone)
 verdict = "OK" if total_fail == 0 and all_flat else "FAILED"
 if R == 0:
-    doc = {"machine": f"{socket.gethostname()} {platform.machine()} "
-                      f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()} x{cp.cuda.runtime.getDeviceCount()}",
+    gpus = "CPU" if args.cpu else \
+        f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()} x{cp.cuda.runtime.getDeviceCount()}"
+    doc = {"machine": f"{socket.gethostname()} {platform.machine()} {gpus}",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": f"mpirun -n {P} " + " ".join([os.path.basename(sys.executable)] + sys.argv),
            "ranks": P, "seconds": time.perf_counter() - t_start, "steps": steps, "calls_by_op": calls_by_op,

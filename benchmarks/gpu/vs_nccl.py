@@ -352,8 +352,24 @@ micro["host_us launch into a held stream (cupy driver.launchKernel)"] = host_cos
 micro["host_us stream.ptr of the current stream"] = host_loop(lambda: cp.cuda.get_current_stream().ptr) * 1e6
 micro["host_us hot-path check_level()"] = host_loop(check_level) * 1e6
 micro["host_us key tuple + dict lookup"] = host_loop(
-    lambda: comm._hot.get(("allreduce", type(x), getattr(x, "dtype", None), getattr(x, "shape", None), "sum",
-                           None))) * 1e6
+    lambda: comm._hot.get(("allreduce", type(x), x.dtype, x.shape, "sum", None))) * 1e6
+micro["host_us capture-status query (streamIsCapturing)"] = host_loop(
+    lambda: cp.cuda.runtime.streamIsCapturing(stream.ptr)) * 1e6
+# what NCCL costs the host as mpiml calls it, against raw NCCL (1 MiB: where an eager NCCL call through mpiml
+# was host-bound, 18.6 us against raw NCCL's 14.1 for bcast on 4 x H100), the stream held by a busy kernel
+for op in ("bcast", "reduce", "allreduce"):
+    x1, y1 = buffers(op, 1 << 20)
+    for p in ("raw", "nccl"):
+        set_check(p)
+        micro[f"host_us {op} {p} 1 MiB (stream held)"] = host_cost(make_call(op, p, 1 << 20, x1, y1)) * 1e6
+    key1 = (op, type(x1), x1.dtype, x1.shape, 0 if op == "bcast" else ("sum", 0) if op == "reduce" else "sum",
+            "nccl/native")
+    hot1 = comm._hot.get(key1)
+    micro[f"hot path in use for 1 MiB {op} nccl/native"] = hot1 is not None
+    if hot1 is not None:
+        micro[f"host_us hot launcher alone ({op} 1 MiB nccl/native, stream held)"] = host_cost(
+            lambda: hot1(x1, y1)) * 1e6
+set_check("auto")
 micro["gpu_us noop kernel in a graph (the floor of any kernel path)"] = agree(
     graph(lambda: noop((1,), (32,), (x,)), 50)) * 1e6
 ev = cp.cuda.Event(disable_timing=True)

@@ -85,6 +85,16 @@ def test_two_level_virtual_nodes(mpi):
     assert "OK" in proc.stdout
 
 
+@pytest.mark.parametrize("n", [2, 4])
+def test_routes_per_mode_and_a_capture_on_the_previous_stream(mpi, n):
+    """bcast / reduce of 256 KiB-1 MiB eagerly, in a replayed graph and eagerly again (4 ranks: the two-shot
+    eagerly, NCCL in graphs, one hot launcher per mode); an eager call on another stream while the previous
+    call's stream is being captured: right, or a CommError saying to synchronize first."""
+    _need(n)
+    proc = mpi(os.path.join(HERE, "gpu_modes.py"), n, timeout=300, env={"MPIML_TIMEOUT": "60"})
+    assert "OK" in proc.stdout
+
+
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_device_sendrecv_rings(mpi, n):
     """comm.isendrecv of CuPy arrays goes over NCCL, stream-ordered, rank-specific shapes and dtypes."""

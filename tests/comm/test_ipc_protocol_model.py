@@ -18,7 +18,11 @@ is reported as the GPU reports it: (rank, call E, the peer waited for, whether
 the epoch word moved under the wait).
 
 The host's launch path is :class:`mpiml.comm.backends.ipc.StreamOrder` itself,
-over model streams.
+over model streams: the order holds the stream of the latest eager launch, so a
+stream the program lets go ("destroy") is destroyed only once the order lets go
+of it too, as a CuPy ``Stream`` is; streams named ``ext...`` stand for streams
+whose owner destroys them at once (CuPy's ``ExternalStream``), and any touch of
+a destroyed stream fails the run.
 """
 
 import random
@@ -50,10 +54,13 @@ class Model:
         self.streams = [{} for _ in range(nranks)]  # name -> deque of ops
         self.running = {}                            # (rank, stream) -> [generator, pending yield, info]
         self.capturing = [set() for _ in range(nranks)]
-        self.destroyed = [set() for _ in range(nranks)]  # streams the host destroyed (their work still runs)
+        self.released = [set() for _ in range(nranks)]  # streams the program let go (their work still runs)
+        self.drains = 0                              # host waits for the device (StreamOrder's drain)
+        self._drain_pending = [False] * nranks
         self.graphs = [{} for _ in range(nranks)]
         self.event_tok = [None] * nranks             # each rank's StreamOrder event: the latest record
-        self.orders = [StreamOrder(self._capturing(r), self._record(r), self._wait(r)) for r in range(nranks)]
+        self.orders = [StreamOrder(self._capturing(r), self._record(r), self._wait(r), owned=self._owned,
+                                   drain=self._drain(r)) for r in range(nranks)]
         self.ordered = ordered
         self.rng = random.Random(seed)
         self.first = first                           # ranks whose actors go first (a scripted schedule)
@@ -61,10 +68,25 @@ class Model:
         self.calls = [0] * nranks                    # logical calls issued per rank
 
     # -- host-side hooks of StreamOrder (a destroyed stream must never be touched again)
+    @staticmethod
+    def _owned(s):
+        return not s.startswith("ext")
+
+    def _destroyed(self, r, s):
+        """A stream let go by the program is gone unless the order holds it (and can: not an ext stream)."""
+        return s in self.released[r] and (not self._owned(s) or self.orders[r].last != s)
+
     def _live(self, r, s):
-        if s in self.destroyed[r]:
+        if self._destroyed(r, s):
             raise AssertionError(f"rank {r}: stream {s!r} touched after it was destroyed")
         return s
+
+    def _drain(self, r):
+        def drain(s):
+            self._live(r, s)
+            self.drains += 1
+            self._drain_pending[r] = True  # the host waits until the device is idle (see _host_step)
+        return drain
 
     def _capturing(self, r):
         return lambda s: self._live(r, s) in self.capturing[r]
@@ -83,15 +105,24 @@ class Model:
         return self.streams[r].setdefault(s, deque())
 
     def launch(self, r, s, spec):
-        """The host's launch of one kernel: ordered (or not), captured or enqueued."""
+        """The host's launch of one kernel, as ipc.IPCTransport._launch: ordered on a stream switch (or not at
+        all), then captured or enqueued; after it, a record only while the order is eager."""
         order = self.orders[r]
         if self.ordered and s is not order.last:
             order.before(s)
+        if self._drain_pending[r]:  # the launch happens after the host's wait for the device
+            self._drain_pending[r] = False
+            return ("drained", spec, s)
+        self.enqueue(r, s, spec)
+        return None
+
+    def enqueue(self, r, s, spec):
+        order = self.orders[r]
         if s in self.capturing[r]:
             self.graphs[r][self._capture_id[r]].append(spec)
         else:
             self._queue(r, s).append(("kernel", self._numbered(r, spec)))
-        if self.ordered:
+        if self.ordered and order.eager:
             order.after(s)
 
     def _numbered(self, r, spec):
@@ -218,7 +249,7 @@ class Model:
     def run(self, programs, max_steps=200_000):
         """Run every rank's host program; returns None when all finished, else the stuck kernels."""
         self._capture_id = [None] * self.P
-        hosts = [deque(p) for p in programs]
+        hosts = self._hosts = [deque(p) for p in programs]
         issued = [[] for _ in range(self.P)]  # kernels as numbered, to check their results
         for _ in range(max_steps):
             actors = []
@@ -280,14 +311,22 @@ class Model:
     def _host_ready(self, r, action):
         if action[0] == "sync":  # the host waits until the stream has run dry
             return not self.streams[r].get(action[1]) and (r, action[1]) not in self.running
+        if action[0] == "drained":  # cudaDeviceSynchronize: every stream of this rank has run dry
+            return not any(self.streams[r].values()) and not any(k[0] == r for k in self.running)
         return True
 
     def _host_step(self, r, action, issued):
         kind = action[0]
-        if kind == "call":
+        if kind in ("call", "drained"):
             _, spec, s = action
             n = self.calls[r]
-            self.launch(r, s, spec)
+            if kind == "call":
+                rest = self.launch(r, s, spec)
+                if rest is not None:
+                    self._hosts[r].appendleft(rest)
+                    return
+            else:
+                self.enqueue(r, s, spec)
             if s not in self.capturing[r]:
                 issued.append(dict(spec, call=n))
         elif kind == "begin_capture":
@@ -308,8 +347,8 @@ class Model:
             tok = {"done": False}
             self._queue(r, a).append(("record", tok))
             self._queue(r, b).append(("wait", tok))
-        elif kind == "destroy":  # as cudaStreamDestroy: the work queued on it still runs
-            self.destroyed[r].add(action[1])
+        elif kind == "destroy":  # the program lets the stream go (destroyed unless held): its work still runs
+            self.released[r].add(action[1])
         elif kind == "sync":
             pass
         else:
@@ -363,7 +402,7 @@ KINDS = [("allreduce", "ll"), ("allreduce", "oneshot"), ("allreduce", "twoshot")
 def _programs(P, seed, calls=24, graphs=True):
     """The same collectives on every rank (SPMD), each rank on streams of its own choosing, graphs captured
     once and replayed between eager calls (their launches ordered by the caller), some host waits."""
-    shared, streams = random.Random(seed), ["null", "A", "B"]
+    shared, streams = random.Random(seed), ["null", "A", "B", "extC"]
     plan = [(*shared.choice(KINDS), shared.randrange(P)) for _ in range(calls)]
     graph = [(*shared.choice(KINDS), shared.randrange(P)) for _ in range(3)]
     replay_at = {i for i in range(calls) if shared.random() < 0.15} if graphs else set()
@@ -454,9 +493,13 @@ def test_graph_replays_take_the_live_call_number():
 
 
 @pytest.mark.parametrize("P", [2, 3, 4])
-def test_streams_destroyed_with_their_collective_in_flight(P):
-    """A stream made for one collective and destroyed at once (its kernel may still wait for a slow peer),
-    then collectives on other streams: nothing touches the dead stream, and every call is in order."""
+@pytest.mark.parametrize("kind", ["tmp", "ext"])
+def test_streams_destroyed_with_their_collective_in_flight(P, kind):
+    """A stream made for one collective and let go at once (its kernel may still wait for a slow peer), then
+    collectives on other streams: every call is in order, and no stream is touched once destroyed. A CuPy
+    stream ("tmp") lives on while the order holds it (it is recorded on at the next switch); a stream the
+    order cannot hold ("ext", destroyed by its owner at once) was recorded on right after its launch and is
+    never touched again."""
     for seed in range(8):
         shared = random.Random(seed)
         plan = [(*shared.choice(KINDS), shared.randrange(P)) for _ in range(20)]
@@ -466,7 +509,7 @@ def test_streams_destroyed_with_their_collective_in_flight(P):
             prog = []
             for i, (op, algo, root) in enumerate(plan):
                 if local.random() < 0.4:
-                    prog += [call(op, algo, f"tmp{i}", root), ("destroy", f"tmp{i}")]
+                    prog += [call(op, algo, f"{kind}{i}", root), ("destroy", f"{kind}{i}")]
                 else:
                     prog.append(call(op, algo, local.choice(["null", "A"]), root))
             programs.append(prog)
@@ -474,42 +517,100 @@ def test_streams_destroyed_with_their_collective_in_flight(P):
         assert model.run(programs) is None and not model.errors, (seed, model.errors[:3])
 
 
-# ---------------------------------------------------------------- StreamOrder itself
-def test_stream_order_records_each_launch_and_waits_only_on_a_switch():
-    log = []
-    order = StreamOrder(lambda s: s == "cap", lambda s: log.append(("record", s)),
-                        lambda s: log.append(("wait", s)))
+def _capture_on_the_previous_stream(P):
+    """Eager calls on A, then a capture begun on A while A's last call may still run, an eager call on B
+    during the capture (it must wait for A's call: no event can mark it any more), the graph replayed."""
+    prog = [call("allreduce", "twoshot", "A"), call("bcast", "ll", "A", P - 1), ("begin_capture", 0, "A"),
+            call("reduce", "ll", "A", 0), call("allreduce", "ll", "B"), call("bcast", "pull", "A", 1),
+            ("end_capture", 0, "A"), ("order", "B", "A"), ("replay", 0, "A"), ("order", "A", "B"),
+            call("allreduce", "oneshot", "B"), call("reduce", "twoshot", "B", P - 1)]
+    return [list(prog) for _ in range(P)]
 
-    for s in ("a", "a", "b", "cap", "cap", "b", "a"):
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_a_capture_begun_on_the_previous_stream_drains_it(P):
+    for seed in range(10):
+        model = Model(P, ordered=True, seed=seed, first={seed % P})
+        assert model.run(_capture_on_the_previous_stream(P)) is None and not model.errors, (seed, model.errors[:3])
+        assert model.drains == P  # once per rank: the switch to B during A's capture
+        calls = {j for (_, j) in model.epochs}
+        assert all(len({model.epochs[(r, j)] for r in range(P)}) == 1 for j in calls)
+
+
+def test_without_the_drain_a_capture_on_the_previous_stream_can_overlap():
+    """The drain is needed: with a host that does not wait, some schedules start B's call beside A's."""
+    failed = 0
+    for seed in range(20):
+        model = Model(3, ordered=True, seed=seed, first={seed % 3})
+        for order in model.orders:
+            order._drain = lambda s: None
+        stuck = model.run(_capture_on_the_previous_stream(3))
+        failed += bool(stuck or model.errors)
+    assert failed, "no schedule showed the overlap"
+
+
+# ---------------------------------------------------------------- StreamOrder itself
+def _drive(order, streams, log):
+    """Launches as the transport makes them: before() on a switch, after() only while eager."""
+    for s in streams:
         if s is not order.last:
             order.before(s)
         log.append(("launch", s))
-        order.after(s)
-    assert log == [("launch", "a"), ("record", "a"), ("launch", "a"), ("record", "a"),
-                   ("wait", "b"), ("launch", "b"), ("record", "b"),
-                   ("launch", "cap"), ("launch", "cap"),        # captured: no record, no wait, last stays "b"
-                   ("launch", "b"), ("record", "b"),
-                   ("wait", "a"), ("launch", "a"), ("record", "a")]
+        if order.eager:
+            order.after(s)
 
 
-def test_stream_order_never_touches_the_previous_stream():
-    """The 4-GPU pass A failure: the previous launch's stream was destroyed (cudaErrorContextIsDestroyed,
-    or a crash inside cuStreamIsCapturing); only the launch stream may be queried, recorded or made to wait."""
-    gone, touched = set(), []
+def _logged(log, capturing=(), external=()):
+    return StreamOrder(lambda s: log.append(("query", s)) or s in capturing,
+                       lambda s: log.append(("record", s)), lambda s: log.append(("wait", s)),
+                       owned=lambda s: s not in external, drain=lambda s: log.append(("drain", s)))
 
-    def touch(s):
-        assert s not in gone, f"touched destroyed stream {s}"
-        touched.append(s)
-        return False
 
-    order = StreamOrder(touch, touch, touch)
-    for s in ("tmp1", "b", "tmp2", "tmp3", "b"):
-        if s is not order.last:
-            order.before(s)
-        order.after(s)
-        if s.startswith("tmp"):
-            gone.add(s)
-    assert set(touched) == {"tmp1", "tmp2", "tmp3", "b"}
+def test_stream_order_costs_nothing_while_the_stream_stays():
+    log = []
+    _drive(_logged(log), ["a"] * 5, log)
+    assert log == [("query", "a")] + [("launch", "a")] * 5  # the first launch's switch from nothing
+
+
+def test_stream_order_records_and_waits_only_on_a_switch():
+    log = []
+    _drive(_logged(log, capturing={"cap"}), ("a", "a", "b", "cap", "cap", "b", "a"), log)
+    assert log == [("query", "a"), ("launch", "a"), ("launch", "a"),
+                   ("query", "b"), ("query", "a"), ("record", "a"), ("wait", "b"), ("launch", "b"),
+                   ("query", "cap"), ("launch", "cap"),   # captured: no record, no wait, last stays "b"
+                   ("query", "cap"), ("launch", "cap"),
+                   ("launch", "b"),
+                   ("query", "a"), ("query", "b"), ("record", "b"), ("wait", "a"), ("launch", "a")]
+
+
+def test_stream_order_records_after_each_launch_on_a_stream_it_cannot_hold():
+    """An external stream (its owner may destroy it any time): recorded on right after each of its launches,
+    never touched after; a capturing one is not recorded on."""
+    log, capturing = [], set()
+    order = _logged(log, capturing=capturing, external={"x"})
+    _drive(order, ("a", "x", "x"), log)
+    capturing.add("x")
+    _drive(order, ("x",), log)
+    capturing.discard("x")
+    _drive(order, ("a",), log)
+    assert log == [("query", "a"), ("launch", "a"),
+                   ("query", "x"), ("query", "a"), ("record", "a"), ("wait", "x"), ("launch", "x"),
+                   ("query", "x"), ("record", "x"),
+                   ("launch", "x"), ("query", "x"), ("record", "x"),
+                   ("launch", "x"), ("query", "x"),          # captured: the event still marks the eager launch
+                   ("query", "a"), ("wait", "a"), ("launch", "a")]   # "x" itself is not touched
+    assert not order.eager
+
+
+def test_stream_order_drains_when_the_previous_stream_began_a_capture():
+    log, capturing = [], set()
+    order = _logged(log, capturing=capturing)
+    _drive(order, ("a",), log)
+    capturing.add("a")
+    _drive(order, ("b",), log)
+    assert log == [("query", "a"), ("launch", "a"), ("query", "b"), ("query", "a"), ("drain", "a"),
+                   ("launch", "b")]
+    assert order.last == "b"
 
 
 def test_stream_order_tells_streams_apart_by_identity_not_handle():
@@ -521,10 +622,9 @@ def test_stream_order_tells_streams_apart_by_identity_not_handle():
             self.ptr = ptr
 
     log = []
-    order = StreamOrder(lambda st: False, lambda st: log.append(("record", st.ptr)),
-                        lambda st: log.append(("wait", st.ptr)))
-    for st in (Stream(7), Stream(7)):  # the second: another stream that got the first one's handle
-        if st is not order.last:
-            order.before(st)
-        order.after(st)
-    assert log == [("record", 7), ("wait", 7), ("record", 7)]
+    order = StreamOrder(lambda st: False, lambda st: log.append(("record", st)),
+                        lambda st: log.append(("wait", st)))
+    first, second = Stream(7), Stream(7)  # the second: another stream that got the first one's handle
+    _drive(order, (first, second), [])
+    assert log == [("record", first), ("wait", second)]
+    assert order.last is second

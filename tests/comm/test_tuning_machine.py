@@ -32,3 +32,74 @@ def test_the_machines_rules_come_before_the_defaults_and_after_an_explicit_file(
     again = TuningTable.from_data(explicit.to_data())  # what rank 0 broadcasts
     assert again.machine == KEY and again.explicit == 1 and again.rules == explicit.rules
     assert load_keyed_rules("Unknown GPU, PCIe", str(own)) == []
+
+
+def test_four_rank_defaults_route_where_the_4xh100_run_measured_a_win():
+    """The checked-in 4-rank device rules (vs_nccl.py on 4 x H100, 2026-11-27): LL to 256 KiB, the pushed
+    two-shot allreduce to 16 MiB, the two-shot bcast and reduce to 1 MiB eagerly (NCCL in graphs), the
+    pushed allgather to 16 MiB and the pull to 64 MiB, reduce_scatter's IPC kernels to 16 MiB; NCCL
+    beyond; every other rank count unchanged."""
+    from mpiml.comm._tuning import TuningTable, load_default_rules
+
+    table = TuningTable(load_default_rules())
+    avail = ("mpi", "nccl", "ipc")
+    want = {
+        ("allreduce", 4): ("ipc", "ll"), ("allreduce", 256 << 10): ("ipc", "ll"),
+        ("allreduce", 1 << 20): ("ipc", "twoshot"), ("allreduce", 16 << 20): ("ipc", "twoshot"),
+        ("allreduce", 64 << 20): ("nccl", "native"),
+        ("bcast", 256 << 10): ("ipc", "ll"), ("bcast", 4 << 20): ("nccl", "native"),
+        ("reduce", 256 << 10): ("ipc", "ll"), ("reduce", 4 << 20): ("nccl", "native"),
+        ("allgather", 256 << 10): ("ipc", "ll"), ("allgather", 1 << 20): ("ipc", "push"),
+        ("allgather", 16 << 20): ("ipc", "push"), ("allgather", 64 << 20): ("ipc", "pull"),
+        ("allgather", 256 << 20): ("nccl", "native"),
+        ("reduce_scatter", 16 << 20): ("ipc", "native"), ("reduce_scatter", 64 << 20): ("nccl", "native"),
+    }
+    for (op, nbytes), route in want.items():
+        for mode in ("eager", "graph"):
+            assert table.choose(op, nbytes, 4, "device", avail, mode) == route, (op, nbytes, mode)
+    # bcast and reduce of 256 KiB-1 MiB: the two-shot eagerly, NCCL in CUDA graphs
+    for op in ("bcast", "reduce"):
+        for nbytes in ((256 << 10) + 4, 1 << 20):
+            assert table.choose(op, nbytes, 4, "device", avail, "eager") == ("ipc", "twoshot"), (op, nbytes)
+            assert table.choose(op, nbytes, 4, "device", avail, "graph") == ("nccl", "native"), (op, nbytes)
+    # 3 ranks keep the generic rules (nothing measured there)
+    assert table.choose("allreduce", 1 << 20, 3, "device", avail) == ("nccl", "native")
+    assert table.choose("allgather", 1 << 20, 3, "device", avail) == ("ipc", "pull")
+
+
+def test_mode_launchers_pick_the_launcher_of_the_current_mode():
+    """A call shape routed differently in a CUDA graph keeps one hot launcher per mode; a mode without one
+    yet takes the full path (None), which routes by mode and adds its launcher."""
+    from mpiml.comm._communicator import _ModeLaunchers
+
+    capturing = [False]
+    hot = _ModeLaunchers(capturing=lambda: capturing[0])
+    assert hot("x", None) is None
+    hot.eager = lambda x, out: ("eager", x)
+    assert hot("x", None) == ("eager", "x")
+    capturing[0] = True
+    assert hot("x", None) is None
+    hot.graph = lambda x, out: ("graph", x)
+    assert hot("x", None) == ("graph", "x")
+    capturing[0] = False
+    assert hot("y", None) == ("eager", "y")
+
+
+def test_mode_split_follows_the_table_the_override_and_the_preference():
+    import types
+
+    from mpiml.comm._communicator import Communicator
+    from mpiml.comm._tuning import Rule, TuningTable
+
+    table = TuningTable([
+        Rule(op="bcast", memory="device", mode="eager", max_bytes=1 << 20, backend="ipc", algorithm="twoshot"),
+        Rule(op="*", memory="device", backend="nccl", algorithm="native"),
+    ])
+    fake = types.SimpleNamespace(_tuning=table, prefer="auto", _world=types.SimpleNamespace(name="mpi"), size=4,
+                                 available_backends=lambda memory: ("mpi", "nccl", "ipc"))
+    split = Communicator._mode_split
+    assert split(fake, "bcast", 1 << 20) and not split(fake, "bcast", 4 << 20) and not split(fake, "allreduce", 4)
+    fake.prefer = "nccl"  # a preferred backend routes alike in both modes
+    assert not split(fake, "bcast", 1 << 20)
+    fake.prefer, table.override = "auto", {"bcast": ("nccl", "native")}
+    assert not split(fake, "bcast", 1 << 20)

@@ -187,7 +187,6 @@ def ipc_issue(transport, op, x, fn_aligned, fn_unaligned, grid, block, mask, ext
     launch = transport._launch_kernel
     stream = cupy.cuda.get_current_stream
     order = transport._order  # one call at a time across streams (ipc.StreamOrder)
-    after = order.after
 
     def issue(ip, outp):
         words[1] = ip
@@ -196,7 +195,8 @@ def ipc_issue(transport, op, x, fn_aligned, fn_unaligned, grid, block, mask, ext
         if st is not order.last:  # (the stream object: ipc.StreamOrder says why not its handle)
             order.before(st)
         launch(fn_unaligned if (ip | outp) & mask else fn_aligned, grid, 1, 1, block, 1, 1, 0, st.ptr, argv, 0)
-        after(st)
+        if order.eager:  # (only while the last stream is one the order cannot hold alive)
+            order.after(st)
         transport._last_op = op
 
     issue.args = args  # keeps the argument block alive with the launcher

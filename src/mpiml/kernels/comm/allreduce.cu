@@ -11,11 +11,9 @@ template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_THREADS)
 mpiml_allreduce_oneshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
     const unsigned epoch = mpiml_begin(c);
-    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
-    MpimlPack<T>* mine = mpiml_packs<T>(c, (int)c->rank, epoch);
-    MPIML_GRID_LOOP(i, units) mine[i] = mpiml_load_user<T, A>(in, i, n);
+    mpiml_stage_in<T, A>(c, epoch, in, n);
     if (mpiml_barrier(c, epoch, 0)) {
-        MPIML_GRID_LOOP(i, units)
+        MPIML_GRID_LOOP(i, mpiml_units<T>(n))
             mpiml_store_user<T, A>(out, i, n, mpiml_reduce_packs<T, OP>(c, epoch, i, 0, (int)c->nranks));
     }
     mpiml_end(c, epoch);
@@ -38,7 +36,7 @@ __global__ void __launch_bounds__(MPIML_THREADS)
 mpiml_allreduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
     const unsigned epoch = mpiml_begin(c);
     const int nr = (int)c->nranks, me = (int)c->rank;
-    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+    const long long units = mpiml_units<T>(n);
     const long long part = (units + nr - 1) / nr;
     mpiml_push_parts<T, A>(c, epoch, in, part, MpimlEvenParts<T>{n, part});
     if (mpiml_barrier(c, epoch, 0)) {
@@ -53,13 +51,7 @@ mpiml_allreduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, lon
             }
         }
         if (mpiml_barrier(c, epoch, 1)) {
-            const MpimlPack<T>* reduced = mine + nr * part;
-            MPIML_GRID_LOOP(i, part) {
-                mpiml_copy_ranks<T>(
-                    nr, me,
-                    [&](int r) { return r * part + i < units ? reduced + r * part + i : nullptr; },
-                    [&](int r, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out, r * part + i, n, v); });
-            }
+            MPIML_GRID_LOOP(i, part) mpiml_parts_out<T, A>(nr, me, mine + nr * part, part, units, i, out, n);
         }
     }
     mpiml_end(c, epoch);
@@ -70,26 +62,10 @@ mpiml_allreduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, lon
 // A counts 8-byte alignment here (lines are 8 bytes of payload). The same
 // thread handles line i in both loops, so in == out is safe.
 template <typename T, int OP, bool A>
-__global__ void mpiml_allreduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
-    const long long nbytes = n * (long long)sizeof(T);
-    const long long lines = (nbytes + 7) / 8;
-    const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const uint2 v0 = i0 < lines ? mpiml_ll_get<A>(in, i0, nbytes) : make_uint2(0u, 0u);  // overlaps begin
-    const unsigned epoch = mpiml_begin(c);
-    const unsigned flag = epoch + 1u;
-    const int nr = (int)c->nranks, me = (int)c->rank;
-    MPIML_GRID_LOOP(i, lines) {
-        const uint2 v = i == i0 ? v0 : mpiml_ll_get<A>(in, i, nbytes);
-        for (int k = 1; k <= nr; ++k) {
-            const int r = (me + k) % nr;  // own slot last; peers' stores go out first
-            mpiml_ll_store(mpiml_ll_slot(c, r, epoch, me) + i, v, flag);
-        }
-    }
-    bool ok = true;
-    MPIML_GRID_LOOP(i, lines) {
-        const uint2 v = mpiml_ll_reduce_line<T, OP>(c, epoch, flag, i, ok);
-        if (!ok) break;
-        mpiml_ll_put<A>(out, i, nbytes, v);
-    }
-    mpiml_end(c, epoch);
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_allreduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
+    mpiml_ll_push(c, ln, in, 1, (int)c->nranks);  // own slot last; peers' stores go out first
+    mpiml_ll_reduce_out<T, OP, A>(c, ln.epoch, ln.flag, out, ln.nbytes);
+    mpiml_end<false>(c, ln.epoch);
 }

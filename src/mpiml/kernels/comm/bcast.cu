@@ -8,14 +8,10 @@ __global__ void __launch_bounds__(MPIML_THREADS)
 mpiml_bcast_pull(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
     const unsigned epoch = mpiml_begin(c);
     const int me = (int)c->rank;
-    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
-    if (me == root) {
-        MpimlPack<T>* mine = mpiml_packs<T>(c, me, epoch);
-        MPIML_GRID_LOOP(i, units) mine[i] = mpiml_load_user<T, A>(in, i, n);
-    }
+    if (me == root) mpiml_stage_in<T, A>(c, epoch, in, n);
     if (mpiml_barrier(c, epoch, 0) && me != root) {
         const MpimlPack<T>* theirs = mpiml_packs<T>(c, (int)root, epoch);
-        MPIML_GRID_LOOP(i, units) mpiml_store_user<T, A>(out, i, n, mpiml_ld(theirs + i));
+        MPIML_GRID_LOOP(i, mpiml_units<T>(n)) mpiml_store_user<T, A>(out, i, n, mpiml_ld(theirs + i));
     }
     mpiml_end(c, epoch);
 }
@@ -26,12 +22,10 @@ template <typename T, bool A>
 __global__ void __launch_bounds__(MPIML_THREADS)
 mpiml_allgather_pull(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
     const unsigned epoch = mpiml_begin(c);
-    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
-    MpimlPack<T>* mine = mpiml_packs<T>(c, (int)c->rank, epoch);
-    MPIML_GRID_LOOP(i, units) mine[i] = mpiml_load_user<T, A>(in, i, n);
+    mpiml_stage_in<T, A>(c, epoch, in, n);
     if (mpiml_barrier(c, epoch, 0)) {
         const int nr = (int)c->nranks;
-        MPIML_GRID_LOOP(i, units) {  // every rank's pack i loaded before the first is stored: one link latency
+        MPIML_GRID_LOOP(i, mpiml_units<T>(n)) {  // every rank's pack i loaded before the first is stored: one link latency
             mpiml_copy_ranks<T>(
                 nr, -1, [&](int r) { return mpiml_packs<T>(c, r, epoch) + i; },
                 [&](int r, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out + r * stride, i, n, v); });
@@ -45,57 +39,25 @@ mpiml_allgather_pull(const MpimlCtx* c, const T* in, T* out, long long n, long l
 // alignment. The root waits for nobody: the ack wait in mpiml_begin keeps it
 // from reusing a slot parity that a slow peer still reads.
 template <typename T, bool A>
-__global__ void mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
-    const int nr = (int)c->nranks, me = (int)c->rank;
-    const long long nbytes = n * (long long)sizeof(T);
-    const long long lines = (nbytes + 7) / 8;
-    const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const uint2 v0 = (me == root && i0 < lines) ? mpiml_ll_get<A>(in, i0, nbytes) : make_uint2(0u, 0u);
-    const unsigned epoch = mpiml_begin(c);
-    const unsigned flag = epoch + 1u;
-    if (me == root) {
-        MPIML_GRID_LOOP(i, lines) {
-            const uint2 v = i == i0 ? v0 : mpiml_ll_get<A>(in, i, nbytes);
-            for (int k = 1; k < nr; ++k) mpiml_ll_store(mpiml_ll_slot(c, (me + k) % nr, epoch, me) + i, v, flag);
-        }
-    } else {
-        MPIML_GRID_LOOP(i, lines) {
-            uint2 v;
-            if (!mpiml_ll_load(c, mpiml_ll_slot(c, me, epoch, (int)root) + i, flag, v, (int)root, epoch)) break;
-            mpiml_ll_put<A>(out, i, nbytes, v);
-        }
-    }
-    mpiml_end(c, epoch);
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    const bool sends = c->rank == root;
+    const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), sends);
+    if (sends) mpiml_ll_push(c, ln, in, 1, (int)c->nranks - 1);
+    else mpiml_ll_copy_out(c, ln, (int)root, out);
+    mpiml_end<false>(c, ln.epoch);
 }
 
 // LL allgather: every rank pushes its n elements into every rank's slot [me];
-// each copies slot r to out[r * stride ...] as the lines arrive.
+// each copies line i of every slot r to out[r * stride ...], the nranks lines
+// loaded at once.
 template <typename T, bool A>
-__global__ void mpiml_allgather_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
-    const long long nbytes = n * (long long)sizeof(T);
-    const long long lines = (nbytes + 7) / 8;
-    const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const uint2 v0 = i0 < lines ? mpiml_ll_get<A>(in, i0, nbytes) : make_uint2(0u, 0u);
-    const unsigned epoch = mpiml_begin(c);
-    const unsigned flag = epoch + 1u;
-    const int nr = (int)c->nranks, me = (int)c->rank;
-    MPIML_GRID_LOOP(i, lines) {
-        const uint2 v = i == i0 ? v0 : mpiml_ll_get<A>(in, i, nbytes);
-        for (int k = 1; k <= nr; ++k) mpiml_ll_store(mpiml_ll_slot(c, (me + k) % nr, epoch, me) + i, v, flag);
-    }
-    for (int r = 0; r < nr; ++r) {
-        bool ok = true;
-        MPIML_GRID_LOOP(i, lines) {
-            uint2 v;
-            if (!mpiml_ll_load(c, mpiml_ll_slot(c, me, epoch, r) + i, flag, v, r, epoch)) {
-                ok = false;
-                break;
-            }
-            mpiml_ll_put<A>(out + r * stride, i, nbytes, v);
-        }
-        if (!ok) break;
-    }
-    mpiml_end(c, epoch);
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_allgather_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
+    const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
+    mpiml_ll_push(c, ln, in, 1, (int)c->nranks);
+    mpiml_ll_gather_out<T, A>(c, ln, out, stride);
+    mpiml_end<false>(c, ln.epoch);
 }
 
 // Two-shot broadcast (scatter + allgather, both pushed): the packs are cut into
@@ -113,7 +75,7 @@ __global__ void __launch_bounds__(MPIML_THREADS)
 mpiml_bcast_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
     const unsigned epoch = mpiml_begin(c);
     const int nr = (int)c->nranks, me = (int)c->rank;
-    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+    const long long units = mpiml_units<T>(n);
     const long long part = (units + nr - 1) / nr;
     if (me == root) {
         for (int k = 0; k < nr; ++k) {
@@ -139,12 +101,7 @@ mpiml_bcast_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long lo
             }
         }
         if (mpiml_barrier(c, epoch, 1) && me != root) {
-            MPIML_GRID_LOOP(i, part) {
-                mpiml_copy_ranks<T>(
-                    nr, me,
-                    [&](int r) { return r * part + i < units ? mine + r * part + i : nullptr; },
-                    [&](int r, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out, r * part + i, n, v); });
-            }
+            MPIML_GRID_LOOP(i, part) mpiml_parts_out<T, A>(nr, me, mine, part, units, i, out, n);
         }
     }
     mpiml_end(c, epoch);
@@ -161,7 +118,7 @@ __global__ void __launch_bounds__(MPIML_THREADS)
 mpiml_allgather_push(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
     const unsigned epoch = mpiml_begin(c);
     const int nr = (int)c->nranks, me = (int)c->rank;
-    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+    const long long units = mpiml_units<T>(n);
     MPIML_GRID_LOOP(i, units) {
         const MpimlPack<T> v = mpiml_load_user<T, A>(in, i, n);
         for (int k = 1; k < nr; ++k) mpiml_packs<T>(c, (me + k) % nr, epoch)[me * units + i] = v;

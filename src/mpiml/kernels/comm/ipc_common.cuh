@@ -42,8 +42,8 @@
 // One call at a time: a kernel takes its call number E from the epoch word at
 // its start, so two collectives of one workspace must never run at once on a
 // rank (both would read E; the peers give E + 1 to the second one, whose flags
-// and barrier values it then never sees). The host orders them: each launch
-// records an event on its stream, and a launch on another stream waits on it
+// and barrier values it then never sees). The host orders them: a launch on
+// another stream than the previous one's waits on an event recorded on that one
 // (mpiml.comm.backends.ipc.StreamOrder); graphs are ordered by the stream they
 // are launched on. A wait that has lasted 20 us re-reads the epoch word with the
 // error record (every 8192 spins): if it has moved (another kernel finished call
@@ -57,8 +57,11 @@
 // Threads per block of the barrier kernels (the host launches them with
 // mpiml.comm.backends.ipc.THREADS); they declare it as their launch bounds, so the
 // compiler keeps within the 128 registers a thread of such a block may have. The
-// LL kernels run 256 threads a block, for which any register count fits.
+// LL kernels likewise run MPIML_LL_THREADS (ipc.LL_THREADS) a block: 512, so that up
+// to 4 KiB a call is one block (a grid of several blocks ends through an atomic
+// count of finished blocks, about 1.3 us more in a CUDA graph on 4 x H100).
 #define MPIML_THREADS 512
+#define MPIML_LL_THREADS 512
 #define MPIML_MAX_BLOCKS 128
 #define MPIML_FLAG_OFF 256
 #define MPIML_DATA_OFF 16384
@@ -179,13 +182,21 @@ __device__ __forceinline__ unsigned mpiml_begin(const MpimlCtx* c) {
 // The last block to finish advances the epoch for the next call and tells every
 // peer that this rank has finished call `epoch` (its reads of the peers' data
 // were performed before the block barrier, so the peers may reuse the buffers).
+// FENCE: a device-wide fence before a block counts itself finished. The LL kernels
+// pass false: their reads end in values this block has already used (stored to
+// out) before the block barrier, as a one-block grid's do before its acks, which
+// need no fence either; the epoch word and the count are read by the next kernel
+// only. There the fence only waited for the block's stores into the peers' slots
+// to cross NVLink (~1.3 us a call in a CUDA graph on 4 x H100 once a grid has two
+// blocks); the barrier kernels' last barrier has already released theirs.
+template <bool FENCE = true>
 __device__ __forceinline__ void mpiml_end(const MpimlCtx* c, unsigned epoch) {
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned* ctl = reinterpret_cast<unsigned*>(c->peers[c->rank]);
         bool last = gridDim.x == 1;
         if (!last) {
-            __threadfence();
+            if (FENCE) __threadfence();
             last = atomicAdd(ctl + 1, 1u) == gridDim.x - 1;
             if (last) ctl[1] = 0u;
         }
@@ -317,6 +328,12 @@ template <typename T> struct __align__(16) MpimlPack {
     static constexpr int L = 16 / sizeof(T);
     T e[16 / sizeof(T)];
 };
+
+// Packs of n elements (the last one may be partial).
+template <typename T>
+__device__ __forceinline__ long long mpiml_units(long long n) {
+    return (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+}
 
 template <typename T, bool A>
 __device__ __forceinline__ MpimlPack<T> mpiml_load_user(const T* a, long long i, long long n) {
@@ -484,6 +501,35 @@ struct MpimlEvenParts {
     }
 };
 
+// Line i of this rank's slots [r] for every rank r < nranks, in v[r]; false on a
+// timeout or abort. Every slot's line is loaded before any flag is looked at: the
+// lines of most calls have all arrived by then, and one memory latency is paid
+// instead of nranks (a spin, per slot, only for a line still on its way).
+__device__ __forceinline__ bool mpiml_ll_load_ranks(const MpimlCtx* c, unsigned epoch, unsigned flag, long long i,
+                                                    uint2 (&v)[MPIML_MAX_RANKS]) {
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    uint4 w[MPIML_MAX_RANKS];
+#pragma unroll
+    for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
+        if (r < nr) {
+            asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(w[r].x), "=r"(w[r].y), "=r"(w[r].z), "=r"(w[r].w)
+                         : "l"(mpiml_ll_slot(c, me, epoch, r) + i) : "memory");
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
+        if (r < nr) {
+            if (w[r].y == flag && w[r].w == flag) {
+                v[r] = make_uint2(w[r].x, w[r].z);
+            } else if (!mpiml_ll_load(c, mpiml_ll_slot(c, me, epoch, r) + i, flag, v[r], r, epoch)) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 // One LL line reduced over every rank's slot, in rank order 0..n-1 (bit-identical
 // everywhere); ok becomes false on a timeout or abort.
 template <typename T, int OP>
@@ -493,19 +539,24 @@ __device__ __forceinline__ uint2 mpiml_ll_reduce_line(const MpimlCtx* c, unsigne
     constexpr int L = 8 / sizeof(T);
     union Line { uint2 v; T e[L]; };
     Acc acc[L];
-    const int nr = (int)c->nranks, me = (int)c->rank;
+    const int nr = (int)c->nranks;
     Line out;
     out.v = make_uint2(0u, 0u);
-    for (int r = 0; r < nr; ++r) {
-        Line w;
-        if (!mpiml_ll_load(c, mpiml_ll_slot(c, me, epoch, r) + i, flag, w.v, r, epoch)) {
-            ok = false;
-            return out.v;
-        }
+    uint2 got[MPIML_MAX_RANKS];
+    if (!mpiml_ll_load_ranks(c, epoch, flag, i, got)) {
+        ok = false;
+        return out.v;
+    }
 #pragma unroll
-        for (int k = 0; k < L; ++k) {
-            const Acc v = MpimlAcc<T>::load(w.e[k]);
-            acc[k] = r == 0 ? v : MpimlOp<OP>::f(acc[k], v);
+    for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
+        if (r < nr) {
+            Line w;
+            w.v = got[r];
+#pragma unroll
+            for (int k = 0; k < L; ++k) {
+                const Acc v = MpimlAcc<T>::load(w.e[k]);
+                acc[k] = r == 0 ? v : MpimlOp<OP>::f(acc[k], v);
+            }
         }
     }
 #pragma unroll
@@ -513,3 +564,99 @@ __device__ __forceinline__ uint2 mpiml_ll_reduce_line(const MpimlCtx* c, unsigne
     return out.v;
 }
 
+// ---------------------------------------------------------------- blocks the kernels share
+// The first phase of the one-shot kernels: this rank's n elements into its own
+// buffer of call `epoch` (pack i by grid index i, which reads it back after the barrier).
+template <typename T, bool A>
+__device__ __forceinline__ void mpiml_stage_in(const MpimlCtx* c, unsigned epoch, const T* in, long long n) {
+    MpimlPack<T>* mine = mpiml_packs<T>(c, (int)c->rank, epoch);
+    MPIML_GRID_LOOP(i, mpiml_units<T>(n)) mine[i] = mpiml_load_user<T, A>(in, i, n);
+}
+
+// The last phase of the two-shot kernels (after their second barrier): pack i of
+// every part r but this rank's own, from `parts` (r * part + i, in this rank's own
+// memory), to out, for the packs below `units`. Loads first (mpiml_copy_ranks).
+template <typename T, bool A>
+__device__ __forceinline__ void mpiml_parts_out(int nr, int me, const MpimlPack<T>* parts, long long part,
+                                                long long units, long long i, T* out, long long n) {
+    mpiml_copy_ranks<T>(
+        nr, me, [&](int r) { return r * part + i < units ? parts + r * part + i : nullptr; },
+        [&](int r, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out, r * part + i, n, v); });
+}
+
+// An LL kernel's lines: nbytes of payload in 8-byte lines; the call number and
+// the lines' flag. This thread's first line of the input (if it sends: `sends`)
+// is read before the call number, so the read overlaps mpiml_begin's wait.
+// A: the input and output are 8-byte aligned.
+template <bool A>
+struct MpimlLines {
+    long long nbytes, lines, i0;
+    uint2 v0;
+    unsigned epoch, flag;
+
+    __device__ __forceinline__ MpimlLines(const MpimlCtx* c, const void* in, long long bytes, bool sends) {
+        nbytes = bytes;
+        lines = (bytes + 7) / 8;
+        i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+        v0 = (sends && i0 < lines) ? mpiml_ll_get<A>(in, i0, bytes) : make_uint2(0u, 0u);
+        epoch = mpiml_begin(c);
+        flag = epoch + 1u;
+    }
+
+    // line i of the input (the first one as read above)
+    __device__ __forceinline__ uint2 get(const void* in, long long i) const {
+        return i == i0 ? v0 : mpiml_ll_get<A>(in, i, nbytes);
+    }
+};
+
+// Every line of `in` into the LL slot [me] of ranks (me + k) % nranks for k in
+// [k0, k1] (the peers before this rank's own: their stores cross the links).
+template <bool A>
+__device__ __forceinline__ void mpiml_ll_push(const MpimlCtx* c, const MpimlLines<A>& ln, const void* in, int k0,
+                                              int k1) {
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    MPIML_GRID_LOOP(i, ln.lines) {
+        const uint2 v = ln.get(in, i);
+        for (int k = k0; k <= k1; ++k) mpiml_ll_store(mpiml_ll_slot(c, (me + k) % nr, ln.epoch, me) + i, v, ln.flag);
+    }
+}
+
+// Every rank's lines (slot [r] of this rank) to out + r * stride elements of T, the
+// nranks lines of one index loaded at once (mpiml_ll_load_ranks).
+template <typename T, bool A>
+__device__ __forceinline__ void mpiml_ll_gather_out(const MpimlCtx* c, const MpimlLines<A>& ln, T* out,
+                                                    long long stride) {
+    const int nr = (int)c->nranks;
+    MPIML_GRID_LOOP(i, ln.lines) {
+        uint2 v[MPIML_MAX_RANKS];
+        if (!mpiml_ll_load_ranks(c, ln.epoch, ln.flag, i, v)) break;
+#pragma unroll
+        for (int r = 0; r < MPIML_MAX_RANKS; ++r)
+            if (r < nr) mpiml_ll_put<A>(out + r * stride, i, ln.nbytes, v[r]);
+    }
+}
+
+// The lines of this rank's slot [src] to out as their flags arrive; false on a timeout or abort.
+template <bool A>
+__device__ __forceinline__ bool mpiml_ll_copy_out(const MpimlCtx* c, const MpimlLines<A>& ln, int src, void* out) {
+    MPIML_GRID_LOOP(i, ln.lines) {
+        uint2 v;
+        if (!mpiml_ll_load(c, mpiml_ll_slot(c, (int)c->rank, ln.epoch, src) + i, ln.flag, v, src, ln.epoch))
+            return false;
+        mpiml_ll_put<A>(out, i, ln.nbytes, v);
+    }
+    return true;
+}
+
+// The lines of every rank's slot reduced in rank order (mpiml_ll_reduce_line) to out,
+// `lines` lines of nbytes (this rank's part of a reduce-scatter, or the whole call).
+template <typename T, int OP, bool A>
+__device__ __forceinline__ void mpiml_ll_reduce_out(const MpimlCtx* c, unsigned epoch, unsigned flag, void* out,
+                                                    long long nbytes) {
+    bool ok = true;
+    MPIML_GRID_LOOP(i, (nbytes + 7) / 8) {
+        const uint2 v = mpiml_ll_reduce_line<T, OP>(c, epoch, flag, i, ok);
+        if (!ok) break;
+        mpiml_ll_put<A>(out, i, nbytes, v);
+    }
+}

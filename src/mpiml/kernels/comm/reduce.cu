@@ -6,11 +6,9 @@ template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_THREADS)
 mpiml_reduce_oneshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
     const unsigned epoch = mpiml_begin(c);
-    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
-    MpimlPack<T>* mine = mpiml_packs<T>(c, (int)c->rank, epoch);
-    MPIML_GRID_LOOP(i, units) mine[i] = mpiml_load_user<T, A>(in, i, n);
+    mpiml_stage_in<T, A>(c, epoch, in, n);
     if (mpiml_barrier(c, epoch, 0) && c->rank == root) {
-        MPIML_GRID_LOOP(i, units)
+        MPIML_GRID_LOOP(i, mpiml_units<T>(n))
             mpiml_store_user<T, A>(out, i, n, mpiml_reduce_packs<T, OP>(c, epoch, i, 0, (int)c->nranks));
     }
     mpiml_end(c, epoch);
@@ -21,12 +19,10 @@ template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_THREADS)
 mpiml_scan_oneshot(const MpimlCtx* c, const T* in, T* out, long long n, long long exclusive) {
     const unsigned epoch = mpiml_begin(c);
-    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
-    MpimlPack<T>* mine = mpiml_packs<T>(c, (int)c->rank, epoch);
-    MPIML_GRID_LOOP(i, units) mine[i] = mpiml_load_user<T, A>(in, i, n);
+    mpiml_stage_in<T, A>(c, epoch, in, n);
     const int upto = (int)c->rank + (exclusive ? 0 : 1);
     if (mpiml_barrier(c, epoch, 0) && upto > 0) {
-        MPIML_GRID_LOOP(i, units) mpiml_store_user<T, A>(out, i, n, mpiml_reduce_packs<T, OP>(c, epoch, i, 0, upto));
+        MPIML_GRID_LOOP(i, mpiml_units<T>(n)) mpiml_store_user<T, A>(out, i, n, mpiml_reduce_packs<T, OP>(c, epoch, i, 0, upto));
     }
     mpiml_end(c, epoch);
 }
@@ -75,7 +71,8 @@ mpiml_reduce_scatter_oneshot(const MpimlCtx* c, const T* in, T* out, long long n
 // as their flags arrive. A: in and out 8-byte aligned and every part starts on an
 // 8-byte boundary. The host keeps every part within one LL slot's payload.
 template <typename T, int OP, bool A>
-__global__ void mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long displs_ptr) {
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long displs_ptr) {
     const long long* displs = reinterpret_cast<const long long*>(displs_ptr);
     const unsigned epoch = mpiml_begin(c);
     const unsigned flag = epoch + 1u;
@@ -87,38 +84,20 @@ __global__ void mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, 
         uint4* dst = mpiml_ll_slot(c, r, epoch, me);
         MPIML_GRID_LOOP(i, (nbytes + 7) / 8) mpiml_ll_store(dst + i, mpiml_ll_get<A>(in + d, i, nbytes), flag);
     }
-    const long long nbytes = (displs[me + 1] - displs[me]) * (long long)sizeof(T);
-    bool ok = true;
-    MPIML_GRID_LOOP(i, (nbytes + 7) / 8) {
-        const uint2 v = mpiml_ll_reduce_line<T, OP>(c, epoch, flag, i, ok);
-        if (!ok) break;
-        mpiml_ll_put<A>(out, i, nbytes, v);
-    }
-    mpiml_end(c, epoch);
+    mpiml_ll_reduce_out<T, OP, A>(c, epoch, flag, out, (displs[me + 1] - displs[me]) * (long long)sizeof(T));
+    mpiml_end<false>(c, epoch);
 }
 
 // LL reduce (see allreduce.cu's mpiml_allreduce_ll): every rank pushes its lines
 // into the root's slot [me]; the root reduces them in rank order.
 template <typename T, int OP, bool A>
-__global__ void mpiml_reduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
-    const long long nbytes = n * (long long)sizeof(T);
-    const long long lines = (nbytes + 7) / 8;
-    const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const uint2 v0 = i0 < lines ? mpiml_ll_get<A>(in, i0, nbytes) : make_uint2(0u, 0u);
-    const unsigned epoch = mpiml_begin(c);
-    const unsigned flag = epoch + 1u;
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_reduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
     const int me = (int)c->rank;
-    MPIML_GRID_LOOP(i, lines)
-        mpiml_ll_store(mpiml_ll_slot(c, (int)root, epoch, me) + i, i == i0 ? v0 : mpiml_ll_get<A>(in, i, nbytes), flag);
-    if (me == root) {
-        bool ok = true;
-        MPIML_GRID_LOOP(i, lines) {
-            const uint2 v = mpiml_ll_reduce_line<T, OP>(c, epoch, flag, i, ok);
-            if (!ok) break;
-            mpiml_ll_put<A>(out, i, nbytes, v);
-        }
-    }
-    mpiml_end(c, epoch);
+    MPIML_GRID_LOOP(i, ln.lines) mpiml_ll_store(mpiml_ll_slot(c, (int)root, ln.epoch, me) + i, ln.get(in, i), ln.flag);
+    if (me == root) mpiml_ll_reduce_out<T, OP, A>(c, ln.epoch, ln.flag, out, ln.nbytes);
+    mpiml_end<false>(c, ln.epoch);
 }
 
 // Two-shot reduce (reduce-scatter + gather, both pushed): as the two-shot
@@ -130,7 +109,7 @@ __global__ void __launch_bounds__(MPIML_THREADS)
 mpiml_reduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
     const unsigned epoch = mpiml_begin(c);
     const int nr = (int)c->nranks, me = (int)c->rank;
-    const long long units = (n + MpimlPack<T>::L - 1) / MpimlPack<T>::L;
+    const long long units = mpiml_units<T>(n);
     const long long part = (units + nr - 1) / nr;
     mpiml_push_parts<T, A>(c, epoch, in, part, MpimlEvenParts<T>{n, part});
     if (mpiml_barrier(c, epoch, 0)) {
@@ -145,13 +124,7 @@ mpiml_reduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long l
             }
         }
         if (mpiml_barrier(c, epoch, 1) && me == root) {
-            const MpimlPack<T>* reduced = mine + nr * part;
-            MPIML_GRID_LOOP(i, part) {
-                mpiml_copy_ranks<T>(
-                    nr, me,
-                    [&](int r) { return r * part + i < units ? reduced + r * part + i : nullptr; },
-                    [&](int r, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out, r * part + i, n, v); });
-            }
+            MPIML_GRID_LOOP(i, part) mpiml_parts_out<T, A>(nr, me, mine + nr * part, part, units, i, out, n);
         }
     }
     mpiml_end(c, epoch);
