@@ -7,10 +7,11 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("n,d,t", [(0, 3, 1), (1, 1, 1), (31, 5, 1), (33, 8, 2), (10007, 64, 1), (4099, 120, 2)])
+@pytest.mark.parametrize("n,d,t", [(0, 3, 1), (1, 1, 1), (31, 5, 1), (33, 8, 2), (10007, 64, 1), (4099, 120, 2),
+                                   (70001, 64, 1), (2000, 20, 1), (3001, 44, 3), (5000, 70, 1)])
 @pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("tensor_cores", [True, False])
-def test_augmented_gram_kernel(dtype, n, d, t, weighted, tensor_cores, monkeypatch):
+@pytest.mark.parametrize("tensor_cores,kernel", [(True, None), (True, "mma"), (False, None)])
+def test_augmented_gram_kernel(dtype, n, d, t, weighted, tensor_cores, kernel, monkeypatch):
     import cupy as cp
 
     from mpiml.kernels import linear
@@ -24,7 +25,9 @@ def test_augmented_gram_kernel(dtype, n, d, t, weighted, tensor_cores, monkeypat
     X = (rs.randn(n, d) * 3 + 2).astype(dtype)
     Y = rs.randn(n, t).astype(dtype)
     w = rs.uniform(0.5, 2.0, n).astype(dtype) if weighted else None
-    G = augmented_gram(cp.asarray(X), cp.asarray(Y), None if w is None else cp.asarray(w)).get()
+    args = (cp.asarray(X), cp.asarray(Y), None if w is None else cp.asarray(w))
+    G = augmented_gram(*args, kernel=kernel).get()
+    np.testing.assert_array_equal(augmented_gram(*args, kernel=kernel).get(), G)   # the same bits every run
     Z = np.c_[X.astype(np.float64), Y.astype(np.float64), np.ones(n)]
     ref = (Z * (1.0 if w is None else w.astype(np.float64)[:, None])).T @ Z
     np.testing.assert_allclose(G, ref, rtol=1e-12, atol=1e-9)

@@ -20,7 +20,9 @@ GRAM_MAX_COLUMNS = 124
 LOGISTIC_MAX_FEATURES = 256
 
 _STAGE = 32
-_MMA_STAGE = 32                 # MPIML_LINEAR_MMA_STAGE in linear.cu
+_MMA_STAGE = 32                 # MPIML_LINEAR_MMA_STAGE (and _MMA3_STAGE) in linear.cu
+_MMA3_THREADS = 192             # MPIML_LINEAR_MMA3_THREADS in linear.cu
+_MMA3_MAX_TILES = 16
 _LOGISTIC_THREADS = 256
 _TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
@@ -37,7 +39,8 @@ def _function(expr):
         # shipped, cached or compiled once (:mod:`mpiml.kernels._loader`), with the partials' sum every pass ends with
         from .._loader import load_module
 
-        fn = load_module(("linear/linear.cu",), [expr], also=("mpiml_linear_sum_blocks",)).get_function(expr)
+        fn = load_module(("linear/linear.cu",), [expr],
+                         also=("mpiml_linear_sum_blocks", "mpiml_linear_sum_sym")).get_function(expr)
         try:   # all of the SM's on-chip memory as shared memory: the one-pass kernels stage rows, they reuse no L1
             fn.preferred_shared_memory_carveout = 100
         except Exception:   # an older CuPy without the attribute: the driver's default split
@@ -87,13 +90,34 @@ def supported(X):
         and not hasattr(X, "format")
 
 
-def augmented_gram(X, Y, w=None):
+def _mma3_tiles(groups):
+    """Tiles of each warp group of ``mpiml_linear_gram_mma3`` for tile-row groups ``(s0, s1, s2)``."""
+    s0, s1, s2 = groups
+    return (s0 * s1 + s0 * (s0 + 1) // 2, s1 * s2 + s1 * (s1 + 1) // 2, s0 * s2 + s2 * (s2 + 1) // 2)
+
+
+def _mma3_groups(nt):
+    """The split of ``nt`` tile rows into three groups with the fewest tiles on the busiest warp, or None
+    when that warp would hold more than :data:`_MMA3_MAX_TILES` (its accumulators would not fit in registers)."""
+    best = None
+    for s0 in range(nt + 1):
+        for s1 in range(nt + 1 - s0):
+            groups = (s0, s1, nt - s0 - s1)
+            key = (max(_mma3_tiles(groups)), groups)
+            if best is None or key < best:
+                best = key
+    return best[1] if best[0] <= _MMA3_MAX_TILES else None
+
+
+def augmented_gram(X, Y, w=None, kernel=None):
     """``Zᵀ diag(w) Z`` with ``Z = [X | Y | 1]`` as a float64 CuPy matrix of shape (k, k), ``k = d + t + 1``.
 
     ``X`` (n, d) and ``Y`` (n, t) share a dtype (float32 or float64); ``w``
     (n,) or None.  Products are formed and summed in float64 (a float32
     product is exact in float64).  Only the upper triangle is computed; the
-    result is symmetrised.  Needs ``k <= GRAM_MAX_COLUMNS``.
+    result is symmetrised.  Needs ``k <= GRAM_MAX_COLUMNS``.  ``kernel`` picks one
+    (``"mma3"``, ``"mma"``, ``"cuda"``; default: the fastest this device runs) for
+    comparisons.
     """
     import cupy
 
@@ -109,9 +133,23 @@ def augmented_gram(X, Y, w=None):
         w = cupy.ascontiguousarray(w.astype(X.dtype, copy=False))
     ctype = _TYPES[np.dtype(X.dtype)]
     wflag = "true" if weighted else "false"
-    if _tensor_cores():
+    nt = (k + 7) // 8
+    groups = _mma3_groups(nt)
+    choice = kernel or ("mma3" if groups is not None else "mma")
+    if not _tensor_cores():
+        choice = "cuda"
+    if choice == "mma3" and groups is not None:
+        # float64 tensor cores, three tile groups: a warp's fragments serve 2.5 DMMAs each (see linear.cu)
+        kp = 8 * nt
+        fn = _function(f"mpiml_linear_gram_mma3<{ctype}, {wflag}, {groups[0]}, {groups[1]}, {groups[2]}>")
+        threads = _MMA3_THREADS
+        tm = max(_mma3_tiles(groups))
+        # two staging buffers; the same memory then parks the second half's sums
+        smem = max(2 * (_MMA_STAGE * (kp + 4) + _MMA_STAGE), 3 * tm * 64) * 8
+        stage = _MMA_STAGE
+        args = ()
+    elif choice in ("mma", "mma3"):
         # float64 tensor cores (DMMA): tiles of 8 columns, (nt + 1) / 2 warps, all of a block's tiles per warp pair
-        nt = (k + 7) // 8
         kp = 8 * nt
         fn = _function(f"mpiml_linear_gram_mma<{ctype}, {wflag}, {nt}>")
         threads = 32 * ((nt + 1) // 2)
@@ -132,17 +170,17 @@ def augmented_gram(X, Y, w=None):
     rows_per_block = ((n + nblocks - 1) // nblocks + stage - 1) // stage * stage
     rows_per_block = max(rows_per_block, stage)
     nblocks = int(max(1, (n + rows_per_block - 1) // rows_per_block))
-    # zeros: a block writes only its tiles of the upper triangle, and the sum reads every entry
-    partial = cupy.zeros(nblocks * kp * kp, dtype=cupy.float64)
-    if n:
-        fn((nblocks,), (threads,), (X, np.int64(n), np.int32(d), Y, np.int32(t), w if weighted else X,
-                                    np.int64(rows_per_block), np.int32(kp)) + args + (partial,),
-           shared_mem=smem)
-        G = _sum_blocks(partial, nblocks, kp * kp).reshape(kp, kp)[:k, :k]
-    else:
-        G = cupy.zeros((k, k), dtype=cupy.float64)
-    upper = cupy.triu(G)
-    return upper + cupy.triu(G, 1).T
+    if not n:
+        return cupy.zeros((k, k), dtype=cupy.float64)
+    # a block writes only its tiles of the upper triangle, and the sum reads nothing else: no zeroing
+    partial = cupy.empty(nblocks * kp * kp, dtype=cupy.float64)
+    fn((nblocks,), (threads,), (X, np.int64(n), np.int32(d), Y, np.int32(t), w if weighted else X,
+                                np.int64(rows_per_block), np.int32(kp)) + args + (partial,),
+       shared_mem=smem)
+    G = cupy.empty((k, k), dtype=cupy.float64)
+    grid = max(1, min((k * k + 127) // 128, 4 * _sm_count()))
+    _function("mpiml_linear_sum_sym")((grid,), (128,), (partial, np.int32(nblocks), np.int32(kp), np.int32(k), G))
+    return G
 
 
 def logistic_pass(X, y01, sw, coef, bias, vec=None, vbias=0.0):
