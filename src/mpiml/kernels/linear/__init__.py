@@ -40,7 +40,7 @@ def _function(expr):
         from .._loader import load_module
 
         fn = load_module(("linear/linear.cu",), [expr],
-                         also=("mpiml_linear_sum_blocks", "mpiml_linear_sum_sym")).get_function(expr)
+                         also=("mpiml_linear_sum_blocks", "mpiml_linear_sum_sym", "mpiml_linear_sum_pack")).get_function(expr)
         try:   # all of the SM's on-chip memory as shared memory: the one-pass kernels stage rows, they reuse no L1
             fn.preferred_shared_memory_carveout = 100
         except Exception:   # an older CuPy without the attribute: the driver's default split
@@ -183,7 +183,7 @@ def augmented_gram(X, Y, w=None, kernel=None):
     return G
 
 
-def logistic_pass(X, y01, sw, coef, bias, vec=None, vbias=0.0):
+def logistic_pass(X, y01, sw, coef, bias, vec=None, vbias=0.0, pack=None):
     """One read of ``X`` for the binary logistic objective; a float64 CuPy vector of length ``d + 2``.
 
     Without ``vec``: ``[Σ sw·loss, Σ g, Σ g x]`` with ``g = sw (expit(m) - y)``
@@ -191,6 +191,10 @@ def logistic_pass(X, y01, sw, coef, bias, vec=None, vbias=0.0):
     ``vec`` (the Hessian-vector product at ``coef``): ``[0, Σ q, Σ q x]`` with
     ``q = sw p (1 - p) (X vec + vbias)``.  ``coef`` and ``vec`` are host
     float64 vectors of length ``d``; needs ``d <= LOGISTIC_MAX_FEATURES``.
+
+    ``pack=(fit_intercept, scale, fp)``: the same sums laid out for the
+    objective's allreduce instead, ``[Σ sw·loss (without vec), Σ g x,
+    scale Σ g (if fit_intercept), fp, fp²]`` (the same bits, one kernel).
     """
     import cupy
 
@@ -208,11 +212,25 @@ def logistic_pass(X, y01, sw, coef, bias, vec=None, vbias=0.0):
     # one wave: as many blocks as are resident on every SM at once (the warps stride over the row batches)
     nblocks = int(max(1, min((n + warps * rows - 1) // (warps * rows), _wave(fn, _LOGISTIC_THREADS, regs_unknown=64))))
     partial = cupy.empty(nblocks * (d + 2), dtype=cupy.float64)
-    cw = cupy.asarray(np.ascontiguousarray(coef, dtype=np.float64))
-    cv = cupy.asarray(np.ascontiguousarray(vec, dtype=np.float64)) if mode else cw
+    # the point (and the direction) in one copy to the device
+    dev = cupy.asarray(np.ascontiguousarray(np.concatenate([coef, vec]) if mode else coef, dtype=np.float64))
+    cw = dev[:d]
+    cv = dev[d:] if mode else cw
     if n == 0:
-        return cupy.zeros(d + 2, dtype=cupy.float64)
-    fn((nblocks,), (_LOGISTIC_THREADS,),
-       (X, np.int64(n), np.int32(d), y01, sw, cw, np.float64(bias), cv, np.float64(vbias), partial),
-       shared_mem=warps * d * 8)
-    return _sum_blocks(partial, nblocks, d + 2)
+        if pack is None:
+            return cupy.zeros(d + 2, dtype=cupy.float64)
+        nblocks = 1
+        partial = cupy.zeros(d + 2, dtype=cupy.float64)
+    else:
+        fn((nblocks,), (_LOGISTIC_THREADS,),
+           (X, np.int64(n), np.int32(d), y01, sw, cw, np.float64(bias), cv, np.float64(vbias), partial),
+           shared_mem=warps * d * 8)
+    if pack is None:
+        return _sum_blocks(partial, nblocks, d + 2)
+    fi, scale, fp = pack
+    loss = 1 - mode
+    out = cupy.empty(loss + d + int(fi) + 2, dtype=cupy.float64)
+    _function("mpiml_linear_sum_pack")((max(1, (out.size + 127) // 128),), (128,),
+                                       (partial, np.int32(nblocks), np.int32(d), np.int32(loss), np.int32(int(fi)),
+                                        np.float64(scale), np.float64(fp), out))
+    return out

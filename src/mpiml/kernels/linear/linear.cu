@@ -695,3 +695,25 @@ __global__ void mpiml_linear_sum_sym(const double* __restrict__ partial, const i
     }
 }
 
+// mpiml_linear_sum_pack: the blocks' partials of mpiml_linear_logistic ([loss, Σ g, Σ g x], m = d + 2 per
+// block) summed in block order (the bits of mpiml_linear_sum_blocks) and laid out as the host wants them for
+// the allreduce: [loss (if LOSS), Σ g x (d), scale Σ g (if FI), fp, fp²], fp the fingerprint of the point.
+__global__ void mpiml_linear_sum_pack(const double* __restrict__ partial, const int nblocks, const int d,
+                                      const int loss, const int fi, const double scale, const double fp,
+                                      double* __restrict__ out) {
+    const int m = d + 2;
+    const int len = loss + d + fi;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < len + 2; j += gridDim.x * blockDim.x) {
+        if (j >= len) {
+            out[j] = j == len ? fp : fp * fp;
+            continue;
+        }
+        int src = 1;                                 // Σ g, for the intercept
+        if (loss && j == 0) src = 0;
+        else if (j - loss < d) src = 2 + (j - loss);
+        double s = 0.0;
+        for (int g = 0; g < nblocks; ++g) s += partial[(long long)g * m + src];
+        out[j] = src == 1 ? scale * s : s;
+    }
+}
+
