@@ -76,6 +76,14 @@ def main():
     except ValueError as exc:
         check("NaN" in str(exc), f"NaN message: {exc}")
     Xb, yb2 = make_classification(n_samples=20000, n_features=30, random_state=3)
+    Xbn = shard(Xb).copy()
+    if rank == size - 1:
+        Xbn[1, 2] = np.inf
+    try:   # L-BFGS finds it in its first evaluation: the same error on every rank
+        LogisticRegression().fit(cp.asarray(Xbn), cp.asarray(shard(yb2)))
+        check(False, "infinity on the last rank was not found (LogisticRegression)")
+    except ValueError as exc:
+        check("infinity" in str(exc) and (size == 1 or f"[{size - 1}]" in str(exc)), f"infinity message: {exc}")
     g = LogisticRegression(tol=1e-8).fit(cp.asarray(shard(Xb)), cp.asarray(shard(yb2)))
     s = sk.LogisticRegression(tol=1e-8).fit(Xb, yb2)
     check(rel(g.coef_, s.coef_) < 1e-5, f"fused binary logistic: rel {rel(g.coef_, s.coef_):.1e}")

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("n,d,t", [(0, 3, 1), (1, 1, 1), (31, 5, 1), (33, 8, 2), (10007, 64, 1), (4099, 120, 2),
                                    (70001, 64, 1), (2000, 20, 1), (3001, 44, 3), (5000, 70, 1)])
 @pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("tensor_cores,kernel", [(True, None), (True, "mma"), (False, None)])
+@pytest.mark.parametrize("tensor_cores,kernel", [(True, None), (True, "mma3s64"), (True, "mma"), (False, None)])
 def test_augmented_gram_kernel(dtype, n, d, t, weighted, tensor_cores, kernel, monkeypatch):
     import cupy as cp
 
@@ -97,7 +97,7 @@ def test_ill_conditioned_on_the_gpu_takes_tsqr():
 def test_non_finite_input_on_the_gpu():
     import cupy as cp
 
-    from mpiml.linear_model import LinearRegression, Ridge
+    from mpiml.linear_model import LinearRegression, LogisticRegression, Ridge
 
     rs = np.random.RandomState(2)
     X, y = rs.randn(1000, 4).astype(np.float32), rs.randn(1000).astype(np.float32)
@@ -114,6 +114,15 @@ def test_non_finite_input_on_the_gpu():
         yn[0] = np.nan
         with pytest.raises(ValueError, match="Input y contains NaN"):
             est.fit(cp.asarray(X), cp.asarray(yn))
+    # LogisticRegression (L-BFGS) finds them in its first evaluation instead of a separate read of X
+    labels = cp.asarray((y > 0).astype(np.int64))
+    for Xbad, what in ((Xn, "NaN"), (Xi, "infinity")):
+        for multi in (False, True):
+            with pytest.raises(ValueError, match=f"Input X contains {what}"):
+                LogisticRegression().fit(cp.asarray(Xbad), labels + (cp.arange(1000) % 3 == 0) * multi)
+    clf = LogisticRegression().fit(cp.asarray(X), labels)
+    ref = LogisticRegression().fit(X, (y > 0).astype(np.int64))
+    np.testing.assert_allclose(clf.coef_.get(), ref.coef_, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("solver", ["lbfgs", "newton-cg"])

@@ -88,6 +88,7 @@ class Objective:
         self.l2, self.sw_sum = l2, sw_sum
         self.comm, self.xp = comm, xp
         self.n_evals = 0
+        self._kept = None  # (point, result) of an evaluation made ahead of the optimiser (see keep)
         self._stash = None  # (fingerprint of w, local probabilities) for Hessian-vector products
         penalised = np.zeros((self.k, self.d + self.fi), dtype=bool)
         penalised[:, :self.d] = True
@@ -248,9 +249,17 @@ class Objective:
                             "numerical libraries on every rank")
         return packed[:-2]
 
+    def keep(self, w, result):
+        """Have the next :meth:`evaluate` at ``w`` (without the Hessian) return ``result``, made ahead of it."""
+        self._kept = (np.array(w, dtype=np.float64), result)
+
     def evaluate(self, w, hessian=False):
         """Global ``(loss, gradient[, Hessian])`` at ``w``: one packed allreduce, identical on every rank."""
         w = np.asarray(w, dtype=np.float64)
+        if self._kept is not None:
+            kept, self._kept = self._kept, None
+            if not hessian and kept[0].shape == w.shape and np.array_equal(kept[0], w):
+                return kept[1][0], kept[1][1].copy()
         fp = _fingerprint(w)
         packed = self._reduce(self._local(w, hessian, fp), fp)
         npar = self.n_params

@@ -116,7 +116,7 @@ def augmented_gram(X, Y, w=None, kernel=None):
     (n,) or None.  Products are formed and summed in float64 (a float32
     product is exact in float64).  Only the upper triangle is computed; the
     result is symmetrised.  Needs ``k <= GRAM_MAX_COLUMNS``.  ``kernel`` picks one
-    (``"mma3"``, ``"mma"``, ``"cuda"``; default: the fastest this device runs) for
+    (``"mma3"``, ``"mma3s64"``, ``"mma"``, ``"cuda"``; default: the fastest this device runs) for
     comparisons.
     """
     import cupy
@@ -138,17 +138,19 @@ def augmented_gram(X, Y, w=None, kernel=None):
     choice = kernel or ("mma3" if groups is not None else "mma")
     if not _tensor_cores():
         choice = "cuda"
-    if choice == "mma3" and groups is not None:
+    if choice in ("mma3", "mma3s64") and groups is not None:
         # float64 tensor cores, three tile groups: a warp's fragments serve 2.5 DMMAs each (see linear.cu)
         kp = 8 * nt
-        fn = _function(f"mpiml_linear_gram_mma3<{ctype}, {wflag}, {groups[0]}, {groups[1]}, {groups[2]}>")
+        stage = 64 if choice == "mma3s64" else _MMA_STAGE
+        fn = _function(f"mpiml_linear_gram_mma3<{ctype}, {wflag}, {groups[0]}, {groups[1]}, {groups[2]}, {stage}>")
         threads = _MMA3_THREADS
         tm = max(_mma3_tiles(groups))
         # two staging buffers; the same memory then parks the second half's sums
-        smem = max(2 * (_MMA_STAGE * (kp + 4) + _MMA_STAGE), 3 * tm * 64) * 8
-        stage = _MMA_STAGE
+        smem = max(2 * (stage * (kp + 4) + stage), 3 * tm * 64) * 8
+        if smem > 48 << 10:
+            fn.max_dynamic_shared_size_bytes = smem
         args = ()
-    elif choice in ("mma", "mma3"):
+    elif choice in ("mma", "mma3", "mma3s64"):
         # float64 tensor cores (DMMA): tiles of 8 columns, (nt + 1) / 2 warps, all of a block's tiles per warp pair
         kp = 8 * nt
         fn = _function(f"mpiml_linear_gram_mma<{ctype}, {wflag}, {nt}>")

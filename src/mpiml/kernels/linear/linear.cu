@@ -295,6 +295,7 @@ mpiml_linear_gram_mma(const T* __restrict__ X, const long long n, const int d, c
 // order, in shared memory) at the end.  Staged rows are double-buffered: one barrier per stage, the
 // next stage's rows stored by every warp right after its own DMMAs (the global loads in flight
 // meanwhile).  Block b writes the tiles it owns to partial[b * kp * kp ...], as mpiml_linear_gram_mma.
+// STAGE rows per stage (a multiple of 8): 32 by default, 64 to halve the barriers.
 #define MPIML_LINEAR_MMA3_STAGE 32
 #define MPIML_LINEAR_MMA3_THREADS 192
 
@@ -320,13 +321,13 @@ struct mpiml_linear_g3max {
 };
 
 // The k-steps H, H + 2, ... of one staged block of rows for warp group G (all indices constant).
-template <bool W, int S0, int S1, int S2, int G, int TM>
+template <bool W, int S0, int S1, int S2, int G, int TM, int STAGE>
 __device__ __forceinline__ void mpiml_linear_gram3_stage(double (&acc)[TM][2], const double* zs, const double* ws,
                                                          const int ld, const int g, const int tq, const int h) {
     using P = mpiml_linear_g3<S0, S1, S2, G>;
     constexpr int NA = P::SA > 0 ? P::SA : 1, NB = P::SB > 0 ? P::SB : 1;
 #pragma unroll 1
-    for (int k4 = 4 * h; k4 < MPIML_LINEAR_MMA3_STAGE; k4 += 8) {
+    for (int k4 = 4 * h; k4 < STAGE; k4 += 8) {
         const double* zr = zs + (k4 + tq) * ld + g;
         double fa[NA], fb[NB];
 #pragma unroll
@@ -394,7 +395,7 @@ __device__ __forceinline__ void mpiml_linear_gram3_out(double (&acc)[TM][2], dou
         }
 }
 
-template <typename T, bool W, int S0, int S1, int S2>
+template <typename T, bool W, int S0, int S1, int S2, int STAGE = MPIML_LINEAR_MMA3_STAGE>
 __global__ void __launch_bounds__(MPIML_LINEAR_MMA3_THREADS, 2)
 mpiml_linear_gram_mma3(const T* __restrict__ X, const long long n, const int d, const T* __restrict__ Y, const int t,
                        const T* __restrict__ w, const long long rows_per_block, const int kp,
@@ -404,7 +405,6 @@ mpiml_linear_gram_mma3(const T* __restrict__ X, const long long n, const int d, 
     extern __shared__ __align__(16) double zs[];
     constexpr int NT = S0 + S1 + S2;
     constexpr int TM = mpiml_linear_g3max<S0, S1, S2>::M;
-    constexpr int STAGE = MPIML_LINEAR_MMA3_STAGE;
     constexpr int THREADS = MPIML_LINEAR_MMA3_THREADS;
     const int ld = kp + 4;
     const int bufsize = STAGE * ld + STAGE;
@@ -504,9 +504,9 @@ mpiml_linear_gram_mma3(const T* __restrict__ X, const long long n, const int d, 
         const bool more = s + STAGE < r1;
         if (more) prefetch(s + STAGE);              // in flight while the tensor cores work
         const double* zb = zs + cur * bufsize;
-        if (grp == 0) mpiml_linear_gram3_stage<W, S0, S1, S2, 0, TM>(acc, zb, zb + STAGE * ld, ld, g, tq, h);
-        else if (grp == 1) mpiml_linear_gram3_stage<W, S0, S1, S2, 1, TM>(acc, zb, zb + STAGE * ld, ld, g, tq, h);
-        else mpiml_linear_gram3_stage<W, S0, S1, S2, 2, TM>(acc, zb, zb + STAGE * ld, ld, g, tq, h);
+        if (grp == 0) mpiml_linear_gram3_stage<W, S0, S1, S2, 0, TM, STAGE>(acc, zb, zb + STAGE * ld, ld, g, tq, h);
+        else if (grp == 1) mpiml_linear_gram3_stage<W, S0, S1, S2, 1, TM, STAGE>(acc, zb, zb + STAGE * ld, ld, g, tq, h);
+        else mpiml_linear_gram3_stage<W, S0, S1, S2, 2, TM, STAGE>(acc, zb, zb + STAGE * ld, ld, g, tq, h);
         if (more) store(zs + (cur ^ 1) * bufsize, s + STAGE);   // the other buffer: read by no one now
         __syncthreads();
         cur ^= 1;
