@@ -71,7 +71,7 @@ def main():
             calls = [("logistic_pass", call)]
         else:
             calls = [(f"augmented_gram[{kern}]", lambda kern=kern: augmented_gram(X, yk.reshape(-1, 1), kernel=kern))
-                     for kern in ("mma3", "mma3s64", "mma")]
+                     for kern in ("mma3", "mma3s64", "mma3g", "mma")]
         e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
         for name, call in calls:
             for _ in range(3):

@@ -164,6 +164,8 @@ def specs(arch, model=None):
                     + [f"mpiml_linear_gram_mma<{ct}, {w}, {m}>" for w in ("false", "true") for m in range(1, 17)]
                     + [f"mpiml_linear_gram_mma3<{ct}, {w}, {', '.join(map(str, g))}, {st}>" for w in ("false", "true")
                        for g in _linear_mma3_groups() for st in (32, 64)]
+                    + [f"mpiml_linear_gram_mma3g<{ct}, {w}, {', '.join(map(str, g))}, {4 if ct == 'float' else 2}>"
+                       for w in ("false", "true") for g in _linear_mma3_groups()]
                     + [f"mpiml_linear_logistic<{ct}, {m}, {c}>" for m in (0, 1) for c in (1, 2, 4, 8)]
                     + ["mpiml_linear_sum_blocks", "mpiml_linear_sum_sym", "mpiml_linear_sum_pack"]))
     out += _select_programs()

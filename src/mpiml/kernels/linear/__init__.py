@@ -116,7 +116,7 @@ def augmented_gram(X, Y, w=None, kernel=None):
     (n,) or None.  Products are formed and summed in float64 (a float32
     product is exact in float64).  Only the upper triangle is computed; the
     result is symmetrised.  Needs ``k <= GRAM_MAX_COLUMNS``.  ``kernel`` picks one
-    (``"mma3"``, ``"mma3s64"``, ``"mma"``, ``"cuda"``; default: the fastest this device runs) for
+    (``"mma3"``, ``"mma3s64"``, ``"mma3g"``, ``"mma"``, ``"cuda"``; default: the fastest this device runs) for
     comparisons.
     """
     import cupy
@@ -150,7 +150,16 @@ def augmented_gram(X, Y, w=None, kernel=None):
         if smem > 48 << 10:
             fn.max_dynamic_shared_size_bytes = smem
         args = ()
-    elif choice in ("mma", "mma3", "mma3s64"):
+    elif choice == "mma3g" and groups is not None:
+        # the same tiles, fragments read from global memory (no staging, no barrier); KA k-steps in flight
+        kp = 8 * nt
+        ka = 4 if ctype == "float" else 2
+        fn = _function(f"mpiml_linear_gram_mma3g<{ctype}, {wflag}, {groups[0]}, {groups[1]}, {groups[2]}, {ka}>")
+        threads = _MMA3_THREADS
+        smem = 3 * max(_mma3_tiles(groups)) * 64 * 8
+        stage = 8
+        args = ()
+    elif choice in ("mma", "mma3", "mma3s64", "mma3g"):
         # float64 tensor cores (DMMA): tiles of 8 columns, (nt + 1) / 2 warps, all of a block's tiles per warp pair
         kp = 8 * nt
         fn = _function(f"mpiml_linear_gram_mma<{ctype}, {wflag}, {nt}>")

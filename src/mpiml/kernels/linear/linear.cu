@@ -522,6 +522,102 @@ mpiml_linear_gram_mma3(const T* __restrict__ X, const long long n, const int d, 
 #endif
 }
 
+// mpiml_linear_gram_mma3g<T, W, S0, S1, S2, KA>: mpiml_linear_gram_mma3's tiles with the fragments read
+// straight from global memory (no staging in shared memory, no barrier in the loop).  Lane (g, tq) of a
+// k-step of 4 rows holds Z(row tq, 8 I + g) for each tile row I of its two groups: X's values (8 lanes read
+// 32 contiguous bytes), then Y, the ones column and the zero padding.  Each warp keeps KA k-steps of raw
+// values in flight (a ring in registers, refilled as it is consumed).  A group's warps take alternate
+// k-steps of the block's rows; each of X's columns is read by two of the three groups (the second read
+// mostly from L1).  The halves' sums are added as in mpiml_linear_gram_mma3.
+template <typename T, bool W, int S0, int S1, int S2, int G, int KA, int TM>
+__device__ __forceinline__ void mpiml_linear_gram3g_run(double (&acc)[TM][2], const T* __restrict__ X,
+                                                        const long long r0, const long long r1, const int d,
+                                                        const T* __restrict__ Y, const int t,
+                                                        const T* __restrict__ w, const int g, const int tq,
+                                                        const int h) {
+    using P = mpiml_linear_g3<S0, S1, S2, G>;
+    constexpr int NA = P::SA > 0 ? P::SA : 1, NB = P::SB > 0 ? P::SB : 1;
+    T ra[KA][NA], rb[KA][NB], rw[KA];
+    const long long nk = (r1 - r0 + 3) / 4;          // k-steps of the block; this warp takes h, h + 2, ...
+    auto value = [&](const long long row, const int col) -> T {
+        if (row >= r1) return (T)0;
+        if (col < d) return X[row * d + col];
+        if (col < d + t) return Y[row * t + (col - d)];
+        return col == d + t ? (T)1 : (T)0;
+    };
+    auto load = [&](const int u, const long long j) {  // k-step j into slot u of the ring
+        const long long row = r0 + 4 * j + tq;
+#pragma unroll
+        for (int i = 0; i < P::SA; ++i) ra[u][i] = value(row, 8 * (P::A0 + i) + g);
+#pragma unroll
+        for (int i = 0; i < P::SB; ++i) rb[u][i] = value(row, 8 * (P::B0 + i) + g);
+        if (W) rw[u] = row < r1 ? w[row] : (T)0;
+    };
+#pragma unroll
+    for (int u = 0; u < KA; ++u) load(u, h + 2LL * u);
+    for (long long j0 = h; j0 < nk; j0 += 2LL * KA) {
+#pragma unroll
+        for (int u = 0; u < KA; ++u) {
+            double fa[NA], fb[NB], wa[NA], wb[NB];
+            const double wr = W ? (double)rw[u] : 1.0;
+#pragma unroll
+            for (int i = 0; i < P::SA; ++i) {
+                fa[i] = (double)ra[u][i];
+                wa[i] = W ? fa[i] * wr : fa[i];
+            }
+#pragma unroll
+            for (int i = 0; i < P::SB; ++i) {
+                fb[i] = (double)rb[u][i];
+                wb[i] = (W && !P::DA) ? fb[i] * wr : fb[i];
+            }
+            load(u, j0 + 2LL * (u + KA));             // the ring slot is free: refill it KA k-steps ahead
+            int idx = 0;
+#pragma unroll
+            for (int i = 0; i < P::SA; ++i)
+#pragma unroll
+                for (int j = 0; j < P::SB; ++j) mpiml_linear_dmma(acc[idx++], wa[i], fb[j]);
+#pragma unroll
+            for (int i = 0; i < P::SD; ++i)
+#pragma unroll
+                for (int j = i; j < P::SD; ++j) {
+                    if constexpr (P::DA) mpiml_linear_dmma(acc[idx++], wa[i], fa[j]);
+                    else mpiml_linear_dmma(acc[idx++], wb[i], fb[j]);
+                }
+        }
+    }
+}
+
+template <typename T, bool W, int S0, int S1, int S2, int KA>
+__global__ void __launch_bounds__(MPIML_LINEAR_MMA3_THREADS, 2)
+mpiml_linear_gram_mma3g(const T* __restrict__ X, const long long n, const int d, const T* __restrict__ Y, const int t,
+                        const T* __restrict__ w, const long long rows_per_block, const int kp,
+                        double* __restrict__ partial) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) double zs[];    // parks the second half's sums at the end
+    constexpr int TM = mpiml_linear_g3max<S0, S1, S2>::M;
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int grp = warp % 3, h = warp / 3;
+    const int g = lane >> 2, tq = lane & 3;
+    double acc[TM][2];
+#pragma unroll
+    for (int j = 0; j < TM; ++j) acc[j][0] = acc[j][1] = 0.0;
+    const long long r0 = (long long)blockIdx.x * rows_per_block;
+    const long long r1 = min(n, r0 + rows_per_block);
+    if (grp == 0) mpiml_linear_gram3g_run<T, W, S0, S1, S2, 0, KA, TM>(acc, X, r0, r1, d, Y, t, w, g, tq, h);
+    else if (grp == 1) mpiml_linear_gram3g_run<T, W, S0, S1, S2, 1, KA, TM>(acc, X, r0, r1, d, Y, t, w, g, tq, h);
+    else mpiml_linear_gram3g_run<T, W, S0, S1, S2, 2, KA, TM>(acc, X, r0, r1, d, Y, t, w, g, tq, h);
+    double* out = partial + (long long)blockIdx.x * kp * kp;
+    for (int pass = 0; pass < 2; ++pass) {
+        if (grp == 0) mpiml_linear_gram3_out<S0, S1, S2, 0, TM>(acc, zs, out, kp, lane, g, tq, h, pass == 1);
+        else if (grp == 1) mpiml_linear_gram3_out<S0, S1, S2, 1, TM>(acc, zs, out, kp, lane, g, tq, h, pass == 1);
+        else mpiml_linear_gram3_out<S0, S1, S2, 2, TM>(acc, zs, out, kp, lane, g, tq, h, pass == 1);
+        __syncthreads();
+    }
+#endif
+}
+
 __device__ __forceinline__ double mpiml_linear_warp_sum(double v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
