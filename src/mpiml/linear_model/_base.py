@@ -21,7 +21,8 @@ from ..utils._supervised import (  # noqa: F401 (re-exported: the linear models 
 )
 from ..utils._validation import validate_data
 
-__all__ = ["allreduce_identical", "allreduce_identical_device", "validate_X_y", "local_X", "chunk_rows", "global_classes", "as_like",
+__all__ = ["allreduce_identical", "allreduce_identical_device", "validate_X_y",
+           "local_X", "chunk_rows", "global_classes", "as_like",
            "SPARSE_DENSE_REQUIRED", "raise_if_nonfinite"]
 
 #: Bytes of one float64 row chunk converted at a time (bounds the temporary memory).

@@ -39,8 +39,8 @@ def _function(expr):
         # shipped, cached or compiled once (:mod:`mpiml.kernels._loader`), with the partials' sum every pass ends with
         from .._loader import load_module
 
-        fn = load_module(("linear/linear.cu",), [expr],
-                         also=("mpiml_linear_sum_blocks", "mpiml_linear_sum_sym", "mpiml_linear_sum_pack")).get_function(expr)
+        sums = ("mpiml_linear_sum_blocks", "mpiml_linear_sum_sym", "mpiml_linear_sum_pack")
+        fn = load_module(("linear/linear.cu",), [expr], also=sums).get_function(expr)
         try:   # all of the SM's on-chip memory as shared memory: the one-pass kernels stage rows, they reuse no L1
             fn.preferred_shared_memory_carveout = 100
         except Exception:   # an older CuPy without the attribute: the driver's default split

@@ -504,9 +504,10 @@ mpiml_linear_gram_mma3(const T* __restrict__ X, const long long n, const int d, 
         const bool more = s + STAGE < r1;
         if (more) prefetch(s + STAGE);              // in flight while the tensor cores work
         const double* zb = zs + cur * bufsize;
-        if (grp == 0) mpiml_linear_gram3_stage<W, S0, S1, S2, 0, TM, STAGE>(acc, zb, zb + STAGE * ld, ld, g, tq, h);
-        else if (grp == 1) mpiml_linear_gram3_stage<W, S0, S1, S2, 1, TM, STAGE>(acc, zb, zb + STAGE * ld, ld, g, tq, h);
-        else mpiml_linear_gram3_stage<W, S0, S1, S2, 2, TM, STAGE>(acc, zb, zb + STAGE * ld, ld, g, tq, h);
+        const double* wb = zb + STAGE * ld;
+        if (grp == 0) mpiml_linear_gram3_stage<W, S0, S1, S2, 0, TM, STAGE>(acc, zb, wb, ld, g, tq, h);
+        else if (grp == 1) mpiml_linear_gram3_stage<W, S0, S1, S2, 1, TM, STAGE>(acc, zb, wb, ld, g, tq, h);
+        else mpiml_linear_gram3_stage<W, S0, S1, S2, 2, TM, STAGE>(acc, zb, wb, ld, g, tq, h);
         if (more) store(zs + (cur ^ 1) * bufsize, s + STAGE);   // the other buffer: read by no one now
         __syncthreads();
         cur ^= 1;
