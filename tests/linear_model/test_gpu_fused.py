@@ -165,3 +165,19 @@ def test_fused_binary_logistic_matches_the_host(solver, dtype):
     assert np.abs(grads[0]).max() <= 2e-8, f"fused fit off the optimum: max|grad| = {np.abs(grads[0]).max():.3g}"
     bound = (np.linalg.norm(grads[0]) + np.linalg.norm(grads[1])) / mu
     assert np.linalg.norm(flat[0] - flat[1]) <= 1.01 * bound + 1e-7, (np.linalg.norm(flat[0] - flat[1]), bound)
+
+
+def test_label_checks_on_the_gpu():
+    """The label type of a device y comes from its distinct values without sorting it (binary: min, max, a count)."""
+    import cupy as cp
+
+    from mpiml.linear_model import LogisticRegression
+
+    rs = np.random.RandomState(5)
+    X = cp.asarray(rs.randn(300, 3))
+    with pytest.raises(ValueError, match="Unknown label type: continuous"):
+        LogisticRegression().fit(X, cp.asarray(rs.randn(300)))
+    with pytest.raises(ValueError, match="Unknown label type: continuous"):
+        LogisticRegression().fit(X, cp.asarray(np.where(rs.rand(300) < 0.5, 0.5, 1.5)))   # two values, not integral
+    clf = LogisticRegression().fit(X, cp.asarray(np.where(rs.rand(300) < 0.5, 3.0, 7.0)))   # two integral floats
+    np.testing.assert_array_equal(clf.classes_, [3.0, 7.0])
