@@ -55,10 +55,12 @@ def main():
         cupy.cuda.Device().synchronize()
         comm.barrier()
         t0 = time.perf_counter()
-        fit()
+        est = fit()
         cupy.cuda.Device().synchronize()
         times.append(time.perf_counter() - t0)
-    say(f"{a.algo} {int(a.rows)} x {a.features} on {comm.size} rank(s): fits {['%.4f' % t for t in times]} s, best {min(times):.4f} s")
+    say(f"{a.algo} {int(a.rows)} x {a.features} on {comm.size} rank(s): fits {['%.4f' % t for t in times]} s, "
+        f"best {min(times):.4f} s; solver {getattr(est, 'solver_', '')} evaluations "
+        f"{getattr(est, '_n_fun_evals', '')} iterations {getattr(est, 'n_iter_', '')}")
     if a.kernels and a.algo in ("linreg", "ridge", "logreg"):
         from mpiml.kernels.linear import augmented_gram, logistic_pass
 
