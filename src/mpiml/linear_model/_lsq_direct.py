@@ -31,6 +31,8 @@ about ``√κ ε₆₄``).  Every rank holds the same reduced matrix, so every r
 makes the same choice.
 """
 
+import contextlib
+
 import numpy as np
 import scipy.linalg
 
@@ -184,6 +186,20 @@ class NormalEquations:
         return not np.isfinite(kappa) or self.error_estimate(kappa) > NORMAL_RTOL_FLOOR
 
 
+#: Up to this many features the replicated ``d x d`` algebra runs on one BLAS thread: waking the rank's
+#: pool for a 64 x 64 factorisation costs more than the factorisation.
+SMALL_ALGEBRA_FEATURES = 256
+
+
+def _small_algebra(d):
+    """One BLAS thread for the small replicated solves (see :data:`SMALL_ALGEBRA_FEATURES`)."""
+    if d > SMALL_ALGEBRA_FEATURES:
+        return contextlib.nullcontext()
+    from ..utils._threads import one_blas_thread
+
+    return one_blas_thread()
+
+
 def dense_direct_applies(X, positive):
     """Whether the one-pass direct path applies: a dense shard (host or device) and no sign constraint."""
     return not positive and not is_sparse(X) and (isinstance(X, np.ndarray) or is_device_array(X))
@@ -228,17 +244,20 @@ def solve_direct(X, y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve
             x_mean = y_mean = sw_sum = None
     else:
         x_mean, y_mean, sw_sum = ne.x_mean, ne.y_mean, ne.sw_sum
-        if solver == "auto":
-            route, info["condition"] = ne.choose(X.dtype, alpha, fit_intercept)
-        else:
-            route = "centred" if fit_intercept and ne.needs_centred_pass(alpha) else "normal"
+        with _small_algebra(d):
+            if solver == "auto":
+                route, info["condition"] = ne.choose(X.dtype, alpha, fit_intercept)
+            else:
+                route = "centred" if fit_intercept and ne.needs_centred_pass(alpha) else "normal"
     info["route"] = route
     if route == "tsqr":
         R = tsqr_r(X, Y, sw, x_mean, y_mean, comm=comm, xp=xp)
-        coef, extra = solve_r(R[:d, :d], R[:d, d:])
+        with _small_algebra(d):
+            coef, extra = solve_r(R[:d, :d], R[:d, d:])
     else:
         G, B = (ne.G, ne.B) if route == "normal" else gram(X, Y, sw, x_mean, y_mean, sw_sum, comm=comm, xp=xp)
-        coef, extra = solve_gram(G, B)
+        with _small_algebra(d):
+            coef, extra = solve_gram(G, B)
     coef = coef.T
     intercept = y_mean - coef @ x_mean if fit_intercept else np.zeros(t)
     return coef, intercept, extra, ("tsqr" if route == "tsqr" else "normal"), info
