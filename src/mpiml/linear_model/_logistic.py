@@ -18,7 +18,8 @@ from ..base import SPMDEstimator
 from ..utils._param_validation import Hidden, Interval, StrOptions
 from ..utils._linalg import is_sparse
 from ..utils._validation import agree_on_error, validate_sample_weight
-from ._base import allreduce_identical, as_like, global_classes, local_X, raise_if_nonfinite, validate_X_y
+from ._base import (allreduce_identical, allreduce_identical_device, as_like, global_classes, local_X,
+                    raise_if_nonfinite, validate_X_y)
 from ._logistic_loss import (Objective, centre_multinomial, expit, lbfgs, newton_cg, newton_cholesky,
                              softmax_stats)
 from ._liblinear import DUAL_GATHER_BYTES, dual_coordinate_descent, tolerance_scale, tron, warn_if_not_converged
@@ -366,14 +367,18 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
         """Per-row weights (sample × class weight) and their global sum (one allreduce)."""
         k = len(classes)
         counts = np.zeros(k)
-        if y_idx.shape[0] and xp is not np and k <= 8:
+        if xp is not np and k <= 8:
             # a few classes on a GPU: one masked sum per class (a weighted bincount into k bins is k
-            # float64 atomics hammered by every row: ~10 ms at 4e7 rows and two classes)
+            # float64 atomics hammered by every row: ~10 ms at 4e7 rows and two classes), summed over the
+            # ranks on the device (every rank takes this path: the namespace and the classes are agreed)
             sw64 = sw.astype(xp.float64, copy=False)
-            counts = np.array([float(xp.where(y_idx == c, sw64, 0.0).sum()) for c in range(k)])
-        elif y_idx.shape[0]:
-            counts = as_like(xp.bincount(y_idx, weights=sw.astype(xp.float64), minlength=k), np)
-        counts = allreduce_identical(comm, counts)
+            parts = ([xp.where(y_idx == c, sw64, 0.0).sum() for c in range(k)] if y_idx.shape[0]
+                     else [xp.zeros((), dtype=xp.float64)] * k)
+            counts = allreduce_identical_device(comm, xp.stack(parts))
+        else:
+            if y_idx.shape[0]:
+                counts = as_like(xp.bincount(y_idx, weights=sw.astype(xp.float64), minlength=k), np)
+            counts = allreduce_identical(comm, counts)
         if self.class_weight is None:
             cw = np.ones(k)
         elif isinstance(self.class_weight, str):  # "balanced", from the global weighted counts
