@@ -30,6 +30,7 @@ def main():
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--kernels", action="store_true")
     p.add_argument("--trace", action="store_true")
+    p.add_argument("--no-cprofile", action="store_true", help="skip the cProfile of one more fit")
     a = p.parse_args()
     import cupy
 
@@ -83,7 +84,9 @@ def main():
                 e1.synchronize()
                 say(f"  {name}: {cupy.cuda.get_elapsed_time(e0, e1):.3f} ms")
     if a.trace:
-        _trace(fit, comm, say)
+        _trace(fit, comm, say, a.top)
+    if a.no_cprofile:
+        return
     comm.barrier()
     pr = cProfile.Profile()
     pr.enable()
@@ -102,7 +105,7 @@ _TRACED = ("mpiml.linear_model._least_squares", "mpiml.linear_model._lsq_direct"
            "mpiml.utils._supervised", "mpiml.utils._validation", "mpiml.utils._linalg", "mpiml.kernels.linear")
 
 
-def _trace(fit, comm, say):
+def _trace(fit, comm, say, top=40):
     """One fit with the functions of :data:`_TRACED` timed (device synchronised around each call)."""
     import functools
     import importlib
@@ -167,7 +170,7 @@ def _trace(fit, comm, say):
     rows = sorted(stats.items(), key=lambda kv: -kv[1][1])
     lines = [f"rank {comm.rank}: traced fit {total * 1e3:.2f} ms (device synchronised around every call below)",
              f"  {'inclusive ms':>12} {'calls':>6} {'depth':>5}  function"]
-    lines += [f"  {rec[1] * 1e3:12.3f} {rec[0]:6d} {rec[2]:5d}  {name}" for name, rec in rows[:40]]
+    lines += [f"  {rec[1] * 1e3:12.3f} {rec[0]:6d} {rec[2]:5d}  {name}" for name, rec in rows[:top]]
     texts = comm.allgather_obj("\n".join(lines))
     for text in (texts if comm.size <= 2 else (texts[0], texts[-1])):
         say(text)
