@@ -8,7 +8,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n,d,t", [(0, 3, 1), (1, 1, 1), (31, 5, 1), (33, 8, 2), (10007, 64, 1), (4099, 120, 2),
-                                   (70001, 64, 1), (2000, 20, 1), (3001, 44, 3), (5000, 70, 1)])
+                                   (70001, 64, 1), (2000, 20, 1), (3001, 44, 3), (5000, 70, 1), (3001, 47, 0)])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("tensor_cores,kernel", [(True, None), (True, "mma3s64"), (True, "mma3g"), (True, "mma"),
                                                  (False, None)])
