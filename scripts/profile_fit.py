@@ -63,7 +63,12 @@ def main():
         f"best {min(times):.4f} s; solver {getattr(est, 'solver_', '')} evaluations "
         f"{getattr(est, '_n_fun_evals', '')} iterations {getattr(est, 'n_iter_', '')}")
     if a.kernels and a.algo in ("linreg", "ridge", "logreg"):
+        from mpiml.kernels import linear as kernels
         from mpiml.kernels.linear import augmented_gram, logistic_pass
+
+        for key, times in kernels._PICK_TIMES.items():
+            say(f"  Gram kernel picked for {key}: {kernels._PICKS[key]} (calibration, ms on its first rows: "
+                f"{ {k: round(v, 3) for k, v in times.items()} })")
 
         yk = y.astype(X.dtype, copy=False)    # the kernels read y in X's dtype (logreg: the 0/1 labels)
         if a.algo == "logreg":

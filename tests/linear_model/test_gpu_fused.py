@@ -10,8 +10,8 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("n,d,t", [(0, 3, 1), (1, 1, 1), (31, 5, 1), (33, 8, 2), (10007, 64, 1), (4099, 120, 2),
                                    (70001, 64, 1), (2000, 20, 1), (3001, 44, 3), (5000, 70, 1), (3001, 47, 0)])
 @pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("tensor_cores,kernel", [(True, None), (True, "mma3s64"), (True, "mma3g"), (True, "mma"),
-                                                 (False, None)])
+@pytest.mark.parametrize("tensor_cores,kernel", [(True, None), (True, "mma3"), (True, "mma3s64"), (True, "mma3g"),
+                                                 (True, "mma"), (False, None)])
 def test_augmented_gram_kernel(dtype, n, d, t, weighted, tensor_cores, kernel, monkeypatch):
     import cupy as cp
 
@@ -33,6 +33,35 @@ def test_augmented_gram_kernel(dtype, n, d, t, weighted, tensor_cores, kernel, m
     ref = (Z * (1.0 if w is None else w.astype(np.float64)[:, None])).T @ Z
     np.testing.assert_allclose(G, ref, rtol=1e-12, atol=1e-9)
     np.testing.assert_array_equal(G, G.T)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gram_kernel_picked_by_timing(weighted, monkeypatch):
+    """A shard of 2^20 rows or more times the tensor-core kernels once per class and keeps the fastest."""
+    import cupy as cp
+
+    from mpiml.kernels import linear
+
+    if not linear._tensor_cores():
+        pytest.skip("no float64 tensor cores on this GPU")
+    monkeypatch.setattr(linear, "_PICKS", {})
+    monkeypatch.setattr(linear, "_PICK_TIMES", {})
+    monkeypatch.delenv("MPIML_LINEAR_GRAM", raising=False)
+    rs = np.random.RandomState(7)
+    n = linear._CALIBRATE_ROWS + 5
+    X = rs.randn(n, 16).astype(np.float32)
+    Y = rs.randn(n, 1).astype(np.float32)
+    w = rs.uniform(0.5, 2.0, n).astype(np.float32) if weighted else None
+    args = (cp.asarray(X), cp.asarray(Y), None if w is None else cp.asarray(w))
+    G = linear.augmented_gram(*args).get()
+    (key, pick), = linear._PICKS.items()
+    assert pick in ("mma", "mma3", "mma3s64", "mma3g") and set(linear._PICK_TIMES[key]) >= {"mma", "mma3"}
+    np.testing.assert_array_equal(linear.augmented_gram(*args, kernel=pick).get(), G)
+    Z = np.c_[X.astype(np.float64), Y.astype(np.float64), np.ones(n)]
+    ref = (Z * (1.0 if w is None else w.astype(np.float64)[:, None])).T @ Z
+    np.testing.assert_allclose(G, ref, rtol=1e-11, atol=1e-6)
+    monkeypatch.setenv("MPIML_LINEAR_GRAM", "mma3g")
+    assert linear._pick_gram(args[0], args[1], args[2], 3) == "mma3g"
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -9,9 +9,11 @@ load through :mod:`mpiml.kernels._loader` (shipped, cached or compiled once) on
 first use and are memoised per device.
 """
 
+import os
+
 import numpy as np
 
-__all__ = ["augmented_gram", "logistic_pass", "GRAM_MAX_COLUMNS", "LOGISTIC_MAX_FEATURES"]
+__all__ = ["augmented_gram", "logistic_pass", "GRAM_MAX_COLUMNS", "LOGISTIC_MAX_FEATURES", "GRAM_KERNELS"]
 
 #: Largest ``k = d + t + 1`` of the Gram kernel: its ``(k / 4)(k / 4 + 1) / 2`` register tiles fit one
 #: block of at most 512 threads.  Wider problems are compute-bound and go to cuBLAS on float64 chunks.
@@ -23,6 +25,13 @@ _STAGE = 32
 _MMA_STAGE = 32                 # MPIML_LINEAR_MMA_STAGE (and _MMA3_STAGE) in linear.cu
 _MMA3_THREADS = 192             # MPIML_LINEAR_MMA3_THREADS in linear.cu
 _MMA3_MAX_TILES = 16
+#: The Gram kernels by name: three-group tensor-core kernels (staged 32 or 64 rows, or fed from global
+#: memory), the two-row tensor-core kernel, the CUDA-core kernel of GPUs without float64 tensor cores.
+GRAM_KERNELS = ("mma3", "mma3s64", "mma3g", "mma", "cuda")
+_CALIBRATE_ROWS = 1 << 20
+_MARGIN = 0.03
+_PICKS = {}         # (device, dtype, weighted, tile count) -> the kernel picked
+_PICK_TIMES = {}    # the same key -> {kernel: ms} of the calibration
 _LOGISTIC_THREADS = 256
 _TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
@@ -115,9 +124,12 @@ def augmented_gram(X, Y, w=None, kernel=None):
     ``X`` (n, d) and ``Y`` (n, t) share a dtype (float32 or float64); ``w``
     (n,) or None.  Products are formed and summed in float64 (a float32
     product is exact in float64).  Only the upper triangle is computed; the
-    result is symmetrised.  Needs ``k <= GRAM_MAX_COLUMNS``.  ``kernel`` picks one
-    (``"mma3"``, ``"mma3s64"``, ``"mma3g"``, ``"mma"``, ``"cuda"``; default: the fastest this device runs) for
-    comparisons.
+    result is symmetrised.  Needs ``k <= GRAM_MAX_COLUMNS``.
+
+    ``kernel`` names one of :data:`GRAM_KERNELS` (comparisons, tests);
+    by default GPUs without float64 tensor cores take ``"cuda"``, and
+    the others the tensor-core kernel :func:`_pick_gram` measured fastest
+    for this dtype and width.  Every kernel is deterministic.
     """
     import cupy
 
@@ -131,13 +143,74 @@ def augmented_gram(X, Y, w=None, kernel=None):
     weighted = w is not None
     if weighted:
         w = cupy.ascontiguousarray(w.astype(X.dtype, copy=False))
+    nt = (k + 7) // 8
+    if kernel is None:
+        if not _tensor_cores():
+            kernel = "cuda"
+        elif _mma3_groups(nt) is None:
+            kernel = "mma"
+        else:
+            kernel = _pick_gram(X, Y, w, nt)
+    return _launch_gram(X, Y, w, kernel)
+
+
+def _pick_gram(X, Y, w, nt):
+    """The tensor-core Gram kernel to use for this device, dtype, weighting and tile count.
+
+    The kernels differ in how they feed the tensor cores (see ``linear.cu``), and which is fastest
+    depends on the GPU; so the first shard of at least :data:`_CALIBRATE_ROWS` rows of each class
+    times them once, on its first rows, and the fastest is kept for the process (``"mma"``, the one
+    measured longest, unless another is more than :data:`_MARGIN` faster).  Smaller shards before
+    that take ``"mma"``.  ``MPIML_LINEAR_GRAM`` names one instead.
+    """
+    import cupy
+
+    forced = os.environ.get("MPIML_LINEAR_GRAM", "")
+    if forced in GRAM_KERNELS:
+        return forced
+    key = (cupy.cuda.runtime.getDevice(), np.dtype(X.dtype).str, w is not None, nt)
+    pick = _PICKS.get(key)
+    if pick is not None:
+        return pick
+    if X.shape[0] < _CALIBRATE_ROWS:
+        return "mma"
+    rows = min(X.shape[0], 2 * _CALIBRATE_ROWS)
+    Xs, Ys, ws = X[:rows], Y[:rows], (None if w is None else w[:rows])
+    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+    times = {}
+    for name in ("mma", "mma3", "mma3s64", "mma3g"):
+        try:
+            _launch_gram(Xs, Ys, ws, name)          # loads the kernel
+            best = float("inf")
+            for _ in range(2):
+                e0.record()
+                _launch_gram(Xs, Ys, ws, name)
+                e1.record()
+                e1.synchronize()
+                best = min(best, cupy.cuda.get_elapsed_time(e0, e1))
+            times[name] = best
+        except Exception:     # noqa: BLE001 - a kernel this device cannot launch: not a candidate
+            continue
+    pick = min(times, key=times.get) if times else "mma"
+    if "mma" in times and times[pick] > (1.0 - _MARGIN) * times["mma"]:
+        pick = "mma"
+    _PICKS[key] = pick
+    _PICK_TIMES[key] = times
+    return pick
+
+
+def _launch_gram(X, Y, w, choice):
+    """``augmented_gram`` by the kernel ``choice`` (validated arrays)."""
+    import cupy
+
+    n, d = X.shape
+    t = Y.shape[1]
+    k = d + t + 1
+    weighted = w is not None
     ctype = _TYPES[np.dtype(X.dtype)]
     wflag = "true" if weighted else "false"
     nt = (k + 7) // 8
     groups = _mma3_groups(nt)
-    choice = kernel or ("mma3" if groups is not None else "mma")
-    if not _tensor_cores():
-        choice = "cuda"
     if choice in ("mma3", "mma3s64") and groups is not None:
         # float64 tensor cores, three tile groups: a warp's fragments serve 2.5 DMMAs each (see linear.cu)
         kp = 8 * nt
