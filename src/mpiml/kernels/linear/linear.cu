@@ -1,4 +1,6 @@
 // One-pass reductions of the linear models (mpiml.linear_model): each kernel reads X once.
+// Longer than 800 lines because the Gram kernel's variants (mpiml.kernels.linear times them per device and
+// keeps the fastest) share their tile-group helpers and ship as one program per element type.
 //
 // mpiml_linear_gram<T, W>: partial augmented Gram matrices.  Row i of the virtual matrix Z is
 // [x_i (d values), y_i (t values), 1], padded with zeros to kp = 4 * nt columns; the kernel sums
