@@ -32,6 +32,13 @@ def rel(a, b):
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
 
 
+def same_bits(est, what):
+    """Every rank holds the same bits of coef_ and intercept_."""
+    mine = (np.asarray(est.coef_.get() if isinstance(est.coef_, cp.ndarray) else est.coef_).tobytes(),
+            np.asarray(est.intercept_.get() if isinstance(est.intercept_, cp.ndarray) else est.intercept_).tobytes())
+    check(len(set(comm.allgather_obj(mine))) == 1, f"{what}: the same bits on every rank")
+
+
 def main():
     X, Y = make_regression(n_samples=5000, n_features=20, n_targets=2, noise=1.0, random_state=0)
     X += 3.0
@@ -69,9 +76,37 @@ def main():
     except ValueError as exc:
         check("NaN" in str(exc), f"NaN message: {exc}")
     Xb, yb2 = make_classification(n_samples=20000, n_features=30, random_state=3)
+    Xbn = shard(Xb).copy()
+    if rank == size - 1:
+        Xbn[1, 2] = np.inf
+    try:   # L-BFGS finds it in its first evaluation: the same error on every rank
+        LogisticRegression().fit(cp.asarray(Xbn), cp.asarray(shard(yb2)))
+        check(False, "infinity on the last rank was not found (LogisticRegression)")
+    except ValueError as exc:
+        check("infinity" in str(exc) and (size == 1 or f"[{size - 1}]" in str(exc)), f"infinity message: {exc}")
     g = LogisticRegression(tol=1e-8).fit(cp.asarray(shard(Xb)), cp.asarray(shard(yb2)))
     s = sk.LogisticRegression(tol=1e-8).fit(Xb, yb2)
     check(rel(g.coef_, s.coef_) < 1e-5, f"fused binary logistic: rel {rel(g.coef_, s.coef_):.1e}")
+    same_bits(g, "fused binary logistic")
+    g = LinearRegression().fit(cp.asarray(shard(Xa)), cp.asarray(shard(ya)))
+    same_bits(g, "float32 auto (device Gram allreduce)")
+    g = Ridge(alpha=3.0).fit(cp.asarray(shard(Xa)), cp.asarray(shard(ya)))
+    ref = sk.Ridge(alpha=3.0).fit(Xa.astype(np.float64), ya)
+    check(rel(g.coef_, ref.coef_) < 1e-5, "float32 Ridge auto on the GPU")
+    same_bits(g, "float32 Ridge auto")
+
+    # the last rank without rows: its parts of the device reductions are zeros made on the host side
+    if size > 1:
+        def rows_but_last(a):
+            b = np.linspace(0, a.shape[0], size).astype(int)
+            return a[b[rank]:b[rank + 1]] if rank < size - 1 else a[:0]
+        g = LogisticRegression(tol=1e-8).fit(cp.asarray(rows_but_last(Xb)), cp.asarray(rows_but_last(yb2)))
+        check(rel(g.coef_, s.coef_) < 1e-5, f"fused binary logistic, an empty rank: rel {rel(g.coef_, s.coef_):.1e}")
+        same_bits(g, "fused binary logistic, an empty rank")
+        g = LinearRegression().fit(cp.asarray(rows_but_last(Xa)), cp.asarray(rows_but_last(ya)))
+        h = sk.LinearRegression().fit(Xa.astype(np.float64), ya)
+        check(rel(g.coef_, h.coef_) < 1e-4, f"float32 auto, an empty rank: rel {rel(g.coef_, h.coef_):.1e}")
+        same_bits(g, "float32 auto, an empty rank")
 
     X, y = make_classification(n_samples=6000, n_features=12, n_informative=6, n_classes=3, random_state=0)
     Xd, yd = cp.asarray(shard(X)), cp.asarray(shard(y))

@@ -135,3 +135,41 @@ def test_deferred_finite_check_raises_the_usual_messages():
     yi[0] = np.inf
     with pytest.raises(ValueError, match="Input y contains infinity or a value too large for dtype"):
         raise_if_nonfinite(Ridge(), X, yi, comm=comm, xp=np)
+
+
+def test_early_gram_is_used_only_for_the_arrays_it_read():
+    """The Gram launched before validation serves the fit only when validation kept the very arrays."""
+    from mpiml.linear_model._lsq_direct import EarlyGram, early_local_gram
+
+    rs = np.random.RandomState(3)
+    X, y = rs.randn(50, 3), rs.randn(50)
+    assert early_local_gram(X, y, None) is None          # host arrays: nothing launched early
+    marker = object()
+    early = EarlyGram(X, y, marker)
+    assert early.take(X, y, None) is marker
+    assert early.take(X.copy(), y, None) is None          # validation converted X
+    assert early.take(X, y.copy(), None) is None
+    assert early.take(X, y, np.ones(50)) is None         # weights: a different matrix
+
+
+def test_kept_first_evaluation_is_returned_once():
+    """LogisticRegression's deferred finite check evaluates the first point ahead of L-BFGS, which reuses it."""
+    from mpiml.comm import get_comm
+    from mpiml.linear_model._logistic_loss import Objective
+
+    rs = np.random.RandomState(4)
+    X = rs.randn(200, 4)
+    y = (X[:, 0] > 0).astype(np.int64)
+    sw = np.ones(200)
+    obj = Objective(X, y, sw, n_classes=2, fit_intercept=True, l2=1e-2, sw_sum=200.0, comm=get_comm("self"), xp=np)
+    w0 = np.zeros(obj.n_params)
+    first = obj.evaluate(w0)
+    obj.keep(w0, first)
+    again = obj.evaluate(w0.copy())
+    assert obj.n_evals == 1 and again[0] == first[0] and np.array_equal(again[1], first[1])
+    assert again[1] is not first[1]                       # the optimiser may write into its gradient
+    obj.evaluate(w0)
+    assert obj.n_evals == 2                               # kept once only
+    obj.keep(w0, first)
+    obj.evaluate(w0 + 1.0)
+    assert obj.n_evals == 3                               # another point: evaluated

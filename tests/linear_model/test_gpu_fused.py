@@ -7,10 +7,12 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("n,d,t", [(0, 3, 1), (1, 1, 1), (31, 5, 1), (33, 8, 2), (10007, 64, 1), (4099, 120, 2)])
+@pytest.mark.parametrize("n,d,t", [(0, 3, 1), (1, 1, 1), (31, 5, 1), (33, 8, 2), (10007, 64, 1), (4099, 120, 2),
+                                   (70001, 64, 1), (2000, 20, 1), (3001, 44, 3), (5000, 70, 1), (3001, 47, 0)])
 @pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("tensor_cores", [True, False])
-def test_augmented_gram_kernel(dtype, n, d, t, weighted, tensor_cores, monkeypatch):
+@pytest.mark.parametrize("tensor_cores,kernel", [(True, None), (True, "mma3"), (True, "mma3s64"), (True, "mma3g"),
+                                                 (True, "mma"), (False, None)])
+def test_augmented_gram_kernel(dtype, n, d, t, weighted, tensor_cores, kernel, monkeypatch):
     import cupy as cp
 
     from mpiml.kernels import linear
@@ -24,11 +26,42 @@ def test_augmented_gram_kernel(dtype, n, d, t, weighted, tensor_cores, monkeypat
     X = (rs.randn(n, d) * 3 + 2).astype(dtype)
     Y = rs.randn(n, t).astype(dtype)
     w = rs.uniform(0.5, 2.0, n).astype(dtype) if weighted else None
-    G = augmented_gram(cp.asarray(X), cp.asarray(Y), None if w is None else cp.asarray(w)).get()
+    args = (cp.asarray(X), cp.asarray(Y), None if w is None else cp.asarray(w))
+    G = augmented_gram(*args, kernel=kernel).get()
+    np.testing.assert_array_equal(augmented_gram(*args, kernel=kernel).get(), G)   # the same bits every run
     Z = np.c_[X.astype(np.float64), Y.astype(np.float64), np.ones(n)]
     ref = (Z * (1.0 if w is None else w.astype(np.float64)[:, None])).T @ Z
     np.testing.assert_allclose(G, ref, rtol=1e-12, atol=1e-9)
     np.testing.assert_array_equal(G, G.T)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gram_kernel_picked_by_timing(weighted, monkeypatch):
+    """A shard of 2^20 rows or more times the tensor-core kernels once per class and keeps the fastest."""
+    import cupy as cp
+
+    from mpiml.kernels import linear
+
+    if not linear._tensor_cores():
+        pytest.skip("no float64 tensor cores on this GPU")
+    monkeypatch.setattr(linear, "_PICKS", {})
+    monkeypatch.setattr(linear, "_PICK_TIMES", {})
+    monkeypatch.delenv("MPIML_LINEAR_GRAM", raising=False)
+    rs = np.random.RandomState(7)
+    n = linear._CALIBRATE_ROWS + 5
+    X = rs.randn(n, 16).astype(np.float32)
+    Y = rs.randn(n, 1).astype(np.float32)
+    w = rs.uniform(0.5, 2.0, n).astype(np.float32) if weighted else None
+    args = (cp.asarray(X), cp.asarray(Y), None if w is None else cp.asarray(w))
+    G = linear.augmented_gram(*args).get()
+    (key, pick), = linear._PICKS.items()
+    assert pick in ("mma", "mma3", "mma3s64", "mma3g") and set(linear._PICK_TIMES[key]) >= {"mma", "mma3"}
+    np.testing.assert_array_equal(linear.augmented_gram(*args, kernel=pick).get(), G)
+    Z = np.c_[X.astype(np.float64), Y.astype(np.float64), np.ones(n)]
+    ref = (Z * (1.0 if w is None else w.astype(np.float64)[:, None])).T @ Z
+    np.testing.assert_allclose(G, ref, rtol=1e-11, atol=1e-6)
+    monkeypatch.setenv("MPIML_LINEAR_GRAM", "mma3g")
+    assert linear._pick_gram(args[0], args[1], args[2], 3) == "mma3g"
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -94,7 +127,7 @@ def test_ill_conditioned_on_the_gpu_takes_tsqr():
 def test_non_finite_input_on_the_gpu():
     import cupy as cp
 
-    from mpiml.linear_model import LinearRegression, Ridge
+    from mpiml.linear_model import LinearRegression, LogisticRegression, Ridge
 
     rs = np.random.RandomState(2)
     X, y = rs.randn(1000, 4).astype(np.float32), rs.randn(1000).astype(np.float32)
@@ -111,6 +144,15 @@ def test_non_finite_input_on_the_gpu():
         yn[0] = np.nan
         with pytest.raises(ValueError, match="Input y contains NaN"):
             est.fit(cp.asarray(X), cp.asarray(yn))
+    # LogisticRegression (L-BFGS) finds them in its first evaluation instead of a separate read of X
+    labels = cp.asarray((y > 0).astype(np.int64))
+    for Xbad, what in ((Xn, "NaN"), (Xi, "infinity")):
+        for multi in (False, True):
+            with pytest.raises(ValueError, match=f"Input X contains {what}"):
+                LogisticRegression().fit(cp.asarray(Xbad), labels + (cp.arange(1000) % 3 == 0) * multi)
+    clf = LogisticRegression().fit(cp.asarray(X), labels)
+    ref = LogisticRegression().fit(X, (y > 0).astype(np.int64))
+    np.testing.assert_allclose(clf.coef_.get(), ref.coef_, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("solver", ["lbfgs", "newton-cg"])
@@ -152,3 +194,19 @@ def test_fused_binary_logistic_matches_the_host(solver, dtype):
     assert np.abs(grads[0]).max() <= 2e-8, f"fused fit off the optimum: max|grad| = {np.abs(grads[0]).max():.3g}"
     bound = (np.linalg.norm(grads[0]) + np.linalg.norm(grads[1])) / mu
     assert np.linalg.norm(flat[0] - flat[1]) <= 1.01 * bound + 1e-7, (np.linalg.norm(flat[0] - flat[1]), bound)
+
+
+def test_label_checks_on_the_gpu():
+    """The label type of a device y comes from its distinct values without sorting it (binary: min, max, a count)."""
+    import cupy as cp
+
+    from mpiml.linear_model import LogisticRegression
+
+    rs = np.random.RandomState(5)
+    X = cp.asarray(rs.randn(300, 3))
+    with pytest.raises(ValueError, match="Unknown label type: continuous"):
+        LogisticRegression().fit(X, cp.asarray(rs.randn(300)))
+    with pytest.raises(ValueError, match="Unknown label type: continuous"):
+        LogisticRegression().fit(X, cp.asarray(np.where(rs.rand(300) < 0.5, 0.5, 1.5)))   # two values, not integral
+    clf = LogisticRegression().fit(X, cp.asarray(np.where(rs.rand(300) < 0.5, 3.0, 7.0)))   # two integral floats
+    np.testing.assert_array_equal(clf.classes_, [3.0, 7.0])

@@ -28,7 +28,7 @@ def test_one_gpu_matches_host():
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_linear_gpu_spmd(mpi, n):
     import cupy as cp
 

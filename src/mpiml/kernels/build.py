@@ -162,14 +162,25 @@ def specs(arch, model=None):
     for ct in ("float", "double"):
         out.append((("linear/linear.cu",), [f"mpiml_linear_gram<{ct}, {w}>" for w in ("false", "true")]
                     + [f"mpiml_linear_gram_mma<{ct}, {w}, {m}>" for w in ("false", "true") for m in range(1, 17)]
+                    + [f"mpiml_linear_gram_mma3<{ct}, {w}, {', '.join(map(str, g))}, {st}>" for w in ("false", "true")
+                       for g in _linear_mma3_groups() for st in (32, 64)]
+                    + [f"mpiml_linear_gram_mma3g<{ct}, {w}, {', '.join(map(str, g))}, {4 if ct == 'float' else 2}>"
+                       for w in ("false", "true") for g in _linear_mma3_groups()]
                     + [f"mpiml_linear_logistic<{ct}, {m}, {c}>" for m in (0, 1) for c in (1, 2, 4, 8)]
-                    + ["mpiml_linear_sum_blocks"]))
+                    + ["mpiml_linear_sum_blocks", "mpiml_linear_sum_sym", "mpiml_linear_sum_pack"]))
     out += _select_programs()
     for files, exprs in _kmeans_exprs(model or DEVICE_MODELS[arch]).items():
         shared = sorted(e for e in exprs if not _own_module(e))
         out += [(files, shared[i:i + _GROUP]) for i in range(0, len(shared), _GROUP)]
         out += [(files, [e]) for e in sorted(exprs) if _own_module(e)]
     return out
+
+
+def _linear_mma3_groups():
+    """The tile-row groups ``mpiml.kernels.linear`` asks ``mpiml_linear_gram_mma3`` for, one per tile count."""
+    from .linear import _mma3_groups
+
+    return [g for g in (_mma3_groups(nt) for nt in range(1, 17)) if g is not None]
 
 
 def _compile_one(args):

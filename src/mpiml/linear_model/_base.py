@@ -21,7 +21,8 @@ from ..utils._supervised import (  # noqa: F401 (re-exported: the linear models 
 )
 from ..utils._validation import validate_data
 
-__all__ = ["allreduce_identical", "validate_X_y", "local_X", "chunk_rows", "global_classes", "as_like",
+__all__ = ["allreduce_identical", "allreduce_identical_device", "validate_X_y",
+           "local_X", "chunk_rows", "global_classes", "as_like",
            "SPARSE_DENSE_REQUIRED", "raise_if_nonfinite"]
 
 #: Bytes of one float64 row chunk converted at a time (bounds the temporary memory).
@@ -40,6 +41,32 @@ def allreduce_identical(comm, x):
     if comm.size == 1:
         return x
     return comm.allreduce(x, algorithm="binomial")
+
+
+def allreduce_identical_device(comm, x):
+    """Sum a float64 CuPy array over ranks, the same bits on every rank; returned as host float64.
+
+    Where the communicator's IPC kernels run (one GPU per rank on one node)
+    the sum stays on the device: every rank reduces the ranks' buffers in rank
+    order 0, 1, ..., p - 1 (the same bits everywhere, as the binomial host
+    allreduce promises), one kernel and no host round trip before the one copy
+    of the result to the host.  Elsewhere the array is copied to the host and
+    summed by :func:`allreduce_identical`.  Collective; every rank takes the same
+    path (whether IPC runs is agreed by the communicator when it first tries it).
+    """
+    if comm.size == 1:
+        return as_like(x, np)
+    from .._errors import CommError
+
+    if "ipc" in comm.available_backends("device"):
+        try:
+            out = comm.allreduce(x, algorithm="ipc/native")
+        except CommError:
+            if "ipc" in comm.available_backends("device"):
+                raise   # a failure of the call itself, not a transport that cannot run here
+        else:
+            return as_like(out, np)
+    return allreduce_identical(comm, as_like(x, np))
 
 
 def chunk_rows(n_cols, itemsize=8, xp=np):

@@ -21,7 +21,7 @@ from ..utils._linalg import is_sparse
 from ..utils._param_validation import Interval, StrOptions
 from ..utils._validation import validate_sample_weight
 from ._base import allreduce_identical, as_like, local_X, overwrite_as_preprocessed, raise_if_nonfinite, validate_X_y
-from ._lsq_direct import dense_direct_applies, solve_direct
+from ._lsq_direct import dense_direct_applies, early_local_gram, solve_direct
 from ._lsq_solvers import (SPARSE_GRAM_MAX_FEATURES, as_2d_targets, conjugate_gradient, factor_from_gram, lsqr,
                            lstsq_from_gram, lstsq_from_gram_cholesky, lstsq_from_r, nnls_from_factor,
                            ridge_from_gram, ridge_from_r, solve_least_squares)
@@ -279,8 +279,11 @@ class LinearRegression(_LinearRegressorBase):
                              "or set positive=False.")
         # the dense direct solvers find NaN/infinity in their Gram matrix: no separate read of X for the check
         X_given = X
+        direct = not self.positive and self.solver in ("auto", "normal")
+        # a plain CuPy shard: its Gram kernel runs while the ranks agree on the input
+        early = early_local_gram(X, y, sample_weight) if direct else None
         X, y, sw, xp, comm = self._fit_common(X, y, sample_weight, accept_sparse=not self.positive,
-                                              defer_finite=not self.positive and self.solver in ("auto", "normal"))
+                                              defer_finite=direct)
         solver = self._resolve_solver(X)
         for name in ("rank_", "singular_", "n_iter_", "_n_krylov_iter"):
             if hasattr(self, name):
@@ -288,7 +291,7 @@ class LinearRegression(_LinearRegressorBase):
         common = dict(fit_intercept=self.fit_intercept, comm=comm, xp=xp)
         if dense_direct_applies(X, self.positive) and self.solver in ("auto", "normal", "tsqr"):
             coef, intercept, (rank, sing), solver, self._solver_info = solve_direct(
-                X, y, sw, solver=self.solver, **common,
+                X, y, sw, solver=self.solver, early=early, **common,
                 solve_gram=lambda G, B: _split3(lstsq_from_gram_cholesky(G, B, self.tol)),
                 solve_r=lambda R, Z: _split3(lstsq_from_r(R, Z, self.tol)),
                 on_nonfinite=lambda: raise_if_nonfinite(self, X, y, comm=comm, xp=xp))
@@ -516,8 +519,10 @@ class Ridge(_LinearRegressorBase):
         """
         self._validate_params()
         self._check_solver_rules()
-        X, y, sw, xp, comm = self._fit_common(
-            X, y, sample_weight, defer_finite=not self.positive and self.solver in ("auto", "cholesky", "normal"))
+        direct = not self.positive and self.solver in ("auto", "cholesky", "normal")
+        # a plain CuPy shard: its Gram kernel runs while the ranks agree on the input
+        early = early_local_gram(X, y, sample_weight) if direct else None
+        X, y, sw, xp, comm = self._fit_common(X, y, sample_weight, defer_finite=direct)
         check_sparse_intercept(self, is_sparse(X))
         alphas = self._alphas(1 if y.ndim == 1 else y.shape[1])
         solver = self._resolve_solver(X)
@@ -526,7 +531,7 @@ class Ridge(_LinearRegressorBase):
         if dense_direct_applies(X, self.positive) and solver in ("cholesky", "svd"):
             mode = {"auto": "auto", "cholesky": "normal", "normal": "normal"}.get(self.solver, "tsqr")
             coef, intercept, _, used, self._solver_info = solve_direct(
-                X, y, sw, solver=mode, alpha=float(np.min(alphas)), **common,
+                X, y, sw, solver=mode, alpha=float(np.min(alphas)), early=early, **common,
                 solve_gram=lambda G, B: (ridge_from_gram(G, B, alphas), None),
                 solve_r=lambda R, Z: (ridge_from_r(R, Z, alphas), None),
                 on_nonfinite=lambda: raise_if_nonfinite(self, X, y, comm=comm, xp=xp))

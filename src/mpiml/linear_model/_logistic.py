@@ -18,7 +18,8 @@ from ..base import SPMDEstimator
 from ..utils._param_validation import Hidden, Interval, StrOptions
 from ..utils._linalg import is_sparse
 from ..utils._validation import agree_on_error, validate_sample_weight
-from ._base import allreduce_identical, as_like, global_classes, local_X, validate_X_y
+from ._base import (allreduce_identical, allreduce_identical_device, as_like, global_classes, local_X,
+                    raise_if_nonfinite, validate_X_y)
 from ._logistic_loss import (Objective, centre_multinomial, expit, lbfgs, newton_cg, newton_cholesky,
                              softmax_stats)
 from ._liblinear import DUAL_GATHER_BYTES, dual_coordinate_descent, tolerance_scale, tron, warn_if_not_converged
@@ -366,14 +367,18 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
         """Per-row weights (sample × class weight) and their global sum (one allreduce)."""
         k = len(classes)
         counts = np.zeros(k)
-        if y_idx.shape[0] and xp is not np and k <= 8:
+        if xp is not np and k <= 8:
             # a few classes on a GPU: one masked sum per class (a weighted bincount into k bins is k
-            # float64 atomics hammered by every row: ~10 ms at 4e7 rows and two classes)
+            # float64 atomics hammered by every row: ~10 ms at 4e7 rows and two classes), summed over the
+            # ranks on the device (every rank takes this path: the namespace and the classes are agreed)
             sw64 = sw.astype(xp.float64, copy=False)
-            counts = np.array([float(xp.where(y_idx == c, sw64, 0.0).sum()) for c in range(k)])
-        elif y_idx.shape[0]:
-            counts = as_like(xp.bincount(y_idx, weights=sw.astype(xp.float64), minlength=k), np)
-        counts = allreduce_identical(comm, counts)
+            parts = ([xp.where(y_idx == c, sw64, 0.0).sum() for c in range(k)] if y_idx.shape[0]
+                     else [xp.zeros((), dtype=xp.float64)] * k)
+            counts = allreduce_identical_device(comm, xp.stack(parts))
+        else:
+            if y_idx.shape[0]:
+                counts = as_like(xp.bincount(y_idx, weights=sw.astype(xp.float64), minlength=k), np)
+            counts = allreduce_identical(comm, counts)
         if self.class_weight is None:
             cw = np.ones(k)
         elif isinstance(self.class_weight, str):  # "balanced", from the global weighted counts
@@ -446,7 +451,12 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
         penalty, C = self._resolve_penalty()
         comm = self._get_comm()
         int64_indexed = _int64_indexed(X)
-        X, y, xp = validate_X_y(self, X, y, comm=comm, y_numeric=False, multi_output=False, accept_sparse=True)
+        # L-BFGS (L2 or no penalty): a dense CuPy X's NaN/infinity shows in the first evaluation's gradient,
+        # so validation skips its own read of X (see below)
+        lbfgs_l2 = _SOLVERS[self.solver] == "lbfgs" and penalty in ("l2", None)
+        X, y, xp = validate_X_y(self, X, y, comm=comm, y_numeric=False, multi_output=False, accept_sparse=True,
+                                defer_finite=lbfgs_l2)
+        deferred = lbfgs_l2 and xp is not np and not is_sparse(X)    # as validation decided: the same on every rank
         if self.solver in ("liblinear", "sag", "saga"):  # scikit-learn's refusals for these solvers
             agree_on_error(comm, _large_sparse_or_values(self.solver, X, int64_indexed), error_class=ValueError)
         if self.solver == "liblinear" and X.dtype != np.float64:
@@ -492,6 +502,11 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
             w, n_iter = solve_like(obj, w0, l1=l1, solver=self.solver, max_iter=self.max_iter, tol=self.tol,
                                    verbose=self.verbose)
         elif algorithm == "lbfgs":
+            if deferred:   # the finite check validation left out: the optimiser's first evaluation, kept for it
+                first = obj.evaluate(w0)
+                if not (np.isfinite(first[0]) and np.all(np.isfinite(first[1]))):
+                    raise_if_nonfinite(self, X, y, comm=comm, xp=xp)   # raises on every rank unless it overflowed
+                obj.keep(w0, first)
             hooks = None
             if ctx is not None and getattr(self, "_skl_callbacks", None):
                 hooks = _LbfgsHooks(ctx, self, X, y, metadata, lambda w: {

@@ -33,9 +33,10 @@ import scipy.linalg
 import scipy.optimize
 from sklearn.exceptions import ConvergenceWarning
 
+from .._array import is_device_array
 from .._errors import CommError
 from ..utils._linalg import column_sums, is_sparse, sparse_gram, to_csr
-from ._base import allreduce_identical, as_like, chunk_rows
+from ._base import allreduce_identical, allreduce_identical_device, as_like, chunk_rows
 
 __all__ = ["Objective", "lbfgs", "newton_cholesky", "newton_cg", "centre_multinomial", "expit", "softmax_stats"]
 
@@ -57,10 +58,11 @@ def expit(raw, xp):
     return xp.exp(-xp.logaddexp(0.0, -raw))
 
 
-def _fused_kernel_takes(X):
+def _fused_kernel_takes(X, layout=True):
     from ..kernels import linear as kernels
 
-    return kernels.supported(X) and X.flags.c_contiguous and X.shape[1] <= kernels.LOGISTIC_MAX_FEATURES
+    return (kernels.supported(X) and (X.flags.c_contiguous or not layout)
+            and X.shape[1] <= kernels.LOGISTIC_MAX_FEATURES)
 
 
 class Objective:
@@ -86,6 +88,7 @@ class Objective:
         self.l2, self.sw_sum = l2, sw_sum
         self.comm, self.xp = comm, xp
         self.n_evals = 0
+        self._kept = None  # (point, result) of an evaluation made ahead of the optimiser (see keep)
         self._stash = None  # (fingerprint of w, local probabilities) for Hessian-vector products
         penalised = np.zeros((self.k, self.d + self.fi), dtype=bool)
         penalised[:, :self.d] = True
@@ -99,6 +102,10 @@ class Objective:
                        and _fused_kernel_takes(X))
         if self._fused:
             self._sw_x = xp.ascontiguousarray(sw.astype(X.dtype, copy=False))
+        # every rank's reductions on the device (the same on every rank: whether X is a dense binary CuPy
+        # shard the kernel takes is, its row count and layout are not); the fused ranks pack theirs there
+        self._device_reduce = (comm.size > 1 and self.binary and not self.sparse and xp is not np
+                               and _fused_kernel_takes(X, layout=False))
 
     @property
     def n_params(self):
@@ -123,8 +130,9 @@ class Objective:
         # in X's dtype (no float64 copy of a float32 shard per evaluation, as scikit-learn), float64 after
         return as_like((G.T.astype(X.dtype) @ X).astype(xp.float64), np)
 
-    def _fused_local(self, w, v=None):
-        """``[Σ w·loss | gradient]`` (or ``H v`` when ``v`` is given) by one read of ``X`` on the device."""
+    def _fused_local(self, w, v=None, fp=0.0):
+        """``[Σ w·loss | gradient | fp, fp²]`` (or ``[H v | fp, fp²]`` when ``v`` is given) by one read of
+        ``X`` on the device, packed there for the allreduce (a float64 CuPy vector)."""
         from ..kernels.linear import logistic_pass
 
         coef, intercept = self.split(w)
@@ -133,19 +141,12 @@ class Objective:
         else:
             vc, vb = self.split(v)
             vec, vbias = vc[0], float(vb[0])
-        host = as_like(logistic_pass(self.X, self.y01, self._sw_x, coef[0], float(intercept[0]), vec, vbias), np)
-        D = self.d + self.fi
-        out = np.empty(D if v is not None else 1 + D)
-        body = out if v is not None else out[1:]
-        if v is None:
-            out[0] = host[0]
-        body[:self.d] = host[2:]
-        if self.fi:
-            body[self.d] = self.scale * host[1]
-        return out
+        return logistic_pass(self.X, self.y01, self._sw_x, coef[0], float(intercept[0]), vec, vbias,
+                             pack=(self.fi, self.scale, fp))
 
-    def _local(self, w, hessian):
-        """This rank's ``[Σ w·loss | gradient | (Hessian)]`` as host float64 (unscaled)."""
+    def _local(self, w, hessian, fp=0.0):
+        """This rank's ``[Σ w·loss | gradient | (Hessian)]`` as host float64 (unscaled); on the fused path
+        the same packed on the device with the fingerprint ``fp`` (see :meth:`_fused_local`)."""
         xp, X, sw = self.xp, self.X, self.sw
         n, D = X.shape[0], self.d + self.fi
         npar = self.n_params
@@ -153,7 +154,7 @@ class Objective:
         if n == 0:
             return out
         if self._fused and not hessian:
-            return self._fused_local(w)
+            return self._fused_local(w, fp=fp)
         raw = self.raw(X, w)
         if self.binary:
             loss = xp.logaddexp(0.0, raw) - self.y01 * raw
@@ -234,7 +235,12 @@ class Objective:
         return as_like(H, np)
 
     def _reduce(self, local, fp):
-        packed = allreduce_identical(self.comm, np.concatenate([local, [fp, fp * fp]]))
+        if is_device_array(local):     # packed on the device with its fingerprint (the fused kernel)
+            packed = allreduce_identical_device(self.comm, local)
+        elif self._device_reduce:      # a rank without rows (or a non-contiguous shard) among fused ones
+            packed = allreduce_identical_device(self.comm, self.xp.asarray(np.concatenate([local, [fp, fp * fp]])))
+        else:
+            packed = allreduce_identical(self.comm, np.concatenate([local, [fp, fp * fp]]))
         self.n_evals += 1
         s1, s2 = packed[-2], packed[-1]
         if self.comm.size * s2 != s1 * s1:
@@ -243,10 +249,19 @@ class Objective:
                             "numerical libraries on every rank")
         return packed[:-2]
 
+    def keep(self, w, result):
+        """Have the next :meth:`evaluate` at ``w`` (without the Hessian) return ``result``, made ahead of it."""
+        self._kept = (np.array(w, dtype=np.float64), result)
+
     def evaluate(self, w, hessian=False):
         """Global ``(loss, gradient[, Hessian])`` at ``w``: one packed allreduce, identical on every rank."""
         w = np.asarray(w, dtype=np.float64)
-        packed = self._reduce(self._local(w, hessian), _fingerprint(w))
+        if self._kept is not None:
+            kept, self._kept = self._kept, None
+            if not hessian and kept[0].shape == w.shape and np.array_equal(kept[0], w):
+                return kept[1][0], kept[1][1].copy()
+        fp = _fingerprint(w)
+        packed = self._reduce(self._local(w, hessian, fp), fp)
         npar = self.n_params
         reg = np.where(self.penalised, w, 0.0)
         loss = packed[0] / self.sw_sum + 0.5 * self.l2 * float(reg @ reg)
@@ -269,8 +284,9 @@ class Objective:
         v = np.asarray(v, dtype=np.float64)
         npar, D = self.n_params, self.d + self.fi
         local = np.zeros(npar)
+        fp = _fingerprint(w, v)
         if X.shape[0] and self._fused:
-            local = self._fused_local(w, v)
+            local = self._fused_local(w, v, fp)
         elif X.shape[0]:
             fp_w, prob = self._stash
             if fp_w != _fingerprint(w):
@@ -286,7 +302,7 @@ class Objective:
             if self.fi:
                 out[:, self.d] = self.scale * as_like(Q.astype(xp.float64).sum(axis=0), np)
             local = out.ravel()
-        packed = self._reduce(local, _fingerprint(w, v))
+        packed = self._reduce(local, fp)
         return packed / self.sw_sum + self.l2 * np.where(self.penalised, v, 0.0)
 
 

@@ -31,15 +31,17 @@ about ``√κ ε₆₄``).  Every rank holds the same reduced matrix, so every r
 makes the same choice.
 """
 
+import contextlib
+
 import numpy as np
 import scipy.linalg
 
 from .._array import is_device_array
 from ..utils._linalg import augmented_gram as local_augmented_gram
 from ..utils._linalg import is_sparse
-from ._base import allreduce_identical, as_like
+from ._base import allreduce_identical, allreduce_identical_device, as_like
 
-__all__ = ["augmented_gram", "NormalEquations", "NORMAL_RTOL_FLOOR"]
+__all__ = ["augmented_gram", "NormalEquations", "NORMAL_RTOL_FLOOR", "early_local_gram"]
 
 #: "auto" accepts the normal equations on float64 data while their estimated
 #: relative error in the coefficients stays below this.
@@ -48,15 +50,57 @@ NORMAL_RTOL_FLOOR = 1e-10
 _EPS64 = np.finfo(np.float64).eps
 
 
-def augmented_gram(X, Y, sw, *, comm, xp):
+def augmented_gram(X, Y, sw, *, comm, xp, local=None):
     """Global ``ZᵀWZ`` with ``Z = [X | Y | 1]``: host float64 ``(k, k)``, one allreduce, the same bits everywhere.
 
     ``X`` is a dense shard, ``Y`` its 2-D targets, ``sw`` the row weights or
-    None.  Non-finite values anywhere in the inputs make the result non-finite.
+    None; ``local``, this rank's ``ZᵀWZ`` when it was launched already
+    (:func:`early_local_gram`).  Non-finite values anywhere in the inputs make
+    the result non-finite.  A device Gram matrix is summed on the device where
+    the communicator can (:func:`allreduce_identical_device`).
     """
-    local = local_augmented_gram(X, Y, sw)
+    if local is None:
+        local = local_augmented_gram(X, Y, sw)
     k = local.shape[0]
+    if is_device_array(local):
+        return allreduce_identical_device(comm, local.ravel()).reshape(k, k)
     return allreduce_identical(comm, as_like(local, np).ravel()).reshape(k, k)
+
+
+class EarlyGram:
+    """This rank's Gram matrix launched before the input checks are agreed (see :func:`early_local_gram`)."""
+
+    def __init__(self, X, y, local):
+        self.X, self.y, self.local = X, y, local
+
+    def take(self, X, y, sw):
+        """The launched matrix when the validated ``X``, ``y`` are the arrays it read (and no weights), else None."""
+        return self.local if X is self.X and y is self.y and sw is None else None
+
+
+def early_local_gram(X, y, sample_weight):
+    """Launch this rank's Gram kernel on a plain dense CuPy shard before validation; an :class:`EarlyGram` or None.
+
+    Validation agrees on every rank's input (a host round between ranks, about
+    a millisecond at 4 ranks); the kernel does not depend on it, so it runs
+    meanwhile.  Taken only for what validation leaves as it is (a C-contiguous
+    float32/float64 CuPy ``X``, a CuPy ``y`` of its dtype with one row per row
+    of ``X``, no sample weights); the fit uses the result only when the
+    validated arrays are these very arrays, and discards it when validation
+    raises.  Nothing is communicated.
+    """
+    if sample_weight is not None or not is_device_array(X) or not is_device_array(y):
+        return None
+    from ..kernels import linear as kernels
+
+    if not kernels.supported(X) or not X.flags.c_contiguous or X.shape[0] == 0 or X.shape[1] == 0:
+        return None
+    if y.dtype != X.dtype or y.ndim not in (1, 2) or y.shape[0] != X.shape[0]:
+        return None
+    Y = y.reshape(-1, 1) if y.ndim == 1 else y
+    if X.shape[1] + Y.shape[1] + 1 > kernels.GRAM_MAX_COLUMNS:
+        return None
+    return EarlyGram(X, y, kernels.augmented_gram(X, Y))
 
 
 class NormalEquations:
@@ -142,19 +186,35 @@ class NormalEquations:
         return not np.isfinite(kappa) or self.error_estimate(kappa) > NORMAL_RTOL_FLOOR
 
 
+#: Up to this many features the replicated ``d x d`` algebra runs on one BLAS thread: waking the rank's
+#: pool for a 64 x 64 factorisation costs more than the factorisation.
+SMALL_ALGEBRA_FEATURES = 256
+
+
+def _small_algebra(d):
+    """One BLAS thread for the small replicated solves (see :data:`SMALL_ALGEBRA_FEATURES`)."""
+    if d > SMALL_ALGEBRA_FEATURES:
+        return contextlib.nullcontext()
+    from ..utils._threads import one_blas_thread
+
+    return one_blas_thread()
+
+
 def dense_direct_applies(X, positive):
     """Whether the one-pass direct path applies: a dense shard (host or device) and no sign constraint."""
     return not positive and not is_sparse(X) and (isinstance(X, np.ndarray) or is_device_array(X))
 
 
-def solve_direct(X, y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve_r, on_nonfinite, alpha=0.0):
+def solve_direct(X, y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve_r, on_nonfinite, alpha=0.0,
+                 early=None):
     """One-pass normal equations or TSQR on a dense shard; ``(coef (t, d), intercept (t,), extra, used, info)``.
 
     ``solver``: ``"auto"`` (see the module notes), ``"normal"`` (the normal
     equations; a second, exactly centred pass when the centring cancellation
     dominates their error) or ``"tsqr"``.  ``solve_gram(G, B)`` and
     ``solve_r(R, Z)`` return ``(coef (d, t), extra)`` as for
-    :func:`._lsq_solvers.solve_least_squares`.  ``on_nonfinite()`` is called on
+    :func:`._lsq_solvers.solve_least_squares`.  ``early``: an :class:`EarlyGram`
+    launched before validation (used when it read these arrays).  ``on_nonfinite()`` is called on
     every rank when the reduced Gram matrix is not finite: it raises the input
     error, or returns when the inputs are finite (float64 overflow of the
     squares), and TSQR then runs.  ``used`` is ``"normal"`` or ``"tsqr"``;
@@ -171,7 +231,7 @@ def solve_direct(X, y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve
     info = {"condition": None, "route": None}
     ne = None
     if solver != "tsqr":
-        Z = augmented_gram(X, Y, sw, comm=comm, xp=xp)
+        Z = augmented_gram(X, Y, sw, comm=comm, xp=xp, local=None if early is None else early.take(X, y, sw))
         if np.all(np.isfinite(Z)):
             ne = NormalEquations(Z, d, fit_intercept)
         else:
@@ -184,17 +244,20 @@ def solve_direct(X, y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve
             x_mean = y_mean = sw_sum = None
     else:
         x_mean, y_mean, sw_sum = ne.x_mean, ne.y_mean, ne.sw_sum
-        if solver == "auto":
-            route, info["condition"] = ne.choose(X.dtype, alpha, fit_intercept)
-        else:
-            route = "centred" if fit_intercept and ne.needs_centred_pass(alpha) else "normal"
+        with _small_algebra(d):
+            if solver == "auto":
+                route, info["condition"] = ne.choose(X.dtype, alpha, fit_intercept)
+            else:
+                route = "centred" if fit_intercept and ne.needs_centred_pass(alpha) else "normal"
     info["route"] = route
     if route == "tsqr":
         R = tsqr_r(X, Y, sw, x_mean, y_mean, comm=comm, xp=xp)
-        coef, extra = solve_r(R[:d, :d], R[:d, d:])
+        with _small_algebra(d):
+            coef, extra = solve_r(R[:d, :d], R[:d, d:])
     else:
         G, B = (ne.G, ne.B) if route == "normal" else gram(X, Y, sw, x_mean, y_mean, sw_sum, comm=comm, xp=xp)
-        coef, extra = solve_gram(G, B)
+        with _small_algebra(d):
+            coef, extra = solve_gram(G, B)
     coef = coef.T
     intercept = y_mean - coef @ x_mean if fit_intercept else np.zeros(t)
     return coef, intercept, extra, ("tsqr" if route == "tsqr" else "normal"), info

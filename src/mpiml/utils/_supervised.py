@@ -117,7 +117,7 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
                     raise ValueError(_nonfinite_message(has_nan, has_inf, y.dtype, None, "y"))
             if y.shape[0]:
                 # the label type follows from the distinct values: no copy of a device y to the host
-                check_classification_targets(to_numpy(xp.unique(y)) if xp is not np else y)
+                check_classification_targets(_device_labels(y) if xp is not np else y)
     except Exception as exc:
         error = str(exc)
     any_weights = bool(sample_weight_given)

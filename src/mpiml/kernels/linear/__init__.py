@@ -9,9 +9,11 @@ load through :mod:`mpiml.kernels._loader` (shipped, cached or compiled once) on
 first use and are memoised per device.
 """
 
+import os
+
 import numpy as np
 
-__all__ = ["augmented_gram", "logistic_pass", "GRAM_MAX_COLUMNS", "LOGISTIC_MAX_FEATURES"]
+__all__ = ["augmented_gram", "logistic_pass", "GRAM_MAX_COLUMNS", "LOGISTIC_MAX_FEATURES", "GRAM_KERNELS"]
 
 #: Largest ``k = d + t + 1`` of the Gram kernel: its ``(k / 4)(k / 4 + 1) / 2`` register tiles fit one
 #: block of at most 512 threads.  Wider problems are compute-bound and go to cuBLAS on float64 chunks.
@@ -20,7 +22,16 @@ GRAM_MAX_COLUMNS = 124
 LOGISTIC_MAX_FEATURES = 256
 
 _STAGE = 32
-_MMA_STAGE = 32                 # MPIML_LINEAR_MMA_STAGE in linear.cu
+_MMA_STAGE = 32                 # MPIML_LINEAR_MMA_STAGE (and _MMA3_STAGE) in linear.cu
+_MMA3_THREADS = 192             # MPIML_LINEAR_MMA3_THREADS in linear.cu
+_MMA3_MAX_TILES = 16
+#: The Gram kernels by name: three-group tensor-core kernels (staged 32 or 64 rows, or fed from global
+#: memory), the two-row tensor-core kernel, the CUDA-core kernel of GPUs without float64 tensor cores.
+GRAM_KERNELS = ("mma3", "mma3s64", "mma3g", "mma", "cuda")
+_CALIBRATE_ROWS = 1 << 20
+_MARGIN = 0.03
+_PICKS = {}         # (device, dtype, weighted, tile count) -> the kernel picked
+_PICK_TIMES = {}    # the same key -> {kernel: ms} of the calibration
 _LOGISTIC_THREADS = 256
 _TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
@@ -37,7 +48,8 @@ def _function(expr):
         # shipped, cached or compiled once (:mod:`mpiml.kernels._loader`), with the partials' sum every pass ends with
         from .._loader import load_module
 
-        fn = load_module(("linear/linear.cu",), [expr], also=("mpiml_linear_sum_blocks",)).get_function(expr)
+        sums = ("mpiml_linear_sum_blocks", "mpiml_linear_sum_sym", "mpiml_linear_sum_pack")
+        fn = load_module(("linear/linear.cu",), [expr], also=sums).get_function(expr)
         try:   # all of the SM's on-chip memory as shared memory: the one-pass kernels stage rows, they reuse no L1
             fn.preferred_shared_memory_carveout = 100
         except Exception:   # an older CuPy without the attribute: the driver's default split
@@ -87,13 +99,37 @@ def supported(X):
         and not hasattr(X, "format")
 
 
-def augmented_gram(X, Y, w=None):
+def _mma3_tiles(groups):
+    """Tiles of each warp group of ``mpiml_linear_gram_mma3`` for tile-row groups ``(s0, s1, s2)``."""
+    s0, s1, s2 = groups
+    return (s0 * s1 + s0 * (s0 + 1) // 2, s1 * s2 + s1 * (s1 + 1) // 2, s0 * s2 + s2 * (s2 + 1) // 2)
+
+
+def _mma3_groups(nt):
+    """The split of ``nt`` tile rows into three groups with the fewest tiles on the busiest warp, or None
+    when that warp would hold more than :data:`_MMA3_MAX_TILES` (its accumulators would not fit in registers)."""
+    best = None
+    for s0 in range(nt + 1):
+        for s1 in range(nt + 1 - s0):
+            groups = (s0, s1, nt - s0 - s1)
+            key = (max(_mma3_tiles(groups)), groups)
+            if best is None or key < best:
+                best = key
+    return best[1] if best[0] <= _MMA3_MAX_TILES else None
+
+
+def augmented_gram(X, Y, w=None, kernel=None):
     """``Zᵀ diag(w) Z`` with ``Z = [X | Y | 1]`` as a float64 CuPy matrix of shape (k, k), ``k = d + t + 1``.
 
     ``X`` (n, d) and ``Y`` (n, t) share a dtype (float32 or float64); ``w``
     (n,) or None.  Products are formed and summed in float64 (a float32
     product is exact in float64).  Only the upper triangle is computed; the
     result is symmetrised.  Needs ``k <= GRAM_MAX_COLUMNS``.
+
+    ``kernel`` names one of :data:`GRAM_KERNELS` (comparisons, tests);
+    by default GPUs without float64 tensor cores take ``"cuda"``, and
+    the others the tensor-core kernel :func:`_pick_gram` measured fastest
+    for this dtype and width.  Every kernel is deterministic.
     """
     import cupy
 
@@ -107,11 +143,97 @@ def augmented_gram(X, Y, w=None):
     weighted = w is not None
     if weighted:
         w = cupy.ascontiguousarray(w.astype(X.dtype, copy=False))
+    nt = (k + 7) // 8
+    if kernel is None:
+        if not _tensor_cores():
+            kernel = "cuda"
+        elif _mma3_groups(nt) is None:
+            kernel = "mma"
+        else:
+            kernel = _pick_gram(X, Y, w, nt)
+    return _launch_gram(X, Y, w, kernel)
+
+
+def _pick_gram(X, Y, w, nt):
+    """The tensor-core Gram kernel to use for this device, dtype, weighting and tile count.
+
+    The kernels differ in how they feed the tensor cores (see ``linear.cu``), and which is fastest
+    depends on the GPU; so the first shard of at least :data:`_CALIBRATE_ROWS` rows of each class
+    times them once, on its first rows, and the fastest is kept for the process (``"mma"``, the one
+    measured longest, unless another is more than :data:`_MARGIN` faster).  Smaller shards before
+    that take ``"mma"``.  ``MPIML_LINEAR_GRAM`` names one instead.
+    """
+    import cupy
+
+    forced = os.environ.get("MPIML_LINEAR_GRAM", "")
+    if forced in GRAM_KERNELS:
+        return forced
+    key = (cupy.cuda.runtime.getDevice(), np.dtype(X.dtype).str, w is not None, nt)
+    pick = _PICKS.get(key)
+    if pick is not None:
+        return pick
+    if X.shape[0] < _CALIBRATE_ROWS:
+        return "mma"
+    rows = min(X.shape[0], 2 * _CALIBRATE_ROWS)
+    Xs, Ys, ws = X[:rows], Y[:rows], (None if w is None else w[:rows])
+    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+    times = {}
+    for name in ("mma", "mma3", "mma3s64", "mma3g"):
+        try:
+            _launch_gram(Xs, Ys, ws, name)          # loads the kernel
+            best = float("inf")
+            for _ in range(2):
+                e0.record()
+                _launch_gram(Xs, Ys, ws, name)
+                e1.record()
+                e1.synchronize()
+                best = min(best, cupy.cuda.get_elapsed_time(e0, e1))
+            times[name] = best
+        except Exception:     # noqa: BLE001 - a kernel this device cannot launch: not a candidate
+            continue
+    pick = min(times, key=times.get) if times else "mma"
+    if "mma" in times and times[pick] > (1.0 - _MARGIN) * times["mma"]:
+        pick = "mma"
+    _PICKS[key] = pick
+    _PICK_TIMES[key] = times
+    return pick
+
+
+def _launch_gram(X, Y, w, choice):
+    """``augmented_gram`` by the kernel ``choice`` (validated arrays)."""
+    import cupy
+
+    n, d = X.shape
+    t = Y.shape[1]
+    k = d + t + 1
+    weighted = w is not None
     ctype = _TYPES[np.dtype(X.dtype)]
     wflag = "true" if weighted else "false"
-    if _tensor_cores():
+    nt = (k + 7) // 8
+    groups = _mma3_groups(nt)
+    if choice in ("mma3", "mma3s64") and groups is not None:
+        # float64 tensor cores, three tile groups: a warp's fragments serve 2.5 DMMAs each (see linear.cu)
+        kp = 8 * nt
+        stage = 64 if choice == "mma3s64" else _MMA_STAGE
+        fn = _function(f"mpiml_linear_gram_mma3<{ctype}, {wflag}, {groups[0]}, {groups[1]}, {groups[2]}, {stage}>")
+        threads = _MMA3_THREADS
+        tm = max(_mma3_tiles(groups))
+        # two staging buffers; the same memory then parks the second half's sums
+        smem = max(2 * (stage * (kp + 4) + stage), 3 * tm * 64) * 8
+        if smem > 48 << 10:
+            fn.max_dynamic_shared_size_bytes = smem
+        args = ()
+    elif choice == "mma3g" and groups is not None:
+        # the same tiles, fragments read from global memory (no staging, no barrier); KA k-steps in flight
+        kp = 8 * nt
+        ka = 4 if ctype == "float" else 2
+        fn = _function(f"mpiml_linear_gram_mma3g<{ctype}, {wflag}, {groups[0]}, {groups[1]}, {groups[2]}, {ka}>")
+        threads = _MMA3_THREADS
+        smem = 3 * max(_mma3_tiles(groups)) * 64 * 8
+        stage = 8
+        args = ()
+    elif choice in ("mma", "mma3", "mma3s64", "mma3g"):
         # float64 tensor cores (DMMA): tiles of 8 columns, (nt + 1) / 2 warps, all of a block's tiles per warp pair
-        nt = (k + 7) // 8
         kp = 8 * nt
         fn = _function(f"mpiml_linear_gram_mma<{ctype}, {wflag}, {nt}>")
         threads = 32 * ((nt + 1) // 2)
@@ -132,20 +254,20 @@ def augmented_gram(X, Y, w=None):
     rows_per_block = ((n + nblocks - 1) // nblocks + stage - 1) // stage * stage
     rows_per_block = max(rows_per_block, stage)
     nblocks = int(max(1, (n + rows_per_block - 1) // rows_per_block))
-    # zeros: a block writes only its tiles of the upper triangle, and the sum reads every entry
-    partial = cupy.zeros(nblocks * kp * kp, dtype=cupy.float64)
-    if n:
-        fn((nblocks,), (threads,), (X, np.int64(n), np.int32(d), Y, np.int32(t), w if weighted else X,
-                                    np.int64(rows_per_block), np.int32(kp)) + args + (partial,),
-           shared_mem=smem)
-        G = _sum_blocks(partial, nblocks, kp * kp).reshape(kp, kp)[:k, :k]
-    else:
-        G = cupy.zeros((k, k), dtype=cupy.float64)
-    upper = cupy.triu(G)
-    return upper + cupy.triu(G, 1).T
+    if not n:
+        return cupy.zeros((k, k), dtype=cupy.float64)
+    # a block writes only its tiles of the upper triangle, and the sum reads nothing else: no zeroing
+    partial = cupy.empty(nblocks * kp * kp, dtype=cupy.float64)
+    fn((nblocks,), (threads,), (X, np.int64(n), np.int32(d), Y, np.int32(t), w if weighted else X,
+                                np.int64(rows_per_block), np.int32(kp)) + args + (partial,),
+       shared_mem=smem)
+    G = cupy.empty((k, k), dtype=cupy.float64)
+    grid = max(1, min((k * k + 127) // 128, 4 * _sm_count()))
+    _function("mpiml_linear_sum_sym")((grid,), (128,), (partial, np.int32(nblocks), np.int32(kp), np.int32(k), G))
+    return G
 
 
-def logistic_pass(X, y01, sw, coef, bias, vec=None, vbias=0.0):
+def logistic_pass(X, y01, sw, coef, bias, vec=None, vbias=0.0, pack=None):
     """One read of ``X`` for the binary logistic objective; a float64 CuPy vector of length ``d + 2``.
 
     Without ``vec``: ``[Σ sw·loss, Σ g, Σ g x]`` with ``g = sw (expit(m) - y)``
@@ -153,6 +275,10 @@ def logistic_pass(X, y01, sw, coef, bias, vec=None, vbias=0.0):
     ``vec`` (the Hessian-vector product at ``coef``): ``[0, Σ q, Σ q x]`` with
     ``q = sw p (1 - p) (X vec + vbias)``.  ``coef`` and ``vec`` are host
     float64 vectors of length ``d``; needs ``d <= LOGISTIC_MAX_FEATURES``.
+
+    ``pack=(fit_intercept, scale, fp)``: the same sums laid out for the
+    objective's allreduce instead, ``[Σ sw·loss (without vec), Σ g x,
+    scale Σ g (if fit_intercept), fp, fp²]`` (the same bits, one kernel).
     """
     import cupy
 
@@ -170,11 +296,25 @@ def logistic_pass(X, y01, sw, coef, bias, vec=None, vbias=0.0):
     # one wave: as many blocks as are resident on every SM at once (the warps stride over the row batches)
     nblocks = int(max(1, min((n + warps * rows - 1) // (warps * rows), _wave(fn, _LOGISTIC_THREADS, regs_unknown=64))))
     partial = cupy.empty(nblocks * (d + 2), dtype=cupy.float64)
-    cw = cupy.asarray(np.ascontiguousarray(coef, dtype=np.float64))
-    cv = cupy.asarray(np.ascontiguousarray(vec, dtype=np.float64)) if mode else cw
+    # the point (and the direction) in one copy to the device
+    dev = cupy.asarray(np.ascontiguousarray(np.concatenate([coef, vec]) if mode else coef, dtype=np.float64))
+    cw = dev[:d]
+    cv = dev[d:] if mode else cw
     if n == 0:
-        return cupy.zeros(d + 2, dtype=cupy.float64)
-    fn((nblocks,), (_LOGISTIC_THREADS,),
-       (X, np.int64(n), np.int32(d), y01, sw, cw, np.float64(bias), cv, np.float64(vbias), partial),
-       shared_mem=warps * d * 8)
-    return _sum_blocks(partial, nblocks, d + 2)
+        if pack is None:
+            return cupy.zeros(d + 2, dtype=cupy.float64)
+        nblocks = 1
+        partial = cupy.zeros(d + 2, dtype=cupy.float64)
+    else:
+        fn((nblocks,), (_LOGISTIC_THREADS,),
+           (X, np.int64(n), np.int32(d), y01, sw, cw, np.float64(bias), cv, np.float64(vbias), partial),
+           shared_mem=warps * d * 8)
+    if pack is None:
+        return _sum_blocks(partial, nblocks, d + 2)
+    fi, scale, fp = pack
+    loss = 1 - mode
+    out = cupy.empty(loss + d + int(fi) + 2, dtype=cupy.float64)
+    _function("mpiml_linear_sum_pack")((max(1, (out.size + 127) // 128),), (128,),
+                                       (partial, np.int32(nblocks), np.int32(d), np.int32(loss), np.int32(int(fi)),
+                                        np.float64(scale), np.float64(fp), out))
+    return out

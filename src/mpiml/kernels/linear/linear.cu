@@ -1,4 +1,6 @@
 // One-pass reductions of the linear models (mpiml.linear_model): each kernel reads X once.
+// Longer than 800 lines because the Gram kernel's variants (mpiml.kernels.linear times them per device and
+// keeps the fastest) share their tile-group helpers and ship as one program per element type.
 //
 // mpiml_linear_gram<T, W>: partial augmented Gram matrices.  Row i of the virtual matrix Z is
 // [x_i (d values), y_i (t values), 1], padded with zeros to kp = 4 * nt columns; the kernel sums
@@ -283,6 +285,342 @@ mpiml_linear_gram_mma(const T* __restrict__ X, const long long n, const int d, c
 #endif
 }
 
+// mpiml_linear_gram_mma3<T, W, S0, S1, S2>: the same partial Gram matrices on the float64 tensor cores with
+// fewer shared-memory fragment loads per DMMA.  The nt = S0 + S1 + S2 tile rows are cut into three
+// contiguous groups; the upper triangle of 8 x 8 tiles is then three rectangles (groups 0 x 1, 1 x 2,
+// 0 x 2) and three small triangles (each group with itself).  Warp group G owns one rectangle and one
+// triangle that share its fragments: G = 0: rect(0, 1) + tri(0); G = 1: rect(1, 2) + tri(1); G = 2:
+// rect(0, 2) + tri(2).  Per k-step of 4 rows it loads the fragments of its two groups once (SA + SB
+// loads, one double per lane each) and issues SA SB + SD (SD + 1) / 2 DMMAs on them (for nt = 9: 6
+// loads for 15 DMMAs, where mpiml_linear_gram_mma loads 35 fragments for 45).  Six warps: groups 0, 1,
+// 2 twice, the second three taking the odd k-steps of every stage; the two halves are added (in that
+// order, in shared memory) at the end.  Staged rows are double-buffered: one barrier per stage, the
+// next stage's rows stored by every warp right after its own DMMAs (the global loads in flight
+// meanwhile).  Block b writes the tiles it owns to partial[b * kp * kp ...], as mpiml_linear_gram_mma.
+// STAGE rows per stage (a multiple of 8): 32 by default, 64 to halve the barriers.
+#define MPIML_LINEAR_MMA3_STAGE 32
+#define MPIML_LINEAR_MMA3_THREADS 192
+
+template <int S0, int S1, int S2, int G>
+struct mpiml_linear_g3 {
+    static constexpr int A0 = G == 1 ? S0 : 0;                  // the rectangle's rows: tiles A0 .. A0 + SA - 1
+    static constexpr int SA = G == 1 ? S1 : S0;
+    static constexpr int B0 = G == 0 ? S0 : S0 + S1;            // its columns: tiles B0 .. B0 + SB - 1
+    static constexpr int SB = G == 0 ? S1 : S2;
+    static constexpr bool DA = G != 2;                          // the triangle on the row group (else the columns)
+    static constexpr int D0 = DA ? A0 : B0;
+    static constexpr int SD = DA ? SA : SB;
+    static constexpr int TILES = SA * SB + SD * (SD + 1) / 2;
+};
+
+template <int S0, int S1, int S2>
+struct mpiml_linear_g3max {
+    static constexpr int T0 = mpiml_linear_g3<S0, S1, S2, 0>::TILES;
+    static constexpr int T1 = mpiml_linear_g3<S0, S1, S2, 1>::TILES;
+    static constexpr int T2 = mpiml_linear_g3<S0, S1, S2, 2>::TILES;
+    static constexpr int M01 = T0 > T1 ? T0 : T1;
+    static constexpr int M = (M01 > T2 ? M01 : T2) > 0 ? (M01 > T2 ? M01 : T2) : 1;
+};
+
+// The k-steps H, H + 2, ... of one staged block of rows for warp group G (all indices constant).
+template <bool W, int S0, int S1, int S2, int G, int TM, int STAGE>
+__device__ __forceinline__ void mpiml_linear_gram3_stage(double (&acc)[TM][2], const double* zs, const double* ws,
+                                                         const int ld, const int g, const int tq, const int h) {
+    using P = mpiml_linear_g3<S0, S1, S2, G>;
+    constexpr int NA = P::SA > 0 ? P::SA : 1, NB = P::SB > 0 ? P::SB : 1;
+#pragma unroll 1
+    for (int k4 = 4 * h; k4 < STAGE; k4 += 8) {
+        const double* zr = zs + (k4 + tq) * ld + g;
+        double fa[NA], fb[NB];
+#pragma unroll
+        for (int i = 0; i < P::SA; ++i) fa[i] = zr[8 * (P::A0 + i)];
+#pragma unroll
+        for (int j = 0; j < P::SB; ++j) fb[j] = zr[8 * (P::B0 + j)];
+        double wa[NA], wb[NB];                      // the A operands: weighted fragments
+        const double wr = W ? ws[k4 + tq] : 1.0;
+#pragma unroll
+        for (int i = 0; i < P::SA; ++i) wa[i] = W ? fa[i] * wr : fa[i];
+#pragma unroll
+        for (int j = 0; j < P::SB; ++j) wb[j] = (W && !P::DA) ? fb[j] * wr : fb[j];
+        int idx = 0;
+#pragma unroll
+        for (int i = 0; i < P::SA; ++i)
+#pragma unroll
+            for (int j = 0; j < P::SB; ++j) mpiml_linear_dmma(acc[idx++], wa[i], fb[j]);
+#pragma unroll
+        for (int i = 0; i < P::SD; ++i)
+#pragma unroll
+            for (int j = i; j < P::SD; ++j) {
+                if constexpr (P::DA) mpiml_linear_dmma(acc[idx++], wa[i], fa[j]);
+                else mpiml_linear_dmma(acc[idx++], wb[i], fb[j]);
+            }
+    }
+}
+
+// Warp group G's tiles: the second half (h = 1) parks its sums in shared memory, the first adds them
+// (first half + second half, always in that order) and writes the block's partial.
+template <int S0, int S1, int S2, int G, int TM>
+__device__ __forceinline__ void mpiml_linear_gram3_out(double (&acc)[TM][2], double* park, double* out, const int kp,
+                                                       const int lane, const int g, const int tq, const int h,
+                                                       const bool write) {
+    using P = mpiml_linear_g3<S0, S1, S2, G>;
+    double* mine = park + (long long)G * TM * 64;
+    if (!write) {
+        if (h == 1) {
+#pragma unroll
+            for (int j = 0; j < P::TILES; ++j) {
+                mine[(2 * j) * 32 + lane] = acc[j][0];
+                mine[(2 * j + 1) * 32 + lane] = acc[j][1];
+            }
+        }
+        return;
+    }
+    if (h != 0) return;
+    int idx = 0;
+#pragma unroll
+    for (int i = 0; i < P::SA; ++i)
+#pragma unroll
+        for (int j = 0; j < P::SB; ++j) {
+            const int I = P::A0 + i, J = P::B0 + j;
+            out[(8 * I + g) * kp + 8 * J + 2 * tq] = acc[idx][0] + mine[(2 * idx) * 32 + lane];
+            out[(8 * I + g) * kp + 8 * J + 2 * tq + 1] = acc[idx][1] + mine[(2 * idx + 1) * 32 + lane];
+            ++idx;
+        }
+#pragma unroll
+    for (int i = 0; i < P::SD; ++i)
+#pragma unroll
+        for (int j = i; j < P::SD; ++j) {
+            const int I = P::D0 + i, J = P::D0 + j;
+            out[(8 * I + g) * kp + 8 * J + 2 * tq] = acc[idx][0] + mine[(2 * idx) * 32 + lane];
+            out[(8 * I + g) * kp + 8 * J + 2 * tq + 1] = acc[idx][1] + mine[(2 * idx + 1) * 32 + lane];
+            ++idx;
+        }
+}
+
+template <typename T, bool W, int S0, int S1, int S2, int STAGE = MPIML_LINEAR_MMA3_STAGE>
+__global__ void __launch_bounds__(MPIML_LINEAR_MMA3_THREADS, 2)
+mpiml_linear_gram_mma3(const T* __restrict__ X, const long long n, const int d, const T* __restrict__ Y, const int t,
+                       const T* __restrict__ w, const long long rows_per_block, const int kp,
+                       double* __restrict__ partial) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    // two buffers of MPIML_LINEAR_MMA3_STAGE x (kp + 4) doubles, each followed by the stage's weights
+    extern __shared__ __align__(16) double zs[];
+    constexpr int NT = S0 + S1 + S2;
+    constexpr int TM = mpiml_linear_g3max<S0, S1, S2>::M;
+    constexpr int THREADS = MPIML_LINEAR_MMA3_THREADS;
+    const int ld = kp + 4;
+    const int bufsize = STAGE * ld + STAGE;
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int grp = warp % 3, h = warp / 3;
+    const int g = lane >> 2, tq = lane & 3;
+    const int extra = kp - d;
+    const float inv_d = 1.0f / (float)d;            // exact e / d by a float product, as in mpiml_linear_gram
+    double acc[TM][2];
+#pragma unroll
+    for (int j = 0; j < TM; ++j) acc[j][0] = acc[j][1] = 0.0;
+
+    // a stage is STAGE * d contiguous values of X: when a row is a whole number of 16-byte units, the next
+    // stage travels as such units in registers (VPT per thread cover d <= 8 NT; checked, else plain loads)
+    constexpr int EPU = 16 / sizeof(T);
+    constexpr int VPT = (STAGE * 8 * NT / EPU + THREADS - 1) / THREADS;
+    const bool vec = (d % EPU) == 0 && STAGE * d / EPU <= VPT * THREADS;
+    const bool yreg = STAGE * t <= THREADS;
+    uint4 buf[VPT];
+    T ybuf = (T)0, wbuf = (T)0;
+    const long long r0 = (long long)blockIdx.x * rows_per_block;
+    const long long r1 = min(n, r0 + rows_per_block);
+    auto prefetch = [&](long long s) {
+        const int m = (int)min((long long)STAGE, r1 - s);
+        if (vec) {
+            const int units = m * d / EPU;
+            const uint4* src = reinterpret_cast<const uint4*>(X + s * d);
+#pragma unroll
+            for (int u = 0; u < VPT; ++u) {
+                const int i = tid + u * THREADS;
+                if (i < units) buf[u] = src[i];
+            }
+        }
+        if (yreg && tid < m * t) ybuf = Y[s * t + tid];
+        if (W && tid < m) wbuf = w[s + tid];
+    };
+    auto store = [&](double* zb, long long s) {
+        const int m = (int)min((long long)STAGE, r1 - s);
+        if (vec) {
+            const int units = m * d / EPU;
+            const int all = STAGE * d / EPU;
+#pragma unroll
+            for (int u = 0; u < VPT; ++u) {
+                const int i = tid + u * THREADS;
+                if (i < all) {                      // a unit lies in one row (d % EPU == 0): 16-byte stores
+                    const T* v = reinterpret_cast<const T*>(&buf[u]);
+                    const int e = i * EPU;
+                    const int r = (int)(((float)e + 0.5f) * inv_d);
+                    double2* dst = reinterpret_cast<double2*>(zb + r * ld + (e - r * d));
+                    const bool ok = i < units;
+#pragma unroll
+                    for (int q = 0; q < EPU; q += 2)
+                        dst[q / 2] = ok ? make_double2((double)v[q], (double)v[q + 1]) : make_double2(0.0, 0.0);
+                }
+            }
+        } else {
+            const T* xs = X + s * d;
+            for (int e = tid; e < STAGE * d; e += THREADS) {
+                const int r = (int)(((float)e + 0.5f) * inv_d);
+                zb[r * ld + (e - r * d)] = (r < m) ? (double)xs[e] : 0.0;
+            }
+        }
+        if (yreg) {
+            if (tid < STAGE * t) {
+                const int r = tid / t;
+                zb[r * ld + d + (tid - r * t)] = (r < m) ? (double)ybuf : 0.0;
+            }
+        } else {
+            for (int e = tid; e < STAGE * t; e += THREADS) {
+                const int r = e / t;
+                zb[r * ld + d + (e - r * t)] = (r < m) ? (double)Y[s * t + e] : 0.0;
+            }
+        }
+        if (m < STAGE) {                            // the block's last stage, partial: its empty rows count no one
+            for (int r = m + tid; r < STAGE; r += THREADS) zb[r * ld + d + t] = 0.0;
+        }
+        if (W && tid < STAGE) zb[STAGE * ld + tid] = (tid < m) ? (double)wbuf : 0.0;
+    };
+    {                                               // the ones column and the padding of both buffers
+        const int ones = extra - t;
+        for (int e = tid; e < 2 * STAGE * ones; e += THREADS) {
+            const int r = e / ones;                 // 0 .. 2 STAGE - 1: row r % STAGE of buffer r / STAGE
+            const int c = e - r * ones;
+            zs[(r / STAGE) * bufsize + (r % STAGE) * ld + d + t + c] = c == 0 ? 1.0 : 0.0;
+        }
+    }
+    __syncthreads();
+    if (r0 < r1) {
+        prefetch(r0);
+        store(zs, r0);
+    }
+    __syncthreads();
+    int cur = 0;
+    for (long long s = r0; s < r1; s += STAGE) {
+        const bool more = s + STAGE < r1;
+        if (more) prefetch(s + STAGE);              // in flight while the tensor cores work
+        const double* zb = zs + cur * bufsize;
+        const double* wb = zb + STAGE * ld;
+        if (grp == 0) mpiml_linear_gram3_stage<W, S0, S1, S2, 0, TM, STAGE>(acc, zb, wb, ld, g, tq, h);
+        else if (grp == 1) mpiml_linear_gram3_stage<W, S0, S1, S2, 1, TM, STAGE>(acc, zb, wb, ld, g, tq, h);
+        else mpiml_linear_gram3_stage<W, S0, S1, S2, 2, TM, STAGE>(acc, zb, wb, ld, g, tq, h);
+        if (more) store(zs + (cur ^ 1) * bufsize, s + STAGE);   // the other buffer: read by no one now
+        __syncthreads();
+        cur ^= 1;
+    }
+    // the two halves: park the second's sums (the staging buffers are free now), add, write
+    double* out = partial + (long long)blockIdx.x * kp * kp;
+    for (int pass = 0; pass < 2; ++pass) {
+        if (grp == 0) mpiml_linear_gram3_out<S0, S1, S2, 0, TM>(acc, zs, out, kp, lane, g, tq, h, pass == 1);
+        else if (grp == 1) mpiml_linear_gram3_out<S0, S1, S2, 1, TM>(acc, zs, out, kp, lane, g, tq, h, pass == 1);
+        else mpiml_linear_gram3_out<S0, S1, S2, 2, TM>(acc, zs, out, kp, lane, g, tq, h, pass == 1);
+        __syncthreads();
+    }
+#endif
+}
+
+// mpiml_linear_gram_mma3g<T, W, S0, S1, S2, KA>: mpiml_linear_gram_mma3's tiles with the fragments read
+// straight from global memory (no staging in shared memory, no barrier in the loop).  Lane (g, tq) of a
+// k-step of 4 rows holds Z(row tq, 8 I + g) for each tile row I of its two groups: X's values (8 lanes read
+// 32 contiguous bytes), then Y, the ones column and the zero padding.  Each warp keeps KA k-steps of raw
+// values in flight (a ring in registers, refilled as it is consumed).  A group's warps take alternate
+// k-steps of the block's rows; each of X's columns is read by two of the three groups (the second read
+// mostly from L1).  The halves' sums are added as in mpiml_linear_gram_mma3.
+template <typename T, bool W, int S0, int S1, int S2, int G, int KA, int TM>
+__device__ __forceinline__ void mpiml_linear_gram3g_run(double (&acc)[TM][2], const T* __restrict__ X,
+                                                        const long long r0, const long long r1, const int d,
+                                                        const T* __restrict__ Y, const int t,
+                                                        const T* __restrict__ w, const int g, const int tq,
+                                                        const int h) {
+    using P = mpiml_linear_g3<S0, S1, S2, G>;
+    constexpr int NA = P::SA > 0 ? P::SA : 1, NB = P::SB > 0 ? P::SB : 1;
+    T ra[KA][NA], rb[KA][NB], rw[KA];
+    const long long nk = (r1 - r0 + 3) / 4;          // k-steps of the block; this warp takes h, h + 2, ...
+    auto value = [&](const long long row, const int col) -> T {
+        if (row >= r1) return (T)0;
+        if (col < d) return X[row * d + col];
+        if (col < d + t) return Y[row * t + (col - d)];
+        return col == d + t ? (T)1 : (T)0;
+    };
+    auto load = [&](const int u, const long long j) {  // k-step j into slot u of the ring
+        const long long row = r0 + 4 * j + tq;
+#pragma unroll
+        for (int i = 0; i < P::SA; ++i) ra[u][i] = value(row, 8 * (P::A0 + i) + g);
+#pragma unroll
+        for (int i = 0; i < P::SB; ++i) rb[u][i] = value(row, 8 * (P::B0 + i) + g);
+        if (W) rw[u] = row < r1 ? w[row] : (T)0;
+    };
+#pragma unroll
+    for (int u = 0; u < KA; ++u) load(u, h + 2LL * u);
+    for (long long j0 = h; j0 < nk; j0 += 2LL * KA) {
+#pragma unroll
+        for (int u = 0; u < KA; ++u) {
+            double fa[NA], fb[NB], wa[NA], wb[NB];
+            const double wr = W ? (double)rw[u] : 1.0;
+#pragma unroll
+            for (int i = 0; i < P::SA; ++i) {
+                fa[i] = (double)ra[u][i];
+                wa[i] = W ? fa[i] * wr : fa[i];
+            }
+#pragma unroll
+            for (int i = 0; i < P::SB; ++i) {
+                fb[i] = (double)rb[u][i];
+                wb[i] = (W && !P::DA) ? fb[i] * wr : fb[i];
+            }
+            load(u, j0 + 2LL * (u + KA));             // the ring slot is free: refill it KA k-steps ahead
+            int idx = 0;
+#pragma unroll
+            for (int i = 0; i < P::SA; ++i)
+#pragma unroll
+                for (int j = 0; j < P::SB; ++j) mpiml_linear_dmma(acc[idx++], wa[i], fb[j]);
+#pragma unroll
+            for (int i = 0; i < P::SD; ++i)
+#pragma unroll
+                for (int j = i; j < P::SD; ++j) {
+                    if constexpr (P::DA) mpiml_linear_dmma(acc[idx++], wa[i], fa[j]);
+                    else mpiml_linear_dmma(acc[idx++], wb[i], fb[j]);
+                }
+        }
+    }
+}
+
+template <typename T, bool W, int S0, int S1, int S2, int KA>
+__global__ void __launch_bounds__(MPIML_LINEAR_MMA3_THREADS, 2)
+mpiml_linear_gram_mma3g(const T* __restrict__ X, const long long n, const int d, const T* __restrict__ Y, const int t,
+                        const T* __restrict__ w, const long long rows_per_block, const int kp,
+                        double* __restrict__ partial) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) double zs[];    // parks the second half's sums at the end
+    constexpr int TM = mpiml_linear_g3max<S0, S1, S2>::M;
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int grp = warp % 3, h = warp / 3;
+    const int g = lane >> 2, tq = lane & 3;
+    double acc[TM][2];
+#pragma unroll
+    for (int j = 0; j < TM; ++j) acc[j][0] = acc[j][1] = 0.0;
+    const long long r0 = (long long)blockIdx.x * rows_per_block;
+    const long long r1 = min(n, r0 + rows_per_block);
+    if (grp == 0) mpiml_linear_gram3g_run<T, W, S0, S1, S2, 0, KA, TM>(acc, X, r0, r1, d, Y, t, w, g, tq, h);
+    else if (grp == 1) mpiml_linear_gram3g_run<T, W, S0, S1, S2, 1, KA, TM>(acc, X, r0, r1, d, Y, t, w, g, tq, h);
+    else mpiml_linear_gram3g_run<T, W, S0, S1, S2, 2, KA, TM>(acc, X, r0, r1, d, Y, t, w, g, tq, h);
+    double* out = partial + (long long)blockIdx.x * kp * kp;
+    for (int pass = 0; pass < 2; ++pass) {
+        if (grp == 0) mpiml_linear_gram3_out<S0, S1, S2, 0, TM>(acc, zs, out, kp, lane, g, tq, h, pass == 1);
+        else if (grp == 1) mpiml_linear_gram3_out<S0, S1, S2, 1, TM>(acc, zs, out, kp, lane, g, tq, h, pass == 1);
+        else mpiml_linear_gram3_out<S0, S1, S2, 2, TM>(acc, zs, out, kp, lane, g, tq, h, pass == 1);
+        __syncthreads();
+    }
+#endif
+}
+
 __device__ __forceinline__ double mpiml_linear_warp_sum(double v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -438,3 +776,43 @@ __global__ void mpiml_linear_sum_blocks(const double* __restrict__ partial, cons
         out[j] = s;
     }
 }
+
+// mpiml_linear_sum_sym: the symmetric k x k Gram matrix from the blocks' partials of a Gram kernel:
+// out[i][j] = Σ_g partial[g * kp * kp + min(i, j) * kp + max(i, j)] in block order (deterministic).  The
+// kernels write the upper triangle of their tiles only, and this reads nothing else, so the partials
+// need no zeroing; the symmetrisation is part of the same pass.
+__global__ void mpiml_linear_sum_sym(const double* __restrict__ partial, const int nblocks, const int kp, const int k,
+                                     double* __restrict__ out) {
+    const long long m = (long long)kp * kp;
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < k * k; e += gridDim.x * blockDim.x) {
+        const int i = e / k, j = e - (e / k) * k;
+        const double* p = partial + (long long)min(i, j) * kp + max(i, j);
+        double s = 0.0;
+#pragma unroll 8
+        for (int g = 0; g < nblocks; ++g) s += p[g * m];
+        out[e] = s;
+    }
+}
+
+// mpiml_linear_sum_pack: the blocks' partials of mpiml_linear_logistic ([loss, Σ g, Σ g x], m = d + 2 per
+// block) summed in block order (the bits of mpiml_linear_sum_blocks) and laid out as the host wants them for
+// the allreduce: [loss (if LOSS), Σ g x (d), scale Σ g (if FI), fp, fp²], fp the fingerprint of the point.
+__global__ void mpiml_linear_sum_pack(const double* __restrict__ partial, const int nblocks, const int d,
+                                      const int loss, const int fi, const double scale, const double fp,
+                                      double* __restrict__ out) {
+    const int m = d + 2;
+    const int len = loss + d + fi;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < len + 2; j += gridDim.x * blockDim.x) {
+        if (j >= len) {
+            out[j] = j == len ? fp : fp * fp;
+            continue;
+        }
+        int src = 1;                                 // Σ g, for the intercept
+        if (loss && j == 0) src = 0;
+        else if (j - loss < d) src = 2 + (j - loss);
+        double s = 0.0;
+        for (int g = 0; g < nblocks; ++g) s += partial[(long long)g * m + src];
+        out[j] = src == 1 ? scale * s : s;
+    }
+}
+
