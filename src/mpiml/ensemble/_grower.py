@@ -49,7 +49,7 @@ import time
 
 import numpy as np
 
-from . import _cpu_kernels, _owner_search, _tree_parallel
+from . import _cpu_kernels, _owner_search, _scatter_split, _tree_parallel
 from ._hist import STREAM_FEATURES, hash_uniform, stream_lead
 from ._split import choose, decide, dense_candidates, node_stats, thresholds
 
@@ -162,9 +162,16 @@ class TreeGrower:
         # several host ranks: nodes with fewer rows than bins gather their rows instead of reducing histograms
         self.gather_small = (self.cpu and not alone and not self.full and self._candidate_search(self.C) is not None
                              and os.environ.get("MPIML_RF_GATHER_SMALL", "1") != "0")
+        # several ranks with the compiled search: histograms reduce-scattered, each rank searches its share
+        self.scatter = _scatter_split.applies(self)
+        self.gather_small = self.gather_small and not self.scatter
+        # MPIML_RF_LEVEL_PROFILE=1: a sync point before each level's collectives times the ranks' skew apart
+        self.level_profile = os.environ.get("MPIML_RF_LEVEL_PROFILE", "0") == "1"
         self.stats = {"hist_s": 0.0, "allreduce_s": 0.0, "split_s": 0.0, "route_s": 0.0,
                       "allreduce_bytes": 0, "allreduce_calls": 0, "levels": 0, "hist_elements": 0,
-                      "hist_nodes_built": 0, "hist_nodes_derived": 0}
+                      "hist_nodes_built": 0, "hist_nodes_derived": 0, "wait_s": 0.0,
+                      "reduce_scatter_s": 0.0, "reduce_scatter_bytes": 0, "reduce_scatter_calls": 0,
+                      "allgather_s": 0.0, "allgather_bytes": 0, "allgather_calls": 0}
 
     # ------------------------------------------------------------------ per-tree row state
     def _elements(self, trees):
@@ -238,9 +245,10 @@ class TreeGrower:
         return np.argsort(u, axis=1, kind="stable") if xp is np else xp.argsort(u, axis=1)   # CuPy's is stable
 
     # ------------------------------------------------------------------ histograms
-    def _build(self, el, slots, fsel):
+    def _build(self, el, slots, fsel, feature_major=False):
         """This rank's histograms ``(len(slots), FH, B, C)`` (float64) and extras ``(len(slots), E)``
-        of the segments ``slots`` (host ints), features ``fsel`` (``(len(slots), FH)`` on ``xp``)."""
+        of the segments ``slots`` (host ints), features ``fsel`` (``(len(slots), FH)`` on ``xp``);
+        ``feature_major``: the histograms as ``(FH, len(slots), B, C)`` (C order)."""
         xp, s = self.xp, self.s
         B, C, D, K = self.B, self.C, self.D, self.K
         n, FH = len(slots), int(fsel.shape[1])
@@ -251,12 +259,17 @@ class TreeGrower:
         if self.kernel is not None and n:
             h = self.kernel.build_histograms(s.Xb, el.row, el.w, el.wy, s.y if K else None, seg_start, seg_len,
                                              fsel.astype(xp.int32), B, K, bool(D), self._max_weight)
-            hist = None if h is None else h.astype(xp.float64)
+            if h is not None:      # one pass: the int64 sums to float64, in the layout asked for
+                hist = xp.ascontiguousarray(h.transpose(1, 0, 2, 3), dtype=xp.float64) if feature_major \
+                    else h.astype(xp.float64)
+                feature_major = False
         if hist is None and self.cpu:
             hist = _cpu_kernels.build_histograms(self.cols, el.row, el.w, el.wy, s.y if K else None, seg_start, seg_len,
                                                  fsel, B, K, bool(D))
         if hist is None:
             hist = self._bincount_histogram(el, seg_start, seg_len, fsel)
+        if feature_major:
+            hist = xp.ascontiguousarray(hist.transpose(1, 0, 2, 3))
         extra = xp.zeros((n, self.E), dtype=xp.float64)
         if n:
             extra[:, 0] = xp.asarray(seg_len.astype(np.float64))
@@ -337,6 +350,11 @@ class TreeGrower:
             return hist, extra
         buf = xp.concatenate([hist.ravel(), extra.ravel()])
         _sync(xp)
+        if self.level_profile:                   # the ranks' skew apart from the transfer
+            t0 = time.perf_counter()
+            comm.allreduce(xp.zeros(1))
+            _sync(xp)
+            self.stats["wait_s"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         buf = comm.allreduce(buf)
         _sync(xp)
@@ -467,6 +485,8 @@ class TreeGrower:
             return self._fused_level(el, perm, depth, root_w), None
         if self.gather_small:
             return self._mixed_level(el, perm, depth, root_w), None
+        if self.scatter:
+            return _scatter_split.split_level(self, el, perm, depth, root_w, parent, keep)
         S = len(el.starts) - 1
         m, F, B, C = self.m, self.F, self.B, self.C
         FH = F if self.full else m
