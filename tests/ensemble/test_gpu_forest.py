@@ -273,7 +273,8 @@ def test_forest_gpu_spmd(mpi, n):
     if gpus < n and n != 3:
         pytest.skip(f"{n} ranks run with {n} GPUs; ranks sharing a GPU are tested at 3")
     if gpus < n:
-        env["MPIML_COMM_ALGO"] = "allreduce:mpi/native"
+        # the levels' reduce-scatter and allgather (scatter split search) are staged as well
+        env["MPIML_COMM_ALGO"] = "allreduce:mpi/native;reduce_scatter:mpi/native;allgather:mpi/native"
     mpi(os.path.join(HERE, "forest_gpu_script.py"), n, timeout=300, env=env)
 
 

@@ -1,7 +1,7 @@
 """``mpiml bench ml --algo rf``: random-forest training at 1, 2, 4, ... ranks against scikit-learn.
 
 The driver (a plain process) launches one MPI job of ``max(--ranks)`` ranks;
-inside it, sub-communicators of 1, 2, 4, ... ranks (``split``) draw the same
+inside it, sub-communicators of 1, 2, 4, ... ranks (``split``; the world itself at every rank) draw the same
 global data set (``mpiml.datasets.make_classification`` for the classifier,
 ``make_regression`` for the regressor: the rows do not depend on the rank
 count) and fit :class:`mpiml.ensemble.RandomForestClassifier` and
@@ -142,7 +142,8 @@ def _worker(args, outfile):
     runs, sklearn = [], []
     for est in args.estimators.split(","):
         for R in [int(r) for r in args.ranks.split(",")]:
-            sub = world.split(0 if world.rank < R else None, key=world.rank)
+            # every rank: the world itself (what a user's fit gets); fewer: a sub-communicator
+            sub = world if R == world.size else world.split(0 if world.rank < R else None, key=world.rank)
             if sub is not None:
                 X, y, Xt, yt = _data(args, sub, device, est)
                 for training in args.training.split(","):
@@ -150,7 +151,8 @@ def _worker(args, outfile):
                     st = rf._fit_stats
                     mine = np.array([fit_s, st.get("hist_s", 0.0), st.get("allreduce_s", 0.0), st.get("split_s", 0.0),
                                      st.get("route_s", 0.0), st.get("bins_s", 0.0), st.get("reduce_scatter_s", 0.0),
-                                     st.get("allgather_s", 0.0), st.get("wait_s", 0.0)])
+                                     st.get("allgather_s", 0.0), st.get("wait_s", 0.0), st.get("elements_s", 0.0),
+                                     st.get("orders_s", 0.0), st.get("record_s", 0.0), st.get("grow_s", 0.0)])
                     worst = sub.allreduce(mine, op="max") if sub.size > 1 else mine
                     least = sub.allreduce(mine, op="min") if sub.size > 1 else mine
                     level_ops = {op: summary["ops"][op] for op in ("allreduce", "reduce_scatter", "allgather")
@@ -198,6 +200,12 @@ def _worker(args, outfile):
                                                          + st.get("allgather_bytes", 0)) / levels,
                                # MPIML_RF_LEVEL_PROFILE=1: time spent waiting for the slowest rank before them
                                "skew_wait_s": float(worst[8]),
+                               # per batch: the bootstrap draws and root elements; per level: the feature orders
+                               # and the host records of the nodes
+                               "elements_s": float(worst[9]), "orders_s": float(worst[10]),
+                               "record_s": float(worst[11]),
+                               # the grower's whole time (the rest of fit_s: checks, bins, the trees' arrays)
+                               "grow_s": float(worst[12]),
                                "collective_paths": {op: o["paths"] for op, o in level_ops.items()},
                                "collective_seconds": {op: o["seconds"] for op, o in level_ops.items()},
                                "scatter": bool(st.get("reduce_scatter_calls", 0))}

@@ -171,7 +171,8 @@ class TreeGrower:
                       "allreduce_bytes": 0, "allreduce_calls": 0, "levels": 0, "hist_elements": 0,
                       "hist_nodes_built": 0, "hist_nodes_derived": 0, "wait_s": 0.0,
                       "reduce_scatter_s": 0.0, "reduce_scatter_bytes": 0, "reduce_scatter_calls": 0,
-                      "allgather_s": 0.0, "allgather_bytes": 0, "allgather_calls": 0}
+                      "allgather_s": 0.0, "allgather_bytes": 0, "allgather_calls": 0,
+                      "elements_s": 0.0, "orders_s": 0.0, "record_s": 0.0}
 
     # ------------------------------------------------------------------ per-tree row state
     def _elements(self, trees):
@@ -414,6 +415,7 @@ class TreeGrower:
         """Grow the trees with global indices ``trees``; returns a list of per-tree dicts of host arrays."""
         if _tree_parallel.applies(self, trees):            # several host ranks: whole trees per rank
             return _tree_parallel.grow(self, trees)
+        start = time.perf_counter()
         out = []
         # the same on every rank (the batches decide the sequence of allreduces): agreed numbers only
         per_batch = max(1, self.s.batch_elements // max(self.s.max_local_rows, 1))
@@ -424,12 +426,16 @@ class TreeGrower:
             if getattr(self.s, "verbose", 0) and getattr(self.s, "rank", 0) == 0:
                 print(f"grew trees {batch[0]}-{batch[-1]} in {time.perf_counter() - t0:.2f} s "
                       f"({len(trees) - a - len(batch)} to go)", flush=True)
+        self.stats["grow_s"] = self.stats.get("grow_s", 0.0) + time.perf_counter() - start
         return out
 
     def _grow_batch(self, trees):
         xp, s = self.xp, self.s
         T = len(trees)
+        t0 = time.perf_counter()
         el = self._elements(trees)
+        _sync(xp)
+        self.stats["elements_s"] += time.perf_counter() - t0
         levels = []
         ranges = np.zeros((T, 2), dtype=np.int64)
         ranges[:, 1] = 1                            # node ids [lo, hi) of the current level, per tree
@@ -441,7 +447,10 @@ class TreeGrower:
             k = ranges[:, 1] - ranges[:, 0]
             slot_tree = np.repeat(np.arange(T), k)
             root_w = None if roots is None else roots[slot_tree]
+            t0 = time.perf_counter()
             perm = self._feature_sets([trees[t] for t in range(T)], ranges)
+            _sync(xp)
+            self.stats["orders_s"] += time.perf_counter() - t0
             if s.max_depth is not None and depth >= s.max_depth:
                 dec = self._leaf_level(el, perm, depth, root_w)
                 parent = None
@@ -450,7 +459,9 @@ class TreeGrower:
                 dec, parent = self._split_level(el, perm, depth, root_w, parent, keep)
             if roots is None:
                 roots = dec["W"].copy()
+            t0 = time.perf_counter()
             ranges = self._record(levels, ranges, dec)
+            self.stats["record_s"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             el = self._partition(el, dec)
             _sync(xp)

@@ -224,7 +224,7 @@ SPLIT_MAX_CHANNELS = 8
 
 
 def split_candidates(H, fpos, tot, mwl, sw, sy, n_classes, count_rows, min_samples_leaf):
-    """The best split of every (node, candidate feature) pair of reduced histograms, one thread per pair.
+    """The best split of every (node, candidate feature) pair of reduced histograms, one warp per pair.
 
     The GPU twin of :func:`mpiml.ensemble._cpu_kernels.split_candidates` (same parameters, CuPy
     arrays; gini for ``n_classes > 0``, squared error for 0; at most :data:`SPLIT_MAX_CHANNELS`
@@ -244,7 +244,7 @@ def split_candidates(H, fpos, tot, mwl, sw, sy, n_classes, count_rows, min_sampl
         return outs
     has_mwl = mwl is not None
     fn = _function(expr=f"mpiml_hist_split<{'true' if n_classes else 'false'}>")
-    fn((-(-n // _THREADS),), (_THREADS,),
+    fn((-(-n * 32 // _THREADS),), (_THREADS,),                     # a warp per pair
        (cupy.ascontiguousarray(H, dtype=cupy.float64), np.int64(FH), np.int32(B), np.int32(C),
         cupy.ascontiguousarray(fpos, dtype=cupy.int64), np.int32(m), np.int64(S),
         cupy.ascontiguousarray(tot, dtype=cupy.float64),
