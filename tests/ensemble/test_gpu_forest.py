@@ -180,6 +180,14 @@ def test_bootstrap_counts_on_cupy_equal_numpy(weighted):
     np.testing.assert_array_equal(cp.asnumpy(got), want)
     assert np.all(want.sum(axis=1) == 250_000)
     np.testing.assert_array_equal(cp.asnumpy(dev.counts(keys, 12_345, 100_000)), want[:, 12_345:112_345])
+    # a rank's share that starts and ends inside blocks (the kernel counts the blocks that meet it)
+    lo, hi = 70_001, 220_003
+    before = float(lo) if w is None else float(np.rint(w[:lo] * host.scale).sum())
+    part = Bootstrap(cp, 250_000, N, lo, hi - lo, weights=None if w is None else cp.asarray(w[lo:hi]),
+                     state={**host.state, "before": before})
+    np.testing.assert_array_equal(cp.asnumpy(part.counts(keys)), want[:, lo:hi])
+    for key in keys[:1]:             # one tree: the same counts as through the stacked path
+        np.testing.assert_array_equal(cp.asnumpy(part.counts([key])[0]), want[0, lo:hi])
 
 
 @pytest.mark.parametrize("cls_name", ["RandomForestClassifier", "RandomForestRegressor"])

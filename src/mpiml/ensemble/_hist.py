@@ -57,6 +57,11 @@ def stream_lead(seed, stream):
     return ((int(seed) * _C_STREAM) ^ (int(stream) << 56)) & _MASK
 
 
+def hash_head(seed, stream, a):
+    """The 64-bit word that :func:`hash_uniform` adds to ``b * C_B`` for a Python-integer counter ``a``."""
+    return _mix_int(((int(seed) * _C_STREAM) ^ (int(stream) << 56) ^ (int(a) * _C_A)) & _MASK)
+
+
 def hash_uniform(xp, seed, stream, a, b):
     """Uniform floats in [0, 1) keyed by ``(seed, stream, a, b)``; ``b`` an integer array.
 
@@ -77,7 +82,7 @@ def hash_uniform(xp, seed, stream, a, b):
     """
     with np.errstate(over="ignore"):
         if isinstance(a, (int, np.integer)):
-            head = xp.uint64(_mix_int(((int(seed) * _C_STREAM) ^ (int(stream) << 56) ^ (int(a) * _C_A)) & _MASK))
+            head = xp.uint64(hash_head(seed, stream, a))
         else:                               # one counter ``a`` per entry (broadcast against ``b``)
             lead = xp.uint64(stream_lead(seed, stream))
             head = _mix(xp, lead ^ (xp.asarray(a).astype(xp.uint64) * xp.uint64(_C_A)))
