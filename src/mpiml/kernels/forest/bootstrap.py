@@ -27,11 +27,17 @@ def _function(weighted):
     return fns[EXPRESSIONS[int(bool(weighted))]]
 
 
+_SMEM = {}
+
+
 def _smem_limit():
+    """The largest opt-in shared memory of a block on the current device (bytes), memoised."""
     import cupy
 
-    attrs = cupy.cuda.Device().attributes
-    return int(attrs.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
+    dev = cupy.cuda.runtime.getDevice()
+    if dev not in _SMEM:
+        _SMEM[dev] = int(cupy.cuda.Device(dev).attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
+    return _SMEM[dev]
 
 
 def tree_counts(head, first, Q, base, b0, S, g0, n, cum, c_lo, c_hi, out):
