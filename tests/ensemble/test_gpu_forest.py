@@ -38,14 +38,15 @@ def _reference(Xb, row, w, wy, y, seg_start, seg_len, fsel, B, K, D):
     return H
 
 
-def _case(rng, n_rows, F, B, K, lens, FH, w_max, signed_wy=False):
+def _case(rng, n_rows, F, B, K, lens, FH, w_max, signed_wy=False, wy_max=None):
     Xb = rng.integers(0, B, size=(n_rows, F), dtype=np.uint8)
     y = rng.integers(0, max(K, 1), size=n_rows).astype(np.int32)
     lens = np.asarray(lens, dtype=np.int64)
     total = int(lens.sum())
     row = rng.integers(0, n_rows, size=total).astype(np.int32)
     w = rng.integers(1, w_max + 1, size=total).astype(np.float64)
-    wy = rng.integers(-w_max, w_max + 1, size=total).astype(np.float64) if signed_wy else None
+    wy_max = w_max if wy_max is None else wy_max
+    wy = rng.integers(-wy_max, wy_max + 1, size=total).astype(np.float64) if signed_wy else None
     starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
     fsel = np.stack([rng.permutation(F)[:FH] for _ in range(len(lens))]) if len(lens) else np.zeros((0, FH), int)
     return Xb, row, w, wy, y, starts, lens, fsel.astype(np.int32)
@@ -60,6 +61,9 @@ def _case(rng, n_rows, F, B, K, lens, FH, w_max, signed_wy=False):
     ("odd bins, one feature", 999, 1, 3, 5, 1, [1, 998], 1, 7, False),
     ("segments cut into items", 80000, 4, 256, 2, 0, [70001, 9999], 4, 2, False),
     ("40 classes (opt-in shared memory)", 3000, 4, 256, 40, 0, [1500, 1500], 3, 2 ** 40, False),
+    # regression with small integer weights: the narrow weight channel, weight * y wide (carries, signs)
+    ("regression, narrow weight", 70000, 32, 256, 0, 0, [40000, 0, 29000, 1], 32, 6, True),
+    ("regression, narrow weight, row count", 9000, 20, 100, 0, 1, [8000, 999, 1], 20, 3, True),
 ])
 def test_histogram_kernel_equals_numpy(name, n_rows, F, B, K, D, lens, FH, w_max, signed):
     import cupy as cp
@@ -67,7 +71,8 @@ def test_histogram_kernel_equals_numpy(name, n_rows, F, B, K, D, lens, FH, w_max
     from mpiml.kernels.forest.histograms import build_histograms
 
     rng = np.random.default_rng(abs(hash(name)) % 2 ** 32)
-    Xb, row, w, wy, y, starts, lens, fsel = _case(rng, n_rows, F, B, K, lens, FH, w_max, signed)
+    wy_max = 2 ** 44 if "narrow weight" in name else None
+    Xb, row, w, wy, y, starts, lens, fsel = _case(rng, n_rows, F, B, K, lens, FH, w_max, signed, wy_max)
     want = _reference(Xb, row, w, wy, y, starts, lens, fsel, B, K, D)
     got = build_histograms(cp.asarray(Xb), cp.asarray(row), cp.asarray(w), None if wy is None else cp.asarray(wy),
                            cp.asarray(y) if K else None, starts, lens, cp.asarray(fsel), B, K, bool(D),

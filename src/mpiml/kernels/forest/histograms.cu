@@ -78,6 +78,52 @@ mpiml_hist_build(const unsigned char* __restrict__ Xb, const long long n_feature
     }
 }
 
+// Regression with integer weights whose sums fit 32 bits (the bootstrap's draw counts): the weight
+// channel narrow, weight * y wide.  Shared memory per bin: [rows (D)], w, wy low word, wy high word
+// (D + 3 words instead of 2 D + 4): a tile holds a third more features, so an element's row is read by
+// fewer blocks.  Output as mpiml_hist_build<false, D, *>: (slot, FH, B, D + 2) int64.
+template <int D>
+__global__ void __launch_bounds__(MPIML_HIST_THREADS)
+mpiml_hist_build_reg(const unsigned char* __restrict__ Xb, const long long n_features,
+                     const int* __restrict__ elem_row, const double* __restrict__ elem_w,
+                     const double* __restrict__ elem_wy, const int* __restrict__ y,
+                     const int* __restrict__ fsel, const int FH,
+                     const int* __restrict__ items, const int tile_features, const int B, const int K,
+                     unsigned long long* __restrict__ hist) {
+    const int C = D + 2;
+    const int WB = D + 3;                         // words per bin
+    extern __shared__ unsigned int acc[];
+    const int* it = items + 4 * (long long)blockIdx.x;
+    const int slot = it[0], f0 = it[1], e0 = it[2], e1 = it[3];
+    const int nf = min(tile_features, FH - f0);
+    const int entries = nf * B;                   // bins of the tile
+    for (int i = threadIdx.x; i < entries * WB; i += blockDim.x) acc[i] = 0u;
+    __syncthreads();
+
+    const int* fs = fsel + (long long)slot * FH + f0;
+    const long long pairs = (long long)(e1 - e0) * nf;
+    for (long long p = threadIdx.x; p < pairs; p += blockDim.x) {
+        const int e = e0 + (int)(p / nf);
+        const int j = (int)(p % nf);
+        const long long r = elem_row[e];
+        const int b = Xb[r * n_features + fs[j]];
+        unsigned int* a = acc + (j * B + b) * WB;
+        if (D) atomicAdd(a, 1u);
+        atomicAdd(a + D, (unsigned int)__double2ll_rn(elem_w[e]));
+        mpiml_hist_add<true>(a + D + 1, 0, __double2ll_rn(elem_wy[e]));
+    }
+    __syncthreads();
+
+    unsigned long long* out = hist + ((long long)slot * FH + f0) * B * C;
+    for (int i = threadIdx.x; i < entries; i += blockDim.x) {
+        const unsigned int* a = acc + i * WB;
+        if (D && a[0]) atomicAdd(out + (long long)i * C, (unsigned long long)a[0]);
+        if (a[D]) atomicAdd(out + (long long)i * C + D, (unsigned long long)a[D]);
+        const unsigned long long v = ((unsigned long long)a[D + 2] << 32) | a[D + 1];
+        if (v) atomicAdd(out + (long long)i * C + D + 1, v);
+    }
+}
+
 // Row partition of a level (stable, all trees at once), in two passes around one prefix sum.
 //
 // code[slot] is -1 for a leaf, else feature * 256 + bin: an element goes left when its row's bin of
