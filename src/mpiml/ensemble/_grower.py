@@ -178,15 +178,19 @@ class TreeGrower:
     def _elements(self, trees):
         """The root elements of a batch: per tree the rows of non-zero weight, in row order."""
         s, xp = self.s, self.xp
-        rows, ws, wys, wy2s, counts = [], [], [], [], []
+        rows, ws, wys, wy2s, segs, counts = [], [], [], [], [], []
         draws = [None] * len(trees)
-        if s.bootstrap is not None:
+        cw = None
+        if s.bootstrap is not None and getattr(s, "balanced_subsample", False):    # every tree's draws first
             draws = [s.bootstrap.counts([s.tree_keys[tree]])[0] for tree in trees]
-        cw = self._subsample_class_weights(draws) if getattr(s, "balanced_subsample", False) else None
+            cw = self._subsample_class_weights(draws)
         for i, tree in enumerate(trees):
             # with bootstrap the rows were drawn in proportion to their weights: a tree weighs them by their
             # draw counts (scikit-learn's bootstrap); without, by their weights
+            if s.bootstrap is not None and draws[i] is None:
+                draws[i] = s.bootstrap.counts([s.tree_keys[tree]])[0]
             w = s.weight if draws[i] is None else draws[i]
+            draws[i] = None                         # (one tree's counts alive at a time)
             if cw is not None:
                 w = w * xp.asarray(cw[i])[s.y]
             wq = xp.rint(w * s.scales[0])
@@ -194,6 +198,7 @@ class TreeGrower:
             rows.append(r.astype(xp.int32))
             ws.append(wq[r])
             counts.append(int(r.shape[0]))
+            segs.append(xp.full(counts[-1], i, dtype=xp.int32))      # made on the device, not sent from the host
             if not self.K:
                 wr, yr = w[r], s.y[r]
                 if self.Q > 1:
@@ -207,8 +212,7 @@ class TreeGrower:
                     wy2s.append(xp.rint(wr * y2 * s.scales[2]))
         cat = (lambda parts: xp.concatenate(parts)) if len(trees) > 1 else (lambda parts: parts[0])
         starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        seg = xp.asarray(np.repeat(np.arange(len(trees), dtype=np.int32), counts))
-        el = _Elements(cat(rows), seg, cat(ws), cat(wys) if wys else None, cat(wy2s) if wy2s else None, starts)
+        el = _Elements(cat(rows), cat(segs), cat(ws), cat(wys) if wys else None, cat(wy2s) if wy2s else None, starts)
         self._max_weight = float(el.w.max()) if el.w.shape[0] else 0.0
         return el
 
