@@ -336,3 +336,21 @@ def test_gpu_features_grow_the_numpy_trees(case):
     else:
         assert np.mean(np.all(np.isclose(pred.reshape(len(want), -1), want.reshape(len(want), -1), rtol=1e-6),
                               axis=1)) >= 0.97
+
+
+def test_gpu_bin_edges_equal_the_host_edges():
+    """The bin edges from columns sorted and read on the device: the host's."""
+    import cupy as cp
+
+    from mpiml.ensemble._hist import bin_edges
+
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((50000, 6)).astype(np.float32)
+    X[:, 1] = np.round(X[:, 1] * 4)
+    X[:, 2] = 3.0
+    for exact in (True, False):
+        want = bin_edges(X, 256, exact)
+        got = bin_edges(X, 256, exact, xp=cp)
+        for j in range(X.shape[1]):
+            np.testing.assert_array_equal(got[0][j], want[0][j])
+            assert (got[1][j] is None) == (want[1][j] is None)
