@@ -2,7 +2,8 @@
 
 Each rank searches its share of the level's (node, feature) pairs (or, with histograms of every
 feature, its share of the features, sibling subtraction included) and the candidates are
-gathered: the trees must be those of one process at every rank count.  Run on host ranks with
+gathered: the trees must be those of one process at every rank count.  Classification with integer
+weights sends int32 sums, fractional weights and regression float64.  Run on host ranks with
 ``MPIML_RF_SCATTER=1`` (the GPUs' default) and ``MPIML_RF_TREE_PARALLEL_BYTES=0`` (level-wise growth);
 small node chunks and batches exercise the padding of the blocks.  Verdicts are collective.
 """
@@ -38,6 +39,8 @@ def main():
         ("regressor, 2 features", RandomForestRegressor, Xr, yr, dict(max_features=2, min_weight_fraction_leaf=0.01)),
         ("constant features", RandomForestClassifier, Xk, yc, dict(max_features=2)),
         ("0.6 of the features", RandomForestRegressor, Xr, yr, dict(max_features=0.6, min_samples_leaf=2)),
+        ("fractional weights", RandomForestClassifier, Xc, yc, dict(class_weight="balanced", bootstrap=False,
+                                                                    max_features=3)),
     ]
     for what, cls, X, y, kw in cases:
         params = dict(n_estimators=3, max_depth=7, random_state=4, **kw)
@@ -47,6 +50,11 @@ def main():
         if size > 1:
             check(st.get("reduce_scatter_calls", 0) > 0 and st.get("allgather_calls", 0) > 0,
                   f"{what}: no reduce-scatter / allgather ({st.get('reduce_scatter_calls')})")
+        if size > 1 and cls is RandomForestClassifier and "fractional" not in what:   # integer weights: int32
+            check(st.get("reduce_scatter_int32_calls", 0) == st.get("reduce_scatter_calls"),
+                  f"{what}: float64 histograms where int32 hold them")
+        if size > 1 and (cls is RandomForestRegressor or "fractional" in what):
+            check(st.get("reduce_scatter_int32_calls", 0) == 0, f"{what}: int32 regression histograms")
         if "subtraction" in what:
             check(st.get("hist_nodes_derived", 0) > 0, f"{what}: no node derived by subtraction")
         if ref is not None:

@@ -250,10 +250,11 @@ class TreeGrower:
         return np.argsort(u, axis=1, kind="stable") if xp is np else xp.argsort(u, axis=1)   # CuPy's is stable
 
     # ------------------------------------------------------------------ histograms
-    def _build(self, el, slots, fsel, feature_major=False):
+    def _build(self, el, slots, fsel, feature_major=False, dtype=np.float64):
         """This rank's histograms ``(len(slots), FH, B, C)`` (float64) and extras ``(len(slots), E)``
         of the segments ``slots`` (host ints), features ``fsel`` (``(len(slots), FH)`` on ``xp``);
-        ``feature_major``: the histograms as ``(FH, len(slots), B, C)`` (C order)."""
+        ``feature_major``: the histograms as ``(FH, len(slots), B, C)`` (C order); ``dtype``: theirs (an
+        integer type only where every sum fits it)."""
         xp, s = self.xp, self.s
         B, C, D, K = self.B, self.C, self.D, self.K
         n, FH = len(slots), int(fsel.shape[1])
@@ -265,8 +266,8 @@ class TreeGrower:
             h = self.kernel.build_histograms(s.Xb, el.row, el.w, el.wy, s.y if K else None, seg_start, seg_len,
                                              fsel.astype(xp.int32), B, K, bool(D), self._max_weight)
             if h is not None:      # one pass: the int64 sums to float64, in the layout asked for
-                hist = xp.ascontiguousarray(h.transpose(1, 0, 2, 3), dtype=xp.float64) if feature_major \
-                    else h.astype(xp.float64)
+                hist = xp.ascontiguousarray(h.transpose(1, 0, 2, 3), dtype=dtype) if feature_major \
+                    else h.astype(dtype)
                 feature_major = False
         if hist is None and self.cpu:
             hist = _cpu_kernels.build_histograms(self.cols, el.row, el.w, el.wy, s.y if K else None, seg_start, seg_len,
@@ -275,6 +276,8 @@ class TreeGrower:
             hist = self._bincount_histogram(el, seg_start, seg_len, fsel)
         if feature_major:
             hist = xp.ascontiguousarray(hist.transpose(1, 0, 2, 3))
+        if hist.dtype != dtype:
+            hist = hist.astype(dtype)
         extra = xp.zeros((n, self.E), dtype=xp.float64)
         if n:
             extra[:, 0] = xp.asarray(seg_len.astype(np.float64))

@@ -84,6 +84,7 @@ def _collect(g, send, small):
     st["allreduce_s"] += t2 - t1
     st["reduce_scatter_bytes"] += int(send.nbytes)
     st["reduce_scatter_calls"] += 1
+    st["reduce_scatter_int32_calls"] = st.get("reduce_scatter_int32_calls", 0) + int(send.dtype == np.int32)
     st["allreduce_bytes"] += int(small.nbytes)
     st["allreduce_calls"] += 1
     return mine, small
@@ -100,6 +101,23 @@ def _gather(g, packed):
     g.stats["allgather_bytes"] += int(out.nbytes)
     g.stats["allgather_calls"] += 1
     return out
+
+
+def _int32_sums(g, el, depth):
+    """Whether the level's histograms travel as int32: classification with integer weights (fixed-point
+    scale 1: the bootstrap's draw counts, or integer sample weights) whose total over every rank -- a bound
+    of every bin's sum and of every row count -- stays below 2**31.  Half the bytes of float64, and still
+    exact.  Decided at a batch's root level (one allreduce of one number: its elements are every tree's
+    weights) and kept for its levels below; the same answer on every rank."""
+    if not g.K or g.s.scales[0] != 1.0 or os.environ.get("MPIML_RF_INT32_SUMS", "1") == "0":
+        return False
+    if depth > 0 and getattr(g, "_int32_ok", None) is not None:
+        return g._int32_ok
+    xp, T = g.xp, len(el.starts) - 1          # the root level: one slot per tree
+    local = xp.bincount(el.seg, weights=el.w, minlength=T) if el.w.shape[0] else xp.zeros(T)
+    local = np.asarray(local.get() if xp is not np else local, dtype=np.float64)
+    g._int32_ok = bool(g.s.comm.allreduce(local).max() < 2.0 ** 31)     # the largest tree's weight
+    return g._int32_ok
 
 
 def _padded(xp, a, rows):
@@ -129,6 +147,7 @@ def split_level(g, el, perm, depth, root_w, parent, keep):
     per_chunk = max(2, s.hist_bytes // (FH * B * C * 8)) // 2 * 2     # whole sibling pairs
     ident = xp.arange(F, dtype=xp.int32)
     search = g._candidate_search(C)
+    narrow = _int32_sums(g, el, depth)
     decisions, kept_h, kept_e, kept_t, kept_bytes = [], [], [], [], 0
     for c0 in range(0, S, per_chunk):
         c1 = min(S, c0 + per_chunk)
@@ -142,8 +161,9 @@ def split_level(g, el, perm, depth, root_w, parent, keep):
         fsel = xp.broadcast_to(ident, (nb, F)) if full else perm[xp.asarray(built), :m]
         _sync(xp)
         t0 = time.perf_counter()
-        hb, eb = g._build(el, built, fsel, feature_major=full)
-        tb = (hb[0] if full else hb[:, 0]).sum(axis=1)       # (nb, C): a row is in one bin of every feature
+        hb, eb = g._build(el, built, fsel, feature_major=full, dtype=np.int32 if narrow else np.float64)
+        # (nb, C): a row is in one bin of every feature
+        tb = (hb[0] if full else hb[:, 0]).sum(axis=1, dtype=xp.float64)
         if full:
             send = _padded(xp, hb.reshape(F, nb * B * C), fr * R)
         else:
@@ -155,6 +175,8 @@ def split_level(g, el, perm, depth, root_w, parent, keep):
         mine, small = _collect(g, send, xp.concatenate([tb.ravel(), eb.ravel()]))
         tb, eb = small[:nb * C].reshape(nb, C), small[nb * C:].reshape(nb, E)
         t0 = time.perf_counter()
+        if narrow:
+            mine = mine.astype(xp.float64)
         if full:
             hr = mine.reshape(fr, nb, B, C)
             if parent is not None:             # the other child of each pair: parent - built child
