@@ -3,7 +3,8 @@
 Each rank searches its share of the level's (node, feature) pairs (or, with histograms of every
 feature, its share of the features, sibling subtraction included) and the candidates are
 gathered: the trees must be those of one process at every rank count.  Classification with integer
-weights sends int32 sums, fractional weights and regression float64.  Run on host ranks with
+weights sends int32 sums, regression its weights as int32 and ``w * y`` as float64, fractional weights
+float64.  Run on host ranks with
 ``MPIML_RF_SCATTER=1`` (the GPUs' default) and ``MPIML_RF_TREE_PARALLEL_BYTES=0`` (level-wise growth);
 small node chunks and batches exercise the padding of the blocks.  Verdicts are collective.
 """
@@ -53,8 +54,11 @@ def main():
         if size > 1 and cls is RandomForestClassifier and "fractional" not in what:   # integer weights: int32
             check(st.get("reduce_scatter_int32_calls", 0) == st.get("reduce_scatter_calls"),
                   f"{what}: float64 histograms where int32 hold them")
-        if size > 1 and (cls is RandomForestRegressor or "fractional" in what):
-            check(st.get("reduce_scatter_int32_calls", 0) == 0, f"{what}: int32 regression histograms")
+        if size > 1 and cls is RandomForestRegressor:        # the weight channel int32, w * y float64
+            check(2 * st.get("reduce_scatter_int32_calls", 0) == st.get("reduce_scatter_calls"),
+                  f"{what}: not one int32 and one float64 reduce-scatter a chunk")
+        if size > 1 and "fractional" in what:
+            check(st.get("reduce_scatter_int32_calls", 0) == 0, f"{what}: int32 histograms of fractional weights")
         if "subtraction" in what:
             check(st.get("hist_nodes_derived", 0) > 0, f"{what}: no node derived by subtraction")
         if ref is not None:

@@ -63,8 +63,9 @@ def _sync(xp):
         xp.cuda.get_current_stream().synchronize()
 
 
-def _collect(g, send, small):
-    """This rank's block of the reduced ``send`` (a reduce-scatter) and the reduced ``small`` (an allreduce)."""
+def _collect(g, sends, small):
+    """This rank's blocks of the reduced ``sends`` (a reduce-scatter each) and the reduced ``small`` (an
+    allreduce)."""
     xp, comm, st = g.xp, g.s.comm, g.stats
     _sync(xp)
     if g.level_profile:
@@ -74,7 +75,7 @@ def _collect(g, send, small):
         _sync(xp)
         st["wait_s"] += time.perf_counter() - t0
     t0 = time.perf_counter()
-    mine = comm.reduce_scatter(send)
+    mine = [comm.reduce_scatter(send) for send in sends]
     _sync(xp)
     t1 = time.perf_counter()
     small = comm.allreduce(small)
@@ -82,9 +83,10 @@ def _collect(g, send, small):
     t2 = time.perf_counter()
     st["reduce_scatter_s"] += t1 - t0
     st["allreduce_s"] += t2 - t1
-    st["reduce_scatter_bytes"] += int(send.nbytes)
-    st["reduce_scatter_calls"] += 1
-    st["reduce_scatter_int32_calls"] = st.get("reduce_scatter_int32_calls", 0) + int(send.dtype == np.int32)
+    for send in sends:
+        st["reduce_scatter_bytes"] += int(send.nbytes)
+        st["reduce_scatter_calls"] += 1
+        st["reduce_scatter_int32_calls"] = st.get("reduce_scatter_int32_calls", 0) + int(send.dtype == np.int32)
     st["allreduce_bytes"] += int(small.nbytes)
     st["allreduce_calls"] += 1
     return mine, small
@@ -104,12 +106,13 @@ def _gather(g, packed):
 
 
 def _int32_sums(g, el, depth):
-    """Whether the level's histograms travel as int32: classification with integer weights (fixed-point
-    scale 1: the bootstrap's draw counts, or integer sample weights) whose total over every rank -- a bound
-    of every bin's sum and of every row count -- stays below 2**31.  Half the bytes of float64, and still
-    exact.  Decided at a batch's root level (one allreduce of one number: its elements are every tree's
-    weights) and kept for its levels below; the same answer on every rank."""
-    if not g.K or g.s.scales[0] != 1.0 or os.environ.get("MPIML_RF_INT32_SUMS", "1") == "0":
+    """Whether the level's weight channels travel as int32: integer weights (fixed-point scale 1: the
+    bootstrap's draw counts, or integer sample weights) whose largest tree weight over every rank -- a bound
+    of every bin's sum and of every row count -- stays below 2**31.  Classification's channels are all
+    weights (half the bytes of float64); regression's ``w * y`` stays float64 (12 bytes a bin instead of
+    16).  Exact either way.  Decided at a batch's root level (one allreduce of the trees' weights) and
+    kept for its levels below; the same answer on every rank."""
+    if g.s.scales[0] != 1.0 or g.Q != 1 or os.environ.get("MPIML_RF_INT32_SUMS", "1") == "0":
         return False
     if depth > 0 and getattr(g, "_int32_ok", None) is not None:
         return g._int32_ok
@@ -161,22 +164,30 @@ def split_level(g, el, perm, depth, root_w, parent, keep):
         fsel = xp.broadcast_to(ident, (nb, F)) if full else perm[xp.asarray(built), :m]
         _sync(xp)
         t0 = time.perf_counter()
-        hb, eb = g._build(el, built, fsel, feature_major=full, dtype=np.int32 if narrow else np.float64)
+        dtype = (np.int32 if g.K else np.int64) if narrow else np.float64
+        hb, eb = g._build(el, built, fsel, feature_major=full, dtype=dtype)
         # (nb, C): a row is in one bin of every feature
         tb = (hb[0] if full else hb[:, 0]).sum(axis=1, dtype=xp.float64)
-        if full:
-            send = _padded(xp, hb.reshape(F, nb * B * C), fr * R)
-        else:
-            P = nb * m
-            send = _padded(xp, hb.reshape(P, B * C), -(-P // R) * R)
+        rows = fr * R if full else -(-(nb * m) // R) * R
+        parts = [hb]
+        if narrow and not g.K:           # regression: [rows,] w as int32, w * y as float64
+            nw = C - 1
+            parts = [xp.ascontiguousarray(hb[..., :nw], dtype=xp.int32),
+                     xp.ascontiguousarray(hb[..., nw:], dtype=xp.float64)]
+        sends = [_padded(xp, a.reshape(F if full else nb * m, -1), rows) for a in parts]
         _sync(xp)
         g.stats["hist_s"] += time.perf_counter() - t0
         g.stats["hist_nodes_built"] += nb
-        mine, small = _collect(g, send, xp.concatenate([tb.ravel(), eb.ravel()]))
+        got, small = _collect(g, sends, xp.concatenate([tb.ravel(), eb.ravel()]))
         tb, eb = small[:nb * C].reshape(nb, C), small[nb * C:].reshape(nb, E)
         t0 = time.perf_counter()
-        if narrow:
-            mine = mine.astype(xp.float64)
+        if len(got) == 1:
+            mine = got[0].astype(xp.float64, copy=False)
+        else:
+            mine = xp.empty((got[0].shape[0], got[0].shape[1] // (C - 1), C), dtype=xp.float64)
+            mine[..., :C - 1] = got[0].reshape(mine.shape[0], -1, C - 1)
+            mine[..., C - 1:] = got[1].reshape(mine.shape[0], -1, 1)
+            mine = mine.reshape(mine.shape[0], -1)
         if full:
             hr = mine.reshape(fr, nb, B, C)
             if parent is not None:             # the other child of each pair: parent - built child
