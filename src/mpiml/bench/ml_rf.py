@@ -218,7 +218,11 @@ def _worker(args, outfile):
                               f"MiB), level collectives {row['level_collectives_ms_per_level']:.2f} ms (fastest rank "
                               f"{row['level_collectives_ms_per_level_fastest_rank']:.2f}; "
                               f"{row['level_bytes_per_level'] / 2**20:.2f} MiB), skew wait {row['skew_wait_s']:.3f} s, "
-                              f"paths {row['collective_paths']}", flush=True)
+                              f"paths {row['collective_paths']}; phases (s): grow {row['grow_s']:.2f}, hist "
+                              f"{row['hist_s']:.2f}, route {row['route_s']:.2f}, split {row['split_s']:.2f}, "
+                              f"collectives {row['allreduce_s'] + row['reduce_scatter_s'] + row['allgather_s']:.2f}, "
+                              f"elements {row['elements_s']:.2f}, orders {row['orders_s']:.2f}, records "
+                              f"{row['record_s']:.2f}, bins {row['bins_s']:.2f}", flush=True)
                     del rf
                 if R == 1 and sub.rank == 0 and not args.no_sklearn:
                     # the peer on this host's cores (the other ranks wait at the barrier below)
