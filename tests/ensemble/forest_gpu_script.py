@@ -48,10 +48,14 @@ def main():
     # exact trees on the GPU: N ranks grow the forest of one GPU process bit for bit (subtraction included)
     for cls, X, y, kw in ((RandomForestClassifier, Xc, yc, dict(max_features=None, bootstrap=False)),
                           (RandomForestClassifier, Xc, yc, dict(max_features="sqrt", min_samples_leaf=3)),
-                          (RandomForestRegressor, Xr, yr, dict(max_features=None))):
+                          (RandomForestRegressor, Xr, yr, dict(max_features=None)),
+                          (RandomForestRegressor, Xr, yr, dict(max_features=1.0, min_weight_fraction_leaf=0.001)),
+                          (RandomForestClassifier, Xc, yc, dict(max_features=3))):
         params = dict(n_estimators=4, max_depth=9, random_state=1, **kw)
         one = cls(comm=SELF, **params).fit(cp.asarray(X), cp.asarray(y))
         many = cls(**params).fit(cp.asarray(shard(X)), cp.asarray(shard(y)))
+        if size > 1:        # several GPU ranks reduce-scatter the levels' histograms and search their shares
+            check(many._fit_stats.get("reduce_scatter_calls", 0) > 0, f"{cls.__name__} {kw}: no reduce-scatter")
         for key in ("tree_offsets_", "tree_feature_", "tree_threshold_", "tree_value_", "tree_n_node_samples_",
                     "feature_importances_"):
             a, b = cp.asnumpy(getattr(one, key)), cp.asnumpy(getattr(many, key))

@@ -61,3 +61,17 @@ def test_forest_features_spmd(mpi, n, draws):
     if draws == "blocks":                        # the bootstrap of large data sets, on these small ones
         env["MPIML_RF_SKLEARN_BOOTSTRAP_ROWS"] = "0"
     mpi(FEATURES, n, timeout=240, env=env)
+
+
+SCATTER = os.path.join(HERE, "forest_scatter_spmd_script.py")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_forest_scatter_spmd(mpi, n):
+    """Levels with reduce-scattered histograms (each rank searches a share of the pairs or features, the
+    candidates gathered; the GPUs' default, forced here on host ranks growing level by level): the trees
+    of one process at every rank count, subtraction and padded blocks included."""
+    env = {"MPIML_RF_SCATTER": "1", "MPIML_RF_TREE_PARALLEL_BYTES": "0", "MPIML_RF_BATCH_ELEMENTS": "1500",
+           "MPIML_RF_HIST_BYTES": "300000"}
+    mpi(SCATTER, n, timeout=300, env=env)

@@ -38,14 +38,15 @@ def _reference(Xb, row, w, wy, y, seg_start, seg_len, fsel, B, K, D):
     return H
 
 
-def _case(rng, n_rows, F, B, K, lens, FH, w_max, signed_wy=False):
+def _case(rng, n_rows, F, B, K, lens, FH, w_max, signed_wy=False, wy_max=None):
     Xb = rng.integers(0, B, size=(n_rows, F), dtype=np.uint8)
     y = rng.integers(0, max(K, 1), size=n_rows).astype(np.int32)
     lens = np.asarray(lens, dtype=np.int64)
     total = int(lens.sum())
     row = rng.integers(0, n_rows, size=total).astype(np.int32)
     w = rng.integers(1, w_max + 1, size=total).astype(np.float64)
-    wy = rng.integers(-w_max, w_max + 1, size=total).astype(np.float64) if signed_wy else None
+    wy_max = w_max if wy_max is None else wy_max
+    wy = rng.integers(-wy_max, wy_max + 1, size=total).astype(np.float64) if signed_wy else None
     starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
     fsel = np.stack([rng.permutation(F)[:FH] for _ in range(len(lens))]) if len(lens) else np.zeros((0, FH), int)
     return Xb, row, w, wy, y, starts, lens, fsel.astype(np.int32)
@@ -60,6 +61,9 @@ def _case(rng, n_rows, F, B, K, lens, FH, w_max, signed_wy=False):
     ("odd bins, one feature", 999, 1, 3, 5, 1, [1, 998], 1, 7, False),
     ("segments cut into items", 80000, 4, 256, 2, 0, [70001, 9999], 4, 2, False),
     ("40 classes (opt-in shared memory)", 3000, 4, 256, 40, 0, [1500, 1500], 3, 2 ** 40, False),
+    # regression with small integer weights: the narrow weight channel, weight * y wide (carries, signs)
+    ("regression, narrow weight", 70000, 32, 256, 0, 0, [40000, 0, 29000, 1], 32, 6, True),
+    ("regression, narrow weight, row count", 9000, 20, 100, 0, 1, [8000, 999, 1], 20, 3, True),
 ])
 def test_histogram_kernel_equals_numpy(name, n_rows, F, B, K, D, lens, FH, w_max, signed):
     import cupy as cp
@@ -67,7 +71,8 @@ def test_histogram_kernel_equals_numpy(name, n_rows, F, B, K, D, lens, FH, w_max
     from mpiml.kernels.forest.histograms import build_histograms
 
     rng = np.random.default_rng(abs(hash(name)) % 2 ** 32)
-    Xb, row, w, wy, y, starts, lens, fsel = _case(rng, n_rows, F, B, K, lens, FH, w_max, signed)
+    wy_max = 2 ** 44 if "narrow weight" in name else None
+    Xb, row, w, wy, y, starts, lens, fsel = _case(rng, n_rows, F, B, K, lens, FH, w_max, signed, wy_max)
     want = _reference(Xb, row, w, wy, y, starts, lens, fsel, B, K, D)
     got = build_histograms(cp.asarray(Xb), cp.asarray(row), cp.asarray(w), None if wy is None else cp.asarray(wy),
                            cp.asarray(y) if K else None, starts, lens, cp.asarray(fsel), B, K, bool(D),
@@ -180,6 +185,14 @@ def test_bootstrap_counts_on_cupy_equal_numpy(weighted):
     np.testing.assert_array_equal(cp.asnumpy(got), want)
     assert np.all(want.sum(axis=1) == 250_000)
     np.testing.assert_array_equal(cp.asnumpy(dev.counts(keys, 12_345, 100_000)), want[:, 12_345:112_345])
+    # a rank's share that starts and ends inside blocks (the kernel counts the blocks that meet it)
+    lo, hi = 70_001, 220_003
+    before = float(lo) if w is None else float(np.rint(w[:lo] * host.scale).sum())
+    part = Bootstrap(cp, 250_000, N, lo, hi - lo, weights=None if w is None else cp.asarray(w[lo:hi]),
+                     state={**host.state, "before": before})
+    np.testing.assert_array_equal(cp.asnumpy(part.counts(keys)), want[:, lo:hi])
+    for key in keys[:1]:             # one tree: the same counts as through the stacked path
+        np.testing.assert_array_equal(cp.asnumpy(part.counts([key])[0]), want[0, lo:hi])
 
 
 @pytest.mark.parametrize("cls_name", ["RandomForestClassifier", "RandomForestRegressor"])
@@ -273,7 +286,8 @@ def test_forest_gpu_spmd(mpi, n):
     if gpus < n and n != 3:
         pytest.skip(f"{n} ranks run with {n} GPUs; ranks sharing a GPU are tested at 3")
     if gpus < n:
-        env["MPIML_COMM_ALGO"] = "allreduce:mpi/native"
+        # the levels' reduce-scatter and allgather (scatter split search) are staged as well
+        env["MPIML_COMM_ALGO"] = "allreduce:mpi/native;reduce_scatter:mpi/native;allgather:mpi/native"
     mpi(os.path.join(HERE, "forest_gpu_script.py"), n, timeout=300, env=env)
 
 
@@ -322,3 +336,21 @@ def test_gpu_features_grow_the_numpy_trees(case):
     else:
         assert np.mean(np.all(np.isclose(pred.reshape(len(want), -1), want.reshape(len(want), -1), rtol=1e-6),
                               axis=1)) >= 0.97
+
+
+def test_gpu_bin_edges_equal_the_host_edges():
+    """The bin edges from columns sorted and read on the device: the host's."""
+    import cupy as cp
+
+    from mpiml.ensemble._hist import bin_edges
+
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((50000, 6)).astype(np.float32)
+    X[:, 1] = np.round(X[:, 1] * 4)
+    X[:, 2] = 3.0
+    for exact in (True, False):
+        want = bin_edges(X, 256, exact)
+        got = bin_edges(X, 256, exact, xp=cp)
+        for j in range(X.shape[1]):
+            np.testing.assert_array_equal(got[0][j], want[0][j])
+            assert (got[1][j] is None) == (want[1][j] is None)

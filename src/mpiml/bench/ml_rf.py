@@ -1,7 +1,7 @@
 """``mpiml bench ml --algo rf``: random-forest training at 1, 2, 4, ... ranks against scikit-learn.
 
 The driver (a plain process) launches one MPI job of ``max(--ranks)`` ranks;
-inside it, sub-communicators of 1, 2, 4, ... ranks (``split``) draw the same
+inside it, sub-communicators of 1, 2, 4, ... ranks (``split``; the world itself at every rank) draw the same
 global data set (``mpiml.datasets.make_classification`` for the classifier,
 ``make_regression`` for the regressor: the rows do not depend on the rank
 count) and fit :class:`mpiml.ensemble.RandomForestClassifier` and
@@ -142,15 +142,21 @@ def _worker(args, outfile):
     runs, sklearn = [], []
     for est in args.estimators.split(","):
         for R in [int(r) for r in args.ranks.split(",")]:
-            sub = world.split(0 if world.rank < R else None, key=world.rank)
+            # every rank: the world itself (what a user's fit gets); fewer: a sub-communicator
+            sub = world if R == world.size else world.split(0 if world.rank < R else None, key=world.rank)
             if sub is not None:
                 X, y, Xt, yt = _data(args, sub, device, est)
                 for training in args.training.split(","):
                     rf, fit_s, warm_s, summary, score = _fit_one(args, est, training, X, y, Xt, yt, sub)
                     st = rf._fit_stats
                     mine = np.array([fit_s, st.get("hist_s", 0.0), st.get("allreduce_s", 0.0), st.get("split_s", 0.0),
-                                     st.get("route_s", 0.0), st.get("bins_s", 0.0)])
+                                     st.get("route_s", 0.0), st.get("bins_s", 0.0), st.get("reduce_scatter_s", 0.0),
+                                     st.get("allgather_s", 0.0), st.get("wait_s", 0.0), st.get("elements_s", 0.0),
+                                     st.get("orders_s", 0.0), st.get("record_s", 0.0), st.get("grow_s", 0.0)])
                     worst = sub.allreduce(mine, op="max") if sub.size > 1 else mine
+                    least = sub.allreduce(mine, op="min") if sub.size > 1 else mine
+                    level_ops = {op: summary["ops"][op] for op in ("allreduce", "reduce_scatter", "allgather")
+                                 if op in summary["ops"]}
                     ar = summary["ops"].get("allreduce", {"calls": 0, "bytes": 0, "seconds": 0.0})
                     ag = summary["ops"].get("allgatherv", {"calls": 0, "bytes": 0, "seconds": 0.0})
                     same_rows = None
@@ -181,14 +187,42 @@ def _worker(args, outfile):
                                "hist_nodes_built": st.get("hist_nodes_built"),
                                "hist_nodes_derived": st.get("hist_nodes_derived"),
                                "route_ms_per_tree": 1e3 * float(worst[4]) / T,
-                               "split_ms_per_tree": 1e3 * float(worst[3]) / T}
+                               "split_ms_per_tree": 1e3 * float(worst[3]) / T,
+                               # the level's collectives (allreduce, or reduce-scatter + allreduce of the node
+                               # totals + allgather of the split candidates), slowest and fastest rank
+                               "reduce_scatter_s": float(worst[6]), "allgather_s": float(worst[7]),
+                               "level_collectives_ms_per_level": 1e3 * float(worst[2] + worst[6] + worst[7]) / levels,
+                               "level_collectives_ms_per_level_fastest_rank":
+                                   1e3 * float(least[2] + least[6] + least[7]) / levels,
+                               "reduce_scatter_bytes": st.get("reduce_scatter_bytes", 0),
+                               "allgather_bytes": st.get("allgather_bytes", 0),
+                               "level_bytes_per_level": (st.get("allreduce_bytes", 0) + st.get("reduce_scatter_bytes", 0)
+                                                         + st.get("allgather_bytes", 0)) / levels,
+                               # MPIML_RF_LEVEL_PROFILE=1: time spent waiting for the slowest rank before them
+                               "skew_wait_s": float(worst[8]),
+                               # per batch: the bootstrap draws and root elements; per level: the feature orders
+                               # and the host records of the nodes
+                               "elements_s": float(worst[9]), "orders_s": float(worst[10]),
+                               "record_s": float(worst[11]),
+                               # the grower's whole time (the rest of fit_s: checks, bins, the trees' arrays)
+                               "grow_s": float(worst[12]),
+                               "collective_paths": {op: o["paths"] for op, o in level_ops.items()},
+                               "collective_seconds": {op: o["seconds"] for op, o in level_ops.items()},
+                               "scatter": bool(st.get("reduce_scatter_calls", 0))}
                         runs.append(row)
                         print(f"{est} ranks={R} {training}: fit {row['fit_s']:.2f} s, {row['score_name']} {score:.4f}, "
                               f"per tree: hist {row['hist_ms_per_tree']:.1f} ms, split {row['split_ms_per_tree']:.1f} ms"
                               f", allreduce {row['allreduce_ms_per_tree']:.1f} ms "
                               f"({row['allreduce_bytes_per_tree'] / 2**20:.2f} MiB); per level: allreduce "
                               f"{row['allreduce_ms_per_level']:.2f} ms ({row['allreduce_bytes_per_level'] / 2**20:.2f} "
-                              f"MiB)", flush=True)
+                              f"MiB), level collectives {row['level_collectives_ms_per_level']:.2f} ms (fastest rank "
+                              f"{row['level_collectives_ms_per_level_fastest_rank']:.2f}; "
+                              f"{row['level_bytes_per_level'] / 2**20:.2f} MiB), skew wait {row['skew_wait_s']:.3f} s, "
+                              f"paths {row['collective_paths']}; phases (s): grow {row['grow_s']:.2f}, hist "
+                              f"{row['hist_s']:.2f}, route {row['route_s']:.2f}, split {row['split_s']:.2f}, "
+                              f"collectives {row['allreduce_s'] + row['reduce_scatter_s'] + row['allgather_s']:.2f}, "
+                              f"elements {row['elements_s']:.2f}, orders {row['orders_s']:.2f}, records "
+                              f"{row['record_s']:.2f}, bins {row['bins_s']:.2f}", flush=True)
                     del rf
                 if R == 1 and sub.rank == 0 and not args.no_sklearn:
                     # the peer on this host's cores (the other ranks wait at the barrier below)
@@ -269,7 +303,8 @@ def _plot(result, path):
         ax.bar(x - 0.3, [r["hist_ms_per_tree"] for r in runs], 0.2, label="histograms")
         ax.bar(x - 0.1, [r["split_ms_per_tree"] for r in runs], 0.2, label="split search")
         ax.bar(x + 0.1, [r["route_ms_per_tree"] for r in runs], 0.2, label="partition")
-        ax.bar(x + 0.3, [r["allreduce_ms_per_tree"] for r in runs], 0.2, label="allreduce")
+        ax.bar(x + 0.3, [1e3 * (r["allreduce_s"] + r.get("reduce_scatter_s", 0.0) + r.get("allgather_s", 0.0)) /
+                         result["trees"] for r in runs], 0.2, label="level collectives")
         ax.set_xticks(x)
         ax.set_xticklabels([f"{r['estimator'][:3]} {r['ranks']}" for r in runs], fontsize=8)
         ax.set_xlabel("estimator, ranks (global training)")
@@ -283,7 +318,7 @@ def _plot(result, path):
 
 def _print_table(result):
     print(f"\n{'estimator':<11}{'training':<9}{'ranks':>6}{'fit s':>9}{'1->R':>7}{'score':>9}{'hist ms/t':>11}"
-          f"{'split ms/t':>11}{'allred ms/lvl':>14}{'MiB/lvl':>9}{'vs sklearn':>12}")
+          f"{'split ms/t':>11}{'coll ms/lvl':>14}{'MiB/lvl':>9}{'vs sklearn':>12}")
     for r in result["runs"]:
         sk = _sklearn_for(result, r["estimator"])
         one = next((q["fit_s"] for q in result["runs"] if q["estimator"] == r["estimator"] and q["ranks"] == 1
@@ -291,8 +326,9 @@ def _print_table(result):
         speed = f"{sk['scaled_fit_s'] / r['fit_s']:.1f}x" if sk else "-"
         scaling = f"{one / r['fit_s']:.2f}" if one else "-"
         print(f"{r['estimator']:<11}{r['training']:<9}{r['ranks']:>6}{r['fit_s']:>9.2f}{scaling:>7}{r['score']:>9.4f}"
-              f"{r['hist_ms_per_tree']:>11.1f}{r['split_ms_per_tree']:>11.1f}{r['allreduce_ms_per_level']:>14.2f}"
-              f"{r['allreduce_bytes_per_level'] / 2**20:>9.2f}{speed:>12}")
+              f"{r['hist_ms_per_tree']:>11.1f}{r['split_ms_per_tree']:>11.1f}"
+              f"{r.get('level_collectives_ms_per_level', r['allreduce_ms_per_level']):>14.2f}"
+              f"{r.get('level_bytes_per_level', r['allreduce_bytes_per_level']) / 2**20:>9.2f}{speed:>12}")
     for sk in result.get("sklearn", []):
         same = next((r["score_on_sklearn_rows"] for r in result["runs"] if r["estimator"] == sk["estimator"]
                      and r.get("score_on_sklearn_rows") is not None), None)

@@ -32,7 +32,7 @@ import os
 import numpy as np
 
 from . import _cpu_kernels
-from ._hist import FIXED_POINT_BITS, STREAM_BOOTSTRAP, hash_uniform, stream_lead
+from ._hist import FIXED_POINT_BITS, STREAM_BOOTSTRAP, hash_head, hash_uniform, stream_lead
 
 __all__ = ["Bootstrap", "MAX_BLOCKS", "MIN_BLOCK", "SKLEARN_ROWS"]
 
@@ -95,6 +95,7 @@ class Bootstrap:
             self.cum = float(state["before"]) + xp.cumsum(q)
         self._memo = {}
         self._guide = None
+        self._dev = None
 
     def _agree(self, weights, comm):
         """Fixed-point scale, the blocks' weights and the weight before this rank's rows (one allreduce); small
@@ -165,6 +166,8 @@ class Bootstrap:
         """
         xp = self.xp
         n = self.n - start if n is None else int(n)
+        if len(keys) == 1 and n > 0 and self.m:             # (one tree: no copy into a stacked array)
+            return self._tree_counts(int(keys[0]), start, n)[None, :]
         out = xp.zeros((len(keys), max(n, 0)), dtype=xp.float64)
         if n <= 0 or self.m == 0:
             return out
@@ -208,6 +211,17 @@ class Bootstrap:
                                           self._guide, start, c_lo if weighted else 0.0,
                                           c_hi if weighted else 0.0, out)
             return out
+        if xp is not np and os.environ.get("MPIML_RF_GPU_BOOTSTRAP_KERNEL", "1") != "0":
+            if self._dev is None:                              # the blocks' weights, once per fit
+                self._dev = (xp.asarray(self.Q), xp.asarray(self.base))
+            from ..kernels.forest import bootstrap as kernel
+
+            weighted = self.scale is not None
+            if kernel.tree_counts(hash_head(0, STREAM_BOOTSTRAP, key), xp.asarray(first[b0:b1 + 1]),
+                                  self._dev[0][b0:b1], self._dev[1][b0:b1], b0, self.S, g0, n,
+                                  cum if weighted else None, c_lo if weighted else 0.0, c_hi if weighted else 0.0,
+                                  out):
+                return out
         d_first = xp.asarray(first[b0 + 1:b1])
         d_Q, d_base = xp.asarray(self.Q[b0:b1]), xp.asarray(self.base[b0:b1])
         for a in range(k0, k1, CHUNK_DRAWS):

@@ -49,7 +49,7 @@ import time
 
 import numpy as np
 
-from . import _cpu_kernels, _owner_search, _tree_parallel
+from . import _cpu_kernels, _owner_search, _scatter_split, _tree_parallel
 from ._hist import STREAM_FEATURES, hash_uniform, stream_lead
 from ._split import choose, decide, dense_candidates, node_stats, thresholds
 
@@ -162,23 +162,35 @@ class TreeGrower:
         # several host ranks: nodes with fewer rows than bins gather their rows instead of reducing histograms
         self.gather_small = (self.cpu and not alone and not self.full and self._candidate_search(self.C) is not None
                              and os.environ.get("MPIML_RF_GATHER_SMALL", "1") != "0")
+        # several ranks with the compiled search: histograms reduce-scattered, each rank searches its share
+        self.scatter = _scatter_split.applies(self)
+        self.gather_small = self.gather_small and not self.scatter
+        # MPIML_RF_LEVEL_PROFILE=1: a sync point before each level's collectives times the ranks' skew apart
+        self.level_profile = os.environ.get("MPIML_RF_LEVEL_PROFILE", "0") == "1"
         self.stats = {"hist_s": 0.0, "allreduce_s": 0.0, "split_s": 0.0, "route_s": 0.0,
                       "allreduce_bytes": 0, "allreduce_calls": 0, "levels": 0, "hist_elements": 0,
-                      "hist_nodes_built": 0, "hist_nodes_derived": 0}
+                      "hist_nodes_built": 0, "hist_nodes_derived": 0, "wait_s": 0.0,
+                      "reduce_scatter_s": 0.0, "reduce_scatter_bytes": 0, "reduce_scatter_calls": 0,
+                      "allgather_s": 0.0, "allgather_bytes": 0, "allgather_calls": 0,
+                      "elements_s": 0.0, "orders_s": 0.0, "record_s": 0.0}
 
     # ------------------------------------------------------------------ per-tree row state
     def _elements(self, trees):
         """The root elements of a batch: per tree the rows of non-zero weight, in row order."""
         s, xp = self.s, self.xp
-        rows, ws, wys, wy2s, counts = [], [], [], [], []
+        rows, ws, wys, wy2s, segs, counts = [], [], [], [], [], []
         draws = [None] * len(trees)
-        if s.bootstrap is not None:
+        cw = None
+        if s.bootstrap is not None and getattr(s, "balanced_subsample", False):    # every tree's draws first
             draws = [s.bootstrap.counts([s.tree_keys[tree]])[0] for tree in trees]
-        cw = self._subsample_class_weights(draws) if getattr(s, "balanced_subsample", False) else None
+            cw = self._subsample_class_weights(draws)
         for i, tree in enumerate(trees):
             # with bootstrap the rows were drawn in proportion to their weights: a tree weighs them by their
             # draw counts (scikit-learn's bootstrap); without, by their weights
+            if s.bootstrap is not None and draws[i] is None:
+                draws[i] = s.bootstrap.counts([s.tree_keys[tree]])[0]
             w = s.weight if draws[i] is None else draws[i]
+            draws[i] = None                         # (one tree's counts alive at a time)
             if cw is not None:
                 w = w * xp.asarray(cw[i])[s.y]
             wq = xp.rint(w * s.scales[0])
@@ -186,6 +198,7 @@ class TreeGrower:
             rows.append(r.astype(xp.int32))
             ws.append(wq[r])
             counts.append(int(r.shape[0]))
+            segs.append(xp.full(counts[-1], i, dtype=xp.int32))      # made on the device, not sent from the host
             if not self.K:
                 wr, yr = w[r], s.y[r]
                 if self.Q > 1:
@@ -199,8 +212,7 @@ class TreeGrower:
                     wy2s.append(xp.rint(wr * y2 * s.scales[2]))
         cat = (lambda parts: xp.concatenate(parts)) if len(trees) > 1 else (lambda parts: parts[0])
         starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        seg = xp.asarray(np.repeat(np.arange(len(trees), dtype=np.int32), counts))
-        el = _Elements(cat(rows), seg, cat(ws), cat(wys) if wys else None, cat(wy2s) if wy2s else None, starts)
+        el = _Elements(cat(rows), cat(segs), cat(ws), cat(wys) if wys else None, cat(wy2s) if wy2s else None, starts)
         self._max_weight = float(el.w.max()) if el.w.shape[0] else 0.0
         return el
 
@@ -238,9 +250,11 @@ class TreeGrower:
         return np.argsort(u, axis=1, kind="stable") if xp is np else xp.argsort(u, axis=1)   # CuPy's is stable
 
     # ------------------------------------------------------------------ histograms
-    def _build(self, el, slots, fsel):
+    def _build(self, el, slots, fsel, feature_major=False, dtype=np.float64):
         """This rank's histograms ``(len(slots), FH, B, C)`` (float64) and extras ``(len(slots), E)``
-        of the segments ``slots`` (host ints), features ``fsel`` (``(len(slots), FH)`` on ``xp``)."""
+        of the segments ``slots`` (host ints), features ``fsel`` (``(len(slots), FH)`` on ``xp``);
+        ``feature_major``: the histograms as ``(FH, len(slots), B, C)`` (C order); ``dtype``: theirs (an
+        integer type only where every sum fits it)."""
         xp, s = self.xp, self.s
         B, C, D, K = self.B, self.C, self.D, self.K
         n, FH = len(slots), int(fsel.shape[1])
@@ -251,12 +265,19 @@ class TreeGrower:
         if self.kernel is not None and n:
             h = self.kernel.build_histograms(s.Xb, el.row, el.w, el.wy, s.y if K else None, seg_start, seg_len,
                                              fsel.astype(xp.int32), B, K, bool(D), self._max_weight)
-            hist = None if h is None else h.astype(xp.float64)
+            if h is not None:      # one pass: the int64 sums to float64, in the layout asked for
+                hist = xp.ascontiguousarray(h.transpose(1, 0, 2, 3), dtype=dtype) if feature_major \
+                    else h.astype(dtype)
+                feature_major = False
         if hist is None and self.cpu:
             hist = _cpu_kernels.build_histograms(self.cols, el.row, el.w, el.wy, s.y if K else None, seg_start, seg_len,
                                                  fsel, B, K, bool(D))
         if hist is None:
             hist = self._bincount_histogram(el, seg_start, seg_len, fsel)
+        if feature_major:
+            hist = xp.ascontiguousarray(hist.transpose(1, 0, 2, 3))
+        if hist.dtype != dtype:
+            hist = hist.astype(dtype)
         extra = xp.zeros((n, self.E), dtype=xp.float64)
         if n:
             extra[:, 0] = xp.asarray(seg_len.astype(np.float64))
@@ -337,6 +358,11 @@ class TreeGrower:
             return hist, extra
         buf = xp.concatenate([hist.ravel(), extra.ravel()])
         _sync(xp)
+        if self.level_profile:                   # the ranks' skew apart from the transfer
+            t0 = time.perf_counter()
+            comm.allreduce(xp.zeros(1))
+            _sync(xp)
+            self.stats["wait_s"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         buf = comm.allreduce(buf)
         _sync(xp)
@@ -396,6 +422,7 @@ class TreeGrower:
         """Grow the trees with global indices ``trees``; returns a list of per-tree dicts of host arrays."""
         if _tree_parallel.applies(self, trees):            # several host ranks: whole trees per rank
             return _tree_parallel.grow(self, trees)
+        start = time.perf_counter()
         out = []
         # the same on every rank (the batches decide the sequence of allreduces): agreed numbers only
         per_batch = max(1, self.s.batch_elements // max(self.s.max_local_rows, 1))
@@ -406,12 +433,16 @@ class TreeGrower:
             if getattr(self.s, "verbose", 0) and getattr(self.s, "rank", 0) == 0:
                 print(f"grew trees {batch[0]}-{batch[-1]} in {time.perf_counter() - t0:.2f} s "
                       f"({len(trees) - a - len(batch)} to go)", flush=True)
+        self.stats["grow_s"] = self.stats.get("grow_s", 0.0) + time.perf_counter() - start
         return out
 
     def _grow_batch(self, trees):
         xp, s = self.xp, self.s
         T = len(trees)
+        t0 = time.perf_counter()
         el = self._elements(trees)
+        _sync(xp)
+        self.stats["elements_s"] += time.perf_counter() - t0
         levels = []
         ranges = np.zeros((T, 2), dtype=np.int64)
         ranges[:, 1] = 1                            # node ids [lo, hi) of the current level, per tree
@@ -423,7 +454,10 @@ class TreeGrower:
             k = ranges[:, 1] - ranges[:, 0]
             slot_tree = np.repeat(np.arange(T), k)
             root_w = None if roots is None else roots[slot_tree]
+            t0 = time.perf_counter()
             perm = self._feature_sets([trees[t] for t in range(T)], ranges)
+            _sync(xp)
+            self.stats["orders_s"] += time.perf_counter() - t0
             if s.max_depth is not None and depth >= s.max_depth:
                 dec = self._leaf_level(el, perm, depth, root_w)
                 parent = None
@@ -432,7 +466,9 @@ class TreeGrower:
                 dec, parent = self._split_level(el, perm, depth, root_w, parent, keep)
             if roots is None:
                 roots = dec["W"].copy()
+            t0 = time.perf_counter()
             ranges = self._record(levels, ranges, dec)
+            self.stats["record_s"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             el = self._partition(el, dec)
             _sync(xp)
@@ -467,6 +503,8 @@ class TreeGrower:
             return self._fused_level(el, perm, depth, root_w), None
         if self.gather_small:
             return self._mixed_level(el, perm, depth, root_w), None
+        if self.scatter:
+            return _scatter_split.split_level(self, el, perm, depth, root_w, parent, keep)
         S = len(el.starts) - 1
         m, F, B, C = self.m, self.F, self.B, self.C
         FH = F if self.full else m

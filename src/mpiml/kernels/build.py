@@ -158,7 +158,9 @@ def specs(arch, model=None):
             out.append(((COMMON, file), _name_expressions(family, ct, None)))
     hist = [f"mpiml_hist_build<{c}, {d}, {w}>" for c in ("false", "true") for d in (0, 1) for w in ("false", "true")]
     out.append((("forest/histograms.cu",), hist + ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>",
-                                            "mpiml_hist_split<false>", "mpiml_hist_split<true>"]))
+                                            "mpiml_hist_split<false>", "mpiml_hist_split<true>",
+                                            "mpiml_hist_build_reg<0>", "mpiml_hist_build_reg<1>"]))
+    out.append((("forest/bootstrap.cu",), ["mpiml_boot_counts<false>", "mpiml_boot_counts<true>"]))
     for ct in ("float", "double"):
         out.append((("linear/linear.cu",), [f"mpiml_linear_gram<{ct}, {w}>" for w in ("false", "true")]
                     + [f"mpiml_linear_gram_mma<{ct}, {w}, {m}>" for w in ("false", "true") for m in range(1, 17)]

@@ -78,6 +78,52 @@ mpiml_hist_build(const unsigned char* __restrict__ Xb, const long long n_feature
     }
 }
 
+// Regression with integer weights whose sums fit 32 bits (the bootstrap's draw counts): the weight
+// channel narrow, weight * y wide.  Shared memory per bin: [rows (D)], w, wy low word, wy high word
+// (D + 3 words instead of 2 D + 4): a tile holds a third more features, so an element's row is read by
+// fewer blocks.  Output as mpiml_hist_build<false, D, *>: (slot, FH, B, D + 2) int64.
+template <int D>
+__global__ void __launch_bounds__(MPIML_HIST_THREADS)
+mpiml_hist_build_reg(const unsigned char* __restrict__ Xb, const long long n_features,
+                     const int* __restrict__ elem_row, const double* __restrict__ elem_w,
+                     const double* __restrict__ elem_wy, const int* __restrict__ y,
+                     const int* __restrict__ fsel, const int FH,
+                     const int* __restrict__ items, const int tile_features, const int B, const int K,
+                     unsigned long long* __restrict__ hist) {
+    const int C = D + 2;
+    const int WB = D + 3;                         // words per bin
+    extern __shared__ unsigned int acc[];
+    const int* it = items + 4 * (long long)blockIdx.x;
+    const int slot = it[0], f0 = it[1], e0 = it[2], e1 = it[3];
+    const int nf = min(tile_features, FH - f0);
+    const int entries = nf * B;                   // bins of the tile
+    for (int i = threadIdx.x; i < entries * WB; i += blockDim.x) acc[i] = 0u;
+    __syncthreads();
+
+    const int* fs = fsel + (long long)slot * FH + f0;
+    const long long pairs = (long long)(e1 - e0) * nf;
+    for (long long p = threadIdx.x; p < pairs; p += blockDim.x) {
+        const int e = e0 + (int)(p / nf);
+        const int j = (int)(p % nf);
+        const long long r = elem_row[e];
+        const int b = Xb[r * n_features + fs[j]];
+        unsigned int* a = acc + (j * B + b) * WB;
+        if (D) atomicAdd(a, 1u);
+        atomicAdd(a + D, (unsigned int)__double2ll_rn(elem_w[e]));
+        mpiml_hist_add<true>(a + D + 1, 0, __double2ll_rn(elem_wy[e]));
+    }
+    __syncthreads();
+
+    unsigned long long* out = hist + ((long long)slot * FH + f0) * B * C;
+    for (int i = threadIdx.x; i < entries; i += blockDim.x) {
+        const unsigned int* a = acc + i * WB;
+        if (D && a[0]) atomicAdd(out + (long long)i * C, (unsigned long long)a[0]);
+        if (a[D]) atomicAdd(out + (long long)i * C + D, (unsigned long long)a[D]);
+        const unsigned long long v = ((unsigned long long)a[D + 2] << 32) | a[D + 1];
+        if (v) atomicAdd(out + (long long)i * C + D + 1, v);
+    }
+}
+
 // Row partition of a level (stable, all trees at once), in two passes around one prefix sum.
 //
 // code[slot] is -1 for a leaf, else feature * 256 + bin: an element goes left when its row's bin of
@@ -127,18 +173,22 @@ __global__ void mpiml_hist_move(const long long n, const int* __restrict__ seg,
 
 // Split search of a level (forests): the best bin of every (node, candidate feature) pair.
 //
-// One thread per pair (node s, candidate j) scans the reduced histogram of feature fpos[s, j]
-// (H is (S, FH, B, C) doubles holding exact integers) bin by bin, keeping the channel prefix sums;
-// only non-empty bins are candidates.  The score is evaluated with the same IEEE operations, in the
-// same order, as the array search of mpiml.ensemble._split (explicitly rounded intrinsics: no
-// contraction into fused multiply-adds), so every path chooses the same splits:
+// One warp per pair (node s, candidate j) reads the reduced histogram of feature fpos[s, j]
+// (H is (S, FH, B, C) doubles holding exact integers), 32 bins at a time (coalesced loads), and
+// forms the channel prefix sums by a warp scan plus the carry of the bins before: integer sums below
+// 2^53, so they are exact in any order and equal the sequential ones.  Only non-empty bins are
+// candidates.  The score of a bin depends on its prefix sums alone and is evaluated with the same IEEE
+// operations, in the same order, as the array search of mpiml.ensemble._split (explicitly rounded
+// intrinsics: no contraction into fused multiply-adds), so every path chooses the same splits:
 //   CLS (gini): sum_c (l_c / sw)^2 / W_L + sum_c (r_c / sw)^2 / W_R, sums over classes left to right;
 //   regression: (S_L / sy)^2 / W_L + (S_R / sy)^2 / W_R.
 // A split is valid with weight on both sides, at least msl rows on each (with the row channel, D = 1)
-// and at least mwl[s] weight on each (has_mwl).  Ties go to the lowest bin.  Outputs per pair: the
-// best score (-inf and bin 0 without a valid split), its bin, its left weight, the nearest non-empty
-// bins at or below / above it (-1 / B when none) and the number of non-empty bins.
+// and at least mwl[s] weight on each (has_mwl).  The best is the largest score, ties to the lowest bin
+// (a warp reduction over (score, bin)), as a sequential scan keeping strictly larger scores.  Outputs
+// per pair: the best score (-inf and bin 0 without a valid split), its bin, its left weight, the
+// nearest non-empty bins at or below / above it (-1 / B when none) and the number of non-empty bins.
 #define MPIML_HIST_SPLIT_MAX_C 8
+#define MPIML_FULL_WARP 0xffffffffu
 
 template <bool CLS>
 __global__ void __launch_bounds__(MPIML_HIST_THREADS)
@@ -148,32 +198,48 @@ mpiml_hist_split(const double* __restrict__ H, const long long FH, const int B, 
                  const double sw, const double sy, const int D, const double msl,
                  double* __restrict__ o_val, long long* __restrict__ o_b, double* __restrict__ o_wl,
                  long long* __restrict__ o_below, long long* __restrict__ o_above, long long* __restrict__ o_occ) {
-    const long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long p = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;   // the same in a warp
+    const int lane = threadIdx.x & 31;
     if (p >= S * m) return;
     const long long s = p / m;
     const double* h = H + (s * FH + fpos[p]) * (long long)B * C;
     const double* t = tot + s * C;
     const double lim = has_mwl ? mwl[s] : 0.0;
-    double cum[MPIML_HIST_SPLIT_MAX_C];
-    for (int c = 0; c < C; ++c) cum[c] = 0.0;
-    double best = -__longlong_as_double(0x7ff0000000000000LL), best_wl = 0.0, wl0 = 0.0;
-    int best_b = 0, below = -1, above = B, first_after0 = B, occupied = 0;
-    bool pending = false, bin0 = false;
-    for (int b = 0; b < B; ++b) {
-        const double* hb = h + (long long)b * C;
-        bool occ;
+    const double neg_inf = -__longlong_as_double(0x7ff0000000000000LL);
+    double carry[MPIML_HIST_SPLIT_MAX_C];
+    for (int c = 0; c < C; ++c) carry[c] = 0.0;
+    double best = neg_inf, best_wl = 0.0, wl0 = 0.0;
+    int best_b = 0x7fffffff, occupied = 0, first_after0 = B;
+    bool bin0 = false;
+    for (int base = 0; base < B; base += 32) {
+        const int b = base + lane;
+        const bool in = b < B;
+        double cum[MPIML_HIST_SPLIT_MAX_C];
+        for (int c = 0; c < C; ++c) cum[c] = in ? h[(long long)b * C + c] : 0.0;
+        bool occ = false;
         if (D || !CLS) {
-            occ = hb[0] > 0.0;
+            occ = cum[0] > 0.0;
         } else {
-            occ = false;
-            for (int c = 0; c < C; ++c) occ = occ || (hb[c] > 0.0);
+            for (int c = 0; c < C; ++c) occ = occ || (cum[c] > 0.0);
+        }
+        for (int c = 0; c < C; ++c) {             // inclusive scan over the lanes, then the carry
+            double x = cum[c];
+            for (int o = 1; o < 32; o <<= 1) {
+                const double y = __shfl_up_sync(MPIML_FULL_WARP, x, o);
+                if (lane >= o) x = __dadd_rn(x, y);
+            }
+            cum[c] = __dadd_rn(carry[c], x);
+            carry[c] = __shfl_sync(MPIML_FULL_WARP, cum[c], 31);
+        }
+        const unsigned ballot = __ballot_sync(MPIML_FULL_WARP, occ);
+        occupied += __popc(ballot);
+        if (base == 0) {
+            bin0 = (ballot & 1u) != 0u;
+            if (ballot & ~1u) first_after0 = __ffs(ballot & ~1u) - 1;
+        } else if (first_after0 == B && ballot) {
+            first_after0 = base + __ffs(ballot) - 1;
         }
         if (!occ) continue;
-        ++occupied;
-        if (b == 0) bin0 = true;
-        else if (first_after0 == B) first_after0 = b;
-        if (pending) { above = b; pending = false; }
-        for (int c = 0; c < C; ++c) cum[c] = __dadd_rn(cum[c], hb[c]);
         double WL, WR, proxy;
         if (CLS) {
             double sl = 0.0, sr = 0.0;
@@ -200,25 +266,55 @@ mpiml_hist_split(const double* __restrict__ H, const long long FH, const int B, 
         bool valid = WL > 0.0 && WR > 0.0;
         if (D) valid = valid && cum[0] >= msl && __dsub_rn(t[0], cum[0]) >= msl;
         if (has_mwl) valid = valid && WL >= lim && WR >= lim;
-        if (valid && proxy > best) {
+        if (valid && proxy > best) {              // a lane's bins rise: the first of equal scores stays
             best = proxy;
             best_b = b;
             best_wl = WL;
-            below = b;
-            above = B;
-            pending = true;
         }
     }
-    if (!(best > -__longlong_as_double(0x7ff0000000000000LL))) {   // no valid split: bin 0, as an argmax over -inf
+    for (int o = 16; o > 0; o >>= 1) {           // the largest score, ties to the lowest bin
+        const double ob = __shfl_xor_sync(MPIML_FULL_WARP, best, o);
+        const int obb = __shfl_xor_sync(MPIML_FULL_WARP, best_b, o);
+        const double owl = __shfl_xor_sync(MPIML_FULL_WARP, best_wl, o);
+        if (ob > best || (ob == best && obb < best_b)) {
+            best = ob;
+            best_b = obb;
+            best_wl = owl;
+        }
+    }
+    wl0 = __shfl_sync(MPIML_FULL_WARP, wl0, 0);
+    int below, above = B;
+    if (best > neg_inf) {
+        below = best_b;
+        for (int base = ((best_b + 1) >> 5) << 5; base < B; base += 32) {   // the first non-empty bin after it
+            const int b = base + lane;
+            bool occ = false;
+            if (b < B && b > best_b) {
+                const double* hb = h + (long long)b * C;
+                if (D || !CLS) {
+                    occ = hb[0] > 0.0;
+                } else {
+                    for (int c = 0; c < C; ++c) occ = occ || (hb[c] > 0.0);
+                }
+            }
+            const unsigned bal = __ballot_sync(MPIML_FULL_WARP, occ);
+            if (bal) {
+                above = base + __ffs(bal) - 1;
+                break;
+            }
+        }
+    } else {                                      // no valid split: bin 0, as an argmax over -inf
         best_b = 0;
         best_wl = wl0;
         below = bin0 ? 0 : -1;
         above = first_after0;
     }
-    o_val[p] = best;
-    o_b[p] = best_b;
-    o_wl[p] = best_wl;
-    o_below[p] = below;
-    o_above[p] = above;
-    o_occ[p] = occupied;
+    if (lane == 0) {
+        o_val[p] = best;
+        o_b[p] = best_b;
+        o_wl[p] = best_wl;
+        o_below[p] = below;
+        o_above[p] = above;
+        o_occ[p] = occupied;
+    }
 }

@@ -15,6 +15,8 @@ bit for bit.  The family's kernels are loaded together through
 memoised per device.
 """
 
+import os
+
 import numpy as np
 
 __all__ = ["build_histograms", "partition_rows", "split_candidates", "tile_features", "plan_items"]
@@ -62,16 +64,17 @@ def _function(classification=None, count_rows=None, wide=None, expr=None):
         exprs = [f"mpiml_hist_build<{c}, {d}, {w}>"
                  for c in ("false", "true") for d in (0, 1) for w in ("false", "true")]
         exprs += ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>", "mpiml_hist_split<false>",
-                  "mpiml_hist_split<true>"]
+                  "mpiml_hist_split<true>", "mpiml_hist_build_reg<0>", "mpiml_hist_build_reg<1>"]
         fns = load(("forest/histograms.cu",), exprs + ([expr] if expr not in exprs else []))
         _FUNCTIONS.update(((key[0], e), f) for e, f in fns.items())
         fn = fns[expr]
     return fn
 
 
-def tile_features(n_features, n_bins, n_channels, wide, smem_limit):
-    """Features per shared-memory tile (0 when not even one feature's tile fits in ``smem_limit`` bytes)."""
-    per_feature = n_bins * n_channels * 4 * (2 if wide else 1)
+def tile_features(n_features, n_bins, n_channels, wide, smem_limit, words=None):
+    """Features per shared-memory tile (0 when not even one feature's tile fits in ``smem_limit`` bytes);
+    ``words``: 32-bit words per bin when given (else channels, twice when ``wide``)."""
+    per_feature = n_bins * 4 * (words if words is not None else n_channels * (2 if wide else 1))
     return int(min(n_features, smem_limit // per_feature))
 
 
@@ -145,17 +148,21 @@ def build_histograms(Xb, elem_row, elem_w, elem_wy, y, seg_start, seg_len, fsel,
         return hist
     n_sm, smem_optin = _device_info()
     rows = int(np.clip(-(-total // (n_sm * _ITEMS_PER_SM)), _MIN_ROWS_PER_ITEM, _MAX_ROWS_PER_ITEM))
-    wide = not (cls and max_weight * rows < 2.0 ** 32 and float(max_weight).is_integer())
-    tile = tile_features(FH, n_bins, C, wide, _SMEM_DEFAULT)
+    small_w = max_weight * rows < 2.0 ** 32 and float(max_weight).is_integer()
+    wide = not (cls and small_w)
+    # regression with small integer weights (the bootstrap's counts): the weight narrow, weight * y wide
+    mixed = not cls and small_w and os.environ.get("MPIML_RF_GPU_NARROW_WEIGHT", "1") != "0"
+    words = D + 3 if mixed else C * (2 if wide else 1)
+    tile = tile_features(FH, n_bins, C, wide, _SMEM_DEFAULT, words)
     smem_limit = _SMEM_DEFAULT
     if tile == 0:
-        tile = tile_features(FH, n_bins, C, wide, smem_optin)
+        tile = tile_features(FH, n_bins, C, wide, smem_optin, words)
         smem_limit = smem_optin
         if tile == 0:
             return None
     items = plan_items(seg_start, seg_len, FH, tile, rows)
-    smem = tile * n_bins * C * 4 * (2 if wide else 1)
-    fn = _function(cls, D, wide)
+    smem = tile * n_bins * words * 4
+    fn = _function(expr=f"mpiml_hist_build_reg<{D}>") if mixed else _function(cls, D, wide)
     if smem > _SMEM_DEFAULT:
         fn.max_dynamic_shared_size_bytes = smem_limit
     Xb = cupy.ascontiguousarray(Xb)
@@ -224,7 +231,7 @@ SPLIT_MAX_CHANNELS = 8
 
 
 def split_candidates(H, fpos, tot, mwl, sw, sy, n_classes, count_rows, min_samples_leaf):
-    """The best split of every (node, candidate feature) pair of reduced histograms, one thread per pair.
+    """The best split of every (node, candidate feature) pair of reduced histograms, one warp per pair.
 
     The GPU twin of :func:`mpiml.ensemble._cpu_kernels.split_candidates` (same parameters, CuPy
     arrays; gini for ``n_classes > 0``, squared error for 0; at most :data:`SPLIT_MAX_CHANNELS`
@@ -244,7 +251,7 @@ def split_candidates(H, fpos, tot, mwl, sw, sy, n_classes, count_rows, min_sampl
         return outs
     has_mwl = mwl is not None
     fn = _function(expr=f"mpiml_hist_split<{'true' if n_classes else 'false'}>")
-    fn((-(-n // _THREADS),), (_THREADS,),
+    fn((-(-n * 32 // _THREADS),), (_THREADS,),                     # a warp per pair
        (cupy.ascontiguousarray(H, dtype=cupy.float64), np.int64(FH), np.int32(B), np.int32(C),
         cupy.ascontiguousarray(fpos, dtype=cupy.int64), np.int32(m), np.int64(S),
         cupy.ascontiguousarray(tot, dtype=cupy.float64),
