@@ -117,43 +117,55 @@ def scan(cb, h, nb, B, tot, cum, mwl, has_mwl, sw, sy, K, D, msl):
     return best, best_b, best_wl, below, above, occupied
 
 
+try:  # the count of trailing zero bits, one instruction (Numba's own intrinsic)
+    from numba.cpython.unsafe.numbers import trailing_zeros as _tz
+except ImportError:  # pragma: no cover - a Numba without it: a de Bruijn table
+    _DEBRUIJN = np.array([0, 1, 2, 53, 3, 7, 54, 27, 4, 38, 41, 8, 34, 55, 48, 28, 62, 5, 39, 46, 44, 42, 22, 9,
+                          24, 35, 59, 56, 49, 18, 29, 11, 63, 52, 6, 26, 37, 40, 33, 47, 61, 45, 43, 21, 23, 58, 17,
+                          10, 51, 25, 36, 32, 60, 20, 57, 16, 50, 31, 19, 15, 30, 14, 13, 12], dtype=np.int64)
+
+    @_jit
+    def _tz(x):
+        return _DEBRUIJN[((x & (~x + np.uint64(1))) * np.uint64(0x022FDD63CC95386D)) >> np.uint64(58)]
+
+
 @_jit
-def compact(cols, row, w, wy, y, e0, n, f, K, D, key, cb, h):
+def occupied(cols, row, w, wy, y, e0, n, f, K, D, mask, acc, cb, h):
     """The non-empty bins of feature ``f`` over the elements ``e0:e0+n`` (increasing, in ``cb``) and their
-    sums (rows of ``h``), by sorting the elements' bins: for nodes with fewer rows than bins."""
-    for i in range(n):
-        key[i] = cols[f, row[e0 + i]]
-    for i in range(1, n):                        # insertion sort of the few element indices by bin
-        v = key[i]
-        k = i - 1
-        while k >= 0 and key[k] > v:
-            key[k + 1] = key[k]
-            k -= 1
-        key[k + 1] = v
-    nb = 0
-    for i in range(n):
-        if nb == 0 or cb[nb - 1] != key[i]:
-            cb[nb] = key[i]
-            h[nb, :] = 0.0
-            nb += 1
-    for i in range(n):                           # sums per bin (integers: exact in any order)
-        e = e0 + i
+    sums (rows of ``h``); returns their number.
+
+    The sums go to ``acc`` (``(B, C)``, all zero on entry and again on return) at the bin's row; a bitmap of
+    the bins touched (``mask``, 64 bins a word, zero on entry and return) gives them back in increasing
+    order by their set bits, so the cost is the node's rows plus its occupied bins, never all ``B`` bins.
+    Every element has a positive weight, so a touched bin is a non-empty one.
+    """
+    col = cols[f]
+    for e in range(e0, e0 + n):
         r = row[e]
-        b = cols[f, r]
-        lo, hi = 0, nb
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if cb[mid] < b:
-                lo = mid + 1
-            else:
-                hi = mid
+        b = col[r]
+        word = b >> 6
+        bit = np.uint64(1) << np.uint64(b & 63)
+        mask[word] |= bit
         if D:
-            h[lo, 0] += 1.0
+            acc[b, 0] += 1.0
         if K:
-            h[lo, D + y[r]] += w[e]
+            acc[b, D + y[r]] += w[e]
         else:
-            h[lo, D] += w[e]
-            h[lo, D + 1] += wy[e]
+            acc[b, D] += w[e]
+            acc[b, D + 1] += wy[e]
+    C = acc.shape[1]
+    nb = 0
+    for q in range(mask.shape[0]):
+        x = mask[q]
+        while x:
+            b = (q << 6) + np.int64(_tz(x))
+            x &= x - np.uint64(1)
+            cb[nb] = b
+            for c in range(C):
+                h[nb, c] = acc[b, c]
+                acc[b, c] = 0.0
+            nb += 1
+        mask[q] = 0
     return nb
 
 
@@ -176,25 +188,18 @@ def fused(cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, s
           o_val, o_b, o_wl, o_below, o_above, o_occ):
     S, m = fsel.shape
     C = tot.shape[1]
-    every = np.arange(B)
     for t in _nb.prange(bounds.shape[0] - 1):        # buffers once per chunk of nodes (chunks of equal work)
-        h = np.empty((m, B, C))
+        acc = np.zeros((B, C))
+        h = np.empty((B, C))
         cum = np.empty(C)
         cb = np.empty(B, dtype=np.int64)
-        key = np.empty(B, dtype=np.int64)
+        mask = np.zeros((B + 63) >> 6, dtype=np.uint64)
         for s in range(bounds[t], bounds[t + 1]):
             e0 = seg_start[s]
             n = seg_len[s]
-            small = 4 * n < B
-            if not small:
-                h[:, :, :] = 0.0
-                add_rows(cols, row, w, wy, y, e0, e0 + n, fsel[s], K, D, h)
             for j in range(m):
-                if small:
-                    nb = compact(cols, row, w, wy, y, e0, n, fsel[s, j], K, D, key, cb, h[0])
-                    res = scan(cb, h[0], nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
-                else:
-                    res = scan(every, h[j], B, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
+                nb = occupied(cols, row, w, wy, y, e0, n, fsel[s, j], K, D, mask, acc, cb, h)
+                res = scan(cb, h, nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
                 o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = res
 
 

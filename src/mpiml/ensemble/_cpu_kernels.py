@@ -182,11 +182,11 @@ def _chunks_of_equal_work(seg_len, n_bins, S):
     """Boundaries of at most 1024 contiguous chunks of nodes of about equal work for :func:`node_candidates`
     (the threads take equal runs of chunks: chunks of equal node counts left one thread the big nodes).
 
-    A node of ``n`` rows costs about ``n + B`` a feature (its histogram's rows and bins), or ``n + n^2 / 4``
-    when it has fewer than ``B / 4`` rows (the compact search sorts them).
+    A node of ``n`` rows costs about ``n + min(n, B)`` a feature (its rows, then its occupied bins), plus a
+    few words of the bitmap of occupied bins.
     """
     n = np.asarray(seg_len, dtype=np.float64)
-    cost = np.where(4 * n < n_bins, n + n * n / 4, n + n_bins) + 1.0
+    cost = n + np.minimum(n, n_bins) + 4.0
     ends = np.cumsum(cost)
     chunks = min(S, 1024)
     bounds = np.searchsorted(ends, ends[-1] * np.arange(1, chunks) / chunks, side="right")
