@@ -130,29 +130,107 @@ except ImportError:  # pragma: no cover - a Numba without it: a de Bruijn table
 
 
 @_jit
-def occupied(cols, row, w, wy, y, e0, n, f, K, D, mask, acc, cb, h):
-    """The non-empty bins of feature ``f`` over the elements ``e0:e0+n`` (increasing, in ``cb``) and their
-    sums (rows of ``h``); returns their number.
+def scan_occupied(cb, h, nb, B, tot, cum, mwl, has_mwl, sw, sy, K, D, msl):
+    """:func:`scan` of a histogram whose ``nb`` bins are all non-empty (:func:`drain`'s): the same results
+    with less work a bin.
 
-    The sums go to ``acc`` (``(B, C)``, all zero on entry and again on return) at the bin's row; a bitmap of
-    the bins touched (``mask``, 64 bins a word, zero on entry and return) gives them back in increasing
-    order by their set bits, so the cost is the node's rows plus its occupied bins, never all ``B`` bins.
-    Every element has a positive weight, so a touched bin is a non-empty one.
+    The weights are integers (fixed point) below 2**53, so a side's total weight is the same number summed
+    in any order: it is kept as one running sum (``WL = cumW * isw`` is :func:`scan`'s sum over classes of
+    ``cum[c] * isw``, exactly), and the sums of squares, which round, keep :func:`scan`'s order.  The
+    nearest non-empty bins around the best are read from ``cb`` after the loop.
     """
-    col = cols[f]
+    C = h.shape[1]
+    isw, isy = 1.0 / sw, 1.0 / sy
+    totW = 0.0
+    if K:
+        for c in range(D, C):
+            totW += tot[c]
+            cum[c] = 0.0
+    else:
+        totW = tot[D]
+    cumW, cumY, cumN = 0.0, 0.0, 0.0
+    totY = 0.0 if K else tot[D + 1]
+    totN = tot[0] if D else 0.0
+    best, best_k, best_wl = -np.inf, -1, 0.0
+    for k in range(nb):
+        if K:
+            for c in range(D, C):
+                v = h[k, c]
+                cum[c] += v
+                cumW += v
+        else:
+            cumW += h[k, D]
+            cumY += h[k, D + 1]
+        if D:
+            cumN += h[k, 0]
+        WL = cumW * isw
+        WR = (totW - cumW) * isw
+        if not (WL > 0 and WR > 0):
+            continue
+        if D and not (cumN >= msl and totN - cumN >= msl):
+            continue
+        if has_mwl and not (WL >= mwl and WR >= mwl):
+            continue
+        if K:
+            sl = 0.0
+            sr = 0.0
+            for c in range(D, C):
+                lw = cum[c] * isw
+                rw = (tot[c] - cum[c]) * isw
+                sl += lw * lw
+                sr += rw * rw
+            proxy = sl / WL + sr / WR
+        else:
+            SL = cumY * isy
+            SR = (totY - cumY) * isy
+            proxy = SL * SL / WL + SR * SR / WR
+        if proxy > best:
+            best, best_k, best_wl = proxy, k, WL
+    if best_k >= 0:
+        return best, cb[best_k], best_wl, cb[best_k], (cb[best_k + 1] if best_k + 1 < nb else B), nb
+    # no valid split: bin 0, as an argmax over -inf
+    bin0 = nb > 0 and cb[0] == 0
+    wl0 = 0.0
+    if bin0:
+        for c in range(D, C) if K else range(D, D + 1):
+            wl0 += h[0, c] * isw
+    first = 1 if bin0 else 0
+    return -np.inf, 0, wl0, (0 if bin0 else -1), (cb[first] if first < nb else B), nb
+
+
+@_jit
+def accumulate(cols, row, w, wy, y, e0, n, fs, K, D, mask, acc):
+    """The sums of the elements ``e0:e0+n`` in the bins of the features ``fs`` (``acc[j]``, ``(B, C)`` each, at
+    the bin's row) and the bins they touch (bitmap ``mask[j]``, 64 bins a word).
+
+    One pass over the elements for every feature: an element's row, weight and class are read once and
+    the features' updates are independent of each other (the histogram of one feature alone waits on
+    its own last update whenever consecutive rows share a bin).
+    """
+    m = fs.shape[0]
     for e in range(e0, e0 + n):
         r = row[e]
-        b = col[r]
-        word = b >> 6
-        bit = np.uint64(1) << np.uint64(b & 63)
-        mask[word] |= bit
-        if D:
-            acc[b, 0] += 1.0
-        if K:
-            acc[b, D + y[r]] += w[e]
-        else:
-            acc[b, D] += w[e]
-            acc[b, D + 1] += wy[e]
+        we = w[e]
+        c = D + y[r] if K else D
+        wye = 0.0 if K else wy[e]
+        for j in range(m):
+            b = cols[fs[j], r]
+            mask[j, b >> 6] |= np.uint64(1) << np.uint64(b & 63)
+            if D:
+                acc[j, b, 0] += 1.0
+            acc[j, b, c] += we
+            if not K:
+                acc[j, b, D + 1] += wye
+
+
+@_jit
+def drain(mask, acc, cb, h):
+    """The non-empty bins in increasing order (``cb``) and their sums (rows of ``h``) from one feature's
+    bitmap and sums (:func:`accumulate`), which are left all zero again; returns their number.
+
+    The set bits of the bitmap give the bins in order, so the cost is the bins occupied, never all ``B``.
+    Every element has a positive weight, so a touched bin is a non-empty one.
+    """
     C = acc.shape[1]
     nb = 0
     for q in range(mask.shape[0]):
@@ -189,17 +267,16 @@ def fused(cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, s
     S, m = fsel.shape
     C = tot.shape[1]
     for t in _nb.prange(bounds.shape[0] - 1):        # buffers once per chunk of nodes (chunks of equal work)
-        acc = np.zeros((B, C))
+        acc = np.zeros((m, B, C))                    # zero between nodes: drain() clears what it reads
+        mask = np.zeros((m, (B + 63) >> 6), dtype=np.uint64)
         h = np.empty((B, C))
         cum = np.empty(C)
         cb = np.empty(B, dtype=np.int64)
-        mask = np.zeros((B + 63) >> 6, dtype=np.uint64)
         for s in range(bounds[t], bounds[t + 1]):
-            e0 = seg_start[s]
-            n = seg_len[s]
+            accumulate(cols, row, w, wy, y, seg_start[s], seg_len[s], fsel[s], K, D, mask, acc)
             for j in range(m):
-                nb = occupied(cols, row, w, wy, y, e0, n, fsel[s, j], K, D, mask, acc, cb, h)
-                res = scan(cb, h, nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
+                nb = drain(mask[j], acc[j], cb, h)
+                res = scan_occupied(cb, h, nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
                 o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = res
 
 
