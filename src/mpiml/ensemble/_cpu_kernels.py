@@ -84,7 +84,9 @@ def _kernels():
 def apply_bins(X, edges, dtype):
     """Bin index of every entry of ``X`` (host rows): ``#(edges[j] < x)``, as ``searchsorted(side="left")``."""
     n, d = X.shape
-    table = np.full((d, max((len(e) for e in edges), default=0) or 1), np.inf)
+    most = max((len(e) for e in edges), default=0)
+    # up to 255 edges: rows of 256, the last +inf (never below x), for the kernel's unrolled search
+    table = np.full((d, 256 if most < 256 else most), np.inf)
     for j, e in enumerate(edges):
         table[j, :len(e)] = e
     lens = np.array([len(e) for e in edges], dtype=np.int64)
