@@ -51,3 +51,19 @@ def test_one_blas_thread_is_a_context():
     with one_blas_thread():
         assert set(blas()) <= {1}
     assert blas() == before
+
+
+@pytest.mark.parametrize("preset", [None, "20"])
+def test_import_makes_idle_openblas_threads_sleep(preset):
+    # set before NumPy loads OpenBLAS (which reads it once); a user's value is kept
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if preset:
+        env["OPENBLAS_THREAD_TIMEOUT"] = preset
+    code = ("import sys; import mpiml, os; "
+            "print(os.environ['OPENBLAS_THREAD_TIMEOUT'], 'numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         check=True).stdout.split()
+    assert out == [preset or "4", "True"]
