@@ -51,6 +51,28 @@ def _best(fn, repeat):
     return round(best_w, 4), round(best_c, 4)
 
 
+def _probe_kernel(nb):
+    @nb.njit(parallel=True, nogil=True)
+    def probe(X, parts, out, useblas, CT):
+        n = X.shape[0]
+        for p in nb.prange(parts):
+            s = 0.0
+            for b0 in range(p * n // parts, (p + 1) * n // parts, 512):
+                m = min((p + 1) * n // parts, b0 + 512) - b0
+                if useblas:
+                    G = np.dot(X[b0:b0 + m], CT)
+                    s += G[0, 0]
+                else:
+                    for i in range(b0, b0 + m):
+                        for j in range(CT.shape[1]):
+                            acc = 0.0
+                            for f in range(X.shape[1]):
+                                acc += X[i, f] * CT[f, j]
+                            s += acc
+            out[p] = s
+    return probe
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--threads", default="1,8,64")
@@ -60,7 +82,7 @@ def main(argv=None):
     p.add_argument("--knn-rows", type=float, default=2e5)
     p.add_argument("--queries", type=int, default=2500)
     p.add_argument("--repeat", type=int, default=2)
-    p.add_argument("--parts", default="kmeans,rf,knn")
+    p.add_argument("--parts", default="probe,kmeans,rf,knn")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     import mpiml
@@ -84,6 +106,21 @@ def main(argv=None):
                      for pi in threadpool_info()], "results": {}}
     parts = args.parts.split(",")
     res = out["results"]
+    if "probe" in parts:   # Numba's threads alone: a compute-bound loop, then the same with a BLAS call per block
+        probe = _probe_kernel(nb)
+        Xp = np.random.default_rng(0).random((400000, 32))
+        CT = np.random.default_rng(1).random((32, 16))
+        o = np.zeros(256)
+        from mpiml.utils._threads import one_blas_thread
+
+        for t in threads:
+            with _set_threads(t):
+                for blas in (False, True):
+                    def run():
+                        with one_blas_thread():
+                            probe(Xp, 256, o, blas, CT)
+                    res[f"probe_{'blas' if blas else 'loops'}_T{t}"] = _best(run, args.repeat)
+            print(t, "probe loops", res[f"probe_loops_T{t}"], "blas", res[f"probe_blas_T{t}"], flush=True)
     if "kmeans" in parts:
         from mpiml.cluster import KMeans, _kmeans_cpu
 
