@@ -113,9 +113,12 @@ def test_split_candidates_choose_the_array_search_split(K, D, with_mwl):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
 
 
-@pytest.mark.parametrize("K", [0, 2])
-def test_fused_candidates_equal_histogram_then_search(K):
-    """Per-node buffers (dense for large nodes, sorted bins for small ones) = the histogram array's search."""
+@pytest.mark.parametrize("K,threads", [(0, 1), (2, 1), (0, 8), (2, 8), (3, 64)])
+def test_fused_candidates_equal_histogram_then_search(monkeypatch, K, threads):
+    """Per-node buffers (bitmaps of occupied bins) = the histogram array's search; with several threads the
+    big nodes are cut into parts summed apart (fused_parts), with the same results."""
+    monkeypatch.setattr(ck, "thread_count", lambda: threads)
+    monkeypatch.setattr(ck, "_MIN_PART", 64)
     rng = np.random.default_rng(K)
     n_rows, F, B = 3000, 7, 64
     Xb = rng.integers(0, B, size=(n_rows, F), dtype=np.uint8)
@@ -135,6 +138,11 @@ def test_fused_candidates_equal_histogram_then_search(K):
                              False, 1)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
+    big, first, p_start, p_len = ck._big_node_parts(starts, lens, threads, 4 * B * (K or 2) * 8)
+    assert (len(big) > 0) == (threads > 1)         # the 2000-element node is cut at 8 threads and more
+    for i, s in enumerate(big):                    # a big node's parts cover its elements once, in order
+        assert p_start[first[i]] == starts[s] and p_len[first[i]:first[i + 1]].sum() == lens[s]
+        assert np.all(p_start[first[i] + 1:first[i + 1]] == (p_start + p_len)[first[i]:first[i + 1] - 1])
 
 
 def test_histograms_and_partition_equal_numpy():

@@ -262,8 +262,10 @@ def split(H, fpos, tot, mwl, has_mwl, sw, sy, K, D, msl, o_val, o_b, o_wl, o_bel
 
 
 @_pjit
-def fused(cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl, bounds,
+def fused(cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl, nodes, bounds,
           o_val, o_b, o_wl, o_below, o_above, o_occ):
+    """The nodes ``nodes[bounds[t]:bounds[t + 1]]`` in task ``t`` (chunks of about equal work), each node's
+    histograms in the task's buffers, searched at once."""
     S, m = fsel.shape
     C = tot.shape[1]
     for t in _nb.prange(bounds.shape[0] - 1):        # buffers once per chunk of nodes (chunks of equal work)
@@ -272,12 +274,52 @@ def fused(cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, s
         h = np.empty((B, C))
         cum = np.empty(C)
         cb = np.empty(B, dtype=np.int64)
-        for s in range(bounds[t], bounds[t + 1]):
+        for i in range(bounds[t], bounds[t + 1]):
+            s = nodes[i]
             accumulate(cols, row, w, wy, y, seg_start[s], seg_len[s], fsel[s], K, D, mask, acc)
             for j in range(m):
                 nb = drain(mask[j], acc[j], cb, h)
                 res = scan_occupied(cb, h, nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
                 o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = res
+
+
+@_pjit
+def fused_parts(cols, row, w, wy, y, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl, nodes, first, p_start, p_len,
+                o_val, o_b, o_wl, o_below, o_above, o_occ):
+    """Nodes too big for one thread: node ``nodes[i]``'s elements are cut into the parts
+    ``first[i]:first[i + 1]`` (``p_start``, ``p_len``), summed in parallel into their own histograms, which are
+    then added (integers: the same sums in any order) and searched in parallel over (node, feature)."""
+    S, m = fsel.shape
+    C = tot.shape[1]
+    W = (B + 63) >> 6
+    P = p_start.shape[0]
+    acc = np.zeros((P, m, B, C))
+    mask = np.zeros((P, m, W), dtype=np.uint64)
+    for p in _nb.prange(P):
+        i = 0
+        while first[i + 1] <= p:
+            i += 1
+        accumulate(cols, row, w, wy, y, p_start[p], p_len[p], fsel[nodes[i]], K, D, mask[p], acc[p])
+    for q in _nb.prange(nodes.shape[0] * m):
+        i = q // m
+        j = q - i * m
+        s = nodes[i]
+        p0 = first[i]
+        for p in range(p0 + 1, first[i + 1]):       # into the first part: its bitmap and its sums
+            for wq in range(W):
+                x = mask[p, j, wq]
+                mask[p0, j, wq] |= x
+                while x:
+                    b = (wq << 6) + np.int64(_tz(x))
+                    x &= x - np.uint64(1)
+                    for c in range(C):
+                        acc[p0, j, b, c] += acc[p, j, b, c]
+        h = np.empty((B, C))
+        cum = np.empty(C)
+        cb = np.empty(B, dtype=np.int64)
+        nb = drain(mask[p0, j], acc[p0, j], cb, h)
+        res = scan_occupied(cb, h, nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
+        o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = res
 
 
 @_pjit

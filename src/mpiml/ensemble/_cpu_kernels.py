@@ -76,7 +76,8 @@ def _kernels():
         from . import _cpu_jit
 
         _KERNELS = {name: getattr(_cpu_jit, name) for name in
-                    ("totals", "orders", "bins", "hist", "split", "fused", "move", "boot", "boot_guide")}
+                    ("totals", "orders", "bins", "hist", "split", "fused", "fused_parts", "move", "boot",
+                     "boot_guide")}
     _jit_numba()  # the thread count of the calling thread (Numba's is per thread)
     return _KERNELS
 
@@ -166,18 +167,65 @@ def node_candidates(cols, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, 
                     min_samples_leaf):
     """:func:`build_histograms` then :func:`split_candidates` per node, without writing the histograms out.
 
-    ``fsel`` (S, m) holds the candidate features themselves (rows of ``cols``).
+    ``fsel`` (S, m) holds the candidate features themselves (rows of ``cols``).  The nodes go to the
+    threads in chunks of about equal work; a node with more work than a thread's share (the first levels
+    of few trees: 4 trees' roots for 8 threads) is cut into parts summed in parallel
+    (:func:`_big_node_parts`), so the threads never wait on one node.
     """
     S, m = fsel.shape
     outs = _candidate_outputs(S, m)
-    if S and m:
-        has_mwl = mwl is not None
-        _kernels()["fused"](cols, row, w, w if wy is None else wy, row if y is None else y,
-                            np.ascontiguousarray(seg_start, dtype=np.int64), np.ascontiguousarray(seg_len, dtype=np.int64),
-                            np.ascontiguousarray(fsel, dtype=np.int64), n_bins, tot, mwl if has_mwl else np.zeros(S),
-                            has_mwl, float(sw), float(sy), n_classes, int(count_rows), float(min_samples_leaf),
-                            _chunks_of_equal_work(seg_len, n_bins, S), *outs)
+    if not (S and m):
+        return outs
+    has_mwl = mwl is not None
+    k = _kernels()
+    seg_start = np.ascontiguousarray(seg_start, dtype=np.int64)
+    seg_len = np.ascontiguousarray(seg_len, dtype=np.int64)
+    fsel = np.ascontiguousarray(fsel, dtype=np.int64)
+    C = tot.shape[1]
+    big, first, p_start, p_len = _big_node_parts(seg_start, seg_len, thread_count(), m * n_bins * C * 8)
+    small = np.arange(S, dtype=np.int64)
+    if len(big):
+        small = small[np.isin(small, big, assume_unique=True, invert=True)]
+    args = (w if wy is None else wy, row if y is None else y)
+    common = (n_bins, tot, mwl if has_mwl else np.zeros(S), has_mwl, float(sw), float(sy), n_classes, int(count_rows),
+              float(min_samples_leaf))
+    if len(small):
+        k["fused"](cols, row, w, *args, seg_start, seg_len, fsel, *common, small,
+                   _chunks_of_equal_work(seg_len[small], n_bins, len(small)), *outs)
+    if len(big):
+        k["fused_parts"](cols, row, w, *args, fsel, *common, big, first, p_start, p_len, *outs)
     return outs
+
+
+#: Elements of a part of a big node (fewer: the parts' histograms cost more than they save).
+_MIN_PART = 4096
+#: Bytes of the parts' histograms at most.
+_PART_BYTES = 64 << 20
+
+
+def _big_node_parts(seg_start, seg_len, threads, hist_bytes):
+    """``(nodes, first, start, length)``: the nodes with more elements than a quarter of a thread's share of the
+    level and at least ``2 * _MIN_PART`` of them, each cut into parts of about that quarter share (node ``i``'s
+    parts are ``first[i]:first[i + 1]``); nothing with one thread."""
+    empty = np.zeros(0, dtype=np.int64)
+    total = int(seg_len.sum())
+    if threads <= 1 or total == 0:
+        return empty, np.zeros(1, dtype=np.int64), empty, empty
+    target = max(_MIN_PART, total // (4 * threads))
+    big = np.nonzero(seg_len >= 2 * target)[0].astype(np.int64)
+    if len(big) == 0:
+        return big, np.zeros(1, dtype=np.int64), empty, empty
+    parts = -(-seg_len[big] // target)
+    limit = max(len(big), _PART_BYTES // max(1, hist_bytes))
+    while parts.sum() > limit and parts.max() > 1:    # within the memory bound: fewer parts of the largest
+        parts = np.maximum(1, parts - (parts == parts.max()))
+    first = np.concatenate([[0], np.cumsum(parts)]).astype(np.int64)
+    start, length = [], []
+    for s, n, q in zip(seg_start[big], seg_len[big], parts):
+        cuts = s + (np.arange(q + 1) * n) // q
+        start.append(cuts[:-1])
+        length.append(np.diff(cuts))
+    return big, first, np.concatenate(start).astype(np.int64), np.concatenate(length).astype(np.int64)
 
 
 def _chunks_of_equal_work(seg_len, n_bins, S):
