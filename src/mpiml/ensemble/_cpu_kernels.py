@@ -82,6 +82,22 @@ def _kernels():
     return _KERNELS
 
 
+def sort_rows(a):
+    """Sort every row of ``a`` in place (``a.sort(axis=1)``, the same result), the rows spread over this rank's
+    threads when it has several: the bin edges' sort of every feature's sample was one thread's work on
+    every rank (0.13 s of a 1.9 s forest fit on one thread).  NumPy's sort (vectorised, and it releases the
+    GIL) on a pool of Python threads, one row at a time."""
+    threads = min(thread_count() if enabled() else 1, a.shape[0]) if a.ndim == 2 else 1
+    if threads <= 1 or a.size < (1 << 16):
+        a.sort(axis=1)
+        return a
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda i: a[i].sort(), range(a.shape[0])))
+    return a
+
+
 def apply_bins(X, edges, dtype):
     """Bin index of every entry of ``X`` (host rows): ``#(edges[j] < x)``, as ``searchsorted(side="left")``."""
     n, d = X.shape

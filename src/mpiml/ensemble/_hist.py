@@ -137,7 +137,9 @@ def bin_edges(sample, max_bins, exact, xp=np, missing=None):
     if xp is not np and cols.size:
         cols = xp.sort(xp.asarray(cols), axis=1).get()
     else:
-        cols.sort(axis=1)
+        from . import _cpu_kernels
+
+        _cpu_kernels.sort_rows(cols)                   # the features in parallel (the rank's threads)
     edges, values = [], []
     for j, col in enumerate(cols):
         nan_bin = missing is not None and bool(missing[j])
