@@ -310,8 +310,10 @@ def main(argv):
                                                        "repeat", "threads_per_rank")},
               "mpiml": {}, "load_average_before": _load()}
     # every rank its share of the cores (the launcher sets nothing; a user's variable would still win)
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                                                             "OPENBLAS_NUM_THREADS")}
+    from ..utils._threads import child_env
+
+    env = {k: v for k, v in child_env().items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                                               "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")}
     if args.threads_per_rank:  # a fixed count per rank (1 -> R ranks of T threads: the cores grow with R)
         env.update({k: str(args.threads_per_rank) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                                              "OPENBLAS_NUM_THREADS")})

@@ -399,5 +399,8 @@ def main(argv):
         if n > 1:
             cmd = launch_command(n, _strip_np(argv))
             print("launching: " + " ".join(cmd), flush=True)
-            return subprocess.call(cmd)  # each rank limits its threads to its share (mpiml.utils._threads)
+            from ..utils._threads import child_env
+
+            # each rank takes its share of the cores (mpiml.utils._threads)
+            return subprocess.call(cmd, env=child_env())
     return run_checked("mpiml run", args, _run)
