@@ -195,6 +195,14 @@ def _worker(args):
         if name == "knn" and value is not None:
             value = comm.allreduce_obj(value)
         out["seconds"][name], out["values"][name], out["cpu_seconds"][name] = seconds, value, cpu
+        if comm.size > 1:  # one more fit, recorded: where a rank's time goes besides its own work
+            comm.barrier()
+            with mpiml.profile() as prof:
+                _fit(est, name, X, y, Q, centres)
+            summ = prof.summary()
+            out.setdefault("comm", {})[name] = {"calls": summ["calls"],
+                                                "seconds": round(comm.allreduce_obj(summ["total_seconds"], op="max"), 4),
+                                                "ops": {k: v["calls"] for k, v in summ["ops"].items()}}
         if comm.rank == 0:
             print(f"  mpiml {comm.size} rank(s): {_TITLES[name]} {seconds:.3f} s", flush=True)
     if comm.rank == 0:
