@@ -236,3 +236,13 @@ def test_sort_rows_in_threads_is_numpy_sort(monkeypatch):
     got = ck.sort_rows(a.copy())
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_sorted_columns_are_the_sorted_transpose(monkeypatch):
+    monkeypatch.setattr(ck, "thread_count", lambda: 3)
+    rng = np.random.default_rng(1)
+    sample = rng.normal(size=(70001, 5))
+    sample[::9, 2] = np.nan
+    got = ck.sorted_columns(sample)
+    np.testing.assert_array_equal(got, np.sort(sample.T, axis=1))
+    assert got.flags.c_contiguous and not np.shares_memory(got, sample)

@@ -437,6 +437,18 @@ def orders(lead, trees, nodes, out):
 
 
 @_pjit
+def transpose(a, out):
+    """``out[j, i] = a[i, j]``, by blocks of rows in parallel (a block's rows are read once, in cache)."""
+    n, d = a.shape
+    for blk in _nb.prange((n + 255) >> 8):
+        i0 = blk << 8
+        i1 = min(n, i0 + 256)
+        for j in range(d):
+            for i in range(i0, i1):
+                out[j, i] = a[i, j]
+
+
+@_pjit
 def bins(X, table, lens, out):
     """``#(table[j] < x)`` of every entry, by blocks of rows (a block's columns are read one at a time, with
     that feature's edges in cache).  Up to 255 edges: a binary search without branches, unrolled, over

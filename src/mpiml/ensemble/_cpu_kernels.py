@@ -77,7 +77,7 @@ def _kernels():
 
         _KERNELS = {name: getattr(_cpu_jit, name) for name in
                     ("totals", "orders", "bins", "hist", "split", "fused", "fused_parts", "move", "boot",
-                     "boot_guide")}
+                     "boot_guide", "transpose")}
     _jit_numba()  # the thread count of the calling thread (Numba's is per thread)
     return _KERNELS
 
@@ -96,6 +96,20 @@ def sort_rows(a):
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(lambda i: a[i].sort(), range(a.shape[0])))
     return a
+
+
+def sorted_columns(sample):
+    """The columns of ``sample`` (``(n, d)``) as rows of a new float64 array ``(d, n)``, each sorted (NumPy's
+    order: NaN last): the bin edges' input.  The transposing copy (a compiled kernel, by blocks of rows in
+    parallel) and the sorts (:func:`sort_rows`) on the rank's threads: 0.5 s on one thread for 2e5 x 32 rows,
+    the same on every rank of a forest grown tree-parallel."""
+    a = np.asarray(sample, dtype=np.float64)
+    if a.ndim == 2 and a.size >= (1 << 16) and a.flags.c_contiguous and enabled():
+        cols = np.empty((a.shape[1], a.shape[0]))
+        _kernels()["transpose"](a, cols)
+    else:
+        cols = np.array(a.T, order="C", copy=True)
+    return sort_rows(cols)
 
 
 def apply_bins(X, edges, dtype):

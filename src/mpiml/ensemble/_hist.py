@@ -132,14 +132,14 @@ def bin_edges(sample, max_bins, exact, xp=np, missing=None):
     values : list of float64 arrays or None
         The value of each bin where bins are single values, else None.
     """
-    # a copy: the columns are sorted in place (one feature's (n, 1) sample transposes without a copy)
-    cols = np.array(np.asarray(sample, dtype=np.float64).T, order="C", copy=True)
-    if xp is not np and cols.size:
+    if xp is not np and np.size(sample):
+        # a copy: the columns are sorted in place (one feature's (n, 1) sample transposes without a copy)
+        cols = np.array(np.asarray(sample, dtype=np.float64).T, order="C", copy=True)
         cols = xp.sort(xp.asarray(cols), axis=1).get()
     else:
         from . import _cpu_kernels
 
-        _cpu_kernels.sort_rows(cols)                   # the features in parallel (the rank's threads)
+        cols = _cpu_kernels.sorted_columns(sample)     # the copy and the sorts on the rank's threads
     edges, values = [], []
     for j, col in enumerate(cols):
         nan_bin = missing is not None and bool(missing[j])
