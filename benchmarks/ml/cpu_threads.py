@@ -100,7 +100,20 @@ def main(argv=None):
     comm = get_comm("self")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = [min(int(t), cores) for t in args.threads.split(",") if t]
-    out = {"cores": cores, "threads": threads, "argv": sys.argv[1:], "numba": nb.__version__,
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        pass
+    try:
+        import llvmlite.binding as llvm
+
+        target = llvm.get_host_cpu_name()
+    except Exception as exc:  # noqa: BLE001 - only a label
+        target = f"? ({exc})"
+    out = {"cores": cores, "cpu": model, "llvm_target": target, "threads": threads, "argv": sys.argv[1:],
+           "numba": nb.__version__,
            "numba_threads": int(nb.config.NUMBA_NUM_THREADS), "numba_layer_requested": nb.config.THREADING_LAYER,
            "pools": [{k: v for k, v in pi.items() if k in ("internal_api", "num_threads", "filepath", "version")}
                      for pi in threadpool_info()], "results": {}}
