@@ -39,6 +39,29 @@ def _set_threads(t):
     return threadpool_limits(limits=t)
 
 
+def _peer_threads(t):
+    """scikit-learn-intelex's threads (oneDAL's global count), when it is installed."""
+    try:
+        import daal4py
+
+        daal4py.daalinit(t)
+        return True
+    except Exception:  # noqa: BLE001 - not installed, or its library does not load
+        return False
+
+
+def _peers(name, t, fit_of, repeat, res):
+    """The same fit by scikit-learn and scikit-learn-intelex at ``t`` threads, in this process."""
+    for lib in ("sklearn", "sklearnex"):
+        if lib == "sklearnex" and not _peer_threads(t):
+            continue
+        try:
+            fn = fit_of(lib)
+        except ImportError:
+            continue
+        res[f"{name}_{lib}_T{t}"] = _best(fn, repeat)
+
+
 def _best(fn, repeat):
     fn()
     best_w, best_c = float("inf"), None
@@ -83,6 +106,7 @@ def main(argv=None):
     p.add_argument("--queries", type=int, default=2500)
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--parts", default="probe,kmeans,rf,knn")
+    p.add_argument("--peers", action="store_true", help="also scikit-learn and scikit-learn-intelex at each count")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     import mpiml
@@ -150,21 +174,36 @@ def main(argv=None):
         def fit():
             KMeans(16, init=C, n_init=1, max_iter=20, tol=0.0).fit(X)
 
+        def peer(lib):
+            mod = __import__(f"{lib}.cluster", fromlist=["KMeans"])
+            return lambda: mod.KMeans(16, init=C, n_init=1, max_iter=20, tol=0.0).fit(X)
+
         for t in threads:
             with _set_threads(t):
                 res[f"kmeans_step_T{t}"] = _best(step, args.repeat)
                 res[f"kmeans_fit20_T{t}"] = _best(fit, args.repeat)
-            print(t, "kmeans step", res[f"kmeans_step_T{t}"], "fit", res[f"kmeans_fit20_T{t}"], flush=True)
+                if args.peers:
+                    _peers("kmeans_fit20", t, peer, args.repeat, res)
+            print(t, "kmeans step", res[f"kmeans_step_T{t}"], "fit", res[f"kmeans_fit20_T{t}"],
+                  {k: v for k, v in res.items() if k.startswith("kmeans_fit20_sk") and k.endswith(f"_T{t}")}, flush=True)
     if "rf" in parts:
         from mpiml.ensemble import RandomForestClassifier
 
         X, y = datasets.make_classification(int(args.rf_rows), 32, n_informative=16, n_redundant=0, random_state=0,
                                             comm=comm)
+        X, y = np.asarray(X), np.asarray(y)
         for trees in [int(t) for t in args.trees.split(",")]:
             for t in threads:
                 est = RandomForestClassifier(trees, random_state=0)
+
+                def peer(lib):
+                    mod = __import__(f"{lib}.ensemble", fromlist=["RandomForestClassifier"])
+                    return lambda: mod.RandomForestClassifier(trees, random_state=0, n_jobs=t).fit(X, y)
+
                 with _set_threads(t):
                     res[f"rf{trees}_T{t}"] = _best(lambda: est.fit(X, y), args.repeat)
+                    if args.peers and trees == min(int(v) for v in args.trees.split(",")):
+                        _peers(f"rf{trees}", t, peer, args.repeat, res)
                 st = {k: round(v, 4) for k, v in est._fit_stats.items() if k.endswith("_s")}
                 res[f"rf{trees}_T{t}_phases"] = st
                 print(t, f"rf {trees} trees", res[f"rf{trees}_T{t}"], st, flush=True)
@@ -174,10 +213,17 @@ def main(argv=None):
         X, _ = datasets.make_blobs(int(args.knn_rows), 32, centers=32, random_state=1, comm=comm)
         Q, _ = datasets.make_blobs(args.queries, 32, centers=32, random_state=2, comm=comm)
         X, Q = np.ascontiguousarray(X), np.ascontiguousarray(Q)
+        def peer(lib):
+            mod = __import__(f"{lib}.neighbors", fromlist=["NearestNeighbors"])
+            return lambda: mod.NearestNeighbors(n_neighbors=10, algorithm="brute").fit(X).kneighbors(Q)
+
         for t in threads:
             with _set_threads(t):
                 res[f"knn_T{t}"] = _best(lambda: _cpu.topk(Q, X, 10), args.repeat)
-            print(t, "knn", res[f"knn_T{t}"], flush=True)
+                if args.peers:
+                    _peers("knn", t, peer, args.repeat, res)
+            print(t, "knn", res[f"knn_T{t}"], {k: v for k, v in res.items() if k.startswith("knn_sk") and
+                                                k.endswith(f"_T{t}")}, flush=True)
     out["numba_layer_used"] = nb.threading_layer()
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
