@@ -253,7 +253,7 @@ def _plot(result, path):
               for r in result["ranks"]]
     for lib in ("sklearn", "sklearnex"):
         if isinstance(result.get(lib), dict) and "seconds" in result[lib]:
-            series.append((f"{lib} ({result['machine']['cpus']} cores)", [result[lib]["seconds"].get(n) for n in names]))
+            series.append((f"{lib} ({result['cores']} cores)", [result[lib]["seconds"].get(n) for n in names]))
     fig, ax = plt.subplots(figsize=(10, 4.5))
     width = 0.8 / max(1, len(series))
     for i, (label, values) in enumerate(series):
