@@ -1,6 +1,12 @@
 """mpiml: machine learning on many GPUs from Python, with the fastest communication there is."""
 
-from ._version import __version__
+import os as _os
+
+# Before NumPy loads OpenBLAS (which reads it once): its idle threads sleep after 2**4 cycles instead of
+# spinning 2**28 (~0.1 s) after every call; see mpiml.utils._threads.  The user's value wins.
+_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+from ._version import __version__  # noqa: E402
 from ._errors import (  # noqa: E402
     BackendUnavailableError,
     CollectiveMismatchError,

@@ -113,9 +113,12 @@ def test_split_candidates_choose_the_array_search_split(K, D, with_mwl):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
 
 
-@pytest.mark.parametrize("K", [0, 2])
-def test_fused_candidates_equal_histogram_then_search(K):
-    """Per-node buffers (dense for large nodes, sorted bins for small ones) = the histogram array's search."""
+@pytest.mark.parametrize("K,threads", [(0, 1), (2, 1), (0, 8), (2, 8), (3, 64)])
+def test_fused_candidates_equal_histogram_then_search(monkeypatch, K, threads):
+    """Per-node buffers (bitmaps of occupied bins) = the histogram array's search; with several threads the
+    big nodes are cut into parts summed apart (fused_parts), with the same results."""
+    monkeypatch.setattr(ck, "thread_count", lambda: threads)
+    monkeypatch.setattr(ck, "_MIN_PART", 64)
     rng = np.random.default_rng(K)
     n_rows, F, B = 3000, 7, 64
     Xb = rng.integers(0, B, size=(n_rows, F), dtype=np.uint8)
@@ -135,6 +138,11 @@ def test_fused_candidates_equal_histogram_then_search(K):
                              False, 1)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
+    big, first, p_start, p_len = ck._big_node_parts(starts, lens, threads, 4 * B * (K or 2) * 8)
+    assert (len(big) > 0) == (threads > 1)         # the 2000-element node is cut at 8 threads and more
+    for i, s in enumerate(big):                    # a big node's parts cover its elements once, in order
+        assert p_start[first[i]] == starts[s] and p_len[first[i]:first[i + 1]].sum() == lens[s]
+        assert np.all(p_start[first[i] + 1:first[i + 1]] == (p_start + p_len)[first[i]:first[i + 1] - 1])
 
 
 def test_histograms_and_partition_equal_numpy():
@@ -214,3 +222,27 @@ def test_node_chunks_cover_every_node_once_by_work():
     assert bounds[0] == 0 and bounds[-1] == len(lens) and np.all(np.diff(bounds) > 0)
     big = np.nonzero(lens >= 4000)[0]
     assert len(np.unique(np.searchsorted(bounds, big, side="right"))) == len(big)
+
+
+def test_sort_rows_in_threads_is_numpy_sort(monkeypatch):
+    # the bin edges' per-feature sort spread over the rank's threads: NumPy's result, NaN last, signed zeros kept
+    monkeypatch.setattr(ck, "thread_count", lambda: 4)
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(9, 20000))
+    a[1, ::7] = np.nan
+    a[2, ::3], a[2, 1::3] = -0.0, 0.0
+    a[3, ::5], a[3, 1::5] = np.inf, -np.inf
+    want = np.sort(a, axis=1)
+    got = ck.sort_rows(a.copy())
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_sorted_columns_are_the_sorted_transpose(monkeypatch):
+    monkeypatch.setattr(ck, "thread_count", lambda: 3)
+    rng = np.random.default_rng(1)
+    sample = rng.normal(size=(70001, 5))
+    sample[::9, 2] = np.nan
+    got = ck.sorted_columns(sample)
+    np.testing.assert_array_equal(got, np.sort(sample.T, axis=1))
+    assert got.flags.c_contiguous and not np.shares_memory(got, sample)

@@ -51,3 +51,35 @@ def test_one_blas_thread_is_a_context():
     with one_blas_thread():
         assert set(blas()) <= {1}
     assert blas() == before
+
+
+@pytest.mark.parametrize("preset", [None, "20"])
+def test_import_makes_idle_openblas_threads_sleep(preset):
+    # set before NumPy loads OpenBLAS (which reads it once); a user's value is kept
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if preset:
+        env["OPENBLAS_THREAD_TIMEOUT"] = preset
+    code = ("import sys; import mpiml, os; "
+            "print(os.environ['OPENBLAS_THREAD_TIMEOUT'], 'numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         check=True).stdout.split()
+    assert out == [preset or "4", "True"]
+
+
+def test_child_env_drops_only_what_the_limit_set(monkeypatch):
+    # launchers (mpiml run, mpiml bench) give their ranks the environment without this process's own limit,
+    # which the ranks would otherwise read as the user's choice; the user's variables stay
+    from mpiml.utils import _threads
+
+    monkeypatch.setattr(_threads, "_OURS", {})
+    for name in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")
+    _threads._put_env("NUMBA_NUM_THREADS", "8")
+    _threads._put_env("MKL_NUM_THREADS", "8")        # the user's 3 is kept, and is not ours
+    env = _threads.child_env()
+    assert os.environ["NUMBA_NUM_THREADS"] == "8" and "NUMBA_NUM_THREADS" not in env
+    assert env["MKL_NUM_THREADS"] == "3"

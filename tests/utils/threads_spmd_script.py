@@ -42,6 +42,8 @@ def main():
 
         check(numba.get_num_threads() == want, f"Numba threads {numba.get_num_threads()} != {want}")
         check(numba.threading_layer() == "workqueue", f"Numba's threading layer is {numba.threading_layer()}")
+        # the pool itself is the rank's share (its layer wakes every thread of the pool at each kernel launch)
+        check(numba.config.NUMBA_NUM_THREADS == want, f"Numba's pool {numba.config.NUMBA_NUM_THREADS} != {want}")
     info = thread_info()
     check(info.get("threads") == want, f"threads {info.get('threads')} != {want} ({info})")
     check(info.get("applied") == applied, f"applied {info.get('applied')} != {applied} ({info})")

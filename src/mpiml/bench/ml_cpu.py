@@ -139,6 +139,17 @@ def _fit(est, name, X, y, Q, centres=None):
     return None
 
 
+def _warm_up(make, name, X, y, Q, centres):
+    """One untimed fit of a fresh estimator on the first rows of this rank's data (and a few queries): the
+    process loads (on a fresh machine, compiles) its kernels and starts its thread pools here, not in the
+    timed fits, for every contender alike.  The first fit's cost is a separate measurement (firstfit)."""
+    rows = min(X.shape[0], 4096)
+    est = make()
+    yw = None if y is None else y[:rows]
+    Qw = None if Q is None else Q[:min(Q.shape[0], 256)]
+    _fit(est, name, X[:rows], yw, Qw, centres)
+
+
 def _best(fn, repeat, sync=None):
     """``(best wall seconds, value, CPU seconds of that run)``: the CPU time (every thread of the
     process; the largest rank's under MPI) says how much work a run did even on a busy machine."""
@@ -178,11 +189,20 @@ def _worker(args):
         centres = None
         if name == "kmeans":  # the first k global rows, as the one-process runs take them
             centres = comm.bcast(np.ascontiguousarray(X[:args.k]), root=0)
+        _warm_up(lambda: _estimator("mpiml", name, args, comm), name, X, y, Q, centres)
         est = _estimator("mpiml", name, args, comm)
         seconds, value, cpu = _best(lambda: _fit(est, name, X, y, Q, centres), args.repeat, sync)
         if name == "knn" and value is not None:
             value = comm.allreduce_obj(value)
         out["seconds"][name], out["values"][name], out["cpu_seconds"][name] = seconds, value, cpu
+        if comm.size > 1:  # one more fit, recorded: where a rank's time goes besides its own work
+            comm.barrier()
+            with mpiml.profile() as prof:
+                _fit(est, name, X, y, Q, centres)
+            summ = prof.summary()
+            out.setdefault("comm", {})[name] = {"calls": summ["calls"],
+                                                "seconds": round(comm.allreduce_obj(summ["total_seconds"], op="max"), 4),
+                                                "ops": {k: v["calls"] for k, v in summ["ops"].items()}}
         if comm.rank == 0:
             print(f"  mpiml {comm.size} rank(s): {_TITLES[name]} {seconds:.3f} s", flush=True)
     if comm.rank == 0:
@@ -201,6 +221,7 @@ def _single(lib, args, names):
         X, y, Q = _data(name, args, comm)
         X = np.asarray(X)
         centres = np.ascontiguousarray(X[:args.k]) if name == "kmeans" else None
+        _warm_up(lambda: _estimator(lib, name, args), name, X, y, Q, centres)
         est = _estimator(lib, name, args)
         seconds[name], values[name], cpu[name] = _best(lambda: _fit(est, name, X, y, Q, centres), args.repeat)
         print(f"  {lib}: {_TITLES[name]} {seconds[name]:.3f} s", flush=True)
@@ -232,7 +253,7 @@ def _plot(result, path):
               for r in result["ranks"]]
     for lib in ("sklearn", "sklearnex"):
         if isinstance(result.get(lib), dict) and "seconds" in result[lib]:
-            series.append((f"{lib} ({result['machine']['cpus']} cores)", [result[lib]["seconds"].get(n) for n in names]))
+            series.append((f"{lib} ({result['cores']} cores)", [result[lib]["seconds"].get(n) for n in names]))
     fig, ax = plt.subplots(figsize=(10, 4.5))
     width = 0.8 / max(1, len(series))
     for i, (label, values) in enumerate(series):
@@ -297,8 +318,10 @@ def main(argv):
                                                        "repeat", "threads_per_rank")},
               "mpiml": {}, "load_average_before": _load()}
     # every rank its share of the cores (the launcher sets nothing; a user's variable would still win)
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                                                             "OPENBLAS_NUM_THREADS")}
+    from ..utils._threads import child_env
+
+    env = {k: v for k, v in child_env().items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                                               "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")}
     if args.threads_per_rank:  # a fixed count per rank (1 -> R ranks of T threads: the cores grow with R)
         env.update({k: str(args.threads_per_rank) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                                              "OPENBLAS_NUM_THREADS")})

@@ -8,7 +8,24 @@ import time
 
 import numpy as np
 
-__all__ = ["Progress", "fit_forest_in_batches", "blocked_knn_accuracy", "scale_hint"]
+__all__ = ["Progress", "fit_forest_in_batches", "blocked_knn_accuracy", "scale_hint", "prepare_cpu_kernels"]
+
+
+def prepare_cpu_kernels(fit_small, comm, say):
+    """Rank 0 alone fits a small sample (``fit_small()``, on its own communicator) before the timed fit, the
+    others waiting: the first run on a machine compiles the estimator's CPU kernels there (Numba, 10-20 s
+    for a forest on 2 cores) with a line saying so, instead of every rank compiling the same kernels at
+    once inside the fit with nothing shown; later runs load them from the cache in a fraction of a second.
+    Returns the seconds it took."""
+    t0 = time.perf_counter()
+    if comm.rank == 0:
+        say("CPU kernels: loading (compiled on the first run on this machine, then cached) ...")
+        fit_small()
+    if comm.size > 1:
+        comm.barrier()
+    seconds = time.perf_counter() - t0
+    say(f"CPU kernels ready in {seconds:.1f} s")
+    return seconds
 
 
 class Progress:

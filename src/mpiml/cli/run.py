@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from ._progress import scale_hint
+from ._progress import prepare_cpu_kernels, scale_hint
 from ._options import aggregate_profile as _aggregate_profile
 from ._options import gpu_count as _gpu_count
 from ._options import launch_command, mpiexec_command, srun_command  # noqa: F401 (also imported from here)
@@ -147,6 +147,12 @@ def _run(args, comm):
 
     km = KMeans(k, init=args.init, max_iter=args.max_iter, tol=args.tol, random_state=args.seed,
                 verbose=0 if args.quiet else 1, comm=comm)
+    if not ngpu:  # the Lloyd kernel compiled (first run on this machine) or loaded on rank 0 first, with a line
+        from ..comm import get_comm
+
+        rows = min(int(X.shape[0]), 2000)
+        prepare_cpu_kernels(lambda: KMeans(max(1, min(k, rows)), n_init=1, max_iter=2, random_state=0,
+                                           comm=get_comm("self")).fit(X[:rows]), comm, say)
     comm.barrier()
     t0 = time.perf_counter()
     with mpiml.profile() as prof:
@@ -231,5 +237,8 @@ def main(argv):
             rest = _strip_np(argv)
             cmd = launch_command(n, rest)
             print("launching: " + " ".join(cmd), flush=True)
-            return subprocess.call(cmd)  # each rank limits its threads to its share (mpiml.utils._threads)
+            from ..utils._threads import child_env
+
+            # each rank takes its share of the cores (mpiml.utils._threads)
+            return subprocess.call(cmd, env=child_env())
     return run_checked("mpiml run", args, _run)

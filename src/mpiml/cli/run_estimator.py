@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._progress import blocked_knn_accuracy, fit_forest_in_batches, scale_hint
+from ._progress import prepare_cpu_kernels, blocked_knn_accuracy, fit_forest_in_batches, scale_hint
 from ._options import aggregate_profile as _aggregate_profile
 from ._options import gpu_count as _gpu_count
 from ._options import launch_command
@@ -273,6 +273,23 @@ def _score(job, est, X, y, comm, say, cpu):
     return est.score(X, y) if job.supervised else _explained(est)
 
 
+#: Estimators with compiled CPU kernels (Numba, compiled on first use and cached): a small fit first.
+_CPU_KERNELS = ("rf", "rfr", "knn")
+
+
+def _small_fit(job, args, X, y):
+    """A fit of this rank's first rows on its own (the kernels the real fit runs, compiled or loaded)."""
+    from ..comm import get_comm
+
+    rows = min(int(X.shape[0]), 2000)
+    est = job.make(args, get_comm("self"))
+    if hasattr(est, "n_estimators"):
+        est.set_params(n_estimators=2)
+    est.fit(X[:rows], y[:rows]) if job.supervised else est.fit(X[:rows])
+    if job.make is _knn:
+        est.kneighbors(X[:min(rows, 64)])
+
+
 def _fit(job, est, X, y, say, cpu):
     if cpu and hasattr(est, "n_estimators") and est.n_estimators > 1:  # forests: trees in batches, with progress
         return fit_forest_in_batches(est, X, y, say)
@@ -308,6 +325,8 @@ def _run(args, comm):
     threads = "" if ngpu else f", {_threads_per_rank()} thread(s) each"
     say(f"mpiml run {args.algorithm}: {type(est).__name__} on {n_total} x {X.shape[1]} {args.dtype}, "
         f"{comm.size} rank(s) on {where}{threads} (data ready in {load_s:.2f} s)")
+    if not ngpu and args.algorithm in _CPU_KERNELS:
+        prepare_cpu_kernels(lambda: _small_fit(job, args, X, y), comm, say)
     comm.barrier()
     t0 = time.perf_counter()
     with mpiml.profile() as prof:
@@ -399,5 +418,8 @@ def main(argv):
         if n > 1:
             cmd = launch_command(n, _strip_np(argv))
             print("launching: " + " ".join(cmd), flush=True)
-            return subprocess.call(cmd)  # each rank limits its threads to its share (mpiml.utils._threads)
+            from ..utils._threads import child_env
+
+            # each rank takes its share of the cores (mpiml.utils._threads)
+            return subprocess.call(cmd, env=child_env())
     return run_checked("mpiml run", args, _run)

@@ -117,43 +117,133 @@ def scan(cb, h, nb, B, tot, cum, mwl, has_mwl, sw, sy, K, D, msl):
     return best, best_b, best_wl, below, above, occupied
 
 
+try:  # the count of trailing zero bits, one instruction (Numba's own intrinsic)
+    from numba.cpython.unsafe.numbers import trailing_zeros as _tz
+except ImportError:  # pragma: no cover - a Numba without it: a de Bruijn table
+    _DEBRUIJN = np.array([0, 1, 2, 53, 3, 7, 54, 27, 4, 38, 41, 8, 34, 55, 48, 28, 62, 5, 39, 46, 44, 42, 22, 9,
+                          24, 35, 59, 56, 49, 18, 29, 11, 63, 52, 6, 26, 37, 40, 33, 47, 61, 45, 43, 21, 23, 58, 17,
+                          10, 51, 25, 36, 32, 60, 20, 57, 16, 50, 31, 19, 15, 30, 14, 13, 12], dtype=np.int64)
+
+    @_jit
+    def _tz(x):
+        return _DEBRUIJN[((x & (~x + np.uint64(1))) * np.uint64(0x022FDD63CC95386D)) >> np.uint64(58)]
+
+
 @_jit
-def compact(cols, row, w, wy, y, e0, n, f, K, D, key, cb, h):
-    """The non-empty bins of feature ``f`` over the elements ``e0:e0+n`` (increasing, in ``cb``) and their
-    sums (rows of ``h``), by sorting the elements' bins: for nodes with fewer rows than bins."""
-    for i in range(n):
-        key[i] = cols[f, row[e0 + i]]
-    for i in range(1, n):                        # insertion sort of the few element indices by bin
-        v = key[i]
-        k = i - 1
-        while k >= 0 and key[k] > v:
-            key[k + 1] = key[k]
-            k -= 1
-        key[k + 1] = v
-    nb = 0
-    for i in range(n):
-        if nb == 0 or cb[nb - 1] != key[i]:
-            cb[nb] = key[i]
-            h[nb, :] = 0.0
-            nb += 1
-    for i in range(n):                           # sums per bin (integers: exact in any order)
-        e = e0 + i
-        r = row[e]
-        b = cols[f, r]
-        lo, hi = 0, nb
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if cb[mid] < b:
-                lo = mid + 1
-            else:
-                hi = mid
-        if D:
-            h[lo, 0] += 1.0
+def scan_occupied(cb, h, nb, B, tot, cum, mwl, has_mwl, sw, sy, K, D, msl):
+    """:func:`scan` of a histogram whose ``nb`` bins are all non-empty (:func:`drain`'s): the same results
+    with less work a bin.
+
+    The weights are integers (fixed point) below 2**53, so a side's total weight is the same number summed
+    in any order: it is kept as one running sum (``WL = cumW * isw`` is :func:`scan`'s sum over classes of
+    ``cum[c] * isw``, exactly), and the sums of squares, which round, keep :func:`scan`'s order.  The
+    nearest non-empty bins around the best are read from ``cb`` after the loop.
+    """
+    C = h.shape[1]
+    isw, isy = 1.0 / sw, 1.0 / sy
+    totW = 0.0
+    if K:
+        for c in range(D, C):
+            totW += tot[c]
+            cum[c] = 0.0
+    else:
+        totW = tot[D]
+    cumW, cumY, cumN = 0.0, 0.0, 0.0
+    totY = 0.0 if K else tot[D + 1]
+    totN = tot[0] if D else 0.0
+    best, best_k, best_wl = -np.inf, -1, 0.0
+    for k in range(nb):
         if K:
-            h[lo, D + y[r]] += w[e]
+            for c in range(D, C):
+                v = h[k, c]
+                cum[c] += v
+                cumW += v
         else:
-            h[lo, D] += w[e]
-            h[lo, D + 1] += wy[e]
+            cumW += h[k, D]
+            cumY += h[k, D + 1]
+        if D:
+            cumN += h[k, 0]
+        WL = cumW * isw
+        WR = (totW - cumW) * isw
+        if not (WL > 0 and WR > 0):
+            continue
+        if D and not (cumN >= msl and totN - cumN >= msl):
+            continue
+        if has_mwl and not (WL >= mwl and WR >= mwl):
+            continue
+        if K:
+            sl = 0.0
+            sr = 0.0
+            for c in range(D, C):
+                lw = cum[c] * isw
+                rw = (tot[c] - cum[c]) * isw
+                sl += lw * lw
+                sr += rw * rw
+            proxy = sl / WL + sr / WR
+        else:
+            SL = cumY * isy
+            SR = (totY - cumY) * isy
+            proxy = SL * SL / WL + SR * SR / WR
+        if proxy > best:
+            best, best_k, best_wl = proxy, k, WL
+    if best_k >= 0:
+        return best, cb[best_k], best_wl, cb[best_k], (cb[best_k + 1] if best_k + 1 < nb else B), nb
+    # no valid split: bin 0, as an argmax over -inf
+    bin0 = nb > 0 and cb[0] == 0
+    wl0 = 0.0
+    if bin0:
+        for c in range(D, C) if K else range(D, D + 1):
+            wl0 += h[0, c] * isw
+    first = 1 if bin0 else 0
+    return -np.inf, 0, wl0, (0 if bin0 else -1), (cb[first] if first < nb else B), nb
+
+
+@_jit
+def accumulate(cols, row, w, wy, y, e0, n, fs, K, D, mask, acc):
+    """The sums of the elements ``e0:e0+n`` in the bins of the features ``fs`` (``acc[j]``, ``(B, C)`` each, at
+    the bin's row) and the bins they touch (bitmap ``mask[j]``, 64 bins a word).
+
+    One pass over the elements for every feature: an element's row, weight and class are read once and
+    the features' updates are independent of each other (the histogram of one feature alone waits on
+    its own last update whenever consecutive rows share a bin).
+    """
+    m = fs.shape[0]
+    for e in range(e0, e0 + n):
+        r = row[e]
+        we = w[e]
+        c = D + y[r] if K else D
+        wye = 0.0 if K else wy[e]
+        for j in range(m):
+            b = cols[fs[j], r]
+            mask[j, b >> 6] |= np.uint64(1) << np.uint64(b & 63)
+            if D:
+                acc[j, b, 0] += 1.0
+            acc[j, b, c] += we
+            if not K:
+                acc[j, b, D + 1] += wye
+
+
+@_jit
+def drain(mask, acc, cb, h):
+    """The non-empty bins in increasing order (``cb``) and their sums (rows of ``h``) from one feature's
+    bitmap and sums (:func:`accumulate`), which are left all zero again; returns their number.
+
+    The set bits of the bitmap give the bins in order, so the cost is the bins occupied, never all ``B``.
+    Every element has a positive weight, so a touched bin is a non-empty one.
+    """
+    C = acc.shape[1]
+    nb = 0
+    for q in range(mask.shape[0]):
+        x = mask[q]
+        while x:
+            b = (q << 6) + np.int64(_tz(x))
+            x &= x - np.uint64(1)
+            cb[nb] = b
+            for c in range(C):
+                h[nb, c] = acc[b, c]
+                acc[b, c] = 0.0
+            nb += 1
+        mask[q] = 0
     return nb
 
 
@@ -172,30 +262,64 @@ def split(H, fpos, tot, mwl, has_mwl, sw, sy, K, D, msl, o_val, o_b, o_wl, o_bel
 
 
 @_pjit
-def fused(cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl, bounds,
+def fused(cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl, nodes, bounds,
           o_val, o_b, o_wl, o_below, o_above, o_occ):
+    """The nodes ``nodes[bounds[t]:bounds[t + 1]]`` in task ``t`` (chunks of about equal work), each node's
+    histograms in the task's buffers, searched at once."""
     S, m = fsel.shape
     C = tot.shape[1]
-    every = np.arange(B)
     for t in _nb.prange(bounds.shape[0] - 1):        # buffers once per chunk of nodes (chunks of equal work)
-        h = np.empty((m, B, C))
+        acc = np.zeros((m, B, C))                    # zero between nodes: drain() clears what it reads
+        mask = np.zeros((m, (B + 63) >> 6), dtype=np.uint64)
+        h = np.empty((B, C))
         cum = np.empty(C)
         cb = np.empty(B, dtype=np.int64)
-        key = np.empty(B, dtype=np.int64)
-        for s in range(bounds[t], bounds[t + 1]):
-            e0 = seg_start[s]
-            n = seg_len[s]
-            small = 4 * n < B
-            if not small:
-                h[:, :, :] = 0.0
-                add_rows(cols, row, w, wy, y, e0, e0 + n, fsel[s], K, D, h)
+        for i in range(bounds[t], bounds[t + 1]):
+            s = nodes[i]
+            accumulate(cols, row, w, wy, y, seg_start[s], seg_len[s], fsel[s], K, D, mask, acc)
             for j in range(m):
-                if small:
-                    nb = compact(cols, row, w, wy, y, e0, n, fsel[s, j], K, D, key, cb, h[0])
-                    res = scan(cb, h[0], nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
-                else:
-                    res = scan(every, h[j], B, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
+                nb = drain(mask[j], acc[j], cb, h)
+                res = scan_occupied(cb, h, nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
                 o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = res
+
+
+@_pjit
+def fused_parts(cols, row, w, wy, y, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl, nodes, first, p_start, p_len,
+                o_val, o_b, o_wl, o_below, o_above, o_occ):
+    """Nodes too big for one thread: node ``nodes[i]``'s elements are cut into the parts
+    ``first[i]:first[i + 1]`` (``p_start``, ``p_len``), summed in parallel into their own histograms, which are
+    then added (integers: the same sums in any order) and searched in parallel over (node, feature)."""
+    S, m = fsel.shape
+    C = tot.shape[1]
+    W = (B + 63) >> 6
+    P = p_start.shape[0]
+    acc = np.zeros((P, m, B, C))
+    mask = np.zeros((P, m, W), dtype=np.uint64)
+    for p in _nb.prange(P):
+        i = 0
+        while first[i + 1] <= p:
+            i += 1
+        accumulate(cols, row, w, wy, y, p_start[p], p_len[p], fsel[nodes[i]], K, D, mask[p], acc[p])
+    for q in _nb.prange(nodes.shape[0] * m):
+        i = q // m
+        j = q - i * m
+        s = nodes[i]
+        p0 = first[i]
+        for p in range(p0 + 1, first[i + 1]):       # into the first part: its bitmap and its sums
+            for wq in range(W):
+                x = mask[p, j, wq]
+                mask[p0, j, wq] |= x
+                while x:
+                    b = (wq << 6) + np.int64(_tz(x))
+                    x &= x - np.uint64(1)
+                    for c in range(C):
+                        acc[p0, j, b, c] += acc[p, j, b, c]
+        h = np.empty((B, C))
+        cum = np.empty(C)
+        cb = np.empty(B, dtype=np.int64)
+        nb = drain(mask[p0, j], acc[p0, j], cb, h)
+        res = scan_occupied(cb, h, nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
+        o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = res
 
 
 @_pjit
@@ -264,8 +388,41 @@ def mix(z):
 @_pjit
 def orders(lead, trees, nodes, out):
     S, F = out.shape
+    shift = 0
+    while (1 << shift) < F:
+        shift += 1
+    packed = shift <= 11                         # a draw's 53 bits and the feature's index in one word
     for s in _nb.prange(S):
         head = mix(lead ^ (np.uint64(trees[s]) * _C_A))
+        if packed:
+            # ascending (draw, feature) words: the stable order of the draws.  The draws are uniform, so
+            # placing each word by its top bits (a counting sort on them) leaves the insertion sort that
+            # follows about one move a word instead of F / 4
+            key = np.empty(F, dtype=np.uint64)
+            tmp = np.empty(F, dtype=np.uint64)
+            count = np.zeros((1 << shift) + 1, dtype=np.int64)     # words by their top bits: < 2**shift
+            for j in range(F):
+                z = np.uint64(nodes[s] * F + j) * _C_B + head
+                v = ((mix(mix(z)) >> np.uint64(11)) << np.uint64(shift)) | np.uint64(j)
+                tmp[j] = v
+                count[np.int64(v >> np.uint64(53)) + 1] += 1
+            for q in range(1 << shift):
+                count[q + 1] += count[q]
+            for j in range(F):
+                q = np.int64(tmp[j] >> np.uint64(53))
+                key[count[q]] = tmp[j]
+                count[q] += 1
+            for j in range(1, F):
+                v = key[j]
+                k = j - 1
+                while k >= 0 and key[k] > v:
+                    key[k + 1] = key[k]
+                    k -= 1
+                key[k + 1] = v
+            lo = (np.uint64(1) << np.uint64(shift)) - np.uint64(1)
+            for j in range(F):
+                out[s, j] = np.int64(key[j] & lo)
+            continue
         u = np.empty(F)
         for j in range(F):
             z = np.uint64(nodes[s] * F + j) * _C_B + head
@@ -280,19 +437,53 @@ def orders(lead, trees, nodes, out):
 
 
 @_pjit
-def bins(X, table, lens, out):
-    n, d = X.shape
-    for i in _nb.prange(n):
+def transpose(a, out):
+    """``out[j, i] = a[i, j]``, by blocks of rows in parallel (a block's rows are read once, in cache)."""
+    n, d = a.shape
+    for blk in _nb.prange((n + 255) >> 8):
+        i0 = blk << 8
+        i1 = min(n, i0 + 256)
         for j in range(d):
-            x = np.float64(X[i, j])
-            lo, hi = 0, lens[j]
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if table[j, mid] < x:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            out[i, j] = lo
+            for i in range(i0, i1):
+                out[j, i] = a[i, j]
+
+
+@_pjit
+def bins(X, table, lens, out):
+    """``#(table[j] < x)`` of every entry, by blocks of rows (a block's columns are read one at a time, with
+    that feature's edges in cache).  Up to 255 edges: a binary search without branches, unrolled, over
+    rows of ``table`` padded with +inf to 256 (the comparisons become arithmetic: a branch mispredicted
+    half the time, and a loop over the steps, made it 5x slower); more: a plain binary search."""
+    n, d = X.shape
+    P = table.shape[1]
+    for blk in _nb.prange((n + 511) >> 9):
+        i0 = blk << 9
+        i1 = min(n, i0 + 512)
+        for j in range(d):
+            t = table[j]
+            if P == 256:
+                for i in range(i0, i1):
+                    x = np.float64(X[i, j])
+                    lo = 128 * np.int64(t[127] < x)
+                    lo += 64 * np.int64(t[lo + 63] < x)
+                    lo += 32 * np.int64(t[lo + 31] < x)
+                    lo += 16 * np.int64(t[lo + 15] < x)
+                    lo += 8 * np.int64(t[lo + 7] < x)
+                    lo += 4 * np.int64(t[lo + 3] < x)
+                    lo += 2 * np.int64(t[lo + 1] < x)
+                    lo += np.int64(t[lo] < x)
+                    out[i, j] = lo + np.int64(t[lo] < x)
+            else:
+                for i in range(i0, i1):
+                    x = np.float64(X[i, j])
+                    lo, hi = 0, lens[j]
+                    while lo < hi:
+                        mid = (lo + hi) >> 1
+                        if t[mid] < x:
+                            lo = mid + 1
+                        else:
+                            hi = mid
+                    out[i, j] = lo
 
 
 @_jit

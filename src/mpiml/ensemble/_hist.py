@@ -139,12 +139,14 @@ def bin_edges(sample, max_bins, exact, xp=np, missing=None):
     """
     if (missing is None or not np.any(missing)) and xp is not np and np.shape(sample)[0] > 1:
         return _bin_edges_sorted(xp, sample, max_bins, exact)
-    # a copy: the columns are sorted in place (one feature's (n, 1) sample transposes without a copy)
-    cols = np.array(np.asarray(sample, dtype=np.float64).T, order="C", copy=True)
-    if xp is not np and cols.size:
+    if xp is not np and np.size(sample):
+        # a copy: the columns are sorted in place (one feature's (n, 1) sample transposes without a copy)
+        cols = np.array(np.asarray(sample, dtype=np.float64).T, order="C", copy=True)
         cols = xp.sort(xp.asarray(cols), axis=1).get()
     else:
-        cols.sort(axis=1)
+        from . import _cpu_kernels
+
+        cols = _cpu_kernels.sorted_columns(sample)     # the copy and the sorts on the rank's threads
     edges, values = [], []
     for j, col in enumerate(cols):
         nan_bin = missing is not None and bool(missing[j])

@@ -18,12 +18,21 @@ first use, whose communicator may be a part of the world, the launcher's count (
 MPICH's Hydra, MVAPICH set one: no communication), else the split of that communicator.  Cores are this process's affinity set (``os.sched_getaffinity``); after a split,
 the union of the node's ranks' sets (a launcher that binds each rank to its own cores
 leaves each rank its own set).
+
+Idle BLAS threads: OpenBLAS's workers spin for ``2**OPENBLAS_THREAD_TIMEOUT`` cycles after every
+call (default 2**28, about 0.1 s) before they sleep, so between BLAS calls (a logistic loss's
+element-wise work, the optimiser's steps) they hold the cores the calling thread needs: a
+LogisticRegression fit of one rank of 2 threads on 2 cores took 0.33 s (0.64 CPU-s) against
+0.11 s (0.13 CPU-s) when they sleep at once.  OpenBLAS reads the variable once, when it loads, so
+``import mpiml`` sets ``OPENBLAS_THREAD_TIMEOUT=4`` (unless set) before it imports NumPy; the ranks
+that ``mpiml run`` and ``mpiml bench`` launch inherit it.  A script that imports NumPy before mpiml
+keeps the spinning unless it sets the variable itself.
 """
 
 import os
 import sys
 
-__all__ = ["limit_threads", "thread_info", "one_blas_thread", "USER_VARS"]
+__all__ = ["limit_threads", "thread_info", "one_blas_thread", "child_env", "USER_VARS"]
 
 #: Variables by which a user sets the thread count themselves; their value wins.
 USER_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -34,6 +43,25 @@ _LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_W
 _STATE = {}  # once set: threads, ranks_on_node, cores, source (a sentence), applied (bool)
 _LIMITER = []  # the threadpool_limits object (kept so the limit is not garbage collected)
 _CONTROLLER = []  # a threadpoolctl ThreadpoolController, made once (finding the libraries costs milliseconds)
+_OURS = {}  # variables this module put in os.environ (name -> value), which are not the user's choice
+
+
+def _put_env(name, value):
+    """``os.environ[name] = value`` unless set; remembered as ours (see :func:`child_env`)."""
+    if not os.environ.get(name):
+        os.environ[name] = value
+        _OURS[name] = value
+
+
+def child_env(env=None):
+    """``env`` (default ``os.environ``) without the thread variables this process set for itself: processes
+    it launches (the ranks of ``mpiml run`` and ``mpiml bench``) choose their own share, and would take
+    this process's for the user's."""
+    env = dict(os.environ if env is None else env)
+    for name, value in _OURS.items():
+        if env.get(name) == value:
+            del env[name]
+    return env
 
 
 def _affinity():
@@ -99,13 +127,21 @@ def _node_shape(comm):
 
 
 def _set_numba_threads(n):
-    """Numba's threads: this rank's share, on the workqueue layer (before anything launches a layer)."""
+    """Numba's threads: this rank's share, on the workqueue layer (before anything launches a layer).
+
+    The pool itself is sized to the share (``NUMBA_NUM_THREADS``, read when Numba is imported), not only
+    the count in use: the workqueue layer starts every parallel region with a task on *every* thread of
+    its pool (it synchronises their per-thread counts), so a pool of all the node's cores in each of R
+    ranks woke R x cores threads at every kernel launch (8 ranks x 64 on a 64-core host; 64 threads a
+    rank on 2 cores under ``taskset``).  The user's ``NUMBA_NUM_THREADS`` wins.
+    """
     numba = sys.modules.get("numba")
     if numba is None:
-        # whoever imports Numba later (a kernel module, or a library) reads the layer from here; the
-        # user's choice (the variable set) wins
-        if not os.environ.get("NUMBA_THREADING_LAYER"):
-            os.environ["NUMBA_THREADING_LAYER"] = "workqueue"
+        # whoever imports Numba later (a kernel module, or a library) reads the layer and the pool's size
+        # from here; the user's choice (the variable set) wins
+        _put_env("NUMBA_THREADING_LAYER", "workqueue")
+        if n is not None:
+            _put_env("NUMBA_NUM_THREADS", str(max(1, int(n))))
         return
     if not os.environ.get("NUMBA_THREADING_LAYER"):
         # A rank alternates BLAS products and Numba loops; OpenMP's threads spin between parallel
@@ -155,7 +191,7 @@ def limit_threads(comm=None):
             applied = False
             source += "; threadpoolctl is not installed, pools not limited"
         for v in USER_VARS:  # for libraries loaded later (OpenMP runtimes read it when they start)
-            os.environ.setdefault(v, str(threads))
+            _put_env(v, str(threads))
     _set_numba_threads(threads)
     _STATE.update(threads=threads, ranks_on_node=ranks, cores=cores, source=source, applied=applied)
     return dict(_STATE)
@@ -165,6 +201,7 @@ def thread_info():
     """The limit chosen by :func:`limit_threads` (``{}`` before it ran), plus the pools seen now."""
     out = dict(_STATE)
     if out:
+        out["openblas_thread_timeout"] = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
         try:
             from threadpoolctl import threadpool_info
 

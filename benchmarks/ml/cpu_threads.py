@@ -1,0 +1,237 @@
+"""Thread scaling of one CPU rank's kernels: the same work at 1, 8, ... threads in one process.
+
+``mpiml bench ml --device cpu`` measures whole fits over ranks; this says, for one rank, how
+each compiled kernel and each fit scales with its threads, and which thread pools the process
+holds (BLAS, OpenMP, Numba's layer), so that a fit that does not scale points at its part:
+
+* KMeans: one Lloyd step (:func:`mpiml.cluster._kmeans_cpu.lloyd_step`) and a 20-step fit;
+* RandomForestClassifier: whole fits (full depth) with the grower's phase times
+  (binning, node search, partition, the rest: Python and NumPy between the kernels);
+* NearestNeighbors: the k-NN search kernel (:func:`mpiml.neighbors._cpu.topk`).
+
+Run from the repository root (a plain process, no mpiexec):
+
+    python benchmarks/ml/cpu_threads.py --threads 1,8,64 --out $OUT/cpu_threads.json
+
+Every measurement is the best of ``--repeat`` after one untimed call (kernels loaded).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def _set_threads(t):
+    """This process's pools at ``t`` threads: BLAS and OpenMP through threadpoolctl, Numba's count, and the
+    limit that mpiml's kernels read."""
+    from threadpoolctl import threadpool_limits
+
+    from mpiml.utils import _threads
+    from mpiml.utils._jit import numba
+
+    _threads._STATE["threads"] = t
+    nb = numba()
+    nb.set_num_threads(min(t, nb.config.NUMBA_NUM_THREADS))
+    return threadpool_limits(limits=t)
+
+
+def _peer_threads(t):
+    """scikit-learn-intelex's threads (oneDAL's global count), when it is installed."""
+    try:
+        import daal4py
+
+        daal4py.daalinit(t)
+        return True
+    except Exception:  # noqa: BLE001 - not installed, or its library does not load
+        return False
+
+
+def _peers(name, t, fit_of, repeat, res):
+    """The same fit by scikit-learn and scikit-learn-intelex at ``t`` threads, in this process."""
+    for lib in ("sklearn", "sklearnex"):
+        if lib == "sklearnex" and not _peer_threads(t):
+            continue
+        try:
+            fn = fit_of(lib)
+        except ImportError:
+            continue
+        res[f"{name}_{lib}_T{t}"] = _best(fn, repeat)
+
+
+def _best(fn, repeat):
+    fn()
+    best_w, best_c = float("inf"), None
+    for _ in range(repeat):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        w, c = time.perf_counter() - t0, time.process_time() - c0
+        if w < best_w:
+            best_w, best_c = w, c
+    return round(best_w, 4), round(best_c, 4)
+
+
+def _probe_kernel(nb):
+    @nb.njit(parallel=True, nogil=True)
+    def probe(X, parts, out, useblas, CT):
+        n = X.shape[0]
+        for p in nb.prange(parts):
+            s = 0.0
+            for b0 in range(p * n // parts, (p + 1) * n // parts, 512):
+                m = min((p + 1) * n // parts, b0 + 512) - b0
+                if useblas:
+                    G = np.dot(X[b0:b0 + m], CT)
+                    s += G[0, 0]
+                else:
+                    for i in range(b0, b0 + m):
+                        for j in range(CT.shape[1]):
+                            acc = 0.0
+                            for f in range(X.shape[1]):
+                                acc += X[i, f] * CT[f, j]
+                            s += acc
+            out[p] = s
+    return probe
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--threads", default="1,8,64")
+    p.add_argument("--rows", type=float, default=2.5e5, help="KMeans rows (one rank's share)")
+    p.add_argument("--rf-rows", type=float, default=2e5)
+    p.add_argument("--trees", default="4,32", help="forest sizes to fit")
+    p.add_argument("--knn-rows", type=float, default=2e5)
+    p.add_argument("--queries", type=int, default=2500)
+    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--parts", default="probe,kmeans,rf,knn")
+    p.add_argument("--peers", action="store_true", help="also scikit-learn and scikit-learn-intelex at each count")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    import mpiml
+    from mpiml import datasets
+    from mpiml.comm import get_comm
+    from mpiml.utils._threads import limit_threads
+
+    mpiml.init(device="cpu")
+    limit_threads()
+    from threadpoolctl import threadpool_info
+
+    from mpiml.utils._jit import numba
+
+    nb = numba()
+    comm = get_comm("self")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = [min(int(t), cores) for t in args.threads.split(",") if t]
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        pass
+    try:
+        import llvmlite.binding as llvm
+
+        target = llvm.get_host_cpu_name()
+    except Exception as exc:  # noqa: BLE001 - only a label
+        target = f"? ({exc})"
+    out = {"cores": cores, "cpu": model, "llvm_target": target, "threads": threads, "argv": sys.argv[1:],
+           "numba": nb.__version__,
+           "numba_threads": int(nb.config.NUMBA_NUM_THREADS), "numba_layer_requested": nb.config.THREADING_LAYER,
+           "pools": [{k: v for k, v in pi.items() if k in ("internal_api", "num_threads", "filepath", "version")}
+                     for pi in threadpool_info()], "results": {}}
+    parts = args.parts.split(",")
+    res = out["results"]
+    if "probe" in parts:   # Numba's threads alone: a compute-bound loop, then the same with a BLAS call per block
+        probe = _probe_kernel(nb)
+        Xp = np.random.default_rng(0).random((400000, 32))
+        CT = np.random.default_rng(1).random((32, 16))
+        o = np.zeros(256)
+        from mpiml.utils._threads import one_blas_thread
+
+        for t in threads:
+            with _set_threads(t):
+                for blas in (False, True):
+                    def run():
+                        with one_blas_thread():
+                            probe(Xp, 256, o, blas, CT)
+                    res[f"probe_{'blas' if blas else 'loops'}_T{t}"] = _best(run, args.repeat)
+            print(t, "probe loops", res[f"probe_loops_T{t}"], "blas", res[f"probe_blas_T{t}"], flush=True)
+    if "kmeans" in parts:
+        from mpiml.cluster import KMeans, _kmeans_cpu
+
+        X, _ = datasets.make_blobs(int(args.rows), 32, centers=16, random_state=0, comm=comm)
+        X = np.ascontiguousarray(X)
+        C = np.ascontiguousarray(X[:16])
+        labels = np.zeros(X.shape[0], dtype=np.int32)
+        packed = np.zeros(16 * 32 + 16 + 2)
+
+        def step():
+            packed[:] = 0
+            _kmeans_cpu.lloyd_step(X, None, None, C, labels, None, packed)
+
+        def fit():
+            KMeans(16, init=C, n_init=1, max_iter=20, tol=0.0).fit(X)
+
+        def peer(lib):
+            mod = __import__(f"{lib}.cluster", fromlist=["KMeans"])
+            return lambda: mod.KMeans(16, init=C, n_init=1, max_iter=20, tol=0.0).fit(X)
+
+        for t in threads:
+            with _set_threads(t):
+                res[f"kmeans_step_T{t}"] = _best(step, args.repeat)
+                res[f"kmeans_fit20_T{t}"] = _best(fit, args.repeat)
+                if args.peers:
+                    _peers("kmeans_fit20", t, peer, args.repeat, res)
+            print(t, "kmeans step", res[f"kmeans_step_T{t}"], "fit", res[f"kmeans_fit20_T{t}"],
+                  {k: v for k, v in res.items() if k.startswith("kmeans_fit20_sk") and k.endswith(f"_T{t}")}, flush=True)
+    if "rf" in parts:
+        from mpiml.ensemble import RandomForestClassifier
+
+        X, y = datasets.make_classification(int(args.rf_rows), 32, n_informative=16, n_redundant=0, random_state=0,
+                                            comm=comm)
+        X, y = np.asarray(X), np.asarray(y)
+        for trees in [int(t) for t in args.trees.split(",")]:
+            for t in threads:
+                est = RandomForestClassifier(trees, random_state=0)
+
+                def peer(lib):
+                    mod = __import__(f"{lib}.ensemble", fromlist=["RandomForestClassifier"])
+                    return lambda: mod.RandomForestClassifier(trees, random_state=0, n_jobs=t).fit(X, y)
+
+                with _set_threads(t):
+                    res[f"rf{trees}_T{t}"] = _best(lambda: est.fit(X, y), args.repeat)
+                    if args.peers and trees == min(int(v) for v in args.trees.split(",")):
+                        _peers(f"rf{trees}", t, peer, args.repeat, res)
+                st = {k: round(v, 4) for k, v in est._fit_stats.items() if k.endswith("_s")}
+                res[f"rf{trees}_T{t}_phases"] = st
+                print(t, f"rf {trees} trees", res[f"rf{trees}_T{t}"], st, flush=True)
+    if "knn" in parts:
+        from mpiml.neighbors import _cpu
+
+        X, _ = datasets.make_blobs(int(args.knn_rows), 32, centers=32, random_state=1, comm=comm)
+        Q, _ = datasets.make_blobs(args.queries, 32, centers=32, random_state=2, comm=comm)
+        X, Q = np.ascontiguousarray(X), np.ascontiguousarray(Q)
+        def peer(lib):
+            mod = __import__(f"{lib}.neighbors", fromlist=["NearestNeighbors"])
+            return lambda: mod.NearestNeighbors(n_neighbors=10, algorithm="brute").fit(X).kneighbors(Q)
+
+        for t in threads:
+            with _set_threads(t):
+                res[f"knn_T{t}"] = _best(lambda: _cpu.topk(Q, X, 10), args.repeat)
+                if args.peers:
+                    _peers("knn", t, peer, args.repeat, res)
+            print(t, "knn", res[f"knn_T{t}"], {k: v for k, v in res.items() if k.startswith("knn_sk") and
+                                                k.endswith(f"_T{t}")}, flush=True)
+    out["numba_layer_used"] = nb.threading_layer()
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    print(json.dumps({k: v for k, v in out.items() if k != "results"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
