@@ -1,8 +1,8 @@
 """Seed 004: reduce / allreduce / scan designs, where each wins by message size, and the cost
 model's prediction next to the measurement.
 
-    mpiexec -n 4 python benchmarks/seeds/seed004_reductions.py --json benchmarks/results/seed004_vm.json \
-        --plot benchmarks/results/seed004_vm.png [--device gpu]
+    mpiexec -n 4 python benchmarks/seeds/seed004_reductions.py --json benchmarks/seeds/results/seed004_vm.json \
+        --plot benchmarks/seeds/results/seed004_vm.png [--device gpu]
 
 1. The model's constants are measured first, on this machine and buffer kind: ``alpha`` and
    ``beta`` from a ping-pong between ranks 0 and 1 (latency at 8 B, bandwidth at 4 MiB), ``gamma``
