@@ -268,6 +268,12 @@ def cells(folder=RESULTS):
     return out
 
 
+def superseded(folder=RESULTS):
+    """GPU runs that no cell shows (a newer run of the same document and GPU count replaced them)."""
+    shown = {c.name for found in cells(folder).values() for c in found}
+    return sorted(name for _, _, _, name, _ in runs(folder) if name not in shown)
+
+
 def _cell_text(seed, n, found, folder=RESULTS):
     if (seed, n) in NOT_APPLICABLE and not found:
         return NOT_APPLICABLE[(seed, n)]
@@ -333,6 +339,10 @@ def main(argv=None):
     with open(args.readme, "w", encoding="utf-8") as f:
         f.write(new)
     print(f"wrote the table of {args.readme} ({len(lines) - 2} rows)")
+    old = superseded(args.results)
+    if old:
+        print("superseded by newer runs (git rm them and give each a line in benchmarks/HISTORY.md): "
+              + ", ".join(old))
     return 0
 
 

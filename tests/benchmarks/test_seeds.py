@@ -253,7 +253,9 @@ def _table():
 
 def test_readme_table_is_the_one_the_runs_give():
     # after a GPU pass: copy the runs into benchmarks/seeds/results/, then python benchmarks/seeds/table.py --write
-    assert _table().main(["--check"]) == 0
+    t = _table()
+    assert t.main(["--check"]) == 0
+    assert t.superseded() == []
 
 
 def test_table_from_the_committed_runs():
@@ -315,6 +317,7 @@ def test_table_cells_from_new_runs(tmp_path):
     assert w1.vs_document == pytest.approx(2.0 / 3.47) and w2.vs_document == 0.5
     (c3,) = cells[("003", 2)]  # the newest GPU run; the CPU harness's run is not in the table
     assert c3.name == "seed003_n2_4xh200.json" and c3.vs_document == pytest.approx(2.0) and not c3.worse
+    assert t.superseded(str(tmp_path)) == ["seed003_n2_4xh100.json"]
     lines = t.rows(str(tmp_path))
     row3 = next(line for line in lines if line.startswith("| 003 |")).split(" | ")
     assert "`results/seed003_n2_4xh200.{json,png}`" in row3[4] and "vs the document **2.00**" in row3[4]
