@@ -147,6 +147,9 @@ def fig10(doc):
     if not est:
         return None
     text = "Fig. 10, forced NCCL / auto fit: " + ", ".join(f"{a} {_f(v['forced_over_auto'])}x" for a, v in est.items())
+    failed = [a for a, r in (doc.get("results") or {}).items() if "error" in r]
+    if failed:
+        text += f" ({', '.join(failed)} failed: the error is in the JSON)"
     vs = [v["vs_document"] for v in est.values() if v.get("vs_document")]
     return text, (min(vs) if vs else None)
 

@@ -286,7 +286,8 @@ def test_table_cells_from_new_runs(tmp_path):
         for op in ("allreduce", "reduce", "bcast") for b in (4, 16384)
         for p, us in (("raw", 10.0), ("auto", 5.0))] + [
         {"op": "allreduce", "path": "raw", "mode": "eager", "bytes": 1 << 20, "us": 1.0}]}
-    fits = {"seed": "000", "device": "gpu", "ranks": 2, "date": "2026-11-28T10:01:00", "summary": {"estimators": {
+    fits = {"seed": "000", "device": "gpu", "ranks": 2, "date": "2026-11-28T10:01:00",
+            "results": {"tsvd": {"error": "ValueError: ..."}}, "summary": {"estimators": {
         "kmeans": {"forced_over_auto": 1.2, "vs_document": 0.75}, "rf": {"forced_over_auto": 1.0, "vs_document": None}}}}
     dask = {"seed": "001", "device": "gpu", "date": "2026-11-28", "summary": {
         "comm": {"latency_1B_speedup": 3.0, "throughput_2MB_up_speedup_median": 8.0, "latency_vs_document": 0.5,
@@ -311,7 +312,7 @@ def test_table_cells_from_new_runs(tmp_path):
     f1, f10 = sorted(cells[("000", 2)], key=lambda c: c.name)
     assert "allreduce 2.00x" in f1.text  # the smallest against the document: bcast, 85 % lower = 6.67x
     assert f1.vs_document == pytest.approx(2.0 * (1 - 0.85))
-    assert f10.vs_document == 0.75 and f10.worse and "kmeans 1.20x" in f10.text
+    assert f10.vs_document == 0.75 and f10.worse and "kmeans 1.20x" in f10.text and "(tsvd failed" in f10.text
     (w1,), (w2,) = cells[("001", 1)], cells[("001", 2)]
     assert "comm" not in w1.text and "latency at 1 B 3.00x" in w2.text
     assert w1.vs_document == pytest.approx(2.0 / 3.47) and w2.vs_document == 0.5
