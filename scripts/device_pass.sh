@@ -259,10 +259,17 @@ part_seeds() {   # the five documents (benchmarks/seeds/README.md) at the host's
 
 part_seeds_ranks() {   # the 2-GPU column of 000, 002, 003, 004 (~2.5 min, at most 200 s; 001 covers its worker
                        # counts itself; at 1 GPU the others have no collective to measure)
-    local BUDGET=$(( BUDGET < 200 ? BUDGET : 200 ))
+    local BUDGET=$(( BUDGET < 200 ? BUDGET : 200 )) tag="n2_$MACHINE"
     [ "$R" -le 2 ] && return 0
-    seed000_at 2 70 35
-    seeds_at 2 40 50 40
+    step "seed 002: bcast 4 B-256 MiB, IPC / pipelined vs raw NCCL; all-to-all; AlexNet, VGG-16 streaming (2 GPUs)" 50 \
+        $MPIRUN -n 2 python3 benchmarks/seeds/seed002_bcast.py --device gpu --json "$RES/seed002_$tag.json" \
+        --plot "$RES/seed002_$tag.png"
+    step "seed 003: k-NN ring blocking / overlap / onesided on KDD shapes (2 GPUs)" 40 $MPIRUN -n 2 python3 \
+        benchmarks/seeds/seed003_knn.py --device gpu --json "$RES/seed003_$tag.json" --plot "$RES/seed003_$tag.png"
+    seed000_at 2 60 30
+    step "seed 004: reduction designs by size vs the cost model; the device path vs MPI's own (2 GPUs)" 40 \
+        $MPIRUN -n 2 python3 benchmarks/seeds/seed004_reductions.py --device gpu --rounds 3 \
+        --json "$RES/seed004_$tag.json" --plot "$RES/seed004_$tag.png"
 }
 
 seed000_at() {   # seed000_at N LIMIT LIMIT: 000's Figs. 10/11 and Fig. 1 on N GPUs
