@@ -1,4 +1,4 @@
-"""Helpers for scripts that run under mpiexec: collective verdicts.
+"""Helpers for scripts that run under mpiexec: collective verdicts, uneven shards, a GPU per rank.
 
 A script calls :func:`check` for every comparison and :func:`finish` at the end;
 the verdict is agreed across ranks so every rank exits with the same status.
@@ -32,6 +32,20 @@ def uneven_shard(a, rank, size, skip_last=False):
     """This rank's rows of ``a`` under :func:`uneven_bounds`."""
     b = uneven_bounds(a.shape[0], size, skip_last)
     return a[b[rank]:b[rank + 1]]
+
+
+def gpu_shards(comm):
+    """The preamble of a GPU script: bind this rank to GPU ``rank % count`` (ranks may share one)
+    and return its ``shard(a, skip_last=False)``, this rank's rows of ``a`` under
+    :func:`uneven_bounds` (NumPy arrays and SciPy sparse matrices alike)."""
+    import cupy
+
+    cupy.cuda.Device(comm.rank % cupy.cuda.runtime.getDeviceCount()).use()
+
+    def shard(a, skip_last=False):
+        return uneven_shard(a, comm.rank, comm.size, skip_last)
+
+    return shard
 
 
 def _host(a):

@@ -92,6 +92,13 @@ _RESULTS = os.path.join(ROOT, "benchmarks", "results")
 _HISTORY = os.path.join(ROOT, "benchmarks", "HISTORY.md")
 # a path under benchmarks/results/ as the docs write it (braces for alternatives: x_{a,b}.{json,png})
 _RESULT_PATH = re.compile(r"benchmarks/results/([\w./{},*-]*[\w}*])")
+# the source documents' runs (benchmarks/seeds/results/), as any doc writes them or as `results/...` in the seeds' README
+_SEEDS_RESULTS = os.path.join(ROOT, "benchmarks", "seeds", "results")
+_SEEDS_README = os.path.join("benchmarks", "seeds", "README.md")
+_SEED_PATH = re.compile(r"benchmarks/seeds/results/([\w./{},*-]*[\w}*])")
+_SEED_LOCAL_PATH = re.compile(r"(?<![\w/.])results/([\w./{},*-]*[\w}*])")
+#: Most files in benchmarks/results/: the current result per benchmark and machine kind, not a lab notebook.
+MAX_RESULTS = 40
 _HISTORY_REF = re.compile(r"`history: ([^`]+)`")
 _BRACES = re.compile(r"\{([^{}]*)\}")
 
@@ -125,14 +132,20 @@ def _result_references():
         rel = os.path.relpath(path, ROOT)
         if rel == os.path.join("benchmarks", "HISTORY.md"):
             continue
+        patterns = [(_RESULT_PATH, "path"), (_SEED_PATH, "seeds")]
+        if rel == _SEEDS_README:
+            patterns.append((_SEED_LOCAL_PATH, "seeds"))
         fenced = False
         for i, line in enumerate(open(path, encoding="utf-8"), 1):
             if line.lstrip().startswith("```"):
                 fenced = not fenced
                 continue
-            for m in _RESULT_PATH.finditer(line):
-                if not fenced and not re.search(r"--(out|json|plot)[ =]$", line[:m.start()]):
-                    yield f"{rel}:{i}", "path", m.group(1)
+            if fenced:
+                continue
+            for pattern, kind in patterns:
+                for m in pattern.finditer(line):
+                    if not re.search(r"--(out|json|plot)[ =]$", line[:m.start()]):
+                        yield f"{rel}:{i}", kind, m.group(1)
             for m in _HISTORY_REF.finditer(line):
                 yield f"{rel}:{i}", "history", m.group(1).strip()
 
@@ -145,9 +158,10 @@ def test_every_result_the_docs_name_exists():
     bad = []
     for where, kind, name in refs:
         for one in _expand(name):
-            if kind == "path":
-                if not glob.glob(os.path.join(_RESULTS, one)):
-                    bad.append(f"{where}: benchmarks/results/{one} does not exist")
+            if kind in ("path", "seeds"):
+                folder = _RESULTS if kind == "path" else _SEEDS_RESULTS
+                if not glob.glob(os.path.join(folder, one)):
+                    bad.append(f"{where}: {os.path.relpath(folder, ROOT)}/{one} does not exist")
             elif not any(fnmatch.fnmatch(h, one) for h in history):
                 bad.append(f"{where}: `history: {one}` is not listed in benchmarks/HISTORY.md")
     assert not bad, "\n".join(bad)
@@ -164,11 +178,124 @@ def test_removed_results_are_cited_as_history():
     assert not bad, "removed results cited as if present (write `history: NAME`):\n" + "\n".join(bad)
 
 
+def _cited(kind):
+    return {os.path.basename(one) for _, k, name in _result_references() if k == kind for one in _expand(name)}
+
+
 def test_results_are_curated():
     # the current result per benchmark and machine kind; experiments and logs stay in git history
     files = os.listdir(_RESULTS)
-    assert len(files) <= 40, f"{len(files)} files in benchmarks/results (at most 40: move the rest to HISTORY.md)"
-    assert not [f for f in files if f.endswith(".log")], "logs go to the device pass's output, not into the tree"
-    cited = {os.path.basename(one) for _, kind, name in _result_references() if kind == "path" for one in _expand(name)}
+    assert len(files) <= MAX_RESULTS, (f"{len(files)} files in benchmarks/results (at most {MAX_RESULTS}: fold a "
+                                       "benchmark's variants into one file, move superseded ones to HISTORY.md)")
+    cited = _cited("path")
     uncited = [f for f in files if not any(fnmatch.fnmatch(f, c) for c in cited)]
     assert not uncited, f"results no doc cites (cite them or move them to HISTORY.md): {uncited}"
+
+
+def test_no_log_in_the_tree():
+    # logs go to the device pass's output ($OUT), not into git
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    names = tracked.stdout.split() if tracked.returncode == 0 else [
+        os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(os.path.join(ROOT, "benchmarks")) for f in fs]
+    assert names, "no file found: is this a checkout?"
+    logs = [n for n in names if n.endswith(".log")]
+    assert not logs, f"logs in the tree (they go to the device pass's output): {logs}"
+
+
+def test_seed_results_are_cited():
+    # each document's runs (benchmarks/seeds/results/) back a cell of the seeds' table; none left uncited
+    files = [f for f in os.listdir(_SEEDS_RESULTS) if not f.startswith(".")]
+    assert files, "benchmarks/seeds/results/ is empty"
+    cited = _cited("seeds")
+    uncited = [f for f in files if not any(fnmatch.fnmatch(f, c) for c in cited)]
+    assert not uncited, f"seed results no doc cites: {uncited}"
+
+
+def test_the_reference_check_catches_a_missing_file_and_the_limit(tmp_path, monkeypatch):
+    # the checks above are not vacuous: a doc naming an absent result, and one file too many, both fail
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "x.md").write_text("fast (`benchmarks/results/kmeans_{a,b}.json`)\n```\nbenchmarks/results/gone.json\n```\n")
+    res = tmp_path / "results"
+    res.mkdir()
+    for i in range(MAX_RESULTS + 1):
+        (res / f"kmeans_{'a' if i == 0 else i}.json").write_text("{}")
+    monkeypatch.setattr(sys.modules[__name__], "_doc_files", lambda: [str(docs / "x.md")])
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
+    monkeypatch.setattr(sys.modules[__name__], "_RESULTS", str(res))
+    refs = list(_result_references())
+    assert refs == [("docs/x.md:1", "path", "kmeans_{a,b}.json")]  # the fenced path is a command's output
+    with pytest.raises(AssertionError, match="kmeans_b.json does not exist"):
+        monkeypatch.setattr(sys.modules[__name__], "_history_names", lambda: {f"h{i}" for i in range(101)})
+        test_every_result_the_docs_name_exists()
+    with pytest.raises(AssertionError, match=f"{MAX_RESULTS + 1} files"):
+        test_results_are_curated()
+
+
+# ---------------------------------------------------------------------- measured figures name their source
+# a result file (benchmarks/results/, benchmarks/seeds/results/, `history: NAME`) or the script that measures it
+_SOURCE = re.compile(r"benchmarks/(seeds/)?results/|`history: |`results/seed|scripts/\w+\.(py|sh)|benchmarks/[\w/]+\.py")
+# a figure: a number with a unit of time, rate, share or ratio (not "4 x H100", a machine)
+_FIGURE = re.compile(r"\d(\.\d+)?\s?(ms|s|us|µs|GB/s|MB/s|%|x|×)(?![\w/])(?! H\d)")
+_CLAIM = re.compile(r"(?<![Nn]ot )\b[Mm]easured on\b")
+#: Blocks whose figures name no file, as of the curation: development notes of a family's doc (the forest's
+#: profile before / after the batched level). Their owners replace each with a source; nothing new goes here.
+_UNSOURCED_PENDING = {("docs/ensemble.md", "| per fit / per level |")}
+
+
+def _blocks(path):
+    """``(first line number, text)`` of each paragraph, bullet or table outside code fences."""
+    out, cur, start, fenced = [], [], 0, False
+    for i, line in enumerate(open(path, encoding="utf-8"), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            if cur:
+                out.append((start, " ".join(cur)))
+                cur = []
+            continue
+        if fenced:
+            continue
+        if not line.strip() or line.startswith(("* ", "- ", "#")):
+            if cur:
+                out.append((start, " ".join(cur)))
+                cur = []
+            if not line.strip():
+                continue
+        if not cur:
+            start = i
+        cur.append(line.strip())
+    if cur:
+        out.append((start, " ".join(cur)))
+    return out
+
+
+def _unsourced(path, rel):
+    """Blocks that claim a measurement ("measured on ...", or a bullet of README.md's "Where it stands") with a
+    figure but name no source, in the block or the table right after it."""
+    blocks = _blocks(path)
+    bad = []
+    for k, (line, text) in enumerate(blocks):
+        claim = _CLAIM.search(text) or (rel == "README.md" and text.startswith("* **"))
+        if not claim or not _FIGURE.search(text) or _SOURCE.search(text):
+            continue
+        after = blocks[k + 1][1] if k + 1 < len(blocks) else ""
+        if after.startswith("|") and _SOURCE.search(after):
+            continue
+        if any(rel == f and text.startswith(head) for f, head in _UNSOURCED_PENDING):
+            continue
+        bad.append(f"{rel}:{line}: {text[:120]}")
+    return bad
+
+
+def test_measured_figures_name_their_source():
+    bad = [b for p in [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+           for b in _unsourced(p, os.path.relpath(p, ROOT))]
+    assert not bad, "figures that name no result file (nor the script that measured them):\n" + "\n".join(bad)
+
+
+def test_the_source_check_flags_an_unsourced_figure(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text("Measured on one GPU: 3.2 ms.\n\nMeasured on 4 x H100 (`benchmarks/results/a.json`): 2.0x.\n\n"
+                   "Measured on two GPUs:\n\n| fit | s | file |\n| --- | --- | --- |\n| a | 0.5 s | "
+                   "`benchmarks/results/b.json` |\n\nNot measured on GPUs yet: 20 KiB a level.\n")
+    assert _unsourced(str(doc), "docs/x.md") == ["docs/x.md:1: Measured on one GPU: 3.2 ms."]

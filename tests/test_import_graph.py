@@ -2,7 +2,8 @@
 
 The graph is read from the source with ``ast``, without importing anything: every ``import`` and
 ``from ... import`` in a module is an edge, at module level or inside a function or a class alike
-(an import moved into a function still ties the two modules together). An edge goes to the deepest
+(an import moved into a function still ties the two modules together), and so is a call of
+``importlib.import_module`` or ``__import__`` on a constant string. An edge goes to the deepest
 module of the package that the statement names: ``from mpiml.comm import get_comm`` is an edge to
 ``mpiml.comm`` (the package's ``__init__.py``), ``from mpiml.comm._ops import X`` to
 ``mpiml.comm._ops``, and ``from . import _ops`` inside ``mpiml.comm`` to ``mpiml.comm._ops``.
@@ -110,6 +111,8 @@ def edges(known):
                 targets = [f"{stem}.{a.name}" for a in node.names if a.name != "*"] or [stem]
                 if any(a.name == "*" for a in node.names):
                     targets.append(stem)
+            elif isinstance(node, ast.Call) and _dynamic_import(node):
+                targets = [node.args[0].value]
             for t in targets:
                 if not t.startswith(PACKAGE):
                     continue
@@ -117,6 +120,20 @@ def edges(known):
                 if dst and dst != mod:
                     out.setdefault(dst, node.lineno)
     return graph
+
+
+def _dynamic_import(call):
+    """``importlib.import_module("mpiml.x")`` or ``__import__("mpiml.x", ...)``: a constant first argument."""
+    f = call.func
+    name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+    return (name in ("import_module", "__import__") and call.args and isinstance(call.args[0], ast.Constant)
+            and isinstance(call.args[0].value, str))
+
+
+def upward(graph):
+    """Every edge that points to a higher layer, as a readable line."""
+    return [f"{src} (layer {layer(src)}) -> {dst} (layer {layer(dst)}), line {line}"
+            for src, dsts in sorted(graph.items()) for dst, line in sorted(dsts.items()) if layer(dst) > layer(src)]
 
 
 def layer(mod):
@@ -203,9 +220,7 @@ def test_no_import_circle_between_packages(graph):
 
 
 def test_no_arrow_points_up_a_layer(graph):
-    up = [f"{src} (layer {layer(src)}) -> {dst} (layer {layer(dst)}), line {line}"
-          for src, dsts in sorted(graph.items()) for dst, line in sorted(dsts.items())
-          if layer(dst) > layer(src)]
+    up = upward(graph)
     assert not up, "imports that point up:\n" + "\n".join(up)
 
 
@@ -236,6 +251,34 @@ def test_the_checker_finds_a_circle_and_an_upward_arrow(tmp_path):
     assert g["mpiml.cli"] == {"mpiml.comm": 1}
     assert cycles(g) == [["mpiml.cli", "mpiml.comm"]]
     assert layer("mpiml.comm") < layer("mpiml.cli")
+    assert upward(g) == ["mpiml.comm (layer 3) -> mpiml.cli (layer 11), line 2"]
+    with pytest.raises(AssertionError, match="import circles"):
+        test_no_import_circle_between_modules(g)
+    with pytest.raises(AssertionError, match="imports that point up"):
+        test_no_arrow_points_up_a_layer(g)
+
+
+def test_the_checker_sees_package_circles_and_hidden_imports(tmp_path):
+    # modules that do not import each other, but whose packages do (cluster._a -> neighbors, neighbors._b ->
+    # cluster._c); a relative submodule import; an import by a constant string; none of them at module level
+    pkg = tmp_path / PACKAGE
+    for sub in ("cluster", "neighbors"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cluster" / "_a.py").write_text("class A:\n    def f(self):\n        import mpiml.neighbors\n")
+    (pkg / "cluster" / "_c.py").write_text("from . import _a\n")
+    (pkg / "neighbors" / "_b.py").write_text("import importlib\nX = importlib.import_module('mpiml.cluster._c')\n")
+    g = edges(modules(str(tmp_path)))
+    assert g["mpiml.cluster._a"] == {"mpiml.neighbors": 3}
+    assert g["mpiml.cluster._c"] == {"mpiml.cluster._a": 1}
+    assert g["mpiml.neighbors._b"] == {"mpiml.cluster._c": 2}
+    assert cycles(g) == []
+    assert _package_cycles(g) == [["mpiml.cluster", "mpiml.neighbors"]]
+    with pytest.raises(AssertionError, match="package circles"):
+        test_no_import_circle_between_packages(g)
+    with pytest.raises(AssertionError, match="mpiml.cluster._a -> mpiml.neighbors, line 3"):
+        test_no_estimator_family_imports_another(g)
 
 
 KERNELS = os.path.join(SRC, PACKAGE, "kernels")

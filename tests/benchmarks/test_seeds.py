@@ -186,3 +186,179 @@ def test_seed003_knn_gpu_small(mpi, tmp_path):
     doc = json.loads(out.read_text())
     _check_record(doc, "003", n)
     assert all(all(r["identical_predictions"].values()) for r in doc["rows"])
+
+
+# ---------------------------------------------------------------------- 000: fits, auto vs forced
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 3])
+def test_seed000_estimators_cpu_quick(mpi, tmp_path, n):
+    out, png = tmp_path / "s.json", tmp_path / "s.png"
+    proc = mpi(_script("seed000_estimators.py"), n, "--device", "cpu", "--quick", "--json", out, "--plot", png,
+               timeout=240)
+    doc = json.loads(out.read_text())
+    _check_record(doc, "000", n)
+    assert doc["forced"] == "native" and png.stat().st_size > 0
+    assert set(doc["results"]) == {"kmeans", "knn", "linreg", "tsvd", "rf"}
+    for algo, r in doc["results"].items():
+        assert "error" not in r, (algo, r.get("error"))
+        assert r["auto_s"] > 0 and r["forced_s"] > 0 and r["auto_s"] == min(r["auto_all_s"])
+        assert r["calls"] > 0 or n == 1, (algo, r["calls"])  # the histogram of Fig. 11 has something to show
+        assert sum(r["histogram"].values()) == r["calls"]
+    est = doc["summary"]["estimators"]
+    assert est["kmeans"]["vs_document"] == pytest.approx(est["kmeans"]["forced_over_auto"] / 1.6)
+    assert est["rf"]["document"] is None and est["rf"]["vs_document"] is None  # not in the document's Fig. 10
+    _row(proc.stdout, "000")
+
+
+def test_seed000_rejects_an_unknown_estimator():
+    proc = subprocess.run([sys.executable, _script("seed000_estimators.py"), "--device", "cpu", "--algos", "svm"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")})
+    assert proc.returncode == 2 and "unknown ['svm']" in proc.stderr
+
+
+# ---------------------------------------------------------------------- 004: reductions vs the cost model
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_seed004_reductions_cpu_small(mpi, tmp_path, n):
+    out, png = tmp_path / "s.json", tmp_path / "s.png"
+    proc = mpi(_script("seed004_reductions.py"), n, "--sizes", "8,4096,65536", "--rounds", "1", "--json", out,
+               "--plot", png, timeout=120)
+    doc = json.loads(out.read_text())
+    _check_record(doc, "004", n)
+    assert png.stat().st_size > 0
+    got = {(r["op"], r["algorithm"], r["bytes"]) for r in doc["rows"]}
+    for op in ("reduce", "allreduce", "scan"):
+        assert {(op, a, b) for a in ("auto", "native") for b in (8, 4096, 65536)} <= got
+    assert all(r["measured_s"] > 0 for r in doc["rows"])
+    assert all(r["predicted_s"] is None for r in doc["rows"] if r["algorithm"] in ("auto", "native"))
+    s = doc["summary"]
+    t = {(r["op"], r["algorithm"], r["bytes"]): r["measured_s"] for r in doc["rows"]}
+    assert s["native_over_auto_largest"]["allreduce"] == pytest.approx(
+        t[("allreduce", "native", 65536)] / t[("allreduce", "auto", 65536)])
+    assert s["vs_document"] == pytest.approx(s["native_over_auto_largest"]["allreduce"] / 1.7)
+    assert 0 < doc["model_picks_fastest"]["agree"] <= doc["model_picks_fastest"]["points"] == 9
+    _row(proc.stdout, "004")
+
+
+# ---------------------------------------------------------------------- the README's table
+def _table():
+    sys.path.insert(0, SEEDS)
+    try:
+        import table
+    finally:
+        sys.path.remove(SEEDS)
+    return table
+
+
+def test_readme_table_is_the_one_the_runs_give():
+    # after a GPU pass: copy the runs into benchmarks/seeds/results/, then python benchmarks/seeds/table.py --write
+    t = _table()
+    assert t.main(["--check"]) == 0
+    assert t.superseded() == []
+
+
+def test_table_from_the_committed_runs():
+    t = _table()
+    lines = t.rows()
+    assert len(lines) == 2 + 5 and all(line.count(" | ") == 9 - 1 for line in lines[2:])
+    by = {line.split(" | ")[0][2:]: line.split(" | ") for line in lines[2:]}
+    assert sorted(by) == ["000", "001", "002", "003", "004"]
+    for seed in ("002", "003", "004"):  # measured on 4 x H100: the 4-GPU cell names its files and machine
+        assert "4 x H100, 2026-11-27" in by[seed][5] and f"`results/seed{seed}_" in by[seed][5]
+        assert by[seed][3].startswith("n/a")
+    assert "vs the document **0.37**" in by["002"][5]  # 0.32 / the smallest all-to-all ratio, 0.875
+    assert by["002"][7] == t.WHY["002"]  # worse than the document: the row says why
+    for seed in ("000", "001"):
+        assert by[seed][4] == by[seed][5] == "not yet measured"
+    assert all(by[s][8].startswith("`") and "\n" not in by[s][8] for s in by)  # one command line
+
+
+def _write(folder, name, doc):
+    (folder / name).write_text(json.dumps(doc))
+
+
+def test_table_cells_from_new_runs(tmp_path):
+    # what each document's runs become: the ratio against the document, the GPU count, the newest run
+    t = _table()
+    fig1 = {"ranks": 2, "date": "2026-11-28T10:00:00", "rows": [
+        {"op": op, "path": p, "mode": "eager", "bytes": b, "us": us}
+        for op in ("allreduce", "reduce", "bcast") for b in (4, 16384)
+        for p, us in (("raw", 10.0), ("auto", 5.0))] + [
+        {"op": "allreduce", "path": "raw", "mode": "eager", "bytes": 1 << 20, "us": 1.0}]}
+    fits = {"seed": "000", "device": "gpu", "ranks": 2, "date": "2026-11-28T10:01:00",
+            "results": {"tsvd": {"error": "ValueError: ..."}}, "summary": {"estimators": {
+        "kmeans": {"forced_over_auto": 1.2, "vs_document": 0.75}, "rf": {"forced_over_auto": 1.0, "vs_document": None}}}}
+    dask = {"seed": "001", "device": "gpu", "date": "2026-11-28", "summary": {
+        "comm": {"latency_1B_speedup": 3.0, "throughput_2MB_up_speedup_median": 8.0, "latency_vs_document": 0.5,
+                 "throughput_vs_document": 2.0},
+        "apps": [{"app": a, "workers": w, "tcp_over_mpi": 2.0, "vs_document": 2.0 / 3.47 if a != "sum" else None}
+                 for w in (1, 2) for a in ("sum_transpose", "sum_transpose_rows", "sum")]}}
+    old = {"seed": "003", "device": "gpu", "ranks": 2, "date": "2026-11-27T10:00:00",
+           "document": {"saved_pct": {"kdd-xs": {"overlap": 5.9}}},
+           "rows": [{"workload": "kdd-xs", "overlap_saved_pct": 1.0, "onesided_saved_pct": -5.0}]}
+    new = dict(old, date="2026-11-28T10:00:00",
+               rows=[{"workload": "kdd-xs", "overlap_saved_pct": 11.8, "onesided_saved_pct": 2.0, "comm_share_pct": 20}])
+    cpu = dict(new, device="cpu", rows=[{"workload": "kdd-xs", "overlap_saved_pct": 50.0, "onesided_saved_pct": 0}])
+    _write(tmp_path, "seed000_fig1_n2_4xh200.json", fig1)
+    _write(tmp_path, "seed000_n2_4xh200.json", fits)
+    _write(tmp_path, "seed001_4xh200.json", dask)
+    _write(tmp_path, "seed003_n2_4xh100.json", old)
+    _write(tmp_path, "seed003_n2_4xh200.json", new)
+    _write(tmp_path, "seed003_n2_vm.json", cpu)
+    (tmp_path / "seed003_n2_4xh200.png").write_bytes(b"png")
+    cells = t.cells(str(tmp_path))
+    assert sorted(cells) == [("000", 2), ("001", 1), ("001", 2), ("003", 2)]
+    f1, f10 = sorted(cells[("000", 2)], key=lambda c: c.name)
+    assert "allreduce 2.00x" in f1.text  # the smallest against the document: bcast, 85 % lower = 6.67x
+    assert f1.vs_document == pytest.approx(2.0 * (1 - 0.85))
+    assert f10.vs_document == 0.75 and f10.worse and "kmeans 1.20x" in f10.text and "(tsvd failed" in f10.text
+    (w1,), (w2,) = cells[("001", 1)], cells[("001", 2)]
+    assert "comm" not in w1.text and "latency at 1 B 3.00x" in w2.text
+    assert w1.vs_document == pytest.approx(2.0 / 3.47) and w2.vs_document == 0.5
+    (c3,) = cells[("003", 2)]  # the newest GPU run; the CPU harness's run is not in the table
+    assert c3.name == "seed003_n2_4xh200.json" and c3.vs_document == pytest.approx(2.0) and not c3.worse
+    assert t.superseded(str(tmp_path)) == ["seed003_n2_4xh100.json"]
+    lines = t.rows(str(tmp_path))
+    row3 = next(line for line in lines if line.startswith("| 003 |")).split(" | ")
+    assert "`results/seed003_n2_4xh200.{json,png}`" in row3[4] and "vs the document **2.00**" in row3[4]
+    assert row3[7] == "-"  # as good as the document: no excuse needed
+    assert row3[5] == "not yet measured"
+    row0 = next(line for line in lines if line.startswith("| 000 |")).split(" | ")
+    assert row0[7] == t.WHY["000"] and "<br>" in row0[4] and row0[3].startswith("n/a")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{t.BEGIN}\nold\n{t.END}\nafter\n")
+    assert t.main(["--results", str(tmp_path), "--readme", str(readme), "--check"]) == 1
+    assert t.main(["--results", str(tmp_path), "--readme", str(readme), "--write"]) == 0
+    assert t.main(["--results", str(tmp_path), "--readme", str(readme), "--check"]) == 0
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith(f"{t.END}\nafter\n") and "old" not in text
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_seed000_estimators_gpu_small(mpi, tmp_path):
+    # the two world communicators on the device: auto and every collective forced onto NCCL
+    n = 2 if have_gpu() and _gpus() >= 2 else 1
+    out = tmp_path / "s.json"
+    mpi(_script("seed000_estimators.py"), n, "--device", "gpu", "--scale", "0.02", "--repeats", "1", "--json", out,
+        timeout=240)
+    doc = json.loads(out.read_text())
+    _check_record(doc, "000", n)
+    assert doc["forced"] == "nccl/native"
+    assert not [a for a, r in doc["results"].items() if "error" in r], doc["results"]
+    assert set(doc["summary"]["estimators"]) == {"kmeans", "knn", "linreg", "tsvd", "rf"}
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_seed004_reductions_gpu_small(mpi, tmp_path):
+    n = 2 if have_gpu() and _gpus() >= 2 else 1
+    if n < 2:
+        pytest.skip("the cost model's ping-pong needs 2 ranks on 2 GPUs")
+    out = tmp_path / "s.json"
+    mpi(_script("seed004_reductions.py"), n, "--device", "gpu", "--sizes", "8,65536", "--rounds", "1", "--json", out,
+        timeout=180)
+    doc = json.loads(out.read_text())
+    _check_record(doc, "004", n)
+    assert doc["summary"]["native_over_auto_largest"]["allreduce"] > 0

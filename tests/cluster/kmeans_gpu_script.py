@@ -13,18 +13,12 @@ from sklearn.datasets import make_blobs
 from mpiml.cluster import KMeans
 from mpiml.comm import get_comm
 
-from _spmd import assert_close, check, guarded
+from _spmd import assert_close, check, gpu_shards, guarded
 
 comm = get_comm()
 SELF = get_comm("self")
 rank, size = comm.rank, comm.size
-cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
-
-
-def shard(a):
-    w = np.arange(1, size + 1, dtype=np.float64)
-    b = np.concatenate([[0], np.round(np.cumsum(w) / w.sum() * a.shape[0]).astype(int)])
-    return a[b[rank]:b[rank + 1]]
+shard = gpu_shards(comm)
 
 
 def gathered(a):

@@ -9,11 +9,11 @@ import scipy.sparse as sp
 from mpiml.cluster import KMeans
 from mpiml.comm import get_comm
 
-from _spmd import assert_close, check, guarded
+from _spmd import assert_close, check, gpu_shards, guarded
 
 comm = get_comm()
 rank, size = comm.rank, comm.size
-cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
+gpu_shards(comm)  # binds this rank's GPU; the shards here are even (bounds below)
 
 
 def main():

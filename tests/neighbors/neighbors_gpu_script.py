@@ -11,19 +11,11 @@ import numpy as np
 from mpiml.comm import get_comm
 from mpiml.neighbors import KNeighborsClassifier, KNeighborsRegressor, NearestNeighbors, _ring
 
-from _spmd import assert_close, check, guarded
+from _spmd import assert_close, check, gpu_shards, guarded
 
 comm = get_comm()
 rank, size = comm.rank, comm.size
-cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
-
-
-def shard(a, empty_last=False):
-    w = np.arange(1, size + 1, dtype=np.float64)
-    if empty_last and size > 2:
-        w[-1] = 0  # the last rank holds no rows
-    b = np.concatenate([[0], np.round(np.cumsum(w) / w.sum() * a.shape[0]).astype(int)])
-    return a[b[rank]:b[rank + 1]]
+shard = gpu_shards(comm)  # shard(a, True): the last rank holds no rows (3 or more ranks)
 
 
 VARIANTS = ("blocking", "overlap", "onesided", "local")

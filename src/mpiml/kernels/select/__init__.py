@@ -177,6 +177,22 @@ def _aux(A, mode, norms, cupy):
     return out
 
 
+def _route_kernels(sel_expr, Q, X, mode, smem, cupy):
+    """What both routes of :func:`topk` fetch, from one module: the selection kernel ``sel_expr`` (allowed
+    ``smem`` bytes of dynamic shared memory), the merge of the splits' lists, and the per-row terms of
+    ``X`` and ``Q`` by the norms kernel of their dtype and ``mode`` (:func:`_aux`).
+
+    Returns ``(select, merge, x_terms, q_terms)``."""
+    ctype = _ctype(X.dtype)
+    merge_expr = f"mpiml_knn_merge<{ctype}>"
+    norms_expr = f"mpiml_knn_norms<{ctype}, {min(mode, 1)}>"
+    mod = _module((sel_expr, merge_expr, norms_expr))
+    sel, merge, norms = (mod.get_function(e) for e in (sel_expr, merge_expr, norms_expr))
+    if smem > 48 * 1024:
+        sel.max_dynamic_shared_size_bytes = smem
+    return sel, merge, _aux(X, mode, norms, cupy), _aux(Q, mode, norms, cupy)
+
+
 def exact_sq(Q, X, idx):
     """Squared distances ``|X[idx[i, j]] - Q[i]|²`` from the differences (CuPy, dtype of ``X``).
 
@@ -232,16 +248,8 @@ def _gemm_topk(Q, X, k, mode, gp, dist, idx):
     m = X.shape[0]
     qb, cb, dp = gp["queries"], gp["rows"], gp["dp"]
     splits, split_cols, smem = gp["splits"], gp["split_cols"], gp["smem"]
-    ctype = _ctype(dtype)
-    sel_expr = f"mpiml_knn_tile_select<{ctype}, {mode}>"
-    merge_expr = f"mpiml_knn_merge<{ctype}>"
-    norms_expr = f"mpiml_knn_norms<{ctype}, {min(mode, 1)}>"
-    mod = _module((sel_expr, merge_expr, norms_expr))
-    sel, merge, norms = (mod.get_function(e) for e in (sel_expr, merge_expr, norms_expr))
-    if smem > 48 * 1024:
-        sel.max_dynamic_shared_size_bytes = smem
-    xaux = _aux(X, mode, norms, cupy)
-    qaux = _aux(Q, mode, norms, cupy)
+    sel, merge, xaux, qaux = _route_kernels(f"mpiml_knn_tile_select<{_ctype(dtype)}, {mode}>", Q, X, mode, smem,
+                                            cupy)
     # X is read in place where its rows are whole 16-byte multiples and it starts on a 256-byte
     # boundary (then every full chunk does: cb * dp * itemsize is a multiple of 256); else each chunk
     # is staged.  The last, partial chunk is always staged (padded with zero rows).
@@ -382,19 +390,11 @@ def topk(Q, X, k, *, metric="sqeuclidean", p=None, route="auto"):
         if metric == "euclidean":
             cupy.sqrt(dist, out=dist)
         return dist, idx
-    ctype = _ctype(dtype)
     tm, ty, smem = _config(dtype, k)
     vec = d % (16 // dtype.itemsize) == 0 and X.data.ptr % 16 == 0 and Q.data.ptr % 16 == 0
-    sel_expr = f"mpiml_knn_select<{ctype}, {mode}, {tm}, {ty}, {'true' if vec else 'false'}>"
-    merge_expr = f"mpiml_knn_merge<{ctype}>"
-    norms_expr = f"mpiml_knn_norms<{ctype}, {min(mode, 1)}>"
-    mod = _module((sel_expr, merge_expr, norms_expr))
-    sel, merge, norms = (mod.get_function(e) for e in (sel_expr, merge_expr, norms_expr))
-    if smem > 48 * 1024:
-        sel.max_dynamic_shared_size_bytes = smem
+    sel_expr = f"mpiml_knn_select<{_ctype(dtype)}, {mode}, {tm}, {ty}, {'true' if vec else 'false'}>"
+    sel, merge, xaux, qaux = _route_kernels(sel_expr, Q, X, mode, smem, cupy)
     splits, split_rows = _splits(nq, m, k, tm * ty, _sms() * _resident(sel, smem))
-    xaux = _aux(X, mode, norms, cupy)
-    qaux = _aux(Q, mode, norms, cupy)
     pw = dtype.type(p if metric == "minkowski" else 1.0)
     qt = tm * ty
     per_query = splits * k * (dtype.itemsize + 4)
