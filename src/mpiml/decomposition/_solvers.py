@@ -13,6 +13,7 @@ Every rank runs the same arithmetic on replicated small matrices, so every
 rank takes the same branches and the same number of iterations.
 """
 
+import os
 import warnings
 from numbers import Integral
 
@@ -23,39 +24,90 @@ from sklearn.utils import check_random_state
 from .._array import to_numpy
 from ..utils._linalg import orthonormalize, tsqr
 
-__all__ = ["gaussian_matrix", "randomized_svd", "block_lanczos_svd", "resolve_normalizer", "CentredRows"]
+__all__ = ["gaussian_matrix", "randomized_svd", "block_lanczos_svd", "resolve_normalizer", "CentredRows", "SparseRows",
+           "SPARSE_PRODUCTS"]
 
 
 # ---------------------------------------------------------------------- operator
-class CentredRows:
-    """``X - 1 meanᵀ`` of this rank's rows, never formed (implicit centring of a sparse shard).
+#: How a ``cupyx`` CSR shard multiplies (environment ``MPIML_SPARSE_PRODUCTS``, read when a fit starts):
+#: ``"kernels"`` (default): :mod:`mpiml.kernels.sparse` for ``X V`` and for ``Xᵀ U`` on ``Xᵀ`` stored as
+#: CSR once per fit (deterministic); ``"scatter"``: the same ``X V``, ``Xᵀ U`` by atomics from the rows
+#: of ``X`` (no transpose formed, not deterministic); ``"cusparse"``: cuSPARSE SpMM on ``X`` and the
+#: stored ``Xᵀ`` (the path before the kernels).
+SPARSE_PRODUCTS = ("kernels", "scatter", "cusparse")
 
-    ``(X - 1 mᵀ) V = X V - 1 (mᵀ V)`` and ``(X - 1 mᵀ)ᵀ U = Xᵀ U - m (1ᵀ U)``:
-    both are linear in the local rows, so the second is summed over ranks like
-    ``Xᵀ U`` itself (the same single allreduce).
-    """
 
-    def __init__(self, X, mean):
-        self.X = X
-        self.mean = mean
-        self.shape, self.dtype = X.shape, X.dtype
-        self.XT = device_transpose(X)
+def sparse_products_mode():
+    mode = os.environ.get("MPIML_SPARSE_PRODUCTS", "kernels")
+    if mode not in SPARSE_PRODUCTS:
+        raise ValueError(f"MPIML_SPARSE_PRODUCTS must be one of {SPARSE_PRODUCTS}; got {mode!r}")
+    return mode
+
+
+def _kernels_for(X):
+    """:mod:`mpiml.kernels.sparse` when it takes the shard ``X`` (``cupyx`` CSR, float32/64, int32 indices)."""
+    if type(X).__module__.startswith("cupyx"):
+        from ..kernels import sparse
+
+        if sparse.supported(X):
+            return sparse
+    return None
 
 
 class SparseRows:
-    """A ``cupyx`` CSR shard with its transpose stored as CSR, formed once per fit.
+    """A sparse shard as the solvers use it: ``X V`` and this rank's part of ``Xᵀ U``, optionally centred.
 
-    cuSPARSE multiplies a transposed CSR matrix by a dense block far more
-    slowly than a plain one (it scatters with atomics); the solvers multiply by
-    ``Xᵀ`` once per power iteration or block product, so one conversion per fit
-    (about the cost of one pass over the stored values, and their memory once
-    more) turns every ``Xᵀ U`` into a plain SpMM.
+    With ``mean``, the operator is ``X - 1 meanᵀ`` of this rank's rows, never
+    formed (implicit centring, what PCA's ``"arpack"`` runs on sparse data):
+    ``(X - 1 mᵀ) V = X V - 1 (mᵀ V)`` and ``(X - 1 mᵀ)ᵀ U = Xᵀ U - m (1ᵀ U)``;
+    both are linear in the local rows, so the second is summed over ranks like
+    ``Xᵀ U`` itself (the same single allreduce).
+
+    A ``cupyx`` CSR shard multiplies by :mod:`mpiml.kernels.sparse` (see
+    :data:`SPARSE_PRODUCTS`): cuSPARSE reads a skinny dense block a column at a
+    time, far below the memory bandwidth, and multiplies by a transposed CSR
+    matrix with atomics; here ``Xᵀ`` is stored as CSR once per fit (one
+    conversion, the stored values' memory once more) and both products read
+    the dense block a row at a time.  SciPy shards multiply as SciPy does.
     """
 
-    def __init__(self, X, XT=None):
+    def __init__(self, X, XT=None, mean=None, mode=None):
         self.X = X
-        self.XT = device_transpose(X) if XT is None else XT
+        self.mean = mean
         self.shape, self.dtype = X.shape, X.dtype
+        self.mode = sparse_products_mode() if mode is None else mode
+        self.kernels = _kernels_for(X) if self.mode != "cusparse" else None
+        if XT is None and not (self.kernels is not None and self.mode == "scatter"):
+            XT = device_transpose(X)
+        self.XT = XT
+
+    def matmul(self, V, xp):
+        """``X V`` (centred when ``mean`` is set) of this rank's rows, in ``X``'s dtype."""
+        if self.kernels is not None:
+            out = self.kernels.csr_matmul(self.X, V)
+        else:
+            out = self.X @ V.astype(self.dtype, copy=False)
+        if self.mean is not None:
+            out = out - (self.mean.astype(self.dtype) @ V.astype(self.dtype, copy=False))[None, :]
+        return out
+
+    def rmatmul(self, U, xp):
+        """This rank's part of ``Xᵀ U`` (centred when ``mean`` is set), float64."""
+        if self.kernels is not None and self.XT is not None and self.mode == "kernels":
+            out = self.kernels.csr_matmul(self.XT, U, out_dtype=np.float64)
+        elif self.kernels is not None and self.mode == "scatter":
+            out = self.kernels.csr_rmatmul_scatter(self.X, U, out_dtype=np.float64)
+        else:
+            XT = self.XT if self.XT is not None else self.X.T
+            out = (XT @ U.astype(self.dtype, copy=False)).astype(xp.float64, copy=False)
+        if self.mean is not None:
+            out = out - xp.outer(self.mean.astype(xp.float64), U.sum(axis=0, dtype=xp.float64))
+        return out
+
+
+def CentredRows(X, mean):
+    """``X - 1 meanᵀ`` of this rank's sparse rows, never formed (:class:`SparseRows` with ``mean``)."""
+    return SparseRows(X, mean=mean)
 
 
 def device_transpose(X):
@@ -67,21 +119,17 @@ def device_transpose(X):
 
 def _matvec(X, V):
     """``X @ V`` on this rank's rows (``V`` cast to the dtype of ``X``: no copy of ``X``)."""
-    if isinstance(X, CentredRows):
-        V = V.astype(X.dtype, copy=False)
-        return X.X @ V - (X.mean.astype(X.dtype) @ V)[None, :]
     if isinstance(X, SparseRows):
-        return X.X @ V.astype(X.dtype, copy=False)
+        from .._array import get_namespace
+
+        return X.matmul(V, get_namespace(V))
     return X @ V.astype(X.dtype, copy=False)
 
 
 def _rmatvec(X, U, comm, xp):
     """``X.T @ U`` summed over ranks, float64, replicated (one allreduce of d x b)."""
-    if isinstance(X, (CentredRows, SparseRows)):
-        XT = X.XT if X.XT is not None else X.X.T
-        out = (XT @ U.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
-        if isinstance(X, CentredRows):
-            out = out - xp.outer(X.mean.astype(xp.float64), U.sum(axis=0, dtype=xp.float64))
+    if isinstance(X, SparseRows):
+        out = X.rmatmul(U, xp)
     else:
         out = (X.T @ U.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
     if comm.size > 1:
@@ -94,10 +142,20 @@ def gaussian_matrix(random_state, shape, comm, xp, dtype):
     """A standard normal matrix, the same on every rank, drawn as scikit-learn draws it.
 
     An int ``random_state`` is expanded on every rank alike (no communication)
-    into ``RandomState(seed).normal(size=shape)``, scikit-learn's first draw;
-    None or a ``RandomState`` instance is drawn on rank 0 and broadcast
-    (``prod(shape)`` float64 values).
+    into ``RandomState(seed).normal(size=shape)``, scikit-learn's first draw
+    (on the host: about 25 ns a value, 65 ms for a 10^5 x 26 matrix); a
+    ``RandomState`` instance is drawn on rank 0 and broadcast (``prod(shape)``
+    float64 values).  None on GPU ranks draws on the device from a seed that
+    rank 0 takes from NumPy's global generator and broadcasts (one int64): any
+    Gaussian matrix serves, and the host draw would cost more than the fit.
     """
+    if random_state is None and xp is not np:
+        seed = np.array([np.random.randint(0, 2**63 - 1, dtype=np.int64)]) if comm.rank == 0 else \
+            np.zeros(1, dtype=np.int64)
+        if comm.size > 1:
+            seed = comm.bcast(seed)
+        G = xp.random.RandomState(int(np.asarray(seed)[0])).standard_normal(shape, dtype=xp.float64)
+        return G.astype(dtype, copy=False)
     if isinstance(random_state, (Integral, np.integer)) or comm.size == 1:
         G = check_random_state(random_state).normal(size=shape)
     elif comm.rank == 0:

@@ -7,10 +7,10 @@ from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 
 from .._array import to_numpy
 from ..base import SPMDEstimator
-from ..utils._linalg import column_sq_dev, column_sums, svd_flip_rows
+from ..utils._linalg import column_sq_dev, column_sums, is_sparse, svd_flip_rows
 from ..utils._param_validation import Interval, StrOptions
 from ._pca import _allreduce, _check_local, validate_local_rows, validated_rows
-from ._solvers import SparseRows, block_lanczos_svd, device_transpose, randomized_svd
+from ._solvers import SparseRows, _kernels_for, block_lanczos_svd, randomized_svd
 
 __all__ = ["TruncatedSVD"]
 
@@ -20,17 +20,32 @@ def _global_variances(X, Xt, n, *, comm, xp):
 
     Two passes for accuracy (means, then squared deviations): two allreduces
     of ``d + k`` and ``1 + k`` float64.  A sparse ``X`` is not densified (its
-    implicit zeros are counted, as scikit-learn's ``mean_variance_axis`` does).
+    implicit zeros are counted, as scikit-learn's ``mean_variance_axis`` does);
+    a ``cupyx`` shard with its transpose stored (:class:`SparseRows`) reads the
+    moments of its columns off the rows of ``Xᵀ`` (a kernel, deterministic).
     """
+    stored = None
+    if isinstance(X, SparseRows):
+        if X.XT is not None and X.kernels is not None:
+            stored = X
+        X = X.X
     d, k = X.shape[1], Xt.shape[1]
     sums = xp.zeros(d + k, dtype=xp.float64)
     if X.shape[0]:
-        sums[:d] = column_sums(X)
+        sums[:d] = stored.kernels.csr_row_moments(stored.XT)[0] if stored is not None else column_sums(X)
         sums[d:] = Xt.sum(axis=0, dtype=xp.float64)
     means = _allreduce(comm, sums) / n
     sq = xp.zeros(1 + k, dtype=xp.float64)
     if X.shape[0]:
-        sq[0] = column_sq_dev(X, means[:d]).sum()
+        done = False
+        if stored is not None:
+            m = means[:d]
+            _, s2, canonical = stored.kernels.csr_row_moments(stored.XT, m)
+            if canonical:  # the implicit zeros of each column add (rows - stored) m²
+                sq[0] = (s2 + (X.shape[0] - xp.diff(stored.XT.indptr)) * m * m).sum()
+                done = True
+        if not done:
+            sq[0] = column_sq_dev(X, means[:d]).sum()
         sq[1:] = column_sq_dev(Xt, means[d:])
     sq = _allreduce(comm, sq) / n
     return float(to_numpy(sq[:1])[0]), sq[1:]
@@ -162,8 +177,8 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         X, xp, counts, _ = validated_rows(self, X, comm, ensure_min_features=2)
         n, d = int(counts.sum()), X.shape[1]
         k = self.n_components
-        XT = device_transpose(X)  # cupyx CSR: Xᵀ stored once, every product with it a plain SpMM
-        operand = X if XT is None else SparseRows(X, XT)
+        # a cupyx CSR shard: the sparse kernels, Xᵀ stored once per fit (see SparseRows)
+        operand = SparseRows(X) if is_sparse(X) and xp is not np else X
         if self.algorithm == "arpack":
             if not k < min(n, d):  # scikit-learn passes scipy's svds message on; the shape follows it here
                 raise ValueError(f"`k` must be an integer satisfying `0 < k < min(A.shape)`. (n_components={k}, "
@@ -179,8 +194,8 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
                                       random_state=self.random_state)
         _, Vt = svd_flip_rows(Vt)
         self.components_ = xp.ascontiguousarray(Vt.astype(X.dtype, copy=False))
-        X_transformed = X @ self.components_.T
-        full_var, exp_var = _global_variances(X, X_transformed, n, comm=comm, xp=xp)
+        X_transformed = operand.matmul(self.components_.T, xp) if operand is not X else X @ self.components_.T
+        full_var, exp_var = _global_variances(operand, X_transformed, n, comm=comm, xp=xp)
         self.explained_variance_ = exp_var.astype(X.dtype)
         self.explained_variance_ratio_ = (exp_var / full_var).astype(X.dtype)
         self.singular_values_ = S.astype(X.dtype, copy=False)
@@ -203,7 +218,9 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         """
         self._check_is_fitted()
         X, xp = validate_local_rows(self, X)
-        return X @ self._on(xp).astype(X.dtype, copy=False).T
+        C = self._on(xp).astype(X.dtype, copy=False)
+        kernels = _kernels_for(X)
+        return kernels.csr_matmul(X, C.T) if kernels is not None else X @ C.T
 
     def inverse_transform(self, X):
         """Map projections back: ``X @ components_`` (no communication).

@@ -8,7 +8,7 @@ Writes one ``sm_XY.zip`` an architecture: ``index.json`` (per cubin: the source 
 lowered name of every expression) and the cubins, named by their key (see :mod:`mpiml.kernels._loader`).
 The specialisations come from the families' own plan functions: the k-means kernels' plans are asked
 for a grid of shapes with the shared memory and compute capability of a typical GPU of each architecture
-(they depend on it), the collectives' every element type, the histograms' and linear models' whole
+(they depend on it), the collectives' every element type, the histograms', linear models' and sparse products' whole
 families, and the k-selection kernels of the common metrics for every query tile and alignment.  NVRTC comes
 from the ``nvidia-cuda-nvrtc`` wheel (or ``MPIML_NVRTC``).  Rerun this after any change to a ``.cu`` file
 (a cubin is found only for the exact source it was compiled from): the programs of unchanged sources are
@@ -164,6 +164,9 @@ def specs(arch, model=None):
                     + [f"mpiml_linear_gram_mma<{ct}, {w}, {m}>" for w in ("false", "true") for m in range(1, 17)]
                     + [f"mpiml_linear_logistic<{ct}, {m}, {c}>" for m in (0, 1) for c in (1, 2, 4, 8)]
                     + ["mpiml_linear_sum_blocks"]))
+    from . import sparse
+
+    out.append((sparse.FILES, sparse.expressions()))
     out += _select_programs()
     for files, exprs in _kmeans_exprs(model or DEVICE_MODELS[arch]).items():
         shared = sorted(e for e in exprs if not _own_module(e))

@@ -1,0 +1,188 @@
+"""The sparse kernel family: products of a ``cupyx`` CSR matrix with skinny dense blocks (``spmm.cu``).
+
+cuSPARSE's SpMM runs far below the memory bandwidth for the shapes of the
+truncated SVD and the Krylov solvers (a CSR matrix of ``10^8`` stored values
+times a dense block of 1 to a few tens of columns): it reads the dense block
+column by column, a 4-byte value per 32-byte sector.  These kernels read a
+dense row-major block a row at a time instead (one coalesced read of ``b``
+values per stored value, from L2 when the block fits there), so a product
+costs about one read of the CSR arrays plus those gathers.
+
+* :func:`csr_matmul` -- ``A @ V`` (``V`` of shape ``(n_cols, b)`` or ``(n_cols,)``), deterministic;
+* :func:`csr_rmatmul_scatter` -- ``Aᵀ @ U`` without a transpose of ``A``, with atomics (not deterministic);
+* :func:`csr_row_moments` -- per row the sum and the shifted sum of squares of the stored values
+  (run on a stored ``Xᵀ``: the column moments of ``X``), deterministic.
+
+Products accumulate in float64 whatever the values' dtype (float32 or float64)
+and are written in the dtype asked for.  The kernels load through
+:mod:`mpiml.kernels._loader` (shipped, cached or compiled once) on first use,
+memoised per device.  CuPy is imported inside the functions only.
+"""
+
+import numpy as np
+
+__all__ = ["supported", "csr_matmul", "csr_rmatmul_scatter", "csr_row_moments", "plan", "FILES", "expressions"]
+
+FILES = ("sparse/spmm.cu",)
+_THREADS = 256                     # MPIML_SPARSE_THREADS in spmm.cu
+#: Columns of the dense block one launch takes (32 lanes x 4 columns each); wider blocks go by slices.
+MAX_COLUMNS = 128
+_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+
+_FUNCTIONS = {}
+_SMS = {}
+
+
+def expressions():
+    """Every instantiation the launchers ask for (what :mod:`mpiml.kernels.build` ships)."""
+    out = []
+    for t in ("float", "double"):
+        for o in ("float", "double"):
+            out += [f"mpiml_csr_gather<{t}, double, {o}, {g}, {c}>" for g, c in _PLANS]
+            out += [f"mpiml_csr_rowdot<{t}, double, {o}, {g}>" for g in (4, 8, 16, 32)]
+            out += [f"mpiml_csr_scatter<{t}, {o}, {g}, {c}>" for g, c in _PLANS]
+        out.append(f"mpiml_csr_row_moments<{t}>")
+    return out
+
+
+#: (lanes per row, columns per lane) by block width: b <= 8, 16, 32, 64, 128.
+_PLANS = ((8, 1), (16, 1), (32, 1), (32, 2), (32, 4))
+
+
+def plan(b):
+    """(lanes per row G, columns per lane CPL) of the gather/scatter kernels for a block of ``b <= 128`` columns."""
+    for g, c in _PLANS:
+        if b <= g * c:
+            return g, c
+    raise ValueError(f"a launch takes at most {MAX_COLUMNS} columns; got {b}")
+
+
+def _function(expr):
+    import cupy
+
+    key = (cupy.cuda.runtime.getDevice(), expr)
+    fn = _FUNCTIONS.get(key)
+    if fn is None:
+        from .._loader import load_module
+
+        # on a miss, the kernel's siblings of the same types compile with it (the other block widths)
+        head = expr.split("<")[0] + "<" + ", ".join(expr.split("<")[1].split(", ")[:-2 if "row_moments" not in expr
+                                                                                    and "rowdot" not in expr else 1])
+        also = [e for e in expressions() if e.startswith(head)]
+        fn = load_module(FILES, [expr], also=also).get_function(expr)
+        _FUNCTIONS[key] = fn
+    return fn
+
+
+def _blocks(rows_per_block, n_rows):
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    if dev not in _SMS:
+        _SMS[dev] = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
+    need = max(1, -(-int(n_rows) // rows_per_block))
+    return int(min(need, _SMS[dev] * 64))
+
+
+def supported(A):
+    """Whether the kernels take ``A``: a ``cupyx`` CSR matrix of float32/float64 values with int32 indices."""
+    return (type(A).__module__.startswith("cupyx") and getattr(A, "format", None) == "csr"
+            and np.dtype(A.dtype) in _TYPES and A.indices.dtype == np.int32 and A.indptr.dtype == np.int32)
+
+
+def _rowdot_lanes(A):
+    per_row = A.nnz / max(1, A.shape[0])
+    g = 4
+    while g < 32 and g < per_row / 2:
+        g *= 2
+    return g
+
+
+def csr_matmul(A, V, out_dtype=None):
+    """``A @ V`` for a ``cupyx`` CSR ``A`` (see :func:`supported`) and a dense CuPy ``V``.
+
+    ``V`` of shape ``(n_cols, b)`` or ``(n_cols,)`` is cast to ``A``'s dtype
+    (a copy only when it differs or is not C-contiguous); the result, of shape
+    ``(n_rows, b)`` or ``(n_rows,)``, is C-contiguous in ``out_dtype``
+    (default ``A``'s), summed in float64 in the order of the stored values.
+    """
+    import cupy
+
+    n_rows, n_cols = A.shape
+    vec = V.ndim == 1
+    if V.shape[0] != n_cols:
+        raise ValueError(f"dimension mismatch: A has {n_cols} columns, V {V.shape[0]} rows")
+    out_dtype = np.dtype(A.dtype if out_dtype is None else out_dtype)
+    b = 1 if vec else V.shape[1]
+    T, O = _TYPES[np.dtype(A.dtype)], _TYPES[out_dtype]
+    if n_rows == 0 or b == 0 or A.nnz == 0 or n_cols == 0:
+        return cupy.zeros((n_rows,) if vec else (n_rows, b), dtype=out_dtype)
+    V = cupy.ascontiguousarray(V.astype(A.dtype, copy=False))
+    if vec or b == 1:
+        g = _rowdot_lanes(A)
+        y = cupy.empty(n_rows, dtype=out_dtype)
+        _function(f"mpiml_csr_rowdot<{T}, double, {O}, {g}>")(
+            (_blocks(_THREADS // g, n_rows),), (_THREADS,),
+            (A.indptr, A.indices, A.data, np.int64(n_rows), V.ravel(), y))
+        return y if vec else y[:, None]
+    Y = cupy.empty((n_rows, b), dtype=out_dtype)
+    for s in range(0, b, MAX_COLUMNS):
+        w = min(MAX_COLUMNS, b - s)
+        g, c = plan(w)
+        _function(f"mpiml_csr_gather<{T}, double, {O}, {g}, {c}>")(
+            (_blocks(_THREADS // g, n_rows),), (_THREADS,),
+            (A.indptr, A.indices, A.data, np.int64(n_rows), V[:, s:], np.int64(b), np.int32(w), Y[:, s:],
+             np.int64(b)))
+    return Y
+
+
+def csr_rmatmul_scatter(A, U, out_dtype=np.float64):
+    """``Aᵀ @ U`` for a ``cupyx`` CSR ``A`` and a dense CuPy ``U`` of shape ``(n_rows, b)``, by atomics.
+
+    Returns a C-contiguous ``(n_cols, b)`` matrix in ``out_dtype`` (float32 or
+    float64).  No transpose of ``A`` is formed; the summation order depends
+    on scheduling (float results differ from run to run at rounding level).
+    """
+    import cupy
+
+    n_rows, n_cols = A.shape
+    if U.ndim == 1:
+        return csr_rmatmul_scatter(A, U[:, None], out_dtype)[:, 0]
+    b = U.shape[1]
+    out_dtype = np.dtype(out_dtype)
+    Y = cupy.zeros((n_cols, b), dtype=out_dtype)
+    if n_rows == 0 or b == 0 or A.nnz == 0:
+        return Y
+    U = cupy.ascontiguousarray(U.astype(A.dtype, copy=False))
+    T, O = _TYPES[np.dtype(A.dtype)], _TYPES[out_dtype]
+    for s in range(0, b, MAX_COLUMNS):
+        w = min(MAX_COLUMNS, b - s)
+        g, c = plan(w)
+        _function(f"mpiml_csr_scatter<{T}, {O}, {g}, {c}>")(
+            (_blocks(_THREADS // g, n_rows),), (_THREADS,),
+            (A.indptr, A.indices, A.data, np.int64(n_rows), U[:, s:], np.int64(b), np.int32(w), Y[:, s:],
+             np.int64(b)))
+    return Y
+
+
+def csr_row_moments(A, shift=None):
+    """Per row of a ``cupyx`` CSR ``A``: ``Σ values`` and ``Σ (value - shift[row])²`` over the stored values.
+
+    Returns ``(s1, s2, canonical)``: two float64 vectors and whether every
+    row's indices strictly increase (sorted, no duplicates; when not, ``s2``
+    is not the moment of the matrix, whose duplicate entries add up before
+    squaring).  ``shift`` (float64, one per row) defaults to zero.
+    """
+    import cupy
+
+    n_rows = A.shape[0]
+    s1 = cupy.zeros(n_rows, dtype=cupy.float64)
+    s2 = cupy.zeros(n_rows, dtype=cupy.float64)
+    if n_rows == 0 or A.nnz == 0:
+        return s1, s2, True
+    sh = s1 if shift is None else cupy.ascontiguousarray(shift, dtype=cupy.float64)  # s1: zeros
+    bad = cupy.zeros(1, dtype=cupy.int32)
+    _function(f"mpiml_csr_row_moments<{_TYPES[np.dtype(A.dtype)]}>")(
+        (_blocks(_THREADS // 32, n_rows),), (_THREADS,),
+        (A.indptr, A.indices, A.data, np.int64(n_rows), sh, s1, s2, bad))
+    return s1, s2, int(bad.get()[0]) == 0

@@ -1,0 +1,200 @@
+// Products of a CSR matrix with skinny dense blocks (mpiml.kernels.sparse), bandwidth-bound.
+//
+// A is CSR (n_rows x n_cols): int32 indptr (n_rows + 1), int32 indices and T values (nnz).  Dense
+// blocks are row-major with a leading dimension (elements between consecutive rows), so a column
+// slice of a wider C-order block is passed as a pointer and the wider block's ld.
+//
+// mpiml_csr_gather<T, Acc, Out, G, CPL>:  Y = A V,  V (n_cols x b), Y (n_rows x b).
+//   A group of G lanes (8, 16 or 32; G divides 32) owns a row; lane g holds columns g, g + G, ...
+//   (CPL of them, b <= G * CPL) in Acc registers.  The group loads G (index, value) pairs of the row
+//   at once (coalesced), then for each pair broadcasts it by a shuffle and every lane reads its
+//   columns of that row of V: one coalesced read of b values per stored value (V is typically
+//   small enough to stay in L2; the reads of A stream from memory once).  Deterministic: the sum of
+//   a row is in storage order.
+//
+// mpiml_csr_scatter<T, Out, G, CPL>:  Y += Aᵀ U,  U (n_rows x b), Y (n_cols x b) zeroed by the caller.
+//   A group of G lanes owns a row of A, holds that row of U in registers (read once, coalesced) and
+//   adds value * u to the row of Y of every stored value with atomics (Out float or double).  No
+//   transpose of A is needed; the order of the atomics is not fixed (float sums round differently
+//   from run to run).
+//
+// mpiml_csr_rowdot<T, Acc, Out, G>:  y = A x (b = 1), G lanes share a row: lane g takes the stored
+//   values g, g + G, ... of the row, multiplies by the gathered x and the group reduces with
+//   shuffles.  Deterministic.
+//
+// mpiml_csr_row_moments<T>:  per row of A, s1 = Σ values, s2 = Σ (value - shift[row])², in double, a
+//   warp per row (for the column moments of X, run on the stored Xᵀ), and the count of rows whose
+//   indices are not strictly increasing (unsorted or duplicated: then s2 is not the moment of the
+//   matrix, whose duplicates add up before squaring).  Deterministic.
+
+#ifndef MPIML_SPARSE_THREADS
+#define MPIML_SPARSE_THREADS 256
+#endif
+
+template <int G>
+__device__ __forceinline__ unsigned mpiml_group_mask() {
+    if (G == 32) return 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    return ((1u << G) - 1u) << (lane & ~(G - 1));
+}
+
+template <typename T, typename Acc, typename Out, int G, int CPL>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_gather(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
+                 const long long n_rows, const T* __restrict__ V, const long long ldv, const int b,
+                 Out* __restrict__ Y, const long long ldy) {
+    static_assert(32 % G == 0 && G % 4 == 0, "G must divide 32 and be a multiple of 4");
+    const unsigned mask = mpiml_group_mask<G>();
+    const int g = threadIdx.x & (G - 1);
+    const long long groups = (long long)gridDim.x * (MPIML_SPARSE_THREADS / G);
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / G; row < n_rows;
+         row += groups) {
+        const int start = __ldg(indptr + row);
+        const int end = __ldg(indptr + row + 1);
+        Acc acc[CPL];
+#pragma unroll
+        for (int q = 0; q < CPL; ++q) acc[q] = Acc(0);
+        for (int base = start; base < end; base += G) {
+            const int j = base + g;
+            int col = 0;
+            T val = T(0);
+            if (j < end) {
+                col = __ldg(indices + j);
+                val = __ldg(data + j);
+            }
+            const int cnt = min(G, end - base);
+            for (int k = 0; k < cnt; k += 4) {
+                T x[4][CPL];
+                T w[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int c = __shfl_sync(mask, col, k + u, G);
+                    w[u] = __shfl_sync(mask, val, k + u, G);
+                    const T* vr = V + (long long)c * ldv;
+#pragma unroll
+                    for (int q = 0; q < CPL; ++q) {
+                        const int cc = g + q * G;
+                        x[u][q] = (k + u < cnt && cc < b) ? __ldg(vr + cc) : T(0);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    if (k + u < cnt) {
+#pragma unroll
+                        for (int q = 0; q < CPL; ++q) acc[q] += Acc(w[u]) * Acc(x[u][q]);
+                    }
+                }
+            }
+        }
+        Out* yr = Y + row * ldy;
+#pragma unroll
+        for (int q = 0; q < CPL; ++q) {
+            const int cc = g + q * G;
+            if (cc < b) yr[cc] = Out(acc[q]);
+        }
+    }
+}
+
+template <typename T, typename Out, int G, int CPL>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_scatter(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
+                  const long long n_rows, const T* __restrict__ U, const long long ldu, const int b,
+                  Out* __restrict__ Y, const long long ldy) {
+    static_assert(32 % G == 0 && G % 4 == 0, "G must divide 32 and be a multiple of 4");
+    const unsigned mask = mpiml_group_mask<G>();
+    const int g = threadIdx.x & (G - 1);
+    const long long groups = (long long)gridDim.x * (MPIML_SPARSE_THREADS / G);
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / G; row < n_rows;
+         row += groups) {
+        const int start = __ldg(indptr + row);
+        const int end = __ldg(indptr + row + 1);
+        Out u[CPL];
+        const T* ur = U + row * ldu;
+#pragma unroll
+        for (int q = 0; q < CPL; ++q) {
+            const int cc = g + q * G;
+            u[q] = cc < b ? Out(__ldg(ur + cc)) : Out(0);
+        }
+        for (int base = start; base < end; base += G) {
+            const int j = base + g;
+            int col = 0;
+            T val = T(0);
+            if (j < end) {
+                col = __ldg(indices + j);
+                val = __ldg(data + j);
+            }
+            const int cnt = min(G, end - base);
+            for (int k = 0; k < cnt; ++k) {
+                const int c = __shfl_sync(mask, col, k, G);
+                const Out w = Out(__shfl_sync(mask, val, k, G));
+                Out* yr = Y + (long long)c * ldy;
+#pragma unroll
+                for (int q = 0; q < CPL; ++q) {
+                    const int cc = g + q * G;
+                    if (cc < b) atomicAdd(yr + cc, w * u[q]);
+                }
+            }
+        }
+    }
+}
+
+template <typename T, typename Acc, typename Out, int G>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_rowdot(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
+                 const long long n_rows, const T* __restrict__ x, Out* __restrict__ y) {
+    static_assert(32 % G == 0, "G must divide 32");
+    const unsigned mask = mpiml_group_mask<G>();
+    const int g = threadIdx.x & (G - 1);
+    const long long groups = (long long)gridDim.x * (MPIML_SPARSE_THREADS / G);
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / G; row < n_rows;
+         row += groups) {
+        const int start = __ldg(indptr + row);
+        const int end = __ldg(indptr + row + 1);
+        Acc acc = Acc(0);
+        int j = start + g;
+        for (; j + G < end; j += 2 * G) {           // two stored values per lane in flight
+            const int c0 = __ldg(indices + j), c1 = __ldg(indices + j + G);
+            const T v0 = __ldg(data + j), v1 = __ldg(data + j + G);
+            acc += Acc(v0) * Acc(__ldg(x + c0));
+            acc += Acc(v1) * Acc(__ldg(x + c1));
+        }
+        if (j < end) acc += Acc(__ldg(data + j)) * Acc(__ldg(x + __ldg(indices + j)));
+#pragma unroll
+        for (int off = G / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(mask, acc, off, G);
+        if (g == 0) y[row] = Out(acc);
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_row_moments(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
+                      const long long n_rows, const double* shift, double* s1, double* __restrict__ s2,
+                      int* __restrict__ unsorted) {
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * (MPIML_SPARSE_THREADS / 32);
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / 32; row < n_rows;
+         row += warps) {
+        const int start = __ldg(indptr + row);
+        const int end = __ldg(indptr + row + 1);
+        const double m = shift[row];
+        double a = 0.0, q = 0.0;
+        int bad = 0;
+        for (int j = start + lane; j < end; j += 32) {
+            const double v = double(__ldg(data + j));
+            a += v;
+            q += (v - m) * (v - m);
+            if (j > start && __ldg(indices + j) <= __ldg(indices + j - 1)) bad = 1;
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            a += __shfl_xor_sync(0xffffffffu, a, off);
+            q += __shfl_xor_sync(0xffffffffu, q, off);
+        }
+        bad = __any_sync(0xffffffffu, bad);
+        if (lane == 0) {                            // shift may alias s1 (zeros): every lane has read it
+            s1[row] = a;
+            s2[row] = q;
+            if (bad) atomicAdd(unsorted, 1);
+        }
+    }
+}
