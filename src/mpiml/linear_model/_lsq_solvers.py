@@ -316,12 +316,23 @@ class CentredOperator:
         self.mean = None if x_mean is None else np.asarray(x_mean, dtype=np.float64)
         self._mean_dev = None
         self.root = None if sw is None else xp.sqrt(sw.astype(xp.float64))
+        # a cupyx CSR shard: mpiml.kernels.sparse's row dot products on X and on Xᵀ stored as CSR (formed
+        # at the first Aᵀu, once per fit): cuSPARSE's transposed product scatters with atomics
+        self._kernels = self._XT = None
+        if xp is not np and is_sparse(X):
+            from ..decomposition._solvers import _kernels_for, sparse_products_mode
+
+            if sparse_products_mode() != "cusparse":
+                self._kernels = _kernels_for(X)
 
     def matvec(self, v):
         """``A v`` for a replicated vector ``v`` (host or on X's device): this rank's rows, float64."""
         xp, X = self.xp, self.X
         v = xp.asarray(v, dtype=xp.float64)
-        u = (X @ v.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
+        if self._kernels is not None:
+            u = self._kernels.csr_matmul(X, v, out_dtype=np.float64)
+        else:
+            u = (X @ v.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
         if self.mean is not None:
             u = u - self._mean_on(xp) @ v  # a 0-d array: no wait for the device
         return u if self.root is None else u * self.root
@@ -332,7 +343,12 @@ class CentredOperator:
         if X.shape[0] == 0:
             return xp.zeros(self.d, dtype=xp.float64)
         su = u if self.root is None else u * self.root
-        out = (X.T @ su.astype(X.dtype, copy=False)).astype(xp.float64, copy=False).ravel()
+        if self._kernels is not None and X.nnz:
+            if self._XT is None:
+                self._XT = X.T.tocsr()
+            out = self._kernels.csr_matmul(self._XT, su.ravel(), out_dtype=np.float64)
+        else:
+            out = (X.T @ su.astype(X.dtype, copy=False)).astype(xp.float64, copy=False).ravel()
         if self.mean is not None:
             out = out - self._mean_on(xp) * su.sum()
         return out
