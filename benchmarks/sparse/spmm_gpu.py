@@ -48,6 +48,8 @@ def main(argv=None):
     ap.add_argument("--components", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--fits", default="kernels,scatter,cusparse", help="MPIML_SPARSE_PRODUCTS modes to fit under")
+    ap.add_argument("--profile", type=int, default=25, help="print the top N of a cProfile of one fit in the first "
+                    "mode (0: none)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     import cupy as cp
@@ -112,6 +114,18 @@ def main(argv=None):
         est = TruncatedSVD(args.components)
         fits[mode] = _best(lambda: est.fit(X), 3, sync)
         fits[mode + " singular_values"] = est.singular_values_.get().tolist()
+    if args.profile and fits:
+        import cProfile
+        import pstats
+
+        os.environ["MPIML_SPARSE_PRODUCTS"] = args.fits.split(",")[0]
+        prof = cProfile.Profile()
+        prof.enable()
+        TruncatedSVD(args.components).fit(X)
+        sync()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(args.profile)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
     os.environ.pop("MPIML_SPARSE_PRODUCTS", None)
     passes = 2 * 5 + 5   # X Ω, 2 per power iteration, Qᵀ X, the projection, the two variance passes
     res["tsvd_floor_s"] = passes * csr_bytes / bw

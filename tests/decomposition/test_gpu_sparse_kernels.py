@@ -158,7 +158,8 @@ def test_sparse_ridge_cupyx_equals_scipy(monkeypatch):
             np.testing.assert_allclose(float(cp.asnumpy(g.intercept_)), float(h.intercept_), rtol=1e-6, atol=1e-8)
     sw = np.random.RandomState(4).uniform(0.5, 2, 3000)
     h = Ridge(alpha=1.0, solver="sparse_cg", tol=1e-8).fit(X, y, sample_weight=sw)
-    g = Ridge(alpha=1.0, solver="sparse_cg", tol=1e-8).fit(csp.csr_matrix(X), cp.asarray(y), sample_weight=cp.asarray(sw))
+    g = Ridge(alpha=1.0, solver="sparse_cg", tol=1e-8).fit(csp.csr_matrix(X), cp.asarray(y),
+                                                           sample_weight=cp.asarray(sw))
     np.testing.assert_allclose(cp.asnumpy(g.coef_), h.coef_, rtol=1e-6, atol=1e-8)
 
 

@@ -95,7 +95,7 @@ class SparseRows:
         """This rank's part of ``Xᵀ U`` (centred when ``mean`` is set), float64."""
         if self.kernels is not None and self.XT is not None and self.mode == "kernels":
             out = self.kernels.csr_matmul(self.XT, U, out_dtype=np.float64)
-        elif self.kernels is not None and self.mode == "scatter":
+        elif self.kernels is not None:  # "scatter", or a shard with no rows or no stored value (no Xᵀ)
             out = self.kernels.csr_rmatmul_scatter(self.X, U, out_dtype=np.float64)
         else:
             XT = self.XT if self.XT is not None else self.X.T
