@@ -30,10 +30,23 @@ def _global_variances(X, Xt, n, *, comm, xp):
             stored = X
         X = X.X
     d, k = X.shape[1], Xt.shape[1]
+    dense_kernel = None
+    if xp is not np:  # a dense CuPy block: one read a pass by a kernel (the chunked float64 copies cost ~9 reads)
+        from ..kernels import sparse as dense_kernel
+
+    def sums_of(A):
+        return dense_kernel.dense_column_moments(A)[0] if dense_kernel is not None else A.sum(axis=0, dtype=xp.float64)
+
+    def sq_dev_of(A, m):
+        return dense_kernel.dense_column_moments(A, m)[1] if dense_kernel is not None else column_sq_dev(A, m)
+
     sums = xp.zeros(d + k, dtype=xp.float64)
     if X.shape[0]:
-        sums[:d] = stored.kernels.csr_row_moments(stored.XT)[0] if stored is not None else column_sums(X)
-        sums[d:] = Xt.sum(axis=0, dtype=xp.float64)
+        if stored is not None:
+            sums[:d] = stored.kernels.csr_row_moments(stored.XT)[0]
+        else:
+            sums[:d] = column_sums(X) if is_sparse(X) else sums_of(X)
+        sums[d:] = sums_of(Xt)
     means = _allreduce(comm, sums) / n
     sq = xp.zeros(1 + k, dtype=xp.float64)
     if X.shape[0]:
@@ -45,8 +58,8 @@ def _global_variances(X, Xt, n, *, comm, xp):
                 sq[0] = (s2 + (X.shape[0] - xp.diff(stored.XT.indptr)) * m * m).sum()
                 done = True
         if not done:
-            sq[0] = column_sq_dev(X, means[:d]).sum()
-        sq[1:] = column_sq_dev(Xt, means[d:])
+            sq[0] = (column_sq_dev(X, means[:d]) if is_sparse(X) else sq_dev_of(X, means[:d])).sum()
+        sq[1:] = sq_dev_of(Xt, means[d:])
     sq = _allreduce(comm, sq) / n
     return float(to_numpy(sq[:1])[0]), sq[1:]
 

@@ -11,7 +11,8 @@ costs about one read of the CSR arrays plus those gathers.
 * :func:`csr_matmul` -- ``A @ V`` (``V`` of shape ``(n_cols, b)`` or ``(n_cols,)``), deterministic;
 * :func:`csr_rmatmul_scatter` -- ``Aᵀ @ U`` without a transpose of ``A``, with atomics (not deterministic);
 * :func:`csr_row_moments` -- per row the sum and the shifted sum of squares of the stored values
-  (run on a stored ``Xᵀ``: the column moments of ``X``), deterministic.
+  (run on a stored ``Xᵀ``: the column moments of ``X``), deterministic;
+* :func:`dense_column_moments` -- the same per column of a dense CuPy matrix, one read, deterministic.
 
 Products accumulate in float64 whatever the values' dtype (float32 or float64)
 and are written in the dtype asked for.  The kernels load through
@@ -21,7 +22,8 @@ memoised per device.  CuPy is imported inside the functions only.
 
 import numpy as np
 
-__all__ = ["supported", "csr_matmul", "csr_rmatmul_scatter", "csr_row_moments", "plan", "FILES", "expressions"]
+__all__ = ["supported", "csr_matmul", "csr_rmatmul_scatter", "csr_row_moments", "dense_column_moments", "plan",
+           "FILES", "expressions"]
 
 FILES = ("sparse/spmm.cu",)
 _THREADS = 256                     # MPIML_SPARSE_THREADS in spmm.cu
@@ -41,7 +43,7 @@ def expressions():
             out += [f"mpiml_csr_gather<{t}, double, {o}, {g}, {c}>" for g, c in _PLANS]
             out += [f"mpiml_csr_rowdot<{t}, double, {o}, {g}>" for g in (4, 8, 16, 32)]
             out += [f"mpiml_csr_scatter<{t}, {o}, {g}, {c}>" for g, c in _PLANS]
-        out.append(f"mpiml_csr_row_moments<{t}>")
+        out += [f"mpiml_csr_row_moments<{t}>", f"mpiml_dense_col_moments<{t}>"]
     return out
 
 
@@ -74,14 +76,19 @@ def _function(expr):
     return fn
 
 
-def _blocks(rows_per_block, n_rows):
+def _sm_count():
     import cupy
 
     dev = cupy.cuda.runtime.getDevice()
     if dev not in _SMS:
         _SMS[dev] = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
+    return _SMS[dev]
+
+
+def _blocks(rows_per_block, n_rows):
+    """Blocks of a grid-stride launch: enough for every row, at most 64 an SM."""
     need = max(1, -(-int(n_rows) // rows_per_block))
-    return int(min(need, _SMS[dev] * 64))
+    return int(min(need, _sm_count() * 64))
 
 
 def supported(A):
@@ -186,3 +193,32 @@ def csr_row_moments(A, shift=None):
         (_blocks(_THREADS // 32, n_rows),), (_THREADS,),
         (A.indptr, A.indices, A.data, np.int64(n_rows), sh, s1, s2, bad))
     return s1, s2, int(bad.get()[0]) == 0
+
+
+def dense_column_moments(X, shift=None):
+    """Per column of a dense 2-D CuPy ``X`` (float32/float64, rows of unit stride): ``(Σ x, Σ (x - shift)²)``.
+
+    One read of ``X`` by a kernel (float64 sums, a fixed order: deterministic);
+    ``shift`` (length ``d``) defaults to zero.  Returns two float64 vectors.
+    """
+    import cupy
+
+    n, d = X.shape
+    if n == 0 or d == 0:
+        return cupy.zeros(d, dtype=cupy.float64), cupy.zeros(d, dtype=cupy.float64)
+    if X.strides[1] != X.itemsize or X.strides[0] <= 0 or X.strides[0] % X.itemsize:
+        X = cupy.ascontiguousarray(X)
+    ld = X.strides[0] // X.itemsize
+    sh = cupy.zeros(d, dtype=cupy.float64) if shift is None else cupy.ascontiguousarray(shift, dtype=cupy.float64)
+    tc = 32
+    while tc < min(d, _THREADS):
+        tc *= 2
+    # one wave of blocks (8 of 256 threads an SM), each a contiguous range of at least 64 rows
+    rows = max(64, -(-n // (8 * _sm_count())))
+    nblocks = -(-n // rows)
+    partial = cupy.empty((nblocks, 2 * d), dtype=cupy.float64)
+    _function(f"mpiml_dense_col_moments<{_TYPES[np.dtype(X.dtype)]}>")(
+        (nblocks,), (_THREADS,), (X, np.int64(n), np.int32(d), np.int64(ld), np.int64(rows), np.int32(tc), sh,
+                                  partial))
+    tot = partial.sum(axis=0)
+    return tot[:d], tot[d:]

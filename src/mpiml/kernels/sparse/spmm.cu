@@ -1,4 +1,5 @@
-// Products of a CSR matrix with skinny dense blocks (mpiml.kernels.sparse), bandwidth-bound.
+// Products of a CSR matrix with skinny dense blocks (mpiml.kernels.sparse), bandwidth-bound, and the
+// column moments the decompositions need (sparse and dense).
 //
 // A is CSR (n_rows x n_cols): int32 indptr (n_rows + 1), int32 indices and T values (nnz).  Dense
 // blocks are row-major with a leading dimension (elements between consecutive rows), so a column
@@ -26,6 +27,12 @@
 //   warp per row (for the column moments of X, run on the stored Xᵀ), and the count of rows whose
 //   indices are not strictly increasing (unsorted or duplicated: then s2 is not the moment of the
 //   matrix, whose duplicates add up before squaring).  Deterministic.
+//
+// mpiml_dense_col_moments<T>:  per column of a dense row-major X (n x d, leading dimension ld), the sum
+//   and the sum of squares about shift[c], in double, one read of X.  A block owns rows_per_block
+//   consecutive rows; its 256 threads form tc columns x (256 / tc) row lanes (tc a power of two, at
+//   least 32: a warp reads a contiguous piece of a row), then sum the row lanes in shared memory and
+//   write partial[block][0:d] (sums) and partial[block][d:2d] (squares).  Deterministic.
 
 #ifndef MPIML_SPARSE_THREADS
 #define MPIML_SPARSE_THREADS 256
@@ -196,5 +203,53 @@ mpiml_csr_row_moments(const int* __restrict__ indptr, const int* __restrict__ in
             s2[row] = q;
             if (bad) atomicAdd(unsorted, 1);
         }
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_dense_col_moments(const T* __restrict__ X, const long long n, const int d, const long long ld,
+                        const long long rows_per_block, const int tc, const double* __restrict__ shift,
+                        double* __restrict__ partial) {
+    __shared__ double sa[MPIML_SPARSE_THREADS];
+    __shared__ double sq[MPIML_SPARSE_THREADS];
+    const int lanes = MPIML_SPARSE_THREADS / tc;
+    const int tx = threadIdx.x % tc;
+    const int ty = threadIdx.x / tc;
+    const long long r0 = (long long)blockIdx.x * rows_per_block;
+    const long long r1 = min(n, r0 + rows_per_block);
+    double* out = partial + (long long)blockIdx.x * 2 * d;
+    for (int c0 = 0; c0 < d; c0 += tc) {
+        const int c = c0 + tx;
+        double a = 0.0, q = 0.0;
+        if (c < d) {
+            const double m = shift[c];
+            const T* col = X + c;
+            long long r = r0 + ty;
+            for (; r + 3 * lanes < r1; r += 4 * lanes) {
+                const double v0 = double(__ldg(col + r * ld)), v1 = double(__ldg(col + (r + lanes) * ld));
+                const double v2 = double(__ldg(col + (r + 2 * lanes) * ld));
+                const double v3 = double(__ldg(col + (r + 3 * lanes) * ld));
+                a += (v0 + v1) + (v2 + v3);
+                q += ((v0 - m) * (v0 - m) + (v1 - m) * (v1 - m)) + ((v2 - m) * (v2 - m) + (v3 - m) * (v3 - m));
+            }
+            for (; r < r1; r += lanes) {
+                const double v = double(__ldg(col + r * ld));
+                a += v;
+                q += (v - m) * (v - m);
+            }
+        }
+        sa[threadIdx.x] = a;
+        sq[threadIdx.x] = q;
+        __syncthreads();
+        if (ty == 0 && c < d) {
+            for (int t = 1; t < lanes; ++t) {
+                a += sa[t * tc + tx];
+                q += sq[t * tc + tx];
+            }
+            out[c] = a;
+            out[d + c] = q;
+        }
+        __syncthreads();
     }
 }
