@@ -169,3 +169,40 @@ def test_sparse_fits_equal_at_any_rank_count(mpi, n):
     """TruncatedSVD (both algorithms), sparse PCA and sparse Ridge on cupyx shards of the same rows at 1-4 ranks
     (ranks share the GPUs there are) equal the one-process SciPy fit to the docs' tolerance."""
     mpi(os.path.join(HERE, "gpu_sparse_spmd_script.py"), n, timeout=240)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dense_column_moments(dtype):
+    import cupy as cp
+
+    from mpiml.kernels import sparse
+
+    rs = np.random.RandomState(5)
+    for n, d in ((1000, 3), (777, 42), (5000, 512), (300, 1000), (0, 5), (1, 7)):
+        X = (rs.standard_normal((n, d)) * 3 + 10).astype(dtype)
+        shift = rs.standard_normal(d)
+        s1, s2 = sparse.dense_column_moments(cp.asarray(X), cp.asarray(shift))
+        X64 = X.astype(np.float64)
+        np.testing.assert_allclose(s1.get(), X64.sum(axis=0), rtol=1e-12, atol=1e-9)
+        np.testing.assert_allclose(s2.get(), ((X64 - shift) ** 2).sum(axis=0), rtol=1e-12, atol=1e-9)
+        assert bool((sparse.dense_column_moments(cp.asarray(X))[0] == s1).all())   # deterministic
+    W = cp.asarray(rs.standard_normal((400, 50)).astype(dtype))
+    s1, s2 = sparse.dense_column_moments(W[::3, 5:40])                           # a strided view
+    np.testing.assert_allclose(s1.get(), W[::3, 5:40].get().astype(np.float64).sum(axis=0), rtol=1e-12, atol=1e-9)
+
+
+def test_gram_and_cholesky_qr2_on_cupy_match_host():
+    """The decompositions' Gram (one-read kernel) and CholeskyQR2 (d x d algebra on the host) on CuPy rows."""
+    import cupy as cp
+
+    from mpiml.comm import get_comm
+    from mpiml.utils._linalg import cholesky_qr2, gram
+
+    A = np.random.RandomState(6).standard_normal((20000, 42)).astype(np.float32)
+    np.testing.assert_allclose(gram(cp.asarray(A)).get(), A.astype(np.float64).T @ A.astype(np.float64),
+                               rtol=1e-12, atol=1e-9)
+    Q, R = cholesky_qr2(cp.asarray(A), get_comm("self"))
+    Qh, Rh = cholesky_qr2(A, get_comm("self"))
+    np.testing.assert_allclose(R.get(), Rh, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(Q.get(), Qh, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose((Q.T @ Q).get(), np.eye(42), atol=1e-5)
