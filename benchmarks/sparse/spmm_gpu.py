@@ -93,6 +93,10 @@ def main(argv=None):
     t["Xtu cusparse stored XT"] = _best(lambda: XT @ u, args.repeats, sync)
     t["Xtu cusparse X.T@u"] = _best(lambda: X.T @ u, args.repeats, sync)
     t["Xtu kernel rowdot on XT"] = _best(lambda: sparse.csr_matmul(XT, u, out_dtype=np.float64), args.repeats, sync)
+    t["Xtu kernel scatter"] = _best(lambda: sparse.csr_rmatmul_scatter(X, u), args.repeats, sync)
+    m = cp.asarray(rs.standard_normal(d, dtype=cp.float64))
+    t["XtXp kernel normal (one read)"] = _best(lambda: sparse.csr_normal_vec(X, v, m @ v.astype(cp.float64)),
+                                               args.repeats, sync)
     t["column sums (bincount)"] = _best(lambda: column_sums(X), args.repeats, sync)
     t["column moments (kernel on XT)"] = _best(lambda: sparse.csr_row_moments(XT), args.repeats, sync)
     # correctness of what was timed
@@ -114,6 +118,30 @@ def main(argv=None):
         est = TruncatedSVD(args.components)
         fits[mode] = _best(lambda: est.fit(X), 3, sync)
         fits[mode + " singular_values"] = est.singular_values_.get().tolist()
+    # sparse Ridge (sparse_cg, tol 1e-4 as the benchmark) per mode against ten lines of cupyx CG on XᵀX + alpha I
+    import cupyx.scipy.sparse.linalg as sla
+
+    from mpiml.linear_model import Ridge
+
+    w_true = rs.standard_normal(d, dtype=cp.float32)
+    y = X @ w_true + rs.standard_normal(n, dtype=cp.float32)
+    ridge = res["ridge_fits_s"] = {}
+    for mode in [m for m in args.fits.split(",") if m]:
+        os.environ["MPIML_SPARSE_PRODUCTS"] = mode
+        est = Ridge(alpha=1.0, solver="sparse_cg", tol=1e-4, fit_intercept=False)
+        ridge[mode + " (no intercept)"] = _best(lambda: est.fit(X, y), 3, sync)
+        est_i = Ridge(alpha=1.0, tol=1e-4)
+        ridge[mode + " (defaults)"] = _best(lambda: est_i.fit(X, y), 3, sync)
+        ridge[mode + " iterations"] = int(np.sum(est_i._n_krylov_iter))
+    os.environ.pop("MPIML_SPARSE_PRODUCTS", None)
+    op = sla.LinearOperator((d, d), matvec=lambda q: XT @ (X @ q) + 1.0 * q, dtype=X.dtype)
+    rhs = XT @ y
+    ridge["cupyx cg peer (XT formed outside)"] = _best(lambda: sla.cg(op, rhs, rtol=1e-4), 3, sync)
+    ridge["cupyx cg peer with XT formed"] = _best(
+        lambda: sla.cg(sla.LinearOperator((d, d), matvec=lambda q, T=X.T.tocsr(): T @ (X @ q) + q, dtype=X.dtype),
+                       rhs, rtol=1e-4), 3, sync)
+    for key, val in ridge.items():
+        print(f"  Ridge {key:<40}{val * 1e3 if 'iterations' not in key else val:>10.2f}")
     if args.profile and fits:
         import cProfile
         import pstats

@@ -79,6 +79,21 @@ def test_csr_vectors_and_empty_shapes(dtype):
         y = sparse.csr_matmul(csp.csr_matrix(A), cp.asarray(x), out_dtype=np.float64)
         assert y.shape == (300,)
         np.testing.assert_allclose(y.get(), A.astype(np.float64) @ x.astype(dtype), rtol=1e-10, atol=1e-6)
+        u = np.random.RandomState(9).standard_normal(300)
+        t = sparse.csr_rmatmul_scatter(csp.csr_matrix(A), cp.asarray(u))
+        assert t.shape == (200,)
+        np.testing.assert_allclose(t.get(), A.T.astype(np.float64) @ u.astype(dtype), rtol=1e-10, atol=1e-6)
+        # the normal operator of centred, weighted rows in one read
+        m, w = np.random.RandomState(10).standard_normal(200), np.random.RandomState(11).uniform(0.5, 2, 300)
+        xd = x.astype(dtype).astype(np.float64)
+        for weights in (None, w):
+            yv, ys = sparse.csr_normal_vec(csp.csr_matrix(A), cp.asarray(x), cp.asarray(m @ xd),
+                                           None if weights is None else cp.asarray(weights))
+            t_ref = A.astype(np.float64) @ xd - m @ xd
+            if weights is not None:
+                t_ref = t_ref * weights
+            np.testing.assert_allclose(yv.get(), A.T.astype(np.float64) @ t_ref, rtol=1e-9, atol=1e-6)
+            np.testing.assert_allclose(float(ys), t_ref.sum(), rtol=1e-9, atol=1e-6)
     for shape in ((0, 5), (5, 0), (4, 6)):
         Z = csp.csr_matrix(sp.csr_matrix(shape, dtype=dtype))
         assert float(abs(sparse.csr_matmul(Z, cp.ones((shape[1], 3)))).sum()) == 0.0
@@ -150,7 +165,7 @@ def test_sparse_ridge_cupyx_equals_scipy(monkeypatch):
     y = X @ np.random.RandomState(2).standard_normal(2500) + 0.1 * np.random.RandomState(3).standard_normal(3000)
     for fit_intercept in (True, False):
         h = Ridge(alpha=1.0, solver="sparse_cg", tol=1e-8, fit_intercept=fit_intercept).fit(X, y)
-        for mode in ("kernels", "cusparse"):
+        for mode in ("kernels", "scatter", "cusparse"):
             monkeypatch.setenv("MPIML_SPARSE_PRODUCTS", mode)
             g = Ridge(alpha=1.0, solver="sparse_cg", tol=1e-8, fit_intercept=fit_intercept).fit(csp.csr_matrix(X),
                                                                                                   cp.asarray(y))
@@ -158,9 +173,11 @@ def test_sparse_ridge_cupyx_equals_scipy(monkeypatch):
             np.testing.assert_allclose(float(cp.asnumpy(g.intercept_)), float(h.intercept_), rtol=1e-6, atol=1e-8)
     sw = np.random.RandomState(4).uniform(0.5, 2, 3000)
     h = Ridge(alpha=1.0, solver="sparse_cg", tol=1e-8).fit(X, y, sample_weight=sw)
-    g = Ridge(alpha=1.0, solver="sparse_cg", tol=1e-8).fit(csp.csr_matrix(X), cp.asarray(y),
-                                                           sample_weight=cp.asarray(sw))
-    np.testing.assert_allclose(cp.asnumpy(g.coef_), h.coef_, rtol=1e-6, atol=1e-8)
+    for mode in ("kernels", "scatter"):
+        monkeypatch.setenv("MPIML_SPARSE_PRODUCTS", mode)
+        g = Ridge(alpha=1.0, solver="sparse_cg", tol=1e-8).fit(csp.csr_matrix(X), cp.asarray(y),
+                                                               sample_weight=cp.asarray(sw))
+        np.testing.assert_allclose(cp.asnumpy(g.coef_), h.coef_, rtol=1e-6, atol=1e-8)
 
 
 @pytest.mark.mpi

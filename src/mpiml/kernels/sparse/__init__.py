@@ -10,6 +10,7 @@ costs about one read of the CSR arrays plus those gathers.
 
 * :func:`csr_matmul` -- ``A @ V`` (``V`` of shape ``(n_cols, b)`` or ``(n_cols,)``), deterministic;
 * :func:`csr_rmatmul_scatter` -- ``Aᵀ @ U`` without a transpose of ``A``, with atomics (not deterministic);
+* :func:`csr_normal_vec` -- ``(A - 1mᵀ)ᵀ W (A - 1mᵀ) p`` in one read of ``A`` (sparse Ridge's CG), atomics;
 * :func:`csr_row_moments` -- per row the sum and the shifted sum of squares of the stored values
   (run on a stored ``Xᵀ``: the column moments of ``X``), deterministic;
 * :func:`dense_column_moments` -- the same per column of a dense CuPy matrix, one read, deterministic.
@@ -22,8 +23,8 @@ memoised per device.  CuPy is imported inside the functions only.
 
 import numpy as np
 
-__all__ = ["supported", "csr_matmul", "csr_rmatmul_scatter", "csr_row_moments", "dense_column_moments", "plan",
-           "FILES", "expressions"]
+__all__ = ["supported", "csr_matmul", "csr_rmatmul_scatter", "csr_normal_vec", "csr_row_moments",
+           "dense_column_moments", "plan", "FILES", "expressions"]
 
 FILES = ("sparse/spmm.cu",)
 _THREADS = 256                     # MPIML_SPARSE_THREADS in spmm.cu
@@ -44,6 +45,8 @@ def expressions():
             out += [f"mpiml_csr_rowdot<{t}, double, {o}, {g}>" for g in (4, 8, 16, 32)]
             out += [f"mpiml_csr_scatter<{t}, {o}, {g}, {c}>" for g, c in _PLANS]
         out += [f"mpiml_csr_row_moments<{t}>", f"mpiml_dense_col_moments<{t}>"]
+        out += [f"mpiml_csr_scatter_vec<{t}, {g}>" for g in (4, 8, 16, 32)]
+        out += [f"mpiml_csr_normal_vec<{t}, {g}, {w}>" for g in (4, 8, 16, 32) for w in ("false", "true")]
     return out
 
 
@@ -153,8 +156,15 @@ def csr_rmatmul_scatter(A, U, out_dtype=np.float64):
     import cupy
 
     n_rows, n_cols = A.shape
-    if U.ndim == 1:
-        return csr_rmatmul_scatter(A, U[:, None], out_dtype)[:, 0]
+    if U.ndim == 1 or U.shape[1] == 1:
+        y = cupy.zeros(n_cols, dtype=cupy.float64)
+        if n_rows and A.nnz:
+            g = _rowdot_lanes(A)
+            u = cupy.ascontiguousarray(U.ravel().astype(A.dtype, copy=False))
+            _function(f"mpiml_csr_scatter_vec<{_TYPES[np.dtype(A.dtype)]}, {g}>")(
+                (_blocks(_THREADS // g, n_rows),), (_THREADS,), (A.indptr, A.indices, A.data, np.int64(n_rows), u, y))
+        y = y.astype(out_dtype, copy=False)
+        return y if U.ndim == 1 else y[:, None]
     b = U.shape[1]
     out_dtype = np.dtype(out_dtype)
     Y = cupy.zeros((n_cols, b), dtype=out_dtype)
@@ -170,6 +180,36 @@ def csr_rmatmul_scatter(A, U, out_dtype=np.float64):
             (A.indptr, A.indices, A.data, np.int64(n_rows), U[:, s:], np.int64(b), np.int32(w), Y[:, s:],
              np.int64(b)))
     return Y
+
+
+def csr_normal_vec(A, p, c=0.0, w=None):
+    """``(Σ_i t_i a_i, Σ_i t_i)`` with ``t_i = w_i (a_i·p - c)`` over the rows ``a_i`` of a ``cupyx`` CSR ``A``.
+
+    ``c``: a float or a CuPy scalar (0-d or 1 value; read on the device).
+
+    One read of ``A`` (each row's values twice, the second time from cache):
+    with ``c = m·p`` and ``w`` the sample weights, ``y - m ysum`` is
+    ``(A - 1mᵀ)ᵀ diag(w) (A - 1mᵀ) p``, the normal operator of sparse Ridge's
+    CG.  ``p`` is cast to ``A``'s dtype; sums in float64 by atomics (not
+    deterministic).  Returns a float64 vector of length ``n_cols`` and a
+    float64 0-d array.
+    """
+    import cupy
+
+    n_rows, n_cols = A.shape
+    y = cupy.zeros(n_cols, dtype=cupy.float64)
+    ysum = cupy.zeros(1, dtype=cupy.float64)
+    if n_rows == 0:
+        return y, ysum[0]
+    g = _rowdot_lanes(A)
+    pv = cupy.ascontiguousarray(p.astype(A.dtype, copy=False))
+    weighted = w is not None
+    wv = cupy.ascontiguousarray(w, dtype=cupy.float64) if weighted else y
+    cv = cupy.asarray(c, dtype=cupy.float64).reshape(1)   # a device scalar stays there: no synchronisation
+    _function(f"mpiml_csr_normal_vec<{_TYPES[np.dtype(A.dtype)]}, {g}, {'true' if weighted else 'false'}>")(
+        (_blocks(_THREADS // g, n_rows),), (_THREADS,),
+        (A.indptr, A.indices, A.data, np.int64(n_rows), pv, wv, cv, y, ysum))
+    return y, ysum[0]
 
 
 def csr_row_moments(A, shift=None):

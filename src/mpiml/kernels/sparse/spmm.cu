@@ -23,6 +23,14 @@
 //   values g, g + G, ... of the row, multiplies by the gathered x and the group reduces with
 //   shuffles.  Deterministic.
 //
+// mpiml_csr_scatter_vec<T, G>:  y += Aᵀ u (one vector, y double, zeroed by the caller): G lanes share a
+//   row, lane g adds data[j] * u[row] for the stored values g, g + G, ... with atomics.  No transpose.
+//
+// mpiml_csr_normal_vec<T, G, W>:  the normal operator of the centred, weighted rows in one read of A:
+//   t_i = w_i (a_i·p - c) (w_i = 1 unless W; c read from device memory), y += Σ_i t_i a_i (atomics), ysum += Σ_i t_i (one atomic
+//   a block); then (A - 1mᵀ)ᵀ W (A - 1mᵀ) p = y - m ysum for c = m·p.  A row's values are read twice,
+//   the second time from cache.
+//
 // mpiml_csr_row_moments<T>:  per row of A, s1 = Σ values, s2 = Σ (value - shift[row])², in double, a
 //   warp per row (for the column moments of X, run on the stored Xᵀ), and the count of rows whose
 //   indices are not strictly increasing (unsorted or duplicated: then s2 is not the moment of the
@@ -142,6 +150,61 @@ mpiml_csr_scatter(const int* __restrict__ indptr, const int* __restrict__ indice
                 }
             }
         }
+    }
+}
+
+template <typename T, int G>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_scatter_vec(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
+                      const long long n_rows, const T* __restrict__ u, double* __restrict__ y) {
+    static_assert(32 % G == 0, "G must divide 32");
+    const int g = threadIdx.x & (G - 1);
+    const long long groups = (long long)gridDim.x * (MPIML_SPARSE_THREADS / G);
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / G; row < n_rows;
+         row += groups) {
+        const double ur = double(__ldg(u + row));
+        if (ur == 0.0) continue;
+        const int end = __ldg(indptr + row + 1);
+        for (int j = __ldg(indptr + row) + g; j < end; j += G)
+            atomicAdd(y + __ldg(indices + j), double(__ldg(data + j)) * ur);
+    }
+}
+
+template <typename T, int G, bool W>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_normal_vec(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
+                     const long long n_rows, const T* __restrict__ p, const double* __restrict__ w, const double* __restrict__ cp,
+                     double* __restrict__ y, double* __restrict__ ysum) {
+    static_assert(32 % G == 0, "G must divide 32");
+    __shared__ double part[MPIML_SPARSE_THREADS / 32];
+    const unsigned mask = mpiml_group_mask<G>();
+    const int g = threadIdx.x & (G - 1);
+    const long long groups = (long long)gridDim.x * (MPIML_SPARSE_THREADS / G);
+    const double c = *cp;
+    double mine = 0.0;
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / G; row < n_rows;
+         row += groups) {
+        const int start = __ldg(indptr + row);
+        const int end = __ldg(indptr + row + 1);
+        double dot = 0.0;
+        for (int j = start + g; j < end; j += G) dot += double(__ldg(data + j)) * double(__ldg(p + __ldg(indices + j)));
+#pragma unroll
+        for (int off = G / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(mask, dot, off, G);
+        double t = dot - c;
+        if (W) t *= w[row];
+        if (g == 0) mine += t;
+        if (t != 0.0) {
+            for (int j = start + g; j < end; j += G) atomicAdd(y + __ldg(indices + j), double(__ldg(data + j)) * t);
+        }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, off);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int i = 0; i < MPIML_SPARSE_THREADS / 32; ++i) s += part[i];
+        atomicAdd(ysum, s);
     }
 }
 
