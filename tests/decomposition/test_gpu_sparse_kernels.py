@@ -223,3 +223,27 @@ def test_gram_and_cholesky_qr2_on_cupy_match_host():
     np.testing.assert_allclose(R.get(), Rh, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(Q.get(), Qh, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose((Q.T @ Q).get(), np.eye(42), atol=1e-5)
+
+
+def test_replicated_svd_and_orth_on_gpu():
+    """The replicated small factorisations of randomized_svd on a GPU: the wide SVD by QR + host SVD, the local
+    orthonormalisation by CholeskyQR2 with its QR fallback (ill-conditioned and rank-deficient blocks)."""
+    import cupy as cp
+
+    from mpiml.decomposition._solvers import _local_orth, _wide_svd
+
+    rs = np.random.RandomState(7)
+    for m, d in ((26, 1000), (42, 512), (12, 5)):
+        B = rs.standard_normal((m, d))
+        U, s, Vt = _wide_svd(cp.asarray(B), cp)
+        np.testing.assert_allclose(s.get(), np.linalg.svd(B, compute_uv=False), rtol=1e-12)
+        np.testing.assert_allclose((U * s[None, :] @ Vt).get(), B, atol=1e-10)
+    for cond in (1.0, 1e3, 1e10):
+        Y = rs.standard_normal((2000, 20)) @ np.diag(np.logspace(0, np.log10(cond), 20))
+        Q = _local_orth(cp.asarray(Y), cp)
+        np.testing.assert_allclose((Q.T @ Q).get(), np.eye(20), atol=1e-8)
+        P = Q.get() @ Q.get().T                                    # the span is Y's
+        np.testing.assert_allclose(P @ Y, Y, rtol=1e-6, atol=1e-8 * np.abs(Y).max())
+    Y = np.zeros((100, 4))
+    Y[:, 0] = 1.0
+    assert _local_orth(cp.asarray(Y), cp).shape[0] == 100

@@ -182,8 +182,41 @@ def resolve_normalizer(power_iteration_normalizer, n_iter):
 
 
 # ---------------------------------------------------------------------- randomised SVD
+class _Alone:
+    """The communicator of one rank, for the replicated matrices (no communication)."""
+
+    size, rank = 1, 0
+
+
 def _local_orth(Y, xp):
-    return xp.linalg.qr(Y, mode="reduced")[0]
+    """An orthonormal basis of the columns of a replicated ``Y``.
+
+    On a GPU, CholeskyQR2 (two Gram products and a ``b x b`` Cholesky on the
+    host; TSQR, that is cuSOLVER's QR, when ``Y`` is too ill-conditioned):
+    cuSOLVER's QR of a tall ``d x b`` matrix costs milliseconds of panel
+    factorisations.  Only the span matters to the callers.
+    """
+    if xp is np:
+        return xp.linalg.qr(Y, mode="reduced")[0]
+    return orthonormalize(Y, _Alone, method="cholesky_qr2")
+
+
+def _wide_svd(B, xp):
+    """``U, s, Vt`` of a replicated wide ``B`` (``m <= d``): NumPy's on the host; on a GPU by the QR of ``Bᵀ``
+    (cuSOLVER) and the SVD of its ``m x m`` R factor on the host (cuSOLVER's SVD of a wide matrix is slow)."""
+    if xp is np:
+        return np.linalg.svd(B, full_matrices=False)
+    Qb, Rb = xp.linalg.qr(B.T, mode="reduced")                # Bᵀ = Qb Rb
+    Ur, s, Vrt = np.linalg.svd(to_numpy(Rb), full_matrices=False)
+    # B = Rbᵀ Qbᵀ = Vrtᵀ diag(s) Urᵀ Qbᵀ
+    return xp.asarray(Vrt.T), xp.asarray(s), (Qb @ xp.asarray(Ur)).T
+
+
+def _small_svd(R, xp):
+    """The SVD of a small replicated square matrix, on the host (returned on ``xp``)."""
+    if xp is np:
+        return np.linalg.svd(R, full_matrices=False)
+    return tuple(xp.asarray(a) for a in np.linalg.svd(to_numpy(R), full_matrices=False))
 
 
 def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversamples=10, n_iter=4,
@@ -254,7 +287,7 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
             Y = _matvec(X, Z)
         Q = orthonormalize(Y, comm, method=final)                 # (n_local, m)
         B = _rmatvec(X, Q, comm, xp).T                            # (m, d) = Q^T X, replicated
-        Uhat, s, Vt = xp.linalg.svd(B, full_matrices=False)
+        Uhat, s, Vt = _wide_svd(B, xp)
         U = Q @ Uhat.astype(dtype, copy=False)
         return U[:, :n_components], s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
 
@@ -268,7 +301,7 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
     Q = _local_orth(Y, xp)                                        # (d, m), replicated
     # B = Q^T M = (X Q)^T, distributed by columns: SVD through the QR of X Q
     Q2, R = tsqr(_matvec(X, Q), comm, want_q=True)               # X Q = Q2 R
-    Ur, s, Vrt = xp.linalg.svd(R, full_matrices=False)           # R = Ur diag(s) Vrt
+    Ur, s, Vrt = _small_svd(R, xp)                               # R = Ur diag(s) Vrt
     # B = Vrt^T diag(s) (Q2 Ur)^T  ->  M = (Q Vrt^T) diag(s) (Q2 Ur)^T,  X = (Q2 Ur) diag(s) (Q Vrt^T)^T
     U = Q2 @ Ur.astype(dtype, copy=False)
     Vt = (Q.astype(xp.float64) @ Vrt.T).T
