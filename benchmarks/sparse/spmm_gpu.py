@@ -112,6 +112,12 @@ def main(argv=None):
     m = cp.asarray(rs.standard_normal(d, dtype=cp.float64))
     t["XtXp kernel normal (one read)"] = _best(lambda: sparse.csr_normal_vec(X, v, m @ v.astype(cp.float64)),
                                                args.repeats, sync)
+    t["column pieces: build"] = _best(lambda: sparse.column_pieces(X), args.repeats, sync)
+    P = sparse.column_pieces(X)
+    res["column_pieces"] = None if P is None else P.K
+    if P is not None:
+        t["Xv pieces (shared memory)"] = _best(lambda: P.dot(v), args.repeats, sync)
+        t["Xtu pieces (shared memory)"] = _best(lambda: P.tdot(u), args.repeats, sync)
     t["column sums (bincount)"] = _best(lambda: column_sums(X), args.repeats, sync)
     t["column moments (kernel on XT)"] = _best(lambda: sparse.csr_row_moments(XT), args.repeats, sync)
     # correctness of what was timed

@@ -250,3 +250,33 @@ def test_replicated_svd_and_orth_on_gpu():
     Y = np.zeros((100, 4))
     Y[:, 0] = 1.0
     assert _local_orth(cp.asarray(Y), cp).shape[0] == 100
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("d", [300, 70000, 150000])
+def test_column_pieces_products(dtype, d):
+    """The shared-memory one-vector products (sparse Ridge) at one and several column pieces; rows with
+    unsorted indices refuse several pieces."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    from mpiml.kernels import sparse
+
+    A = _csr(3000, d, min(0.05, 30.0 / d), dtype, d % 97)
+    Ag = csp.csr_matrix(A)
+    P = sparse.column_pieces(Ag)
+    assert P is not None and P.K == -(-d // (P.cuts[1] - P.cuts[0]))
+    x = np.random.RandomState(1).standard_normal(d)
+    u = np.random.RandomState(2).standard_normal(3000)
+    A64 = A.astype(np.float64)
+    np.testing.assert_allclose(P.dot(cp.asarray(x)).get(), A64 @ x.astype(dtype), rtol=1e-10, atol=1e-6)
+    np.testing.assert_allclose(P.tdot(cp.asarray(u)).get(), A64.T @ u.astype(dtype),
+                               rtol=1e-5 if dtype == np.float32 else 1e-10, atol=1e-5)
+    if P.K > 1:  # each row's stored values in decreasing column order
+        rows = np.repeat(np.arange(3000), np.diff(A.indptr))
+        perm = np.lexsort((-A.indices, rows))
+        rev = csp.csr_matrix((cp.asarray(A.data[perm]), cp.asarray(A.indices[perm]), cp.asarray(A.indptr)),
+                             shape=(3000, d))
+        assert sparse.column_pieces(rev) is None
+        np.testing.assert_allclose(sparse.csr_matmul(rev, cp.asarray(x), out_dtype=np.float64).get(),
+                                   A64 @ x.astype(dtype), rtol=1e-10, atol=1e-6)

@@ -317,10 +317,11 @@ class CentredOperator:
         self._mean_dev = None
         self.root = None if sw is None else xp.sqrt(sw.astype(xp.float64))
         # a cupyx CSR shard: mpiml.kernels.sparse (MPIML_SPARSE_PRODUCTS, see mpiml.decomposition._solvers):
-        # "kernels", row dot products on X and on Xᵀ stored as CSR (formed at the first Aᵀu, once per fit;
-        # cuSPARSE's transposed product scatters with atomics); "scatter", AᵀA p in one read of X per
-        # iteration (:meth:`normal`, atomics, no transpose)
-        self._kernels = self._XT = None
+        # "kernels", X v and Xᵀ u from shared memory (the vector's slice of each column piece staged there,
+        # the matrix streamed once: no transpose) when X's rows are sorted, else row dot products on X and
+        # on Xᵀ stored as CSR (formed at the first Aᵀu, once per fit); "scatter", AᵀA p in one read of X
+        # per iteration (:meth:`normal`, atomics, no transpose)
+        self._kernels = self._XT = self._pieces = None
         self.fused = False
         if xp is not np and is_sparse(X):
             from ..decomposition._solvers import _kernels_for, sparse_products_mode
@@ -329,12 +330,16 @@ class CentredOperator:
             if mode != "cusparse":
                 self._kernels = _kernels_for(X)
                 self.fused = self._kernels is not None and mode == "scatter"
+                if self._kernels is not None and mode == "kernels":
+                    self._pieces = self._kernels.column_pieces(X)
 
     def matvec(self, v):
         """``A v`` for a replicated vector ``v`` (host or on X's device): this rank's rows, float64."""
         xp, X = self.xp, self.X
         v = xp.asarray(v, dtype=xp.float64)
-        if self._kernels is not None:
+        if self._pieces is not None:
+            u = self._pieces.dot(v)
+        elif self._kernels is not None:
             u = self._kernels.csr_matmul(X, v, out_dtype=np.float64)
         else:
             u = (X @ v.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
@@ -348,7 +353,9 @@ class CentredOperator:
         if X.shape[0] == 0:
             return xp.zeros(self.d, dtype=xp.float64)
         su = u if self.root is None else u * self.root
-        if self._kernels is not None and self.fused:
+        if self._pieces is not None:
+            out = self._pieces.tdot(su.ravel())
+        elif self._kernels is not None and self.fused:
             out = self._kernels.csr_rmatmul_scatter(X, su.ravel(), out_dtype=np.float64)
         elif self._kernels is not None and X.nnz:
             if self._XT is None:

@@ -13,7 +13,8 @@ costs about one read of the CSR arrays plus those gathers.
 * :func:`csr_normal_vec` -- ``(A - 1mᵀ)ᵀ W (A - 1mᵀ) p`` in one read of ``A`` (sparse Ridge's CG), atomics;
 * :func:`csr_row_moments` -- per row the sum and the shifted sum of squares of the stored values
   (run on a stored ``Xᵀ``: the column moments of ``X``), deterministic;
-* :func:`dense_column_moments` -- the same per column of a dense CuPy matrix, one read, deterministic.
+* :func:`dense_column_moments` -- the same per column of a dense CuPy matrix, one read, deterministic;
+* :func:`column_pieces` -- one-vector products ``A x`` and ``Aᵀ u`` from shared memory (sparse Ridge).
 
 Products accumulate in float64 whatever the values' dtype (float32 or float64)
 and are written in the dtype asked for.  The kernels load through
@@ -24,7 +25,7 @@ memoised per device.  CuPy is imported inside the functions only.
 import numpy as np
 
 __all__ = ["supported", "csr_matmul", "csr_rmatmul_scatter", "csr_normal_vec", "csr_row_moments",
-           "dense_column_moments", "plan", "FILES", "expressions"]
+           "dense_column_moments", "column_pieces", "ColumnPieces", "plan", "FILES", "expressions"]
 
 FILES = ("sparse/spmm.cu",)
 _THREADS = 256                     # MPIML_SPARSE_THREADS in spmm.cu
@@ -47,6 +48,9 @@ def expressions():
         out += [f"mpiml_csr_row_moments<{t}>", f"mpiml_dense_col_moments<{t}>"]
         out += [f"mpiml_csr_scatter_vec<{t}, {g}>" for g in (4, 8, 16, 32)]
         out += [f"mpiml_csr_normal_vec<{t}, {g}, {w}>" for g in (4, 8, 16, 32) for w in ("false", "true")]
+        out += [f"mpiml_csr_piece_dot<{t}, {g}>" for g in (4, 8, 16, 32)]
+        out += [f"mpiml_csr_piece_scatter<{t}, {g}>" for g in (4, 8, 16, 32)]
+    out.append("mpiml_csr_split")
     return out
 
 
@@ -262,3 +266,105 @@ def dense_column_moments(X, shift=None):
                                   partial))
     tot = partial.sum(axis=0)
     return tot[:d], tot[d:]
+
+
+class ColumnPieces:
+    """A ``cupyx`` CSR matrix seen as ``K`` column pieces whose slice of a vector fits in shared memory.
+
+    :meth:`dot` (``A x``) and :meth:`tdot` (``Aᵀ u``) launch one kernel a
+    piece: a block first stages the piece's slice of ``x`` in shared memory
+    (or accumulates its slice of ``Aᵀ u`` there), so the gathers and the
+    scatters of a one-vector product never leave the SM and the matrix streams
+    from memory once: about a read of the CSR arrays a product, where the
+    L2-gathering kernels (:func:`csr_matmul`) move a 32-byte sector per stored
+    value.  Built by :func:`column_pieces` (one pass over the indices when
+    ``K > 1``).  :meth:`tdot` sums with atomics (not deterministic).
+    """
+
+    def __init__(self, A, ptr, cuts, smem, blocks):
+        self.A, self.ptr, self.cuts = A, ptr, [int(c) for c in cuts]
+        self.K = len(self.cuts) - 1
+        self.smem, self.blocks = smem, blocks
+        per_row = A.nnz / max(1, A.shape[0]) / self.K
+        g = 4
+        while g < 32 and g < per_row / 2:
+            g *= 2
+        self.lanes = g
+        self.T = _TYPES[np.dtype(A.dtype)]
+
+    def _launch(self, name, k, vec, out, *extra):
+        A, n = self.A, self.A.shape[0]
+        fn = _function(f"{name}<{self.T}, {self.lanes}>")
+        lo, hi = self.cuts[k], self.cuts[k + 1]
+        nbytes = (hi - lo) * A.dtype.itemsize
+        if nbytes > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = nbytes
+        fn((self.blocks,), (1024,), (self.ptr[k * n:], self.ptr[(k + 1) * n:], A.indices, A.data, np.int64(n), vec,
+                                     np.int32(lo), np.int32(hi - lo), out) + extra, shared_mem=nbytes)
+
+    def dot(self, x):
+        """``A x`` as float64 (``x`` of length ``n_cols``, cast to ``A``'s dtype)."""
+        import cupy
+
+        A = self.A
+        y = cupy.zeros(A.shape[0], dtype=cupy.float64)
+        if A.shape[0] == 0 or A.nnz == 0:
+            return y
+        x = cupy.ascontiguousarray(x.astype(A.dtype, copy=False))
+        for k in range(self.K):
+            self._launch("mpiml_csr_piece_dot", k, x, y, np.int32(k > 0))
+        return y
+
+    def tdot(self, u):
+        """``Aᵀ u`` as float64 (``u`` of length ``n_rows``, cast to ``A``'s dtype)."""
+        import cupy
+
+        A = self.A
+        y = cupy.zeros(A.shape[1], dtype=cupy.float64)
+        if A.shape[0] == 0 or A.nnz == 0:
+            return y
+        u = cupy.ascontiguousarray(u.astype(A.dtype, copy=False))
+        for k in range(self.K):
+            self._launch("mpiml_csr_piece_scatter", k, u, y)
+        return y
+
+
+#: Most column pieces :func:`column_pieces` cuts a matrix into (each piece reads the indices once to split).
+MAX_PIECES = 8
+
+
+def column_pieces(A, max_pieces=MAX_PIECES):
+    """:class:`ColumnPieces` of a ``cupyx`` CSR ``A`` (see :func:`supported`), or None.
+
+    None when ``A`` needs more than ``max_pieces`` pieces, or more than one
+    and its rows' indices are not sorted (the pieces of a row must be
+    contiguous).  A piece is as wide as the device's opt-in shared memory per
+    block holds values of ``A``'s dtype (56,000 float32 on an H100).
+    """
+    import cupy
+
+    n, d = A.shape
+    dev = cupy.cuda.Device()
+    attrs = dev.attributes
+    optin = int(attrs.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
+    per_sm = int(attrs.get("MaxSharedMemoryPerMultiprocessor", optin))
+    item = np.dtype(A.dtype).itemsize
+    width = max(256, (optin - 2048) // item // 256 * 256)
+    K = max(1, -(-d // width))
+    if K > max_pieces:
+        return None
+    cuts = np.minimum(np.arange(K + 1, dtype=np.int64) * width, d)
+    if K == 1:
+        ptr = cupy.concatenate([A.indptr[:-1], A.indptr[1:]])
+    else:
+        ptr = cupy.empty((K + 1) * n, dtype=cupy.int32)
+        bad = cupy.zeros(1, dtype=cupy.int32)
+        if n:
+            _function("mpiml_csr_split")((_blocks(_THREADS // 32, n),), (_THREADS,),
+                                         (A.indptr, A.indices, np.int64(n), cupy.asarray(cuts.astype(np.int32)),
+                                          np.int32(K), ptr, bad))
+            if int(bad.get()[0]):
+                return None
+    widest = int(np.diff(cuts).max()) * item if d else 0
+    blocks = _sm_count() * max(1, min(2, per_sm // max(1, widest + 1024)))
+    return ColumnPieces(A, ptr, cuts, widest, blocks)

@@ -27,9 +27,19 @@
 //   row, lane g adds data[j] * u[row] for the stored values g, g + G, ... with atomics.  No transpose.
 //
 // mpiml_csr_normal_vec<T, G, W>:  the normal operator of the centred, weighted rows in one read of A:
-//   t_i = w_i (a_i·p - c) (w_i = 1 unless W; c read from device memory), y += Σ_i t_i a_i (atomics), ysum += Σ_i t_i (one atomic
-//   a block); then (A - 1mᵀ)ᵀ W (A - 1mᵀ) p = y - m ysum for c = m·p.  A row's values are read twice,
+//   t_i = w_i (a_i·p - c) (w_i = 1 unless W; c read from device memory), y += Σ_i t_i a_i (atomics),
+//   ysum += Σ_i t_i (one atomic a block); then (A - 1mᵀ)ᵀ W (A - 1mᵀ) p = y - m ysum for c = m·p.  A row's values are read twice,
 //   the second time from cache.
+//
+// Column pieces (sparse Ridge's one-vector products, from shared memory instead of L2):
+// mpiml_csr_split<T>:  for a CSR matrix whose rows have sorted indices, the row pointers of K column pieces
+//   [cuts[k], cuts[k + 1]): ptr[k * n_rows + i] = start of row i + the count of its indices below cuts[k]
+//   (k = 0..K, so piece k of row i is [ptr[k][i], ptr[k + 1][i])), a warp a row counting by ballots; the
+//   count of rows whose indices decrease goes to *unsorted (then the pieces are meaningless).
+// mpiml_csr_piece_dot<T, G>:  y[i] (+)= Σ_j data[j] x[indices[j]] over piece k of every row, x[lo, lo + width)
+//   staged in shared memory first: the gathers hit shared memory, the matrix streams once.
+// mpiml_csr_piece_scatter<T, G>:  y[lo + c] += Σ_i Σ_j data[j] u[i] over piece k (y double), accumulated per
+//   block in shared memory (T) by shared atomics, then added to y with one global atomic a column a block.
 //
 // mpiml_csr_row_moments<T>:  per row of A, s1 = Σ values, s2 = Σ (value - shift[row])², in double, a
 //   warp per row (for the column moments of X, run on the stored Xᵀ), and the count of rows whose
@@ -173,7 +183,8 @@ mpiml_csr_scatter_vec(const int* __restrict__ indptr, const int* __restrict__ in
 template <typename T, int G, bool W>
 __global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
 mpiml_csr_normal_vec(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
-                     const long long n_rows, const T* __restrict__ p, const double* __restrict__ w, const double* __restrict__ cp,
+                     const long long n_rows, const T* __restrict__ p, const double* __restrict__ w,
+                     const double* __restrict__ cp,
                      double* __restrict__ y, double* __restrict__ ysum) {
     static_assert(32 % G == 0, "G must divide 32");
     __shared__ double part[MPIML_SPARSE_THREADS / 32];
@@ -314,5 +325,91 @@ mpiml_dense_col_moments(const T* __restrict__ X, const long long n, const int d,
             out[d + c] = q;
         }
         __syncthreads();
+    }
+}
+
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_split(const int* __restrict__ indptr, const int* __restrict__ indices, const long long n_rows,
+                const int* __restrict__ cuts, const int K, int* __restrict__ ptr, int* __restrict__ unsorted) {
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * (MPIML_SPARSE_THREADS / 32);
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / 32; row < n_rows;
+         row += warps) {
+        const int start = __ldg(indptr + row);
+        const int end = __ldg(indptr + row + 1);
+        int bad = 0;
+        for (int k = 0; k <= K; ++k) {
+            int count = 0;
+            if (k == K) {
+                count = end - start;
+            } else if (k > 0) {
+                const int cut = __ldg(cuts + k);
+                for (int base = start; base < end; base += 32) {
+                    const int j = base + lane;
+                    const bool below = j < end && __ldg(indices + j) < cut;
+                    count += __popc(__ballot_sync(0xffffffffu, below));
+                }
+            }
+            if (lane == 0) ptr[(long long)k * n_rows + row] = start + count;
+        }
+        for (int j = start + 1 + lane; j < end; j += 32) {
+            if (__ldg(indices + j) < __ldg(indices + j - 1)) bad = 1;
+        }
+        if (__any_sync(0xffffffffu, bad) && lane == 0) atomicAdd(unsorted, 1);
+    }
+}
+
+template <typename T, int G>
+__global__ void __launch_bounds__(1024)
+mpiml_csr_piece_dot(const int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ indices,
+                    const T* __restrict__ data, const long long n_rows, const T* __restrict__ x, const int lo,
+                    const int width, double* __restrict__ y, const int accumulate) {
+    extern __shared__ unsigned char mpiml_piece_smem[];
+    T* xs = reinterpret_cast<T*>(mpiml_piece_smem);
+    for (int c = threadIdx.x; c < width; c += blockDim.x) xs[c] = __ldg(x + lo + c);
+    __syncthreads();
+    const unsigned mask = mpiml_group_mask<G>();
+    const int g = threadIdx.x & (G - 1);
+    const long long groups = (long long)gridDim.x * (blockDim.x / G);
+    for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / G; row < n_rows; row += groups) {
+        const int start = __ldg(p0 + row);
+        const int end = __ldg(p1 + row);
+        double acc = 0.0;
+        int j = start + g;
+        for (; j + G < end; j += 2 * G) {
+            const int c0 = __ldg(indices + j) - lo, c1 = __ldg(indices + j + G) - lo;
+            const T v0 = __ldg(data + j), v1 = __ldg(data + j + G);
+            acc += double(v0) * double(xs[c0]);
+            acc += double(v1) * double(xs[c1]);
+        }
+        if (j < end) acc += double(__ldg(data + j)) * double(xs[__ldg(indices + j) - lo]);
+#pragma unroll
+        for (int off = G / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(mask, acc, off, G);
+        if (g == 0) y[row] = accumulate ? y[row] + acc : acc;
+    }
+}
+
+template <typename T, int G>
+__global__ void __launch_bounds__(1024)
+mpiml_csr_piece_scatter(const int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ indices,
+                        const T* __restrict__ data, const long long n_rows, const T* __restrict__ u, const int lo,
+                        const int width, double* __restrict__ y) {
+    extern __shared__ unsigned char mpiml_piece_smem[];
+    T* acc = reinterpret_cast<T*>(mpiml_piece_smem);
+    for (int c = threadIdx.x; c < width; c += blockDim.x) acc[c] = T(0);
+    __syncthreads();
+    const int g = threadIdx.x & (G - 1);
+    const long long groups = (long long)gridDim.x * (blockDim.x / G);
+    for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / G; row < n_rows; row += groups) {
+        const T ur = __ldg(u + row);
+        if (ur == T(0)) continue;
+        const int end = __ldg(p1 + row);
+        for (int j = __ldg(p0 + row) + g; j < end; j += G)
+            atomicAdd(acc + (__ldg(indices + j) - lo), __ldg(data + j) * ur);
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < width; c += blockDim.x) {
+        const T a = acc[c];
+        if (a != T(0)) atomicAdd(y + lo + c, double(a));
     }
 }
