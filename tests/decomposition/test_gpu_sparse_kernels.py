@@ -280,3 +280,25 @@ def test_column_pieces_products(dtype, d):
         assert sparse.column_pieces(rev) is None
         np.testing.assert_allclose(sparse.csr_matmul(rev, cp.asarray(x), out_dtype=np.float64).get(),
                                    A64 @ x.astype(dtype), rtol=1e-10, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_tall_transposed_product_batched(dtype, monkeypatch):
+    """Xᵀ U of a tall dense block by the strided-batched GEMM (a partial last batch) equals the plain GEMM."""
+    import cupy as cp
+
+    from mpiml.decomposition import _solvers
+
+    rs = np.random.RandomState(3)
+    n = 4 * _solvers._TALL_BATCH_ROWS + 123
+    X = rs.standard_normal((n, 37)).astype(dtype)
+    U = rs.standard_normal((n, 11))
+    ref = X.astype(np.float64).T @ U.astype(dtype).astype(np.float64)
+    got = _solvers._tall_tmatmul(cp.asarray(X), cp.asarray(U), cp)
+    assert got.dtype == cp.float64 and got.shape == (37, 11)
+    np.testing.assert_allclose(got.get(), ref, rtol=1e-4 if dtype == np.float32 else 1e-10,
+                               atol=1e-2 if dtype == np.float32 else 1e-9)
+    # it took the batched route (the plain GEMM agrees to the same tolerance)
+    got2 = _solvers._batched_tmatmul(cp.asarray(X), cp.asarray(U.astype(dtype)), cp, _solvers._TALL_BATCH_ROWS)
+    np.testing.assert_allclose(got2.get(), ref, rtol=1e-4 if dtype == np.float32 else 1e-10,
+                               atol=1e-2 if dtype == np.float32 else 1e-9)

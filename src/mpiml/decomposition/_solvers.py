@@ -126,12 +126,63 @@ def _matvec(X, V):
     return X @ V.astype(X.dtype, copy=False)
 
 
+#: Rows a batch of :func:`_tall_tmatmul` sums in the data's dtype (then float64 across batches).
+_TALL_BATCH_ROWS = 1 << 15
+
+
+def _tall_tmatmul(X, U, xp):
+    """``Xᵀ U`` of a tall local block as float64: on a GPU one strided-batched GEMM over row batches.
+
+    ``X.T @ U`` is a GEMM whose output (``d x b``) is tiny and whose inner
+    dimension is the row count: a handful of output tiles, so a plain GEMM
+    keeps few SMs busy.  Cut into batches of :data:`_TALL_BATCH_ROWS` rows
+    (one cuBLAS strided-batched call), every batch is a GEMM of its own and
+    the partial products are summed in float64.  Environment
+    ``MPIML_DENSE_TPRODUCT=gemm`` keeps the plain GEMM (for comparison).
+    """
+    L = _TALL_BATCH_ROWS
+    n, d = X.shape
+    U = U.astype(X.dtype, copy=False)
+    plain = xp is np or n < 4 * L or X.dtype not in (xp.float32, xp.float64) or not X.flags.c_contiguous \
+        or os.environ.get("MPIML_DENSE_TPRODUCT") == "gemm"
+    if not plain:
+        try:
+            return _batched_tmatmul(X, xp.ascontiguousarray(U), xp, L)
+        except Exception:  # noqa: BLE001 - a CuPy without these cuBLAS bindings: the plain GEMM
+            pass
+    return (X.T @ U).astype(xp.float64, copy=False)
+
+
+def _batched_tmatmul(X, U, xp, L):
+    try:
+        from cupy_backends.cuda.libs import cublas
+    except ImportError:
+        from cupy.cuda import cublas
+    n, d = X.shape
+    b = U.shape[1]
+    c = n // L
+    m = c * L
+    single = X.dtype == xp.float32
+    data_type, compute_type = (0, 68) if single else (1, 70)   # CUDA_R_32F / 64F, CUBLAS_COMPUTE_32F / 64F
+    part = xp.empty((c, d, b), dtype=X.dtype)
+    one = np.array(1, dtype=X.dtype)
+    zero = np.array(0, dtype=X.dtype)
+    # column-major view: U_c is b x L (ld b), X_c is d x L (ld d); part_cᵀ (b x d, ld b) = U_c X_cᵀ
+    cublas.gemmStridedBatchedEx(xp.cuda.device.get_cublas_handle(), 0, 1, b, d, L, one.ctypes.data,
+                                U.data.ptr, data_type, b, L * b, X.data.ptr, data_type, d, L * d,
+                                zero.ctypes.data, part.data.ptr, data_type, b, d * b, c, compute_type, -1)
+    out = part.sum(axis=0, dtype=xp.float64)
+    if m < n:
+        out += (X[m:].T @ U[m:]).astype(xp.float64, copy=False)
+    return out
+
+
 def _rmatvec(X, U, comm, xp):
     """``X.T @ U`` summed over ranks, float64, replicated (one allreduce of d x b)."""
     if isinstance(X, SparseRows):
         out = X.rmatmul(U, xp)
     else:
-        out = (X.T @ U.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
+        out = _tall_tmatmul(X, U, xp)
     if comm.size > 1:
         out = comm.allreduce(xp.ascontiguousarray(out))
     return out
