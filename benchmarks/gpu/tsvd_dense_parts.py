@@ -18,7 +18,6 @@ import os
 import sys
 import time
 
-import numpy as np
 
 
 def _best(fn, repeats, sync):
