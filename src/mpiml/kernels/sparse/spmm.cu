@@ -28,8 +28,8 @@
 //
 // mpiml_csr_normal_vec<T, G, W>:  the normal operator of the centred, weighted rows in one read of A:
 //   t_i = w_i (a_i·p - c) (w_i = 1 unless W; c read from device memory), y += Σ_i t_i a_i (atomics),
-//   ysum += Σ_i t_i (one atomic a block); then (A - 1mᵀ)ᵀ W (A - 1mᵀ) p = y - m ysum for c = m·p.  A row's values are read twice,
-//   the second time from cache.
+//   ysum += Σ_i t_i (one atomic a block); then (A - 1mᵀ)ᵀ W (A - 1mᵀ) p = y - m ysum for c = m·p.
+//   A row's values are read twice, the second time from cache.
 //
 // Column pieces (sparse Ridge's one-vector products, from shared memory instead of L2):
 // mpiml_csr_split<T>:  for a CSR matrix whose rows have sorted indices, the row pointers of K column pieces
