@@ -77,9 +77,21 @@ class SparseRows:
         self.shape, self.dtype = X.shape, X.dtype
         self.mode = sparse_products_mode() if mode is None else mode
         self.kernels = _kernels_for(X) if self.mode != "cusparse" else None
+        self._ready = None
         if XT is None and not (self.kernels is not None and self.mode == "scatter"):
-            XT = device_transpose(X)
-        self.XT = XT
+            XT, self._ready = _transpose_aside(X) if self.kernels is not None else (device_transpose(X), None)
+        self._XT = XT
+
+    @property
+    def XT(self):
+        """``Xᵀ`` as CSR (None for a SciPy shard or without stored values); formed on a side stream, waited
+        for here (the first products of a fit overlap the conversion)."""
+        if self._ready is not None:
+            import cupy
+
+            cupy.cuda.get_current_stream().wait_event(self._ready)
+            self._ready = None
+        return self._XT
 
     def matmul(self, V, xp):
         """``X V`` (centred when ``mean`` is set) of this rank's rows, in ``X``'s dtype."""
@@ -108,6 +120,29 @@ class SparseRows:
 def CentredRows(X, mean):
     """``X - 1 meanᵀ`` of this rank's sparse rows, never formed (:class:`SparseRows` with ``mean``)."""
     return SparseRows(X, mean=mean)
+
+
+_SIDE_STREAMS = {}
+
+
+def _transpose_aside(X):
+    """``(Xᵀ as CSR, event)`` for a ``cupyx`` shard, converted on a side stream (one per device, kept: CuPy's
+    memory pool caches per stream) after the work queued so far; ``(device_transpose(X), None)`` if that fails."""
+    import cupy
+
+    if not (X.nnz and X.shape[0]):
+        return None, None
+    try:
+        dev = cupy.cuda.runtime.getDevice()
+        side = _SIDE_STREAMS.get(dev)
+        if side is None:
+            side = _SIDE_STREAMS[dev] = cupy.cuda.Stream(non_blocking=True)
+        side.wait_event(cupy.cuda.get_current_stream().record())
+        with side:
+            XT = X.T.tocsr()
+        return XT, side.record()
+    except Exception:  # noqa: BLE001 - any trouble with streams: convert in line
+        return device_transpose(X), None
 
 
 def device_transpose(X):
@@ -254,10 +289,13 @@ def _local_orth(Y, xp):
 
 def _wide_svd(B, xp):
     """``U, s, Vt`` of a replicated wide ``B`` (``m <= d``): NumPy's on the host; on a GPU by the QR of ``Bᵀ``
-    (cuSOLVER) and the SVD of its ``m x m`` R factor on the host (cuSOLVER's SVD of a wide matrix is slow)."""
+    (CholeskyQR2, cuSOLVER's QR beyond its condition limit) and the SVD of its ``m x m`` R factor on the host
+    (cuSOLVER's SVD of a wide matrix is slow)."""
     if xp is np:
         return np.linalg.svd(B, full_matrices=False)
-    Qb, Rb = xp.linalg.qr(B.T, mode="reduced")                # Bᵀ = Qb Rb
+    from ..utils._linalg import cholesky_qr2
+
+    Qb, Rb = cholesky_qr2(xp.ascontiguousarray(B.T), _Alone)   # Bᵀ = Qb Rb (cuSOLVER's QR when ill-conditioned)
     Ur, s, Vrt = np.linalg.svd(to_numpy(Rb), full_matrices=False)
     # B = Rbᵀ Qbᵀ = Vrtᵀ diag(s) Urᵀ Qbᵀ
     return xp.asarray(Vrt.T), xp.asarray(s), (Qb @ xp.asarray(Ur)).T
