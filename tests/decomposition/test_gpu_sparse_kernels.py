@@ -302,3 +302,25 @@ def test_tall_transposed_product_batched(dtype, monkeypatch):
     got2 = _solvers._batched_tmatmul(cp.asarray(X), cp.asarray(U.astype(dtype)), cp, _solvers._TALL_BATCH_ROWS)
     np.testing.assert_allclose(got2.get(), ref, rtol=1e-4 if dtype == np.float32 else 1e-10,
                                atol=1e-2 if dtype == np.float32 else 1e-9)
+
+
+def test_dense_truncated_svd_variances_on_cupy_match_host():
+    """The one-read variances of dense CuPy shards (about a shift of the shard's first rows) equal the host's
+    two-pass ones, columns with means far from zero included, at 1 and 3 shards of uneven sizes."""
+    import cupy as cp
+
+    from mpiml.comm import get_comm
+    from mpiml.decomposition import TruncatedSVD
+    from mpiml.decomposition._truncated_svd import _global_variances
+
+    rs = np.random.RandomState(8)
+    X = rs.standard_normal((6000, 12)) * np.logspace(-3, 2, 12) + np.linspace(-1e4, 1e6, 12)
+    h = TruncatedSVD(4, random_state=0).fit(X)
+    g = TruncatedSVD(4, random_state=0).fit(cp.asarray(X))
+    np.testing.assert_allclose(g.explained_variance_.get(), h.explained_variance_, rtol=1e-8)
+    np.testing.assert_allclose(g.explained_variance_ratio_.get(), h.explained_variance_ratio_, rtol=1e-8)
+    Xt = X @ rs.standard_normal((12, 3))
+    ref_full = X.var(axis=0).sum()
+    got_full, got_t = _global_variances(cp.asarray(X), cp.asarray(Xt), 6000, comm=get_comm("self"), xp=cp)
+    np.testing.assert_allclose(got_full, ref_full, rtol=1e-10)
+    np.testing.assert_allclose(got_t.get(), Xt.var(axis=0), rtol=1e-10)

@@ -18,11 +18,17 @@ __all__ = ["TruncatedSVD"]
 def _global_variances(X, Xt, n, *, comm, xp):
     """Sum of the feature variances of ``X`` and the column variances of ``Xt`` (ddof=0), global.
 
-    Two passes for accuracy (means, then squared deviations): two allreduces
-    of ``d + k`` and ``1 + k`` float64.  A sparse ``X`` is not densified (its
-    implicit zeros are counted, as scikit-learn's ``mean_variance_axis`` does);
-    a ``cupyx`` shard with its transpose stored (:class:`SparseRows`) reads the
-    moments of its columns off the rows of ``Xᵀ`` (a kernel, deterministic).
+    Two allreduces, of ``d + k`` (the sums: the means) and ``1 + k`` float64
+    (the squared deviations).  A sparse ``X`` is not densified (its implicit
+    zeros are counted, as scikit-learn's ``mean_variance_axis`` does); a
+    ``cupyx`` shard with its transpose stored (:class:`SparseRows`) reads the
+    moments of its columns off the rows of ``Xᵀ`` (a kernel, two passes over
+    its values).  Dense CuPy blocks are read once by the column-moments kernel
+    about a shift of this rank's own (the mean of its first rows): with ``S``
+    the rank's sums, ``Q`` its squared deviations about ``s`` and ``m`` the
+    global mean, its share is ``Q - 2 (m - s)(S - n_r s) + n_r (m - s)²``,
+    exact algebra whose terms stay small while ``s`` is near ``m`` (the
+    two-pass accuracy without the second read).  Host blocks: two passes.
     """
     stored = None
     if isinstance(X, SparseRows):
@@ -30,36 +36,50 @@ def _global_variances(X, Xt, n, *, comm, xp):
             stored = X
         X = X.X
     d, k = X.shape[1], Xt.shape[1]
-    dense_kernel = None
-    if xp is not np:  # a dense CuPy block: one read a pass by a kernel (the chunked float64 copies cost ~9 reads)
-        from ..kernels import sparse as dense_kernel
+    n_r = X.shape[0]
+    moments = None
+    if xp is not np:
+        from ..kernels import sparse as moments
 
-    def sums_of(A):
-        return dense_kernel.dense_column_moments(A)[0] if dense_kernel is not None else A.sum(axis=0, dtype=xp.float64)
-
-    def sq_dev_of(A, m):
-        return dense_kernel.dense_column_moments(A, m)[1] if dense_kernel is not None else column_sq_dev(A, m)
+    def shifted(A):
+        """(sums, squares about the shift, shift) of a dense CuPy block, one read."""
+        shift = A[:256].astype(xp.float64).mean(axis=0) if A.shape[0] else xp.zeros(A.shape[1], dtype=xp.float64)
+        S, Q = moments.dense_column_moments(A, shift)
+        return S, Q, shift
 
     sums = xp.zeros(d + k, dtype=xp.float64)
-    if X.shape[0]:
+    one_x = one_t = None
+    if n_r:
         if stored is not None:
             sums[:d] = stored.kernels.csr_row_moments(stored.XT)[0]
+        elif is_sparse(X) or moments is None:
+            sums[:d] = column_sums(X)
         else:
-            sums[:d] = column_sums(X) if is_sparse(X) else sums_of(X)
-        sums[d:] = sums_of(Xt)
+            one_x = shifted(X)
+            sums[:d] = one_x[0]
+        if moments is None:
+            sums[d:] = Xt.sum(axis=0, dtype=xp.float64)
+        else:
+            one_t = shifted(Xt)
+            sums[d:] = one_t[0]
     means = _allreduce(comm, sums) / n
     sq = xp.zeros(1 + k, dtype=xp.float64)
-    if X.shape[0]:
+
+    def share(first, m):
+        S, Q, s = first
+        return Q - 2.0 * (m - s) * (S - n_r * s) + n_r * (m - s) ** 2
+
+    if n_r:
         done = False
         if stored is not None:
             m = means[:d]
             _, s2, canonical = stored.kernels.csr_row_moments(stored.XT, m)
             if canonical:  # the implicit zeros of each column add (rows - stored) m²
-                sq[0] = (s2 + (X.shape[0] - xp.diff(stored.XT.indptr)) * m * m).sum()
+                sq[0] = (s2 + (n_r - xp.diff(stored.XT.indptr)) * m * m).sum()
                 done = True
         if not done:
-            sq[0] = (column_sq_dev(X, means[:d]) if is_sparse(X) else sq_dev_of(X, means[:d])).sum()
-        sq[1:] = sq_dev_of(Xt, means[d:])
+            sq[0] = (share(one_x, means[:d]) if one_x is not None else column_sq_dev(X, means[:d])).sum()
+        sq[1:] = share(one_t, means[d:]) if one_t is not None else column_sq_dev(Xt, means[d:])
     sq = _allreduce(comm, sq) / n
     return float(to_numpy(sq[:1])[0]), sq[1:]
 
