@@ -75,6 +75,8 @@ def _parser():
     p.add_argument("--sklearn-rows", type=float, default=None, help="scikit-learn fits at most this many rows "
                    "(default: all rows on CPU; 1e7 linreg / all logreg rows on GPU hosts)")
     p.add_argument("--no-sklearn", action="store_true")
+    p.add_argument("--no-peer", action="store_true", help="skip the plain-CuPy peer of the sparse fits (cupyx "
+                   "svds takes ~20 s on 10^8 stored values)")
     p.add_argument("--out", default="benchmarks/results", help="directory of the JSON and PNG")
     p.add_argument("--tag", default=None, help="file name part (default gpu or cpu)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -337,7 +339,7 @@ def _worker(args, outfile):
                         row["singular_values"] = host(est.singular_values_).tolist()
                 if R == 1 and use_gpu and args.algo == "linreg":
                     row["plain_cupy_fit_s"] = _plain_cupy_linreg(X, y, xp, args.repeats)
-                if R == 1 and use_gpu and args.sparse and args.algo in ("ridge", "tsvd"):
+                if R == 1 and use_gpu and args.sparse and args.algo in ("ridge", "tsvd") and not args.no_peer:
                     try:  # one timed run after a warm-up: the peer may be slow, the budget is small
                         row["plain_cupy_fit_s"] = _plain_cupy_sparse(args, X, y, xp, 1)
                     except Exception as exc:  # a peer that fails is reported, not fatal
@@ -535,6 +537,8 @@ def main(argv):
               "--alpha", str(args.alpha)]
     if args.solver:
         common += ["--solver", args.solver]
+    if args.no_peer:
+        common.append("--no-peer")
     env = dict(os.environ)
     if device == "cpu":
         env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(ranks)))
