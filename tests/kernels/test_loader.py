@@ -383,6 +383,8 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
     monkeypatch.setattr(sparse, "_FUNCTIONS", {})
     sparse._function("mpiml_csr_gather<float, double, float, 32, 1>")
     sparse._function("mpiml_csr_row_moments<double>")
+    sparse._function("mpiml_csr_split")
+    sparse._function("mpiml_csr_piece_scatter<float, 32>")
     with kmeans.emulated_device(build.DEVICE_MODELS["sm_90"]):
         plan = kmeans.small_plan(np.float32, 32, 32, mode="lloyd", vw=4, unit=True)
         for expr in (plan["expr"], plan.get("expr_cb", plan["expr"]), "mpiml_distances_reduce_partials",

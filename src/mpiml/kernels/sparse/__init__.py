@@ -74,13 +74,19 @@ def _function(expr):
     if fn is None:
         from .._loader import load_module
 
-        # on a miss, the kernel's siblings of the same types compile with it (the other block widths)
-        head = expr.split("<")[0] + "<" + ", ".join(expr.split("<")[1].split(", ")[:-2 if "row_moments" not in expr
-                                                                                    and "rowdot" not in expr else 1])
-        also = [e for e in expressions() if e.startswith(head)]
-        fn = load_module(FILES, [expr], also=also).get_function(expr)
+        fn = load_module(FILES, [expr], also=_siblings(expr)).get_function(expr)
         _FUNCTIONS[key] = fn
     return fn
+
+
+def _siblings(expr):
+    """The expressions compiled with ``expr`` on a miss: the same kernel with the same value type (its other
+    lane counts, widths and output types), so one compilation serves a fit."""
+    if "<" not in expr:
+        return []
+    name, args = expr.split("<", 1)
+    head = f"{name}<{args.split(',')[0]}"
+    return [e for e in expressions() if e != expr and (e.startswith(head + ",") or e.startswith(head + ">"))]
 
 
 def _sm_count():
