@@ -148,9 +148,9 @@ def _own_module(expr):
 def specs(arch, model=None):
     """``[(files, expressions)]``: the programs compiled for ``arch``, each a list of expressions; ``model``: the
     device the distance plans are made for (default :data:`DEVICE_MODELS`'s for ``arch``)."""
-    from . import COMMON, FAMILIES, _name_expressions, copy_type, reduce_type
+    from . import COMMON, FAMILIES, _name_expressions, copy_type, reduce_type, sparse
 
-    out = []
+    out = [(sparse.FILES, sparse.expressions())]   # the sparse products' whole family, one program
     for family, (file, _, reduces) in FAMILIES.items():
         ctypes = ({reduce_type(t) for t in ("float16", "float32", "float64", "int32", "int64", "bool")} if reduces
                   else {copy_type(s) for s in (1, 2, 4, 8)})
@@ -164,9 +164,6 @@ def specs(arch, model=None):
                     + [f"mpiml_linear_gram_mma<{ct}, {w}, {m}>" for w in ("false", "true") for m in range(1, 17)]
                     + [f"mpiml_linear_logistic<{ct}, {m}, {c}>" for m in (0, 1) for c in (1, 2, 4, 8)]
                     + ["mpiml_linear_sum_blocks"]))
-    from . import sparse
-
-    out.append((sparse.FILES, sparse.expressions()))
     out += _select_programs()
     for files, exprs in _kmeans_exprs(model or DEVICE_MODELS[arch]).items():
         shared = sorted(e for e in exprs if not _own_module(e))
