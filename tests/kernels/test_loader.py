@@ -378,6 +378,13 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
     linear._function("mpiml_linear_logistic<float, 0, 1>")
     select._module(("mpiml_knn_select<float, 0, 4, 16, true>", "mpiml_knn_merge<float>", "mpiml_knn_norms<float, 0>"))
     select._module(("mpiml_knn_exact_sq<double>",))
+    from mpiml.kernels import sparse
+
+    monkeypatch.setattr(sparse, "_FUNCTIONS", {})
+    sparse._function("mpiml_csr_gather<float, double, float, 32, 1>")
+    sparse._function("mpiml_csr_row_moments<double>")
+    sparse._function("mpiml_csr_split")
+    sparse._function("mpiml_csr_piece_scatter<float, 32>")
     with kmeans.emulated_device(build.DEVICE_MODELS["sm_90"]):
         plan = kmeans.small_plan(np.float32, 32, 32, mode="lloyd", vw=4, unit=True)
         for expr in (plan["expr"], plan.get("expr_cb", plan["expr"]), "mpiml_distances_reduce_partials",
@@ -389,7 +396,7 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
     assert {f for f, _ in asked} == {("comm/ipc_common.cuh", "comm/allreduce.cu"),
                                      ("comm/ipc_common.cuh", "comm/bcast.cu"),
                                      ("forest/histograms.cu",), kmeans.TC_FILES, kmeans.SIMT_FILES, ("linear/linear.cu",),
-                                     ("select/select.cu",)}
+                                     ("select/select.cu",), ("sparse/spmm.cu",)}
 
 
 def test_a_cubin_another_process_wrote_is_found(monkeypatch, tmp_path):

@@ -13,6 +13,7 @@ Every rank runs the same arithmetic on replicated small matrices, so every
 rank takes the same branches and the same number of iterations.
 """
 
+import os
 import warnings
 from numbers import Integral
 
@@ -23,39 +24,125 @@ from sklearn.utils import check_random_state
 from .._array import to_numpy
 from ..utils._linalg import orthonormalize, tsqr
 
-__all__ = ["gaussian_matrix", "randomized_svd", "block_lanczos_svd", "resolve_normalizer", "CentredRows"]
+__all__ = ["gaussian_matrix", "randomized_svd", "block_lanczos_svd", "resolve_normalizer", "CentredRows", "SparseRows",
+           "SPARSE_PRODUCTS"]
 
 
 # ---------------------------------------------------------------------- operator
-class CentredRows:
-    """``X - 1 meanᵀ`` of this rank's rows, never formed (implicit centring of a sparse shard).
+#: How a ``cupyx`` CSR shard multiplies (environment ``MPIML_SPARSE_PRODUCTS``, read when a fit starts):
+#: ``"kernels"`` (default): :mod:`mpiml.kernels.sparse` for ``X V`` and for ``Xᵀ U`` on ``Xᵀ`` stored as
+#: CSR once per fit (deterministic); ``"scatter"``: the same ``X V``, ``Xᵀ U`` by atomics from the rows
+#: of ``X`` (no transpose formed, not deterministic); ``"cusparse"``: cuSPARSE SpMM on ``X`` and the
+#: stored ``Xᵀ`` (the path before the kernels).
+SPARSE_PRODUCTS = ("kernels", "scatter", "cusparse")
 
-    ``(X - 1 mᵀ) V = X V - 1 (mᵀ V)`` and ``(X - 1 mᵀ)ᵀ U = Xᵀ U - m (1ᵀ U)``:
-    both are linear in the local rows, so the second is summed over ranks like
-    ``Xᵀ U`` itself (the same single allreduce).
-    """
 
-    def __init__(self, X, mean):
-        self.X = X
-        self.mean = mean
-        self.shape, self.dtype = X.shape, X.dtype
-        self.XT = device_transpose(X)
+def sparse_products_mode():
+    mode = os.environ.get("MPIML_SPARSE_PRODUCTS", "kernels")
+    if mode not in SPARSE_PRODUCTS:
+        raise ValueError(f"MPIML_SPARSE_PRODUCTS must be one of {SPARSE_PRODUCTS}; got {mode!r}")
+    return mode
+
+
+def _kernels_for(X):
+    """:mod:`mpiml.kernels.sparse` when it takes the shard ``X`` (``cupyx`` CSR, float32/64, int32 indices)."""
+    if type(X).__module__.startswith("cupyx"):
+        from ..kernels import sparse
+
+        if sparse.supported(X):
+            return sparse
+    return None
 
 
 class SparseRows:
-    """A ``cupyx`` CSR shard with its transpose stored as CSR, formed once per fit.
+    """A sparse shard as the solvers use it: ``X V`` and this rank's part of ``Xᵀ U``, optionally centred.
 
-    cuSPARSE multiplies a transposed CSR matrix by a dense block far more
-    slowly than a plain one (it scatters with atomics); the solvers multiply by
-    ``Xᵀ`` once per power iteration or block product, so one conversion per fit
-    (about the cost of one pass over the stored values, and their memory once
-    more) turns every ``Xᵀ U`` into a plain SpMM.
+    With ``mean``, the operator is ``X - 1 meanᵀ`` of this rank's rows, never
+    formed (implicit centring, what PCA's ``"arpack"`` runs on sparse data):
+    ``(X - 1 mᵀ) V = X V - 1 (mᵀ V)`` and ``(X - 1 mᵀ)ᵀ U = Xᵀ U - m (1ᵀ U)``;
+    both are linear in the local rows, so the second is summed over ranks like
+    ``Xᵀ U`` itself (the same single allreduce).
+
+    A ``cupyx`` CSR shard multiplies by :mod:`mpiml.kernels.sparse` (see
+    :data:`SPARSE_PRODUCTS`): cuSPARSE reads a skinny dense block a column at a
+    time, far below the memory bandwidth, and multiplies by a transposed CSR
+    matrix with atomics; here ``Xᵀ`` is stored as CSR once per fit (one
+    conversion, the stored values' memory once more) and both products read
+    the dense block a row at a time.  SciPy shards multiply as SciPy does.
     """
 
-    def __init__(self, X, XT=None):
+    def __init__(self, X, XT=None, mean=None, mode=None):
         self.X = X
-        self.XT = device_transpose(X) if XT is None else XT
+        self.mean = mean
         self.shape, self.dtype = X.shape, X.dtype
+        self.mode = sparse_products_mode() if mode is None else mode
+        self.kernels = _kernels_for(X) if self.mode != "cusparse" else None
+        self._ready = None
+        if XT is None and not (self.kernels is not None and self.mode == "scatter"):
+            XT, self._ready = _transpose_aside(X) if self.kernels is not None else (device_transpose(X), None)
+        self._XT = XT
+
+    @property
+    def XT(self):
+        """``Xᵀ`` as CSR (None for a SciPy shard or without stored values); formed on a side stream, waited
+        for here (the first products of a fit overlap the conversion)."""
+        if self._ready is not None:
+            import cupy
+
+            cupy.cuda.get_current_stream().wait_event(self._ready)
+            self._ready = None
+        return self._XT
+
+    def matmul(self, V, xp):
+        """``X V`` (centred when ``mean`` is set) of this rank's rows, in ``X``'s dtype."""
+        if self.kernels is not None:
+            out = self.kernels.csr_matmul(self.X, V)
+        else:
+            out = self.X @ V.astype(self.dtype, copy=False)
+        if self.mean is not None:
+            out = out - (self.mean.astype(self.dtype) @ V.astype(self.dtype, copy=False))[None, :]
+        return out
+
+    def rmatmul(self, U, xp):
+        """This rank's part of ``Xᵀ U`` (centred when ``mean`` is set), float64."""
+        if self.kernels is not None and self.XT is not None and self.mode == "kernels":
+            out = self.kernels.csr_matmul(self.XT, U, out_dtype=np.float64)
+        elif self.kernels is not None:  # "scatter", or a shard with no rows or no stored value (no Xᵀ)
+            out = self.kernels.csr_rmatmul_scatter(self.X, U, out_dtype=np.float64)
+        else:
+            XT = self.XT if self.XT is not None else self.X.T
+            out = (XT @ U.astype(self.dtype, copy=False)).astype(xp.float64, copy=False)
+        if self.mean is not None:
+            out = out - xp.outer(self.mean.astype(xp.float64), U.sum(axis=0, dtype=xp.float64))
+        return out
+
+
+def CentredRows(X, mean):
+    """``X - 1 meanᵀ`` of this rank's sparse rows, never formed (:class:`SparseRows` with ``mean``)."""
+    return SparseRows(X, mean=mean)
+
+
+_SIDE_STREAMS = {}
+
+
+def _transpose_aside(X):
+    """``(Xᵀ as CSR, event)`` for a ``cupyx`` shard, converted on a side stream (one per device, kept: CuPy's
+    memory pool caches per stream) after the work queued so far; ``(device_transpose(X), None)`` if that fails."""
+    import cupy
+
+    if not (X.nnz and X.shape[0]):
+        return None, None
+    try:
+        dev = cupy.cuda.runtime.getDevice()
+        side = _SIDE_STREAMS.get(dev)
+        if side is None:
+            side = _SIDE_STREAMS[dev] = cupy.cuda.Stream(non_blocking=True)
+        side.wait_event(cupy.cuda.get_current_stream().record())
+        with side:
+            XT = X.T.tocsr()
+        return XT, side.record()
+    except Exception:  # noqa: BLE001 - any trouble with streams: convert in line
+        return device_transpose(X), None
 
 
 def device_transpose(X):
@@ -67,23 +154,70 @@ def device_transpose(X):
 
 def _matvec(X, V):
     """``X @ V`` on this rank's rows (``V`` cast to the dtype of ``X``: no copy of ``X``)."""
-    if isinstance(X, CentredRows):
-        V = V.astype(X.dtype, copy=False)
-        return X.X @ V - (X.mean.astype(X.dtype) @ V)[None, :]
     if isinstance(X, SparseRows):
-        return X.X @ V.astype(X.dtype, copy=False)
+        from .._array import get_namespace
+
+        return X.matmul(V, get_namespace(V))
     return X @ V.astype(X.dtype, copy=False)
+
+
+#: Rows a batch of :func:`_tall_tmatmul` sums in the data's dtype (then float64 across batches).
+_TALL_BATCH_ROWS = 1 << 15
+
+
+def _tall_tmatmul(X, U, xp):
+    """``Xᵀ U`` of a tall local block as float64: on a GPU one strided-batched GEMM over row batches.
+
+    ``X.T @ U`` is a GEMM whose output (``d x b``) is tiny and whose inner
+    dimension is the row count: a handful of output tiles, so a plain GEMM
+    keeps few SMs busy.  Cut into batches of :data:`_TALL_BATCH_ROWS` rows
+    (one cuBLAS strided-batched call), every batch is a GEMM of its own and
+    the partial products are summed in float64.  Environment
+    ``MPIML_DENSE_TPRODUCT=gemm`` keeps the plain GEMM (for comparison).
+    """
+    L = _TALL_BATCH_ROWS
+    n, d = X.shape
+    U = U.astype(X.dtype, copy=False)
+    plain = xp is np or n < 4 * L or X.dtype not in (xp.float32, xp.float64) or not X.flags.c_contiguous \
+        or os.environ.get("MPIML_DENSE_TPRODUCT") == "gemm"
+    if not plain:
+        try:
+            return _batched_tmatmul(X, xp.ascontiguousarray(U), xp, L)
+        except Exception:  # noqa: BLE001 - a CuPy without these cuBLAS bindings: the plain GEMM
+            pass
+    return (X.T @ U).astype(xp.float64, copy=False)
+
+
+def _batched_tmatmul(X, U, xp, L):
+    try:
+        from cupy_backends.cuda.libs import cublas
+    except ImportError:
+        from cupy.cuda import cublas
+    n, d = X.shape
+    b = U.shape[1]
+    c = n // L
+    m = c * L
+    single = X.dtype == xp.float32
+    data_type, compute_type = (0, 68) if single else (1, 70)   # CUDA_R_32F / 64F, CUBLAS_COMPUTE_32F / 64F
+    part = xp.empty((c, d, b), dtype=X.dtype)
+    one = np.array(1, dtype=X.dtype)
+    zero = np.array(0, dtype=X.dtype)
+    # column-major view: U_c is b x L (ld b), X_c is d x L (ld d); part_cᵀ (b x d, ld b) = U_c X_cᵀ
+    cublas.gemmStridedBatchedEx(xp.cuda.device.get_cublas_handle(), 0, 1, b, d, L, one.ctypes.data,
+                                U.data.ptr, data_type, b, L * b, X.data.ptr, data_type, d, L * d,
+                                zero.ctypes.data, part.data.ptr, data_type, b, d * b, c, compute_type, -1)
+    out = part.sum(axis=0, dtype=xp.float64)
+    if m < n:
+        out += (X[m:].T @ U[m:]).astype(xp.float64, copy=False)
+    return out
 
 
 def _rmatvec(X, U, comm, xp):
     """``X.T @ U`` summed over ranks, float64, replicated (one allreduce of d x b)."""
-    if isinstance(X, (CentredRows, SparseRows)):
-        XT = X.XT if X.XT is not None else X.X.T
-        out = (XT @ U.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
-        if isinstance(X, CentredRows):
-            out = out - xp.outer(X.mean.astype(xp.float64), U.sum(axis=0, dtype=xp.float64))
+    if isinstance(X, SparseRows):
+        out = X.rmatmul(U, xp)
     else:
-        out = (X.T @ U.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
+        out = _tall_tmatmul(X, U, xp)
     if comm.size > 1:
         out = comm.allreduce(xp.ascontiguousarray(out))
     return out
@@ -94,10 +228,20 @@ def gaussian_matrix(random_state, shape, comm, xp, dtype):
     """A standard normal matrix, the same on every rank, drawn as scikit-learn draws it.
 
     An int ``random_state`` is expanded on every rank alike (no communication)
-    into ``RandomState(seed).normal(size=shape)``, scikit-learn's first draw;
-    None or a ``RandomState`` instance is drawn on rank 0 and broadcast
-    (``prod(shape)`` float64 values).
+    into ``RandomState(seed).normal(size=shape)``, scikit-learn's first draw
+    (on the host: about 25 ns a value, 65 ms for a 10^5 x 26 matrix); a
+    ``RandomState`` instance is drawn on rank 0 and broadcast (``prod(shape)``
+    float64 values).  None on GPU ranks draws on the device from a seed that
+    rank 0 takes from NumPy's global generator and broadcasts (one int64): any
+    Gaussian matrix serves, and the host draw would cost more than the fit.
     """
+    if random_state is None and xp is not np:
+        seed = np.array([np.random.randint(0, 2**63 - 1, dtype=np.int64)]) if comm.rank == 0 else \
+            np.zeros(1, dtype=np.int64)
+        if comm.size > 1:
+            seed = comm.bcast(seed)
+        G = xp.random.RandomState(int(np.asarray(seed)[0])).standard_normal(shape, dtype=xp.float64)
+        return G.astype(dtype, copy=False)
     if isinstance(random_state, (Integral, np.integer)) or comm.size == 1:
         G = check_random_state(random_state).normal(size=shape)
     elif comm.rank == 0:
@@ -124,8 +268,44 @@ def resolve_normalizer(power_iteration_normalizer, n_iter):
 
 
 # ---------------------------------------------------------------------- randomised SVD
+class _Alone:
+    """The communicator of one rank, for the replicated matrices (no communication)."""
+
+    size, rank = 1, 0
+
+
 def _local_orth(Y, xp):
-    return xp.linalg.qr(Y, mode="reduced")[0]
+    """An orthonormal basis of the columns of a replicated ``Y``.
+
+    On a GPU, CholeskyQR2 (two Gram products and a ``b x b`` Cholesky on the
+    host; TSQR, that is cuSOLVER's QR, when ``Y`` is too ill-conditioned):
+    cuSOLVER's QR of a tall ``d x b`` matrix costs milliseconds of panel
+    factorisations.  Only the span matters to the callers.
+    """
+    if xp is np:
+        return xp.linalg.qr(Y, mode="reduced")[0]
+    return orthonormalize(Y, _Alone, method="cholesky_qr2")
+
+
+def _wide_svd(B, xp):
+    """``U, s, Vt`` of a replicated wide ``B`` (``m <= d``): NumPy's on the host; on a GPU by the QR of ``Bᵀ``
+    (CholeskyQR2, cuSOLVER's QR beyond its condition limit) and the SVD of its ``m x m`` R factor on the host
+    (cuSOLVER's SVD of a wide matrix is slow)."""
+    if xp is np:
+        return np.linalg.svd(B, full_matrices=False)
+    from ..utils._linalg import cholesky_qr2
+
+    Qb, Rb = cholesky_qr2(xp.ascontiguousarray(B.T), _Alone)   # Bᵀ = Qb Rb (cuSOLVER's QR when ill-conditioned)
+    Ur, s, Vrt = np.linalg.svd(to_numpy(Rb), full_matrices=False)
+    # B = Rbᵀ Qbᵀ = Vrtᵀ diag(s) Urᵀ Qbᵀ
+    return xp.asarray(Vrt.T), xp.asarray(s), (Qb @ xp.asarray(Ur)).T
+
+
+def _small_svd(R, xp):
+    """The SVD of a small replicated square matrix, on the host (returned on ``xp``)."""
+    if xp is np:
+        return np.linalg.svd(R, full_matrices=False)
+    return tuple(xp.asarray(a) for a in np.linalg.svd(to_numpy(R), full_matrices=False))
 
 
 def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversamples=10, n_iter=4,
@@ -196,7 +376,7 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
             Y = _matvec(X, Z)
         Q = orthonormalize(Y, comm, method=final)                 # (n_local, m)
         B = _rmatvec(X, Q, comm, xp).T                            # (m, d) = Q^T X, replicated
-        Uhat, s, Vt = xp.linalg.svd(B, full_matrices=False)
+        Uhat, s, Vt = _wide_svd(B, xp)
         U = Q @ Uhat.astype(dtype, copy=False)
         return U[:, :n_components], s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
 
@@ -210,7 +390,7 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
     Q = _local_orth(Y, xp)                                        # (d, m), replicated
     # B = Q^T M = (X Q)^T, distributed by columns: SVD through the QR of X Q
     Q2, R = tsqr(_matvec(X, Q), comm, want_q=True)               # X Q = Q2 R
-    Ur, s, Vrt = xp.linalg.svd(R, full_matrices=False)           # R = Ur diag(s) Vrt
+    Ur, s, Vrt = _small_svd(R, xp)                               # R = Ur diag(s) Vrt
     # B = Vrt^T diag(s) (Q2 Ur)^T  ->  M = (Q Vrt^T) diag(s) (Q2 Ur)^T,  X = (Q2 Ur) diag(s) (Q Vrt^T)^T
     U = Q2 @ Ur.astype(dtype, copy=False)
     Vt = (Q.astype(xp.float64) @ Vrt.T).T

@@ -7,10 +7,10 @@ from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 
 from .._array import to_numpy
 from ..base import SPMDEstimator
-from ..utils._linalg import column_sq_dev, column_sums, svd_flip_rows
+from ..utils._linalg import column_sq_dev, column_sums, is_sparse, svd_flip_rows
 from ..utils._param_validation import Interval, StrOptions
 from ._pca import _allreduce, _check_local, validate_local_rows, validated_rows
-from ._solvers import SparseRows, block_lanczos_svd, device_transpose, randomized_svd
+from ._solvers import SparseRows, _kernels_for, block_lanczos_svd, randomized_svd
 
 __all__ = ["TruncatedSVD"]
 
@@ -18,20 +18,68 @@ __all__ = ["TruncatedSVD"]
 def _global_variances(X, Xt, n, *, comm, xp):
     """Sum of the feature variances of ``X`` and the column variances of ``Xt`` (ddof=0), global.
 
-    Two passes for accuracy (means, then squared deviations): two allreduces
-    of ``d + k`` and ``1 + k`` float64.  A sparse ``X`` is not densified (its
-    implicit zeros are counted, as scikit-learn's ``mean_variance_axis`` does).
+    Two allreduces, of ``d + k`` (the sums: the means) and ``1 + k`` float64
+    (the squared deviations).  A sparse ``X`` is not densified (its implicit
+    zeros are counted, as scikit-learn's ``mean_variance_axis`` does); a
+    ``cupyx`` shard with its transpose stored (:class:`SparseRows`) reads the
+    moments of its columns off the rows of ``Xᵀ`` (a kernel, two passes over
+    its values).  Dense CuPy blocks are read once by the column-moments kernel
+    about a shift of this rank's own (the mean of its first rows): with ``S``
+    the rank's sums, ``Q`` its squared deviations about ``s`` and ``m`` the
+    global mean, its share is ``Q - 2 (m - s)(S - n_r s) + n_r (m - s)²``,
+    exact algebra whose terms stay small while ``s`` is near ``m`` (the
+    two-pass accuracy without the second read).  Host blocks: two passes.
     """
+    stored = None
+    if isinstance(X, SparseRows):
+        if X.XT is not None and X.kernels is not None:
+            stored = X
+        X = X.X
     d, k = X.shape[1], Xt.shape[1]
+    n_r = X.shape[0]
+    moments = None
+    if xp is not np:
+        from ..kernels import sparse as moments
+
+    def shifted(A):
+        """(sums, squares about the shift, shift) of a dense CuPy block, one read."""
+        shift = A[:256].astype(xp.float64).mean(axis=0) if A.shape[0] else xp.zeros(A.shape[1], dtype=xp.float64)
+        S, Q = moments.dense_column_moments(A, shift)
+        return S, Q, shift
+
     sums = xp.zeros(d + k, dtype=xp.float64)
-    if X.shape[0]:
-        sums[:d] = column_sums(X)
-        sums[d:] = Xt.sum(axis=0, dtype=xp.float64)
+    one_x = one_t = None
+    if n_r:
+        if stored is not None:
+            sums[:d] = stored.kernels.csr_row_moments(stored.XT)[0]
+        elif is_sparse(X) or moments is None:
+            sums[:d] = column_sums(X)
+        else:
+            one_x = shifted(X)
+            sums[:d] = one_x[0]
+        if moments is None:
+            sums[d:] = Xt.sum(axis=0, dtype=xp.float64)
+        else:
+            one_t = shifted(Xt)
+            sums[d:] = one_t[0]
     means = _allreduce(comm, sums) / n
     sq = xp.zeros(1 + k, dtype=xp.float64)
-    if X.shape[0]:
-        sq[0] = column_sq_dev(X, means[:d]).sum()
-        sq[1:] = column_sq_dev(Xt, means[d:])
+
+    def share(first, m):
+        S, Q, s = first
+        return Q - 2.0 * (m - s) * (S - n_r * s) + n_r * (m - s) ** 2
+
+    if n_r:
+        done = False
+        if stored is not None:
+            m = means[:d]
+            _, s2, canonical = stored.kernels.csr_row_moments(stored.XT, m)
+            if canonical:  # the implicit zeros of each column add (rows - stored) m²
+                sq[0] = (s2 + (n_r - xp.diff(stored.XT.indptr)) * m * m).sum()
+                done = True
+        if not done:
+            sq[0] = (share(one_x, means[:d]) if one_x is not None else column_sq_dev(X, means[:d])).sum()
+        sq[1:] = share(one_t, means[d:]) if one_t is not None else column_sq_dev(Xt, means[d:])
     sq = _allreduce(comm, sq) / n
     return float(to_numpy(sq[:1])[0]), sq[1:]
 
@@ -162,8 +210,8 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         X, xp, counts, _ = validated_rows(self, X, comm, ensure_min_features=2)
         n, d = int(counts.sum()), X.shape[1]
         k = self.n_components
-        XT = device_transpose(X)  # cupyx CSR: Xᵀ stored once, every product with it a plain SpMM
-        operand = X if XT is None else SparseRows(X, XT)
+        # a cupyx CSR shard: the sparse kernels, Xᵀ stored once per fit (see SparseRows)
+        operand = SparseRows(X) if is_sparse(X) and xp is not np else X
         if self.algorithm == "arpack":
             if not k < min(n, d):  # scikit-learn passes scipy's svds message on; the shape follows it here
                 raise ValueError(f"`k` must be an integer satisfying `0 < k < min(A.shape)`. (n_components={k}, "
@@ -179,8 +227,8 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
                                       random_state=self.random_state)
         _, Vt = svd_flip_rows(Vt)
         self.components_ = xp.ascontiguousarray(Vt.astype(X.dtype, copy=False))
-        X_transformed = X @ self.components_.T
-        full_var, exp_var = _global_variances(X, X_transformed, n, comm=comm, xp=xp)
+        X_transformed = operand.matmul(self.components_.T, xp) if operand is not X else X @ self.components_.T
+        full_var, exp_var = _global_variances(operand, X_transformed, n, comm=comm, xp=xp)
         self.explained_variance_ = exp_var.astype(X.dtype)
         self.explained_variance_ratio_ = (exp_var / full_var).astype(X.dtype)
         self.singular_values_ = S.astype(X.dtype, copy=False)
@@ -203,7 +251,9 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         """
         self._check_is_fitted()
         X, xp = validate_local_rows(self, X)
-        return X @ self._on(xp).astype(X.dtype, copy=False).T
+        C = self._on(xp).astype(X.dtype, copy=False)
+        kernels = _kernels_for(X)
+        return kernels.csr_matmul(X, C.T) if kernels is not None else X @ C.T
 
     def inverse_transform(self, X):
         """Map projections back: ``X @ components_`` (no communication).

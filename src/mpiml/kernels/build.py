@@ -8,7 +8,7 @@ Writes one ``sm_XY.zip`` an architecture: ``index.json`` (per cubin: the source 
 lowered name of every expression) and the cubins, named by their key (see :mod:`mpiml.kernels._loader`).
 The specialisations come from the families' own plan functions: the k-means kernels' plans are asked
 for a grid of shapes with the shared memory and compute capability of a typical GPU of each architecture
-(they depend on it), the collectives' every element type, the histograms' and linear models' whole
+(they depend on it), the collectives' every element type, the histograms', linear models' and sparse products' whole
 families, and the k-selection kernels of the common metrics for every query tile and alignment.  NVRTC comes
 from the ``nvidia-cuda-nvrtc`` wheel (or ``MPIML_NVRTC``).  Rerun this after any change to a ``.cu`` file
 (a cubin is found only for the exact source it was compiled from): the programs of unchanged sources are
@@ -148,9 +148,9 @@ def _own_module(expr):
 def specs(arch, model=None):
     """``[(files, expressions)]``: the programs compiled for ``arch``, each a list of expressions; ``model``: the
     device the distance plans are made for (default :data:`DEVICE_MODELS`'s for ``arch``)."""
-    from . import COMMON, FAMILIES, _name_expressions, copy_type, reduce_type
+    from . import COMMON, FAMILIES, _name_expressions, copy_type, reduce_type, sparse
 
-    out = []
+    out = [(sparse.FILES, sparse.expressions())]   # the sparse products' whole family, one program
     for family, (file, _, reduces) in FAMILIES.items():
         ctypes = ({reduce_type(t) for t in ("float16", "float32", "float64", "int32", "int64", "bool")} if reduces
                   else {copy_type(s) for s in (1, 2, 4, 8)})

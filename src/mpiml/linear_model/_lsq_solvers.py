@@ -316,12 +316,33 @@ class CentredOperator:
         self.mean = None if x_mean is None else np.asarray(x_mean, dtype=np.float64)
         self._mean_dev = None
         self.root = None if sw is None else xp.sqrt(sw.astype(xp.float64))
+        # a cupyx CSR shard: mpiml.kernels.sparse (MPIML_SPARSE_PRODUCTS, see mpiml.decomposition._solvers):
+        # "kernels", X v and Xᵀ u from shared memory (the vector's slice of each column piece staged there,
+        # the matrix streamed once: no transpose) when X's rows are sorted, else row dot products on X and
+        # on Xᵀ stored as CSR (formed at the first Aᵀu, once per fit); "scatter", AᵀA p in one read of X
+        # per iteration (:meth:`normal`, atomics, no transpose)
+        self._kernels = self._XT = self._pieces = None
+        self.fused = False
+        if xp is not np and is_sparse(X):
+            from ..decomposition._solvers import _kernels_for, sparse_products_mode
+
+            mode = sparse_products_mode()
+            if mode != "cusparse":
+                self._kernels = _kernels_for(X)
+                self.fused = self._kernels is not None and mode == "scatter"
+                if self._kernels is not None and mode == "kernels":
+                    self._pieces = self._kernels.column_pieces(X)
 
     def matvec(self, v):
         """``A v`` for a replicated vector ``v`` (host or on X's device): this rank's rows, float64."""
         xp, X = self.xp, self.X
         v = xp.asarray(v, dtype=xp.float64)
-        u = (X @ v.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
+        if self._pieces is not None:
+            u = self._pieces.dot(v)
+        elif self._kernels is not None:
+            u = self._kernels.csr_matmul(X, v, out_dtype=np.float64)
+        else:
+            u = (X @ v.astype(X.dtype, copy=False)).astype(xp.float64, copy=False)
         if self.mean is not None:
             u = u - self._mean_on(xp) @ v  # a 0-d array: no wait for the device
         return u if self.root is None else u * self.root
@@ -332,10 +353,34 @@ class CentredOperator:
         if X.shape[0] == 0:
             return xp.zeros(self.d, dtype=xp.float64)
         su = u if self.root is None else u * self.root
-        out = (X.T @ su.astype(X.dtype, copy=False)).astype(xp.float64, copy=False).ravel()
+        if self._pieces is not None:
+            out = self._pieces.tdot(su.ravel())
+        elif self._kernels is not None and self.fused:
+            out = self._kernels.csr_rmatmul_scatter(X, su.ravel(), out_dtype=np.float64)
+        elif self._kernels is not None and X.nnz:
+            if self._XT is None:
+                self._XT = X.T.tocsr()
+            out = self._kernels.csr_matmul(self._XT, su.ravel(), out_dtype=np.float64)
+        else:
+            out = (X.T @ su.astype(X.dtype, copy=False)).astype(xp.float64, copy=False).ravel()
         if self.mean is not None:
             out = out - self._mean_on(xp) * su.sum()
         return out
+
+    def normal(self, p):
+        """This rank's part of ``Aᵀ A p`` for a replicated ``p`` on X's device, float64, in one read of X.
+
+        Only when :attr:`fused` (a ``cupyx`` shard under ``MPIML_SPARSE_PRODUCTS=scatter``).
+        """
+        xp = self.xp
+        if self.X.shape[0] == 0:
+            return xp.zeros(self.d, dtype=xp.float64)
+        m = None if self.mean is None else self._mean_on(xp)
+        c = 0.0 if m is None else m @ p          # a 0-d array: no wait for the device
+        if self.root is not None and getattr(self, "_w", None) is None:
+            self._w = self.root * self.root
+        y, ysum = self._kernels.csr_normal_vec(self.X, p, c, None if self.root is None else self._w)
+        return y if m is None else y - m * ysum
 
     def rmatvec_local(self, u):
         """:meth:`rmatvec` as host float64."""
@@ -496,7 +541,8 @@ def conjugate_gradient(op, b, *, alpha, tol, max_iter=None, comm):
         if np.sqrt(rs) <= tol * bnorm:
             return as_like(x, np), it, True
         it += 1
-        Ap = _summed(comm, op.rmatvec(op.matvec(p)), p, xp) + alpha * p
+        local = op.normal(p) if getattr(op, "fused", False) else op.rmatvec(op.matvec(p))
+        Ap = _summed(comm, local, p, xp) + alpha * p
         pAp = float(p @ Ap)
         if pAp <= 0:
             break

@@ -108,6 +108,9 @@ def gram(A, *, shift=None, chunk_rows=None):
         return G
     if shift is None and A.dtype == xp.float64:
         return A.T @ A
+    if shift is None and xp is not np:
+        # one read of A by the Gram kernel (or cuBLAS on one reused float64 buffer), no float64 copy per chunk
+        return xp.ascontiguousarray(augmented_gram(A)[:d, :d])
     step = chunk_rows or max(1, (64 << 20) // (8 * max(d, 1)))
     out = xp.zeros((d, d), dtype=xp.float64)
     sh = None if shift is None else xp.asarray(shift, dtype=xp.float64)
@@ -353,21 +356,23 @@ def _cholesky_round(A, comm, xp, *, check_cond):
     """
     G = _allreduce(comm, gram(A))
     d = G.shape[0]
+    # the d x d algebra on the host (d is small; on a GPU this is one copy instead of several solver
+    # launches and synchronisations), the same arithmetic on every rank
+    G = to_numpy(G)
     try:
-        L = xp.linalg.cholesky(G)
+        L = np.linalg.cholesky(G)
     except np.linalg.LinAlgError:
         return None, "the Gram matrix is not positive definite"
-    # cupy does not raise by default: a failed factorisation leaves NaN behind
-    if not bool(xp.isfinite(L).all()) or (d and float(xp.min(xp.abs(xp.diagonal(L)))) == 0.0):
+    if not bool(np.isfinite(L).all()) or (d and float(np.min(np.abs(np.diagonal(L)))) == 0.0):
         return None, "the Gram matrix is not positive definite"
     R = L.T
     if check_cond and d:
-        s = to_numpy(xp.linalg.svd(R, compute_uv=False))
+        s = np.linalg.svd(R, compute_uv=False)
         cond = float(s[0] / s[-1]) if s[-1] > 0 else np.inf
         if not cond <= CHOLQR2_MAX_COND:
             return None, f"cond(A) is about {cond:.3g}, above the limit {CHOLQR2_MAX_COND:.0e} of CholeskyQR2"
-    Q = A @ _triangular_inverse(R, xp).astype(A.dtype)
-    return Q, R
+    Q = A @ xp.asarray(_triangular_inverse(R, np).astype(A.dtype))
+    return Q, xp.asarray(R)
 
 
 def cholesky_qr2(A_local, comm, *, on_failure="tsqr"):

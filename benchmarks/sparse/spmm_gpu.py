@@ -1,0 +1,202 @@
+"""The sparse products of TruncatedSVD and sparse Ridge on one GPU: each way of computing them, timed, with its floor.
+
+    python3 benchmarks/sparse/spmm_gpu.py --out $OUT/spmm_gpu.json            # CSR 10^6 x 10^5, 10^8 values
+    python3 benchmarks/sparse/spmm_gpu.py --rows 1e5 --features 1e4 --out /tmp/s.json
+
+The matrix (float32, int32 indices) has ``--nnz-per-row`` values per row at uniform random columns,
+drawn on the GPU (the shape of ``mpiml bench ml --algo tsvd|ridge --sparse 0.001``).  Timed, each the
+best of ``--repeats`` after a warm-up, the device synchronised: ``X V`` and ``Xᵀ U`` for a dense block
+of ``b = components + 10`` columns by cuSPARSE (``X @ V``, ``X.T @ U``, and on the stored transpose
+``Xᵀ`` as CSR), by :mod:`mpiml.kernels.sparse` (gather on ``X`` and on ``Xᵀ``, scatter with atomics);
+forming ``Xᵀ`` (``X.T.tocsr()``); the same for one vector (``b = 1``, sparse Ridge's products); the
+column sums (``mpiml.utils._linalg.column_sums`` and the kernel's row moments of ``Xᵀ``); then whole
+TruncatedSVD fits (defaults but ``n_components``) under each ``MPIML_SPARSE_PRODUCTS`` mode.
+Floors: the bytes a product must move (the CSR arrays once, the dense block read and the result
+written) at the datasheet HBM bandwidth; the gathers of ``V``'s rows (``nnz * b`` values) come from L2
+when ``V`` fits there and are reported separately.  Prints a table and writes JSON.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+_BW = (("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12), ("A100", 2.0e12))
+
+
+def _best(fn, repeats, sync):
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _print_profile(prof, top):
+    """One line a function: the ``top`` by cumulative time among mpiml's and CuPy's, then by own time."""
+    import pstats
+
+    st = pstats.Stats(prof).stats
+    rows = [(ct, tt, nc, f"{os.path.basename(fn)}:{ln}({name})") for (fn, ln, name), (_, nc, tt, ct, _) in st.items()]
+    print("  profile of one fit (cumulative ms, own ms, calls, function):")
+    for ct, tt, nc, where in sorted((r for r in rows if "mpiml" in r[3] or "_solvers" in r[3] or "_linalg" in r[3]
+                                     or "sparse" in r[3] or "_truncated" in r[3]), reverse=True)[:top]:
+        print(f"    {ct * 1e3:9.2f} {tt * 1e3:9.2f} {nc:6d}  {where}")
+    print("  by own time:")
+    for tt, ct, nc, where in sorted(((r[1], r[0], r[2], r[3]) for r in rows), reverse=True)[:top // 2]:
+        print(f"    {ct * 1e3:9.2f} {tt * 1e3:9.2f} {nc:6d}  {where}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=float, default=1e6)
+    ap.add_argument("--features", type=float, default=1e5)
+    ap.add_argument("--nnz-per-row", type=int, default=100)
+    ap.add_argument("--components", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--fits", default="kernels,scatter,cusparse", help="MPIML_SPARSE_PRODUCTS modes to fit under")
+    ap.add_argument("--profile", type=int, default=16, help="print the top N of a cProfile of one fit in the first "
+                    "mode (0: none)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    from mpiml.decomposition import TruncatedSVD
+    from mpiml.kernels import sparse
+    from mpiml.utils._linalg import column_sums
+
+    n, d, k = int(args.rows), int(args.features), args.nnz_per_row
+    b = args.components + 10
+    rs = cp.random.RandomState(0)
+    cols = cp.sort(rs.randint(0, d, size=(n, k), dtype=cp.int64), axis=1).astype(cp.int32).ravel()
+    vals = rs.random_sample(n * k, dtype=cp.float32)
+    X = csp.csr_matrix((vals, cols, cp.arange(0, n * k + 1, k, dtype=cp.int32)), shape=(n, d))
+    nnz = X.nnz
+    V = rs.standard_normal((d, b), dtype=cp.float32)
+    U = rs.standard_normal((n, b), dtype=cp.float32)
+    v, u = V[:, 0].copy(), U[:, 0].copy()
+    sync = cp.cuda.Device().synchronize
+    name = cp.cuda.runtime.getDeviceProperties(0)["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    bw = next((r for frag, r in _BW if frag in name), 3.35e12)
+    csr_bytes = nnz * 8 + (n + 1) * 4
+    res = {"device": name, "hbm_Bps": bw, "rows": n, "features": d, "nnz": nnz, "b": b,
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": "python3 benchmarks/sparse/spmm_gpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "times_s": {}, "floors_s": {}}
+    t = res["times_s"]
+    XT = X.T.tocsr()
+    t["transpose X.T.tocsr()"] = _best(lambda: X.T.tocsr(), args.repeats, sync)
+    t["XV cusparse"] = _best(lambda: X @ V, args.repeats, sync)
+    t["XV kernel gather"] = _best(lambda: sparse.csr_matmul(X, V), args.repeats, sync)
+    t["XtU cusparse X.T@U"] = _best(lambda: X.T @ U, args.repeats, sync)
+    t["XtU cusparse stored XT"] = _best(lambda: XT @ U, args.repeats, sync)
+    t["XtU kernel gather on XT"] = _best(lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64), args.repeats, sync)
+    t["XtU kernel scatter f64"] = _best(lambda: sparse.csr_rmatmul_scatter(X, U, np.float64), args.repeats, sync)
+    t["XtU kernel scatter f32"] = _best(lambda: sparse.csr_rmatmul_scatter(X, U, np.float32), args.repeats, sync)
+    t["Xv cusparse"] = _best(lambda: X @ v, args.repeats, sync)
+    t["Xv kernel rowdot"] = _best(lambda: sparse.csr_matmul(X, v, out_dtype=np.float64), args.repeats, sync)
+    t["Xtu cusparse stored XT"] = _best(lambda: XT @ u, args.repeats, sync)
+    t["Xtu cusparse X.T@u"] = _best(lambda: X.T @ u, args.repeats, sync)
+    t["Xtu kernel rowdot on XT"] = _best(lambda: sparse.csr_matmul(XT, u, out_dtype=np.float64), args.repeats, sync)
+    t["Xtu kernel scatter"] = _best(lambda: sparse.csr_rmatmul_scatter(X, u), args.repeats, sync)
+    m = cp.asarray(rs.standard_normal(d, dtype=cp.float64))
+    t["XtXp kernel normal (one read)"] = _best(lambda: sparse.csr_normal_vec(X, v, m @ v.astype(cp.float64)),
+                                               args.repeats, sync)
+    t["column pieces: build"] = _best(lambda: sparse.column_pieces(X), args.repeats, sync)
+    P = sparse.column_pieces(X)
+    res["column_pieces"] = None if P is None else P.K
+    if P is not None:
+        t["Xv pieces (shared memory)"] = _best(lambda: P.dot(v), args.repeats, sync)
+        t["Xtu pieces (shared memory)"] = _best(lambda: P.tdot(u), args.repeats, sync)
+    t["column sums (bincount)"] = _best(lambda: column_sums(X), args.repeats, sync)
+    t["column moments (kernel on XT)"] = _best(lambda: sparse.csr_row_moments(XT), args.repeats, sync)
+    # correctness of what was timed
+    ref = (XT @ U).astype(cp.float64)
+    err = {"XV kernel vs cusparse": float(cp.abs(sparse.csr_matmul(X, V) - X @ V).max() / cp.abs(X @ V).max()),
+           "XtU gather vs cusparse": float(cp.abs(sparse.csr_matmul(XT, U, out_dtype=np.float64) - ref).max()
+                                           / cp.abs(ref).max()),
+           "XtU scatter vs cusparse": float(cp.abs(sparse.csr_rmatmul_scatter(X, U) - ref).max() / cp.abs(ref).max())}
+    res["max_rel_diff"] = err
+    f = res["floors_s"]
+    f["XV (CSR once, V once, Y written)"] = (csr_bytes + d * b * 4 + n * b * 4) / bw
+    f["XtU (CSR once, U once, Y written)"] = (csr_bytes + n * b * 4 + d * b * 8) / bw
+    f["Xv"] = (csr_bytes + d * 4 + n * 8) / bw
+    f["gathers of V rows (bytes, from L2)"] = nnz * b * 4
+    f["transpose (read CSR, write CSR)"] = 2 * csr_bytes / bw
+    fits = res["fits_s"] = {}
+    for mode in [m for m in args.fits.split(",") if m]:
+        os.environ["MPIML_SPARSE_PRODUCTS"] = mode
+        est = TruncatedSVD(args.components)
+        fits[mode] = _best(lambda: est.fit(X), 3, sync)
+        fits[mode + " singular_values"] = est.singular_values_.get().tolist()
+    # sparse Ridge (sparse_cg, tol 1e-4 as the benchmark) per mode against ten lines of cupyx CG on XᵀX + alpha I
+    import cupyx.scipy.sparse.linalg as sla
+
+    from mpiml.linear_model import Ridge
+
+    w_true = rs.standard_normal(d, dtype=cp.float32)
+    y = X @ w_true + rs.standard_normal(n, dtype=cp.float32)
+    ridge = res["ridge_fits_s"] = {}
+    for mode in [m for m in args.fits.split(",") if m]:
+        os.environ["MPIML_SPARSE_PRODUCTS"] = mode
+        est = Ridge(alpha=1.0, solver="sparse_cg", tol=1e-4, fit_intercept=False)
+        ridge[mode + " (no intercept)"] = _best(lambda: est.fit(X, y), 3, sync)
+        est_i = Ridge(alpha=1.0, tol=1e-4)
+        ridge[mode + " (defaults)"] = _best(lambda: est_i.fit(X, y), 3, sync)
+        ridge[mode + " iterations"] = int(np.sum(est_i._n_krylov_iter))
+    os.environ.pop("MPIML_SPARSE_PRODUCTS", None)
+    op = sla.LinearOperator((d, d), matvec=lambda q: XT @ (X @ q) + 1.0 * q, dtype=X.dtype)
+    rhs = XT @ y
+    ridge["cupyx cg peer (XT formed outside)"] = _best(lambda: sla.cg(op, rhs, rtol=1e-4), 3, sync)
+    ridge["cupyx cg peer with XT formed"] = _best(
+        lambda: sla.cg(sla.LinearOperator((d, d), matvec=lambda q, T=X.T.tocsr(): T @ (X @ q) + q, dtype=X.dtype),
+                       rhs, rtol=1e-4), 3, sync)
+    for key, val in ridge.items():
+        print(f"  Ridge {key:<40}{val * 1e3 if 'iterations' not in key else val:>10.2f}")
+    if args.profile and fits:
+        import cProfile
+
+        os.environ["MPIML_SPARSE_PRODUCTS"] = args.fits.split(",")[0]
+        for what, fit, top in (("TruncatedSVD", lambda: TruncatedSVD(args.components).fit(X), args.profile),
+                               ("Ridge", lambda: Ridge(alpha=1.0, tol=1e-4).fit(X, y), args.profile // 2)):
+            prof = cProfile.Profile()
+            prof.enable()
+            fit()
+            sync()
+            prof.disable()
+            print(f"  {what}:")
+            _print_profile(prof, top)
+    os.environ.pop("MPIML_SPARSE_PRODUCTS", None)
+    # X Ω, 2 per power iteration, Qᵀ X, the projection, the variances (they read Xᵀ's values twice: one pass),
+    # each the CSR arrays once and the n x b dense block once
+    passes = 2 * 5 + 4
+    res["tsvd_floor_s"] = passes * (csr_bytes + n * b * 4) / bw
+    print(f"{name}: CSR {n} x {d}, {nnz} values, b = {b}")
+    for key, val in t.items():
+        print(f"  {key:<36}{val * 1e3:>10.3f} ms")
+    for key, val in f.items():
+        print(f"  floor {key:<30}{val * 1e3 if 'bytes' not in key else val / 1e9:>10.3f} " +
+              ("GB" if "bytes" in key else "ms"))
+    for key, val in fits.items():
+        if not key.endswith("values"):
+            print(f"  TruncatedSVD({args.components}) fit, {key:<12}{val * 1e3:>10.2f} ms "
+                  f"({val / res['tsvd_floor_s']:.1f} x the floor {res['tsvd_floor_s'] * 1e3:.2f} ms)")
+    print("  max relative differences:", err)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(res, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,376 @@
+"""The sparse kernel family: products of a ``cupyx`` CSR matrix with skinny dense blocks (``spmm.cu``).
+
+cuSPARSE's SpMM runs far below the memory bandwidth for the shapes of the
+truncated SVD and the Krylov solvers (a CSR matrix of ``10^8`` stored values
+times a dense block of 1 to a few tens of columns): it reads the dense block
+column by column, a 4-byte value per 32-byte sector.  These kernels read a
+dense row-major block a row at a time instead (one coalesced read of ``b``
+values per stored value, from L2 when the block fits there), so a product
+costs about one read of the CSR arrays plus those gathers.
+
+* :func:`csr_matmul` -- ``A @ V`` (``V`` of shape ``(n_cols, b)`` or ``(n_cols,)``), deterministic;
+* :func:`csr_rmatmul_scatter` -- ``Aᵀ @ U`` without a transpose of ``A``, with atomics (not deterministic);
+* :func:`csr_normal_vec` -- ``(A - 1mᵀ)ᵀ W (A - 1mᵀ) p`` in one read of ``A`` (sparse Ridge's CG), atomics;
+* :func:`csr_row_moments` -- per row the sum and the shifted sum of squares of the stored values
+  (run on a stored ``Xᵀ``: the column moments of ``X``), deterministic;
+* :func:`dense_column_moments` -- the same per column of a dense CuPy matrix, one read, deterministic;
+* :func:`column_pieces` -- one-vector products ``A x`` and ``Aᵀ u`` from shared memory (sparse Ridge).
+
+Products accumulate in float64 whatever the values' dtype (float32 or float64)
+and are written in the dtype asked for.  The kernels load through
+:mod:`mpiml.kernels._loader` (shipped, cached or compiled once) on first use,
+memoised per device.  CuPy is imported inside the functions only.
+"""
+
+import numpy as np
+
+__all__ = ["supported", "csr_matmul", "csr_rmatmul_scatter", "csr_normal_vec", "csr_row_moments",
+           "dense_column_moments", "column_pieces", "ColumnPieces", "plan", "FILES", "expressions"]
+
+FILES = ("sparse/spmm.cu",)
+_THREADS = 256                     # MPIML_SPARSE_THREADS in spmm.cu
+#: Columns of the dense block one launch takes (32 lanes x 4 columns each); wider blocks go by slices.
+MAX_COLUMNS = 128
+_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+
+_FUNCTIONS = {}
+_SMS = {}
+
+
+def expressions():
+    """Every instantiation the launchers ask for (what :mod:`mpiml.kernels.build` ships)."""
+    out = []
+    for t in ("float", "double"):
+        for o in ("float", "double"):
+            out += [f"mpiml_csr_gather<{t}, double, {o}, {g}, {c}>" for g, c in _PLANS]
+            out += [f"mpiml_csr_rowdot<{t}, double, {o}, {g}>" for g in (4, 8, 16, 32)]
+            out += [f"mpiml_csr_scatter<{t}, {o}, {g}, {c}>" for g, c in _PLANS]
+        out += [f"mpiml_csr_row_moments<{t}>", f"mpiml_dense_col_moments<{t}>"]
+        out += [f"mpiml_csr_scatter_vec<{t}, {g}>" for g in (4, 8, 16, 32)]
+        out += [f"mpiml_csr_normal_vec<{t}, {g}, {w}>" for g in (4, 8, 16, 32) for w in ("false", "true")]
+        out += [f"mpiml_csr_piece_dot<{t}, {g}>" for g in (4, 8, 16, 32)]
+        out += [f"mpiml_csr_piece_scatter<{t}, {g}>" for g in (4, 8, 16, 32)]
+    out.append("mpiml_csr_split")
+    return out
+
+
+#: (lanes per row, columns per lane) by block width: b <= 8, 16, 32, 64, 128.
+_PLANS = ((8, 1), (16, 1), (32, 1), (32, 2), (32, 4))
+
+
+def plan(b):
+    """(lanes per row G, columns per lane CPL) of the gather/scatter kernels for a block of ``b <= 128`` columns."""
+    for g, c in _PLANS:
+        if b <= g * c:
+            return g, c
+    raise ValueError(f"a launch takes at most {MAX_COLUMNS} columns; got {b}")
+
+
+def _function(expr):
+    import cupy
+
+    key = (cupy.cuda.runtime.getDevice(), expr)
+    fn = _FUNCTIONS.get(key)
+    if fn is None:
+        from .._loader import load_module
+
+        fn = load_module(FILES, [expr], also=_siblings(expr)).get_function(expr)
+        _FUNCTIONS[key] = fn
+    return fn
+
+
+def _siblings(expr):
+    """The expressions compiled with ``expr`` on a miss: the same kernel with the same value type (its other
+    lane counts, widths and output types), so one compilation serves a fit."""
+    if "<" not in expr:
+        return []
+    name, args = expr.split("<", 1)
+    head = f"{name}<{args.split(',')[0]}"
+    return [e for e in expressions() if e != expr and (e.startswith(head + ",") or e.startswith(head + ">"))]
+
+
+def _sm_count():
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    if dev not in _SMS:
+        _SMS[dev] = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
+    return _SMS[dev]
+
+
+def _blocks(rows_per_block, n_rows):
+    """Blocks of a grid-stride launch: enough for every row, at most 64 an SM."""
+    need = max(1, -(-int(n_rows) // rows_per_block))
+    return int(min(need, _sm_count() * 64))
+
+
+def supported(A):
+    """Whether the kernels take ``A``: a ``cupyx`` CSR matrix of float32/float64 values with int32 indices."""
+    return (type(A).__module__.startswith("cupyx") and getattr(A, "format", None) == "csr"
+            and np.dtype(A.dtype) in _TYPES and A.indices.dtype == np.int32 and A.indptr.dtype == np.int32)
+
+
+def _rowdot_lanes(A):
+    per_row = A.nnz / max(1, A.shape[0])
+    g = 4
+    while g < 32 and g < per_row / 2:
+        g *= 2
+    return g
+
+
+def csr_matmul(A, V, out_dtype=None):
+    """``A @ V`` for a ``cupyx`` CSR ``A`` (see :func:`supported`) and a dense CuPy ``V``.
+
+    ``V`` of shape ``(n_cols, b)`` or ``(n_cols,)`` is cast to ``A``'s dtype
+    (a copy only when it differs or is not C-contiguous); the result, of shape
+    ``(n_rows, b)`` or ``(n_rows,)``, is C-contiguous in ``out_dtype``
+    (default ``A``'s), summed in float64 in the order of the stored values.
+    """
+    import cupy
+
+    n_rows, n_cols = A.shape
+    vec = V.ndim == 1
+    if V.shape[0] != n_cols:
+        raise ValueError(f"dimension mismatch: A has {n_cols} columns, V {V.shape[0]} rows")
+    out_dtype = np.dtype(A.dtype if out_dtype is None else out_dtype)
+    b = 1 if vec else V.shape[1]
+    T, O = _TYPES[np.dtype(A.dtype)], _TYPES[out_dtype]
+    if n_rows == 0 or b == 0 or A.nnz == 0 or n_cols == 0:
+        return cupy.zeros((n_rows,) if vec else (n_rows, b), dtype=out_dtype)
+    V = cupy.ascontiguousarray(V.astype(A.dtype, copy=False))
+    if vec or b == 1:
+        g = _rowdot_lanes(A)
+        y = cupy.empty(n_rows, dtype=out_dtype)
+        _function(f"mpiml_csr_rowdot<{T}, double, {O}, {g}>")(
+            (_blocks(_THREADS // g, n_rows),), (_THREADS,),
+            (A.indptr, A.indices, A.data, np.int64(n_rows), V.ravel(), y))
+        return y if vec else y[:, None]
+    Y = cupy.empty((n_rows, b), dtype=out_dtype)
+    for s in range(0, b, MAX_COLUMNS):
+        w = min(MAX_COLUMNS, b - s)
+        g, c = plan(w)
+        _function(f"mpiml_csr_gather<{T}, double, {O}, {g}, {c}>")(
+            (_blocks(_THREADS // g, n_rows),), (_THREADS,),
+            (A.indptr, A.indices, A.data, np.int64(n_rows), V[:, s:], np.int64(b), np.int32(w), Y[:, s:],
+             np.int64(b)))
+    return Y
+
+
+def csr_rmatmul_scatter(A, U, out_dtype=np.float64):
+    """``Aᵀ @ U`` for a ``cupyx`` CSR ``A`` and a dense CuPy ``U`` of shape ``(n_rows, b)``, by atomics.
+
+    Returns a C-contiguous ``(n_cols, b)`` matrix in ``out_dtype`` (float32 or
+    float64).  No transpose of ``A`` is formed; the summation order depends
+    on scheduling (float results differ from run to run at rounding level).
+    """
+    import cupy
+
+    n_rows, n_cols = A.shape
+    if U.ndim == 1 or U.shape[1] == 1:
+        y = cupy.zeros(n_cols, dtype=cupy.float64)
+        if n_rows and A.nnz:
+            g = _rowdot_lanes(A)
+            u = cupy.ascontiguousarray(U.ravel().astype(A.dtype, copy=False))
+            _function(f"mpiml_csr_scatter_vec<{_TYPES[np.dtype(A.dtype)]}, {g}>")(
+                (_blocks(_THREADS // g, n_rows),), (_THREADS,), (A.indptr, A.indices, A.data, np.int64(n_rows), u, y))
+        y = y.astype(out_dtype, copy=False)
+        return y if U.ndim == 1 else y[:, None]
+    b = U.shape[1]
+    out_dtype = np.dtype(out_dtype)
+    Y = cupy.zeros((n_cols, b), dtype=out_dtype)
+    if n_rows == 0 or b == 0 or A.nnz == 0:
+        return Y
+    U = cupy.ascontiguousarray(U.astype(A.dtype, copy=False))
+    T, O = _TYPES[np.dtype(A.dtype)], _TYPES[out_dtype]
+    for s in range(0, b, MAX_COLUMNS):
+        w = min(MAX_COLUMNS, b - s)
+        g, c = plan(w)
+        _function(f"mpiml_csr_scatter<{T}, {O}, {g}, {c}>")(
+            (_blocks(_THREADS // g, n_rows),), (_THREADS,),
+            (A.indptr, A.indices, A.data, np.int64(n_rows), U[:, s:], np.int64(b), np.int32(w), Y[:, s:],
+             np.int64(b)))
+    return Y
+
+
+def csr_normal_vec(A, p, c=0.0, w=None):
+    """``(Σ_i t_i a_i, Σ_i t_i)`` with ``t_i = w_i (a_i·p - c)`` over the rows ``a_i`` of a ``cupyx`` CSR ``A``.
+
+    ``c``: a float or a CuPy scalar (0-d or 1 value; read on the device).
+
+    One read of ``A`` (each row's values twice, the second time from cache):
+    with ``c = m·p`` and ``w`` the sample weights, ``y - m ysum`` is
+    ``(A - 1mᵀ)ᵀ diag(w) (A - 1mᵀ) p``, the normal operator of sparse Ridge's
+    CG.  ``p`` is cast to ``A``'s dtype; sums in float64 by atomics (not
+    deterministic).  Returns a float64 vector of length ``n_cols`` and a
+    float64 0-d array.
+    """
+    import cupy
+
+    n_rows, n_cols = A.shape
+    y = cupy.zeros(n_cols, dtype=cupy.float64)
+    ysum = cupy.zeros(1, dtype=cupy.float64)
+    if n_rows == 0:
+        return y, ysum[0]
+    g = _rowdot_lanes(A)
+    pv = cupy.ascontiguousarray(p.astype(A.dtype, copy=False))
+    weighted = w is not None
+    wv = cupy.ascontiguousarray(w, dtype=cupy.float64) if weighted else y
+    cv = cupy.asarray(c, dtype=cupy.float64).reshape(1)   # a device scalar stays there: no synchronisation
+    _function(f"mpiml_csr_normal_vec<{_TYPES[np.dtype(A.dtype)]}, {g}, {'true' if weighted else 'false'}>")(
+        (_blocks(_THREADS // g, n_rows),), (_THREADS,),
+        (A.indptr, A.indices, A.data, np.int64(n_rows), pv, wv, cv, y, ysum))
+    return y, ysum[0]
+
+
+def csr_row_moments(A, shift=None):
+    """Per row of a ``cupyx`` CSR ``A``: ``Σ values`` and ``Σ (value - shift[row])²`` over the stored values.
+
+    Returns ``(s1, s2, canonical)``: two float64 vectors and whether every
+    row's indices strictly increase (sorted, no duplicates; when not, ``s2``
+    is not the moment of the matrix, whose duplicate entries add up before
+    squaring).  ``shift`` (float64, one per row) defaults to zero.
+    """
+    import cupy
+
+    n_rows = A.shape[0]
+    s1 = cupy.zeros(n_rows, dtype=cupy.float64)
+    s2 = cupy.zeros(n_rows, dtype=cupy.float64)
+    if n_rows == 0 or A.nnz == 0:
+        return s1, s2, True
+    sh = s1 if shift is None else cupy.ascontiguousarray(shift, dtype=cupy.float64)  # s1: zeros
+    bad = cupy.zeros(1, dtype=cupy.int32)
+    _function(f"mpiml_csr_row_moments<{_TYPES[np.dtype(A.dtype)]}>")(
+        (_blocks(_THREADS // 32, n_rows),), (_THREADS,),
+        (A.indptr, A.indices, A.data, np.int64(n_rows), sh, s1, s2, bad))
+    return s1, s2, int(bad.get()[0]) == 0
+
+
+def dense_column_moments(X, shift=None):
+    """Per column of a dense 2-D CuPy ``X`` (float32/float64, rows of unit stride): ``(Σ x, Σ (x - shift)²)``.
+
+    One read of ``X`` by a kernel (float64 sums, a fixed order: deterministic);
+    ``shift`` (length ``d``) defaults to zero.  Returns two float64 vectors.
+    """
+    import cupy
+
+    n, d = X.shape
+    if n == 0 or d == 0:
+        return cupy.zeros(d, dtype=cupy.float64), cupy.zeros(d, dtype=cupy.float64)
+    if X.strides[1] != X.itemsize or X.strides[0] <= 0 or X.strides[0] % X.itemsize:
+        X = cupy.ascontiguousarray(X)
+    ld = X.strides[0] // X.itemsize
+    sh = cupy.zeros(d, dtype=cupy.float64) if shift is None else cupy.ascontiguousarray(shift, dtype=cupy.float64)
+    tc = 32
+    while tc < min(d, _THREADS):
+        tc *= 2
+    # one wave of blocks (8 of 256 threads an SM), each a contiguous range of at least 64 rows
+    rows = max(64, -(-n // (8 * _sm_count())))
+    nblocks = -(-n // rows)
+    partial = cupy.empty((nblocks, 2 * d), dtype=cupy.float64)
+    _function(f"mpiml_dense_col_moments<{_TYPES[np.dtype(X.dtype)]}>")(
+        (nblocks,), (_THREADS,), (X, np.int64(n), np.int32(d), np.int64(ld), np.int64(rows), np.int32(tc), sh,
+                                  partial))
+    tot = partial.sum(axis=0)
+    return tot[:d], tot[d:]
+
+
+class ColumnPieces:
+    """A ``cupyx`` CSR matrix seen as ``K`` column pieces whose slice of a vector fits in shared memory.
+
+    :meth:`dot` (``A x``) and :meth:`tdot` (``Aᵀ u``) launch one kernel a
+    piece: a block first stages the piece's slice of ``x`` in shared memory
+    (or accumulates its slice of ``Aᵀ u`` there), so the gathers and the
+    scatters of a one-vector product never leave the SM and the matrix streams
+    from memory once: about a read of the CSR arrays a product, where the
+    L2-gathering kernels (:func:`csr_matmul`) move a 32-byte sector per stored
+    value.  Built by :func:`column_pieces` (one pass over the indices when
+    ``K > 1``).  :meth:`tdot` sums with atomics (not deterministic).
+    """
+
+    def __init__(self, A, ptr, cuts, smem, blocks):
+        self.A, self.ptr, self.cuts = A, ptr, [int(c) for c in cuts]
+        self.K = len(self.cuts) - 1
+        self.smem, self.blocks = smem, blocks
+        per_row = A.nnz / max(1, A.shape[0]) / self.K
+        g = 4
+        while g < 32 and g < per_row / 2:
+            g *= 2
+        self.lanes = g
+        self.T = _TYPES[np.dtype(A.dtype)]
+
+    def _launch(self, name, k, vec, out, *extra):
+        A, n = self.A, self.A.shape[0]
+        fn = _function(f"{name}<{self.T}, {self.lanes}>")
+        lo, hi = self.cuts[k], self.cuts[k + 1]
+        nbytes = (hi - lo) * A.dtype.itemsize
+        if nbytes > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = nbytes
+        fn((self.blocks,), (1024,), (self.ptr[k * n:], self.ptr[(k + 1) * n:], A.indices, A.data, np.int64(n), vec,
+                                     np.int32(lo), np.int32(hi - lo), out) + extra, shared_mem=nbytes)
+
+    def dot(self, x):
+        """``A x`` as float64 (``x`` of length ``n_cols``, cast to ``A``'s dtype)."""
+        import cupy
+
+        A = self.A
+        y = cupy.zeros(A.shape[0], dtype=cupy.float64)
+        if A.shape[0] == 0 or A.nnz == 0:
+            return y
+        x = cupy.ascontiguousarray(x.astype(A.dtype, copy=False))
+        for k in range(self.K):
+            self._launch("mpiml_csr_piece_dot", k, x, y, np.int32(k > 0))
+        return y
+
+    def tdot(self, u):
+        """``Aᵀ u`` as float64 (``u`` of length ``n_rows``, cast to ``A``'s dtype)."""
+        import cupy
+
+        A = self.A
+        y = cupy.zeros(A.shape[1], dtype=cupy.float64)
+        if A.shape[0] == 0 or A.nnz == 0:
+            return y
+        u = cupy.ascontiguousarray(u.astype(A.dtype, copy=False))
+        for k in range(self.K):
+            self._launch("mpiml_csr_piece_scatter", k, u, y)
+        return y
+
+
+#: Most column pieces :func:`column_pieces` cuts a matrix into (each piece reads the indices once to split).
+MAX_PIECES = 8
+
+
+def column_pieces(A, max_pieces=MAX_PIECES):
+    """:class:`ColumnPieces` of a ``cupyx`` CSR ``A`` (see :func:`supported`), or None.
+
+    None when ``A`` needs more than ``max_pieces`` pieces, or more than one
+    and its rows' indices are not sorted (the pieces of a row must be
+    contiguous).  A piece is as wide as the device's opt-in shared memory per
+    block holds values of ``A``'s dtype (56,000 float32 on an H100).
+    """
+    import cupy
+
+    n, d = A.shape
+    dev = cupy.cuda.Device()
+    attrs = dev.attributes
+    optin = int(attrs.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
+    per_sm = int(attrs.get("MaxSharedMemoryPerMultiprocessor", optin))
+    item = np.dtype(A.dtype).itemsize
+    width = max(256, (optin - 2048) // item // 256 * 256)
+    K = max(1, -(-d // width))
+    if K > max_pieces:
+        return None
+    cuts = np.minimum(np.arange(K + 1, dtype=np.int64) * width, d)
+    if K == 1:
+        ptr = cupy.concatenate([A.indptr[:-1], A.indptr[1:]])
+    else:
+        ptr = cupy.empty((K + 1) * n, dtype=cupy.int32)
+        bad = cupy.zeros(1, dtype=cupy.int32)
+        if n:
+            _function("mpiml_csr_split")((_blocks(_THREADS // 32, n),), (_THREADS,),
+                                         (A.indptr, A.indices, np.int64(n), cupy.asarray(cuts.astype(np.int32)),
+                                          np.int32(K), ptr, bad))
+            if int(bad.get()[0]):
+                return None
+    widest = int(np.diff(cuts).max()) * item if d else 0
+    blocks = _sm_count() * max(1, min(2, per_sm // max(1, widest + 1024)))
+    return ColumnPieces(A, ptr, cuts, widest, blocks)

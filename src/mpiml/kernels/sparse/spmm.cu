@@ -1,0 +1,415 @@
+// Products of a CSR matrix with skinny dense blocks (mpiml.kernels.sparse), bandwidth-bound, and the
+// column moments the decompositions need (sparse and dense).
+//
+// A is CSR (n_rows x n_cols): int32 indptr (n_rows + 1), int32 indices and T values (nnz).  Dense
+// blocks are row-major with a leading dimension (elements between consecutive rows), so a column
+// slice of a wider C-order block is passed as a pointer and the wider block's ld.
+//
+// mpiml_csr_gather<T, Acc, Out, G, CPL>:  Y = A V,  V (n_cols x b), Y (n_rows x b).
+//   A group of G lanes (8, 16 or 32; G divides 32) owns a row; lane g holds columns g, g + G, ...
+//   (CPL of them, b <= G * CPL) in Acc registers.  The group loads G (index, value) pairs of the row
+//   at once (coalesced), then for each pair broadcasts it by a shuffle and every lane reads its
+//   columns of that row of V: one coalesced read of b values per stored value (V is typically
+//   small enough to stay in L2; the reads of A stream from memory once).  Deterministic: the sum of
+//   a row is in storage order.
+//
+// mpiml_csr_scatter<T, Out, G, CPL>:  Y += Aᵀ U,  U (n_rows x b), Y (n_cols x b) zeroed by the caller.
+//   A group of G lanes owns a row of A, holds that row of U in registers (read once, coalesced) and
+//   adds value * u to the row of Y of every stored value with atomics (Out float or double).  No
+//   transpose of A is needed; the order of the atomics is not fixed (float sums round differently
+//   from run to run).
+//
+// mpiml_csr_rowdot<T, Acc, Out, G>:  y = A x (b = 1), G lanes share a row: lane g takes the stored
+//   values g, g + G, ... of the row, multiplies by the gathered x and the group reduces with
+//   shuffles.  Deterministic.
+//
+// mpiml_csr_scatter_vec<T, G>:  y += Aᵀ u (one vector, y double, zeroed by the caller): G lanes share a
+//   row, lane g adds data[j] * u[row] for the stored values g, g + G, ... with atomics.  No transpose.
+//
+// mpiml_csr_normal_vec<T, G, W>:  the normal operator of the centred, weighted rows in one read of A:
+//   t_i = w_i (a_i·p - c) (w_i = 1 unless W; c read from device memory), y += Σ_i t_i a_i (atomics),
+//   ysum += Σ_i t_i (one atomic a block); then (A - 1mᵀ)ᵀ W (A - 1mᵀ) p = y - m ysum for c = m·p.
+//   A row's values are read twice, the second time from cache.
+//
+// Column pieces (sparse Ridge's one-vector products, from shared memory instead of L2):
+// mpiml_csr_split<T>:  for a CSR matrix whose rows have sorted indices, the row pointers of K column pieces
+//   [cuts[k], cuts[k + 1]): ptr[k * n_rows + i] = start of row i + the count of its indices below cuts[k]
+//   (k = 0..K, so piece k of row i is [ptr[k][i], ptr[k + 1][i])), a warp a row counting by ballots; the
+//   count of rows whose indices decrease goes to *unsorted (then the pieces are meaningless).
+// mpiml_csr_piece_dot<T, G>:  y[i] (+)= Σ_j data[j] x[indices[j]] over piece k of every row, x[lo, lo + width)
+//   staged in shared memory first: the gathers hit shared memory, the matrix streams once.
+// mpiml_csr_piece_scatter<T, G>:  y[lo + c] += Σ_i Σ_j data[j] u[i] over piece k (y double), accumulated per
+//   block in shared memory (T) by shared atomics, then added to y with one global atomic a column a block.
+//
+// mpiml_csr_row_moments<T>:  per row of A, s1 = Σ values, s2 = Σ (value - shift[row])², in double, a
+//   warp per row (for the column moments of X, run on the stored Xᵀ), and the count of rows whose
+//   indices are not strictly increasing (unsorted or duplicated: then s2 is not the moment of the
+//   matrix, whose duplicates add up before squaring).  Deterministic.
+//
+// mpiml_dense_col_moments<T>:  per column of a dense row-major X (n x d, leading dimension ld), the sum
+//   and the sum of squares about shift[c], in double, one read of X.  A block owns rows_per_block
+//   consecutive rows; its 256 threads form tc columns x (256 / tc) row lanes (tc a power of two, at
+//   least 32: a warp reads a contiguous piece of a row), then sum the row lanes in shared memory and
+//   write partial[block][0:d] (sums) and partial[block][d:2d] (squares).  Deterministic.
+
+#ifndef MPIML_SPARSE_THREADS
+#define MPIML_SPARSE_THREADS 256
+#endif
+
+template <int G>
+__device__ __forceinline__ unsigned mpiml_group_mask() {
+    if (G == 32) return 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    return ((1u << G) - 1u) << (lane & ~(G - 1));
+}
+
+template <typename T, typename Acc, typename Out, int G, int CPL>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_gather(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
+                 const long long n_rows, const T* __restrict__ V, const long long ldv, const int b,
+                 Out* __restrict__ Y, const long long ldy) {
+    static_assert(32 % G == 0 && G % 4 == 0, "G must divide 32 and be a multiple of 4");
+    const unsigned mask = mpiml_group_mask<G>();
+    const int g = threadIdx.x & (G - 1);
+    const long long groups = (long long)gridDim.x * (MPIML_SPARSE_THREADS / G);
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / G; row < n_rows;
+         row += groups) {
+        const int start = __ldg(indptr + row);
+        const int end = __ldg(indptr + row + 1);
+        Acc acc[CPL];
+#pragma unroll
+        for (int q = 0; q < CPL; ++q) acc[q] = Acc(0);
+        for (int base = start; base < end; base += G) {
+            const int j = base + g;
+            int col = 0;
+            T val = T(0);
+            if (j < end) {
+                col = __ldg(indices + j);
+                val = __ldg(data + j);
+            }
+            const int cnt = min(G, end - base);
+            for (int k = 0; k < cnt; k += 4) {
+                T x[4][CPL];
+                T w[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int c = __shfl_sync(mask, col, k + u, G);
+                    w[u] = __shfl_sync(mask, val, k + u, G);
+                    const T* vr = V + (long long)c * ldv;
+#pragma unroll
+                    for (int q = 0; q < CPL; ++q) {
+                        const int cc = g + q * G;
+                        x[u][q] = (k + u < cnt && cc < b) ? __ldg(vr + cc) : T(0);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    if (k + u < cnt) {
+#pragma unroll
+                        for (int q = 0; q < CPL; ++q) acc[q] += Acc(w[u]) * Acc(x[u][q]);
+                    }
+                }
+            }
+        }
+        Out* yr = Y + row * ldy;
+#pragma unroll
+        for (int q = 0; q < CPL; ++q) {
+            const int cc = g + q * G;
+            if (cc < b) yr[cc] = Out(acc[q]);
+        }
+    }
+}
+
+template <typename T, typename Out, int G, int CPL>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_scatter(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
+                  const long long n_rows, const T* __restrict__ U, const long long ldu, const int b,
+                  Out* __restrict__ Y, const long long ldy) {
+    static_assert(32 % G == 0 && G % 4 == 0, "G must divide 32 and be a multiple of 4");
+    const unsigned mask = mpiml_group_mask<G>();
+    const int g = threadIdx.x & (G - 1);
+    const long long groups = (long long)gridDim.x * (MPIML_SPARSE_THREADS / G);
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / G; row < n_rows;
+         row += groups) {
+        const int start = __ldg(indptr + row);
+        const int end = __ldg(indptr + row + 1);
+        Out u[CPL];
+        const T* ur = U + row * ldu;
+#pragma unroll
+        for (int q = 0; q < CPL; ++q) {
+            const int cc = g + q * G;
+            u[q] = cc < b ? Out(__ldg(ur + cc)) : Out(0);
+        }
+        for (int base = start; base < end; base += G) {
+            const int j = base + g;
+            int col = 0;
+            T val = T(0);
+            if (j < end) {
+                col = __ldg(indices + j);
+                val = __ldg(data + j);
+            }
+            const int cnt = min(G, end - base);
+            for (int k = 0; k < cnt; ++k) {
+                const int c = __shfl_sync(mask, col, k, G);
+                const Out w = Out(__shfl_sync(mask, val, k, G));
+                Out* yr = Y + (long long)c * ldy;
+#pragma unroll
+                for (int q = 0; q < CPL; ++q) {
+                    const int cc = g + q * G;
+                    if (cc < b) atomicAdd(yr + cc, w * u[q]);
+                }
+            }
+        }
+    }
+}
+
+template <typename T, int G>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_scatter_vec(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
+                      const long long n_rows, const T* __restrict__ u, double* __restrict__ y) {
+    static_assert(32 % G == 0, "G must divide 32");
+    const int g = threadIdx.x & (G - 1);
+    const long long groups = (long long)gridDim.x * (MPIML_SPARSE_THREADS / G);
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / G; row < n_rows;
+         row += groups) {
+        const double ur = double(__ldg(u + row));
+        if (ur == 0.0) continue;
+        const int end = __ldg(indptr + row + 1);
+        for (int j = __ldg(indptr + row) + g; j < end; j += G)
+            atomicAdd(y + __ldg(indices + j), double(__ldg(data + j)) * ur);
+    }
+}
+
+template <typename T, int G, bool W>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_normal_vec(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
+                     const long long n_rows, const T* __restrict__ p, const double* __restrict__ w,
+                     const double* __restrict__ cp,
+                     double* __restrict__ y, double* __restrict__ ysum) {
+    static_assert(32 % G == 0, "G must divide 32");
+    __shared__ double part[MPIML_SPARSE_THREADS / 32];
+    const unsigned mask = mpiml_group_mask<G>();
+    const int g = threadIdx.x & (G - 1);
+    const long long groups = (long long)gridDim.x * (MPIML_SPARSE_THREADS / G);
+    const double c = *cp;
+    double mine = 0.0;
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / G; row < n_rows;
+         row += groups) {
+        const int start = __ldg(indptr + row);
+        const int end = __ldg(indptr + row + 1);
+        double dot = 0.0;
+        for (int j = start + g; j < end; j += G) dot += double(__ldg(data + j)) * double(__ldg(p + __ldg(indices + j)));
+#pragma unroll
+        for (int off = G / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(mask, dot, off, G);
+        double t = dot - c;
+        if (W) t *= w[row];
+        if (g == 0) mine += t;
+        if (t != 0.0) {
+            for (int j = start + g; j < end; j += G) atomicAdd(y + __ldg(indices + j), double(__ldg(data + j)) * t);
+        }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, off);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int i = 0; i < MPIML_SPARSE_THREADS / 32; ++i) s += part[i];
+        atomicAdd(ysum, s);
+    }
+}
+
+template <typename T, typename Acc, typename Out, int G>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_rowdot(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
+                 const long long n_rows, const T* __restrict__ x, Out* __restrict__ y) {
+    static_assert(32 % G == 0, "G must divide 32");
+    const unsigned mask = mpiml_group_mask<G>();
+    const int g = threadIdx.x & (G - 1);
+    const long long groups = (long long)gridDim.x * (MPIML_SPARSE_THREADS / G);
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / G; row < n_rows;
+         row += groups) {
+        const int start = __ldg(indptr + row);
+        const int end = __ldg(indptr + row + 1);
+        Acc acc = Acc(0);
+        int j = start + g;
+        for (; j + G < end; j += 2 * G) {           // two stored values per lane in flight
+            const int c0 = __ldg(indices + j), c1 = __ldg(indices + j + G);
+            const T v0 = __ldg(data + j), v1 = __ldg(data + j + G);
+            acc += Acc(v0) * Acc(__ldg(x + c0));
+            acc += Acc(v1) * Acc(__ldg(x + c1));
+        }
+        if (j < end) acc += Acc(__ldg(data + j)) * Acc(__ldg(x + __ldg(indices + j)));
+#pragma unroll
+        for (int off = G / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(mask, acc, off, G);
+        if (g == 0) y[row] = Out(acc);
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_row_moments(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
+                      const long long n_rows, const double* shift, double* s1, double* __restrict__ s2,
+                      int* __restrict__ unsorted) {
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * (MPIML_SPARSE_THREADS / 32);
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / 32; row < n_rows;
+         row += warps) {
+        const int start = __ldg(indptr + row);
+        const int end = __ldg(indptr + row + 1);
+        const double m = shift[row];
+        double a = 0.0, q = 0.0;
+        int bad = 0;
+        for (int j = start + lane; j < end; j += 32) {
+            const double v = double(__ldg(data + j));
+            a += v;
+            q += (v - m) * (v - m);
+            if (j > start && __ldg(indices + j) <= __ldg(indices + j - 1)) bad = 1;
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            a += __shfl_xor_sync(0xffffffffu, a, off);
+            q += __shfl_xor_sync(0xffffffffu, q, off);
+        }
+        bad = __any_sync(0xffffffffu, bad);
+        if (lane == 0) {                            // shift may alias s1 (zeros): every lane has read it
+            s1[row] = a;
+            s2[row] = q;
+            if (bad) atomicAdd(unsorted, 1);
+        }
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_dense_col_moments(const T* __restrict__ X, const long long n, const int d, const long long ld,
+                        const long long rows_per_block, const int tc, const double* __restrict__ shift,
+                        double* __restrict__ partial) {
+    __shared__ double sa[MPIML_SPARSE_THREADS];
+    __shared__ double sq[MPIML_SPARSE_THREADS];
+    const int lanes = MPIML_SPARSE_THREADS / tc;
+    const int tx = threadIdx.x % tc;
+    const int ty = threadIdx.x / tc;
+    const long long r0 = (long long)blockIdx.x * rows_per_block;
+    const long long r1 = min(n, r0 + rows_per_block);
+    double* out = partial + (long long)blockIdx.x * 2 * d;
+    for (int c0 = 0; c0 < d; c0 += tc) {
+        const int c = c0 + tx;
+        double a = 0.0, q = 0.0;
+        if (c < d) {
+            const double m = shift[c];
+            const T* col = X + c;
+            long long r = r0 + ty;
+            for (; r + 3 * lanes < r1; r += 4 * lanes) {
+                const double v0 = double(__ldg(col + r * ld)), v1 = double(__ldg(col + (r + lanes) * ld));
+                const double v2 = double(__ldg(col + (r + 2 * lanes) * ld));
+                const double v3 = double(__ldg(col + (r + 3 * lanes) * ld));
+                a += (v0 + v1) + (v2 + v3);
+                q += ((v0 - m) * (v0 - m) + (v1 - m) * (v1 - m)) + ((v2 - m) * (v2 - m) + (v3 - m) * (v3 - m));
+            }
+            for (; r < r1; r += lanes) {
+                const double v = double(__ldg(col + r * ld));
+                a += v;
+                q += (v - m) * (v - m);
+            }
+        }
+        sa[threadIdx.x] = a;
+        sq[threadIdx.x] = q;
+        __syncthreads();
+        if (ty == 0 && c < d) {
+            for (int t = 1; t < lanes; ++t) {
+                a += sa[t * tc + tx];
+                q += sq[t * tc + tx];
+            }
+            out[c] = a;
+            out[d + c] = q;
+        }
+        __syncthreads();
+    }
+}
+
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_split(const int* __restrict__ indptr, const int* __restrict__ indices, const long long n_rows,
+                const int* __restrict__ cuts, const int K, int* __restrict__ ptr, int* __restrict__ unsorted) {
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * (MPIML_SPARSE_THREADS / 32);
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / 32; row < n_rows;
+         row += warps) {
+        const int start = __ldg(indptr + row);
+        const int end = __ldg(indptr + row + 1);
+        int bad = 0;
+        for (int k = 0; k <= K; ++k) {
+            int count = 0;
+            if (k == K) {
+                count = end - start;
+            } else if (k > 0) {
+                const int cut = __ldg(cuts + k);
+                for (int base = start; base < end; base += 32) {
+                    const int j = base + lane;
+                    const bool below = j < end && __ldg(indices + j) < cut;
+                    count += __popc(__ballot_sync(0xffffffffu, below));
+                }
+            }
+            if (lane == 0) ptr[(long long)k * n_rows + row] = start + count;
+        }
+        for (int j = start + 1 + lane; j < end; j += 32) {
+            if (__ldg(indices + j) < __ldg(indices + j - 1)) bad = 1;
+        }
+        if (__any_sync(0xffffffffu, bad) && lane == 0) atomicAdd(unsorted, 1);
+    }
+}
+
+template <typename T, int G>
+__global__ void __launch_bounds__(1024)
+mpiml_csr_piece_dot(const int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ indices,
+                    const T* __restrict__ data, const long long n_rows, const T* __restrict__ x, const int lo,
+                    const int width, double* __restrict__ y, const int accumulate) {
+    extern __shared__ unsigned char mpiml_piece_smem[];
+    T* xs = reinterpret_cast<T*>(mpiml_piece_smem);
+    for (int c = threadIdx.x; c < width; c += blockDim.x) xs[c] = __ldg(x + lo + c);
+    __syncthreads();
+    const unsigned mask = mpiml_group_mask<G>();
+    const int g = threadIdx.x & (G - 1);
+    const long long groups = (long long)gridDim.x * (blockDim.x / G);
+    for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / G; row < n_rows; row += groups) {
+        const int start = __ldg(p0 + row);
+        const int end = __ldg(p1 + row);
+        double acc = 0.0;
+        int j = start + g;
+        for (; j + G < end; j += 2 * G) {
+            const int c0 = __ldg(indices + j) - lo, c1 = __ldg(indices + j + G) - lo;
+            const T v0 = __ldg(data + j), v1 = __ldg(data + j + G);
+            acc += double(v0) * double(xs[c0]);
+            acc += double(v1) * double(xs[c1]);
+        }
+        if (j < end) acc += double(__ldg(data + j)) * double(xs[__ldg(indices + j) - lo]);
+#pragma unroll
+        for (int off = G / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(mask, acc, off, G);
+        if (g == 0) y[row] = accumulate ? y[row] + acc : acc;
+    }
+}
+
+template <typename T, int G>
+__global__ void __launch_bounds__(1024)
+mpiml_csr_piece_scatter(const int* __restrict__ p0, const int* __restrict__ p1, const int* __restrict__ indices,
+                        const T* __restrict__ data, const long long n_rows, const T* __restrict__ u, const int lo,
+                        const int width, double* __restrict__ y) {
+    extern __shared__ unsigned char mpiml_piece_smem[];
+    T* acc = reinterpret_cast<T*>(mpiml_piece_smem);
+    for (int c = threadIdx.x; c < width; c += blockDim.x) acc[c] = T(0);
+    __syncthreads();
+    const int g = threadIdx.x & (G - 1);
+    const long long groups = (long long)gridDim.x * (blockDim.x / G);
+    for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / G; row < n_rows; row += groups) {
+        const T ur = __ldg(u + row);
+        if (ur == T(0)) continue;
+        const int end = __ldg(p1 + row);
+        for (int j = __ldg(p0 + row) + g; j < end; j += G)
+            atomicAdd(acc + (__ldg(indices + j) - lo), __ldg(data + j) * ur);
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < width; c += blockDim.x) {
+        const T a = acc[c];
+        if (a != T(0)) atomicAdd(y + lo + c, double(a));
+    }
+}

@@ -1,0 +1,326 @@
+"""The sparse kernel family (mpiml.kernels.sparse) against dense products, and the estimators that use it
+(TruncatedSVD, sparse PCA, sparse Ridge) on cupyx CSR against SciPy CSR, at 1-4 ranks (GPU host only)."""
+
+import os
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _csr(n, m, density, dtype, seed, empty_rows=True, duplicates=False):
+    import scipy.sparse as sp
+
+    rs = np.random.RandomState(seed)
+    A = sp.random(n, m, density=density, format="csr", random_state=rs, dtype=np.float64)
+    A.data = rs.standard_normal(A.nnz)
+    if empty_rows and n > 3:
+        A = sp.csr_matrix(A.multiply(np.where(np.arange(n) % 7 == 3, 0.0, 1.0)[:, None]))
+        A.eliminate_zeros()
+    if duplicates:  # the first row's entries stored twice, unsorted
+        coo = A.tocoo()
+        r = np.concatenate([coo.row, np.zeros(3, dtype=coo.row.dtype)])
+        c = np.concatenate([coo.col, np.array([2, 0, 2], dtype=coo.col.dtype)])
+        v = np.concatenate([coo.data, np.array([1.0, 2.0, 3.0])])
+        order = np.lexsort((c, r))[::-1]
+        A = sp.csr_matrix((v[order], c[order], np.concatenate([[0], np.cumsum(np.bincount(r, minlength=n))])),
+                          shape=(n, m))
+    return A.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("b", [1, 3, 8, 13, 16, 26, 32, 42, 64, 100, 128, 130, 300])
+def test_csr_matmul_equals_dense(dtype, b):
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    from mpiml.kernels import sparse
+
+    A = _csr(700, 450, 0.05, dtype, b)
+    V = np.random.RandomState(b + 1).standard_normal((450, b))
+    ref = A.astype(np.float64) @ V.astype(dtype).astype(np.float64)
+    Ag = csp.csr_matrix(A)
+    assert sparse.supported(Ag)
+    for out in (dtype, np.float64):
+        Y = sparse.csr_matmul(Ag, cp.asarray(V), out_dtype=out)
+        assert Y.dtype == out and Y.shape == (700, b) and Y.flags.c_contiguous
+        np.testing.assert_allclose(Y.get(), ref, rtol=1e-5 if out == np.float32 else 1e-12, atol=1e-5)
+    # a column slice of a wider block (strided rows) and the deterministic sum
+    W = cp.asarray(np.random.RandomState(3).standard_normal((450, b + 5)))
+    Y1 = sparse.csr_matmul(Ag, W[:, 2:2 + b], out_dtype=np.float64)
+    Y2 = sparse.csr_matmul(Ag, W[:, 2:2 + b], out_dtype=np.float64)
+    assert bool((Y1 == Y2).all())
+    np.testing.assert_allclose(Y1.get(), A.astype(np.float64) @ W[:, 2:2 + b].get().astype(dtype), rtol=1e-12,
+                               atol=1e-5 if dtype == np.float32 else 1e-12)
+    # the transposed product: on a stored transpose (gather) and by atomics (scatter)
+    U = np.random.RandomState(b + 2).standard_normal((700, b))
+    refT = A.T.astype(np.float64) @ U.astype(dtype).astype(np.float64)
+    T1 = sparse.csr_matmul(Ag.T.tocsr(), cp.asarray(U), out_dtype=np.float64)
+    T2 = sparse.csr_rmatmul_scatter(Ag, cp.asarray(U), out_dtype=np.float64)
+    for T in (T1, T2):
+        assert T.shape == (450, b) and T.dtype == np.float64
+        np.testing.assert_allclose(T.get(), refT, rtol=1e-10, atol=1e-5 if dtype == np.float32 else 1e-10)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_csr_vectors_and_empty_shapes(dtype):
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+    import scipy.sparse as sp
+
+    from mpiml.kernels import sparse
+
+    for density in (0.002, 0.05, 0.9):      # a few, some and many stored values a row: every lane count
+        A = _csr(300, 200, density, dtype, 7)
+        x = np.random.RandomState(8).standard_normal(200)
+        y = sparse.csr_matmul(csp.csr_matrix(A), cp.asarray(x), out_dtype=np.float64)
+        assert y.shape == (300,)
+        np.testing.assert_allclose(y.get(), A.astype(np.float64) @ x.astype(dtype), rtol=1e-10, atol=1e-6)
+        u = np.random.RandomState(9).standard_normal(300)
+        t = sparse.csr_rmatmul_scatter(csp.csr_matrix(A), cp.asarray(u))
+        assert t.shape == (200,)
+        np.testing.assert_allclose(t.get(), A.T.astype(np.float64) @ u.astype(dtype), rtol=1e-10, atol=1e-6)
+        # the normal operator of centred, weighted rows in one read
+        m, w = np.random.RandomState(10).standard_normal(200), np.random.RandomState(11).uniform(0.5, 2, 300)
+        xd = x.astype(dtype).astype(np.float64)
+        for weights in (None, w):
+            yv, ys = sparse.csr_normal_vec(csp.csr_matrix(A), cp.asarray(x), cp.asarray(m @ xd),
+                                           None if weights is None else cp.asarray(weights))
+            t_ref = A.astype(np.float64) @ xd - m @ xd
+            if weights is not None:
+                t_ref = t_ref * weights
+            np.testing.assert_allclose(yv.get(), A.T.astype(np.float64) @ t_ref, rtol=1e-9, atol=1e-6)
+            np.testing.assert_allclose(float(ys), t_ref.sum(), rtol=1e-9, atol=1e-6)
+    for shape in ((0, 5), (5, 0), (4, 6)):
+        Z = csp.csr_matrix(sp.csr_matrix(shape, dtype=dtype))
+        assert float(abs(sparse.csr_matmul(Z, cp.ones((shape[1], 3)))).sum()) == 0.0
+        assert sparse.csr_matmul(Z, cp.ones((shape[1], 3))).shape == (shape[0], 3)
+        assert sparse.csr_rmatmul_scatter(Z, cp.ones((shape[0], 3))).shape == (shape[1], 3)
+        s1, s2, canonical = sparse.csr_row_moments(Z)
+        assert canonical and s1.shape == (shape[0],)
+
+
+def test_csr_row_moments_and_canonical_check():
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    from mpiml.kernels import sparse
+
+    A = _csr(500, 80, 0.1, np.float32, 11)
+    shift = np.random.RandomState(1).standard_normal(500)
+    s1, s2, canonical = sparse.csr_row_moments(csp.csr_matrix(A), cp.asarray(shift))
+    D = A.astype(np.float64)
+    np.testing.assert_allclose(s1.get(), np.asarray(D.sum(axis=1)).ravel(), rtol=1e-12, atol=1e-12)
+    dev = [((D.data[D.indptr[i]:D.indptr[i + 1]] - shift[i]) ** 2).sum() for i in range(500)]
+    np.testing.assert_allclose(s2.get(), dev, rtol=1e-12, atol=1e-12)
+    assert canonical
+    B = _csr(50, 10, 0.3, np.float64, 12, duplicates=True)
+    assert not sparse.csr_row_moments(csp.csr_matrix(B))[2]
+
+
+@pytest.mark.parametrize("mode", ["kernels", "scatter", "cusparse"])
+def test_truncated_svd_cupyx_modes_equal_scipy(mode, monkeypatch):
+    """Every way of multiplying gives SciPy's TruncatedSVD; non-canonical input (duplicates) too."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    from mpiml.decomposition import PCA, TruncatedSVD
+
+    monkeypatch.setenv("MPIML_SPARSE_PRODUCTS", mode)
+    for dup in (False, True):
+        X = _csr(2500, 300, 0.02, np.float64, 21, duplicates=dup)
+        X.data = np.abs(X.data)
+        Xg = csp.csr_matrix(X)
+        for algorithm in ("randomized", "arpack"):
+            h = TruncatedSVD(6, algorithm=algorithm, random_state=0).fit(X)
+            g = TruncatedSVD(6, algorithm=algorithm, random_state=0).fit(Xg)
+            np.testing.assert_allclose(g.singular_values_.get(), h.singular_values_, rtol=1e-8)
+            np.testing.assert_allclose(g.components_.get(), h.components_, rtol=1e-6, atol=1e-8)
+            np.testing.assert_allclose(g.explained_variance_.get(), h.explained_variance_, rtol=1e-8)
+            np.testing.assert_allclose(g.explained_variance_ratio_.get(), h.explained_variance_ratio_, rtol=1e-8)
+            np.testing.assert_allclose(g.transform(Xg).get(), h.transform(X), rtol=1e-6, atol=1e-8)
+        h = PCA(5, svd_solver="arpack", random_state=0).fit(X)
+        g = PCA(5, svd_solver="arpack", random_state=0).fit(Xg)
+        np.testing.assert_allclose(g.components_.get(), h.components_, rtol=1e-6, atol=1e-8)
+    # float32 shards, the default random_state (a device draw, another random matrix): on a decaying spectrum
+    # the leading singular values of the host fit (a flat spectrum would differ by the approximation error)
+    import scipy.sparse as sp
+
+    X32 = _csr(4000, 500, 0.02, np.float64, 22)
+    X32 = sp.csr_matrix(abs(X32) @ sp.diags(0.9 ** np.arange(500))).astype(np.float32)
+    g = TruncatedSVD(8, n_iter=7).fit(csp.csr_matrix(X32))
+    h = TruncatedSVD(8, n_iter=7, random_state=0).fit(X32.astype(np.float64))
+    assert g.components_.dtype == cp.float32
+    np.testing.assert_allclose(g.singular_values_.get()[:3], h.singular_values_[:3], rtol=1e-3)
+
+
+def test_sparse_ridge_cupyx_equals_scipy(monkeypatch):
+    """sparse_cg (the kernels' row dots on X and the stored Xᵀ) gives the SciPy CSR result."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    from mpiml.linear_model import Ridge
+
+    X = _csr(3000, 2500, 0.01, np.float64, 31)
+    y = X @ np.random.RandomState(2).standard_normal(2500) + 0.1 * np.random.RandomState(3).standard_normal(3000)
+    for fit_intercept in (True, False):
+        h = Ridge(alpha=1.0, solver="sparse_cg", tol=1e-8, fit_intercept=fit_intercept).fit(X, y)
+        for mode in ("kernels", "scatter", "cusparse"):
+            monkeypatch.setenv("MPIML_SPARSE_PRODUCTS", mode)
+            g = Ridge(alpha=1.0, solver="sparse_cg", tol=1e-8, fit_intercept=fit_intercept).fit(csp.csr_matrix(X),
+                                                                                                  cp.asarray(y))
+            np.testing.assert_allclose(cp.asnumpy(g.coef_), h.coef_, rtol=1e-6, atol=1e-8)
+            np.testing.assert_allclose(float(cp.asnumpy(g.intercept_)), float(h.intercept_), rtol=1e-6, atol=1e-8)
+    sw = np.random.RandomState(4).uniform(0.5, 2, 3000)
+    h = Ridge(alpha=1.0, solver="sparse_cg", tol=1e-8).fit(X, y, sample_weight=sw)
+    for mode in ("kernels", "scatter"):
+        monkeypatch.setenv("MPIML_SPARSE_PRODUCTS", mode)
+        g = Ridge(alpha=1.0, solver="sparse_cg", tol=1e-8).fit(csp.csr_matrix(X), cp.asarray(y),
+                                                               sample_weight=cp.asarray(sw))
+        np.testing.assert_allclose(cp.asnumpy(g.coef_), h.coef_, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_sparse_fits_equal_at_any_rank_count(mpi, n):
+    """TruncatedSVD (both algorithms), sparse PCA and sparse Ridge on cupyx shards of the same rows at 1-4 ranks
+    (ranks share the GPUs there are) equal the one-process SciPy fit to the docs' tolerance."""
+    mpi(os.path.join(HERE, "gpu_sparse_spmd_script.py"), n, timeout=240)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dense_column_moments(dtype):
+    import cupy as cp
+
+    from mpiml.kernels import sparse
+
+    rs = np.random.RandomState(5)
+    for n, d in ((1000, 3), (777, 42), (5000, 512), (300, 1000), (0, 5), (1, 7)):
+        X = (rs.standard_normal((n, d)) * 3 + 10).astype(dtype)
+        shift = rs.standard_normal(d)
+        s1, s2 = sparse.dense_column_moments(cp.asarray(X), cp.asarray(shift))
+        X64 = X.astype(np.float64)
+        np.testing.assert_allclose(s1.get(), X64.sum(axis=0), rtol=1e-12, atol=1e-9)
+        np.testing.assert_allclose(s2.get(), ((X64 - shift) ** 2).sum(axis=0), rtol=1e-12, atol=1e-9)
+        assert bool((sparse.dense_column_moments(cp.asarray(X))[0] == s1).all())   # deterministic
+    W = cp.asarray(rs.standard_normal((400, 50)).astype(dtype))
+    s1, s2 = sparse.dense_column_moments(W[::3, 5:40])                           # a strided view
+    np.testing.assert_allclose(s1.get(), W[::3, 5:40].get().astype(np.float64).sum(axis=0), rtol=1e-12, atol=1e-9)
+
+
+def test_gram_and_cholesky_qr2_on_cupy_match_host():
+    """The decompositions' Gram (one-read kernel) and CholeskyQR2 (d x d algebra on the host) on CuPy rows."""
+    import cupy as cp
+
+    from mpiml.comm import get_comm
+    from mpiml.utils._linalg import cholesky_qr2, gram
+
+    A = np.random.RandomState(6).standard_normal((20000, 42)).astype(np.float32)
+    np.testing.assert_allclose(gram(cp.asarray(A)).get(), A.astype(np.float64).T @ A.astype(np.float64),
+                               rtol=1e-12, atol=1e-9)
+    Q, R = cholesky_qr2(cp.asarray(A), get_comm("self"))
+    Qh, Rh = cholesky_qr2(A, get_comm("self"))
+    np.testing.assert_allclose(R.get(), Rh, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(Q.get(), Qh, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose((Q.T @ Q).get(), np.eye(42), atol=1e-5)
+
+
+def test_replicated_svd_and_orth_on_gpu():
+    """The replicated small factorisations of randomized_svd on a GPU: the wide SVD by QR + host SVD, the local
+    orthonormalisation by CholeskyQR2 with its QR fallback (ill-conditioned and rank-deficient blocks)."""
+    import cupy as cp
+
+    from mpiml.decomposition._solvers import _local_orth, _wide_svd
+
+    rs = np.random.RandomState(7)
+    for m, d in ((26, 1000), (42, 512), (12, 5)):
+        B = rs.standard_normal((m, d))
+        U, s, Vt = _wide_svd(cp.asarray(B), cp)
+        np.testing.assert_allclose(s.get(), np.linalg.svd(B, compute_uv=False), rtol=1e-12)
+        np.testing.assert_allclose((U * s[None, :] @ Vt).get(), B, atol=1e-10)
+    for cond in (1.0, 1e3, 1e10):
+        Y = rs.standard_normal((2000, 20)) @ np.diag(np.logspace(0, np.log10(cond), 20))
+        Q = _local_orth(cp.asarray(Y), cp)
+        np.testing.assert_allclose((Q.T @ Q).get(), np.eye(20), atol=1e-8)
+        P = Q.get() @ Q.get().T                                    # the span is Y's
+        np.testing.assert_allclose(P @ Y, Y, rtol=1e-6, atol=1e-8 * np.abs(Y).max())
+    Y = np.zeros((100, 4))
+    Y[:, 0] = 1.0
+    assert _local_orth(cp.asarray(Y), cp).shape[0] == 100
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("d", [300, 70000, 150000])
+def test_column_pieces_products(dtype, d):
+    """The shared-memory one-vector products (sparse Ridge) at one and several column pieces; rows with
+    unsorted indices refuse several pieces."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    from mpiml.kernels import sparse
+
+    A = _csr(3000, d, min(0.05, 30.0 / d), dtype, d % 97)
+    Ag = csp.csr_matrix(A)
+    P = sparse.column_pieces(Ag)
+    assert P is not None and P.K == -(-d // (P.cuts[1] - P.cuts[0]))
+    x = np.random.RandomState(1).standard_normal(d)
+    u = np.random.RandomState(2).standard_normal(3000)
+    A64 = A.astype(np.float64)
+    np.testing.assert_allclose(P.dot(cp.asarray(x)).get(), A64 @ x.astype(dtype), rtol=1e-10, atol=1e-6)
+    np.testing.assert_allclose(P.tdot(cp.asarray(u)).get(), A64.T @ u.astype(dtype),
+                               rtol=1e-5 if dtype == np.float32 else 1e-10, atol=1e-5)
+    if P.K > 1:  # each row's stored values in decreasing column order
+        rows = np.repeat(np.arange(3000), np.diff(A.indptr))
+        perm = np.lexsort((-A.indices, rows))
+        rev = csp.csr_matrix((cp.asarray(A.data[perm]), cp.asarray(A.indices[perm]), cp.asarray(A.indptr)),
+                             shape=(3000, d))
+        assert sparse.column_pieces(rev) is None
+        np.testing.assert_allclose(sparse.csr_matmul(rev, cp.asarray(x), out_dtype=np.float64).get(),
+                                   A64 @ x.astype(dtype), rtol=1e-10, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_tall_transposed_product_batched(dtype, monkeypatch):
+    """Xᵀ U of a tall dense block by the strided-batched GEMM (a partial last batch) equals the plain GEMM."""
+    import cupy as cp
+
+    from mpiml.decomposition import _solvers
+
+    rs = np.random.RandomState(3)
+    n = 4 * _solvers._TALL_BATCH_ROWS + 123
+    X = rs.standard_normal((n, 37)).astype(dtype)
+    U = rs.standard_normal((n, 11))
+    ref = X.astype(np.float64).T @ U.astype(dtype).astype(np.float64)
+    got = _solvers._tall_tmatmul(cp.asarray(X), cp.asarray(U), cp)
+    assert got.dtype == cp.float64 and got.shape == (37, 11)
+    np.testing.assert_allclose(got.get(), ref, rtol=1e-4 if dtype == np.float32 else 1e-10,
+                               atol=1e-2 if dtype == np.float32 else 1e-9)
+    # it took the batched route (the plain GEMM agrees to the same tolerance)
+    got2 = _solvers._batched_tmatmul(cp.asarray(X), cp.asarray(U.astype(dtype)), cp, _solvers._TALL_BATCH_ROWS)
+    np.testing.assert_allclose(got2.get(), ref, rtol=1e-4 if dtype == np.float32 else 1e-10,
+                               atol=1e-2 if dtype == np.float32 else 1e-9)
+
+
+def test_dense_truncated_svd_variances_on_cupy_match_host():
+    """The one-read variances of dense CuPy shards (about a shift of the shard's first rows) equal the host's
+    two-pass ones, columns with means far from zero included, at 1 and 3 shards of uneven sizes."""
+    import cupy as cp
+
+    from mpiml.comm import get_comm
+    from mpiml.decomposition import TruncatedSVD
+    from mpiml.decomposition._truncated_svd import _global_variances
+
+    rs = np.random.RandomState(8)
+    X = rs.standard_normal((6000, 12)) * np.logspace(-3, 2, 12) + np.linspace(-1e4, 1e6, 12)
+    h = TruncatedSVD(4, random_state=0).fit(X)
+    g = TruncatedSVD(4, random_state=0).fit(cp.asarray(X))
+    np.testing.assert_allclose(g.explained_variance_.get(), h.explained_variance_, rtol=1e-8)
+    np.testing.assert_allclose(g.explained_variance_ratio_.get(), h.explained_variance_ratio_, rtol=1e-8)
+    Xt = X @ rs.standard_normal((12, 3))
+    ref_full = X.var(axis=0).sum()
+    got_full, got_t = _global_variances(cp.asarray(X), cp.asarray(Xt), 6000, comm=get_comm("self"), xp=cp)
+    np.testing.assert_allclose(got_full, ref_full, rtol=1e-10)
+    np.testing.assert_allclose(got_t.get(), Xt.var(axis=0), rtol=1e-10)
