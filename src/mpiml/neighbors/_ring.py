@@ -231,12 +231,19 @@ def _search_block(Q, block, k, metric, p, state, xp):
         return state
     kk = min(k, m)
     d, i = local_topk(Q, block.X, kk, metric, xp, p)
-    if metric in ("euclidean", "sqeuclidean"):
+    # the compiled host kernel measured its k exactly (float64 differences) and ordered them by (distance,
+    # index): recomputing them was one thread's pass over every query's k rows (the serial part of 8 ranks'
+    # search of 20000 queries on 64 cores), and so was ordering a first block's lists again
+    host_exact = (xp is np and metric in ("euclidean", "sqeuclidean") and _cpu_topk() is not None
+                  and not (_sparse.is_sparse(Q) or _sparse.is_sparse(block.X)))
+    if metric in ("euclidean", "sqeuclidean") and not host_exact:
         d = _exact_sq(Q, block.X, i, xp)
         d = xp.sqrt(d) if metric == "euclidean" else d
     pay = None
     if block.Y is not None:
         pay = block.Y[i]  # (nq, kk, t)
+    if host_exact and state[0] is None and d.dtype == np.float64:
+        return d, i + block.offset, pay
     return merge_topk(*state, d, i + block.offset, pay, k, xp)
 
 
