@@ -5,6 +5,8 @@ Global training on the GPUs must grow the trees of one process on the host
 give every rank the same forest, and outputs must stay on the device.
 """
 
+import os
+
 import cupy as cp
 import numpy as np
 from sklearn.datasets import make_classification, make_regression
@@ -54,8 +56,10 @@ def main():
         params = dict(n_estimators=4, max_depth=9, random_state=1, **kw)
         one = cls(comm=SELF, **params).fit(cp.asarray(X), cp.asarray(y))
         many = cls(**params).fit(cp.asarray(shard(X)), cp.asarray(shard(y)))
-        if size > 1:        # several GPU ranks reduce-scatter the levels' histograms and search their shares
-            check(many._fit_stats.get("reduce_scatter_calls", 0) > 0, f"{cls.__name__} {kw}: no reduce-scatter")
+        if size > 1:        # MPIML_RF_SCATTER=1: the levels' histograms reduce-scattered (else one allreduce)
+            scattered = many._fit_stats.get("reduce_scatter_calls", 0) > 0
+            check(scattered == (os.environ.get("MPIML_RF_SCATTER") == "1"),
+                  f"{cls.__name__} {kw}: reduce-scatter {scattered} under MPIML_RF_SCATTER")
         for key in ("tree_offsets_", "tree_feature_", "tree_threshold_", "tree_value_", "tree_n_node_samples_",
                     "feature_importances_"):
             a, b = cp.asnumpy(getattr(one, key)), cp.asnumpy(getattr(many, key))

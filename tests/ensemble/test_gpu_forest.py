@@ -65,10 +65,13 @@ def _case(rng, n_rows, F, B, K, lens, FH, w_max, signed_wy=False, wy_max=None):
     ("regression, narrow weight", 70000, 32, 256, 0, 0, [40000, 0, 29000, 1], 32, 6, True),
     ("regression, narrow weight, row count", 9000, 20, 100, 0, 1, [8000, 999, 1], 20, 3, True),
 ])
-def test_histogram_kernel_equals_numpy(name, n_rows, F, B, K, D, lens, FH, w_max, signed):
+def test_histogram_kernel_equals_numpy(name, n_rows, F, B, K, D, lens, FH, w_max, signed, monkeypatch):
     import cupy as cp
 
     from mpiml.kernels.forest.histograms import build_histograms
+
+    if "narrow weight" in name:                  # the opt-in regression kernel (MPIML_RF_GPU_NARROW_WEIGHT=1)
+        monkeypatch.setenv("MPIML_RF_GPU_NARROW_WEIGHT", "1")
 
     rng = np.random.default_rng(abs(hash(name)) % 2 ** 32)
     wy_max = 2 ** 44 if "narrow weight" in name else None
@@ -289,6 +292,16 @@ def test_forest_gpu_spmd(mpi, n):
         # the levels' reduce-scatter and allgather (scatter split search) are staged as well
         env["MPIML_COMM_ALGO"] = "allreduce:mpi/native;reduce_scatter:mpi/native;allgather:mpi/native"
     mpi(os.path.join(HERE, "forest_gpu_script.py"), n, timeout=300, env=env)
+
+
+@pytest.mark.mpi
+def test_forest_gpu_spmd_scatter(mpi):
+    """The reduce-scattered levels (opt-in, MPIML_RF_SCATTER=1) on 2 GPUs: the trees of one GPU process."""
+    import cupy as cp
+
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("2 GPU ranks run with 2 GPUs")
+    mpi(os.path.join(HERE, "forest_gpu_script.py"), 2, timeout=300, env={"MPIML_RF_SCATTER": "1"})
 
 
 @pytest.mark.parametrize("case", ["sparse", "multi_output_regression", "multi_output_classification", "nan",

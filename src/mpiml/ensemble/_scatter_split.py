@@ -26,10 +26,10 @@ among the ranks, and no rank holds every reduced histogram.  The per-pair
 search is the same kernel on the same exact integer sums, so the decisions --
 and the trees -- are those of the one-allreduce path, at every rank count.
 
-Used by :class:`._grower.TreeGrower` on GPU ranks (several, with the compiled
-split search: gini with fewer than 8 classes, squared error, no missing values)
-unless ``MPIML_RF_SCATTER=0``; ``MPIML_RF_SCATTER=1`` also turns it on for host
-ranks growing level by level (tests).
+Used by :class:`._grower.TreeGrower` when ``MPIML_RF_SCATTER=1`` on several ranks
+(GPU or host ranks growing level by level) with the compiled split search (gini
+with fewer than 8 classes, squared error, no missing values); the default is one
+allreduce per level (see :func:`applies` for the measurement behind that).
 """
 
 import os
@@ -46,16 +46,16 @@ _FIELDS = 6
 
 
 def applies(g):
-    """Whether grower ``g`` grows its levels with :func:`split_level` (agreed inputs only)."""
+    """Whether grower ``g`` grows its levels with :func:`split_level`: only when asked for
+    (``MPIML_RF_SCATTER=1``), on several ranks, with the compiled search (agreed inputs only).
+
+    Not the default: measured on 4 x H100 (2026-11-27), the communicator's reduce-scatter of these
+    sizes took 26 ms a level where its allreduce of twice the bytes took 1.9 ms, and the split phase
+    did not shrink when each rank searched a quarter of the pairs (see docs/ensemble.md)."""
     comm = g.s.comm
     if comm is None or comm.size == 1 or g._candidate_search(g.C) is None:
         return False
-    env = os.environ.get("MPIML_RF_SCATTER", "")
-    if env == "0":
-        return False
-    if env == "1":
-        return True
-    return g.kernel is not None
+    return os.environ.get("MPIML_RF_SCATTER", "0") == "1"
 
 
 def _sync(xp):
