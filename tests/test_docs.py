@@ -238,11 +238,8 @@ _SOURCE = re.compile(r"benchmarks/(seeds/)?results/|`history: |`results/seed|scr
 # a figure: a number with a unit of time, rate, share or ratio (not "4 x H100", a machine)
 _FIGURE = re.compile(r"\d(\.\d+)?\s?(ms|s|us|µs|GB/s|MB/s|%|x|×)(?![\w/])(?! H\d)")
 _CLAIM = re.compile(r"(?<![Nn]ot )\b[Mm]easured on\b")
-#: Blocks whose figures name no file, as of the merge of 2026-11-27 14:20: the forest doc's development notes (the
-#: profile before / after the batched level; the split search before the reduce-scattered levels, whose run
-#: rf_regressor_ranks_4xh100.json is not in benchmarks/results/). Their owners name a source; nothing new goes here.
-_UNSOURCED_PENDING = {("docs/ensemble.md", "| per fit / per level |"),
-                      ("docs/ensemble.md", "Measured on 4 x H100 before this (main at 67a505a")}
+#: Blocks whose figures may name no file (none: every figure names its source).
+_UNSOURCED_PENDING = set()
 
 
 def _blocks(path):

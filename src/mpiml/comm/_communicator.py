@@ -13,6 +13,11 @@ the tuning table (the same choice on every rank), agrees on the call's
 signature (see :mod:`mpiml.comm._signature` and ``MPIML_CHECK``), runs it with
 timeouts and records it for :func:`mpiml.profile`.
 
+Longer than 800 lines because the one class users call carries every collective's public signature
+(arguments checked the same way on every rank, the docstrings of the API) around one shared
+:meth:`Communicator._run`; what stands alone already lives beside it (point-to-point, the hot path,
+the routing table, the signature rounds, the backends).
+
 How a checked call agrees (``MPIML_CHECK`` unset, the default):
 
 * *inline* — small host calls (at most ``slot_bytes(size)`` per rank, no forced

@@ -22,6 +22,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 
 from .._array import to_numpy
+from ..kernels import sparse as _sparse_kernels
 from ..utils._linalg import orthonormalize, tsqr
 
 __all__ = ["gaussian_matrix", "randomized_svd", "block_lanczos_svd", "resolve_normalizer", "CentredRows", "SparseRows",
@@ -29,29 +30,11 @@ __all__ = ["gaussian_matrix", "randomized_svd", "block_lanczos_svd", "resolve_no
 
 
 # ---------------------------------------------------------------------- operator
-#: How a ``cupyx`` CSR shard multiplies (environment ``MPIML_SPARSE_PRODUCTS``, read when a fit starts):
-#: ``"kernels"`` (default): :mod:`mpiml.kernels.sparse` for ``X V`` and for ``Xᵀ U`` on ``Xᵀ`` stored as
-#: CSR once per fit (deterministic); ``"scatter"``: the same ``X V``, ``Xᵀ U`` by atomics from the rows
-#: of ``X`` (no transpose formed, not deterministic); ``"cusparse"``: cuSPARSE SpMM on ``X`` and the
-#: stored ``Xᵀ`` (the path before the kernels).
-SPARSE_PRODUCTS = ("kernels", "scatter", "cusparse")
-
-
-def sparse_products_mode():
-    mode = os.environ.get("MPIML_SPARSE_PRODUCTS", "kernels")
-    if mode not in SPARSE_PRODUCTS:
-        raise ValueError(f"MPIML_SPARSE_PRODUCTS must be one of {SPARSE_PRODUCTS}; got {mode!r}")
-    return mode
-
-
-def _kernels_for(X):
-    """:mod:`mpiml.kernels.sparse` when it takes the shard ``X`` (``cupyx`` CSR, float32/64, int32 indices)."""
-    if type(X).__module__.startswith("cupyx"):
-        from ..kernels import sparse
-
-        if sparse.supported(X):
-            return sparse
-    return None
+# How a ``cupyx`` CSR shard multiplies: :data:`mpiml.kernels.sparse.PRODUCTS` (``MPIML_SPARSE_PRODUCTS``), shared
+# with the linear models' sparse Krylov operator, hence kept with the kernels rather than here.
+SPARSE_PRODUCTS = _sparse_kernels.PRODUCTS
+sparse_products_mode = _sparse_kernels.products_mode
+_kernels_for = _sparse_kernels.for_shard
 
 
 class SparseRows:

@@ -316,7 +316,7 @@ class CentredOperator:
         self.mean = None if x_mean is None else np.asarray(x_mean, dtype=np.float64)
         self._mean_dev = None
         self.root = None if sw is None else xp.sqrt(sw.astype(xp.float64))
-        # a cupyx CSR shard: mpiml.kernels.sparse (MPIML_SPARSE_PRODUCTS, see mpiml.decomposition._solvers):
+        # a cupyx CSR shard: mpiml.kernels.sparse (MPIML_SPARSE_PRODUCTS, see mpiml.kernels.sparse.PRODUCTS):
         # "kernels", X v and Xᵀ u from shared memory (the vector's slice of each column piece staged there,
         # the matrix streamed once: no transpose) when X's rows are sorted, else row dot products on X and
         # on Xᵀ stored as CSR (formed at the first Aᵀu, once per fit); "scatter", AᵀA p in one read of X
@@ -324,11 +324,11 @@ class CentredOperator:
         self._kernels = self._XT = self._pieces = None
         self.fused = False
         if xp is not np and is_sparse(X):
-            from ..decomposition._solvers import _kernels_for, sparse_products_mode
+            from ..kernels import sparse as sparse_kernels
 
-            mode = sparse_products_mode()
+            mode = sparse_kernels.products_mode()
             if mode != "cusparse":
-                self._kernels = _kernels_for(X)
+                self._kernels = sparse_kernels.for_shard(X)
                 self.fused = self._kernels is not None and mode == "scatter"
                 if self._kernels is not None and mode == "kernels":
                     self._pieces = self._kernels.column_pieces(X)

@@ -22,9 +22,12 @@ and are written in the dtype asked for.  The kernels load through
 memoised per device.  CuPy is imported inside the functions only.
 """
 
+import os
+import sys
+
 import numpy as np
 
-__all__ = ["supported", "csr_matmul", "csr_rmatmul_scatter", "csr_normal_vec", "csr_row_moments",
+__all__ = ["PRODUCTS", "products_mode", "for_shard", "supported", "csr_matmul", "csr_rmatmul_scatter", "csr_normal_vec", "csr_row_moments",
            "dense_column_moments", "column_pieces", "ColumnPieces", "plan", "FILES", "expressions"]
 
 FILES = ("sparse/spmm.cu",)
@@ -374,3 +377,29 @@ def column_pieces(A, max_pieces=MAX_PIECES):
     widest = int(np.diff(cuts).max()) * item if d else 0
     blocks = _sm_count() * max(1, min(2, per_sm // max(1, widest + 1024)))
     return ColumnPieces(A, ptr, cuts, widest, blocks)
+
+
+# ---------------------------------------------------------------------- which products a shard uses
+#: How a ``cupyx`` CSR shard multiplies (environment ``MPIML_SPARSE_PRODUCTS``, read when a fit starts):
+#: ``"kernels"`` (default): :mod:`mpiml.kernels.sparse` for ``X V`` and for ``Xᵀ U`` on ``Xᵀ`` stored as
+#: CSR once per fit (deterministic); ``"scatter"``: the same ``X V``, ``Xᵀ U`` by atomics from the rows
+#: of ``X`` (no transpose formed, not deterministic); ``"cusparse"``: cuSPARSE SpMM on ``X`` and the
+#: stored ``Xᵀ`` (the path before the kernels).  The decompositions and the linear models' sparse
+#: Krylov operator both read it.
+PRODUCTS = ("kernels", "scatter", "cusparse")
+
+
+def products_mode():
+    """The products a ``cupyx`` CSR shard uses, from ``MPIML_SPARSE_PRODUCTS`` (read when a fit starts)."""
+    mode = os.environ.get("MPIML_SPARSE_PRODUCTS", "kernels")
+    if mode not in PRODUCTS:
+        raise ValueError(f"MPIML_SPARSE_PRODUCTS must be one of {PRODUCTS}; got {mode!r}")
+    return mode
+
+
+def for_shard(X):
+    """:mod:`mpiml.kernels.sparse` when it takes the shard ``X`` (``cupyx`` CSR, float32/64, int32 indices)."""
+    if type(X).__module__.startswith("cupyx"):
+        if supported(X):
+            return sys.modules[__name__]
+    return None
