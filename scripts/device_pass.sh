@@ -163,9 +163,14 @@ part_knn() {
         --device gpu --ranks "$RANKS" --out "$RES" --tag "$MACHINE"
     keep "ml_knn_$MACHINE" "knn_$MACHINE"
     step "sparse k-means and neighbours, 10^6 x 10^6 (1 rank)" 200 $MPIRUN -n 1 python3 benchmarks/sparse/sparse_gpu.py \
-        --out "$RES/sparse_$MACHINE.json"
+        --out "$RES/sparse_one_rank.json"
     step "sparse, 2 ranks (scale 0.1)" 60 $MPIRUN -n 2 python3 benchmarks/sparse/sparse_gpu.py --scale 0.1 \
-        --out "$RES/sparse_2ranks_$MACHINE.json"
+        --out "$RES/sparse_two_ranks.json"
+    step "sparse: both runs as keys of one result file" 20 python3 benchmarks/fold.py "$RES/sparse_$MACHINE.json" \
+        one_rank="$RES/sparse_one_rank.json" two_ranks="$RES/sparse_two_ranks.json" --replace \
+        --what "sparse k-means and neighbours at 1 rank (10^6 x 10^6) and 2 ranks (scale 0.1)"
+    [ -f "$RES/sparse_one_rank.png" ] && mv "$RES/sparse_one_rank.png" "$RES/sparse_$MACHINE.png"
+    rm -f "$RES"/sparse_one_rank.* "$RES"/sparse_two_ranks.*
 }
 
 spmd_fits() {  # spmd_fits ALGO...: mpiml.bench.ml_decomp at its defaults (mpiml, plain CuPy, scikit-learn, floor)
