@@ -44,6 +44,20 @@ def hist(cols, row, w, wy, y, seg_start, seg_len, fsel, K, D, out):
 
 
 @_jit
+def _gini_proxy(cum, tot, D, C, isw, WL, WR):
+    """Gini's proxy of a cut (the left and right class weights' sums of squares over their totals): the
+    scans of every bin and of occupied bins share it."""
+    sl = 0.0
+    sr = 0.0
+    for c in range(D, C):
+        lw = cum[c] * isw
+        rw = (tot[c] - cum[c]) * isw
+        sl += lw * lw
+        sr += rw * rw
+    return sl / WL + sr / WR
+
+
+@_jit
 def scan(cb, h, nb, B, tot, cum, mwl, has_mwl, sw, sy, K, D, msl):
     """Best split of one (node, feature) histogram: bins ``cb[:nb]`` (increasing) with sums ``h[:nb]``
     (a dense histogram: ``cb`` = 0..B-1; a compact one: its non-empty bins); the NumPy search's arithmetic."""
@@ -96,14 +110,7 @@ def scan(cb, h, nb, B, tot, cum, mwl, has_mwl, sw, sy, K, D, msl):
         if not valid:
             continue
         if K:
-            sl = 0.0
-            sr = 0.0
-            for c in range(D, C):
-                lw = cum[c] * isw
-                rw = (tot[c] - cum[c]) * isw
-                sl += lw * lw
-                sr += rw * rw
-            proxy = sl / WL + sr / WR
+            proxy = _gini_proxy(cum, tot, D, C, isw, WL, WR)
         else:
             SL = cum[D + 1] * isy
             SR = (tot[D + 1] - cum[D + 1]) * isy
@@ -172,14 +179,7 @@ def scan_occupied(cb, h, nb, B, tot, cum, mwl, has_mwl, sw, sy, K, D, msl):
         if has_mwl and not (WL >= mwl and WR >= mwl):
             continue
         if K:
-            sl = 0.0
-            sr = 0.0
-            for c in range(D, C):
-                lw = cum[c] * isw
-                rw = (tot[c] - cum[c]) * isw
-                sl += lw * lw
-                sr += rw * rw
-            proxy = sl / WL + sr / WR
+            proxy = _gini_proxy(cum, tot, D, C, isw, WL, WR)
         else:
             SL = cumY * isy
             SR = (totY - cumY) * isy

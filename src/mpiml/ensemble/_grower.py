@@ -51,7 +51,7 @@ import numpy as np
 
 from . import _cpu_kernels, _owner_search, _scatter_split, _tree_parallel
 from ._hist import STREAM_FEATURES, hash_uniform, stream_lead
-from ._split import choose, decide, dense_candidates, node_stats, thresholds
+from ._split import built_nodes, choose, decide, dense_candidates, node_stats, thresholds
 
 __all__ = ["GrowSpec", "TreeGrower"]
 
@@ -514,11 +514,7 @@ class TreeGrower:
         for c0 in range(0, S, per_chunk):
             c1 = min(S, c0 + per_chunk)
             n = c1 - c0
-            if parent is not None:                 # one child of each pair: the one with less weight
-                pairs = np.arange(c0 // 2, c1 // 2)
-                built = 2 * pairs + np.where(parent[2][pairs], 0, 1)
-            else:
-                built = np.arange(c0, c1)
+            built = built_nodes(c0, c1, parent)
             fsel = xp.broadcast_to(ident, (len(built), F)) if self.full else perm[xp.asarray(built), :m]
             _sync(xp)
             t0 = time.perf_counter()
@@ -534,7 +530,7 @@ class TreeGrower:
                 ex = xp.empty((n, self.E), dtype=xp.float64)
                 local_b = xp.asarray(built - c0)
                 local_o = xp.asarray((built ^ 1) - c0)
-                ph, pe = parent[0][xp.asarray(pairs)], parent[1][xp.asarray(pairs)]
+                ph, pe = parent[0][xp.asarray(built // 2)], parent[1][xp.asarray(built // 2)]
                 H[local_b], ex[local_b] = hb, eb
                 H[local_o], ex[local_o] = ph - hb, pe - eb
             else:

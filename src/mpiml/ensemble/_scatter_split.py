@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-from ._split import choose, decide, node_stats
+from ._split import built_nodes, choose, decide, node_stats
 
 __all__ = ["applies", "split_level"]
 
@@ -155,11 +155,7 @@ def split_level(g, el, perm, depth, root_w, parent, keep):
     for c0 in range(0, S, per_chunk):
         c1 = min(S, c0 + per_chunk)
         n = c1 - c0
-        if parent is not None:                 # one child of each pair: the one with less weight
-            pairs = np.arange(c0 // 2, c1 // 2)
-            built = 2 * pairs + np.where(parent[2][pairs], 0, 1)
-        else:
-            built = np.arange(c0, c1)
+        built = built_nodes(c0, c1, parent)
         nb = len(built)
         fsel = xp.broadcast_to(ident, (nb, F)) if full else perm[xp.asarray(built), :m]
         _sync(xp)
@@ -192,7 +188,7 @@ def split_level(g, el, perm, depth, root_w, parent, keep):
             hr = mine.reshape(fr, nb, B, C)
             if parent is not None:             # the other child of each pair: parent - built child
                 g.stats["hist_nodes_derived"] += nb
-                lb, lo, px = xp.asarray(built - c0), xp.asarray((built ^ 1) - c0), xp.asarray(pairs)
+                lb, lo, px = xp.asarray(built - c0), xp.asarray((built ^ 1) - c0), xp.asarray(built // 2)
                 H = xp.empty((fr, n, B, C), dtype=xp.float64)
                 H[:, lb] = hr
                 H[:, lo] = parent[0][:, px] - hr

@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-__all__ = ["node_stats", "dense_candidates", "choose", "decide", "thresholds"]
+__all__ = ["node_stats", "dense_candidates", "choose", "decide", "thresholds", "built_nodes"]
 
 
 def _xlogx(xp, a):
@@ -304,3 +304,14 @@ def thresholds(g, f, b, below, above):
         mid = (vlo + vhi) / 2.0
         thr[ex] = np.where(mid >= vhi, vlo, mid)           # adjacent floats: the midpoint rounds up
     return thr
+
+
+
+def built_nodes(c0, c1, parent):
+    """The nodes of the chunk ``[c0, c1)`` of a level whose histograms are built: with the parents' (``parent``)
+    kept, one child of each sibling pair (the one with less weight; the other is the parent minus it, and
+    ``built // 2`` the pair), else every node."""
+    if parent is None:
+        return np.arange(c0, c1)
+    pairs = np.arange(c0 // 2, c1 // 2)
+    return 2 * pairs + np.where(parent[2][pairs], 0, 1)
