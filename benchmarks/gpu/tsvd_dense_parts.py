@@ -16,20 +16,6 @@ import argparse
 import json
 import os
 import sys
-import time
-
-
-
-def _best(fn, repeats, sync):
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def main(argv=None):
@@ -45,6 +31,7 @@ def main(argv=None):
 
     import mpiml
     from mpiml.bench import ml_decomp
+    from mpiml.bench._common import best_seconds
     from mpiml.comm import get_comm
     from mpiml.decomposition import TruncatedSVD, _solvers
     from mpiml.kernels import sparse
@@ -63,10 +50,10 @@ def main(argv=None):
     sync = cp.cuda.Device().synchronize
     name, bw = ml_decomp._gpu_rates(cp)[:2]
     t = {}
-    t["X V (GEMM)"] = _best(lambda: X @ V, args.repeats, sync)
-    t["X^T U plain GEMM"] = _best(lambda: X.T @ U, args.repeats, sync)
-    t["X^T U strided-batched GEMM"] = _best(lambda: _solvers._batched_tmatmul(X, U, cp, _solvers._TALL_BATCH_ROWS),
-                                            args.repeats, sync)
+    t["X V (GEMM)"] = best_seconds(lambda: X @ V, args.repeats, sync)
+    t["X^T U plain GEMM"] = best_seconds(lambda: X.T @ U, args.repeats, sync)
+    t["X^T U strided-batched GEMM"] = best_seconds(
+        lambda: _solvers._batched_tmatmul(X, U, cp, _solvers._TALL_BATCH_ROWS), args.repeats, sync)
 
     def old_gram():
         step = max(1, (64 << 20) // (8 * b))
@@ -76,17 +63,18 @@ def main(argv=None):
             out += blk.T @ blk
         return out
 
-    t["Gram of n x b, chunked float64 (before)"] = _best(old_gram, args.repeats, sync)
-    t["Gram of n x b, one-read kernel"] = _best(lambda: augmented_gram(U), args.repeats, sync)
-    t["column sums, CuPy sum(axis=0) (before)"] = _best(lambda: X.sum(axis=0, dtype=cp.float64), args.repeats, sync)
-    t["squared deviations, chunked (before)"] = _best(lambda: column_sq_dev(X, m), args.repeats, sync)
-    t["column moments kernel (one read)"] = _best(lambda: sparse.dense_column_moments(X, m), args.repeats, sync)
+    t["Gram of n x b, chunked float64 (before)"] = best_seconds(old_gram, args.repeats, sync)
+    t["Gram of n x b, one-read kernel"] = best_seconds(lambda: augmented_gram(U), args.repeats, sync)
+    t["column sums, CuPy sum(axis=0) (before)"] = best_seconds(lambda: X.sum(axis=0, dtype=cp.float64), args.repeats,
+                                                               sync)
+    t["squared deviations, chunked (before)"] = best_seconds(lambda: column_sq_dev(X, m), args.repeats, sync)
+    t["column moments kernel (one read)"] = best_seconds(lambda: sparse.dense_column_moments(X, m), args.repeats, sync)
     t["one read of X at the datasheet rate"] = X.nbytes / bw
     fits = {}
     for route in ("batched", "gemm"):
         os.environ["MPIML_DENSE_TPRODUCT"] = route
         est = TruncatedSVD(args.components)
-        fits[route] = _best(lambda: est.fit(X), 2, sync)
+        fits[route] = best_seconds(lambda: est.fit(X), 2, sync)
     os.environ.pop("MPIML_DENSE_TPRODUCT", None)
     print(f"{name}: X {n} x {d} float32, b = {b}")
     for key, val in t.items():

@@ -21,24 +21,8 @@ import datetime
 import json
 import os
 import sys
-import time
 
 import numpy as np
-
-_BW = (("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12), ("A100", 2.0e12))
-
-
-def _best(fn, repeats, sync):
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
 
 def _print_profile(prof, top):
     """One line a function: the ``top`` by cumulative time among mpiml's and CuPy's, then by own time."""
@@ -70,6 +54,8 @@ def main(argv=None):
     import cupy as cp
     import cupyx.scipy.sparse as csp
 
+    from mpiml.bench._common import best_seconds
+    from mpiml.bench.ml_decomp import _gpu_rates
     from mpiml.decomposition import TruncatedSVD
     from mpiml.kernels import sparse
     from mpiml.utils._linalg import column_sums
@@ -85,9 +71,7 @@ def main(argv=None):
     U = rs.standard_normal((n, b), dtype=cp.float32)
     v, u = V[:, 0].copy(), U[:, 0].copy()
     sync = cp.cuda.Device().synchronize
-    name = cp.cuda.runtime.getDeviceProperties(0)["name"]
-    name = name.decode() if isinstance(name, bytes) else str(name)
-    bw = next((r for frag, r in _BW if frag in name), 3.35e12)
+    name, bw = _gpu_rates(cp)[:2]       # the HBM rate of mpiml bench ml's floors (datasheet, else measured)
     csr_bytes = nnz * 8 + (n + 1) * 4
     res = {"device": name, "hbm_Bps": bw, "rows": n, "features": d, "nnz": nnz, "b": b,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -95,31 +79,33 @@ def main(argv=None):
            "times_s": {}, "floors_s": {}}
     t = res["times_s"]
     XT = X.T.tocsr()
-    t["transpose X.T.tocsr()"] = _best(lambda: X.T.tocsr(), args.repeats, sync)
-    t["XV cusparse"] = _best(lambda: X @ V, args.repeats, sync)
-    t["XV kernel gather"] = _best(lambda: sparse.csr_matmul(X, V), args.repeats, sync)
-    t["XtU cusparse X.T@U"] = _best(lambda: X.T @ U, args.repeats, sync)
-    t["XtU cusparse stored XT"] = _best(lambda: XT @ U, args.repeats, sync)
-    t["XtU kernel gather on XT"] = _best(lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64), args.repeats, sync)
-    t["XtU kernel scatter f64"] = _best(lambda: sparse.csr_rmatmul_scatter(X, U, np.float64), args.repeats, sync)
-    t["XtU kernel scatter f32"] = _best(lambda: sparse.csr_rmatmul_scatter(X, U, np.float32), args.repeats, sync)
-    t["Xv cusparse"] = _best(lambda: X @ v, args.repeats, sync)
-    t["Xv kernel rowdot"] = _best(lambda: sparse.csr_matmul(X, v, out_dtype=np.float64), args.repeats, sync)
-    t["Xtu cusparse stored XT"] = _best(lambda: XT @ u, args.repeats, sync)
-    t["Xtu cusparse X.T@u"] = _best(lambda: X.T @ u, args.repeats, sync)
-    t["Xtu kernel rowdot on XT"] = _best(lambda: sparse.csr_matmul(XT, u, out_dtype=np.float64), args.repeats, sync)
-    t["Xtu kernel scatter"] = _best(lambda: sparse.csr_rmatmul_scatter(X, u), args.repeats, sync)
+    t["transpose X.T.tocsr()"] = best_seconds(lambda: X.T.tocsr(), args.repeats, sync)
+    t["XV cusparse"] = best_seconds(lambda: X @ V, args.repeats, sync)
+    t["XV kernel gather"] = best_seconds(lambda: sparse.csr_matmul(X, V), args.repeats, sync)
+    t["XtU cusparse X.T@U"] = best_seconds(lambda: X.T @ U, args.repeats, sync)
+    t["XtU cusparse stored XT"] = best_seconds(lambda: XT @ U, args.repeats, sync)
+    t["XtU kernel gather on XT"] = best_seconds(lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64), args.repeats,
+                                                sync)
+    t["XtU kernel scatter f64"] = best_seconds(lambda: sparse.csr_rmatmul_scatter(X, U, np.float64), args.repeats, sync)
+    t["XtU kernel scatter f32"] = best_seconds(lambda: sparse.csr_rmatmul_scatter(X, U, np.float32), args.repeats, sync)
+    t["Xv cusparse"] = best_seconds(lambda: X @ v, args.repeats, sync)
+    t["Xv kernel rowdot"] = best_seconds(lambda: sparse.csr_matmul(X, v, out_dtype=np.float64), args.repeats, sync)
+    t["Xtu cusparse stored XT"] = best_seconds(lambda: XT @ u, args.repeats, sync)
+    t["Xtu cusparse X.T@u"] = best_seconds(lambda: X.T @ u, args.repeats, sync)
+    t["Xtu kernel rowdot on XT"] = best_seconds(lambda: sparse.csr_matmul(XT, u, out_dtype=np.float64), args.repeats,
+                                                sync)
+    t["Xtu kernel scatter"] = best_seconds(lambda: sparse.csr_rmatmul_scatter(X, u), args.repeats, sync)
     m = cp.asarray(rs.standard_normal(d, dtype=cp.float64))
-    t["XtXp kernel normal (one read)"] = _best(lambda: sparse.csr_normal_vec(X, v, m @ v.astype(cp.float64)),
-                                               args.repeats, sync)
-    t["column pieces: build"] = _best(lambda: sparse.column_pieces(X), args.repeats, sync)
+    t["XtXp kernel normal (one read)"] = best_seconds(lambda: sparse.csr_normal_vec(X, v, m @ v.astype(cp.float64)),
+                                                      args.repeats, sync)
+    t["column pieces: build"] = best_seconds(lambda: sparse.column_pieces(X), args.repeats, sync)
     P = sparse.column_pieces(X)
     res["column_pieces"] = None if P is None else P.K
     if P is not None:
-        t["Xv pieces (shared memory)"] = _best(lambda: P.dot(v), args.repeats, sync)
-        t["Xtu pieces (shared memory)"] = _best(lambda: P.tdot(u), args.repeats, sync)
-    t["column sums (bincount)"] = _best(lambda: column_sums(X), args.repeats, sync)
-    t["column moments (kernel on XT)"] = _best(lambda: sparse.csr_row_moments(XT), args.repeats, sync)
+        t["Xv pieces (shared memory)"] = best_seconds(lambda: P.dot(v), args.repeats, sync)
+        t["Xtu pieces (shared memory)"] = best_seconds(lambda: P.tdot(u), args.repeats, sync)
+    t["column sums (bincount)"] = best_seconds(lambda: column_sums(X), args.repeats, sync)
+    t["column moments (kernel on XT)"] = best_seconds(lambda: sparse.csr_row_moments(XT), args.repeats, sync)
     # correctness of what was timed
     ref = (XT @ U).astype(cp.float64)
     err = {"XV kernel vs cusparse": float(cp.abs(sparse.csr_matmul(X, V) - X @ V).max() / cp.abs(X @ V).max()),
@@ -137,7 +123,7 @@ def main(argv=None):
     for mode in [m for m in args.fits.split(",") if m]:
         os.environ["MPIML_SPARSE_PRODUCTS"] = mode
         est = TruncatedSVD(args.components)
-        fits[mode] = _best(lambda: est.fit(X), 3, sync)
+        fits[mode] = best_seconds(lambda: est.fit(X), 3, sync)
         fits[mode + " singular_values"] = est.singular_values_.get().tolist()
     # sparse Ridge (sparse_cg, tol 1e-4 as the benchmark) per mode against ten lines of cupyx CG on XᵀX + alpha I
     import cupyx.scipy.sparse.linalg as sla
@@ -150,15 +136,15 @@ def main(argv=None):
     for mode in [m for m in args.fits.split(",") if m]:
         os.environ["MPIML_SPARSE_PRODUCTS"] = mode
         est = Ridge(alpha=1.0, solver="sparse_cg", tol=1e-4, fit_intercept=False)
-        ridge[mode + " (no intercept)"] = _best(lambda: est.fit(X, y), 3, sync)
+        ridge[mode + " (no intercept)"] = best_seconds(lambda: est.fit(X, y), 3, sync)
         est_i = Ridge(alpha=1.0, tol=1e-4)
-        ridge[mode + " (defaults)"] = _best(lambda: est_i.fit(X, y), 3, sync)
+        ridge[mode + " (defaults)"] = best_seconds(lambda: est_i.fit(X, y), 3, sync)
         ridge[mode + " iterations"] = int(np.sum(est_i._n_krylov_iter))
     os.environ.pop("MPIML_SPARSE_PRODUCTS", None)
     op = sla.LinearOperator((d, d), matvec=lambda q: XT @ (X @ q) + 1.0 * q, dtype=X.dtype)
     rhs = XT @ y
-    ridge["cupyx cg peer (XT formed outside)"] = _best(lambda: sla.cg(op, rhs, rtol=1e-4), 3, sync)
-    ridge["cupyx cg peer with XT formed"] = _best(
+    ridge["cupyx cg peer (XT formed outside)"] = best_seconds(lambda: sla.cg(op, rhs, rtol=1e-4), 3, sync)
+    ridge["cupyx cg peer with XT formed"] = best_seconds(
         lambda: sla.cg(sla.LinearOperator((d, d), matvec=lambda q, T=X.T.tocsr(): T @ (X @ q) + q, dtype=X.dtype),
                        rhs, rtol=1e-4), 3, sync)
     for key, val in ridge.items():

@@ -13,7 +13,20 @@ import numpy as np
 from ..comm._profile import human_bytes as _human_bytes
 
 __all__ = ["machine_info", "stamp", "Progress", "parse_bytes", "human_bytes", "require_matplotlib",
-           "measure_rates", "FirstRows"]
+           "measure_rates", "FirstRows", "best_seconds"]
+
+
+def best_seconds(fn, repeats, sync):
+    """The best of ``repeats`` timed calls of ``fn`` after one untimed call, each ended by ``sync()``."""
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return min(times)
 
 
 def require_matplotlib(option="--plot"):
