@@ -25,18 +25,10 @@ from .._array import to_numpy
 from ..kernels import sparse as _sparse_kernels
 from ..utils._linalg import orthonormalize, tsqr
 
-__all__ = ["gaussian_matrix", "randomized_svd", "block_lanczos_svd", "resolve_normalizer", "CentredRows", "SparseRows",
-           "SPARSE_PRODUCTS"]
+__all__ = ["gaussian_matrix", "randomized_svd", "block_lanczos_svd", "resolve_normalizer", "CentredRows", "SparseRows"]
 
 
 # ---------------------------------------------------------------------- operator
-# How a ``cupyx`` CSR shard multiplies: :data:`mpiml.kernels.sparse.PRODUCTS` (``MPIML_SPARSE_PRODUCTS``), shared
-# with the linear models' sparse Krylov operator, hence kept with the kernels rather than here.
-SPARSE_PRODUCTS = _sparse_kernels.PRODUCTS
-sparse_products_mode = _sparse_kernels.products_mode
-_kernels_for = _sparse_kernels.for_shard
-
-
 class SparseRows:
     """A sparse shard as the solvers use it: ``X V`` and this rank's part of ``Xᵀ U``, optionally centred.
 
@@ -47,7 +39,7 @@ class SparseRows:
     ``Xᵀ U`` itself (the same single allreduce).
 
     A ``cupyx`` CSR shard multiplies by :mod:`mpiml.kernels.sparse` (see
-    :data:`SPARSE_PRODUCTS`): cuSPARSE reads a skinny dense block a column at a
+    :data:`mpiml.kernels.sparse.PRODUCTS`, ``MPIML_SPARSE_PRODUCTS``): cuSPARSE reads a skinny dense block a column at a
     time, far below the memory bandwidth, and multiplies by a transposed CSR
     matrix with atomics; here ``Xᵀ`` is stored as CSR once per fit (one
     conversion, the stored values' memory once more) and both products read
@@ -58,8 +50,8 @@ class SparseRows:
         self.X = X
         self.mean = mean
         self.shape, self.dtype = X.shape, X.dtype
-        self.mode = sparse_products_mode() if mode is None else mode
-        self.kernels = _kernels_for(X) if self.mode != "cusparse" else None
+        self.mode = _sparse_kernels.products_mode() if mode is None else mode
+        self.kernels = _sparse_kernels.for_shard(X) if self.mode != "cusparse" else None
         self._ready = None
         if XT is None and not (self.kernels is not None and self.mode == "scatter"):
             XT, self._ready = _transpose_aside(X) if self.kernels is not None else (device_transpose(X), None)

@@ -7,10 +7,11 @@ from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 
 from .._array import to_numpy
 from ..base import SPMDEstimator
+from ..kernels import sparse as _sparse_kernels
 from ..utils._linalg import column_sq_dev, column_sums, is_sparse, svd_flip_rows
 from ..utils._param_validation import Interval, StrOptions
 from ._pca import _allreduce, _check_local, validate_local_rows, validated_rows
-from ._solvers import SparseRows, _kernels_for, block_lanczos_svd, randomized_svd
+from ._solvers import SparseRows, block_lanczos_svd, randomized_svd
 
 __all__ = ["TruncatedSVD"]
 
@@ -252,7 +253,7 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         self._check_is_fitted()
         X, xp = validate_local_rows(self, X)
         C = self._on(xp).astype(X.dtype, copy=False)
-        kernels = _kernels_for(X)
+        kernels = _sparse_kernels.for_shard(X)
         return kernels.csr_matmul(X, C.T) if kernels is not None else X @ C.T
 
     def inverse_transform(self, X):
