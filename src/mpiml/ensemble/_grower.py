@@ -352,17 +352,22 @@ class TreeGrower:
             extra[:, 1] = cs[xp.asarray(el.starts[slots + 1])] - cs[xp.asarray(el.starts[slots])]
         return tot.reshape(S, 1, 1, C), extra
 
+    def _skew_wait(self):
+        """With ``MPIML_RF_LEVEL_PROFILE=1``, a sync point before a level's collectives: the time until every
+        rank arrives (``stats["wait_s"]``) is the ranks' skew, not the transfer's."""
+        if self.level_profile:
+            t0 = time.perf_counter()
+            self.s.comm.allreduce(self.xp.zeros(1))
+            _sync(self.xp)
+            self.stats["wait_s"] += time.perf_counter() - t0
+
     def _reduce(self, hist, extra):
         comm, xp = self.s.comm, self.xp
         if comm is None or comm.size == 1:
             return hist, extra
         buf = xp.concatenate([hist.ravel(), extra.ravel()])
         _sync(xp)
-        if self.level_profile:                   # the ranks' skew apart from the transfer
-            t0 = time.perf_counter()
-            comm.allreduce(xp.zeros(1))
-            _sync(xp)
-            self.stats["wait_s"] += time.perf_counter() - t0
+        self._skew_wait()
         t0 = time.perf_counter()
         buf = comm.allreduce(buf)
         _sync(xp)

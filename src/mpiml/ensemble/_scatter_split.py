@@ -68,12 +68,7 @@ def _collect(g, sends, small):
     allreduce)."""
     xp, comm, st = g.xp, g.s.comm, g.stats
     _sync(xp)
-    if g.level_profile:
-        # a sync point first: the time until every rank arrives is the ranks' skew, not the transfer's
-        t0 = time.perf_counter()
-        comm.allreduce(xp.zeros(1))
-        _sync(xp)
-        st["wait_s"] += time.perf_counter() - t0
+    g._skew_wait()
     t0 = time.perf_counter()
     mine = [comm.reduce_scatter(send) for send in sends]
     _sync(xp)
