@@ -34,6 +34,23 @@ def uneven_shard(a, rank, size, skip_last=False):
     return a[b[rank]:b[rank + 1]]
 
 
+def local_rows(arrays, rank, size, skip_last=False, sparse=False, gpu=False):
+    """This rank's rows of each of ``arrays`` (``X`` first) under :func:`uneven_bounds`: ``X`` as a CSR
+    matrix when ``sparse``, and all of them on the current GPU (CuPy, cupyx CSR) when ``gpu``."""
+    X, *rest = [uneven_shard(a, rank, size, skip_last) for a in arrays]
+    if sparse:
+        import scipy.sparse as sp
+
+        X = sp.csr_matrix(X)
+    if gpu:
+        import cupy as cp
+        import cupyx.scipy.sparse as cps
+
+        X = cps.csr_matrix(X) if sparse else cp.asarray(X)
+        rest = [cp.asarray(a) for a in rest]
+    return (X, *rest)
+
+
 def gpu_shards(comm):
     """The preamble of a GPU script: bind this rank to GPU ``rank % count`` (ranks may share one)
     and return its ``shard(a, skip_last=False)``, this rank's rows of ``a`` under

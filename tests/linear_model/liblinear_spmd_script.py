@@ -18,23 +18,18 @@ import sys
 import warnings
 
 import numpy as np
-import scipy.sparse as sp
 from sklearn import linear_model as sk
 from sklearn.datasets import make_classification
 
 from mpiml.comm import get_comm
 from mpiml.linear_model import LogisticRegression
 
-from _spmd import assert_close, check, guarded, uneven_shard
+from _spmd import assert_close, check, guarded, local_rows
 
 comm = get_comm()
 SELF = get_comm("self")
 rank, size = comm.rank, comm.size
 GPU = "--gpu" in sys.argv
-
-
-def shard(a, skip_last=False):
-    return uneven_shard(a, rank, size, skip_last)
 
 
 def host(a):
@@ -56,16 +51,7 @@ def data(kind, seed):
 
 
 def local(X, y, w, kind, skip):
-    Xs, ys, ws = shard(X, skip), shard(y, skip), shard(w, skip)
-    if kind == "sparse":
-        Xs = sp.csr_matrix(Xs)
-    if GPU:
-        import cupy as cp
-        import cupyx.scipy.sparse as cps
-
-        Xs = cps.csr_matrix(Xs) if kind == "sparse" else cp.asarray(Xs)
-        ys, ws = cp.asarray(ys), cp.asarray(ws)
-    return Xs, ys, ws
+    return local_rows((X, y, w), rank, size, skip, kind == "sparse", GPU)
 
 
 def params(est):

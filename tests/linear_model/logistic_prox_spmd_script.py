@@ -12,23 +12,18 @@ import sys
 import warnings
 
 import numpy as np
-import scipy.sparse as sp
 from sklearn import linear_model as sk
 from sklearn.datasets import make_classification
 
 from mpiml.comm import get_comm
 from mpiml.linear_model import LogisticRegression
 
-from _spmd import assert_close, check, guarded, uneven_shard
+from _spmd import assert_close, check, guarded, local_rows
 
 comm = get_comm()
 SELF = get_comm("self")
 rank, size = comm.rank, comm.size
 GPU = "--gpu" in sys.argv
-
-
-def shard(a, skip_last=False):
-    return uneven_shard(a, rank, size, skip_last)
 
 
 def same_on_every_rank(a, msg):
@@ -58,15 +53,7 @@ def main():
         if kind == "sparse":
             X = np.where(np.abs(X) < 0.8, 0.0, X)
         skip = n_classes == 3
-        Xs, ys, ws = shard(X, skip), shard(y, skip), shard(w, skip)
-        if kind == "sparse":
-            Xs = sp.csr_matrix(Xs)
-        if GPU:
-            import cupy as cp
-            import cupyx.scipy.sparse as cps
-
-            Xs = cps.csr_matrix(Xs) if kind == "sparse" else cp.asarray(Xs)
-            ys, ws = cp.asarray(ys), cp.asarray(ws)
+        Xs, ys, ws = local_rows((X, y, w), rank, size, skip, kind == "sparse", GPU)
         label = f"{n_classes} classes, {kind}, {opts}"
         ours = LogisticRegression(tol=1e-8, max_iter=200, **opts).fit(Xs, ys, sample_weight=ws)
         coef, icpt = host(ours.coef_), host(ours.intercept_)
