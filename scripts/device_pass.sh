@@ -32,6 +32,8 @@
 #             waiting (cold_wait), CPU ranks 1 -> 8 on the host's cores
 #   wave5     every op vs raw NCCL at the defaults, the forest regressor on 1 and all GPUs, CPU ranks 1 -> 8,
 #             1 and 2 CPU ranks on 2 cores
+#   profile   where the time goes: the linear models' fits traced at 1 and all GPUs (Gram variant picked), the forest
+#             regressor's level profile with larger histogram chunks, sparse TruncatedSVD's parts (~250 s)
 #   soak      five minutes of random checked collectives on every GPU (BUDGET=400)
 #
 # Environment (one preamble for every part): NVLink multicast off (DEVICE.md: NCCL_NVLS_ENABLE=0,
@@ -379,6 +381,23 @@ part_wave5() {   # every op against raw NCCL at the defaults users get, the fore
         taskset -c 0,1 python3 -m mpiml bench ml --device cpu --ranks 1,2 --repeat 2 --out "$RES" --tag "2core_$MACHINE"
 }
 
+part_profile() {   # profiles the next optimisations start from (no result file: the log is the product)
+    local a n
+    for a in linreg logreg; do
+        for n in 1 "$R"; do
+            step "$a: one fit traced ($n rank(s); Gram variant picked, kernel times)" 60 $MPIRUN -n "$n" python3 \
+                scripts/profile_fit.py "$a" --kernels --trace --no-cprofile --top 30
+        done
+    done
+    for hb in 268435456 1073741824; do
+        step "RandomForestRegressor 100 trees depth 12 (GPUs 1,$R), MPIML_RF_HIST_BYTES=$hb" 120 env \
+            MPIML_RF_HIST_BYTES=$hb python3 -m mpiml bench ml --algo rf --device gpu --ranks "1,$R" \
+            --estimators regressor --out "$RES/rf_regressor_hist${hb}_$MACHINE.json"
+    done
+    step "sparse TruncatedSVD: its products each way and a profiled fit (1 GPU)" 90 python3 benchmarks/sparse/spmm_gpu.py \
+        --fits kernels --profile 30 --out "$RES/spmm_gpu_$MACHINE.json"
+}
+
 part_soak() {   # five minutes of random collectives on every GPU, every result checked, memory sampled
     step "soak: random ops, 4 B-64 MiB, dtypes, eager and graphs ($R ranks, 300 s)" 340 $MPIRUN -n "$R" python3 \
         benchmarks/gpu/soak.py --seconds 300 --out "$RES/soak_$MACHINE.json" --plot "$RES/soak_$MACHINE.png"
@@ -387,7 +406,7 @@ part_soak() {   # five minutes of random collectives on every GPU, every result 
 # ---------------------------------------------------------------------- run
 for PART in "$@"; do
     if ! declare -F "part_$PART" >/dev/null; then
-        echo "scripts/device_pass.sh: unknown part '$PART' (tests tests2 tests3 wave3 wave3_one wave4 wave5 soak comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds seeds_ranks wave wave2)"
+        echo "scripts/device_pass.sh: unknown part '$PART' (tests tests2 tests3 wave3 wave3_one wave4 wave5 soak comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds seeds_ranks wave wave2 profile)"
         exit 2
     fi
     LOG="$OUT/device_pass_$PART.log"
