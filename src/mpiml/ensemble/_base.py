@@ -69,16 +69,20 @@ def _batch_elements(xp):
 def _level_budgets(xp):
     """This rank's byte budgets of a level: ``(histograms per allreduce, kept histograms for subtraction)``.
 
-    ``MPIML_RF_HIST_BYTES`` / ``MPIML_RF_SUB_BYTES`` when set; else 256 MiB and a tenth of the free device
-    memory (at least 1 GiB) on GPUs, 64 MiB and 1 GiB on hosts.  The ranks agree on the smallest (the
-    budgets set the sequence of allreduces).
+    ``MPIML_RF_HIST_BYTES`` / ``MPIML_RF_SUB_BYTES`` when set; else, on GPUs, a sixteenth of the free device
+    memory clipped to [256 MiB, 1 GiB] and a tenth of it (at least 1 GiB); 64 MiB and 1 GiB on hosts.  The
+    ranks agree on the smallest (the budgets set the sequence of allreduces).  A level's split search costs
+    about a hundred small GPU operations per histogram chunk whatever its size, so the larger chunk is what
+    makes the regressor scale: 100 trees of depth 12 on 4e7 x 32, 4 x H100, 1 -> 4 GPUs 2.48x with 256 MiB,
+    3.43x with 1 GiB (split 12.5 -> 4.5 ms a tree at 4 GPUs; ``scripts/device_pass.sh profile``).
     """
     hist = os.environ.get("MPIML_RF_HIST_BYTES")
     sub = os.environ.get("MPIML_RF_SUB_BYTES")
     if xp is np:
         return int(hist or 64 << 20), int(sub or 1 << 30)
-    free = xp.cuda.runtime.memGetInfo()[0] if sub is None else 0
-    return int(hist or 256 << 20), int(sub or max(1 << 30, free // 10))
+    free = xp.cuda.runtime.memGetInfo()[0] if hist is None or sub is None else 0
+    return (int(hist or min(1 << 30, max(256 << 20, free // 16))),
+            int(sub or max(1 << 30, free // 10)))
 
 
 def _agree_max(comm, values):

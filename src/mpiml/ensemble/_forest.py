@@ -146,8 +146,9 @@ class RandomForestClassifier(ClassifierMixin, _BaseForest):
     state fits in memory), ``nodes x max_features x bins x n_classes x 8``
     bytes (one more channel when ``min_samples_leaf > 1``) plus 8 bytes per
     node; one more allreduce on levels where some node's drawn features are
-    all constant; levels larger than ``MPIML_RF_HIST_BYTES`` (64 MiB, GPUs 256 MiB) are cut
-    into several allreduces.  Histograms are fixed-point integers in float64, so
+    all constant; levels larger than ``MPIML_RF_HIST_BYTES`` (64 MiB; GPUs a
+    sixteenth of the free memory, 256 MiB-1 GiB) are cut into several
+    allreduces.  Histograms are fixed-point integers in float64, so
     every rank and every rank count sees the same sums and grows the same trees.
 
     ``training="local"``: no communication while growing; one ``allgatherv``
