@@ -88,6 +88,26 @@ step() {  # step NAME SECONDS COMMAND...: run with its own limit, output to the 
     echo "=== [$name] rc=$rc $((SECONDS - t0))s" >>"$LOG"
 }
 
+BG=()
+bg_step() {  # bg_step NAME SECONDS COMMAND...: like step, but in the background (GPU test groups that share the GPUs);
+             # its output goes to $RES/bg_<n>.log (in the part's archive), its status to the summary at bg_wait
+    local name=$1 secs=$2 n=${#BG[@]}; shift 2
+    echo "=== [$name] (background, limit ${secs}s, at $((SECONDS - T0))s, log bg_$n.log): $*" >>"$LOG"
+    ( t0=$SECONDS; timeout -k 10 "$secs" "$@" >"$RES/bg_$n.log" 2>&1; echo "$name: rc=$? ($((SECONDS - t0))s)" \
+        >"$RES/bg_$n.rc" ) &
+    BG+=("$!")
+}
+
+bg_wait() {  # wait for every bg_step, then put their statuses and the tails of their logs in the summary and the log
+    local n
+    wait "${BG[@]}" 2>/dev/null
+    for n in "${!BG[@]}"; do
+        SUMMARY+=("$(cat "$RES/bg_$n.rc" 2>/dev/null || echo "background step $n: no status")")
+        { echo "=== bg_$n.log (tail)"; tail -25 "$RES/bg_$n.log"; } >>"$LOG" 2>/dev/null
+    done
+    BG=()
+}
+
 keep() {  # keep FROM TO: rename a result (and its PNG) to its name in benchmarks/results/
     local from=${1%.json} to=${2%.json}
     [ -f "$RES/$from.json" ] && mv "$RES/$from.json" "$RES/$to.json"
