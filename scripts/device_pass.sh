@@ -264,7 +264,7 @@ part_seeds() {   # the five documents (benchmarks/seeds/README.md) at the host's
         --chunk 2000 --repeat 3 --max-bytes 16777216 --timeout 40 --json "$RES/seed001_$MACHINE.json" \
         --plot "$RES/seed001_$MACHINE.png"
     seeds_at "$R" 45 60 40
-    step "seed 000 HPO: Hyperband over KMeans, Higgs-shaped 1.1e7 x 28, one Dask worker per GPU ($R), SPMD refit" 75 \
+    step "seed 000 HPO: Hyperband over KMeans, Higgs-shaped 1.1e7 x 28, one Dask worker per GPU ($R), SPMD refit" 90 \
         $MPIRUN -n $((R + 2)) python3 benchmarks/dask/gpu_rank.py --protocol mpi benchmarks/dask/hpo_higgs.py \
         --device gpu --n-samples 11000000 --out "$RES/seed000_hpo_n${R}_$MACHINE.json"
 }

@@ -96,7 +96,7 @@ def worker_device(device):
         try:
             import cupy
 
-            out["pci_bus_id"] = cupy.cuda.Device().pci_bus_id
+            out["pci_bus_id"] = cupy.cuda.runtime.deviceGetPCIBusId(cupy.cuda.Device().id)
         except Exception as exc:  # recorded, not raised: the timings still say what they measured
             out["error"] = f"{type(exc).__name__}: {exc}"[:300]
     return out
@@ -112,10 +112,11 @@ def client_main(args):
     workers = client.sync(client.scheduler.identity, n_workers=-1)["workers"]
     placed = client.run(worker_device, args.device)  # one GPU per worker? (gpu_rank.py's binding)
     gpus = {v.get("pci_bus_id") for v in placed.values()}
+    known = args.device == "gpu" and not any("error" in v for v in placed.values())
     result = {"protocol": client.scheduler.address.split("://")[0], "workers": len(workers),
               "device": args.device, "n": args.n, "chunk": args.chunk, "repeat": args.repeat,
               "worker_devices": placed,
-              "separate_gpus": (len(gpus) == len(placed) and None not in gpus) if args.device == "gpu" else None,
+              "separate_gpus": len(gpus) == len(placed) if known else None,  # None: not known (CPU, or no bus id)
               "apps": {}}
 
     def record(name, layout, fn):

@@ -173,7 +173,8 @@ def hpo(doc):
             f"{doc.get('n_workers')} GPU workers: {doc.get('n_models')} models, {doc.get('partial_fit_calls')} "
             f"partial_fit calls in {_f(doc.get('search_seconds'), '.1f')} s; cluster-purity accuracy "
             f"{_f(acc.get('hyperband_best'), '.3f')} (best model) / {_f(acc.get('spmd_refit'), '.3f')} (its SPMD refit "
-            f"on every GPU, {_f(doc.get('refit_seconds'), '.2f')} s), majority class {_f(doc.get('majority_class_rate'), '.3f')}")
+            f"on every GPU, {_f(doc.get('refit_seconds'), '.2f')} s), majority class "
+            f"{_f(doc.get('majority_class_rate'), '.3f')}")
     return text, None
 
 
@@ -300,7 +301,8 @@ def _errors(doc):
     if not found:
         return "no result in the file"
     first = " ".join(found[0].split())
-    return first[:160] + ("..." if len(first) > 160 else "") + (f" (+{len(found) - 1} more errors)" if len(found) > 1 else "")
+    more = f" (+{len(found) - 1} more errors)" if len(found) > 1 else ""
+    return first[:160] + ("..." if len(first) > 160 else "") + more
 
 
 def cells(folder=RESULTS):
