@@ -7,8 +7,8 @@
 One row per document: the document's figure, ours at 1, 2 and 4 GPUs (each cell our figure, its
 ratio to the document's and the file it comes from), the peer measured in the same run, why ours
 differs where it is worse, and the one command that reruns the row.  A cell takes the newest GPU
-run of that document at that GPU count (the date in the JSON); runs on CPU ranks (``*_vm.json``, the
-harness) are not in the table.  Files are named as ``scripts/device_pass.sh seeds seeds_ranks``
+run of that document at that GPU count on each machine kind (the date in the JSON: a 4 x H200 run
+stands beside a 4 x H100 one); runs on CPU ranks (``*_vm.json``, the harness) are not in the table.  Files are named as ``scripts/device_pass.sh seeds seeds_ranks``
 writes them: ``seed000_n4_4xh100.json``, ``seed000_fig1_n4_4xh100.json`` (``benchmarks/gpu/vs_nccl.py``),
 ``seed000_hpo_n4_4xh100.json`` (``benchmarks/dask/hpo_higgs.py``), ``seed001_4xh100.json`` (every worker
 count in one file), ``seed002_n2_4xh100.json``, ...  A run that measured nothing (every part failed, or
@@ -306,7 +306,8 @@ def _errors(doc):
 
 
 def cells(folder=RESULTS):
-    """``{(seed, gpus): [Cell, ...]}``: per document and GPU count, the newest run of each kind."""
+    """``{(seed, gpus): [Cell, ...]}``: per document and GPU count, the newest run of each kind on each machine
+    kind (the name's last part, ``4xh100``); an older run of the same is superseded."""
     newest = {}
     for seed, kind, gpus, name, doc in runs(folder):
         counts = [gpus]
@@ -314,12 +315,13 @@ def cells(folder=RESULTS):
             asked = str(doc.get("workers") or "")
             counts = sorted({int(w) for w in asked.split(",") if w.strip().isdigit()}
                             | {a["workers"] for a in (doc.get("summary") or {}).get("apps", [])})
+        machine = _NAME.match(name).group(4)  # the current run per machine kind: an H200 run leaves H100's
         for n in counts:
-            key = (seed, kind, n)
+            key = (seed, kind, n, machine)
             if key not in newest or str(doc.get("date", "")) > str(newest[key][1].get("date", "")):
                 newest[key] = (name, doc)
     out = {}
-    for (seed, kind, n), (name, doc) in sorted(newest.items()):
+    for (seed, kind, n, _), (name, doc) in sorted(newest.items()):
         got = None
         if "unreadable" in doc:
             pass

@@ -321,8 +321,10 @@ def test_table_cells_from_new_runs(tmp_path):
     _write(tmp_path, "seed000_fig1_n2_4xh200.json", fig1)
     _write(tmp_path, "seed000_n2_4xh200.json", fits)
     _write(tmp_path, "seed001_4xh200.json", dask)
-    _write(tmp_path, "seed003_n2_4xh100.json", old)
+    h100 = dict(old, rows=[{"workload": "kdd-xs", "overlap_saved_pct": 5.9, "onesided_saved_pct": 1.0}])
+    _write(tmp_path, "seed003_4xh200.json", old)  # an older name of the same document, GPUs and machine kind
     _write(tmp_path, "seed003_n2_4xh200.json", new)
+    _write(tmp_path, "seed003_n2_4xh100.json", h100)  # another machine kind: its own current run
     _write(tmp_path, "seed003_n2_vm.json", cpu)
     (tmp_path / "seed003_n2_4xh200.png").write_bytes(b"png")
     cells = t.cells(str(tmp_path))
@@ -334,12 +336,15 @@ def test_table_cells_from_new_runs(tmp_path):
     (w1,), (w2,) = cells[("001", 1)], cells[("001", 2)]
     assert "comm" not in w1.text and "latency at 1 B 3.00x" in w2.text
     assert w1.vs_document == pytest.approx(2.0 / 3.47) and w2.vs_document == 0.5
-    (c3,) = cells[("003", 2)]  # the newest GPU run; the CPU harness's run is not in the table
+    # per machine kind the newest GPU run; the CPU harness's run is not in the table
+    c3h100, c3 = sorted(cells[("003", 2)], key=lambda c: c.name)
     assert c3.name == "seed003_n2_4xh200.json" and c3.vs_document == pytest.approx(2.0) and not c3.worse
-    assert t.superseded(str(tmp_path)) == ["seed003_n2_4xh100.json"]
+    assert c3h100.name == "seed003_n2_4xh100.json" and c3h100.vs_document == pytest.approx(1.0)
+    assert t.superseded(str(tmp_path)) == ["seed003_4xh200.json"]
     lines = t.rows(str(tmp_path))
     row3 = next(line for line in lines if line.startswith("| 003 |")).split(" | ")
     assert "`results/seed003_n2_4xh200.{json,png}`" in row3[4] and "vs the document **2.00**" in row3[4]
+    assert "4 x H100, 2026-11-27 (`results/seed003_n2_4xh100.json`)" in row3[4] and "<br>" in row3[4]
     assert row3[7] == "-"  # as good as the document: no excuse needed
     assert row3[5] == "not yet measured"
     row0 = next(line for line in lines if line.startswith("| 000 |")).split(" | ")
