@@ -8,8 +8,8 @@ One row per document: the document's figure, ours at 1, 2 and 4 GPUs (each cell 
 ratio to the document's and the file it comes from), the peer measured in the same run, why ours
 differs where it is worse, and the one command that reruns the row.  A cell takes the newest GPU
 run of that document at that GPU count on each machine kind (the date in the JSON: a 4 x H200 run
-stands beside a 4 x H100 one); runs on CPU ranks (``*_vm.json``, the harness) are not in the table.  Files are named as ``scripts/device_pass.sh seeds seeds_ranks``
-writes them: ``seed000_n4_4xh100.json``, ``seed000_fig1_n4_4xh100.json`` (``benchmarks/gpu/vs_nccl.py``),
+stands beside a 4 x H100 one); runs on CPU ranks (``*_vm.json``, the harness) are not in the table.
+Files are named as ``scripts/device_pass.sh seeds seeds_ranks`` writes them: ``seed000_n4_4xh100.json``, ``seed000_fig1_n4_4xh100.json`` (``benchmarks/gpu/vs_nccl.py``),
 ``seed000_hpo_n4_4xh100.json`` (``benchmarks/dask/hpo_higgs.py``), ``seed001_4xh100.json`` (every worker
 count in one file), ``seed002_n2_4xh100.json``, ...  A run that measured nothing (every part failed, or
 the file is unreadable) still gets its cell, saying so and why, rather than "not yet measured".
@@ -314,7 +314,7 @@ def cells(folder=RESULTS):
         if seed == "001":  # one file, every worker count: those asked for (``workers``) and those measured
             asked = str(doc.get("workers") or "")
             counts = sorted({int(w) for w in asked.split(",") if w.strip().isdigit()}
-                            | {a["workers"] for a in (doc.get("summary") or {}).get("apps", [])})
+                            | {a["workers"] for a in (doc.get("summary") or {}).get("apps", [])}) or list(GPUS)
         machine = _NAME.match(name).group(4)  # the current run per machine kind: an H200 run leaves H100's
         for n in counts:
             key = (seed, kind, n, machine)
@@ -338,7 +338,7 @@ def cells(folder=RESULTS):
         if got is None:  # the run measured nothing: say so, and why, instead of "not yet measured"
             what = {"fig1": "Fig. 1", "hpo": "HPO"}.get(kind, "run")
             got = (f"{what}: measured nothing ({_errors(doc)})", None)
-        out.setdefault((seed, n), []).append(Cell(got[0], got[1], name, str(doc.get("date", ""))[:10]))
+        out.setdefault((seed, n), []).append(Cell(got[0], got[1], name, str(doc.get("date") or "undated")[:10]))
     return out
 
 

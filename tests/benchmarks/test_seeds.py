@@ -379,6 +379,7 @@ def test_table_cells_of_one_gpu_hpo_and_failed_runs(tmp_path):
     _write(tmp_path, "seed000_n4_4xh100.json", failed)
     _write(tmp_path, "seed001_4xh100.json", dask)
     (tmp_path / "seed003_n2_4xh100.json").write_text('{"seed": "003", "rows": [')  # killed mid-write
+    (tmp_path / "seed001_4xh200.json").write_text("")  # (every worker count's cell says so)
     cells = t.cells(str(tmp_path))
     (c1,) = cells[("000", 1)]
     assert "Fig. 10 at 1 GPU, fit s: kmeans 0.123" in c1.text and "do not apply" in c1.text and c1.vs_document is None
@@ -386,12 +387,14 @@ def test_table_cells_of_one_gpu_hpo_and_failed_runs(tmp_path):
     assert h.name == "seed000_hpo_n4_4xh100.json" and "143 models, 1894 partial_fit calls in 31.5 s" in h.text
     assert "0.534 (best model) / 0.531" in h.text and h.vs_document is None
     assert f10.text.startswith("run: measured nothing (CommError: kmeans broke (+1 more errors))")
-    (w1,), (w2,), (w4,) = cells[("001", 1)], cells[("001", 2)], cells[("001", 4)]
+    w1, w2, w4 = (next(c for c in cells[("001", n)] if c.name == "seed001_4xh100.json") for n in (1, 2, 4))
     assert w1.text == "1 worker(s): measured nothing (timed out (+1 more errors))"
     assert w4.text == "4 worker(s): measured nothing (the run stopped before it (its time limit))"
     assert "tcp / mpi 1.50x (blocks by rows)" in w2.text and "shared GPUs" in w2.text and "sweep failed" in w2.text
     (c3,) = cells[("003", 2)]
-    assert c3.text.startswith("run: measured nothing (unreadable JSON (JSONDecodeError")
+    assert c3.text.startswith("run: measured nothing (unreadable JSON (JSONDecodeError") and c3.date == "undated"
+    assert all(any(c.name == "seed001_4xh200.json" and "unreadable" in c.text for c in cells[("001", n)])
+               for n in (1, 2, 4))
     lines = t.rows(str(tmp_path))
     assert all(line.count(" | ") == 8 for line in lines[2:])
 
