@@ -255,7 +255,7 @@ in .whl/)"); return; }
 }
 
 part_seeds() {   # the five documents (benchmarks/seeds/README.md) at the host's GPU count: ~4 min, at most 340 s
-                 # (with part seeds_ranks < 560 s: one call); the unmeasured first (000, 001), the cells measured
+                 # (with part seeds_ranks at most 530 s: one call); the unmeasured first (000, 001), the cells measured
                  # before (004, 002, 003 on 4 x H100) next, 000's HPO last (it only takes what time is left)
     local BUDGET=$(( BUDGET < 340 ? BUDGET : 340 ))
     seed000_at "$R" 80 30
