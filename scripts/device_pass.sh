@@ -20,8 +20,9 @@
 #   pca_scale PCA 1e7 x 512 and 1e6 x 512 (with scikit-learn), sparse TruncatedSVD on one GPU
 #   firstfit  the first fit on a fresh machine (compilation included): benchmarks/gpu/first_fit.py
 #   dask      Dask over mpi:// with CuPy frames: comm checks, the comm sweep, (x + x.T).sum() vs tcp://
-#   seeds     the source documents' experiments (benchmarks/seeds/README.md) at the host's GPU count (<= 360 s)
-#   seeds_ranks  their 2-GPU column (<= 200 s): `seeds seeds_ranks` fit one call; then benchmarks/seeds/table.py
+#   seeds     the source documents' experiments (benchmarks/seeds/README.md) at the host's GPU count (<= 340 s)
+#   seeds_ranks  000 on 1 GPU and every 2-GPU column (<= 190 s): `seeds seeds_ranks` fit one call; then
+#             benchmarks/seeds/table.py
 #   wave      one call with each performance target's headline: k-NN vs its peers and over GPUs, LinearRegression
 #             and LogisticRegression on 1 and all GPUs, the forest on 1 and all GPUs, every op vs raw NCCL
 #   wave2     the first fit on a fresh machine, PCA and Ridge on all GPUs
@@ -273,37 +274,44 @@ in .whl/)"); return; }
         benchmarks/dask/gpu_rank.py --protocol mpi tests/dask/_estimator_app.py "$RES/dask_gpu_kmeans_$MACHINE.json" cupy
 }
 
-part_seeds() {   # the five documents (benchmarks/seeds/README.md) at the host's GPU count: ~5 min, at most 360 s;
-                 # the unmeasured first (000, 001), the cells measured before (004, 002, 003 on 4 x H100) last
-    local BUDGET=$(( BUDGET < 360 ? BUDGET : 360 ))
-    seed000_at "$R" 80 40
+part_seeds() {   # the five documents (benchmarks/seeds/README.md) at the host's GPU count: ~4 min, at most 340 s
+                 # (with part seeds_ranks at most 530 s: one call); the unmeasured first (000, 001), the cells measured
+                 # before (004, 002, 003 on 4 x H100) next, 000's HPO last (it only takes what time is left)
+    local BUDGET=$(( BUDGET < 340 ? BUDGET : 340 ))
+    seed000_at "$R" 80 30
     step "seed 001: Dask mpi:// vs tcp:// (CuPy frames, GPUs 0-1); (x + x.T).sum(), x.sum() on workers $RANKS" 120 \
         python3 benchmarks/seeds/seed001_dask.py --device gpu --workers "$RANKS" --mpiexec "$MPIRUN" -n 8000 \
         --chunk 2000 --repeat 3 --max-bytes 16777216 --timeout 40 --json "$RES/seed001_$MACHINE.json" \
         --plot "$RES/seed001_$MACHINE.png"
-    seeds_at "$R" 50 60 45
+    seeds_at "$R" 45 60 40
+    step "seed 000 HPO: Hyperband over KMeans, Higgs-shaped 1.1e7 x 28, one Dask worker per GPU ($R), SPMD refit" 90 \
+        $MPIRUN -n $((R + 2)) python3 benchmarks/dask/gpu_rank.py --protocol mpi benchmarks/dask/hpo_higgs.py \
+        --device gpu --n-samples 11000000 --out "$RES/seed000_hpo_n${R}_$MACHINE.json"
 }
 
-part_seeds_ranks() {   # the 2-GPU column of 000, 002, 003, 004 (~2.5 min, at most 200 s; 001 covers its worker
-                       # counts itself; at 1 GPU the others have no collective to measure)
-    local BUDGET=$(( BUDGET < 200 ? BUDGET : 200 )) tag="n2_$MACHINE"
+part_seeds_ranks() {   # 000 on 1 GPU (fit times: no collective to compare) and the 2-GPU column of 000, 004, 003,
+                       # 002 (~2.5 min, at most 190 s; 001 covers its worker counts itself; 002-004 have nothing to
+                       # measure on one GPU)
+    local BUDGET=$(( BUDGET < 190 ? BUDGET : 190 )) tag="n2_$MACHINE"
+    [ "$R" -gt 2 ] && seed000_at 2 50 25
+    seed000_at 1 50
     [ "$R" -le 2 ] && return 0
+    step "seed 004: reduction designs by size vs the cost model; the device path vs MPI's own (2 GPUs)" 35 \
+        $MPIRUN -n 2 python3 benchmarks/seeds/seed004_reductions.py --device gpu --rounds 3 \
+        --json "$RES/seed004_$tag.json" --plot "$RES/seed004_$tag.png"
+    step "seed 003: k-NN ring blocking / overlap / onesided on KDD shapes (2 GPUs)" 35 $MPIRUN -n 2 python3 \
+        benchmarks/seeds/seed003_knn.py --device gpu --json "$RES/seed003_$tag.json" --plot "$RES/seed003_$tag.png"
     step "seed 002: bcast 4 B-256 MiB, IPC / pipelined vs raw NCCL; all-to-all; AlexNet, VGG-16 streaming (2 GPUs)" 50 \
         $MPIRUN -n 2 python3 benchmarks/seeds/seed002_bcast.py --device gpu --json "$RES/seed002_$tag.json" \
         --plot "$RES/seed002_$tag.png"
-    step "seed 003: k-NN ring blocking / overlap / onesided on KDD shapes (2 GPUs)" 40 $MPIRUN -n 2 python3 \
-        benchmarks/seeds/seed003_knn.py --device gpu --json "$RES/seed003_$tag.json" --plot "$RES/seed003_$tag.png"
-    seed000_at 2 60 30
-    step "seed 004: reduction designs by size vs the cost model; the device path vs MPI's own (2 GPUs)" 40 \
-        $MPIRUN -n 2 python3 benchmarks/seeds/seed004_reductions.py --device gpu --rounds 3 \
-        --json "$RES/seed004_$tag.json" --plot "$RES/seed004_$tag.png"
 }
 
-seed000_at() {   # seed000_at N LIMIT LIMIT: 000's Figs. 10/11 and Fig. 1 on N GPUs
+seed000_at() {   # seed000_at N LIMIT [LIMIT]: 000's Figs. 10/11 on N GPUs, then Fig. 1 (given a limit and N > 1)
     local n=$1 tag="n${1}_$MACHINE"
     step "seed 000 Figs. 10/11: KMeans, NearestNeighbors, LinearRegression, TruncatedSVD, forest; auto vs every \
-collective on NCCL ($n GPUs)" "$2" $MPIRUN -n "$n" python3 benchmarks/seeds/seed000_estimators.py --device gpu \
-        --json "$RES/seed000_$tag.json" --plot "$RES/seed000_$tag.png"
+collective on NCCL ($n GPU(s); on 1: fit times only)" "$2" $MPIRUN -n "$n" python3 benchmarks/seeds/seed000_estimators.py \
+        --device gpu --json "$RES/seed000_$tag.json" --plot "$RES/seed000_$tag.png"
+    [ $# -ge 3 ] && [ "$n" -gt 1 ] || return 0
     step "seed 000 Fig. 1: allreduce / reduce / bcast 4 B-16 KiB vs raw NCCL ($n GPUs)" "$3" $MPIRUN -n "$n" python3 \
         benchmarks/gpu/vs_nccl.py --sizes 4,16,64,256,1024,4096,16384 --ops allreduce,reduce,bcast --modes eager \
         --rounds 2 --out "$RES/seed000_fig1_$tag.json"

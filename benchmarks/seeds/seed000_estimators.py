@@ -12,7 +12,9 @@ what users get) and ``forced`` (built with ``MPIML_COMM_ALGO`` sending every col
 ``--forced``, default ``nccl/native`` on GPUs, ``native`` on CPUs).  Each estimator is fitted once on
 each as a warm-up (kernels compiled, buffers allocated), then ``--repeats`` times on each, the two
 taking turns; a fit is timed from a barrier to the slowest rank's end (device synchronised), the best
-kept.  The fits are those of the document's Fig. 10 on its synthetic data, scaled to the ranks:
+kept.  On one rank there is no collective, so the forced fits would repeat the auto ones: only auto's
+are timed (Fig. 10's one-GPU point, what the 2- and 4-GPU fits are compared with).  The fits are
+those of the document's Fig. 10 on its synthetic data, the same global data at any rank count:
 KMeans (blobs, 20 Lloyd iterations, no tolerance: the same work on both), NearestNeighbors (fit and
 the k-neighbours of 10^4 queries), LinearRegression, TruncatedSVD (16 components) and a random forest
 (20 trees, depth 8); ``--algos`` picks.  Fig. 11: the histogram of message sizes of one ``auto`` fit
@@ -114,7 +116,7 @@ def summarise(results):
     for algo, r in results.items():
         if "error" in r:
             continue
-        speed = _seeds.ratio(r["forced_s"], r["auto_s"])
+        speed = _seeds.ratio(r["forced_s"], r["auto_s"])  # None on one rank (no forced fit)
         doc = DOC["speedup"].get(algo)
         out[algo] = {"auto_s": r["auto_s"], "forced_s": r["forced_s"], "forced_over_auto": speed,
                      "document": doc, "vs_document": _seeds.ratio(speed, doc)}
@@ -132,11 +134,12 @@ def plot(result, path):
         names = list(ok)
         xs = range(len(names))
         ax1.bar([x - 0.2 for x in xs], [ok[a]["auto_s"] for a in names], 0.4, label="auto")
-        ax1.bar([x + 0.2 for x in xs], [ok[a]["forced_s"] for a in names], 0.4, label=result["forced"])
+        ax1.bar([x + 0.2 for x in xs], [ok[a]["forced_s"] or 0 for a in names], 0.4, label=result["forced"])
         for x, a in zip(xs, names):
             doc = ok[a]["document"]
-            ax1.text(x, max(ok[a]["auto_s"], ok[a]["forced_s"]) * 1.02,
-                     f"{_seeds.fmt(ok[a]['forced_over_auto'])}x" + (f"\n(doc {doc:g}x)" if doc else ""),
+            ax1.text(x, max(ok[a]["auto_s"], ok[a]["forced_s"] or 0) * 1.02,
+                     (f"{ok[a]['auto_s']:.3g} s" if ok[a]["forced_s"] is None else
+                      f"{_seeds.fmt(ok[a]['forced_over_auto'])}x" + (f"\n(doc {doc:g}x)" if doc else "")),
                      ha="center", va="bottom", fontsize=7)
         ax1.set_xticks(list(xs), names)
         ax1.set_ylabel("fit time (s, slowest rank, best)")
@@ -144,16 +147,21 @@ def plot(result, path):
         ax1.set_title(f"fit, {result['ranks']} ranks ({result['device']}): auto vs every collective on "
                       f"{result['forced']}", fontsize=9)
         ax1.legend(fontsize=8)
+        drawn = False
         for a, h in hist.items():
-            ks = sorted(int(k) for k in h)
+            ks = sorted(int(k) for k in h if int(k) > 0)  # bucket 0: calls that move no data (a log axis)
             if ks:
                 ax2.plot(ks, [h[str(k)] if str(k) in h else h[k] for k in ks], "o-", label=a)
-        ax2.set_xscale("log", base=2)
-        ax2.set_yscale("log")
+                drawn = True
+        if drawn:
+            ax2.set_xscale("log", base=2)
+            ax2.set_yscale("log")
+            ax2.legend(fontsize=8)
+        else:
+            ax2.text(0.5, 0.5, "no collective moved data", ha="center", va="center", transform=ax2.transAxes)
         ax2.set_xlabel("message size (bytes, power-of-two bucket)")
         ax2.set_ylabel("calls during one fit (rank 0)")
         ax2.set_title("message-size histogram of each fit (Fig. 11)", fontsize=9)
-        ax2.legend(fontsize=8)
         return fig
     _seeds.plot_file(path, draw)
 
@@ -174,12 +182,14 @@ def main(argv=None):
     else:
         def sync():
             pass
-    # the second world communicator reads its table (every collective on --forced) when it is made
-    os.environ["MPIML_COMM_ALGO"] = ";".join(f"{op}:{args.forced}" for op in OPS)
-    forced = get_comm("nccl" if args.device == "gpu" else "auto")
-    del os.environ["MPIML_COMM_ALGO"]
-    if forced is auto:
-        raise SystemExit("seed000: the forced communicator is the auto one")
+    forced = None  # one rank: no collective to force, the forced fit would be the auto one again
+    if auto.size > 1:
+        # the second world communicator reads its table (every collective on --forced) when it is made
+        os.environ["MPIML_COMM_ALGO"] = ";".join(f"{op}:{args.forced}" for op in OPS)
+        forced = get_comm("nccl" if args.device == "gpu" else "auto")
+        del os.environ["MPIML_COMM_ALGO"]
+        if forced is auto:
+            raise SystemExit("seed000: the forced communicator is the auto one")
     from mpiml.cli._options import aggregate_profile
 
     def timed(fit, X, extra, comm):
@@ -194,24 +204,26 @@ def main(argv=None):
     result = {"seed": "000", "experiment": "Fig. 10/11: fit time, auto vs every collective forced; message sizes",
               "machine": _seeds.machine(auto), **_seeds.stamp(auto.size), "ranks": auto.size,
               "device": args.device, "forced": args.forced, "repeats": args.repeats,
-              "peer": f"the same fit with every collective on {args.forced} (MPIML_COMM_ALGO), same run",
+              "peer": (f"the same fit with every collective on {args.forced} (MPIML_COMM_ALGO), same run"
+                       if forced is not None else "none: one rank has no collective (auto's fit times only)"),
               "document": DOC, "results": {}}
     for algo in args.algos:
         n = rows_of(algo, args)
         try:
             X, extra = data(algo, n, auto, args.device)
-            fits = {"auto": make(algo, auto), "forced": make(algo, forced)}
+            fits = {"auto": make(algo, auto), **({"forced": make(algo, forced)} if forced is not None else {})}
             for name, fit in fits.items():  # warm-up: kernels compiled, pools grown, on both
                 timed(fit, X, extra, auto)
             with mpiml.profile() as prof:
                 timed(fits["auto"], X, extra, auto)
             profile = aggregate_profile(auto, prof)
-            best = {"auto": [], "forced": []}
+            best = {name: [] for name in fits}
             for _ in range(args.repeats):
                 for name, fit in fits.items():
                     best[name].append(timed(fit, X, extra, auto))
-            row = {"rows": n, "auto_s": min(best["auto"]), "forced_s": min(best["forced"]),
-                   "auto_all_s": best["auto"], "forced_all_s": best["forced"], "calls": profile["calls"],
+            forced_all = best.get("forced", [])
+            row = {"rows": n, "auto_s": min(best["auto"]), "forced_s": min(forced_all) if forced_all else None,
+                   "auto_all_s": best["auto"], "forced_all_s": forced_all, "calls": profile["calls"],
                    "histogram": {str(k): v for k, v in profile["histogram"].items()}}
         except Exception as exc:  # one estimator failing leaves the others' rows
             row = {"rows": n, "error": f"{type(exc).__name__}: {exc}"[:1500]}
@@ -221,6 +233,9 @@ def main(argv=None):
         if auto.rank == 0:
             if "error" in row:
                 print(f"{algo:<7} failed: {row['error'][-400:]}", flush=True)
+            elif row["forced_s"] is None:
+                print(f"{algo:<7} {n} rows, 1 rank: auto {row['auto_s']:.4f} s (no collective: nothing to force)",
+                      flush=True)
             else:
                 print(f"{algo:<7} {n} rows, {auto.size} ranks: auto {row['auto_s']:.4f} s, forced {args.forced} "
                       f"{row['forced_s']:.4f} s (forced/auto {row['forced_s'] / row['auto_s']:.2f}); "
@@ -229,11 +244,13 @@ def main(argv=None):
     if auto.rank != 0:
         return 0
     s = result["summary"]
+    est = s["estimators"]
     _seeds.readme_row([
         "000", f"{auto.size} {'GPUs' if args.device == 'gpu' else 'CPU ranks'}",
         "forced / MPI: k-means 1.6x, k-NN 1.25x, LinReg 1.25x, tSVD 1.36x",
-        "forced / auto: " + ", ".join(f"{a} {_seeds.fmt(v['forced_over_auto'])}x"
-                                      for a, v in s["estimators"].items()),
+        ("fit s (one rank, nothing forced): " + ", ".join(f"{a} {v['auto_s']:.4f}" for a, v in est.items())
+         if forced is None else
+         "forced / auto: " + ", ".join(f"{a} {_seeds.fmt(v['forced_over_auto'])}x" for a, v in est.items())),
         args.forced, _seeds.fmt(s["vs_document_geomean"]), result["command"]])
     plot(result, args.plot)
     return 1 if any("error" in r for r in result["results"].values()) else 0

@@ -87,6 +87,21 @@ def parse(argv=None):
 
 
 # ---------------------------------------------------------------------- the client (rank 1 of the Dask job)
+def worker_device(device):
+    """Run on each worker: the GPU it computes on (its PCI bus id) and the CUDA_VISIBLE_DEVICES it was given."""
+    import os
+
+    out = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    if device == "gpu":
+        try:
+            import cupy
+
+            out["pci_bus_id"] = cupy.cuda.runtime.deviceGetPCIBusId(cupy.cuda.Device().id)
+        except Exception as exc:  # recorded, not raised: the timings still say what they measured
+            out["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return out
+
+
 def client_main(args):
     sys.path.insert(0, DASK_BENCH)
     import bench_apps
@@ -95,8 +110,14 @@ def client_main(args):
 
     client = get_client()
     workers = client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+    placed = client.run(worker_device, args.device)  # one GPU per worker? (gpu_rank.py's binding)
+    gpus = {v.get("pci_bus_id") for v in placed.values()}
+    known = args.device == "gpu" and not any("error" in v for v in placed.values())
     result = {"protocol": client.scheduler.address.split("://")[0], "workers": len(workers),
-              "device": args.device, "n": args.n, "chunk": args.chunk, "repeat": args.repeat, "apps": {}}
+              "device": args.device, "n": args.n, "chunk": args.chunk, "repeat": args.repeat,
+              "worker_devices": placed,
+              "separate_gpus": len(gpus) == len(placed) if known else None,  # None: not known (CPU, or no bus id)
+              "apps": {}}
 
     def record(name, layout, fn):
         median, times, value, transfers = bench_apps.timed_with_transfers(client, fn, args.repeat)
@@ -177,7 +198,10 @@ def apps_part(args, tmp, save):
             runs.append(run)
             save(runs)
             apps = {k: round(v["seconds"], 4) for k, v in run.get("apps", {}).items()}
-            print(f"apps {protocol:>3}:// {w} worker(s): {apps or run.get('error', '')[-400:]}", flush=True)
+            where = "" if run.get("separate_gpus") is None else (
+                "; one GPU per worker" if run["separate_gpus"] else
+                f"; workers SHARE GPUs: {sorted(str(v) for v in run['worker_devices'].values())}")
+            print(f"apps {protocol:>3}:// {w} worker(s): {apps or run.get('error', '')[-400:]}{where}", flush=True)
     return runs
 
 
@@ -212,6 +236,7 @@ def summarise(comm, runs):
                               "tcp_over_mpi": speed,
                               "values_agree": abs(v["value"] - u["value"]) <= 1e-9 * max(1.0, abs(u["value"])),
                               "bytes_moved_per_run": v["transfers"]["per_run"]["bytes"],
+                              "separate_gpus": r.get("separate_gpus"),
                               "vs_document": _seeds.ratio(speed, DOC["sum_transpose_speedup"])
                               if app.startswith("sum_transpose") else None})
     return s

@@ -7,10 +7,12 @@
 One row per document: the document's figure, ours at 1, 2 and 4 GPUs (each cell our figure, its
 ratio to the document's and the file it comes from), the peer measured in the same run, why ours
 differs where it is worse, and the one command that reruns the row.  A cell takes the newest GPU
-run of that document at that GPU count (the date in the JSON); runs on CPU ranks (``*_vm.json``, the
-harness) are not in the table.  Files are named as ``scripts/device_pass.sh seeds seeds_ranks``
-writes them: ``seed000_n4_4xh100.json``, ``seed000_fig1_n4_4xh100.json`` (``benchmarks/gpu/vs_nccl.py``),
-``seed001_4xh100.json`` (every worker count in one file), ``seed002_n2_4xh100.json``, ...
+run of that document at that GPU count on each machine kind (the date in the JSON: a 4 x H200 run
+stands beside a 4 x H100 one); runs on CPU ranks (``*_vm.json``, the harness) are not in the table.
+Files are named as ``scripts/device_pass.sh seeds seeds_ranks`` writes them: ``seed000_n4_4xh100.json``, ``seed000_fig1_n4_4xh100.json`` (``benchmarks/gpu/vs_nccl.py``),
+``seed000_hpo_n4_4xh100.json`` (``benchmarks/dask/hpo_higgs.py``), ``seed001_4xh100.json`` (every worker
+count in one file), ``seed002_n2_4xh100.json``, ...  A run that measured nothing (every part failed, or
+the file is unreadable) still gets its cell, saying so and why, rather than "not yet measured".
 """
 
 import argparse
@@ -28,15 +30,16 @@ README = os.path.join(HERE, "README.md")
 BEGIN = "<!-- table.py: begin (python benchmarks/seeds/table.py --write) -->"
 END = "<!-- table.py: end -->"
 GPUS = (1, 2, 4)
-_NAME = re.compile(r"^seed(\d{3})(_fig1)?(?:_n(\d+))?_([0-9a-z]+)\.json$")
+_NAME = re.compile(r"^seed(\d{3})(?:_(fig1|hpo))?(?:_n(\d+))?_([0-9a-z]+)\.json$")
 
 #: The document's figure and experiment per seed (what the row compares against).
 DOCUMENT = {
     "000": ("Fig. 1: allreduce / reduce / bcast latency 4 B-16 KiB against NCCL; Fig. 10: fit time with "
-            "every collective forced onto NCCL against the MPI communicator",
+            "every collective forced onto NCCL against the MPI communicator, 1 to N GPUs; Listing 2: Hyperband "
+            "search over k-means on the Higgs set",
             "MVAPICH2-GDR 84 / 74 / 85 % lower latency than NCCL (6.3x / 3.8x / 6.7x; 8 GPUs, 2 nodes); fits "
             "1.6x (k-means), 1.25x (k-NN, LinearRegression), 1.36x (TruncatedSVD) faster than on NCCL "
-            "(up to 32 GPUs)"),
+            "(up to 32 GPUs); the search keeps its accuracy at scale (no number given)"),
     "001": ("Dask `mpi://` against the peer: latency at 1 B, throughput from 2 MB (2 GPUs); CuPy "
             "`(x + x.T).sum()` and `x.sum()`, one GPU per worker",
             "against UCX: 6x lower latency at 1 B, 4x throughput from 2 MB; `(x + x.T).sum()` 3.47x faster "
@@ -55,7 +58,8 @@ DOCUMENT = {
             "models predict which design wins"),
 }
 PEER = {
-    "000": "raw NCCL through CuPy (Fig. 1); the same fit with `MPIML_COMM_ALGO` forcing `nccl/native` (Fig. 10)",
+    "000": "raw NCCL through CuPy (Fig. 1); the same fit with `MPIML_COMM_ALGO` forcing `nccl/native` (Fig. 10); "
+           "HPO: the best model against its SPMD refit on every GPU",
     "001": "`tcp://` (UCX-Py is not on our hosts)",
     "002": "raw NCCL through CuPy (`NcclCommunicator.bcast`), same buffers",
     "003": "`exchange=\"blocking\"` (the document's baseline design)",
@@ -78,7 +82,6 @@ WHY = {
            "document's designs ran over InfiniBand between GPU nodes",
 }
 NOT_APPLICABLE = {
-    ("000", 1): "n/a: one rank has no collective",
     ("002", 1): "n/a: one GPU has nothing to send",
     ("003", 1): "n/a: one GPU has no ring",
     ("004", 1): "n/a: the model needs a ping-pong of 2 ranks",
@@ -86,7 +89,9 @@ NOT_APPLICABLE = {
 COMMAND = {
     "000": "mpirun -n 4 python benchmarks/gpu/vs_nccl.py --sizes 4,16,64,256,1024,4096,16384 --ops "
            "allreduce,reduce,bcast --modes eager --rounds 2 --out seed000_fig1_n4.json && mpirun -n 4 python "
-           "benchmarks/seeds/seed000_estimators.py --device gpu --json seed000_n4.json --plot seed000_n4.png",
+           "benchmarks/seeds/seed000_estimators.py --device gpu --json seed000_n4.json --plot seed000_n4.png && "
+           "mpirun -n 6 python benchmarks/dask/gpu_rank.py --protocol mpi benchmarks/dask/hpo_higgs.py --device gpu "
+           "--n-samples 11000000 --out seed000_hpo_n4.json",
     "001": "python benchmarks/seeds/seed001_dask.py --device gpu --workers 1,2,4 --json seed001.json "
            "--plot seed001.png",
     "002": "mpirun -n 4 python benchmarks/seeds/seed002_bcast.py --device gpu --json seed002_n4.json "
@@ -146,12 +151,31 @@ def fig10(doc):
     est = (doc.get("summary") or {}).get("estimators") or {}
     if not est:
         return None
-    text = "Fig. 10, forced NCCL / auto fit: " + ", ".join(f"{a} {_f(v['forced_over_auto'])}x" for a, v in est.items())
+    if all(v.get("forced_over_auto") is None for v in est.values()):  # one GPU: no collective, nothing forced
+        text = ("Fig. 10 at 1 GPU, fit s: " + ", ".join(f"{a} {_f(v.get('auto_s'), '.3g')}" for a, v in est.items())
+                + " (no collective on one GPU: Fig. 1 and the forced fits do not apply)")
+    else:
+        text = "Fig. 10, forced NCCL / auto fit (auto's s): " + ", ".join(
+            f"{a} {_f(v['forced_over_auto'])}x ({_f(v.get('auto_s'), '.3g')})" for a, v in est.items())
     failed = [a for a, r in (doc.get("results") or {}).items() if "error" in r]
     if failed:
         text += f" ({', '.join(failed)} failed: the error is in the JSON)"
     vs = [v["vs_document"] for v in est.values() if v.get("vs_document")]
     return text, (min(vs) if vs else None)
+
+
+def hpo(doc):
+    """benchmarks/dask/hpo_higgs.py: the document's Listing 2 (no figure to compare: accuracy is kept at scale)."""
+    acc = doc.get("purity_accuracy") or {}
+    if "search_seconds" not in doc:
+        return None
+    text = (f"HPO (Listing 2): Hyperband over KMeans, {doc.get('n_samples', 0):.3g} Higgs-shaped rows x 28, "
+            f"{doc.get('n_workers')} GPU workers: {doc.get('n_models')} models, {doc.get('partial_fit_calls')} "
+            f"partial_fit calls in {_f(doc.get('search_seconds'), '.1f')} s; cluster-purity accuracy "
+            f"{_f(acc.get('hyperband_best'), '.3f')} (best model) / {_f(acc.get('spmd_refit'), '.3f')} (its SPMD refit "
+            f"on every GPU, {_f(doc.get('refit_seconds'), '.2f')} s), majority class "
+            f"{_f(doc.get('majority_class_rate'), '.3f')}")
+    return text, None
 
 
 def seed001(doc, workers):
@@ -166,11 +190,15 @@ def seed001(doc, workers):
                  f"{_f(sm and sm['tcp_over_mpi'])}x")
     if rows and rows.get("vs_document"):
         vs.append(rows["vs_document"])
+    if any(a.get("separate_gpus") is False for a in apps.values()):
+        parts.append("the workers shared GPUs (CUDA_VISIBLE_DEVICES was set for them)")
     c = s.get("comm") or {}
     if workers == 2 and c:
         parts.append(f"comm, 2 ranks: latency at 1 B {_f(c.get('latency_1B_speedup'))}x, throughput from 2 MB "
                      f"{_f(c.get('throughput_2MB_up_speedup_median'))}x (median)")
         vs += [v for v in (c.get("latency_vs_document"), c.get("throughput_vs_document")) if v]
+    elif workers == 2 and "error" in (doc.get("comm") or {}):
+        parts.append("the comm sweep failed (its error is in the JSON)")
     return "; ".join(parts), (min(vs) if vs else None)
 
 
@@ -240,34 +268,77 @@ def runs(folder=RESULTS):
         m = _NAME.match(name)
         if not m:
             continue
-        with open(path) as f:
-            doc = json.load(f)
-        if doc.get("device", "gpu") != "gpu" or m.group(4) == "vm":
+        if m.group(4) == "vm":
             continue
-        gpus = doc.get("ranks") or (int(m.group(3)) if m.group(3) else None)
-        out.append((m.group(1), "fig1" if m.group(2) else "", gpus, name, doc))
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as exc:  # a run cut short mid-write: its cell says so
+            doc = {"unreadable": f"{type(exc).__name__}: {exc}"[:200]}
+        if not isinstance(doc, dict) or doc.get("device", "gpu") != "gpu":
+            continue
+        gpus = doc.get("ranks") or doc.get("n_workers") or (int(m.group(3)) if m.group(3) else None)
+        out.append((m.group(1), m.group(2) or "", gpus, name, doc))
     return out
 
 
+def _errors(doc):
+    """The first error a run recorded (any part), for the cell of a run that measured nothing."""
+    if "unreadable" in doc:
+        return f"unreadable JSON ({doc['unreadable']})"
+    found = []
+
+    def walk(x):
+        if isinstance(x, dict):
+            if isinstance(x.get("error"), str):
+                found.append(x["error"])
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+    walk({k: v for k, v in doc.items() if k != "document"})
+    if not found:
+        return "no result in the file"
+    first = " ".join(found[0].split())
+    more = f" (+{len(found) - 1} more errors)" if len(found) > 1 else ""
+    return first[:160] + ("..." if len(first) > 160 else "") + more
+
+
 def cells(folder=RESULTS):
-    """``{(seed, gpus): [Cell, ...]}``: per document and GPU count, the newest run of each kind."""
+    """``{(seed, gpus): [Cell, ...]}``: per document and GPU count, the newest run of each kind on each machine
+    kind (the name's last part, ``4xh100``); an older run of the same is superseded."""
     newest = {}
     for seed, kind, gpus, name, doc in runs(folder):
-        counts = sorted({a["workers"] for a in (doc.get("summary") or {}).get("apps", [])}) if seed == "001" else [gpus]
+        counts = [gpus]
+        if seed == "001":  # one file, every worker count: those asked for (``workers``) and those measured
+            asked = str(doc.get("workers") or "")
+            counts = sorted({int(w) for w in asked.split(",") if w.strip().isdigit()}
+                            | {a["workers"] for a in (doc.get("summary") or {}).get("apps", [])}) or list(GPUS)
+        machine = _NAME.match(name).group(4)  # the current run per machine kind: an H200 run leaves H100's
         for n in counts:
-            key = (seed, kind, n)
+            key = (seed, kind, n, machine)
             if key not in newest or str(doc.get("date", "")) > str(newest[key][1].get("date", "")):
                 newest[key] = (name, doc)
     out = {}
-    for (seed, kind, n), (name, doc) in sorted(newest.items()):
-        if seed == "000":
-            got = (fig1 if kind == "fig1" else fig10)(doc)
+    for (seed, kind, n, _), (name, doc) in sorted(newest.items()):
+        got = None
+        if "unreadable" in doc:
+            pass
+        elif seed == "000":
+            got = {"fig1": fig1, "hpo": hpo}.get(kind, fig10)(doc)
         elif seed == "001":
             got = seed001(doc, n)
         else:
             got = {"002": seed002, "003": seed003, "004": seed004}[seed](doc)
-        if got is not None:
-            out.setdefault((seed, n), []).append(Cell(got[0], got[1], name, str(doc.get("date", ""))[:10]))
+        if got is None and seed == "001" and "unreadable" not in doc:  # that worker count's launches
+            mine = [a for a in doc.get("apps") or [] if a.get("workers") == n]
+            why = _errors({"apps": mine}) if mine else "the run stopped before it (its time limit)"
+            got = (f"{n} worker(s): measured nothing ({why})", None)
+        if got is None:  # the run measured nothing: say so, and why, instead of "not yet measured"
+            what = {"fig1": "Fig. 1", "hpo": "HPO"}.get(kind, "run")
+            got = (f"{what}: measured nothing ({_errors(doc)})", None)
+        out.setdefault((seed, n), []).append(Cell(got[0], got[1], name, str(doc.get("date") or "undated")[:10]))
     return out
 
 

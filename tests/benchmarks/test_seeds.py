@@ -201,10 +201,17 @@ def test_seed000_estimators_cpu_quick(mpi, tmp_path, n):
     assert set(doc["results"]) == {"kmeans", "knn", "linreg", "tsvd", "rf"}
     for algo, r in doc["results"].items():
         assert "error" not in r, (algo, r.get("error"))
-        assert r["auto_s"] > 0 and r["forced_s"] > 0 and r["auto_s"] == min(r["auto_all_s"])
-        assert r["calls"] > 0 or n == 1, (algo, r["calls"])  # the histogram of Fig. 11 has something to show
+        assert r["auto_s"] > 0 and r["auto_s"] == min(r["auto_all_s"])
+        if n == 1:  # no collective to force: auto's fit times only (Fig. 10's one-GPU point)
+            assert r["forced_s"] is None and r["forced_all_s"] == []
+        else:
+            assert r["forced_s"] > 0 and r["calls"] > 0, (algo, r)  # the histogram of Fig. 11 has something to show
         assert sum(r["histogram"].values()) == r["calls"]
     est = doc["summary"]["estimators"]
+    if n == 1:
+        assert doc["peer"].startswith("none") and all(v["forced_over_auto"] is None for v in est.values())
+        assert "fit s (one rank" in _row(proc.stdout, "000")[0]
+        return
     assert est["kmeans"]["vs_document"] == pytest.approx(est["kmeans"]["forced_over_auto"] / 1.6)
     assert est["rf"]["document"] is None and est["rf"]["vs_document"] is None  # not in the document's Fig. 10
     _row(proc.stdout, "000")
@@ -259,19 +266,30 @@ def test_readme_table_is_the_one_the_runs_give():
 
 
 def test_table_from_the_committed_runs():
+    # whatever runs are committed (before or after a GPU pass): one row per document, every cell either
+    # measured (machine, date, its file in results/), "n/a" with its reason, or "not yet measured"
     t = _table()
     lines = t.rows()
     assert len(lines) == 2 + 5 and all(line.count(" | ") == 9 - 1 for line in lines[2:])
     by = {line.split(" | ")[0][2:]: line.split(" | ") for line in lines[2:]}
     assert sorted(by) == ["000", "001", "002", "003", "004"]
-    for seed in ("002", "003", "004"):  # measured on 4 x H100: the 4-GPU cell names its files and machine
-        assert "4 x H100, 2026-11-27" in by[seed][5] and f"`results/seed{seed}_" in by[seed][5]
-        assert by[seed][3].startswith("n/a")
-    assert "vs the document **0.37**" in by["002"][5]  # 0.32 / the smallest all-to-all ratio, 0.875
-    assert by["002"][7] == t.WHY["002"]  # worse than the document: the row says why
-    for seed in ("000", "001"):
-        assert by[seed][4] == by[seed][5] == "not yet measured"
-    assert all(by[s][8].startswith("`") and "\n" not in by[s][8] for s in by)  # one command line
+    found = t.cells()
+    for seed, row in by.items():
+        for col, n in zip((3, 4, 5), t.GPUS):
+            cell = row[col]
+            if found.get((seed, n)):
+                for c in found[(seed, n)]:
+                    assert f"`results/{c.name[:-5]}" in cell and c.date in cell
+            elif (seed, n) in t.NOT_APPLICABLE:
+                assert cell == t.NOT_APPLICABLE[(seed, n)] and cell.startswith("n/a: ")
+            else:
+                assert cell == "not yet measured"
+        worse = any(c.worse for n in t.GPUS for c in found.get((seed, n), []))
+        assert (row[7] == t.WHY[seed]) == worse  # worse than the document: the row says why
+        assert row[8].startswith("`") and "\n" not in row[8]  # one command line
+    assert ("000", 1) not in t.NOT_APPLICABLE  # one GPU: 000's fit times (Fig. 10's first point)
+    for seed in ("002", "003", "004"):  # measured on 4 x H100 before this wave's last pass
+        assert "4 x H100" in by[seed][5] and f"`results/seed{seed}_n4_4xh100" in by[seed][5]
 
 
 def _write(folder, name, doc):
@@ -303,8 +321,10 @@ def test_table_cells_from_new_runs(tmp_path):
     _write(tmp_path, "seed000_fig1_n2_4xh200.json", fig1)
     _write(tmp_path, "seed000_n2_4xh200.json", fits)
     _write(tmp_path, "seed001_4xh200.json", dask)
-    _write(tmp_path, "seed003_n2_4xh100.json", old)
+    h100 = dict(old, rows=[{"workload": "kdd-xs", "overlap_saved_pct": 5.9, "onesided_saved_pct": 1.0}])
+    _write(tmp_path, "seed003_4xh200.json", old)  # an older name of the same document, GPUs and machine kind
     _write(tmp_path, "seed003_n2_4xh200.json", new)
+    _write(tmp_path, "seed003_n2_4xh100.json", h100)  # another machine kind: its own current run
     _write(tmp_path, "seed003_n2_vm.json", cpu)
     (tmp_path / "seed003_n2_4xh200.png").write_bytes(b"png")
     cells = t.cells(str(tmp_path))
@@ -316,16 +336,19 @@ def test_table_cells_from_new_runs(tmp_path):
     (w1,), (w2,) = cells[("001", 1)], cells[("001", 2)]
     assert "comm" not in w1.text and "latency at 1 B 3.00x" in w2.text
     assert w1.vs_document == pytest.approx(2.0 / 3.47) and w2.vs_document == 0.5
-    (c3,) = cells[("003", 2)]  # the newest GPU run; the CPU harness's run is not in the table
+    # per machine kind the newest GPU run; the CPU harness's run is not in the table
+    c3h100, c3 = sorted(cells[("003", 2)], key=lambda c: c.name)
     assert c3.name == "seed003_n2_4xh200.json" and c3.vs_document == pytest.approx(2.0) and not c3.worse
-    assert t.superseded(str(tmp_path)) == ["seed003_n2_4xh100.json"]
+    assert c3h100.name == "seed003_n2_4xh100.json" and c3h100.vs_document == pytest.approx(1.0)
+    assert t.superseded(str(tmp_path)) == ["seed003_4xh200.json"]
     lines = t.rows(str(tmp_path))
     row3 = next(line for line in lines if line.startswith("| 003 |")).split(" | ")
     assert "`results/seed003_n2_4xh200.{json,png}`" in row3[4] and "vs the document **2.00**" in row3[4]
+    assert "4 x H100, 2026-11-27 (`results/seed003_n2_4xh100.json`)" in row3[4] and "<br>" in row3[4]
     assert row3[7] == "-"  # as good as the document: no excuse needed
     assert row3[5] == "not yet measured"
     row0 = next(line for line in lines if line.startswith("| 000 |")).split(" | ")
-    assert row0[7] == t.WHY["000"] and "<br>" in row0[4] and row0[3].startswith("n/a")
+    assert row0[7] == t.WHY["000"] and "<br>" in row0[4] and row0[3] == "not yet measured"
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{t.BEGIN}\nold\n{t.END}\nafter\n")
     assert t.main(["--results", str(tmp_path), "--readme", str(readme), "--check"]) == 1
@@ -333,6 +356,47 @@ def test_table_cells_from_new_runs(tmp_path):
     assert t.main(["--results", str(tmp_path), "--readme", str(readme), "--check"]) == 0
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith(f"{t.END}\nafter\n") and "old" not in text
+
+
+def test_table_cells_of_one_gpu_hpo_and_failed_runs(tmp_path):
+    # what the one-call pass can leave: 000 on one GPU, its HPO, a run whose every part failed, a file cut short,
+    # 001 stopped before its last worker count; each gets a cell that says what happened (never a crash)
+    t = _table()
+    one = {"seed": "000", "device": "gpu", "ranks": 1, "date": "2026-11-28T10:00:00", "results": {"kmeans": {}},
+           "summary": {"estimators": {"kmeans": {"auto_s": 0.123, "forced_over_auto": None, "vs_document": None}}}}
+    hpo = {"benchmark": "hpo_higgs", "device": "gpu", "n_workers": 4, "n_samples": 11000000, "n_models": 143,
+           "partial_fit_calls": 1894, "search_seconds": 31.5, "refit_seconds": 0.8, "majority_class_rate": 0.53,
+           "purity_accuracy": {"hyperband_best": 0.534, "spmd_refit": 0.531}, "date": "2026-11-28 10:02:00"}
+    failed = {"seed": "000", "device": "gpu", "ranks": 4, "date": "2026-11-28T10:01:00",
+              "results": {a: {"rows": 10, "error": f"CommError: {a} broke"} for a in ("kmeans", "knn")},
+              "summary": {"estimators": {}}}
+    dask = {"seed": "001", "device": "gpu", "date": "2026-11-28", "workers": "1,2,4", "comm": {"error": "exit 1: x"},
+            "apps": [{"protocol": p, "workers": 1, "error": "timed out"} for p in ("mpi", "tcp")],
+            "summary": {"comm": None, "apps": [{"app": "sum_transpose_rows", "workers": 2, "tcp_over_mpi": 1.5,
+                                                "vs_document": 1.5 / 3.47, "separate_gpus": False}]}}
+    _write(tmp_path, "seed000_n1_4xh100.json", one)
+    _write(tmp_path, "seed000_hpo_n4_4xh100.json", hpo)
+    _write(tmp_path, "seed000_n4_4xh100.json", failed)
+    _write(tmp_path, "seed001_4xh100.json", dask)
+    (tmp_path / "seed003_n2_4xh100.json").write_text('{"seed": "003", "rows": [')  # killed mid-write
+    (tmp_path / "seed001_4xh200.json").write_text("")  # (every worker count's cell says so)
+    cells = t.cells(str(tmp_path))
+    (c1,) = cells[("000", 1)]
+    assert "Fig. 10 at 1 GPU, fit s: kmeans 0.123" in c1.text and "do not apply" in c1.text and c1.vs_document is None
+    h, f10 = sorted(cells[("000", 4)], key=lambda c: c.name)
+    assert h.name == "seed000_hpo_n4_4xh100.json" and "143 models, 1894 partial_fit calls in 31.5 s" in h.text
+    assert "0.534 (best model) / 0.531" in h.text and h.vs_document is None
+    assert f10.text.startswith("run: measured nothing (CommError: kmeans broke (+1 more errors))")
+    w1, w2, w4 = (next(c for c in cells[("001", n)] if c.name == "seed001_4xh100.json") for n in (1, 2, 4))
+    assert w1.text == "1 worker(s): measured nothing (timed out (+1 more errors))"
+    assert w4.text == "4 worker(s): measured nothing (the run stopped before it (its time limit))"
+    assert "tcp / mpi 1.50x (blocks by rows)" in w2.text and "shared GPUs" in w2.text and "sweep failed" in w2.text
+    (c3,) = cells[("003", 2)]
+    assert c3.text.startswith("run: measured nothing (unreadable JSON (JSONDecodeError") and c3.date == "undated"
+    assert all(any(c.name == "seed001_4xh200.json" and "unreadable" in c.text for c in cells[("001", n)])
+               for n in (1, 2, 4))
+    lines = t.rows(str(tmp_path))
+    assert all(line.count(" | ") == 8 for line in lines[2:])
 
 
 @pytest.mark.gpu
