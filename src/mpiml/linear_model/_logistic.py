@@ -454,8 +454,9 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
         # L-BFGS (L2 or no penalty): a dense CuPy X's NaN/infinity shows in the first evaluation's gradient,
         # so validation skips its own read of X (see below)
         lbfgs_l2 = _SOLVERS[self.solver] == "lbfgs" and penalty in ("l2", None)
+        found = {}   # the union of the labels, where validation finds it (a device y) with its agreement
         X, y, xp = validate_X_y(self, X, y, comm=comm, y_numeric=False, multi_output=False, accept_sparse=True,
-                                defer_finite=lbfgs_l2)
+                                defer_finite=lbfgs_l2, classes_into=found)
         deferred = lbfgs_l2 and xp is not np and not is_sparse(X)    # as validation decided: the same on every rank
         if self.solver in ("liblinear", "sag", "saga"):  # scikit-learn's refusals for these solvers
             agree_on_error(comm, _large_sparse_or_values(self.solver, X, int64_indexed), error_class=ValueError)
@@ -463,7 +464,7 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
             X = X.astype(xp.float64)  # LIBLINEAR works on float64 rows (scikit-learn converts them too)
         # scikit-learn's LogisticRegression accepts negative sample weights; so does this one
         sw = validate_sample_weight(sample_weight, X, xp=xp, dtype=X.dtype, comm=comm)
-        classes = global_classes(y, comm)
+        classes = found["classes"] if "classes" in found else global_classes(y, comm)
         if self.solver == "liblinear" and classes.size > 2:
             raise ValueError("The 'liblinear' solver does not support multiclass classification (n_classes >= 3). "
                              "Either use another solver or wrap the estimator in a OneVsRestClassifier to keep "
