@@ -273,15 +273,16 @@ class LinearRegression(_LinearRegressorBase):
         -------
         self : LinearRegression
         """
+        # the dense direct solvers find NaN/infinity in their Gram matrix: no separate read of X for the check
+        X_given = X
+        direct = self.positive is False and self.solver in ("auto", "normal")
+        # a plain CuPy shard: its Gram kernel runs while the parameters are checked and the ranks agree on
+        # the input (its result is dropped if they fail)
+        early = early_local_gram(X, y, sample_weight) if direct else None
         self._validate_params()
         if self.positive and self.solver == "lsqr":
             raise ValueError("solver='lsqr' does not support positive=True; use solver='auto', 'tsqr' or 'normal', "
                              "or set positive=False.")
-        # the dense direct solvers find NaN/infinity in their Gram matrix: no separate read of X for the check
-        X_given = X
-        direct = not self.positive and self.solver in ("auto", "normal")
-        # a plain CuPy shard: its Gram kernel runs while the ranks agree on the input
-        early = early_local_gram(X, y, sample_weight) if direct else None
         X, y, sw, xp, comm = self._fit_common(X, y, sample_weight, accept_sparse=not self.positive,
                                               defer_finite=direct)
         solver = self._resolve_solver(X)
@@ -546,11 +547,12 @@ class Ridge(_LinearRegressorBase):
         -------
         self : Ridge
         """
+        direct = self.positive is False and self.solver in ("auto", "cholesky", "normal")
+        # a plain CuPy shard: its Gram kernel runs while the parameters are checked and the ranks agree on
+        # the input (its result is dropped if they fail)
+        early = early_local_gram(X, y, sample_weight) if direct else None
         self._validate_params()
         self._check_solver_rules()
-        direct = not self.positive and self.solver in ("auto", "cholesky", "normal")
-        # a plain CuPy shard: its Gram kernel runs while the ranks agree on the input
-        early = early_local_gram(X, y, sample_weight) if direct else None
         X, y, sw, xp, comm = self._fit_common(X, y, sample_weight, defer_finite=direct)
         check_sparse_intercept(self, is_sparse(X))
         alphas = self._alphas(1 if y.ndim == 1 else y.shape[1])
