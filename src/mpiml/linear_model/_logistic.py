@@ -477,7 +477,12 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
                  else np.searchsorted(classes, y)).astype(xp.int64)
         if self.solver == "liblinear":  # LIBLINEAR leaves out the rows whose weight is not positive
             sw = xp.where(sw > 0, sw, xp.zeros_like(sw))
-        sw, sw_sum = self._row_weights(y_idx, sw, classes, xp, comm)
+        if sample_weight is None and self.class_weight is None and "rows" in found:
+            # unit weights: their global sum is the row count validation agreed on (the same float the
+            # class sums of ones add up to, without their reductions and allreduce)
+            sw_sum = float(found["rows"])
+        else:
+            sw, sw_sum = self._row_weights(y_idx, sw, classes, xp, comm)
         if sw_sum == 0 or not np.isfinite(sw_sum):
             raise ValueError("The weighted sum of the rows is zero (sample_weight times class_weight).")
         liblinear = self.solver == "liblinear"

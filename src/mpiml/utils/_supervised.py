@@ -72,7 +72,8 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
     device ``y`` are found anyway (to check their type), they travel with the
     agreement and ``classes_into["classes"]`` receives their sorted union
     over the ranks, what :func:`global_classes` returns, without its second
-    read of ``y`` and second collective.  Left empty otherwise.
+    read of ``y`` and second collective (and ``classes_into["rows"]`` the
+    global row count).  Left empty otherwise.
 
     Returns
     -------
@@ -142,17 +143,20 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
     share = classes_into is not None and not y_numeric and xp is not np
     if comm.size > 1:
         facts = None if error else (tuple(y.shape[1:]), y.dtype.kind in "USO", is_sparse(X))
-        gathered = comm.allgather_obj((error, facts, bool(sample_weight_given)) + ((labels,) if share else ()))
+        mine = (labels, 0 if error else int(y.shape[0]))
+        gathered = comm.allgather_obj((error, facts, bool(sample_weight_given)) + ((mine,) if share else ()))
         msg = _combine([g[0] for g in gathered], "Invalid input") or _y_mismatch([g[1] for g in gathered])
         if msg is not None:
             raise DistributedInputError(msg)
         any_weights = any(g[2] for g in gathered)
         if share:
-            classes_into["classes"] = _union([g[3] for g in gathered])
+            classes_into["classes"] = _union([g[3][0] for g in gathered])
+            classes_into["rows"] = sum(g[3][1] for g in gathered)
     elif error is not None:
         raise ValueError(error)
     elif share:
         classes_into["classes"] = _union([labels])
+        classes_into["rows"] = int(y.shape[0])
     return (X, y, xp) if sample_weight_given is None else (X, y, xp, any_weights)
 
 
