@@ -455,8 +455,9 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
         # so validation skips its own read of X (see below)
         lbfgs_l2 = _SOLVERS[self.solver] == "lbfgs" and penalty in ("l2", None)
         found = {}   # the union of the labels, where validation finds it (a device y) with its agreement
-        X, y, xp = validate_X_y(self, X, y, comm=comm, y_numeric=False, multi_output=False, accept_sparse=True,
-                                defer_finite=lbfgs_l2, classes_into=found)
+        X, y, xp, any_weights = validate_X_y(self, X, y, comm=comm, y_numeric=False, multi_output=False,
+                                             accept_sparse=True, defer_finite=lbfgs_l2, classes_into=found,
+                                             sample_weight_given=sample_weight is not None)
         deferred = lbfgs_l2 and xp is not np and not is_sparse(X)    # as validation decided: the same on every rank
         if self.solver in ("liblinear", "sag", "saga"):  # scikit-learn's refusals for these solvers
             agree_on_error(comm, _large_sparse_or_values(self.solver, X, int64_indexed), error_class=ValueError)
@@ -477,7 +478,7 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
                  else np.searchsorted(classes, y)).astype(xp.int64)
         if self.solver == "liblinear":  # LIBLINEAR leaves out the rows whose weight is not positive
             sw = xp.where(sw > 0, sw, xp.zeros_like(sw))
-        if sample_weight is None and self.class_weight is None and "rows" in found:
+        if not any_weights and self.class_weight is None and "rows" in found:   # (agreed: no rank has weights)
             # unit weights: their global sum is the row count validation agreed on (the same float the
             # class sums of ones add up to, without their reductions and allreduce)
             sw_sum = float(found["rows"])
