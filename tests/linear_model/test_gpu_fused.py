@@ -210,3 +210,11 @@ def test_label_checks_on_the_gpu():
         LogisticRegression().fit(X, cp.asarray(np.where(rs.rand(300) < 0.5, 0.5, 1.5)))   # two values, not integral
     clf = LogisticRegression().fit(X, cp.asarray(np.where(rs.rand(300) < 0.5, 3.0, 7.0)))   # two integral floats
     np.testing.assert_array_equal(clf.classes_, [3.0, 7.0])
+    # the classes come with validation's agreement; NaN and infinity in y show among the distinct values
+    clf = LogisticRegression().fit(X, cp.asarray(rs.randint(0, 3, 300)))
+    np.testing.assert_array_equal(clf.classes_, [0, 1, 2])
+    for bad, what in ((np.nan, "NaN"), (np.inf, "infinity")):
+        labels = np.where(rs.rand(300) < 0.5, 0.0, 1.0)
+        labels[4] = bad
+        with pytest.raises(ValueError, match=f"Input y contains {what}"):
+            LogisticRegression().fit(X, cp.asarray(labels))

@@ -82,3 +82,27 @@ def test_ridge_without_penalty_on_rank_deficient_x_is_minimum_norm():
     ref = sk.LinearRegression().fit(X, y)
     for solver in ("cholesky", "svd"):
         np.testing.assert_allclose(Ridge(alpha=0.0, solver=solver).fit(X, y).coef_, ref.coef_, rtol=1e-9, atol=1e-12)
+
+
+def test_singular_values_of_a_full_rank_fit_are_computed_when_read():
+    """A full-rank normal-equations fit leaves singular_ to its first read; it then equals the SVD's values
+    and survives pickling, a refit and saving as any attribute does."""
+    import pickle
+
+    rs = np.random.RandomState(3)
+    X = rs.randn(500, 6) * np.array([1.0, 10.0, 0.1, 3.0, 1.0, 2.0]) + 5.0
+    y = X @ rs.randn(6) + 0.1 * rs.randn(500)
+    est = LinearRegression().fit(X, y)
+    assert "_singular_pending" in vars(est) and est.rank_ == 6
+    copy = pickle.loads(pickle.dumps(est))
+    want = np.linalg.svd(X - X.mean(axis=0), compute_uv=False)
+    np.testing.assert_allclose(est.singular_, want, rtol=1e-10)
+    np.testing.assert_array_equal(copy.singular_, est.singular_)
+    assert "_singular_pending" not in vars(est)
+    est.fit(X[:, :3], y)   # a refit replaces what the first fit left, read or not
+    np.testing.assert_allclose(est.singular_, np.linalg.svd(X[:, :3] - X[:, :3].mean(axis=0), compute_uv=False),
+                               rtol=1e-10)
+    rank_deficient = LinearRegression().fit(np.c_[X, X[:, 0]], y)   # decided by the eigenvalues, set at once
+    assert rank_deficient.rank_ == 6 and "_singular_pending" not in vars(rank_deficient)
+    del est.singular_
+    assert not hasattr(est, "singular_")

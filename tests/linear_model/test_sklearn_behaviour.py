@@ -57,7 +57,13 @@ def _raised(fn):
 
 
 def _fitted_attributes(est):
-    return {k: v for k, v in vars(est).items() if k.endswith("_") and not k.startswith("_")}
+    found = {k: v for k, v in vars(est).items() if k.endswith("_") and not k.startswith("_")}
+    # properties computed when first read (LinearRegression's singular_ after a full-rank normal-equations fit)
+    for k in dir(type(est)):
+        if k.endswith("_") and not k.startswith("_") and isinstance(getattr(type(est), k), property) \
+                and hasattr(est, k):
+            found[k] = getattr(est, k)
+    return found
 
 
 # ---------------------------------------------------------------------- parameters

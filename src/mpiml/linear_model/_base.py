@@ -6,6 +6,8 @@ reduced to rank 0 along a binomial tree and broadcast back, so every rank
 holds the same bits and takes the same decisions.
 """
 
+import os
+
 import numpy as np
 
 from .._array import get_namespace
@@ -56,6 +58,11 @@ def allreduce_identical_device(comm, x):
     """
     if comm.size == 1:
         return as_like(x, np)
+    # (an experiment's switch, read per call: vectors up to this many bytes copied to the host first and summed
+    # there; 0, the default, keeps every size on the device)
+    host_bytes = os.environ.get("MPIML_LINEAR_HOST_REDUCE_BYTES")
+    if host_bytes and x.nbytes <= int(host_bytes):
+        return allreduce_identical(comm, as_like(x, np))
     from .._errors import CommError
 
     if "ipc" in comm.available_backends("device"):

@@ -273,30 +273,33 @@ class LinearRegression(_LinearRegressorBase):
         -------
         self : LinearRegression
         """
+        # the dense direct solvers find NaN/infinity in their Gram matrix: no separate read of X for the check
+        X_given = X
+        direct = self.positive is False and self.solver in ("auto", "normal")
+        # a plain CuPy shard: its Gram kernel runs while the parameters are checked and the ranks agree on
+        # the input (its result is dropped if they fail)
+        early = early_local_gram(X, y, sample_weight) if direct else None
         self._validate_params()
         if self.positive and self.solver == "lsqr":
             raise ValueError("solver='lsqr' does not support positive=True; use solver='auto', 'tsqr' or 'normal', "
                              "or set positive=False.")
-        # the dense direct solvers find NaN/infinity in their Gram matrix: no separate read of X for the check
-        X_given = X
-        direct = not self.positive and self.solver in ("auto", "normal")
-        # a plain CuPy shard: its Gram kernel runs while the ranks agree on the input
-        early = early_local_gram(X, y, sample_weight) if direct else None
         X, y, sw, xp, comm = self._fit_common(X, y, sample_weight, accept_sparse=not self.positive,
                                               defer_finite=direct)
         solver = self._resolve_solver(X)
-        for name in ("rank_", "singular_", "n_iter_", "_n_krylov_iter"):
-            if hasattr(self, name):
-                delattr(self, name)
+        for name in ("rank_", "_singular", "_singular_pending", "n_iter_", "_n_krylov_iter"):
+            self.__dict__.pop(name, None)   # (not hasattr: it would compute a pending singular_)
         common = dict(fit_intercept=self.fit_intercept, comm=comm, xp=xp)
         if dense_direct_applies(X, self.positive) and self.solver in ("auto", "normal", "tsqr"):
             coef, intercept, (rank, sing), solver, self._solver_info = solve_direct(
                 X, y, sw, solver=self.solver, early=early, **common,
-                solve_gram=lambda G, B: _split3(lstsq_from_gram_cholesky(G, B, self.tol)),
+                solve_gram=lambda G, B, factor=None: _split3(lstsq_from_gram_cholesky(G, B, self.tol, factor)),
                 solve_r=lambda R, Z: _split3(lstsq_from_r(R, Z, self.tol)),
                 on_nonfinite=lambda: raise_if_nonfinite(self, X, y, comm=comm, xp=xp))
             self.rank_ = rank
-            self.singular_ = np.asarray(sing, dtype=np.float64).astype(X.dtype)
+            if callable(sing):   # full rank by the condition bound: the eigenvalues when singular_ is read
+                self._singular_pending = (sing, X.dtype)
+            else:
+                self.singular_ = np.asarray(sing, dtype=np.float64).astype(X.dtype)
         elif self.positive:
             coef, intercept, _ = solve_least_squares(
                 X, y, sw, method="tsqr" if solver == "tsqr" else "gram", **common,
@@ -320,6 +323,33 @@ class LinearRegression(_LinearRegressorBase):
         if not self.copy_X:  # scikit-learn's LinearRegression centres (and weights) a dense X in place
             overwrite_as_preprocessed(X, X_given, sw, fit_intercept=self.fit_intercept, comm=comm, xp=xp)
         return self
+
+    @property
+    def singular_(self):
+        """Singular values of the centred, weighted ``X`` (see the class Attributes).
+
+        A full-rank fit by the normal equations leaves them to the first read:
+        their ``O(d³)`` eigenvalue problem costs more than the rest of the
+        replicated algebra, and most callers never look at them.
+        """
+        state = self.__dict__
+        pending = state.pop("_singular_pending", None)
+        if pending is not None:
+            values, dtype = pending
+            state["_singular"] = np.asarray(values(), dtype=np.float64).astype(dtype)
+        if "_singular" not in state:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute 'singular_'")
+        return state["_singular"]
+
+    @singular_.setter
+    def singular_(self, value):
+        self.__dict__.pop("_singular_pending", None)
+        self.__dict__["_singular"] = value
+
+    @singular_.deleter
+    def singular_(self):
+        if self.__dict__.pop("_singular", None) is None and self.__dict__.pop("_singular_pending", None) is None:
+            raise AttributeError("singular_")
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -517,11 +547,12 @@ class Ridge(_LinearRegressorBase):
         -------
         self : Ridge
         """
+        direct = self.positive is False and self.solver in ("auto", "cholesky", "normal")
+        # a plain CuPy shard: its Gram kernel runs while the parameters are checked and the ranks agree on
+        # the input (its result is dropped if they fail)
+        early = early_local_gram(X, y, sample_weight) if direct else None
         self._validate_params()
         self._check_solver_rules()
-        direct = not self.positive and self.solver in ("auto", "cholesky", "normal")
-        # a plain CuPy shard: its Gram kernel runs while the ranks agree on the input
-        early = early_local_gram(X, y, sample_weight) if direct else None
         X, y, sw, xp, comm = self._fit_common(X, y, sample_weight, defer_finite=direct)
         check_sparse_intercept(self, is_sparse(X))
         alphas = self._alphas(1 if y.ndim == 1 else y.shape[1])
@@ -532,7 +563,7 @@ class Ridge(_LinearRegressorBase):
             mode = {"auto": "auto", "cholesky": "normal", "normal": "normal"}.get(self.solver, "tsqr")
             coef, intercept, _, used, self._solver_info = solve_direct(
                 X, y, sw, solver=mode, alpha=float(np.min(alphas)), early=early, **common,
-                solve_gram=lambda G, B: (ridge_from_gram(G, B, alphas), None),
+                solve_gram=lambda G, B, factor=None: (ridge_from_gram(G, B, alphas, factor, np.min(alphas)), None),
                 solve_r=lambda R, Z: (ridge_from_r(R, Z, alphas), None),
                 on_nonfinite=lambda: raise_if_nonfinite(self, X, y, comm=comm, xp=xp))
             solver = "cholesky" if used == "normal" else "svd"

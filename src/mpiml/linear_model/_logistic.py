@@ -454,8 +454,10 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
         # L-BFGS (L2 or no penalty): a dense CuPy X's NaN/infinity shows in the first evaluation's gradient,
         # so validation skips its own read of X (see below)
         lbfgs_l2 = _SOLVERS[self.solver] == "lbfgs" and penalty in ("l2", None)
-        X, y, xp = validate_X_y(self, X, y, comm=comm, y_numeric=False, multi_output=False, accept_sparse=True,
-                                defer_finite=lbfgs_l2)
+        found = {}   # the union of the labels, where validation finds it (a device y) with its agreement
+        X, y, xp, any_weights = validate_X_y(self, X, y, comm=comm, y_numeric=False, multi_output=False,
+                                             accept_sparse=True, defer_finite=lbfgs_l2, classes_into=found,
+                                             sample_weight_given=sample_weight is not None)
         deferred = lbfgs_l2 and xp is not np and not is_sparse(X)    # as validation decided: the same on every rank
         if self.solver in ("liblinear", "sag", "saga"):  # scikit-learn's refusals for these solvers
             agree_on_error(comm, _large_sparse_or_values(self.solver, X, int64_indexed), error_class=ValueError)
@@ -463,7 +465,7 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
             X = X.astype(xp.float64)  # LIBLINEAR works on float64 rows (scikit-learn converts them too)
         # scikit-learn's LogisticRegression accepts negative sample weights; so does this one
         sw = validate_sample_weight(sample_weight, X, xp=xp, dtype=X.dtype, comm=comm)
-        classes = global_classes(y, comm)
+        classes = found["classes"] if "classes" in found else global_classes(y, comm)
         if self.solver == "liblinear" and classes.size > 2:
             raise ValueError("The 'liblinear' solver does not support multiclass classification (n_classes >= 3). "
                              "Either use another solver or wrap the estimator in a OneVsRestClassifier to keep "
@@ -476,7 +478,12 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
                  else np.searchsorted(classes, y)).astype(xp.int64)
         if self.solver == "liblinear":  # LIBLINEAR leaves out the rows whose weight is not positive
             sw = xp.where(sw > 0, sw, xp.zeros_like(sw))
-        sw, sw_sum = self._row_weights(y_idx, sw, classes, xp, comm)
+        if not any_weights and self.class_weight is None and "rows" in found:   # (agreed: no rank has weights)
+            # unit weights: their global sum is the row count validation agreed on (the same float the
+            # class sums of ones add up to, without their reductions and allreduce)
+            sw_sum = float(found["rows"])
+        else:
+            sw, sw_sum = self._row_weights(y_idx, sw, classes, xp, comm)
         if sw_sum == 0 or not np.isfinite(sw_sum):
             raise ValueError("The weighted sum of the rows is zero (sample_weight times class_weight).")
         liblinear = self.solver == "liblinear"

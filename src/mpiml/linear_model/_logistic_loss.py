@@ -58,6 +58,18 @@ def expit(raw, xp):
     return xp.exp(-xp.logaddexp(0.0, -raw))
 
 
+def softplus_and_expit(raw, xp):
+    """``(log(1 + exp(m)), 1 / (1 + exp(-m)))`` of the margins ``m``, overflow-safe, from one ``exp(-|m|)``.
+
+    Two transcendental passes over the rows (``exp``, ``log1p``) instead of five (two ``logaddexp``
+    and an ``exp``): most of a host evaluation's elementwise time.
+    """
+    e = xp.exp(-xp.abs(raw))
+    softplus = xp.maximum(raw, 0) + xp.log1p(e)
+    e1 = e + 1
+    return softplus, xp.where(raw >= 0, 1 / e1, e / e1)
+
+
 def _fused_kernel_takes(X, layout=True):
     from ..kernels import linear as kernels
 
@@ -157,8 +169,8 @@ class Objective:
             return self._fused_local(w, fp=fp)
         raw = self.raw(X, w)
         if self.binary:
-            loss = xp.logaddexp(0.0, raw) - self.y01 * raw
-            prob = expit(raw, xp)
+            softplus, prob = softplus_and_expit(raw, xp)
+            loss = softplus - self.y01 * raw
             G = (sw * (prob - self.y01))[:, None]
         else:
             lse, prob = softmax_stats(raw, xp)

@@ -34,7 +34,6 @@ makes the same choice.
 import contextlib
 
 import numpy as np
-import scipy.linalg
 
 from .._array import is_device_array
 from ..utils._linalg import augmented_gram as local_augmented_gram
@@ -132,6 +131,21 @@ class NormalEquations:
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(diag > 0, self.raw_diag / np.where(diag > 0, diag, 1.0), np.inf)
         self.cancellation = float(max(ratio.max(initial=1.0) - 1.0, 0.0)) if fit_intercept else 0.0
+        self._factors = {}
+
+    def factor(self, alpha=0.0):
+        """The :class:`~._lsq_solvers.ScaledCholesky` of ``G + alpha I``, made once per ``alpha``.
+
+        It serves the condition estimate (:meth:`condition`) and then the
+        solve itself: one factorisation of the ``d x d`` matrix per fit.
+        """
+        from ._lsq_solvers import ScaledCholesky
+
+        key = float(alpha)
+        found = self._factors.get(key)
+        if found is None:
+            found = self._factors[key] = ScaledCholesky(self.G + key * np.eye(self.d) if key else self.G)
+        return found
 
     def condition(self, alpha=0.0):
         """Condition number of ``G + alpha I`` scaled to unit diagonal (inf when not positive definite).
@@ -143,17 +157,7 @@ class NormalEquations:
         """
         if self.d == 0:
             return 1.0
-        A = self.G + alpha * np.eye(self.d) if alpha else self.G
-        diag = np.diag(A)
-        if not np.all(np.isfinite(A)) or np.any(diag <= 0):
-            return np.inf
-        root = 1.0 / np.sqrt(diag)
-        S = A * root[:, None] * root[None, :]
-        factor, info = scipy.linalg.lapack.dpotrf(S, lower=0, clean=1)
-        if info != 0:
-            return np.inf
-        rcond, info = scipy.linalg.lapack.dpocon(factor, float(np.abs(S).sum(axis=0).max()))
-        return float(1.0 / rcond) if info == 0 and rcond > 0 else np.inf
+        return self.factor(alpha).kappa
 
     def error_estimate(self, kappa, centred_pass=False):
         """Relative error of the normal equations' coefficients, about ``κ δ``."""
@@ -211,9 +215,10 @@ def solve_direct(X, y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve
 
     ``solver``: ``"auto"`` (see the module notes), ``"normal"`` (the normal
     equations; a second, exactly centred pass when the centring cancellation
-    dominates their error) or ``"tsqr"``.  ``solve_gram(G, B)`` and
+    dominates their error) or ``"tsqr"``.  ``solve_gram(G, B[, factor])`` and
     ``solve_r(R, Z)`` return ``(coef (d, t), extra)`` as for
-    :func:`._lsq_solvers.solve_least_squares`.  ``early``: an :class:`EarlyGram`
+    :func:`._lsq_solvers.solve_least_squares`; ``factor``, when passed, is the
+    :class:`~._lsq_solvers.ScaledCholesky` of ``G + alpha I``.  ``early``: an :class:`EarlyGram`
     launched before validation (used when it read these arrays).  ``on_nonfinite()`` is called on
     every rank when the reduced Gram matrix is not finite: it raises the input
     error, or returns when the inputs are finite (float64 overflow of the
@@ -249,13 +254,15 @@ def solve_direct(X, y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve
                 route, info["condition"] = ne.choose(X.dtype, alpha, fit_intercept)
             else:
                 route = "centred" if fit_intercept and ne.needs_centred_pass(alpha) else "normal"
+            if route == "normal":   # the factor the condition estimate made serves the solve
+                coef, extra = solve_gram(ne.G, ne.B, ne.factor(alpha))
     info["route"] = route
     if route == "tsqr":
         R = tsqr_r(X, Y, sw, x_mean, y_mean, comm=comm, xp=xp)
         with _small_algebra(d):
             coef, extra = solve_r(R[:d, :d], R[:d, d:])
-    else:
-        G, B = (ne.G, ne.B) if route == "normal" else gram(X, Y, sw, x_mean, y_mean, sw_sum, comm=comm, xp=xp)
+    elif route == "centred":
+        G, B = gram(X, Y, sw, x_mean, y_mean, sw_sum, comm=comm, xp=xp)
         with _small_algebra(d):
             coef, extra = solve_gram(G, B)
     coef = coef.T

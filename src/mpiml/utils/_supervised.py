@@ -26,8 +26,10 @@ def as_like(array, xp, dtype=None):
     """A host or device copy of ``array`` on namespace ``xp`` (optionally cast)."""
     if xp is np:
         out = to_numpy(array)
-    else:
-        out = array if is_device_array(array) else xp.asarray(array)
+    elif is_device_array(array):
+        out = array
+    else:   # host data cast on the host: one copy of the final bytes, no cast kernel on the device
+        out = xp.asarray(array if dtype is None else np.asarray(array, dtype=dtype))
     return out if dtype is None else out.astype(dtype, copy=False)
 
 
@@ -46,7 +48,7 @@ def _sparse_as_csr(X, accept_sparse):
 
 
 def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, accept_sparse=False,
-                 defer_finite=False, sample_weight_given=None):
+                 defer_finite=False, sample_weight_given=None, classes_into=None):
     """Validate this rank's ``X`` and ``y`` and agree on them across ranks.
 
     On one process with host input, scikit-learn's ``validate_data`` (its exact
@@ -66,6 +68,13 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
     agreement also tells whether any rank was, returned as a fourth value:
     when none was, the caller needs no agreement on the weights.
 
+    ``classes_into``: a dict for a classifier's labels.  Where the labels of a
+    device ``y`` are found anyway (to check their type), they travel with the
+    agreement and ``classes_into["classes"]`` receives their sorted union
+    over the ranks, what :func:`global_classes` returns, without its second
+    read of ``y`` and second collective (and ``classes_into["rows"]`` the
+    global row count).  Left empty otherwise.
+
     Returns
     -------
     X, y, xp
@@ -83,7 +92,7 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
     X, xp = validate_data(estimator, X, comm=comm, reset=reset, accept_sparse="csr" if accept_sparse else False,
                           defer_finite=defer_finite)
     deferred = defer_finite and xp is not np and not is_sparse(X)
-    error = None
+    error = labels = None
     if comm.size == 1 and xp is not np:
         X = _sparse_as_csr(X, accept_sparse)  # one process: scikit-learn's TypeError as is
     try:
@@ -110,26 +119,44 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
             has_nan, has_inf = (False, False) if deferred else _finite_flags(y, xp, True)
             if has_nan or has_inf:
                 raise ValueError(_nonfinite_message(has_nan, has_inf, y.dtype, None, "y"))
+        elif xp is not np:
+            # the distinct values of a device y (no copy of y to the host): they hold every NaN or
+            # infinity y holds, and the label type follows from them
+            labels = _device_labels(y) if y.shape[0] else None
+            if labels is not None and labels.dtype.kind == "f":
+                has_nan, has_inf = bool(np.isnan(labels).any()), bool(np.isinf(labels).any())
+                if has_nan or has_inf:
+                    raise ValueError(_nonfinite_message(has_nan, has_inf, y.dtype, None, "y"))
+            if labels is not None:
+                check_classification_targets(labels)
         else:
             if y.dtype.kind == "f":
                 has_nan, has_inf = _finite_flags(y, xp, True)
                 if has_nan or has_inf:
                     raise ValueError(_nonfinite_message(has_nan, has_inf, y.dtype, None, "y"))
             if y.shape[0]:
-                # the label type follows from the distinct values: no copy of a device y to the host
-                check_classification_targets(_device_labels(y) if xp is not np else y)
+                check_classification_targets(y)
     except Exception as exc:
         error = str(exc)
     any_weights = bool(sample_weight_given)
+    # the labels travel with the agreement (a device y's, found above; the namespace is agreed already)
+    share = classes_into is not None and not y_numeric and xp is not np
     if comm.size > 1:
         facts = None if error else (tuple(y.shape[1:]), y.dtype.kind in "USO", is_sparse(X))
-        gathered = comm.allgather_obj((error, facts, bool(sample_weight_given)))
+        mine = (labels, 0 if error else int(y.shape[0]))
+        gathered = comm.allgather_obj((error, facts, bool(sample_weight_given)) + ((mine,) if share else ()))
         msg = _combine([g[0] for g in gathered], "Invalid input") or _y_mismatch([g[1] for g in gathered])
         if msg is not None:
             raise DistributedInputError(msg)
         any_weights = any(g[2] for g in gathered)
+        if share:
+            classes_into["classes"] = _union([g[3][0] for g in gathered])
+            classes_into["rows"] = sum(g[3][1] for g in gathered)
     elif error is not None:
         raise ValueError(error)
+    elif share:
+        classes_into["classes"] = _union([labels])
+        classes_into["rows"] = int(y.shape[0])
     return (X, y, xp) if sample_weight_given is None else (X, y, xp, any_weights)
 
 
@@ -194,15 +221,23 @@ def sparse_mismatch(flags):
 def _device_labels(y):
     """The sorted distinct labels of a CuPy vector; one or two of them without sorting the vector.
 
-    Most labels are binary: the minimum and the maximum, and one pass that counts the rows equal to
-    neither, find them at the cost of reading ``y`` three times (a sort of 4e7 labels costs ~40 reads).
-    Anything else (more labels, NaN) falls back to ``unique``.
+    Most labels are binary: the minimum and the maximum (one copy of both to the host), and one pass
+    that counts the rows equal to neither, find them at the cost of reading ``y`` three times (a sort
+    of 4e7 labels costs ~40 reads).  Anything else (more labels, NaN) falls back to ``unique``.
     """
     xp = get_namespace(y)
-    lo, hi = y.min(), y.max()
-    if bool(int(xp.count_nonzero((y != lo) & (y != hi))) == 0):
-        return to_numpy(xp.unique(xp.stack([lo, hi])))
+    lo, hi = to_numpy(xp.stack([y.min(), y.max()]))
+    if int(xp.count_nonzero((y != lo) & (y != hi))) == 0:
+        return np.unique(np.array([lo, hi], dtype=y.dtype))
     return to_numpy(xp.unique(y))
+
+
+def _union(parts):
+    """The sorted union of the ranks' label arrays (None: a rank without rows)."""
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return np.array([])
+    return np.unique(np.concatenate(parts))
 
 
 def global_classes(y, comm):
@@ -217,8 +252,4 @@ def global_classes(y, comm):
         local = _device_labels(y)
     else:
         local = np.unique(y)
-    parts = comm.allgather_obj(local) if comm.size > 1 else [local]
-    parts = [p for p in parts if p is not None]
-    if not parts:
-        return np.array([])
-    return np.unique(np.concatenate(parts))
+    return _union(comm.allgather_obj(local) if comm.size > 1 else [local])

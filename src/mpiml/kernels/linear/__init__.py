@@ -9,6 +9,7 @@ load through :mod:`mpiml.kernels._loader` (shipped, cached or compiled once) on
 first use and are memoised per device.
 """
 
+import functools
 import os
 
 import numpy as np
@@ -37,6 +38,10 @@ _TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
 _FUNCTIONS = {}
 _SMS = {}
+_WAVES = {}         # (function, threads, shared memory) -> blocks resident at once
+_SMEM_SET = set()   # (function, bytes) whose dynamic shared memory limit is raised already
+#: Threads of a block of the partial-sum kernels (one warp per output: mpiml_linear_warp_sum in linear.cu).
+_SUM_THREADS = 128
 
 
 def _function(expr):
@@ -75,21 +80,41 @@ def _sm_count():
 
 
 def _wave(fn, threads, smem=None, regs_unknown=128):
-    """Blocks of ``fn`` resident on the whole GPU at once (threads, registers and, if given, shared memory per SM)."""
-    regs = max(32, int(getattr(fn, "num_regs", regs_unknown) or regs_unknown))
-    per_sm = min(2048 // threads, 65536 // (regs * threads))
-    if smem is not None:
-        per_sm = min(per_sm, (200 << 10) // smem)
-    return _sm_count() * max(1, per_sm)
+    """Blocks of ``fn`` resident on the whole GPU at once (threads, registers and, if given, shared memory per SM).
+
+    Memoised per function (a loaded function lives as long as the process): the attribute query and
+    the device lookup cost microseconds that every launch paid.
+    """
+    key = (id(fn), threads, smem, regs_unknown)
+    found = _WAVES.get(key)
+    if found is None:
+        regs = max(32, int(getattr(fn, "num_regs", regs_unknown) or regs_unknown))
+        per_sm = min(2048 // threads, 65536 // (regs * threads))
+        if smem is not None:
+            per_sm = min(per_sm, (200 << 10) // smem)
+        found = _WAVES[key] = _sm_count() * max(1, per_sm)
+    return found
+
+
+def _allow_shared(fn, smem):
+    """Raise ``fn``'s dynamic shared memory limit to ``smem`` bytes (once per function and size)."""
+    key = (id(fn), smem)
+    if key not in _SMEM_SET:
+        fn.max_dynamic_shared_size_bytes = smem
+        _SMEM_SET.add(key)
+
+
+def _sum_grid(outputs):
+    """Blocks of a partial-sum kernel for ``outputs`` sums: one warp each (a function of the count alone)."""
+    return max(1, min(-(-outputs * 32 // _SUM_THREADS), 1 << 16))
 
 
 def _sum_blocks(partial, nblocks, m):
     import cupy
 
     out = cupy.empty(m, dtype=cupy.float64)
-    threads = 256
-    grid = max(1, min((m + threads - 1) // threads, 4 * _sm_count()))
-    _function("mpiml_linear_sum_blocks")((grid,), (threads,), (partial, np.int32(nblocks), np.int64(m), out))
+    _function("mpiml_linear_sum_blocks")((_sum_grid(m),), (_SUM_THREADS,),
+                                         (partial, np.int32(nblocks), np.int64(m), out))
     return out
 
 
@@ -105,6 +130,7 @@ def _mma3_tiles(groups):
     return (s0 * s1 + s0 * (s0 + 1) // 2, s1 * s2 + s1 * (s1 + 1) // 2, s0 * s2 + s2 * (s2 + 1) // 2)
 
 
+@functools.lru_cache(maxsize=None)
 def _mma3_groups(nt):
     """The split of ``nt`` tile rows into three groups with the fewest tiles on the busiest warp, or None
     when that warp would hold more than :data:`_MMA3_MAX_TILES` (its accumulators would not fit in registers)."""
@@ -221,7 +247,7 @@ def _launch_gram(X, Y, w, choice):
         # two staging buffers; the same memory then parks the second half's sums
         smem = max(2 * (stage * (kp + 4) + stage), 3 * tm * 64) * 8
         if smem > 48 << 10:
-            fn.max_dynamic_shared_size_bytes = smem
+            _allow_shared(fn, smem)
         args = ()
     elif choice == "mma3g" and groups is not None:
         # the same tiles, fragments read from global memory (no staging, no barrier); KA k-steps in flight
@@ -262,8 +288,8 @@ def _launch_gram(X, Y, w, choice):
                                 np.int64(rows_per_block), np.int32(kp)) + args + (partial,),
        shared_mem=smem)
     G = cupy.empty((k, k), dtype=cupy.float64)
-    grid = max(1, min((k * k + 127) // 128, 4 * _sm_count()))
-    _function("mpiml_linear_sum_sym")((grid,), (128,), (partial, np.int32(nblocks), np.int32(kp), np.int32(k), G))
+    _function("mpiml_linear_sum_sym")((_sum_grid(k * k),), (_SUM_THREADS,),
+                                      (partial, np.int32(nblocks), np.int32(kp), np.int32(k), G))
     return G
 
 
@@ -314,7 +340,7 @@ def logistic_pass(X, y01, sw, coef, bias, vec=None, vbias=0.0, pack=None):
     fi, scale, fp = pack
     loss = 1 - mode
     out = cupy.empty(loss + d + int(fi) + 2, dtype=cupy.float64)
-    _function("mpiml_linear_sum_pack")((max(1, (out.size + 127) // 128),), (128,),
+    _function("mpiml_linear_sum_pack")((_sum_grid(out.size),), (_SUM_THREADS,),
                                        (partial, np.int32(nblocks), np.int32(d), np.int32(loss), np.int32(int(fi)),
                                         np.float64(scale), np.float64(fp), out))
     return out

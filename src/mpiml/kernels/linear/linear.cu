@@ -21,7 +21,7 @@
 // (the Hessian-vector product at coef).  Block g writes [loss, gsum, grad (d)] to
 // partial[g * (d + 2) ...].
 //
-// mpiml_linear_sum_blocks: out[j] = Σ_g partial[g * m + j] in block order (deterministic).
+// mpiml_linear_sum_blocks: out[j] = Σ_g partial[g * m + j], one warp per output in a fixed order (deterministic).
 
 #define MPIML_LINEAR_STAGE 32
 #define MPIML_LINEAR_LOGISTIC_THREADS 256
@@ -627,14 +627,17 @@ __device__ __forceinline__ double mpiml_linear_warp_sum(double v) {
     return v;
 }
 
-__device__ __forceinline__ double mpiml_linear_softplus(double m) {   // log(1 + exp(m)), overflow-safe
-    return m > 0.0 ? m + log1p(exp(-m)) : log1p(exp(m));
+// exp(-|m|): the one exponential that expit(m) and softplus(m) share (neither overflows)
+__device__ __forceinline__ double mpiml_linear_exp_neg_abs(double m) { return exp(-fabs(m)); }
+
+// log(1 + exp(m)), overflow-safe, from e = exp(-|m|)
+__device__ __forceinline__ double mpiml_linear_softplus(double m, double e) {
+    return m > 0.0 ? m + log1p(e) : log1p(e);
 }
 
-__device__ __forceinline__ double mpiml_linear_expit(double m) {
-    if (m >= 0.0) return 1.0 / (1.0 + exp(-m));
-    const double e = exp(m);
-    return e / (1.0 + e);
+// 1 / (1 + exp(-m)) from e = exp(-|m|)
+__device__ __forceinline__ double mpiml_linear_expit(double m, double e) {
+    return m >= 0.0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
 }
 
 // One level of the transposing butterfly of mpiml_linear_logistic: CNT partial sums per lane become
@@ -729,10 +732,11 @@ mpiml_linear_logistic(const T* __restrict__ X, const long long n, const int d, c
             const double wi = (double)sw[i];
             if (MODE == 0) {
                 const double yi = (double)y01[i];
-                coeff = wi * (mpiml_linear_expit(m) - yi);
-                if (lead) loss += wi * (mpiml_linear_softplus(m) - yi * m);
+                const double e = mpiml_linear_exp_neg_abs(m);
+                coeff = wi * (mpiml_linear_expit(m, e) - yi);
+                if (lead) loss += wi * (mpiml_linear_softplus(m, e) - yi * m);
             } else {
-                const double p = mpiml_linear_expit(m);
+                const double p = mpiml_linear_expit(m, mpiml_linear_exp_neg_abs(m));
                 coeff = wi * p * (1.0 - p) * (u[0] + vbias);
             }
         }
@@ -768,51 +772,76 @@ mpiml_linear_logistic(const T* __restrict__ X, const long long n, const int d, c
     }
 }
 
+// mpiml_linear_warp_sum: Σ_g p[g * stride] over g < nblocks by one warp, in a fixed order whatever the
+// launch: lane l adds g = l, l + 32, ... in turn (independent loads, a short dependent chain), then a
+// shuffle tree leaves the sum on lane 0.  The same bits on every run and every rank; a few microseconds
+// for the ~1000 partials of a pass, where one thread walking them all waited on ~1000 dependent reads.
+__device__ __forceinline__ double mpiml_linear_warp_sum(const double* __restrict__ p, const int nblocks,
+                                                        const long long stride, const int lane) {
+    double s = 0.0;
+#pragma unroll 4
+    for (int g = lane; g < nblocks; g += 32) s += p[(long long)g * stride];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    return s;
+}
+
+// The sum kernels below give one output to one warp; warps beyond the outputs stride over them.
+__device__ __forceinline__ long long mpiml_linear_warp_id() {
+    return ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+}
+
+__device__ __forceinline__ long long mpiml_linear_warp_count() {
+    return ((long long)gridDim.x * blockDim.x) >> 5;
+}
+
 __global__ void mpiml_linear_sum_blocks(const double* __restrict__ partial, const int nblocks, const long long m,
                                         double* __restrict__ out) {
-    for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < m; j += (long long)gridDim.x * blockDim.x) {
-        double s = 0.0;
-        for (int g = 0; g < nblocks; ++g) s += partial[(long long)g * m + j];
-        out[j] = s;
+    const int lane = threadIdx.x & 31;
+    for (long long j = mpiml_linear_warp_id(); j < m; j += mpiml_linear_warp_count()) {
+        const double s = mpiml_linear_warp_sum(partial + j, nblocks, m, lane);
+        if (lane == 0) out[j] = s;
     }
 }
 
 // mpiml_linear_sum_sym: the symmetric k x k Gram matrix from the blocks' partials of a Gram kernel:
-// out[i][j] = Σ_g partial[g * kp * kp + min(i, j) * kp + max(i, j)] in block order (deterministic).  The
-// kernels write the upper triangle of their tiles only, and this reads nothing else, so the partials
+// out[i][j] = out[j][i] = Σ_g partial[g * kp * kp + i * kp + j] (i <= j) in a fixed order (deterministic).
+// The kernels write the upper triangle of their tiles only, and this reads nothing else, so the partials
 // need no zeroing; the symmetrisation is part of the same pass.
 __global__ void mpiml_linear_sum_sym(const double* __restrict__ partial, const int nblocks, const int kp, const int k,
                                      double* __restrict__ out) {
+    const int lane = threadIdx.x & 31;
     const long long m = (long long)kp * kp;
-    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < k * k; e += gridDim.x * blockDim.x) {
-        const int i = e / k, j = e - (e / k) * k;
-        const double* p = partial + (long long)min(i, j) * kp + max(i, j);
-        double s = 0.0;
-#pragma unroll 8
-        for (int g = 0; g < nblocks; ++g) s += p[g * m];
-        out[e] = s;
+    for (long long e = mpiml_linear_warp_id(); e < (long long)k * k; e += mpiml_linear_warp_count()) {
+        const int i = (int)(e / k), j = (int)(e - (e / k) * k);
+        if (i > j) continue;                         // (the whole warp: e is the warp's)
+        const double s = mpiml_linear_warp_sum(partial + (long long)i * kp + j, nblocks, m, lane);
+        if (lane == 0) {
+            out[(long long)i * k + j] = s;
+            out[(long long)j * k + i] = s;
+        }
     }
 }
 
 // mpiml_linear_sum_pack: the blocks' partials of mpiml_linear_logistic ([loss, Σ g, Σ g x], m = d + 2 per
-// block) summed in block order (the bits of mpiml_linear_sum_blocks) and laid out as the host wants them for
+// block) summed in the order of mpiml_linear_sum_blocks (its bits) and laid out as the host wants them for
 // the allreduce: [loss (if LOSS), Σ g x (d), scale Σ g (if FI), fp, fp²], fp the fingerprint of the point.
 __global__ void mpiml_linear_sum_pack(const double* __restrict__ partial, const int nblocks, const int d,
                                       const int loss, const int fi, const double scale, const double fp,
                                       double* __restrict__ out) {
+    const int lane = threadIdx.x & 31;
     const int m = d + 2;
     const int len = loss + d + fi;
-    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < len + 2; j += gridDim.x * blockDim.x) {
+    for (long long w = mpiml_linear_warp_id(); w < len + 2; w += mpiml_linear_warp_count()) {
+        const int j = (int)w;
         if (j >= len) {
-            out[j] = j == len ? fp : fp * fp;
+            if (lane == 0) out[j] = j == len ? fp : fp * fp;
             continue;
         }
         int src = 1;                                 // Σ g, for the intercept
         if (loss && j == 0) src = 0;
         else if (j - loss < d) src = 2 + (j - loss);
-        double s = 0.0;
-        for (int g = 0; g < nblocks; ++g) s += partial[(long long)g * m + src];
-        out[j] = src == 1 ? scale * s : s;
+        const double s = mpiml_linear_warp_sum(partial + src, nblocks, m, lane);
+        if (lane == 0) out[j] = src == 1 ? scale * s : s;
     }
 }
-
