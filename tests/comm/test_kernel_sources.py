@@ -2,7 +2,7 @@
 
 Every kernel named in ``mpiml.kernels.FAMILIES`` exists in its file under ``kernels/comm/``, and
 every kernel declares the block size the host launches it with as its launch bounds (512
-threads, barrier kernels MPIML_THREADS, LL kernels MPIML_LL_THREADS): one whose registers outgrow
+threads, barrier kernels MPIML_THREADS, LL kernels (``_ll``, ``_lltwoshot``) MPIML_LL_THREADS): one whose registers outgrow
 such a block fails to launch (with every peer's pack loaded at once, the one-byte types asked for
 254 registers before the bounds were declared).
 """
@@ -37,7 +37,8 @@ def test_every_kernel_exists_with_its_launch_bounds(family):
     assert set(names) <= set(kernels), sorted(set(names) - set(kernels))
     assert len(re.findall(r"__global__", text)) == len(kernels)
     for name, bound in kernels.items():
-        assert bound == ("MPIML_LL_THREADS" if name.endswith("_ll") else "MPIML_THREADS"), (name, bound)
+        ll = name.endswith(("_ll", "_lltwoshot"))
+        assert bound == ("MPIML_LL_THREADS" if ll else "MPIML_THREADS"), (name, bound)
 
 
 def test_the_error_codes_the_kernels_write_are_the_hosts():
