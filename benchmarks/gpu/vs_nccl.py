@@ -125,7 +125,7 @@ def make_call(op, path, nbytes, x, y):
         return None
     if path == "ipc/twoshot" and (op not in ("allreduce", "bcast", "reduce") or nbytes < (64 << 10)):
         return None
-    if path == "ipc/lltwoshot" and op not in ("bcast", "reduce"):
+    if path == "ipc/lltwoshot" and op not in ("allreduce", "bcast", "reduce"):
         return None
     if path == "ipc/pull" and op not in ("bcast", "allgather"):
         return None

@@ -3,7 +3,7 @@
 Usage: ``python gpu_variants.py`` (``MPIML_TIMEOUT`` bounds every wait).  Checks, exactly against NumPy
 on the gathered inputs (small integers: every result is exact in every dtype):
 
-* ``ipc/lltwoshot`` bcast and reduce: every dtype, sizes from one element to several chunks of the LL
+* ``ipc/lltwoshot`` bcast, reduce and allreduce: every dtype, sizes from one element to several chunks of the LL
   region (odd sizes, offset views: the element-wise edges), every root, every reduction; the hot
   launcher repeated back to back (a bcast root waits for nobody: slow peers made slow by a busy kernel),
   ``out=`` given and not; captured in a CUDA graph and replayed on fresh inputs, between eager calls of
@@ -81,7 +81,13 @@ def run_eager():
                             assert_close(red, reduce_np(xs, op), f"reduce {op} {ALGO} root={root} {tag}", exact=True)
                         else:
                             check(red is None, f"reduce {ALGO} {tag}: non-root got {type(red)}")
-                assert_close(x, xs[R], f"reduce {ALGO} {tag}: input modified", exact=True)
+                for op in OPS if n in (17, 4099) else ("sum", "min"):
+                    assert_close(comm.allreduce(x, op, algorithm=ALGO), reduce_np(xs, op),
+                                 f"allreduce {op} {ALGO} {tag}", exact=True)
+                assert_close(x, xs[R], f"(all)reduce {ALGO} {tag}: input modified", exact=True)
+                y = device(xs[R], offset)
+                comm.allreduce(y, "max", out=y, algorithm=ALGO)
+                assert_close(y, reduce_np(xs, "max"), f"allreduce in place {ALGO} {tag}", exact=True)
     check("ipc" in t, f"no ipc transport ({list(t)})")
 
 
@@ -103,15 +109,18 @@ def run_stream_ordered():
             if R == P - 1:
                 outs.append(red.copy())
                 wants.append(reduce_np(xs, "sum"))
+            outs.append(comm.allreduce(x, "max", algorithm=ALGO))
+            wants.append(reduce_np(xs, "max"))
         comm.synchronize()
         for i, (got, want) in enumerate(zip(outs, wants)):
             assert_close(got, want, f"stream-ordered {ALGO} n={n} call {i}", exact=True)
     hot = {k[0] for k in comm._hot if k[5] == ALGO}
-    check({"bcast", "reduce"} <= hot, f"{ALGO}: no hot launcher for {sorted({'bcast', 'reduce'} - hot)}")
+    want = {"bcast", "reduce", "allreduce"}
+    check(want <= hot, f"{ALGO}: no hot launcher for {sorted(want - hot)}")
 
 
 def run_graph():
-    """bcast and reduce captured with an LL allreduce between them, replayed on fresh inputs."""
+    """bcast, reduce and allreduce captured with an LL allreduce between them, replayed on fresh inputs."""
     os.environ["MPIML_CHECK"] = "0"
     stream = cp.cuda.Stream(non_blocking=True)
     try:
@@ -121,16 +130,19 @@ def run_graph():
                 b = cp.empty(n, dtype=cp.float32)
                 out_b, out_r = cp.empty(n, dtype=cp.float32), cp.empty(n, dtype=cp.float32)
                 y = cp.empty(n, dtype=cp.float32)
+                z = cp.empty(n, dtype=cp.float32)
                 x[...] = cp.asarray(data(R, n, np.float32))
                 b[...] = x
                 comm.bcast(b, root=1 % P, out=out_b, algorithm=ALGO)  # warm-up: kernels, hot launchers
                 comm.reduce(x, "max", root=0, out=out_r, algorithm=ALGO)
                 comm.allreduce(x, out=y, algorithm="ipc/ll")
+                comm.allreduce(x, "min", out=z, algorithm=ALGO)
                 stream.synchronize()
                 stream.begin_capture()
                 comm.bcast(b, root=1 % P, out=out_b, algorithm=ALGO)
                 comm.allreduce(x, out=y, algorithm="ipc/ll")
                 comm.reduce(x, "max", root=0, out=out_r, algorithm=ALGO)
+                comm.allreduce(x, "min", out=z, algorithm=ALGO)
                 graph = stream.end_capture()
                 for rep in range(4):
                     xs = [data(r, n, np.float32, 20 + rep) for r in range(P)]
@@ -143,6 +155,7 @@ def run_graph():
                     if R != 1 % P:
                         assert_close(out_b, want_b, f"graph bcast {ALGO} n={n} rep={rep}", exact=True)
                     assert_close(y, reduce_np(xs, "sum"), f"graph allreduce ipc/ll n={n} rep={rep}", exact=True)
+                    assert_close(z, reduce_np(xs, "min"), f"graph allreduce {ALGO} n={n} rep={rep}", exact=True)
                     if R == 0:
                         assert_close(out_r, reduce_np(xs, "max"), f"graph reduce {ALGO} n={n} rep={rep}",
                                      exact=True)

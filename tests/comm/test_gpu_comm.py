@@ -142,7 +142,7 @@ def test_machine_key_names_the_gpu_and_its_links():
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_two_shot_ll_bcast_reduce_and_nccl_events(mpi, n):
-    """ipc/lltwoshot bcast and reduce (every dtype, root, chunking, the hot launcher, graphs) and the
+    """ipc/lltwoshot bcast, reduce and allreduce (every dtype, root, chunking, the hot launcher, graphs) and the
     NCCL watchdog's events on a held stream (a handful for a burst, not one a call)."""
     _need(n)
     proc = mpi(os.path.join(HERE, "gpu_variants.py"), n, timeout=300, env={"MPIML_TIMEOUT": "30"})

@@ -263,7 +263,7 @@ class Model:
                         if jj * part + i < L:
                             out[jj * part + i] = yield from line(jj * part + i, owner(jj))
                 self.results[(me, j)] = out
-            else:  # reduce: reduce-scatter into every rank's region, then the reduced parts to the root's
+            else:  # (all)reduce: reduce-scatter into every rank's region, then the reduced parts to the root's / all
                 part = -(-L // P)
                 res = [None] * L
                 for i in range(part):
@@ -277,17 +277,17 @@ class Model:
                         v = 0
                         for src in range(P):
                             v += yield from line(src * part + i, src)
-                        if me == root:
-                            res[g] = v
-                        else:
-                            ws[root].llr[p][P * part + g] = (flag, j, v)
-                            yield ("step",)
-                    if me == root:
+                        for d in range(P) if op == "allreduce" else [root]:
+                            if d != me:
+                                ws[d].llr[p][P * part + g] = (flag, j, v)
+                                yield ("step",)
+                        res[g] = v
+                    if me == root or op == "allreduce":
                         for k in range(1, P):
                             r = (me + k) % P
                             if r * part + i < L:
                                 res[r * part + i] = yield from line(P * part + r * part + i, r)
-                if me == root:
+                if me == root or op == "allreduce":
                     self.results[(me, j)] = res
         else:
             raise ValueError(algo)
@@ -510,9 +510,9 @@ def test_random_programs_with_the_stream_order_finish_with_the_right_data(P):
 
 @pytest.mark.parametrize("P", [2, 3, 4])
 def test_the_two_shot_ll_kernels_among_the_others_finish_with_the_right_data(P):
-    """bcast / reduce ``lltwoshot`` (no barrier: a bcast root waits for nobody, forwarders wait for the root,
+    """bcast / reduce / allreduce ``lltwoshot`` (no barrier: a bcast root waits for nobody, forwarders wait for the root,
     a reduce's root for the reduced parts) between every other kind, on several streams and in graphs."""
-    kinds = KINDS + [("bcast", "lltwoshot"), ("reduce", "lltwoshot")] * 3
+    kinds = KINDS + [("bcast", "lltwoshot"), ("reduce", "lltwoshot"), ("allreduce", "lltwoshot")] * 3
     for seed in range(10):
         model = Model(P, epoch=seed % 3, ordered=True, seed=seed)
         stuck = model.run(_programs(P, seed, kinds=kinds))

@@ -26,8 +26,8 @@ COMMON = "comm/ipc_common.cuh"
 
 #: family -> (file relative to kernels/, kernels in it, whether they reduce)
 FAMILIES = {
-    "allreduce": ("comm/allreduce.cu", ("mpiml_allreduce_oneshot", "mpiml_allreduce_twoshot", "mpiml_allreduce_ll"),
-                  True),
+    "allreduce": ("comm/allreduce.cu", ("mpiml_allreduce_oneshot", "mpiml_allreduce_twoshot", "mpiml_allreduce_ll",
+                                       "mpiml_allreduce_lltwoshot"), True),
     "reduce": ("comm/reduce.cu", ("mpiml_reduce_oneshot", "mpiml_scan_oneshot", "mpiml_reduce_scatter_oneshot",
                                "mpiml_reduce_scatter_ll", "mpiml_reduce_ll", "mpiml_reduce_twoshot",
                                "mpiml_reduce_lltwoshot"), True),

@@ -27,8 +27,8 @@ Algorithms (``algorithm=`` with backend ``ipc``):
                      (bcast); reduce-scatter + gather (reduce)
 ``lltwoshot``        two-shot in LL lines, no barrier (bcast: the root scatters
                      the lines to the other ranks, each forwards its part to the
-                     rest; reduce: reduce-scatter to every rank, then its reduced
-                     part to the root); up to the LL slots' region per call
+                     rest; reduce / allreduce: reduce-scatter to every rank,
+                     then its reduced part to the root / every rank); up to the LL slots' region per call
                      (``nranks * MPIML_IPC_LL_SLOT_BYTES`` of lines), in chunks above
 ``pull``             readers copy from the root / every rank (bcast, allgather)
 ``push``             every rank writes its part into every peer's buffer, barrier,
@@ -109,14 +109,14 @@ def _ll_grid(nbytes):
 
 def _lltwoshot_plan(op, nbytes, nranks, ll_slot):
     """``(chunk bytes, grid)`` of the two-shot LL kernels (``mpiml_bcast_lltwoshot``,
-    ``mpiml_reduce_lltwoshot``) for calls of ``nbytes``: a chunk keeps its lines within
+    ``mpiml_reduce_lltwoshot``, ``mpiml_allreduce_lltwoshot``) for calls of ``nbytes``: a chunk keeps its lines within
     the LL region of one parity (``nranks`` slots of ``ll_slot`` bytes, 16-byte lines of
     8 payload bytes); the grid has one index per line of a part (the same on every rank)."""
     region = nranks * ll_slot // 16  # lines
     parts = nranks - 1 if op == "bcast" else nranks
     if op == "bcast":   # (nranks - 1) parts of the lines
         chunk = region // parts * parts
-    else:               # nranks parts, each with its nranks copies and the root's gathered copy
+    else:               # nranks parts, each with its nranks copies and the receivers' gathered copy
         chunk = ll_slot // 32 * nranks
     chunk_bytes = 8 * chunk
     lines = -(-min(nbytes, chunk_bytes) // 8)
@@ -546,10 +546,12 @@ class IPCTransport(Transport):
         if algorithm == "twoshot":
             return self._elementwise("allreduce", "allreduce", "mpiml_allreduce_twoshot", sendbuf, recvbuf, op, 0,
                                      parts=self.size)
+        if algorithm == "lltwoshot":
+            return self._lltwoshot("allreduce", sendbuf, recvbuf, op, 0)
         if algorithm == "two_level":
             return self._two_level_allreduce(sendbuf, recvbuf, op)
         raise ValueError(f"algorithm {algorithm!r} does not apply to allreduce on the ipc backend "
-                         "(ll, oneshot, twoshot, two_level)")
+                         "(ll, oneshot, twoshot, lltwoshot, two_level)")
 
     def _auto_allreduce(self, nbytes):
         if nbytes <= self.ll_max:
@@ -582,7 +584,7 @@ class IPCTransport(Transport):
         return self._elementwise("bcast", "bcast", "mpiml_bcast_pull", buf, buf, None, int(root))
 
     def _lltwoshot(self, op_name, sendbuf, recvbuf, op, root):
-        """The two-shot LL bcast or reduce (see the kernels), in chunks of one LL region each."""
+        """The two-shot LL bcast, reduce or allreduce (see the kernels), in chunks of one LL region each."""
         self._check(op_name)
         self._last_op = op_name
         n = sendbuf.size
@@ -730,7 +732,7 @@ class IPCTransport(Transport):
     def irecv(self, buf, source, tag):
         return self._nccl().irecv(buf, source, tag)
 
-    _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot"), "reduce": ("ll", "oneshot", "twoshot", "lltwoshot"),
+    _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot", "lltwoshot"), "reduce": ("ll", "oneshot", "twoshot", "lltwoshot"),
                       "scan": ("oneshot",), "exscan": ("oneshot",), "bcast": ("ll", "pull", "twoshot", "lltwoshot"),
                       "allgather": ("ll", "pull", "push"),
                       "reduce_scatter": ("ll", "oneshot")}
@@ -742,7 +744,7 @@ class IPCTransport(Transport):
 
     def run_algorithm(self, op, name, *args):
         """Run IPC algorithm ``name`` (see the module docstring) for collective ``op``."""
-        if op == "allreduce" and name in ("ll", "oneshot", "twoshot", "two_level"):
+        if op == "allreduce" and name in ("ll", "oneshot", "twoshot", "lltwoshot", "two_level"):
             return self.native_allreduce(*args, algorithm=name)
         if (op, name) in (("reduce", "ll"), ("reduce", "oneshot"), ("reduce", "twoshot"), ("reduce", "lltwoshot"),
                           ("bcast", "ll"), ("bcast", "pull"), ("bcast", "twoshot"), ("bcast", "lltwoshot"),
@@ -760,7 +762,7 @@ class IPCTransport(Transport):
         """A launcher (see :mod:`mpiml.comm._hotpath`) repeating this call with one kernel, or None.
 
         For stream-ordered calls (``MPIML_DEVICE_SYNC=0``) that fit in one kernel
-        on one node: allreduce (ll, oneshot, twoshot), bcast (ll, pull, twoshot, lltwoshot),
+        on one node: allreduce (ll, oneshot, twoshot, lltwoshot), bcast (ll, pull, twoshot, lltwoshot),
         allgather (ll, pull, push), reduce (ll, oneshot, twoshot, lltwoshot), reduce_scatter (ll, oneshot).  ``arg`` is the
         reduction, the root, ``(reduction, root)`` or ``(counts, reduction)``.
         Across nodes, the ops that go to NCCL take NCCL's launcher.
@@ -779,7 +781,7 @@ class IPCTransport(Transport):
         if op == "allreduce":
             algo = self._auto_allreduce(nb) if name == "native" else name
             red, family, parts = arg, "allreduce", (self.size if algo == "twoshot" else 1)
-            if algo not in ("ll", "oneshot", "twoshot"):
+            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot"):
                 return None
         elif op in ("bcast", "allgather"):
             algo = ("ll" if ll_ok else "pull") if name == "native" else name

@@ -694,3 +694,59 @@ __device__ __forceinline__ void mpiml_ll_reduce_out(const MpimlCtx* c, unsigned 
         mpiml_ll_put<A>(out, i, nbytes, v);
     }
 }
+
+// LL two-shot reduction (no barrier; the reduce and allreduce `lltwoshot` kernels): the
+// lines are cut into nranks parts of `part` lines. Every rank pushes line r * part + i of
+// its input into rank r's LL region (mpiml_ll_region) at [me * part + i]; rank r reduces
+// the nranks copies of its part's line i in rank order as they arrive (bit-identical to the
+// other kernels) and pushes the result into the region of every rank that receives
+// (root < 0: every rank; else the root) at [nranks * part + r * part + i], storing its own
+// to out if it receives; a receiving rank then copies the other parts' reduced lines out as
+// they arrive. Line i of every part is handled by grid index i on every rank, and every
+// wait depends only on the same grid index of ranks that pushed before they waited. The
+// host keeps 2 * nranks * part lines within the region and launches one grid index per
+// line of a part. A counts 8-byte alignment; a thread writes out[g] only after it read
+// in[g], and the lines of one index are all read before any is written (in == out is safe).
+template <typename T, int OP, bool A>
+__device__ __forceinline__ void mpiml_ll_twoshot_reduce(const MpimlCtx* c, const T* in, T* out, long long n,
+                                                        int root) {
+    const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    const bool receives = root < 0 || me == root;
+    const long long part = (ln.lines + nr - 1) / nr;
+    const uint4* mine = mpiml_ll_region(c, me, ln.epoch);
+    bool ok = true;
+    MPIML_GRID_LOOP(i, part) {
+        for (int k = 1; k <= nr; ++k) {  // own part last: the stores that cross the links go out first
+            const int r = (me + k) % nr;
+            const long long g = r * part + i;
+            if (g < ln.lines)
+                mpiml_ll_store(mpiml_ll_region(c, r, ln.epoch) + me * part + i, ln.get(in, g), ln.flag);
+        }
+        const long long g = me * part + i;
+        if (g < ln.lines) {
+            const uint2 v = mpiml_ll_reduce_line<T, OP, true>(c, ln.epoch, ln.flag, i, ok, mine + i, part);
+            if (!ok) break;
+            if (root < 0) {
+                for (int k = 1; k < nr; ++k)
+                    mpiml_ll_store(mpiml_ll_region(c, (me + k) % nr, ln.epoch) + nr * part + g, v, ln.flag);
+            } else if (me != root) {
+                mpiml_ll_store(mpiml_ll_region(c, root, ln.epoch) + nr * part + g, v, ln.flag);
+            }
+            if (receives) mpiml_ll_put<A>(out, g, ln.nbytes, v);
+        }
+        if (receives) {
+            for (int k = 1; k < nr && ok; ++k) {
+                const int r = (me + k) % nr;
+                const long long h = r * part + i;
+                if (h < ln.lines) {
+                    uint2 v;
+                    ok = mpiml_ll_load(c, mine + nr * part + h, ln.flag, v, r, ln.epoch);
+                    if (ok) mpiml_ll_put<A>(out, h, ln.nbytes, v);
+                }
+            }
+            if (!ok) break;
+        }
+    }
+    mpiml_end<false>(c, ln.epoch);
+}

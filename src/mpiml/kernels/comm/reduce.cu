@@ -130,51 +130,10 @@ mpiml_reduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long l
     mpiml_end(c, epoch);
 }
 
-// LL two-shot reduce (no barrier): the lines are cut into nranks parts of `part` lines.
-// Every rank pushes line r * part + i of its input into rank r's LL region
-// (mpiml_ll_region) at [me * part + i]; rank r reduces the nranks copies of its part's
-// line i in rank order as they arrive (bit-identical to the other reduce kernels) and
-// pushes the result into the root's region at [nranks * part + r * part + i] (the root
-// stores its own part to out); the root copies the other parts' reduced lines out as
-// they arrive. Line i of every part is handled by grid index i on every rank, and every
-// wait depends only on the same grid index of ranks that pushed before they waited.
-// The root receives 2 (nranks - 1) / nranks of n bytes (twice that in lines) instead of
-// (nranks - 1) n (mpiml_reduce_ll). The host keeps 2 * nranks * part lines within the
-// region and launches one grid index per line of a part. A counts 8-byte alignment.
+// LL two-shot reduce (no barrier): see mpiml_ll_twoshot_reduce (ipc_common.cuh); the
+// reduced parts go to the root alone.
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_reduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
-    const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
-    const int nr = (int)c->nranks, me = (int)c->rank;
-    const long long part = (ln.lines + nr - 1) / nr;
-    const uint4* mine = mpiml_ll_region(c, me, ln.epoch);
-    bool ok = true;
-    MPIML_GRID_LOOP(i, part) {
-        for (int k = 1; k <= nr; ++k) {  // own part last: the stores that cross the links go out first
-            const int r = (me + k) % nr;
-            const long long g = r * part + i;
-            if (g < ln.lines)
-                mpiml_ll_store(mpiml_ll_region(c, r, ln.epoch) + me * part + i, ln.get(in, g), ln.flag);
-        }
-        const long long g = me * part + i;
-        if (g < ln.lines) {
-            const uint2 v = mpiml_ll_reduce_line<T, OP, true>(c, ln.epoch, ln.flag, i, ok, mine + i, part);
-            if (!ok) break;
-            if (me == root) mpiml_ll_put<A>(out, g, ln.nbytes, v);
-            else mpiml_ll_store(mpiml_ll_region(c, (int)root, ln.epoch) + nr * part + g, v, ln.flag);
-        }
-        if (me == root) {
-            for (int k = 1; k < nr && ok; ++k) {
-                const int r = (me + k) % nr;
-                const long long h = r * part + i;
-                if (h < ln.lines) {
-                    uint2 v;
-                    ok = mpiml_ll_load(c, mine + nr * part + h, ln.flag, v, r, ln.epoch);
-                    if (ok) mpiml_ll_put<A>(out, h, ln.nbytes, v);
-                }
-            }
-            if (!ok) break;
-        }
-    }
-    mpiml_end<false>(c, ln.epoch);
+    mpiml_ll_twoshot_reduce<T, OP, A>(c, in, out, n, (int)root);
 }
