@@ -113,7 +113,7 @@ def _lltwoshot_plan(op, nbytes, nranks, ll_slot):
     the LL region of one parity (``nranks`` slots of ``ll_slot`` bytes, 16-byte lines of
     8 payload bytes); the grid has one index per line of a part (the same on every rank)."""
     region = nranks * ll_slot // 16  # lines
-    parts = nranks - 1 if op == "bcast" else nranks
+    parts = max(1, nranks - 1) if op == "bcast" else nranks
     if op == "bcast":   # (nranks - 1) parts of the lines
         chunk = region // parts * parts
     else:               # nranks parts, each with its nranks copies and the receivers' gathered copy
@@ -588,7 +588,7 @@ class IPCTransport(Transport):
         self._check(op_name)
         self._last_op = op_name
         n = sendbuf.size
-        if n == 0:
+        if n == 0 or (op_name == "bcast" and self.size == 1):  # (the kernel cuts the lines among the non-roots)
             return DONE
         dtype, isz = sendbuf.dtype, sendbuf.dtype.itemsize
         rop = self._reduce_op(op, dtype) if op is not None else None
@@ -813,7 +813,7 @@ class IPCTransport(Transport):
         kernel = f"mpiml_{op}_{algo}"
         if algo == "lltwoshot":
             chunk, grid = _lltwoshot_plan(op, nb, self.size, self.ll_slot)
-            if nb > chunk:  # (several launches: the full path)
+            if nb > chunk or self.size == 1:  # (several launches, or a bcast among one rank: the full path)
                 return None
             block, mask = LL_THREADS, 7
         elif algo == "ll":
