@@ -49,8 +49,8 @@ def test_the_error_codes_the_kernels_write_are_the_hosts():
 
 @pytest.mark.parametrize("op", ["bcast", "reduce", "allreduce"])
 def test_the_two_shot_ll_chunks_keep_every_line_within_the_region(op):
-    """``ipc._lltwoshot_plan``: the largest line index a chunk's kernel writes (bcast: (nranks - 1) parts
-    of ``part`` lines; (all)reduce: 2 nranks parts) stays within one parity's LL slots, and the grid has
+    """``ipc._lltwoshot_plan``: the largest line index a chunk's kernel writes (bcast: every line at its own
+    index; (all)reduce: nranks parts of copies, then the lines) stays within one parity's LL slots, and the grid has
     one index per line of a part (at most LL_MAX_BLOCKS blocks)."""
     for nranks in range(2, 9):
         for slot in (512 << 10, 4 << 20, (3 << 20) + 16):
@@ -61,7 +61,7 @@ def test_the_two_shot_ll_chunks_keep_every_line_within_the_region(op):
                 lines = -(-min(nbytes, chunk) // 8)
                 parts = nranks - 1 if op == "bcast" else nranks
                 part = -(-lines // parts)
-                used = parts * part if op == "bcast" else 2 * nranks * part
+                used = lines if op == "bcast" else nranks * part + lines  # (the largest index written, + 1)
                 assert used <= region, (nranks, slot, nbytes, used, region)
                 _, grid = ipc._lltwoshot_plan(op, min(nbytes, chunk), nranks, slot)
                 assert grid == max(1, min(ipc.LL_MAX_BLOCKS, -(-part // ipc.LL_THREADS)))

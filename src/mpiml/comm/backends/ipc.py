@@ -28,8 +28,10 @@ Algorithms (``algorithm=`` with backend ``ipc``):
 ``lltwoshot``        two-shot in LL lines, no barrier (bcast: the root scatters
                      the lines to the other ranks, each forwards its part to the
                      rest; reduce / allreduce: reduce-scatter to every rank,
-                     then its reduced part to the root / every rank); up to the LL slots' region per call
-                     (``nranks * MPIML_IPC_LL_SLOT_BYTES`` of lines), in chunks above
+                     then its reduced part to the root / every rank); up to one
+                     parity's LL slots per launch (``nranks`` slots of
+                     ``MPIML_IPC_LL_SLOT_BYTES``, 1 MiB: at 4 ranks a 2 MiB
+                     bcast, a 1 MiB reduce), in chunks above
 ``pull``             readers copy from the root / every rank (bcast, allgather)
 ``push``             every rank writes its part into every peer's buffer, barrier,
                      each copies from its own memory (allgather)
@@ -114,8 +116,8 @@ def _lltwoshot_plan(op, nbytes, nranks, ll_slot):
     8 payload bytes); the grid has one index per line of a part (the same on every rank)."""
     region = nranks * ll_slot // 16  # lines
     parts = max(1, nranks - 1) if op == "bcast" else nranks
-    if op == "bcast":   # (nranks - 1) parts of the lines
-        chunk = region // parts * parts
+    if op == "bcast":   # every line at its own index
+        chunk = region
     else:               # nranks parts, each with its nranks copies and the receivers' gathered copy
         chunk = ll_slot // 32 * nranks
     chunk_bytes = 8 * chunk
@@ -279,9 +281,10 @@ class IPCTransport(Transport):
         self.cap = _env_bytes("MPIML_IPC_BYTES", 32 << 20) // _CHUNK_ALIGN * _CHUNK_ALIGN
         self.oneshot_max = _env_bytes("MPIML_IPC_ONESHOT_BYTES", 256 << 10)
         self.ll_max = _env_bytes("MPIML_IPC_LL_BYTES", 256 << 10) // 16 * 16
-        # one LL slot per source and parity: twice the LL kernels' payload (16-byte lines of 8 bytes); larger
-        # slots let the two-shot LL kernels (which see a parity's slots as one region) take larger calls whole
-        self.ll_slot = max(2 * self.ll_max, _env_bytes("MPIML_IPC_LL_SLOT_BYTES", 2 * self.ll_max) // 16 * 16)
+        # one LL slot per source and parity: at least twice the LL kernels' payload (16-byte lines of 8 bytes);
+        # the two-shot LL kernels see a parity's slots as one region: with 1 MiB slots (8 MiB a GPU at 4 ranks)
+        # a 2 MiB bcast or a 1 MiB reduce / allreduce is one launch there
+        self.ll_slot = max(2 * self.ll_max, _env_bytes("MPIML_IPC_LL_SLOT_BYTES", 1 << 20) // 16 * 16)
         # two-shot keeps the sources' copies and the reduced parts (2 n, rounded up to the parts) in a buffer
         self.twoshot_cap = (self.cap // 2 - 16 * (MAX_RANKS + 1)) // _CHUNK_ALIGN * _CHUNK_ALIGN
         # a pushed allgather keeps every rank's part (its packs) in each buffer

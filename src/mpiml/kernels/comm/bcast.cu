@@ -146,7 +146,7 @@ mpiml_allgather_push(const MpimlCtx* c, const T* in, T* out, long long n, long l
 // owner (which waits only for the root). Each link carries a line once from the root and
 // once from its owner to each other non-root, instead of the root pushing every line to
 // every rank (mpiml_bcast_ll): the root sends n bytes (twice that in lines), not
-// (nranks - 1) n. The host keeps (nranks - 1) * part lines within the region and
+// (nranks - 1) n. The host keeps the lines within the region (line g at index g) and
 // launches one grid index per line of a part. A counts 8-byte alignment.
 template <typename T, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
