@@ -191,8 +191,8 @@ def run_nccl_events():
     want = reduce_np(xs, "sum")
     for i, got in enumerate(outs[::37]):
         assert_close(got, want, f"nccl allreduce on a held stream, call {37 * i}", exact=True)
-    check(made <= 30, f"nccl: {made} events created for 300 calls on a held stream")
-    check(pending <= 30, f"nccl: {pending} watchdog entries for 300 calls on a held stream")
+    check(made <= 100, f"nccl: {made} events created for 300 calls on a held stream")
+    check(pending <= 100, f"nccl: {pending} watchdog entries for 300 calls on a held stream")
     if R == 0:
         print(f"nccl allreduce 1 MiB on a held stream: {host_us:.1f} us a call on the host, "
               f"{made} events made, {pending} entries", flush=True)
