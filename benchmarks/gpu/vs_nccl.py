@@ -12,8 +12,13 @@ For each op and size, every path runs on the *same* CuPy buffers, interleaved in
   ``comm.reduce_scatter(x, out=y)`` as a user calls them, at the **default settings**
   (``MPIML_CHECK`` unset: repeated calls deferred, see docs/comm.md);
 * ``auto0``: the same with ``MPIML_CHECK=0`` (no checking at all);
-* ``nccl``, ``ipc/ll``, ``ipc/oneshot``, ``ipc/twoshot``, ``ipc/pull``, ``ipc/push``: one
-  path forced with ``algorithm=`` (``MPIML_CHECK=0``).
+* ``nccl``, ``ipc/ll``, ``ipc/oneshot``, ``ipc/twoshot``, ``ipc/lltwoshot``, ``ipc/pull``,
+  ``ipc/push``: one path forced with ``algorithm=`` (``MPIML_CHECK=0``).
+
+``--first-calls``: what a call of a new shape costs on a fresh communicator (its device
+transports made inside the first call) and on a warm one, against its repeats and raw NCCL, for
+a reduce_scatter and an allreduce of int32 rows as the forest's levels make them (``--first-bytes``,
+78 MiB by default); in the JSON under ``first_calls``.
 
 Modes: ``eager`` (``iters`` back-to-back calls, one stream sync at the end,
 host-timed; per call; ``host_us`` is the time of the loop before the final
@@ -58,7 +63,10 @@ ap.add_argument("--max-bytes", type=int, default=256 << 20)
 ap.add_argument("--sizes", default=None, help="comma list of sizes in bytes (overrides min/max)")
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--link-GBps", type=float, default=450.0)
-ap.add_argument("--paths", default="raw,auto,auto0,nccl,ipc/ll,ipc/oneshot,ipc/twoshot,ipc/pull,ipc/push")
+ap.add_argument("--paths", default="raw,auto,auto0,nccl,ipc/ll,ipc/oneshot,ipc/twoshot,ipc/lltwoshot,ipc/pull,ipc/push")
+ap.add_argument("--first-calls", action="store_true", help="time first calls of new shapes (see above)")
+ap.add_argument("--first-bytes", type=int, default=78 << 20)
+ap.add_argument("--no-micro", action="store_true", help="skip the host-cost breakdown")
 args = ap.parse_args()
 
 os.environ.pop("MPIML_CHECK", None)  # set per path below (set_check)
@@ -116,6 +124,8 @@ def make_call(op, path, nbytes, x, y):
                                   or nbytes > (cap if op == "reduce_scatter" else 4 << 20)):
         return None
     if path == "ipc/twoshot" and (op not in ("allreduce", "bcast", "reduce") or nbytes < (64 << 10)):
+        return None
+    if path == "ipc/lltwoshot" and op not in ("allreduce", "bcast", "reduce"):
         return None
     if path == "ipc/pull" and op not in ("bcast", "allgather"):
         return None
@@ -273,6 +283,57 @@ for op in args.ops.split(","):
                       + (f"  ERR {errors}" if errors else ""), flush=True)
         del x, y
 
+# what a call of a new shape costs (the forest's levels: every level a new shape), the first one on a
+# communicator whose device transports do not exist yet, then on a warm one, against repeats and raw NCCL
+first_calls = {}
+
+
+def first_call_times(c, op, rows, width):
+    """{what: seconds} of ``op`` on ``c`` for int32 arrays of ``rows`` x ``width`` (rows a multiple of P)."""
+    x = cp.ones((rows, width), dtype=cp.int32)
+    out = {}
+
+    def timed(fn):
+        stream.synchronize()
+        c.barrier()
+        t0 = time.perf_counter()
+        fn()
+        stream.synchronize()
+        return agree(time.perf_counter() - t0)
+
+    call = (lambda: c.reduce_scatter(x)) if op == "reduce_scatter" else (lambda: c.allreduce(x))
+    out["first"] = timed(call)
+    out["second"] = timed(call)
+    out["repeat"] = statistics.median(timed(call) for _ in range(5))
+    n = x.size
+    y = cp.empty(n // P if op == "reduce_scatter" else n, dtype=cp.int32)
+    if op == "reduce_scatter":
+        rawf = lambda: raw.reduceScatter(x.data.ptr, y.data.ptr, n // P, nccl.NCCL_INT32, nccl.NCCL_SUM, stream.ptr)
+    else:
+        rawf = lambda: raw.allReduce(x.data.ptr, y.data.ptr, n, nccl.NCCL_INT32, nccl.NCCL_SUM, stream.ptr)
+    rawf()
+    out["raw_nccl"] = statistics.median(timed(rawf) for _ in range(5))
+    return out
+
+
+if args.first_calls and P > 1:
+    set_check("auto")
+    width = 4864
+    rows = max(P, args.first_bytes // (4 * width) // P * P)
+    for op in ("reduce_scatter", "allreduce"):
+        fresh = comm.split(0)  # a new communicator: its nccl / ipc transports are made at first use
+        t0 = time.perf_counter()
+        got = first_call_times(fresh, op, rows, width)
+        got["warm_new_shape"] = first_call_times(fresh, op, rows - P, width)["first"]
+        got["transports"] = sorted(fresh._device_transports)
+        got["bytes"] = rows * width * 4
+        first_calls[op] = got
+        fresh.close()
+        if R == 0:
+            print(f"first calls {op} {rows}x{width} int32: " + json.dumps(
+                {k: (round(v * 1e3, 3) if isinstance(v, float) else v) for k, v in got.items()}) + " (ms)",
+                flush=True)
+
 # host time per call, small messages: the enqueue loop of eager mode, and its parts
 micro = {}
 N = 500
@@ -292,88 +353,94 @@ def host_loop(fn, calls=N):
     return agree(t)
 
 
-for nbytes in (4, 65536):
-    x = cp.ones(max(1, nbytes // 4), dtype=cp.float32)
-    y = cp.empty_like(x)
-    for op in ("allreduce", "bcast", "reduce"):
-        for p in ("raw", "auto", "auto0"):
-            set_check(p)
-            micro[f"host_us {op} {p} {nbytes}B"] = host_loop(make_call(op, p, nbytes, x, y), 300) * 1e6
-# the default's checking against none, over long runs (the agreement round of MPIML_CHECK_EVERY = 1024
-# deferred calls included): per call, the median of 5 interleaved runs of 2048 calls each
-for op in ("allreduce", "reduce_scatter"):
-    for nbytes in (4 * P, 65536, 1 << 20):
-        x, y = buffers(op, nbytes)
-        per = {"auto": [], "auto0": []}
-        for _ in range(5):
-            for p in per:
+def host_costs():
+    """The ``micro`` entries (rank 0 prints them)."""
+    for nbytes in (4, 65536):
+        x = cp.ones(max(1, nbytes // 4), dtype=cp.float32)
+        y = cp.empty_like(x)
+        for op in ("allreduce", "bcast", "reduce"):
+            for p in ("raw", "auto", "auto0"):
                 set_check(p)
-                fn = make_call(op, p, nbytes, x, y)
-                t, _h = eager(fn, 2048)
-                per[p].append(agree(t))
-        a, b = statistics.median(per["auto"]), statistics.median(per["auto0"])
-        micro[f"check cost {op} {nbytes}B: default / MPIML_CHECK=0 over 2048-call runs"] = a / b
-        micro[f"us per call {op} {nbytes}B default, MPIML_CHECK=0"] = [a * 1e6, b * 1e6]
-set_check("auto")
-x = cp.ones(1, dtype=cp.float32)
-y = cp.empty_like(x)
-comm.allreduce(x, out=y)
-key = ("allreduce", type(x), x.dtype, x.shape, "sum", None)
-hot = comm._hot.get(key)
-micro["hot path in use for 4 B allreduce"] = hot is not None
-if hot is not None:
-    micro["host_us hot launcher alone (4 B allreduce)"] = host_loop(lambda: hot(x, y)) * 1e6
-micro["host_us comm.allreduce(x, out=y) (4 B)"] = host_loop(lambda: comm.allreduce(x, out=y)) * 1e6
-micro["host_us raw NCCL allReduce (4 B)"] = host_loop(
-    lambda: raw.allReduce(x.data.ptr, y.data.ptr, 1, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)) * 1e6
-noop = cp.RawKernel(r'extern "C" __global__ void mpiml_noop(float* a) {}', "mpiml_noop")
-micro["host_us cupy RawKernel launch"] = host_loop(lambda: noop((1,), (32,), (x,))) * 1e6
-from cupy_backends.cuda.api import driver  # noqa: E402
-from mpiml.comm._hotpath import ArgBlock, check_level  # noqa: E402
+                micro[f"host_us {op} {p} {nbytes}B"] = host_loop(make_call(op, p, nbytes, x, y), 300) * 1e6
+    # the default's checking against none, over long runs (the agreement round of MPIML_CHECK_EVERY = 1024
+    # deferred calls included): per call, the median of 5 interleaved runs of 2048 calls each
+    for op in ("allreduce", "reduce_scatter"):
+        for nbytes in (4 * P, 65536, 1 << 20):
+            x, y = buffers(op, nbytes)
+            per = {"auto": [], "auto0": []}
+            for _ in range(5):
+                for p in per:
+                    set_check(p)
+                    fn = make_call(op, p, nbytes, x, y)
+                    t, _h = eager(fn, 2048)
+                    per[p].append(agree(t))
+            a, b = statistics.median(per["auto"]), statistics.median(per["auto0"])
+            micro[f"check cost {op} {nbytes}B: default / MPIML_CHECK=0 over 2048-call runs"] = a / b
+            micro[f"us per call {op} {nbytes}B default, MPIML_CHECK=0"] = [a * 1e6, b * 1e6]
+    set_check("auto")
+    x = cp.ones(1, dtype=cp.float32)
+    y = cp.empty_like(x)
+    comm.allreduce(x, out=y)
+    key = ("allreduce", type(x), x.dtype, x.shape, "sum", None)
+    hot = comm._hot.get(key)
+    micro["hot path in use for 4 B allreduce"] = hot is not None
+    if hot is not None:
+        micro["host_us hot launcher alone (4 B allreduce)"] = host_loop(lambda: hot(x, y)) * 1e6
+    micro["host_us comm.allreduce(x, out=y) (4 B)"] = host_loop(lambda: comm.allreduce(x, out=y)) * 1e6
+    micro["host_us raw NCCL allReduce (4 B)"] = host_loop(
+        lambda: raw.allReduce(x.data.ptr, y.data.ptr, 1, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)) * 1e6
+    noop = cp.RawKernel(r'extern "C" __global__ void mpiml_noop(float* a) {}', "mpiml_noop")
+    micro["host_us cupy RawKernel launch"] = host_loop(lambda: noop((1,), (32,), (x,))) * 1e6
+    from cupy_backends.cuda.api import driver  # noqa: E402
+    from mpiml.comm._hotpath import ArgBlock, check_level  # noqa: E402
 
-fptr = int(noop.kernel.ptr)
-blk = ArgBlock(x.data.ptr, 0, 0)
-micro["host_us cupy driver.launchKernel (pre-packed)"] = host_loop(
-    lambda: driver.launchKernel(fptr, 1, 1, 1, 32, 1, 1, 0, stream.ptr, blk.argv_ptr, 0)) * 1e6
-try:
-    import ctypes
+    fptr = int(noop.kernel.ptr)
+    blk = ArgBlock(x.data.ptr, 0, 0)
+    micro["host_us cupy driver.launchKernel (pre-packed)"] = host_loop(
+        lambda: driver.launchKernel(fptr, 1, 1, 1, 32, 1, 1, 0, stream.ptr, blk.argv_ptr, 0)) * 1e6
+    try:
+        import ctypes
 
-    cuda = ctypes.CDLL("libcuda.so.1")
-    f = cuda.cuLaunchKernel
-    f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-    f.restype = ctypes.c_int
-    sp = stream.ptr
-    micro["host_us ctypes cuLaunchKernel (pre-packed)"] = host_loop(
-        lambda: f(fptr, 1, 1, 1, 32, 1, 1, 0, sp, blk.argv_ptr, None)) * 1e6
-except Exception as exc:
-    micro["ctypes_error"] = f"{type(exc).__name__}: {exc}"
-micro["host_us launch into a held stream (cupy driver.launchKernel)"] = host_cost(
-    lambda: driver.launchKernel(fptr, 1, 1, 1, 32, 1, 1, 0, stream.ptr, blk.argv_ptr, 0)) * 1e6
-micro["host_us stream.ptr of the current stream"] = host_loop(lambda: cp.cuda.get_current_stream().ptr) * 1e6
-micro["host_us hot-path check_level()"] = host_loop(check_level) * 1e6
-micro["host_us key tuple + dict lookup"] = host_loop(
-    lambda: comm._hot.get(("allreduce", type(x), x.dtype, x.shape, "sum", None))) * 1e6
-micro["host_us capture-status query (streamIsCapturing)"] = host_loop(
-    lambda: cp.cuda.runtime.streamIsCapturing(stream.ptr)) * 1e6
-# what NCCL costs the host as mpiml calls it, against raw NCCL (1 MiB: where an eager NCCL call through mpiml
-# was host-bound, 18.6 us against raw NCCL's 14.1 for bcast on 4 x H100), the stream held by a busy kernel
-for op in ("bcast", "reduce", "allreduce"):
-    x1, y1 = buffers(op, 1 << 20)
-    for p in ("raw", "nccl"):
-        set_check(p)
-        micro[f"host_us {op} {p} 1 MiB (stream held)"] = host_cost(make_call(op, p, 1 << 20, x1, y1)) * 1e6
-    key1 = (op, type(x1), x1.dtype, x1.shape, 0 if op == "bcast" else ("sum", 0) if op == "reduce" else "sum",
-            "nccl/native")
-    hot1 = comm._hot.get(key1)
-    micro[f"hot path in use for 1 MiB {op} nccl/native"] = hot1 is not None
-    if hot1 is not None:
-        micro[f"host_us hot launcher alone ({op} 1 MiB nccl/native, stream held)"] = host_cost(
-            lambda: hot1(x1, y1)) * 1e6
-set_check("auto")
-micro["gpu_us noop kernel in a graph (the floor of any kernel path)"] = agree(
-    graph(lambda: noop((1,), (32,), (x,)), 50)) * 1e6
-ev = cp.cuda.Event(disable_timing=True)
-micro["host_us event record (what the watchdog needs per NCCL call)"] = host_loop(lambda: ev.record(stream)) * 1e6
+        cuda = ctypes.CDLL("libcuda.so.1")
+        f = cuda.cuLaunchKernel
+        f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        f.restype = ctypes.c_int
+        sp = stream.ptr
+        micro["host_us ctypes cuLaunchKernel (pre-packed)"] = host_loop(
+            lambda: f(fptr, 1, 1, 1, 32, 1, 1, 0, sp, blk.argv_ptr, None)) * 1e6
+    except Exception as exc:
+        micro["ctypes_error"] = f"{type(exc).__name__}: {exc}"
+    micro["host_us launch into a held stream (cupy driver.launchKernel)"] = host_cost(
+        lambda: driver.launchKernel(fptr, 1, 1, 1, 32, 1, 1, 0, stream.ptr, blk.argv_ptr, 0)) * 1e6
+    micro["host_us stream.ptr of the current stream"] = host_loop(lambda: cp.cuda.get_current_stream().ptr) * 1e6
+    micro["host_us hot-path check_level()"] = host_loop(check_level) * 1e6
+    micro["host_us key tuple + dict lookup"] = host_loop(
+        lambda: comm._hot.get(("allreduce", type(x), x.dtype, x.shape, "sum", None))) * 1e6
+    micro["host_us capture-status query (streamIsCapturing)"] = host_loop(
+        lambda: cp.cuda.runtime.streamIsCapturing(stream.ptr)) * 1e6
+    # what NCCL costs the host as mpiml calls it, against raw NCCL (1 MiB: where an eager NCCL call through mpiml
+    # was host-bound, 18.6 us against raw NCCL's 14.1 for bcast on 4 x H100), the stream held by a busy kernel
+    for op in ("bcast", "reduce", "allreduce"):
+        x1, y1 = buffers(op, 1 << 20)
+        for p in ("raw", "nccl"):
+            set_check(p)
+            micro[f"host_us {op} {p} 1 MiB (stream held)"] = host_cost(make_call(op, p, 1 << 20, x1, y1)) * 1e6
+        key1 = (op, type(x1), x1.dtype, x1.shape, 0 if op == "bcast" else ("sum", 0) if op == "reduce" else "sum",
+                "nccl/native")
+        hot1 = comm._hot.get(key1)
+        micro[f"hot path in use for 1 MiB {op} nccl/native"] = hot1 is not None
+        if hot1 is not None:
+            micro[f"host_us hot launcher alone ({op} 1 MiB nccl/native, stream held)"] = host_cost(
+                lambda: hot1(x1, y1)) * 1e6
+    set_check("auto")
+    micro["gpu_us noop kernel in a graph (the floor of any kernel path)"] = agree(
+        graph(lambda: noop((1,), (32,), (x,)), 50)) * 1e6
+    ev = cp.cuda.Event(disable_timing=True)
+    micro["host_us event record (what the watchdog needs per NCCL call)"] = host_loop(lambda: ev.record(stream)) * 1e6
+
+
+if not args.no_micro:
+    host_costs()
 
 if R == 0:
     print("micro:", json.dumps(micro, indent=1), flush=True)
@@ -384,6 +451,8 @@ if R == 0:
            "ranks": P, "nccl_version": nccl.get_version(), "cupy": cp.__version__,
            "env": {k: v for k, v in os.environ.items() if k.startswith(("MPIML_", "NCCL_"))},
            "seconds_total": time.perf_counter() - t_start, "micro": micro, "rows": rows}
+    if first_calls:
+        doc["first_calls"] = first_calls
     with open(args.out, "w") as fh:
         json.dump(doc, fh, indent=1)
     print(f"wrote {args.out} ({len(rows)} rows, {time.perf_counter() - t_start:.0f} s)", flush=True)

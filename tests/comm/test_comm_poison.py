@@ -178,3 +178,61 @@ def test_ipc_transport_reports_and_aborts_its_helper_transports():
     assert t.poll_failure() is helper.failure
     t.abort("peer gone")
     assert helper.aborted == "peer gone" and t._broken == "peer gone"
+
+
+def test_nccl_calls_of_a_burst_share_one_event_and_a_stuck_call_still_times_out():
+    """NCCLTransport.track: one event per stream per millisecond of calls, none created while free ones
+    remain, recycled by the watchdog's look; the entry of a call that never completes still ages out."""
+    import threading
+
+    from mpiml.comm.backends.nccl import NCCLTransport
+
+    class Runtime:  # stands for cupy.cuda.runtime: events are ints, "recorded" maps an event to its stream
+        def __init__(self):
+            self.made, self.recorded, self.completed = 0, {}, set()
+
+        def eventCreateWithFlags(self, flags):
+            self.made += 1
+            return 100 + self.made
+
+        def eventRecord(self, ev, s):
+            self.recorded[ev] = s
+            self.completed.discard(ev)
+
+    class Cupy:
+        class cuda:
+            runtime = None
+
+    rt = Runtime()
+    Cupy.cuda.runtime = rt
+    t = object.__new__(NCCLTransport)  # no GPU here: only the tracking and the watchdog's look
+    t.rank, t.comm, t._broken, t._timeout = 0, None, None, 5.0
+    t._cupy, t._runtime, t._lock = Cupy, rt, threading.Lock()
+    t._inflight, t._free_events, t._coalesce = [], [rt.eventCreateWithFlags(2) for _ in range(2)], 1e-3
+
+    class Comm:
+        def check_async_error(self):
+            pass
+
+    t.comm = Comm()
+    import mpiml.comm.backends.nccl as nccl_mod
+
+    real_done = nccl_mod._event_done
+    nccl_mod._event_done = lambda cupy, ev: ev in rt.completed
+    try:
+        for _ in range(500):  # one burst on one stream: one entry, one event
+            t.track("bcast", 7)
+        assert len(t._inflight) == 1 and rt.made == 2
+        t.track("allreduce", 8)  # another stream: its own entry, from the free ones
+        assert len(t._inflight) == 2 and rt.made == 2
+        t._inflight[0][0] -= 1.0  # the first burst is old: a call on its stream starts a new entry
+        t.track("reduce", 7)
+        assert len(t._inflight) == 3 and rt.made == 3  # no free event left: one made
+        assert t.poll_failure() is None  # nothing completed, nothing late
+        rt.completed.update(e[1] for e in t._inflight[:2])
+        assert t.poll_failure() is None and len(t._inflight) == 1 and len(t._free_events) == 2
+        t._inflight[0][0] -= 10.0  # the remaining call never completes: older than MPIML_TIMEOUT
+        exc = t.poll_failure()
+        assert isinstance(exc, CommTimeoutError) and "reduce" in str(exc)
+    finally:
+        nccl_mod._event_done = real_done

@@ -138,3 +138,12 @@ def test_machine_key_names_the_gpu_and_its_links():
     assert key.startswith(name + ", ") and (key.endswith(" NVLinks") or key.endswith(", PCIe")), key
     if _gpus() > 1 and cupy.cuda.runtime.deviceCanAccessPeer(0, 1):
         print(key, machine_slug(key))
+
+
+@pytest.mark.parametrize("n", [2, 3])  # (4 ranks: in the comm part of scripts/device_pass.sh's runs)
+def test_two_shot_ll_bcast_reduce_and_nccl_events(mpi, n):
+    """ipc/lltwoshot bcast, reduce and allreduce (every dtype, root, chunking, the hot launcher, graphs) and the
+    NCCL watchdog's events on a held stream (a handful for a burst, not one a call)."""
+    _need(n)
+    proc = mpi(os.path.join(HERE, "gpu_variants.py"), n, timeout=300, env={"MPIML_TIMEOUT": "30"})
+    assert "OK" in proc.stdout

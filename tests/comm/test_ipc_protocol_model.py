@@ -42,6 +42,7 @@ class Workspace:
         self.flag = {(s, t): past + s if epoch else 0 for s in (0, 1) for t in range(nranks)}
         self.buf = [{}, {}]
         self.ll = [[(0, None, [0] * nranks)] * nranks for _ in (0, 1)]  # (flag, call, value)
+        self.llr = [{}, {}]  # the LL slots of a parity as one region of lines (lltwoshot): line -> (flag, call, value)
 
 
 class Model:
@@ -226,6 +227,68 @@ class Model:
                         got(tag, j, f"rank {src}'s reduced part")
                         res[src] = part
                 self.results[(me, j)] = [res[q] for q in range(P)]
+        elif algo == "lltwoshot":  # the lines are the P values of x; one grid index per line of a part, in order
+            L = P
+
+            def line(k, src):
+                yield ("wait", src, lambda: ws[me].llr[p].get(k, (0,))[0] == flag)
+                _, tag, v = ws[me].llr[p][k]
+                got(tag, j, f"line {k} from rank {src}")
+                return v
+
+            if op == "bcast":  # the root scatters nranks - 1 parts; each owner forwards its part to the rest
+                q = P - 1
+                part = -(-L // q)
+
+                def owner(jj):
+                    return (root + 1 + jj) % P
+
+                out = list(x)
+                jm = (me - root - 1) % P
+                for i in range(part):
+                    if me == root:
+                        for jj in range(q):
+                            if jj * part + i < L:
+                                ws[owner(jj)].llr[p][jj * part + i] = (flag, j, x[jj * part + i])
+                                yield ("step",)
+                        continue
+                    g = jm * part + i
+                    if g < L:
+                        out[g] = yield from line(g, root)
+                        for k in range(1, q):
+                            ws[owner((jm + k) % q)].llr[p][g] = (flag, j, out[g])
+                            yield ("step",)
+                    for k in range(1, q):
+                        jj = (jm + k) % q
+                        if jj * part + i < L:
+                            out[jj * part + i] = yield from line(jj * part + i, owner(jj))
+                self.results[(me, j)] = out
+            else:  # (all)reduce: reduce-scatter into every rank's region, then the reduced parts to the root's / all
+                part = -(-L // P)
+                res = [None] * L
+                for i in range(part):
+                    for k in range(1, P + 1):
+                        r = (me + k) % P
+                        if r * part + i < L:
+                            ws[r].llr[p][me * part + i] = (flag, j, x[r * part + i])
+                            yield ("step",)
+                    g = me * part + i
+                    if g < L:
+                        v = 0
+                        for src in range(P):
+                            v += yield from line(src * part + i, src)
+                        for d in range(P) if op == "allreduce" else [root]:
+                            if d != me:
+                                ws[d].llr[p][P * part + g] = (flag, j, v)
+                                yield ("step",)
+                        res[g] = v
+                    if me == root or op == "allreduce":
+                        for k in range(1, P):
+                            r = (me + k) % P
+                            if r * part + i < L:
+                                res[r * part + i] = yield from line(P * part + r * part + i, r)
+                if me == root or op == "allreduce":
+                    self.results[(me, j)] = res
         else:
             raise ValueError(algo)
         ws[me].epoch = E + 1
@@ -399,12 +462,12 @@ KINDS = [("allreduce", "ll"), ("allreduce", "oneshot"), ("allreduce", "twoshot")
          ("bcast", "pull"), ("reduce", "ll"), ("reduce", "twoshot")]
 
 
-def _programs(P, seed, calls=24, graphs=True):
+def _programs(P, seed, calls=24, graphs=True, kinds=KINDS):
     """The same collectives on every rank (SPMD), each rank on streams of its own choosing, graphs captured
     once and replayed between eager calls (their launches ordered by the caller), some host waits."""
     shared, streams = random.Random(seed), ["null", "A", "B", "extC"]
-    plan = [(*shared.choice(KINDS), shared.randrange(P)) for _ in range(calls)]
-    graph = [(*shared.choice(KINDS), shared.randrange(P)) for _ in range(3)]
+    plan = [(*shared.choice(kinds), shared.randrange(P)) for _ in range(calls)]
+    graph = [(*shared.choice(kinds), shared.randrange(P)) for _ in range(3)]
     replay_at = {i for i in range(calls) if shared.random() < 0.15} if graphs else set()
     sync_at = {i for i in range(calls) if shared.random() < 0.1}
     programs = []
@@ -443,6 +506,18 @@ def test_random_programs_with_the_stream_order_finish_with_the_right_data(P):
         calls = {j for (_, j) in model.epochs}
         for j in calls:
             assert len({model.epochs[(r, j)] for r in range(P)}) == 1, (seed, j)
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_the_two_shot_ll_kernels_among_the_others_finish_with_the_right_data(P):
+    """bcast / reduce / allreduce ``lltwoshot`` (no barrier: a bcast root waits for nobody, forwarders wait for the root,
+    a reduce's root for the reduced parts) between every other kind, on several streams and in graphs."""
+    kinds = KINDS + [("bcast", "lltwoshot"), ("reduce", "lltwoshot"), ("allreduce", "lltwoshot")] * 3
+    for seed in range(10):
+        model = Model(P, epoch=seed % 3, ordered=True, seed=seed)
+        stuck = model.run(_programs(P, seed, kinds=kinds))
+        assert stuck is None, (seed, stuck)
+        assert not model.errors, (seed, model.errors[:3])
 
 
 def test_random_programs_without_the_stream_order_fail_and_say_why():

@@ -2,7 +2,7 @@
 
 Every kernel named in ``mpiml.kernels.FAMILIES`` exists in its file under ``kernels/comm/``, and
 every kernel declares the block size the host launches it with as its launch bounds (512
-threads, barrier kernels MPIML_THREADS, LL kernels MPIML_LL_THREADS): one whose registers outgrow
+threads, barrier kernels MPIML_THREADS, LL kernels (``_ll``, ``_lltwoshot``) MPIML_LL_THREADS): one whose registers outgrow
 such a block fails to launch (with every peer's pack loaded at once, the one-byte types asked for
 254 registers before the bounds were declared).
 """
@@ -37,10 +37,31 @@ def test_every_kernel_exists_with_its_launch_bounds(family):
     assert set(names) <= set(kernels), sorted(set(names) - set(kernels))
     assert len(re.findall(r"__global__", text)) == len(kernels)
     for name, bound in kernels.items():
-        assert bound == ("MPIML_LL_THREADS" if name.endswith("_ll") else "MPIML_THREADS"), (name, bound)
+        ll = name.endswith(("_ll", "_lltwoshot"))
+        assert bound == ("MPIML_LL_THREADS" if ll else "MPIML_THREADS"), (name, bound)
 
 
 def test_the_error_codes_the_kernels_write_are_the_hosts():
     text = _text(COMMON)
     for name, value in (("TIMEOUT", ipc.ERR_TIMEOUT), ("ABORT", ipc.ERR_ABORT), ("OVERLAP", ipc.ERR_OVERLAP)):
         assert re.search(rf"#define MPIML_ERR_{name} {value}\b", text), name
+
+
+@pytest.mark.parametrize("op", ["bcast", "reduce", "allreduce"])
+def test_the_two_shot_ll_chunks_keep_every_line_within_the_region(op):
+    """``ipc._lltwoshot_plan``: the largest line index a chunk's kernel writes (bcast: every line at its own
+    index; (all)reduce: nranks parts of copies, then the lines) stays within one parity's LL slots, and the grid has
+    one index per line of a part (at most LL_MAX_BLOCKS blocks)."""
+    for nranks in range(2, 9):
+        for slot in (512 << 10, 4 << 20, (3 << 20) + 16):
+            region = nranks * slot // 16
+            for nbytes in (1, 8, 17, 4096, 1 << 20, 4 << 20, 9 << 20):
+                chunk, _ = ipc._lltwoshot_plan(op, nbytes, nranks, slot)
+                assert chunk % 8 == 0 and chunk > 0
+                lines = -(-min(nbytes, chunk) // 8)
+                parts = nranks - 1 if op == "bcast" else nranks
+                part = -(-lines // parts)
+                used = lines if op == "bcast" else nranks * part + lines  # (the largest index written, + 1)
+                assert used <= region, (nranks, slot, nbytes, used, region)
+                _, grid = ipc._lltwoshot_plan(op, min(nbytes, chunk), nranks, slot)
+                assert grid == max(1, min(ipc.LL_MAX_BLOCKS, -(-part // ipc.LL_THREADS)))

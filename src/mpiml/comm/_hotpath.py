@@ -31,7 +31,6 @@ latest).  ``MPIML_CHECK=0`` logs nothing.
 
 import ctypes
 import os
-import time
 import weakref
 
 from .. import _config
@@ -211,15 +210,13 @@ def nccl_issue(transport, op, x, arg):
     dt = transport._dt(x)
     n = x.size
     stream = cupy.cuda.get_current_stream
-    runtime = cupy.cuda.runtime
-    track = transport._timeout is not None
-    inflight, free = transport._inflight, transport._free_events
+    capturing = cupy.cuda.runtime.streamIsCapturing
+    tracked = transport._timeout is not None
+    track = transport.track  # (one event per burst of calls on a stream, see NCCLTransport.track)
 
     def done(s):
-        if track and not runtime.streamIsCapturing(s):
-            ev = free.pop() if free else runtime.eventCreateWithFlags(2)
-            runtime.eventRecord(ev, s)
-            inflight.append((time.monotonic(), ev, op))
+        if tracked and not capturing(s):
+            track(op, s)
 
     if op == "allreduce":
         red, call_ = transport._op(arg, x.dtype), nc.allReduce

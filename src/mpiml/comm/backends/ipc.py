@@ -25,6 +25,13 @@ Algorithms (``algorithm=`` with backend ``ipc``):
 ``twoshot``          reduce-scatter + all-gather, both pushed into the peers'
                      buffers, two barriers (allreduce); scatter + all-gather
                      (bcast); reduce-scatter + gather (reduce)
+``lltwoshot``        two-shot in LL lines, no barrier (bcast: the root scatters
+                     the lines to the other ranks, each forwards its part to the
+                     rest; reduce / allreduce: reduce-scatter to every rank,
+                     then its reduced part to the root / every rank); up to one
+                     parity's LL slots per launch (``nranks`` slots of
+                     ``MPIML_IPC_LL_SLOT_BYTES``, 1 MiB: at 4 ranks a 2 MiB
+                     bcast, a 1 MiB reduce), in chunks above
 ``pull``             readers copy from the root / every rank (bcast, allgather)
 ``push``             every rank writes its part into every peer's buffer, barrier,
                      each copies from its own memory (allgather)
@@ -84,7 +91,7 @@ PROBE_OFF = 64
 THREADS = 512
 LL_THREADS = 512  # (ipc_common.cuh's MPIML_LL_THREADS: the LL kernels' launch bounds)
 LL_MAX_BLOCKS = 264
-IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "pull", "push", "two_level")
+IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "lltwoshot", "pull", "push", "two_level")
 ERR_TIMEOUT, ERR_ABORT, ERR_OVERLAP = 1, 3, 4
 
 _CHUNK_ALIGN = 256
@@ -100,6 +107,22 @@ def _grid(units):
 
 def _ll_grid(nbytes):
     return max(1, min(LL_MAX_BLOCKS, -(-nbytes // (8 * LL_THREADS))))
+
+
+def _lltwoshot_plan(op, nbytes, nranks, ll_slot):
+    """``(chunk bytes, grid)`` of the two-shot LL kernels (``mpiml_bcast_lltwoshot``,
+    ``mpiml_reduce_lltwoshot``, ``mpiml_allreduce_lltwoshot``) for calls of ``nbytes``: a chunk keeps its lines within
+    the LL region of one parity (``nranks`` slots of ``ll_slot`` bytes, 16-byte lines of
+    8 payload bytes); the grid has one index per line of a part (the same on every rank)."""
+    region = nranks * ll_slot // 16  # lines
+    parts = max(1, nranks - 1) if op == "bcast" else nranks
+    if op == "bcast":   # every line at its own index
+        chunk = region
+    else:               # nranks parts, each with its nranks copies and the receivers' gathered copy
+        chunk = ll_slot // 32 * nranks
+    chunk_bytes = 8 * chunk
+    lines = -(-min(nbytes, chunk_bytes) // 8)
+    return chunk_bytes, max(1, min(LL_MAX_BLOCKS, -(-(-(-lines // parts)) // LL_THREADS)))
 
 
 def _displs(counts):
@@ -258,6 +281,10 @@ class IPCTransport(Transport):
         self.cap = _env_bytes("MPIML_IPC_BYTES", 32 << 20) // _CHUNK_ALIGN * _CHUNK_ALIGN
         self.oneshot_max = _env_bytes("MPIML_IPC_ONESHOT_BYTES", 256 << 10)
         self.ll_max = _env_bytes("MPIML_IPC_LL_BYTES", 256 << 10) // 16 * 16
+        # one LL slot per source and parity: at least twice the LL kernels' payload (16-byte lines of 8 bytes);
+        # the two-shot LL kernels see a parity's slots as one region: with 1 MiB slots (8 MiB a GPU at 4 ranks)
+        # a 2 MiB bcast or a 1 MiB reduce / allreduce is one launch there
+        self.ll_slot = max(2 * self.ll_max, _env_bytes("MPIML_IPC_LL_SLOT_BYTES", 1 << 20) // 16 * 16)
         # two-shot keeps the sources' copies and the reduced parts (2 n, rounded up to the parts) in a buffer
         self.twoshot_cap = (self.cap // 2 - 16 * (MAX_RANKS + 1)) // _CHUNK_ALIGN * _CHUNK_ALIGN
         # a pushed allgather keeps every rank's part (its packs) in each buffer
@@ -273,7 +300,7 @@ class IPCTransport(Transport):
         handle, err = None, None
         try:
             self._ll_off = DATA_OFF + 2 * self.cap
-            self._ll_slot = 2 * self.ll_max
+            self._ll_slot = self.ll_slot
             self._base = runtime.malloc(self._ll_off + 2 * self.size * self._ll_slot)
             runtime.memset(self._base, 0, DATA_OFF)
             runtime.memset(self._ll_off + self._base, 0, 2 * self.size * self._ll_slot)  # no stale flags
@@ -282,7 +309,17 @@ class IPCTransport(Transport):
         except Exception as exc:
             err = f"{type(exc).__name__}: {exc}"
         agree_or_raise(world, err, "ipc workspace")
-        handles = world.allgather_obj(handle)
+        # the kernels find a peer's buffers and slots at their own offsets: the layout must be the same everywhere
+        layout = (self.cap, self.ll_max, self.ll_slot)
+        shared = world.allgather_obj((handle, layout))
+        handles = [h for h, _ in shared]
+        if len({lay for _, lay in shared}) > 1:
+            runtime.free(self._base)
+            self._base = None
+            raise BackendUnavailableError(
+                "the ipc workspaces differ between ranks (MPIML_IPC_BYTES, MPIML_IPC_LL_BYTES, "
+                "MPIML_IPC_LL_SLOT_BYTES must be the same on every rank): "
+                + ", ".join(f"rank {r}: {lay}" for r, (_, lay) in enumerate(shared)))
         peers, err = [], None
         try:
             for r, h in enumerate(handles):
@@ -512,10 +549,12 @@ class IPCTransport(Transport):
         if algorithm == "twoshot":
             return self._elementwise("allreduce", "allreduce", "mpiml_allreduce_twoshot", sendbuf, recvbuf, op, 0,
                                      parts=self.size)
+        if algorithm == "lltwoshot":
+            return self._lltwoshot("allreduce", sendbuf, recvbuf, op, 0)
         if algorithm == "two_level":
             return self._two_level_allreduce(sendbuf, recvbuf, op)
         raise ValueError(f"algorithm {algorithm!r} does not apply to allreduce on the ipc backend "
-                         "(ll, oneshot, twoshot, two_level)")
+                         "(ll, oneshot, twoshot, lltwoshot, two_level)")
 
     def _auto_allreduce(self, nbytes):
         if nbytes <= self.ll_max:
@@ -531,6 +570,8 @@ class IPCTransport(Transport):
         if algorithm == "twoshot":
             return self._elementwise("reduce", "reduce", "mpiml_reduce_twoshot", sendbuf, out, op, int(root),
                                      parts=self.size)
+        if algorithm == "lltwoshot":
+            return self._lltwoshot("reduce", sendbuf, out, op, int(root))
         return self._elementwise("reduce", "reduce", "mpiml_reduce_oneshot", sendbuf, out, op, int(root))
 
     def native_bcast(self, buf, root, algorithm=None):
@@ -541,7 +582,29 @@ class IPCTransport(Transport):
         if algorithm == "twoshot":
             return self._elementwise("bcast", "bcast", "mpiml_bcast_twoshot", buf, buf, None, int(root),
                                      parts=self.size)
+        if algorithm == "lltwoshot":
+            return self._lltwoshot("bcast", buf, buf, None, int(root))
         return self._elementwise("bcast", "bcast", "mpiml_bcast_pull", buf, buf, None, int(root))
+
+    def _lltwoshot(self, op_name, sendbuf, recvbuf, op, root):
+        """The two-shot LL bcast, reduce or allreduce (see the kernels), in chunks of one LL region each."""
+        self._check(op_name)
+        self._last_op = op_name
+        n = sendbuf.size
+        if n == 0 or (op_name == "bcast" and self.size == 1):  # (the kernel cuts the lines among the non-roots)
+            return DONE
+        dtype, isz = sendbuf.dtype, sendbuf.dtype.itemsize
+        rop = self._reduce_op(op, dtype) if op is not None else None
+        sp = sendbuf.data.ptr
+        rp = recvbuf.data.ptr if recvbuf is not None and recvbuf.size else 0
+        chunk_bytes, _ = _lltwoshot_plan(op_name, n * isz, self.size, self.ll_slot)
+        for start, count in self._chunks(n, isz, chunk_bytes):
+            off = start * isz
+            aligned = not ((sp + off) & 7 or (rp + off if rp else 0) & 7)
+            fn = self._kernel(op_name, f"mpiml_{op_name}_lltwoshot", dtype, rop, aligned)
+            _, grid = _lltwoshot_plan(op_name, count * isz, self.size, self.ll_slot)
+            self._launch(fn, grid, sp + off, (rp + off) if rp else 0, count, root, LL_THREADS)
+        return self._done(op_name)
 
     def native_scan(self, sendbuf, recvbuf, op):
         if self.multi_node:
@@ -672,8 +735,8 @@ class IPCTransport(Transport):
     def irecv(self, buf, source, tag):
         return self._nccl().irecv(buf, source, tag)
 
-    _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot"), "reduce": ("ll", "oneshot", "twoshot"),
-                      "scan": ("oneshot",), "exscan": ("oneshot",), "bcast": ("ll", "pull", "twoshot"),
+    _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot", "lltwoshot"), "reduce": ("ll", "oneshot", "twoshot", "lltwoshot"),
+                      "scan": ("oneshot",), "exscan": ("oneshot",), "bcast": ("ll", "pull", "twoshot", "lltwoshot"),
                       "allgather": ("ll", "pull", "push"),
                       "reduce_scatter": ("ll", "oneshot")}
 
@@ -684,10 +747,11 @@ class IPCTransport(Transport):
 
     def run_algorithm(self, op, name, *args):
         """Run IPC algorithm ``name`` (see the module docstring) for collective ``op``."""
-        if op == "allreduce" and name in ("ll", "oneshot", "twoshot", "two_level"):
+        if op == "allreduce" and name in ("ll", "oneshot", "twoshot", "lltwoshot", "two_level"):
             return self.native_allreduce(*args, algorithm=name)
-        if (op, name) in (("reduce", "ll"), ("reduce", "oneshot"), ("reduce", "twoshot"), ("bcast", "ll"),
-                          ("bcast", "pull"), ("bcast", "twoshot"), ("allgather", "ll"), ("allgather", "pull"),
+        if (op, name) in (("reduce", "ll"), ("reduce", "oneshot"), ("reduce", "twoshot"), ("reduce", "lltwoshot"),
+                          ("bcast", "ll"), ("bcast", "pull"), ("bcast", "twoshot"), ("bcast", "lltwoshot"),
+                          ("allgather", "ll"), ("allgather", "pull"),
                           ("allgather", "push"),
                           ("reduce_scatter", "ll"), ("reduce_scatter", "oneshot")):
             return getattr(self, "native_" + op)(*args, algorithm=name)
@@ -701,8 +765,8 @@ class IPCTransport(Transport):
         """A launcher (see :mod:`mpiml.comm._hotpath`) repeating this call with one kernel, or None.
 
         For stream-ordered calls (``MPIML_DEVICE_SYNC=0``) that fit in one kernel
-        on one node: allreduce (ll, oneshot, twoshot), bcast (ll, pull, twoshot),
-        allgather (ll, pull, push), reduce (ll, oneshot, twoshot), reduce_scatter (ll, oneshot).  ``arg`` is the
+        on one node: allreduce (ll, oneshot, twoshot, lltwoshot), bcast (ll, pull, twoshot, lltwoshot),
+        allgather (ll, pull, push), reduce (ll, oneshot, twoshot, lltwoshot), reduce_scatter (ll, oneshot).  ``arg`` is the
         reduction, the root, ``(reduction, root)`` or ``(counts, reduction)``.
         Across nodes, the ops that go to NCCL take NCCL's launcher.
         """
@@ -720,18 +784,18 @@ class IPCTransport(Transport):
         if op == "allreduce":
             algo = self._auto_allreduce(nb) if name == "native" else name
             red, family, parts = arg, "allreduce", (self.size if algo == "twoshot" else 1)
-            if algo not in ("ll", "oneshot", "twoshot"):
+            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot"):
                 return None
         elif op in ("bcast", "allgather"):
             algo = ("ll" if ll_ok else "pull") if name == "native" else name
             family, parts = "bcast", (self.size if algo == "twoshot" else 1)
             root = int(arg) if op == "bcast" else 0
-            if algo not in (("ll", "pull", "twoshot") if op == "bcast" else ("ll", "pull", "push")):
+            if algo not in (("ll", "pull", "twoshot", "lltwoshot") if op == "bcast" else ("ll", "pull", "push")):
                 return None
         elif op == "reduce":
             algo = ("ll" if ll_ok else "oneshot") if name == "native" else name
             (red, root), family, parts = arg, "reduce", (self.size if algo == "twoshot" else 1)
-            if algo not in ("ll", "oneshot", "twoshot"):
+            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot"):
                 return None
         elif op == "reduce_scatter" and name in ("native", "ll", "oneshot"):
             counts, red = arg
@@ -750,7 +814,12 @@ class IPCTransport(Transport):
                 algo == "push" and nb > self.push_cap:
             return None
         kernel = f"mpiml_{op}_{algo}"
-        if algo == "ll":
+        if algo == "lltwoshot":
+            chunk, grid = _lltwoshot_plan(op, nb, self.size, self.ll_slot)
+            if nb > chunk or self.size == 1:  # (several launches, or a bcast among one rank: the full path)
+                return None
+            block, mask = LL_THREADS, 7
+        elif algo == "ll":
             grid, block, mask = _ll_grid(nb), LL_THREADS, 7
         else:
             grid, block, mask = _grid(-(-(-(-nb // 16)) // parts)), THREADS, 15

@@ -69,3 +69,12 @@ mpiml_allreduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long lon
     mpiml_ll_reduce_out<T, OP, A>(c, ln.epoch, ln.flag, out, ln.nbytes);
     mpiml_end<false>(c, ln.epoch);
 }
+
+// LL two-shot allreduce (no barrier): see mpiml_ll_twoshot_reduce (ipc_common.cuh); every
+// rank's reduced part goes to every rank. Each rank sends 2 (nranks - 1) / nranks of n
+// bytes (twice that in lines) instead of (nranks - 1) n (mpiml_allreduce_ll).
+template <typename T, int OP, bool A>
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_allreduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    mpiml_ll_twoshot_reduce<T, OP, A>(c, in, out, n, -1);
+}

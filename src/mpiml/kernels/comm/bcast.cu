@@ -134,3 +134,59 @@ mpiml_allgather_push(const MpimlCtx* c, const T* in, T* out, long long n, long l
     }
     mpiml_end(c, epoch);
 }
+
+// LL two-shot broadcast (no barrier): the lines are cut into nranks - 1 parts of `part`
+// lines, part j belonging to the non-root rank (root + 1 + j) % nranks. The root pushes
+// line j * part + i into its owner's LL region (mpiml_ll_region: this parity's slots as
+// one array, indexed by line number); the owner, as the line arrives, forwards it into
+// every other non-root's region and copies it out, then copies out line i of every other
+// part as it arrives from that part's owner. Line j * part + i is handled by grid index i
+// on every rank, and a rank takes its own part's line before the others', so a wait
+// depends only on the same grid index of the root (which never waits) and of the line's
+// owner (which waits only for the root). Each link carries a line once from the root and
+// once from its owner to each other non-root, instead of the root pushing every line to
+// every rank (mpiml_bcast_ll): the root sends n bytes (twice that in lines), not
+// (nranks - 1) n. The host keeps the lines within the region (line g at index g) and
+// launches one grid index per line of a part. A counts 8-byte alignment.
+template <typename T, bool A>
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_bcast_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    const int nr = (int)c->nranks, me = (int)c->rank, q = nr - 1;
+    const bool sends = me == root;
+    const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), sends);
+    const long long part = (ln.lines + q - 1) / q;
+    if (sends) {
+        MPIML_GRID_LOOP(i, part) {
+            for (int j = 0; j < q; ++j) {
+                const long long g = j * part + i;
+                if (g < ln.lines)
+                    mpiml_ll_store(mpiml_ll_region(c, ((int)root + 1 + j) % nr, ln.epoch) + g, ln.get(in, g), ln.flag);
+            }
+        }
+    } else {
+        const int jm = (me - (int)root - 1 + nr) % nr;  // this rank's part
+        const uint4* mine = mpiml_ll_region(c, me, ln.epoch);
+        bool ok = true;
+        MPIML_GRID_LOOP(i, part) {
+            const long long g = jm * part + i;
+            if (g < ln.lines) {
+                uint2 v;
+                if (!mpiml_ll_load(c, mine + g, ln.flag, v, (int)root, ln.epoch)) break;
+                for (int k = 1; k < q; ++k)  // to the other non-roots first: their stores cross the links
+                    mpiml_ll_store(mpiml_ll_region(c, ((int)root + 1 + (jm + k) % q) % nr, ln.epoch) + g, v, ln.flag);
+                mpiml_ll_put<A>(out, g, ln.nbytes, v);
+            }
+            for (int k = 1; k < q && ok; ++k) {
+                const int j = (jm + k) % q;
+                const long long h = j * part + i;
+                if (h < ln.lines) {
+                    uint2 v;
+                    ok = mpiml_ll_load(c, mine + h, ln.flag, v, ((int)root + 1 + j) % nr, ln.epoch);
+                    if (ok) mpiml_ll_put<A>(out, h, ln.nbytes, v);
+                }
+            }
+            if (!ok) break;
+        }
+    }
+    mpiml_end<false>(c, ln.epoch);
+}

@@ -240,6 +240,12 @@ __device__ __forceinline__ void mpiml_ll_store(uint4* p, uint2 v, unsigned flag)
                  :: "l"(p), "r"(v.x), "r"(flag), "r"(v.y), "r"(flag) : "memory");
 }
 
+// The LL slots of parity epoch % 2 of rank `owner` as one array of lines (nranks * ll_slot / 16
+// of them): the two-shot LL kernels index it by line number, not by source.
+__device__ __forceinline__ uint4* mpiml_ll_region(const MpimlCtx* c, int owner, unsigned epoch) {
+    return reinterpret_cast<uint4*>(c->peers[owner] + c->ll_off + (long long)(epoch & 1u) * c->nranks * c->ll_slot);
+}
+
 // Spin until line p carries `flag` in both halves; false on timeout / abort.
 __device__ __forceinline__ bool mpiml_ll_load(const MpimlCtx* c, const uint4* p, unsigned flag, uint2& v,
                                               int peer, unsigned epoch) {
@@ -530,11 +536,39 @@ __device__ __forceinline__ bool mpiml_ll_load_ranks(const MpimlCtx* c, unsigned 
     return true;
 }
 
+// Lines p[r * stride] for every rank r < nranks (rank r's copy of one line in this rank's
+// own region), in v[r], loaded at once as in mpiml_ll_load_ranks; false on a timeout or abort.
+__device__ __forceinline__ bool mpiml_ll_load_strided(const MpimlCtx* c, unsigned epoch, unsigned flag,
+                                                      const uint4* p, long long stride, uint2 (&v)[MPIML_MAX_RANKS]) {
+    const int nr = (int)c->nranks;
+    uint4 w[MPIML_MAX_RANKS];
+#pragma unroll
+    for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
+        if (r < nr) {
+            asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(w[r].x), "=r"(w[r].y), "=r"(w[r].z), "=r"(w[r].w) : "l"(p + r * stride) : "memory");
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
+        if (r < nr) {
+            if (w[r].y == flag && w[r].w == flag) {
+                v[r] = make_uint2(w[r].x, w[r].z);
+            } else if (!mpiml_ll_load(c, p + r * stride, flag, v[r], r, epoch)) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 // One LL line reduced over every rank's slot, in rank order 0..n-1 (bit-identical
-// everywhere); ok becomes false on a timeout or abort.
-template <typename T, int OP>
+// everywhere); ok becomes false on a timeout or abort. STRIDED: rank r's line is
+// p[r * stride] of this rank's region (the two-shot LL reduce) instead of line i of
+// slot [r].
+template <typename T, int OP, bool STRIDED = false>
 __device__ __forceinline__ uint2 mpiml_ll_reduce_line(const MpimlCtx* c, unsigned epoch, unsigned flag, long long i,
-                                                      bool& ok) {
+                                                      bool& ok, const uint4* p = nullptr, long long stride = 0) {
     typedef typename MpimlAcc<T>::type Acc;
     constexpr int L = 8 / sizeof(T);
     union Line { uint2 v; T e[L]; };
@@ -543,7 +577,7 @@ __device__ __forceinline__ uint2 mpiml_ll_reduce_line(const MpimlCtx* c, unsigne
     Line out;
     out.v = make_uint2(0u, 0u);
     uint2 got[MPIML_MAX_RANKS];
-    if (!mpiml_ll_load_ranks(c, epoch, flag, i, got)) {
+    if (!(STRIDED ? mpiml_ll_load_strided(c, epoch, flag, p, stride, got) : mpiml_ll_load_ranks(c, epoch, flag, i, got))) {
         ok = false;
         return out.v;
     }
@@ -659,4 +693,60 @@ __device__ __forceinline__ void mpiml_ll_reduce_out(const MpimlCtx* c, unsigned 
         if (!ok) break;
         mpiml_ll_put<A>(out, i, nbytes, v);
     }
+}
+
+// LL two-shot reduction (no barrier; the reduce and allreduce `lltwoshot` kernels): the
+// lines are cut into nranks parts of `part` lines. Every rank pushes line r * part + i of
+// its input into rank r's LL region (mpiml_ll_region) at [me * part + i]; rank r reduces
+// the nranks copies of its part's line i in rank order as they arrive (bit-identical to the
+// other kernels) and pushes the result into the region of every rank that receives
+// (root < 0: every rank; else the root) at [nranks * part + r * part + i], storing its own
+// to out if it receives; a receiving rank then copies the other parts' reduced lines out as
+// they arrive. Line i of every part is handled by grid index i on every rank, and every
+// wait depends only on the same grid index of ranks that pushed before they waited. The
+// host keeps 2 * nranks * part lines within the region and launches one grid index per
+// line of a part. A counts 8-byte alignment; a thread writes out[g] only after it read
+// in[g], and the lines of one index are all read before any is written (in == out is safe).
+template <typename T, int OP, bool A>
+__device__ __forceinline__ void mpiml_ll_twoshot_reduce(const MpimlCtx* c, const T* in, T* out, long long n,
+                                                        int root) {
+    const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    const bool receives = root < 0 || me == root;
+    const long long part = (ln.lines + nr - 1) / nr;
+    const uint4* mine = mpiml_ll_region(c, me, ln.epoch);
+    bool ok = true;
+    MPIML_GRID_LOOP(i, part) {
+        for (int k = 1; k <= nr; ++k) {  // own part last: the stores that cross the links go out first
+            const int r = (me + k) % nr;
+            const long long g = r * part + i;
+            if (g < ln.lines)
+                mpiml_ll_store(mpiml_ll_region(c, r, ln.epoch) + me * part + i, ln.get(in, g), ln.flag);
+        }
+        const long long g = me * part + i;
+        if (g < ln.lines) {
+            const uint2 v = mpiml_ll_reduce_line<T, OP, true>(c, ln.epoch, ln.flag, i, ok, mine + i, part);
+            if (!ok) break;
+            if (root < 0) {
+                for (int k = 1; k < nr; ++k)
+                    mpiml_ll_store(mpiml_ll_region(c, (me + k) % nr, ln.epoch) + nr * part + g, v, ln.flag);
+            } else if (me != root) {
+                mpiml_ll_store(mpiml_ll_region(c, root, ln.epoch) + nr * part + g, v, ln.flag);
+            }
+            if (receives) mpiml_ll_put<A>(out, g, ln.nbytes, v);
+        }
+        if (receives) {
+            for (int k = 1; k < nr && ok; ++k) {
+                const int r = (me + k) % nr;
+                const long long h = r * part + i;
+                if (h < ln.lines) {
+                    uint2 v;
+                    ok = mpiml_ll_load(c, mine + nr * part + h, ln.flag, v, r, ln.epoch);
+                    if (ok) mpiml_ll_put<A>(out, h, ln.nbytes, v);
+                }
+            }
+            if (!ok) break;
+        }
+    }
+    mpiml_end<false>(c, ln.epoch);
 }

@@ -129,3 +129,11 @@ mpiml_reduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long l
     }
     mpiml_end(c, epoch);
 }
+
+// LL two-shot reduce (no barrier): see mpiml_ll_twoshot_reduce (ipc_common.cuh); the
+// reduced parts go to the root alone.
+template <typename T, int OP, bool A>
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_reduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    mpiml_ll_twoshot_reduce<T, OP, A>(c, in, out, n, (int)root);
+}
