@@ -175,8 +175,12 @@ def _worker(args):
 
     mpiml.init(device="cpu")
     comm = get_comm()
-    out = {"ranks": comm.size, "threads_per_rank": thread_info().get("threads"), "seconds": {}, "values": {},
-           "cpu_seconds": {}}
+    info = thread_info()
+    # the settings a run was made under (an A/B run of the wait's spin or the k-NN strategy names its variable)
+    settings = {"wait_spin_ms": info.get("wait_spin_ms"),
+                **{v: os.environ[v] for v in ("MPIML_SPIN_US", "MPIML_KNN_STRATEGY") if os.environ.get(v)}}
+    out = {"ranks": comm.size, "threads_per_rank": info.get("threads"), "settings": settings, "seconds": {},
+           "values": {}, "cpu_seconds": {}}
 
     def sync(t=None):
         if t is None:

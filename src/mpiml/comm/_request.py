@@ -9,8 +9,9 @@ up every round of a collective that needs it (a binomial allreduce of 8 ranks
 has six rounds in a row), so the spin should outlast the usual skew between the
 ranks' arrivals.  Without ``MPIML_SPIN_US`` the spin is :func:`set_default_spin`'s,
 1 ms until :mod:`mpiml.utils._threads` sets 50 ms for a rank that has a core of
-its own (its other threads are idle while it waits, so spinning costs nobody).  Every wait honours ``MPIML_TIMEOUT`` and raises
-:class:`~mpiml.CommTimeoutError` naming the operation and the peer.
+its own (its other threads are idle while it waits, so spinning costs nobody).
+Every wait honours ``MPIML_TIMEOUT`` and raises :class:`~mpiml.CommTimeoutError`
+naming the operation and the peer.
 
 A *guard* (see :func:`set_guard`) is called between the tests of every wait of
 this thread while it is installed: the communicator installs one that watches

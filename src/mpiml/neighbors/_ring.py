@@ -54,8 +54,8 @@ from .._array import get_namespace, is_device_array
 from .._errors import CommTimeoutError
 from . import _sparse
 
-__all__ = ["EXCHANGES", "STRATEGIES", "choose_strategy", "choose_host_strategy", "ring_kneighbors", "ring_radius", "ring_visit",
-           "local_distances", "local_topk"]
+__all__ = ["EXCHANGES", "STRATEGIES", "choose_strategy", "choose_host_strategy", "ring_kneighbors", "ring_radius",
+           "ring_visit", "local_distances", "local_topk"]
 
 EXCHANGES = ("blocking", "overlap", "onesided")
 STRATEGIES = ("auto", "ring", "local")
