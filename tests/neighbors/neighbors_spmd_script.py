@@ -214,12 +214,33 @@ def check_strategy_choice():
     want = "local" if size > 1 else "ring"
     check(_ring.choose_strategy(q, x, 32, 10, 4) == want, "few queries -> local")
     check(_ring.choose_strategy(x, q, 32, 10, 4) == "ring", "many queries -> ring")
+    # CPU ranks: identical queries everywhere -> each rank its shard; distinct, spread evenly -> the ring;
+    # piled on one rank or few -> the local search
+    many = np.full(size, 1000)
+    check(_ring.choose_host_strategy(many, x, replicated=True) == ("replicated" if size > 1 else "ring"),
+          "replicated queries")
+    check(_ring.choose_host_strategy(many, x) == "ring", "even queries -> ring")
+    if size > 1:
+        check(_ring.choose_host_strategy(np.r_[4000, np.zeros(size - 1, int)], x) == "local", "piled -> local")
+        check(_ring.choose_host_strategy(q, x) == "local", "few -> local")
     _ring.STRATEGY = "auto"
-    X, Q, _ = data(4)
+    X, Q, y = data(4)
     d, i = NearestNeighbors(n_neighbors=6).fit(shard(X)).kneighbors(shard(Q))
     d_ref, i_ref, _ = (shard(a) for a in reference(X, Q, 6, "euclidean"))
     assert_close(d, d_ref, "auto distances", rtol=1e-9, atol=1e-9)
     assert_close(i, i_ref, "auto indices", exact=True)
+    # the same queries on every rank (the replicated search): every rank gets the whole answer
+    for metric in ("euclidean", "manhattan"):
+        d_all, i_all, _ = reference(X, Q, 6, metric)
+        for variant in ("auto", "local"):
+            _ring.STRATEGY = variant
+            d, i = NearestNeighbors(n_neighbors=6, metric=metric).fit(shard(X, True)).kneighbors(Q)
+            assert_close(d, d_all, f"replicated {metric} {variant} distances", rtol=1e-9, atol=1e-9)
+            assert_close(i, i_all, f"replicated {metric} {variant} indices", exact=True)
+    _ring.STRATEGY = "auto"
+    ref = sk.KNeighborsRegressor(n_neighbors=5, weights="distance", algorithm="brute").fit(X, X[:, 0] + y)
+    reg = KNeighborsRegressor(n_neighbors=5, weights="distance").fit(shard(X, True), shard(X[:, 0] + y, True))
+    assert_close(reg.predict(Q), ref.predict(Q), "replicated regression", rtol=1e-6)
 
 
 def main():

@@ -175,8 +175,12 @@ def _worker(args):
 
     mpiml.init(device="cpu")
     comm = get_comm()
-    out = {"ranks": comm.size, "threads_per_rank": thread_info().get("threads"), "seconds": {}, "values": {},
-           "cpu_seconds": {}}
+    info = thread_info()
+    # the settings a run was made under (an A/B run of the wait's spin or the k-NN strategy names its variable)
+    settings = {"wait_spin_ms": info.get("wait_spin_ms"),
+                **{v: os.environ[v] for v in ("MPIML_SPIN_US", "MPIML_KNN_STRATEGY") if os.environ.get(v)}}
+    out = {"ranks": comm.size, "threads_per_rank": info.get("threads"), "settings": settings, "seconds": {},
+           "values": {}, "cpu_seconds": {}}
 
     def sync(t=None):
         if t is None:
@@ -200,9 +204,16 @@ def _worker(args):
             with mpiml.profile() as prof:
                 _fit(est, name, X, y, Q, centres)
             summ = prof.summary()
-            out.setdefault("comm", {})[name] = {"calls": summ["calls"],
-                                                "seconds": round(comm.allreduce_obj(summ["total_seconds"], op="max"), 4),
+            # every rank's seconds in collectives: near equal means the collectives themselves cost that (their
+            # latency, the ranks' wake-ups), a small minimum means the others waited for the slowest rank (skew)
+            waits = comm.allgather_obj(round(summ["total_seconds"], 4))
+            out.setdefault("comm", {})[name] = {"calls": summ["calls"], "seconds": max(waits),
+                                                "seconds_min": min(waits),
                                                 "ops": {k: v["calls"] for k, v in summ["ops"].items()}}
+            if name == "kmeans" and getattr(est, "_iter_seconds", None):
+                it = np.asarray(est._iter_seconds)
+                out["comm"][name]["iteration_seconds"] = {"median": round(float(np.median(it)), 5),
+                                                          "max": round(float(it.max()), 5)}
         if comm.rank == 0:
             print(f"  mpiml {comm.size} rank(s): {_TITLES[name]} {seconds:.3f} s", flush=True)
     if comm.rank == 0:

@@ -2,11 +2,16 @@
 
 A :class:`Request` wraps a ``test()`` function that makes progress and reports
 completion.  Waiting polls it: a spin of up to ``MPIML_SPIN_US`` microseconds
-first (default 1000; each turn yields the core, so ranks that share cores still
-progress), then sleeps that back off to 200 us so a long wait does not burn a
-core.  MPI's nonblocking collectives only progress while they are polled, which
-is why the spin is long enough to cover a small collective end to end.  Every wait honours ``MPIML_TIMEOUT`` and raises
-:class:`~mpiml.CommTimeoutError` naming the operation and the peer.
+first (each turn yields the core, so ranks that share cores still progress),
+then sleeps that back off to 200 us so a long wait does not burn a core.  MPI's
+nonblocking collectives only progress while they are polled: a rank asleep holds
+up every round of a collective that needs it (a binomial allreduce of 8 ranks
+has six rounds in a row), so the spin should outlast the usual skew between the
+ranks' arrivals.  Without ``MPIML_SPIN_US`` the spin is :func:`set_default_spin`'s,
+1 ms until :mod:`mpiml.utils._threads` sets 50 ms for a rank that has a core of
+its own (its other threads are idle while it waits, so spinning costs nobody).
+Every wait honours ``MPIML_TIMEOUT`` and raises :class:`~mpiml.CommTimeoutError`
+naming the operation and the peer.
 
 A *guard* (see :func:`set_guard`) is called between the tests of every wait of
 this thread while it is installed: the communicator installs one that watches
@@ -22,15 +27,27 @@ import time
 from .. import _config
 from .._errors import CollectiveMismatchError, CommAbortedError, CommTimeoutError
 
-__all__ = ["Request", "CompletedRequest", "waitall", "poll_until", "set_guard"]
+__all__ = ["Request", "CompletedRequest", "waitall", "poll_until", "set_guard", "set_default_spin"]
 
 _MAX_SLEEP = 2e-4
 _SPIN = {}  # raw MPIML_SPIN_US -> seconds (read per wait: a dict hit, not a parse)
+_DEFAULT_SPIN = [1e-3]  # seconds, when MPIML_SPIN_US is unset (see set_default_spin)
 _local = threading.local()
+
+
+def set_default_spin(seconds):
+    """Spin ``seconds`` before sleeping in every wait while ``MPIML_SPIN_US`` is unset.
+
+    :func:`mpiml.utils._threads.limit_threads` sets 50 ms for a rank with at least one core of the
+    node to itself (cores // ranks on the node >= 1), and keeps 1 ms where ranks outnumber cores.
+    """
+    _DEFAULT_SPIN[0] = float(seconds)
 
 
 def _spin_seconds():
     raw = os.environ.get("MPIML_SPIN_US")
+    if not raw:
+        return _DEFAULT_SPIN[0]
     try:
         return _SPIN[raw]
     except KeyError:

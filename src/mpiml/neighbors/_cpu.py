@@ -29,7 +29,7 @@ import numpy as np
 from ..utils._jit import FASTMATH, numba
 from ..utils._threads import one_blas_thread
 
-__all__ = ["topk", "METRICS"]
+__all__ = ["topk", "merge_block", "new_lists", "finish", "carry_payload", "METRICS"]
 
 nb = numba()
 
@@ -75,10 +75,21 @@ def _pair(q, x, metric, p, qn, xn):
 
 
 @nb.njit(cache=True, fastmath=FASTMATH, inline="always")
+def _beats(dist, j, bd, bi, r, k):
+    """Whether ``(dist, j)`` belongs before the ``k``-th entry of row ``r`` in (distance, index) order."""
+    worst = bd[r, k - 1]
+    return dist < worst or (dist == worst and j < bi[r, k - 1])
+
+
+@nb.njit(cache=True, fastmath=FASTMATH, inline="always")
 def _insert(bd, bi, r, k, dist, j):
-    """Put ``(dist, j)`` into row ``r`` of the sorted lists, after every entry ``<= dist``."""
+    """Put ``(dist, j)`` into row ``r`` of the lists sorted by (distance, index).
+
+    The lists may hold entries of blocks met before (a ring's earlier visitors, of any
+    global index), so an equal distance goes after the entries of lower index only.
+    """
     pos = k - 1
-    while pos > 0 and bd[r, pos - 1] > dist:
+    while pos > 0 and (bd[r, pos - 1] > dist or (bd[r, pos - 1] == dist and bi[r, pos - 1] > j)):
         bd[r, pos] = bd[r, pos - 1]
         bi[r, pos] = bi[r, pos - 1]
         pos -= 1
@@ -87,15 +98,16 @@ def _insert(bd, bi, r, k, dist, j):
 
 
 @nb.njit(cache=True, parallel=True, fastmath=FASTMATH)
-def _topk_kernel(Q, X, k, metric, p, qnorm, xnorm, out_d, out_i):
+def _topk_kernel(Q, X, offset, k, metric, p, qnorm, xnorm, bd_all, bi_all):
+    """Merge the rows of ``X`` (global indices ``offset + j``) into the running lists ``bd_all``, ``bi_all``."""
     nq = Q.shape[0]
     m = X.shape[0]
     nblocks = (nq + _QUERY_BLOCK - 1) // _QUERY_BLOCK
     for b in nb.prange(nblocks):
         q0 = b * _QUERY_BLOCK
         q1 = min(nq, q0 + _QUERY_BLOCK)
-        bd = np.full((q1 - q0, k), np.inf)
-        bi = np.zeros((q1 - q0, k), dtype=np.int64)
+        bd = bd_all[q0:q1]
+        bi = bi_all[q0:q1]
         for x0 in range(0, m, _INDEX_BLOCK):
             x1 = min(m, x0 + _INDEX_BLOCK)
             for qi in range(q0, q1):
@@ -105,18 +117,9 @@ def _topk_kernel(Q, X, k, metric, p, qnorm, xnorm, out_d, out_i):
                 qn = qnorm[qi]
                 for j in range(x0, x1):
                     dist = _pair(q, X[j], metric, p, qn, xnorm[j])
-                    if dist < worst:
-                        _insert(bd, bi, r, k, dist, j)
+                    if dist <= worst and _beats(dist, offset + j, bd, bi, r, k):
+                        _insert(bd, bi, r, k, dist, offset + j)
                         worst = bd[r, k - 1]
-        for r in range(q1 - q0):
-            for c in range(k):
-                v = bd[r, c]
-                if metric == 0:
-                    v = np.sqrt(v)
-                elif metric == 5:
-                    v = v ** (1.0 / p)
-                out_d[q0 + r, c] = v
-                out_i[q0 + r, c] = bi[r, c]
 
 
 @nb.njit(cache=True, inline="always")
@@ -135,7 +138,7 @@ def _bar(metric, a, worst, rel):
 
 
 @nb.njit(cache=True, nogil=True, fastmath=FASTMATH)
-def _select_tile(G, Q, X, x0, metric, qn, xn, screen, rel, bd, bi):
+def _select_tile(G, Q, X, x0, offset, metric, qn, xn, screen, rel, bd, bi):
     """Merge one tile of GEMM products ``G = Q @ X[x0:x0 + G.shape[1]].T`` into the running lists.
 
     ``G`` only screens: a column is looked at exactly (by :func:`_pair`, from differences)
@@ -169,14 +172,14 @@ def _select_tile(G, Q, X, x0, metric, qn, xn, screen, rel, bd, bi):
                     hit = screen[j] - 2.0 * g <= bar
                 if hit:
                     dist = _pair(q, X[j], metric, 2.0, a, xn[j])
-                    if dist < worst:
-                        _insert(bd, bi, r, k, dist, j)
+                    if dist <= worst and _beats(dist, offset + j, bd, bi, r, k):
+                        _insert(bd, bi, r, k, dist, offset + j)
                         worst = bd[r, k - 1]
                         bar = _bar(metric, a, worst, rel)
 
 
 @nb.njit(cache=True, parallel=True, nogil=True, fastmath=FASTMATH)
-def _screened_blocks(Q, X, k, metric, qn, xn, screen, rel, qstep, xstep, out_d, out_i):
+def _screened_blocks(Q, X, offset, k, metric, qn, xn, screen, rel, qstep, xstep, bd_all, bi_all):
     """Query blocks in parallel; per block, tiles of the index: the tile's GEMM (one BLAS thread: the
     threads of this rank run blocks side by side) then :func:`_select_tile` while the tile is in cache."""
     nq = Q.shape[0]
@@ -185,16 +188,12 @@ def _screened_blocks(Q, X, k, metric, qn, xn, screen, rel, qstep, xstep, out_d, 
         q0 = b * qstep
         q1 = min(nq, q0 + qstep)
         Qb = Q[q0:q1]
-        bd = np.full((q1 - q0, k), np.inf)
-        bi = np.zeros((q1 - q0, k), dtype=np.int64)
+        bd = bd_all[q0:q1]
+        bi = bi_all[q0:q1]
         for x0 in range(0, m, xstep):
             x1 = min(m, x0 + xstep)
             G = np.dot(Qb, X[x0:x1].T)
-            _select_tile(G, Qb, X, x0, metric, qn[q0:q1], xn, screen, rel, bd, bi)
-        for r in range(q1 - q0):
-            for c in range(k):
-                out_d[q0 + r, c] = np.sqrt(bd[r, c]) if metric == 0 else bd[r, c]
-                out_i[q0 + r, c] = bi[r, c]
+            _select_tile(G, Qb, X, x0, offset, metric, qn[q0:q1], xn, screen, rel, bd, bi)
 
 
 #: Entries of one GEMM tile (queries x index rows): written by BLAS and read once by the
@@ -203,9 +202,9 @@ _TILE = 1 << 18
 _TILE_QUERIES = 256
 
 
-def _topk_screened(Q, X, k, metric, out_d, out_i):
+def _topk_screened(Q, X, offset, k, metric, bd, bi):
     """Euclidean, squared euclidean and cosine: tiles of ``Q @ X.T`` by BLAS screen the
-    candidates, which :func:`_select_tile` then measures exactly."""
+    candidates, which :func:`_select_tile` then measures exactly into the running lists."""
     nq, d = Q.shape
     m = X.shape[0]
     qn, xn = _norms(Q, "cosine"), _norms(X, "cosine")
@@ -220,7 +219,7 @@ def _topk_screened(Q, X, k, metric, out_d, out_i):
     qstep = int(min(_TILE_QUERIES, max(16, -(-nq // (4 * nb.get_num_threads())))))
     xstep = int(min(8192, max(_INDEX_BLOCK, _TILE // qstep)))
     with one_blas_thread():
-        _screened_blocks(Q, X, k, METRICS[metric], qn, xn, screen, rel, qstep, xstep, out_d, out_i)
+        _screened_blocks(Q, X, offset, k, METRICS[metric], qn, xn, screen, rel, qstep, xstep, bd, bi)
 
 
 def _unit(A, norms):
@@ -232,6 +231,74 @@ def _norms(A, metric):
         return np.zeros(A.shape[0])
     A64 = A.astype(np.float64, copy=False)
     return np.sqrt(np.einsum("ij,ij->i", A64, A64))
+
+
+def new_lists(n_queries, k):
+    """Empty running lists for :func:`merge_block`: ``(compared values float64, global indices int64)``,
+    every slot ``(inf, int64 max)``."""
+    return np.full((n_queries, k), np.inf), np.full((n_queries, k), np.iinfo(np.int64).max, dtype=np.int64)
+
+
+def merge_block(Q, X, offset, bd, bi, metric="euclidean", p=None):
+    """Merge the rows of ``X`` (global indices ``offset``, ``offset + 1``, ...) into the running lists.
+
+    ``bd`` (float64) and ``bi`` (int64), of shape ``(n_queries, k)``, hold the compared values
+    (squared euclidean for ``"euclidean"``, ``sum |q - x|^p`` for minkowski: see :func:`finish`)
+    and global indices, sorted by (value, index); they are updated in place.  Blocks may come
+    in any order: the result is the ``k`` smallest by (value, index) of every row met.
+    """
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r} (known: {sorted(METRICS)})")
+    k = bd.shape[1]
+    if not Q.shape[0] or not X.shape[0] or not k:
+        return bd, bi
+    Q = np.ascontiguousarray(Q)
+    X = np.ascontiguousarray(X, dtype=Q.dtype)
+    if metric in ("euclidean", "sqeuclidean", "cosine"):
+        _topk_screened(Q, X, int(offset), int(k), metric, bd, bi)
+    else:
+        power = float(p) if metric == "minkowski" else 2.0
+        _topk_kernel(Q, X, int(offset), int(k), METRICS[metric], power, _norms(Q, metric), _norms(X, metric), bd, bi)
+    return bd, bi
+
+
+@nb.njit(cache=True, nogil=True)
+def _carry(before, pay, after, offset, Y, out):
+    n, k = after.shape
+    m = Y.shape[0]
+    t = Y.shape[1]
+    for r in range(n):
+        ptr = 0  # the entries kept from ``before`` are in the same order in ``after``
+        for c in range(k):
+            g = after[r, c]
+            if offset <= g < offset + m:
+                for f in range(t):
+                    out[r, c, f] = Y[g - offset, f]
+                continue
+            while ptr < k and before[r, ptr] != g:
+                ptr += 1
+            if ptr < k:
+                for f in range(t):
+                    out[r, c, f] = pay[r, ptr, f]
+                ptr += 1
+
+
+def carry_payload(before, pay, after, offset, Y):
+    """The payload ``(n, k, t)`` of the lists ``after`` a :func:`merge_block` of ``Y``'s rows at ``offset``:
+    a row's own for the entries of the block, the one it had in ``before`` (with ``pay``) for the others."""
+    out = np.zeros_like(pay)
+    _carry(before, pay, after, int(offset), np.ascontiguousarray(Y, dtype=np.float64), out)
+    return out
+
+
+def finish(bd, metric, p=None, dtype=np.float64):
+    """The distances of running lists' compared values: the square root (euclidean), the ``p``-th
+    root (minkowski), in ``dtype``."""
+    if metric == "euclidean":
+        return np.sqrt(bd).astype(dtype, copy=False)
+    if metric == "minkowski":
+        return (bd ** (1.0 / float(p))).astype(dtype, copy=False)
+    return bd.astype(dtype, copy=False)
 
 
 def topk(Q, X, k, metric="euclidean", p=None):
@@ -259,13 +326,5 @@ def topk(Q, X, k, metric="euclidean", p=None):
     m = X.shape[0]
     if not 1 <= k <= m:
         raise ValueError(f"k must be in [1, {m}] (the index rows), got {k}")
-    Q = np.ascontiguousarray(Q)
-    X = np.ascontiguousarray(X, dtype=Q.dtype)
-    out_d = np.empty((Q.shape[0], k), dtype=Q.dtype)
-    out_i = np.empty((Q.shape[0], k), dtype=np.int64)
-    if Q.shape[0] and metric in ("euclidean", "sqeuclidean", "cosine"):
-        _topk_screened(Q, X, int(k), metric, out_d, out_i)
-    elif Q.shape[0]:
-        power = float(p) if metric == "minkowski" else 2.0
-        _topk_kernel(Q, X, int(k), METRICS[metric], power, _norms(Q, metric), _norms(X, metric), out_d, out_i)
-    return out_d, out_i
+    bd, bi = merge_block(Q, X, 0, *new_lists(Q.shape[0], int(k)), metric, p)
+    return finish(bd, metric, p, np.asarray(Q).dtype), bi

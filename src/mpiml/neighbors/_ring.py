@@ -28,13 +28,23 @@ results (the arithmetic per block and the merge order do not depend on it):
 When the queries are few relative to the index, :func:`ring_kneighbors` may instead gather
 every rank's queries, search the local shard for all of them and send the candidate lists
 back to their owners (``strategy="local"``, chosen by :func:`choose_strategy`): far fewer
-bytes than ringing the index, the same result.
+bytes than ringing the index, the same result.  When every rank passes the *same* queries
+(``"replicated"``, found by one agreement on a digest of the queries), each rank searches
+its own shard for them and the ranks exchange their candidate lists (one allgather): the
+ring or the local search would each search every query ``p`` times.  On CPU ranks
+(:func:`choose_host_strategy`) distinct queries take the ring unless they are too few or too
+unevenly spread over the ranks: the two searches cost the same pairs per rank when the
+queries are spread evenly, and the ring keeps one running list per query (the compiled
+kernel merges every block into it, :func:`mpiml.neighbors._cpu.merge_block`), so its
+thresholds stay tight and no ``p``-way merge follows.
 
 Merging: the running top-k and the block's top-k are concatenated and ordered by
 (distance, global index) with two stable sorts, so exact ties go to the lower global
 index, like scikit-learn's brute force.
 """
 
+import hashlib
+import os
 import time
 
 import numpy as np
@@ -44,13 +54,21 @@ from .._array import get_namespace, is_device_array
 from .._errors import CommTimeoutError
 from . import _sparse
 
-__all__ = ["EXCHANGES", "STRATEGIES", "choose_strategy", "ring_kneighbors", "ring_radius", "ring_visit",
-           "local_distances", "local_topk"]
+__all__ = ["EXCHANGES", "STRATEGIES", "choose_strategy", "choose_host_strategy", "ring_kneighbors", "ring_radius",
+           "ring_visit", "local_distances", "local_topk"]
 
 EXCHANGES = ("blocking", "overlap", "onesided")
 STRATEGIES = ("auto", "ring", "local")
-#: Default search strategy of :func:`ring_kneighbors` (tests and benchmarks may pin it).
+#: Default search strategy of :func:`ring_kneighbors` (tests and benchmarks may pin it; so may
+#: ``MPIML_KNN_STRATEGY``).  ``"auto"`` also finds replicated queries (see the module notes).
 STRATEGY = "auto"
+#: CPU ranks: the ring only when the busiest rank has at least this many queries.  A step's search
+#: (queries x block rows x 2d flops, at ~10^11 flop/s a rank) then outlasts its block's transfer
+#: (block rows x 8d bytes at a few GB/s), so the overlapped exchange hides the transfer.
+_HOST_RING_MIN_QUERIES = 128
+#: CPU ranks: the ring while its busiest rank's pairs are at most this many times the local search's
+#: (whose per-query extras, p fresh lists and a p-way merge, the ring does not pay).
+_HOST_RING_SLACK = 1.25
 _TAG_X = 0x4E4E  # tags _TAG_X .. _TAG_X + 3: rows (or CSR data, indices, indptr), targets
 _SLOTS = 3
 #: Rows of queries per distance block on the host (bounds the (rows, m) temporary).
@@ -266,6 +284,89 @@ def choose_strategy(query_counts, index_counts, d, k, itemsize, t=0):
     return "local" if local < ring else "ring"
 
 
+def choose_host_strategy(query_counts, index_counts, replicated=False):
+    """``"replicated"``, ``"ring"`` or ``"local"`` for CPU ranks (replicated inputs: the same on every rank).
+
+    Identical queries on every rank: ``"replicated"`` (each rank its shard, then the lists: the
+    fewest pairs).  Distinct queries: the ring's busiest rank searches ``max(q) x N`` pairs, the
+    local search's busiest ``Q x max(n)``; equal when queries and index are spread evenly, and then
+    the ring wins by its one running list per query.  Queries piled on a few ranks (a ring step
+    waits for its busiest rank) or too few to hide a block's transfer take the local search.
+    """
+    if len(index_counts) == 1:
+        return "ring"
+    if replicated:
+        return "replicated"
+    q_max, q_total = int(np.max(query_counts)), int(np.sum(query_counts))
+    ring_pairs = q_max * int(np.sum(index_counts))
+    local_pairs = q_total * int(np.max(index_counts))
+    if q_max >= _HOST_RING_MIN_QUERIES and ring_pairs <= _HOST_RING_SLACK * local_pairs:
+        return "ring"
+    return "local"
+
+
+def _strategy():
+    name = os.environ.get("MPIML_KNN_STRATEGY") or STRATEGY
+    if name not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {name!r} (MPIML_KNN_STRATEGY or STRATEGY)")
+    return name
+
+
+def _digest(Q):
+    """Two int64 words of a digest of dense host rows (shape and values), zeros when there are none."""
+    if not Q.shape[0]:
+        return [0, 0]
+    h = hashlib.blake2b(np.ascontiguousarray(Q).data, digest_size=16)
+    h.update(np.array(Q.shape + (Q.dtype.num,), dtype=np.int64).tobytes())
+    return np.frombuffer(h.digest(), dtype=np.int64).tolist()
+
+
+def _host_agreement(Q, comm):
+    """``(query counts, replicated, any sparse queries)`` of every rank: one allgather of four words."""
+    sparse = _sparse.is_sparse(Q)
+    row = np.array([Q.shape[0], int(sparse)] + ([0, 0] if sparse else _digest(Q)), dtype=np.int64)
+    facts = np.asarray(comm.allgather(row)).reshape(comm.size, 4)
+    qcounts = facts[:, 0].copy()
+    replicated = bool(qcounts[0] > 0 and not facts[:, 1].any() and (facts == facts[0]).all())
+    return qcounts, replicated, bool(facts[:, 1].any())
+
+
+def _host_kernel(Q, X, metric, xp):
+    """The compiled module (:mod:`mpiml.neighbors._cpu`) when it serves this search, else None."""
+    if xp is not np or not isinstance(metric, str) or _sparse.is_sparse(Q) or _sparse.is_sparse(X):
+        return None
+    if _cpu_topk() is None:
+        return None
+    from . import _cpu
+
+    return _cpu if metric in _cpu.METRICS else None
+
+
+def _host_merge(cpu, Q, block, metric, p, state):
+    """Merge ``block`` into the running ``(compared values, global indices, payload)`` of ``Q``."""
+    bd, bi, pay = state
+    m = block.X.shape[0]
+    if not m or not Q.shape[0]:
+        return state
+    before = bi.copy() if pay is not None else None
+    cpu.merge_block(Q, block.X, block.offset, bd, bi, metric, p)
+    if pay is not None:
+        pay = cpu.carry_payload(before, pay, bi, block.offset, block.Y)
+    return bd, bi, pay
+
+
+def _host_lists(Q, k, t):
+    from . import _cpu
+
+    bd, bi = _cpu.new_lists(Q.shape[0], k)
+    return bd, bi, None if t is None else np.zeros((Q.shape[0], k, t))
+
+
+def _host_finish(cpu, state, metric, p, dtype):
+    bd, bi, pay = state
+    return cpu.finish(bd, metric, p, dtype), bi, pay
+
+
 def ring_kneighbors(Q, X, Y, k, *, metric, comm, offsets, counts, exchange, xp, p=None, strategy=None):
     """The global ``k`` nearest neighbours of this rank's queries ``Q`` over every rank's ``X``.
 
@@ -284,49 +385,112 @@ def ring_kneighbors(Q, X, Y, k, *, metric, comm, offsets, counts, exchange, xp, 
     -------
     dist (n_queries, k), global indices (n_queries, k) int64, payload (n_queries, k, t) or None.
     """
-    strategy = STRATEGY if strategy is None else strategy
+    strategy = _strategy() if strategy is None else strategy
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-    if comm.size > 1 and strategy != "ring" and not (_sparse.is_sparse(Q) or _sparse.is_sparse(X)):
-        from ..utils._validation import row_counts
+    t = None if Y is None else Y.shape[1]
+    cpu = _host_kernel(Q, X, metric, xp)
+    if comm.size > 1 and strategy != "ring" and not _sparse.is_sparse(X):
+        if xp is np:  # CPU ranks: one agreement (every rank, whatever the kind of its queries)
+            qcounts, replicated, any_sparse = _host_agreement(Q, comm)
+            if not any_sparse:
+                if strategy == "auto":
+                    strategy = choose_host_strategy(qcounts, counts, replicated)
+                elif replicated:  # pinned "local": the same answer, each query searched once
+                    strategy = "replicated"
+                if strategy == "replicated":
+                    return _replicated_kneighbors(Q, X, Y, k, metric=metric, p=p, comm=comm, offsets=offsets,
+                                                  xp=xp, cpu=cpu)
+                if strategy == "local":
+                    return _local_kneighbors(Q, X, Y, k, metric=metric, p=p, comm=comm, offsets=offsets,
+                                             qcounts=qcounts, xp=xp, cpu=cpu)
+        elif not _sparse.is_sparse(Q):
+            from ..utils._validation import row_counts
 
-        qcounts = row_counts(Q.shape[0], comm)
-        if strategy == "local" or choose_strategy(qcounts, counts, X.shape[1], k, X.dtype.itemsize,
-                                                  0 if Y is None else Y.shape[1]) == "local":
-            return _local_kneighbors(Q, X, Y, k, metric=metric, p=p, comm=comm, offsets=offsets, qcounts=qcounts,
-                                     xp=xp)
-    state = [(None, None, None)]
+            qcounts = row_counts(Q.shape[0], comm)
+            if strategy == "local" or choose_strategy(qcounts, counts, X.shape[1], k, X.dtype.itemsize,
+                                                      0 if t is None else t) == "local":
+                return _local_kneighbors(Q, X, Y, k, metric=metric, p=p, comm=comm, offsets=offsets,
+                                         qcounts=qcounts, xp=xp)
+    if cpu is not None:  # one running list per query, every visiting block merged into it by the kernel
+        state = [_host_lists(Q, k, t)]
 
-    def visit(block):
-        state[0] = _search_block(Q, block, k, metric, p, state[0], xp)
+        def visit(block):
+            state[0] = _host_merge(cpu, Q, block, metric, p, state[0])
+    else:
+        state = [(None, None, None)]
+
+        def visit(block):
+            state[0] = _search_block(Q, block, k, metric, p, state[0], xp)
 
     ring_visit(_Block(X, Y, int(offsets[comm.rank])), visit, comm=comm, offsets=offsets, counts=counts,
                exchange=exchange)
+    if cpu is not None:
+        return _host_finish(cpu, state[0], metric, p, X.dtype) if Q.shape[0] else (None, None, None)
     return state[0]
 
 
-def _local_kneighbors(Q, X, Y, k, *, metric, p, comm, offsets, qcounts, xp):
+def _replicated_kneighbors(Q, X, Y, k, *, metric, p, comm, offsets, xp, cpu):
+    """The same queries on every rank: each rank searches its shard, one allgather of the lists, one merge.
+
+    Each query is searched once against each row (the ring and the local search would search it on
+    every rank); the lists are padded to ``k`` with ``(inf, int64 max)`` and merged by (value, global
+    index), so every rank ends with the same answer, equal to the ring's.
+    """
+    n, t = Q.shape[0], None if Y is None else Y.shape[1]
+    block = _Block(X, Y, int(offsets[comm.rank]))
+    if cpu is not None:
+        bd, bi, pay = _host_merge(cpu, Q, block, metric, p, _host_lists(Q, k, t))
+    else:
+        bd, bi, pay = _padded(*_search_block(Q, block, k, metric, p, (None, None, None), xp), n, k, t, X.dtype, xp)
+    parts = [bd, bi] + ([] if pay is None else [pay])
+    got = [comm.allgather(xp.ascontiguousarray(a)) for a in parts]
+    size = comm.size
+
+    def side_by_side(a):  # (size * n, k, ...) -> (n, size * k, ...), rank after rank
+        a = a.reshape((size, n) + a.shape[1:])
+        return xp.concatenate(list(a), axis=1)
+
+    state = merge_topk(None, None, None, side_by_side(got[0]), side_by_side(got[1]),
+                       side_by_side(got[2]) if pay is not None else None, k, xp)
+    if cpu is not None:
+        return _host_finish(cpu, state, metric, p, X.dtype)
+    return state
+
+
+def _padded(dist, gidx, pay, n, k, t, dtype, xp):
+    """Candidate lists padded to ``k`` columns with ``(inf, int64 max)`` (a shard may hold fewer rows)."""
+    if dist is None:
+        dist = xp.empty((n, 0), dtype=dtype)
+        gidx = xp.empty((n, 0), dtype=xp.int64)
+        pay = None if t is None else xp.empty((n, 0, t))
+    if dist.shape[1] < k:
+        pad = k - dist.shape[1]
+        dist = xp.concatenate([dist, xp.full((n, pad), np.inf, dtype=dist.dtype)], axis=1)
+        gidx = xp.concatenate([gidx, xp.full((n, pad), np.iinfo(np.int64).max, dtype=xp.int64)], axis=1)
+        if pay is not None:
+            pay = xp.concatenate([pay, xp.zeros((n, pad, t), dtype=pay.dtype)], axis=1)
+    return dist, gidx, pay
+
+
+def _local_kneighbors(Q, X, Y, k, *, metric, p, comm, offsets, qcounts, xp, cpu=None):
     """Every rank's queries against this rank's shard; each owner merges the ranks' candidate lists.
 
     Lists are padded to ``k`` columns with ``(inf, int64 max)`` (a shard may hold fewer rows);
     the merge orders by (distance, global index), so the result does not depend on the order
-    in which lists arrive and equals the ring's.
+    in which lists arrive and equals the ring's.  ``cpu``: the compiled module, whose lists
+    travel as compared values (squared distances for euclidean) and are finished by the owner.
     """
     size, rank = comm.size, comm.rank
     Qall = comm.allgatherv(xp.ascontiguousarray(Q))
     qoff = np.concatenate([[0], np.cumsum(qcounts)]).astype(np.int64)
     n_all, t = int(qoff[-1]), None if Y is None else Y.shape[1]
-    dist, gidx, pay = _search_block(Qall, _Block(X, Y, int(offsets[rank])), k, metric, p, (None, None, None), xp)
-    if dist is None:
-        dist = xp.empty((n_all, 0), dtype=X.dtype)
-        gidx = xp.empty((n_all, 0), dtype=xp.int64)
-        pay = None if Y is None else xp.empty((n_all, 0, t))
-    if dist.shape[1] < k:
-        pad = k - dist.shape[1]
-        dist = xp.concatenate([dist, xp.full((n_all, pad), np.inf, dtype=dist.dtype)], axis=1)
-        gidx = xp.concatenate([gidx, xp.full((n_all, pad), np.iinfo(np.int64).max, dtype=xp.int64)], axis=1)
-        if pay is not None:
-            pay = xp.concatenate([pay, xp.zeros((n_all, pad, t), dtype=pay.dtype)], axis=1)
+    block = _Block(X, Y, int(offsets[rank]))
+    if cpu is not None:
+        dist, gidx, pay = _host_merge(cpu, Qall, block, metric, p, _host_lists(Qall, k, t))
+    else:
+        dist, gidx, pay = _padded(*_search_block(Qall, block, k, metric, p, (None, None, None), xp), n_all, k, t,
+                                  X.dtype, xp)
     parts = [dist, gidx] + ([] if pay is None else [pay])
 
     def rows(a, j):
@@ -342,6 +506,8 @@ def _local_kneighbors(Q, X, Y, k, *, metric, p, comm, offsets, qcounts, xp):
         s.wait()
     if qcounts[rank] == 0:
         return None, None, None
+    if cpu is not None:
+        return _host_finish(cpu, state, metric, p, X.dtype)
     return state
 
 

@@ -193,8 +193,28 @@ def limit_threads(comm=None):
         for v in USER_VARS:  # for libraries loaded later (OpenMP runtimes read it when they start)
             _put_env(v, str(threads))
     _set_numba_threads(threads)
-    _STATE.update(threads=threads, ranks_on_node=ranks, cores=cores, source=source, applied=applied)
+    _STATE.update(threads=threads, ranks_on_node=ranks, cores=cores, source=source, applied=applied,
+                  wait_spin_ms=_set_wait_spin(ranks, cores))
     return dict(_STATE)
+
+
+#: How long a rank with a core of its own spins in a wait before sleeping (see _set_wait_spin).
+_OWN_CORE_SPIN = 0.05
+
+
+def _set_wait_spin(ranks, cores):
+    """The spin of this rank's waits (:func:`mpiml.comm._request.set_default_spin`), in ms.
+
+    A waiting rank's own threads are idle, so where every rank has a core of the node to itself it
+    spins up to 50 ms (longer than a k-means step's skew between ranks) instead of 1 ms: a rank asleep
+    (20-200 us a nap, plus the kernel's timer slack) delayed each of the six rounds of a binomial
+    allreduce of 8 ranks that passed through it.  Where ranks outnumber cores the 1 ms spin stays.
+    """
+    from ..comm import _request
+
+    spin = _OWN_CORE_SPIN if cores // max(1, ranks) >= 1 else 1e-3
+    _request.set_default_spin(spin)
+    return 1e3 * spin  # (MPIML_SPIN_US, when set, still wins in every wait)
 
 
 def thread_info():
