@@ -31,14 +31,18 @@ def _csr(n, m, density, dtype, seed, empty_rows=True, duplicates=False):
     return A.astype(dtype)
 
 
+@pytest.mark.parametrize("gather", ["vec4", "scalar"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("b", [1, 3, 8, 13, 16, 26, 32, 42, 64, 100, 128, 130, 300])
-def test_csr_matmul_equals_dense(dtype, b):
+def test_csr_matmul_equals_dense(dtype, b, gather, monkeypatch):
     import cupy as cp
     import cupyx.scipy.sparse as csp
 
     from mpiml.kernels import sparse
 
+    if gather == "scalar" and (dtype == np.float64 or b > sparse.VEC4_MAX_COLUMNS):
+        pytest.skip("only float32 blocks of up to 32 columns have a float4 gather to compare with")
+    monkeypatch.setenv("MPIML_SPARSE_GATHER", gather)
     A = _csr(700, 450, 0.05, dtype, b)
     V = np.random.RandomState(b + 1).standard_normal((450, b))
     ref = A.astype(np.float64) @ V.astype(dtype).astype(np.float64)

@@ -27,7 +27,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["PRODUCTS", "products_mode", "for_shard", "supported", "csr_matmul", "csr_rmatmul_scatter", "csr_normal_vec", "csr_row_moments",
+__all__ = ["PRODUCTS", "products_mode", "GATHERS", "gather_mode", "for_shard", "supported", "csr_matmul", "csr_rmatmul_scatter", "csr_normal_vec", "csr_row_moments",
            "dense_column_moments", "column_pieces", "ColumnPieces", "plan", "FILES", "expressions"]
 
 FILES = ("sparse/spmm.cu",)
@@ -49,6 +49,7 @@ def expressions():
             out += [f"mpiml_csr_rowdot<{t}, double, {o}, {g}>" for g in (4, 8, 16, 32)]
             out += [f"mpiml_csr_scatter<{t}, {o}, {g}, {c}>" for g, c in _PLANS]
         out += [f"mpiml_csr_row_moments<{t}>", f"mpiml_dense_col_moments<{t}>"]
+        out += [f"mpiml_csr_gather4<{t}, {lanes}>" for lanes in (2, 4, 8)]   # {t}: the output type here
         out += [f"mpiml_csr_scatter_vec<{t}, {g}>" for g in (4, 8, 16, 32)]
         out += [f"mpiml_csr_normal_vec<{t}, {g}, {w}>" for g in (4, 8, 16, 32) for w in ("false", "true")]
         out += [f"mpiml_csr_piece_dot<{t}, {g}>" for g in (4, 8, 16, 32)]
@@ -59,6 +60,28 @@ def expressions():
 
 #: (lanes per row, columns per lane) by block width: b <= 8, 16, 32, 64, 128.
 _PLANS = ((8, 1), (16, 1), (32, 1), (32, 2), (32, 4))
+
+
+#: Widest block the float4 gather (``mpiml_csr_gather4``, float32 only) takes; :data:`GATHERS` picks it.
+VEC4_MAX_COLUMNS = 32
+#: How ``A @ V`` gathers the rows of a float32 ``V`` of 2 to 32 columns (environment ``MPIML_SPARSE_GATHER``):
+#: ``"vec4"`` (default) pads ``V`` to 8, 16 or 32 columns and reads a row as float4s, 32 rows in flight a
+#: warp; ``"scalar"`` keeps ``mpiml_csr_gather`` (a value a lane, 4 rows in flight a warp; float64 data
+#: and wider blocks always take it).
+GATHERS = ("vec4", "scalar")
+
+
+def gather_mode():
+    """The gather of float32 ``A @ V`` products, from ``MPIML_SPARSE_GATHER`` (see :data:`GATHERS`)."""
+    mode = os.environ.get("MPIML_SPARSE_GATHER", "vec4")
+    if mode not in GATHERS:
+        raise ValueError(f"MPIML_SPARSE_GATHER must be one of {GATHERS}; got {mode!r}")
+    return mode
+
+
+def _vec4_lanes(b):
+    """Lanes a stored value of the float4 gather: 2, 4 or 8 (columns padded to 8, 16 or 32)."""
+    return 2 if b <= 8 else 4 if b <= 16 else 8
 
 
 def plan(b):
@@ -149,6 +172,17 @@ def csr_matmul(A, V, out_dtype=None):
             (A.indptr, A.indices, A.data, np.int64(n_rows), V.ravel(), y))
         return y if vec else y[:, None]
     Y = cupy.empty((n_rows, b), dtype=out_dtype)
+    if T == "float" and b <= VEC4_MAX_COLUMNS and gather_mode() == "vec4":
+        lanes = _vec4_lanes(b)
+        width = 4 * lanes                # rows of 16 * lanes bytes: aligned float4 loads (128 bytes at b > 16)
+        if V.shape[1] != width:
+            Vp = cupy.zeros((n_cols, width), dtype=V.dtype)
+            Vp[:, :b] = V
+            V = Vp
+        _function(f"mpiml_csr_gather4<{O}, {lanes}>")(
+            (_blocks(_THREADS // 32, n_rows),), (_THREADS,),
+            (A.indptr, A.indices, A.data, np.int64(n_rows), V, np.int64(width // 4), np.int32(b), Y, np.int64(b)))
+        return Y
     for s in range(0, b, MAX_COLUMNS):
         w = min(MAX_COLUMNS, b - s)
         g, c = plan(w)
