@@ -524,6 +524,11 @@ def column_sums(A, weights=None):
         return xp.zeros(d, dtype=xp.float64)
     if is_sparse(A):
         A = to_csr(A)
+        if weights is None and xp is not np:
+            from ..kernels import sparse as kernels
+
+            if kernels.supported(A):  # float64 atomics from the rows (no float64 copy of the values, no bincount)
+                return kernels.csr_rmatmul_scatter(A, xp.ones(A.shape[0], dtype=A.dtype))
         vals = A.data.astype(xp.float64)
         if weights is not None:
             vals = vals * xp.asarray(weights, dtype=xp.float64)[_row_ids(A, xp)]
