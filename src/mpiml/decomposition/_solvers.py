@@ -52,20 +52,31 @@ class SparseRows:
         self.shape, self.dtype = X.shape, X.dtype
         self.mode = _sparse_kernels.products_mode() if mode is None else mode
         self.kernels = _sparse_kernels.for_shard(X) if self.mode != "cusparse" else None
-        self._ready = None
+        self._pending = None
         if XT is None and not (self.kernels is not None and self.mode == "scatter"):
-            XT, self._ready = _transpose_aside(X) if self.kernels is not None else (device_transpose(X), None)
+            if self.kernels is not None:
+                try:
+                    self._pending = _transpose_aside(X)
+                except Exception:  # noqa: BLE001 - any trouble with streams: convert in line
+                    XT = device_transpose(X)
+            else:
+                XT = device_transpose(X)
         self._XT = XT
 
     @property
     def XT(self):
-        """``Xᵀ`` as CSR (None for a SciPy shard or without stored values); formed on a side stream, waited
-        for here (the first products of a fit overlap the conversion)."""
-        if self._ready is not None:
+        """``Xᵀ`` as CSR (None for a SciPy shard or without stored values); formed by a worker thread on a
+        side stream, waited for here (the first products of a fit overlap the conversion)."""
+        if self._pending is not None:
             import cupy
 
-            cupy.cuda.get_current_stream().wait_event(self._ready)
-            self._ready = None
+            pending, self._pending = self._pending, None
+            try:
+                self._XT, ready = pending.result()
+            except Exception:  # noqa: BLE001 - any trouble with the thread or the streams: convert in line
+                self._XT, ready = device_transpose(self.X), None
+            if ready is not None:
+                cupy.cuda.get_current_stream().wait_event(ready)
         return self._XT
 
     def matmul(self, V, xp):
@@ -98,26 +109,34 @@ def CentredRows(X, mean):
 
 
 _SIDE_STREAMS = {}
+_WORKER = []
 
 
 def _transpose_aside(X):
-    """``(Xᵀ as CSR, event)`` for a ``cupyx`` shard, converted on a side stream (one per device, kept: CuPy's
-    memory pool caches per stream) after the work queued so far; ``(device_transpose(X), None)`` if that fails."""
+    """A future of ``(Xᵀ as CSR, event)`` for a non-empty ``cupyx`` shard (else None), converted by a worker
+    thread on a side stream (one per device, kept: CuPy's memory pool caches per stream) after the work
+    queued so far.  cuSPARSE's conversion holds the calling thread for 3.3 ms of the 8.9 ms it takes at
+    10^8 stored values; in the worker, the fit's first products are queued meanwhile."""
     import cupy
 
     if not (X.nnz and X.shape[0]):
-        return None, None
-    try:
-        dev = cupy.cuda.runtime.getDevice()
-        side = _SIDE_STREAMS.get(dev)
-        if side is None:
-            side = _SIDE_STREAMS[dev] = cupy.cuda.Stream(non_blocking=True)
-        side.wait_event(cupy.cuda.get_current_stream().record())
-        with side:
+        return None
+    dev = cupy.cuda.runtime.getDevice()
+    side = _SIDE_STREAMS.get(dev)
+    if side is None:
+        side = _SIDE_STREAMS[dev] = cupy.cuda.Stream(non_blocking=True)
+    side.wait_event(cupy.cuda.get_current_stream().record())
+
+    def convert():
+        with cupy.cuda.Device(dev), side:
             XT = X.T.tocsr()
-        return XT, side.record()
-    except Exception:  # noqa: BLE001 - any trouble with streams: convert in line
-        return device_transpose(X), None
+            return XT, side.record()
+
+    if not _WORKER:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _WORKER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpiml-transpose"))
+    return _WORKER[0].submit(convert)
 
 
 def device_transpose(X):

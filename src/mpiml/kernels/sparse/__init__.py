@@ -150,7 +150,10 @@ def csr_matmul(A, V, out_dtype=None):
     ``V`` of shape ``(n_cols, b)`` or ``(n_cols,)`` is cast to ``A``'s dtype
     (a copy only when it differs or is not C-contiguous); the result, of shape
     ``(n_rows, b)`` or ``(n_rows,)``, is C-contiguous in ``out_dtype``
-    (default ``A``'s), summed in float64 in the order of the stored values.
+    (default ``A``'s), summed in float64 in a fixed order (deterministic): the
+    order of the stored values, or with the float4 gather (float32, 2 to 32
+    columns, :data:`GATHERS`) each lane group's values in that order, the
+    groups then added by a fixed tree.
     """
     import cupy
 
@@ -163,6 +166,8 @@ def csr_matmul(A, V, out_dtype=None):
     T, O = _TYPES[np.dtype(A.dtype)], _TYPES[out_dtype]
     if n_rows == 0 or b == 0 or A.nnz == 0 or n_cols == 0:
         return cupy.zeros((n_rows,) if vec else (n_rows, b), dtype=out_dtype)
+    if not vec and b > 1 and T == "float" and b <= VEC4_MAX_COLUMNS and gather_mode() == "vec4":
+        return _gather4(A, V, out_dtype)
     V = cupy.ascontiguousarray(V.astype(A.dtype, copy=False))
     if vec or b == 1:
         g = _rowdot_lanes(A)
@@ -172,17 +177,6 @@ def csr_matmul(A, V, out_dtype=None):
             (A.indptr, A.indices, A.data, np.int64(n_rows), V.ravel(), y))
         return y if vec else y[:, None]
     Y = cupy.empty((n_rows, b), dtype=out_dtype)
-    if T == "float" and b <= VEC4_MAX_COLUMNS and gather_mode() == "vec4":
-        lanes = _vec4_lanes(b)
-        width = 4 * lanes                # rows of 16 * lanes bytes: aligned float4 loads (128 bytes at b > 16)
-        if V.shape[1] != width:
-            Vp = cupy.zeros((n_cols, width), dtype=V.dtype)
-            Vp[:, :b] = V
-            V = Vp
-        _function(f"mpiml_csr_gather4<{O}, {lanes}>")(
-            (_blocks(_THREADS // 32, n_rows),), (_THREADS,),
-            (A.indptr, A.indices, A.data, np.int64(n_rows), V, np.int64(width // 4), np.int32(b), Y, np.int64(b)))
-        return Y
     for s in range(0, b, MAX_COLUMNS):
         w = min(MAX_COLUMNS, b - s)
         g, c = plan(w)
@@ -190,6 +184,28 @@ def csr_matmul(A, V, out_dtype=None):
             (_blocks(_THREADS // g, n_rows),), (_THREADS,),
             (A.indptr, A.indices, A.data, np.int64(n_rows), V[:, s:], np.int64(b), np.int32(w), Y[:, s:],
              np.int64(b)))
+    return Y
+
+
+def _gather4(A, V, out_dtype):
+    """``A @ V`` by ``mpiml_csr_gather4`` (float32 ``A``, ``2 <= b <= 32``): ``V`` cast and padded to 8, 16 or 32
+    columns in one copy (rows of 16 * lanes bytes: aligned float4 loads, a 128-byte line a row at ``b > 16``)."""
+    import cupy
+
+    n_rows, n_cols = A.shape
+    b = V.shape[1]
+    lanes = _vec4_lanes(b)
+    width = 4 * lanes
+    if V.shape[1] != width or V.dtype != A.dtype or not V.flags.c_contiguous:
+        Vp = cupy.empty((n_cols, width), dtype=A.dtype)
+        Vp[:, :b] = V
+        if width > b:
+            Vp[:, b:] = 0
+        V = Vp
+    Y = cupy.empty((n_rows, b), dtype=out_dtype)
+    _function(f"mpiml_csr_gather4<{_TYPES[out_dtype]}, {lanes}>")(
+        (_blocks(_THREADS // 32, n_rows),), (_THREADS,),
+        (A.indptr, A.indices, A.data, np.int64(n_rows), V, np.int64(width // 4), np.int32(b), Y, np.int64(b)))
     return Y
 
 
