@@ -263,19 +263,26 @@ def _device_normal(seed, shape, xp, dtype):
 
 
 def resolve_normalizer(power_iteration_normalizer, n_iter):
-    """(per-iteration normaliser, final orthonormalisation) for a normaliser name.
+    """(normaliser of the distributed iterate, of the replicated one, final orthonormalisation) for a name.
 
-    ``"auto"``: none for ``n_iter <= 2`` (scikit-learn's rule), CholeskyQR2
-    otherwise (scikit-learn uses LU, which has no communication-avoiding
-    distributed form; only the span of the iterate matters, so any
-    orthonormalisation gives the same subspace).  ``"LU"`` is served by TSQR.
+    ``"auto"``: none for ``n_iter <= 2`` (scikit-learn's rule), otherwise
+    CholeskyQR2 of the replicated iterate only (scikit-learn uses LU on both,
+    which has no communication-avoiding distributed form; only the span of the
+    iterate matters, so any normalisation gives the same subspace).  The
+    distributed iterate is ``X`` times an orthonormal basis, as well
+    conditioned as ``X`` lets it be; normalising it too costs two more passes
+    over its rows, two Gram allreduces and two waits on the device a power
+    iteration.  ``"QR"``, ``"LU"`` (both TSQR) and ``"CholeskyQR2"`` normalise
+    both, as scikit-learn does.
     """
     name = power_iteration_normalizer
     if name == "auto":
-        name = "none" if n_iter <= 2 else "CholeskyQR2"
+        if n_iter <= 2:
+            return None, None, "tsqr"
+        return None, "cholesky_qr2", "cholesky_qr2"
     step = {"none": None, "QR": "tsqr", "LU": "tsqr", "CholeskyQR2": "cholesky_qr2"}[name]
     final = "cholesky_qr2" if step == "cholesky_qr2" else "tsqr"
-    return step, final
+    return step, step, final
 
 
 # ---------------------------------------------------------------------- randomised SVD
@@ -370,7 +377,7 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
         n_iter = 7 if n_components < 0.1 * min(n_rows, d) else 4
     if transpose == "auto":
         transpose = n_rows < d
-    step, final = resolve_normalizer(power_iteration_normalizer, n_iter)
+    dist_step, repl_step, final = resolve_normalizer(power_iteration_normalizer, n_iter)
 
     def dist_norm(Y, how):
         return Y if how is None else orthonormalize(Y, comm, method=how)
@@ -382,8 +389,8 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
         Omega = gaussian_matrix(random_state, (d, n_random), comm, xp, dtype)
         Y = _matvec(X, Omega)                                     # (n_local, l), distributed
         for _ in range(n_iter):
-            Y = dist_norm(Y, step)
-            Z = repl_norm(_rmatvec(X, Y, comm, xp), step)         # (d, l), replicated
+            Y = dist_norm(Y, dist_step)
+            Z = repl_norm(_rmatvec(X, Y, comm, xp), repl_step)    # (d, l), replicated
             Y = _matvec(X, Z)
         Q = orthonormalize(Y, comm, method=final)                 # (n_local, m)
         B = _rmatvec(X, Q, comm, xp).T                            # (m, d) = Q^T X, replicated
@@ -395,8 +402,8 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
     Omega = gaussian_matrix(random_state, (n_rows, n_random), comm, xp, dtype)[row_offset:row_offset + n_local]
     Y = _rmatvec(X, Omega, comm, xp)                              # (d, l) = M Omega, replicated
     for _ in range(n_iter):
-        Y = repl_norm(Y, step)
-        Z = dist_norm(_matvec(X, Y), step)                        # (n_local, l) = M^T Y
+        Y = repl_norm(Y, repl_step)
+        Z = dist_norm(_matvec(X, Y), dist_step)                   # (n_local, l) = M^T Y
         Y = _rmatvec(X, Z, comm, xp)
     Q = _local_orth(Y, xp)                                        # (d, m), replicated
     # B = Q^T M = (X Q)^T, distributed by columns: SVD through the QR of X Q
