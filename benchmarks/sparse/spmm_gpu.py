@@ -118,6 +118,12 @@ def main(argv=None):
         t[f"XtU kernel gather {gather} on XT"] = best_seconds(
             lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64), args.repeats, sync)
     os.environ.pop("MPIML_SPARSE_GATHER", None)
+    chunks = sparse.gather_chunks(XT, b)        # U's rows a chunk at a time, each chunk staying in L2
+    res["gather_chunks"] = None if chunks is None else chunks.K
+    if chunks is not None:
+        t[f"XtU kernel gather vec4 on XT, {chunks.K} chunks"] = best_seconds(
+            lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64, chunks=chunks), args.repeats, sync)
+        t["gather chunks: build"] = best_seconds(lambda: sparse.gather_chunks(XT, b), args.repeats, sync)
     t["XtU cusparse X.T@U"] = best_seconds(lambda: X.T @ U, args.repeats, sync)
     t["XtU cusparse stored XT"] = best_seconds(lambda: XT @ U, args.repeats, sync)
     t["XtU kernel scatter f64"] = best_seconds(lambda: sparse.csr_rmatmul_scatter(X, U, np.float64), args.repeats, sync)
@@ -147,6 +153,8 @@ def main(argv=None):
     os.environ.pop("MPIML_SPARSE_GATHER", None)
     err = {"XV kernel vs cusparse": float(cp.abs(sparse.csr_matmul(X, V) - X @ V).max() / cp.abs(X @ V).max()),
            "XV vec4 vs scalar gather": float(cp.abs(sparse.csr_matmul(X, V) - scalar).max() / cp.abs(scalar).max()),
+           "XtU chunked vs cusparse": float(cp.abs(sparse.csr_matmul(XT, U, out_dtype=np.float64, chunks=chunks) - ref)
+                                            .max() / cp.abs(ref).max()),
            "XtU gather vs cusparse": float(cp.abs(sparse.csr_matmul(XT, U, out_dtype=np.float64) - ref).max()
                                            / cp.abs(ref).max()),
            "XtU scatter vs cusparse": float(cp.abs(sparse.csr_rmatmul_scatter(X, U) - ref).max() / cp.abs(ref).max())}

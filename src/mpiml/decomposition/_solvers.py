@@ -53,6 +53,7 @@ class SparseRows:
         self.mode = _sparse_kernels.products_mode() if mode is None else mode
         self.kernels = _sparse_kernels.for_shard(X) if self.mode != "cusparse" else None
         self._pending = None
+        self._chunks = None
         if XT is None and not (self.kernels is not None and self.mode == "scatter"):
             if self.kernels is not None:
                 try:
@@ -92,7 +93,9 @@ class SparseRows:
     def rmatmul(self, U, xp):
         """This rank's part of ``Xᵀ U`` (centred when ``mean`` is set), float64."""
         if self.kernels is not None and self.XT is not None and self.mode == "kernels":
-            out = self.kernels.csr_matmul(self.XT, U, out_dtype=np.float64)
+            if self._chunks is None and U.ndim == 2:   # U's rows in L2-sized chunks (once per fit)
+                self._chunks = self.kernels.gather_chunks(self.XT, U.shape[1]) or False
+            out = self.kernels.csr_matmul(self.XT, U, out_dtype=np.float64, chunks=self._chunks or None)
         elif self.kernels is not None:  # "scatter", or a shard with no rows or no stored value (no Xᵀ)
             out = self.kernels.csr_rmatmul_scatter(self.X, U, out_dtype=np.float64)
         else:

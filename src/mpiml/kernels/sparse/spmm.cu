@@ -20,7 +20,9 @@
 //   of V as one float4.  Every lane's L loads are issued before any is used: a warp keeps 32 rows of V
 //   in flight (the scalar kernel above keeps 4) and one load instruction moves 4 rows' worth for 8
 //   lanes a row.  Each lane sums in float64 the stored values it took (storage order), then the 32 / L
-//   groups are added by a fixed butterfly: deterministic.
+//   groups are added by a fixed butterfly: deterministic.  A row is [lo[row], hi[row]) (lo = indptr,
+//   hi = indptr + 1 for the whole matrix, or a column piece of mpiml_csr_split), added to Y when
+//   accumulate (the pieces of a product in a fixed order: still deterministic).
 //
 // mpiml_csr_scatter<T, Out, G, CPL>:  Y += Aᵀ U,  U (n_rows x b), Y (n_cols x b) zeroed by the caller.
 //   A group of G lanes owns a row of A, holds that row of U in registers (read once, coalesced) and
@@ -131,9 +133,9 @@ mpiml_csr_gather(const int* __restrict__ indptr, const int* __restrict__ indices
 
 template <typename Out, int L>
 __global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
-mpiml_csr_gather4(const int* __restrict__ indptr, const int* __restrict__ indices, const float* __restrict__ data,
-                  const long long n_rows, const float4* __restrict__ V, const long long ldv4, const int b,
-                  Out* __restrict__ Y, const long long ldy) {
+mpiml_csr_gather4(const int* __restrict__ lo, const int* __restrict__ hi, const int* __restrict__ indices,
+                  const float* __restrict__ data, const long long n_rows, const float4* __restrict__ V,
+                  const long long ldv4, const int b, Out* __restrict__ Y, const long long ldy, const int accumulate) {
     static_assert(L == 2 || L == 4 || L == 8, "L must be 2, 4 or 8");
     constexpr int S = 32 / L;                   // stored values a step (one per group of L lanes)
     const int lane = threadIdx.x & 31;
@@ -143,16 +145,16 @@ mpiml_csr_gather4(const int* __restrict__ indptr, const int* __restrict__ indice
     const long long warps = (long long)gridDim.x * (MPIML_SPARSE_THREADS / 32);
     for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / 32; row < n_rows;
          row += warps) {
-        const int start = __ldg(indptr + row);
-        const int end = __ldg(indptr + row + 1);
+        const int start = __ldg(lo + row);
+        const int end = __ldg(hi + row);
         double acc0 = 0.0, acc1 = 0.0, acc2 = 0.0, acc3 = 0.0;
         for (int base = start; base < end; base += 32) {
             const int j = base + lane;
             int col = 0;
             float val = 0.0f;
-            if (j < end) {
-                col = __ldg(indices + j);
-                val = __ldg(data + j);
+            if (j < end) {                             // streamed once: evict first, keep V's rows in L2
+                col = __ldcs(indices + j);
+                val = __ldcs(data + j);
             }
             const int cnt = min(32, end - base);
             float4 x[L];
@@ -183,10 +185,17 @@ mpiml_csr_gather4(const int* __restrict__ indptr, const int* __restrict__ indice
         if (s == 0 && active) {
             Out* yr = Y + row * ldy + 4 * l;
             const int c0 = 4 * l;
-            yr[0] = Out(acc0);
-            if (c0 + 1 < b) yr[1] = Out(acc1);
-            if (c0 + 2 < b) yr[2] = Out(acc2);
-            if (c0 + 3 < b) yr[3] = Out(acc3);
+            if (accumulate) {
+                yr[0] += Out(acc0);
+                if (c0 + 1 < b) yr[1] += Out(acc1);
+                if (c0 + 2 < b) yr[2] += Out(acc2);
+                if (c0 + 3 < b) yr[3] += Out(acc3);
+            } else {
+                yr[0] = Out(acc0);
+                if (c0 + 1 < b) yr[1] = Out(acc1);
+                if (c0 + 2 < b) yr[2] = Out(acc2);
+                if (c0 + 3 < b) yr[3] = Out(acc3);
+            }
         }
     }
 }
