@@ -451,9 +451,19 @@ mpiml_csr_piece_dot(const int* __restrict__ p0, const int* __restrict__ p1, cons
     const unsigned mask = mpiml_group_mask<G>();
     const int g = threadIdx.x & (G - 1);
     const long long groups = (long long)gridDim.x * (blockDim.x / G);
-    for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / G; row < n_rows; row += groups) {
-        const int start = __ldg(p0 + row);
-        const int end = __ldg(p1 + row);
+    long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int next_start = 0, next_end = 0;               // the next row's bounds load while this row's values do
+    if (row < n_rows) {
+        next_start = __ldg(p0 + row);
+        next_end = __ldg(p1 + row);
+    }
+    for (; row < n_rows; row += groups) {
+        const int start = next_start;
+        const int end = next_end;
+        if (row + groups < n_rows) {
+            next_start = __ldg(p0 + row + groups);
+            next_end = __ldg(p1 + row + groups);
+        }
         double acc = 0.0;
         int j = start + g;
         for (; j + G < end; j += 2 * G) {
@@ -480,11 +490,25 @@ mpiml_csr_piece_scatter(const int* __restrict__ p0, const int* __restrict__ p1, 
     __syncthreads();
     const int g = threadIdx.x & (G - 1);
     const long long groups = (long long)gridDim.x * (blockDim.x / G);
-    for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / G; row < n_rows; row += groups) {
-        const T ur = __ldg(u + row);
+    long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    T next_u = T(0);                                // the next row's u and bounds load while this row's values do
+    int next_start = 0, next_end = 0;
+    if (row < n_rows) {
+        next_u = __ldg(u + row);
+        next_start = __ldg(p0 + row);
+        next_end = __ldg(p1 + row);
+    }
+    for (; row < n_rows; row += groups) {
+        const T ur = next_u;
+        const int start = next_start;
+        const int end = next_end;
+        if (row + groups < n_rows) {
+            next_u = __ldg(u + row + groups);
+            next_start = __ldg(p0 + row + groups);
+            next_end = __ldg(p1 + row + groups);
+        }
         if (ur == T(0)) continue;
-        const int end = __ldg(p1 + row);
-        for (int j = __ldg(p0 + row) + g; j < end; j += G)
+        for (int j = start + g; j < end; j += G)
             atomicAdd(acc + (__ldg(indices + j) - lo), __ldg(data + j) * ur);
     }
     __syncthreads();
