@@ -179,6 +179,9 @@ def main(argv=None):
             os.environ["MPIML_SPARSE_GATHER"] = "scalar"
             fits["kernels, scalar gather"] = best_seconds(lambda: est.fit(X), 3, sync)
             os.environ.pop("MPIML_SPARSE_GATHER", None)
+            os.environ["MPIML_SPARSE_GATHER_CHUNK_BYTES"] = "0"       # XᵀU in one launch, U's rows past L2
+            fits["kernels, XtU unchunked"] = best_seconds(lambda: est.fit(X), 3, sync)
+            os.environ.pop("MPIML_SPARSE_GATHER_CHUNK_BYTES", None)
     # sparse Ridge (sparse_cg, tol 1e-4 as the benchmark) per mode against ten lines of cupyx CG on XᵀX + alpha I
     import cupyx.scipy.sparse.linalg as sla
 

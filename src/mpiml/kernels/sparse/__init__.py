@@ -221,6 +221,7 @@ def _gather4(A, V, out_dtype, chunks=None):
 
 #: Bytes of a dense block's rows one launch of the chunked float4 gather reads (:func:`gather_chunks`): well
 #: inside an H100's 50 MB L2 (its two halves may each hold what their SMs read), beside the streamed matrix.
+#: Environment ``MPIML_SPARSE_GATHER_CHUNK_BYTES`` overrides it when a fit starts (0: never chunk).
 GATHER_CHUNK_BYTES = 16 << 20
 #: Fewest stored values a row of a chunk should average for chunking to pay (a warp takes 32 at once).
 _CHUNK_MIN_PER_ROW = 96
@@ -251,10 +252,11 @@ def gather_chunks(A, b):
     import cupy
 
     n_rows, n_cols = A.shape
+    chunk = int(os.environ.get("MPIML_SPARSE_GATHER_CHUNK_BYTES", GATHER_CHUNK_BYTES))
     if not (supported(A) and np.dtype(A.dtype) == np.float32 and 2 <= b <= VEC4_MAX_COLUMNS
-            and gather_mode() == "vec4" and n_rows and A.nnz):
+            and gather_mode() == "vec4" and n_rows and A.nnz and chunk > 0):
         return None
-    K = -(-n_cols * 16 * _vec4_lanes(b) // GATHER_CHUNK_BYTES)
+    K = -(-n_cols * 16 * _vec4_lanes(b) // chunk)
     K = min(K, max(1, int(A.nnz / n_rows / _CHUNK_MIN_PER_ROW)))
     if K <= 1:
         return None
