@@ -199,7 +199,7 @@ def _gather4(A, V, out_dtype, chunks=None):
     b = V.shape[1]
     lanes = _vec4_lanes(b)
     width = 4 * lanes
-    if V.shape[1] != width or V.dtype != A.dtype or not V.flags.c_contiguous:
+    if V.shape[1] != width or V.dtype != A.dtype or not V.flags.c_contiguous or V.data.ptr % 16:
         Vp = cupy.empty((n_cols, width), dtype=A.dtype)
         Vp[:, :b] = V
         if width > b:
