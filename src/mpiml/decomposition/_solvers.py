@@ -257,8 +257,10 @@ def _device_normal(seed, shape, xp, dtype):
     dtype = np.dtype(dtype)
     draw = dtype if dtype in (np.dtype(np.float32), np.dtype(np.float64)) else np.dtype(np.float64)
     try:
-        from cupy.cuda import curand
-
+        try:
+            from cupy_backends.cuda.libs import curand
+        except ImportError:
+            from cupy.cuda import curand
         rs = xp.random.RandomState(seed, method=curand.CURAND_RNG_PSEUDO_PHILOX4_32_10)
     except Exception:  # noqa: BLE001 - a CuPy without the Philox constant: the default generator
         rs = xp.random.RandomState(seed)
