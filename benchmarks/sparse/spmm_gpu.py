@@ -39,6 +39,37 @@ def _print_profile(prof, top):
         print(f"    {ct * 1e3:9.2f} {tt * 1e3:9.2f} {nc:6d}  {where}")
 
 
+_L2_READ = r"""
+extern "C" __global__ void l2_read(const float4* __restrict__ x, const long long n4, const int reps,
+                                   float* __restrict__ out) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (int r = 0; r < reps; ++r)
+        for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
+            const float4 v = __ldcg(x + i);
+            acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
+        }
+    if (acc.x + acc.y + acc.z + acc.w == 1.2345e-30f) out[0] = acc.x;
+}
+"""
+
+
+def _l2_read_rate(cp, mib=24, reps=64):
+    """Bytes a second that every SM together reads from L2: ``mib`` MiB (fits in L2) read ``reps`` times with
+    ``ld.global.cg`` (cached in L2 only), best of 5.  The rate a gather of dense rows that stay in L2 cannot beat."""
+    from mpiml.bench._common import best_seconds
+
+    kern = cp.RawKernel(_L2_READ, "l2_read")
+    x = cp.ones(mib * (1 << 20) // 4, dtype=cp.float32)
+    out = cp.zeros(1, dtype=cp.float32)
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    n4 = x.size // 4
+    run = lambda: kern((sms * 8,), (256,), (x, np.int64(n4), np.int32(reps), out))   # noqa: E731
+    run()
+    sec = best_seconds(run, 5, cp.cuda.Device().synchronize)
+    return x.nbytes * reps / sec
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=float, default=1e6)
@@ -81,11 +112,20 @@ def main(argv=None):
     XT = X.T.tocsr()
     t["transpose X.T.tocsr()"] = best_seconds(lambda: X.T.tocsr(), args.repeats, sync)
     t["XV cusparse"] = best_seconds(lambda: X @ V, args.repeats, sync)
-    t["XV kernel gather"] = best_seconds(lambda: sparse.csr_matmul(X, V), args.repeats, sync)
+    for gather in sparse.GATHERS:       # the float4 gather (default) and the value-a-lane one
+        os.environ["MPIML_SPARSE_GATHER"] = gather
+        t[f"XV kernel gather {gather}"] = best_seconds(lambda: sparse.csr_matmul(X, V), args.repeats, sync)
+        t[f"XtU kernel gather {gather} on XT"] = best_seconds(
+            lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64), args.repeats, sync)
+    os.environ.pop("MPIML_SPARSE_GATHER", None)
+    chunks = sparse.gather_chunks(XT, b)        # U's rows a chunk at a time, each chunk staying in L2
+    res["gather_chunks"] = None if chunks is None else chunks.K
+    if chunks is not None:
+        t[f"XtU kernel gather vec4 on XT, {chunks.K} chunks"] = best_seconds(
+            lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64, chunks=chunks), args.repeats, sync)
+        t["gather chunks: build"] = best_seconds(lambda: sparse.gather_chunks(XT, b), args.repeats, sync)
     t["XtU cusparse X.T@U"] = best_seconds(lambda: X.T @ U, args.repeats, sync)
     t["XtU cusparse stored XT"] = best_seconds(lambda: XT @ U, args.repeats, sync)
-    t["XtU kernel gather on XT"] = best_seconds(lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64), args.repeats,
-                                                sync)
     t["XtU kernel scatter f64"] = best_seconds(lambda: sparse.csr_rmatmul_scatter(X, U, np.float64), args.repeats, sync)
     t["XtU kernel scatter f32"] = best_seconds(lambda: sparse.csr_rmatmul_scatter(X, U, np.float32), args.repeats, sync)
     t["Xv cusparse"] = best_seconds(lambda: X @ v, args.repeats, sync)
@@ -108,7 +148,13 @@ def main(argv=None):
     t["column moments (kernel on XT)"] = best_seconds(lambda: sparse.csr_row_moments(XT), args.repeats, sync)
     # correctness of what was timed
     ref = (XT @ U).astype(cp.float64)
+    os.environ["MPIML_SPARSE_GATHER"] = "scalar"
+    scalar = sparse.csr_matmul(X, V)
+    os.environ.pop("MPIML_SPARSE_GATHER", None)
     err = {"XV kernel vs cusparse": float(cp.abs(sparse.csr_matmul(X, V) - X @ V).max() / cp.abs(X @ V).max()),
+           "XV vec4 vs scalar gather": float(cp.abs(sparse.csr_matmul(X, V) - scalar).max() / cp.abs(scalar).max()),
+           "XtU chunked vs cusparse": float(cp.abs(sparse.csr_matmul(XT, U, out_dtype=np.float64, chunks=chunks) - ref)
+                                            .max() / cp.abs(ref).max()),
            "XtU gather vs cusparse": float(cp.abs(sparse.csr_matmul(XT, U, out_dtype=np.float64) - ref).max()
                                            / cp.abs(ref).max()),
            "XtU scatter vs cusparse": float(cp.abs(sparse.csr_rmatmul_scatter(X, U) - ref).max() / cp.abs(ref).max())}
@@ -118,6 +164,10 @@ def main(argv=None):
     f["XtU (CSR once, U once, Y written)"] = (csr_bytes + n * b * 4 + d * b * 8) / bw
     f["Xv"] = (csr_bytes + d * 4 + n * 8) / bw
     f["gathers of V rows (bytes, from L2)"] = nnz * b * 4
+    l2 = res["l2_read_Bps"] = _l2_read_rate(cp)
+    sectors = nnz * (-(-b * 4 // 32)) * 32
+    f["XV L2 gathers (nnz*b*4 at the L2 read rate)"] = nnz * b * 4 / l2
+    f["XV L2 sectors (32 B each at the L2 read rate)"] = sectors / l2
     f["transpose (read CSR, write CSR)"] = 2 * csr_bytes / bw
     fits = res["fits_s"] = {}
     for mode in [m for m in args.fits.split(",") if m]:
@@ -125,6 +175,13 @@ def main(argv=None):
         est = TruncatedSVD(args.components)
         fits[mode] = best_seconds(lambda: est.fit(X), 3, sync)
         fits[mode + " singular_values"] = est.singular_values_.get().tolist()
+        if mode == "kernels":             # the same fit with the value-a-lane gather, for comparison
+            os.environ["MPIML_SPARSE_GATHER"] = "scalar"
+            fits["kernels, scalar gather"] = best_seconds(lambda: est.fit(X), 3, sync)
+            os.environ.pop("MPIML_SPARSE_GATHER", None)
+            os.environ["MPIML_SPARSE_GATHER_CHUNK_BYTES"] = "0"       # XᵀU in one launch, U's rows past L2
+            fits["kernels, XtU unchunked"] = best_seconds(lambda: est.fit(X), 3, sync)
+            os.environ.pop("MPIML_SPARSE_GATHER_CHUNK_BYTES", None)
     # sparse Ridge (sparse_cg, tol 1e-4 as the benchmark) per mode against ten lines of cupyx CG on XᵀX + alpha I
     import cupyx.scipy.sparse.linalg as sla
 
@@ -167,6 +224,8 @@ def main(argv=None):
     # each the CSR arrays once and the n x b dense block once
     passes = 2 * 5 + 4
     res["tsvd_floor_s"] = passes * (csr_bytes + n * b * 4) / bw
+    # beside it (not instead): the 13 products' gathers of dense rows at the measured L2 read rate
+    res["tsvd_l2_gather_floor_s"] = 13 * nnz * b * 4 / l2
     print(f"{name}: CSR {n} x {d}, {nnz} values, b = {b}")
     for key, val in t.items():
         print(f"  {key:<36}{val * 1e3:>10.3f} ms")
@@ -177,6 +236,8 @@ def main(argv=None):
         if not key.endswith("values"):
             print(f"  TruncatedSVD({args.components}) fit, {key:<12}{val * 1e3:>10.2f} ms "
                   f"({val / res['tsvd_floor_s']:.1f} x the floor {res['tsvd_floor_s'] * 1e3:.2f} ms)")
+    print(f"  L2 read rate (measured) {l2 / 1e12:.2f} TB/s; the fit's 13 products gather {13 * nnz * b * 4 / 1e9:.1f} GB "
+          f"of dense rows: {res['tsvd_l2_gather_floor_s'] * 1e3:.2f} ms at that rate")
     print("  max relative differences:", err)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:

@@ -31,14 +31,18 @@ def _csr(n, m, density, dtype, seed, empty_rows=True, duplicates=False):
     return A.astype(dtype)
 
 
+@pytest.mark.parametrize("gather", ["vec4", "scalar"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("b", [1, 3, 8, 13, 16, 26, 32, 42, 64, 100, 128, 130, 300])
-def test_csr_matmul_equals_dense(dtype, b):
+def test_csr_matmul_equals_dense(dtype, b, gather, monkeypatch):
     import cupy as cp
     import cupyx.scipy.sparse as csp
 
     from mpiml.kernels import sparse
 
+    if gather == "scalar" and (dtype == np.float64 or b > sparse.VEC4_MAX_COLUMNS):
+        pytest.skip("only float32 blocks of up to 32 columns have a float4 gather to compare with")
+    monkeypatch.setenv("MPIML_SPARSE_GATHER", gather)
     A = _csr(700, 450, 0.05, dtype, b)
     V = np.random.RandomState(b + 1).standard_normal((450, b))
     ref = A.astype(np.float64) @ V.astype(dtype).astype(np.float64)
@@ -63,6 +67,18 @@ def test_csr_matmul_equals_dense(dtype, b):
     for T in (T1, T2):
         assert T.shape == (450, b) and T.dtype == np.float64
         np.testing.assert_allclose(T.get(), refT, rtol=1e-10, atol=1e-5 if dtype == np.float32 else 1e-10)
+    # the float4 gather a chunk of U's rows at a time (chunks made small here), added up in a fixed order
+    monkeypatch.setattr(sparse, "GATHER_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(sparse, "_CHUNK_MIN_PER_ROW", 4)
+    XT = Ag.T.tocsr()
+    chunks = sparse.gather_chunks(XT, b)
+    if gather == "vec4" and dtype == np.float32 and 2 <= b <= sparse.VEC4_MAX_COLUMNS:
+        assert chunks is not None and chunks.K > 1
+        T3 = sparse.csr_matmul(XT, cp.asarray(U), out_dtype=np.float64, chunks=chunks)
+        np.testing.assert_allclose(T3.get(), refT, rtol=1e-10, atol=1e-5)
+        assert bool((T3 == sparse.csr_matmul(XT, cp.asarray(U), out_dtype=np.float64, chunks=chunks)).all())
+    else:
+        assert chunks is None
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -600,24 +600,28 @@ def conjugate_gradient(op, b, *, alpha, tol, max_iter=None, comm):
         return as_like(x, np), 0, True
     r = rhs.copy()
     p = r.copy()
-    rs = float(r @ r)
+    rs = r @ r                            # scalars stay on X's device; the host reads two a step, at once
+    rs_host = float(rs)
     it = 0
     while it < max_iter:
-        if np.sqrt(rs) <= tol * bnorm:
+        if np.sqrt(rs_host) <= tol * bnorm:
             return as_like(x, np), it, True
         it += 1
         local = op.normal(p) if getattr(op, "fused", False) else op.rmatvec(op.matvec(p))
         Ap = _summed(comm, local, p, xp) + alpha * p
-        pAp = float(p @ Ap)
-        if pAp <= 0:
+        pAp = p @ Ap
+        with np.errstate(divide="ignore", invalid="ignore"):   # pAp <= 0 (host NumPy): dropped below
+            step = rs / pAp
+            x_next = x + step * p
+            r_next = r - step * Ap
+            rs_next = r_next @ r_next
+        pAp_host, rs_next_host = (float(v) for v in as_like(xp.stack((pAp, rs_next)), np))
+        if pAp_host <= 0:                 # breakdown: the step is dropped, as if never taken
             break
-        step = rs / pAp
-        x = x + step * p
-        r = r - step * Ap
-        rs_new = float(r @ r)
-        p = r + (rs_new / rs) * p
-        rs = rs_new
-    return as_like(x, np), it, bool(np.sqrt(rs) <= tol * bnorm)
+        x, r = x_next, r_next
+        p = r + (rs_next / rs) * p
+        rs, rs_host = rs_next, rs_next_host
+    return as_like(x, np), it, bool(np.sqrt(rs_host) <= tol * bnorm)
 
 
 # ---------------------------------------------------------------------- the driver

@@ -27,7 +27,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["PRODUCTS", "products_mode", "for_shard", "supported", "csr_matmul", "csr_rmatmul_scatter", "csr_normal_vec", "csr_row_moments",
+__all__ = ["PRODUCTS", "products_mode", "GATHERS", "gather_mode", "gather_chunks", "GatherChunks", "for_shard", "supported", "csr_matmul", "csr_rmatmul_scatter", "csr_normal_vec", "csr_row_moments",
            "dense_column_moments", "column_pieces", "ColumnPieces", "plan", "FILES", "expressions"]
 
 FILES = ("sparse/spmm.cu",)
@@ -49,6 +49,7 @@ def expressions():
             out += [f"mpiml_csr_rowdot<{t}, double, {o}, {g}>" for g in (4, 8, 16, 32)]
             out += [f"mpiml_csr_scatter<{t}, {o}, {g}, {c}>" for g, c in _PLANS]
         out += [f"mpiml_csr_row_moments<{t}>", f"mpiml_dense_col_moments<{t}>"]
+        out += [f"mpiml_csr_gather4<{t}, {lanes}>" for lanes in (2, 4, 8)]   # {t}: the output type here
         out += [f"mpiml_csr_scatter_vec<{t}, {g}>" for g in (4, 8, 16, 32)]
         out += [f"mpiml_csr_normal_vec<{t}, {g}, {w}>" for g in (4, 8, 16, 32) for w in ("false", "true")]
         out += [f"mpiml_csr_piece_dot<{t}, {g}>" for g in (4, 8, 16, 32)]
@@ -59,6 +60,28 @@ def expressions():
 
 #: (lanes per row, columns per lane) by block width: b <= 8, 16, 32, 64, 128.
 _PLANS = ((8, 1), (16, 1), (32, 1), (32, 2), (32, 4))
+
+
+#: Widest block the float4 gather (``mpiml_csr_gather4``, float32 only) takes; :data:`GATHERS` picks it.
+VEC4_MAX_COLUMNS = 32
+#: How ``A @ V`` gathers the rows of a float32 ``V`` of 2 to 32 columns (environment ``MPIML_SPARSE_GATHER``):
+#: ``"vec4"`` (default) pads ``V`` to 8, 16 or 32 columns and reads a row as float4s, 32 rows in flight a
+#: warp; ``"scalar"`` keeps ``mpiml_csr_gather`` (a value a lane, 4 rows in flight a warp; float64 data
+#: and wider blocks always take it).
+GATHERS = ("vec4", "scalar")
+
+
+def gather_mode():
+    """The gather of float32 ``A @ V`` products, from ``MPIML_SPARSE_GATHER`` (see :data:`GATHERS`)."""
+    mode = os.environ.get("MPIML_SPARSE_GATHER", "vec4")
+    if mode not in GATHERS:
+        raise ValueError(f"MPIML_SPARSE_GATHER must be one of {GATHERS}; got {mode!r}")
+    return mode
+
+
+def _vec4_lanes(b):
+    """Lanes a stored value of the float4 gather: 2, 4 or 8 (columns padded to 8, 16 or 32)."""
+    return 2 if b <= 8 else 4 if b <= 16 else 8
 
 
 def plan(b):
@@ -121,13 +144,18 @@ def _rowdot_lanes(A):
     return g
 
 
-def csr_matmul(A, V, out_dtype=None):
+def csr_matmul(A, V, out_dtype=None, chunks=None):
     """``A @ V`` for a ``cupyx`` CSR ``A`` (see :func:`supported`) and a dense CuPy ``V``.
 
     ``V`` of shape ``(n_cols, b)`` or ``(n_cols,)`` is cast to ``A``'s dtype
     (a copy only when it differs or is not C-contiguous); the result, of shape
     ``(n_rows, b)`` or ``(n_rows,)``, is C-contiguous in ``out_dtype``
-    (default ``A``'s), summed in float64 in the order of the stored values.
+    (default ``A``'s), summed in float64 in a fixed order (deterministic): the
+    order of the stored values, or with the float4 gather (float32, 2 to 32
+    columns, :data:`GATHERS`) each lane group's values in that order, the
+    groups then added by a fixed tree.  ``chunks`` (:func:`gather_chunks` of
+    ``A`` for this width; ignored by the other kernels): one launch a chunk of
+    ``V``'s rows.
     """
     import cupy
 
@@ -140,6 +168,8 @@ def csr_matmul(A, V, out_dtype=None):
     T, O = _TYPES[np.dtype(A.dtype)], _TYPES[out_dtype]
     if n_rows == 0 or b == 0 or A.nnz == 0 or n_cols == 0:
         return cupy.zeros((n_rows,) if vec else (n_rows, b), dtype=out_dtype)
+    if not vec and b > 1 and T == "float" and b <= VEC4_MAX_COLUMNS and gather_mode() == "vec4":
+        return _gather4(A, V, out_dtype, chunks)
     V = cupy.ascontiguousarray(V.astype(A.dtype, copy=False))
     if vec or b == 1:
         g = _rowdot_lanes(A)
@@ -157,6 +187,88 @@ def csr_matmul(A, V, out_dtype=None):
             (A.indptr, A.indices, A.data, np.int64(n_rows), V[:, s:], np.int64(b), np.int32(w), Y[:, s:],
              np.int64(b)))
     return Y
+
+
+def _gather4(A, V, out_dtype, chunks=None):
+    """``A @ V`` by ``mpiml_csr_gather4`` (float32 ``A``, ``2 <= b <= 32``): ``V`` cast and padded to 8, 16 or 32
+    columns in one copy (rows of 16 * lanes bytes: aligned float4 loads, a 128-byte line a row at ``b > 16``);
+    with :class:`GatherChunks` of ``A``, one launch a chunk of ``V``'s rows, added up in order."""
+    import cupy
+
+    n_rows, n_cols = A.shape
+    b = V.shape[1]
+    lanes = _vec4_lanes(b)
+    width = 4 * lanes
+    if V.shape[1] != width or V.dtype != A.dtype or not V.flags.c_contiguous or V.data.ptr % 16:
+        Vp = cupy.empty((n_cols, width), dtype=A.dtype)
+        Vp[:, :b] = V
+        if width > b:
+            Vp[:, b:] = 0
+        V = Vp
+    Y = cupy.empty((n_rows, b), dtype=out_dtype)
+    fn = _function(f"mpiml_csr_gather4<{_TYPES[out_dtype]}, {lanes}>")
+    grid = (_blocks(_THREADS // 32, n_rows),)
+    if chunks is None or chunks.K == 1:
+        fn(grid, (_THREADS,), (A.indptr, A.indptr[1:], A.indices, A.data, np.int64(n_rows), V,
+                               np.int64(width // 4), np.int32(b), Y, np.int64(b), np.int32(0)))
+        return Y
+    ptr = chunks.ptr
+    for k in range(chunks.K):
+        fn(grid, (_THREADS,), (ptr[k * n_rows:], ptr[(k + 1) * n_rows:], A.indices, A.data, np.int64(n_rows), V,
+                               np.int64(width // 4), np.int32(b), Y, np.int64(b), np.int32(k > 0)))
+    return Y
+
+
+#: Bytes of a dense block's rows one launch of the chunked float4 gather reads (:func:`gather_chunks`): well
+#: inside an H100's 50 MB L2 (its two halves may each hold what their SMs read), beside the streamed matrix.
+#: Environment ``MPIML_SPARSE_GATHER_CHUNK_BYTES`` overrides it when a fit starts (0: never chunk).
+GATHER_CHUNK_BYTES = 16 << 20
+#: Fewest stored values a row of a chunk should average for chunking to pay (a warp takes 32 at once).
+_CHUNK_MIN_PER_ROW = 96
+
+
+class GatherChunks:
+    """The column pieces of a CSR ``A`` that cut a dense block's rows into chunks that stay in L2.
+
+    ``A @ V`` with ``V`` too large for L2 (``Xᵀ U`` on a stored ``Xᵀ``: ``U`` has
+    a row per sample) misses L2 on most gathers; launched a chunk of ``V``'s
+    rows at a time (``ptr``: :func:`mpiml_csr_split`'s row pointers of ``K``
+    column pieces of ``A``), each launch's rows of ``V`` stay in L2 and the
+    result is added up in a fixed order (deterministic).
+    """
+
+    def __init__(self, ptr, K):
+        self.ptr, self.K = ptr, K
+
+
+def gather_chunks(A, b):
+    """:class:`GatherChunks` for ``A @ V`` with a float32 ``V`` of ``b`` columns, or None when one launch serves.
+
+    None unless the float4 gather takes the product, ``V`` (``A``'s columns x
+    the padded width) exceeds :data:`GATHER_CHUNK_BYTES`, a chunk's row of
+    ``A`` still averages enough stored values, and ``A``'s rows have sorted
+    indices (checked here: one small read back).
+    """
+    import cupy
+
+    n_rows, n_cols = A.shape
+    chunk = int(os.environ.get("MPIML_SPARSE_GATHER_CHUNK_BYTES", GATHER_CHUNK_BYTES))
+    if not (supported(A) and np.dtype(A.dtype) == np.float32 and 2 <= b <= VEC4_MAX_COLUMNS
+            and gather_mode() == "vec4" and n_rows and A.nnz and chunk > 0):
+        return None
+    K = -(-n_cols * 16 * _vec4_lanes(b) // chunk)
+    K = min(K, max(1, int(A.nnz / n_rows / _CHUNK_MIN_PER_ROW)))
+    if K <= 1:
+        return None
+    step = -(-n_cols // K)
+    cuts = np.minimum(np.arange(K + 1, dtype=np.int64) * step, n_cols).astype(np.int32)
+    ptr = cupy.empty((K + 1) * n_rows, dtype=cupy.int32)
+    bad = cupy.zeros(1, dtype=cupy.int32)
+    _function("mpiml_csr_split")((_blocks(_THREADS // 32, n_rows),), (_THREADS,),
+                                 (A.indptr, A.indices, np.int64(n_rows), cupy.asarray(cuts), np.int32(K), ptr, bad))
+    if int(bad.get()[0]):
+        return None
+    return GatherChunks(ptr, K)
 
 
 def csr_rmatmul_scatter(A, U, out_dtype=np.float64):

@@ -13,6 +13,17 @@
 //   small enough to stay in L2; the reads of A stream from memory once).  Deterministic: the sum of
 //   a row is in storage order.
 //
+// mpiml_csr_gather4<Out, L>:  Y = A V for float32 A and V with b <= 4 L columns (L = 2, 4 or 8), V's rows
+//   16-byte aligned (ldv a multiple of 4 values; the caller pads V, whose padding columns are read but
+//   never written out).  A warp owns a row: it loads 32 (index, value) pairs at once, then L steps each
+//   take 32 / L of them, a group of L lanes a stored value, lane l reading columns 4l..4l+3 of that row
+//   of V as one float4.  Every lane's L loads are issued before any is used: a warp keeps 32 rows of V
+//   in flight (the scalar kernel above keeps 4) and one load instruction moves 4 rows' worth for 8
+//   lanes a row.  Each lane sums in float64 the stored values it took (storage order), then the 32 / L
+//   groups are added by a fixed butterfly: deterministic.  A row is [lo[row], hi[row]) (lo = indptr,
+//   hi = indptr + 1 for the whole matrix, or a column piece of mpiml_csr_split), added to Y when
+//   accumulate (the pieces of a product in a fixed order: still deterministic).
+//
 // mpiml_csr_scatter<T, Out, G, CPL>:  Y += Aᵀ U,  U (n_rows x b), Y (n_cols x b) zeroed by the caller.
 //   A group of G lanes owns a row of A, holds that row of U in registers (read once, coalesced) and
 //   adds value * u to the row of Y of every stored value with atomics (Out float or double).  No
@@ -116,6 +127,75 @@ mpiml_csr_gather(const int* __restrict__ indptr, const int* __restrict__ indices
         for (int q = 0; q < CPL; ++q) {
             const int cc = g + q * G;
             if (cc < b) yr[cc] = Out(acc[q]);
+        }
+    }
+}
+
+template <typename Out, int L>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_gather4(const int* __restrict__ lo, const int* __restrict__ hi, const int* __restrict__ indices,
+                  const float* __restrict__ data, const long long n_rows, const float4* __restrict__ V,
+                  const long long ldv4, const int b, Out* __restrict__ Y, const long long ldy, const int accumulate) {
+    static_assert(L == 2 || L == 4 || L == 8, "L must be 2, 4 or 8");
+    constexpr int S = 32 / L;                   // stored values a step (one per group of L lanes)
+    const int lane = threadIdx.x & 31;
+    const int l = lane & (L - 1);               // this lane's float4 of a row of V: columns 4l..4l+3
+    const int s = lane / L;                     // this lane's group
+    const bool active = 4 * l < b;
+    const long long warps = (long long)gridDim.x * (MPIML_SPARSE_THREADS / 32);
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / 32; row < n_rows;
+         row += warps) {
+        const int start = __ldg(lo + row);
+        const int end = __ldg(hi + row);
+        double acc0 = 0.0, acc1 = 0.0, acc2 = 0.0, acc3 = 0.0;
+        for (int base = start; base < end; base += 32) {
+            const int j = base + lane;
+            int col = 0;
+            float val = 0.0f;
+            if (j < end) {                             // streamed once: evict first, keep V's rows in L2
+                col = __ldcs(indices + j);
+                val = __ldcs(data + j);
+            }
+            const int cnt = min(32, end - base);
+            float4 x[L];
+            float w[L];
+#pragma unroll
+            for (int t = 0; t < L; ++t) {
+                const int src = t * S + s;
+                const int c = __shfl_sync(0xffffffffu, col, src);
+                w[t] = __shfl_sync(0xffffffffu, val, src);
+                x[t] = (src < cnt && active) ? __ldg(V + (long long)c * ldv4 + l) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int t = 0; t < L; ++t) {              // w[t] is 0 past the row's end: nothing is added
+                const double wt = double(w[t]);
+                acc0 += wt * double(x[t].x);
+                acc1 += wt * double(x[t].y);
+                acc2 += wt * double(x[t].z);
+                acc3 += wt * double(x[t].w);
+            }
+        }
+#pragma unroll
+        for (int off = L; off < 32; off <<= 1) {       // the groups' sums, the same on every lane
+            acc0 += __shfl_xor_sync(0xffffffffu, acc0, off);
+            acc1 += __shfl_xor_sync(0xffffffffu, acc1, off);
+            acc2 += __shfl_xor_sync(0xffffffffu, acc2, off);
+            acc3 += __shfl_xor_sync(0xffffffffu, acc3, off);
+        }
+        if (s == 0 && active) {
+            Out* yr = Y + row * ldy + 4 * l;
+            const int c0 = 4 * l;
+            if (accumulate) {
+                yr[0] += Out(acc0);
+                if (c0 + 1 < b) yr[1] += Out(acc1);
+                if (c0 + 2 < b) yr[2] += Out(acc2);
+                if (c0 + 3 < b) yr[3] += Out(acc3);
+            } else {
+                yr[0] = Out(acc0);
+                if (c0 + 1 < b) yr[1] = Out(acc1);
+                if (c0 + 2 < b) yr[2] = Out(acc2);
+                if (c0 + 3 < b) yr[3] = Out(acc3);
+            }
         }
     }
 }
@@ -371,9 +451,19 @@ mpiml_csr_piece_dot(const int* __restrict__ p0, const int* __restrict__ p1, cons
     const unsigned mask = mpiml_group_mask<G>();
     const int g = threadIdx.x & (G - 1);
     const long long groups = (long long)gridDim.x * (blockDim.x / G);
-    for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / G; row < n_rows; row += groups) {
-        const int start = __ldg(p0 + row);
-        const int end = __ldg(p1 + row);
+    long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int next_start = 0, next_end = 0;               // the next row's bounds load while this row's values do
+    if (row < n_rows) {
+        next_start = __ldg(p0 + row);
+        next_end = __ldg(p1 + row);
+    }
+    for (; row < n_rows; row += groups) {
+        const int start = next_start;
+        const int end = next_end;
+        if (row + groups < n_rows) {
+            next_start = __ldg(p0 + row + groups);
+            next_end = __ldg(p1 + row + groups);
+        }
         double acc = 0.0;
         int j = start + g;
         for (; j + G < end; j += 2 * G) {
@@ -400,11 +490,25 @@ mpiml_csr_piece_scatter(const int* __restrict__ p0, const int* __restrict__ p1, 
     __syncthreads();
     const int g = threadIdx.x & (G - 1);
     const long long groups = (long long)gridDim.x * (blockDim.x / G);
-    for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / G; row < n_rows; row += groups) {
-        const T ur = __ldg(u + row);
+    long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    T next_u = T(0);                                // the next row's u and bounds load while this row's values do
+    int next_start = 0, next_end = 0;
+    if (row < n_rows) {
+        next_u = __ldg(u + row);
+        next_start = __ldg(p0 + row);
+        next_end = __ldg(p1 + row);
+    }
+    for (; row < n_rows; row += groups) {
+        const T ur = next_u;
+        const int start = next_start;
+        const int end = next_end;
+        if (row + groups < n_rows) {
+            next_u = __ldg(u + row + groups);
+            next_start = __ldg(p0 + row + groups);
+            next_end = __ldg(p1 + row + groups);
+        }
         if (ur == T(0)) continue;
-        const int end = __ldg(p1 + row);
-        for (int j = __ldg(p0 + row) + g; j < end; j += G)
+        for (int j = start + g; j < end; j += G)
             atomicAdd(acc + (__ldg(indices + j) - lo), __ldg(data + j) * ur);
     }
     __syncthreads();
