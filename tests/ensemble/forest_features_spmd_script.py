@@ -118,4 +118,5 @@ def main():
     check(msgs[0] is not None and len(set(msgs)) == 1, f"negative poisson target: {msgs}")
 
 
-guarded(main, comm)
+if __name__ == "__main__":
+    guarded(main, comm)

@@ -67,4 +67,5 @@ def main():
                 check(a.shape == b.shape and np.array_equal(a, b), f"{what}: {key} differs at {size} ranks")
 
 
-guarded(main, comm)
+if __name__ == "__main__":
+    guarded(main, comm)

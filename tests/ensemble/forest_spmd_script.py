@@ -5,7 +5,7 @@ holds a share proportional to r + 1), and compares the SPMD forest with the
 same forest grown by one process on all rows, and with scikit-learn.
 Verdicts are collective (tests/_spmd.py).
 
-Usage: forest_spmd_script.py OUTDIR
+Usage: forest_spmd_script.py [OUTDIR] (test_forest_mpi.py runs ``main`` through tests/_spmd_cases.py)
 """
 
 import sys
@@ -25,7 +25,6 @@ from _spmd import check, guarded
 comm = get_comm()
 SELF = get_comm("self")
 rank, size = comm.rank, comm.size
-OUT = sys.argv[1] if len(sys.argv) > 1 else None
 TREE_KEYS = ("tree_offsets_", "tree_feature_", "tree_threshold_", "tree_children_left_", "tree_children_right_",
              "tree_value_", "tree_n_node_samples_", "tree_impurity_")
 
@@ -60,7 +59,8 @@ def split(X, y, n_train):
     return X[:n_train], y[:n_train], X[n_train:], y[n_train:]
 
 
-def main():
+def main(out=None):
+    """The checks; ``out``: where the model file, the predictions and the exact trees go (or nowhere)."""
     Xc, yc = make_classification(n_samples=900, n_features=8, n_informative=5, n_classes=3, random_state=0)
     Xr, yr = make_regression(n_samples=900, n_features=8, n_informative=5, noise=10.0, random_state=0)
     Xc_tr, yc_tr, Xc_te, yc_te = split(Xc, yc, 600)
@@ -74,8 +74,8 @@ def main():
         ref = on_root(lambda: cls(comm=SELF, **params).fit(X, y))
         got = cls(**params).fit(shard(X), shard(y))
         same_trees(got, ref, f"{cls.__name__} {kw} bootstrap=False")
-        if OUT and rank == 0 and cls is RandomForestClassifier and not kw.get("class_weight"):
-            np.savez(f"{OUT}/exact_{size}.npz", **{k: getattr(got, k) for k in TREE_KEYS})
+        if out and rank == 0 and cls is RandomForestClassifier and not kw.get("class_weight"):
+            np.savez(f"{out}/exact_{size}.npz", **{k: getattr(got, k) for k in TREE_KEYS})
 
     # 2. bootstrap (Poisson weights by global row) and max_features: still rank-count independent
     params = dict(n_estimators=8, max_depth=6, max_samples=0.7, random_state=3)
@@ -257,16 +257,17 @@ def main():
             check(msgs[0].startswith("DistributedInputError"), f"{what}: {msgs[0]}")
 
     # 7. model file written by N ranks; read back here and by the test process
-    if OUT:
-        mpiml.save(clf, f"{OUT}/forest.mpiml")
-        back = mpiml.load(f"{OUT}/forest.mpiml")
+    if out:
+        mpiml.save(clf, f"{out}/forest.mpiml")
+        back = mpiml.load(f"{out}/forest.mpiml")
         check(np.array_equal(back.predict_proba(shard(Xc_te)), proba), "loaded forest predicts differently")
         if rank == 0:
-            np.save(f"{OUT}/X.npy", Xc_te)
+            np.save(f"{out}/X.npy", Xc_te)
         np_proba = gathered(proba)
         if rank == 0:
-            np.save(f"{OUT}/proba.npy", np_proba)
+            np.save(f"{out}/proba.npy", np_proba)
         comm.barrier()
 
 
-guarded(main, comm)
+if __name__ == "__main__":
+    guarded(lambda: main(sys.argv[1] if len(sys.argv) > 1 else None), comm)
