@@ -35,6 +35,8 @@
 #             1 and 2 CPU ranks on 2 cores
 #   profile   where the time goes: the linear models' fits traced at 1 and all GPUs (Gram variant picked), the forest
 #             regressor's level profile with larger histogram chunks, sparse TruncatedSVD's parts (~250 s)
+#   check     after a merge (~550 s, 4 GPUs): the GPU tests of the linear models, decomposition and forests side by
+#             side, the new IPC paths alone, then vs raw NCCL, the linear models and sparse products at the defaults
 #   soak      five minutes of random checked collectives on every GPU (BUDGET=400)
 #
 # Environment (one preamble for every part): NVLink multicast off (DEVICE.md: NCCL_NVLS_ENABLE=0,
@@ -426,6 +428,32 @@ part_profile() {   # profiles the next optimisations start from (no result file:
         --fits kernels --profile 30 --out "$RES/spmm_gpu_$MACHINE.json"
 }
 
+part_check() {
+    bg_step "GPU tests of the linear models" 220 $PYTEST --timeout=210 tests/linear_model
+    bg_step "GPU tests of decomposition" 220 $PYTEST --timeout=210 tests/decomposition
+    bg_step "GPU tests of the forests" 220 $PYTEST --timeout=210 tests/ensemble
+    bg_wait
+    local M="$MPIRUN -x MPIML_IPC_LL_SLOT_BYTES"
+    step "IPC two-shot in LL lines, NCCL watchdog events: exact over dtypes, roots, graphs (4 and 3 ranks)" 60 sh -c \
+        "$M -n 4 python3 tests/comm/gpu_variants.py && $M -n 3 python3 tests/comm/gpu_variants.py"
+    step "bcast / reduce / allreduce 64 KiB-4 MiB: default, NCCL, two-shot, LL two-shot beside raw NCCL" 60 $M -n "$R" \
+        python3 benchmarks/gpu/vs_nccl.py --ops bcast,reduce,allreduce --sizes 65536,262144,1048576,4194304 \
+        --paths raw,auto,nccl,ipc/twoshot,ipc/lltwoshot --rounds 2 --no-micro --out "$RES/vs_nccl_lltwoshot_$MACHINE.json"
+    step "allreduce 4 B and 1 MiB: host cost a call, first calls of new shapes" 45 $M -n "$R" python3 \
+        benchmarks/gpu/vs_nccl.py --ops allreduce --sizes 4,1048576 --paths raw,auto,nccl --rounds 2 --first-calls \
+        --out "$RES/vs_nccl_micro_$MACHINE.json"
+    FIT_RANKS="1 $R" FIT_SECS=40 spmd_fits linreg ridge logreg
+    step "sparse products each way, sparse TruncatedSVD and Ridge fits vs cupyx CG, a profile (1 GPU)" 60 python3 \
+        benchmarks/sparse/spmm_gpu.py --fits kernels --profile 30 --out "$RES/spmm_gpu_$MACHINE.json"
+    step "sparse TruncatedSVD, CSR 1e6 x 1e5, 1e8 values (1 GPU)" 60 python3 -m mpiml.bench.ml_linear --algo tsvd \
+        --components 16 --device gpu --ranks 1 --sparse 0.001 --rows 1e6 --features 100000 --dtype float32 \
+        --sklearn-rows 2e5 --out "$RES" --tag "$MACHINE"
+    keep "ml_tsvd_sparse_$MACHINE" "tsvd_sparse_$MACHINE"
+    step "LinearRegression / LogisticRegression traced at 1 and $R GPUs" 40 sh -c "for n in 1 $R; do $MPIRUN -n \$n \
+        python3 scripts/profile_fit.py linreg --kernels --trace --no-cprofile --top 20; $MPIRUN -n \$n python3 \
+        scripts/profile_fit.py logreg --kernels --trace --no-cprofile --top 20; done"
+}
+
 part_soak() {   # five minutes of random collectives on every GPU, every result checked, memory sampled
     step "soak: random ops, 4 B-64 MiB, dtypes, eager and graphs ($R ranks, 300 s)" 340 $MPIRUN -n "$R" python3 \
         benchmarks/gpu/soak.py --seconds 300 --out "$RES/soak_$MACHINE.json" --plot "$RES/soak_$MACHINE.png"
@@ -434,7 +462,7 @@ part_soak() {   # five minutes of random collectives on every GPU, every result 
 # ---------------------------------------------------------------------- run
 for PART in "$@"; do
     if ! declare -F "part_$PART" >/dev/null; then
-        echo "scripts/device_pass.sh: unknown part '$PART' (tests tests2 tests3 wave3 wave3_one wave4 wave5 soak comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds seeds_ranks wave wave2 profile)"
+        echo "scripts/device_pass.sh: unknown part '$PART' (tests tests2 tests3 wave3 wave3_one wave4 wave5 soak comm kmeans knn linear linear_scale forest pca pca_scale firstfit dask seeds seeds_ranks wave wave2 profile check)"
         exit 2
     fi
     LOG="$OUT/device_pass_$PART.log"
