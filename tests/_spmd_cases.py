@@ -64,7 +64,8 @@ def _run_cases(root, cases):
 
 class CaseLaunches:
     """One launch per rank count of the cases ``cases[n]`` (lists of case dicts), in ``tmp_path_factory``'s
-    folders; make one per test module (a module-scoped fixture)."""
+    folders; make one per group of tests that share launches (a module-scoped fixture, or a module's
+    global that several test modules take, as tests/utils/_utils_launches.py does)."""
 
     def __init__(self, cases, tmp_path_factory, *, timeout=540, env=None):
         self.cases, self.tmp, self.timeout, self.env = cases, tmp_path_factory, timeout, env

@@ -73,9 +73,13 @@ def test_batched_forest_equals_one_fit():
 @pytest.mark.mpi
 @pytest.mark.parametrize("algorithm", ["rf", "knn", "kmeans", "linreg", "logreg", "pca", "tsvd"])
 def test_defaults_finish_within_a_minute_on_two_cpu_ranks(algorithm):
+    # k-means is the README's main job: no algorithm and no --np either (two ranks without a GPU)
+    args = ["--device", "cpu"] if algorithm == "kmeans" else [algorithm, "--np", "2", "--device", "cpu"]
     t0 = time.perf_counter()
-    out = _run(algorithm, "--np", "2", "--device", "cpu", timeout=120)
+    out = _run(*args, timeout=120)
     seconds = time.perf_counter() - t0
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "to scale up" in out.stdout
+    if algorithm == "kmeans":
+        assert "200000 x 32 float32, k=16" in out.stdout and "2 rank(s)" in out.stdout, out.stdout[-3000:]
     assert seconds < 60, f"mpiml run {algorithm}: {seconds:.1f} s"

@@ -1,4 +1,5 @@
-"""Run under mpiexec by test_utils_validation.py: input problems agreed across ranks."""
+"""Run under mpiexec for test_utils_validation.py (through _utils_launches.py): input problems agreed
+across ranks."""
 
 import numpy as np
 
@@ -108,4 +109,5 @@ def main():
     check(outcome(lambda: agree_on_error(comm, None)) is None, "agree_on_error without errors")
 
 
-guarded(main, comm)
+if __name__ == "__main__":
+    guarded(main, comm)

@@ -1,4 +1,4 @@
-"""TSQR and CholeskyQR2 checks under ``mpiexec -n N``, run by test_linalg.py.
+"""TSQR and CholeskyQR2 checks under ``mpiexec -n N``, run for test_linalg.py (through _utils_launches.py).
 
 Every rank builds the same global matrices, keeps a shard of them (uneven,
 one rank may be empty or hold fewer rows than columns), and compares the
@@ -141,4 +141,5 @@ def main():
     assert_close(u_got, u_ref, "svd_flip_rows U", exact=True)
 
 
-guarded(main, comm)
+if __name__ == "__main__":
+    guarded(main, comm)

@@ -1,9 +1,8 @@
 """Distributed QR (TSQR, CholeskyQR2) at 1, 2, 3 and 4 ranks: one launch per rank count.
 
-The checks live in ``linalg_spmd_script.py``; single-process argument checks are here.
+The checks live in ``linalg_spmd_script.py``, launched with the validation checks (``_utils_launches.py``);
+single-process argument checks are here.
 """
-
-import os
 
 import numpy as np
 import pytest
@@ -11,13 +10,18 @@ import pytest
 from mpiml.comm import get_comm
 from mpiml.utils._linalg import cholesky_qr2, orthonormalize, tsqr
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import _utils_launches
+
+
+@pytest.fixture
+def utils_launches(tmp_path_factory):
+    return _utils_launches.launches(tmp_path_factory)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_linalg_spmd(mpi, n):
-    mpi(os.path.join(HERE, "linalg_spmd_script.py"), n, timeout=120)
+def test_linalg_spmd(utils_launches, n):
+    utils_launches.verdict(n, "linalg")
 
 
 def test_bad_arguments():

@@ -1,7 +1,5 @@
 """validate_data and friends: scikit-learn's behaviour on one rank, agreed errors on several."""
 
-import os
-
 import numpy as np
 import pytest
 from sklearn.base import BaseEstimator
@@ -12,7 +10,12 @@ from mpiml.utils import (check_random_state, global_row_offset, row_counts, to_d
                          validate_sample_weight, xp_of)
 from mpiml.utils._testing import MinimalSPMDTransformer
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import _utils_launches
+
+
+@pytest.fixture
+def utils_launches(tmp_path_factory):
+    return _utils_launches.launches(tmp_path_factory)
 
 
 class MinimalSPMDTransformerLike(BaseEstimator):
@@ -94,8 +97,8 @@ def test_conversions_and_helpers():
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_validation_on_ranks(mpi, n):
-    mpi(os.path.join(HERE, "_validation_spmd_script.py"), n, timeout=120)
+def test_validation_on_ranks(utils_launches, n):
+    utils_launches.verdict(n, "validation")       # _validation_spmd_script.py (see _utils_launches.py)
 
 
 @pytest.mark.gpu

@@ -157,7 +157,7 @@ class TreeGrower:
         # the host kernels gather a node's rows from one feature's column of bins at a time
         self.cols = np.ascontiguousarray(spec.Xb.T) if self.cpu else None
         # a rank that grows alone needs no histogram of any node: the search reads a per-thread one
-        alone = spec.comm is None or spec.comm.size == 1
+        self.alone = alone = spec.comm is None or spec.comm.size == 1
         self.fused = self.cpu and alone and self._candidate_search(self.C) is not None
         # several host ranks: nodes with fewer rows than bins gather their rows instead of reducing histograms
         self.gather_small = (self.cpu and not alone and not self.full and self._candidate_search(self.C) is not None
@@ -414,9 +414,8 @@ class TreeGrower:
                           s.min_samples_leaf)
             best = choose(xp, cand)
         else:
-            Hm = H if fpos is None else xp.take_along_axis(H, fpos[:, :, None, None], axis=1)
             nanb = None if self.nan_bin is None else xp.asarray(self.nan_bin)[xp.asarray(order)]
-            best = dense_candidates(self, Hm, tot, st["mwl"], first_only, nanb=nanb)
+            best = dense_candidates(self, H, tot, st["mwl"], first_only, nanb=nanb, fpos=fpos)
         dec = decide(self, best[:7], st, ex, order, depth)
         dec["missing_left"] = (_host(xp, best[7]).astype(bool) & ~dec["leaf"] if len(best) > 7
                                else np.zeros(len(dec["leaf"]), dtype=bool))
@@ -467,7 +466,8 @@ class TreeGrower:
                 dec = self._leaf_level(el, perm, depth, root_w)
                 parent = None
             else:
-                keep = self.full and (s.max_depth is None or depth + 1 < s.max_depth)
+                keep = (self.full and (s.max_depth is None or depth + 1 < s.max_depth)
+                        and self._deriving_pays(el))
                 dec, parent = self._split_level(el, perm, depth, root_w, parent, keep)
             if roots is None:
                 roots = dec["W"].copy()
@@ -480,6 +480,20 @@ class TreeGrower:
             self.stats["route_s"] += time.perf_counter() - t0
             depth += 1
         return self._trees(levels, T)
+
+    def _deriving_pays(self, el):
+        """Whether the next level derives one child of each split node from its parent's histograms.
+
+        Always on GPUs and with several ranks (deriving halves the kernel work or the allreduce). A host
+        rank growing alone derives only while its nodes hold at least as many rows as their histograms
+        have cells per feature (bins x channels): building a child costs its rows, deriving it the whole
+        histogram several times over (kept, gathered, subtracted, stored) -- with the 64 target bins of
+        ``absolute_error``, far more than the rows of all but the largest nodes.  The same trees either way.
+        """
+        if self.xp is not np or not self.alone:
+            return True
+        lens = el.lens()
+        return int(lens.sum()) >= len(lens) * self.B * self.C
 
     def _leaf_level(self, el, perm, depth, root_w):
         """The last level (``depth == max_depth``): every node is a leaf; only per-node totals are summed."""

@@ -141,7 +141,7 @@ def _scored(g, left, right, mwl):
     return proxy, WL, valid
 
 
-def dense_candidates(g, Hm, tot, mwl, first_only=False, nanb=None):
+def dense_candidates(g, Hm, tot, mwl, first_only=False, nanb=None, fpos=None):
     """The best split of every node by whole-array operations over its histograms ``Hm`` (S, m, B, C).
 
     Only non-empty bins are split candidates (a split after an empty bin
@@ -155,14 +155,23 @@ def dense_candidates(g, Hm, tot, mwl, first_only=False, nanb=None):
     is also scored with the missing values on the left, and an eighth array says per node whether
     the chosen split sends them left.
 
+    ``fpos`` (S, m): the positions in ``Hm`` of each node's candidate features, in the node's order (then
+    ``Hm`` is (S, F, B, C) and only its non-empty bins of those features are read, not copied in that order).
+
     Returns per node ``(best_val, best_j, best_b, best_wl, below, above, varying)``.
     """
     xp, D = g.xp, g.D
-    n_slots, m, B, C = Hm.shape
+    n_slots, F, B, C = Hm.shape
     # (S, m, B) bins holding rows: the row count, the weight (regression), or the class weights (all >= 1)
     occupied = Hm.sum(axis=3) > 0 if (g.K and not D) else Hm[..., 0] > 0
+    m, rows = F, None
+    if fpos is not None:
+        m = fpos.shape[1]
+        occupied = xp.take_along_axis(occupied, fpos[:, :, None], axis=1)
+        rows = (xp.arange(n_slots)[:, None] * F + fpos).reshape(-1)     # (slot, position) -> Hm's (slot, feature)
     nz = xp.flatnonzero(occupied.ravel())                    # non-empty (slot, feature, bin)
-    G = Hm.reshape(-1, C)[nz].astype(xp.int64)
+    src = nz if rows is None else rows[nz // B] * B + nz % B
+    G = Hm.reshape(-1, C)[src].astype(xp.int64)
     seg = nz // B
     first = xp.searchsorted(seg, seg, side="left")
     cs = xp.cumsum(G, axis=0)
@@ -177,7 +186,8 @@ def dense_candidates(g, Hm, tot, mwl, first_only=False, nanb=None):
         # of its feature below that bin; the better side wins (ties: missing values right)
         nb = nanb.reshape(-1).astype(xp.int64)
         nb = xp.where(nb < B, nb, -1)                        # one-bin totals (the last level): no split
-        nan_h = Hm.reshape(n_slots * m, B, C)[xp.arange(n_slots * m), xp.maximum(nb, 0)] * (nb >= 0)[:, None]
+        hrows = xp.arange(n_slots * m) if rows is None else rows
+        nan_h = Hm.reshape(n_slots * F, B, C)[hrows, xp.maximum(nb, 0)] * (nb >= 0)[:, None]
         below_nan = (nz % B) < nb[seg]
         left2 = left + nan_h[seg] * below_nan[:, None]
         proxy2, WL2, valid2 = _scored(g, left2, tot[slot] - left2, mwl_e)
