@@ -138,9 +138,9 @@ class Objective:
         """``Gᵀ X`` as host float64 of shape (k, d); ``G`` has one column per class (n, k)."""
         xp, X = self.xp, self.X
         if self.sparse:
-            return as_like((X.T @ G.astype(X.dtype)).astype(xp.float64), np).T
+            return as_like((X.T @ G.astype(X.dtype, copy=False)).astype(xp.float64, copy=False), np).T
         # in X's dtype (no float64 copy of a float32 shard per evaluation, as scikit-learn), float64 after
-        return as_like((G.T.astype(X.dtype) @ X).astype(xp.float64), np)
+        return as_like((G.T.astype(X.dtype, copy=False) @ X).astype(xp.float64, copy=False), np)
 
     def _fused_local(self, w, v=None, fp=0.0):
         """``[Σ w·loss | gradient | fp, fp²]`` (or ``[H v | fp, fp²]`` when ``v`` is given) by one read of
@@ -181,10 +181,11 @@ class Objective:
         self._stash = (_fingerprint(w), prob)
         grad = np.zeros((self.k, D))
         if xp is np or self.sparse:
-            out[0] = float(sw.astype(xp.float64) @ loss.astype(xp.float64))
+            # (copy=False: float64 rows are used as they are, not copied per evaluation)
+            out[0] = float(sw.astype(xp.float64, copy=False) @ loss.astype(xp.float64, copy=False))
             grad[:, :self.d] = self._xt(G)
             if self.fi:
-                grad[:, self.d] = self.scale * as_like(G.astype(xp.float64).sum(axis=0), np)
+                grad[:, self.d] = self.scale * as_like(G.astype(xp.float64, copy=False).sum(axis=0), np)
         else:  # one transfer from the device: [loss | Gᵀ X | column sums of G]
             parts = [(sw.astype(xp.float64) @ loss.astype(xp.float64)).reshape(1),
                      (G.T.astype(X.dtype) @ X).astype(xp.float64).ravel(), G.astype(xp.float64).sum(axis=0)]

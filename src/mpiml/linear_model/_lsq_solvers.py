@@ -195,7 +195,7 @@ class ScaledCholesky:
 
     One ``O(d³/3)`` factorisation serves the condition estimate of ``S`` (LAPACK ``dpocon``, ``O(d²)``),
     an upper bound of the 2-norm condition number of ``A`` and the solve ``A x = b = D S⁻¹ D b``
-    (equilibrated, so at least as accurate as a Cholesky solve of ``A`` itself).  ``kappa`` is inf and
+    (equilibrated: the scaling costs nothing in accuracy, Cholesky being scale-invariant).  ``kappa`` is inf and
     ``factor`` None when ``A`` is not finite or not numerically positive definite.
     """
 
