@@ -318,19 +318,18 @@ def first_call_times(c, op, rows, width):
 
 if args.first_calls and P > 1:
     set_check("auto")
-    width = 4864
-    rows = max(P, args.first_bytes // (4 * width) // P * P)
+    width = 4864  # (not `rows`: that name holds the sweep's results)
+    height = max(P, args.first_bytes // (4 * width) // P * P)
     for op in ("reduce_scatter", "allreduce"):
         fresh = comm.split(0)  # a new communicator: its nccl / ipc transports are made at first use
-        t0 = time.perf_counter()
-        got = first_call_times(fresh, op, rows, width)
-        got["warm_new_shape"] = first_call_times(fresh, op, rows - P, width)["first"]
+        got = first_call_times(fresh, op, height, width)
+        got["warm_new_shape"] = first_call_times(fresh, op, height - P, width)["first"]
         got["transports"] = sorted(fresh._device_transports)
-        got["bytes"] = rows * width * 4
+        got["bytes"] = height * width * 4
         first_calls[op] = got
         fresh.close()
         if R == 0:
-            print(f"first calls {op} {rows}x{width} int32: " + json.dumps(
+            print(f"first calls {op} {height}x{width} int32: " + json.dumps(
                 {k: (round(v * 1e3, 3) if isinstance(v, float) else v) for k, v in got.items()}) + " (ms)",
                 flush=True)
 

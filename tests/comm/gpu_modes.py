@@ -2,9 +2,10 @@
 
 Usage: ``python gpu_modes.py``.
 
-1. The default table routes a 4-rank bcast / reduce of 256 KiB-1 MiB to the IPC two-shot eagerly and
-   to NCCL in a CUDA graph: each shape is called eagerly, then captured and replayed on new inputs,
-   then eagerly again, results checked every time; at 4 ranks the script also checks which
+1. A table of its own (``MPIML_TUNING_FILE``, ahead of the defaults) routes a bcast / reduce of
+   256 KiB-1 MiB to the IPC two-shot eagerly and to NCCL in a CUDA graph (as the checked-in table did
+   until the LL two-shot took both modes): each shape is called eagerly, then captured and replayed on
+   new inputs, then eagerly again, results checked every time; at 4 ranks the script also checks which
    launcher each mode holds (``_ModeLaunchers``).
 2. An eager IPC collective on stream A, a capture begun on A while it may still run, and an eager IPC
    collective on stream B during that capture: the transport cannot mark A's call with an event any
@@ -16,6 +17,10 @@ Usage: ``python gpu_modes.py``.
 Prints ``OK: 0 failure(s)`` through tests/_spmd.py.
 """
 
+import json
+import os
+import tempfile
+
 from _spmd import check, guarded
 
 import cupy as cp  # noqa: E402
@@ -23,7 +28,17 @@ import cupy as cp  # noqa: E402
 from mpiml import CommError, init  # noqa: E402
 from mpiml.comm import get_comm  # noqa: E402
 
+# routes that differ per mode (rank 0's file is read and agreed when the communicator is made)
+_fd, _table = tempfile.mkstemp(suffix=".json", prefix="mpiml_gpu_modes_")
+with os.fdopen(_fd, "w") as fh:
+    json.dump({"rules": [
+        {"op": op, "memory": "device", "mode": mode, "min_ranks": 2, "max_bytes": 1 << 20, "backend": backend,
+         "algorithm": algo}
+        for op in ("bcast", "reduce")
+        for mode, backend, algo in (("eager", "ipc", "twoshot"), ("graph", "nccl", "native"))]}, fh)
+os.environ["MPIML_TUNING_FILE"] = _table
 comm = get_comm()
+os.unlink(_table)
 init(device="gpu")
 P, R = comm.size, comm.rank
 

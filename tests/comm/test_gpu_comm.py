@@ -87,8 +87,8 @@ def test_two_level_virtual_nodes(mpi):
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_routes_per_mode_and_a_capture_on_the_previous_stream(mpi, n):
-    """bcast / reduce of 256 KiB-1 MiB eagerly, in a replayed graph and eagerly again (4 ranks: the two-shot
-    eagerly, NCCL in graphs, one hot launcher per mode); an eager call on another stream while the previous
+    """bcast / reduce of 256 KiB-1 MiB eagerly, in a replayed graph and eagerly again (a table of the script's
+    own: the two-shot eagerly, NCCL in graphs; 4 ranks: one hot launcher per mode); an eager call on another stream while the previous
     call's stream is being captured: right, or a CommError saying to synchronize first."""
     _need(n)
     proc = mpi(os.path.join(HERE, "gpu_modes.py"), n, timeout=300, env={"MPIML_TIMEOUT": "60"})
