@@ -132,7 +132,7 @@ def _lloyd(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
     if lean and _DEVICE_LOOP:
         return _lloyd_device(shard, centers, max_iter=max_iter, tol=tol, verbose=verbose, iter_seconds=iter_seconds)
     labels = xp.full(n, -1, dtype=xp.int32)
-    step_weight = None if lean and shard.unit_weight else shard.weight
+    step_weight = None if shard.unit_weight and (lean or xp is np) else shard.weight  # (host: no weight reads)
     mind = None if lean else xp.empty(n, dtype=shard.X.dtype)
     # the update of the k x d centres on the host: one copy of the packed vector back (the iteration waits for
     # it anyway) and one of the centres out; dense rows take the host copy of the centres, sparse GPU rows need

@@ -47,7 +47,7 @@ def n_parts(n, k, d):
 
 
 @nb.njit(cache=True, parallel=True, nogil=True, fastmath=FASTMATH)
-def _lloyd_kernel(X, shift, CT, c_sq, w, labels, mind, keep_mind, parts, block, sums_p, counts_p, stats_p):
+def _lloyd_kernel(X, shift, CT, c_sq, w, unit, labels, mind, keep_mind, parts, block, sums_p, counts_p, stats_p):
     """Parts of the rows in parallel; per block of a part: the shifted rows, their products with the
     centres by BLAS (one thread: the parts run side by side) and one pass for labels, distances, sums."""
     n, d = X.shape
@@ -84,7 +84,7 @@ def _lloyd_kernel(X, shift, CT, c_sq, w, labels, mind, keep_mind, parts, block, 
                 labels[r] = label
                 if keep_mind:
                     mind[r] = dist
-                wi = w[r]
+                wi = 1.0 if unit else w[r]
                 inertia += wi * dist
                 counts_p[part, label] += wi
                 for f in range(d):
@@ -118,7 +118,9 @@ def lloyd_step(X, sample_weight, shift, C, labels, mind, packed):
     CT = np.ascontiguousarray(C.T, dtype=X.dtype)
     C64 = C.astype(np.float64, copy=False)
     c_sq = np.einsum("ij,ij->i", C64, C64)
-    w = np.ones(n) if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=np.float64)
+    # unit weights: one value, read for every row (an array of n ones was a serial 16 MB fill at 2e6 rows)
+    unit = sample_weight is None
+    w = np.ones(1) if unit else np.ascontiguousarray(sample_weight, dtype=np.float64)
     shift = np.zeros(d, dtype=X.dtype) if shift is None else np.ascontiguousarray(shift, dtype=X.dtype)
     parts = n_parts(n, k, d)
     sums_p = np.zeros((parts, k, d))
@@ -128,8 +130,8 @@ def lloyd_step(X, sample_weight, shift, C, labels, mind, packed):
     mind = mind if keep else np.empty(n, dtype=X.dtype)  # the kernel's argument must be an array
     if n:
         with one_blas_thread():
-            _lloyd_kernel(np.ascontiguousarray(X), shift, CT, c_sq, w, labels, mind, keep, parts, block_rows(k, d),
-                          sums_p, counts_p, stats_p)
+            _lloyd_kernel(np.ascontiguousarray(X), shift, CT, c_sq, w, unit, labels, mind, keep, parts,
+                          block_rows(k, d), sums_p, counts_p, stats_p)
     # in part order: the same bits whatever the thread count (compiled: 4 NumPy calls a part were a serial
     # millisecond an iteration for 64 parts, as long as the parallel step of a rank's share of 2e6 rows)
     _add_parts(sums_p, counts_p, stats_p, packed)

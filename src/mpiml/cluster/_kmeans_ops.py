@@ -209,7 +209,7 @@ def assign(X, shift, C, *, batch_size=None, sample_weight=None):
         labels, mind = cpu.assign(X, shift, C)
         inertia = None
         if sample_weight is not None:
-            inertia = float(np.dot(sample_weight.astype(np.float64), mind.astype(np.float64)))
+            inertia = float(np.dot(sample_weight.astype(np.float64, copy=False), mind.astype(np.float64, copy=False)))
         return labels, mind, inertia
     n, d = X.shape
     k = C.shape[0]
@@ -223,7 +223,7 @@ def assign(X, shift, C, *, batch_size=None, sample_weight=None):
         labels[s:e], mind[s:e], _ = _host_assign_chunk(X[s:e], shift, C, c_sq, CT)
     inertia = None
     if sample_weight is not None:
-        inertia = float(np.dot(sample_weight.astype(np.float64), mind.astype(np.float64)))
+        inertia = float(np.dot(sample_weight.astype(np.float64, copy=False), mind.astype(np.float64, copy=False)))
     return labels, mind, inertia
 
 

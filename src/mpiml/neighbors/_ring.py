@@ -437,12 +437,8 @@ def _replicated_kneighbors(Q, X, Y, k, *, metric, p, comm, offsets, xp, cpu):
     every rank); the lists are padded to ``k`` with ``(inf, int64 max)`` and merged by (value, global
     index), so every rank ends with the same answer, equal to the ring's.
     """
-    n, t = Q.shape[0], None if Y is None else Y.shape[1]
-    block = _Block(X, Y, int(offsets[comm.rank]))
-    if cpu is not None:
-        bd, bi, pay = _host_merge(cpu, Q, block, metric, p, _host_lists(Q, k, t))
-    else:
-        bd, bi, pay = _padded(*_search_block(Q, block, k, metric, p, (None, None, None), xp), n, k, t, X.dtype, xp)
+    n = Q.shape[0]
+    bd, bi, pay = _shard_lists(Q, _Block(X, Y, int(offsets[comm.rank])), k, metric, p, xp, cpu)
     parts = [bd, bi] + ([] if pay is None else [pay])
     got = [comm.allgather(xp.ascontiguousarray(a)) for a in parts]
     size = comm.size
@@ -458,8 +454,18 @@ def _replicated_kneighbors(Q, X, Y, k, *, metric, p, comm, offsets, xp, cpu):
     return state
 
 
+def _shard_lists(Q, block, k, metric, p, xp, cpu):
+    """The ``k``-lists of ``Q`` against this rank's ``block`` alone, padded to ``k`` columns with
+    ``(inf, int64 max)`` (a shard may hold fewer rows); compared values when ``cpu`` is the compiled module."""
+    t = None if block.Y is None else block.Y.shape[1]
+    if cpu is not None:
+        return _host_merge(cpu, Q, block, metric, p, _host_lists(Q, k, t))
+    return _padded(*_search_block(Q, block, k, metric, p, (None, None, None), xp), Q.shape[0], k, t, block.X.dtype,
+                   xp)
+
+
 def _padded(dist, gidx, pay, n, k, t, dtype, xp):
-    """Candidate lists padded to ``k`` columns with ``(inf, int64 max)`` (a shard may hold fewer rows)."""
+    """Candidate lists padded to ``k`` columns with ``(inf, int64 max)``."""
     if dist is None:
         dist = xp.empty((n, 0), dtype=dtype)
         gidx = xp.empty((n, 0), dtype=xp.int64)
@@ -484,13 +490,7 @@ def _local_kneighbors(Q, X, Y, k, *, metric, p, comm, offsets, qcounts, xp, cpu=
     size, rank = comm.size, comm.rank
     Qall = comm.allgatherv(xp.ascontiguousarray(Q))
     qoff = np.concatenate([[0], np.cumsum(qcounts)]).astype(np.int64)
-    n_all, t = int(qoff[-1]), None if Y is None else Y.shape[1]
-    block = _Block(X, Y, int(offsets[rank]))
-    if cpu is not None:
-        dist, gidx, pay = _host_merge(cpu, Qall, block, metric, p, _host_lists(Qall, k, t))
-    else:
-        dist, gidx, pay = _padded(*_search_block(Qall, block, k, metric, p, (None, None, None), xp), n_all, k, t,
-                                  X.dtype, xp)
+    dist, gidx, pay = _shard_lists(Qall, _Block(X, Y, int(offsets[rank])), k, metric, p, xp, cpu)
     parts = [dist, gidx] + ([] if pay is None else [pay])
 
     def rows(a, j):
