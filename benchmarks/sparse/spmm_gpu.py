@@ -80,6 +80,8 @@ def main(argv=None):
     ap.add_argument("--fits", default="kernels,scatter,cusparse", help="MPIML_SPARSE_PRODUCTS modes to fit under")
     ap.add_argument("--profile", type=int, default=16, help="print the top N of a cProfile of one fit in the first "
                     "mode (0: none)")
+    ap.add_argument("--chunk-bytes", type=int, default=0, help="also time XᵀU with U's rows by chunks of this many "
+                    "bytes (MPIML_SPARSE_GATHER_CHUNK_BYTES; 0: not)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     import cupy as cp
@@ -118,12 +120,19 @@ def main(argv=None):
         t[f"XtU kernel gather {gather} on XT"] = best_seconds(
             lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64), args.repeats, sync)
     os.environ.pop("MPIML_SPARSE_GATHER", None)
-    chunks = sparse.gather_chunks(XT, b)        # U's rows a chunk at a time, each chunk staying in L2
+    chunks = None
+    if args.chunk_bytes:                        # U's rows a chunk at a time, each chunk staying in L2 (opt-in)
+        os.environ["MPIML_SPARSE_GATHER_CHUNK_BYTES"] = str(args.chunk_bytes)
+        chunks = sparse.gather_chunks(XT, b)
+        os.environ.pop("MPIML_SPARSE_GATHER_CHUNK_BYTES", None)
     res["gather_chunks"] = None if chunks is None else chunks.K
     if chunks is not None:
         t[f"XtU kernel gather vec4 on XT, {chunks.K} chunks"] = best_seconds(
             lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64, chunks=chunks), args.repeats, sync)
-        t["gather chunks: build"] = best_seconds(lambda: sparse.gather_chunks(XT, b), args.repeats, sync)
+        one = sparse.csr_matmul(XT, U, out_dtype=np.float64)
+        res["XtU chunked vs one launch (max rel diff)"] = float(
+            cp.abs(sparse.csr_matmul(XT, U, out_dtype=np.float64, chunks=chunks) - one).max() / cp.abs(one).max())
+        del one
     t["XtU cusparse X.T@U"] = best_seconds(lambda: X.T @ U, args.repeats, sync)
     t["XtU cusparse stored XT"] = best_seconds(lambda: XT @ U, args.repeats, sync)
     t["XtU kernel scatter f64"] = best_seconds(lambda: sparse.csr_rmatmul_scatter(X, U, np.float64), args.repeats, sync)
@@ -153,8 +162,6 @@ def main(argv=None):
     os.environ.pop("MPIML_SPARSE_GATHER", None)
     err = {"XV kernel vs cusparse": float(cp.abs(sparse.csr_matmul(X, V) - X @ V).max() / cp.abs(X @ V).max()),
            "XV vec4 vs scalar gather": float(cp.abs(sparse.csr_matmul(X, V) - scalar).max() / cp.abs(scalar).max()),
-           "XtU chunked vs cusparse": float(cp.abs(sparse.csr_matmul(XT, U, out_dtype=np.float64, chunks=chunks) - ref)
-                                            .max() / cp.abs(ref).max()),
            "XtU gather vs cusparse": float(cp.abs(sparse.csr_matmul(XT, U, out_dtype=np.float64) - ref).max()
                                            / cp.abs(ref).max()),
            "XtU scatter vs cusparse": float(cp.abs(sparse.csr_rmatmul_scatter(X, U) - ref).max() / cp.abs(ref).max())}
@@ -179,9 +186,10 @@ def main(argv=None):
             os.environ["MPIML_SPARSE_GATHER"] = "scalar"
             fits["kernels, scalar gather"] = best_seconds(lambda: est.fit(X), 3, sync)
             os.environ.pop("MPIML_SPARSE_GATHER", None)
-            os.environ["MPIML_SPARSE_GATHER_CHUNK_BYTES"] = "0"       # XᵀU in one launch, U's rows past L2
-            fits["kernels, XtU unchunked"] = best_seconds(lambda: est.fit(X), 3, sync)
-            os.environ.pop("MPIML_SPARSE_GATHER_CHUNK_BYTES", None)
+            if args.chunk_bytes:                                      # XᵀU by L2-sized chunks of U's rows
+                os.environ["MPIML_SPARSE_GATHER_CHUNK_BYTES"] = str(args.chunk_bytes)
+                fits["kernels, XtU chunked"] = best_seconds(lambda: est.fit(X), 3, sync)
+                os.environ.pop("MPIML_SPARSE_GATHER_CHUNK_BYTES", None)
     # sparse Ridge (sparse_cg, tol 1e-4 as the benchmark) per mode against ten lines of cupyx CG on XᵀX + alpha I
     import cupyx.scipy.sparse.linalg as sla
 

@@ -81,6 +81,41 @@ def test_csr_matmul_equals_dense(dtype, b, gather, monkeypatch):
         assert chunks is None
 
 
+def test_chunked_gather_of_a_tall_block(monkeypatch):
+    """XᵀU by chunks of U's rows at the default 16 MB a chunk (U of 300,000 rows spans 3), against SciPy; U passed
+    at an odd offset (a misaligned view: copied) and as a column slice; chunks cut from other arrays are ignored."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+    import scipy.sparse as sp
+
+    from mpiml.kernels import sparse
+
+    monkeypatch.setenv("MPIML_SPARSE_GATHER", "vec4")
+    monkeypatch.setenv("MPIML_SPARSE_GATHER_CHUNK_BYTES", str(16 << 20))
+    rs = np.random.RandomState(40)
+    n, d, b = 300_000, 400, 26
+    XT = sp.random(d, n, density=1000 / n, format="csr", random_state=rs, dtype=np.float64).astype(np.float32)
+    XT.data = rs.standard_normal(XT.nnz).astype(np.float32)
+    XTg = csp.csr_matrix(XT)
+    chunks = sparse.gather_chunks(XTg, b)
+    assert chunks is not None and chunks.K == 3
+    flat = cp.asarray(rs.standard_normal(n * b + 1).astype(np.float32))
+    U = flat[1:].reshape(n, b)                                 # 4 bytes past an aligned start
+    ref = XT.astype(np.float64) @ U.get().astype(np.float64)
+    Y1 = sparse.csr_matmul(XTg, U, out_dtype=np.float64, chunks=chunks)
+    Y0 = sparse.csr_matmul(XTg, U, out_dtype=np.float64)
+    np.testing.assert_allclose(Y1.get(), ref, rtol=1e-10, atol=1e-8)
+    np.testing.assert_allclose(Y0.get(), ref, rtol=1e-10, atol=1e-8)
+    assert bool((Y1 == sparse.csr_matmul(XTg, U, out_dtype=np.float64, chunks=chunks)).all())
+    W = cp.asarray(rs.standard_normal((n, b + 3)).astype(np.float32))
+    np.testing.assert_allclose(sparse.csr_matmul(XTg, W[:, 1:1 + b], out_dtype=np.float64, chunks=chunks).get(),
+                               XT.astype(np.float64) @ W[:, 1:1 + b].get().astype(np.float64), rtol=1e-10, atol=1e-8)
+    other = csp.csr_matrix(XT)                                 # the same values in other arrays: chunks not used
+    assert not chunks.of(other) and chunks.of(XTg)
+    np.testing.assert_allclose(sparse.csr_matmul(other, U, out_dtype=np.float64, chunks=chunks).get(), ref,
+                               rtol=1e-10, atol=1e-8)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_csr_vectors_and_empty_shapes(dtype):
     import cupy as cp

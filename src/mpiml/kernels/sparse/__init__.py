@@ -208,7 +208,7 @@ def _gather4(A, V, out_dtype, chunks=None):
     Y = cupy.empty((n_rows, b), dtype=out_dtype)
     fn = _function(f"mpiml_csr_gather4<{_TYPES[out_dtype]}, {lanes}>")
     grid = (_blocks(_THREADS // 32, n_rows),)
-    if chunks is None or chunks.K == 1:
+    if chunks is None or chunks.K == 1 or not chunks.of(A):
         fn(grid, (_THREADS,), (A.indptr, A.indptr[1:], A.indices, A.data, np.int64(n_rows), V,
                                np.int64(width // 4), np.int32(b), Y, np.int64(b), np.int32(0)))
         return Y
@@ -219,10 +219,11 @@ def _gather4(A, V, out_dtype, chunks=None):
     return Y
 
 
-#: Bytes of a dense block's rows one launch of the chunked float4 gather reads (:func:`gather_chunks`): well
-#: inside an H100's 50 MB L2 (its two halves may each hold what their SMs read), beside the streamed matrix.
-#: Environment ``MPIML_SPARSE_GATHER_CHUNK_BYTES`` overrides it when a fit starts (0: never chunk).
-GATHER_CHUNK_BYTES = 16 << 20
+#: Bytes of a dense block's rows one launch of the chunked float4 gather reads (:func:`gather_chunks`); 0 (the
+#: default): never chunk.  Environment ``MPIML_SPARSE_GATHER_CHUNK_BYTES`` sets it when a fit starts (16 MB:
+#: well inside an H100's 50 MB L2).  Off by default: the first GPU pass (2026-11-27 17:25) saw a device fault
+#: right after a chunked product at 10^8 values, not reproduced by the tests, and no measurement of its gain.
+GATHER_CHUNK_BYTES = 0
 #: Fewest stored values a row of a chunk should average for chunking to pay (a warp takes 32 at once).
 _CHUNK_MIN_PER_ROW = 96
 
@@ -237,8 +238,18 @@ class GatherChunks:
     result is added up in a fixed order (deterministic).
     """
 
-    def __init__(self, ptr, K):
+    def __init__(self, A, ptr, K):
         self.ptr, self.K = ptr, K
+        self._of = _identity(A)
+
+    def of(self, A):
+        """Whether these chunks were cut from ``A``'s current arrays (a matrix whose arrays were replaced since,
+        e.g. by ``sum_duplicates``, would make the row pointers stale)."""
+        return self._of == _identity(A)
+
+
+def _identity(A):
+    return (A.shape, A.nnz, A.indptr.data.ptr, A.indices.data.ptr, A.data.data.ptr)
 
 
 def gather_chunks(A, b):
@@ -268,7 +279,7 @@ def gather_chunks(A, b):
                                  (A.indptr, A.indices, np.int64(n_rows), cupy.asarray(cuts), np.int32(K), ptr, bad))
     if int(bad.get()[0]):
         return None
-    return GatherChunks(ptr, K)
+    return GatherChunks(A, ptr, K)
 
 
 def csr_rmatmul_scatter(A, U, out_dtype=np.float64):
