@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from _exact import DTYPES, OPS, data, device, reduce_np
 from _spmd import assert_close, check, guarded
 
 import cupy as cp  # noqa: E402
@@ -32,34 +33,8 @@ P, R = comm.size, comm.rank
 BACKENDS = sys.argv[1].split(",")
 GRAPH = "--graph" in sys.argv
 SHARED = "--shared" in sys.argv
-DTYPES = [np.float16, np.float32, np.float64, np.int32, np.int64, np.bool_]
 SIZES = [1, 3, 17, 1000, 4099, 70001]          # elements; most are not multiples of 16 bytes
 BIG = 300_001                                   # > 256 KiB in float32: the two-shot path
-OPS = ["sum", "prod", "min", "max"]
-NP_OP = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
-
-
-def data(rank, n, dtype, salt=0):
-    rng = np.random.default_rng(1000 * rank + 7 * n + salt)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, n).astype(np.bool_)
-    return rng.integers(-3, 4, n).astype(dtype)
-
-
-def reduce_np(arrays, op):
-    out = arrays[0].copy()
-    for a in arrays[1:]:
-        out = NP_OP[op](out, a).astype(arrays[0].dtype)
-    return out
-
-
-def device(x, offset):
-    """A CuPy copy of ``x``; with ``offset`` a view one element into a larger array."""
-    if not offset:
-        return cp.asarray(x)
-    base = cp.zeros(x.size + 1, dtype=x.dtype)
-    base[1:] = cp.asarray(x)
-    return base[1:]
 
 
 def route(backend):

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from _exact import DTYPES, OPS, data, device, reduce_np
 from _spmd import assert_close, check, guarded
 
 import cupy as cp  # noqa: E402
@@ -27,32 +28,7 @@ from mpiml import init  # noqa: E402
 comm = get_comm()
 init(device="gpu")
 P, R = comm.size, comm.rank
-DTYPES = [np.float16, np.float32, np.float64, np.int32, np.int64, np.bool_]
-OPS = ["sum", "prod", "min", "max"]
-NP_OP = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
 ALGO = "ipc/lltwoshot"
-
-
-def data(rank, n, dtype, salt=0):
-    rng = np.random.default_rng(1000 * rank + 7 * n + salt)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, n).astype(np.bool_)
-    return rng.integers(-3, 4, n).astype(dtype)
-
-
-def reduce_np(arrays, op):
-    out = arrays[0].copy()
-    for a in arrays[1:]:
-        out = NP_OP[op](out, a).astype(arrays[0].dtype)
-    return out
-
-
-def device(x, offset):
-    if not offset:
-        return cp.asarray(x)
-    base = cp.zeros(x.size + 1, dtype=x.dtype)
-    base[1:] = cp.asarray(x)
-    return base[1:]
 
 
 _spin = cp.RawKernel(r'''extern "C" __global__ void mpiml_test_spin(long long ns) {
