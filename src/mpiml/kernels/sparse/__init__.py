@@ -71,12 +71,17 @@ VEC4_MAX_COLUMNS = 32
 GATHERS = ("vec4", "scalar")
 
 
+def _env_choice(name, choices):
+    """The environment variable ``name``, one of ``choices`` (the first when unset), else a clear error."""
+    mode = os.environ.get(name, choices[0])
+    if mode not in choices:
+        raise ValueError(f"{name} must be one of {choices}; got {mode!r}")
+    return mode
+
+
 def gather_mode():
     """The gather of float32 ``A @ V`` products, from ``MPIML_SPARSE_GATHER`` (see :data:`GATHERS`)."""
-    mode = os.environ.get("MPIML_SPARSE_GATHER", "vec4")
-    if mode not in GATHERS:
-        raise ValueError(f"MPIML_SPARSE_GATHER must be one of {GATHERS}; got {mode!r}")
-    return mode
+    return _env_choice("MPIML_SPARSE_GATHER", GATHERS)
 
 
 def _vec4_lanes(b):
@@ -514,10 +519,7 @@ PRODUCTS = ("kernels", "scatter", "cusparse")
 
 def products_mode():
     """The products a ``cupyx`` CSR shard uses, from ``MPIML_SPARSE_PRODUCTS`` (read when a fit starts)."""
-    mode = os.environ.get("MPIML_SPARSE_PRODUCTS", "kernels")
-    if mode not in PRODUCTS:
-        raise ValueError(f"MPIML_SPARSE_PRODUCTS must be one of {PRODUCTS}; got {mode!r}")
-    return mode
+    return _env_choice("MPIML_SPARSE_PRODUCTS", PRODUCTS)
 
 
 def for_shard(X):
