@@ -1,9 +1,11 @@
 """The opt-in device paths of this session on CuPy buffers (run under mpirun, 2-4 GPUs).
 
-Usage: ``python gpu_variants.py`` (``MPIML_TIMEOUT`` bounds every wait).  Checks, exactly against NumPy
+Usage: ``python gpu_variants.py [ALGO]`` (``ipc/lltwoshot`` by default, or ``ipc/pipe``; ``MPIML_TIMEOUT``
+bounds every wait; ``MPIML_IPC_BYTES`` small makes the pipelined kernels take several chunks, and
+``MPIML_IPC_PIPE_BLOCKS`` / ``MPIML_IPC_PIPE_ROUNDS`` several steps a block).  Checks, exactly against NumPy
 on the gathered inputs (small integers: every result is exact in every dtype):
 
-* ``ipc/lltwoshot`` bcast, reduce and allreduce: every dtype, sizes from one element to several chunks of the LL
+* ``ALGO`` bcast, reduce and allreduce: every dtype, sizes from one element to several chunks of the LL
   region (odd sizes, offset views: the element-wise edges), every root, every reduction; the hot
   launcher repeated back to back (a bcast root waits for nobody: slow peers made slow by a busy kernel),
   ``out=`` given and not; captured in a CUDA graph and replayed on fresh inputs, between eager calls of
@@ -13,6 +15,7 @@ on the gathered inputs (small integers: every result is exact in every dtype):
 """
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -28,7 +31,7 @@ from mpiml import init  # noqa: E402
 comm = get_comm()
 init(device="gpu")
 P, R = comm.size, comm.rank
-ALGO = "ipc/lltwoshot"
+ALGO = sys.argv[1] if len(sys.argv) > 1 else "ipc/lltwoshot"
 
 
 _spin = cp.RawKernel(r'''extern "C" __global__ void mpiml_test_spin(long long ns) {
@@ -182,9 +185,10 @@ def main():
     run_eager()
     run_stream_ordered()
     run_graph()
-    run_nccl_events()
+    if ALGO == "ipc/lltwoshot":
+        run_nccl_events()
     if R == 0:
-        print(f"gpu_variants: {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"gpu_variants {ALGO}: {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 guarded(main, comm)

@@ -43,6 +43,7 @@ class Workspace:
         self.buf = [{}, {}]
         self.ll = [[(0, None, [0] * nranks)] * nranks for _ in (0, 1)]  # (flag, call, value)
         self.llr = [{}, {}]  # the LL slots of a parity as one region of lines (lltwoshot): line -> (flag, call, value)
+        self.pipe = {}  # the pipelined kernels' flags (no parity): (row, step) -> value
 
 
 class Model:
@@ -289,12 +290,86 @@ class Model:
                                 res[r * part + i] = yield from line(P * part + r * part + i, r)
                 if me == root or op == "allreduce":
                     self.results[(me, j)] = res
+        elif algo == "pipe":  # one value a step; parts owned by every rank (allreduce) or the non-roots
+            yield from self._pipe(me, j, E, p, flag, x, op, root, got, load)
         else:
             raise ValueError(algo)
         ws[me].epoch = E + 1
         for t in range(P):
             ws[t].ack[me] = E + 1
             yield ("step",)
+
+    def _pipe(self, me, j, E, p, flag, x, op, root, got, load):
+        """mpiml_pipe (ipc_common.cuh): phases A (sources store step k of part jj into its owner's buffer and
+        set their flag [me][k] there), B (the owner waits for the sources' flags of step k, reduces, stores the
+        result into every other receiver's buffer and sets its flag [MAX + me][k] there), C (a receiver waits
+        for the owners' flags of step k and copies the other parts out)."""
+        ws, P, M = self.ws, self.P, 8
+        L = P
+        q = P if op == "allreduce" else P - 1
+        part = -(-L // q)
+
+        def owner(jj):
+            return jj if op == "allreduce" else (root + 1 + jj) % P
+
+        def receives(r):
+            return op == "allreduce" or (r == root if op == "reduce" else r != root)
+
+        jm = me if op == "allreduce" else (None if me == root else (me - root - 1) % P)
+        sends = op != "bcast" or me == root
+        out = list(x) if op == "bcast" and me == root else [None] * L
+        for k in range(part):
+            if sends:  # A
+                for jj in (range(q) if jm is None else [(jm + d) % q for d in range(1, q + 1)]):
+                    o, g = owner(jj), jj * part + k
+                    if o != me and g < L:
+                        ws[o].buf[p][("pa", me, k)] = (j, x[g])
+                        yield ("step",)
+                for jj in range(q):
+                    if owner(jj) != me:
+                        ws[owner(jj)].pipe[(me, k)] = flag
+                        yield ("step",)
+            if jm is not None:  # B
+                for t in range(P):
+                    if t != me and (op != "bcast" or t == root):
+                        yield ("wait", t, lambda t=t: ws[me].pipe.get((t, k), 0) >= flag)
+                g = jm * part + k
+                if g < L:
+                    if op == "bcast":
+                        tag, v = load(me, ("pa", root, k), 0)
+                        got(tag, j, f"the root's step {k}")
+                    else:
+                        v = 0
+                        for r in range(P):
+                            if r == me:
+                                v += x[g]
+                            else:
+                                tag, w = load(me, ("pa", r, k), 0)
+                                got(tag, j, f"rank {r}'s step {k}")
+                                v += w
+                    for r in range(P):
+                        if r != me and receives(r):
+                            ws[r].buf[p][("pg", g)] = (j, v)
+                            yield ("step",)
+                    out[g] = v
+                row = M + me
+                for t in range(P):
+                    if t != me and receives(t):
+                        ws[t].pipe[(row, k)] = flag
+                        yield ("step",)
+            if receives(me):  # C
+                for jj in range(q):
+                    if jj != jm:
+                        row = M + owner(jj)
+                        yield ("wait", owner(jj), lambda row=row: ws[me].pipe.get((row, k), 0) >= flag)
+                for jj in range(q):
+                    g = jj * part + k
+                    if jj != jm and g < L:
+                        tag, v = load(me, ("pg", g), 0)
+                        got(tag, j, f"part {jj}'s step {k}")
+                        out[g] = v
+        if receives(me) or (op == "bcast" and me == root):
+            self.results[(me, j)] = out
 
     @staticmethod
     def value(j, r, q):
@@ -513,6 +588,18 @@ def test_the_two_shot_ll_kernels_among_the_others_finish_with_the_right_data(P):
     """bcast / reduce / allreduce ``lltwoshot`` (no barrier: a bcast root waits for nobody, forwarders wait for the root,
     a reduce's root for the reduced parts) between every other kind, on several streams and in graphs."""
     kinds = KINDS + [("bcast", "lltwoshot"), ("reduce", "lltwoshot"), ("allreduce", "lltwoshot")] * 3
+    for seed in range(10):
+        model = Model(P, epoch=seed % 3, ordered=True, seed=seed)
+        stuck = model.run(_programs(P, seed, kinds=kinds))
+        assert stuck is None, (seed, stuck)
+        assert not model.errors, (seed, model.errors[:3])
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_the_pipelined_kernels_among_the_others_finish_with_the_right_data(P):
+    """bcast / reduce / allreduce ``pipe`` (no barrier: flags per step, a word per writer; the bcast root and the
+    reduce's sources wait for nobody) between every other kind, roots moving, on several streams and in graphs."""
+    kinds = KINDS + [("bcast", "pipe"), ("reduce", "pipe"), ("allreduce", "pipe")] * 3
     for seed in range(10):
         model = Model(P, epoch=seed % 3, ordered=True, seed=seed)
         stuck = model.run(_programs(P, seed, kinds=kinds))

@@ -78,3 +78,10 @@ __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_allreduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
     mpiml_ll_twoshot_reduce<T, OP, A>(c, in, out, n, -1);
 }
+
+// Pipelined two-shot allreduce (no barrier): see mpiml_pipe (ipc_common.cuh); extra = S << 4.
+template <typename T, int OP, bool A>
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_allreduce_pipe(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    mpiml_pipe<T, OP, A, 0>(c, in, out, n, extra);
+}

@@ -190,3 +190,11 @@ mpiml_bcast_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, long 
     }
     mpiml_end<false>(c, ln.epoch);
 }
+
+// Pipelined broadcast (no barrier): see mpiml_pipe (ipc_common.cuh); the root scatters a part
+// to every non-root, which forwards it to the other non-roots step by step. extra = (S << 4) | root.
+template <typename T, bool A>
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_bcast_pipe(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    mpiml_pipe<T, 0, A, 2>(c, in, out, n, extra);
+}

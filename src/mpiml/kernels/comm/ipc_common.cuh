@@ -510,14 +510,18 @@ struct MpimlEvenParts {
 // Line i of this rank's slots [r] for every rank r < nranks, in v[r]; false on a
 // timeout or abort. Every slot's line is loaded before any flag is looked at: the
 // lines of most calls have all arrived by then, and one memory latency is paid
-// instead of nranks (a spin, per slot, only for a line still on its way).
+// instead of nranks (a spin, per slot, only for a line still on its way). OWN >= 0:
+// rank OWN's line is `ownv` (this rank's own input, never stored into its own slot).
 __device__ __forceinline__ bool mpiml_ll_load_ranks(const MpimlCtx* c, unsigned epoch, unsigned flag, long long i,
-                                                    uint2 (&v)[MPIML_MAX_RANKS]) {
+                                                    uint2 (&v)[MPIML_MAX_RANKS], int own = -1,
+                                                    uint2 ownv = make_uint2(0u, 0u)) {
     const int nr = (int)c->nranks, me = (int)c->rank;
     uint4 w[MPIML_MAX_RANKS];
 #pragma unroll
     for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
-        if (r < nr) {
+        if (r == own) {
+            w[r] = make_uint4(ownv.x, flag, ownv.y, flag);
+        } else if (r < nr) {
             asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                          : "=r"(w[r].x), "=r"(w[r].y), "=r"(w[r].z), "=r"(w[r].w)
                          : "l"(mpiml_ll_slot(c, me, epoch, r) + i) : "memory");
@@ -568,7 +572,8 @@ __device__ __forceinline__ bool mpiml_ll_load_strided(const MpimlCtx* c, unsigne
 // slot [r].
 template <typename T, int OP, bool STRIDED = false>
 __device__ __forceinline__ uint2 mpiml_ll_reduce_line(const MpimlCtx* c, unsigned epoch, unsigned flag, long long i,
-                                                      bool& ok, const uint4* p = nullptr, long long stride = 0) {
+                                                      bool& ok, const uint4* p = nullptr, long long stride = 0,
+                                                      int own = -1, uint2 ownv = make_uint2(0u, 0u)) {
     typedef typename MpimlAcc<T>::type Acc;
     constexpr int L = 8 / sizeof(T);
     union Line { uint2 v; T e[L]; };
@@ -577,7 +582,8 @@ __device__ __forceinline__ uint2 mpiml_ll_reduce_line(const MpimlCtx* c, unsigne
     Line out;
     out.v = make_uint2(0u, 0u);
     uint2 got[MPIML_MAX_RANKS];
-    if (!(STRIDED ? mpiml_ll_load_strided(c, epoch, flag, p, stride, got) : mpiml_ll_load_ranks(c, epoch, flag, i, got))) {
+    if (!(STRIDED ? mpiml_ll_load_strided(c, epoch, flag, p, stride, got)
+                  : mpiml_ll_load_ranks(c, epoch, flag, i, got, own, ownv))) {
         ok = false;
         return out.v;
     }
@@ -749,4 +755,159 @@ __device__ __forceinline__ void mpiml_ll_twoshot_reduce(const MpimlCtx* c, const
         }
     }
     mpiml_end<false>(c, ln.epoch);
+}
+
+// ---------------------------------------------------------------- pipelined two-shot (`pipe`)
+// Flags of the pipelined kernels, after the LL slots: [MPIML_PIPE_WORDS] words per rank
+// (the host allocates and zeroes them with the workspace). In a rank's region, word
+// [w * MPIML_PIPE_MAX_STEPS + k] is written by rank w when its copy of step k of the part
+// that rank reduces (or forwards) has arrived there, and word
+// [(MPIML_MAX_RANKS + w) * MPIML_PIPE_MAX_STEPS + k] by rank w when step k of the part w
+// owns, reduced, has. A word has one writer whatever the call (the row is the writer's
+// rank, never a part, whose owner moves with the root), a flag carries the call's
+// epoch + 1 and only grows, so the flags need no parity: a writer a call ahead writes a
+// larger value after the data of the call a reader waits for (the data itself alternates
+// between the two buffers, and the ack in mpiml_begin keeps a writer from the buffer a
+// reader still reads).
+#define MPIML_PIPE_MAX_STEPS 2048
+#define MPIML_PIPE_WORDS (2 * MPIML_MAX_RANKS * MPIML_PIPE_MAX_STEPS)
+
+__device__ __forceinline__ unsigned* mpiml_pipe_flag(const MpimlCtx* c, int owner, int row, long long k) {
+    return reinterpret_cast<unsigned*>(c->peers[owner] + c->ll_off + 2 * c->nranks * c->ll_slot) +
+           ((long long)row * MPIML_PIPE_MAX_STEPS + k);
+}
+
+// Spin (acquire, system scope) until *p has reached flag; false on a timeout or abort.
+__device__ __forceinline__ bool mpiml_pipe_wait(const MpimlCtx* c, const unsigned* p, unsigned flag, int peer,
+                                                unsigned epoch) {
+    MpimlSpin s{0ull, 0u};
+    while ((int)(mpiml_ld_acquire(p) - flag) < 0) {
+        if (mpiml_spin_expired(c, s, peer, epoch)) return false;
+    }
+    return true;
+}
+
+// op over the packs src(0), ..., src(m - 1), in that order (src(r) loads rank r's pack);
+// loads first where the registers allow (MpimlLoadsFirst).
+template <typename T, int OP, typename Src>
+__device__ __forceinline__ MpimlPack<T> mpiml_reduce_from(int m, Src src) {
+    if constexpr (MpimlLoadsFirst<T>::value) {
+        MpimlPack<T> v[MPIML_MAX_RANKS];
+#pragma unroll
+        for (int r = 0; r < MPIML_MAX_RANKS; ++r)
+            if (r < m) v[r] = src(r);
+        return mpiml_fold<T, OP>(v, m);
+    } else {
+        MpimlPack<T> acc = src(0);
+        for (int r = 1; r < m; ++r) {
+            MpimlPack<T> v[2] = {acc, src(r)};
+            acc = mpiml_fold<T, OP>(v, 2);
+        }
+        return acc;
+    }
+}
+
+// Pipelined two-shot: KIND 0 allreduce, 1 reduce to `root`, 2 bcast from `root`.
+// The packs are cut into q parts of `part` packs, each owned by one rank (allreduce:
+// part j by rank j, q = nranks; reduce and bcast: by the non-root (root + 1 + j) % nranks,
+// q = nranks - 1, so that the root's links carry n bytes each way, not 1.5 n), and
+// every part into steps of S packs (S = extra >> 4; root = extra & 15). Step k of every
+// part is handled by block k % gridDim.x on every rank, in three phases:
+//   A. every source (every rank; bcast: the root) stores step k of part j of its input
+//      into the owner's buffer at [src * part] (its own part: read in B from the input),
+//      then sets flag [src][k] there;
+//   B. the owner waits for the sources' flags of step k, reduces their copies in rank
+//      order (bcast: takes the root's), stores the result into every other receiver's
+//      buffer at [nranks * part + j * part] (receivers: every rank; the root; the
+//      non-roots) and to out if it receives, then sets its flag [MAX_RANKS + owner][k] there;
+//   C. a receiver waits for the flag of step k of every other part and copies it out.
+// No barrier: a block waits only for the same step on the peers, which stored it
+// before they waited for anything of that step (phase A waits for nothing), so steps
+// flow through the links as a pipeline: while the owners reduce and forward step k, the
+// sources' stores of step k + gridDim.x are on their way. A pack is read from `in` (A or
+// B) and written to out (B or C) by the same thread of the same step: in == out is safe.
+// The host keeps (nranks + q) * part packs within one staging buffer and at most
+// MPIML_PIPE_MAX_STEPS steps a part.
+template <typename T, int OP, bool A, int KIND>
+__device__ __forceinline__ void mpiml_pipe(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    const unsigned epoch = mpiml_begin(c);
+    const unsigned flag = epoch + 1u;
+    const int nr = (int)c->nranks, me = (int)c->rank, root = (int)(extra & 15);
+    const long long S = extra >> 4;
+    const int q = KIND == 0 ? nr : nr - 1;
+    const long long units = mpiml_units<T>(n);
+    const long long part = (units + q - 1) / q;
+    const long long steps = (part + S - 1) / S;
+    // part j's owner, and this rank's part (-1: none)
+    auto owner = [=](int j) { return KIND == 0 ? j : (root + 1 + j) % nr; };
+    const int jm = KIND == 0 ? me : (me == root ? -1 : (me - root - 1 + nr) % nr);
+    const bool sends = KIND != 2 || me == root;
+    auto receives = [=](int r) { return KIND == 0 || (KIND == 1 ? r == root : r != root); };
+    MpimlPack<T>* mine = mpiml_packs<T>(c, me, epoch);
+    const MpimlPack<T>* gathered = mine + nr * part;
+    int fail = 0;
+    for (long long k = blockIdx.x; k < steps; k += gridDim.x) {
+        const long long i0 = k * S;  // the step's first pack within a part
+        if (sends) {  // A: the peers' parts first (their stores cross the links), own part skipped
+            for (int jj = 1; jj <= q; ++jj) {
+                const int j = jm < 0 ? jj - 1 : (jm + jj) % q;
+                const int o = owner(j);
+                if (o == me) continue;
+                MpimlPack<T>* dst = mpiml_packs<T>(c, o, epoch) + me * part;
+                for (long long i = i0 + threadIdx.x; i < min(i0 + S, part); i += blockDim.x) {
+                    const long long g = j * part + i;
+                    if (g < units) dst[i] = mpiml_load_user<T, A>(in, g, n);
+                }
+            }
+            __syncthreads();  // the block's stores happen before the releases below
+            if (threadIdx.x < q && owner(threadIdx.x) != me)
+                mpiml_st_release(mpiml_pipe_flag(c, owner(threadIdx.x), me, k), flag);
+        }
+        if (jm >= 0) {  // B
+            const int t = threadIdx.x;
+            int bad = 0;
+            if (t < nr && t != me && (KIND != 2 || t == root))
+                bad = !mpiml_pipe_wait(c, mpiml_pipe_flag(c, me, t, k), flag, t, epoch);
+            if (__syncthreads_or(bad)) {
+                fail = 1;
+                break;
+            }
+            for (long long i = i0 + threadIdx.x; i < min(i0 + S, part); i += blockDim.x) {
+                const long long g = jm * part + i;
+                if (g >= units) break;
+                MpimlPack<T> v;
+                if constexpr (KIND == 2) {
+                    v = mpiml_ld(mine + root * part + i);
+                } else {
+                    v = mpiml_reduce_from<T, OP>(nr, [&](int r) {
+                        return r == me ? mpiml_load_user<T, A>(in, g, n) : mpiml_ld(mine + r * part + i);
+                    });
+                }
+                for (int kk = 1; kk < nr; ++kk) {
+                    const int r = (me + kk) % nr;
+                    if (receives(r)) mpiml_packs<T>(c, r, epoch)[nr * part + g] = v;
+                }
+                if (receives(me)) mpiml_store_user<T, A>(out, g, n, v);
+            }
+            __syncthreads();
+            if (t < nr && t != me && receives(t)) mpiml_st_release(mpiml_pipe_flag(c, t, MPIML_MAX_RANKS + me, k), flag);
+        }
+        if (receives(me)) {  // C
+            const int t = threadIdx.x;
+            int bad = 0;
+            if (t < q && t != jm) bad = !mpiml_pipe_wait(c, mpiml_pipe_flag(c, me, MPIML_MAX_RANKS + owner(t), k), flag,
+                                                          owner(t), epoch);
+            if (__syncthreads_or(bad)) {
+                fail = 1;
+                break;
+            }
+            for (long long i = i0 + threadIdx.x; i < min(i0 + S, part); i += blockDim.x) {
+                mpiml_copy_ranks<T>(
+                    q, jm, [&](int j) { return j * part + i < units ? gathered + j * part + i : nullptr; },
+                    [&](int j, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out, j * part + i, n, v); });
+            }
+        }
+    }
+    (void)fail;
+    mpiml_end(c, epoch);
 }
