@@ -815,19 +815,25 @@ __device__ __forceinline__ MpimlPack<T> mpiml_reduce_from(int m, Src src) {
 // part is handled by block k % gridDim.x on every rank, in three phases:
 //   A. every source (every rank; bcast: the root) stores step k of part j of its input
 //      into the owner's buffer at [src * part] (its own part: read in B from the input),
-//      then sets flag [src][k] there;
+//      then sets its flag [src][k] there;
 //   B. the owner waits for the sources' flags of step k, reduces their copies in rank
 //      order (bcast: takes the root's), stores the result into every other receiver's
 //      buffer at [nranks * part + j * part] (receivers: every rank; the root; the
 //      non-roots) and to out if it receives, then sets its flag [MAX_RANKS + owner][k] there;
 //   C. a receiver waits for the flag of step k of every other part and copies it out.
-// No barrier: a block waits only for the same step on the peers, which stored it
-// before they waited for anything of that step (phase A waits for nothing), so steps
-// flow through the links as a pipeline: while the owners reduce and forward step k, the
-// sources' stores of step k + gridDim.x are on their way. A pack is read from `in` (A or
-// B) and written to out (B or C) by the same thread of the same step: in == out is safe.
-// The host keeps (nranks + q) * part packs within one staging buffer and at most
-// MPIML_PIPE_MAX_STEPS steps a part.
+// A block first sends every step of its own (A never waits), then takes its steps in
+// order through B, and through C one step behind (the copy of the previous step while
+// this one's peers are still on their way). No barrier: B waits only for A of the same
+// step on the peers, and C only for B, so the phases flow through the links as a
+// pipeline (a reduce's owners receive the sources' steps while they send the root the
+// steps already reduced). A pack is read from `in` (A or B) and written to out (B or C)
+// by the same thread (pack i of a step is thread i % blockDim.x's in every phase), and
+// every read of `in` by a block comes before its first write to out: in == out is safe
+// as long as no block writes what another reads. Writes: B stores packs of this rank's
+// own part, which no other block reads; C stores the other parts' packs of its own
+// steps, which only A of the same block read (all of them before). The host keeps
+// (nranks + q) * part packs within one staging buffer and at most MPIML_PIPE_MAX_STEPS
+// steps a part.
 template <typename T, int OP, bool A, int KIND>
 __device__ __forceinline__ void mpiml_pipe(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
     const unsigned epoch = mpiml_begin(c);
@@ -845,34 +851,50 @@ __device__ __forceinline__ void mpiml_pipe(const MpimlCtx* c, const T* in, T* ou
     auto receives = [=](int r) { return KIND == 0 || (KIND == 1 ? r == root : r != root); };
     MpimlPack<T>* mine = mpiml_packs<T>(c, me, epoch);
     const MpimlPack<T>* gathered = mine + nr * part;
-    int fail = 0;
-    for (long long k = blockIdx.x; k < steps; k += gridDim.x) {
-        const long long i0 = k * S;  // the step's first pack within a part
-        if (sends) {  // A: the peers' parts first (their stores cross the links), own part skipped
+    const int t = threadIdx.x;
+    if (sends) {  // A, every step of this block: the peers' parts first (their stores cross the links)
+        for (long long k = blockIdx.x; k < steps; k += gridDim.x) {
+            const long long i0 = k * S, i1 = min(i0 + S, part);
             for (int jj = 1; jj <= q; ++jj) {
                 const int j = jm < 0 ? jj - 1 : (jm + jj) % q;
                 const int o = owner(j);
                 if (o == me) continue;
                 MpimlPack<T>* dst = mpiml_packs<T>(c, o, epoch) + me * part;
-                for (long long i = i0 + threadIdx.x; i < min(i0 + S, part); i += blockDim.x) {
+                for (long long i = i0 + t; i < i1; i += blockDim.x) {
                     const long long g = j * part + i;
                     if (g < units) dst[i] = mpiml_load_user<T, A>(in, g, n);
                 }
             }
             __syncthreads();  // the block's stores happen before the releases below
-            if (threadIdx.x < q && owner(threadIdx.x) != me)
-                mpiml_st_release(mpiml_pipe_flag(c, owner(threadIdx.x), me, k), flag);
+            if (t < q && owner(t) != me) mpiml_st_release(mpiml_pipe_flag(c, owner(t), me, k), flag);
         }
+    }
+    // C of step k: wait for the other parts' owners, copy their packs out; false on a timeout / abort
+    auto gather = [&](long long k) {
+        int bad = 0;
+        if (t < q && t != jm)
+            bad = !mpiml_pipe_wait(c, mpiml_pipe_flag(c, me, MPIML_MAX_RANKS + owner(t), k), flag, owner(t), epoch);
+        if (__syncthreads_or(bad)) return false;
+        const long long i0 = k * S, i1 = min(i0 + S, part);
+        for (long long i = i0 + t; i < i1; i += blockDim.x) {
+            mpiml_copy_ranks<T>(
+                q, jm, [&](int j) { return j * part + i < units ? gathered + j * part + i : nullptr; },
+                [&](int j, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out, j * part + i, n, v); });
+        }
+        return true;
+    };
+    long long behind = -1;  // the step whose C is still to do
+    for (long long k = blockIdx.x; k < steps; k += gridDim.x) {
         if (jm >= 0) {  // B
-            const int t = threadIdx.x;
             int bad = 0;
             if (t < nr && t != me && (KIND != 2 || t == root))
                 bad = !mpiml_pipe_wait(c, mpiml_pipe_flag(c, me, t, k), flag, t, epoch);
             if (__syncthreads_or(bad)) {
-                fail = 1;
+                behind = -1;
                 break;
             }
-            for (long long i = i0 + threadIdx.x; i < min(i0 + S, part); i += blockDim.x) {
+            const long long i0 = k * S, i1 = min(i0 + S, part);
+            for (long long i = i0 + t; i < i1; i += blockDim.x) {
                 const long long g = jm * part + i;
                 if (g >= units) break;
                 MpimlPack<T> v;
@@ -892,22 +914,14 @@ __device__ __forceinline__ void mpiml_pipe(const MpimlCtx* c, const T* in, T* ou
             __syncthreads();
             if (t < nr && t != me && receives(t)) mpiml_st_release(mpiml_pipe_flag(c, t, MPIML_MAX_RANKS + me, k), flag);
         }
-        if (receives(me)) {  // C
-            const int t = threadIdx.x;
-            int bad = 0;
-            if (t < q && t != jm) bad = !mpiml_pipe_wait(c, mpiml_pipe_flag(c, me, MPIML_MAX_RANKS + owner(t), k), flag,
-                                                          owner(t), epoch);
-            if (__syncthreads_or(bad)) {
-                fail = 1;
+        if (receives(me)) {
+            if (behind >= 0 && !gather(behind)) {
+                behind = -1;
                 break;
             }
-            for (long long i = i0 + threadIdx.x; i < min(i0 + S, part); i += blockDim.x) {
-                mpiml_copy_ranks<T>(
-                    q, jm, [&](int j) { return j * part + i < units ? gathered + j * part + i : nullptr; },
-                    [&](int j, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out, j * part + i, n, v); });
-            }
+            behind = k;
         }
     }
-    (void)fail;
+    if (behind >= 0) gather(behind);
     mpiml_end(c, epoch);
 }
