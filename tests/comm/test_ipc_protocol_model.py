@@ -170,17 +170,17 @@ class Model:
             got(tag, j, f"rank {src}'s LL line")
             return v
 
-        if algo == "ll":
-            dests = {"allreduce": [(me + k) % P for k in range(1, P + 1)],
+        if algo == "ll":  # a rank's own line never goes through its own slot
+            dests = {"allreduce": [(me + k) % P for k in range(1, P)],
                      "bcast": [(me + k) % P for k in range(1, P)] if me == root else [],
-                     "reduce": [root]}[op]
+                     "reduce": [root] if me != root else []}[op]
             for d in dests:
                 ws[d].ll[p][me] = (flag, j, x)
                 yield ("step",)
             if op == "allreduce" or (op == "reduce" and me == root):
                 acc = [0] * P
                 for src in range(P):
-                    v = yield from ll_read(src)
+                    v = x if src == me else (yield from ll_read(src))
                     acc = [a + b for a, b in zip(acc, v)]
                 self.results[(me, j)] = acc
             elif op == "bcast":

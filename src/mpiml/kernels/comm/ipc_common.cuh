@@ -662,14 +662,15 @@ __device__ __forceinline__ void mpiml_ll_push(const MpimlCtx* c, const MpimlLine
 }
 
 // Every rank's lines (slot [r] of this rank) to out + r * stride elements of T, the
-// nranks lines of one index loaded at once (mpiml_ll_load_ranks).
+// nranks lines of one index loaded at once (mpiml_ll_load_ranks); this rank's own
+// from `in` (its slot is not written).
 template <typename T, bool A>
 __device__ __forceinline__ void mpiml_ll_gather_out(const MpimlCtx* c, const MpimlLines<A>& ln, T* out,
-                                                    long long stride) {
+                                                    long long stride, const T* in) {
     const int nr = (int)c->nranks;
     MPIML_GRID_LOOP(i, ln.lines) {
         uint2 v[MPIML_MAX_RANKS];
-        if (!mpiml_ll_load_ranks(c, ln.epoch, ln.flag, i, v)) break;
+        if (!mpiml_ll_load_ranks(c, ln.epoch, ln.flag, i, v, (int)c->rank, ln.get(in, i))) break;
 #pragma unroll
         for (int r = 0; r < MPIML_MAX_RANKS; ++r)
             if (r < nr) mpiml_ll_put<A>(out + r * stride, i, ln.nbytes, v[r]);
