@@ -482,18 +482,44 @@ __device__ __forceinline__ void mpiml_copy_ranks(int nr, int skip, Src src, Dst 
 // the peers' parts first and this rank's own last (the stores that cross the links
 // go out first). Pack i of a part is written by grid index i, on every rank: the
 // kernels' later phases read it with the same (block, thread), so a block's
-// barrier covers it. A: in and every part's start are 16-byte aligned.
+// barrier covers it. `stride` is at least the packs of the largest part. Pack i of
+// every part is loaded before any is stored (one memory latency a pack index, not
+// one a part: the compiler may not move a load above a store that might alias it),
+// but for one-byte types, whose packs would outgrow the registers (MpimlLoadsFirst).
+// A: in and every part's start are 16-byte aligned.
 template <typename T, bool A, typename Part>
 __device__ __forceinline__ void mpiml_push_parts(const MpimlCtx* c, unsigned epoch, const T* in, long long stride,
                                                  Part part) {
     constexpr int L = MpimlPack<T>::L;
     const int nr = (int)c->nranks, me = (int)c->rank;
-    for (int k = 1; k <= nr; ++k) {
-        const int r = (me + k) % nr;
-        long long d = 0, len = 0;
-        part(r, d, len);
-        MpimlPack<T>* dst = mpiml_packs<T>(c, r, epoch) + me * stride;
-        MPIML_GRID_LOOP(i, (len + L - 1) / L) dst[i] = mpiml_load_user<T, A>(in + d, i, len);
+    MPIML_GRID_LOOP(i, stride) {
+        // the k-th destination (k = 1..nr: rank (me + k) % nr) of pack i, and where it comes from; null: none
+        auto at = [&](int k, long long& d, long long& len) -> MpimlPack<T>* {
+            const int r = (me + k) % nr;
+            part(r, d, len);
+            if (i * L >= len) return nullptr;
+            return mpiml_packs<T>(c, r, epoch) + me * stride + i;
+        };
+        if constexpr (MpimlLoadsFirst<T>::value) {
+            MpimlPack<T> v[MPIML_MAX_RANKS];
+#pragma unroll
+            for (int k = 1; k <= MPIML_MAX_RANKS; ++k) {
+                long long d = 0, len = 0;
+                if (k <= nr && at(k, d, len) != nullptr) v[k - 1] = mpiml_load_user<T, A>(in + d, i, len);
+            }
+#pragma unroll
+            for (int k = 1; k <= MPIML_MAX_RANKS; ++k) {
+                long long d = 0, len = 0;
+                if (k <= nr) {
+                    if (MpimlPack<T>* dst = at(k, d, len)) *dst = v[k - 1];
+                }
+            }
+        } else {
+            for (int k = 1; k <= nr; ++k) {
+                long long d = 0, len = 0;
+                if (MpimlPack<T>* dst = at(k, d, len)) *dst = mpiml_load_user<T, A>(in + d, i, len);
+            }
+        }
     }
 }
 
@@ -853,17 +879,29 @@ __device__ __forceinline__ void mpiml_pipe(const MpimlCtx* c, const T* in, T* ou
     MpimlPack<T>* mine = mpiml_packs<T>(c, me, epoch);
     const MpimlPack<T>* gathered = mine + nr * part;
     const int t = threadIdx.x;
-    if (sends) {  // A, every step of this block: the peers' parts first (their stores cross the links)
+    if (sends) {  // A, every step of this block: pack i of every peer's part loaded, then stored (one latency)
         for (long long k = blockIdx.x; k < steps; k += gridDim.x) {
             const long long i0 = k * S, i1 = min(i0 + S, part);
-            for (int jj = 1; jj <= q; ++jj) {
-                const int j = jm < 0 ? jj - 1 : (jm + jj) % q;
-                const int o = owner(j);
-                if (o == me) continue;
-                MpimlPack<T>* dst = mpiml_packs<T>(c, o, epoch) + me * part;
-                for (long long i = i0 + t; i < i1; i += blockDim.x) {
-                    const long long g = j * part + i;
-                    if (g < units) dst[i] = mpiml_load_user<T, A>(in, g, n);
+            for (long long i = i0 + t; i < i1; i += blockDim.x) {
+                // part j = jm + 1 + jj (mod q) for jj < q - 1 when this rank owns one (its own is skipped),
+                // else jj; the destination of pack i of part j, null where nothing is stored
+                auto dst = [&](int jj) -> MpimlPack<T>* {
+                    const int j = jm < 0 ? jj : (jm + 1 + jj) % q;
+                    if (jj >= q - (jm < 0 ? 0 : 1) || j * part + i >= units) return nullptr;
+                    return mpiml_packs<T>(c, owner(j), epoch) + me * part + i;
+                };
+                auto src = [&](int jj) { return (jm < 0 ? jj : (jm + 1 + jj) % q) * part + i; };
+                if constexpr (MpimlLoadsFirst<T>::value) {
+                    MpimlPack<T> v[MPIML_MAX_RANKS];
+#pragma unroll
+                    for (int jj = 0; jj < MPIML_MAX_RANKS; ++jj)
+                        if (dst(jj) != nullptr) v[jj] = mpiml_load_user<T, A>(in, src(jj), n);
+#pragma unroll
+                    for (int jj = 0; jj < MPIML_MAX_RANKS; ++jj)
+                        if (MpimlPack<T>* d = dst(jj)) *d = v[jj];
+                } else {
+                    for (int jj = 0; jj < q; ++jj)
+                        if (MpimlPack<T>* d = dst(jj)) *d = mpiml_load_user<T, A>(in, src(jj), n);
                 }
             }
             __syncthreads();  // the block's stores happen before the releases below
