@@ -34,6 +34,15 @@ P, R = comm.size, comm.rank
 ALGO = sys.argv[1] if len(sys.argv) > 1 else "ipc/lltwoshot"
 
 
+T0 = time.perf_counter()
+
+
+def progress(what):
+    """Rank 0 names the case it starts (flushed: a hang, or a long first compile, names its case)."""
+    if R == 0:
+        print(f"[{time.perf_counter() - T0:6.1f} s] {ALGO}: {what}", flush=True)
+
+
 _spin = cp.RawKernel(r'''extern "C" __global__ void mpiml_test_spin(long long ns) {
     long long t0 = clock64(); while (clock64() - t0 < ns) {} }''', "mpiml_test_spin")
 
@@ -47,6 +56,7 @@ def run_eager():
             xs = [data(r, n, dtype) for r in range(P)]
             for offset in (False, True) if n in (17, 70001, (3 << 20) // isz + 5) else (False,):
                 tag = f"{np.dtype(dtype).name} n={n} offset={offset}"
+                progress(f"eager {tag}")
                 x = device(xs[R], offset)
                 for root in range(P) if n in (17, (1 << 20) // isz) else (P - 1,):
                     b = device(xs[R], offset)
@@ -73,6 +83,7 @@ def run_eager():
 def run_stream_ordered():
     """Back-to-back calls through the hot launcher, slow peers, out= alternating; checked at the end."""
     for n in (5, 70001, 1 << 18):
+        progress(f"stream-ordered n={n}")
         outs, wants = [], []
         out_b, out_r = cp.empty(n, dtype=cp.float32), cp.empty(n, dtype=cp.float32)
         for k in range(40):
@@ -104,6 +115,7 @@ def run_graph():
     stream = cp.cuda.Stream(non_blocking=True)
     try:
         for n in (17, 70001, 1 << 18):
+            progress(f"graph n={n}")
             with stream:
                 x = cp.empty(n, dtype=cp.float32)
                 b = cp.empty(n, dtype=cp.float32)
@@ -186,6 +198,7 @@ def main():
     run_stream_ordered()
     run_graph()
     if ALGO == "ipc/lltwoshot":
+        progress("nccl events")
         run_nccl_events()
     if R == 0:
         print(f"gpu_variants {ALGO}: {time.perf_counter() - t0:.1f} s", flush=True)
