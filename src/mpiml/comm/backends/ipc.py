@@ -38,8 +38,8 @@ Algorithms (``algorithm=`` with backend ``ipc``):
                      root's buffer; bcast: the root scatters a part to every
                      non-root, which forwards it to the others); each link
                      carries about n bytes (reduce, bcast) and the phases of
-                     successive steps overlap (``MPIML_IPC_PIPE_BLOCKS``, 64, and
-                     ``MPIML_IPC_PIPE_ROUNDS``, 2: the grid and how many steps a
+                     successive steps overlap (``MPIML_IPC_PIPE_BLOCKS``, 128, and
+                     ``MPIML_IPC_PIPE_ROUNDS``, 1: the grid and how many steps a
                      block takes)
 ``pull``             readers copy from the root / every rank (bcast, allgather)
 ``push``             every rank writes its part into every peer's buffer, barrier,
@@ -224,9 +224,11 @@ class IPCTransport(Transport):
         # a 2 MiB bcast or a 1 MiB reduce / allreduce is one launch there
         self.ll_slot = max(2 * self.ll_max, _env_bytes("MPIML_IPC_LL_SLOT_BYTES", 1 << 20) // 16 * 16)
         # the pipelined kernels' grid and steps a block (see _pipe_plan)
-        self.pipe_blocks = _config.env_number("MPIML_IPC_PIPE_BLOCKS", 64, minimum=1, maximum=MAX_BLOCKS,
+        # (128 x 1: every step its own block, measured best on 4 x H100 at 20:20: a step's flag costs a
+        # system-scope release, which a block pays in series; vs_nccl_pipe.json of pass 2, docs/comm.md)
+        self.pipe_blocks = _config.env_number("MPIML_IPC_PIPE_BLOCKS", 128, minimum=1, maximum=MAX_BLOCKS,
                                               unit="blocks")
-        self.pipe_rounds = _config.env_number("MPIML_IPC_PIPE_ROUNDS", 2, minimum=1, maximum=64, unit="steps")
+        self.pipe_rounds = _config.env_number("MPIML_IPC_PIPE_ROUNDS", 1, minimum=1, maximum=64, unit="steps")
         # two-shot keeps the sources' copies and the reduced parts (2 n, rounded up to the parts) in a buffer
         self.twoshot_cap = (self.cap // 2 - 16 * (MAX_RANKS + 1)) // _CHUNK_ALIGN * _CHUNK_ALIGN
         # a pushed allgather keeps every rank's part (its packs) in each buffer
