@@ -105,3 +105,32 @@ def test_mode_split_follows_the_table_the_override_and_the_preference():
     assert not split(fake, "bcast", 1 << 20)
     fake.prefer, table.override = "auto", {"bcast": ("nccl", "native")}
     assert not split(fake, "bcast", 1 << 20)
+
+
+def test_tune_writes_rules_per_mode_when_graphs_were_timed():
+    """``mpiml tune --device gpu`` times every path eagerly and in CUDA graphs: each mode gets its own rules (a
+    small call's eager winner, host-bound, is noise for the device time a graph replays); eager-only results
+    (CPU) give mode-less rules as before."""
+    from mpiml.bench.tune import rules_from_results
+    from mpiml.comm._tuning import Rule
+
+    def row(op, nbytes, series, us, mode):
+        return {"op": op, "bytes": nbytes, "series": series, "latency_us": us, "mode": mode}
+
+    results = []
+    for nbytes, eager, graph in ((1024, {"ipc/twoshot": 8.4, "ipc/ll": 8.6, "nccl/native": 17.0},
+                                  {"ipc/twoshot": 8.9, "ipc/ll": 2.7, "nccl/native": 5.2}),
+                                 (1 << 20, {"ipc/twoshot": 16.0, "ipc/ll": 17.0, "nccl/native": 18.0},
+                                  {"ipc/twoshot": 16.2, "ipc/ll": 17.5, "nccl/native": 11.4})):
+        results += [row("bcast", nbytes, s, us, "eager") for s, us in eager.items()]
+        results += [row("bcast", nbytes, s, us, "graph") for s, us in graph.items()]
+    rules = rules_from_results(results, 4, "device", margin=0.03)
+    table = TuningTable([Rule(**r) for r in rules])
+    avail = ("mpi", "nccl", "ipc")
+    assert {r["mode"] for r in rules} == {"eager", "graph"}
+    assert table.choose("bcast", 1024, 4, "device", avail, "eager") == ("ipc", "twoshot")
+    assert table.choose("bcast", 1024, 4, "device", avail, "graph") == ("ipc", "ll")
+    assert table.choose("bcast", 1 << 20, 4, "device", avail, "graph") == ("nccl", "native")
+    assert table.choose("bcast", 1 << 20, 4, "device", avail, "eager") == ("ipc", "twoshot")
+    eager_only = rules_from_results([r for r in results if r["mode"] == "eager"], 4, "device", margin=0.03)
+    assert eager_only and all("mode" not in r for r in eager_only)
