@@ -223,9 +223,9 @@ class IPCTransport(Transport):
         # the two-shot LL kernels see a parity's slots as one region: with 1 MiB slots (8 MiB a GPU at 4 ranks)
         # a 2 MiB bcast or a 1 MiB reduce / allreduce is one launch there
         self.ll_slot = max(2 * self.ll_max, _env_bytes("MPIML_IPC_LL_SLOT_BYTES", 1 << 20) // 16 * 16)
-        # the pipelined kernels' grid and steps a block (see _pipe_plan)
-        # (128 x 1: every step its own block, measured best on 4 x H100 at 20:20: a step's flag costs a
-        # system-scope release, which a block pays in series; vs_nccl_pipe.json of pass 2, docs/comm.md)
+        # the pipelined kernels' grid and steps a block (see _pipe_plan): 128 x 1, every step a block of its own,
+        # measured best on 4 x H100 (a step's flag is a system-scope release, which a block pays in series; key
+        # pipe_run_2020 of benchmarks/results/vs_nccl_4xh100.json, docs/comm.md)
         self.pipe_blocks = _config.env_number("MPIML_IPC_PIPE_BLOCKS", 128, minimum=1, maximum=MAX_BLOCKS,
                                               unit="blocks")
         self.pipe_rounds = _config.env_number("MPIML_IPC_PIPE_ROUNDS", 1, minimum=1, maximum=64, unit="steps")
