@@ -78,25 +78,13 @@ mpiml_bcast_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long lo
     const int nr = (int)c->nranks, me = (int)c->rank;
     const long long units = mpiml_units<T>(n);
     const long long part = (units + nr - 1) / nr;
-    if (me == root) {  // pack i of every part loaded before any is stored (mpiml_push_parts says why)
-        MPIML_GRID_LOOP(i, part) {
-            if constexpr (MpimlLoadsFirst<T>::value) {
-                MpimlPack<T> v[MPIML_MAX_RANKS];
-#pragma unroll
-                for (int k = 0; k < MPIML_MAX_RANKS; ++k) {
-                    const long long idx = ((me + 1 + k) % nr) * part + i;  // own part last
-                    if (k < nr && idx < units) v[k] = mpiml_load_user<T, A>(in, idx, n);
-                }
-#pragma unroll
-                for (int k = 0; k < MPIML_MAX_RANKS; ++k) {
-                    const int r = (me + 1 + k) % nr;
-                    if (k < nr && r * part + i < units) mpiml_packs<T>(c, r, epoch)[r * part + i] = v[k];
-                }
-            } else {
-                for (int k = 0; k < nr; ++k) {
-                    const int r = (me + 1 + k) % nr;
-                    if (r * part + i < units) mpiml_packs<T>(c, r, epoch)[r * part + i] = mpiml_load_user<T, A>(in, r * part + i, n);
-                }
+    if (me == root) {
+        for (int k = 0; k < nr; ++k) {
+            const int r = (me + 1 + k) % nr;  // own part last
+            MpimlPack<T>* dst = mpiml_packs<T>(c, r, epoch);
+            MPIML_GRID_LOOP(i, part) {
+                const long long idx = r * part + i;
+                if (idx < units) dst[idx] = mpiml_load_user<T, A>(in, idx, n);
             }
         }
     }

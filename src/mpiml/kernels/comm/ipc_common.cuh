@@ -482,44 +482,18 @@ __device__ __forceinline__ void mpiml_copy_ranks(int nr, int skip, Src src, Dst 
 // the peers' parts first and this rank's own last (the stores that cross the links
 // go out first). Pack i of a part is written by grid index i, on every rank: the
 // kernels' later phases read it with the same (block, thread), so a block's
-// barrier covers it. `stride` is at least the packs of the largest part. Pack i of
-// every part is loaded before any is stored (one memory latency a pack index, not
-// one a part: the compiler may not move a load above a store that might alias it),
-// but for one-byte types, whose packs would outgrow the registers (MpimlLoadsFirst).
-// A: in and every part's start are 16-byte aligned.
+// barrier covers it. A: in and every part's start are 16-byte aligned.
 template <typename T, bool A, typename Part>
 __device__ __forceinline__ void mpiml_push_parts(const MpimlCtx* c, unsigned epoch, const T* in, long long stride,
                                                  Part part) {
     constexpr int L = MpimlPack<T>::L;
     const int nr = (int)c->nranks, me = (int)c->rank;
-    MPIML_GRID_LOOP(i, stride) {
-        // the k-th destination (k = 1..nr: rank (me + k) % nr) of pack i, and where it comes from; null: none
-        auto at = [&](int k, long long& d, long long& len) -> MpimlPack<T>* {
-            const int r = (me + k) % nr;
-            part(r, d, len);
-            if (i * L >= len) return nullptr;
-            return mpiml_packs<T>(c, r, epoch) + me * stride + i;
-        };
-        if constexpr (MpimlLoadsFirst<T>::value) {
-            MpimlPack<T> v[MPIML_MAX_RANKS];
-#pragma unroll
-            for (int k = 1; k <= MPIML_MAX_RANKS; ++k) {
-                long long d = 0, len = 0;
-                if (k <= nr && at(k, d, len) != nullptr) v[k - 1] = mpiml_load_user<T, A>(in + d, i, len);
-            }
-#pragma unroll
-            for (int k = 1; k <= MPIML_MAX_RANKS; ++k) {
-                long long d = 0, len = 0;
-                if (k <= nr) {
-                    if (MpimlPack<T>* dst = at(k, d, len)) *dst = v[k - 1];
-                }
-            }
-        } else {
-            for (int k = 1; k <= nr; ++k) {
-                long long d = 0, len = 0;
-                if (MpimlPack<T>* dst = at(k, d, len)) *dst = mpiml_load_user<T, A>(in + d, i, len);
-            }
-        }
+    for (int k = 1; k <= nr; ++k) {
+        const int r = (me + k) % nr;
+        long long d = 0, len = 0;
+        part(r, d, len);
+        MpimlPack<T>* dst = mpiml_packs<T>(c, r, epoch) + me * stride;
+        MPIML_GRID_LOOP(i, (len + L - 1) / L) dst[i] = mpiml_load_user<T, A>(in + d, i, len);
     }
 }
 
