@@ -134,3 +134,9 @@ def test_tune_writes_rules_per_mode_when_graphs_were_timed():
     assert table.choose("bcast", 1 << 20, 4, "device", avail, "eager") == ("ipc", "twoshot")
     eager_only = rules_from_results([r for r in results if r["mode"] == "eager"], 4, "device", margin=0.03)
     assert eager_only and all("mode" not in r for r in eager_only)
+    assert eager_only[-1]["max_bytes"] is None  # (the CPU tables' last rule: no upper limit)
+    # a device table ends at the largest size measured: larger calls take the rules after it
+    closed = rules_from_results(results, 4, "device", margin=0.03, open_end=False)
+    assert max(r["max_bytes"] for r in closed) == 1 << 20 and all(r["max_bytes"] for r in closed)
+    table = TuningTable([Rule(**r) for r in closed] + [Rule(op="bcast", memory="device", backend="nccl")])
+    assert table.choose("bcast", (1 << 20) + 4, 4, "device", avail, "eager") == ("nccl", "native")

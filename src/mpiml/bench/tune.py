@@ -26,8 +26,12 @@ from .comm import DEFAULT_OPS, sizes_between, sweep
 __all__ = ["main", "rules_from_results"]
 
 
-def rules_from_results(results, ranks, memory, margin=0.10):
+def rules_from_results(results, ranks, memory, margin=0.10, open_end=True):
     """Turn sweep results into tuning rules (a list of dicts).
+
+    ``open_end``: the last rule of an op has no upper limit; else it ends at the largest
+    size measured, and larger calls fall through to the rules after this table's
+    (device tables: a sweep to 16 MiB says nothing of 256 MiB).
 
     Results with a ``"mode"`` other than ``"eager"`` (CUDA-graph timings) give rules of
     their own mode, and then the eager results give ``"mode": "eager"`` rules; results
@@ -39,14 +43,14 @@ def rules_from_results(results, ranks, memory, margin=0.10):
             continue
         by_mode.setdefault(r.get("mode", "eager"), []).append(r)
     if set(by_mode) <= {"eager"}:
-        return _rules_of(by_mode.get("eager", []), ranks, memory, margin, None)
+        return _rules_of(by_mode.get("eager", []), ranks, memory, margin, None, open_end)
     rules = []
     for mode in sorted(by_mode):
-        rules += _rules_of(by_mode[mode], ranks, memory, margin, mode)
+        rules += _rules_of(by_mode[mode], ranks, memory, margin, mode, open_end)
     return rules
 
 
-def _rules_of(results, ranks, memory, margin, mode):
+def _rules_of(results, ranks, memory, margin, mode, open_end=True):
     by = {}
     for r in results:
         by.setdefault(r["op"], {}).setdefault(r["bytes"], {})[r["series"]] = r["latency_us"]
@@ -71,7 +75,8 @@ def _rules_of(results, ranks, memory, margin, mode):
         for i, (series, max_bytes) in enumerate(runs):
             backend, _, algo = series.partition("/")
             rule = {"op": op, "memory": memory, "min_ranks": ranks, "max_ranks": ranks,
-                    "max_bytes": None if i == len(runs) - 1 else max_bytes, "backend": backend, "algorithm": algo}
+                    "max_bytes": None if i == len(runs) - 1 and open_end else max_bytes, "backend": backend,
+                    "algorithm": algo}
             if mode is not None:
                 rule["mode"] = mode
             rules.append(rule)
@@ -123,7 +128,7 @@ def main(argv):
     if comm.rank != 0:
         return 0
     memory = "device" if args.device == "gpu" else "host"
-    new_rules = rules_from_results(results, comm.size, memory, args.margin)
+    new_rules = rules_from_results(results, comm.size, memory, args.margin, open_end=memory != "device")
     path = args.output or _config.tuning_file()
     key = None
     if memory == "device" and not args.output and "MPIML_TUNING_FILE" not in os.environ:
