@@ -12,8 +12,11 @@ For each op and size, every path runs on the *same* CuPy buffers, interleaved in
   ``comm.reduce_scatter(x, out=y)`` as a user calls them, at the **default settings**
   (``MPIML_CHECK`` unset: repeated calls deferred, see docs/comm.md);
 * ``auto0``: the same with ``MPIML_CHECK=0`` (no checking at all);
-* ``nccl``, ``ipc/ll``, ``ipc/oneshot``, ``ipc/twoshot``, ``ipc/lltwoshot``, ``ipc/pull``,
-  ``ipc/push``: one path forced with ``algorithm=`` (``MPIML_CHECK=0``).
+* ``nccl``, ``ipc/ll``, ``ipc/oneshot``, ``ipc/twoshot``, ``ipc/lltwoshot``, ``ipc/pipe``, ``ipc/pull``,
+  ``ipc/push``: one path forced with ``algorithm=`` (``MPIML_CHECK=0``);
+* ``ipc/pipe@BxR`` (``--pipe-variants BxR,...``): ``ipc/pipe`` on a communicator of its own (``comm.split``)
+  whose IPC workspace was made with ``MPIML_IPC_PIPE_BLOCKS=B`` and ``MPIML_IPC_PIPE_ROUNDS=R`` (the grid of
+  the pipelined kernels and the steps a block takes), to choose those defaults by measurement.
 
 ``--first-calls``: what a call of a new shape costs on a fresh communicator (its device
 transports made inside the first call) and on a warm one, against its repeats and raw NCCL, for
@@ -63,7 +66,9 @@ ap.add_argument("--max-bytes", type=int, default=256 << 20)
 ap.add_argument("--sizes", default=None, help="comma list of sizes in bytes (overrides min/max)")
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--link-GBps", type=float, default=450.0)
-ap.add_argument("--paths", default="raw,auto,auto0,nccl,ipc/ll,ipc/oneshot,ipc/twoshot,ipc/lltwoshot,ipc/pull,ipc/push")
+ap.add_argument("--paths", default="raw,auto,auto0,nccl,ipc/ll,ipc/oneshot,ipc/twoshot,ipc/lltwoshot,ipc/pipe,ipc/pull,"
+                                   "ipc/push")
+ap.add_argument("--pipe-variants", default="", help="comma list of BLOCKSxROUNDS: ipc/pipe@BxR paths (see above)")
 ap.add_argument("--first-calls", action="store_true", help="time first calls of new shapes (see above)")
 ap.add_argument("--first-bytes", type=int, default=78 << 20)
 ap.add_argument("--no-micro", action="store_true", help="skip the host-cost breakdown")
@@ -79,6 +84,14 @@ stream.use()
 uid = comm.bcast_obj(nccl.get_unique_id() if R == 0 else None)
 raw = nccl.NcclCommunicator(P, uid, R)
 HOST_CALLS = 200
+
+# ipc/pipe@BxR: a communicator of its own per variant, its IPC transport made (at its first call, in the
+# warm-up below) with the variant's MPIML_IPC_PIPE_BLOCKS / MPIML_IPC_PIPE_ROUNDS
+variant_comms = {}
+for v in filter(None, args.pipe_variants.split(",")):
+    b, r = (int(t) for t in v.lower().split("x"))
+    variant_comms[f"ipc/pipe@{v}"] = (comm.split(0), {"MPIML_IPC_PIPE_BLOCKS": str(b), "MPIML_IPC_PIPE_ROUNDS": str(r)})
+paths = args.paths.split(",") + list(variant_comms)
 
 if args.sizes:
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -127,20 +140,25 @@ def make_call(op, path, nbytes, x, y):
         return None
     if path == "ipc/lltwoshot" and op not in ("allreduce", "bcast", "reduce"):
         return None
+    if path.startswith("ipc/pipe") and (op not in ("allreduce", "bcast", "reduce") or nbytes < (64 << 10)):
+        return None
     if path == "ipc/pull" and op not in ("bcast", "allgather"):
         return None
     if path == "ipc/push" and (op != "allgather" or nbytes < (64 << 10) or x.nbytes > cap // P):
         return None
     algo = {"auto": None, "auto0": None, "nccl": "nccl/native"}.get(path, path)
+    c = comm
+    if path in variant_comms:
+        c, algo = variant_comms[path][0], "ipc/pipe"
     if op == "allreduce":
-        return lambda: comm.allreduce(x, out=y, algorithm=algo)
+        return lambda: c.allreduce(x, out=y, algorithm=algo)
     if op == "bcast":
-        return lambda: comm.bcast(x, root=0, out=y, algorithm=algo)
+        return lambda: c.bcast(x, root=0, out=y, algorithm=algo)
     if op == "reduce":
-        return lambda: comm.reduce(x, root=0, out=y, algorithm=algo)
+        return lambda: c.reduce(x, root=0, out=y, algorithm=algo)
     if op == "reduce_scatter":
-        return lambda: comm.reduce_scatter(x, out=y, algorithm=algo)
-    return lambda: comm.allgather(x, out=y, algorithm=algo)
+        return lambda: c.reduce_scatter(x, out=y, algorithm=algo)
+    return lambda: c.allgather(x, out=y, algorithm=algo)
 
 
 def buffers(op, nbytes):
@@ -217,17 +235,26 @@ def iters_for(nbytes):
 
 
 # warm-up: create the transports, compile every kernel used below
-for p in args.paths.split(","):
+for p in paths:
+    saved = {k: os.environ.get(k) for k in variant_comms.get(p, (None, {}))[1]}
+    os.environ.update(variant_comms.get(p, (None, {}))[1])
     for op in args.ops.split(","):
         try:
-            w, wy = buffers(op, 4096)
-            fn = make_call(op, p, 4096, w, wy)
+            wb = 4096 if not p.startswith("ipc/pipe") else 65536
+            w, wy = buffers(op, wb)
+            fn = make_call(op, p, wb, w, wy)
             if fn is not None:
                 set_check(p)
                 fn()
         except Exception as exc:
             if R == 0:
                 print(f"warm-up {op} {p}: {type(exc).__name__}: {exc}", flush=True)
+    stream.synchronize()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 stream.synchronize()
 
 rows = []
@@ -236,7 +263,7 @@ for op in args.ops.split(","):
     for nbytes in sizes:
         x, y = buffers(op, nbytes)
         calls = {}
-        for p in args.paths.split(","):
+        for p in paths:
             fn = make_call(op, p, nbytes, x, y)
             if fn is not None:
                 calls[p] = fn

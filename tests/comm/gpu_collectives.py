@@ -94,16 +94,16 @@ def run_algorithms(backend):
     want = reduce_np(xs, "sum")
     names = [a for a in algorithm_names("allreduce") if a != "native"]
     if backend == "ipc":
-        names = ["ll", "oneshot", "twoshot", "two_level"]
+        names = ["ll", "oneshot", "twoshot", "pipe", "two_level"]
     for name in names:
         assert_close(comm.allreduce(x, algorithm=f"{backend}/{name}"), want, f"allreduce {backend}/{name}", exact=True)
     for name in [a for a in algorithm_names("bcast") if a != "native"] if backend != "ipc" else ["ll", "pull",
-                                                                                                "twoshot"]:
+                                                                                                "twoshot", "pipe"]:
         b = cp.asarray(xs[R])
         assert_close(comm.bcast(b, root=0, algorithm=f"{backend}/{name}"), xs[0], f"bcast {backend}/{name}",
                      exact=True)
     if backend == "ipc":
-        for name in ("ll", "oneshot", "twoshot"):
+        for name in ("ll", "oneshot", "twoshot", "pipe"):
             got = comm.reduce(x, "sum", root=P - 1, algorithm=f"ipc/{name}")
             if R == P - 1:
                 assert_close(got, want, f"reduce ipc/{name}", exact=True)

@@ -5,7 +5,7 @@ Usage: ``python gpu_stress_epochs.py [--calls N] [--seed S] [--unordered]``.
 Each IPC kernel takes its call number from its workspace's epoch word, so two
 collectives must never run at once on one rank.  This script makes them try:
 eager calls of every IPC algorithm (``ll``, ``oneshot``, ``twoshot``, ``lltwoshot``,
-``pull``, ``push`` and ``native`` on sizes on both sides of the 256 KiB LL limit) hop
+``pipe``, ``pull``, ``push`` and ``native`` on sizes on both sides of the 256 KiB LL limit) hop
 between the null stream and two non-blocking streams with no host wait in
 between, and now and then onto a stream made for one call and destroyed right
 after it (its kernel maybe still waiting); one rank at a time is made late by a
@@ -53,9 +53,9 @@ LL_MAX = 256 << 10
 SIZES = [1, 3, 17, 1000, 4099, 65535, 65536, 65537, 70001, 300001]
 BIG = 65537
 ALGOS = {
-    "allreduce": ["ll", "oneshot", "twoshot", "lltwoshot", "native"],
-    "reduce": ["ll", "oneshot", "twoshot", "lltwoshot", "native"],
-    "bcast": ["ll", "pull", "twoshot", "lltwoshot", "native"],
+    "allreduce": ["ll", "oneshot", "twoshot", "lltwoshot", "pipe", "native"],
+    "reduce": ["ll", "oneshot", "twoshot", "lltwoshot", "pipe", "native"],
+    "bcast": ["ll", "pull", "twoshot", "lltwoshot", "pipe", "native"],
     "allgather": ["ll", "pull", "push", "native"],
     "reduce_scatter": ["ll", "oneshot", "native"],
     "scan": ["native"],
@@ -210,6 +210,8 @@ def main():
                          ("reduce_scatter", "oneshot", 65537, 0), ("allreduce", "twoshot", 70001, 0)], capture))
     graphs.append(Graph([("bcast", "lltwoshot", 70001, 0), ("allreduce", "lltwoshot", 4099, 0),
                          ("reduce", "lltwoshot", 300001, P - 1), ("allreduce", "ll", 17, 0)], capture))
+    graphs.append(Graph([("bcast", "pipe", 300001, 1 % P), ("reduce", "pipe", 70001, 0),
+                         ("allreduce", "pipe", 4099, 0), ("reduce", "ll", 17, P - 1)], capture))
     capture.synchronize()
     schedule = plans(shared, ARGS.calls)
     eager = replays = graph_calls = switches = spins = temps = 0

@@ -1,9 +1,11 @@
 """The opt-in device paths of this session on CuPy buffers (run under mpirun, 2-4 GPUs).
 
-Usage: ``python gpu_variants.py`` (``MPIML_TIMEOUT`` bounds every wait).  Checks, exactly against NumPy
+Usage: ``python gpu_variants.py [ALGO]`` (``ipc/lltwoshot`` by default, or ``ipc/pipe``; ``MPIML_TIMEOUT``
+bounds every wait; ``MPIML_IPC_BYTES`` small makes the pipelined kernels take several chunks, and
+``MPIML_IPC_PIPE_BLOCKS`` / ``MPIML_IPC_PIPE_ROUNDS`` several steps a block).  Checks, exactly against NumPy
 on the gathered inputs (small integers: every result is exact in every dtype):
 
-* ``ipc/lltwoshot`` bcast, reduce and allreduce: every dtype, sizes from one element to several chunks of the LL
+* ``ALGO`` bcast, reduce and allreduce: every dtype, sizes from one element to several chunks of the LL
   region (odd sizes, offset views: the element-wise edges), every root, every reduction; the hot
   launcher repeated back to back (a bcast root waits for nobody: slow peers made slow by a busy kernel),
   ``out=`` given and not; captured in a CUDA graph and replayed on fresh inputs, between eager calls of
@@ -13,6 +15,7 @@ on the gathered inputs (small integers: every result is exact in every dtype):
 """
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -28,7 +31,16 @@ from mpiml import init  # noqa: E402
 comm = get_comm()
 init(device="gpu")
 P, R = comm.size, comm.rank
-ALGO = "ipc/lltwoshot"
+ALGO = sys.argv[1] if len(sys.argv) > 1 else "ipc/lltwoshot"
+
+
+T0 = time.perf_counter()
+
+
+def progress(what):
+    """Rank 0 names the case it starts (flushed: a hang, or a long first compile, names its case)."""
+    if R == 0:
+        print(f"[{time.perf_counter() - T0:6.1f} s] {ALGO}: {what}", flush=True)
 
 
 _spin = cp.RawKernel(r'''extern "C" __global__ void mpiml_test_spin(long long ns) {
@@ -44,6 +56,7 @@ def run_eager():
             xs = [data(r, n, dtype) for r in range(P)]
             for offset in (False, True) if n in (17, 70001, (3 << 20) // isz + 5) else (False,):
                 tag = f"{np.dtype(dtype).name} n={n} offset={offset}"
+                progress(f"eager {tag}")
                 x = device(xs[R], offset)
                 for root in range(P) if n in (17, (1 << 20) // isz) else (P - 1,):
                     b = device(xs[R], offset)
@@ -70,6 +83,7 @@ def run_eager():
 def run_stream_ordered():
     """Back-to-back calls through the hot launcher, slow peers, out= alternating; checked at the end."""
     for n in (5, 70001, 1 << 18):
+        progress(f"stream-ordered n={n}")
         outs, wants = [], []
         out_b, out_r = cp.empty(n, dtype=cp.float32), cp.empty(n, dtype=cp.float32)
         for k in range(40):
@@ -101,6 +115,7 @@ def run_graph():
     stream = cp.cuda.Stream(non_blocking=True)
     try:
         for n in (17, 70001, 1 << 18):
+            progress(f"graph n={n}")
             with stream:
                 x = cp.empty(n, dtype=cp.float32)
                 b = cp.empty(n, dtype=cp.float32)
@@ -182,9 +197,11 @@ def main():
     run_eager()
     run_stream_ordered()
     run_graph()
-    run_nccl_events()
+    if ALGO == "ipc/lltwoshot":
+        progress("nccl events")
+        run_nccl_events()
     if R == 0:
-        print(f"gpu_variants: {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"gpu_variants {ALGO}: {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 guarded(main, comm)

@@ -147,3 +147,16 @@ def test_two_shot_ll_bcast_reduce_and_nccl_events(mpi, n):
     _need(n)
     proc = mpi(os.path.join(HERE, "gpu_variants.py"), n, timeout=300, env={"MPIML_TIMEOUT": "30"})
     assert "OK" in proc.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_pipelined_bcast_reduce_allreduce(mpi, n):
+    """ipc/pipe bcast, reduce and allreduce (every dtype, root, op, the hot launcher, graphs): once as shipped, once
+    with a 1 MiB staging buffer (several chunks a call) and 3 blocks of 5 steps (a block takes several steps)."""
+    _need(n)
+    script = os.path.join(HERE, "gpu_variants.py")
+    proc = mpi(script, n, "ipc/pipe", timeout=300, env={"MPIML_TIMEOUT": "30"})
+    assert "OK" in proc.stdout
+    proc = mpi(script, n, "ipc/pipe", timeout=300, env={"MPIML_TIMEOUT": "30", "MPIML_IPC_BYTES": "1048576",
+                                                        "MPIML_IPC_PIPE_BLOCKS": "3", "MPIML_IPC_PIPE_ROUNDS": "5"})
+    assert "OK" in proc.stdout

@@ -43,6 +43,7 @@ class Workspace:
         self.buf = [{}, {}]
         self.ll = [[(0, None, [0] * nranks)] * nranks for _ in (0, 1)]  # (flag, call, value)
         self.llr = [{}, {}]  # the LL slots of a parity as one region of lines (lltwoshot): line -> (flag, call, value)
+        self.pipe = {}  # the pipelined kernels' flags (no parity): (row, step) -> value
 
 
 class Model:
@@ -169,17 +170,17 @@ class Model:
             got(tag, j, f"rank {src}'s LL line")
             return v
 
-        if algo == "ll":
-            dests = {"allreduce": [(me + k) % P for k in range(1, P + 1)],
+        if algo == "ll":  # a rank's own line never goes through its own slot
+            dests = {"allreduce": [(me + k) % P for k in range(1, P)],
                      "bcast": [(me + k) % P for k in range(1, P)] if me == root else [],
-                     "reduce": [root]}[op]
+                     "reduce": [root] if me != root else []}[op]
             for d in dests:
                 ws[d].ll[p][me] = (flag, j, x)
                 yield ("step",)
             if op == "allreduce" or (op == "reduce" and me == root):
                 acc = [0] * P
                 for src in range(P):
-                    v = yield from ll_read(src)
+                    v = x if src == me else (yield from ll_read(src))
                     acc = [a + b for a, b in zip(acc, v)]
                 self.results[(me, j)] = acc
             elif op == "bcast":
@@ -289,12 +290,95 @@ class Model:
                                 res[r * part + i] = yield from line(P * part + r * part + i, r)
                 if me == root or op == "allreduce":
                     self.results[(me, j)] = res
+        elif algo == "pipe":  # one value a step; parts owned by every rank (allreduce) or the non-roots
+            yield from self._pipe(me, j, E, p, flag, x, op, root, got, load)
         else:
             raise ValueError(algo)
         ws[me].epoch = E + 1
         for t in range(P):
             ws[t].ack[me] = E + 1
             yield ("step",)
+
+    def _pipe(self, me, j, E, p, flag, x, op, root, got, load):
+        """mpiml_pipe (ipc_common.cuh), one value a step: A for every step first (sources store step k of part jj
+        into its owner's buffer and set their flag [me][k] there), then step by step B (the owner waits for the
+        sources' flags of step k, reduces, stores the result into every other receiver's buffer and sets its flag
+        [MAX + me][k] there) and C one step behind (a receiver waits for the owners' flags of the step and copies
+        the other parts out)."""
+        ws, P, M = self.ws, self.P, 8
+        L = P
+        q = P if op == "allreduce" else P - 1
+        part = -(-L // q)
+
+        def owner(jj):
+            return jj if op == "allreduce" else (root + 1 + jj) % P
+
+        def receives(r):
+            return op == "allreduce" or (r == root if op == "reduce" else r != root)
+
+        jm = me if op == "allreduce" else (None if me == root else (me - root - 1) % P)
+        out = list(x) if op == "bcast" and me == root else [None] * L
+        if op != "bcast" or me == root:  # A
+            for k in range(part):
+                for jj in (range(q) if jm is None else [(jm + d) % q for d in range(1, q + 1)]):
+                    o, g = owner(jj), jj * part + k
+                    if o != me and g < L:
+                        ws[o].buf[p][("pa", me, k)] = (j, x[g])
+                        yield ("step",)
+                for jj in range(q):
+                    if owner(jj) != me:
+                        ws[owner(jj)].pipe[(me, k)] = flag
+                        yield ("step",)
+
+        def gather(k):  # C
+            for jj in range(q):
+                if jj != jm:
+                    row = M + owner(jj)
+                    yield ("wait", owner(jj), lambda row=row: ws[me].pipe.get((row, k), 0) >= flag)
+            for jj in range(q):
+                g = jj * part + k
+                if jj != jm and g < L:
+                    tag, v = load(me, ("pg", g), 0)
+                    got(tag, j, f"part {jj}'s step {k}")
+                    out[g] = v
+
+        behind = None
+        for k in range(part):
+            if jm is not None:  # B
+                for t in range(P):
+                    if t != me and (op != "bcast" or t == root):
+                        yield ("wait", t, lambda t=t: ws[me].pipe.get((t, k), 0) >= flag)
+                g = jm * part + k
+                if g < L:
+                    if op == "bcast":
+                        tag, v = load(me, ("pa", root, k), 0)
+                        got(tag, j, f"the root's step {k}")
+                    else:
+                        v = 0
+                        for r in range(P):
+                            if r == me:
+                                v += x[g]
+                            else:
+                                tag, w = load(me, ("pa", r, k), 0)
+                                got(tag, j, f"rank {r}'s step {k}")
+                                v += w
+                    for r in range(P):
+                        if r != me and receives(r):
+                            ws[r].buf[p][("pg", g)] = (j, v)
+                            yield ("step",)
+                    out[g] = v
+                for t in range(P):
+                    if t != me and receives(t):
+                        ws[t].pipe[(M + me, k)] = flag
+                        yield ("step",)
+            if receives(me):
+                if behind is not None:
+                    yield from gather(behind)
+                behind = k
+        if behind is not None:
+            yield from gather(behind)
+        if receives(me) or (op == "bcast" and me == root):
+            self.results[(me, j)] = out
 
     @staticmethod
     def value(j, r, q):
@@ -518,6 +602,28 @@ def test_the_two_shot_ll_kernels_among_the_others_finish_with_the_right_data(P):
         stuck = model.run(_programs(P, seed, kinds=kinds))
         assert stuck is None, (seed, stuck)
         assert not model.errors, (seed, model.errors[:3])
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_the_pipelined_kernels_among_the_others_finish_with_the_right_data(P):
+    """bcast / reduce / allreduce ``pipe`` (no barrier: flags per step, a word per writer; the bcast root and the
+    reduce's sources wait for nobody) between every other kind, roots moving, on several streams and in graphs."""
+    kinds = KINDS + [("bcast", "pipe"), ("reduce", "pipe"), ("allreduce", "pipe")] * 3
+    for seed in range(10):
+        model = Model(P, epoch=seed % 3, ordered=True, seed=seed)
+        stuck = model.run(_programs(P, seed, kinds=kinds))
+        assert stuck is None, (seed, stuck)
+        assert not model.errors, (seed, model.errors[:3])
+
+
+def test_the_pipelined_bcast_root_is_held_back_by_the_acks():
+    """The root of a pipelined bcast waits for nobody: run first, it would overwrite the buffers its peers have
+    not read yet (the model sees them read a later call's data) but for the wait for every ack of call E - 2."""
+    prog = [call("bcast", "pipe", "S", 0) for _ in range(8)] + [call("reduce", "pipe", "S", 0) for _ in range(4)]
+    for drop, fails in (([], False), (["ack wait"], True)):
+        model = Model(3, seed=1, first={0}, drop=drop)
+        stuck = model.run([list(prog) for _ in range(3)])
+        assert bool(stuck or model.errors) is fails, (drop, stuck, model.errors[:2])
 
 
 def test_random_programs_without_the_stream_order_fail_and_say_why():

@@ -65,3 +65,31 @@ def test_the_two_shot_ll_chunks_keep_every_line_within_the_region(op):
                 assert used <= region, (nranks, slot, nbytes, used, region)
                 _, grid = ipc._lltwoshot_plan(op, min(nbytes, chunk), nranks, slot)
                 assert grid == max(1, min(ipc.LL_MAX_BLOCKS, -(-part // ipc.LL_THREADS)))
+
+
+def test_the_header_names_the_pipelined_kernels_flag_count_the_host_allocates():
+    assert re.search(rf"#define MPIML_PIPE_MAX_STEPS {ipc.PIPE_MAX_STEPS}\b", _text(COMMON))
+    assert ipc.PIPE_BYTES == 2 * ipc.MAX_RANKS * ipc.PIPE_MAX_STEPS * 4
+
+
+@pytest.mark.parametrize("op", ["bcast", "reduce", "allreduce"])
+def test_the_pipelined_chunks_fit_one_buffer_and_their_steps_the_flags(op):
+    """``ipc._pipe_chunk`` keeps the sources' copies and the gathered parts ((nranks + q) * part packs) within one
+    staging buffer; ``ipc._pipe_plan`` cuts a part into at most PIPE_MAX_STEPS steps (a multiple of
+    PIPE_STEP_ALIGN packs) and launches at most ``blocks`` (and MAX_BLOCKS) blocks, no more than there are steps."""
+    for nranks in range(2, 9):
+        q = nranks if op == "allreduce" else nranks - 1
+        for cap in (1 << 20, 32 << 20, 256 << 20):
+            chunk = ipc._pipe_chunk(op, nranks, cap)
+            assert chunk > 0 and chunk % 16 == 0
+            part = -(-(chunk // 16) // q)
+            assert (nranks + q) * part * 16 <= cap, (nranks, cap)
+            for blocks, rounds in ((64, 2), (1, 1), (128, 64), (3, 5)):
+                for nbytes in (1, 17, 4096, 65536, 1 << 20, 4 << 20, chunk):
+                    if nbytes > chunk:
+                        continue
+                    step, grid = ipc._pipe_plan(op, nbytes, nranks, blocks, rounds)
+                    part = -(-(-(-nbytes // 16)) // q)
+                    steps = -(-part // step)
+                    assert step % ipc.PIPE_STEP_ALIGN == 0 and steps <= ipc.PIPE_MAX_STEPS
+                    assert 1 <= grid <= min(blocks, ipc.MAX_BLOCKS, steps)

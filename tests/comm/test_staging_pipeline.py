@@ -258,11 +258,14 @@ def test_tuning_rules_per_mode():
     with pytest.raises(ValueError, match="mode"):
         Rule(op="bcast", mode="captured")
     # the checked-in defaults route every call alike in both modes (the LL two-shot took the 4-rank bcast
-    # of 64 KiB-1 MiB in both; test_tuning_machine.py); tests/comm/gpu_modes.py brings a table of its own
+    # of 64 KiB-1 MiB in both; test_tuning_machine.py) but the 4-rank reduce above 256 KiB to 1 MiB (the LL
+    # two-shot eagerly, NCCL in graphs); tests/comm/gpu_modes.py brings a table of its own
     defaults = TuningTable(load_default_rules())
     for op in ("allreduce", "bcast", "reduce", "allgather"):
         for nbytes in (4, 1 << 16, 1 << 20, 64 << 20):
             for p in (2, 3, 4, 8):
+                if (op, nbytes, p) == ("reduce", 1 << 20, 4):
+                    continue
                 assert defaults.choose(op, nbytes, p, "device", avail, "eager") == \
                     defaults.choose(op, nbytes, p, "device", avail, "graph"), (op, nbytes, p)
     assert stream_mode("host") == "eager"

@@ -36,8 +36,8 @@ def test_the_machines_rules_come_before_the_defaults_and_after_an_explicit_file(
 
 def test_four_rank_defaults_route_where_the_4xh100_run_measured_a_win():
     """The checked-in 4-rank device rules (vs_nccl.py on 4 x H100, 2026-11-27): LL to 256 KiB (bcast: to
-    64 KiB, then the LL two-shot to 1 MiB), the pushed two-shot allreduce to 16 MiB, reduce above 256 KiB
-    through NCCL, the pushed allgather to 16 MiB and the pull to 64 MiB, reduce_scatter's IPC kernels to
+    64 KiB, then the LL two-shot to 1 MiB, the pipelined two-shot to 4 MiB), the pushed two-shot allreduce to
+    16 MiB, reduce above 256 KiB eagerly the LL two-shot to 1 MiB, else through NCCL, the pushed allgather to 16 MiB and the pull to 64 MiB, reduce_scatter's IPC kernels to
     16 MiB; NCCL beyond; every other rank count unchanged."""
     from mpiml.comm._tuning import TuningTable, load_default_rules
 
@@ -48,10 +48,9 @@ def test_four_rank_defaults_route_where_the_4xh100_run_measured_a_win():
         ("allreduce", 1 << 20): ("ipc", "twoshot"), ("allreduce", 16 << 20): ("ipc", "twoshot"),
         ("allreduce", 64 << 20): ("nccl", "native"),
         ("bcast", 64 << 10): ("ipc", "ll"), ("bcast", (64 << 10) + 4): ("ipc", "lltwoshot"),
-        ("bcast", 1 << 20): ("ipc", "lltwoshot"), ("bcast", (1 << 20) + 4): ("nccl", "native"),
-        ("bcast", 4 << 20): ("nccl", "native"),
-        ("reduce", 256 << 10): ("ipc", "ll"), ("reduce", (256 << 10) + 4): ("nccl", "native"),
-        ("reduce", 1 << 20): ("nccl", "native"), ("reduce", 4 << 20): ("nccl", "native"),
+        ("bcast", 1 << 20): ("ipc", "lltwoshot"), ("bcast", (1 << 20) + 4): ("ipc", "pipe"),
+        ("bcast", 4 << 20): ("ipc", "pipe"), ("bcast", (4 << 20) + 4): ("nccl", "native"),
+        ("reduce", 256 << 10): ("ipc", "ll"), ("reduce", 4 << 20): ("nccl", "native"),
         ("allgather", 256 << 10): ("ipc", "ll"), ("allgather", 1 << 20): ("ipc", "push"),
         ("allgather", 16 << 20): ("ipc", "push"), ("allgather", 64 << 20): ("ipc", "pull"),
         ("allgather", 256 << 20): ("nccl", "native"),
@@ -60,6 +59,11 @@ def test_four_rank_defaults_route_where_the_4xh100_run_measured_a_win():
     for (op, nbytes), route in want.items():
         for mode in ("eager", "graph"):
             assert table.choose(op, nbytes, 4, "device", avail, mode) == route, (op, nbytes, mode)
+    # reduce above 256 KiB to 1 MiB: the LL two-shot eagerly (NCCL's host cost as mpiml calls it), NCCL in graphs
+    for nbytes in ((256 << 10) + 4, 1 << 20):
+        assert table.choose("reduce", nbytes, 4, "device", avail, "eager") == ("ipc", "lltwoshot")
+        assert table.choose("reduce", nbytes, 4, "device", avail, "graph") == ("nccl", "native")
+    assert table.choose("reduce", (1 << 20) + 4, 4, "device", avail, "eager") == ("nccl", "native")
     # 3 ranks keep the generic rules (nothing measured there)
     assert table.choose("allreduce", 1 << 20, 3, "device", avail) == ("nccl", "native")
     assert table.choose("allgather", 1 << 20, 3, "device", avail) == ("ipc", "pull")
@@ -101,3 +105,38 @@ def test_mode_split_follows_the_table_the_override_and_the_preference():
     assert not split(fake, "bcast", 1 << 20)
     fake.prefer, table.override = "auto", {"bcast": ("nccl", "native")}
     assert not split(fake, "bcast", 1 << 20)
+
+
+def test_tune_writes_rules_per_mode_when_graphs_were_timed():
+    """``mpiml tune --device gpu`` times every path eagerly and in CUDA graphs: each mode gets its own rules (a
+    small call's eager winner, host-bound, is noise for the device time a graph replays); eager-only results
+    (CPU) give mode-less rules as before."""
+    from mpiml.bench.tune import rules_from_results
+    from mpiml.comm._tuning import Rule
+
+    def row(op, nbytes, series, us, mode):
+        return {"op": op, "bytes": nbytes, "series": series, "latency_us": us, "mode": mode}
+
+    results = []
+    for nbytes, eager, graph in ((1024, {"ipc/twoshot": 8.4, "ipc/ll": 8.6, "nccl/native": 17.0},
+                                  {"ipc/twoshot": 8.9, "ipc/ll": 2.7, "nccl/native": 5.2}),
+                                 (1 << 20, {"ipc/twoshot": 16.0, "ipc/ll": 17.0, "nccl/native": 18.0},
+                                  {"ipc/twoshot": 16.2, "ipc/ll": 17.5, "nccl/native": 11.4})):
+        results += [row("bcast", nbytes, s, us, "eager") for s, us in eager.items()]
+        results += [row("bcast", nbytes, s, us, "graph") for s, us in graph.items()]
+    rules = rules_from_results(results, 4, "device", margin=0.03)
+    table = TuningTable([Rule(**r) for r in rules])
+    avail = ("mpi", "nccl", "ipc")
+    assert {r["mode"] for r in rules} == {"eager", "graph"}
+    assert table.choose("bcast", 1024, 4, "device", avail, "eager") == ("ipc", "twoshot")
+    assert table.choose("bcast", 1024, 4, "device", avail, "graph") == ("ipc", "ll")
+    assert table.choose("bcast", 1 << 20, 4, "device", avail, "graph") == ("nccl", "native")
+    assert table.choose("bcast", 1 << 20, 4, "device", avail, "eager") == ("ipc", "twoshot")
+    eager_only = rules_from_results([r for r in results if r["mode"] == "eager"], 4, "device", margin=0.03)
+    assert eager_only and all("mode" not in r for r in eager_only)
+    assert eager_only[-1]["max_bytes"] is None  # (the CPU tables' last rule: no upper limit)
+    # a device table ends at the largest size measured: larger calls take the rules after it
+    closed = rules_from_results(results, 4, "device", margin=0.03, open_end=False)
+    assert max(r["max_bytes"] for r in closed) == 1 << 20 and all(r["max_bytes"] for r in closed)
+    table = TuningTable([Rule(**r) for r in closed] + [Rule(op="bcast", memory="device", backend="nccl")])
+    assert table.choose("bcast", (1 << 20) + 4, 4, "device", avail, "eager") == ("nccl", "native")

@@ -4,7 +4,12 @@ For each op and message size (powers of two), every series ("auto" and each
 ``backend/algorithm`` that applies) is timed in interleaved rounds, in a shuffled
 order each round (the same on every rank): a barrier, then a batch of
 back-to-back calls; the per-call time of a round is the slowest
-rank's; a series' latency is the median over rounds.  Bandwidths follow
+rank's; a series' latency is the median over rounds.  With ``modes`` including
+``"graph"`` (device buffers), every ``nccl``/``ipc`` series (not ``auto``) is also
+timed captured in a CUDA graph of ``GRAPH_CALLS`` calls and replayed (its result rows
+carry ``"mode": "graph"``; eager rows ``"mode": "eager"``): a device call's best path
+may differ between the two (the host's cost per call hides the device's eagerly).
+Device calls get preallocated results (``out=``), as a graph needs.  Bandwidths follow
 nccl-tests: ``algbw = bytes / time``; ``busbw = algbw x`` 2(n-1)/n for allreduce,
 (n-1)/n for allgather, reduce_scatter, alltoall and gather/scatter, 1 for bcast
 and reduce.
@@ -27,7 +32,12 @@ import numpy as np
 from ..comm import algorithm_names
 from ._common import Progress, human_bytes, machine_info, parse_bytes, require_matplotlib, stamp
 
-__all__ = ["main", "sweep", "series_for", "BUSBW_FACTOR", "DEFAULT_OPS"]
+__all__ = ["main", "sweep", "series_for", "BUSBW_FACTOR", "DEFAULT_OPS", "GRAPH_CALLS", "MODES"]
+
+#: calls captured in one CUDA graph (the graph mode's timing)
+GRAPH_CALLS = 10
+#: the timing modes of a sweep
+MODES = ("eager", "graph")
 
 DEFAULT_OPS = ("allreduce", "bcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather", "scatter", "scan")
 
@@ -65,6 +75,19 @@ def _make_call(comm, op, nbytes, xp, algorithm):
     if op == "allreduce":
         out = xp.empty_like(x)
         return lambda: comm.allreduce(x, redop, out=out, algorithm=algorithm)
+    if xp is not np and op in ("bcast", "reduce", "allgather", "reduce_scatter"):
+        # device: results preallocated (no allocation a call, and capturable in a CUDA graph)
+        if op == "bcast":
+            out = xp.empty_like(x)
+            return lambda: comm.bcast(x, 0, out=out, algorithm=algorithm)
+        if op == "reduce":
+            out = xp.empty_like(x)
+            return lambda: comm.reduce(x, redop, 0, out=out, algorithm=algorithm)
+        if op == "allgather":
+            out = xp.empty(x.size * p, dtype=dt)
+            return lambda: comm.allgather(x, out=out, algorithm=algorithm)
+        out = xp.empty(x.size // p, dtype=dt)
+        return lambda: comm.reduce_scatter(x, redop, out=out, algorithm=algorithm)
     if op == "bcast":
         return lambda: comm.bcast(x, 0, algorithm=algorithm)
     if op == "reduce":
@@ -129,6 +152,36 @@ def _time_batch(comm, fn, iters, xp):
     return float(comm.allreduce(np.array([dt]), "max")[0])
 
 
+def _capture(comm, fn, xp):
+    """A CUDA graph of GRAPH_CALLS calls of ``fn`` on the current stream, or None on every rank if any failed."""
+    stream = xp.cuda.get_current_stream()
+    graph, err = None, None
+    try:
+        stream.begin_capture()
+        try:
+            for _ in range(GRAPH_CALLS):
+                fn()
+        finally:
+            graph = stream.end_capture()
+    except Exception as exc:  # a path that cannot be captured: left out of the graph mode on every rank
+        err = f"{type(exc).__name__}: {exc}"
+    if any(comm.allgather_obj(err)):
+        return None
+    return graph
+
+
+def _time_graph(comm, graph, reps, xp):
+    """Seconds per call of ``reps`` replays of a graph of GRAPH_CALLS calls, the slowest rank's."""
+    stream = xp.cuda.get_current_stream()
+    comm.barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        graph.launch(stream)
+    stream.synchronize()
+    dt = (time.perf_counter() - t0) / (reps * GRAPH_CALLS)
+    return float(comm.allreduce(np.array([dt]), "max")[0])
+
+
 def _auto_path(comm, fn):
     from ..comm import profile
 
@@ -139,27 +192,43 @@ def _auto_path(comm, fn):
 
 
 def sweep(comm, ops, sizes, *, device="cpu", backends=None, include_auto=True, rounds=5,
-          target_seconds=0.02, max_iters=1000, progress=True, only=None):
+          target_seconds=0.02, max_iters=1000, progress=True, only=None, modes=("eager",)):
     """Time every series of every op at every size; returns a list of result dicts.
 
     The data paths are timed as the table routes them: without the signature check
     (``MPIML_CHECK=0``) unless the caller set ``MPIML_CHECK`` (its cost: docs/comm.md).
+    ``modes``: ``("eager",)``, or with ``"graph"`` on device buffers also in CUDA graphs.
     """
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ValueError(f"modes must be some of {list(MODES)}; got {list(modes)}")
+    if device != "gpu":
+        modes = ("eager",)
     if "MPIML_CHECK" in os.environ:
         return _sweep(comm, ops, sizes, device, backends, include_auto, rounds, target_seconds, max_iters,
-                      progress, only)
+                      progress, only, modes)
     os.environ["MPIML_CHECK"] = "0"
     try:
         return _sweep(comm, ops, sizes, device, backends, include_auto, rounds, target_seconds, max_iters,
-                      progress, only)
+                      progress, only, modes)
     finally:
         os.environ.pop("MPIML_CHECK", None)
 
 
-def _sweep(comm, ops, sizes, device, backends, include_auto, rounds, target_seconds, max_iters, progress, only):
-    xp = np
+def _sweep(comm, ops, sizes, device, backends, include_auto, rounds, target_seconds, max_iters, progress, only,
+           modes=("eager",)):
     if device == "gpu":
-        import cupy as xp  # noqa: F811
+        import cupy
+
+        with cupy.cuda.Stream(non_blocking=True):  # (a graph cannot be captured on the legacy stream)
+            return _sweep_on(comm, ops, sizes, device, backends, include_auto, rounds, target_seconds, max_iters,
+                             progress, only, modes, cupy)
+    return _sweep_on(comm, ops, sizes, device, backends, include_auto, rounds, target_seconds, max_iters, progress,
+                     only, ("eager",), np)
+
+
+def _sweep_on(comm, ops, sizes, device, backends, include_auto, rounds, target_seconds, max_iters, progress, only,
+              modes, xp):
     results = []
     plan = []
     for op in ops:
@@ -193,22 +262,35 @@ def _sweep(comm, ops, sizes, device, backends, include_auto, rounds, target_seco
             n_it = int(min(max_iters, max(2, target_seconds / max(est, 1e-7))))
             iters[s] = int(comm.bcast_obj(n_it, 0))
             calls[s] = fn
-        times = {s: [] for s in calls}
+        graphs = {}
+        if "graph" in modes:  # the fixed device paths that a graph can hold (not the host-staged mpi ones)
+            for s in calls:
+                if s.partition("/")[0] in ("nccl", "ipc"):
+                    g = _capture(comm, calls[s], xp)
+                    if g is not None:
+                        graphs[s] = g
+        timed = [("eager", s) for s in calls] if "eager" in modes else []
+        timed += [("graph", s) for s in graphs]
+        times = {key: [] for key in timed}
         for rnd in range(rounds):
             # a different order every round (the same on every rank), so that no series
             # always runs first after a barrier or right after a slow one
-            order = list(calls)
+            order = list(timed)
             random.Random(zlib.crc32(f"{op}:{nbytes}:{rnd}".encode())).shuffle(order)
-            for s in order:
-                times[s].append(_time_batch(comm, calls[s], iters[s], xp))
+            for mode, s in order:
+                if mode == "eager":
+                    times[(mode, s)].append(_time_batch(comm, calls[s], iters[s], xp))
+                else:
+                    reps = max(2, iters[s] // GRAPH_CALLS)
+                    times[(mode, s)].append(_time_graph(comm, graphs[s], reps, xp))
         auto_path = _auto_path(comm, calls["auto"]) if "auto" in calls else None
-        for s, ts in times.items():
+        for (mode, s), ts in times.items():
             lat = statistics.median(ts)
             backend, _, algo = s.partition("/")
             eff_bytes = nbytes
             algbw = eff_bytes / lat / 1e9 if lat > 0 and eff_bytes else 0.0
             results.append({
-                "op": op, "bytes": nbytes, "series": s, "backend": backend if s != "auto" else "auto",
+                "op": op, "bytes": nbytes, "series": s, "mode": mode, "backend": backend if s != "auto" else "auto",
                 "algorithm": algo if s != "auto" else auto_path, "latency_us": lat * 1e6,
                 "min_us": min(ts) * 1e6, "iters": iters[s], "rounds": rounds,
                 "algbw_GBps": algbw, "busbw_GBps": algbw * BUSBW_FACTOR(op, comm.size),

@@ -8,6 +8,11 @@ collective and the incumbent of the previous size by ``--margin`` (default 10 %)
 to be chosen, which keeps noise from fragmenting the table.  Rules are for this rank count and
 memory kind; rules for other rank counts or memory kinds already in the file
 are kept.  Rank 0 writes the file atomically.
+
+On GPUs (``--device gpu``) every path is timed eagerly and captured in CUDA graphs
+(``--modes``, both by default), and each mode gets rules of its own (``"mode":
+"eager"`` / ``"graph"``): eagerly a small call is host-bound and every path costs about
+the same, so the eager winner says nothing of the device time that a graph replays.
 """
 
 import json
@@ -21,12 +26,33 @@ from .comm import DEFAULT_OPS, sizes_between, sweep
 __all__ = ["main", "rules_from_results"]
 
 
-def rules_from_results(results, ranks, memory, margin=0.10):
-    """Turn sweep results into tuning rules (a list of dicts)."""
-    by = {}
+def rules_from_results(results, ranks, memory, margin=0.10, open_end=True):
+    """Turn sweep results into tuning rules (a list of dicts).
+
+    ``open_end``: the last rule of an op has no upper limit; else it ends at the largest
+    size measured, and larger calls fall through to the rules after this table's
+    (device tables: a sweep to 16 MiB says nothing of 256 MiB).
+
+    Results with a ``"mode"`` other than ``"eager"`` (CUDA-graph timings) give rules of
+    their own mode, and then the eager results give ``"mode": "eager"`` rules; results
+    of one mode only give rules for every mode (no ``"mode"`` field).
+    """
+    by_mode = {}
     for r in results:
         if r["series"] == "auto":
             continue
+        by_mode.setdefault(r.get("mode", "eager"), []).append(r)
+    if set(by_mode) <= {"eager"}:
+        return _rules_of(by_mode.get("eager", []), ranks, memory, margin, None, open_end)
+    rules = []
+    for mode in sorted(by_mode):
+        rules += _rules_of(by_mode[mode], ranks, memory, margin, mode, open_end)
+    return rules
+
+
+def _rules_of(results, ranks, memory, margin, mode, open_end=True):
+    by = {}
+    for r in results:
         by.setdefault(r["op"], {}).setdefault(r["bytes"], {})[r["series"]] = r["latency_us"]
     rules = []
     for op, sizes in by.items():
@@ -48,9 +74,12 @@ def rules_from_results(results, ranks, memory, margin=0.10):
                 runs.append([best, b])
         for i, (series, max_bytes) in enumerate(runs):
             backend, _, algo = series.partition("/")
-            rules.append({"op": op, "memory": memory, "min_ranks": ranks, "max_ranks": ranks,
-                          "max_bytes": None if i == len(runs) - 1 else max_bytes,
-                          "backend": backend, "algorithm": algo})
+            rule = {"op": op, "memory": memory, "min_ranks": ranks, "max_ranks": ranks,
+                    "max_bytes": None if i == len(runs) - 1 and open_end else max_bytes, "backend": backend,
+                    "algorithm": algo}
+            if mode is not None:
+                rule["mode"] = mode
+            rules.append(rule)
     return rules
 
 
@@ -78,8 +107,11 @@ def main(argv):
     p.add_argument("--target-ms", type=float, default=20.0)
     p.add_argument("--margin", type=float, default=0.10, help="relative gain needed to switch algorithm")
     p.add_argument("--output", default=None, help=f"table to write (default MPIML_TUNING_FILE or {_config.tuning_file()})")
+    p.add_argument("--modes", default="eager,graph",
+                   help="timing modes on GPUs: eager, graph (CUDA graphs) or both (rules per mode)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
 
     from ..comm import get_comm
 
@@ -92,11 +124,11 @@ def main(argv):
     sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.step)
     only = [s.strip() for s in args.series.split(",") if s.strip()] if args.series else None
     results = sweep(comm, ops, sizes, device=args.device, include_auto=False, rounds=args.rounds,
-                    target_seconds=args.target_ms / 1e3, progress=not args.quiet, only=only)
+                    target_seconds=args.target_ms / 1e3, progress=not args.quiet, only=only, modes=modes)
     if comm.rank != 0:
         return 0
     memory = "device" if args.device == "gpu" else "host"
-    new_rules = rules_from_results(results, comm.size, memory, args.margin)
+    new_rules = rules_from_results(results, comm.size, memory, args.margin, open_end=memory != "device")
     path = args.output or _config.tuning_file()
     key = None
     if memory == "device" and not args.output and "MPIML_TUNING_FILE" not in os.environ:
@@ -116,6 +148,6 @@ def main(argv):
     print(f"mpiml tune: {len(new_rules)} rules for {comm.size} ranks, {memory} memory -> {path}")
     for r in new_rules:
         upto = "inf" if r["max_bytes"] is None else r["max_bytes"]
-        print(f"  {r['op']:<15} <= {upto!s:>10} B : {r['backend']}/{r['algorithm']}")
+        print(f"  {r['op']:<15} {r.get('mode', ''):<6} <= {upto!s:>10} B : {r['backend']}/{r['algorithm']}")
     sys.stdout.flush()
     return 0

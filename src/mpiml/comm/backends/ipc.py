@@ -32,6 +32,15 @@ Algorithms (``algorithm=`` with backend ``ipc``):
                      parity's LL slots per launch (``nranks`` slots of
                      ``MPIML_IPC_LL_SLOT_BYTES``, 1 MiB: at 4 ranks a 2 MiB
                      bcast, a 1 MiB reduce), in chunks above
+``pipe``             two-shot without a barrier, pipelined in steps with a flag
+                     each (allreduce: reduce-scatter to every rank, then all-gather;
+                     reduce: every non-root reduces a part and stores it into the
+                     root's buffer; bcast: the root scatters a part to every
+                     non-root, which forwards it to the others); each link
+                     carries about n bytes (reduce, bcast) and the phases of
+                     successive steps overlap (``MPIML_IPC_PIPE_BLOCKS``, 128, and
+                     ``MPIML_IPC_PIPE_ROUNDS``, 1: the grid and how many steps a
+                     block takes)
 ``pull``             readers copy from the root / every rank (bcast, allgather)
 ``push``             every rank writes its part into every peer's buffer, barrier,
                      each copies from its own memory (allgather)
@@ -92,7 +101,10 @@ PROBE_OFF = 64
 THREADS = 512
 LL_THREADS = 512  # (ipc_common.cuh's MPIML_LL_THREADS: the LL kernels' launch bounds)
 LL_MAX_BLOCKS = 264
-IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "lltwoshot", "pull", "push", "two_level")
+IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "lltwoshot", "pipe", "pull", "push", "two_level")
+PIPE_MAX_STEPS = 2048  # (ipc_common.cuh's MPIML_PIPE_MAX_STEPS: flags per writer and step)
+PIPE_BYTES = 2 * MAX_RANKS * PIPE_MAX_STEPS * 4  # the pipelined kernels' flags, after the LL slots
+PIPE_STEP_ALIGN = 128  # packs: a step is a multiple of this
 ERR_TIMEOUT, ERR_ABORT, ERR_OVERLAP = 1, 3, 4
 
 _CHUNK_ALIGN = 256
@@ -124,6 +136,31 @@ def _lltwoshot_plan(op, nbytes, nranks, ll_slot):
     chunk_bytes = 8 * chunk
     lines = -(-min(nbytes, chunk_bytes) // 8)
     return chunk_bytes, max(1, min(LL_MAX_BLOCKS, -(-(-(-lines // parts)) // LL_THREADS)))
+
+
+def _pipe_plan(op, nbytes, nranks, blocks, rounds):
+    """``(step packs, grid)`` of a pipelined kernel (``mpiml_<op>_pipe``) for one launch of ``nbytes``.
+
+    The packs (16 bytes) are cut into ``q`` parts (allreduce: one per rank; reduce and bcast:
+    one per non-root) and every part into steps of ``step`` packs (a multiple of
+    :data:`PIPE_STEP_ALIGN`, at most :data:`PIPE_MAX_STEPS` steps a part), so that ``blocks``
+    blocks take about ``rounds`` steps each; the grid is ``min(blocks, steps)``.  Both depend
+    only on the arguments, equal on every rank.
+    """
+    q = nranks if op == "allreduce" else max(1, nranks - 1)
+    part = -(-(-(-nbytes // 16)) // q)
+    step = -(-part // (blocks * rounds))
+    step = max(step, -(-part // PIPE_MAX_STEPS))
+    step = max(PIPE_STEP_ALIGN, -(-step // PIPE_STEP_ALIGN) * PIPE_STEP_ALIGN)
+    return step, max(1, min(blocks, MAX_BLOCKS, -(-part // step)))
+
+
+def _pipe_chunk(op, nranks, cap):
+    """Bytes of one launch of a pipelined kernel: the sources' copies and the gathered parts,
+    ``(nranks + q) * part`` packs, within one staging buffer of ``cap`` bytes."""
+    q = nranks if op == "allreduce" else max(1, nranks - 1)
+    part = cap // 16 // (nranks + q)
+    return part * q * 16 // _CHUNK_ALIGN * _CHUNK_ALIGN
 
 
 def _displs(counts):
@@ -186,6 +223,12 @@ class IPCTransport(Transport):
         # the two-shot LL kernels see a parity's slots as one region: with 1 MiB slots (8 MiB a GPU at 4 ranks)
         # a 2 MiB bcast or a 1 MiB reduce / allreduce is one launch there
         self.ll_slot = max(2 * self.ll_max, _env_bytes("MPIML_IPC_LL_SLOT_BYTES", 1 << 20) // 16 * 16)
+        # the pipelined kernels' grid and steps a block (see _pipe_plan): 128 x 1, every step a block of its own,
+        # measured best on 4 x H100 (a step's flag is a system-scope release, which a block pays in series; key
+        # pipe_run_2020 of benchmarks/results/vs_nccl_4xh100.json, docs/comm.md)
+        self.pipe_blocks = _config.env_number("MPIML_IPC_PIPE_BLOCKS", 128, minimum=1, maximum=MAX_BLOCKS,
+                                              unit="blocks")
+        self.pipe_rounds = _config.env_number("MPIML_IPC_PIPE_ROUNDS", 1, minimum=1, maximum=64, unit="steps")
         # two-shot keeps the sources' copies and the reduced parts (2 n, rounded up to the parts) in a buffer
         self.twoshot_cap = (self.cap // 2 - 16 * (MAX_RANKS + 1)) // _CHUNK_ALIGN * _CHUNK_ALIGN
         # a pushed allgather keeps every rank's part (its packs) in each buffer
@@ -202,16 +245,17 @@ class IPCTransport(Transport):
         try:
             self._ll_off = DATA_OFF + 2 * self.cap
             self._ll_slot = self.ll_slot
-            self._base = runtime.malloc(self._ll_off + 2 * self.size * self._ll_slot)
+            pipe_off = self._ll_off + 2 * self.size * self._ll_slot  # (the kernels find it there: mpiml_pipe_flag)
+            self._base = runtime.malloc(pipe_off + PIPE_BYTES)
             runtime.memset(self._base, 0, DATA_OFF)
-            runtime.memset(self._ll_off + self._base, 0, 2 * self.size * self._ll_slot)  # no stale flags
+            runtime.memset(self._ll_off + self._base, 0, 2 * self.size * self._ll_slot + PIPE_BYTES)  # no stale flags
             runtime.deviceSynchronize()
             handle = runtime.ipcGetMemHandle(self._base)
         except Exception as exc:
             err = f"{type(exc).__name__}: {exc}"
         agree_or_raise(world, err, "ipc workspace")
         # the kernels find a peer's buffers and slots at their own offsets: the layout must be the same everywhere
-        layout = (self.cap, self.ll_max, self.ll_slot)
+        layout = (self.cap, self.ll_max, self.ll_slot, self.pipe_blocks, self.pipe_rounds)
         shared = world.allgather_obj((handle, layout))
         handles = [h for h, _ in shared]
         if len({lay for _, lay in shared}) > 1:
@@ -219,7 +263,8 @@ class IPCTransport(Transport):
             self._base = None
             raise BackendUnavailableError(
                 "the ipc workspaces differ between ranks (MPIML_IPC_BYTES, MPIML_IPC_LL_BYTES, "
-                "MPIML_IPC_LL_SLOT_BYTES must be the same on every rank): "
+                "MPIML_IPC_LL_SLOT_BYTES, MPIML_IPC_PIPE_BLOCKS, MPIML_IPC_PIPE_ROUNDS must be the same on every "
+                "rank): "
                 + ", ".join(f"rank {r}: {lay}" for r, (_, lay) in enumerate(shared)))
         peers, err = [], None
         try:
@@ -452,10 +497,12 @@ class IPCTransport(Transport):
                                      parts=self.size)
         if algorithm == "lltwoshot":
             return self._lltwoshot("allreduce", sendbuf, recvbuf, op, 0)
+        if algorithm == "pipe":
+            return self._pipe("allreduce", sendbuf, recvbuf, op, 0)
         if algorithm == "two_level":
             return self._two_level_allreduce(sendbuf, recvbuf, op)
         raise ValueError(f"algorithm {algorithm!r} does not apply to allreduce on the ipc backend "
-                         "(ll, oneshot, twoshot, lltwoshot, two_level)")
+                         "(ll, oneshot, twoshot, lltwoshot, pipe, two_level)")
 
     def _auto_allreduce(self, nbytes):
         if nbytes <= self.ll_max:
@@ -473,6 +520,8 @@ class IPCTransport(Transport):
                                      parts=self.size)
         if algorithm == "lltwoshot":
             return self._lltwoshot("reduce", sendbuf, out, op, int(root))
+        if algorithm == "pipe" and self.size > 1:  # (one rank: the one-shot copies)
+            return self._pipe("reduce", sendbuf, out, op, int(root))
         return self._elementwise("reduce", "reduce", "mpiml_reduce_oneshot", sendbuf, out, op, int(root))
 
     def native_bcast(self, buf, root, algorithm=None):
@@ -485,6 +534,8 @@ class IPCTransport(Transport):
                                      parts=self.size)
         if algorithm == "lltwoshot":
             return self._lltwoshot("bcast", buf, buf, None, int(root))
+        if algorithm == "pipe":
+            return self._pipe("bcast", buf, buf, None, int(root))
         return self._elementwise("bcast", "bcast", "mpiml_bcast_pull", buf, buf, None, int(root))
 
     def _lltwoshot(self, op_name, sendbuf, recvbuf, op, root):
@@ -505,6 +556,26 @@ class IPCTransport(Transport):
             fn = self._kernel(op_name, f"mpiml_{op_name}_lltwoshot", dtype, rop, aligned)
             _, grid = _lltwoshot_plan(op_name, count * isz, self.size, self.ll_slot)
             self._launch(fn, grid, sp + off, (rp + off) if rp else 0, count, root, LL_THREADS)
+        return self._done(op_name)
+
+    def _pipe(self, op_name, sendbuf, recvbuf, op, root):
+        """The pipelined two-shot bcast, reduce or allreduce (see mpiml_pipe), in chunks of one staging buffer."""
+        self._check(op_name)
+        self._last_op = op_name
+        n = sendbuf.size
+        if n == 0 or (op_name == "bcast" and self.size == 1):
+            return DONE
+        dtype, isz = sendbuf.dtype, sendbuf.dtype.itemsize
+        rop = self._reduce_op(op, dtype) if op is not None else None
+        family = "bcast" if op_name == "bcast" else op_name
+        sp = sendbuf.data.ptr
+        rp = recvbuf.data.ptr if recvbuf is not None and recvbuf.size else 0
+        for start, count in self._chunks(n, isz, _pipe_chunk(op_name, self.size, self.cap)):
+            off = start * isz
+            aligned = not ((sp + off) & 15 or (rp + off if rp else 0) & 15)
+            fn = self._kernel(family, f"mpiml_{op_name}_pipe", dtype, rop, aligned)
+            step, grid = _pipe_plan(op_name, count * isz, self.size, self.pipe_blocks, self.pipe_rounds)
+            self._launch(fn, grid, sp + off, (rp + off) if rp else 0, count, (step << 4) | root)
         return self._done(op_name)
 
     def native_scan(self, sendbuf, recvbuf, op):
@@ -636,8 +707,9 @@ class IPCTransport(Transport):
     def irecv(self, buf, source, tag):
         return self._nccl().irecv(buf, source, tag)
 
-    _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot", "lltwoshot"), "reduce": ("ll", "oneshot", "twoshot", "lltwoshot"),
-                      "scan": ("oneshot",), "exscan": ("oneshot",), "bcast": ("ll", "pull", "twoshot", "lltwoshot"),
+    _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot", "lltwoshot", "pipe"),
+                      "reduce": ("ll", "oneshot", "twoshot", "lltwoshot", "pipe"),
+                      "scan": ("oneshot",), "exscan": ("oneshot",), "bcast": ("ll", "pull", "twoshot", "lltwoshot", "pipe"),
                       "allgather": ("ll", "pull", "push"),
                       "reduce_scatter": ("ll", "oneshot")}
 
@@ -648,10 +720,11 @@ class IPCTransport(Transport):
 
     def run_algorithm(self, op, name, *args):
         """Run IPC algorithm ``name`` (see the module docstring) for collective ``op``."""
-        if op == "allreduce" and name in ("ll", "oneshot", "twoshot", "lltwoshot", "two_level"):
+        if op == "allreduce" and name in ("ll", "oneshot", "twoshot", "lltwoshot", "pipe", "two_level"):
             return self.native_allreduce(*args, algorithm=name)
         if (op, name) in (("reduce", "ll"), ("reduce", "oneshot"), ("reduce", "twoshot"), ("reduce", "lltwoshot"),
-                          ("bcast", "ll"), ("bcast", "pull"), ("bcast", "twoshot"), ("bcast", "lltwoshot"),
+                          ("reduce", "pipe"), ("bcast", "ll"), ("bcast", "pull"), ("bcast", "twoshot"),
+                          ("bcast", "lltwoshot"), ("bcast", "pipe"),
                           ("allgather", "ll"), ("allgather", "pull"),
                           ("allgather", "push"),
                           ("reduce_scatter", "ll"), ("reduce_scatter", "oneshot")):
@@ -666,8 +739,9 @@ class IPCTransport(Transport):
         """A launcher (see :mod:`mpiml.comm._hotpath`) repeating this call with one kernel, or None.
 
         For stream-ordered calls (``MPIML_DEVICE_SYNC=0``) that fit in one kernel
-        on one node: allreduce (ll, oneshot, twoshot, lltwoshot), bcast (ll, pull, twoshot, lltwoshot),
-        allgather (ll, pull, push), reduce (ll, oneshot, twoshot, lltwoshot), reduce_scatter (ll, oneshot).  ``arg`` is the
+        on one node: allreduce (ll, oneshot, twoshot, lltwoshot, pipe), bcast (ll, pull, twoshot, lltwoshot,
+        pipe), allgather (ll, pull, push), reduce (ll, oneshot, twoshot, lltwoshot, pipe), reduce_scatter
+        (ll, oneshot).  ``arg`` is the
         reduction, the root, ``(reduction, root)`` or ``(counts, reduction)``.
         Across nodes, the ops that go to NCCL take NCCL's launcher.
         """
@@ -685,18 +759,18 @@ class IPCTransport(Transport):
         if op == "allreduce":
             algo = self._auto_allreduce(nb) if name == "native" else name
             red, family, parts = arg, "allreduce", (self.size if algo == "twoshot" else 1)
-            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot"):
+            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "pipe"):
                 return None
         elif op in ("bcast", "allgather"):
             algo = ("ll" if ll_ok else "pull") if name == "native" else name
             family, parts = "bcast", (self.size if algo == "twoshot" else 1)
             root = int(arg) if op == "bcast" else 0
-            if algo not in (("ll", "pull", "twoshot", "lltwoshot") if op == "bcast" else ("ll", "pull", "push")):
+            if algo not in (("ll", "pull", "twoshot", "lltwoshot", "pipe") if op == "bcast" else ("ll", "pull", "push")):
                 return None
         elif op == "reduce":
             algo = ("ll" if ll_ok else "oneshot") if name == "native" else name
             (red, root), family, parts = arg, "reduce", (self.size if algo == "twoshot" else 1)
-            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot"):
+            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "pipe"):
                 return None
         elif op == "reduce_scatter" and name in ("native", "ll", "oneshot"):
             counts, red = arg
@@ -722,12 +796,17 @@ class IPCTransport(Transport):
             block, mask = LL_THREADS, 7
         elif algo == "ll":
             grid, block, mask = _ll_grid(nb), LL_THREADS, 7
+        elif algo == "pipe":
+            if nb > _pipe_chunk(op, self.size, self.cap) or self.size == 1:  # (several launches, or one rank)
+                return None
+            step, grid = _pipe_plan(op, nb, self.size, self.pipe_blocks, self.pipe_rounds)
+            block, mask = THREADS, 15
         else:
             grid, block, mask = _grid(-(-(-(-nb // 16)) // parts)), THREADS, 15
         rop = self._reduce_op(red, dtype) if red is not None else None
         fa = self._kernel(family, kernel, dtype, rop, True)
         fu = self._kernel(family, kernel, dtype, rop, False)
-        extra = root
+        extra = (step << 4) | root if algo == "pipe" else root
         if op == "allgather":
             extra = x.size  # the row stride of the result, in elements
             if nb & mask:

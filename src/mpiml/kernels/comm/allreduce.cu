@@ -57,16 +57,23 @@ mpiml_allreduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, lon
     mpiml_end(c, epoch);
 }
 
-// LL one-shot (no barrier): every rank pushes its lines into every rank's slot
-// [me], then reduces its own slots in rank order 0..n-1 as their flags arrive.
-// A counts 8-byte alignment here (lines are 8 bytes of payload). The same
+// LL one-shot (no barrier): every rank pushes its lines into every peer's slot
+// [me], then reduces the slots in rank order 0..n-1 as their flags arrive, its
+// own input's line in its own place (never stored into its own slot and loaded
+// back). A counts 8-byte alignment here (lines are 8 bytes of payload). The same
 // thread handles line i in both loops, so in == out is safe.
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_allreduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
     const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
-    mpiml_ll_push(c, ln, in, 1, (int)c->nranks);  // own slot last; peers' stores go out first
-    mpiml_ll_reduce_out<T, OP, A>(c, ln.epoch, ln.flag, out, ln.nbytes);
+    const int me = (int)c->rank;
+    mpiml_ll_push(c, ln, in, 1, (int)c->nranks - 1);
+    bool ok = true;
+    MPIML_GRID_LOOP(i, ln.lines) {
+        const uint2 v = mpiml_ll_reduce_line<T, OP>(c, ln.epoch, ln.flag, i, ok, nullptr, 0, me, ln.get(in, i));
+        if (!ok) break;
+        mpiml_ll_put<A>(out, i, ln.nbytes, v);
+    }
     mpiml_end<false>(c, ln.epoch);
 }
 
@@ -77,4 +84,11 @@ template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_allreduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
     mpiml_ll_twoshot_reduce<T, OP, A>(c, in, out, n, -1);
+}
+
+// Pipelined two-shot allreduce (no barrier): see mpiml_pipe (ipc_common.cuh); extra = S << 4.
+template <typename T, int OP, bool A>
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_allreduce_pipe(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    mpiml_pipe<T, OP, A, 0>(c, in, out, n, extra);
 }

@@ -48,15 +48,16 @@ mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long ro
     mpiml_end<false>(c, ln.epoch);
 }
 
-// LL allgather: every rank pushes its n elements into every rank's slot [me];
+// LL allgather: every rank pushes its n elements into every peer's slot [me];
 // each copies line i of every slot r to out[r * stride ...], the nranks lines
-// loaded at once.
+// loaded at once, its own input's line in its own place (never stored into its
+// own slot and loaded back).
 template <typename T, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_allgather_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
     const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
-    mpiml_ll_push(c, ln, in, 1, (int)c->nranks);
-    mpiml_ll_gather_out<T, A>(c, ln, out, stride);
+    mpiml_ll_push(c, ln, in, 1, (int)c->nranks - 1);
+    mpiml_ll_gather_out<T, A>(c, ln, out, stride, in);
     mpiml_end<false>(c, ln.epoch);
 }
 
@@ -189,4 +190,12 @@ mpiml_bcast_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, long 
         }
     }
     mpiml_end<false>(c, ln.epoch);
+}
+
+// Pipelined broadcast (no barrier): see mpiml_pipe (ipc_common.cuh); the root scatters a part
+// to every non-root, which forwards it to the other non-roots step by step. extra = (S << 4) | root.
+template <typename T, bool A>
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_bcast_pipe(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    mpiml_pipe<T, 0, A, 2>(c, in, out, n, extra);
 }

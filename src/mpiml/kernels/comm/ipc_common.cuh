@@ -510,14 +510,18 @@ struct MpimlEvenParts {
 // Line i of this rank's slots [r] for every rank r < nranks, in v[r]; false on a
 // timeout or abort. Every slot's line is loaded before any flag is looked at: the
 // lines of most calls have all arrived by then, and one memory latency is paid
-// instead of nranks (a spin, per slot, only for a line still on its way).
+// instead of nranks (a spin, per slot, only for a line still on its way). OWN >= 0:
+// rank OWN's line is `ownv` (this rank's own input, never stored into its own slot).
 __device__ __forceinline__ bool mpiml_ll_load_ranks(const MpimlCtx* c, unsigned epoch, unsigned flag, long long i,
-                                                    uint2 (&v)[MPIML_MAX_RANKS]) {
+                                                    uint2 (&v)[MPIML_MAX_RANKS], int own = -1,
+                                                    uint2 ownv = make_uint2(0u, 0u)) {
     const int nr = (int)c->nranks, me = (int)c->rank;
     uint4 w[MPIML_MAX_RANKS];
 #pragma unroll
     for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
-        if (r < nr) {
+        if (r == own) {
+            w[r] = make_uint4(ownv.x, flag, ownv.y, flag);
+        } else if (r < nr) {
             asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                          : "=r"(w[r].x), "=r"(w[r].y), "=r"(w[r].z), "=r"(w[r].w)
                          : "l"(mpiml_ll_slot(c, me, epoch, r) + i) : "memory");
@@ -568,7 +572,8 @@ __device__ __forceinline__ bool mpiml_ll_load_strided(const MpimlCtx* c, unsigne
 // slot [r].
 template <typename T, int OP, bool STRIDED = false>
 __device__ __forceinline__ uint2 mpiml_ll_reduce_line(const MpimlCtx* c, unsigned epoch, unsigned flag, long long i,
-                                                      bool& ok, const uint4* p = nullptr, long long stride = 0) {
+                                                      bool& ok, const uint4* p = nullptr, long long stride = 0,
+                                                      int own = -1, uint2 ownv = make_uint2(0u, 0u)) {
     typedef typename MpimlAcc<T>::type Acc;
     constexpr int L = 8 / sizeof(T);
     union Line { uint2 v; T e[L]; };
@@ -577,7 +582,8 @@ __device__ __forceinline__ uint2 mpiml_ll_reduce_line(const MpimlCtx* c, unsigne
     Line out;
     out.v = make_uint2(0u, 0u);
     uint2 got[MPIML_MAX_RANKS];
-    if (!(STRIDED ? mpiml_ll_load_strided(c, epoch, flag, p, stride, got) : mpiml_ll_load_ranks(c, epoch, flag, i, got))) {
+    if (!(STRIDED ? mpiml_ll_load_strided(c, epoch, flag, p, stride, got)
+                  : mpiml_ll_load_ranks(c, epoch, flag, i, got, own, ownv))) {
         ok = false;
         return out.v;
     }
@@ -656,14 +662,15 @@ __device__ __forceinline__ void mpiml_ll_push(const MpimlCtx* c, const MpimlLine
 }
 
 // Every rank's lines (slot [r] of this rank) to out + r * stride elements of T, the
-// nranks lines of one index loaded at once (mpiml_ll_load_ranks).
+// nranks lines of one index loaded at once (mpiml_ll_load_ranks); this rank's own
+// from `in` (its slot is not written).
 template <typename T, bool A>
 __device__ __forceinline__ void mpiml_ll_gather_out(const MpimlCtx* c, const MpimlLines<A>& ln, T* out,
-                                                    long long stride) {
+                                                    long long stride, const T* in) {
     const int nr = (int)c->nranks;
     MPIML_GRID_LOOP(i, ln.lines) {
         uint2 v[MPIML_MAX_RANKS];
-        if (!mpiml_ll_load_ranks(c, ln.epoch, ln.flag, i, v)) break;
+        if (!mpiml_ll_load_ranks(c, ln.epoch, ln.flag, i, v, (int)c->rank, ln.get(in, i))) break;
 #pragma unroll
         for (int r = 0; r < MPIML_MAX_RANKS; ++r)
             if (r < nr) mpiml_ll_put<A>(out + r * stride, i, ln.nbytes, v[r]);
@@ -749,4 +756,185 @@ __device__ __forceinline__ void mpiml_ll_twoshot_reduce(const MpimlCtx* c, const
         }
     }
     mpiml_end<false>(c, ln.epoch);
+}
+
+// ---------------------------------------------------------------- pipelined two-shot (`pipe`)
+// Flags of the pipelined kernels, after the LL slots: [MPIML_PIPE_WORDS] words per rank
+// (the host allocates and zeroes them with the workspace). In a rank's region, word
+// [w * MPIML_PIPE_MAX_STEPS + k] is written by rank w when its copy of step k of the part
+// that rank reduces (or forwards) has arrived there, and word
+// [(MPIML_MAX_RANKS + w) * MPIML_PIPE_MAX_STEPS + k] by rank w when step k of the part w
+// owns, reduced, has. A word has one writer whatever the call (the row is the writer's
+// rank, never a part, whose owner moves with the root), a flag carries the call's
+// epoch + 1 and only grows, so the flags need no parity: a writer a call ahead writes a
+// larger value after the data of the call a reader waits for (the data itself alternates
+// between the two buffers, and the ack in mpiml_begin keeps a writer from the buffer a
+// reader still reads).
+#define MPIML_PIPE_MAX_STEPS 2048
+#define MPIML_PIPE_WORDS (2 * MPIML_MAX_RANKS * MPIML_PIPE_MAX_STEPS)
+
+__device__ __forceinline__ unsigned* mpiml_pipe_flag(const MpimlCtx* c, int owner, int row, long long k) {
+    return reinterpret_cast<unsigned*>(c->peers[owner] + c->ll_off + 2 * c->nranks * c->ll_slot) +
+           ((long long)row * MPIML_PIPE_MAX_STEPS + k);
+}
+
+// Spin (acquire, system scope) until *p has reached flag; false on a timeout or abort.
+__device__ __forceinline__ bool mpiml_pipe_wait(const MpimlCtx* c, const unsigned* p, unsigned flag, int peer,
+                                                unsigned epoch) {
+    MpimlSpin s{0ull, 0u};
+    while ((int)(mpiml_ld_acquire(p) - flag) < 0) {
+        if (mpiml_spin_expired(c, s, peer, epoch)) return false;
+    }
+    return true;
+}
+
+// op over the packs src(0), ..., src(m - 1), in that order (src(r) loads rank r's pack);
+// loads first where the registers allow (MpimlLoadsFirst).
+template <typename T, int OP, typename Src>
+__device__ __forceinline__ MpimlPack<T> mpiml_reduce_from(int m, Src src) {
+    if constexpr (MpimlLoadsFirst<T>::value) {
+        MpimlPack<T> v[MPIML_MAX_RANKS];
+#pragma unroll
+        for (int r = 0; r < MPIML_MAX_RANKS; ++r)
+            if (r < m) v[r] = src(r);
+        return mpiml_fold<T, OP>(v, m);
+    } else {
+        MpimlPack<T> acc = src(0);
+        for (int r = 1; r < m; ++r) {
+            MpimlPack<T> v[2] = {acc, src(r)};
+            acc = mpiml_fold<T, OP>(v, 2);
+        }
+        return acc;
+    }
+}
+
+// Pipelined two-shot: KIND 0 allreduce, 1 reduce to `root`, 2 bcast from `root`.
+// The packs are cut into q parts of `part` packs, each owned by one rank (allreduce:
+// part j by rank j, q = nranks; reduce and bcast: by the non-root (root + 1 + j) % nranks,
+// q = nranks - 1, so that the root's links carry n bytes each way, not 1.5 n), and
+// every part into steps of S packs (S = extra >> 4; root = extra & 15). Step k of every
+// part is handled by block k % gridDim.x on every rank, in three phases:
+//   A. every source (every rank; bcast: the root) stores step k of part j of its input
+//      into the owner's buffer at [src * part] (its own part: read in B from the input),
+//      then sets its flag [src][k] there;
+//   B. the owner waits for the sources' flags of step k, reduces their copies in rank
+//      order (bcast: takes the root's), stores the result into every other receiver's
+//      buffer at [nranks * part + j * part] (receivers: every rank; the root; the
+//      non-roots) and to out if it receives, then sets its flag [MAX_RANKS + owner][k] there;
+//   C. a receiver waits for the flag of step k of every other part and copies it out.
+// A block first sends every step of its own (A never waits), then takes its steps in
+// order through B, and through C one step behind (the copy of the previous step while
+// this one's peers are still on their way). No barrier: B waits only for A of the same
+// step on the peers, and C only for B, so the phases flow through the links as a
+// pipeline (a reduce's owners receive the sources' steps while they send the root the
+// steps already reduced). A pack is read from `in` (A or B) and written to out (B or C)
+// by the same thread (pack i of a step is thread i % blockDim.x's in every phase), and
+// every read of `in` by a block comes before its first write to out: in == out is safe
+// as long as no block writes what another reads. Writes: B stores packs of this rank's
+// own part, which no other block reads; C stores the other parts' packs of its own
+// steps, which only A of the same block read (all of them before). The host keeps
+// (nranks + q) * part packs within one staging buffer and at most MPIML_PIPE_MAX_STEPS
+// steps a part.
+template <typename T, int OP, bool A, int KIND>
+__device__ __forceinline__ void mpiml_pipe(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    const unsigned epoch = mpiml_begin(c);
+    const unsigned flag = epoch + 1u;
+    const int nr = (int)c->nranks, me = (int)c->rank, root = (int)(extra & 15);
+    const long long S = extra >> 4;
+    const int q = KIND == 0 ? nr : nr - 1;
+    const long long units = mpiml_units<T>(n);
+    const long long part = (units + q - 1) / q;
+    const long long steps = (part + S - 1) / S;
+    // part j's owner, and this rank's part (-1: none)
+    auto owner = [=](int j) { return KIND == 0 ? j : (root + 1 + j) % nr; };
+    const int jm = KIND == 0 ? me : (me == root ? -1 : (me - root - 1 + nr) % nr);
+    const bool sends = KIND != 2 || me == root;
+    auto receives = [=](int r) { return KIND == 0 || (KIND == 1 ? r == root : r != root); };
+    MpimlPack<T>* mine = mpiml_packs<T>(c, me, epoch);
+    const MpimlPack<T>* gathered = mine + nr * part;
+    const int t = threadIdx.x;
+    if (sends) {  // A, every step of this block: pack i of every peer's part loaded, then stored (one latency)
+        for (long long k = blockIdx.x; k < steps; k += gridDim.x) {
+            const long long i0 = k * S, i1 = min(i0 + S, part);
+            for (long long i = i0 + t; i < i1; i += blockDim.x) {
+                // part j = jm + 1 + jj (mod q) for jj < q - 1 when this rank owns one (its own is skipped),
+                // else jj; the destination of pack i of part j, null where nothing is stored
+                auto dst = [&](int jj) -> MpimlPack<T>* {
+                    const int j = jm < 0 ? jj : (jm + 1 + jj) % q;
+                    if (jj >= q - (jm < 0 ? 0 : 1) || j * part + i >= units) return nullptr;
+                    return mpiml_packs<T>(c, owner(j), epoch) + me * part + i;
+                };
+                auto src = [&](int jj) { return (jm < 0 ? jj : (jm + 1 + jj) % q) * part + i; };
+                if constexpr (MpimlLoadsFirst<T>::value) {
+                    MpimlPack<T> v[MPIML_MAX_RANKS];
+#pragma unroll
+                    for (int jj = 0; jj < MPIML_MAX_RANKS; ++jj)
+                        if (dst(jj) != nullptr) v[jj] = mpiml_load_user<T, A>(in, src(jj), n);
+#pragma unroll
+                    for (int jj = 0; jj < MPIML_MAX_RANKS; ++jj)
+                        if (MpimlPack<T>* d = dst(jj)) *d = v[jj];
+                } else {
+                    for (int jj = 0; jj < q; ++jj)
+                        if (MpimlPack<T>* d = dst(jj)) *d = mpiml_load_user<T, A>(in, src(jj), n);
+                }
+            }
+            __syncthreads();  // the block's stores happen before the releases below
+            if (t < q && owner(t) != me) mpiml_st_release(mpiml_pipe_flag(c, owner(t), me, k), flag);
+        }
+    }
+    // C of step k: wait for the other parts' owners, copy their packs out; false on a timeout / abort
+    auto gather = [&](long long k) {
+        int bad = 0;
+        if (t < q && t != jm)
+            bad = !mpiml_pipe_wait(c, mpiml_pipe_flag(c, me, MPIML_MAX_RANKS + owner(t), k), flag, owner(t), epoch);
+        if (__syncthreads_or(bad)) return false;
+        const long long i0 = k * S, i1 = min(i0 + S, part);
+        for (long long i = i0 + t; i < i1; i += blockDim.x) {
+            mpiml_copy_ranks<T>(
+                q, jm, [&](int j) { return j * part + i < units ? gathered + j * part + i : nullptr; },
+                [&](int j, const MpimlPack<T>& v) { mpiml_store_user<T, A>(out, j * part + i, n, v); });
+        }
+        return true;
+    };
+    long long behind = -1;  // the step whose C is still to do
+    for (long long k = blockIdx.x; k < steps; k += gridDim.x) {
+        if (jm >= 0) {  // B
+            int bad = 0;
+            if (t < nr && t != me && (KIND != 2 || t == root))
+                bad = !mpiml_pipe_wait(c, mpiml_pipe_flag(c, me, t, k), flag, t, epoch);
+            if (__syncthreads_or(bad)) {
+                behind = -1;
+                break;
+            }
+            const long long i0 = k * S, i1 = min(i0 + S, part);
+            for (long long i = i0 + t; i < i1; i += blockDim.x) {
+                const long long g = jm * part + i;
+                if (g >= units) break;
+                MpimlPack<T> v;
+                if constexpr (KIND == 2) {
+                    v = mpiml_ld(mine + root * part + i);
+                } else {
+                    v = mpiml_reduce_from<T, OP>(nr, [&](int r) {
+                        return r == me ? mpiml_load_user<T, A>(in, g, n) : mpiml_ld(mine + r * part + i);
+                    });
+                }
+                for (int kk = 1; kk < nr; ++kk) {
+                    const int r = (me + kk) % nr;
+                    if (receives(r)) mpiml_packs<T>(c, r, epoch)[nr * part + g] = v;
+                }
+                if (receives(me)) mpiml_store_user<T, A>(out, g, n, v);
+            }
+            __syncthreads();
+            if (t < nr && t != me && receives(t)) mpiml_st_release(mpiml_pipe_flag(c, t, MPIML_MAX_RANKS + me, k), flag);
+        }
+        if (receives(me)) {
+            if (behind >= 0 && !gather(behind)) {
+                behind = -1;
+                break;
+            }
+            behind = k;
+        }
+    }
+    if (behind >= 0) gather(behind);
+    mpiml_end(c, epoch);
 }

@@ -88,15 +88,26 @@ mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, long long n, lon
     mpiml_end<false>(c, epoch);
 }
 
-// LL reduce (see allreduce.cu's mpiml_allreduce_ll): every rank pushes its lines
-// into the root's slot [me]; the root reduces them in rank order.
+// LL reduce (see allreduce.cu's mpiml_allreduce_ll): every other rank pushes its lines
+// into the root's slot [me]; the root reduces them in rank order with its own input's
+// line, which it never stores into its own slot: its loads of the peers' slots go out
+// at once, not after a store (one memory latency less a call). The same thread reads
+// in[i] and writes out[i]: in == out is safe.
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_reduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
     const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
     const int me = (int)c->rank;
-    MPIML_GRID_LOOP(i, ln.lines) mpiml_ll_store(mpiml_ll_slot(c, (int)root, ln.epoch, me) + i, ln.get(in, i), ln.flag);
-    if (me == root) mpiml_ll_reduce_out<T, OP, A>(c, ln.epoch, ln.flag, out, ln.nbytes);
+    if (me != root) {
+        MPIML_GRID_LOOP(i, ln.lines) mpiml_ll_store(mpiml_ll_slot(c, (int)root, ln.epoch, me) + i, ln.get(in, i), ln.flag);
+    } else {
+        bool ok = true;
+        MPIML_GRID_LOOP(i, ln.lines) {
+            const uint2 v = mpiml_ll_reduce_line<T, OP>(c, ln.epoch, ln.flag, i, ok, nullptr, 0, me, ln.get(in, i));
+            if (!ok) break;
+            mpiml_ll_put<A>(out, i, ln.nbytes, v);
+        }
+    }
     mpiml_end<false>(c, ln.epoch);
 }
 
@@ -136,4 +147,12 @@ template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_reduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
     mpiml_ll_twoshot_reduce<T, OP, A>(c, in, out, n, (int)root);
+}
+
+// Pipelined reduce (no barrier): see mpiml_pipe (ipc_common.cuh); the non-roots reduce a part
+// each and store it into the root's buffer, step by step. extra = (S << 4) | root.
+template <typename T, int OP, bool A>
+__global__ void __launch_bounds__(MPIML_THREADS)
+mpiml_reduce_pipe(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    mpiml_pipe<T, OP, A, 1>(c, in, out, n, extra);
 }
