@@ -33,12 +33,13 @@ import scipy.linalg
 import scipy.optimize
 from sklearn.exceptions import ConvergenceWarning
 
-from .._array import is_device_array
+from .._array import get_namespace, is_device_array
 from .._errors import CommError
 from ..utils._linalg import column_sums, is_sparse, sparse_gram, to_csr
 from ._base import allreduce_identical, allreduce_identical_device, as_like, chunk_rows
 
-__all__ = ["Objective", "lbfgs", "newton_cholesky", "newton_cg", "centre_multinomial", "expit", "softmax_stats"]
+__all__ = ["Objective", "EarlyPass", "lbfgs", "newton_cholesky", "newton_cg", "centre_multinomial", "expit",
+           "softmax_stats"]
 
 
 def _fingerprint(*arrays):
@@ -77,6 +78,44 @@ def _fused_kernel_takes(X, layout=True):
             and X.shape[1] <= kernels.LOGISTIC_MAX_FEATURES)
 
 
+class EarlyPass:
+    """The first L-BFGS evaluation of a binary dense CuPy shard, launched before the ranks agree on the input.
+
+    The optimiser starts at zero, and this rank's sums there need only ``X``, the 0/1 labels and the unit
+    weights; for a rank whose labels are two values ``lo < hi``, ``y == hi`` are those labels once the
+    ranks agree that the classes are ``[lo, hi]``.  So the kernel runs while they agree (a host round of
+    the ranks) and while the fit sets up; :meth:`take` says whether the agreed input is what it read.
+    Nothing is communicated: the reduction of these sums is the objective's first, on every rank alike.
+    """
+
+    def __init__(self, X, y, labels, fit_intercept):
+        from ..kernels.linear import LogisticPass
+
+        xp = get_namespace(X)
+        self.X, self.y, self.labels = X, y, labels
+        self.y01 = (y == labels[1]).astype(X.dtype)
+        self.sw = xp.ones(X.shape[0], dtype=X.dtype)
+        self.fi = int(bool(fit_intercept))
+        self.pass_ = LogisticPass(X, self.y01, self.sw, fit_intercept=bool(fit_intercept))
+        self.w0 = np.zeros(X.shape[1] + self.fi)
+        self.local = self.pass_(np.zeros(X.shape[1]), 0.0, None, 0.0, _fingerprint(self.w0))
+
+    @staticmethod
+    def applies(X, labels, *, sample_weight, warm_coef):
+        """Whether to launch it: a dense CuPy shard the kernel takes, two local labels, no weights, a zero start."""
+        return (sample_weight is None and warm_coef is None and labels is not None and labels.size == 2
+                and X.shape[0] > 0 and _fused_kernel_takes(X))
+
+    def take(self, X, y, classes):
+        """``(y01, LogisticPass)`` for :class:`Objective` when the validated input is what the kernel read and
+        the agreed classes are its labels, else None."""
+        if X is not self.X or y is not self.y or classes.size != 2:
+            return None
+        if not (classes[0] == self.labels[0] and classes[1] == self.labels[1]):
+            return None
+        return self.y01, self.pass_
+
+
 class Objective:
     """The distributed logistic objective on validated shards.
 
@@ -88,7 +127,7 @@ class Objective:
     """
 
     def __init__(self, X, y_idx, sw, *, n_classes, fit_intercept, l2, sw_sum, comm, xp, intercept_scaling=1.0,
-                 penalise_intercept=False):
+                 penalise_intercept=False, prepared=None):
         self.X, self.y_idx, self.sw = X, y_idx, sw
         self.sparse = is_sparse(X)
         self.binary = n_classes == 2
@@ -101,19 +140,28 @@ class Objective:
         self.comm, self.xp = comm, xp
         self.n_evals = 0
         self._kept = None  # (point, result) of an evaluation made ahead of the optimiser (see keep)
+        self._kept_local = None  # (point, this rank's packed device sums) launched ahead (see keep_local)
         self._stash = None  # (fingerprint of w, local probabilities) for Hessian-vector products
         penalised = np.zeros((self.k, self.d + self.fi), dtype=bool)
         penalised[:, :self.d] = True
         if self.fi and penalise_intercept:
             penalised[:, self.d] = True
         self.penalised = penalised.ravel()
-        if self.binary:
+        if prepared is not None:   # (y01, LogisticPass) of a binary dense CuPy shard, made before validation ended
+            self.y01 = prepared[0]
+        elif self.binary:
             self.y01 = (y_idx == 1).astype(X.dtype)
         # dense binary CuPy shards: one kernel reads X once per evaluation (loss, gradient, or H v)
         self._fused = (self.binary and not self.sparse and xp is not np and X.shape[0] > 0
                        and _fused_kernel_takes(X))
+        self._pass = self._host_out = None
         if self._fused:
+            from ..kernels.linear import LogisticPass
+
             self._sw_x = xp.ascontiguousarray(sw.astype(X.dtype, copy=False))
+            # the kernels, buffers and pinned staging of every evaluation, made once per fit
+            self._pass = prepared[1] if prepared is not None else LogisticPass(
+                X, self.y01, self._sw_x, fit_intercept=bool(self.fi), scale=self.scale)
         # every rank's reductions on the device (the same on every rank: whether X is a dense binary CuPy
         # shard the kernel takes is, its row count and layout are not); the fused ranks pack theirs there
         self._device_reduce = (comm.size > 1 and self.binary and not self.sparse and xp is not np
@@ -145,16 +193,13 @@ class Objective:
     def _fused_local(self, w, v=None, fp=0.0):
         """``[Σ w·loss | gradient | fp, fp²]`` (or ``[H v | fp, fp²]`` when ``v`` is given) by one read of
         ``X`` on the device, packed there for the allreduce (a float64 CuPy vector)."""
-        from ..kernels.linear import logistic_pass
-
         coef, intercept = self.split(w)
         if v is None:
             vec, vbias = None, 0.0
         else:
             vc, vb = self.split(v)
             vec, vbias = vc[0], float(vb[0])
-        return logistic_pass(self.X, self.y01, self._sw_x, coef[0], float(intercept[0]), vec, vbias,
-                             pack=(self.fi, self.scale, fp))
+        return self._pass(coef[0], float(intercept[0]), vec, vbias, fp)
 
     def _local(self, w, hessian, fp=0.0):
         """This rank's ``[Σ w·loss | gradient | (Hessian)]`` as host float64 (unscaled); on the fused path
@@ -249,7 +294,7 @@ class Objective:
 
     def _reduce(self, local, fp):
         if is_device_array(local):     # packed on the device with its fingerprint (the fused kernel)
-            packed = allreduce_identical_device(self.comm, local)
+            packed = allreduce_identical_device(self.comm, local, host=self._pinned(local.size))
         elif self._device_reduce:      # a rank without rows (or a non-contiguous shard) among fused ones
             packed = allreduce_identical_device(self.comm, self.xp.asarray(np.concatenate([local, [fp, fp * fp]])))
         else:
@@ -261,6 +306,23 @@ class Objective:
                             f"(evaluation {self.n_evals}); their optimisers diverged, which needs identical "
                             "numerical libraries on every rank")
         return packed[:-2]
+
+    def _pinned(self, size):
+        """A pinned host buffer of ``size`` float64 for the reduced result (made once per size and fit)."""
+        bufs = self._host_out
+        if bufs is None:
+            bufs = self._host_out = {}
+        buf = bufs.get(size)
+        if buf is None:
+            import cupyx
+
+            buf = bufs[size] = cupyx.empty_pinned(size, dtype=np.float64)
+        return buf
+
+    def keep_local(self, w, local):
+        """Have the next evaluation at ``w`` (without the Hessian) reduce ``local``: this rank's packed sums at
+        ``w`` from this objective's kernel, launched ahead of the optimiser (the same bits it would compute)."""
+        self._kept_local = (np.array(w, dtype=np.float64), local)
 
     def keep(self, w, result):
         """Have the next :meth:`evaluate` at ``w`` (without the Hessian) return ``result``, made ahead of it."""
@@ -274,7 +336,12 @@ class Objective:
             if not hessian and kept[0].shape == w.shape and np.array_equal(kept[0], w):
                 return kept[1][0], kept[1][1].copy()
         fp = _fingerprint(w)
-        packed = self._reduce(self._local(w, hessian, fp), fp)
+        local = None
+        if self._kept_local is not None:
+            kept, self._kept_local = self._kept_local, None
+            if not hessian and kept[0].shape == w.shape and np.array_equal(kept[0], w):
+                local = kept[1]
+        packed = self._reduce(self._local(w, hessian, fp) if local is None else local, fp)
         npar = self.n_params
         reg = np.where(self.penalised, w, 0.0)
         loss = packed[0] / self.sw_sum + 0.5 * self.l2 * float(reg @ reg)
