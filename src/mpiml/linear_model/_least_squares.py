@@ -200,8 +200,8 @@ class LinearRegression(_LinearRegressorBase):
     * ``"tsqr"``: one allgather of a ``(d + t)²`` triangular factor per rank;
     * ``"lsqr"``: per target, one allreduce of ``d + 1`` values per
       iteration (``[Aᵀu | ||u||²]``);
-    * plus the input agreement (one small ``allgather_obj`` for ``X``, one for
-      ``y`` and one for ``sample_weight``).
+    * plus the input agreement (one small ``allgather_obj`` for ``X`` and
+      ``y`` together, and one for ``sample_weight`` when some rank has weights).
 
     Every reduction is a binomial reduce-then-broadcast, so the fitted
     attributes are bit-identical on every rank; they depend on the number of

@@ -207,9 +207,12 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
     Communicated, with ``m = n_classes`` (1 for a binary problem), ``D =
     n_features + fit_intercept`` and float64 host buffers:
 
-    * per fit: the labels of every rank (one ``allgather_obj`` of the local
-      unique labels) and one allreduce of the ``n_classes`` weighted class
-      counts (``Σw``, the balanced weights);
+    * per fit: the input agreement (one ``allgather_obj`` of the local
+      checks; one more for ``sample_weight`` when some rank has weights), the
+      labels of every rank (one ``allgather_obj`` of the local unique labels;
+      on GPU ranks they travel with the agreement) and one allreduce of the
+      ``n_classes`` weighted class counts (``Σw``, the balanced weights; on GPU
+      ranks without sample or class weights ``Σw`` is the agreed row count);
     * ``"lbfgs"``: **one** allreduce per function evaluation, of ``m·D + 3``
       values ``[loss | gradient | fingerprint]`` (``mpiml.profile`` shows
       exactly one per evaluation);

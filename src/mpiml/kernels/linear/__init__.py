@@ -300,7 +300,8 @@ def logistic_pass(X, y01, sw, coef, bias, vec=None, vbias=0.0, pack=None):
     A solver that evaluates many points of one shard keeps a :class:`LogisticPass`.
     """
     fi, scale, fp = (None, 1.0, 0.0) if pack is None else pack
-    return LogisticPass(X, y01, sw, fit_intercept=fi, scale=scale)(coef, bias, vec, vbias, fp)
+    # (a pageable copy of the point: this call's staging buffer is not kept past it)
+    return LogisticPass(X, y01, sw, fit_intercept=fi, scale=scale, pinned=False)(coef, bias, vec, vbias, fp)
 
 
 class LogisticPass:
@@ -311,10 +312,11 @@ class LogisticPass:
     repeated is made once here: the kernels and their grids, the blocks' partials buffer, and a pinned
     host buffer from which the point (and the direction) reaches the device by one asynchronous copy
     (a pageable copy waits for the host and costs several times more).  Each call returns a new device
-    vector; calls on the same stream follow one another.
+    vector; calls on the same stream follow one another.  ``pinned=False``: a plain copy of the point instead
+    (for a pass used once, whose staging buffer may be dropped before its copy ran).
     """
 
-    def __init__(self, X, y01, sw, *, fit_intercept=None, scale=1.0):
+    def __init__(self, X, y01, sw, *, fit_intercept=None, scale=1.0, pinned=True):
         import cupy
         import cupyx
 
@@ -332,7 +334,8 @@ class LogisticPass:
         self._cpl = cpl
         self._rows = 16 if cpl <= 2 else (8 if cpl == 4 else 4)   # a warp's batch of rows (mpiml_linear_rows)
         self._ctype = _TYPES[np.dtype(X.dtype)]
-        self._host = cupyx.empty_pinned(2 * max(d, 1), dtype=np.float64)
+        self._pinned = pinned
+        self._host = (cupyx.empty_pinned if pinned else np.empty)(2 * max(d, 1), dtype=np.float64)
         self._dev = cupy.empty(2 * max(d, 1), dtype=cupy.float64)
         self._copied = cupy.cuda.Event(disable_timing=True)   # the last copy out of _host is done
         self._modes = {}
@@ -368,9 +371,11 @@ class LogisticPass:
         if mode:
             host[d:2 * d] = vec
         stream = cupy.cuda.get_current_stream()
-        if d:
+        if d and self._pinned:
             cupy.cuda.runtime.memcpyAsync(self._dev.data.ptr, host.ctypes.data, (d << mode) * 8,
                                           cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        elif d:
+            self._dev[:d << mode].set(host[:d << mode])
         self._copied.record(stream)
         cw = self._dev[:d]
         cv = self._dev[d:2 * d] if mode else cw
