@@ -283,23 +283,9 @@ def _timeline(fit, comm, say):
         rows.append((label, (t0 - t_start) * 1e3, (t1 - t_start) * 1e3, cupy.cuda.get_elapsed_time(start, e0),
                      cupy.cuda.get_elapsed_time(start, e1)))
     lines = [f"rank {comm.rank}: timeline fit {total:.2f} ms (host enter/exit, device enter/exit, ms from the start)"]
-    evals = [r for r in rows if r[0] == "Objective.evaluate"]
-    passes = [r for r in rows if r[0] == "LogisticPass.__call__"]
-    reduces = [r for r in rows if r[0] == "Objective._reduce"]
-    if passes and len(passes) == len(reduces):
-        # the evaluations that launched a kernel (a kept first evaluation returns at once)
-        ev = [e for e in evals if any(e[1] <= p[1] <= e[2] for p in passes)]
-        before = [p[2] - e[1] for e, p in zip(ev, passes)]
-        device = [max(0.0, p[4] - p[2]) for p in passes]
-        reduce_ = [r[2] - max(p[2], p[4]) for p, r in zip(passes, reduces)]
-        after = [ev[i + 1][1] - reduces[i][2] for i in range(len(ev) - 1)]
-        kernel_dev = [p[4] - p[3] for p in passes]
-        lines.append(f"  {len(passes)} evaluations: host before kernel {sum(before):.2f} ms "
-                     f"({1e3 * sum(before) / len(before):.0f} us each), device after launch {sum(device):.2f}, "
-                     f"reduce+wait+copy {sum(reduce_):.2f} ({1e3 * sum(reduce_) / len(reduce_):.0f} us each), "
-                     f"host after {sum(after):.2f} ({1e3 * sum(after) / max(1, len(after)):.0f} us each); "
-                     f"device span of the passes {sum(kernel_dev):.2f} ms; first pass host enter "
-                     f"{passes[0][1]:.2f}, last reduce exit {reduces[-1][2]:.2f}")
+    summary = _pass_summary(rows)
+    if summary:
+        lines.append(summary)
     seen = {}
     for r in rows:
         seen[r[0]] = seen.get(r[0], 0) + 1
@@ -310,6 +296,33 @@ def _timeline(fit, comm, say):
     texts = comm.allgather_obj("\n".join(lines))
     for text in (texts if comm.size <= 2 else (texts[0], texts[-1])):
         say(text)
+
+
+def _pass_summary(rows):
+    """One line splitting the logistic evaluations of a timeline (see :func:`_timeline`), or None."""
+    evals = [r for r in rows if r[0] == "Objective.evaluate"]
+    passes = [r for r in rows if r[0] == "LogisticPass.__call__"]
+    reduces = [r for r in rows if r[0] == "Objective._reduce"]
+    if passes and reduces:
+        # each reduction with the last pass launched before it, each pass with the evaluation around it (none:
+        # the first evaluation's pass launched during validation)
+        pairs = [(max((p for p in passes if p[1] <= r[1]), key=lambda p: p[1], default=None), r) for r in reduces]
+        pairs = [(p, r) for p, r in pairs if p is not None]
+        inside = [(next((e for e in evals if e[1] <= p[1] <= e[2]), None), p) for p, _ in pairs]
+        before = [p[2] - e[1] for e, p in inside if e is not None]
+        device = [max(0.0, p[4] - p[2]) for p, _ in pairs]
+        reduce_ = [r[2] - max(p[2], p[4]) for p, r in pairs]
+        after = [min((e[1] for e in evals if e[1] >= r[2]), default=r[2]) - r[2] for _, r in pairs[:-1]]
+        span = [p[4] - p[3] for p in passes]
+        return (f"  {len(passes)} passes, {len(reduces)} reductions: host before the kernel {sum(before):.2f} ms "
+                f"({1e3 * sum(before) / max(1, len(before)):.0f} us each), device after the launch "
+                f"{sum(device):.2f}, reduce+wait+copy {sum(reduce_):.2f} "
+                f"({1e3 * sum(reduce_) / len(reduce_):.0f} us each), host after {sum(after):.2f} "
+                f"({1e3 * sum(after) / max(1, len(after)):.0f} us each); device span of the passes "
+                f"{sum(span):.2f} ms; first pass launched at {passes[0][2]:.2f}, its sums done at "
+                f"{passes[0][4]:.2f}, first reduction returned at {reduces[0][2]:.2f}, last at "
+                f"{reduces[-1][2]:.2f}")
+    return None
 
 
 if __name__ == "__main__":
