@@ -271,3 +271,17 @@ def test_label_checks_on_the_gpu():
         labels[4] = bad
         with pytest.raises(ValueError, match=f"Input y contains {what}"):
             LogisticRegression().fit(X, cp.asarray(labels))
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8, np.float32, np.float64, np.bool_])
+@pytest.mark.parametrize("values", [(0, 1), (1,), (0, 1, 1, 0, 1, 1), (0, 1, 2, 1)])
+def test_device_labels_on_the_gpu(dtype, values):
+    """The distinct labels of a CuPy y: min, max and whether another value exists (one copy), else unique."""
+    import cupy as cp
+
+    from mpiml.utils._supervised import _device_labels
+
+    y = np.resize(np.asarray(values), 10007).astype(dtype)
+    got = _device_labels(cp.asarray(y))
+    np.testing.assert_array_equal(got, np.unique(y))
+    assert got.dtype == y.dtype

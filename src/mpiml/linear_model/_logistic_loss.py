@@ -25,6 +25,7 @@ calling the same collectives and the job hangs.  Two things make sure of it:
    :class:`mpiml.CommError` at the same evaluation instead of drifting apart.
 """
 
+import contextlib
 import warnings
 import zlib
 
@@ -412,16 +413,27 @@ def _iteration_callback(obj, verbose, on_iteration):
     return callback
 
 
+def _one_blas_thread():
+    from ..utils._threads import one_blas_thread
+
+    return one_blas_thread()
+
+
 def lbfgs(obj, w0, *, max_iter, tol, verbose=0, on_iteration=None):
     """scipy's L-BFGS-B on every rank with scikit-learn's options; returns ``(w, n_iter, result)``.
 
     ``on_iteration(w)``, if given, is called with the coefficients at the end of every
     iteration (the same on every rank: it is called by every rank with the same bits).
     """
-    res = scipy.optimize.minimize(obj.evaluate, w0, method="L-BFGS-B", jac=True,
-                                  callback=_iteration_callback(obj, verbose, on_iteration),
-                                  options={"maxiter": max_iter, "maxls": 50, "gtol": tol,
-                                           "ftol": 64 * np.finfo(float).eps})
+    # rows on the device: every BLAS call left on the host (scipy's two-loop recursion and its small
+    # factorisations, the objective's n_params-long dots) is tiny, and waking the rank's BLAS pool for each
+    # cost more than the call (~0.1 ms an iteration on a GPU host of 16 cores a rank); one thread does them
+    context = _one_blas_thread() if obj.xp is not np else contextlib.nullcontext()
+    with context:
+        res = scipy.optimize.minimize(obj.evaluate, w0, method="L-BFGS-B", jac=True,
+                                      callback=_iteration_callback(obj, verbose, on_iteration),
+                                      options={"maxiter": max_iter, "maxls": 50, "gtol": tol,
+                                               "ftol": 64 * np.finfo(float).eps})
     n_iter = min(int(res.nit), max_iter)
     if res.status != 0:
         msg = (f"lbfgs failed to converge after {n_iter} iteration(s) (status={res.status}):\n{res.message}\n")

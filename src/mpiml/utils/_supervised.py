@@ -244,12 +244,35 @@ def _device_labels(y):
     find them.  Anything else (more labels, NaN) falls back to ``unique``.
     """
     xp = get_namespace(y)
-    ends = xp.stack([y.min(), y.max()])
-    other = ((y != ends[0]) & (y != ends[1])).any()   # (0 or 1: exact in y's dtype)
-    lo, hi, more = to_numpy(xp.concatenate([ends, other.astype(y.dtype).reshape(1)]))
+    if xp is np:
+        lo, hi = y.min(), y.max()
+        more = bool(((y != lo) & (y != hi)).any())
+    else:
+        # three reductions into one device vector (no temporaries of y's length), one copy to the host
+        res = xp.empty(3, dtype=y.dtype)
+        lo_d, hi_d = res[0], res[1]
+        y.min(out=lo_d)
+        y.max(out=hi_d)
+        _other_labels()(y, lo_d, hi_d, out=res[2])    # 0 or 1: exact in y's dtype
+        lo, hi, more = res.get()
     if not more:
         return np.unique(np.array([lo, hi], dtype=y.dtype))
     return to_numpy(xp.unique(y))
+
+
+_KERNELS = {}
+
+
+def _other_labels():
+    """A CuPy reduction: whether any value of ``y`` is neither ``lo`` nor ``hi`` (1 or 0, in y's dtype)."""
+    kernel = _KERNELS.get("other")
+    if kernel is None:
+        import cupy
+
+        kernel = _KERNELS["other"] = cupy.ReductionKernel(
+            "T y, T lo, T hi", "T out", "(y != lo) && (y != hi)", "a || b", "out = a", "0", "mpiml_other_labels",
+            reduce_type="bool")
+    return kernel
 
 
 def _check_label_values(labels):

@@ -338,6 +338,8 @@ class LogisticPass:
         self._host = (cupyx.empty_pinned if pinned else np.empty)(2 * max(d, 1), dtype=np.float64)
         self._dev = cupy.empty(2 * max(d, 1), dtype=cupy.float64)
         self._copied = cupy.cuda.Event(disable_timing=True)   # the last copy out of _host is done
+        self._cw, self._cv = self._dev[:d], self._dev[d:2 * d]  # (views made once: a CuPy view costs microseconds)
+        self._shape_args = (np.int64(n), np.int32(d))
         self._modes = {}
         self._partial = None
         self._sum = _function("mpiml_linear_sum_pack" if self.packed else "mpiml_linear_sum_blocks")
@@ -377,8 +379,8 @@ class LogisticPass:
         elif d:
             self._dev[:d << mode].set(host[:d << mode])
         self._copied.record(stream)
-        cw = self._dev[:d]
-        cv = self._dev[d:2 * d] if mode else cw
+        cw = self._cw
+        cv = self._cv if mode else cw
         if n == 0:
             if not self.packed:
                 return cupy.zeros(d + 2, dtype=cupy.float64)
@@ -387,8 +389,8 @@ class LogisticPass:
             fn, nblocks, smem = self._mode(mode)
             partial = self._partial
             fn((nblocks,), (_LOGISTIC_THREADS,),
-               (self.X, np.int64(n), np.int32(d), self.y01, self.sw, cw, np.float64(bias), cv, np.float64(vbias),
-                partial), shared_mem=smem)
+               (self.X, *self._shape_args, self.y01, self.sw, cw, np.float64(bias), cv, np.float64(vbias), partial),
+               shared_mem=smem)
         if not self.packed:
             out = cupy.empty(d + 2, dtype=cupy.float64)
             self._sum((_sum_grid(d + 2),), (_SUM_THREADS,), (partial, np.int32(nblocks), np.int64(d + 2), out))
