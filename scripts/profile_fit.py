@@ -18,6 +18,7 @@ import cProfile
 import pstats
 import time
 
+import mpiml  # (before NumPy, as in the benchmark: its BLAS settings apply when NumPy loads OpenBLAS)
 import numpy as np
 
 
@@ -36,7 +37,6 @@ def main():
     a = p.parse_args()
     import cupy
 
-    import mpiml
     from mpiml.bench import ml_decomp
     from mpiml.comm import get_comm
 

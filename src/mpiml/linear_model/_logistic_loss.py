@@ -26,6 +26,7 @@ calling the same collectives and the job hangs.  Two things make sure of it:
 """
 
 import contextlib
+import os
 import warnings
 import zlib
 
@@ -428,7 +429,9 @@ def lbfgs(obj, w0, *, max_iter, tol, verbose=0, on_iteration=None):
     # rows on the device: every BLAS call left on the host (scipy's two-loop recursion and its small
     # factorisations, the objective's n_params-long dots) is tiny, and waking the rank's BLAS pool for each
     # cost more than the call (~0.1 ms an iteration on a GPU host of 16 cores a rank); one thread does them
-    context = _one_blas_thread() if obj.xp is not np else contextlib.nullcontext()
+    # (MPIML_LINEAR_LBFGS_BLAS=pool, an experiment's switch read per fit, keeps the pool to compare)
+    one = obj.xp is not np and os.environ.get("MPIML_LINEAR_LBFGS_BLAS") != "pool"
+    context = _one_blas_thread() if one else contextlib.nullcontext()
     with context:
         res = scipy.optimize.minimize(obj.evaluate, w0, method="L-BFGS-B", jac=True,
                                       callback=_iteration_callback(obj, verbose, on_iteration),
