@@ -414,10 +414,42 @@ def _iteration_callback(obj, verbose, on_iteration):
     return callback
 
 
-def _one_blas_thread():
-    from ..utils._threads import one_blas_thread
+_CONTROLLER = []   # a threadpoolctl ThreadpoolController, made once (finding the libraries costs milliseconds)
 
-    return one_blas_thread()
+
+def _optimiser_threads(obj):
+    """``(context, fun)`` for scipy's L-BFGS-B on ``obj``: its own steps on one BLAS thread, ``fun`` the objective.
+
+    Every BLAS call of scipy's step (the two-loop recursion, the small 2m x 2m factorisation) is tiny, and
+    waking the rank's BLAS pool for each cost more than the call: ~0.14 ms a step on a GPU host of 16 cores
+    a rank against ~0.015 ms on one thread; 3x in CPU time on 2 cores.  On host rows the objective's own
+    products need the pool: ``fun`` restores it around each evaluation (two switches of the libraries'
+    thread counts, microseconds).  ``MPIML_LINEAR_LBFGS_BLAS=pool`` (an experiment's switch, read per fit)
+    leaves the pool on throughout.
+    """
+    plain = contextlib.nullcontext(), obj.evaluate
+    if os.environ.get("MPIML_LINEAR_LBFGS_BLAS") == "pool":
+        return plain
+    if not _CONTROLLER:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _CONTROLLER.append(ThreadpoolController())
+        except ImportError:   # without threadpoolctl nothing is changed
+            _CONTROLLER.append(None)
+    ctl = _CONTROLLER[0]
+    if ctl is None:
+        return plain
+    pool = {lib.prefix: lib.num_threads for lib in ctl.select(user_api="blas").lib_controllers}
+    if max(pool.values(), default=1) <= 1:
+        return plain
+    if obj.xp is not np:    # rows on the device: every host BLAS call of the fit is tiny
+        return ctl.limit(limits=1, user_api="blas"), obj.evaluate
+
+    def evaluate(w):
+        with ctl.limit(limits=pool):
+            return obj.evaluate(w)
+    return ctl.limit(limits=1, user_api="blas"), evaluate
 
 
 def lbfgs(obj, w0, *, max_iter, tol, verbose=0, on_iteration=None):
@@ -426,14 +458,9 @@ def lbfgs(obj, w0, *, max_iter, tol, verbose=0, on_iteration=None):
     ``on_iteration(w)``, if given, is called with the coefficients at the end of every
     iteration (the same on every rank: it is called by every rank with the same bits).
     """
-    # rows on the device: every BLAS call left on the host (scipy's two-loop recursion and its small
-    # factorisations, the objective's n_params-long dots) is tiny, and waking the rank's BLAS pool for each
-    # cost more than the call (~0.1 ms an iteration on a GPU host of 16 cores a rank); one thread does them
-    # (MPIML_LINEAR_LBFGS_BLAS=pool, an experiment's switch read per fit, keeps the pool to compare)
-    one = obj.xp is not np and os.environ.get("MPIML_LINEAR_LBFGS_BLAS") != "pool"
-    context = _one_blas_thread() if one else contextlib.nullcontext()
+    context, fun = _optimiser_threads(obj)   # scipy's steps on one BLAS thread
     with context:
-        res = scipy.optimize.minimize(obj.evaluate, w0, method="L-BFGS-B", jac=True,
+        res = scipy.optimize.minimize(fun, w0, method="L-BFGS-B", jac=True,
                                       callback=_iteration_callback(obj, verbose, on_iteration),
                                       options={"maxiter": max_iter, "maxls": 50, "gtol": tol,
                                                "ftol": 64 * np.finfo(float).eps})
