@@ -321,8 +321,13 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
         elif not obj.binary and obj.fi:
             W = W.copy()
             W[:, -1] -= W[:, -1].mean()
-        return {"coef_": as_like(W[:, :obj.d], xp, out),
-                "intercept_": as_like(W[:, obj.d] * obj.scale if obj.fi else np.zeros(obj.k), xp, out)}
+        intercept = W[:, obj.d] * obj.scale if obj.fi else np.zeros(obj.k)
+        if xp is np:
+            return {"coef_": as_like(W[:, :obj.d], xp, out), "intercept_": as_like(intercept, xp, out)}
+        # on a GPU one copy to the device holds both (views of one buffer, cast on the host as before)
+        both = as_like(np.concatenate([W[:, :obj.d].ravel(), intercept]), xp, out)
+        kd = obj.k * obj.d
+        return {"coef_": both[:kd].reshape(obj.k, obj.d), "intercept_": both[kd:]}
 
     # ------------------------------------------------------------------ parameters
     def _resolve_penalty(self):
