@@ -206,14 +206,14 @@ class Objective:
     def _local(self, w, hessian, fp=0.0):
         """This rank's ``[Σ w·loss | gradient | (Hessian)]`` as host float64 (unscaled); on the fused path
         the same packed on the device with the fingerprint ``fp`` (see :meth:`_fused_local`)."""
+        if self._fused and not hessian:
+            return self._fused_local(w, fp=fp)
         xp, X, sw = self.xp, self.X, self.sw
         n, D = X.shape[0], self.d + self.fi
         npar = self.n_params
         out = np.zeros(1 + npar + (npar * npar if hessian else 0))
         if n == 0:
             return out
-        if self._fused and not hessian:
-            return self._fused_local(w, fp=fp)
         raw = self.raw(X, w)
         if self.binary:
             softplus, prob = softplus_and_expit(raw, xp)
