@@ -208,6 +208,11 @@ _MARKED = (("mpiml.utils._supervised", "validate_X_y"), ("mpiml.utils._validatio
            ("mpiml.linear_model._base", "allreduce_identical_device"),
            ("mpiml.linear_model._lsq_direct", "early_local_gram"), ("mpiml.linear_model._lsq_direct", "solve_direct"),
            ("mpiml.linear_model._lsq_direct", "NormalEquations.choose"),
+           ("mpiml.linear_model._lsq_direct", "NormalEquations.__init__"),
+           ("mpiml.linear_model._lsq_direct", "_small_algebra"),
+           ("mpiml.linear_model._lsq_solvers", "ScaledCholesky.__init__"),
+           ("mpiml.linear_model._lsq_solvers", "ridge_from_gram"),
+           ("mpiml.linear_model._lsq_solvers", "lstsq_from_gram_cholesky"),
            ("mpiml.linear_model._least_squares", "_LinearRegressorBase._set_coef"))
 
 
