@@ -229,9 +229,27 @@ def solve_direct(X, y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve
     on the centred route, one of ``d² + d t``, or, on the TSQR route, one
     allgather of a ``(d + t)²`` factor per rank.
     """
-    from ._lsq_solvers import as_2d_targets, gram, tsqr_r, weighted_means
+    from ._lsq_solvers import as_2d_targets
 
     Y = as_2d_targets(y)
+    d = X.shape[1]
+    if xp is not np and d <= SMALL_ALGEBRA_FEATURES:
+        # rows on the device: the host's BLAS work of the fit is the small algebra alone, so its one-thread
+        # context is entered once, while the Gram kernel runs (the host waits for it next), not after
+        with _small_algebra(d):
+            return _solve_direct(X, y, Y, sw, fit_intercept=fit_intercept, comm=comm, xp=xp, solver=solver,
+                                 solve_gram=solve_gram, solve_r=solve_r, on_nonfinite=on_nonfinite, alpha=alpha,
+                                 early=early, small=contextlib.nullcontext)
+    return _solve_direct(X, y, Y, sw, fit_intercept=fit_intercept, comm=comm, xp=xp, solver=solver,
+                         solve_gram=solve_gram, solve_r=solve_r, on_nonfinite=on_nonfinite, alpha=alpha, early=early,
+                         small=lambda: _small_algebra(d))
+
+
+def _solve_direct(X, y, Y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve_r, on_nonfinite, alpha, early,
+                  small):
+    """:func:`solve_direct`'s body; ``small()`` is the context of the replicated small solves."""
+    from ._lsq_solvers import gram, tsqr_r, weighted_means
+
     d, t = X.shape[1], Y.shape[1]
     info = {"condition": None, "route": None}
     ne = None
@@ -249,7 +267,7 @@ def solve_direct(X, y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve
             x_mean = y_mean = sw_sum = None
     else:
         x_mean, y_mean, sw_sum = ne.x_mean, ne.y_mean, ne.sw_sum
-        with _small_algebra(d):
+        with small():
             if solver == "auto":
                 route, info["condition"] = ne.choose(X.dtype, alpha, fit_intercept)
             else:
@@ -259,11 +277,11 @@ def solve_direct(X, y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve
     info["route"] = route
     if route == "tsqr":
         R = tsqr_r(X, Y, sw, x_mean, y_mean, comm=comm, xp=xp)
-        with _small_algebra(d):
+        with small():
             coef, extra = solve_r(R[:d, :d], R[:d, d:])
     elif route == "centred":
         G, B = gram(X, Y, sw, x_mean, y_mean, sw_sum, comm=comm, xp=xp)
-        with _small_algebra(d):
+        with small():
             coef, extra = solve_gram(G, B)
     coef = coef.T
     intercept = y_mean - coef @ x_mean if fit_intercept else np.zeros(t)
