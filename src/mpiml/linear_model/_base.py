@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from .._array import get_namespace
+from .._array import get_namespace, is_device_array
 from ..utils._linalg import is_sparse
 from ..utils._supervised import (  # noqa: F401 (re-exported: the linear models import them from here)
     SPARSE_DENSE_REQUIRED,
@@ -23,7 +23,7 @@ from ..utils._supervised import (  # noqa: F401 (re-exported: the linear models 
 )
 from ..utils._validation import validate_data
 
-__all__ = ["allreduce_identical", "allreduce_identical_device", "validate_X_y",
+__all__ = ["allreduce_identical", "allreduce_identical_device", "validate_X_y", "fitted_like",
            "local_X", "chunk_rows", "global_classes", "as_like",
            "SPARSE_DENSE_REQUIRED", "raise_if_nonfinite"]
 
@@ -90,6 +90,23 @@ def allreduce_identical_device(comm, x, host=None):
         else:
             return _to_host(out, host)
     return allreduce_identical(comm, _to_host(x, host))
+
+
+def fitted_like(array, xp, dtype):
+    """A fitted attribute (a small host array) on the namespace of the data, cast on the host to ``dtype``.
+
+    For CuPy, one plain synchronous copy into a new device array: at the end of a fit the device is idle
+    (its results were waited for), so the copy waits for nothing, and it skips CuPy's general path for
+    host input (a pinned staging buffer, an event and its watch list: several times the copy's cost).
+    """
+    if xp is np or is_device_array(array):
+        return as_like(array, xp, dtype)
+    host = np.ascontiguousarray(array, dtype=dtype)
+    if host.size == 0:
+        return as_like(host, xp)
+    out = xp.empty(host.shape, dtype=host.dtype)
+    out.set(host)
+    return out
 
 
 def chunk_rows(n_cols, itemsize=8, xp=np):

@@ -18,7 +18,7 @@ from ..base import SPMDEstimator
 from ..utils._param_validation import Hidden, Interval, StrOptions
 from ..utils._linalg import is_sparse
 from ..utils._validation import agree_on_error, validate_sample_weight
-from ._base import (allreduce_identical, allreduce_identical_device, as_like, global_classes, local_X,
+from ._base import (allreduce_identical, allreduce_identical_device, as_like, fitted_like, global_classes, local_X,
                     raise_if_nonfinite, validate_X_y)
 from ._logistic_loss import (EarlyPass, Objective, centre_multinomial, expit, lbfgs, newton_cg, newton_cholesky,
                              softmax_stats)
@@ -325,7 +325,7 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
         if xp is np:
             return {"coef_": as_like(W[:, :obj.d], xp, out), "intercept_": as_like(intercept, xp, out)}
         # on a GPU one copy to the device holds both (views of one buffer, cast on the host as before)
-        both = as_like(np.concatenate([W[:, :obj.d].ravel(), intercept]), xp, out)
+        both = fitted_like(np.concatenate([W[:, :obj.d].ravel(), intercept]), xp, out)
         kd = obj.k * obj.d
         return {"coef_": both[:kd].reshape(obj.k, obj.d), "intercept_": both[kd:]}
 
