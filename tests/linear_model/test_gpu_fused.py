@@ -285,3 +285,20 @@ def test_device_labels_on_the_gpu(dtype, values):
     got = _device_labels(cp.asarray(y))
     np.testing.assert_array_equal(got, np.unique(y))
     assert got.dtype == y.dtype
+
+
+def test_fitted_attributes_copy_to_the_device():
+    """fitted_like: a host array on the device by one plain copy, cast on the host; CuPy and NumPy pass through."""
+    import cupy as cp
+
+    from mpiml.linear_model._base import fitted_like
+
+    rs = np.random.RandomState(3)
+    for a in (rs.randn(3, 5), rs.randn(7), np.zeros((0, 4)), rs.randn(4)[::2]):
+        for dtype in (np.float32, np.float64):
+            got = fitted_like(a, cp, dtype)
+            assert isinstance(got, cp.ndarray) and got.dtype == dtype and got.shape == a.shape
+            np.testing.assert_array_equal(got.get(), a.astype(dtype))
+    d = cp.arange(4.0)
+    assert fitted_like(d, cp, np.float64) is d
+    np.testing.assert_array_equal(fitted_like(np.arange(3.0), np, np.float32), np.arange(3, dtype=np.float32))
