@@ -535,11 +535,12 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
         elif algorithm == "lbfgs":
             if prepared is not None:
                 obj.keep_local(early[0].w0, early[0].local)
-            if deferred:   # the finite check validation left out: the optimiser's first evaluation, kept for it
-                first = obj.evaluate(w0)
-                if not (np.isfinite(first[0]) and np.all(np.isfinite(first[1]))):
-                    raise_if_nonfinite(self, X, y, comm=comm, xp=xp)   # raises on every rank unless it overflowed
-                obj.keep(w0, first)
+            if deferred:   # the finite check validation left out: on the optimiser's first evaluation (its set-up
+                # runs meanwhile, while the first kernel does)
+                def check_first(loss, grad):
+                    if not (np.isfinite(loss) and np.all(np.isfinite(grad))):
+                        raise_if_nonfinite(self, X, y, comm=comm, xp=xp)   # raises on every rank unless it overflowed
+                obj.check_first(check_first)
             hooks = None
             if ctx is not None and getattr(self, "_skl_callbacks", None):
                 hooks = _LbfgsHooks(ctx, self, X, y, metadata, lambda w: {

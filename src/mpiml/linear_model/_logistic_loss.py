@@ -143,6 +143,7 @@ class Objective:
         self.n_evals = 0
         self._kept = None  # (point, result) of an evaluation made ahead of the optimiser (see keep)
         self._kept_local = None  # (point, this rank's packed device sums) launched ahead (see keep_local)
+        self._first_check = None  # called with the next evaluation's (loss, gradient) (see check_first)
         self._stash = None  # (fingerprint of w, local probabilities) for Hessian-vector products
         penalised = np.zeros((self.k, self.d + self.fi), dtype=bool)
         penalised[:, :self.d] = True
@@ -321,6 +322,10 @@ class Objective:
             buf = bufs[size] = cupyx.empty_pinned(size, dtype=np.float64)
         return buf
 
+    def check_first(self, check):
+        """Call ``check(loss, gradient)`` on the next evaluation's result (before the optimiser sees it)."""
+        self._first_check = check
+
     def keep_local(self, w, local):
         """Have the next evaluation at ``w`` (without the Hessian) reduce ``local``: this rank's packed sums at
         ``w`` from this objective's kernel, launched ahead of the optimiser (the same bits it would compute)."""
@@ -348,6 +353,9 @@ class Objective:
         reg = np.where(self.penalised, w, 0.0)
         loss = packed[0] / self.sw_sum + 0.5 * self.l2 * float(reg @ reg)
         grad = packed[1:1 + npar] / self.sw_sum + self.l2 * reg
+        if self._first_check is not None:
+            check, self._first_check = self._first_check, None
+            check(loss, grad)
         if not hessian:
             return loss, grad
         H = packed[1 + npar:1 + npar + npar * npar].reshape(npar, npar) / self.sw_sum
