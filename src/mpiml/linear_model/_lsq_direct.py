@@ -116,20 +116,25 @@ class NormalEquations:
         self.d, self.t = d, t
         self.sw_sum = float(Z[-1, -1])
         Gx, Bx = Z[:d, :d], Z[:d, d:d + t]
-        self.raw_diag = np.diag(Gx).copy()
+        self.raw_diag = Z.diagonal()[:d].copy()
         if fit_intercept:
-            sx, sy = Z[:d, -1], Z[d:d + t, -1]
+            # [G | B] of the centred data from one outer product of the sums [sx | sy] (the same values as
+            # two products, in fewer small operations: this runs on the fit's path after the Gram)
+            s = Z[:d + t, -1]
             n = self.sw_sum if self.sw_sum != 0 else 1.0
-            self.x_mean, self.y_mean = sx / n, sy / n
-            G = Gx - np.outer(sx, sx) / n
+            means = s / n
+            self.x_mean, self.y_mean = means[:d], means[d:]
+            C = Z[:d, :d + t] - np.outer(s[:d], s) / n
+            G = C[:, :d]
             self.G = (G + G.T) / 2
-            self.B = Bx - np.outer(sx, sy) / n
+            self.B = C[:, d:]
         else:
             self.x_mean = self.y_mean = None
             self.G, self.B = Gx.copy(), Bx.copy()
-        diag = np.diag(self.G)
+        diag = self.G.diagonal()
+        positive = diag > 0
         with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(diag > 0, self.raw_diag / np.where(diag > 0, diag, 1.0), np.inf)
+            ratio = np.where(positive, self.raw_diag / np.where(positive, diag, 1.0), np.inf)
         self.cancellation = float(max(ratio.max(initial=1.0) - 1.0, 0.0)) if fit_intercept else 0.0
         self._factors = {}
 
