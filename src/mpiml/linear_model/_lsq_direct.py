@@ -260,7 +260,7 @@ def _solve_direct(X, y, Y, sw, *, fit_intercept, comm, xp, solver, solve_gram, s
     ne = None
     if solver != "tsqr":
         Z = augmented_gram(X, Y, sw, comm=comm, xp=xp, local=None if early is None else early.take(X, y, sw))
-        if np.all(np.isfinite(Z)):
+        if np.isfinite(Z).all():
             ne = NormalEquations(Z, d, fit_intercept)
         else:
             on_nonfinite()  # raises on every rank unless the squares overflowed
