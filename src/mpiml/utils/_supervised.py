@@ -245,9 +245,9 @@ def _device_labels(y):
     array namespace (NumPy runs the same lines: the CPU tests cover the GPU's).
     """
     xp = get_namespace(y)
-    ends = xp.stack([y.min(), y.max()])
-    other = ((y != ends[0]) & (y != ends[1])).any()   # (0 or 1: exact in y's dtype)
-    lo, hi, more = to_numpy(xp.concatenate([ends, other.astype(y.dtype).reshape(1)]))
+    lo, hi = y.min(), y.max()
+    other = ((y != lo) & (y != hi)).any()   # (0 or 1: exact in y's dtype)
+    lo, hi, more = to_numpy(xp.stack([lo, hi, other.astype(y.dtype)]))
     if not more:
         return np.unique(np.array([lo, hi], dtype=y.dtype))
     return to_numpy(xp.unique(y))
