@@ -18,6 +18,7 @@ import cProfile
 import pstats
 import time
 
+import mpiml  # (before NumPy, as in the benchmark: its BLAS settings apply when NumPy loads OpenBLAS)
 import numpy as np
 
 
@@ -31,10 +32,11 @@ def main():
     p.add_argument("--kernels", action="store_true")
     p.add_argument("--trace", action="store_true")
     p.add_argument("--no-cprofile", action="store_true", help="skip the cProfile of one more fit")
+    p.add_argument("--timeline", action="store_true", help="one more fit with host times and CUDA events around "
+                   "its main steps, the device not synchronised (see _timeline)")
     a = p.parse_args()
     import cupy
 
-    import mpiml
     from mpiml.bench import ml_decomp
     from mpiml.comm import get_comm
 
@@ -64,7 +66,7 @@ def main():
         f"{getattr(est, '_n_fun_evals', '')} iterations {getattr(est, 'n_iter_', '')}")
     if a.kernels and a.algo in ("linreg", "ridge", "logreg"):
         from mpiml.kernels import linear as kernels
-        from mpiml.kernels.linear import augmented_gram, logistic_pass
+        from mpiml.kernels.linear import LogisticPass, augmented_gram
 
         for key, times in kernels._PICK_TIMES.items():
             say(f"  Gram kernel picked for {key}: {kernels._PICKS[key]} (calibration, ms on its first rows: "
@@ -73,9 +75,10 @@ def main():
         yk = y.astype(X.dtype, copy=False)    # the kernels read y in X's dtype (logreg: the 0/1 labels)
         if a.algo == "logreg":
             ones = cupy.ones(X.shape[0], X.dtype)
+            prepared = LogisticPass(X, yk, ones, fit_intercept=True)   # as the objective keeps it
 
             def call():
-                return logistic_pass(X, yk, ones, np.zeros(X.shape[1]), 0.0)
+                return prepared(np.zeros(X.shape[1]), 0.0)
             calls = [("logistic_pass", call)]
         else:
             calls = [(f"augmented_gram[{kern}]", lambda kern=kern: augmented_gram(X, yk.reshape(-1, 1), kernel=kern))
@@ -88,8 +91,20 @@ def main():
                 e1.record()
                 e1.synchronize()
                 say(f"  {name}: {cupy.cuda.get_elapsed_time(e0, e1):.3f} ms")
+            # five calls queued back to back: the device time of one without the host's part between calls
+            call()
+            e0.record()
+            for _ in range(5):
+                call()
+            e1.record()
+            e1.synchronize()
+            per = cupy.cuda.get_elapsed_time(e0, e1) / 5
+            per = comm.allgather_obj(round(per, 4))
+            say(f"  {name}, 5 queued: {per} ms each (per rank)")
     if a.trace:
         _trace(fit, comm, say, a.top)
+    if a.timeline:
+        _timeline(fit, comm, say)
     if a.no_cprofile:
         return
     comm.barrier()
@@ -179,6 +194,140 @@ def _trace(fit, comm, say, top=40):
     texts = comm.allgather_obj("\n".join(lines))
     for text in (texts if comm.size <= 2 else (texts[0], texts[-1])):
         say(text)
+
+
+#: (module, attribute path) of the steps :func:`_timeline` marks.
+_MARKED = (("mpiml.utils._supervised", "validate_X_y"), ("mpiml.utils._validation", "validate_data"),
+           ("mpiml.utils._validation", "validate_sample_weight"), ("mpiml.utils._supervised", "_device_labels"),
+           ("mpiml.linear_model._logistic_loss", "Objective.__init__"),
+           ("mpiml.linear_model._logistic_loss", "Objective.evaluate"),
+           ("mpiml.linear_model._logistic_loss", "Objective._reduce"),
+           ("mpiml.linear_model._logistic_loss", "lbfgs"),
+           ("mpiml.linear_model._logistic", "LogisticRegression._fitted_attributes"),
+           ("mpiml.kernels.linear", "LogisticPass.__call__"), ("mpiml.kernels.linear", "augmented_gram"),
+           ("mpiml.linear_model._base", "allreduce_identical_device"),
+           ("mpiml.linear_model._lsq_direct", "early_local_gram"), ("mpiml.linear_model._lsq_direct", "solve_direct"),
+           ("mpiml.linear_model._lsq_direct", "NormalEquations.choose"),
+           ("mpiml.linear_model._lsq_direct", "NormalEquations.__init__"),
+           ("mpiml.linear_model._lsq_direct", "_small_algebra"),
+           ("mpiml.linear_model._lsq_solvers", "ScaledCholesky.__init__"),
+           ("mpiml.linear_model._lsq_solvers", "ridge_from_gram"),
+           ("mpiml.linear_model._lsq_solvers", "lstsq_from_gram_cholesky"),
+           ("mpiml.linear_model._least_squares", "_LinearRegressorBase._set_coef"))
+
+
+def _timeline(fit, comm, say):
+    """One fit with its main steps marked, the device *not* synchronised: host enter/exit times and a CUDA
+    event recorded on the stream at each enter and exit (when the device reached that point).
+
+    Times are ms from the fit's start (host clock; device events from an event recorded at that moment on an
+    idle device).  For LogisticRegression each evaluation is split into: host before the kernel (evaluate's
+    enter to the pass's return), the device until the kernel's sums are done (LogisticPass's exit event
+    less its return), the reduction (until _reduce returns: the allreduce, the wait for the slowest rank, the
+    copy to the host) and the host after it (scipy's step and the next call) until the next evaluate.
+    """
+    import functools
+    import importlib
+    import sys as _sys
+
+    import cupy
+
+    marks = []
+    undo = []
+    Event = cupy.cuda.Event
+
+    def wrap(label, fn):
+        @functools.wraps(fn)
+        def marked(*args, **kwargs):
+            e0 = Event()
+            e0.record()
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                t1 = time.perf_counter()
+                e1 = Event()
+                e1.record()
+                marks.append((label, t0, t1, e0, e1))
+        return marked
+
+    originals = {}
+    for modname, path in _MARKED:
+        mod = importlib.import_module(modname)
+        owner, attr = mod, path
+        if "." in path:
+            cls, attr = path.split(".")
+            owner = getattr(mod, cls)
+        fn = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+        originals[id(fn)] = (path.rsplit(".", 1)[-1] if "." not in path else path, fn)
+        undo.append((owner, attr, fn))
+        setattr(owner, attr, wrap(path, fn))
+    # the same functions imported by name into other modules of the package
+    for name, mod in list(_sys.modules.items()):
+        if not name.startswith("mpiml.") or mod is None:
+            continue
+        for attr, obj in list(vars(mod).items()):
+            if callable(obj) and id(obj) in originals and not isinstance(obj, type):
+                undo.append((mod, attr, obj))
+                setattr(mod, attr, wrap(originals[id(obj)][0], obj))
+    try:
+        comm.barrier()
+        cupy.cuda.Device().synchronize()
+        start = Event()
+        start.record()
+        start.synchronize()
+        t_start = time.perf_counter()
+        fit()
+        cupy.cuda.Device().synchronize()
+        total = (time.perf_counter() - t_start) * 1e3
+    finally:
+        for owner, attr, obj in reversed(undo):
+            setattr(owner, attr, obj)
+    rows = []
+    for label, t0, t1, e0, e1 in sorted(marks, key=lambda m: m[1]):
+        rows.append((label, (t0 - t_start) * 1e3, (t1 - t_start) * 1e3, cupy.cuda.get_elapsed_time(start, e0),
+                     cupy.cuda.get_elapsed_time(start, e1)))
+    lines = [f"rank {comm.rank}: timeline fit {total:.2f} ms (host enter/exit, device enter/exit, ms from the start)"]
+    summary = _pass_summary(rows)
+    if summary:
+        lines.append(summary)
+    seen = {}
+    for r in rows:
+        seen[r[0]] = seen.get(r[0], 0) + 1
+        if r[0] in ("Objective.evaluate", "Objective._reduce", "LogisticPass.__call__", "allreduce_identical_device") \
+                and 3 <= seen[r[0]] < 19:
+            continue   # (the first two and the last evaluations in full)
+        lines.append(f"  {r[0]:<36} host {r[1]:8.3f} {r[2]:8.3f}  device {r[3]:8.3f} {r[4]:8.3f}")
+    texts = comm.allgather_obj("\n".join(lines))
+    for text in (texts if comm.size <= 2 else (texts[0], texts[-1])):
+        say(text)
+
+
+def _pass_summary(rows):
+    """One line splitting the logistic evaluations of a timeline (see :func:`_timeline`), or None."""
+    evals = [r for r in rows if r[0] == "Objective.evaluate"]
+    passes = [r for r in rows if r[0] == "LogisticPass.__call__"]
+    reduces = [r for r in rows if r[0] == "Objective._reduce"]
+    if passes and reduces:
+        # each reduction with the last pass launched before it, each pass with the evaluation around it (none:
+        # the first evaluation's pass launched during validation)
+        pairs = [(max((p for p in passes if p[1] <= r[1]), key=lambda p: p[1], default=None), r) for r in reduces]
+        pairs = [(p, r) for p, r in pairs if p is not None]
+        inside = [(next((e for e in evals if e[1] <= p[1] <= e[2]), None), p) for p, _ in pairs]
+        before = [p[2] - e[1] for e, p in inside if e is not None]
+        device = [max(0.0, p[4] - p[2]) for p, _ in pairs]
+        reduce_ = [r[2] - max(p[2], p[4]) for p, r in pairs]
+        after = [min((e[1] for e in evals if e[1] >= r[2]), default=r[2]) - r[2] for _, r in pairs[:-1]]
+        span = [p[4] - p[3] for p in passes]
+        return (f"  {len(passes)} passes, {len(reduces)} reductions: host before the kernel {sum(before):.2f} ms "
+                f"({1e3 * sum(before) / max(1, len(before)):.0f} us each), device after the launch "
+                f"{sum(device):.2f}, reduce+wait+copy {sum(reduce_):.2f} "
+                f"({1e3 * sum(reduce_) / len(reduce_):.0f} us each), host after {sum(after):.2f} "
+                f"({1e3 * sum(after) / max(1, len(after)):.0f} us each); device span of the passes "
+                f"{sum(span):.2f} ms; first pass launched at {passes[0][2]:.2f}, its sums done at "
+                f"{passes[0][4]:.2f}, first reduction returned at {reduces[0][2]:.2f}, last at "
+                f"{reduces[-1][2]:.2f}")
+    return None
 
 
 if __name__ == "__main__":

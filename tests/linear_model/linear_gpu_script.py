@@ -88,6 +88,30 @@ def main():
     s = sk.LogisticRegression(tol=1e-8).fit(Xb, yb2)
     check(rel(g.coef_, s.coef_) < 1e-5, f"fused binary logistic: rel {rel(g.coef_, s.coef_):.1e}")
     same_bits(g, "fused binary logistic")
+    check(g._early_first_pass, "the first evaluation ran during validation")
+    if size > 1:
+        # a rank whose labels are one class only does not launch it early, the others do: the same bits as a fit
+        # where no rank does (and on every rank)
+        yone = shard(yb2).copy()
+        if rank == 0:
+            yone[:] = 1
+        yall = np.concatenate(comm.allgather_obj(yone))
+        g1 = LogisticRegression(tol=1e-8).fit(cp.asarray(shard(Xb)), cp.asarray(yone))
+        check(g1._early_first_pass == (rank != 0), f"early first evaluation where two labels: {g1._early_first_pass}")
+        from mpiml.linear_model._logistic_loss import EarlyPass
+        applies = EarlyPass.applies
+        EarlyPass.applies = staticmethod(lambda *a, **k: False)
+        try:
+            g2 = LogisticRegression(tol=1e-8).fit(cp.asarray(shard(Xb)), cp.asarray(yone))
+        finally:
+            EarlyPass.applies = staticmethod(applies)
+        check(not g2._early_first_pass and g1.n_iter_[0] == g2.n_iter_[0]
+              and np.array_equal(g1.coef_.get(), g2.coef_.get()) and np.array_equal(g1.intercept_.get(),
+                                                                                     g2.intercept_.get()),
+              "early first evaluation: the same bits as without it")
+        same_bits(g1, "fused binary logistic, one class on rank 0")
+        s1 = sk.LogisticRegression(tol=1e-8).fit(Xb, yall)
+        check(rel(g1.coef_, s1.coef_) < 1e-5, f"one class on rank 0: rel {rel(g1.coef_, s1.coef_):.1e}")
     g = LinearRegression().fit(cp.asarray(shard(Xa)), cp.asarray(shard(ya)))
     same_bits(g, "float32 auto (device Gram allreduce)")
     g = Ridge(alpha=3.0).fit(cp.asarray(shard(Xa)), cp.asarray(shard(ya)))

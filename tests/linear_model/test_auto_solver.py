@@ -152,6 +152,30 @@ def test_early_gram_is_used_only_for_the_arrays_it_read():
     assert early.take(X, y, np.ones(50)) is None         # weights: a different matrix
 
 
+def test_first_evaluation_check_runs_once_inside_the_optimiser():
+    """LogisticRegression's deferred finite check runs on L-BFGS's first evaluation (scipy's set-up meanwhile):
+    once, with that evaluation's loss and gradient, and its error leaves the optimiser as it is."""
+    from mpiml.comm import get_comm
+    from mpiml.linear_model._logistic_loss import Objective, lbfgs
+
+    rs = np.random.RandomState(4)
+    X = rs.randn(200, 4)
+    y = (X[:, 0] > 0).astype(np.int64)
+    obj = Objective(X, y, np.ones(200), n_classes=2, fit_intercept=True, l2=1e-2, sw_sum=200.0,
+                    comm=get_comm("self"), xp=np)
+    seen = []
+    obj.check_first(lambda loss, grad: seen.append((loss, grad.copy())))
+    w, _, res = lbfgs(obj, np.zeros(obj.n_params), max_iter=100, tol=1e-8)
+    ref = obj.evaluate(np.zeros(obj.n_params))
+    assert len(seen) == 1 and seen[0][0] == ref[0] and np.array_equal(seen[0][1], ref[1]) and res.success
+
+    def refuse(loss, grad):
+        raise ValueError("Input X contains NaN.")
+    obj.check_first(refuse)
+    with pytest.raises(ValueError, match="contains NaN"):
+        lbfgs(obj, np.zeros(obj.n_params), max_iter=100, tol=1e-8)
+
+
 def test_kept_first_evaluation_is_returned_once():
     """LogisticRegression's deferred finite check evaluates the first point ahead of L-BFGS, which reuses it."""
     from mpiml.comm import get_comm

@@ -90,6 +90,59 @@ def test_logistic_kernel(dtype, d):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [0, 5003])
+def test_prepared_logistic_pass_repeats(dtype, n):
+    """A LogisticPass evaluates point after point (one pinned staging buffer) as fresh logistic_pass calls do."""
+    import cupy as cp
+
+    from mpiml.kernels.linear import LogisticPass, logistic_pass
+
+    rs = np.random.RandomState(n + 1)
+    d = 33
+    X = cp.asarray(rs.randn(n, d).astype(dtype))
+    y = cp.asarray((rs.rand(n) < 0.4).astype(dtype))
+    sw = cp.asarray(rs.uniform(0.5, 2.0, n).astype(dtype))
+    for fi in (None, True, False):
+        prepared = LogisticPass(X, y, sw, fit_intercept=fi, scale=1.5)
+        pack = None if fi is None else (fi, 1.5, 7.0)
+        points = [(rs.randn(d) * 0.3, 0.2, None, 0.0), (rs.randn(d), -0.1, rs.randn(d), 0.4), (np.zeros(d), 0.0,
+                                                                                                None, 0.0)]
+        outs = [prepared(c, b, v, vb, 0.0 if fi is None else 7.0) for c, b, v, vb in points]   # queued, no waits
+        for (c, b, v, vb), out in zip(points, outs):
+            np.testing.assert_array_equal(out.get(), logistic_pass(X, y, sw, c, b, v, vb, pack=pack).get())
+
+
+def test_early_first_evaluation_same_bits(monkeypatch):
+    """The first L-BFGS evaluation launched during validation gives the bits of a fit without it."""
+    import cupy as cp
+    from sklearn.datasets import make_classification
+
+    from mpiml.linear_model import LogisticRegression
+    from mpiml.linear_model._logistic_loss import EarlyPass
+
+    X, y = make_classification(n_samples=30000, n_features=64, random_state=2)
+    X = cp.asarray(X.astype(np.float32))
+    for labels in (y, np.where(y == 1, 7.0, 3.0)):
+        yd = cp.asarray(labels)
+        a = LogisticRegression().fit(X, yd)
+        assert a._early_first_pass
+        with monkeypatch.context() as m:
+            m.setattr(EarlyPass, "applies", staticmethod(lambda *args, **kw: False))
+            b = LogisticRegression().fit(X, yd)
+        assert not b._early_first_pass and a.n_iter_[0] == b.n_iter_[0] and a._n_fun_evals == b._n_fun_evals
+        np.testing.assert_array_equal(a.coef_.get(), b.coef_.get())
+        np.testing.assert_array_equal(a.intercept_.get(), b.intercept_.get())
+        np.testing.assert_array_equal(a.classes_, np.unique(labels))
+    # where it cannot apply: weights, a warm start, another solver, three classes
+    yd = cp.asarray(y)
+    assert not LogisticRegression().fit(X, yd, sample_weight=cp.ones(X.shape[0]))._early_first_pass
+    warm = LogisticRegression(warm_start=True).fit(X, yd)
+    assert warm._early_first_pass and not warm.fit(X, yd)._early_first_pass
+    assert not LogisticRegression(solver="newton-cg").fit(X, yd)._early_first_pass
+    assert not LogisticRegression().fit(X, cp.asarray(y + (np.arange(y.size) % 7 == 0)))._early_first_pass
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_auto_on_the_gpu_matches_the_host(dtype):
     import cupy as cp
 
@@ -218,3 +271,34 @@ def test_label_checks_on_the_gpu():
         labels[4] = bad
         with pytest.raises(ValueError, match=f"Input y contains {what}"):
             LogisticRegression().fit(X, cp.asarray(labels))
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8, np.float32, np.float64])
+@pytest.mark.parametrize("values", [(0, 1), (1,), (0, 1, 1, 0, 1, 1), (0, 1, 2, 1)])
+def test_device_labels_on_the_gpu(dtype, values):
+    """The distinct labels of a CuPy y: min, max and whether another value exists (one copy), else unique."""
+    import cupy as cp
+
+    from mpiml.utils._supervised import _device_labels
+
+    y = np.resize(np.asarray(values), 10007).astype(dtype)
+    got = _device_labels(cp.asarray(y))
+    np.testing.assert_array_equal(got, np.unique(y))
+    assert got.dtype == y.dtype
+
+
+def test_fitted_attributes_copy_to_the_device():
+    """fitted_like: a host array on the device by one plain copy, cast on the host; CuPy and NumPy pass through."""
+    import cupy as cp
+
+    from mpiml.linear_model._base import fitted_like
+
+    rs = np.random.RandomState(3)
+    for a in (rs.randn(3, 5), rs.randn(7), np.zeros((0, 4)), rs.randn(4)[::2]):
+        for dtype in (np.float32, np.float64):
+            got = fitted_like(a, cp, dtype)
+            assert isinstance(got, cp.ndarray) and got.dtype == dtype and got.shape == a.shape
+            np.testing.assert_array_equal(got.get(), a.astype(dtype))
+    d = cp.arange(4.0)
+    assert fitted_like(d, cp, np.float64) is d
+    np.testing.assert_array_equal(fitted_like(np.arange(3.0), np, np.float32), np.arange(3, dtype=np.float32))

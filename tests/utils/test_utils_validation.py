@@ -159,3 +159,31 @@ def test_device_labels_with_nan_falls_back_to_unique():
 
     got = _device_labels(np.array([0.0, np.nan, 1.0]))
     assert got.shape == (3,) and np.isnan(got[-1])
+
+
+@pytest.mark.parametrize("labels", [
+    np.array([0, 1]), np.array([True, False]), np.array([-3.0, 7.0, 9.0]), np.array([0.5, 1.0]),
+    np.array([2.0 ** 60, 1.0]), np.array([1e300, 1.0]), np.array(["a", "b"]),
+])
+def test_label_values_check_as_scikit_learn(labels):
+    """The distinct labels of a device y: integers and integral floats pass without scikit-learn's type
+    inspection; anything else gets its verdict (and message): the same verdict either way."""
+    import warnings
+
+    from sklearn.utils.multiclass import check_classification_targets
+
+    from mpiml.utils._supervised import _check_label_values
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")    # (a cast of 1e300 to integers warns there)
+        try:
+            check_classification_targets(labels)
+            expected = None
+        except ValueError as exc:
+            expected = str(exc)
+        if expected is None:
+            _check_label_values(labels)
+        else:
+            with pytest.raises(ValueError) as err:
+                _check_label_values(labels)
+            assert str(err.value) == expected

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from .._array import get_namespace
+from .._array import get_namespace, is_device_array
 from ..utils._linalg import is_sparse
 from ..utils._supervised import (  # noqa: F401 (re-exported: the linear models import them from here)
     SPARSE_DENSE_REQUIRED,
@@ -23,7 +23,7 @@ from ..utils._supervised import (  # noqa: F401 (re-exported: the linear models 
 )
 from ..utils._validation import validate_data
 
-__all__ = ["allreduce_identical", "allreduce_identical_device", "validate_X_y",
+__all__ = ["allreduce_identical", "allreduce_identical_device", "validate_X_y", "fitted_like",
            "local_X", "chunk_rows", "global_classes", "as_like",
            "SPARSE_DENSE_REQUIRED", "raise_if_nonfinite"]
 
@@ -45,7 +45,22 @@ def allreduce_identical(comm, x):
     return comm.allreduce(x, algorithm="binomial")
 
 
-def allreduce_identical_device(comm, x):
+def _to_host(x, host):
+    """``x`` (a float64 CuPy vector) as a new host array: through the pinned buffer ``host`` of its size
+    when given (one asynchronous copy and a wait for the stream), else by a plain copy."""
+    if host is None or host.size != x.size:
+        return as_like(x, np)
+    import cupy
+
+    stream = cupy.cuda.get_current_stream()
+    x = cupy.ascontiguousarray(x)
+    cupy.cuda.runtime.memcpyAsync(host.ctypes.data, x.data.ptr, x.nbytes, cupy.cuda.runtime.memcpyDeviceToHost,
+                                  stream.ptr)
+    stream.synchronize()
+    return host.copy()
+
+
+def allreduce_identical_device(comm, x, host=None):
     """Sum a float64 CuPy array over ranks, the same bits on every rank; returned as host float64.
 
     Where the communicator's IPC kernels run (one GPU per rank on one node)
@@ -54,15 +69,16 @@ def allreduce_identical_device(comm, x):
     allreduce promises), one kernel and no host round trip before the one copy
     of the result to the host.  Elsewhere the array is copied to the host and
     summed by :func:`allreduce_identical`.  Collective; every rank takes the same
-    path (whether IPC runs is agreed by the communicator when it first tries it).
+    path (whether IPC runs is agreed by the communicator when it first tries it).  ``host``: a
+    pinned float64 buffer of ``x``'s size for the copy to the host (an optimiser's repeated reductions).
     """
     if comm.size == 1:
-        return as_like(x, np)
+        return _to_host(x, host)
     # (an experiment's switch, read per call: vectors up to this many bytes copied to the host first and summed
     # there; 0, the default, keeps every size on the device)
     host_bytes = os.environ.get("MPIML_LINEAR_HOST_REDUCE_BYTES")
     if host_bytes and x.nbytes <= int(host_bytes):
-        return allreduce_identical(comm, as_like(x, np))
+        return allreduce_identical(comm, _to_host(x, host))
     from .._errors import CommError
 
     if "ipc" in comm.available_backends("device"):
@@ -72,8 +88,25 @@ def allreduce_identical_device(comm, x):
             if "ipc" in comm.available_backends("device"):
                 raise   # a failure of the call itself, not a transport that cannot run here
         else:
-            return as_like(out, np)
-    return allreduce_identical(comm, as_like(x, np))
+            return _to_host(out, host)
+    return allreduce_identical(comm, _to_host(x, host))
+
+
+def fitted_like(array, xp, dtype):
+    """A fitted attribute (a small host array) on the namespace of the data, cast on the host to ``dtype``.
+
+    For CuPy, one plain synchronous copy into a new device array: at the end of a fit the device is idle
+    (its results were waited for), so the copy waits for nothing, and it skips CuPy's general path for
+    host input (a pinned staging buffer, an event and its watch list: several times the copy's cost).
+    """
+    if xp is np or is_device_array(array):
+        return as_like(array, xp, dtype)
+    host = np.ascontiguousarray(array, dtype=dtype)
+    if host.size == 0:
+        return as_like(host, xp)
+    out = xp.empty(host.shape, dtype=host.dtype)
+    out.set(host)
+    return out
 
 
 def chunk_rows(n_cols, itemsize=8, xp=np):

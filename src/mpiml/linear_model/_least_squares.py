@@ -20,7 +20,8 @@ from ..base import SPMDEstimator
 from ..utils._linalg import is_sparse
 from ..utils._param_validation import Interval, StrOptions
 from ..utils._validation import validate_sample_weight
-from ._base import allreduce_identical, as_like, local_X, overwrite_as_preprocessed, raise_if_nonfinite, validate_X_y
+from ._base import (allreduce_identical, as_like, fitted_like, local_X, overwrite_as_preprocessed, raise_if_nonfinite,
+                    validate_X_y)
 from ._lsq_direct import dense_direct_applies, early_local_gram, solve_direct
 from ._lsq_solvers import (SPARSE_GRAM_MAX_FEATURES, as_2d_targets, conjugate_gradient, factor_from_gram, lsqr,
                            lstsq_from_gram, lstsq_from_gram_cholesky, lstsq_from_r, nnls_from_factor,
@@ -46,12 +47,12 @@ class _LinearRegressorBase(MultiOutputMixin, RegressorMixin, SPMDEstimator):
     def _set_coef(self, coef, intercept, y, X, xp):
         dtype = X.dtype
         if y.ndim == 1:
-            self.coef_ = as_like(coef[0], xp, dtype)
+            self.coef_ = fitted_like(coef[0], xp, dtype)
             # a NumPy scalar of X's dtype, as scikit-learn's (0.0 without an intercept, as there)
             self.intercept_ = np.dtype(dtype).type(intercept[0]) if self.fit_intercept else 0.0
         else:
-            self.coef_ = as_like(coef, xp, dtype)
-            self.intercept_ = as_like(intercept, xp, dtype) if self.fit_intercept else 0.0
+            self.coef_ = fitted_like(coef, xp, dtype)
+            self.intercept_ = fitted_like(intercept, xp, dtype) if self.fit_intercept else 0.0
 
     def _decision_function(self, X):
         X, xp = local_X(self, X)
@@ -200,8 +201,8 @@ class LinearRegression(_LinearRegressorBase):
     * ``"tsqr"``: one allgather of a ``(d + t)²`` triangular factor per rank;
     * ``"lsqr"``: per target, one allreduce of ``d + 1`` values per
       iteration (``[Aᵀu | ||u||²]``);
-    * plus the input agreement (one small ``allgather_obj`` for ``X``, one for
-      ``y`` and one for ``sample_weight``).
+    * plus the input agreement (one small ``allgather_obj`` for ``X`` and
+      ``y`` together, and one for ``sample_weight`` when some rank has weights).
 
     Every reduction is a binomial reduce-then-broadcast, so the fitted
     attributes are bit-identical on every rank; they depend on the number of

@@ -18,9 +18,9 @@ from ..base import SPMDEstimator
 from ..utils._param_validation import Hidden, Interval, StrOptions
 from ..utils._linalg import is_sparse
 from ..utils._validation import agree_on_error, validate_sample_weight
-from ._base import (allreduce_identical, allreduce_identical_device, as_like, global_classes, local_X,
+from ._base import (allreduce_identical, allreduce_identical_device, as_like, fitted_like, global_classes, local_X,
                     raise_if_nonfinite, validate_X_y)
-from ._logistic_loss import (Objective, centre_multinomial, expit, lbfgs, newton_cg, newton_cholesky,
+from ._logistic_loss import (EarlyPass, Objective, centre_multinomial, expit, lbfgs, newton_cg, newton_cholesky,
                              softmax_stats)
 from ._liblinear import DUAL_GATHER_BYTES, dual_coordinate_descent, tolerance_scale, tron, warn_if_not_converged
 from ._logistic_prox import SparseCoefMixin, dense_coef, solve_like
@@ -207,9 +207,12 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
     Communicated, with ``m = n_classes`` (1 for a binary problem), ``D =
     n_features + fit_intercept`` and float64 host buffers:
 
-    * per fit: the labels of every rank (one ``allgather_obj`` of the local
-      unique labels) and one allreduce of the ``n_classes`` weighted class
-      counts (``Σw``, the balanced weights);
+    * per fit: the input agreement (one ``allgather_obj`` of the local
+      checks; one more for ``sample_weight`` when some rank has weights), the
+      labels of every rank (one ``allgather_obj`` of the local unique labels;
+      on GPU ranks they travel with the agreement) and one allreduce of the
+      ``n_classes`` weighted class counts (``Σw``, the balanced weights; on GPU
+      ranks without sample or class weights ``Σw`` is the agreed row count);
     * ``"lbfgs"``: **one** allreduce per function evaluation, of ``m·D + 3``
       values ``[loss | gradient | fingerprint]`` (``mpiml.profile`` shows
       exactly one per evaluation);
@@ -318,8 +321,13 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
         elif not obj.binary and obj.fi:
             W = W.copy()
             W[:, -1] -= W[:, -1].mean()
-        return {"coef_": as_like(W[:, :obj.d], xp, out),
-                "intercept_": as_like(W[:, obj.d] * obj.scale if obj.fi else np.zeros(obj.k), xp, out)}
+        intercept = W[:, obj.d] * obj.scale if obj.fi else np.zeros(obj.k)
+        if xp is np:
+            return {"coef_": as_like(W[:, :obj.d], xp, out), "intercept_": as_like(intercept, xp, out)}
+        # on a GPU one copy to the device holds both (views of one buffer, cast on the host as before)
+        both = fitted_like(np.concatenate([W[:, :obj.d].ravel(), intercept]), xp, out)
+        kd = obj.k * obj.d
+        return {"coef_": both[:kd].reshape(obj.k, obj.d), "intercept_": both[kd:]}
 
     # ------------------------------------------------------------------ parameters
     def _resolve_penalty(self):
@@ -455,16 +463,26 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
         # so validation skips its own read of X (see below)
         lbfgs_l2 = _SOLVERS[self.solver] == "lbfgs" and penalty in ("l2", None)
         found = {}   # the union of the labels, where validation finds it (a device y) with its agreement
+        early = []   # L-BFGS on a binary dense CuPy shard: its first evaluation's kernel runs while the ranks agree
+        warm = getattr(self, "coef_", None) if self.warm_start else None
+
+        def launch_first(Xv, yv, labels):
+            if self.solver == "lbfgs" and penalty in ("l2", None) and self.class_weight is None \
+                    and EarlyPass.applies(Xv, labels, sample_weight=sample_weight, warm_coef=warm):
+                early.append(EarlyPass(Xv, yv, labels, self.fit_intercept))
+
         X, y, xp, any_weights = validate_X_y(self, X, y, comm=comm, y_numeric=False, multi_output=False,
                                              accept_sparse=True, defer_finite=lbfgs_l2, classes_into=found,
-                                             sample_weight_given=sample_weight is not None)
+                                             sample_weight_given=sample_weight is not None,
+                                             before_agreement=launch_first)
         deferred = lbfgs_l2 and xp is not np and not is_sparse(X)    # as validation decided: the same on every rank
         if self.solver in ("liblinear", "sag", "saga"):  # scikit-learn's refusals for these solvers
             agree_on_error(comm, _large_sparse_or_values(self.solver, X, int64_indexed), error_class=ValueError)
         if self.solver == "liblinear" and X.dtype != np.float64:
             X = X.astype(xp.float64)  # LIBLINEAR works on float64 rows (scikit-learn converts them too)
-        # scikit-learn's LogisticRegression accepts negative sample weights; so does this one
-        sw = validate_sample_weight(sample_weight, X, xp=xp, dtype=X.dtype, comm=comm)
+        # scikit-learn's LogisticRegression accepts negative sample weights; so does this one.  When no rank
+        # was given weights (agreed with the input), the unit weights need no checks and no agreement
+        sw = validate_sample_weight(sample_weight, X, xp=xp, dtype=X.dtype, comm=comm) if any_weights else None
         classes = found["classes"] if "classes" in found else global_classes(y, comm)
         if self.solver == "liblinear" and classes.size > 2:
             raise ValueError("The 'liblinear' solver does not support multiclass classification (n_classes >= 3). "
@@ -474,8 +492,14 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
             raise ValueError("This solver needs samples of at least 2 classes in the data, but the data "
                              f"contains only one class: {classes[0]!r}" if classes.size else
                              "This solver needs samples of at least 2 classes in the data, but the data is empty")
-        y_idx = (xp.searchsorted(xp.asarray(classes), y) if xp is not np
-                 else np.searchsorted(classes, y)).astype(xp.int64)
+        # the first evaluation launched during validation serves when the agreed input is what it assumed
+        prepared = (early[0].take(X, y, classes) if early and not any_weights and "rows" in found else None)
+        self._early_first_pass = prepared is not None   # (tests and profiles look)
+        if sw is None:
+            sw = early[0].sw if prepared is not None else xp.ones(X.shape[0], dtype=X.dtype)
+        # (the fused binary path needs no class indices beyond the 0/1 labels the early pass made)
+        y_idx = None if prepared is not None else (
+            xp.searchsorted(xp.asarray(classes), y) if xp is not np else np.searchsorted(classes, y)).astype(xp.int64)
         if self.solver == "liblinear":  # LIBLINEAR leaves out the rows whose weight is not positive
             sw = xp.where(sw > 0, sw, xp.zeros_like(sw))
         if not any_weights and self.class_weight is None and "rows" in found:   # (agreed: no rank has weights)
@@ -493,7 +517,7 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
         obj = Objective(X, y_idx, sw, n_classes=len(classes), fit_intercept=self.fit_intercept,
                         l2=0.0 if np.isinf(C) else (1.0 - l1_ratio) / (C * sw_sum), sw_sum=sw_sum, comm=comm, xp=xp,
                         intercept_scaling=self.intercept_scaling if liblinear else 1.0,
-                        penalise_intercept=liblinear)
+                        penalise_intercept=liblinear, prepared=prepared)
         # (scikit-learn's liblinear ignores warm_start: LIBLINEAR always starts from zero)
         w0 = np.zeros(obj.n_params) if liblinear else self._initial_point(obj)
         algorithm = _SOLVERS[self.solver]
@@ -509,11 +533,14 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
             w, n_iter = solve_like(obj, w0, l1=l1, solver=self.solver, max_iter=self.max_iter, tol=self.tol,
                                    verbose=self.verbose)
         elif algorithm == "lbfgs":
-            if deferred:   # the finite check validation left out: the optimiser's first evaluation, kept for it
-                first = obj.evaluate(w0)
-                if not (np.isfinite(first[0]) and np.all(np.isfinite(first[1]))):
-                    raise_if_nonfinite(self, X, y, comm=comm, xp=xp)   # raises on every rank unless it overflowed
-                obj.keep(w0, first)
+            if prepared is not None:
+                obj.keep_local(early[0].w0, early[0].local)
+            if deferred:   # the finite check validation left out: on the optimiser's first evaluation (its set-up
+                # runs meanwhile, while the first kernel does)
+                def check_first(loss, grad):
+                    if not (np.isfinite(loss) and np.all(np.isfinite(grad))):
+                        raise_if_nonfinite(self, X, y, comm=comm, xp=xp)   # raises on every rank unless it overflowed
+                obj.check_first(check_first)
             hooks = None
             if ctx is not None and getattr(self, "_skl_callbacks", None):
                 hooks = _LbfgsHooks(ctx, self, X, y, metadata, lambda w: {

@@ -25,6 +25,8 @@ calling the same collectives and the job hangs.  Two things make sure of it:
    :class:`mpiml.CommError` at the same evaluation instead of drifting apart.
 """
 
+import contextlib
+import os
 import warnings
 import zlib
 
@@ -33,12 +35,13 @@ import scipy.linalg
 import scipy.optimize
 from sklearn.exceptions import ConvergenceWarning
 
-from .._array import is_device_array
+from .._array import get_namespace, is_device_array
 from .._errors import CommError
 from ..utils._linalg import column_sums, is_sparse, sparse_gram, to_csr
 from ._base import allreduce_identical, allreduce_identical_device, as_like, chunk_rows
 
-__all__ = ["Objective", "lbfgs", "newton_cholesky", "newton_cg", "centre_multinomial", "expit", "softmax_stats"]
+__all__ = ["Objective", "EarlyPass", "lbfgs", "newton_cholesky", "newton_cg", "centre_multinomial", "expit",
+           "softmax_stats"]
 
 
 def _fingerprint(*arrays):
@@ -77,6 +80,44 @@ def _fused_kernel_takes(X, layout=True):
             and X.shape[1] <= kernels.LOGISTIC_MAX_FEATURES)
 
 
+class EarlyPass:
+    """The first L-BFGS evaluation of a binary dense CuPy shard, launched before the ranks agree on the input.
+
+    The optimiser starts at zero, and this rank's sums there need only ``X``, the 0/1 labels and the unit
+    weights; for a rank whose labels are two values ``lo < hi``, ``y == hi`` are those labels once the
+    ranks agree that the classes are ``[lo, hi]``.  So the kernel runs while they agree (a host round of
+    the ranks) and while the fit sets up; :meth:`take` says whether the agreed input is what it read.
+    Nothing is communicated: the reduction of these sums is the objective's first, on every rank alike.
+    """
+
+    def __init__(self, X, y, labels, fit_intercept):
+        from ..kernels.linear import LogisticPass
+
+        xp = get_namespace(X)
+        self.X, self.y, self.labels = X, y, labels
+        self.y01 = (y == labels[1]).astype(X.dtype)
+        self.sw = xp.ones(X.shape[0], dtype=X.dtype)
+        self.fi = int(bool(fit_intercept))
+        self.pass_ = LogisticPass(X, self.y01, self.sw, fit_intercept=bool(fit_intercept))
+        self.w0 = np.zeros(X.shape[1] + self.fi)
+        self.local = self.pass_(np.zeros(X.shape[1]), 0.0, None, 0.0, _fingerprint(self.w0))
+
+    @staticmethod
+    def applies(X, labels, *, sample_weight, warm_coef):
+        """Whether to launch it: a dense CuPy shard the kernel takes, two local labels, no weights, a zero start."""
+        return (sample_weight is None and warm_coef is None and labels is not None and labels.size == 2
+                and X.shape[0] > 0 and _fused_kernel_takes(X))
+
+    def take(self, X, y, classes):
+        """``(y01, LogisticPass)`` for :class:`Objective` when the validated input is what the kernel read and
+        the agreed classes are its labels, else None."""
+        if X is not self.X or y is not self.y or classes.size != 2:
+            return None
+        if not (classes[0] == self.labels[0] and classes[1] == self.labels[1]):
+            return None
+        return self.y01, self.pass_
+
+
 class Objective:
     """The distributed logistic objective on validated shards.
 
@@ -88,7 +129,7 @@ class Objective:
     """
 
     def __init__(self, X, y_idx, sw, *, n_classes, fit_intercept, l2, sw_sum, comm, xp, intercept_scaling=1.0,
-                 penalise_intercept=False):
+                 penalise_intercept=False, prepared=None):
         self.X, self.y_idx, self.sw = X, y_idx, sw
         self.sparse = is_sparse(X)
         self.binary = n_classes == 2
@@ -101,19 +142,29 @@ class Objective:
         self.comm, self.xp = comm, xp
         self.n_evals = 0
         self._kept = None  # (point, result) of an evaluation made ahead of the optimiser (see keep)
+        self._kept_local = None  # (point, this rank's packed device sums) launched ahead (see keep_local)
+        self._first_check = None  # called with the next evaluation's (loss, gradient) (see check_first)
         self._stash = None  # (fingerprint of w, local probabilities) for Hessian-vector products
         penalised = np.zeros((self.k, self.d + self.fi), dtype=bool)
         penalised[:, :self.d] = True
         if self.fi and penalise_intercept:
             penalised[:, self.d] = True
         self.penalised = penalised.ravel()
-        if self.binary:
+        if prepared is not None:   # (y01, LogisticPass) of a binary dense CuPy shard, made before validation ended
+            self.y01 = prepared[0]
+        elif self.binary:
             self.y01 = (y_idx == 1).astype(X.dtype)
         # dense binary CuPy shards: one kernel reads X once per evaluation (loss, gradient, or H v)
         self._fused = (self.binary and not self.sparse and xp is not np and X.shape[0] > 0
                        and _fused_kernel_takes(X))
+        self._pass = self._host_out = None
         if self._fused:
+            from ..kernels.linear import LogisticPass
+
             self._sw_x = xp.ascontiguousarray(sw.astype(X.dtype, copy=False))
+            # the kernels, buffers and pinned staging of every evaluation, made once per fit
+            self._pass = prepared[1] if prepared is not None else LogisticPass(
+                X, self.y01, self._sw_x, fit_intercept=bool(self.fi), scale=self.scale)
         # every rank's reductions on the device (the same on every rank: whether X is a dense binary CuPy
         # shard the kernel takes is, its row count and layout are not); the fused ranks pack theirs there
         self._device_reduce = (comm.size > 1 and self.binary and not self.sparse and xp is not np
@@ -145,28 +196,25 @@ class Objective:
     def _fused_local(self, w, v=None, fp=0.0):
         """``[Σ w·loss | gradient | fp, fp²]`` (or ``[H v | fp, fp²]`` when ``v`` is given) by one read of
         ``X`` on the device, packed there for the allreduce (a float64 CuPy vector)."""
-        from ..kernels.linear import logistic_pass
-
         coef, intercept = self.split(w)
         if v is None:
             vec, vbias = None, 0.0
         else:
             vc, vb = self.split(v)
             vec, vbias = vc[0], float(vb[0])
-        return logistic_pass(self.X, self.y01, self._sw_x, coef[0], float(intercept[0]), vec, vbias,
-                             pack=(self.fi, self.scale, fp))
+        return self._pass(coef[0], float(intercept[0]), vec, vbias, fp)
 
     def _local(self, w, hessian, fp=0.0):
         """This rank's ``[Σ w·loss | gradient | (Hessian)]`` as host float64 (unscaled); on the fused path
         the same packed on the device with the fingerprint ``fp`` (see :meth:`_fused_local`)."""
+        if self._fused and not hessian:
+            return self._fused_local(w, fp=fp)
         xp, X, sw = self.xp, self.X, self.sw
         n, D = X.shape[0], self.d + self.fi
         npar = self.n_params
         out = np.zeros(1 + npar + (npar * npar if hessian else 0))
         if n == 0:
             return out
-        if self._fused and not hessian:
-            return self._fused_local(w, fp=fp)
         raw = self.raw(X, w)
         if self.binary:
             softplus, prob = softplus_and_expit(raw, xp)
@@ -249,7 +297,7 @@ class Objective:
 
     def _reduce(self, local, fp):
         if is_device_array(local):     # packed on the device with its fingerprint (the fused kernel)
-            packed = allreduce_identical_device(self.comm, local)
+            packed = allreduce_identical_device(self.comm, local, host=self._pinned(local.size))
         elif self._device_reduce:      # a rank without rows (or a non-contiguous shard) among fused ones
             packed = allreduce_identical_device(self.comm, self.xp.asarray(np.concatenate([local, [fp, fp * fp]])))
         else:
@@ -261,6 +309,27 @@ class Objective:
                             f"(evaluation {self.n_evals}); their optimisers diverged, which needs identical "
                             "numerical libraries on every rank")
         return packed[:-2]
+
+    def _pinned(self, size):
+        """A pinned host buffer of ``size`` float64 for the reduced result (made once per size and fit)."""
+        bufs = self._host_out
+        if bufs is None:
+            bufs = self._host_out = {}
+        buf = bufs.get(size)
+        if buf is None:
+            import cupyx
+
+            buf = bufs[size] = cupyx.empty_pinned(size, dtype=np.float64)
+        return buf
+
+    def check_first(self, check):
+        """Call ``check(loss, gradient)`` on the next evaluation's result (before the optimiser sees it)."""
+        self._first_check = check
+
+    def keep_local(self, w, local):
+        """Have the next evaluation at ``w`` (without the Hessian) reduce ``local``: this rank's packed sums at
+        ``w`` from this objective's kernel, launched ahead of the optimiser (the same bits it would compute)."""
+        self._kept_local = (np.array(w, dtype=np.float64), local)
 
     def keep(self, w, result):
         """Have the next :meth:`evaluate` at ``w`` (without the Hessian) return ``result``, made ahead of it."""
@@ -274,11 +343,19 @@ class Objective:
             if not hessian and kept[0].shape == w.shape and np.array_equal(kept[0], w):
                 return kept[1][0], kept[1][1].copy()
         fp = _fingerprint(w)
-        packed = self._reduce(self._local(w, hessian, fp), fp)
+        local = None
+        if self._kept_local is not None:
+            kept, self._kept_local = self._kept_local, None
+            if not hessian and kept[0].shape == w.shape and np.array_equal(kept[0], w):
+                local = kept[1]
+        packed = self._reduce(self._local(w, hessian, fp) if local is None else local, fp)
         npar = self.n_params
         reg = np.where(self.penalised, w, 0.0)
         loss = packed[0] / self.sw_sum + 0.5 * self.l2 * float(reg @ reg)
         grad = packed[1:1 + npar] / self.sw_sum + self.l2 * reg
+        if self._first_check is not None:
+            check, self._first_check = self._first_check, None
+            check(loss, grad)
         if not hessian:
             return loss, grad
         H = packed[1 + npar:1 + npar + npar * npar].reshape(npar, npar) / self.sw_sum
@@ -345,16 +422,56 @@ def _iteration_callback(obj, verbose, on_iteration):
     return callback
 
 
+_CONTROLLER = []   # a threadpoolctl ThreadpoolController, made once (finding the libraries costs milliseconds)
+
+
+def _optimiser_threads(obj):
+    """``(context, fun)`` for scipy's L-BFGS-B on ``obj``: its own steps on one BLAS thread, ``fun`` the objective.
+
+    Every BLAS call of scipy's step (the two-loop recursion, the small 2m x 2m factorisation) is tiny, and
+    waking the rank's BLAS pool for each cost more than the call: ~0.14 ms a step on a GPU host of 16 cores
+    a rank against ~0.015 ms on one thread; 3x in CPU time on 2 cores.  On host rows the objective's own
+    products need the pool: ``fun`` restores it around each evaluation (two switches of the libraries'
+    thread counts, microseconds).  ``MPIML_LINEAR_LBFGS_BLAS=pool`` (an experiment's switch, read per fit)
+    leaves the pool on throughout.
+    """
+    plain = contextlib.nullcontext(), obj.evaluate
+    if os.environ.get("MPIML_LINEAR_LBFGS_BLAS") == "pool":
+        return plain
+    if not _CONTROLLER:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _CONTROLLER.append(ThreadpoolController())
+        except ImportError:   # without threadpoolctl nothing is changed
+            _CONTROLLER.append(None)
+    ctl = _CONTROLLER[0]
+    if ctl is None:
+        return plain
+    pool = {lib.prefix: lib.num_threads for lib in ctl.select(user_api="blas").lib_controllers}
+    if max(pool.values(), default=1) <= 1:
+        return plain
+    if obj.xp is not np:    # rows on the device: every host BLAS call of the fit is tiny
+        return ctl.limit(limits=1, user_api="blas"), obj.evaluate
+
+    def evaluate(w):
+        with ctl.limit(limits=pool):
+            return obj.evaluate(w)
+    return ctl.limit(limits=1, user_api="blas"), evaluate
+
+
 def lbfgs(obj, w0, *, max_iter, tol, verbose=0, on_iteration=None):
     """scipy's L-BFGS-B on every rank with scikit-learn's options; returns ``(w, n_iter, result)``.
 
     ``on_iteration(w)``, if given, is called with the coefficients at the end of every
     iteration (the same on every rank: it is called by every rank with the same bits).
     """
-    res = scipy.optimize.minimize(obj.evaluate, w0, method="L-BFGS-B", jac=True,
-                                  callback=_iteration_callback(obj, verbose, on_iteration),
-                                  options={"maxiter": max_iter, "maxls": 50, "gtol": tol,
-                                           "ftol": 64 * np.finfo(float).eps})
+    context, fun = _optimiser_threads(obj)   # scipy's steps on one BLAS thread
+    with context:
+        res = scipy.optimize.minimize(fun, w0, method="L-BFGS-B", jac=True,
+                                      callback=_iteration_callback(obj, verbose, on_iteration),
+                                      options={"maxiter": max_iter, "maxls": 50, "gtol": tol,
+                                               "ftol": 64 * np.finfo(float).eps})
     n_iter = min(int(res.nit), max_iter)
     if res.status != 0:
         msg = (f"lbfgs failed to converge after {n_iter} iteration(s) (status={res.status}):\n{res.message}\n")

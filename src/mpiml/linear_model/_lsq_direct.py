@@ -116,20 +116,25 @@ class NormalEquations:
         self.d, self.t = d, t
         self.sw_sum = float(Z[-1, -1])
         Gx, Bx = Z[:d, :d], Z[:d, d:d + t]
-        self.raw_diag = np.diag(Gx).copy()
+        self.raw_diag = Z.diagonal()[:d].copy()
         if fit_intercept:
-            sx, sy = Z[:d, -1], Z[d:d + t, -1]
+            # [G | B] of the centred data from one outer product of the sums [sx | sy] (the same values as
+            # two products, in fewer small operations: this runs on the fit's path after the Gram)
+            s = Z[:d + t, -1]
             n = self.sw_sum if self.sw_sum != 0 else 1.0
-            self.x_mean, self.y_mean = sx / n, sy / n
-            G = Gx - np.outer(sx, sx) / n
+            means = s / n
+            self.x_mean, self.y_mean = means[:d], means[d:]
+            C = Z[:d, :d + t] - np.outer(s[:d], s) / n
+            G = C[:, :d]
             self.G = (G + G.T) / 2
-            self.B = Bx - np.outer(sx, sy) / n
+            self.B = C[:, d:]
         else:
             self.x_mean = self.y_mean = None
             self.G, self.B = Gx.copy(), Bx.copy()
-        diag = np.diag(self.G)
+        diag = self.G.diagonal()
+        positive = diag > 0
         with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(diag > 0, self.raw_diag / np.where(diag > 0, diag, 1.0), np.inf)
+            ratio = np.where(positive, self.raw_diag / np.where(positive, diag, 1.0), np.inf)
         self.cancellation = float(max(ratio.max(initial=1.0) - 1.0, 0.0)) if fit_intercept else 0.0
         self._factors = {}
 
@@ -229,15 +234,33 @@ def solve_direct(X, y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve
     on the centred route, one of ``d² + d t``, or, on the TSQR route, one
     allgather of a ``(d + t)²`` factor per rank.
     """
-    from ._lsq_solvers import as_2d_targets, gram, tsqr_r, weighted_means
+    from ._lsq_solvers import as_2d_targets
 
     Y = as_2d_targets(y)
+    d = X.shape[1]
+    if xp is not np and d <= SMALL_ALGEBRA_FEATURES:
+        # rows on the device: the host's BLAS work of the fit is the small algebra alone, so its one-thread
+        # context is entered once, while the Gram kernel runs (the host waits for it next), not after
+        with _small_algebra(d):
+            return _solve_direct(X, y, Y, sw, fit_intercept=fit_intercept, comm=comm, xp=xp, solver=solver,
+                                 solve_gram=solve_gram, solve_r=solve_r, on_nonfinite=on_nonfinite, alpha=alpha,
+                                 early=early, small=contextlib.nullcontext)
+    return _solve_direct(X, y, Y, sw, fit_intercept=fit_intercept, comm=comm, xp=xp, solver=solver,
+                         solve_gram=solve_gram, solve_r=solve_r, on_nonfinite=on_nonfinite, alpha=alpha, early=early,
+                         small=lambda: _small_algebra(d))
+
+
+def _solve_direct(X, y, Y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve_r, on_nonfinite, alpha, early,
+                  small):
+    """:func:`solve_direct`'s body; ``small()`` is the context of the replicated small solves."""
+    from ._lsq_solvers import gram, tsqr_r, weighted_means
+
     d, t = X.shape[1], Y.shape[1]
     info = {"condition": None, "route": None}
     ne = None
     if solver != "tsqr":
         Z = augmented_gram(X, Y, sw, comm=comm, xp=xp, local=None if early is None else early.take(X, y, sw))
-        if np.all(np.isfinite(Z)):
+        if np.isfinite(Z).all():
             ne = NormalEquations(Z, d, fit_intercept)
         else:
             on_nonfinite()  # raises on every rank unless the squares overflowed
@@ -249,7 +272,7 @@ def solve_direct(X, y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve
             x_mean = y_mean = sw_sum = None
     else:
         x_mean, y_mean, sw_sum = ne.x_mean, ne.y_mean, ne.sw_sum
-        with _small_algebra(d):
+        with small():
             if solver == "auto":
                 route, info["condition"] = ne.choose(X.dtype, alpha, fit_intercept)
             else:
@@ -259,11 +282,11 @@ def solve_direct(X, y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve
     info["route"] = route
     if route == "tsqr":
         R = tsqr_r(X, Y, sw, x_mean, y_mean, comm=comm, xp=xp)
-        with _small_algebra(d):
+        with small():
             coef, extra = solve_r(R[:d, :d], R[:d, d:])
     elif route == "centred":
         G, B = gram(X, Y, sw, x_mean, y_mean, sw_sum, comm=comm, xp=xp)
-        with _small_algebra(d):
+        with small():
             coef, extra = solve_gram(G, B)
     coef = coef.T
     intercept = y_mean - coef @ x_mean if fit_intercept else np.zeros(t)

@@ -166,20 +166,28 @@ def augmented_gram(A, Y=None, weights=None, *, chunk_bytes=None):
             return kernels.augmented_gram(A, Y, weights)
     if n == 0:
         return xp.zeros((k, k), dtype=xp.float64)
-    if xp is np and t == 0 and weights is None:
-        # the host's plain Gram (PCA): AᵀA of cache-sized row blocks as they are (no copy of float64 rows, no
-        # column of ones, no padding: 1.6x fewer flops at 32 features) and the column sums on the side
+    if xp is np and weights is None:
+        # the host's unweighted Gram (PCA, least squares without weights): AᵀA of cache-sized row blocks as they
+        # are (no copy into a float64 [A | Y | 1] buffer, no column of ones, no padding: 1.6x fewer flops at 32
+        # features, and one read of float64 rows where the copy read and wrote them too), AᵀY and YᵀY of the
+        # same blocks while in cache, and the column sums on the side
         G = np.zeros((k, k))
         step = max(256, (2 << 20) // (8 * max(d, 1)))
-        sums = np.zeros(d)
+        sums = np.zeros(d + t)
         ones = np.ones(min(step, n))
         with np.errstate(over="ignore", invalid="ignore"):
             for s in range(0, n, step):
                 block = A[s:s + step].astype(np.float64, copy=False)
                 G[:d, :d] += np.dot(block.T, block)
-                sums += ones[:block.shape[0]] @ block      # a GEMV: a strided sum over rows costs as much as the Gram
-        G[:d, d] = G[d, :d] = sums
-        G[d, d] = n
+                sums[:d] += ones[:block.shape[0]] @ block  # (a GEMV: a strided sum over rows costs as much)
+                if t:
+                    yb = Y[s:s + step].astype(np.float64, copy=False)
+                    G[:d, d:d + t] += np.dot(block.T, yb)
+                    G[d:d + t, d:d + t] += np.dot(yb.T, yb)
+                    sums[d:] += ones[:yb.shape[0]] @ yb
+        G[d:d + t, :d] = G[:d, d:d + t].T
+        G[:d + t, d + t] = G[d + t, :d + t] = sums
+        G[d + t, d + t] = n
         return G
     # rows padded with zero columns to a multiple of 8 values (64 bytes): aligned rows for the GEMM; on the
     # host only past 256 columns, where alignment wins (513 -> 520: 1.2x), not below, where the padding's extra

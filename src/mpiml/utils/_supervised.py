@@ -12,7 +12,7 @@ from sklearn.utils.validation import validate_data as _sk_validate_data
 from .._array import get_namespace, is_device_array, to_numpy
 from .._errors import DistributedInputError
 from ._linalg import is_sparse, to_csr
-from ._validation import _combine, _finite_flags, _nonfinite_message, validate_data
+from ._validation import _combine, _finite_flags, _nonfinite_message, agreed_X_message, validate_data
 
 __all__ = ["validate_X_y", "global_classes", "as_like", "sparse_mismatch", "SPARSE_DENSE_REQUIRED",
            "raise_if_nonfinite"]
@@ -48,7 +48,7 @@ def _sparse_as_csr(X, accept_sparse):
 
 
 def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, accept_sparse=False,
-                 defer_finite=False, sample_weight_given=None, classes_into=None):
+                 defer_finite=False, sample_weight_given=None, classes_into=None, before_agreement=None):
     """Validate this rank's ``X`` and ``y`` and agree on them across ranks.
 
     On one process with host input, scikit-learn's ``validate_data`` (its exact
@@ -75,6 +75,12 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
     read of ``y`` and second collective (and ``classes_into["rows"]`` the
     global row count).  Left empty otherwise.
 
+    ``before_agreement(X, y, labels)``: called with this rank's validated
+    device ``X`` and ``y`` (and a classifier's local distinct labels, or None)
+    once its local checks passed, before the ranks agree: device work launched
+    there runs while they do (a classifier's first evaluation).  It must not
+    communicate; an exception there is ignored (its work is then not used).
+
     Returns
     -------
     X, y, xp
@@ -89,8 +95,10 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
         if not y_numeric:
             check_classification_targets(y)
         return (X, y, np) if sample_weight_given is None else (X, y, np, bool(sample_weight_given))
-    X, xp = validate_data(estimator, X, comm=comm, reset=reset, accept_sparse="csr" if accept_sparse else False,
-                          defer_finite=defer_finite)
+    # one agreement for X and y on several ranks: X's facts travel in y's allgather (X's message first)
+    X, xp, x_facts = validate_data(estimator, X, comm=comm, reset=reset,
+                                   accept_sparse="csr" if accept_sparse else False, defer_finite=defer_finite,
+                                   agree=False)
     deferred = defer_finite and xp is not np and not is_sparse(X)
     error = labels = None
     if comm.size == 1 and xp is not np:
@@ -128,7 +136,7 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
                 if has_nan or has_inf:
                     raise ValueError(_nonfinite_message(has_nan, has_inf, y.dtype, None, "y"))
             if labels is not None:
-                check_classification_targets(labels)
+                _check_label_values(labels)
         else:
             if y.dtype.kind == "f":
                 has_nan, has_inf = _finite_flags(y, xp, True)
@@ -138,20 +146,30 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
                 check_classification_targets(y)
     except Exception as exc:
         error = str(exc)
+    x_ok = x_facts is None or x_facts[0] is None     # (None: one rank, where X's errors raised already)
+    if before_agreement is not None and error is None and x_ok and xp is not np:
+        try:
+            before_agreement(X, y, labels)
+        except Exception:   # noqa: BLE001 - a speculation that failed: the caller goes the usual way
+            pass
     any_weights = bool(sample_weight_given)
     # the labels travel with the agreement (a device y's, found above; the namespace is agreed already)
     share = classes_into is not None and not y_numeric and xp is not np
     if comm.size > 1:
         facts = None if error else (tuple(y.shape[1:]), y.dtype.kind in "USO", is_sparse(X))
         mine = (labels, 0 if error else int(y.shape[0]))
-        gathered = comm.allgather_obj((error, facts, bool(sample_weight_given)) + ((mine,) if share else ()))
+        gathered = comm.allgather_obj((error, facts, bool(sample_weight_given), x_facts)
+                                      + ((mine,) if share else ()))
+        msg = agreed_X_message([g[3] for g in gathered], estimator)
+        if msg is not None:
+            raise DistributedInputError(msg)
         msg = _combine([g[0] for g in gathered], "Invalid input") or _y_mismatch([g[1] for g in gathered])
         if msg is not None:
             raise DistributedInputError(msg)
         any_weights = any(g[2] for g in gathered)
         if share:
-            classes_into["classes"] = _union([g[3][0] for g in gathered])
-            classes_into["rows"] = sum(g[3][1] for g in gathered)
+            classes_into["classes"] = _union([g[4][0] for g in gathered])
+            classes_into["rows"] = sum(g[4][1] for g in gathered)
     elif error is not None:
         raise ValueError(error)
     elif share:
@@ -221,15 +239,34 @@ def sparse_mismatch(flags):
 def _device_labels(y):
     """The sorted distinct labels of a CuPy vector; one or two of them without sorting the vector.
 
-    Most labels are binary: the minimum and the maximum (one copy of both to the host), and one pass
-    that counts the rows equal to neither, find them at the cost of reading ``y`` three times (a sort
-    of 4e7 labels costs ~40 reads).  Anything else (more labels, NaN) falls back to ``unique``.
+    Most labels are binary: the minimum, the maximum and whether any row equals neither (reads of
+    ``y`` on the device, one copy of the three to the host; a sort of 4e7 labels costs ~40 reads)
+    find them.  Anything else (more labels, NaN) falls back to ``unique``.  One code path over the
+    array namespace (NumPy runs the same lines: the CPU tests cover the GPU's).
     """
     xp = get_namespace(y)
-    lo, hi = to_numpy(xp.stack([y.min(), y.max()]))
-    if int(xp.count_nonzero((y != lo) & (y != hi))) == 0:
+    lo, hi = y.min(), y.max()
+    other = ((y != lo) & (y != hi)).any()   # (0 or 1: exact in y's dtype)
+    lo, hi, more = to_numpy(xp.stack([lo, hi, other.astype(y.dtype)]))
+    if not more:
         return np.unique(np.array([lo, hi], dtype=y.dtype))
     return to_numpy(xp.unique(y))
+
+
+def _check_label_values(labels):
+    """scikit-learn's ``check_classification_targets`` on a rank's distinct labels (a short host vector).
+
+    Integer and boolean labels, and floats holding integers, are its ``"binary"``/``"multiclass"``
+    targets: accepted here without its type inspection (a few hundred microseconds a fit); anything
+    else goes through it, for its verdict and message.
+    """
+    kind = labels.dtype.kind
+    if kind in "biu" and labels.ndim == 1:
+        return
+    if kind == "f" and labels.ndim == 1 and bool(np.all(np.abs(labels) < 2.0 ** 53)) \
+            and bool(np.all(labels == labels.astype(np.int64))):
+        return
+    check_classification_targets(labels)
 
 
 def _union(parts):

@@ -222,7 +222,7 @@ def _normalise_input(X):
 # ---------------------------------------------------------------------- public checks
 def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "float32"), accept_sparse=False,
                   ensure_all_finite=True, ensure_min_features=1, allow_local_empty=True, order=None,
-                  defer_finite=False):
+                  defer_finite=False, agree=True):
     """Validate this rank's shard ``X`` and agree on it across ranks.
 
     Parameters
@@ -259,6 +259,12 @@ def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "flo
         values in a reduction it makes anyway and then raises the same error
         (:func:`mpiml.utils._supervised.raise_if_nonfinite`).  Host and
         sparse input are checked here as usual.
+    agree : bool, default=True
+        False (for a caller that agrees on more in the same round): on several
+        ranks nothing is communicated nor raised here; a third value, this
+        rank's ``(error, facts)``, is returned for the caller's
+        ``allgather_obj``, whose gathered list :func:`agreed_X_message` turns
+        into the message to raise (None on one rank, where errors raise here).
 
     Returns
     -------
@@ -330,13 +336,19 @@ def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "flo
             raise
         error = str(exc)
     if single:
-        return X, xp
-
+        return (X, xp) if agree else (X, xp, None)
+    if not agree:
+        return X, xp, (error, facts)
     gathered = comm.allgather_obj((error, facts))
     msg = _distributed_message(gathered, name, allow_local_empty)
     if msg is not None:
         raise DistributedInputError(msg)
     return X, xp
+
+
+def agreed_X_message(gathered, estimator, allow_local_empty=True):
+    """The message every rank raises for the ranks' ``(error, facts)`` of ``validate_data(agree=False)``, or None."""
+    return _distributed_message(gathered, type(estimator).__name__, allow_local_empty)
 
 
 def _spmd_size(estimator):

@@ -14,7 +14,8 @@ import os
 
 import numpy as np
 
-__all__ = ["augmented_gram", "logistic_pass", "GRAM_MAX_COLUMNS", "LOGISTIC_MAX_FEATURES", "GRAM_KERNELS"]
+__all__ = ["augmented_gram", "logistic_pass", "LogisticPass", "GRAM_MAX_COLUMNS", "LOGISTIC_MAX_FEATURES",
+           "GRAM_KERNELS"]
 
 #: Largest ``k = d + t + 1`` of the Gram kernel: its ``(k / 4)(k / 4 + 1) / 2`` register tiles fit one
 #: block of at most 512 threads.  Wider problems are compute-bound and go to cuBLAS on float64 chunks.
@@ -107,15 +108,6 @@ def _allow_shared(fn, smem):
 def _sum_grid(outputs):
     """Blocks of a partial-sum kernel for ``outputs`` sums: one warp each (a function of the count alone)."""
     return max(1, min(-(-outputs * 32 // _SUM_THREADS), 1 << 16))
-
-
-def _sum_blocks(partial, nblocks, m):
-    import cupy
-
-    out = cupy.empty(m, dtype=cupy.float64)
-    _function("mpiml_linear_sum_blocks")((_sum_grid(m),), (_SUM_THREADS,),
-                                         (partial, np.int32(nblocks), np.int64(m), out))
-    return out
 
 
 def supported(X):
@@ -305,42 +297,107 @@ def logistic_pass(X, y01, sw, coef, bias, vec=None, vbias=0.0, pack=None):
     ``pack=(fit_intercept, scale, fp)``: the same sums laid out for the
     objective's allreduce instead, ``[Σ sw·loss (without vec), Σ g x,
     scale Σ g (if fit_intercept), fp, fp²]`` (the same bits, one kernel).
+    A solver that evaluates many points of one shard keeps a :class:`LogisticPass`.
     """
-    import cupy
+    fi, scale, fp = (None, 1.0, 0.0) if pack is None else pack
+    # (a pageable copy of the point: this call's staging buffer is not kept past it)
+    return LogisticPass(X, y01, sw, fit_intercept=fi, scale=scale, pinned=False)(coef, bias, vec, vbias, fp)
 
-    n, d = X.shape
-    if d > LOGISTIC_MAX_FEATURES:
-        raise ValueError(f"logistic_pass takes at most {LOGISTIC_MAX_FEATURES} features; got {d}")
-    cpl = 1
-    while 32 * cpl < d:
-        cpl *= 2
-    mode = 0 if vec is None else 1
-    warps = _LOGISTIC_THREADS // 32
-    rows = 16 if cpl <= 2 else (8 if cpl == 4 else 4)      # a warp's batch of rows (mpiml_linear_rows in linear.cu)
-    ctype = _TYPES[np.dtype(X.dtype)]
-    fn = _function(f"mpiml_linear_logistic<{ctype}, {mode}, {cpl}>")
-    # one wave: as many blocks as are resident on every SM at once (the warps stride over the row batches)
-    nblocks = int(max(1, min((n + warps * rows - 1) // (warps * rows), _wave(fn, _LOGISTIC_THREADS, regs_unknown=64))))
-    partial = cupy.empty(nblocks * (d + 2), dtype=cupy.float64)
-    # the point (and the direction) in one copy to the device
-    dev = cupy.asarray(np.ascontiguousarray(np.concatenate([coef, vec]) if mode else coef, dtype=np.float64))
-    cw = dev[:d]
-    cv = dev[d:] if mode else cw
-    if n == 0:
-        if pack is None:
-            return cupy.zeros(d + 2, dtype=cupy.float64)
-        nblocks = 1
-        partial = cupy.zeros(d + 2, dtype=cupy.float64)
-    else:
-        fn((nblocks,), (_LOGISTIC_THREADS,),
-           (X, np.int64(n), np.int32(d), y01, sw, cw, np.float64(bias), cv, np.float64(vbias), partial),
-           shared_mem=warps * d * 8)
-    if pack is None:
-        return _sum_blocks(partial, nblocks, d + 2)
-    fi, scale, fp = pack
-    loss = 1 - mode
-    out = cupy.empty(loss + d + int(fi) + 2, dtype=cupy.float64)
-    _function("mpiml_linear_sum_pack")((_sum_grid(out.size),), (_SUM_THREADS,),
-                                       (partial, np.int32(nblocks), np.int32(d), np.int32(loss), np.int32(int(fi)),
-                                        np.float64(scale), np.float64(fp), out))
-    return out
+
+class LogisticPass:
+    """:func:`logistic_pass` prepared once for one shard ``(X, y01, sw)`` and one packing.
+
+    ``fit_intercept=None``: the plain ``[loss | Σ g | Σ g x]`` layout; True or False: the packed layout
+    of the objective's allreduce (see :func:`logistic_pass`).  What every evaluation of an optimiser
+    repeated is made once here: the kernels and their grids, the blocks' partials buffer, and a pinned
+    host buffer from which the point (and the direction) reaches the device by one asynchronous copy
+    (a pageable copy waits for the host and costs several times more).  Each call returns a new device
+    vector; calls on the same stream follow one another.  ``pinned=False``: a plain copy of the point instead
+    (for a pass used once, whose staging buffer may be dropped before its copy ran).
+    """
+
+    def __init__(self, X, y01, sw, *, fit_intercept=None, scale=1.0, pinned=True):
+        import cupy
+        import cupyx
+
+        n, d = X.shape
+        if d > LOGISTIC_MAX_FEATURES:
+            raise ValueError(f"logistic_pass takes at most {LOGISTIC_MAX_FEATURES} features; got {d}")
+        self.X, self.y01, self.sw = X, y01, sw
+        self.n, self.d = n, d
+        self.packed = fit_intercept is not None
+        self.fi = int(bool(fit_intercept))
+        self.scale = float(scale)
+        cpl = 1
+        while 32 * cpl < d:
+            cpl *= 2
+        self._cpl = cpl
+        self._rows = 16 if cpl <= 2 else (8 if cpl == 4 else 4)   # a warp's batch of rows (mpiml_linear_rows)
+        self._ctype = _TYPES[np.dtype(X.dtype)]
+        self._pinned = pinned
+        self._host = (cupyx.empty_pinned if pinned else np.empty)(2 * max(d, 1), dtype=np.float64)
+        self._dev = cupy.empty(2 * max(d, 1), dtype=cupy.float64)
+        self._copied = cupy.cuda.Event(disable_timing=True)   # the last copy out of _host is done
+        self._cw, self._cv = self._dev[:d], self._dev[d:2 * d]  # (views made once: a CuPy view costs microseconds)
+        self._shape_args = (np.int64(n), np.int32(d))
+        self._modes = {}
+        self._partial = None
+        self._sum = _function("mpiml_linear_sum_pack" if self.packed else "mpiml_linear_sum_blocks")
+
+    def _mode(self, mode):
+        """(function, blocks) of the kernel for ``mode`` (0: loss and gradient, 1: Hessian-vector product)."""
+        found = self._modes.get(mode)
+        if found is None:
+            import cupy
+
+            fn = _function(f"mpiml_linear_logistic<{self._ctype}, {mode}, {self._cpl}>")
+            warps = _LOGISTIC_THREADS // 32
+            # one wave: as many blocks as are resident on every SM at once (the warps stride over the row batches)
+            nblocks = int(max(1, min((self.n + warps * self._rows - 1) // (warps * self._rows),
+                                     _wave(fn, _LOGISTIC_THREADS, regs_unknown=64))))
+            if self._partial is None or self._partial.size < nblocks * (self.d + 2):
+                self._partial = cupy.empty(nblocks * (self.d + 2), dtype=cupy.float64)
+            found = self._modes[mode] = (fn, nblocks, warps * self.d * 8)
+        return found
+
+    def __call__(self, coef, bias, vec=None, vbias=0.0, fp=0.0):
+        import cupy
+
+        d, n = self.d, self.n
+        mode = 0 if vec is None else 1
+        # the point (and the direction) in one copy to the device, from pinned memory; the buffer is
+        # rewritten only once its last copy is done (at once when the caller waited for the last result)
+        self._copied.synchronize()
+        host = self._host
+        host[:d] = coef
+        if mode:
+            host[d:2 * d] = vec
+        stream = cupy.cuda.get_current_stream()
+        if d and self._pinned:
+            cupy.cuda.runtime.memcpyAsync(self._dev.data.ptr, host.ctypes.data, (d << mode) * 8,
+                                          cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        elif d:
+            self._dev[:d << mode].set(host[:d << mode])
+        self._copied.record(stream)
+        cw = self._cw
+        cv = self._cv if mode else cw
+        if n == 0:
+            if not self.packed:
+                return cupy.zeros(d + 2, dtype=cupy.float64)
+            nblocks, partial = 1, cupy.zeros(d + 2, dtype=cupy.float64)
+        else:
+            fn, nblocks, smem = self._mode(mode)
+            partial = self._partial
+            fn((nblocks,), (_LOGISTIC_THREADS,),
+               (self.X, *self._shape_args, self.y01, self.sw, cw, np.float64(bias), cv, np.float64(vbias), partial),
+               shared_mem=smem)
+        if not self.packed:
+            out = cupy.empty(d + 2, dtype=cupy.float64)
+            self._sum((_sum_grid(d + 2),), (_SUM_THREADS,), (partial, np.int32(nblocks), np.int64(d + 2), out))
+            return out
+        loss = 1 - mode
+        out = cupy.empty(loss + d + self.fi + 2, dtype=cupy.float64)
+        self._sum((_sum_grid(out.size),), (_SUM_THREADS,),
+                  (partial, np.int32(nblocks), np.int32(d), np.int32(loss), np.int32(self.fi),
+                   np.float64(self.scale), np.float64(fp), out))
+        return out
