@@ -10,7 +10,13 @@ of ``b = components + 10`` columns by cuSPARSE (``X @ V``, ``X.T @ U``, and on t
 ``Xᵀ`` as CSR), by :mod:`mpiml.kernels.sparse` (gather on ``X`` and on ``Xᵀ``, scatter with atomics);
 forming ``Xᵀ`` (``X.T.tocsr()``); the same for one vector (``b = 1``, sparse Ridge's products); the
 column sums (``mpiml.utils._linalg.column_sums`` and the kernel's row moments of ``Xᵀ``); then whole
-TruncatedSVD fits (defaults but ``n_components``) under each ``MPIML_SPARSE_PRODUCTS`` mode.
+TruncatedSVD fits (defaults but ``n_components``) under each ``MPIML_SPARSE_PRODUCTS`` mode, and in the
+"kernels" mode with the kernel transpose (``MPIML_SPARSE_TRANSPOSE=kernel``) and the device CholeskyQR2
+algebra (``MPIML_RANDOMIZED_ALGEBRA=device``), each alone and both.  ``--timeline``: one more fit of each
+of those, its steps timed by CUDA events with no synchronisation added (device ms between steps, host ms,
+and where the host stood against the device); ``--trace``: one fit with every function of the decomposition,
+its validation and kernels timed with the device synchronised around each call (``scripts/profile_fit.py``'s
+tracer; serialises the transpose's overlap).
 Floors: the bytes a product must move (the CSR arrays once, the dense block read and the result
 written) at the datasheet HBM bandwidth; the gathers of ``V``'s rows (``nnz * b`` values) come from L2
 when ``V`` fits there and are reported separately.  Prints a table and writes JSON.
@@ -54,6 +60,54 @@ extern "C" __global__ void l2_read(const float4* __restrict__ x, const long long
 """
 
 
+def _timeline_rows(marks):
+    """``[label, device ms since the previous step, host ms since it, device ms since the start, host ms since
+    the start]`` of :func:`mpiml.decomposition._solvers.timeline`'s marks (the device synchronised first)."""
+    import cupy
+
+    marks[-1][1].synchronize()
+    rows = []
+    for (_, e0, t0), (label, e1, t1) in zip(marks, marks[1:]):
+        rows.append([label, cupy.cuda.get_elapsed_time(e0, e1), (t1 - t0) * 1e3,
+                     cupy.cuda.get_elapsed_time(marks[0][1], e1), (t1 - marks[0][2]) * 1e3])
+    return rows
+
+
+def _print_timeline(name, rows):
+    print(f"  timeline of one fit, {name} (device ms a step, host ms a step, device ms / host ms since the start):")
+    for label, dev, host, dev_at, host_at in rows:
+        print(f"    {label:<28}{dev:9.3f} {host:9.3f} {dev_at:10.3f} {host_at:10.3f}")
+
+
+#: The TruncatedSVD fits of the "kernels" mode: name -> the environment they run under.
+_VARIANTS = {"kernels": {},
+             "kernels, kernel transpose": {"MPIML_SPARSE_TRANSPOSE": "kernel"},
+             "kernels, device algebra": {"MPIML_RANDOMIZED_ALGEBRA": "device"},
+             "kernels, kernel transpose + device algebra": {"MPIML_SPARSE_TRANSPOSE": "kernel",
+                                                            "MPIML_RANDOMIZED_ALGEBRA": "device"}}
+_VARIANT_KEYS = ("MPIML_SPARSE_TRANSPOSE", "MPIML_RANDOMIZED_ALGEBRA")
+
+
+def _set_variant(env):
+    for key in _VARIANT_KEYS:
+        os.environ.pop(key, None)
+    os.environ.update(env)
+
+
+def _traced_fit(fit, top):
+    """One fit under ``scripts/profile_fit.py``'s tracer, pointed at the decomposition's modules."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.join(here, "..", "..", "scripts"))
+    import profile_fit
+
+    from mpiml.comm import get_comm
+
+    profile_fit._TRACED = ("mpiml.decomposition._truncated_svd", "mpiml.decomposition._solvers",
+                           "mpiml.decomposition._pca", "mpiml.utils._linalg", "mpiml.utils._validation",
+                           "mpiml.kernels.sparse")
+    profile_fit._trace(fit, get_comm(), print, top)
+
+
 def _l2_read_rate(cp, mib=24, reps=64):
     """Bytes a second that every SM together reads from L2: ``mib`` MiB (fits in L2) read ``reps`` times with
     ``ld.global.cg`` (cached in L2 only), best of 5.  The rate a gather of dense rows that stay in L2 cannot beat."""
@@ -82,6 +136,10 @@ def main(argv=None):
                     "mode (0: none)")
     ap.add_argument("--chunk-bytes", type=int, default=0, help="also time XᵀU with U's rows by chunks of this many "
                     "bytes (MPIML_SPARSE_GATHER_CHUNK_BYTES; 0: not)")
+    ap.add_argument("--timeline", action="store_true", help="one more fit of each kernels variant, its steps timed "
+                    "by CUDA events (no synchronisation added)")
+    ap.add_argument("--trace", type=int, default=0, help="one more fit traced function by function (device "
+                    "synchronised around each call), the top N printed (0: none)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     import cupy as cp
@@ -113,6 +171,11 @@ def main(argv=None):
     t = res["times_s"]
     XT = X.T.tocsr()
     t["transpose X.T.tocsr()"] = best_seconds(lambda: X.T.tocsr(), args.repeats, sync)
+    t["transpose kernel"] = best_seconds(lambda: sparse.csr_transpose(X), args.repeats, sync)
+    XTk = sparse.csr_transpose(X)
+    res["transpose kernel equals cusparse"] = None if XTk is None else bool(
+        (XTk.indptr == XT.indptr).all() and (XTk.indices == XT.indices).all() and (XTk.data == XT.data).all())
+    del XTk
     t["XV cusparse"] = best_seconds(lambda: X @ V, args.repeats, sync)
     for gather in sparse.GATHERS:       # the float4 gather (default) and the value-a-lane one
         os.environ["MPIML_SPARSE_GATHER"] = gather
@@ -183,6 +246,12 @@ def main(argv=None):
         fits[mode] = best_seconds(lambda: est.fit(X), 3, sync)
         fits[mode + " singular_values"] = est.singular_values_.get().tolist()
         if mode == "kernels":             # the same fit with the value-a-lane gather, for comparison
+            for name, env in _VARIANTS.items():
+                if env:
+                    _set_variant(env)
+                    fits[name] = best_seconds(lambda: est.fit(X), 3, sync)
+                    fits[name + " singular_values"] = est.singular_values_.get().tolist()
+            _set_variant({})
             os.environ["MPIML_SPARSE_GATHER"] = "scalar"
             fits["kernels, scalar gather"] = best_seconds(lambda: est.fit(X), 3, sync)
             os.environ.pop("MPIML_SPARSE_GATHER", None)
@@ -206,6 +275,22 @@ def main(argv=None):
         ridge[mode + " (defaults)"] = best_seconds(lambda: est_i.fit(X, y), 3, sync)
         ridge[mode + " iterations"] = int(np.sum(est_i._n_krylov_iter))
     os.environ.pop("MPIML_SPARSE_PRODUCTS", None)
+    if args.timeline and "kernels" in args.fits.split(","):
+        from mpiml.decomposition._solvers import timeline
+
+        res["timelines"] = {}
+        for name, env in _VARIANTS.items():
+            _set_variant(env)
+            est = TruncatedSVD(args.components)
+            est.fit(X)
+            sync()
+            with timeline() as marks:
+                est.fit(X)
+            rows = res["timelines"][name] = _timeline_rows(marks)
+            _print_timeline(name, rows)
+        _set_variant({})
+    if args.trace:
+        _traced_fit(lambda: TruncatedSVD(args.components).fit(X), args.trace)
     op = sla.LinearOperator((d, d), matvec=lambda q: XT @ (X @ q) + 1.0 * q, dtype=X.dtype)
     rhs = XT @ y
     ridge["cupyx cg peer (XT formed outside)"] = best_seconds(lambda: sla.cg(op, rhs, rtol=1e-4), 3, sync)

@@ -242,6 +242,119 @@ def test_sparse_fits_equal_at_any_rank_count(mpi, n):
     mpi(os.path.join(HERE, "gpu_sparse_spmd_script.py"), n, timeout=240)
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_sparse_fits_equal_at_any_rank_count_device_algebra(mpi, n):
+    """The same with the kernel transpose and the randomized SVD's CholeskyQR2 algebra on the device."""
+    mpi(os.path.join(HERE, "gpu_sparse_spmd_script.py"), n, timeout=240,
+        env={"MPIML_SPARSE_TRANSPOSE": "kernel", "MPIML_RANDOMIZED_ALGEBRA": "device"})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_csr_transpose_equals_cusparse(dtype):
+    """The kernel transpose gives the arrays of cuSPARSE's conversion (canonical input), whatever the order of its
+    atomics (two runs equal); unsorted rows too; duplicates as the same matrix; a column past max_run: None."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    from mpiml.kernels import sparse
+
+    for n, m, density in ((700, 450, 0.05), (3000, 40, 0.5), (50, 5000, 0.01), (1, 7, 1.0), (9000, 3, 0.9)):
+        A = csp.csr_matrix(_csr(n, m, density, dtype, n + m))
+        T = sparse.csr_transpose(A)
+        if int(cp.diff(A.tocsc().indptr).max()) > sparse.TRANSPOSE_MAX_RUN:
+            assert T is None                                   # a column too long for the sort: cuSPARSE's
+            continue
+        R = A.T.tocsr()
+        assert T.shape == (m, n) and T.dtype == A.dtype
+        for name in ("indptr", "indices", "data"):
+            assert bool((getattr(T, name) == getattr(R, name)).all()), (n, m, name)
+        T2 = sparse.csr_transpose(A)
+        assert bool((T2.indices == T.indices).all()) and bool((T2.data == T.data).all())
+    # rows with unsorted indices: the transpose is the same matrix, its rows sorted
+    A = _csr(300, 200, 0.1, dtype, 5)
+    B = A.copy()
+    for i in range(B.shape[0]):
+        lo, hi = B.indptr[i], B.indptr[i + 1]
+        B.indices[lo:hi] = B.indices[lo:hi][::-1].copy()
+        B.data[lo:hi] = B.data[lo:hi][::-1].copy()
+    T = sparse.csr_transpose(csp.csr_matrix(B))
+    R = csp.csr_matrix(A).T.tocsr()
+    assert bool((T.indices == R.indices).all()) and bool((T.data == R.data).all())
+    D = _csr(60, 10, 0.3, dtype, 12, duplicates=True)
+    T = sparse.csr_transpose(csp.csr_matrix(D))
+    u = np.random.RandomState(1).standard_normal(60).astype(dtype)
+    np.testing.assert_allclose((T @ cp.asarray(u)).get(), D.T @ u, rtol=1e-5, atol=1e-5)
+    assert sparse.csr_transpose(csp.csr_matrix(A), max_run=3) is None
+    assert sparse.csr_transpose(csp.csr_matrix(A), max_run=300) is not None
+
+
+def test_small_cholinv_flags():
+    """The device's l x l algebra of a CholeskyQR round: R and R⁻¹ as the host's, and its deferred checks."""
+    import cupy as cp
+
+    from mpiml.kernels import sparse
+
+    rs = np.random.RandomState(8)
+    for l in (1, 5, 26, 64):
+        A = rs.standard_normal((4 * l + 10, l)) @ np.diag(np.logspace(0, 2, l))
+        G = A.T @ A
+        flag = cp.zeros(1, dtype=cp.int32)
+        R, Rinv = sparse.small_cholinv(cp.asarray(G), flag, 1e7)
+        np.testing.assert_allclose(R.get(), np.linalg.cholesky(G).T, rtol=1e-10, atol=1e-10 * np.abs(G).max() ** .5)
+        np.testing.assert_allclose((R @ Rinv).get(), np.eye(l), atol=1e-10)
+        assert int(flag.get()[0]) == 0
+    G = np.diag([4.0, -1.0, 9.0])
+    flag = cp.zeros(1, dtype=cp.int32)
+    sparse.small_cholinv(cp.asarray(G), flag)
+    assert int(flag.get()[0]) == 1
+    A = rs.standard_normal((100, 10)) @ np.diag(np.logspace(0, 9, 10))
+    flag = cp.zeros(1, dtype=cp.int32)
+    sparse.small_cholinv(cp.asarray(A.T @ A), flag, 1e7)
+    assert int(flag.get()[0]) == 2
+    flag = cp.zeros(1, dtype=cp.int32)
+    sparse.small_cholinv(cp.asarray(A.T @ A), flag, 0.0)
+    assert int(flag.get()[0]) == 0
+    with pytest.raises(ValueError, match="1 to 64"):
+        sparse.small_cholinv(cp.zeros((65, 65)), flag)
+
+
+def test_truncated_svd_device_algebra_equals_host(monkeypatch):
+    """TruncatedSVD with the kernel transpose and the device CholeskyQR2 algebra (every normaliser) gives the host
+    fit; an iterate past CholeskyQR2's limit fails the deferred check and runs again with the host's algebra."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+    import scipy.sparse as sp
+
+    from mpiml.decomposition import PCA, TruncatedSVD
+    from mpiml.decomposition._solvers import timeline
+
+    monkeypatch.setenv("MPIML_SPARSE_TRANSPOSE", "kernel")
+    monkeypatch.setenv("MPIML_RANDOMIZED_ALGEBRA", "device")
+    X = _csr(2500, 300, 0.02, np.float64, 21)
+    X.data = np.abs(X.data)
+    Xg = csp.csr_matrix(X)
+    for norm in ("auto", "CholeskyQR2", "QR", "none"):
+        h = TruncatedSVD(6, power_iteration_normalizer=norm, random_state=0).fit(X)
+        g = TruncatedSVD(6, power_iteration_normalizer=norm, random_state=0).fit(Xg)
+        np.testing.assert_allclose(g.singular_values_.get(), h.singular_values_, rtol=1e-8)
+        np.testing.assert_allclose(g.components_.get(), h.components_, rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(g.explained_variance_ratio_.get(), h.explained_variance_ratio_, rtol=1e-8)
+    D = np.random.RandomState(4).standard_normal((20000, 40)) @ np.diag(np.linspace(3, 0.1, 40))
+    h = PCA(5, svd_solver="randomized", random_state=0).fit(D)
+    g = PCA(5, svd_solver="randomized", random_state=0).fit(cp.asarray(D))
+    np.testing.assert_allclose(g.components_.get(), h.components_, rtol=1e-6, atol=1e-8)
+    # rank one plus noise at 1e-12: the iterate's condition passes CholeskyQR2's limit
+    rs = np.random.RandomState(5)
+    R1 = sp.csr_matrix(np.outer(rs.rand(3000), rs.rand(200)) + 1e-12 * rs.rand(3000, 200))
+    h = TruncatedSVD(3, random_state=0).fit(R1)
+    with timeline() as marks:
+        g = TruncatedSVD(3, random_state=0).fit(csp.csr_matrix(R1))
+    assert [m[0] for m in marks].count("X V 0") == 2               # the device's attempt, then the host's
+    np.testing.assert_allclose(g.singular_values_.get()[0], h.singular_values_[0], rtol=1e-10)
+    np.testing.assert_allclose(np.abs(g.components_.get()[0]), np.abs(h.components_[0]), rtol=1e-8, atol=1e-12)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_dense_column_moments(dtype):
     import cupy as cp

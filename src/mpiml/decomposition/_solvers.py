@@ -13,7 +13,9 @@ Every rank runs the same arithmetic on replicated small matrices, so every
 rank takes the same branches and the same number of iterations.
 """
 
+import contextlib
 import os
+import time
 import warnings
 from numbers import Integral
 
@@ -26,6 +28,34 @@ from ..kernels import sparse as _sparse_kernels
 from ..utils._linalg import orthonormalize, tsqr
 
 __all__ = ["gaussian_matrix", "randomized_svd", "block_lanczos_svd", "resolve_normalizer", "CentredRows", "SparseRows"]
+
+
+# ---------------------------------------------------------------------- timeline (benchmarks)
+_TIMELINE = None
+
+
+@contextlib.contextmanager
+def timeline():
+    """Within it, the fits on CuPy data record ``(label, CUDA event, host seconds)`` at each step into the list
+    it yields (no synchronisation: the events time the device's work and idleness between the steps as the fit
+    ran; ``benchmarks/sparse/spmm_gpu.py --timeline`` prints them).  Not thread-safe; for benchmarks."""
+    global _TIMELINE
+    _TIMELINE = marks = []
+    try:
+        yield marks
+    finally:
+        _TIMELINE = None
+
+
+def mark(label, xp=None):
+    """Record a step of the fit under :func:`timeline` (nothing otherwise, nor on host data)."""
+    if _TIMELINE is None or xp is np:
+        return
+    import cupy
+
+    ev = cupy.cuda.Event()
+    ev.record()
+    _TIMELINE.append((label, ev, time.perf_counter()))
 
 
 # ---------------------------------------------------------------------- operator
@@ -78,6 +108,7 @@ class SparseRows:
                 self._XT, ready = device_transpose(self.X), None
             if ready is not None:
                 cupy.cuda.get_current_stream().wait_event(ready)
+            mark("wait for the transpose", cupy)
         return self._XT
 
     def matmul(self, V, xp):
@@ -130,9 +161,13 @@ def _transpose_aside(X):
         side = _SIDE_STREAMS[dev] = cupy.cuda.Stream(non_blocking=True)
     side.wait_event(cupy.cuda.get_current_stream().record())
 
+    how = _sparse_kernels.transpose_mode()
+    if how == "kernel" and _sparse_kernels.supported(X):
+        _sparse_kernels.transpose_functions(X.dtype)      # loaded here, not by the worker
+
     def convert():
         with cupy.cuda.Device(dev), side:
-            XT = X.T.tocsr()
+            XT = device_transpose(X, how)
             return XT, side.record()
 
     if not _WORKER:
@@ -142,9 +177,19 @@ def _transpose_aside(X):
     return _WORKER[0].submit(convert)
 
 
-def device_transpose(X):
-    """``Xᵀ`` as CSR for a non-empty ``cupyx`` CSR shard, else None (host SciPy needs no help)."""
+def device_transpose(X, how=None):
+    """``Xᵀ`` as CSR for a non-empty ``cupyx`` CSR shard, else None (host SciPy needs no help).
+
+    ``how`` (default: ``MPIML_SPARSE_TRANSPOSE``, :data:`mpiml.kernels.sparse.TRANSPOSES`): ``"kernel"`` forms it
+    by :func:`mpiml.kernels.sparse.csr_transpose` where the kernels take ``X`` and no column is too long for its
+    sort, else by cuSPARSE (``X.T.tocsr()``), the same arrays either way.
+    """
     if type(X).__module__.startswith("cupyx") and getattr(X, "format", None) == "csr" and X.nnz and X.shape[0]:
+        how = _sparse_kernels.transpose_mode() if how is None else how
+        if how == "kernel" and _sparse_kernels.supported(X):
+            XT = _sparse_kernels.csr_transpose(X)
+            if XT is not None:
+                return XT
         return X.T.tocsr()
     return None
 
@@ -331,8 +376,91 @@ def _small_svd(R, xp):
     return tuple(xp.asarray(a) for a in np.linalg.svd(to_numpy(R), full_matrices=False))
 
 
+#: Where the CholeskyQR2 rounds of :func:`randomized_svd` on CuPy data do their ``l x l`` algebra
+#: (environment ``MPIML_RANDOMIZED_ALGEBRA``, read when a fit starts): ``"host"`` (default): the Gram matrix
+#: is copied to the host every round (Cholesky, condition check, triangular inverse there; a wait on the device
+#: each round, 14 a default fit); ``"device"``: one kernel a round (:func:`mpiml.kernels.sparse.small_cholinv`)
+#: whose checks are read once, with the final ``l x l`` factor: if one failed (not positive definite, or an
+#: iterate past CholeskyQR2's condition limit), the range finder runs again from the same random matrix with the
+#: host's algebra (and its TSQR fallback).  For ``l <= 64``.
+ALGEBRAS = ("host", "device")
+
+
+def algebra_mode():
+    """Where randomized_svd's CholeskyQR2 algebra runs on CuPy data, from ``MPIML_RANDOMIZED_ALGEBRA``."""
+    return _sparse_kernels._env_choice("MPIML_RANDOMIZED_ALGEBRA", ALGEBRAS)
+
+
+def _cholqr2_device(A, comm, flag, xp):
+    """``(Q, R)`` of the row-distributed ``A`` by CholeskyQR2 with no wait on the device: the Gram matrix by the
+    one-read kernel (float64), summed over ``comm``, factored by :func:`mpiml.kernels.sparse.small_cholinv`; its
+    checks (round 1: positive definite and CholeskyQR2's condition limit; round 2: positive definite) are ORed
+    into ``flag`` for the caller to read later.  ``R`` float64, ``Q`` in ``A``'s dtype."""
+    from ..utils._linalg import CHOLQR2_MAX_COND, augmented_gram
+
+    l = A.shape[1]
+    Q, R = A, None
+    for rnd in range(2):
+        G = augmented_gram(Q)[:l, :l] if Q.shape[0] else xp.zeros((l, l), dtype=xp.float64)
+        if comm.size > 1:
+            G = comm.allreduce(xp.ascontiguousarray(G))
+        Rr, Rinv = _sparse_kernels.small_cholinv(G, flag, CHOLQR2_MAX_COND if rnd == 0 else 0.0)
+        Q = Q @ Rinv.astype(A.dtype, copy=False)
+        R = Rr if R is None else Rr @ R
+    return Q, R
+
+
+def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, device):
+    """``(Q, Uhat, s, Vt)`` of randomized_svd's untransposed case from the random matrix ``Omega``: ``X ≈ Q Uhat
+    diag(s) Vt``.  ``device``: the CholeskyQR2 rounds by :func:`_cholqr2_device`, whose checks are read once at
+    the end with the ``l x l`` factor of the final SVD; None when one failed (on every rank alike)."""
+    flag = xp.zeros(1, dtype=xp.int32) if device else None
+
+    def orth(Y, how, on):
+        if how is None:
+            return Y
+        if device and how == "cholesky_qr2":
+            return _cholqr2_device(Y, on, flag, xp)[0]
+        return orthonormalize(Y, on, method=how)
+
+    Y = _matvec(X, Omega)                                         # (n_local, l), distributed
+    mark("X V 0", xp)
+    for it in range(1, n_iter + 1):
+        if dist_step is not None:
+            Y = orth(Y, dist_step, comm)
+            mark(f"normalise X V {it - 1}", xp)
+        Z = _rmatvec(X, Y, comm, xp)                              # (d, l), replicated
+        mark(f"Xt U {it}", xp)
+        if repl_step is not None:                                 # the replicated iterate: one rank's algebra
+            Z = orth(Z, repl_step, _Alone) if device and repl_step == "cholesky_qr2" else _local_orth(Z, xp)
+            mark(f"normalise Xt U {it}", xp)
+        Y = _matvec(X, Z)
+        mark(f"X V {it}", xp)
+    Q = orth(Y, final, comm)                                      # (n_local, m)
+    mark("orthonormalise X V", xp)
+    B = _rmatvec(X, Q, comm, xp).T                                # (m, d) = Q^T X, replicated
+    mark("Qt X", xp)
+    if not device:
+        Uhat, s, Vt = _wide_svd(B, xp)
+        mark("SVD of Qt X", xp)
+        return Q, Uhat, s, Vt
+    # Bᵀ = Qb Rb, then the SVD of Rb on the host: the only wait on the device, which also brings the checks
+    Qb, Rb = _cholqr2_device(xp.ascontiguousarray(B.T), _Alone, flag, xp)
+    m = Rb.shape[0]
+    both = to_numpy(xp.concatenate([Rb.ravel(), flag.astype(xp.float64)]))
+    failed = float(both[-1]) != 0.0
+    if comm.size > 1:   # the checks act on replicated matrices, alike everywhere; agreed on all the same
+        failed = bool(np.asarray(comm.allreduce(np.array([float(failed)])))[0] > 0)
+    mark("SVD of Qt X", xp)
+    if failed:
+        return None
+    Ur, s, Vrt = np.linalg.svd(both[:-1].reshape(m, m), full_matrices=False)
+    # B = Rbᵀ Qbᵀ = Vrtᵀ diag(s) Urᵀ Qbᵀ
+    return Q, xp.asarray(Vrt.T), xp.asarray(s), (Qb @ xp.asarray(Ur)).T
+
+
 def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversamples=10, n_iter=4,
-                   power_iteration_normalizer="auto", random_state=None, transpose="auto"):
+                   power_iteration_normalizer="auto", random_state=None, transpose="auto", want_u=True):
     """Randomised truncated SVD of the row-distributed ``X`` (Halko, Martinsson, Tropp 2011).
 
     Parameters
@@ -351,10 +479,12 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
     transpose : bool or "auto", default="auto"
         Work on ``X.T`` (scikit-learn's choice: when ``n < d``).  The random
         matrix then has one row per sample; each rank takes its rows of it.
+    want_u : bool, default=True
+        False: ``U_local`` is not formed (None; TruncatedSVD projects ``X`` instead).
 
     Returns
     -------
-    U_local : ndarray of shape (n_local, n_components)
+    U_local : ndarray of shape (n_local, n_components) or None
         This rank's rows of U.
     s : ndarray of shape (n_components,), replicated
     Vt : ndarray of shape (n_components, d), replicated
@@ -392,16 +522,15 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
 
     if not transpose:
         Omega = gaussian_matrix(random_state, (d, n_random), comm, xp, dtype)
-        Y = _matvec(X, Omega)                                     # (n_local, l), distributed
-        for _ in range(n_iter):
-            Y = dist_norm(Y, dist_step)
-            Z = repl_norm(_rmatvec(X, Y, comm, xp), repl_step)    # (d, l), replicated
-            Y = _matvec(X, Z)
-        Q = orthonormalize(Y, comm, method=final)                 # (n_local, m)
-        B = _rmatvec(X, Q, comm, xp).T                            # (m, d) = Q^T X, replicated
-        Uhat, s, Vt = _wide_svd(B, xp)
-        U = Q @ Uhat.astype(dtype, copy=False)
-        return U[:, :n_components], s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
+        mark("random matrix", xp)
+        out = None
+        if xp is not np and algebra_mode() == "device" and n_random <= _sparse_kernels.SMALL_MAX:
+            out = _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, device=True)
+        if out is None:   # host algebra, or a deferred check of the device's failed: again from the same Omega
+            out = _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, device=False)
+        Q, Uhat, s, Vt = out
+        U = (Q @ Uhat[:, :n_components].astype(dtype, copy=False)) if want_u else None
+        return U, s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
 
     # transposed: M = X.T (d x n); the random matrix has one row per global sample
     Omega = gaussian_matrix(random_state, (n_rows, n_random), comm, xp, dtype)[row_offset:row_offset + n_local]
@@ -415,9 +544,9 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
     Q2, R = tsqr(_matvec(X, Q), comm, want_q=True)               # X Q = Q2 R
     Ur, s, Vrt = _small_svd(R, xp)                               # R = Ur diag(s) Vrt
     # B = Vrt^T diag(s) (Q2 Ur)^T  ->  M = (Q Vrt^T) diag(s) (Q2 Ur)^T,  X = (Q2 Ur) diag(s) (Q Vrt^T)^T
-    U = Q2 @ Ur.astype(dtype, copy=False)
+    U = (Q2 @ Ur[:, :n_components].astype(dtype, copy=False)) if want_u else None
     Vt = (Q.astype(xp.float64) @ Vrt.T).T
-    return U[:, :n_components], s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
+    return U, s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
 
 
 # ---------------------------------------------------------------------- block Lanczos

@@ -11,7 +11,7 @@ from ..kernels import sparse as _sparse_kernels
 from ..utils._linalg import column_sq_dev, column_sums, is_sparse, svd_flip_rows
 from ..utils._param_validation import Interval, StrOptions
 from ._pca import _allreduce, _check_local, validate_local_rows, validated_rows
-from ._solvers import SparseRows, block_lanczos_svd, randomized_svd
+from ._solvers import SparseRows, block_lanczos_svd, mark, randomized_svd
 
 __all__ = ["TruncatedSVD"]
 
@@ -208,11 +208,14 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         """
         self._validate_params()
         comm = self._get_comm()
+        mark("start")
         X, xp, counts, _ = validated_rows(self, X, comm, ensure_min_features=2)
+        mark("validate", xp)
         n, d = int(counts.sum()), X.shape[1]
         k = self.n_components
         # a cupyx CSR shard: the sparse kernels, Xᵀ stored once per fit (see SparseRows)
         operand = SparseRows(X) if is_sparse(X) and xp is not np else X
+        mark("operand (transpose queued)", xp)
         if self.algorithm == "arpack":
             if not k < min(n, d):  # scikit-learn passes scipy's svds message on; the shape follows it here
                 raise ValueError(f"`k` must be an integer satisfying `0 < k < min(A.shape)`. (n_components={k}, "
@@ -225,14 +228,17 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
             _, S, Vt = randomized_svd(operand, k, comm=comm, xp=xp, n_rows=n, row_offset=int(counts[:comm.rank].sum()),
                                       n_oversamples=self.n_oversamples, n_iter=self.n_iter,
                                       power_iteration_normalizer=self.power_iteration_normalizer,
-                                      random_state=self.random_state)
+                                      random_state=self.random_state, want_u=False)
         _, Vt = svd_flip_rows(Vt)
         self.components_ = xp.ascontiguousarray(Vt.astype(X.dtype, copy=False))
+        mark("signs", xp)
         X_transformed = operand.matmul(self.components_.T, xp) if operand is not X else X @ self.components_.T
+        mark("X components_.T", xp)
         full_var, exp_var = _global_variances(operand, X_transformed, n, comm=comm, xp=xp)
         self.explained_variance_ = exp_var.astype(X.dtype)
         self.explained_variance_ratio_ = (exp_var / full_var).astype(X.dtype)
         self.singular_values_ = S.astype(X.dtype, copy=False)
+        mark("variances", xp)
         return X_transformed
 
     def _on(self, xp):

@@ -14,7 +14,9 @@ costs about one read of the CSR arrays plus those gathers.
 * :func:`csr_row_moments` -- per row the sum and the shifted sum of squares of the stored values
   (run on a stored ``Xᵀ``: the column moments of ``X``), deterministic;
 * :func:`dense_column_moments` -- the same per column of a dense CuPy matrix, one read, deterministic;
-* :func:`column_pieces` -- one-vector products ``A x`` and ``Aᵀ u`` from shared memory (sparse Ridge).
+* :func:`column_pieces` -- one-vector products ``A x`` and ``Aᵀ u`` from shared memory (sparse Ridge);
+* :func:`csr_transpose` -- ``Aᵀ`` as CSR (counts, a scan, an atomic fill and a sort of each row in shared
+  memory), the same arrays as cuSPARSE's conversion (``A.T.tocsr()``) for canonical ``A``.
 
 Products accumulate in float64 whatever the values' dtype (float32 or float64)
 and are written in the dtype asked for.  The kernels load through
@@ -28,7 +30,8 @@ import sys
 import numpy as np
 
 __all__ = ["PRODUCTS", "products_mode", "GATHERS", "gather_mode", "gather_chunks", "GatherChunks", "for_shard", "supported", "csr_matmul", "csr_rmatmul_scatter", "csr_normal_vec", "csr_row_moments",
-           "dense_column_moments", "column_pieces", "ColumnPieces", "plan", "FILES", "expressions"]
+           "dense_column_moments", "column_pieces", "ColumnPieces", "plan", "FILES", "expressions", "TRANSPOSES",
+           "transpose_mode", "csr_transpose", "TRANSPOSE_MAX_RUN", "small_cholinv", "SMALL_MAX"]
 
 FILES = ("sparse/spmm.cu",)
 _THREADS = 256                     # MPIML_SPARSE_THREADS in spmm.cu
@@ -54,7 +57,8 @@ def expressions():
         out += [f"mpiml_csr_normal_vec<{t}, {g}, {w}>" for g in (4, 8, 16, 32) for w in ("false", "true")]
         out += [f"mpiml_csr_piece_dot<{t}, {g}>" for g in (4, 8, 16, 32)]
         out += [f"mpiml_csr_piece_scatter<{t}, {g}>" for g in (4, 8, 16, 32)]
-    out.append("mpiml_csr_split")
+        out += [f"mpiml_csr_transpose_fill<{t}>", f"mpiml_csr_sort_runs<{t}>"]
+    out += ["mpiml_csr_split", "mpiml_csr_col_counts", "mpiml_small_cholinv"]
     return out
 
 
@@ -505,6 +509,94 @@ def column_pieces(A, max_pieces=MAX_PIECES):
     widest = int(np.diff(cuts).max()) * item if d else 0
     blocks = _sm_count() * max(1, min(2, per_sm // max(1, widest + 1024)))
     return ColumnPieces(A, ptr, cuts, widest, blocks)
+
+
+# ---------------------------------------------------------------------- the transpose
+#: How a fit forms ``Xᵀ`` as CSR (environment ``MPIML_SPARSE_TRANSPOSE``, read when the conversion starts):
+#: ``"cusparse"`` (default): ``X.T.tocsr()`` (cuSPARSE's csr2csc, 9.1 ms at 10^8 values on an H100);
+#: ``"kernel"``: :func:`csr_transpose` (the same arrays; cuSPARSE's conversion when a column of ``X`` holds more
+#: than :data:`TRANSPOSE_MAX_RUN` values).
+TRANSPOSES = ("cusparse", "kernel")
+#: Most values a column of ``A`` may hold for :func:`csr_transpose` (its row of ``Aᵀ`` is sorted in shared
+#: memory: 4096 (index, value) pairs are 48 KiB in float64).
+TRANSPOSE_MAX_RUN = 4096
+
+
+def transpose_mode():
+    """How ``Xᵀ`` is formed, from ``MPIML_SPARSE_TRANSPOSE`` (see :data:`TRANSPOSES`)."""
+    return _env_choice("MPIML_SPARSE_TRANSPOSE", TRANSPOSES)
+
+
+def transpose_functions(dtype):
+    """The three kernels of :func:`csr_transpose` for values of ``dtype``, loaded (on the calling thread: a fit
+    loads them before its worker thread converts)."""
+    T = _TYPES[np.dtype(dtype)]
+    return (_function("mpiml_csr_col_counts"), _function(f"mpiml_csr_transpose_fill<{T}>"),
+            _function(f"mpiml_csr_sort_runs<{T}>"))
+
+
+def csr_transpose(A, max_run=None):
+    """``Aᵀ`` as a ``cupyx`` CSR matrix (see :func:`supported`), or None when a column of ``A`` holds more than
+    ``max_run`` (default :data:`TRANSPOSE_MAX_RUN`) values.
+
+    The column counts by atomics, their scan (``Aᵀ``'s row pointers), a fill that puts every stored value in
+    its row of ``Aᵀ`` at a place taken by an atomic, then a block a row of ``Aᵀ`` sorts it by index in shared
+    memory: for ``A`` without duplicate entries, the arrays of ``A.T.tocsr()`` exactly, whatever the order of
+    the atomics (deterministic).  Duplicates stay (as cuSPARSE keeps them), in an order that may vary.  One read
+    back (the longest column, which sizes the sort) on the current stream.  Memory: the counts and a cursor
+    (``n_cols`` int32 each) besides ``Aᵀ``'s arrays.
+    """
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    n_rows, n_cols = A.shape
+    nnz = int(A.nnz)
+    limit = TRANSPOSE_MAX_RUN if max_run is None else int(max_run)
+    count_fn, fill_fn, sort_fn = transpose_functions(A.dtype)
+    counts = cupy.zeros(n_cols + 1, dtype=cupy.int32)
+    if nnz and n_rows:
+        count_fn((int(min(-(-nnz // _THREADS), _sm_count() * 32)),), (_THREADS,),
+                 (A.indices, np.int64(nnz), counts[1:]))
+    longest = int(counts.max().get()) if n_cols else 0
+    if longest > limit:
+        return None
+    ptr = cupy.cumsum(counts, dtype=cupy.int32)          # ptr[0] = 0: Aᵀ's row pointers
+    rows_t = cupy.empty(nnz, dtype=cupy.int32)
+    data_t = cupy.empty(nnz, dtype=A.dtype)
+    if nnz and n_rows:
+        cursor = ptr[:-1].copy()
+        fill_fn((_blocks(_THREADS // 32, n_rows),), (_THREADS,),
+                (A.indptr, A.indices, A.data, np.int64(n_rows), cursor, rows_t, data_t))
+        if longest > 1:
+            p = 2
+            while p < longest:
+                p *= 2
+            sort_fn((int(min(n_cols, _sm_count() * 16)),), (_THREADS,),
+                    (ptr, np.int64(n_cols), np.int32(p), rows_t, data_t),
+                    shared_mem=p * (4 + np.dtype(A.dtype).itemsize))
+    return csp.csr_matrix((data_t, rows_t, ptr), shape=(n_cols, n_rows))
+
+
+# ---------------------------------------------------------------------- small factorisations
+#: Largest ``l`` :func:`small_cholinv` takes (MPIML_SMALL_MAX in spmm.cu).
+SMALL_MAX = 64
+
+
+def small_cholinv(G, flag, max_cond=0.0):
+    """``(R, R⁻¹)`` of ``G = RᵀR`` (Cholesky) for a symmetric ``l x l`` CuPy ``G`` (``l <= SMALL_MAX``), float64,
+    on the device with no read back: one kernel, the checks ORed into the int32 device scalar ``flag`` (1: not
+    positive definite; 2: ``‖R‖_F ‖R⁻¹‖_F > max_cond``, an upper bound of ``cond(R)``; ``max_cond <= 0``: not
+    checked), for the caller to read once later."""
+    import cupy
+
+    l = G.shape[0]
+    if G.shape != (l, l) or not 1 <= l <= SMALL_MAX:
+        raise ValueError(f"small_cholinv takes a square matrix of 1 to {SMALL_MAX} rows; got shape {G.shape}")
+    G = cupy.ascontiguousarray(G, dtype=cupy.float64)
+    R = cupy.empty((l, l), dtype=cupy.float64)
+    Rinv = cupy.empty((l, l), dtype=cupy.float64)
+    _function("mpiml_small_cholinv")((1,), (128,), (G, np.int32(l), np.float64(max_cond), R, Rinv, flag))
+    return R, Rinv
 
 
 # ---------------------------------------------------------------------- which products a shard uses

@@ -62,6 +62,24 @@
 //   consecutive rows; its 256 threads form tc columns x (256 / tc) row lanes (tc a power of two, at
 //   least 32: a warp reads a contiguous piece of a row), then sum the row lanes in shared memory and
 //   write partial[block][0:d] (sums) and partial[block][d:2d] (squares).  Deterministic.
+//
+// The transpose of a CSR matrix (Aᵀ stored as CSR, what XᵀU gathers from), in three launches and a scan:
+// mpiml_csr_col_counts:  counts[indices[j]] += 1 over every stored value (atomics; exact counts).  The caller
+//   scans them into Aᵀ's row pointers and copies those into a cursor per column.
+// mpiml_csr_transpose_fill<T>:  a warp a row of A; each stored value takes the next place of its column by an
+//   atomic on the cursor and writes (row, value) there: Aᵀ's rows hold the right entries in an order that
+//   depends on scheduling.
+// mpiml_csr_sort_runs<T>:  a block a row of Aᵀ sorts its (index, value) pairs by index in shared memory (a
+//   bitonic sort of the row padded to a power of two P <= p_max, pads keyed INT_MAX): Aᵀ's rows then hold
+//   their indices in increasing order, as cuSPARSE's conversion leaves them, whatever the fill's order
+//   (deterministic when A has no duplicate entries: the indices of a row of Aᵀ are then distinct).
+//
+// mpiml_small_cholinv:  the l x l algebra of a CholeskyQR round on the device (l <= 64, one block of 128 threads,
+//   no read back): for a symmetric G (double, row-major), R = Lᵀ with G = L Lᵀ and Rinv = R⁻¹ (row-major,
+//   upper triangular).  *flag |= 1 when G is not positive definite (a pivot not above zero, or not finite:
+//   that pivot is set to 1 and the factorisation goes on), |= 2 when ‖R‖_F ‖R⁻¹‖_F > max_cond (an upper bound
+//   of cond(R), above it by at most a factor l; max_cond <= 0: no check).  The caller reads flag once, later,
+//   and redoes the work another way when it is set.
 
 #ifndef MPIML_SPARSE_THREADS
 #define MPIML_SPARSE_THREADS 256
@@ -515,5 +533,143 @@ mpiml_csr_piece_scatter(const int* __restrict__ p0, const int* __restrict__ p1, 
     for (int c = threadIdx.x; c < width; c += blockDim.x) {
         const T a = acc[c];
         if (a != T(0)) atomicAdd(y + lo + c, double(a));
+    }
+}
+
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_col_counts(const int* __restrict__ indices, const long long nnz, int* __restrict__ counts) {
+    const long long stride = (long long)gridDim.x * MPIML_SPARSE_THREADS;
+    for (long long j = (long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x; j < nnz; j += stride)
+        atomicAdd(counts + __ldcs(indices + j), 1);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_transpose_fill(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
+                         const long long n_rows, int* __restrict__ cursor, int* __restrict__ rows_t,
+                         T* __restrict__ data_t) {
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * (MPIML_SPARSE_THREADS / 32);
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / 32; row < n_rows;
+         row += warps) {
+        const int start = __ldg(indptr + row);
+        const int end = __ldg(indptr + row + 1);
+        for (int j = start + lane; j < end; j += 32) {
+            const int pos = atomicAdd(cursor + __ldcs(indices + j), 1);
+            rows_t[pos] = (int)row;
+            data_t[pos] = __ldcs(data + j);
+        }
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_sort_runs(const int* __restrict__ indptr, const long long n_rows, const int p_max, int* __restrict__ keys,
+                    T* __restrict__ vals) {
+    extern __shared__ __align__(16) unsigned char mpiml_sort_smem[];
+    int* sk = reinterpret_cast<int*>(mpiml_sort_smem);
+    T* sv = reinterpret_cast<T*>(mpiml_sort_smem + (size_t)p_max * sizeof(int));   // p_max even: aligned
+    const int t = threadIdx.x;
+    for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
+        const int start = __ldg(indptr + row);
+        const int m = __ldg(indptr + row + 1) - start;   // the same on every thread of the block
+        if (m <= 1) continue;
+        int P = 2;
+        while (P < m) P <<= 1;
+        for (int i = t; i < P; i += MPIML_SPARSE_THREADS) {
+            sk[i] = i < m ? keys[start + i] : 0x7fffffff;
+            sv[i] = i < m ? vals[start + i] : T(0);
+        }
+        __syncthreads();
+        for (int k = 2; k <= P; k <<= 1) {
+            for (int h = k >> 1; h > 0; h >>= 1) {
+                for (int q = t; q < (P >> 1); q += MPIML_SPARSE_THREADS) {   // the P / 2 pairs (i, i + h)
+                    const int i = ((q & ~(h - 1)) << 1) | (q & (h - 1));
+                    const int o = i + h;
+                    const int a = sk[i], b = sk[o];
+                    if ((a > b) == ((i & k) == 0)) {
+                        sk[i] = b;
+                        sk[o] = a;
+                        const T va = sv[i];
+                        sv[i] = sv[o];
+                        sv[o] = va;
+                    }
+                }
+                __syncthreads();
+            }
+        }
+        for (int i = t; i < m; i += MPIML_SPARSE_THREADS) {
+            keys[start + i] = sk[i];
+            vals[start + i] = sv[i];
+        }
+        __syncthreads();                              // the next row's loads overwrite the shared arrays
+    }
+}
+
+#define MPIML_SMALL_MAX 64
+
+__global__ void __launch_bounds__(128)
+mpiml_small_cholinv(const double* __restrict__ G, const int l, const double max_cond, double* __restrict__ R,
+                    double* __restrict__ Rinv, int* __restrict__ flag) {
+    constexpr int LD = MPIML_SMALL_MAX + 1;      // padded rows of the shared copy
+    __shared__ double S[MPIML_SMALL_MAX * LD];
+    __shared__ double red[2][128];
+    __shared__ int bad;
+    const int t = threadIdx.x;
+    for (int i = t; i < l * l; i += blockDim.x) S[(i / l) * LD + i % l] = G[i];
+    if (t == 0) bad = 0;
+    __syncthreads();
+    for (int j = 0; j < l; ++j) {                 // right-looking Cholesky of the lower triangle, in place
+        if (t == 0) {
+            const double p = S[j * LD + j];
+            if (p > 0.0 && isfinite(p)) {
+                S[j * LD + j] = sqrt(p);
+            } else {
+                bad = 1;
+                S[j * LD + j] = 1.0;
+            }
+        }
+        __syncthreads();
+        const double piv = S[j * LD + j];
+        for (int i = j + 1 + t; i < l; i += blockDim.x) S[i * LD + j] /= piv;
+        __syncthreads();
+        const int m = l - j - 1;
+        for (int q = t; q < m * m; q += blockDim.x) {
+            const int i = j + 1 + q / m, k = j + 1 + q % m;
+            if (k <= i) S[i * LD + k] -= S[i * LD + j] * S[k * LD + j];
+        }
+        __syncthreads();
+    }
+    double sq = 0.0, sq_inv = 0.0;
+    for (int c = t; c < l; c += blockDim.x) {     // column c of L⁻¹ (forward substitution) is row c of R⁻¹
+        double x[MPIML_SMALL_MAX];
+        for (int i = 0; i < l; ++i) {
+            double v = 0.0;
+            if (i >= c) {
+                v = i == c ? 1.0 : 0.0;
+                for (int k = c; k < i; ++k) v -= S[i * LD + k] * x[k];
+                v /= S[i * LD + i];
+            }
+            x[i] = v;
+            Rinv[c * l + i] = v;
+            sq_inv += v * v;
+            const double r = i >= c ? S[i * LD + c] : 0.0;   // R = Lᵀ: R[c][i] = L[i][c]
+            R[c * l + i] = r;
+            sq += r * r;
+        }
+    }
+    red[0][t] = sq;
+    red[1][t] = sq_inv;
+    __syncthreads();
+    if (t == 0) {
+        double a = 0.0, b = 0.0;
+        for (int i = 0; i < blockDim.x; ++i) {
+            a += red[0][i];
+            b += red[1][i];
+        }
+        int f = bad;
+        if (!isfinite(a) || !isfinite(b)) f |= 1;
+        if (max_cond > 0.0 && !(sqrt(a) * sqrt(b) <= max_cond)) f |= 2;
+        if (f) atomicOr(flag, f);
     }
 }
