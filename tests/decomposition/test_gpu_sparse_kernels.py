@@ -242,6 +242,30 @@ def test_sparse_fits_equal_at_any_rank_count(mpi, n):
     mpi(os.path.join(HERE, "gpu_sparse_spmd_script.py"), n, timeout=240)
 
 
+@pytest.mark.parametrize("b", [2, 8, 13, 26, 32])
+def test_padded_products_chain(b):
+    """A padded float32 product (the leading columns of a zero-padded block) equals the plain one, and the next
+    product reads it as it is with the same result as from a contiguous copy."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    from mpiml.kernels import sparse
+
+    A = csp.csr_matrix(_csr(900, 300, 0.05, np.float32, b))
+    AT = A.T.tocsr()
+    V = cp.asarray(np.random.RandomState(b).standard_normal((300, b)).astype(np.float32))
+    Y = sparse.csr_matmul(A, V, padded=True)
+    assert Y.shape == (900, b)
+    assert bool((Y == sparse.csr_matmul(A, V)).all())
+    if b < 4 * sparse._vec4_lanes(b):                               # 2, 13, 26: padded to 8, 16, 32
+        assert not Y.flags.c_contiguous and bool((Y.base[:, b:] == 0).all())
+        assert sparse._padded_view(Y, Y.base.shape[1])
+    Z = sparse.csr_matmul(AT, Y, out_dtype=np.float64)
+    assert bool((Z == sparse.csr_matmul(AT, cp.ascontiguousarray(Y), out_dtype=np.float64)).all())
+    W = cp.asarray(np.random.RandomState(1).standard_normal((300, 40)).astype(np.float32))
+    assert not sparse._padded_view(W[:, 4:4 + min(b, 28)], 40)      # not the leading columns of its block
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 3])
 def test_sparse_fits_equal_at_any_rank_count_device_algebra(mpi, n):

@@ -111,10 +111,12 @@ class SparseRows:
             mark("wait for the transpose", cupy)
         return self._XT
 
-    def matmul(self, V, xp):
-        """``X V`` (centred when ``mean`` is set) of this rank's rows, in ``X``'s dtype."""
+    def matmul(self, V, xp, padded=False):
+        """``X V`` (centred when ``mean`` is set) of this rank's rows, in ``X``'s dtype; ``padded``: uncentred
+        float32 products as the leading columns of a padded block (:func:`mpiml.kernels.sparse.csr_matmul`), which
+        :meth:`rmatmul` reads with no copy."""
         if self.kernels is not None:
-            out = self.kernels.csr_matmul(self.X, V)
+            out = self.kernels.csr_matmul(self.X, V, padded=padded and self.mean is None)
         else:
             out = self.X @ V.astype(self.dtype, copy=False)
         if self.mean is not None:
@@ -194,12 +196,13 @@ def device_transpose(X, how=None):
     return None
 
 
-def _matvec(X, V):
-    """``X @ V`` on this rank's rows (``V`` cast to the dtype of ``X``: no copy of ``X``)."""
+def _matvec(X, V, padded=False):
+    """``X @ V`` on this rank's rows (``V`` cast to the dtype of ``X``: no copy of ``X``); ``padded``: see
+    :meth:`SparseRows.matmul` (a view whose rows are not contiguous; others ignore it)."""
     if isinstance(X, SparseRows):
         from .._array import get_namespace
 
-        return X.matmul(V, get_namespace(V))
+        return X.matmul(V, get_namespace(V), padded=padded)
     return X @ V.astype(X.dtype, copy=False)
 
 
@@ -423,7 +426,7 @@ def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, devic
             return _cholqr2_device(Y, on, flag, xp)[0]
         return orthonormalize(Y, on, method=how)
 
-    Y = _matvec(X, Omega)                                         # (n_local, l), distributed
+    Y = _matvec(X, Omega, padded=True)                            # (n_local, l), distributed
     mark("X V 0", xp)
     for it in range(1, n_iter + 1):
         if dist_step is not None:
@@ -434,7 +437,7 @@ def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, devic
         if repl_step is not None:                                 # the replicated iterate: one rank's algebra
             Z = orth(Z, repl_step, _Alone) if device and repl_step == "cholesky_qr2" else _local_orth(Z, xp)
             mark(f"normalise Xt U {it}", xp)
-        Y = _matvec(X, Z)
+        Y = _matvec(X, Z, padded=True)
         mark(f"X V {it}", xp)
     Q = orth(Y, final, comm)                                      # (n_local, m)
     mark("orthonormalise X V", xp)

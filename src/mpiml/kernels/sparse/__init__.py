@@ -153,7 +153,7 @@ def _rowdot_lanes(A):
     return g
 
 
-def csr_matmul(A, V, out_dtype=None, chunks=None):
+def csr_matmul(A, V, out_dtype=None, chunks=None, padded=False):
     """``A @ V`` for a ``cupyx`` CSR ``A`` (see :func:`supported`) and a dense CuPy ``V``.
 
     ``V`` of shape ``(n_cols, b)`` or ``(n_cols,)`` is cast to ``A``'s dtype
@@ -164,7 +164,10 @@ def csr_matmul(A, V, out_dtype=None, chunks=None):
     columns, :data:`GATHERS`) each lane group's values in that order, the
     groups then added by a fixed tree.  ``chunks`` (:func:`gather_chunks` of
     ``A`` for this width; ignored by the other kernels): one launch a chunk of
-    ``V``'s rows.
+    ``V``'s rows.  ``padded`` (float32 results of 2 to 32 columns, else
+    ignored): the result is the first ``b`` columns of a C-contiguous block
+    of 8, 16 or 32 columns (the rest zero), which the float4 gather of a next
+    product reads as it is, with no padded copy (``Xᵀ (X V)``).
     """
     import cupy
 
@@ -178,7 +181,7 @@ def csr_matmul(A, V, out_dtype=None, chunks=None):
     if n_rows == 0 or b == 0 or A.nnz == 0 or n_cols == 0:
         return cupy.zeros((n_rows,) if vec else (n_rows, b), dtype=out_dtype)
     if not vec and b > 1 and T == "float" and b <= VEC4_MAX_COLUMNS and gather_mode() == "vec4":
-        return _gather4(A, V, out_dtype, chunks)
+        return _gather4(A, V, out_dtype, chunks, padded and out_dtype == np.float32)
     V = cupy.ascontiguousarray(V.astype(A.dtype, copy=False))
     if vec or b == 1:
         g = _rowdot_lanes(A)
@@ -198,33 +201,50 @@ def csr_matmul(A, V, out_dtype=None, chunks=None):
     return Y
 
 
-def _gather4(A, V, out_dtype, chunks=None):
+def _padded_view(V, width):
+    """Whether ``V`` is the leading columns of a C-contiguous float32 block of ``width`` columns (what
+    ``csr_matmul(..., padded=True)`` returns): its rows' float4 loads then stay inside that block."""
+    base = V.base
+    return (V.dtype == np.float32 and base is not None and base.ndim == 2 and base.shape == (V.shape[0], width)
+            and base.dtype == V.dtype and base.flags.c_contiguous and V.data.ptr == base.data.ptr
+            and V.strides == base.strides and V.data.ptr % 16 == 0)
+
+
+def _gather4(A, V, out_dtype, chunks=None, padded=False):
     """``A @ V`` by ``mpiml_csr_gather4`` (float32 ``A``, ``2 <= b <= 32``): ``V`` cast and padded to 8, 16 or 32
-    columns in one copy (rows of 16 * lanes bytes: aligned float4 loads, a 128-byte line a row at ``b > 16``);
-    with :class:`GatherChunks` of ``A``, one launch a chunk of ``V``'s rows, added up in order."""
+    columns in one copy (rows of 16 * lanes bytes: aligned float4 loads, a 128-byte line a row at ``b > 16``),
+    unless it is such a block already (:func:`_padded_view`); with :class:`GatherChunks` of ``A``, one launch a
+    chunk of ``V``'s rows, added up in order; ``padded``: the result in such a block."""
     import cupy
 
     n_rows, n_cols = A.shape
     b = V.shape[1]
     lanes = _vec4_lanes(b)
     width = 4 * lanes
-    if V.shape[1] != width or V.dtype != A.dtype or not V.flags.c_contiguous or V.data.ptr % 16:
+    if V.dtype != A.dtype or not (V.shape[1] == width and V.flags.c_contiguous and V.data.ptr % 16 == 0
+                                  or _padded_view(V, width)):
         Vp = cupy.empty((n_cols, width), dtype=A.dtype)
         Vp[:, :b] = V
         if width > b:
             Vp[:, b:] = 0
         V = Vp
-    Y = cupy.empty((n_rows, b), dtype=out_dtype)
+    ldy = b
+    if padded and width > b:
+        Yp = cupy.empty((n_rows, width), dtype=out_dtype)
+        Yp[:, b:] = 0
+        Y, ldy = Yp[:, :b], width
+    else:
+        Y = cupy.empty((n_rows, b), dtype=out_dtype)
     fn = _function(f"mpiml_csr_gather4<{_TYPES[out_dtype]}, {lanes}>")
     grid = (_blocks(_THREADS // 32, n_rows),)
     if chunks is None or chunks.K == 1 or not chunks.of(A):
         fn(grid, (_THREADS,), (A.indptr, A.indptr[1:], A.indices, A.data, np.int64(n_rows), V,
-                               np.int64(width // 4), np.int32(b), Y, np.int64(b), np.int32(0)))
+                               np.int64(width // 4), np.int32(b), Y, np.int64(ldy), np.int32(0)))
         return Y
     ptr = chunks.ptr
     for k in range(chunks.K):
         fn(grid, (_THREADS,), (ptr[k * n_rows:], ptr[(k + 1) * n_rows:], A.indices, A.data, np.int64(n_rows), V,
-                               np.int64(width // 4), np.int32(b), Y, np.int64(b), np.int32(k > 0)))
+                               np.int64(width // 4), np.int32(b), Y, np.int64(ldy), np.int32(k > 0)))
     return Y
 
 
