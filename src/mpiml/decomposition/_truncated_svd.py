@@ -52,7 +52,7 @@ def _global_variances(X, Xt, n, *, comm, xp):
     one_x = one_t = None
     if n_r:
         if stored is not None:
-            sums[:d] = stored.kernels.csr_row_moments(stored.XT)[0]
+            sums[:d] = stored.kernels.csr_row_moments(stored.XT, check=False)[0]
         elif is_sparse(X) or moments is None:
             sums[:d] = column_sums(X)
         else:

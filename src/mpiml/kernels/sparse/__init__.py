@@ -57,7 +57,8 @@ def expressions():
         out += [f"mpiml_csr_normal_vec<{t}, {g}, {w}>" for g in (4, 8, 16, 32) for w in ("false", "true")]
         out += [f"mpiml_csr_piece_dot<{t}, {g}>" for g in (4, 8, 16, 32)]
         out += [f"mpiml_csr_piece_scatter<{t}, {g}>" for g in (4, 8, 16, 32)]
-        out += [f"mpiml_csr_transpose_fill<{t}>", f"mpiml_csr_sort_runs<{t}>"]
+        out += [f"mpiml_csr_transpose_fill<{t}>"]
+        out += [f"mpiml_csr_sort_runs<{t}, {w}>" for w in _SORT_WORDS]
     out += ["mpiml_csr_split", "mpiml_csr_col_counts", "mpiml_small_cholinv"]
     return out
 
@@ -377,13 +378,14 @@ def csr_normal_vec(A, p, c=0.0, w=None):
     return y, ysum[0]
 
 
-def csr_row_moments(A, shift=None):
+def csr_row_moments(A, shift=None, check=True):
     """Per row of a ``cupyx`` CSR ``A``: ``Σ values`` and ``Σ (value - shift[row])²`` over the stored values.
 
     Returns ``(s1, s2, canonical)``: two float64 vectors and whether every
     row's indices strictly increase (sorted, no duplicates; when not, ``s2``
     is not the moment of the matrix, whose duplicate entries add up before
-    squaring).  ``shift`` (float64, one per row) defaults to zero.
+    squaring).  ``shift`` (float64, one per row) defaults to zero.  ``check=False``:
+    ``canonical`` is None and nothing is read back (no wait on the device).
     """
     import cupy
 
@@ -397,7 +399,7 @@ def csr_row_moments(A, shift=None):
     _function(f"mpiml_csr_row_moments<{_TYPES[np.dtype(A.dtype)]}>")(
         (_blocks(_THREADS // 32, n_rows),), (_THREADS,),
         (A.indptr, A.indices, A.data, np.int64(n_rows), sh, s1, s2, bad))
-    return s1, s2, int(bad.get()[0]) == 0
+    return s1, s2, (int(bad.get()[0]) == 0 if check else None)
 
 
 def dense_column_moments(X, shift=None):
@@ -538,7 +540,7 @@ def column_pieces(A, max_pieces=MAX_PIECES):
 #: than :data:`TRANSPOSE_MAX_RUN` values).
 TRANSPOSES = ("cusparse", "kernel")
 #: Most values a column of ``A`` may hold for :func:`csr_transpose` (its row of ``Aᵀ`` is sorted in shared
-#: memory: 4096 (index, value) pairs are 48 KiB in float64).
+#: memory: 4096 words and values are 32 to 64 KiB).
 TRANSPOSE_MAX_RUN = 4096
 
 
@@ -547,12 +549,20 @@ def transpose_mode():
     return _env_choice("MPIML_SPARSE_TRANSPOSE", TRANSPOSES)
 
 
+#: The sort words of ``mpiml_csr_sort_runs``: (index << pbits) | place in 32 bits when they fit, else 64.
+_SORT_WORDS = ("unsigned int", "unsigned long long")
+
+
+def _sort_word(n_rows, pbits):
+    return _SORT_WORDS[0] if max(int(n_rows) - 1, 0) < (1 << (32 - pbits)) else _SORT_WORDS[1]
+
+
 def transpose_functions(dtype):
-    """The three kernels of :func:`csr_transpose` for values of ``dtype``, loaded (on the calling thread: a fit
-    loads them before its worker thread converts)."""
+    """The kernels of :func:`csr_transpose` for values of ``dtype``, loaded: ``(counts, fill, {word: sort})``; a
+    fit loads them on its own thread before its worker thread converts."""
     T = _TYPES[np.dtype(dtype)]
     return (_function("mpiml_csr_col_counts"), _function(f"mpiml_csr_transpose_fill<{T}>"),
-            _function(f"mpiml_csr_sort_runs<{T}>"))
+            {w: _function(f"mpiml_csr_sort_runs<{T}, {w}>") for w in _SORT_WORDS})
 
 
 def csr_transpose(A, max_run=None):
@@ -572,7 +582,7 @@ def csr_transpose(A, max_run=None):
     n_rows, n_cols = A.shape
     nnz = int(A.nnz)
     limit = TRANSPOSE_MAX_RUN if max_run is None else int(max_run)
-    count_fn, fill_fn, sort_fn = transpose_functions(A.dtype)
+    count_fn, fill_fn, sorts = transpose_functions(A.dtype)
     counts = cupy.zeros(n_cols + 1, dtype=cupy.int32)
     if nnz and n_rows:
         count_fn((int(min(-(-nnz // _THREADS), _sm_count() * 32)),), (_THREADS,),
@@ -588,12 +598,15 @@ def csr_transpose(A, max_run=None):
         fill_fn((_blocks(_THREADS // 32, n_rows),), (_THREADS,),
                 (A.indptr, A.indices, A.data, np.int64(n_rows), cursor, rows_t, data_t))
         if longest > 1:
-            p = 2
-            while p < longest:
-                p *= 2
+            pbits = max(1, int(longest - 1).bit_length())           # p = 2^pbits >= longest
+            p = 1 << pbits
+            word = _sort_word(n_rows, pbits)
+            sort_fn = sorts[word]
+            smem = p * ((4 if word == _SORT_WORDS[0] else 8) + np.dtype(A.dtype).itemsize)
+            if smem > 48 * 1024:
+                sort_fn.max_dynamic_shared_size_bytes = smem
             sort_fn((int(min(n_cols, _sm_count() * 16)),), (_THREADS,),
-                    (ptr, np.int64(n_cols), np.int32(p), rows_t, data_t),
-                    shared_mem=p * (4 + np.dtype(A.dtype).itemsize))
+                    (ptr, np.int64(n_cols), np.int32(p), np.int32(pbits), rows_t, data_t), shared_mem=smem)
     return csp.csr_matrix((data_t, rows_t, ptr), shape=(n_cols, n_rows))
 
 

@@ -69,10 +69,11 @@
 // mpiml_csr_transpose_fill<T>:  a warp a row of A; each stored value takes the next place of its column by an
 //   atomic on the cursor and writes (row, value) there: Aᵀ's rows hold the right entries in an order that
 //   depends on scheduling.
-// mpiml_csr_sort_runs<T>:  a block a row of Aᵀ sorts its (index, value) pairs by index in shared memory (a
-//   bitonic sort of the row padded to a power of two P <= p_max, pads keyed INT_MAX): Aᵀ's rows then hold
-//   their indices in increasing order, as cuSPARSE's conversion leaves them, whatever the fill's order
-//   (deterministic when A has no duplicate entries: the indices of a row of Aᵀ are then distinct).
+// mpiml_csr_sort_runs<T, W>:  a block a row of Aᵀ sorts it by index in shared memory: words (index << pbits) |
+//   place (W: 32 bits when they fit, else 64; place < 2^pbits = p_max) by a bitonic sort of the row padded to a
+//   power of two P <= p_max (pads all ones), then each index is written with the value from its place: Aᵀ's
+//   rows hold their indices in increasing order, as cuSPARSE's conversion leaves them, whatever the fill's
+//   order (deterministic when A has no duplicate entries; duplicates are ordered by where the fill put them).
 //
 // mpiml_small_cholinv:  the l x l algebra of a CholeskyQR round on the device (l <= 64, one block of 128 threads,
 //   no read back): for a symmetric G (double, row-major), R = Lᵀ with G = L Lᵀ and Rinv = R⁻¹ (row-major,
@@ -562,13 +563,14 @@ mpiml_csr_transpose_fill(const int* __restrict__ indptr, const int* __restrict__
     }
 }
 
-template <typename T>
+template <typename T, typename W>
 __global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
-mpiml_csr_sort_runs(const int* __restrict__ indptr, const long long n_rows, const int p_max, int* __restrict__ keys,
-                    T* __restrict__ vals) {
+mpiml_csr_sort_runs(const int* __restrict__ indptr, const long long n_rows, const int p_max, const int pbits,
+                    int* __restrict__ keys, T* __restrict__ vals) {
     extern __shared__ __align__(16) unsigned char mpiml_sort_smem[];
-    int* sk = reinterpret_cast<int*>(mpiml_sort_smem);
-    T* sv = reinterpret_cast<T*>(mpiml_sort_smem + (size_t)p_max * sizeof(int));   // p_max even: aligned
+    W* sw = reinterpret_cast<W*>(mpiml_sort_smem);                                 // (key << pbits) | place
+    T* sv = reinterpret_cast<T*>(mpiml_sort_smem + (size_t)p_max * sizeof(W));      // p_max even: aligned
+    const W place = (W(1) << pbits) - W(1);
     const int t = threadIdx.x;
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const int start = __ldg(indptr + row);
@@ -577,8 +579,12 @@ mpiml_csr_sort_runs(const int* __restrict__ indptr, const long long n_rows, cons
         int P = 2;
         while (P < m) P <<= 1;
         for (int i = t; i < P; i += MPIML_SPARSE_THREADS) {
-            sk[i] = i < m ? keys[start + i] : 0x7fffffff;
-            sv[i] = i < m ? vals[start + i] : T(0);
+            if (i < m) {
+                sw[i] = (W((unsigned)keys[start + i]) << pbits) | W(i);
+                sv[i] = vals[start + i];
+            } else {
+                sw[i] = ~W(0);                            // after every real word (an equal one decodes alike)
+            }
         }
         __syncthreads();
         for (int k = 2; k <= P; k <<= 1) {
@@ -586,21 +592,19 @@ mpiml_csr_sort_runs(const int* __restrict__ indptr, const long long n_rows, cons
                 for (int q = t; q < (P >> 1); q += MPIML_SPARSE_THREADS) {   // the P / 2 pairs (i, i + h)
                     const int i = ((q & ~(h - 1)) << 1) | (q & (h - 1));
                     const int o = i + h;
-                    const int a = sk[i], b = sk[o];
+                    const W a = sw[i], b = sw[o];
                     if ((a > b) == ((i & k) == 0)) {
-                        sk[i] = b;
-                        sk[o] = a;
-                        const T va = sv[i];
-                        sv[i] = sv[o];
-                        sv[o] = va;
+                        sw[i] = b;
+                        sw[o] = a;
                     }
                 }
                 __syncthreads();
             }
         }
         for (int i = t; i < m; i += MPIML_SPARSE_THREADS) {
-            keys[start + i] = sk[i];
-            vals[start + i] = sv[i];
+            const W w = sw[i];
+            keys[start + i] = (int)(w >> pbits);
+            vals[start + i] = sv[(int)(w & place)];
         }
         __syncthreads();                              // the next row's loads overwrite the shared arrays
     }
