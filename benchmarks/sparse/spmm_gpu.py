@@ -200,6 +200,8 @@ def main(argv=None):
     t["XtU cusparse stored XT"] = best_seconds(lambda: XT @ U, args.repeats, sync)
     t["XtU kernel scatter f64"] = best_seconds(lambda: sparse.csr_rmatmul_scatter(X, U, np.float64), args.repeats, sync)
     t["XtU kernel scatter f32"] = best_seconds(lambda: sparse.csr_rmatmul_scatter(X, U, np.float32), args.repeats, sync)
+    t["XtU kernel scatter f32 float4 atomics"] = best_seconds(lambda: sparse.csr_rmatmul_scatter4(X, U), args.repeats,
+                                                              sync)
     t["Xv cusparse"] = best_seconds(lambda: X @ v, args.repeats, sync)
     t["Xv kernel rowdot"] = best_seconds(lambda: sparse.csr_matmul(X, v, out_dtype=np.float64), args.repeats, sync)
     t["Xtu cusparse stored XT"] = best_seconds(lambda: XT @ u, args.repeats, sync)
@@ -227,7 +229,9 @@ def main(argv=None):
            "XV vec4 vs scalar gather": float(cp.abs(sparse.csr_matmul(X, V) - scalar).max() / cp.abs(scalar).max()),
            "XtU gather vs cusparse": float(cp.abs(sparse.csr_matmul(XT, U, out_dtype=np.float64) - ref).max()
                                            / cp.abs(ref).max()),
-           "XtU scatter vs cusparse": float(cp.abs(sparse.csr_rmatmul_scatter(X, U) - ref).max() / cp.abs(ref).max())}
+           "XtU scatter vs cusparse": float(cp.abs(sparse.csr_rmatmul_scatter(X, U) - ref).max() / cp.abs(ref).max()),
+           "XtU scatter float4 atomics vs cusparse": float(cp.abs(sparse.csr_rmatmul_scatter4(X, U) - ref).max()
+                                                           / cp.abs(ref).max())}
     res["max_rel_diff"] = err
     f = res["floors_s"]
     f["XV (CSR once, V once, Y written)"] = (csr_bytes + d * b * 4 + n * b * 4) / bw

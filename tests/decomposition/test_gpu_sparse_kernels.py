@@ -266,6 +266,21 @@ def test_padded_products_chain(b):
     assert not sparse._padded_view(W[:, 4:4 + min(b, 28)], 40)      # not the leading columns of its block
 
 
+def test_scatter_with_float4_atomics():
+    """The float4-atomic transposed product (for comparison in the benchmark) against the dense one."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    from mpiml.kernels import sparse
+
+    A = _csr(800, 300, 0.05, np.float32, 9)
+    for b in (2, 7, 16, 26, 32):
+        U = np.random.RandomState(b).standard_normal((800, b)).astype(np.float32)
+        Y = sparse.csr_rmatmul_scatter4(csp.csr_matrix(A), cp.asarray(U))
+        assert Y.shape == (300, b) and Y.dtype == cp.float32
+        np.testing.assert_allclose(Y.get(), A.T.astype(np.float64) @ U.astype(np.float64), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 3])
 def test_sparse_fits_equal_at_any_rank_count_device_algebra(mpi, n):

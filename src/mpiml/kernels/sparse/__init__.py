@@ -60,6 +60,7 @@ def expressions():
         out += [f"mpiml_csr_transpose_fill<{t}>"]
         out += [f"mpiml_csr_sort_runs<{t}, {w}>" for w in _SORT_WORDS]
     out += ["mpiml_csr_split", "mpiml_csr_col_counts", "mpiml_small_cholinv"]
+    out += [f"mpiml_csr_scatter4<{lanes}>" for lanes in (2, 4, 8)]
     return out
 
 
@@ -346,6 +347,32 @@ def csr_rmatmul_scatter(A, U, out_dtype=np.float64):
             (A.indptr, A.indices, A.data, np.int64(n_rows), U[:, s:], np.int64(b), np.int32(w), Y[:, s:],
              np.int64(b)))
     return Y
+
+
+def csr_rmatmul_scatter4(A, U):
+    """``Aᵀ @ U`` for a float32 ``cupyx`` CSR ``A`` and a float32 ``U`` of 2 to 32 columns by float4 atomics
+    (``mpiml_csr_scatter4``; sm_90, four float atomics a float4 before), summed in float32 in an order that
+    depends on scheduling.  Returns the first ``b`` columns of a C-contiguous (n_cols, 8|16|32) float32 block.
+    For comparison (``benchmarks/sparse/spmm_gpu.py``): the fits keep float64 sums."""
+    import cupy
+
+    n_rows, n_cols = A.shape
+    b = U.shape[1]
+    if np.dtype(A.dtype) != np.float32 or not 2 <= b <= VEC4_MAX_COLUMNS:
+        raise ValueError("csr_rmatmul_scatter4 takes float32 A and 2 to 32 columns")
+    lanes = _vec4_lanes(b)
+    width = 4 * lanes
+    if U.dtype != A.dtype or not (U.shape[1] == width and U.flags.c_contiguous and U.data.ptr % 16 == 0
+                                  or _padded_view(U, width)):
+        Up = cupy.zeros((n_rows, width), dtype=A.dtype)
+        Up[:, :b] = U
+        U = Up
+    Y = cupy.zeros((n_cols, width), dtype=cupy.float32)
+    if n_rows and A.nnz:
+        _function(f"mpiml_csr_scatter4<{lanes}>")((_blocks(_THREADS // 32, n_rows),), (_THREADS,),
+                                                 (A.indptr, A.indices, A.data, np.int64(n_rows), U,
+                                                  np.int64(lanes), np.int32(-(-b // 4)), Y))
+    return Y[:, :b]
 
 
 def csr_normal_vec(A, p, c=0.0, w=None):

@@ -81,6 +81,11 @@
 //   that pivot is set to 1 and the factorisation goes on), |= 2 when ‖R‖_F ‖R⁻¹‖_F > max_cond (an upper bound
 //   of cond(R), above it by at most a factor l; max_cond <= 0: no check).  The caller reads flag once, later,
 //   and redoes the work another way when it is set.
+//
+// mpiml_csr_scatter4<L>:  Y += Aᵀ U for float32 A, U with rows of 4 L floats (16-byte aligned, ldu4 float4s
+//   apart), Y float32 (n_cols x 4 L, zeroed by the caller): a warp a row of A, lane l of each group of L holds
+//   float4 l of the row of U; a group takes one stored value at a time and adds value * u to that row of Y by
+//   float4 atomics (sm_90; four float atomics before).  float32 sums in an order that depends on scheduling.
 
 #ifndef MPIML_SPARSE_THREADS
 #define MPIML_SPARSE_THREADS 256
@@ -675,5 +680,40 @@ mpiml_small_cholinv(const double* __restrict__ G, const int l, const double max_
         if (!isfinite(a) || !isfinite(b)) f |= 1;
         if (max_cond > 0.0 && !(sqrt(a) * sqrt(b) <= max_cond)) f |= 2;
         if (f) atomicOr(flag, f);
+    }
+}
+
+template <int L>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_scatter4(const int* __restrict__ indptr, const int* __restrict__ indices, const float* __restrict__ data,
+                   const long long n_rows, const float4* __restrict__ U, const long long ldu4, const int b4,
+                   float4* __restrict__ Y) {
+    static_assert(L == 2 || L == 4 || L == 8, "L must be 2, 4 or 8");
+    constexpr int S = 32 / L;
+    const int lane = threadIdx.x & 31;
+    const int l = lane & (L - 1);
+    const int s = lane / L;
+    const bool active = l < b4;
+    const long long warps = (long long)gridDim.x * (MPIML_SPARSE_THREADS / 32);
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / 32; row < n_rows;
+         row += warps) {
+        const int start = __ldg(indptr + row);
+        const int end = __ldg(indptr + row + 1);
+        const float4 u = active ? __ldg(U + row * ldu4 + l) : make_float4(0.f, 0.f, 0.f, 0.f);
+        if (!active) continue;
+        for (int j = start + s; j < end; j += S) {
+            const int c = __ldcs(indices + j);
+            const float v = __ldcs(data + j);
+            float4* y = Y + (long long)c * L + l;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            atomicAdd(y, make_float4(v * u.x, v * u.y, v * u.z, v * u.w));
+#else
+            float* yf = reinterpret_cast<float*>(y);
+            atomicAdd(yf, v * u.x);
+            atomicAdd(yf + 1, v * u.y);
+            atomicAdd(yf + 2, v * u.z);
+            atomicAdd(yf + 3, v * u.w);
+#endif
+        }
     }
 }
