@@ -88,8 +88,8 @@ class SparseRows:
             if self.kernels is not None:
                 try:
                     self._pending = _transpose_aside(X)
-                except Exception:  # noqa: BLE001 - any trouble with streams: convert in line
-                    XT = device_transpose(X)
+                except Exception:  # noqa: BLE001 - any trouble with streams or kernels: cuSPARSE, in line
+                    XT = device_transpose(X, "cusparse")
             else:
                 XT = device_transpose(X)
         self._XT = XT
@@ -104,8 +104,8 @@ class SparseRows:
             pending, self._pending = self._pending, None
             try:
                 self._XT, ready = pending.result()
-            except Exception:  # noqa: BLE001 - any trouble with the thread or the streams: convert in line
-                self._XT, ready = device_transpose(self.X), None
+            except Exception:  # noqa: BLE001 - any trouble with the thread, the streams or the kernels: cuSPARSE
+                self._XT, ready = device_transpose(self.X, "cusparse"), None
             if ready is not None:
                 cupy.cuda.get_current_stream().wait_event(ready)
             mark("wait for the transpose", cupy)
