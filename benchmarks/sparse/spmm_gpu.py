@@ -84,8 +84,11 @@ _VARIANTS = {"kernels": {},
              "kernels, kernel transpose": {"MPIML_SPARSE_TRANSPOSE": "kernel"},
              "kernels, device algebra": {"MPIML_RANDOMIZED_ALGEBRA": "device"},
              "kernels, kernel transpose + device algebra": {"MPIML_SPARSE_TRANSPOSE": "kernel",
-                                                            "MPIML_RANDOMIZED_ALGEBRA": "device"}}
-_VARIANT_KEYS = ("MPIML_SPARSE_TRANSPOSE", "MPIML_RANDOMIZED_ALGEBRA")
+                                                            "MPIML_RANDOMIZED_ALGEBRA": "device"},
+             "kernels, kernel transpose + device algebra + atomic4 iterations": {
+                 "MPIML_SPARSE_TRANSPOSE": "kernel", "MPIML_RANDOMIZED_ALGEBRA": "device",
+                 "MPIML_SPARSE_ITERATE": "atomic4"}}
+_VARIANT_KEYS = ("MPIML_SPARSE_TRANSPOSE", "MPIML_RANDOMIZED_ALGEBRA", "MPIML_SPARSE_ITERATE")
 
 
 def _set_variant(env):

@@ -392,6 +392,14 @@ def test_truncated_svd_device_algebra_equals_host(monkeypatch):
     assert [m[0] for m in marks].count("X V 0") == 2               # the device's attempt, then the host's
     np.testing.assert_allclose(g.singular_values_.get()[0], h.singular_values_[0], rtol=1e-10)
     np.testing.assert_allclose(np.abs(g.components_.get()[0]), np.abs(h.components_[0]), rtol=1e-8, atol=1e-12)
+    # float32 with the power iterations' Xᵀ U by float4 atomics: the leading singular values of the host fit
+    monkeypatch.setenv("MPIML_SPARSE_ITERATE", "atomic4")
+    X32 = _csr(4000, 500, 0.02, np.float64, 22)
+    X32 = sp.csr_matrix(abs(X32) @ sp.diags(0.9 ** np.arange(500))).astype(np.float32)
+    h = TruncatedSVD(8, n_iter=7, random_state=0).fit(X32.astype(np.float64))
+    g = TruncatedSVD(8, n_iter=7, random_state=0).fit(csp.csr_matrix(X32))
+    np.testing.assert_allclose(g.singular_values_.get()[:3], h.singular_values_[:3], rtol=1e-4)
+    np.testing.assert_allclose(g.explained_variance_ratio_.get()[:3], h.explained_variance_ratio_[:3], rtol=1e-3)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

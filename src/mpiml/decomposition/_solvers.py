@@ -59,6 +59,15 @@ def mark(label, xp=None):
 
 
 # ---------------------------------------------------------------------- operator
+#: How the power iterations of randomized_svd multiply a float32 ``cupyx`` shard by ``Xᵀ`` (environment
+#: ``MPIML_SPARSE_ITERATE``, read when a fit starts): ``"gather"`` (default): as every other product (the
+#: gather on the stored ``Xᵀ``, float64 sums, deterministic); ``"atomic4"``: float4 atomics from the rows of
+#: ``X`` (:func:`mpiml.kernels.sparse.csr_rmatmul_scatter4`, sm_90; float32 sums in a varying order: results
+#: vary from run to run at float32 rounding), the final ``Qᵀ X`` and the variances still on ``Xᵀ``, which is
+#: formed meanwhile.
+ITERATES = ("gather", "atomic4")
+
+
 class SparseRows:
     """A sparse shard as the solvers use it: ``X V`` and this rank's part of ``Xᵀ U``, optionally centred.
 
@@ -74,6 +83,9 @@ class SparseRows:
     matrix with atomics; here ``Xᵀ`` is stored as CSR once per fit (one
     conversion, the stored values' memory once more) and both products read
     the dense block a row at a time.  SciPy shards multiply as SciPy does.
+    ``MPIML_SPARSE_ITERATE=atomic4`` (:data:`ITERATES`): the power iterations'
+    ``Xᵀ U`` by float4 atomics from the rows of ``X`` instead (float32, see
+    :meth:`rmatmul`'s ``exact``).
     """
 
     def __init__(self, X, XT=None, mean=None, mode=None):
@@ -81,6 +93,7 @@ class SparseRows:
         self.mean = mean
         self.shape, self.dtype = X.shape, X.dtype
         self.mode = _sparse_kernels.products_mode() if mode is None else mode
+        self.iterate = _sparse_kernels._env_choice("MPIML_SPARSE_ITERATE", ITERATES)
         self.kernels = _sparse_kernels.for_shard(X) if self.mode != "cusparse" else None
         self._pending = None
         self._chunks = None
@@ -123,8 +136,15 @@ class SparseRows:
             out = out - (self.mean.astype(self.dtype) @ V.astype(self.dtype, copy=False))[None, :]
         return out
 
-    def rmatmul(self, U, xp):
-        """This rank's part of ``Xᵀ U`` (centred when ``mean`` is set), float64."""
+    def rmatmul(self, U, xp, exact=True):
+        """This rank's part of ``Xᵀ U`` (centred when ``mean`` is set), float64.  ``exact=False`` (a power
+        iteration's product, of which only the span matters) under ``MPIML_SPARSE_ITERATE=atomic4``: float32
+        ``X`` and ``U`` of 2 to 32 columns go by float4 atomics from the rows of ``X`` (float32 sums in an order
+        that varies from run to run), not waiting for ``Xᵀ``."""
+        if (not exact and self.iterate == "atomic4" and self.mode == "kernels" and self.kernels is not None
+                and self.mean is None and self.dtype == np.float32 and U.ndim == 2
+                and 2 <= U.shape[1] <= _sparse_kernels.VEC4_MAX_COLUMNS):
+            return self.kernels.csr_rmatmul_scatter4(self.X, U).astype(np.float64)
         if self.kernels is not None and self.XT is not None and self.mode == "kernels":
             if self._chunks is None and U.ndim == 2:   # U's rows in L2-sized chunks (once per fit)
                 self._chunks = self.kernels.gather_chunks(self.XT, U.shape[1]) or False
@@ -257,10 +277,11 @@ def _batched_tmatmul(X, U, xp, L):
     return out
 
 
-def _rmatvec(X, U, comm, xp):
-    """``X.T @ U`` summed over ranks, float64, replicated (one allreduce of d x b)."""
+def _rmatvec(X, U, comm, xp, exact=True):
+    """``X.T @ U`` summed over ranks, float64, replicated (one allreduce of d x b); ``exact``: see
+    :meth:`SparseRows.rmatmul`."""
     if isinstance(X, SparseRows):
-        out = X.rmatmul(U, xp)
+        out = X.rmatmul(U, xp, exact=exact)
     else:
         out = _tall_tmatmul(X, U, xp)
     if comm.size > 1:
@@ -432,7 +453,7 @@ def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, devic
         if dist_step is not None:
             Y = orth(Y, dist_step, comm)
             mark(f"normalise X V {it - 1}", xp)
-        Z = _rmatvec(X, Y, comm, xp)                              # (d, l), replicated
+        Z = _rmatvec(X, Y, comm, xp, exact=False)                 # (d, l), replicated
         mark(f"Xt U {it}", xp)
         if repl_step is not None:                                 # the replicated iterate: one rank's algebra
             Z = orth(Z, repl_step, _Alone) if device and repl_step == "cholesky_qr2" else _local_orth(Z, xp)
