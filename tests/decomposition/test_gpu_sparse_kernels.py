@@ -308,8 +308,14 @@ def test_csr_transpose_equals_cusparse(dtype):
         assert T.shape == (m, n) and T.dtype == A.dtype
         for name in ("indptr", "indices", "data"):
             assert bool((getattr(T, name) == getattr(R, name)).all()), (n, m, name)
-        T2 = sparse.csr_transpose(A)
+        T2, (s1, s2, dups) = sparse.csr_transpose(A, moments=True)
         assert bool((T2.indices == T.indices).all()) and bool((T2.data == T.data).all())
+        H = A.get().tocsc().astype(np.float64)
+        cols = [H.data[H.indptr[j]:H.indptr[j + 1]] for j in range(m)]
+        np.testing.assert_allclose(s1.get(), [c.sum() for c in cols], rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(s2.get(), [((c - c.mean()) ** 2).sum() if c.size else 0.0 for c in cols],
+                                   rtol=1e-10, atol=1e-12)
+        assert int(dups.get()[0]) == 0
     # rows with unsorted indices: the transpose is the same matrix, its rows sorted
     A = _csr(300, 200, 0.1, dtype, 5)
     B = A.copy()
@@ -320,9 +326,13 @@ def test_csr_transpose_equals_cusparse(dtype):
     T = sparse.csr_transpose(csp.csr_matrix(B))
     R = csp.csr_matrix(A).T.tocsr()
     assert bool((T.indices == R.indices).all()) and bool((T.data == R.data).all())
-    D = _csr(60, 10, 0.3, dtype, 12, duplicates=True)
-    T = sparse.csr_transpose(csp.csr_matrix(D))
-    u = np.random.RandomState(1).standard_normal(60).astype(dtype)
+    import scipy.sparse as sp
+
+    D = sp.csr_matrix((np.array([1.0, 2.0, 3.0, 4.0, 5.0], dtype=dtype), np.array([2, 2, 0, 1, 2]),
+                       np.array([0, 2, 5])), shape=(2, 3))              # row 0 holds column 2 twice
+    T, (_, _, dups) = sparse.csr_transpose(csp.csr_matrix(D), moments=True)
+    assert int(dups.get()[0]) == 1
+    u = np.random.RandomState(1).standard_normal(2).astype(dtype)
     np.testing.assert_allclose((T @ cp.asarray(u)).get(), D.T @ u, rtol=1e-5, atol=1e-5)
     assert sparse.csr_transpose(csp.csr_matrix(A), max_run=3) is None
     assert sparse.csr_transpose(csp.csr_matrix(A), max_run=300) is not None

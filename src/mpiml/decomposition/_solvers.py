@@ -97,6 +97,7 @@ class SparseRows:
         self.kernels = _sparse_kernels.for_shard(X) if self.mode != "cusparse" else None
         self._pending = None
         self._chunks = None
+        self._moments = None
         if XT is None and not (self.kernels is not None and self.mode == "scatter"):
             if self.kernels is not None:
                 try:
@@ -116,13 +117,19 @@ class SparseRows:
 
             pending, self._pending = self._pending, None
             try:
-                self._XT, ready = pending.result()
+                self._XT, self._moments, ready = pending.result()
             except Exception:  # noqa: BLE001 - any trouble with the thread, the streams or the kernels: cuSPARSE
-                self._XT, ready = device_transpose(self.X, "cusparse"), None
+                self._XT, self._moments, ready = device_transpose(self.X, "cusparse"), None, None
             if ready is not None:
                 cupy.cuda.get_current_stream().wait_event(ready)
             mark("wait for the transpose", cupy)
         return self._XT
+
+    @property
+    def moments(self):
+        """``(s1, s2, dups)`` per column of ``X`` (see :func:`mpiml.kernels.sparse.csr_transpose`) when the kernel
+        transpose formed ``Xᵀ`` (computed by its sort), else None."""
+        return self._moments if self.XT is not None else None
 
     def matmul(self, V, xp, padded=False):
         """``X V`` (centred when ``mean`` is set) of this rank's rows, in ``X``'s dtype; ``padded``: uncentred
@@ -189,8 +196,8 @@ def _transpose_aside(X):
 
     def convert():
         with cupy.cuda.Device(dev), side:
-            XT = device_transpose(X, how)
-            return XT, side.record()
+            XT, moments = device_transpose(X, how, moments=True)
+            return XT, moments, side.record()
 
     if not _WORKER:
         from concurrent.futures import ThreadPoolExecutor
@@ -199,21 +206,24 @@ def _transpose_aside(X):
     return _WORKER[0].submit(convert)
 
 
-def device_transpose(X, how=None):
+def device_transpose(X, how=None, moments=False):
     """``Xᵀ`` as CSR for a non-empty ``cupyx`` CSR shard, else None (host SciPy needs no help).
 
     ``how`` (default: ``MPIML_SPARSE_TRANSPOSE``, :data:`mpiml.kernels.sparse.TRANSPOSES`): ``"kernel"`` forms it
     by :func:`mpiml.kernels.sparse.csr_transpose` where the kernels take ``X`` and no column is too long for its
-    sort, else by cuSPARSE (``X.T.tocsr()``), the same arrays either way.
+    sort, else by cuSPARSE (``X.T.tocsr()``), the same arrays either way.  ``moments``: ``(Xᵀ, moments)``, the
+    column moments the kernel's sort computes (None from cuSPARSE).
     """
+    XT = mom = None
     if type(X).__module__.startswith("cupyx") and getattr(X, "format", None) == "csr" and X.nnz and X.shape[0]:
         how = _sparse_kernels.transpose_mode() if how is None else how
         if how == "kernel" and _sparse_kernels.supported(X):
-            XT = _sparse_kernels.csr_transpose(X)
-            if XT is not None:
-                return XT
-        return X.T.tocsr()
-    return None
+            out = _sparse_kernels.csr_transpose(X, moments=True)
+            if out is not None:
+                XT, mom = out
+        if XT is None:
+            XT = X.T.tocsr()
+    return (XT, mom) if moments else XT
 
 
 def _matvec(X, V, padded=False):

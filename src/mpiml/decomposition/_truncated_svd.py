@@ -22,9 +22,12 @@ def _global_variances(X, Xt, n, *, comm, xp):
     Two allreduces, of ``d + k`` (the sums: the means) and ``1 + k`` float64
     (the squared deviations).  A sparse ``X`` is not densified (its implicit
     zeros are counted, as scikit-learn's ``mean_variance_axis`` does); a
-    ``cupyx`` shard with its transpose stored (:class:`SparseRows`) reads the
-    moments of its columns off the rows of ``Xᵀ`` (a kernel, two passes over
-    its values).  Dense CuPy blocks are read once by the column-moments kernel
+    ``cupyx`` shard with its transpose stored (:class:`SparseRows`) takes the
+    moments of its columns from the kernel transpose's sort (sums and squares
+    about the stored values' own mean, computed while it sorts, so no pass
+    here: ``Σ (x - m)² = s2 + c (s1 / c - m)²`` over a column's ``c`` stored
+    values, every term non-negative), or reads them off the rows of ``Xᵀ``
+    (a kernel, two passes over its values).  Dense CuPy blocks are read once by the column-moments kernel
     about a shift of this rank's own (the mean of its first rows): with ``S``
     the rank's sums, ``Q`` its squared deviations about ``s`` and ``m`` the
     global mean, its share is ``Q - 2 (m - s)(S - n_r s) + n_r (m - s)²``,
@@ -50,8 +53,11 @@ def _global_variances(X, Xt, n, *, comm, xp):
 
     sums = xp.zeros(d + k, dtype=xp.float64)
     one_x = one_t = None
+    by_sort = stored.moments if stored is not None else None    # the kernel transpose's: (s1, s2, dups)
     if n_r:
-        if stored is not None:
+        if by_sort is not None:
+            sums[:d] = by_sort[0]
+        elif stored is not None:
             sums[:d] = stored.kernels.csr_row_moments(stored.XT, check=False)[0]
         elif is_sparse(X) or moments is None:
             sums[:d] = column_sums(X)
@@ -72,7 +78,16 @@ def _global_variances(X, Xt, n, *, comm, xp):
 
     if n_r:
         done = False
-        if stored is not None:
+        if by_sort is not None:
+            # about the stored values' own mean: Σ (x - m)² = s2 + c (s1 / c - m)², every term non-negative
+            s1, s2, dups = by_sort
+            c = xp.diff(stored.XT.indptr).astype(xp.float64)
+            m = means[:d]
+            if int(dups.get()[0]) == 0:
+                dev = s2 + c * (s1 / xp.maximum(c, 1.0) - m) ** 2
+                sq[0] = (dev + (n_r - c) * m * m).sum()
+                done = True
+        elif stored is not None:
             m = means[:d]
             _, s2, canonical = stored.kernels.csr_row_moments(stored.XT, m)
             if canonical:  # the implicit zeros of each column add (rows - stored) m²

@@ -592,9 +592,12 @@ def transpose_functions(dtype):
             {w: _function(f"mpiml_csr_sort_runs<{T}, {w}>") for w in _SORT_WORDS})
 
 
-def csr_transpose(A, max_run=None):
+def csr_transpose(A, max_run=None, moments=False):
     """``Aᵀ`` as a ``cupyx`` CSR matrix (see :func:`supported`), or None when a column of ``A`` holds more than
-    ``max_run`` (default :data:`TRANSPOSE_MAX_RUN`) values.
+    ``max_run`` (default :data:`TRANSPOSE_MAX_RUN`) values.  ``moments``: ``(Aᵀ, (s1, s2, dups))`` instead, per
+    column of ``A`` the sum of its stored values, the sum of their squared deviations from their own mean
+    (float64, a fixed order) and, as a device int32, the count of columns with a repeated row (duplicates: then
+    ``s2`` is not the moment of the matrix); computed by the sort while each column's values are in shared memory.
 
     The column counts by atomics, their scan (``Aᵀ``'s row pointers), a fill that puts every stored value in
     its row of ``Aᵀ`` at a place taken by an atomic, then a block a row of ``Aᵀ`` sorts it by index in shared
@@ -620,21 +623,24 @@ def csr_transpose(A, max_run=None):
     ptr = cupy.cumsum(counts, dtype=cupy.int32)          # ptr[0] = 0: Aᵀ's row pointers
     rows_t = cupy.empty(nnz, dtype=cupy.int32)
     data_t = cupy.empty(nnz, dtype=A.dtype)
+    s1 = cupy.zeros(n_cols, dtype=cupy.float64)
+    s2 = cupy.zeros(n_cols, dtype=cupy.float64)
+    dups = cupy.zeros(1, dtype=cupy.int32)
     if nnz and n_rows:
         cursor = ptr[:-1].copy()
         fill_fn((_blocks(_THREADS // 32, n_rows),), (_THREADS,),
                 (A.indptr, A.indices, A.data, np.int64(n_rows), cursor, rows_t, data_t))
-        if longest > 1:
-            pbits = max(1, int(longest - 1).bit_length())           # p = 2^pbits >= longest
-            p = 1 << pbits
-            word = _sort_word(n_rows, pbits)
-            sort_fn = sorts[word]
-            smem = p * ((4 if word == _SORT_WORDS[0] else 8) + np.dtype(A.dtype).itemsize)
-            if smem > 48 * 1024:
-                sort_fn.max_dynamic_shared_size_bytes = smem
-            sort_fn((int(min(n_cols, _sm_count() * 16)),), (_THREADS,),
-                    (ptr, np.int64(n_cols), np.int32(p), np.int32(pbits), rows_t, data_t), shared_mem=smem)
-    return csp.csr_matrix((data_t, rows_t, ptr), shape=(n_cols, n_rows))
+        pbits = max(1, int(longest - 1).bit_length())               # p = 2^pbits >= longest
+        p = 1 << pbits
+        word = _sort_word(n_rows, pbits)
+        sort_fn = sorts[word]
+        smem = p * ((4 if word == _SORT_WORDS[0] else 8) + np.dtype(A.dtype).itemsize)
+        if smem > 48 * 1024:
+            sort_fn.max_dynamic_shared_size_bytes = smem
+        sort_fn((int(min(n_cols, _sm_count() * 16)),), (_THREADS,),
+                (ptr, np.int64(n_cols), np.int32(p), np.int32(pbits), rows_t, data_t, s1, s2, dups), shared_mem=smem)
+    XT = csp.csr_matrix((data_t, rows_t, ptr), shape=(n_cols, n_rows))
+    return (XT, (s1, s2, dups)) if moments else XT
 
 
 # ---------------------------------------------------------------------- small factorisations

@@ -74,6 +74,8 @@
 //   power of two P <= p_max (pads all ones), then each index is written with the value from its place: Aᵀ's
 //   rows hold their indices in increasing order, as cuSPARSE's conversion leaves them, whatever the fill's
 //   order (deterministic when A has no duplicate entries; duplicates are ordered by where the fill put them).
+//   Meanwhile, per row, s1 = Σ values and s2 = Σ (value - s1 / m)² over its m stored values (double, a fixed
+//   order), and the count of rows with a repeated index (duplicates) to *unsorted: the column moments of A.
 //
 // mpiml_small_cholinv:  the l x l algebra of a CholeskyQR round on the device (l <= 64, one block of 128 threads,
 //   no read back): for a symmetric G (double, row-major), R = Lᵀ with G = L Lᵀ and Rinv = R⁻¹ (row-major,
@@ -568,11 +570,26 @@ mpiml_csr_transpose_fill(const int* __restrict__ indptr, const int* __restrict__
     }
 }
 
+__device__ __forceinline__ double mpiml_block_sum(double v, double* red) {
+    // the block's total on every thread, in a fixed order (deterministic); red: MPIML_SPARSE_THREADS / 32 doubles
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    __syncthreads();                                  // red is free (a previous sum has been read)
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double s = 0.0;
+#pragma unroll
+    for (int i = 0; i < MPIML_SPARSE_THREADS / 32; ++i) s += red[i];
+    return s;
+}
+
 template <typename T, typename W>
 __global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
 mpiml_csr_sort_runs(const int* __restrict__ indptr, const long long n_rows, const int p_max, const int pbits,
-                    int* __restrict__ keys, T* __restrict__ vals) {
+                    int* __restrict__ keys, T* __restrict__ vals, double* __restrict__ s1, double* __restrict__ s2,
+                    int* __restrict__ unsorted) {
     extern __shared__ __align__(16) unsigned char mpiml_sort_smem[];
+    __shared__ double red[MPIML_SPARSE_THREADS / 32];
     W* sw = reinterpret_cast<W*>(mpiml_sort_smem);                                 // (key << pbits) | place
     T* sv = reinterpret_cast<T*>(mpiml_sort_smem + (size_t)p_max * sizeof(W));      // p_max even: aligned
     const W place = (W(1) << pbits) - W(1);
@@ -580,7 +597,13 @@ mpiml_csr_sort_runs(const int* __restrict__ indptr, const long long n_rows, cons
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const int start = __ldg(indptr + row);
         const int m = __ldg(indptr + row + 1) - start;   // the same on every thread of the block
-        if (m <= 1) continue;
+        if (m <= 1) {
+            if (t == 0) {
+                s1[row] = m ? double(vals[start]) : 0.0;
+                s2[row] = 0.0;
+            }
+            continue;
+        }
         int P = 2;
         while (P < m) P <<= 1;
         for (int i = t; i < P; i += MPIML_SPARSE_THREADS) {
@@ -606,12 +629,31 @@ mpiml_csr_sort_runs(const int* __restrict__ indptr, const long long n_rows, cons
                 __syncthreads();
             }
         }
+        double a = 0.0;
+        int dup = 0;
         for (int i = t; i < m; i += MPIML_SPARSE_THREADS) {
             const W w = sw[i];
+            const T v = sv[(int)(w & place)];
             keys[start + i] = (int)(w >> pbits);
-            vals[start + i] = sv[(int)(w & place)];
+            vals[start + i] = v;
+            a += double(v);
+            if (i > 0 && (sw[i - 1] >> pbits) == (w >> pbits)) dup = 1;     // sorted: equal neighbours only
         }
-        __syncthreads();                              // the next row's loads overwrite the shared arrays
+        // the row's moments while its values are here: the sum, and squares about the mean of the stored values
+        a = mpiml_block_sum(a, red);
+        const double mean = a / m;
+        double q = 0.0;
+        for (int i = t; i < m; i += MPIML_SPARSE_THREADS) {
+            const double d = double(sv[(int)(sw[i] & place)]) - mean;
+            q += d * d;
+        }
+        q = mpiml_block_sum(q, red);
+        dup = __syncthreads_or(dup);                  // also: every thread is done with the shared arrays
+        if (t == 0) {
+            s1[row] = a;
+            s2[row] = q;
+            if (dup) atomicAdd(unsorted, 1);
+        }
     }
 }
 
