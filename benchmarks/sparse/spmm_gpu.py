@@ -73,10 +73,26 @@ def _timeline_rows(marks):
     return rows
 
 
+#: Timeline steps by kind (the first prefix that matches), for the per-kind totals.
+_KINDS = (("products", ("X V", "Xt U", "Qt X", "X components_")), ("transpose wait", ("wait for the transpose",)),
+          ("normalisations", ("normalise", "orthonormalise", "SVD of")), ("variances", ("variances",)),
+          ("validation", ("validate",)), ("set-up", ("operand", "random matrix", "signs")))
+
+
+def _timeline_kinds(rows):
+    """Device ms by kind of step (:data:`_KINDS`; "other" for the rest)."""
+    out = {}
+    for label, dev, *_ in rows:
+        kind = next((k for k, prefixes in _KINDS if label.startswith(prefixes)), "other")
+        out[kind] = out.get(kind, 0.0) + dev
+    return out
+
+
 def _print_timeline(name, rows):
     print(f"  timeline of one fit, {name} (device ms a step, host ms a step, device ms / host ms since the start):")
     for label, dev, host, dev_at, host_at in rows:
         print(f"    {label:<28}{dev:9.3f} {host:9.3f} {dev_at:10.3f} {host_at:10.3f}")
+    print("    by kind (device ms): " + ", ".join(f"{k} {v:.2f}" for k, v in _timeline_kinds(rows).items()))
 
 
 #: The TruncatedSVD fits of the "kernels" mode: name -> the environment they run under.
@@ -317,6 +333,7 @@ def main(argv=None):
                 with timeline() as marks:
                     est.fit(X)
                 rows = res["timelines"][vname] = _timeline_rows(marks)
+                res.setdefault("timeline_kinds_ms", {})[vname] = _timeline_kinds(rows)
                 _print_timeline(vname, rows)
             _guarded(res, "timeline " + vname, one)
         _set_variant({})
