@@ -210,6 +210,16 @@ def main(argv=None):
             (XTk.indptr == XT.indptr).all() and (XTk.indices == XT.indices).all() and (XTk.data == XT.data).all())
 
     res["transpose kernel equals cusparse"] = _guarded(res, "transpose kernel", kernel_transpose)
+
+    def transpose_phases():                     # where the kernel transpose's time goes (one more run, events)
+        events = []
+        sparse.csr_transpose(X, events=events)
+        sync()
+        out = {f"transpose kernel: {name}": cp.cuda.get_elapsed_time(e0, e1) / 1e3
+               for (_, e0), (name, e1) in zip(events, events[1:])}
+        t.update(out)
+
+    _guarded(res, "transpose phases", transpose_phases)
     t["XV cusparse"] = best_seconds(lambda: X @ V, args.repeats, sync)
     for gather in sparse.GATHERS:       # the float4 gather (default) and the value-a-lane one
         os.environ["MPIML_SPARSE_GATHER"] = gather
@@ -217,6 +227,14 @@ def main(argv=None):
         t[f"XtU kernel gather {gather} on XT"] = best_seconds(
             lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64), args.repeats, sync)
     os.environ.pop("MPIML_SPARSE_GATHER", None)
+    sweep = res["blocks_per_sm_sweep_s"] = {}          # the grid of the gathers (grid-stride, 256 threads a block)
+    for per_sm in (4, 8, 16, 32, 64, 128):
+        sparse.MAX_BLOCKS_PER_SM = per_sm
+        sweep[f"XV {per_sm}"] = best_seconds(lambda: sparse.csr_matmul(X, V), args.repeats, sync)
+        sweep[f"XtU {per_sm}"] = best_seconds(lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64), args.repeats,
+                                              sync)
+    sparse.MAX_BLOCKS_PER_SM = 64
+    print("  gathers by blocks per SM (ms):", {k: round(v * 1e3, 3) for k, v in sweep.items()}, flush=True)
     chunks = None
     if args.chunk_bytes:                        # U's rows a chunk at a time, each chunk staying in L2 (opt-in)
         os.environ["MPIML_SPARSE_GATHER_CHUNK_BYTES"] = str(args.chunk_bytes)

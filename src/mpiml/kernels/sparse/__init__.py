@@ -135,10 +135,14 @@ def _sm_count():
     return _SMS[dev]
 
 
+#: Most blocks a grid-stride launch has per SM (:func:`_blocks`; the benchmark sweeps it).
+MAX_BLOCKS_PER_SM = 64
+
+
 def _blocks(rows_per_block, n_rows):
-    """Blocks of a grid-stride launch: enough for every row, at most 64 an SM."""
+    """Blocks of a grid-stride launch: enough for every row, at most :data:`MAX_BLOCKS_PER_SM` an SM."""
     need = max(1, -(-int(n_rows) // rows_per_block))
-    return int(min(need, _sm_count() * 64))
+    return int(min(need, _sm_count() * MAX_BLOCKS_PER_SM))
 
 
 def supported(A):
@@ -592,12 +596,13 @@ def transpose_functions(dtype):
             {w: _function(f"mpiml_csr_sort_runs<{T}, {w}>") for w in _SORT_WORDS})
 
 
-def csr_transpose(A, max_run=None, moments=False):
+def csr_transpose(A, max_run=None, moments=False, events=None):
     """``Aᵀ`` as a ``cupyx`` CSR matrix (see :func:`supported`), or None when a column of ``A`` holds more than
     ``max_run`` (default :data:`TRANSPOSE_MAX_RUN`) values.  ``moments``: ``(Aᵀ, (s1, s2, dups))`` instead, per
     column of ``A`` the sum of its stored values, the sum of their squared deviations from their own mean
     (float64, a fixed order) and, as a device int32, the count of columns with a repeated row (duplicates: then
     ``s2`` is not the moment of the matrix); computed by the sort while each column's values are in shared memory.
+    ``events``: a list that gets ``(phase, CUDA event)`` after each phase (the benchmark's breakdown).
 
     The column counts by atomics, their scan (``Aᵀ``'s row pointers), a fill that puts every stored value in
     its row of ``Aᵀ`` at a place taken by an atomic, then a block a row of ``Aᵀ`` sorts it by index in shared
@@ -613,10 +618,18 @@ def csr_transpose(A, max_run=None, moments=False):
     nnz = int(A.nnz)
     limit = TRANSPOSE_MAX_RUN if max_run is None else int(max_run)
     count_fn, fill_fn, sorts = transpose_functions(A.dtype)
+
+    def phase(name):
+        if events is not None:
+            events.append((name, cupy.cuda.Event()))
+            events[-1][1].record()
+
+    phase("start")
     counts = cupy.zeros(n_cols + 1, dtype=cupy.int32)
     if nnz and n_rows:
         count_fn((int(min(-(-nnz // _THREADS), _sm_count() * 32)),), (_THREADS,),
                  (A.indices, np.int64(nnz), counts[1:]))
+    phase("counts")
     longest = int(counts.max().get()) if n_cols else 0
     if longest > limit:
         return None
@@ -628,8 +641,10 @@ def csr_transpose(A, max_run=None, moments=False):
     dups = cupy.zeros(1, dtype=cupy.int32)
     if nnz and n_rows:
         cursor = ptr[:-1].copy()
+        phase("scan and allocation")
         fill_fn((_blocks(_THREADS // 32, n_rows),), (_THREADS,),
                 (A.indptr, A.indices, A.data, np.int64(n_rows), cursor, rows_t, data_t))
+        phase("fill")
         pbits = max(1, int(longest - 1).bit_length())               # p = 2^pbits >= longest
         p = 1 << pbits
         word = _sort_word(n_rows, pbits)
@@ -639,6 +654,7 @@ def csr_transpose(A, max_run=None, moments=False):
             sort_fn.max_dynamic_shared_size_bytes = smem
         sort_fn((int(min(n_cols, _sm_count() * 16)),), (_THREADS,),
                 (ptr, np.int64(n_cols), np.int32(p), np.int32(pbits), rows_t, data_t, s1, s2, dups), shared_mem=smem)
+        phase("sort")
     XT = csp.csr_matrix((data_t, rows_t, ptr), shape=(n_cols, n_rows))
     return (XT, (s1, s2, dups)) if moments else XT
 
