@@ -357,13 +357,13 @@ def test_small_cholinv_flags():
     flag = cp.zeros(1, dtype=cp.int32)
     sparse.small_cholinv(cp.asarray(G), flag)
     assert int(flag.get()[0]) == 1
-    A = rs.standard_normal((100, 10)) @ np.diag(np.logspace(0, 9, 10))
+    A = rs.standard_normal((100, 10)) @ np.diag(np.logspace(0, 7.5, 10))     # cond 3e7: past the limit of 1e7
     flag = cp.zeros(1, dtype=cp.int32)
     sparse.small_cholinv(cp.asarray(A.T @ A), flag, 1e7)
-    assert int(flag.get()[0]) == 2
+    assert int(flag.get()[0]) & 2
     flag = cp.zeros(1, dtype=cp.int32)
     sparse.small_cholinv(cp.asarray(A.T @ A), flag, 0.0)
-    assert int(flag.get()[0]) == 0
+    assert not int(flag.get()[0]) & 2
     with pytest.raises(ValueError, match="1 to 64"):
         sparse.small_cholinv(cp.zeros((65, 65)), flag)
 
