@@ -292,7 +292,8 @@ def test_sparse_fits_equal_at_any_rank_count_device_algebra(mpi, n):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_csr_transpose_equals_cusparse(dtype):
     """The kernel transpose gives the arrays of cuSPARSE's conversion (canonical input), whatever the order of its
-    atomics (two runs equal); unsorted rows too; duplicates as the same matrix; a column past max_run: None."""
+    atomics (two runs equal), and the column moments; unsorted rows too; duplicates as the same matrix, flagged; a
+    column past max_run: the same matrix, that row of Xᵀ unsorted and flagged."""
     import cupy as cp
     import cupyx.scipy.sparse as csp
 
@@ -301,10 +302,12 @@ def test_csr_transpose_equals_cusparse(dtype):
     for n, m, density in ((700, 450, 0.05), (3000, 40, 0.5), (50, 5000, 0.01), (1, 7, 1.0), (9000, 3, 0.9)):
         A = csp.csr_matrix(_csr(n, m, density, dtype, n + m))
         T = sparse.csr_transpose(A)
-        if int(cp.diff(A.tocsc().indptr).max()) > sparse.TRANSPOSE_MAX_RUN:
-            assert T is None                                   # a column too long for the sort: cuSPARSE's
-            continue
         R = A.T.tocsr()
+        if int(cp.diff(A.tocsc().indptr).max()) > sparse.TRANSPOSE_MAX_RUN:   # rows of Xᵀ too long for the sort
+            assert bool((T.indptr == R.indptr).all())
+            np.testing.assert_array_equal(T.get().toarray(), R.get().toarray())
+            assert int(sparse.csr_transpose(A, moments=True)[1][2].get()[0]) > 0
+            continue
         assert T.shape == (m, n) and T.dtype == A.dtype
         for name in ("indptr", "indices", "data"):
             assert bool((getattr(T, name) == getattr(R, name)).all()), (n, m, name)
@@ -334,8 +337,10 @@ def test_csr_transpose_equals_cusparse(dtype):
     assert int(dups.get()[0]) == 1
     u = np.random.RandomState(1).standard_normal(2).astype(dtype)
     np.testing.assert_allclose((T @ cp.asarray(u)).get(), D.T @ u, rtol=1e-5, atol=1e-5)
-    assert sparse.csr_transpose(csp.csr_matrix(A), max_run=3) is None
-    assert sparse.csr_transpose(csp.csr_matrix(A), max_run=300) is not None
+    T, (s1, _, flags) = sparse.csr_transpose(csp.csr_matrix(A), max_run=3, moments=True)   # rows of > 4 unsorted
+    np.testing.assert_array_equal(T.get().toarray(), A.T.toarray())
+    np.testing.assert_allclose(s1.get(), np.asarray(A.sum(axis=0)).ravel(), rtol=1e-5, atol=1e-5)
+    assert int(flags.get()[0]) == int((np.diff(A.tocsc().indptr) > 4).sum())
 
 
 def test_small_cholinv_flags():

@@ -175,11 +175,22 @@ _SIDE_STREAMS = {}
 _WORKER = []
 
 
+class _Done:
+    """A future already done (the kernel transpose's: its launches return at once)."""
+
+    def __init__(self, value):
+        self._value = value
+
+    def result(self):
+        return self._value
+
+
 def _transpose_aside(X):
-    """A future of ``(Xᵀ as CSR, event)`` for a non-empty ``cupyx`` shard (else None), converted by a worker
-    thread on a side stream (one per device, kept: CuPy's memory pool caches per stream) after the work
-    queued so far.  cuSPARSE's conversion holds the calling thread for 3.3 ms of the 8.9 ms it takes at
-    10^8 stored values; in the worker, the fit's first products are queued meanwhile."""
+    """A future of ``(Xᵀ as CSR, moments, event)`` for a non-empty ``cupyx`` shard (else None), converted on a
+    side stream (one per device, kept: CuPy's memory pool caches per stream) after the work queued so far, so
+    the fit's first products run beside it.  The kernel transpose (``MPIML_SPARSE_TRANSPOSE=kernel``) is
+    launched here (no wait on the device); cuSPARSE's conversion by a worker thread (it holds its thread, and
+    measured on an H100 the GIL, for most of its 9 ms at 10^8 stored values)."""
     import cupy
 
     if not (X.nnz and X.shape[0]):
@@ -192,7 +203,9 @@ def _transpose_aside(X):
 
     how = _sparse_kernels.transpose_mode()
     if how == "kernel" and _sparse_kernels.supported(X):
-        _sparse_kernels.transpose_functions(X.dtype)      # loaded here, not by the worker
+        with side:
+            XT, moments = _sparse_kernels.csr_transpose(X, moments=True)
+            return _Done((XT, moments, side.record()))
 
     def convert():
         with cupy.cuda.Device(dev), side:
@@ -210,18 +223,16 @@ def device_transpose(X, how=None, moments=False):
     """``Xᵀ`` as CSR for a non-empty ``cupyx`` CSR shard, else None (host SciPy needs no help).
 
     ``how`` (default: ``MPIML_SPARSE_TRANSPOSE``, :data:`mpiml.kernels.sparse.TRANSPOSES`): ``"kernel"`` forms it
-    by :func:`mpiml.kernels.sparse.csr_transpose` where the kernels take ``X`` and no column is too long for its
-    sort, else by cuSPARSE (``X.T.tocsr()``), the same arrays either way.  ``moments``: ``(Xᵀ, moments)``, the
+    by :func:`mpiml.kernels.sparse.csr_transpose` where the kernels take ``X``, else by cuSPARSE
+    (``X.T.tocsr()``), the same arrays either way (but for columns too long for the kernel's sort).  ``moments``: ``(Xᵀ, moments)``, the
     column moments the kernel's sort computes (None from cuSPARSE).
     """
     XT = mom = None
     if type(X).__module__.startswith("cupyx") and getattr(X, "format", None) == "csr" and X.nnz and X.shape[0]:
         how = _sparse_kernels.transpose_mode() if how is None else how
         if how == "kernel" and _sparse_kernels.supported(X):
-            out = _sparse_kernels.csr_transpose(X, moments=True)
-            if out is not None:
-                XT, mom = out
-        if XT is None:
+            XT, mom = _sparse_kernels.csr_transpose(X, moments=True)
+        else:
             XT = X.T.tocsr()
     return (XT, mom) if moments else XT
 

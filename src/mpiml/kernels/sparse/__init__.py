@@ -567,11 +567,11 @@ def column_pieces(A, max_pieces=MAX_PIECES):
 # ---------------------------------------------------------------------- the transpose
 #: How a fit forms ``Xᵀ`` as CSR (environment ``MPIML_SPARSE_TRANSPOSE``, read when the conversion starts):
 #: ``"cusparse"`` (default): ``X.T.tocsr()`` (cuSPARSE's csr2csc, 9.1 ms at 10^8 values on an H100);
-#: ``"kernel"``: :func:`csr_transpose` (the same arrays; cuSPARSE's conversion when a column of ``X`` holds more
-#: than :data:`TRANSPOSE_MAX_RUN` values).
+#: ``"kernel"``: :func:`csr_transpose` (the same arrays, no wait on the device; a column of ``X`` of more than
+#: :data:`TRANSPOSE_MAX_RUN` values leaves its row of ``Xᵀ`` unsorted).
 TRANSPOSES = ("cusparse", "kernel")
-#: Most values a column of ``A`` may hold for :func:`csr_transpose` (its row of ``Aᵀ`` is sorted in shared
-#: memory: 4096 words and values are 32 to 64 KiB).
+#: Most values a column of ``A`` may hold for :func:`csr_transpose` to sort its row of ``Aᵀ`` (in shared
+#: memory: 4096 words and values are 32 to 64 KiB); longer rows stay in the fill's order.
 TRANSPOSE_MAX_RUN = 4096
 
 
@@ -597,26 +597,30 @@ def transpose_functions(dtype):
 
 
 def csr_transpose(A, max_run=None, moments=False, events=None):
-    """``Aᵀ`` as a ``cupyx`` CSR matrix (see :func:`supported`), or None when a column of ``A`` holds more than
-    ``max_run`` (default :data:`TRANSPOSE_MAX_RUN`) values.  ``moments``: ``(Aᵀ, (s1, s2, dups))`` instead, per
-    column of ``A`` the sum of its stored values, the sum of their squared deviations from their own mean
-    (float64, a fixed order) and, as a device int32, the count of columns with a repeated row (duplicates: then
-    ``s2`` is not the moment of the matrix); computed by the sort while each column's values are in shared memory.
-    ``events``: a list that gets ``(phase, CUDA event)`` after each phase (the benchmark's breakdown).
+    """``Aᵀ`` as a ``cupyx`` CSR matrix (see :func:`supported`), with no wait on the device.
 
     The column counts by atomics, their scan (``Aᵀ``'s row pointers), a fill that puts every stored value in
     its row of ``Aᵀ`` at a place taken by an atomic, then a block a row of ``Aᵀ`` sorts it by index in shared
     memory: for ``A`` without duplicate entries, the arrays of ``A.T.tocsr()`` exactly, whatever the order of
-    the atomics (deterministic).  Duplicates stay (as cuSPARSE keeps them), in an order that may vary.  One read
-    back (the longest column, which sizes the sort) on the current stream.  Memory: the counts and a cursor
-    (``n_cols`` int32 each) besides ``Aᵀ``'s arrays.
+    the atomics (deterministic).  A row of ``Aᵀ`` longer than ``max_run`` (default :data:`TRANSPOSE_MAX_RUN`,
+    rounded up to a power of two) stays in the fill's order (the same matrix; products on it sum in an order
+    that varies); duplicates stay (as cuSPARSE keeps them), in an order that may vary.
+
+    ``moments``: ``(Aᵀ, (s1, s2, flags))`` instead: per column of ``A`` the sum of its stored values and the sum
+    of their squared deviations from their own mean (float64), and, as a device int32, the count of columns
+    with a repeated row or left unsorted (then ``s2`` may not be the moment of the matrix and the indices of
+    that row of ``Aᵀ`` are not increasing); computed by the sort while each column's values are in shared
+    memory.  ``events``: a list that gets ``(phase, CUDA event)`` after each phase (the benchmark's breakdown).
+    Memory: the counts and a cursor (``n_cols`` int32 each), two float64 vectors, besides ``Aᵀ``'s arrays.
     """
     import cupy
     import cupyx.scipy.sparse as csp
 
     n_rows, n_cols = A.shape
     nnz = int(A.nnz)
-    limit = TRANSPOSE_MAX_RUN if max_run is None else int(max_run)
+    limit = TRANSPOSE_MAX_RUN if max_run is None else max(2, int(max_run))
+    pbits = max(1, int(limit - 1).bit_length())                 # the sort's places: p = 2^pbits >= limit
+    p = 1 << pbits
     count_fn, fill_fn, sorts = transpose_functions(A.dtype)
 
     def phase(name):
@@ -630,33 +634,29 @@ def csr_transpose(A, max_run=None, moments=False, events=None):
         count_fn((int(min(-(-nnz // _THREADS), _sm_count() * 32)),), (_THREADS,),
                  (A.indices, np.int64(nnz), counts[1:]))
     phase("counts")
-    longest = int(counts.max().get()) if n_cols else 0
-    if longest > limit:
-        return None
     ptr = cupy.cumsum(counts, dtype=cupy.int32)          # ptr[0] = 0: Aᵀ's row pointers
     rows_t = cupy.empty(nnz, dtype=cupy.int32)
     data_t = cupy.empty(nnz, dtype=A.dtype)
     s1 = cupy.zeros(n_cols, dtype=cupy.float64)
     s2 = cupy.zeros(n_cols, dtype=cupy.float64)
-    dups = cupy.zeros(1, dtype=cupy.int32)
+    flags = cupy.zeros(1, dtype=cupy.int32)
     if nnz and n_rows:
         cursor = ptr[:-1].copy()
         phase("scan and allocation")
         fill_fn((_blocks(_THREADS // 32, n_rows),), (_THREADS,),
                 (A.indptr, A.indices, A.data, np.int64(n_rows), cursor, rows_t, data_t))
         phase("fill")
-        pbits = max(1, int(longest - 1).bit_length())               # p = 2^pbits >= longest
-        p = 1 << pbits
         word = _sort_word(n_rows, pbits)
         sort_fn = sorts[word]
         smem = p * ((4 if word == _SORT_WORDS[0] else 8) + np.dtype(A.dtype).itemsize)
         if smem > 48 * 1024:
             sort_fn.max_dynamic_shared_size_bytes = smem
         sort_fn((int(min(n_cols, _sm_count() * 16)),), (_THREADS,),
-                (ptr, np.int64(n_cols), np.int32(p), np.int32(pbits), rows_t, data_t, s1, s2, dups), shared_mem=smem)
+                (ptr, np.int64(n_cols), np.int32(p), np.int32(pbits), rows_t, data_t, s1, s2, flags),
+                shared_mem=smem)
         phase("sort")
     XT = csp.csr_matrix((data_t, rows_t, ptr), shape=(n_cols, n_rows))
-    return (XT, (s1, s2, dups)) if moments else XT
+    return (XT, (s1, s2, flags)) if moments else XT
 
 
 # ---------------------------------------------------------------------- small factorisations

@@ -76,6 +76,7 @@
 //   order (deterministic when A has no duplicate entries; duplicates are ordered by where the fill put them).
 //   Meanwhile, per row, s1 = Σ values and s2 = Σ (value - s1 / m)² over its m stored values (double, a fixed
 //   order), and the count of rows with a repeated index (duplicates) to *unsorted: the column moments of A.
+//   A row longer than p_max is left in the fill's order (its moments summed in that order) and counted too.
 //
 // mpiml_small_cholinv:  the l x l algebra of a CholeskyQR round on the device (l <= 64, one block of 128 threads,
 //   no read back): for a symmetric G (double, row-major), R = Lᵀ with G = L Lᵀ and Rinv = R⁻¹ (row-major,
@@ -562,10 +563,24 @@ mpiml_csr_transpose_fill(const int* __restrict__ indptr, const int* __restrict__
          row += warps) {
         const int start = __ldg(indptr + row);
         const int end = __ldg(indptr + row + 1);
-        for (int j = start + lane; j < end; j += 32) {
-            const int pos = atomicAdd(cursor + __ldcs(indices + j), 1);
-            rows_t[pos] = (int)row;
-            data_t[pos] = __ldcs(data + j);
+        for (int base = start + lane; base < end; base += 128) {   // 4 atomics in flight a lane
+            int c[4], pos[4];
+            T v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int j = base + 32 * u;
+                c[u] = j < end ? __ldcs(indices + j) : 0;
+                v[u] = j < end ? __ldcs(data + j) : T(0);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) pos[u] = base + 32 * u < end ? atomicAdd(cursor + c[u], 1) : 0;
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                if (base + 32 * u < end) {
+                    rows_t[pos[u]] = (int)row;
+                    data_t[pos[u]] = v[u];
+                }
+            }
         }
     }
 }
@@ -601,6 +616,24 @@ mpiml_csr_sort_runs(const int* __restrict__ indptr, const long long n_rows, cons
             if (t == 0) {
                 s1[row] = m ? double(vals[start]) : 0.0;
                 s2[row] = 0.0;
+            }
+            continue;
+        }
+        if (m > p_max) {                              // too long for the shared arrays: left in the fill's order
+            double a = 0.0;
+            for (int i = t; i < m; i += MPIML_SPARSE_THREADS) a += double(vals[start + i]);
+            a = mpiml_block_sum(a, red);
+            const double mean = a / m;
+            double q = 0.0;
+            for (int i = t; i < m; i += MPIML_SPARSE_THREADS) {
+                const double d = double(vals[start + i]) - mean;
+                q += d * d;
+            }
+            q = mpiml_block_sum(q, red);
+            if (t == 0) {
+                s1[row] = a;
+                s2[row] = q;
+                atomicAdd(unsorted, 1);
             }
             continue;
         }
