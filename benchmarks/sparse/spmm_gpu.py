@@ -11,12 +11,12 @@ of ``b = components + 10`` columns by cuSPARSE (``X @ V``, ``X.T @ U``, and on t
 forming ``Xᵀ`` (``X.T.tocsr()``); the same for one vector (``b = 1``, sparse Ridge's products); the
 column sums (``mpiml.utils._linalg.column_sums`` and the kernel's row moments of ``Xᵀ``); then whole
 TruncatedSVD fits (defaults but ``n_components``) under each ``MPIML_SPARSE_PRODUCTS`` mode, and in the
-"kernels" mode with the kernel transpose (``MPIML_SPARSE_TRANSPOSE=kernel``) and the device CholeskyQR2
-algebra (``MPIML_RANDOMIZED_ALGEBRA=device``), each alone and both.  ``--timeline``: one more fit of each
-of those, its steps timed by CUDA events with no synchronisation added (device ms between steps, host ms,
-and where the host stood against the device); ``--trace``: one fit with every function of the decomposition,
-its validation and kernels timed with the device synchronised around each call (``scripts/profile_fit.py``'s
-tracer; serialises the transpose's overlap).
+"kernels" mode with cuSPARSE's transpose (``MPIML_SPARSE_TRANSPOSE=cusparse``) and the host's CholeskyQR2
+algebra (``MPIML_RANDOMIZED_ALGEBRA=host``), each alone and both (the fit before these defaults).
+``--timeline``: one more fit of each of those, its steps timed by CUDA events with no synchronisation added
+(device ms between steps, host ms, and where the host stood against the device); ``--trace``: one fit with
+every function of the decomposition, its validation and kernels timed with the device synchronised around
+each call (``scripts/profile_fit.py``'s tracer; serialises the transpose's overlap).
 Floors: the bytes a product must move (the CSR arrays once, the dense block read and the result
 written) at the datasheet HBM bandwidth; the gathers of ``V``'s rows (``nnz * b`` values) come from L2
 when ``V`` fits there and are reported separately.  Prints a table and writes JSON.
@@ -97,14 +97,11 @@ def _print_timeline(name, rows):
 
 #: The TruncatedSVD fits of the "kernels" mode: name -> the environment they run under.
 _VARIANTS = {"kernels": {},
-             "kernels, kernel transpose": {"MPIML_SPARSE_TRANSPOSE": "kernel"},
-             "kernels, device algebra": {"MPIML_RANDOMIZED_ALGEBRA": "device"},
-             "kernels, kernel transpose + device algebra": {"MPIML_SPARSE_TRANSPOSE": "kernel",
-                                                            "MPIML_RANDOMIZED_ALGEBRA": "device"},
-             "kernels, kernel transpose + device algebra + atomic4 iterations": {
-                 "MPIML_SPARSE_TRANSPOSE": "kernel", "MPIML_RANDOMIZED_ALGEBRA": "device",
-                 "MPIML_SPARSE_ITERATE": "atomic4"}}
-_VARIANT_KEYS = ("MPIML_SPARSE_TRANSPOSE", "MPIML_RANDOMIZED_ALGEBRA", "MPIML_SPARSE_ITERATE")
+             "kernels, cuSPARSE transpose": {"MPIML_SPARSE_TRANSPOSE": "cusparse"},
+             "kernels, host algebra": {"MPIML_RANDOMIZED_ALGEBRA": "host"},
+             "kernels, cuSPARSE transpose + host algebra (before)": {"MPIML_SPARSE_TRANSPOSE": "cusparse",
+                                                                     "MPIML_RANDOMIZED_ALGEBRA": "host"}}
+_VARIANT_KEYS = ("MPIML_SPARSE_TRANSPOSE", "MPIML_RANDOMIZED_ALGEBRA")
 
 
 def _set_variant(env):

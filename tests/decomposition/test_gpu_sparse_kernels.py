@@ -373,6 +373,24 @@ def test_small_cholinv_flags():
         sparse.small_cholinv(cp.zeros((65, 65)), flag)
 
 
+def test_small_svd_by_jacobi():
+    """The device's SVD of a small square factor against NumPy's: values, the product, orthonormal factors."""
+    import cupy as cp
+
+    from mpiml.kernels import sparse
+
+    rs = np.random.RandomState(9)
+    for l in (1, 2, 5, 26, 27, 42, 64):
+        R = np.triu(rs.standard_normal((l, l))) @ np.diag(np.logspace(0, 3, l))
+        flag = cp.zeros(1, dtype=cp.int32)
+        U, s, Vt = sparse.small_svd(cp.asarray(R), flag)
+        assert int(flag.get()[0]) == 0
+        np.testing.assert_allclose(s.get(), np.linalg.svd(R, compute_uv=False), rtol=1e-12, atol=1e-12 * abs(R).max())
+        np.testing.assert_allclose((U * s[None, :] @ Vt).get(), R, atol=1e-12 * abs(R).max())
+        np.testing.assert_allclose((U.T @ U).get(), np.eye(l), atol=1e-12)
+        np.testing.assert_allclose((Vt @ Vt.T).get(), np.eye(l), atol=1e-12)
+
+
 @pytest.mark.parametrize("transpose,algebra", [("kernel", "device"), ("cusparse", "host")])
 def test_truncated_svd_device_algebra_equals_host(transpose, algebra, monkeypatch):
     """TruncatedSVD with either transpose and either CholeskyQR2 algebra (every normaliser) gives the host fit; with
@@ -408,8 +426,7 @@ def test_truncated_svd_device_algebra_equals_host(transpose, algebra, monkeypatc
     assert [m[0] for m in marks].count("X V 0") == (2 if algebra == "device" else 1)   # the device's, then the host's
     np.testing.assert_allclose(g.singular_values_.get()[0], h.singular_values_[0], rtol=1e-10)
     np.testing.assert_allclose(np.abs(g.components_.get()[0]), np.abs(h.components_[0]), rtol=1e-8, atol=1e-12)
-    # float32 with the power iterations' Xᵀ U by float4 atomics: the leading singular values of the host fit
-    monkeypatch.setenv("MPIML_SPARSE_ITERATE", "atomic4")
+    # float32: the leading singular values of the host fit
     X32 = _csr(4000, 500, 0.02, np.float64, 22)
     X32 = sp.csr_matrix(abs(X32) @ sp.diags(0.9 ** np.arange(500))).astype(np.float32)
     h = TruncatedSVD(8, n_iter=7, random_state=0).fit(X32.astype(np.float64))

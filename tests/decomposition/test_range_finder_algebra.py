@@ -26,9 +26,15 @@ def _host_cholinv(G, flag, max_cond=0.0):
     return R, Rinv
 
 
+def _host_svd(R, flag):
+    """What mpiml_small_svd computes, on the host."""
+    return np.linalg.svd(np.asarray(R), full_matrices=False)
+
+
 @pytest.fixture
 def host_kernel(monkeypatch):
     monkeypatch.setattr(_solvers._sparse_kernels, "small_cholinv", _host_cholinv)
+    monkeypatch.setattr(_solvers._sparse_kernels, "small_svd", _host_svd)
 
 
 @pytest.mark.parametrize("steps", [(None, "cholesky_qr2", "cholesky_qr2"),

@@ -59,15 +59,6 @@ def mark(label, xp=None):
 
 
 # ---------------------------------------------------------------------- operator
-#: How the power iterations of randomized_svd multiply a float32 ``cupyx`` shard by ``Xᵀ`` (environment
-#: ``MPIML_SPARSE_ITERATE``, read when a fit starts): ``"gather"`` (default): as every other product (the
-#: gather on the stored ``Xᵀ``, float64 sums, deterministic); ``"atomic4"``: float4 atomics from the rows of
-#: ``X`` (:func:`mpiml.kernels.sparse.csr_rmatmul_scatter4`, sm_90; float32 sums in a varying order: results
-#: vary from run to run at float32 rounding), the final ``Qᵀ X`` and the variances still on ``Xᵀ``, which is
-#: formed meanwhile.
-ITERATES = ("gather", "atomic4")
-
-
 class SparseRows:
     """A sparse shard as the solvers use it: ``X V`` and this rank's part of ``Xᵀ U``, optionally centred.
 
@@ -83,9 +74,6 @@ class SparseRows:
     matrix with atomics; here ``Xᵀ`` is stored as CSR once per fit (one
     conversion, the stored values' memory once more) and both products read
     the dense block a row at a time.  SciPy shards multiply as SciPy does.
-    ``MPIML_SPARSE_ITERATE=atomic4`` (:data:`ITERATES`): the power iterations'
-    ``Xᵀ U`` by float4 atomics from the rows of ``X`` instead (float32, see
-    :meth:`rmatmul`'s ``exact``).
     """
 
     def __init__(self, X, XT=None, mean=None, mode=None):
@@ -93,7 +81,6 @@ class SparseRows:
         self.mean = mean
         self.shape, self.dtype = X.shape, X.dtype
         self.mode = _sparse_kernels.products_mode() if mode is None else mode
-        self.iterate = _sparse_kernels._env_choice("MPIML_SPARSE_ITERATE", ITERATES)
         self.kernels = _sparse_kernels.for_shard(X) if self.mode != "cusparse" else None
         self._pending = None
         self._chunks = None
@@ -143,15 +130,8 @@ class SparseRows:
             out = out - (self.mean.astype(self.dtype) @ V.astype(self.dtype, copy=False))[None, :]
         return out
 
-    def rmatmul(self, U, xp, exact=True):
-        """This rank's part of ``Xᵀ U`` (centred when ``mean`` is set), float64.  ``exact=False`` (a power
-        iteration's product, of which only the span matters) under ``MPIML_SPARSE_ITERATE=atomic4``: float32
-        ``X`` and ``U`` of 2 to 32 columns go by float4 atomics from the rows of ``X`` (float32 sums in an order
-        that varies from run to run), not waiting for ``Xᵀ``."""
-        if (not exact and self.iterate == "atomic4" and self.mode == "kernels" and self.kernels is not None
-                and self.mean is None and self.dtype == np.float32 and U.ndim == 2
-                and 2 <= U.shape[1] <= _sparse_kernels.VEC4_MAX_COLUMNS):
-            return self.kernels.csr_rmatmul_scatter4(self.X, U).astype(np.float64)
+    def rmatmul(self, U, xp):
+        """This rank's part of ``Xᵀ U`` (centred when ``mean`` is set), float64."""
         if self.kernels is not None and self.XT is not None and self.mode == "kernels":
             if self._chunks is None and U.ndim == 2:   # U's rows in L2-sized chunks (once per fit)
                 self._chunks = self.kernels.gather_chunks(self.XT, U.shape[1]) or False
@@ -224,8 +204,8 @@ def device_transpose(X, how=None, moments=False):
 
     ``how`` (default: ``MPIML_SPARSE_TRANSPOSE``, :data:`mpiml.kernels.sparse.TRANSPOSES`): ``"kernel"`` forms it
     by :func:`mpiml.kernels.sparse.csr_transpose` where the kernels take ``X``, else by cuSPARSE
-    (``X.T.tocsr()``), the same arrays either way (but for columns too long for the kernel's sort).  ``moments``: ``(Xᵀ, moments)``, the
-    column moments the kernel's sort computes (None from cuSPARSE).
+    (``X.T.tocsr()``), the same arrays either way (but for columns too long for the kernel's sort).
+    ``moments``: ``(Xᵀ, moments)``, the column moments the kernel's sort computes (None from cuSPARSE).
     """
     XT = mom = None
     if type(X).__module__.startswith("cupyx") and getattr(X, "format", None) == "csr" and X.nnz and X.shape[0]:
@@ -298,11 +278,10 @@ def _batched_tmatmul(X, U, xp, L):
     return out
 
 
-def _rmatvec(X, U, comm, xp, exact=True):
-    """``X.T @ U`` summed over ranks, float64, replicated (one allreduce of d x b); ``exact``: see
-    :meth:`SparseRows.rmatmul`."""
+def _rmatvec(X, U, comm, xp):
+    """``X.T @ U`` summed over ranks, float64, replicated (one allreduce of d x b)."""
     if isinstance(X, SparseRows):
-        out = X.rmatmul(U, xp, exact=exact)
+        out = X.rmatmul(U, xp)
     else:
         out = _tall_tmatmul(X, U, xp)
     if comm.size > 1:
@@ -422,13 +401,15 @@ def _small_svd(R, xp):
 
 
 #: Where the CholeskyQR2 rounds of :func:`randomized_svd` on CuPy data do their ``l x l`` algebra
-#: (environment ``MPIML_RANDOMIZED_ALGEBRA``, read when a fit starts): ``"host"`` (default): the Gram matrix
-#: is copied to the host every round (Cholesky, condition check, triangular inverse there; a wait on the device
-#: each round, 14 a default fit); ``"device"``: one kernel a round (:func:`mpiml.kernels.sparse.small_cholinv`)
-#: whose checks are read once, with the final ``l x l`` factor: if one failed (not positive definite, or an
-#: iterate past CholeskyQR2's condition limit), the range finder runs again from the same random matrix with the
+#: (environment ``MPIML_RANDOMIZED_ALGEBRA``, read when a fit starts): ``"host"``: the Gram matrix is copied to
+#: the host every round (Cholesky, condition check, triangular inverse there; a wait on the device each round,
+#: 14 a default fit, ~2.7 ms each on an H100 host); ``"device"`` (default): one kernel a round
+#: (:func:`mpiml.kernels.sparse.small_cholinv`)
+#: whose checks are read once, after the final ``l x l`` SVD (one-sided Jacobi on the device,
+#: :func:`mpiml.kernels.sparse.small_svd`): if one failed (not positive definite, an iterate past CholeskyQR2's
+#: condition limit, or Jacobi unconverged), the range finder runs again from the same random matrix with the
 #: host's algebra (and its TSQR fallback).  For ``l <= 64``.
-ALGEBRAS = ("host", "device")
+ALGEBRAS = ("device", "host")
 
 
 def algebra_mode():
@@ -474,7 +455,7 @@ def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, devic
         if dist_step is not None:
             Y = orth(Y, dist_step, comm)
             mark(f"normalise X V {it - 1}", xp)
-        Z = _rmatvec(X, Y, comm, xp, exact=False)                 # (d, l), replicated
+        Z = _rmatvec(X, Y, comm, xp)                              # (d, l), replicated
         mark(f"Xt U {it}", xp)
         if repl_step is not None:                                 # the replicated iterate: one rank's algebra
             Z = orth(Z, repl_step, _Alone) if device and repl_step == "cholesky_qr2" else _local_orth(Z, xp)
@@ -489,19 +470,18 @@ def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, devic
         Uhat, s, Vt = _wide_svd(B, xp)
         mark("SVD of Qt X", xp)
         return Q, Uhat, s, Vt
-    # Bᵀ = Qb Rb, then the SVD of Rb on the host: the only wait on the device, which also brings the checks
+    # Bᵀ = Qb Rb and the SVD of Rb on the device (Jacobi); then the only wait on the device, for the checks
     Qb, Rb = _cholqr2_device(xp.ascontiguousarray(B.T), _Alone, flag, xp)
-    m = Rb.shape[0]
-    both = to_numpy(xp.concatenate([Rb.ravel(), flag.astype(xp.float64)]))
-    failed = float(both[-1]) != 0.0
+    Ur, s, Vrt = _sparse_kernels.small_svd(Rb, flag)
+    # B = Rbᵀ Qbᵀ = Vrtᵀ diag(s) Urᵀ Qbᵀ
+    Uhat, Vt = Vrt.T, (Qb @ Ur).T
+    failed = int(to_numpy(flag)[0]) != 0
     if comm.size > 1:   # the checks act on replicated matrices, alike everywhere; agreed on all the same
         failed = bool(np.asarray(comm.allreduce(np.array([float(failed)])))[0] > 0)
     mark("SVD of Qt X", xp)
     if failed:
         return None
-    Ur, s, Vrt = np.linalg.svd(both[:-1].reshape(m, m), full_matrices=False)
-    # B = Rbᵀ Qbᵀ = Vrtᵀ diag(s) Urᵀ Qbᵀ
-    return Q, xp.asarray(Vrt.T), xp.asarray(s), (Qb @ xp.asarray(Ur)).T
+    return Q, Uhat, s, Vt
 
 
 def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversamples=10, n_iter=4,

@@ -31,7 +31,7 @@ import numpy as np
 
 __all__ = ["PRODUCTS", "products_mode", "GATHERS", "gather_mode", "gather_chunks", "GatherChunks", "for_shard", "supported", "csr_matmul", "csr_rmatmul_scatter", "csr_normal_vec", "csr_row_moments",
            "dense_column_moments", "column_pieces", "ColumnPieces", "plan", "FILES", "expressions", "TRANSPOSES",
-           "transpose_mode", "csr_transpose", "TRANSPOSE_MAX_RUN", "small_cholinv", "SMALL_MAX"]
+           "transpose_mode", "csr_transpose", "TRANSPOSE_MAX_RUN", "small_cholinv", "small_svd", "SMALL_MAX"]
 
 FILES = ("sparse/spmm.cu",)
 _THREADS = 256                     # MPIML_SPARSE_THREADS in spmm.cu
@@ -59,7 +59,7 @@ def expressions():
         out += [f"mpiml_csr_piece_scatter<{t}, {g}>" for g in (4, 8, 16, 32)]
         out += [f"mpiml_csr_transpose_fill<{t}>"]
         out += [f"mpiml_csr_sort_runs<{t}, {w}>" for w in _SORT_WORDS]
-    out += ["mpiml_csr_split", "mpiml_csr_col_counts", "mpiml_small_cholinv"]
+    out += ["mpiml_csr_split", "mpiml_csr_col_counts", "mpiml_small_cholinv", "mpiml_small_svd"]
     out += [f"mpiml_csr_scatter4<{lanes}>" for lanes in (2, 4, 8)]
     return out
 
@@ -566,10 +566,11 @@ def column_pieces(A, max_pieces=MAX_PIECES):
 
 # ---------------------------------------------------------------------- the transpose
 #: How a fit forms ``Xᵀ`` as CSR (environment ``MPIML_SPARSE_TRANSPOSE``, read when the conversion starts):
-#: ``"cusparse"`` (default): ``X.T.tocsr()`` (cuSPARSE's csr2csc, 9.1 ms at 10^8 values on an H100);
-#: ``"kernel"``: :func:`csr_transpose` (the same arrays, no wait on the device; a column of ``X`` of more than
-#: :data:`TRANSPOSE_MAX_RUN` values leaves its row of ``Xᵀ`` unsorted).
-TRANSPOSES = ("cusparse", "kernel")
+#: ``"kernel"`` (default): :func:`csr_transpose` (the same arrays, no wait on the device; a column of ``X`` of
+#: more than :data:`TRANSPOSE_MAX_RUN` values leaves its row of ``Xᵀ`` unsorted); ``"cusparse"``:
+#: ``X.T.tocsr()`` (cuSPARSE's csr2csc, 9.2 ms at 10^8 values on an H100, holding the calling thread and the
+#: GIL meanwhile).
+TRANSPOSES = ("kernel", "cusparse")
 #: Most values a column of ``A`` may hold for :func:`csr_transpose` to sort its row of ``Aᵀ`` (in shared
 #: memory: 4096 words and values are 32 to 64 KiB); longer rows stay in the fill's order.
 TRANSPOSE_MAX_RUN = 4096
@@ -679,6 +680,27 @@ def small_cholinv(G, flag, max_cond=0.0):
     Rinv = cupy.empty((l, l), dtype=cupy.float64)
     _function("mpiml_small_cholinv")((1,), (128,), (G, np.int32(l), np.float64(max_cond), R, Rinv, flag))
     return R, Rinv
+
+
+def small_svd(R, flag):
+    """``(U, s, Vt)`` with ``R = U diag(s) Vt`` for a square float64 CuPy ``R`` of 1 to :data:`SMALL_MAX` rows, on
+    the device with no read back (one kernel, one-sided Jacobi; ``s`` descending): ``flag |= 4`` when 60 sweeps do
+    not converge.  Signs as Jacobi leaves them (the callers flip by scikit-learn's rule)."""
+    import cupy
+
+    l = R.shape[0]
+    if R.shape != (l, l) or not 1 <= l <= SMALL_MAX:
+        raise ValueError(f"small_svd takes a square matrix of 1 to {SMALL_MAX} rows; got shape {R.shape}")
+    R = cupy.ascontiguousarray(R, dtype=cupy.float64)
+    U = cupy.empty((l, l), dtype=cupy.float64)
+    Vt = cupy.empty((l, l), dtype=cupy.float64)
+    s = cupy.empty(l, dtype=cupy.float64)
+    fn = _function("mpiml_small_svd")
+    smem = 2 * l * l * 8
+    if smem > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = smem
+    fn((1,), (1024,), (R, np.int32(l), U, s, Vt, flag), shared_mem=smem)
+    return U, s, Vt
 
 
 # ---------------------------------------------------------------------- which products a shard uses

@@ -89,6 +89,11 @@
 //   apart), Y float32 (n_cols x 4 L, zeroed by the caller): a warp a row of A, lane l of each group of L holds
 //   float4 l of the row of U; a group takes one stored value at a time and adds value * u to that row of Y by
 //   float4 atomics (sm_90; four float atomics before).  float32 sums in an order that depends on scheduling.
+//
+// mpiml_small_svd:  the SVD R = U diag(s) Vt of a square l x l double R (row-major, l <= 64) by one-sided Jacobi
+//   on its columns, one block of 1024 threads (a warp a pair of columns; the pairs of a round by the circle
+//   method, disjoint), sweeps until no pair's cosine exceeds 1e-15 (*flag |= 4 if 60 sweeps do not get there);
+//   s descending, U (row-major, its columns in that order) and Vt (its rows).  Dynamic shared memory: 2 l² doubles.
 
 #ifndef MPIML_SPARSE_THREADS
 #define MPIML_SPARSE_THREADS 256
@@ -791,4 +796,96 @@ mpiml_csr_scatter4(const int* __restrict__ indptr, const int* __restrict__ indic
 #endif
         }
     }
+}
+
+__global__ void __launch_bounds__(1024)
+mpiml_small_svd(const double* __restrict__ R, const int l, double* __restrict__ U, double* __restrict__ sv,
+                double* __restrict__ Vt, int* __restrict__ flag) {
+    extern __shared__ __align__(16) unsigned char mpiml_svd_smem[];
+    double* A = reinterpret_cast<double*>(mpiml_svd_smem);        // column c at A + c * l
+    double* V = A + l * l;
+    __shared__ double norms[MPIML_SMALL_MAX];
+    __shared__ int order[MPIML_SMALL_MAX];
+    const int t = threadIdx.x;
+    const int lane = t & 31;
+    const int w = t >> 5;
+    for (int i = t; i < l * l; i += blockDim.x) {
+        const int r = i / l, c = i % l;
+        A[c * l + r] = R[i];
+        V[c * l + r] = r == c ? 1.0 : 0.0;
+    }
+    __syncthreads();
+    const int n = l + (l & 1);
+    int sweep = 0;
+    for (; sweep < 60 && l > 1; ++sweep) {
+        int rotated = 0;
+        for (int round = 0; round < n - 1; ++round) {
+            if (w < n / 2) {
+                const int p = n - 1 - w;
+                const int i = w == 0 ? 0 : 1 + ((w - 1 + round) % (n - 1));
+                const int j = 1 + ((p - 1 + round) % (n - 1));
+                if (i < l && j < l) {
+                    double a = 0.0, b = 0.0, g = 0.0;
+                    for (int r = lane; r < l; r += 32) {
+                        const double x = A[i * l + r], y = A[j * l + r];
+                        a += x * x;
+                        b += y * y;
+                        g += x * y;
+                    }
+#pragma unroll
+                    for (int off = 16; off > 0; off >>= 1) {
+                        a += __shfl_xor_sync(0xffffffffu, a, off);
+                        b += __shfl_xor_sync(0xffffffffu, b, off);
+                        g += __shfl_xor_sync(0xffffffffu, g, off);
+                    }
+                    if (g != 0.0 && fabs(g) > 1e-15 * sqrt(a * b)) {
+                        rotated = 1;
+                        const double z = (b - a) / (2.0 * g);
+                        const double tt = z != 0.0 ? copysign(1.0, z) / (fabs(z) + sqrt(1.0 + z * z)) : 1.0;
+                        const double c = 1.0 / sqrt(1.0 + tt * tt), s = c * tt;
+                        for (int r = lane; r < l; r += 32) {
+                            const double x = A[i * l + r], y = A[j * l + r];
+                            A[i * l + r] = c * x - s * y;
+                            A[j * l + r] = s * x + c * y;
+                            const double u = V[i * l + r], v = V[j * l + r];
+                            V[i * l + r] = c * u - s * v;
+                            V[j * l + r] = s * u + c * v;
+                        }
+                    }
+                }
+            }
+            __syncthreads();
+        }
+        if (!__syncthreads_or(rotated)) break;
+    }
+    if (sweep == 60 && t == 0) atomicOr(flag, 4);
+    for (int c = w; c < l; c += blockDim.x / 32) {                  // column norms: the singular values
+        double a = 0.0;
+        for (int r = lane; r < l; r += 32) a += A[c * l + r] * A[c * l + r];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
+        if (lane == 0) norms[c] = sqrt(a);
+    }
+    __syncthreads();
+    if (t == 0) {                                                   // descending, ties by index (stable)
+        for (int k = 0; k < l; ++k) order[k] = k;
+        for (int k = 1; k < l; ++k) {
+            const int key = order[k];
+            int q = k - 1;
+            while (q >= 0 && norms[order[q]] < norms[key]) {
+                order[q + 1] = order[q];
+                --q;
+            }
+            order[q + 1] = key;
+        }
+    }
+    __syncthreads();
+    for (int i = t; i < l * l; i += blockDim.x) {
+        const int r = i / l, k = i % l;                             // U[r][k] and Vt[k][r]
+        const int c = order[k];
+        const double nrm = norms[c];
+        U[r * l + k] = nrm > 0.0 ? A[c * l + r] / nrm : 0.0;
+        Vt[k * l + r] = V[c * l + r];
+    }
+    for (int k = t; k < l; k += blockDim.x) sv[k] = norms[order[k]];
 }
