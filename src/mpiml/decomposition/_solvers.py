@@ -91,8 +91,8 @@ class SparseRows:
                     self._pending = _transpose_aside(X)
                 except Exception:  # noqa: BLE001 - any trouble with streams or kernels: cuSPARSE, in line
                     XT = device_transpose(X, "cusparse")
-            else:
-                XT = device_transpose(X)
+            else:   # cuSPARSE's products (or a shard the kernels do not take): cuSPARSE's conversion too
+                XT = device_transpose(X, "cusparse")
         self._XT = XT
 
     @property
