@@ -208,15 +208,25 @@ def main(argv=None):
 
     res["transpose kernel equals cusparse"] = _guarded(res, "transpose kernel", kernel_transpose)
 
-    def transpose_phases():                     # where the kernel transpose's time goes (one more run, events)
-        events = []
-        sparse.csr_transpose(X, events=events)
-        sync()
-        out = {f"transpose kernel: {name}": cp.cuda.get_elapsed_time(e0, e1) / 1e3
-               for (_, e0), (name, e1) in zip(events, events[1:])}
-        t.update(out)
+    def transpose_phases(how):                  # where the kernel transpose's time goes (events), by each count
+        os.environ["MPIML_SPARSE_TRANSPOSE_COUNTS"] = how
+        try:
+            sparse.csr_transpose(X)
+            t[f"transpose kernel, {how} counts"] = best_seconds(lambda: sparse.csr_transpose(X), args.repeats, sync)
+            events = []
+            sparse.csr_transpose(X, events=events)
+            sync()
+            t.update({f"transpose kernel, {how} counts: {name}": cp.cuda.get_elapsed_time(e0, e1) / 1e3
+                      for (_, e0), (name, e1) in zip(events, events[1:])})
+            XTk = sparse.csr_transpose(X)
+            res[f"transpose kernel, {how} counts, equals cusparse"] = bool(
+                (XTk.indptr == XT.indptr).all() and (XTk.indices == XT.indices).all()
+                and (XTk.data == XT.data).all())
+        finally:
+            os.environ.pop("MPIML_SPARSE_TRANSPOSE_COUNTS", None)
 
-    _guarded(res, "transpose phases", transpose_phases)
+    for how in ("global", "smem"):
+        _guarded(res, f"transpose phases, {how} counts", lambda how=how: transpose_phases(how))
     t["XV cusparse"] = best_seconds(lambda: X @ V, args.repeats, sync)
     for gather in sparse.GATHERS:       # the float4 gather (default) and the value-a-lane one
         os.environ["MPIML_SPARSE_GATHER"] = gather

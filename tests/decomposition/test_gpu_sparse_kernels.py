@@ -343,6 +343,21 @@ def test_csr_transpose_equals_cusparse(dtype):
     assert int(flags.get()[0]) == int((np.diff(A.tocsc().indptr) > 4).sum())
 
 
+def test_csr_transpose_shared_memory_counts(monkeypatch):
+    """The transpose with its column counts by shared-memory windows (MPIML_SPARSE_TRANSPOSE_COUNTS=smem): the
+    same arrays, at widths of one window and of several."""
+    import cupyx.scipy.sparse as csp
+
+    from mpiml.kernels import sparse
+
+    monkeypatch.setenv("MPIML_SPARSE_TRANSPOSE_COUNTS", "smem")
+    for n, m, density in ((700, 450, 0.05), (400, 150000, 0.0005)):
+        A = csp.csr_matrix(_csr(n, m, density, np.float32, m))
+        T, R = sparse.csr_transpose(A), A.T.tocsr()
+        for name in ("indptr", "indices", "data"):
+            assert bool((getattr(T, name) == getattr(R, name)).all()), (n, m, name)
+
+
 def test_small_cholinv_flags():
     """The device's l x l algebra of a CholeskyQR round: R and R⁻¹ as the host's, and its deferred checks."""
     import cupy as cp

@@ -59,7 +59,8 @@ def expressions():
         out += [f"mpiml_csr_piece_scatter<{t}, {g}>" for g in (4, 8, 16, 32)]
         out += [f"mpiml_csr_transpose_fill<{t}>"]
         out += [f"mpiml_csr_sort_runs<{t}, {w}>" for w in _SORT_WORDS]
-    out += ["mpiml_csr_split", "mpiml_csr_col_counts", "mpiml_small_cholinv", "mpiml_small_svd"]
+    out += ["mpiml_csr_split", "mpiml_csr_col_counts", "mpiml_csr_col_counts_smem", "mpiml_small_cholinv",
+            "mpiml_small_svd"]
     out += [f"mpiml_csr_scatter4<{lanes}>" for lanes in (2, 4, 8)]
     return out
 
@@ -593,8 +594,16 @@ def transpose_functions(dtype):
     """The kernels of :func:`csr_transpose` for values of ``dtype``, loaded: ``(counts, fill, {word: sort})``; a
     fit loads them on its own thread before its worker thread converts."""
     T = _TYPES[np.dtype(dtype)]
-    return (_function("mpiml_csr_col_counts"), _function(f"mpiml_csr_transpose_fill<{T}>"),
+    counts = "mpiml_csr_col_counts_smem" if _env_choice("MPIML_SPARSE_TRANSPOSE_COUNTS", _COUNTS) == "smem" \
+        else "mpiml_csr_col_counts"
+    return (_function(counts), _function(f"mpiml_csr_transpose_fill<{T}>"),
             {w: _function(f"mpiml_csr_sort_runs<{T}, {w}>") for w in _SORT_WORDS})
+
+
+#: How :func:`csr_transpose` counts the columns (environment ``MPIML_SPARSE_TRANSPOSE_COUNTS``): ``"global"``
+#: (default): a global atomic a stored value; ``"smem"``: windows of columns counted in shared memory a block, then
+#: one global atomic a column a block (measured against each other in ``benchmarks/sparse/spmm_gpu.py``).
+_COUNTS = ("global", "smem")
 
 
 def csr_transpose(A, max_run=None, moments=False, events=None):
@@ -631,7 +640,13 @@ def csr_transpose(A, max_run=None, moments=False, events=None):
 
     phase("start")
     counts = cupy.zeros(n_cols + 1, dtype=cupy.int32)
-    if nnz and n_rows:
+    if nnz and n_rows and _env_choice("MPIML_SPARSE_TRANSPOSE_COUNTS", _COUNTS) == "smem":
+        optin = int(cupy.cuda.Device().attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
+        w = max(1024, (optin - 2048) // 4 // 32 * 32)
+        count_fn.max_dynamic_shared_size_bytes = 4 * w
+        count_fn((_sm_count(),), (1024,), (A.indices, np.int64(nnz), np.int32(n_cols), np.int32(w), counts[1:]),
+                 shared_mem=4 * w)
+    elif nnz and n_rows:
         count_fn((int(min(-(-nnz // _THREADS), _sm_count() * 32)),), (_THREADS,),
                  (A.indices, np.int64(nnz), counts[1:]))
     phase("counts")

@@ -94,6 +94,11 @@
 //   on its columns, one block of 1024 threads (a warp a pair of columns; the pairs of a round by the circle
 //   method, disjoint), sweeps until no pair's cosine exceeds 1e-15 (*flag |= 4 if 60 sweeps do not get there);
 //   s descending, U (row-major, its columns in that order) and Vt (its rows).  Dynamic shared memory: 2 l² doubles.
+//
+// mpiml_csr_col_counts_smem:  the same counts by windows of w columns counted in shared memory (w ints of
+//   dynamic shared memory): a block takes a contiguous range of the stored values and, window by window,
+//   counts its indices there by shared atomics, then adds its nonzero counts to counts[] (global atomics: a
+//   window's columns a block instead of one a stored value).  The indices are read once a window.
 
 #ifndef MPIML_SPARSE_THREADS
 #define MPIML_SPARSE_THREADS 256
@@ -888,4 +893,28 @@ mpiml_small_svd(const double* __restrict__ R, const int l, double* __restrict__ 
         Vt[k * l + r] = V[c * l + r];
     }
     for (int k = t; k < l; k += blockDim.x) sv[k] = norms[order[k]];
+}
+
+__global__ void __launch_bounds__(1024)
+mpiml_csr_col_counts_smem(const int* __restrict__ indices, const long long nnz, const int n_cols, const int w,
+                          int* __restrict__ counts) {
+    extern __shared__ int mpiml_count_smem[];
+    const long long per = (nnz + gridDim.x - 1) / gridDim.x;
+    const long long lo = (long long)blockIdx.x * per;
+    const long long hi = min(nnz, lo + per);
+    for (int c0 = 0; c0 < n_cols; c0 += w) {
+        const int width = min(w, n_cols - c0);
+        for (int c = threadIdx.x; c < width; c += blockDim.x) mpiml_count_smem[c] = 0;
+        __syncthreads();
+        for (long long j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+            const unsigned c = (unsigned)(__ldg(indices + j) - c0);
+            if (c < (unsigned)width) atomicAdd(mpiml_count_smem + c, 1);
+        }
+        __syncthreads();
+        for (int c = threadIdx.x; c < width; c += blockDim.x) {
+            const int v = mpiml_count_smem[c];
+            if (v) atomicAdd(counts + c0 + c, v);
+        }
+        __syncthreads();
+    }
 }
