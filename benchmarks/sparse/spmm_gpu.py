@@ -225,7 +225,7 @@ def main(argv=None):
         finally:
             os.environ.pop("MPIML_SPARSE_TRANSPOSE_COUNTS", None)
 
-    for how in ("global", "smem"):
+    for how in ("global", "smem", "blocks"):
         _guarded(res, f"transpose phases, {how} counts", lambda how=how: transpose_phases(how))
     t["XV cusparse"] = best_seconds(lambda: X @ V, args.repeats, sync)
     for gather in sparse.GATHERS:       # the float4 gather (default) and the value-a-lane one

@@ -343,15 +343,17 @@ def test_csr_transpose_equals_cusparse(dtype):
     assert int(flags.get()[0]) == int((np.diff(A.tocsc().indptr) > 4).sum())
 
 
-def test_csr_transpose_shared_memory_counts(monkeypatch):
-    """The transpose with its column counts by shared-memory windows (MPIML_SPARSE_TRANSPOSE_COUNTS=smem): the
-    same arrays, at widths of one window and of several."""
+@pytest.mark.parametrize("how", ["smem", "blocks"])
+def test_csr_transpose_shared_memory_counts(how, monkeypatch):
+    """The transpose with its column counts by shared-memory windows (MPIML_SPARSE_TRANSPOSE_COUNTS=smem), or its
+    counts and fill by blocks of rows with no global atomic (=blocks): the same arrays, at widths of one window
+    and of several, with fewer rows than blocks too."""
     import cupyx.scipy.sparse as csp
 
     from mpiml.kernels import sparse
 
-    monkeypatch.setenv("MPIML_SPARSE_TRANSPOSE_COUNTS", "smem")
-    for n, m, density in ((700, 450, 0.05), (400, 150000, 0.0005)):
+    monkeypatch.setenv("MPIML_SPARSE_TRANSPOSE_COUNTS", how)
+    for n, m, density in ((700, 450, 0.05), (400, 150000, 0.0005), (30, 20, 0.3)):
         A = csp.csr_matrix(_csr(n, m, density, np.float32, m))
         T, R = sparse.csr_transpose(A), A.T.tocsr()
         for name in ("indptr", "indices", "data"):

@@ -60,7 +60,8 @@ def expressions():
         out += [f"mpiml_csr_transpose_fill<{t}>"]
         out += [f"mpiml_csr_sort_runs<{t}, {w}>" for w in _SORT_WORDS]
     out += ["mpiml_csr_split", "mpiml_csr_col_counts", "mpiml_csr_col_counts_smem", "mpiml_small_cholinv",
-            "mpiml_small_svd"]
+            "mpiml_small_svd", "mpiml_csr_block_counts", "mpiml_csr_block_scan"]
+    out += [f"mpiml_csr_block_fill<{t}>" for t in ("float", "double")]
     out += [f"mpiml_csr_scatter4<{lanes}>" for lanes in (2, 4, 8)]
     return out
 
@@ -600,10 +601,12 @@ def transpose_functions(dtype):
             {w: _function(f"mpiml_csr_sort_runs<{T}, {w}>") for w in _SORT_WORDS})
 
 
-#: How :func:`csr_transpose` counts the columns (environment ``MPIML_SPARSE_TRANSPOSE_COUNTS``): ``"global"``
-#: (default): a global atomic a stored value; ``"smem"``: windows of columns counted in shared memory a block, then
-#: one global atomic a column a block (measured against each other in ``benchmarks/sparse/spmm_gpu.py``).
-_COUNTS = ("global", "smem")
+#: How :func:`csr_transpose` counts the columns and fills (environment ``MPIML_SPARSE_TRANSPOSE_COUNTS``):
+#: ``"global"`` (default): a global atomic a stored value to count, another to place it; ``"smem"``: the counts
+#: by windows of columns in shared memory a block (one global atomic a column a block); ``"blocks"``: no global
+#: atomic, a block's counts of its rows by windows in shared memory, scanned down the blocks, and the fill from
+#: those starts by shared atomics (measured against each other in ``benchmarks/sparse/spmm_gpu.py``).
+_COUNTS = ("global", "smem", "blocks")
 
 
 def csr_transpose(A, max_run=None, moments=False, events=None):
@@ -640,7 +643,22 @@ def csr_transpose(A, max_run=None, moments=False, events=None):
 
     phase("start")
     counts = cupy.zeros(n_cols + 1, dtype=cupy.int32)
-    if nnz and n_rows and _env_choice("MPIML_SPARSE_TRANSPOSE_COUNTS", _COUNTS) == "smem":
+    how = _env_choice("MPIML_SPARSE_TRANSPOSE_COUNTS", _COUNTS)
+    blocked = None
+    if nnz and n_rows and how == "blocks":
+        optin = int(cupy.cuda.Device().attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
+        w = max(1024, (optin - 2048) // 4 // 32 * 32)
+        nb = _sm_count()
+        per = -(-n_rows // nb)
+        bc = cupy.empty(nb * n_cols, dtype=cupy.int32)
+        fn = _function("mpiml_csr_block_counts")
+        fn.max_dynamic_shared_size_bytes = 4 * w
+        fn((nb,), (1024,), (A.indptr, A.indices, np.int64(n_rows), np.int64(per), np.int32(n_cols), np.int32(w), bc),
+           shared_mem=4 * w)
+        _function("mpiml_csr_block_scan")((-(-n_cols // _THREADS),), (_THREADS,),
+                                          (bc, np.int32(nb), np.int32(n_cols), counts[1:]))
+        blocked = (w, nb, per, bc)
+    elif nnz and n_rows and how == "smem":
         optin = int(cupy.cuda.Device().attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
         w = max(1024, (optin - 2048) // 4 // 32 * 32)
         count_fn.max_dynamic_shared_size_bytes = 4 * w
@@ -656,12 +674,21 @@ def csr_transpose(A, max_run=None, moments=False, events=None):
     s1 = cupy.zeros(n_cols, dtype=cupy.float64)
     s2 = cupy.zeros(n_cols, dtype=cupy.float64)
     flags = cupy.zeros(1, dtype=cupy.int32)
-    if nnz and n_rows:
+    if nnz and n_rows and blocked is not None:
+        w, nb, per, bc = blocked
+        phase("scan and allocation")
+        fn = _function(f"mpiml_csr_block_fill<{_TYPES[np.dtype(A.dtype)]}>")
+        fn.max_dynamic_shared_size_bytes = 4 * w
+        fn((nb,), (1024,), (A.indptr, A.indices, A.data, np.int64(n_rows), np.int64(per), np.int32(n_cols),
+                            np.int32(w), bc, ptr, rows_t, data_t), shared_mem=4 * w)
+        phase("fill")
+    elif nnz and n_rows:
         cursor = ptr[:-1].copy()
         phase("scan and allocation")
         fill_fn((_blocks(_THREADS // 32, n_rows),), (_THREADS,),
                 (A.indptr, A.indices, A.data, np.int64(n_rows), cursor, rows_t, data_t))
         phase("fill")
+    if nnz and n_rows:
         word = _sort_word(n_rows, pbits)
         sort_fn = sorts[word]
         smem = p * ((4 if word == _SORT_WORDS[0] else 8) + np.dtype(A.dtype).itemsize)

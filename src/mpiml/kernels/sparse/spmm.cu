@@ -99,6 +99,16 @@
 //   dynamic shared memory): a block takes a contiguous range of the stored values and, window by window,
 //   counts its indices there by shared atomics, then adds its nonzero counts to counts[] (global atomics: a
 //   window's columns a block instead of one a stored value).  The indices are read once a window.
+//
+// The transpose's counts and fill with no global atomics (MPIML_SPARSE_TRANSPOSE_COUNTS=blocks): block b owns the
+// rows [b R, (b + 1) R) and goes through the columns by windows of w (w ints of dynamic shared memory):
+// mpiml_csr_block_counts:  counts its rows' indices of the window by shared atomics and writes every count of the
+//   window to bc[b][c] (zeros too).
+// mpiml_csr_block_scan:  a thread a column: bc[b][c] becomes the count of column c in the blocks before b (an
+//   exclusive scan down the blocks) and total[c] the column's count.
+// mpiml_csr_block_fill<T>:  the window's cursors start at ptr[c] + bc[b][c]; a warp a row of the block's rows puts
+//   each stored value of the window at the place its column's cursor gives (a shared atomic).  The places of a
+//   block's values within a column depend on scheduling: the sort orders them.
 
 #ifndef MPIML_SPARSE_THREADS
 #define MPIML_SPARSE_THREADS 256
@@ -914,6 +924,73 @@ mpiml_csr_col_counts_smem(const int* __restrict__ indices, const long long nnz, 
         for (int c = threadIdx.x; c < width; c += blockDim.x) {
             const int v = mpiml_count_smem[c];
             if (v) atomicAdd(counts + c0 + c, v);
+        }
+        __syncthreads();
+    }
+}
+
+__global__ void __launch_bounds__(1024)
+mpiml_csr_block_counts(const int* __restrict__ indptr, const int* __restrict__ indices, const long long n_rows,
+                       const long long rows_per_block, const int n_cols, const int w, int* __restrict__ bc) {
+    extern __shared__ int mpiml_bc_smem[];
+    const long long r0 = min(n_rows, (long long)blockIdx.x * rows_per_block);
+    const long long r1 = min(n_rows, r0 + rows_per_block);
+    const int lo = __ldg(indptr + r0), hi = __ldg(indptr + r1);
+    int* out = bc + (long long)blockIdx.x * n_cols;
+    for (int c0 = 0; c0 < n_cols; c0 += w) {
+        const int width = min(w, n_cols - c0);
+        for (int c = threadIdx.x; c < width; c += blockDim.x) mpiml_bc_smem[c] = 0;
+        __syncthreads();
+        for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+            const unsigned c = (unsigned)(__ldcs(indices + j) - c0);
+            if (c < (unsigned)width) atomicAdd(mpiml_bc_smem + c, 1);
+        }
+        __syncthreads();
+        for (int c = threadIdx.x; c < width; c += blockDim.x) out[c0 + c] = mpiml_bc_smem[c];
+        __syncthreads();
+    }
+}
+
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_block_scan(int* __restrict__ bc, const int n_blocks, const int n_cols, int* __restrict__ total) {
+    const int c = blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x;
+    if (c >= n_cols) return;
+    int run = 0;
+    for (int b = 0; b < n_blocks; ++b) {
+        int* p = bc + (long long)b * n_cols + c;
+        const int v = *p;
+        *p = run;
+        run += v;
+    }
+    total[c] = run;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(1024)
+mpiml_csr_block_fill(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
+                     const long long n_rows, const long long rows_per_block, const int n_cols, const int w,
+                     const int* __restrict__ bc, const int* __restrict__ ptr, int* __restrict__ rows_t,
+                     T* __restrict__ data_t) {
+    extern __shared__ int mpiml_fill_smem[];
+    const long long r0 = min(n_rows, (long long)blockIdx.x * rows_per_block);
+    const long long r1 = min(n_rows, r0 + rows_per_block);
+    const int lane = threadIdx.x & 31;
+    const int warps = blockDim.x >> 5;
+    const int* base = bc + (long long)blockIdx.x * n_cols;
+    for (int c0 = 0; c0 < n_cols; c0 += w) {
+        const int width = min(w, n_cols - c0);
+        for (int c = threadIdx.x; c < width; c += blockDim.x) mpiml_fill_smem[c] = __ldg(ptr + c0 + c) + base[c0 + c];
+        __syncthreads();
+        for (long long row = r0 + (threadIdx.x >> 5); row < r1; row += warps) {
+            const int start = __ldg(indptr + row), end = __ldg(indptr + row + 1);
+            for (int j = start + lane; j < end; j += 32) {
+                const unsigned c = (unsigned)(__ldg(indices + j) - c0);
+                if (c < (unsigned)width) {
+                    const int pos = atomicAdd(mpiml_fill_smem + c, 1);
+                    rows_t[pos] = (int)row;
+                    data_t[pos] = __ldg(data + j);
+                }
+            }
         }
         __syncthreads();
     }
