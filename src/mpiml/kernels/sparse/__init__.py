@@ -700,8 +700,8 @@ def csr_transpose(A, max_run=None, moments=False, events=None):
 
 
 def _csr_from_parts(data, indices, indptr, shape):
-    """A ``cupyx`` CSR matrix of these arrays with no check of their contents (the constructor's reads the
-    indices back: a wait on the device, 12 ms of the fit's thread in the pass of 20:20)."""
+    """A ``cupyx`` CSR matrix of these arrays with no check of their contents (a constructor that checks the
+    indices reads them back: a wait on the device)."""
     import cupyx.scipy.sparse as csp
 
     make = getattr(csp.csr_matrix, "_from_parts", None)
