@@ -10,7 +10,13 @@ of ``b = components + 10`` columns by cuSPARSE (``X @ V``, ``X.T @ U``, and on t
 ``Xᵀ`` as CSR), by :mod:`mpiml.kernels.sparse` (gather on ``X`` and on ``Xᵀ``, scatter with atomics);
 forming ``Xᵀ`` (``X.T.tocsr()``); the same for one vector (``b = 1``, sparse Ridge's products); the
 column sums (``mpiml.utils._linalg.column_sums`` and the kernel's row moments of ``Xᵀ``); then whole
-TruncatedSVD fits (defaults but ``n_components``) under each ``MPIML_SPARSE_PRODUCTS`` mode.
+TruncatedSVD fits (defaults but ``n_components``) under each ``MPIML_SPARSE_PRODUCTS`` mode, and in the
+"kernels" mode with cuSPARSE's transpose (``MPIML_SPARSE_TRANSPOSE=cusparse``) and the host's CholeskyQR2
+algebra (``MPIML_RANDOMIZED_ALGEBRA=host``), each alone and both (the fit before these defaults).
+``--timeline``: one more fit of each of those, its steps timed by CUDA events with no synchronisation added
+(device ms between steps, host ms, and where the host stood against the device); ``--trace``: one fit with
+every function of the decomposition, its validation and kernels timed with the device synchronised around
+each call (``scripts/profile_fit.py``'s tracer; serialises the transpose's overlap).
 Floors: the bytes a product must move (the CSR arrays once, the dense block read and the result
 written) at the datasheet HBM bandwidth; the gathers of ``V``'s rows (``nnz * b`` values) come from L2
 when ``V`` fits there and are reported separately.  Prints a table and writes JSON.
@@ -54,6 +60,83 @@ extern "C" __global__ void l2_read(const float4* __restrict__ x, const long long
 """
 
 
+def _timeline_rows(marks):
+    """``[label, device ms since the previous step, host ms since it, device ms since the start, host ms since
+    the start]`` of :func:`mpiml.decomposition._solvers.timeline`'s marks (the device synchronised first)."""
+    import cupy
+
+    marks[-1][1].synchronize()
+    rows = []
+    for (_, e0, t0), (label, e1, t1) in zip(marks, marks[1:]):
+        rows.append([label, cupy.cuda.get_elapsed_time(e0, e1), (t1 - t0) * 1e3,
+                     cupy.cuda.get_elapsed_time(marks[0][1], e1), (t1 - marks[0][2]) * 1e3])
+    return rows
+
+
+#: Timeline steps by kind (the first prefix that matches), for the per-kind totals.
+_KINDS = (("products", ("X V", "Xt U", "Qt X", "X components_")), ("transpose wait", ("wait for the transpose",)),
+          ("normalisations", ("normalise", "orthonormalise", "SVD of")), ("variances", ("variances",)),
+          ("validation", ("validate",)), ("set-up", ("operand", "random matrix", "signs")))
+
+
+def _timeline_kinds(rows):
+    """Device ms by kind of step (:data:`_KINDS`; "other" for the rest)."""
+    out = {}
+    for label, dev, *_ in rows:
+        kind = next((k for k, prefixes in _KINDS if label.startswith(prefixes)), "other")
+        out[kind] = out.get(kind, 0.0) + dev
+    return out
+
+
+def _print_timeline(name, rows):
+    print(f"  timeline of one fit, {name} (device ms a step, host ms a step, device ms / host ms since the start):")
+    for label, dev, host, dev_at, host_at in rows:
+        print(f"    {label:<28}{dev:9.3f} {host:9.3f} {dev_at:10.3f} {host_at:10.3f}")
+    print("    by kind (device ms): " + ", ".join(f"{k} {v:.2f}" for k, v in _timeline_kinds(rows).items()))
+
+
+#: The TruncatedSVD fits of the "kernels" mode: name -> the environment they run under.
+_VARIANTS = {"kernels": {},
+             "kernels, cuSPARSE transpose": {"MPIML_SPARSE_TRANSPOSE": "cusparse"},
+             "kernels, host algebra": {"MPIML_RANDOMIZED_ALGEBRA": "host"},
+             "kernels, cuSPARSE transpose + host algebra (before)": {"MPIML_SPARSE_TRANSPOSE": "cusparse",
+                                                                     "MPIML_RANDOMIZED_ALGEBRA": "host"}}
+_VARIANT_KEYS = ("MPIML_SPARSE_TRANSPOSE", "MPIML_RANDOMIZED_ALGEBRA")
+
+
+def _set_variant(env):
+    for key in _VARIANT_KEYS:
+        os.environ.pop(key, None)
+    os.environ.update(env)
+
+
+def _traced_fit(fit, top):
+    """One fit under ``scripts/profile_fit.py``'s tracer, pointed at the decomposition's modules."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.join(here, "..", "..", "scripts"))
+    import profile_fit
+
+    from mpiml.comm import get_comm
+
+    profile_fit._TRACED = ("mpiml.decomposition._truncated_svd", "mpiml.decomposition._solvers",
+                           "mpiml.decomposition._pca", "mpiml.utils._linalg", "mpiml.utils._validation",
+                           "mpiml.kernels.sparse")
+    profile_fit._trace(fit, get_comm(), print, top)
+
+
+def _guarded(res, what, fn):
+    """``fn()``, or None with the error kept under ``res["errors"][what]`` and printed (one new path failing on
+    the GPU host does not cost the rest of the run)."""
+    try:
+        return fn()
+    except Exception as exc:   # noqa: BLE001 - reported, the run goes on
+        import traceback
+
+        res.setdefault("errors", {})[what] = traceback.format_exc()
+        print(f"  ERROR in {what}: {exc!r}", flush=True)
+        return None
+
+
 def _l2_read_rate(cp, mib=24, reps=64):
     """Bytes a second that every SM together reads from L2: ``mib`` MiB (fits in L2) read ``reps`` times with
     ``ld.global.cg`` (cached in L2 only), best of 5.  The rate a gather of dense rows that stay in L2 cannot beat."""
@@ -82,6 +165,12 @@ def main(argv=None):
                     "mode (0: none)")
     ap.add_argument("--chunk-bytes", type=int, default=0, help="also time XᵀU with U's rows by chunks of this many "
                     "bytes (MPIML_SPARSE_GATHER_CHUNK_BYTES; 0: not)")
+    ap.add_argument("--timeline", action="store_true", help="one more fit of each kernels variant, its steps timed "
+                    "by CUDA events (no synchronisation added)")
+    ap.add_argument("--trace", type=int, default=0, help="one more fit traced function by function (device "
+                    "synchronised around each call), the top N printed (0: none)")
+    ap.add_argument("--fits-only", action="store_true", help="only the TruncatedSVD fits (and --timeline / --trace): "
+                    "no product, transpose, column-sum or Ridge timing")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     import cupy as cp
@@ -112,60 +201,105 @@ def main(argv=None):
            "times_s": {}, "floors_s": {}}
     t = res["times_s"]
     XT = X.T.tocsr()
-    t["transpose X.T.tocsr()"] = best_seconds(lambda: X.T.tocsr(), args.repeats, sync)
-    t["XV cusparse"] = best_seconds(lambda: X @ V, args.repeats, sync)
-    for gather in sparse.GATHERS:       # the float4 gather (default) and the value-a-lane one
-        os.environ["MPIML_SPARSE_GATHER"] = gather
-        t[f"XV kernel gather {gather}"] = best_seconds(lambda: sparse.csr_matmul(X, V), args.repeats, sync)
-        t[f"XtU kernel gather {gather} on XT"] = best_seconds(
-            lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64), args.repeats, sync)
-    os.environ.pop("MPIML_SPARSE_GATHER", None)
-    chunks = None
-    if args.chunk_bytes:                        # U's rows a chunk at a time, each chunk staying in L2 (opt-in)
-        os.environ["MPIML_SPARSE_GATHER_CHUNK_BYTES"] = str(args.chunk_bytes)
-        chunks = sparse.gather_chunks(XT, b)
-        os.environ.pop("MPIML_SPARSE_GATHER_CHUNK_BYTES", None)
-    res["gather_chunks"] = None if chunks is None else chunks.K
-    if chunks is not None:
-        t[f"XtU kernel gather vec4 on XT, {chunks.K} chunks"] = best_seconds(
-            lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64, chunks=chunks), args.repeats, sync)
-        one = sparse.csr_matmul(XT, U, out_dtype=np.float64)
-        res["XtU chunked vs one launch (max rel diff)"] = float(
-            cp.abs(sparse.csr_matmul(XT, U, out_dtype=np.float64, chunks=chunks) - one).max() / cp.abs(one).max())
-        del one
-    t["XtU cusparse X.T@U"] = best_seconds(lambda: X.T @ U, args.repeats, sync)
-    t["XtU cusparse stored XT"] = best_seconds(lambda: XT @ U, args.repeats, sync)
-    t["XtU kernel scatter f64"] = best_seconds(lambda: sparse.csr_rmatmul_scatter(X, U, np.float64), args.repeats, sync)
-    t["XtU kernel scatter f32"] = best_seconds(lambda: sparse.csr_rmatmul_scatter(X, U, np.float32), args.repeats, sync)
-    t["Xv cusparse"] = best_seconds(lambda: X @ v, args.repeats, sync)
-    t["Xv kernel rowdot"] = best_seconds(lambda: sparse.csr_matmul(X, v, out_dtype=np.float64), args.repeats, sync)
-    t["Xtu cusparse stored XT"] = best_seconds(lambda: XT @ u, args.repeats, sync)
-    t["Xtu cusparse X.T@u"] = best_seconds(lambda: X.T @ u, args.repeats, sync)
-    t["Xtu kernel rowdot on XT"] = best_seconds(lambda: sparse.csr_matmul(XT, u, out_dtype=np.float64), args.repeats,
-                                                sync)
-    t["Xtu kernel scatter"] = best_seconds(lambda: sparse.csr_rmatmul_scatter(X, u), args.repeats, sync)
-    m = cp.asarray(rs.standard_normal(d, dtype=cp.float64))
-    t["XtXp kernel normal (one read)"] = best_seconds(lambda: sparse.csr_normal_vec(X, v, m @ v.astype(cp.float64)),
-                                                      args.repeats, sync)
-    t["column pieces: build"] = best_seconds(lambda: sparse.column_pieces(X), args.repeats, sync)
-    P = sparse.column_pieces(X)
-    res["column_pieces"] = None if P is None else P.K
-    if P is not None:
-        t["Xv pieces (shared memory)"] = best_seconds(lambda: P.dot(v), args.repeats, sync)
-        t["Xtu pieces (shared memory)"] = best_seconds(lambda: P.tdot(u), args.repeats, sync)
-    t["column sums (bincount)"] = best_seconds(lambda: column_sums(X), args.repeats, sync)
-    t["column moments (kernel on XT)"] = best_seconds(lambda: sparse.csr_row_moments(XT), args.repeats, sync)
-    # correctness of what was timed
-    ref = (XT @ U).astype(cp.float64)
-    os.environ["MPIML_SPARSE_GATHER"] = "scalar"
-    scalar = sparse.csr_matmul(X, V)
-    os.environ.pop("MPIML_SPARSE_GATHER", None)
-    err = {"XV kernel vs cusparse": float(cp.abs(sparse.csr_matmul(X, V) - X @ V).max() / cp.abs(X @ V).max()),
-           "XV vec4 vs scalar gather": float(cp.abs(sparse.csr_matmul(X, V) - scalar).max() / cp.abs(scalar).max()),
-           "XtU gather vs cusparse": float(cp.abs(sparse.csr_matmul(XT, U, out_dtype=np.float64) - ref).max()
-                                           / cp.abs(ref).max()),
-           "XtU scatter vs cusparse": float(cp.abs(sparse.csr_rmatmul_scatter(X, U) - ref).max() / cp.abs(ref).max())}
-    res["max_rel_diff"] = err
+    err = {}
+    res["transpose kernel equals cusparse"] = None
+    if not args.fits_only:        # the products, transposes and column sums one by one
+        t["transpose X.T.tocsr()"] = best_seconds(lambda: X.T.tocsr(), args.repeats, sync)
+        def kernel_transpose():
+            t["transpose kernel"] = best_seconds(lambda: sparse.csr_transpose(X), args.repeats, sync)
+            XTk = sparse.csr_transpose(X)
+            return None if XTk is None else bool(
+                (XTk.indptr == XT.indptr).all() and (XTk.indices == XT.indices).all() and (XTk.data == XT.data).all())
+
+        res["transpose kernel equals cusparse"] = _guarded(res, "transpose kernel", kernel_transpose)
+
+        def transpose_phases(how):                  # where the kernel transpose's time goes (events), by each count
+            os.environ["MPIML_SPARSE_TRANSPOSE_COUNTS"] = how
+            try:
+                sparse.csr_transpose(X)
+                t[f"transpose kernel, {how} counts"] = best_seconds(lambda: sparse.csr_transpose(X), args.repeats, sync)
+                events = []
+                sparse.csr_transpose(X, events=events)
+                sync()
+                t.update({f"transpose kernel, {how} counts: {name}": cp.cuda.get_elapsed_time(e0, e1) / 1e3
+                          for (_, e0), (name, e1) in zip(events, events[1:])})
+                XTk = sparse.csr_transpose(X)
+                res[f"transpose kernel, {how} counts, equals cusparse"] = bool(
+                    (XTk.indptr == XT.indptr).all() and (XTk.indices == XT.indices).all()
+                    and (XTk.data == XT.data).all())
+            finally:
+                os.environ.pop("MPIML_SPARSE_TRANSPOSE_COUNTS", None)
+
+        for how in ("global", "smem", "blocks"):
+            _guarded(res, f"transpose phases, {how} counts", lambda how=how: transpose_phases(how))
+        t["XV cusparse"] = best_seconds(lambda: X @ V, args.repeats, sync)
+        for gather in sparse.GATHERS:       # the float4 gather (default) and the value-a-lane one
+            os.environ["MPIML_SPARSE_GATHER"] = gather
+            t[f"XV kernel gather {gather}"] = best_seconds(lambda: sparse.csr_matmul(X, V), args.repeats, sync)
+            t[f"XtU kernel gather {gather} on XT"] = best_seconds(
+                lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64), args.repeats, sync)
+        os.environ.pop("MPIML_SPARSE_GATHER", None)
+        sweep = res["blocks_per_sm_sweep_s"] = {}          # the grid of the gathers (grid-stride, 256 threads a block)
+        for per_sm in (4, 8, 16, 32, 64, 128):
+            sparse.MAX_BLOCKS_PER_SM = per_sm
+            sweep[f"XV {per_sm}"] = best_seconds(lambda: sparse.csr_matmul(X, V), args.repeats, sync)
+            sweep[f"XtU {per_sm}"] = best_seconds(lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64), args.repeats,
+                                                  sync)
+        sparse.MAX_BLOCKS_PER_SM = 64
+        print("  gathers by blocks per SM (ms):", {k: round(v * 1e3, 3) for k, v in sweep.items()}, flush=True)
+        chunks = None
+        if args.chunk_bytes:                        # U's rows a chunk at a time, each chunk staying in L2 (opt-in)
+            os.environ["MPIML_SPARSE_GATHER_CHUNK_BYTES"] = str(args.chunk_bytes)
+            chunks = sparse.gather_chunks(XT, b)
+            os.environ.pop("MPIML_SPARSE_GATHER_CHUNK_BYTES", None)
+        res["gather_chunks"] = None if chunks is None else chunks.K
+        if chunks is not None:
+            t[f"XtU kernel gather vec4 on XT, {chunks.K} chunks"] = best_seconds(
+                lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64, chunks=chunks), args.repeats, sync)
+            one = sparse.csr_matmul(XT, U, out_dtype=np.float64)
+            res["XtU chunked vs one launch (max rel diff)"] = float(
+                cp.abs(sparse.csr_matmul(XT, U, out_dtype=np.float64, chunks=chunks) - one).max() / cp.abs(one).max())
+            del one
+        t["XtU cusparse X.T@U"] = best_seconds(lambda: X.T @ U, args.repeats, sync)
+        t["XtU cusparse stored XT"] = best_seconds(lambda: XT @ U, args.repeats, sync)
+        for dt in (np.float64, np.float32):
+            t[f"XtU kernel scatter {'f64' if dt == np.float64 else 'f32'}"] = best_seconds(
+                lambda: sparse.csr_rmatmul_scatter(X, U, dt), args.repeats, sync)
+        _guarded(res, "scatter4", lambda: t.__setitem__("XtU kernel scatter f32 float4 atomics", best_seconds(
+            lambda: sparse.csr_rmatmul_scatter4(X, U), args.repeats, sync)))
+        t["Xv cusparse"] = best_seconds(lambda: X @ v, args.repeats, sync)
+        t["Xv kernel rowdot"] = best_seconds(lambda: sparse.csr_matmul(X, v, out_dtype=np.float64), args.repeats, sync)
+        t["Xtu cusparse stored XT"] = best_seconds(lambda: XT @ u, args.repeats, sync)
+        t["Xtu cusparse X.T@u"] = best_seconds(lambda: X.T @ u, args.repeats, sync)
+        t["Xtu kernel rowdot on XT"] = best_seconds(lambda: sparse.csr_matmul(XT, u, out_dtype=np.float64),
+                                                    args.repeats,
+                                                    sync)
+        t["Xtu kernel scatter"] = best_seconds(lambda: sparse.csr_rmatmul_scatter(X, u), args.repeats, sync)
+        m = cp.asarray(rs.standard_normal(d, dtype=cp.float64))
+        t["XtXp kernel normal (one read)"] = best_seconds(lambda: sparse.csr_normal_vec(X, v, m @ v.astype(cp.float64)),
+                                                          args.repeats, sync)
+        t["column pieces: build"] = best_seconds(lambda: sparse.column_pieces(X), args.repeats, sync)
+        P = sparse.column_pieces(X)
+        res["column_pieces"] = None if P is None else P.K
+        if P is not None:
+            t["Xv pieces (shared memory)"] = best_seconds(lambda: P.dot(v), args.repeats, sync)
+            t["Xtu pieces (shared memory)"] = best_seconds(lambda: P.tdot(u), args.repeats, sync)
+        t["column sums (bincount)"] = best_seconds(lambda: column_sums(X), args.repeats, sync)
+        t["column moments (kernel on XT)"] = best_seconds(lambda: sparse.csr_row_moments(XT), args.repeats, sync)
+        # correctness of what was timed
+        ref = (XT @ U).astype(cp.float64)
+        os.environ["MPIML_SPARSE_GATHER"] = "scalar"
+        scalar = sparse.csr_matmul(X, V)
+        os.environ.pop("MPIML_SPARSE_GATHER", None)
+        err = {"XV kernel vs cusparse": float(cp.abs(sparse.csr_matmul(X, V) - X @ V).max() / cp.abs(X @ V).max()),
+               "XV vec4 vs scalar gather": float(cp.abs(sparse.csr_matmul(X, V) - scalar).max() / cp.abs(scalar).max()),
+               "XtU gather vs cusparse": float(cp.abs(sparse.csr_matmul(XT, U, out_dtype=np.float64) - ref).max()
+                                               / cp.abs(ref).max()),
+               "XtU scatter vs cusparse": float(cp.abs(sparse.csr_rmatmul_scatter(X, U) - ref).max()
+                                                / cp.abs(ref).max())}
+        err["XtU scatter float4 atomics vs cusparse"] = _guarded(res, "scatter4 check", lambda: float(
+            cp.abs(sparse.csr_rmatmul_scatter4(X, U) - ref).max() / cp.abs(ref).max()))
+        res["max_rel_diff"] = err
     f = res["floors_s"]
     f["XV (CSR once, V once, Y written)"] = (csr_bytes + d * b * 4 + n * b * 4) / bw
     f["XtU (CSR once, U once, Y written)"] = (csr_bytes + n * b * 4 + d * b * 8) / bw
@@ -183,6 +317,18 @@ def main(argv=None):
         fits[mode] = best_seconds(lambda: est.fit(X), 3, sync)
         fits[mode + " singular_values"] = est.singular_values_.get().tolist()
         if mode == "kernels":             # the same fit with the value-a-lane gather, for comparison
+            for vname, env in _VARIANTS.items():
+                if env:
+                    _set_variant(env)
+
+                    def variant(vname=vname):
+                        fits[vname] = best_seconds(lambda: est.fit(X), 3, sync)
+                        fits[vname + " singular_values"] = est.singular_values_.get().tolist()
+                        ref_s = np.asarray(fits["kernels singular_values"])
+                        res.setdefault("singular_values_max_rel_diff_vs_kernels", {})[vname] = float(
+                            np.abs(np.asarray(fits[vname + " singular_values"]) - ref_s).max() / ref_s.max())
+                    _guarded(res, vname, variant)
+            _set_variant({})
             os.environ["MPIML_SPARSE_GATHER"] = "scalar"
             fits["kernels, scalar gather"] = best_seconds(lambda: est.fit(X), 3, sync)
             os.environ.pop("MPIML_SPARSE_GATHER", None)
@@ -190,31 +336,54 @@ def main(argv=None):
                 os.environ["MPIML_SPARSE_GATHER_CHUNK_BYTES"] = str(args.chunk_bytes)
                 fits["kernels, XtU chunked"] = best_seconds(lambda: est.fit(X), 3, sync)
                 os.environ.pop("MPIML_SPARSE_GATHER_CHUNK_BYTES", None)
-    # sparse Ridge (sparse_cg, tol 1e-4 as the benchmark) per mode against ten lines of cupyx CG on XᵀX + alpha I
-    import cupyx.scipy.sparse.linalg as sla
-
-    from mpiml.linear_model import Ridge
-
-    w_true = rs.standard_normal(d, dtype=cp.float32)
-    y = X @ w_true + rs.standard_normal(n, dtype=cp.float32)
     ridge = res["ridge_fits_s"] = {}
-    for mode in [m for m in args.fits.split(",") if m]:
-        os.environ["MPIML_SPARSE_PRODUCTS"] = mode
-        est = Ridge(alpha=1.0, solver="sparse_cg", tol=1e-4, fit_intercept=False)
-        ridge[mode + " (no intercept)"] = best_seconds(lambda: est.fit(X, y), 3, sync)
-        est_i = Ridge(alpha=1.0, tol=1e-4)
-        ridge[mode + " (defaults)"] = best_seconds(lambda: est_i.fit(X, y), 3, sync)
-        ridge[mode + " iterations"] = int(np.sum(est_i._n_krylov_iter))
+    if not args.fits_only:
+        # sparse Ridge (sparse_cg, tol 1e-4 as the benchmark) per mode against ten lines of cupyx CG on XᵀX + alpha I
+        import cupyx.scipy.sparse.linalg as sla
+
+        from mpiml.linear_model import Ridge
+
+        w_true = rs.standard_normal(d, dtype=cp.float32)
+        y = X @ w_true + rs.standard_normal(n, dtype=cp.float32)
+        ridge = res["ridge_fits_s"] = {}
+        for mode in [m for m in args.fits.split(",") if m]:
+            os.environ["MPIML_SPARSE_PRODUCTS"] = mode
+            est = Ridge(alpha=1.0, solver="sparse_cg", tol=1e-4, fit_intercept=False)
+            ridge[mode + " (no intercept)"] = best_seconds(lambda: est.fit(X, y), 3, sync)
+            est_i = Ridge(alpha=1.0, tol=1e-4)
+            ridge[mode + " (defaults)"] = best_seconds(lambda: est_i.fit(X, y), 3, sync)
+            ridge[mode + " iterations"] = int(np.sum(est_i._n_krylov_iter))
     os.environ.pop("MPIML_SPARSE_PRODUCTS", None)
-    op = sla.LinearOperator((d, d), matvec=lambda q: XT @ (X @ q) + 1.0 * q, dtype=X.dtype)
-    rhs = XT @ y
-    ridge["cupyx cg peer (XT formed outside)"] = best_seconds(lambda: sla.cg(op, rhs, rtol=1e-4), 3, sync)
-    ridge["cupyx cg peer with XT formed"] = best_seconds(
-        lambda: sla.cg(sla.LinearOperator((d, d), matvec=lambda q, T=X.T.tocsr(): T @ (X @ q) + q, dtype=X.dtype),
-                       rhs, rtol=1e-4), 3, sync)
-    for key, val in ridge.items():
-        print(f"  Ridge {key:<40}{val * 1e3 if 'iterations' not in key else val:>10.2f}")
-    if args.profile and fits:
+    if args.timeline and "kernels" in args.fits.split(","):
+        from mpiml.decomposition._solvers import timeline
+
+        res["timelines"] = {}
+        for vname, env in _VARIANTS.items():
+            _set_variant(env)
+
+            def one(vname=vname):
+                est = TruncatedSVD(args.components)
+                est.fit(X)
+                sync()
+                with timeline() as marks:
+                    est.fit(X)
+                rows = res["timelines"][vname] = _timeline_rows(marks)
+                res.setdefault("timeline_kinds_ms", {})[vname] = _timeline_kinds(rows)
+                _print_timeline(vname, rows)
+            _guarded(res, "timeline " + vname, one)
+        _set_variant({})
+    if args.trace:
+        _guarded(res, "trace", lambda: _traced_fit(lambda: TruncatedSVD(args.components).fit(X), args.trace))
+    if not args.fits_only:
+        op = sla.LinearOperator((d, d), matvec=lambda q: XT @ (X @ q) + 1.0 * q, dtype=X.dtype)
+        rhs = XT @ y
+        ridge["cupyx cg peer (XT formed outside)"] = best_seconds(lambda: sla.cg(op, rhs, rtol=1e-4), 3, sync)
+        ridge["cupyx cg peer with XT formed"] = best_seconds(
+            lambda: sla.cg(sla.LinearOperator((d, d), matvec=lambda q, T=X.T.tocsr(): T @ (X @ q) + q, dtype=X.dtype),
+                           rhs, rtol=1e-4), 3, sync)
+        for key, val in ridge.items():
+            print(f"  Ridge {key:<40}{val * 1e3 if 'iterations' not in key else val:>10.2f}")
+    if args.profile and fits and not args.fits_only:
         import cProfile
 
         os.environ["MPIML_SPARSE_PRODUCTS"] = args.fits.split(",")[0]
@@ -247,6 +416,9 @@ def main(argv=None):
     print(f"  L2 read rate (measured) {l2 / 1e12:.2f} TB/s; the fit's 13 products gather {13 * nnz * b * 4 / 1e9:.1f} GB "
           f"of dense rows: {res['tsvd_l2_gather_floor_s'] * 1e3:.2f} ms at that rate")
     print("  max relative differences:", err)
+    print("  singular values against the default fit (max rel diff):",
+          res.get("singular_values_max_rel_diff_vs_kernels"))
+    print("  transpose kernel equals cuSPARSE's:", res["transpose kernel equals cusparse"])
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(res, fh, indent=1)

@@ -242,6 +242,216 @@ def test_sparse_fits_equal_at_any_rank_count(mpi, n):
     mpi(os.path.join(HERE, "gpu_sparse_spmd_script.py"), n, timeout=240)
 
 
+@pytest.mark.parametrize("b", [2, 8, 13, 26, 32])
+def test_padded_products_chain(b):
+    """A padded float32 product (the leading columns of a zero-padded block) equals the plain one, and the next
+    product reads it as it is with the same result as from a contiguous copy."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    from mpiml.kernels import sparse
+
+    A = csp.csr_matrix(_csr(900, 300, 0.05, np.float32, b))
+    AT = A.T.tocsr()
+    V = cp.asarray(np.random.RandomState(b).standard_normal((300, b)).astype(np.float32))
+    Y = sparse.csr_matmul(A, V, padded=True)
+    assert Y.shape == (900, b)
+    assert bool((Y == sparse.csr_matmul(A, V)).all())
+    if b < 4 * sparse._vec4_lanes(b):                               # 2, 13, 26: padded to 8, 16, 32
+        assert not Y.flags.c_contiguous and bool((Y.base[:, b:] == 0).all())
+        assert sparse._padded_view(Y, Y.base.shape[1])
+    Z = sparse.csr_matmul(AT, Y, out_dtype=np.float64)
+    assert bool((Z == sparse.csr_matmul(AT, cp.ascontiguousarray(Y), out_dtype=np.float64)).all())
+    W = cp.asarray(np.random.RandomState(1).standard_normal((300, 40)).astype(np.float32))
+    assert not sparse._padded_view(W[:, 4:4 + min(b, 28)], 40)      # not the leading columns of its block
+
+
+def test_scatter_with_float4_atomics():
+    """The float4-atomic transposed product (for comparison in the benchmark) against the dense one."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    from mpiml.kernels import sparse
+
+    A = _csr(800, 300, 0.05, np.float32, 9)
+    for b in (2, 7, 16, 26, 32):
+        U = np.random.RandomState(b).standard_normal((800, b)).astype(np.float32)
+        Y = sparse.csr_rmatmul_scatter4(csp.csr_matrix(A), cp.asarray(U))
+        assert Y.shape == (300, b) and Y.dtype == cp.float32
+        np.testing.assert_allclose(Y.get(), A.T.astype(np.float64) @ U.astype(np.float64), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_sparse_fits_equal_at_any_rank_count_device_algebra(mpi, n):
+    """The same with the kernel transpose and the randomized SVD's CholeskyQR2 algebra on the device."""
+    mpi(os.path.join(HERE, "gpu_sparse_spmd_script.py"), n, timeout=240,
+        env={"MPIML_SPARSE_TRANSPOSE": "kernel", "MPIML_RANDOMIZED_ALGEBRA": "device"})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_csr_transpose_equals_cusparse(dtype):
+    """The kernel transpose gives the arrays of cuSPARSE's conversion (canonical input), whatever the order of its
+    atomics (two runs equal), and the column moments; unsorted rows too; duplicates as the same matrix, flagged; a
+    column past max_run: the same matrix, that row of Xᵀ unsorted and flagged."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    from mpiml.kernels import sparse
+
+    for n, m, density in ((700, 450, 0.05), (3000, 40, 0.5), (50, 5000, 0.01), (1, 7, 1.0), (9000, 3, 0.9)):
+        A = csp.csr_matrix(_csr(n, m, density, dtype, n + m))
+        T = sparse.csr_transpose(A)
+        R = A.T.tocsr()
+        if int(cp.diff(A.tocsc().indptr).max()) > sparse.TRANSPOSE_MAX_RUN:   # rows of Xᵀ too long for the sort
+            assert bool((T.indptr == R.indptr).all())
+            np.testing.assert_array_equal(T.get().toarray(), R.get().toarray())
+            assert int(sparse.csr_transpose(A, moments=True)[1][2].get()[0]) > 0
+            continue
+        assert T.shape == (m, n) and T.dtype == A.dtype
+        for name in ("indptr", "indices", "data"):
+            assert bool((getattr(T, name) == getattr(R, name)).all()), (n, m, name)
+        T2, (s1, s2, dups) = sparse.csr_transpose(A, moments=True)
+        assert bool((T2.indices == T.indices).all()) and bool((T2.data == T.data).all())
+        H = A.get().tocsc().astype(np.float64)
+        cols = [H.data[H.indptr[j]:H.indptr[j + 1]] for j in range(m)]
+        np.testing.assert_allclose(s1.get(), [c.sum() for c in cols], rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(s2.get(), [((c - c.mean()) ** 2).sum() if c.size else 0.0 for c in cols],
+                                   rtol=1e-10, atol=1e-12)
+        assert int(dups.get()[0]) == 0
+    # rows with unsorted indices: the transpose is the same matrix, its rows sorted
+    A = _csr(300, 200, 0.1, dtype, 5)
+    B = A.copy()
+    for i in range(B.shape[0]):
+        lo, hi = B.indptr[i], B.indptr[i + 1]
+        B.indices[lo:hi] = B.indices[lo:hi][::-1].copy()
+        B.data[lo:hi] = B.data[lo:hi][::-1].copy()
+    T = sparse.csr_transpose(csp.csr_matrix(B))
+    R = csp.csr_matrix(A).T.tocsr()
+    assert bool((T.indices == R.indices).all()) and bool((T.data == R.data).all())
+    import scipy.sparse as sp
+
+    D = sp.csr_matrix((np.array([1.0, 2.0, 3.0, 4.0, 5.0], dtype=dtype), np.array([2, 2, 0, 1, 2]),
+                       np.array([0, 2, 5])), shape=(2, 3))              # row 0 holds column 2 twice
+    T, (_, _, dups) = sparse.csr_transpose(csp.csr_matrix(D), moments=True)
+    assert int(dups.get()[0]) == 1
+    u = np.random.RandomState(1).standard_normal(2).astype(dtype)
+    np.testing.assert_allclose((T @ cp.asarray(u)).get(), D.T @ u, rtol=1e-5, atol=1e-5)
+    T, (s1, _, flags) = sparse.csr_transpose(csp.csr_matrix(A), max_run=3, moments=True)   # rows of > 4 unsorted
+    np.testing.assert_array_equal(T.get().toarray(), A.T.toarray())
+    np.testing.assert_allclose(s1.get(), np.asarray(A.sum(axis=0)).ravel(), rtol=1e-5, atol=1e-5)
+    assert int(flags.get()[0]) == int((np.diff(A.tocsc().indptr) > 4).sum())
+
+
+@pytest.mark.parametrize("how", ["smem", "blocks"])
+def test_csr_transpose_shared_memory_counts(how, monkeypatch):
+    """The transpose with its column counts by shared-memory windows (MPIML_SPARSE_TRANSPOSE_COUNTS=smem), or its
+    counts and fill by blocks of rows with no global atomic (=blocks): the same arrays, at widths of one window
+    and of several, with fewer rows than blocks too."""
+    import cupyx.scipy.sparse as csp
+
+    from mpiml.kernels import sparse
+
+    monkeypatch.setenv("MPIML_SPARSE_TRANSPOSE_COUNTS", how)
+    for n, m, density in ((700, 450, 0.05), (400, 150000, 0.0005), (30, 20, 0.3)):
+        A = csp.csr_matrix(_csr(n, m, density, np.float32, m))
+        T, R = sparse.csr_transpose(A), A.T.tocsr()
+        for name in ("indptr", "indices", "data"):
+            assert bool((getattr(T, name) == getattr(R, name)).all()), (n, m, name)
+
+
+def test_small_cholinv_flags():
+    """The device's l x l algebra of a CholeskyQR round: R and R⁻¹ as the host's, and its deferred checks."""
+    import cupy as cp
+
+    from mpiml.kernels import sparse
+
+    rs = np.random.RandomState(8)
+    for l in (1, 5, 26, 64):
+        A = rs.standard_normal((4 * l + 10, l)) @ np.diag(np.logspace(0, 2, l))
+        G = A.T @ A
+        flag = cp.zeros(1, dtype=cp.int32)
+        R, Rinv = sparse.small_cholinv(cp.asarray(G), flag, 1e7)
+        np.testing.assert_allclose(R.get(), np.linalg.cholesky(G).T, rtol=1e-10, atol=1e-10 * np.abs(G).max() ** .5)
+        np.testing.assert_allclose((R @ Rinv).get(), np.eye(l), atol=1e-10)
+        assert int(flag.get()[0]) == 0
+    G = np.diag([4.0, -1.0, 9.0])
+    flag = cp.zeros(1, dtype=cp.int32)
+    sparse.small_cholinv(cp.asarray(G), flag)
+    assert int(flag.get()[0]) == 1
+    A = rs.standard_normal((100, 10)) @ np.diag(np.logspace(0, 7.5, 10))     # cond 3e7: past the limit of 1e7
+    flag = cp.zeros(1, dtype=cp.int32)
+    sparse.small_cholinv(cp.asarray(A.T @ A), flag, 1e7)
+    assert int(flag.get()[0]) & 2
+    flag = cp.zeros(1, dtype=cp.int32)
+    sparse.small_cholinv(cp.asarray(A.T @ A), flag, 0.0)
+    assert not int(flag.get()[0]) & 2
+    with pytest.raises(ValueError, match="1 to 64"):
+        sparse.small_cholinv(cp.zeros((65, 65)), flag)
+
+
+def test_small_svd_by_jacobi():
+    """The device's SVD of a small square factor against NumPy's: values, the product, orthonormal factors."""
+    import cupy as cp
+
+    from mpiml.kernels import sparse
+
+    rs = np.random.RandomState(9)
+    for l in (1, 2, 5, 26, 27, 42, 64):
+        R = np.triu(rs.standard_normal((l, l))) @ np.diag(np.logspace(0, 3, l))
+        flag = cp.zeros(1, dtype=cp.int32)
+        U, s, Vt = sparse.small_svd(cp.asarray(R), flag)
+        assert int(flag.get()[0]) == 0
+        np.testing.assert_allclose(s.get(), np.linalg.svd(R, compute_uv=False), rtol=1e-12, atol=1e-12 * abs(R).max())
+        np.testing.assert_allclose((U * s[None, :] @ Vt).get(), R, atol=1e-12 * abs(R).max())
+        np.testing.assert_allclose((U.T @ U).get(), np.eye(l), atol=1e-12)
+        np.testing.assert_allclose((Vt @ Vt.T).get(), np.eye(l), atol=1e-12)
+
+
+@pytest.mark.parametrize("transpose,algebra", [("kernel", "device"), ("cusparse", "host")])
+def test_truncated_svd_device_algebra_equals_host(transpose, algebra, monkeypatch):
+    """TruncatedSVD with either transpose and either CholeskyQR2 algebra (every normaliser) gives the host fit; with
+    the device's, an iterate past CholeskyQR2's limit fails the deferred check and runs again with the host's."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+    import scipy.sparse as sp
+
+    from mpiml.decomposition import PCA, TruncatedSVD
+    from mpiml.decomposition._solvers import timeline
+
+    monkeypatch.setenv("MPIML_SPARSE_TRANSPOSE", transpose)
+    monkeypatch.setenv("MPIML_RANDOMIZED_ALGEBRA", algebra)
+    X = _csr(2500, 300, 0.02, np.float64, 21)
+    X.data = np.abs(X.data)
+    Xg = csp.csr_matrix(X)
+    for norm in ("auto", "CholeskyQR2", "QR", "none"):
+        h = TruncatedSVD(6, power_iteration_normalizer=norm, random_state=0).fit(X)
+        g = TruncatedSVD(6, power_iteration_normalizer=norm, random_state=0).fit(Xg)
+        np.testing.assert_allclose(g.singular_values_.get(), h.singular_values_, rtol=1e-8)
+        np.testing.assert_allclose(g.components_.get(), h.components_, rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(g.explained_variance_ratio_.get(), h.explained_variance_ratio_, rtol=1e-8)
+    D = np.random.RandomState(4).standard_normal((20000, 40)) @ np.diag(np.linspace(3, 0.1, 40))
+    h = PCA(5, svd_solver="randomized", random_state=0).fit(D)
+    g = PCA(5, svd_solver="randomized", random_state=0).fit(cp.asarray(D))
+    np.testing.assert_allclose(g.components_.get(), h.components_, rtol=1e-6, atol=1e-8)
+    # rank one plus noise at 1e-12: the iterate's condition passes CholeskyQR2's limit
+    rs = np.random.RandomState(5)
+    R1 = sp.csr_matrix(np.outer(rs.rand(3000), rs.rand(200)) + 1e-12 * rs.rand(3000, 200))
+    h = TruncatedSVD(3, random_state=0).fit(R1)
+    with timeline() as marks:
+        g = TruncatedSVD(3, random_state=0).fit(csp.csr_matrix(R1))
+    assert [m[0] for m in marks].count("X V 0") == (2 if algebra == "device" else 1)   # the device's, then the host's
+    np.testing.assert_allclose(g.singular_values_.get()[0], h.singular_values_[0], rtol=1e-10)
+    np.testing.assert_allclose(np.abs(g.components_.get()[0]), np.abs(h.components_[0]), rtol=1e-8, atol=1e-12)
+    # float32: the leading singular values of the host fit
+    X32 = _csr(4000, 500, 0.02, np.float64, 22)
+    X32 = sp.csr_matrix(abs(X32) @ sp.diags(0.9 ** np.arange(500))).astype(np.float32)
+    h = TruncatedSVD(8, n_iter=7, random_state=0).fit(X32.astype(np.float64))
+    g = TruncatedSVD(8, n_iter=7, random_state=0).fit(csp.csr_matrix(X32))
+    np.testing.assert_allclose(g.singular_values_.get()[:3], h.singular_values_[:3], rtol=1e-4)
+    np.testing.assert_allclose(g.explained_variance_ratio_.get()[:3], h.explained_variance_ratio_[:3], rtol=1e-3)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_dense_column_moments(dtype):
     import cupy as cp

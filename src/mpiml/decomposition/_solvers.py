@@ -13,7 +13,9 @@ Every rank runs the same arithmetic on replicated small matrices, so every
 rank takes the same branches and the same number of iterations.
 """
 
+import contextlib
 import os
+import time
 import warnings
 from numbers import Integral
 
@@ -26,6 +28,34 @@ from ..kernels import sparse as _sparse_kernels
 from ..utils._linalg import orthonormalize, tsqr
 
 __all__ = ["gaussian_matrix", "randomized_svd", "block_lanczos_svd", "resolve_normalizer", "CentredRows", "SparseRows"]
+
+
+# ---------------------------------------------------------------------- timeline (benchmarks)
+_TIMELINE = None
+
+
+@contextlib.contextmanager
+def timeline():
+    """Within it, the fits on CuPy data record ``(label, CUDA event, host seconds)`` at each step into the list
+    it yields (no synchronisation: the events time the device's work and idleness between the steps as the fit
+    ran; ``benchmarks/sparse/spmm_gpu.py --timeline`` prints them).  Not thread-safe; for benchmarks."""
+    global _TIMELINE
+    _TIMELINE = marks = []
+    try:
+        yield marks
+    finally:
+        _TIMELINE = None
+
+
+def mark(label, xp=None):
+    """Record a step of the fit under :func:`timeline` (nothing otherwise, nor on host data)."""
+    if _TIMELINE is None or xp is np:
+        return
+    import cupy
+
+    ev = cupy.cuda.Event()
+    ev.record()
+    _TIMELINE.append((label, ev, time.perf_counter()))
 
 
 # ---------------------------------------------------------------------- operator
@@ -54,14 +84,15 @@ class SparseRows:
         self.kernels = _sparse_kernels.for_shard(X) if self.mode != "cusparse" else None
         self._pending = None
         self._chunks = None
+        self._moments = None
         if XT is None and not (self.kernels is not None and self.mode == "scatter"):
             if self.kernels is not None:
                 try:
                     self._pending = _transpose_aside(X)
-                except Exception:  # noqa: BLE001 - any trouble with streams: convert in line
-                    XT = device_transpose(X)
-            else:
-                XT = device_transpose(X)
+                except Exception:  # noqa: BLE001 - any trouble with streams or kernels: cuSPARSE, in line
+                    XT = device_transpose(X, "cusparse")
+            else:   # cuSPARSE's products (or a shard the kernels do not take): cuSPARSE's conversion too
+                XT = device_transpose(X, "cusparse")
         self._XT = XT
 
     @property
@@ -73,17 +104,26 @@ class SparseRows:
 
             pending, self._pending = self._pending, None
             try:
-                self._XT, ready = pending.result()
-            except Exception:  # noqa: BLE001 - any trouble with the thread or the streams: convert in line
-                self._XT, ready = device_transpose(self.X), None
+                self._XT, self._moments, ready = pending.result()
+            except Exception:  # noqa: BLE001 - any trouble with the thread, the streams or the kernels: cuSPARSE
+                self._XT, self._moments, ready = device_transpose(self.X, "cusparse"), None, None
             if ready is not None:
                 cupy.cuda.get_current_stream().wait_event(ready)
+            mark("wait for the transpose", cupy)
         return self._XT
 
-    def matmul(self, V, xp):
-        """``X V`` (centred when ``mean`` is set) of this rank's rows, in ``X``'s dtype."""
+    @property
+    def moments(self):
+        """``(s1, s2, dups)`` per column of ``X`` (see :func:`mpiml.kernels.sparse.csr_transpose`) when the kernel
+        transpose formed ``Xᵀ`` (computed by its sort), else None."""
+        return self._moments if self.XT is not None else None
+
+    def matmul(self, V, xp, padded=False):
+        """``X V`` (centred when ``mean`` is set) of this rank's rows, in ``X``'s dtype; ``padded``: uncentred
+        float32 products as the leading columns of a padded block (:func:`mpiml.kernels.sparse.csr_matmul`), which
+        :meth:`rmatmul` reads with no copy."""
         if self.kernels is not None:
-            out = self.kernels.csr_matmul(self.X, V)
+            out = self.kernels.csr_matmul(self.X, V, padded=padded and self.mean is None)
         else:
             out = self.X @ V.astype(self.dtype, copy=False)
         if self.mean is not None:
@@ -115,11 +155,22 @@ _SIDE_STREAMS = {}
 _WORKER = []
 
 
+class _Done:
+    """A future already done (the kernel transpose's: its launches return at once)."""
+
+    def __init__(self, value):
+        self._value = value
+
+    def result(self):
+        return self._value
+
+
 def _transpose_aside(X):
-    """A future of ``(Xᵀ as CSR, event)`` for a non-empty ``cupyx`` shard (else None), converted by a worker
-    thread on a side stream (one per device, kept: CuPy's memory pool caches per stream) after the work
-    queued so far.  cuSPARSE's conversion holds the calling thread for 3.3 ms of the 8.9 ms it takes at
-    10^8 stored values; in the worker, the fit's first products are queued meanwhile."""
+    """A future of ``(Xᵀ as CSR, moments, event)`` for a non-empty ``cupyx`` shard (else None), converted on a
+    side stream (one per device, kept: CuPy's memory pool caches per stream) after the work queued so far, so
+    the fit's first products run beside it.  The kernel transpose (``MPIML_SPARSE_TRANSPOSE=kernel``) is
+    launched here (no wait on the device); cuSPARSE's conversion by a worker thread (it holds its thread, and
+    measured on an H100 the GIL, for most of its 9 ms at 10^8 stored values)."""
     import cupy
 
     if not (X.nnz and X.shape[0]):
@@ -130,10 +181,16 @@ def _transpose_aside(X):
         side = _SIDE_STREAMS[dev] = cupy.cuda.Stream(non_blocking=True)
     side.wait_event(cupy.cuda.get_current_stream().record())
 
+    how = _sparse_kernels.transpose_mode()
+    if how == "kernel" and _sparse_kernels.supported(X):
+        with side:
+            XT, moments = _sparse_kernels.csr_transpose(X, moments=True)
+            return _Done((XT, moments, side.record()))
+
     def convert():
         with cupy.cuda.Device(dev), side:
-            XT = X.T.tocsr()
-            return XT, side.record()
+            XT, moments = device_transpose(X, how, moments=True)
+            return XT, moments, side.record()
 
     if not _WORKER:
         from concurrent.futures import ThreadPoolExecutor
@@ -142,19 +199,31 @@ def _transpose_aside(X):
     return _WORKER[0].submit(convert)
 
 
-def device_transpose(X):
-    """``Xᵀ`` as CSR for a non-empty ``cupyx`` CSR shard, else None (host SciPy needs no help)."""
+def device_transpose(X, how=None, moments=False):
+    """``Xᵀ`` as CSR for a non-empty ``cupyx`` CSR shard, else None (host SciPy needs no help).
+
+    ``how`` (default: ``MPIML_SPARSE_TRANSPOSE``, :data:`mpiml.kernels.sparse.TRANSPOSES`): ``"kernel"`` forms it
+    by :func:`mpiml.kernels.sparse.csr_transpose` where the kernels take ``X``, else by cuSPARSE
+    (``X.T.tocsr()``), the same arrays either way (but for columns too long for the kernel's sort).
+    ``moments``: ``(Xᵀ, moments)``, the column moments the kernel's sort computes (None from cuSPARSE).
+    """
+    XT = mom = None
     if type(X).__module__.startswith("cupyx") and getattr(X, "format", None) == "csr" and X.nnz and X.shape[0]:
-        return X.T.tocsr()
-    return None
+        how = _sparse_kernels.transpose_mode() if how is None else how
+        if how == "kernel" and _sparse_kernels.supported(X):
+            XT, mom = _sparse_kernels.csr_transpose(X, moments=True)
+        else:
+            XT = X.T.tocsr()
+    return (XT, mom) if moments else XT
 
 
-def _matvec(X, V):
-    """``X @ V`` on this rank's rows (``V`` cast to the dtype of ``X``: no copy of ``X``)."""
+def _matvec(X, V, padded=False):
+    """``X @ V`` on this rank's rows (``V`` cast to the dtype of ``X``: no copy of ``X``); ``padded``: see
+    :meth:`SparseRows.matmul` (a view whose rows are not contiguous; others ignore it)."""
     if isinstance(X, SparseRows):
         from .._array import get_namespace
 
-        return X.matmul(V, get_namespace(V))
+        return X.matmul(V, get_namespace(V), padded=padded)
     return X @ V.astype(X.dtype, copy=False)
 
 
@@ -256,15 +325,24 @@ def _device_normal(seed, shape, xp, dtype):
     """
     dtype = np.dtype(dtype)
     draw = dtype if dtype in (np.dtype(np.float32), np.dtype(np.float64)) else np.dtype(np.float64)
-    try:
+    dev = xp.cuda.runtime.getDevice()
+    rs = _GENERATORS.get(dev)
+    if rs is not None:          # one generator a device, reseeded: the same draws as a new one, no set-up
+        rs.seed(seed)
+    else:
         try:
-            from cupy_backends.cuda.libs import curand
-        except ImportError:
-            from cupy.cuda import curand
-        rs = xp.random.RandomState(seed, method=curand.CURAND_RNG_PSEUDO_PHILOX4_32_10)
-    except Exception:  # noqa: BLE001 - a CuPy without the Philox constant: the default generator
-        rs = xp.random.RandomState(seed)
+            try:
+                from cupy_backends.cuda.libs import curand
+            except ImportError:
+                from cupy.cuda import curand
+            rs = xp.random.RandomState(seed, method=curand.CURAND_RNG_PSEUDO_PHILOX4_32_10)
+        except Exception:  # noqa: BLE001 - a CuPy without the Philox constant: the default generator
+            rs = xp.random.RandomState(seed)
+        _GENERATORS[dev] = rs
     return rs.standard_normal(shape, dtype=draw).astype(dtype, copy=False)
+
+
+_GENERATORS = {}
 
 
 def resolve_normalizer(power_iteration_normalizer, n_iter):
@@ -331,8 +409,103 @@ def _small_svd(R, xp):
     return tuple(xp.asarray(a) for a in np.linalg.svd(to_numpy(R), full_matrices=False))
 
 
+#: Where the CholeskyQR2 rounds of :func:`randomized_svd` on CuPy data do their ``l x l`` algebra
+#: (environment ``MPIML_RANDOMIZED_ALGEBRA``, read when a fit starts): ``"host"``: the Gram matrix is copied to
+#: the host every round (Cholesky, condition check, triangular inverse there; a wait on the device each round,
+#: 14 a default fit, ~2.7 ms each on an H100 host); ``"device"`` (default): one kernel a round
+#: (:func:`mpiml.kernels.sparse.small_cholinv`)
+#: whose checks are read once, after the final ``l x l`` SVD (one-sided Jacobi on the device,
+#: :func:`mpiml.kernels.sparse.small_svd`): if one failed (not positive definite, an iterate past CholeskyQR2's
+#: condition limit, or Jacobi unconverged), the range finder runs again from the same random matrix with the
+#: host's algebra (and its TSQR fallback).  For ``l <= 64``.
+ALGEBRAS = ("device", "host")
+
+
+def algebra_mode():
+    """Where randomized_svd's CholeskyQR2 algebra runs on CuPy data, from ``MPIML_RANDOMIZED_ALGEBRA``."""
+    return _sparse_kernels._env_choice("MPIML_RANDOMIZED_ALGEBRA", ALGEBRAS)
+
+
+def _cholqr2_device(A, comm, flag, xp):
+    """``(Q, R)`` of the row-distributed ``A`` by CholeskyQR2 with no wait on the device: the Gram matrix by the
+    one-read kernel (float64), summed over ``comm``, factored by :func:`mpiml.kernels.sparse.small_cholinv`; its
+    checks (round 1: positive definite and CholeskyQR2's condition limit; round 2: positive definite) are ORed
+    into ``flag`` for the caller to read later.  ``R`` float64, ``Q`` in ``A``'s dtype."""
+    from ..utils._linalg import CHOLQR2_MAX_COND, augmented_gram
+
+    l = A.shape[1]
+    Q, R = A, None
+    for rnd in range(2):
+        G = augmented_gram(Q)[:l, :l] if Q.shape[0] else xp.zeros((l, l), dtype=xp.float64)
+        if comm.size > 1:
+            G = comm.allreduce(xp.ascontiguousarray(G))
+        Rr, Rinv = _sparse_kernels.small_cholinv(G, flag, CHOLQR2_MAX_COND if rnd == 0 else 0.0)
+        Q = Q @ Rinv.astype(A.dtype, copy=False)
+        R = Rr if R is None else Rr @ R
+    return Q, R
+
+
+def _checks_failed(flag, comm):
+    """Whether a deferred check of the device's CholeskyQR2 algebra failed (one read back), alike on every rank."""
+    failed = int(to_numpy(flag)[0]) != 0
+    if comm.size > 1:   # the checks act on replicated matrices, alike everywhere; agreed on all the same
+        failed = bool(np.asarray(comm.allreduce(np.array([float(failed)])))[0] > 0)
+    return failed
+
+
+def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, device, deferred=False):
+    """``(Q, Uhat, s, Vt)`` of randomized_svd's untransposed case from the random matrix ``Omega``: ``X ≈ Q Uhat
+    diag(s) Vt``.  ``device``: the CholeskyQR2 rounds by :func:`_cholqr2_device`, whose checks are read once at
+    the end with the ``l x l`` factor of the final SVD; None when one failed (on every rank alike).  ``deferred``
+    (with ``device``): ``(Q, Uhat, s, Vt, flag)`` with the checks unread (:func:`_checks_failed`)."""
+    flag = xp.zeros(1, dtype=xp.int32) if device else None
+
+    def orth(Y, how, on):
+        if how is None:
+            return Y
+        if device and how == "cholesky_qr2":
+            return _cholqr2_device(Y, on, flag, xp)[0]
+        return orthonormalize(Y, on, method=how)
+
+    Y = _matvec(X, Omega, padded=True)                            # (n_local, l), distributed
+    mark("X V 0", xp)
+    for it in range(1, n_iter + 1):
+        if dist_step is not None:
+            Y = orth(Y, dist_step, comm)
+            mark(f"normalise X V {it - 1}", xp)
+        Z = _rmatvec(X, Y, comm, xp)                              # (d, l), replicated
+        mark(f"Xt U {it}", xp)
+        if repl_step is not None:                                 # the replicated iterate: one rank's algebra
+            Z = orth(Z, repl_step, _Alone) if device and repl_step == "cholesky_qr2" else _local_orth(Z, xp)
+            mark(f"normalise Xt U {it}", xp)
+        Y = _matvec(X, Z, padded=True)
+        mark(f"X V {it}", xp)
+    Q = orth(Y, final, comm)                                      # (n_local, m)
+    mark("orthonormalise X V", xp)
+    B = _rmatvec(X, Q, comm, xp).T                                # (m, d) = Q^T X, replicated
+    mark("Qt X", xp)
+    if not device:
+        Uhat, s, Vt = _wide_svd(B, xp)
+        mark("SVD of Qt X", xp)
+        return Q, Uhat, s, Vt
+    # Bᵀ = Qb Rb and the SVD of Rb on the device (Jacobi); then the only wait on the device, for the checks
+    Qb, Rb = _cholqr2_device(xp.ascontiguousarray(B.T), _Alone, flag, xp)
+    Ur, s, Vrt = _sparse_kernels.small_svd(Rb, flag)
+    # B = Rbᵀ Qbᵀ = Vrtᵀ diag(s) Urᵀ Qbᵀ
+    Uhat, Vt = Vrt.T, (Qb @ Ur).T
+    if deferred:
+        mark("SVD of Qt X", xp)
+        return Q, Uhat, s, Vt, flag
+    failed = _checks_failed(flag, comm)
+    mark("SVD of Qt X", xp)
+    if failed:
+        return None
+    return Q, Uhat, s, Vt
+
+
 def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversamples=10, n_iter=4,
-                   power_iteration_normalizer="auto", random_state=None, transpose="auto"):
+                   power_iteration_normalizer="auto", random_state=None, transpose="auto", want_u=True,
+                   deferred=False):
     """Randomised truncated SVD of the row-distributed ``X`` (Halko, Martinsson, Tropp 2011).
 
     Parameters
@@ -351,10 +524,16 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
     transpose : bool or "auto", default="auto"
         Work on ``X.T`` (scikit-learn's choice: when ``n < d``).  The random
         matrix then has one row per sample; each rank takes its rows of it.
+    want_u : bool, default=True
+        False: ``U_local`` is not formed (None; TruncatedSVD projects ``X`` instead).
+    deferred : bool, default=False
+        Return ``(U_local, s, Vt, redo)``: with the device's CholeskyQR2 algebra its checks are not read here
+        (the caller queues more work first); ``redo()`` reads them and returns None when they passed, else the
+        result of the host's algebra from the same random matrix (``redo`` is None when nothing was deferred).
 
     Returns
     -------
-    U_local : ndarray of shape (n_local, n_components)
+    U_local : ndarray of shape (n_local, n_components) or None
         This rank's rows of U.
     s : ndarray of shape (n_components,), replicated
     Vt : ndarray of shape (n_components, d), replicated
@@ -392,16 +571,28 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
 
     if not transpose:
         Omega = gaussian_matrix(random_state, (d, n_random), comm, xp, dtype)
-        Y = _matvec(X, Omega)                                     # (n_local, l), distributed
-        for _ in range(n_iter):
-            Y = dist_norm(Y, dist_step)
-            Z = repl_norm(_rmatvec(X, Y, comm, xp), repl_step)    # (d, l), replicated
-            Y = _matvec(X, Z)
-        Q = orthonormalize(Y, comm, method=final)                 # (n_local, m)
-        B = _rmatvec(X, Q, comm, xp).T                            # (m, d) = Q^T X, replicated
-        Uhat, s, Vt = _wide_svd(B, xp)
-        U = Q @ Uhat.astype(dtype, copy=False)
-        return U[:, :n_components], s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
+        mark("random matrix", xp)
+        def finish(out):
+            Q, Uhat, s, Vt = out[:4]
+            U = (Q @ Uhat[:, :n_components].astype(dtype, copy=False)) if want_u else None
+            return U, s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
+
+        def host():
+            return finish(_range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, device=False))
+
+        if xp is not np and algebra_mode() == "device" and n_random <= _sparse_kernels.SMALL_MAX:
+            out = _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, device=True,
+                             deferred=deferred)
+            if deferred:
+                flag = out[4]
+
+                def redo():   # the checks read; a failure: the host's algebra from the same Omega
+                    return host() if _checks_failed(flag, comm) else None
+                return (*finish(out), redo)
+            if out is not None:
+                return finish(out)
+        # host algebra, or a check of the device's failed: again from the same Omega
+        return (*host(), None) if deferred else host()
 
     # transposed: M = X.T (d x n); the random matrix has one row per global sample
     Omega = gaussian_matrix(random_state, (n_rows, n_random), comm, xp, dtype)[row_offset:row_offset + n_local]
@@ -415,9 +606,10 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
     Q2, R = tsqr(_matvec(X, Q), comm, want_q=True)               # X Q = Q2 R
     Ur, s, Vrt = _small_svd(R, xp)                               # R = Ur diag(s) Vrt
     # B = Vrt^T diag(s) (Q2 Ur)^T  ->  M = (Q Vrt^T) diag(s) (Q2 Ur)^T,  X = (Q2 Ur) diag(s) (Q Vrt^T)^T
-    U = Q2 @ Ur.astype(dtype, copy=False)
+    U = (Q2 @ Ur[:, :n_components].astype(dtype, copy=False)) if want_u else None
     Vt = (Q.astype(xp.float64) @ Vrt.T).T
-    return U[:, :n_components], s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
+    out = U, s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
+    return (*out, None) if deferred else out
 
 
 # ---------------------------------------------------------------------- block Lanczos

@@ -11,7 +11,7 @@ from ..kernels import sparse as _sparse_kernels
 from ..utils._linalg import column_sq_dev, column_sums, is_sparse, svd_flip_rows
 from ..utils._param_validation import Interval, StrOptions
 from ._pca import _allreduce, _check_local, validate_local_rows, validated_rows
-from ._solvers import SparseRows, block_lanczos_svd, randomized_svd
+from ._solvers import SparseRows, block_lanczos_svd, mark, randomized_svd
 
 __all__ = ["TruncatedSVD"]
 
@@ -22,9 +22,12 @@ def _global_variances(X, Xt, n, *, comm, xp):
     Two allreduces, of ``d + k`` (the sums: the means) and ``1 + k`` float64
     (the squared deviations).  A sparse ``X`` is not densified (its implicit
     zeros are counted, as scikit-learn's ``mean_variance_axis`` does); a
-    ``cupyx`` shard with its transpose stored (:class:`SparseRows`) reads the
-    moments of its columns off the rows of ``Xᵀ`` (a kernel, two passes over
-    its values).  Dense CuPy blocks are read once by the column-moments kernel
+    ``cupyx`` shard with its transpose stored (:class:`SparseRows`) takes the
+    moments of its columns from the kernel transpose's sort (sums and squares
+    about the stored values' own mean, computed while it sorts, so no pass
+    here: ``Σ (x - m)² = s2 + c (s1 / c - m)²`` over a column's ``c`` stored
+    values, every term non-negative), or reads them off the rows of ``Xᵀ``
+    (a kernel, two passes over its values).  Dense CuPy blocks are read once by the column-moments kernel
     about a shift of this rank's own (the mean of its first rows): with ``S``
     the rank's sums, ``Q`` its squared deviations about ``s`` and ``m`` the
     global mean, its share is ``Q - 2 (m - s)(S - n_r s) + n_r (m - s)²``,
@@ -50,9 +53,12 @@ def _global_variances(X, Xt, n, *, comm, xp):
 
     sums = xp.zeros(d + k, dtype=xp.float64)
     one_x = one_t = None
+    by_sort = stored.moments if stored is not None else None    # the kernel transpose's: (s1, s2, dups)
     if n_r:
-        if stored is not None:
-            sums[:d] = stored.kernels.csr_row_moments(stored.XT)[0]
+        if by_sort is not None:
+            sums[:d] = by_sort[0]
+        elif stored is not None:
+            sums[:d] = stored.kernels.csr_row_moments(stored.XT, check=False)[0]
         elif is_sparse(X) or moments is None:
             sums[:d] = column_sums(X)
         else:
@@ -72,7 +78,16 @@ def _global_variances(X, Xt, n, *, comm, xp):
 
     if n_r:
         done = False
-        if stored is not None:
+        if by_sort is not None:
+            # about the stored values' own mean: Σ (x - m)² = s2 + c (s1 / c - m)², every term non-negative
+            s1, s2, dups = by_sort
+            c = xp.diff(stored.XT.indptr).astype(xp.float64)
+            m = means[:d]
+            if int(dups.get()[0]) == 0:
+                dev = s2 + c * (s1 / xp.maximum(c, 1.0) - m) ** 2
+                sq[0] = (dev + (n_r - c) * m * m).sum()
+                done = True
+        elif stored is not None:
             m = means[:d]
             _, s2, canonical = stored.kernels.csr_row_moments(stored.XT, m)
             if canonical:  # the implicit zeros of each column add (rows - stored) m²
@@ -208,11 +223,14 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         """
         self._validate_params()
         comm = self._get_comm()
+        mark("start")
         X, xp, counts, _ = validated_rows(self, X, comm, ensure_min_features=2)
+        mark("validate", xp)
         n, d = int(counts.sum()), X.shape[1]
         k = self.n_components
         # a cupyx CSR shard: the sparse kernels, Xᵀ stored once per fit (see SparseRows)
         operand = SparseRows(X) if is_sparse(X) and xp is not np else X
+        mark("operand (transpose queued)", xp)
         if self.algorithm == "arpack":
             if not k < min(n, d):  # scikit-learn passes scipy's svds message on; the shape follows it here
                 raise ValueError(f"`k` must be an integer satisfying `0 < k < min(A.shape)`. (n_components={k}, "
@@ -222,17 +240,31 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         else:
             if k > d:
                 raise ValueError(f"n_components({k}) must be <= n_features({d}).")
-            _, S, Vt = randomized_svd(operand, k, comm=comm, xp=xp, n_rows=n, row_offset=int(counts[:comm.rank].sum()),
-                                      n_oversamples=self.n_oversamples, n_iter=self.n_iter,
-                                      power_iteration_normalizer=self.power_iteration_normalizer,
-                                      random_state=self.random_state)
+            # the device algebra's checks are read after the projection and the variances are queued
+            _, S, Vt, redo = randomized_svd(operand, k, comm=comm, xp=xp, n_rows=n,
+                                            row_offset=int(counts[:comm.rank].sum()),
+                                            n_oversamples=self.n_oversamples, n_iter=self.n_iter,
+                                            power_iteration_normalizer=self.power_iteration_normalizer,
+                                            random_state=self.random_state, want_u=False, deferred=True)
+            X_transformed = self._finish(operand, X, S, Vt, n, comm, xp)
+            again = redo() if redo is not None else None
+            if again is None:
+                return X_transformed
+            _, S, Vt = again          # a check failed: the host algebra's result
+        return self._finish(operand, X, S, Vt, n, comm, xp)
+
+    def _finish(self, operand, X, S, Vt, n, comm, xp):
+        """Signs, components, the projection of this rank's rows and the variances from a fit's ``S`` and ``Vt``."""
         _, Vt = svd_flip_rows(Vt)
         self.components_ = xp.ascontiguousarray(Vt.astype(X.dtype, copy=False))
+        mark("signs", xp)
         X_transformed = operand.matmul(self.components_.T, xp) if operand is not X else X @ self.components_.T
+        mark("X components_.T", xp)
         full_var, exp_var = _global_variances(operand, X_transformed, n, comm=comm, xp=xp)
         self.explained_variance_ = exp_var.astype(X.dtype)
         self.explained_variance_ratio_ = (exp_var / full_var).astype(X.dtype)
         self.singular_values_ = S.astype(X.dtype, copy=False)
+        mark("variances", xp)
         return X_transformed
 
     def _on(self, xp):

@@ -14,7 +14,9 @@ costs about one read of the CSR arrays plus those gathers.
 * :func:`csr_row_moments` -- per row the sum and the shifted sum of squares of the stored values
   (run on a stored ``Xᵀ``: the column moments of ``X``), deterministic;
 * :func:`dense_column_moments` -- the same per column of a dense CuPy matrix, one read, deterministic;
-* :func:`column_pieces` -- one-vector products ``A x`` and ``Aᵀ u`` from shared memory (sparse Ridge).
+* :func:`column_pieces` -- one-vector products ``A x`` and ``Aᵀ u`` from shared memory (sparse Ridge);
+* :func:`csr_transpose` -- ``Aᵀ`` as CSR (counts, a scan, an atomic fill and a sort of each row in shared
+  memory), the same arrays as cuSPARSE's conversion (``A.T.tocsr()``) for canonical ``A``.
 
 Products accumulate in float64 whatever the values' dtype (float32 or float64)
 and are written in the dtype asked for.  The kernels load through
@@ -28,7 +30,8 @@ import sys
 import numpy as np
 
 __all__ = ["PRODUCTS", "products_mode", "GATHERS", "gather_mode", "gather_chunks", "GatherChunks", "for_shard", "supported", "csr_matmul", "csr_rmatmul_scatter", "csr_normal_vec", "csr_row_moments",
-           "dense_column_moments", "column_pieces", "ColumnPieces", "plan", "FILES", "expressions"]
+           "dense_column_moments", "column_pieces", "ColumnPieces", "plan", "FILES", "expressions", "TRANSPOSES",
+           "transpose_mode", "csr_transpose", "TRANSPOSE_MAX_RUN", "small_cholinv", "small_svd", "SMALL_MAX"]
 
 FILES = ("sparse/spmm.cu",)
 _THREADS = 256                     # MPIML_SPARSE_THREADS in spmm.cu
@@ -54,7 +57,12 @@ def expressions():
         out += [f"mpiml_csr_normal_vec<{t}, {g}, {w}>" for g in (4, 8, 16, 32) for w in ("false", "true")]
         out += [f"mpiml_csr_piece_dot<{t}, {g}>" for g in (4, 8, 16, 32)]
         out += [f"mpiml_csr_piece_scatter<{t}, {g}>" for g in (4, 8, 16, 32)]
-    out.append("mpiml_csr_split")
+        out += [f"mpiml_csr_transpose_fill<{t}>"]
+        out += [f"mpiml_csr_sort_runs<{t}, {w}>" for w in _SORT_WORDS]
+    out += ["mpiml_csr_split", "mpiml_csr_col_counts", "mpiml_csr_col_counts_smem", "mpiml_small_cholinv",
+            "mpiml_small_svd", "mpiml_csr_block_counts", "mpiml_csr_block_scan"]
+    out += [f"mpiml_csr_block_fill<{t}>" for t in ("float", "double")]
+    out += [f"mpiml_csr_scatter4<{lanes}>" for lanes in (2, 4, 8)]
     return out
 
 
@@ -129,10 +137,14 @@ def _sm_count():
     return _SMS[dev]
 
 
+#: Most blocks a grid-stride launch has per SM (:func:`_blocks`; the benchmark sweeps it).
+MAX_BLOCKS_PER_SM = 64
+
+
 def _blocks(rows_per_block, n_rows):
-    """Blocks of a grid-stride launch: enough for every row, at most 64 an SM."""
+    """Blocks of a grid-stride launch: enough for every row, at most :data:`MAX_BLOCKS_PER_SM` an SM."""
     need = max(1, -(-int(n_rows) // rows_per_block))
-    return int(min(need, _sm_count() * 64))
+    return int(min(need, _sm_count() * MAX_BLOCKS_PER_SM))
 
 
 def supported(A):
@@ -149,7 +161,7 @@ def _rowdot_lanes(A):
     return g
 
 
-def csr_matmul(A, V, out_dtype=None, chunks=None):
+def csr_matmul(A, V, out_dtype=None, chunks=None, padded=False):
     """``A @ V`` for a ``cupyx`` CSR ``A`` (see :func:`supported`) and a dense CuPy ``V``.
 
     ``V`` of shape ``(n_cols, b)`` or ``(n_cols,)`` is cast to ``A``'s dtype
@@ -160,7 +172,10 @@ def csr_matmul(A, V, out_dtype=None, chunks=None):
     columns, :data:`GATHERS`) each lane group's values in that order, the
     groups then added by a fixed tree.  ``chunks`` (:func:`gather_chunks` of
     ``A`` for this width; ignored by the other kernels): one launch a chunk of
-    ``V``'s rows.
+    ``V``'s rows.  ``padded`` (float32 results of 2 to 32 columns, else
+    ignored): the result is the first ``b`` columns of a C-contiguous block
+    of 8, 16 or 32 columns (the rest zero), which the float4 gather of a next
+    product reads as it is, with no padded copy (``Xᵀ (X V)``).
     """
     import cupy
 
@@ -174,7 +189,7 @@ def csr_matmul(A, V, out_dtype=None, chunks=None):
     if n_rows == 0 or b == 0 or A.nnz == 0 or n_cols == 0:
         return cupy.zeros((n_rows,) if vec else (n_rows, b), dtype=out_dtype)
     if not vec and b > 1 and T == "float" and b <= VEC4_MAX_COLUMNS and gather_mode() == "vec4":
-        return _gather4(A, V, out_dtype, chunks)
+        return _gather4(A, V, out_dtype, chunks, padded and out_dtype == np.float32)
     V = cupy.ascontiguousarray(V.astype(A.dtype, copy=False))
     if vec or b == 1:
         g = _rowdot_lanes(A)
@@ -194,33 +209,50 @@ def csr_matmul(A, V, out_dtype=None, chunks=None):
     return Y
 
 
-def _gather4(A, V, out_dtype, chunks=None):
+def _padded_view(V, width):
+    """Whether ``V`` is the leading columns of a C-contiguous float32 block of ``width`` columns (what
+    ``csr_matmul(..., padded=True)`` returns): its rows' float4 loads then stay inside that block."""
+    base = V.base
+    return (V.dtype == np.float32 and base is not None and base.ndim == 2 and base.shape == (V.shape[0], width)
+            and base.dtype == V.dtype and base.flags.c_contiguous and V.data.ptr == base.data.ptr
+            and V.strides == base.strides and V.data.ptr % 16 == 0)
+
+
+def _gather4(A, V, out_dtype, chunks=None, padded=False):
     """``A @ V`` by ``mpiml_csr_gather4`` (float32 ``A``, ``2 <= b <= 32``): ``V`` cast and padded to 8, 16 or 32
-    columns in one copy (rows of 16 * lanes bytes: aligned float4 loads, a 128-byte line a row at ``b > 16``);
-    with :class:`GatherChunks` of ``A``, one launch a chunk of ``V``'s rows, added up in order."""
+    columns in one copy (rows of 16 * lanes bytes: aligned float4 loads, a 128-byte line a row at ``b > 16``),
+    unless it is such a block already (:func:`_padded_view`); with :class:`GatherChunks` of ``A``, one launch a
+    chunk of ``V``'s rows, added up in order; ``padded``: the result in such a block."""
     import cupy
 
     n_rows, n_cols = A.shape
     b = V.shape[1]
     lanes = _vec4_lanes(b)
     width = 4 * lanes
-    if V.shape[1] != width or V.dtype != A.dtype or not V.flags.c_contiguous or V.data.ptr % 16:
+    if V.dtype != A.dtype or not (V.shape[1] == width and V.flags.c_contiguous and V.data.ptr % 16 == 0
+                                  or _padded_view(V, width)):
         Vp = cupy.empty((n_cols, width), dtype=A.dtype)
         Vp[:, :b] = V
         if width > b:
             Vp[:, b:] = 0
         V = Vp
-    Y = cupy.empty((n_rows, b), dtype=out_dtype)
+    ldy = b
+    if padded and width > b:
+        Yp = cupy.empty((n_rows, width), dtype=out_dtype)
+        Yp[:, b:] = 0
+        Y, ldy = Yp[:, :b], width
+    else:
+        Y = cupy.empty((n_rows, b), dtype=out_dtype)
     fn = _function(f"mpiml_csr_gather4<{_TYPES[out_dtype]}, {lanes}>")
     grid = (_blocks(_THREADS // 32, n_rows),)
     if chunks is None or chunks.K == 1 or not chunks.of(A):
         fn(grid, (_THREADS,), (A.indptr, A.indptr[1:], A.indices, A.data, np.int64(n_rows), V,
-                               np.int64(width // 4), np.int32(b), Y, np.int64(b), np.int32(0)))
+                               np.int64(width // 4), np.int32(b), Y, np.int64(ldy), np.int32(0)))
         return Y
     ptr = chunks.ptr
     for k in range(chunks.K):
         fn(grid, (_THREADS,), (ptr[k * n_rows:], ptr[(k + 1) * n_rows:], A.indices, A.data, np.int64(n_rows), V,
-                               np.int64(width // 4), np.int32(b), Y, np.int64(b), np.int32(k > 0)))
+                               np.int64(width // 4), np.int32(b), Y, np.int64(ldy), np.int32(k > 0)))
     return Y
 
 
@@ -323,6 +355,32 @@ def csr_rmatmul_scatter(A, U, out_dtype=np.float64):
     return Y
 
 
+def csr_rmatmul_scatter4(A, U):
+    """``Aᵀ @ U`` for a float32 ``cupyx`` CSR ``A`` and a float32 ``U`` of 2 to 32 columns by float4 atomics
+    (``mpiml_csr_scatter4``; sm_90, four float atomics a float4 before), summed in float32 in an order that
+    depends on scheduling.  Returns the first ``b`` columns of a C-contiguous (n_cols, 8|16|32) float32 block.
+    For comparison (``benchmarks/sparse/spmm_gpu.py``): the fits keep float64 sums."""
+    import cupy
+
+    n_rows, n_cols = A.shape
+    b = U.shape[1]
+    if np.dtype(A.dtype) != np.float32 or not 2 <= b <= VEC4_MAX_COLUMNS:
+        raise ValueError("csr_rmatmul_scatter4 takes float32 A and 2 to 32 columns")
+    lanes = _vec4_lanes(b)
+    width = 4 * lanes
+    if U.dtype != A.dtype or not (U.shape[1] == width and U.flags.c_contiguous and U.data.ptr % 16 == 0
+                                  or _padded_view(U, width)):
+        Up = cupy.zeros((n_rows, width), dtype=A.dtype)
+        Up[:, :b] = U
+        U = Up
+    Y = cupy.zeros((n_cols, width), dtype=cupy.float32)
+    if n_rows and A.nnz:
+        _function(f"mpiml_csr_scatter4<{lanes}>")((_blocks(_THREADS // 32, n_rows),), (_THREADS,),
+                                                 (A.indptr, A.indices, A.data, np.int64(n_rows), U,
+                                                  np.int64(lanes), np.int32(-(-b // 4)), Y))
+    return Y[:, :b]
+
+
 def csr_normal_vec(A, p, c=0.0, w=None):
     """``(Σ_i t_i a_i, Σ_i t_i)`` with ``t_i = w_i (a_i·p - c)`` over the rows ``a_i`` of a ``cupyx`` CSR ``A``.
 
@@ -353,13 +411,14 @@ def csr_normal_vec(A, p, c=0.0, w=None):
     return y, ysum[0]
 
 
-def csr_row_moments(A, shift=None):
+def csr_row_moments(A, shift=None, check=True):
     """Per row of a ``cupyx`` CSR ``A``: ``Σ values`` and ``Σ (value - shift[row])²`` over the stored values.
 
     Returns ``(s1, s2, canonical)``: two float64 vectors and whether every
     row's indices strictly increase (sorted, no duplicates; when not, ``s2``
     is not the moment of the matrix, whose duplicate entries add up before
-    squaring).  ``shift`` (float64, one per row) defaults to zero.
+    squaring).  ``shift`` (float64, one per row) defaults to zero.  ``check=False``:
+    ``canonical`` is None and nothing is read back (no wait on the device).
     """
     import cupy
 
@@ -373,7 +432,7 @@ def csr_row_moments(A, shift=None):
     _function(f"mpiml_csr_row_moments<{_TYPES[np.dtype(A.dtype)]}>")(
         (_blocks(_THREADS // 32, n_rows),), (_THREADS,),
         (A.indptr, A.indices, A.data, np.int64(n_rows), sh, s1, s2, bad))
-    return s1, s2, int(bad.get()[0]) == 0
+    return s1, s2, (int(bad.get()[0]) == 0 if check else None)
 
 
 def dense_column_moments(X, shift=None):
@@ -505,6 +564,198 @@ def column_pieces(A, max_pieces=MAX_PIECES):
     widest = int(np.diff(cuts).max()) * item if d else 0
     blocks = _sm_count() * max(1, min(2, per_sm // max(1, widest + 1024)))
     return ColumnPieces(A, ptr, cuts, widest, blocks)
+
+
+# ---------------------------------------------------------------------- the transpose
+#: How a fit forms ``Xᵀ`` as CSR (environment ``MPIML_SPARSE_TRANSPOSE``, read when the conversion starts):
+#: ``"cusparse"`` (default): ``X.T.tocsr()`` (cuSPARSE's csr2csc, 9.1 ms at 10^8 values on an H100);
+#: ``"kernel"``: :func:`csr_transpose` (the same arrays; 12.0 ms there: its atomic fill 6.5 ms, its sort 3.7).
+TRANSPOSES = ("cusparse", "kernel")
+#: Most values a column of ``A`` may hold for :func:`csr_transpose` to sort its row of ``Aᵀ`` (in shared
+#: memory: 4096 words and values are 32 to 64 KiB); longer rows stay in the fill's order.
+TRANSPOSE_MAX_RUN = 4096
+
+
+def transpose_mode():
+    """How ``Xᵀ`` is formed, from ``MPIML_SPARSE_TRANSPOSE`` (see :data:`TRANSPOSES`)."""
+    return _env_choice("MPIML_SPARSE_TRANSPOSE", TRANSPOSES)
+
+
+#: The sort words of ``mpiml_csr_sort_runs``: (index << pbits) | place in 32 bits when they fit, else 64.
+_SORT_WORDS = ("unsigned int", "unsigned long long")
+
+
+def _sort_word(n_rows, pbits):
+    return _SORT_WORDS[0] if max(int(n_rows) - 1, 0) < (1 << (32 - pbits)) else _SORT_WORDS[1]
+
+
+def transpose_functions(dtype):
+    """The kernels of :func:`csr_transpose` for values of ``dtype``, loaded: ``(counts, fill, {word: sort})``; a
+    fit loads them on its own thread before its worker thread converts."""
+    T = _TYPES[np.dtype(dtype)]
+    counts = "mpiml_csr_col_counts_smem" if _env_choice("MPIML_SPARSE_TRANSPOSE_COUNTS", _COUNTS) == "smem" \
+        else "mpiml_csr_col_counts"
+    return (_function(counts), _function(f"mpiml_csr_transpose_fill<{T}>"),
+            {w: _function(f"mpiml_csr_sort_runs<{T}, {w}>") for w in _SORT_WORDS})
+
+
+#: How :func:`csr_transpose` counts the columns and fills (environment ``MPIML_SPARSE_TRANSPOSE_COUNTS``):
+#: ``"global"`` (default): a global atomic a stored value to count, another to place it; ``"smem"``: the counts
+#: by windows of columns in shared memory a block (one global atomic a column a block); ``"blocks"``: no global
+#: atomic, a block's counts of its rows by windows in shared memory, scanned down the blocks, and the fill from
+#: those starts by shared atomics (measured against each other in ``benchmarks/sparse/spmm_gpu.py``).
+_COUNTS = ("global", "smem", "blocks")
+
+
+def csr_transpose(A, max_run=None, moments=False, events=None):
+    """``Aᵀ`` as a ``cupyx`` CSR matrix (see :func:`supported`), with no wait on the device.
+
+    The column counts by atomics, their scan (``Aᵀ``'s row pointers), a fill that puts every stored value in
+    its row of ``Aᵀ`` at a place taken by an atomic, then a block a row of ``Aᵀ`` sorts it by index in shared
+    memory: for ``A`` without duplicate entries, the arrays of ``A.T.tocsr()`` exactly, whatever the order of
+    the atomics (deterministic).  A row of ``Aᵀ`` longer than ``max_run`` (default :data:`TRANSPOSE_MAX_RUN`,
+    rounded up to a power of two) stays in the fill's order (the same matrix; products on it sum in an order
+    that varies); duplicates stay (as cuSPARSE keeps them), in an order that may vary.
+
+    ``moments``: ``(Aᵀ, (s1, s2, flags))`` instead: per column of ``A`` the sum of its stored values and the sum
+    of their squared deviations from their own mean (float64), and, as a device int32, the count of columns
+    with a repeated row or left unsorted (then ``s2`` may not be the moment of the matrix and the indices of
+    that row of ``Aᵀ`` are not increasing); computed by the sort while each column's values are in shared
+    memory.  ``events``: a list that gets ``(phase, CUDA event)`` after each phase (the benchmark's breakdown).
+    Memory: the counts and a cursor (``n_cols`` int32 each), two float64 vectors, besides ``Aᵀ``'s arrays.
+    """
+    import cupy
+
+    n_rows, n_cols = A.shape
+    nnz = int(A.nnz)
+    limit = TRANSPOSE_MAX_RUN if max_run is None else max(2, int(max_run))
+    pbits = max(1, int(limit - 1).bit_length())                 # the sort's places: p = 2^pbits >= limit
+    p = 1 << pbits
+    count_fn, fill_fn, sorts = transpose_functions(A.dtype)
+
+    def phase(name):
+        if events is not None:
+            events.append((name, cupy.cuda.Event()))
+            events[-1][1].record()
+
+    phase("start")
+    counts = cupy.zeros(n_cols + 1, dtype=cupy.int32)
+    how = _env_choice("MPIML_SPARSE_TRANSPOSE_COUNTS", _COUNTS)
+    blocked = None
+    if nnz and n_rows and how == "blocks":
+        optin = int(cupy.cuda.Device().attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
+        w = max(1024, (optin - 2048) // 4 // 32 * 32)
+        nb = _sm_count()
+        per = -(-n_rows // nb)
+        bc = cupy.empty(nb * n_cols, dtype=cupy.int32)
+        fn = _function("mpiml_csr_block_counts")
+        fn.max_dynamic_shared_size_bytes = 4 * w
+        fn((nb,), (1024,), (A.indptr, A.indices, np.int64(n_rows), np.int64(per), np.int32(n_cols), np.int32(w), bc),
+           shared_mem=4 * w)
+        _function("mpiml_csr_block_scan")((-(-n_cols // _THREADS),), (_THREADS,),
+                                          (bc, np.int32(nb), np.int32(n_cols), counts[1:]))
+        blocked = (w, nb, per, bc)
+    elif nnz and n_rows and how == "smem":
+        optin = int(cupy.cuda.Device().attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
+        w = max(1024, (optin - 2048) // 4 // 32 * 32)
+        count_fn.max_dynamic_shared_size_bytes = 4 * w
+        count_fn((_sm_count(),), (1024,), (A.indices, np.int64(nnz), np.int32(n_cols), np.int32(w), counts[1:]),
+                 shared_mem=4 * w)
+    elif nnz and n_rows:
+        count_fn((int(min(-(-nnz // _THREADS), _sm_count() * 32)),), (_THREADS,),
+                 (A.indices, np.int64(nnz), counts[1:]))
+    phase("counts")
+    ptr = cupy.cumsum(counts, dtype=cupy.int32)          # ptr[0] = 0: Aᵀ's row pointers
+    rows_t = cupy.empty(nnz, dtype=cupy.int32)
+    data_t = cupy.empty(nnz, dtype=A.dtype)
+    s1 = cupy.zeros(n_cols, dtype=cupy.float64)
+    s2 = cupy.zeros(n_cols, dtype=cupy.float64)
+    flags = cupy.zeros(1, dtype=cupy.int32)
+    if nnz and n_rows and blocked is not None:
+        w, nb, per, bc = blocked
+        phase("scan and allocation")
+        fn = _function(f"mpiml_csr_block_fill<{_TYPES[np.dtype(A.dtype)]}>")
+        fn.max_dynamic_shared_size_bytes = 4 * w
+        fn((nb,), (1024,), (A.indptr, A.indices, A.data, np.int64(n_rows), np.int64(per), np.int32(n_cols),
+                            np.int32(w), bc, ptr, rows_t, data_t), shared_mem=4 * w)
+        phase("fill")
+    elif nnz and n_rows:
+        cursor = ptr[:-1].copy()
+        phase("scan and allocation")
+        fill_fn((_blocks(_THREADS // 32, n_rows),), (_THREADS,),
+                (A.indptr, A.indices, A.data, np.int64(n_rows), cursor, rows_t, data_t))
+        phase("fill")
+    if nnz and n_rows:
+        word = _sort_word(n_rows, pbits)
+        sort_fn = sorts[word]
+        smem = p * ((4 if word == _SORT_WORDS[0] else 8) + np.dtype(A.dtype).itemsize)
+        if smem > 40 * 1024:      # with the kernel's static shared memory, past the 48 KiB default
+            sort_fn.max_dynamic_shared_size_bytes = smem
+        sort_fn((int(min(n_cols, _sm_count() * 16)),), (_THREADS,),
+                (ptr, np.int64(n_cols), np.int32(p), np.int32(pbits), rows_t, data_t, s1, s2, flags),
+                shared_mem=smem)
+        phase("sort")
+    XT = _csr_from_parts(data_t, rows_t, ptr, (n_cols, n_rows))
+    return (XT, (s1, s2, flags)) if moments else XT
+
+
+def _csr_from_parts(data, indices, indptr, shape):
+    """A ``cupyx`` CSR matrix of these arrays with no check of their contents (a constructor that checks the
+    indices reads them back: a wait on the device)."""
+    import cupyx.scipy.sparse as csp
+
+    make = getattr(csp.csr_matrix, "_from_parts", None)
+    if make is not None:
+        try:
+            return make(data, indices, indptr, shape)
+        except TypeError:   # another signature: the plain way below
+            pass
+    M = csp.csr_matrix(shape, dtype=data.dtype)
+    M.data, M.indices, M.indptr = data, indices, indptr
+    return M
+
+
+# ---------------------------------------------------------------------- small factorisations
+#: Largest ``l`` :func:`small_cholinv` takes (MPIML_SMALL_MAX in spmm.cu).
+SMALL_MAX = 64
+
+
+def small_cholinv(G, flag, max_cond=0.0):
+    """``(R, R⁻¹)`` of ``G = RᵀR`` (Cholesky) for a symmetric ``l x l`` CuPy ``G`` (``l <= SMALL_MAX``), float64,
+    on the device with no read back: one kernel, the checks ORed into the int32 device scalar ``flag`` (1: not
+    positive definite; 2: ``‖R‖_F ‖R⁻¹‖_F > max_cond``, an upper bound of ``cond(R)``; ``max_cond <= 0``: not
+    checked), for the caller to read once later."""
+    import cupy
+
+    l = G.shape[0]
+    if G.shape != (l, l) or not 1 <= l <= SMALL_MAX:
+        raise ValueError(f"small_cholinv takes a square matrix of 1 to {SMALL_MAX} rows; got shape {G.shape}")
+    G = cupy.ascontiguousarray(G, dtype=cupy.float64)
+    R = cupy.empty((l, l), dtype=cupy.float64)
+    Rinv = cupy.empty((l, l), dtype=cupy.float64)
+    _function("mpiml_small_cholinv")((1,), (128,), (G, np.int32(l), np.float64(max_cond), R, Rinv, flag))
+    return R, Rinv
+
+
+def small_svd(R, flag):
+    """``(U, s, Vt)`` with ``R = U diag(s) Vt`` for a square float64 CuPy ``R`` of 1 to :data:`SMALL_MAX` rows, on
+    the device with no read back (one kernel, one-sided Jacobi; ``s`` descending): ``flag |= 4`` when 60 sweeps do
+    not converge.  Signs as Jacobi leaves them (the callers flip by scikit-learn's rule)."""
+    import cupy
+
+    l = R.shape[0]
+    if R.shape != (l, l) or not 1 <= l <= SMALL_MAX:
+        raise ValueError(f"small_svd takes a square matrix of 1 to {SMALL_MAX} rows; got shape {R.shape}")
+    R = cupy.ascontiguousarray(R, dtype=cupy.float64)
+    U = cupy.empty((l, l), dtype=cupy.float64)
+    Vt = cupy.empty((l, l), dtype=cupy.float64)
+    s = cupy.empty(l, dtype=cupy.float64)
+    fn = _function("mpiml_small_svd")
+    smem = 2 * l * l * 8
+    if smem > 40 * 1024:          # with the kernel's static shared memory, past the 48 KiB default
+        fn.max_dynamic_shared_size_bytes = smem
+    fn((1,), (1024,), (R, np.int32(l), U, s, Vt, flag), shared_mem=smem)
+    return U, s, Vt
 
 
 # ---------------------------------------------------------------------- which products a shard uses

@@ -62,6 +62,53 @@
 //   consecutive rows; its 256 threads form tc columns x (256 / tc) row lanes (tc a power of two, at
 //   least 32: a warp reads a contiguous piece of a row), then sum the row lanes in shared memory and
 //   write partial[block][0:d] (sums) and partial[block][d:2d] (squares).  Deterministic.
+//
+// The transpose of a CSR matrix (Aᵀ stored as CSR, what XᵀU gathers from), in three launches and a scan:
+// mpiml_csr_col_counts:  counts[indices[j]] += 1 over every stored value (atomics; exact counts).  The caller
+//   scans them into Aᵀ's row pointers and copies those into a cursor per column.
+// mpiml_csr_transpose_fill<T>:  a warp a row of A; each stored value takes the next place of its column by an
+//   atomic on the cursor and writes (row, value) there: Aᵀ's rows hold the right entries in an order that
+//   depends on scheduling.
+// mpiml_csr_sort_runs<T, W>:  a block a row of Aᵀ sorts it by index in shared memory: words (index << pbits) |
+//   place (W: 32 bits when they fit, else 64; place < 2^pbits = p_max) by a bitonic sort of the row padded to a
+//   power of two P <= p_max (pads all ones), then each index is written with the value from its place: Aᵀ's
+//   rows hold their indices in increasing order, as cuSPARSE's conversion leaves them, whatever the fill's
+//   order (deterministic when A has no duplicate entries; duplicates are ordered by where the fill put them).
+//   Meanwhile, per row, s1 = Σ values and s2 = Σ (value - s1 / m)² over its m stored values (double, a fixed
+//   order), and the count of rows with a repeated index (duplicates) to *unsorted: the column moments of A.
+//   A row longer than p_max is left in the fill's order (its moments summed in that order) and counted too.
+//
+// mpiml_small_cholinv:  the l x l algebra of a CholeskyQR round on the device (l <= 64, one block of 128 threads,
+//   no read back): for a symmetric G (double, row-major), R = Lᵀ with G = L Lᵀ and Rinv = R⁻¹ (row-major,
+//   upper triangular).  *flag |= 1 when G is not positive definite (a pivot not above zero, or not finite:
+//   that pivot is set to 1 and the factorisation goes on), |= 2 when ‖R‖_F ‖R⁻¹‖_F > max_cond (an upper bound
+//   of cond(R), above it by at most a factor l; max_cond <= 0: no check).  The caller reads flag once, later,
+//   and redoes the work another way when it is set.
+//
+// mpiml_csr_scatter4<L>:  Y += Aᵀ U for float32 A, U with rows of 4 L floats (16-byte aligned, ldu4 float4s
+//   apart), Y float32 (n_cols x 4 L, zeroed by the caller): a warp a row of A, lane l of each group of L holds
+//   float4 l of the row of U; a group takes one stored value at a time and adds value * u to that row of Y by
+//   float4 atomics (sm_90; four float atomics before).  float32 sums in an order that depends on scheduling.
+//
+// mpiml_small_svd:  the SVD R = U diag(s) Vt of a square l x l double R (row-major, l <= 64) by one-sided Jacobi
+//   on its columns, one block of 1024 threads (a warp a pair of columns; the pairs of a round by the circle
+//   method, disjoint), sweeps until no pair's cosine exceeds 1e-15 (*flag |= 4 if 60 sweeps do not get there);
+//   s descending, U (row-major, its columns in that order) and Vt (its rows).  Dynamic shared memory: 2 l² doubles.
+//
+// mpiml_csr_col_counts_smem:  the same counts by windows of w columns counted in shared memory (w ints of
+//   dynamic shared memory): a block takes a contiguous range of the stored values and, window by window,
+//   counts its indices there by shared atomics, then adds its nonzero counts to counts[] (global atomics: a
+//   window's columns a block instead of one a stored value).  The indices are read once a window.
+//
+// The transpose's counts and fill with no global atomics (MPIML_SPARSE_TRANSPOSE_COUNTS=blocks): block b owns the
+// rows [b R, (b + 1) R) and goes through the columns by windows of w (w ints of dynamic shared memory):
+// mpiml_csr_block_counts:  counts its rows' indices of the window by shared atomics and writes every count of the
+//   window to bc[b][c] (zeros too).
+// mpiml_csr_block_scan:  a thread a column: bc[b][c] becomes the count of column c in the blocks before b (an
+//   exclusive scan down the blocks) and total[c] the column's count.
+// mpiml_csr_block_fill<T>:  the window's cursors start at ptr[c] + bc[b][c]; a warp a row of the block's rows puts
+//   each stored value of the window at the place its column's cursor gives (a shared atomic).  The places of a
+//   block's values within a column depend on scheduling: the sort orders them.
 
 #ifndef MPIML_SPARSE_THREADS
 #define MPIML_SPARSE_THREADS 256
@@ -515,5 +562,436 @@ mpiml_csr_piece_scatter(const int* __restrict__ p0, const int* __restrict__ p1, 
     for (int c = threadIdx.x; c < width; c += blockDim.x) {
         const T a = acc[c];
         if (a != T(0)) atomicAdd(y + lo + c, double(a));
+    }
+}
+
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_col_counts(const int* __restrict__ indices, const long long nnz, int* __restrict__ counts) {
+    const long long stride = (long long)gridDim.x * MPIML_SPARSE_THREADS;
+    for (long long j = (long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x; j < nnz; j += stride)
+        atomicAdd(counts + __ldcs(indices + j), 1);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_transpose_fill(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
+                         const long long n_rows, int* __restrict__ cursor, int* __restrict__ rows_t,
+                         T* __restrict__ data_t) {
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * (MPIML_SPARSE_THREADS / 32);
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / 32; row < n_rows;
+         row += warps) {
+        const int start = __ldg(indptr + row);
+        const int end = __ldg(indptr + row + 1);
+        for (int base = start + lane; base < end; base += 128) {   // 4 atomics in flight a lane
+            int c[4], pos[4];
+            T v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int j = base + 32 * u;
+                c[u] = j < end ? __ldcs(indices + j) : 0;
+                v[u] = j < end ? __ldcs(data + j) : T(0);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) pos[u] = base + 32 * u < end ? atomicAdd(cursor + c[u], 1) : 0;
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                if (base + 32 * u < end) {
+                    rows_t[pos[u]] = (int)row;
+                    data_t[pos[u]] = v[u];
+                }
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ double mpiml_block_sum(double v, double* red) {
+    // the block's total on every thread, in a fixed order (deterministic); red: MPIML_SPARSE_THREADS / 32 doubles
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    __syncthreads();                                  // red is free (a previous sum has been read)
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double s = 0.0;
+#pragma unroll
+    for (int i = 0; i < MPIML_SPARSE_THREADS / 32; ++i) s += red[i];
+    return s;
+}
+
+template <typename T, typename W>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_sort_runs(const int* __restrict__ indptr, const long long n_rows, const int p_max, const int pbits,
+                    int* __restrict__ keys, T* __restrict__ vals, double* __restrict__ s1, double* __restrict__ s2,
+                    int* __restrict__ unsorted) {
+    extern __shared__ __align__(16) unsigned char mpiml_sort_smem[];
+    __shared__ double red[MPIML_SPARSE_THREADS / 32];
+    W* sw = reinterpret_cast<W*>(mpiml_sort_smem);                                 // (key << pbits) | place
+    T* sv = reinterpret_cast<T*>(mpiml_sort_smem + (size_t)p_max * sizeof(W));      // p_max even: aligned
+    const W place = (W(1) << pbits) - W(1);
+    const int t = threadIdx.x;
+    for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
+        const int start = __ldg(indptr + row);
+        const int m = __ldg(indptr + row + 1) - start;   // the same on every thread of the block
+        if (m <= 1) {
+            if (t == 0) {
+                s1[row] = m ? double(vals[start]) : 0.0;
+                s2[row] = 0.0;
+            }
+            continue;
+        }
+        if (m > p_max) {                              // too long for the shared arrays: left in the fill's order
+            double a = 0.0;
+            for (int i = t; i < m; i += MPIML_SPARSE_THREADS) a += double(vals[start + i]);
+            a = mpiml_block_sum(a, red);
+            const double mean = a / m;
+            double q = 0.0;
+            for (int i = t; i < m; i += MPIML_SPARSE_THREADS) {
+                const double d = double(vals[start + i]) - mean;
+                q += d * d;
+            }
+            q = mpiml_block_sum(q, red);
+            if (t == 0) {
+                s1[row] = a;
+                s2[row] = q;
+                atomicAdd(unsorted, 1);
+            }
+            continue;
+        }
+        int P = 2;
+        while (P < m) P <<= 1;
+        for (int i = t; i < P; i += MPIML_SPARSE_THREADS) {
+            if (i < m) {
+                sw[i] = (W((unsigned)keys[start + i]) << pbits) | W(i);
+                sv[i] = vals[start + i];
+            } else {
+                sw[i] = ~W(0);                            // after every real word (an equal one decodes alike)
+            }
+        }
+        __syncthreads();
+        for (int k = 2; k <= P; k <<= 1) {
+            for (int h = k >> 1; h > 0; h >>= 1) {
+                for (int q = t; q < (P >> 1); q += MPIML_SPARSE_THREADS) {   // the P / 2 pairs (i, i + h)
+                    const int i = ((q & ~(h - 1)) << 1) | (q & (h - 1));
+                    const int o = i + h;
+                    const W a = sw[i], b = sw[o];
+                    if ((a > b) == ((i & k) == 0)) {
+                        sw[i] = b;
+                        sw[o] = a;
+                    }
+                }
+                __syncthreads();
+            }
+        }
+        double a = 0.0;
+        int dup = 0;
+        for (int i = t; i < m; i += MPIML_SPARSE_THREADS) {
+            const W w = sw[i];
+            const T v = sv[(int)(w & place)];
+            keys[start + i] = (int)(w >> pbits);
+            vals[start + i] = v;
+            a += double(v);
+            if (i > 0 && (sw[i - 1] >> pbits) == (w >> pbits)) dup = 1;     // sorted: equal neighbours only
+        }
+        // the row's moments while its values are here: the sum, and squares about the mean of the stored values
+        a = mpiml_block_sum(a, red);
+        const double mean = a / m;
+        double q = 0.0;
+        for (int i = t; i < m; i += MPIML_SPARSE_THREADS) {
+            const double d = double(sv[(int)(sw[i] & place)]) - mean;
+            q += d * d;
+        }
+        q = mpiml_block_sum(q, red);
+        dup = __syncthreads_or(dup);                  // also: every thread is done with the shared arrays
+        if (t == 0) {
+            s1[row] = a;
+            s2[row] = q;
+            if (dup) atomicAdd(unsorted, 1);
+        }
+    }
+}
+
+#define MPIML_SMALL_MAX 64
+
+__global__ void __launch_bounds__(128)
+mpiml_small_cholinv(const double* __restrict__ G, const int l, const double max_cond, double* __restrict__ R,
+                    double* __restrict__ Rinv, int* __restrict__ flag) {
+    constexpr int LD = MPIML_SMALL_MAX + 1;      // padded rows of the shared copy
+    __shared__ double S[MPIML_SMALL_MAX * LD];
+    __shared__ double red[2][128];
+    __shared__ int bad;
+    const int t = threadIdx.x;
+    for (int i = t; i < l * l; i += blockDim.x) S[(i / l) * LD + i % l] = G[i];
+    if (t == 0) bad = 0;
+    __syncthreads();
+    for (int j = 0; j < l; ++j) {                 // right-looking Cholesky of the lower triangle, in place
+        if (t == 0) {
+            const double p = S[j * LD + j];
+            if (p > 0.0 && isfinite(p)) {
+                S[j * LD + j] = sqrt(p);
+            } else {
+                bad = 1;
+                S[j * LD + j] = 1.0;
+            }
+        }
+        __syncthreads();
+        const double piv = S[j * LD + j];
+        for (int i = j + 1 + t; i < l; i += blockDim.x) S[i * LD + j] /= piv;
+        __syncthreads();
+        const int m = l - j - 1;
+        for (int q = t; q < m * m; q += blockDim.x) {
+            const int i = j + 1 + q / m, k = j + 1 + q % m;
+            if (k <= i) S[i * LD + k] -= S[i * LD + j] * S[k * LD + j];
+        }
+        __syncthreads();
+    }
+    double sq = 0.0, sq_inv = 0.0;
+    for (int c = t; c < l; c += blockDim.x) {     // column c of L⁻¹ (forward substitution) is row c of R⁻¹
+        double x[MPIML_SMALL_MAX];
+        for (int i = 0; i < l; ++i) {
+            double v = 0.0;
+            if (i >= c) {
+                v = i == c ? 1.0 : 0.0;
+                for (int k = c; k < i; ++k) v -= S[i * LD + k] * x[k];
+                v /= S[i * LD + i];
+            }
+            x[i] = v;
+            Rinv[c * l + i] = v;
+            sq_inv += v * v;
+            const double r = i >= c ? S[i * LD + c] : 0.0;   // R = Lᵀ: R[c][i] = L[i][c]
+            R[c * l + i] = r;
+            sq += r * r;
+        }
+    }
+    red[0][t] = sq;
+    red[1][t] = sq_inv;
+    __syncthreads();
+    if (t == 0) {
+        double a = 0.0, b = 0.0;
+        for (int i = 0; i < blockDim.x; ++i) {
+            a += red[0][i];
+            b += red[1][i];
+        }
+        int f = bad;
+        if (!isfinite(a) || !isfinite(b)) f |= 1;
+        if (max_cond > 0.0 && !(sqrt(a) * sqrt(b) <= max_cond)) f |= 2;
+        if (f) atomicOr(flag, f);
+    }
+}
+
+template <int L>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_scatter4(const int* __restrict__ indptr, const int* __restrict__ indices, const float* __restrict__ data,
+                   const long long n_rows, const float4* __restrict__ U, const long long ldu4, const int b4,
+                   float4* __restrict__ Y) {
+    static_assert(L == 2 || L == 4 || L == 8, "L must be 2, 4 or 8");
+    constexpr int S = 32 / L;
+    const int lane = threadIdx.x & 31;
+    const int l = lane & (L - 1);
+    const int s = lane / L;
+    const bool active = l < b4;
+    const long long warps = (long long)gridDim.x * (MPIML_SPARSE_THREADS / 32);
+    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / 32; row < n_rows;
+         row += warps) {
+        const int start = __ldg(indptr + row);
+        const int end = __ldg(indptr + row + 1);
+        const float4 u = active ? __ldg(U + row * ldu4 + l) : make_float4(0.f, 0.f, 0.f, 0.f);
+        if (!active) continue;
+        for (int j = start + s; j < end; j += S) {
+            const int c = __ldcs(indices + j);
+            const float v = __ldcs(data + j);
+            float4* y = Y + (long long)c * L + l;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            atomicAdd(y, make_float4(v * u.x, v * u.y, v * u.z, v * u.w));
+#else
+            float* yf = reinterpret_cast<float*>(y);
+            atomicAdd(yf, v * u.x);
+            atomicAdd(yf + 1, v * u.y);
+            atomicAdd(yf + 2, v * u.z);
+            atomicAdd(yf + 3, v * u.w);
+#endif
+        }
+    }
+}
+
+__global__ void __launch_bounds__(1024)
+mpiml_small_svd(const double* __restrict__ R, const int l, double* __restrict__ U, double* __restrict__ sv,
+                double* __restrict__ Vt, int* __restrict__ flag) {
+    extern __shared__ __align__(16) unsigned char mpiml_svd_smem[];
+    double* A = reinterpret_cast<double*>(mpiml_svd_smem);        // column c at A + c * l
+    double* V = A + l * l;
+    __shared__ double norms[MPIML_SMALL_MAX];
+    __shared__ int order[MPIML_SMALL_MAX];
+    const int t = threadIdx.x;
+    const int lane = t & 31;
+    const int w = t >> 5;
+    for (int i = t; i < l * l; i += blockDim.x) {
+        const int r = i / l, c = i % l;
+        A[c * l + r] = R[i];
+        V[c * l + r] = r == c ? 1.0 : 0.0;
+    }
+    __syncthreads();
+    const int n = l + (l & 1);
+    int sweep = 0;
+    for (; sweep < 60 && l > 1; ++sweep) {
+        int rotated = 0;
+        for (int round = 0; round < n - 1; ++round) {
+            if (w < n / 2) {
+                const int p = n - 1 - w;
+                const int i = w == 0 ? 0 : 1 + ((w - 1 + round) % (n - 1));
+                const int j = 1 + ((p - 1 + round) % (n - 1));
+                if (i < l && j < l) {
+                    double a = 0.0, b = 0.0, g = 0.0;
+                    for (int r = lane; r < l; r += 32) {
+                        const double x = A[i * l + r], y = A[j * l + r];
+                        a += x * x;
+                        b += y * y;
+                        g += x * y;
+                    }
+#pragma unroll
+                    for (int off = 16; off > 0; off >>= 1) {
+                        a += __shfl_xor_sync(0xffffffffu, a, off);
+                        b += __shfl_xor_sync(0xffffffffu, b, off);
+                        g += __shfl_xor_sync(0xffffffffu, g, off);
+                    }
+                    if (g != 0.0 && fabs(g) > 1e-15 * sqrt(a * b)) {
+                        rotated = 1;
+                        const double z = (b - a) / (2.0 * g);
+                        const double tt = z != 0.0 ? copysign(1.0, z) / (fabs(z) + sqrt(1.0 + z * z)) : 1.0;
+                        const double c = 1.0 / sqrt(1.0 + tt * tt), s = c * tt;
+                        for (int r = lane; r < l; r += 32) {
+                            const double x = A[i * l + r], y = A[j * l + r];
+                            A[i * l + r] = c * x - s * y;
+                            A[j * l + r] = s * x + c * y;
+                            const double u = V[i * l + r], v = V[j * l + r];
+                            V[i * l + r] = c * u - s * v;
+                            V[j * l + r] = s * u + c * v;
+                        }
+                    }
+                }
+            }
+            __syncthreads();
+        }
+        if (!__syncthreads_or(rotated)) break;
+    }
+    if (sweep == 60 && t == 0) atomicOr(flag, 4);
+    for (int c = w; c < l; c += blockDim.x / 32) {                  // column norms: the singular values
+        double a = 0.0;
+        for (int r = lane; r < l; r += 32) a += A[c * l + r] * A[c * l + r];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
+        if (lane == 0) norms[c] = sqrt(a);
+    }
+    __syncthreads();
+    if (t == 0) {                                                   // descending, ties by index (stable)
+        for (int k = 0; k < l; ++k) order[k] = k;
+        for (int k = 1; k < l; ++k) {
+            const int key = order[k];
+            int q = k - 1;
+            while (q >= 0 && norms[order[q]] < norms[key]) {
+                order[q + 1] = order[q];
+                --q;
+            }
+            order[q + 1] = key;
+        }
+    }
+    __syncthreads();
+    for (int i = t; i < l * l; i += blockDim.x) {
+        const int r = i / l, k = i % l;                             // U[r][k] and Vt[k][r]
+        const int c = order[k];
+        const double nrm = norms[c];
+        U[r * l + k] = nrm > 0.0 ? A[c * l + r] / nrm : 0.0;
+        Vt[k * l + r] = V[c * l + r];
+    }
+    for (int k = t; k < l; k += blockDim.x) sv[k] = norms[order[k]];
+}
+
+__global__ void __launch_bounds__(1024)
+mpiml_csr_col_counts_smem(const int* __restrict__ indices, const long long nnz, const int n_cols, const int w,
+                          int* __restrict__ counts) {
+    extern __shared__ int mpiml_count_smem[];
+    const long long per = (nnz + gridDim.x - 1) / gridDim.x;
+    const long long lo = (long long)blockIdx.x * per;
+    const long long hi = min(nnz, lo + per);
+    for (int c0 = 0; c0 < n_cols; c0 += w) {
+        const int width = min(w, n_cols - c0);
+        for (int c = threadIdx.x; c < width; c += blockDim.x) mpiml_count_smem[c] = 0;
+        __syncthreads();
+        for (long long j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+            const unsigned c = (unsigned)(__ldg(indices + j) - c0);
+            if (c < (unsigned)width) atomicAdd(mpiml_count_smem + c, 1);
+        }
+        __syncthreads();
+        for (int c = threadIdx.x; c < width; c += blockDim.x) {
+            const int v = mpiml_count_smem[c];
+            if (v) atomicAdd(counts + c0 + c, v);
+        }
+        __syncthreads();
+    }
+}
+
+__global__ void __launch_bounds__(1024)
+mpiml_csr_block_counts(const int* __restrict__ indptr, const int* __restrict__ indices, const long long n_rows,
+                       const long long rows_per_block, const int n_cols, const int w, int* __restrict__ bc) {
+    extern __shared__ int mpiml_bc_smem[];
+    const long long r0 = min(n_rows, (long long)blockIdx.x * rows_per_block);
+    const long long r1 = min(n_rows, r0 + rows_per_block);
+    const int lo = __ldg(indptr + r0), hi = __ldg(indptr + r1);
+    int* out = bc + (long long)blockIdx.x * n_cols;
+    for (int c0 = 0; c0 < n_cols; c0 += w) {
+        const int width = min(w, n_cols - c0);
+        for (int c = threadIdx.x; c < width; c += blockDim.x) mpiml_bc_smem[c] = 0;
+        __syncthreads();
+        for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+            const unsigned c = (unsigned)(__ldcs(indices + j) - c0);
+            if (c < (unsigned)width) atomicAdd(mpiml_bc_smem + c, 1);
+        }
+        __syncthreads();
+        for (int c = threadIdx.x; c < width; c += blockDim.x) out[c0 + c] = mpiml_bc_smem[c];
+        __syncthreads();
+    }
+}
+
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_csr_block_scan(int* __restrict__ bc, const int n_blocks, const int n_cols, int* __restrict__ total) {
+    const int c = blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x;
+    if (c >= n_cols) return;
+    int run = 0;
+    for (int b = 0; b < n_blocks; ++b) {
+        int* p = bc + (long long)b * n_cols + c;
+        const int v = *p;
+        *p = run;
+        run += v;
+    }
+    total[c] = run;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(1024)
+mpiml_csr_block_fill(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
+                     const long long n_rows, const long long rows_per_block, const int n_cols, const int w,
+                     const int* __restrict__ bc, const int* __restrict__ ptr, int* __restrict__ rows_t,
+                     T* __restrict__ data_t) {
+    extern __shared__ int mpiml_fill_smem[];
+    const long long r0 = min(n_rows, (long long)blockIdx.x * rows_per_block);
+    const long long r1 = min(n_rows, r0 + rows_per_block);
+    const int lane = threadIdx.x & 31;
+    const int warps = blockDim.x >> 5;
+    const int* base = bc + (long long)blockIdx.x * n_cols;
+    for (int c0 = 0; c0 < n_cols; c0 += w) {
+        const int width = min(w, n_cols - c0);
+        for (int c = threadIdx.x; c < width; c += blockDim.x) mpiml_fill_smem[c] = __ldg(ptr + c0 + c) + base[c0 + c];
+        __syncthreads();
+        for (long long row = r0 + (threadIdx.x >> 5); row < r1; row += warps) {
+            const int start = __ldg(indptr + row), end = __ldg(indptr + row + 1);
+            for (int j = start + lane; j < end; j += 32) {
+                const unsigned c = (unsigned)(__ldg(indices + j) - c0);
+                if (c < (unsigned)width) {
+                    const int pos = atomicAdd(mpiml_fill_smem + c, 1);
+                    rows_t[pos] = (int)row;
+                    data_t[pos] = __ldg(data + j);
+                }
+            }
+        }
+        __syncthreads();
     }
 }

@@ -1,0 +1,67 @@
+"""randomized_svd's range finder with the CholeskyQR2 algebra deferred as on a GPU (``device=True``), run on the
+host with a NumPy stand-in for the device kernel: the same result as the host's algebra, and None (the caller then
+runs the host's) when a deferred check fails."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from mpiml.comm import get_comm
+from mpiml.decomposition import _solvers
+
+
+def _host_cholinv(G, flag, max_cond=0.0):
+    """What mpiml_small_cholinv computes, on the host: R, R⁻¹ and the flags (1: not positive definite, 2: past
+    max_cond by the Frobenius bound)."""
+    G = np.asarray(G, dtype=np.float64)
+    try:
+        L = np.linalg.cholesky(G)
+    except np.linalg.LinAlgError:
+        flag[0] |= 1
+        L = np.eye(G.shape[0])
+    R = L.T
+    Rinv = np.linalg.inv(R)
+    if max_cond > 0 and not np.linalg.norm(R) * np.linalg.norm(Rinv) <= max_cond:
+        flag[0] |= 2
+    return R, Rinv
+
+
+def _host_svd(R, flag):
+    """What mpiml_small_svd computes, on the host."""
+    return np.linalg.svd(np.asarray(R), full_matrices=False)
+
+
+@pytest.fixture
+def host_kernel(monkeypatch):
+    monkeypatch.setattr(_solvers._sparse_kernels, "small_cholinv", _host_cholinv)
+    monkeypatch.setattr(_solvers._sparse_kernels, "small_svd", _host_svd)
+
+
+@pytest.mark.parametrize("steps", [(None, "cholesky_qr2", "cholesky_qr2"),
+                                   ("cholesky_qr2", "cholesky_qr2", "cholesky_qr2"), ("tsqr", "tsqr", "tsqr")])
+def test_deferred_algebra_equals_host(host_kernel, steps):
+    comm = get_comm("self")
+    rs = np.random.RandomState(0)
+    X = sp.csr_matrix(sp.random(3000, 400, density=0.02, random_state=rs) @ sp.diags(0.95 ** np.arange(400)))
+    Om = _solvers.gaussian_matrix(0, (400, 18), comm, np, np.float64)
+    a = _solvers._range_svd(X, Om, comm, np, 5, *steps, device=False)
+    b = _solvers._range_svd(X, Om, comm, np, 5, *steps, device=True)
+    np.testing.assert_allclose(b[2], a[2], rtol=1e-12)
+    np.testing.assert_allclose(np.abs((a[3][:8] * b[3][:8]).sum(axis=1)), 1.0, rtol=1e-10)
+
+
+def test_failed_check_returns_none(host_kernel):
+    comm = get_comm("self")
+    rs = np.random.RandomState(1)
+    X = sp.csr_matrix(np.outer(rs.rand(1000), rs.rand(300)) + 1e-9 * rs.rand(1000, 300))   # rank one, nearly
+    Om = _solvers.gaussian_matrix(0, (300, 18), comm, np, np.float64)
+    assert _solvers._range_svd(X, Om, comm, np, 5, None, "cholesky_qr2", "cholesky_qr2", device=True) is None
+    assert _solvers._range_svd(X, Om, comm, np, 5, None, "cholesky_qr2", "cholesky_qr2", device=False) is not None
+
+
+def test_algebra_mode_from_the_environment(monkeypatch):
+    monkeypatch.setenv("MPIML_RANDOMIZED_ALGEBRA", "device")
+    assert _solvers.algebra_mode() == "device"
+    monkeypatch.setenv("MPIML_RANDOMIZED_ALGEBRA", "gpu")
+    with pytest.raises(ValueError, match="MPIML_RANDOMIZED_ALGEBRA must be one of"):
+        _solvers.algebra_mode()
