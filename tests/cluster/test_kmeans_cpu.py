@@ -59,6 +59,7 @@ def test_bits_do_not_depend_on_threads():
 def test_first_centre_wins_ties():
     X = np.array([[0.0, 0.0], [2.0, 0.0]])
     C = np.array([[1.0, 0.0], [1.0, 0.0], [5.0, 5.0]])
-    labels, mind = _kmeans_cpu.assign(X, None, C)
+    labels, mind, inertia = _kmeans_cpu.assign(X, None, C)
+    assert inertia is None
     np.testing.assert_array_equal(labels, [0, 0])
     np.testing.assert_array_equal(mind, [1.0, 1.0])

@@ -178,7 +178,8 @@ def _worker(args):
     info = thread_info()
     # the settings a run was made under (an A/B run of the wait's spin or the k-NN strategy names its variable)
     settings = {"wait_spin_ms": info.get("wait_spin_ms"),
-                **{v: os.environ[v] for v in ("MPIML_SPIN_US", "MPIML_KNN_STRATEGY") if os.environ.get(v)}}
+                **{v: os.environ[v] for v in ("MPIML_SPIN_US", "MPIML_KNN_STRATEGY", "MPIML_BIND", "MPIML_KNN_SCREEN")
+                    if os.environ.get(v)}, "bound_to": info.get("bound_to")}
     out = {"ranks": comm.size, "threads_per_rank": info.get("threads"), "settings": settings, "seconds": {},
            "values": {}, "cpu_seconds": {}}
 
