@@ -150,21 +150,23 @@ def _warm_up(make, name, X, y, Q, centres):
     _fit(est, name, X[:rows], yw, Qw, centres)
 
 
-def _best(fn, repeat, sync=None):
-    """``(best wall seconds, value, CPU seconds of that run)``: the CPU time (every thread of the
-    process; the largest rank's under MPI) says how much work a run did even on a busy machine."""
-    best, value, cpu = float("inf"), None, None
+def _best(fn, repeat, sync=None, total=None):
+    """``(best wall seconds, value, CPU seconds of that run, their total)``: the CPU time (every thread of
+    the process; the largest rank's under MPI) says how much work a run did even on a busy machine;
+    ``total(c)`` gives the last (the ranks' sum under MPI; None without ``total``)."""
+    best, value, cpu, cpu_total = float("inf"), None, None, None
     for _ in range(max(1, repeat)):
         if sync:
             sync()
         t0, c0 = time.perf_counter(), time.process_time()
         value = fn()
         t, c = time.perf_counter() - t0, time.process_time() - c0
+        c_all = total(c) if total else None
         if sync:
             t, c = sync(t), sync(c)
         if t < best:
-            best, cpu = t, c
-    return best, value, cpu
+            best, cpu, cpu_total = t, c, c_all
+    return best, value, cpu, cpu_total
 
 
 # ---------------------------------------------------------------------- mpiml under mpiexec
@@ -196,7 +198,9 @@ def _worker(args):
             centres = comm.bcast(np.ascontiguousarray(X[:args.k]), root=0)
         _warm_up(lambda: _estimator("mpiml", name, args, comm), name, X, y, Q, centres)
         est = _estimator("mpiml", name, args, comm)
-        seconds, value, cpu = _best(lambda: _fit(est, name, X, y, Q, centres), args.repeat, sync)
+        seconds, value, cpu, cpu_all = _best(lambda: _fit(est, name, X, y, Q, centres), args.repeat, sync,
+                                             total=lambda c: comm.allreduce_obj(c))
+        out.setdefault("cpu_seconds_all_ranks", {})[name] = cpu_all
         if name == "knn" and value is not None:
             value = comm.allreduce_obj(value)
         out["seconds"][name], out["values"][name], out["cpu_seconds"][name] = seconds, value, cpu
@@ -235,7 +239,7 @@ def _single(lib, args, names):
         centres = np.ascontiguousarray(X[:args.k]) if name == "kmeans" else None
         _warm_up(lambda: _estimator(lib, name, args), name, X, y, Q, centres)
         est = _estimator(lib, name, args)
-        seconds[name], values[name], cpu[name] = _best(lambda: _fit(est, name, X, y, Q, centres), args.repeat)
+        seconds[name], values[name], cpu[name], _ = _best(lambda: _fit(est, name, X, y, Q, centres), args.repeat)
         print(f"  {lib}: {_TITLES[name]} {seconds[name]:.3f} s", flush=True)
     return {"seconds": seconds, "values": values, "cpu_seconds": cpu}
 
