@@ -302,7 +302,7 @@ def _topk_screened(Q, X, offset, k, metric, bd, bi):
             QS, XS = QS.astype(sdt), XS.astype(sdt)
             _screen_rows(Q, shift, QS, qn, qs)
             _screen_rows(X, shift, XS, xn, xs)
-    eps = np.finfo(sdt).eps  # the product runs in the precision of its operands
+    eps = float(np.finfo(sdt).eps)  # the product runs in the precision of its operands (a float64 bound)
     rel = 2.0 * (d + 4) * eps
     eta = float(np.finfo(sdt).smallest_subnormal) / 2
     slack = 2.0 * eta * (2 * d + 1 + np.sqrt(d) * 2.0 * (big + 1.0))
