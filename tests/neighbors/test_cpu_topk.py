@@ -140,3 +140,13 @@ def test_query_blocks_are_equal_runs_of_the_threads():
             assert 1 <= b <= nq
             assert b == nq or b % threads == 0
             assert -(-nq // b) <= _cpu._TILE_QUERIES or b == nq
+
+
+def test_static_schedule_gives_the_same_answer(monkeypatch):
+    rng = np.random.default_rng(6)
+    X, Q = rng.normal(size=(4000, 7)), rng.normal(size=(700, 7))
+    got = _cpu.topk(Q, X, 6)
+    monkeypatch.setenv("MPIML_CPU_SCHEDULE", "static")
+    want = _cpu.topk(Q, X, 6)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)

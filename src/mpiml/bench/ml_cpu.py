@@ -179,9 +179,9 @@ def _worker(args):
     comm = get_comm()
     info = thread_info()
     # the settings a run was made under (an A/B run of the wait's spin or the k-NN strategy names its variable)
-    settings = {"wait_spin_ms": info.get("wait_spin_ms"),
-                **{v: os.environ[v] for v in ("MPIML_SPIN_US", "MPIML_KNN_STRATEGY", "MPIML_BIND", "MPIML_KNN_SCREEN")
-                    if os.environ.get(v)}, "bound_to": info.get("bound_to")}
+    chosen = ("MPIML_SPIN_US", "MPIML_KNN_STRATEGY", "MPIML_BIND", "MPIML_KNN_SCREEN", "MPIML_CPU_SCHEDULE")
+    settings = {"wait_spin_ms": info.get("wait_spin_ms"), **{v: os.environ[v] for v in chosen if os.environ.get(v)},
+                "bound_to": info.get("bound_to")}
     out = {"ranks": comm.size, "threads_per_rank": info.get("threads"), "settings": settings, "seconds": {},
            "values": {}, "cpu_seconds": {}}
 

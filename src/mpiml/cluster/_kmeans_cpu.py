@@ -21,7 +21,7 @@ import numpy as np
 
 from ..utils._jit import FASTMATH, numba
 from ..utils._threads import one_blas_thread
-from ..utils._threads_jit import fetch_add
+from ..utils._threads_jit import fetch_add, workers
 
 __all__ = ["lloyd_step", "assign", "column_sums", "n_parts", "block_rows"]
 
@@ -139,7 +139,7 @@ def lloyd_step(X, sample_weight, shift, C, labels, mind, packed):
     if n:
         with one_blas_thread():
             _lloyd_kernel(np.ascontiguousarray(X), shift, CT, c_sq, w, unit, labels, mind, keep, parts,
-                          block_rows(k, d), min(parts, nb.get_num_threads()), np.zeros(1, np.int64), sums_p, counts_p,
+                          block_rows(k, d), workers(parts, nb.get_num_threads()), np.zeros(1, np.int64), sums_p, counts_p,
                           stats_p)
     # in part order: the same bits whatever the thread count (compiled: 4 NumPy calls a part were a serial
     # millisecond an iteration for 64 parts, as long as the parallel step of a rank's share of 2e6 rows)

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..utils._jit import FASTMATH, numba
 from ..utils._threads import one_blas_thread
-from ..utils._threads_jit import fetch_add
+from ..utils._threads_jit import fetch_add, workers
 
 __all__ = ["topk", "merge_block", "new_lists", "finish", "carry_payload", "METRICS"]
 
@@ -313,7 +313,7 @@ def _topk_screened(Q, X, offset, k, metric, bd, bi):
     xstep = int(min(8192, max(_INDEX_BLOCK, _TILE // max(1, qstep))))
     with one_blas_thread():
         _screened_blocks(Q, X, QS, XS, offset, k, METRICS[metric], qn, xn, qs, screen, rel, slack, nblocks,
-                         min(nblocks, nb.get_num_threads()), xstep, bd, bi)
+                         workers(nblocks, nb.get_num_threads()), xstep, bd, bi)
 
 
 def _unit(A, norms):

@@ -19,11 +19,25 @@ together whatever their speeds::
 
 The work of a part must not depend on which thread runs it (the kernels keep per-part
 partial results and add them in part order, so the bits do not depend on the schedule).
+
+``MPIML_CPU_SCHEDULE=static`` (for A/B measurements) makes :func:`workers` return one worker a
+part: Numba's equal runs of ``prange`` iterations then fix how many parts each thread takes,
+as a plain ``prange`` over the parts would.
 """
+
+import os
 
 from ._jit import numba
 
-__all__ = ["fetch_add"]
+__all__ = ["fetch_add", "workers"]
+
+
+def workers(parts, threads):
+    """The ``prange`` count of a kernel whose threads take ``parts`` from a counter: its threads
+    (dynamic), or ``parts`` under ``MPIML_CPU_SCHEDULE=static``."""
+    if os.environ.get("MPIML_CPU_SCHEDULE") == "static":
+        return int(max(1, parts))
+    return int(max(1, min(parts, threads)))
 
 numba()  # the cache directory and thread settings, before Numba's first import
 from numba import types  # noqa: E402
