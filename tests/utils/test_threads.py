@@ -108,6 +108,7 @@ def test_bind_core_takes_this_ranks_share_of_the_cores(monkeypatch):
     from mpiml.utils import _threads
 
     monkeypatch.setattr(_threads, "_affinity", lambda: list(range(8)))
+    monkeypatch.setattr(_threads.os, "cpu_count", lambda: 8)
     # 4 cores of 2 hardware threads each: (0, 4) (1, 5) (2, 6) (3, 7)
     monkeypatch.setattr(_threads, "_physical_cores", lambda cpus: [[c, c + 4] for c in range(4)])
     pinned = []
@@ -119,6 +120,8 @@ def test_bind_core_takes_this_ranks_share_of_the_cores(monkeypatch):
     assert _threads._bind(None, 2) == [2, 6, 3, 7]
     assert pinned and all(s == [2, 3, 6, 7] for _, s in pinned)
     assert _threads._bind(None, 1) is None  # one rank on the node: nothing to share
+    monkeypatch.setattr(_threads.os, "cpu_count", lambda: 16)
+    assert _threads._bind(None, 2) is None  # a rank bound already (its affinity is not every CPU): left as it is
 
 
 def test_physical_cores_groups_hardware_threads():

@@ -148,6 +148,8 @@ def _bind(comm, ranks):
     affinity set (for A/B measurements: unbound ranks are the default)."""
     if os.environ.get("MPIML_BIND", "none") != "core" or ranks <= 1 or not hasattr(os, "sched_setaffinity"):
         return None
+    if len(_affinity()) != (os.cpu_count() or 0):  # bound already (by the launcher, or the job by taskset)
+        return None
     cores = _physical_cores(_affinity())
     i = _local_rank(_raw_mpi(comm))
     mine = [c for core in cores[i * len(cores) // ranks:(i + 1) * len(cores) // ranks] for c in core]
@@ -254,7 +256,7 @@ def limit_threads(comm=None):
             source += "; threadpoolctl is not installed, pools not limited"
         for v in USER_VARS:  # for libraries loaded later (OpenMP runtimes read it when they start)
             _put_env(v, str(threads))
-    bound = _bind(comm, ranks) if cores == len(_affinity()) else None  # (only where the launcher did not bind)
+    bound = _bind(comm, ranks)
     _set_numba_threads(threads)
     _STATE.update(threads=threads, ranks_on_node=ranks, cores=cores, source=source, applied=applied,
                   wait_spin_ms=_set_wait_spin(ranks, cores))
