@@ -126,15 +126,36 @@ def _wait_all(barrier, name, index, procs, timeout=120.0):
     return False
 
 
+def _cpu_jiffies():
+    """The machine's ``(busy, steal, total)`` jiffies from ``/proc/stat`` (None where it is not readable)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    steal = v[7] if len(v) > 7 else 0
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    total = sum(v[:8])
+    return total - idle - steal, steal, total
+
+
 def _for_seconds(fn, seconds):
-    """``(calls, wall s a call, CPU s a call)`` of ``fn`` called for about ``seconds``."""
+    """``(calls, wall s a call, CPU s a call, machine)`` of ``fn`` called for about ``seconds``; ``machine``:
+    the shares of the whole machine's CPU time that were busy and stolen meanwhile (``/proc/stat``: a virtual
+    machine's CPU that the host ran something else on counts as stolen, not in any process's CPU time)."""
+    j0 = _cpu_jiffies()
     calls, t0, c0 = 0, time.perf_counter(), time.process_time()
     while True:
         fn()
         calls += 1
         w = time.perf_counter() - t0
         if w >= seconds:
-            return calls, round(w / calls, 5), round((time.process_time() - c0) / calls, 5)
+            j1 = _cpu_jiffies()
+            machine = None
+            if j0 and j1 and j1[2] > j0[2]:
+                dt = j1[2] - j0[2]
+                machine = {"busy": round((j1[0] - j0[0]) / dt, 3), "steal": round((j1[1] - j0[1]) / dt, 3)}
+            return calls, round(w / calls, 5), round((time.process_time() - c0) / calls, 5), machine
 
 
 def _child(args):
@@ -155,8 +176,9 @@ def _child(args):
         stream = _stream_kernel(nb)
         stream(a)
         if _wait_all(args.child_dir, "stream", i, procs):
-            calls, w, c = _for_seconds(lambda: stream(a), args.seconds)
-            out["results"]["stream"] = {"calls": calls, "wall": w, "cpu": c, "GBps": round(a.nbytes / w / 1e9, 2)}
+            calls, w, c, m = _for_seconds(lambda: stream(a), args.seconds)
+            out["results"]["stream"] = {"calls": calls, "wall": w, "cpu": c, "GBps": round(a.nbytes / w / 1e9, 2),
+                                        "machine": m}
     if "kmeans" in parts:
         from mpiml.cluster import _kmeans_cpu
 
@@ -172,9 +194,9 @@ def _child(args):
 
         step()
         if _wait_all(args.child_dir, "kmeans", i, procs):
-            calls, w, c = _for_seconds(step, args.seconds)
+            calls, w, c, m = _for_seconds(step, args.seconds)
             out["results"]["kmeans_step"] = {"calls": calls, "wall": w, "cpu": c,
-                                             "GBps": round(X.nbytes / w / 1e9, 2)}
+                                             "GBps": round(X.nbytes / w / 1e9, 2), "machine": m}
     if "knn" in parts:
         from mpiml.neighbors import _cpu
 
@@ -183,8 +205,8 @@ def _child(args):
         X, Q = np.ascontiguousarray(X), np.ascontiguousarray(Q)
         _cpu.topk(Q[:64], X, 10)
         if _wait_all(args.child_dir, "knn", i, procs):
-            calls, w, c = _for_seconds(lambda: _cpu.topk(Q, X, 10), args.seconds)
-            out["results"]["knn"] = {"calls": calls, "wall": w, "cpu": c}
+            calls, w, c, m = _for_seconds(lambda: _cpu.topk(Q, X, 10), args.seconds)
+            out["results"]["knn"] = {"calls": calls, "wall": w, "cpu": c, "machine": m}
     with open(os.path.join(args.child_dir, f"child{i}.json"), "w") as f:
         json.dump(out, f)
     return 0
@@ -214,7 +236,12 @@ def _side_by_side(args, argv):
         got = [r["results"][part] for r in runs if part in r["results"]]
         if got:
             summary[part] = {k: {"median": float(np.median([g[k] for g in got])), "max": max(g[k] for g in got),
-                                 "min": min(g[k] for g in got)} for k in got[0] if k != "calls"}
+                                 "min": min(g[k] for g in got)} for k in got[0] if k not in ("calls", "machine")}
+            # threads of this part running on average: CPU seconds over wall seconds, summed over the copies
+            summary[part]["threads_running"] = round(sum(g["cpu"] / g["wall"] for g in got), 2)
+            machine = [g["machine"] for g in got if g.get("machine")]
+            if machine:
+                summary[part]["machine"] = {k: float(np.median([m[k] for m in machine])) for k in machine[0]}
             if "GBps" in got[0]:
                 summary[part]["GBps_total"] = round(sum(g["GBps"] for g in got), 1)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -169,6 +169,27 @@ def _best(fn, repeat, sync=None, total=None):
     return best, value, cpu, cpu_total
 
 
+def _jiffies():
+    """The machine's ``(busy, steal, total)`` CPU jiffies (``/proc/stat``), or None."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    steal = v[7] if len(v) > 7 else 0
+    total = sum(v[:8])
+    return total - v[3] - (v[4] if len(v) > 4 else 0) - steal, steal, total
+
+
+def _shares(j0, j1):
+    """Shares of the machine's CPU time between two :func:`_jiffies` that were busy and stolen (a virtual
+    machine's CPU that its host gave to something else: in no process's CPU time, yet not available)."""
+    if not j0 or not j1 or j1[2] <= j0[2]:
+        return None
+    dt = j1[2] - j0[2]
+    return {"busy": round((j1[0] - j0[0]) / dt, 3), "steal": round((j1[1] - j0[1]) / dt, 3)}
+
+
 # ---------------------------------------------------------------------- mpiml under mpiexec
 def _worker(args):
     import mpiml
@@ -198,8 +219,10 @@ def _worker(args):
             centres = comm.bcast(np.ascontiguousarray(X[:args.k]), root=0)
         _warm_up(lambda: _estimator("mpiml", name, args, comm), name, X, y, Q, centres)
         est = _estimator("mpiml", name, args, comm)
+        j0 = _jiffies()
         seconds, value, cpu, cpu_all = _best(lambda: _fit(est, name, X, y, Q, centres), args.repeat, sync,
                                              total=lambda c: comm.allreduce_obj(c))
+        out.setdefault("machine", {})[name] = _shares(j0, _jiffies())
         out.setdefault("cpu_seconds_all_ranks", {})[name] = cpu_all
         if name == "knn" and value is not None:
             value = comm.allreduce_obj(value)
