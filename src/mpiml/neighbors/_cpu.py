@@ -14,8 +14,8 @@ after every equal one: exact ties go to the lower index, as in scikit-learn's br
   by :func:`_pair`, from differences in float64 (``sum (q - x)^2``), so a query equal to an
   index row is at distance exactly 0 and identical rows give identical distances.
   Cosine works on unit rows (parallel rows of any length tie exactly), a zero row at 1.
-  float64 rows are screened in float32 (:func:`_screen_rows`: shifted by the block's mean,
-  rounded once; the bound covers that rounding): the screen only decides which pairs are
+  float64 rows are screened in float32 (:func:`_screen_rows`: shifted by a mean of the index
+  block's rows, rounded once; the bound covers that rounding): the screen only decides which pairs are
   measured, so the answer is the float64 one, and single-precision tiles are half the bytes
   and twice the lanes of the GEMM and the screen (about 70 % of the search's time).
 * Manhattan, chebyshev, minkowski (:func:`_topk_kernel`): queries in parallel blocks of
@@ -271,8 +271,8 @@ def _topk_screened(Q, X, offset, k, metric, bd, bi):
     """Euclidean, squared euclidean and cosine: tiles of ``Q @ X.T`` by BLAS screen the
     candidates, which :func:`_select_tile` then measures exactly into the running lists.
 
-    The screen's rows: euclidean metrics shift both sides by the index block's mean (distances do
-    not change; the rounding bound, relative to the shifted norms, shrinks for rows far from the
+    The screen's rows: euclidean metrics shift both sides by the mean of about a thousand of the index
+    block's rows (distances do not change; the rounding bound, relative to the shifted norms, shrinks for rows far from the
     origin), cosine takes unit rows; float64 rows are rounded to float32 once (:func:`_screen_dtype`).
     Bound: a product of the rounded rows, in any order, is within ``(d + 3) u |q| |x|`` of the exact
     one (``u`` the unit roundoff of the screen's precision: ``d`` roundings in the sum, three of the
