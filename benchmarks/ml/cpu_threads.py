@@ -14,6 +14,15 @@ Run from the repository root (a plain process, no mpiexec):
     python benchmarks/ml/cpu_threads.py --threads 1,8,64 --out $OUT/cpu_threads.json
 
 Every measurement is the best of ``--repeat`` after one untimed call (kernels loaded).
+
+``--procs N`` runs N copies side by side instead (plain processes, no MPI), each with
+``--threads`` threads (one count) and its own data: a memory-streaming loop, one rank's Lloyd
+step and one rank's k-NN search (``--rows``, ``--queries`` x ``--knn-rows``), each part started
+by all copies together (a file barrier) and repeated for ``--seconds``.  Per copy: calls, wall
+and CPU seconds a call.  Compared with ``--procs 1``, it says what the machine itself does to a
+rank's threads when every rank computes at once, with no communication in the way:
+
+    python benchmarks/ml/cpu_threads.py --procs 8 --threads 8 --out $OUT/procs8x8.json
 """
 
 import argparse
@@ -96,7 +105,158 @@ def _probe_kernel(nb):
     return probe
 
 
+def _stream_kernel(nb):
+    @nb.njit(parallel=True, nogil=True)
+    def stream(a):
+        s = 0.0
+        for i in nb.prange(a.shape[0]):
+            s += a[i]
+        return s
+    return stream
+
+
+def _wait_all(barrier, name, index, procs, timeout=120.0):
+    """A file barrier of ``procs`` copies: this one's mark, then every other's (or the timeout)."""
+    open(os.path.join(barrier, f"{name}.{index}"), "w").close()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        if all(os.path.exists(os.path.join(barrier, f"{name}.{i}")) for i in range(procs)):
+            return True
+        time.sleep(0.002)
+    return False
+
+
+def _cpu_jiffies():
+    """The machine's ``(busy, steal, total)`` jiffies from ``/proc/stat`` (None where it is not readable)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    steal = v[7] if len(v) > 7 else 0
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    total = sum(v[:8])
+    return total - idle - steal, steal, total
+
+
+def _for_seconds(fn, seconds):
+    """``(calls, wall s a call, CPU s a call, machine)`` of ``fn`` called for about ``seconds``; ``machine``:
+    the shares of the whole machine's CPU time that were busy and stolen meanwhile (``/proc/stat``: a virtual
+    machine's CPU that the host ran something else on counts as stolen, not in any process's CPU time)."""
+    j0 = _cpu_jiffies()
+    calls, t0, c0 = 0, time.perf_counter(), time.process_time()
+    while True:
+        fn()
+        calls += 1
+        w = time.perf_counter() - t0
+        if w >= seconds:
+            j1 = _cpu_jiffies()
+            machine = None
+            if j0 and j1 and j1[2] > j0[2]:
+                dt = j1[2] - j0[2]
+                machine = {"busy": round((j1[0] - j0[0]) / dt, 3), "steal": round((j1[1] - j0[1]) / dt, 3)}
+            return calls, round(w / calls, 5), round((time.process_time() - c0) / calls, 5), machine
+
+
+def _child(args):
+    """One copy of ``--procs``: its own data, each part after the barrier, for ``--seconds``."""
+    import mpiml
+    from mpiml import datasets
+    from mpiml.comm import get_comm
+    from mpiml.utils._jit import numba
+
+    mpiml.init(device="cpu")
+    nb = numba()
+    comm = get_comm("self")
+    i, procs = args.child, args.procs
+    parts = args.parts.split(",")
+    out = {"index": i, "pid": os.getpid(), "threads": nb.get_num_threads(), "results": {}}
+    if "stream" in parts:
+        a = np.random.default_rng(i).random(int(args.stream_mb * 2 ** 20 // 8))
+        stream = _stream_kernel(nb)
+        stream(a)
+        if _wait_all(args.child_dir, "stream", i, procs):
+            calls, w, c, m = _for_seconds(lambda: stream(a), args.seconds)
+            out["results"]["stream"] = {"calls": calls, "wall": w, "cpu": c, "GBps": round(a.nbytes / w / 1e9, 2),
+                                        "machine": m}
+    if "kmeans" in parts:
+        from mpiml.cluster import _kmeans_cpu
+
+        X, _ = datasets.make_blobs(int(args.rows), 32, centers=16, random_state=i, comm=comm)
+        X = np.ascontiguousarray(X)
+        C = np.ascontiguousarray(X[:16])
+        labels = np.zeros(X.shape[0], dtype=np.int32)
+        packed = np.zeros(16 * 32 + 16 + 2)
+
+        def step():
+            packed[:] = 0
+            _kmeans_cpu.lloyd_step(X, None, None, C, labels, None, packed)
+
+        step()
+        if _wait_all(args.child_dir, "kmeans", i, procs):
+            calls, w, c, m = _for_seconds(step, args.seconds)
+            out["results"]["kmeans_step"] = {"calls": calls, "wall": w, "cpu": c,
+                                             "GBps": round(X.nbytes / w / 1e9, 2), "machine": m}
+    if "knn" in parts:
+        from mpiml.neighbors import _cpu
+
+        X, _ = datasets.make_blobs(int(args.knn_rows), 32, centers=32, random_state=100 + i, comm=comm)
+        Q, _ = datasets.make_blobs(args.queries, 32, centers=32, random_state=200 + i, comm=comm)
+        X, Q = np.ascontiguousarray(X), np.ascontiguousarray(Q)
+        _cpu.topk(Q[:64], X, 10)
+        if _wait_all(args.child_dir, "knn", i, procs):
+            calls, w, c, m = _for_seconds(lambda: _cpu.topk(Q, X, 10), args.seconds)
+            out["results"]["knn"] = {"calls": calls, "wall": w, "cpu": c, "machine": m}
+    with open(os.path.join(args.child_dir, f"child{i}.json"), "w") as f:
+        json.dump(out, f)
+    return 0
+
+
+def _side_by_side(args, argv):
+    """``--procs N`` copies of :func:`_child` at ``--threads`` threads each; their numbers and a summary."""
+    import subprocess
+    import tempfile
+
+    threads = int(args.threads.split(",")[0])
+    env = dict(os.environ)
+    for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        env[v] = str(threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, os.path.abspath(__file__), *argv]
+        kids = [subprocess.Popen(cmd + ["--child", str(i), "--child-dir", tmp], env=env) for i in range(args.procs)]
+        codes = [k.wait() for k in kids]
+        runs = []
+        for i in range(args.procs):
+            path = os.path.join(tmp, f"child{i}.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    runs.append(json.load(f))
+    summary = {}
+    for part in ("stream", "kmeans_step", "knn"):
+        got = [r["results"][part] for r in runs if part in r["results"]]
+        if got:
+            summary[part] = {k: {"median": float(np.median([g[k] for g in got])), "max": max(g[k] for g in got),
+                                 "min": min(g[k] for g in got)} for k in got[0] if k not in ("calls", "machine")}
+            # threads of this part running on average: CPU seconds over wall seconds, summed over the copies
+            summary[part]["threads_running"] = round(sum(g["cpu"] / g["wall"] for g in got), 2)
+            machine = [g["machine"] for g in got if g.get("machine")]
+            if machine:
+                summary[part]["machine"] = {k: float(np.median([m[k] for m in machine])) for k in machine[0]}
+            if "GBps" in got[0]:
+                summary[part]["GBps_total"] = round(sum(g["GBps"] for g in got), 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    out = {"procs": args.procs, "threads": threads, "cores": cores, "argv": argv, "exit_codes": codes,
+           "summary": summary, "copies": runs}
+    print(json.dumps({k: v for k, v in out.items() if k != "copies"}, indent=1))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0 if all(c == 0 for c in codes) else 1
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--threads", default="1,8,64")
     p.add_argument("--rows", type=float, default=2.5e5, help="KMeans rows (one rank's share)")
@@ -108,7 +268,19 @@ def main(argv=None):
     p.add_argument("--parts", default="probe,kmeans,rf,knn")
     p.add_argument("--peers", action="store_true", help="also scikit-learn and scikit-learn-intelex at each count")
     p.add_argument("--out", default=None)
+    p.add_argument("--procs", type=int, default=None, help="copies side by side, 1 or more (see the module notes)")
+    p.add_argument("--seconds", type=float, default=2.0, help="--procs: seconds of each part")
+    p.add_argument("--stream-mb", type=float, default=256, help="--procs: MiB streamed by each copy")
+    p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.child is not None:
+        return _child(args)
+    if args.procs is not None:
+        if args.parts == "probe,kmeans,rf,knn":
+            args.parts = "stream,kmeans,knn"
+            argv = argv + ["--parts", args.parts]
+        return _side_by_side(args, argv)
     import mpiml
     from mpiml import datasets
     from mpiml.comm import get_comm

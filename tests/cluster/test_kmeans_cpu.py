@@ -59,6 +59,23 @@ def test_bits_do_not_depend_on_threads():
 def test_first_centre_wins_ties():
     X = np.array([[0.0, 0.0], [2.0, 0.0]])
     C = np.array([[1.0, 0.0], [1.0, 0.0], [5.0, 5.0]])
-    labels, mind = _kmeans_cpu.assign(X, None, C)
+    labels, mind, inertia = _kmeans_cpu.assign(X, None, C)
+    assert inertia is None
     np.testing.assert_array_equal(labels, [0, 0])
     np.testing.assert_array_equal(mind, [1.0, 1.0])
+
+
+def test_static_schedule_gives_the_same_bits(monkeypatch):
+    # the threads take parts from a counter; MPIML_CPU_SCHEDULE=static (one prange iteration a part) must give
+    # the same sums, labels and distances: a part's work does not depend on the thread that takes it
+    rng = np.random.default_rng(4)
+    X, C = rng.normal(size=(30000, 6)), rng.normal(size=(7, 6))
+    shift = X.mean(axis=0)
+    out = []
+    for schedule in ("", "static"):
+        monkeypatch.setenv("MPIML_CPU_SCHEDULE", schedule)
+        labels, mind = np.full(30000, -1, np.int32), np.empty(30000)
+        packed = _kmeans_cpu.lloyd_step(X, None, shift, C, labels, mind, np.zeros(7 * 6 + 7 + 2))
+        out.append((packed, labels, mind))
+    for a, b in zip(*out):
+        np.testing.assert_array_equal(a, b)

@@ -110,3 +110,43 @@ def test_edges():
         _cpu.topk(X, X, 7)
     with pytest.raises(ValueError, match="unknown metric"):
         _cpu.topk(X, X, 1, "hamming")
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-41, 1e30, 1e20])
+@pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean", "cosine"])
+def test_float32_screen_gives_the_float64_answer(metric, scale, monkeypatch):
+    # float64 rows are screened in float32: the same neighbours and distances as the float64 screen, with rows
+    # near ties (a grid plus tiny offsets), rows in float32's subnormal range (1e-41) and rows whose squares
+    # overflow float32 (1e20, 1e30: screened in float64 instead)
+    rng = np.random.default_rng(11)
+    X = rng.integers(0, 4, size=(2000, 5)) + rng.normal(scale=1e-9, size=(2000, 5))
+    Q = np.vstack([X[:7], rng.integers(0, 4, size=(60, 5)) + rng.normal(scale=1e-9, size=(60, 5))])
+    X, Q = X * scale, Q * scale
+    got = _cpu.topk(Q, X, 9, metric)
+    monkeypatch.setenv("MPIML_KNN_SCREEN", "float64")
+    want = _cpu.topk(Q, X, 9, metric)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0], want[0])
+    if metric != "cosine":
+        ref_d, ref_i = _reference(Q, X, 9, metric, None)
+        np.testing.assert_array_equal(got[1], ref_i)
+        np.testing.assert_allclose(got[0], ref_d, rtol=1e-12)
+
+
+def test_query_blocks_are_equal_runs_of_the_threads():
+    for nq in (1, 15, 16, 100, 2000, 2500, 20000):
+        for threads in (1, 2, 8, 64):
+            b = _cpu._query_blocks(nq, threads)
+            assert 1 <= b <= nq
+            assert b == nq or b % threads == 0
+            assert -(-nq // b) <= _cpu._TILE_QUERIES or b == nq
+
+
+def test_static_schedule_gives_the_same_answer(monkeypatch):
+    rng = np.random.default_rng(6)
+    X, Q = rng.normal(size=(4000, 7)), rng.normal(size=(700, 7))
+    got = _cpu.topk(Q, X, 6)
+    monkeypatch.setenv("MPIML_CPU_SCHEDULE", "static")
+    want = _cpu.topk(Q, X, 6)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)

@@ -83,3 +83,51 @@ def test_child_env_drops_only_what_the_limit_set(monkeypatch):
     env = _threads.child_env()
     assert os.environ["NUMBA_NUM_THREADS"] == "8" and "NUMBA_NUM_THREADS" not in env
     assert env["MKL_NUM_THREADS"] == "3"
+
+
+def test_one_blas_thread_nests():
+    # a fit holds BLAS at one thread around its iterations; the steps' own contexts inside change nothing
+    from threadpoolctl import threadpool_info
+
+    from mpiml.utils._threads import one_blas_thread
+
+    def blas():
+        return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+    before = blas()
+    with one_blas_thread():
+        with one_blas_thread():
+            assert set(blas()) <= {1}
+        assert set(blas()) <= {1}  # the inner exit restores nothing
+    assert blas() == before
+
+
+def test_bind_core_takes_this_ranks_share_of_the_cores(monkeypatch):
+    # MPIML_BIND=core: rank i of R on the node pins every thread to the i-th R-th of the physical cores, with all
+    # their hardware threads; unset, nothing is pinned
+    from mpiml.utils import _threads
+
+    monkeypatch.setattr(_threads, "_affinity", lambda: list(range(8)))
+    monkeypatch.setattr(_threads.os, "cpu_count", lambda: 8)
+    # 4 cores of 2 hardware threads each: (0, 4) (1, 5) (2, 6) (3, 7)
+    monkeypatch.setattr(_threads, "_physical_cores", lambda cpus: [[c, c + 4] for c in range(4)])
+    pinned = []
+    monkeypatch.setattr(_threads.os, "sched_setaffinity", lambda tid, s: pinned.append((tid, sorted(s))), raising=False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1")
+    monkeypatch.delenv("MPIML_BIND", raising=False)
+    assert _threads._bind(None, 2) is None and not pinned
+    monkeypatch.setenv("MPIML_BIND", "core")
+    assert _threads._bind(None, 2) == [2, 6, 3, 7]
+    assert pinned and all(s == [2, 3, 6, 7] for _, s in pinned)
+    assert _threads._bind(None, 1) is None  # one rank on the node: nothing to share
+    monkeypatch.setattr(_threads.os, "cpu_count", lambda: 16)
+    assert _threads._bind(None, 2) is None  # a rank bound already (its affinity is not every CPU): left as it is
+
+
+def test_physical_cores_groups_hardware_threads():
+    from mpiml.utils import _threads
+
+    groups = _threads._physical_cores(_threads._affinity())
+    flat = sorted(c for g in groups for c in g)
+    assert flat == sorted(_threads._affinity())
+    assert [min(g) for g in groups] == sorted(min(g) for g in groups)

@@ -150,21 +150,44 @@ def _warm_up(make, name, X, y, Q, centres):
     _fit(est, name, X[:rows], yw, Qw, centres)
 
 
-def _best(fn, repeat, sync=None):
-    """``(best wall seconds, value, CPU seconds of that run)``: the CPU time (every thread of the
-    process; the largest rank's under MPI) says how much work a run did even on a busy machine."""
-    best, value, cpu = float("inf"), None, None
+def _best(fn, repeat, sync=None, total=None):
+    """``(best wall seconds, value, CPU seconds of that run, their total)``: the CPU time (every thread of
+    the process; the largest rank's under MPI) says how much work a run did even on a busy machine;
+    ``total(c)`` gives the last (the ranks' sum under MPI; None without ``total``)."""
+    best, value, cpu, cpu_total = float("inf"), None, None, None
     for _ in range(max(1, repeat)):
         if sync:
             sync()
         t0, c0 = time.perf_counter(), time.process_time()
         value = fn()
         t, c = time.perf_counter() - t0, time.process_time() - c0
+        c_all = total(c) if total else None
         if sync:
             t, c = sync(t), sync(c)
         if t < best:
-            best, cpu = t, c
-    return best, value, cpu
+            best, cpu, cpu_total = t, c, c_all
+    return best, value, cpu, cpu_total
+
+
+def _jiffies():
+    """The machine's ``(busy, steal, total)`` CPU jiffies (``/proc/stat``), or None."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    steal = v[7] if len(v) > 7 else 0
+    total = sum(v[:8])
+    return total - v[3] - (v[4] if len(v) > 4 else 0) - steal, steal, total
+
+
+def _shares(j0, j1):
+    """Shares of the machine's CPU time between two :func:`_jiffies` that were busy and stolen (a virtual
+    machine's CPU that its host gave to something else: in no process's CPU time, yet not available)."""
+    if not j0 or not j1 or j1[2] <= j0[2]:
+        return None
+    dt = j1[2] - j0[2]
+    return {"busy": round((j1[0] - j0[0]) / dt, 3), "steal": round((j1[1] - j0[1]) / dt, 3)}
 
 
 # ---------------------------------------------------------------------- mpiml under mpiexec
@@ -177,8 +200,9 @@ def _worker(args):
     comm = get_comm()
     info = thread_info()
     # the settings a run was made under (an A/B run of the wait's spin or the k-NN strategy names its variable)
-    settings = {"wait_spin_ms": info.get("wait_spin_ms"),
-                **{v: os.environ[v] for v in ("MPIML_SPIN_US", "MPIML_KNN_STRATEGY") if os.environ.get(v)}}
+    chosen = ("MPIML_SPIN_US", "MPIML_KNN_STRATEGY", "MPIML_BIND", "MPIML_KNN_SCREEN", "MPIML_CPU_SCHEDULE")
+    settings = {"wait_spin_ms": info.get("wait_spin_ms"), **{v: os.environ[v] for v in chosen if os.environ.get(v)},
+                "bound_to": info.get("bound_to")}
     out = {"ranks": comm.size, "threads_per_rank": info.get("threads"), "settings": settings, "seconds": {},
            "values": {}, "cpu_seconds": {}}
 
@@ -195,7 +219,11 @@ def _worker(args):
             centres = comm.bcast(np.ascontiguousarray(X[:args.k]), root=0)
         _warm_up(lambda: _estimator("mpiml", name, args, comm), name, X, y, Q, centres)
         est = _estimator("mpiml", name, args, comm)
-        seconds, value, cpu = _best(lambda: _fit(est, name, X, y, Q, centres), args.repeat, sync)
+        j0 = _jiffies()
+        seconds, value, cpu, cpu_all = _best(lambda: _fit(est, name, X, y, Q, centres), args.repeat, sync,
+                                             total=lambda c: comm.allreduce_obj(c))
+        out.setdefault("machine", {})[name] = _shares(j0, _jiffies())
+        out.setdefault("cpu_seconds_all_ranks", {})[name] = cpu_all
         if name == "knn" and value is not None:
             value = comm.allreduce_obj(value)
         out["seconds"][name], out["values"][name], out["cpu_seconds"][name] = seconds, value, cpu
@@ -234,7 +262,7 @@ def _single(lib, args, names):
         centres = np.ascontiguousarray(X[:args.k]) if name == "kmeans" else None
         _warm_up(lambda: _estimator(lib, name, args), name, X, y, Q, centres)
         est = _estimator(lib, name, args)
-        seconds[name], values[name], cpu[name] = _best(lambda: _fit(est, name, X, y, Q, centres), args.repeat)
+        seconds[name], values[name], cpu[name], _ = _best(lambda: _fit(est, name, X, y, Q, centres), args.repeat)
         print(f"  {lib}: {_TITLES[name]} {seconds[name]:.3f} s", flush=True)
     return {"seconds": seconds, "values": values, "cpu_seconds": cpu}
 

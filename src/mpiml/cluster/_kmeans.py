@@ -1,5 +1,6 @@
 """K-means clustering over the rows of every rank (SPMD), on NumPy or CuPy shards."""
 
+import contextlib
 import time
 import warnings
 from numbers import Integral, Real
@@ -10,6 +11,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from ..base import SPMDEstimator
 from ..utils._param_validation import HasMethods, Interval, StrOptions
+from ..utils._threads import one_blas_thread
 from ..utils._validation import check_random_state, row_counts, validate_data, validate_sample_weight
 from . import _kmeans_ops as ops
 from ._kmeans_init import Shard, _to_host, init_centers
@@ -122,9 +124,8 @@ def _lloyd(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
     Returns ``(labels, inertia, centers, n_iter)``; one packed allreduce per iteration.  Dense GPU rows go to
     :func:`_lloyd_device`; here the centres are updated on the host.
     """
-    xp, comm = shard.xp, shard.comm
+    xp = shard.xp
     n = shard.n_local
-    k, d = centers.shape
     sparse = ops.is_sparse(shard.X)
     # dense GPU rows: a step of unit weights reads none, and writes no distances (only the relocation of empty
     # clusters needs them, and recomputes them)
@@ -138,6 +139,16 @@ def _lloyd(shard, centers, *, max_iter, tol, verbose, iter_seconds=None):
     # it anyway) and one of the centres out; dense rows take the host copy of the centres, sparse GPU rows need
     # them on the device, a copy each iteration
     c_host = _to_host(centers)
+    # the compiled steps run BLAS on one thread of each part: held once for the iterations, not per step
+    with (one_blas_thread() if ops._cpu_kernels(shard.X) is not None else contextlib.nullcontext()):
+        return _lloyd_host(shard, centers, c_host, labels, step_weight, mind, sparse, max_iter=max_iter, tol=tol,
+                           verbose=verbose, iter_seconds=iter_seconds)
+
+
+def _lloyd_host(shard, centers, c_host, labels, step_weight, mind, sparse, *, max_iter, tol, verbose, iter_seconds):
+    """The iterations of :func:`_lloyd` with the centres updated on the host."""
+    xp, comm = shard.xp, shard.comm
+    k, d = centers.shape
     it = 0
     for it in range(max_iter):
         t0 = time.perf_counter()

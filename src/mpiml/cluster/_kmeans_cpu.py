@@ -1,6 +1,7 @@
 """The Lloyd step of dense host rows: one compiled kernel, BLAS products inside it.
 
-The rows are cut into parts (:func:`n_parts`), run in parallel by this rank's threads.
+The rows are cut into parts (:func:`n_parts`), which this rank's threads take one at a time
+from a shared counter (:mod:`mpiml.utils._threads_jit`: a slow thread takes fewer parts).
 Per block of a part (:func:`block_rows`, in a core's cache): the rows shifted, their
 products with the centres ``G = Xs @ C.T`` by BLAS on the calling thread (the one part
 where a tuned GEMM wins; BLAS's own pool is held to one thread meanwhile, so its threads
@@ -11,8 +12,8 @@ inertia and the count of changed labels.  The NumPy path made an ``argmin``, a g
 row-norm pass, a one-hot sparse product and, at the end, a ``bincount``.
 
 Determinism: the parts depend only on the rows' count and ``(k, d)``, never on the
-thread count; part ``p`` adds into its own float64 partial sums, in row order, and the
-partials are added in part order at the end.  The same input gives the same bits with 1
+thread count or on which thread takes a part; part ``p`` adds into its own float64
+partial sums, in row order, and the partials are added in part order at the end.  The same input gives the same bits with 1
 or 64 threads.  The ranks' sums are then added by the caller's one allreduce.
 """
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from ..utils._jit import FASTMATH, numba
 from ..utils._threads import one_blas_thread
+from ..utils._threads_jit import fetch_add, workers
 
 __all__ = ["lloyd_step", "assign", "column_sums", "n_parts", "block_rows"]
 
@@ -47,50 +49,56 @@ def n_parts(n, k, d):
 
 
 @nb.njit(cache=True, parallel=True, nogil=True, fastmath=FASTMATH)
-def _lloyd_kernel(X, shift, CT, c_sq, w, unit, labels, mind, keep_mind, parts, block, sums_p, counts_p, stats_p):
-    """Parts of the rows in parallel; per block of a part: the shifted rows, their products with the
-    centres by BLAS (one thread: the parts run side by side) and one pass for labels, distances, sums."""
+def _lloyd_kernel(X, shift, CT, c_sq, w, unit, labels, mind, keep_mind, parts, block, workers, counter, sums_p,
+                  counts_p, stats_p):
+    """Parts of the rows taken by the threads from ``counter`` (:mod:`mpiml.utils._threads_jit`); per block
+    of a part: the shifted rows, their products with the centres by BLAS (one thread: the parts run side by
+    side) and one pass for labels, distances, sums."""
     n, d = X.shape
     k = CT.shape[1]
-    for part in nb.prange(parts):
-        start = part * n // parts
-        stop = (part + 1) * n // parts
+    for _ in nb.prange(workers):
         Xs = np.empty_like(X[:min(block, n)])
-        inertia = 0.0
-        changed = 0
-        for b0 in range(start, stop, block):
-            m = min(stop, b0 + block) - b0
-            for i in range(m):
-                for f in range(d):
-                    Xs[i, f] = X[b0 + i, f] - shift[f]
-            G = np.dot(Xs[:m], CT)
-            for i in range(m):
-                best = np.inf
-                label = 0
-                for j in range(k):
-                    val = c_sq[j] - 2.0 * np.float64(G[i, j])
-                    if val < best:
-                        best = val
-                        label = j
-                x_sq = 0.0
-                for f in range(d):
-                    v = np.float64(Xs[i, f])
-                    x_sq += v * v
-                dist = best + x_sq
-                dist = dist if dist > 0.0 else 0.0
-                r = b0 + i
-                if labels[r] != label:
-                    changed += 1
-                labels[r] = label
-                if keep_mind:
-                    mind[r] = dist
-                wi = 1.0 if unit else w[r]
-                inertia += wi * dist
-                counts_p[part, label] += wi
-                for f in range(d):
-                    sums_p[part, label, f] += wi * np.float64(Xs[i, f])
-        stats_p[part, 0] += inertia
-        stats_p[part, 1] += changed
+        while True:
+            part = fetch_add(counter)
+            if part >= parts:
+                break
+            start = part * n // parts
+            stop = (part + 1) * n // parts
+            inertia = 0.0
+            changed = 0
+            for b0 in range(start, stop, block):
+                m = min(stop, b0 + block) - b0
+                for i in range(m):
+                    for f in range(d):
+                        Xs[i, f] = X[b0 + i, f] - shift[f]
+                G = np.dot(Xs[:m], CT)
+                for i in range(m):
+                    best = np.inf
+                    label = 0
+                    for j in range(k):
+                        val = c_sq[j] - 2.0 * np.float64(G[i, j])
+                        if val < best:
+                            best = val
+                            label = j
+                    x_sq = 0.0
+                    for f in range(d):
+                        v = np.float64(Xs[i, f])
+                        x_sq += v * v
+                    dist = best + x_sq
+                    dist = dist if dist > 0.0 else 0.0
+                    r = b0 + i
+                    if labels[r] != label:
+                        changed += 1
+                    labels[r] = label
+                    if keep_mind:
+                        mind[r] = dist
+                    wi = 1.0 if unit else w[r]
+                    inertia += wi * dist
+                    counts_p[part, label] += wi
+                    for f in range(d):
+                        sums_p[part, label, f] += wi * np.float64(Xs[i, f])
+            stats_p[part, 0] += inertia
+            stats_p[part, 1] += changed
 
 
 @nb.njit(cache=True, nogil=True)
@@ -131,7 +139,8 @@ def lloyd_step(X, sample_weight, shift, C, labels, mind, packed):
     if n:
         with one_blas_thread():
             _lloyd_kernel(np.ascontiguousarray(X), shift, CT, c_sq, w, unit, labels, mind, keep, parts,
-                          block_rows(k, d), sums_p, counts_p, stats_p)
+                          block_rows(k, d), workers(parts, nb.get_num_threads()), np.zeros(1, np.int64), sums_p, counts_p,
+                          stats_p)
     # in part order: the same bits whatever the thread count (compiled: 4 NumPy calls a part were a serial
     # millisecond an iteration for 64 parts, as long as the parallel step of a rank's share of 2e6 rows)
     _add_parts(sums_p, counts_p, stats_p, packed)
@@ -169,10 +178,11 @@ def column_sums(X, centre=None, *, square=False):
     return out
 
 
-def assign(X, shift, C):
-    """``(labels int32, squared distances in the dtype of X)`` of the nearest centres of dense host rows."""
+def assign(X, shift, C, sample_weight=None):
+    """``(labels int32, squared distances in the dtype of X, inertia)`` of the nearest centres of dense host
+    rows; the inertia (float64, ``sum(sample_weight * distance)``) is None without ``sample_weight``."""
     k, d = C.shape
     labels = np.full(X.shape[0], -1, dtype=np.int32)
     mind = np.empty(X.shape[0], dtype=X.dtype)
-    lloyd_step(X, None, shift, C, labels, mind, np.zeros(k * d + k + 2))
-    return labels, mind
+    packed = lloyd_step(X, sample_weight, shift, C, labels, mind, np.zeros(k * d + k + 2))
+    return labels, mind, (None if sample_weight is None else float(packed[k * d + k]))

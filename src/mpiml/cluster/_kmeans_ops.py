@@ -62,11 +62,16 @@ def _cpu_kernels(X):
     """
     if is_sparse(X) or _is_device(X) or os.environ.get("MPIML_CPU_KERNELS", "1") == "0":
         return None
-    try:
-        from . import _kmeans_cpu
-    except ImportError:
-        return None
-    return _kmeans_cpu
+    if not _CPU:
+        try:
+            from . import _kmeans_cpu
+        except ImportError:
+            _kmeans_cpu = None
+        _CPU.append(_kmeans_cpu)
+    return _CPU[0]
+
+
+_CPU = []  # the compiled module once imported (None without Numba): a function-level import cost microseconds a step
 
 
 def _is_device(x):
@@ -205,12 +210,8 @@ def assign(X, shift, C, *, batch_size=None, sample_weight=None):
             inertia = float((sample_weight.astype(np.float64) * mind).sum())
         return labels, mind, inertia
     cpu = _cpu_kernels(X)
-    if cpu is not None:
-        labels, mind = cpu.assign(X, shift, C)
-        inertia = None
-        if sample_weight is not None:
-            inertia = float(np.dot(sample_weight.astype(np.float64, copy=False), mind.astype(np.float64, copy=False)))
-        return labels, mind, inertia
+    if cpu is not None:  # the inertia from the kernel's own sums (a BLAS dot woke BLAS's threads at every fit's end)
+        return cpu.assign(X, shift, C, sample_weight)
     n, d = X.shape
     k = C.shape[0]
     labels = np.empty(n, dtype=np.int32)

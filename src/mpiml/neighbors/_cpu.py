@@ -14,13 +14,18 @@ after every equal one: exact ties go to the lower index, as in scikit-learn's br
   by :func:`_pair`, from differences in float64 (``sum (q - x)^2``), so a query equal to an
   index row is at distance exactly 0 and identical rows give identical distances.
   Cosine works on unit rows (parallel rows of any length tie exactly), a zero row at 1.
+  float64 rows are screened in float32 (:func:`_screen_rows`: shifted by a mean of the index
+  block's rows, rounded once; the bound covers that rounding): the screen only decides which pairs are
+  measured, so the answer is the float64 one, and single-precision tiles are half the bytes
+  and twice the lanes of the GEMM and the screen (about 70 % of the search's time).
 * Manhattan, chebyshev, minkowski (:func:`_topk_kernel`): queries in parallel blocks of
   :data:`_QUERY_BLOCK`, the index in cache-sized blocks of :data:`_INDEX_BLOCK` rows,
   distances accumulated in float64; minkowski compares ``sum |q - x|^p`` and takes the
   ``p``-th root of the ``k`` kept only.
 
-Queries (or a tile's query rows) run in parallel over ``prange``: the threads of this
-rank, limited by :mod:`mpiml.utils._threads`.
+Queries (or a tile's query rows) run in parallel: the threads of this rank, limited by
+:mod:`mpiml.utils._threads`; the screened search's threads take query blocks from a shared
+counter (:mod:`mpiml.utils._threads_jit`), so a slow thread takes fewer.
 """
 
 
@@ -28,6 +33,7 @@ import numpy as np
 
 from ..utils._jit import FASTMATH, numba
 from ..utils._threads import one_blas_thread
+from ..utils._threads_jit import fetch_add, workers
 
 __all__ = ["topk", "merge_block", "new_lists", "finish", "carry_payload", "METRICS"]
 
@@ -123,29 +129,33 @@ def _topk_kernel(Q, X, offset, k, metric, p, qnorm, xnorm, bd_all, bi_all):
 
 
 @nb.njit(cache=True, inline="always")
-def _bar(metric, a, worst, rel):
+def _bar(metric, a, worst, rel, slack):
     """The screen's threshold for a query of norm ``a`` whose ``k``-th value is ``worst``.
 
     Squared euclidean: ``|q|^2 + |x|^2 - 2 q.x``, rounding ``<= rel (|q| + |x|)^2 <= 2 rel (|q|^2 +
     |x|^2)``, so a column can beat ``worst`` only if ``(1 - 2 rel) |x|^2 - 2 g <= worst - (1 - 2 rel) |q|^2``
     (``screen[j] = (1 - 2 rel) |x_j|^2``).  Cosine, on unit rows: ``1 - g``, rounding ``<= rel``, so only if
     ``-g <= -(1 - rel - worst)`` (``screen[j] = 1``; a zero row, ``g = 0`` at distance 1, passes exactly when
-    1 could beat ``worst``; a zero query passes everything).
+    1 could beat ``worst``; a zero query passes everything).  ``slack``: an absolute allowance for
+    underflow in the screen's precision (see :func:`_topk_screened`), far below any distance met in
+    practice.
     """
     if metric == 2:
-        return np.inf if a == 0.0 else -(1.0 - rel - worst)
-    return worst - (1.0 - 2.0 * rel) * a * a
+        return np.inf if a == 0.0 else -(1.0 - rel - worst) + slack
+    return worst - (1.0 - 2.0 * rel) * a * a + slack
 
 
 @nb.njit(cache=True, nogil=True, fastmath=FASTMATH)
-def _select_tile(G, Q, X, x0, offset, metric, qn, xn, screen, rel, bd, bi):
-    """Merge one tile of GEMM products ``G = Q @ X[x0:x0 + G.shape[1]].T`` into the running lists.
+def _select_tile(G, Q, X, x0, offset, metric, qn, xn, qs, screen, rel, slack, bd, bi):
+    """Merge one tile of GEMM products ``G`` (of the screen's rows: ``QS @ XS[x0:x0 + G.shape[1]].T``)
+    into the running lists.
 
-    ``G`` only screens: a column is looked at exactly (by :func:`_pair`, from differences)
-    when its screened value, less the rounding bound of the product, can beat the
-    running ``k``-th value.  The bound of a dot product of length ``d`` summed in any
+    ``G`` only screens: a column is looked at exactly (by :func:`_pair`, from differences of
+    ``Q`` and ``X``) when its screened value, less the rounding bound of the product, can beat
+    the running ``k``-th value.  The bound of a dot product of length ``d`` summed in any
     order is ``gamma_d sum |q_f x_f| <= gamma_d |q| |x|`` (``rel`` >= twice ``gamma_d``), so
-    no row that belongs in the top ``k`` is screened out, and what is kept is exact.
+    no row that belongs in the top ``k`` is screened out, and what is kept is exact.  ``qs``:
+    the norms of the screen's query rows (``qn``: of the rows themselves, for cosine).
     """
     nq = G.shape[0]
     width = G.shape[1]
@@ -153,8 +163,9 @@ def _select_tile(G, Q, X, x0, offset, metric, qn, xn, screen, rel, bd, bi):
     for r in range(nq):
         q = Q[r]
         a = qn[r]
+        s = qs[r]
         worst = bd[r, k - 1]
-        bar = _bar(metric, a, worst, rel)
+        bar = _bar(metric, s, worst, rel, slack)
         for c0 in range(0, width, _GROUP):
             c1 = min(width, c0 + _GROUP)
             low = np.inf                      # a vectorised pass: does any column of the group pass?
@@ -175,51 +186,137 @@ def _select_tile(G, Q, X, x0, offset, metric, qn, xn, screen, rel, bd, bi):
                     if dist <= worst and _beats(dist, offset + j, bd, bi, r, k):
                         _insert(bd, bi, r, k, dist, offset + j)
                         worst = bd[r, k - 1]
-                        bar = _bar(metric, a, worst, rel)
+                        bar = _bar(metric, s, worst, rel, slack)
 
 
 @nb.njit(cache=True, parallel=True, nogil=True, fastmath=FASTMATH)
-def _screened_blocks(Q, X, offset, k, metric, qn, xn, screen, rel, qstep, xstep, bd_all, bi_all):
-    """Query blocks in parallel; per block, tiles of the index: the tile's GEMM (one BLAS thread: the
-    threads of this rank run blocks side by side) then :func:`_select_tile` while the tile is in cache."""
+def _screened_blocks(Q, X, QS, XS, offset, k, metric, qn, xn, qs, screen, rel, slack, nblocks, workers, xstep, bd_all,
+                     bi_all):
+    """``nblocks`` query blocks of equal size, taken by the threads from a shared counter
+    (:mod:`mpiml.utils._threads_jit`); per block, tiles of the index: the tile's GEMM of the screen's rows
+    ``QS``, ``XS`` (one BLAS thread: the threads of this rank run blocks side by side) then
+    :func:`_select_tile` while the tile is in cache."""
     nq = Q.shape[0]
     m = X.shape[0]
-    for b in nb.prange((nq + qstep - 1) // qstep):
-        q0 = b * qstep
-        q1 = min(nq, q0 + qstep)
-        Qb = Q[q0:q1]
-        bd = bd_all[q0:q1]
-        bi = bi_all[q0:q1]
-        for x0 in range(0, m, xstep):
-            x1 = min(m, x0 + xstep)
-            G = np.dot(Qb, X[x0:x1].T)
-            _select_tile(G, Qb, X, x0, offset, metric, qn[q0:q1], xn, screen, rel, bd, bi)
+    counter = np.zeros(1, np.int64)
+    for _ in nb.prange(workers):
+        while True:
+            b = fetch_add(counter)
+            if b >= nblocks:
+                break
+            q0 = b * nq // nblocks
+            q1 = (b + 1) * nq // nblocks
+            if q1 == q0:
+                continue
+            bd = bd_all[q0:q1]
+            bi = bi_all[q0:q1]
+            QSb = QS[q0:q1]
+            for x0 in range(0, m, xstep):
+                x1 = min(m, x0 + xstep)
+                G = np.dot(QSb, XS[x0:x1].T)
+                _select_tile(G, Q[q0:q1], X, x0, offset, metric, qn[q0:q1], xn, qs[q0:q1], screen, rel, slack, bd,
+                             bi)
+
+
+@nb.njit(cache=True, parallel=True, nogil=True)
+def _screen_rows(A, shift, out, norms, snorms):
+    """``out = A - shift`` in the screen's precision (``shift``: float64, subtracted in float64, then
+    rounded once), ``norms``: the float64 norms of the rows of ``A``, ``snorms``: those of ``A - shift``
+    (before the rounding to ``out``'s precision), in parallel over the rows."""
+    n, d = A.shape
+    for i in nb.prange(n):
+        a2 = 0.0
+        s2 = 0.0
+        for f in range(d):
+            v = np.float64(A[i, f])
+            t = v - shift[f]
+            a2 += v * v
+            s2 += t * t
+            out[i, f] = t
+        norms[i] = np.sqrt(a2)
+        snorms[i] = np.sqrt(s2)
 
 
 #: Entries of one GEMM tile (queries x index rows): written by BLAS and read once by the
-#: selection while in cache (2^18 float32: 1 MiB).
-_TILE = 1 << 18
-_TILE_QUERIES = 256
+#: selection while in cache (2^17 float32: 512 KiB, so that the two hardware threads of a core each
+#: keep theirs in a 2 MiB L2; 2^18 was 2-4 % slower on one thread of this project's VM).
+_TILE = 1 << 17
+#: Query rows of a block at most (a GEMM tile's rows): fewer read the index tile for fewer queries.
+_TILE_QUERIES = 320
+#: float64 rows screened in float32 (see the module notes); False: in float64 (for comparisons; also
+#: ``MPIML_KNN_SCREEN=float64``).
+SCREEN_FLOAT32 = True
+#: Largest row norm (after the shift) screened in float32: products and sums stay below float32's largest
+#: value (2^62 squared is 2^124 < 2^128); rows beyond it are screened in float64.
+_F32_MAX_NORM = 2.0 ** 62
+
+
+def _query_blocks(nq, threads):
+    """Query blocks of equal size, a multiple of ``threads`` of them, each of at most :data:`_TILE_QUERIES`
+    rows where the queries allow it (Numba hands each thread an equal run of blocks: a count that is not a
+    multiple left threads idle, and small blocks made the GEMM tiles read the index for few queries)."""
+    per = max(1, -(-nq // (threads * _TILE_QUERIES)))  # blocks a thread
+    return int(max(1, min(nq, threads * per)))
+
+
+def _screen_dtype(Q, metric):
+    import os
+
+    if Q.dtype != np.float64 or not SCREEN_FLOAT32 or os.environ.get("MPIML_KNN_SCREEN") == "float64":
+        return Q.dtype
+    return np.dtype(np.float32)
 
 
 def _topk_screened(Q, X, offset, k, metric, bd, bi):
     """Euclidean, squared euclidean and cosine: tiles of ``Q @ X.T`` by BLAS screen the
-    candidates, which :func:`_select_tile` then measures exactly into the running lists."""
+    candidates, which :func:`_select_tile` then measures exactly into the running lists.
+
+    The screen's rows: euclidean metrics shift both sides by the mean of about a thousand of the index
+    block's rows (distances do not change; the rounding bound, relative to the shifted norms, shrinks for rows far from the
+    origin), cosine takes unit rows; float64 rows are rounded to float32 once (:func:`_screen_dtype`).
+    Bound: a product of the rounded rows, in any order, is within ``(d + 3) u |q| |x|`` of the exact
+    one (``u`` the unit roundoff of the screen's precision: ``d`` roundings in the sum, three of the
+    rounded operands), below the ``rel = 2 (d + 4) eps = 4 (d + 4) u`` that :func:`_bar` allows; the
+    shift's float64 rounding and :func:`_pair`'s are far inside that margin.  Underflow in the screen's
+    precision (subnormal values, each off by at most ``eta``, half its smallest step) adds at most
+    ``eta (2 d + 1 + sqrt(d) (|q| + |x|))`` to a product: ``slack``, twice that at the largest norms.
+    """
     nq, d = Q.shape
     m = X.shape[0]
-    qn, xn = _norms(Q, "cosine"), _norms(X, "cosine")
+    sdt = _screen_dtype(Q, metric)
     if metric == "cosine":  # unit rows in float64 (parallel rows of any length: the same unit row, distance)
+        qn, xn = _norms(Q, "cosine"), _norms(X, "cosine")
         Q, X = _unit(Q, qn), _unit(X, xn)
+        qs, big = qn, 1.0
+        QS, XS = Q.astype(sdt), X.astype(sdt)
         screen = np.ones(m)
-    eps = np.finfo(Q.dtype).eps  # the product runs in the precision of its operands
+    else:
+        # any shift is exact (distances do not change); the mean of about a thousand rows is as good as the full
+        # mean at shrinking the norms, and costs no serial pass over the block
+        shift = X[::max(1, m // 1024)].mean(axis=0, dtype=np.float64)
+        QS, XS = np.empty(Q.shape, dtype=sdt), np.empty(X.shape, dtype=sdt)
+        qn, qs = np.empty(nq), np.empty(nq)
+        xn, xs = np.empty(m), np.empty(m)
+        _screen_rows(Q, shift, QS, qn, qs)
+        _screen_rows(X, shift, XS, xn, xs)
+        big = max(float(qs.max()), float(xs.max()))
+        if sdt != Q.dtype and not big <= _F32_MAX_NORM:  # far beyond float32's range (or not finite): float64
+            sdt = Q.dtype
+            QS, XS = QS.astype(sdt), XS.astype(sdt)
+            _screen_rows(Q, shift, QS, qn, qs)
+            _screen_rows(X, shift, XS, xn, xs)
+    eps = float(np.finfo(sdt).eps)  # the product runs in the precision of its operands (a float64 bound)
     rel = 2.0 * (d + 4) * eps
+    eta = float(np.finfo(sdt).smallest_subnormal) / 2
+    slack = 2.0 * eta * (2 * d + 1 + np.sqrt(d) * 2.0 * (big + 1.0))
     if metric != "cosine":
-        screen = (1.0 - 2.0 * rel) * xn * xn
-    # at least 4 blocks a thread, when the queries allow it (a rank's share of a query batch may be small)
-    qstep = int(min(_TILE_QUERIES, max(16, -(-nq // (4 * nb.get_num_threads())))))
-    xstep = int(min(8192, max(_INDEX_BLOCK, _TILE // qstep)))
+        screen = (1.0 - 2.0 * rel) * xs * xs
+    nblocks = _query_blocks(nq, nb.get_num_threads())
+    qstep = -(-nq // nblocks)
+    xstep = int(min(8192, max(_INDEX_BLOCK, _TILE // max(1, qstep))))
     with one_blas_thread():
-        _screened_blocks(Q, X, offset, k, METRICS[metric], qn, xn, screen, rel, qstep, xstep, bd, bi)
+        _screened_blocks(Q, X, QS, XS, offset, k, METRICS[metric], qn, xn, qs, screen, rel, slack, nblocks,
+                         workers(nblocks, nb.get_num_threads()), xstep, bd, bi)
 
 
 def _unit(A, norms):

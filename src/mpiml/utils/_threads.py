@@ -19,6 +19,11 @@ MPICH's Hydra, MVAPICH set one: no communication), else the split of that commun
 the union of the node's ranks' sets (a launcher that binds each rank to its own cores
 leaves each rank its own set).
 
+Binding (``MPIML_BIND=core``, off by default): a rank that the launcher left unbound pins every
+thread it has, and those it starts later, to its share of the node's physical cores (all their
+hardware threads): rank ``i`` of ``R`` takes the ``i``-th ``R``-th of the cores, as ``mpirun
+--bind-to core --map-by slot:PE=...`` would.  ``thread_info()["bound_to"]`` lists the CPUs.
+
 Idle BLAS threads: OpenBLAS's workers spin for ``2**OPENBLAS_THREAD_TIMEOUT`` cycles after every
 call (default 2**28, about 0.1 s) before they sleep, so between BLAS calls (a logistic loss's
 element-wise work, the optimiser's steps) they hold the cores the calling thread needs: a
@@ -31,6 +36,7 @@ keeps the spinning unless it sets the variable itself.
 
 import os
 import sys
+import threading
 
 __all__ = ["limit_threads", "thread_info", "one_blas_thread", "child_env", "USER_VARS"]
 
@@ -44,6 +50,7 @@ _STATE = {}  # once set: threads, ranks_on_node, cores, source (a sentence), app
 _LIMITER = []  # the threadpool_limits object (kept so the limit is not garbage collected)
 _CONTROLLER = []  # a threadpoolctl ThreadpoolController, made once (finding the libraries costs milliseconds)
 _OURS = {}  # variables this module put in os.environ (name -> value), which are not the user's choice
+_TLS = threading.local()  # one_blas: this thread is inside one_blas_thread()
 
 
 def _put_env(name, value):
@@ -97,6 +104,63 @@ def _raw_mpi(comm):
     if comm.size == 1:
         return None
     return getattr(getattr(comm, "_world", None), "comm", None)
+
+
+#: Launchers' index of this rank among the node's ranks.
+_LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "PMI_LOCAL_RANK")
+
+
+def _local_rank(raw):
+    """This rank's index among the node's ranks: the launcher's, else the shared-memory split of ``raw``."""
+    for var in _LOCAL_RANK_VARS:
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    if raw is None:
+        return 0
+    from ..comm.backends.mpi import mpi_module
+
+    node = raw.Split_type(mpi_module().COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank()
+    finally:
+        node.Free()
+
+
+def _physical_cores(cpus):
+    """``cpus`` grouped by physical core (a core's hardware threads together), cores in the order of their first
+    CPU; each CPU its own group where the topology is not readable."""
+    groups = {}
+    for c in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list") as f:
+                key = f.read().strip()
+        except OSError:
+            key = str(c)
+        groups.setdefault(key, []).append(c)
+    return sorted(groups.values(), key=min)
+
+
+def _bind(comm, ranks):
+    """``MPIML_BIND=core``: pin this rank (every thread it has, and those it starts later) to its share of the
+    node's physical cores, all their hardware threads, when the launcher left it unbound; returns the CPUs or
+    None.  Rank ``i`` of ``R`` on the node takes cores ``[i C / R, (i + 1) C / R)`` of the ``C`` cores in its
+    affinity set (for A/B measurements: unbound ranks are the default)."""
+    if os.environ.get("MPIML_BIND", "none") != "core" or ranks <= 1 or not hasattr(os, "sched_setaffinity"):
+        return None
+    if len(_affinity()) != (os.cpu_count() or 0):  # bound already (by the launcher, or the job by taskset)
+        return None
+    cores = _physical_cores(_affinity())
+    i = _local_rank(_raw_mpi(comm))
+    mine = [c for core in cores[i * len(cores) // ranks:(i + 1) * len(cores) // ranks] for c in core]
+    if not mine:
+        return None
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else [0]:
+        try:
+            os.sched_setaffinity(int(tid), mine)
+        except OSError:
+            pass
+    return mine
 
 
 def _node_shape(comm):
@@ -192,9 +256,12 @@ def limit_threads(comm=None):
             source += "; threadpoolctl is not installed, pools not limited"
         for v in USER_VARS:  # for libraries loaded later (OpenMP runtimes read it when they start)
             _put_env(v, str(threads))
+    bound = _bind(comm, ranks)
     _set_numba_threads(threads)
     _STATE.update(threads=threads, ranks_on_node=ranks, cores=cores, source=source, applied=applied,
                   wait_spin_ms=_set_wait_spin(ranks, cores))
+    if bound:
+        _STATE["bound_to"] = bound
     return dict(_STATE)
 
 
@@ -241,8 +308,14 @@ def one_blas_thread():
 
     For compiled kernels whose own threads (this rank's share) each call BLAS on their block:
     BLAS's pool would otherwise start its threads inside every one of them.  Entering it costs
-    microseconds; without threadpoolctl it changes nothing.
+    tens of microseconds (threadpoolctl reads and sets every BLAS library's count, and restores
+    it after), so a caller that runs many kernels (a fit's iterations) enters it once around them:
+    inside one, another costs nothing.  Without threadpoolctl it changes nothing.
     """
+    import contextlib
+
+    if getattr(_TLS, "one_blas", False):
+        return contextlib.nullcontext()
     if not _CONTROLLER:
         try:
             from threadpoolctl import ThreadpoolController
@@ -251,7 +324,20 @@ def one_blas_thread():
         except ImportError:
             _CONTROLLER.append(None)
     if _CONTROLLER[0] is None:
-        import contextlib
-
         return contextlib.nullcontext()
-    return _CONTROLLER[0].limit(limits=1, user_api="blas")
+    return _one_blas(_CONTROLLER[0])
+
+
+def _one_blas(controller):
+    import contextlib
+
+    @contextlib.contextmanager
+    def held():
+        _TLS.one_blas = True
+        try:
+            with controller.limit(limits=1, user_api="blas"):
+                yield
+        finally:
+            _TLS.one_blas = False
+
+    return held()
