@@ -419,25 +419,9 @@ def fused_parts(cols, row, w, wy, y, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, m
         o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = res
 
 
-@_jit
-def _add_total(tot, extra, c, r, e, w, wy, wy2, y, reg, D):
-    """One element into its child's channel totals (as :func:`totals` sums them, in the same order)."""
-    if D:
-        tot[c, 0] += 1.0
-    if reg:
-        tot[c, D] += w[e]
-        tot[c, D + 1] += wy[e]
-        extra[c, 1] += wy2[e]
-    else:
-        tot[c, D + y[r]] += w[e]
-
-
 @_pjit
 def move(cols, row, w, wy, wy2, reg, starts, feature, tbin, dest, o_row, o_w, o_wy, o_wy2, t_row, t_w, t_wy, t_wy2,
-         n_left, y, D, child, tot, extra):
-    """The partition, and the children's channel totals (``tot``, ``extra[:, 1]``; ``child[s]``: slot ``s``'s
-    left child) summed on the way: the next level's :func:`totals` pass, without reading the elements again
-    (a child's elements are met in their order in the child, so the sums are :func:`totals`' own)."""
+         n_left):
     for s in _nb.prange(starts.shape[0] - 1):
         f = feature[s]
         if f < 0:
@@ -446,7 +430,6 @@ def move(cols, row, w, wy, wy2, reg, starts, feature, tbin, dest, o_row, o_w, o_
         col = cols[f]
         left = dest[s]
         right = starts[s]                  # the right elements wait in the slot's own scratch range
-        cl = child[s]
         for e in range(starts[s], starts[s + 1]):
             r = row[e]
             if col[r] <= t:
@@ -456,7 +439,6 @@ def move(cols, row, w, wy, wy2, reg, starts, feature, tbin, dest, o_row, o_w, o_
                     o_wy[left] = wy[e]
                     o_wy2[left] = wy2[e]
                 left += 1
-                _add_total(tot, extra, cl, r, e, w, wy, wy2, y, reg, D)
             else:
                 t_row[right] = r
                 t_w[right] = w[e]
@@ -464,10 +446,7 @@ def move(cols, row, w, wy, wy2, reg, starts, feature, tbin, dest, o_row, o_w, o_
                     t_wy[right] = wy[e]
                     t_wy2[right] = wy2[e]
                 right += 1
-                _add_total(tot, extra, cl + 1, r, e, w, wy, wy2, y, reg, D)
         n_left[s] = left - dest[s]
-        extra[cl, 0] = left - dest[s]
-        extra[cl + 1, 0] = right - starts[s]
         for i in range(starts[s], right):
             o_row[left] = t_row[i]
             o_w[left] = t_w[i]

@@ -330,14 +330,13 @@ def bootstrap_counts(lead, key, k0, k1, first, Q, base, b0, g0, S, N, cum, guide
                        guide if weighted else empty_i, np.int64(start), float(c_lo), float(c_hi), out)
 
 
-def partition(cols, row, w, wy, wy2, starts, feature, threshold_bin, y=None, n_classes=0, count_rows=False):
+def partition(cols, row, w, wy, wy2, starts, feature, threshold_bin):
     """Stable partition of a level's elements into the children of the split slots.
 
     ``feature`` is -1 for a leaf slot (its elements are dropped), else the split
     feature; an element goes left when its row's bin (``cols[feature, row]``) is ``<= threshold_bin``.
     Returns ``(row, w, wy, wy2)`` of the next level (``wy``, ``wy2`` None for
-    classification), the ``(split slots, 2)`` counts of left and right elements and the children's
-    :func:`segment_totals` (``y``, ``n_classes``, ``count_rows`` as there), summed during the move.
+    classification) and the ``(split slots, 2)`` counts of left and right elements.
     One pass over the elements: a slot's output starts where the sizes of the
     split slots before it end; its left elements go there directly, its right
     ones through a scratch copy placed after them.
@@ -358,13 +357,7 @@ def partition(cols, row, w, wy, wy2, starts, feature, threshold_bin, y=None, n_c
     out_wy, out_wy2 = np.empty(m, dtype=np.float64), np.empty(m, dtype=np.float64)
     tmp_wy, tmp_wy2 = np.empty(n if reg else 0, dtype=np.float64), np.empty(n if reg else 0, dtype=np.float64)
     n_left = np.zeros(S, dtype=np.int64)
-    D = int(count_rows)
-    n_split = int(split.sum())
-    tot = np.zeros((2 * n_split, D + (n_classes if n_classes else 2)))
-    extra = np.zeros((2 * n_split, 1 if n_classes else 2))
-    child = (2 * (np.cumsum(split) - 1)).astype(np.int64)
     _kernels()["move"](cols, row, w, wy if reg else w, wy2 if reg else w, reg, starts, feature, threshold_bin, dest,
-                       out_row, out_w, out_wy, out_wy2, tmp_row, tmp_w, tmp_wy, tmp_wy2, n_left,
-                       row if y is None else y, D, child, tot, extra)
+                       out_row, out_w, out_wy, out_wy2, tmp_row, tmp_w, tmp_wy, tmp_wy2, n_left)
     counts = np.stack([n_left, np.diff(starts) - n_left], axis=1)[split]
-    return (out_row, out_w, out_wy if reg else None, out_wy2 if reg else None), counts, (tot, extra)
+    return (out_row, out_w, out_wy if reg else None, out_wy2 if reg else None), counts

@@ -81,7 +81,6 @@ class _Elements:
     def __init__(self, row, seg, w, wy, wy2, starts):
         self.row, self.seg, self.w, self.wy, self.wy2, self.starts = row, seg, w, wy, wy2, starts
         self._wy2_sums = None
-        self.totals = None          # host: the per-slot (channel totals, extras) when the partition summed them
 
     def lens(self):
         return np.diff(self.starts)
@@ -329,9 +328,6 @@ class TreeGrower:
         xp, s = self.xp, self.s
         C, D, K = self.C, self.D, self.K
         S = len(el.starts) - 1
-        if self.cpu and el.totals is not None:
-            tot, extra = el.totals
-            return tot.reshape(S, 1, 1, C), extra
         if self.cpu:
             tot, extra = _cpu_kernels.segment_totals(el.row, el.w, el.wy, el.wy2, s.y if K else None, el.starts, K,
                                                      bool(D))
@@ -739,14 +735,11 @@ class TreeGrower:
             counts = counts[split_h].reshape(-1)
             return _Elements(row, seg, w, wy, wy2, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
         if self.cpu and not nan_left:
-            (row, w, wy, wy2), counts, totals = _cpu_kernels.partition(
-                self.cols, el.row, el.w, el.wy, el.wy2, el.starts, np.where(split_h, dec["feature"], -1),
-                dec["best_b"], s.y if self.K else None, self.K, bool(self.D))
+            (row, w, wy, wy2), counts = _cpu_kernels.partition(self.cols, el.row, el.w, el.wy, el.wy2, el.starts,
+                                                               np.where(split_h, dec["feature"], -1), dec["best_b"])
             counts = counts.reshape(-1)
             seg = np.repeat(np.arange(2 * n_split, dtype=np.int32), counts)
-            out = _Elements(row, seg, w, wy, wy2, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
-            out.totals = totals                 # the children's totals, summed by the move (see _totals)
-            return out
+            return _Elements(row, seg, w, wy, wy2, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
         starts = el.starts
         seg = el.seg
         sp = xp.asarray(split_h)[seg]
