@@ -347,31 +347,35 @@ def split(H, fpos, tot, mwl, has_mwl, sw, sy, K, D, msl, o_val, o_b, o_wl, o_bel
 
 @_pjit
 def fused(cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl, nodes, bounds,
-          o_val, o_b, o_wl, o_below, o_above, o_occ):
-    """The nodes ``nodes[bounds[t]:bounds[t + 1]]`` in task ``t`` (chunks of about equal work), each node's
-    histograms in the task's buffers, searched at once."""
+          o_val, o_b, o_wl, o_below, o_above, o_occ, P):
+    """The nodes ``nodes[bounds[t]:bounds[t + 1]]`` in chunk ``t`` (chunks of about equal work), each node's
+    histograms in a per-thread buffer, searched at once.  ``P`` parts (the threads) take equal runs of
+    chunks, as a ``prange`` over the chunks would hand them out, and allocate their buffers once (up to
+    1024 chunks a level each allocated and zeroed its own)."""
     S, m = fsel.shape
     C = tot.shape[1]
     fast = D == 0 and (K == 2 or K == 0)          # two channels: drain_scan
-    for t in _nb.prange(bounds.shape[0] - 1):        # buffers once per chunk of nodes (chunks of equal work)
+    nc = bounds.shape[0] - 1
+    for p in _nb.prange(P):
         acc = np.zeros((m, B, C))                    # zero between nodes: drain() clears what it reads
         mask = np.zeros((m, (B + 63) >> 6), dtype=np.uint64)
         h = np.empty((B, C))
         cum = np.empty(C)
         cb = np.empty(B, dtype=np.int64)
-        for i in range(bounds[t], bounds[t + 1]):
-            s = nodes[i]
-            if K and D == 0:
-                accumulate_classes(cols, row, w, y, seg_start[s], seg_len[s], fsel[s], mask, acc)
-            else:
-                accumulate(cols, row, w, wy, y, seg_start[s], seg_len[s], fsel[s], K, D, mask, acc)
-            for j in range(m):
-                if fast:
-                    res = drain_scan(mask[j], acc[j], B, tot[s], K, mwl[s], has_mwl, sw, sy)
+        for t in range(p * nc // P, (p + 1) * nc // P):
+            for i in range(bounds[t], bounds[t + 1]):
+                s = nodes[i]
+                if K and D == 0:
+                    accumulate_classes(cols, row, w, y, seg_start[s], seg_len[s], fsel[s], mask, acc)
                 else:
-                    nb = drain(mask[j], acc[j], cb, h)
-                    res = scan_occupied(cb, h, nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
-                o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = res
+                    accumulate(cols, row, w, wy, y, seg_start[s], seg_len[s], fsel[s], K, D, mask, acc)
+                for j in range(m):
+                    if fast:
+                        res = drain_scan(mask[j], acc[j], B, tot[s], K, mwl[s], has_mwl, sw, sy)
+                    else:
+                        nb = drain(mask[j], acc[j], cb, h)
+                        res = scan_occupied(cb, h, nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
+                    o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = res
 
 
 @_pjit

@@ -222,7 +222,8 @@ def node_candidates(cols, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, 
     seg_len = np.ascontiguousarray(seg_len, dtype=np.int64)
     fsel = np.ascontiguousarray(fsel, dtype=np.int64)
     C = tot.shape[1]
-    big, first, p_start, p_len = _big_node_parts(seg_start, seg_len, thread_count(), m * n_bins * C * 8)
+    threads = thread_count()
+    big, first, p_start, p_len = _big_node_parts(seg_start, seg_len, threads, m * n_bins * C * 8)
     small = np.arange(S, dtype=np.int64)
     if len(big):
         small = small[np.isin(small, big, assume_unique=True, invert=True)]
@@ -230,8 +231,9 @@ def node_candidates(cols, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, 
     common = (n_bins, tot, mwl if has_mwl else np.zeros(S), has_mwl, float(sw), float(sy), n_classes, int(count_rows),
               float(min_samples_leaf))
     if len(small):
-        k["fused"](cols, row, w, *args, seg_start, seg_len, fsel, *common, small,
-                   _chunks_of_equal_work(seg_len[small], n_bins, len(small)), *outs)
+        bounds = _chunks_of_equal_work(seg_len[small], n_bins, len(small))
+        k["fused"](cols, row, w, *args, seg_start, seg_len, fsel, *common, small, bounds, *outs,
+                   max(1, min(threads, len(bounds) - 1)))
     if len(big):
         k["fused_parts"](cols, row, w, *args, fsel, *common, big, first, p_start, p_len, *outs)
     return outs

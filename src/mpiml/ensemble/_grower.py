@@ -79,8 +79,15 @@ class _Elements:
     (host int64, slots + 1) the segment boundaries."""
 
     def __init__(self, row, seg, w, wy, wy2, starts):
-        self.row, self.seg, self.w, self.wy, self.wy2, self.starts = row, seg, w, wy, wy2, starts
+        self.row, self._seg, self.w, self.wy, self.wy2, self.starts = row, seg, w, wy, wy2, starts
         self._wy2_sums = None
+
+    @property
+    def seg(self):
+        """The slot of each element; None given (the host kernels, which read ``starts``): made on first use."""
+        if self._seg is None:
+            self._seg = np.repeat(np.arange(len(self.starts) - 1, dtype=np.int32), np.diff(self.starts))
+        return self._seg
 
     def lens(self):
         return np.diff(self.starts)
@@ -737,9 +744,8 @@ class TreeGrower:
         if self.cpu and not nan_left:
             (row, w, wy, wy2), counts = _cpu_kernels.partition(self.cols, el.row, el.w, el.wy, el.wy2, el.starts,
                                                                np.where(split_h, dec["feature"], -1), dec["best_b"])
-            counts = counts.reshape(-1)
-            seg = np.repeat(np.arange(2 * n_split, dtype=np.int32), counts)
-            return _Elements(row, seg, w, wy, wy2, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+            counts = counts.reshape(-1)          # the slots of the elements: made if a later step asks
+            return _Elements(row, None, w, wy, wy2, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
         starts = el.starts
         seg = el.seg
         sp = xp.asarray(split_h)[seg]
