@@ -246,3 +246,18 @@ def test_sorted_columns_are_the_sorted_transpose(monkeypatch):
     got = ck.sorted_columns(sample)
     np.testing.assert_array_equal(got, np.sort(sample.T, axis=1))
     assert got.flags.c_contiguous and not np.shares_memory(got, sample)
+
+
+def test_forest_with_threads_is_the_one_thread_forest(monkeypatch):
+    # on several threads a rank draws scikit-learn's bootstrap of its trees in a thread pool and cuts its levels
+    # into per-thread runs of chunks: the same trees as one thread
+    from sklearn.datasets import make_classification
+
+    from mpiml.ensemble import RandomForestClassifier
+
+    X, y = make_classification(n_samples=1500, n_features=10, n_informative=5, random_state=3)
+    one = RandomForestClassifier(n_estimators=6, max_depth=7, random_state=0).fit(X, y)
+    monkeypatch.setattr(ck, "thread_count", lambda: 3)
+    many = RandomForestClassifier(n_estimators=6, max_depth=7, random_state=0).fit(X, y)
+    for key in ("tree_feature_", "tree_threshold_", "tree_value_", "tree_offsets_"):
+        np.testing.assert_array_equal(getattr(many, key), getattr(one, key), err_msg=key)

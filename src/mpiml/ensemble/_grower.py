@@ -189,8 +189,13 @@ class TreeGrower:
         draws = [None] * len(trees)
         cw = None
         if s.bootstrap is not None and getattr(s, "balanced_subsample", False):    # every tree's draws first
-            draws = [s.bootstrap.counts([s.tree_keys[tree]])[0] for tree in trees]
+            draws = self._draws(trees)
             cw = self._subsample_class_weights(draws)
+        elif (s.bootstrap is not None and self.cpu and getattr(s.bootstrap, "exact", False) and len(trees) > 1
+              and _cpu_kernels.thread_count() > 1):
+            # scikit-learn's draws of small data sets (at most 2**16 rows: every tree's counts fit), on the rank's
+            # threads: NumPy draws them without the GIL, and they were the largest serial part of a small fit
+            draws = self._draws(trees, _cpu_kernels.thread_count())
         for i, tree in enumerate(trees):
             # with bootstrap the rows were drawn in proportion to their weights: a tree weighs them by their
             # draw counts (scikit-learn's bootstrap); without, by their weights
@@ -222,6 +227,21 @@ class TreeGrower:
         el = _Elements(cat(rows), cat(segs), cat(ws), cat(wys) if wys else None, cat(wy2s) if wy2s else None, starts)
         self._max_weight = float(el.w.max()) if el.w.shape[0] else 0.0
         return el
+
+    def _draws(self, trees, threads=1):
+        """Every tree's bootstrap counts (a list), on ``threads`` threads (the draws of a tree depend on its key
+        alone: the same counts in any order)."""
+        s = self.s
+
+        def one(tree):
+            return s.bootstrap.counts([s.tree_keys[tree]])[0]
+
+        if threads <= 1:
+            return [one(tree) for tree in trees]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(threads, len(trees))) as pool:
+            return list(pool.map(one, trees))
 
     def _subsample_class_weights(self, draws):
         """``class_weight="balanced_subsample"``: per tree, ``n / (classes drawn * count)`` from the class
