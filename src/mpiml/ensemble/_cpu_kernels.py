@@ -204,17 +204,30 @@ def split_candidates(H, fpos, tot, mwl, sw, sy, n_classes, count_rows, min_sampl
 
 
 def node_candidates(cols, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, mwl, sw, sy, n_classes, count_rows,
-                    min_samples_leaf):
+                    min_samples_leaf, skip=None):
     """:func:`build_histograms` then :func:`split_candidates` per node, without writing the histograms out.
 
     ``fsel`` (S, m) holds the candidate features themselves (rows of ``cols``).  The nodes go to the
     threads in chunks of about equal work; a node with more work than a thread's share (the first levels
     of few trees: 4 trees' roots for 8 threads) is cut into parts summed in parallel
-    (:func:`_big_node_parts`), so the threads never wait on one node.
+    (:func:`_big_node_parts`), so the threads never wait on one node.  Nodes where ``skip`` (bool (S,)) is
+    true are not searched: no valid split (-inf at bin 0, no occupied bin).
     """
     S, m = fsel.shape
     outs = _candidate_outputs(S, m)
     if not (S and m):
+        return outs
+    if skip is not None and skip.any():
+        keep = np.nonzero(~skip)[0]
+        for o, v in zip(outs, (-np.inf, 0, 0.0, -1, n_bins, 0)):
+            o[skip] = v
+        if len(keep):
+            sub = node_candidates(cols, row, w, wy, y, np.asarray(seg_start)[keep], np.asarray(seg_len)[keep],
+                                  np.asarray(fsel)[keep], n_bins, np.ascontiguousarray(tot[keep]),
+                                  None if mwl is None else np.ascontiguousarray(mwl[keep]), sw, sy, n_classes,
+                                  count_rows, min_samples_leaf)
+            for o, v in zip(outs, sub):
+                o[keep] = v
         return outs
     has_mwl = mwl is not None
     k = _kernels()

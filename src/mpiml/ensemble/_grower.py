@@ -51,7 +51,7 @@ import numpy as np
 
 from . import _cpu_kernels, _owner_search, _scatter_split, _tree_parallel
 from ._hist import STREAM_FEATURES, hash_uniform, stream_lead
-from ._split import built_nodes, choose, decide, dense_candidates, node_stats, thresholds
+from ._split import built_nodes, choose, decide, dense_candidates, leaf_by_own_numbers, node_stats, thresholds
 
 __all__ = ["GrowSpec", "TreeGrower"]
 
@@ -611,9 +611,13 @@ class TreeGrower:
         st = node_stats(self, tot, ex, root_w)
         order = perm[:, :m]
         lens = el.lens()
+        # nodes that are leaves by their own numbers are not searched (decide() makes them leaves whatever their
+        # candidates; with unlimited depth about half the nodes of a level are such leaves, pure mostly)
+        skip = leaf_by_own_numbers(s, np.asarray(st["pure"]), np.asarray(ex[:, 0]), np.asarray(st["W"]),
+                                   np.asarray(st["root_w"]), st["mwl"] is not None)
         cand = _cpu_kernels.node_candidates(self.cols, el.row, el.w, el.wy, s.y if K else None, el.starts[:-1], lens,
                                             order, self.B, tot, st["mwl"], s.scales[0], s.scales[1], K, bool(self.D),
-                                            s.min_samples_leaf)
+                                            s.min_samples_leaf, skip=skip)
         self.stats["hist_elements"] += int(lens.sum()) * m
         self.stats["hist_nodes_built"] += len(lens)
         self.stats["hist_s"] += time.perf_counter() - t0
