@@ -41,6 +41,7 @@ __all__ = ["enabled", "thread_count", "apply_bins", "segment_totals", "feature_o
            "split_candidates", "node_candidates", "partition", "bootstrap_counts", "bootstrap_guide"]
 
 _KERNELS = None
+_SERIAL = {}            # the kernels of a thread that runs them on itself (see serial)
 _THREAD = threading.local()
 _UNSET = object()
 
@@ -59,10 +60,27 @@ def enabled():
 
 def thread_count():
     """Threads of this rank's kernels: the limit of :mod:`mpiml.utils._threads` (this rank's share of
-    the node's cores, or the user's ``OMP_NUM_THREADS``) once set, else Numba's own count."""
+    the node's cores, or the user's ``OMP_NUM_THREADS``) once set, else Numba's own count; 1 in a thread
+    that runs the kernels on itself (:func:`serial`)."""
+    if getattr(_THREAD, "serial", False):
+        return 1
     from ..utils._threads import numba_threads
 
     return numba_threads() or _jit_numba().get_num_threads()
+
+
+class serial:
+    """``with serial():`` the calling thread runs the kernels on itself (their ``*_serial`` twins): for a rank
+    whose threads each grow their own trees (Numba's parallel layer takes one caller at a time)."""
+
+    def __enter__(self):
+        self._before = getattr(_THREAD, "serial", False)
+        _THREAD.serial = True
+        return self
+
+    def __exit__(self, *exc):
+        _THREAD.serial = self._before
+        return False
 
 
 def _jit_numba():
@@ -81,6 +99,11 @@ def _kernels():
         _KERNELS = {name: getattr(_cpu_jit, name) for name in
                     ("totals", "orders", "bins", "hist", "split", "fused", "fused_parts", "move", "boot",
                      "boot_guide", "transpose")}
+        _SERIAL.update(_KERNELS)
+        _SERIAL.update({name: getattr(_cpu_jit, name + "_serial") for name in ("totals", "orders", "hist", "fused",
+                                                                               "move", "split")})
+    if getattr(_THREAD, "serial", False):
+        return _SERIAL
     # the thread count of the calling thread (Numba's is per thread), set again only when this rank's limit
     # changed: setting it costs ~0.1 ms, 5 % of a small fit's host time at five kernel calls a level
     from ..utils._threads import numba_threads
