@@ -483,7 +483,7 @@ class TreeGrower:
             g = copy.copy(self)
             g.stats = {k: type(v)(0) for k, v in self.stats.items()}
             with _cpu_kernels.serial():
-                return g._grow_batches(group, progress=False), g.stats
+                return g._grow_batches(group, progress=False, share=len(groups)), g.stats
 
         with ThreadPoolExecutor(len(groups)) as pool:
             results = list(pool.map(run, groups))
@@ -495,10 +495,12 @@ class TreeGrower:
         self.stats["tree_threads"] = len(groups)
         return [by_id[t] for t in trees]
 
-    def _grow_batches(self, trees, progress=True):
+    def _grow_batches(self, trees, progress=True, share=1):
+        """The trees in batches of the agreed elements (over ``share`` threads growing batches at once: each
+        thread's batches take that share of the elements, so the rank's memory stays that of one batch)."""
         out = []
         # the same on every rank (the batches decide the sequence of allreduces): agreed numbers only
-        per_batch = max(1, self.s.batch_elements // max(self.s.max_local_rows, 1))
+        per_batch = max(1, self.s.batch_elements // max(self.s.max_local_rows, 1) // share)
         for a in range(0, len(trees), per_batch):
             t0 = time.perf_counter()
             batch = list(trees[a:a + per_batch])
