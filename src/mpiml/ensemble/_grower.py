@@ -483,7 +483,7 @@ class TreeGrower:
             g = copy.copy(self)
             g.stats = {k: type(v)(0) for k, v in self.stats.items()}
             with _cpu_kernels.serial():
-                return g._grow_batches(group, progress=False, share=len(groups)), g.stats
+                return g._grow_batches(group, share=len(groups)), g.stats
 
         with ThreadPoolExecutor(len(groups)) as pool:
             results = list(pool.map(run, groups))
@@ -506,8 +506,10 @@ class TreeGrower:
             batch = list(trees[a:a + per_batch])
             out.extend(self._grow_batch(batch))
             if progress and getattr(self.s, "verbose", 0) and getattr(self.s, "rank", 0) == 0:
-                print(f"grew trees {batch[0]}-{batch[-1]} in {time.perf_counter() - t0:.2f} s "
-                      f"({len(trees) - a - len(batch)} to go)", flush=True)
+                which = (f"trees {batch[0]}-{batch[-1]}" if share == 1 else      # a thread's: every share-th tree
+                         f"{len(batch)} trees ({batch[0]}, {batch[0] + share}, ...) on one of {share} threads")
+                print(f"grew {which} in {time.perf_counter() - t0:.2f} s ({len(trees) - a - len(batch)} to go)",
+                      flush=True)
         return out
 
     def _grow_batch(self, trees):
