@@ -53,6 +53,12 @@ def _run_cases(root, cases):
         finally:
             os.environ.clear()
             os.environ.update(base)
+            # but not without the variables mpiml set for this process during the case (Numba's pool size): Numba
+            # compares its launched pool with NUMBA_NUM_THREADS each time it compiles, and a kernel first compiled
+            # in a later case (a cold cache) failed with "Cannot set NUMBA_NUM_THREADS to a different value"
+            from mpiml.utils import _threads
+
+            os.environ.update({k: v for k, v in _threads._OURS.items() if k not in base})
         failures = _spmd._failures[start:]
         with open(os.path.join(out, f"rank{comm.rank}.json"), "w") as f:
             json.dump({"failures": failures, "seconds": time.perf_counter() - t0}, f)

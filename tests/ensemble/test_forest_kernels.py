@@ -246,3 +246,28 @@ def test_sorted_columns_are_the_sorted_transpose(monkeypatch):
     got = ck.sorted_columns(sample)
     np.testing.assert_array_equal(got, np.sort(sample.T, axis=1))
     assert got.flags.c_contiguous and not np.shares_memory(got, sample)
+
+
+def test_forest_with_threads_is_the_one_thread_forest(monkeypatch):
+    # a rank of several threads grows its trees in threads, each with the kernels on itself (and draws scikit-
+    # learn's bootstrap in a pool): the same trees as one thread; constant features make nodes draw further
+    # features (histograms built in the thread), min_samples_leaf > 1 the row-count channel, the regressor the
+    # squared error, unlimited depth the leaf rules
+    from sklearn.datasets import make_classification, make_regression
+
+    from mpiml.ensemble import RandomForestClassifier, RandomForestRegressor
+
+    X, y = make_classification(n_samples=1500, n_features=10, n_informative=5, random_state=3)
+    X[:, 7:] = 1.0
+    Xr, yr = make_regression(n_samples=1200, n_features=8, n_informative=5, random_state=4)
+    fits = [(RandomForestClassifier, dict(n_estimators=7, max_depth=7, random_state=0), X, y),
+            (RandomForestClassifier, dict(n_estimators=5, min_samples_leaf=3, random_state=1), X, y),
+            (RandomForestRegressor, dict(n_estimators=5, max_depth=9, random_state=2), Xr, yr)]
+    for cls, params, Xf, yf in fits:
+        monkeypatch.setattr(ck, "thread_count", lambda: 1)
+        one = cls(**params).fit(Xf, yf)
+        monkeypatch.setattr(ck, "thread_count", lambda: 3)
+        many = cls(**params).fit(Xf, yf)
+        assert many._fit_stats.get("tree_threads") == 3
+        for key in ("tree_feature_", "tree_threshold_", "tree_value_", "tree_offsets_"):
+            np.testing.assert_array_equal(getattr(many, key), getattr(one, key), err_msg=f"{cls.__name__} {key}")

@@ -39,12 +39,14 @@ def _cases():
         env = {"MPIML_RF_BATCH_ELEMENTS": "1500", "MPIML_RF_HIST_BYTES": str(1 << 20)}
         if growth == "level":
             env["MPIML_RF_TREE_PARALLEL_BYTES"] = "0"
+        else:                            # the bin edges' sorts shared among the ranks (a column each)
+            env["MPIML_RF_SHARED_EDGES"] = "0"
         if draws == "blocks":
             env.update(BLOCKS)
         cases.setdefault(n, []).append({"name": f"spmd-{growth}-{draws}", "env": env,
                                         "script": os.path.join(HERE, "forest_spmd_script.py"), "args": ["{out}"]})
     for n, draws in FEATURES:
-        env = {"MPIML_RF_BATCH_ELEMENTS": "1500", **(BLOCKS if draws == "blocks" else {})}
+        env = {"MPIML_RF_BATCH_ELEMENTS": "1500", "MPIML_RF_SHARED_EDGES": "0", **(BLOCKS if draws == "blocks" else {})}
         cases.setdefault(n, []).append({"name": f"features-{draws}", "env": env,
                                         "script": os.path.join(HERE, "forest_features_spmd_script.py")})
     # levels with reduce-scattered histograms (the GPUs' opt-in), forced here on host ranks growing level by level

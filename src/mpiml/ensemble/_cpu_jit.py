@@ -44,6 +44,14 @@ def hist(cols, row, w, wy, y, seg_start, seg_len, fsel, K, D, out):
 
 
 @_jit
+def hist_serial(cols, row, w, wy, y, seg_start, seg_len, fsel, K, D, out):
+    """:func:`hist` on the calling thread (the kernels of a thread that grows its own trees, see
+    :func:`mpiml.ensemble._cpu_kernels.serial`; the parallel layer cannot be entered from two threads)."""
+    for i in range(fsel.shape[0]):
+        add_rows(cols, row, w, wy, y, seg_start[i], seg_start[i] + seg_len[i], fsel[i], K, D, out[i])
+
+
+@_jit
 def _gini_proxy(cum, tot, D, C, isw, WL, WR):
     """Gini's proxy of a cut (the left and right class weights' sums of squares over their totals): the
     scans of every bin and of occupied bins share it."""
@@ -247,40 +255,165 @@ def drain(mask, acc, cb, h):
     return nb
 
 
+@_jit
+def accumulate_classes(cols, row, w, y, e0, n, fs, mask, acc):
+    """:func:`accumulate` of classification without the row-count channel (``D == 0``): the class is the
+    channel, no test per element."""
+    m = fs.shape[0]
+    for e in range(e0, e0 + n):
+        r = row[e]
+        we = w[e]
+        c = y[r]
+        for j in range(m):
+            b = cols[fs[j], r]
+            mask[j, b >> 6] |= np.uint64(1) << np.uint64(b & 63)
+            acc[j, b, c] += we
+
+
+@_jit
+def drain_scan(mask, acc, B, tot, K, mwl, has_mwl, sw, sy):
+    """:func:`scan_occupied` of :func:`drain`'s bins, in one pass over the bitmap, for the two cases of two
+    channels without a row count (``D == 0``): two classes (gini, ``K == 2``) and one output's squared error
+    (``K == 0``).  The running sums stay in registers (the general scan keeps them in an array: about 40
+    cycles a bin, half the time of a fused level); every score is the same IEEE expression in the same
+    order as :func:`scan_occupied`'s and :func:`_gini_proxy`'s, so the results are equal bit for bit.
+    ``acc`` and ``mask`` are left all zero, as :func:`drain` leaves them."""
+    isw, isy = 1.0 / sw, 1.0 / sy
+    t0 = tot[0]
+    t1 = tot[1]
+    totW = (0.0 + t0) + t1 if K else t0
+    c0 = 0.0
+    c1 = 0.0
+    best, best_b, best_wl = -np.inf, -1, 0.0
+    above, pending = B, False
+    occupied = 0
+    first, second = -1, B          # the first occupied bin, the first occupied bin other than 0
+    wl0 = 0.0
+    for q in range(mask.shape[0]):
+        x = mask[q]
+        while x:
+            b = (q << 6) + np.int64(_tz(x))
+            x &= x - np.uint64(1)
+            h0 = acc[b, 0]
+            h1 = acc[b, 1]
+            acc[b, 0] = 0.0
+            acc[b, 1] = 0.0
+            occupied += 1
+            if first < 0:
+                first = b
+                if b == 0:
+                    wl0 = (0.0 + h0 * isw) + h1 * isw if K else 0.0 + h0 * isw
+                else:
+                    second = b
+            elif second == B:
+                second = b
+            if pending:
+                above = b
+                pending = False
+            c0 += h0
+            c1 += h1
+            cumW = c0 + c1 if K else c0            # integers below 2**53: the class sums' sum, exactly
+            WL = cumW * isw
+            WR = (totW - cumW) * isw
+            if not (WL > 0 and WR > 0):
+                continue
+            if has_mwl and not (WL >= mwl and WR >= mwl):
+                continue
+            if K:
+                l0 = c0 * isw
+                l1 = c1 * isw
+                r0 = (t0 - c0) * isw
+                r1 = (t1 - c1) * isw
+                proxy = ((0.0 + l0 * l0) + l1 * l1) / WL + ((0.0 + r0 * r0) + r1 * r1) / WR
+            else:
+                SL = c1 * isy
+                SR = (t1 - c1) * isy
+                proxy = SL * SL / WL + SR * SR / WR
+            if proxy > best:
+                best, best_b, best_wl = proxy, b, WL
+                above, pending = B, True
+        mask[q] = 0
+    if best_b >= 0:
+        return best, best_b, best_wl, best_b, above, occupied
+    # no valid split: bin 0, as an argmax over -inf
+    return -np.inf, 0, wl0, (0 if first == 0 else -1), second, occupied
+
+
+@_jit
+def _split_pair(p, every, H, fpos, tot, mwl, has_mwl, sw, sy, K, D, msl, o_val, o_b, o_wl, o_below, o_above, o_occ):
+    m = fpos.shape[1]
+    B, C = H.shape[2], H.shape[3]
+    s = p // m
+    j = p - s * m
+    cum = np.empty(C)
+    v, b, wl, lo, hi, occ = scan(every, H[s, fpos[s, j]], B, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
+    o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = v, b, wl, lo, hi, occ
+
+
 @_pjit
 def split(H, fpos, tot, mwl, has_mwl, sw, sy, K, D, msl, o_val, o_b, o_wl, o_below, o_above, o_occ):
-    S, m = fpos.shape
-    B, C = H.shape[2], H.shape[3]
-    every = np.arange(B)
-    for p in _nb.prange(S * m):
-        s = p // m
-        j = p - s * m
-        cum = np.empty(C)
-        v, b, wl, lo, hi, occ = scan(every, H[s, fpos[s, j]], B, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D,
-                                     msl)
-        o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = v, b, wl, lo, hi, occ
+    every = np.arange(H.shape[2])
+    for p in _nb.prange(fpos.shape[0] * fpos.shape[1]):
+        _split_pair(p, every, H, fpos, tot, mwl, has_mwl, sw, sy, K, D, msl, o_val, o_b, o_wl, o_below, o_above,
+                    o_occ)
+
+
+@_jit
+def split_serial(H, fpos, tot, mwl, has_mwl, sw, sy, K, D, msl, o_val, o_b, o_wl, o_below, o_above, o_occ):
+    every = np.arange(H.shape[2])
+    for p in range(fpos.shape[0] * fpos.shape[1]):
+        _split_pair(p, every, H, fpos, tot, mwl, has_mwl, sw, sy, K, D, msl, o_val, o_b, o_wl, o_below, o_above,
+                    o_occ)
+
+
+@_jit
+def _fused_part(p, P, cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl, nodes,
+                bounds, o_val, o_b, o_wl, o_below, o_above, o_occ):
+    """Part ``p`` of ``P`` of :func:`fused`: an equal run of the chunks, its buffers allocated once."""
+    S, m = fsel.shape
+    C = tot.shape[1]
+    fast = D == 0 and (K == 2 or K == 0)          # two channels: drain_scan
+    nc = bounds.shape[0] - 1
+    acc = np.zeros((m, B, C))                    # zero between nodes: drain() clears what it reads
+    mask = np.zeros((m, (B + 63) >> 6), dtype=np.uint64)
+    h = np.empty((B, C))
+    cum = np.empty(C)
+    cb = np.empty(B, dtype=np.int64)
+    for t in range(p * nc // P, (p + 1) * nc // P):
+        for i in range(bounds[t], bounds[t + 1]):
+            s = nodes[i]
+            if K and D == 0:
+                accumulate_classes(cols, row, w, y, seg_start[s], seg_len[s], fsel[s], mask, acc)
+            else:
+                accumulate(cols, row, w, wy, y, seg_start[s], seg_len[s], fsel[s], K, D, mask, acc)
+            for j in range(m):
+                if fast:
+                    res = drain_scan(mask[j], acc[j], B, tot[s], K, mwl[s], has_mwl, sw, sy)
+                else:
+                    nb = drain(mask[j], acc[j], cb, h)
+                    res = scan_occupied(cb, h, nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
+                o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = res
 
 
 @_pjit
 def fused(cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl, nodes, bounds,
-          o_val, o_b, o_wl, o_below, o_above, o_occ):
-    """The nodes ``nodes[bounds[t]:bounds[t + 1]]`` in task ``t`` (chunks of about equal work), each node's
-    histograms in the task's buffers, searched at once."""
-    S, m = fsel.shape
-    C = tot.shape[1]
-    for t in _nb.prange(bounds.shape[0] - 1):        # buffers once per chunk of nodes (chunks of equal work)
-        acc = np.zeros((m, B, C))                    # zero between nodes: drain() clears what it reads
-        mask = np.zeros((m, (B + 63) >> 6), dtype=np.uint64)
-        h = np.empty((B, C))
-        cum = np.empty(C)
-        cb = np.empty(B, dtype=np.int64)
-        for i in range(bounds[t], bounds[t + 1]):
-            s = nodes[i]
-            accumulate(cols, row, w, wy, y, seg_start[s], seg_len[s], fsel[s], K, D, mask, acc)
-            for j in range(m):
-                nb = drain(mask[j], acc[j], cb, h)
-                res = scan_occupied(cb, h, nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
-                o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = res
+          o_val, o_b, o_wl, o_below, o_above, o_occ, P):
+    """The nodes ``nodes[bounds[t]:bounds[t + 1]]`` in chunk ``t`` (chunks of about equal work), each node's
+    histograms in a per-thread buffer, searched at once.  ``P`` parts (the threads) take equal runs of
+    chunks, as a ``prange`` over the chunks would hand them out, and allocate their buffers once (up to
+    1024 chunks a level each allocated and zeroed its own)."""
+    for p in _nb.prange(P):
+        _fused_part(p, P, cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl,
+                    nodes, bounds, o_val, o_b, o_wl, o_below, o_above, o_occ)
+
+
+@_jit
+def fused_serial(cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl, nodes,
+                 bounds, o_val, o_b, o_wl, o_below, o_above, o_occ, P):
+    """:func:`fused` on the calling thread."""
+    for p in range(P):
+        _fused_part(p, P, cols, row, w, wy, y, seg_start, seg_len, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, msl,
+                    nodes, bounds, o_val, o_b, o_wl, o_below, o_above, o_occ)
 
 
 @_pjit
@@ -299,7 +432,10 @@ def fused_parts(cols, row, w, wy, y, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, m
         i = 0
         while first[i + 1] <= p:
             i += 1
-        accumulate(cols, row, w, wy, y, p_start[p], p_len[p], fsel[nodes[i]], K, D, mask[p], acc[p])
+        if K and D == 0:
+            accumulate_classes(cols, row, w, y, p_start[p], p_len[p], fsel[nodes[i]], mask[p], acc[p])
+        else:
+            accumulate(cols, row, w, wy, y, p_start[p], p_len[p], fsel[nodes[i]], K, D, mask[p], acc[p])
     for q in _nb.prange(nodes.shape[0] * m):
         i = q // m
         j = q - i * m
@@ -314,64 +450,93 @@ def fused_parts(cols, row, w, wy, y, fsel, B, tot, mwl, has_mwl, sw, sy, K, D, m
                     x &= x - np.uint64(1)
                     for c in range(C):
                         acc[p0, j, b, c] += acc[p, j, b, c]
-        h = np.empty((B, C))
-        cum = np.empty(C)
-        cb = np.empty(B, dtype=np.int64)
-        nb = drain(mask[p0, j], acc[p0, j], cb, h)
-        res = scan_occupied(cb, h, nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
+        if D == 0 and (K == 2 or K == 0):
+            res = drain_scan(mask[p0, j], acc[p0, j], B, tot[s], K, mwl[s], has_mwl, sw, sy)
+        else:
+            h = np.empty((B, C))
+            cum = np.empty(C)
+            cb = np.empty(B, dtype=np.int64)
+            nb = drain(mask[p0, j], acc[p0, j], cb, h)
+            res = scan_occupied(cb, h, nb, B, tot[s], cum, mwl[s], has_mwl, sw, sy, K, D, msl)
         o_val[s, j], o_b[s, j], o_wl[s, j], o_below[s, j], o_above[s, j], o_occ[s, j] = res
+
+
+@_jit
+def _move_slot(s, cols, row, w, wy, wy2, reg, starts, feature, tbin, dest, o_row, o_w, o_wy, o_wy2, t_row, t_w, t_wy,
+               t_wy2, n_left):
+    f = feature[s]
+    if f < 0:
+        return
+    t = tbin[s]
+    col = cols[f]
+    left = dest[s]
+    right = starts[s]                  # the right elements wait in the slot's own scratch range
+    for e in range(starts[s], starts[s + 1]):
+        r = row[e]
+        if col[r] <= t:
+            o_row[left] = r
+            o_w[left] = w[e]
+            if reg:
+                o_wy[left] = wy[e]
+                o_wy2[left] = wy2[e]
+            left += 1
+        else:
+            t_row[right] = r
+            t_w[right] = w[e]
+            if reg:
+                t_wy[right] = wy[e]
+                t_wy2[right] = wy2[e]
+            right += 1
+    n_left[s] = left - dest[s]
+    for i in range(starts[s], right):
+        o_row[left] = t_row[i]
+        o_w[left] = t_w[i]
+        if reg:
+            o_wy[left] = t_wy[i]
+            o_wy2[left] = t_wy2[i]
+        left += 1
 
 
 @_pjit
 def move(cols, row, w, wy, wy2, reg, starts, feature, tbin, dest, o_row, o_w, o_wy, o_wy2, t_row, t_w, t_wy, t_wy2,
          n_left):
     for s in _nb.prange(starts.shape[0] - 1):
-        f = feature[s]
-        if f < 0:
-            continue
-        t = tbin[s]
-        col = cols[f]
-        left = dest[s]
-        right = starts[s]                  # the right elements wait in the slot's own scratch range
-        for e in range(starts[s], starts[s + 1]):
-            r = row[e]
-            if col[r] <= t:
-                o_row[left] = r
-                o_w[left] = w[e]
-                if reg:
-                    o_wy[left] = wy[e]
-                    o_wy2[left] = wy2[e]
-                left += 1
-            else:
-                t_row[right] = r
-                t_w[right] = w[e]
-                if reg:
-                    t_wy[right] = wy[e]
-                    t_wy2[right] = wy2[e]
-                right += 1
-        n_left[s] = left - dest[s]
-        for i in range(starts[s], right):
-            o_row[left] = t_row[i]
-            o_w[left] = t_w[i]
-            if reg:
-                o_wy[left] = t_wy[i]
-                o_wy2[left] = t_wy2[i]
-            left += 1
+        _move_slot(s, cols, row, w, wy, wy2, reg, starts, feature, tbin, dest, o_row, o_w, o_wy, o_wy2, t_row, t_w,
+                   t_wy, t_wy2, n_left)
+
+
+@_jit
+def move_serial(cols, row, w, wy, wy2, reg, starts, feature, tbin, dest, o_row, o_w, o_wy, o_wy2, t_row, t_w, t_wy,
+                t_wy2, n_left):
+    for s in range(starts.shape[0] - 1):
+        _move_slot(s, cols, row, w, wy, wy2, reg, starts, feature, tbin, dest, o_row, o_w, o_wy, o_wy2, t_row, t_w,
+                   t_wy, t_wy2, n_left)
+
+
+@_jit
+def _total_slot(s, row, w, wy, wy2, y, starts, K, D, tot, extra):
+    for e in range(starts[s], starts[s + 1]):
+        if D:
+            tot[s, 0] += 1.0
+        if K:
+            tot[s, D + y[row[e]]] += w[e]
+        else:
+            tot[s, D] += w[e]
+            tot[s, D + 1] += wy[e]
+            extra[s, 1] += wy2[e]
+    extra[s, 0] = starts[s + 1] - starts[s]
 
 
 @_pjit
 def totals(row, w, wy, wy2, y, starts, K, D, tot, extra):
     for s in _nb.prange(starts.shape[0] - 1):
-        for e in range(starts[s], starts[s + 1]):
-            if D:
-                tot[s, 0] += 1.0
-            if K:
-                tot[s, D + y[row[e]]] += w[e]
-            else:
-                tot[s, D] += w[e]
-                tot[s, D + 1] += wy[e]
-                extra[s, 1] += wy2[e]
-        extra[s, 0] = starts[s + 1] - starts[s]
+        _total_slot(s, row, w, wy, wy2, y, starts, K, D, tot, extra)
+
+
+@_jit
+def totals_serial(row, w, wy, wy2, y, starts, K, D, tot, extra):
+    for s in range(starts.shape[0] - 1):
+        _total_slot(s, row, w, wy, wy2, y, starts, K, D, tot, extra)
 
 
 _C_A = np.uint64(0xBF58476D1CE4E5B9)
@@ -385,55 +550,74 @@ def mix(z):
     return z ^ (z >> np.uint64(31))
 
 
-@_pjit
-def orders(lead, trees, nodes, out):
-    S, F = out.shape
+@_jit
+def _order_slot(s, lead, trees, nodes, out, shift, packed):
+    F = out.shape[1]
+    head = mix(lead ^ (np.uint64(trees[s]) * _C_A))
+    if packed:
+        # ascending (draw, feature) words: the stable order of the draws.  The draws are uniform, so
+        # placing each word by its top bits (a counting sort on them) leaves the insertion sort that
+        # follows about one move a word instead of F / 4
+        key = np.empty(F, dtype=np.uint64)
+        tmp = np.empty(F, dtype=np.uint64)
+        count = np.zeros((1 << shift) + 1, dtype=np.int64)     # words by their top bits: < 2**shift
+        for j in range(F):
+            z = np.uint64(nodes[s] * F + j) * _C_B + head
+            v = ((mix(mix(z)) >> np.uint64(11)) << np.uint64(shift)) | np.uint64(j)
+            tmp[j] = v
+            count[np.int64(v >> np.uint64(53)) + 1] += 1
+        for q in range(1 << shift):
+            count[q + 1] += count[q]
+        for j in range(F):
+            q = np.int64(tmp[j] >> np.uint64(53))
+            key[count[q]] = tmp[j]
+            count[q] += 1
+        for j in range(1, F):
+            v = key[j]
+            k = j - 1
+            while k >= 0 and key[k] > v:
+                key[k + 1] = key[k]
+                k -= 1
+            key[k + 1] = v
+        lo = (np.uint64(1) << np.uint64(shift)) - np.uint64(1)
+        for j in range(F):
+            out[s, j] = np.int64(key[j] & lo)
+        return
+    u = np.empty(F)
+    for j in range(F):
+        z = np.uint64(nodes[s] * F + j) * _C_B + head
+        z = mix(mix(z))
+        u[j] = np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+    for j in range(F):                       # stable insertion sort of the draws
+        k = j - 1
+        while k >= 0 and u[out[s, k]] > u[j]:
+            out[s, k + 1] = out[s, k]
+            k -= 1
+        out[s, k + 1] = j
+
+
+@_jit
+def _order_shift(F):
     shift = 0
     while (1 << shift) < F:
         shift += 1
+    return shift
+
+
+@_pjit
+def orders(lead, trees, nodes, out):
+    shift = _order_shift(out.shape[1])
     packed = shift <= 11                         # a draw's 53 bits and the feature's index in one word
-    for s in _nb.prange(S):
-        head = mix(lead ^ (np.uint64(trees[s]) * _C_A))
-        if packed:
-            # ascending (draw, feature) words: the stable order of the draws.  The draws are uniform, so
-            # placing each word by its top bits (a counting sort on them) leaves the insertion sort that
-            # follows about one move a word instead of F / 4
-            key = np.empty(F, dtype=np.uint64)
-            tmp = np.empty(F, dtype=np.uint64)
-            count = np.zeros((1 << shift) + 1, dtype=np.int64)     # words by their top bits: < 2**shift
-            for j in range(F):
-                z = np.uint64(nodes[s] * F + j) * _C_B + head
-                v = ((mix(mix(z)) >> np.uint64(11)) << np.uint64(shift)) | np.uint64(j)
-                tmp[j] = v
-                count[np.int64(v >> np.uint64(53)) + 1] += 1
-            for q in range(1 << shift):
-                count[q + 1] += count[q]
-            for j in range(F):
-                q = np.int64(tmp[j] >> np.uint64(53))
-                key[count[q]] = tmp[j]
-                count[q] += 1
-            for j in range(1, F):
-                v = key[j]
-                k = j - 1
-                while k >= 0 and key[k] > v:
-                    key[k + 1] = key[k]
-                    k -= 1
-                key[k + 1] = v
-            lo = (np.uint64(1) << np.uint64(shift)) - np.uint64(1)
-            for j in range(F):
-                out[s, j] = np.int64(key[j] & lo)
-            continue
-        u = np.empty(F)
-        for j in range(F):
-            z = np.uint64(nodes[s] * F + j) * _C_B + head
-            z = mix(mix(z))
-            u[j] = np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
-        for j in range(F):                       # stable insertion sort of the draws
-            k = j - 1
-            while k >= 0 and u[out[s, k]] > u[j]:
-                out[s, k + 1] = out[s, k]
-                k -= 1
-            out[s, k + 1] = j
+    for s in _nb.prange(out.shape[0]):
+        _order_slot(s, lead, trees, nodes, out, shift, packed)
+
+
+@_jit
+def orders_serial(lead, trees, nodes, out):
+    shift = _order_shift(out.shape[1])
+    packed = shift <= 11
+    for s in range(out.shape[0]):
+        _order_slot(s, lead, trees, nodes, out, shift, packed)
 
 
 @_pjit

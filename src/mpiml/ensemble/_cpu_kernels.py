@@ -33,6 +33,7 @@ pays the compilation.  Nothing is imported or compiled at import.
 """
 
 import os
+import threading
 
 import numpy as np
 
@@ -40,6 +41,9 @@ __all__ = ["enabled", "thread_count", "apply_bins", "segment_totals", "feature_o
            "split_candidates", "node_candidates", "partition", "bootstrap_counts", "bootstrap_guide"]
 
 _KERNELS = None
+_SERIAL = {}            # the kernels of a thread that runs them on itself (see serial)
+_THREAD = threading.local()
+_UNSET = object()
 
 
 def enabled():
@@ -56,10 +60,27 @@ def enabled():
 
 def thread_count():
     """Threads of this rank's kernels: the limit of :mod:`mpiml.utils._threads` (this rank's share of
-    the node's cores, or the user's ``OMP_NUM_THREADS``) once set, else Numba's own count."""
+    the node's cores, or the user's ``OMP_NUM_THREADS``) once set, else Numba's own count; 1 in a thread
+    that runs the kernels on itself (:func:`serial`)."""
+    if getattr(_THREAD, "serial", False):
+        return 1
     from ..utils._threads import numba_threads
 
     return numba_threads() or _jit_numba().get_num_threads()
+
+
+class serial:
+    """``with serial():`` the calling thread runs the kernels on itself (their ``*_serial`` twins): for a rank
+    whose threads each grow their own trees (Numba's parallel layer takes one caller at a time)."""
+
+    def __enter__(self):
+        self._before = getattr(_THREAD, "serial", False)
+        _THREAD.serial = True
+        return self
+
+    def __exit__(self, *exc):
+        _THREAD.serial = self._before
+        return False
 
 
 def _jit_numba():
@@ -78,7 +99,19 @@ def _kernels():
         _KERNELS = {name: getattr(_cpu_jit, name) for name in
                     ("totals", "orders", "bins", "hist", "split", "fused", "fused_parts", "move", "boot",
                      "boot_guide", "transpose")}
-    _jit_numba()  # the thread count of the calling thread (Numba's is per thread)
+        _SERIAL.update(_KERNELS)
+        _SERIAL.update({name: getattr(_cpu_jit, name + "_serial") for name in ("totals", "orders", "hist", "fused",
+                                                                               "move", "split")})
+    if getattr(_THREAD, "serial", False):
+        return _SERIAL
+    # the thread count of the calling thread (Numba's is per thread), set again only when this rank's limit
+    # changed: setting it costs ~0.1 ms, 5 % of a small fit's host time at five kernel calls a level
+    from ..utils._threads import numba_threads
+
+    n = numba_threads()
+    if getattr(_THREAD, "threads", _UNSET) != n:
+        _jit_numba()
+        _THREAD.threads = n
     return _KERNELS
 
 
@@ -194,17 +227,30 @@ def split_candidates(H, fpos, tot, mwl, sw, sy, n_classes, count_rows, min_sampl
 
 
 def node_candidates(cols, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, mwl, sw, sy, n_classes, count_rows,
-                    min_samples_leaf):
+                    min_samples_leaf, skip=None):
     """:func:`build_histograms` then :func:`split_candidates` per node, without writing the histograms out.
 
     ``fsel`` (S, m) holds the candidate features themselves (rows of ``cols``).  The nodes go to the
     threads in chunks of about equal work; a node with more work than a thread's share (the first levels
     of few trees: 4 trees' roots for 8 threads) is cut into parts summed in parallel
-    (:func:`_big_node_parts`), so the threads never wait on one node.
+    (:func:`_big_node_parts`), so the threads never wait on one node.  Nodes where ``skip`` (bool (S,)) is
+    true are not searched: no valid split (-inf at bin 0, no occupied bin).
     """
     S, m = fsel.shape
     outs = _candidate_outputs(S, m)
     if not (S and m):
+        return outs
+    if skip is not None and skip.any():
+        keep = np.nonzero(~skip)[0]
+        for o, v in zip(outs, (-np.inf, 0, 0.0, -1, n_bins, 0)):
+            o[skip] = v
+        if len(keep):
+            sub = node_candidates(cols, row, w, wy, y, np.asarray(seg_start)[keep], np.asarray(seg_len)[keep],
+                                  np.asarray(fsel)[keep], n_bins, np.ascontiguousarray(tot[keep]),
+                                  None if mwl is None else np.ascontiguousarray(mwl[keep]), sw, sy, n_classes,
+                                  count_rows, min_samples_leaf)
+            for o, v in zip(outs, sub):
+                o[keep] = v
         return outs
     has_mwl = mwl is not None
     k = _kernels()
@@ -212,7 +258,8 @@ def node_candidates(cols, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, 
     seg_len = np.ascontiguousarray(seg_len, dtype=np.int64)
     fsel = np.ascontiguousarray(fsel, dtype=np.int64)
     C = tot.shape[1]
-    big, first, p_start, p_len = _big_node_parts(seg_start, seg_len, thread_count(), m * n_bins * C * 8)
+    threads = thread_count()
+    big, first, p_start, p_len = _big_node_parts(seg_start, seg_len, threads, m * n_bins * C * 8)
     small = np.arange(S, dtype=np.int64)
     if len(big):
         small = small[np.isin(small, big, assume_unique=True, invert=True)]
@@ -220,8 +267,9 @@ def node_candidates(cols, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, 
     common = (n_bins, tot, mwl if has_mwl else np.zeros(S), has_mwl, float(sw), float(sy), n_classes, int(count_rows),
               float(min_samples_leaf))
     if len(small):
-        k["fused"](cols, row, w, *args, seg_start, seg_len, fsel, *common, small,
-                   _chunks_of_equal_work(seg_len[small], n_bins, len(small)), *outs)
+        bounds = _chunks_of_equal_work(seg_len[small], n_bins, len(small))
+        k["fused"](cols, row, w, *args, seg_start, seg_len, fsel, *common, small, bounds, *outs,
+                   max(1, min(threads, len(bounds) - 1)))
     if len(big):
         k["fused_parts"](cols, row, w, *args, fsel, *common, big, first, p_start, p_len, *outs)
     return outs

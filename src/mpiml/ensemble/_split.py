@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-__all__ = ["node_stats", "dense_candidates", "choose", "decide", "thresholds", "built_nodes"]
+__all__ = ["node_stats", "dense_candidates", "choose", "decide", "leaf_by_own_numbers", "thresholds", "built_nodes"]
 
 
 def _xlogx(xp, a):
@@ -237,6 +237,15 @@ def choose(xp, cand):
     return pick(val), j[:, 0], pick(b), pick(wl), pick(below), pick(above), (occ >= 2).any(axis=1)
 
 
+def leaf_by_own_numbers(s, pure, counts, W, root_w, has_mwl):
+    """The nodes that are leaves whatever their split candidates (host arrays; ``s`` the grower's spec): pure, too
+    few rows to split or to leave ``min_samples_leaf`` on each side, too little weight for two children."""
+    small = pure | (counts < s.min_samples_split) | (counts < 2 * s.min_samples_leaf)
+    if has_mwl:
+        small |= W < 2 * s.min_weight_fraction_leaf * root_w
+    return small
+
+
 def decide(g, best, st, ex, order, depth):
     """Per-slot decisions (host arrays) from the chosen candidates ``best`` and the node stats ``st``."""
     xp, s = g.xp, g.s
@@ -261,11 +270,8 @@ def decide(g, best, st, ex, order, depth):
         host[key] = host[key].astype(bool)
     host["value"] = np.ascontiguousarray(packed[len(cols):].T)      # the node values, in the same transfer
     host["best_wr"] = host["W"] - host["best_wl"]
-    msl = s.min_samples_leaf
     # a node is a leaf by its own numbers (before looking at split candidates) ...
-    small = host["pure"] | (host["counts"] < s.min_samples_split) | (host["counts"] < 2 * msl)
-    if st["mwl"] is not None:
-        small |= host["W"] < 2 * s.min_weight_fraction_leaf * host["root_w"]
+    small = leaf_by_own_numbers(s, host["pure"], host["counts"], host["W"], host["root_w"], st["mwl"] is not None)
     at_depth = s.max_depth is not None and depth >= s.max_depth
     # ... or when no split is valid (or good enough)
     decrease = np.where(np.isfinite(host["best_val"]), host["best_val"] - host["parent"], 0.0)
