@@ -432,11 +432,14 @@ def _optimiser_threads(obj):
     waking the rank's BLAS pool for each cost more than the call: ~0.14 ms a step on a GPU host of 16 cores
     a rank against ~0.015 ms on one thread; 3x in CPU time on 2 cores.  On host rows the objective's own
     products need the pool: ``fun`` restores it around each evaluation (two switches of the libraries'
-    thread counts, microseconds).  ``MPIML_LINEAR_LBFGS_BLAS=pool`` (an experiment's switch, read per fit)
-    leaves the pool on throughout.
+    thread counts, microseconds).  A device objective keeps the pool: on the 4 x H100 host the fit at 4 GPUs
+    took 23.7 ms with the pool against 25.1 ms with one thread (best of 5, same pass), the limit's own cost
+    outweighing scipy's saving there.  ``MPIML_LINEAR_LBFGS_BLAS=pool`` or ``=one`` (read per fit) forces
+    either way for an A/B.
     """
     plain = contextlib.nullcontext(), obj.evaluate
-    if os.environ.get("MPIML_LINEAR_LBFGS_BLAS") == "pool":
+    choice = os.environ.get("MPIML_LINEAR_LBFGS_BLAS", "pool" if obj.xp is not np else "one")
+    if choice == "pool":
         return plain
     if not _CONTROLLER:
         try:
@@ -451,7 +454,7 @@ def _optimiser_threads(obj):
     pool = {lib.prefix: lib.num_threads for lib in ctl.select(user_api="blas").lib_controllers}
     if max(pool.values(), default=1) <= 1:
         return plain
-    if obj.xp is not np:    # rows on the device: every host BLAS call of the fit is tiny
+    if obj.xp is not np:    # rows on the device (MPIML_LINEAR_LBFGS_BLAS=one): every host BLAS call is tiny
         return ctl.limit(limits=1, user_api="blas"), obj.evaluate
 
     def evaluate(w):
@@ -466,7 +469,7 @@ def lbfgs(obj, w0, *, max_iter, tol, verbose=0, on_iteration=None):
     ``on_iteration(w)``, if given, is called with the coefficients at the end of every
     iteration (the same on every rank: it is called by every rank with the same bits).
     """
-    context, fun = _optimiser_threads(obj)   # scipy's steps on one BLAS thread
+    context, fun = _optimiser_threads(obj)   # scipy's steps on one BLAS thread for host rows
     with context:
         res = scipy.optimize.minimize(fun, w0, method="L-BFGS-B", jac=True,
                                       callback=_iteration_callback(obj, verbose, on_iteration),
