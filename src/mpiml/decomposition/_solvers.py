@@ -325,24 +325,15 @@ def _device_normal(seed, shape, xp, dtype):
     """
     dtype = np.dtype(dtype)
     draw = dtype if dtype in (np.dtype(np.float32), np.dtype(np.float64)) else np.dtype(np.float64)
-    dev = xp.cuda.runtime.getDevice()
-    rs = _GENERATORS.get(dev)
-    if rs is not None:          # one generator a device, reseeded: the same draws as a new one, no set-up
-        rs.seed(seed)
-    else:
+    try:
         try:
-            try:
-                from cupy_backends.cuda.libs import curand
-            except ImportError:
-                from cupy.cuda import curand
-            rs = xp.random.RandomState(seed, method=curand.CURAND_RNG_PSEUDO_PHILOX4_32_10)
-        except Exception:  # noqa: BLE001 - a CuPy without the Philox constant: the default generator
-            rs = xp.random.RandomState(seed)
-        _GENERATORS[dev] = rs
+            from cupy_backends.cuda.libs import curand
+        except ImportError:
+            from cupy.cuda import curand
+        rs = xp.random.RandomState(seed, method=curand.CURAND_RNG_PSEUDO_PHILOX4_32_10)
+    except Exception:  # noqa: BLE001 - a CuPy without the Philox constant: the default generator
+        rs = xp.random.RandomState(seed)
     return rs.standard_normal(shape, dtype=draw).astype(dtype, copy=False)
-
-
-_GENERATORS = {}
 
 
 def resolve_normalizer(power_iteration_normalizer, n_iter):
@@ -445,19 +436,10 @@ def _cholqr2_device(A, comm, flag, xp):
     return Q, R
 
 
-def _checks_failed(flag, comm):
-    """Whether a deferred check of the device's CholeskyQR2 algebra failed (one read back), alike on every rank."""
-    failed = int(to_numpy(flag)[0]) != 0
-    if comm.size > 1:   # the checks act on replicated matrices, alike everywhere; agreed on all the same
-        failed = bool(np.asarray(comm.allreduce(np.array([float(failed)])))[0] > 0)
-    return failed
-
-
-def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, device, deferred=False):
+def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, device):
     """``(Q, Uhat, s, Vt)`` of randomized_svd's untransposed case from the random matrix ``Omega``: ``X ≈ Q Uhat
     diag(s) Vt``.  ``device``: the CholeskyQR2 rounds by :func:`_cholqr2_device`, whose checks are read once at
-    the end with the ``l x l`` factor of the final SVD; None when one failed (on every rank alike).  ``deferred``
-    (with ``device``): ``(Q, Uhat, s, Vt, flag)`` with the checks unread (:func:`_checks_failed`)."""
+    the end with the ``l x l`` factor of the final SVD; None when one failed (on every rank alike)."""
     flag = xp.zeros(1, dtype=xp.int32) if device else None
 
     def orth(Y, how, on):
@@ -493,10 +475,9 @@ def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, devic
     Ur, s, Vrt = _sparse_kernels.small_svd(Rb, flag)
     # B = Rbᵀ Qbᵀ = Vrtᵀ diag(s) Urᵀ Qbᵀ
     Uhat, Vt = Vrt.T, (Qb @ Ur).T
-    if deferred:
-        mark("SVD of Qt X", xp)
-        return Q, Uhat, s, Vt, flag
-    failed = _checks_failed(flag, comm)
+    failed = int(to_numpy(flag)[0]) != 0
+    if comm.size > 1:   # the checks act on replicated matrices, alike everywhere; agreed on all the same
+        failed = bool(np.asarray(comm.allreduce(np.array([float(failed)])))[0] > 0)
     mark("SVD of Qt X", xp)
     if failed:
         return None
@@ -504,8 +485,7 @@ def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, devic
 
 
 def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversamples=10, n_iter=4,
-                   power_iteration_normalizer="auto", random_state=None, transpose="auto", want_u=True,
-                   deferred=False):
+                   power_iteration_normalizer="auto", random_state=None, transpose="auto", want_u=True):
     """Randomised truncated SVD of the row-distributed ``X`` (Halko, Martinsson, Tropp 2011).
 
     Parameters
@@ -526,10 +506,6 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
         matrix then has one row per sample; each rank takes its rows of it.
     want_u : bool, default=True
         False: ``U_local`` is not formed (None; TruncatedSVD projects ``X`` instead).
-    deferred : bool, default=False
-        Return ``(U_local, s, Vt, redo)``: with the device's CholeskyQR2 algebra its checks are not read here
-        (the caller queues more work first); ``redo()`` reads them and returns None when they passed, else the
-        result of the host's algebra from the same random matrix (``redo`` is None when nothing was deferred).
 
     Returns
     -------
@@ -572,27 +548,14 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
     if not transpose:
         Omega = gaussian_matrix(random_state, (d, n_random), comm, xp, dtype)
         mark("random matrix", xp)
-        def finish(out):
-            Q, Uhat, s, Vt = out[:4]
-            U = (Q @ Uhat[:, :n_components].astype(dtype, copy=False)) if want_u else None
-            return U, s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
-
-        def host():
-            return finish(_range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, device=False))
-
+        out = None
         if xp is not np and algebra_mode() == "device" and n_random <= _sparse_kernels.SMALL_MAX:
-            out = _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, device=True,
-                             deferred=deferred)
-            if deferred:
-                flag = out[4]
-
-                def redo():   # the checks read; a failure: the host's algebra from the same Omega
-                    return host() if _checks_failed(flag, comm) else None
-                return (*finish(out), redo)
-            if out is not None:
-                return finish(out)
-        # host algebra, or a check of the device's failed: again from the same Omega
-        return (*host(), None) if deferred else host()
+            out = _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, device=True)
+        if out is None:   # host algebra, or a deferred check of the device's failed: again from the same Omega
+            out = _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, device=False)
+        Q, Uhat, s, Vt = out
+        U = (Q @ Uhat[:, :n_components].astype(dtype, copy=False)) if want_u else None
+        return U, s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
 
     # transposed: M = X.T (d x n); the random matrix has one row per global sample
     Omega = gaussian_matrix(random_state, (n_rows, n_random), comm, xp, dtype)[row_offset:row_offset + n_local]
@@ -608,8 +571,7 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
     # B = Vrt^T diag(s) (Q2 Ur)^T  ->  M = (Q Vrt^T) diag(s) (Q2 Ur)^T,  X = (Q2 Ur) diag(s) (Q Vrt^T)^T
     U = (Q2 @ Ur[:, :n_components].astype(dtype, copy=False)) if want_u else None
     Vt = (Q.astype(xp.float64) @ Vrt.T).T
-    out = U, s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
-    return (*out, None) if deferred else out
+    return U, s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
 
 
 # ---------------------------------------------------------------------- block Lanczos

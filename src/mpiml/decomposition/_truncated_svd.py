@@ -240,21 +240,10 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         else:
             if k > d:
                 raise ValueError(f"n_components({k}) must be <= n_features({d}).")
-            # the device algebra's checks are read after the projection and the variances are queued
-            _, S, Vt, redo = randomized_svd(operand, k, comm=comm, xp=xp, n_rows=n,
-                                            row_offset=int(counts[:comm.rank].sum()),
-                                            n_oversamples=self.n_oversamples, n_iter=self.n_iter,
-                                            power_iteration_normalizer=self.power_iteration_normalizer,
-                                            random_state=self.random_state, want_u=False, deferred=True)
-            X_transformed = self._finish(operand, X, S, Vt, n, comm, xp)
-            again = redo() if redo is not None else None
-            if again is None:
-                return X_transformed
-            _, S, Vt = again          # a check failed: the host algebra's result
-        return self._finish(operand, X, S, Vt, n, comm, xp)
-
-    def _finish(self, operand, X, S, Vt, n, comm, xp):
-        """Signs, components, the projection of this rank's rows and the variances from a fit's ``S`` and ``Vt``."""
+            _, S, Vt = randomized_svd(operand, k, comm=comm, xp=xp, n_rows=n, row_offset=int(counts[:comm.rank].sum()),
+                                      n_oversamples=self.n_oversamples, n_iter=self.n_iter,
+                                      power_iteration_normalizer=self.power_iteration_normalizer,
+                                      random_state=self.random_state, want_u=False)
         _, Vt = svd_flip_rows(Vt)
         self.components_ = xp.ascontiguousarray(Vt.astype(X.dtype, copy=False))
         mark("signs", xp)
