@@ -1,5 +1,8 @@
 """Level-wise growth of a batch of trees from binned rows, one histogram allreduce per level.
 
+Longer than 800 lines because the GPU and host paths of a level (histograms, search, partition, the
+level's allreduce and the batch's bookkeeping) share one decision code and must grow the same trees.
+
 Every tree of a batch advances one level at a time.  The rows of the level are
 held as *elements* ``(row, fixed-point weights)`` partitioned by node: the
 elements of slot ``s`` (a node of the level; slots run over the trees of the

@@ -1,5 +1,8 @@
 """The ``ipc`` transport: intra-node collectives through a CUDA-IPC workspace and our kernels.
 
+Longer than 800 lines because one transport owns the workspace's layout alone: every collective's host
+path, its hot launcher and the two-level path read and write the same regions.
+
 Each rank allocates one workspace with ``cudaMalloc`` (not CuPy's pool, whose
 chunks share IPC handles), exchanges its IPC handle over the host transport and
 opens every peer's.  The kernels in :mod:`mpiml.kernels` synchronise through

@@ -1,5 +1,8 @@
 // Shared pieces of the CUDA-IPC collectives (mpiml.comm.backends.ipc).
 //
+// Longer than 800 lines because the workspace layout, the barrier, the LL lines and every kernel body a
+// collective family instantiates share one header, so each protocol rule lives in one place.
+//
 // Every rank owns one workspace (plain cudaMalloc, shared with CUDA IPC):
 //
 //   [0, 4)                  epoch: calls completed on this communicator (device-side,

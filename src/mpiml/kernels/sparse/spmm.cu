@@ -1,6 +1,9 @@
 // Products of a CSR matrix with skinny dense blocks (mpiml.kernels.sparse), bandwidth-bound, and the
 // column moments the decompositions need (sparse and dense).
 //
+// Longer than 800 lines because the products, the transpose and its sort, the small factorisations and the
+// column moments share the gather and reduction helpers and compile as one NVRTC program.
+//
 // A is CSR (n_rows x n_cols): int32 indptr (n_rows + 1), int32 indices and T values (nnz).  Dense
 // blocks are row-major with a leading dimension (elements between consecutive rows), so a column
 // slice of a wider C-order block is passed as a pointer and the wider block's ld.
