@@ -126,35 +126,20 @@ def _wait_all(barrier, name, index, procs, timeout=120.0):
     return False
 
 
-def _cpu_jiffies():
-    """The machine's ``(busy, steal, total)`` jiffies from ``/proc/stat`` (None where it is not readable)."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    steal = v[7] if len(v) > 7 else 0
-    idle = v[3] + (v[4] if len(v) > 4 else 0)
-    total = sum(v[:8])
-    return total - idle - steal, steal, total
-
-
 def _for_seconds(fn, seconds):
     """``(calls, wall s a call, CPU s a call, machine)`` of ``fn`` called for about ``seconds``; ``machine``:
     the shares of the whole machine's CPU time that were busy and stolen meanwhile (``/proc/stat``: a virtual
     machine's CPU that the host ran something else on counts as stolen, not in any process's CPU time)."""
-    j0 = _cpu_jiffies()
+    from mpiml.bench.ml_cpu import _jiffies, _shares   # the benchmark's own reading of /proc/stat
+
+    j0 = _jiffies()
     calls, t0, c0 = 0, time.perf_counter(), time.process_time()
     while True:
         fn()
         calls += 1
         w = time.perf_counter() - t0
         if w >= seconds:
-            j1 = _cpu_jiffies()
-            machine = None
-            if j0 and j1 and j1[2] > j0[2]:
-                dt = j1[2] - j0[2]
-                machine = {"busy": round((j1[0] - j0[0]) / dt, 3), "steal": round((j1[1] - j0[1]) / dt, 3)}
+            machine = _shares(j0, _jiffies())
             return calls, round(w / calls, 5), round((time.process_time() - c0) / calls, 5), machine
 
 
