@@ -8,11 +8,13 @@ drawn on the GPU (the shape of ``mpiml bench ml --algo tsvd|ridge --sparse 0.001
 best of ``--repeats`` after a warm-up, the device synchronised: ``X V`` and ``Xᵀ U`` for a dense block
 of ``b = components + 10`` columns by cuSPARSE (``X @ V``, ``X.T @ U``, and on the stored transpose
 ``Xᵀ`` as CSR), by :mod:`mpiml.kernels.sparse` (gather on ``X`` and on ``Xᵀ``, scatter with atomics);
-forming ``Xᵀ`` (``X.T.tocsr()``); the same for one vector (``b = 1``, sparse Ridge's products); the
-column sums (``mpiml.utils._linalg.column_sums`` and the kernel's row moments of ``Xᵀ``); then whole
-TruncatedSVD fits (defaults but ``n_components``) under each ``MPIML_SPARSE_PRODUCTS`` mode, and in the
-"kernels" mode with cuSPARSE's transpose (``MPIML_SPARSE_TRANSPOSE=cusparse``) and the host's CholeskyQR2
-algebra (``MPIML_RANDOMIZED_ALGEBRA=host``), each alone and both (the fit before these defaults).
+forming ``Xᵀ`` (``X.T.tocsr()``, the kernel transpose, the bucket transpose by phases and bucket widths,
+each checked equal to cuSPARSE's; ``--transposes`` keeps these with ``--fits-only``); the same for one
+vector (``b = 1``, sparse Ridge's products); the column sums (``mpiml.utils._linalg.column_sums`` and the
+kernel's row moments of ``Xᵀ``); then whole TruncatedSVD fits (defaults but ``n_components``) under each
+``MPIML_SPARSE_PRODUCTS`` mode, and in the "kernels" mode with each transpose (``MPIML_SPARSE_TRANSPOSE``),
+the host's CholeskyQR2 algebra (``MPIML_RANDOMIZED_ALGEBRA=host``) and cuRAND's random matrix
+(``MPIML_DEVICE_NORMAL=curand``: with cuSPARSE's transpose, the code measured at 20:20).
 ``--timeline``: one more fit of each of those, its steps timed by CUDA events with no synchronisation added
 (device ms between steps, host ms, and where the host stood against the device); ``--trace``: one fit with
 every function of the decomposition, its validation and kernels timed with the device synchronised around
@@ -97,11 +99,14 @@ def _print_timeline(name, rows):
 
 #: The TruncatedSVD fits of the "kernels" mode: name -> the environment they run under.
 _VARIANTS = {"kernels": {},
+             "kernels, bucket transpose": {"MPIML_SPARSE_TRANSPOSE": "buckets"},
              "kernels, cuSPARSE transpose": {"MPIML_SPARSE_TRANSPOSE": "cusparse"},
-             "kernels, host algebra": {"MPIML_RANDOMIZED_ALGEBRA": "host"},
-             "kernels, cuSPARSE transpose + host algebra (before)": {"MPIML_SPARSE_TRANSPOSE": "cusparse",
-                                                                     "MPIML_RANDOMIZED_ALGEBRA": "host"}}
-_VARIANT_KEYS = ("MPIML_SPARSE_TRANSPOSE", "MPIML_RANDOMIZED_ALGEBRA")
+             "kernels, kernel transpose": {"MPIML_SPARSE_TRANSPOSE": "kernel"},
+             "kernels, cuSPARSE transpose + cuRAND normal (the code of 20:20)": {"MPIML_SPARSE_TRANSPOSE": "cusparse",
+                                                                                "MPIML_DEVICE_NORMAL": "curand"},
+             "kernels, bucket transpose + host algebra": {"MPIML_SPARSE_TRANSPOSE": "buckets",
+                                                          "MPIML_RANDOMIZED_ALGEBRA": "host"}}
+_VARIANT_KEYS = ("MPIML_SPARSE_TRANSPOSE", "MPIML_RANDOMIZED_ALGEBRA", "MPIML_DEVICE_NORMAL")
 
 
 def _set_variant(env):
@@ -171,6 +176,8 @@ def main(argv=None):
                     "synchronised around each call), the top N printed (0: none)")
     ap.add_argument("--fits-only", action="store_true", help="only the TruncatedSVD fits (and --timeline / --trace): "
                     "no product, transpose, column-sum or Ridge timing")
+    ap.add_argument("--transposes", action="store_true", help="with --fits-only: the transposes still timed "
+                    "(cuSPARSE's, the kernel's, the bucket kernels' phases and bucket widths) and checked")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     import cupy as cp
@@ -203,8 +210,47 @@ def main(argv=None):
     XT = X.T.tocsr()
     err = {}
     res["transpose kernel equals cusparse"] = None
-    if not args.fits_only:        # the products, transposes and column sums one by one
+
+    def same(XTk):
+        return bool((XTk.indptr == XT.indptr).all() and (XTk.indices == XT.indices).all()
+                    and (XTk.data == XT.data).all())
+
+    if args.transposes or not args.fits_only:     # the bucket transpose: whole, by phases, by bucket widths
         t["transpose X.T.tocsr()"] = best_seconds(lambda: X.T.tocsr(), args.repeats, sync)
+
+        def buckets():
+            sparse.csr_transpose_buckets(X)
+            t["transpose buckets"] = best_seconds(lambda: sparse.csr_transpose_buckets(X), args.repeats, sync)
+            events = []
+            sparse.csr_transpose_buckets(X, events=events)
+            sync()
+            t.update({f"transpose buckets: {name}": cp.cuda.get_elapsed_time(e0, e1) / 1e3
+                      for (_, e0), (name, e1) in zip(events, events[1:])})
+            res["transpose buckets equals cusparse"] = same(sparse.csr_transpose_buckets(X))
+            res["transpose buckets shift"] = sparse.bucket_shift(d)
+            for shift in (6, 7, 8, 9, 10):
+                os.environ["MPIML_SPARSE_BUCKET_SHIFT"] = str(shift)
+                try:
+                    if sparse.buckets_supported(X):
+                        sparse.csr_transpose_buckets(X)
+                        t[f"transpose buckets, 2^{shift} columns a bucket"] = best_seconds(
+                            lambda: sparse.csr_transpose_buckets(X), args.repeats, sync)
+                        res[f"transpose buckets, 2^{shift} columns a bucket, equals cusparse"] = same(
+                            sparse.csr_transpose_buckets(X))
+                finally:
+                    os.environ.pop("MPIML_SPARSE_BUCKET_SHIFT", None)
+            print("  transposes (ms):", {k: round(v * 1e3, 3) for k, v in t.items() if k.startswith("transpose")},
+                  flush=True)
+
+        _guarded(res, "transpose buckets", buckets)
+    if args.transposes and args.fits_only:        # the kernel transpose whole, for the comparison
+        def kernel_alone():
+            sparse.csr_transpose(X)
+            t["transpose kernel"] = best_seconds(lambda: sparse.csr_transpose(X), args.repeats, sync)
+            res["transpose kernel equals cusparse"] = same(sparse.csr_transpose(X))
+
+        _guarded(res, "transpose kernel", kernel_alone)
+    if not args.fits_only:        # the products, transposes and column sums one by one
         def kernel_transpose():
             t["transpose kernel"] = best_seconds(lambda: sparse.csr_transpose(X), args.repeats, sync)
             XTk = sparse.csr_transpose(X)
@@ -418,7 +464,8 @@ def main(argv=None):
     print("  max relative differences:", err)
     print("  singular values against the default fit (max rel diff):",
           res.get("singular_values_max_rel_diff_vs_kernels"))
-    print("  transpose kernel equals cuSPARSE's:", res["transpose kernel equals cusparse"])
+    print("  transpose kernel equals cuSPARSE's:", res["transpose kernel equals cusparse"],
+          "; bucket transpose:", res.get("transpose buckets equals cusparse"))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(res, fh, indent=1)

@@ -168,7 +168,7 @@ class _Done:
 def _transpose_aside(X):
     """A future of ``(Xᵀ as CSR, moments, event)`` for a non-empty ``cupyx`` shard (else None), converted on a
     side stream (one per device, kept: CuPy's memory pool caches per stream) after the work queued so far, so
-    the fit's first products run beside it.  The kernel transpose (``MPIML_SPARSE_TRANSPOSE=kernel``) is
+    the fit's first products run beside it.  The kernel transposes (``MPIML_SPARSE_TRANSPOSE=kernel|buckets``) are
     launched here (no wait on the device); cuSPARSE's conversion by a worker thread (it holds its thread, and
     measured on an H100 the GIL, for most of its 9 ms at 10^8 stored values)."""
     import cupy
@@ -186,6 +186,9 @@ def _transpose_aside(X):
         with side:
             XT, moments = _sparse_kernels.csr_transpose(X, moments=True)
             return _Done((XT, moments, side.record()))
+    if how == "buckets" and _sparse_kernels.buckets_supported(X):
+        with side:
+            return _Done((_sparse_kernels.csr_transpose_buckets(X), None, side.record()))
 
     def convert():
         with cupy.cuda.Device(dev), side:
@@ -203,15 +206,18 @@ def device_transpose(X, how=None, moments=False):
     """``Xᵀ`` as CSR for a non-empty ``cupyx`` CSR shard, else None (host SciPy needs no help).
 
     ``how`` (default: ``MPIML_SPARSE_TRANSPOSE``, :data:`mpiml.kernels.sparse.TRANSPOSES`): ``"kernel"`` forms it
-    by :func:`mpiml.kernels.sparse.csr_transpose` where the kernels take ``X``, else by cuSPARSE
-    (``X.T.tocsr()``), the same arrays either way (but for columns too long for the kernel's sort).
-    ``moments``: ``(Xᵀ, moments)``, the column moments the kernel's sort computes (None from cuSPARSE).
+    by :func:`mpiml.kernels.sparse.csr_transpose` where the kernels take ``X``, ``"buckets"`` by
+    :func:`mpiml.kernels.sparse.csr_transpose_buckets` where it takes ``X``, else by cuSPARSE
+    (``X.T.tocsr()``), the same arrays every way (but for columns too long for the kernel's sort).
+    ``moments``: ``(Xᵀ, moments)``, the column moments the kernel's sort computes (None otherwise).
     """
     XT = mom = None
     if type(X).__module__.startswith("cupyx") and getattr(X, "format", None) == "csr" and X.nnz and X.shape[0]:
         how = _sparse_kernels.transpose_mode() if how is None else how
         if how == "kernel" and _sparse_kernels.supported(X):
             XT, mom = _sparse_kernels.csr_transpose(X, moments=True)
+        elif how == "buckets" and _sparse_kernels.buckets_supported(X):
+            XT = _sparse_kernels.csr_transpose_buckets(X)
         else:
             XT = X.T.tocsr()
     return (XT, mom) if moments else XT
@@ -317,14 +323,18 @@ def gaussian_matrix(random_state, shape, comm, xp, dtype):
 
 
 def _device_normal(seed, shape, xp, dtype):
-    """A standard normal matrix drawn on the device by cuRAND's Philox generator, directly in ``dtype``.
+    """A standard normal matrix drawn on the device from ``seed``, directly in ``dtype``.
 
-    The default generator (XORWOW) sets up its state on the device at the first draw: 5.5 ms of a
-    70 ms sparse fit for a 10^5 x 26 matrix, in float64 then cast.  Philox is counter-based (no set-up)
-    and float32 is drawn as float32 (``generateNormal``).
+    By :func:`mpiml.kernels.sparse.normal` (one counter-based kernel, a few microseconds).  cuRAND's generators
+    cost more than the draw: XORWOW sets up its state at the first draw (5.5 ms of a 70 ms sparse fit for a
+    10^5 x 26 matrix), and a Philox generator made each fit took 0.84-1.0 ms of device time at 20:20 (its state
+    allocated, and freed with a synchronisation, each fit).  Environment ``MPIML_DEVICE_NORMAL=curand`` draws
+    by cuRAND's Philox instead (for comparison).
     """
     dtype = np.dtype(dtype)
     draw = dtype if dtype in (np.dtype(np.float32), np.dtype(np.float64)) else np.dtype(np.float64)
+    if _sparse_kernels._env_choice("MPIML_DEVICE_NORMAL", ("kernel", "curand")) == "kernel":
+        return _sparse_kernels.normal(seed, shape, draw).astype(dtype, copy=False)
     try:
         try:
             from cupy_backends.cuda.libs import curand

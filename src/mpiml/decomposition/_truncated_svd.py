@@ -69,6 +69,7 @@ def _global_variances(X, Xt, n, *, comm, xp):
         else:
             one_t = shifted(Xt)
             sums[d:] = one_t[0]
+    mark("variances: sums", xp)
     means = _allreduce(comm, sums) / n
     sq = xp.zeros(1 + k, dtype=xp.float64)
 
@@ -96,6 +97,7 @@ def _global_variances(X, Xt, n, *, comm, xp):
         if not done:
             sq[0] = (share(one_x, means[:d]) if one_x is not None else column_sq_dev(X, means[:d])).sum()
         sq[1:] = share(one_t, means[d:]) if one_t is not None else column_sq_dev(Xt, means[d:])
+    mark("variances: squared deviations", xp)
     sq = _allreduce(comm, sq) / n
     return float(to_numpy(sq[:1])[0]), sq[1:]
 

@@ -16,7 +16,10 @@ costs about one read of the CSR arrays plus those gathers.
 * :func:`dense_column_moments` -- the same per column of a dense CuPy matrix, one read, deterministic;
 * :func:`column_pieces` -- one-vector products ``A x`` and ``Aᵀ u`` from shared memory (sparse Ridge);
 * :func:`csr_transpose` -- ``Aᵀ`` as CSR (counts, a scan, an atomic fill and a sort of each row in shared
-  memory), the same arrays as cuSPARSE's conversion (``A.T.tocsr()``) for canonical ``A``.
+  memory), the same arrays as cuSPARSE's conversion (``A.T.tocsr()``) for canonical ``A``;
+* :func:`csr_transpose_buckets` -- the same arrays by a two-level stable counting sort (no atomic in global
+  memory, coalesced writes, no sort phase), for any order within ``A``'s rows;
+* :func:`normal` -- a standard normal matrix from a seed (the randomized SVD's, when no ``random_state``).
 
 Products accumulate in float64 whatever the values' dtype (float32 or float64)
 and are written in the dtype asked for.  The kernels load through
@@ -29,9 +32,11 @@ import sys
 
 import numpy as np
 
-__all__ = ["PRODUCTS", "products_mode", "GATHERS", "gather_mode", "gather_chunks", "GatherChunks", "for_shard", "supported", "csr_matmul", "csr_rmatmul_scatter", "csr_normal_vec", "csr_row_moments",
+__all__ = ["PRODUCTS", "products_mode", "GATHERS", "gather_mode", "gather_chunks", "GatherChunks", "for_shard",
+           "supported", "csr_matmul", "csr_rmatmul_scatter", "csr_normal_vec", "csr_row_moments",
            "dense_column_moments", "column_pieces", "ColumnPieces", "plan", "FILES", "expressions", "TRANSPOSES",
-           "transpose_mode", "csr_transpose", "TRANSPOSE_MAX_RUN", "small_cholinv", "small_svd", "SMALL_MAX"]
+           "transpose_mode", "csr_transpose", "csr_transpose_buckets", "buckets_supported", "bucket_shift",
+           "TRANSPOSE_MAX_RUN", "small_cholinv", "small_svd", "SMALL_MAX", "normal"]
 
 FILES = ("sparse/spmm.cu",)
 _THREADS = 256                     # MPIML_SPARSE_THREADS in spmm.cu
@@ -59,10 +64,13 @@ def expressions():
         out += [f"mpiml_csr_piece_scatter<{t}, {g}>" for g in (4, 8, 16, 32)]
         out += [f"mpiml_csr_transpose_fill<{t}>"]
         out += [f"mpiml_csr_sort_runs<{t}, {w}>" for w in _SORT_WORDS]
+        out += [f"mpiml_bt_scatter<{t}, {_BUCKET_PER[t]}>", f"mpiml_bt_place<{t}, {_BUCKET_PER[t]}>"]
+        out += [f"mpiml_normal<{t}>"]
     out += ["mpiml_csr_split", "mpiml_csr_col_counts", "mpiml_csr_col_counts_smem", "mpiml_small_cholinv",
             "mpiml_small_svd", "mpiml_csr_block_counts", "mpiml_csr_block_scan"]
     out += [f"mpiml_csr_block_fill<{t}>" for t in ("float", "double")]
     out += [f"mpiml_csr_scatter4<{lanes}>" for lanes in (2, 4, 8)]
+    out += [f"mpiml_bt_counts<{per}>" for per in sorted(set(_BUCKET_PER.values()))]
     return out
 
 
@@ -569,8 +577,10 @@ def column_pieces(A, max_pieces=MAX_PIECES):
 # ---------------------------------------------------------------------- the transpose
 #: How a fit forms ``Xᵀ`` as CSR (environment ``MPIML_SPARSE_TRANSPOSE``, read when the conversion starts):
 #: ``"cusparse"`` (default): ``X.T.tocsr()`` (cuSPARSE's csr2csc, 9.1 ms at 10^8 values on an H100);
-#: ``"kernel"``: :func:`csr_transpose` (the same arrays; 12.0 ms there: its atomic fill 6.5 ms, its sort 3.7).
-TRANSPOSES = ("cusparse", "kernel")
+#: ``"kernel"``: :func:`csr_transpose` (the same arrays; 12.0 ms there: its atomic fill 6.5 ms, its sort 3.7);
+#: ``"buckets"``: :func:`csr_transpose_buckets` (the same arrays by a two-level stable counting sort, every write
+#: coalesced; cuSPARSE's where :func:`buckets_supported` says no).
+TRANSPOSES = ("cusparse", "kernel", "buckets")
 #: Most values a column of ``A`` may hold for :func:`csr_transpose` to sort its row of ``Aᵀ`` (in shared
 #: memory: 4096 words and values are 32 to 64 KiB); longer rows stay in the fill's order.
 TRANSPOSE_MAX_RUN = 4096
@@ -699,6 +709,117 @@ def csr_transpose(A, max_run=None, moments=False, events=None):
     return (XT, (s1, s2, flags)) if moments else XT
 
 
+#: Threads of a block of the bucket transpose's kernels, and stored values a thread (by value type): a block
+#: holds ``E = threads * per`` entries (8192 float32, 4096 float64) in shared memory.
+BUCKET_THREADS = 1024
+_BUCKET_PER = {"float": 8, "double": 4}
+#: Most buckets (pass 1) and columns a bucket (pass 2): their per-warp counts are 2 bytes each in shared memory.
+BUCKET_MAX = 1024
+
+
+def bucket_shift(n_cols):
+    """``s``: a bucket of the bucket transpose holds ``2^s`` columns, about as many as there are buckets
+    (``s = floor(log2(n_cols) / 2)``, raised until there are at most :data:`BUCKET_MAX` buckets), or None when
+    ``n_cols`` needs more than :data:`BUCKET_MAX` of each.  Environment ``MPIML_SPARSE_BUCKET_SHIFT`` sets it (the
+    benchmark's sweep).  Pass 1 writes runs of about ``E / K`` entries, pass 2 about ``E / 2^s``: balanced."""
+    n_cols = int(n_cols)
+    forced = os.environ.get("MPIML_SPARSE_BUCKET_SHIFT")
+    s = int(forced) if forced else max(0, (max(1, n_cols).bit_length() - 1) // 2)
+    while -(-n_cols >> s) > BUCKET_MAX and not forced:
+        s += 1
+    if not 0 <= s <= 16 or (1 << s) > BUCKET_MAX or -(-n_cols >> s) > BUCKET_MAX:
+        return None
+    return s
+
+
+def _bucket_smem(T, s, K):
+    """Dynamic shared memory of (pass 1, pass 2) of the bucket transpose for values of C type ``T``."""
+    item = 4 if T == "float" else 8
+    E = BUCKET_THREADS * _BUCKET_PER[T]
+    nw = BUCKET_THREADS // 32
+    return E * (item + 8) + K * nw * 2, E * (item + 6) + (1 << s) * (4 + nw * 2)
+
+
+def buckets_supported(A):
+    """Whether :func:`csr_transpose_buckets` takes ``A`` (see :func:`supported`): at most ``BUCKET_MAX²`` columns,
+    fewer than ``2^31`` stored values, and its blocks' shared memory within the device's."""
+    import cupy
+
+    if not supported(A):
+        return False
+    s = bucket_shift(A.shape[1])
+    if s is None or int(A.nnz) >= 2**31 - 2**16:
+        return False
+    optin = int(cupy.cuda.Device().attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
+    need = max(_bucket_smem(_TYPES[np.dtype(A.dtype)], s, -(-A.shape[1] >> s)))
+    return need + 1024 <= optin
+
+
+def csr_transpose_buckets(A, events=None):
+    """``Aᵀ`` as a ``cupyx`` CSR matrix by a two-level stable counting sort (``mpiml_bt_*`` in ``spmm.cu``), with no
+    wait on the device: the arrays of cuSPARSE's conversion (``A.T.tocsr()``), each row of ``Aᵀ`` in increasing
+    index order whatever the order within ``A``'s rows (duplicates kept, in storage order).  For ``A`` that
+    :func:`buckets_supported` takes.
+
+    Columns go by buckets of ``2^s`` (:func:`bucket_shift`).  Three kernels and a scan: the count of each chunk of
+    ``E`` stored values in each bucket; a block a chunk sorts it by bucket in shared memory (stable) and writes each
+    bucket's run to the staging, bucket-major; a block a bucket counts its columns (``Aᵀ``'s row pointers) and
+    sorts its entries tile by tile by column in shared memory (stable), each column's run written after the last.
+    No global atomic, no scattered 4-byte write, no sort phase.  Memory besides ``Aᵀ``'s arrays: the staging (10
+    bytes a float32 value, 14 a float64) and the counts (4 bytes a chunk and bucket).  ``events``: a list that gets
+    ``(phase, CUDA event)`` after each phase (the benchmark's breakdown)."""
+    import cupy
+
+    n_rows, n_cols = A.shape
+    nnz = int(A.nnz)
+    T = _TYPES[np.dtype(A.dtype)]
+
+    def phase(name):
+        if events is not None:
+            events.append((name, cupy.cuda.Event()))
+            events[-1][1].record()
+
+    phase("start")
+    rows_t = cupy.empty(nnz, dtype=cupy.int32)
+    data_t = cupy.empty(nnz, dtype=A.dtype)
+    if nnz == 0 or n_rows == 0 or n_cols == 0:
+        return _csr_from_parts(data_t, rows_t, cupy.zeros(n_cols + 1, dtype=cupy.int32), (n_cols, n_rows))
+    s = bucket_shift(n_cols)
+    if s is None:
+        raise ValueError(f"the bucket transpose takes at most {BUCKET_MAX ** 2} columns; got {n_cols}")
+    K = -(-n_cols >> s)
+    per = _BUCKET_PER[T]
+    threads = BUCKET_THREADS
+    E = threads * per
+    nchunks = -(-nnz // E)
+    smem_a, smem_b = _bucket_smem(T, s, K)
+    starts = cupy.arange(nchunks, dtype=cupy.int64) * E
+    chunk_row = (cupy.searchsorted(A.indptr.astype(cupy.int64), starts, side="right") - 1).astype(cupy.int32)
+    counts = cupy.zeros(K * nchunks + 1, dtype=cupy.int32)
+    counts_fn = _function(f"mpiml_bt_counts<{per}>")
+    counts_fn((nchunks,), (threads,), (A.indices, np.int64(nnz), np.int32(s), np.int32(K), np.int32(nchunks), counts),
+              shared_mem=4 * K)
+    phase("counts")
+    offsets = cupy.cumsum(counts, dtype=cupy.int32)      # offsets[k * nchunks + c]: (bucket, chunk)'s first place
+    st_col = cupy.empty(nnz, dtype=cupy.uint16)
+    st_row = cupy.empty(nnz, dtype=cupy.int32)
+    st_val = cupy.empty(nnz, dtype=A.dtype)
+    ptr = cupy.empty(n_cols + 1, dtype=cupy.int32)
+    phase("scan and allocation")
+    scatter = _function(f"mpiml_bt_scatter<{T}, {per}>")
+    scatter.max_dynamic_shared_size_bytes = smem_a
+    scatter((nchunks,), (threads,), (A.indptr, A.indices, A.data, np.int64(n_rows), np.int64(nnz), chunk_row,
+                                     np.int32(s), np.int32(K), np.int32(nchunks), offsets, st_col, st_row, st_val),
+            shared_mem=smem_a)
+    phase("buckets")
+    place = _function(f"mpiml_bt_place<{T}, {per}>")
+    place.max_dynamic_shared_size_bytes = smem_b
+    place((K,), (threads,), (st_col, st_row, st_val, offsets, np.int32(nchunks), np.int32(K), np.int32(s),
+                             np.int32(n_cols), ptr, rows_t, data_t), shared_mem=smem_b)
+    phase("columns")
+    return _csr_from_parts(data_t, rows_t, ptr, (n_cols, n_rows))
+
+
 def _csr_from_parts(data, indices, indptr, shape):
     """A ``cupyx`` CSR matrix of these arrays with no check of their contents (a constructor that checks the
     indices reads them back: a wait on the device)."""
@@ -713,6 +834,22 @@ def _csr_from_parts(data, indices, indptr, shape):
     M = csp.csr_matrix(shape, dtype=data.dtype)
     M.data, M.indices, M.indptr = data, indices, indptr
     return M
+
+
+# ---------------------------------------------------------------------- random matrix
+def normal(seed, shape, dtype=np.float32):
+    """A standard normal CuPy array of ``shape`` in ``dtype`` (float32 or float64) from an integer ``seed``, drawn by
+    ``mpiml_normal`` (splitmix64 at a counter a pair, Box-Muller in double): one launch, nothing set up, the same
+    values on every device for a seed."""
+    import cupy
+
+    dtype = np.dtype(dtype)
+    out = cupy.empty(shape, dtype=dtype)
+    n = int(out.size)
+    if n:
+        _function(f"mpiml_normal<{_TYPES[dtype]}>")((_blocks(_THREADS, -(-n // 2)),), (_THREADS,),
+                                                   (np.uint64(int(seed) % 2**64), np.int64(n), out))
+    return out
 
 
 # ---------------------------------------------------------------------- small factorisations
