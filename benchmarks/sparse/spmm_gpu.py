@@ -187,6 +187,7 @@ def main(argv=None):
     from mpiml.bench.ml_decomp import _gpu_rates
     from mpiml.decomposition import TruncatedSVD
     from mpiml.kernels import sparse
+    from mpiml.kernels.sparse import _launch as sparse_launch
     from mpiml.utils._linalg import column_sums
 
     n, d, k = int(args.rows), int(args.features), args.nnz_per_row
@@ -287,11 +288,11 @@ def main(argv=None):
         os.environ.pop("MPIML_SPARSE_GATHER", None)
         sweep = res["blocks_per_sm_sweep_s"] = {}          # the grid of the gathers (grid-stride, 256 threads a block)
         for per_sm in (4, 8, 16, 32, 64, 128):
-            sparse.MAX_BLOCKS_PER_SM = per_sm
+            sparse_launch.MAX_BLOCKS_PER_SM = per_sm
             sweep[f"XV {per_sm}"] = best_seconds(lambda: sparse.csr_matmul(X, V), args.repeats, sync)
             sweep[f"XtU {per_sm}"] = best_seconds(lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64), args.repeats,
                                                   sync)
-        sparse.MAX_BLOCKS_PER_SM = 64
+        sparse_launch.MAX_BLOCKS_PER_SM = 64
         print("  gathers by blocks per SM (ms):", {k: round(v * 1e3, 3) for k, v in sweep.items()}, flush=True)
         chunks = None
         if args.chunk_bytes:                        # U's rows a chunk at a time, each chunk staying in L2 (opt-in)

@@ -380,7 +380,7 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
     select._module(("mpiml_knn_exact_sq<double>",))
     from mpiml.kernels import sparse
 
-    monkeypatch.setattr(sparse, "_FUNCTIONS", {})
+    monkeypatch.setattr(sparse._launch, "_FUNCTIONS", {})
     sparse._function("mpiml_csr_gather<float, double, float, 32, 1>")
     sparse._function("mpiml_csr_row_moments<double>")
     sparse._function("mpiml_csr_split")

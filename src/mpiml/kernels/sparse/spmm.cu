@@ -124,30 +124,47 @@ __device__ __forceinline__ unsigned mpiml_group_mask() {
     return ((1u << G) - 1u) << (lane & ~(G - 1));
 }
 
+// The rows of A by groups of G lanes (gather and scatter): this lane's place g in its group, the group's first row
+// and the grid's stride over the rows.
+template <int G>
+struct MpimlRowGroups {
+    static_assert(32 % G == 0 && G % 4 == 0, "G must divide 32 and be a multiple of 4");
+    const unsigned mask = mpiml_group_mask<G>();
+    const int g = threadIdx.x & (G - 1);
+    const long long first = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / G;
+    const long long stride = (long long)gridDim.x * (MPIML_SPARSE_THREADS / G);
+};
+
+// Stored value j of a row that ends at end, as (index, value); (0, 0) past the end: a group's coalesced load.
+template <typename T>
+__device__ __forceinline__ void mpiml_stored_pair(const int* __restrict__ indices, const T* __restrict__ data,
+                                                  const int j, const int end, int& col, T& val) {
+    col = 0;
+    val = T(0);
+    if (j < end) {
+        col = __ldg(indices + j);
+        val = __ldg(data + j);
+    }
+}
+
 template <typename T, typename Acc, typename Out, int G, int CPL>
 __global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
 mpiml_csr_gather(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
                  const long long n_rows, const T* __restrict__ V, const long long ldv, const int b,
                  Out* __restrict__ Y, const long long ldy) {
-    static_assert(32 % G == 0 && G % 4 == 0, "G must divide 32 and be a multiple of 4");
-    const unsigned mask = mpiml_group_mask<G>();
-    const int g = threadIdx.x & (G - 1);
-    const long long groups = (long long)gridDim.x * (MPIML_SPARSE_THREADS / G);
-    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / G; row < n_rows;
-         row += groups) {
+    const MpimlRowGroups<G> rg;
+    const unsigned mask = rg.mask;
+    const int g = rg.g;
+    for (long long row = rg.first; row < n_rows; row += rg.stride) {
         const int start = __ldg(indptr + row);
         const int end = __ldg(indptr + row + 1);
         Acc acc[CPL];
 #pragma unroll
         for (int q = 0; q < CPL; ++q) acc[q] = Acc(0);
         for (int base = start; base < end; base += G) {
-            const int j = base + g;
-            int col = 0;
-            T val = T(0);
-            if (j < end) {
-                col = __ldg(indices + j);
-                val = __ldg(data + j);
-            }
+            int col;
+            T val;
+            mpiml_stored_pair(indices, data, base + g, end, col, val);
             const int cnt = min(G, end - base);
             for (int k = 0; k < cnt; k += 4) {
                 T x[4][CPL];
@@ -255,12 +272,10 @@ __global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
 mpiml_csr_scatter(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
                   const long long n_rows, const T* __restrict__ U, const long long ldu, const int b,
                   Out* __restrict__ Y, const long long ldy) {
-    static_assert(32 % G == 0 && G % 4 == 0, "G must divide 32 and be a multiple of 4");
-    const unsigned mask = mpiml_group_mask<G>();
-    const int g = threadIdx.x & (G - 1);
-    const long long groups = (long long)gridDim.x * (MPIML_SPARSE_THREADS / G);
-    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / G; row < n_rows;
-         row += groups) {
+    const MpimlRowGroups<G> rg;
+    const unsigned mask = rg.mask;
+    const int g = rg.g;
+    for (long long row = rg.first; row < n_rows; row += rg.stride) {
         const int start = __ldg(indptr + row);
         const int end = __ldg(indptr + row + 1);
         Out u[CPL];
@@ -271,13 +286,9 @@ mpiml_csr_scatter(const int* __restrict__ indptr, const int* __restrict__ indice
             u[q] = cc < b ? Out(__ldg(ur + cc)) : Out(0);
         }
         for (int base = start; base < end; base += G) {
-            const int j = base + g;
-            int col = 0;
-            T val = T(0);
-            if (j < end) {
-                col = __ldg(indices + j);
-                val = __ldg(data + j);
-            }
+            int col;
+            T val;
+            mpiml_stored_pair(indices, data, base + g, end, col, val);
             const int cnt = min(G, end - base);
             for (int k = 0; k < cnt; ++k) {
                 const int c = __shfl_sync(mask, col, k, G);
