@@ -14,7 +14,8 @@ vector (``b = 1``, sparse Ridge's products); the column sums (``mpiml.utils._lin
 kernel's row moments of ``Xᵀ``); then whole TruncatedSVD fits (defaults but ``n_components``) under each
 ``MPIML_SPARSE_PRODUCTS`` mode, and in the "kernels" mode with each transpose (``MPIML_SPARSE_TRANSPOSE``),
 the host's CholeskyQR2 algebra (``MPIML_RANDOMIZED_ALGEBRA=host``) and cuRAND's random matrix
-(``MPIML_DEVICE_NORMAL=curand``: with cuSPARSE's transpose, the code measured at 20:20).
+(``MPIML_DEVICE_NORMAL=curand``: with cuSPARSE's transpose, the code measured at 20:20) and the device
+algebra's checks read after the fit's end is queued (``MPIML_RANDOMIZED_CHECKS=deferred``).
 ``--timeline``: one more fit of each of those, its steps timed by CUDA events with no synchronisation added
 (device ms between steps, host ms, and where the host stood against the device); ``--trace``: one fit with
 every function of the decomposition, its validation and kernels timed with the device synchronised around
@@ -105,8 +106,11 @@ _VARIANTS = {"kernels": {},
              "kernels, cuSPARSE transpose + cuRAND normal (the code of 20:20)": {"MPIML_SPARSE_TRANSPOSE": "cusparse",
                                                                                 "MPIML_DEVICE_NORMAL": "curand"},
              "kernels, bucket transpose + host algebra": {"MPIML_SPARSE_TRANSPOSE": "buckets",
-                                                          "MPIML_RANDOMIZED_ALGEBRA": "host"}}
-_VARIANT_KEYS = ("MPIML_SPARSE_TRANSPOSE", "MPIML_RANDOMIZED_ALGEBRA", "MPIML_DEVICE_NORMAL")
+                                                          "MPIML_RANDOMIZED_ALGEBRA": "host"},
+             "kernels, deferred checks": {"MPIML_RANDOMIZED_CHECKS": "deferred"},
+             "kernels, bucket transpose + deferred checks": {"MPIML_SPARSE_TRANSPOSE": "buckets",
+                                                             "MPIML_RANDOMIZED_CHECKS": "deferred"}}
+_VARIANT_KEYS = ("MPIML_SPARSE_TRANSPOSE", "MPIML_RANDOMIZED_ALGEBRA", "MPIML_DEVICE_NORMAL", "MPIML_RANDOMIZED_CHECKS")
 
 
 def _set_variant(env):

@@ -478,10 +478,12 @@ def test_small_svd_by_jacobi():
         np.testing.assert_allclose((Vt @ Vt.T).get(), np.eye(l), atol=1e-12)
 
 
-@pytest.mark.parametrize("transpose,algebra", [("kernel", "device"), ("buckets", "device"), ("cusparse", "host")])
-def test_truncated_svd_device_algebra_equals_host(transpose, algebra, monkeypatch):
-    """TruncatedSVD with either transpose and either CholeskyQR2 algebra (every normaliser) gives the host fit; with
-    the device's, an iterate past CholeskyQR2's limit fails the deferred check and runs again with the host's."""
+@pytest.mark.parametrize("transpose,algebra,checks", [("kernel", "device", "now"), ("buckets", "device", "now"),
+                                                      ("buckets", "device", "deferred"), ("cusparse", "host", "now")])
+def test_truncated_svd_device_algebra_equals_host(transpose, algebra, checks, monkeypatch):
+    """TruncatedSVD with each transpose and either CholeskyQR2 algebra (every normaliser) gives the host fit; with
+    the device's, an iterate past CholeskyQR2's limit fails the check and runs again with the host's, the check
+    read at the range finder's end or after the fit's end was queued (MPIML_RANDOMIZED_CHECKS=deferred)."""
     import cupy as cp
     import cupyx.scipy.sparse as csp
     import scipy.sparse as sp
@@ -491,6 +493,7 @@ def test_truncated_svd_device_algebra_equals_host(transpose, algebra, monkeypatc
 
     monkeypatch.setenv("MPIML_SPARSE_TRANSPOSE", transpose)
     monkeypatch.setenv("MPIML_RANDOMIZED_ALGEBRA", algebra)
+    monkeypatch.setenv("MPIML_RANDOMIZED_CHECKS", checks)
     X = _csr(2500, 300, 0.02, np.float64, 21)
     X.data = np.abs(X.data)
     Xg = csp.csr_matrix(X)

@@ -420,6 +420,18 @@ def _small_svd(R, xp):
 #: condition limit, or Jacobi unconverged), the range finder runs again from the same random matrix with the
 #: host's algebra (and its TSQR fallback).  For ``l <= 64``.
 ALGEBRAS = ("device", "host")
+#: When TruncatedSVD reads the device algebra's checks (environment ``MPIML_RANDOMIZED_CHECKS``, read when a fit
+#: starts): ``"now"`` (default) at the end of the range finder, a wait before the signs, the projection and the
+#: variances are queued; ``"deferred"``: after them (the host queues them while the device still runs the
+#: products; a failed check redoes the fit's end with the host algebra's result).  Opt-in: the pass of 21:10, whose
+#: code deferred them (and kept a cuRAND generator per device), measured a steady 211.7 ms in every variant's
+#: variances step, cause unknown (the benchmark times both).
+CHECKS = ("now", "deferred")
+
+
+def checks_mode():
+    """When TruncatedSVD reads the device algebra's checks, from ``MPIML_RANDOMIZED_CHECKS`` (see :data:`CHECKS`)."""
+    return _sparse_kernels._env_choice("MPIML_RANDOMIZED_CHECKS", CHECKS)
 
 
 def algebra_mode():
@@ -446,10 +458,19 @@ def _cholqr2_device(A, comm, flag, xp):
     return Q, R
 
 
-def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, device):
+def _checks_failed(flag, comm):
+    """Whether a check of the device's CholeskyQR2 algebra failed (one read back), alike on every rank."""
+    failed = int(to_numpy(flag)[0]) != 0
+    if comm.size > 1:   # the checks act on replicated matrices, alike everywhere; agreed on all the same
+        failed = bool(np.asarray(comm.allreduce(np.array([float(failed)])))[0] > 0)
+    return failed
+
+
+def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, device, deferred=False):
     """``(Q, Uhat, s, Vt)`` of randomized_svd's untransposed case from the random matrix ``Omega``: ``X ≈ Q Uhat
     diag(s) Vt``.  ``device``: the CholeskyQR2 rounds by :func:`_cholqr2_device`, whose checks are read once at
-    the end with the ``l x l`` factor of the final SVD; None when one failed (on every rank alike)."""
+    the end with the ``l x l`` factor of the final SVD; None when one failed (on every rank alike).  ``deferred``
+    (with ``device``): ``(Q, Uhat, s, Vt, flag)``, the checks unread (:func:`_checks_failed`)."""
     flag = xp.zeros(1, dtype=xp.int32) if device else None
 
     def orth(Y, how, on):
@@ -485,9 +506,10 @@ def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, devic
     Ur, s, Vrt = _sparse_kernels.small_svd(Rb, flag)
     # B = Rbᵀ Qbᵀ = Vrtᵀ diag(s) Urᵀ Qbᵀ
     Uhat, Vt = Vrt.T, (Qb @ Ur).T
-    failed = int(to_numpy(flag)[0]) != 0
-    if comm.size > 1:   # the checks act on replicated matrices, alike everywhere; agreed on all the same
-        failed = bool(np.asarray(comm.allreduce(np.array([float(failed)])))[0] > 0)
+    if deferred:
+        mark("SVD of Qt X", xp)
+        return Q, Uhat, s, Vt, flag
+    failed = _checks_failed(flag, comm)
     mark("SVD of Qt X", xp)
     if failed:
         return None
@@ -495,7 +517,8 @@ def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, devic
 
 
 def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversamples=10, n_iter=4,
-                   power_iteration_normalizer="auto", random_state=None, transpose="auto", want_u=True):
+                   power_iteration_normalizer="auto", random_state=None, transpose="auto", want_u=True,
+                   deferred=False):
     """Randomised truncated SVD of the row-distributed ``X`` (Halko, Martinsson, Tropp 2011).
 
     Parameters
@@ -516,6 +539,10 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
         matrix then has one row per sample; each rank takes its rows of it.
     want_u : bool, default=True
         False: ``U_local`` is not formed (None; TruncatedSVD projects ``X`` instead).
+    deferred : bool, default=False
+        Return ``(U_local, s, Vt, redo)``: the device algebra's checks are not read here, so the caller queues more
+        work before the host waits; ``redo()`` reads them (one wait) and returns None when they passed, else the
+        result of the host's algebra from the same random matrix.  ``redo`` is None when nothing was deferred.
 
     Returns
     -------
@@ -558,14 +585,24 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
     if not transpose:
         Omega = gaussian_matrix(random_state, (d, n_random), comm, xp, dtype)
         mark("random matrix", xp)
-        out = None
+        def finish(out):
+            Q, Uhat, s, Vt = out[:4]
+            U = (Q @ Uhat[:, :n_components].astype(dtype, copy=False)) if want_u else None
+            return U, s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
+
+        def host():
+            return finish(_range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, device=False))
+
         if xp is not np and algebra_mode() == "device" and n_random <= _sparse_kernels.SMALL_MAX:
-            out = _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, device=True)
-        if out is None:   # host algebra, or a deferred check of the device's failed: again from the same Omega
-            out = _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, device=False)
-        Q, Uhat, s, Vt = out
-        U = (Q @ Uhat[:, :n_components].astype(dtype, copy=False)) if want_u else None
-        return U, s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
+            out = _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, device=True, deferred=deferred)
+            if deferred:
+                def redo(flag=out[4]):   # a check failed: the host's algebra from the same Omega
+                    return host() if _checks_failed(flag, comm) else None
+                return (*finish(out), redo)
+            if out is not None:
+                return finish(out)
+        # host algebra, or a check of the device's failed: again from the same Omega
+        return (*host(), None) if deferred else host()
 
     # transposed: M = X.T (d x n); the random matrix has one row per global sample
     Omega = gaussian_matrix(random_state, (n_rows, n_random), comm, xp, dtype)[row_offset:row_offset + n_local]
@@ -581,7 +618,8 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
     # B = Vrt^T diag(s) (Q2 Ur)^T  ->  M = (Q Vrt^T) diag(s) (Q2 Ur)^T,  X = (Q2 Ur) diag(s) (Q Vrt^T)^T
     U = (Q2 @ Ur[:, :n_components].astype(dtype, copy=False)) if want_u else None
     Vt = (Q.astype(xp.float64) @ Vrt.T).T
-    return U, s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
+    out = U, s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
+    return (*out, None) if deferred else out
 
 
 # ---------------------------------------------------------------------- block Lanczos

@@ -11,7 +11,7 @@ from ..kernels import sparse as _sparse_kernels
 from ..utils._linalg import column_sq_dev, column_sums, is_sparse, svd_flip_rows
 from ..utils._param_validation import Interval, StrOptions
 from ._pca import _allreduce, _check_local, validate_local_rows, validated_rows
-from ._solvers import SparseRows, block_lanczos_svd, mark, randomized_svd
+from ._solvers import SparseRows, block_lanczos_svd, checks_mode, mark, randomized_svd
 
 __all__ = ["TruncatedSVD"]
 
@@ -242,10 +242,22 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         else:
             if k > d:
                 raise ValueError(f"n_components({k}) must be <= n_features({d}).")
-            _, S, Vt = randomized_svd(operand, k, comm=comm, xp=xp, n_rows=n, row_offset=int(counts[:comm.rank].sum()),
-                                      n_oversamples=self.n_oversamples, n_iter=self.n_iter,
-                                      power_iteration_normalizer=self.power_iteration_normalizer,
-                                      random_state=self.random_state, want_u=False)
+            deferred = xp is not np and checks_mode() == "deferred"
+            _, S, Vt, *redo = randomized_svd(operand, k, comm=comm, xp=xp, n_rows=n,
+                                             row_offset=int(counts[:comm.rank].sum()),
+                                             n_oversamples=self.n_oversamples, n_iter=self.n_iter,
+                                             power_iteration_normalizer=self.power_iteration_normalizer,
+                                             random_state=self.random_state, want_u=False, deferred=deferred)
+            if redo and redo[0] is not None:   # the device algebra's checks, read after the fit's end is queued
+                X_transformed = self._finish(operand, X, S, Vt, n, comm, xp)
+                again = redo[0]()
+                if again is None:
+                    return X_transformed
+                _, S, Vt = again
+        return self._finish(operand, X, S, Vt, n, comm, xp)
+
+    def _finish(self, operand, X, S, Vt, n, comm, xp):
+        """Signs, components, the projection of this rank's rows and the variances from a fit's ``S`` and ``Vt``."""
         _, Vt = svd_flip_rows(Vt)
         self.components_ = xp.ascontiguousarray(Vt.astype(X.dtype, copy=False))
         mark("signs", xp)

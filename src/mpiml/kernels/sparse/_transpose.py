@@ -181,9 +181,14 @@ def buckets_supported(A):
     s = bucket_shift(A.shape[1])
     if s is None or int(A.nnz) >= 2**31 - 2**16:
         return False
-    optin = int(cupy.cuda.Device().attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
+    dev = cupy.cuda.runtime.getDevice()
+    if dev not in _OPTIN:       # reading a device's attributes costs more than a launch: once per device
+        _OPTIN[dev] = int(cupy.cuda.Device(dev).attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
     need = max(_bucket_smem(_TYPES[np.dtype(A.dtype)], s, -(-A.shape[1] >> s)))
-    return need + 1024 <= optin
+    return need + 1024 <= _OPTIN[dev]
+
+
+_OPTIN = {}
 
 
 def csr_transpose_buckets(A, events=None):
