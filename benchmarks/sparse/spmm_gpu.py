@@ -233,17 +233,19 @@ def main(argv=None):
                       for (_, e0), (name, e1) in zip(events, events[1:])})
             res["transpose buckets equals cusparse"] = same(sparse.csr_transpose_buckets(X))
             res["transpose buckets shift"] = sparse.bucket_shift(d)
-            for shift in (6, 7, 8, 9, 10):
+            for shift, threads in ((6, 1024), (7, 1024), (8, 1024), (9, 1024), (10, 1024), (7, 512), (8, 512),
+                                   (8, 256)):
                 os.environ["MPIML_SPARSE_BUCKET_SHIFT"] = str(shift)
+                os.environ["MPIML_SPARSE_BUCKET_THREADS"] = str(threads)
+                name = f"transpose buckets, 2^{shift} columns a bucket, {threads} threads"
                 try:
                     if sparse.buckets_supported(X):
                         sparse.csr_transpose_buckets(X)
-                        t[f"transpose buckets, 2^{shift} columns a bucket"] = best_seconds(
-                            lambda: sparse.csr_transpose_buckets(X), args.repeats, sync)
-                        res[f"transpose buckets, 2^{shift} columns a bucket, equals cusparse"] = same(
-                            sparse.csr_transpose_buckets(X))
+                        t[name] = best_seconds(lambda: sparse.csr_transpose_buckets(X), args.repeats, sync)
+                        res[name + ", equals cusparse"] = same(sparse.csr_transpose_buckets(X))
                 finally:
                     os.environ.pop("MPIML_SPARSE_BUCKET_SHIFT", None)
+                    os.environ.pop("MPIML_SPARSE_BUCKET_THREADS", None)
             print("  transposes (ms):", {k: round(v * 1e3, 3) for k, v in t.items() if k.startswith("transpose")},
                   flush=True)
 

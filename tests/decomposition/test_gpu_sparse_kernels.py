@@ -379,12 +379,14 @@ def test_csr_transpose_buckets_equals_cusparse(dtype, monkeypatch):
     B.sort_indices()
     A = csp.csr_matrix(B.astype(dtype))
     R = A.T.tocsr()
-    for shift in ("6", "7", "10", "11", ""):       # 11: more columns a bucket than taken (skipped)
-        monkeypatch.setenv("MPIML_SPARSE_BUCKET_SHIFT", shift)
+    for shift, threads in (("6", "1024"), ("7", "256"), ("10", "512"), ("11", "1024"), ("", "1024")):
+        monkeypatch.setenv("MPIML_SPARSE_BUCKET_SHIFT", shift)      # 11: more columns a bucket than taken (skipped)
+        monkeypatch.setenv("MPIML_SPARSE_BUCKET_THREADS", threads)
         if sparse.bucket_shift(A.shape[1]) is None:
             continue
-        _assert_same_csr(sparse.csr_transpose_buckets(A), R, ("shift", shift))
+        _assert_same_csr(sparse.csr_transpose_buckets(A), R, ("shift", shift, threads))
     monkeypatch.delenv("MPIML_SPARSE_BUCKET_SHIFT")
+    monkeypatch.delenv("MPIML_SPARSE_BUCKET_THREADS")
     # rows with unsorted indices: the same matrix, the rows of Xᵀ sorted
     H = _csr(3000, 2000, 0.01, dtype, 5)
     U = H.copy()

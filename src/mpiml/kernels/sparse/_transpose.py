@@ -142,8 +142,14 @@ def csr_transpose(A, max_run=None, moments=False, events=None):
 
 
 #: Threads of a block of the bucket transpose's kernels, and stored values a thread (by value type): a block
-#: holds ``E = threads * per`` entries (8192 float32, 4096 float64) in shared memory.
+#: holds ``E = threads * per`` entries (8192 float32, 4096 float64) in shared memory.  Environment
+#: ``MPIML_SPARSE_BUCKET_THREADS`` (256, 512 or 1024) sets it (the benchmark's sweep: smaller blocks, more of
+#: them an SM, shorter runs).
 BUCKET_THREADS = 1024
+
+
+def _bucket_threads():
+    return int(_env_choice("MPIML_SPARSE_BUCKET_THREADS", (str(BUCKET_THREADS), "256", "512", "1024")))
 #: Most buckets (pass 1) and columns a bucket (pass 2): their per-warp counts are 2 bytes each in shared memory.
 BUCKET_MAX = 1024
 
@@ -163,11 +169,11 @@ def bucket_shift(n_cols):
     return s
 
 
-def _bucket_smem(T, s, K):
+def _bucket_smem(T, s, K, threads):
     """Dynamic shared memory of (pass 1, pass 2) of the bucket transpose for values of C type ``T``."""
     item = 4 if T == "float" else 8
-    E = BUCKET_THREADS * _BUCKET_PER[T]
-    nw = BUCKET_THREADS // 32
+    E = threads * _BUCKET_PER[T]
+    nw = threads // 32
     return E * (item + 8) + K * nw * 2, E * (item + 6) + (1 << s) * (4 + nw * 2)
 
 
@@ -184,7 +190,7 @@ def buckets_supported(A):
     dev = cupy.cuda.runtime.getDevice()
     if dev not in _OPTIN:       # reading a device's attributes costs more than a launch: once per device
         _OPTIN[dev] = int(cupy.cuda.Device(dev).attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
-    need = max(_bucket_smem(_TYPES[np.dtype(A.dtype)], s, -(-A.shape[1] >> s)))
+    need = max(_bucket_smem(_TYPES[np.dtype(A.dtype)], s, -(-A.shape[1] >> s), _bucket_threads()))
     return need + 1024 <= _OPTIN[dev]
 
 
@@ -225,10 +231,10 @@ def csr_transpose_buckets(A, events=None):
         raise ValueError(f"the bucket transpose takes at most {BUCKET_MAX ** 2} columns; got {n_cols}")
     K = -(-n_cols >> s)
     per = _BUCKET_PER[T]
-    threads = BUCKET_THREADS
+    threads = _bucket_threads()
     E = threads * per
     nchunks = -(-nnz // E)
-    smem_a, smem_b = _bucket_smem(T, s, K)
+    smem_a, smem_b = _bucket_smem(T, s, K, threads)
     starts = cupy.arange(nchunks, dtype=cupy.int64) * E
     chunk_row = (cupy.searchsorted(A.indptr.astype(cupy.int64), starts, side="right") - 1).astype(cupy.int32)
     counts = cupy.zeros(K * nchunks + 1, dtype=cupy.int32)
