@@ -19,15 +19,22 @@ __all__ = ["TruncatedSVD"]
 def _global_variances(X, Xt, n, *, comm, xp):
     """Sum of the feature variances of ``X`` and the column variances of ``Xt`` (ddof=0), global.
 
-    Two allreduces, of ``d + k`` (the sums: the means) and ``1 + k`` float64
-    (the squared deviations).  A sparse ``X`` is not densified (its implicit
+    Two allreduces, of ``d + k`` (the sums: the means) and ``2 + k`` float64
+    (the squared deviations and a count of columns to redo, whose reading is
+    the one wait on the device).  A sparse ``X`` is not densified (its implicit
     zeros are counted, as scikit-learn's ``mean_variance_axis`` does); a
     ``cupyx`` shard with its transpose stored (:class:`SparseRows`) takes the
     moments of its columns from the kernel transpose's sort (sums and squares
     about the stored values' own mean, computed while it sorts, so no pass
     here: ``Σ (x - m)² = s2 + c (s1 / c - m)²`` over a column's ``c`` stored
     values, every term non-negative), or reads them off the rows of ``Xᵀ``
-    (a kernel, two passes over its values).  Dense CuPy blocks are read once by the column-moments kernel
+    in one pass (a kernel: sums and squares about the column's first stored
+    value ``s``, then over the ``c`` stored values ``Σ (x - m)² = Q - 2 (m -
+    s)(S - c s) + c (m - s)²``, exact algebra with ``s`` among the column's
+    values), its check that ``Xᵀ``'s rows strictly increase read with the
+    result (one wait; where they do not, duplicates, that rank's share is
+    computed again from ``X`` and summed once more, on every rank alike).
+    Dense CuPy blocks are read once by the column-moments kernel
     about a shift of this rank's own (the mean of its first rows): with ``S``
     the rank's sums, ``Q`` its squared deviations about ``s`` and ``m`` the
     global mean, its share is ``Q - 2 (m - s)(S - n_r s) + n_r (m - s)²``,
@@ -57,8 +64,11 @@ def _global_variances(X, Xt, n, *, comm, xp):
     if n_r:
         if by_sort is not None:
             sums[:d] = by_sort[0]
-        elif stored is not None:
-            sums[:d] = stored.kernels.csr_row_moments(stored.XT, check=False)[0]
+        elif stored is not None:      # one pass: sums and squares about each column's first stored value
+            XT = stored.XT
+            s0 = XT.data[xp.minimum(XT.indptr[:-1], XT.nnz - 1)].astype(xp.float64)
+            S_t, Q_t, not_canonical = stored.kernels.csr_row_moments(XT, s0, check="device")
+            sums[:d] = S_t
         elif is_sparse(X) or moments is None:
             sums[:d] = column_sums(X)
         else:
@@ -71,7 +81,8 @@ def _global_variances(X, Xt, n, *, comm, xp):
             sums[d:] = one_t[0]
     mark("variances: sums", xp)
     means = _allreduce(comm, sums) / n
-    sq = xp.zeros(1 + k, dtype=xp.float64)
+    sq = xp.zeros(2 + k, dtype=xp.float64)     # X's squared deviations, Xt's k, then the count of columns redone
+    fast = None
 
     def share(first, m):
         S, Q, s = first
@@ -90,16 +101,24 @@ def _global_variances(X, Xt, n, *, comm, xp):
                 done = True
         elif stored is not None:
             m = means[:d]
-            _, s2, canonical = stored.kernels.csr_row_moments(stored.XT, m)
-            if canonical:  # the implicit zeros of each column add (rows - stored) m²
-                sq[0] = (s2 + (n_r - xp.diff(stored.XT.indptr)) * m * m).sum()
-                done = True
+            c = xp.diff(XT.indptr).astype(xp.float64)
+            dev = Q_t - 2.0 * (m - s0) * (S_t - c * s0) + c * (m - s0) ** 2
+            sq[0] = fast = (dev + (n_r - c) * m * m).sum()   # the implicit zeros add (rows - stored) m²
+            sq[-1] = not_canonical[0]
+            done = True
         if not done:
             sq[0] = (share(one_x, means[:d]) if one_x is not None else column_sq_dev(X, means[:d])).sum()
-        sq[1:] = share(one_t, means[d:]) if one_t is not None else column_sq_dev(Xt, means[d:])
+        sq[1:1 + k] = share(one_t, means[d:]) if one_t is not None else column_sq_dev(Xt, means[d:])
     mark("variances: squared deviations", xp)
-    sq = _allreduce(comm, sq) / n
-    return float(to_numpy(sq[:1])[0]), sq[1:]
+    mine = sq[:1].copy()
+    sq = _allreduce(comm, sq)
+    head = to_numpy(sq[::1 + k])                 # X's total and the count of columns to redo: the one wait
+    total = head[0]
+    if head[-1] > 0:   # duplicates in some rank's Xᵀ: those ranks' shares again, from X; every rank sums again
+        if fast is not None and int(to_numpy(not_canonical)[0]):
+            mine[0] = column_sq_dev(X, means[:d]).sum()
+        total = to_numpy(_allreduce(comm, mine))[0]
+    return float(total) / n, sq[1:1 + k] / n
 
 
 class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
@@ -160,7 +179,8 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
       allreduce of ``d x l`` float64; when ``n < d`` the roles of the two
       sides swap (scikit-learn's ``transpose``);
     - ``"arpack"``: one allreduce of ``d x k`` float64 per block product;
-    - the variances: two allreduces of ``d + k`` and ``k + 1`` float64.
+    - the variances: two allreduces of ``d + k`` and ``k + 2`` float64 (one more
+      of one value where a rank's ``Xᵀ`` has duplicate entries).
 
     :meth:`transform` and :meth:`inverse_transform` act on local rows and
     communicate nothing.  Only ``X @ V`` and ``X.T @ U`` touch the data in

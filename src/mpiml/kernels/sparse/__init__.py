@@ -344,7 +344,8 @@ def csr_row_moments(A, shift=None, check=True):
     row's indices strictly increase (sorted, no duplicates; when not, ``s2``
     is not the moment of the matrix, whose duplicate entries add up before
     squaring).  ``shift`` (float64, one per row) defaults to zero.  ``check=False``:
-    ``canonical`` is None and nothing is read back (no wait on the device).
+    ``canonical`` is None and nothing is read back (no wait on the device); ``check="device"``: the count of
+    rows that are not canonical instead, a device int32 (1,) array, unread.
     """
     import cupy
 
@@ -358,6 +359,8 @@ def csr_row_moments(A, shift=None, check=True):
     _function(f"mpiml_csr_row_moments<{_TYPES[np.dtype(A.dtype)]}>")(
         (_blocks(_THREADS // 32, n_rows),), (_THREADS,),
         (A.indptr, A.indices, A.data, np.int64(n_rows), sh, s1, s2, bad))
+    if check == "device":
+        return s1, s2, bad
     return s1, s2, (int(bad.get()[0]) == 0 if check else None)
 
 
