@@ -585,6 +585,7 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
     if not transpose:
         Omega = gaussian_matrix(random_state, (d, n_random), comm, xp, dtype)
         mark("random matrix", xp)
+
         def finish(out):
             Q, Uhat, s, Vt = out[:4]
             U = (Q @ Uhat[:, :n_components].astype(dtype, copy=False)) if want_u else None
