@@ -344,9 +344,15 @@ def test_csr_transpose_equals_cusparse(dtype):
 
 
 def _assert_same_csr(T, R, what):
-    assert T.shape == R.shape and T.dtype == R.dtype, what
+    """The same shape, dtype and arrays; else the first place that differs, with the arrays around it."""
+    assert T.shape == R.shape and T.dtype == R.dtype, (what, T.shape, R.shape, T.dtype, R.dtype)
     for name in ("indptr", "indices", "data"):
-        assert bool((getattr(T, name) == getattr(R, name)).all()), (what, name)
+        got, want = getattr(T, name).get(), getattr(R, name).get()
+        if got.shape != want.shape or not (got == want).all():
+            i = int(np.argmax(got != want)) if got.shape == want.shape else 0
+            raise AssertionError(f"{what}: {name} differs (sizes {got.size}, {want.size}) first at {i}: got "
+                                 f"{got[max(0, i - 3):i + 5]}, want {want[max(0, i - 3):i + 5]}; indptr head "
+                                 f"{T.indptr.get()[:6]} vs {R.indptr.get()[:6]}")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
