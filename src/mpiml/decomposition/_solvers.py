@@ -423,9 +423,9 @@ ALGEBRAS = ("device", "host")
 #: When TruncatedSVD reads the device algebra's checks (environment ``MPIML_RANDOMIZED_CHECKS``, read when a fit
 #: starts): ``"now"`` (default) at the end of the range finder, a wait before the signs, the projection and the
 #: variances are queued; ``"deferred"``: after them (the host queues them while the device still runs the
-#: products; a failed check redoes the fit's end with the host algebra's result).  Opt-in: the pass of 21:10, whose
-#: code deferred them (and kept a cuRAND generator per device), measured a steady 211.7 ms in every variant's
-#: variances step, cause unknown (the benchmark times both).
+#: products; a failed check redoes the fit's end with the host algebra's result).  Opt-in until measured (taken back
+#: after the pass of 21:10, whose 211.7 ms variances step was the benchmark's matrix: duplicate entries, which the
+#: variances sum on a copy of X; the benchmark times both).
 CHECKS = ("now", "deferred")
 
 
