@@ -45,6 +45,8 @@ __all__ = ["Objective", "EarlyPass", "lbfgs", "newton_cholesky", "newton_cg", "c
 
 
 def _fingerprint(*arrays):
+    if len(arrays) == 1:   # (one vector, an optimiser's point: its bytes without the join)
+        return float(zlib.crc32(np.ascontiguousarray(arrays[0], dtype=np.float64).tobytes()) & 0xFFF)
     data = b"".join(np.ascontiguousarray(a, dtype=np.float64).tobytes() for a in arrays)
     return float(zlib.crc32(data) & 0xFFF)
 
@@ -196,13 +198,12 @@ class Objective:
     def _fused_local(self, w, v=None, fp=0.0):
         """``[Σ w·loss | gradient | fp, fp²]`` (or ``[H v | fp, fp²]`` when ``v`` is given) by one read of
         ``X`` on the device, packed there for the allreduce (a float64 CuPy vector)."""
+        if v is None:   # (the binary point read in place: the coefficients, then the intercept's value)
+            d = self.d
+            return self._pass(w[:d], float(w[d]) * self.scale if self.fi else 0.0, None, 0.0, fp)
         coef, intercept = self.split(w)
-        if v is None:
-            vec, vbias = None, 0.0
-        else:
-            vc, vb = self.split(v)
-            vec, vbias = vc[0], float(vb[0])
-        return self._pass(coef[0], float(intercept[0]), vec, vbias, fp)
+        vc, vb = self.split(v)
+        return self._pass(coef[0], float(intercept[0]), vc[0], float(vb[0]), fp)
 
     def _local(self, w, hessian, fp=0.0):
         """This rank's ``[Σ w·loss | gradient | (Hessian)]`` as host float64 (unscaled); on the fused path
@@ -348,7 +349,9 @@ class Objective:
             kept, self._kept_local = self._kept_local, None
             if not hessian and kept[0].shape == w.shape and np.array_equal(kept[0], w):
                 local = kept[1]
-        packed = self._reduce(self._local(w, hessian, fp) if local is None else local, fp)
+        if local is None:
+            local = self._fused_local(w, fp=fp) if self._fused and not hessian else self._local(w, hessian, fp)
+        packed = self._reduce(local, fp)
         npar = self.n_params
         reg = np.where(self.penalised, w, 0.0)
         loss = packed[0] / self.sw_sum + 0.5 * self.l2 * float(reg @ reg)
