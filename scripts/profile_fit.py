@@ -101,6 +101,8 @@ def main():
             per = cupy.cuda.get_elapsed_time(e0, e1) / 5
             per = comm.allgather_obj(round(per, 4))
             say(f"  {name}, 5 queued: {per} ms each (per rank)")
+        if a.algo == "logreg":
+            _host_costs(prepared, comm, say)
     if a.trace:
         _trace(fit, comm, say, a.top)
     if a.timeline:
@@ -118,6 +120,42 @@ def main():
     st = pstats.Stats(pr)
     st.sort_stats("tottime").print_stats(a.top)
     st.sort_stats("cumulative").print_stats(a.top)
+
+
+def _host_costs(prepared, comm, say, reps=21):
+    """Host microseconds of an evaluation's pieces with the device idle (as between L-BFGS evaluations), median of
+    ``reps``: the pass's launch (LogisticPass.__call__ until it returns), the reduction of its sums (the
+    allreduce, its copy to pinned memory and the wait), and the device time each of those leaves after it."""
+    import cupy
+
+    from mpiml.linear_model._base import allreduce_identical_device
+
+    import cupyx
+
+    d = prepared.d
+    pinned = None
+    sync = cupy.cuda.Device().synchronize
+    point = np.zeros(d)
+    launch, reduce_ = [], []
+    for _ in range(reps):
+        sync()
+        comm.barrier()
+        t0 = time.perf_counter()
+        out = prepared(point, 0.0, None, 0.0, 1.0)
+        t1 = time.perf_counter()
+        sync()
+        comm.barrier()
+        if pinned is None:
+            pinned = cupyx.empty_pinned(out.size, dtype=np.float64)
+        t2 = time.perf_counter()
+        allreduce_identical_device(comm, out, host=pinned)
+        t3 = time.perf_counter()
+        launch.append(t1 - t0)
+        reduce_.append(t3 - t2)
+    med = [round(1e6 * float(np.median(v)), 1) for v in (launch, reduce_)]
+    med = comm.allgather_obj(med)
+    say(f"  host us per rank, device idle (median of {reps}): pass launch {[m[0] for m in med]}, "
+        f"reduce+copy of its sums {[m[1] for m in med]}")
 
 
 _TRACED = ("mpiml.linear_model._least_squares", "mpiml.linear_model._lsq_direct", "mpiml.linear_model._lsq_solvers",
@@ -213,7 +251,9 @@ _MARKED = (("mpiml.utils._supervised", "validate_X_y"), ("mpiml.utils._validatio
            ("mpiml.linear_model._lsq_solvers", "ScaledCholesky.__init__"),
            ("mpiml.linear_model._lsq_solvers", "ridge_from_gram"),
            ("mpiml.linear_model._lsq_solvers", "lstsq_from_gram_cholesky"),
-           ("mpiml.linear_model._least_squares", "_LinearRegressorBase._set_coef"))
+           ("mpiml.linear_model._least_squares", "_LinearRegressorBase._set_coef"),
+           ("mpiml.linear_model._base", "fitted_like"), ("mpiml.linear_model._lsq_direct", "augmented_gram"),
+           ("mpiml.linear_model._lsq_direct", "NormalEquations.factor"))
 
 
 def _timeline(fit, comm, say):
