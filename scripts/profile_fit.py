@@ -156,6 +156,37 @@ def _host_costs(prepared, comm, say, reps=21):
     med = comm.allgather_obj(med)
     say(f"  host us per rank, device idle (median of {reps}): pass launch {[m[0] for m in med]}, "
         f"reduce+copy of its sums {[m[1] for m in med]}")
+    # the launch's steps one by one (LogisticPass.__call__'s, replayed): where its host time goes
+    from mpiml.kernels import linear as kernels
+
+    steps = {k: [] for k in ("event sync", "point copy", "kernel launch", "sum launch")}
+    fn, nblocks, smem = prepared._mode(0)
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        prepared._copied.synchronize()
+        t1 = time.perf_counter()
+        prepared._host[:d] = point
+        stream = cupy.cuda.get_current_stream()
+        cupy.cuda.runtime.memcpyAsync(prepared._dev.data.ptr, prepared._host.ctypes.data, d * 8,
+                                      cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        prepared._copied.record(stream)
+        t2 = time.perf_counter()
+        fn((nblocks,), (kernels._LOGISTIC_THREADS,),
+           (prepared.X, *prepared._shape_args, prepared.y01, prepared.sw, prepared._cw, np.float64(0.0),
+            prepared._cw, np.float64(0.0), prepared._partial), shared_mem=smem)
+        t3 = time.perf_counter()
+        out = cupy.empty(d + 4, dtype=cupy.float64)
+        prepared._sum((kernels._sum_grid(out.size),), (kernels._SUM_THREADS,),
+                      (prepared._partial, np.int32(nblocks), np.int32(d), np.int32(1), np.int32(prepared.fi),
+                       np.float64(1.0), np.float64(1.0), out))
+        t4 = time.perf_counter()
+        for k, a, b in (("event sync", t0, t1), ("point copy", t1, t2), ("kernel launch", t2, t3),
+                        ("sum launch", t3, t4)):
+            steps[k].append(b - a)
+    sync()
+    med = comm.allgather_obj({k: round(1e6 * float(np.median(v)), 1) for k, v in steps.items()})
+    say(f"  the launch's steps, host us per rank (median of {reps}): {med}")
 
 
 _TRACED = ("mpiml.linear_model._least_squares", "mpiml.linear_model._lsq_direct", "mpiml.linear_model._lsq_solvers",
