@@ -124,9 +124,14 @@ class NormalEquations:
             n = self.sw_sum if self.sw_sum != 0 else 1.0
             means = s / n
             self.x_mean, self.y_mean = means[:d], means[d:]
-            C = Z[:d, :d + t] - np.outer(s[:d], s) / n
+            # (in place where the values allow: each d x d temporary is a fresh allocation on the fit's path)
+            C = np.outer(s[:d], s)
+            C /= n
+            np.subtract(Z[:d, :d + t], C, out=C)
             G = C[:, :d]
-            self.G = (G + G.T) / 2
+            Gs = G + G.T
+            Gs /= 2
+            self.G = Gs
             self.B = C[:, d:]
         else:
             self.x_mean = self.y_mean = None

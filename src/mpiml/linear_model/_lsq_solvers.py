@@ -206,7 +206,8 @@ class ScaledCholesky:
         if d == 0 or not np.isfinite(A).all() or (diag <= 0).any():
             return
         self.root = 1.0 / np.sqrt(diag)
-        S = A * self.root[:, None] * self.root[None, :]
+        S = A * self.root[:, None]
+        S *= self.root[None, :]
         factor, info = scipy.linalg.lapack.dpotrf(S, lower=0, clean=1)
         if info != 0:
             return
