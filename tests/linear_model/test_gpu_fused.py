@@ -329,6 +329,29 @@ def test_label_scan_kernel(dtype):
     assert linear.label_scan(cp.zeros(5, dtype=cp.uint8)) is None     # other dtypes: the reductions' path
 
 
+def test_lbfgs_driver_on_device_rows_same_bits(monkeypatch):
+    """A device LogisticRegression takes the direct L-BFGS-B loop: the same coefficients, bit for bit, and the
+    same iteration and evaluation counts as through scipy's minimize (MPIML_LINEAR_LBFGS_DRIVER=scipy)."""
+    import cupy as cp
+    from sklearn.datasets import make_classification
+
+    from mpiml.linear_model import LogisticRegression
+    from mpiml.linear_model._logistic_loss import _direct_driver_agrees
+
+    assert _direct_driver_agrees()
+    X, y = make_classification(n_samples=20000, n_features=32, random_state=3)
+    X, y = cp.asarray(X.astype(np.float32)), cp.asarray(y)
+    fits = []
+    for driver in ("direct", "scipy"):
+        monkeypatch.setenv("MPIML_LINEAR_LBFGS_DRIVER", driver)
+        fits.append(LogisticRegression().fit(X, y))
+    a, b = fits
+    np.testing.assert_array_equal(a.coef_.get(), b.coef_.get())
+    np.testing.assert_array_equal(a.intercept_.get(), b.intercept_.get())
+    assert a.n_iter_[0] == b.n_iter_[0] and a._n_fun_evals == b._n_fun_evals and a._n_fun_evals_scipy == \
+        b._n_fun_evals_scipy
+
+
 def test_fitted_attributes_copy_to_the_device():
     """fitted_like: a host array on the device by one plain copy, cast on the host; CuPy and NumPy pass through."""
     import cupy as cp

@@ -398,6 +398,7 @@ class LogisticPass:
         self._ctype = _TYPES[np.dtype(X.dtype)]
         self._pinned = pinned
         self._host = (cupyx.empty_pinned if pinned else np.empty)(2 * max(d, 1), dtype=np.float64)
+        self._host_ptr = self._host.ctypes.data   # (read once: ndarray.ctypes builds an object per access)
         self._dev = cupy.empty(2 * max(d, 1), dtype=cupy.float64)
         self._copied = cupy.cuda.Event(disable_timing=True)   # the last copy out of _host is done
         self._cw, self._cv = self._dev[:d], self._dev[d:2 * d]  # (views made once: a CuPy view costs microseconds)
@@ -436,7 +437,7 @@ class LogisticPass:
             host[d:2 * d] = vec
         stream = cupy.cuda.get_current_stream()
         if d and self._pinned:
-            cupy.cuda.runtime.memcpyAsync(self._dev.data.ptr, host.ctypes.data, (d << mode) * 8,
+            cupy.cuda.runtime.memcpyAsync(self._dev.data.ptr, self._host_ptr, (d << mode) * 8,
                                           cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
         elif d:
             self._dev[:d << mode].set(host[:d << mode])
