@@ -32,6 +32,7 @@ makes the same choice.
 """
 
 import contextlib
+import math
 
 import numpy as np
 
@@ -47,6 +48,7 @@ __all__ = ["augmented_gram", "NormalEquations", "NORMAL_RTOL_FLOOR", "early_loca
 NORMAL_RTOL_FLOOR = 1e-10
 
 _EPS64 = np.finfo(np.float64).eps
+_UNIT_ROUNDOFF = {}   # dtype -> eps / 2
 
 
 def augmented_gram(X, Y, sw, *, comm, xp, local=None):
@@ -183,8 +185,10 @@ class NormalEquations:
     @staticmethod
     def tolerance(kappa, dtype):
         """The error a backward-stable solver in ``dtype`` would make (``√κ u``), at least ``1e-10``."""
-        u = np.finfo(np.dtype(dtype)).eps / 2
-        return max(np.sqrt(kappa) * u, NORMAL_RTOL_FLOOR)
+        u = _UNIT_ROUNDOFF.get(np.dtype(dtype))
+        if u is None:
+            u = _UNIT_ROUNDOFF[np.dtype(dtype)] = float(np.finfo(np.dtype(dtype)).eps / 2)
+        return max(math.sqrt(kappa) * u, NORMAL_RTOL_FLOOR)   # (math: the same correctly rounded root)
 
     def choose(self, dtype, alpha=0.0, fit_intercept=True):
         """``"normal"``, ``"centred"`` (a second, exactly centred Gram pass) or ``"tsqr"`` (see the module notes)."""
