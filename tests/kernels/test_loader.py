@@ -376,6 +376,7 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
     monkeypatch.setattr(linear, "_FUNCTIONS", {})
     monkeypatch.setattr(select, "_MODULES", {})
     linear._function("mpiml_linear_logistic<float, 0, 1>")
+    linear._function("mpiml_linear_labels<long long>")
     select._module(("mpiml_knn_select<float, 0, 4, 16, true>", "mpiml_knn_merge<float>", "mpiml_knn_norms<float, 0>"))
     select._module(("mpiml_knn_exact_sq<double>",))
     from mpiml.kernels import sparse

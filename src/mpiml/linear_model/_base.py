@@ -53,7 +53,8 @@ def _to_host(x, host):
     import cupy
 
     stream = cupy.cuda.get_current_stream()
-    x = cupy.ascontiguousarray(x)
+    if not x.flags.c_contiguous:
+        x = cupy.ascontiguousarray(x)
     cupy.cuda.runtime.memcpyAsync(host.ctypes.data, x.data.ptr, x.nbytes, cupy.cuda.runtime.memcpyDeviceToHost,
                                   stream.ptr)
     stream.synchronize()

@@ -32,6 +32,7 @@ makes the same choice.
 """
 
 import contextlib
+import math
 
 import numpy as np
 
@@ -47,6 +48,7 @@ __all__ = ["augmented_gram", "NormalEquations", "NORMAL_RTOL_FLOOR", "early_loca
 NORMAL_RTOL_FLOOR = 1e-10
 
 _EPS64 = np.finfo(np.float64).eps
+_UNIT_ROUNDOFF = {}   # dtype -> eps / 2
 
 
 def augmented_gram(X, Y, sw, *, comm, xp, local=None):
@@ -124,18 +126,24 @@ class NormalEquations:
             n = self.sw_sum if self.sw_sum != 0 else 1.0
             means = s / n
             self.x_mean, self.y_mean = means[:d], means[d:]
-            C = Z[:d, :d + t] - np.outer(s[:d], s) / n
+            # (in place where the values allow: each d x d temporary is a fresh allocation on the fit's path)
+            C = np.outer(s[:d], s)
+            C /= n
+            np.subtract(Z[:d, :d + t], C, out=C)
             G = C[:, :d]
-            self.G = (G + G.T) / 2
+            Gs = G + G.T
+            Gs /= 2
+            self.G = Gs
             self.B = C[:, d:]
         else:
             self.x_mean = self.y_mean = None
             self.G, self.B = Gx.copy(), Bx.copy()
-        diag = self.G.diagonal()
-        positive = diag > 0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(positive, self.raw_diag / np.where(positive, diag, 1.0), np.inf)
-        self.cancellation = float(max(ratio.max(initial=1.0) - 1.0, 0.0)) if fit_intercept else 0.0
+        self.cancellation = 0.0
+        if fit_intercept:
+            # (a masked division: no np.errstate, whose context costs more than this arithmetic on the fit's path)
+            diag = self.G.diagonal()
+            ratio = np.divide(self.raw_diag, diag, out=np.full(d, np.inf), where=diag > 0)
+            self.cancellation = max(float(ratio.max(initial=1.0)) - 1.0, 0.0)
         self._factors = {}
 
     def factor(self, alpha=0.0):
@@ -149,7 +157,12 @@ class NormalEquations:
         key = float(alpha)
         found = self._factors.get(key)
         if found is None:
-            found = self._factors[key] = ScaledCholesky(self.G + key * np.eye(self.d) if key else self.G)
+            if key:   # G + alpha I (the diagonal added in place of a copy: no identity matrix formed)
+                A = self.G.copy()
+                A.flat[::self.d + 1] += key
+            else:
+                A = self.G
+            found = self._factors[key] = ScaledCholesky(A)
         return found
 
     def condition(self, alpha=0.0):
@@ -172,8 +185,10 @@ class NormalEquations:
     @staticmethod
     def tolerance(kappa, dtype):
         """The error a backward-stable solver in ``dtype`` would make (``√κ u``), at least ``1e-10``."""
-        u = np.finfo(np.dtype(dtype)).eps / 2
-        return max(np.sqrt(kappa) * u, NORMAL_RTOL_FLOOR)
+        u = _UNIT_ROUNDOFF.get(np.dtype(dtype))
+        if u is None:
+            u = _UNIT_ROUNDOFF[np.dtype(dtype)] = float(np.finfo(np.dtype(dtype)).eps / 2)
+        return max(math.sqrt(kappa) * u, NORMAL_RTOL_FLOOR)   # (math: the same correctly rounded root)
 
     def choose(self, dtype, alpha=0.0, fit_intercept=True):
         """``"normal"``, ``"centred"`` (a second, exactly centred Gram pass) or ``"tsqr"`` (see the module notes)."""
