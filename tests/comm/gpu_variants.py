@@ -1,7 +1,8 @@
 """The opt-in device paths of this session on CuPy buffers (run under mpirun, 2-4 GPUs).
 
 Usage: ``python gpu_variants.py [ALGO]`` (``ipc/lltwoshot`` by default, or ``ipc/pipe``; ``MPIML_TIMEOUT``
-bounds every wait; ``MPIML_IPC_BYTES`` small makes the pipelined kernels take several chunks, and
+bounds every wait; ``MPIML_IPC_LL_RELAY=1`` makes the LL two-shot reduce the relay; ``MPIML_IPC_BYTES`` small
+makes the pipelined kernels take several chunks, and
 ``MPIML_IPC_PIPE_BLOCKS`` / ``MPIML_IPC_PIPE_ROUNDS`` several steps a block).  Checks, exactly against NumPy
 on the gathered inputs (small integers: every result is exact in every dtype):
 
@@ -78,6 +79,8 @@ def run_eager():
                 comm.allreduce(y, "max", out=y, algorithm=ALGO)
                 assert_close(y, reduce_np(xs, "max"), f"allreduce in place {ALGO} {tag}", exact=True)
     check("ipc" in t, f"no ipc transport ({list(t)})")
+    want_relay = os.environ.get("MPIML_IPC_LL_RELAY", "0") == "1"
+    check(t["ipc"].ll_relay == want_relay, f"ipc transport's ll_relay {t['ipc'].ll_relay}, wanted {want_relay}")
 
 
 def run_stream_ordered():
@@ -201,7 +204,8 @@ def main():
         progress("nccl events")
         run_nccl_events()
     if R == 0:
-        print(f"gpu_variants {ALGO}: {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"gpu_variants {ALGO} (MPIML_IPC_LL_RELAY={os.environ.get('MPIML_IPC_LL_RELAY', '0')}): "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
 
 
 guarded(main, comm)

@@ -125,15 +125,19 @@ def _ll_grid(nbytes):
     return max(1, min(LL_MAX_BLOCKS, -(-nbytes // (8 * LL_THREADS))))
 
 
-def _lltwoshot_plan(op, nbytes, nranks, ll_slot):
+def _lltwoshot_plan(op, nbytes, nranks, ll_slot, relay=False):
     """``(chunk bytes, grid)`` of the two-shot LL kernels (``mpiml_bcast_lltwoshot``,
     ``mpiml_reduce_lltwoshot``, ``mpiml_allreduce_lltwoshot``) for calls of ``nbytes``: a chunk keeps its lines within
     the LL region of one parity (``nranks`` slots of ``ll_slot`` bytes, 16-byte lines of
-    8 payload bytes); the grid has one index per line of a part (the same on every rank)."""
+    8 payload bytes); the grid has one index per line of a part (the same on every rank).
+    ``relay``: the reduce whose parts the non-roots own (``mpiml_ll_relay_reduce``, 2 ranks or more)."""
     region = nranks * ll_slot // 16  # lines
-    parts = max(1, nranks - 1) if op == "bcast" else nranks
+    relay = relay and op == "reduce" and nranks > 1
+    parts = max(1, nranks - 1) if op == "bcast" or relay else nranks
     if op == "bcast":   # every line at its own index
         chunk = region
+    elif relay:         # nranks - 1 parts of at most one slot's lines, each with its nranks copies at an owner
+        chunk = ll_slot // 16 * parts
     else:               # nranks parts, each with its nranks copies and the receivers' gathered copy
         chunk = ll_slot // 32 * nranks
     chunk_bytes = 8 * chunk
@@ -226,6 +230,9 @@ class IPCTransport(Transport):
         # the two-shot LL kernels see a parity's slots as one region: with 1 MiB slots (8 MiB a GPU at 4 ranks)
         # a 2 MiB bcast or a 1 MiB reduce / allreduce is one launch there
         self.ll_slot = max(2 * self.ll_max, _env_bytes("MPIML_IPC_LL_SLOT_BYTES", 1 << 20) // 16 * 16)
+        # the LL two-shot reduce as a relay (MPIML_IPC_LL_RELAY=1): the parts owned by the non-roots, whose reduced
+        # lines go to the root (n bytes of payload into the root, not 1.5 n at 4 ranks; mpiml_ll_relay_reduce)
+        self.ll_relay = _config.env_number("MPIML_IPC_LL_RELAY", 0, minimum=0, maximum=1) == 1
         # the pipelined kernels' grid and steps a block (see _pipe_plan): 128 x 1, every step a block of its own,
         # measured best on 4 x H100 (a step's flag is a system-scope release, which a block pays in series; key
         # pipe_run_2020 of benchmarks/results/vs_nccl_4xh100.json, docs/comm.md)
@@ -258,7 +265,7 @@ class IPCTransport(Transport):
             err = f"{type(exc).__name__}: {exc}"
         agree_or_raise(world, err, "ipc workspace")
         # the kernels find a peer's buffers and slots at their own offsets: the layout must be the same everywhere
-        layout = (self.cap, self.ll_max, self.ll_slot, self.pipe_blocks, self.pipe_rounds)
+        layout = (self.cap, self.ll_max, self.ll_slot, self.pipe_blocks, self.pipe_rounds, self.ll_relay)
         shared = world.allgather_obj((handle, layout))
         handles = [h for h, _ in shared]
         if len({lay for _, lay in shared}) > 1:
@@ -266,8 +273,8 @@ class IPCTransport(Transport):
             self._base = None
             raise BackendUnavailableError(
                 "the ipc workspaces differ between ranks (MPIML_IPC_BYTES, MPIML_IPC_LL_BYTES, "
-                "MPIML_IPC_LL_SLOT_BYTES, MPIML_IPC_PIPE_BLOCKS, MPIML_IPC_PIPE_ROUNDS must be the same on every "
-                "rank): "
+                "MPIML_IPC_LL_SLOT_BYTES, MPIML_IPC_PIPE_BLOCKS, MPIML_IPC_PIPE_ROUNDS, MPIML_IPC_LL_RELAY must be "
+                "the same on every rank): "
                 + ", ".join(f"rank {r}: {lay}" for r, (_, lay) in enumerate(shared)))
         peers, err = [], None
         try:
@@ -552,13 +559,15 @@ class IPCTransport(Transport):
         rop = self._reduce_op(op, dtype) if op is not None else None
         sp = sendbuf.data.ptr
         rp = recvbuf.data.ptr if recvbuf is not None and recvbuf.size else 0
-        chunk_bytes, _ = _lltwoshot_plan(op_name, n * isz, self.size, self.ll_slot)
+        relay = self.ll_relay and op_name == "reduce" and self.size > 1
+        extra = root | 16 if relay else root  # (the kernel's relay bit: mpiml_reduce_lltwoshot)
+        chunk_bytes, _ = _lltwoshot_plan(op_name, n * isz, self.size, self.ll_slot, relay)
         for start, count in self._chunks(n, isz, chunk_bytes):
             off = start * isz
             aligned = not ((sp + off) & 7 or (rp + off if rp else 0) & 7)
             fn = self._kernel(op_name, f"mpiml_{op_name}_lltwoshot", dtype, rop, aligned)
-            _, grid = _lltwoshot_plan(op_name, count * isz, self.size, self.ll_slot)
-            self._launch(fn, grid, sp + off, (rp + off) if rp else 0, count, root, LL_THREADS)
+            _, grid = _lltwoshot_plan(op_name, count * isz, self.size, self.ll_slot, relay)
+            self._launch(fn, grid, sp + off, (rp + off) if rp else 0, count, extra, LL_THREADS)
         return self._done(op_name)
 
     def _pipe(self, op_name, sendbuf, recvbuf, op, root):
@@ -793,7 +802,7 @@ class IPCTransport(Transport):
             return None
         kernel = f"mpiml_{op}_{algo}"
         if algo == "lltwoshot":
-            chunk, grid = _lltwoshot_plan(op, nb, self.size, self.ll_slot)
+            chunk, grid = _lltwoshot_plan(op, nb, self.size, self.ll_slot, self.ll_relay)
             if nb > chunk or self.size == 1:  # (several launches, or a bcast among one rank: the full path)
                 return None
             block, mask = LL_THREADS, 7
@@ -810,6 +819,8 @@ class IPCTransport(Transport):
         fa = self._kernel(family, kernel, dtype, rop, True)
         fu = self._kernel(family, kernel, dtype, rop, False)
         extra = (step << 4) | root if algo == "pipe" else root
+        if algo == "lltwoshot" and op == "reduce" and self.ll_relay:
+            extra = root | 16  # (the kernel's relay bit: mpiml_reduce_lltwoshot)
         if op == "allgather":
             extra = x.size  # the row stride of the result, in elements
             if nb & mask:

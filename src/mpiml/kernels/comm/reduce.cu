@@ -141,12 +141,69 @@ mpiml_reduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long l
     mpiml_end(c, epoch);
 }
 
+// LL relay reduce (no barrier): the lines are cut into q = nranks - 1 parts of `part`
+// lines, part j owned by the non-root o = (root + 1 + j) % nranks (the parts of a
+// bcast's LL two-shot, mirrored). Every rank pushes line j * part + i of its input into
+// the region (mpiml_ll_region) of part j's owner at [me * part + i] (an owner its own
+// copy too, a local store); the owner reduces the nranks copies of its line i in rank
+// order as they arrive (bit-identical to the other kernels) and pushes the result into
+// the root's region at [j * part + i]; the root copies the reduced lines out as they
+// arrive. The root's links carry n bytes of payload each way (the two-shot's
+// reduce-scatter and gather: 1.5 n into the root at 4 ranks), every owner's n in and n
+// out. Line i of every part is handled by grid index i on every rank, and every wait
+// depends only on the same grid index of ranks that pushed before they waited. The host
+// keeps part <= ll_slot / 16 lines (nranks * part lines of an owner's region; the root's
+// q * part) and launches one grid index per line of a part, at 2 ranks or more. A
+// counts 8-byte alignment; only the root writes out, line g after it read in[g] (in ==
+// out is safe).
+template <typename T, int OP, bool A>
+__device__ __forceinline__ void mpiml_ll_relay_reduce(const MpimlCtx* c, const T* in, T* out, long long n,
+                                                      int root) {
+    const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
+    const int nr = (int)c->nranks, me = (int)c->rank, q = nr - 1;
+    const int jm = me == root ? -1 : (me - root - 1 + nr) % nr;  // this rank's part (-1: the root's none)
+    const long long part = (ln.lines + q - 1) / q;
+    const uint4* mine = mpiml_ll_region(c, me, ln.epoch);
+    bool ok = true;
+    MPIML_GRID_LOOP(i, part) {
+        for (int jj = 1; jj <= q; ++jj) {  // own part last: the stores that cross the links go out first
+            const int j = jm < 0 ? jj - 1 : (jm + jj) % q;
+            const long long g = j * part + i;
+            if (g < ln.lines)
+                mpiml_ll_store(mpiml_ll_region(c, (root + 1 + j) % nr, ln.epoch) + me * part + i, ln.get(in, g),
+                               ln.flag);
+        }
+        if (jm >= 0) {
+            if (jm * part + i < ln.lines) {
+                const uint2 v = mpiml_ll_reduce_line<T, OP, true>(c, ln.epoch, ln.flag, i, ok, mine + i, part);
+                if (!ok) break;
+                mpiml_ll_store(mpiml_ll_region(c, root, ln.epoch) + jm * part + i, v, ln.flag);
+            }
+        } else {
+            for (int j = 0; j < q && ok; ++j) {
+                const long long g = j * part + i;
+                if (g < ln.lines) {
+                    uint2 v;
+                    ok = mpiml_ll_load(c, mine + g, ln.flag, v, (root + 1 + j) % nr, ln.epoch);
+                    if (ok) mpiml_ll_put<A>(out, g, ln.nbytes, v);
+                }
+            }
+            if (!ok) break;
+        }
+    }
+    mpiml_end<false>(c, ln.epoch);
+}
+
 // LL two-shot reduce (no barrier): see mpiml_ll_twoshot_reduce (ipc_common.cuh); the
-// reduced parts go to the root alone.
+// reduced parts go to the root alone. extra = root | 16: the relay (mpiml_ll_relay_reduce),
+// the parts owned by the non-roots.
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
-mpiml_reduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
-    mpiml_ll_twoshot_reduce<T, OP, A>(c, in, out, n, (int)root);
+mpiml_reduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    if (extra & 16)
+        mpiml_ll_relay_reduce<T, OP, A>(c, in, out, n, (int)(extra & 15));
+    else
+        mpiml_ll_twoshot_reduce<T, OP, A>(c, in, out, n, (int)(extra & 15));
 }
 
 // Pipelined reduce (no barrier): see mpiml_pipe (ipc_common.cuh); the non-roots reduce a part
