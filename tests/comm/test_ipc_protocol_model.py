@@ -307,16 +307,18 @@ class Model:
             jm = None if me == root else (me - root - 1) % P
             res = [None] * L
             for i in range(part):
-                for d in range(1, q + 1):  # every rank's line of part jj into its owner's region at [me * part + i]
+                for d in range(1, q + 1):  # the other owners' parts, into the owner's region at [k * part + i]
                     jj = d - 1 if jm is None else (jm + d) % q
-                    if jj * part + i < L:
-                        regions[owner(jj)][me * part + i] = (flag, j, x[jj * part + i])
+                    if jj != jm and jj * part + i < L:
+                        o = owner(jj)
+                        regions[o][((me - o - 1) % P) * part + i] = (flag, j, x[jj * part + i])
                         yield ("step",)
                 if jm is not None:
                     if jm * part + i < L:
                         v = 0
                         for src in range(P):
-                            v += yield from line(src * part + i, src)
+                            v += x[jm * part + i] if src == me else (
+                                yield from line(((src - me - 1) % P) * part + i, src))
                         regions[root][jm * part + i] = (flag, j, v)
                         yield ("step",)
                 else:

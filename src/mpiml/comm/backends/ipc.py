@@ -34,7 +34,10 @@ Algorithms (``algorithm=`` with backend ``ipc``):
                      then its reduced part to the root / every rank); up to one
                      parity's LL slots per launch (``nranks`` slots of
                      ``MPIML_IPC_LL_SLOT_BYTES``, 1 MiB: at 4 ranks a 2 MiB
-                     bcast, a 1 MiB reduce), in chunks above
+                     bcast, a 1 MiB reduce), in chunks above; reduce with
+                     ``MPIML_IPC_LL_RELAY=1``: a relay, the parts owned by the
+                     non-roots, which send them reduced to the root (n bytes into
+                     the root, not 1.5 n at 4 ranks; a 2 MiB reduce a launch)
 ``pipe``             two-shot without a barrier, pipelined in steps with a flag
                      each (allreduce: reduce-scatter to every rank, then all-gather;
                      reduce: every non-root reduces a part and stores it into the
@@ -109,6 +112,10 @@ PIPE_MAX_STEPS = 2048  # (ipc_common.cuh's MPIML_PIPE_MAX_STEPS: flags per write
 PIPE_BYTES = 2 * MAX_RANKS * PIPE_MAX_STEPS * 4  # the pipelined kernels' flags, after the LL slots
 PIPE_STEP_ALIGN = 128  # packs: a step is a multiple of this
 ERR_TIMEOUT, ERR_ABORT, ERR_OVERLAP = 1, 3, 4
+# bytes of one LL slot: 1 MiB and a cache line, so that a parity's region (nranks slots) holds a 2 MiB relay reduce at
+# 4 ranks in one launch (3 parts of 87382 lines: 262146 > 4 MiB / 16 lines; see _lltwoshot_plan), every slot still
+# 128-byte aligned
+LL_SLOT_DEFAULT = (1 << 20) + 128
 
 _CHUNK_ALIGN = 256
 
@@ -136,8 +143,8 @@ def _lltwoshot_plan(op, nbytes, nranks, ll_slot, relay=False):
     parts = max(1, nranks - 1) if op == "bcast" or relay else nranks
     if op == "bcast":   # every line at its own index
         chunk = region
-    elif relay:         # nranks - 1 parts of at most one slot's lines, each with its nranks copies at an owner
-        chunk = ll_slot // 16 * parts
+    elif relay:         # nranks - 1 parts, an owner's nranks - 1 copies of its part (the root's reduced parts)
+        chunk = region // parts * parts
     else:               # nranks parts, each with its nranks copies and the receivers' gathered copy
         chunk = ll_slot // 32 * nranks
     chunk_bytes = 8 * chunk
@@ -229,7 +236,7 @@ class IPCTransport(Transport):
         # one LL slot per source and parity: at least twice the LL kernels' payload (16-byte lines of 8 bytes);
         # the two-shot LL kernels see a parity's slots as one region: with 1 MiB slots (8 MiB a GPU at 4 ranks)
         # a 2 MiB bcast or a 1 MiB reduce / allreduce is one launch there
-        self.ll_slot = max(2 * self.ll_max, _env_bytes("MPIML_IPC_LL_SLOT_BYTES", 1 << 20) // 16 * 16)
+        self.ll_slot = max(2 * self.ll_max, _env_bytes("MPIML_IPC_LL_SLOT_BYTES", LL_SLOT_DEFAULT) // 16 * 16)
         # the LL two-shot reduce as a relay (MPIML_IPC_LL_RELAY=1): the parts owned by the non-roots, whose reduced
         # lines go to the root (n bytes of payload into the root, not 1.5 n at 4 ranks; mpiml_ll_relay_reduce)
         self.ll_relay = _config.env_number("MPIML_IPC_LL_RELAY", 0, minimum=0, maximum=1) == 1

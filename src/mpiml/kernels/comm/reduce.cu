@@ -143,22 +143,24 @@ mpiml_reduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long l
 
 // LL relay reduce (no barrier): the lines are cut into q = nranks - 1 parts of `part`
 // lines, part j owned by the non-root o = (root + 1 + j) % nranks (the parts of a
-// bcast's LL two-shot, mirrored). Every rank pushes line j * part + i of its input into
-// the region (mpiml_ll_region) of part j's owner at [me * part + i] (an owner its own
-// copy too, a local store); the owner reduces the nranks copies of its line i in rank
-// order as they arrive (bit-identical to the other kernels) and pushes the result into
-// the root's region at [j * part + i]; the root copies the reduced lines out as they
-// arrive. The root's links carry n bytes of payload each way (the two-shot's
-// reduce-scatter and gather: 1.5 n into the root at 4 ranks), every owner's n in and n
-// out. Line i of every part is handled by grid index i on every rank, and every wait
-// depends only on the same grid index of ranks that pushed before they waited. The host
-// keeps part <= ll_slot / 16 lines (nranks * part lines of an owner's region; the root's
-// q * part) and launches one grid index per line of a part, at 2 ranks or more. A
-// counts 8-byte alignment; only the root writes out, line g after it read in[g] (in ==
-// out is safe).
+// bcast's LL two-shot, mirrored). Every other rank s pushes line j * part + i of its
+// input into the owner's region (mpiml_ll_region) at [((s - o - 1) mod nranks) * part + i];
+// the owner reduces the nranks lines of its line i in rank order (its own from its input)
+// as they arrive (bit-identical to the other kernels) and pushes the result into the
+// root's region at [j * part + i]; the root copies the reduced lines out as they arrive.
+// The root's links carry n bytes of payload each way (the two-shot's reduce-scatter and
+// gather: 1.5 n into the root at 4 ranks), every owner's n in and n out. Line i of every
+// part is handled by grid index i on every rank, and every wait depends only on the same
+// grid index of ranks that pushed before they waited. The host keeps q * part lines
+// within the region (an owner's copies; the root's reduced parts) and launches one grid
+// index per line of a part, at 2 ranks or more. A counts 8-byte alignment; only the root
+// writes out, line g after it read in[g] (in == out is safe).
 template <typename T, int OP, bool A>
 __device__ __forceinline__ void mpiml_ll_relay_reduce(const MpimlCtx* c, const T* in, T* out, long long n,
                                                       int root) {
+    typedef typename MpimlAcc<T>::type Acc;
+    constexpr int L = 8 / sizeof(T);
+    union Line { uint2 v; T e[L]; };
     const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
     const int nr = (int)c->nranks, me = (int)c->rank, q = nr - 1;
     const int jm = me == root ? -1 : (me - root - 1 + nr) % nr;  // this rank's part (-1: the root's none)
@@ -166,18 +168,58 @@ __device__ __forceinline__ void mpiml_ll_relay_reduce(const MpimlCtx* c, const T
     const uint4* mine = mpiml_ll_region(c, me, ln.epoch);
     bool ok = true;
     MPIML_GRID_LOOP(i, part) {
-        for (int jj = 1; jj <= q; ++jj) {  // own part last: the stores that cross the links go out first
+        for (int jj = 1; jj <= q; ++jj) {  // the other owners' parts; an owner's own part stays here
             const int j = jm < 0 ? jj - 1 : (jm + jj) % q;
+            if (j == jm) continue;
+            const int o = (root + 1 + j) % nr;
             const long long g = j * part + i;
             if (g < ln.lines)
-                mpiml_ll_store(mpiml_ll_region(c, (root + 1 + j) % nr, ln.epoch) + me * part + i, ln.get(in, g),
+                mpiml_ll_store(mpiml_ll_region(c, o, ln.epoch) + ((me - o - 1 + nr) % nr) * part + i, ln.get(in, g),
                                ln.flag);
         }
         if (jm >= 0) {
-            if (jm * part + i < ln.lines) {
-                const uint2 v = mpiml_ll_reduce_line<T, OP, true>(c, ln.epoch, ln.flag, i, ok, mine + i, part);
+            const long long g = jm * part + i;
+            if (g < ln.lines) {
+                // the other ranks' lines (rank (me + 1 + k) % nr at [k * part + i]) loaded at once, then waited for
+                uint4 w[MPIML_MAX_RANKS];
+#pragma unroll
+                for (int k = 0; k < MPIML_MAX_RANKS - 1; ++k) {
+                    if (k < q) {
+                        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                                     : "=r"(w[k].x), "=r"(w[k].y), "=r"(w[k].z), "=r"(w[k].w)
+                                     : "l"(mine + k * part + i) : "memory");
+                    }
+                }
+                uint2 got[MPIML_MAX_RANKS];
+                got[me] = ln.get(in, g);
+#pragma unroll
+                for (int k = 0; k < MPIML_MAX_RANKS - 1; ++k) {
+                    if (k < q && ok) {
+                        const int r = (me + 1 + k) % nr;
+                        if (w[k].y == ln.flag && w[k].w == ln.flag)
+                            got[r] = make_uint2(w[k].x, w[k].z);
+                        else
+                            ok = mpiml_ll_load(c, mine + k * part + i, ln.flag, got[r], r, ln.epoch);
+                    }
+                }
                 if (!ok) break;
-                mpiml_ll_store(mpiml_ll_region(c, root, ln.epoch) + jm * part + i, v, ln.flag);
+                Acc acc[L];
+                Line res;
+#pragma unroll
+                for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
+                    if (r < nr) {
+                        Line x;
+                        x.v = got[r];
+#pragma unroll
+                        for (int k = 0; k < L; ++k) {
+                            const Acc v = MpimlAcc<T>::load(x.e[k]);
+                            acc[k] = r == 0 ? v : MpimlOp<OP>::f(acc[k], v);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < L; ++k) res.e[k] = MpimlAcc<T>::store(acc[k]);
+                mpiml_ll_store(mpiml_ll_region(c, root, ln.epoch) + g, res.v, ln.flag);
             }
         } else {
             for (int j = 0; j < q && ok; ++j) {
