@@ -18,7 +18,9 @@ For each op and size, every path runs on the *same* CuPy buffers, interleaved in
   whose IPC workspace was made with ``MPIML_IPC_PIPE_BLOCKS=B`` and ``MPIML_IPC_PIPE_ROUNDS=R`` (the grid of
   the pipelined kernels and the steps a block takes), to choose those defaults by measurement;
 * ``ipc/lltwoshot@relay`` (``--relay``, reduce only): ``ipc/lltwoshot`` on a communicator of its own whose IPC
-  workspace was made with ``MPIML_IPC_LL_RELAY=1`` (the reduce's parts owned by the non-roots).
+  workspace was made with ``MPIML_IPC_LL_RELAY=1`` (the reduce's parts owned by the non-roots);
+* ``ipc/lltwoshot@ll128`` (``--ll128``, allreduce only): the same with ``MPIML_IPC_LL128=1`` (the allreduce's lines
+  of 128 bytes carrying 120).
 
 ``--first-calls``: what a call of a new shape costs on a fresh communicator (its device
 transports made inside the first call) and on a warm one, against its repeats and raw NCCL, for
@@ -72,6 +74,7 @@ ap.add_argument("--paths", default="raw,auto,auto0,nccl,ipc/ll,ipc/oneshot,ipc/t
                                    "ipc/push")
 ap.add_argument("--pipe-variants", default="", help="comma list of BLOCKSxROUNDS: ipc/pipe@BxR paths (see above)")
 ap.add_argument("--relay", action="store_true", help="add the path ipc/lltwoshot@relay (see above)")
+ap.add_argument("--ll128", action="store_true", help="add the path ipc/lltwoshot@ll128 (see above)")
 ap.add_argument("--first-calls", action="store_true", help="time first calls of new shapes (see above)")
 ap.add_argument("--first-bytes", type=int, default=78 << 20)
 ap.add_argument("--no-micro", action="store_true", help="skip the host-cost breakdown")
@@ -97,6 +100,8 @@ for v in filter(None, args.pipe_variants.split(",")):
                                       "ipc/pipe")
 if args.relay:
     variant_comms["ipc/lltwoshot@relay"] = (comm.split(0), {"MPIML_IPC_LL_RELAY": "1"}, "ipc/lltwoshot")
+if args.ll128:
+    variant_comms["ipc/lltwoshot@ll128"] = (comm.split(0), {"MPIML_IPC_LL128": "1"}, "ipc/lltwoshot")
 paths = args.paths.split(",") + list(variant_comms)
 
 if args.sizes:
@@ -149,6 +154,8 @@ def make_call(op, path, nbytes, x, y):
     if path.startswith("ipc/pipe") and (op not in ("allreduce", "bcast", "reduce") or nbytes < (64 << 10)):
         return None
     if path == "ipc/lltwoshot@relay" and op != "reduce":
+        return None
+    if path == "ipc/lltwoshot@ll128" and op != "allreduce":
         return None
     if path == "ipc/pull" and op not in ("bcast", "allgather"):
         return None

@@ -1,7 +1,8 @@
 """The opt-in device paths of this session on CuPy buffers (run under mpirun, 2-4 GPUs).
 
 Usage: ``python gpu_variants.py [ALGO]`` (``ipc/lltwoshot`` by default, or ``ipc/pipe``; ``MPIML_TIMEOUT``
-bounds every wait; ``MPIML_IPC_LL_RELAY=1`` makes the LL two-shot reduce the relay; ``MPIML_IPC_BYTES`` small
+bounds every wait; ``MPIML_IPC_LL_RELAY=1`` makes the LL two-shot reduce the relay, ``MPIML_IPC_LL128=1`` the LL
+two-shot allreduce one in LL128 lines; ``MPIML_IPC_BYTES`` small
 makes the pipelined kernels take several chunks, and
 ``MPIML_IPC_PIPE_BLOCKS`` / ``MPIML_IPC_PIPE_ROUNDS`` several steps a block).  Checks, exactly against NumPy
 on the gathered inputs (small integers: every result is exact in every dtype):
@@ -81,6 +82,8 @@ def run_eager():
     check("ipc" in t, f"no ipc transport ({list(t)})")
     want_relay = os.environ.get("MPIML_IPC_LL_RELAY", "0") == "1"
     check(t["ipc"].ll_relay == want_relay, f"ipc transport's ll_relay {t['ipc'].ll_relay}, wanted {want_relay}")
+    want_ll128 = os.environ.get("MPIML_IPC_LL128", "0") == "1"
+    check(t["ipc"].ll128 == want_ll128, f"ipc transport's ll128 {t['ipc'].ll128}, wanted {want_ll128}")
 
 
 def run_stream_ordered():
@@ -204,7 +207,8 @@ def main():
         progress("nccl events")
         run_nccl_events()
     if R == 0:
-        print(f"gpu_variants {ALGO} (MPIML_IPC_LL_RELAY={os.environ.get('MPIML_IPC_LL_RELAY', '0')}): "
+        print(f"gpu_variants {ALGO} (MPIML_IPC_LL_RELAY={os.environ.get('MPIML_IPC_LL_RELAY', '0')}, "
+              f"MPIML_IPC_LL128={os.environ.get('MPIML_IPC_LL128', '0')}): "
               f"{time.perf_counter() - t0:.1f} s", flush=True)
 
 

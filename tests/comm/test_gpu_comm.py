@@ -160,6 +160,16 @@ def test_ll_relay_reduce(mpi, n):
 
 
 @pytest.mark.parametrize("n", [2, 3])
+def test_ll128_two_shot_allreduce(mpi, n):
+    """ipc/lltwoshot with MPIML_IPC_LL128=1 (the allreduce in 128-byte lines of 120 payload bytes): every dtype, op,
+    chunking, offsets, the hot launcher, graphs, beside the plain bcast and reduce."""
+    _need(n)
+    proc = mpi(os.path.join(HERE, "gpu_variants.py"), n, timeout=300,
+               env={"MPIML_TIMEOUT": "30", "MPIML_IPC_LL128": "1"})
+    assert "OK" in proc.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
 def test_pipelined_bcast_reduce_allreduce(mpi, n):
     """ipc/pipe bcast, reduce and allreduce (every dtype, root, op, the hot launcher, graphs): once as shipped, once
     with a 1 MiB staging buffer (several chunks a call) and 3 blocks of 5 steps (a block takes several steps)."""

@@ -76,6 +76,27 @@ def test_the_ll_relay_chunks_keep_every_owner_within_the_region():
     assert ipc._lltwoshot_plan("reduce", 64, 1, 1 << 20, True) == ipc._lltwoshot_plan("reduce", 64, 1, 1 << 20)
 
 
+def test_the_ll128_chunks_keep_every_line_within_the_region():
+    """``ipc._ll128_plan``: lines of 120 payload bytes in 128, nranks parts, every rank's copies and the gathered
+    parts (2 * nranks * part lines) within one parity's region (nranks * slot / 128 lines); 8 lanes a line; the
+    header's payload words agree with the host's; a 1 MiB allreduce is one launch at 3-8 ranks with the default slot."""
+    words = re.search(r"#define MPIML_LL128_WORDS (\d+)", _text("comm/allreduce.cu"))
+    assert words and int(words.group(1)) * 8 == ipc.LL128_PAYLOAD
+    for nranks in range(2, 9):
+        for slot in (512 << 10, ipc.LL_SLOT_DEFAULT, 4 << 20):
+            region = nranks * slot // 128
+            for nbytes in (1, 8, 17, 121, 4096, 1 << 20, 4 << 20, 9 << 20):
+                chunk, _ = ipc._ll128_plan(nbytes, nranks, slot)
+                assert chunk % 8 == 0 and chunk > 0
+                lines = -(-(-(-min(nbytes, chunk) // 8)) // 15)
+                part = -(-lines // nranks)
+                assert 2 * nranks * part <= region, (nranks, slot, nbytes)
+                _, grid = ipc._ll128_plan(min(nbytes, chunk), nranks, slot)
+                assert grid == max(1, min(ipc.LL_MAX_BLOCKS, -(-8 * part // ipc.LL_THREADS)))
+        if nranks >= 3:  # (2 ranks: 960 KiB a launch)
+            assert ipc._ll128_plan(1 << 20, nranks, ipc.LL_SLOT_DEFAULT)[0] >= 1 << 20
+
+
 @pytest.mark.parametrize("op", ["bcast", "reduce", "allreduce"])
 def test_the_two_shot_ll_chunks_keep_every_line_within_the_region(op):
     """``ipc._lltwoshot_plan``: the largest line index a chunk's kernel writes (bcast: every line at its own

@@ -38,6 +38,8 @@ Algorithms (``algorithm=`` with backend ``ipc``):
                      ``MPIML_IPC_LL_RELAY=1``: a relay, the parts owned by the
                      non-roots, which send them reduced to the root (n bytes into
                      the root, not 1.5 n at 4 ranks; a 2 MiB reduce a launch)
+                     allreduce with ``MPIML_IPC_LL128=1``: in LL128 lines (128
+                     bytes, 120 of payload, written by 8 lanes at once)
 ``pipe``             two-shot without a barrier, pipelined in steps with a flag
                      each (allreduce: reduce-scatter to every rank, then all-gather;
                      reduce: every non-root reduces a part and stores it into the
@@ -116,6 +118,7 @@ ERR_TIMEOUT, ERR_ABORT, ERR_OVERLAP = 1, 3, 4
 # 4 ranks in one launch (3 parts of 87382 lines: 262146 > 4 MiB / 16 lines; see _lltwoshot_plan), every slot still
 # 128-byte aligned
 LL_SLOT_DEFAULT = (1 << 20) + 128
+LL128_PAYLOAD = 120  # payload bytes of an LL128 line (ipc_common's MPIML_LL128_WORDS words of 8)
 
 _CHUNK_ALIGN = 256
 
@@ -150,6 +153,18 @@ def _lltwoshot_plan(op, nbytes, nranks, ll_slot, relay=False):
     chunk_bytes = 8 * chunk
     lines = -(-min(nbytes, chunk_bytes) // 8)
     return chunk_bytes, max(1, min(LL_MAX_BLOCKS, -(-(-(-lines // parts)) // LL_THREADS)))
+
+
+def _ll128_plan(nbytes, nranks, ll_slot):
+    """``(chunk bytes, grid)`` of the LL128 two-shot allreduce (``mpiml_ll128_twoshot_allreduce``, the
+    ``lltwoshot`` allreduce with ``MPIML_IPC_LL128=1``) for calls of ``nbytes``: lines of 128 bytes carrying 120, cut
+    into ``nranks`` parts of at most ``ll_slot // 256`` lines (the region of one parity, ``nranks * ll_slot`` bytes,
+    holds every rank's copies of the parts and the gathered reduced parts: ``2 * nranks * part`` lines); 8 lanes a
+    line, so the grid has ``8 * part`` threads (the same on every rank)."""
+    chunk = LL128_PAYLOAD * nranks * (ll_slot // 256)
+    lines = -(-(-(-min(nbytes, chunk) // 8)) // (LL128_PAYLOAD // 8))
+    part = -(-lines // nranks)
+    return chunk, max(1, min(LL_MAX_BLOCKS, -(-8 * part // LL_THREADS)))
 
 
 def _pipe_plan(op, nbytes, nranks, blocks, rounds):
@@ -240,6 +255,9 @@ class IPCTransport(Transport):
         # the LL two-shot reduce as a relay (MPIML_IPC_LL_RELAY=1): the parts owned by the non-roots, whose reduced
         # lines go to the root (n bytes of payload into the root, not 1.5 n at 4 ranks; mpiml_ll_relay_reduce)
         self.ll_relay = _config.env_number("MPIML_IPC_LL_RELAY", 0, minimum=0, maximum=1) == 1
+        # the LL two-shot allreduce in LL128 lines (MPIML_IPC_LL128=1: 120 bytes of payload in 128, not 8 in 16;
+        # mpiml_ll128_twoshot_allreduce), where every line is 128-byte aligned (the slot a multiple of 128 bytes)
+        self.ll128 = _config.env_number("MPIML_IPC_LL128", 0, minimum=0, maximum=1) == 1 and self.ll_slot % 128 == 0
         # the pipelined kernels' grid and steps a block (see _pipe_plan): 128 x 1, every step a block of its own,
         # measured best on 4 x H100 (a step's flag is a system-scope release, which a block pays in series; key
         # pipe_run_2020 of benchmarks/results/vs_nccl_4xh100.json, docs/comm.md)
@@ -272,7 +290,7 @@ class IPCTransport(Transport):
             err = f"{type(exc).__name__}: {exc}"
         agree_or_raise(world, err, "ipc workspace")
         # the kernels find a peer's buffers and slots at their own offsets: the layout must be the same everywhere
-        layout = (self.cap, self.ll_max, self.ll_slot, self.pipe_blocks, self.pipe_rounds, self.ll_relay)
+        layout = (self.cap, self.ll_max, self.ll_slot, self.pipe_blocks, self.pipe_rounds, self.ll_relay, self.ll128)
         shared = world.allgather_obj((handle, layout))
         handles = [h for h, _ in shared]
         if len({lay for _, lay in shared}) > 1:
@@ -280,7 +298,7 @@ class IPCTransport(Transport):
             self._base = None
             raise BackendUnavailableError(
                 "the ipc workspaces differ between ranks (MPIML_IPC_BYTES, MPIML_IPC_LL_BYTES, "
-                "MPIML_IPC_LL_SLOT_BYTES, MPIML_IPC_PIPE_BLOCKS, MPIML_IPC_PIPE_ROUNDS, MPIML_IPC_LL_RELAY must be "
+                "MPIML_IPC_LL_SLOT_BYTES, MPIML_IPC_PIPE_BLOCKS, MPIML_IPC_PIPE_ROUNDS, MPIML_IPC_LL_RELAY, MPIML_IPC_LL128 must be "
                 "the same on every rank): "
                 + ", ".join(f"rank {r}: {lay}" for r, (_, lay) in enumerate(shared)))
         peers, err = [], None
@@ -567,13 +585,21 @@ class IPCTransport(Transport):
         sp = sendbuf.data.ptr
         rp = recvbuf.data.ptr if recvbuf is not None and recvbuf.size else 0
         relay = self.ll_relay and op_name == "reduce" and self.size > 1
-        extra = root | 16 if relay else root  # (the kernel's relay bit: mpiml_reduce_lltwoshot)
-        chunk_bytes, _ = _lltwoshot_plan(op_name, n * isz, self.size, self.ll_slot, relay)
+        ll128 = self.ll128 and op_name == "allreduce"
+        # (the kernels' bits: the relay of mpiml_reduce_lltwoshot, the LL128 lines of mpiml_allreduce_lltwoshot)
+        extra = root | 16 if relay else 32 if ll128 else root
+
+        def plan(nbytes):
+            if ll128:
+                return _ll128_plan(nbytes, self.size, self.ll_slot)
+            return _lltwoshot_plan(op_name, nbytes, self.size, self.ll_slot, relay)
+
+        chunk_bytes, _ = plan(n * isz)
         for start, count in self._chunks(n, isz, chunk_bytes):
             off = start * isz
             aligned = not ((sp + off) & 7 or (rp + off if rp else 0) & 7)
             fn = self._kernel(op_name, f"mpiml_{op_name}_lltwoshot", dtype, rop, aligned)
-            _, grid = _lltwoshot_plan(op_name, count * isz, self.size, self.ll_slot, relay)
+            _, grid = plan(count * isz)
             self._launch(fn, grid, sp + off, (rp + off) if rp else 0, count, extra, LL_THREADS)
         return self._done(op_name)
 
@@ -809,7 +835,10 @@ class IPCTransport(Transport):
             return None
         kernel = f"mpiml_{op}_{algo}"
         if algo == "lltwoshot":
-            chunk, grid = _lltwoshot_plan(op, nb, self.size, self.ll_slot, self.ll_relay)
+            if op == "allreduce" and self.ll128:
+                chunk, grid = _ll128_plan(nb, self.size, self.ll_slot)
+            else:
+                chunk, grid = _lltwoshot_plan(op, nb, self.size, self.ll_slot, self.ll_relay)
             if nb > chunk or self.size == 1:  # (several launches, or a bcast among one rank: the full path)
                 return None
             block, mask = LL_THREADS, 7
@@ -828,6 +857,8 @@ class IPCTransport(Transport):
         extra = (step << 4) | root if algo == "pipe" else root
         if algo == "lltwoshot" and op == "reduce" and self.ll_relay:
             extra = root | 16  # (the kernel's relay bit: mpiml_reduce_lltwoshot)
+        elif algo == "lltwoshot" and op == "allreduce" and self.ll128:
+            extra = 32  # (the kernel's LL128 bit: mpiml_allreduce_lltwoshot)
         if op == "allgather":
             extra = x.size  # the row stride of the result, in elements
             if nb & mask:
