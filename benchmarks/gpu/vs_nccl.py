@@ -19,8 +19,8 @@ For each op and size, every path runs on the *same* CuPy buffers, interleaved in
   the pipelined kernels and the steps a block takes), to choose those defaults by measurement;
 * ``ipc/lltwoshot@relay`` (``--relay``, reduce only): ``ipc/lltwoshot`` on a communicator of its own whose IPC
   workspace was made with ``MPIML_IPC_LL_RELAY=1`` (the reduce's parts owned by the non-roots);
-* ``ipc/lltwoshot@ll128`` (``--ll128``, allreduce only): the same with ``MPIML_IPC_LL128=1`` (the allreduce's lines
-  of 128 bytes carrying 120).
+* ``ipc/lltwoshot@ll128`` (``--ll128``, allreduce and reduce): the same with ``MPIML_IPC_LL128=1`` (the allreduce's
+  two-shot and the reduce's relay in lines of 128 bytes carrying 120).
 
 ``--first-calls``: what a call of a new shape costs on a fresh communicator (its device
 transports made inside the first call) and on a warm one, against its repeats and raw NCCL, for
@@ -155,7 +155,7 @@ def make_call(op, path, nbytes, x, y):
         return None
     if path == "ipc/lltwoshot@relay" and op != "reduce":
         return None
-    if path == "ipc/lltwoshot@ll128" and op != "allreduce":
+    if path == "ipc/lltwoshot@ll128" and op not in ("allreduce", "reduce"):
         return None
     if path == "ipc/pull" and op not in ("bcast", "allgather"):
         return None

@@ -161,8 +161,8 @@ def test_ll_relay_reduce(mpi, n):
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_ll128_two_shot_allreduce(mpi, n):
-    """ipc/lltwoshot with MPIML_IPC_LL128=1 (the allreduce in 128-byte lines of 120 payload bytes): every dtype, op,
-    chunking, offsets, the hot launcher, graphs, beside the plain bcast and reduce."""
+    """ipc/lltwoshot with MPIML_IPC_LL128=1 (the allreduce's two-shot and the reduce's relay in 128-byte lines of 120
+    payload bytes): every dtype, op, root, chunking, offsets, the hot launcher, graphs, beside the plain bcast."""
     _need(n)
     proc = mpi(os.path.join(HERE, "gpu_variants.py"), n, timeout=300,
                env={"MPIML_TIMEOUT": "30", "MPIML_IPC_LL128": "1"})

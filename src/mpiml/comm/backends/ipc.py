@@ -38,8 +38,9 @@ Algorithms (``algorithm=`` with backend ``ipc``):
                      ``MPIML_IPC_LL_RELAY=1``: a relay, the parts owned by the
                      non-roots, which send them reduced to the root (n bytes into
                      the root, not 1.5 n at 4 ranks; a 2 MiB reduce a launch)
-                     allreduce with ``MPIML_IPC_LL128=1``: in LL128 lines (128
-                     bytes, 120 of payload, written by 8 lanes at once)
+                     reduce (the relay) and allreduce with ``MPIML_IPC_LL128=1``:
+                     in LL128 lines (128 bytes, 120 of payload, written by 8
+                     lanes at once)
 ``pipe``             two-shot without a barrier, pipelined in steps with a flag
                      each (allreduce: reduce-scatter to every rank, then all-gather;
                      reduce: every non-root reduces a part and stores it into the
@@ -114,11 +115,15 @@ PIPE_MAX_STEPS = 2048  # (ipc_common.cuh's MPIML_PIPE_MAX_STEPS: flags per write
 PIPE_BYTES = 2 * MAX_RANKS * PIPE_MAX_STEPS * 4  # the pipelined kernels' flags, after the LL slots
 PIPE_STEP_ALIGN = 128  # packs: a step is a multiple of this
 ERR_TIMEOUT, ERR_ABORT, ERR_OVERLAP = 1, 3, 4
-# bytes of one LL slot: 1 MiB and a cache line, so that a parity's region (nranks slots) holds a 2 MiB relay reduce at
-# 4 ranks in one launch (3 parts of 87382 lines: 262146 > 4 MiB / 16 lines; see _lltwoshot_plan), every slot still
-# 128-byte aligned
-LL_SLOT_DEFAULT = (1 << 20) + 128
+# bytes of one LL slot: 1 MiB and 128 KiB, so that a parity's region (nranks slots) holds at 4 ranks a 2 MiB relay
+# reduce in LL lines (3 parts of 87382 lines > 4 MiB / 16) and a 4 MiB one in LL128 lines (3 parts of 11651 lines >
+# 4 MiB / 128) in one launch (see _lltwoshot_plan, _ll128_plan), every slot 128-byte aligned (LL128 lines)
+LL_SLOT_DEFAULT = (1 << 20) + (128 << 10)
 LL128_PAYLOAD = 120  # payload bytes of an LL128 line (ipc_common's MPIML_LL128_WORDS words of 8)
+# the grid of the relay and LL128 kernels: their threads need 93-128 registers (one 512-thread block an SM), and a
+# block waits for the same block of its peers, so every block must be resident at once: at most one an SM of the
+# smallest GPU meant (132 SMs on an H100; their loops take the lines beyond)
+WIDE_LL_MAX_BLOCKS = 128
 
 _CHUNK_ALIGN = 256
 
@@ -152,19 +157,26 @@ def _lltwoshot_plan(op, nbytes, nranks, ll_slot, relay=False):
         chunk = ll_slot // 32 * nranks
     chunk_bytes = 8 * chunk
     lines = -(-min(nbytes, chunk_bytes) // 8)
-    return chunk_bytes, max(1, min(LL_MAX_BLOCKS, -(-(-(-lines // parts)) // LL_THREADS)))
+    most = WIDE_LL_MAX_BLOCKS if relay else LL_MAX_BLOCKS
+    return chunk_bytes, max(1, min(most, -(-(-(-lines // parts)) // LL_THREADS)))
 
 
-def _ll128_plan(nbytes, nranks, ll_slot):
-    """``(chunk bytes, grid)`` of the LL128 two-shot allreduce (``mpiml_ll128_twoshot_allreduce``, the
-    ``lltwoshot`` allreduce with ``MPIML_IPC_LL128=1``) for calls of ``nbytes``: lines of 128 bytes carrying 120, cut
-    into ``nranks`` parts of at most ``ll_slot // 256`` lines (the region of one parity, ``nranks * ll_slot`` bytes,
-    holds every rank's copies of the parts and the gathered reduced parts: ``2 * nranks * part`` lines); 8 lanes a
+def _ll128_plan(nbytes, nranks, ll_slot, relay=False):
+    """``(chunk bytes, grid)`` of the LL128 kernels (``mpiml_allreduce_ll128``: the two-shot, ``mpiml_reduce_ll128``:
+    the relay, ``relay`` true) for calls of ``nbytes``: lines of 128 bytes carrying 120 in the region of one parity
+    (``nranks * ll_slot`` bytes), cut into ``nranks`` parts of at most ``ll_slot // 256`` lines (the two-shot: every
+    rank's copies and the gathered reduced parts, ``2 * nranks * part`` lines) or ``nranks - 1`` parts whose
+    ``(nranks - 1) * part`` lines fit the region (the relay: an owner's copies, the root's reduced parts); 8 lanes a
     line, so the grid has ``8 * part`` threads (the same on every rank)."""
-    chunk = LL128_PAYLOAD * nranks * (ll_slot // 256)
+    if relay:
+        parts = nranks - 1
+        chunk = LL128_PAYLOAD * (nranks * ll_slot // 128 // parts * parts)
+    else:
+        parts = nranks
+        chunk = LL128_PAYLOAD * nranks * (ll_slot // 256)
     lines = -(-(-(-min(nbytes, chunk) // 8)) // (LL128_PAYLOAD // 8))
-    part = -(-lines // nranks)
-    return chunk, max(1, min(LL_MAX_BLOCKS, -(-8 * part // LL_THREADS)))
+    part = -(-lines // parts)
+    return chunk, max(1, min(WIDE_LL_MAX_BLOCKS, -(-8 * part // LL_THREADS)))
 
 
 def _pipe_plan(op, nbytes, nranks, blocks, rounds):
@@ -584,23 +596,27 @@ class IPCTransport(Transport):
         rop = self._reduce_op(op, dtype) if op is not None else None
         sp = sendbuf.data.ptr
         rp = recvbuf.data.ptr if recvbuf is not None and recvbuf.size else 0
-        relay = self.ll_relay and op_name == "reduce" and self.size > 1
-        ll128 = self.ll128 and op_name == "allreduce"
-        # (the kernels' bits: the relay of mpiml_reduce_lltwoshot, the LL128 lines of mpiml_allreduce_lltwoshot)
-        extra = root | 16 if relay else 32 if ll128 else root
-
-        def plan(nbytes):
-            if ll128:
-                return _ll128_plan(nbytes, self.size, self.ll_slot)
-            return _lltwoshot_plan(op_name, nbytes, self.size, self.ll_slot, relay)
-
+        kernel, plan = self._lltwoshot_variant(op_name)
         chunk_bytes, _ = plan(n * isz)
         for start, count in self._chunks(n, isz, chunk_bytes):
             off = start * isz
             aligned = not ((sp + off) & 7 or (rp + off if rp else 0) & 7)
-            fn = self._kernel(op_name, f"mpiml_{op_name}_lltwoshot", dtype, rop, aligned)
+            fn = self._kernel(op_name, kernel, dtype, rop, aligned)
             _, grid = plan(count * isz)
-            self._launch(fn, grid, sp + off, (rp + off) if rp else 0, count, extra, LL_THREADS)
+            self._launch(fn, grid, sp + off, (rp + off) if rp else 0, count, root, LL_THREADS)
+
+    def _lltwoshot_variant(self, op_name):
+        """``(kernel, plan)`` of the ``lltwoshot`` algorithm of ``op_name`` (bcast, reduce, allreduce): the LL two-shot,
+        or for reduce the relay (``MPIML_IPC_LL_RELAY=1``) and for reduce and allreduce LL128 lines
+        (``MPIML_IPC_LL128=1``: the allreduce's two-shot, the reduce's relay); ``plan(nbytes)`` is ``(chunk bytes,
+        grid)`` of a launch."""
+        size, slot = self.size, self.ll_slot
+        if self.ll128 and op_name in ("reduce", "allreduce") and size > 1:
+            relay = op_name == "reduce"
+            return f"mpiml_{op_name}_ll128", lambda nbytes: _ll128_plan(nbytes, size, slot, relay)
+        if self.ll_relay and op_name == "reduce" and size > 1:
+            return "mpiml_reduce_llrelay", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot, True)
+        return f"mpiml_{op_name}_lltwoshot", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot)
         return self._done(op_name)
 
     def _pipe(self, op_name, sendbuf, recvbuf, op, root):
@@ -835,11 +851,11 @@ class IPCTransport(Transport):
             return None
         kernel = f"mpiml_{op}_{algo}"
         if algo == "lltwoshot":
-            if op == "allreduce" and self.ll128:
-                chunk, grid = _ll128_plan(nb, self.size, self.ll_slot)
-            else:
-                chunk, grid = _lltwoshot_plan(op, nb, self.size, self.ll_slot, self.ll_relay)
-            if nb > chunk or self.size == 1:  # (several launches, or a bcast among one rank: the full path)
+            if self.size == 1:  # (a bcast among one rank: the full path)
+                return None
+            kernel, plan = self._lltwoshot_variant(op)
+            chunk, grid = plan(nb)
+            if nb > chunk:  # (several launches: the full path)
                 return None
             block, mask = LL_THREADS, 7
         elif algo == "ll":
@@ -855,10 +871,6 @@ class IPCTransport(Transport):
         fa = self._kernel(family, kernel, dtype, rop, True)
         fu = self._kernel(family, kernel, dtype, rop, False)
         extra = (step << 4) | root if algo == "pipe" else root
-        if algo == "lltwoshot" and op == "reduce" and self.ll_relay:
-            extra = root | 16  # (the kernel's relay bit: mpiml_reduce_lltwoshot)
-        elif algo == "lltwoshot" and op == "allreduce" and self.ll128:
-            extra = 32  # (the kernel's LL128 bit: mpiml_allreduce_lltwoshot)
         if op == "allgather":
             extra = x.size  # the row stride of the result, in elements
             if nb & mask:

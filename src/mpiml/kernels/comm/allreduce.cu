@@ -80,98 +80,10 @@ mpiml_allreduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long lon
 // LL two-shot allreduce (no barrier): see mpiml_ll_twoshot_reduce (ipc_common.cuh); every
 // rank's reduced part goes to every rank. Each rank sends 2 (nranks - 1) / nranks of n
 // bytes (twice that in lines) instead of (nranks - 1) n (mpiml_allreduce_ll).
-// ---------------------------------------------------------------- LL128 lines
-// An LL128 line is 128 bytes: 15 words of 8 payload bytes and a flag word, written by the 8
-// lanes of a warp that hold it (16 bytes each, lane 7: word 14 and the flag) with one vector
-// store each, the warp converged, so that the line crosses NVLink as one 128-byte write and
-// arrives whole (the property NCCL's LL128 protocol relies on over NVLink): a reader that
-// sees the flag in lane 7's half has the whole line from the same warp-wide load. The flag
-// word is (E + 1) in both halves: never a plain LL line's second half ({d1, flag} with a
-// flag of another call) or a payload word of the previous call of the same parity. Payload
-// word w of a message is word w % 15 of line w / 15.
-#define MPIML_LL128_WORDS 15
-
-__device__ __forceinline__ unsigned long long mpiml_word(uint2 v) {
-    return ((unsigned long long)v.y << 32) | v.x;
-}
-
-__device__ __forceinline__ uint2 mpiml_unword(unsigned long long w) {
-    return make_uint2((unsigned)w, (unsigned)(w >> 32));
-}
-
-// This lane's 16 bytes of line g of a user array of nbytes (sub = lane % 8); A: 8-byte aligned.
-template <bool A>
-__device__ __forceinline__ ulonglong2 mpiml_ll128_get(const void* a, long long g, int sub, long long nbytes,
-                                                      unsigned long long flagword) {
-    const long long w = MPIML_LL128_WORDS * g + 2 * sub;
-    ulonglong2 v;
-    v.x = mpiml_word(mpiml_ll_get<A>(a, w, nbytes));
-    v.y = sub == 7 ? flagword : mpiml_word(mpiml_ll_get<A>(a, w + 1, nbytes));
-    return v;
-}
-
-template <bool A>
-__device__ __forceinline__ void mpiml_ll128_put(void* a, long long g, int sub, long long nbytes, ulonglong2 v) {
-    const long long w = MPIML_LL128_WORDS * g + 2 * sub;
-    mpiml_ll_put<A>(a, w, nbytes, mpiml_unword(v.x));
-    if (sub != 7) mpiml_ll_put<A>(a, w + 1, nbytes, mpiml_unword(v.y));
-}
-
-__device__ __forceinline__ void mpiml_ll128_store(ulonglong2* p, ulonglong2 v) {
-    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" :: "l"(p), "l"(v.x), "l"(v.y) : "memory");
-}
-
-__device__ __forceinline__ ulonglong2 mpiml_ll128_ld(const ulonglong2* p) {
-    ulonglong2 v;
-    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
-    return v;
-}
-
-// This lane's 16 bytes of the lines p[r * stride] (r < m; act: this lane's line exists), loaded
-// together and again until every line's flag has come (warp-wide: every lane of the warp
-// calls this, converged); false on every lane after a timeout or abort.
-__device__ __forceinline__ bool mpiml_ll128_wait(const MpimlCtx* c, unsigned epoch, const ulonglong2* p,
-                                                 long long stride, int m, bool act, unsigned long long flagword,
-                                                 ulonglong2 (&v)[MPIML_MAX_RANKS]) {
-    const bool checks = act && (threadIdx.x & 7) == 7;
-    MpimlSpin s{0ull, 0u};
-    for (;;) {
-        bool bad = false;
-#pragma unroll
-        for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
-            if (r < m && act) {
-                v[r] = mpiml_ll128_ld(p + r * stride);
-                bad |= checks && v[r].y != flagword;
-            }
-        }
-        if (!__any_sync(0xffffffffu, bad)) return true;
-        if (__any_sync(0xffffffffu, mpiml_spin_expired(c, s, (int)c->rank, epoch))) return false;
-    }
-}
-
-// op over the 8-byte words v[0..m-1] (elements of T), in that order (float16 in float32).
-template <typename T, int OP>
-__device__ __forceinline__ unsigned long long mpiml_fold_words(const unsigned long long* v, int m) {
-    typedef typename MpimlAcc<T>::type Acc;
-    constexpr int L = 8 / sizeof(T);
-    union Word { unsigned long long w; T e[L]; };
-    Acc acc[L];
-#pragma unroll
-    for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
-        if (r < m) {
-            Word x;
-            x.w = v[r];
-#pragma unroll
-            for (int k = 0; k < L; ++k) {
-                const Acc a = MpimlAcc<T>::load(x.e[k]);
-                acc[k] = r == 0 ? a : MpimlOp<OP>::f(acc[k], a);
-            }
-        }
-    }
-    Word out;
-#pragma unroll
-    for (int k = 0; k < L; ++k) out.e[k] = MpimlAcc<T>::store(acc[k]);
-    return out.w;
+template <typename T, int OP, bool A>
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_allreduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    mpiml_ll_twoshot_reduce<T, OP, A>(c, in, out, n, -1);
 }
 
 // LL128 two-shot allreduce (no barrier; MPIML_IPC_LL128=1): mpiml_ll_twoshot_reduce's protocol
@@ -240,14 +152,11 @@ __device__ __forceinline__ void mpiml_ll128_twoshot_allreduce(const MpimlCtx* c,
     mpiml_end<false>(c, epoch);
 }
 
-// LL two-shot allreduce, extra & 32: in LL128 lines (mpiml_ll128_twoshot_allreduce).
+// The LL128 two-shot allreduce (MPIML_IPC_LL128=1): see mpiml_ll128_twoshot_allreduce above.
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
-mpiml_allreduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
-    if (extra & 32)
-        mpiml_ll128_twoshot_allreduce<T, OP, A>(c, in, out, n);
-    else
-        mpiml_ll_twoshot_reduce<T, OP, A>(c, in, out, n, -1);
+mpiml_allreduce_ll128(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    mpiml_ll128_twoshot_allreduce<T, OP, A>(c, in, out, n);
 }
 
 // Pipelined two-shot allreduce (no barrier): see mpiml_pipe (ipc_common.cuh); extra = S << 4.

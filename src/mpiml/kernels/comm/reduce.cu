@@ -236,16 +236,94 @@ __device__ __forceinline__ void mpiml_ll_relay_reduce(const MpimlCtx* c, const T
     mpiml_end<false>(c, ln.epoch);
 }
 
+// LL128 relay reduce (MPIML_IPC_LL128=1): mpiml_ll_relay_reduce's protocol in LL128 lines
+// (ipc_common.cuh: 120 payload bytes in 128), so the root receives 1.07 n bytes, not 2 n. A
+// warp holds 4 lines (8 lanes each), every warp of every rank the same ones. The host keeps
+// q * part lines within the region (nranks * ll_slot / 128 of them). A counts 8-byte
+// alignment; only the root writes out, words it read before (in == out is safe).
+template <typename T, int OP, bool A>
+__device__ __forceinline__ void mpiml_ll128_relay_reduce(const MpimlCtx* c, const T* in, T* out, long long n,
+                                                         int root) {
+    const long long nbytes = n * (long long)sizeof(T);
+    const long long lines = ((nbytes + 7) / 8 + MPIML_LL128_WORDS - 1) / MPIML_LL128_WORDS;
+    const unsigned epoch = mpiml_begin(c);
+    const unsigned long long flagword = ((unsigned long long)(epoch + 1u) << 32) | (epoch + 1u);
+    const int nr = (int)c->nranks, me = (int)c->rank, q = nr - 1;
+    const int jm = me == root ? -1 : (me - root - 1 + nr) % nr;  // this rank's part (-1: the root's none)
+    const long long part = (lines + q - 1) / q;
+    const int lane = threadIdx.x & 31, sub = lane & 7;
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    auto region = [&](int r) { return reinterpret_cast<ulonglong2*>(mpiml_ll_region(c, r, epoch)); };
+    const ulonglong2* mine = region(me);
+    for (long long base = 4 * warp; base < part; base += 4 * warps) {  // warp-uniform
+        const long long i = base + (lane >> 3);
+        const bool act = i < part;
+        for (int jj = 1; jj <= q; ++jj) {  // the other owners' parts; an owner's own part stays here
+            const int j = jm < 0 ? jj - 1 : (jm + jj) % q;
+            if (j == jm) continue;
+            const int o = (root + 1 + j) % nr;
+            const long long g = j * part + i;
+            const ulonglong2 v = mpiml_ll128_get<A>(in, g, sub, nbytes, flagword);
+            __syncwarp();
+            if (act && g < lines) mpiml_ll128_store(region(o) + 8 * (((me - o - 1 + nr) % nr) * part + i) + sub, v);
+        }
+        if (jm >= 0) {
+            const long long g = jm * part + i;
+            const bool mact = act && g < lines;
+            ulonglong2 v[MPIML_MAX_RANKS];  // rank (me + 1 + k) % nr's copy at [k * part + i]
+            if (!mpiml_ll128_wait(c, epoch, mine + 8 * i + sub, 8 * part, q, mact, flagword, v)) break;
+            const ulonglong2 own = mpiml_ll128_get<A>(in, g, sub, nbytes, flagword);
+            unsigned long long wx[MPIML_MAX_RANKS], wy[MPIML_MAX_RANKS];
+#pragma unroll
+            for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
+                if (r < nr) {
+                    const ulonglong2 u = r == me ? own : v[(r - me - 1 + nr) % nr];
+                    wx[r] = u.x;
+                    wy[r] = u.y;
+                }
+            }
+            ulonglong2 red;
+            red.x = mpiml_fold_words<T, OP>(wx, nr);
+            red.y = sub == 7 ? flagword : mpiml_fold_words<T, OP>(wy, nr);
+            __syncwarp();
+            if (mact) mpiml_ll128_store(region(root) + 8 * g + sub, red);
+        } else {
+            bool ok = true;
+            for (int j = 0; j < q && ok; ++j) {  // warp-uniform: j and ok are the same on every lane
+                const long long g = j * part + i;
+                const bool gact = act && g < lines;
+                ulonglong2 u[MPIML_MAX_RANKS];
+                ok = mpiml_ll128_wait(c, epoch, mine + 8 * g + sub, 0, 1, gact, flagword, u);
+                if (ok && gact) mpiml_ll128_put<A>(out, g, sub, nbytes, u[0]);
+            }
+            if (!ok) break;
+        }
+    }
+    mpiml_end<false>(c, epoch);
+}
+
 // LL two-shot reduce (no barrier): see mpiml_ll_twoshot_reduce (ipc_common.cuh); the
-// reduced parts go to the root alone. extra = root | 16: the relay (mpiml_ll_relay_reduce),
-// the parts owned by the non-roots.
+// reduced parts go to the root alone.
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
-mpiml_reduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
-    if (extra & 16)
-        mpiml_ll_relay_reduce<T, OP, A>(c, in, out, n, (int)(extra & 15));
-    else
-        mpiml_ll_twoshot_reduce<T, OP, A>(c, in, out, n, (int)(extra & 15));
+mpiml_reduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    mpiml_ll_twoshot_reduce<T, OP, A>(c, in, out, n, (int)root);
+}
+
+// The LL relay reduce (MPIML_IPC_LL_RELAY=1): see mpiml_ll_relay_reduce above. A kernel of its
+// own, so that its registers do not weigh on the LL two-shot's.
+template <typename T, int OP, bool A>
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_reduce_llrelay(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    mpiml_ll_relay_reduce<T, OP, A>(c, in, out, n, (int)root);
+}
+
+// The LL128 relay reduce (MPIML_IPC_LL128=1): see mpiml_ll128_relay_reduce above.
+template <typename T, int OP, bool A>
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_reduce_ll128(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    mpiml_ll128_relay_reduce<T, OP, A>(c, in, out, n, (int)root);
 }
 
 // Pipelined reduce (no barrier): see mpiml_pipe (ipc_common.cuh); the non-roots reduce a part
