@@ -12,15 +12,11 @@ For each op and size, every path runs on the *same* CuPy buffers, interleaved in
   ``comm.reduce_scatter(x, out=y)`` as a user calls them, at the **default settings**
   (``MPIML_CHECK`` unset: repeated calls deferred, see docs/comm.md);
 * ``auto0``: the same with ``MPIML_CHECK=0`` (no checking at all);
-* ``nccl``, ``ipc/ll``, ``ipc/oneshot``, ``ipc/twoshot``, ``ipc/lltwoshot``, ``ipc/pipe``, ``ipc/pull``,
-  ``ipc/push``: one path forced with ``algorithm=`` (``MPIML_CHECK=0``);
+* ``nccl``, ``ipc/ll``, ``ipc/oneshot``, ``ipc/twoshot``, ``ipc/lltwoshot``, ``ipc/llrelay``, ``ipc/ll128``,
+  ``ipc/pipe``, ``ipc/pull``, ``ipc/push``: one path forced with ``algorithm=`` (``MPIML_CHECK=0``);
 * ``ipc/pipe@BxR`` (``--pipe-variants BxR,...``): ``ipc/pipe`` on a communicator of its own (``comm.split``)
   whose IPC workspace was made with ``MPIML_IPC_PIPE_BLOCKS=B`` and ``MPIML_IPC_PIPE_ROUNDS=R`` (the grid of
-  the pipelined kernels and the steps a block takes), to choose those defaults by measurement;
-* ``ipc/lltwoshot@relay`` (``--relay``, reduce only): ``ipc/lltwoshot`` on a communicator of its own whose IPC
-  workspace was made with ``MPIML_IPC_LL_RELAY=1`` (the reduce's parts owned by the non-roots);
-* ``ipc/lltwoshot@ll128`` (``--ll128``, allreduce and reduce): the same with ``MPIML_IPC_LL128=1`` (the allreduce's
-  two-shot and the reduce's relay in lines of 128 bytes carrying 120).
+  the pipelined kernels and the steps a block takes), to choose those defaults by measurement.
 
 ``--first-calls``: what a call of a new shape costs on a fresh communicator (its device
 transports made inside the first call) and on a warm one, against its repeats and raw NCCL, for
@@ -73,8 +69,6 @@ ap.add_argument("--link-GBps", type=float, default=450.0)
 ap.add_argument("--paths", default="raw,auto,auto0,nccl,ipc/ll,ipc/oneshot,ipc/twoshot,ipc/lltwoshot,ipc/pipe,ipc/pull,"
                                    "ipc/push")
 ap.add_argument("--pipe-variants", default="", help="comma list of BLOCKSxROUNDS: ipc/pipe@BxR paths (see above)")
-ap.add_argument("--relay", action="store_true", help="add the path ipc/lltwoshot@relay (see above)")
-ap.add_argument("--ll128", action="store_true", help="add the path ipc/lltwoshot@ll128 (see above)")
 ap.add_argument("--first-calls", action="store_true", help="time first calls of new shapes (see above)")
 ap.add_argument("--first-bytes", type=int, default=78 << 20)
 ap.add_argument("--no-micro", action="store_true", help="skip the host-cost breakdown")
@@ -98,10 +92,6 @@ for v in filter(None, args.pipe_variants.split(",")):
     b, r = (int(t) for t in v.lower().split("x"))
     variant_comms[f"ipc/pipe@{v}"] = (comm.split(0), {"MPIML_IPC_PIPE_BLOCKS": str(b), "MPIML_IPC_PIPE_ROUNDS": str(r)},
                                       "ipc/pipe")
-if args.relay:
-    variant_comms["ipc/lltwoshot@relay"] = (comm.split(0), {"MPIML_IPC_LL_RELAY": "1"}, "ipc/lltwoshot")
-if args.ll128:
-    variant_comms["ipc/lltwoshot@ll128"] = (comm.split(0), {"MPIML_IPC_LL128": "1"}, "ipc/lltwoshot")
 paths = args.paths.split(",") + list(variant_comms)
 
 if args.sizes:
@@ -153,9 +143,9 @@ def make_call(op, path, nbytes, x, y):
         return None
     if path.startswith("ipc/pipe") and (op not in ("allreduce", "bcast", "reduce") or nbytes < (64 << 10)):
         return None
-    if path == "ipc/lltwoshot@relay" and op != "reduce":
+    if path == "ipc/llrelay" and op != "reduce":
         return None
-    if path == "ipc/lltwoshot@ll128" and op not in ("allreduce", "reduce"):
+    if path == "ipc/ll128" and op not in ("allreduce", "reduce"):
         return None
     if path == "ipc/pull" and op not in ("bcast", "allgather"):
         return None

@@ -150,22 +150,13 @@ def test_two_shot_ll_bcast_reduce_and_nccl_events(mpi, n):
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_ll_relay_reduce(mpi, n):
-    """ipc/lltwoshot with MPIML_IPC_LL_RELAY=1 (the reduce's parts owned by the non-roots, reduced lines relayed to
-    the root): every dtype, root, chunking, the hot launcher, graphs, beside the plain bcast and allreduce."""
+@pytest.mark.parametrize("algo", ["ipc/llrelay", "ipc/ll128"])
+def test_relay_and_ll128(mpi, n, algo):
+    """ipc/llrelay (reduce: the parts owned by the non-roots, reduced lines relayed to the root) and ipc/ll128 (the
+    relay and the LL two-shot allreduce in 128-byte lines of 120 payload bytes): every dtype, op, root, chunking,
+    offsets, the hot launcher, graphs, beside the LL two-shot's other ops."""
     _need(n)
-    proc = mpi(os.path.join(HERE, "gpu_variants.py"), n, timeout=300,
-               env={"MPIML_TIMEOUT": "30", "MPIML_IPC_LL_RELAY": "1"})
-    assert "OK" in proc.stdout
-
-
-@pytest.mark.parametrize("n", [2, 3])
-def test_ll128_two_shot_allreduce(mpi, n):
-    """ipc/lltwoshot with MPIML_IPC_LL128=1 (the allreduce's two-shot and the reduce's relay in 128-byte lines of 120
-    payload bytes): every dtype, op, root, chunking, offsets, the hot launcher, graphs, beside the plain bcast."""
-    _need(n)
-    proc = mpi(os.path.join(HERE, "gpu_variants.py"), n, timeout=300,
-               env={"MPIML_TIMEOUT": "30", "MPIML_IPC_LL128": "1"})
+    proc = mpi(os.path.join(HERE, "gpu_variants.py"), n, algo, timeout=300, env={"MPIML_TIMEOUT": "30"})
     assert "OK" in proc.stdout
 
 

@@ -643,7 +643,7 @@ def test_the_two_shot_ll_kernels_among_the_others_finish_with_the_right_data(P):
 
 @pytest.mark.parametrize("P", [2, 3, 4])
 def test_the_ll_relay_reduce_among_the_others_finishes_with_the_right_data(P):
-    """reduce ``lltwoshot`` as a relay (``MPIML_IPC_LL_RELAY=1``: the non-roots own the parts and push them reduced
+    """reduce ``llrelay`` (the non-roots own the parts and push them reduced
     to the root, which waits for them alone) between every other kind, roots moving, on several streams and in
     graphs, the plain LL two-shot kernels among them (the same regions)."""
     kinds = KINDS + [("reduce", "llrelay"), ("bcast", "lltwoshot"), ("allreduce", "lltwoshot")] * 3

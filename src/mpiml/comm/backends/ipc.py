@@ -33,14 +33,14 @@ Algorithms (``algorithm=`` with backend ``ipc``):
                      rest; reduce / allreduce: reduce-scatter to every rank,
                      then its reduced part to the root / every rank); up to one
                      parity's LL slots per launch (``nranks`` slots of
-                     ``MPIML_IPC_LL_SLOT_BYTES``, 1 MiB: at 4 ranks a 2 MiB
-                     bcast, a 1 MiB reduce), in chunks above; reduce with
-                     ``MPIML_IPC_LL_RELAY=1``: a relay, the parts owned by the
-                     non-roots, which send them reduced to the root (n bytes into
-                     the root, not 1.5 n at 4 ranks; a 2 MiB reduce a launch)
-                     reduce (the relay) and allreduce with ``MPIML_IPC_LL128=1``:
-                     in LL128 lines (128 bytes, 120 of payload, written by 8
-                     lanes at once)
+                     ``MPIML_IPC_LL_SLOT_BYTES``, 1 MiB + 128 KiB: at 4 ranks a
+                     2 MiB bcast, a 1 MiB reduce), in chunks above
+``llrelay``          reduce: the LL two-shot as a relay, the parts owned by the
+                     non-roots, which send them reduced to the root (n bytes
+                     into the root, not 1.5 n at 4 ranks; 2 MiB a launch)
+``ll128``            the relay (reduce) and the LL two-shot (allreduce) in LL128
+                     lines (128 bytes, 120 of payload, written by the 8 lanes of
+                     a warp at once; reduce 4 MiB, allreduce 2 MiB a launch)
 ``pipe``             two-shot without a barrier, pipelined in steps with a flag
                      each (allreduce: reduce-scatter to every rank, then all-gather;
                      reduce: every non-root reduces a part and stores it into the
@@ -110,7 +110,7 @@ PROBE_OFF = 64
 THREADS = 512
 LL_THREADS = 512  # (ipc_common.cuh's MPIML_LL_THREADS: the LL kernels' launch bounds)
 LL_MAX_BLOCKS = 264
-IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "lltwoshot", "pipe", "pull", "push", "two_level")
+IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "pipe", "pull", "push", "two_level")
 PIPE_MAX_STEPS = 2048  # (ipc_common.cuh's MPIML_PIPE_MAX_STEPS: flags per writer and step)
 PIPE_BYTES = 2 * MAX_RANKS * PIPE_MAX_STEPS * 4  # the pipelined kernels' flags, after the LL slots
 PIPE_STEP_ALIGN = 128  # packs: a step is a multiple of this
@@ -264,12 +264,9 @@ class IPCTransport(Transport):
         # the two-shot LL kernels see a parity's slots as one region: with 1 MiB slots (8 MiB a GPU at 4 ranks)
         # a 2 MiB bcast or a 1 MiB reduce / allreduce is one launch there
         self.ll_slot = max(2 * self.ll_max, _env_bytes("MPIML_IPC_LL_SLOT_BYTES", LL_SLOT_DEFAULT) // 16 * 16)
-        # the LL two-shot reduce as a relay (MPIML_IPC_LL_RELAY=1): the parts owned by the non-roots, whose reduced
-        # lines go to the root (n bytes of payload into the root, not 1.5 n at 4 ranks; mpiml_ll_relay_reduce)
-        self.ll_relay = _config.env_number("MPIML_IPC_LL_RELAY", 0, minimum=0, maximum=1) == 1
-        # the LL two-shot allreduce in LL128 lines (MPIML_IPC_LL128=1: 120 bytes of payload in 128, not 8 in 16;
-        # mpiml_ll128_twoshot_allreduce), where every line is 128-byte aligned (the slot a multiple of 128 bytes)
-        self.ll128 = _config.env_number("MPIML_IPC_LL128", 0, minimum=0, maximum=1) == 1 and self.ll_slot % 128 == 0
+        # LL128 lines (the ll128 algorithm) need every line 128-byte aligned: the slot a multiple of 128 bytes (else
+        # ll128 runs the LL kernels: the relay for reduce, the LL two-shot for allreduce)
+        self.ll128_ok = self.ll_slot % 128 == 0
         # the pipelined kernels' grid and steps a block (see _pipe_plan): 128 x 1, every step a block of its own,
         # measured best on 4 x H100 (a step's flag is a system-scope release, which a block pays in series; key
         # pipe_run_2020 of benchmarks/results/vs_nccl_4xh100.json, docs/comm.md)
@@ -302,7 +299,7 @@ class IPCTransport(Transport):
             err = f"{type(exc).__name__}: {exc}"
         agree_or_raise(world, err, "ipc workspace")
         # the kernels find a peer's buffers and slots at their own offsets: the layout must be the same everywhere
-        layout = (self.cap, self.ll_max, self.ll_slot, self.pipe_blocks, self.pipe_rounds, self.ll_relay, self.ll128)
+        layout = (self.cap, self.ll_max, self.ll_slot, self.pipe_blocks, self.pipe_rounds)
         shared = world.allgather_obj((handle, layout))
         handles = [h for h, _ in shared]
         if len({lay for _, lay in shared}) > 1:
@@ -310,8 +307,8 @@ class IPCTransport(Transport):
             self._base = None
             raise BackendUnavailableError(
                 "the ipc workspaces differ between ranks (MPIML_IPC_BYTES, MPIML_IPC_LL_BYTES, "
-                "MPIML_IPC_LL_SLOT_BYTES, MPIML_IPC_PIPE_BLOCKS, MPIML_IPC_PIPE_ROUNDS, MPIML_IPC_LL_RELAY, MPIML_IPC_LL128 must be "
-                "the same on every rank): "
+                "MPIML_IPC_LL_SLOT_BYTES, MPIML_IPC_PIPE_BLOCKS, MPIML_IPC_PIPE_ROUNDS must be the same on every "
+                "rank): "
                 + ", ".join(f"rank {r}: {lay}" for r, (_, lay) in enumerate(shared)))
         peers, err = [], None
         try:
@@ -542,14 +539,14 @@ class IPCTransport(Transport):
         if algorithm == "twoshot":
             return self._elementwise("allreduce", "allreduce", "mpiml_allreduce_twoshot", sendbuf, recvbuf, op, 0,
                                      parts=self.size)
-        if algorithm == "lltwoshot":
-            return self._lltwoshot("allreduce", sendbuf, recvbuf, op, 0)
+        if algorithm in ("lltwoshot", "ll128"):
+            return self._lltwoshot("allreduce", sendbuf, recvbuf, op, 0, algorithm)
         if algorithm == "pipe":
             return self._pipe("allreduce", sendbuf, recvbuf, op, 0)
         if algorithm == "two_level":
             return self._two_level_allreduce(sendbuf, recvbuf, op)
         raise ValueError(f"algorithm {algorithm!r} does not apply to allreduce on the ipc backend "
-                         "(ll, oneshot, twoshot, lltwoshot, pipe, two_level)")
+                         "(ll, oneshot, twoshot, lltwoshot, ll128, pipe, two_level)")
 
     def _auto_allreduce(self, nbytes):
         if nbytes <= self.ll_max:
@@ -567,6 +564,8 @@ class IPCTransport(Transport):
                                      parts=self.size)
         if algorithm == "lltwoshot":
             return self._lltwoshot("reduce", sendbuf, out, op, int(root))
+        if algorithm in ("llrelay", "ll128"):
+            return self._lltwoshot("reduce", sendbuf, out, op, int(root), algorithm)
         if algorithm == "pipe" and self.size > 1:  # (one rank: the one-shot copies)
             return self._pipe("reduce", sendbuf, out, op, int(root))
         return self._elementwise("reduce", "reduce", "mpiml_reduce_oneshot", sendbuf, out, op, int(root))
@@ -585,7 +584,7 @@ class IPCTransport(Transport):
             return self._pipe("bcast", buf, buf, None, int(root))
         return self._elementwise("bcast", "bcast", "mpiml_bcast_pull", buf, buf, None, int(root))
 
-    def _lltwoshot(self, op_name, sendbuf, recvbuf, op, root):
+    def _lltwoshot(self, op_name, sendbuf, recvbuf, op, root, variant="lltwoshot"):
         """The two-shot LL bcast, reduce or allreduce (see the kernels), in chunks of one LL region each."""
         self._check(op_name)
         self._last_op = op_name
@@ -596,7 +595,7 @@ class IPCTransport(Transport):
         rop = self._reduce_op(op, dtype) if op is not None else None
         sp = sendbuf.data.ptr
         rp = recvbuf.data.ptr if recvbuf is not None and recvbuf.size else 0
-        kernel, plan = self._lltwoshot_variant(op_name)
+        kernel, plan = self._lltwoshot_variant(op_name, variant)
         chunk_bytes, _ = plan(n * isz)
         for start, count in self._chunks(n, isz, chunk_bytes):
             off = start * isz
@@ -605,16 +604,16 @@ class IPCTransport(Transport):
             _, grid = plan(count * isz)
             self._launch(fn, grid, sp + off, (rp + off) if rp else 0, count, root, LL_THREADS)
 
-    def _lltwoshot_variant(self, op_name):
-        """``(kernel, plan)`` of the ``lltwoshot`` algorithm of ``op_name`` (bcast, reduce, allreduce): the LL two-shot,
-        or for reduce the relay (``MPIML_IPC_LL_RELAY=1``) and for reduce and allreduce LL128 lines
-        (``MPIML_IPC_LL128=1``: the allreduce's two-shot, the reduce's relay); ``plan(nbytes)`` is ``(chunk bytes,
-        grid)`` of a launch."""
+    def _lltwoshot_variant(self, op_name, variant="lltwoshot"):
+        """``(kernel, plan)`` of algorithm ``variant`` of ``op_name``: ``lltwoshot`` (bcast, reduce, allreduce: the LL
+        two-shot), ``llrelay`` (reduce: the relay) or ``ll128`` (reduce: the relay, allreduce: the two-shot, in LL128
+        lines); ``plan(nbytes)`` is ``(chunk bytes, grid)`` of a launch.  At one rank, the LL two-shot; without
+        128-byte aligned slots, ll128 takes the LL lines."""
         size, slot = self.size, self.ll_slot
-        if self.ll128 and op_name in ("reduce", "allreduce") and size > 1:
+        if variant == "ll128" and size > 1 and self.ll128_ok:
             relay = op_name == "reduce"
             return f"mpiml_{op_name}_ll128", lambda nbytes: _ll128_plan(nbytes, size, slot, relay)
-        if self.ll_relay and op_name == "reduce" and size > 1:
+        if variant in ("llrelay", "ll128") and op_name == "reduce" and size > 1:
             return "mpiml_reduce_llrelay", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot, True)
         return f"mpiml_{op_name}_lltwoshot", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot)
         return self._done(op_name)
@@ -768,8 +767,8 @@ class IPCTransport(Transport):
     def irecv(self, buf, source, tag):
         return self._nccl().irecv(buf, source, tag)
 
-    _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot", "lltwoshot", "pipe"),
-                      "reduce": ("ll", "oneshot", "twoshot", "lltwoshot", "pipe"),
+    _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot", "lltwoshot", "ll128", "pipe"),
+                      "reduce": ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "pipe"),
                       "scan": ("oneshot",), "exscan": ("oneshot",), "bcast": ("ll", "pull", "twoshot", "lltwoshot", "pipe"),
                       "allgather": ("ll", "pull", "push"),
                       "reduce_scatter": ("ll", "oneshot")}
@@ -781,10 +780,10 @@ class IPCTransport(Transport):
 
     def run_algorithm(self, op, name, *args):
         """Run IPC algorithm ``name`` (see the module docstring) for collective ``op``."""
-        if op == "allreduce" and name in ("ll", "oneshot", "twoshot", "lltwoshot", "pipe", "two_level"):
+        if op == "allreduce" and name in ("ll", "oneshot", "twoshot", "lltwoshot", "ll128", "pipe", "two_level"):
             return self.native_allreduce(*args, algorithm=name)
         if (op, name) in (("reduce", "ll"), ("reduce", "oneshot"), ("reduce", "twoshot"), ("reduce", "lltwoshot"),
-                          ("reduce", "pipe"), ("bcast", "ll"), ("bcast", "pull"), ("bcast", "twoshot"),
+                          ("reduce", "llrelay"), ("reduce", "ll128"), ("reduce", "pipe"), ("bcast", "ll"), ("bcast", "pull"), ("bcast", "twoshot"),
                           ("bcast", "lltwoshot"), ("bcast", "pipe"),
                           ("allgather", "ll"), ("allgather", "pull"),
                           ("allgather", "push"),
@@ -800,8 +799,8 @@ class IPCTransport(Transport):
         """A launcher (see :mod:`mpiml.comm._hotpath`) repeating this call with one kernel, or None.
 
         For stream-ordered calls (``MPIML_DEVICE_SYNC=0``) that fit in one kernel
-        on one node: allreduce (ll, oneshot, twoshot, lltwoshot, pipe), bcast (ll, pull, twoshot, lltwoshot,
-        pipe), allgather (ll, pull, push), reduce (ll, oneshot, twoshot, lltwoshot, pipe), reduce_scatter
+        on one node: allreduce (ll, oneshot, twoshot, lltwoshot, ll128, pipe), bcast (ll, pull, twoshot, lltwoshot,
+        pipe), allgather (ll, pull, push), reduce (ll, oneshot, twoshot, lltwoshot, llrelay, ll128, pipe), reduce_scatter
         (ll, oneshot).  ``arg`` is the
         reduction, the root, ``(reduction, root)`` or ``(counts, reduction)``.
         Across nodes, the ops that go to NCCL take NCCL's launcher.
@@ -820,7 +819,7 @@ class IPCTransport(Transport):
         if op == "allreduce":
             algo = self._auto_allreduce(nb) if name == "native" else name
             red, family, parts = arg, "allreduce", (self.size if algo == "twoshot" else 1)
-            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "pipe"):
+            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "ll128", "pipe"):
                 return None
         elif op in ("bcast", "allgather"):
             algo = ("ll" if ll_ok else "pull") if name == "native" else name
@@ -831,7 +830,7 @@ class IPCTransport(Transport):
         elif op == "reduce":
             algo = ("ll" if ll_ok else "oneshot") if name == "native" else name
             (red, root), family, parts = arg, "reduce", (self.size if algo == "twoshot" else 1)
-            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "pipe"):
+            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "pipe"):
                 return None
         elif op == "reduce_scatter" and name in ("native", "ll", "oneshot"):
             counts, red = arg
@@ -850,10 +849,10 @@ class IPCTransport(Transport):
                 algo == "push" and nb > self.push_cap:
             return None
         kernel = f"mpiml_{op}_{algo}"
-        if algo == "lltwoshot":
+        if algo in ("lltwoshot", "llrelay", "ll128"):
             if self.size == 1:  # (a bcast among one rank: the full path)
                 return None
-            kernel, plan = self._lltwoshot_variant(op)
+            kernel, plan = self._lltwoshot_variant(op, algo)
             chunk, grid = plan(nb)
             if nb > chunk:  # (several launches: the full path)
                 return None

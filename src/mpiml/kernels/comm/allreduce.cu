@@ -86,7 +86,7 @@ mpiml_allreduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, l
     mpiml_ll_twoshot_reduce<T, OP, A>(c, in, out, n, -1);
 }
 
-// LL128 two-shot allreduce (no barrier; MPIML_IPC_LL128=1): mpiml_ll_twoshot_reduce's protocol
+// LL128 two-shot allreduce (no barrier; algorithm ll128): mpiml_ll_twoshot_reduce's protocol
 // in LL128 lines (15 payload words in 16, not 1 in 2: the lines carry 1.07 times the bytes, not
 // twice). The lines are cut into nranks parts of `part` lines; every rank pushes line
 // r * part + i of its input into rank r's LL region at [me * part + i] (its own part too, a
@@ -152,7 +152,7 @@ __device__ __forceinline__ void mpiml_ll128_twoshot_allreduce(const MpimlCtx* c,
     mpiml_end<false>(c, epoch);
 }
 
-// The LL128 two-shot allreduce (MPIML_IPC_LL128=1): see mpiml_ll128_twoshot_allreduce above.
+// The LL128 two-shot allreduce (algorithm ll128): see mpiml_ll128_twoshot_allreduce above.
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_allreduce_ll128(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {

@@ -236,7 +236,7 @@ __device__ __forceinline__ void mpiml_ll_relay_reduce(const MpimlCtx* c, const T
     mpiml_end<false>(c, ln.epoch);
 }
 
-// LL128 relay reduce (MPIML_IPC_LL128=1): mpiml_ll_relay_reduce's protocol in LL128 lines
+// LL128 relay reduce (algorithm ll128): mpiml_ll_relay_reduce's protocol in LL128 lines
 // (ipc_common.cuh: 120 payload bytes in 128), so the root receives 1.07 n bytes, not 2 n. A
 // warp holds 4 lines (8 lanes each), every warp of every rank the same ones. The host keeps
 // q * part lines within the region (nranks * ll_slot / 128 of them). A counts 8-byte
@@ -311,7 +311,7 @@ mpiml_reduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, long
     mpiml_ll_twoshot_reduce<T, OP, A>(c, in, out, n, (int)root);
 }
 
-// The LL relay reduce (MPIML_IPC_LL_RELAY=1): see mpiml_ll_relay_reduce above. A kernel of its
+// The LL relay reduce (algorithm llrelay): see mpiml_ll_relay_reduce above. A kernel of its
 // own, so that its registers do not weigh on the LL two-shot's.
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
@@ -319,7 +319,7 @@ mpiml_reduce_llrelay(const MpimlCtx* c, const T* in, T* out, long long n, long l
     mpiml_ll_relay_reduce<T, OP, A>(c, in, out, n, (int)root);
 }
 
-// The LL128 relay reduce (MPIML_IPC_LL128=1): see mpiml_ll128_relay_reduce above.
+// The LL128 relay reduce (algorithm ll128): see mpiml_ll128_relay_reduce above.
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_reduce_ll128(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
