@@ -66,46 +66,37 @@ def test_the_ll_relay_chunks_keep_every_owner_within_the_region():
                 for op in ("bcast", "allreduce"):
                     assert ipc._lltwoshot_plan(op, nbytes, nranks, slot, True) == \
                         ipc._lltwoshot_plan(op, nbytes, nranks, slot)
-    # 4 ranks, the default slots: a 1 MiB reduce is one launch either way, the relay takes a 2 MiB one in one (in
-    # LL128 lines a 4 MiB one), a 2 MiB bcast is still one launch, and so is a 2 MiB LL128 allreduce
+    # 4 ranks, the default slots: a 1 MiB reduce is one launch either way, the relay takes a 2 MiB one in one, and
+    # a 2 MiB bcast is still one launch
     slot = ipc.LL_SLOT_DEFAULT
     assert ipc._lltwoshot_plan("reduce", 2 << 20, 4, slot, True)[0] >= 2 << 20
     assert ipc._lltwoshot_plan("reduce", 1 << 20, 4, slot)[0] >= 1 << 20
     assert ipc._lltwoshot_plan("bcast", 2 << 20, 4, slot)[0] >= 2 << 20
-    assert ipc._ll128_plan(4 << 20, 4, slot, True)[0] >= 4 << 20
-    assert ipc._ll128_plan(2 << 20, 4, slot)[0] >= 2 << 20
-    assert slot % 128 == 0
     assert ipc._lltwoshot_plan("reduce", 64, 1, 1 << 20, True) == ipc._lltwoshot_plan("reduce", 64, 1, 1 << 20)
 
 
-def test_the_ll128_chunks_keep_every_line_within_the_region():
-    """``ipc._ll128_plan``: lines of 120 payload bytes in 128, nranks parts, every rank's copies and the gathered
-    parts (2 * nranks * part lines) within one parity's region (nranks * slot / 128 lines; the relay: nranks - 1
-    parts, (nranks - 1) * part lines); 8 lanes a line; the
-    header's payload words agree with the host's; a 1 MiB allreduce is one launch at 3-8 ranks with the default slot."""
+def test_the_ll128_chunks_keep_every_line_within_the_staging_buffer():
+    """``ipc._ll128_plan``: lines of 120 payload bytes in 128 in one staging buffer (cap / 128 lines): the two-shot's
+    nranks parts, every rank's copies and the gathered parts (2 * nranks * part lines); the relay's nranks - 1 parts
+    ((nranks - 1) * part lines); 8 lanes a line; the header's payload words agree with the host's; with the default
+    32 MiB buffers a 4 MiB reduce or allreduce is one launch."""
     words = re.search(r"#define MPIML_LL128_WORDS (\d+)", _text(COMMON))
     assert words and int(words.group(1)) * 8 == ipc.LL128_PAYLOAD
     for nranks in range(2, 9):
-        for slot in (512 << 10, ipc.LL_SLOT_DEFAULT, 4 << 20):
-            region = nranks * slot // 128
-            for nbytes in (1, 8, 17, 121, 4096, 1 << 20, 4 << 20, 9 << 20):
-                chunk, _ = ipc._ll128_plan(nbytes, nranks, slot)
-                assert chunk % 8 == 0 and chunk > 0
-                lines = -(-(-(-min(nbytes, chunk) // 8)) // 15)
-                part = -(-lines // nranks)
-                assert 2 * nranks * part <= region, (nranks, slot, nbytes)
-                _, grid = ipc._ll128_plan(min(nbytes, chunk), nranks, slot)
-                assert grid == max(1, min(ipc.WIDE_LL_MAX_BLOCKS, -(-8 * part // ipc.LL_THREADS)))
-                # the relay: nranks - 1 parts, an owner's copies and the root's reduced parts within the region
-                chunk, _ = ipc._ll128_plan(nbytes, nranks, slot, True)
-                assert chunk % 8 == 0 and chunk > 0
-                lines = -(-(-(-min(nbytes, chunk) // 8)) // 15)
-                part = -(-lines // (nranks - 1))
-                assert (nranks - 1) * part <= region, (nranks, slot, nbytes)
-                _, grid = ipc._ll128_plan(min(nbytes, chunk), nranks, slot, True)
-                assert grid == max(1, min(ipc.WIDE_LL_MAX_BLOCKS, -(-8 * part // ipc.LL_THREADS)))
-        if nranks >= 3:  # (2 ranks: 960 KiB a launch)
-            assert ipc._ll128_plan(1 << 20, nranks, ipc.LL_SLOT_DEFAULT)[0] >= 1 << 20
+        for cap in (4096, 1 << 20, 32 << 20, (3 << 20) + 256):
+            region = cap // 128
+            for nbytes in (1, 8, 17, 121, 4096, 1 << 20, 4 << 20, 9 << 20, 40 << 20):
+                for relay in (False, True):
+                    chunk, _ = ipc._ll128_plan(nbytes, nranks, cap, relay)
+                    assert chunk % 8 == 0 and chunk > 0
+                    lines = -(-(-(-min(nbytes, chunk) // 8)) // 15)
+                    parts = nranks - 1 if relay else nranks
+                    part = -(-lines // parts)
+                    assert (parts if relay else 2 * nranks) * part <= region, (nranks, cap, nbytes, relay)
+                    _, grid = ipc._ll128_plan(min(nbytes, chunk), nranks, cap, relay)
+                    assert grid == max(1, min(ipc.WIDE_LL_MAX_BLOCKS, -(-8 * part // ipc.LL_THREADS)))
+        assert ipc._ll128_plan(4 << 20, nranks, 32 << 20)[0] >= 4 << 20
+        assert ipc._ll128_plan(4 << 20, nranks, 32 << 20, True)[0] >= 4 << 20
 
 
 @pytest.mark.parametrize("op", ["bcast", "reduce", "allreduce"])

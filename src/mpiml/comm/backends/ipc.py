@@ -33,14 +33,15 @@ Algorithms (``algorithm=`` with backend ``ipc``):
                      rest; reduce / allreduce: reduce-scatter to every rank,
                      then its reduced part to the root / every rank); up to one
                      parity's LL slots per launch (``nranks`` slots of
-                     ``MPIML_IPC_LL_SLOT_BYTES``, 1 MiB + 128 KiB: at 4 ranks a
+                     ``MPIML_IPC_LL_SLOT_BYTES``, 1 MiB + 128 B: at 4 ranks a
                      2 MiB bcast, a 1 MiB reduce), in chunks above
 ``llrelay``          reduce: the LL two-shot as a relay, the parts owned by the
                      non-roots, which send them reduced to the root (n bytes
                      into the root, not 1.5 n at 4 ranks; 2 MiB a launch)
 ``ll128``            the relay (reduce) and the LL two-shot (allreduce) in LL128
                      lines (128 bytes, 120 of payload, written by the 8 lanes of
-                     a warp at once; reduce 4 MiB, allreduce 2 MiB a launch)
+                     a warp at once) in the staging buffers (at 4 ranks and
+                     32 MiB buffers: reduce 28 MiB, allreduce 15 MiB a launch)
 ``pipe``             two-shot without a barrier, pipelined in steps with a flag
                      each (allreduce: reduce-scatter to every rank, then all-gather;
                      reduce: every non-root reduces a part and stores it into the
@@ -115,10 +116,9 @@ PIPE_MAX_STEPS = 2048  # (ipc_common.cuh's MPIML_PIPE_MAX_STEPS: flags per write
 PIPE_BYTES = 2 * MAX_RANKS * PIPE_MAX_STEPS * 4  # the pipelined kernels' flags, after the LL slots
 PIPE_STEP_ALIGN = 128  # packs: a step is a multiple of this
 ERR_TIMEOUT, ERR_ABORT, ERR_OVERLAP = 1, 3, 4
-# bytes of one LL slot: 1 MiB and 128 KiB, so that a parity's region (nranks slots) holds at 4 ranks a 2 MiB relay
-# reduce in LL lines (3 parts of 87382 lines > 4 MiB / 16) and a 4 MiB one in LL128 lines (3 parts of 11651 lines >
-# 4 MiB / 128) in one launch (see _lltwoshot_plan, _ll128_plan), every slot 128-byte aligned (LL128 lines)
-LL_SLOT_DEFAULT = (1 << 20) + (128 << 10)
+# bytes of one LL slot: 1 MiB and a cache line, so that a parity's region (nranks slots) holds a 2 MiB relay reduce at
+# 4 ranks in one launch (3 parts of 87382 lines: 262146 > 4 MiB / 16 lines; see _lltwoshot_plan)
+LL_SLOT_DEFAULT = (1 << 20) + 128
 LL128_PAYLOAD = 120  # payload bytes of an LL128 line (ipc_common's MPIML_LL128_WORDS words of 8)
 # the grid of the relay and LL128 kernels: their threads need 93-128 registers (one 512-thread block an SM), and a
 # block waits for the same block of its peers, so every block must be resident at once: at most one an SM of the
@@ -161,19 +161,19 @@ def _lltwoshot_plan(op, nbytes, nranks, ll_slot, relay=False):
     return chunk_bytes, max(1, min(most, -(-(-(-lines // parts)) // LL_THREADS)))
 
 
-def _ll128_plan(nbytes, nranks, ll_slot, relay=False):
+def _ll128_plan(nbytes, nranks, cap, relay=False):
     """``(chunk bytes, grid)`` of the LL128 kernels (``mpiml_allreduce_ll128``: the two-shot, ``mpiml_reduce_ll128``:
-    the relay, ``relay`` true) for calls of ``nbytes``: lines of 128 bytes carrying 120 in the region of one parity
-    (``nranks * ll_slot`` bytes), cut into ``nranks`` parts of at most ``ll_slot // 256`` lines (the two-shot: every
-    rank's copies and the gathered reduced parts, ``2 * nranks * part`` lines) or ``nranks - 1`` parts whose
-    ``(nranks - 1) * part`` lines fit the region (the relay: an owner's copies, the root's reduced parts); 8 lanes a
-    line, so the grid has ``8 * part`` threads (the same on every rank)."""
+    the relay, ``relay`` true) for calls of ``nbytes``: lines of 128 bytes carrying 120 in the staging buffer of one
+    parity (``cap`` bytes), cut into ``nranks`` parts whose ``2 * nranks * part`` lines fit it (the two-shot: every
+    rank's copies and the gathered reduced parts) or ``nranks - 1`` parts whose ``(nranks - 1) * part`` lines fit it
+    (the relay: an owner's copies, the root's reduced parts); 8 lanes a line, so the grid has ``8 * part`` threads
+    (the same on every rank)."""
     if relay:
         parts = nranks - 1
-        chunk = LL128_PAYLOAD * (nranks * ll_slot // 128 // parts * parts)
+        chunk = LL128_PAYLOAD * (cap // 128 // parts * parts)
     else:
         parts = nranks
-        chunk = LL128_PAYLOAD * nranks * (ll_slot // 256)
+        chunk = LL128_PAYLOAD * nranks * (cap // 128 // (2 * nranks))
     lines = -(-(-(-min(nbytes, chunk) // 8)) // (LL128_PAYLOAD // 8))
     part = -(-lines // parts)
     return chunk, max(1, min(WIDE_LL_MAX_BLOCKS, -(-8 * part // LL_THREADS)))
@@ -264,9 +264,6 @@ class IPCTransport(Transport):
         # the two-shot LL kernels see a parity's slots as one region: with 1 MiB slots (8 MiB a GPU at 4 ranks)
         # a 2 MiB bcast or a 1 MiB reduce / allreduce is one launch there
         self.ll_slot = max(2 * self.ll_max, _env_bytes("MPIML_IPC_LL_SLOT_BYTES", LL_SLOT_DEFAULT) // 16 * 16)
-        # LL128 lines (the ll128 algorithm) need every line 128-byte aligned: the slot a multiple of 128 bytes (else
-        # ll128 runs the LL kernels: the relay for reduce, the LL two-shot for allreduce)
-        self.ll128_ok = self.ll_slot % 128 == 0
         # the pipelined kernels' grid and steps a block (see _pipe_plan): 128 x 1, every step a block of its own,
         # measured best on 4 x H100 (a step's flag is a system-scope release, which a block pays in series; key
         # pipe_run_2020 of benchmarks/results/vs_nccl_4xh100.json, docs/comm.md)
@@ -607,12 +604,12 @@ class IPCTransport(Transport):
     def _lltwoshot_variant(self, op_name, variant="lltwoshot"):
         """``(kernel, plan)`` of algorithm ``variant`` of ``op_name``: ``lltwoshot`` (bcast, reduce, allreduce: the LL
         two-shot), ``llrelay`` (reduce: the relay) or ``ll128`` (reduce: the relay, allreduce: the two-shot, in LL128
-        lines); ``plan(nbytes)`` is ``(chunk bytes, grid)`` of a launch.  At one rank, the LL two-shot; without
-        128-byte aligned slots, ll128 takes the LL lines."""
-        size, slot = self.size, self.ll_slot
-        if variant == "ll128" and size > 1 and self.ll128_ok:
+        lines, in the staging buffers); ``plan(nbytes)`` is ``(chunk bytes, grid)`` of a launch.  At one rank, the LL
+        two-shot."""
+        size, slot, cap = self.size, self.ll_slot, self.cap
+        if variant == "ll128" and size > 1:
             relay = op_name == "reduce"
-            return f"mpiml_{op_name}_ll128", lambda nbytes: _ll128_plan(nbytes, size, slot, relay)
+            return f"mpiml_{op_name}_ll128", lambda nbytes: _ll128_plan(nbytes, size, cap, relay)
         if variant in ("llrelay", "ll128") and op_name == "reduce" and size > 1:
             return "mpiml_reduce_llrelay", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot, True)
         return f"mpiml_{op_name}_lltwoshot", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot)

@@ -94,20 +94,21 @@ mpiml_allreduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, l
 // pushes the result into every other rank's region at [nranks * part + r * part + i], storing
 // its own to out; then copies the other parts' reduced lines out as they arrive. A warp holds 4
 // lines (8 lanes each) and every warp of every rank takes the same lines (the grid is agreed).
-// The host keeps 2 * nranks * part lines within the region (nranks * ll_slot / 128 of them). A
+// The region is the staging buffer of the call's parity (mpiml_buf: see the LL128 lines in
+// ipc_common.cuh); the host keeps 2 * nranks * part lines within it (cap / 128 of them). A
 // counts 8-byte alignment; a lane writes out only words it read before (in == out is safe).
 template <typename T, int OP, bool A>
 __device__ __forceinline__ void mpiml_ll128_twoshot_allreduce(const MpimlCtx* c, const T* in, T* out, long long n) {
     const long long nbytes = n * (long long)sizeof(T);
     const long long lines = ((nbytes + 7) / 8 + MPIML_LL128_WORDS - 1) / MPIML_LL128_WORDS;
     const unsigned epoch = mpiml_begin(c);
-    const unsigned long long flagword = ((unsigned long long)(epoch + 1u) << 32) | (epoch + 1u);
+    const unsigned long long flagword = mpiml_ll128_flag(epoch);
     const int nr = (int)c->nranks, me = (int)c->rank;
     const long long part = (lines + nr - 1) / nr;
     const int lane = threadIdx.x & 31, sub = lane & 7;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
-    auto region = [&](int r) { return reinterpret_cast<ulonglong2*>(mpiml_ll_region(c, r, epoch)); };
+    auto region = [&](int r) { return reinterpret_cast<ulonglong2*>(mpiml_buf(c, r, epoch)); };
     const ulonglong2* mine = region(me);
     for (long long base = 4 * warp; base < part; base += 4 * warps) {  // warp-uniform
         const long long i = base + (lane >> 3);

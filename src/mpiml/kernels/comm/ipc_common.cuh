@@ -766,11 +766,23 @@ __device__ __forceinline__ void mpiml_ll_twoshot_reduce(const MpimlCtx* c, const
 // lanes of a warp that hold it (16 bytes each, lane 7: word 14 and the flag) with one vector
 // store each, the warp converged, so that the line crosses NVLink as one 128-byte write and
 // arrives whole (the property NCCL's LL128 protocol relies on over NVLink): a reader that
-// sees the flag in lane 7's half has the whole line from the same warp-wide load. The flag
-// word is (E + 1) in both halves: never a plain LL line's second half ({d1, flag} with a
-// flag of another call) or a payload word of the previous call of the same parity. Payload
+// sees the flag in lane 7's half has the whole line from the same warp-wide load. Payload
 // word w of a message is word w % 15 of line w / 15.
+//
+// The LL128 kernels keep their lines in the staging buffers (mpiml_buf), not in the LL slots:
+// their payload fills every 16 bytes of a line, so a plain LL line's two flag words could be
+// any payload there, and an LL kernel of a later call of that parity could take a stale
+// LL128 line's payload for its own flags. The staging buffers hold the barrier kernels' plain
+// data, which nobody reads without a barrier; an LL128 reader looks there for a 64-bit flag
+// word (mpiml_ll128_flag) that a multiplicative hash of the call number makes: distinct for
+// every call, and a stale payload word of the barrier kernels or of an earlier call's lines
+// (lines are always 128-byte aligned from the buffer's start, so a flag word only ever meets
+// flag words) meets it by chance alone (one in 2^64).
 #define MPIML_LL128_WORDS 15
+
+__device__ __forceinline__ unsigned long long mpiml_ll128_flag(unsigned epoch) {
+    return (unsigned long long)(epoch + 1u) * 0x9E3779B97F4A7C15ull;  // (odd: one word per call number)
+}
 
 __device__ __forceinline__ unsigned long long mpiml_word(uint2 v) {
     return ((unsigned long long)v.y << 32) | v.x;

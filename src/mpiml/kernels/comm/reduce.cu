@@ -238,23 +238,24 @@ __device__ __forceinline__ void mpiml_ll_relay_reduce(const MpimlCtx* c, const T
 
 // LL128 relay reduce (algorithm ll128): mpiml_ll_relay_reduce's protocol in LL128 lines
 // (ipc_common.cuh: 120 payload bytes in 128), so the root receives 1.07 n bytes, not 2 n. A
-// warp holds 4 lines (8 lanes each), every warp of every rank the same ones. The host keeps
-// q * part lines within the region (nranks * ll_slot / 128 of them). A counts 8-byte
-// alignment; only the root writes out, words it read before (in == out is safe).
+// warp holds 4 lines (8 lanes each), every warp of every rank the same ones. The region is the
+// staging buffer of the call's parity (mpiml_buf: see the LL128 lines in ipc_common.cuh); the
+// host keeps q * part lines within it (cap / 128 of them). A counts 8-byte alignment; only the
+// root writes out, words it read before (in == out is safe).
 template <typename T, int OP, bool A>
 __device__ __forceinline__ void mpiml_ll128_relay_reduce(const MpimlCtx* c, const T* in, T* out, long long n,
                                                          int root) {
     const long long nbytes = n * (long long)sizeof(T);
     const long long lines = ((nbytes + 7) / 8 + MPIML_LL128_WORDS - 1) / MPIML_LL128_WORDS;
     const unsigned epoch = mpiml_begin(c);
-    const unsigned long long flagword = ((unsigned long long)(epoch + 1u) << 32) | (epoch + 1u);
+    const unsigned long long flagword = mpiml_ll128_flag(epoch);
     const int nr = (int)c->nranks, me = (int)c->rank, q = nr - 1;
     const int jm = me == root ? -1 : (me - root - 1 + nr) % nr;  // this rank's part (-1: the root's none)
     const long long part = (lines + q - 1) / q;
     const int lane = threadIdx.x & 31, sub = lane & 7;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
-    auto region = [&](int r) { return reinterpret_cast<ulonglong2*>(mpiml_ll_region(c, r, epoch)); };
+    auto region = [&](int r) { return reinterpret_cast<ulonglong2*>(mpiml_buf(c, r, epoch)); };
     const ulonglong2* mine = region(me);
     for (long long base = 4 * warp; base < part; base += 4 * warps) {  // warp-uniform
         const long long i = base + (lane >> 3);
