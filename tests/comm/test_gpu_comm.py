@@ -158,6 +158,10 @@ def test_relay_and_ll128(mpi, n, algo):
     _need(n)
     proc = mpi(os.path.join(HERE, "gpu_variants.py"), n, algo, timeout=300, env={"MPIML_TIMEOUT": "30"})
     assert "OK" in proc.stdout
+    if algo == "ipc/ll128":  # 1 MiB staging buffers: several LL128 launches a call
+        proc = mpi(os.path.join(HERE, "gpu_variants.py"), n, algo, timeout=300,
+                   env={"MPIML_TIMEOUT": "30", "MPIML_IPC_BYTES": "1048576"})
+        assert "OK" in proc.stdout
 
 
 @pytest.mark.parametrize("n", [2, 3])
