@@ -24,14 +24,15 @@ from _spmd import assert_close, check, guarded, uneven_bounds, uneven_shard
 
 comm = get_comm()
 rank, size = comm.rank, comm.size
-#: the ring's three exchanges, and the local search (every rank's queries against each shard)
-EXCHANGES = ("blocking", "overlap", "onesided", "local")
+#: the ring's three exchanges, the local search (every rank's queries against each shard) and the gathered
+#: index (CPU ranks: every rank's rows searched at once)
+EXCHANGES = ("blocking", "overlap", "onesided", "local", "gather")
 
 
 def pin(variant):
     """The ``exchange`` parameter of ``variant``; pins the search strategy it names."""
-    _ring.STRATEGY = "local" if variant == "local" else "ring"
-    return "overlap" if variant == "local" else variant
+    _ring.STRATEGY = variant if variant in ("local", "gather") else "ring"
+    return "overlap" if variant in ("local", "gather") else variant
 
 
 def bounds(n, skip_last=False):
@@ -126,7 +127,7 @@ def check_kneighbors():
         Gr = sk.NearestNeighbors(n_neighbors=3, algorithm="brute").fit(X).kneighbors_graph(shard(Q), mode="distance")
         # scikit-learn's distances carry up to ~6e-8 of cancellation where they are 0
         assert_close(G, Gr.toarray(), "kneighbors_graph", rtol=1e-9, atol=1e-7)
-        for ex in EXCHANGES:
+        for ex in EXCHANGES[:4]:  # (the radius search has no gathered form)
             rn = NearestNeighbors(radius=2.5, exchange=pin(ex)).fit(Xl)
             rd, ri = rn.radius_neighbors(Ql, sort_results=True)
             Dq = np.sqrt(pairwise_distances(shard(Q), X, metric="sqeuclidean"))
@@ -220,6 +221,9 @@ def check_strategy_choice():
     check(_ring.choose_host_strategy(many, x, replicated=True) == ("replicated" if size > 1 else "ring"),
           "replicated queries")
     check(_ring.choose_host_strategy(many, x) == "ring", "even queries -> ring")
+    # an index that fits every rank: gathered instead of ringed (the same rows searched, no step waits)
+    check(_ring.choose_host_strategy(many, x, row_bytes=256) == ("gather" if size > 1 else "ring"), "fits -> gather")
+    check(_ring.choose_host_strategy(many, x * 10 ** 6, row_bytes=256) == "ring", "too big -> ring")
     if size > 1:
         check(_ring.choose_host_strategy(np.r_[4000, np.zeros(size - 1, int)], x) == "local", "piled -> local")
         check(_ring.choose_host_strategy(q, x) == "local", "few -> local")

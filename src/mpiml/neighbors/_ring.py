@@ -25,6 +25,17 @@ results (the arithmetic per block and the merge order do not depend on it):
   flag is up, lowers the flag, and computes on the copy at step ``s+1``.  Three slots let a sender run one step ahead
   of a slow receiver (MaTEx, seed 003).  Device blocks are staged through host memory.
 
+On CPU ranks whose whole index fits :data:`GATHER_BYTES` per rank, the ring's exchange is one
+``allgatherv`` of the index instead (``strategy="gather"``, the auto choice where the ring would be
+taken): each rank then merges every row into its running lists in one compiled search, as one rank
+does.  A ring step's block moves only while both neighbours poll (MPI makes no progress inside a
+compiled search, and a receive learns a block's size from its header first), so each of the
+``p - 1`` steps waited for the slower neighbour's search: at 8 ranks of 8 threads on 64 cores
+the ring took 0.47-0.65 s where 8 copies of one rank's search took 0.29 s
+(``benchmarks/results/ml_cpu_64core_4xh100.json``, keys ``kmeans_knn_2024``, ``procs8x8_steal_2106``).
+The gathered search holds the whole index on every rank (``p`` times the index's bytes on the
+node) but waits once; its results are the ring's (the same rows, merged by (value, global index)).
+
 When the queries are few relative to the index, :func:`ring_kneighbors` may instead gather
 every rank's queries, search the local shard for all of them and send the candidate lists
 back to their owners (``strategy="local"``, chosen by :func:`choose_strategy`): far fewer
@@ -58,7 +69,7 @@ __all__ = ["EXCHANGES", "STRATEGIES", "choose_strategy", "choose_host_strategy",
            "ring_visit", "local_distances", "local_topk"]
 
 EXCHANGES = ("blocking", "overlap", "onesided")
-STRATEGIES = ("auto", "ring", "local")
+STRATEGIES = ("auto", "ring", "local", "gather")
 #: Default search strategy of :func:`ring_kneighbors` (tests and benchmarks may pin it; so may
 #: ``MPIML_KNN_STRATEGY``).  ``"auto"`` also finds replicated queries (see the module notes).
 STRATEGY = "auto"
@@ -69,6 +80,9 @@ _HOST_RING_MIN_QUERIES = 128
 #: CPU ranks: the ring while its busiest rank's pairs are at most this many times the local search's
 #: (whose per-query extras, p fresh lists and a p-way merge, the ring does not pay).
 _HOST_RING_SLACK = 1.25
+#: CPU ranks: the index is gathered on every rank instead of ringed (``strategy="gather"``) when its bytes
+#: (rows and payload) are at most this many (``MPIML_KNN_GATHER_BYTES``; 0 never gathers).
+GATHER_BYTES = 1 << 30
 _TAG_X = 0x4E4E  # tags _TAG_X .. _TAG_X + 3: rows (or CSR data, indices, indptr), targets
 _SLOTS = 3
 #: Rows of queries per distance block on the host (bounds the (rows, m) temporary).
@@ -284,8 +298,14 @@ def choose_strategy(query_counts, index_counts, d, k, itemsize, t=0):
     return "local" if local < ring else "ring"
 
 
-def choose_host_strategy(query_counts, index_counts, replicated=False):
-    """``"replicated"``, ``"ring"`` or ``"local"`` for CPU ranks (replicated inputs: the same on every rank).
+def _gather_budget():
+    return _config.env_number("MPIML_KNN_GATHER_BYTES", float(GATHER_BYTES), kind=float, minimum=0, unit="bytes")
+
+
+def choose_host_strategy(query_counts, index_counts, replicated=False, row_bytes=None):
+    """``"replicated"``, ``"ring"``, ``"gather"`` or ``"local"`` for CPU ranks (replicated inputs: the same on
+    every rank).  ``row_bytes``: an index row's bytes with its payload; where the ring would be taken and the
+    whole index fits :func:`_gather_budget`, ``"gather"`` (see the module notes); None: the ring.
 
     Identical queries on every rank: ``"replicated"`` (each rank its shard, then the lists: the
     fewest pairs).  Distinct queries: the ring's busiest rank searches ``max(q) x N`` pairs, the
@@ -301,6 +321,8 @@ def choose_host_strategy(query_counts, index_counts, replicated=False):
     ring_pairs = q_max * int(np.sum(index_counts))
     local_pairs = q_total * int(np.max(index_counts))
     if q_max >= _HOST_RING_MIN_QUERIES and ring_pairs <= _HOST_RING_SLACK * local_pairs:
+        if row_bytes is not None and int(np.sum(index_counts)) * row_bytes <= _gather_budget():
+            return "gather"
         return "ring"
     return "local"
 
@@ -395,12 +417,16 @@ def ring_kneighbors(Q, X, Y, k, *, metric, comm, offsets, counts, exchange, xp, 
             qcounts, replicated, any_sparse = _host_agreement(Q, comm)
             if not any_sparse:
                 if strategy == "auto":
-                    strategy = choose_host_strategy(qcounts, counts, replicated)
+                    row_bytes = X.shape[1] * X.dtype.itemsize + (0 if t is None else 8 * t)
+                    strategy = choose_host_strategy(qcounts, counts, replicated,
+                                                    row_bytes if cpu is not None else None)
                 elif replicated:  # pinned "local": the same answer, each query searched once
                     strategy = "replicated"
                 if strategy == "replicated":
                     return _replicated_kneighbors(Q, X, Y, k, metric=metric, p=p, comm=comm, offsets=offsets,
                                                   xp=xp, cpu=cpu)
+                if strategy == "gather" and cpu is not None:
+                    return _gathered_kneighbors(Q, X, Y, k, metric=metric, p=p, comm=comm, cpu=cpu)
                 if strategy == "local":
                     return _local_kneighbors(Q, X, Y, k, metric=metric, p=p, comm=comm, offsets=offsets,
                                              qcounts=qcounts, xp=xp, cpu=cpu)
@@ -452,6 +478,15 @@ def _replicated_kneighbors(Q, X, Y, k, *, metric, p, comm, offsets, xp, cpu):
     if cpu is not None:
         return _host_finish(cpu, state, metric, p, X.dtype)
     return state
+
+
+def _gathered_kneighbors(Q, X, Y, k, *, metric, p, comm, cpu):
+    """Every rank's index rows (and payload) gathered here, in rank order (the global order), and merged into
+    this rank's running lists in one compiled search (see the module notes); the ring's result."""
+    every = comm.allgatherv(np.ascontiguousarray(X))
+    pay = None if Y is None else comm.allgatherv(np.ascontiguousarray(Y, dtype=np.float64))
+    state = _host_merge(cpu, Q, _Block(every, pay, 0), metric, p, _host_lists(Q, k, None if Y is None else Y.shape[1]))
+    return _host_finish(cpu, state, metric, p, X.dtype) if Q.shape[0] else (None, None, None)
 
 
 def _shard_lists(Q, block, k, metric, p, xp, cpu):
