@@ -17,6 +17,22 @@ everywhere (``init`` = the first ``k`` rows, one run) and runs a fixed number of
 iterations (``tol=0``); NearestNeighbors is the index's fit plus the ``k``-NN search of
 the query rows (spread over the ranks for mpiml).
 
+At more than one rank, one more fit is recorded per estimator: the communication profile
+(``comm``) and, per rank, its wall time, its seconds inside the communicator's blocking calls and
+request waits, and the rest, its own work (``rank_seconds``: ``compute`` spread over the ranks is
+load imbalance; a ``wait`` near equal on every rank is the collectives' own cost).  KMeans records
+its Lloyd iteration's median time and the rows' bytes over it (``iterations``: ``GBps_rows``, the
+memory rate of the ranks together; a step reads every row once, so near the host's streaming rate
+the step is memory-bound and more ranks on the node cannot make it faster).
+
+Sizes for a 64-core node, 1 rank of 8 threads against 8 of 8 threads (each fit 0.5-1 s at 8 ranks
+there; 4-8 s at one rank; the forest has 128 trees so that each of the 64 threads grows two, where
+32 trees left half of them idle at 8 ranks)::
+
+    mpiml bench ml --device cpu --threads-per-rank 8 --ranks 1,8 --estimators kmeans --rows 4e6 --k 64
+    mpiml bench ml --device cpu --threads-per-rank 8 --ranks 1,8 --estimators knn --knn-rows 3e5 --queries 20000
+    mpiml bench ml --device cpu --threads-per-rank 8 --ranks 1,8 --estimators rf --rf-rows 2e5 --trees 128 --max-depth 0
+
 The JSON (machine, date, command, sizes, every time and score) and a PNG go to ``--out``.
 """
 

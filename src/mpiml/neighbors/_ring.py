@@ -25,17 +25,6 @@ results (the arithmetic per block and the merge order do not depend on it):
   flag is up, lowers the flag, and computes on the copy at step ``s+1``.  Three slots let a sender run one step ahead
   of a slow receiver (MaTEx, seed 003).  Device blocks are staged through host memory.
 
-On CPU ranks whose whole index fits :data:`GATHER_BYTES` per rank, the ring's exchange is one
-``allgatherv`` of the index instead (``strategy="gather"``, the auto choice where the ring would be
-taken): each rank then merges every row into its running lists in one compiled search, as one rank
-does.  A ring step's block moves only while both neighbours poll (MPI makes no progress inside a
-compiled search, and a receive learns a block's size from its header first), so each of the
-``p - 1`` steps waited for the slower neighbour's search: at 8 ranks of 8 threads on 64 cores
-the ring took 0.47-0.65 s where 8 copies of one rank's search took 0.29 s
-(``benchmarks/results/ml_cpu_64core_4xh100.json``, keys ``kmeans_knn_2024``, ``procs8x8_steal_2106``).
-The gathered search holds the whole index on every rank (``p`` times the index's bytes on the
-node) but waits once; its results are the ring's (the same rows, merged by (value, global index)).
-
 When the queries are few relative to the index, :func:`ring_kneighbors` may instead gather
 every rank's queries, search the local shard for all of them and send the candidate lists
 back to their owners (``strategy="local"``, chosen by :func:`choose_strategy`): far fewer
@@ -47,7 +36,8 @@ ring or the local search would each search every query ``p`` times.  On CPU rank
 unevenly spread over the ranks: the two searches cost the same pairs per rank when the
 queries are spread evenly, and the ring keeps one running list per query (the compiled
 kernel merges every block into it, :func:`mpiml.neighbors._cpu.merge_block`), so its
-thresholds stay tight and no ``p``-way merge follows.
+thresholds stay tight and no ``p``-way merge follows; an index that fits :data:`GATHER_BYTES` is gathered
+instead and searched at once (``"gather"``: a ring step waited for the slower neighbour, docs/neighbors.md).
 
 Merging: the running top-k and the block's top-k are concatenated and ordered by
 (distance, global index) with two stable sorts, so exact ties go to the lower global
@@ -298,14 +288,10 @@ def choose_strategy(query_counts, index_counts, d, k, itemsize, t=0):
     return "local" if local < ring else "ring"
 
 
-def _gather_budget():
-    return _config.env_number("MPIML_KNN_GATHER_BYTES", float(GATHER_BYTES), kind=float, minimum=0, unit="bytes")
-
-
 def choose_host_strategy(query_counts, index_counts, replicated=False, row_bytes=None):
     """``"replicated"``, ``"ring"``, ``"gather"`` or ``"local"`` for CPU ranks (replicated inputs: the same on
     every rank).  ``row_bytes``: an index row's bytes with its payload; where the ring would be taken and the
-    whole index fits :func:`_gather_budget`, ``"gather"`` (see the module notes); None: the ring.
+    whole index fits ``MPIML_KNN_GATHER_BYTES``, ``"gather"`` (see the module notes); None: the ring.
 
     Identical queries on every rank: ``"replicated"`` (each rank its shard, then the lists: the
     fewest pairs).  Distinct queries: the ring's busiest rank searches ``max(q) x N`` pairs, the
@@ -321,7 +307,8 @@ def choose_host_strategy(query_counts, index_counts, replicated=False, row_bytes
     ring_pairs = q_max * int(np.sum(index_counts))
     local_pairs = q_total * int(np.max(index_counts))
     if q_max >= _HOST_RING_MIN_QUERIES and ring_pairs <= _HOST_RING_SLACK * local_pairs:
-        if row_bytes is not None and int(np.sum(index_counts)) * row_bytes <= _gather_budget():
+        budget = _config.env_number("MPIML_KNN_GATHER_BYTES", float(GATHER_BYTES), kind=float, minimum=0)
+        if row_bytes is not None and int(np.sum(index_counts)) * row_bytes <= budget:
             return "gather"
         return "ring"
     return "local"
