@@ -29,7 +29,7 @@ Sizes for a 64-core node, 1 rank of 8 threads against 8 of 8 threads (each fit 0
 there; 4-8 s at one rank; the forest has 128 trees so that each of the 64 threads grows two, where
 32 trees left half of them idle at 8 ranks)::
 
-    mpiml bench ml --device cpu --threads-per-rank 8 --ranks 1,8 --estimators kmeans --rows 4e6 --k 64
+    mpiml bench ml --device cpu --threads-per-rank 8 --ranks 1,8 --estimators kmeans --rows 2e6 --k 64 --iters 50
     mpiml bench ml --device cpu --threads-per-rank 8 --ranks 1,8 --estimators knn --knn-rows 3e5 --queries 20000
     mpiml bench ml --device cpu --threads-per-rank 8 --ranks 1,8 --estimators rf --rf-rows 2e5 --trees 128 --max-depth 0
 
