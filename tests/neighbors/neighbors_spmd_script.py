@@ -18,21 +18,22 @@ from sklearn.metrics import pairwise_distances
 import mpiml
 from mpiml import DistributedInputError
 from mpiml.comm import get_comm
-from mpiml.neighbors import KNeighborsClassifier, KNeighborsRegressor, NearestNeighbors, _ring
+from mpiml.neighbors import KNeighborsClassifier, KNeighborsRegressor, NearestNeighbors, _node, _ring
 
 from _spmd import assert_close, check, guarded, uneven_bounds, uneven_shard
 
 comm = get_comm()
 rank, size = comm.rank, comm.size
 #: the ring's three exchanges, the local search (every rank's queries against each shard) and the gathered
-#: index (CPU ranks: every rank's rows searched at once)
-EXCHANGES = ("blocking", "overlap", "onesided", "local", "gather")
+#: index (CPU ranks: in node memory, the ranks' threads taking query blocks from one counter; or copied to each)
+EXCHANGES = ("blocking", "overlap", "onesided", "local", "gather", "gather_copy")
 
 
 def pin(variant):
     """The ``exchange`` parameter of ``variant``; pins the search strategy it names."""
-    _ring.STRATEGY = variant if variant in ("local", "gather") else "ring"
-    return "overlap" if variant in ("local", "gather") else variant
+    _node.SHARED = variant != "gather_copy"
+    _ring.STRATEGY = "gather" if variant.startswith("gather") else "local" if variant == "local" else "ring"
+    return variant if variant in ("blocking", "overlap", "onesided") else "overlap"
 
 
 def bounds(n, skip_last=False):

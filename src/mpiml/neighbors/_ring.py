@@ -53,7 +53,7 @@ import numpy as np
 from .. import _config
 from .._array import get_namespace, is_device_array
 from .._errors import CommTimeoutError
-from . import _sparse
+from . import _node, _sparse
 
 __all__ = ["EXCHANGES", "STRATEGIES", "choose_strategy", "choose_host_strategy", "ring_kneighbors", "ring_radius",
            "ring_visit", "local_distances", "local_topk"]
@@ -412,8 +412,10 @@ def ring_kneighbors(Q, X, Y, k, *, metric, comm, offsets, counts, exchange, xp, 
                 if strategy == "replicated":
                     return _replicated_kneighbors(Q, X, Y, k, metric=metric, p=p, comm=comm, offsets=offsets,
                                                   xp=xp, cpu=cpu)
-                if strategy == "gather" and cpu is not None:
-                    return _gathered_kneighbors(Q, X, Y, k, metric=metric, p=p, comm=comm, cpu=cpu)
+                if strategy == "gather" and cpu is not None:  # (mpiml.neighbors._node)
+                    state = _node.gathered_kneighbors(cpu, Q, X, Y, k, metric=metric, p=p, comm=comm, qcounts=qcounts,
+                                                      offsets=offsets, counts=counts)
+                    return _host_finish(cpu, state, metric, p, X.dtype) if Q.shape[0] else (None, None, None)
                 if strategy == "local":
                     return _local_kneighbors(Q, X, Y, k, metric=metric, p=p, comm=comm, offsets=offsets,
                                              qcounts=qcounts, xp=xp, cpu=cpu)
@@ -465,15 +467,6 @@ def _replicated_kneighbors(Q, X, Y, k, *, metric, p, comm, offsets, xp, cpu):
     if cpu is not None:
         return _host_finish(cpu, state, metric, p, X.dtype)
     return state
-
-
-def _gathered_kneighbors(Q, X, Y, k, *, metric, p, comm, cpu):
-    """Every rank's index rows (and payload) gathered here, in rank order (the global order), and merged into
-    this rank's running lists in one compiled search (see the module notes); the ring's result."""
-    every = comm.allgatherv(np.ascontiguousarray(X))
-    pay = None if Y is None else comm.allgatherv(np.ascontiguousarray(Y, dtype=np.float64))
-    state = _host_merge(cpu, Q, _Block(every, pay, 0), metric, p, _host_lists(Q, k, None if Y is None else Y.shape[1]))
-    return _host_finish(cpu, state, metric, p, X.dtype) if Q.shape[0] else (None, None, None)
 
 
 def _shard_lists(Q, block, k, metric, p, xp, cpu):
