@@ -16,11 +16,14 @@ The lists are exact (value, global index) lists of every row whichever thread of
 searched a query, so both forms give the ring's result.
 """
 
+import os
+
 import numpy as np
 
 __all__ = ["gathered_kneighbors", "node_comm", "SHARED"]
 
-#: Search in node memory where every rank shares one node (False: each rank gathers the index; tests).
+#: Search in node memory where every rank shares one node (False, or ``MPIML_KNN_SHARED=0``: each rank
+#: gathers the index; tests and A/B runs).
 SHARED = True
 _NODE = {}  # id of an mpi4py communicator -> (the communicator, whether its ranks share one node)
 
@@ -29,7 +32,7 @@ def node_comm(comm):
     """The mpi4py communicator under ``comm`` when all its ranks share one node (and MPI can open a shared
     window on it), else None.  A collective the first time per communicator (a shared-memory split)."""
     raw = getattr(getattr(comm, "_world", None), "comm", None)
-    if raw is None or comm.size == 1 or not SHARED:
+    if raw is None or comm.size == 1 or not SHARED or os.environ.get("MPIML_KNN_SHARED", "1") == "0":
         return None
     try:
         if raw.Get_size() != comm.size or raw.Get_rank() != comm.rank:
