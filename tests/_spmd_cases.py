@@ -22,6 +22,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 
 
 def _script_main(path):
@@ -47,7 +48,8 @@ def _run_cases(root, cases):
         start, t0, base = len(_spmd._failures), time.perf_counter(), dict(os.environ)
         os.environ.update(case.get("env", {}))
         try:
-            _script_main(case["script"])(*(out if a == "{out}" else a for a in case.get("args", ())))
+            with warnings.catch_warnings():    # a case's warning filters end with it
+                _script_main(case["script"])(*(out if a == "{out}" else a for a in case.get("args", ())))
         except Exception:
             _spmd._failures.append(traceback.format_exc())
         finally:
@@ -109,6 +111,17 @@ class CaseLaunches:
         if failures:
             pytest.fail(f"{name} on {n} ranks:\n" + "\n".join(failures[:20]))
         return root / name
+
+
+_SESSION = {}
+
+
+def session_launches(key, cases, tmp_path_factory, **kwargs):
+    """The test session's one :class:`CaseLaunches` named ``key`` (made on first use): the launches that
+    several test modules of a folder share, each module taking the verdicts of its own cases."""
+    if key not in _SESSION:
+        _SESSION[key] = CaseLaunches(cases, tmp_path_factory, **kwargs)
+    return _SESSION[key]
 
 
 if __name__ == "__main__":

@@ -129,3 +129,61 @@ def test_saved_state_protocol():
     with pytest.raises(mpiml.NotFittedError):
         MinimalSPMDTransformer()._get_saved_state()
     assert issubclass(MinimalSPMDTransformer, SPMDEstimator)
+
+
+def test_parameter_check_is_cached_per_class_and_still_sees_every_change(monkeypatch):
+    """The signature and the constraint objects are read once per class, the check itself runs on every fit."""
+    import inspect
+
+    class Shifted(MinimalSPMDTransformer):
+        _parameter_constraints = {**MinimalSPMDTransformer._parameter_constraints,
+                                  "shift": [Interval(Real, 0, None, closed="left")]}
+
+    X = np.arange(6.0).reshape(3, 2)
+    est = Shifted(shift=1.0).fit(X)
+    calls = []
+    real_signature = inspect.signature
+    monkeypatch.setattr(inspect, "signature", lambda *a, **k: calls.append(a) or real_signature(*a, **k))
+    for _ in range(3):
+        est.fit(X)
+        clone(est).get_params()
+    assert calls == []                      # no constructor read after the first
+    # a value changed by set_params is checked again, after the same name's other values were accepted
+    with pytest.raises(InvalidParameterError, match="The 'shift' parameter of Shifted must be a float in the range"):
+        est.set_params(shift=-1.0).fit(X)
+    with pytest.raises(InvalidParameterError, match="The 'mode' parameter of Shifted"):
+        est.set_params(shift=1.0, mode="median").fit(X)
+    with pytest.raises(ValueError, match="Invalid parameter 'bogus'"):
+        est.set_params(bogus=1)
+    est.set_params(mode="none").fit(X)
+    # constraints edited in place, replaced on the class or on the instance are seen at the next fit
+    Shifted._parameter_constraints["shift"][0] = Interval(Real, 2, None, closed="left")
+    with pytest.raises(InvalidParameterError, match=r"range \[2.0, inf\)"):
+        est.fit(X)
+    Shifted._parameter_constraints = {**Shifted._parameter_constraints, "shift": [Interval(Real, 0, 1, closed="both")]}
+    est.set_params(shift=0.5).fit(X)
+    est._parameter_constraints = {"shift": [StrOptions({"a"})]}
+    with pytest.raises(InvalidParameterError, match="must be a str among {'a'}. Got 0.5 instead."):
+        est.fit(X)
+    # the cache is per class: the parent's check is untouched by the subclass's
+    MinimalSPMDTransformer(shift=-1.0).fit(X)
+    # a new __init__ is read again
+    monkeypatch.setattr(Shifted, "__init__", lambda self, shift=0.0, *, mode="mean", comm=None, extra=1: None)
+    assert "extra" in Shifted._get_param_names() and "extra" not in MinimalSPMDTransformer._get_param_names()
+
+
+def test_parameter_check_with_a_cache_gives_the_same_verdicts():
+    """Accepted plain values are remembered by type and value: 3 accepted does not let 3.0, True or "3" through."""
+    constraints = {"n": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})], "skip": "no_validation"}
+
+    def verdict(value, cache):
+        try:
+            validate_parameter_constraints(constraints, {"n": value, "skip": object()}, "F", cache=cache)
+        except InvalidParameterError as exc:
+            return str(exc)
+        return "ok"
+
+    values = [3, 3, 3.0, True, False, 0, "3", "auto", "auto", np.int64(3), np.float64(3.0), None, float("nan"), 2**70]
+    cache = {}
+    assert [verdict(v, cache) for v in values * 2] == [verdict(v, None) for v in values * 2]
+    assert verdict(3, cache) == "ok" and "Got 3.0 instead" in verdict(3.0, cache)

@@ -13,6 +13,8 @@ this rank's rows.  It adds to :class:`sklearn.base.BaseEstimator`:
   :meth:`_set_saved_state` pair (see ``docs/estimators.md``).
 """
 
+import weakref
+
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
@@ -22,6 +24,12 @@ __all__ = ["SPMDEstimator", "COMM_CONSTRAINT"]
 
 #: The constraint of every estimator's ``comm`` parameter.
 COMM_CONSTRAINT = [None, HasMethods(["allreduce", "allgather_obj"])]
+
+# Per class: the constructor's parameter names (scikit-learn reads the signature on every
+# get_params/set_params/clone, most of a fit's parameter check), kept with the __init__ they
+# come from; and the constraint objects built from ``_parameter_constraints``.
+_PARAM_NAMES = weakref.WeakKeyDictionary()
+_CONSTRAINT_CACHES = weakref.WeakKeyDictionary()
 
 
 class SPMDEstimator(BaseEstimator):
@@ -54,9 +62,22 @@ class SPMDEstimator(BaseEstimator):
             "The 'n_clusters' parameter of KMeans must be an int in the range
             [1, inf). Got 0 instead."
         """
+        cls = type(self)
+        cache = _CONSTRAINT_CACHES.get(cls)
+        if cache is None:
+            cache = _CONSTRAINT_CACHES[cls] = {}
         validate_parameter_constraints(
-            self._parameter_constraints, self.get_params(deep=False), caller_name=type(self).__name__
+            self._parameter_constraints, self.get_params(deep=False), caller_name=cls.__name__, cache=cache
         )
+
+    @classmethod
+    def _get_param_names(cls):
+        # scikit-learn's, read once per class (and again if ``__init__`` is replaced)
+        init = cls.__init__
+        hit = _PARAM_NAMES.get(cls)
+        if hit is None or hit[0] is not init:
+            hit = _PARAM_NAMES[cls] = (init, tuple(super()._get_param_names()))
+        return list(hit[1])
 
     def get_params(self, deep=True):
         """The estimator's parameters (scikit-learn's), ``comm`` among them only when it is set.

@@ -116,4 +116,5 @@ def main():
         assert_close(got, params(ref), f"{label}: the minimiser at a tight tol", rtol=0, atol=1e-6)
 
 
-guarded(main, comm)
+if __name__ == "__main__":   # (else one case of a shared launch: _launches.py)
+    guarded(main, comm)

@@ -5,7 +5,7 @@ last rank of 3 or 4 keeps none in one case), and compares the SPMD estimators
 with scikit-learn fitted on the whole data and with mpiml on one process.
 Verdicts are collective (tests/_spmd.py).
 
-Usage: linear_spmd_script.py OUTDIR
+Usage: linear_spmd_script.py OUTDIR (or ``main(OUTDIR)``, one case of a shared launch: _launches.py)
 """
 
 import os
@@ -410,21 +410,21 @@ def auto_solver_checks():
         check(rel(r.coef_, sk.Ridge(alpha=1e-3).fit(X, y).coef_) < 1e-6, f"Ridge auto at cond {cond:g}")
 
 
-def main():
+def main(out=None):
     auto_solver_checks()
     robustness_checks()
     sparse_checks()
     regression_checks()
     X, y = classification_checks()
     error_checks(X, y)
-    if OUT:
+    if out:
         m = LogisticRegression(C=0.5).fit(shard(X), shard(y))
-        mpiml.save(m, os.path.join(OUT, "logreg.mpiml"))
+        mpiml.save(m, os.path.join(out, "logreg.mpiml"))
         if rank == 0:
-            np.save(os.path.join(OUT, "X.npy"), X)
-        np.save(os.path.join(OUT, f"proba{rank}.npy"), m.predict_proba(X))
+            np.save(os.path.join(out, "X.npy"), X)
+        np.save(os.path.join(out, f"proba{rank}.npy"), m.predict_proba(X))
 
 
 if __name__ == "__main__":
     warnings.simplefilter("ignore", UserWarning)
-    guarded(main, comm)
+    guarded(lambda: main(OUT), comm)

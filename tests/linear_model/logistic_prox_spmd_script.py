@@ -69,4 +69,5 @@ def main():
         check(np.array_equal(coef == 0, ref.coef_ == 0), f"{label}: sparsity pattern differs from scikit-learn")
 
 
-guarded(main, comm)
+if __name__ == "__main__":   # (else one case of a shared launch: _launches.py)
+    guarded(main, comm)

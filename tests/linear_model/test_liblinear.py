@@ -19,8 +19,15 @@ from sklearn.exceptions import ConvergenceWarning
 import mpiml.linear_model._liblinear as liblinear
 from mpiml.linear_model import LogisticRegression
 
+from . import _launches
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "liblinear_spmd_script.py")
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    return _launches.launches(tmp_path_factory)
 
 
 def _both(X, y, sample_weight=None, **kw):
@@ -121,8 +128,8 @@ def test_dual_past_the_gather_bound_solves_the_primal(monkeypatch):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_liblinear_spmd(mpi, n):
-    mpi(SCRIPT, n, timeout=240)
+def test_liblinear_spmd(launches, n):
+    launches.verdict(n, "liblinear")    # liblinear_spmd_script.py, in the folder's shared launches (_launches.py)
 
 
 @pytest.mark.gpu

@@ -14,8 +14,15 @@ from sklearn.exceptions import ConvergenceWarning
 import mpiml.linear_model._logistic_prox as prox
 from mpiml.linear_model import LogisticRegression
 
+from . import _launches
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "logistic_prox_spmd_script.py")
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    return _launches.launches(tmp_path_factory)
 
 
 def _reference(X, y, **kw):
@@ -107,8 +114,8 @@ def test_convergence_warning_text_is_scikit_learn_s(solver, text):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_l1_elasticnet_spmd(mpi, n):
-    mpi(SCRIPT, n, timeout=240)
+def test_l1_elasticnet_spmd(launches, n):
+    launches.verdict(n, "logistic_prox")    # logistic_prox_spmd_script.py, in the folder's shared launches (_launches.py)
 
 
 @pytest.mark.gpu

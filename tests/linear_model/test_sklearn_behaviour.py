@@ -28,6 +28,8 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
 from mpiml import linear_model as ml
 
+from . import _launches
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAMES = ["LinearRegression", "Ridge", "LogisticRegression"]
 #: Parameters mpiml adds to scikit-learn's (``solver`` of LinearRegression picks the distributed algorithm).
@@ -409,5 +411,5 @@ def test_verbose_prints_progress(capsys):
 
 # ---------------------------------------------------------------------- the core on 3 ranks
 @pytest.mark.mpi
-def test_sklearn_behaviour_on_three_ranks(mpi):
-    mpi(os.path.join(HERE, "linear_behaviour_script.py"), 3, timeout=240)
+def test_sklearn_behaviour_on_three_ranks(tmp_path_factory):
+    _launches.launches(tmp_path_factory).verdict(3, "behaviour")   # linear_behaviour_script.py (_launches.py)

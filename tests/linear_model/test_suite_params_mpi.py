@@ -4,14 +4,17 @@ The checks live in ``suite_params_spmd_script.py`` (callbacks, scikit-learn's re
 for liblinear / sag / saga, ``copy_X=False``, Ridge's ``n_iter_`` / shapes / ``score``).
 """
 
-import os
-
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from . import _launches
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    return _launches.launches(tmp_path_factory)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_suite_parameters_spmd(mpi, n):
-    mpi(os.path.join(HERE, "suite_params_spmd_script.py"), n, timeout=150)
+def test_suite_parameters_spmd(launches, n):
+    launches.verdict(n, "suite_params")    # suite_params_spmd_script.py, in the folder's shared launches

@@ -58,4 +58,5 @@ def main():
     assert_close(reg.predict(shard(Q)), ref.predict(shard(Q)), "regressor with canberra", rtol=1e-10)
 
 
-guarded(main, comm)
+if __name__ == "__main__":   # (else one case of a shared launch: _neighbors_launches.py)
+    guarded(main, comm)

@@ -255,4 +255,5 @@ def main():
     check_errors()
 
 
-guarded(main, comm)
+if __name__ == "__main__":   # (else one case of a shared launch: _neighbors_launches.py)
+    guarded(main, comm)

@@ -11,7 +11,14 @@ from sklearn.neighbors._base import KNeighborsMixin, RadiusNeighborsMixin
 
 from mpiml.neighbors import KNeighborsClassifier, KNeighborsRegressor, NearestNeighbors
 
+import _neighbors_launches
+
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    return _neighbors_launches.launches(tmp_path_factory)
 RNG = np.random.RandomState(0)
 X, Q = RNG.rand(60, 4), RNG.rand(9, 4)
 PARAMS = {"seuclidean": {"V": RNG.rand(4) + 0.5}, "mahalanobis": {"VI": np.diag(RNG.rand(4) + 0.5)},
@@ -101,8 +108,8 @@ def test_fit_takes_a_fitted_index_as_scikit_learn():
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_rare_metrics_spmd(mpi, n):
-    mpi(os.path.join(HERE, "neighbors_metrics_spmd_script.py"), n, timeout=240)
+def test_rare_metrics_spmd(launches, n):
+    launches.verdict(n, "metrics")    # neighbors_metrics_spmd_script.py, in the folder's shared launches
 
 
 @pytest.mark.gpu

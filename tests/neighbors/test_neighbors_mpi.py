@@ -1,4 +1,5 @@
-"""Nearest neighbours on 1, 2, 3 and 4 ranks against scikit-learn on the gathered data (one launch per rank count).
+"""Nearest neighbours on 1, 2, 3 and 4 ranks against scikit-learn on the gathered data (one launch per rank count,
+shared with the folder's other multi-rank scripts: _neighbors_launches.py).
 
 The checks live in ``neighbors_spmd_script.py``: every metric and every exchange
 ("blocking", "overlap", "onesided") on uneven shards (one case with an empty shard),
@@ -6,15 +7,17 @@ The checks live in ``neighbors_spmd_script.py``: every metric and every exchange
 and the same error on every rank for bad input.
 """
 
-import os
-
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "neighbors_spmd_script.py")
+import _neighbors_launches
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    return _neighbors_launches.launches(tmp_path_factory)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_neighbors_spmd_against_sklearn(mpi, n):
-    mpi(SCRIPT, n, timeout=150)
+def test_neighbors_spmd_against_sklearn(launches, n):
+    launches.verdict(n, "dense")    # neighbors_spmd_script.py, in the folder's shared launches

@@ -29,6 +29,8 @@ from sklearn.exceptions import NotFittedError
 
 from mpiml import neighbors as mn
 
+import _neighbors_launches
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLASSES = ("NearestNeighbors", "KNeighborsClassifier", "KNeighborsRegressor")
 
@@ -334,5 +336,6 @@ def test_sparse_input_errors_match_sklearn():
 
 # ---------------------------------------------------------------------- the same on 3 ranks
 @pytest.mark.mpi
-def test_behaviours_on_three_ranks(mpi):
-    mpi(os.path.join(HERE, "neighbors_behaviour_spmd_script.py"), 3, timeout=240)
+def test_behaviours_on_three_ranks(tmp_path_factory):
+    # neighbors_behaviour_spmd_script.py, in the folder's shared launches
+    _neighbors_launches.launches(tmp_path_factory).verdict(3, "behaviour")

@@ -10,13 +10,20 @@ import scipy.sparse as sp
 from mpiml.neighbors import _sparse
 from mpiml.neighbors._ring import local_distances
 
+import _neighbors_launches
+
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    return _neighbors_launches.launches(tmp_path_factory)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_sparse_neighbors_spmd(mpi, n):
-    mpi(os.path.join(HERE, "neighbors_sparse_spmd_script.py"), n, timeout=240)
+def test_sparse_neighbors_spmd(launches, n):
+    launches.verdict(n, "sparse")    # neighbors_sparse_spmd_script.py, in the folder's shared launches
 
 
 @pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean", "cosine", "manhattan"])

@@ -307,7 +307,7 @@ class _HiddenConstraint(_Constraint):
         return str(self.inner)
 
 
-def validate_parameter_constraints(constraints, params, caller_name):
+def validate_parameter_constraints(constraints, params, caller_name, *, cache=None):
     """Check ``params`` against ``constraints``; raise :class:`InvalidParameterError`.
 
     Parameters
@@ -319,6 +319,14 @@ def validate_parameter_constraints(constraints, params, caller_name):
         ``{name: value}``, typically ``estimator.get_params(deep=False)``.
     caller_name : str
         Named in the message (the estimator's class name).
+    cache : dict, optional
+        Kept by the caller between calls (one per estimator class): the
+        constraint objects built from each list, reused while that list is
+        the same object holding the same entries (a list replaced or edited
+        in place is rebuilt, and forgets what it had accepted), and the
+        plain values (``None``, ``bool``, ``int``, ``float``, ``str``, by
+        type and value) those objects already accepted, up to 256 a name.
+        Any other value is checked every time.
 
     Raises
     ------
@@ -330,10 +338,25 @@ def validate_parameter_constraints(constraints, params, caller_name):
         allowed = constraints.get(name)
         if allowed is None or (isinstance(allowed, str) and allowed == "no_validation"):
             continue
-        objs = [make_constraint(c) for c in allowed]
+        if cache is None:
+            objs, accepted = [make_constraint(c) for c in allowed], None
+        else:
+            hit = cache.get(name)
+            if hit is None or hit[0] is not allowed or hit[1] != tuple(allowed):
+                hit = cache[name] = (allowed, tuple(allowed), [make_constraint(c) for c in allowed], set())
+            objs, accepted = hit[2], hit[3]
+            key = (type(value), value) if type(value) in _PLAIN else None
+            if key is not None and key in accepted:
+                continue
         if any(c.is_satisfied_by(value) for c in objs):
+            if accepted is not None and key is not None and len(accepted) < 256:   # a sweep stays bounded
+                accepted.add(key)
             continue
         shown = [c for c in objs if not c.hidden]
         raise InvalidParameterError(
             f"The {name!r} parameter of {caller_name} must be {_join(shown)}. Got {value!r} instead."
         )
+
+
+# values whose acceptance by the built-in constraints depends on their type and value alone
+_PLAIN = frozenset({type(None), bool, int, float, str})
