@@ -105,7 +105,8 @@ _VARIANTS = {"kernels": {},      # the defaults: the bucket transpose, the devic
              "kernels, kernel transpose": {"MPIML_SPARSE_TRANSPOSE": "kernel"},
              "kernels, host algebra": {"MPIML_RANDOMIZED_ALGEBRA": "host"},
              "kernels, the code of 20:20 (cuSPARSE transpose, checks at once, cuRAND normal)": {
-                 "MPIML_SPARSE_TRANSPOSE": "cusparse", "MPIML_RANDOMIZED_CHECKS": "now", "MPIML_DEVICE_NORMAL": "curand"}}
+                 "MPIML_SPARSE_TRANSPOSE": "cusparse", "MPIML_RANDOMIZED_CHECKS": "now",
+                 "MPIML_DEVICE_NORMAL": "curand"}}
 _VARIANT_KEYS = ("MPIML_SPARSE_TRANSPOSE", "MPIML_RANDOMIZED_ALGEBRA", "MPIML_DEVICE_NORMAL", "MPIML_RANDOMIZED_CHECKS")
 
 
