@@ -99,17 +99,14 @@ def _print_timeline(name, rows):
 
 
 #: The TruncatedSVD fits of the "kernels" mode: name -> the environment they run under.
-_VARIANTS = {"kernels": {},
-             "kernels, bucket transpose": {"MPIML_SPARSE_TRANSPOSE": "buckets"},
+_VARIANTS = {"kernels": {},      # the defaults: the bucket transpose, the device algebra, its checks deferred
+             "kernels, checks read at once": {"MPIML_RANDOMIZED_CHECKS": "now"},
              "kernels, cuSPARSE transpose": {"MPIML_SPARSE_TRANSPOSE": "cusparse"},
              "kernels, kernel transpose": {"MPIML_SPARSE_TRANSPOSE": "kernel"},
-             "kernels, cuSPARSE transpose + cuRAND normal (the code of 20:20)": {"MPIML_SPARSE_TRANSPOSE": "cusparse",
-                                                                                "MPIML_DEVICE_NORMAL": "curand"},
-             "kernels, bucket transpose + host algebra": {"MPIML_SPARSE_TRANSPOSE": "buckets",
-                                                          "MPIML_RANDOMIZED_ALGEBRA": "host"},
-             "kernels, deferred checks": {"MPIML_RANDOMIZED_CHECKS": "deferred"},
-             "kernels, bucket transpose + deferred checks": {"MPIML_SPARSE_TRANSPOSE": "buckets",
-                                                             "MPIML_RANDOMIZED_CHECKS": "deferred"}}
+             "kernels, host algebra": {"MPIML_RANDOMIZED_ALGEBRA": "host"},
+             "kernels, the code of 20:20 (cuSPARSE transpose, checks at once, cuRAND normal)": {
+                 "MPIML_SPARSE_TRANSPOSE": "cusparse", "MPIML_RANDOMIZED_CHECKS": "now",
+                 "MPIML_DEVICE_NORMAL": "curand"}}
 _VARIANT_KEYS = ("MPIML_SPARSE_TRANSPOSE", "MPIML_RANDOMIZED_ALGEBRA", "MPIML_DEVICE_NORMAL", "MPIML_RANDOMIZED_CHECKS")
 
 

@@ -83,22 +83,34 @@ class SparseRows:
         self.mode = _sparse_kernels.products_mode() if mode is None else mode
         self.kernels = _sparse_kernels.for_shard(X) if self.mode != "cusparse" else None
         self._pending = None
+        self._aside = None      # the event after which X is ready, until the transpose is launched
         self._chunks = None
         self._moments = None
         if XT is None and not (self.kernels is not None and self.mode == "scatter"):
-            if self.kernels is not None:
-                try:
-                    self._pending = _transpose_aside(X)
-                except Exception:  # noqa: BLE001 - any trouble with streams or kernels: cuSPARSE, in line
-                    XT = device_transpose(X, "cusparse")
+            if self.kernels is not None:   # launched after the first product is queued (see _launch_aside)
+                import cupy
+
+                self._aside = cupy.cuda.get_current_stream().record()
             else:   # cuSPARSE's products (or a shard the kernels do not take): cuSPARSE's conversion too
                 XT = device_transpose(X, "cusparse")
         self._XT = XT
+
+    def _launch_aside(self):
+        """Launch the transpose on the side stream (after the work queued before this operand was made): called
+        once the fit's first ``X V`` is queued, so the GPU runs that product while the host launches the transpose
+        (0.86 ms of host time for the bucket transpose at 22:50, the GPU idle meanwhile when it came first)."""
+        after, self._aside = self._aside, None
+        try:
+            self._pending = _transpose_aside(self.X, after)
+        except Exception:  # noqa: BLE001 - any trouble with streams or kernels: cuSPARSE, in line
+            self._XT = device_transpose(self.X, "cusparse")
 
     @property
     def XT(self):
         """``Xᵀ`` as CSR (None for a SciPy shard or without stored values); formed by a worker thread on a
         side stream, waited for here (the first products of a fit overlap the conversion)."""
+        if self._aside is not None:
+            self._launch_aside()
         if self._pending is not None:
             import cupy
 
@@ -124,6 +136,8 @@ class SparseRows:
         :meth:`rmatmul` reads with no copy."""
         if self.kernels is not None:
             out = self.kernels.csr_matmul(self.X, V, padded=padded and self.mean is None)
+            if self._aside is not None:
+                self._launch_aside()
         else:
             out = self.X @ V.astype(self.dtype, copy=False)
         if self.mean is not None:
@@ -165,10 +179,10 @@ class _Done:
         return self._value
 
 
-def _transpose_aside(X):
+def _transpose_aside(X, after=None):
     """A future of ``(Xᵀ as CSR, moments, event)`` for a non-empty ``cupyx`` shard (else None), converted on a
-    side stream (one per device, kept: CuPy's memory pool caches per stream) after the work queued so far, so
-    the fit's first products run beside it.  The kernel transposes (``MPIML_SPARSE_TRANSPOSE=kernel|buckets``) are
+    side stream (one per device, kept: CuPy's memory pool caches per stream) after the event ``after`` (default:
+    the work queued so far), so the fit's first products run beside it.  The kernel transposes (``MPIML_SPARSE_TRANSPOSE=kernel|buckets``) are
     launched here (no wait on the device); cuSPARSE's conversion by a worker thread (it holds its thread, and
     measured on an H100 the GIL, for most of its 9 ms at 10^8 stored values)."""
     import cupy
@@ -179,7 +193,7 @@ def _transpose_aside(X):
     side = _SIDE_STREAMS.get(dev)
     if side is None:
         side = _SIDE_STREAMS[dev] = cupy.cuda.Stream(non_blocking=True)
-    side.wait_event(cupy.cuda.get_current_stream().record())
+    side.wait_event(after if after is not None else cupy.cuda.get_current_stream().record())
 
     how = _sparse_kernels.transpose_mode()
     if how == "kernel" and _sparse_kernels.supported(X):
@@ -421,12 +435,12 @@ def _small_svd(R, xp):
 #: host's algebra (and its TSQR fallback).  For ``l <= 64``.
 ALGEBRAS = ("device", "host")
 #: When TruncatedSVD reads the device algebra's checks (environment ``MPIML_RANDOMIZED_CHECKS``, read when a fit
-#: starts): ``"now"`` (default) at the end of the range finder, a wait before the signs, the projection and the
-#: variances are queued; ``"deferred"``: after them (the host queues them while the device still runs the
-#: products; a failed check redoes the fit's end with the host algebra's result).  Opt-in until measured (taken back
-#: after the pass of 21:10, whose 211.7 ms variances step was the benchmark's matrix: duplicate entries, which the
-#: variances sum on a copy of X; the benchmark times both).
-CHECKS = ("now", "deferred")
+#: starts): ``"deferred"`` (default) after the signs, the projection and the variances are queued (the host queues
+#: them while the device still runs the products; a failed check redoes the fit's end with the host algebra's
+#: result); ``"now"``: at the end of the range finder, a wait before they are queued.  Pass of 22:50 (one H100,
+#: the bucket transpose): 38.0 ms a fit deferred, 38.5 now.  (Taken back after the pass of 21:10, whose 211.7 ms
+#: variances step turned out to be the benchmark's matrix: duplicate entries, which the variances sum on a copy.)
+CHECKS = ("deferred", "now")
 
 
 def checks_mode():

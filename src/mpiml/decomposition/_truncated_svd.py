@@ -33,7 +33,8 @@ def _global_variances(X, Xt, n, *, comm, xp):
     s)(S - c s) + c (m - s)²``, exact algebra with ``s`` among the column's
     values), its check that ``Xᵀ``'s rows strictly increase read with the
     result (one wait; where they do not, duplicates, that rank's share is
-    computed again from ``X`` and summed once more, on every rank alike).
+    computed again from ``Xᵀ``, each run of a duplicate's values added first
+    (:func:`_sq_dev_sorted`), and summed once more, on every rank alike).
     Dense CuPy blocks are read once by the column-moments kernel
     about a shift of this rank's own (the mean of its first rows): with ``S``
     the rank's sums, ``Q`` its squared deviations about ``s`` and ``m`` the
@@ -116,9 +117,29 @@ def _global_variances(X, Xt, n, *, comm, xp):
     total = head[0]
     if head[-1] > 0:   # duplicates in some rank's Xᵀ: those ranks' shares again, from X; every rank sums again
         if fast is not None and int(to_numpy(not_canonical)[0]):
-            mine[0] = column_sq_dev(X, means[:d]).sum()
+            mine[0] = _sq_dev_sorted(XT, means[:d], n_r, xp)
         total = to_numpy(_allreduce(comm, mine))[0]
     return float(total) / n, sq[1:1 + k] / n
+
+
+def _sq_dev_sorted(XT, m, n_r, xp):
+    """``Σ_columns Σ_rows (x - m)²`` of this rank's ``X`` (``n_r`` rows) from ``Xᵀ`` whose rows hold their indices
+    in increasing order, duplicates next to each other (cuSPARSE's and the bucket transpose's): each run of equal
+    indices is added up first (the matrix's value), then squared.  For ``X`` with duplicate entries, with no sort
+    (where a copy of ``X`` with its duplicates summed took ~212 ms at 10^8 values)."""
+    d = XT.shape[0]
+    nnz = int(XT.indices.size)
+    col = xp.searchsorted(XT.indptr, xp.arange(nnz, dtype=XT.indptr.dtype), side="right") - 1   # its row of Xᵀ
+    idx = XT.indices
+    head = xp.ones(nnz, dtype=bool)
+    head[1:] = (idx[1:] != idx[:-1]) | (col[1:] != col[:-1])
+    run = xp.cumsum(head) - 1
+    sums = xp.bincount(run, weights=XT.data.astype(xp.float64))
+    rcol = col[head]
+    dev = sums - m[rcol]
+    sq = xp.bincount(rcol, weights=dev * dev, minlength=d)
+    stored = xp.bincount(rcol, minlength=d).astype(xp.float64)
+    return (sq + (n_r - stored) * m * m).sum()
 
 
 class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):

@@ -1073,9 +1073,51 @@ __device__ int mpiml_bt_scan(C* a, const int n, int* red) {
     return total;
 }
 
+// The same exclusive scan of nkeys * nw unsigned short counts stored warp-major (a[w * nkeys + k]) taken in (key,
+// warp) order: place i of that order is a[(i % nw) * nkeys + i / nw].  Ends synchronised.
+__device__ int mpiml_bt_scan_kw(unsigned short* a, const int nkeys, const int nw, int* red) {
+    const int n = nkeys * nw;
+    const int t = threadIdx.x, lane = t & 31, w = t >> 5, nwb = blockDim.x >> 5;
+    const int per = (n + blockDim.x - 1) / blockDim.x;
+    const int lo = min(n, t * per), hi = min(n, lo + per);
+    int s = 0;
+    for (int i = lo; i < hi; ++i) s += int(a[(i % nw) * nkeys + i / nw]);
+    int incl = s;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += y;
+    }
+    if (lane == 31) red[w] = incl;
+    __syncthreads();
+    if (w == 0) {
+        const int v = lane < nwb ? red[lane] : 0;
+        int inc = v;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, inc, off);
+            if (lane >= off) inc += y;
+        }
+        if (lane < nwb) red[lane] = inc - v;
+        if (lane == 31) red[32] = inc;
+    }
+    __syncthreads();
+    int run = red[w] + incl - s;
+    for (int i = lo; i < hi; ++i) {
+        unsigned short* p = a + (i % nw) * nkeys + i / nw;
+        const int v = int(*p);
+        *p = (unsigned short)run;
+        run += v;
+    }
+    const int total = red[32];
+    __syncthreads();
+    return total;
+}
+
 // The stable ranks of a block's E entries by key (key[j] < nkeys, or MPIML_BT_NONE: no entry), held as above: q[j] is
-// the entry's place in the entries sorted by key, in the order of their places; cnt (nkeys * nw counts) ends as the
-// exclusive scan over (key, warp), so cnt[k * nw] is key k's first place.  Returns the count of entries.
+// the entry's place in the entries sorted by key, in the order of their places.  The counts are warp-major, cnt[w *
+// nkeys + k] (a warp's lanes then hit different banks), and end as the exclusive scan over (key, warp), so cnt[k] is
+// key k's first place.  Returns the count of entries.
 template <int PER>
 __device__ int mpiml_bt_rank(const unsigned (&key)[PER], int (&q)[PER], unsigned short* cnt, const int nkeys,
                              int* red) {
@@ -1083,22 +1125,23 @@ __device__ int mpiml_bt_rank(const unsigned (&key)[PER], int (&q)[PER], unsigned
     for (int i = threadIdx.x; i < nkeys * nw; i += blockDim.x) cnt[i] = 0;
     __syncthreads();
     const unsigned below = (1u << lane) - 1u;
+    unsigned short* mine = cnt + w * nkeys;
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
         const unsigned k = key[j];
         const unsigned peers = __match_any_sync(0xffffffffu, k);
         const int r = __popc(peers & below);
-        const int base = k != MPIML_BT_NONE ? int(cnt[k * nw + w]) : 0;
+        const int base = k != MPIML_BT_NONE ? int(mine[k]) : 0;
         __syncwarp();
-        if (k != MPIML_BT_NONE && r == 0) cnt[k * nw + w] = (unsigned short)(base + __popc(peers));
+        if (k != MPIML_BT_NONE && r == 0) mine[k] = (unsigned short)(base + __popc(peers));
         __syncwarp();
         q[j] = base + r;
     }
     __syncthreads();
-    const int total = mpiml_bt_scan(cnt, nkeys * nw, red);
+    const int total = mpiml_bt_scan_kw(cnt, nkeys, nw, red);
 #pragma unroll
     for (int j = 0; j < PER; ++j)
-        if (key[j] != MPIML_BT_NONE) q[j] += int(cnt[key[j] * nw + w]);
+        if (key[j] != MPIML_BT_NONE) q[j] += int(mine[key[j]]);
     return total;
 }
 
@@ -1141,21 +1184,21 @@ mpiml_bt_scatter(const int* __restrict__ indptr, const int* __restrict__ indices
     const int c = blockIdx.x, t = threadIdx.x, lane = t & 31, w = t >> 5;
     const long long lo = (long long)c * E;
     const int n = (int)min((long long)E, nnz - lo);
+    int col[PER];
+    T val[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {                                        // in flight while the rows are marked
+        const int i = w * 32 * PER + j * 32 + lane;
+        col[j] = i < n ? __ldcs(indices + lo + i) : -1;
+        val[j] = i < n ? __ldcs(data + lo + i) : T(0);
+    }
+    const int r0 = __ldg(chunk_row + c);                                   // the row holding place lo
     for (int i = t; i < E; i += nt) srow[i] = -1;
     __syncthreads();
-    const int r0 = __ldg(chunk_row + c);                                   // the row holding place lo
     for (long long r = (long long)r0 + 1 + t; r < n_rows; r += nt) {      // the later rows starting in the chunk
         const int p = __ldg(indptr + r);
         if (p >= lo + n) break;
         if (__ldg(indptr + r + 1) > p) srow[p - lo] = (int)r;              // non-empty rows start at distinct places
-    }
-    int col[PER];
-    T val[PER];
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-        const int i = w * 32 * PER + j * 32 + lane;
-        col[j] = i < n ? __ldcs(indices + lo + i) : -1;
-        val[j] = i < n ? __ldcs(data + lo + i) : T(0);
     }
     __syncthreads();
     int row[PER];
@@ -1199,7 +1242,7 @@ mpiml_bt_scatter(const int* __restrict__ indptr, const int* __restrict__ indices
     for (int i = t; i < total; i += nt) {
         const int cc = scol[i];
         const int k = (int)((unsigned)cc >> shift);
-        const long long g = (long long)__ldg(offsets + (long long)k * nchunks + c) + (i - int(cnt[k * nw]));
+        const long long g = (long long)__ldg(offsets + (long long)k * nchunks + c) + (i - int(cnt[k]));
         st_col[g] = (unsigned short)((unsigned)cc & low);
         st_row[g] = srow[i];
         st_val[g] = sval[i];
@@ -1265,12 +1308,12 @@ mpiml_bt_place(const unsigned short* __restrict__ st_col, const int* __restrict_
             __syncthreads();
             for (int i = t; i < total; i += nt) {                          // each column's run after its last
                 const int cc = scol[i];
-                const int g = bs + cur[cc] + (i - int(cnt[cc * nw]));
+                const int g = bs + cur[cc] + (i - int(cnt[cc]));
                 rows_t[g] = srow[i];
                 data_t[g] = sval[i];
             }
             __syncthreads();
-            for (int c = t; c < wk; c += nt) cur[c] += (c + 1 < wk ? int(cnt[(c + 1) * nw]) : total) - int(cnt[c * nw]);
+            for (int c = t; c < wk; c += nt) cur[c] += (c + 1 < wk ? int(cnt[c + 1]) : total) - int(cnt[c]);
             __syncthreads();
         }
     }
