@@ -110,6 +110,15 @@ def test_prepared_logistic_pass_repeats(dtype, n):
         outs = [prepared(c, b, v, vb, 0.0 if fi is None else 7.0) for c, b, v, vb in points]   # queued, no waits
         for (c, b, v, vb), out in zip(points, outs):
             np.testing.assert_array_equal(out.get(), logistic_pass(X, y, sw, c, b, v, vb, pack=pack).get())
+        # an optimiser's way: launch, sums, wait for the result, the next launch "synced" (no event); then an
+        # unsynced call again (it must wait for the unrecorded copy)
+        for synced, (c, b, v, vb) in zip((False, True, True, False), points + points[:1]):
+            prepared.launch(c, b, v, vb, synced=synced)
+            got = prepared.sums(0.0 if fi is None else 7.0).get()
+            np.testing.assert_array_equal(got, logistic_pass(X, y, sw, c, b, v, vb, pack=pack).get())
+        outs = [prepared(c, b, v, vb, 0.0 if fi is None else 7.0) for c, b, v, vb in points]
+        for (c, b, v, vb), out in zip(points, outs):
+            np.testing.assert_array_equal(out.get(), logistic_pass(X, y, sw, c, b, v, vb, pack=pack).get())
 
 
 def test_early_first_evaluation_same_bits(monkeypatch):

@@ -147,6 +147,7 @@ class Objective:
         self._kept_local = None  # (point, this rank's packed device sums) launched ahead (see keep_local)
         self._first_check = None  # called with the next evaluation's (loss, gradient) (see check_first)
         self._stash = None  # (fingerprint of w, local probabilities) for Hessian-vector products
+        self._stream_synced = False   # the device stream waited for since the last fused launch (see _reduce)
         penalised = np.zeros((self.k, self.d + self.fi), dtype=bool)
         penalised[:, :self.d] = True
         if self.fi and penalise_intercept:
@@ -198,12 +199,26 @@ class Objective:
     def _fused_local(self, w, v=None, fp=0.0):
         """``[Σ w·loss | gradient | fp, fp²]`` (or ``[H v | fp, fp²]`` when ``v`` is given) by one read of
         ``X`` on the device, packed there for the allreduce (a float64 CuPy vector)."""
+        p = self._pass
+        synced, self._stream_synced = self._stream_synced, False
         if v is None:   # (the binary point read in place: the coefficients, then the intercept's value)
             d = self.d
-            return self._pass(w[:d], float(w[d]) * self.scale if self.fi else 0.0, None, 0.0, fp)
-        coef, intercept = self.split(w)
-        vc, vb = self.split(v)
-        return self._pass(coef[0], float(intercept[0]), vc[0], float(vb[0]), fp)
+            p.launch(w[:d], float(w[d]) * self.scale if self.fi else 0.0, synced=synced)
+        else:
+            coef, intercept = self.split(w)
+            vc, vb = self.split(v)
+            p.launch(coef[0], float(intercept[0]), vc[0], float(vb[0]), synced=synced)
+        return p.sums(fp)
+
+    def _fused_evaluation(self, w):
+        """``(_fused_local(w, fp=fp), fp)`` with ``fp`` the fingerprint of ``w``, computed once the kernel is
+        launched (the device starts on the pass while the host hashes the point)."""
+        p = self._pass
+        synced, self._stream_synced = self._stream_synced, False
+        d = self.d
+        p.launch(w[:d], float(w[d]) * self.scale if self.fi else 0.0, synced=synced)
+        fp = _fingerprint(w)
+        return p.sums(fp), fp
 
     def _local(self, w, hessian, fp=0.0):
         """This rank's ``[Σ w·loss | gradient | (Hessian)]`` as host float64 (unscaled); on the fused path
@@ -298,9 +313,12 @@ class Objective:
 
     def _reduce(self, local, fp):
         if is_device_array(local):     # packed on the device with its fingerprint (the fused kernel)
-            packed = allreduce_identical_device(self.comm, local, host=self._pinned(local.size))
+            # (the pinned buffer itself: what the callers make of it are new arrays, before the next reduction)
+            packed = allreduce_identical_device(self.comm, local, host=self._pinned(local.size), copy=False)
+            self._stream_synced = True   # (the copy to the host waited for the stream: see LogisticPass.launch)
         elif self._device_reduce:      # a rank without rows (or a non-contiguous shard) among fused ones
             packed = allreduce_identical_device(self.comm, self.xp.asarray(np.concatenate([local, [fp, fp * fp]])))
+            self._stream_synced = True
         else:
             packed = allreduce_identical(self.comm, np.concatenate([local, [fp, fp * fp]]))
         self.n_evals += 1
@@ -343,14 +361,17 @@ class Objective:
             kept, self._kept = self._kept, None
             if not hessian and kept[0].shape == w.shape and np.array_equal(kept[0], w):
                 return kept[1][0], kept[1][1].copy()
-        fp = _fingerprint(w)
         local = None
         if self._kept_local is not None:
             kept, self._kept_local = self._kept_local, None
             if not hessian and kept[0].shape == w.shape and np.array_equal(kept[0], w):
                 local = kept[1]
-        if local is None:
-            local = self._fused_local(w, fp=fp) if self._fused and not hessian else self._local(w, hessian, fp)
+        if local is None and self._fused and not hessian:
+            local, fp = self._fused_evaluation(w)
+        else:
+            fp = _fingerprint(w)
+            if local is None:
+                local = self._local(w, hessian, fp)
         packed = self._reduce(local, fp)
         npar = self.n_params
         reg = np.where(self.penalised, w, 0.0)
@@ -522,8 +543,8 @@ def _lbfgsb_direct(fun, x0, *, maxiter, maxls, gtol, ftol, callback=None, maxcor
     setulb = _lbfgsb.setulb
     while True:
         setulb(m, x, low, up, nbd, f, g, factr, gtol, wa, iwa, task, lsave, isave, dsave, maxls, ln_task)
-        if task[0] == 3:            # f and g at x
-            f, g = fun(x.copy())
+        if task[0] == 3:            # f and g at x (``fun`` keeps nothing of x, which setulb rewrites: no copy)
+            f, g = fun(x)
             g = np.asarray(g, dtype=np.float64)
             nfev += 1
         elif task[0] == 1:          # a new iterate

@@ -33,6 +33,7 @@ makes the same choice.
 
 import contextlib
 import math
+import threading
 
 import numpy as np
 
@@ -63,9 +64,25 @@ def augmented_gram(X, Y, sw, *, comm, xp, local=None):
     if local is None:
         local = local_augmented_gram(X, Y, sw)
     k = local.shape[0]
-    if is_device_array(local):
-        return allreduce_identical_device(comm, local.ravel()).reshape(k, k)
+    if is_device_array(local):   # (through a pinned buffer: one asynchronous copy instead of CuPy's pageable one)
+        return allreduce_identical_device(comm, local.ravel(), host=_pinned(k * k)).reshape(k, k)
     return allreduce_identical(comm, as_like(local, np).ravel()).reshape(k, k)
+
+
+_PINNED = threading.local()   # per thread: {size: pinned float64 buffer}
+
+
+def _pinned(size):
+    """A pinned float64 host buffer of ``size`` values for a reduced Gram matrix, made once per thread and size."""
+    bufs = getattr(_PINNED, "bufs", None)
+    if bufs is None:
+        bufs = _PINNED.bufs = {}
+    buf = bufs.get(size)
+    if buf is None:
+        import cupyx
+
+        buf = bufs[size] = cupyx.empty_pinned(size, dtype=np.float64)
+    return buf
 
 
 class EarlyGram:
@@ -117,8 +134,7 @@ class NormalEquations:
         t = Z.shape[0] - d - 1
         self.d, self.t = d, t
         self.sw_sum = float(Z[-1, -1])
-        Gx, Bx = Z[:d, :d], Z[:d, d:d + t]
-        self.raw_diag = Z.diagonal()[:d].copy()
+        self.raw_diag = Z.diagonal()[:d]     # (a read-only view of Z)
         if fit_intercept:
             # [G | B] of the centred data from one outer product of the sums [sx | sy] (the same values as
             # two products, in fewer small operations: this runs on the fit's path after the Gram)
@@ -127,7 +143,7 @@ class NormalEquations:
             means = s / n
             self.x_mean, self.y_mean = means[:d], means[d:]
             # (in place where the values allow: each d x d temporary is a fresh allocation on the fit's path)
-            C = np.outer(s[:d], s)
+            C = s[:d, None] * s      # (np.outer's product, without its reshapes)
             C /= n
             np.subtract(Z[:d, :d + t], C, out=C)
             G = C[:, :d]
@@ -137,7 +153,7 @@ class NormalEquations:
             self.B = C[:, d:]
         else:
             self.x_mean = self.y_mean = None
-            self.G, self.B = Gx.copy(), Bx.copy()
+            self.G, self.B = Z[:d, :d].copy(), Z[:d, d:d + t].copy()
         self.cancellation = 0.0
         if fit_intercept:
             # (a masked division: no np.errstate, whose context costs more than this arithmetic on the fit's path)

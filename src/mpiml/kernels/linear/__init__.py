@@ -401,6 +401,8 @@ class LogisticPass:
         self._host_ptr = self._host.ctypes.data   # (read once: ndarray.ctypes builds an object per access)
         self._dev = cupy.empty(2 * max(d, 1), dtype=cupy.float64)
         self._copied = cupy.cuda.Event(disable_timing=True)   # the last copy out of _host is done
+        self._unrecorded = False   # the last copy out of _host was a synced launch's (no event recorded)
+        self._launched = None      # (mode, blocks, partials) of the last launch, for sums()
         self._cw, self._cv = self._dev[:d], self._dev[d:2 * d]  # (views made once: a CuPy view costs microseconds)
         self._shape_args = (np.int64(n), np.int32(d))
         self._modes = {}
@@ -424,37 +426,64 @@ class LogisticPass:
         return found
 
     def __call__(self, coef, bias, vec=None, vbias=0.0, fp=0.0):
+        self.launch(coef, bias, vec, vbias)
+        return self.sums(fp)
+
+    def launch(self, coef, bias, vec=None, vbias=0.0, synced=False):
+        """The point (and the direction) to the device and the pass's kernel launched; :meth:`sums` follows.
+
+        ``synced``: the caller waited for the stream since its last call here (an optimiser that reads
+        each result before it asks for the next point), so no earlier copy out of the staging buffer can
+        be pending: the event that guards the buffer is neither waited for nor recorded, two driver calls
+        fewer on the evaluation's path, where the device waits for the host.
+        """
         import cupy
 
         d, n = self.d, self.n
         mode = 0 if vec is None else 1
+        stream = cupy.cuda.get_current_stream()
         # the point (and the direction) in one copy to the device, from pinned memory; the buffer is
         # rewritten only once its last copy is done (at once when the caller waited for the last result)
-        self._copied.synchronize()
+        if not synced:
+            if self._unrecorded:      # the last copy was a synced call's, without its event
+                stream.synchronize()
+                self._unrecorded = False
+            else:
+                self._copied.synchronize()
         host = self._host
         host[:d] = coef
         if mode:
             host[d:2 * d] = vec
-        stream = cupy.cuda.get_current_stream()
         if d and self._pinned:
             cupy.cuda.runtime.memcpyAsync(self._dev.data.ptr, self._host_ptr, (d << mode) * 8,
                                           cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
         elif d:
             self._dev[:d << mode].set(host[:d << mode])
-        self._copied.record(stream)
+        if synced:
+            self._unrecorded = True
+        else:
+            self._copied.record(stream)
         cw = self._cw
         cv = self._cv if mode else cw
         if n == 0:
-            if not self.packed:
-                return cupy.zeros(d + 2, dtype=cupy.float64)
-            nblocks, partial = 1, cupy.zeros(d + 2, dtype=cupy.float64)
-        else:
-            fn, nblocks, smem = self._mode(mode)
-            partial = self._partial
-            fn((nblocks,), (_LOGISTIC_THREADS,),
-               (self.X, *self._shape_args, self.y01, self.sw, cw, np.float64(bias), cv, np.float64(vbias), partial),
-               shared_mem=smem)
+            self._launched = (mode, 1, cupy.zeros(d + 2, dtype=cupy.float64))
+            return
+        fn, nblocks, smem = self._mode(mode)
+        partial = self._partial
+        fn((nblocks,), (_LOGISTIC_THREADS,),
+           (self.X, *self._shape_args, self.y01, self.sw, cw, np.float64(bias), cv, np.float64(vbias), partial),
+           shared_mem=smem)
+        self._launched = (mode, nblocks, partial)
+
+    def sums(self, fp=0.0):
+        """The last launched pass's partials summed (packed with the fingerprint ``fp``): a new float64 CuPy vector."""
+        import cupy
+
+        mode, nblocks, partial = self._launched
+        d = self.d
         if not self.packed:
+            if self.n == 0:
+                return cupy.zeros(d + 2, dtype=cupy.float64)
             out = cupy.empty(d + 2, dtype=cupy.float64)
             self._sum((_sum_grid(d + 2),), (_SUM_THREADS,), (partial, np.int32(nblocks), np.int64(d + 2), out))
             return out
