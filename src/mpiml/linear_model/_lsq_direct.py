@@ -47,6 +47,9 @@ __all__ = ["augmented_gram", "NormalEquations", "NORMAL_RTOL_FLOOR", "early_loca
 NORMAL_RTOL_FLOOR = 1e-10
 
 _EPS64 = np.finfo(np.float64).eps
+#: Host rows with up to this many columns ``d + t + 1`` take the compiled Gram (:mod:`._cpu_kernels`), more
+#: go through BLAS on the rank's pool (:func:`mpiml.utils._linalg.augmented_gram`); see the kernel module.
+_HOST_KERNEL_COLUMNS = 256
 
 
 def augmented_gram(X, Y, sw, *, comm, xp, local=None):
@@ -59,7 +62,12 @@ def augmented_gram(X, Y, sw, *, comm, xp, local=None):
     the communicator can (:func:`allreduce_identical_device`).
     """
     if local is None:
-        local = local_augmented_gram(X, Y, sw)
+        if xp is np and X.shape[1] + Y.shape[1] + 1 <= _HOST_KERNEL_COLUMNS:
+            from ._cpu_kernels import augmented_gram as host_gram   # (Numba: imported at the first host fit)
+
+            local = host_gram(X, Y, sw)   # one compiled pass over the rows on this rank's threads
+        else:
+            local = local_augmented_gram(X, Y, sw)
     k = local.shape[0]
     if is_device_array(local):
         return allreduce_identical_device(comm, local.ravel()).reshape(k, k)
