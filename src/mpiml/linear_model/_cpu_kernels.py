@@ -147,7 +147,8 @@ def augmented_gram(X, Y, sw=None):
     G = out_p[0].copy()
     for p in range(1, parts):
         G += out_p[p]
-    return G
+    # symmetric bits (the weighted product WZ x Z rounds its two triangles differently): the upper one mirrored
+    return np.triu(G) + np.triu(G, 1).T
 
 
 #: ``ln 2`` split for the exponential's range reduction (``k ln2_hi`` exact for the ``k`` that occur), and ``1/ln 2``.

@@ -44,6 +44,11 @@ __all__ = ["Objective", "EarlyPass", "lbfgs", "newton_cholesky", "newton_cg", "c
            "softmax_stats"]
 
 
+#: Dense binary host rows of at least this many values ``n d`` are evaluated by the compiled pass (below, the
+#: NumPy path is as quick, and a process that fits only small shards, as most tests do, never loads Numba).
+_HOST_PASS_MIN_VALUES = 1 << 16
+
+
 def _fingerprint(*arrays):
     data = b"".join(np.ascontiguousarray(a, dtype=np.float64).tobytes() for a in arrays)
     return float(zlib.crc32(data) & 0xFFF)
@@ -167,7 +172,7 @@ class Objective:
                 X, self.y01, self._sw_x, fit_intercept=bool(self.fi), scale=self.scale)
         # dense binary host rows: one compiled read of X per evaluation of the loss and gradient (_cpu_kernels)
         self._host_pass = None
-        if self.binary and not self.sparse and xp is np and X.shape[0] > 0:
+        if self.binary and not self.sparse and xp is np and X.shape[0] * self.d >= _HOST_PASS_MIN_VALUES:
             from ._cpu_kernels import LogisticPass as HostPass
 
             self._host_pass = HostPass(X, self.y01, sw, fit_intercept=bool(self.fi), scale=self.scale)

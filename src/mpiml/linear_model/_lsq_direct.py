@@ -47,9 +47,12 @@ __all__ = ["augmented_gram", "NormalEquations", "NORMAL_RTOL_FLOOR", "early_loca
 NORMAL_RTOL_FLOOR = 1e-10
 
 _EPS64 = np.finfo(np.float64).eps
-#: Host rows with up to this many columns ``d + t + 1`` take the compiled Gram (:mod:`._cpu_kernels`), more
-#: go through BLAS on the rank's pool (:func:`mpiml.utils._linalg.augmented_gram`); see the kernel module.
+#: Host rows take the compiled Gram (:mod:`._cpu_kernels`) with up to this many columns ``d + t + 1`` (more go
+#: through BLAS on the rank's pool, :func:`mpiml.utils._linalg.augmented_gram`, as fast there) and from this
+#: many values ``n d`` on (below, the NumPy path costs well under a millisecond, and a process that only fits
+#: small shards, as most tests do, never loads Numba: ~0.5 s a process).
 _HOST_KERNEL_COLUMNS = 256
+_HOST_KERNEL_MIN_VALUES = 1 << 16
 
 
 def augmented_gram(X, Y, sw, *, comm, xp, local=None):
@@ -62,7 +65,8 @@ def augmented_gram(X, Y, sw, *, comm, xp, local=None):
     the communicator can (:func:`allreduce_identical_device`).
     """
     if local is None:
-        if xp is np and X.shape[1] + Y.shape[1] + 1 <= _HOST_KERNEL_COLUMNS:
+        if (xp is np and X.shape[1] + Y.shape[1] + 1 <= _HOST_KERNEL_COLUMNS
+                and X.shape[0] * X.shape[1] >= _HOST_KERNEL_MIN_VALUES):
             from ._cpu_kernels import augmented_gram as host_gram   # (Numba: imported at the first host fit)
 
             local = host_gram(X, Y, sw)   # one compiled pass over the rows on this rank's threads
