@@ -35,6 +35,14 @@ def test_gram_matches_numpy(dtype, weighted, t):
     assert _cpu_kernels.augmented_gram(X[:0], Y[:0], None).shape == (8 + t, 8 + t)
 
 
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_gram_few_features(d):
+    X = np.random.default_rng(5).normal(size=(N, d)) - 2.0
+    Y = X[:, :1] * 3.0 + 1.0
+    for name, Xl in _layouts(X).items():
+        np.testing.assert_allclose(_cpu_kernels.augmented_gram(Xl, Y), numpy_gram(X, Y), rtol=1e-13, err_msg=name)
+
+
 def test_gram_finds_nonfinite():
     X = np.random.default_rng(1).normal(size=(N, 5))
     X[N - 3, 2] = np.nan

@@ -122,6 +122,93 @@ def _gram_kernel(R, tr, Y, w, unit, parts, block, workers, counter, out_p):
                     acc += np.dot(Zw.T, Z)
 
 
+#: Numba's own entry to BLAS's ``dgemm`` (the one its ``np.dot`` calls: ``numba_xxgemm(kind, transa, transb, m, n,
+#: k, alpha, a, lda, b, ldb, beta, c, ldc)``, column-major, SciPy's BLAS), declared here to pass a leading dimension:
+#: a block of rows of ``X`` is then multiplied where it lies, C- or F-ordered, with no copy.
+_DGEMM = nb.types.ExternalFunction("numba_xxgemm", nb.types.intc(
+    nb.types.char, nb.types.char, nb.types.char, nb.types.intp, nb.types.intp, nb.types.intp, nb.types.voidptr,
+    nb.types.voidptr, nb.types.intp, nb.types.voidptr, nb.types.intp, nb.types.voidptr, nb.types.voidptr,
+    nb.types.intp))
+_D, _N, _T = 100, 110, 116   # 'd', 'n', 't'
+
+
+@nb.njit(cache=True, parallel=True, nogil=True, fastmath=FASTMATH)
+def _gram_direct_kernel(R, tr, Y, parts, block, workers, counter, out_p):
+    """:func:`_gram_kernel` for float64 rows and unit weights, the lower triangle only: ``XᵀX`` by two ``dgemm``
+    calls a block on the rows where they lie (the features split in halves ``a``, ``b``: ``[a | b]ᵀ a`` and
+    ``bᵀ b``, 3/4 of the full product's work), then ``Xᵀ y``, the column sums and ``yᵀ y`` while the block
+    is in cache."""
+    n = R.shape[1] if tr else R.shape[0]
+    d = R.shape[0] if tr else R.shape[1]
+    t = Y.shape[1]
+    k = d + t + 1
+    h = (d + 1) // 2
+    one = np.ones(1)
+    for _ in nb.prange(workers):
+        xs = np.empty(d)
+        xy = np.empty((t, d))
+        while True:
+            part = fetch_add(counter)
+            if part >= parts:
+                break
+            start = part * n // parts
+            stop = (part + 1) * n // parts
+            acc = out_p[part]
+            xs[:] = 0.0
+            xy[:] = 0.0
+            # acc[r, c] (row stride k) is the column-major (c, r): the products fill acc[:, :h] and acc[h:d, h:d]
+            for b0 in range(start, stop, block):
+                m = min(stop, b0 + block) - b0
+                Yb = Y[b0:b0 + m]
+                if tr:   # X column-major (ld n): Xbᵀ Xb
+                    _DGEMM(_D, _T, _N, h, d, m, one.ctypes, R[:, b0:].ctypes, n, R[:, b0:].ctypes, n, one.ctypes,
+                           acc.ctypes, k)
+                    if d > h:
+                        _DGEMM(_D, _T, _N, d - h, d - h, m, one.ctypes, R[h:, b0:].ctypes, n, R[h:, b0:].ctypes, n,
+                               one.ctypes, acc[h:, h:].ctypes, k)
+                    for f in range(d):
+                        col = R[f, b0:b0 + m]
+                        s = 0.0
+                        for i in range(m):
+                            s += col[i]
+                        xs[f] += s
+                        for j in range(t):
+                            s = 0.0
+                            for i in range(m):
+                                s += col[i] * Yb[i, j]
+                            xy[j, f] += s
+                else:    # X row-major = Xᵀ column-major (ld d): (Xbᵀ)(Xbᵀ)ᵀ
+                    _DGEMM(_D, _N, _T, h, d, m, one.ctypes, R[b0:].ctypes, d, R[b0:].ctypes, d, one.ctypes,
+                           acc.ctypes, k)
+                    if d > h:
+                        _DGEMM(_D, _N, _T, d - h, d - h, m, one.ctypes, R[b0:, h:].ctypes, d, R[b0:, h:].ctypes, d,
+                               one.ctypes, acc[h:, h:].ctypes, k)
+                    for i in range(m):
+                        row = R[b0 + i]
+                        for f in range(d):
+                            xs[f] += row[f]
+                        for j in range(t):
+                            yv = Yb[i, j]
+                            xyj = xy[j]
+                            for f in range(d):
+                                xyj[f] += row[f] * yv
+                for j in range(t):
+                    s = 0.0
+                    for i in range(m):
+                        s += Yb[i, j]
+                    acc[k - 1, d + j] += s
+                    for j2 in range(j, t):
+                        s = 0.0
+                        for i in range(m):
+                            s += Yb[i, j] * Yb[i, j2]
+                        acc[d + j2, d + j] += s
+            for f in range(d):
+                acc[k - 1, f] += xs[f]
+                for j in range(t):
+                    acc[d + j, f] += xy[j, f]
+            acc[k - 1, k - 1] += stop - start
+
+
 def augmented_gram(X, Y, sw=None):
     """This rank's ``ZᵀWZ``, ``Z = [X | Y | 1]`` (float64 ``(k, k)``, ``k = d + t + 1``), one read of ``X``.
 
@@ -141,14 +228,20 @@ def augmented_gram(X, Y, sw=None):
     parts = _parts(n, k)
     block = int(min(2048, max(64, _GRAM_BLOCK_BYTES // (8 * k * (1 if unit else 2)))))
     out_p = np.zeros((parts, k, k))
+    direct = unit and R.dtype == np.float64 and n < 2 ** 31   # (BLAS's leading dimension is a 32-bit int)
     with np.errstate(over="ignore", invalid="ignore"), one_blas_thread():
-        _gram_kernel(R, tr, Y64, w, unit, parts, block, workers(parts, nb.get_num_threads()),
-                     np.zeros(1, np.int64), out_p)
+        if direct:
+            _gram_direct_kernel(R, tr, Y64, parts, int(min(2048, max(64, _GRAM_BLOCK_BYTES // (8 * d)))),
+                                workers(parts, nb.get_num_threads()), np.zeros(1, np.int64), out_p)
+        else:
+            _gram_kernel(R, tr, Y64, w, unit, parts, block, workers(parts, nb.get_num_threads()),
+                         np.zeros(1, np.int64), out_p)
     G = out_p[0].copy()
     for p in range(1, parts):
         G += out_p[p]
-    # symmetric bits (the weighted product WZ x Z rounds its two triangles differently): the upper one mirrored
-    return np.triu(G) + np.triu(G, 1).T
+    # symmetric bits: the lower triangle mirrored (the direct kernel fills only it; the weighted product WZ x Z
+    # rounds its two triangles differently)
+    return np.tril(G) + np.tril(G, -1).T
 
 
 #: ``ln 2`` split for the exponential's range reduction (``k ln2_hi`` exact for the ``k`` that occur), and ``1/ln 2``.
