@@ -37,8 +37,9 @@ _MAX_PARTS = 64
 _MIN_ROWS = 2048
 #: Bytes of a Gram block's float64 rows (and their weighted copy): in a core's L2 cache.
 _GRAM_BLOCK_BYTES = 128 << 10
-#: Rows per block of the logistic pass (its margins and gradient weights stay in L1).
-_LOGISTIC_BLOCK = 512
+#: Rows per block of the logistic pass (its three row buffers, 48 KiB, stay in L2; an F-ordered block reads runs
+#: of 16 KiB a column: 1.85 ms CPU an evaluation at 1e5 x 32, 2.1 with 512 rows).
+_LOGISTIC_BLOCK = 2048
 
 
 def _parts(n, k=1):
@@ -324,9 +325,18 @@ def _logistic_kernel(R, tr, y01, w, unit, coef, bias, parts, block, workers, cou
                 m = min(stop, b0 + block) - b0
                 yb = y01[b0:b0 + m]
                 wb = w[b0:b0 + m]
-                if tr:
+                if tr:   # (four columns a pass: a quarter of the passes over the margins)
                     marg[:m] = bias
-                    for f in range(d):
+                    f = 0
+                    while f + 4 <= d:
+                        c0, c1, c2, c3 = coef[f], coef[f + 1], coef[f + 2], coef[f + 3]
+                        x0, x1 = R[f, b0:b0 + m], R[f + 1, b0:b0 + m]
+                        x2, x3 = R[f + 2, b0:b0 + m], R[f + 3, b0:b0 + m]
+                        for i in range(m):
+                            marg[i] += ((np.float64(x0[i]) * c0 + np.float64(x1[i]) * c1)
+                                        + (np.float64(x2[i]) * c2 + np.float64(x3[i]) * c3))
+                        f += 4
+                    for f in range(f, d):
                         c = coef[f]
                         col = R[f, b0:b0 + m]
                         for i in range(m):
@@ -355,7 +365,23 @@ def _logistic_kernel(R, tr, y01, w, unit, coef, bias, parts, block, workers, cou
                     gsum += g
                     marg[i] = g
                 if tr:
-                    for f in range(d):
+                    f = 0
+                    while f + 4 <= d:
+                        x0, x1 = R[f, b0:b0 + m], R[f + 1, b0:b0 + m]
+                        x2, x3 = R[f + 2, b0:b0 + m], R[f + 3, b0:b0 + m]
+                        s0 = s1 = s2 = s3 = 0.0
+                        for i in range(m):
+                            g = marg[i]
+                            s0 += g * np.float64(x0[i])
+                            s1 += g * np.float64(x1[i])
+                            s2 += g * np.float64(x2[i])
+                            s3 += g * np.float64(x3[i])
+                        acc[f] += s0
+                        acc[f + 1] += s1
+                        acc[f + 2] += s2
+                        acc[f + 3] += s3
+                        f += 4
+                    for f in range(f, d):
                         col = R[f, b0:b0 + m]
                         s = 0.0
                         for i in range(m):
