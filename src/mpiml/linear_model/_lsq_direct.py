@@ -47,12 +47,6 @@ __all__ = ["augmented_gram", "NormalEquations", "NORMAL_RTOL_FLOOR", "early_loca
 NORMAL_RTOL_FLOOR = 1e-10
 
 _EPS64 = np.finfo(np.float64).eps
-#: Host rows take the compiled Gram (:mod:`._cpu_kernels`) with up to this many columns ``d + t + 1`` (more go
-#: through BLAS on the rank's pool, :func:`mpiml.utils._linalg.augmented_gram`, as fast there) and from this
-#: many values ``n d`` on (below, the NumPy path costs well under a millisecond, and a process that only fits
-#: small shards, as most tests do, never loads Numba: ~0.5 s a process).
-_HOST_KERNEL_COLUMNS = 256
-_HOST_KERNEL_MIN_VALUES = 1 << 16
 
 
 def augmented_gram(X, Y, sw, *, comm, xp, local=None):
@@ -76,6 +70,14 @@ def augmented_gram(X, Y, sw, *, comm, xp, local=None):
     if is_device_array(local):
         return allreduce_identical_device(comm, local.ravel()).reshape(k, k)
     return allreduce_identical(comm, as_like(local, np).ravel()).reshape(k, k)
+
+
+#: Host rows take the compiled Gram (:mod:`._cpu_kernels`) with up to this many columns ``d + t + 1`` (more go
+#: through BLAS on the rank's pool, :func:`mpiml.utils._linalg.augmented_gram`, as fast there) and from this
+#: many values ``n d`` on (below, the NumPy path costs well under a millisecond, and a process that only fits
+#: small shards, as most tests do, never loads Numba: ~0.5 s a process).
+_HOST_KERNEL_COLUMNS = 256
+_HOST_KERNEL_MIN_VALUES = 1 << 16
 
 
 class EarlyGram:
