@@ -438,9 +438,9 @@ def host_kernel_checks():
 
 
 def main():
-    host_kernel_checks()
     auto_solver_checks()
     robustness_checks()
+    host_kernel_checks()
     sparse_checks()
     regression_checks()
     X, y = classification_checks()
