@@ -392,24 +392,6 @@ def robustness_checks():
                  "NaN in sample_weight on one rank")
 
 
-def auto_solver_checks():
-    """solver="auto": the same choice on every rank (it reads the reduced Gram), scikit-learn's coefficients."""
-    rs = np.random.RandomState(5)
-    n, d = 600, 6
-    U, _ = np.linalg.qr(rs.randn(n, d))
-    V, _ = np.linalg.qr(rs.randn(d, d))
-    for cond, want in ((10.0, "normal"), (1e8, "tsqr")):
-        X = (U * np.logspace(0, -np.log10(cond), d)) @ V.T * 10 + rs.randn(d)
-        y = X @ rs.randn(d) + 1e-3 * rs.randn(n)
-        m = LinearRegression().fit(shard(X, skip_last=True), shard(y, skip_last=True))
-        s = sk.LinearRegression().fit(X, y)
-        check(m.solver_ == want, f"auto at cond {cond:g}: {m.solver_}, want {want}")
-        same_on_every_rank(m.coef_, f"auto at cond {cond:g}")
-        check(rel(m.predict(X), s.predict(X)) < 1e-8, f"auto at cond {cond:g}: predictions")
-        r = Ridge(alpha=1e-3).fit(shard(X), shard(y))
-        check(rel(r.coef_, sk.Ridge(alpha=1e-3).fit(X, y).coef_) < 1e-6, f"Ridge auto at cond {cond:g}")
-
-
 def host_kernel_checks():
     """The compiled host passes (every shard through them: the size thresholds lowered), F-ordered rows as the
     generators make them, uneven shards with an empty one: scikit-learn's answer, the same bits everywhere."""
@@ -435,6 +417,24 @@ def host_kernel_checks():
             same_on_every_rank(m.coef_, f"host kernel logistic {solver} coef_")
     finally:
         _lsq_direct._HOST_KERNEL_MIN_VALUES, _logistic_loss._HOST_PASS_MIN_VALUES = saved
+
+
+def auto_solver_checks():
+    """solver="auto": the same choice on every rank (it reads the reduced Gram), scikit-learn's coefficients."""
+    rs = np.random.RandomState(5)
+    n, d = 600, 6
+    U, _ = np.linalg.qr(rs.randn(n, d))
+    V, _ = np.linalg.qr(rs.randn(d, d))
+    for cond, want in ((10.0, "normal"), (1e8, "tsqr")):
+        X = (U * np.logspace(0, -np.log10(cond), d)) @ V.T * 10 + rs.randn(d)
+        y = X @ rs.randn(d) + 1e-3 * rs.randn(n)
+        m = LinearRegression().fit(shard(X, skip_last=True), shard(y, skip_last=True))
+        s = sk.LinearRegression().fit(X, y)
+        check(m.solver_ == want, f"auto at cond {cond:g}: {m.solver_}, want {want}")
+        same_on_every_rank(m.coef_, f"auto at cond {cond:g}")
+        check(rel(m.predict(X), s.predict(X)) < 1e-8, f"auto at cond {cond:g}: predictions")
+        r = Ridge(alpha=1e-3).fit(shard(X), shard(y))
+        check(rel(r.coef_, sk.Ridge(alpha=1e-3).fit(X, y).coef_) < 1e-6, f"Ridge auto at cond {cond:g}")
 
 
 def main():
