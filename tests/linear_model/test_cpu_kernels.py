@@ -35,8 +35,8 @@ def test_gram_matches_numpy(dtype, weighted, t):
     assert _cpu_kernels.augmented_gram(X[:0], Y[:0], None).shape == (8 + t, 8 + t)
 
 
-@pytest.mark.parametrize("d", [1, 2, 3])
-def test_gram_few_features(d):
+@pytest.mark.parametrize("d", [1, 2, 3, 37])   # (37: uneven feature groups of the direct GEMMs, both layouts)
+def test_gram_feature_counts(d):
     X = np.random.default_rng(5).normal(size=(N, d)) - 2.0
     Y = X[:, :1] * 3.0 + 1.0
     for name, Xl in _layouts(X).items():
