@@ -14,9 +14,14 @@ N = 9000   # several parts (of 2048 rows and more), the last block of each uneve
 
 
 def _layouts(X):
-    """C-ordered, F-ordered and strided (a column slice) versions of ``X``."""
+    """``X`` C-ordered, F-ordered, as columns of a wider C-ordered array, as rows of a longer F-ordered one (a
+    rank's shard of a generated set: column-major, leading dimension past its rows), and every other row."""
+    n = X.shape[0]
     wide = np.concatenate([X, X[:, :1]], axis=1)
-    return {"C": np.ascontiguousarray(X), "F": np.asfortranarray(X), "strided": wide[:, :-1]}
+    tall = np.asfortranarray(np.concatenate([X[:7], X, X[:5]]))
+    every = np.repeat(X, 2, axis=0)
+    return {"C": np.ascontiguousarray(X), "F": np.asfortranarray(X), "columns": wide[:, :-1], "rows": tall[7:7 + n],
+            "every-other": every[::2]}
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

@@ -49,23 +49,32 @@ def _parts(n, k=1):
 
 
 def _rows_view(X):
-    """``(R, transposed)``: ``R`` C-contiguous, ``X`` itself or ``X.T`` of an F-ordered ``X`` (no copy)."""
+    """``(R, transposed)`` for the kernels, without a copy where the rows allow: ``R`` C-contiguous, ``X`` itself,
+    or ``Xᵀ`` of an F-ordered ``X``; a column-major (or row-major) ``X`` with a leading dimension larger than
+    its rows (a block of rows of a bigger array, as a rank's shard of a generated F-ordered set) gives the
+    C-contiguous view ``(d, ld)`` (or ``(n, ld)``) over its memory, of which the kernels read only the first
+    ``n`` (or ``d``) entries of each row.  Other strides: a C-ordered copy."""
+    n, d = X.shape
+    item = X.itemsize
+    s0, s1 = X.strides
     if X.flags.c_contiguous:
         return X, False
     if X.flags.f_contiguous:
         return X.T, True
+    if n > 1 and d > 1 and s0 == item and s1 > 0 and s1 % item == 0 and s1 // item >= n:
+        return np.lib.stride_tricks.as_strided(X, shape=(d, s1 // item), strides=(s1, item)), True
+    if n > 1 and d > 1 and s1 == item and s0 > 0 and s0 % item == 0 and s0 // item >= d:
+        return np.lib.stride_tricks.as_strided(X, shape=(n, s0 // item), strides=(s0, item)), False
     return np.ascontiguousarray(X), False
 
 
 @nb.njit(cache=True, parallel=True, nogil=True, fastmath=FASTMATH)
-def _gram_kernel(R, tr, Y, w, unit, parts, block, workers, counter, out_p):
+def _gram_kernel(R, tr, n, d, Y, w, unit, parts, block, workers, counter, out_p):
     """``out_p[p] = Zᵀ W Z`` of part ``p``'s rows, ``Z = [x | y | 1]`` (``R`` = X, or Xᵀ when ``tr``).
 
     (Rows and columns are read through views: an index ``b0 + i`` into ``R`` would carry Numba's
     negative-index check into the loop and keep it from vectorising, 2-3x slower.)
     """
-    n = R.shape[1] if tr else R.shape[0]
-    d = R.shape[0] if tr else R.shape[1]
     t = Y.shape[1]
     k = d + t + 1
     for _ in nb.prange(workers):
@@ -134,13 +143,12 @@ _D, _N, _T = 100, 110, 116   # 'd', 'n', 't'
 
 
 @nb.njit(cache=True, parallel=True, nogil=True, fastmath=FASTMATH)
-def _gram_direct_kernel(R, tr, Y, groups, parts, block, workers, counter, out_p):
+def _gram_direct_kernel(R, tr, n, d, Y, groups, parts, block, workers, counter, out_p):
     """:func:`_gram_kernel` for float64 rows and unit weights, the lower triangle only: ``XᵀX`` by one ``dgemm``
     a group of features a block, on the rows where they lie (group ``[lo, hi)`` times features ``[lo, d)``: with
     ``q`` groups ``(q + 1) / 2q`` of the full product's work, see :func:`_gram_groups`), then ``Xᵀ y``, the
     column sums and ``yᵀ y`` while the block is in cache."""
-    n = R.shape[1] if tr else R.shape[0]
-    d = R.shape[0] if tr else R.shape[1]
+    ld = R.shape[1]   # (the leading dimension: n, d, or more where R is a view over a bigger array's rows)
     t = Y.shape[1]
     k = d + t + 1
     one = np.ones(1)
@@ -163,8 +171,8 @@ def _gram_direct_kernel(R, tr, Y, groups, parts, block, workers, counter, out_p)
                 if tr:   # X column-major (ld n): Xbᵀ Xb
                     for g in range(groups):
                         lo, hi = g * d // groups, (g + 1) * d // groups
-                        _DGEMM(_D, _T, _N, hi - lo, d - lo, m, one.ctypes, R[lo:, b0:].ctypes, n, R[lo:, b0:].ctypes,
-                               n, one.ctypes, acc[lo:, lo:].ctypes, k)
+                        _DGEMM(_D, _T, _N, hi - lo, d - lo, m, one.ctypes, R[lo:, b0:].ctypes, ld, R[lo:, b0:].ctypes,
+                               ld, one.ctypes, acc[lo:, lo:].ctypes, k)
                     for f in range(d):
                         col = R[f, b0:b0 + m]
                         s = 0.0
@@ -179,8 +187,8 @@ def _gram_direct_kernel(R, tr, Y, groups, parts, block, workers, counter, out_p)
                 else:    # X row-major = Xᵀ column-major (ld d): (Xbᵀ)(Xbᵀ)ᵀ
                     for g in range(groups):
                         lo, hi = g * d // groups, (g + 1) * d // groups
-                        _DGEMM(_D, _N, _T, hi - lo, d - lo, m, one.ctypes, R[b0:, lo:].ctypes, d, R[b0:, lo:].ctypes,
-                               d, one.ctypes, acc[lo:, lo:].ctypes, k)
+                        _DGEMM(_D, _N, _T, hi - lo, d - lo, m, one.ctypes, R[b0:, lo:].ctypes, ld, R[b0:, lo:].ctypes,
+                               ld, one.ctypes, acc[lo:, lo:].ctypes, k)
                     for i in range(m):
                         row = R[b0 + i]
                         for f in range(d):
@@ -237,10 +245,10 @@ def augmented_gram(X, Y, sw=None):
     direct = unit and R.dtype == np.float64 and n < 2 ** 31   # (BLAS's leading dimension is a 32-bit int)
     with np.errstate(over="ignore", invalid="ignore"), one_blas_thread():
         if direct:
-            _gram_direct_kernel(R, tr, Y64, _gram_groups(d, tr), parts, int(min(2048, max(64, _GRAM_BLOCK_BYTES // (8 * d)))),
+            _gram_direct_kernel(R, tr, n, d, Y64, _gram_groups(d, tr), parts, int(min(2048, max(64, _GRAM_BLOCK_BYTES // (8 * d)))),
                                 workers(parts, nb.get_num_threads()), np.zeros(1, np.int64), out_p)
         else:
-            _gram_kernel(R, tr, Y64, w, unit, parts, block, workers(parts, nb.get_num_threads()),
+            _gram_kernel(R, tr, n, d, Y64, w, unit, parts, block, workers(parts, nb.get_num_threads()),
                          np.zeros(1, np.int64), out_p)
     G = out_p[0].copy()
     for p in range(1, parts):
@@ -301,7 +309,7 @@ def _log1p_unit(e):
 
 
 @nb.njit(cache=True, parallel=True, nogil=True, fastmath=FASTMATH)
-def _logistic_kernel(R, tr, y01, w, unit, coef, bias, parts, block, workers, counter, out_p):
+def _logistic_kernel(R, tr, n, d, y01, w, unit, coef, bias, parts, block, workers, counter, out_p):
     """Per part: ``[Σ sw·loss | Σ g x | Σ g]`` with ``g = sw (expit(m) - y)``, ``m = x·coef + bias``.
 
     Per block: the margins; ``e = exp(-|m|)`` and ``log1p(e)`` by polynomials, without branches, so that
@@ -309,8 +317,6 @@ def _logistic_kernel(R, tr, y01, w, unit, coef, bias, parts, block, workers, cou
     margin cost 3x the rest of the pass; both polynomials are within 2.2 ulp); then the gradient.  Rows
     and columns are read through views, as in :func:`_gram_kernel`.
     """
-    n = R.shape[1] if tr else R.shape[0]
-    d = R.shape[0] if tr else R.shape[1]
     for _ in nb.prange(workers):
         marg = np.empty(block)
         ev = np.empty(block)
@@ -426,8 +432,8 @@ class LogisticPass:
         if self.n == 0:
             return out
         self.out_p[:] = 0.0
-        _logistic_kernel(self.R, self.tr, self.y01, self.w, self.unit, np.ascontiguousarray(coef, dtype=np.float64),
-                         float(intercept), self.parts, _LOGISTIC_BLOCK, workers(self.parts, nb.get_num_threads()),
+        _logistic_kernel(self.R, self.tr, self.n, self.d, self.y01, self.w, self.unit,
+                         np.ascontiguousarray(coef, dtype=np.float64), float(intercept), self.parts, _LOGISTIC_BLOCK, workers(self.parts, nb.get_num_threads()),
                          np.zeros(1, np.int64), self.out_p)
         total = self.out_p[0].copy()
         for p in range(1, self.parts):
