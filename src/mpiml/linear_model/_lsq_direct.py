@@ -72,14 +72,6 @@ def augmented_gram(X, Y, sw, *, comm, xp, local=None):
     return allreduce_identical(comm, as_like(local, np).ravel()).reshape(k, k)
 
 
-#: Host rows take the compiled Gram (:mod:`._cpu_kernels`) with up to this many columns ``d + t + 1`` (more go
-#: through BLAS on the rank's pool, :func:`mpiml.utils._linalg.augmented_gram`, as fast there) and from this
-#: many values ``n d`` on (below, the NumPy path costs well under a millisecond, and a process that only fits
-#: small shards, as most tests do, never loads Numba: ~0.5 s a process).
-_HOST_KERNEL_COLUMNS = 256
-_HOST_KERNEL_MIN_VALUES = 1 << 16
-
-
 class EarlyGram:
     """This rank's Gram matrix launched before the input checks are agreed (see :func:`early_local_gram`)."""
 
@@ -212,6 +204,14 @@ class NormalEquations:
 #: Up to this many features the replicated ``d x d`` algebra runs on one BLAS thread: waking the rank's
 #: pool for a 64 x 64 factorisation costs more than the factorisation.
 SMALL_ALGEBRA_FEATURES = 256
+
+
+#: Host rows take the compiled Gram (:mod:`._cpu_kernels`) with up to this many columns ``d + t + 1`` (more go
+#: through BLAS on the rank's pool, :func:`mpiml.utils._linalg.augmented_gram`, as fast there) and from this
+#: many values ``n d`` on (below, the NumPy path costs well under a millisecond, and a process that only fits
+#: small shards, as most tests do, never loads Numba: ~0.5 s a process).
+_HOST_KERNEL_COLUMNS = 256
+_HOST_KERNEL_MIN_VALUES = 1 << 16
 
 
 def _small_algebra(d):
