@@ -44,6 +44,11 @@ __all__ = ["Objective", "EarlyPass", "lbfgs", "newton_cholesky", "newton_cg", "c
            "softmax_stats"]
 
 
+#: Dense binary host rows of at least this many values ``n d`` are evaluated by the compiled pass (below, the
+#: NumPy path is as quick, and a process that fits only small shards, as most tests do, never loads Numba).
+_HOST_PASS_MIN_VALUES = 1 << 16
+
+
 def _fingerprint(*arrays):
     if len(arrays) == 1:   # (one vector, an optimiser's point: its bytes without the join)
         return float(zlib.crc32(np.ascontiguousarray(arrays[0], dtype=np.float64).tobytes()) & 0xFFF)
@@ -168,6 +173,12 @@ class Objective:
             # the kernels, buffers and pinned staging of every evaluation, made once per fit
             self._pass = prepared[1] if prepared is not None else LogisticPass(
                 X, self.y01, self._sw_x, fit_intercept=bool(self.fi), scale=self.scale)
+        # dense binary host rows: one compiled read of X per evaluation of the loss and gradient (_cpu_kernels)
+        self._host_pass = None
+        if self.binary and not self.sparse and xp is np and X.shape[0] * self.d >= _HOST_PASS_MIN_VALUES:
+            from ._cpu_kernels import LogisticPass as HostPass
+
+            self._host_pass = HostPass(X, self.y01, sw, fit_intercept=bool(self.fi), scale=self.scale)
         # every rank's reductions on the device (the same on every rank: whether X is a dense binary CuPy
         # shard the kernel takes is, its row count and layout are not); the fused ranks pack theirs there
         self._device_reduce = (comm.size > 1 and self.binary and not self.sparse and xp is not np
@@ -225,6 +236,10 @@ class Objective:
         the same packed on the device with the fingerprint ``fp`` (see :meth:`_fused_local`)."""
         if self._fused and not hessian:
             return self._fused_local(w, fp=fp)
+        if self._host_pass is not None and not hessian:
+            coef, intercept = self.split(w)
+            self._stash = (_fingerprint(w), None)   # (hessp makes the probabilities when it needs them)
+            return self._host_pass(coef[0], intercept[0])
         xp, X, sw = self.xp, self.X, self.sw
         n, D = X.shape[0], self.d + self.fi
         npar = self.n_params
@@ -405,6 +420,9 @@ class Objective:
             fp_w, prob = self._stash
             if fp_w != _fingerprint(w):
                 raise RuntimeError("hessp needs the probabilities of its point: evaluate(w) first")
+            if prob is None:   # the compiled host pass evaluated w: the probabilities once, for every product at w
+                prob = expit(self.raw(X, w), xp)
+                self._stash = (fp_w, prob)
             XV = self.raw(X, v)  # X̃ v with the same layout as the raw predictions
             if self.binary:
                 Q = (sw * prob * (1 - prob) * XV)[:, None]
@@ -478,7 +496,9 @@ def _optimiser_threads(obj):
     pool = {lib.prefix: lib.num_threads for lib in ctl.select(user_api="blas").lib_controllers}
     if max(pool.values(), default=1) <= 1:
         return plain
-    if obj.xp is not np:    # rows on the device (MPIML_LINEAR_LBFGS_BLAS=one): every host BLAS call is tiny
+    if obj.xp is not np or getattr(obj, "_host_pass", None) is not None:
+        # rows on the device (MPIML_LINEAR_LBFGS_BLAS=one), or host rows evaluated by the compiled pass (no BLAS in
+        # it; its own threads): every host BLAS call is tiny
         return ctl.limit(limits=1, user_api="blas"), obj.evaluate
 
     def evaluate(w):

@@ -62,7 +62,13 @@ def augmented_gram(X, Y, sw, *, comm, xp, local=None):
     the communicator can (:func:`allreduce_identical_device`).
     """
     if local is None:
-        local = local_augmented_gram(X, Y, sw)
+        if (xp is np and X.shape[1] + Y.shape[1] + 1 <= _HOST_KERNEL_COLUMNS
+                and X.shape[0] * X.shape[1] >= _HOST_KERNEL_MIN_VALUES):
+            from ._cpu_kernels import augmented_gram as host_gram   # (Numba: imported at the first host fit)
+
+            local = host_gram(X, Y, sw)   # one compiled pass over the rows on this rank's threads
+        else:
+            local = local_augmented_gram(X, Y, sw)
     k = local.shape[0]
     if is_device_array(local):   # (through a pinned buffer: one asynchronous copy instead of CuPy's pageable one)
         return allreduce_identical_device(comm, local.ravel(), host=_pinned(k * k)).reshape(k, k)
@@ -229,6 +235,14 @@ class NormalEquations:
 #: Up to this many features the replicated ``d x d`` algebra runs on one BLAS thread: waking the rank's
 #: pool for a 64 x 64 factorisation costs more than the factorisation.
 SMALL_ALGEBRA_FEATURES = 256
+
+
+#: Host rows take the compiled Gram (:mod:`._cpu_kernels`) with up to this many columns ``d + t + 1`` (more go
+#: through BLAS on the rank's pool, :func:`mpiml.utils._linalg.augmented_gram`, as fast there) and from this
+#: many values ``n d`` on (below, the NumPy path costs well under a millisecond, and a process that only fits
+#: small shards, as most tests do, never loads Numba: ~0.5 s a process).
+_HOST_KERNEL_COLUMNS = 256
+_HOST_KERNEL_MIN_VALUES = 1 << 16
 
 
 def _small_algebra(d):
