@@ -167,7 +167,7 @@ __device__ __forceinline__ void mpiml_ll_relay_reduce(const MpimlCtx* c, const T
     const long long part = (ln.lines + q - 1) / q;
     const uint4* mine = mpiml_ll_region(c, me, ln.epoch);
     bool ok = true;
-    MPIML_GRID_LOOP(i, part) {
+    MPIML_GRID_LOOP(i, part) {  // every line of this thread pushed first, all its rounds (a push never waits)
         for (int jj = 1; jj <= q; ++jj) {  // the other owners' parts; an owner's own part stays here
             const int j = jm < 0 ? jj - 1 : (jm + jj) % q;
             if (j == jm) continue;
@@ -177,6 +177,8 @@ __device__ __forceinline__ void mpiml_ll_relay_reduce(const MpimlCtx* c, const T
                 mpiml_ll_store(mpiml_ll_region(c, o, ln.epoch) + ((me - o - 1 + nr) % nr) * part + i, ln.get(in, g),
                                ln.flag);
         }
+    }
+    MPIML_GRID_LOOP(i, part) {
         if (jm >= 0) {
             const long long g = jm * part + i;
             if (g < ln.lines) {
