@@ -145,3 +145,38 @@ def test_the_pipelined_chunks_fit_one_buffer_and_their_steps_the_flags(op):
                     steps = -(-part // step)
                     assert step % ipc.PIPE_STEP_ALIGN == 0 and steps <= ipc.PIPE_MAX_STEPS
                     assert 1 <= grid <= min(blocks, ipc.MAX_BLOCKS, steps)
+
+
+@pytest.mark.parametrize("op,algo", [("bcast", "lltwoshot"), ("reduce", "lltwoshot"), ("allreduce", "lltwoshot"),
+                                     ("reduce", "llrelay"), ("reduce", "ll128"), ("allreduce", "ll128")])
+def test_the_hot_launcher_of_the_ll_two_shot_kernels_logs_the_calls_plan(monkeypatch, op, algo):
+    """``IPCTransport.hot_launcher`` (no GPU: a transport stand-in, the launcher parts recorded) hands the call's
+    plan (what the deferred check logs) to the launcher, and the kernel of the algorithm to the issue: the launch
+    plan of the LL two-shot variants must not take its name (the 22:50 pass: every such hot call logged a function,
+    and the next agreement round failed with AttributeError on every rank)."""
+    import numpy as np
+
+    from mpiml.comm import _hotpath
+
+    seen = {}
+    monkeypatch.setattr(_hotpath, "binding", lambda op_, x, **kw: ("bind", op_))
+    monkeypatch.setattr(_hotpath, "ipc_issue", lambda t, op_, x, fa, fu, grid, block, mask, extra=0:
+                        seen.update(fa=fa, grid=grid, block=block, mask=mask, extra=extra) or "issue")
+    monkeypatch.setattr(_hotpath, "launcher", lambda comm, t, plan, op_, bind, issue, err=None:
+                        seen.update(plan=plan, bind=bind, issue=issue) or "launcher")
+
+    class X:
+        size, nbytes, dtype = 1 << 18, 1 << 20, np.dtype(np.float32)
+
+    t = object.__new__(ipc.IPCTransport)
+    t.multi_node, t._sync, t._err_host, t._err_code = False, False, 1, None
+    t.rank, t.size, t.cap, t.ll_max, t.ll_slot = 1, 4, 32 << 20, 256 << 10, ipc.LL_SLOT_DEFAULT
+    t.oneshot_max, t.twoshot_cap, t.push_cap = 256 << 10, 16 << 20, 8 << 20
+    t._kernel = lambda family, name, dtype, rop, aligned: (family, name, aligned)
+    plan = object()
+    arg = {"bcast": 0, "reduce": ("sum", 0), "allreduce": "sum"}[op]
+    assert t.hot_launcher(None, plan, op, algo, X(), arg) == "launcher"
+    assert seen["plan"] is plan and seen["bind"] == ("bind", op) and seen["issue"] == "issue"
+    kernel = {"lltwoshot": f"mpiml_{op}_lltwoshot", "llrelay": "mpiml_reduce_llrelay",
+              "ll128": f"mpiml_{op}_ll128"}[algo]
+    assert seen["fa"] == (op, kernel, True) and seen["block"] == ipc.LL_THREADS and seen["mask"] == 7

@@ -849,8 +849,8 @@ class IPCTransport(Transport):
         if algo in ("lltwoshot", "llrelay", "ll128"):
             if self.size == 1:  # (a bcast among one rank: the full path)
                 return None
-            kernel, plan = self._lltwoshot_variant(op, algo)
-            chunk, grid = plan(nb)
+            kernel, launch_plan = self._lltwoshot_variant(op, algo)  # (not `plan`: the call's, for the launcher)
+            chunk, grid = launch_plan(nb)
             if nb > chunk:  # (several launches: the full path)
                 return None
             block, mask = LL_THREADS, 7

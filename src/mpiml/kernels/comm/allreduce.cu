@@ -93,7 +93,8 @@ mpiml_allreduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, l
 // local store), rank r reduces the nranks copies of its line i in rank order as they arrive and
 // pushes the result into every other rank's region at [nranks * part + r * part + i], storing
 // its own to out; then copies the other parts' reduced lines out as they arrive. A warp holds 4
-// lines (8 lanes each) and every warp of every rank takes the same lines (the grid is agreed).
+// lines (8 lanes each) a round and every warp of every rank takes the same lines (the grid is
+// agreed); a warp pushes the lines of all its rounds before it waits for any (phases A, B, C).
 // The region is the staging buffer of the call's parity (mpiml_buf: see the LL128 lines in
 // ipc_common.cuh); the host keeps 2 * nranks * part lines within it (cap / 128 of them). A
 // counts 8-byte alignment; a lane writes out only words it read before (in == out is safe).
@@ -110,6 +111,8 @@ __device__ __forceinline__ void mpiml_ll128_twoshot_allreduce(const MpimlCtx* c,
     const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
     auto region = [&](int r) { return reinterpret_cast<ulonglong2*>(mpiml_buf(c, r, epoch)); };
     const ulonglong2* mine = region(me);
+    // A: every line of this warp pushed first, all its rounds (a push never waits: the peers' waits for line i
+    // never depend on this warp's waits, whatever the number of rounds)
     for (long long base = 4 * warp; base < part; base += 4 * warps) {  // warp-uniform
         const long long i = base + (lane >> 3);
         const bool act = i < part;
@@ -120,10 +123,16 @@ __device__ __forceinline__ void mpiml_ll128_twoshot_allreduce(const MpimlCtx* c,
             __syncwarp();
             if (act && g < lines) mpiml_ll128_store(region(r) + 8 * (me * part + i) + sub, v);
         }
+    }
+    // B: this rank's part reduced as its copies arrive, pushed to every other rank and stored to out
+    bool ok = true;
+    for (long long base = 4 * warp; base < part; base += 4 * warps) {
+        const long long i = base + (lane >> 3);
         const long long g = me * part + i;
-        const bool mine_act = act && g < lines;
+        const bool mine_act = i < part && g < lines;
         ulonglong2 v[MPIML_MAX_RANKS];
-        if (!mpiml_ll128_wait(c, epoch, mine + 8 * i + sub, 8 * part, nr, mine_act, flagword, v)) break;
+        ok = mpiml_ll128_wait(c, epoch, mine + 8 * i + sub, 8 * part, nr, mine_act, flagword, v);
+        if (!ok) break;  // (warp-uniform)
         ulonglong2 red;
         {
             unsigned long long w[MPIML_MAX_RANKS];
@@ -139,7 +148,11 @@ __device__ __forceinline__ void mpiml_ll128_twoshot_allreduce(const MpimlCtx* c,
             if (mine_act) mpiml_ll128_store(region((me + k) % nr) + 8 * (nr * part + g) + sub, red);
         }
         if (mine_act) mpiml_ll128_put<A>(out, g, sub, nbytes, red);
-        bool ok = true;
+    }
+    // C: the other parts' reduced lines out as they arrive
+    for (long long base = 4 * warp; ok && base < part; base += 4 * warps) {
+        const long long i = base + (lane >> 3);
+        const bool act = i < part;
         for (int k = 1; k < nr && ok; ++k) {  // warp-uniform: k and ok are the same on every lane
             const int r = (me + k) % nr;
             const long long h = r * part + i;
@@ -148,7 +161,6 @@ __device__ __forceinline__ void mpiml_ll128_twoshot_allreduce(const MpimlCtx* c,
             ok = mpiml_ll128_wait(c, epoch, mine + 8 * (nr * part + h) + sub, 0, 1, got_act, flagword, u);
             if (ok && got_act) mpiml_ll128_put<A>(out, h, sub, nbytes, u[0]);
         }
-        if (!ok) break;
     }
     mpiml_end<false>(c, epoch);
 }

@@ -167,7 +167,7 @@ __device__ __forceinline__ void mpiml_ll_relay_reduce(const MpimlCtx* c, const T
     const long long part = (ln.lines + q - 1) / q;
     const uint4* mine = mpiml_ll_region(c, me, ln.epoch);
     bool ok = true;
-    MPIML_GRID_LOOP(i, part) {
+    MPIML_GRID_LOOP(i, part) {  // every line of this thread pushed first, all its rounds (a push never waits)
         for (int jj = 1; jj <= q; ++jj) {  // the other owners' parts; an owner's own part stays here
             const int j = jm < 0 ? jj - 1 : (jm + jj) % q;
             if (j == jm) continue;
@@ -177,6 +177,8 @@ __device__ __forceinline__ void mpiml_ll_relay_reduce(const MpimlCtx* c, const T
                 mpiml_ll_store(mpiml_ll_region(c, o, ln.epoch) + ((me - o - 1 + nr) % nr) * part + i, ln.get(in, g),
                                ln.flag);
         }
+    }
+    MPIML_GRID_LOOP(i, part) {
         if (jm >= 0) {
             const long long g = jm * part + i;
             if (g < ln.lines) {
@@ -238,7 +240,8 @@ __device__ __forceinline__ void mpiml_ll_relay_reduce(const MpimlCtx* c, const T
 
 // LL128 relay reduce (algorithm ll128): mpiml_ll_relay_reduce's protocol in LL128 lines
 // (ipc_common.cuh: 120 payload bytes in 128), so the root receives 1.07 n bytes, not 2 n. A
-// warp holds 4 lines (8 lanes each), every warp of every rank the same ones. The region is the
+// warp holds 4 lines (8 lanes each) a round, every warp of every rank the same ones, and pushes
+// the lines of all its rounds before it waits for any. The region is the
 // staging buffer of the call's parity (mpiml_buf: see the LL128 lines in ipc_common.cuh); the
 // host keeps q * part lines within it (cap / 128 of them). A counts 8-byte alignment; only the
 // root writes out, words it read before (in == out is safe).
@@ -257,6 +260,7 @@ __device__ __forceinline__ void mpiml_ll128_relay_reduce(const MpimlCtx* c, cons
     const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
     auto region = [&](int r) { return reinterpret_cast<ulonglong2*>(mpiml_buf(c, r, epoch)); };
     const ulonglong2* mine = region(me);
+    // every line of this warp pushed first, all its rounds (a push never waits)
     for (long long base = 4 * warp; base < part; base += 4 * warps) {  // warp-uniform
         const long long i = base + (lane >> 3);
         const bool act = i < part;
@@ -269,9 +273,12 @@ __device__ __forceinline__ void mpiml_ll128_relay_reduce(const MpimlCtx* c, cons
             __syncwarp();
             if (act && g < lines) mpiml_ll128_store(region(o) + 8 * (((me - o - 1 + nr) % nr) * part + i) + sub, v);
         }
-        if (jm >= 0) {
+    }
+    if (jm >= 0) {  // an owner: its part reduced as the copies arrive, pushed to the root
+        for (long long base = 4 * warp; base < part; base += 4 * warps) {
+            const long long i = base + (lane >> 3);
             const long long g = jm * part + i;
-            const bool mact = act && g < lines;
+            const bool mact = i < part && g < lines;
             ulonglong2 v[MPIML_MAX_RANKS];  // rank (me + 1 + k) % nr's copy at [k * part + i]
             if (!mpiml_ll128_wait(c, epoch, mine + 8 * i + sub, 8 * part, q, mact, flagword, v)) break;
             const ulonglong2 own = mpiml_ll128_get<A>(in, g, sub, nbytes, flagword);
@@ -289,8 +296,12 @@ __device__ __forceinline__ void mpiml_ll128_relay_reduce(const MpimlCtx* c, cons
             red.y = sub == 7 ? flagword : mpiml_fold_words<T, OP>(wy, nr);
             __syncwarp();
             if (mact) mpiml_ll128_store(region(root) + 8 * g + sub, red);
-        } else {
-            bool ok = true;
+        }
+    } else {  // the root: the reduced lines out as they arrive
+        bool ok = true;
+        for (long long base = 4 * warp; ok && base < part; base += 4 * warps) {
+            const long long i = base + (lane >> 3);
+            const bool act = i < part;
             for (int j = 0; j < q && ok; ++j) {  // warp-uniform: j and ok are the same on every lane
                 const long long g = j * part + i;
                 const bool gact = act && g < lines;
@@ -298,7 +309,6 @@ __device__ __forceinline__ void mpiml_ll128_relay_reduce(const MpimlCtx* c, cons
                 ok = mpiml_ll128_wait(c, epoch, mine + 8 * g + sub, 0, 1, gact, flagword, u);
                 if (ok && gact) mpiml_ll128_put<A>(out, g, sub, nbytes, u[0]);
             }
-            if (!ok) break;
         }
     }
     mpiml_end<false>(c, epoch);
