@@ -167,11 +167,12 @@ def _child(args):
     if "kmeans" in parts:
         from mpiml.cluster import _kmeans_cpu
 
-        X, _ = datasets.make_blobs(int(args.rows), 32, centers=16, random_state=i, comm=comm)
+        k = args.k
+        X, _ = datasets.make_blobs(int(args.rows), 32, centers=k, random_state=i, comm=comm)
         X = np.ascontiguousarray(X)
-        C = np.ascontiguousarray(X[:16])
+        C = np.ascontiguousarray(X[:k])
         labels = np.zeros(X.shape[0], dtype=np.int32)
-        packed = np.zeros(16 * 32 + 16 + 2)
+        packed = np.zeros(k * 32 + k + 2)
 
         def step():
             packed[:] = 0
@@ -245,6 +246,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--threads", default="1,8,64")
     p.add_argument("--rows", type=float, default=2.5e5, help="KMeans rows (one rank's share)")
+    p.add_argument("--k", type=int, default=16, help="--procs: KMeans clusters of the Lloyd step")
     p.add_argument("--rf-rows", type=float, default=2e5)
     p.add_argument("--trees", default="4,32", help="forest sizes to fit")
     p.add_argument("--knn-rows", type=float, default=2e5)

@@ -220,7 +220,7 @@ class _WaitClock:
     the computation it overlaps."""
 
     def __init__(self, comm):
-        self.comm, self.seconds, self.calls, self._depth = comm, 0.0, 0, 0
+        self.comm, self.seconds, self.calls, self._depth, self.each = comm, 0.0, 0, 0, []
 
     def _timed(self, fn):
         def call(*a, **kw):
@@ -231,7 +231,8 @@ class _WaitClock:
             try:
                 return fn(*a, **kw)
             finally:
-                self.seconds += time.perf_counter() - t0
+                self.each.append(time.perf_counter() - t0)
+                self.seconds += self.each[-1]
                 self.calls += 1
                 self._depth -= 1
         return call
@@ -271,12 +272,18 @@ def _rank_times(comm, fit):
         t0 = time.perf_counter()
         fit()
         wall = time.perf_counter() - t0
-    rows = comm.allgather_obj((round(wall, 5), round(clock.seconds, 5), clock.calls))
+    rows = comm.allgather_obj((round(wall, 5), round(clock.seconds, 5), clock.calls, clock.each))
     walls, waits = [r[0] for r in rows], [r[1] for r in rows]
     compute = [round(w - x, 5) for w, x in zip(walls, waits)]
-    return {"wall": walls, "wait": waits, "compute": compute, "calls": rows[0][2],
-            "compute_max": max(compute), "compute_min": min(compute),
-            "wait_mean": round(sum(waits) / len(waits), 5)}
+    out = {"wall": walls, "wait": waits, "compute": compute, "calls": rows[0][2],
+           "compute_max": max(compute), "compute_min": min(compute),
+           "wait_mean": round(sum(waits) / len(waits), 5)}
+    if len({len(r[3]) for r in rows}) == 1 and rows[0][3]:
+        # per call, the least any rank waited: what the last rank to arrive waited, the call's own cost (its
+        # latency); the rest of a rank's wait in that call was for the slowest rank (skew)
+        least = np.min(np.array([r[3] for r in rows]), axis=0)
+        out["call_least_wait"] = {"median": round(float(np.median(least)), 6), "sum": round(float(least.sum()), 5)}
+    return out
 
 
 def _worker(args):
@@ -317,18 +324,17 @@ def _worker(args):
             value = comm.allreduce_obj(value)
         out["seconds"][name], out["values"][name], out["cpu_seconds"][name] = seconds, value, cpu
         if comm.size > 1:  # one more fit, recorded: where a rank's time goes besides its own work
-            comm.barrier()
             with mpiml.profile() as prof:
-                _fit(est, name, X, y, Q, centres)
+                # per rank: its own work and its waits (load imbalance vs the collectives' cost)
+                out.setdefault("rank_seconds", {})[name] = _rank_times(comm,
+                                                                       lambda: _fit(est, name, X, y, Q, centres))
             summ = prof.summary()
-            # every rank's seconds in collectives: near equal means the collectives themselves cost that (their
-            # latency, the ranks' wake-ups), a small minimum means the others waited for the slowest rank (skew)
+            # every rank's seconds in collectives (nonblocking ones from their post: a ring's overlapped receive
+            # spans the search), the rank_seconds' own gather included
             waits = comm.allgather_obj(round(summ["total_seconds"], 4))
             out.setdefault("comm", {})[name] = {"calls": summ["calls"], "seconds": max(waits),
                                                 "seconds_min": min(waits),
                                                 "ops": {k: v["calls"] for k, v in summ["ops"].items()}}
-            # and per rank: its own work and its waits (load imbalance vs the collectives' cost)
-            out.setdefault("rank_seconds", {})[name] = _rank_times(comm, lambda: _fit(est, name, X, y, Q, centres))
         if name == "kmeans" and getattr(est, "_iter_seconds", None):
             # a Lloyd iteration reads every row once: the rows' bytes over its median time, the memory rate the
             # ranks reached together (memory-bound when it nears the host's streaming rate)
