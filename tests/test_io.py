@@ -247,38 +247,63 @@ def test_save_on_ranks(mpi, tmp_path, n):
     mpi(None, n, str(tmp_path), code=SPMD_SAVE, timeout=120)
 
 
-@pytest.mark.parametrize("module, qualname", [
+FORGED = [
     ("mpiml.__main__", "KMeans"), ("mpiml.cli.__main__", "KMeans"), ("mpiml.cli", "main"), ("os", "KMeans"),
     ("mpiml.cluster._kmeans", "os"), ("mpiml.dask.cluster", "KMeans"), ("mpiml.cluster", "KMeans"),
     ("this", "KMeans"), ("this", "s"), ("mpiml.utils._testing", "MinimalSPMDTransformer.fit"),
     (["mpiml.cluster._kmeans"], "KMeans"), ("mpiml.cluster._kmeans", None),
-])
-def test_loading_imports_nothing_the_file_names(tmp_path, fitted, module, qualname):
-    """The class comes from a fixed registry: a file naming any other module imports nothing."""
+]
+
+
+@pytest.fixture(scope="module")
+def forged_loads(tmp_path_factory):
+    """Every file of ``FORGED`` loaded in one fresh interpreter (a start costs more than all the loads): after a
+    valid file (the loader's own modules are then there already), each forged file in turn, with what it printed
+    and the modules that loading it added to ``sys.modules``."""
     import subprocess
     import sys
 
-    good, path = tmp_path / "good.mpiml", tmp_path / "m.mpiml"
-    mpiml.save(fitted[0], good)
-    mpiml.save(fitted[0], path)
+    tmp = tmp_path_factory.mktemp("forged")
+    X = np.arange(20.0).reshape(5, 4)
+    est = MinimalSPMDTransformer(shift=0.25, mode="mean").fit(X)
+    good = tmp / "good.mpiml"
+    mpiml.save(est, good)
+    paths = []
+    for i, (module, qualname) in enumerate(FORGED):
+        path = tmp / f"m{i}.mpiml"
+        mpiml.save(est, path)
 
-    def edit(entries):
-        meta = json.loads(entries["meta.json"])
-        meta["class"] = {"module": module, "qualname": qualname}
-        entries["meta.json"] = json.dumps(meta).encode()
+        def edit(entries, module=module, qualname=qualname):
+            meta = json.loads(entries["meta.json"])
+            meta["class"] = {"module": module, "qualname": qualname}
+            entries["meta.json"] = json.dumps(meta).encode()
 
-    forge_model_file(path, edit)
-    # in a fresh interpreter, so that what loading imports is visible in sys.modules; a valid file
-    # is loaded first, so the loader's own modules are there already
-    code = (f"import sys, mpiml\nmpiml.load({str(good)!r})\nbefore = set(sys.modules)\n"
-            f"try:\n    mpiml.load({str(path)!r})\n"
-            f"except mpiml.ModelFileError as e:\n    print('refused:', e)\n"
-            f"print('new modules:', sorted(set(sys.modules) - before))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+        forge_model_file(path, edit)
+        paths.append(str(path))
+    code = ("import json, sys, mpiml\n"
+            f"mpiml.load({str(good)!r})\n"
+            "out = []\n"
+            f"for path in {paths!r}:\n"
+            "    before, said = set(sys.modules), ''\n"
+            "    try:\n"
+            "        mpiml.load(path)\n"
+            "    except mpiml.ModelFileError as e:\n"
+            "        said = f'refused: {e}'\n"
+            "    out.append({'said': said, 'new': sorted(set(sys.modules) - before)})\n"
+            "print('RESULTS ' + json.dumps(out))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": ROOT_SRC})
-    assert "refused:" in proc.stdout and "not an mpiml estimator this version can load" in proc.stdout, \
-        proc.stdout + proc.stderr
-    assert "new modules: []" in proc.stdout, proc.stdout
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")), None)
+    assert line is not None, proc.stdout + proc.stderr
+    return json.loads(line[len("RESULTS "):])
+
+
+@pytest.mark.parametrize("case", range(len(FORGED)), ids=[f"{m}-{q}" for m, q in FORGED])
+def test_loading_imports_nothing_the_file_names(forged_loads, case):
+    """The class comes from a fixed registry: a file naming any other module imports nothing."""
+    got = forged_loads[case]
+    assert got["said"].startswith("refused:") and "not an mpiml estimator this version can load" in got["said"], got
+    assert got["new"] == [], got
 
 
 def test_only_registered_classes_are_saved(tmp_path, fitted):

@@ -143,10 +143,37 @@ def _for_seconds(fn, seconds):
             return calls, round(w / calls, 5), round((time.process_time() - c0) / calls, 5), machine
 
 
+def _kmeans_step(rows, seed, comm, k=16):
+    """One rank's k-means data (``rows`` x 32, ``k`` blobs), its first ``k`` rows as centres, and a Lloyd step on them
+    (:func:`mpiml.cluster._kmeans_cpu.lloyd_step`, the packed sums zeroed first): ``(X, C, step)``."""
+    from mpiml import datasets
+    from mpiml.cluster import _kmeans_cpu
+
+    X, _ = datasets.make_blobs(int(rows), 32, centers=k, random_state=seed, comm=comm)
+    X = np.ascontiguousarray(X)
+    C = np.ascontiguousarray(X[:k])
+    labels = np.zeros(X.shape[0], dtype=np.int32)
+    packed = np.zeros(k * 32 + k + 2)
+
+    def step():
+        packed[:] = 0
+        _kmeans_cpu.lloyd_step(X, None, None, C, labels, None, packed)
+
+    return X, C, step
+
+
+def _knn_data(rows, queries, seeds, comm):
+    """One rank's k-NN index (``rows`` x 32, 32 blobs) and ``queries`` queries, drawn with ``seeds``."""
+    from mpiml import datasets
+
+    X, _ = datasets.make_blobs(int(rows), 32, centers=32, random_state=seeds[0], comm=comm)
+    Q, _ = datasets.make_blobs(queries, 32, centers=32, random_state=seeds[1], comm=comm)
+    return np.ascontiguousarray(X), np.ascontiguousarray(Q)
+
+
 def _child(args):
     """One copy of ``--procs``: its own data, each part after the barrier, for ``--seconds``."""
     import mpiml
-    from mpiml import datasets
     from mpiml.comm import get_comm
     from mpiml.utils._jit import numba
 
@@ -165,19 +192,7 @@ def _child(args):
             out["results"]["stream"] = {"calls": calls, "wall": w, "cpu": c, "GBps": round(a.nbytes / w / 1e9, 2),
                                         "machine": m}
     if "kmeans" in parts:
-        from mpiml.cluster import _kmeans_cpu
-
-        k = args.k
-        X, _ = datasets.make_blobs(int(args.rows), 32, centers=k, random_state=i, comm=comm)
-        X = np.ascontiguousarray(X)
-        C = np.ascontiguousarray(X[:k])
-        labels = np.zeros(X.shape[0], dtype=np.int32)
-        packed = np.zeros(k * 32 + k + 2)
-
-        def step():
-            packed[:] = 0
-            _kmeans_cpu.lloyd_step(X, None, None, C, labels, None, packed)
-
+        X, _, step = _kmeans_step(args.rows, i, comm, k=args.k)
         step()
         if _wait_all(args.child_dir, "kmeans", i, procs):
             calls, w, c, m = _for_seconds(step, args.seconds)
@@ -186,9 +201,7 @@ def _child(args):
     if "knn" in parts:
         from mpiml.neighbors import _cpu
 
-        X, _ = datasets.make_blobs(int(args.knn_rows), 32, centers=32, random_state=100 + i, comm=comm)
-        Q, _ = datasets.make_blobs(args.queries, 32, centers=32, random_state=200 + i, comm=comm)
-        X, Q = np.ascontiguousarray(X), np.ascontiguousarray(Q)
+        X, Q = _knn_data(args.knn_rows, args.queries, (100 + i, 200 + i), comm)
         _cpu.topk(Q[:64], X, 10)
         if _wait_all(args.child_dir, "knn", i, procs):
             calls, w, c, m = _for_seconds(lambda: _cpu.topk(Q, X, 10), args.seconds)
@@ -318,17 +331,9 @@ def main(argv=None):
                     res[f"probe_{'blas' if blas else 'loops'}_T{t}"] = _best(run, args.repeat)
             print(t, "probe loops", res[f"probe_loops_T{t}"], "blas", res[f"probe_blas_T{t}"], flush=True)
     if "kmeans" in parts:
-        from mpiml.cluster import KMeans, _kmeans_cpu
+        from mpiml.cluster import KMeans
 
-        X, _ = datasets.make_blobs(int(args.rows), 32, centers=16, random_state=0, comm=comm)
-        X = np.ascontiguousarray(X)
-        C = np.ascontiguousarray(X[:16])
-        labels = np.zeros(X.shape[0], dtype=np.int32)
-        packed = np.zeros(16 * 32 + 16 + 2)
-
-        def step():
-            packed[:] = 0
-            _kmeans_cpu.lloyd_step(X, None, None, C, labels, None, packed)
+        X, C, step = _kmeans_step(args.rows, 0, comm)
 
         def fit():
             KMeans(16, init=C, n_init=1, max_iter=20, tol=0.0).fit(X)
@@ -369,9 +374,8 @@ def main(argv=None):
     if "knn" in parts:
         from mpiml.neighbors import _cpu
 
-        X, _ = datasets.make_blobs(int(args.knn_rows), 32, centers=32, random_state=1, comm=comm)
-        Q, _ = datasets.make_blobs(args.queries, 32, centers=32, random_state=2, comm=comm)
-        X, Q = np.ascontiguousarray(X), np.ascontiguousarray(Q)
+        X, Q = _knn_data(args.knn_rows, args.queries, (1, 2), comm)
+
         def peer(lib):
             mod = __import__(f"{lib}.neighbors", fromlist=["NearestNeighbors"])
             return lambda: mod.NearestNeighbors(n_neighbors=10, algorithm="brute").fit(X).kneighbors(Q)

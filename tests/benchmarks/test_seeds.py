@@ -39,8 +39,9 @@ def _row(stdout, seed):
 @pytest.mark.parametrize("n", [1, 3, 4])
 def test_seed002_bcast_cpu_quick(mpi, tmp_path, n):
     out, png = tmp_path / "s.json", tmp_path / "s.png"
-    proc = mpi(_script("seed002_bcast.py"), n, "--device", "cpu", "--quick", "--json", out, "--plot", png,
-               timeout=120)
+    # one round of two steps (--quick: 2 rounds of 5): the same paths, sizes and models, timed fewer times
+    proc = mpi(_script("seed002_bcast.py"), n, "--device", "cpu", "--quick", "--rounds", "1", "--steps", "2",
+               "--json", out, "--plot", png, timeout=120)
     doc = json.loads(out.read_text())
     _check_record(doc, "002", n)
     assert doc["peer"] == "mpi_raw" and png.stat().st_size > 0

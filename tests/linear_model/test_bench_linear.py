@@ -41,23 +41,32 @@ def test_sparse_benchmark_on_cpu(tmp_path, algo, extra):
         assert runs[0]["solver"] == result["sklearn"]["solver"] == "sparse_cg"
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("algo", ["linreg", "ridge", "logreg", "pca", "tsvd"])
-def test_spmd_benchmark_on_cpu(tmp_path, algo):
-    """The one-run SPMD benchmark under mpiexec: mpiml, the plain peer, scikit-learn and the floor in one JSON."""
-    exe = _mpiexec()
-    if exe is None:
-        pytest.skip("no mpiexec on PATH")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "src"), env.get("PYTHONPATH", "")])
-    env.setdefault("MPIML_TIMEOUT", "60")
-    out = tmp_path / f"ml_{algo}.json"
-    small = ["--rows", "6000", "--features", "24", "--components", "4"] if algo in ("pca", "tsvd") else \
+ALGOS = ["linreg", "ridge", "logreg", "pca", "tsvd"]
+
+
+def _small(algo):
+    return ["--rows", "6000", "--features", "24", "--components", "4"] if algo in ("pca", "tsvd") else \
         ["--rows", "6000", "--features", "16"]
-    proc = subprocess.run([exe, "-n", "2", sys.executable, "-m", "mpiml.bench.ml_decomp", "--algo", algo, "--json",
-                           str(out), "--device", "cpu", "--sklearn-rows", "3000", *small], capture_output=True,
-                          text=True, timeout=300, env=env, cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def bench_runs(tmp_path_factory):
+    """The five runs of ``mpiml.bench.ml_decomp`` on 2 ranks as the cases of one launch (``bench_decomp_case.py``):
+    a rank's start costs about what one tiny run does."""
+    from _spmd_cases import CaseLaunches
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_decomp_case.py")
+    cases = [{"name": algo, "script": script,
+              "args": ["{out}", "--algo", algo, "--device", "cpu", "--sklearn-rows", "3000", *_small(algo)]}
+             for algo in ALGOS]
+    return CaseLaunches({2: cases}, tmp_path_factory, timeout=540)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algo", ALGOS)
+def test_spmd_benchmark_on_cpu(bench_runs, algo):
+    """The one-run SPMD benchmark under mpiexec: mpiml, the plain peer, scikit-learn and the floor in one JSON."""
+    out = bench_runs.verdict(2, algo) / f"ml_{algo}.json"
     result = json.loads(out.read_text())
     assert out.with_suffix(".png").exists()
     assert result["ranks"] == 2 and result["rows"] == 6000 and result["command"] and result["machine"]
