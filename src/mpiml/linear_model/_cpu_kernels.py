@@ -28,7 +28,7 @@ from ..utils._jit import FASTMATH, numba
 from ..utils._threads import one_blas_thread
 from ..utils._threads_jit import fetch_add, workers
 
-__all__ = ["augmented_gram", "LogisticPass"]
+__all__ = ["augmented_gram", "LogisticPass", "MultinomialPass"]
 
 nb = numba()
 
@@ -164,7 +164,7 @@ def _gram_direct_kernel(R, tr, n, d, Y, groups, parts, block, workers, counter, 
             acc = out_p[part]
             xs[:] = 0.0
             xy[:] = 0.0
-            # acc[r, c] (row stride k) is the column-major (c, r): group [lo, hi) fills acc[lo:d, lo:hi] (its lower part)
+            # acc[r, c] (row stride k) is the column-major (c, r): group [lo, hi) fills acc[lo:d, lo:hi]
             for b0 in range(start, stop, block):
                 m = min(stop, b0 + block) - b0
                 Yb = Y[b0:b0 + m]
@@ -245,7 +245,8 @@ def augmented_gram(X, Y, sw=None):
     direct = unit and R.dtype == np.float64 and n < 2 ** 31   # (BLAS's leading dimension is a 32-bit int)
     with np.errstate(over="ignore", invalid="ignore"), one_blas_thread():
         if direct:
-            _gram_direct_kernel(R, tr, n, d, Y64, _gram_groups(d, tr), parts, int(min(2048, max(64, _GRAM_BLOCK_BYTES // (8 * d)))),
+            rows = int(min(2048, max(64, _GRAM_BLOCK_BYTES // (8 * d))))
+            _gram_direct_kernel(R, tr, n, d, Y64, _gram_groups(d, tr), parts, rows,
                                 workers(parts, nb.get_num_threads()), np.zeros(1, np.int64), out_p)
         else:
             _gram_kernel(R, tr, n, d, Y64, w, unit, parts, block, workers(parts, nb.get_num_threads()),
@@ -409,6 +410,112 @@ def _logistic_kernel(R, tr, n, d, y01, w, unit, coef, bias, parts, block, worker
             out_p[part, 1 + d] = gsum
 
 
+#: Rows per block of the multinomial pass (its ``3 k`` row buffers in L2 up to a few tens of classes).
+_MULTINOMIAL_BLOCK = 512
+
+
+@nb.njit(cache=True, parallel=True, nogil=True, fastmath=FASTMATH)
+def _multinomial_kernel(R, tr, n, d, y_idx, w, unit, coef, bias, parts, block, workers, counter, out_p):
+    """Per part: ``[Σ sw·loss | Σ G x (k x d) | Σ G (k)]``, ``G = sw (softmax(m) - onehot(y))``, ``m = W x + b``.
+
+    Per block: the margins (``(k, rows)``), their row maxima, ``exp(m - max)`` by the polynomial of
+    :func:`_logistic_kernel` (branch-free, vectorised over the rows), the log-sum-exp (one scalar ``log`` a
+    row), then ``G`` in place of the exponentials and the gradient: one read of ``X``.
+    """
+    k = coef.shape[0]
+    for _ in nb.prange(workers):
+        M = np.empty((k, block))
+        E = np.empty((k, block))
+        bits = np.empty((k, block), np.int64)
+        scale = bits.view(np.float64)
+        mx = np.empty(block)
+        ssum = np.empty(block)
+        acc = np.empty((k, d))
+        gsum = np.empty(k)
+        while True:
+            part = fetch_add(counter)
+            if part >= parts:
+                break
+            start = part * n // parts
+            stop = (part + 1) * n // parts
+            acc[:] = 0.0
+            gsum[:] = 0.0
+            loss = 0.0
+            for b0 in range(start, stop, block):
+                m = min(stop, b0 + block) - b0
+                yb = y_idx[b0:b0 + m]
+                wb = w[b0:b0 + m]
+                if tr:
+                    for c in range(k):
+                        M[c, :m] = bias[c]
+                    for f in range(d):
+                        col = R[f, b0:b0 + m]
+                        for c in range(k):
+                            wc = coef[c, f]
+                            Mc = M[c]
+                            for i in range(m):
+                                Mc[i] += np.float64(col[i]) * wc
+                else:
+                    for i in range(m):
+                        row = R[b0 + i]
+                        for c in range(k):
+                            wrow = coef[c]
+                            s = 0.0
+                            for f in range(d):
+                                s += np.float64(row[f]) * wrow[f]
+                            M[c, i] = s + bias[c]
+                mx[:m] = M[0, :m]
+                for c in range(1, k):
+                    Mc = M[c]
+                    for i in range(m):
+                        mx[i] = max(mx[i], Mc[i])
+                ssum[:m] = 0.0
+                for c in range(k):
+                    Mc, Ec, bc, sc = M[c], E[c], bits[c], scale[c]
+                    for i in range(m):   # e^{m - max} = 2^-k e^r, as in _logistic_kernel
+                        a = min(mx[i] - Mc[i], 708.0)
+                        kf = math.floor(a * _INV_LN2 + 0.5)
+                        Ec[i] = _exp_reduced((kf * _LN2_HI - a) + kf * _LN2_LO)
+                        bc[i] = (1023 - np.int64(kf)) << 52
+                    for i in range(m):
+                        Ec[i] *= sc[i]
+                        ssum[i] += Ec[i]
+                for i in range(m):
+                    wi = 1.0 if unit else np.float64(wb[i])
+                    loss += wi * (mx[i] + math.log(ssum[i]) - M[yb[i], i])
+                    ssum[i] = 1.0 / ssum[i]
+                for c in range(k):
+                    Ec = E[c]
+                    g_c = 0.0
+                    for i in range(m):
+                        wi = 1.0 if unit else np.float64(wb[i])
+                        g = wi * (Ec[i] * ssum[i] - (1.0 if yb[i] == c else 0.0))
+                        Ec[i] = g
+                        g_c += g
+                    gsum[c] += g_c
+                if tr:
+                    for f in range(d):
+                        col = R[f, b0:b0 + m]
+                        for c in range(k):
+                            Ec = E[c]
+                            s = 0.0
+                            for i in range(m):
+                                s += Ec[i] * np.float64(col[i])
+                            acc[c, f] += s
+                else:
+                    for i in range(m):
+                        row = R[b0 + i]
+                        for c in range(k):
+                            g = E[c, i]
+                            ac = acc[c]
+                            for f in range(d):
+                                ac[f] += g * np.float64(row[f])
+            out_p[part, 0] = loss
+            for c in range(k):
+                out_p[part, 1 + c * d:1 + (c + 1) * d] = acc[c]
+                out_p[part, 1 + k * d + c] = gsum[c]
+
+
 class LogisticPass:
     """The binary logistic loss and gradient of dense host rows, one compiled read of ``X`` per call.
 
@@ -433,12 +540,52 @@ class LogisticPass:
             return out
         self.out_p[:] = 0.0
         _logistic_kernel(self.R, self.tr, self.n, self.d, self.y01, self.w, self.unit,
-                         np.ascontiguousarray(coef, dtype=np.float64), float(intercept), self.parts, _LOGISTIC_BLOCK, workers(self.parts, nb.get_num_threads()),
-                         np.zeros(1, np.int64), self.out_p)
+                         np.ascontiguousarray(coef, dtype=np.float64), float(intercept), self.parts, _LOGISTIC_BLOCK,
+                         workers(self.parts, nb.get_num_threads()), np.zeros(1, np.int64), self.out_p)
         total = self.out_p[0].copy()
         for p in range(1, self.parts):
             total += self.out_p[p]
         out[:1 + d] = total[:1 + d]
         if self.fi:
             out[1 + d] = self.scale * total[1 + d]
+        return out
+
+
+class MultinomialPass:
+    """The multinomial logistic loss and gradient of dense host rows, one compiled read of ``X`` per call.
+
+    ``(coef (k, d), intercept (k,)) -> [Σ sw·loss | grad (k, d + fit_intercept) flattened]`` (float64,
+    unscaled, the intercept's column ``scale · Σ G``), as
+    :meth:`mpiml.linear_model._logistic_loss.Objective._local` packs it.
+    """
+
+    def __init__(self, X, y_idx, sw, n_classes, *, fit_intercept, scale=1.0):
+        self.n, self.d = X.shape
+        self.k = int(n_classes)
+        self.R, self.tr = _rows_view(X)
+        self.y_idx = np.ascontiguousarray(y_idx, dtype=np.int64)
+        self.unit = sw is None
+        self.w = np.ones(1) if self.unit else np.ascontiguousarray(sw)
+        self.fi, self.scale = bool(fit_intercept), float(scale)
+        self.parts = _parts(self.n)
+        self.out_p = np.zeros((self.parts, 1 + self.k * (self.d + 1)))
+
+    def __call__(self, coef, intercept):
+        k, d = self.k, self.d
+        out = np.zeros(1 + k * (d + self.fi))
+        if self.n == 0:
+            return out
+        self.out_p[:] = 0.0
+        _multinomial_kernel(self.R, self.tr, self.n, d, self.y_idx, self.w, self.unit,
+                            np.ascontiguousarray(coef, dtype=np.float64),
+                            np.ascontiguousarray(intercept, dtype=np.float64), self.parts, _MULTINOMIAL_BLOCK,
+                            workers(self.parts, nb.get_num_threads()), np.zeros(1, np.int64), self.out_p)
+        total = self.out_p[0].copy()
+        for p in range(1, self.parts):
+            total += self.out_p[p]
+        grad = out[1:].reshape(k, d + self.fi)
+        out[0] = total[0]
+        grad[:, :d] = total[1:1 + k * d].reshape(k, d)
+        if self.fi:
+            grad[:, d] = self.scale * total[1 + k * d:]
         return out

@@ -175,10 +175,15 @@ class Objective:
                 X, self.y01, self._sw_x, fit_intercept=bool(self.fi), scale=self.scale)
         # dense binary host rows: one compiled read of X per evaluation of the loss and gradient (_cpu_kernels)
         self._host_pass = None
-        if self.binary and not self.sparse and xp is np and X.shape[0] * self.d >= _HOST_PASS_MIN_VALUES:
-            from ._cpu_kernels import LogisticPass as HostPass
+        if not self.sparse and xp is np and X.shape[0] * self.d >= _HOST_PASS_MIN_VALUES:
+            from . import _cpu_kernels
 
-            self._host_pass = HostPass(X, self.y01, sw, fit_intercept=bool(self.fi), scale=self.scale)
+            if self.binary:
+                self._host_pass = _cpu_kernels.LogisticPass(X, self.y01, sw, fit_intercept=bool(self.fi),
+                                                            scale=self.scale)
+            else:
+                self._host_pass = _cpu_kernels.MultinomialPass(X, y_idx, sw, n_classes, fit_intercept=bool(self.fi),
+                                                               scale=self.scale)
         # every rank's reductions on the device (the same on every rank: whether X is a dense binary CuPy
         # shard the kernel takes is, its row count and layout are not); the fused ranks pack theirs there
         self._device_reduce = (comm.size > 1 and self.binary and not self.sparse and xp is not np
@@ -239,7 +244,7 @@ class Objective:
         if self._host_pass is not None and not hessian:
             coef, intercept = self.split(w)
             self._stash = (_fingerprint(w), None)   # (hessp makes the probabilities when it needs them)
-            return self._host_pass(coef[0], intercept[0])
+            return self._host_pass(coef[0], intercept[0]) if self.binary else self._host_pass(coef, intercept)
         xp, X, sw = self.xp, self.X, self.sw
         n, D = X.shape[0], self.d + self.fi
         npar = self.n_params
@@ -421,7 +426,8 @@ class Objective:
             if fp_w != _fingerprint(w):
                 raise RuntimeError("hessp needs the probabilities of its point: evaluate(w) first")
             if prob is None:   # the compiled host pass evaluated w: the probabilities once, for every product at w
-                prob = expit(self.raw(X, w), xp)
+                raw = self.raw(X, w)
+                prob = expit(raw, xp) if self.binary else softmax_stats(raw, xp)[1]
                 self._stash = (fp_w, prob)
             XV = self.raw(X, v)  # X̃ v with the same layout as the raw predictions
             if self.binary:
