@@ -101,6 +101,8 @@ def main():
             per = cupy.cuda.get_elapsed_time(e0, e1) / 5
             per = comm.allgather_obj(round(per, 4))
             say(f"  {name}, 5 queued: {per} ms each (per rank)")
+        if a.algo == "logreg":
+            _host_costs(prepared, comm, say)
     if a.trace:
         _trace(fit, comm, say, a.top)
     if a.timeline:
@@ -118,6 +120,73 @@ def main():
     st = pstats.Stats(pr)
     st.sort_stats("tottime").print_stats(a.top)
     st.sort_stats("cumulative").print_stats(a.top)
+
+
+def _host_costs(prepared, comm, say, reps=21):
+    """Host microseconds of an evaluation's pieces with the device idle (as between L-BFGS evaluations), median of
+    ``reps``: the pass's launch (LogisticPass.__call__ until it returns), the reduction of its sums (the
+    allreduce, its copy to pinned memory and the wait), and the device time each of those leaves after it."""
+    import cupy
+
+    from mpiml.linear_model._base import allreduce_identical_device
+
+    import cupyx
+
+    d = prepared.d
+    pinned = None
+    sync = cupy.cuda.Device().synchronize
+    point = np.zeros(d)
+    launch, reduce_ = [], []
+    for _ in range(reps):
+        sync()
+        comm.barrier()
+        t0 = time.perf_counter()
+        out = prepared(point, 0.0, None, 0.0, 1.0)
+        t1 = time.perf_counter()
+        sync()
+        comm.barrier()
+        if pinned is None:
+            pinned = cupyx.empty_pinned(out.size, dtype=np.float64)
+        t2 = time.perf_counter()
+        allreduce_identical_device(comm, out, host=pinned)
+        t3 = time.perf_counter()
+        launch.append(t1 - t0)
+        reduce_.append(t3 - t2)
+    med = [round(1e6 * float(np.median(v)), 1) for v in (launch, reduce_)]
+    med = comm.allgather_obj(med)
+    say(f"  host us per rank, device idle (median of {reps}): pass launch {[m[0] for m in med]}, "
+        f"reduce+copy of its sums {[m[1] for m in med]}")
+    # the launch's steps one by one (LogisticPass.__call__'s, replayed): where its host time goes
+    from mpiml.kernels import linear as kernels
+
+    steps = {k: [] for k in ("event sync", "point copy", "kernel launch", "sum launch")}
+    fn, nblocks, smem = prepared._mode(0)
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        prepared._copied.synchronize()
+        t1 = time.perf_counter()
+        prepared._host[:d] = point
+        stream = cupy.cuda.get_current_stream()
+        cupy.cuda.runtime.memcpyAsync(prepared._dev.data.ptr, prepared._host.ctypes.data, d * 8,
+                                      cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        prepared._copied.record(stream)
+        t2 = time.perf_counter()
+        fn((nblocks,), (kernels._LOGISTIC_THREADS,),
+           (prepared.X, *prepared._shape_args, prepared.y01, prepared.sw, prepared._cw, np.float64(0.0),
+            prepared._cw, np.float64(0.0), prepared._partial), shared_mem=smem)
+        t3 = time.perf_counter()
+        out = cupy.empty(d + 4, dtype=cupy.float64)
+        prepared._sum((kernels._sum_grid(out.size),), (kernels._SUM_THREADS,),
+                      (prepared._partial, np.int32(nblocks), np.int32(d), np.int32(1), np.int32(prepared.fi),
+                       np.float64(1.0), np.float64(1.0), out))
+        t4 = time.perf_counter()
+        for k, a, b in (("event sync", t0, t1), ("point copy", t1, t2), ("kernel launch", t2, t3),
+                        ("sum launch", t3, t4)):
+            steps[k].append(b - a)
+    sync()
+    med = comm.allgather_obj({k: round(1e6 * float(np.median(v)), 1) for k, v in steps.items()})
+    say(f"  the launch's steps, host us per rank (median of {reps}): {med}")
 
 
 _TRACED = ("mpiml.linear_model._least_squares", "mpiml.linear_model._lsq_direct", "mpiml.linear_model._lsq_solvers",
@@ -213,7 +282,9 @@ _MARKED = (("mpiml.utils._supervised", "validate_X_y"), ("mpiml.utils._validatio
            ("mpiml.linear_model._lsq_solvers", "ScaledCholesky.__init__"),
            ("mpiml.linear_model._lsq_solvers", "ridge_from_gram"),
            ("mpiml.linear_model._lsq_solvers", "lstsq_from_gram_cholesky"),
-           ("mpiml.linear_model._least_squares", "_LinearRegressorBase._set_coef"))
+           ("mpiml.linear_model._least_squares", "_LinearRegressorBase._set_coef"),
+           ("mpiml.linear_model._base", "fitted_like"), ("mpiml.linear_model._lsq_direct", "augmented_gram"),
+           ("mpiml.linear_model._lsq_direct", "NormalEquations.factor"))
 
 
 def _timeline(fit, comm, say):

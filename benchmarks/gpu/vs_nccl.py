@@ -12,8 +12,8 @@ For each op and size, every path runs on the *same* CuPy buffers, interleaved in
   ``comm.reduce_scatter(x, out=y)`` as a user calls them, at the **default settings**
   (``MPIML_CHECK`` unset: repeated calls deferred, see docs/comm.md);
 * ``auto0``: the same with ``MPIML_CHECK=0`` (no checking at all);
-* ``nccl``, ``ipc/ll``, ``ipc/oneshot``, ``ipc/twoshot``, ``ipc/lltwoshot``, ``ipc/pipe``, ``ipc/pull``,
-  ``ipc/push``: one path forced with ``algorithm=`` (``MPIML_CHECK=0``);
+* ``nccl``, ``ipc/ll``, ``ipc/oneshot``, ``ipc/twoshot``, ``ipc/lltwoshot``, ``ipc/llrelay``, ``ipc/ll128``,
+  ``ipc/pipe``, ``ipc/pull``, ``ipc/push``: one path forced with ``algorithm=`` (``MPIML_CHECK=0``);
 * ``ipc/pipe@BxR`` (``--pipe-variants BxR,...``): ``ipc/pipe`` on a communicator of its own (``comm.split``)
   whose IPC workspace was made with ``MPIML_IPC_PIPE_BLOCKS=B`` and ``MPIML_IPC_PIPE_ROUNDS=R`` (the grid of
   the pipelined kernels and the steps a block takes), to choose those defaults by measurement.
@@ -90,7 +90,8 @@ HOST_CALLS = 200
 variant_comms = {}
 for v in filter(None, args.pipe_variants.split(",")):
     b, r = (int(t) for t in v.lower().split("x"))
-    variant_comms[f"ipc/pipe@{v}"] = (comm.split(0), {"MPIML_IPC_PIPE_BLOCKS": str(b), "MPIML_IPC_PIPE_ROUNDS": str(r)})
+    variant_comms[f"ipc/pipe@{v}"] = (comm.split(0), {"MPIML_IPC_PIPE_BLOCKS": str(b), "MPIML_IPC_PIPE_ROUNDS": str(r)},
+                                      "ipc/pipe")
 paths = args.paths.split(",") + list(variant_comms)
 
 if args.sizes:
@@ -142,6 +143,10 @@ def make_call(op, path, nbytes, x, y):
         return None
     if path.startswith("ipc/pipe") and (op not in ("allreduce", "bcast", "reduce") or nbytes < (64 << 10)):
         return None
+    if path == "ipc/llrelay" and op != "reduce":
+        return None
+    if path == "ipc/ll128" and op not in ("allreduce", "reduce"):
+        return None
     if path == "ipc/pull" and op not in ("bcast", "allgather"):
         return None
     if path == "ipc/push" and (op != "allgather" or nbytes < (64 << 10) or x.nbytes > cap // P):
@@ -149,7 +154,7 @@ def make_call(op, path, nbytes, x, y):
     algo = {"auto": None, "auto0": None, "nccl": "nccl/native"}.get(path, path)
     c = comm
     if path in variant_comms:
-        c, algo = variant_comms[path][0], "ipc/pipe"
+        c, algo = variant_comms[path][0], variant_comms[path][2]
     if op == "allreduce":
         return lambda: c.allreduce(x, out=y, algorithm=algo)
     if op == "bcast":
@@ -438,6 +443,41 @@ def host_costs():
         micro["ctypes_error"] = f"{type(exc).__name__}: {exc}"
     micro["host_us launch into a held stream (cupy driver.launchKernel)"] = host_cost(
         lambda: driver.launchKernel(fptr, 1, 1, 1, 32, 1, 1, 0, stream.ptr, blk.argv_ptr, 0)) * 1e6
+    # the candidates for a cheaper eager launch (issue 34): ctypes with the GIL held (PyDLL: no release and
+    # re-acquire around the driver call), and the replay of a one-node CUDA graph (no arguments to pack at all)
+    sp = stream.ptr
+    try:
+        import ctypes
+
+        fp = ctypes.PyDLL("libcuda.so.1").cuLaunchKernel
+        fp.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        fp.restype = ctypes.c_int
+        micro["host_us ctypes PyDLL cuLaunchKernel (pre-packed, GIL held)"] = host_loop(
+            lambda: fp(fptr, 1, 1, 1, 32, 1, 1, 0, sp, blk.argv_ptr, None)) * 1e6
+        micro["host_us ctypes PyDLL cuLaunchKernel, held stream"] = host_cost(
+            lambda: fp(fptr, 1, 1, 1, 32, 1, 1, 0, sp, blk.argv_ptr, None)) * 1e6
+        micro["host_us ctypes CDLL cuLaunchKernel, held stream"] = host_cost(
+            lambda: f(fptr, 1, 1, 1, 32, 1, 1, 0, sp, blk.argv_ptr, None)) * 1e6
+    except Exception as exc:
+        micro["ctypes_pydll_error"] = f"{type(exc).__name__}: {exc}"
+    micro["host_us cupy driver.launchKernel, stream handle held, held stream"] = host_cost(
+        lambda: driver.launchKernel(fptr, 1, 1, 1, 32, 1, 1, 0, sp, blk.argv_ptr, 0)) * 1e6
+    try:
+        gs = cp.cuda.Stream(non_blocking=True)
+        gs.begin_capture()
+        driver.launchKernel(fptr, 1, 1, 1, 32, 1, 1, 0, gs.ptr, blk.argv_ptr, 0)
+        g1 = gs.end_capture()
+        g1.launch(stream)
+        stream.synchronize()
+        micro["host_us one-node graph launch (cupy Graph.launch)"] = host_loop(lambda: g1.launch(stream)) * 1e6
+        micro["host_us one-node graph launch, held stream"] = host_cost(lambda: g1.launch(stream)) * 1e6
+        gexec = getattr(g1, "graphExec", None)
+        if gexec:
+            launch_graph = cp.cuda.runtime.graphLaunch
+            micro["host_us one-node graph launch (runtime.graphLaunch), held stream"] = host_cost(
+                lambda: launch_graph(gexec, sp)) * 1e6
+    except Exception as exc:
+        micro["graph_launch_error"] = f"{type(exc).__name__}: {exc}"
     micro["host_us stream.ptr of the current stream"] = host_loop(lambda: cp.cuda.get_current_stream().ptr) * 1e6
     micro["host_us hot-path check_level()"] = host_loop(check_level) * 1e6
     micro["host_us key tuple + dict lookup"] = host_loop(

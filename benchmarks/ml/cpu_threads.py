@@ -143,17 +143,17 @@ def _for_seconds(fn, seconds):
             return calls, round(w / calls, 5), round((time.process_time() - c0) / calls, 5), machine
 
 
-def _kmeans_step(rows, seed, comm):
-    """One rank's k-means data (``rows`` x 32, 16 blobs), its first 16 rows as centres, and a Lloyd step on them
-    (:func:`mpiml.cluster._kmeans_cpu.lloyd_step`, the packed sums zeroed first): ``(X, C, step)``."""
+def _kmeans_step(rows, seed, comm, k=16):
+    """One rank's k-means data (``rows`` x 32, ``k`` blobs), its first ``k`` rows as centres, and a Lloyd step on
+    them (:func:`mpiml.cluster._kmeans_cpu.lloyd_step`, the packed sums zeroed first): ``(X, C, step)``."""
     from mpiml import datasets
     from mpiml.cluster import _kmeans_cpu
 
-    X, _ = datasets.make_blobs(int(rows), 32, centers=16, random_state=seed, comm=comm)
+    X, _ = datasets.make_blobs(int(rows), 32, centers=k, random_state=seed, comm=comm)
     X = np.ascontiguousarray(X)
-    C = np.ascontiguousarray(X[:16])
+    C = np.ascontiguousarray(X[:k])
     labels = np.zeros(X.shape[0], dtype=np.int32)
-    packed = np.zeros(16 * 32 + 16 + 2)
+    packed = np.zeros(k * 32 + k + 2)
 
     def step():
         packed[:] = 0
@@ -192,7 +192,7 @@ def _child(args):
             out["results"]["stream"] = {"calls": calls, "wall": w, "cpu": c, "GBps": round(a.nbytes / w / 1e9, 2),
                                         "machine": m}
     if "kmeans" in parts:
-        X, _, step = _kmeans_step(args.rows, i, comm)
+        X, _, step = _kmeans_step(args.rows, i, comm, k=args.k)
         step()
         if _wait_all(args.child_dir, "kmeans", i, procs):
             calls, w, c, m = _for_seconds(step, args.seconds)
@@ -259,6 +259,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--threads", default="1,8,64")
     p.add_argument("--rows", type=float, default=2.5e5, help="KMeans rows (one rank's share)")
+    p.add_argument("--k", type=int, default=16, help="--procs: KMeans clusters of the Lloyd step")
     p.add_argument("--rf-rows", type=float, default=2e5)
     p.add_argument("--trees", default="4,32", help="forest sizes to fit")
     p.add_argument("--knn-rows", type=float, default=2e5)

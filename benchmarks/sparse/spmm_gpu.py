@@ -8,11 +8,14 @@ drawn on the GPU (the shape of ``mpiml bench ml --algo tsvd|ridge --sparse 0.001
 best of ``--repeats`` after a warm-up, the device synchronised: ``X V`` and ``Xᵀ U`` for a dense block
 of ``b = components + 10`` columns by cuSPARSE (``X @ V``, ``X.T @ U``, and on the stored transpose
 ``Xᵀ`` as CSR), by :mod:`mpiml.kernels.sparse` (gather on ``X`` and on ``Xᵀ``, scatter with atomics);
-forming ``Xᵀ`` (``X.T.tocsr()``); the same for one vector (``b = 1``, sparse Ridge's products); the
-column sums (``mpiml.utils._linalg.column_sums`` and the kernel's row moments of ``Xᵀ``); then whole
-TruncatedSVD fits (defaults but ``n_components``) under each ``MPIML_SPARSE_PRODUCTS`` mode, and in the
-"kernels" mode with cuSPARSE's transpose (``MPIML_SPARSE_TRANSPOSE=cusparse``) and the host's CholeskyQR2
-algebra (``MPIML_RANDOMIZED_ALGEBRA=host``), each alone and both (the fit before these defaults).
+forming ``Xᵀ`` (``X.T.tocsr()``, the kernel transpose, the bucket transpose by phases and bucket widths,
+each checked equal to cuSPARSE's; ``--transposes`` keeps these with ``--fits-only``); the same for one
+vector (``b = 1``, sparse Ridge's products); the column sums (``mpiml.utils._linalg.column_sums`` and the
+kernel's row moments of ``Xᵀ``); then whole TruncatedSVD fits (defaults but ``n_components``) under each
+``MPIML_SPARSE_PRODUCTS`` mode, and in the "kernels" mode with each transpose (``MPIML_SPARSE_TRANSPOSE``),
+the host's CholeskyQR2 algebra (``MPIML_RANDOMIZED_ALGEBRA=host``) and cuRAND's random matrix
+(``MPIML_DEVICE_NORMAL=curand``: with cuSPARSE's transpose, the code measured at 20:20) and the device
+algebra's checks read after the fit's end is queued (``MPIML_RANDOMIZED_CHECKS=deferred``).
 ``--timeline``: one more fit of each of those, its steps timed by CUDA events with no synchronisation added
 (device ms between steps, host ms, and where the host stood against the device); ``--trace``: one fit with
 every function of the decomposition, its validation and kernels timed with the device synchronised around
@@ -96,12 +99,15 @@ def _print_timeline(name, rows):
 
 
 #: The TruncatedSVD fits of the "kernels" mode: name -> the environment they run under.
-_VARIANTS = {"kernels": {},
+_VARIANTS = {"kernels": {},      # the defaults: the bucket transpose, the device algebra, its checks deferred
+             "kernels, checks read at once": {"MPIML_RANDOMIZED_CHECKS": "now"},
              "kernels, cuSPARSE transpose": {"MPIML_SPARSE_TRANSPOSE": "cusparse"},
+             "kernels, kernel transpose": {"MPIML_SPARSE_TRANSPOSE": "kernel"},
              "kernels, host algebra": {"MPIML_RANDOMIZED_ALGEBRA": "host"},
-             "kernels, cuSPARSE transpose + host algebra (before)": {"MPIML_SPARSE_TRANSPOSE": "cusparse",
-                                                                     "MPIML_RANDOMIZED_ALGEBRA": "host"}}
-_VARIANT_KEYS = ("MPIML_SPARSE_TRANSPOSE", "MPIML_RANDOMIZED_ALGEBRA")
+             "kernels, the code of 20:20 (cuSPARSE transpose, checks at once, cuRAND normal)": {
+                 "MPIML_SPARSE_TRANSPOSE": "cusparse", "MPIML_RANDOMIZED_CHECKS": "now",
+                 "MPIML_DEVICE_NORMAL": "curand"}}
+_VARIANT_KEYS = ("MPIML_SPARSE_TRANSPOSE", "MPIML_RANDOMIZED_ALGEBRA", "MPIML_DEVICE_NORMAL", "MPIML_RANDOMIZED_CHECKS")
 
 
 def _set_variant(env):
@@ -171,6 +177,8 @@ def main(argv=None):
                     "synchronised around each call), the top N printed (0: none)")
     ap.add_argument("--fits-only", action="store_true", help="only the TruncatedSVD fits (and --timeline / --trace): "
                     "no product, transpose, column-sum or Ridge timing")
+    ap.add_argument("--transposes", action="store_true", help="with --fits-only: the transposes still timed "
+                    "(cuSPARSE's, the kernel's, the bucket kernels' phases and bucket widths) and checked")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     import cupy as cp
@@ -180,6 +188,7 @@ def main(argv=None):
     from mpiml.bench.ml_decomp import _gpu_rates
     from mpiml.decomposition import TruncatedSVD
     from mpiml.kernels import sparse
+    from mpiml.kernels.sparse import _launch as sparse_launch
     from mpiml.utils._linalg import column_sums
 
     n, d, k = int(args.rows), int(args.features), args.nnz_per_row
@@ -188,6 +197,14 @@ def main(argv=None):
     cols = cp.sort(rs.randint(0, d, size=(n, k), dtype=cp.int64), axis=1).astype(cp.int32).ravel()
     vals = rs.random_sample(n * k, dtype=cp.float32)
     X = csp.csr_matrix((vals, cols, cp.arange(0, n * k + 1, k, dtype=cp.int32)), shape=(n, d))
+    # the columns are drawn with replacement: ~5 % of the rows hold a column twice.  Summed here, once, so that
+    # every run fits the same canonical matrix: cuSPARSE's X @ V sums them in place (cupyx calls sum_duplicates),
+    # so before --fits-only (20:31) the fits ran on the summed X, and after it on X with duplicates, whose
+    # variances take the exact path from X (a copy of X with its duplicates summed, 212 ms a fit: the step of
+    # 21:10 and 22:25).
+    drawn = X.nnz
+    X_dup = X.copy()              # kept: one fit on it shows that step (key "kernels, X with duplicates")
+    X.sum_duplicates()
     nnz = X.nnz
     V = rs.standard_normal((d, b), dtype=cp.float32)
     U = rs.standard_normal((n, b), dtype=cp.float32)
@@ -195,7 +212,8 @@ def main(argv=None):
     sync = cp.cuda.Device().synchronize
     name, bw = _gpu_rates(cp)[:2]       # the HBM rate of mpiml bench ml's floors (datasheet, else measured)
     csr_bytes = nnz * 8 + (n + 1) * 4
-    res = {"device": name, "hbm_Bps": bw, "rows": n, "features": d, "nnz": nnz, "b": b,
+    res = {"device": name, "hbm_Bps": bw, "rows": n, "features": d, "nnz": nnz, "duplicates_summed": drawn - nnz,
+           "b": b,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": "python3 benchmarks/sparse/spmm_gpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "times_s": {}, "floors_s": {}}
@@ -203,8 +221,49 @@ def main(argv=None):
     XT = X.T.tocsr()
     err = {}
     res["transpose kernel equals cusparse"] = None
-    if not args.fits_only:        # the products, transposes and column sums one by one
+
+    def same(XTk):
+        return bool((XTk.indptr == XT.indptr).all() and (XTk.indices == XT.indices).all()
+                    and (XTk.data == XT.data).all())
+
+    if args.transposes or not args.fits_only:     # the bucket transpose: whole, by phases, by bucket widths
         t["transpose X.T.tocsr()"] = best_seconds(lambda: X.T.tocsr(), args.repeats, sync)
+
+        def buckets():
+            sparse.csr_transpose_buckets(X)
+            t["transpose buckets"] = best_seconds(lambda: sparse.csr_transpose_buckets(X), args.repeats, sync)
+            events = []
+            sparse.csr_transpose_buckets(X, events=events)
+            sync()
+            t.update({f"transpose buckets: {name}": cp.cuda.get_elapsed_time(e0, e1) / 1e3
+                      for (_, e0), (name, e1) in zip(events, events[1:])})
+            res["transpose buckets equals cusparse"] = same(sparse.csr_transpose_buckets(X))
+            res["transpose buckets shift"] = sparse.bucket_shift(d)
+            for shift, threads in ((6, 1024), (7, 1024), (8, 1024), (9, 1024), (10, 1024), (7, 512), (8, 512),
+                                   (8, 256)):
+                os.environ["MPIML_SPARSE_BUCKET_SHIFT"] = str(shift)
+                os.environ["MPIML_SPARSE_BUCKET_THREADS"] = str(threads)
+                name = f"transpose buckets, 2^{shift} columns a bucket, {threads} threads"
+                try:
+                    if sparse.buckets_supported(X):
+                        sparse.csr_transpose_buckets(X)
+                        t[name] = best_seconds(lambda: sparse.csr_transpose_buckets(X), args.repeats, sync)
+                        res[name + ", equals cusparse"] = same(sparse.csr_transpose_buckets(X))
+                finally:
+                    os.environ.pop("MPIML_SPARSE_BUCKET_SHIFT", None)
+                    os.environ.pop("MPIML_SPARSE_BUCKET_THREADS", None)
+            print("  transposes (ms):", {k: round(v * 1e3, 3) for k, v in t.items() if k.startswith("transpose")},
+                  flush=True)
+
+        _guarded(res, "transpose buckets", buckets)
+    if args.transposes and args.fits_only:        # the kernel transpose whole, for the comparison
+        def kernel_alone():
+            sparse.csr_transpose(X)
+            t["transpose kernel"] = best_seconds(lambda: sparse.csr_transpose(X), args.repeats, sync)
+            res["transpose kernel equals cusparse"] = same(sparse.csr_transpose(X))
+
+        _guarded(res, "transpose kernel", kernel_alone)
+    if not args.fits_only:        # the products, transposes and column sums one by one
         def kernel_transpose():
             t["transpose kernel"] = best_seconds(lambda: sparse.csr_transpose(X), args.repeats, sync)
             XTk = sparse.csr_transpose(X)
@@ -241,11 +300,11 @@ def main(argv=None):
         os.environ.pop("MPIML_SPARSE_GATHER", None)
         sweep = res["blocks_per_sm_sweep_s"] = {}          # the grid of the gathers (grid-stride, 256 threads a block)
         for per_sm in (4, 8, 16, 32, 64, 128):
-            sparse.MAX_BLOCKS_PER_SM = per_sm
+            sparse_launch.MAX_BLOCKS_PER_SM = per_sm
             sweep[f"XV {per_sm}"] = best_seconds(lambda: sparse.csr_matmul(X, V), args.repeats, sync)
             sweep[f"XtU {per_sm}"] = best_seconds(lambda: sparse.csr_matmul(XT, U, out_dtype=np.float64), args.repeats,
                                                   sync)
-        sparse.MAX_BLOCKS_PER_SM = 64
+        sparse_launch.MAX_BLOCKS_PER_SM = 64
         print("  gathers by blocks per SM (ms):", {k: round(v * 1e3, 3) for k, v in sweep.items()}, flush=True)
         chunks = None
         if args.chunk_bytes:                        # U's rows a chunk at a time, each chunk staying in L2 (opt-in)
@@ -329,6 +388,17 @@ def main(argv=None):
                             np.abs(np.asarray(fits[vname + " singular_values"]) - ref_s).max() / ref_s.max())
                     _guarded(res, vname, variant)
             _set_variant({})
+
+            def with_duplicates():    # the matrix of the 21:10 and 22:25 passes: the variances' exact path from X
+                fits["kernels, X with duplicates"] = best_seconds(lambda: est.fit(X_dup), 3, sync)
+                if args.timeline:
+                    from mpiml.decomposition._solvers import timeline
+
+                    with timeline() as marks:
+                        est.fit(X_dup)
+                    rows = res.setdefault("timelines", {})["kernels, X with duplicates"] = _timeline_rows(marks)
+                    _print_timeline("kernels, X with duplicates", rows)
+            _guarded(res, "X with duplicates", with_duplicates)
             os.environ["MPIML_SPARSE_GATHER"] = "scalar"
             fits["kernels, scalar gather"] = best_seconds(lambda: est.fit(X), 3, sync)
             os.environ.pop("MPIML_SPARSE_GATHER", None)
@@ -357,7 +427,7 @@ def main(argv=None):
     if args.timeline and "kernels" in args.fits.split(","):
         from mpiml.decomposition._solvers import timeline
 
-        res["timelines"] = {}
+        res.setdefault("timelines", {})
         for vname, env in _VARIANTS.items():
             _set_variant(env)
 
@@ -383,12 +453,14 @@ def main(argv=None):
                            rhs, rtol=1e-4), 3, sync)
         for key, val in ridge.items():
             print(f"  Ridge {key:<40}{val * 1e3 if 'iterations' not in key else val:>10.2f}")
-    if args.profile and fits and not args.fits_only:
+    if args.profile and fits:     # TruncatedSVD's (after the fits, warm), and Ridge's unless --fits-only
         import cProfile
 
         os.environ["MPIML_SPARSE_PRODUCTS"] = args.fits.split(",")[0]
-        for what, fit, top in (("TruncatedSVD", lambda: TruncatedSVD(args.components).fit(X), args.profile),
-                               ("Ridge", lambda: Ridge(alpha=1.0, tol=1e-4).fit(X, y), args.profile // 2)):
+        profiled = [("TruncatedSVD", lambda: TruncatedSVD(args.components).fit(X), args.profile)]
+        if not args.fits_only:
+            profiled.append(("Ridge", lambda: Ridge(alpha=1.0, tol=1e-4).fit(X, y), args.profile // 2))
+        for what, fit, top in profiled:
             prof = cProfile.Profile()
             prof.enable()
             fit()
@@ -418,7 +490,8 @@ def main(argv=None):
     print("  max relative differences:", err)
     print("  singular values against the default fit (max rel diff):",
           res.get("singular_values_max_rel_diff_vs_kernels"))
-    print("  transpose kernel equals cuSPARSE's:", res["transpose kernel equals cusparse"])
+    print("  transpose kernel equals cuSPARSE's:", res["transpose kernel equals cusparse"],
+          "; bucket transpose:", res.get("transpose buckets equals cusparse"))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(res, fh, indent=1)

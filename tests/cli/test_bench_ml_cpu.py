@@ -28,6 +28,12 @@ def test_small_run_writes_every_figure(tmp_path):
         assert run["ranks"] == int(r) and set(run["seconds"]) == {"kmeans", "knn", "linreg"}
     assert set(result["sklearn"]["seconds"]) == {"kmeans", "knn", "linreg"}
     assert "seconds" in result["sklearnex"] or "skipped" in result["sklearnex"]
+    # each rank's own work and its waits add up to its wall time; the Lloyd iterations' memory rate
+    times = result["mpiml"]["2"]["rank_seconds"]["knn"]
+    assert len(times["wall"]) == 2 and all(w >= 0 and c >= 0 for w, c in zip(times["wait"], times["compute"]))
+    assert times["wall"] == pytest.approx([w + c for w, c in zip(times["wait"], times["compute"])], abs=1e-4)
+    assert times["calls"] >= 2  # at least the fit's and the search's agreements
+    assert result["mpiml"]["1"]["iterations"]["kmeans"]["GBps_rows"] > 0
     # the same data and starting centres everywhere: the same k-means inertia and k-NN distances
     for name in ("kmeans", "knn"):
         ref = result["sklearn"]["values"][name]

@@ -1,6 +1,7 @@
 """The opt-in device paths of this session on CuPy buffers (run under mpirun, 2-4 GPUs).
 
-Usage: ``python gpu_variants.py [ALGO]`` (``ipc/lltwoshot`` by default, or ``ipc/pipe``; ``MPIML_TIMEOUT``
+Usage: ``python gpu_variants.py [ALGO]`` (``ipc/lltwoshot`` by default, or ``ipc/pipe``, ``ipc/llrelay`` (reduce
+only), ``ipc/ll128`` (reduce and allreduce; the other ops of a case run on ``ipc/lltwoshot``); ``MPIML_TIMEOUT``
 bounds every wait; ``MPIML_IPC_BYTES`` small makes the pipelined kernels take several chunks, and
 ``MPIML_IPC_PIPE_BLOCKS`` / ``MPIML_IPC_PIPE_ROUNDS`` several steps a block).  Checks, exactly against NumPy
 on the gathered inputs (small integers: every result is exact in every dtype):
@@ -32,6 +33,12 @@ comm = get_comm()
 init(device="gpu")
 P, R = comm.size, comm.rank
 ALGO = sys.argv[1] if len(sys.argv) > 1 else "ipc/lltwoshot"
+# the ops ALGO serves; the others of a case run on the LL two-shot (the same regions: they meet in every case)
+SERVES = {"ipc/llrelay": ("reduce",), "ipc/ll128": ("reduce", "allreduce")}.get(ALGO, ("bcast", "reduce", "allreduce"))
+
+
+def algo(op):
+    return ALGO if op in SERVES else "ipc/lltwoshot"
 
 
 T0 = time.perf_counter()
@@ -60,22 +67,22 @@ def run_eager():
                 x = device(xs[R], offset)
                 for root in range(P) if n in (17, (1 << 20) // isz) else (P - 1,):
                     b = device(xs[R], offset)
-                    got = comm.bcast(b, root=root, algorithm=ALGO)
+                    got = comm.bcast(b, root=root, algorithm=algo("bcast"))
                     assert_close(got, xs[root], f"bcast {ALGO} root={root} {tag}", exact=True)
                     if R == root:
                         check(got is b, f"bcast {ALGO} {tag}: the root's array not returned")
                     for op in OPS if n in (17, 4099) else ("sum", "max"):
-                        red = comm.reduce(x, op, root=root, algorithm=ALGO)
+                        red = comm.reduce(x, op, root=root, algorithm=algo("reduce"))
                         if R == root:
                             assert_close(red, reduce_np(xs, op), f"reduce {op} {ALGO} root={root} {tag}", exact=True)
                         else:
                             check(red is None, f"reduce {ALGO} {tag}: non-root got {type(red)}")
                 for op in OPS if n in (17, 4099) else ("sum", "min"):
-                    assert_close(comm.allreduce(x, op, algorithm=ALGO), reduce_np(xs, op),
+                    assert_close(comm.allreduce(x, op, algorithm=algo("allreduce")), reduce_np(xs, op),
                                  f"allreduce {op} {ALGO} {tag}", exact=True)
                 assert_close(x, xs[R], f"(all)reduce {ALGO} {tag}: input modified", exact=True)
                 y = device(xs[R], offset)
-                comm.allreduce(y, "max", out=y, algorithm=ALGO)
+                comm.allreduce(y, "max", out=y, algorithm=algo("allreduce"))
                 assert_close(y, reduce_np(xs, "max"), f"allreduce in place {ALGO} {tag}", exact=True)
     check("ipc" in t, f"no ipc transport ({list(t)})")
 
@@ -92,19 +99,19 @@ def run_stream_ordered():
             xs = [data(r, n, np.float32, 50 + k) for r in range(P)]
             x = cp.asarray(xs[R])
             given = k % 2 == 1
-            b = comm.bcast(x, root=0, out=out_b if given else None, algorithm=ALGO)
+            b = comm.bcast(x, root=0, out=out_b if given else None, algorithm=algo("bcast"))
             outs.append(b.copy())
             wants.append(xs[0])
-            red = comm.reduce(x, "sum", root=P - 1, out=out_r if given else None, algorithm=ALGO)
+            red = comm.reduce(x, "sum", root=P - 1, out=out_r if given else None, algorithm=algo("reduce"))
             if R == P - 1:
                 outs.append(red.copy())
                 wants.append(reduce_np(xs, "sum"))
-            outs.append(comm.allreduce(x, "max", algorithm=ALGO))
+            outs.append(comm.allreduce(x, "max", algorithm=algo("allreduce")))
             wants.append(reduce_np(xs, "max"))
         comm.synchronize()
         for i, (got, want) in enumerate(zip(outs, wants)):
             assert_close(got, want, f"stream-ordered {ALGO} n={n} call {i}", exact=True)
-    hot = {k[0] for k in comm._hot if k[5] == ALGO}
+    hot = {k[0] for k in comm._hot if k[5] == algo(k[0])}
     want = {"bcast", "reduce", "allreduce"}
     check(want <= hot, f"{ALGO}: no hot launcher for {sorted(want - hot)}")
 
@@ -124,23 +131,23 @@ def run_graph():
                 z = cp.empty(n, dtype=cp.float32)
                 x[...] = cp.asarray(data(R, n, np.float32))
                 b[...] = x
-                comm.bcast(b, root=1 % P, out=out_b, algorithm=ALGO)  # warm-up: kernels, hot launchers
-                comm.reduce(x, "max", root=0, out=out_r, algorithm=ALGO)
+                comm.bcast(b, root=1 % P, out=out_b, algorithm=algo("bcast"))  # warm-up: kernels, hot launchers
+                comm.reduce(x, "max", root=0, out=out_r, algorithm=algo("reduce"))
                 comm.allreduce(x, out=y, algorithm="ipc/ll")
-                comm.allreduce(x, "min", out=z, algorithm=ALGO)
+                comm.allreduce(x, "min", out=z, algorithm=algo("allreduce"))
                 stream.synchronize()
                 stream.begin_capture()
-                comm.bcast(b, root=1 % P, out=out_b, algorithm=ALGO)
+                comm.bcast(b, root=1 % P, out=out_b, algorithm=algo("bcast"))
                 comm.allreduce(x, out=y, algorithm="ipc/ll")
-                comm.reduce(x, "max", root=0, out=out_r, algorithm=ALGO)
-                comm.allreduce(x, "min", out=z, algorithm=ALGO)
+                comm.reduce(x, "max", root=0, out=out_r, algorithm=algo("reduce"))
+                comm.allreduce(x, "min", out=z, algorithm=algo("allreduce"))
                 graph = stream.end_capture()
                 for rep in range(4):
                     xs = [data(r, n, np.float32, 20 + rep) for r in range(P)]
                     x[...] = cp.asarray(xs[R])
                     b[...] = x * 2
                     graph.launch(stream)
-                    e = comm.bcast(x, root=P - 1, algorithm=ALGO)  # eager between replays
+                    e = comm.bcast(x, root=P - 1, algorithm=algo("bcast"))  # eager between replays
                     stream.synchronize()
                     want_b = xs[1 % P] * 2
                     if R != 1 % P:
@@ -201,7 +208,7 @@ def main():
         progress("nccl events")
         run_nccl_events()
     if R == 0:
-        print(f"gpu_variants {ALGO}: {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"gpu_variants {ALGO} ({', '.join(SERVES)}): {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 guarded(main, comm)

@@ -150,6 +150,21 @@ def test_two_shot_ll_bcast_reduce_and_nccl_events(mpi, n):
 
 
 @pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("algo", ["ipc/llrelay", "ipc/ll128"])
+def test_relay_and_ll128(mpi, n, algo):
+    """ipc/llrelay (reduce: the parts owned by the non-roots, reduced lines relayed to the root) and ipc/ll128 (the
+    relay and the LL two-shot allreduce in 128-byte lines of 120 payload bytes): every dtype, op, root, chunking,
+    offsets, the hot launcher, graphs, beside the LL two-shot's other ops."""
+    _need(n)
+    proc = mpi(os.path.join(HERE, "gpu_variants.py"), n, algo, timeout=300, env={"MPIML_TIMEOUT": "30"})
+    assert "OK" in proc.stdout
+    if algo == "ipc/ll128":  # 1 MiB staging buffers: several LL128 launches a call
+        proc = mpi(os.path.join(HERE, "gpu_variants.py"), n, algo, timeout=300,
+                   env={"MPIML_TIMEOUT": "30", "MPIML_IPC_BYTES": "1048576"})
+        assert "OK" in proc.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
 def test_pipelined_bcast_reduce_allreduce(mpi, n):
     """ipc/pipe bcast, reduce and allreduce (every dtype, root, op, the hot launcher, graphs): once as shipped, once
     with a 1 MiB staging buffer (several chunks a call) and 3 blocks of 5 steps (a block takes several steps)."""

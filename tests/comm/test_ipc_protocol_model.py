@@ -290,6 +290,43 @@ class Model:
                                 res[r * part + i] = yield from line(P * part + r * part + i, r)
                 if me == root or op == "allreduce":
                     self.results[(me, j)] = res
+        elif algo == "llrelay":  # reduce, the lltwoshot kernel's relay (mpiml_ll_relay_reduce): one line a value
+            L, q = P, P - 1
+            part = -(-L // q)
+            regions = [ws[r].llr[p] for r in range(P)]
+
+            def owner(jj):
+                return (root + 1 + jj) % P
+
+            def line(k, src):
+                yield ("wait", src, lambda: regions[me].get(k, (0,))[0] == flag)
+                _, tag, v = regions[me][k]
+                got(tag, j, f"line {k} from rank {src}")
+                return v
+
+            jm = None if me == root else (me - root - 1) % P
+            res = [None] * L
+            for i in range(part):
+                for d in range(1, q + 1):  # the other owners' parts, into the owner's region at [k * part + i]
+                    jj = d - 1 if jm is None else (jm + d) % q
+                    if jj != jm and jj * part + i < L:
+                        o = owner(jj)
+                        regions[o][((me - o - 1) % P) * part + i] = (flag, j, x[jj * part + i])
+                        yield ("step",)
+                if jm is not None:
+                    if jm * part + i < L:
+                        v = 0
+                        for src in range(P):
+                            v += x[jm * part + i] if src == me else (
+                                yield from line(((src - me - 1) % P) * part + i, src))
+                        regions[root][jm * part + i] = (flag, j, v)
+                        yield ("step",)
+                else:
+                    for jj in range(q):
+                        if jj * part + i < L:
+                            res[jj * part + i] = yield from line(jj * part + i, owner(jj))
+            if me == root:
+                self.results[(me, j)] = res
         elif algo == "pipe":  # one value a step; parts owned by every rank (allreduce) or the non-roots
             yield from self._pipe(me, j, E, p, flag, x, op, root, got, load)
         else:
@@ -602,6 +639,23 @@ def test_the_two_shot_ll_kernels_among_the_others_finish_with_the_right_data(P):
         stuck = model.run(_programs(P, seed, kinds=kinds))
         assert stuck is None, (seed, stuck)
         assert not model.errors, (seed, model.errors[:3])
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_the_ll_relay_reduce_among_the_others_finishes_with_the_right_data(P):
+    """reduce ``llrelay`` (the non-roots own the parts and push them reduced
+    to the root, which waits for them alone) between every other kind, roots moving, on several streams and in
+    graphs, the plain LL two-shot kernels among them (the same regions)."""
+    kinds = KINDS + [("reduce", "llrelay"), ("bcast", "lltwoshot"), ("allreduce", "lltwoshot")] * 3
+    relays = 0
+    for seed in range(10):
+        model = Model(P, epoch=seed % 3, ordered=True, seed=seed)
+        programs = _programs(P, seed, kinds=kinds)
+        stuck = model.run(programs)
+        assert stuck is None, (seed, stuck)
+        assert not model.errors, (seed, model.errors[:3])
+        relays += sum(1 for a in programs[0] if a[0] == "call" and a[1]["algo"] == "llrelay")
+    assert relays > 0
 
 
 @pytest.mark.parametrize("P", [2, 3, 4])

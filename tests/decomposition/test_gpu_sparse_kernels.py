@@ -284,9 +284,9 @@ def test_scatter_with_float4_atomics():
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 3])
 def test_sparse_fits_equal_at_any_rank_count_device_algebra(mpi, n):
-    """The same with the kernel transpose and the randomized SVD's CholeskyQR2 algebra on the device."""
+    """The same with the bucket transpose and the randomized SVD's CholeskyQR2 algebra on the device."""
     mpi(os.path.join(HERE, "gpu_sparse_spmd_script.py"), n, timeout=240,
-        env={"MPIML_SPARSE_TRANSPOSE": "kernel", "MPIML_RANDOMIZED_ALGEBRA": "device"})
+        env={"MPIML_SPARSE_TRANSPOSE": "buckets", "MPIML_RANDOMIZED_ALGEBRA": "device"})
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -341,6 +341,84 @@ def test_csr_transpose_equals_cusparse(dtype):
     np.testing.assert_array_equal(T.get().toarray(), A.T.toarray())
     np.testing.assert_allclose(s1.get(), np.asarray(A.sum(axis=0)).ravel(), rtol=1e-5, atol=1e-5)
     assert int(flags.get()[0]) == int((np.diff(A.tocsc().indptr) > 4).sum())
+
+
+def _assert_same_csr(T, R, what):
+    """The same shape, dtype and arrays; else the first place that differs, with the arrays around it."""
+    assert T.shape == R.shape and T.dtype == R.dtype, (what, T.shape, R.shape, T.dtype, R.dtype)
+    for name in ("indptr", "indices", "data"):
+        got, want = getattr(T, name).get(), getattr(R, name).get()
+        if got.shape != want.shape or not (got == want).all():
+            i = int(np.argmax(got != want)) if got.shape == want.shape else 0
+            raise AssertionError(f"{what}: {name} differs (sizes {got.size}, {want.size}) first at {i}: got "
+                                 f"{got[max(0, i - 3):i + 5]}, want {want[max(0, i - 3):i + 5]}; indptr head "
+                                 f"{T.indptr.get()[:6]} vs {R.indptr.get()[:6]}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_csr_transpose_buckets_equals_cusparse(dtype, monkeypatch):
+    """The bucket transpose gives the arrays of cuSPARSE's conversion: empty rows and columns, one column, widths
+    that are not a power of two, chunks cut inside long rows, runs of empty rows across a chunk, several bucket
+    widths (forced), rows with unsorted indices (its rows of Xᵀ still sorted), duplicates (storage order), and
+    twice the same (deterministic)."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+    import scipy.sparse as sp
+
+    from mpiml.kernels import sparse
+
+    for n, m, density in ((700, 450, 0.05), (3000, 40, 0.5), (50, 5000, 0.01), (1, 7, 1.0), (9000, 3, 0.9),
+                          (4000, 1, 0.7), (20000, 1000, 0.004), (300, 70001, 0.003), (2, 300000, 0.05)):
+        A = csp.csr_matrix(_csr(n, m, density, dtype, n + m))
+        assert sparse.buckets_supported(A)
+        R = A.T.tocsr()
+        T = sparse.csr_transpose_buckets(A)
+        _assert_same_csr(T, R, (n, m))
+        _assert_same_csr(sparse.csr_transpose_buckets(A), T, ("again", n, m))
+    # empty columns by the thousand, a row longer than a block's entries, 30000 empty rows inside one chunk
+    rs = np.random.RandomState(3)
+    dense_row = sp.csr_matrix((rs.standard_normal(20000), (np.zeros(20000, dtype=int), rs.permutation(60000)[:20000])),
+                              shape=(1, 60000))
+    gap = sp.csr_matrix((30000, 60000))
+    B = sp.vstack([_csr(500, 60000, 0.001, np.float64, 4), dense_row, gap, dense_row, _csr(500, 60000, 0.002,
+                                                                                          np.float64, 5)]).tocsr()
+    B.sort_indices()
+    A = csp.csr_matrix(B.astype(dtype))
+    R = A.T.tocsr()
+    for shift, threads in (("6", "1024"), ("7", "256"), ("10", "512"), ("11", "1024"), ("", "1024")):
+        monkeypatch.setenv("MPIML_SPARSE_BUCKET_SHIFT", shift)      # 11: more columns a bucket than taken (skipped)
+        monkeypatch.setenv("MPIML_SPARSE_BUCKET_THREADS", threads)
+        if sparse.bucket_shift(A.shape[1]) is None:
+            continue
+        _assert_same_csr(sparse.csr_transpose_buckets(A), R, ("shift", shift, threads))
+    monkeypatch.delenv("MPIML_SPARSE_BUCKET_SHIFT")
+    monkeypatch.delenv("MPIML_SPARSE_BUCKET_THREADS")
+    # rows with unsorted indices: the same matrix, the rows of Xᵀ sorted
+    H = _csr(3000, 2000, 0.01, dtype, 5)
+    U = H.copy()
+    for i in range(U.shape[0]):
+        lo, hi = U.indptr[i], U.indptr[i + 1]
+        U.indices[lo:hi] = U.indices[lo:hi][::-1].copy()
+        U.data[lo:hi] = U.data[lo:hi][::-1].copy()
+    _assert_same_csr(sparse.csr_transpose_buckets(csp.csr_matrix(U)), csp.csr_matrix(H).T.tocsr(), "unsorted")
+    # duplicates: kept, in storage order within their row of Xᵀ
+    D = sp.csr_matrix((np.array([1.0, 2.0, 3.0, 4.0, 5.0], dtype=dtype), np.array([2, 2, 0, 1, 2]),
+                       np.array([0, 2, 5])), shape=(2, 3))
+    T = sparse.csr_transpose_buckets(csp.csr_matrix(D))
+    np.testing.assert_array_equal(T.indptr.get(), [0, 1, 2, 5])
+    np.testing.assert_array_equal(T.indices.get(), [1, 1, 0, 0, 1])
+    np.testing.assert_array_equal(T.data.get(), np.array([3.0, 4.0, 1.0, 2.0, 5.0], dtype=dtype))
+    # nothing stored
+    Z = sparse.csr_transpose_buckets(csp.csr_matrix((5, 4), dtype=dtype))
+    assert Z.shape == (4, 5) and Z.nnz == 0 and bool((Z.indptr == 0).all())
+    # a fit's side stream: the transpose of SparseRows equals cuSPARSE's
+    from mpiml.decomposition._solvers import SparseRows
+
+    monkeypatch.setenv("MPIML_SPARSE_TRANSPOSE", "buckets")
+    A = csp.csr_matrix(_csr(5000, 800, 0.02, dtype, 6))
+    op = SparseRows(A)
+    _assert_same_csr(op.XT, A.T.tocsr(), "SparseRows")
+    cp.cuda.Device().synchronize()
 
 
 @pytest.mark.parametrize("how", ["smem", "blocks"])
@@ -408,10 +486,12 @@ def test_small_svd_by_jacobi():
         np.testing.assert_allclose((Vt @ Vt.T).get(), np.eye(l), atol=1e-12)
 
 
-@pytest.mark.parametrize("transpose,algebra", [("kernel", "device"), ("cusparse", "host")])
-def test_truncated_svd_device_algebra_equals_host(transpose, algebra, monkeypatch):
-    """TruncatedSVD with either transpose and either CholeskyQR2 algebra (every normaliser) gives the host fit; with
-    the device's, an iterate past CholeskyQR2's limit fails the deferred check and runs again with the host's."""
+@pytest.mark.parametrize("transpose,algebra,checks", [("kernel", "device", "now"), ("buckets", "device", "now"),
+                                                      ("buckets", "device", "deferred"), ("cusparse", "host", "now")])
+def test_truncated_svd_device_algebra_equals_host(transpose, algebra, checks, monkeypatch):
+    """TruncatedSVD with each transpose and either CholeskyQR2 algebra (every normaliser) gives the host fit; with
+    the device's, an iterate past CholeskyQR2's limit fails the check and runs again with the host's, the check
+    read at the range finder's end or after the fit's end was queued (MPIML_RANDOMIZED_CHECKS=deferred)."""
     import cupy as cp
     import cupyx.scipy.sparse as csp
     import scipy.sparse as sp
@@ -421,6 +501,7 @@ def test_truncated_svd_device_algebra_equals_host(transpose, algebra, monkeypatc
 
     monkeypatch.setenv("MPIML_SPARSE_TRANSPOSE", transpose)
     monkeypatch.setenv("MPIML_RANDOMIZED_ALGEBRA", algebra)
+    monkeypatch.setenv("MPIML_RANDOMIZED_CHECKS", checks)
     X = _csr(2500, 300, 0.02, np.float64, 21)
     X.data = np.abs(X.data)
     Xg = csp.csr_matrix(X)

@@ -65,3 +65,23 @@ def test_algebra_mode_from_the_environment(monkeypatch):
     monkeypatch.setenv("MPIML_RANDOMIZED_ALGEBRA", "gpu")
     with pytest.raises(ValueError, match="MPIML_RANDOMIZED_ALGEBRA must be one of"):
         _solvers.algebra_mode()
+
+
+def test_squared_deviations_from_a_sorted_transpose_add_duplicates_first():
+    """The variances' path for a shard with duplicate entries (``_sq_dev_sorted``: Xᵀ's rows sorted, duplicates next to
+    each other, as cuSPARSE's and the bucket transpose leave them) gives the squared deviations of the matrix whose
+    duplicates are summed, implicit zeros included, empty rows and columns too."""
+    import scipy.sparse as sp
+
+    from mpiml.decomposition._truncated_svd import _sq_dev_sorted
+
+    rs = np.random.RandomState(0)
+    for n, d, nnz in ((30, 20, 150), (5, 40, 60), (50, 3, 200), (7, 7, 0)):
+        r, c, v = rs.randint(0, n, nnz), rs.randint(0, d, nnz), rs.standard_normal(nnz)
+        order = np.argsort(r, kind="stable")
+        X = sp.csr_matrix((v[order], c[order], np.concatenate([[0], np.cumsum(np.bincount(r, minlength=n))])),
+                          shape=(n, d))
+        C = X.tocsc()                       # a counting sort by column: rows increasing, duplicates kept, adjacent
+        XT = sp.csr_matrix((C.data, C.indices, C.indptr), shape=(d, n))
+        m = rs.standard_normal(d)
+        np.testing.assert_allclose(_sq_dev_sorted(XT, m, n, np), ((X.toarray() - m) ** 2).sum(), rtol=1e-12)

@@ -376,11 +376,12 @@ def test_what_the_families_ask_for_is_shipped(monkeypatch):
     monkeypatch.setattr(linear, "_FUNCTIONS", {})
     monkeypatch.setattr(select, "_MODULES", {})
     linear._function("mpiml_linear_logistic<float, 0, 1>")
+    linear._function("mpiml_linear_labels<long long>")
     select._module(("mpiml_knn_select<float, 0, 4, 16, true>", "mpiml_knn_merge<float>", "mpiml_knn_norms<float, 0>"))
     select._module(("mpiml_knn_exact_sq<double>",))
     from mpiml.kernels import sparse
 
-    monkeypatch.setattr(sparse, "_FUNCTIONS", {})
+    monkeypatch.setattr(sparse._launch, "_FUNCTIONS", {})
     sparse._function("mpiml_csr_gather<float, double, float, 32, 1>")
     sparse._function("mpiml_csr_row_moments<double>")
     sparse._function("mpiml_csr_split")

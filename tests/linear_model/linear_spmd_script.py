@@ -392,6 +392,33 @@ def robustness_checks():
                  "NaN in sample_weight on one rank")
 
 
+def host_kernel_checks():
+    """The compiled host passes (every shard through them: the size thresholds lowered), F-ordered rows as the
+    generators make them, uneven shards with an empty one: scikit-learn's answer, the same bits everywhere."""
+    from mpiml.linear_model import _logistic_loss, _lsq_direct
+
+    saved = _lsq_direct._HOST_KERNEL_MIN_VALUES, _logistic_loss._HOST_PASS_MIN_VALUES
+    _lsq_direct._HOST_KERNEL_MIN_VALUES = _logistic_loss._HOST_PASS_MIN_VALUES = 0
+    try:
+        rs = np.random.RandomState(8)
+        X = np.asfortranarray(rs.randn(5000, 6) + 3.0)
+        y = X @ rs.randn(6) + 0.1 * rs.randn(5000)
+        yb = (X[:, 0] - X[:, 2] + 0.5 * rs.randn(5000) > 0).astype(int)
+        w = rs.uniform(0.5, 2.0, size=5000)
+        Xl, yl, ybl, wl = (np.asfortranarray(shard(X, True)), shard(y, True), shard(yb, True), shard(w, True))
+        m = LinearRegression().fit(Xl, yl, sample_weight=wl)
+        s = sk.LinearRegression().fit(X, y, sample_weight=w)
+        check(rel(m.coef_, s.coef_) < 1e-9, f"host kernel LinearRegression: rel {rel(m.coef_, s.coef_):.1e}")
+        same_on_every_rank(m.coef_, "host kernel LinearRegression coef_")
+        for solver in ("lbfgs", "newton-cg"):
+            m = LogisticRegression(solver=solver, tol=1e-10, max_iter=500).fit(Xl, ybl, sample_weight=wl)
+            s = sk.LogisticRegression(solver=solver, tol=1e-10, max_iter=500).fit(X, yb, sample_weight=w)
+            check(rel(m.coef_, s.coef_) < 1e-6, f"host kernel logistic {solver}: rel {rel(m.coef_, s.coef_):.1e}")
+            same_on_every_rank(m.coef_, f"host kernel logistic {solver} coef_")
+    finally:
+        _lsq_direct._HOST_KERNEL_MIN_VALUES, _logistic_loss._HOST_PASS_MIN_VALUES = saved
+
+
 def auto_solver_checks():
     """solver="auto": the same choice on every rank (it reads the reduced Gram), scikit-learn's coefficients."""
     rs = np.random.RandomState(5)
@@ -413,6 +440,7 @@ def auto_solver_checks():
 def main(out=None):
     auto_solver_checks()
     robustness_checks()
+    host_kernel_checks()
     sparse_checks()
     regression_checks()
     X, y = classification_checks()

@@ -197,3 +197,44 @@ def test_kept_first_evaluation_is_returned_once():
     obj.keep(w0, first)
     obj.evaluate(w0 + 1.0)
     assert obj.n_evals == 3                               # another point: evaluated
+
+
+@pytest.mark.parametrize("n_classes,max_iter", [(2, 100), (3, 100), (2, 2)])
+def test_lbfgs_direct_driver_matches_scipy(n_classes, max_iter):
+    """The L-BFGS-B loop that device objectives take (scipy's routine without minimize's wrappers) gives
+    minimize's iterates, evaluations, counts and messages bit for bit."""
+    import scipy.optimize
+
+    from mpiml.comm import get_comm
+    from mpiml.linear_model._logistic_loss import Objective, _direct_driver_agrees, _lbfgsb_direct
+
+    assert _direct_driver_agrees()
+    rs = np.random.RandomState(8)
+    X = rs.randn(300, 5)
+    y = np.digitize(X[:, 0] + 0.5 * rs.randn(300), np.linspace(-1, 1, n_classes + 1)[1:-1]).astype(np.int64)
+    runs = []
+    for drive in ("minimize", "direct"):
+        obj = Objective(X, y, np.ones(300), n_classes=n_classes, fit_intercept=True, l2=1e-3, sw_sum=300.0,
+                        comm=get_comm("self"), xp=np)
+        points, seen = [], []
+
+        def fun(w):
+            points.append(w.copy())
+            return obj.evaluate(w)
+
+        def callback(intermediate_result):
+            seen.append(np.array(intermediate_result.x))
+        options = {"maxiter": max_iter, "maxls": 50, "gtol": 1e-10, "ftol": 64 * np.finfo(float).eps}
+        if drive == "minimize":
+            res = scipy.optimize.minimize(fun, np.zeros(obj.n_params), method="L-BFGS-B", jac=True,
+                                          callback=callback, options=options)
+        else:
+            res = _lbfgsb_direct(fun, np.zeros(obj.n_params), callback=callback, **options)
+        runs.append((res, points, seen))
+    (ref, ref_points, ref_seen), (got, points, seen) = runs
+    assert len(points) == len(ref_points) > 2 and all(np.array_equal(a, b) for a, b in zip(points, ref_points))
+    assert len(seen) == len(ref_seen) and all(np.array_equal(a, b) for a, b in zip(seen, ref_seen))
+    assert np.array_equal(got.x, ref.x) and float(got.fun) == float(ref.fun) and np.array_equal(got.jac, ref.jac)
+    assert (got.nit, got.nfev, got.status, got.message, got.success) == \
+        (ref.nit, ref.nfev, ref.status, ref.message, ref.success)
+    assert (got.status == 1) == (max_iter == 2)

@@ -110,6 +110,15 @@ def test_prepared_logistic_pass_repeats(dtype, n):
         outs = [prepared(c, b, v, vb, 0.0 if fi is None else 7.0) for c, b, v, vb in points]   # queued, no waits
         for (c, b, v, vb), out in zip(points, outs):
             np.testing.assert_array_equal(out.get(), logistic_pass(X, y, sw, c, b, v, vb, pack=pack).get())
+        # an optimiser's way: launch, sums, wait for the result, the next launch "synced" (no event); then an
+        # unsynced call again (it must wait for the unrecorded copy)
+        for synced, (c, b, v, vb) in zip((False, True, True, False), points + points[:1]):
+            prepared.launch(c, b, v, vb, synced=synced)
+            got = prepared.sums(0.0 if fi is None else 7.0).get()
+            np.testing.assert_array_equal(got, logistic_pass(X, y, sw, c, b, v, vb, pack=pack).get())
+        outs = [prepared(c, b, v, vb, 0.0 if fi is None else 7.0) for c, b, v, vb in points]
+        for (c, b, v, vb), out in zip(points, outs):
+            np.testing.assert_array_equal(out.get(), logistic_pass(X, y, sw, c, b, v, vb, pack=pack).get())
 
 
 def test_early_first_evaluation_same_bits(monkeypatch):
@@ -285,6 +294,71 @@ def test_device_labels_on_the_gpu(dtype, values):
     got = _device_labels(cp.asarray(y))
     np.testing.assert_array_equal(got, np.unique(y))
     assert got.dtype == y.dtype
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.float32, np.float64])
+def test_label_scan_kernel(dtype):
+    """mpiml_linear_labels: the smallest two distinct values and the largest of y in one read, over many blocks."""
+    import cupy as cp
+
+    from mpiml.kernels import linear
+    from mpiml.utils._supervised import _device_labels
+
+    rs = np.random.RandomState(11)
+    n = 3_000_017
+    cases = [np.zeros(n), np.where(rs.rand(n) < 0.3, 5.0, -2.0), np.where(rs.rand(n) < 0.999, 1.0, 0.0),
+             rs.randint(0, 3, n).astype(float), np.full(7, 4.0), np.array([9.0, 3.0])]
+    third = np.where(rs.rand(n) < 0.5, 0.0, 1.0)
+    third[n - 5] = 2.0                     # one value in the last block only
+    cases.append(third)
+    between = np.where(rs.rand(n) < 0.5, 1.0, 4.0)
+    between[17] = 3.0                      # above the second smallest seen so far, below the largest
+    cases.append(between)
+    for y in cases:
+        y = y.astype(dtype)
+        values, flags = linear.label_scan(cp.asarray(y))
+        distinct = np.unique(y)
+        assert values.dtype == y.dtype and not flags & linear.LABELS_NAN
+        assert values[0] == distinct[0] and values[2] == distinct[-1]
+        assert bool(flags & linear.LABELS_TWO) == (distinct.size > 1)
+        if distinct.size > 1:
+            assert values[1] == distinct[1]
+        got = _device_labels(cp.asarray(y))
+        np.testing.assert_array_equal(got, distinct)
+        assert got.dtype == y.dtype
+        # a strided view goes through a contiguous copy
+        np.testing.assert_array_equal(_device_labels(cp.asarray(np.repeat(y, 2))[::2]), distinct)
+    if np.dtype(dtype).kind == "f":
+        y = np.where(rs.rand(n) < 0.5, 0.0, 1.0).astype(dtype)
+        y[n // 2] = np.nan
+        values, flags = linear.label_scan(cp.asarray(y))
+        assert flags & linear.LABELS_NAN and values[0] == 0 and values[2] == 1
+        got = _device_labels(cp.asarray(y))
+        assert got.size == 3 and np.isnan(got[-1])
+    assert linear.label_scan(cp.zeros(5, dtype=cp.uint8)) is None     # other dtypes: the reductions' path
+
+
+def test_lbfgs_driver_on_device_rows_same_bits(monkeypatch):
+    """A device LogisticRegression takes the direct L-BFGS-B loop: the same coefficients, bit for bit, and the
+    same iteration and evaluation counts as through scipy's minimize (MPIML_LINEAR_LBFGS_DRIVER=scipy)."""
+    import cupy as cp
+    from sklearn.datasets import make_classification
+
+    from mpiml.linear_model import LogisticRegression
+    from mpiml.linear_model._logistic_loss import _direct_driver_agrees
+
+    assert _direct_driver_agrees()
+    X, y = make_classification(n_samples=20000, n_features=32, random_state=3)
+    X, y = cp.asarray(X.astype(np.float32)), cp.asarray(y)
+    fits = []
+    for driver in ("direct", "scipy"):
+        monkeypatch.setenv("MPIML_LINEAR_LBFGS_DRIVER", driver)
+        fits.append(LogisticRegression().fit(X, y))
+    a, b = fits
+    np.testing.assert_array_equal(a.coef_.get(), b.coef_.get())
+    np.testing.assert_array_equal(a.intercept_.get(), b.intercept_.get())
+    assert a.n_iter_[0] == b.n_iter_[0] and a._n_fun_evals == b._n_fun_evals and a._n_fun_evals_scipy == \
+        b._n_fun_evals_scipy
 
 
 def test_fitted_attributes_copy_to_the_device():

@@ -18,20 +18,22 @@ from sklearn.metrics import pairwise_distances
 import mpiml
 from mpiml import DistributedInputError
 from mpiml.comm import get_comm
-from mpiml.neighbors import KNeighborsClassifier, KNeighborsRegressor, NearestNeighbors, _ring
+from mpiml.neighbors import KNeighborsClassifier, KNeighborsRegressor, NearestNeighbors, _node, _ring
 
 from _spmd import assert_close, check, guarded, uneven_bounds, uneven_shard
 
 comm = get_comm()
 rank, size = comm.rank, comm.size
-#: the ring's three exchanges, and the local search (every rank's queries against each shard)
-EXCHANGES = ("blocking", "overlap", "onesided", "local")
+#: the ring's three exchanges, the local search (every rank's queries against each shard) and the gathered
+#: index (CPU ranks: in node memory, the ranks' threads taking query blocks from one counter; or copied to each)
+EXCHANGES = ("blocking", "overlap", "onesided", "local", "gather", "gather_copy")
 
 
 def pin(variant):
     """The ``exchange`` parameter of ``variant``; pins the search strategy it names."""
-    _ring.STRATEGY = "local" if variant == "local" else "ring"
-    return "overlap" if variant == "local" else variant
+    _node.SHARED = variant != "gather_copy"
+    _ring.STRATEGY = "gather" if variant.startswith("gather") else "local" if variant == "local" else "ring"
+    return variant if variant in ("blocking", "overlap", "onesided") else "overlap"
 
 
 def bounds(n, skip_last=False):
@@ -126,7 +128,7 @@ def check_kneighbors():
         Gr = sk.NearestNeighbors(n_neighbors=3, algorithm="brute").fit(X).kneighbors_graph(shard(Q), mode="distance")
         # scikit-learn's distances carry up to ~6e-8 of cancellation where they are 0
         assert_close(G, Gr.toarray(), "kneighbors_graph", rtol=1e-9, atol=1e-7)
-        for ex in EXCHANGES:
+        for ex in EXCHANGES[:4]:  # (the radius search has no gathered form)
             rn = NearestNeighbors(radius=2.5, exchange=pin(ex)).fit(Xl)
             rd, ri = rn.radius_neighbors(Ql, sort_results=True)
             Dq = np.sqrt(pairwise_distances(shard(Q), X, metric="sqeuclidean"))
@@ -220,6 +222,9 @@ def check_strategy_choice():
     check(_ring.choose_host_strategy(many, x, replicated=True) == ("replicated" if size > 1 else "ring"),
           "replicated queries")
     check(_ring.choose_host_strategy(many, x) == "ring", "even queries -> ring")
+    # an index that fits every rank: gathered instead of ringed (the same rows searched, no step waits)
+    check(_ring.choose_host_strategy(many, x, row_bytes=256) == ("gather" if size > 1 else "ring"), "fits -> gather")
+    check(_ring.choose_host_strategy(many, x * 10 ** 6, row_bytes=256) == "ring", "too big -> ring")
     if size > 1:
         check(_ring.choose_host_strategy(np.r_[4000, np.zeros(size - 1, int)], x) == "local", "piled -> local")
         check(_ring.choose_host_strategy(q, x) == "local", "few -> local")

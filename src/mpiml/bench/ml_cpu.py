@@ -17,6 +17,22 @@ everywhere (``init`` = the first ``k`` rows, one run) and runs a fixed number of
 iterations (``tol=0``); NearestNeighbors is the index's fit plus the ``k``-NN search of
 the query rows (spread over the ranks for mpiml).
 
+At more than one rank, one more fit is recorded per estimator: the communication profile
+(``comm``) and, per rank, its wall time, its seconds inside the communicator's blocking calls and
+request waits, and the rest, its own work (``rank_seconds``: ``compute`` spread over the ranks is
+load imbalance; a ``wait`` near equal on every rank is the collectives' own cost).  KMeans records
+its Lloyd iteration's median time and the rows' bytes over it (``iterations``: ``GBps_rows``, the
+memory rate of the ranks together; a step reads every row once, so near the host's streaming rate
+the step is memory-bound and more ranks on the node cannot make it faster).
+
+Sizes for a 64-core node, 1 rank of 8 threads against 8 of 8 threads (each fit 0.5-1 s at 8 ranks
+there; 4-8 s at one rank; the forest has 128 trees so that each of the 64 threads grows two, where
+32 trees left half of them idle at 8 ranks)::
+
+    mpiml bench ml --device cpu --threads-per-rank 8 --ranks 1,8 --estimators kmeans --rows 2e6 --k 64 --iters 50
+    mpiml bench ml --device cpu --threads-per-rank 8 --ranks 1,8 --estimators knn --knn-rows 3e5 --queries 20000
+    mpiml bench ml --device cpu --threads-per-rank 8 --ranks 1,8 --estimators rf --rf-rows 2e5 --trees 128 --max-depth 0
+
 The JSON (machine, date, command, sizes, every time and score) and a PNG go to ``--out``.
 """
 
@@ -191,6 +207,85 @@ def _shares(j0, j1):
 
 
 # ---------------------------------------------------------------------- mpiml under mpiexec
+#: Blocking calls of a communicator whose time is a rank's waiting (for its peers, and the transfer itself).
+_BLOCKING = ("allgather", "allgather_obj", "allgatherv", "allreduce", "allreduce_obj", "alltoall", "barrier", "bcast",
+             "bcast_obj", "exscan", "gather", "gatherv", "recv", "reduce", "reduce_scatter", "scan", "scatter", "send")
+
+
+class _WaitClock:
+    """Seconds this rank spends inside ``comm``'s blocking calls and in the waits of its requests (a ring's
+    ``isendrecv(...).wait()``), outermost calls only (a collective that waits on requests is counted once):
+    waiting for the other ranks and moving the bytes.  The rest of a fit's wall time is this rank's own work.
+    The communication profile cannot tell this for nonblocking calls: it times a request from its post, across
+    the computation it overlaps."""
+
+    def __init__(self, comm):
+        self.comm, self.seconds, self.calls, self._depth, self.each = comm, 0.0, 0, 0, []
+
+    def _timed(self, fn):
+        def call(*a, **kw):
+            if self._depth:
+                return fn(*a, **kw)
+            self._depth += 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.each.append(time.perf_counter() - t0)
+                self.seconds += self.each[-1]
+                self.calls += 1
+                self._depth -= 1
+        return call
+
+    def __enter__(self):
+        from ..comm import _request
+
+        self._wait = _request.Request.wait
+        for name in _BLOCKING:
+            if hasattr(self.comm, name):
+                setattr(self.comm, name, self._timed(getattr(self.comm, name)))
+        clock = self
+        timed_wait = None
+
+        def wait(req, timeout=None):
+            return timed_wait(req, timeout)
+
+        timed_wait = self._timed(lambda req, timeout=None: clock._wait(req, timeout))
+        _request.Request.wait = wait
+        return self
+
+    def __exit__(self, *exc):
+        from ..comm import _request
+
+        _request.Request.wait = self._wait
+        for name in _BLOCKING:
+            self.comm.__dict__.pop(name, None)
+        return False
+
+
+def _rank_times(comm, fit):
+    """One more fit, timed per rank: ``{"wall", "wait", "compute"}`` lists in rank order (seconds), with the
+    slowest rank's compute and the ranks' mean wait.  ``compute`` (wall minus wait) spread over the ranks is
+    load imbalance; a wait near equal on every rank is the collectives' own cost."""
+    comm.barrier()
+    with _WaitClock(comm) as clock:
+        t0 = time.perf_counter()
+        fit()
+        wall = time.perf_counter() - t0
+    rows = comm.allgather_obj((round(wall, 5), round(clock.seconds, 5), clock.calls, clock.each))
+    walls, waits = [r[0] for r in rows], [r[1] for r in rows]
+    compute = [round(w - x, 5) for w, x in zip(walls, waits)]
+    out = {"wall": walls, "wait": waits, "compute": compute, "calls": rows[0][2],
+           "compute_max": max(compute), "compute_min": min(compute),
+           "wait_mean": round(sum(waits) / len(waits), 5)}
+    if len({len(r[3]) for r in rows}) == 1 and rows[0][3]:
+        # per call, the least any rank waited: what the last rank to arrive waited, the call's own cost (its
+        # latency); the rest of a rank's wait in that call was for the slowest rank (skew)
+        least = np.min(np.array([r[3] for r in rows]), axis=0)
+        out["call_least_wait"] = {"median": round(float(np.median(least)), 6), "sum": round(float(least.sum()), 5)}
+    return out
+
+
 def _worker(args):
     import mpiml
     from ..comm import get_comm
@@ -200,7 +295,8 @@ def _worker(args):
     comm = get_comm()
     info = thread_info()
     # the settings a run was made under (an A/B run of the wait's spin or the k-NN strategy names its variable)
-    chosen = ("MPIML_SPIN_US", "MPIML_KNN_STRATEGY", "MPIML_BIND", "MPIML_KNN_SCREEN", "MPIML_CPU_SCHEDULE")
+    chosen = ("MPIML_SPIN_US", "MPIML_KNN_STRATEGY", "MPIML_BIND", "MPIML_KNN_SCREEN", "MPIML_CPU_SCHEDULE",
+              "MPIML_RF_TREE_THREADS", "MPIML_KNN_GATHER_BYTES", "MPIML_KNN_SHARED")
     settings = {"wait_spin_ms": info.get("wait_spin_ms"), **{v: os.environ[v] for v in chosen if os.environ.get(v)},
                 "bound_to": info.get("bound_to")}
     out = {"ranks": comm.size, "threads_per_rank": info.get("threads"), "settings": settings, "seconds": {},
@@ -228,20 +324,25 @@ def _worker(args):
             value = comm.allreduce_obj(value)
         out["seconds"][name], out["values"][name], out["cpu_seconds"][name] = seconds, value, cpu
         if comm.size > 1:  # one more fit, recorded: where a rank's time goes besides its own work
-            comm.barrier()
             with mpiml.profile() as prof:
-                _fit(est, name, X, y, Q, centres)
+                # per rank: its own work and its waits (load imbalance vs the collectives' cost)
+                out.setdefault("rank_seconds", {})[name] = _rank_times(comm,
+                                                                       lambda: _fit(est, name, X, y, Q, centres))
             summ = prof.summary()
-            # every rank's seconds in collectives: near equal means the collectives themselves cost that (their
-            # latency, the ranks' wake-ups), a small minimum means the others waited for the slowest rank (skew)
+            # every rank's seconds in collectives (nonblocking ones from their post: a ring's overlapped receive
+            # spans the search), the rank_seconds' own gather included
             waits = comm.allgather_obj(round(summ["total_seconds"], 4))
             out.setdefault("comm", {})[name] = {"calls": summ["calls"], "seconds": max(waits),
                                                 "seconds_min": min(waits),
                                                 "ops": {k: v["calls"] for k, v in summ["ops"].items()}}
-            if name == "kmeans" and getattr(est, "_iter_seconds", None):
-                it = np.asarray(est._iter_seconds)
-                out["comm"][name]["iteration_seconds"] = {"median": round(float(np.median(it)), 5),
-                                                          "max": round(float(it.max()), 5)}
+        if name == "kmeans" and getattr(est, "_iter_seconds", None):
+            # a Lloyd iteration reads every row once: the rows' bytes over its median time, the memory rate the
+            # ranks reached together (memory-bound when it nears the host's streaming rate)
+            it = np.asarray(est._iter_seconds)
+            med = float(comm.allreduce_obj(float(np.median(it)), op="max"))
+            nbytes = comm.allreduce_obj(int(np.asarray(X).nbytes))
+            out.setdefault("iterations", {})[name] = {"median": round(med, 5), "max": round(float(it.max()), 5),
+                                                      "GBps_rows": round(nbytes / med / 1e9, 2)}
         if comm.rank == 0:
             print(f"  mpiml {comm.size} rank(s): {_TITLES[name]} {seconds:.3f} s", flush=True)
     if comm.rank == 0:

@@ -15,13 +15,17 @@ def prepare_cpu_kernels(fit_small, comm, say):
     """Rank 0 alone fits a small sample (``fit_small()``, on its own communicator) before the timed fit, the
     others waiting: the first run on a machine compiles the estimator's CPU kernels there (Numba, 10-20 s
     for a forest on 2 cores) with a line saying so, instead of every rank compiling the same kernels at
-    once inside the fit with nothing shown; later runs load them from the cache in a fraction of a second.
+    once inside the fit with nothing shown; then the other ranks fit it too, loading the kernels from the
+    cache (a fraction of a second, which a fit of milliseconds would otherwise include).
     Returns the seconds it took."""
     t0 = time.perf_counter()
     if comm.rank == 0:
         say("CPU kernels: loading (compiled on the first run on this machine, then cached) ...")
         fit_small()
     if comm.size > 1:
+        comm.barrier()
+        if comm.rank != 0:   # the others load them from the cache now, not inside the timed fit (~0.5-1 s a rank)
+            fit_small()
         comm.barrier()
     seconds = time.perf_counter() - t0
     say(f"CPU kernels ready in {seconds:.1f} s")

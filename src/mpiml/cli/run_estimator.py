@@ -274,7 +274,7 @@ def _score(job, est, X, y, comm, say, cpu):
 
 
 #: Estimators with compiled CPU kernels (Numba, compiled on first use and cached): a small fit first.
-_CPU_KERNELS = ("rf", "rfr", "knn")
+_CPU_KERNELS = ("rf", "rfr", "knn", "linreg", "logreg")
 
 
 def _small_fit(job, args, X, y):

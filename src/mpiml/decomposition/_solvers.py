@@ -83,22 +83,34 @@ class SparseRows:
         self.mode = _sparse_kernels.products_mode() if mode is None else mode
         self.kernels = _sparse_kernels.for_shard(X) if self.mode != "cusparse" else None
         self._pending = None
+        self._aside = None      # the event after which X is ready, until the transpose is launched
         self._chunks = None
         self._moments = None
         if XT is None and not (self.kernels is not None and self.mode == "scatter"):
-            if self.kernels is not None:
-                try:
-                    self._pending = _transpose_aside(X)
-                except Exception:  # noqa: BLE001 - any trouble with streams or kernels: cuSPARSE, in line
-                    XT = device_transpose(X, "cusparse")
+            if self.kernels is not None:   # launched after the first product is queued (see _launch_aside)
+                import cupy
+
+                self._aside = cupy.cuda.get_current_stream().record()
             else:   # cuSPARSE's products (or a shard the kernels do not take): cuSPARSE's conversion too
                 XT = device_transpose(X, "cusparse")
         self._XT = XT
+
+    def _launch_aside(self):
+        """Launch the transpose on the side stream (after the work queued before this operand was made): called
+        once the fit's first ``X V`` is queued, so the GPU runs that product while the host launches the transpose
+        (0.86 ms of host time for the bucket transpose at 22:50, the GPU idle meanwhile when it came first)."""
+        after, self._aside = self._aside, None
+        try:
+            self._pending = _transpose_aside(self.X, after)
+        except Exception:  # noqa: BLE001 - any trouble with streams or kernels: cuSPARSE, in line
+            self._XT = device_transpose(self.X, "cusparse")
 
     @property
     def XT(self):
         """``Xᵀ`` as CSR (None for a SciPy shard or without stored values); formed by a worker thread on a
         side stream, waited for here (the first products of a fit overlap the conversion)."""
+        if self._aside is not None:
+            self._launch_aside()
         if self._pending is not None:
             import cupy
 
@@ -124,6 +136,8 @@ class SparseRows:
         :meth:`rmatmul` reads with no copy."""
         if self.kernels is not None:
             out = self.kernels.csr_matmul(self.X, V, padded=padded and self.mean is None)
+            if self._aside is not None:
+                self._launch_aside()
         else:
             out = self.X @ V.astype(self.dtype, copy=False)
         if self.mean is not None:
@@ -165,10 +179,10 @@ class _Done:
         return self._value
 
 
-def _transpose_aside(X):
+def _transpose_aside(X, after=None):
     """A future of ``(Xᵀ as CSR, moments, event)`` for a non-empty ``cupyx`` shard (else None), converted on a
-    side stream (one per device, kept: CuPy's memory pool caches per stream) after the work queued so far, so
-    the fit's first products run beside it.  The kernel transpose (``MPIML_SPARSE_TRANSPOSE=kernel``) is
+    side stream (one per device, kept: CuPy's memory pool caches per stream) after the event ``after`` (default:
+    the work queued so far), so the fit's first products run beside it.  The kernel transposes (``MPIML_SPARSE_TRANSPOSE=kernel|buckets``) are
     launched here (no wait on the device); cuSPARSE's conversion by a worker thread (it holds its thread, and
     measured on an H100 the GIL, for most of its 9 ms at 10^8 stored values)."""
     import cupy
@@ -179,13 +193,16 @@ def _transpose_aside(X):
     side = _SIDE_STREAMS.get(dev)
     if side is None:
         side = _SIDE_STREAMS[dev] = cupy.cuda.Stream(non_blocking=True)
-    side.wait_event(cupy.cuda.get_current_stream().record())
+    side.wait_event(after if after is not None else cupy.cuda.get_current_stream().record())
 
     how = _sparse_kernels.transpose_mode()
     if how == "kernel" and _sparse_kernels.supported(X):
         with side:
             XT, moments = _sparse_kernels.csr_transpose(X, moments=True)
             return _Done((XT, moments, side.record()))
+    if how == "buckets" and _sparse_kernels.buckets_supported(X):
+        with side:
+            return _Done((_sparse_kernels.csr_transpose_buckets(X), None, side.record()))
 
     def convert():
         with cupy.cuda.Device(dev), side:
@@ -203,15 +220,18 @@ def device_transpose(X, how=None, moments=False):
     """``Xᵀ`` as CSR for a non-empty ``cupyx`` CSR shard, else None (host SciPy needs no help).
 
     ``how`` (default: ``MPIML_SPARSE_TRANSPOSE``, :data:`mpiml.kernels.sparse.TRANSPOSES`): ``"kernel"`` forms it
-    by :func:`mpiml.kernels.sparse.csr_transpose` where the kernels take ``X``, else by cuSPARSE
-    (``X.T.tocsr()``), the same arrays either way (but for columns too long for the kernel's sort).
-    ``moments``: ``(Xᵀ, moments)``, the column moments the kernel's sort computes (None from cuSPARSE).
+    by :func:`mpiml.kernels.sparse.csr_transpose` where the kernels take ``X``, ``"buckets"`` by
+    :func:`mpiml.kernels.sparse.csr_transpose_buckets` where it takes ``X``, else by cuSPARSE
+    (``X.T.tocsr()``), the same arrays every way (but for columns too long for the kernel's sort).
+    ``moments``: ``(Xᵀ, moments)``, the column moments the kernel's sort computes (None otherwise).
     """
     XT = mom = None
     if type(X).__module__.startswith("cupyx") and getattr(X, "format", None) == "csr" and X.nnz and X.shape[0]:
         how = _sparse_kernels.transpose_mode() if how is None else how
         if how == "kernel" and _sparse_kernels.supported(X):
             XT, mom = _sparse_kernels.csr_transpose(X, moments=True)
+        elif how == "buckets" and _sparse_kernels.buckets_supported(X):
+            XT = _sparse_kernels.csr_transpose_buckets(X)
         else:
             XT = X.T.tocsr()
     return (XT, mom) if moments else XT
@@ -317,14 +337,18 @@ def gaussian_matrix(random_state, shape, comm, xp, dtype):
 
 
 def _device_normal(seed, shape, xp, dtype):
-    """A standard normal matrix drawn on the device by cuRAND's Philox generator, directly in ``dtype``.
+    """A standard normal matrix drawn on the device from ``seed``, directly in ``dtype``.
 
-    The default generator (XORWOW) sets up its state on the device at the first draw: 5.5 ms of a
-    70 ms sparse fit for a 10^5 x 26 matrix, in float64 then cast.  Philox is counter-based (no set-up)
-    and float32 is drawn as float32 (``generateNormal``).
+    By :func:`mpiml.kernels.sparse.normal` (one counter-based kernel, a few microseconds).  cuRAND's generators
+    cost more than the draw: XORWOW sets up its state at the first draw (5.5 ms of a 70 ms sparse fit for a
+    10^5 x 26 matrix), and a Philox generator made each fit took 0.84-1.0 ms of device time at 20:20 (its state
+    allocated, and freed with a synchronisation, each fit).  Environment ``MPIML_DEVICE_NORMAL=curand`` draws
+    by cuRAND's Philox instead (for comparison).
     """
     dtype = np.dtype(dtype)
     draw = dtype if dtype in (np.dtype(np.float32), np.dtype(np.float64)) else np.dtype(np.float64)
+    if _sparse_kernels._env_choice("MPIML_DEVICE_NORMAL", ("kernel", "curand")) == "kernel":
+        return _sparse_kernels.normal(seed, shape, draw).astype(dtype, copy=False)
     try:
         try:
             from cupy_backends.cuda.libs import curand
@@ -410,6 +434,18 @@ def _small_svd(R, xp):
 #: condition limit, or Jacobi unconverged), the range finder runs again from the same random matrix with the
 #: host's algebra (and its TSQR fallback).  For ``l <= 64``.
 ALGEBRAS = ("device", "host")
+#: When TruncatedSVD reads the device algebra's checks (environment ``MPIML_RANDOMIZED_CHECKS``, read when a fit
+#: starts): ``"deferred"`` (default) after the signs, the projection and the variances are queued (the host queues
+#: them while the device still runs the products; a failed check redoes the fit's end with the host algebra's
+#: result); ``"now"``: at the end of the range finder, a wait before they are queued.  Pass of 22:50 (one H100,
+#: the bucket transpose): 38.0 ms a fit deferred, 38.5 now.  (Taken back after the pass of 21:10, whose 211.7 ms
+#: variances step turned out to be the benchmark's matrix: duplicate entries, which the variances sum on a copy.)
+CHECKS = ("deferred", "now")
+
+
+def checks_mode():
+    """When TruncatedSVD reads the device algebra's checks, from ``MPIML_RANDOMIZED_CHECKS`` (see :data:`CHECKS`)."""
+    return _sparse_kernels._env_choice("MPIML_RANDOMIZED_CHECKS", CHECKS)
 
 
 def algebra_mode():
@@ -436,10 +472,19 @@ def _cholqr2_device(A, comm, flag, xp):
     return Q, R
 
 
-def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, device):
+def _checks_failed(flag, comm):
+    """Whether a check of the device's CholeskyQR2 algebra failed (one read back), alike on every rank."""
+    failed = int(to_numpy(flag)[0]) != 0
+    if comm.size > 1:   # the checks act on replicated matrices, alike everywhere; agreed on all the same
+        failed = bool(np.asarray(comm.allreduce(np.array([float(failed)])))[0] > 0)
+    return failed
+
+
+def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, device, deferred=False):
     """``(Q, Uhat, s, Vt)`` of randomized_svd's untransposed case from the random matrix ``Omega``: ``X ≈ Q Uhat
     diag(s) Vt``.  ``device``: the CholeskyQR2 rounds by :func:`_cholqr2_device`, whose checks are read once at
-    the end with the ``l x l`` factor of the final SVD; None when one failed (on every rank alike)."""
+    the end with the ``l x l`` factor of the final SVD; None when one failed (on every rank alike).  ``deferred``
+    (with ``device``): ``(Q, Uhat, s, Vt, flag)``, the checks unread (:func:`_checks_failed`)."""
     flag = xp.zeros(1, dtype=xp.int32) if device else None
 
     def orth(Y, how, on):
@@ -475,9 +520,10 @@ def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, devic
     Ur, s, Vrt = _sparse_kernels.small_svd(Rb, flag)
     # B = Rbᵀ Qbᵀ = Vrtᵀ diag(s) Urᵀ Qbᵀ
     Uhat, Vt = Vrt.T, (Qb @ Ur).T
-    failed = int(to_numpy(flag)[0]) != 0
-    if comm.size > 1:   # the checks act on replicated matrices, alike everywhere; agreed on all the same
-        failed = bool(np.asarray(comm.allreduce(np.array([float(failed)])))[0] > 0)
+    if deferred:
+        mark("SVD of Qt X", xp)
+        return Q, Uhat, s, Vt, flag
+    failed = _checks_failed(flag, comm)
     mark("SVD of Qt X", xp)
     if failed:
         return None
@@ -485,7 +531,8 @@ def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, devic
 
 
 def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversamples=10, n_iter=4,
-                   power_iteration_normalizer="auto", random_state=None, transpose="auto", want_u=True):
+                   power_iteration_normalizer="auto", random_state=None, transpose="auto", want_u=True,
+                   deferred=False):
     """Randomised truncated SVD of the row-distributed ``X`` (Halko, Martinsson, Tropp 2011).
 
     Parameters
@@ -506,6 +553,10 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
         matrix then has one row per sample; each rank takes its rows of it.
     want_u : bool, default=True
         False: ``U_local`` is not formed (None; TruncatedSVD projects ``X`` instead).
+    deferred : bool, default=False
+        Return ``(U_local, s, Vt, redo)``: the device algebra's checks are not read here, so the caller queues more
+        work before the host waits; ``redo()`` reads them (one wait) and returns None when they passed, else the
+        result of the host's algebra from the same random matrix.  ``redo`` is None when nothing was deferred.
 
     Returns
     -------
@@ -548,14 +599,25 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
     if not transpose:
         Omega = gaussian_matrix(random_state, (d, n_random), comm, xp, dtype)
         mark("random matrix", xp)
-        out = None
+
+        def finish(out):
+            Q, Uhat, s, Vt = out[:4]
+            U = (Q @ Uhat[:, :n_components].astype(dtype, copy=False)) if want_u else None
+            return U, s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
+
+        def host():
+            return finish(_range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, device=False))
+
         if xp is not np and algebra_mode() == "device" and n_random <= _sparse_kernels.SMALL_MAX:
-            out = _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, device=True)
-        if out is None:   # host algebra, or a deferred check of the device's failed: again from the same Omega
-            out = _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, device=False)
-        Q, Uhat, s, Vt = out
-        U = (Q @ Uhat[:, :n_components].astype(dtype, copy=False)) if want_u else None
-        return U, s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
+            out = _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, device=True, deferred=deferred)
+            if deferred:
+                def redo(flag=out[4]):   # a check failed: the host's algebra from the same Omega
+                    return host() if _checks_failed(flag, comm) else None
+                return (*finish(out), redo)
+            if out is not None:
+                return finish(out)
+        # host algebra, or a check of the device's failed: again from the same Omega
+        return (*host(), None) if deferred else host()
 
     # transposed: M = X.T (d x n); the random matrix has one row per global sample
     Omega = gaussian_matrix(random_state, (n_rows, n_random), comm, xp, dtype)[row_offset:row_offset + n_local]
@@ -571,7 +633,8 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
     # B = Vrt^T diag(s) (Q2 Ur)^T  ->  M = (Q Vrt^T) diag(s) (Q2 Ur)^T,  X = (Q2 Ur) diag(s) (Q Vrt^T)^T
     U = (Q2 @ Ur[:, :n_components].astype(dtype, copy=False)) if want_u else None
     Vt = (Q.astype(xp.float64) @ Vrt.T).T
-    return U, s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
+    out = U, s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
+    return (*out, None) if deferred else out
 
 
 # ---------------------------------------------------------------------- block Lanczos

@@ -11,7 +11,7 @@ from ..kernels import sparse as _sparse_kernels
 from ..utils._linalg import column_sq_dev, column_sums, is_sparse, svd_flip_rows
 from ..utils._param_validation import Interval, StrOptions
 from ._pca import _allreduce, _check_local, validate_local_rows, validated_rows
-from ._solvers import SparseRows, block_lanczos_svd, mark, randomized_svd
+from ._solvers import SparseRows, block_lanczos_svd, checks_mode, mark, randomized_svd
 
 __all__ = ["TruncatedSVD"]
 
@@ -19,15 +19,23 @@ __all__ = ["TruncatedSVD"]
 def _global_variances(X, Xt, n, *, comm, xp):
     """Sum of the feature variances of ``X`` and the column variances of ``Xt`` (ddof=0), global.
 
-    Two allreduces, of ``d + k`` (the sums: the means) and ``1 + k`` float64
-    (the squared deviations).  A sparse ``X`` is not densified (its implicit
+    Two allreduces, of ``d + k`` (the sums: the means) and ``2 + k`` float64
+    (the squared deviations and a count of columns to redo, whose reading is
+    the one wait on the device).  A sparse ``X`` is not densified (its implicit
     zeros are counted, as scikit-learn's ``mean_variance_axis`` does); a
     ``cupyx`` shard with its transpose stored (:class:`SparseRows`) takes the
     moments of its columns from the kernel transpose's sort (sums and squares
     about the stored values' own mean, computed while it sorts, so no pass
     here: ``Σ (x - m)² = s2 + c (s1 / c - m)²`` over a column's ``c`` stored
     values, every term non-negative), or reads them off the rows of ``Xᵀ``
-    (a kernel, two passes over its values).  Dense CuPy blocks are read once by the column-moments kernel
+    in one pass (a kernel: sums and squares about the column's first stored
+    value ``s``, then over the ``c`` stored values ``Σ (x - m)² = Q - 2 (m -
+    s)(S - c s) + c (m - s)²``, exact algebra with ``s`` among the column's
+    values), its check that ``Xᵀ``'s rows strictly increase read with the
+    result (one wait; where they do not, duplicates, that rank's share is
+    computed again from ``Xᵀ``, each run of a duplicate's values added first
+    (:func:`_sq_dev_sorted`), and summed once more, on every rank alike).
+    Dense CuPy blocks are read once by the column-moments kernel
     about a shift of this rank's own (the mean of its first rows): with ``S``
     the rank's sums, ``Q`` its squared deviations about ``s`` and ``m`` the
     global mean, its share is ``Q - 2 (m - s)(S - n_r s) + n_r (m - s)²``,
@@ -57,8 +65,11 @@ def _global_variances(X, Xt, n, *, comm, xp):
     if n_r:
         if by_sort is not None:
             sums[:d] = by_sort[0]
-        elif stored is not None:
-            sums[:d] = stored.kernels.csr_row_moments(stored.XT, check=False)[0]
+        elif stored is not None:      # one pass: sums and squares about each column's first stored value
+            XT = stored.XT
+            s0 = XT.data[xp.minimum(XT.indptr[:-1], XT.nnz - 1)].astype(xp.float64)
+            S_t, Q_t, not_canonical = stored.kernels.csr_row_moments(XT, s0, check="device")
+            sums[:d] = S_t
         elif is_sparse(X) or moments is None:
             sums[:d] = column_sums(X)
         else:
@@ -69,8 +80,10 @@ def _global_variances(X, Xt, n, *, comm, xp):
         else:
             one_t = shifted(Xt)
             sums[d:] = one_t[0]
+    mark("variances: sums", xp)
     means = _allreduce(comm, sums) / n
-    sq = xp.zeros(1 + k, dtype=xp.float64)
+    sq = xp.zeros(2 + k, dtype=xp.float64)     # X's squared deviations, Xt's k, then the count of columns redone
+    fast = None
 
     def share(first, m):
         S, Q, s = first
@@ -89,15 +102,44 @@ def _global_variances(X, Xt, n, *, comm, xp):
                 done = True
         elif stored is not None:
             m = means[:d]
-            _, s2, canonical = stored.kernels.csr_row_moments(stored.XT, m)
-            if canonical:  # the implicit zeros of each column add (rows - stored) m²
-                sq[0] = (s2 + (n_r - xp.diff(stored.XT.indptr)) * m * m).sum()
-                done = True
+            c = xp.diff(XT.indptr).astype(xp.float64)
+            dev = Q_t - 2.0 * (m - s0) * (S_t - c * s0) + c * (m - s0) ** 2
+            sq[0] = fast = (dev + (n_r - c) * m * m).sum()   # the implicit zeros add (rows - stored) m²
+            sq[-1] = not_canonical[0]
+            done = True
         if not done:
             sq[0] = (share(one_x, means[:d]) if one_x is not None else column_sq_dev(X, means[:d])).sum()
-        sq[1:] = share(one_t, means[d:]) if one_t is not None else column_sq_dev(Xt, means[d:])
-    sq = _allreduce(comm, sq) / n
-    return float(to_numpy(sq[:1])[0]), sq[1:]
+        sq[1:1 + k] = share(one_t, means[d:]) if one_t is not None else column_sq_dev(Xt, means[d:])
+    mark("variances: squared deviations", xp)
+    mine = sq[:1].copy()
+    sq = _allreduce(comm, sq)
+    head = to_numpy(sq[::1 + k])                 # X's total and the count of columns to redo: the one wait
+    total = head[0]
+    if head[-1] > 0:   # duplicates in some rank's Xᵀ: those ranks' shares again, from X; every rank sums again
+        if fast is not None and int(to_numpy(not_canonical)[0]):
+            mine[0] = _sq_dev_sorted(XT, means[:d], n_r, xp)
+        total = to_numpy(_allreduce(comm, mine))[0]
+    return float(total) / n, sq[1:1 + k] / n
+
+
+def _sq_dev_sorted(XT, m, n_r, xp):
+    """``Σ_columns Σ_rows (x - m)²`` of this rank's ``X`` (``n_r`` rows) from ``Xᵀ`` whose rows hold their indices
+    in increasing order, duplicates next to each other (cuSPARSE's and the bucket transpose's): each run of equal
+    indices is added up first (the matrix's value), then squared.  For ``X`` with duplicate entries, with no sort
+    (where a copy of ``X`` with its duplicates summed took ~212 ms at 10^8 values)."""
+    d = XT.shape[0]
+    nnz = int(XT.indices.size)
+    col = xp.searchsorted(XT.indptr, xp.arange(nnz, dtype=XT.indptr.dtype), side="right") - 1   # its row of Xᵀ
+    idx = XT.indices
+    head = xp.ones(nnz, dtype=bool)
+    head[1:] = (idx[1:] != idx[:-1]) | (col[1:] != col[:-1])
+    run = xp.cumsum(head) - 1
+    sums = xp.bincount(run, weights=XT.data.astype(xp.float64))
+    rcol = col[head]
+    dev = sums - m[rcol]
+    sq = xp.bincount(rcol, weights=dev * dev, minlength=d)
+    stored = xp.bincount(rcol, minlength=d).astype(xp.float64)
+    return (sq + (n_r - stored) * m * m).sum()
 
 
 class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
@@ -158,7 +200,8 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
       allreduce of ``d x l`` float64; when ``n < d`` the roles of the two
       sides swap (scikit-learn's ``transpose``);
     - ``"arpack"``: one allreduce of ``d x k`` float64 per block product;
-    - the variances: two allreduces of ``d + k`` and ``k + 1`` float64.
+    - the variances: two allreduces of ``d + k`` and ``k + 2`` float64 (one more
+      of one value where a rank's ``Xᵀ`` has duplicate entries).
 
     :meth:`transform` and :meth:`inverse_transform` act on local rows and
     communicate nothing.  Only ``X @ V`` and ``X.T @ U`` touch the data in
@@ -240,10 +283,22 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         else:
             if k > d:
                 raise ValueError(f"n_components({k}) must be <= n_features({d}).")
-            _, S, Vt = randomized_svd(operand, k, comm=comm, xp=xp, n_rows=n, row_offset=int(counts[:comm.rank].sum()),
-                                      n_oversamples=self.n_oversamples, n_iter=self.n_iter,
-                                      power_iteration_normalizer=self.power_iteration_normalizer,
-                                      random_state=self.random_state, want_u=False)
+            deferred = xp is not np and checks_mode() == "deferred"
+            _, S, Vt, *redo = randomized_svd(operand, k, comm=comm, xp=xp, n_rows=n,
+                                             row_offset=int(counts[:comm.rank].sum()),
+                                             n_oversamples=self.n_oversamples, n_iter=self.n_iter,
+                                             power_iteration_normalizer=self.power_iteration_normalizer,
+                                             random_state=self.random_state, want_u=False, deferred=deferred)
+            if redo and redo[0] is not None:   # the device algebra's checks, read after the fit's end is queued
+                X_transformed = self._finish(operand, X, S, Vt, n, comm, xp)
+                again = redo[0]()
+                if again is None:
+                    return X_transformed
+                _, S, Vt = again
+        return self._finish(operand, X, S, Vt, n, comm, xp)
+
+    def _finish(self, operand, X, S, Vt, n, comm, xp):
+        """Signs, components, the projection of this rank's rows and the variances from a fit's ``S`` and ``Vt``."""
         _, Vt = svd_flip_rows(Vt)
         self.components_ = xp.ascontiguousarray(Vt.astype(X.dtype, copy=False))
         mark("signs", xp)

@@ -458,10 +458,12 @@ class TreeGrower:
             return _tree_parallel.grow(self, trees)
         start = time.perf_counter()
         # a rank alone with at least as many trees as threads: each thread grows its own trees (fewer trees: the
-        # threads share every level, or some would have none)
+        # threads share every level, or some would have none; MPIML_RF_TREE_THREADS=all: a thread a tree even
+        # then, for A/B runs of a rank's few trees, e.g. 32 trees over 8 ranks of 8 threads)
         threads = _cpu_kernels.thread_count() if self.fused else 1
-        if 1 < threads <= len(trees) and os.environ.get("MPIML_RF_TREE_THREADS", "1") != "0":
-            out = self._grow_in_threads(trees, threads)
+        mode = os.environ.get("MPIML_RF_TREE_THREADS", "1")
+        if 1 < threads and mode != "0" and (threads <= len(trees) or (mode == "all" and len(trees) > 1)):
+            out = self._grow_in_threads(trees, min(threads, len(trees)))
         else:
             out = self._grow_batches(trees)
         self.stats["grow_s"] = self.stats.get("grow_s", 0.0) + time.perf_counter() - start

@@ -65,6 +65,37 @@ def grow(grower, trees):
         grower.stats[key] = grower.stats.get(key, 0) + value
     grower.stats["tree_parallel"] = 1
     by_id = {}
-    for ids, those in comm.allgather_obj((mine, grown)):
+    for ids, those in zip(*_exchange(comm, mine, grown)):
         by_id.update(zip(ids, those))
     return [by_id[t] for t in trees]
+
+
+def _exchange(comm, mine, grown):
+    """Every rank's ``(tree ids, tree dicts)`` lists, in rank order: the arrays of this rank's trees packed into
+    one buffer, one ``allgatherv`` of the buffers and one ``allgather_obj`` of where each array lies; every
+    rank's trees are then views of the gathered buffer.  The trees are most of the bytes of a forest (128 full
+    depth trees of 2e5 rows: about 270 MB), and ``allgather_obj`` of them pickled, gathered, cut and unpickled
+    every rank's share: four copies on every rank, of bytes that do not shrink with the ranks."""
+    layout, at = [], 0
+    for tree in grown:
+        entry = {}
+        for key, a in tree.items():
+            a = np.asarray(a)
+            entry[key] = (a.dtype.str, a.shape, at)
+            at += -(-a.nbytes // 8) * 8
+        layout.append(entry)
+    buf = np.zeros(at // 8, dtype=np.int64)
+    raw = buf.view(np.uint8)
+    for tree, entry in zip(grown, layout):
+        for key, (_, _, off) in entry.items():
+            a = np.ascontiguousarray(tree[key])
+            raw[off:off + a.nbytes] = a.reshape(-1).view(np.uint8)
+    every = comm.allgatherv(buf).view(np.uint8)
+    ids, trees, start = [], [], 0
+    for theirs, entries, words in comm.allgather_obj((mine, layout, buf.size)):
+        chunk = every[start * 8:(start + words) * 8]
+        start += words
+        ids.append(theirs)
+        trees.append([{key: chunk[off:off + int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize]
+                       .view(dt).reshape(shape) for key, (dt, shape, off) in entry.items()} for entry in entries])
+    return ids, trees

@@ -27,10 +27,12 @@ COMMON = "comm/ipc_common.cuh"
 #: family -> (file relative to kernels/, kernels in it, whether they reduce)
 FAMILIES = {
     "allreduce": ("comm/allreduce.cu", ("mpiml_allreduce_oneshot", "mpiml_allreduce_twoshot", "mpiml_allreduce_ll",
-                                       "mpiml_allreduce_lltwoshot", "mpiml_allreduce_pipe"), True),
+                                       "mpiml_allreduce_lltwoshot", "mpiml_allreduce_pipe", "mpiml_allreduce_ll128"),
+                  True),
     "reduce": ("comm/reduce.cu", ("mpiml_reduce_oneshot", "mpiml_scan_oneshot", "mpiml_reduce_scatter_oneshot",
                                "mpiml_reduce_scatter_ll", "mpiml_reduce_ll", "mpiml_reduce_twoshot",
-                               "mpiml_reduce_lltwoshot", "mpiml_reduce_pipe"), True),
+                               "mpiml_reduce_lltwoshot", "mpiml_reduce_pipe", "mpiml_reduce_llrelay",
+                               "mpiml_reduce_ll128"), True),
     "bcast": ("comm/bcast.cu", ("mpiml_bcast_pull", "mpiml_allgather_pull", "mpiml_bcast_ll", "mpiml_allgather_ll",
                                 "mpiml_bcast_twoshot", "mpiml_allgather_push", "mpiml_bcast_lltwoshot",
                                 "mpiml_bcast_pipe"), False),

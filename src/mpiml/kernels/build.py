@@ -170,6 +170,8 @@ def specs(arch, model=None):
                        for w in ("false", "true") for g in _linear_mma3_groups()]
                     + [f"mpiml_linear_logistic<{ct}, {m}, {c}>" for m in (0, 1) for c in (1, 2, 4, 8)]
                     + ["mpiml_linear_sum_blocks", "mpiml_linear_sum_sym", "mpiml_linear_sum_pack"]))
+    out.append((("linear/linear.cu",), [f"mpiml_linear_labels{m}<{t}>" for t in ("int", "long long", "float", "double")
+                                         for m in ("", "_merge")]))
     out += _select_programs()
     for files, exprs in _kmeans_exprs(model or DEVICE_MODELS[arch]).items():
         shared = sorted(e for e in exprs if not _own_module(e))

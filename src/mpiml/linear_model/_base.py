@@ -45,22 +45,24 @@ def allreduce_identical(comm, x):
     return comm.allreduce(x, algorithm="binomial")
 
 
-def _to_host(x, host):
+def _to_host(x, host, copy=True):
     """``x`` (a float64 CuPy vector) as a new host array: through the pinned buffer ``host`` of its size
-    when given (one asynchronous copy and a wait for the stream), else by a plain copy."""
+    when given (one asynchronous copy and a wait for the stream), else by a plain copy.  ``copy=False``:
+    ``host`` itself when it served (the caller reads it before its next use)."""
     if host is None or host.size != x.size:
         return as_like(x, np)
     import cupy
 
     stream = cupy.cuda.get_current_stream()
-    x = cupy.ascontiguousarray(x)
+    if not x.flags.c_contiguous:
+        x = cupy.ascontiguousarray(x)
     cupy.cuda.runtime.memcpyAsync(host.ctypes.data, x.data.ptr, x.nbytes, cupy.cuda.runtime.memcpyDeviceToHost,
                                   stream.ptr)
     stream.synchronize()
-    return host.copy()
+    return host.copy() if copy else host
 
 
-def allreduce_identical_device(comm, x, host=None):
+def allreduce_identical_device(comm, x, host=None, copy=True):
     """Sum a float64 CuPy array over ranks, the same bits on every rank; returned as host float64.
 
     Where the communicator's IPC kernels run (one GPU per rank on one node)
@@ -70,15 +72,16 @@ def allreduce_identical_device(comm, x, host=None):
     of the result to the host.  Elsewhere the array is copied to the host and
     summed by :func:`allreduce_identical`.  Collective; every rank takes the same
     path (whether IPC runs is agreed by the communicator when it first tries it).  ``host``: a
-    pinned float64 buffer of ``x``'s size for the copy to the host (an optimiser's repeated reductions).
+    pinned float64 buffer of ``x``'s size for the copy to the host (an optimiser's repeated reductions);
+    ``copy=False`` returns that buffer itself where it holds the result (read it before its next use).
     """
     if comm.size == 1:
-        return _to_host(x, host)
+        return _to_host(x, host, copy)
     # (an experiment's switch, read per call: vectors up to this many bytes copied to the host first and summed
     # there; 0, the default, keeps every size on the device)
     host_bytes = os.environ.get("MPIML_LINEAR_HOST_REDUCE_BYTES")
     if host_bytes and x.nbytes <= int(host_bytes):
-        return allreduce_identical(comm, _to_host(x, host))
+        return allreduce_identical(comm, _to_host(x, host, copy))
     from .._errors import CommError
 
     if "ipc" in comm.available_backends("device"):
@@ -88,16 +91,18 @@ def allreduce_identical_device(comm, x, host=None):
             if "ipc" in comm.available_backends("device"):
                 raise   # a failure of the call itself, not a transport that cannot run here
         else:
-            return _to_host(out, host)
-    return allreduce_identical(comm, _to_host(x, host))
+            return _to_host(out, host, copy)
+    return allreduce_identical(comm, _to_host(x, host, copy))
 
 
 def fitted_like(array, xp, dtype):
     """A fitted attribute (a small host array) on the namespace of the data, cast on the host to ``dtype``.
 
-    For CuPy, one plain synchronous copy into a new device array: at the end of a fit the device is idle
-    (its results were waited for), so the copy waits for nothing, and it skips CuPy's general path for
-    host input (a pinned staging buffer, an event and its watch list: several times the copy's cost).
+    For CuPy, one copy from the (pageable) host array into a new device array on the current stream: at
+    the end of a fit the device is idle (its results were waited for), so the copy waits for nothing; it
+    skips CuPy's general path for host input (a pinned staging buffer, an event and its watch list) and
+    ``ndarray.set``'s device switches (driver calls of ~10-40 us each on the GPU host).  A copy from pageable
+    memory returns once the host array is staged, so it may be dropped at once.
     """
     if xp is np or is_device_array(array):
         return as_like(array, xp, dtype)
@@ -105,7 +110,9 @@ def fitted_like(array, xp, dtype):
     if host.size == 0:
         return as_like(host, xp)
     out = xp.empty(host.shape, dtype=host.dtype)
-    out.set(host)
+    runtime = xp.cuda.runtime
+    runtime.memcpyAsync(out.data.ptr, host.ctypes.data, host.nbytes, runtime.memcpyHostToDevice,
+                        xp.cuda.get_current_stream().ptr)
     return out
 
 

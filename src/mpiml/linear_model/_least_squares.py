@@ -562,9 +562,10 @@ class Ridge(_LinearRegressorBase):
         n_iter = None
         if dense_direct_applies(X, self.positive) and solver in ("cholesky", "svd"):
             mode = {"auto": "auto", "cholesky": "normal", "normal": "normal"}.get(self.solver, "tsqr")
+            smallest = float(np.min(alphas))
             coef, intercept, _, used, self._solver_info = solve_direct(
-                X, y, sw, solver=mode, alpha=float(np.min(alphas)), early=early, **common,
-                solve_gram=lambda G, B, factor=None: (ridge_from_gram(G, B, alphas, factor, np.min(alphas)), None),
+                X, y, sw, solver=mode, alpha=smallest, early=early, **common,
+                solve_gram=lambda G, B, factor=None: (ridge_from_gram(G, B, alphas, factor, smallest), None),
                 solve_r=lambda R, Z: (ridge_from_r(R, Z, alphas), None),
                 on_nonfinite=lambda: raise_if_nonfinite(self, X, y, comm=comm, xp=xp))
             solver = "cholesky" if used == "normal" else "svd"

@@ -498,8 +498,13 @@ class LogisticRegression(ClassifierMixin, SparseCoefMixin, _CallbackSupport, SPM
         if sw is None:
             sw = early[0].sw if prepared is not None else xp.ones(X.shape[0], dtype=X.dtype)
         # (the fused binary path needs no class indices beyond the 0/1 labels the early pass made)
-        y_idx = None if prepared is not None else (
-            xp.searchsorted(xp.asarray(classes), y) if xp is not np else np.searchsorted(classes, y)).astype(xp.int64)
+        if prepared is not None:
+            y_idx = None
+        elif xp is np and classes.size == 2:   # host labels of two classes: one compare (a search: 0.6 ms at 1e5 rows)
+            y_idx = (y == classes[1]).astype(np.int64)
+        else:
+            y_idx = (xp.searchsorted(xp.asarray(classes), y) if xp is not np
+                     else np.searchsorted(classes, y)).astype(xp.int64)
         if self.solver == "liblinear":  # LIBLINEAR leaves out the rows whose weight is not positive
             sw = xp.where(sw > 0, sw, xp.zeros_like(sw))
         if not any_weights and self.class_weight is None and "rows" in found:   # (agreed: no rank has weights)

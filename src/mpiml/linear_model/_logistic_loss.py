@@ -44,7 +44,14 @@ __all__ = ["Objective", "EarlyPass", "lbfgs", "newton_cholesky", "newton_cg", "c
            "softmax_stats"]
 
 
+#: Dense binary host rows of at least this many values ``n d`` are evaluated by the compiled pass (below, the
+#: NumPy path is as quick, and a process that fits only small shards, as most tests do, never loads Numba).
+_HOST_PASS_MIN_VALUES = 1 << 16
+
+
 def _fingerprint(*arrays):
+    if len(arrays) == 1:   # (one vector, an optimiser's point: its bytes without the join)
+        return float(zlib.crc32(np.ascontiguousarray(arrays[0], dtype=np.float64).tobytes()) & 0xFFF)
     data = b"".join(np.ascontiguousarray(a, dtype=np.float64).tobytes() for a in arrays)
     return float(zlib.crc32(data) & 0xFFF)
 
@@ -145,6 +152,7 @@ class Objective:
         self._kept_local = None  # (point, this rank's packed device sums) launched ahead (see keep_local)
         self._first_check = None  # called with the next evaluation's (loss, gradient) (see check_first)
         self._stash = None  # (fingerprint of w, local probabilities) for Hessian-vector products
+        self._stream_synced = False   # the device stream waited for since the last fused launch (see _reduce)
         penalised = np.zeros((self.k, self.d + self.fi), dtype=bool)
         penalised[:, :self.d] = True
         if self.fi and penalise_intercept:
@@ -165,6 +173,12 @@ class Objective:
             # the kernels, buffers and pinned staging of every evaluation, made once per fit
             self._pass = prepared[1] if prepared is not None else LogisticPass(
                 X, self.y01, self._sw_x, fit_intercept=bool(self.fi), scale=self.scale)
+        # dense binary host rows: one compiled read of X per evaluation of the loss and gradient (_cpu_kernels)
+        self._host_pass = None
+        if self.binary and not self.sparse and xp is np and X.shape[0] * self.d >= _HOST_PASS_MIN_VALUES:
+            from ._cpu_kernels import LogisticPass as HostPass
+
+            self._host_pass = HostPass(X, self.y01, sw, fit_intercept=bool(self.fi), scale=self.scale)
         # every rank's reductions on the device (the same on every rank: whether X is a dense binary CuPy
         # shard the kernel takes is, its row count and layout are not); the fused ranks pack theirs there
         self._device_reduce = (comm.size > 1 and self.binary and not self.sparse and xp is not np
@@ -196,19 +210,36 @@ class Objective:
     def _fused_local(self, w, v=None, fp=0.0):
         """``[Σ w·loss | gradient | fp, fp²]`` (or ``[H v | fp, fp²]`` when ``v`` is given) by one read of
         ``X`` on the device, packed there for the allreduce (a float64 CuPy vector)."""
-        coef, intercept = self.split(w)
-        if v is None:
-            vec, vbias = None, 0.0
+        p = self._pass
+        synced, self._stream_synced = self._stream_synced, False
+        if v is None:   # (the binary point read in place: the coefficients, then the intercept's value)
+            d = self.d
+            p.launch(w[:d], float(w[d]) * self.scale if self.fi else 0.0, synced=synced)
         else:
+            coef, intercept = self.split(w)
             vc, vb = self.split(v)
-            vec, vbias = vc[0], float(vb[0])
-        return self._pass(coef[0], float(intercept[0]), vec, vbias, fp)
+            p.launch(coef[0], float(intercept[0]), vc[0], float(vb[0]), synced=synced)
+        return p.sums(fp)
+
+    def _fused_evaluation(self, w):
+        """``(_fused_local(w, fp=fp), fp)`` with ``fp`` the fingerprint of ``w``, computed once the kernel is
+        launched (the device starts on the pass while the host hashes the point)."""
+        p = self._pass
+        synced, self._stream_synced = self._stream_synced, False
+        d = self.d
+        p.launch(w[:d], float(w[d]) * self.scale if self.fi else 0.0, synced=synced)
+        fp = _fingerprint(w)
+        return p.sums(fp), fp
 
     def _local(self, w, hessian, fp=0.0):
         """This rank's ``[Σ w·loss | gradient | (Hessian)]`` as host float64 (unscaled); on the fused path
         the same packed on the device with the fingerprint ``fp`` (see :meth:`_fused_local`)."""
         if self._fused and not hessian:
             return self._fused_local(w, fp=fp)
+        if self._host_pass is not None and not hessian:
+            coef, intercept = self.split(w)
+            self._stash = (_fingerprint(w), None)   # (hessp makes the probabilities when it needs them)
+            return self._host_pass(coef[0], intercept[0])
         xp, X, sw = self.xp, self.X, self.sw
         n, D = X.shape[0], self.d + self.fi
         npar = self.n_params
@@ -297,9 +328,12 @@ class Objective:
 
     def _reduce(self, local, fp):
         if is_device_array(local):     # packed on the device with its fingerprint (the fused kernel)
-            packed = allreduce_identical_device(self.comm, local, host=self._pinned(local.size))
+            # (the pinned buffer itself: what the callers make of it are new arrays, before the next reduction)
+            packed = allreduce_identical_device(self.comm, local, host=self._pinned(local.size), copy=False)
+            self._stream_synced = True   # (the copy to the host waited for the stream: see LogisticPass.launch)
         elif self._device_reduce:      # a rank without rows (or a non-contiguous shard) among fused ones
             packed = allreduce_identical_device(self.comm, self.xp.asarray(np.concatenate([local, [fp, fp * fp]])))
+            self._stream_synced = True
         else:
             packed = allreduce_identical(self.comm, np.concatenate([local, [fp, fp * fp]]))
         self.n_evals += 1
@@ -342,13 +376,18 @@ class Objective:
             kept, self._kept = self._kept, None
             if not hessian and kept[0].shape == w.shape and np.array_equal(kept[0], w):
                 return kept[1][0], kept[1][1].copy()
-        fp = _fingerprint(w)
         local = None
         if self._kept_local is not None:
             kept, self._kept_local = self._kept_local, None
             if not hessian and kept[0].shape == w.shape and np.array_equal(kept[0], w):
                 local = kept[1]
-        packed = self._reduce(self._local(w, hessian, fp) if local is None else local, fp)
+        if local is None and self._fused and not hessian:
+            local, fp = self._fused_evaluation(w)
+        else:
+            fp = _fingerprint(w)
+            if local is None:
+                local = self._local(w, hessian, fp)
+        packed = self._reduce(local, fp)
         npar = self.n_params
         reg = np.where(self.penalised, w, 0.0)
         loss = packed[0] / self.sw_sum + 0.5 * self.l2 * float(reg @ reg)
@@ -381,6 +420,9 @@ class Objective:
             fp_w, prob = self._stash
             if fp_w != _fingerprint(w):
                 raise RuntimeError("hessp needs the probabilities of its point: evaluate(w) first")
+            if prob is None:   # the compiled host pass evaluated w: the probabilities once, for every product at w
+                prob = expit(self.raw(X, w), xp)
+                self._stash = (fp_w, prob)
             XV = self.raw(X, v)  # X̃ v with the same layout as the raw predictions
             if self.binary:
                 Q = (sw * prob * (1 - prob) * XV)[:, None]
@@ -454,7 +496,9 @@ def _optimiser_threads(obj):
     pool = {lib.prefix: lib.num_threads for lib in ctl.select(user_api="blas").lib_controllers}
     if max(pool.values(), default=1) <= 1:
         return plain
-    if obj.xp is not np:    # rows on the device (MPIML_LINEAR_LBFGS_BLAS=one): every host BLAS call is tiny
+    if obj.xp is not np or getattr(obj, "_host_pass", None) is not None:
+        # rows on the device (MPIML_LINEAR_LBFGS_BLAS=one), or host rows evaluated by the compiled pass (no BLAS in
+        # it; its own threads): every host BLAS call is tiny
         return ctl.limit(limits=1, user_api="blas"), obj.evaluate
 
     def evaluate(w):
@@ -470,11 +514,13 @@ def lbfgs(obj, w0, *, max_iter, tol, verbose=0, on_iteration=None):
     iteration (the same on every rank: it is called by every rank with the same bits).
     """
     context, fun = _optimiser_threads(obj)   # scipy's steps on one BLAS thread for host rows
+    options = {"maxiter": max_iter, "maxls": 50, "gtol": tol, "ftol": 64 * np.finfo(float).eps}
+    callback = _iteration_callback(obj, verbose, on_iteration)
     with context:
-        res = scipy.optimize.minimize(fun, w0, method="L-BFGS-B", jac=True,
-                                      callback=_iteration_callback(obj, verbose, on_iteration),
-                                      options={"maxiter": max_iter, "maxls": 50, "gtol": tol,
-                                               "ftol": 64 * np.finfo(float).eps})
+        if obj.xp is not np and _direct_driver_agrees():   # rows on the device: scipy's steps without its wrappers
+            res = _lbfgsb_direct(fun, w0, callback=callback, **options)
+        else:
+            res = scipy.optimize.minimize(fun, w0, method="L-BFGS-B", jac=True, callback=callback, options=options)
     n_iter = min(int(res.nit), max_iter)
     if res.status != 0:
         msg = (f"lbfgs failed to converge after {n_iter} iteration(s) (status={res.status}):\n{res.message}\n")
@@ -484,6 +530,104 @@ def lbfgs(obj, w0, *, max_iter, tol, verbose=0, on_iteration=None):
                 "    https://scikit-learn.org/stable/modules/preprocessing.html")
         warnings.warn(msg, ConvergenceWarning, stacklevel=4)
     return res.x, n_iter, res
+
+
+def _lbfgsb_direct(fun, x0, *, maxiter, maxls, gtol, ftol, callback=None, maxcor=10, maxfun=15000):
+    """scipy's L-BFGS-B (``minimize(method="L-BFGS-B", jac=True)``) driven here: the same routine on the same
+    values, so the same iterates, evaluations and result fields (``x``, ``fun``, ``jac``, ``nit``, ``nfev``,
+    ``status``, ``message``).
+
+    ``minimize`` wraps the objective in layers (a memoised Jacobian, a scalar-function object that copies and
+    compares the point, counts and checks) that cost ~0.1 ms a evaluation on the GPU host, where the device
+    waits for the next point: with 19 evaluations a fit, more than a millisecond of a 4-GPU fit's ~24 ms.
+    This loop is ``scipy.optimize._lbfgsb_py._minimize_lbfgsb``'s without bounds: it calls scipy's
+    ``setulb`` (a private routine), so it is used only where :func:`_direct_driver_agrees` found it
+    reproducing ``minimize`` bit for bit in this process.
+    """
+    from scipy.optimize import _lbfgsb
+    from scipy.optimize._lbfgsb_py import status_messages, task_messages
+
+    m = maxcor
+    x = np.array(np.asarray(x0).ravel(), dtype=np.float64)
+    n = x.size
+    f = np.array(0.0)
+    g = np.zeros(n)
+    nbd = np.zeros(n, np.int32)
+    low, up = np.zeros(n), np.zeros(n)
+    wa = np.zeros(2 * m * n + 5 * n + 11 * m * m + 8 * m)
+    iwa = np.zeros(3 * n, np.int32)
+    task, ln_task = np.zeros(2, np.int32), np.zeros(2, np.int32)
+    lsave, isave, dsave = np.zeros(4, np.int32), np.zeros(44, np.int32), np.zeros(29)
+    factr = ftol / np.finfo(float).eps
+    nit = nfev = 0
+    setulb = _lbfgsb.setulb
+    while True:
+        setulb(m, x, low, up, nbd, f, g, factr, gtol, wa, iwa, task, lsave, isave, dsave, maxls, ln_task)
+        if task[0] == 3:            # f and g at x (``fun`` keeps nothing of x, which setulb rewrites: no copy)
+            f, g = fun(x)
+            g = np.asarray(g, dtype=np.float64)
+            nfev += 1
+        elif task[0] == 1:          # a new iterate
+            nit += 1
+            if callback is not None:
+                try:
+                    callback(scipy.optimize.OptimizeResult(x=x, fun=f))
+                except StopIteration:
+                    task[0], task[1] = 5, 505
+            if nit >= maxiter:
+                task[0], task[1] = 5, 504
+            elif nfev > maxfun:
+                task[0], task[1] = 5, 502
+        else:
+            break
+    status = 0 if task[0] == 4 else (1 if nfev > maxfun or nit >= maxiter else 2)
+    return scipy.optimize.OptimizeResult(fun=f, jac=g, nfev=nfev, njev=nfev, nit=nit, status=status,
+                                         message=status_messages[task[0]] + ": " + task_messages[task[1]],
+                                         x=x, success=status == 0)
+
+
+_DIRECT_OK = []   # [bool] once checked in this process
+
+
+def _direct_driver_agrees():
+    """Whether :func:`_lbfgsb_direct` reproduces ``scipy.optimize.minimize``'s L-BFGS-B here (checked once per
+    process on a small logistic problem, both ways, bit for bit: its iterates, counts, status and message);
+    False with a SciPy whose private routine differs (any exception) or ``MPIML_LINEAR_LBFGS_DRIVER=scipy``."""
+    if os.environ.get("MPIML_LINEAR_LBFGS_DRIVER", "") == "scipy":
+        return False
+    if not _DIRECT_OK:
+        try:
+            rs = np.random.RandomState(0)
+            A = rs.randn(300, 12)
+            y = (A @ rs.randn(12) + rs.randn(300) > 0).astype(np.float64)
+
+            def fg(w):
+                m = A @ w
+                p = expit(m, np)
+                return (float(np.mean(np.logaddexp(0.0, m) - y * m)) + 5e-4 * float(w @ w),
+                        A.T @ (p - y) / 300 + 1e-3 * w)
+
+            seen = []
+
+            def cb(intermediate_result):
+                seen.append(np.array(intermediate_result.x))
+            ok = True
+            for maxiter, gtol in ((100, 1e-10), (3, 1e-10), (100, 1e-3)):
+                opts = {"maxiter": maxiter, "maxls": 50, "gtol": gtol, "ftol": 64 * np.finfo(float).eps}
+                seen.clear()
+                ref = scipy.optimize.minimize(fg, np.zeros(12), method="L-BFGS-B", jac=True, callback=cb,
+                                              options=opts)
+                ref_seen = list(seen)
+                seen.clear()
+                got = _lbfgsb_direct(fg, np.zeros(12), callback=cb, **opts)
+                ok = ok and (np.array_equal(ref.x, got.x) and ref.nit == got.nit and ref.nfev == got.nfev
+                             and ref.status == got.status and ref.message == got.message
+                             and float(ref.fun) == float(got.fun) and len(ref_seen) == len(seen)
+                             and all(np.array_equal(a, b) for a, b in zip(ref_seen, seen)))
+        except Exception:   # noqa: BLE001 - another SciPy's private routine: minimize as before
+            ok = False
+        _DIRECT_OK.append(bool(ok))
+    return _DIRECT_OK[0]
 
 
 def _free_parameters(obj):

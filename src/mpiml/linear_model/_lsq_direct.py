@@ -32,6 +32,8 @@ makes the same choice.
 """
 
 import contextlib
+import math
+import threading
 
 import numpy as np
 
@@ -47,6 +49,7 @@ __all__ = ["augmented_gram", "NormalEquations", "NORMAL_RTOL_FLOOR", "early_loca
 NORMAL_RTOL_FLOOR = 1e-10
 
 _EPS64 = np.finfo(np.float64).eps
+_UNIT_ROUNDOFF = {}   # dtype -> eps / 2
 
 
 def augmented_gram(X, Y, sw, *, comm, xp, local=None):
@@ -59,11 +62,33 @@ def augmented_gram(X, Y, sw, *, comm, xp, local=None):
     the communicator can (:func:`allreduce_identical_device`).
     """
     if local is None:
-        local = local_augmented_gram(X, Y, sw)
+        if (xp is np and X.shape[1] + Y.shape[1] + 1 <= _HOST_KERNEL_COLUMNS
+                and X.shape[0] * X.shape[1] >= _HOST_KERNEL_MIN_VALUES):
+            from ._cpu_kernels import augmented_gram as host_gram   # (Numba: imported at the first host fit)
+
+            local = host_gram(X, Y, sw)   # one compiled pass over the rows on this rank's threads
+        else:
+            local = local_augmented_gram(X, Y, sw)
     k = local.shape[0]
-    if is_device_array(local):
-        return allreduce_identical_device(comm, local.ravel()).reshape(k, k)
+    if is_device_array(local):   # (through a pinned buffer: one asynchronous copy instead of CuPy's pageable one)
+        return allreduce_identical_device(comm, local.ravel(), host=_pinned(k * k)).reshape(k, k)
     return allreduce_identical(comm, as_like(local, np).ravel()).reshape(k, k)
+
+
+_PINNED = threading.local()   # per thread: {size: pinned float64 buffer}
+
+
+def _pinned(size):
+    """A pinned float64 host buffer of ``size`` values for a reduced Gram matrix, made once per thread and size."""
+    bufs = getattr(_PINNED, "bufs", None)
+    if bufs is None:
+        bufs = _PINNED.bufs = {}
+    buf = bufs.get(size)
+    if buf is None:
+        import cupyx
+
+        buf = bufs[size] = cupyx.empty_pinned(size, dtype=np.float64)
+    return buf
 
 
 class EarlyGram:
@@ -115,8 +140,7 @@ class NormalEquations:
         t = Z.shape[0] - d - 1
         self.d, self.t = d, t
         self.sw_sum = float(Z[-1, -1])
-        Gx, Bx = Z[:d, :d], Z[:d, d:d + t]
-        self.raw_diag = Z.diagonal()[:d].copy()
+        self.raw_diag = Z.diagonal()[:d]     # (a read-only view of Z)
         if fit_intercept:
             # [G | B] of the centred data from one outer product of the sums [sx | sy] (the same values as
             # two products, in fewer small operations: this runs on the fit's path after the Gram)
@@ -124,18 +148,24 @@ class NormalEquations:
             n = self.sw_sum if self.sw_sum != 0 else 1.0
             means = s / n
             self.x_mean, self.y_mean = means[:d], means[d:]
-            C = Z[:d, :d + t] - np.outer(s[:d], s) / n
+            # (in place where the values allow: each d x d temporary is a fresh allocation on the fit's path)
+            C = s[:d, None] * s      # (np.outer's product, without its reshapes)
+            C /= n
+            np.subtract(Z[:d, :d + t], C, out=C)
             G = C[:, :d]
-            self.G = (G + G.T) / 2
+            Gs = G + G.T
+            Gs /= 2
+            self.G = Gs
             self.B = C[:, d:]
         else:
             self.x_mean = self.y_mean = None
-            self.G, self.B = Gx.copy(), Bx.copy()
-        diag = self.G.diagonal()
-        positive = diag > 0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(positive, self.raw_diag / np.where(positive, diag, 1.0), np.inf)
-        self.cancellation = float(max(ratio.max(initial=1.0) - 1.0, 0.0)) if fit_intercept else 0.0
+            self.G, self.B = Z[:d, :d].copy(), Z[:d, d:d + t].copy()
+        self.cancellation = 0.0
+        if fit_intercept:
+            # (a masked division: no np.errstate, whose context costs more than this arithmetic on the fit's path)
+            diag = self.G.diagonal()
+            ratio = np.divide(self.raw_diag, diag, out=np.full(d, np.inf), where=diag > 0)
+            self.cancellation = max(float(ratio.max(initial=1.0)) - 1.0, 0.0)
         self._factors = {}
 
     def factor(self, alpha=0.0):
@@ -149,7 +179,12 @@ class NormalEquations:
         key = float(alpha)
         found = self._factors.get(key)
         if found is None:
-            found = self._factors[key] = ScaledCholesky(self.G + key * np.eye(self.d) if key else self.G)
+            if key:   # G + alpha I (the diagonal added in place of a copy: no identity matrix formed)
+                A = self.G.copy()
+                A.flat[::self.d + 1] += key
+            else:
+                A = self.G
+            found = self._factors[key] = ScaledCholesky(A)
         return found
 
     def condition(self, alpha=0.0):
@@ -172,8 +207,10 @@ class NormalEquations:
     @staticmethod
     def tolerance(kappa, dtype):
         """The error a backward-stable solver in ``dtype`` would make (``√κ u``), at least ``1e-10``."""
-        u = np.finfo(np.dtype(dtype)).eps / 2
-        return max(np.sqrt(kappa) * u, NORMAL_RTOL_FLOOR)
+        u = _UNIT_ROUNDOFF.get(np.dtype(dtype))
+        if u is None:
+            u = _UNIT_ROUNDOFF[np.dtype(dtype)] = float(np.finfo(np.dtype(dtype)).eps / 2)
+        return max(math.sqrt(kappa) * u, NORMAL_RTOL_FLOOR)   # (math: the same correctly rounded root)
 
     def choose(self, dtype, alpha=0.0, fit_intercept=True):
         """``"normal"``, ``"centred"`` (a second, exactly centred Gram pass) or ``"tsqr"`` (see the module notes)."""
@@ -198,6 +235,14 @@ class NormalEquations:
 #: Up to this many features the replicated ``d x d`` algebra runs on one BLAS thread: waking the rank's
 #: pool for a 64 x 64 factorisation costs more than the factorisation.
 SMALL_ALGEBRA_FEATURES = 256
+
+
+#: Host rows take the compiled Gram (:mod:`._cpu_kernels`) with up to this many columns ``d + t + 1`` (more go
+#: through BLAS on the rank's pool, :func:`mpiml.utils._linalg.augmented_gram`, as fast there) and from this
+#: many values ``n d`` on (below, the NumPy path costs well under a millisecond, and a process that only fits
+#: small shards, as most tests do, never loads Numba: ~0.5 s a process).
+_HOST_KERNEL_COLUMNS = 256
+_HOST_KERNEL_MIN_VALUES = 1 << 16
 
 
 def _small_algebra(d):

@@ -191,14 +191,14 @@ def _select_tile(G, Q, X, x0, offset, metric, qn, xn, qs, screen, rel, slack, bd
 
 @nb.njit(cache=True, parallel=True, nogil=True, fastmath=FASTMATH)
 def _screened_blocks(Q, X, QS, XS, offset, k, metric, qn, xn, qs, screen, rel, slack, nblocks, workers, xstep, bd_all,
-                     bi_all):
-    """``nblocks`` query blocks of equal size, taken by the threads from a shared counter
-    (:mod:`mpiml.utils._threads_jit`); per block, tiles of the index: the tile's GEMM of the screen's rows
+                     bi_all, counter):
+    """``nblocks`` query blocks of equal size, taken by the threads from the shared ``counter`` (zero on entry;
+    :mod:`mpiml.utils._threads_jit`; in node memory, the threads of every rank of the node take from it:
+    :mod:`mpiml.neighbors._node`); per block, tiles of the index: the tile's GEMM of the screen's rows
     ``QS``, ``XS`` (one BLAS thread: the threads of this rank run blocks side by side) then
     :func:`_select_tile` while the tile is in cache."""
     nq = Q.shape[0]
     m = X.shape[0]
-    counter = np.zeros(1, np.int64)
     for _ in nb.prange(workers):
         while True:
             b = fetch_add(counter)
@@ -267,7 +267,7 @@ def _screen_dtype(Q, metric):
     return np.dtype(np.float32)
 
 
-def _topk_screened(Q, X, offset, k, metric, bd, bi):
+def _topk_screened(Q, X, offset, k, metric, bd, bi, counter=None, threads=None):
     """Euclidean, squared euclidean and cosine: tiles of ``Q @ X.T`` by BLAS screen the
     candidates, which :func:`_select_tile` then measures exactly into the running lists.
 
@@ -311,12 +311,14 @@ def _topk_screened(Q, X, offset, k, metric, bd, bi):
     slack = 2.0 * eta * (2 * d + 1 + np.sqrt(d) * 2.0 * (big + 1.0))
     if metric != "cosine":
         screen = (1.0 - 2.0 * rel) * xs * xs
-    nblocks = _query_blocks(nq, nb.get_num_threads())
+    # ``threads``: of every process taking blocks from ``counter`` (the same count on each: the same blocks)
+    nblocks = _query_blocks(nq, threads or nb.get_num_threads())
     qstep = -(-nq // nblocks)
     xstep = int(min(8192, max(_INDEX_BLOCK, _TILE // max(1, qstep))))
     with one_blas_thread():
         _screened_blocks(Q, X, QS, XS, offset, k, METRICS[metric], qn, xn, qs, screen, rel, slack, nblocks,
-                         workers(nblocks, nb.get_num_threads()), xstep, bd, bi)
+                         workers(nblocks, nb.get_num_threads()), xstep, bd, bi,
+                         np.zeros(1, np.int64) if counter is None else counter)
 
 
 def _unit(A, norms):
@@ -336,13 +338,18 @@ def new_lists(n_queries, k):
     return np.full((n_queries, k), np.inf), np.full((n_queries, k), np.iinfo(np.int64).max, dtype=np.int64)
 
 
-def merge_block(Q, X, offset, bd, bi, metric="euclidean", p=None):
+def merge_block(Q, X, offset, bd, bi, metric="euclidean", p=None, counter=None, threads=None):
     """Merge the rows of ``X`` (global indices ``offset``, ``offset + 1``, ...) into the running lists.
 
     ``bd`` (float64) and ``bi`` (int64), of shape ``(n_queries, k)``, hold the compared values
     (squared euclidean for ``"euclidean"``, ``sum |q - x|^p`` for minkowski: see :func:`finish`)
     and global indices, sorted by (value, index); they are updated in place.  Blocks may come
     in any order: the result is the ``k`` smallest by (value, index) of every row met.
+
+    ``counter`` (int64 ``[0]``, zero) and ``threads`` (euclidean, squared euclidean, cosine): the query blocks
+    are taken from ``counter``, shared with other processes whose threads number ``threads`` in all, each
+    running this call on the same arguments (:mod:`mpiml.neighbors._node`); a block's rows of the lists are
+    written by whichever thread takes it.
     """
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r} (known: {sorted(METRICS)})")
@@ -352,7 +359,7 @@ def merge_block(Q, X, offset, bd, bi, metric="euclidean", p=None):
     Q = np.ascontiguousarray(Q)
     X = np.ascontiguousarray(X, dtype=Q.dtype)
     if metric in ("euclidean", "sqeuclidean", "cosine"):
-        _topk_screened(Q, X, int(offset), int(k), metric, bd, bi)
+        _topk_screened(Q, X, int(offset), int(k), metric, bd, bi, counter, threads)
     else:
         power = float(p) if metric == "minkowski" else 2.0
         _topk_kernel(Q, X, int(offset), int(k), METRICS[metric], power, _norms(Q, metric), _norms(X, metric), bd, bi)

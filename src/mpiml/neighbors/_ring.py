@@ -36,7 +36,8 @@ ring or the local search would each search every query ``p`` times.  On CPU rank
 unevenly spread over the ranks: the two searches cost the same pairs per rank when the
 queries are spread evenly, and the ring keeps one running list per query (the compiled
 kernel merges every block into it, :func:`mpiml.neighbors._cpu.merge_block`), so its
-thresholds stay tight and no ``p``-way merge follows.
+thresholds stay tight and no ``p``-way merge follows; an index that fits :data:`GATHER_BYTES` is gathered
+instead and searched at once (``"gather"``: a ring step waited for the slower neighbour, docs/neighbors.md).
 
 Merging: the running top-k and the block's top-k are concatenated and ordered by
 (distance, global index) with two stable sorts, so exact ties go to the lower global
@@ -52,13 +53,13 @@ import numpy as np
 from .. import _config
 from .._array import get_namespace, is_device_array
 from .._errors import CommTimeoutError
-from . import _sparse
+from . import _node, _sparse
 
 __all__ = ["EXCHANGES", "STRATEGIES", "choose_strategy", "choose_host_strategy", "ring_kneighbors", "ring_radius",
            "ring_visit", "local_distances", "local_topk"]
 
 EXCHANGES = ("blocking", "overlap", "onesided")
-STRATEGIES = ("auto", "ring", "local")
+STRATEGIES = ("auto", "ring", "local", "gather")
 #: Default search strategy of :func:`ring_kneighbors` (tests and benchmarks may pin it; so may
 #: ``MPIML_KNN_STRATEGY``).  ``"auto"`` also finds replicated queries (see the module notes).
 STRATEGY = "auto"
@@ -69,6 +70,9 @@ _HOST_RING_MIN_QUERIES = 128
 #: CPU ranks: the ring while its busiest rank's pairs are at most this many times the local search's
 #: (whose per-query extras, p fresh lists and a p-way merge, the ring does not pay).
 _HOST_RING_SLACK = 1.25
+#: CPU ranks: the index is gathered on every rank instead of ringed (``strategy="gather"``) when its bytes
+#: (rows and payload) are at most this many (``MPIML_KNN_GATHER_BYTES``; 0 never gathers).
+GATHER_BYTES = 1 << 30
 _TAG_X = 0x4E4E  # tags _TAG_X .. _TAG_X + 3: rows (or CSR data, indices, indptr), targets
 _SLOTS = 3
 #: Rows of queries per distance block on the host (bounds the (rows, m) temporary).
@@ -284,8 +288,10 @@ def choose_strategy(query_counts, index_counts, d, k, itemsize, t=0):
     return "local" if local < ring else "ring"
 
 
-def choose_host_strategy(query_counts, index_counts, replicated=False):
-    """``"replicated"``, ``"ring"`` or ``"local"`` for CPU ranks (replicated inputs: the same on every rank).
+def choose_host_strategy(query_counts, index_counts, replicated=False, row_bytes=None):
+    """``"replicated"``, ``"ring"``, ``"gather"`` or ``"local"`` for CPU ranks (replicated inputs: the same on
+    every rank).  ``row_bytes``: an index row's bytes with its payload; where the ring would be taken and the
+    whole index fits ``MPIML_KNN_GATHER_BYTES``, ``"gather"`` (see the module notes); None: the ring.
 
     Identical queries on every rank: ``"replicated"`` (each rank its shard, then the lists: the
     fewest pairs).  Distinct queries: the ring's busiest rank searches ``max(q) x N`` pairs, the
@@ -301,6 +307,9 @@ def choose_host_strategy(query_counts, index_counts, replicated=False):
     ring_pairs = q_max * int(np.sum(index_counts))
     local_pairs = q_total * int(np.max(index_counts))
     if q_max >= _HOST_RING_MIN_QUERIES and ring_pairs <= _HOST_RING_SLACK * local_pairs:
+        budget = _config.env_number("MPIML_KNN_GATHER_BYTES", float(GATHER_BYTES), kind=float, minimum=0)
+        if row_bytes is not None and int(np.sum(index_counts)) * row_bytes <= budget:
+            return "gather"
         return "ring"
     return "local"
 
@@ -395,12 +404,18 @@ def ring_kneighbors(Q, X, Y, k, *, metric, comm, offsets, counts, exchange, xp, 
             qcounts, replicated, any_sparse = _host_agreement(Q, comm)
             if not any_sparse:
                 if strategy == "auto":
-                    strategy = choose_host_strategy(qcounts, counts, replicated)
+                    row_bytes = X.shape[1] * X.dtype.itemsize + (0 if t is None else 8 * t)
+                    strategy = choose_host_strategy(qcounts, counts, replicated,
+                                                    row_bytes if cpu is not None else None)
                 elif replicated:  # pinned "local": the same answer, each query searched once
                     strategy = "replicated"
                 if strategy == "replicated":
                     return _replicated_kneighbors(Q, X, Y, k, metric=metric, p=p, comm=comm, offsets=offsets,
                                                   xp=xp, cpu=cpu)
+                if strategy == "gather" and cpu is not None:  # (mpiml.neighbors._node)
+                    state = _node.gathered_kneighbors(cpu, Q, X, Y, k, metric=metric, p=p, comm=comm, qcounts=qcounts,
+                                                      offsets=offsets, counts=counts)
+                    return _host_finish(cpu, state, metric, p, X.dtype) if Q.shape[0] else (None, None, None)
                 if strategy == "local":
                     return _local_kneighbors(Q, X, Y, k, metric=metric, p=p, comm=comm, offsets=offsets,
                                              qcounts=qcounts, xp=xp, cpu=cpu)

@@ -241,10 +241,23 @@ def _device_labels(y):
 
     Most labels are binary: the minimum, the maximum and whether any row equals neither (reads of
     ``y`` on the device, one copy of the three to the host; a sort of 4e7 labels costs ~40 reads)
-    find them.  Anything else (more labels, NaN) falls back to ``unique``.  One code path over the
+    find them; for int32/int64/float32/float64 labels one kernel finds the smallest two and the
+    largest in one read.  Anything else (more labels, NaN) falls back to ``unique``.  One code path over the
     array namespace (NumPy runs the same lines: the CPU tests cover the GPU's).
     """
     xp = get_namespace(y)
+    if xp is not np:   # the common label dtypes: one kernel reads y once (mpiml.kernels.linear.label_scan)
+        from ..kernels import linear as kernels
+
+        found = kernels.label_scan(y)
+        if found is not None:
+            (lo, lo2, hi), flags = found
+            if not flags & kernels.LABELS_NAN:
+                if not flags & kernels.LABELS_TWO:
+                    return np.array([lo], dtype=y.dtype)
+                if lo2 == hi:
+                    return np.array([lo, hi], dtype=y.dtype)
+            return to_numpy(xp.unique(y))
     lo, hi = y.min(), y.max()
     other = ((y != lo) & (y != hi)).any()   # (0 or 1: exact in y's dtype)
     lo, hi, more = to_numpy(xp.stack([lo, hi, other.astype(y.dtype)]))

@@ -33,8 +33,15 @@ Algorithms (``algorithm=`` with backend ``ipc``):
                      rest; reduce / allreduce: reduce-scatter to every rank,
                      then its reduced part to the root / every rank); up to one
                      parity's LL slots per launch (``nranks`` slots of
-                     ``MPIML_IPC_LL_SLOT_BYTES``, 1 MiB: at 4 ranks a 2 MiB
-                     bcast, a 1 MiB reduce), in chunks above
+                     ``MPIML_IPC_LL_SLOT_BYTES``, 1 MiB + 128 B: at 4 ranks a
+                     2 MiB bcast, a 1 MiB reduce), in chunks above
+``llrelay``          reduce: the LL two-shot as a relay, the parts owned by the
+                     non-roots, which send them reduced to the root (n bytes
+                     into the root, not 1.5 n at 4 ranks; 2 MiB a launch)
+``ll128``            the relay (reduce) and the LL two-shot (allreduce) in LL128
+                     lines (128 bytes, 120 of payload, written by the 8 lanes of
+                     a warp at once) in the staging buffers (at 4 ranks and
+                     32 MiB buffers: reduce 28 MiB, allreduce 15 MiB a launch)
 ``pipe``             two-shot without a barrier, pipelined in steps with a flag
                      each (allreduce: reduce-scatter to every rank, then all-gather;
                      reduce: every non-root reduces a part and stores it into the
@@ -104,11 +111,19 @@ PROBE_OFF = 64
 THREADS = 512
 LL_THREADS = 512  # (ipc_common.cuh's MPIML_LL_THREADS: the LL kernels' launch bounds)
 LL_MAX_BLOCKS = 264
-IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "lltwoshot", "pipe", "pull", "push", "two_level")
+IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "pipe", "pull", "push", "two_level")
 PIPE_MAX_STEPS = 2048  # (ipc_common.cuh's MPIML_PIPE_MAX_STEPS: flags per writer and step)
 PIPE_BYTES = 2 * MAX_RANKS * PIPE_MAX_STEPS * 4  # the pipelined kernels' flags, after the LL slots
 PIPE_STEP_ALIGN = 128  # packs: a step is a multiple of this
 ERR_TIMEOUT, ERR_ABORT, ERR_OVERLAP = 1, 3, 4
+# bytes of one LL slot: 1 MiB and a cache line, so that a parity's region (nranks slots) holds a 2 MiB relay reduce at
+# 4 ranks in one launch (3 parts of 87382 lines: 262146 > 4 MiB / 16 lines; see _lltwoshot_plan)
+LL_SLOT_DEFAULT = (1 << 20) + 128
+LL128_PAYLOAD = 120  # payload bytes of an LL128 line (ipc_common's MPIML_LL128_WORDS words of 8)
+# the grid of the relay and LL128 kernels: their threads need 93-128 registers (one 512-thread block an SM), and a
+# block waits for the same block of its peers, so every block must be resident at once: at most one an SM of the
+# smallest GPU meant (132 SMs on an H100; their loops take the lines beyond)
+WIDE_LL_MAX_BLOCKS = 128
 
 _CHUNK_ALIGN = 256
 
@@ -125,20 +140,43 @@ def _ll_grid(nbytes):
     return max(1, min(LL_MAX_BLOCKS, -(-nbytes // (8 * LL_THREADS))))
 
 
-def _lltwoshot_plan(op, nbytes, nranks, ll_slot):
+def _lltwoshot_plan(op, nbytes, nranks, ll_slot, relay=False):
     """``(chunk bytes, grid)`` of the two-shot LL kernels (``mpiml_bcast_lltwoshot``,
     ``mpiml_reduce_lltwoshot``, ``mpiml_allreduce_lltwoshot``) for calls of ``nbytes``: a chunk keeps its lines within
     the LL region of one parity (``nranks`` slots of ``ll_slot`` bytes, 16-byte lines of
-    8 payload bytes); the grid has one index per line of a part (the same on every rank)."""
+    8 payload bytes); the grid has one index per line of a part (the same on every rank).
+    ``relay``: the reduce whose parts the non-roots own (``mpiml_ll_relay_reduce``, 2 ranks or more)."""
     region = nranks * ll_slot // 16  # lines
-    parts = max(1, nranks - 1) if op == "bcast" else nranks
+    relay = relay and op == "reduce" and nranks > 1
+    parts = max(1, nranks - 1) if op == "bcast" or relay else nranks
     if op == "bcast":   # every line at its own index
         chunk = region
+    elif relay:         # nranks - 1 parts, an owner's nranks - 1 copies of its part (the root's reduced parts)
+        chunk = region // parts * parts
     else:               # nranks parts, each with its nranks copies and the receivers' gathered copy
         chunk = ll_slot // 32 * nranks
     chunk_bytes = 8 * chunk
     lines = -(-min(nbytes, chunk_bytes) // 8)
-    return chunk_bytes, max(1, min(LL_MAX_BLOCKS, -(-(-(-lines // parts)) // LL_THREADS)))
+    most = WIDE_LL_MAX_BLOCKS if relay else LL_MAX_BLOCKS
+    return chunk_bytes, max(1, min(most, -(-(-(-lines // parts)) // LL_THREADS)))
+
+
+def _ll128_plan(nbytes, nranks, cap, relay=False):
+    """``(chunk bytes, grid)`` of the LL128 kernels (``mpiml_allreduce_ll128``: the two-shot, ``mpiml_reduce_ll128``:
+    the relay, ``relay`` true) for calls of ``nbytes``: lines of 128 bytes carrying 120 in the staging buffer of one
+    parity (``cap`` bytes), cut into ``nranks`` parts whose ``2 * nranks * part`` lines fit it (the two-shot: every
+    rank's copies and the gathered reduced parts) or ``nranks - 1`` parts whose ``(nranks - 1) * part`` lines fit it
+    (the relay: an owner's copies, the root's reduced parts); 8 lanes a line, so the grid has ``8 * part`` threads
+    (the same on every rank)."""
+    if relay:
+        parts = nranks - 1
+        chunk = LL128_PAYLOAD * (cap // 128 // parts * parts)
+    else:
+        parts = nranks
+        chunk = LL128_PAYLOAD * nranks * (cap // 128 // (2 * nranks))
+    lines = -(-(-(-min(nbytes, chunk) // 8)) // (LL128_PAYLOAD // 8))
+    part = -(-lines // parts)
+    return chunk, max(1, min(WIDE_LL_MAX_BLOCKS, -(-8 * part // LL_THREADS)))
 
 
 def _pipe_plan(op, nbytes, nranks, blocks, rounds):
@@ -225,7 +263,7 @@ class IPCTransport(Transport):
         # one LL slot per source and parity: at least twice the LL kernels' payload (16-byte lines of 8 bytes);
         # the two-shot LL kernels see a parity's slots as one region: with 1 MiB slots (8 MiB a GPU at 4 ranks)
         # a 2 MiB bcast or a 1 MiB reduce / allreduce is one launch there
-        self.ll_slot = max(2 * self.ll_max, _env_bytes("MPIML_IPC_LL_SLOT_BYTES", 1 << 20) // 16 * 16)
+        self.ll_slot = max(2 * self.ll_max, _env_bytes("MPIML_IPC_LL_SLOT_BYTES", LL_SLOT_DEFAULT) // 16 * 16)
         # the pipelined kernels' grid and steps a block (see _pipe_plan): 128 x 1, every step a block of its own,
         # measured best on 4 x H100 (a step's flag is a system-scope release, which a block pays in series; key
         # pipe_run_2020 of benchmarks/results/vs_nccl_4xh100.json, docs/comm.md)
@@ -498,14 +536,14 @@ class IPCTransport(Transport):
         if algorithm == "twoshot":
             return self._elementwise("allreduce", "allreduce", "mpiml_allreduce_twoshot", sendbuf, recvbuf, op, 0,
                                      parts=self.size)
-        if algorithm == "lltwoshot":
-            return self._lltwoshot("allreduce", sendbuf, recvbuf, op, 0)
+        if algorithm in ("lltwoshot", "ll128"):
+            return self._lltwoshot("allreduce", sendbuf, recvbuf, op, 0, algorithm)
         if algorithm == "pipe":
             return self._pipe("allreduce", sendbuf, recvbuf, op, 0)
         if algorithm == "two_level":
             return self._two_level_allreduce(sendbuf, recvbuf, op)
         raise ValueError(f"algorithm {algorithm!r} does not apply to allreduce on the ipc backend "
-                         "(ll, oneshot, twoshot, lltwoshot, pipe, two_level)")
+                         "(ll, oneshot, twoshot, lltwoshot, ll128, pipe, two_level)")
 
     def _auto_allreduce(self, nbytes):
         if nbytes <= self.ll_max:
@@ -523,6 +561,8 @@ class IPCTransport(Transport):
                                      parts=self.size)
         if algorithm == "lltwoshot":
             return self._lltwoshot("reduce", sendbuf, out, op, int(root))
+        if algorithm in ("llrelay", "ll128"):
+            return self._lltwoshot("reduce", sendbuf, out, op, int(root), algorithm)
         if algorithm == "pipe" and self.size > 1:  # (one rank: the one-shot copies)
             return self._pipe("reduce", sendbuf, out, op, int(root))
         return self._elementwise("reduce", "reduce", "mpiml_reduce_oneshot", sendbuf, out, op, int(root))
@@ -541,7 +581,7 @@ class IPCTransport(Transport):
             return self._pipe("bcast", buf, buf, None, int(root))
         return self._elementwise("bcast", "bcast", "mpiml_bcast_pull", buf, buf, None, int(root))
 
-    def _lltwoshot(self, op_name, sendbuf, recvbuf, op, root):
+    def _lltwoshot(self, op_name, sendbuf, recvbuf, op, root, variant="lltwoshot"):
         """The two-shot LL bcast, reduce or allreduce (see the kernels), in chunks of one LL region each."""
         self._check(op_name)
         self._last_op = op_name
@@ -552,13 +592,27 @@ class IPCTransport(Transport):
         rop = self._reduce_op(op, dtype) if op is not None else None
         sp = sendbuf.data.ptr
         rp = recvbuf.data.ptr if recvbuf is not None and recvbuf.size else 0
-        chunk_bytes, _ = _lltwoshot_plan(op_name, n * isz, self.size, self.ll_slot)
+        kernel, plan = self._lltwoshot_variant(op_name, variant)
+        chunk_bytes, _ = plan(n * isz)
         for start, count in self._chunks(n, isz, chunk_bytes):
             off = start * isz
             aligned = not ((sp + off) & 7 or (rp + off if rp else 0) & 7)
-            fn = self._kernel(op_name, f"mpiml_{op_name}_lltwoshot", dtype, rop, aligned)
-            _, grid = _lltwoshot_plan(op_name, count * isz, self.size, self.ll_slot)
+            fn = self._kernel(op_name, kernel, dtype, rop, aligned)
+            _, grid = plan(count * isz)
             self._launch(fn, grid, sp + off, (rp + off) if rp else 0, count, root, LL_THREADS)
+
+    def _lltwoshot_variant(self, op_name, variant="lltwoshot"):
+        """``(kernel, plan)`` of algorithm ``variant`` of ``op_name``: ``lltwoshot`` (bcast, reduce, allreduce: the LL
+        two-shot), ``llrelay`` (reduce: the relay) or ``ll128`` (reduce: the relay, allreduce: the two-shot, in LL128
+        lines, in the staging buffers); ``plan(nbytes)`` is ``(chunk bytes, grid)`` of a launch.  At one rank, the LL
+        two-shot."""
+        size, slot, cap = self.size, self.ll_slot, self.cap
+        if variant == "ll128" and size > 1:
+            relay = op_name == "reduce"
+            return f"mpiml_{op_name}_ll128", lambda nbytes: _ll128_plan(nbytes, size, cap, relay)
+        if variant in ("llrelay", "ll128") and op_name == "reduce" and size > 1:
+            return "mpiml_reduce_llrelay", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot, True)
+        return f"mpiml_{op_name}_lltwoshot", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot)
         return self._done(op_name)
 
     def _pipe(self, op_name, sendbuf, recvbuf, op, root):
@@ -710,8 +764,8 @@ class IPCTransport(Transport):
     def irecv(self, buf, source, tag):
         return self._nccl().irecv(buf, source, tag)
 
-    _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot", "lltwoshot", "pipe"),
-                      "reduce": ("ll", "oneshot", "twoshot", "lltwoshot", "pipe"),
+    _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot", "lltwoshot", "ll128", "pipe"),
+                      "reduce": ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "pipe"),
                       "scan": ("oneshot",), "exscan": ("oneshot",), "bcast": ("ll", "pull", "twoshot", "lltwoshot", "pipe"),
                       "allgather": ("ll", "pull", "push"),
                       "reduce_scatter": ("ll", "oneshot")}
@@ -723,10 +777,10 @@ class IPCTransport(Transport):
 
     def run_algorithm(self, op, name, *args):
         """Run IPC algorithm ``name`` (see the module docstring) for collective ``op``."""
-        if op == "allreduce" and name in ("ll", "oneshot", "twoshot", "lltwoshot", "pipe", "two_level"):
+        if op == "allreduce" and name in ("ll", "oneshot", "twoshot", "lltwoshot", "ll128", "pipe", "two_level"):
             return self.native_allreduce(*args, algorithm=name)
         if (op, name) in (("reduce", "ll"), ("reduce", "oneshot"), ("reduce", "twoshot"), ("reduce", "lltwoshot"),
-                          ("reduce", "pipe"), ("bcast", "ll"), ("bcast", "pull"), ("bcast", "twoshot"),
+                          ("reduce", "llrelay"), ("reduce", "ll128"), ("reduce", "pipe"), ("bcast", "ll"), ("bcast", "pull"), ("bcast", "twoshot"),
                           ("bcast", "lltwoshot"), ("bcast", "pipe"),
                           ("allgather", "ll"), ("allgather", "pull"),
                           ("allgather", "push"),
@@ -742,8 +796,8 @@ class IPCTransport(Transport):
         """A launcher (see :mod:`mpiml.comm._hotpath`) repeating this call with one kernel, or None.
 
         For stream-ordered calls (``MPIML_DEVICE_SYNC=0``) that fit in one kernel
-        on one node: allreduce (ll, oneshot, twoshot, lltwoshot, pipe), bcast (ll, pull, twoshot, lltwoshot,
-        pipe), allgather (ll, pull, push), reduce (ll, oneshot, twoshot, lltwoshot, pipe), reduce_scatter
+        on one node: allreduce (ll, oneshot, twoshot, lltwoshot, ll128, pipe), bcast (ll, pull, twoshot, lltwoshot,
+        pipe), allgather (ll, pull, push), reduce (ll, oneshot, twoshot, lltwoshot, llrelay, ll128, pipe), reduce_scatter
         (ll, oneshot).  ``arg`` is the
         reduction, the root, ``(reduction, root)`` or ``(counts, reduction)``.
         Across nodes, the ops that go to NCCL take NCCL's launcher.
@@ -762,7 +816,7 @@ class IPCTransport(Transport):
         if op == "allreduce":
             algo = self._auto_allreduce(nb) if name == "native" else name
             red, family, parts = arg, "allreduce", (self.size if algo == "twoshot" else 1)
-            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "pipe"):
+            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "ll128", "pipe"):
                 return None
         elif op in ("bcast", "allgather"):
             algo = ("ll" if ll_ok else "pull") if name == "native" else name
@@ -773,7 +827,7 @@ class IPCTransport(Transport):
         elif op == "reduce":
             algo = ("ll" if ll_ok else "oneshot") if name == "native" else name
             (red, root), family, parts = arg, "reduce", (self.size if algo == "twoshot" else 1)
-            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "pipe"):
+            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "pipe"):
                 return None
         elif op == "reduce_scatter" and name in ("native", "ll", "oneshot"):
             counts, red = arg
@@ -792,9 +846,12 @@ class IPCTransport(Transport):
                 algo == "push" and nb > self.push_cap:
             return None
         kernel = f"mpiml_{op}_{algo}"
-        if algo == "lltwoshot":
-            chunk, grid = _lltwoshot_plan(op, nb, self.size, self.ll_slot)
-            if nb > chunk or self.size == 1:  # (several launches, or a bcast among one rank: the full path)
+        if algo in ("lltwoshot", "llrelay", "ll128"):
+            if self.size == 1:  # (a bcast among one rank: the full path)
+                return None
+            kernel, launch_plan = self._lltwoshot_variant(op, algo)  # (not `plan`: the call's, for the launcher)
+            chunk, grid = launch_plan(nb)
+            if nb > chunk:  # (several launches: the full path)
                 return None
             block, mask = LL_THREADS, 7
         elif algo == "ll":

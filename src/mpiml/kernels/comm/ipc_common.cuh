@@ -761,6 +761,112 @@ __device__ __forceinline__ void mpiml_ll_twoshot_reduce(const MpimlCtx* c, const
     mpiml_end<false>(c, ln.epoch);
 }
 
+// ---------------------------------------------------------------- LL128 lines
+// An LL128 line is 128 bytes: 15 words of 8 payload bytes and a flag word, written by the 8
+// lanes of a warp that hold it (16 bytes each, lane 7: word 14 and the flag) with one vector
+// store each, the warp converged, so that the line crosses NVLink as one 128-byte write and
+// arrives whole (the property NCCL's LL128 protocol relies on over NVLink): a reader that
+// sees the flag in lane 7's half has the whole line from the same warp-wide load. Payload
+// word w of a message is word w % 15 of line w / 15.
+//
+// The LL128 kernels keep their lines in the staging buffers (mpiml_buf), not in the LL slots:
+// their payload fills every 16 bytes of a line, so a plain LL line's two flag words could be
+// any payload there, and an LL kernel of a later call of that parity could take a stale
+// LL128 line's payload for its own flags. The staging buffers hold the barrier kernels' plain
+// data, which nobody reads without a barrier; an LL128 reader looks there for a 64-bit flag
+// word (mpiml_ll128_flag) that a multiplicative hash of the call number makes: distinct for
+// every call, and a stale payload word of the barrier kernels or of an earlier call's lines
+// (lines are always 128-byte aligned from the buffer's start, so a flag word only ever meets
+// flag words) meets it by chance alone (one in 2^64).
+#define MPIML_LL128_WORDS 15
+
+__device__ __forceinline__ unsigned long long mpiml_ll128_flag(unsigned epoch) {
+    return (unsigned long long)(epoch + 1u) * 0x9E3779B97F4A7C15ull;  // (odd: one word per call number)
+}
+
+__device__ __forceinline__ unsigned long long mpiml_word(uint2 v) {
+    return ((unsigned long long)v.y << 32) | v.x;
+}
+
+__device__ __forceinline__ uint2 mpiml_unword(unsigned long long w) {
+    return make_uint2((unsigned)w, (unsigned)(w >> 32));
+}
+
+// This lane's 16 bytes of line g of a user array of nbytes (sub = lane % 8); A: 8-byte aligned.
+template <bool A>
+__device__ __forceinline__ ulonglong2 mpiml_ll128_get(const void* a, long long g, int sub, long long nbytes,
+                                                      unsigned long long flagword) {
+    const long long w = MPIML_LL128_WORDS * g + 2 * sub;
+    ulonglong2 v;
+    v.x = mpiml_word(mpiml_ll_get<A>(a, w, nbytes));
+    v.y = sub == 7 ? flagword : mpiml_word(mpiml_ll_get<A>(a, w + 1, nbytes));
+    return v;
+}
+
+template <bool A>
+__device__ __forceinline__ void mpiml_ll128_put(void* a, long long g, int sub, long long nbytes, ulonglong2 v) {
+    const long long w = MPIML_LL128_WORDS * g + 2 * sub;
+    mpiml_ll_put<A>(a, w, nbytes, mpiml_unword(v.x));
+    if (sub != 7) mpiml_ll_put<A>(a, w + 1, nbytes, mpiml_unword(v.y));
+}
+
+__device__ __forceinline__ void mpiml_ll128_store(ulonglong2* p, ulonglong2 v) {
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" :: "l"(p), "l"(v.x), "l"(v.y) : "memory");
+}
+
+__device__ __forceinline__ ulonglong2 mpiml_ll128_ld(const ulonglong2* p) {
+    ulonglong2 v;
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
+    return v;
+}
+
+// This lane's 16 bytes of the lines p[r * stride] (r < m; act: this lane's line exists), loaded
+// together and again until every line's flag has come (warp-wide: every lane of the warp
+// calls this, converged); false on every lane after a timeout or abort.
+__device__ __forceinline__ bool mpiml_ll128_wait(const MpimlCtx* c, unsigned epoch, const ulonglong2* p,
+                                                 long long stride, int m, bool act, unsigned long long flagword,
+                                                 ulonglong2 (&v)[MPIML_MAX_RANKS]) {
+    const bool checks = act && (threadIdx.x & 7) == 7;
+    MpimlSpin s{0ull, 0u};
+    for (;;) {
+        bool bad = false;
+#pragma unroll
+        for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
+            if (r < m && act) {
+                v[r] = mpiml_ll128_ld(p + r * stride);
+                bad |= checks && v[r].y != flagword;
+            }
+        }
+        if (!__any_sync(0xffffffffu, bad)) return true;
+        if (__any_sync(0xffffffffu, mpiml_spin_expired(c, s, (int)c->rank, epoch))) return false;
+    }
+}
+
+// op over the 8-byte words v[0..m-1] (elements of T), in that order (float16 in float32).
+template <typename T, int OP>
+__device__ __forceinline__ unsigned long long mpiml_fold_words(const unsigned long long* v, int m) {
+    typedef typename MpimlAcc<T>::type Acc;
+    constexpr int L = 8 / sizeof(T);
+    union Word { unsigned long long w; T e[L]; };
+    Acc acc[L];
+#pragma unroll
+    for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
+        if (r < m) {
+            Word x;
+            x.w = v[r];
+#pragma unroll
+            for (int k = 0; k < L; ++k) {
+                const Acc a = MpimlAcc<T>::load(x.e[k]);
+                acc[k] = r == 0 ? a : MpimlOp<OP>::f(acc[k], a);
+            }
+        }
+    }
+    Word out;
+#pragma unroll
+    for (int k = 0; k < L; ++k) out.e[k] = MpimlAcc<T>::store(acc[k]);
+    return out.w;
+}
+
 // ---------------------------------------------------------------- pipelined two-shot (`pipe`)
 // Flags of the pipelined kernels, after the LL slots: [MPIML_PIPE_WORDS] words per rank
 // (the host allocates and zeroes them with the workspace). In a rank's region, word

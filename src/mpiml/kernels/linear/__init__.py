@@ -14,8 +14,8 @@ import os
 
 import numpy as np
 
-__all__ = ["augmented_gram", "logistic_pass", "LogisticPass", "GRAM_MAX_COLUMNS", "LOGISTIC_MAX_FEATURES",
-           "GRAM_KERNELS"]
+__all__ = ["augmented_gram", "logistic_pass", "LogisticPass", "label_scan", "GRAM_MAX_COLUMNS",
+           "LOGISTIC_MAX_FEATURES", "GRAM_KERNELS", "LABELS_TWO", "LABELS_NAN"]
 
 #: Largest ``k = d + t + 1`` of the Gram kernel: its ``(k / 4)(k / 4 + 1) / 2`` register tiles fit one
 #: block of at most 512 threads.  Wider problems are compute-bound and go to cuBLAS on float64 chunks.
@@ -39,6 +39,7 @@ _TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
 _FUNCTIONS = {}
 _SMS = {}
+_DMMA = {}        # device -> whether it has float64 tensor cores
 _WAVES = {}         # (function, threads, shared memory) -> blocks resident at once
 _SMEM_SET = set()   # (function, bytes) whose dynamic shared memory limit is raised already
 #: Threads of a block of the partial-sum kernels (one warp per output: mpiml_linear_warp_sum in linear.cu).
@@ -68,7 +69,11 @@ def _tensor_cores():
     """Whether the current device has float64 tensor cores (DMMA, compute capability 8.0 and later)."""
     import cupy
 
-    return int(cupy.cuda.Device().compute_capability) >= 80
+    dev = cupy.cuda.runtime.getDevice()
+    found = _DMMA.get(dev)
+    if found is None:   # (memoised: a Device object and its attribute query cost microseconds every fit paid)
+        found = _DMMA[dev] = int(cupy.cuda.Device(dev).compute_capability) >= 80
+    return found
 
 
 def _sm_count():
@@ -223,8 +228,31 @@ def _launch_gram(X, Y, w, choice):
 
     n, d = X.shape
     t = Y.shape[1]
-    k = d + t + 1
     weighted = w is not None
+    key = (cupy.cuda.runtime.getDevice(), X.dtype.char, n, d, t, weighted, choice)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _gram_plan(X, n, d, t, weighted, choice)
+    fn, grid, threads, smem, tail, parts, k, sum_grid, sum_tail = plan
+    if not n:
+        return cupy.zeros((k, k), dtype=cupy.float64)
+    # a block writes only its tiles of the upper triangle, and the sum reads nothing else: no zeroing
+    partial = cupy.empty(parts, dtype=cupy.float64)
+    fn(grid, threads, (X, np.int64(n), np.int32(d), Y, np.int32(t), w if weighted else X) + tail + (partial,),
+       shared_mem=smem)
+    G = cupy.empty((k, k), dtype=cupy.float64)
+    _function("mpiml_linear_sum_sym")(sum_grid, (_SUM_THREADS,), (partial,) + sum_tail + (G,))
+    return G
+
+
+#: (device, dtype, n, d, t, weighted, kernel) -> the launch of :func:`_launch_gram` worked out once: its
+#: function, grid, shared memory and constant arguments (a fit's path to the kernel is then a few operations)
+_PLANS = {}
+
+
+def _gram_plan(X, n, d, t, weighted, choice):
+    """``(fn, grid, block, smem, constant args, partials' size, k, sum grid, sum args)`` of one Gram launch."""
+    k = d + t + 1
     ctype = _TYPES[np.dtype(X.dtype)]
     wflag = "true" if weighted else "false"
     nt = (k + 7) // 8
@@ -272,17 +300,51 @@ def _launch_gram(X, Y, w, choice):
     rows_per_block = ((n + nblocks - 1) // nblocks + stage - 1) // stage * stage
     rows_per_block = max(rows_per_block, stage)
     nblocks = int(max(1, (n + rows_per_block - 1) // rows_per_block))
-    if not n:
-        return cupy.zeros((k, k), dtype=cupy.float64)
-    # a block writes only its tiles of the upper triangle, and the sum reads nothing else: no zeroing
-    partial = cupy.empty(nblocks * kp * kp, dtype=cupy.float64)
-    fn((nblocks,), (threads,), (X, np.int64(n), np.int32(d), Y, np.int32(t), w if weighted else X,
-                                np.int64(rows_per_block), np.int32(kp)) + args + (partial,),
-       shared_mem=smem)
-    G = cupy.empty((k, k), dtype=cupy.float64)
-    _function("mpiml_linear_sum_sym")((_sum_grid(k * k),), (_SUM_THREADS,),
-                                      (partial, np.int32(nblocks), np.int32(kp), np.int32(k), G))
-    return G
+    tail = (np.int64(rows_per_block), np.int32(kp)) + args
+    return (fn, (nblocks,), (threads,), smem, tail, nblocks * kp * kp, k, (_sum_grid(k * k),),
+            (np.int32(nblocks), np.int32(kp), np.int32(k)))
+
+
+#: Label dtypes :func:`label_scan` takes, and their C types.
+_LABEL_TYPES = {np.dtype(np.int32): "int", np.dtype(np.int64): "long long", np.dtype(np.float32): "float",
+                np.dtype(np.float64): "double"}
+_LABEL_THREADS = 256     # MPIML_LABELS_THREADS in linear.cu
+_LABEL_PLANS = {}        # (device, C type, n) -> (scan, merge, blocks)
+#: Flags of :func:`label_scan` (MPIML_LABELS_* in linear.cu): a second distinct value exists, a NaN was seen.
+LABELS_TWO, LABELS_NAN = 2, 4
+
+
+def label_scan(y):
+    """One read of a CuPy label vector: ``(values, flags)``, or None when the kernel does not take its dtype.
+
+    ``values`` (host, ``y``'s dtype) holds the smallest value, the second smallest distinct one (valid
+    when ``flags & LABELS_TWO``) and the largest; ``flags & LABELS_NAN`` says a NaN was seen (not counted
+    among the values).  So ``y`` holds at most two distinct values exactly when the second is absent or
+    equals the largest.  Two launches (per-block states, then their merge) and one copy of 32 bytes.
+    """
+    import cupy
+
+    ctype = _LABEL_TYPES.get(y.dtype)
+    if ctype is None or y.ndim != 1 or y.shape[0] == 0:
+        return None
+    if not y.flags.c_contiguous:
+        y = cupy.ascontiguousarray(y)
+    n = y.shape[0]
+    key = (cupy.cuda.runtime.getDevice(), ctype, n)
+    plan = _LABEL_PLANS.get(key)
+    if plan is None:
+        scan = _function(f"mpiml_linear_labels<{ctype}>")
+        blocks = int(max(1, min(-(-n // _LABEL_THREADS), _wave(scan, _LABEL_THREADS, regs_unknown=32))))
+        plan = _LABEL_PLANS[key] = (scan, _function(f"mpiml_linear_labels_merge<{ctype}>"), blocks)
+    scan, merge, blocks = plan
+    part = cupy.empty(3 * blocks, dtype=y.dtype)
+    flags = cupy.empty(blocks, dtype=cupy.int32)
+    out = cupy.empty(32, dtype=cupy.uint8)
+    scan((blocks,), (_LABEL_THREADS,), (y, np.int64(n), part, flags))
+    merge((1,), (_LABEL_THREADS,), (part, flags, np.int32(blocks), out))
+    host = out.get()
+    values = host.reshape(4, 8)[:3, :y.dtype.itemsize].copy().view(y.dtype).reshape(3)
+    return values, int(host[24:28].view(np.int32)[0])
 
 
 def logistic_pass(X, y01, sw, coef, bias, vec=None, vbias=0.0, pack=None):
@@ -336,8 +398,11 @@ class LogisticPass:
         self._ctype = _TYPES[np.dtype(X.dtype)]
         self._pinned = pinned
         self._host = (cupyx.empty_pinned if pinned else np.empty)(2 * max(d, 1), dtype=np.float64)
+        self._host_ptr = self._host.ctypes.data   # (read once: ndarray.ctypes builds an object per access)
         self._dev = cupy.empty(2 * max(d, 1), dtype=cupy.float64)
         self._copied = cupy.cuda.Event(disable_timing=True)   # the last copy out of _host is done
+        self._unrecorded = False   # the last copy out of _host was a synced launch's (no event recorded)
+        self._launched = None      # (mode, blocks, partials) of the last launch, for sums()
         self._cw, self._cv = self._dev[:d], self._dev[d:2 * d]  # (views made once: a CuPy view costs microseconds)
         self._shape_args = (np.int64(n), np.int32(d))
         self._modes = {}
@@ -361,37 +426,64 @@ class LogisticPass:
         return found
 
     def __call__(self, coef, bias, vec=None, vbias=0.0, fp=0.0):
+        self.launch(coef, bias, vec, vbias)
+        return self.sums(fp)
+
+    def launch(self, coef, bias, vec=None, vbias=0.0, synced=False):
+        """The point (and the direction) to the device and the pass's kernel launched; :meth:`sums` follows.
+
+        ``synced``: the caller waited for the stream since its last call here (an optimiser that reads
+        each result before it asks for the next point), so no earlier copy out of the staging buffer can
+        be pending: the event that guards the buffer is neither waited for nor recorded, two driver calls
+        fewer on the evaluation's path, where the device waits for the host.
+        """
         import cupy
 
         d, n = self.d, self.n
         mode = 0 if vec is None else 1
+        stream = cupy.cuda.get_current_stream()
         # the point (and the direction) in one copy to the device, from pinned memory; the buffer is
         # rewritten only once its last copy is done (at once when the caller waited for the last result)
-        self._copied.synchronize()
+        if not synced:
+            if self._unrecorded:      # the last copy was a synced call's, without its event
+                stream.synchronize()
+                self._unrecorded = False
+            else:
+                self._copied.synchronize()
         host = self._host
         host[:d] = coef
         if mode:
             host[d:2 * d] = vec
-        stream = cupy.cuda.get_current_stream()
         if d and self._pinned:
-            cupy.cuda.runtime.memcpyAsync(self._dev.data.ptr, host.ctypes.data, (d << mode) * 8,
+            cupy.cuda.runtime.memcpyAsync(self._dev.data.ptr, self._host_ptr, (d << mode) * 8,
                                           cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
         elif d:
             self._dev[:d << mode].set(host[:d << mode])
-        self._copied.record(stream)
+        if synced:
+            self._unrecorded = True
+        else:
+            self._copied.record(stream)
         cw = self._cw
         cv = self._cv if mode else cw
         if n == 0:
-            if not self.packed:
-                return cupy.zeros(d + 2, dtype=cupy.float64)
-            nblocks, partial = 1, cupy.zeros(d + 2, dtype=cupy.float64)
-        else:
-            fn, nblocks, smem = self._mode(mode)
-            partial = self._partial
-            fn((nblocks,), (_LOGISTIC_THREADS,),
-               (self.X, *self._shape_args, self.y01, self.sw, cw, np.float64(bias), cv, np.float64(vbias), partial),
-               shared_mem=smem)
+            self._launched = (mode, 1, cupy.zeros(d + 2, dtype=cupy.float64))
+            return
+        fn, nblocks, smem = self._mode(mode)
+        partial = self._partial
+        fn((nblocks,), (_LOGISTIC_THREADS,),
+           (self.X, *self._shape_args, self.y01, self.sw, cw, np.float64(bias), cv, np.float64(vbias), partial),
+           shared_mem=smem)
+        self._launched = (mode, nblocks, partial)
+
+    def sums(self, fp=0.0):
+        """The last launched pass's partials summed (packed with the fingerprint ``fp``): a new float64 CuPy vector."""
+        import cupy
+
+        mode, nblocks, partial = self._launched
+        d = self.d
         if not self.packed:
+            if self.n == 0:
+                return cupy.zeros(d + 2, dtype=cupy.float64)
             out = cupy.empty(d + 2, dtype=cupy.float64)
             self._sum((_sum_grid(d + 2),), (_SUM_THREADS,), (partial, np.int32(nblocks), np.int64(d + 2), out))
             return out

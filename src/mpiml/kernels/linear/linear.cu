@@ -845,3 +845,111 @@ __global__ void mpiml_linear_sum_pack(const double* __restrict__ partial, const 
         if (lane == 0) out[j] = src == 1 ? scale * s : s;
     }
 }
+
+// mpiml_linear_labels<T>: the distinct values of a classifier's label vector y, in one read, for its checks:
+// the smallest value lo, the second smallest distinct value lo2 (if any) and the largest hi, with flags
+// (MPIML_LABELS_ANY: a value was seen, MPIML_LABELS_TWO: lo2 exists, MPIML_LABELS_NAN: a NaN was seen, which
+// adds to nothing else).  Two labels or fewer exactly when lo2 is absent or equals hi.  Block g writes its
+// state to part[3 g ...] and pflags[g]; mpiml_linear_labels_merge<T> (one block) merges them into out:
+// 32 bytes, lo, lo2, hi at offsets 0, 8, 16 (as T) and the flags at 24 (one copy to the host).  Minima and
+// maxima are exact: the result does not depend on the order of the merges.
+#define MPIML_LABELS_ANY 1
+#define MPIML_LABELS_TWO 2
+#define MPIML_LABELS_NAN 4
+#define MPIML_LABELS_THREADS 256
+
+template <typename T>
+__device__ __forceinline__ void mpiml_labels_add(T& lo, T& lo2, T& hi, int& flags, const T v) {
+    if (v != v) {                                    // NaN (never for integers)
+        flags |= MPIML_LABELS_NAN;
+        return;
+    }
+    if (!(flags & MPIML_LABELS_ANY)) {
+        lo = v;
+        hi = v;
+        flags |= MPIML_LABELS_ANY;
+        return;
+    }
+    if (v > hi) hi = v;
+    if (v < lo) {                                    // the old lo is below any old lo2: the new second
+        lo2 = lo;
+        lo = v;
+        flags |= MPIML_LABELS_TWO;
+    } else if (v > lo && (!(flags & MPIML_LABELS_TWO) || v < lo2)) {
+        lo2 = v;
+        flags |= MPIML_LABELS_TWO;
+    }
+}
+
+// merges the state (blo, blo2, bhi, bflags) into (lo, lo2, hi, flags): the union's two smallest distinct
+// values are among the two states' own, its largest is one of the two largest
+template <typename T>
+__device__ __forceinline__ void mpiml_labels_merge_state(T& lo, T& lo2, T& hi, int& flags, const T blo,
+                                                         const T blo2, const T bhi, const int bflags) {
+    flags |= bflags & MPIML_LABELS_NAN;
+    if (!(bflags & MPIML_LABELS_ANY)) return;
+    mpiml_labels_add(lo, lo2, hi, flags, blo);
+    if (bflags & MPIML_LABELS_TWO) mpiml_labels_add(lo, lo2, hi, flags, blo2);
+    mpiml_labels_add(lo, lo2, hi, flags, bhi);
+}
+
+// the block's threads' states merged into thread 0's (every thread of the block calls it)
+template <typename T>
+__device__ __forceinline__ void mpiml_labels_block(T& lo, T& lo2, T& hi, int& flags) {
+    __shared__ T s_lo[MPIML_LABELS_THREADS / 32], s_lo2[MPIML_LABELS_THREADS / 32], s_hi[MPIML_LABELS_THREADS / 32];
+    __shared__ int s_flags[MPIML_LABELS_THREADS / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const T blo = __shfl_down_sync(0xffffffffu, lo, off);
+        const T blo2 = __shfl_down_sync(0xffffffffu, lo2, off);
+        const T bhi = __shfl_down_sync(0xffffffffu, hi, off);
+        const int bflags = __shfl_down_sync(0xffffffffu, flags, off);
+        if (lane + off < 32) mpiml_labels_merge_state(lo, lo2, hi, flags, blo, blo2, bhi, bflags);
+    }
+    if (lane == 0) {
+        s_lo[warp] = lo;
+        s_lo2[warp] = lo2;
+        s_hi[warp] = hi;
+        s_flags[warp] = flags;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
+            mpiml_labels_merge_state(lo, lo2, hi, flags, s_lo[w], s_lo2[w], s_hi[w], s_flags[w]);
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(MPIML_LABELS_THREADS)
+mpiml_linear_labels(const T* __restrict__ y, const long long n, T* __restrict__ part, int* __restrict__ pflags) {
+    T lo = T(0), lo2 = T(0), hi = T(0);
+    int flags = 0;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        mpiml_labels_add(lo, lo2, hi, flags, y[i]);
+    mpiml_labels_block(lo, lo2, hi, flags);
+    if (threadIdx.x == 0) {
+        part[3 * (long long)blockIdx.x] = lo;
+        part[3 * (long long)blockIdx.x + 1] = lo2;
+        part[3 * (long long)blockIdx.x + 2] = hi;
+        pflags[blockIdx.x] = flags;
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(MPIML_LABELS_THREADS)
+mpiml_linear_labels_merge(const T* __restrict__ part, const int* __restrict__ pflags, const int nblocks,
+                          unsigned char* __restrict__ out) {
+    T lo = T(0), lo2 = T(0), hi = T(0);
+    int flags = 0;
+    for (int g = threadIdx.x; g < nblocks; g += blockDim.x)
+        mpiml_labels_merge_state(lo, lo2, hi, flags, part[3 * g], part[3 * g + 1], part[3 * g + 2], pflags[g]);
+    mpiml_labels_block(lo, lo2, hi, flags);
+    if (threadIdx.x == 0) {
+        *reinterpret_cast<T*>(out) = lo;
+        *reinterpret_cast<T*>(out + 8) = lo2;
+        *reinterpret_cast<T*>(out + 16) = hi;
+        *reinterpret_cast<int*>(out + 24) = flags;
+    }
+}

@@ -16,7 +16,10 @@ costs about one read of the CSR arrays plus those gathers.
 * :func:`dense_column_moments` -- the same per column of a dense CuPy matrix, one read, deterministic;
 * :func:`column_pieces` -- one-vector products ``A x`` and ``Aᵀ u`` from shared memory (sparse Ridge);
 * :func:`csr_transpose` -- ``Aᵀ`` as CSR (counts, a scan, an atomic fill and a sort of each row in shared
-  memory), the same arrays as cuSPARSE's conversion (``A.T.tocsr()``) for canonical ``A``.
+  memory), the same arrays as cuSPARSE's conversion (``A.T.tocsr()``) for canonical ``A``;
+* :func:`csr_transpose_buckets` -- the same arrays by a two-level stable counting sort (no atomic in global
+  memory, coalesced writes, no sort phase), for any order within ``A``'s rows;
+* :func:`normal` -- a standard normal matrix from a seed (the randomized SVD's, when no ``random_state``).
 
 Products accumulate in float64 whatever the values' dtype (float32 or float64)
 and are written in the dtype asked for.  The kernels load through
@@ -29,47 +32,19 @@ import sys
 
 import numpy as np
 
-__all__ = ["PRODUCTS", "products_mode", "GATHERS", "gather_mode", "gather_chunks", "GatherChunks", "for_shard", "supported", "csr_matmul", "csr_rmatmul_scatter", "csr_normal_vec", "csr_row_moments",
+__all__ = ["PRODUCTS", "products_mode", "GATHERS", "gather_mode", "gather_chunks", "GatherChunks", "for_shard",
+           "supported", "csr_matmul", "csr_rmatmul_scatter", "csr_normal_vec", "csr_row_moments",
            "dense_column_moments", "column_pieces", "ColumnPieces", "plan", "FILES", "expressions", "TRANSPOSES",
-           "transpose_mode", "csr_transpose", "TRANSPOSE_MAX_RUN", "small_cholinv", "small_svd", "SMALL_MAX"]
+           "transpose_mode", "csr_transpose", "csr_transpose_buckets", "buckets_supported", "bucket_shift",
+           "BUCKET_MAX", "TRANSPOSE_MAX_RUN", "small_cholinv", "small_svd", "SMALL_MAX", "normal"]
 
-FILES = ("sparse/spmm.cu",)
-_THREADS = 256                     # MPIML_SPARSE_THREADS in spmm.cu
+from ._launch import (FILES, _PLANS, _THREADS, _TYPES, _blocks, _env_choice, _function,  # noqa: F401
+                      _sm_count, expressions, supported)
+from ._transpose import (BUCKET_MAX, TRANSPOSE_MAX_RUN, TRANSPOSES, bucket_shift, buckets_supported,
+                         csr_transpose, csr_transpose_buckets, transpose_mode)
+
 #: Columns of the dense block one launch takes (32 lanes x 4 columns each); wider blocks go by slices.
 MAX_COLUMNS = 128
-_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
-
-_FUNCTIONS = {}
-_SMS = {}
-
-
-def expressions():
-    """Every instantiation the launchers ask for (what :mod:`mpiml.kernels.build` ships)."""
-    out = []
-    for t in ("float", "double"):
-        for o in ("float", "double"):
-            out += [f"mpiml_csr_gather<{t}, double, {o}, {g}, {c}>" for g, c in _PLANS]
-            out += [f"mpiml_csr_rowdot<{t}, double, {o}, {g}>" for g in (4, 8, 16, 32)]
-            out += [f"mpiml_csr_scatter<{t}, {o}, {g}, {c}>" for g, c in _PLANS]
-        out += [f"mpiml_csr_row_moments<{t}>", f"mpiml_dense_col_moments<{t}>"]
-        out += [f"mpiml_csr_gather4<{t}, {lanes}>" for lanes in (2, 4, 8)]   # {t}: the output type here
-        out += [f"mpiml_csr_scatter_vec<{t}, {g}>" for g in (4, 8, 16, 32)]
-        out += [f"mpiml_csr_normal_vec<{t}, {g}, {w}>" for g in (4, 8, 16, 32) for w in ("false", "true")]
-        out += [f"mpiml_csr_piece_dot<{t}, {g}>" for g in (4, 8, 16, 32)]
-        out += [f"mpiml_csr_piece_scatter<{t}, {g}>" for g in (4, 8, 16, 32)]
-        out += [f"mpiml_csr_transpose_fill<{t}>"]
-        out += [f"mpiml_csr_sort_runs<{t}, {w}>" for w in _SORT_WORDS]
-    out += ["mpiml_csr_split", "mpiml_csr_col_counts", "mpiml_csr_col_counts_smem", "mpiml_small_cholinv",
-            "mpiml_small_svd", "mpiml_csr_block_counts", "mpiml_csr_block_scan"]
-    out += [f"mpiml_csr_block_fill<{t}>" for t in ("float", "double")]
-    out += [f"mpiml_csr_scatter4<{lanes}>" for lanes in (2, 4, 8)]
-    return out
-
-
-#: (lanes per row, columns per lane) by block width: b <= 8, 16, 32, 64, 128.
-_PLANS = ((8, 1), (16, 1), (32, 1), (32, 2), (32, 4))
-
-
 #: Widest block the float4 gather (``mpiml_csr_gather4``, float32 only) takes; :data:`GATHERS` picks it.
 VEC4_MAX_COLUMNS = 32
 #: How ``A @ V`` gathers the rows of a float32 ``V`` of 2 to 32 columns (environment ``MPIML_SPARSE_GATHER``):
@@ -77,14 +52,6 @@ VEC4_MAX_COLUMNS = 32
 #: warp; ``"scalar"`` keeps ``mpiml_csr_gather`` (a value a lane, 4 rows in flight a warp; float64 data
 #: and wider blocks always take it).
 GATHERS = ("vec4", "scalar")
-
-
-def _env_choice(name, choices):
-    """The environment variable ``name``, one of ``choices`` (the first when unset), else a clear error."""
-    mode = os.environ.get(name, choices[0])
-    if mode not in choices:
-        raise ValueError(f"{name} must be one of {choices}; got {mode!r}")
-    return mode
 
 
 def gather_mode():
@@ -103,54 +70,6 @@ def plan(b):
         if b <= g * c:
             return g, c
     raise ValueError(f"a launch takes at most {MAX_COLUMNS} columns; got {b}")
-
-
-def _function(expr):
-    import cupy
-
-    key = (cupy.cuda.runtime.getDevice(), expr)
-    fn = _FUNCTIONS.get(key)
-    if fn is None:
-        from .._loader import load_module
-
-        fn = load_module(FILES, [expr], also=_siblings(expr)).get_function(expr)
-        _FUNCTIONS[key] = fn
-    return fn
-
-
-def _siblings(expr):
-    """The expressions compiled with ``expr`` on a miss: the same kernel with the same value type (its other
-    lane counts, widths and output types), so one compilation serves a fit."""
-    if "<" not in expr:
-        return []
-    name, args = expr.split("<", 1)
-    head = f"{name}<{args.split(',')[0]}"
-    return [e for e in expressions() if e != expr and (e.startswith(head + ",") or e.startswith(head + ">"))]
-
-
-def _sm_count():
-    import cupy
-
-    dev = cupy.cuda.runtime.getDevice()
-    if dev not in _SMS:
-        _SMS[dev] = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
-    return _SMS[dev]
-
-
-#: Most blocks a grid-stride launch has per SM (:func:`_blocks`; the benchmark sweeps it).
-MAX_BLOCKS_PER_SM = 64
-
-
-def _blocks(rows_per_block, n_rows):
-    """Blocks of a grid-stride launch: enough for every row, at most :data:`MAX_BLOCKS_PER_SM` an SM."""
-    need = max(1, -(-int(n_rows) // rows_per_block))
-    return int(min(need, _sm_count() * MAX_BLOCKS_PER_SM))
-
-
-def supported(A):
-    """Whether the kernels take ``A``: a ``cupyx`` CSR matrix of float32/float64 values with int32 indices."""
-    return (type(A).__module__.startswith("cupyx") and getattr(A, "format", None) == "csr"
-            and np.dtype(A.dtype) in _TYPES and A.indices.dtype == np.int32 and A.indptr.dtype == np.int32)
 
 
 def _rowdot_lanes(A):
@@ -218,6 +137,23 @@ def _padded_view(V, width):
             and V.strides == base.strides and V.data.ptr % 16 == 0)
 
 
+def _float4_rows(V, width, dtype):
+    """``V`` as rows of ``width`` values of ``dtype`` that float4 loads read (16-byte aligned, ``width / 4`` float4s
+    apart): ``V`` itself when it is such a block or the leading columns of one (:func:`_padded_view`), else a copy
+    padded with zeros."""
+    import cupy
+
+    if V.dtype == dtype and (V.shape[1] == width and V.flags.c_contiguous and V.data.ptr % 16 == 0
+                             or _padded_view(V, width)):
+        return V
+    b = V.shape[1]
+    Vp = cupy.empty((V.shape[0], width), dtype=dtype)
+    Vp[:, :b] = V
+    if width > b:
+        Vp[:, b:] = 0
+    return Vp
+
+
 def _gather4(A, V, out_dtype, chunks=None, padded=False):
     """``A @ V`` by ``mpiml_csr_gather4`` (float32 ``A``, ``2 <= b <= 32``): ``V`` cast and padded to 8, 16 or 32
     columns in one copy (rows of 16 * lanes bytes: aligned float4 loads, a 128-byte line a row at ``b > 16``),
@@ -229,13 +165,7 @@ def _gather4(A, V, out_dtype, chunks=None, padded=False):
     b = V.shape[1]
     lanes = _vec4_lanes(b)
     width = 4 * lanes
-    if V.dtype != A.dtype or not (V.shape[1] == width and V.flags.c_contiguous and V.data.ptr % 16 == 0
-                                  or _padded_view(V, width)):
-        Vp = cupy.empty((n_cols, width), dtype=A.dtype)
-        Vp[:, :b] = V
-        if width > b:
-            Vp[:, b:] = 0
-        V = Vp
+    V = _float4_rows(V, width, A.dtype)
     ldy = b
     if padded and width > b:
         Yp = cupy.empty((n_rows, width), dtype=out_dtype)
@@ -368,11 +298,7 @@ def csr_rmatmul_scatter4(A, U):
         raise ValueError("csr_rmatmul_scatter4 takes float32 A and 2 to 32 columns")
     lanes = _vec4_lanes(b)
     width = 4 * lanes
-    if U.dtype != A.dtype or not (U.shape[1] == width and U.flags.c_contiguous and U.data.ptr % 16 == 0
-                                  or _padded_view(U, width)):
-        Up = cupy.zeros((n_rows, width), dtype=A.dtype)
-        Up[:, :b] = U
-        U = Up
+    U = _float4_rows(U, width, A.dtype)
     Y = cupy.zeros((n_cols, width), dtype=cupy.float32)
     if n_rows and A.nnz:
         _function(f"mpiml_csr_scatter4<{lanes}>")((_blocks(_THREADS // 32, n_rows),), (_THREADS,),
@@ -418,7 +344,8 @@ def csr_row_moments(A, shift=None, check=True):
     row's indices strictly increase (sorted, no duplicates; when not, ``s2``
     is not the moment of the matrix, whose duplicate entries add up before
     squaring).  ``shift`` (float64, one per row) defaults to zero.  ``check=False``:
-    ``canonical`` is None and nothing is read back (no wait on the device).
+    ``canonical`` is None and nothing is read back (no wait on the device); ``check="device"``: the count of
+    rows that are not canonical instead, a device int32 (1,) array, unread.
     """
     import cupy
 
@@ -432,6 +359,8 @@ def csr_row_moments(A, shift=None, check=True):
     _function(f"mpiml_csr_row_moments<{_TYPES[np.dtype(A.dtype)]}>")(
         (_blocks(_THREADS // 32, n_rows),), (_THREADS,),
         (A.indptr, A.indices, A.data, np.int64(n_rows), sh, s1, s2, bad))
+    if check == "device":
+        return s1, s2, bad
     return s1, s2, (int(bad.get()[0]) == 0 if check else None)
 
 
@@ -566,153 +495,20 @@ def column_pieces(A, max_pieces=MAX_PIECES):
     return ColumnPieces(A, ptr, cuts, widest, blocks)
 
 
-# ---------------------------------------------------------------------- the transpose
-#: How a fit forms ``Xᵀ`` as CSR (environment ``MPIML_SPARSE_TRANSPOSE``, read when the conversion starts):
-#: ``"cusparse"`` (default): ``X.T.tocsr()`` (cuSPARSE's csr2csc, 9.1 ms at 10^8 values on an H100);
-#: ``"kernel"``: :func:`csr_transpose` (the same arrays; 12.0 ms there: its atomic fill 6.5 ms, its sort 3.7).
-TRANSPOSES = ("cusparse", "kernel")
-#: Most values a column of ``A`` may hold for :func:`csr_transpose` to sort its row of ``Aᵀ`` (in shared
-#: memory: 4096 words and values are 32 to 64 KiB); longer rows stay in the fill's order.
-TRANSPOSE_MAX_RUN = 4096
-
-
-def transpose_mode():
-    """How ``Xᵀ`` is formed, from ``MPIML_SPARSE_TRANSPOSE`` (see :data:`TRANSPOSES`)."""
-    return _env_choice("MPIML_SPARSE_TRANSPOSE", TRANSPOSES)
-
-
-#: The sort words of ``mpiml_csr_sort_runs``: (index << pbits) | place in 32 bits when they fit, else 64.
-_SORT_WORDS = ("unsigned int", "unsigned long long")
-
-
-def _sort_word(n_rows, pbits):
-    return _SORT_WORDS[0] if max(int(n_rows) - 1, 0) < (1 << (32 - pbits)) else _SORT_WORDS[1]
-
-
-def transpose_functions(dtype):
-    """The kernels of :func:`csr_transpose` for values of ``dtype``, loaded: ``(counts, fill, {word: sort})``; a
-    fit loads them on its own thread before its worker thread converts."""
-    T = _TYPES[np.dtype(dtype)]
-    counts = "mpiml_csr_col_counts_smem" if _env_choice("MPIML_SPARSE_TRANSPOSE_COUNTS", _COUNTS) == "smem" \
-        else "mpiml_csr_col_counts"
-    return (_function(counts), _function(f"mpiml_csr_transpose_fill<{T}>"),
-            {w: _function(f"mpiml_csr_sort_runs<{T}, {w}>") for w in _SORT_WORDS})
-
-
-#: How :func:`csr_transpose` counts the columns and fills (environment ``MPIML_SPARSE_TRANSPOSE_COUNTS``):
-#: ``"global"`` (default): a global atomic a stored value to count, another to place it; ``"smem"``: the counts
-#: by windows of columns in shared memory a block (one global atomic a column a block); ``"blocks"``: no global
-#: atomic, a block's counts of its rows by windows in shared memory, scanned down the blocks, and the fill from
-#: those starts by shared atomics (measured against each other in ``benchmarks/sparse/spmm_gpu.py``).
-_COUNTS = ("global", "smem", "blocks")
-
-
-def csr_transpose(A, max_run=None, moments=False, events=None):
-    """``Aᵀ`` as a ``cupyx`` CSR matrix (see :func:`supported`), with no wait on the device.
-
-    The column counts by atomics, their scan (``Aᵀ``'s row pointers), a fill that puts every stored value in
-    its row of ``Aᵀ`` at a place taken by an atomic, then a block a row of ``Aᵀ`` sorts it by index in shared
-    memory: for ``A`` without duplicate entries, the arrays of ``A.T.tocsr()`` exactly, whatever the order of
-    the atomics (deterministic).  A row of ``Aᵀ`` longer than ``max_run`` (default :data:`TRANSPOSE_MAX_RUN`,
-    rounded up to a power of two) stays in the fill's order (the same matrix; products on it sum in an order
-    that varies); duplicates stay (as cuSPARSE keeps them), in an order that may vary.
-
-    ``moments``: ``(Aᵀ, (s1, s2, flags))`` instead: per column of ``A`` the sum of its stored values and the sum
-    of their squared deviations from their own mean (float64), and, as a device int32, the count of columns
-    with a repeated row or left unsorted (then ``s2`` may not be the moment of the matrix and the indices of
-    that row of ``Aᵀ`` are not increasing); computed by the sort while each column's values are in shared
-    memory.  ``events``: a list that gets ``(phase, CUDA event)`` after each phase (the benchmark's breakdown).
-    Memory: the counts and a cursor (``n_cols`` int32 each), two float64 vectors, besides ``Aᵀ``'s arrays.
-    """
+# ---------------------------------------------------------------------- random matrix
+def normal(seed, shape, dtype=np.float32):
+    """A standard normal CuPy array of ``shape`` in ``dtype`` (float32 or float64) from an integer ``seed``, drawn by
+    ``mpiml_normal`` (splitmix64 at a counter a pair, Box-Muller in double): one launch, nothing set up, the same
+    values on every device for a seed."""
     import cupy
 
-    n_rows, n_cols = A.shape
-    nnz = int(A.nnz)
-    limit = TRANSPOSE_MAX_RUN if max_run is None else max(2, int(max_run))
-    pbits = max(1, int(limit - 1).bit_length())                 # the sort's places: p = 2^pbits >= limit
-    p = 1 << pbits
-    count_fn, fill_fn, sorts = transpose_functions(A.dtype)
-
-    def phase(name):
-        if events is not None:
-            events.append((name, cupy.cuda.Event()))
-            events[-1][1].record()
-
-    phase("start")
-    counts = cupy.zeros(n_cols + 1, dtype=cupy.int32)
-    how = _env_choice("MPIML_SPARSE_TRANSPOSE_COUNTS", _COUNTS)
-    blocked = None
-    if nnz and n_rows and how == "blocks":
-        optin = int(cupy.cuda.Device().attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
-        w = max(1024, (optin - 2048) // 4 // 32 * 32)
-        nb = _sm_count()
-        per = -(-n_rows // nb)
-        bc = cupy.empty(nb * n_cols, dtype=cupy.int32)
-        fn = _function("mpiml_csr_block_counts")
-        fn.max_dynamic_shared_size_bytes = 4 * w
-        fn((nb,), (1024,), (A.indptr, A.indices, np.int64(n_rows), np.int64(per), np.int32(n_cols), np.int32(w), bc),
-           shared_mem=4 * w)
-        _function("mpiml_csr_block_scan")((-(-n_cols // _THREADS),), (_THREADS,),
-                                          (bc, np.int32(nb), np.int32(n_cols), counts[1:]))
-        blocked = (w, nb, per, bc)
-    elif nnz and n_rows and how == "smem":
-        optin = int(cupy.cuda.Device().attributes.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
-        w = max(1024, (optin - 2048) // 4 // 32 * 32)
-        count_fn.max_dynamic_shared_size_bytes = 4 * w
-        count_fn((_sm_count(),), (1024,), (A.indices, np.int64(nnz), np.int32(n_cols), np.int32(w), counts[1:]),
-                 shared_mem=4 * w)
-    elif nnz and n_rows:
-        count_fn((int(min(-(-nnz // _THREADS), _sm_count() * 32)),), (_THREADS,),
-                 (A.indices, np.int64(nnz), counts[1:]))
-    phase("counts")
-    ptr = cupy.cumsum(counts, dtype=cupy.int32)          # ptr[0] = 0: Aᵀ's row pointers
-    rows_t = cupy.empty(nnz, dtype=cupy.int32)
-    data_t = cupy.empty(nnz, dtype=A.dtype)
-    s1 = cupy.zeros(n_cols, dtype=cupy.float64)
-    s2 = cupy.zeros(n_cols, dtype=cupy.float64)
-    flags = cupy.zeros(1, dtype=cupy.int32)
-    if nnz and n_rows and blocked is not None:
-        w, nb, per, bc = blocked
-        phase("scan and allocation")
-        fn = _function(f"mpiml_csr_block_fill<{_TYPES[np.dtype(A.dtype)]}>")
-        fn.max_dynamic_shared_size_bytes = 4 * w
-        fn((nb,), (1024,), (A.indptr, A.indices, A.data, np.int64(n_rows), np.int64(per), np.int32(n_cols),
-                            np.int32(w), bc, ptr, rows_t, data_t), shared_mem=4 * w)
-        phase("fill")
-    elif nnz and n_rows:
-        cursor = ptr[:-1].copy()
-        phase("scan and allocation")
-        fill_fn((_blocks(_THREADS // 32, n_rows),), (_THREADS,),
-                (A.indptr, A.indices, A.data, np.int64(n_rows), cursor, rows_t, data_t))
-        phase("fill")
-    if nnz and n_rows:
-        word = _sort_word(n_rows, pbits)
-        sort_fn = sorts[word]
-        smem = p * ((4 if word == _SORT_WORDS[0] else 8) + np.dtype(A.dtype).itemsize)
-        if smem > 40 * 1024:      # with the kernel's static shared memory, past the 48 KiB default
-            sort_fn.max_dynamic_shared_size_bytes = smem
-        sort_fn((int(min(n_cols, _sm_count() * 16)),), (_THREADS,),
-                (ptr, np.int64(n_cols), np.int32(p), np.int32(pbits), rows_t, data_t, s1, s2, flags),
-                shared_mem=smem)
-        phase("sort")
-    XT = _csr_from_parts(data_t, rows_t, ptr, (n_cols, n_rows))
-    return (XT, (s1, s2, flags)) if moments else XT
-
-
-def _csr_from_parts(data, indices, indptr, shape):
-    """A ``cupyx`` CSR matrix of these arrays with no check of their contents (a constructor that checks the
-    indices reads them back: a wait on the device)."""
-    import cupyx.scipy.sparse as csp
-
-    make = getattr(csp.csr_matrix, "_from_parts", None)
-    if make is not None:
-        try:
-            return make(data, indices, indptr, shape)
-        except TypeError:   # another signature: the plain way below
-            pass
-    M = csp.csr_matrix(shape, dtype=data.dtype)
-    M.data, M.indices, M.indptr = data, indices, indptr
-    return M
+    dtype = np.dtype(dtype)
+    out = cupy.empty(shape, dtype=dtype)
+    n = int(out.size)
+    if n:
+        _function(f"mpiml_normal<{_TYPES[dtype]}>")((_blocks(_THREADS, -(-n // 2)),), (_THREADS,),
+                                                   (np.uint64(int(seed) % 2**64), np.int64(n), out))
+    return out
 
 
 # ---------------------------------------------------------------------- small factorisations

@@ -124,30 +124,47 @@ __device__ __forceinline__ unsigned mpiml_group_mask() {
     return ((1u << G) - 1u) << (lane & ~(G - 1));
 }
 
+// The rows of A by groups of G lanes (gather and scatter): this lane's place g in its group, the group's first row
+// and the grid's stride over the rows.
+template <int G>
+struct MpimlRowGroups {
+    static_assert(32 % G == 0 && G % 4 == 0, "G must divide 32 and be a multiple of 4");
+    const unsigned mask = mpiml_group_mask<G>();
+    const int g = threadIdx.x & (G - 1);
+    const long long first = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / G;
+    const long long stride = (long long)gridDim.x * (MPIML_SPARSE_THREADS / G);
+};
+
+// Stored value j of a row that ends at end, as (index, value); (0, 0) past the end: a group's coalesced load.
+template <typename T>
+__device__ __forceinline__ void mpiml_stored_pair(const int* __restrict__ indices, const T* __restrict__ data,
+                                                  const int j, const int end, int& col, T& val) {
+    col = 0;
+    val = T(0);
+    if (j < end) {
+        col = __ldg(indices + j);
+        val = __ldg(data + j);
+    }
+}
+
 template <typename T, typename Acc, typename Out, int G, int CPL>
 __global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
 mpiml_csr_gather(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
                  const long long n_rows, const T* __restrict__ V, const long long ldv, const int b,
                  Out* __restrict__ Y, const long long ldy) {
-    static_assert(32 % G == 0 && G % 4 == 0, "G must divide 32 and be a multiple of 4");
-    const unsigned mask = mpiml_group_mask<G>();
-    const int g = threadIdx.x & (G - 1);
-    const long long groups = (long long)gridDim.x * (MPIML_SPARSE_THREADS / G);
-    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / G; row < n_rows;
-         row += groups) {
+    const MpimlRowGroups<G> rg;
+    const unsigned mask = rg.mask;
+    const int g = rg.g;
+    for (long long row = rg.first; row < n_rows; row += rg.stride) {
         const int start = __ldg(indptr + row);
         const int end = __ldg(indptr + row + 1);
         Acc acc[CPL];
 #pragma unroll
         for (int q = 0; q < CPL; ++q) acc[q] = Acc(0);
         for (int base = start; base < end; base += G) {
-            const int j = base + g;
-            int col = 0;
-            T val = T(0);
-            if (j < end) {
-                col = __ldg(indices + j);
-                val = __ldg(data + j);
-            }
+            int col;
+            T val;
+            mpiml_stored_pair(indices, data, base + g, end, col, val);
             const int cnt = min(G, end - base);
             for (int k = 0; k < cnt; k += 4) {
                 T x[4][CPL];
@@ -255,12 +272,10 @@ __global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
 mpiml_csr_scatter(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
                   const long long n_rows, const T* __restrict__ U, const long long ldu, const int b,
                   Out* __restrict__ Y, const long long ldy) {
-    static_assert(32 % G == 0 && G % 4 == 0, "G must divide 32 and be a multiple of 4");
-    const unsigned mask = mpiml_group_mask<G>();
-    const int g = threadIdx.x & (G - 1);
-    const long long groups = (long long)gridDim.x * (MPIML_SPARSE_THREADS / G);
-    for (long long row = ((long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x) / G; row < n_rows;
-         row += groups) {
+    const MpimlRowGroups<G> rg;
+    const unsigned mask = rg.mask;
+    const int g = rg.g;
+    for (long long row = rg.first; row < n_rows; row += rg.stride) {
         const int start = __ldg(indptr + row);
         const int end = __ldg(indptr + row + 1);
         Out u[CPL];
@@ -271,13 +286,9 @@ mpiml_csr_scatter(const int* __restrict__ indptr, const int* __restrict__ indice
             u[q] = cc < b ? Out(__ldg(ur + cc)) : Out(0);
         }
         for (int base = start; base < end; base += G) {
-            const int j = base + g;
-            int col = 0;
-            T val = T(0);
-            if (j < end) {
-                col = __ldg(indices + j);
-                val = __ldg(data + j);
-            }
+            int col;
+            T val;
+            mpiml_stored_pair(indices, data, base + g, end, col, val);
             const int cnt = min(G, end - base);
             for (int k = 0; k < cnt; ++k) {
                 const int c = __shfl_sync(mask, col, k, G);
@@ -996,5 +1007,342 @@ mpiml_csr_block_fill(const int* __restrict__ indptr, const int* __restrict__ ind
             }
         }
         __syncthreads();
+    }
+}
+
+// ---------------------------------------------------------------------- the bucket transpose
+// Aᵀ as CSR with no global atomic, every write coalesced, and no sort: a stable counting sort of A's stored values by
+// column, in two levels.  Column c falls in bucket c >> shift (W = 2^shift columns a bucket, K buckets); A's stored
+// values are cut into chunks of E = blockDim.x * PER consecutive places.  A block holds E entries, PER a lane, warp w
+// the places [w * 32 PER, (w + 1) * 32 PER) (step j at lane l: place w * 32 PER + 32 j + l), so that ranks by warp
+// then step then lane are the order of the places (mpiml_bt_rank: stable).
+// mpiml_bt_counts:  per chunk the count of its stored values in each bucket (shared atomics), to counts[1 + k * nchunks
+//   + c] (bucket-major; counts[0] = 0), so their inclusive scan (the caller's) is each (bucket, chunk)'s first place
+//   in the bucket-major staging, offsets[k * nchunks + c], and offsets[K * nchunks] the count of all.
+// mpiml_bt_scatter<T, PER>:  a block a chunk: each entry's row (the last row starting at or before its place: the
+//   chunk's first row from the caller, the later starts marked in shared memory and max-scanned), its stable place
+//   among the chunk's entries sorted by bucket (mpiml_bt_rank), the chunk sorted so in shared memory, then written
+//   out in that order: each bucket's run of the chunk goes to its place in the staging (column within the bucket as
+//   16 bits, row, value), which then holds each bucket's entries in A's storage order.
+// mpiml_bt_place<T, PER>:  a block a bucket: its columns' counts (shared atomics over its staged columns), their scan
+//   (Aᵀ's row pointers: the bucket's first place plus the column's start in it), then tile by tile in order the same
+//   stable sort by column in shared memory and each column's run written after the one before it.  A bucket's
+//   places in Aᵀ are its places in the staging.  Each column's entries keep A's storage order: rows increasing (the
+//   arrays of cuSPARSE's conversion, whatever A's order within its rows; duplicates in storage order).
+// Indices must lie in [0, n_cols) (a stored value of a bucket past K, or of a column past the bucket's, is dropped).
+
+#define MPIML_BT_NONE 0xffffffffu
+
+// Exclusive scan in place of n counts (C: int or unsigned short; every partial sum below 2^31, and below 2^16 for
+// unsigned short), a contiguous run a thread; returns the total.  red: 33 ints.  Ends synchronised.
+template <typename C>
+__device__ int mpiml_bt_scan(C* a, const int n, int* red) {
+    const int t = threadIdx.x, lane = t & 31, w = t >> 5, nw = blockDim.x >> 5;
+    const int per = (n + blockDim.x - 1) / blockDim.x;
+    const int lo = min(n, t * per), hi = min(n, lo + per);
+    int s = 0;
+    for (int i = lo; i < hi; ++i) s += int(a[i]);
+    int incl = s;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += y;
+    }
+    if (lane == 31) red[w] = incl;
+    __syncthreads();
+    if (w == 0) {
+        const int v = lane < nw ? red[lane] : 0;
+        int inc = v;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, inc, off);
+            if (lane >= off) inc += y;
+        }
+        if (lane < nw) red[lane] = inc - v;
+        if (lane == 31) red[32] = inc;
+    }
+    __syncthreads();
+    int run = red[w] + incl - s;
+    for (int i = lo; i < hi; ++i) {
+        const int v = int(a[i]);
+        a[i] = C(run);
+        run += v;
+    }
+    const int total = red[32];
+    __syncthreads();
+    return total;
+}
+
+// The same exclusive scan of nkeys * nw unsigned short counts stored warp-major (a[w * nkeys + k]) taken in (key,
+// warp) order: place i of that order is a[(i % nw) * nkeys + i / nw].  Ends synchronised.
+__device__ int mpiml_bt_scan_kw(unsigned short* a, const int nkeys, const int nw, int* red) {
+    const int n = nkeys * nw;
+    const int t = threadIdx.x, lane = t & 31, w = t >> 5, nwb = blockDim.x >> 5;
+    const int per = (n + blockDim.x - 1) / blockDim.x;
+    const int lo = min(n, t * per), hi = min(n, lo + per);
+    int s = 0;
+    for (int i = lo; i < hi; ++i) s += int(a[(i % nw) * nkeys + i / nw]);
+    int incl = s;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += y;
+    }
+    if (lane == 31) red[w] = incl;
+    __syncthreads();
+    if (w == 0) {
+        const int v = lane < nwb ? red[lane] : 0;
+        int inc = v;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, inc, off);
+            if (lane >= off) inc += y;
+        }
+        if (lane < nwb) red[lane] = inc - v;
+        if (lane == 31) red[32] = inc;
+    }
+    __syncthreads();
+    int run = red[w] + incl - s;
+    for (int i = lo; i < hi; ++i) {
+        unsigned short* p = a + (i % nw) * nkeys + i / nw;
+        const int v = int(*p);
+        *p = (unsigned short)run;
+        run += v;
+    }
+    const int total = red[32];
+    __syncthreads();
+    return total;
+}
+
+// The stable ranks of a block's E entries by key (key[j] < nkeys, or MPIML_BT_NONE: no entry), held as above: q[j] is
+// the entry's place in the entries sorted by key, in the order of their places.  The counts are warp-major, cnt[w *
+// nkeys + k] (a warp's lanes then hit different banks), and end as the exclusive scan over (key, warp), so cnt[k] is
+// key k's first place.  Returns the count of entries.
+template <int PER>
+__device__ int mpiml_bt_rank(const unsigned (&key)[PER], int (&q)[PER], unsigned short* cnt, const int nkeys,
+                             int* red) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int i = threadIdx.x; i < nkeys * nw; i += blockDim.x) cnt[i] = 0;
+    __syncthreads();
+    const unsigned below = (1u << lane) - 1u;
+    unsigned short* mine = cnt + w * nkeys;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const unsigned k = key[j];
+        const unsigned peers = __match_any_sync(0xffffffffu, k);
+        const int r = __popc(peers & below);
+        const int base = k != MPIML_BT_NONE ? int(mine[k]) : 0;
+        __syncwarp();
+        if (k != MPIML_BT_NONE && r == 0) mine[k] = (unsigned short)(base + __popc(peers));
+        __syncwarp();
+        q[j] = base + r;
+    }
+    __syncthreads();
+    const int total = mpiml_bt_scan_kw(cnt, nkeys, nw, red);
+#pragma unroll
+    for (int j = 0; j < PER; ++j)
+        if (key[j] != MPIML_BT_NONE) q[j] += int(mine[key[j]]);
+    return total;
+}
+
+template <int PER>
+__global__ void __launch_bounds__(1024)
+mpiml_bt_counts(const int* __restrict__ indices, const long long nnz, const int shift, const int K,
+                const int nchunks, int* __restrict__ counts) {
+    extern __shared__ int mpiml_bt_hist[];
+    const int c = blockIdx.x, t = threadIdx.x;
+    for (int k = t; k < K; k += blockDim.x) mpiml_bt_hist[k] = 0;
+    __syncthreads();
+    const long long lo = (long long)c * blockDim.x * PER;
+    unsigned key[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const long long i = lo + (long long)j * blockDim.x + t;
+        key[j] = i < nnz ? (unsigned)__ldcs(indices + i) >> shift : MPIML_BT_NONE;
+    }
+#pragma unroll
+    for (int j = 0; j < PER; ++j)
+        if (key[j] < (unsigned)K) atomicAdd(mpiml_bt_hist + key[j], 1);
+    __syncthreads();
+    for (int k = t; k < K; k += blockDim.x) counts[1 + (long long)k * nchunks + c] = mpiml_bt_hist[k];
+}
+
+template <typename T, int PER>
+__global__ void __launch_bounds__(1024)
+mpiml_bt_scatter(const int* __restrict__ indptr, const int* __restrict__ indices, const T* __restrict__ data,
+                 const long long n_rows, const long long nnz, const int* __restrict__ chunk_row, const int shift,
+                 const int K, const int nchunks, const int* __restrict__ offsets,
+                 unsigned short* __restrict__ st_col, int* __restrict__ st_row, T* __restrict__ st_val) {
+    extern __shared__ __align__(16) unsigned char mpiml_bt_smem[];
+    const int nt = blockDim.x, E = nt * PER;
+    T* sval = reinterpret_cast<T*>(mpiml_bt_smem);                        // E values
+    int* srow = reinterpret_cast<int*>(sval + E);                          // E rows (first the row marks)
+    int* scol = srow + E;                                                  // E columns
+    unsigned short* cnt = reinterpret_cast<unsigned short*>(scol + E);    // K * nw counts
+    __shared__ int red[33];
+    __shared__ int wmax[32];
+    const int c = blockIdx.x, t = threadIdx.x, lane = t & 31, w = t >> 5;
+    const long long lo = (long long)c * E;
+    const int n = (int)min((long long)E, nnz - lo);
+    int col[PER];
+    T val[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {                                        // in flight while the rows are marked
+        const int i = w * 32 * PER + j * 32 + lane;
+        col[j] = i < n ? __ldcs(indices + lo + i) : -1;
+        val[j] = i < n ? __ldcs(data + lo + i) : T(0);
+    }
+    const int r0 = __ldg(chunk_row + c);                                   // the row holding place lo
+    for (int i = t; i < E; i += nt) srow[i] = -1;
+    __syncthreads();
+    for (long long r = (long long)r0 + 1 + t; r < n_rows; r += nt) {      // the later rows starting in the chunk
+        const int p = __ldg(indptr + r);
+        if (p >= lo + n) break;
+        if (__ldg(indptr + r + 1) > p) srow[p - lo] = (int)r;              // non-empty rows start at distinct places
+    }
+    __syncthreads();
+    int row[PER];
+    int carry = -1;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {                                        // the running max of the marks
+        int m = srow[w * 32 * PER + j * 32 + lane];
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, m, off);
+            if (lane >= off) m = max(m, y);
+        }
+        m = max(m, carry);
+        carry = __shfl_sync(0xffffffffu, m, 31);
+        row[j] = m;
+    }
+    if (lane == 0) wmax[w] = carry;
+    __syncthreads();
+    int before = r0;
+    for (int v = 0; v < w; ++v) before = max(before, wmax[v]);
+    unsigned key[PER];
+    int q[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        row[j] = max(row[j], before);
+        const unsigned k = (unsigned)col[j] >> shift;
+        key[j] = col[j] >= 0 && k < (unsigned)K ? k : MPIML_BT_NONE;
+    }
+    const int total = mpiml_bt_rank<PER>(key, q, cnt, K, red);             // synchronised: srow is free
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        if (key[j] != MPIML_BT_NONE) {
+            scol[q[j]] = col[j];
+            srow[q[j]] = row[j];
+            sval[q[j]] = val[j];
+        }
+    }
+    __syncthreads();
+    const int nw = nt >> 5;
+    const unsigned low = (1u << shift) - 1u;
+    for (int i = t; i < total; i += nt) {
+        const int cc = scol[i];
+        const int k = (int)((unsigned)cc >> shift);
+        const long long g = (long long)__ldg(offsets + (long long)k * nchunks + c) + (i - int(cnt[k]));
+        st_col[g] = (unsigned short)((unsigned)cc & low);
+        st_row[g] = srow[i];
+        st_val[g] = sval[i];
+    }
+}
+
+template <typename T, int PER>
+__global__ void __launch_bounds__(1024)
+mpiml_bt_place(const unsigned short* __restrict__ st_col, const int* __restrict__ st_row,
+               const T* __restrict__ st_val, const int* __restrict__ offsets, const int nchunks, const int K,
+               const int shift, const int n_cols, int* __restrict__ ptr, int* __restrict__ rows_t,
+               T* __restrict__ data_t) {
+    extern __shared__ __align__(16) unsigned char mpiml_bt_smem[];
+    const int nt = blockDim.x, E = nt * PER, W = 1 << shift;
+    T* sval = reinterpret_cast<T*>(mpiml_bt_smem);                        // E values
+    int* srow = reinterpret_cast<int*>(sval + E);                          // E rows
+    int* cur = srow + E;                                                   // W: each column's next place
+    unsigned short* scol = reinterpret_cast<unsigned short*>(cur + W);    // E columns
+    unsigned short* cnt = scol + E;                                        // W * nw counts
+    __shared__ int red[33];
+    const int t = threadIdx.x, lane = t & 31, w = t >> 5, nw = nt >> 5;
+    if (blockIdx.x == 0 && t == 0) ptr[n_cols] = __ldg(offsets + (long long)K * nchunks);
+    for (int k = blockIdx.x; k < K; k += gridDim.x) {
+        const int bs = __ldg(offsets + (long long)k * nchunks);
+        const int be = __ldg(offsets + (long long)(k + 1) * nchunks);
+        const int c0 = k << shift, wk = min(W, n_cols - c0);
+        for (int c = t; c < wk; c += nt) cur[c] = 0;
+        __syncthreads();
+        for (int i = bs + t; i < be; i += 4 * nt) {                        // the bucket's column counts
+            unsigned v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) v[u] = i + u * nt < be ? (unsigned)__ldg(st_col + i + u * nt) : MPIML_BT_NONE;
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (v[u] < (unsigned)wk) atomicAdd(cur + v[u], 1);
+        }
+        __syncthreads();
+        mpiml_bt_scan(cur, wk, red);                                       // each column's start in the bucket
+        for (int c = t; c < wk; c += nt) ptr[c0 + c] = bs + cur[c];
+        for (int t0 = bs; t0 < be; t0 += E) {                              // the tiles, in order
+            const int n = min(E, be - t0);
+            unsigned key[PER];
+            int row[PER], q[PER];
+            T val[PER];
+#pragma unroll
+            for (int j = 0; j < PER; ++j) {
+                const int i = w * 32 * PER + j * 32 + lane;
+                const bool ok = i < n;
+                const unsigned k = ok ? (unsigned)__ldcs(st_col + t0 + i) : MPIML_BT_NONE;
+                key[j] = k < (unsigned)wk ? k : MPIML_BT_NONE;
+                row[j] = ok ? __ldcs(st_row + t0 + i) : 0;
+                val[j] = ok ? __ldcs(st_val + t0 + i) : T(0);
+            }
+            const int total = mpiml_bt_rank<PER>(key, q, cnt, wk, red);
+#pragma unroll
+            for (int j = 0; j < PER; ++j) {
+                if (key[j] != MPIML_BT_NONE) {
+                    scol[q[j]] = (unsigned short)key[j];
+                    srow[q[j]] = row[j];
+                    sval[q[j]] = val[j];
+                }
+            }
+            __syncthreads();
+            for (int i = t; i < total; i += nt) {                          // each column's run after its last
+                const int cc = scol[i];
+                const int g = bs + cur[cc] + (i - int(cnt[cc]));
+                rows_t[g] = srow[i];
+                data_t[g] = sval[i];
+            }
+            __syncthreads();
+            for (int c = t; c < wk; c += nt) cur[c] += (c + 1 < wk ? int(cnt[c + 1]) : total) - int(cnt[c]);
+            __syncthreads();
+        }
+    }
+}
+
+// mpiml_normal<T>:  n standard normal values from a seed (the randomized SVD's random matrix when no random_state is
+//   given), a pair at a time: pair p takes the 64 bits of splitmix64 at counter p of the mixed seed, two 32-bit
+//   uniforms of them, and Box-Muller in double.  Counter-based: the same values on every device for a seed, nothing
+//   to set up (a cuRAND generator allocates, and frees with a synchronisation, its state every fit).
+__device__ __forceinline__ unsigned long long mpiml_mix64(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(MPIML_SPARSE_THREADS)
+mpiml_normal(const unsigned long long seed, const long long n, T* __restrict__ out) {
+    const unsigned long long base = mpiml_mix64(seed + 0x9e3779b97f4a7c15ull);
+    const long long pairs = (n + 1) / 2;
+    const long long stride = (long long)gridDim.x * MPIML_SPARSE_THREADS;
+    for (long long p = (long long)blockIdx.x * MPIML_SPARSE_THREADS + threadIdx.x; p < pairs; p += stride) {
+        const unsigned long long h = mpiml_mix64(base + (unsigned long long)(p + 1) * 0x9e3779b97f4a7c15ull);
+        const double u1 = (double(h >> 32) + 1.0) * (1.0 / 4294967296.0);           // (0, 1]
+        const double u2 = double(h & 0xffffffffull) * (1.0 / 4294967296.0);       // [0, 1)
+        const double r = sqrt(-2.0 * log(u1));
+        double s, c;
+        sincospi(2.0 * u2, &s, &c);
+        out[2 * p] = T(r * c);
+        if (2 * p + 1 < n) out[2 * p + 1] = T(r * s);
     }
 }

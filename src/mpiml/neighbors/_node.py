@@ -1,0 +1,150 @@
+"""The gathered k-NN search of CPU ranks (``strategy="gather"``): the whole index on every rank, or once in node memory.
+
+:func:`gathered_kneighbors` serves :func:`mpiml.neighbors._ring.ring_kneighbors` where the index fits
+(see docs/neighbors.md, "CPU ranks gather an index that fits").  Two forms, the same lists:
+
+* **one node** (every rank of the communicator on one shared-memory node, MPI underneath): one MPI
+  shared-memory window holds the index, every rank's queries and their running lists, once for the
+  node; each rank writes its own rows there, then every rank's threads take the query blocks of *all*
+  the ranks' queries from one atomic counter in that memory (:func:`mpiml.neighbors._cpu.merge_block`
+  given ``counter``), as the threads of one rank take a rank's: a rank whose blocks run slower (harder
+  queries, a busier core) no longer holds the others up, which splitting the work by the ranks'
+  queries did (the slowest rank decides);
+* **otherwise**: each rank gathers the index (one ``allgatherv``) and searches its own queries.
+
+The lists are exact (value, global index) lists of every row whichever thread of whichever rank
+searched a query, so both forms give the ring's result.
+"""
+
+import os
+
+import numpy as np
+
+__all__ = ["gathered_kneighbors", "node_comm", "SHARED"]
+
+#: Search in node memory where every rank shares one node (False, or ``MPIML_KNN_SHARED=0``: each rank
+#: gathers the index; tests and A/B runs).
+SHARED = True
+_NODE = {}  # id of an mpi4py communicator -> (the communicator, whether its ranks share one node)
+
+
+def node_comm(comm):
+    """The mpi4py communicator under ``comm`` when all its ranks share one node (and MPI can open a shared
+    window on it), else None.  A collective the first time per communicator (a shared-memory split)."""
+    raw = getattr(getattr(comm, "_world", None), "comm", None)
+    if raw is None or comm.size == 1 or not SHARED or os.environ.get("MPIML_KNN_SHARED", "1") == "0":
+        return None
+    try:
+        if raw.Get_size() != comm.size or raw.Get_rank() != comm.rank:
+            return None
+    except Exception:  # not an mpi4py communicator
+        return None
+    known = _NODE.get(id(raw))
+    if known is None or known[0] is not raw:
+        from ..comm.backends.mpi import mpi_module
+
+        node = raw.Split_type(mpi_module().COMM_TYPE_SHARED)
+        try:
+            together = node.Get_size() == raw.Get_size()
+        finally:
+            node.Free()
+        known = _NODE[id(raw)] = (raw, together)
+    return raw if known[1] else None
+
+
+def _per_rank(cpu, Q, X, Y, k, metric, p, comm):
+    every = comm.allgatherv(np.ascontiguousarray(X))
+    pay = None if Y is None else comm.allgatherv(np.ascontiguousarray(Y, dtype=np.float64))
+    bd, bi = cpu.new_lists(Q.shape[0], k)
+    if Q.shape[0]:
+        cpu.merge_block(Q, every, 0, bd, bi, metric, p)
+    return bd, bi, None if pay is None else _payload(cpu, bi, pay)
+
+
+def _payload(cpu, bi, Yall):
+    """The targets of the lists ``bi`` (global rows of ``Yall``)."""
+    t = Yall.shape[1]
+    empty = np.full(bi.shape, np.iinfo(np.int64).max, dtype=np.int64)
+    return cpu.carry_payload(empty, np.zeros(bi.shape + (t,)), bi, 0, Yall)
+
+
+def _layout(parts):
+    """Byte offsets of ``parts`` (``(name, nbytes)``), each at a multiple of 64 bytes, and the total."""
+    at, out = 0, {}
+    for name, nbytes in parts:
+        out[name] = at
+        at += -(-int(nbytes) // 64) * 64
+    return out, max(at, 64)
+
+
+def _allocate(MPI, raw, nbytes):
+    """A shared-memory window of ``nbytes`` on this rank (the node's memory; only rank 0 allocates)."""
+    return MPI.Win.Allocate_shared(nbytes, 1, comm=raw)
+
+
+def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
+    """The one-node form (see the module notes)."""
+    from ..comm.backends.mpi import mpi_module
+    from ..utils._jit import numba
+
+    MPI = mpi_module()
+    r, d, dt = comm.rank, X.shape[1], X.dtype
+    N, nq = int(np.sum(counts)), int(np.sum(qcounts))
+    qoff = np.concatenate([[0], np.cumsum(qcounts)]).astype(np.int64)
+    t = None if Y is None else Y.shape[1]
+    threads = int(comm.allreduce_obj(int(numba().get_num_threads())))
+    at, total = _layout([("counter", 8), ("bd", nq * k * 8), ("bi", nq * k * 8), ("X", N * d * dt.itemsize),
+                         ("Q", nq * d * dt.itemsize), ("Y", 0 if t is None else N * t * 8)])
+    try:
+        win = _allocate(MPI, raw, total if r == 0 else 0)
+    except Exception:  # an MPI without shared windows here (agreed below): the per-rank form, from now on
+        win = None
+    if comm.allreduce_obj(win is None, op="max"):
+        _NODE[id(raw)] = (raw, False)
+        if win is not None:
+            win.Free()
+        return _per_rank(cpu, Q, X, Y, k, metric, p, comm)
+    try:
+        buf, _ = win.Shared_query(0)
+        mem = np.frombuffer(buf, dtype=np.uint8, count=total)
+
+        def view(name, dtype, shape):
+            n = int(np.prod(shape))
+            return mem[at[name]:at[name] + n * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+
+        counter, Xall, Qall = view("counter", np.int64, (1,)), view("X", dt, (N, d)), view("Q", dt, (nq, d))
+        bd, bi = view("bd", np.float64, (nq, k)), view("bi", np.int64, (nq, k))
+        Yall = None if t is None else view("Y", np.float64, (N, t))
+        win.Lock_all(MPI.MODE_NOCHECK)
+        mine = slice(int(offsets[r]), int(offsets[r]) + X.shape[0])
+        Xall[mine] = X
+        if Yall is not None:
+            Yall[mine] = Y
+        Qall[qoff[r]:qoff[r + 1]] = Q
+        bd[qoff[r]:qoff[r + 1]], bi[qoff[r]:qoff[r + 1]] = cpu.new_lists(int(qcounts[r]), k)
+        if r == 0:
+            counter[0] = 0
+        win.Sync()
+        comm.barrier()                          # every rank's rows in place
+        win.Sync()
+        cpu.merge_block(Qall, Xall, 0, bd, bi, metric, p, counter, threads)
+        win.Sync()
+        comm.barrier()                          # every block searched
+        win.Sync()
+        mine_q = slice(int(qoff[r]), int(qoff[r + 1]))
+        out = bd[mine_q].copy(), bi[mine_q].copy()
+        pay = None if Yall is None else _payload(cpu, out[1], Yall)
+        win.Unlock_all()
+    finally:
+        win.Free()                               # collective: every rank has copied its rows out
+    return out[0], out[1], pay
+
+
+def gathered_kneighbors(cpu, Q, X, Y, k, *, metric, p, comm, qcounts, offsets, counts):
+    """``(compared values, global indices, targets or None)`` of this rank's queries over every rank's rows
+    (dense host rows, the compiled module ``cpu``); the caller finishes the values."""
+    raw = node_comm(comm) if metric in ("euclidean", "sqeuclidean", "cosine") and int(np.sum(qcounts)) else None
+    if raw is None:
+        return _per_rank(cpu, Q, X, Y, k, metric, p, comm)
+    return _in_node(cpu, raw, np.ascontiguousarray(Q), np.ascontiguousarray(X), Y, k, metric, p, comm, qcounts,
+                    offsets, counts)
