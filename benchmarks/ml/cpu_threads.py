@@ -144,8 +144,8 @@ def _for_seconds(fn, seconds):
 
 
 def _kmeans_step(rows, seed, comm, k=16):
-    """One rank's k-means data (``rows`` x 32, ``k`` blobs), its first ``k`` rows as centres, and a Lloyd step on them
-    (:func:`mpiml.cluster._kmeans_cpu.lloyd_step`, the packed sums zeroed first): ``(X, C, step)``."""
+    """One rank's k-means data (``rows`` x 32, ``k`` blobs), its first ``k`` rows as centres, and a Lloyd step on
+    them (:func:`mpiml.cluster._kmeans_cpu.lloyd_step`, the packed sums zeroed first): ``(X, C, step)``."""
     from mpiml import datasets
     from mpiml.cluster import _kmeans_cpu
 
