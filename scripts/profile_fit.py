@@ -273,7 +273,8 @@ _MARKED = (("mpiml.utils._supervised", "validate_X_y"), ("mpiml.utils._validatio
            ("mpiml.linear_model._logistic_loss", "Objective._reduce"),
            ("mpiml.linear_model._logistic_loss", "lbfgs"),
            ("mpiml.linear_model._logistic", "LogisticRegression._fitted_attributes"),
-           ("mpiml.kernels.linear", "LogisticPass.__call__"), ("mpiml.kernels.linear", "augmented_gram"),
+           ("mpiml.kernels.linear", "LogisticPass.__call__"), ("mpiml.kernels.linear", "LogisticPass.launch"),
+           ("mpiml.kernels.linear", "augmented_gram"),
            ("mpiml.linear_model._base", "allreduce_identical_device"),
            ("mpiml.linear_model._lsq_direct", "early_local_gram"), ("mpiml.linear_model._lsq_direct", "solve_direct"),
            ("mpiml.linear_model._lsq_direct", "NormalEquations.choose"),
@@ -282,9 +283,9 @@ _MARKED = (("mpiml.utils._supervised", "validate_X_y"), ("mpiml.utils._validatio
            ("mpiml.linear_model._lsq_solvers", "ScaledCholesky.__init__"),
            ("mpiml.linear_model._lsq_solvers", "ridge_from_gram"),
            ("mpiml.linear_model._lsq_solvers", "lstsq_from_gram_cholesky"),
-           ("mpiml.linear_model._least_squares", "_LinearRegressorBase._set_coef"),
-           ("mpiml.linear_model._base", "fitted_like"), ("mpiml.linear_model._lsq_direct", "augmented_gram"),
-           ("mpiml.linear_model._lsq_direct", "NormalEquations.factor"))
+           ("mpiml.linear_model._least_squares", "_LinearRegressorBase._set_coef"))
+# (each mark costs two CUDA events recorded, 20-50 us of host time a call on the GPU host: marks nested inside the
+# steps above, tried in the passes of 22:58 and 23:44, lengthened the Ridge timeline's host part by ~0.1-0.2 ms)
 
 
 def _timeline(fit, comm, say):
@@ -365,7 +366,8 @@ def _timeline(fit, comm, say):
     seen = {}
     for r in rows:
         seen[r[0]] = seen.get(r[0], 0) + 1
-        if r[0] in ("Objective.evaluate", "Objective._reduce", "LogisticPass.__call__", "allreduce_identical_device") \
+        if r[0] in ("Objective.evaluate", "Objective._reduce", "LogisticPass.__call__", "LogisticPass.launch",
+                    "allreduce_identical_device") \
                 and 3 <= seen[r[0]] < 19:
             continue   # (the first two and the last evaluations in full)
         lines.append(f"  {r[0]:<36} host {r[1]:8.3f} {r[2]:8.3f}  device {r[3]:8.3f} {r[4]:8.3f}")
@@ -377,7 +379,8 @@ def _timeline(fit, comm, say):
 def _pass_summary(rows):
     """One line splitting the logistic evaluations of a timeline (see :func:`_timeline`), or None."""
     evals = [r for r in rows if r[0] == "Objective.evaluate"]
-    passes = [r for r in rows if r[0] == "LogisticPass.__call__"]
+    # (a pass is launched by LogisticPass.launch, alone or inside __call__: the launches are the passes)
+    passes = [r for r in rows if r[0] == "LogisticPass.launch"]
     reduces = [r for r in rows if r[0] == "Objective._reduce"]
     if passes and reduces:
         # each reduction with the last pass launched before it, each pass with the evaluation around it (none:
