@@ -101,13 +101,15 @@ def _print_timeline(name, rows):
 #: The TruncatedSVD fits of the "kernels" mode: name -> the environment they run under.
 _VARIANTS = {"kernels": {},      # the defaults: the bucket transpose, the device algebra, its checks deferred
              "kernels, checks read at once": {"MPIML_RANDOMIZED_CHECKS": "now"},
+             "kernels, explicit final Q": {"MPIML_RANDOMIZED_FINAL": "explicit"},
              "kernels, cuSPARSE transpose": {"MPIML_SPARSE_TRANSPOSE": "cusparse"},
              "kernels, kernel transpose": {"MPIML_SPARSE_TRANSPOSE": "kernel"},
              "kernels, host algebra": {"MPIML_RANDOMIZED_ALGEBRA": "host"},
              "kernels, the code of 20:20 (cuSPARSE transpose, checks at once, cuRAND normal)": {
                  "MPIML_SPARSE_TRANSPOSE": "cusparse", "MPIML_RANDOMIZED_CHECKS": "now",
-                 "MPIML_DEVICE_NORMAL": "curand"}}
-_VARIANT_KEYS = ("MPIML_SPARSE_TRANSPOSE", "MPIML_RANDOMIZED_ALGEBRA", "MPIML_DEVICE_NORMAL", "MPIML_RANDOMIZED_CHECKS")
+                 "MPIML_DEVICE_NORMAL": "curand", "MPIML_RANDOMIZED_FINAL": "explicit"}}
+_VARIANT_KEYS = ("MPIML_SPARSE_TRANSPOSE", "MPIML_RANDOMIZED_ALGEBRA", "MPIML_DEVICE_NORMAL", "MPIML_RANDOMIZED_CHECKS",
+                 "MPIML_RANDOMIZED_FINAL")
 
 
 def _set_variant(env):

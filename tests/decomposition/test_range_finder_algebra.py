@@ -50,6 +50,23 @@ def test_deferred_algebra_equals_host(host_kernel, steps):
     np.testing.assert_allclose(np.abs((a[3][:8] * b[3][:8]).sum(axis=1)), 1.0, rtol=1e-10)
 
 
+def test_implicit_final_step_equals_host(host_kernel):
+    """The final step with Q left implicit (one Cholesky of Y's Gram matrix, Bᵀ = (Xᵀ Y) R⁻¹) gives the host's
+    singular values and vectors; an iterate past its condition bound fails the check (None: the caller redoes)."""
+    comm = get_comm("self")
+    rs = np.random.RandomState(0)
+    X = sp.csr_matrix(sp.random(3000, 400, density=0.02, random_state=rs) @ sp.diags(0.95 ** np.arange(400)))
+    Om = _solvers.gaussian_matrix(0, (400, 18), comm, np, np.float64)
+    a = _solvers._range_svd(X, Om, comm, np, 5, None, "cholesky_qr2", "cholesky_qr2", device=False)
+    b = _solvers._range_svd(X, Om, comm, np, 5, None, "cholesky_qr2", "cholesky_qr2", device=True, implicit=True)
+    assert b[0] is None
+    np.testing.assert_allclose(b[2], a[2], rtol=1e-10)
+    np.testing.assert_allclose(np.abs((a[3][:8] * b[3][:8]).sum(axis=1)), 1.0, rtol=1e-10)
+    X1 = sp.csr_matrix(np.outer(rs.rand(1000), rs.rand(400)) + 1e-9 * rs.rand(1000, 400))   # rank one, nearly
+    assert _solvers._range_svd(X1, Om, comm, np, 5, None, "cholesky_qr2", "cholesky_qr2", device=True,
+                               implicit=True) is None
+
+
 def test_failed_check_returns_none(host_kernel):
     comm = get_comm("self")
     rs = np.random.RandomState(1)
