@@ -92,8 +92,8 @@ def _spanning(win, sizes):
 def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
     """The one-node form (see the module notes).  Each array is a window of which each rank allocates its own
     rows (its index rows, its queries and their lists): a window's memory is first touched, and on some MPIs
-    cleared, by the rank that allocates it, and one rank allocating all of it left the others waiting for it
-    (80 ms at 3e5 x 32 on 8 ranks of the 64-core host)."""
+    cleared, by the rank that allocates it.  With one window allocated by rank 0, rank 0's own work took 80 ms
+    more than the other ranks' at 3e5 x 32 on 8 ranks of the 64-core host, and they waited that long."""
     from ..comm.backends.mpi import mpi_module
     from ..utils._jit import numba
 
