@@ -68,22 +68,32 @@ def _payload(cpu, bi, Yall):
     return cpu.carry_payload(empty, np.zeros(bi.shape + (t,)), bi, 0, Yall)
 
 
-def _layout(parts):
-    """Byte offsets of ``parts`` (``(name, nbytes)``), each at a multiple of 64 bytes, and the total."""
-    at, out = 0, {}
-    for name, nbytes in parts:
-        out[name] = at
-        at += -(-int(nbytes) // 64) * 64
-    return out, max(at, 64)
-
-
 def _allocate(MPI, raw, nbytes):
-    """A shared-memory window of ``nbytes`` on this rank (the node's memory; only rank 0 allocates)."""
+    """This rank's ``nbytes`` of a shared-memory window over the node (the ranks' parts follow each other)."""
     return MPI.Win.Allocate_shared(nbytes, 1, comm=raw)
 
 
+def _spanning(win, sizes):
+    """The bytes of every rank's part of ``win`` as one array (this process's mapping), or None where the parts
+    do not follow each other in rank order (MPI's default for shared windows; an implementation may pad)."""
+    import ctypes
+
+    total = int(sum(sizes))
+    addrs = [win.Shared_query(j)[0].address for j in range(len(sizes))]
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    first = next((a - int(s) for a, s, n in zip(addrs, starts, sizes) if n), None)
+    if first is None:
+        return np.zeros(0, dtype=np.uint8)
+    if any(n and a != first + int(s) for a, s, n in zip(addrs, starts, sizes)):
+        return None
+    return np.frombuffer((ctypes.c_char * total).from_address(first), dtype=np.uint8)
+
+
 def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
-    """The one-node form (see the module notes)."""
+    """The one-node form (see the module notes).  Each array is a window of which each rank allocates its own
+    rows (its index rows, its queries and their lists): a window's memory is first touched, and on some MPIs
+    cleared, by the rank that allocates it.  With one window allocated by rank 0, rank 0's own work took 80 ms
+    more than the other ranks' at 3e5 x 32 on 8 ranks of the 64-core host, and they waited that long."""
     from ..comm.backends.mpi import mpi_module
     from ..utils._jit import numba
 
@@ -93,29 +103,37 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
     qoff = np.concatenate([[0], np.cumsum(qcounts)]).astype(np.int64)
     t = None if Y is None else Y.shape[1]
     threads = int(comm.allreduce_obj(int(numba().get_num_threads())))
-    at, total = _layout([("counter", 8), ("bd", nq * k * 8), ("bi", nq * k * 8), ("X", N * d * dt.itemsize),
-                         ("Q", nq * d * dt.itemsize), ("Y", 0 if t is None else N * t * 8)])
+    n_rows, q_rows = np.asarray(counts, dtype=np.int64), np.asarray(qcounts, dtype=np.int64)
+    parts = {"X": n_rows * d * dt.itemsize, "Q": q_rows * d * dt.itemsize, "bd": q_rows * k * 8,
+             "bi": q_rows * k * 8, "counter": np.r_[8, np.zeros(comm.size - 1, dtype=np.int64)]}
+    if t is not None:
+        parts["Y"] = n_rows * t * 8
+    wins, mem = {}, {}
     try:
-        win = _allocate(MPI, raw, total if r == 0 else 0)
+        for name, sizes in parts.items():
+            wins[name] = _allocate(MPI, raw, int(sizes[r]))
+        for name, sizes in parts.items():
+            mem[name] = _spanning(wins[name], sizes)
+        failed = any(m is None for m in mem.values())
     except Exception:  # an MPI without shared windows here (agreed below): the per-rank form, from now on
-        win = None
-    if comm.allreduce_obj(win is None, op="max"):
+        failed = True
+    if comm.allreduce_obj(bool(failed), op="max"):
         _NODE[id(raw)] = (raw, False)
-        if win is not None:
-            win.Free()
+        for w in wins.values():
+            w.Free()
         return _per_rank(cpu, Q, X, Y, k, metric, p, comm)
     try:
-        buf, _ = win.Shared_query(0)
-        mem = np.frombuffer(buf, dtype=np.uint8, count=total)
+        counter = mem["counter"].view(np.int64)
+        Xall, Qall = mem["X"].view(dt).reshape(N, d), mem["Q"].view(dt).reshape(nq, d)
+        bd, bi = mem["bd"].view(np.float64).reshape(nq, k), mem["bi"].view(np.int64).reshape(nq, k)
+        Yall = None if t is None else mem["Y"].view(np.float64).reshape(N, t)
+        for w in wins.values():
+            w.Lock_all(MPI.MODE_NOCHECK)
 
-        def view(name, dtype, shape):
-            n = int(np.prod(shape))
-            return mem[at[name]:at[name] + n * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+        def sync():
+            for w in wins.values():
+                w.Sync()
 
-        counter, Xall, Qall = view("counter", np.int64, (1,)), view("X", dt, (N, d)), view("Q", dt, (nq, d))
-        bd, bi = view("bd", np.float64, (nq, k)), view("bi", np.int64, (nq, k))
-        Yall = None if t is None else view("Y", np.float64, (N, t))
-        win.Lock_all(MPI.MODE_NOCHECK)
         mine = slice(int(offsets[r]), int(offsets[r]) + X.shape[0])
         Xall[mine] = X
         if Yall is not None:
@@ -124,19 +142,22 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
         bd[qoff[r]:qoff[r + 1]], bi[qoff[r]:qoff[r + 1]] = cpu.new_lists(int(qcounts[r]), k)
         if r == 0:
             counter[0] = 0
-        win.Sync()
+        sync()
         comm.barrier()                          # every rank's rows in place
-        win.Sync()
+        sync()
         cpu.merge_block(Qall, Xall, 0, bd, bi, metric, p, counter, threads)
-        win.Sync()
+        sync()
         comm.barrier()                          # every block searched
-        win.Sync()
+        sync()
         mine_q = slice(int(qoff[r]), int(qoff[r + 1]))
         out = bd[mine_q].copy(), bi[mine_q].copy()
         pay = None if Yall is None else _payload(cpu, out[1], Yall)
-        win.Unlock_all()
+        for w in wins.values():
+            w.Unlock_all()
     finally:
-        win.Free()                               # collective: every rank has copied its rows out
+        mem.clear()                              # (views of the windows' memory: none outlives them)
+        for w in wins.values():
+            w.Free()                             # collective: every rank has copied its rows out
     return out[0], out[1], pay
 
 
