@@ -285,7 +285,7 @@ class LinearRegression(_LinearRegressorBase):
             raise ValueError("solver='lsqr' does not support positive=True; use solver='auto', 'tsqr' or 'normal', "
                              "or set positive=False.")
         X, y, sw, xp, comm = self._fit_common(X, y, sample_weight, accept_sparse=not self.positive,
-                                              defer_finite=direct)
+                                              defer_finite="host" if direct else False)
         solver = self._resolve_solver(X)
         for name in ("rank_", "_singular", "_singular_pending", "n_iter_", "_n_krylov_iter"):
             self.__dict__.pop(name, None)   # (not hasattr: it would compute a pending singular_)
@@ -554,7 +554,7 @@ class Ridge(_LinearRegressorBase):
         early = early_local_gram(X, y, sample_weight) if direct else None
         self._validate_params()
         self._check_solver_rules()
-        X, y, sw, xp, comm = self._fit_common(X, y, sample_weight, defer_finite=direct)
+        X, y, sw, xp, comm = self._fit_common(X, y, sample_weight, defer_finite="host" if direct else False)
         check_sparse_intercept(self, is_sparse(X))
         alphas = self._alphas(1 if y.ndim == 1 else y.shape[1])
         solver = self._resolve_solver(X)

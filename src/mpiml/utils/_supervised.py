@@ -62,7 +62,9 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
     With ``defer_finite`` and a dense CuPy ``X``, the NaN/infinity checks of
     ``X`` and ``y`` are left to the caller, which finds non-finite values in
     the reduction it makes anyway and then calls :func:`raise_if_nonfinite`
-    (no full read of the data and no wait for the device here).
+    (no full read of the data and no wait for the device here).  With
+    ``defer_finite="host"`` the check of a dense host ``X`` is left to it too
+    (a read of ``X`` as long as a least-squares Gram pass on one core).
 
     With ``sample_weight_given`` (whether this rank was passed weights), the
     agreement also tells whether any rank was, returned as a fourth value:
@@ -87,9 +89,11 @@ def validate_X_y(estimator, X, y, *, comm, y_numeric, multi_output, reset=True, 
         ``y`` is on the namespace of ``X``; float for regressors (``y_numeric``).
     """
     if _sk_single(comm, X, y):
+        # (defer_finite="host": the caller's reduction finds NaN/infinity in dense host X too; y is checked here)
         X, y = _sk_validate_data(estimator, X, y, reset=reset, dtype=[np.float64, np.float32],
                                  y_numeric=y_numeric, multi_output=multi_output,
-                                 accept_sparse="csr" if accept_sparse else False)
+                                 accept_sparse="csr" if accept_sparse else False,
+                                 ensure_all_finite=not (defer_finite == "host" and not is_sparse(X)))
         if y_numeric and y.dtype.kind != "f":
             y = y.astype(np.float64)
         if not y_numeric:

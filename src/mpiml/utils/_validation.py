@@ -257,8 +257,8 @@ def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "flo
         For a dense CuPy ``X``: skip the NaN/infinity check (a full read of
         ``X`` and a wait for the device) because the caller finds non-finite
         values in a reduction it makes anyway and then raises the same error
-        (:func:`mpiml.utils._supervised.raise_if_nonfinite`).  Host and
-        sparse input are checked here as usual.
+        (:func:`mpiml.utils._supervised.raise_if_nonfinite`).  ``"host"``: dense
+        host input too.  Sparse input is checked here as usual.
     agree : bool, default=True
         False (for a caller that agrees on more in the same round): on several
         ranks nothing is communicated nor raised here; a third value, this
@@ -323,7 +323,7 @@ def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "flo
                 ensure_min_samples=1 if single and not local_empty_ok else 0,
                 ensure_min_features=ensure_min_features,
             )
-        deferred = defer_finite and xp is not np and not hasattr(X, "format")
+        deferred = (defer_finite == "host" or (defer_finite and xp is not np)) and not hasattr(X, "format")
         if single and xp is not np and not deferred:
             has_nan, has_inf = _finite_flags(X, xp, ensure_all_finite)
             if has_nan or has_inf:
