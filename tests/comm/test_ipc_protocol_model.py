@@ -185,6 +185,27 @@ class Model:
                 self.results[(me, j)] = acc
             elif op == "bcast":
                 self.results[(me, j)] = (yield from ll_read(root)) if me != root else x
+        elif algo == "ll128direct":  # reduce: the LL reduce's protocol in LL128 lines in the staging buffer, source s's
+            # lines at [(s - root - 1) % P], where the pushed kernels' copies live too: a stale word there (another
+            # call's lines, a barrier kernel's data) never carries this call's flag
+            def line(k):
+                tag, v = load(me, ("src", k), None)
+                return (tag, v[1]) if isinstance(v, tuple) and v[0] == flag else (tag, None)
+
+            if me != root:
+                ws[root].buf[p][("src", (me - root - 1) % P)] = (j, (flag, x))
+                yield ("step",)
+            else:
+                acc = [0] * P
+                for src in range(P):
+                    v = x
+                    if src != me:
+                        k = (src - root - 1) % P
+                        yield ("wait", src, lambda k=k: line(k)[1] is not None)
+                        tag, v = line(k)
+                        got(tag, j, f"rank {src}'s LL128 lines")
+                    acc = [a + b for a, b in zip(acc, v)]
+                self.results[(me, j)] = acc
         elif algo == "oneshot":  # allreduce: copy in, barrier, read every rank's buffer
             ws[me].buf[p]["own"] = (j, x)
             yield from barrier(0)
@@ -656,6 +677,23 @@ def test_the_ll_relay_reduce_among_the_others_finishes_with_the_right_data(P):
         assert not model.errors, (seed, model.errors[:3])
         relays += sum(1 for a in programs[0] if a[0] == "call" and a[1]["algo"] == "llrelay")
     assert relays > 0
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_the_ll128_direct_reduce_among_the_others_finishes_with_the_right_data(P):
+    """reduce ``ll128direct`` (the non-roots' LL128 lines straight into the root's staging buffer, where the pushed
+    two-shot kernels keep their copies; the root waits for the call's flag) between every other kind, roots moving,
+    on several streams and in graphs."""
+    kinds = KINDS + [("reduce", "ll128direct"), ("allreduce", "twoshot"), ("reduce", "twoshot")] * 3
+    direct = 0
+    for seed in range(10):
+        model = Model(P, epoch=seed % 3, ordered=True, seed=seed)
+        programs = _programs(P, seed, kinds=kinds)
+        stuck = model.run(programs)
+        assert stuck is None, (seed, stuck)
+        assert not model.errors, (seed, model.errors[:3])
+        direct += sum(1 for a in programs[0] if a[0] == "call" and a[1]["algo"] == "ll128direct")
+    assert direct > 0
 
 
 @pytest.mark.parametrize("P", [2, 3, 4])

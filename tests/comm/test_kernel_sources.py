@@ -2,7 +2,7 @@
 
 Every kernel named in ``mpiml.kernels.FAMILIES`` exists in its file under ``kernels/comm/``, and
 every kernel declares the block size the host launches it with as its launch bounds (512
-threads, barrier kernels MPIML_THREADS, LL kernels (``_ll``, ``_lltwoshot``, ``_llrelay``, ``_ll128``) MPIML_LL_THREADS): one whose registers outgrow
+threads, barrier kernels MPIML_THREADS, LL kernels (``_ll``, ``_lltwoshot``, ``_llrelay``, ``_ll128``, ``_ll128direct``) MPIML_LL_THREADS): one whose registers outgrow
 such a block fails to launch (with every peer's pack loaded at once, the one-byte types asked for
 254 registers before the bounds were declared).
 """
@@ -37,7 +37,7 @@ def test_every_kernel_exists_with_its_launch_bounds(family):
     assert set(names) <= set(kernels), sorted(set(names) - set(kernels))
     assert len(re.findall(r"__global__", text)) == len(kernels)
     for name, bound in kernels.items():
-        ll = name.endswith(("_ll", "_lltwoshot", "_llrelay", "_ll128"))
+        ll = name.endswith(("_ll", "_lltwoshot", "_llrelay", "_ll128", "_ll128direct"))
         assert bound == ("MPIML_LL_THREADS" if ll else "MPIML_THREADS"), (name, bound)
 
 
@@ -78,25 +78,29 @@ def test_the_ll_relay_chunks_keep_every_owner_within_the_region():
 def test_the_ll128_chunks_keep_every_line_within_the_staging_buffer():
     """``ipc._ll128_plan``: lines of 120 payload bytes in 128 in one staging buffer (cap / 128 lines): the two-shot's
     nranks parts, every rank's copies and the gathered parts (2 * nranks * part lines); the relay's nranks - 1 parts
-    ((nranks - 1) * part lines); 8 lanes a line; the header's payload words agree with the host's; with the default
-    32 MiB buffers a 4 MiB reduce or allreduce is one launch."""
+    ((nranks - 1) * part lines); the direct reduce's nranks - 1 copies of every line; 8 lanes a line, at most
+    ``blocks`` blocks; the header's payload words agree with the host's; with the default 32 MiB buffers a 4 MiB
+    reduce or allreduce is one launch (a direct reduce: 10 MiB at 4 ranks)."""
     words = re.search(r"#define MPIML_LL128_WORDS (\d+)", _text(COMMON))
     assert words and int(words.group(1)) * 8 == ipc.LL128_PAYLOAD
     for nranks in range(2, 9):
         for cap in (4096, 1 << 20, 32 << 20, (3 << 20) + 256):
             region = cap // 128
             for nbytes in (1, 8, 17, 121, 4096, 1 << 20, 4 << 20, 9 << 20, 40 << 20):
-                for relay in (False, True):
-                    chunk, _ = ipc._ll128_plan(nbytes, nranks, cap, relay)
+                for relay, direct in ((False, False), (True, False), (False, True)):
+                    chunk, _ = ipc._ll128_plan(nbytes, nranks, cap, relay, direct)
                     assert chunk % 8 == 0 and chunk > 0
                     lines = -(-(-(-min(nbytes, chunk) // 8)) // 15)
-                    parts = nranks - 1 if relay else nranks
+                    parts = 1 if direct else nranks - 1 if relay else nranks
                     part = -(-lines // parts)
-                    assert (parts if relay else 2 * nranks) * part <= region, (nranks, cap, nbytes, relay)
-                    _, grid = ipc._ll128_plan(min(nbytes, chunk), nranks, cap, relay)
-                    assert grid == max(1, min(ipc.WIDE_LL_MAX_BLOCKS, -(-8 * part // ipc.LL_THREADS)))
+                    copies = nranks - 1 if direct else parts if relay else 2 * nranks
+                    assert copies * part <= region, (nranks, cap, nbytes, relay, direct)
+                    for blocks in (ipc.WIDE_LL_MAX_BLOCKS, 32):
+                        _, grid = ipc._ll128_plan(min(nbytes, chunk), nranks, cap, relay, direct, blocks)
+                        assert grid == max(1, min(blocks, -(-8 * part // ipc.LL_THREADS)))
         assert ipc._ll128_plan(4 << 20, nranks, 32 << 20)[0] >= 4 << 20
         assert ipc._ll128_plan(4 << 20, nranks, 32 << 20, True)[0] >= 4 << 20
+        assert ipc._ll128_plan(4 << 20, nranks, 32 << 20, direct=True)[0] >= 4 << 20
 
 
 @pytest.mark.parametrize("op", ["bcast", "reduce", "allreduce"])
@@ -148,7 +152,8 @@ def test_the_pipelined_chunks_fit_one_buffer_and_their_steps_the_flags(op):
 
 
 @pytest.mark.parametrize("op,algo", [("bcast", "lltwoshot"), ("reduce", "lltwoshot"), ("allreduce", "lltwoshot"),
-                                     ("reduce", "llrelay"), ("reduce", "ll128"), ("allreduce", "ll128")])
+                                     ("reduce", "llrelay"), ("reduce", "ll128"), ("allreduce", "ll128"),
+                                     ("reduce", "ll128direct")])
 def test_the_hot_launcher_of_the_ll_two_shot_kernels_logs_the_calls_plan(monkeypatch, op, algo):
     """``IPCTransport.hot_launcher`` (no GPU: a transport stand-in, the launcher parts recorded) hands the call's
     plan (what the deferred check logs) to the launcher, and the kernel of the algorithm to the issue: the launch
@@ -172,11 +177,12 @@ def test_the_hot_launcher_of_the_ll_two_shot_kernels_logs_the_calls_plan(monkeyp
     t.multi_node, t._sync, t._err_host, t._err_code = False, False, 1, None
     t.rank, t.size, t.cap, t.ll_max, t.ll_slot = 1, 4, 32 << 20, 256 << 10, ipc.LL_SLOT_DEFAULT
     t.oneshot_max, t.twoshot_cap, t.push_cap = 256 << 10, 16 << 20, 8 << 20
+    t.ll128_blocks = ipc.WIDE_LL_MAX_BLOCKS
     t._kernel = lambda family, name, dtype, rop, aligned: (family, name, aligned)
     plan = object()
     arg = {"bcast": 0, "reduce": ("sum", 0), "allreduce": "sum"}[op]
     assert t.hot_launcher(None, plan, op, algo, X(), arg) == "launcher"
     assert seen["plan"] is plan and seen["bind"] == ("bind", op) and seen["issue"] == "issue"
     kernel = {"lltwoshot": f"mpiml_{op}_lltwoshot", "llrelay": "mpiml_reduce_llrelay",
-              "ll128": f"mpiml_{op}_ll128"}[algo]
+              "ll128": f"mpiml_{op}_ll128", "ll128direct": "mpiml_reduce_ll128direct"}[algo]
     assert seen["fa"] == (op, kernel, True) and seen["block"] == ipc.LL_THREADS and seen["mask"] == 7

@@ -42,6 +42,9 @@ Algorithms (``algorithm=`` with backend ``ipc``):
                      lines (128 bytes, 120 of payload, written by the 8 lanes of
                      a warp at once) in the staging buffers (at 4 ranks and
                      32 MiB buffers: reduce 28 MiB, allreduce 15 MiB a launch)
+``ll128direct``      reduce: every non-root pushes its LL128 lines straight into
+                     the root's staging buffer, the root reduces them as they
+                     arrive (one hop; 10 MiB a launch at 4 ranks)
 ``pipe``             two-shot without a barrier, pipelined in steps with a flag
                      each (allreduce: reduce-scatter to every rank, then all-gather;
                      reduce: every non-root reduces a part and stores it into the
@@ -111,7 +114,8 @@ PROBE_OFF = 64
 THREADS = 512
 LL_THREADS = 512  # (ipc_common.cuh's MPIML_LL_THREADS: the LL kernels' launch bounds)
 LL_MAX_BLOCKS = 264
-IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "pipe", "pull", "push", "two_level")
+IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "pipe", "pull", "push",
+                  "two_level")
 PIPE_MAX_STEPS = 2048  # (ipc_common.cuh's MPIML_PIPE_MAX_STEPS: flags per writer and step)
 PIPE_BYTES = 2 * MAX_RANKS * PIPE_MAX_STEPS * 4  # the pipelined kernels' flags, after the LL slots
 PIPE_STEP_ALIGN = 128  # packs: a step is a multiple of this
@@ -161,14 +165,18 @@ def _lltwoshot_plan(op, nbytes, nranks, ll_slot, relay=False):
     return chunk_bytes, max(1, min(most, -(-(-(-lines // parts)) // LL_THREADS)))
 
 
-def _ll128_plan(nbytes, nranks, cap, relay=False):
+def _ll128_plan(nbytes, nranks, cap, relay=False, direct=False, blocks=WIDE_LL_MAX_BLOCKS):
     """``(chunk bytes, grid)`` of the LL128 kernels (``mpiml_allreduce_ll128``: the two-shot, ``mpiml_reduce_ll128``:
-    the relay, ``relay`` true) for calls of ``nbytes``: lines of 128 bytes carrying 120 in the staging buffer of one
-    parity (``cap`` bytes), cut into ``nranks`` parts whose ``2 * nranks * part`` lines fit it (the two-shot: every
-    rank's copies and the gathered reduced parts) or ``nranks - 1`` parts whose ``(nranks - 1) * part`` lines fit it
-    (the relay: an owner's copies, the root's reduced parts); 8 lanes a line, so the grid has ``8 * part`` threads
-    (the same on every rank)."""
-    if relay:
+    the relay, ``relay`` true, ``mpiml_reduce_ll128direct``: ``direct`` true) for calls of ``nbytes``: lines of 128
+    bytes carrying 120 in the staging buffer of one parity (``cap`` bytes), cut into ``nranks`` parts whose
+    ``2 * nranks * part`` lines fit it (the two-shot: every rank's copies and the gathered reduced parts) or
+    ``nranks - 1`` parts whose ``(nranks - 1) * part`` lines fit it (the relay: an owner's copies, the root's reduced
+    parts); the direct reduce keeps ``nranks - 1`` copies of every line (one part) at the root; 8 lanes a line, so
+    the grid has ``8 * part`` threads (the same on every rank), at most ``blocks`` blocks."""
+    if direct:
+        parts = 1
+        chunk = LL128_PAYLOAD * (cap // 128 // max(1, nranks - 1))
+    elif relay:
         parts = nranks - 1
         chunk = LL128_PAYLOAD * (cap // 128 // parts * parts)
     else:
@@ -176,7 +184,7 @@ def _ll128_plan(nbytes, nranks, cap, relay=False):
         chunk = LL128_PAYLOAD * nranks * (cap // 128 // (2 * nranks))
     lines = -(-(-(-min(nbytes, chunk) // 8)) // (LL128_PAYLOAD // 8))
     part = -(-lines // parts)
-    return chunk, max(1, min(WIDE_LL_MAX_BLOCKS, -(-8 * part // LL_THREADS)))
+    return chunk, max(1, min(blocks, -(-8 * part // LL_THREADS)))
 
 
 def _pipe_plan(op, nbytes, nranks, blocks, rounds):
@@ -270,6 +278,9 @@ class IPCTransport(Transport):
         self.pipe_blocks = _config.env_number("MPIML_IPC_PIPE_BLOCKS", 128, minimum=1, maximum=MAX_BLOCKS,
                                               unit="blocks")
         self.pipe_rounds = _config.env_number("MPIML_IPC_PIPE_ROUNDS", 1, minimum=1, maximum=64, unit="steps")
+        # the LL128 kernels' largest grid (every block resident at once: at most one an SM, see WIDE_LL_MAX_BLOCKS)
+        self.ll128_blocks = _config.env_number("MPIML_IPC_LL128_BLOCKS", WIDE_LL_MAX_BLOCKS, minimum=1,
+                                               maximum=WIDE_LL_MAX_BLOCKS, unit="blocks")
         # two-shot keeps the sources' copies and the reduced parts (2 n, rounded up to the parts) in a buffer
         self.twoshot_cap = (self.cap // 2 - 16 * (MAX_RANKS + 1)) // _CHUNK_ALIGN * _CHUNK_ALIGN
         # a pushed allgather keeps every rank's part (its packs) in each buffer
@@ -296,7 +307,7 @@ class IPCTransport(Transport):
             err = f"{type(exc).__name__}: {exc}"
         agree_or_raise(world, err, "ipc workspace")
         # the kernels find a peer's buffers and slots at their own offsets: the layout must be the same everywhere
-        layout = (self.cap, self.ll_max, self.ll_slot, self.pipe_blocks, self.pipe_rounds)
+        layout = (self.cap, self.ll_max, self.ll_slot, self.pipe_blocks, self.pipe_rounds, self.ll128_blocks)
         shared = world.allgather_obj((handle, layout))
         handles = [h for h, _ in shared]
         if len({lay for _, lay in shared}) > 1:
@@ -304,8 +315,8 @@ class IPCTransport(Transport):
             self._base = None
             raise BackendUnavailableError(
                 "the ipc workspaces differ between ranks (MPIML_IPC_BYTES, MPIML_IPC_LL_BYTES, "
-                "MPIML_IPC_LL_SLOT_BYTES, MPIML_IPC_PIPE_BLOCKS, MPIML_IPC_PIPE_ROUNDS must be the same on every "
-                "rank): "
+                "MPIML_IPC_LL_SLOT_BYTES, MPIML_IPC_PIPE_BLOCKS, MPIML_IPC_PIPE_ROUNDS, MPIML_IPC_LL128_BLOCKS must "
+                "be the same on every rank): "
                 + ", ".join(f"rank {r}: {lay}" for r, (_, lay) in enumerate(shared)))
         peers, err = [], None
         try:
@@ -561,7 +572,7 @@ class IPCTransport(Transport):
                                      parts=self.size)
         if algorithm == "lltwoshot":
             return self._lltwoshot("reduce", sendbuf, out, op, int(root))
-        if algorithm in ("llrelay", "ll128"):
+        if algorithm in ("llrelay", "ll128", "ll128direct"):
             return self._lltwoshot("reduce", sendbuf, out, op, int(root), algorithm)
         if algorithm == "pipe" and self.size > 1:  # (one rank: the one-shot copies)
             return self._pipe("reduce", sendbuf, out, op, int(root))
@@ -600,20 +611,22 @@ class IPCTransport(Transport):
             fn = self._kernel(op_name, kernel, dtype, rop, aligned)
             _, grid = plan(count * isz)
             self._launch(fn, grid, sp + off, (rp + off) if rp else 0, count, root, LL_THREADS)
+        return self._done(op_name)
 
     def _lltwoshot_variant(self, op_name, variant="lltwoshot"):
         """``(kernel, plan)`` of algorithm ``variant`` of ``op_name``: ``lltwoshot`` (bcast, reduce, allreduce: the LL
         two-shot), ``llrelay`` (reduce: the relay) or ``ll128`` (reduce: the relay, allreduce: the two-shot, in LL128
-        lines, in the staging buffers); ``plan(nbytes)`` is ``(chunk bytes, grid)`` of a launch.  At one rank, the LL
-        two-shot."""
-        size, slot, cap = self.size, self.ll_slot, self.cap
+        lines, in the staging buffers), ``ll128direct`` (reduce: the non-roots' LL128 lines straight to the root);
+        ``plan(nbytes)`` is ``(chunk bytes, grid)`` of a launch.  At one rank, the LL two-shot."""
+        size, slot, cap, blocks = self.size, self.ll_slot, self.cap, self.ll128_blocks
+        if variant == "ll128direct" and op_name == "reduce" and size > 1:
+            return "mpiml_reduce_ll128direct", lambda nbytes: _ll128_plan(nbytes, size, cap, direct=True, blocks=blocks)
         if variant == "ll128" and size > 1:
             relay = op_name == "reduce"
-            return f"mpiml_{op_name}_ll128", lambda nbytes: _ll128_plan(nbytes, size, cap, relay)
+            return f"mpiml_{op_name}_ll128", lambda nbytes: _ll128_plan(nbytes, size, cap, relay, blocks=blocks)
         if variant in ("llrelay", "ll128") and op_name == "reduce" and size > 1:
             return "mpiml_reduce_llrelay", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot, True)
         return f"mpiml_{op_name}_lltwoshot", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot)
-        return self._done(op_name)
 
     def _pipe(self, op_name, sendbuf, recvbuf, op, root):
         """The pipelined two-shot bcast, reduce or allreduce (see mpiml_pipe), in chunks of one staging buffer."""
@@ -765,7 +778,7 @@ class IPCTransport(Transport):
         return self._nccl().irecv(buf, source, tag)
 
     _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot", "lltwoshot", "ll128", "pipe"),
-                      "reduce": ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "pipe"),
+                      "reduce": ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "pipe"),
                       "scan": ("oneshot",), "exscan": ("oneshot",), "bcast": ("ll", "pull", "twoshot", "lltwoshot", "pipe"),
                       "allgather": ("ll", "pull", "push"),
                       "reduce_scatter": ("ll", "oneshot")}
@@ -780,7 +793,7 @@ class IPCTransport(Transport):
         if op == "allreduce" and name in ("ll", "oneshot", "twoshot", "lltwoshot", "ll128", "pipe", "two_level"):
             return self.native_allreduce(*args, algorithm=name)
         if (op, name) in (("reduce", "ll"), ("reduce", "oneshot"), ("reduce", "twoshot"), ("reduce", "lltwoshot"),
-                          ("reduce", "llrelay"), ("reduce", "ll128"), ("reduce", "pipe"), ("bcast", "ll"), ("bcast", "pull"), ("bcast", "twoshot"),
+                          ("reduce", "llrelay"), ("reduce", "ll128"), ("reduce", "ll128direct"), ("reduce", "pipe"), ("bcast", "ll"), ("bcast", "pull"), ("bcast", "twoshot"),
                           ("bcast", "lltwoshot"), ("bcast", "pipe"),
                           ("allgather", "ll"), ("allgather", "pull"),
                           ("allgather", "push"),
@@ -827,7 +840,7 @@ class IPCTransport(Transport):
         elif op == "reduce":
             algo = ("ll" if ll_ok else "oneshot") if name == "native" else name
             (red, root), family, parts = arg, "reduce", (self.size if algo == "twoshot" else 1)
-            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "pipe"):
+            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "pipe"):
                 return None
         elif op == "reduce_scatter" and name in ("native", "ll", "oneshot"):
             counts, red = arg
@@ -846,7 +859,7 @@ class IPCTransport(Transport):
                 algo == "push" and nb > self.push_cap:
             return None
         kernel = f"mpiml_{op}_{algo}"
-        if algo in ("lltwoshot", "llrelay", "ll128"):
+        if algo in ("lltwoshot", "llrelay", "ll128", "ll128direct"):
             if self.size == 1:  # (a bcast among one rank: the full path)
                 return None
             kernel, launch_plan = self._lltwoshot_variant(op, algo)  # (not `plan`: the call's, for the launcher)

@@ -100,69 +100,49 @@ mpiml_allreduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, l
 // counts 8-byte alignment; a lane writes out only words it read before (in == out is safe).
 template <typename T, int OP, bool A>
 __device__ __forceinline__ void mpiml_ll128_twoshot_allreduce(const MpimlCtx* c, const T* in, T* out, long long n) {
-    const long long nbytes = n * (long long)sizeof(T);
-    const long long lines = ((nbytes + 7) / 8 + MPIML_LL128_WORDS - 1) / MPIML_LL128_WORDS;
-    const unsigned epoch = mpiml_begin(c);
-    const unsigned long long flagword = mpiml_ll128_flag(epoch);
-    const int nr = (int)c->nranks, me = (int)c->rank;
-    const long long part = (lines + nr - 1) / nr;
-    const int lane = threadIdx.x & 31, sub = lane & 7;
-    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
-    auto region = [&](int r) { return reinterpret_cast<ulonglong2*>(mpiml_buf(c, r, epoch)); };
-    const ulonglong2* mine = region(me);
-    // A: every line of this warp pushed first, all its rounds (a push never waits: the peers' waits for line i
-    // never depend on this warp's waits, whatever the number of rounds)
-    for (long long base = 4 * warp; base < part; base += 4 * warps) {  // warp-uniform
-        const long long i = base + (lane >> 3);
-        const bool act = i < part;
-        for (int k = 1; k <= nr; ++k) {  // own part last: the stores that cross the links go out first
-            const int r = (me + k) % nr;
-            const long long g = r * part + i;
-            const ulonglong2 v = mpiml_ll128_get<A>(in, g, sub, nbytes, flagword);
-            __syncwarp();
-            if (act && g < lines) mpiml_ll128_store(region(r) + 8 * (me * part + i) + sub, v);
-        }
-    }
+    const MpimlLL128 ll(c, n * (long long)sizeof(T));
+    const int nr = (int)c->nranks, me = (int)c->rank, sub = ll.sub;
+    const long long part = (ll.lines + nr - 1) / nr;
+    const ulonglong2* mine = ll.region(me);
+    // A: part r of the input into rank r's region at [me * part], own part last (the stores that cross the links
+    // go out first)
+    ll.push<A>(in, part, nr, [&](int k, long long& g0, ulonglong2*& dst) {
+        const int r = (me + k) % nr;
+        g0 = r * part;
+        dst = ll.region(r) + 8 * (me * part);
+        return true;
+    });
     // B: this rank's part reduced as its copies arrive, pushed to every other rank and stored to out
     bool ok = true;
-    for (long long base = 4 * warp; base < part; base += 4 * warps) {
-        const long long i = base + (lane >> 3);
+    MPIML_LL128_ROUNDS(ll, base, part) {
+        const long long i = ll.line(base);
         const long long g = me * part + i;
-        const bool mine_act = i < part && g < lines;
+        const bool mine_act = i < part && g < ll.lines;
         ulonglong2 v[MPIML_MAX_RANKS];
-        ok = mpiml_ll128_wait(c, epoch, mine + 8 * i + sub, 8 * part, nr, mine_act, flagword, v);
+        ok = mpiml_ll128_wait(c, ll.epoch, mine + 8 * i + sub, 8 * part, nr, mine_act, ll.flagword, v);
         if (!ok) break;  // (warp-uniform)
-        ulonglong2 red;
-        {
-            unsigned long long w[MPIML_MAX_RANKS];
-#pragma unroll
-            for (int r = 0; r < MPIML_MAX_RANKS; ++r) w[r] = r < nr ? v[r].x : 0ull;
-            red.x = mpiml_fold_words<T, OP>(w, nr);
-#pragma unroll
-            for (int r = 0; r < MPIML_MAX_RANKS; ++r) w[r] = r < nr ? v[r].y : 0ull;
-            red.y = sub == 7 ? flagword : mpiml_fold_words<T, OP>(w, nr);
-        }
+        const ulonglong2 red = mpiml_ll128_fold<T, OP>(v, nr, sub, ll.flagword);
         for (int k = 1; k < nr; ++k) {
             __syncwarp();
-            if (mine_act) mpiml_ll128_store(region((me + k) % nr) + 8 * (nr * part + g) + sub, red);
+            if (mine_act) mpiml_ll128_store(ll.region((me + k) % nr) + 8 * (nr * part + g) + sub, red);
         }
-        if (mine_act) mpiml_ll128_put<A>(out, g, sub, nbytes, red);
+        if (mine_act) mpiml_ll128_put<A>(out, g, sub, ll.nbytes, red);
     }
     // C: the other parts' reduced lines out as they arrive
-    for (long long base = 4 * warp; ok && base < part; base += 4 * warps) {
-        const long long i = base + (lane >> 3);
-        const bool act = i < part;
-        for (int k = 1; k < nr && ok; ++k) {  // warp-uniform: k and ok are the same on every lane
-            const int r = (me + k) % nr;
-            const long long h = r * part + i;
-            const bool got_act = act && h < lines;
-            ulonglong2 u[MPIML_MAX_RANKS];
-            ok = mpiml_ll128_wait(c, epoch, mine + 8 * (nr * part + h) + sub, 0, 1, got_act, flagword, u);
-            if (ok && got_act) mpiml_ll128_put<A>(out, h, sub, nbytes, u[0]);
+    if (ok) {
+        MPIML_LL128_ROUNDS(ll, base, part) {
+            const long long i = ll.line(base);
+            for (int k = 1; k < nr && ok; ++k) {  // warp-uniform: k and ok are the same on every lane
+                const long long h = ((me + k) % nr) * part + i;
+                const bool got_act = i < part && h < ll.lines;
+                ulonglong2 u[MPIML_MAX_RANKS];
+                ok = mpiml_ll128_wait(c, ll.epoch, mine + 8 * (nr * part + h) + sub, 0, 1, got_act, ll.flagword, u);
+                if (ok && got_act) mpiml_ll128_put<A>(out, h, sub, ll.nbytes, u[0]);
+            }
+            if (!ok) break;
         }
     }
-    mpiml_end<false>(c, epoch);
+    mpiml_end<false>(c, ll.epoch);
 }
 
 // The LL128 two-shot allreduce (algorithm ll128): see mpiml_ll128_twoshot_allreduce above.

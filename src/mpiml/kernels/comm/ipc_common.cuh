@@ -381,25 +381,38 @@ __device__ __forceinline__ MpimlPack<T>* mpiml_packs(const MpimlCtx* c, int r, u
     return reinterpret_cast<MpimlPack<T>*>(mpiml_buf(c, r, epoch));
 }
 
-// op over packs v[0], ..., v[m - 1] (m <= MPIML_MAX_RANKS), in that order.
-template <typename T, int OP>
-__device__ __forceinline__ MpimlPack<T> mpiml_fold(const MpimlPack<T>* v, int m) {
+// op over the words v[0], ..., v[m - 1] (m <= MPIML_MAX_RANKS), in that order: a word V holds L elements of
+// T (a 16-byte pack, an LL line's 8 bytes, an LL128 lane's word) and is reduced element by element
+// (float16 in float32). Every reduction of the collectives goes through this one loop, so every path
+// visits the ranks in the same order with the same arithmetic: the same bits on every rank and path.
+template <typename T, int OP, int L, typename V>
+__device__ __forceinline__ V mpiml_fold_elems(const V* v, int m) {
+    static_assert(sizeof(V) == L * sizeof(T), "a word holds L elements of T");
     typedef typename MpimlAcc<T>::type Acc;
-    constexpr int L = MpimlPack<T>::L;
+    union Word { V w; T e[L]; };
     Acc acc[L];
 #pragma unroll
-    for (int k = 0; k < L; ++k) acc[k] = MpimlAcc<T>::load(v[0].e[k]);
-#pragma unroll
-    for (int r = 1; r < MPIML_MAX_RANKS; ++r) {
+    for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
         if (r < m) {
+            Word x;
+            x.w = v[r];
 #pragma unroll
-            for (int k = 0; k < L; ++k) acc[k] = MpimlOp<OP>::f(acc[k], MpimlAcc<T>::load(v[r].e[k]));
+            for (int k = 0; k < L; ++k) {
+                const Acc a = MpimlAcc<T>::load(x.e[k]);
+                acc[k] = r == 0 ? a : MpimlOp<OP>::f(acc[k], a);
+            }
         }
     }
-    MpimlPack<T> out;
+    Word out;
 #pragma unroll
     for (int k = 0; k < L; ++k) out.e[k] = MpimlAcc<T>::store(acc[k]);
-    return out;
+    return out.w;
+}
+
+// op over packs v[0], ..., v[m - 1], in that order.
+template <typename T, int OP>
+__device__ __forceinline__ MpimlPack<T> mpiml_fold(const MpimlPack<T>* v, int m) {
+    return mpiml_fold_elems<T, OP, MpimlPack<T>::L>(v, m);
 }
 
 // Every load issued before the first is used (below) keeps up to MPIML_MAX_RANKS
@@ -577,34 +590,13 @@ template <typename T, int OP, bool STRIDED = false>
 __device__ __forceinline__ uint2 mpiml_ll_reduce_line(const MpimlCtx* c, unsigned epoch, unsigned flag, long long i,
                                                       bool& ok, const uint4* p = nullptr, long long stride = 0,
                                                       int own = -1, uint2 ownv = make_uint2(0u, 0u)) {
-    typedef typename MpimlAcc<T>::type Acc;
-    constexpr int L = 8 / sizeof(T);
-    union Line { uint2 v; T e[L]; };
-    Acc acc[L];
-    const int nr = (int)c->nranks;
-    Line out;
-    out.v = make_uint2(0u, 0u);
     uint2 got[MPIML_MAX_RANKS];
     if (!(STRIDED ? mpiml_ll_load_strided(c, epoch, flag, p, stride, got)
                   : mpiml_ll_load_ranks(c, epoch, flag, i, got, own, ownv))) {
         ok = false;
-        return out.v;
+        return make_uint2(0u, 0u);
     }
-#pragma unroll
-    for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
-        if (r < nr) {
-            Line w;
-            w.v = got[r];
-#pragma unroll
-            for (int k = 0; k < L; ++k) {
-                const Acc v = MpimlAcc<T>::load(w.e[k]);
-                acc[k] = r == 0 ? v : MpimlOp<OP>::f(acc[k], v);
-            }
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < L; ++k) out.e[k] = MpimlAcc<T>::store(acc[k]);
-    return out.v;
+    return mpiml_fold_elems<T, OP, 8 / sizeof(T)>(got, (int)c->nranks);
 }
 
 // ---------------------------------------------------------------- blocks the kernels share
@@ -690,19 +682,6 @@ __device__ __forceinline__ bool mpiml_ll_copy_out(const MpimlCtx* c, const Mpiml
         mpiml_ll_put<A>(out, i, ln.nbytes, v);
     }
     return true;
-}
-
-// The lines of every rank's slot reduced in rank order (mpiml_ll_reduce_line) to out,
-// `lines` lines of nbytes (this rank's part of a reduce-scatter, or the whole call).
-template <typename T, int OP, bool A>
-__device__ __forceinline__ void mpiml_ll_reduce_out(const MpimlCtx* c, unsigned epoch, unsigned flag, void* out,
-                                                    long long nbytes) {
-    bool ok = true;
-    MPIML_GRID_LOOP(i, (nbytes + 7) / 8) {
-        const uint2 v = mpiml_ll_reduce_line<T, OP>(c, epoch, flag, i, ok);
-        if (!ok) break;
-        mpiml_ll_put<A>(out, i, nbytes, v);
-    }
 }
 
 // LL two-shot reduction (no barrier; the reduce and allreduce `lltwoshot` kernels): the
@@ -842,30 +821,95 @@ __device__ __forceinline__ bool mpiml_ll128_wait(const MpimlCtx* c, unsigned epo
     }
 }
 
-// op over the 8-byte words v[0..m-1] (elements of T), in that order (float16 in float32).
+// This lane's 16 bytes of a line whose copies u[r] are rank r's (r < m), reduced in rank order
+// (mpiml_fold_elems on each 8-byte word); lane 7's second word is the flag word.
 template <typename T, int OP>
-__device__ __forceinline__ unsigned long long mpiml_fold_words(const unsigned long long* v, int m) {
-    typedef typename MpimlAcc<T>::type Acc;
-    constexpr int L = 8 / sizeof(T);
-    union Word { unsigned long long w; T e[L]; };
-    Acc acc[L];
+__device__ __forceinline__ ulonglong2 mpiml_ll128_fold(const ulonglong2 (&u)[MPIML_MAX_RANKS], int m, int sub,
+                                                      unsigned long long flagword) {
+    unsigned long long w[MPIML_MAX_RANKS];
+    ulonglong2 red;
+#pragma unroll
+    for (int r = 0; r < MPIML_MAX_RANKS; ++r) w[r] = r < m ? u[r].x : 0ull;
+    red.x = mpiml_fold_elems<T, OP, 8 / sizeof(T)>(w, m);
+#pragma unroll
+    for (int r = 0; r < MPIML_MAX_RANKS; ++r) w[r] = r < m ? u[r].y : 0ull;
+    red.y = sub == 7 ? flagword : mpiml_fold_elems<T, OP, 8 / sizeof(T)>(w, m);
+    return red;
+}
+
+// The same with this rank's copy `own` and the others' v[k] (rank (me + 1 + k) % nranks's, k < nranks - 1:
+// the order in which the relay's owners and the direct reduce's root find them in their region).
+template <typename T, int OP>
+__device__ __forceinline__ ulonglong2 mpiml_ll128_fold_own(const ulonglong2 (&v)[MPIML_MAX_RANKS], ulonglong2 own,
+                                                          int me, int nr, int sub, unsigned long long flagword) {
+    ulonglong2 u[MPIML_MAX_RANKS];
 #pragma unroll
     for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
-        if (r < m) {
-            Word x;
-            x.w = v[r];
+        // (selected, not indexed: an index known only at run time would put v in local memory)
+        const int k = (r - me - 1 + nr) % nr;
+        u[r] = own;
 #pragma unroll
-            for (int k = 0; k < L; ++k) {
-                const Acc a = MpimlAcc<T>::load(x.e[k]);
-                acc[k] = r == 0 ? a : MpimlOp<OP>::f(acc[k], a);
+        for (int j = 0; j < MPIML_MAX_RANKS - 1; ++j)
+            if (r != me && j == k) u[r] = v[j];
+    }
+    return mpiml_ll128_fold<T, OP>(u, nr, sub, flagword);
+}
+
+// An LL128 kernel's call (every LL128 kernel starts with one): nbytes of payload in `lines` lines, the call
+// number and its flag word, and this lane's place. A warp holds 4 lines a round (8 lanes a line: lane l holds
+// 16 bytes, sub = l % 8, of line base + l / 8), every warp of every rank the same ones (the grid is agreed):
+// rounds at base = 4 * warp, 4 * (warp + warps), ... (MPIML_LL128_ROUNDS). region(r): rank r's staging buffer
+// of this call's parity, as 16-byte lanes (line g at 8 g).
+struct MpimlLL128 {
+    const MpimlCtx* c;
+    long long nbytes, lines, warp, warps;
+    unsigned epoch;
+    unsigned long long flagword;
+    int lane, sub;
+
+    __device__ __forceinline__ MpimlLL128(const MpimlCtx* ctx, long long bytes) : c(ctx) {
+        nbytes = bytes;
+        lines = ((bytes + 7) / 8 + MPIML_LL128_WORDS - 1) / MPIML_LL128_WORDS;
+        epoch = mpiml_begin(ctx);
+        flagword = mpiml_ll128_flag(epoch);
+        lane = threadIdx.x & 31;
+        sub = lane & 7;
+        warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+        warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    }
+
+    __device__ __forceinline__ ulonglong2* region(int r) const {
+        return reinterpret_cast<ulonglong2*>(mpiml_buf(c, r, epoch));
+    }
+
+    // this lane's line of the round at `base`
+    __device__ __forceinline__ long long line(long long base) const { return base + (lane >> 3); }
+
+    // Every round of this warp over lines i < part, for k = 1..K: dest(k, g0, dst) names the input's
+    // lines g0 + i and where they go (line i at dst + 8 i), or returns false (nothing for this k; the
+    // same on every lane). Line g0 + i of `in` is stored there where it exists (g0 + i < lines). A push
+    // never waits: a warp pushes the lines of all its rounds before it waits for any (the peers' waits
+    // for line i never depend on this warp's waits, whatever the number of rounds).
+    template <bool A, typename Dest>
+    __device__ __forceinline__ void push(const void* in, long long part, int K, Dest dest) const {
+        for (long long base = 4 * warp; base < part; base += 4 * warps) {  // warp-uniform
+            const long long i = line(base);
+            for (int k = 1; k <= K; ++k) {
+                long long g0 = 0;
+                ulonglong2* dst = nullptr;
+                if (!dest(k, g0, dst)) continue;
+                const long long g = g0 + i;
+                const ulonglong2 v = mpiml_ll128_get<A>(in, g, sub, nbytes, flagword);
+                __syncwarp();
+                if (i < part && g < lines) mpiml_ll128_store(dst + 8 * i + sub, v);
             }
         }
     }
-    Word out;
-#pragma unroll
-    for (int k = 0; k < L; ++k) out.e[k] = MpimlAcc<T>::store(acc[k]);
-    return out.w;
-}
+};
+
+// The rounds of an LL128 kernel's warp (ll: an MpimlLL128) over lines below `count`: base is warp-uniform.
+#define MPIML_LL128_ROUNDS(ll, base, count) \
+    for (long long base = 4 * (ll).warp; base < (count); base += 4 * (ll).warps)
 
 // ---------------------------------------------------------------- pipelined two-shot (`pipe`)
 // Flags of the pipelined kernels, after the LL slots: [MPIML_PIPE_WORDS] words per rank

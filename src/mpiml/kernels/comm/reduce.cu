@@ -66,25 +66,62 @@ mpiml_reduce_scatter_oneshot(const MpimlCtx* c, const T* in, T* out, long long n
     mpiml_end(c, epoch);
 }
 
-// LL reduce-scatter (no barrier): every rank pushes the lines of part r into
-// rank r's LL slot [me]; each reduces the lines of its own part, in rank order,
-// as their flags arrive. A: in and out 8-byte aligned and every part starts on an
-// 8-byte boundary. The host keeps every part within one LL slot's payload.
+// LL reduce-scatter (no barrier): every rank pushes the lines of part r into rank r's LL slot
+// [me]; each reduces the lines of its own part, in rank order, as their flags arrive, its own
+// input's line in its own place (never stored into its own slot and loaded back). The parts'
+// offsets and this thread's first line of every part are read before the call number (their
+// loads overlap mpiml_begin's; a call of up to one line a thread, every small one, reads no
+// input after it). A: in and out 8-byte aligned and every part starts on an 8-byte boundary.
+// The host keeps every part within one LL slot's payload.
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long displs_ptr) {
     const long long* displs = reinterpret_cast<const long long*>(displs_ptr);
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long d[MPIML_MAX_RANKS + 1];
+    uint2 first[MPIML_MAX_RANKS];
+#pragma unroll
+    for (int r = 0; r <= MPIML_MAX_RANKS; ++r) d[r] = r <= nr ? displs[r] : 0;
+#pragma unroll
+    for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
+        const long long nb = (d[r + 1] - d[r]) * (long long)sizeof(T);
+        first[r] = r < nr && 8 * i0 < nb ? mpiml_ll_get<A>(in + d[r], i0, nb) : make_uint2(0u, 0u);
+    }
+    // part r's offset, bytes and first line (selected, not indexed: no local memory)
+    auto part = [&](int r, long long& dr, long long& nb, uint2& f) {
+        dr = 0;
+        nb = 0;
+        f = make_uint2(0u, 0u);
+#pragma unroll
+        for (int j = 0; j < MPIML_MAX_RANKS; ++j) {
+            if (j == r) {
+                dr = d[j];
+                nb = (d[j + 1] - d[j]) * (long long)sizeof(T);
+                f = first[j];
+            }
+        }
+    };
     const unsigned epoch = mpiml_begin(c);
     const unsigned flag = epoch + 1u;
-    const int nr = (int)c->nranks, me = (int)c->rank;
-    for (int k = 1; k <= nr; ++k) {
+    for (int k = 1; k < nr; ++k) {
         const int r = (me + k) % nr;
-        const long long d = displs[r];
-        const long long nbytes = (displs[r + 1] - d) * (long long)sizeof(T);
+        long long dr, nb;
+        uint2 f;
+        part(r, dr, nb, f);
         uint4* dst = mpiml_ll_slot(c, r, epoch, me);
-        MPIML_GRID_LOOP(i, (nbytes + 7) / 8) mpiml_ll_store(dst + i, mpiml_ll_get<A>(in + d, i, nbytes), flag);
+        MPIML_GRID_LOOP(i, (nb + 7) / 8) mpiml_ll_store(dst + i, i == i0 ? f : mpiml_ll_get<A>(in + dr, i, nb), flag);
     }
-    mpiml_ll_reduce_out<T, OP, A>(c, epoch, flag, out, (displs[me + 1] - displs[me]) * (long long)sizeof(T));
+    long long dm, nbm;
+    uint2 fm;
+    part(me, dm, nbm, fm);
+    bool ok = true;
+    MPIML_GRID_LOOP(i, (nbm + 7) / 8) {
+        const uint2 own = i == i0 ? fm : mpiml_ll_get<A>(in + dm, i, nbm);
+        const uint2 v = mpiml_ll_reduce_line<T, OP>(c, epoch, flag, i, ok, nullptr, 0, me, own);
+        if (!ok) break;
+        mpiml_ll_put<A>(out, i, nbm, v);
+    }
     mpiml_end<false>(c, epoch);
 }
 
@@ -158,9 +195,6 @@ mpiml_reduce_twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long l
 template <typename T, int OP, bool A>
 __device__ __forceinline__ void mpiml_ll_relay_reduce(const MpimlCtx* c, const T* in, T* out, long long n,
                                                       int root) {
-    typedef typename MpimlAcc<T>::type Acc;
-    constexpr int L = 8 / sizeof(T);
-    union Line { uint2 v; T e[L]; };
     const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
     const int nr = (int)c->nranks, me = (int)c->rank, q = nr - 1;
     const int jm = me == root ? -1 : (me - root - 1 + nr) % nr;  // this rank's part (-1: the root's none)
@@ -205,23 +239,8 @@ __device__ __forceinline__ void mpiml_ll_relay_reduce(const MpimlCtx* c, const T
                     }
                 }
                 if (!ok) break;
-                Acc acc[L];
-                Line res;
-#pragma unroll
-                for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
-                    if (r < nr) {
-                        Line x;
-                        x.v = got[r];
-#pragma unroll
-                        for (int k = 0; k < L; ++k) {
-                            const Acc v = MpimlAcc<T>::load(x.e[k]);
-                            acc[k] = r == 0 ? v : MpimlOp<OP>::f(acc[k], v);
-                        }
-                    }
-                }
-#pragma unroll
-                for (int k = 0; k < L; ++k) res.e[k] = MpimlAcc<T>::store(acc[k]);
-                mpiml_ll_store(mpiml_ll_region(c, root, ln.epoch) + g, res.v, ln.flag);
+                mpiml_ll_store(mpiml_ll_region(c, root, ln.epoch) + g, mpiml_fold_elems<T, OP, 8 / sizeof(T)>(got, nr),
+                               ln.flag);
             }
         } else {
             for (int j = 0; j < q && ok; ++j) {
@@ -248,70 +267,83 @@ __device__ __forceinline__ void mpiml_ll_relay_reduce(const MpimlCtx* c, const T
 template <typename T, int OP, bool A>
 __device__ __forceinline__ void mpiml_ll128_relay_reduce(const MpimlCtx* c, const T* in, T* out, long long n,
                                                          int root) {
-    const long long nbytes = n * (long long)sizeof(T);
-    const long long lines = ((nbytes + 7) / 8 + MPIML_LL128_WORDS - 1) / MPIML_LL128_WORDS;
-    const unsigned epoch = mpiml_begin(c);
-    const unsigned long long flagword = mpiml_ll128_flag(epoch);
-    const int nr = (int)c->nranks, me = (int)c->rank, q = nr - 1;
+    const MpimlLL128 ll(c, n * (long long)sizeof(T));
+    const int nr = (int)c->nranks, me = (int)c->rank, q = nr - 1, sub = ll.sub;
     const int jm = me == root ? -1 : (me - root - 1 + nr) % nr;  // this rank's part (-1: the root's none)
-    const long long part = (lines + q - 1) / q;
-    const int lane = threadIdx.x & 31, sub = lane & 7;
-    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
-    auto region = [&](int r) { return reinterpret_cast<ulonglong2*>(mpiml_buf(c, r, epoch)); };
-    const ulonglong2* mine = region(me);
-    // every line of this warp pushed first, all its rounds (a push never waits)
-    for (long long base = 4 * warp; base < part; base += 4 * warps) {  // warp-uniform
-        const long long i = base + (lane >> 3);
-        const bool act = i < part;
-        for (int jj = 1; jj <= q; ++jj) {  // the other owners' parts; an owner's own part stays here
-            const int j = jm < 0 ? jj - 1 : (jm + jj) % q;
-            if (j == jm) continue;
-            const int o = (root + 1 + j) % nr;
-            const long long g = j * part + i;
-            const ulonglong2 v = mpiml_ll128_get<A>(in, g, sub, nbytes, flagword);
-            __syncwarp();
-            if (act && g < lines) mpiml_ll128_store(region(o) + 8 * (((me - o - 1 + nr) % nr) * part + i) + sub, v);
-        }
-    }
+    const long long part = (ll.lines + q - 1) / q;
+    const ulonglong2* mine = ll.region(me);
+    // part j of the input into its owner's region at [((me - owner - 1) mod nranks) * part]: the root every part,
+    // an owner the other owners' parts (its own stays here)
+    ll.push<A>(in, part, q, [&](int k, long long& g0, ulonglong2*& dst) {
+        const int j = jm < 0 ? k - 1 : (jm + k) % q;
+        if (j == jm) return false;
+        const int o = (root + 1 + j) % nr;
+        g0 = j * part;
+        dst = ll.region(o) + 8 * (((me - o - 1 + nr) % nr) * part);
+        return true;
+    });
     if (jm >= 0) {  // an owner: its part reduced as the copies arrive, pushed to the root
-        for (long long base = 4 * warp; base < part; base += 4 * warps) {
-            const long long i = base + (lane >> 3);
+        MPIML_LL128_ROUNDS(ll, base, part) {
+            const long long i = ll.line(base);
             const long long g = jm * part + i;
-            const bool mact = i < part && g < lines;
+            const bool mact = i < part && g < ll.lines;
+            const ulonglong2 own = mpiml_ll128_get<A>(in, g, sub, ll.nbytes, ll.flagword);
             ulonglong2 v[MPIML_MAX_RANKS];  // rank (me + 1 + k) % nr's copy at [k * part + i]
-            if (!mpiml_ll128_wait(c, epoch, mine + 8 * i + sub, 8 * part, q, mact, flagword, v)) break;
-            const ulonglong2 own = mpiml_ll128_get<A>(in, g, sub, nbytes, flagword);
-            unsigned long long wx[MPIML_MAX_RANKS], wy[MPIML_MAX_RANKS];
-#pragma unroll
-            for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
-                if (r < nr) {
-                    const ulonglong2 u = r == me ? own : v[(r - me - 1 + nr) % nr];
-                    wx[r] = u.x;
-                    wy[r] = u.y;
-                }
-            }
-            ulonglong2 red;
-            red.x = mpiml_fold_words<T, OP>(wx, nr);
-            red.y = sub == 7 ? flagword : mpiml_fold_words<T, OP>(wy, nr);
+            if (!mpiml_ll128_wait(c, ll.epoch, mine + 8 * i + sub, 8 * part, q, mact, ll.flagword, v)) break;
+            const ulonglong2 red = mpiml_ll128_fold_own<T, OP>(v, own, me, nr, sub, ll.flagword);
             __syncwarp();
-            if (mact) mpiml_ll128_store(region(root) + 8 * g + sub, red);
+            if (mact) mpiml_ll128_store(ll.region(root) + 8 * g + sub, red);
         }
     } else {  // the root: the reduced lines out as they arrive
         bool ok = true;
-        for (long long base = 4 * warp; ok && base < part; base += 4 * warps) {
-            const long long i = base + (lane >> 3);
-            const bool act = i < part;
+        MPIML_LL128_ROUNDS(ll, base, part) {
+            const long long i = ll.line(base);
             for (int j = 0; j < q && ok; ++j) {  // warp-uniform: j and ok are the same on every lane
                 const long long g = j * part + i;
-                const bool gact = act && g < lines;
+                const bool gact = i < part && g < ll.lines;
                 ulonglong2 u[MPIML_MAX_RANKS];
-                ok = mpiml_ll128_wait(c, epoch, mine + 8 * g + sub, 0, 1, gact, flagword, u);
-                if (ok && gact) mpiml_ll128_put<A>(out, g, sub, nbytes, u[0]);
+                ok = mpiml_ll128_wait(c, ll.epoch, mine + 8 * g + sub, 0, 1, gact, ll.flagword, u);
+                if (ok && gact) mpiml_ll128_put<A>(out, g, sub, ll.nbytes, u[0]);
             }
+            if (!ok) break;
         }
     }
-    mpiml_end<false>(c, epoch);
+    mpiml_end<false>(c, ll.epoch);
+}
+
+// LL128 direct reduce (algorithm ll128direct): mpiml_reduce_ll's protocol in LL128 lines. Every
+// other rank pushes every line of its input into the root's region at [((me - root - 1) mod nranks) *
+// lines + g]; the root reduces the nranks - 1 copies of its line g with its own input's, in rank order
+// (the same bits as every other path), as they arrive, and writes it out. One hop where the relay takes
+// two, for (nranks - 1) times the root's incoming bytes (1.07 n a rank, against 2 n in LL lines): the
+// middle sizes, where a second hop costs more than the bytes. The region is the staging buffer of the
+// call's parity; the host keeps (nranks - 1) * lines lines within it (cap / 128 of them) and launches 8
+// lanes a line. A counts 8-byte alignment; the root writes out only words it read before (in == out is
+// safe).
+template <typename T, int OP, bool A>
+__device__ __forceinline__ void mpiml_ll128_direct_reduce(const MpimlCtx* c, const T* in, T* out, long long n,
+                                                          int root) {
+    const MpimlLL128 ll(c, n * (long long)sizeof(T));
+    const int nr = (int)c->nranks, me = (int)c->rank, sub = ll.sub;
+    if (me != root) {
+        ll.push<A>(in, ll.lines, 1, [&](int, long long& g0, ulonglong2*& dst) {
+            g0 = 0;
+            dst = ll.region(root) + 8 * (((me - root - 1 + nr) % nr) * ll.lines);
+            return true;
+        });
+    } else {
+        const ulonglong2* mine = ll.region(me);
+        MPIML_LL128_ROUNDS(ll, base, ll.lines) {
+            const long long g = ll.line(base);
+            const bool act = g < ll.lines;
+            const ulonglong2 own = mpiml_ll128_get<A>(in, g, sub, ll.nbytes, ll.flagword);
+            ulonglong2 v[MPIML_MAX_RANKS];  // rank (me + 1 + k) % nr's copy at [k * lines + g]
+            if (!mpiml_ll128_wait(c, ll.epoch, mine + 8 * g + sub, 8 * ll.lines, nr - 1, act, ll.flagword, v)) break;
+            const ulonglong2 red = mpiml_ll128_fold_own<T, OP>(v, own, me, nr, sub, ll.flagword);
+            if (act) mpiml_ll128_put<A>(out, g, sub, ll.nbytes, red);
+        }
+    }
+    mpiml_end<false>(c, ll.epoch);
 }
 
 // LL two-shot reduce (no barrier): see mpiml_ll_twoshot_reduce (ipc_common.cuh); the
@@ -335,6 +367,13 @@ template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_reduce_ll128(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
     mpiml_ll128_relay_reduce<T, OP, A>(c, in, out, n, (int)root);
+}
+
+// The LL128 direct reduce (algorithm ll128direct): see mpiml_ll128_direct_reduce above.
+template <typename T, int OP, bool A>
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_reduce_ll128direct(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
+    mpiml_ll128_direct_reduce<T, OP, A>(c, in, out, n, (int)root);
 }
 
 // Pipelined reduce (no barrier): see mpiml_pipe (ipc_common.cuh); the non-roots reduce a part
