@@ -13,10 +13,14 @@ For each op and size, every path runs on the *same* CuPy buffers, interleaved in
   (``MPIML_CHECK`` unset: repeated calls deferred, see docs/comm.md);
 * ``auto0``: the same with ``MPIML_CHECK=0`` (no checking at all);
 * ``nccl``, ``ipc/ll``, ``ipc/oneshot``, ``ipc/twoshot``, ``ipc/lltwoshot``, ``ipc/llrelay``, ``ipc/ll128``,
-  ``ipc/pipe``, ``ipc/pull``, ``ipc/push``: one path forced with ``algorithm=`` (``MPIML_CHECK=0``);
+  ``ipc/ll128direct``, ``ipc/pipe``, ``ipc/pull``, ``ipc/push``: one path forced with ``algorithm=``
+  (``MPIML_CHECK=0``);
 * ``ipc/pipe@BxR`` (``--pipe-variants BxR,...``): ``ipc/pipe`` on a communicator of its own (``comm.split``)
   whose IPC workspace was made with ``MPIML_IPC_PIPE_BLOCKS=B`` and ``MPIML_IPC_PIPE_ROUNDS=R`` (the grid of
-  the pipelined kernels and the steps a block takes), to choose those defaults by measurement.
+  the pipelined kernels and the steps a block takes), to choose those defaults by measurement;
+* ``PATH@VAR=VALUE[+VAR=VALUE...]`` (``--variants``, comma-separated): path ``PATH`` on a communicator of its
+  own whose transports were made with those environment variables (``ipc/ll128@MPIML_IPC_LL128_BLOCKS=64``:
+  the LL128 kernels' grid at most 64 blocks).
 
 ``--first-calls``: what a call of a new shape costs on a fresh communicator (its device
 transports made inside the first call) and on a warm one, against its repeats and raw NCCL, for
@@ -69,6 +73,8 @@ ap.add_argument("--link-GBps", type=float, default=450.0)
 ap.add_argument("--paths", default="raw,auto,auto0,nccl,ipc/ll,ipc/oneshot,ipc/twoshot,ipc/lltwoshot,ipc/pipe,ipc/pull,"
                                    "ipc/push")
 ap.add_argument("--pipe-variants", default="", help="comma list of BLOCKSxROUNDS: ipc/pipe@BxR paths (see above)")
+ap.add_argument("--variants", default="", help="comma list of PATH@VAR=VALUE[+VAR=VALUE]: a path on a communicator of "
+                                               "its own made with those settings (see above)")
 ap.add_argument("--first-calls", action="store_true", help="time first calls of new shapes (see above)")
 ap.add_argument("--first-bytes", type=int, default=78 << 20)
 ap.add_argument("--no-micro", action="store_true", help="skip the host-cost breakdown")
@@ -92,6 +98,10 @@ for v in filter(None, args.pipe_variants.split(",")):
     b, r = (int(t) for t in v.lower().split("x"))
     variant_comms[f"ipc/pipe@{v}"] = (comm.split(0), {"MPIML_IPC_PIPE_BLOCKS": str(b), "MPIML_IPC_PIPE_ROUNDS": str(r)},
                                       "ipc/pipe")
+for v in filter(None, args.variants.split(",")):
+    base, _, settings = v.partition("@")
+    env = dict(kv.split("=", 1) for kv in settings.split("+") if kv)
+    variant_comms[v] = (comm.split(0), env, base)
 paths = args.paths.split(",") + list(variant_comms)
 
 if args.sizes:
@@ -120,6 +130,9 @@ def ipc_limits():
 def make_call(op, path, nbytes, x, y):
     """One call of ``op`` on ``path``; x holds nbytes (allgather: x is this rank's nbytes / P)."""
     n = x.size
+    forced = path
+    if path in variant_comms:
+        path = variant_comms[path][2]
     if path == "raw":
         if op == "allreduce":
             return lambda: raw.allReduce(x.data.ptr, y.data.ptr, n, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
@@ -147,14 +160,16 @@ def make_call(op, path, nbytes, x, y):
         return None
     if path == "ipc/ll128" and op not in ("allreduce", "reduce"):
         return None
+    if path == "ipc/ll128direct" and op != "reduce":
+        return None
     if path == "ipc/pull" and op not in ("bcast", "allgather"):
         return None
     if path == "ipc/push" and (op != "allgather" or nbytes < (64 << 10) or x.nbytes > cap // P):
         return None
     algo = {"auto": None, "auto0": None, "nccl": "nccl/native"}.get(path, path)
     c = comm
-    if path in variant_comms:
-        c, algo = variant_comms[path][0], variant_comms[path][2]
+    if forced in variant_comms:
+        c, algo = variant_comms[forced][0], variant_comms[forced][2]
     if op == "allreduce":
         return lambda: c.allreduce(x, out=y, algorithm=algo)
     if op == "bcast":

@@ -133,14 +133,17 @@ mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, long long n, lon
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_reduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
-    const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
     const int me = (int)c->rank;
+    MpimlEarly early;  // the root's first lines, loaded with the call number (see MpimlEarly)
+    early.load(c, me == root ? (n * (long long)sizeof(T) + 7) / 8 : 0, me);
+    const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
     if (me != root) {
         MPIML_GRID_LOOP(i, ln.lines) mpiml_ll_store(mpiml_ll_slot(c, (int)root, ln.epoch, me) + i, ln.get(in, i), ln.flag);
     } else {
         bool ok = true;
         MPIML_GRID_LOOP(i, ln.lines) {
-            const uint2 v = mpiml_ll_reduce_line<T, OP>(c, ln.epoch, ln.flag, i, ok, nullptr, 0, me, ln.get(in, i));
+            const uint2 v = mpiml_ll_reduce_line<T, OP>(c, ln.epoch, ln.flag, i, ok, nullptr, 0, me, ln.get(in, i),
+                                                        &early);
             if (!ok) break;
             mpiml_ll_put<A>(out, i, ln.nbytes, v);
         }
@@ -294,18 +297,16 @@ __device__ __forceinline__ void mpiml_ll128_relay_reduce(const MpimlCtx* c, cons
             __syncwarp();
             if (mact) mpiml_ll128_store(ll.region(root) + 8 * g + sub, red);
         }
-    } else {  // the root: the reduced lines out as they arrive
-        bool ok = true;
+    } else {  // the root: the reduced lines out as they arrive, line i of every part waited for at once
         MPIML_LL128_ROUNDS(ll, base, part) {
             const long long i = ll.line(base);
-            for (int j = 0; j < q && ok; ++j) {  // warp-uniform: j and ok are the same on every lane
-                const long long g = j * part + i;
-                const bool gact = i < part && g < ll.lines;
-                ulonglong2 u[MPIML_MAX_RANKS];
-                ok = mpiml_ll128_wait(c, ll.epoch, mine + 8 * g + sub, 0, 1, gact, ll.flagword, u);
-                if (ok && gact) mpiml_ll128_put<A>(out, g, sub, ll.nbytes, u[0]);
-            }
-            if (!ok) break;
+            // the parts holding a line i: j * part + i < lines (small calls leave the last parts short or empty)
+            const int m = i >= part ? 0 : (int)min((long long)q, (ll.lines - 1 - i) / part + 1);
+            ulonglong2 u[MPIML_MAX_RANKS];
+            if (!mpiml_ll128_wait(c, ll.epoch, mine + 8 * i + sub, 8 * part, m, m > 0, ll.flagword, u)) break;
+#pragma unroll
+            for (int j = 0; j < MPIML_MAX_RANKS; ++j)
+                if (j < m) mpiml_ll128_put<A>(out, j * part + i, sub, ll.nbytes, u[j]);
         }
     }
     mpiml_end<false>(c, ll.epoch);

@@ -1,0 +1,158 @@
+"""The LL128 kernels' lines in a race (run under mpirun, 2-4 GPUs): many back-to-back calls whose message ends in a
+partial line, the peers late by a random fraction of a microsecond to a few, every result checked on the device.
+
+Usage: ``python gpu_ll128_lines.py [--calls N] [--legacy]``.
+
+An LL128 line is read by its 8 lanes in one load instruction, and only lane 7 looks at the flag
+(``ipc_common.cuh``, ``mpiml_ll128_wait``): a warp that waits while diverged loads a line in two
+groups at two times, and a line that comes between them is taken with its flag and the other
+group's stale 16 bytes. The lanes of a message's last, partial line take the element-wise tail of
+``mpiml_ll128_put`` / ``_get``, so the warp that holds it diverges there; in the LL128 allreduce,
+the rank that owns the last part (the last rank) stores that line out and then waits for the other
+parts' lines (phase C) with that warp. The soak of 2026-11-28 01:15 (4 x H100) found two such wrong
+words in ~12000 allreduces of 1 MiB (a line has 15 words of 8 bytes; 1 MiB ends in a line of 2),
+both on rank 3.
+
+Here, for every size whose last line is partial (1 MiB: 2 words; 256 KiB: 8; 4 MiB: 8; 1 MiB + 40
+bytes), ``--calls`` calls of each LL128 path (allreduce ``ipc/ll128``, reduce ``ipc/ll128`` (the
+relay) and ``ipc/ll128direct``, roots moving) run eagerly with ``out=`` (the hot launcher), inputs
+changed every call (a stale lane shows), every rank but the last made late by a random spin, and
+every result compared on the device with its closed form. ``--legacy`` also runs the LL128
+allreduce kernel as it was before the fix (this source without ``mpiml_ll128_wait``'s
+``__syncwarp``), compiled here and launched on the same transport the same number of times, and
+prints how many of its results were wrong: the reproducer (on the old code it finds some; it is
+not an error of this test when it finds none, a race may not show in a short run).
+
+Prints ``OK: 0 failure(s)`` through tests/_spmd.py when every result of the current kernels is right.
+"""
+
+import argparse
+import time
+
+import numpy as np
+
+from _spmd import check, guarded
+
+import cupy as cp  # noqa: E402
+
+from mpiml import init  # noqa: E402
+from mpiml.comm import get_comm  # noqa: E402
+from mpiml.comm.backends import ipc  # noqa: E402
+
+comm = get_comm()
+init(device="gpu")
+P, R = comm.size, comm.rank
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--calls", type=int, default=2000)
+ap.add_argument("--legacy", action="store_true")
+ap.add_argument("--seed", type=int, default=3)
+ARGS = ap.parse_args()
+
+SIZES = [1 << 20, 256 << 10, (1 << 20) + 40, 4 << 20]  # bytes of int64: the last line holds 2, 8, 7, 8 words
+_SRC = r'''
+extern "C" __global__ void ll128_spin(long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < (unsigned long long)ns);
+}
+// x[i] = (i % 11) * (rank + 1) + k
+extern "C" __global__ void ll128_fill(long long* x, long long n, long long rank, long long k) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] = (i % 11) * (rank + 1) + k;
+}
+// got[i] == (i % 11) * a + b, mismatches added to bad[0]
+extern "C" __global__ void ll128_check(const long long* got, long long n, long long a, long long b, int* bad) {
+    int miss = 0;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        miss += got[i] != (i % 11) * a + b;
+    if (miss) atomicAdd(bad, miss);
+}
+'''
+_MOD = cp.RawModule(code=_SRC)
+_SPIN, _FILL, _CHECK = (_MOD.get_function(n) for n in ("ll128_spin", "ll128_fill", "ll128_check"))
+
+
+def _grid(n):
+    return (max(1, min(1024, -(-n // 256))),), (256,)
+
+
+def fill(x, k):
+    _FILL(*_grid(x.size), (x, np.int64(x.size), np.int64(R), np.int64(k)))
+
+
+def expect(got, a, b, bad):
+    _CHECK(*_grid(got.size), (got, np.int64(got.size), np.int64(a), np.int64(b), bad))
+
+
+def legacy_kernel():
+    """The LL128 allreduce (int64, max, aligned) as it was before mpiml_ll128_wait's __syncwarp: a CUfunction."""
+    from mpiml.kernels import source
+
+    text = source("allreduce")
+    fix = "        __syncwarp();  // (mpiml_ll128_wait: one load instruction a line)\n"
+    check(text.count(fix) == 1, "the fix's line is not in ipc_common.cuh: --legacy cannot remove it")
+    expr = "mpiml_allreduce_ll128<long long, 3, true>"
+    mod = cp.RawModule(code=text.replace(fix, ""), options=("--std=c++17",), name_expressions=[expr])
+    k = mod.get_function(expr)
+    return mod, k, int(k.kernel.ptr)
+
+
+def run(path, op, nbytes, calls, rng, legacy=None):
+    """``calls`` calls of ``op`` on ``path`` (or the legacy kernel), checked; the wrong results on this rank."""
+    n = nbytes // 8
+    x = cp.empty(n, dtype=cp.int64)
+    out = cp.empty(n, dtype=cp.int64)
+    bad = cp.zeros(1, dtype=cp.int32)
+    wrong_calls = cp.zeros(1, dtype=cp.int32)
+    t = comm._device_transports.get("ipc")
+    for k in range(calls):
+        fill(x, k)
+        if R != P - 1:
+            _SPIN((1,), (1,), (np.int64(rng.integers(0, 4000)),))
+        root = k % P
+        before = bad.copy()
+        if legacy is not None:
+            grid = ipc._ll128_plan(nbytes, P, t.cap)[1]
+            t._launch(legacy, grid, x.data.ptr, out.data.ptr, n, 0, ipc.LL_THREADS)
+            expect(out, P, k, bad)  # max over ranks of (i % 11) (r + 1) + k
+        elif op == "allreduce":
+            comm.allreduce(x, "max", out=out, algorithm=path)
+            expect(out, P, k, bad)
+        else:
+            got = comm.reduce(x, "sum", root=root, out=out, algorithm=path)
+            if R == root:
+                expect(got, P * (P + 1) // 2, P * k, bad)
+        wrong_calls += (bad != before).astype(cp.int32)
+    comm.synchronize()
+    return int(bad.get()[0]), int(wrong_calls.get()[0])
+
+
+def main():
+    t0 = time.perf_counter()
+    if P < 2:
+        check(True, "")
+        return
+    rng = np.random.default_rng(ARGS.seed + 17 * R)
+    comm.allreduce(cp.ones(4, dtype=cp.int64), algorithm="ipc/ll128")  # the transport and the kernels
+    comm.synchronize()
+    legacy = legacy_kernel() if ARGS.legacy else None
+    lines = []
+    for nbytes in SIZES:
+        for path, op in (("ipc/ll128", "allreduce"), ("ipc/ll128", "reduce"), ("ipc/ll128direct", "reduce")):
+            words, calls = run(path, op, nbytes, ARGS.calls, rng)
+            everywhere = comm.allgather_obj((words, calls))
+            lines.append(f"{op} {path} {nbytes} B: wrong words {[w for w, _ in everywhere]}, "
+                         f"wrong calls {[c for _, c in everywhere]} of {ARGS.calls}")
+            check(words == 0, f"{op} {path} {nbytes} B: {words} wrong word(s) in {calls} of {ARGS.calls} calls")
+        if legacy is not None:
+            words, calls = run("legacy", "allreduce", nbytes, ARGS.calls, rng, legacy[2])
+            everywhere = comm.allgather_obj((words, calls))
+            lines.append(f"LEGACY allreduce ll128 (no __syncwarp before the loads) {nbytes} B: wrong words "
+                         f"{[w for w, _ in everywhere]}, wrong calls {[c for _, c in everywhere]} of {ARGS.calls}")
+    if R == 0:
+        print("\n".join(lines), flush=True)
+        print(f"gpu_ll128_lines: {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+guarded(main, comm)
