@@ -150,18 +150,29 @@ def test_two_shot_ll_bcast_reduce_and_nccl_events(mpi, n):
 
 
 @pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("algo", ["ipc/llrelay", "ipc/ll128"])
+@pytest.mark.parametrize("algo", ["ipc/llrelay", "ipc/ll128", "ipc/ll128direct"])
 def test_relay_and_ll128(mpi, n, algo):
-    """ipc/llrelay (reduce: the parts owned by the non-roots, reduced lines relayed to the root) and ipc/ll128 (the
-    relay and the LL two-shot allreduce in 128-byte lines of 120 payload bytes): every dtype, op, root, chunking,
-    offsets, the hot launcher, graphs, beside the LL two-shot's other ops."""
+    """ipc/llrelay (reduce: the parts owned by the non-roots, reduced lines relayed to the root), ipc/ll128 (the
+    relay and the LL two-shot allreduce in 128-byte lines of 120 payload bytes) and ipc/ll128direct (reduce: the
+    non-roots' LL128 lines straight to the root): every dtype, op, root, chunking, offsets, the hot launcher,
+    graphs, beside the LL two-shot's other ops."""
     _need(n)
     proc = mpi(os.path.join(HERE, "gpu_variants.py"), n, algo, timeout=300, env={"MPIML_TIMEOUT": "30"})
     assert "OK" in proc.stdout
-    if algo == "ipc/ll128":  # 1 MiB staging buffers: several LL128 launches a call
+    if algo != "ipc/llrelay":  # 1 MiB staging buffers: several LL128 launches a call
         proc = mpi(os.path.join(HERE, "gpu_variants.py"), n, algo, timeout=300,
                    env={"MPIML_TIMEOUT": "30", "MPIML_IPC_BYTES": "1048576"})
         assert "OK" in proc.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ll128_lines_under_races(mpi, n):
+    """Every LL128 path at sizes ending in a partial line, peers late by random spins, every result checked (the
+    soak's wrong words of 2026-11-28: a diverged warp loaded a line in two groups)."""
+    _need(n)
+    proc = mpi(os.path.join(HERE, "gpu_ll128_lines.py"), n, "--calls", "500", timeout=300,
+               env={"MPIML_TIMEOUT": "30"})
+    assert "OK" in proc.stdout
 
 
 @pytest.mark.parametrize("n", [2, 3])
