@@ -3,25 +3,21 @@ partial line, the peers late by a random fraction of a microsecond to a few, eve
 
 Usage: ``python gpu_ll128_lines.py [--calls N] [--legacy]``.
 
-An LL128 line is read by its 8 lanes in one load instruction, and only lane 7 looks at the flag
-(``ipc_common.cuh``, ``mpiml_ll128_wait``): a warp that waits while diverged loads a line in two
-groups at two times, and a line that comes between them is taken with its flag and the other
-group's stale 16 bytes. The lanes of a message's last, partial line take the element-wise tail of
-``mpiml_ll128_put`` / ``_get``, so the warp that holds it diverges there; in the LL128 allreduce,
-the rank that owns the last part (the last rank) stores that line out and then waits for the other
-parts' lines (phase C) with that warp. The soak of 2026-11-28 01:15 (4 x H100) found two such wrong
-words in ~12000 allreduces of 1 MiB (a line has 15 words of 8 bytes; 1 MiB ends in a line of 2),
-both on rank 3.
+Only lane 7 of an LL128 line looks at the flag (``ipc_common.cuh``, ``mpiml_ll128_wait``), and a
+line that arrives while it is being loaded may be seen in part: its flag with other lanes' 16 bytes
+still stale. The soak of 2026-11-28 01:15 (4 x H100) found two wrong results in ~12000 allreduces of
+1 MiB on ``ipc/ll128``. The kernels now take a line's data from a second load issued after every
+flag of the round was seen (as NCCL's LL128 receive does), the warp converged before its loads.
 
-Here, for every size whose last line is partial (1 MiB: 2 words; 256 KiB: 8; 4 MiB: 8; 1 MiB + 40
-bytes), ``--calls`` calls of each LL128 path (allreduce ``ipc/ll128``, reduce ``ipc/ll128`` (the
+Here, for sizes of int64 whose last line is partial (1 MiB: 2 words; 256 KiB: 8; 4 MiB: 8; 1 MiB + 40
+bytes: 7), ``--calls`` calls of each LL128 path (allreduce ``ipc/ll128``, reduce ``ipc/ll128`` (the
 relay) and ``ipc/ll128direct``, roots moving) run eagerly with ``out=`` (the hot launcher), inputs
 changed every call (a stale lane shows), every rank but the last made late by a random spin, and
 every result compared on the device with its closed form. ``--legacy`` also runs the LL128
-allreduce kernel as it was before the fix (this source without ``mpiml_ll128_wait``'s
-``__syncwarp``), compiled here and launched on the same transport the same number of times, and
-prints how many of its results were wrong: the reproducer (on the old code it finds some; it is
-not an error of this test when it finds none, a race may not show in a short run).
+allreduce kernel without the fix (this source without ``mpiml_ll128_wait``'s ``__syncwarp`` and its
+second load), compiled here and launched on the same transport the same number of times, and prints
+how many of its results were wrong: the reproducer (it is not an error of this test when it finds
+none: a race may not show in a short run).
 
 Prints ``OK: 0 failure(s)`` through tests/_spmd.py when every result of the current kernels is right.
 """
@@ -86,14 +82,24 @@ def expect(got, a, b, bad):
 
 
 def legacy_kernel():
-    """The LL128 allreduce (int64, max, aligned) as it was before mpiml_ll128_wait's __syncwarp: a CUfunction."""
+    """The LL128 allreduce (int64, max, aligned) without the fix (mpiml_ll128_wait without its __syncwarp and its
+    second load of the data): ``(module, kernel, CUfunction)``."""
     from mpiml.kernels import source
 
     text = source("allreduce")
-    fix = "        __syncwarp();  // (mpiml_ll128_wait: one load instruction a line)\n"
-    check(text.count(fix) == 1, "the fix's line is not in ipc_common.cuh: --legacy cannot remove it")
+    sync = "        __syncwarp();  // (mpiml_ll128_wait: one load instruction a line)\n"
+    reload = ("        if (!__any_sync(0xffffffffu, bad)) {\n"
+              "            // (mpiml_ll128_wait: the data from a load after the flags)\n"
+              "#pragma unroll\n"
+              "            for (int r = 0; r < MPIML_MAX_RANKS; ++r)\n"
+              "                if (r < m && r != skip && act) v[r] = mpiml_ll128_ld(p + r * stride);\n"
+              "            return true;\n"
+              "        }\n")
+    check(text.count(sync) == 1 and text.count(reload) == 1,
+          "the fix's lines are not in ipc_common.cuh as written here: --legacy cannot take them out")
+    text = text.replace(sync, "").replace(reload, "        if (!__any_sync(0xffffffffu, bad)) return true;\n")
     expr = "mpiml_allreduce_ll128<long long, 3, true>"
-    mod = cp.RawModule(code=text.replace(fix, ""), options=("--std=c++17",), name_expressions=[expr])
+    mod = cp.RawModule(code=text, options=("--std=c++17",), name_expressions=[expr])
     k = mod.get_function(expr)
     return mod, k, int(k.kernel.ptr)
 
@@ -148,7 +154,7 @@ def main():
         if legacy is not None:
             words, calls = run("legacy", "allreduce", nbytes, ARGS.calls, rng, legacy[2])
             everywhere = comm.allgather_obj((words, calls))
-            lines.append(f"LEGACY allreduce ll128 (no __syncwarp before the loads) {nbytes} B: wrong words "
+            lines.append(f"LEGACY allreduce ll128 (the data from the flag's load) {nbytes} B: wrong words "
                          f"{[w for w, _ in everywhere]}, wrong calls {[c for _, c in everywhere]} of {ARGS.calls}")
     if R == 0:
         print("\n".join(lines), flush=True)

@@ -839,21 +839,21 @@ __device__ __forceinline__ ulonglong2 mpiml_ll128_ld(const ulonglong2* p) {
     return v;
 }
 
-// This lane's 16 bytes of the lines p[r * stride] (r < m; act: this lane's line exists), loaded
-// together and again until every line's flag has come (warp-wide: every lane of the warp
-// calls this); false on every lane after a timeout or abort.
+// This lane's 16 bytes of the lines p[r * stride] (r < m but `skip`; act: this lane's lines exist),
+// loaded together and again until every line's flag has come, then loaded once more (warp-wide:
+// every lane of the warp calls this); false on every lane after a timeout or abort.
 //
-// Only lane 7 of a line looks at the flag, so the 8 lanes of a line must load it in one
-// instruction: the __syncwarp below converges the warp before its loads. Without it, a warp that
-// had diverged before the call (the element-wise tail of mpiml_ll128_put / _get, taken by the
-// lanes of a message's last, partial line) loaded in two groups at two times and met only at
-// __any_sync: a line that came between the groups' loads was taken with its flag (new) and the
-// other group's lanes' 16 bytes (stale). That was the 1 MiB allreduce's rare wrong word in the
-// soak of 2026-11-28 01:15 (rank 3: the owner of the last, partial line reads the other parts
-// right after storing it out); tests/comm/gpu_ll128_lines.py reproduces it.
+// Only lane 7 of a line looks at the flag, and a line that arrives while it is being loaded may be
+// seen in part: its flag (new) with other lanes' 16 bytes still stale. The early pass of
+// 2026-11-28 01:15 found that in the soak (two wrong results in ~12000 allreduces of 1 MiB on
+// ipc/ll128, 4 x H100): the data of a line are taken from a second load, issued after every flag
+// of the round has been seen (as NCCL's LL128 receive does), never from the load that found the
+// flag; and the warp is converged before each round of loads (__syncwarp), so that the 8 lanes of
+// a line load it in one instruction. tests/comm/gpu_ll128_lines.py races every LL128 path (and,
+// with --legacy, the kernel without these two lines).
 __device__ __forceinline__ bool mpiml_ll128_wait(const MpimlCtx* c, unsigned epoch, const ulonglong2* p,
                                                  long long stride, int m, bool act, unsigned long long flagword,
-                                                 ulonglong2 (&v)[MPIML_MAX_RANKS]) {
+                                                 ulonglong2 (&v)[MPIML_MAX_RANKS], int skip = -1) {
     const bool checks = act && (threadIdx.x & 7) == 7;
     MpimlSpin s{0ull, 0u};
     for (;;) {
@@ -861,12 +861,18 @@ __device__ __forceinline__ bool mpiml_ll128_wait(const MpimlCtx* c, unsigned epo
         bool bad = false;
 #pragma unroll
         for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
-            if (r < m && act) {
+            if (r < m && r != skip && act) {
                 v[r] = mpiml_ll128_ld(p + r * stride);
                 bad |= checks && v[r].y != flagword;
             }
         }
-        if (!__any_sync(0xffffffffu, bad)) return true;
+        if (!__any_sync(0xffffffffu, bad)) {
+            // (mpiml_ll128_wait: the data from a load after the flags)
+#pragma unroll
+            for (int r = 0; r < MPIML_MAX_RANKS; ++r)
+                if (r < m && r != skip && act) v[r] = mpiml_ll128_ld(p + r * stride);
+            return true;
+        }
         if (__any_sync(0xffffffffu, mpiml_spin_expired(c, s, (int)c->rank, epoch))) return false;
     }
 }
