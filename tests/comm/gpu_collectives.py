@@ -114,7 +114,8 @@ def run_algorithms(backend):
         # a given out, every op and a half type
         for shape, offset, dtype in (((4096,), False, np.float32), ((4099,), False, np.float32),
                                      ((4096,), True, np.float32), ((1366, 3), False, np.float64),
-                                     ((4103,), True, np.float16), ((64 * P,), False, np.int64)):
+                                     ((4103,), True, np.float16), ((64 * P,), False, np.int64),
+                                     ((4098,), False, np.int32), ((4101,), True, np.bool_), ((5,), False, np.bool_)):
             size = int(np.prod(shape))
             ys = [data(r, size, dtype, 4) for r in range(P)]
             y = device(ys[R], offset).reshape(shape)
