@@ -1,7 +1,8 @@
 """The LL128 kernels' lines in a race (run under mpirun, 2-4 GPUs): many back-to-back calls whose message ends in a
 partial line, the peers late by a random fraction of a microsecond to a few, every result checked on the device.
 
-Usage: ``python gpu_ll128_lines.py [--calls N] [--legacy]``.
+Usage: ``python gpu_ll128_lines.py [--calls N] [--legacy] [--sizes B,...] [--ops allreduce,reduce,direct]
+[--spin-ns NS]``.
 
 Only lane 7 of an LL128 line looks at the flag (``ipc_common.cuh``, ``mpiml_ll128_wait``), and a
 line that arrives while it is being loaded may be seen in part: its flag with other lanes' 16 bytes
@@ -43,9 +44,15 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--calls", type=int, default=2000)
 ap.add_argument("--legacy", action="store_true")
 ap.add_argument("--seed", type=int, default=3)
+# bytes of int64: the last line holds 2, 8, 7, 8 words
+ap.add_argument("--sizes", default=f"{1 << 20},{256 << 10},{(1 << 20) + 40},{4 << 20}")
+ap.add_argument("--ops", default="allreduce,reduce,direct", help="allreduce (ipc/ll128), reduce (the relay), direct")
+ap.add_argument("--spin-ns", type=int, default=4000, help="the peers' random delay before a call, at most")
 ARGS = ap.parse_args()
 
-SIZES = [1 << 20, 256 << 10, (1 << 20) + 40, 4 << 20]  # bytes of int64: the last line holds 2, 8, 7, 8 words
+SIZES = [int(b) for b in ARGS.sizes.split(",")]
+PATHS = [p for p in (("ipc/ll128", "allreduce", "allreduce"), ("ipc/ll128", "reduce", "reduce"),
+                     ("ipc/ll128direct", "reduce", "direct")) if p[2] in ARGS.ops.split(",")]
 _SRC = r'''
 extern "C" __global__ void ll128_spin(long long ns) {
     unsigned long long t0, t;
@@ -115,7 +122,7 @@ def run(path, op, nbytes, calls, rng, legacy=None):
     for k in range(calls):
         fill(x, k)
         if R != P - 1:
-            _SPIN((1,), (1,), (np.int64(rng.integers(0, 4000)),))
+            _SPIN((1,), (1,), (np.int64(rng.integers(0, ARGS.spin_ns + 1)),))
         root = k % P
         before = bad.copy()
         if legacy is not None:
@@ -145,7 +152,7 @@ def main():
     legacy = legacy_kernel() if ARGS.legacy else None
     lines = []
     for nbytes in SIZES:
-        for path, op in (("ipc/ll128", "allreduce"), ("ipc/ll128", "reduce"), ("ipc/ll128direct", "reduce")):
+        for path, op, _ in PATHS:
             words, calls = run(path, op, nbytes, ARGS.calls, rng)
             everywhere = comm.allgather_obj((words, calls))
             lines.append(f"{op} {path} {nbytes} B: wrong words {[w for w, _ in everywhere]}, "
