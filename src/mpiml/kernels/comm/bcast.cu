@@ -50,16 +50,14 @@ mpiml_bcast_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long ro
 
 // LL allgather: every rank pushes its n elements into every peer's slot [me];
 // each copies line i of every slot r to out[r * stride ...], the nranks lines
-// loaded at once (a thread's first ones before the call number: MpimlEarly), its
-// own input's line in its own place (never stored into its own slot and loaded back).
+// loaded at once, its own input's line in its own place (never stored into its
+// own slot and loaded back).
 template <typename T, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_allgather_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long stride) {
-    MpimlEarly early;  // the first lines, loaded with the call number (see MpimlEarly)
-    early.load(c, (n * (long long)sizeof(T) + 7) / 8, (int)c->rank);
     const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
     mpiml_ll_push(c, ln, in, 1, (int)c->nranks - 1);
-    mpiml_ll_gather_out<T, A>(c, ln, out, stride, in, &early);
+    mpiml_ll_gather_out<T, A>(c, ln, out, stride, in);
     mpiml_end<false>(c, ln.epoch);
 }
 

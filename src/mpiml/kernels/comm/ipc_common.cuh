@@ -523,63 +523,24 @@ struct MpimlEvenParts {
     }
 };
 
-__device__ __forceinline__ uint4 mpiml_ll_ld(const uint4* p) {
-    uint4 w;
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "l"(p) : "memory");
-    return w;
-}
-
-// This thread's line i0 of this rank's LL slots [r] (r < nranks but `own`, and r < MPIML_EARLY_RANKS:
-// registers) of both parities, loaded before the call number is known (before mpiml_begin): where the
-// peers run ahead of this rank (a small reduce's root in a replayed CUDA graph, whose peers only push),
-// their lines of this call have already come, and the loads overlap mpiml_begin's instead of following
-// them. A line counts only with this call's flag in both halves (mpiml_ll_load_ranks checks it); a stale
-// one, or one of the other parity, is loaded again as usual.
-#define MPIML_EARLY_RANKS 4
-struct MpimlEarly {
-    uint4 w[2][MPIML_EARLY_RANKS];
-    long long i0;
-
-    __device__ __forceinline__ void load(const MpimlCtx* c, long long lines, int own) {
-        const int nr = (int)c->nranks, me = (int)c->rank;
-        i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-#pragma unroll
-        for (int r = 0; r < MPIML_EARLY_RANKS; ++r) {
-            w[0][r] = w[1][r] = make_uint4(0u, 0u, 0u, 0u);
-            if (r < nr && r != own && i0 < lines) {
-                w[0][r] = mpiml_ll_ld(mpiml_ll_slot(c, me, 0u, r) + i0);
-                w[1][r] = mpiml_ll_ld(mpiml_ll_slot(c, me, 1u, r) + i0);
-            }
-        }
-    }
-};
-
 // Line i of this rank's slots [r] for every rank r < nranks, in v[r]; false on a
 // timeout or abort. Every slot's line is loaded before any flag is looked at: the
 // lines of most calls have all arrived by then, and one memory latency is paid
 // instead of nranks (a spin, per slot, only for a line still on its way). OWN >= 0:
 // rank OWN's line is `ownv` (this rank's own input, never stored into its own slot).
-// early: the lines of index early->i0 as loaded before the call number (MpimlEarly).
 __device__ __forceinline__ bool mpiml_ll_load_ranks(const MpimlCtx* c, unsigned epoch, unsigned flag, long long i,
                                                     uint2 (&v)[MPIML_MAX_RANKS], int own = -1,
-                                                    uint2 ownv = make_uint2(0u, 0u),
-                                                    const MpimlEarly* early = nullptr) {
+                                                    uint2 ownv = make_uint2(0u, 0u)) {
     const int nr = (int)c->nranks, me = (int)c->rank;
-    const bool pre = early != nullptr && i == early->i0;
     uint4 w[MPIML_MAX_RANKS];
 #pragma unroll
     for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
         if (r == own) {
             w[r] = make_uint4(ownv.x, flag, ownv.y, flag);
         } else if (r < nr) {
-            if (r < MPIML_EARLY_RANKS && pre) {
-                const uint4 a = early->w[0][r < MPIML_EARLY_RANKS ? r : 0], b = early->w[1][r < MPIML_EARLY_RANKS ? r : 0];
-                const bool odd = epoch & 1u;
-                w[r] = make_uint4(odd ? b.x : a.x, odd ? b.y : a.y, odd ? b.z : a.z, odd ? b.w : a.w);
-            } else {
-                w[r] = mpiml_ll_ld(mpiml_ll_slot(c, me, epoch, r) + i);
-            }
+            asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(w[r].x), "=r"(w[r].y), "=r"(w[r].z), "=r"(w[r].w)
+                         : "l"(mpiml_ll_slot(c, me, epoch, r) + i) : "memory");
         }
     }
 #pragma unroll
@@ -628,11 +589,10 @@ __device__ __forceinline__ bool mpiml_ll_load_strided(const MpimlCtx* c, unsigne
 template <typename T, int OP, bool STRIDED = false>
 __device__ __forceinline__ uint2 mpiml_ll_reduce_line(const MpimlCtx* c, unsigned epoch, unsigned flag, long long i,
                                                       bool& ok, const uint4* p = nullptr, long long stride = 0,
-                                                      int own = -1, uint2 ownv = make_uint2(0u, 0u),
-                                                      const MpimlEarly* early = nullptr) {
+                                                      int own = -1, uint2 ownv = make_uint2(0u, 0u)) {
     uint2 got[MPIML_MAX_RANKS];
     if (!(STRIDED ? mpiml_ll_load_strided(c, epoch, flag, p, stride, got)
-                  : mpiml_ll_load_ranks(c, epoch, flag, i, got, own, ownv, early))) {
+                  : mpiml_ll_load_ranks(c, epoch, flag, i, got, own, ownv))) {
         ok = false;
         return make_uint2(0u, 0u);
     }
@@ -698,14 +658,14 @@ __device__ __forceinline__ void mpiml_ll_push(const MpimlCtx* c, const MpimlLine
 
 // Every rank's lines (slot [r] of this rank) to out + r * stride elements of T, the
 // nranks lines of one index loaded at once (mpiml_ll_load_ranks); this rank's own
-// from `in` (its slot is not written); early: the first lines loaded before the call number.
+// from `in` (its slot is not written).
 template <typename T, bool A>
 __device__ __forceinline__ void mpiml_ll_gather_out(const MpimlCtx* c, const MpimlLines<A>& ln, T* out,
-                                                    long long stride, const T* in, const MpimlEarly* early = nullptr) {
+                                                    long long stride, const T* in) {
     const int nr = (int)c->nranks;
     MPIML_GRID_LOOP(i, ln.lines) {
         uint2 v[MPIML_MAX_RANKS];
-        if (!mpiml_ll_load_ranks(c, ln.epoch, ln.flag, i, v, (int)c->rank, ln.get(in, i), early)) break;
+        if (!mpiml_ll_load_ranks(c, ln.epoch, ln.flag, i, v, (int)c->rank, ln.get(in, i))) break;
 #pragma unroll
         for (int r = 0; r < MPIML_MAX_RANKS; ++r)
             if (r < nr) mpiml_ll_put<A>(out + r * stride, i, ln.nbytes, v[r]);
@@ -722,6 +682,19 @@ __device__ __forceinline__ bool mpiml_ll_copy_out(const MpimlCtx* c, const Mpiml
         mpiml_ll_put<A>(out, i, ln.nbytes, v);
     }
     return true;
+}
+
+// The lines of every rank's slot reduced in rank order (mpiml_ll_reduce_line) to out,
+// `lines` lines of nbytes (this rank's part of a reduce-scatter, or the whole call).
+template <typename T, int OP, bool A>
+__device__ __forceinline__ void mpiml_ll_reduce_out(const MpimlCtx* c, unsigned epoch, unsigned flag, void* out,
+                                                    long long nbytes) {
+    bool ok = true;
+    MPIML_GRID_LOOP(i, (nbytes + 7) / 8) {
+        const uint2 v = mpiml_ll_reduce_line<T, OP>(c, epoch, flag, i, ok);
+        if (!ok) break;
+        mpiml_ll_put<A>(out, i, nbytes, v);
+    }
 }
 
 // LL two-shot reduction (no barrier; the reduce and allreduce `lltwoshot` kernels): the

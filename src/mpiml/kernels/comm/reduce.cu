@@ -66,62 +66,25 @@ mpiml_reduce_scatter_oneshot(const MpimlCtx* c, const T* in, T* out, long long n
     mpiml_end(c, epoch);
 }
 
-// LL reduce-scatter (no barrier): every rank pushes the lines of part r into rank r's LL slot
-// [me]; each reduces the lines of its own part, in rank order, as their flags arrive, its own
-// input's line in its own place (never stored into its own slot and loaded back). The parts'
-// offsets and this thread's first line of every part are read before the call number (their
-// loads overlap mpiml_begin's; a call of up to one line a thread, every small one, reads no
-// input after it). A: in and out 8-byte aligned and every part starts on an 8-byte boundary.
-// The host keeps every part within one LL slot's payload.
+// LL reduce-scatter (no barrier): every rank pushes the lines of part r into
+// rank r's LL slot [me]; each reduces the lines of its own part, in rank order,
+// as their flags arrive. A: in and out 8-byte aligned and every part starts on an
+// 8-byte boundary. The host keeps every part within one LL slot's payload.
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long displs_ptr) {
     const long long* displs = reinterpret_cast<const long long*>(displs_ptr);
-    const int nr = (int)c->nranks, me = (int)c->rank;
-    const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long d[MPIML_MAX_RANKS + 1];
-    uint2 first[MPIML_MAX_RANKS];
-#pragma unroll
-    for (int r = 0; r <= MPIML_MAX_RANKS; ++r) d[r] = r <= nr ? displs[r] : 0;
-#pragma unroll
-    for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
-        const long long nb = (d[r + 1] - d[r]) * (long long)sizeof(T);
-        first[r] = r < nr && 8 * i0 < nb ? mpiml_ll_get<A>(in + d[r], i0, nb) : make_uint2(0u, 0u);
-    }
-    // part r's offset, bytes and first line (selected, not indexed: no local memory)
-    auto part = [&](int r, long long& dr, long long& nb, uint2& f) {
-        dr = 0;
-        nb = 0;
-        f = make_uint2(0u, 0u);
-#pragma unroll
-        for (int j = 0; j < MPIML_MAX_RANKS; ++j) {
-            if (j == r) {
-                dr = d[j];
-                nb = (d[j + 1] - d[j]) * (long long)sizeof(T);
-                f = first[j];
-            }
-        }
-    };
     const unsigned epoch = mpiml_begin(c);
     const unsigned flag = epoch + 1u;
-    for (int k = 1; k < nr; ++k) {
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    for (int k = 1; k <= nr; ++k) {
         const int r = (me + k) % nr;
-        long long dr, nb;
-        uint2 f;
-        part(r, dr, nb, f);
+        const long long d = displs[r];
+        const long long nbytes = (displs[r + 1] - d) * (long long)sizeof(T);
         uint4* dst = mpiml_ll_slot(c, r, epoch, me);
-        MPIML_GRID_LOOP(i, (nb + 7) / 8) mpiml_ll_store(dst + i, i == i0 ? f : mpiml_ll_get<A>(in + dr, i, nb), flag);
+        MPIML_GRID_LOOP(i, (nbytes + 7) / 8) mpiml_ll_store(dst + i, mpiml_ll_get<A>(in + d, i, nbytes), flag);
     }
-    long long dm, nbm;
-    uint2 fm;
-    part(me, dm, nbm, fm);
-    bool ok = true;
-    MPIML_GRID_LOOP(i, (nbm + 7) / 8) {
-        const uint2 own = i == i0 ? fm : mpiml_ll_get<A>(in + dm, i, nbm);
-        const uint2 v = mpiml_ll_reduce_line<T, OP>(c, epoch, flag, i, ok, nullptr, 0, me, own);
-        if (!ok) break;
-        mpiml_ll_put<A>(out, i, nbm, v);
-    }
+    mpiml_ll_reduce_out<T, OP, A>(c, epoch, flag, out, (displs[me + 1] - displs[me]) * (long long)sizeof(T));
     mpiml_end<false>(c, epoch);
 }
 
@@ -133,17 +96,14 @@ mpiml_reduce_scatter_ll(const MpimlCtx* c, const T* in, T* out, long long n, lon
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_reduce_ll(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
-    const int me = (int)c->rank;
-    MpimlEarly early;  // the root's first lines, loaded with the call number (see MpimlEarly)
-    early.load(c, me == root ? (n * (long long)sizeof(T) + 7) / 8 : 0, me);
     const MpimlLines<A> ln(c, in, n * (long long)sizeof(T), true);
+    const int me = (int)c->rank;
     if (me != root) {
         MPIML_GRID_LOOP(i, ln.lines) mpiml_ll_store(mpiml_ll_slot(c, (int)root, ln.epoch, me) + i, ln.get(in, i), ln.flag);
     } else {
         bool ok = true;
         MPIML_GRID_LOOP(i, ln.lines) {
-            const uint2 v = mpiml_ll_reduce_line<T, OP>(c, ln.epoch, ln.flag, i, ok, nullptr, 0, me, ln.get(in, i),
-                                                        &early);
+            const uint2 v = mpiml_ll_reduce_line<T, OP>(c, ln.epoch, ln.flag, i, ok, nullptr, 0, me, ln.get(in, i));
             if (!ok) break;
             mpiml_ll_put<A>(out, i, ln.nbytes, v);
         }
