@@ -583,7 +583,9 @@ class Communicator(Agreement, ObjectCollectives, MetadataCollectives, PointToPoi
         root; elsewhere ``out`` (an array like ``x`` that receives the root's
         data) or, if None, a new array.  The root ignores ``out``.
         """
-        self._begin("bcast")
+        if self._failure is not None:  # (self._begin, inlined: a hot call's every step counts)
+            raise self._aborted("bcast")
+        self._seq += 1
         try:  # (attributes read directly: getattr with a default costs ~0.2 us more a call)
             key = ("bcast", type(x), x.dtype, x.shape, root, algorithm)
         except AttributeError:  # not an array: the full path makes it one (or refuses it)
@@ -612,7 +614,9 @@ class Communicator(Agreement, ObjectCollectives, MetadataCollectives, PointToPoi
 
     def reduce(self, x, op="sum", root=0, out=None, *, algorithm=None):
         """Reduce ``x`` over all ranks with ``op``; the result on ``root`` (in ``out`` if given), None elsewhere."""
-        self._begin("reduce")
+        if self._failure is not None:  # (self._begin, inlined: a hot call's every step counts)
+            raise self._aborted("reduce")
+        self._seq += 1
         try:  # (attributes read directly: getattr with a default costs ~0.2 us more a call)
             key = ("reduce", type(x), x.dtype, x.shape, (op, root), algorithm)
         except AttributeError:  # not an array: the full path makes it one (or refuses it)
@@ -649,7 +653,9 @@ class Communicator(Agreement, ObjectCollectives, MetadataCollectives, PointToPoi
 
     def allreduce(self, x, op="sum", out=None, *, algorithm=None):
         """Reduce ``x`` over all ranks with ``op`` (sum, prod, min, max); the result everywhere."""
-        self._begin("allreduce")
+        if self._failure is not None:  # (self._begin, inlined: a hot call's every step counts)
+            raise self._aborted("allreduce")
+        self._seq += 1
         try:  # (attributes read directly: getattr with a default costs ~0.2 us more a call)
             key = ("allreduce", type(x), x.dtype, x.shape, op, algorithm)
         except AttributeError:  # not an array: the full path makes it one (or refuses it)
@@ -694,7 +700,9 @@ class Communicator(Agreement, ObjectCollectives, MetadataCollectives, PointToPoi
 
     def allgather(self, x, out=None, *, algorithm=None):
         """Every rank's ``x`` concatenated along axis 0 (equal shapes on every rank), in ``out`` if given."""
-        self._begin("allgather")
+        if self._failure is not None:  # (self._begin, inlined: a hot call's every step counts)
+            raise self._aborted("allgather")
+        self._seq += 1
         try:  # (attributes read directly: getattr with a default costs ~0.2 us more a call)
             key = ("allgather", type(x), x.dtype, x.shape, None, algorithm)
         except AttributeError:  # not an array: the full path makes it one (or refuses it)
@@ -746,7 +754,9 @@ class Communicator(Agreement, ObjectCollectives, MetadataCollectives, PointToPoi
         Blocks follow ``numpy.array_split``: the first ``n % size`` ranks get one
         more row.  ``out`` must have this rank's block's shape and ``x``'s dtype.
         """
-        self._begin("reduce_scatter")
+        if self._failure is not None:  # (self._begin, inlined: a hot call's every step counts)
+            raise self._aborted("reduce_scatter")
+        self._seq += 1
         try:  # (attributes read directly: getattr with a default costs ~0.2 us more a call)
             key = ("reduce_scatter", type(x), x.dtype, x.shape, op, algorithm)
         except AttributeError:  # not an array: the full path makes it one (or refuses it)
