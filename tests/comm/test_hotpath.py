@@ -328,3 +328,47 @@ def test_ipc_issue_replays_the_pinned_graph_and_launches_the_kernel_into_a_captu
     assert replays == [7, 9] and t.switches == [9]  # ordered after the launch on stream 7
     t._replay = False
     assert _hotpath.ipc_issue(t, "allreduce", x, "a", "u", 2, 512, 15).pinned is None
+
+
+def test_the_communicator_reaches_a_launcher_by_its_latest_arrays_and_not_after_a_change():
+    """A hot call on the same x as the latest one (same reduction, algorithm, shape) skips the key; another
+    reduction, an in-place reshape of x or a new launcher takes the key's way (size-1 communicator, stand-ins)."""
+    from mpiml.comm import get_comm
+
+    comm = get_comm("self")
+    seen = []
+
+    def launcher(name):
+        def call(x, out):
+            seen.append(name)
+            return out
+        return call
+
+    class A(_Array):
+        pass
+
+    A.__module__ = "cupy._stand_in"  # (hot launchers are kept for CuPy's array types only)
+    x, y = A((4,), ptr=1 << 20), A((4,), ptr=1 << 22)
+    key = ("allreduce", A, x.dtype, x.shape, "sum", None)
+    comm._hot[key] = launcher("sum")
+    comm._hot[key[:4] + ("max", None)] = launcher("max")
+    assert comm.allreduce(x, out=y) is y and comm._memo_allreduce is not None
+    comm._hot.clear()  # (only the memo can reach the launcher now)
+    assert comm.allreduce(x, out=y) is y and seen == ["sum", "sum"]
+    comm._hot[key] = launcher("sum")
+    comm._hot[key[:4] + ("max", None)] = launcher("max")
+    assert comm.allreduce(x, "max", out=y) is y and seen[-1] == "max"  # another reduction: by the key
+    x.shape = (2, 2)  # reshaped in place: its key is another
+    comm._hot[("allreduce", A, x.dtype, (2, 2), "max", None)] = launcher("2x2")
+    assert comm.allreduce(x, "max", out=y) is y and seen[-1] == "2x2"
+
+    class Route:
+        def hot_launcher(self, *a):
+            return launcher("new")
+
+    comm._memo_bcast = (lambda: x, 0, None, x.shape, launcher("stale"))
+    comm._last_route = (Route(), "native")
+    comm._plans[key] = type("Plan", (), {"mode": None})()
+    del comm._hot[key]
+    comm._remember_hot(key, "allreduce", x, "sum")  # a new launcher: every memo forgotten
+    assert comm._hot[key] is not None and comm._memo_bcast is None and comm._memo_allreduce is None

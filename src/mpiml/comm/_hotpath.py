@@ -183,7 +183,7 @@ def launcher(comm, transport, plan, op, bind, issue, err=None):
     pins = [0]  # pinned launches made (at most _PIN_LIMIT)
 
     def call(x, out):
-        if err.value or active or transport._broken is not None:
+        if transport._broken is not None or err.value or active:  # (a closed transport is broken first)
             return None
         level = levels.get(env.get(env_key), _UNKNOWN)
         if level is _UNKNOWN:

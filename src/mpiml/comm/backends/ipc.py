@@ -385,6 +385,8 @@ class IPCTransport(Transport):
     def close(self):
         helpers, self._fallback, self._two_level_parts = self._helpers(), None, None
         self._replay, self._capture_stream = False, None  # (graphs still held by launchers go with them)
+        if self._broken is None:  # (a launcher kept by someone reads this before the freed error word)
+            self._broken = "closed"
         for t in helpers:  # (the two-level role holds nothing but these)
             t.close()
         if self._base is None and self._err_host is None:
