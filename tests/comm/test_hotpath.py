@@ -372,3 +372,48 @@ def test_the_communicator_reaches_a_launcher_by_its_latest_arrays_and_not_after_
     del comm._hot[key]
     comm._remember_hot(key, "allreduce", x, "sum")  # a new launcher: every memo forgotten
     assert comm._hot[key] is not None and comm._memo_bcast is None and comm._memo_allreduce is None
+
+
+def test_one_node_graphs_are_counted_limited_and_a_failure_turns_them_off():
+    """``IPCTransport.one_node_graph`` (no GPU: CuPy's stream stood in): a graph of the launch on a stream of
+    the transport's own, counted while alive, none past the limit, and the first failure turns replays off."""
+    import gc
+
+    from mpiml.comm.backends import ipc
+
+    log = []
+
+    class Stream:
+        ptr = 77
+        fail = False
+
+        def __init__(self, non_blocking=False):
+            log.append("stream")
+
+        def begin_capture(self):
+            if Stream.fail:
+                raise RuntimeError("capture refused")
+            log.append("begin")
+
+        def end_capture(self):
+            log.append("end")
+            return types.SimpleNamespace(launch=lambda st: log.append(("replay", st)))
+
+    t = object.__new__(ipc.IPCTransport)
+    t._replay, t._graphs, t._capture_stream, t._broken = True, [0], None, None
+    t._cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Stream=Stream))
+    t._launch_kernel = lambda fn, gx, gy, gz, bx, by, bz, shm, sp, argv, extra: log.append(("launch", fn, sp))
+    g = t.one_node_graph("fn", 2, 512, (1, 2, 3, 4, 5))
+    assert log == ["stream", "begin", ("launch", "fn", 77), "end"] and t._graphs == [1]
+    g.launch("s")
+    assert log[-1] == ("replay", "s")
+    del g
+    gc.collect()
+    assert t._graphs == [0]  # (its finalizer counts it out)
+    t._graphs[0] = ipc.GRAPH_LIMIT
+    assert t.one_node_graph("fn", 2, 512, (1, 2, 3, 4, 5)) is None and t._replay
+    t._graphs[0] = 0
+    Stream.fail = True
+    assert t.one_node_graph("fn", 2, 512, (1, 2, 3, 4, 5)) is None and t._replay is False
+    Stream.fail = False
+    assert t.one_node_graph("fn", 2, 512, (1, 2, 3, 4, 5)) is None  # off for good on this transport
