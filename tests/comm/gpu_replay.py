@@ -172,7 +172,7 @@ def main():
     cap = cp.cuda.Stream(non_blocking=True)
     cap.wait_event(prev.record())
     kdev = cp.zeros(1, dtype=cp.float32)
-    cap.synchronize()
+    cp.cuda.Device().synchronize()  # (kdev was made on the null stream, which cap does not wait for)
     some = all_cases[::3]
     with cap:
         cap.begin_capture()
