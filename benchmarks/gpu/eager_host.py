@@ -39,7 +39,7 @@ ap.add_argument("--out", required=True)
 ap.add_argument("--ops", default="allreduce,bcast,reduce,allgather,reduce_scatter")
 ap.add_argument("--sizes", default="4,1024,65536,262144,1048576")
 ap.add_argument("--paths", default="raw,auto,auto0,noreplay")
-ap.add_argument("--rounds", type=int, default=3)
+ap.add_argument("--rounds", type=int, default=2)
 ap.add_argument("--iters", type=int, default=300)
 args = ap.parse_args()
 
@@ -108,7 +108,7 @@ def held(fn, calls=200):
     fn()
     stream.synchronize()
     comm.barrier()
-    _spin((1,), (1,), (np.int64(50_000_000),))  # 50 ms
+    _spin((1,), (1,), (np.int64(20_000_000),))  # 20 ms
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
