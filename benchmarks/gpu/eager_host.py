@@ -11,6 +11,9 @@ every row).  For each op and size, on the same CuPy buffers, interleaved over ``
 * ``noreplay``: ``auto`` on a communicator of its own whose IPC transport launches kernels
   (``MPIML_IPC_REPLAY=0`` when it was made): what the replays save.
 
+``micro``: the parts of a 4 B allreduce's host cost with the stream held (the call, the hot launcher, its
+pinned launch, the graph launch, the capture-status query, the current stream, raw NCCL).
+
 Columns: ``us`` (per call over ``iters`` back-to-back calls, one stream sync at the end), ``host_us``
 (the loop's time before that sync), ``held_us`` (host time per call while the stream is held by a
 busy kernel: the host's own cost, with no feedback from the GPU).
@@ -41,6 +44,7 @@ ap.add_argument("--sizes", default="4,1024,65536,262144,1048576")
 ap.add_argument("--paths", default="raw,auto,auto0,noreplay")
 ap.add_argument("--rounds", type=int, default=2)
 ap.add_argument("--iters", type=int, default=300)
+ap.add_argument("--no-micro", action="store_true", help="skip the host-cost breakdown of a 4 B allreduce")
 args = ap.parse_args()
 
 os.environ.pop("MPIML_CHECK", None)
@@ -170,6 +174,34 @@ for op in ops:
                   flush=True)
         del x, y
 
+# the parts of a 4 B allreduce's host cost, the stream held by a busy kernel (every rank runs every loop)
+micro = {}
+if not args.no_micro:
+    set_check("auto")
+    x, y = buffers("allreduce", 4)
+    for _ in range(3):
+        comm.allreduce(x, out=y)
+    stream.synchronize()
+    hot = comm._hot.get(("allreduce", type(x), x.dtype, x.shape, "sum", None))
+    hot = getattr(hot, "eager", hot)
+    memo = getattr(hot, "memo", None)
+    go = next((e[5] for e in memo if e[5] is not None), None) if memo else None
+    parts = {"comm.allreduce(x, out=y)": lambda: comm.allreduce(x, out=y),
+             "raw NCCL allReduce": make_call("allreduce", "raw", x, y),
+             "comm.allreduce, replays off": make_call("allreduce", "noreplay", x, y),
+             "current stream": cp.cuda.get_current_stream,
+             "capture-status query": lambda: cp.cuda.runtime.streamIsCapturing(stream.ptr)}
+    if hot is not None:
+        parts["the hot launcher alone"] = lambda: hot(x, y)
+    if go is not None:
+        parts["its pinned launch alone (go)"] = go
+        parts["the graph launch alone"] = lambda: go.graph.launch(stream)
+    for name, fn in parts.items():
+        micro["held_us " + name] = agree(held(fn)) * 1e6
+    micro["pinned"] = go is not None
+    if R == 0:
+        print("micro:", json.dumps(micro, indent=1), flush=True)
+
 if R == 0:
     base = {(r["op"], r["bytes"]): r["us"] for r in rows if r["path"] == "raw"}
     for r in rows:
@@ -181,7 +213,7 @@ if R == 0:
            "command": f"mpirun -n {P} " + " ".join([os.path.basename(sys.executable)] + sys.argv),
            "ranks": P, "nccl_version": nccl.get_version(), "cupy": cp.__version__,
            "env": {k: v for k, v in os.environ.items() if k.startswith(("MPIML_", "NCCL_"))},
-           "seconds_total": time.perf_counter() - t_start, "rows": rows}
+           "seconds_total": time.perf_counter() - t_start, "micro": micro, "rows": rows}
     with open(args.out, "w") as fh:
         json.dump(doc, fh, indent=1)
     print(f"wrote {args.out} ({len(rows)} rows, {time.perf_counter() - t_start:.0f} s)", flush=True)
