@@ -625,6 +625,7 @@ class IPCTransport(Transport):
             fn = self._kernel(op_name, kernel, dtype, rop, aligned)
             _, grid = plan(count * isz)
             self._launch(fn, grid, sp + off, (rp + off) if rp else 0, count, root, LL_THREADS)
+        return self._done(op_name)
 
     def _lltwoshot_variant(self, op_name, variant="lltwoshot"):
         """``(kernel, plan)`` of algorithm ``variant`` of ``op_name``: ``lltwoshot`` (bcast, reduce, allreduce: the LL
@@ -638,7 +639,6 @@ class IPCTransport(Transport):
         if variant in ("llrelay", "ll128") and op_name == "reduce" and size > 1:
             return "mpiml_reduce_llrelay", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot, True)
         return f"mpiml_{op_name}_lltwoshot", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot)
-        return self._done(op_name)
 
     def _pipe(self, op_name, sendbuf, recvbuf, op, root):
         """The pipelined two-shot bcast, reduce or allreduce (see mpiml_pipe), in chunks of one staging buffer."""
