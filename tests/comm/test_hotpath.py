@@ -109,6 +109,12 @@ class _Transport:
         self.order = None
 
 
+def _plan(op="allreduce"):
+    """A stand-in of the call's plan: what a launcher logs (its signature's base) and what names it (its spec)."""
+    spec = (op, "float32", 4, 0, "sum", (4,), "device", None)
+    return types.SimpleNamespace(base=hash(spec), spec=spec)
+
+
 def _launcher(op="allreduce", pinned=None, comm=None, **kw):
     """A launcher over recording bind / issue parts: (call, comm, record)."""
     rec = {"bind": 0, "issue": [], "pinned": [], "go": 0}
@@ -133,7 +139,7 @@ def _launcher(op="allreduce", pinned=None, comm=None, **kw):
                 rec["go"] += 1
             return go
         issue.pinned = pin
-    plan = object()
+    plan = _plan(op)
     call = _hotpath.launcher(comm, _Transport(), plan, op, bind, issue)
     call.keep = comm  # (a launcher holds its communicator weakly)
     return call, comm, rec, plan
@@ -152,7 +158,7 @@ def test_repeats_on_the_same_arrays_skip_the_binding_and_replay_a_pinned_launch(
     assert rec["bind"] == 1  # bound once; the repeats reuse the pointers
     assert rec["issue"] == [(x.data.ptr, y.data.ptr)]  # launched, then pinned at the first repeat
     assert rec["pinned"] == [(x.data.ptr, y.data.ptr)] and rec["go"] == 4
-    assert comm._deferred == [plan] * 5  # every call is logged for the next round, pinned or not
+    assert comm._deferred == [plan.base] * 5  # every call is logged for the next round, pinned or not
 
 
 def test_two_alternating_buffers_both_hit_and_a_third_binds(fake_cupy, default_check):
@@ -238,7 +244,7 @@ def test_the_full_path_is_taken_when_the_launcher_must_not_run(fake_cupy, monkey
     err = ctypes.c_int32(0)
     t = _Transport()
     comm = _Comm()
-    call = _hotpath.launcher(comm, t, object(), "allreduce",
+    call = _hotpath.launcher(comm, t, _plan(), "allreduce",
                              _hotpath.binding("allreduce", _Array((4,)), rank=0, size=4), issue, err)
     x, y = _Array((4,), ptr=1 << 20), _Array((4,), ptr=1 << 22)
     assert call(x, y) is y and call(x, y) is y and call(x, y) is y  # pinned and replayed
@@ -250,7 +256,7 @@ def test_the_full_path_is_taken_when_the_launcher_must_not_run(fake_cupy, monkey
         monkeypatch.setenv("MPIML_CHECK", "1")
     else:
         monkeypatch.setattr(_profile, "_ACTIVE", [object()])
-        call = _hotpath.launcher(comm, t, object(), "allreduce",
+        call = _hotpath.launcher(comm, t, _plan(), "allreduce",
                                  _hotpath.binding("allreduce", _Array((4,)), rank=0, size=4), issue, err)
     before = rec["issue"]
     assert call(x, y) is None and rec["issue"] == before
@@ -268,7 +274,7 @@ def test_unchecked_calls_log_nothing_and_the_log_is_agreed_every_n_calls(fake_cu
     comm._seq = 41
     for _ in range(7):
         call(x, y)
-    assert comm.rounds == 2 and comm._deferred == [plan]
+    assert comm.rounds == 2 and comm._deferred == [plan.base]
 
 
 def test_ipc_issue_replays_the_pinned_graph_and_launches_the_kernel_into_a_capture(fake_cupy):

@@ -152,12 +152,13 @@ class Communicator(Agreement, ObjectCollectives, MetadataCollectives, PointToPoi
         self._failure = None  # the first failure (then every call raises CommAbortedError)
         self._children = weakref.WeakSet()
         self._seq = 0  # collectives called on this communicator (part of every signature)
-        # plans of the calls that ran before their signature was agreed, the first being call
-        # number _deferred_from (see Agreement._note_deferred); the next round agrees on them,
+        # signature bases of the calls that ran before their signature was agreed, the first being
+        # call number _deferred_from (see Agreement._note_deferred); the next round agrees on them,
         # at the latest after _check_every of them; which memory kinds defer is the same on
-        # every rank
+        # every rank. _deferred_specs: base -> readable signature, for a mismatch's text
         self._deferred = []
         self._deferred_from = 0
+        self._deferred_specs = {}
         self._check_every = _config.env_number("MPIML_CHECK_EVERY", 1024, minimum=1, unit="calls")
         self._defer_memory = ("device",)
         self._round = self._notices = self._liveness = None

@@ -175,6 +175,10 @@ def launcher(comm, transport, plan, op, bind, issue, err=None):
     log = comm._deferred
     every = comm._check_every
     ref = weakref.ref(comm)
+    base = plan.base  # (what the log holds: the round hashes the bases, a mismatch names them by their spec)
+    know = getattr(comm, "_know_spec", None)
+    if know is not None:
+        know(plan)
     pinned = getattr(issue, "pinned", None)
     # the arrays of the two latest calls that bound without a new result, and what they bound to: [x ref,
     # out ref, result code (0: out, 1: x, 2: NOTHING), in, out, pinned launch or None]; two, so that
@@ -235,7 +239,7 @@ def launcher(comm, transport, plan, op, bind, issue, err=None):
             if not log:
                 c = ref()
                 c._deferred_from = c._seq
-            log.append(plan)
+            log.append(base)
             if len(log) >= every:
                 ref()._verify_sequence(op)
         return res
