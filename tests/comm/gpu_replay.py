@@ -166,7 +166,7 @@ def main():
     bad = int(BAD.get()[0])
     check(bad == 0, f"eager repeats: {bad} wrong elements on rank {R}")
     pinned = [str(cs) for cs in all_cases if cs.pinned()]
-    check(len(pinned) >= len(all_cases) // 2,
+    check(len(pinned) >= len(all_cases) // 3,  # (4 ranks: 43 of 44; other rank counts route more to NCCL)
           f"only {len(pinned)} of {len(all_cases)} cases replay pinned graphs: {pinned}")
     # a user's capture of the same calls (the kernels join it), replayed, then eager again
     cap = cp.cuda.Stream(non_blocking=True)
