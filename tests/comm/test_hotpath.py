@@ -423,3 +423,29 @@ def test_one_node_graphs_are_counted_limited_and_a_failure_turns_them_off():
     assert t.one_node_graph("fn", 2, 512, (1, 2, 3, 4, 5)) is None and t._replay is False
     Stream.fail = False
     assert t.one_node_graph("fn", 2, 512, (1, 2, 3, 4, 5)) is None  # off for good on this transport
+
+
+@pytest.mark.parametrize("op,algo", [("allreduce", "ll128"), ("allreduce", "lltwoshot"), ("reduce", "llrelay"),
+                                     ("reduce", "ll128"), ("bcast", "lltwoshot")])
+def test_the_ll_two_shot_calls_complete_as_the_transport_says(op, algo):
+    """The LL two-shot, relay and LL128 calls return what ``_done`` says (under ``MPIML_DEVICE_SYNC=1`` it waits and
+    reads the error record): their ``_done`` had slid past a ``return`` into ``_lltwoshot_variant``, so they
+    returned None, unwaited (no GPU: a transport stand-in)."""
+    from mpiml.comm.backends import ipc
+
+    t = object.__new__(ipc.IPCTransport)
+    t.multi_node, t.rank, t.size, t.cap = False, 0, 4, 32 << 20
+    t.ll_slot, t.ll_max, t._broken = ipc.LL_SLOT_DEFAULT, 256 << 10, None
+    t._err = np.zeros(16, dtype=np.int32)
+    launches = []
+    t._kernel = lambda family, name, dtype, rop, aligned: name
+    t._launch = lambda fn, grid, sp, rp, n, extra, block=512: launches.append((fn, n))
+    t._done = lambda name: ("done", name)
+    x, y = _Array((1000,), ptr=1 << 20), _Array((1000,), ptr=1 << 22)
+    if op == "allreduce":
+        got = t.native_allreduce(x, y, "sum", algorithm=algo)
+    elif op == "reduce":
+        got = t.native_reduce(x, y, "sum", 0, algorithm=algo)
+    else:
+        got = t.native_bcast(x, 0, algorithm=algo)
+    assert got == ("done", op) and len(launches) == 1
