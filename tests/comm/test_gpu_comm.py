@@ -78,6 +78,16 @@ def test_ipc_calls_across_streams_and_graph_replays(mpi, n):
     assert "OK" in proc.stdout
 
 
+@pytest.mark.parametrize("n", [2, 4])
+def test_repeated_calls_on_the_same_arrays_replay_pinned_graphs(mpi, n):
+    """Every IPC collective repeated on the same arrays (pinned: one-node CUDA graphs replayed) over stream hops,
+    an ExternalStream and a user's capture, every result checked; one replayed call too many on one rank is
+    found at the next round on every rank and its kernel freed."""
+    _need(n)
+    proc = mpi(os.path.join(HERE, "gpu_replay.py"), n, timeout=300, env={"MPIML_TIMEOUT": "30"})
+    assert "OK" in proc.stdout
+
+
 def test_two_level_virtual_nodes(mpi):
     _need(4)
     proc = mpi(os.path.join(HERE, "gpu_collectives.py"), 4, "ipc", "--graph", timeout=600,

@@ -184,7 +184,7 @@ class Agreement:
         return level
 
     # ------------------------------------------------------------------ deferred checking
-    # A repeated device call runs without a host round: its plan (signature) joins
+    # A repeated device call runs without a host round: its signature's base joins
     # self._deferred, and every round folds a hash of that log (with the call number of
     # its first entry, _deferred_from) into the hash it posts, so the ranks agree on the
     # whole sequence at the next round: the next checked call, split or object collective,
@@ -196,9 +196,25 @@ class Agreement:
         log = self._deferred
         if not log:
             self._deferred_from = self._seq
-        log.append(plan)
+        log.append(plan.base)
+        self._know_spec(plan)
         if len(log) >= self._check_every:
             self._verify_sequence(plan.spec[0])
+
+    def _know_spec(self, plan):
+        """Remember the readable signature of ``plan``'s base (the log holds bases; a mismatch names specs)."""
+        specs = self._deferred_specs
+        if plan.base not in specs:
+            if len(specs) >= 4096:
+                specs.clear()
+            specs[plan.base] = plan.spec
+
+    def _spec_of(self, base):
+        """The readable signature of a logged base (by its plan, if this rank forgot it)."""
+        spec = self._deferred_specs.get(base)
+        if spec is None:
+            spec = next((p.spec for p in self._plans.values() if p.base == base), None)
+        return spec if spec is not None else ("unknown", None, 0, 0, None, (), "device", None)
 
     def _verify_sequence(self, op):
         """Agree now on the calls deferred so far (one blocking round)."""
@@ -209,7 +225,7 @@ class Agreement:
         log = self._deferred
         if not log:
             return hash((base, self._seq))
-        return hash((base, self._seq, self._deferred_from, tuple([p.base for p in log])))
+        return hash((base, self._seq, self._deferred_from, tuple(log)))
 
     def _round_agreed(self):
         """Whether the round just completed agreed (and with it every deferred call: the log empties)."""
@@ -259,7 +275,7 @@ class Agreement:
         part among deferred calls (they ran).  The text names the first call at which
         the ranks' sequences (deferred calls, then this one) differ.
         """
-        log = [describe(p.spec, self._deferred_from + i) for i, p in enumerate(self._deferred)]
+        log = [describe(self._spec_of(b), self._deferred_from + i) for i, b in enumerate(self._deferred)]
         gathered = self._allgather_obj((describe(spec, self._seq), error, bool(posted), log))
         where, in_log = first_difference([lg + [d] for d, _, _, lg in gathered], [len(lg) for *_, lg in gathered])
         if in_log:

@@ -91,6 +91,16 @@ class _NoError:
     value = 0
 
 
+def _dead():
+    """A weak reference that never matches (no array yet, or ``out`` was None)."""
+    return None
+
+
+_UNKNOWN = object()
+#: how many times one launcher pins its call to new arrays (see :func:`launcher`)
+_PIN_LIMIT = 8
+
+
 def binding(op, x, *, rank, size, root=0, rows=None):
     """``bind(x, out) -> (result, in_ptr, out_ptr)`` or None for collective ``op`` on arrays like ``x``.
 
@@ -146,39 +156,109 @@ def launcher(comm, transport, plan, op, bind, issue, err=None):
     """``call(x, out)``: this collective repeated through ``bind`` and ``issue``, or None (full path).
 
     ``err`` is the transport's host-mapped error word (a failure makes the full path raise it).
+
+    A call on the same arrays as the call before it (the same ``x`` and ``out`` objects, held
+    by weak references, and a result that is ``out`` or ``x``, not a new array) skips the
+    binding: the pointers are those of last time (a CuPy array's memory, dtype and contiguity
+    never change; its shape is part of the communicator's key).  Where ``issue`` can pin a
+    call to its pointers (``issue.pinned(in_ptr, out_ptr)``: the IPC kernels, see
+    :func:`ipc_issue`), the second call on the same arrays pins it, and the repeats replay
+    that (one CUDA-graph launch instead of a kernel launch); a launcher pins at most
+    ``_PIN_LIMIT`` times (then it launches kernels), so arrays that change every other
+    call do not capture a graph each time.
     """
     err = err if err is not None else _NoError()
     active = _profile._ACTIVE
-    check_level_ = check_level
+    check_level_, env, env_key, levels = check_level, _ENV, _KEY, _LEVELS
+    if env is None:
+        env, env_key, levels = {}, None, {}  # (every call asks check_level)
     log = comm._deferred
     every = comm._check_every
     ref = weakref.ref(comm)
+    base = plan.base  # (what the log holds: the round hashes the bases, a mismatch names them by their spec)
+    know = getattr(comm, "_know_spec", None)
+    if know is not None:
+        know(plan)
+    pinned = getattr(issue, "pinned", None)
+    # the arrays of the two latest calls that bound without a new result, and what they bound to: [x ref,
+    # out ref, result code (0: out, 1: x, 2: NOTHING), in, out, pinned launch or None]; two, so that
+    # calls alternating between two buffers hit as well
+    memo = [[_dead, _dead, 0, 0, 0, None], [_dead, _dead, 0, 0, 0, None]]
+    pins = [0]  # pinned launches made (at most _PIN_LIMIT)
 
     def call(x, out):
-        if not x._c_contiguous or err.value or active or transport._broken is not None or transport._sync:
+        if transport._broken is not None or err.value or active:  # (a closed transport is broken first)
             return None
-        level = check_level_()
+        level = levels.get(env.get(env_key), _UNKNOWN)
+        if level is _UNKNOWN:
+            level = check_level_()
         if level == 1:
             return None
-        bound = bind(x, out)
-        if bound is None:
-            return None
-        res, ip, outp = bound
-        issue(ip, outp)
+        m = memo[0]
+        if x is not m[0]() or out is not m[1]():
+            m = memo[1]
+            if x is not m[0]() or out is not m[1]():
+                m = None
+        if m is not None:  # arrays of a call before: bound as then
+            go = m[5]
+            if go is not None:
+                go()
+            else:
+                if pinned is not None and pins[0] < _PIN_LIMIT:
+                    go = pinned(m[3], m[4])  # None: not now (a capture is on); False: none to be had
+                    if go is not None:
+                        pins[0] += 1
+                        if go is False:
+                            go = None
+                        else:
+                            m[5] = go
+                if go is not None:
+                    go()
+                else:
+                    issue(m[3], m[4])
+            code = m[2]
+            res = out if code == 0 else x if code == 1 else NOTHING
+        else:
+            if not x._c_contiguous:
+                return None
+            bound = bind(x, out)
+            if bound is None:
+                return None
+            res, ip, outp = bound
+            issue(ip, outp)
+            code = 0 if res is out else 1 if res is x else 2 if res is NOTHING else -1
+            if code >= 0:  # (not a new result array: its pointer would change every call)
+                try:
+                    entry = [weakref.ref(x), _dead if out is None else weakref.ref(out), code, ip, outp, None]
+                except TypeError:  # (an array type without weak references: bound every call)
+                    pass
+                else:
+                    memo[1] = memo[0]
+                    memo[0] = entry
         if level is None:  # deferred: logged, agreed at the next round (Agreement._note_deferred, inlined)
             if not log:
                 c = ref()
                 c._deferred_from = c._seq
-            log.append(plan)
+            log.append(base)
             if len(log) >= every:
                 ref()._verify_sequence(op)
         return res
 
+    call.memo = memo  # (tests look at it)
     return call
 
 
 def ipc_issue(transport, op, x, fn_aligned, fn_unaligned, grid, block, mask, extra=0):
-    """``issue(in_ptr, out_ptr)`` launching one IPC kernel on CuPy's current stream."""
+    """``issue(in_ptr, out_ptr)`` launching one IPC kernel on CuPy's current stream.
+
+    ``issue.pinned(in_ptr, out_ptr)`` returns ``go()``, the same launch on those pointers as the
+    replay of a one-node CUDA graph (``transport.one_node_graph``; a graph launch costs the host
+    about half a kernel launch); None while the current stream is capturing (no graph is made
+    then: ask again later); False where no graph is to be had.  ``issue.pinned`` is None where
+    the transport makes no graphs (``MPIML_IPC_REPLAY=0``).  Into a capturing stream ``go``
+    launches the kernel itself (a graph launch there would not be captured as one); on a stream
+    other than the previous launch's both order it after that one (:class:`StreamOrder`).
+    """
     import cupy
 
     args = ArgBlock(transport._ctx.data.ptr, x.size, extra)
@@ -186,6 +266,7 @@ def ipc_issue(transport, op, x, fn_aligned, fn_unaligned, grid, block, mask, ext
     launch = transport._launch_kernel
     stream = cupy.cuda.get_current_stream
     order = transport._order  # one call at a time across streams (ipc.StreamOrder)
+    ctx, n = int(words[0]), int(words[3])
 
     def issue(ip, outp):
         words[1] = ip
@@ -198,7 +279,38 @@ def ipc_issue(transport, op, x, fn_aligned, fn_unaligned, grid, block, mask, ext
             order.after(st)
         transport._last_op = op
 
+    make_graph = getattr(transport, "one_node_graph", None)
+
+    capturing = cupy.cuda.runtime.streamIsCapturing
+
+    def pinned(ip, outp):
+        if capturing(stream().ptr):  # (no graph is made while the caller captures one: later)
+            return None
+        fn = fn_unaligned if (ip | outp) & mask else fn_aligned
+        graph = make_graph(fn, grid, block, (ctx, ip, outp, n, extra))
+        if graph is None:
+            return False
+        replay = graph.launch
+
+        def go():
+            st = stream()
+            if st is not order.last:
+                order.before(st)
+            if capturing(st.ptr):  # (the kernel itself joins the capture)
+                words[1] = ip
+                words[2] = outp
+                launch(fn, grid, 1, 1, block, 1, 1, 0, st.ptr, argv, 0)
+            else:
+                replay(st)
+            if order.eager:
+                order.after(st)
+            transport._last_op = op
+
+        go.graph = graph  # (held by the launch that replays it)
+        return go
+
     issue.args = args  # keeps the argument block alive with the launcher
+    issue.pinned = pinned if make_graph is not None and getattr(transport, "_replay", False) else None
     return issue
 
 
