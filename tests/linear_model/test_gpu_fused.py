@@ -417,3 +417,21 @@ def test_compiled_algebra_on_device_rows_same_bits(dtype, monkeypatch):
         if want[3] is not None:
             np.testing.assert_array_equal(got.singular_, want[3])
     assert routes == [jit.NORMAL] * len(cases)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_augmented_gram_takes_a_1d_target(dtype):
+    """A 1-d target is read in place as its one column (the fit's early launch passes ``y`` without a reshape)."""
+    import cupy as cp
+
+    from mpiml.kernels.linear import augmented_gram
+
+    rs = np.random.RandomState(9)
+    X = cp.asarray(rs.randn(5000, 10).astype(dtype))
+    y = cp.asarray(rs.randn(5000).astype(dtype))
+    np.testing.assert_array_equal(augmented_gram(X, y).get(), augmented_gram(X, y.reshape(-1, 1)).get())
+    strided = cp.asarray(rs.randn(5000, 2).astype(dtype))[:, 1]     # not contiguous: copied first
+    want = augmented_gram(X, cp.ascontiguousarray(strided).reshape(-1, 1)).get()
+    np.testing.assert_array_equal(augmented_gram(X, strided).get(), want)
+    w = cp.asarray(rs.uniform(0.5, 2.0, 5000).astype(dtype))
+    np.testing.assert_array_equal(augmented_gram(X, y, w).get(), augmented_gram(X, y.reshape(-1, 1), w).get())

@@ -122,10 +122,9 @@ def early_local_gram(X, y, sample_weight):
         return None
     if y.dtype != X.dtype or y.ndim not in (1, 2) or y.shape[0] != X.shape[0]:
         return None
-    Y = y.reshape(-1, 1) if y.ndim == 1 else y
-    if X.shape[1] + Y.shape[1] + 1 > kernels.GRAM_MAX_COLUMNS:
+    if X.shape[1] + (y.shape[1] if y.ndim == 2 else 1) + 1 > kernels.GRAM_MAX_COLUMNS:
         return None
-    return EarlyGram(X, y, kernels.augmented_gram(X, Y))
+    return EarlyGram(X, y, kernels.augmented_gram(X, y))   # (a 1-d y is read as its one column)
 
 
 class NormalEquations:

@@ -146,8 +146,8 @@ def _mma3_groups(nt):
 def augmented_gram(X, Y, w=None, kernel=None):
     """``Zᵀ diag(w) Z`` with ``Z = [X | Y | 1]`` as a float64 CuPy matrix of shape (k, k), ``k = d + t + 1``.
 
-    ``X`` (n, d) and ``Y`` (n, t) share a dtype (float32 or float64); ``w``
-    (n,) or None.  Products are formed and summed in float64 (a float32
+    ``X`` (n, d) and ``Y`` (n, t) share a dtype (float32 or float64; a 1-d
+    ``Y`` is one target, read in place); ``w`` (n,) or None.  Products are formed and summed in float64 (a float32
     product is exact in float64).  Only the upper triangle is computed; the
     result is symmetrised.  Needs ``k <= GRAM_MAX_COLUMNS``.
 
@@ -159,7 +159,7 @@ def augmented_gram(X, Y, w=None, kernel=None):
     import cupy
 
     n, d = X.shape
-    t = Y.shape[1]
+    t = Y.shape[1] if Y.ndim == 2 else 1   # (a 1-d Y has the memory of its (n, 1) column: no reshape)
     k = d + t + 1
     if k > GRAM_MAX_COLUMNS:
         raise ValueError(f"augmented_gram takes at most {GRAM_MAX_COLUMNS} columns; got {k}")
@@ -234,7 +234,7 @@ def _launch_gram(X, Y, w, choice, dev=None):
     import cupy
 
     n, d = X.shape
-    t = Y.shape[1]
+    t = Y.shape[1] if Y.ndim == 2 else 1
     weighted = w is not None
     key = (cupy.cuda.runtime.getDevice() if dev is None else dev, X.dtype.char, n, d, t, weighted, choice)
     plan = _PLANS.get(key)
