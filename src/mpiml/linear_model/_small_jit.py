@@ -55,6 +55,7 @@ _DPOCON = nb.types.ExternalFunction("mpiml_dpocon", nb.types.void(_p, _p, _p, _p
 _DPOTRS = nb.types.ExternalFunction("mpiml_dpotrs", nb.types.void(_p, _p, _p, _p, _p, _p, _p, _p))
 
 _EPS64 = float(np.finfo(np.float64).eps)
+_MAX64 = float(np.finfo(np.float64).max)
 _RTOL_FLOOR = 1e-10        # _lsq_direct.NORMAL_RTOL_FLOOR
 _ESTIMATE_MARGIN = 1e3     # _lsq_solvers._ESTIMATE_MARGIN
 
@@ -68,14 +69,18 @@ def _direct_normal(Z, d, fit_intercept, auto, alpha, u, threshold):
     coef = np.empty((t, d))
     intercept = np.zeros(t)
     nan = np.nan
+    finite = True     # (a flag folded over every value: the loop vectorises, where a branch per value would not)
     for i in range(k):
+        row = Z[i]
         for j in range(k):
-            if not np.isfinite(Z[i, j]):
-                return NONFINITE, nan, coef, intercept, G
+            finite &= abs(row[j]) <= _MAX64
+    if not finite:
+        return NONFINITE, nan, coef, intercept, G
     if d == 0:
         return FALLBACK, nan, coef, intercept, G
     sw_sum = Z[k - 1, k - 1]
-    # NormalEquations: [G | B] = Z[:d, :d+t] - s sᵀ / n, G symmetrised as (G + Gᵀ) / 2
+    # NormalEquations: [G | B] = Z[:d, :d+t] - s sᵀ / n, G symmetrised as (G + Gᵀ) / 2; each product s_i s_j
+    # (the same bits either way round) divided once for G[i, j] and G[j, i]
     B = np.empty((d, t))
     means = np.empty(d + t)
     c = 0.0
@@ -83,16 +88,15 @@ def _direct_normal(Z, d, fit_intercept, auto, alpha, u, threshold):
         n = sw_sum if sw_sum != 0 else 1.0
         for i in range(d + t):
             means[i] = Z[i, k - 1] / n
-        C = np.empty((d, d + t))
         for i in range(d):
             si = Z[i, k - 1]
-            for j in range(d + t):
-                C[i, j] = Z[i, j] - (si * Z[j, k - 1]) / n
-        for i in range(d):
-            for j in range(d):
-                G[i, j] = (C[i, j] + C[j, i]) / 2
+            for j in range(i, d):
+                q = (si * Z[j, k - 1]) / n
+                g = ((Z[i, j] - q) + (Z[j, i] - q)) / 2
+                G[i, j] = g
+                G[j, i] = g
             for j in range(t):
-                B[i, j] = C[i, d + j]
+                B[i, j] = Z[i, d + j] - (si * Z[d + j, k - 1]) / n
         # cancellation: max(raw_diag / diag) - 1 over the columns (inf where diag <= 0), at least 0
         top = 1.0
         for i in range(d):
@@ -110,9 +114,11 @@ def _direct_normal(Z, d, fit_intercept, auto, alpha, u, threshold):
             for j in range(t):
                 B[i, j] = Z[i, d + j]
     for i in range(d):
+        row = G[i]
         for j in range(d):
-            if not np.isfinite(G[i, j]):
-                return FALLBACK, nan, coef, intercept, G   # the centring overflowed
+            finite &= abs(row[j]) <= _MAX64
+    if not finite:
+        return FALLBACK, nan, coef, intercept, G   # the centring overflowed
     # ScaledCholesky of A = G + alpha I: S = D A D (D = diag(A)^-1/2), column-major for LAPACK
     root = np.empty(d)
     for i in range(d):
@@ -121,27 +127,27 @@ def _direct_normal(Z, d, fit_intercept, auto, alpha, u, threshold):
             return FALLBACK, nan, coef, intercept, G
         root[i] = 1.0 / np.sqrt(a)
     F = np.empty((d, d))     # F[j, i] = S[i, j]: S in column-major order
+    colsum = np.zeros(d)     # Σ_i |S[i, j]| in row order (NumPy's column sums), the rows taken in turn
     dmax = -np.inf
     dmin = np.inf
     for i in range(d):
         ri = root[i]
-        for j in range(d):
-            a = G[i, j]
-            if i == j:
-                if alpha != 0.0:
-                    a = a + alpha
-                if a > dmax:
-                    dmax = a
-                if a < dmin:
-                    dmin = a
-            F[j, i] = (a * ri) * root[j]
-    anorm = 0.0     # max over columns of the column sums of |S|, each summed in row order
-    for j in range(d):
-        s = 0.0
-        for i in range(d):
-            s += abs(F[j, i])
-        if s > anorm:
-            anorm = s
+        a = G[i, i] + alpha if alpha != 0.0 else G[i, i]
+        dmax = max(dmax, a)
+        dmin = min(dmin, a)
+        row = G[i]
+        for j in range(i):
+            v = (row[j] * ri) * root[j]
+            F[j, i] = v
+            colsum[j] += abs(v)
+        v = (a * ri) * ri         # the diagonal of A = G + alpha I
+        F[i, i] = v
+        colsum[i] += v
+        for j in range(i + 1, d):
+            v = (row[j] * ri) * root[j]
+            F[j, i] = v
+            colsum[j] += abs(v)
+    anorm = colsum.max()
     uplo = np.empty(1, np.uint8)
     uplo[0] = 85   # 'U'
     ni = np.empty(1, np.int32)
