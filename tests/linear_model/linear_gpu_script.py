@@ -67,6 +67,11 @@ def main():
     g = LinearRegression().fit(cp.asarray(shard(Xa)), cp.asarray(shard(ya)))
     h = LinearRegression().fit(shard(Xa), shard(ya))
     check(g.solver_ == "normal" and rel(g.coef_, h.coef_) < 1e-6, f"float32 auto on the GPU: {g.solver_}")
+    same_bits(g, "float32 auto on the GPU (the compiled algebra)")
+    rg = Ridge(alpha=3.0).fit(cp.asarray(shard(Xa)), cp.asarray(shard(ya)))
+    check(rg.solver_ == "cholesky" and rel(rg.coef_, Ridge(alpha=3.0).fit(shard(Xa), shard(ya)).coef_) < 1e-6,
+          f"float32 Ridge auto on the GPU: {rg.solver_}")
+    same_bits(rg, "float32 Ridge auto on the GPU (the compiled algebra)")
     Xn = shard(Xa).copy()
     if rank == size - 1:
         Xn[0, 0] = np.nan

@@ -20,7 +20,8 @@ def test_augmented_gram_kernel(dtype, n, d, t, weighted, tensor_cores, kernel, m
 
     if tensor_cores and not linear._tensor_cores():
         pytest.skip("no float64 tensor cores on this GPU")
-    monkeypatch.setattr(linear, "_tensor_cores", lambda: tensor_cores)   # False: the CUDA-core kernel of older GPUs
+    # False: the CUDA-core kernel of older GPUs
+    monkeypatch.setattr(linear, "_tensor_cores", lambda dev=None: tensor_cores)
 
     rs = np.random.RandomState(n + d)
     X = (rs.randn(n, d) * 3 + 2).astype(dtype)
@@ -376,3 +377,61 @@ def test_fitted_attributes_copy_to_the_device():
     d = cp.arange(4.0)
     assert fitted_like(d, cp, np.float64) is d
     np.testing.assert_array_equal(fitted_like(np.arange(3.0), np, np.float32), np.arange(3, dtype=np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_algebra_on_device_rows_same_bits(dtype, monkeypatch):
+    """Device fits solve the reduced Gram matrix in one compiled call (``_small_jit``): the NumPy path's bits
+    of ``coef_`` and ``singular_`` (the Gram kernel is deterministic, so both see the same matrix)."""
+    import cupy as cp
+
+    from mpiml.linear_model import LinearRegression, Ridge, _lsq_direct
+    from mpiml.linear_model import _small_jit as jit
+
+    routes = []
+    real = jit.direct_normal
+
+    def spy(*args):
+        out = real(*args)
+        routes.append(out[0])
+        return out
+
+    monkeypatch.setattr(jit, "direct_normal", spy)
+    rs = np.random.RandomState(5)
+    X = cp.asarray((rs.randn(300_000, 64) * np.linspace(0.5, 3, 64) + 1.0).astype(dtype))
+    y = cp.asarray((cp.asnumpy(X) @ rs.randn(64) + rs.randn(300_000)).astype(dtype))
+    Y2 = cp.stack([y, 2 * y + 1], axis=1)
+    cases = [(LinearRegression(), y), (Ridge(alpha=2.0), y), (LinearRegression(fit_intercept=False), y),
+             (Ridge(alpha=[1.0, 1.0]), Y2), (LinearRegression(solver="normal"), Y2)]
+    for est, target in cases:
+        monkeypatch.setattr(_lsq_direct, "_COMPILED_ON_DEVICE", False)
+        ref = est.fit(X, target)
+        want = (ref.coef_.get(), cp.asnumpy(cp.asarray(ref.intercept_)), ref.solver_,
+                ref.singular_.copy() if hasattr(ref, "rank_") else None)
+        monkeypatch.setattr(_lsq_direct, "_COMPILED_ON_DEVICE", True)
+        got = est.fit(X, target)
+        assert isinstance(got.coef_, cp.ndarray) and got.solver_ == want[2]
+        np.testing.assert_array_equal(got.coef_.get(), want[0])
+        tol = 1e-6 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(cp.asnumpy(cp.asarray(got.intercept_)), want[1], rtol=tol, atol=tol)
+        if want[3] is not None:
+            np.testing.assert_array_equal(got.singular_, want[3])
+    assert routes == [jit.NORMAL] * len(cases)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_augmented_gram_takes_a_1d_target(dtype):
+    """A 1-d target is read in place as its one column (the fit's early launch passes ``y`` without a reshape)."""
+    import cupy as cp
+
+    from mpiml.kernels.linear import augmented_gram
+
+    rs = np.random.RandomState(9)
+    X = cp.asarray(rs.randn(5000, 10).astype(dtype))
+    y = cp.asarray(rs.randn(5000).astype(dtype))
+    np.testing.assert_array_equal(augmented_gram(X, y).get(), augmented_gram(X, y.reshape(-1, 1)).get())
+    strided = cp.asarray(rs.randn(5000, 2).astype(dtype))[:, 1]     # not contiguous: copied first
+    want = augmented_gram(X, cp.ascontiguousarray(strided).reshape(-1, 1)).get()
+    np.testing.assert_array_equal(augmented_gram(X, strided).get(), want)
+    w = cp.asarray(rs.uniform(0.5, 2.0, 5000).astype(dtype))
+    np.testing.assert_array_equal(augmented_gram(X, y, w).get(), augmented_gram(X, y.reshape(-1, 1), w).get())

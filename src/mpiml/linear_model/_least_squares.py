@@ -22,10 +22,10 @@ from ..utils._param_validation import Interval, StrOptions
 from ..utils._validation import validate_sample_weight
 from ._base import (allreduce_identical, as_like, fitted_like, local_X, overwrite_as_preprocessed, raise_if_nonfinite,
                     validate_X_y)
-from ._lsq_direct import dense_direct_applies, early_local_gram, solve_direct
+from ._lsq_direct import Shortcut, dense_direct_applies, early_local_gram, solve_direct
 from ._lsq_solvers import (SPARSE_GRAM_MAX_FEATURES, as_2d_targets, conjugate_gradient, factor_from_gram, lsqr,
                            lstsq_from_gram, lstsq_from_gram_cholesky, lstsq_from_r, nnls_from_factor,
-                           ridge_from_gram, ridge_from_r, solve_least_squares)
+                           ridge_from_gram, ridge_from_r, singular_values_from_gram, solve_least_squares)
 from ._ridge_rules import check_sparse_intercept, lbfgs_from_factor, reported_solver
 
 __all__ = ["LinearRegression", "Ridge"]
@@ -293,6 +293,7 @@ class LinearRegression(_LinearRegressorBase):
         if dense_direct_applies(X, self.positive) and self.solver in ("auto", "normal", "tsqr"):
             coef, intercept, (rank, sing), solver, self._solver_info = solve_direct(
                 X, y, sw, solver=self.solver, early=early, **common,
+                shortcut=Shortcut(max(self.tol * self.tol, 100 * np.finfo(np.float64).eps), _full_rank_extra),
                 solve_gram=lambda G, B, factor=None: _split3(lstsq_from_gram_cholesky(G, B, self.tol, factor)),
                 solve_r=lambda R, Z: _split3(lstsq_from_r(R, Z, self.tol)),
                 on_nonfinite=lambda: raise_if_nonfinite(self, X, y, comm=comm, xp=xp))
@@ -356,6 +357,15 @@ class LinearRegression(_LinearRegressorBase):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = not self.positive
         return tags
+
+
+def _full_rank_extra(G):
+    """``(rank_, singular_)`` of a full-rank normal-equations fit: the singular values when first read."""
+    return G.shape[0], functools.partial(singular_values_from_gram, G)
+
+
+def _no_extra(G):
+    return None
 
 
 def _split3(result):
@@ -563,8 +573,11 @@ class Ridge(_LinearRegressorBase):
         if dense_direct_applies(X, self.positive) and solver in ("cholesky", "svd"):
             mode = {"auto": "auto", "cholesky": "normal", "normal": "normal"}.get(self.solver, "tsqr")
             smallest = float(np.min(alphas))
+            # (one penalty for every target: the compiled shortcut's single solve, ridge_from_gram's rule)
+            shortcut = (Shortcut(100 * max(X.shape[1], 1) * np.finfo(np.float64).eps, _no_extra)
+                        if bool(np.all(alphas == smallest)) else None)
             coef, intercept, _, used, self._solver_info = solve_direct(
-                X, y, sw, solver=mode, alpha=smallest, early=early, **common,
+                X, y, sw, solver=mode, alpha=smallest, early=early, shortcut=shortcut, **common,
                 solve_gram=lambda G, B, factor=None: (ridge_from_gram(G, B, alphas, factor, smallest), None),
                 solve_r=lambda R, Z: (ridge_from_r(R, Z, alphas), None),
                 on_nonfinite=lambda: raise_if_nonfinite(self, X, y, comm=comm, xp=xp))

@@ -33,6 +33,7 @@ makes the same choice.
 
 import contextlib
 import math
+import os
 import threading
 
 import numpy as np
@@ -42,7 +43,7 @@ from ..utils._linalg import augmented_gram as local_augmented_gram
 from ..utils._linalg import is_sparse
 from ._base import allreduce_identical, allreduce_identical_device, as_like
 
-__all__ = ["augmented_gram", "NormalEquations", "NORMAL_RTOL_FLOOR", "early_local_gram"]
+__all__ = ["augmented_gram", "NormalEquations", "NORMAL_RTOL_FLOOR", "early_local_gram", "Shortcut"]
 
 #: "auto" accepts the normal equations on float64 data while their estimated
 #: relative error in the coefficients stays below this.
@@ -121,10 +122,9 @@ def early_local_gram(X, y, sample_weight):
         return None
     if y.dtype != X.dtype or y.ndim not in (1, 2) or y.shape[0] != X.shape[0]:
         return None
-    Y = y.reshape(-1, 1) if y.ndim == 1 else y
-    if X.shape[1] + Y.shape[1] + 1 > kernels.GRAM_MAX_COLUMNS:
+    if X.shape[1] + (y.shape[1] if y.ndim == 2 else 1) + 1 > kernels.GRAM_MAX_COLUMNS:
         return None
-    return EarlyGram(X, y, kernels.augmented_gram(X, Y))
+    return EarlyGram(X, y, kernels.augmented_gram(X, y))   # (a 1-d y is read as its one column)
 
 
 class NormalEquations:
@@ -207,10 +207,7 @@ class NormalEquations:
     @staticmethod
     def tolerance(kappa, dtype):
         """The error a backward-stable solver in ``dtype`` would make (``√κ u``), at least ``1e-10``."""
-        u = _UNIT_ROUNDOFF.get(np.dtype(dtype))
-        if u is None:
-            u = _UNIT_ROUNDOFF[np.dtype(dtype)] = float(np.finfo(np.dtype(dtype)).eps / 2)
-        return max(math.sqrt(kappa) * u, NORMAL_RTOL_FLOOR)   # (math: the same correctly rounded root)
+        return max(math.sqrt(kappa) * _unit_roundoff(dtype), NORMAL_RTOL_FLOOR)   # (math: the same correctly rounded root)
 
     def choose(self, dtype, alpha=0.0, fit_intercept=True):
         """``"normal"``, ``"centred"`` (a second, exactly centred Gram pass) or ``"tsqr"`` (see the module notes)."""
@@ -230,6 +227,55 @@ class NormalEquations:
             return False
         kappa = self.condition(alpha)
         return not np.isfinite(kappa) or self.error_estimate(kappa) > NORMAL_RTOL_FLOOR
+
+
+class Shortcut:
+    """How an estimator's normal-equations solve reads in the compiled common case (:mod:`._small_jit`).
+
+    ``threshold``: the factor's condition bound times it must stay below 1 for the Cholesky solve
+    to stand (the estimator's own rule: ``max(tol², 100 ε)`` for LinearRegression, ``100 d ε`` for
+    Ridge); ``extra(G)``: the ``extra`` its ``solve_gram`` returns for a full-rank solve from the
+    centred Gram matrix ``G``.
+    """
+
+    __slots__ = ("threshold", "extra")
+
+    def __init__(self, threshold, extra):
+        self.threshold, self.extra = float(threshold), extra
+
+
+#: Device rows take the compiled shortcut (:func:`_compiled`); ``MPIML_LINEAR_COMPILED_ALGEBRA=0`` (an A/B
+#: switch, read at import) keeps them on the NumPy path.
+_COMPILED_ON_DEVICE = os.environ.get("MPIML_LINEAR_COMPILED_ALGEBRA", "1") != "0"
+#: Host rows take it too (tests: the NumPy path's fits through it, the same bits); off, so that a process
+#: fitting host shards never loads Numba for it.
+_COMPILED_ON_HOST = False
+
+
+def _unit_roundoff(dtype):
+    u = _UNIT_ROUNDOFF.get(dtype)
+    if u is None:
+        u = _UNIT_ROUNDOFF[np.dtype(dtype)] = float(np.finfo(np.dtype(dtype)).eps / 2)
+    return u
+
+
+def _compiled(Z, d, fit_intercept, solver, alpha, dtype, shortcut):
+    """:func:`solve_direct`'s result from the reduced ``Z`` by one compiled call, or None (the NumPy path runs).
+
+    Device rows only, up to :data:`SMALL_ALGEBRA_FEATURES` (inside the one-BLAS-thread context): every
+    rank of a fit takes the same path (the namespace is agreed), and the route, ``κ`` and ``coef_`` are
+    the NumPy path's bits (see :mod:`._small_jit`).
+    """
+    if d > SMALL_ALGEBRA_FEATURES:
+        return None
+    from . import _small_jit as jit   # (Numba: loaded at the first device fit)
+
+    route, kappa, coef, intercept, G = jit.direct_normal(Z, d, bool(fit_intercept), solver == "auto",
+                                                         float(alpha), _unit_roundoff(dtype), shortcut.threshold)
+    if route != jit.NORMAL:
+        return None
+    return (coef, intercept, shortcut.extra(G), "normal",
+            {"condition": kappa if solver == "auto" else None, "route": "normal"})
 
 
 #: Up to this many features the replicated ``d x d`` algebra runs on one BLAS thread: waking the rank's
@@ -260,7 +306,7 @@ def dense_direct_applies(X, positive):
 
 
 def solve_direct(X, y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve_r, on_nonfinite, alpha=0.0,
-                 early=None):
+                 early=None, shortcut=None):
     """One-pass normal equations or TSQR on a dense shard; ``(coef (t, d), intercept (t,), extra, used, info)``.
 
     ``solver``: ``"auto"`` (see the module notes), ``"normal"`` (the normal
@@ -269,7 +315,10 @@ def solve_direct(X, y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve
     ``solve_r(R, Z)`` return ``(coef (d, t), extra)`` as for
     :func:`._lsq_solvers.solve_least_squares`; ``factor``, when passed, is the
     :class:`~._lsq_solvers.ScaledCholesky` of ``G + alpha I``.  ``early``: an :class:`EarlyGram`
-    launched before validation (used when it read these arrays).  ``on_nonfinite()`` is called on
+    launched before validation (used when it read these arrays).  ``shortcut``: a :class:`Shortcut`
+    when ``solve_gram``'s full-rank Cholesky solve may run compiled on device rows (the whole
+    replicated algebra in one call, the NumPy path's bits; anything else falls back to the NumPy
+    path below).  ``on_nonfinite()`` is called on
     every rank when the reduced Gram matrix is not finite: it raises the input
     error, or returns when the inputs are finite (float64 overflow of the
     squares), and TSQR then runs.  ``used`` is ``"normal"`` or ``"tsqr"``;
@@ -289,14 +338,14 @@ def solve_direct(X, y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve
         with _small_algebra(d):
             return _solve_direct(X, y, Y, sw, fit_intercept=fit_intercept, comm=comm, xp=xp, solver=solver,
                                  solve_gram=solve_gram, solve_r=solve_r, on_nonfinite=on_nonfinite, alpha=alpha,
-                                 early=early, small=contextlib.nullcontext)
+                                 early=early, small=contextlib.nullcontext, shortcut=shortcut)
     return _solve_direct(X, y, Y, sw, fit_intercept=fit_intercept, comm=comm, xp=xp, solver=solver,
                          solve_gram=solve_gram, solve_r=solve_r, on_nonfinite=on_nonfinite, alpha=alpha, early=early,
-                         small=lambda: _small_algebra(d))
+                         small=lambda: _small_algebra(d), shortcut=shortcut)
 
 
 def _solve_direct(X, y, Y, sw, *, fit_intercept, comm, xp, solver, solve_gram, solve_r, on_nonfinite, alpha, early,
-                  small):
+                  small, shortcut):
     """:func:`solve_direct`'s body; ``small()`` is the context of the replicated small solves."""
     from ._lsq_solvers import gram, tsqr_r, weighted_means
 
@@ -305,6 +354,10 @@ def _solve_direct(X, y, Y, sw, *, fit_intercept, comm, xp, solver, solve_gram, s
     ne = None
     if solver != "tsqr":
         Z = augmented_gram(X, Y, sw, comm=comm, xp=xp, local=None if early is None else early.take(X, y, sw))
+        done = (None if shortcut is None or not (_COMPILED_ON_HOST if xp is np else _COMPILED_ON_DEVICE)
+                else _compiled(Z, d, fit_intercept, solver, alpha, X.dtype, shortcut))
+        if done is not None:
+            return done
         if np.isfinite(Z).all():
             ne = NormalEquations(Z, d, fit_intercept)
         else:

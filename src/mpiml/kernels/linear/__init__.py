@@ -65,11 +65,13 @@ def _function(expr):
     return fn
 
 
-def _tensor_cores():
-    """Whether the current device has float64 tensor cores (DMMA, compute capability 8.0 and later)."""
+def _tensor_cores(dev=None):
+    """Whether the current device (``dev``, when known) has float64 tensor cores (DMMA, compute capability 8.0
+    and later)."""
     import cupy
 
-    dev = cupy.cuda.runtime.getDevice()
+    if dev is None:
+        dev = cupy.cuda.runtime.getDevice()
     found = _DMMA.get(dev)
     if found is None:   # (memoised: a Device object and its attribute query cost microseconds every fit paid)
         found = _DMMA[dev] = int(cupy.cuda.Device(dev).compute_capability) >= 80
@@ -144,8 +146,8 @@ def _mma3_groups(nt):
 def augmented_gram(X, Y, w=None, kernel=None):
     """``Zᵀ diag(w) Z`` with ``Z = [X | Y | 1]`` as a float64 CuPy matrix of shape (k, k), ``k = d + t + 1``.
 
-    ``X`` (n, d) and ``Y`` (n, t) share a dtype (float32 or float64); ``w``
-    (n,) or None.  Products are formed and summed in float64 (a float32
+    ``X`` (n, d) and ``Y`` (n, t) share a dtype (float32 or float64; a 1-d
+    ``Y`` is one target, read in place); ``w`` (n,) or None.  Products are formed and summed in float64 (a float32
     product is exact in float64).  Only the upper triangle is computed; the
     result is symmetrised.  Needs ``k <= GRAM_MAX_COLUMNS``.
 
@@ -157,27 +159,32 @@ def augmented_gram(X, Y, w=None, kernel=None):
     import cupy
 
     n, d = X.shape
-    t = Y.shape[1]
+    t = Y.shape[1] if Y.ndim == 2 else 1   # (a 1-d Y has the memory of its (n, 1) column: no reshape)
     k = d + t + 1
     if k > GRAM_MAX_COLUMNS:
         raise ValueError(f"augmented_gram takes at most {GRAM_MAX_COLUMNS} columns; got {k}")
-    X = cupy.ascontiguousarray(X)
-    Y = cupy.ascontiguousarray(Y.astype(X.dtype, copy=False))
+    # (the usual input, contiguous and of one dtype, goes to the launch without CuPy's conversion calls: this
+    # path runs before the kernel starts, at every fit)
+    if not X.flags.c_contiguous:
+        X = cupy.ascontiguousarray(X)
+    if Y.dtype != X.dtype or not Y.flags.c_contiguous:
+        Y = cupy.ascontiguousarray(Y.astype(X.dtype, copy=False))
     weighted = w is not None
     if weighted:
         w = cupy.ascontiguousarray(w.astype(X.dtype, copy=False))
-    nt = (k + 7) // 8
+    dev = cupy.cuda.runtime.getDevice()
     if kernel is None:
-        if not _tensor_cores():
+        nt = (k + 7) // 8
+        if not _tensor_cores(dev):
             kernel = "cuda"
         elif _mma3_groups(nt) is None:
             kernel = "mma"
         else:
-            kernel = _pick_gram(X, Y, w, nt)
-    return _launch_gram(X, Y, w, kernel)
+            kernel = _pick_gram(X, Y, w, nt, dev)
+    return _launch_gram(X, Y, w, kernel, dev)
 
 
-def _pick_gram(X, Y, w, nt):
+def _pick_gram(X, Y, w, nt, dev=None):
     """The tensor-core Gram kernel to use for this device, dtype, weighting and tile count.
 
     The kernels differ in how they feed the tensor cores (see ``linear.cu``), and which is fastest
@@ -191,7 +198,7 @@ def _pick_gram(X, Y, w, nt):
     forced = os.environ.get("MPIML_LINEAR_GRAM", "")
     if forced in GRAM_KERNELS:
         return forced
-    key = (cupy.cuda.runtime.getDevice(), np.dtype(X.dtype).str, w is not None, nt)
+    key = (cupy.cuda.runtime.getDevice() if dev is None else dev, X.dtype.char, w is not None, nt)
     pick = _PICKS.get(key)
     if pick is not None:
         return pick
@@ -222,14 +229,14 @@ def _pick_gram(X, Y, w, nt):
     return pick
 
 
-def _launch_gram(X, Y, w, choice):
-    """``augmented_gram`` by the kernel ``choice`` (validated arrays)."""
+def _launch_gram(X, Y, w, choice, dev=None):
+    """``augmented_gram`` by the kernel ``choice`` (validated arrays) on the current device (``dev``, when known)."""
     import cupy
 
     n, d = X.shape
-    t = Y.shape[1]
+    t = Y.shape[1] if Y.ndim == 2 else 1
     weighted = w is not None
-    key = (cupy.cuda.runtime.getDevice(), X.dtype.char, n, d, t, weighted, choice)
+    key = (cupy.cuda.runtime.getDevice() if dev is None else dev, X.dtype.char, n, d, t, weighted, choice)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS[key] = _gram_plan(X, n, d, t, weighted, choice)
