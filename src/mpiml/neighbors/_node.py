@@ -17,6 +17,7 @@ searched a query, so both forms give the ring's result.
 """
 
 import os
+import time
 
 import numpy as np
 
@@ -26,6 +27,8 @@ __all__ = ["gathered_kneighbors", "node_comm", "SHARED"]
 #: gathers the index; tests and A/B runs).
 SHARED = True
 _NODE = {}  # id of an mpi4py communicator -> (the communicator, whether its ranks share one node)
+#: seconds of the last one-node search's phases on this rank (read by ``mpiml bench ml --device cpu``)
+LAST = {}
 
 
 def node_comm(comm):
@@ -98,6 +101,14 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
     from ..utils._jit import numba
 
     MPI = mpi_module()
+    clock = [time.perf_counter()]
+    LAST.clear()
+
+    def lap(name):
+        now = time.perf_counter()
+        LAST[name] = round(now - clock[0], 6)
+        clock[0] = now
+
     r, d, dt = comm.rank, X.shape[1], X.dtype
     N, nq = int(np.sum(counts)), int(np.sum(qcounts))
     qoff = np.concatenate([[0], np.cumsum(qcounts)]).astype(np.int64)
@@ -115,6 +126,7 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
         for name, sizes in parts.items():
             mem[name] = _spanning(wins[name], sizes)
         failed = any(m is None for m in mem.values())
+        lap("allocate_s")
     except Exception:  # an MPI without shared windows here (agreed below): the per-rank form, from now on
         failed = True
     if comm.allreduce_obj(bool(failed), op="max"):
@@ -142,13 +154,17 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
         bd[qoff[r]:qoff[r + 1]], bi[qoff[r]:qoff[r + 1]] = cpu.new_lists(int(qcounts[r]), k)
         if r == 0:
             counter[0] = 0
+        lap("write_s")
         sync()
         comm.barrier()                          # every rank's rows in place
         sync()
+        lap("wait_rows_s")
         cpu.merge_block(Qall, Xall, 0, bd, bi, metric, p, counter, threads)
+        lap("search_s")
         sync()
         comm.barrier()                          # every block searched
         sync()
+        lap("wait_search_s")
         mine_q = slice(int(qoff[r]), int(qoff[r + 1]))
         out = bd[mine_q].copy(), bi[mine_q].copy()
         pay = None if Yall is None else _payload(cpu, out[1], Yall)
@@ -158,6 +174,7 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
         mem.clear()                              # (views of the windows' memory: none outlives them)
         for w in wins.values():
             w.Free()                             # collective: every rank has copied its rows out
+    lap("free_s")
     return out[0], out[1], pay
 
 
