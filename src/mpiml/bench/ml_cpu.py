@@ -666,6 +666,14 @@ def main(argv):
     if args.threads_per_rank:  # a fixed count per rank (1 -> R ranks of T threads: the cores grow with R)
         env.update({k: str(args.threads_per_rank) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                                              "OPENBLAS_NUM_THREADS")})
+    tag = args.tag or f"{cores}core"
+    os.makedirs(args.out, exist_ok=True)
+    json_path = os.path.join(args.out, f"ml_cpu_{tag}.json")
+
+    def save():   # after every part: a run cut by its time limit keeps what it measured
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+
     with tempfile.TemporaryDirectory() as tmp:
         for r in ranks:
             path = os.path.join(tmp, f"r{r}.json")
@@ -675,6 +683,7 @@ def main(argv):
             rc = subprocess.call(cmd, env=env)
             if rc != 0 or not os.path.exists(path):
                 result["mpiml"][str(r)] = {"error": f"exit status {rc}"}
+                save()
                 continue
             with open(path) as f:
                 result["mpiml"][str(r)] = json.load(f)
@@ -683,6 +692,7 @@ def main(argv):
                 n = 1 if r == min(ranks) else R
                 result.setdefault("ceiling", {})[str(n)] = _copies(argv, args, names, n, R, args.threads_per_rank
                                                                    or max(1, cores // R), env)
+            save()
     result["sklearn"] = {"skipped": "--no-sklearn"} if args.no_sklearn else _single("sklearn", args, names)
     ok, detail = _sklearnex_available()
     if args.no_sklearnex:
@@ -696,11 +706,7 @@ def main(argv):
     result["speedup"] = _speedups(result)
     if args.ceiling:
         result.setdefault("ceiling", {})["summary"] = _ceiling_summary(result)
-    tag = args.tag or f"{cores}core"
-    os.makedirs(args.out, exist_ok=True)
-    json_path = os.path.join(args.out, f"ml_cpu_{tag}.json")
-    with open(json_path, "w") as f:
-        json.dump(result, f, indent=2)
+    save()
     _plot(result, os.path.join(args.out, f"ml_cpu_{tag}.png"))
     _table(result)
     print(f"wrote {json_path} and its .png")
