@@ -328,7 +328,7 @@ def _worker(args):
     info = thread_info()
     # the settings a run was made under (an A/B run of the wait's spin or the k-NN strategy names its variable)
     chosen = ("MPIML_SPIN_US", "MPIML_KNN_STRATEGY", "MPIML_BIND", "MPIML_KNN_SCREEN", "MPIML_CPU_SCHEDULE",
-              "MPIML_RF_TREE_THREADS", "MPIML_KNN_GATHER_BYTES", "MPIML_KNN_SHARED", "MPIML_KNN_BLOCKS_PER_THREAD")
+              "MPIML_RF_TREE_THREADS", "MPIML_KNN_GATHER_BYTES", "MPIML_KNN_SHARED")
     settings = {"wait_spin_ms": info.get("wait_spin_ms"), **{v: os.environ[v] for v in chosen if os.environ.get(v)},
                 "bound_to": info.get("bound_to")}
     out = {"ranks": comm.size, "threads_per_rank": info.get("threads"), "settings": settings, "seconds": {},
@@ -687,6 +687,7 @@ def main(argv):
                 continue
             with open(path) as f:
                 result["mpiml"][str(r)] = json.load(f)
+            save()
             if args.ceiling and r in (min(ranks), max(ranks)) and max(ranks) > 1:
                 R = max(ranks)
                 n = 1 if r == min(ranks) else R
