@@ -138,9 +138,9 @@ def _in_node(comm, mine, layout, buf):
     windows, or switched off): ``(ids, trees, release)``."""
     if not SHARED or os.environ.get("MPIML_RF_SHARED_EXCHANGE", "1") == "0":
         return None
-    from ..neighbors._node import node_comm
+    from ..utils._threads import not_one_node, one_node_comm
 
-    raw = node_comm(comm)
+    raw = one_node_comm(comm)
     if raw is None:
         return None
     from ..comm.backends.mpi import mpi_module
@@ -154,6 +154,7 @@ def _in_node(comm, mine, layout, buf):
     except Exception:  # an MPI without shared windows here (agreed below): the allgatherv
         failed = True
     if comm.allreduce_obj(bool(failed), op="max"):
+        not_one_node(raw)
         if win is not None:
             win.Free()
         return None

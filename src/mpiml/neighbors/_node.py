@@ -26,33 +26,19 @@ __all__ = ["gathered_kneighbors", "node_comm", "SHARED"]
 #: Search in node memory where every rank shares one node (False, or ``MPIML_KNN_SHARED=0``: each rank
 #: gathers the index; tests and A/B runs).
 SHARED = True
-_NODE = {}  # id of an mpi4py communicator -> (the communicator, whether its ranks share one node)
 #: seconds of the last one-node search's phases on this rank (read by ``mpiml bench ml --device cpu``)
 LAST = {}
 
 
 def node_comm(comm):
     """The mpi4py communicator under ``comm`` when all its ranks share one node (and MPI can open a shared
-    window on it), else None.  A collective the first time per communicator (a shared-memory split)."""
-    raw = getattr(getattr(comm, "_world", None), "comm", None)
-    if raw is None or comm.size == 1 or not SHARED or os.environ.get("MPIML_KNN_SHARED", "1") == "0":
+    window on it), else None (also with ``SHARED`` False or ``MPIML_KNN_SHARED=0``).  A collective the first time
+    per communicator (a shared-memory split)."""
+    if not SHARED or os.environ.get("MPIML_KNN_SHARED", "1") == "0":
         return None
-    try:
-        if raw.Get_size() != comm.size or raw.Get_rank() != comm.rank:
-            return None
-    except Exception:  # not an mpi4py communicator
-        return None
-    known = _NODE.get(id(raw))
-    if known is None or known[0] is not raw:
-        from ..comm.backends.mpi import mpi_module
+    from ..utils._threads import one_node_comm
 
-        node = raw.Split_type(mpi_module().COMM_TYPE_SHARED)
-        try:
-            together = node.Get_size() == raw.Get_size()
-        finally:
-            node.Free()
-        known = _NODE[id(raw)] = (raw, together)
-    return raw if known[1] else None
+    return one_node_comm(comm)
 
 
 def _per_rank(cpu, Q, X, Y, k, metric, p, comm):
@@ -130,7 +116,9 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
     except Exception:  # an MPI without shared windows here (agreed below): the per-rank form, from now on
         failed = True
     if comm.allreduce_obj(bool(failed), op="max"):
-        _NODE[id(raw)] = (raw, False)
+        from ..utils._threads import not_one_node
+
+        not_one_node(raw)
         for w in wins.values():
             w.Free()
         return _per_rank(cpu, Q, X, Y, k, metric, p, comm)

@@ -38,7 +38,7 @@ import os
 import sys
 import threading
 
-__all__ = ["limit_threads", "thread_info", "one_blas_thread", "child_env", "USER_VARS"]
+__all__ = ["limit_threads", "thread_info", "one_blas_thread", "child_env", "one_node_comm", "USER_VARS"]
 
 #: Variables by which a user sets the thread count themselves; their value wins.
 USER_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -51,6 +51,7 @@ _LIMITER = []  # the threadpool_limits object (kept so the limit is not garbage 
 _CONTROLLER = []  # a threadpoolctl ThreadpoolController, made once (finding the libraries costs milliseconds)
 _OURS = {}  # variables this module put in os.environ (name -> value), which are not the user's choice
 _TLS = threading.local()  # one_blas: this thread is inside one_blas_thread()
+_NODE = {}  # id of an mpi4py communicator -> (the communicator, whether its ranks share one node)
 
 
 def _put_env(name, value):
@@ -288,8 +289,9 @@ def _set_wait_spin(ranks, cores):
     collective that pass through the napping rank: 4 ranks on the 2-core VM took 0.2-2.0 ms an allreduce of
     8 doubles from one minute to the next with the spin, 0.43-0.50 ms with 20 us naps at once (1.5 against
     0.34 ms at 3 ranks).  20 us naps for long cost 15 % of a core a waiting rank (5 % at 200 us), hence the
-    doubling after 2 ms.  Fits at 4 ranks on 2 cores, the two policies alternated in one run (median of 7):
-    LogisticRegression 116 -> 93 ms, KMeans 232 -> 201, the forest 387 -> 299, with less CPU time.
+    doubling after 2 ms.  Fits alternating the two policies in one run (benchmarks/ml/wait_policy.py, keys
+    ``wait*`` of benchmarks/results/ml_cpu_vm.json): KMeans 245 -> 189, 114 -> 98 ms at 4 ranks, 184 -> 147 at 3,
+    the other estimators within the VM's noise, with less or equal CPU time.
     """
     from ..comm import _request
 
@@ -357,3 +359,34 @@ def _one_blas(controller):
             _TLS.one_blas = False
 
     return held()
+
+
+def one_node_comm(comm):
+    """The mpi4py communicator under ``comm`` when all its ranks share one node, else None (one rank, not MPI, or
+    ranks on several nodes).  A collective the first time per communicator (a shared-memory split); used by the
+    CPU paths that share node memory between ranks (the k-NN search, the forest's exchange of trees)."""
+    raw = getattr(getattr(comm, "_world", None), "comm", None)
+    if raw is None or comm.size == 1:
+        return None
+    try:
+        if raw.Get_size() != comm.size or raw.Get_rank() != comm.rank:
+            return None
+    except Exception:  # not an mpi4py communicator
+        return None
+    known = _NODE.get(id(raw))
+    if known is None or known[0] is not raw:
+        from ..comm.backends.mpi import mpi_module
+
+        node = raw.Split_type(mpi_module().COMM_TYPE_SHARED)
+        try:
+            together = node.Get_size() == raw.Get_size()
+        finally:
+            node.Free()
+        known = _NODE[id(raw)] = (raw, together)
+    return raw if known[1] else None
+
+
+def not_one_node(raw):
+    """Remember that ``raw``'s ranks cannot open a shared window (agreed by them): :func:`one_node_comm` then
+    returns None for it."""
+    _NODE[id(raw)] = (raw, False)
