@@ -131,3 +131,23 @@ def test_physical_cores_groups_hardware_threads():
     flat = sorted(c for g in groups for c in g)
     assert flat == sorted(_threads._affinity())
     assert [min(g) for g in groups] == sorted(min(g) for g in groups)
+
+
+def test_waits_spin_with_a_core_each_and_nap_briefly_where_ranks_outnumber_cores():
+    from mpiml.comm import _request
+    from mpiml.utils import _threads
+
+    before = _request._DEFAULT_SPIN[0], *_request._NAP
+    try:
+        assert _threads._set_wait_spin(2, 2) == 50.0          # a core each: spin 50 ms, then naps up to 200 us
+        assert (_request._DEFAULT_SPIN[0], _request._NAP) == (0.05, [_request._MAX_SLEEP, 0.0])
+        assert _threads._set_wait_spin(4, 2) == 0.0           # 4 ranks on 2 cores: no spin, 20 us naps for 2 ms
+        assert (_request._DEFAULT_SPIN[0], _request._NAP) == (0.0, [2e-4, 2e-3])
+        # a wait still completes (and still times out) under the no-spin policy
+        calls = []
+        _request.poll_until(lambda: calls.append(1) or len(calls) > 3, op="test", peer=0, timeout=5)
+        assert len(calls) == 4
+        with pytest.raises(Exception, match="test"):
+            _request.poll_until(lambda: False, op="test", peer=0, timeout=0.01)
+    finally:
+        _request.set_default_spin(*before)

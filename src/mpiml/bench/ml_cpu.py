@@ -25,13 +25,22 @@ its Lloyd iteration's median time and the rows' bytes over it (``iterations``: `
 memory rate of the ranks together; a step reads every row once, so near the host's streaming rate
 the step is memory-bound and more ranks on the node cannot make it faster).
 
-Sizes for a 64-core node, 1 rank of 8 threads against 8 of 8 threads (each fit 0.5-1 s at 8 ranks
-there; 4-8 s at one rank; the forest has 128 trees so that each of the 64 threads grows two, where
-32 trees left half of them idle at 8 ranks)::
+``--ceiling`` measures, in the same run, what the machine itself gives: after mpiml's fewest ranks one plain
+process (no MPI) fits rank 0's share of the work at R ranks (R the most ``--ranks``), after mpiml's R ranks R plain
+processes fit the R shares side by side (each fit started together, the slowest copy's time kept), with the shares
+of the machine's CPU time that were busy and stolen by the hypervisor (``/proc/stat``).  ``ceiling.summary`` then
+gives mpiml's speed-up as a fraction of the machine's (see :func:`_ceiling_summary`).  On a virtual machine whose
+neighbours take its CPUs at times, the ceiling moves from one minute to the next; only a ceiling measured beside
+mpiml says what mpiml itself adds.
 
-    mpiml bench ml --device cpu --threads-per-rank 8 --ranks 1,8 --estimators kmeans --rows 2e6 --k 64 --iters 50
-    mpiml bench ml --device cpu --threads-per-rank 8 --ranks 1,8 --estimators knn --knn-rows 3e5 --queries 20000
-    mpiml bench ml --device cpu --threads-per-rank 8 --ranks 1,8 --estimators rf --rf-rows 2e5 --trees 128 --max-depth 0
+Sizes for a 64-core node, 1 rank of 8 threads against 8 of 8 threads (one rank several seconds, so that the
+parts of a fit that do not shrink with the work weigh little; the forest has 128 trees so that each of the 64
+threads grows two, where 32 trees left half of them idle at 8 ranks)::
+
+    B="mpiml bench ml --device cpu --threads-per-rank 8 --ranks 1,8 --ceiling"
+    $B --estimators kmeans --rows 2e6 --k 64 --iters 80
+    $B --estimators knn --knn-rows 3e5 --queries 40000
+    $B --estimators rf --rf-rows 2e5 --trees 128 --max-depth 0
 
 The JSON (machine, date, command, sizes, every time and score) and a PNG go to ``--out``.
 """
@@ -83,7 +92,13 @@ def _parser():
     p.add_argument("--no-sklearnex", action="store_true")
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--tag", default=None, help="file name part: ml_cpu_<tag>.json (default: <cores>core)")
+    p.add_argument("--ceiling", action="store_true",
+                   help="also run the machine's ceiling in the same run: 1 and then R (the most --ranks) plain "
+                   "processes side by side (no MPI), each fitting one rank's share of the work at R ranks, beside "
+                   "mpiml's 1 and R ranks; the JSON's 'ceiling' gives mpiml's speed-up as a fraction of it")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--copy", default=None, help=argparse.SUPPRESS)       # "i,R,n": copy i of n, rank i's work of R
+    p.add_argument("--copy-dir", default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -286,6 +301,23 @@ def _rank_times(comm, fit):
     return out
 
 
+def _phases(name, est):
+    """This rank's seconds in the parts of the last fit, or None: the forest's (binning, gathering the rows,
+    growing its own trees, the trees' exchange, assembling the forest), the k-NN search's in node memory
+    (allocating the windows, writing the rows, the two waits, the search itself, freeing) and the k-means fit's
+    iterations against the rest (validation, statistics, the last assignment)."""
+    if name == "rf":
+        return {k: round(float(v), 5) for k, v in getattr(est, "_fit_stats", {}).items()
+                if k.endswith("_s") or k == "own_trees"}
+    if name == "knn":
+        from ..neighbors import _cpu, _node
+
+        return {**dict(_node.LAST), **{k: round(v, 5) for k, v in getattr(_cpu, "PHASES", {}).items()}}
+    if name == "kmeans" and getattr(est, "_iter_seconds", None):
+        return {"iterations_s": round(float(np.sum(est._iter_seconds)), 5), "n_iter": len(est._iter_seconds)}
+    return None
+
+
 def _worker(args):
     import mpiml
     from ..comm import get_comm
@@ -328,6 +360,9 @@ def _worker(args):
                 # per rank: its own work and its waits (load imbalance vs the collectives' cost)
                 out.setdefault("rank_seconds", {})[name] = _rank_times(comm,
                                                                        lambda: _fit(est, name, X, y, Q, centres))
+            phases = _phases(name, est)
+            if phases is not None:   # per rank: where its own time went (the fit's parts)
+                out.setdefault("rank_phases", {})[name] = comm.allgather_obj(phases)
             summ = prof.summary()
             # every rank's seconds in collectives (nonblocking ones from their post: a ring's overlapped receive
             # spans the search), the rank_seconds' own gather included
@@ -349,6 +384,162 @@ def _worker(args):
         with open(args.worker, "w") as f:
             json.dump(out, f)
     return 0
+
+
+# ---------------------------------------------------------------------- the ceiling: plain copies side by side
+class _Shard:
+    """Rank ``rank`` of ``size`` for the generators, which read these two alone (given an int ``random_state``):
+    a plain process draws exactly the rows that rank draws under MPI."""
+
+    def __init__(self, size, rank):
+        self.size, self.rank = size, rank
+
+
+def _copy_work(name, args, i, R):
+    """``(X, y, Q, centres, make)``: rank ``i``'s share of the work at ``R`` ranks, for one plain process.  Its rows
+    (KMeans, the linear models, PCA); every row and its share of the trees (the forest: CPU ranks gather the binned
+    rows and grow whole trees, round robin); every index row and its share of the queries (k-NN: the ranks search
+    the queries' blocks against the whole index)."""
+    from .. import datasets
+    from ..comm import get_comm
+
+    one = get_comm("self")
+    centres = None
+    if name == "rf":
+        X, y, Q = _data(name, args, one)
+        args = argparse.Namespace(**{**vars(args), "trees": max(1, len(range(args.trees)[i::R]))})
+    elif name == "knn":
+        X, _ = datasets.make_blobs(int(args.knn_rows), args.features, centers=32, random_state=1, comm=one)
+        Q, _ = datasets.make_blobs(args.queries, args.features, centers=32, random_state=2, comm=_Shard(R, i))
+        y = None
+    else:
+        X, y, Q = _data(name, args, _Shard(R, i))
+        if name == "kmeans":   # the first k global rows, as the ranks start from
+            first = X if i == 0 else _data(name, args, _Shard(R, 0))[0]
+            centres = np.ascontiguousarray(first[:args.k])
+    return X, y, Q, centres, (lambda: _estimator("mpiml", name, args, one))
+
+
+def _file_barrier(folder, name, index, count, timeout=300.0):
+    """Every one of ``count`` copies at the same point (a mark per copy in ``folder``), or False after ``timeout``."""
+    open(os.path.join(folder, f"{name}.{index}"), "w").close()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        if all(os.path.exists(os.path.join(folder, f"{name}.{j}")) for j in range(count)):
+            return True
+        time.sleep(0.001)
+    return False
+
+
+def _copy_worker(args):
+    """One plain process of the ceiling (``--copy i,R,n``): rank ``i``'s work at ``R`` ranks, ``--repeat`` fits,
+    each started together with the other ``n - 1`` copies."""
+    import mpiml
+    from ..utils._threads import thread_info
+
+    i, R, n = (int(v) for v in args.copy.split(","))
+    mpiml.init(device="cpu")
+    out = {"copy": i, "of": R, "side_by_side": n, "threads": thread_info().get("threads"), "walls": {}, "cpus": {},
+           "machine": {}}
+    for name in args.estimators.split(","):
+        X, y, Q, centres, make = _copy_work(name, args, i, R)
+        _warm_up(make, name, X, y, Q, centres)
+        est = make()
+        walls, cpus = [], []
+        j0 = _jiffies()
+        for rep in range(max(1, args.repeat)):
+            if not _file_barrier(args.copy_dir, f"{name}.{rep}", i, n):
+                out["error"] = f"the other copies did not reach {name} fit {rep}"
+                break
+            t0, c0 = time.perf_counter(), time.process_time()
+            _fit(est, name, X, y, Q, centres)
+            walls.append(round(time.perf_counter() - t0, 5))
+            cpus.append(round(time.process_time() - c0, 5))
+        out["machine"][name] = _shares(j0, _jiffies())
+        out["walls"][name], out["cpus"][name] = walls, cpus
+    with open(args.worker, "w") as f:
+        json.dump(out, f)
+    return 0
+
+
+def _copies(argv, args, names, n, R, threads, env):
+    """``n`` plain processes side by side, each with rank ``i``'s work at ``R`` ranks on ``threads`` threads.  Per
+    estimator: ``seconds``, the best over the fits of the slowest copy (the copies start each fit together, as the
+    ranks do); ``cpu_seconds`` (that copy's); ``machine``, the shares of the machine's CPU time busy and stolen by
+    the hypervisor (``/proc/stat``) over the fits; ``walls``, every copy's fits."""
+    env = dict(env, **{v: str(threads) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")})
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [os.path.join(tmp, f"copy{i}.json") for i in range(n)]
+        cmd = [sys.executable, "-m", "mpiml", "bench", "ml", *argv]
+        print(f"launching {n} plain process(es) of {threads} thread(s), rank i's work of {R}", flush=True)
+        kids = [subprocess.Popen(cmd + ["--copy", f"{i},{R},{n}", "--copy-dir", tmp, "--worker", paths[i]], env=env)
+                for i in range(n)]
+        codes = [k.wait() for k in kids]
+        runs = []
+        for path in paths:
+            if os.path.exists(path):
+                with open(path) as f:
+                    runs.append(json.load(f))
+    out = {"copies": n, "of": R, "threads": threads, "exit_codes": codes, "seconds": {}, "cpu_seconds": {},
+           "machine": {}, "walls": {}}
+    if len(runs) != n or any(c != 0 for c in codes):
+        out["error"] = f"{n - len(runs)} of {n} copies wrote nothing; exit codes {codes}"
+        return out
+    for name in names:
+        walls = [r["walls"].get(name, []) for r in runs]
+        reps = min(len(w) for w in walls)
+        if not reps:
+            continue
+        slowest = [max(w[j] for w in walls) for j in range(reps)]
+        j = int(np.argmin(slowest))
+        who = int(np.argmax([w[j] for w in walls]))
+        out["seconds"][name] = slowest[j]
+        out["cpu_seconds"][name] = runs[who]["cpus"][name][j]
+        out["walls"][name] = walls
+        shares = [r["machine"].get(name) for r in runs if r["machine"].get(name)]
+        if shares:
+            out["machine"][name] = {k: round(float(np.median([m[k] for m in shares])), 3) for k in shares[0]}
+        print(f"  {n} cop{'y' if n == 1 else 'ies'}: {_TITLES[name]} {slowest[j]:.3f} s (slowest copy), "
+              f"machine {out['machine'].get(name)}", flush=True)
+    return out
+
+
+def _ceiling_summary(result):
+    """Per estimator, mpiml's 1 -> R ranks against the machine's ceiling measured in the same run.
+
+    * ``machine_ceiling`` = R x (one copy alone) / (R copies side by side): the speed-up the machine gives R
+      processes that never communicate (R when it gives every copy the speed of one alone);
+    * ``speedup`` = mpiml at 1 rank / mpiml at R ranks, and ``fraction`` = speedup / machine_ceiling;
+    * the fraction is ``one_rank_over_copy`` / ``over_copies``: ``one_rank_over_copy`` = (mpiml at 1 rank) / (R x
+      one copy alone) (above 1: one rank of all the work takes longer than R times one rank's share alone, which
+      flatters the speed-up), ``over_copies`` = (mpiml at R ranks) / (R copies): what the ranks add above plain
+      processes doing the same work at the same time (communication, waits, the parts every rank repeats);
+    * ``mpiml_ceiling`` = (mpiml at 1 rank) / (R copies): the speed-up mpiml's R ranks would reach if they cost no
+      more than the copies.
+    """
+    ceil = result.get("ceiling", {})
+    ranks = result["ranks"]
+    if not ranks or min(ranks) != 1 or max(ranks) == 1:
+        return {}
+    R = max(ranks)
+    one, many = ceil.get("1", {}).get("seconds", {}), ceil.get(str(R), {}).get("seconds", {})
+    m1 = result["mpiml"].get("1", {}).get("seconds", {})
+    mR = result["mpiml"].get(str(R), {}).get("seconds", {})
+    out = {}
+    for name in result["estimators"]:
+        if not all(d.get(name) for d in (one, many, m1, mR)):
+            continue
+        machine = R * one[name] / many[name]
+        speedup = m1[name] / mR[name]
+        out[name] = {"copy_alone_s": one[name], "copies_s": many[name], "machine_ceiling": round(machine, 3),
+                     "speedup": round(speedup, 3), "fraction": round(speedup / machine, 3),
+                     "one_rank_over_copy": round(m1[name] / (R * one[name]), 3),
+                     "over_copies": round(mR[name] / many[name], 3),
+                     "mpiml_ceiling": round(m1[name] / many[name], 3),
+                     "steal": {"copies": ceil[str(R)].get("machine", {}).get(name, {}).get("steal"),
+                               "mpiml": (result["mpiml"][str(R)].get("machine") or {}).get(name, {}) and
+                               result["mpiml"][str(R)]["machine"][name].get("steal")}}
+    return out
 
 
 # ---------------------------------------------------------------------- one process, every core
@@ -430,6 +621,14 @@ def _table(result):
             row.append(result[lib]["seconds"].get(n) if "seconds" in result.get(lib, {}) else None)
         row.append(result["speedup"].get(n, {}).get(top))
         print(" | ".join(row[:1] + [f"{v:.3f}" if isinstance(v, float) else "-" for v in row[1:]]))
+    summary = result.get("ceiling", {}).get("summary", {})
+    if summary:
+        print(f"ceiling (plain processes, same run) | 1 copy | {top} copies | machine ceiling | mpiml speed-up | "
+              f"fraction | R ranks / R copies | steal (copies, mpiml)")
+        for n, c in summary.items():
+            print(f"{_TITLES[n]} | {c['copy_alone_s']:.3f} | {c['copies_s']:.3f} | {c['machine_ceiling']:.2f} | "
+                  f"{c['speedup']:.2f} | {c['fraction']:.2f} | {c['over_copies']:.2f} | "
+                  f"{c['steal']['copies']}, {c['steal']['mpiml']}")
 
 
 def main(argv):
@@ -440,6 +639,8 @@ def main(argv):
     if unknown:
         print(f"mpiml bench ml --device cpu: unknown estimators {unknown} (known: {list(ESTIMATORS)})", file=sys.stderr)
         return 2
+    if args.copy:
+        return _copy_worker(args)
     if args.worker:
         return _worker(args)
     from ._common import bench_launch_check
@@ -465,6 +666,14 @@ def main(argv):
     if args.threads_per_rank:  # a fixed count per rank (1 -> R ranks of T threads: the cores grow with R)
         env.update({k: str(args.threads_per_rank) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                                              "OPENBLAS_NUM_THREADS")})
+    tag = args.tag or f"{cores}core"
+    os.makedirs(args.out, exist_ok=True)
+    json_path = os.path.join(args.out, f"ml_cpu_{tag}.json")
+
+    def save():   # after every part: a run cut by its time limit keeps what it measured
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+
     with tempfile.TemporaryDirectory() as tmp:
         for r in ranks:
             path = os.path.join(tmp, f"r{r}.json")
@@ -474,9 +683,17 @@ def main(argv):
             rc = subprocess.call(cmd, env=env)
             if rc != 0 or not os.path.exists(path):
                 result["mpiml"][str(r)] = {"error": f"exit status {rc}"}
+                save()
                 continue
             with open(path) as f:
                 result["mpiml"][str(r)] = json.load(f)
+            save()
+            if args.ceiling and r in (min(ranks), max(ranks)) and max(ranks) > 1:
+                R = max(ranks)
+                n = 1 if r == min(ranks) else R
+                result.setdefault("ceiling", {})[str(n)] = _copies(argv, args, names, n, R, args.threads_per_rank
+                                                                   or max(1, cores // R), env)
+            save()
     result["sklearn"] = {"skipped": "--no-sklearn"} if args.no_sklearn else _single("sklearn", args, names)
     ok, detail = _sklearnex_available()
     if args.no_sklearnex:
@@ -488,11 +705,9 @@ def main(argv):
         result["sklearnex"] = dict(_single("sklearnex", args, names), version=detail)
     result["load_average_after"] = _load()  # a shared machine's other work shows here
     result["speedup"] = _speedups(result)
-    tag = args.tag or f"{cores}core"
-    os.makedirs(args.out, exist_ok=True)
-    json_path = os.path.join(args.out, f"ml_cpu_{tag}.json")
-    with open(json_path, "w") as f:
-        json.dump(result, f, indent=2)
+    if args.ceiling:
+        result.setdefault("ceiling", {})["summary"] = _ceiling_summary(result)
+    save()
     _plot(result, os.path.join(args.out, f"ml_cpu_{tag}.png"))
     _table(result)
     print(f"wrote {json_path} and its .png")

@@ -3,7 +3,9 @@
 A :class:`Request` wraps a ``test()`` function that makes progress and reports
 completion.  Waiting polls it: a spin of up to ``MPIML_SPIN_US`` microseconds
 first (each turn yields the core, so ranks that share cores still progress),
-then sleeps that back off to 200 us so a long wait does not burn a core.  MPI's
+then sleeps that back off to 200 us so a long wait does not burn a core (where
+ranks outnumber the node's cores: no spin, 20 us naps for 2 ms first; see
+:func:`set_default_spin`).  MPI's
 nonblocking collectives only progress while they are polled: a rank asleep holds
 up every round of a collective that needs it (a binomial allreduce of 8 ranks
 has six rounds in a row), so the spin should outlast the usual skew between the
@@ -32,16 +34,21 @@ __all__ = ["Request", "CompletedRequest", "waitall", "poll_until", "set_guard", 
 _MAX_SLEEP = 2e-4
 _SPIN = {}  # raw MPIML_SPIN_US -> seconds (read per wait: a dict hit, not a parse)
 _DEFAULT_SPIN = [1e-3]  # seconds, when MPIML_SPIN_US is unset (see set_default_spin)
+_NAP = [_MAX_SLEEP, 0.0]  # the longest nap of a wait after its spin, and how long naps stay at 20 us first
 _local = threading.local()
 
 
-def set_default_spin(seconds):
-    """Spin ``seconds`` before sleeping in every wait while ``MPIML_SPIN_US`` is unset.
+def set_default_spin(seconds, nap=_MAX_SLEEP, short=0.0):
+    """Spin ``seconds`` before sleeping in every wait while ``MPIML_SPIN_US`` is unset, then nap 20 us between
+    polls for ``short`` seconds more, then naps doubling up to ``nap`` seconds.
 
     :func:`mpiml.utils._threads.limit_threads` sets 50 ms for a rank with at least one core of the
-    node to itself (cores // ranks on the node >= 1), and keeps 1 ms where ranks outnumber cores.
+    node to itself (cores // ranks on the node >= 1); where ranks outnumber cores, no spin and 20 us naps for
+    the first 2 ms (a spinning rank holds a core that a rank with work needs, a long nap holds up every round
+    of a collective that passes through the napping rank, and 20 us naps for long cost 15 % of a core).
     """
     _DEFAULT_SPIN[0] = float(seconds)
+    _NAP[:] = float(nap), float(short)
 
 
 def _spin_seconds():
@@ -93,7 +100,9 @@ def poll_until(test, *, op, peer, timeout=None, detail="", watch=None):
             guard()
         yield_core()
     deadline = None if limit is None else start + limit
-    sleep = 20e-6
+    nap, short = _NAP
+    sleep = min(20e-6, nap)
+    short_end = time.perf_counter() + short
     while True:
         if test():
             return
@@ -105,7 +114,8 @@ def poll_until(test, *, op, peer, timeout=None, detail="", watch=None):
         if deadline is not None and now >= deadline:
             raise CommTimeoutError(op, peer, limit, detail)
         time.sleep(sleep)
-        sleep = min(sleep * 2, _MAX_SLEEP)
+        if now >= short_end:
+            sleep = min(sleep * 2, nap)
 
 
 class Request:

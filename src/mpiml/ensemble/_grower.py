@@ -487,17 +487,21 @@ class TreeGrower:
         def run(group):
             g = copy.copy(self)
             g.stats = {k: type(v)(0) for k, v in self.stats.items()}
+            t0 = time.perf_counter()
             with _cpu_kernels.serial():
-                return g._grow_batches(group, share=len(groups)), g.stats
+                grown = g._grow_batches(group, share=len(groups))
+            return grown, g.stats, time.perf_counter() - t0
 
         with ThreadPoolExecutor(len(groups)) as pool:
             results = list(pool.map(run, groups))
         by_id = {}
-        for group, (grown, st) in zip(groups, results):
+        for group, (grown, st, _) in zip(groups, results):
             by_id.update(zip(group, grown))
             for k, v in st.items():
                 self.stats[k] = self.stats.get(k, 0) + v
-        self.stats["tree_threads"] = len(groups)
+        # the threads' spread: the rank's growth ends with its slowest thread
+        walls = [r[2] for r in results]
+        self.stats.update(tree_threads=len(groups), thread_max_s=max(walls), thread_min_s=min(walls))
         return [by_id[t] for t in trees]
 
     def _grow_batches(self, trees, progress=True, share=1):

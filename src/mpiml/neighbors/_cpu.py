@@ -29,6 +29,8 @@ counter (:mod:`mpiml.utils._threads_jit`), so a slow thread takes fewer.
 """
 
 
+import time
+
 import numpy as np
 
 from ..utils._jit import FASTMATH, numba
@@ -44,6 +46,8 @@ METRICS = {"euclidean": 0, "sqeuclidean": 1, "cosine": 2, "manhattan": 3, "cheby
 #: Queries per parallel task: enough per task to amortise reading an index block, few
 #: enough that every thread gets blocks (a small query batch still spreads over the threads).
 _QUERY_BLOCK = 16
+#: seconds of the last screened search's serial preparation (the rows shifted and rounded for the screen)
+PHASES = {}
 #: Columns of a GEMM tile screened together by a vectorised minimum before any is looked at alone.
 _GROUP = 32
 #: Index rows per block: 256 rows of 64 float64 features are 128 KiB, an L2-sized tile.
@@ -254,7 +258,12 @@ _F32_MAX_NORM = 2.0 ** 62
 def _query_blocks(nq, threads):
     """Query blocks of equal size, a multiple of ``threads`` of them, each of at most :data:`_TILE_QUERIES`
     rows where the queries allow it (Numba hands each thread an equal run of blocks: a count that is not a
-    multiple left threads idle, and small blocks made the GEMM tiles read the index for few queries)."""
+    multiple left threads idle, and small blocks made the GEMM tiles read the index for few queries).
+
+    Not more blocks than that: every block reads the whole index once, so halving the blocks' rows doubles
+    the index's traffic.  On the 64-core host, one plain process searching 5000 queries against 3e5 x 32 in
+    blocks of 156 rows (a rule of at least four blocks a thread, tried and dropped) spent 1.32x the CPU time
+    a query of one rank's 40000 queries in blocks of 312 (key ``knn_0145``; the process's own fit included)."""
     per = max(1, -(-nq // (threads * _TILE_QUERIES)))  # blocks a thread
     return int(max(1, min(nq, threads * per)))
 
@@ -281,6 +290,7 @@ def _topk_screened(Q, X, offset, k, metric, bd, bi, counter=None, threads=None):
     precision (subnormal values, each off by at most ``eta``, half its smallest step) adds at most
     ``eta (2 d + 1 + sqrt(d) (|q| + |x|))`` to a product: ``slack``, twice that at the largest norms.
     """
+    t0 = time.perf_counter()
     nq, d = Q.shape
     m = X.shape[0]
     sdt = _screen_dtype(Q, metric)
@@ -315,6 +325,7 @@ def _topk_screened(Q, X, offset, k, metric, bd, bi, counter=None, threads=None):
     nblocks = _query_blocks(nq, threads or nb.get_num_threads())
     qstep = -(-nq // nblocks)
     xstep = int(min(8192, max(_INDEX_BLOCK, _TILE // max(1, qstep))))
+    PHASES["screen_rows_s"] = time.perf_counter() - t0
     with one_blas_thread():
         _screened_blocks(Q, X, QS, XS, offset, k, METRICS[metric], qn, xn, qs, screen, rel, slack, nblocks,
                          workers(nblocks, nb.get_num_threads()), xstep, bd, bi,

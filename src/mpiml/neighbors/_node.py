@@ -17,6 +17,7 @@ searched a query, so both forms give the ring's result.
 """
 
 import os
+import time
 
 import numpy as np
 
@@ -25,31 +26,19 @@ __all__ = ["gathered_kneighbors", "node_comm", "SHARED"]
 #: Search in node memory where every rank shares one node (False, or ``MPIML_KNN_SHARED=0``: each rank
 #: gathers the index; tests and A/B runs).
 SHARED = True
-_NODE = {}  # id of an mpi4py communicator -> (the communicator, whether its ranks share one node)
+#: seconds of the last one-node search's phases on this rank (read by ``mpiml bench ml --device cpu``)
+LAST = {}
 
 
 def node_comm(comm):
     """The mpi4py communicator under ``comm`` when all its ranks share one node (and MPI can open a shared
-    window on it), else None.  A collective the first time per communicator (a shared-memory split)."""
-    raw = getattr(getattr(comm, "_world", None), "comm", None)
-    if raw is None or comm.size == 1 or not SHARED or os.environ.get("MPIML_KNN_SHARED", "1") == "0":
+    window on it), else None (also with ``SHARED`` False or ``MPIML_KNN_SHARED=0``).  A collective the first time
+    per communicator (a shared-memory split)."""
+    if not SHARED or os.environ.get("MPIML_KNN_SHARED", "1") == "0":
         return None
-    try:
-        if raw.Get_size() != comm.size or raw.Get_rank() != comm.rank:
-            return None
-    except Exception:  # not an mpi4py communicator
-        return None
-    known = _NODE.get(id(raw))
-    if known is None or known[0] is not raw:
-        from ..comm.backends.mpi import mpi_module
+    from ..utils._threads import one_node_comm
 
-        node = raw.Split_type(mpi_module().COMM_TYPE_SHARED)
-        try:
-            together = node.Get_size() == raw.Get_size()
-        finally:
-            node.Free()
-        known = _NODE[id(raw)] = (raw, together)
-    return raw if known[1] else None
+    return one_node_comm(comm)
 
 
 def _per_rank(cpu, Q, X, Y, k, metric, p, comm):
@@ -98,6 +87,14 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
     from ..utils._jit import numba
 
     MPI = mpi_module()
+    clock = [time.perf_counter()]
+    LAST.clear()
+
+    def lap(name):
+        now = time.perf_counter()
+        LAST[name] = round(now - clock[0], 6)
+        clock[0] = now
+
     r, d, dt = comm.rank, X.shape[1], X.dtype
     N, nq = int(np.sum(counts)), int(np.sum(qcounts))
     qoff = np.concatenate([[0], np.cumsum(qcounts)]).astype(np.int64)
@@ -115,10 +112,13 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
         for name, sizes in parts.items():
             mem[name] = _spanning(wins[name], sizes)
         failed = any(m is None for m in mem.values())
+        lap("allocate_s")
     except Exception:  # an MPI without shared windows here (agreed below): the per-rank form, from now on
         failed = True
     if comm.allreduce_obj(bool(failed), op="max"):
-        _NODE[id(raw)] = (raw, False)
+        from ..utils._threads import not_one_node
+
+        not_one_node(raw)
         for w in wins.values():
             w.Free()
         return _per_rank(cpu, Q, X, Y, k, metric, p, comm)
@@ -142,13 +142,17 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
         bd[qoff[r]:qoff[r + 1]], bi[qoff[r]:qoff[r + 1]] = cpu.new_lists(int(qcounts[r]), k)
         if r == 0:
             counter[0] = 0
+        lap("write_s")
         sync()
         comm.barrier()                          # every rank's rows in place
         sync()
+        lap("wait_rows_s")
         cpu.merge_block(Qall, Xall, 0, bd, bi, metric, p, counter, threads)
+        lap("search_s")
         sync()
         comm.barrier()                          # every block searched
         sync()
+        lap("wait_search_s")
         mine_q = slice(int(qoff[r]), int(qoff[r + 1]))
         out = bd[mine_q].copy(), bi[mine_q].copy()
         pay = None if Yall is None else _payload(cpu, out[1], Yall)
@@ -158,6 +162,7 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
         mem.clear()                              # (views of the windows' memory: none outlives them)
         for w in wins.values():
             w.Free()                             # collective: every rank has copied its rows out
+    lap("free_s")
     return out[0], out[1], pay
 
 

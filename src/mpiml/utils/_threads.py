@@ -38,7 +38,7 @@ import os
 import sys
 import threading
 
-__all__ = ["limit_threads", "thread_info", "one_blas_thread", "child_env", "USER_VARS"]
+__all__ = ["limit_threads", "thread_info", "one_blas_thread", "child_env", "one_node_comm", "USER_VARS"]
 
 #: Variables by which a user sets the thread count themselves; their value wins.
 USER_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -51,6 +51,7 @@ _LIMITER = []  # the threadpool_limits object (kept so the limit is not garbage 
 _CONTROLLER = []  # a threadpoolctl ThreadpoolController, made once (finding the libraries costs milliseconds)
 _OURS = {}  # variables this module put in os.environ (name -> value), which are not the user's choice
 _TLS = threading.local()  # one_blas: this thread is inside one_blas_thread()
+_NODE = {}  # id of an mpi4py communicator -> (the communicator, whether its ranks share one node)
 
 
 def _put_env(name, value):
@@ -267,6 +268,10 @@ def limit_threads(comm=None):
 
 #: How long a rank with a core of its own spins in a wait before sleeping (see _set_wait_spin).
 _OWN_CORE_SPIN = 0.05
+#: Where ranks outnumber the node's cores a wait does not spin: it naps 20 us between polls for its first
+#: _SHARED_CORE_SHORT seconds, then naps doubling up to _SHARED_CORE_NAP.
+_SHARED_CORE_SHORT = 2e-3
+_SHARED_CORE_NAP = 2e-4
 
 
 def _set_wait_spin(ranks, cores):
@@ -275,13 +280,26 @@ def _set_wait_spin(ranks, cores):
     A waiting rank's own threads are idle, so where every rank has a core of the node to itself it
     spins up to 50 ms (longer than a k-means step's skew between ranks) instead of 1 ms: a rank asleep
     (20-200 us a nap, plus the kernel's timer slack) delayed each of the six rounds of a binomial
-    allreduce of 8 ranks that passed through it.  Where ranks outnumber cores the 1 ms spin stays.
+    allreduce of 8 ranks that passed through it.
+
+    Where ranks outnumber cores (4 ranks on 2 cores) a waiting rank does not spin at all: it naps 20 us
+    between polls for 2 ms, then naps doubling up to 200 us.  Its spin (1 ms before, yielding the core at
+    each turn) held a core that a rank still computing needed whenever the scheduler put the two on
+    different cores, and the naps that followed grew to 200 us at once, each holding up the rounds of a
+    collective that pass through the napping rank: 4 ranks on the 2-core VM took 0.2-2.0 ms an allreduce of
+    8 doubles from one minute to the next with the spin, 0.43-0.50 ms with 20 us naps at once (1.5 against
+    0.34 ms at 3 ranks).  20 us naps for long cost 15 % of a core a waiting rank (5 % at 200 us), hence the
+    doubling after 2 ms.  Fits alternating the two policies in one run (benchmarks/ml/wait_policy.py, keys
+    ``wait*`` of benchmarks/results/ml_cpu_vm.json): KMeans 245 -> 189, 114 -> 98 ms at 4 ranks, 184 -> 147 at 3,
+    the other estimators within the VM's noise, with less or equal CPU time.
     """
     from ..comm import _request
 
-    spin = _OWN_CORE_SPIN if cores // max(1, ranks) >= 1 else 1e-3
-    _request.set_default_spin(spin)
-    return 1e3 * spin  # (MPIML_SPIN_US, when set, still wins in every wait)
+    if cores // max(1, ranks) >= 1:
+        _request.set_default_spin(_OWN_CORE_SPIN)
+        return 1e3 * _OWN_CORE_SPIN
+    _request.set_default_spin(0.0, nap=_SHARED_CORE_NAP, short=_SHARED_CORE_SHORT)
+    return 0.0  # (MPIML_SPIN_US, when set, still wins in every wait)
 
 
 def thread_info():
@@ -341,3 +359,34 @@ def _one_blas(controller):
             _TLS.one_blas = False
 
     return held()
+
+
+def one_node_comm(comm):
+    """The mpi4py communicator under ``comm`` when all its ranks share one node, else None (one rank, not MPI, or
+    ranks on several nodes).  A collective the first time per communicator (a shared-memory split); used by the
+    CPU paths that share node memory between ranks (the k-NN search, the forest's exchange of trees)."""
+    raw = getattr(getattr(comm, "_world", None), "comm", None)
+    if raw is None or comm.size == 1:
+        return None
+    try:
+        if raw.Get_size() != comm.size or raw.Get_rank() != comm.rank:
+            return None
+    except Exception:  # not an mpi4py communicator
+        return None
+    known = _NODE.get(id(raw))
+    if known is None or known[0] is not raw:
+        from ..comm.backends.mpi import mpi_module
+
+        node = raw.Split_type(mpi_module().COMM_TYPE_SHARED)
+        try:
+            together = node.Get_size() == raw.Get_size()
+        finally:
+            node.Free()
+        known = _NODE[id(raw)] = (raw, together)
+    return raw if known[1] else None
+
+
+def not_one_node(raw):
+    """Remember that ``raw``'s ranks cannot open a shared window (agreed by them): :func:`one_node_comm` then
+    returns None for it."""
+    _NODE[id(raw)] = (raw, False)
