@@ -131,11 +131,26 @@ def mpi():
 
 def pytest_collection_modifyitems(config, items):
     if have_gpu():
+        if any("gpu" in item.keywords for item in items):
+            _ship_cupy_cache()
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU and CuPy")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _ship_cupy_cache():
+    """CuPy's shipped kernel cache put in place once, before the GPU tests, as :func:`mpiml.init` does before a fit.
+
+    A GPU host of the test passes starts with an empty CuPy cache, and most GPU tests and their scripts never call
+    ``mpiml.init``: the first process to need a CuPy kernel compiled it with NVRTC, and ranks of a launch (and test
+    groups run side by side) compiled the same ones at once.  The tests of the shipping itself use caches of their
+    own (``CUPY_CACHE_DIR`` in a temporary folder).  ``MPIML_CUPY_SHIP=0`` leaves the cache alone, as for init.
+    """
+    from mpiml.kernels import _cupy_ship
+
+    _cupy_ship.install()
 
 
 # MPICH names a job's shared-memory segment after a hash of its PMI job name and unlinks it at

@@ -7,8 +7,9 @@ computes the reference from all ranks' inputs locally.  Failures are recorded
 with :func:`_spmd.check` and agreed at the end; the ranks never leave step.
 
 Running this file also runs :mod:`spmd_p2p_errors` (point-to-point, split,
-mismatch errors, timeouts, overrides, profiling), so that one ``mpiexec``
-launch per rank count covers the whole communication core.
+mismatch errors, timeouts, overrides, profiling) and :mod:`spmd_objects` (the
+object collectives), so that one ``mpiexec`` launch per rank count covers the
+whole communication core.
 """
 
 import os
@@ -361,6 +362,7 @@ if __name__ == "__main__":
 
     from _spmd import guarded
 
+    import spmd_objects
     import spmd_p2p_errors
     from mpiml.comm import get_comm
 
@@ -371,6 +373,7 @@ if __name__ == "__main__":
         run(world)
         t1 = time.perf_counter()
         spmd_p2p_errors.run(world)
+        spmd_objects.run(world)
         if world.rank == 0:
             print(f"collectives {t1 - t0:.1f} s, point-to-point and errors {time.perf_counter() - t1:.1f} s")
 

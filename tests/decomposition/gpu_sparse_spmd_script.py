@@ -1,8 +1,8 @@
 """cupyx CSR (and dense CuPy) shards at N ranks (sharing the GPUs there are) against the one-process host fit.
 
-Run under ``mpiexec -n N`` by test_gpu_sparse_kernels.py: TruncatedSVD (randomized and arpack, float64 and
-float32, sparse and dense), PCA "arpack" (implicit centring) and Ridge "sparse_cg" with an intercept; uneven
-shards, the last rank empty at 3 and 4 ranks.  Tolerances: docs/decomposition.md and docs/linear_model.md (rounding of
+Run under ``mpiexec -n N`` as a case of test_gpu_sparse_kernels.py's shared launches (tests/_spmd_cases.py):
+TruncatedSVD (randomized and arpack, float64 and float32, sparse and dense), PCA "arpack" (implicit centring) and
+Ridge "sparse_cg" with an intercept; uneven shards, the last rank empty at 3 and 4 ranks.  Tolerances: docs/decomposition.md and docs/linear_model.md (rounding of
 float64 sums in another order; float32 shards to float32 rounding).
 """
 
@@ -64,4 +64,5 @@ def main():
     assert_close(cp.asnumpy(got.coef_), ref.coef_, "sparse Ridge coef", rtol=1e-6, atol=1e-8)
 
 
-guarded(main, comm)
+if __name__ == "__main__":   # (else a case of test_gpu_sparse_kernels.py's shared launches)
+    guarded(main, comm)

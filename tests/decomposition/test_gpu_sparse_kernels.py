@@ -6,15 +6,29 @@ import os
 import numpy as np
 import pytest
 
+from _spmd_cases import session_launches
+
 pytestmark = pytest.mark.gpu
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+#: gpu_sparse_spmd_script.py at 1-4 ranks, and with the device algebra at 2 and 3, as cases of one launch per rank
+#: count (tests/_spmd_cases.py): four launches instead of six, each a CuPy import and a CUDA context per rank.
+_DEVICE_ALGEBRA = {"MPIML_SPARSE_TRANSPOSE": "buckets", "MPIML_RANDOMIZED_ALGEBRA": "device"}
+
+
+def _launches(tmp_path_factory):
+    script = os.path.join(HERE, "gpu_sparse_spmd_script.py")
+    cases = {n: [{"name": "fits", "script": script}] for n in (1, 2, 3, 4)}
+    for n in (2, 3):
+        cases[n].append({"name": "fits_device_algebra", "script": script, "env": _DEVICE_ALGEBRA})
+    return session_launches("decomposition_gpu_sparse", cases, tmp_path_factory, timeout=240)
 
 
 def _csr(n, m, density, dtype, seed, empty_rows=True, duplicates=False):
     import scipy.sparse as sp
 
-    rs = np.random.RandomState(seed)
+    # (a Generator: scipy.sparse.random with a RandomState permutes all n m positions, 22 s at 3000 x 150000)
+    rs = np.random.default_rng(seed)
     A = sp.random(n, m, density=density, format="csr", random_state=rs, dtype=np.float64)
     A.data = rs.standard_normal(A.nnz)
     if empty_rows and n > 3:
@@ -92,7 +106,7 @@ def test_chunked_gather_of_a_tall_block(monkeypatch):
 
     monkeypatch.setenv("MPIML_SPARSE_GATHER", "vec4")
     monkeypatch.setenv("MPIML_SPARSE_GATHER_CHUNK_BYTES", str(16 << 20))
-    rs = np.random.RandomState(40)
+    rs = np.random.default_rng(40)
     n, d, b = 300_000, 400, 26
     XT = sp.random(d, n, density=1000 / n, format="csr", random_state=rs, dtype=np.float64).astype(np.float32)
     XT.data = rs.standard_normal(XT.nnz).astype(np.float32)
@@ -236,10 +250,10 @@ def test_sparse_ridge_cupyx_equals_scipy(monkeypatch):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_sparse_fits_equal_at_any_rank_count(mpi, n):
+def test_sparse_fits_equal_at_any_rank_count(tmp_path_factory, n):
     """TruncatedSVD (both algorithms), sparse PCA and sparse Ridge on cupyx shards of the same rows at 1-4 ranks
     (ranks share the GPUs there are) equal the one-process SciPy fit to the docs' tolerance."""
-    mpi(os.path.join(HERE, "gpu_sparse_spmd_script.py"), n, timeout=240)
+    _launches(tmp_path_factory).verdict(n, "fits")
 
 
 @pytest.mark.parametrize("b", [2, 8, 13, 26, 32])
@@ -283,10 +297,9 @@ def test_scatter_with_float4_atomics():
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 3])
-def test_sparse_fits_equal_at_any_rank_count_device_algebra(mpi, n):
+def test_sparse_fits_equal_at_any_rank_count_device_algebra(tmp_path_factory, n):
     """The same with the bucket transpose and the randomized SVD's CholeskyQR2 algebra on the device."""
-    mpi(os.path.join(HERE, "gpu_sparse_spmd_script.py"), n, timeout=240,
-        env={"MPIML_SPARSE_TRANSPOSE": "buckets", "MPIML_RANDOMIZED_ALGEBRA": "device"})
+    _launches(tmp_path_factory).verdict(n, "fits_device_algebra")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -1,7 +1,8 @@
-"""Single-process random forests: scikit-learn's estimator checks, accuracy on shipped data sets,
-model files, parameters and the flat tree arrays.
+"""Single-process random forests: scikit-learn's estimator checks (of the forests and of the trees in
+their ``estimators_``), accuracy on shipped data sets, model files, parameters and the flat tree arrays.
 
-Checks of scikit-learn's ``parametrize_with_checks`` that are expected to fail, and why:
+Checks of scikit-learn's ``parametrize_with_checks`` that are expected to fail (for the forests; the
+trees pass every check), and why:
 
 - ``check_sample_weight_equivalence_on_dense_data``: with ``max_samples=None``
   the bootstrap draws ``n_samples`` rows, so integer sample weights and the
@@ -21,6 +22,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import mpiml
 from mpiml.ensemble import RandomForestClassifier, RandomForestRegressor
+from mpiml.ensemble._tree import ForestTreeClassifier, ForestTreeRegressor
 from mpiml.utils import InvalidParameterError
 
 _EXPECTED_FAILED = {
@@ -32,8 +34,11 @@ _EXPECTED_FAILED = {
 
 
 @parametrize_with_checks([RandomForestClassifier(n_estimators=5, max_depth=6, random_state=0),
-                          RandomForestRegressor(n_estimators=5, max_depth=6, random_state=0)],
-                         expected_failed_checks=lambda est: _EXPECTED_FAILED)
+                          RandomForestRegressor(n_estimators=5, max_depth=6, random_state=0),
+                          ForestTreeClassifier(max_depth=6, random_state=0),
+                          ForestTreeRegressor(max_depth=6, random_state=0)],
+                         expected_failed_checks=lambda est: {} if est.__class__.__name__.startswith("ForestTree")
+                         else _EXPECTED_FAILED)
 def test_sklearn_compatible(estimator, check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -93,6 +98,25 @@ def test_string_labels_and_flat_trees():
     np.testing.assert_allclose(proba / 3, rf.predict_proba(X))
     imp = rf.feature_importances_
     assert imp.shape == (X.shape[1],) and abs(imp.sum() - 1) < 1e-12 and (imp >= 0).all()
+
+
+def test_trees_of_estimators_check_their_input_as_scikit_learns_trees():
+    """The trees of ``estimators_`` (not just fresh ones, which the checks above cover) check the feature
+    count against the forest's; ``check_input=False`` skips the checks, not the result; a rank of a forest
+    fitted over several ranks may hold no rows (``_fit_ranks``), a lone process's tree may not."""
+    X, y = load_breast_cancer(return_X_y=True)
+    rf = RandomForestClassifier(n_estimators=2, max_depth=3, random_state=0).fit(X, y)
+    tree = rf.estimators_[1]
+    with pytest.raises(ValueError, match="X has 5 features, but ForestTreeClassifier is expecting 30 features"):
+        tree.predict(X[:, :5])
+    np.testing.assert_array_equal(tree.predict_proba(X, check_input=False), tree.predict_proba(X))
+    assert tree.apply(X).shape == (len(X),) and tree.decision_path(X).shape[0] == len(X)
+    with pytest.raises(ValueError, match="0 sample"):
+        tree.predict(X[:0])
+    tree._fit_ranks = 2
+    assert tree.predict(X[:0]).shape == (0,) and tree.predict_proba(X[:0]).shape == (0, 2)
+    with pytest.raises(mpiml.NotFittedError):
+        ForestTreeRegressor().get_depth()
 
 
 @pytest.mark.parametrize("kind,extra", [("gini", {}), ("entropy", {"class_weight": {0: 1.0, 1: 2.5}}),

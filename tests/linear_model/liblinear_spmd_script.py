@@ -72,7 +72,10 @@ DUAL = [
 ]
 
 
-def main():
+def main(*argv):
+    """The checks; ``"--gpu"`` in ``argv`` (a case of a shared GPU launch) or on the command line: CuPy shards."""
+    global GPU
+    GPU = GPU or "--gpu" in argv
     for case, (kind, skip, opts) in enumerate(PRIMAL):
         X, y, w = data(kind, case)
         label = f"primal {kind} {opts}"

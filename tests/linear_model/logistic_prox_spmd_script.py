@@ -45,7 +45,10 @@ CASES = [  # (n_classes, kind, options)
 ]
 
 
-def main():
+def main(*argv):
+    """The checks; ``"--gpu"`` in ``argv`` (a case of a shared GPU launch) or on the command line: CuPy shards."""
+    global GPU
+    GPU = GPU or "--gpu" in argv
     for n_classes, kind, opts in CASES:
         X, y = make_classification(n_samples=400, n_features=12, n_informative=5, n_classes=n_classes,
                                    random_state=n_classes)

@@ -48,6 +48,43 @@ def test_gram_feature_counts(d):
         np.testing.assert_allclose(_cpu_kernels.augmented_gram(Xl, Y), numpy_gram(X, Y), rtol=1e-13, err_msg=name)
 
 
+@pytest.mark.parametrize("failure", ["compile", "no-symbol", "wrong-numbers"])
+def test_gram_falls_back_to_numpy_when_numbas_internal_gemm_fails(failure, monkeypatch):
+    """The direct kernel calls Numba's internal ``numba_xxgemm``: where it does not compile, is no longer exported
+    or gives wrong numbers, one warning, then NumPy's Gram (the same bits as calling it), not retried."""
+    import numba
+
+    from numba import _helperlib
+
+    monkeypatch.setattr(_cpu_kernels, "_DIRECT_USABLE", None)
+    if failure == "compile":
+        def broken(*args):
+            raise numba.core.errors.TypingError("Untyped global name 'numba_xxgemm'")
+        monkeypatch.setattr(_cpu_kernels, "_gram_direct_kernel", broken)
+    elif failure == "no-symbol":
+        monkeypatch.setattr(_helperlib, "c_helpers", {k: v for k, v in _helperlib.c_helpers.items() if k != "xxgemm"})
+    else:
+        def wrong(R, tr, n, d, Y, groups, parts, block, workers, counter, out_p):
+            out_p[:] = 1.0
+        monkeypatch.setattr(_cpu_kernels, "_gram_direct_kernel", wrong)
+    rng = np.random.default_rng(3)
+    X, Y = rng.normal(size=(N, 6)), rng.normal(size=(N, 2))
+    with pytest.warns(RuntimeWarning, match="compiled Gram kernel .* unavailable"):
+        got = _cpu_kernels.augmented_gram(X, Y)
+    assert _cpu_kernels._DIRECT_USABLE is False
+    np.testing.assert_array_equal(got, numpy_gram(X, Y))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")         # once: no second warning, no second try
+        XF = np.asfortranarray(X)
+        np.testing.assert_array_equal(_cpu_kernels.augmented_gram(XF, Y), numpy_gram(XF, Y))
+        sw = rng.uniform(0.5, 2.0, size=N)      # (the weighted kernel does not use the internal entry)
+        np.testing.assert_allclose(_cpu_kernels.augmented_gram(X, Y, sw), numpy_gram(X, Y, sw), rtol=1e-13, atol=1e-9)
+    monkeypatch.undo()
+    np.testing.assert_allclose(_cpu_kernels.augmented_gram(X, Y), numpy_gram(X, Y), rtol=1e-13, atol=1e-9)
+
+
 def test_gram_finds_nonfinite():
     X = np.random.default_rng(1).normal(size=(N, 5))
     X[N - 3, 2] = np.nan

@@ -1,11 +1,9 @@
 """Linear models on CuPy shards against the NumPy path and scikit-learn (GPU host only)."""
 
-import os
-
 import numpy as np
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from . import _launches
 
 pytestmark = pytest.mark.gpu
 
@@ -29,12 +27,12 @@ def test_one_gpu_matches_host():
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_linear_gpu_spmd(mpi, n):
+def test_linear_gpu_spmd(tmp_path_factory, n):
     import cupy as cp
 
     if cp.cuda.runtime.getDeviceCount() < n:
         pytest.skip(f"needs {n} GPUs")
-    mpi(os.path.join(HERE, "linear_gpu_script.py"), n, timeout=240)
+    _launches.gpu_launches(tmp_path_factory).verdict(n, "linear_gpu")   # linear_gpu_script.py (_launches.py)
 
 
 def test_sparse_cupyx_matches_scipy():

@@ -6,7 +6,6 @@ The primal trust-region Newton method stops where LIBLINEAR stops (same iterates
 1-4 ranks (``liblinear_spmd_script.py``) and CuPy shards on the GPU host.
 """
 
-import os
 import warnings
 
 import numpy as np
@@ -20,9 +19,6 @@ import mpiml.linear_model._liblinear as liblinear
 from mpiml.linear_model import LogisticRegression
 
 from . import _launches
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "liblinear_spmd_script.py")
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +131,8 @@ def test_liblinear_spmd(launches, n):
 @pytest.mark.gpu
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2])
-def test_liblinear_spmd_gpu(mpi, n):
+def test_liblinear_spmd_gpu(tmp_path_factory, n):
     cp = pytest.importorskip("cupy")
     if cp.cuda.runtime.getDeviceCount() < n:
         pytest.skip(f"needs {n} GPUs")
-    mpi(SCRIPT, n, "--gpu", timeout=240)
+    _launches.gpu_launches(tmp_path_factory).verdict(n, "liblinear")   # with --gpu, in the shared GPU launches

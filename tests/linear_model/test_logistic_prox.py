@@ -1,7 +1,6 @@
 """LogisticRegression with an L1 share in the penalty (``penalty="l1"`` / ``"elasticnet"``,
 ``l1_ratio > 0``): scikit-learn's solution, warnings and errors; 1-4 ranks; CuPy shards."""
 
-import os
 import warnings
 
 import numpy as np
@@ -15,9 +14,6 @@ import mpiml.linear_model._logistic_prox as prox
 from mpiml.linear_model import LogisticRegression
 
 from . import _launches
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "logistic_prox_spmd_script.py")
 
 
 @pytest.fixture(scope="module")
@@ -121,11 +117,11 @@ def test_l1_elasticnet_spmd(launches, n):
 @pytest.mark.gpu
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2])
-def test_l1_elasticnet_spmd_gpu(mpi, n):
+def test_l1_elasticnet_spmd_gpu(tmp_path_factory, n):
     cp = pytest.importorskip("cupy")
     if cp.cuda.runtime.getDeviceCount() < n:
         pytest.skip(f"needs {n} GPUs")
-    mpi(SCRIPT, n, "--gpu", timeout=240)
+    _launches.gpu_launches(tmp_path_factory).verdict(n, "logistic_prox")   # with --gpu, in the shared GPU launches
 
 
 def test_sparsify_after_l1_keeps_the_predictions():

@@ -255,7 +255,7 @@ class _ForestPrediction:
             arrays = {k: to_numpy(v) for k, v in self.get_tree(t).items()}
             tree = cls(**params, random_state=int(keys[t]))
             tree._adopt(TreeStructure(arrays, self.n_features_in_, n_classes), self.n_features_in_,
-                        self.n_outputs_, mf)
+                        self.n_outputs_, mf, fit_ranks=self._get_comm().size)
             if self._is_classifier:
                 tree.classes_, tree.n_classes_ = self.classes_, self.n_classes_
             out.append(tree)

@@ -20,9 +20,11 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted
 
 from .._array import to_numpy
 from ..comm import get_comm
+from ..utils._validation import validate_data
 
 __all__ = ["TreeStructure", "ForestTreeClassifier", "ForestTreeRegressor", "tree_depths"]
 
@@ -99,9 +101,13 @@ class TreeStructure:
 
     def _check(self, X):
         X = _dense_host(X)
-        if X.ndim != 2 or X.shape[1] != self.n_features:
-            raise ValueError(f"X has {X.shape[-1] if X.ndim else 0} features, but the tree is expecting "
-                             f"{self.n_features} features as input.")
+        if X.ndim != 2:
+            raise ValueError(f"Expected a 2D array of shape (n_samples, {self.n_features}), got {X.ndim}D "
+                             "instead. Reshape your data either using array.reshape(-1, 1) if your data has "
+                             "a single feature or array.reshape(1, -1) if it contains a single sample.")
+        if X.shape[1] != self.n_features:
+            raise ValueError(f"X has {X.shape[1]} features, but the tree is expecting {self.n_features} "
+                             "features as input.")
         return X
 
     def _step(self, X, node, rows):
@@ -166,32 +172,58 @@ class _ForestTree(BaseEstimator):
     #: The forest class that grows a lone tree in :meth:`fit` (set by :mod:`._forest`, which sits above).
     _forest_class = None
 
-    def _adopt(self, structure, n_features_in, n_outputs, max_features_):
+    def _adopt(self, structure, n_features_in, n_outputs, max_features_, fit_ranks=1):
         self.tree_ = structure
+        self._fit_ranks = fit_ranks          # a rank of a forest fitted over several may predict on no rows
         self.n_features_in_ = n_features_in
         self.n_outputs_ = n_outputs
         self.max_features_ = max_features_
         return self
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True          # as the forest: sparse rows are expanded (fit and predict)
+        tags.input_tags.allow_nan = True       # a missing value goes to the side its split learned
+        return tags
+
+    def _validate_X_predict(self, X, check_input):
+        """``X`` checked as scikit-learn's trees check it (fitted, 2-d, ``n_features_in_`` columns, no inf).
+
+        With ``check_input=False`` only the fitted state is checked (the caller vouches for ``X``).
+        """
+        check_is_fitted(self, "tree_")
+        if check_input:
+            X, _ = validate_data(self, X, comm=get_comm("self"), reset=False, accept_sparse=["csr", "csc"],
+                                 ensure_all_finite="allow-nan")
+        return X
+
+    def _leaf_values(self, X, check_input):
+        """``tree_.value`` at the leaf of every row of ``X``."""
+        X = self._validate_X_predict(X, check_input)
+        return self.tree_.value[self.tree_.apply(X)]
+
     def apply(self, X, check_input=True):
         """Leaf id reached by every row of ``X`` (host arrays)."""
-        return self.tree_.apply(X)
+        return self.tree_.apply(self._validate_X_predict(X, check_input))
 
     def decision_path(self, X, check_input=True):
         """CSR indicator of the nodes every row passes through."""
-        return self.tree_.decision_path(X)
+        return self.tree_.decision_path(self._validate_X_predict(X, check_input))
 
     def get_depth(self):
         """Depth of the tree (a lone root: 0)."""
+        check_is_fitted(self, "tree_")
         return self.tree_.max_depth
 
     def get_n_leaves(self):
         """Number of leaves."""
+        check_is_fitted(self, "tree_")
         return self.tree_.n_leaves
 
     @property
     def feature_importances_(self):
         """Normalised total impurity decrease per feature."""
+        check_is_fitted(self, "tree_")
         return self.tree_.compute_feature_importances()
 
     def fit(self, X, y, sample_weight=None, check_input=True):
@@ -209,6 +241,7 @@ class _ForestTree(BaseEstimator):
         forest.fit(X, y, sample_weight=sample_weight)
         tree = forest.estimators_[0]
         self.__dict__.update({k: v for k, v in vars(tree).items() if k.endswith("_")})
+        self._fit_ranks = 1
         return self
 
 
@@ -235,7 +268,7 @@ class ForestTreeClassifier(ClassifierMixin, _ForestTree):
 
     def predict_proba(self, X, check_input=True):
         """Class fractions of the leaf of every row: ``(n, n_classes)``, a list per output when several."""
-        value = self.tree_.value[self.tree_.apply(X)]
+        value = self._leaf_values(X, check_input)
         if self.n_outputs_ == 1:
             return value[:, 0, :self.tree_.n_classes[0]]
         return [value[:, o, :k] for o, k in enumerate(self.tree_.n_classes)]
@@ -248,7 +281,7 @@ class ForestTreeClassifier(ClassifierMixin, _ForestTree):
 
     def predict(self, X, check_input=True):
         """Most probable class of every row (per output when several)."""
-        proba = self.predict_proba(X)
+        proba = self.predict_proba(X, check_input)
         if self.n_outputs_ == 1:
             return self.classes_[np.argmax(proba, axis=1)]
         return np.stack([c[np.argmax(p, axis=1)] for c, p in zip(self.classes_, proba)], axis=1)
@@ -275,5 +308,5 @@ class ForestTreeRegressor(RegressorMixin, _ForestTree):
 
     def predict(self, X, check_input=True):
         """Mean target of the leaf of every row: ``(n,)``, or ``(n, n_outputs)``."""
-        value = self.tree_.value[self.tree_.apply(X)][:, :, 0]
+        value = self._leaf_values(X, check_input)[:, :, 0]
         return value[:, 0] if self.n_outputs_ == 1 else value

@@ -21,6 +21,7 @@ Both take C- or F-ordered rows as they are (an F-ordered shard, as the generator
 """
 
 import math
+import warnings
 
 import numpy as np
 
@@ -134,11 +135,17 @@ def _gram_kernel(R, tr, n, d, Y, w, unit, parts, block, workers, counter, out_p)
 
 #: Numba's own entry to BLAS's ``dgemm`` (the one its ``np.dot`` calls: ``numba_xxgemm(kind, transa, transb, m, n,
 #: k, alpha, a, lda, b, ldb, beta, c, ldc)``, column-major, SciPy's BLAS), declared here to pass a leading dimension:
-#: a block of rows of ``X`` is then multiplied where it lies, C- or F-ordered, with no copy.
-_DGEMM = nb.types.ExternalFunction("numba_xxgemm", nb.types.intc(
-    nb.types.char, nb.types.char, nb.types.char, nb.types.intp, nb.types.intp, nb.types.intp, nb.types.voidptr,
-    nb.types.voidptr, nb.types.intp, nb.types.voidptr, nb.types.intp, nb.types.voidptr, nb.types.voidptr,
-    nb.types.intp))
+#: a block of rows of ``X`` is then multiplied where it lies, C- or F-ordered, with no copy.  It is Numba's internal
+#: entry, not its public API: should a Numba release rename, drop or change it, :func:`_direct_gram_usable` finds
+#: out once per process and the unweighted float64 Gram falls back to NumPy's (with one warning).
+try:
+    _DGEMM = nb.types.ExternalFunction("numba_xxgemm", nb.types.intc(
+        nb.types.char, nb.types.char, nb.types.char, nb.types.intp, nb.types.intp, nb.types.intp, nb.types.voidptr,
+        nb.types.voidptr, nb.types.intp, nb.types.voidptr, nb.types.intp, nb.types.voidptr, nb.types.voidptr,
+        nb.types.intp))
+except (AttributeError, TypeError) as exc:   # (the kernel below then fails to compile: see _direct_gram_usable)
+    _DGEMM = None
+    _DGEMM_ERROR = exc
 _D, _N, _T = 100, 110, 116   # 'd', 'n', 't'
 
 
@@ -223,12 +230,70 @@ def _gram_groups(d, tr):
     return int(max(1, min(8, d // (4 if tr else 16))))
 
 
+def _run_direct(R, tr, n, d, Y64, parts, out_p):
+    """:func:`_gram_direct_kernel` over ``parts`` parts on this rank's threads (BLAS held to one thread by the caller)."""
+    rows = int(min(2048, max(64, _GRAM_BLOCK_BYTES // (8 * d))))
+    _gram_direct_kernel(R, tr, n, d, Y64, _gram_groups(d, tr), parts, rows, workers(parts, nb.get_num_threads()),
+                        np.zeros(1, np.int64), out_p)
+
+
+#: Whether the direct Gram kernel compiles and agrees with NumPy in this process (None: not tried yet).
+_DIRECT_USABLE = None
+
+
+def _direct_gram_usable():
+    """Whether :func:`_gram_direct_kernel` (Numba's internal ``numba_xxgemm``) works here: decided once per process.
+
+    The first call checks that Numba still exports the entry (calling an unresolved symbol would abort the
+    process, not raise), compiles the kernel (or loads it from the cache) and runs it on 300 x 5 rows, C- and
+    F-ordered, against NumPy (a changed argument list gives wrong numbers, not an error).  On any failure it
+    warns once and answers False from then on: the unweighted float64 Gram then goes through NumPy's
+    :func:`mpiml.utils._linalg.augmented_gram` (the same matrix; 1e5 x 32 on one loaded core: C-ordered about as
+    fast, F-ordered 2.5-3.5x slower: 17-27 ms against 5-9).
+    """
+    global _DIRECT_USABLE
+    if _DIRECT_USABLE is None:
+        _DIRECT_USABLE = _probe_direct_gram()
+    return _DIRECT_USABLE
+
+
+def _probe_direct_gram():
+    from ..utils._linalg import augmented_gram as numpy_gram
+
+    errors = (ImportError, AttributeError, TypeError, ValueError, NotImplementedError, RuntimeError, ArithmeticError,
+              nb.core.errors.NumbaError)
+    try:
+        if _DGEMM is None:
+            raise _DGEMM_ERROR
+        from numba import _helperlib
+
+        if "xxgemm" not in _helperlib.c_helpers:
+            raise ImportError("numba._helperlib no longer exports xxgemm (numba_xxgemm)")
+        rng = np.random.default_rng(0)
+        X, Y = rng.standard_normal((300, 5)), rng.standard_normal((300, 1))
+        for Xl in (X, np.asfortranarray(X)):
+            R, tr = _rows_view(Xl)
+            out = np.zeros((1, 7, 7))
+            with one_blas_thread():
+                _run_direct(R, tr, 300, 5, Y, 1, out)
+            want = np.tril(numpy_gram(Xl, Y))
+            if not np.allclose(np.tril(out[0]), want, rtol=1e-12, atol=1e-12):
+                raise ArithmeticError(f"its Gram of 300 x 5 {'F' if tr else 'C'}-ordered rows differs from NumPy's")
+    except errors as exc:
+        warnings.warn(f"mpiml: the compiled Gram kernel (Numba's internal numba_xxgemm) is unavailable in numba "
+                      f"{nb.__version__} ({type(exc).__name__}: {exc}); the host linear models form their Gram "
+                      "matrices with NumPy instead (the same matrix, slower).", RuntimeWarning, stacklevel=4)
+        return False
+    return True
+
+
 def augmented_gram(X, Y, sw=None):
     """This rank's ``ZᵀWZ``, ``Z = [X | Y | 1]`` (float64 ``(k, k)``, ``k = d + t + 1``), one read of ``X``.
 
     The same matrix as :func:`mpiml.utils._linalg.augmented_gram` (``XᵀWX``, ``XᵀWY``, ``YᵀWY``, the
     weighted column sums last, the weight total in the corner); non-finite input gives a non-finite
-    result.  ``Y`` is 2-D; ``sw`` the row weights or None.
+    result.  ``Y`` is 2-D; ``sw`` the row weights or None.  Unweighted float64 rows go through
+    :func:`_gram_direct_kernel`, or NumPy's Gram where that kernel does not work (:func:`_direct_gram_usable`).
     """
     n, d = X.shape
     t = Y.shape[1]
@@ -236,18 +301,20 @@ def augmented_gram(X, Y, sw=None):
     if n == 0:
         return np.zeros((k, k))
     R, tr = _rows_view(X)
-    Y64 = np.ascontiguousarray(Y, dtype=np.float64)
     unit = sw is None
+    direct = unit and R.dtype == np.float64 and n < 2 ** 31   # (BLAS's leading dimension is a 32-bit int)
+    if direct and not _direct_gram_usable():
+        from ..utils._linalg import augmented_gram as numpy_gram
+
+        return numpy_gram(X, Y)
+    Y64 = np.ascontiguousarray(Y, dtype=np.float64)
     w = np.ones(1) if unit else np.ascontiguousarray(sw, dtype=np.float64)
     parts = _parts(n, k)
     block = int(min(2048, max(64, _GRAM_BLOCK_BYTES // (8 * k * (1 if unit else 2)))))
     out_p = np.zeros((parts, k, k))
-    direct = unit and R.dtype == np.float64 and n < 2 ** 31   # (BLAS's leading dimension is a 32-bit int)
     with np.errstate(over="ignore", invalid="ignore"), one_blas_thread():
         if direct:
-            rows = int(min(2048, max(64, _GRAM_BLOCK_BYTES // (8 * d))))
-            _gram_direct_kernel(R, tr, n, d, Y64, _gram_groups(d, tr), parts, rows,
-                                workers(parts, nb.get_num_threads()), np.zeros(1, np.int64), out_p)
+            _run_direct(R, tr, n, d, Y64, parts, out_p)
         else:
             _gram_kernel(R, tr, n, d, Y64, w, unit, parts, block, workers(parts, nb.get_num_threads()),
                          np.zeros(1, np.int64), out_p)

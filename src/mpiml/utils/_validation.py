@@ -352,7 +352,14 @@ def agreed_X_message(gathered, estimator, allow_local_empty=True):
 
 
 def _spmd_size(estimator):
-    """Ranks of the communicator ``estimator`` was fitted over (1 when it has none)."""
+    """Ranks of the communicator ``estimator`` was fitted over (1 when it has none).
+
+    A model without a communicator of its own (a tree of a forest's ``estimators_``) may name the
+    ranks of its fit in ``_fit_ranks``.
+    """
+    ranks = getattr(estimator, "_fit_ranks", None)
+    if ranks is not None:
+        return int(ranks)
     get = getattr(estimator, "_get_comm", None)
     if get is None:
         return 1
