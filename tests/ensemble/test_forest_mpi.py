@@ -41,8 +41,6 @@ def _cases():
             env["MPIML_RF_TREE_PARALLEL_BYTES"] = "0"
         else:                            # the bin edges' sorts shared among the ranks (a column each)
             env["MPIML_RF_SHARED_EDGES"] = "0"
-            if (n, draws) == (3, "blocks"):   # the trees exchanged by allgatherv (elsewhere: in node memory)
-                env["MPIML_RF_SHARED_EXCHANGE"] = "0"
         if draws == "blocks":
             env.update(BLOCKS)
         cases.setdefault(n, []).append({"name": f"spmd-{growth}-{draws}", "env": env,

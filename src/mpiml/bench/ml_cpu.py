@@ -38,9 +38,9 @@ parts of a fit that do not shrink with the work weigh little; the forest has 128
 threads grows two, where 32 trees left half of them idle at 8 ranks)::
 
     B="mpiml bench ml --device cpu --threads-per-rank 8 --ranks 1,8 --ceiling"
-    $B --estimators kmeans --rows 2e6 --k 64 --iters 80
+    $B --estimators kmeans --rows 2e6 --k 64 --iters 60
     $B --estimators knn --knn-rows 3e5 --queries 40000
-    $B --estimators rf --rf-rows 2e5 --trees 128 --max-depth 0
+    $B --estimators rf --rf-rows 2e5 --trees 128 --max-depth 0      # also --trees 256: 4 trees a thread at 8 ranks
 
 The JSON (machine, date, command, sizes, every time and score) and a PNG go to ``--out``.
 """

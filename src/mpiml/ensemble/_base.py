@@ -314,22 +314,14 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
             grower = grower_for(X, weight, grown, offset, n_total, comm)
             trees = grower.grow(new_ids)
             self._fit_stats.update(grower.stats)
-            # the trees may be views of a node's shared memory (ranks growing whole trees: _tree_parallel), which
-            # release() frees, collectively, once the forest is assembled from them
-            release = getattr(grower, "release", None)
             del grower                                   # it holds the binned rows and the row weights
         else:
-            trees, release = self._fit_local(X, weight, grown, counts, comm, grower_for, new_ids), None
+            trees = self._fit_local(X, weight, grown, counts, comm, grower_for, new_ids)
         t_trees = time.perf_counter()
-        try:
-            trees = [self._prune(self._output_values(t), X.shape[1]) for t in trees]
-            self._seed_, self._tree_keys_ = seed, keys
-            self._n_local_rows_, self._row_offset_, self._fit_row_counts_ = X.shape[0], offset, counts
-            self._set_trees(old_trees + trees, xp)
-        finally:
-            trees = None
-            if release is not None:
-                release()
+        trees = [self._prune(self._output_values(t), X.shape[1]) for t in trees]
+        self._seed_, self._tree_keys_ = seed, keys
+        self._n_local_rows_, self._row_offset_, self._fit_row_counts_ = X.shape[0], offset, counts
+        self._set_trees(old_trees + trees, xp)
         self._fit_stats["set_trees_s"] = time.perf_counter() - t_trees
         if self.oob_score:
             t0 = time.perf_counter()

@@ -68,8 +68,7 @@ def grow(grower, trees):
     for key, value in alone.stats.items():
         grower.stats[key] = grower.stats.get(key, 0) + value
     by_id = {}
-    every_ids, every_trees, grower.release = _exchange(comm, mine, grown)
-    for ids, those in zip(every_ids, every_trees):
+    for ids, those in zip(*_exchange(comm, mine, grown)):
         by_id.update(zip(ids, those))
     # where a rank's time goes (the benchmark reads them): gathering the rows, growing its trees, the exchange
     grower.stats.update(tree_parallel=1, gather_rows_s=t1 - t0, grow_own_s=t2 - t1,
@@ -77,14 +76,12 @@ def grow(grower, trees):
     return [by_id[t] for t in trees]
 
 
-#: Exchange the trees through node memory where every rank shares one node (False, or
-#: ``MPIML_RF_SHARED_EXCHANGE=0``: one ``allgatherv``; tests and A/B runs).
-SHARED = True
-
-
-def _pack(grown):
-    """``(layout, buffer)``: this rank's tree arrays packed into one int64 buffer (8-byte aligned), and per tree
-    where each array lies (``{key: (dtype, shape, byte offset)}``)."""
+def _exchange(comm, mine, grown):
+    """Every rank's ``(tree ids, tree dicts)`` lists, in rank order: the arrays of this rank's trees packed into
+    one buffer, one ``allgatherv`` of the buffers and one ``allgather_obj`` of where each array lies; every
+    rank's trees are then views of the gathered buffer.  The trees are most of the bytes of a forest (128 full
+    depth trees of 2e5 rows: about 270 MB), and ``allgather_obj`` of them pickled, gathered, cut and unpickled
+    every rank's share: four copies on every rank, of bytes that do not shrink with the ranks."""
     layout, at = [], 0
     for tree in grown:
         entry = {}
@@ -99,76 +96,12 @@ def _pack(grown):
         for key, (_, _, off) in entry.items():
             a = np.ascontiguousarray(tree[key])
             raw[off:off + a.nbytes] = a.reshape(-1).view(np.uint8)
-    return layout, buf
-
-
-def _views(entries, chunk):
-    """The trees of one rank's ``entries`` (layouts) as views of its packed bytes ``chunk``."""
-    return [{key: chunk[off:off + int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize]
-             .view(dt).reshape(shape) for key, (dt, shape, off) in entry.items()} for entry in entries]
-
-
-def _exchange(comm, mine, grown):
-    """Every rank's ``(tree ids, tree dicts)`` lists, in rank order, and a release function (or None) that the
-    caller calls, on every rank, once it has copied the trees out (:meth:`._base.BaseForest.fit` assembles the
-    forest from them).
-
-    The trees are most of the bytes of a forest (128 full-depth trees of 2e5 rows: about 270 MB), every rank
-    needs all of them, and they do not shrink with the ranks.  ``allgather_obj`` of them pickled made four
-    copies on every rank; one ``allgatherv`` of a packed buffer per rank (and one ``allgather_obj`` of where
-    each array lies) took 0.17-0.24 s of a 1.48 s fit at 8 ranks of the 64-core host (key ``rf_0145``).  Where
-    every rank shares one node, each rank writes its packed trees once into its part of an MPI shared-memory
-    window and every rank's trees are views of the window, which the forest's assembly reads directly: no
-    message of trees at all; the window is freed (collectively) by the release function."""
-    layout, buf = _pack(grown)
-    shared = _in_node(comm, mine, layout, buf)
-    if shared is not None:
-        return shared
     every = comm.allgatherv(buf).view(np.uint8)
     ids, trees, start = [], [], 0
     for theirs, entries, words in comm.allgather_obj((mine, layout, buf.size)):
-        ids.append(theirs)
-        trees.append(_views(entries, every[start * 8:(start + words) * 8]))
+        chunk = every[start * 8:(start + words) * 8]
         start += words
-    return ids, trees, None
-
-
-def _in_node(comm, mine, layout, buf):
-    """:func:`_exchange` through one shared-memory window of the node, or None (ranks on several nodes, no shared
-    windows, or switched off): ``(ids, trees, release)``."""
-    if not SHARED or os.environ.get("MPIML_RF_SHARED_EXCHANGE", "1") == "0":
-        return None
-    from ..utils._threads import not_one_node, one_node_comm
-
-    raw = one_node_comm(comm)
-    if raw is None:
-        return None
-    from ..comm.backends.mpi import mpi_module
-
-    MPI = mpi_module()
-    win, failed = None, False
-    try:
-        win = MPI.Win.Allocate_shared(int(buf.nbytes), 1, comm=raw)
-        parts = [win.Shared_query(j)[0] for j in range(comm.size)]
-        mem = [np.frombuffer(p, dtype=np.uint8) if len(p) else np.zeros(0, dtype=np.uint8) for p in parts]
-    except Exception:  # an MPI without shared windows here (agreed below): the allgatherv
-        failed = True
-    if comm.allreduce_obj(bool(failed), op="max"):
-        not_one_node(raw)
-        if win is not None:
-            win.Free()
-        return None
-    win.Lock_all(MPI.MODE_NOCHECK)
-    mem[comm.rank][:] = buf.view(np.uint8)
-    win.Sync()
-    everyone = comm.allgather_obj((mine, layout))   # (also the barrier: every rank's trees are in place)
-    win.Sync()
-    ids = [theirs for theirs, _ in everyone]
-    trees = [_views(entries, chunk) for (_, entries), chunk in zip(everyone, mem)]
-
-    def release():
-        mem.clear()
-        win.Unlock_all()
-        win.Free()                      # collective: every rank has assembled its forest from the views
-
-    return ids, trees, release
+        ids.append(theirs)
+        trees.append([{key: chunk[off:off + int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize]
+                       .view(dt).reshape(shape) for key, (dt, shape, off) in entry.items()} for entry in entries])
+    return ids, trees

@@ -364,7 +364,7 @@ def _one_blas(controller):
 def one_node_comm(comm):
     """The mpi4py communicator under ``comm`` when all its ranks share one node, else None (one rank, not MPI, or
     ranks on several nodes).  A collective the first time per communicator (a shared-memory split); used by the
-    CPU paths that share node memory between ranks (the k-NN search, the forest's exchange of trees)."""
+    CPU paths that share node memory between ranks (the k-NN search)."""
     raw = getattr(getattr(comm, "_world", None), "comm", None)
     if raw is None or comm.size == 1:
         return None
