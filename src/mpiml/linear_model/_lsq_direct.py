@@ -43,7 +43,8 @@ from ..utils._linalg import augmented_gram as local_augmented_gram
 from ..utils._linalg import is_sparse
 from ._base import allreduce_identical, allreduce_identical_device, as_like
 
-__all__ = ["augmented_gram", "NormalEquations", "NORMAL_RTOL_FLOOR", "early_local_gram", "Shortcut"]
+__all__ = ["augmented_gram", "NormalEquations", "NORMAL_RTOL_FLOOR", "early_local_gram", "Shortcut",
+           "wait_compiled_algebra"]
 
 #: "auto" accepts the normal equations on float64 data while their estimated
 #: relative error in the coefficients stays below this.
@@ -207,7 +208,8 @@ class NormalEquations:
     @staticmethod
     def tolerance(kappa, dtype):
         """The error a backward-stable solver in ``dtype`` would make (``√κ u``), at least ``1e-10``."""
-        return max(math.sqrt(kappa) * _unit_roundoff(dtype), NORMAL_RTOL_FLOOR)   # (math: the same correctly rounded root)
+        # (math: the same correctly rounded root)
+        return max(math.sqrt(kappa) * _unit_roundoff(dtype), NORMAL_RTOL_FLOOR)
 
     def choose(self, dtype, alpha=0.0, fit_intercept=True):
         """``"normal"``, ``"centred"`` (a second, exactly centred Gram pass) or ``"tsqr"`` (see the module notes)."""
@@ -259,21 +261,72 @@ def _unit_roundoff(dtype):
     return u
 
 
+_JIT = []                 # the compiled module once loaded (None if it could not be), appended by the loader
+_JIT_LOADER = []          # the loader thread, once started
+_JIT_LOCK = threading.Lock()
+
+
+def _compiled_module():
+    """:mod:`._small_jit` once loaded, else None: the first call starts loading it (Numba's import and the
+    function's load or compile, ~0.5-3 s) in a daemon thread, so that no fit waits for it; fits take the
+    NumPy algebra until it is ready (the same bits, see :func:`_compiled`)."""
+    if _JIT:
+        return _JIT[0]
+    if not _JIT_LOADER:
+        with _JIT_LOCK:
+            if not _JIT_LOADER:
+                thread = threading.Thread(target=_load_compiled, name="mpiml-linear-algebra-jit", daemon=True)
+                _JIT_LOADER.append(thread)
+                thread.start()
+    return None
+
+
+def _load_compiled():
+    try:
+        from . import _small_jit as jit
+
+        jit.warm()
+    except Exception:   # noqa: BLE001 - no Numba (or it failed): the NumPy algebra serves every fit
+        jit = None
+    _JIT.append(jit)
+
+
+def wait_compiled_algebra(timeout=None):
+    """Start loading the compiled algebra if needed and wait for it (``timeout`` seconds at most).
+
+    For benchmarks of the steady state (a fit never waits for it). True when it is ready.
+    """
+    if not _JIT:
+        _compiled_module()
+        _JIT_LOADER[0].join(timeout)
+    return bool(_JIT) and _JIT[0] is not None
+
+
+def _intercept(coef, x_mean, y_mean):
+    """``ȳ - C x̄`` for ``coef`` (t, d) C-ordered: both algebra paths form it here, so that a rank taking either
+    path gets the same bits (the product's summation order depends on the layout)."""
+    return y_mean - coef @ x_mean
+
+
 def _compiled(Z, d, fit_intercept, solver, alpha, dtype, shortcut):
     """:func:`solve_direct`'s result from the reduced ``Z`` by one compiled call, or None (the NumPy path runs).
 
-    Device rows only, up to :data:`SMALL_ALGEBRA_FEATURES` (inside the one-BLAS-thread context): every
-    rank of a fit takes the same path (the namespace is agreed), and the route, ``κ`` and ``coef_`` are
-    the NumPy path's bits (see :mod:`._small_jit`).
+    Device rows only, up to :data:`SMALL_ALGEBRA_FEATURES` (inside the one-BLAS-thread context), once the
+    compiled function is loaded (:func:`_compiled_module`; until then the NumPy path).  The route, ``κ``,
+    ``G``, the means and ``coef_`` are the NumPy path's bits (see :mod:`._small_jit`) and the intercept is
+    formed the same way, so ranks that take different paths (one loaded it sooner) agree bit for bit.
     """
     if d > SMALL_ALGEBRA_FEATURES:
         return None
-    from . import _small_jit as jit   # (Numba: loaded at the first device fit)
-
-    route, kappa, coef, intercept, G = jit.direct_normal(Z, d, bool(fit_intercept), solver == "auto",
-                                                         float(alpha), _unit_roundoff(dtype), shortcut.threshold)
+    jit = _compiled_module()
+    if jit is None:
+        return None
+    route, kappa, coef, means, G = jit.direct_normal(Z, d, bool(fit_intercept), solver == "auto", float(alpha),
+                                                     _unit_roundoff(dtype), shortcut.threshold)
     if route != jit.NORMAL:
         return None
+    t = coef.shape[0]
+    intercept = _intercept(coef, means[:d], means[d:]) if fit_intercept else np.zeros(t)
     return (coef, intercept, shortcut.extra(G), "normal",
             {"condition": kappa if solver == "auto" else None, "route": "normal"})
 
@@ -386,6 +439,6 @@ def _solve_direct(X, y, Y, sw, *, fit_intercept, comm, xp, solver, solve_gram, s
         G, B = gram(X, Y, sw, x_mean, y_mean, sw_sum, comm=comm, xp=xp)
         with small():
             coef, extra = solve_gram(G, B)
-    coef = coef.T
-    intercept = y_mean - coef @ x_mean if fit_intercept else np.zeros(t)
+    coef = np.ascontiguousarray(coef.T)
+    intercept = _intercept(coef, x_mean, y_mean) if fit_intercept else np.zeros(t)
     return coef, intercept, extra, ("tsqr" if route == "tsqr" else "normal"), info

@@ -12,9 +12,8 @@ scaling to unit diagonal, the Cholesky factor and LAPACK's condition estimate of
 Bits: the element-wise steps are the NumPy path's operations in its order (IEEE float64, no fast
 math), and the factorisation, the estimate and the solve call the very LAPACK routines
 (``dpotrf``, ``dpocon``, ``dpotrs`` of SciPy's LAPACK, through ``scipy.linalg.cython_lapack``) on the
-same column-major matrices, so the route, ``κ`` and the coefficients are those of the NumPy path
-(tested bit for bit); only the intercept's dot product ``ȳ - Cᵀx̄`` is summed in row order here,
-where NumPy's BLAS may reassociate (a difference of an ulp or so).
+same column-major matrices, so the route, ``κ``, the means and the coefficients are those of the NumPy
+path (tested bit for bit); the caller forms the intercept ``ȳ - C x̄`` from them as the NumPy path does.
 
 It serves the common case only: the normal equations chosen and their Cholesky factor far from
 singular (the condition the NumPy path uses for its own shortcut).  Anything else (TSQR, the
@@ -30,7 +29,7 @@ import numpy as np
 
 from ..utils._jit import numba
 
-__all__ = ["direct_normal", "FALLBACK", "NONFINITE", "NORMAL"]
+__all__ = ["direct_normal", "warm", "FALLBACK", "NONFINITE", "NORMAL"]
 
 nb = numba()
 
@@ -67,7 +66,7 @@ def _direct_normal(Z, d, fit_intercept, auto, alpha, u, threshold):
     t = k - d - 1
     G = np.empty((d, d))
     coef = np.empty((t, d))
-    intercept = np.zeros(t)
+    means = np.zeros(d + t)     # [x̄ | ȳ] (zero without an intercept)
     nan = np.nan
     finite = True     # (a flag folded over every value: the loop vectorises, where a branch per value would not)
     for i in range(k):
@@ -75,14 +74,13 @@ def _direct_normal(Z, d, fit_intercept, auto, alpha, u, threshold):
         for j in range(k):
             finite &= abs(row[j]) <= _MAX64
     if not finite:
-        return NONFINITE, nan, coef, intercept, G
+        return NONFINITE, nan, coef, means, G
     if d == 0:
-        return FALLBACK, nan, coef, intercept, G
+        return FALLBACK, nan, coef, means, G
     sw_sum = Z[k - 1, k - 1]
     # NormalEquations: [G | B] = Z[:d, :d+t] - s sᵀ / n, G symmetrised as (G + Gᵀ) / 2; each product s_i s_j
     # (the same bits either way round) divided once for G[i, j] and G[j, i]
     B = np.empty((d, t))
-    means = np.empty(d + t)
     c = 0.0
     if fit_intercept:
         n = sw_sum if sw_sum != 0 else 1.0
@@ -118,13 +116,13 @@ def _direct_normal(Z, d, fit_intercept, auto, alpha, u, threshold):
         for j in range(d):
             finite &= abs(row[j]) <= _MAX64
     if not finite:
-        return FALLBACK, nan, coef, intercept, G   # the centring overflowed
+        return FALLBACK, nan, coef, means, G   # the centring overflowed
     # ScaledCholesky of A = G + alpha I: S = D A D (D = diag(A)^-1/2), column-major for LAPACK
     root = np.empty(d)
     for i in range(d):
         a = G[i, i] + alpha if alpha != 0.0 else G[i, i]
         if not a > 0:
-            return FALLBACK, nan, coef, intercept, G
+            return FALLBACK, nan, coef, means, G
         root[i] = 1.0 / np.sqrt(a)
     F = np.empty((d, d))     # F[j, i] = S[i, j]: S in column-major order
     colsum = np.zeros(d)     # Σ_i |S[i, j]| in row order (NumPy's column sums), the rows taken in turn
@@ -155,7 +153,7 @@ def _direct_normal(Z, d, fit_intercept, auto, alpha, u, threshold):
     info = np.zeros(1, np.int32)
     _DPOTRF(uplo.ctypes, ni.ctypes, F.ctypes, ni.ctypes, info.ctypes)
     if info[0] != 0:
-        return FALLBACK, nan, coef, intercept, G
+        return FALLBACK, nan, coef, means, G
     an = np.empty(1)
     an[0] = anorm
     rc = np.zeros(1)
@@ -165,20 +163,20 @@ def _direct_normal(Z, d, fit_intercept, auto, alpha, u, threshold):
             info.ctypes)
     rcond = rc[0]
     if info[0] != 0 or not rcond > 0:
-        return FALLBACK, nan, coef, intercept, G
+        return FALLBACK, nan, coef, means, G
     kappa = 1.0 / rcond
     bound = kappa * _ESTIMATE_MARGIN * (dmax / dmin)
     if not np.isfinite(kappa):
-        return FALLBACK, nan, coef, intercept, G
+        return FALLBACK, nan, coef, means, G
     err = kappa * _EPS64 * (d + c)
     if auto:
         tol = max(np.sqrt(kappa) * u, _RTOL_FLOOR)
         if not err <= tol:
-            return FALLBACK, kappa, coef, intercept, G    # the centred pass or TSQR
+            return FALLBACK, kappa, coef, means, G    # the centred pass or TSQR
     elif fit_intercept and c > d and err > _RTOL_FLOOR:
-        return FALLBACK, kappa, coef, intercept, G        # the centred pass
+        return FALLBACK, kappa, coef, means, G        # the centred pass
     if not bound * threshold < 1.0:
-        return FALLBACK, kappa, coef, intercept, G        # near singular: the eigenvalues decide
+        return FALLBACK, kappa, coef, means, G        # near singular: the eigenvalues decide
     # the solve: dpotrs on D B, then D x (ScaledCholesky.solve)
     Xf = np.empty((t, d))    # column-major (d, t)
     for i in range(d):
@@ -188,20 +186,14 @@ def _direct_normal(Z, d, fit_intercept, auto, alpha, u, threshold):
     nr[0] = t
     _DPOTRS(uplo.ctypes, ni.ctypes, nr.ctypes, F.ctypes, ni.ctypes, Xf.ctypes, ni.ctypes, info.ctypes)
     if info[0] != 0:
-        return FALLBACK, kappa, coef, intercept, G
+        return FALLBACK, kappa, coef, means, G
     for j in range(t):
         for i in range(d):
             v = Xf[j, i] * root[i]
             if not np.isfinite(v):
-                return FALLBACK, kappa, coef, intercept, G
+                return FALLBACK, kappa, coef, means, G
             coef[j, i] = v
-    if fit_intercept:
-        for j in range(t):
-            s = 0.0
-            for i in range(d):
-                s += coef[j, i] * means[i]
-            intercept[j] = means[d + j] - s
-    return NORMAL, kappa, coef, intercept, G
+    return NORMAL, kappa, coef, means, G
 
 
 def direct_normal(Z, d, fit_intercept, auto, alpha, u, threshold):
@@ -211,8 +203,16 @@ def direct_normal(Z, d, fit_intercept, auto, alpha, u, threshold):
     factorised ``G + αI``; ``u``: the unit roundoff of the data's dtype; ``threshold``: the solve
     happens when ``bound · threshold < 1`` (``bound`` the factor's upper bound of the 2-norm condition
     number; ``max(tol², 100 ε)`` for LinearRegression, ``100 d ε`` for Ridge, the NumPy path's rules).
-    Returns ``(route, kappa, coef (t, d), intercept (t,), G (d, d))``: ``route`` :data:`NORMAL` (the
+    Returns ``(route, kappa, coef (t, d), means (d + t,), G (d, d))``, ``means`` ``[x̄ | ȳ]`` (zero without
+    an intercept): ``route`` :data:`NORMAL` (the
     fit is done), :data:`NONFINITE` (``Z`` holds NaN or infinity) or :data:`FALLBACK` (run the NumPy
     path; ``coef`` and the rest are then meaningless).
     """
     return _direct_normal(Z, d, fit_intercept, auto, alpha, u, threshold)
+
+
+def warm():
+    """Load (or compile) :func:`direct_normal` for the argument types the fits pass, on a small matrix."""
+    Z = np.eye(4)
+    Z[3, 3] = 10.0
+    direct_normal(Z, 2, True, True, 0.0, 2.0 ** -24, 1e-12)
