@@ -650,16 +650,26 @@ def test_random_programs_with_the_stream_order_finish_with_the_right_data(P):
             assert len({model.epochs[(r, j)] for r in range(P)}) == 1, (seed, j)
 
 
+def _mixed_programs_finish(P, kinds, algo=None):
+    """Ten seeded random programs of ``kinds`` (roots moving, several streams, graphs), each finishing with the
+    right data; how many of rank 0's calls took ``algo``."""
+    taken = 0
+    for seed in range(10):
+        model = Model(P, epoch=seed % 3, ordered=True, seed=seed)
+        programs = _programs(P, seed, kinds=kinds)
+        stuck = model.run(programs)
+        assert stuck is None, (seed, stuck)
+        assert not model.errors, (seed, model.errors[:3])
+        taken += sum(1 for a in programs[0] if a[0] == "call" and a[1]["algo"] == algo)
+    return taken
+
+
 @pytest.mark.parametrize("P", [2, 3, 4])
 def test_the_two_shot_ll_kernels_among_the_others_finish_with_the_right_data(P):
     """bcast / reduce / allreduce ``lltwoshot`` (no barrier: a bcast root waits for nobody, forwarders wait for the root,
     a reduce's root for the reduced parts) between every other kind, on several streams and in graphs."""
     kinds = KINDS + [("bcast", "lltwoshot"), ("reduce", "lltwoshot"), ("allreduce", "lltwoshot")] * 3
-    for seed in range(10):
-        model = Model(P, epoch=seed % 3, ordered=True, seed=seed)
-        stuck = model.run(_programs(P, seed, kinds=kinds))
-        assert stuck is None, (seed, stuck)
-        assert not model.errors, (seed, model.errors[:3])
+    _mixed_programs_finish(P, kinds)
 
 
 @pytest.mark.parametrize("P", [2, 3, 4])
@@ -668,15 +678,7 @@ def test_the_ll_relay_reduce_among_the_others_finishes_with_the_right_data(P):
     to the root, which waits for them alone) between every other kind, roots moving, on several streams and in
     graphs, the plain LL two-shot kernels among them (the same regions)."""
     kinds = KINDS + [("reduce", "llrelay"), ("bcast", "lltwoshot"), ("allreduce", "lltwoshot")] * 3
-    relays = 0
-    for seed in range(10):
-        model = Model(P, epoch=seed % 3, ordered=True, seed=seed)
-        programs = _programs(P, seed, kinds=kinds)
-        stuck = model.run(programs)
-        assert stuck is None, (seed, stuck)
-        assert not model.errors, (seed, model.errors[:3])
-        relays += sum(1 for a in programs[0] if a[0] == "call" and a[1]["algo"] == "llrelay")
-    assert relays > 0
+    assert _mixed_programs_finish(P, kinds, "llrelay") > 0
 
 
 @pytest.mark.parametrize("P", [2, 3, 4])
@@ -685,15 +687,7 @@ def test_the_ll128_direct_reduce_among_the_others_finishes_with_the_right_data(P
     two-shot kernels keep their copies; the root waits for the call's flag) between every other kind, roots moving,
     on several streams and in graphs."""
     kinds = KINDS + [("reduce", "ll128direct"), ("allreduce", "twoshot"), ("reduce", "twoshot")] * 3
-    direct = 0
-    for seed in range(10):
-        model = Model(P, epoch=seed % 3, ordered=True, seed=seed)
-        programs = _programs(P, seed, kinds=kinds)
-        stuck = model.run(programs)
-        assert stuck is None, (seed, stuck)
-        assert not model.errors, (seed, model.errors[:3])
-        direct += sum(1 for a in programs[0] if a[0] == "call" and a[1]["algo"] == "ll128direct")
-    assert direct > 0
+    assert _mixed_programs_finish(P, kinds, "ll128direct") > 0
 
 
 @pytest.mark.parametrize("P", [2, 3, 4])
@@ -701,11 +695,7 @@ def test_the_pipelined_kernels_among_the_others_finish_with_the_right_data(P):
     """bcast / reduce / allreduce ``pipe`` (no barrier: flags per step, a word per writer; the bcast root and the
     reduce's sources wait for nobody) between every other kind, roots moving, on several streams and in graphs."""
     kinds = KINDS + [("bcast", "pipe"), ("reduce", "pipe"), ("allreduce", "pipe")] * 3
-    for seed in range(10):
-        model = Model(P, epoch=seed % 3, ordered=True, seed=seed)
-        stuck = model.run(_programs(P, seed, kinds=kinds))
-        assert stuck is None, (seed, stuck)
-        assert not model.errors, (seed, model.errors[:3])
+    _mixed_programs_finish(P, kinds)
 
 
 def test_the_pipelined_bcast_root_is_held_back_by_the_acks():
