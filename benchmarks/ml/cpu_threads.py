@@ -115,17 +115,6 @@ def _stream_kernel(nb):
     return stream
 
 
-def _wait_all(barrier, name, index, procs, timeout=120.0):
-    """A file barrier of ``procs`` copies: this one's mark, then every other's (or the timeout)."""
-    open(os.path.join(barrier, f"{name}.{index}"), "w").close()
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout:
-        if all(os.path.exists(os.path.join(barrier, f"{name}.{i}")) for i in range(procs)):
-            return True
-        time.sleep(0.002)
-    return False
-
-
 def _for_seconds(fn, seconds):
     """``(calls, wall s a call, CPU s a call, machine)`` of ``fn`` called for about ``seconds``; ``machine``:
     the shares of the whole machine's CPU time that were busy and stolen meanwhile (``/proc/stat``: a virtual
@@ -174,6 +163,7 @@ def _knn_data(rows, queries, seeds, comm):
 def _child(args):
     """One copy of ``--procs``: its own data, each part after the barrier, for ``--seconds``."""
     import mpiml
+    from mpiml.bench.ml_cpu import _file_barrier
     from mpiml.comm import get_comm
     from mpiml.utils._jit import numba
 
@@ -187,14 +177,14 @@ def _child(args):
         a = np.random.default_rng(i).random(int(args.stream_mb * 2 ** 20 // 8))
         stream = _stream_kernel(nb)
         stream(a)
-        if _wait_all(args.child_dir, "stream", i, procs):
+        if _file_barrier(args.child_dir, "stream", i, procs, timeout=120.0):
             calls, w, c, m = _for_seconds(lambda: stream(a), args.seconds)
             out["results"]["stream"] = {"calls": calls, "wall": w, "cpu": c, "GBps": round(a.nbytes / w / 1e9, 2),
                                         "machine": m}
     if "kmeans" in parts:
         X, _, step = _kmeans_step(args.rows, i, comm, k=args.k)
         step()
-        if _wait_all(args.child_dir, "kmeans", i, procs):
+        if _file_barrier(args.child_dir, "kmeans", i, procs, timeout=120.0):
             calls, w, c, m = _for_seconds(step, args.seconds)
             out["results"]["kmeans_step"] = {"calls": calls, "wall": w, "cpu": c,
                                              "GBps": round(X.nbytes / w / 1e9, 2), "machine": m}
@@ -203,7 +193,7 @@ def _child(args):
 
         X, Q = _knn_data(args.knn_rows, args.queries, (100 + i, 200 + i), comm)
         _cpu.topk(Q[:64], X, 10)
-        if _wait_all(args.child_dir, "knn", i, procs):
+        if _file_barrier(args.child_dir, "knn", i, procs, timeout=120.0):
             calls, w, c, m = _for_seconds(lambda: _cpu.topk(Q, X, 10), args.seconds)
             out["results"]["knn"] = {"calls": calls, "wall": w, "cpu": c, "machine": m}
     with open(os.path.join(args.child_dir, f"child{i}.json"), "w") as f:
