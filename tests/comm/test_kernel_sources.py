@@ -79,7 +79,7 @@ def test_the_ll128_chunks_keep_every_line_within_the_staging_buffer():
     """``ipc._ll128_plan``: lines of 120 payload bytes in 128 in one staging buffer (cap / 128 lines): the two-shot's
     nranks parts, every rank's copies and the gathered parts (2 * nranks * part lines); the relay's nranks - 1 parts
     ((nranks - 1) * part lines); the direct reduce's nranks - 1 copies of every line; 8 lanes a line, at most
-    ``blocks`` blocks; the header's payload words agree with the host's; with the default 32 MiB buffers a 4 MiB
+    ``blocks`` blocks (a split grid: 4 lines a pushing warp); the header's payload words agree with the host's; with the default 32 MiB buffers a 4 MiB
     reduce or allreduce is one launch (a direct reduce: 10 MiB at 4 ranks)."""
     words = re.search(r"#define MPIML_LL128_WORDS (\d+)", _text(COMMON))
     assert words and int(words.group(1)) * 8 == ipc.LL128_PAYLOAD
@@ -98,6 +98,10 @@ def test_the_ll128_chunks_keep_every_line_within_the_staging_buffer():
                     for blocks in (ipc.WIDE_LL_MAX_BLOCKS, 32):
                         _, grid = ipc._ll128_plan(min(nbytes, chunk), nranks, cap, relay, direct, blocks)
                         assert grid == max(1, min(blocks, -(-8 * part // ipc.LL_THREADS)))
+                        # split: the pushing warps of a block (4 lines each a round) size the grid
+                        for split, pushing in ((0, 16), (8, 8), (4, 4), (15, 15), (16, 16)):
+                            _, grid = ipc._ll128_plan(min(nbytes, chunk), nranks, cap, relay, direct, blocks, split)
+                            assert grid == max(1, min(blocks, -(-part // (4 * pushing))))
         assert ipc._ll128_plan(4 << 20, nranks, 32 << 20)[0] >= 4 << 20
         assert ipc._ll128_plan(4 << 20, nranks, 32 << 20, True)[0] >= 4 << 20
         assert ipc._ll128_plan(4 << 20, nranks, 32 << 20, direct=True)[0] >= 4 << 20
@@ -177,7 +181,7 @@ def test_the_hot_launcher_of_the_ll_two_shot_kernels_logs_the_calls_plan(monkeyp
     t.multi_node, t._sync, t._err_host, t._err_code = False, False, 1, None
     t.rank, t.size, t.cap, t.ll_max, t.ll_slot = 1, 4, 32 << 20, 256 << 10, ipc.LL_SLOT_DEFAULT
     t.oneshot_max, t.twoshot_cap, t.push_cap = 256 << 10, 16 << 20, 8 << 20
-    t.ll128_blocks = ipc.WIDE_LL_MAX_BLOCKS
+    t.ll128_blocks, t.ll128_split = ipc.WIDE_LL_MAX_BLOCKS, {"reduce": 8, "allreduce": 4}
     t._kernel = lambda family, name, dtype, rop, aligned: (family, name, aligned)
     plan = object()
     arg = {"bcast": 0, "reduce": ("sum", 0), "allreduce": "sum"}[op]
@@ -186,3 +190,5 @@ def test_the_hot_launcher_of_the_ll_two_shot_kernels_logs_the_calls_plan(monkeyp
     kernel = {"lltwoshot": f"mpiml_{op}_lltwoshot", "llrelay": "mpiml_reduce_llrelay",
               "ll128": f"mpiml_{op}_ll128", "ll128direct": "mpiml_reduce_ll128direct"}[algo]
     assert seen["fa"] == (op, kernel, True) and seen["block"] == ipc.LL_THREADS and seen["mask"] == 7
+    # the LL128 relay and two-shot take their split above the root's byte (extra = split << 8 | root)
+    assert seen["extra"] == (t.ll128_split[op] << 8 if algo == "ll128" else 0)

@@ -129,6 +129,9 @@ LL128_PAYLOAD = 120  # payload bytes of an LL128 line (ipc_common's MPIML_LL128_
 # block waits for the same block of its peers, so every block must be resident at once: at most one an SM of the
 # smallest GPU meant (132 SMs on an H100; their loops take the lines beyond)
 WIDE_LL_MAX_BLOCKS = 128
+# pushing warps a block of the LL128 relay reduce and two-shot allreduce (MPIML_IPC_LL128_REDUCE_SPLIT,
+# MPIML_IPC_LL128_ALLREDUCE_SPLIT; see MpimlLL128's roles in ipc_common.cuh): 0, every warp pushes, then waits
+LL128_SPLIT = {"reduce": 0, "allreduce": 0}
 
 _CHUNK_ALIGN = 256
 # one-node graphs of repeated hot calls alive at once per transport (IPCTransport.one_node_graph)
@@ -182,14 +185,16 @@ def _lltwoshot_plan(op, nbytes, nranks, ll_slot, relay=False):
     return chunk_bytes, max(1, min(most, -(-(-(-lines // parts)) // LL_THREADS)))
 
 
-def _ll128_plan(nbytes, nranks, cap, relay=False, direct=False, blocks=WIDE_LL_MAX_BLOCKS):
+def _ll128_plan(nbytes, nranks, cap, relay=False, direct=False, blocks=WIDE_LL_MAX_BLOCKS, split=0):
     """``(chunk bytes, grid)`` of the LL128 kernels (``mpiml_allreduce_ll128``: the two-shot, ``mpiml_reduce_ll128``:
     the relay, ``relay`` true, ``mpiml_reduce_ll128direct``: ``direct`` true) for calls of ``nbytes``: lines of 128
     bytes carrying 120 in the staging buffer of one parity (``cap`` bytes), cut into ``nranks`` parts whose
     ``2 * nranks * part`` lines fit it (the two-shot: every rank's copies and the gathered reduced parts) or
     ``nranks - 1`` parts whose ``(nranks - 1) * part`` lines fit it (the relay: an owner's copies, the root's reduced
     parts); the direct reduce keeps ``nranks - 1`` copies of every line (one part) at the root; 8 lanes a line, so
-    the grid has ``8 * part`` threads (the same on every rank), at most ``blocks`` blocks."""
+    the grid has ``8 * part`` threads (the same on every rank), at most ``blocks`` blocks.  ``split``: the pushing
+    warps of a block (``MpimlLL128``'s roles in ``ipc_common.cuh``; 0, every warp pushes and waits), whose lines
+    size the grid: ``8 * part`` threads of pushing warps."""
     if direct:
         parts = 1
         chunk = LL128_PAYLOAD * (cap // 128 // max(1, nranks - 1))
@@ -201,7 +206,8 @@ def _ll128_plan(nbytes, nranks, cap, relay=False, direct=False, blocks=WIDE_LL_M
         chunk = LL128_PAYLOAD * nranks * (cap // 128 // (2 * nranks))
     lines = -(-(-(-min(nbytes, chunk) // 8)) // (LL128_PAYLOAD // 8))
     part = -(-lines // parts)
-    return chunk, max(1, min(blocks, -(-8 * part // LL_THREADS)))
+    pushing = split if 0 < split < LL_THREADS // 32 else LL_THREADS // 32
+    return chunk, max(1, min(blocks, -(-8 * part // (32 * pushing))))
 
 
 def _pipe_plan(op, nbytes, nranks, blocks, rounds):
@@ -303,6 +309,11 @@ class IPCTransport(Transport):
         # the LL128 kernels' largest grid (every block resident at once: at most one an SM, see WIDE_LL_MAX_BLOCKS)
         self.ll128_blocks = _config.env_number("MPIML_IPC_LL128_BLOCKS", WIDE_LL_MAX_BLOCKS, minimum=1,
                                                maximum=WIDE_LL_MAX_BLOCKS, unit="blocks")
+        # the LL128 relay reduce's and two-shot allreduce's pushing warps a block (the others wait: MpimlLL128's
+        # roles, ipc_common.cuh); 0: every warp pushes its lines, then waits for the lines it handles
+        self.ll128_split = {op: _config.env_number(f"MPIML_IPC_LL128_{op.upper()}_SPLIT", LL128_SPLIT[op], minimum=0,
+                                                   maximum=LL_THREADS // 32 - 1, unit="warps")
+                            for op in ("reduce", "allreduce")}
         # two-shot keeps the sources' copies and the reduced parts (2 n, rounded up to the parts) in a buffer
         self.twoshot_cap = (self.cap // 2 - 16 * (MAX_RANKS + 1)) // _CHUNK_ALIGN * _CHUNK_ALIGN
         # a pushed allgather keeps every rank's part (its packs) in each buffer
@@ -329,7 +340,8 @@ class IPCTransport(Transport):
             err = f"{type(exc).__name__}: {exc}"
         agree_or_raise(world, err, "ipc workspace")
         # the kernels find a peer's buffers and slots at their own offsets: the layout must be the same everywhere
-        layout = (self.cap, self.ll_max, self.ll_slot, self.pipe_blocks, self.pipe_rounds, self.ll128_blocks)
+        layout = (self.cap, self.ll_max, self.ll_slot, self.pipe_blocks, self.pipe_rounds, self.ll128_blocks,
+                  tuple(self.ll128_split.values()))
         shared = world.allgather_obj((handle, layout))
         handles = [h for h, _ in shared]
         if len({lay for _, lay in shared}) > 1:
@@ -337,7 +349,8 @@ class IPCTransport(Transport):
             self._base = None
             raise BackendUnavailableError(
                 "the ipc workspaces differ between ranks (MPIML_IPC_BYTES, MPIML_IPC_LL_BYTES, "
-                "MPIML_IPC_LL_SLOT_BYTES, MPIML_IPC_PIPE_BLOCKS, MPIML_IPC_PIPE_ROUNDS, MPIML_IPC_LL128_BLOCKS must "
+                "MPIML_IPC_LL_SLOT_BYTES, MPIML_IPC_PIPE_BLOCKS, MPIML_IPC_PIPE_ROUNDS, MPIML_IPC_LL128_BLOCKS, "
+                "MPIML_IPC_LL128_REDUCE_SPLIT, MPIML_IPC_LL128_ALLREDUCE_SPLIT must "
                 "be the same on every rank): "
                 + ", ".join(f"rank {r}: {lay}" for r, (_, lay) in enumerate(shared)))
         peers, err = [], None
@@ -628,30 +641,33 @@ class IPCTransport(Transport):
         rop = self._reduce_op(op, dtype) if op is not None else None
         sp = sendbuf.data.ptr
         rp = recvbuf.data.ptr if recvbuf is not None and recvbuf.size else 0
-        kernel, plan = self._lltwoshot_variant(op_name, variant)
+        kernel, plan, tag = self._lltwoshot_variant(op_name, variant)
         chunk_bytes, _ = plan(n * isz)
         for start, count in self._chunks(n, isz, chunk_bytes):
             off = start * isz
             aligned = not ((sp + off) & 7 or (rp + off if rp else 0) & 7)
             fn = self._kernel(op_name, kernel, dtype, rop, aligned)
             _, grid = plan(count * isz)
-            self._launch(fn, grid, sp + off, (rp + off) if rp else 0, count, root, LL_THREADS)
+            self._launch(fn, grid, sp + off, (rp + off) if rp else 0, count, tag | root, LL_THREADS)
         return self._done(op_name)
 
     def _lltwoshot_variant(self, op_name, variant="lltwoshot"):
-        """``(kernel, plan)`` of algorithm ``variant`` of ``op_name``: ``lltwoshot`` (bcast, reduce, allreduce: the LL
-        two-shot), ``llrelay`` (reduce: the relay) or ``ll128`` (reduce: the relay, allreduce: the two-shot, in LL128
-        lines, in the staging buffers), ``ll128direct`` (reduce: the non-roots' LL128 lines straight to the root);
-        ``plan(nbytes)`` is ``(chunk bytes, grid)`` of a launch.  At one rank, the LL two-shot."""
+        """``(kernel, plan, tag)`` of algorithm ``variant`` of ``op_name``: ``lltwoshot`` (bcast, reduce, allreduce:
+        the LL two-shot), ``llrelay`` (reduce: the relay) or ``ll128`` (reduce: the relay, allreduce: the two-shot, in
+        LL128 lines, in the staging buffers), ``ll128direct`` (reduce: the non-roots' LL128 lines straight to the
+        root); ``plan(nbytes)`` is ``(chunk bytes, grid)`` of a launch, ``tag | root`` the kernel's ``extra`` (the
+        LL128 kernels' split in its bits above 255).  At one rank, the LL two-shot."""
         size, slot, cap, blocks = self.size, self.ll_slot, self.cap, self.ll128_blocks
         if variant == "ll128direct" and op_name == "reduce" and size > 1:
-            return "mpiml_reduce_ll128direct", lambda nbytes: _ll128_plan(nbytes, size, cap, direct=True, blocks=blocks)
+            return ("mpiml_reduce_ll128direct",
+                    lambda nbytes: _ll128_plan(nbytes, size, cap, direct=True, blocks=blocks), 0)
         if variant == "ll128" and size > 1:
-            relay = op_name == "reduce"
-            return f"mpiml_{op_name}_ll128", lambda nbytes: _ll128_plan(nbytes, size, cap, relay, blocks=blocks)
+            relay, split = op_name == "reduce", self.ll128_split[op_name]
+            return (f"mpiml_{op_name}_ll128",
+                    lambda nbytes: _ll128_plan(nbytes, size, cap, relay, blocks=blocks, split=split), split << 8)
         if variant in ("llrelay", "ll128") and op_name == "reduce" and size > 1:
-            return "mpiml_reduce_llrelay", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot, True)
-        return f"mpiml_{op_name}_lltwoshot", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot)
+            return "mpiml_reduce_llrelay", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot, True), 0
+        return f"mpiml_{op_name}_lltwoshot", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot), 0
 
     def _pipe(self, op_name, sendbuf, recvbuf, op, root):
         """The pipelined two-shot bcast, reduce or allreduce (see mpiml_pipe), in chunks of one staging buffer."""
@@ -883,11 +899,11 @@ class IPCTransport(Transport):
         if algo == "ll" and not ll_ok or algo == "twoshot" and nb > self.twoshot_cap or \
                 algo == "push" and nb > self.push_cap:
             return None
-        kernel = f"mpiml_{op}_{algo}"
+        kernel, tag = f"mpiml_{op}_{algo}", 0
         if algo in ("lltwoshot", "llrelay", "ll128", "ll128direct"):
             if self.size == 1:  # (a bcast among one rank: the full path)
                 return None
-            kernel, launch_plan = self._lltwoshot_variant(op, algo)  # (not `plan`: the call's, for the launcher)
+            kernel, launch_plan, tag = self._lltwoshot_variant(op, algo)  # (not `plan`: the call's, for the launcher)
             chunk, grid = launch_plan(nb)
             if nb > chunk:  # (several launches: the full path)
                 return None
@@ -904,7 +920,7 @@ class IPCTransport(Transport):
         rop = self._reduce_op(red, dtype) if red is not None else None
         fa = self._kernel(family, kernel, dtype, rop, True)
         fu = self._kernel(family, kernel, dtype, rop, False)
-        extra = (step << 4) | root if algo == "pipe" else root
+        extra = (step << 4) | root if algo == "pipe" else tag | root
         if op == "allgather":
             extra = x.size  # the row stride of the result, in elements
             if nb & mask:

@@ -95,27 +95,31 @@ mpiml_allreduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, l
 // its own to out; then copies the other parts' reduced lines out as they arrive (line i of every
 // part waited for at once). A warp holds 4
 // lines (8 lanes each) a round and every warp of every rank takes the same lines (the grid is
-// agreed); a warp pushes the lines of all its rounds before it waits for any (phases A, B, C).
+// agreed); a warp pushes the lines of all its rounds before it waits for any (phases A, B, C), or,
+// with split > 0 (MpimlLL128's roles), the first `split` warps of a block push (A) and the others
+// take B and C.
 // The region is the staging buffer of the call's parity (mpiml_buf: see the LL128 lines in
 // ipc_common.cuh); the host keeps 2 * nranks * part lines within it (cap / 128 of them). A
 // counts 8-byte alignment; a lane writes out only words it read before (in == out is safe).
 template <typename T, int OP, bool A>
-__device__ __forceinline__ void mpiml_ll128_twoshot_allreduce(const MpimlCtx* c, const T* in, T* out, long long n) {
-    const MpimlLL128 ll(c, n * (long long)sizeof(T));
+__device__ __forceinline__ void mpiml_ll128_twoshot_allreduce(const MpimlCtx* c, const T* in, T* out, long long n, int split) {
+    const MpimlLL128 ll(c, n * (long long)sizeof(T), split);
     const int nr = (int)c->nranks, me = (int)c->rank, sub = ll.sub;
     const long long part = (ll.lines + nr - 1) / nr;
     const ulonglong2* mine = ll.region(me);
     // A: part r of the input into rank r's region at [me * part] (this rank's own part stays in the input)
-    ll.push<A>(in, part, nr - 1, [&](int k, long long& g0, ulonglong2*& dst) {
-        const int r = (me + k) % nr;
-        g0 = r * part;
-        dst = ll.region(r) + 8 * (me * part);
-        return true;
-    });
+    if (ll.pushes) {
+        ll.push<A>(in, part, nr - 1, [&](int k, long long& g0, ulonglong2*& dst) {
+            const int r = (me + k) % nr;
+            g0 = r * part;
+            dst = ll.region(r) + 8 * (me * part);
+            return true;
+        });
+    }
     // B: this rank's part reduced as its copies arrive (its own from the input), pushed to every other rank and
     // stored to out
-    bool ok = true;
-    MPIML_LL128_ROUNDS(ll, base, part) {
+    bool ok = ll.waits;
+    if (ok) MPIML_LL128_ROUNDS(ll, base, part) {
         const long long i = ll.line(base);
         const long long g = me * part + i;
         const bool mine_act = i < part && g < ll.lines;
@@ -151,11 +155,11 @@ __device__ __forceinline__ void mpiml_ll128_twoshot_allreduce(const MpimlCtx* c,
     mpiml_end<false>(c, ll.epoch);
 }
 
-// The LL128 two-shot allreduce (algorithm ll128): see mpiml_ll128_twoshot_allreduce above.
+// The LL128 two-shot allreduce (algorithm ll128): see mpiml_ll128_twoshot_allreduce above. extra = split << 8.
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_allreduce_ll128(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
-    mpiml_ll128_twoshot_allreduce<T, OP, A>(c, in, out, n);
+    mpiml_ll128_twoshot_allreduce<T, OP, A>(c, in, out, n, (int)(extra >> 8));
 }
 
 // Pipelined two-shot allreduce (no barrier): see mpiml_pipe (ipc_common.cuh); extra = S << 4.

@@ -889,22 +889,41 @@ __device__ __forceinline__ ulonglong2 mpiml_ll128_fold_own(const ulonglong2 (&v)
 // 16 bytes, sub = l % 8, of line base + l / 8), every warp of every rank the same ones (the grid is agreed):
 // rounds at base = 4 * warp, 4 * (warp + warps), ... (MPIML_LL128_ROUNDS). region(r): rank r's staging buffer
 // of this call's parity, as 16-byte lanes (line g at 8 g).
+//
+// Roles: with split = 0 every warp pushes its lines (pushes) and then waits for and handles the lines that
+// arrive (waits). With 0 < split < warps a block, the block's first `split` warps only push and the others
+// only wait, each role numbering its own warps across the grid (warp, warps): a warp that waits never holds
+// back a push of its rank (a warp that does both issues its second hop only once the stores of all its
+// pushes have left, which at a few MiB is once the links have carried most of the first hop), so the
+// second hop runs while the first is still on the links. Deadlock-free as before: a push never waits, and
+// every block is resident (the host's grid).
 struct MpimlLL128 {
     const MpimlCtx* c;
     long long nbytes, lines, warp, warps;
     unsigned epoch;
     unsigned long long flagword;
     int lane, sub;
+    bool pushes, waits;
 
-    __device__ __forceinline__ MpimlLL128(const MpimlCtx* ctx, long long bytes) : c(ctx) {
+    __device__ __forceinline__ MpimlLL128(const MpimlCtx* ctx, long long bytes, int split = 0) : c(ctx) {
         nbytes = bytes;
         lines = ((bytes + 7) / 8 + MPIML_LL128_WORDS - 1) / MPIML_LL128_WORDS;
         epoch = mpiml_begin(ctx);
         flagword = mpiml_ll128_flag(epoch);
         lane = threadIdx.x & 31;
         sub = lane & 7;
-        warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-        warps = ((long long)gridDim.x * blockDim.x) >> 5;
+        const int w = (int)(threadIdx.x >> 5), per = (int)(blockDim.x >> 5);
+        if (split > 0 && split < per) {  // (warp-uniform)
+            pushes = w < split;
+            waits = !pushes;
+            const int k = pushes ? split : per - split;
+            warp = (long long)blockIdx.x * k + (pushes ? w : w - split);
+            warps = (long long)gridDim.x * k;
+        } else {
+            pushes = waits = true;
+            warp = (long long)blockIdx.x * per + w;
+            warps = (long long)gridDim.x * per;
+        }
     }
 
     __device__ __forceinline__ ulonglong2* region(int r) const {
