@@ -32,7 +32,7 @@ FAMILIES = {
     "reduce": ("comm/reduce.cu", ("mpiml_reduce_oneshot", "mpiml_scan_oneshot", "mpiml_reduce_scatter_oneshot",
                                "mpiml_reduce_scatter_ll", "mpiml_reduce_ll", "mpiml_reduce_twoshot",
                                "mpiml_reduce_lltwoshot", "mpiml_reduce_pipe", "mpiml_reduce_llrelay",
-                               "mpiml_reduce_ll128", "mpiml_reduce_ll128direct"), True),
+                               "mpiml_reduce_ll128", "mpiml_reduce_ll128direct", "mpiml_reduce_scatter_ll128"), True),
     "bcast": ("comm/bcast.cu", ("mpiml_bcast_pull", "mpiml_allgather_pull", "mpiml_bcast_ll", "mpiml_allgather_ll",
                                 "mpiml_bcast_twoshot", "mpiml_allgather_push", "mpiml_bcast_lltwoshot",
                                 "mpiml_bcast_pipe"), False),

@@ -41,7 +41,10 @@ Algorithms (``algorithm=`` with backend ``ipc``):
 ``ll128``            the relay (reduce) and the LL two-shot (allreduce) in LL128
                      lines (128 bytes, 120 of payload, written by the 8 lanes of
                      a warp at once) in the staging buffers (at 4 ranks and
-                     32 MiB buffers: reduce 28 MiB, allreduce 15 MiB a launch)
+                     32 MiB buffers: reduce 28 MiB, allreduce 15 MiB a launch);
+                     reduce_scatter: every rank pushes part r as LL128 lines into
+                     rank r's staging buffer, which reduces them as they arrive
+                     (parts up to 10 MiB at 4 ranks)
 ``ll128direct``      reduce: every non-root pushes its LL128 lines straight into
                      the root's staging buffer, the root reduces them as they
                      arrive (one hop; 10 MiB a launch at 4 ranks)
@@ -204,10 +207,14 @@ def _ll128_plan(nbytes, nranks, cap, relay=False, direct=False, blocks=WIDE_LL_M
     else:
         parts = nranks
         chunk = LL128_PAYLOAD * nranks * (cap // 128 // (2 * nranks))
-    lines = -(-(-(-min(nbytes, chunk) // 8)) // (LL128_PAYLOAD // 8))
-    part = -(-lines // parts)
+    part = -(-_ll128_lines(min(nbytes, chunk)) // parts)
     pushing = split if 0 < split < LL_THREADS // 32 else LL_THREADS // 32
     return chunk, max(1, min(blocks, -(-8 * part // (32 * pushing))))
+
+
+def _ll128_lines(nbytes):
+    """LL128 lines of a message of ``nbytes`` (8-byte words, 15 a line)."""
+    return -(-(-(-nbytes // 8)) // (LL128_PAYLOAD // 8))
 
 
 def _pipe_plan(op, nbytes, nranks, blocks, rounds):
@@ -750,35 +757,40 @@ class IPCTransport(Transport):
         return "ll" if max(counts) * itemsize <= self.ll_max else "oneshot"
 
     def _reduce_scatter_fits(self, algorithm, counts, itemsize):
-        """Whether every part fits one LL slot (ll) or the sources' copies one staging buffer (oneshot)."""
+        """Whether every part fits one LL slot (ll) or the sources' copies one staging buffer (oneshot, ll128: the
+        other ranks' LL128 lines of the part, 120 payload bytes in 128)."""
         if algorithm == "ll":
             return max(counts) * itemsize <= self.ll_max
+        if algorithm == "ll128":
+            return (self.size - 1) * _ll128_lines(max(counts) * itemsize) * 128 <= self.cap
         if algorithm == "oneshot":
             stride = -(-max(counts) * itemsize // 16)  # packs of the largest part
             return self.size * stride * 16 <= self.cap
         raise ValueError(f"algorithm {algorithm!r} does not apply to reduce_scatter on the ipc backend "
-                         "(ll, oneshot)")
+                         "(ll, oneshot, ll128)")
 
     def _reduce_scatter_kernel(self, algorithm, counts, dtype, op, sp, rp):
         """``(function, grid, block)`` of one reduce-scatter.
 
         The aligned form only when ``sp``, ``rp`` and every part's start are 8-byte
-        (ll) or 16-byte (oneshot) aligned; with ``rp`` None, the pair
+        (ll, ll128) or 16-byte (oneshot) aligned; with ``rp`` None, the pair
         ``(aligned, unaligned)`` instead of one function (the hot path picks per call).
         """
-        ll = algorithm == "ll"
-        mask = 7 if ll else 15
+        mask = 7 if algorithm in ("ll", "ll128") else 15
         key = (algorithm, counts, dtype, op)
         hit = self._rs_kernels.get(key)
         if hit is None:
             isz = dtype.itemsize
             parts_ok = not any(int(d) * isz & mask for d in _displs(counts))
-            kernel = "mpiml_reduce_scatter_ll" if ll else "mpiml_reduce_scatter_oneshot"
+            kernel = f"mpiml_reduce_scatter_{algorithm}"
             rop = self._reduce_op(op, dtype)
             fu = self._kernel("reduce", kernel, dtype, rop, False)
             fa = self._kernel("reduce", kernel, dtype, rop, True) if parts_ok else fu
-            if ll:
+            if algorithm == "ll":
                 grid, block = _ll_grid(max(counts) * isz), LL_THREADS
+            elif algorithm == "ll128":  # 8 lanes a line of the largest part
+                grid = max(1, min(self.ll128_blocks, -(-8 * _ll128_lines(max(counts) * isz) // LL_THREADS)))
+                block = LL_THREADS
             else:
                 grid, block = _grid(-(-max(counts) * isz // 16)), THREADS
             hit = self._rs_kernels[key] = (fa, fu, grid, block)
@@ -822,7 +834,7 @@ class IPCTransport(Transport):
                       "reduce": ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "pipe"),
                       "scan": ("oneshot",), "exscan": ("oneshot",), "bcast": ("ll", "pull", "twoshot", "lltwoshot", "pipe"),
                       "allgather": ("ll", "pull", "push"),
-                      "reduce_scatter": ("ll", "oneshot")}
+                      "reduce_scatter": ("ll", "oneshot", "ll128")}
 
     def algorithm_names(self, op):
         """The IPC algorithms of ``op`` (what ``mpiml bench comm`` and ``mpiml tune`` time)."""
@@ -838,7 +850,8 @@ class IPCTransport(Transport):
                           ("bcast", "lltwoshot"), ("bcast", "pipe"),
                           ("allgather", "ll"), ("allgather", "pull"),
                           ("allgather", "push"),
-                          ("reduce_scatter", "ll"), ("reduce_scatter", "oneshot")):
+                          ("reduce_scatter", "ll"), ("reduce_scatter", "oneshot"),
+                          ("reduce_scatter", "ll128")):
             return getattr(self, "native_" + op)(*args, algorithm=name)
         if (op, name) in (("scan", "oneshot"), ("exscan", "oneshot")):
             return getattr(self, "native_" + op)(*args)
@@ -883,7 +896,7 @@ class IPCTransport(Transport):
             (red, root), family, parts = arg, "reduce", (self.size if algo == "twoshot" else 1)
             if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "pipe"):
                 return None
-        elif op == "reduce_scatter" and name in ("native", "ll", "oneshot"):
+        elif op == "reduce_scatter" and name in ("native", "ll", "oneshot", "ll128"):
             counts, red = arg
             counts = tuple(int(c) for c in counts)
             algo = self._auto_reduce_scatter(counts, dtype.itemsize) if name == "native" else name
@@ -891,7 +904,8 @@ class IPCTransport(Transport):
                 return None
             (fa, fu), grid, block = self._reduce_scatter_kernel(algo, counts, dtype, red, 0, None)
             rows = counts[self.rank] // (x.size // x.shape[0])  # (x has rows: the communicator made it 1-d+)
-            issue = ipc_issue(self, op, x, fa, fu, grid, block, 7 if algo == "ll" else 15, self._displs_ptr(counts))
+            issue = ipc_issue(self, op, x, fa, fu, grid, block, 7 if algo in ("ll", "ll128") else 15,
+                              self._displs_ptr(counts))
             bind = binding(op, x, rank=self.rank, size=self.size, rows=rows)
             return launcher(comm, self, plan, op, bind, issue, self._err_code)
         else:

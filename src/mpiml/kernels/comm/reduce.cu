@@ -320,6 +320,44 @@ __device__ __forceinline__ void mpiml_ll128_direct_reduce(const MpimlCtx* c, con
     mpiml_end<false>(c, ll.epoch);
 }
 
+// LL128 reduce-scatter (algorithm ll128; no barrier): every rank pushes part r of its input, in LL128 lines,
+// into rank r's region (the staging buffer of the call's parity) at [((me - r - 1) mod nranks) * lines_r], lines_r
+// the lines of part r; rank r reduces the nranks - 1 copies of its line i with its own input's in rank order as
+// they arrive (mpiml_ll128_reduce_own: the same bits as every other path) into out. The links carry 1.07 times
+// the parts' bytes where the LL reduce-scatter's lines carry twice. Parts by displs (device, nranks + 1 element
+// offsets). The host keeps (nranks - 1) * lines_r lines of every part within one staging buffer and launches 8
+// lanes a line of the largest part. A: in, out and every part's start 8-byte aligned.
+template <typename T, int OP, bool A>
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_reduce_scatter_ll128(const MpimlCtx* c, const T* in, T* out, long long n, long long displs_ptr) {
+    const long long* displs = reinterpret_cast<const long long*>(displs_ptr);
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    const MpimlLL128 call(c, 0);
+    // part r of the input as a message of its own (the call's number, flag and lanes)
+    auto part = [&](int r) {
+        MpimlLL128 p = call;
+        p.nbytes = (displs[r + 1] - displs[r]) * (long long)sizeof(T);
+        p.lines = ((p.nbytes + 7) / 8 + MPIML_LL128_WORDS - 1) / MPIML_LL128_WORDS;
+        return p;
+    };
+    for (int k = 1; k < nr; ++k) {  // the peers' parts (a push never waits)
+        const int r = (me + k) % nr;
+        const MpimlLL128 p = part(r);
+        ulonglong2* dst = p.region(r) + 8 * (((me - r - 1 + nr) % nr) * p.lines);
+        p.push<A>(in + displs[r], p.lines, 1, [&](int, long long& g0, ulonglong2*& d) {
+            g0 = 0;
+            d = dst;
+            return true;
+        });
+    }
+    const MpimlLL128 mine = part(me);
+    mpiml_ll128_reduce_own<T, OP, A>(mine, in + displs[me], mine.lines, 0, mine.lines,
+                                     [&](long long g, ulonglong2 red, bool act) {
+                                         if (act) mpiml_ll128_put<A>(out, g, mine.sub, mine.nbytes, red);
+                                     });
+    mpiml_end<false>(c, call.epoch);
+}
+
 // LL two-shot reduce (no barrier): see mpiml_ll_twoshot_reduce (ipc_common.cuh); the
 // reduced parts go to the root alone.
 template <typename T, int OP, bool A>
