@@ -158,7 +158,7 @@ def make_call(op, path, nbytes, x, y):
         return None
     if path == "ipc/llrelay" and op != "reduce":
         return None
-    if path == "ipc/ll128" and op not in ("allreduce", "reduce"):
+    if path == "ipc/ll128" and op not in ("allreduce", "reduce", "reduce_scatter"):
         return None
     if path == "ipc/ll128direct" and op != "reduce":
         return None
