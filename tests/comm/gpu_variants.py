@@ -1,7 +1,7 @@
 """The opt-in device paths of this session on CuPy buffers (run under mpirun, 2-4 GPUs).
 
 Usage: ``python gpu_variants.py [ALGO]`` (``ipc/lltwoshot`` by default, or ``ipc/pipe``, ``ipc/llrelay`` (reduce
-only), ``ipc/ll128`` (reduce and allreduce), ``ipc/ll128direct`` (reduce); the other ops of a case run on
+only), ``ipc/ll128`` (reduce and allreduce), ``ipc/ll128direct``, ``ipc/ll128twoshot`` (reduce); the other ops of a case run on
 ``ipc/lltwoshot``); ``MPIML_TIMEOUT``
 bounds every wait; ``MPIML_IPC_BYTES`` small makes the pipelined kernels take several chunks, and
 ``MPIML_IPC_PIPE_BLOCKS`` / ``MPIML_IPC_PIPE_ROUNDS`` several steps a block).  Checks, exactly against NumPy
@@ -36,7 +36,7 @@ P, R = comm.size, comm.rank
 ALGO = sys.argv[1] if len(sys.argv) > 1 else "ipc/lltwoshot"
 # the ops ALGO serves; the others of a case run on the LL two-shot (the same regions: they meet in every case)
 SERVES = {"ipc/llrelay": ("reduce",), "ipc/ll128": ("reduce", "allreduce"),
-          "ipc/ll128direct": ("reduce",)}.get(ALGO, ("bcast", "reduce", "allreduce"))
+          "ipc/ll128direct": ("reduce",), "ipc/ll128twoshot": ("reduce",)}.get(ALGO, ("bcast", "reduce", "allreduce"))
 
 
 def algo(op):

@@ -2,7 +2,8 @@
 
 Every kernel named in ``mpiml.kernels.FAMILIES`` exists in its file under ``kernels/comm/``, and
 every kernel declares the block size the host launches it with as its launch bounds (512
-threads, barrier kernels MPIML_THREADS, LL kernels (``_ll``, ``_lltwoshot``, ``_llrelay``, ``_ll128``, ``_ll128direct``) MPIML_LL_THREADS): one whose registers outgrow
+threads, barrier kernels MPIML_THREADS, LL kernels (``_ll``, ``_lltwoshot``, ``_llrelay``, ``_ll128``, ``_ll128direct``,
+``_ll128twoshot``) MPIML_LL_THREADS): one whose registers outgrow
 such a block fails to launch (with every peer's pack loaded at once, the one-byte types asked for
 254 registers before the bounds were declared).
 """
@@ -37,7 +38,7 @@ def test_every_kernel_exists_with_its_launch_bounds(family):
     assert set(names) <= set(kernels), sorted(set(names) - set(kernels))
     assert len(re.findall(r"__global__", text)) == len(kernels)
     for name, bound in kernels.items():
-        ll = name.endswith(("_ll", "_lltwoshot", "_llrelay", "_ll128", "_ll128direct"))
+        ll = name.endswith(("_ll", "_lltwoshot", "_llrelay", "_ll128", "_ll128direct", "_ll128twoshot"))
         assert bound == ("MPIML_LL_THREADS" if ll else "MPIML_THREADS"), (name, bound)
 
 
@@ -157,7 +158,7 @@ def test_the_pipelined_chunks_fit_one_buffer_and_their_steps_the_flags(op):
 
 @pytest.mark.parametrize("op,algo", [("bcast", "lltwoshot"), ("reduce", "lltwoshot"), ("allreduce", "lltwoshot"),
                                      ("reduce", "llrelay"), ("reduce", "ll128"), ("allreduce", "ll128"),
-                                     ("reduce", "ll128direct")])
+                                     ("reduce", "ll128direct"), ("reduce", "ll128twoshot")])
 def test_the_hot_launcher_of_the_ll_two_shot_kernels_logs_the_calls_plan(monkeypatch, op, algo):
     """``IPCTransport.hot_launcher`` (no GPU: a transport stand-in, the launcher parts recorded) hands the call's
     plan (what the deferred check logs) to the launcher, and the kernel of the algorithm to the issue: the launch
@@ -188,7 +189,8 @@ def test_the_hot_launcher_of_the_ll_two_shot_kernels_logs_the_calls_plan(monkeyp
     assert t.hot_launcher(None, plan, op, algo, X(), arg) == "launcher"
     assert seen["plan"] is plan and seen["bind"] == ("bind", op) and seen["issue"] == "issue"
     kernel = {"lltwoshot": f"mpiml_{op}_lltwoshot", "llrelay": "mpiml_reduce_llrelay",
-              "ll128": f"mpiml_{op}_ll128", "ll128direct": "mpiml_reduce_ll128direct"}[algo]
+              "ll128": f"mpiml_{op}_ll128", "ll128direct": "mpiml_reduce_ll128direct",
+              "ll128twoshot": "mpiml_reduce_ll128twoshot"}[algo]
     assert seen["fa"] == (op, kernel, True) and seen["block"] == ipc.LL_THREADS and seen["mask"] == 7
     # the LL128 relay and two-shot take their split above the root's byte (extra = split << 8 | root)
-    assert seen["extra"] == (t.ll128_split[op] << 8 if algo == "ll128" else 0)
+    assert seen["extra"] == (t.ll128_split[op] << 8 if algo in ("ll128", "ll128twoshot") else 0)

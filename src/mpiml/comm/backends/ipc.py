@@ -45,6 +45,9 @@ Algorithms (``algorithm=`` with backend ``ipc``):
                      reduce_scatter: every rank pushes part r as LL128 lines into
                      rank r's staging buffer, which reduces them as they arrive
                      (parts up to 10 MiB at 4 ranks)
+``ll128twoshot``     reduce: the LL128 two-shot (every rank reduces a part of the
+                     LL128 lines pushed to it, the non-roots push theirs reduced
+                     to the root: 1.5 n into the root at 4 ranks, one hop each)
 ``ll128direct``      reduce: every non-root pushes its LL128 lines straight into
                      the root's staging buffer, the root reduces them as they
                      arrive (one hop; 10 MiB a launch at 4 ranks)
@@ -118,7 +121,8 @@ PROBE_OFF = 64
 THREADS = 512
 LL_THREADS = 512  # (ipc_common.cuh's MPIML_LL_THREADS: the LL kernels' launch bounds)
 LL_MAX_BLOCKS = 264
-IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "pipe", "pull", "push",
+IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "ll128twoshot", "pipe",
+                  "pull", "push",
                   "two_level")
 PIPE_MAX_STEPS = 2048  # (ipc_common.cuh's MPIML_PIPE_MAX_STEPS: flags per writer and step)
 PIPE_BYTES = 2 * MAX_RANKS * PIPE_MAX_STEPS * 4  # the pipelined kernels' flags, after the LL slots
@@ -617,7 +621,7 @@ class IPCTransport(Transport):
                                      parts=self.size)
         if algorithm == "lltwoshot":
             return self._lltwoshot("reduce", sendbuf, out, op, int(root))
-        if algorithm in ("llrelay", "ll128", "ll128direct"):
+        if algorithm in ("llrelay", "ll128", "ll128direct", "ll128twoshot"):
             return self._lltwoshot("reduce", sendbuf, out, op, int(root), algorithm)
         if algorithm == "pipe" and self.size > 1:  # (one rank: the one-shot copies)
             return self._pipe("reduce", sendbuf, out, op, int(root))
@@ -661,16 +665,17 @@ class IPCTransport(Transport):
     def _lltwoshot_variant(self, op_name, variant="lltwoshot"):
         """``(kernel, plan, tag)`` of algorithm ``variant`` of ``op_name``: ``lltwoshot`` (bcast, reduce, allreduce:
         the LL two-shot), ``llrelay`` (reduce: the relay) or ``ll128`` (reduce: the relay, allreduce: the two-shot, in
-        LL128 lines, in the staging buffers), ``ll128direct`` (reduce: the non-roots' LL128 lines straight to the
-        root); ``plan(nbytes)`` is ``(chunk bytes, grid)`` of a launch, ``tag | root`` the kernel's ``extra`` (the
+        LL128 lines, in the staging buffers), ``ll128twoshot`` (reduce: the two-shot in LL128 lines, its parts
+        gathered at the root), ``ll128direct`` (reduce: the non-roots' LL128 lines straight to the root);
+        ``plan(nbytes)`` is ``(chunk bytes, grid)`` of a launch, ``tag | root`` the kernel's ``extra`` (the
         LL128 kernels' split in its bits above 255).  At one rank, the LL two-shot."""
         size, slot, cap, blocks = self.size, self.ll_slot, self.cap, self.ll128_blocks
         if variant == "ll128direct" and op_name == "reduce" and size > 1:
             return ("mpiml_reduce_ll128direct",
                     lambda nbytes: _ll128_plan(nbytes, size, cap, direct=True, blocks=blocks), 0)
-        if variant == "ll128" and size > 1:
-            relay, split = op_name == "reduce", self.ll128_split[op_name]
-            return (f"mpiml_{op_name}_ll128",
+        if variant in ("ll128", "ll128twoshot") and size > 1:
+            relay, split = op_name == "reduce" and variant == "ll128", self.ll128_split[op_name]
+            return (f"mpiml_{op_name}_{variant}",
                     lambda nbytes: _ll128_plan(nbytes, size, cap, relay, blocks=blocks, split=split), split << 8)
         if variant in ("llrelay", "ll128") and op_name == "reduce" and size > 1:
             return "mpiml_reduce_llrelay", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot, True), 0
@@ -831,7 +836,8 @@ class IPCTransport(Transport):
         return self._nccl().irecv(buf, source, tag)
 
     _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot", "lltwoshot", "ll128", "pipe"),
-                      "reduce": ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "pipe"),
+                      "reduce": ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct",
+                                 "ll128twoshot", "pipe"),
                       "scan": ("oneshot",), "exscan": ("oneshot",), "bcast": ("ll", "pull", "twoshot", "lltwoshot", "pipe"),
                       "allgather": ("ll", "pull", "push"),
                       "reduce_scatter": ("ll", "oneshot", "ll128")}
@@ -846,7 +852,8 @@ class IPCTransport(Transport):
         if op == "allreduce" and name in ("ll", "oneshot", "twoshot", "lltwoshot", "ll128", "pipe", "two_level"):
             return self.native_allreduce(*args, algorithm=name)
         if (op, name) in (("reduce", "ll"), ("reduce", "oneshot"), ("reduce", "twoshot"), ("reduce", "lltwoshot"),
-                          ("reduce", "llrelay"), ("reduce", "ll128"), ("reduce", "ll128direct"), ("reduce", "pipe"), ("bcast", "ll"), ("bcast", "pull"), ("bcast", "twoshot"),
+                          ("reduce", "llrelay"), ("reduce", "ll128"), ("reduce", "ll128direct"), ("reduce", "ll128twoshot"),
+                          ("reduce", "pipe"), ("bcast", "ll"), ("bcast", "pull"), ("bcast", "twoshot"),
                           ("bcast", "lltwoshot"), ("bcast", "pipe"),
                           ("allgather", "ll"), ("allgather", "pull"),
                           ("allgather", "push"),
@@ -894,7 +901,8 @@ class IPCTransport(Transport):
         elif op == "reduce":
             algo = ("ll" if ll_ok else "oneshot") if name == "native" else name
             (red, root), family, parts = arg, "reduce", (self.size if algo == "twoshot" else 1)
-            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "pipe"):
+            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "ll128twoshot",
+                            "pipe"):
                 return None
         elif op == "reduce_scatter" and name in ("native", "ll", "oneshot", "ll128"):
             counts, red = arg
@@ -914,7 +922,7 @@ class IPCTransport(Transport):
                 algo == "push" and nb > self.push_cap:
             return None
         kernel, tag = f"mpiml_{op}_{algo}", 0
-        if algo in ("lltwoshot", "llrelay", "ll128", "ll128direct"):
+        if algo in ("lltwoshot", "llrelay", "ll128", "ll128direct", "ll128twoshot"):
             if self.size == 1:  # (a bcast among one rank: the full path)
                 return None
             kernel, launch_plan, tag = self._lltwoshot_variant(op, algo)  # (not `plan`: the call's, for the launcher)

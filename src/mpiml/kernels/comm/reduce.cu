@@ -389,6 +389,14 @@ mpiml_reduce_ll128direct(const MpimlCtx* c, const T* in, T* out, long long n, lo
     mpiml_ll128_direct_reduce<T, OP, A>(c, in, out, n, (int)(extra & 255));
 }
 
+// The LL128 two-shot reduce (algorithm ll128twoshot): see mpiml_ll128_twoshot_reduce (ipc_common.cuh); every
+// rank reduces a part, the root gathers them. extra = (split << 8) | root.
+template <typename T, int OP, bool A>
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_reduce_ll128twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    mpiml_ll128_twoshot_reduce<T, OP, A>(c, in, out, n, (int)(extra & 255), (int)(extra >> 8));
+}
+
 // Pipelined reduce (no barrier): see mpiml_pipe (ipc_common.cuh); the non-roots reduce a part
 // each and store it into the root's buffer, step by step. extra = (S << 4) | root.
 template <typename T, int OP, bool A>
