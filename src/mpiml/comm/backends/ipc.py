@@ -122,8 +122,7 @@ THREADS = 512
 LL_THREADS = 512  # (ipc_common.cuh's MPIML_LL_THREADS: the LL kernels' launch bounds)
 LL_MAX_BLOCKS = 264
 IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "ll128twoshot", "pipe",
-                  "pull", "push",
-                  "two_level")
+                  "pull", "push", "two_level")
 PIPE_MAX_STEPS = 2048  # (ipc_common.cuh's MPIML_PIPE_MAX_STEPS: flags per writer and step)
 PIPE_BYTES = 2 * MAX_RANKS * PIPE_MAX_STEPS * 4  # the pipelined kernels' flags, after the LL slots
 PIPE_STEP_ALIGN = 128  # packs: a step is a multiple of this
@@ -852,8 +851,8 @@ class IPCTransport(Transport):
         if op == "allreduce" and name in ("ll", "oneshot", "twoshot", "lltwoshot", "ll128", "pipe", "two_level"):
             return self.native_allreduce(*args, algorithm=name)
         if (op, name) in (("reduce", "ll"), ("reduce", "oneshot"), ("reduce", "twoshot"), ("reduce", "lltwoshot"),
-                          ("reduce", "llrelay"), ("reduce", "ll128"), ("reduce", "ll128direct"), ("reduce", "ll128twoshot"),
-                          ("reduce", "pipe"), ("bcast", "ll"), ("bcast", "pull"), ("bcast", "twoshot"),
+                          ("reduce", "llrelay"), ("reduce", "ll128"), ("reduce", "ll128direct"),
+                          ("reduce", "ll128twoshot"), ("reduce", "pipe"), ("bcast", "ll"), ("bcast", "pull"), ("bcast", "twoshot"),
                           ("bcast", "lltwoshot"), ("bcast", "pipe"),
                           ("allgather", "ll"), ("allgather", "pull"),
                           ("allgather", "push"),
