@@ -194,3 +194,23 @@ def test_the_hot_launcher_of_the_ll_two_shot_kernels_logs_the_calls_plan(monkeyp
     assert seen["fa"] == (op, kernel, True) and seen["block"] == ipc.LL_THREADS and seen["mask"] == 7
     # the LL128 relay and two-shot take their split above the root's byte (extra = split << 8 | root)
     assert seen["extra"] == (t.ll128_split[op] << 8 if algo in ("ll128", "ll128twoshot") else 0)
+
+
+def test_run_algorithm_dispatches_every_algorithm_an_op_lists():
+    """``IPCTransport.run_algorithm`` (no GPU: a stand-in) runs every algorithm ``algorithm_names`` lists for an op
+    through the op's native method (scan and exscan take no algorithm), the two-level allreduce too, and refuses a
+    name its op does not list."""
+    t = object.__new__(ipc.IPCTransport)
+    calls = []
+    for op in ipc.IPCTransport._OP_ALGORITHMS:
+        setattr(t, "native_" + op, lambda *a, _op=op, **kw: calls.append((_op, kw.get("algorithm"))) or _op)
+    for op, names in ipc.IPCTransport._OP_ALGORITHMS.items():
+        for name in names:
+            assert t.run_algorithm(op, name, "x") == op
+            assert calls.pop() == (op, None if op in ("scan", "exscan") else name)
+    assert t.run_algorithm("allreduce", "two_level", "x") == "allreduce" and calls.pop() == ("allreduce", "two_level")
+    assert "ll128twoshot" in ipc.IPCTransport._OP_ALGORITHMS["reduce"]
+    assert "ll128" in ipc.IPCTransport._OP_ALGORITHMS["reduce_scatter"]
+    for op, name in (("reduce_scatter", "twoshot"), ("bcast", "ll128"), ("scan", "ll"), ("gather", "ll")):
+        with pytest.raises(ValueError, match="does not apply"):
+            t.run_algorithm(op, name, "x")

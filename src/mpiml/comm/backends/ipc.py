@@ -848,19 +848,10 @@ class IPCTransport(Transport):
 
     def run_algorithm(self, op, name, *args):
         """Run IPC algorithm ``name`` (see the module docstring) for collective ``op``."""
-        if op == "allreduce" and name in ("ll", "oneshot", "twoshot", "lltwoshot", "ll128", "pipe", "two_level"):
-            return self.native_allreduce(*args, algorithm=name)
-        if (op, name) in (("reduce", "ll"), ("reduce", "oneshot"), ("reduce", "twoshot"), ("reduce", "lltwoshot"),
-                          ("reduce", "llrelay"), ("reduce", "ll128"), ("reduce", "ll128direct"),
-                          ("reduce", "ll128twoshot"), ("reduce", "pipe"), ("bcast", "ll"), ("bcast", "pull"), ("bcast", "twoshot"),
-                          ("bcast", "lltwoshot"), ("bcast", "pipe"),
-                          ("allgather", "ll"), ("allgather", "pull"),
-                          ("allgather", "push"),
-                          ("reduce_scatter", "ll"), ("reduce_scatter", "oneshot"),
-                          ("reduce_scatter", "ll128")):
+        if name in self._OP_ALGORITHMS.get(op, ()) or (op, name) == ("allreduce", "two_level"):
+            if op in ("scan", "exscan"):
+                return getattr(self, "native_" + op)(*args)
             return getattr(self, "native_" + op)(*args, algorithm=name)
-        if (op, name) in (("scan", "oneshot"), ("exscan", "oneshot")):
-            return getattr(self, "native_" + op)(*args)
         raise ValueError(f"algorithm {name!r} does not apply to {op} on the ipc backend "
                          f"(ipc algorithms: {list(IPC_ALGORITHMS)})")
 
