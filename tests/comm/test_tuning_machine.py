@@ -66,6 +66,21 @@ def test_four_rank_defaults_route_where_the_4xh100_run_measured_a_win():
     for (op, nbytes), route in want.items():
         for mode in ("eager", "graph"):
             assert table.choose(op, nbytes, 4, "device", avail, mode) == route, (op, nbytes, mode)
+    # 2 ranks (the 2 x H100 run of 04:10, key two_0410): LL to 256 KiB for every op (main's rules sent a 1 KiB
+    # allreduce to NCCL and small reduces to the one-shot), NCCL for the 64 MiB allreduce and reduce
+    two = {("allreduce", 1 << 10): ("ipc", "ll"), ("allreduce", 1 << 20): ("ipc", "ll128"),
+           ("allreduce", 4 << 20): ("ipc", "oneshot"), ("allreduce", 16 << 20): ("ipc", "pipe"),
+           ("allreduce", 64 << 20): ("nccl", "native"),
+           ("reduce", 4): ("ipc", "ll"), ("reduce", 256 << 10): ("ipc", "ll"), ("reduce", 1 << 20): ("ipc", "ll128direct"),
+           ("reduce", 4 << 20): ("ipc", "oneshot"), ("reduce", 64 << 20): ("nccl", "native"),
+           ("bcast", 64 << 10): ("ipc", "ll"), ("bcast", 1 << 20): ("ipc", "lltwoshot"), ("bcast", 4 << 20): ("ipc", "pull"),
+           ("bcast", 64 << 20): ("nccl", "native"),
+           ("allgather", 1 << 10): ("ipc", "ll"), ("allgather", 4 << 20): ("ipc", "push"),
+           ("allgather", 64 << 20): ("ipc", "pull"), ("allgather", 256 << 20): ("nccl", "native"),
+           ("reduce_scatter", 16 << 20): ("ipc", "native"), ("reduce_scatter", 64 << 20): ("nccl", "native")}
+    for (op, nbytes), route in two.items():
+        for mode in ("eager", "graph"):
+            assert table.choose(op, nbytes, 2, "device", avail, mode) == route, (op, nbytes, mode)
     # 3 ranks keep the generic rules (nothing measured there)
     assert table.choose("allreduce", 1 << 20, 3, "device", avail) == ("nccl", "native")
     assert table.choose("allgather", 1 << 20, 3, "device", avail) == ("ipc", "pull")
