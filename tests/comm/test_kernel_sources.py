@@ -214,12 +214,3 @@ def test_run_algorithm_dispatches_every_algorithm_an_op_lists():
     for op, name in (("reduce_scatter", "twoshot"), ("bcast", "ll128"), ("scan", "ll"), ("gather", "ll")):
         with pytest.raises(ValueError, match="does not apply"):
             t.run_algorithm(op, name, "x")
-
-
-def test_the_ll_grid_takes_the_block_payload():
-    """``ipc._ll_grid``: a line of 8 bytes a thread by default (4 KiB a block of 512), fewer blocks with a larger
-    payload a block (``MPIML_IPC_LL_BLOCK_BYTES``: several lines a thread), at least one, at most LL_MAX_BLOCKS."""
-    assert ipc.LL_BLOCK_BYTES == 8 * ipc.LL_THREADS
-    assert [ipc._ll_grid(b) for b in (4, 4096, 4097, 64 << 10, 256 << 10)] == [1, 1, 2, 16, 64]
-    assert [ipc._ll_grid(b, 16 << 10) for b in (4, 64 << 10, (64 << 10) + 1)] == [1, 4, 5]
-    assert ipc._ll_grid(1 << 30) == ipc.LL_MAX_BLOCKS

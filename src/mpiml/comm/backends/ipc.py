@@ -121,7 +121,6 @@ PROBE_OFF = 64
 THREADS = 512
 LL_THREADS = 512  # (ipc_common.cuh's MPIML_LL_THREADS: the LL kernels' launch bounds)
 LL_MAX_BLOCKS = 264
-LL_BLOCK_BYTES = 8 * LL_THREADS  # payload a block of the LL kernels takes (MPIML_IPC_LL_BLOCK_BYTES): a line a thread
 IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "ll128twoshot", "pipe",
                   "pull", "push", "two_level")
 PIPE_MAX_STEPS = 2048  # (ipc_common.cuh's MPIML_PIPE_MAX_STEPS: flags per writer and step)
@@ -167,11 +166,8 @@ def _grid(units):
     return max(1, min(MAX_BLOCKS, -(-units // THREADS)))
 
 
-def _ll_grid(nbytes, block_bytes=LL_BLOCK_BYTES):
-    """Blocks of an LL kernel (allreduce, reduce, bcast, allgather ``ll``; reduce_scatter ``ll``: the largest part)
-    of ``nbytes``: ``block_bytes`` of payload a block (a thread a line of 8 bytes: 4 KiB, one line a thread, by
-    default; more, several lines a thread, fewer blocks)."""
-    return max(1, min(LL_MAX_BLOCKS, -(-nbytes // block_bytes)))
+def _ll_grid(nbytes):
+    return max(1, min(LL_MAX_BLOCKS, -(-nbytes // (8 * LL_THREADS))))
 
 
 def _lltwoshot_plan(op, nbytes, nranks, ll_slot, relay=False):
@@ -323,12 +319,6 @@ class IPCTransport(Transport):
         # the LL128 kernels' largest grid (every block resident at once: at most one an SM, see WIDE_LL_MAX_BLOCKS)
         self.ll128_blocks = _config.env_number("MPIML_IPC_LL128_BLOCKS", WIDE_LL_MAX_BLOCKS, minimum=1,
                                                maximum=WIDE_LL_MAX_BLOCKS, unit="blocks")
-        # the `ll` kernels' payload a block (4 KiB: a line a thread of 512; more: several lines a thread, fewer
-        # blocks) and threads a block (their loops take any block of whole warps, at least MAX_RANKS threads)
-        self.ll_block_bytes = _config.env_number("MPIML_IPC_LL_BLOCK_BYTES", LL_BLOCK_BYTES, minimum=LL_BLOCK_BYTES,
-                                                 maximum=64 * LL_BLOCK_BYTES, unit="bytes")
-        self.ll_threads = _config.env_number("MPIML_IPC_LL_THREADS", LL_THREADS, minimum=32, maximum=LL_THREADS,
-                                             unit="threads") // 32 * 32
         # the LL128 relay reduce's and two-shot allreduce's pushing warps a block (the others wait: MpimlLL128's
         # roles, ipc_common.cuh); 0: every warp pushes its lines, then waits for the lines it handles
         self.ll128_split = {op: _config.env_number(f"MPIML_IPC_LL128_{op.upper()}_SPLIT", LL128_SPLIT[op], minimum=0,
@@ -361,7 +351,7 @@ class IPCTransport(Transport):
         agree_or_raise(world, err, "ipc workspace")
         # the kernels find a peer's buffers and slots at their own offsets: the layout must be the same everywhere
         layout = (self.cap, self.ll_max, self.ll_slot, self.pipe_blocks, self.pipe_rounds, self.ll128_blocks,
-                  tuple(self.ll128_split.values()), self.ll_block_bytes, self.ll_threads)
+                  tuple(self.ll128_split.values()))
         shared = world.allgather_obj((handle, layout))
         handles = [h for h, _ in shared]
         if len({lay for _, lay in shared}) > 1:
@@ -370,8 +360,7 @@ class IPCTransport(Transport):
             raise BackendUnavailableError(
                 "the ipc workspaces differ between ranks (MPIML_IPC_BYTES, MPIML_IPC_LL_BYTES, "
                 "MPIML_IPC_LL_SLOT_BYTES, MPIML_IPC_PIPE_BLOCKS, MPIML_IPC_PIPE_ROUNDS, MPIML_IPC_LL128_BLOCKS, "
-                "MPIML_IPC_LL128_REDUCE_SPLIT, MPIML_IPC_LL128_ALLREDUCE_SPLIT, MPIML_IPC_LL_BLOCK_BYTES, "
-                "MPIML_IPC_LL_THREADS must "
+                "MPIML_IPC_LL128_REDUCE_SPLIT, MPIML_IPC_LL128_ALLREDUCE_SPLIT must "
                 "be the same on every rank): "
                 + ", ".join(f"rank {r}: {lay}" for r, (_, lay) in enumerate(shared)))
         peers, err = [], None
@@ -587,8 +576,7 @@ class IPCTransport(Transport):
             aligned = not ((sp + off) & mask or (rp + off if rp else 0) & mask)
             fn = self._kernel(family, kernel, dtype, rop, aligned)
             if ll:
-                self._launch(fn, _ll_grid(count * isz, self.ll_block_bytes), sp + off, (rp + off) if rp else 0, count,
-                             extra, self.ll_threads)
+                self._launch(fn, _ll_grid(count * isz), sp + off, (rp + off) if rp else 0, count, extra, LL_THREADS)
             else:
                 units = -(-count * isz // 16)
                 self._launch(fn, _grid(-(-units // parts)), sp + off, (rp + off) if rp else 0, count, extra)
@@ -738,8 +726,7 @@ class IPCTransport(Transport):
                 off = start * isz
                 aligned = not ((sp + off) & 7 or (rp + off) & 7 or (n * isz) & 7)
                 fn = self._kernel("bcast", "mpiml_allgather_ll", dtype, None, aligned)
-                self._launch(fn, _ll_grid(count * isz, self.ll_block_bytes), sp + off, rp + off, count, n,
-                             self.ll_threads)
+                self._launch(fn, _ll_grid(count * isz), sp + off, rp + off, count, n, LL_THREADS)
             return self._done("allgather")
         if algorithm not in (None, "pull", "push"):
             raise ValueError(f"algorithm {algorithm!r} does not apply to allgather on the ipc backend (ll, pull, push)")
@@ -804,7 +791,7 @@ class IPCTransport(Transport):
             fu = self._kernel("reduce", kernel, dtype, rop, False)
             fa = self._kernel("reduce", kernel, dtype, rop, True) if parts_ok else fu
             if algorithm == "ll":
-                grid, block = _ll_grid(max(counts) * isz, self.ll_block_bytes), self.ll_threads
+                grid, block = _ll_grid(max(counts) * isz), LL_THREADS
             elif algorithm == "ll128":  # 8 lanes a line of the largest part
                 grid = max(1, min(self.ll128_blocks, -(-8 * _ll128_lines(max(counts) * isz) // LL_THREADS)))
                 block = LL_THREADS
@@ -934,7 +921,7 @@ class IPCTransport(Transport):
                 return None
             block, mask = LL_THREADS, 7
         elif algo == "ll":
-            grid, block, mask = _ll_grid(nb, self.ll_block_bytes), self.ll_threads, 7
+            grid, block, mask = _ll_grid(nb), LL_THREADS, 7
         elif algo == "pipe":
             if nb > _pipe_chunk(op, self.size, self.cap) or self.size == 1:  # (several launches, or one rank)
                 return None
