@@ -135,9 +135,14 @@ LL128_PAYLOAD = 120  # payload bytes of an LL128 line (ipc_common's MPIML_LL128_
 # block waits for the same block of its peers, so every block must be resident at once: at most one an SM of the
 # smallest GPU meant (132 SMs on an H100; their loops take the lines beyond)
 WIDE_LL_MAX_BLOCKS = 128
-# pushing warps a block of the LL128 relay reduce and two-shot allreduce (MPIML_IPC_LL128_REDUCE_SPLIT,
-# MPIML_IPC_LL128_ALLREDUCE_SPLIT; see MpimlLL128's roles in ipc_common.cuh): 0, every warp pushes, then waits
-LL128_SPLIT = {"reduce": 0, "allreduce": 0}
+# pushing warps a block of the LL128 reduces (the relay, the two-shot) and of the LL128 two-shot allreduce
+# (MPIML_IPC_LL128_REDUCE_SPLIT, MPIML_IPC_LL128_ALLREDUCE_SPLIT; see MpimlLL128's roles in ipc_common.cuh; 0: every
+# warp pushes, then waits). Pass 1 of 2026-11-28 04:25 (4 x H100, key kern_pass1_0425 of
+# benchmarks/results/vs_nccl_4xh100.json): the two-shot reduce with 4 of 16 warps pushing took 12.6 / 15.9 / 22.2 us
+# in graphs at 2 / 3 / 4 MiB against 13.9 / 18.2 / 23.9 unsplit (8: 14.7 / 17.6 / 21.3); the allreduce kept its time
+# unsplit to 3 MiB (3 MiB: 19.8 against 22.5-23.0 split) and gained at 4 MiB only (27.5 with 4, 33.3 unsplit), where
+# its route is the pushed two-shot (29.8)
+LL128_SPLIT = {"reduce": 4, "allreduce": 0}
 
 _CHUNK_ALIGN = 256
 # one-node graphs of repeated hot calls alive at once per transport (IPCTransport.one_node_graph)
