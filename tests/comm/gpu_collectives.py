@@ -233,6 +233,10 @@ def run_big(backend):
                          f"offset={offset}", exact=True)
             assert_close(comm.reduce_scatter(x, "max", algorithm=algo), np.array_split(reduce_np(xs, "max"), P)[R],
                          f"reduce_scatter {backend} big {np.dtype(dtype).name} offset={offset}", exact=True)
+            got = comm.reduce(x, "sum", root=P - 1, algorithm=algo)  # (auto at 4 ranks: the LL128 two-shot)
+            if R == P - 1:
+                assert_close(got, reduce_np(xs, "sum"), f"reduce {backend} big {np.dtype(dtype).name} offset={offset}",
+                             exact=True)
             if backend == "ipc" and P > 1:  # the pushed allgather; the two-shot bcast and reduce from every root
                 for name in ("pull", "push"):
                     assert_close(comm.allgather(x, algorithm=f"ipc/{name}"), np.concatenate(xs),
