@@ -13,7 +13,7 @@ For each op and size, every path runs on the *same* CuPy buffers, interleaved in
   (``MPIML_CHECK`` unset: repeated calls deferred, see docs/comm.md);
 * ``auto0``: the same with ``MPIML_CHECK=0`` (no checking at all);
 * ``nccl``, ``ipc/ll``, ``ipc/oneshot``, ``ipc/twoshot``, ``ipc/lltwoshot``, ``ipc/llrelay``, ``ipc/ll128``,
-  ``ipc/ll128direct``, ``ipc/pipe``, ``ipc/pull``, ``ipc/push``: one path forced with ``algorithm=``
+  ``ipc/ll128direct``, ``ipc/ll128twoshot``, ``ipc/pipe``, ``ipc/pull``, ``ipc/push``: one path forced with ``algorithm=``
   (``MPIML_CHECK=0``);
 * ``ipc/pipe@BxR`` (``--pipe-variants BxR,...``): ``ipc/pipe`` on a communicator of its own (``comm.split``)
   whose IPC workspace was made with ``MPIML_IPC_PIPE_BLOCKS=B`` and ``MPIML_IPC_PIPE_ROUNDS=R`` (the grid of
@@ -158,9 +158,9 @@ def make_call(op, path, nbytes, x, y):
         return None
     if path == "ipc/llrelay" and op != "reduce":
         return None
-    if path == "ipc/ll128" and op not in ("allreduce", "reduce"):
+    if path == "ipc/ll128" and op not in ("allreduce", "reduce", "reduce_scatter"):
         return None
-    if path == "ipc/ll128direct" and op != "reduce":
+    if path in ("ipc/ll128direct", "ipc/ll128twoshot") and op != "reduce":
         return None
     if path == "ipc/pull" and op not in ("bcast", "allgather"):
         return None

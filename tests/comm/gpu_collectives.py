@@ -119,7 +119,7 @@ def run_algorithms(backend):
             size = int(np.prod(shape))
             ys = [data(r, size, dtype, 4) for r in range(P)]
             y = device(ys[R], offset).reshape(shape)
-            for name in ("ll", "oneshot"):
+            for name in ("ll", "oneshot", "ll128"):
                 for op in OPS:
                     want = np.array_split(reduce_np(ys, op).reshape(shape), P)[R]
                     tag = f"reduce_scatter ipc/{name} {op} {shape} {np.dtype(dtype).name} offset={offset}"
@@ -129,6 +129,15 @@ def run_algorithms(backend):
                     check(got is out, f"{tag}: out= not returned")
                     assert_close(out, want, tag + " out=", exact=True)
                 assert_close(y, ys[R].reshape(shape), f"reduce_scatter ipc/{name}: input modified", exact=True)
+        # the LL128 reduce-scatter at parts of several rounds a warp (grids of 128 blocks take 8192 lines a round)
+        for size, offset, dtype in (((1 << 20) + 3, False, np.float32), ((1 << 21) + 7, True, np.float16),
+                                    (3 << 17, False, np.int64)):
+            ys = [data(r, size, dtype, 4) for r in range(P)]
+            y = device(ys[R], offset)
+            for op in ("sum", "max"):
+                tag = f"reduce_scatter ipc/ll128 {op} {size} {np.dtype(dtype).name} offset={offset}"
+                assert_close(comm.reduce_scatter(y, op, algorithm="ipc/ll128"), np.array_split(reduce_np(ys, op), P)[R],
+                             tag, exact=True)
 
 
 def run_stream_ordered(backend):
@@ -224,6 +233,10 @@ def run_big(backend):
                          f"offset={offset}", exact=True)
             assert_close(comm.reduce_scatter(x, "max", algorithm=algo), np.array_split(reduce_np(xs, "max"), P)[R],
                          f"reduce_scatter {backend} big {np.dtype(dtype).name} offset={offset}", exact=True)
+            got = comm.reduce(x, "sum", root=P - 1, algorithm=algo)  # (auto at 4 ranks: the LL128 two-shot)
+            if R == P - 1:
+                assert_close(got, reduce_np(xs, "sum"), f"reduce {backend} big {np.dtype(dtype).name} offset={offset}",
+                             exact=True)
             if backend == "ipc" and P > 1:  # the pushed allgather; the two-shot bcast and reduce from every root
                 for name in ("pull", "push"):
                     assert_close(comm.allgather(x, algorithm=f"ipc/{name}"), np.concatenate(xs),
@@ -256,12 +269,15 @@ def run_graph(backend):
             comm.reduce(x, "max", root=0, algorithm=algo)
             rs_out = cp.empty(n // P, dtype=cp.float32)
             comm.reduce_scatter(x[:n // P * P], "sum", out=rs_out, algorithm=algo)
+            if backend == "ipc":
+                comm.reduce_scatter(x, "max", algorithm="ipc/ll128")
             stream.synchronize()
             stream.begin_capture()
             comm.allreduce(x, out=y, algorithm=algo)
             bb = comm.bcast(b, root=0, algorithm=algo)   # non-roots: an array allocated in the capture
             comm.allreduce(y, "max", out=m, algorithm=algo)
             rs = comm.reduce_scatter(x[:n // P * P], "sum", out=rs_out, algorithm=algo)  # equal parts
+            rs128 = comm.reduce_scatter(x, "max", algorithm="ipc/ll128") if backend == "ipc" else None
             graph = stream.end_capture()
             for rep in range(3):
                 xs = [data(r, n, np.float32, 10 + rep) for r in range(P)]
@@ -275,6 +291,9 @@ def run_graph(backend):
                 assert_close(m, total, f"graph allreduce(max of equal) {backend} n={n} rep={rep}", exact=True)
                 assert_close(rs, np.array_split(total[:n // P * P], P)[R],
                              f"graph reduce_scatter {backend} n={n} rep={rep}", exact=True)
+                if rs128 is not None:
+                    assert_close(rs128, np.array_split(reduce_np(xs, "max"), P)[R],
+                                 f"graph reduce_scatter ipc/ll128 n={n} rep={rep}", exact=True)
                 e = comm.allreduce(x, algorithm=algo)         # eager between replays
                 stream.synchronize()
                 assert_close(e, total, f"eager after graph {backend} n={n} rep={rep}", exact=True)

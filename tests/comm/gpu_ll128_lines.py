@@ -1,7 +1,7 @@
 """The LL128 kernels' lines in a race (run under mpirun, 2-4 GPUs): many back-to-back calls whose message ends in a
 partial line, the peers late by a random fraction of a microsecond to a few, every result checked on the device.
 
-Usage: ``python gpu_ll128_lines.py [--calls N] [--legacy] [--sizes B,...] [--ops allreduce,reduce,direct]
+Usage: ``python gpu_ll128_lines.py [--calls N] [--legacy] [--sizes B,...] [--ops allreduce,reduce,direct,twoshot,rs]
 [--spin-ns NS]``.
 
 Only lane 7 of an LL128 line looks at the flag (``ipc_common.cuh``, ``mpiml_ll128_wait``), and a
@@ -12,8 +12,8 @@ flag of the round was seen (as NCCL's LL128 receive does), the warp converged be
 
 Here, for sizes of int64 whose last line is partial (1 MiB: 2 words; 256 KiB: 8; 4 MiB: 8; 1 MiB + 40
 bytes: 7), ``--calls`` calls of each LL128 path (allreduce ``ipc/ll128``, reduce ``ipc/ll128`` (the
-relay) and ``ipc/ll128direct``, roots moving) run eagerly with ``out=`` (the hot launcher), inputs
-changed every call (a stale lane shows), every rank but the last made late by a random spin, and
+relay), ``ipc/ll128direct`` and ``ipc/ll128twoshot``, roots moving; reduce_scatter ``ipc/ll128``, uneven parts) run eagerly
+with ``out=`` (the hot launcher), inputs changed every call (a stale lane shows), every rank but the last made late by a random spin, and
 every result compared on the device with its closed form. ``--legacy`` also runs the LL128
 allreduce kernel without the fix (this source without ``mpiml_ll128_wait``'s ``__syncwarp`` and its
 second load), compiled here and launched on the same transport the same number of times, and prints
@@ -46,13 +46,17 @@ ap.add_argument("--legacy", action="store_true")
 ap.add_argument("--seed", type=int, default=3)
 # bytes of int64: the last line holds 2, 8, 7, 8 words
 ap.add_argument("--sizes", default=f"{1 << 20},{256 << 10},{(1 << 20) + 40},{4 << 20}")
-ap.add_argument("--ops", default="allreduce,reduce,direct", help="allreduce (ipc/ll128), reduce (the relay), direct")
+ap.add_argument("--ops", default="allreduce,reduce,direct,twoshot,rs",
+                help="allreduce (ipc/ll128), reduce (the relay), direct, twoshot (reduce ipc/ll128twoshot), rs "
+                     "(reduce_scatter ipc/ll128)")
 ap.add_argument("--spin-ns", type=int, default=4000, help="the peers' random delay before a call, at most")
 ARGS = ap.parse_args()
 
 SIZES = [int(b) for b in ARGS.sizes.split(",")]
 PATHS = [p for p in (("ipc/ll128", "allreduce", "allreduce"), ("ipc/ll128", "reduce", "reduce"),
-                     ("ipc/ll128direct", "reduce", "direct")) if p[2] in ARGS.ops.split(",")]
+                     ("ipc/ll128direct", "reduce", "direct"), ("ipc/ll128twoshot", "reduce", "twoshot"),
+                     ("ipc/ll128", "reduce_scatter", "rs"))
+         if p[2] in ARGS.ops.split(",")]
 _SRC = r'''
 extern "C" __global__ void ll128_spin(long long ns) {
     unsigned long long t0, t;
@@ -64,11 +68,12 @@ extern "C" __global__ void ll128_fill(long long* x, long long n, long long rank,
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         x[i] = (i % 11) * (rank + 1) + k;
 }
-// got[i] == (i % 11) * a + b, mismatches added to bad[0]
-extern "C" __global__ void ll128_check(const long long* got, long long n, long long a, long long b, int* bad) {
+// got[i] == ((i0 + i) % 11) * a + b, mismatches added to bad[0]
+extern "C" __global__ void ll128_check(const long long* got, long long n, long long a, long long b, int* bad,
+                                       long long i0) {
     int miss = 0;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        miss += got[i] != (i % 11) * a + b;
+        miss += got[i] != ((i0 + i) % 11) * a + b;
     if (miss) atomicAdd(bad, miss);
 }
 '''
@@ -84,8 +89,8 @@ def fill(x, k):
     _FILL(*_grid(x.size), (x, np.int64(x.size), np.int64(R), np.int64(k)))
 
 
-def expect(got, a, b, bad):
-    _CHECK(*_grid(got.size), (got, np.int64(got.size), np.int64(a), np.int64(b), bad))
+def expect(got, a, b, bad, i0=0):
+    _CHECK(*_grid(got.size), (got, np.int64(got.size), np.int64(a), np.int64(b), bad, np.int64(i0)))
 
 
 def legacy_kernel():
@@ -116,6 +121,8 @@ def run(path, op, nbytes, calls, rng, legacy=None):
     n = nbytes // 8
     x = cp.empty(n, dtype=cp.int64)
     out = cp.empty(n, dtype=cp.int64)
+    i0 = R * (n // P) + min(R, n % P)  # this rank's part of a reduce_scatter (np.array_split's)
+    part = out[:n // P + (R < n % P)]
     bad = cp.zeros(1, dtype=cp.int32)
     wrong_calls = cp.zeros(1, dtype=cp.int32)
     t = comm._device_transports.get("ipc")
@@ -132,6 +139,9 @@ def run(path, op, nbytes, calls, rng, legacy=None):
         elif op == "allreduce":
             comm.allreduce(x, "max", out=out, algorithm=path)
             expect(out, P, k, bad)
+        elif op == "reduce_scatter":
+            comm.reduce_scatter(x, "sum", out=part, algorithm=path)
+            expect(part, P * (P + 1) // 2, P * k, bad, i0)
         else:
             got = comm.reduce(x, "sum", root=root, out=out, algorithm=path)
             if R == root:

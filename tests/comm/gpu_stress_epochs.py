@@ -5,7 +5,7 @@ Usage: ``python gpu_stress_epochs.py [--calls N] [--seed S] [--unordered]``.
 Each IPC kernel takes its call number from its workspace's epoch word, so two
 collectives must never run at once on one rank.  This script makes them try:
 eager calls of every IPC algorithm (``ll``, ``oneshot``, ``twoshot``, ``lltwoshot``, ``llrelay``, ``ll128``,
-``ll128direct``, ``pipe``, ``pull``, ``push`` and ``native`` on sizes on both sides of the 256 KiB LL limit) hop
+``ll128direct``, ``ll128twoshot``, ``pipe``, ``pull``, ``push`` and ``native`` on sizes on both sides of the 256 KiB LL limit) hop
 between the null stream and two non-blocking streams with no host wait in
 between, and now and then onto a stream made for one call and destroyed right
 after it (its kernel maybe still waiting); one rank at a time is made late by a
@@ -54,10 +54,11 @@ SIZES = [1, 3, 17, 1000, 4099, 65535, 65536, 65537, 70001, 300001]
 BIG = 65537
 ALGOS = {
     "allreduce": ["ll", "oneshot", "twoshot", "lltwoshot", "ll128", "pipe", "native"],
-    "reduce": ["ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "pipe", "native"],
+    "reduce": ["ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "ll128twoshot", "pipe",
+               "native"],
     "bcast": ["ll", "pull", "twoshot", "lltwoshot", "pipe", "native"],
     "allgather": ["ll", "pull", "push", "native"],
-    "reduce_scatter": ["ll", "oneshot", "native"],
+    "reduce_scatter": ["ll", "oneshot", "ll128", "native"],
     "scan": ["native"],
 }
 

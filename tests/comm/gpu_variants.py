@@ -1,7 +1,7 @@
 """The opt-in device paths of this session on CuPy buffers (run under mpirun, 2-4 GPUs).
 
-Usage: ``python gpu_variants.py [ALGO]`` (``ipc/lltwoshot`` by default, or ``ipc/pipe``, ``ipc/llrelay`` (reduce
-only), ``ipc/ll128`` (reduce and allreduce), ``ipc/ll128direct`` (reduce); the other ops of a case run on
+Usage: ``python gpu_variants.py [ALGO[,ALGO...]]`` (each in turn; ``ipc/lltwoshot`` by default, or ``ipc/pipe``, ``ipc/llrelay`` (reduce
+only), ``ipc/ll128`` (reduce and allreduce), ``ipc/ll128direct``, ``ipc/ll128twoshot`` (reduce); the other ops of a case run on
 ``ipc/lltwoshot``); ``MPIML_TIMEOUT``
 bounds every wait; ``MPIML_IPC_BYTES`` small makes the pipelined kernels take several chunks, and
 ``MPIML_IPC_PIPE_BLOCKS`` / ``MPIML_IPC_PIPE_ROUNDS`` several steps a block).  Checks, exactly against NumPy
@@ -33,10 +33,17 @@ from mpiml import init  # noqa: E402
 comm = get_comm()
 init(device="gpu")
 P, R = comm.size, comm.rank
-ALGO = sys.argv[1] if len(sys.argv) > 1 else "ipc/lltwoshot"
-# the ops ALGO serves; the others of a case run on the LL two-shot (the same regions: they meet in every case)
-SERVES = {"ipc/llrelay": ("reduce",), "ipc/ll128": ("reduce", "allreduce"),
-          "ipc/ll128direct": ("reduce",)}.get(ALGO, ("bcast", "reduce", "allreduce"))
+ALGOS = (sys.argv[1] if len(sys.argv) > 1 else "ipc/lltwoshot").split(",")
+
+
+def serves(name):
+    """The ops algorithm ``name`` serves; the others of a case run on the LL two-shot (the same regions: they meet
+    in every case)."""
+    return {"ipc/llrelay": ("reduce",), "ipc/ll128": ("reduce", "allreduce"), "ipc/ll128direct": ("reduce",),
+            "ipc/ll128twoshot": ("reduce",)}.get(name, ("bcast", "reduce", "allreduce"))
+
+
+ALGO, SERVES = ALGOS[0], serves(ALGOS[0])  # the algorithm under test (main takes each of ALGOS in turn)
 
 
 def algo(op):
@@ -199,18 +206,21 @@ def run_nccl_events():
 
 
 def main():
-    t0 = time.perf_counter()
+    global ALGO, SERVES
     if P < 2:
         check(True, "")
         return
-    run_eager()
-    run_stream_ordered()
-    run_graph()
-    if ALGO == "ipc/lltwoshot":
-        progress("nccl events")
-        run_nccl_events()
-    if R == 0:
-        print(f"gpu_variants {ALGO} ({', '.join(SERVES)}): {time.perf_counter() - t0:.1f} s", flush=True)
+    for ALGO in ALGOS:
+        t0 = time.perf_counter()
+        SERVES = serves(ALGO)
+        run_eager()
+        run_stream_ordered()
+        run_graph()
+        if ALGO == "ipc/lltwoshot":
+            progress("nccl events")
+            run_nccl_events()
+        if R == 0:
+            print(f"gpu_variants {ALGO} ({', '.join(SERVES)}): {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 guarded(main, comm)

@@ -160,11 +160,12 @@ def test_two_shot_ll_bcast_reduce_and_nccl_events(mpi, n):
 
 
 @pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("algo", ["ipc/llrelay", "ipc/ll128", "ipc/ll128direct"])
+@pytest.mark.parametrize("algo", ["ipc/llrelay", "ipc/ll128", "ipc/ll128direct", "ipc/ll128twoshot"])
 def test_relay_and_ll128(mpi, n, algo):
     """ipc/llrelay (reduce: the parts owned by the non-roots, reduced lines relayed to the root), ipc/ll128 (the
-    relay and the LL two-shot allreduce in 128-byte lines of 120 payload bytes) and ipc/ll128direct (reduce: the
-    non-roots' LL128 lines straight to the root): every dtype, op, root, chunking, offsets, the hot launcher,
+    relay and the LL two-shot allreduce in 128-byte lines of 120 payload bytes), ipc/ll128direct (reduce: the
+    non-roots' LL128 lines straight to the root) and ipc/ll128twoshot (reduce: the LL128 two-shot, its parts
+    gathered at the root): every dtype, op, root, chunking, offsets, the hot launcher,
     graphs, beside the LL two-shot's other ops."""
     _need(n)
     proc = mpi(os.path.join(HERE, "gpu_variants.py"), n, algo, timeout=300, env={"MPIML_TIMEOUT": "30"})

@@ -436,7 +436,7 @@ def test_the_ll_two_shot_calls_complete_as_the_transport_says(op, algo):
     t = object.__new__(ipc.IPCTransport)
     t.multi_node, t.rank, t.size, t.cap = False, 0, 4, 32 << 20
     t.ll_slot, t.ll_max, t._broken = ipc.LL_SLOT_DEFAULT, 256 << 10, None
-    t.ll128_blocks = ipc.WIDE_LL_MAX_BLOCKS
+    t.ll128_blocks, t.ll128_split = ipc.WIDE_LL_MAX_BLOCKS, dict(ipc.LL128_SPLIT)
     t._err = np.zeros(16, dtype=np.int32)
     launches = []
     t._kernel = lambda family, name, dtype, rop, aligned: name

@@ -170,6 +170,13 @@ class Model:
             got(tag, j, f"rank {src}'s LL line")
             return v
 
+        def ll128_line(k):
+            """(call, data) of the LL128 lines at [k] of this rank's staging buffer, data None until they carry this
+            call's flag (the pushed kernels' copies live there too: a stale word, another call's lines or a barrier
+            kernel's data, never carries it)."""
+            tag, v = load(me, ("src", k), None)
+            return (tag, v[1]) if isinstance(v, tuple) and v[0] == flag else (tag, None)
+
         if algo == "ll":  # a rank's own line never goes through its own slot
             dests = {"allreduce": [(me + k) % P for k in range(1, P)],
                      "bcast": [(me + k) % P for k in range(1, P)] if me == root else [],
@@ -185,13 +192,24 @@ class Model:
                 self.results[(me, j)] = acc
             elif op == "bcast":
                 self.results[(me, j)] = (yield from ll_read(root)) if me != root else x
+        elif algo == "ll128" and op == "reduce_scatter":  # every rank's part d, as LL128 lines, into rank d's staging
+            # buffer at [(me - d - 1) % P]; rank d reduces its part's copies with its own as they arrive
+            for k in range(1, P):
+                d = (me + k) % P
+                ws[d].buf[p][("src", (me - d - 1) % P)] = (j, (flag, x[d]))
+                yield ("step",)
+            acc = x[me]
+            for src in range(P):
+                if src != me:
+                    k = (src - me - 1) % P
+                    yield ("wait", src, lambda k=k: ll128_line(k)[1] is not None)
+                    tag, v = ll128_line(k)
+                    got(tag, j, f"rank {src}'s LL128 lines of part {me}")
+                    acc += v
+            self.results[(me, j)] = acc
         elif algo == "ll128direct":  # reduce: the LL reduce's protocol in LL128 lines in the staging buffer, source s's
-            # lines at [(s - root - 1) % P], where the pushed kernels' copies live too: a stale word there (another
-            # call's lines, a barrier kernel's data) never carries this call's flag
-            def line(k):
-                tag, v = load(me, ("src", k), None)
-                return (tag, v[1]) if isinstance(v, tuple) and v[0] == flag else (tag, None)
-
+            # lines at [(s - root - 1) % P]
+            line = ll128_line
             if me != root:
                 ws[root].buf[p][("src", (me - root - 1) % P)] = (j, (flag, x))
                 yield ("step",)
@@ -448,6 +466,8 @@ class Model:
             return [self.value(j, root, q) for q in range(P)]
         if spec["op"] == "reduce" and r != root:
             return None
+        if spec["op"] == "reduce_scatter":
+            return sum(self.value(j, s, r) for s in range(P))
         return [sum(self.value(j, s, q) for s in range(P)) for q in range(P)]
 
     # -- the scheduler
@@ -652,16 +672,19 @@ def test_random_programs_with_the_stream_order_finish_with_the_right_data(P):
 
 def _mixed_programs_finish(P, kinds, algo=None):
     """Ten seeded random programs of ``kinds`` (roots moving, several streams, graphs), each finishing with the
-    right data; how many of rank 0's calls took ``algo``."""
-    taken = 0
+    right data; how many of rank 0's calls took ``algo`` (a tuple of names: the fewest that took one of them)."""
+    names = algo if isinstance(algo, tuple) else (algo,)
+    taken = dict.fromkeys(names, 0)
     for seed in range(10):
         model = Model(P, epoch=seed % 3, ordered=True, seed=seed)
         programs = _programs(P, seed, kinds=kinds)
         stuck = model.run(programs)
         assert stuck is None, (seed, stuck)
         assert not model.errors, (seed, model.errors[:3])
-        taken += sum(1 for a in programs[0] if a[0] == "call" and a[1]["algo"] == algo)
-    return taken
+        for a in programs[0]:
+            if a[0] == "call" and a[1]["algo"] in taken:
+                taken[a[1]["algo"]] += 1
+    return min(taken.values())
 
 
 @pytest.mark.parametrize("P", [2, 3, 4])
@@ -684,10 +707,12 @@ def test_the_ll_relay_reduce_among_the_others_finishes_with_the_right_data(P):
 @pytest.mark.parametrize("P", [2, 3, 4])
 def test_the_ll128_direct_reduce_among_the_others_finishes_with_the_right_data(P):
     """reduce ``ll128direct`` (the non-roots' LL128 lines straight into the root's staging buffer, where the pushed
-    two-shot kernels keep their copies; the root waits for the call's flag) between every other kind, roots moving,
-    on several streams and in graphs."""
-    kinds = KINDS + [("reduce", "ll128direct"), ("allreduce", "twoshot"), ("reduce", "twoshot")] * 3
-    assert _mixed_programs_finish(P, kinds, "ll128direct") > 0
+    two-shot kernels keep their copies; the root waits for the call's flag) and reduce_scatter ``ll128`` (every rank
+    the root of its part, in the same buffers) between every other kind, roots moving, on several streams and in
+    graphs."""
+    kinds = KINDS + [("reduce", "ll128direct"), ("reduce_scatter", "ll128"), ("allreduce", "twoshot"),
+                     ("reduce", "twoshot")] * 3
+    assert _mixed_programs_finish(P, kinds, ("ll128direct", "ll128")) > 0
 
 
 @pytest.mark.parametrize("P", [2, 3, 4])

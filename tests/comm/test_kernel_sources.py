@@ -2,7 +2,8 @@
 
 Every kernel named in ``mpiml.kernels.FAMILIES`` exists in its file under ``kernels/comm/``, and
 every kernel declares the block size the host launches it with as its launch bounds (512
-threads, barrier kernels MPIML_THREADS, LL kernels (``_ll``, ``_lltwoshot``, ``_llrelay``, ``_ll128``, ``_ll128direct``) MPIML_LL_THREADS): one whose registers outgrow
+threads, barrier kernels MPIML_THREADS, LL kernels (``_ll``, ``_lltwoshot``, ``_llrelay``, ``_ll128``, ``_ll128direct``,
+``_ll128twoshot``) MPIML_LL_THREADS): one whose registers outgrow
 such a block fails to launch (with every peer's pack loaded at once, the one-byte types asked for
 254 registers before the bounds were declared).
 """
@@ -37,7 +38,7 @@ def test_every_kernel_exists_with_its_launch_bounds(family):
     assert set(names) <= set(kernels), sorted(set(names) - set(kernels))
     assert len(re.findall(r"__global__", text)) == len(kernels)
     for name, bound in kernels.items():
-        ll = name.endswith(("_ll", "_lltwoshot", "_llrelay", "_ll128", "_ll128direct"))
+        ll = name.endswith(("_ll", "_lltwoshot", "_llrelay", "_ll128", "_ll128direct", "_ll128twoshot"))
         assert bound == ("MPIML_LL_THREADS" if ll else "MPIML_THREADS"), (name, bound)
 
 
@@ -79,7 +80,7 @@ def test_the_ll128_chunks_keep_every_line_within_the_staging_buffer():
     """``ipc._ll128_plan``: lines of 120 payload bytes in 128 in one staging buffer (cap / 128 lines): the two-shot's
     nranks parts, every rank's copies and the gathered parts (2 * nranks * part lines); the relay's nranks - 1 parts
     ((nranks - 1) * part lines); the direct reduce's nranks - 1 copies of every line; 8 lanes a line, at most
-    ``blocks`` blocks; the header's payload words agree with the host's; with the default 32 MiB buffers a 4 MiB
+    ``blocks`` blocks (a split grid: 4 lines a pushing warp); the header's payload words agree with the host's; with the default 32 MiB buffers a 4 MiB
     reduce or allreduce is one launch (a direct reduce: 10 MiB at 4 ranks)."""
     words = re.search(r"#define MPIML_LL128_WORDS (\d+)", _text(COMMON))
     assert words and int(words.group(1)) * 8 == ipc.LL128_PAYLOAD
@@ -98,6 +99,10 @@ def test_the_ll128_chunks_keep_every_line_within_the_staging_buffer():
                     for blocks in (ipc.WIDE_LL_MAX_BLOCKS, 32):
                         _, grid = ipc._ll128_plan(min(nbytes, chunk), nranks, cap, relay, direct, blocks)
                         assert grid == max(1, min(blocks, -(-8 * part // ipc.LL_THREADS)))
+                        # split: the pushing warps of a block (4 lines each a round) size the grid
+                        for split, pushing in ((0, 16), (8, 8), (4, 4), (15, 15), (16, 16)):
+                            _, grid = ipc._ll128_plan(min(nbytes, chunk), nranks, cap, relay, direct, blocks, split)
+                            assert grid == max(1, min(blocks, -(-part // (4 * pushing))))
         assert ipc._ll128_plan(4 << 20, nranks, 32 << 20)[0] >= 4 << 20
         assert ipc._ll128_plan(4 << 20, nranks, 32 << 20, True)[0] >= 4 << 20
         assert ipc._ll128_plan(4 << 20, nranks, 32 << 20, direct=True)[0] >= 4 << 20
@@ -153,7 +158,7 @@ def test_the_pipelined_chunks_fit_one_buffer_and_their_steps_the_flags(op):
 
 @pytest.mark.parametrize("op,algo", [("bcast", "lltwoshot"), ("reduce", "lltwoshot"), ("allreduce", "lltwoshot"),
                                      ("reduce", "llrelay"), ("reduce", "ll128"), ("allreduce", "ll128"),
-                                     ("reduce", "ll128direct")])
+                                     ("reduce", "ll128direct"), ("reduce", "ll128twoshot")])
 def test_the_hot_launcher_of_the_ll_two_shot_kernels_logs_the_calls_plan(monkeypatch, op, algo):
     """``IPCTransport.hot_launcher`` (no GPU: a transport stand-in, the launcher parts recorded) hands the call's
     plan (what the deferred check logs) to the launcher, and the kernel of the algorithm to the issue: the launch
@@ -177,12 +182,35 @@ def test_the_hot_launcher_of_the_ll_two_shot_kernels_logs_the_calls_plan(monkeyp
     t.multi_node, t._sync, t._err_host, t._err_code = False, False, 1, None
     t.rank, t.size, t.cap, t.ll_max, t.ll_slot = 1, 4, 32 << 20, 256 << 10, ipc.LL_SLOT_DEFAULT
     t.oneshot_max, t.twoshot_cap, t.push_cap = 256 << 10, 16 << 20, 8 << 20
-    t.ll128_blocks = ipc.WIDE_LL_MAX_BLOCKS
+    t.ll128_blocks, t.ll128_split = ipc.WIDE_LL_MAX_BLOCKS, {"reduce": 8, "allreduce": 4}
     t._kernel = lambda family, name, dtype, rop, aligned: (family, name, aligned)
     plan = object()
     arg = {"bcast": 0, "reduce": ("sum", 0), "allreduce": "sum"}[op]
     assert t.hot_launcher(None, plan, op, algo, X(), arg) == "launcher"
     assert seen["plan"] is plan and seen["bind"] == ("bind", op) and seen["issue"] == "issue"
     kernel = {"lltwoshot": f"mpiml_{op}_lltwoshot", "llrelay": "mpiml_reduce_llrelay",
-              "ll128": f"mpiml_{op}_ll128", "ll128direct": "mpiml_reduce_ll128direct"}[algo]
+              "ll128": f"mpiml_{op}_ll128", "ll128direct": "mpiml_reduce_ll128direct",
+              "ll128twoshot": "mpiml_reduce_ll128twoshot"}[algo]
     assert seen["fa"] == (op, kernel, True) and seen["block"] == ipc.LL_THREADS and seen["mask"] == 7
+    # the LL128 relay and two-shot take their split above the root's byte (extra = split << 8 | root)
+    assert seen["extra"] == (t.ll128_split[op] << 8 if algo in ("ll128", "ll128twoshot") else 0)
+
+
+def test_run_algorithm_dispatches_every_algorithm_an_op_lists():
+    """``IPCTransport.run_algorithm`` (no GPU: a stand-in) runs every algorithm ``algorithm_names`` lists for an op
+    through the op's native method (scan and exscan take no algorithm), the two-level allreduce too, and refuses a
+    name its op does not list."""
+    t = object.__new__(ipc.IPCTransport)
+    calls = []
+    for op in ipc.IPCTransport._OP_ALGORITHMS:
+        setattr(t, "native_" + op, lambda *a, _op=op, **kw: calls.append((_op, kw.get("algorithm"))) or _op)
+    for op, names in ipc.IPCTransport._OP_ALGORITHMS.items():
+        for name in names:
+            assert t.run_algorithm(op, name, "x") == op
+            assert calls.pop() == (op, None if op in ("scan", "exscan") else name)
+    assert t.run_algorithm("allreduce", "two_level", "x") == "allreduce" and calls.pop() == ("allreduce", "two_level")
+    assert "ll128twoshot" in ipc.IPCTransport._OP_ALGORITHMS["reduce"]
+    assert "ll128" in ipc.IPCTransport._OP_ALGORITHMS["reduce_scatter"]
+    for op, name in (("reduce_scatter", "twoshot"), ("bcast", "ll128"), ("scan", "ll"), ("gather", "ll")):
+        with pytest.raises(ValueError, match="does not apply"):
+            t.run_algorithm(op, name, "x")

@@ -36,9 +36,10 @@ def test_the_machines_rules_come_before_the_defaults_and_after_an_explicit_file(
 
 def test_four_rank_defaults_route_where_the_4xh100_run_measured_a_win():
     """The checked-in 4-rank device rules (vs_nccl.py on 4 x H100, 2026-11-27/28): LL to 256 KiB (allreduce: to
-    64 KiB, then LL128 to 2 MiB and the pushed two-shot to 16 MiB; bcast: to 64 KiB, then the LL two-shot to 1 MiB,
-    the pipelined two-shot to 4 MiB), reduce above 256 KiB the direct LL128 reduce to 1 MiB and the LL128 relay to
-    3 MiB, then NCCL, the pushed allgather to 16 MiB and the pull to 64 MiB, reduce_scatter's IPC kernels to 16 MiB;
+    64 KiB, then LL128 to 3 MiB and the pushed two-shot to 16 MiB; bcast: to 64 KiB, then the LL two-shot to 1 MiB,
+    the pipelined two-shot to 4 MiB), reduce above 256 KiB the direct LL128 reduce to 768 KiB and the LL128 two-shot to
+    4 MiB, then NCCL (pass 1 of 2026-11-28 04:25), the pushed allgather to 16 MiB and the pull to 64 MiB, reduce_scatter's
+    LL kernel to 768 KiB, the LL128 one to 3 MiB, the one-shot to 16 MiB;
     NCCL beyond; every other rank count unchanged."""
     from mpiml.comm._tuning import TuningTable, load_default_rules
 
@@ -47,7 +48,7 @@ def test_four_rank_defaults_route_where_the_4xh100_run_measured_a_win():
     want = {
         ("allreduce", 4): ("ipc", "ll"), ("allreduce", 64 << 10): ("ipc", "ll"),
         ("allreduce", (64 << 10) + 4): ("ipc", "ll128"), ("allreduce", 1 << 20): ("ipc", "ll128"),
-        ("allreduce", 2 << 20): ("ipc", "ll128"), ("allreduce", (2 << 20) + 4): ("ipc", "twoshot"),
+        ("allreduce", 3 << 20): ("ipc", "ll128"), ("allreduce", (3 << 20) + 4): ("ipc", "twoshot"),
         ("allreduce", 4 << 20): ("ipc", "twoshot"),
         ("allreduce", 16 << 20): ("ipc", "twoshot"),
         ("allreduce", 64 << 20): ("nccl", "native"),
@@ -55,17 +56,33 @@ def test_four_rank_defaults_route_where_the_4xh100_run_measured_a_win():
         ("bcast", 1 << 20): ("ipc", "lltwoshot"), ("bcast", (1 << 20) + 4): ("ipc", "pipe"),
         ("bcast", 4 << 20): ("ipc", "pipe"), ("bcast", (4 << 20) + 4): ("nccl", "native"),
         ("reduce", 256 << 10): ("ipc", "ll"), ("reduce", (256 << 10) + 4): ("ipc", "ll128direct"),
-        ("reduce", 1 << 20): ("ipc", "ll128direct"), ("reduce", (1 << 20) + 4): ("ipc", "ll128"),
-        ("reduce", 3 << 20): ("ipc", "ll128"), ("reduce", (3 << 20) + 4): ("nccl", "native"),
-        ("reduce", 4 << 20): ("nccl", "native"),
+        ("reduce", 768 << 10): ("ipc", "ll128direct"), ("reduce", 1 << 20): ("ipc", "ll128twoshot"),
+        ("reduce", 4 << 20): ("ipc", "ll128twoshot"), ("reduce", (4 << 20) + 4): ("nccl", "native"),
         ("allgather", 256 << 10): ("ipc", "ll"), ("allgather", 1 << 20): ("ipc", "push"),
         ("allgather", 16 << 20): ("ipc", "push"), ("allgather", 64 << 20): ("ipc", "pull"),
         ("allgather", 256 << 20): ("nccl", "native"),
+        ("reduce_scatter", 768 << 10): ("ipc", "native"), ("reduce_scatter", 1 << 20): ("ipc", "ll128"),
+        ("reduce_scatter", 3 << 20): ("ipc", "ll128"), ("reduce_scatter", 4 << 20): ("ipc", "native"),
         ("reduce_scatter", 16 << 20): ("ipc", "native"), ("reduce_scatter", 64 << 20): ("nccl", "native"),
     }
     for (op, nbytes), route in want.items():
         for mode in ("eager", "graph"):
             assert table.choose(op, nbytes, 4, "device", avail, mode) == route, (op, nbytes, mode)
+    # 2 ranks (the 2 x H100 run of 04:10, key two_0410): LL to 256 KiB for every op (main's rules sent a 1 KiB
+    # allreduce to NCCL and small reduces to the one-shot), NCCL for the 64 MiB allreduce and reduce
+    two = {("allreduce", 1 << 10): ("ipc", "ll"), ("allreduce", 1 << 20): ("ipc", "ll128"),
+           ("allreduce", 4 << 20): ("ipc", "oneshot"), ("allreduce", 16 << 20): ("ipc", "pipe"),
+           ("allreduce", 64 << 20): ("nccl", "native"),
+           ("reduce", 4): ("ipc", "ll"), ("reduce", 256 << 10): ("ipc", "ll"), ("reduce", 1 << 20): ("ipc", "ll128direct"),
+           ("reduce", 4 << 20): ("ipc", "oneshot"), ("reduce", 64 << 20): ("nccl", "native"),
+           ("bcast", 64 << 10): ("ipc", "ll"), ("bcast", 1 << 20): ("ipc", "lltwoshot"), ("bcast", 4 << 20): ("ipc", "pull"),
+           ("bcast", 64 << 20): ("nccl", "native"),
+           ("allgather", 1 << 10): ("ipc", "ll"), ("allgather", 4 << 20): ("ipc", "push"),
+           ("allgather", 64 << 20): ("ipc", "pull"), ("allgather", 256 << 20): ("nccl", "native"),
+           ("reduce_scatter", 16 << 20): ("ipc", "native"), ("reduce_scatter", 64 << 20): ("nccl", "native")}
+    for (op, nbytes), route in two.items():
+        for mode in ("eager", "graph"):
+            assert table.choose(op, nbytes, 2, "device", avail, mode) == route, (op, nbytes, mode)
     # 3 ranks keep the generic rules (nothing measured there)
     assert table.choose("allreduce", 1 << 20, 3, "device", avail) == ("nccl", "native")
     assert table.choose("allgather", 1 << 20, 3, "device", avail) == ("ipc", "pull")

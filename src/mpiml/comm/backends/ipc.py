@@ -41,7 +41,13 @@ Algorithms (``algorithm=`` with backend ``ipc``):
 ``ll128``            the relay (reduce) and the LL two-shot (allreduce) in LL128
                      lines (128 bytes, 120 of payload, written by the 8 lanes of
                      a warp at once) in the staging buffers (at 4 ranks and
-                     32 MiB buffers: reduce 28 MiB, allreduce 15 MiB a launch)
+                     32 MiB buffers: reduce 28 MiB, allreduce 15 MiB a launch);
+                     reduce_scatter: every rank pushes part r as LL128 lines into
+                     rank r's staging buffer, which reduces them as they arrive
+                     (parts up to 10 MiB at 4 ranks)
+``ll128twoshot``     reduce: the LL128 two-shot (every rank reduces a part of the
+                     LL128 lines pushed to it, the non-roots push theirs reduced
+                     to the root: 1.5 n into the root at 4 ranks, one hop each)
 ``ll128direct``      reduce: every non-root pushes its LL128 lines straight into
                      the root's staging buffer, the root reduces them as they
                      arrive (one hop; 10 MiB a launch at 4 ranks)
@@ -115,8 +121,8 @@ PROBE_OFF = 64
 THREADS = 512
 LL_THREADS = 512  # (ipc_common.cuh's MPIML_LL_THREADS: the LL kernels' launch bounds)
 LL_MAX_BLOCKS = 264
-IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "pipe", "pull", "push",
-                  "two_level")
+IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "ll128twoshot", "pipe",
+                  "pull", "push", "two_level")
 PIPE_MAX_STEPS = 2048  # (ipc_common.cuh's MPIML_PIPE_MAX_STEPS: flags per writer and step)
 PIPE_BYTES = 2 * MAX_RANKS * PIPE_MAX_STEPS * 4  # the pipelined kernels' flags, after the LL slots
 PIPE_STEP_ALIGN = 128  # packs: a step is a multiple of this
@@ -129,6 +135,14 @@ LL128_PAYLOAD = 120  # payload bytes of an LL128 line (ipc_common's MPIML_LL128_
 # block waits for the same block of its peers, so every block must be resident at once: at most one an SM of the
 # smallest GPU meant (132 SMs on an H100; their loops take the lines beyond)
 WIDE_LL_MAX_BLOCKS = 128
+# pushing warps a block of the LL128 reduces (the relay, the two-shot) and of the LL128 two-shot allreduce
+# (MPIML_IPC_LL128_REDUCE_SPLIT, MPIML_IPC_LL128_ALLREDUCE_SPLIT; see MpimlLL128's roles in ipc_common.cuh; 0: every
+# warp pushes, then waits). Pass 1 of 2026-11-28 04:25 (4 x H100, key kern_pass1_0425 of
+# benchmarks/results/vs_nccl_4xh100.json): the two-shot reduce with 4 of 16 warps pushing took 12.6 / 15.9 / 22.2 us
+# in graphs at 2 / 3 / 4 MiB against 13.9 / 18.2 / 23.9 unsplit (8: 14.7 / 17.6 / 21.3); the allreduce kept its time
+# unsplit to 3 MiB (3 MiB: 19.8 against 22.5-23.0 split) and gained at 4 MiB only (27.5 with 4, 33.3 unsplit), where
+# its route is the pushed two-shot (29.8)
+LL128_SPLIT = {"reduce": 4, "allreduce": 0}
 
 _CHUNK_ALIGN = 256
 # one-node graphs of repeated hot calls alive at once per transport (IPCTransport.one_node_graph)
@@ -182,14 +196,16 @@ def _lltwoshot_plan(op, nbytes, nranks, ll_slot, relay=False):
     return chunk_bytes, max(1, min(most, -(-(-(-lines // parts)) // LL_THREADS)))
 
 
-def _ll128_plan(nbytes, nranks, cap, relay=False, direct=False, blocks=WIDE_LL_MAX_BLOCKS):
+def _ll128_plan(nbytes, nranks, cap, relay=False, direct=False, blocks=WIDE_LL_MAX_BLOCKS, split=0):
     """``(chunk bytes, grid)`` of the LL128 kernels (``mpiml_allreduce_ll128``: the two-shot, ``mpiml_reduce_ll128``:
     the relay, ``relay`` true, ``mpiml_reduce_ll128direct``: ``direct`` true) for calls of ``nbytes``: lines of 128
     bytes carrying 120 in the staging buffer of one parity (``cap`` bytes), cut into ``nranks`` parts whose
     ``2 * nranks * part`` lines fit it (the two-shot: every rank's copies and the gathered reduced parts) or
     ``nranks - 1`` parts whose ``(nranks - 1) * part`` lines fit it (the relay: an owner's copies, the root's reduced
     parts); the direct reduce keeps ``nranks - 1`` copies of every line (one part) at the root; 8 lanes a line, so
-    the grid has ``8 * part`` threads (the same on every rank), at most ``blocks`` blocks."""
+    the grid has ``8 * part`` threads (the same on every rank), at most ``blocks`` blocks.  ``split``: the pushing
+    warps of a block (``MpimlLL128``'s roles in ``ipc_common.cuh``; 0, every warp pushes and waits), whose lines
+    size the grid: ``8 * part`` threads of pushing warps."""
     if direct:
         parts = 1
         chunk = LL128_PAYLOAD * (cap // 128 // max(1, nranks - 1))
@@ -199,9 +215,14 @@ def _ll128_plan(nbytes, nranks, cap, relay=False, direct=False, blocks=WIDE_LL_M
     else:
         parts = nranks
         chunk = LL128_PAYLOAD * nranks * (cap // 128 // (2 * nranks))
-    lines = -(-(-(-min(nbytes, chunk) // 8)) // (LL128_PAYLOAD // 8))
-    part = -(-lines // parts)
-    return chunk, max(1, min(blocks, -(-8 * part // LL_THREADS)))
+    part = -(-_ll128_lines(min(nbytes, chunk)) // parts)
+    pushing = split if 0 < split < LL_THREADS // 32 else LL_THREADS // 32
+    return chunk, max(1, min(blocks, -(-8 * part // (32 * pushing))))
+
+
+def _ll128_lines(nbytes):
+    """LL128 lines of a message of ``nbytes`` (8-byte words, 15 a line)."""
+    return -(-(-(-nbytes // 8)) // (LL128_PAYLOAD // 8))
 
 
 def _pipe_plan(op, nbytes, nranks, blocks, rounds):
@@ -303,6 +324,11 @@ class IPCTransport(Transport):
         # the LL128 kernels' largest grid (every block resident at once: at most one an SM, see WIDE_LL_MAX_BLOCKS)
         self.ll128_blocks = _config.env_number("MPIML_IPC_LL128_BLOCKS", WIDE_LL_MAX_BLOCKS, minimum=1,
                                                maximum=WIDE_LL_MAX_BLOCKS, unit="blocks")
+        # the LL128 relay reduce's and two-shot allreduce's pushing warps a block (the others wait: MpimlLL128's
+        # roles, ipc_common.cuh); 0: every warp pushes its lines, then waits for the lines it handles
+        self.ll128_split = {op: _config.env_number(f"MPIML_IPC_LL128_{op.upper()}_SPLIT", LL128_SPLIT[op], minimum=0,
+                                                   maximum=LL_THREADS // 32 - 1, unit="warps")
+                            for op in ("reduce", "allreduce")}
         # two-shot keeps the sources' copies and the reduced parts (2 n, rounded up to the parts) in a buffer
         self.twoshot_cap = (self.cap // 2 - 16 * (MAX_RANKS + 1)) // _CHUNK_ALIGN * _CHUNK_ALIGN
         # a pushed allgather keeps every rank's part (its packs) in each buffer
@@ -329,7 +355,8 @@ class IPCTransport(Transport):
             err = f"{type(exc).__name__}: {exc}"
         agree_or_raise(world, err, "ipc workspace")
         # the kernels find a peer's buffers and slots at their own offsets: the layout must be the same everywhere
-        layout = (self.cap, self.ll_max, self.ll_slot, self.pipe_blocks, self.pipe_rounds, self.ll128_blocks)
+        layout = (self.cap, self.ll_max, self.ll_slot, self.pipe_blocks, self.pipe_rounds, self.ll128_blocks,
+                  tuple(self.ll128_split.values()))
         shared = world.allgather_obj((handle, layout))
         handles = [h for h, _ in shared]
         if len({lay for _, lay in shared}) > 1:
@@ -337,7 +364,8 @@ class IPCTransport(Transport):
             self._base = None
             raise BackendUnavailableError(
                 "the ipc workspaces differ between ranks (MPIML_IPC_BYTES, MPIML_IPC_LL_BYTES, "
-                "MPIML_IPC_LL_SLOT_BYTES, MPIML_IPC_PIPE_BLOCKS, MPIML_IPC_PIPE_ROUNDS, MPIML_IPC_LL128_BLOCKS must "
+                "MPIML_IPC_LL_SLOT_BYTES, MPIML_IPC_PIPE_BLOCKS, MPIML_IPC_PIPE_ROUNDS, MPIML_IPC_LL128_BLOCKS, "
+                "MPIML_IPC_LL128_REDUCE_SPLIT, MPIML_IPC_LL128_ALLREDUCE_SPLIT must "
                 "be the same on every rank): "
                 + ", ".join(f"rank {r}: {lay}" for r, (_, lay) in enumerate(shared)))
         peers, err = [], None
@@ -597,7 +625,7 @@ class IPCTransport(Transport):
                                      parts=self.size)
         if algorithm == "lltwoshot":
             return self._lltwoshot("reduce", sendbuf, out, op, int(root))
-        if algorithm in ("llrelay", "ll128", "ll128direct"):
+        if algorithm in ("llrelay", "ll128", "ll128direct", "ll128twoshot"):
             return self._lltwoshot("reduce", sendbuf, out, op, int(root), algorithm)
         if algorithm == "pipe" and self.size > 1:  # (one rank: the one-shot copies)
             return self._pipe("reduce", sendbuf, out, op, int(root))
@@ -628,30 +656,34 @@ class IPCTransport(Transport):
         rop = self._reduce_op(op, dtype) if op is not None else None
         sp = sendbuf.data.ptr
         rp = recvbuf.data.ptr if recvbuf is not None and recvbuf.size else 0
-        kernel, plan = self._lltwoshot_variant(op_name, variant)
+        kernel, plan, tag = self._lltwoshot_variant(op_name, variant)
         chunk_bytes, _ = plan(n * isz)
         for start, count in self._chunks(n, isz, chunk_bytes):
             off = start * isz
             aligned = not ((sp + off) & 7 or (rp + off if rp else 0) & 7)
             fn = self._kernel(op_name, kernel, dtype, rop, aligned)
             _, grid = plan(count * isz)
-            self._launch(fn, grid, sp + off, (rp + off) if rp else 0, count, root, LL_THREADS)
+            self._launch(fn, grid, sp + off, (rp + off) if rp else 0, count, tag | root, LL_THREADS)
         return self._done(op_name)
 
     def _lltwoshot_variant(self, op_name, variant="lltwoshot"):
-        """``(kernel, plan)`` of algorithm ``variant`` of ``op_name``: ``lltwoshot`` (bcast, reduce, allreduce: the LL
-        two-shot), ``llrelay`` (reduce: the relay) or ``ll128`` (reduce: the relay, allreduce: the two-shot, in LL128
-        lines, in the staging buffers), ``ll128direct`` (reduce: the non-roots' LL128 lines straight to the root);
-        ``plan(nbytes)`` is ``(chunk bytes, grid)`` of a launch.  At one rank, the LL two-shot."""
+        """``(kernel, plan, tag)`` of algorithm ``variant`` of ``op_name``: ``lltwoshot`` (bcast, reduce, allreduce:
+        the LL two-shot), ``llrelay`` (reduce: the relay) or ``ll128`` (reduce: the relay, allreduce: the two-shot, in
+        LL128 lines, in the staging buffers), ``ll128twoshot`` (reduce: the two-shot in LL128 lines, its parts
+        gathered at the root), ``ll128direct`` (reduce: the non-roots' LL128 lines straight to the root);
+        ``plan(nbytes)`` is ``(chunk bytes, grid)`` of a launch, ``tag | root`` the kernel's ``extra`` (the
+        LL128 kernels' split in its bits above 255).  At one rank, the LL two-shot."""
         size, slot, cap, blocks = self.size, self.ll_slot, self.cap, self.ll128_blocks
         if variant == "ll128direct" and op_name == "reduce" and size > 1:
-            return "mpiml_reduce_ll128direct", lambda nbytes: _ll128_plan(nbytes, size, cap, direct=True, blocks=blocks)
-        if variant == "ll128" and size > 1:
-            relay = op_name == "reduce"
-            return f"mpiml_{op_name}_ll128", lambda nbytes: _ll128_plan(nbytes, size, cap, relay, blocks=blocks)
+            return ("mpiml_reduce_ll128direct",
+                    lambda nbytes: _ll128_plan(nbytes, size, cap, direct=True, blocks=blocks), 0)
+        if variant in ("ll128", "ll128twoshot") and size > 1:
+            relay, split = op_name == "reduce" and variant == "ll128", self.ll128_split[op_name]
+            return (f"mpiml_{op_name}_{variant}",
+                    lambda nbytes: _ll128_plan(nbytes, size, cap, relay, blocks=blocks, split=split), split << 8)
         if variant in ("llrelay", "ll128") and op_name == "reduce" and size > 1:
-            return "mpiml_reduce_llrelay", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot, True)
-        return f"mpiml_{op_name}_lltwoshot", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot)
+            return "mpiml_reduce_llrelay", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot, True), 0
+        return f"mpiml_{op_name}_lltwoshot", lambda nbytes: _lltwoshot_plan(op_name, nbytes, size, slot), 0
 
     def _pipe(self, op_name, sendbuf, recvbuf, op, root):
         """The pipelined two-shot bcast, reduce or allreduce (see mpiml_pipe), in chunks of one staging buffer."""
@@ -734,35 +766,40 @@ class IPCTransport(Transport):
         return "ll" if max(counts) * itemsize <= self.ll_max else "oneshot"
 
     def _reduce_scatter_fits(self, algorithm, counts, itemsize):
-        """Whether every part fits one LL slot (ll) or the sources' copies one staging buffer (oneshot)."""
+        """Whether every part fits one LL slot (ll) or the sources' copies one staging buffer (oneshot, ll128: the
+        other ranks' LL128 lines of the part, 120 payload bytes in 128)."""
         if algorithm == "ll":
             return max(counts) * itemsize <= self.ll_max
+        if algorithm == "ll128":
+            return (self.size - 1) * _ll128_lines(max(counts) * itemsize) * 128 <= self.cap
         if algorithm == "oneshot":
             stride = -(-max(counts) * itemsize // 16)  # packs of the largest part
             return self.size * stride * 16 <= self.cap
         raise ValueError(f"algorithm {algorithm!r} does not apply to reduce_scatter on the ipc backend "
-                         "(ll, oneshot)")
+                         "(ll, oneshot, ll128)")
 
     def _reduce_scatter_kernel(self, algorithm, counts, dtype, op, sp, rp):
         """``(function, grid, block)`` of one reduce-scatter.
 
         The aligned form only when ``sp``, ``rp`` and every part's start are 8-byte
-        (ll) or 16-byte (oneshot) aligned; with ``rp`` None, the pair
+        (ll, ll128) or 16-byte (oneshot) aligned; with ``rp`` None, the pair
         ``(aligned, unaligned)`` instead of one function (the hot path picks per call).
         """
-        ll = algorithm == "ll"
-        mask = 7 if ll else 15
+        mask = 7 if algorithm in ("ll", "ll128") else 15
         key = (algorithm, counts, dtype, op)
         hit = self._rs_kernels.get(key)
         if hit is None:
             isz = dtype.itemsize
             parts_ok = not any(int(d) * isz & mask for d in _displs(counts))
-            kernel = "mpiml_reduce_scatter_ll" if ll else "mpiml_reduce_scatter_oneshot"
+            kernel = f"mpiml_reduce_scatter_{algorithm}"
             rop = self._reduce_op(op, dtype)
             fu = self._kernel("reduce", kernel, dtype, rop, False)
             fa = self._kernel("reduce", kernel, dtype, rop, True) if parts_ok else fu
-            if ll:
+            if algorithm == "ll":
                 grid, block = _ll_grid(max(counts) * isz), LL_THREADS
+            elif algorithm == "ll128":  # 8 lanes a line of the largest part
+                grid = max(1, min(self.ll128_blocks, -(-8 * _ll128_lines(max(counts) * isz) // LL_THREADS)))
+                block = LL_THREADS
             else:
                 grid, block = _grid(-(-max(counts) * isz // 16)), THREADS
             hit = self._rs_kernels[key] = (fa, fu, grid, block)
@@ -803,10 +840,11 @@ class IPCTransport(Transport):
         return self._nccl().irecv(buf, source, tag)
 
     _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot", "lltwoshot", "ll128", "pipe"),
-                      "reduce": ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "pipe"),
+                      "reduce": ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct",
+                                 "ll128twoshot", "pipe"),
                       "scan": ("oneshot",), "exscan": ("oneshot",), "bcast": ("ll", "pull", "twoshot", "lltwoshot", "pipe"),
                       "allgather": ("ll", "pull", "push"),
-                      "reduce_scatter": ("ll", "oneshot")}
+                      "reduce_scatter": ("ll", "oneshot", "ll128")}
 
     def algorithm_names(self, op):
         """The IPC algorithms of ``op`` (what ``mpiml bench comm`` and ``mpiml tune`` time)."""
@@ -815,17 +853,10 @@ class IPCTransport(Transport):
 
     def run_algorithm(self, op, name, *args):
         """Run IPC algorithm ``name`` (see the module docstring) for collective ``op``."""
-        if op == "allreduce" and name in ("ll", "oneshot", "twoshot", "lltwoshot", "ll128", "pipe", "two_level"):
-            return self.native_allreduce(*args, algorithm=name)
-        if (op, name) in (("reduce", "ll"), ("reduce", "oneshot"), ("reduce", "twoshot"), ("reduce", "lltwoshot"),
-                          ("reduce", "llrelay"), ("reduce", "ll128"), ("reduce", "ll128direct"), ("reduce", "pipe"), ("bcast", "ll"), ("bcast", "pull"), ("bcast", "twoshot"),
-                          ("bcast", "lltwoshot"), ("bcast", "pipe"),
-                          ("allgather", "ll"), ("allgather", "pull"),
-                          ("allgather", "push"),
-                          ("reduce_scatter", "ll"), ("reduce_scatter", "oneshot")):
+        if name in self._OP_ALGORITHMS.get(op, ()) or (op, name) == ("allreduce", "two_level"):
+            if op in ("scan", "exscan"):
+                return getattr(self, "native_" + op)(*args)
             return getattr(self, "native_" + op)(*args, algorithm=name)
-        if (op, name) in (("scan", "oneshot"), ("exscan", "oneshot")):
-            return getattr(self, "native_" + op)(*args)
         raise ValueError(f"algorithm {name!r} does not apply to {op} on the ipc backend "
                          f"(ipc algorithms: {list(IPC_ALGORITHMS)})")
 
@@ -865,9 +896,10 @@ class IPCTransport(Transport):
         elif op == "reduce":
             algo = ("ll" if ll_ok else "oneshot") if name == "native" else name
             (red, root), family, parts = arg, "reduce", (self.size if algo == "twoshot" else 1)
-            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "pipe"):
+            if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "ll128twoshot",
+                            "pipe"):
                 return None
-        elif op == "reduce_scatter" and name in ("native", "ll", "oneshot"):
+        elif op == "reduce_scatter" and name in ("native", "ll", "oneshot", "ll128"):
             counts, red = arg
             counts = tuple(int(c) for c in counts)
             algo = self._auto_reduce_scatter(counts, dtype.itemsize) if name == "native" else name
@@ -875,7 +907,8 @@ class IPCTransport(Transport):
                 return None
             (fa, fu), grid, block = self._reduce_scatter_kernel(algo, counts, dtype, red, 0, None)
             rows = counts[self.rank] // (x.size // x.shape[0])  # (x has rows: the communicator made it 1-d+)
-            issue = ipc_issue(self, op, x, fa, fu, grid, block, 7 if algo == "ll" else 15, self._displs_ptr(counts))
+            issue = ipc_issue(self, op, x, fa, fu, grid, block, 7 if algo in ("ll", "ll128") else 15,
+                              self._displs_ptr(counts))
             bind = binding(op, x, rank=self.rank, size=self.size, rows=rows)
             return launcher(comm, self, plan, op, bind, issue, self._err_code)
         else:
@@ -883,11 +916,11 @@ class IPCTransport(Transport):
         if algo == "ll" and not ll_ok or algo == "twoshot" and nb > self.twoshot_cap or \
                 algo == "push" and nb > self.push_cap:
             return None
-        kernel = f"mpiml_{op}_{algo}"
-        if algo in ("lltwoshot", "llrelay", "ll128", "ll128direct"):
+        kernel, tag = f"mpiml_{op}_{algo}", 0
+        if algo in ("lltwoshot", "llrelay", "ll128", "ll128direct", "ll128twoshot"):
             if self.size == 1:  # (a bcast among one rank: the full path)
                 return None
-            kernel, launch_plan = self._lltwoshot_variant(op, algo)  # (not `plan`: the call's, for the launcher)
+            kernel, launch_plan, tag = self._lltwoshot_variant(op, algo)  # (not `plan`: the call's, for the launcher)
             chunk, grid = launch_plan(nb)
             if nb > chunk:  # (several launches: the full path)
                 return None
@@ -904,7 +937,7 @@ class IPCTransport(Transport):
         rop = self._reduce_op(red, dtype) if red is not None else None
         fa = self._kernel(family, kernel, dtype, rop, True)
         fu = self._kernel(family, kernel, dtype, rop, False)
-        extra = (step << 4) | root if algo == "pipe" else root
+        extra = (step << 4) | root if algo == "pipe" else tag | root
         if op == "allgather":
             extra = x.size  # the row stride of the result, in elements
             if nb & mask:

@@ -86,76 +86,12 @@ mpiml_allreduce_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, l
     mpiml_ll_twoshot_reduce<T, OP, A>(c, in, out, n, -1);
 }
 
-// LL128 two-shot allreduce (no barrier; algorithm ll128): mpiml_ll_twoshot_reduce's protocol
-// in LL128 lines (15 payload words in 16, not 1 in 2: the lines carry 1.07 times the bytes, not
-// twice). The lines are cut into nranks parts of `part` lines; every rank pushes line
-// r * part + i of its input into rank r's LL region at [me * part + i] (its own part stays in its
-// input), rank r reduces the nranks copies of its line i in rank order as they arrive and
-// pushes the result into every other rank's region at [nranks * part + r * part + i], storing
-// its own to out; then copies the other parts' reduced lines out as they arrive (line i of every
-// part waited for at once). A warp holds 4
-// lines (8 lanes each) a round and every warp of every rank takes the same lines (the grid is
-// agreed); a warp pushes the lines of all its rounds before it waits for any (phases A, B, C).
-// The region is the staging buffer of the call's parity (mpiml_buf: see the LL128 lines in
-// ipc_common.cuh); the host keeps 2 * nranks * part lines within it (cap / 128 of them). A
-// counts 8-byte alignment; a lane writes out only words it read before (in == out is safe).
-template <typename T, int OP, bool A>
-__device__ __forceinline__ void mpiml_ll128_twoshot_allreduce(const MpimlCtx* c, const T* in, T* out, long long n) {
-    const MpimlLL128 ll(c, n * (long long)sizeof(T));
-    const int nr = (int)c->nranks, me = (int)c->rank, sub = ll.sub;
-    const long long part = (ll.lines + nr - 1) / nr;
-    const ulonglong2* mine = ll.region(me);
-    // A: part r of the input into rank r's region at [me * part] (this rank's own part stays in the input)
-    ll.push<A>(in, part, nr - 1, [&](int k, long long& g0, ulonglong2*& dst) {
-        const int r = (me + k) % nr;
-        g0 = r * part;
-        dst = ll.region(r) + 8 * (me * part);
-        return true;
-    });
-    // B: this rank's part reduced as its copies arrive (its own from the input), pushed to every other rank and
-    // stored to out
-    bool ok = true;
-    MPIML_LL128_ROUNDS(ll, base, part) {
-        const long long i = ll.line(base);
-        const long long g = me * part + i;
-        const bool mine_act = i < part && g < ll.lines;
-        ulonglong2 v[MPIML_MAX_RANKS] = {};  // (v[me] stays unread: this rank's copy is `own`)
-        const ulonglong2 own = mpiml_ll128_get<A>(in, g, sub, ll.nbytes, ll.flagword);
-        ok = mpiml_ll128_wait(c, ll.epoch, mine + 8 * i + sub, 8 * part, nr, mine_act, ll.flagword, v, me);
-        if (!ok) break;  // (warp-uniform)
-        ulonglong2 u[MPIML_MAX_RANKS];
-#pragma unroll
-        for (int r = 0; r < MPIML_MAX_RANKS; ++r) u[r] = r == me ? own : v[r];
-        const ulonglong2 red = mpiml_ll128_fold<T, OP>(u, nr, sub, ll.flagword);
-        for (int k = 1; k < nr; ++k) {
-            __syncwarp();
-            if (mine_act) mpiml_ll128_store(ll.region((me + k) % nr) + 8 * (nr * part + g) + sub, red);
-        }
-        if (mine_act) mpiml_ll128_put<A>(out, g, sub, ll.nbytes, red);
-    }
-    // C: the other parts' reduced lines out as they arrive, line i of every part waited for at once
-    if (ok) {
-        MPIML_LL128_ROUNDS(ll, base, part) {
-            const long long i = ll.line(base);
-            // the parts holding a line i: r * part + i < lines (small calls leave the last parts short or empty)
-            const int m = i >= part ? 0 : (int)min((long long)nr, (ll.lines - 1 - i) / part + 1);
-            ulonglong2 u[MPIML_MAX_RANKS];
-            if (!mpiml_ll128_wait(c, ll.epoch, mine + 8 * (nr * part + i) + sub, 8 * part, m, m > 0, ll.flagword, u,
-                                  me))
-                break;
-#pragma unroll
-            for (int r = 0; r < MPIML_MAX_RANKS; ++r)
-                if (r < m && r != me) mpiml_ll128_put<A>(out, r * part + i, sub, ll.nbytes, u[r]);
-        }
-    }
-    mpiml_end<false>(c, ll.epoch);
-}
-
-// The LL128 two-shot allreduce (algorithm ll128): see mpiml_ll128_twoshot_allreduce above.
+// The LL128 two-shot allreduce (algorithm ll128): see mpiml_ll128_twoshot_reduce (ipc_common.cuh). extra =
+// split << 8.
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_allreduce_ll128(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
-    mpiml_ll128_twoshot_allreduce<T, OP, A>(c, in, out, n);
+    mpiml_ll128_twoshot_reduce<T, OP, A>(c, in, out, n, -1, (int)(extra >> 8));
 }
 
 // Pipelined two-shot allreduce (no barrier): see mpiml_pipe (ipc_common.cuh); extra = S << 4.

@@ -889,22 +889,41 @@ __device__ __forceinline__ ulonglong2 mpiml_ll128_fold_own(const ulonglong2 (&v)
 // 16 bytes, sub = l % 8, of line base + l / 8), every warp of every rank the same ones (the grid is agreed):
 // rounds at base = 4 * warp, 4 * (warp + warps), ... (MPIML_LL128_ROUNDS). region(r): rank r's staging buffer
 // of this call's parity, as 16-byte lanes (line g at 8 g).
+//
+// Roles: with split = 0 every warp pushes its lines (pushes) and then waits for and handles the lines that
+// arrive (waits). With 0 < split < warps a block, the block's first `split` warps only push and the others
+// only wait, each role numbering its own warps across the grid (warp, warps): a warp that waits never holds
+// back a push of its rank (a warp that does both issues its second hop only once the stores of all its
+// pushes have left, which at a few MiB is once the links have carried most of the first hop), so the
+// second hop runs while the first is still on the links. Deadlock-free as before: a push never waits, and
+// every block is resident (the host's grid).
 struct MpimlLL128 {
     const MpimlCtx* c;
     long long nbytes, lines, warp, warps;
     unsigned epoch;
     unsigned long long flagword;
     int lane, sub;
+    bool pushes, waits;
 
-    __device__ __forceinline__ MpimlLL128(const MpimlCtx* ctx, long long bytes) : c(ctx) {
+    __device__ __forceinline__ MpimlLL128(const MpimlCtx* ctx, long long bytes, int split = 0) : c(ctx) {
         nbytes = bytes;
         lines = ((bytes + 7) / 8 + MPIML_LL128_WORDS - 1) / MPIML_LL128_WORDS;
         epoch = mpiml_begin(ctx);
         flagword = mpiml_ll128_flag(epoch);
         lane = threadIdx.x & 31;
         sub = lane & 7;
-        warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-        warps = ((long long)gridDim.x * blockDim.x) >> 5;
+        const int w = (int)(threadIdx.x >> 5), per = (int)(blockDim.x >> 5);
+        if (split > 0 && split < per) {  // (warp-uniform)
+            pushes = w < split;
+            waits = !pushes;
+            const int k = pushes ? split : per - split;
+            warp = (long long)blockIdx.x * k + (pushes ? w : w - split);
+            warps = (long long)gridDim.x * k;
+        } else {
+            pushes = waits = true;
+            warp = (long long)blockIdx.x * per + w;
+            warps = (long long)gridDim.x * per;
+        }
     }
 
     __device__ __forceinline__ ulonglong2* region(int r) const {
@@ -1119,4 +1138,78 @@ __device__ __forceinline__ void mpiml_pipe(const MpimlCtx* c, const T* in, T* ou
     }
     if (behind >= 0) gather(behind);
     mpiml_end(c, epoch);
+}
+
+// ---------------------------------------------------------------- LL128 two-shot
+// LL128 two-shot reduction (no barrier; the allreduce's and the reduce's `ll128` / `ll128twoshot`):
+// mpiml_ll_twoshot_reduce's protocol in LL128 lines (15 payload words in 16, not 1 in 2: the lines carry 1.07
+// times the bytes, not twice). The lines are cut into nranks parts of `part` lines; every rank pushes line
+// r * part + i of its input into rank r's region at [me * part + i] (its own part stays in its input) (A); rank
+// r reduces the nranks copies of its line i in rank order as they arrive and pushes the result into the region
+// of every other rank that receives (root < 0: every rank; else the root) at [nranks * part + r * part + i],
+// storing it to out if it receives (B); a receiving rank copies the other parts' reduced lines out as they arrive,
+// line i of every part waited for at once (C). With root >= 0 the root takes (nranks - 1) / nranks of the
+// copies of its part and the reduced parts of the others: 1.5 n at 4 ranks over its three links at once, a
+// reduce-scatter then a gather, where the relay (reduce.cu) brings it n in two hops. A warp holds 4 lines (8 lanes
+// each) a round and every warp of every rank takes the same lines (the grid is agreed); a warp pushes the lines
+// of all its rounds before it waits for any, or, with split > 0 (MpimlLL128's roles), the first `split` warps of a
+// block push (A) and the others take B and C. The region is the staging buffer of the call's parity (mpiml_buf:
+// see the LL128 lines above); the host keeps 2 * nranks * part lines within it (cap / 128 of them). A counts
+// 8-byte alignment; a lane writes out only words it read before (in == out is safe).
+template <typename T, int OP, bool A>
+__device__ __forceinline__ void mpiml_ll128_twoshot_reduce(const MpimlCtx* c, const T* in, T* out, long long n,
+                                                           int root, int split) {
+    const MpimlLL128 ll(c, n * (long long)sizeof(T), split);
+    const int nr = (int)c->nranks, me = (int)c->rank, sub = ll.sub;
+    const bool receives = root < 0 || me == root;
+    const long long part = (ll.lines + nr - 1) / nr;
+    const ulonglong2* mine = ll.region(me);
+    // A: part r of the input into rank r's region at [me * part] (this rank's own part stays in the input)
+    if (ll.pushes) {
+        ll.push<A>(in, part, nr - 1, [&](int k, long long& g0, ulonglong2*& dst) {
+            const int r = (me + k) % nr;
+            g0 = r * part;
+            dst = ll.region(r) + 8 * (me * part);
+            return true;
+        });
+    }
+    // B: this rank's part reduced as its copies arrive (its own from the input), pushed to the receivers and stored
+    // to out if this rank receives
+    bool ok = ll.waits;
+    if (ok) MPIML_LL128_ROUNDS(ll, base, part) {
+        const long long i = ll.line(base);
+        const long long g = me * part + i;
+        const bool mine_act = i < part && g < ll.lines;
+        ulonglong2 v[MPIML_MAX_RANKS] = {};  // (v[me] stays unread: this rank's copy is `own`)
+        const ulonglong2 own = mpiml_ll128_get<A>(in, g, sub, ll.nbytes, ll.flagword);
+        ok = mpiml_ll128_wait(c, ll.epoch, mine + 8 * i + sub, 8 * part, nr, mine_act, ll.flagword, v, me);
+        if (!ok) break;  // (warp-uniform)
+        ulonglong2 u[MPIML_MAX_RANKS];
+#pragma unroll
+        for (int r = 0; r < MPIML_MAX_RANKS; ++r) u[r] = r == me ? own : v[r];
+        const ulonglong2 red = mpiml_ll128_fold<T, OP>(u, nr, sub, ll.flagword);
+        for (int k = 1; k < nr; ++k) {
+            const int r = (me + k) % nr;
+            if (root >= 0 && r != root) continue;  // (warp-uniform)
+            __syncwarp();
+            if (mine_act) mpiml_ll128_store(ll.region(r) + 8 * (nr * part + g) + sub, red);
+        }
+        if (mine_act && receives) mpiml_ll128_put<A>(out, g, sub, ll.nbytes, red);
+    }
+    // C: the other parts' reduced lines out as they arrive, line i of every part waited for at once
+    if (ok && receives) {
+        MPIML_LL128_ROUNDS(ll, base, part) {
+            const long long i = ll.line(base);
+            // the parts holding a line i: r * part + i < lines (small calls leave the last parts short or empty)
+            const int m = i >= part ? 0 : (int)min((long long)nr, (ll.lines - 1 - i) / part + 1);
+            ulonglong2 u[MPIML_MAX_RANKS];
+            if (!mpiml_ll128_wait(c, ll.epoch, mine + 8 * (nr * part + i) + sub, 8 * part, m, m > 0, ll.flagword, u,
+                                  me))
+                break;
+#pragma unroll
+            for (int r = 0; r < MPIML_MAX_RANKS; ++r)
+                if (r < m && r != me) mpiml_ll128_put<A>(out, r * part + i, sub, ll.nbytes, u[r]);
+        }
+    }
+    mpiml_end<false>(c, ll.epoch);
 }

@@ -220,44 +220,64 @@ __device__ __forceinline__ void mpiml_ll_relay_reduce(const MpimlCtx* c, const T
     mpiml_end<false>(c, ln.epoch);
 }
 
+// The reducing rounds of an LL128 reduce's warp: line i < count of this rank's region, with the other ranks'
+// copies of it at [k * stride + i] (rank (me + 1 + k) % nranks's, k < nranks - 1), reduced with this rank's own
+// input's line g0 + i in rank order as the copies arrive (mpiml_ll128_fold_own); emit(g, red, act) takes the
+// result of line g (act: the line exists; called on every lane of the warp). The relay's owners and the direct
+// reduce's root.
+template <typename T, int OP, bool A, typename Emit>
+__device__ __forceinline__ void mpiml_ll128_reduce_own(const MpimlLL128& ll, const T* in, long long count, long long g0,
+                                                       long long stride, Emit emit) {
+    const int nr = (int)ll.c->nranks, me = (int)ll.c->rank;
+    const ulonglong2* mine = ll.region(me);
+    MPIML_LL128_ROUNDS(ll, base, count) {
+        const long long i = ll.line(base);
+        const long long g = g0 + i;
+        const bool act = i < count && g < ll.lines;
+        const ulonglong2 own = mpiml_ll128_get<A>(in, g, ll.sub, ll.nbytes, ll.flagword);
+        ulonglong2 v[MPIML_MAX_RANKS];
+        if (!mpiml_ll128_wait(ll.c, ll.epoch, mine + 8 * i + ll.sub, 8 * stride, nr - 1, act, ll.flagword, v)) break;
+        emit(g, mpiml_ll128_fold_own<T, OP>(v, own, me, nr, ll.sub, ll.flagword), act);
+    }
+}
+
 // LL128 relay reduce (algorithm ll128): mpiml_ll_relay_reduce's protocol in LL128 lines
 // (ipc_common.cuh: 120 payload bytes in 128), so the root receives 1.07 n bytes, not 2 n. A
-// warp holds 4 lines (8 lanes each) a round, every warp of every rank the same ones, and pushes
-// the lines of all its rounds before it waits for any. The region is the
-// staging buffer of the call's parity (mpiml_buf: see the LL128 lines in ipc_common.cuh); the
-// host keeps q * part lines within it (cap / 128 of them). A counts 8-byte alignment; only the
-// root writes out, words it read before (in == out is safe).
+// warp holds 4 lines (8 lanes each) a round, every warp of every rank the same ones. split
+// (MpimlLL128's roles): 0, a warp pushes the lines of all its rounds before it waits for any;
+// else the first `split` warps of a block push and the others reduce (an owner) or copy out (the
+// root), so that an owner forwards reduced lines while its links still bring the copies of
+// later ones. The region is the staging buffer of the call's parity (mpiml_buf: see the LL128
+// lines in ipc_common.cuh); the host keeps q * part lines within it (cap / 128 of them). A counts
+// 8-byte alignment; only the root writes out, words it read before (in == out is safe).
 template <typename T, int OP, bool A>
 __device__ __forceinline__ void mpiml_ll128_relay_reduce(const MpimlCtx* c, const T* in, T* out, long long n,
-                                                         int root) {
-    const MpimlLL128 ll(c, n * (long long)sizeof(T));
+                                                         int root, int split) {
+    const MpimlLL128 ll(c, n * (long long)sizeof(T), split);
     const int nr = (int)c->nranks, me = (int)c->rank, q = nr - 1, sub = ll.sub;
     const int jm = me == root ? -1 : (me - root - 1 + nr) % nr;  // this rank's part (-1: the root's none)
     const long long part = (ll.lines + q - 1) / q;
-    const ulonglong2* mine = ll.region(me);
     // part j of the input into its owner's region at [((me - owner - 1) mod nranks) * part]: the root every part,
     // an owner the other owners' parts (its own stays here)
-    ll.push<A>(in, part, q, [&](int k, long long& g0, ulonglong2*& dst) {
-        const int j = jm < 0 ? k - 1 : (jm + k) % q;
-        if (j == jm) return false;
-        const int o = (root + 1 + j) % nr;
-        g0 = j * part;
-        dst = ll.region(o) + 8 * (((me - o - 1 + nr) % nr) * part);
-        return true;
-    });
-    if (jm >= 0) {  // an owner: its part reduced as the copies arrive, pushed to the root
-        MPIML_LL128_ROUNDS(ll, base, part) {
-            const long long i = ll.line(base);
-            const long long g = jm * part + i;
-            const bool mact = i < part && g < ll.lines;
-            const ulonglong2 own = mpiml_ll128_get<A>(in, g, sub, ll.nbytes, ll.flagword);
-            ulonglong2 v[MPIML_MAX_RANKS];  // rank (me + 1 + k) % nr's copy at [k * part + i]
-            if (!mpiml_ll128_wait(c, ll.epoch, mine + 8 * i + sub, 8 * part, q, mact, ll.flagword, v)) break;
-            const ulonglong2 red = mpiml_ll128_fold_own<T, OP>(v, own, me, nr, sub, ll.flagword);
+    if (ll.pushes) {
+        ll.push<A>(in, part, q, [&](int k, long long& g0, ulonglong2*& dst) {
+            const int j = jm < 0 ? k - 1 : (jm + k) % q;
+            if (j == jm) return false;
+            const int o = (root + 1 + j) % nr;
+            g0 = j * part;
+            dst = ll.region(o) + 8 * (((me - o - 1 + nr) % nr) * part);
+            return true;
+        });
+    }
+    if (!ll.waits) {
+    } else if (jm >= 0) {  // an owner: its part reduced as the copies arrive, pushed to the root
+        ulonglong2* at_root = ll.region(root);
+        mpiml_ll128_reduce_own<T, OP, A>(ll, in, part, jm * part, part, [&](long long g, ulonglong2 red, bool act) {
             __syncwarp();
-            if (mact) mpiml_ll128_store(ll.region(root) + 8 * g + sub, red);
-        }
+            if (act) mpiml_ll128_store(at_root + 8 * g + sub, red);
+        });
     } else {  // the root: the reduced lines out as they arrive, line i of every part waited for at once
+        const ulonglong2* mine = ll.region(me);
         MPIML_LL128_ROUNDS(ll, base, part) {
             const long long i = ll.line(base);
             // the parts holding a line i: j * part + i < lines (small calls leave the last parts short or empty)
@@ -293,18 +313,49 @@ __device__ __forceinline__ void mpiml_ll128_direct_reduce(const MpimlCtx* c, con
             return true;
         });
     } else {
-        const ulonglong2* mine = ll.region(me);
-        MPIML_LL128_ROUNDS(ll, base, ll.lines) {
-            const long long g = ll.line(base);
-            const bool act = g < ll.lines;
-            const ulonglong2 own = mpiml_ll128_get<A>(in, g, sub, ll.nbytes, ll.flagword);
-            ulonglong2 v[MPIML_MAX_RANKS];  // rank (me + 1 + k) % nr's copy at [k * lines + g]
-            if (!mpiml_ll128_wait(c, ll.epoch, mine + 8 * g + sub, 8 * ll.lines, nr - 1, act, ll.flagword, v)) break;
-            const ulonglong2 red = mpiml_ll128_fold_own<T, OP>(v, own, me, nr, sub, ll.flagword);
+        mpiml_ll128_reduce_own<T, OP, A>(ll, in, ll.lines, 0, ll.lines, [&](long long g, ulonglong2 red, bool act) {
             if (act) mpiml_ll128_put<A>(out, g, sub, ll.nbytes, red);
-        }
+        });
     }
     mpiml_end<false>(c, ll.epoch);
+}
+
+// LL128 reduce-scatter (algorithm ll128; no barrier): every rank pushes part r of its input, in LL128 lines,
+// into rank r's region (the staging buffer of the call's parity) at [((me - r - 1) mod nranks) * lines_r], lines_r
+// the lines of part r; rank r reduces the nranks - 1 copies of its line i with its own input's in rank order as
+// they arrive (mpiml_ll128_reduce_own: the same bits as every other path) into out. The links carry 1.07 times
+// the parts' bytes where the LL reduce-scatter's lines carry twice. Parts by displs (device, nranks + 1 element
+// offsets). The host keeps (nranks - 1) * lines_r lines of every part within one staging buffer and launches 8
+// lanes a line of the largest part. A: in, out and every part's start 8-byte aligned.
+template <typename T, int OP, bool A>
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_reduce_scatter_ll128(const MpimlCtx* c, const T* in, T* out, long long n, long long displs_ptr) {
+    const long long* displs = reinterpret_cast<const long long*>(displs_ptr);
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    const MpimlLL128 call(c, 0);
+    // part r of the input as a message of its own (the call's number, flag and lanes)
+    auto part = [&](int r) {
+        MpimlLL128 p = call;
+        p.nbytes = (displs[r + 1] - displs[r]) * (long long)sizeof(T);
+        p.lines = ((p.nbytes + 7) / 8 + MPIML_LL128_WORDS - 1) / MPIML_LL128_WORDS;
+        return p;
+    };
+    for (int k = 1; k < nr; ++k) {  // the peers' parts (a push never waits)
+        const int r = (me + k) % nr;
+        const MpimlLL128 p = part(r);
+        ulonglong2* dst = p.region(r) + 8 * (((me - r - 1 + nr) % nr) * p.lines);
+        p.push<A>(in + displs[r], p.lines, 1, [&](int, long long& g0, ulonglong2*& d) {
+            g0 = 0;
+            d = dst;
+            return true;
+        });
+    }
+    const MpimlLL128 mine = part(me);
+    mpiml_ll128_reduce_own<T, OP, A>(mine, in + displs[me], mine.lines, 0, mine.lines,
+                                     [&](long long g, ulonglong2 red, bool act) {
+                                         if (act) mpiml_ll128_put<A>(out, g, mine.sub, mine.nbytes, red);
+                                     });
+    mpiml_end<false>(c, call.epoch);
 }
 
 // LL two-shot reduce (no barrier): see mpiml_ll_twoshot_reduce (ipc_common.cuh); the
@@ -323,18 +374,27 @@ mpiml_reduce_llrelay(const MpimlCtx* c, const T* in, T* out, long long n, long l
     mpiml_ll_relay_reduce<T, OP, A>(c, in, out, n, (int)root);
 }
 
-// The LL128 relay reduce (algorithm ll128): see mpiml_ll128_relay_reduce above.
+// The LL128 relay reduce (algorithm ll128): see mpiml_ll128_relay_reduce above. extra = (split << 8) | root.
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
-mpiml_reduce_ll128(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
-    mpiml_ll128_relay_reduce<T, OP, A>(c, in, out, n, (int)root);
+mpiml_reduce_ll128(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    mpiml_ll128_relay_reduce<T, OP, A>(c, in, out, n, (int)(extra & 255), (int)(extra >> 8));
 }
 
-// The LL128 direct reduce (algorithm ll128direct): see mpiml_ll128_direct_reduce above.
+// The LL128 direct reduce (algorithm ll128direct): see mpiml_ll128_direct_reduce above. extra = root (the bits
+// above 255, a split, are not used: one hop).
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
-mpiml_reduce_ll128direct(const MpimlCtx* c, const T* in, T* out, long long n, long long root) {
-    mpiml_ll128_direct_reduce<T, OP, A>(c, in, out, n, (int)root);
+mpiml_reduce_ll128direct(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    mpiml_ll128_direct_reduce<T, OP, A>(c, in, out, n, (int)(extra & 255));
+}
+
+// The LL128 two-shot reduce (algorithm ll128twoshot): see mpiml_ll128_twoshot_reduce (ipc_common.cuh); every
+// rank reduces a part, the root gathers them. extra = (split << 8) | root.
+template <typename T, int OP, bool A>
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_reduce_ll128twoshot(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    mpiml_ll128_twoshot_reduce<T, OP, A>(c, in, out, n, (int)(extra & 255), (int)(extra >> 8));
 }
 
 // Pipelined reduce (no barrier): see mpiml_pipe (ipc_common.cuh); the non-roots reduce a part
