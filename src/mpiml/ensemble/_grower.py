@@ -487,10 +487,10 @@ class TreeGrower:
         def run(group):
             g = copy.copy(self)
             g.stats = {k: type(v)(0) for k, v in self.stats.items()}
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             with _cpu_kernels.serial():
                 grown = g._grow_batches(group, share=len(groups))
-            return grown, g.stats, time.perf_counter() - t0
+            return grown, g.stats, time.perf_counter() - t0, time.thread_time() - c0
 
         with ThreadPoolExecutor(len(groups)) as pool:
             results = list(pool.map(run, groups))
@@ -499,9 +499,11 @@ class TreeGrower:
             by_id.update(zip(group, grown))
             for k, v in st.items():
                 self.stats[k] = self.stats.get(k, 0) + v
-        # the threads' spread: the rank's growth ends with its slowest thread
+        # the threads' spread (the rank's growth ends with its slowest thread), and their CPU seconds against their
+        # wall seconds: a thread off its core (waiting for the GIL between its kernels, or for a core) is the gap
         walls = [r[2] for r in results]
-        self.stats.update(tree_threads=len(groups), thread_max_s=max(walls), thread_min_s=min(walls))
+        self.stats.update(tree_threads=len(groups), thread_max_s=max(walls), thread_min_s=min(walls),
+                          thread_wall_s=sum(walls), thread_cpu_s=sum(r[3] for r in results))
         return [by_id[t] for t in trees]
 
     def _grow_batches(self, trees, progress=True, share=1):
