@@ -240,18 +240,13 @@ def node_candidates(cols, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, 
     outs = _candidate_outputs(S, m)
     if not (S and m):
         return outs
+    nodes = None                           # the nodes searched (the kernels index every array by node)
     if skip is not None and skip.any():
-        keep = np.nonzero(~skip)[0]
         for o, v in zip(outs, (-np.inf, 0, 0.0, -1, n_bins, 0)):
             o[skip] = v
-        if len(keep):
-            sub = node_candidates(cols, row, w, wy, y, np.asarray(seg_start)[keep], np.asarray(seg_len)[keep],
-                                  np.asarray(fsel)[keep], n_bins, np.ascontiguousarray(tot[keep]),
-                                  None if mwl is None else np.ascontiguousarray(mwl[keep]), sw, sy, n_classes,
-                                  count_rows, min_samples_leaf)
-            for o, v in zip(outs, sub):
-                o[keep] = v
-        return outs
+        nodes = np.flatnonzero(~skip)
+        if not len(nodes):
+            return outs
     has_mwl = mwl is not None
     k = _kernels()
     seg_start = np.ascontiguousarray(seg_start, dtype=np.int64)
@@ -259,15 +254,20 @@ def node_candidates(cols, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, 
     fsel = np.ascontiguousarray(fsel, dtype=np.int64)
     C = tot.shape[1]
     threads = thread_count()
-    big, first, p_start, p_len = _big_node_parts(seg_start, seg_len, threads, m * n_bins * C * 8)
-    small = np.arange(S, dtype=np.int64)
+    lens = seg_len if nodes is None else seg_len[nodes]
+    big, first, p_start, p_len = _big_node_parts(seg_start if nodes is None else seg_start[nodes], lens, threads,
+                                                 m * n_bins * C * 8)
+    small = np.arange(S, dtype=np.int64) if nodes is None else nodes
     if len(big):
-        small = small[np.isin(small, big, assume_unique=True, invert=True)]
+        keep = np.ones(len(small), dtype=bool)
+        keep[big] = False
+        big = small[big]
+        small, lens = small[keep], lens[keep]
     args = (w if wy is None else wy, row if y is None else y)
     common = (n_bins, tot, mwl if has_mwl else np.zeros(S), has_mwl, float(sw), float(sy), n_classes, int(count_rows),
               float(min_samples_leaf))
     if len(small):
-        bounds = _chunks_of_equal_work(seg_len[small], n_bins, len(small))
+        bounds = _chunks_of_equal_work(lens, n_bins, len(small))
         k["fused"](cols, row, w, *args, seg_start, seg_len, fsel, *common, small, bounds, *outs,
                    max(1, min(threads, len(bounds) - 1)))
     if len(big):

@@ -48,6 +48,7 @@ every rank count, on NumPy and on CuPy.
 
 import math
 import os
+import sys
 import time
 
 import numpy as np
@@ -492,10 +493,18 @@ class TreeGrower:
                 grown = g._grow_batches(group, share=len(groups))
             return grown, g.stats, time.perf_counter() - t0, time.thread_time() - c0
 
-        with ThreadPoolExecutor(len(groups)) as pool:
-            results = list(pool.map(run, groups))
+        # MPIML_RF_SWITCH_INTERVAL (seconds): the interpreter's switch interval while the threads grow (A/B runs of
+        # how long a thread back from a kernel waits for the GIL held by another thread's Python)
+        interval, before = os.environ.get("MPIML_RF_SWITCH_INTERVAL"), sys.getswitchinterval()
+        if interval:
+            sys.setswitchinterval(float(interval))
+        try:
+            with ThreadPoolExecutor(len(groups)) as pool:
+                results = list(pool.map(run, groups))
+        finally:
+            sys.setswitchinterval(before)
         by_id = {}
-        for group, (grown, st, _) in zip(groups, results):
+        for group, (grown, st, *_) in zip(groups, results):
             by_id.update(zip(group, grown))
             for k, v in st.items():
                 self.stats[k] = self.stats.get(k, 0) + v
