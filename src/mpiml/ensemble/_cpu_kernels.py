@@ -38,7 +38,8 @@ import threading
 import numpy as np
 
 __all__ = ["enabled", "thread_count", "apply_bins", "segment_totals", "feature_orders", "build_histograms",
-           "split_candidates", "node_candidates", "partition", "bootstrap_counts", "bootstrap_guide"]
+           "split_candidates", "node_candidates", "partition", "bootstrap_counts", "bootstrap_guide", "level_numbers",
+           "level_decisions"]
 
 _KERNELS = None
 _SERIAL = {}            # the kernels of a thread that runs them on itself (see serial)
@@ -332,6 +333,62 @@ def segment_totals(row, w, wy, wy2, y, starts, n_classes, count_rows):
         _kernels()["totals"](row, w, w if wy is None else wy, w if wy2 is None else wy2, row if y is None else y,
                              np.ascontiguousarray(starts, dtype=np.int64), n_classes, D, tot, extra)
     return tot, extra
+
+
+_LEVEL = None
+
+
+def _level_kernels():
+    global _LEVEL
+    if _LEVEL is None:
+        from . import _cpu_level
+
+        _LEVEL = _cpu_level
+    return _LEVEL
+
+
+def level_numbers(tot, ex, root_w, n_classes, count_rows, scales, y_tol, min_weight_fraction_leaf,
+                  min_samples_split, min_samples_leaf):
+    """:func:`._split.node_stats` and :func:`._split.leaf_by_own_numbers` of a level in one compiled call (gini
+    with fewer than 8 classes or squared error with one output): a dict with ``W``, ``parent``, ``impurity``,
+    ``value``, ``pure``, ``root_w``, ``mwl`` (None without ``min_weight_fraction_leaf``) and ``skip`` (the nodes
+    that are leaves by these numbers alone)."""
+    S, C = tot.shape
+    D = int(count_rows)
+    n_values = C - D if n_classes else 1
+    out = {"W": np.empty(S), "parent": np.empty(S), "impurity": np.empty(S), "value": np.empty((S, n_values)),
+           "pure": np.empty(S, dtype=bool), "root_w": np.empty(S), "mwl": np.empty(S),
+           "skip": np.empty(S, dtype=bool)}
+    mwf = float(min_weight_fraction_leaf)
+    has_root = root_w is not None
+    _level_kernels().node_numbers(np.ascontiguousarray(tot, dtype=np.float64), np.ascontiguousarray(ex, dtype=np.float64),
+                                  np.ascontiguousarray(root_w, dtype=np.float64) if has_root else np.zeros(0), has_root,
+                                  int(n_classes), D, float(scales[0]), float(scales[1]), float(scales[2]), float(y_tol),
+                                  mwf, 2 * mwf, int(min_samples_split), 2 * int(min_samples_leaf), out["W"],
+                                  out["parent"], out["impurity"], out["value"], out["pure"], out["root_w"], out["mwl"],
+                                  out["skip"])
+    if not mwf > 0:
+        out["mwl"] = None
+    return out
+
+
+def level_decisions(cand, order, st, ex, at_depth, min_impurity_decrease):
+    """:func:`._split.choose` and :func:`._split.decide` of a level in one compiled call, from the candidates of
+    :func:`node_candidates` and the numbers of :func:`level_numbers`: the same dict of host arrays."""
+    val, b, wl, below, above, occ = cand
+    S = val.shape[0]
+    f8, i8 = (lambda: np.empty(S)), (lambda: np.empty(S, dtype=np.int64))
+    out = {"best_val": f8(), "best_j": i8(), "best_b": i8(), "best_wl": f8(), "best_wr": f8(), "below": i8(),
+           "above": i8(), "varying": np.empty(S, dtype=bool), "feature": i8(), "leaf": np.empty(S, dtype=bool),
+           "retry": np.empty(S, dtype=bool), "decrease": f8()}
+    if S and val.shape[1]:
+        _level_kernels().decisions(val, b, wl, below, above, occ, np.ascontiguousarray(order, dtype=np.int64),
+                                   st["skip"], st["parent"], st["W"], st["root_w"], bool(at_depth),
+                                   float(min_impurity_decrease), out["best_val"], out["best_j"], out["best_b"],
+                                   out["best_wl"], out["best_wr"], out["below"], out["above"], out["varying"],
+                                   out["feature"], out["leaf"], out["retry"], out["decrease"])
+    out.update({key: st[key] for key in ("parent", "W", "impurity", "pure", "root_w", "value")}, counts=ex[:, 0])
+    return out
 
 
 def feature_orders(lead, trees, nodes, n_features):

@@ -85,6 +85,7 @@ class _Elements:
     def __init__(self, row, seg, w, wy, wy2, starts):
         self.row, self._seg, self.w, self.wy, self.wy2, self.starts = row, seg, w, wy, wy2, starts
         self._wy2_sums = None
+        self._lens = None
 
     @property
     def seg(self):
@@ -94,7 +95,10 @@ class _Elements:
         return self._seg
 
     def lens(self):
-        return np.diff(self.starts)
+        """The elements of each slot (made once: a level asks several times)."""
+        if self._lens is None:
+            self._lens = np.diff(self.starts)
+        return self._lens
 
     def wy2_prefix(self, xp):
         """Prefix sums of ``wy2`` (exact: integers below 2**53)."""
@@ -170,6 +174,8 @@ class TreeGrower:
         # a rank that grows alone needs no histogram of any node: the search reads a per-thread one
         self.alone = alone = spec.comm is None or spec.comm.size == 1
         self.fused = self.cpu and alone and self._candidate_search(self.C) is not None
+        # its level's numbers and decisions compiled too (MPIML_RF_DECIDE_KERNEL=0: NumPy's, the same trees)
+        self.decide_kernel = self.fused and os.environ.get("MPIML_RF_DECIDE_KERNEL", "1") != "0"
         # several host ranks: nodes with fewer rows than bins gather their rows instead of reducing histograms
         self.gather_small = (self.cpu and not alone and not self.full and self._candidate_search(self.C) is not None
                              and os.environ.get("MPIML_RF_GATHER_SMALL", "1") != "0")
@@ -673,13 +679,18 @@ class TreeGrower:
         t0 = time.perf_counter()
         tot, ex = self._totals(el)
         tot = tot[:, 0, 0]
-        st = node_stats(self, tot, ex, root_w)
         order = perm[:, :m]
         lens = el.lens()
         # nodes that are leaves by their own numbers are not searched (decide() makes them leaves whatever their
         # candidates; with unlimited depth about half the nodes of a level are such leaves, pure mostly)
-        skip = leaf_by_own_numbers(s, np.asarray(st["pure"]), np.asarray(ex[:, 0]), np.asarray(st["W"]),
-                                   np.asarray(st["root_w"]), st["mwl"] is not None)
+        if self.decide_kernel:
+            st = _cpu_kernels.level_numbers(tot, ex, root_w, K, self.D, s.scales, s.y_tol, s.min_weight_fraction_leaf,
+                                            s.min_samples_split, s.min_samples_leaf)
+            skip = st["skip"]
+        else:
+            st = node_stats(self, tot, ex, root_w)
+            skip = leaf_by_own_numbers(s, np.asarray(st["pure"]), np.asarray(ex[:, 0]), np.asarray(st["W"]),
+                                       np.asarray(st["root_w"]), st["mwl"] is not None)
         cand = _cpu_kernels.node_candidates(self.cols, el.row, el.w, el.wy, s.y if K else None, el.starts[:-1], lens,
                                             order, self.B, tot, st["mwl"], s.scales[0], s.scales[1], K, bool(self.D),
                                             s.min_samples_leaf, skip=skip)
@@ -687,7 +698,11 @@ class TreeGrower:
         self.stats["hist_nodes_built"] += len(lens)
         self.stats["hist_s"] += time.perf_counter() - t0
         t0 = time.perf_counter()
-        dec = decide(self, choose(self.xp, cand), st, ex, order, depth)
+        if self.decide_kernel:
+            dec = _cpu_kernels.level_decisions(cand, order, st, ex, s.max_depth is not None and depth >= s.max_depth,
+                                               s.min_impurity_decrease)
+        else:
+            dec = decide(self, choose(self.xp, cand), st, ex, order, depth)
         if m < self.F and dec["retry"].any():
             self._draw_further(el, None, ex, np.arange(len(lens)), perm, dec, depth, root_w)
         self.stats["split_s"] += time.perf_counter() - t0
