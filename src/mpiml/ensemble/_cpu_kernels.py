@@ -39,7 +39,7 @@ import numpy as np
 
 __all__ = ["enabled", "thread_count", "apply_bins", "segment_totals", "feature_orders", "build_histograms",
            "split_candidates", "node_candidates", "partition", "bootstrap_counts", "bootstrap_guide", "level_numbers",
-           "level_decisions"]
+           "level_decisions", "level_record"]
 
 _KERNELS = None
 _SERIAL = {}            # the kernels of a thread that runs them on itself (see serial)
@@ -389,6 +389,18 @@ def level_decisions(cand, order, st, ex, at_depth, min_impurity_decrease):
                                    out["feature"], out["leaf"], out["retry"], out["decrease"])
     out.update({key: st[key] for key in ("parent", "W", "impurity", "pure", "root_w", "value")}, counts=ex[:, 0])
     return out
+
+
+def level_record(leaf, feature, best_b, below, above, decrease, missing_left, k, first_child, vals, edges, exact,
+                 n_bins, out, n_split):
+    """The node records of a level into ``out`` (``feature``, ``threshold``, ``left``, ``right``, ``decrease``,
+    ``missing_left`` arrays) and each tree's split count into ``n_split``: :func:`._cpu_level.record`."""
+    has_missing = missing_left is not None
+    _level_kernels().record(leaf, np.ascontiguousarray(feature, dtype=np.int64), best_b, below, above, decrease,
+                            np.asarray(missing_left, dtype=bool) if has_missing else leaf, has_missing,
+                            np.ascontiguousarray(k, dtype=np.int64), np.ascontiguousarray(first_child, dtype=np.int64),
+                            vals, edges, exact, int(n_bins), out["feature"], out["threshold"], out["left"], out["right"],
+                            out["decrease"], out["missing_left"], n_split)
 
 
 def feature_orders(lead, trees, nodes, n_features):

@@ -112,3 +112,42 @@ def decisions(val, b, wl, below, above, occ, order, skip, parent, W, rw, at_dept
         o_leaf[i] = leaf
         o_retry[i] = leaf and not varying and not skip[i] and not at_depth
         o_decrease[i] = 0.0 if leaf else _max0(decrease)
+
+
+@_jit
+def record(leaf, feature, best_b, below, above, decrease, missing_left, has_missing, k, first_child, vals, edges,
+           exact, B, o_feature, o_threshold, o_left, o_right, o_decrease, o_missing, n_split):
+    """A level's node records (:meth:`._grower.TreeGrower._record` with :func:`._split.thresholds`): per node its
+    feature (-2 for a leaf), threshold (-2.0), children (numbered after the tree's current level, ``first_child``
+    per tree, in the order of its split nodes), decrease and missing-value side; ``n_split`` per tree (``k`` nodes
+    of the level each)."""
+    E = edges.shape[1]
+    i = 0
+    for t in range(k.shape[0]):
+        done = 0
+        for _ in range(k[t]):
+            if leaf[i]:
+                o_feature[i] = -2
+                o_threshold[i] = -2.0
+                o_left[i] = -1
+                o_right[i] = -1
+                o_decrease[i] = 0.0
+                o_missing[i] = False
+            else:
+                f = feature[i]
+                b = best_b[i]
+                thr = edges[f, min(b, E - 1)]
+                lo, hi = below[i], above[i]
+                if exact[f] and lo >= 0 and hi < B and not np.isnan(vals[f, hi]):
+                    vlo, vhi = vals[f, lo], vals[f, hi]
+                    mid = (vlo + vhi) / 2.0
+                    thr = vlo if mid >= vhi else mid       # adjacent floats: the midpoint rounds up
+                o_feature[i] = f
+                o_threshold[i] = thr
+                o_left[i] = first_child[t] + 2 * done
+                o_right[i] = first_child[t] + 2 * done + 1
+                o_decrease[i] = decrease[i]
+                o_missing[i] = has_missing and missing_left[i]
+                done += 1
+            i += 1
+        n_split[t] = done

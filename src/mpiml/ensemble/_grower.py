@@ -785,6 +785,8 @@ class TreeGrower:
         All trees at once: a node's children are numbered after the nodes of
         its tree's current level, in the order of the split nodes.
         """
+        if self.decide_kernel:
+            return self._record_compiled(levels, ranges, dec)
         split = ~dec["leaf"]
         f = dec["feature"]
         thr = np.full(len(split), -2.0)
@@ -803,6 +805,24 @@ class TreeGrower:
             "decrease": np.where(split, dec["decrease"], 0.0),
             "missing_left": np.where(split, dec.get("missing_left", False), False)}))
         n_split = np.bincount(slot_tree, weights=split, minlength=T).astype(np.int64)
+        return np.stack([ranges[:, 1], ranges[:, 1] + 2 * n_split], axis=1)
+
+    def _record_compiled(self, levels, ranges, dec):
+        """:meth:`_record` in one compiled call (:func:`._cpu_level.record`): the same records."""
+        from ._split import _bin_tables
+
+        vals, edges, exact = _bin_tables(self)
+        S = len(dec["leaf"])
+        k = ranges[:, 1] - ranges[:, 0]
+        ml = dec.get("missing_left")
+        rec = {"feature": np.empty(S, dtype=np.int64), "threshold": np.empty(S), "left": np.empty(S, dtype=np.int32),
+               "right": np.empty(S, dtype=np.int32), "decrease": np.empty(S), "missing_left": np.empty(S, dtype=bool)}
+        n_split = np.empty(len(k), dtype=np.int64)
+        _cpu_kernels.level_record(dec["leaf"], dec["feature"], dec["best_b"], dec["below"], dec["above"],
+                                  dec["decrease"], ml, k, ranges[:, 1], vals, edges, exact, self.B, rec, n_split)
+        rec.update(value=dec["value"], n_node_samples=dec["counts"], weighted_n_node_samples=dec["W"],
+                   impurity=dec["impurity"])
+        levels.append((np.repeat(np.arange(len(k)), k), rec))
         return np.stack([ranges[:, 1], ranges[:, 1] + 2 * n_split], axis=1)
 
     def _trees(self, levels, T):
