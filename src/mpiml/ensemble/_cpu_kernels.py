@@ -268,7 +268,9 @@ def node_candidates(cols, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, 
     common = (n_bins, tot, mwl if has_mwl else np.zeros(S), has_mwl, float(sw), float(sy), n_classes, int(count_rows),
               float(min_samples_leaf))
     if len(small):
-        bounds = _chunks_of_equal_work(lens, n_bins, len(small))
+        # one thread takes every chunk in order, and a node's search does not depend on the chunks: one chunk
+        bounds = (_chunks_of_equal_work(lens, n_bins, len(small)) if threads > 1
+                  else np.array([0, len(small)], dtype=np.int64))
         k["fused"](cols, row, w, *args, seg_start, seg_len, fsel, *common, small, bounds, *outs,
                    max(1, min(threads, len(bounds) - 1)))
     if len(big):
