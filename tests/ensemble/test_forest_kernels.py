@@ -54,7 +54,7 @@ def test_numba_forest_is_the_numpy_forest(monkeypatch, cls, kind, params, weight
     (RandomForestRegressor, "regression", dict(min_impurity_decrease=1.0, min_samples_split=6, max_depth=10)),
 ])
 def test_compiled_level_decisions_are_numpys(monkeypatch, cls, kind, params):
-    """A level's numbers and decisions compiled (``_cpu_level``) or by NumPy (``MPIML_RF_DECIDE_KERNEL=0``): the
+    """A level's numbers and decisions compiled (``_cpu_jit``) or by NumPy (``MPIML_RF_DECIDE_KERNEL=0``): the
     same trees, bit for bit (signed zeros included)."""
     X, y = _data(kind)
     fits = {}

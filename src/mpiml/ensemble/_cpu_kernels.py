@@ -39,7 +39,7 @@ import numpy as np
 
 __all__ = ["enabled", "thread_count", "apply_bins", "segment_totals", "feature_orders", "build_histograms",
            "split_candidates", "node_candidates", "partition", "bootstrap_counts", "bootstrap_guide", "level_numbers",
-           "level_decisions", "level_record"]
+           "level_decisions", "level_record", "level_head"]
 
 _KERNELS = None
 _SERIAL = {}            # the kernels of a thread that runs them on itself (see serial)
@@ -99,7 +99,7 @@ def _kernels():
 
         _KERNELS = {name: getattr(_cpu_jit, name) for name in
                     ("totals", "orders", "bins", "hist", "split", "fused", "fused_parts", "move", "boot",
-                     "boot_guide", "transpose")}
+                     "boot_guide", "transpose", "node_numbers", "decisions", "record", "level_head")}
         _SERIAL.update(_KERNELS)
         _SERIAL.update({name: getattr(_cpu_jit, name + "_serial") for name in ("totals", "orders", "hist", "fused",
                                                                                "move", "split")})
@@ -337,18 +337,6 @@ def segment_totals(row, w, wy, wy2, y, starts, n_classes, count_rows):
     return tot, extra
 
 
-_LEVEL = None
-
-
-def _level_kernels():
-    global _LEVEL
-    if _LEVEL is None:
-        from . import _cpu_level
-
-        _LEVEL = _cpu_level
-    return _LEVEL
-
-
 def level_numbers(tot, ex, root_w, n_classes, count_rows, scales, y_tol, min_weight_fraction_leaf,
                   min_samples_split, min_samples_leaf):
     """:func:`._split.node_stats` and :func:`._split.leaf_by_own_numbers` of a level in one compiled call (gini
@@ -363,12 +351,12 @@ def level_numbers(tot, ex, root_w, n_classes, count_rows, scales, y_tol, min_wei
            "skip": np.empty(S, dtype=bool)}
     mwf = float(min_weight_fraction_leaf)
     has_root = root_w is not None
-    _level_kernels().node_numbers(np.ascontiguousarray(tot, dtype=np.float64), np.ascontiguousarray(ex, dtype=np.float64),
-                                  np.ascontiguousarray(root_w, dtype=np.float64) if has_root else np.zeros(0), has_root,
-                                  int(n_classes), D, float(scales[0]), float(scales[1]), float(scales[2]), float(y_tol),
-                                  mwf, 2 * mwf, int(min_samples_split), 2 * int(min_samples_leaf), out["W"],
-                                  out["parent"], out["impurity"], out["value"], out["pure"], out["root_w"], out["mwl"],
-                                  out["skip"])
+    _kernels()["node_numbers"](np.ascontiguousarray(tot, dtype=np.float64), np.ascontiguousarray(ex, dtype=np.float64),
+                               np.ascontiguousarray(root_w, dtype=np.float64) if has_root else np.zeros(0), has_root,
+                               int(n_classes), D, float(scales[0]), float(scales[1]), float(scales[2]), float(y_tol),
+                               mwf, 2 * mwf, int(min_samples_split), 2 * int(min_samples_leaf), out["W"],
+                               out["parent"], out["impurity"], out["value"], out["pure"], out["root_w"], out["mwl"],
+                               out["skip"])
     if not mwf > 0:
         out["mwl"] = None
     return out
@@ -384,25 +372,59 @@ def level_decisions(cand, order, st, ex, at_depth, min_impurity_decrease):
            "above": i8(), "varying": np.empty(S, dtype=bool), "feature": i8(), "leaf": np.empty(S, dtype=bool),
            "retry": np.empty(S, dtype=bool), "decrease": f8()}
     if S and val.shape[1]:
-        _level_kernels().decisions(val, b, wl, below, above, occ, np.ascontiguousarray(order, dtype=np.int64),
-                                   st["skip"], st["parent"], st["W"], st["root_w"], bool(at_depth),
-                                   float(min_impurity_decrease), out["best_val"], out["best_j"], out["best_b"],
-                                   out["best_wl"], out["best_wr"], out["below"], out["above"], out["varying"],
-                                   out["feature"], out["leaf"], out["retry"], out["decrease"])
+        _kernels()["decisions"](val, b, wl, below, above, occ, np.ascontiguousarray(order, dtype=np.int64),
+                                st["skip"], st["parent"], st["W"], st["root_w"], bool(at_depth),
+                                float(min_impurity_decrease), out["best_val"], out["best_j"], out["best_b"],
+                                out["best_wl"], out["best_wr"], out["below"], out["above"], out["varying"],
+                                out["feature"], out["leaf"], out["retry"], out["decrease"])
     out.update({key: st[key] for key in ("parent", "W", "impurity", "pure", "root_w", "value")}, counts=ex[:, 0])
     return out
+
+
+def level_head(cols, row, w, wy, wy2, y, starts, order, n_bins, n_classes, count_rows, scales, y_tol,
+               min_weight_fraction_leaf, min_samples_split, min_samples_leaf, root_w, at_depth, min_impurity_decrease):
+    """A level up to its decisions on the calling thread alone (a tree thread), in one compiled call: the slots'
+    totals, :func:`level_numbers`, the search of :func:`node_candidates` and :func:`level_decisions`.  Returns
+    ``(numbers, decisions, extras)`` as those give them (``extras``: :func:`segment_totals`' second array)."""
+    S = len(starts) - 1
+    D = int(count_rows)
+    C = D + (n_classes if n_classes else 2)
+    m = order.shape[1]
+    f8, i8, b1 = (lambda: np.empty(S)), (lambda: np.empty(S, dtype=np.int64)), (lambda: np.empty(S, dtype=bool))
+    st = {"W": f8(), "parent": f8(), "impurity": f8(), "value": np.empty((S, C - D if n_classes else 1)),
+          "pure": b1(), "root_w": f8(), "mwl": f8(), "skip": b1()}
+    dec = {"best_val": f8(), "best_j": i8(), "best_b": i8(), "best_wl": f8(), "best_wr": f8(), "below": i8(),
+           "above": i8(), "varying": b1(), "feature": i8(), "leaf": b1(), "retry": b1(), "decrease": f8()}
+    tot, extra = np.empty((S, C)), np.empty((S, 1 if n_classes else 2))
+    cand = _candidate_outputs(S, m)
+    mwf = float(min_weight_fraction_leaf)
+    has_root = root_w is not None
+    _kernels()["level_head"](cols, row, w, w if wy is None else wy, w if wy2 is None else wy2, row if y is None else y,
+                             np.ascontiguousarray(starts, dtype=np.int64), np.ascontiguousarray(order, dtype=np.int64),
+                             int(n_bins), int(n_classes), D, float(scales[0]), float(scales[1]), float(scales[2]),
+                             float(y_tol), mwf, int(min_samples_split), int(min_samples_leaf),
+                             np.ascontiguousarray(root_w, dtype=np.float64) if has_root else np.zeros(0), has_root,
+                             bool(at_depth), float(min_impurity_decrease), tot, extra, st["W"], st["parent"],
+                             st["impurity"], st["value"], st["pure"], st["root_w"], st["mwl"], st["skip"],
+                             np.empty(S, dtype=np.int64), *cand, dec["best_val"], dec["best_j"], dec["best_b"],
+                             dec["best_wl"], dec["best_wr"], dec["below"], dec["above"], dec["varying"], dec["feature"],
+                             dec["leaf"], dec["retry"], dec["decrease"])
+    if not mwf > 0:
+        st["mwl"] = None
+    dec.update({key: st[key] for key in ("parent", "W", "impurity", "pure", "root_w", "value")}, counts=extra[:, 0])
+    return st, dec, extra
 
 
 def level_record(leaf, feature, best_b, below, above, decrease, missing_left, k, first_child, vals, edges, exact,
                  n_bins, out, n_split):
     """The node records of a level into ``out`` (``feature``, ``threshold``, ``left``, ``right``, ``decrease``,
-    ``missing_left`` arrays) and each tree's split count into ``n_split``: :func:`._cpu_level.record`."""
+    ``missing_left`` arrays) and each tree's split count into ``n_split``: :func:`._cpu_jit.record`."""
     has_missing = missing_left is not None
-    _level_kernels().record(leaf, np.ascontiguousarray(feature, dtype=np.int64), best_b, below, above, decrease,
-                            np.asarray(missing_left, dtype=bool) if has_missing else leaf, has_missing,
-                            np.ascontiguousarray(k, dtype=np.int64), np.ascontiguousarray(first_child, dtype=np.int64),
-                            vals, edges, exact, int(n_bins), out["feature"], out["threshold"], out["left"], out["right"],
-                            out["decrease"], out["missing_left"], n_split)
+    _kernels()["record"](leaf, np.ascontiguousarray(feature, dtype=np.int64), best_b, below, above, decrease,
+                         np.asarray(missing_left, dtype=bool) if has_missing else leaf, has_missing,
+                         np.ascontiguousarray(k, dtype=np.int64), np.ascontiguousarray(first_child, dtype=np.int64),
+                         vals, edges, exact, int(n_bins), out["feature"], out["threshold"], out["left"], out["right"],
+                         out["decrease"], out["missing_left"], n_split)
 
 
 def feature_orders(lead, trees, nodes, n_features):

@@ -677,6 +677,8 @@ class TreeGrower:
         the split search in one compiled pass (no histogram array, no allreduce)."""
         s, m, K = self.s, self.m, self.K
         t0 = time.perf_counter()
+        if self.decide_kernel and _cpu_kernels.thread_count() == 1:
+            return self._head_level(el, perm, depth, root_w)
         tot, ex = self._totals(el)
         tot = tot[:, 0, 0]
         order = perm[:, :m]
@@ -706,6 +708,26 @@ class TreeGrower:
         if m < self.F and dec["retry"].any():
             self._draw_further(el, None, ex, np.arange(len(lens)), perm, dec, depth, root_w)
         self.stats["split_s"] += time.perf_counter() - t0
+        return dec
+
+    def _head_level(self, el, perm, depth, root_w):
+        """:meth:`_fused_level` on one thread (a tree thread's): its totals, numbers, search and decisions in one
+        compiled call (:func:`._cpu_kernels.level_head`), the same decisions."""
+        s, m, K = self.s, self.m, self.K
+        t0 = time.perf_counter()
+        order = perm[:, :m]
+        st, dec, ex = _cpu_kernels.level_head(self.cols, el.row, el.w, el.wy, el.wy2, s.y if K else None, el.starts,
+                                              order, self.B, K, self.D, s.scales, s.y_tol, s.min_weight_fraction_leaf,
+                                              s.min_samples_split, s.min_samples_leaf, root_w,
+                                              s.max_depth is not None and depth >= s.max_depth, s.min_impurity_decrease)
+        lens = el.lens()
+        self.stats["hist_elements"] += int(el.starts[-1] - el.starts[0]) * m
+        self.stats["hist_nodes_built"] += len(lens)
+        self.stats["hist_s"] += time.perf_counter() - t0
+        if m < self.F and dec["retry"].any():
+            t0 = time.perf_counter()
+            self._draw_further(el, None, ex, np.arange(len(lens)), perm, dec, depth, root_w)
+            self.stats["split_s"] += time.perf_counter() - t0
         return dec
 
     def _mixed_level(self, el, perm, depth, root_w):
@@ -808,7 +830,7 @@ class TreeGrower:
         return np.stack([ranges[:, 1], ranges[:, 1] + 2 * n_split], axis=1)
 
     def _record_compiled(self, levels, ranges, dec):
-        """:meth:`_record` in one compiled call (:func:`._cpu_level.record`): the same records."""
+        """:meth:`_record` in one compiled call (:func:`._cpu_jit.record`): the same records."""
         from ._split import _bin_tables
 
         vals, edges, exact = _bin_tables(self)
