@@ -48,7 +48,6 @@ every rank count, on NumPy and on CuPy.
 
 import math
 import os
-import sys
 import time
 
 import numpy as np
@@ -499,16 +498,8 @@ class TreeGrower:
                 grown = g._grow_batches(group, share=len(groups))
             return grown, g.stats, time.perf_counter() - t0, time.thread_time() - c0
 
-        # MPIML_RF_SWITCH_INTERVAL (seconds): the interpreter's switch interval while the threads grow (A/B runs of
-        # how long a thread back from a kernel waits for the GIL held by another thread's Python)
-        interval, before = os.environ.get("MPIML_RF_SWITCH_INTERVAL"), sys.getswitchinterval()
-        if interval:
-            sys.setswitchinterval(float(interval))
-        try:
-            with ThreadPoolExecutor(len(groups)) as pool:
-                results = list(pool.map(run, groups))
-        finally:
-            sys.setswitchinterval(before)
+        with ThreadPoolExecutor(len(groups)) as pool:
+            results = list(pool.map(run, groups))
         by_id = {}
         for group, (grown, st, *_) in zip(groups, results):
             by_id.update(zip(group, grown))
