@@ -476,45 +476,63 @@ class TreeGrower:
         return out
 
     def _grow_in_threads(self, trees, threads):
-        """A rank that grows alone on several threads: each thread grows every ``threads``-th tree with the
-        kernels on itself (:func:`._cpu_kernels.serial`), as ranks grow whole trees (:mod:`._tree_parallel`).
+        """A rank that grows alone on several threads: each thread grows whole trees with the kernels on itself
+        (:func:`._cpu_kernels.serial`), as ranks grow whole trees (:mod:`._tree_parallel`), taking them from a
+        shared queue in runs that shrink as the queue empties (a run is grown as one batch).
 
         One rank's level-wise growth on T threads ran its Python and NumPy between the kernels (decisions,
         records, the draws) on one thread while the others waited, and launched every kernel on all of them:
         on 2 cores one rank took 0.283 s where two ranks of one thread each took 0.137 s (2e4 x 32, 20 trees of
         depth 12).  Here a thread's Python runs while the others are in their kernels (which release the GIL).
-        A tree is grown the same way whoever grows it: the same trees.  The phase times in ``stats`` are summed
-        over the threads."""
+        Every ``threads``-th tree per thread, fixed in advance, left a rank waiting on its unluckiest thread:
+        at 8 ranks of 8 threads and 128 full-depth trees (two a thread) the threads of a rank took 0.46-0.77 s
+        (64-core host, 04:30 pass); from the queue a thread that drew small trees takes the next one.  A tree
+        is grown the same way whoever grows it: the same trees.  The phase times in ``stats`` are summed over
+        the threads."""
         import copy
+        import threading
         from concurrent.futures import ThreadPoolExecutor
 
-        groups = [g for g in (list(trees[i::threads]) for i in range(threads)) if g]
+        lock, taken = threading.Lock(), [0]
 
-        def run(group):
+        def take():
+            with lock:      # guided: a run of 1/(2 T) of what is left, one tree at the end (a run of 1 costs a tree
+                left = len(trees) - taken[0]       # what a run of 2 does now that a level's Python is compiled)
+                n = min(left, max(1, left // (2 * threads)))
+                run = list(trees[taken[0]:taken[0] + n])
+                taken[0] += n
+                return run
+
+        def work(_):
             g = copy.copy(self)
             g.stats = {k: type(v)(0) for k, v in self.stats.items()}
             t0, c0 = time.perf_counter(), time.thread_time()
+            grown = {}
             with _cpu_kernels.serial():
-                grown = g._grow_batches(group, share=len(groups))
+                run = take()
+                while run:
+                    grown.update(zip(run, g._grow_batches(run, share=threads, left=lambda: len(trees) - taken[0])))
+                    run = take()
             return grown, g.stats, time.perf_counter() - t0, time.thread_time() - c0
 
-        with ThreadPoolExecutor(len(groups)) as pool:
-            results = list(pool.map(run, groups))
+        with ThreadPoolExecutor(threads) as pool:
+            results = list(pool.map(work, range(threads)))
         by_id = {}
-        for group, (grown, st, *_) in zip(groups, results):
-            by_id.update(zip(group, grown))
+        for grown, st, *_ in results:
+            by_id.update(grown)
             for k, v in st.items():
                 self.stats[k] = self.stats.get(k, 0) + v
         # the threads' spread (the rank's growth ends with its slowest thread), and their CPU seconds against their
         # wall seconds: a thread off its core (waiting for the GIL between its kernels, or for a core) is the gap
         walls = [r[2] for r in results]
-        self.stats.update(tree_threads=len(groups), thread_max_s=max(walls), thread_min_s=min(walls),
+        self.stats.update(tree_threads=threads, thread_max_s=max(walls), thread_min_s=min(walls),
                           thread_wall_s=sum(walls), thread_cpu_s=sum(r[3] for r in results))
         return [by_id[t] for t in trees]
 
-    def _grow_batches(self, trees, progress=True, share=1):
+    def _grow_batches(self, trees, progress=True, share=1, left=None):
         """The trees in batches of the agreed elements (over ``share`` threads growing batches at once: each
-        thread's batches take that share of the elements, so the rank's memory stays that of one batch)."""
+        thread's batches take that share of the elements, so the rank's memory stays that of one batch);
+        ``left()``: the trees still to grow, for the progress lines (default: those of ``trees``)."""
         out = []
         # the same on every rank (the batches decide the sequence of allreduces): agreed numbers only
         per_batch = max(1, self.s.batch_elements // max(self.s.max_local_rows, 1) // share)
@@ -523,10 +541,10 @@ class TreeGrower:
             batch = list(trees[a:a + per_batch])
             out.extend(self._grow_batch(batch))
             if progress and getattr(self.s, "verbose", 0) and getattr(self.s, "rank", 0) == 0:
-                which = (f"trees {batch[0]}-{batch[-1]}" if share == 1 else      # a thread's: every share-th tree
-                         f"{len(batch)} trees ({batch[0]}, {batch[0] + share}, ...) on one of {share} threads")
-                print(f"grew {which} in {time.perf_counter() - t0:.2f} s ({len(trees) - a - len(batch)} to go)",
-                      flush=True)
+                which = ((f"trees {batch[0]}-{batch[-1]}" if len(batch) > 1 else f"tree {batch[0]}")
+                         + ("" if share == 1 else f" on one of {share} threads"))
+                to_go = len(trees) - a - len(batch) if left is None else left()
+                print(f"grew {which} in {time.perf_counter() - t0:.2f} s ({to_go} to go)", flush=True)
         return out
 
     def _grow_batch(self, trees):
