@@ -306,7 +306,7 @@ class _BaseForest(_ForestPrediction, SPMDEstimator):
                 max_local_rows=int(counts.max()) if comm_ is not None else Xl.shape[0], batch_elements=int(-batch),
                 hist_bytes=int(-hist_bytes), sub_bytes=int(-sub_bytes),
                 y_tol=max(np.finfo(np.float64).eps, 1e-9 * my * my), verbose=self.verbose, rank=comm.rank,
-                comm=comm_, xp=xp)
+                pruned=self.max_leaf_nodes is not None or self.ccp_alpha > 0, comm=comm_, xp=xp)
             return TreeGrower(spec)
 
         drawn_weights = self._sample_weight is not None
