@@ -885,16 +885,17 @@ def record(leaf, feature, best_b, below, above, decrease, missing_left, has_miss
 
 
 @_jit
-def level_head(cols, row, w, wy, wy2, y, starts, order, B, K, D, sw, sy, s2, y_tol, mwf, min_split, msl, root_w,
-               has_root, at_depth, mid, tot, extra, W, parent, impurity, value, pure, rw, mwl, skip, nodes, c_val, c_b,
-               c_wl, c_below, c_above, c_occ, o_val, o_j, o_b, o_wl, o_wr, o_below, o_above, o_varying, o_feature,
-               o_leaf, o_retry, o_decrease):
+def level_head(cols, row, w, wy, wy2, y, starts, lead, trees, nodes_of, perm, m, B, K, D, sw, sy, s2, y_tol, mwf,
+               min_split, msl, root_w, has_root, at_depth, mid, tot, extra, W, parent, impurity, value, pure, rw, mwl,
+               skip, nodes, c_val, c_b, c_wl, c_below, c_above, c_occ, o_val, o_j, o_b, o_wl, o_wr, o_below, o_above,
+               o_varying, o_feature, o_leaf, o_retry, o_decrease):
     """A level of one thread's trees up to its decisions, in one call: the slots' totals (:func:`totals_serial`),
-    their numbers (:func:`node_numbers`), the fused search of the nodes that are not leaves by them (as
-    :func:`fused_serial` on one chunk; the others get no valid candidate) and the decisions (:func:`decisions`).
-    The outputs are zeroed or written whole here; ``nodes`` is scratch."""
+    their numbers (:func:`node_numbers`), the feature orders (:func:`orders_serial`) and the fused search of the
+    nodes that are not leaves by those numbers (as :func:`fused_serial` on one chunk; a leaf gets no valid
+    candidate and the identity order, which nothing reads: about half the nodes of a deep level) and the
+    decisions (:func:`decisions`).  The outputs are zeroed or written whole here; ``nodes`` is scratch."""
     S = starts.shape[0] - 1
-    m = order.shape[1]
+    F = perm.shape[1]
     for s in range(S):
         for c in range(tot.shape[1]):
             tot[s, c] = 0.0
@@ -903,9 +904,13 @@ def level_head(cols, row, w, wy, wy2, y, starts, order, B, K, D, sw, sy, s2, y_t
         _total_slot(s, row, w, wy, wy2, y, starts, K, D, tot, extra)
     node_numbers(tot, extra, root_w, has_root, K, D, sw, sy, s2, y_tol, mwf, 2 * mwf, min_split, 2 * msl, W, parent,
                  impurity, value, pure, rw, mwl, skip)
+    shift = _order_shift(F)
+    packed = shift <= 11
     n = 0
     for s in range(S):
         if skip[s]:
+            for j in range(F):
+                perm[s, j] = j
             for j in range(m):
                 c_val[s, j] = -np.inf
                 c_b[s, j] = 0
@@ -914,8 +919,10 @@ def level_head(cols, row, w, wy, wy2, y, starts, order, B, K, D, sw, sy, s2, y_t
                 c_above[s, j] = B
                 c_occ[s, j] = 0
         else:
+            _order_slot(s, lead, trees, nodes_of, perm, shift, packed)
             nodes[n] = s
             n += 1
+    order = np.ascontiguousarray(perm[:, :m])          # (the search's layout: the kernels' one compilation)
     if n:
         bounds = np.zeros(2, dtype=np.int64)
         bounds[1] = n

@@ -381,28 +381,32 @@ def level_decisions(cand, order, st, ex, at_depth, min_impurity_decrease):
     return out
 
 
-def level_head(cols, row, w, wy, wy2, y, starts, order, n_bins, n_classes, count_rows, scales, y_tol,
-               min_weight_fraction_leaf, min_samples_split, min_samples_leaf, root_w, at_depth, min_impurity_decrease):
+def level_head(cols, row, w, wy, wy2, y, starts, lead, trees, nodes, n_features, m, n_bins, n_classes, count_rows,
+               scales, y_tol, min_weight_fraction_leaf, min_samples_split, min_samples_leaf, root_w, at_depth,
+               min_impurity_decrease):
     """A level up to its decisions on the calling thread alone (a tree thread), in one compiled call: the slots'
-    totals, :func:`level_numbers`, the search of :func:`node_candidates` and :func:`level_decisions`.  Returns
-    ``(numbers, decisions, extras)`` as those give them (``extras``: :func:`segment_totals`' second array)."""
+    totals, :func:`level_numbers`, the feature orders of the nodes searched (``trees``, ``nodes``: each slot's tree
+    key and node id, as :func:`feature_orders`), the search of :func:`node_candidates` and :func:`level_decisions`.
+    Returns ``(numbers, decisions, extras, orders)`` as those give them (``extras``: :func:`segment_totals`' second
+    array; ``orders``: the identity for the nodes that are leaves by their numbers)."""
     S = len(starts) - 1
     D = int(count_rows)
     C = D + (n_classes if n_classes else 2)
-    m = order.shape[1]
     f8, i8, b1 = (lambda: np.empty(S)), (lambda: np.empty(S, dtype=np.int64)), (lambda: np.empty(S, dtype=bool))
     st = {"W": f8(), "parent": f8(), "impurity": f8(), "value": np.empty((S, C - D if n_classes else 1)),
           "pure": b1(), "root_w": f8(), "mwl": f8(), "skip": b1()}
     dec = {"best_val": f8(), "best_j": i8(), "best_b": i8(), "best_wl": f8(), "best_wr": f8(), "below": i8(),
            "above": i8(), "varying": b1(), "feature": i8(), "leaf": b1(), "retry": b1(), "decrease": f8()}
     tot, extra = np.empty((S, C)), np.empty((S, 1 if n_classes else 2))
+    perm = np.empty((S, n_features), dtype=np.int64)
     cand = _candidate_outputs(S, m)
     mwf = float(min_weight_fraction_leaf)
     has_root = root_w is not None
     _kernels()["level_head"](cols, row, w, w if wy is None else wy, w if wy2 is None else wy2, row if y is None else y,
-                             np.ascontiguousarray(starts, dtype=np.int64), np.ascontiguousarray(order, dtype=np.int64),
-                             int(n_bins), int(n_classes), D, float(scales[0]), float(scales[1]), float(scales[2]),
-                             float(y_tol), mwf, int(min_samples_split), int(min_samples_leaf),
+                             np.ascontiguousarray(starts, dtype=np.int64), np.uint64(lead),
+                             np.ascontiguousarray(trees, dtype=np.int64), np.ascontiguousarray(nodes, dtype=np.int64),
+                             perm, int(m), int(n_bins), int(n_classes), D, float(scales[0]), float(scales[1]),
+                             float(scales[2]), float(y_tol), mwf, int(min_samples_split), int(min_samples_leaf),
                              np.ascontiguousarray(root_w, dtype=np.float64) if has_root else np.zeros(0), has_root,
                              bool(at_depth), float(min_impurity_decrease), tot, extra, st["W"], st["parent"],
                              st["impurity"], st["value"], st["pure"], st["root_w"], st["mwl"], st["skip"],
@@ -412,7 +416,7 @@ def level_head(cols, row, w, wy, wy2, y, starts, order, n_bins, n_classes, count
     if not mwf > 0:
         st["mwl"] = None
     dec.update({key: st[key] for key in ("parent", "W", "impurity", "pure", "root_w", "value")}, counts=extra[:, 0])
-    return st, dec, extra
+    return st, dec, extra, perm
 
 
 def level_record(leaf, feature, best_b, below, above, decrease, missing_left, k, first_child, vals, edges, exact,

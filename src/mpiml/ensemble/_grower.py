@@ -275,15 +275,20 @@ class TreeGrower:
         (then the lowest bin), as scikit-learn's random feature order does.
         """
         xp, F = self.xp, self.F
-        k = ranges[:, 1] - ranges[:, 0]
-        # the tree's key, not its place in the forest: a tree refitted alone on its sample draws the same
-        tree_of = np.repeat(np.asarray([self.s.tree_keys[t] for t in trees], dtype=np.int64), k)
-        node_of = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in ranges])
+        tree_of, node_of = self._slots_of(trees, ranges)
         if self.cpu:
             return _cpu_kernels.feature_orders(stream_lead(0, STREAM_FEATURES), tree_of, node_of, F)
         keys = xp.asarray(node_of)[:, None] * F + xp.arange(F, dtype=xp.int64)
         u = hash_uniform(xp, 0, STREAM_FEATURES, xp.asarray(tree_of)[:, None], keys)
         return np.argsort(u, axis=1, kind="stable") if xp is np else xp.argsort(u, axis=1)   # CuPy's is stable
+
+    def _slots_of(self, trees, ranges):
+        """Each slot's tree key and node id (host int64): the keys of its feature order.  The tree's key, not its
+        place in the forest: a tree refitted alone on its sample draws the same."""
+        k = ranges[:, 1] - ranges[:, 0]
+        tree_of = np.repeat(np.asarray([self.s.tree_keys[t] for t in trees], dtype=np.int64), k)
+        node_of = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in ranges])
+        return tree_of, node_of
 
     # ------------------------------------------------------------------ histograms
     def _build(self, el, slots, fsel, feature_major=False, dtype=np.float64):
@@ -560,22 +565,28 @@ class TreeGrower:
         roots = None
         parent = None                               # (hist, extra, build_left) of the split nodes above
         depth = 0
+        # one thread's fused levels: a level up to its decisions in one compiled call (_head_level)
+        head = self.fused and self.decide_kernel and _cpu_kernels.thread_count() == 1
+        trees = list(trees)
         while (ranges[:, 1] > ranges[:, 0]).any():
             self.stats["levels"] += 1
             k = ranges[:, 1] - ranges[:, 0]
             slot_tree = np.repeat(np.arange(T), k)
             root_w = None if roots is None else roots[slot_tree]
-            t0 = time.perf_counter()
-            perm = self._feature_sets([trees[t] for t in range(T)], ranges)
-            _sync(xp)
-            self.stats["orders_s"] += time.perf_counter() - t0
-            if s.max_depth is not None and depth >= s.max_depth:
-                dec = self._leaf_level(el, perm, depth, root_w)
-                parent = None
+            last = s.max_depth is not None and depth >= s.max_depth
+            if head and not last:               # the orders inside (hist_s), for the nodes searched only
+                dec, parent = self._head_level(el, trees, ranges, depth, root_w), None
             else:
-                keep = (self.full and (s.max_depth is None or depth + 1 < s.max_depth)
-                        and self._deriving_pays(el))
-                dec, parent = self._split_level(el, perm, depth, root_w, parent, keep)
+                t0 = time.perf_counter()
+                perm = self._feature_sets(trees, ranges)
+                _sync(xp)
+                self.stats["orders_s"] += time.perf_counter() - t0
+                if last:
+                    dec, parent = self._leaf_level(el, perm, depth, root_w), None
+                else:
+                    keep = (self.full and (s.max_depth is None or depth + 1 < s.max_depth)
+                            and self._deriving_pays(el))
+                    dec, parent = self._split_level(el, perm, depth, root_w, parent, keep)
             if roots is None:
                 roots = dec["W"].copy()
             t0 = time.perf_counter()
@@ -686,8 +697,6 @@ class TreeGrower:
         the split search in one compiled pass (no histogram array, no allreduce)."""
         s, m, K = self.s, self.m, self.K
         t0 = time.perf_counter()
-        if self.decide_kernel and _cpu_kernels.thread_count() == 1:
-            return self._head_level(el, perm, depth, root_w)
         tot, ex = self._totals(el)
         tot = tot[:, 0, 0]
         order = perm[:, :m]
@@ -719,16 +728,18 @@ class TreeGrower:
         self.stats["split_s"] += time.perf_counter() - t0
         return dec
 
-    def _head_level(self, el, perm, depth, root_w):
-        """:meth:`_fused_level` on one thread (a tree thread's): its totals, numbers, search and decisions in one
-        compiled call (:func:`._cpu_kernels.level_head`), the same decisions."""
+    def _head_level(self, el, trees, ranges, depth, root_w):
+        """:meth:`_fused_level` on one thread (a tree thread's): its totals, numbers, feature orders, search and
+        decisions in one compiled call (:func:`._cpu_kernels.level_head`), the same decisions; the orders of the
+        nodes that are leaves by their own numbers are not drawn (nothing reads them)."""
         s, m, K = self.s, self.m, self.K
         t0 = time.perf_counter()
-        order = perm[:, :m]
-        st, dec, ex = _cpu_kernels.level_head(self.cols, el.row, el.w, el.wy, el.wy2, s.y if K else None, el.starts,
-                                              order, self.B, K, self.D, s.scales, s.y_tol, s.min_weight_fraction_leaf,
-                                              s.min_samples_split, s.min_samples_leaf, root_w,
-                                              s.max_depth is not None and depth >= s.max_depth, s.min_impurity_decrease)
+        tree_of, node_of = self._slots_of(trees, ranges)
+        st, dec, ex, perm = _cpu_kernels.level_head(
+            self.cols, el.row, el.w, el.wy, el.wy2, s.y if K else None, el.starts, stream_lead(0, STREAM_FEATURES),
+            tree_of, node_of, self.F, m, self.B, K, self.D, s.scales, s.y_tol, s.min_weight_fraction_leaf,
+            s.min_samples_split, s.min_samples_leaf, root_w, s.max_depth is not None and depth >= s.max_depth,
+            s.min_impurity_decrease)
         lens = el.lens()
         self.stats["hist_elements"] += int(el.starts[-1] - el.starts[0]) * m
         self.stats["hist_nodes_built"] += len(lens)
