@@ -22,7 +22,11 @@ thread count:
 * :func:`segment_totals`, :func:`feature_orders`, :func:`apply_bins`,
   :func:`bootstrap_counts`: the per-node totals, the per-node feature orders
   (the same hash draws, a stable sort), the bins of the rows and a tree's
-  bootstrap counts (the same draws as :mod:`._bootstrap`'s array path).
+  bootstrap counts (the same draws as :mod:`._bootstrap`'s array path);
+* :func:`level_numbers`, :func:`level_decisions`, :func:`level_record`: a level's node numbers, decisions
+  and records (the NumPy code of :mod:`._split` and the grower's records, the same IEEE operations in the
+  same order), and :func:`level_head` on one thread: a level's totals, numbers, orders, search and
+  decisions in one call (a level's Python held the GIL that a rank's tree threads share).
 
 The bins come as columns ``(n_features, n_rows)``: a node's rows are gathered
 from one feature's column at a time, which stays in cache.
@@ -337,6 +341,19 @@ def segment_totals(row, w, wy, wy2, y, starts, n_classes, count_rows):
     return tot, extra
 
 
+def _numbers_out(S, n_values):
+    """The arrays :func:`._cpu_jit.node_numbers` writes, by name."""
+    return {"W": np.empty(S), "parent": np.empty(S), "impurity": np.empty(S), "value": np.empty((S, n_values)),
+            "pure": np.empty(S, dtype=bool), "root_w": np.empty(S), "mwl": np.empty(S), "skip": np.empty(S, dtype=bool)}
+
+
+def _decisions_out(S):
+    """The arrays :func:`._cpu_jit.decisions` writes, by name (its argument order)."""
+    f8, i8, b1 = (lambda: np.empty(S)), (lambda: np.empty(S, dtype=np.int64)), (lambda: np.empty(S, dtype=bool))
+    return {"best_val": f8(), "best_j": i8(), "best_b": i8(), "best_wl": f8(), "best_wr": f8(), "below": i8(),
+            "above": i8(), "varying": b1(), "feature": i8(), "leaf": b1(), "retry": b1(), "decrease": f8()}
+
+
 def level_numbers(tot, ex, root_w, n_classes, count_rows, scales, y_tol, min_weight_fraction_leaf,
                   min_samples_split, min_samples_leaf):
     """:func:`._split.node_stats` and :func:`._split.leaf_by_own_numbers` of a level in one compiled call (gini
@@ -346,9 +363,7 @@ def level_numbers(tot, ex, root_w, n_classes, count_rows, scales, y_tol, min_wei
     S, C = tot.shape
     D = int(count_rows)
     n_values = C - D if n_classes else 1
-    out = {"W": np.empty(S), "parent": np.empty(S), "impurity": np.empty(S), "value": np.empty((S, n_values)),
-           "pure": np.empty(S, dtype=bool), "root_w": np.empty(S), "mwl": np.empty(S),
-           "skip": np.empty(S, dtype=bool)}
+    out = _numbers_out(S, n_values)
     mwf = float(min_weight_fraction_leaf)
     has_root = root_w is not None
     _kernels()["node_numbers"](np.ascontiguousarray(tot, dtype=np.float64), np.ascontiguousarray(ex, dtype=np.float64),
@@ -367,16 +382,11 @@ def level_decisions(cand, order, st, ex, at_depth, min_impurity_decrease):
     :func:`node_candidates` and the numbers of :func:`level_numbers`: the same dict of host arrays."""
     val, b, wl, below, above, occ = cand
     S = val.shape[0]
-    f8, i8 = (lambda: np.empty(S)), (lambda: np.empty(S, dtype=np.int64))
-    out = {"best_val": f8(), "best_j": i8(), "best_b": i8(), "best_wl": f8(), "best_wr": f8(), "below": i8(),
-           "above": i8(), "varying": np.empty(S, dtype=bool), "feature": i8(), "leaf": np.empty(S, dtype=bool),
-           "retry": np.empty(S, dtype=bool), "decrease": f8()}
+    out = _decisions_out(S)
     if S and val.shape[1]:
         _kernels()["decisions"](val, b, wl, below, above, occ, np.ascontiguousarray(order, dtype=np.int64),
                                 st["skip"], st["parent"], st["W"], st["root_w"], bool(at_depth),
-                                float(min_impurity_decrease), out["best_val"], out["best_j"], out["best_b"],
-                                out["best_wl"], out["best_wr"], out["below"], out["above"], out["varying"],
-                                out["feature"], out["leaf"], out["retry"], out["decrease"])
+                                float(min_impurity_decrease), *out.values())
     out.update({key: st[key] for key in ("parent", "W", "impurity", "pure", "root_w", "value")}, counts=ex[:, 0])
     return out
 
@@ -392,11 +402,7 @@ def level_head(cols, row, w, wy, wy2, y, starts, lead, trees, nodes, n_features,
     S = len(starts) - 1
     D = int(count_rows)
     C = D + (n_classes if n_classes else 2)
-    f8, i8, b1 = (lambda: np.empty(S)), (lambda: np.empty(S, dtype=np.int64)), (lambda: np.empty(S, dtype=bool))
-    st = {"W": f8(), "parent": f8(), "impurity": f8(), "value": np.empty((S, C - D if n_classes else 1)),
-          "pure": b1(), "root_w": f8(), "mwl": f8(), "skip": b1()}
-    dec = {"best_val": f8(), "best_j": i8(), "best_b": i8(), "best_wl": f8(), "best_wr": f8(), "below": i8(),
-           "above": i8(), "varying": b1(), "feature": i8(), "leaf": b1(), "retry": b1(), "decrease": f8()}
+    st, dec = _numbers_out(S, C - D if n_classes else 1), _decisions_out(S)
     tot, extra = np.empty((S, C)), np.empty((S, 1 if n_classes else 2))
     perm = np.empty((S, n_features), dtype=np.int64)
     cand = _candidate_outputs(S, m)
@@ -410,9 +416,7 @@ def level_head(cols, row, w, wy, wy2, y, starts, lead, trees, nodes, n_features,
                              np.ascontiguousarray(root_w, dtype=np.float64) if has_root else np.zeros(0), has_root,
                              bool(at_depth), float(min_impurity_decrease), tot, extra, st["W"], st["parent"],
                              st["impurity"], st["value"], st["pure"], st["root_w"], st["mwl"], st["skip"],
-                             np.empty(S, dtype=np.int64), *cand, dec["best_val"], dec["best_j"], dec["best_b"],
-                             dec["best_wl"], dec["best_wr"], dec["below"], dec["above"], dec["varying"], dec["feature"],
-                             dec["leaf"], dec["retry"], dec["decrease"])
+                             np.empty(S, dtype=np.int64), *cand, *dec.values())
     if not mwf > 0:
         st["mwl"] = None
     dec.update({key: st[key] for key in ("parent", "W", "impurity", "pure", "root_w", "value")}, counts=extra[:, 0])
