@@ -4,8 +4,10 @@
 says, for the same data (``make_classification`` / ``make_regression``, 32 features, drawn from the
 global row index: the same rows at every rank count), what each rank did: wall and CPU seconds of the
 fit, and the grower's phases (``rf._fit_stats``: bins, histograms and node search, partition, the
-bootstrap's elements, feature orders, tree-parallel or level-wise growth), so that a rank count that
-does not scale points at its part.  Run it under the launcher for several ranks (each rank takes the
+bootstrap's elements, feature orders, tree-parallel or level-wise growth, the trees' exchange and the
+wait for the slowest rank before it; a rank's tree threads' slowest and fastest wall and their summed
+CPU against wall seconds, ``thread_cpu_s`` / ``thread_wall_s``: below 1, threads waited for the GIL or a
+core), so that a rank count that does not scale points at its part.  Run it under the launcher for several ranks (each rank takes the
 node's cores divided by the ranks, :mod:`mpiml.utils._threads`) or as a plain process with
 ``OMP_NUM_THREADS`` for one rank:
 

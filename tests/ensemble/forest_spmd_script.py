@@ -85,6 +85,11 @@ def main(out=None):
     ref = on_root(lambda: RandomForestRegressor(comm=SELF, max_features=0.5, **params).fit(Xr_tr, yr_tr))
     got_r = RandomForestRegressor(max_features=0.5, **params).fit(shard(Xr_tr), shard(yr_tr))
     same_trees(got_r, ref, "regressor with bootstrap and max_features=0.5")
+    # pruned forests: the splits' impurity decreases travel with the trees (ranks growing whole trees) for them only
+    for kw in ({"max_leaf_nodes": 12}, {"ccp_alpha": 0.002}):
+        ref = on_root(lambda: RandomForestClassifier(comm=SELF, **params, **kw).fit(Xc_tr, yc_tr))
+        got = RandomForestClassifier(**params, **kw).fit(shard(Xc_tr), shard(yc_tr))
+        same_trees(got, ref, f"classifier with {kw}")
 
     # constant features drawn at a node: further features are drawn (one more allreduce), alike everywhere
     Xk = np.hstack([np.zeros((600, 6)), Xc_tr, np.ones((600, 6))])

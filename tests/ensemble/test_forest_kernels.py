@@ -49,6 +49,23 @@ def test_numba_forest_is_the_numpy_forest(monkeypatch, cls, kind, params, weight
         np.testing.assert_array_equal(getattr(fits["1"], key), getattr(fits["0"], key), err_msg=key)
 
 
+@pytest.mark.parametrize("cls,kind,params", [
+    (RandomForestClassifier, "classification", dict(min_impurity_decrease=2e-3, min_weight_fraction_leaf=0.005)),
+    (RandomForestRegressor, "regression", dict(min_impurity_decrease=1.0, min_samples_split=6, max_depth=10)),
+])
+def test_compiled_level_decisions_are_numpys(monkeypatch, cls, kind, params):
+    """A level's numbers and decisions compiled (``_cpu_jit``) or by NumPy (``MPIML_RF_DECIDE_KERNEL=0``): the
+    same trees, bit for bit (signed zeros included)."""
+    X, y = _data(kind)
+    fits = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("MPIML_RF_DECIDE_KERNEL", flag)
+        fits[flag] = cls(n_estimators=4, random_state=0, **params).fit(X, y)
+    for key in TREE_KEYS:
+        a, b = np.asarray(getattr(fits["1"], key)), np.asarray(getattr(fits["0"], key))
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), key
+
+
 def test_constant_features_draw_further_with_the_kernels(monkeypatch):
     """Nodes whose drawn features are all constant take the next features in their order (the second pass)."""
     rng = np.random.default_rng(3)

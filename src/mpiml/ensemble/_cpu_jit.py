@@ -1,5 +1,8 @@
 """The Numba kernels of :mod:`mpiml.ensemble._cpu_kernels`, at module level (imported on first use).
 
+Longer than 800 lines because a kernel's callees must sit in its file (see below): a level of a tree thread
+(:func:`level_head_serial`) calls the totals, the fused search and the level's numbers and decisions.
+
 They live at module level, not in a function, so that Numba's on-disk cache finds them
 again in every later process: kernels defined inside a function and calling each other
 through closure cells got a new cache key per process and were compiled again by every
@@ -737,3 +740,193 @@ def boot(lead, key, k0, k1, first, Q, base, b0, g0, S, N, weighted, cum, guide, 
             r = np.int64(v) - g0
             if r >= 0 and r < n:
                 out[r] += 1.0
+
+
+# ---------------------------------------------------------------------- a level's numbers and decisions
+# A level of the fused host path (a rank that grows alone) made about a hundred NumPy calls around its compiled
+# search: the nodes' numbers from their channel totals (``_split.node_stats``), the nodes that are leaves by them
+# (``_split.leaf_by_own_numbers``), the best feature of each node (``_split.choose``), the decisions
+# (``_split.decide``) and the records (``TreeGrower._record``).  With several threads of a rank each growing its
+# own trees (two a thread at 8 ranks of 8 threads and 128 trees), that Python holds the rank's one GIL between
+# the threads' kernels: 1.6-1.9 ms a level a thread.  Here they are compiled, for the criteria of the compiled
+# search (gini with fewer than 8 classes, squared error with one output), with the IEEE operations of the NumPy
+# code in the same order (sums over classes left to right, as NumPy's for fewer than 8; ``np.maximum(x, 0.0)``
+# keeps ``x`` when ``x >= 0`` or NaN): the same decisions and trees (``MPIML_RF_DECIDE_KERNEL=0`` keeps NumPy's).
+
+@_jit
+def _max0(x):
+    """``np.maximum(x, 0.0)``."""
+    return x if (x >= 0.0 or np.isnan(x)) else 0.0
+
+
+@_jit
+def node_numbers(tot, ex, root_w, has_root, K, D, sw, sy, s2, y_tol, mwf, two_mwf, min_split, two_msl,
+                 W, parent, impurity, value, pure, rw, mwl, skip):
+    """Per node, from its channel totals ``tot`` (S, C) and extras ``ex`` (S, E): the weight, the score of no
+    split, the impurity, the value, purity, the root's weight, the smallest weight of a child (``mwf`` > 0) and
+    whether it is a leaf by these numbers alone (:func:`._split.node_stats` then
+    :func:`._split.leaf_by_own_numbers`)."""
+    S, C = tot.shape
+    for i in range(S):
+        if K:
+            w = 0.0
+            sq = 0.0
+            nz = 0
+            for c in range(D, C):
+                x = tot[i, c] / sw
+                w += x
+                sq += x * x
+                if x > 0:
+                    nz += 1
+            wd = w if w > 0 else 1.0
+            pp = 0.0
+            for c in range(D, C):
+                p = (tot[i, c] / sw) / wd
+                value[i, c - D] = p
+                pp += p * p
+            parent[i] = sq / wd
+            impurity[i] = 1.0 - pp
+            pure[i] = nz <= 1
+        else:
+            w = tot[i, D] / sw
+            s1 = tot[i, D + 1] / sy
+            wd = w if w > 0 else 1.0
+            mean = s1 / wd
+            parent[i] = s1 * s1 / wd
+            impurity[i] = _max0(ex[i, 1] / s2 / wd - mean * mean)
+            value[i, 0] = mean
+            pure[i] = impurity[i] <= y_tol
+        W[i] = w
+        r = root_w[i] if has_root else w
+        rw[i] = r
+        if mwf > 0:
+            mwl[i] = mwf * r
+        n = ex[i, 0]
+        small = pure[i] or n < min_split or n < two_msl
+        if mwf > 0:
+            small = small or w < two_mwf * r
+        skip[i] = small
+
+
+@_jit
+def decisions(val, b, wl, below, above, occ, order, skip, parent, W, rw, at_depth, mid,
+              o_val, o_j, o_b, o_wl, o_wr, o_below, o_above, o_varying, o_feature, o_leaf, o_retry, o_decrease):
+    """Per node, the first feature of the largest score among its candidates (:func:`._split.choose`) and the
+    decisions of :func:`._split.decide` (``skip``: a leaf by its own numbers; ``mid``: min_impurity_decrease)."""
+    S, m = val.shape
+    for i in range(S):
+        j = 0
+        best = val[i, 0]
+        varying = occ[i, 0] >= 2
+        for k in range(1, m):
+            if val[i, k] > best:
+                best = val[i, k]
+                j = k
+            if occ[i, k] >= 2:
+                varying = True
+        o_val[i] = best
+        o_j[i] = j
+        o_b[i] = b[i, j]
+        o_wl[i] = wl[i, j]
+        o_wr[i] = W[i] - wl[i, j]
+        o_below[i] = below[i, j]
+        o_above[i] = above[i, j]
+        o_varying[i] = varying
+        o_feature[i] = order[i, j]
+        finite = np.isfinite(best)
+        decrease = best - parent[i] if finite else 0.0
+        weak = not finite
+        if mid > 0:
+            r = rw[i] if rw[i] > 0 else 1.0
+            weak = weak or decrease / r + 1e-7 < mid       # (gini, squared error: no scale)
+        leaf = weak or skip[i] or at_depth
+        o_leaf[i] = leaf
+        o_retry[i] = leaf and not varying and not skip[i] and not at_depth
+        o_decrease[i] = 0.0 if leaf else _max0(decrease)
+
+
+@_jit
+def record(leaf, feature, best_b, below, above, decrease, missing_left, has_missing, k, first_child, vals, edges,
+           exact, B, o_feature, o_threshold, o_left, o_right, o_decrease, o_missing, n_split):
+    """A level's node records (:meth:`._grower.TreeGrower._record` with :func:`._split.thresholds`): per node its
+    feature (-2 for a leaf), threshold (-2.0), children (numbered after the tree's current level, ``first_child``
+    per tree, in the order of its split nodes), decrease and missing-value side; ``n_split`` per tree (``k`` nodes
+    of the level each)."""
+    E = edges.shape[1]
+    i = 0
+    for t in range(k.shape[0]):
+        done = 0
+        for _ in range(k[t]):
+            if leaf[i]:
+                o_feature[i] = -2
+                o_threshold[i] = -2.0
+                o_left[i] = -1
+                o_right[i] = -1
+                o_decrease[i] = 0.0
+                o_missing[i] = False
+            else:
+                f = feature[i]
+                b = best_b[i]
+                thr = edges[f, min(b, E - 1)]
+                lo, hi = below[i], above[i]
+                if exact[f] and lo >= 0 and hi < B and not np.isnan(vals[f, hi]):
+                    vlo, vhi = vals[f, lo], vals[f, hi]
+                    mid = (vlo + vhi) / 2.0
+                    thr = vlo if mid >= vhi else mid       # adjacent floats: the midpoint rounds up
+                o_feature[i] = f
+                o_threshold[i] = thr
+                o_left[i] = first_child[t] + 2 * done
+                o_right[i] = first_child[t] + 2 * done + 1
+                o_decrease[i] = decrease[i]
+                o_missing[i] = has_missing and missing_left[i]
+                done += 1
+            i += 1
+        n_split[t] = done
+
+
+@_jit
+def level_head(cols, row, w, wy, wy2, y, starts, lead, trees, nodes_of, perm, m, B, K, D, sw, sy, s2, y_tol, mwf,
+               min_split, msl, root_w, has_root, at_depth, mid, tot, extra, W, parent, impurity, value, pure, rw, mwl,
+               skip, nodes, c_val, c_b, c_wl, c_below, c_above, c_occ, o_val, o_j, o_b, o_wl, o_wr, o_below, o_above,
+               o_varying, o_feature, o_leaf, o_retry, o_decrease):
+    """A level of one thread's trees up to its decisions, in one call: the slots' totals (:func:`totals_serial`),
+    their numbers (:func:`node_numbers`), the feature orders (:func:`orders_serial`) and the fused search of the
+    nodes that are not leaves by those numbers (as :func:`fused_serial` on one chunk; a leaf gets no valid
+    candidate and the identity order, which nothing reads: about half the nodes of a deep level) and the
+    decisions (:func:`decisions`).  The outputs are zeroed or written whole here; ``nodes`` is scratch."""
+    S = starts.shape[0] - 1
+    F = perm.shape[1]
+    for s in range(S):
+        for c in range(tot.shape[1]):
+            tot[s, c] = 0.0
+        for c in range(extra.shape[1]):
+            extra[s, c] = 0.0
+        _total_slot(s, row, w, wy, wy2, y, starts, K, D, tot, extra)
+    node_numbers(tot, extra, root_w, has_root, K, D, sw, sy, s2, y_tol, mwf, 2 * mwf, min_split, 2 * msl, W, parent,
+                 impurity, value, pure, rw, mwl, skip)
+    shift = _order_shift(F)
+    packed = shift <= 11
+    n = 0
+    for s in range(S):
+        if skip[s]:
+            for j in range(F):
+                perm[s, j] = j
+            for j in range(m):
+                c_val[s, j] = -np.inf
+                c_b[s, j] = 0
+                c_wl[s, j] = 0.0
+                c_below[s, j] = -1
+                c_above[s, j] = B
+                c_occ[s, j] = 0
+        else:
+            _order_slot(s, lead, trees, nodes_of, perm, shift, packed)
+            nodes[n] = s
+            n += 1
+    order = np.ascontiguousarray(perm[:, :m])          # (the search's layout: the kernels' one compilation)
+    if n:
+        bounds = np.zeros(2, dtype=np.int64)
+        bounds[1] = n
+        _fused_part(0, 1, cols, row, w, wy, y, starts[:-1], starts[1:] - starts[:-1], order, B, tot, mwl, mwf > 0,
+                    sw, sy, K, D, np.float64(msl), nodes[:n], bounds, c_val, c_b, c_wl, c_below, c_above, c_occ)
+    decisions(c_val, c_b, c_wl, c_below, c_above, c_occ, order, skip, parent, W, rw, at_depth, mid, o_val, o_j, o_b,
+              o_wl, o_wr, o_below, o_above, o_varying, o_feature, o_leaf, o_retry, o_decrease)

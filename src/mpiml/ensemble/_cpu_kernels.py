@@ -22,7 +22,11 @@ thread count:
 * :func:`segment_totals`, :func:`feature_orders`, :func:`apply_bins`,
   :func:`bootstrap_counts`: the per-node totals, the per-node feature orders
   (the same hash draws, a stable sort), the bins of the rows and a tree's
-  bootstrap counts (the same draws as :mod:`._bootstrap`'s array path).
+  bootstrap counts (the same draws as :mod:`._bootstrap`'s array path);
+* :func:`level_numbers`, :func:`level_decisions`, :func:`level_record`: a level's node numbers, decisions
+  and records (the NumPy code of :mod:`._split` and the grower's records, the same IEEE operations in the
+  same order), and :func:`level_head` on one thread: a level's totals, numbers, orders, search and
+  decisions in one call (a level's Python held the GIL that a rank's tree threads share).
 
 The bins come as columns ``(n_features, n_rows)``: a node's rows are gathered
 from one feature's column at a time, which stays in cache.
@@ -38,7 +42,8 @@ import threading
 import numpy as np
 
 __all__ = ["enabled", "thread_count", "apply_bins", "segment_totals", "feature_orders", "build_histograms",
-           "split_candidates", "node_candidates", "partition", "bootstrap_counts", "bootstrap_guide"]
+           "split_candidates", "node_candidates", "partition", "bootstrap_counts", "bootstrap_guide", "level_numbers",
+           "level_decisions", "level_record", "level_head"]
 
 _KERNELS = None
 _SERIAL = {}            # the kernels of a thread that runs them on itself (see serial)
@@ -98,7 +103,7 @@ def _kernels():
 
         _KERNELS = {name: getattr(_cpu_jit, name) for name in
                     ("totals", "orders", "bins", "hist", "split", "fused", "fused_parts", "move", "boot",
-                     "boot_guide", "transpose")}
+                     "boot_guide", "transpose", "node_numbers", "decisions", "record", "level_head")}
         _SERIAL.update(_KERNELS)
         _SERIAL.update({name: getattr(_cpu_jit, name + "_serial") for name in ("totals", "orders", "hist", "fused",
                                                                                "move", "split")})
@@ -240,18 +245,13 @@ def node_candidates(cols, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, 
     outs = _candidate_outputs(S, m)
     if not (S and m):
         return outs
+    nodes = None                           # the nodes searched (the kernels index every array by node)
     if skip is not None and skip.any():
-        keep = np.nonzero(~skip)[0]
         for o, v in zip(outs, (-np.inf, 0, 0.0, -1, n_bins, 0)):
             o[skip] = v
-        if len(keep):
-            sub = node_candidates(cols, row, w, wy, y, np.asarray(seg_start)[keep], np.asarray(seg_len)[keep],
-                                  np.asarray(fsel)[keep], n_bins, np.ascontiguousarray(tot[keep]),
-                                  None if mwl is None else np.ascontiguousarray(mwl[keep]), sw, sy, n_classes,
-                                  count_rows, min_samples_leaf)
-            for o, v in zip(outs, sub):
-                o[keep] = v
-        return outs
+        nodes = np.flatnonzero(~skip)
+        if not len(nodes):
+            return outs
     has_mwl = mwl is not None
     k = _kernels()
     seg_start = np.ascontiguousarray(seg_start, dtype=np.int64)
@@ -259,15 +259,22 @@ def node_candidates(cols, row, w, wy, y, seg_start, seg_len, fsel, n_bins, tot, 
     fsel = np.ascontiguousarray(fsel, dtype=np.int64)
     C = tot.shape[1]
     threads = thread_count()
-    big, first, p_start, p_len = _big_node_parts(seg_start, seg_len, threads, m * n_bins * C * 8)
-    small = np.arange(S, dtype=np.int64)
+    lens = seg_len if nodes is None else seg_len[nodes]
+    big, first, p_start, p_len = _big_node_parts(seg_start if nodes is None else seg_start[nodes], lens, threads,
+                                                 m * n_bins * C * 8)
+    small = np.arange(S, dtype=np.int64) if nodes is None else nodes
     if len(big):
-        small = small[np.isin(small, big, assume_unique=True, invert=True)]
+        keep = np.ones(len(small), dtype=bool)
+        keep[big] = False
+        big = small[big]
+        small, lens = small[keep], lens[keep]
     args = (w if wy is None else wy, row if y is None else y)
     common = (n_bins, tot, mwl if has_mwl else np.zeros(S), has_mwl, float(sw), float(sy), n_classes, int(count_rows),
               float(min_samples_leaf))
     if len(small):
-        bounds = _chunks_of_equal_work(seg_len[small], n_bins, len(small))
+        # one thread takes every chunk in order, and a node's search does not depend on the chunks: one chunk
+        bounds = (_chunks_of_equal_work(lens, n_bins, len(small)) if threads > 1
+                  else np.array([0, len(small)], dtype=np.int64))
         k["fused"](cols, row, w, *args, seg_start, seg_len, fsel, *common, small, bounds, *outs,
                    max(1, min(threads, len(bounds) - 1)))
     if len(big):
@@ -332,6 +339,100 @@ def segment_totals(row, w, wy, wy2, y, starts, n_classes, count_rows):
         _kernels()["totals"](row, w, w if wy is None else wy, w if wy2 is None else wy2, row if y is None else y,
                              np.ascontiguousarray(starts, dtype=np.int64), n_classes, D, tot, extra)
     return tot, extra
+
+
+def _numbers_out(S, n_values):
+    """The arrays :func:`._cpu_jit.node_numbers` writes, by name."""
+    return {"W": np.empty(S), "parent": np.empty(S), "impurity": np.empty(S), "value": np.empty((S, n_values)),
+            "pure": np.empty(S, dtype=bool), "root_w": np.empty(S), "mwl": np.empty(S), "skip": np.empty(S, dtype=bool)}
+
+
+def _decisions_out(S):
+    """The arrays :func:`._cpu_jit.decisions` writes, by name (its argument order)."""
+    f8, i8, b1 = (lambda: np.empty(S)), (lambda: np.empty(S, dtype=np.int64)), (lambda: np.empty(S, dtype=bool))
+    return {"best_val": f8(), "best_j": i8(), "best_b": i8(), "best_wl": f8(), "best_wr": f8(), "below": i8(),
+            "above": i8(), "varying": b1(), "feature": i8(), "leaf": b1(), "retry": b1(), "decrease": f8()}
+
+
+def level_numbers(tot, ex, root_w, n_classes, count_rows, scales, y_tol, min_weight_fraction_leaf,
+                  min_samples_split, min_samples_leaf):
+    """:func:`._split.node_stats` and :func:`._split.leaf_by_own_numbers` of a level in one compiled call (gini
+    with fewer than 8 classes or squared error with one output): a dict with ``W``, ``parent``, ``impurity``,
+    ``value``, ``pure``, ``root_w``, ``mwl`` (None without ``min_weight_fraction_leaf``) and ``skip`` (the nodes
+    that are leaves by these numbers alone)."""
+    S, C = tot.shape
+    D = int(count_rows)
+    n_values = C - D if n_classes else 1
+    out = _numbers_out(S, n_values)
+    mwf = float(min_weight_fraction_leaf)
+    has_root = root_w is not None
+    _kernels()["node_numbers"](np.ascontiguousarray(tot, dtype=np.float64), np.ascontiguousarray(ex, dtype=np.float64),
+                               np.ascontiguousarray(root_w, dtype=np.float64) if has_root else np.zeros(0), has_root,
+                               int(n_classes), D, float(scales[0]), float(scales[1]), float(scales[2]), float(y_tol),
+                               mwf, 2 * mwf, int(min_samples_split), 2 * int(min_samples_leaf), out["W"],
+                               out["parent"], out["impurity"], out["value"], out["pure"], out["root_w"], out["mwl"],
+                               out["skip"])
+    if not mwf > 0:
+        out["mwl"] = None
+    return out
+
+
+def level_decisions(cand, order, st, ex, at_depth, min_impurity_decrease):
+    """:func:`._split.choose` and :func:`._split.decide` of a level in one compiled call, from the candidates of
+    :func:`node_candidates` and the numbers of :func:`level_numbers`: the same dict of host arrays."""
+    val, b, wl, below, above, occ = cand
+    S = val.shape[0]
+    out = _decisions_out(S)
+    if S and val.shape[1]:
+        _kernels()["decisions"](val, b, wl, below, above, occ, np.ascontiguousarray(order, dtype=np.int64),
+                                st["skip"], st["parent"], st["W"], st["root_w"], bool(at_depth),
+                                float(min_impurity_decrease), *out.values())
+    out.update({key: st[key] for key in ("parent", "W", "impurity", "pure", "root_w", "value")}, counts=ex[:, 0])
+    return out
+
+
+def level_head(cols, row, w, wy, wy2, y, starts, lead, trees, nodes, n_features, m, n_bins, n_classes, count_rows,
+               scales, y_tol, min_weight_fraction_leaf, min_samples_split, min_samples_leaf, root_w, at_depth,
+               min_impurity_decrease):
+    """A level up to its decisions on the calling thread alone (a tree thread), in one compiled call: the slots'
+    totals, :func:`level_numbers`, the feature orders of the nodes searched (``trees``, ``nodes``: each slot's tree
+    key and node id, as :func:`feature_orders`), the search of :func:`node_candidates` and :func:`level_decisions`.
+    Returns ``(numbers, decisions, extras, orders)`` as those give them (``extras``: :func:`segment_totals`' second
+    array; ``orders``: the identity for the nodes that are leaves by their numbers)."""
+    S = len(starts) - 1
+    D = int(count_rows)
+    C = D + (n_classes if n_classes else 2)
+    st, dec = _numbers_out(S, C - D if n_classes else 1), _decisions_out(S)
+    tot, extra = np.empty((S, C)), np.empty((S, 1 if n_classes else 2))
+    perm = np.empty((S, n_features), dtype=np.int64)
+    cand = _candidate_outputs(S, m)
+    mwf = float(min_weight_fraction_leaf)
+    has_root = root_w is not None
+    _kernels()["level_head"](cols, row, w, w if wy is None else wy, w if wy2 is None else wy2, row if y is None else y,
+                             np.ascontiguousarray(starts, dtype=np.int64), np.uint64(lead),
+                             np.ascontiguousarray(trees, dtype=np.int64), np.ascontiguousarray(nodes, dtype=np.int64),
+                             perm, int(m), int(n_bins), int(n_classes), D, float(scales[0]), float(scales[1]),
+                             float(scales[2]), float(y_tol), mwf, int(min_samples_split), int(min_samples_leaf),
+                             np.ascontiguousarray(root_w, dtype=np.float64) if has_root else np.zeros(0), has_root,
+                             bool(at_depth), float(min_impurity_decrease), tot, extra, st["W"], st["parent"],
+                             st["impurity"], st["value"], st["pure"], st["root_w"], st["mwl"], st["skip"],
+                             np.empty(S, dtype=np.int64), *cand, *dec.values())
+    if not mwf > 0:
+        st["mwl"] = None
+    dec.update({key: st[key] for key in ("parent", "W", "impurity", "pure", "root_w", "value")}, counts=extra[:, 0])
+    return st, dec, extra, perm
+
+
+def level_record(leaf, feature, best_b, below, above, decrease, missing_left, k, first_child, vals, edges, exact,
+                 n_bins, out, n_split):
+    """The node records of a level into ``out`` (``feature``, ``threshold``, ``left``, ``right``, ``decrease``,
+    ``missing_left`` arrays) and each tree's split count into ``n_split``: :func:`._cpu_jit.record`."""
+    has_missing = missing_left is not None
+    _kernels()["record"](leaf, np.ascontiguousarray(feature, dtype=np.int64), best_b, below, above, decrease,
+                         np.asarray(missing_left, dtype=bool) if has_missing else leaf, has_missing,
+                         np.ascontiguousarray(k, dtype=np.int64), np.ascontiguousarray(first_child, dtype=np.int64),
+                         vals, edges, exact, int(n_bins), out["feature"], out["threshold"], out["left"], out["right"],
+                         out["decrease"], out["missing_left"], n_split)
 
 
 def feature_orders(lead, trees, nodes, n_features):

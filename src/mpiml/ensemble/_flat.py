@@ -38,10 +38,33 @@ def pack_trees(trees, n_values):
         parts = [np.asarray(t[key] if key in t else np.zeros(len(t["feature"])), dtype=dtype) for t in trees]
         if name == "value":
             parts = [p.reshape(-1, n_values) for p in parts]
-            out[name] = np.concatenate(parts) if parts else np.zeros((0, n_values))
+            out[name] = _joined(parts) if parts else np.zeros((0, n_values))
         else:
-            out[name] = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+            out[name] = _joined(parts) if parts else np.zeros(0, dtype=dtype)
     return out
+
+
+def _address(a):
+    return a.__array_interface__["data"][0]
+
+
+def _joined(parts):
+    """``np.concatenate(parts)``; without a copy when the parts already lie back to back, in order, in one
+    C-contiguous array (the trees of a tree-parallel fit are views of the gathered forest arrays: 270 MB for
+    128 full-depth trees of 2e5 rows, written once more on every rank)."""
+    base = parts[0].base
+    if (len(parts) > 1 and isinstance(base, np.ndarray) and base.flags.c_contiguous and base.dtype == parts[0].dtype
+            and all(p.base is base and p.flags.c_contiguous and p.shape[1:] == parts[0].shape[1:] for p in parts)):
+        at = _address(parts[0])
+        for p in parts:
+            if _address(p) != at:
+                break
+            at += p.nbytes
+        else:
+            first = (_address(parts[0]) - _address(base)) // base.itemsize
+            n = sum(p.size for p in parts)
+            return base.reshape(-1)[first:first + n].reshape((-1,) + parts[0].shape[1:])
+    return np.concatenate(parts)
 
 
 def apply_forest(X, feature, threshold, left, right, offsets, xp, missing_left=None):

@@ -84,6 +84,7 @@ class _Elements:
     def __init__(self, row, seg, w, wy, wy2, starts):
         self.row, self._seg, self.w, self.wy, self.wy2, self.starts = row, seg, w, wy, wy2, starts
         self._wy2_sums = None
+        self._lens = None
 
     @property
     def seg(self):
@@ -93,7 +94,10 @@ class _Elements:
         return self._seg
 
     def lens(self):
-        return np.diff(self.starts)
+        """The elements of each slot (made once: a level asks several times)."""
+        if self._lens is None:
+            self._lens = np.diff(self.starts)
+        return self._lens
 
     def wy2_prefix(self, xp):
         """Prefix sums of ``wy2`` (exact: integers below 2**53)."""
@@ -169,6 +173,8 @@ class TreeGrower:
         # a rank that grows alone needs no histogram of any node: the search reads a per-thread one
         self.alone = alone = spec.comm is None or spec.comm.size == 1
         self.fused = self.cpu and alone and self._candidate_search(self.C) is not None
+        # its level's numbers and decisions compiled too (MPIML_RF_DECIDE_KERNEL=0: NumPy's, the same trees)
+        self.decide_kernel = self.fused and os.environ.get("MPIML_RF_DECIDE_KERNEL", "1") != "0"
         # several host ranks: nodes with fewer rows than bins gather their rows instead of reducing histograms
         self.gather_small = (self.cpu and not alone and not self.full and self._candidate_search(self.C) is not None
                              and os.environ.get("MPIML_RF_GATHER_SMALL", "1") != "0")
@@ -269,15 +275,20 @@ class TreeGrower:
         (then the lowest bin), as scikit-learn's random feature order does.
         """
         xp, F = self.xp, self.F
-        k = ranges[:, 1] - ranges[:, 0]
-        # the tree's key, not its place in the forest: a tree refitted alone on its sample draws the same
-        tree_of = np.repeat(np.asarray([self.s.tree_keys[t] for t in trees], dtype=np.int64), k)
-        node_of = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in ranges])
+        tree_of, node_of = self._slots_of(trees, ranges)
         if self.cpu:
             return _cpu_kernels.feature_orders(stream_lead(0, STREAM_FEATURES), tree_of, node_of, F)
         keys = xp.asarray(node_of)[:, None] * F + xp.arange(F, dtype=xp.int64)
         u = hash_uniform(xp, 0, STREAM_FEATURES, xp.asarray(tree_of)[:, None], keys)
         return np.argsort(u, axis=1, kind="stable") if xp is np else xp.argsort(u, axis=1)   # CuPy's is stable
+
+    def _slots_of(self, trees, ranges):
+        """Each slot's tree key and node id (host int64): the keys of its feature order.  The tree's key, not its
+        place in the forest: a tree refitted alone on its sample draws the same."""
+        k = ranges[:, 1] - ranges[:, 0]
+        tree_of = np.repeat(np.asarray([self.s.tree_keys[t] for t in trees], dtype=np.int64), k)
+        node_of = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in ranges])
+        return tree_of, node_of
 
     # ------------------------------------------------------------------ histograms
     def _build(self, el, slots, fsel, feature_major=False, dtype=np.float64):
@@ -470,43 +481,63 @@ class TreeGrower:
         return out
 
     def _grow_in_threads(self, trees, threads):
-        """A rank that grows alone on several threads: each thread grows every ``threads``-th tree with the
-        kernels on itself (:func:`._cpu_kernels.serial`), as ranks grow whole trees (:mod:`._tree_parallel`).
+        """A rank that grows alone on several threads: each thread grows whole trees with the kernels on itself
+        (:func:`._cpu_kernels.serial`), as ranks grow whole trees (:mod:`._tree_parallel`), taking them from a
+        shared queue in runs that shrink as the queue empties (a run is grown as one batch).
 
         One rank's level-wise growth on T threads ran its Python and NumPy between the kernels (decisions,
         records, the draws) on one thread while the others waited, and launched every kernel on all of them:
         on 2 cores one rank took 0.283 s where two ranks of one thread each took 0.137 s (2e4 x 32, 20 trees of
         depth 12).  Here a thread's Python runs while the others are in their kernels (which release the GIL).
-        A tree is grown the same way whoever grows it: the same trees.  The phase times in ``stats`` are summed
-        over the threads."""
+        Every ``threads``-th tree per thread, fixed in advance, left a rank waiting on its unluckiest thread:
+        at 8 ranks of 8 threads and 128 full-depth trees (two a thread) the threads of a rank took 0.46-0.77 s
+        (64-core host, 04:30 pass); from the queue a thread that drew small trees takes the next one.  A tree
+        is grown the same way whoever grows it: the same trees.  The phase times in ``stats`` are summed over
+        the threads."""
         import copy
+        import threading
         from concurrent.futures import ThreadPoolExecutor
 
-        groups = [g for g in (list(trees[i::threads]) for i in range(threads)) if g]
+        lock, taken = threading.Lock(), [0]
 
-        def run(group):
+        def take():
+            with lock:      # guided: a run of 1/(2 T) of what is left, one tree at the end (a run of 1 costs a tree
+                left = len(trees) - taken[0]       # what a run of 2 does now that a level's Python is compiled)
+                n = min(left, max(1, left // (2 * threads)))
+                run = list(trees[taken[0]:taken[0] + n])
+                taken[0] += n
+                return run
+
+        def work(_):
             g = copy.copy(self)
             g.stats = {k: type(v)(0) for k, v in self.stats.items()}
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
+            grown = {}
             with _cpu_kernels.serial():
-                grown = g._grow_batches(group, share=len(groups))
-            return grown, g.stats, time.perf_counter() - t0
+                run = take()
+                while run:
+                    grown.update(zip(run, g._grow_batches(run, share=threads, left=lambda: len(trees) - taken[0])))
+                    run = take()
+            return grown, g.stats, time.perf_counter() - t0, time.thread_time() - c0
 
-        with ThreadPoolExecutor(len(groups)) as pool:
-            results = list(pool.map(run, groups))
+        with ThreadPoolExecutor(threads) as pool:
+            results = list(pool.map(work, range(threads)))
         by_id = {}
-        for group, (grown, st, _) in zip(groups, results):
-            by_id.update(zip(group, grown))
+        for grown, st, *_ in results:
+            by_id.update(grown)
             for k, v in st.items():
                 self.stats[k] = self.stats.get(k, 0) + v
-        # the threads' spread: the rank's growth ends with its slowest thread
+        # the threads' spread (the rank's growth ends with its slowest thread), and their CPU seconds against their
+        # wall seconds: a thread off its core (waiting for the GIL between its kernels, or for a core) is the gap
         walls = [r[2] for r in results]
-        self.stats.update(tree_threads=len(groups), thread_max_s=max(walls), thread_min_s=min(walls))
+        self.stats.update(tree_threads=threads, thread_max_s=max(walls), thread_min_s=min(walls),
+                          thread_wall_s=sum(walls), thread_cpu_s=sum(r[3] for r in results))
         return [by_id[t] for t in trees]
 
-    def _grow_batches(self, trees, progress=True, share=1):
+    def _grow_batches(self, trees, progress=True, share=1, left=None):
         """The trees in batches of the agreed elements (over ``share`` threads growing batches at once: each
-        thread's batches take that share of the elements, so the rank's memory stays that of one batch)."""
+        thread's batches take that share of the elements, so the rank's memory stays that of one batch);
+        ``left()``: the trees still to grow, for the progress lines (default: those of ``trees``)."""
         out = []
         # the same on every rank (the batches decide the sequence of allreduces): agreed numbers only
         per_batch = max(1, self.s.batch_elements // max(self.s.max_local_rows, 1) // share)
@@ -515,10 +546,10 @@ class TreeGrower:
             batch = list(trees[a:a + per_batch])
             out.extend(self._grow_batch(batch))
             if progress and getattr(self.s, "verbose", 0) and getattr(self.s, "rank", 0) == 0:
-                which = (f"trees {batch[0]}-{batch[-1]}" if share == 1 else      # a thread's: every share-th tree
-                         f"{len(batch)} trees ({batch[0]}, {batch[0] + share}, ...) on one of {share} threads")
-                print(f"grew {which} in {time.perf_counter() - t0:.2f} s ({len(trees) - a - len(batch)} to go)",
-                      flush=True)
+                which = ((f"trees {batch[0]}-{batch[-1]}" if len(batch) > 1 else f"tree {batch[0]}")
+                         + ("" if share == 1 else f" on one of {share} threads"))
+                to_go = len(trees) - a - len(batch) if left is None else left()
+                print(f"grew {which} in {time.perf_counter() - t0:.2f} s ({to_go} to go)", flush=True)
         return out
 
     def _grow_batch(self, trees):
@@ -534,22 +565,28 @@ class TreeGrower:
         roots = None
         parent = None                               # (hist, extra, build_left) of the split nodes above
         depth = 0
+        # one thread's fused levels: a level up to its decisions in one compiled call (_head_level)
+        head = self.fused and self.decide_kernel and _cpu_kernels.thread_count() == 1
+        trees = list(trees)
         while (ranges[:, 1] > ranges[:, 0]).any():
             self.stats["levels"] += 1
             k = ranges[:, 1] - ranges[:, 0]
             slot_tree = np.repeat(np.arange(T), k)
             root_w = None if roots is None else roots[slot_tree]
-            t0 = time.perf_counter()
-            perm = self._feature_sets([trees[t] for t in range(T)], ranges)
-            _sync(xp)
-            self.stats["orders_s"] += time.perf_counter() - t0
-            if s.max_depth is not None and depth >= s.max_depth:
-                dec = self._leaf_level(el, perm, depth, root_w)
-                parent = None
+            last = s.max_depth is not None and depth >= s.max_depth
+            if head and not last:               # the orders inside (hist_s), for the nodes searched only
+                dec, parent = self._head_level(el, trees, ranges, depth, root_w), None
             else:
-                keep = (self.full and (s.max_depth is None or depth + 1 < s.max_depth)
-                        and self._deriving_pays(el))
-                dec, parent = self._split_level(el, perm, depth, root_w, parent, keep)
+                t0 = time.perf_counter()
+                perm = self._feature_sets(trees, ranges)
+                _sync(xp)
+                self.stats["orders_s"] += time.perf_counter() - t0
+                if last:
+                    dec, parent = self._leaf_level(el, perm, depth, root_w), None
+                else:
+                    keep = (self.full and (s.max_depth is None or depth + 1 < s.max_depth)
+                            and self._deriving_pays(el))
+                    dec, parent = self._split_level(el, perm, depth, root_w, parent, keep)
             if roots is None:
                 roots = dec["W"].copy()
             t0 = time.perf_counter()
@@ -662,13 +699,18 @@ class TreeGrower:
         t0 = time.perf_counter()
         tot, ex = self._totals(el)
         tot = tot[:, 0, 0]
-        st = node_stats(self, tot, ex, root_w)
         order = perm[:, :m]
         lens = el.lens()
         # nodes that are leaves by their own numbers are not searched (decide() makes them leaves whatever their
         # candidates; with unlimited depth about half the nodes of a level are such leaves, pure mostly)
-        skip = leaf_by_own_numbers(s, np.asarray(st["pure"]), np.asarray(ex[:, 0]), np.asarray(st["W"]),
-                                   np.asarray(st["root_w"]), st["mwl"] is not None)
+        if self.decide_kernel:
+            st = _cpu_kernels.level_numbers(tot, ex, root_w, K, self.D, s.scales, s.y_tol, s.min_weight_fraction_leaf,
+                                            s.min_samples_split, s.min_samples_leaf)
+            skip = st["skip"]
+        else:
+            st = node_stats(self, tot, ex, root_w)
+            skip = leaf_by_own_numbers(s, np.asarray(st["pure"]), np.asarray(ex[:, 0]), np.asarray(st["W"]),
+                                       np.asarray(st["root_w"]), st["mwl"] is not None)
         cand = _cpu_kernels.node_candidates(self.cols, el.row, el.w, el.wy, s.y if K else None, el.starts[:-1], lens,
                                             order, self.B, tot, st["mwl"], s.scales[0], s.scales[1], K, bool(self.D),
                                             s.min_samples_leaf, skip=skip)
@@ -676,10 +718,36 @@ class TreeGrower:
         self.stats["hist_nodes_built"] += len(lens)
         self.stats["hist_s"] += time.perf_counter() - t0
         t0 = time.perf_counter()
-        dec = decide(self, choose(self.xp, cand), st, ex, order, depth)
+        if self.decide_kernel:
+            dec = _cpu_kernels.level_decisions(cand, order, st, ex, s.max_depth is not None and depth >= s.max_depth,
+                                               s.min_impurity_decrease)
+        else:
+            dec = decide(self, choose(self.xp, cand), st, ex, order, depth)
         if m < self.F and dec["retry"].any():
             self._draw_further(el, None, ex, np.arange(len(lens)), perm, dec, depth, root_w)
         self.stats["split_s"] += time.perf_counter() - t0
+        return dec
+
+    def _head_level(self, el, trees, ranges, depth, root_w):
+        """:meth:`_fused_level` on one thread (a tree thread's): its totals, numbers, feature orders, search and
+        decisions in one compiled call (:func:`._cpu_kernels.level_head`), the same decisions; the orders of the
+        nodes that are leaves by their own numbers are not drawn (nothing reads them)."""
+        s, m, K = self.s, self.m, self.K
+        t0 = time.perf_counter()
+        tree_of, node_of = self._slots_of(trees, ranges)
+        st, dec, ex, perm = _cpu_kernels.level_head(
+            self.cols, el.row, el.w, el.wy, el.wy2, s.y if K else None, el.starts, stream_lead(0, STREAM_FEATURES),
+            tree_of, node_of, self.F, m, self.B, K, self.D, s.scales, s.y_tol, s.min_weight_fraction_leaf,
+            s.min_samples_split, s.min_samples_leaf, root_w, s.max_depth is not None and depth >= s.max_depth,
+            s.min_impurity_decrease)
+        lens = el.lens()
+        self.stats["hist_elements"] += int(el.starts[-1] - el.starts[0]) * m
+        self.stats["hist_nodes_built"] += len(lens)
+        self.stats["hist_s"] += time.perf_counter() - t0
+        if m < self.F and dec["retry"].any():
+            t0 = time.perf_counter()
+            self._draw_further(el, None, ex, np.arange(len(lens)), perm, dec, depth, root_w)
+            self.stats["split_s"] += time.perf_counter() - t0
         return dec
 
     def _mixed_level(self, el, perm, depth, root_w):
@@ -759,6 +827,8 @@ class TreeGrower:
         All trees at once: a node's children are numbered after the nodes of
         its tree's current level, in the order of the split nodes.
         """
+        if self.decide_kernel:
+            return self._record_compiled(levels, ranges, dec)
         split = ~dec["leaf"]
         f = dec["feature"]
         thr = np.full(len(split), -2.0)
@@ -777,6 +847,24 @@ class TreeGrower:
             "decrease": np.where(split, dec["decrease"], 0.0),
             "missing_left": np.where(split, dec.get("missing_left", False), False)}))
         n_split = np.bincount(slot_tree, weights=split, minlength=T).astype(np.int64)
+        return np.stack([ranges[:, 1], ranges[:, 1] + 2 * n_split], axis=1)
+
+    def _record_compiled(self, levels, ranges, dec):
+        """:meth:`_record` in one compiled call (:func:`._cpu_jit.record`): the same records."""
+        from ._split import _bin_tables
+
+        vals, edges, exact = _bin_tables(self)
+        S = len(dec["leaf"])
+        k = ranges[:, 1] - ranges[:, 0]
+        ml = dec.get("missing_left")
+        rec = {"feature": np.empty(S, dtype=np.int64), "threshold": np.empty(S), "left": np.empty(S, dtype=np.int32),
+               "right": np.empty(S, dtype=np.int32), "decrease": np.empty(S), "missing_left": np.empty(S, dtype=bool)}
+        n_split = np.empty(len(k), dtype=np.int64)
+        _cpu_kernels.level_record(dec["leaf"], dec["feature"], dec["best_b"], dec["below"], dec["above"],
+                                  dec["decrease"], ml, k, ranges[:, 1], vals, edges, exact, self.B, rec, n_split)
+        rec.update(value=dec["value"], n_node_samples=dec["counts"], weighted_n_node_samples=dec["W"],
+                   impurity=dec["impurity"])
+        levels.append((np.repeat(np.arange(len(k)), k), rec))
         return np.stack([ranges[:, 1], ranges[:, 1] + 2 * n_split], axis=1)
 
     def _trees(self, levels, T):

@@ -229,6 +229,14 @@ def choose(xp, cand):
     if val.shape[0] == 0:
         z = xp.zeros(0)
         return z, z, z, z, z, z, xp.zeros(0, dtype=bool)
+    if xp is np:                 # (host: plain indexing, a fraction of take_along_axis's Python per call)
+        j = val.argmax(axis=1)
+        rows = np.arange(val.shape[0])
+
+        def pick(a):
+            return a[rows, j]
+
+        return pick(val), j, pick(b), pick(wl), pick(below), pick(above), (occ >= 2).any(axis=1)
     j = xp.argmax(val, axis=1)[:, None]
 
     def pick(a):
@@ -246,29 +254,41 @@ def leaf_by_own_numbers(s, pure, counts, W, root_w, has_mwl):
     return small
 
 
+_INT_KEYS = ("best_j", "best_b", "below", "above", "feature")
+_BOOL_KEYS = ("pure", "varying")
+
+
 def decide(g, best, st, ex, order, depth):
     """Per-slot decisions (host arrays) from the chosen candidates ``best`` and the node stats ``st``."""
     xp, s = g.xp, g.s
     best_val, best_j, best_b, best_wl, below, above, varying = best
     n_slots = int(ex.shape[0])
-    feature = xp.take_along_axis(order, best_j[:, None].astype(xp.int64), axis=1)[:, 0] if n_slots else best_j
-    # one transfer of the per-slot numbers
     names = ("best_val", "best_j", "best_b", "parent", "counts", "W", "impurity", "pure", "below", "above",
              "varying", "feature", "best_wl", "root_w")
-    cols = (best_val, best_j, best_b, st["parent"], ex[:, 0], st["W"], st["impurity"], st["pure"], below, above,
-            varying, feature, best_wl, st["root_w"])
     value = st["value"]
-    n_values = int(value.shape[1])
-    if n_slots:
-        packed = _host(xp, xp.concatenate([xp.stack([c.astype(xp.float64) for c in cols]), value.T]))
+    if xp is np:       # host arrays already: each number as its own copy (the same values as through the packing)
+        feature = order[np.arange(n_slots), best_j.astype(np.int64)] if n_slots else best_j
+        cols = (best_val, best_j, best_b, st["parent"], ex[:, 0], st["W"], st["impurity"], st["pure"], below, above,
+                varying, feature, best_wl, st["root_w"])
+        host = {name: np.asarray(c).astype(np.int64 if name in _INT_KEYS else bool if name in _BOOL_KEYS
+                                           else np.float64) for name, c in zip(names, cols)}
+        host["value"] = np.array(value, dtype=np.float64, order="C")
     else:
-        packed = np.zeros((len(cols) + n_values, 0))
-    host = dict(zip(names, packed))
-    for key in ("best_j", "best_b", "below", "above", "feature"):
-        host[key] = host[key].astype(np.int64)
-    for key in ("pure", "varying"):
-        host[key] = host[key].astype(bool)
-    host["value"] = np.ascontiguousarray(packed[len(cols):].T)      # the node values, in the same transfer
+        feature = xp.take_along_axis(order, best_j[:, None].astype(xp.int64), axis=1)[:, 0] if n_slots else best_j
+        cols = (best_val, best_j, best_b, st["parent"], ex[:, 0], st["W"], st["impurity"], st["pure"], below, above,
+                varying, feature, best_wl, st["root_w"])
+        n_values = int(value.shape[1])
+        # one transfer of the per-slot numbers
+        if n_slots:
+            packed = _host(xp, xp.concatenate([xp.stack([c.astype(xp.float64) for c in cols]), value.T]))
+        else:
+            packed = np.zeros((len(cols) + n_values, 0))
+        host = dict(zip(names, packed))
+        for key in _INT_KEYS:
+            host[key] = host[key].astype(np.int64)
+        for key in _BOOL_KEYS:
+            host[key] = host[key].astype(bool)
+        host["value"] = np.ascontiguousarray(packed[len(cols):].T)      # the node values, in the same transfer
     host["best_wr"] = host["W"] - host["best_wl"]
     # a node is a leaf by its own numbers (before looking at split candidates) ...
     small = leaf_by_own_numbers(s, host["pure"], host["counts"], host["W"], host["root_w"], st["mwl"] is not None)

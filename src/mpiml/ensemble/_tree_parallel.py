@@ -7,8 +7,9 @@ and the collectives do not shrink with the rows of a rank, and two ranks on one 
 were slower than one on deep trees.  The binned rows are small (a byte a feature a
 row), so when every rank can hold all of them, each rank gathers them (one
 ``allgatherv`` each of bins, targets and weights) and grows its share of
-the trees alone, round robin, with the one-rank fused kernels (no histogram is written
-out, no collective per level); one allgather exchanges the trees.
+the trees alone (a block of consecutive trees), with the one-rank kernels (no histogram is
+written out, no collective per level); one ``allgatherv`` per per-node array exchanges the
+trees, straight into the forest's arrays.
 
 The rows come in global order with their weights, so each tree is the one a single
 process grows (the same bootstrap draws, feature orders and splits): the same forest as
@@ -48,7 +49,8 @@ def _allgather_bins(comm, Xb):
 
 
 def grow(grower, trees):
-    """The per-tree dicts of ``trees`` (as :meth:`._grower.TreeGrower.grow`), each grown by one rank."""
+    """The per-tree dicts of ``trees`` (as :meth:`._grower.TreeGrower.grow`), each grown by one rank: rank ``r``
+    the ``r``-th of ``R`` consecutive blocks of ``trees``, so that the gathered arrays hold the trees in order."""
     s, comm = grower.s, grower.s.comm
     t0 = time.perf_counter()
     every = _allgather_bins(comm, s.Xb)
@@ -61,47 +63,53 @@ def grow(grower, trees):
                        "comm": None, "max_local_rows": int(every.shape[0]),
                        "verbose": s.verbose if comm.rank == 0 else 0})
     alone = type(grower)(spec)                 # a grower of this rank alone, on every row
-    mine = list(trees[comm.rank::comm.size])
+    R, r = comm.size, comm.rank
+    mine = list(trees[len(trees) * r // R:len(trees) * (r + 1) // R])
     t1 = time.perf_counter()
     grown = alone.grow(mine) if mine else []
     t2 = time.perf_counter()
     for key, value in alone.stats.items():
         grower.stats[key] = grower.stats.get(key, 0) + value
-    by_id = {}
-    for ids, those in zip(*_exchange(comm, mine, grown)):
-        by_id.update(zip(ids, those))
-    # where a rank's time goes (the benchmark reads them): gathering the rows, growing its trees, the exchange
-    grower.stats.update(tree_parallel=1, gather_rows_s=t1 - t0, grow_own_s=t2 - t1,
-                        exchange_s=time.perf_counter() - t2, own_trees=len(mine))
-    return [by_id[t] for t in trees]
+    # the node counts first: their gather waits for the slowest rank, the rest of the exchange is its own cost
+    counts = comm.allgatherv(np.array([len(t["feature"]) for t in grown], dtype=np.int64))
+    t3 = time.perf_counter()
+    out = _exchange(comm, grown, counts, grower.F, getattr(s, "pruned", True))
+    # where a rank's time goes (the benchmark reads them): gathering the rows, growing its trees, waiting for the
+    # other ranks' trees, the exchange
+    grower.stats.update(tree_parallel=1, gather_rows_s=t1 - t0, grow_own_s=t2 - t1, exchange_wait_s=t3 - t2,
+                        exchange_s=time.perf_counter() - t3, own_trees=len(mine))
+    return out
 
 
-def _exchange(comm, mine, grown):
-    """Every rank's ``(tree ids, tree dicts)`` lists, in rank order: the arrays of this rank's trees packed into
-    one buffer, one ``allgatherv`` of the buffers and one ``allgather_obj`` of where each array lies; every
-    rank's trees are then views of the gathered buffer.  The trees are most of the bytes of a forest (128 full
-    depth trees of 2e5 rows: about 270 MB), and ``allgather_obj`` of them pickled, gathered, cut and unpickled
-    every rank's share: four copies on every rank, of bytes that do not shrink with the ranks."""
-    layout, at = [], 0
-    for tree in grown:
-        entry = {}
-        for key, a in tree.items():
-            a = np.asarray(a)
-            entry[key] = (a.dtype.str, a.shape, at)
-            at += -(-a.nbytes // 8) * 8
-        layout.append(entry)
-    buf = np.zeros(at // 8, dtype=np.int64)
-    raw = buf.view(np.uint8)
-    for tree, entry in zip(grown, layout):
-        for key, (_, _, off) in entry.items():
-            a = np.ascontiguousarray(tree[key])
-            raw[off:off + a.nbytes] = a.reshape(-1).view(np.uint8)
-    every = comm.allgatherv(buf).view(np.uint8)
-    ids, trees, start = [], [], 0
-    for theirs, entries, words in comm.allgather_obj((mine, layout, buf.size)):
-        chunk = every[start * 8:(start + words) * 8]
-        start += words
-        ids.append(theirs)
-        trees.append([{key: chunk[off:off + int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize]
-                       .view(dt).reshape(shape) for key, (dt, shape, off) in entry.items()} for entry in entries])
-    return ids, trees
+#: The per-node arrays of a grown tree that travel (``value`` has a column per class or output), and the
+#: dtype each travels as (the collectives take no bytes: the 0/1 flags go as bools).
+_TRAVEL = (("feature", np.int32), ("threshold", np.float64), ("left", np.int32), ("right", np.int32),
+           ("value", np.float64), ("n_node_samples", np.int64), ("weighted_n_node_samples", np.float64),
+           ("impurity", np.float64), ("decrease", np.float64), ("missing_left", np.bool_))
+
+
+def _exchange(comm, grown, counts, n_features, pruned=True):
+    """Every tree, in order, from every rank's consecutive block ``grown``: one ``allgatherv`` per per-node array
+    of this rank's trees concatenated, whose result is the forest's array (the trees as views of it, which
+    :func:`._flat.pack_trees` then takes without a copy) and one of the importances; ``counts``: every tree's
+    nodes, in order.  The splits' impurity decreases travel only for the pruning (``pruned``) that reads them
+    (the importances are each tree's already): 8 of a node's 69 bytes.
+
+    The trees are most of the bytes of a forest (128 full depth trees of 2e5 rows: about 270 MB); one buffer of
+    every rank's trees cut into per-tree views and concatenated again by ``pack_trees`` wrote every byte twice
+    more on every rank (0.12-0.2 s of a 1.4 s fit at 8 ranks of 8 threads on the 64-core host)."""
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    full = {}
+    for key, dtype in _TRAVEL:           # (the values flat: a rank without trees knows no column count)
+        if key == "decrease" and not pruned:
+            continue
+        parts = [np.asarray(t[key]).reshape(-1) for t in grown]
+        mine = np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros(0),
+                                    dtype=np.uint8 if dtype == np.bool_ else dtype)
+        got = comm.allgatherv(mine.view(np.bool_) if dtype == np.bool_ else mine)
+        full[key] = got.view(np.uint8) if dtype == np.bool_ else got
+    full["value"] = full["value"].reshape(int(offsets[-1]), -1)
+    imps = comm.allgatherv(np.ascontiguousarray(
+        np.stack([t["importances"] for t in grown]) if grown else np.zeros((0, n_features)), dtype=np.float64))
+    return [{**{key: a[offsets[i]:offsets[i + 1]] for key, a in full.items()}, "importances": imps[i]}
+            for i in range(len(counts))]
