@@ -96,9 +96,10 @@ def _parser():
                    help="also run the machine's ceiling in the same run: 1 and then R (the most --ranks) plain "
                    "processes side by side (no MPI), each fitting one rank's share of the work at R ranks, beside "
                    "mpiml's 1 and R ranks; the JSON's 'ceiling' gives mpiml's speed-up as a fraction of it")
-    p.add_argument("--variants", default="", help="settings to run the most --ranks (and their copies, with "
-                   "--ceiling) again under, in the same run: ';'-separated NAME=VALUE[,NAME=VALUE] (e.g. "
-                   "'MPIML_BIND=none' against the default placement); the JSON's 'variants' holds them")
+    p.add_argument("--variants", default="", help="settings to run every --ranks above 1 (and the most ranks' "
+                   "copies, with --ceiling) again under, in the same run: ';'-separated NAME=VALUE[,NAME=VALUE] (e.g. "
+                   "'MPIML_BIND=none' against the default placement; the copies are rerun for a variant that "
+                   "sets MPIML_BIND only); the JSON's 'variants' holds them")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--copy", default=None, help=argparse.SUPPRESS)       # "i,R,n": copy i of n, rank i's work of R
     p.add_argument("--copy-dir", default=None, help=argparse.SUPPRESS)
@@ -331,7 +332,7 @@ def _worker(args):
     info = thread_info()
     # the settings a run was made under (an A/B run of the wait's spin or the k-NN strategy names its variable)
     chosen = ("MPIML_SPIN_US", "MPIML_KNN_STRATEGY", "MPIML_BIND", "MPIML_KNN_SCREEN", "MPIML_CPU_SCHEDULE",
-              "MPIML_RF_TREE_THREADS", "MPIML_KNN_GATHER_BYTES", "MPIML_KNN_SHARED")
+              "MPIML_RF_TREE_THREADS", "MPIML_KNN_GATHER_BYTES", "MPIML_KNN_SHARED", "MPIML_KMEANS_NODE")
     settings = {"wait_spin_ms": info.get("wait_spin_ms"), **{v: os.environ[v] for v in chosen if os.environ.get(v)},
                 "bound_to": info.get("bound_to"), "placement": comm.allgather_obj(info.get("placement"))}
     out = {"ranks": comm.size, "threads_per_rank": info.get("threads"), "settings": settings, "seconds": {},
@@ -633,9 +634,14 @@ def _table(result):
         print(" | ".join(row[:1] + [f"{v:.3f}" if isinstance(v, float) else "-" for v in row[1:]]))
     summary = result.get("ceiling", {}).get("summary", {})
     for label, entry in result.get("variants", {}).items():
-        for n, c in entry.get("summary", {}).items():
-            print(f"variant {label}: {_TITLES[n]} R={top} {c['copies_s'] * c['over_copies']:.3f} s, speed-up "
-                  f"{c['speedup']:.2f}; {top} copies {c['copies_s']:.3f} s, machine ceiling {c['machine_ceiling']:.2f}")
+        for n in names:
+            one = result["mpiml"].get("1", {}).get("seconds", {}).get(n)
+            for r, run in entry["mpiml"].items():
+                t = run.get("seconds", {}).get(n)
+                c = entry.get("summary", {}).get(n) if r == top else None
+                print(f"variant {label}: {_TITLES[n]} R={r} " + (f"{t:.3f} s" if t else "-") +
+                      (f", speed-up {one / t:.2f}" if t and one else "") +
+                      (f"; {top} copies {c['copies_s']:.3f} s, machine ceiling {c['machine_ceiling']:.2f}" if c else ""))
     if summary:
         print(f"ceiling (plain processes, same run) | 1 copy | {top} copies | machine ceiling | mpiml speed-up | "
               f"fraction | R ranks / R copies | steal (copies, mpiml)")
@@ -717,9 +723,12 @@ def main(argv):
         for label in variants:   # the most ranks (and their copies) again, under other settings
             extra = dict(kv.strip().split("=", 1) for kv in label.split(",") if "=" in kv)
             print(f"variant {label}:", flush=True)
-            entry = result.setdefault("variants", {})[label] = {"mpiml": ranks_run(R, tmp, dict(env, **extra))}
-            save()
-            if args.ceiling and R > 1:
+            entry = result.setdefault("variants", {})[label] = {"mpiml": {}}
+            for r in ranks:
+                if r > 1:
+                    entry["mpiml"][str(r)] = ranks_run(r, tmp, dict(env, **extra))
+                    save()
+            if args.ceiling and R > 1 and "MPIML_BIND" in extra:   # (other settings change nothing in a copy)
                 entry["copies"] = _copies(argv, args, names, R, R, args.threads_per_rank or max(1, cores // R),
                                           dict(env, **extra))
             save()
@@ -738,7 +747,7 @@ def main(argv):
         result.setdefault("ceiling", {})["summary"] = _ceiling_summary(result)
         for entry in result.get("variants", {}).values():
             if "copies" in entry:   # the same summary with the variant's R ranks and R copies
-                alt = dict(result, mpiml={**result["mpiml"], str(max(ranks)): entry["mpiml"]},
+                alt = dict(result, mpiml={**result["mpiml"], str(max(ranks)): entry["mpiml"].get(str(max(ranks)), {})},
                            ceiling={**result.get("ceiling", {}), str(max(ranks)): entry["copies"]})
                 entry["summary"] = _ceiling_summary(alt)
     save()

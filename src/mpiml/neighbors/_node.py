@@ -21,6 +21,8 @@ import time
 
 import numpy as np
 
+from ..utils._node_memory import free, node_arrays, sync
+
 __all__ = ["gathered_kneighbors", "node_comm", "SHARED"]
 
 #: Search in node memory where every rank shares one node (False, or ``MPIML_KNN_SHARED=0``: each rank
@@ -62,33 +64,6 @@ def _payload(cpu, bi, Yall):
     return cpu.carry_payload(empty, np.zeros(bi.shape + (t,)), bi, 0, Yall)
 
 
-def _allocate(MPI, raw, nbytes):
-    """This rank's ``nbytes`` of a shared-memory window over the node (the ranks' parts follow each other)."""
-    return MPI.Win.Allocate_shared(nbytes, 1, comm=raw)
-
-
-def _spanning(win, sizes):
-    """The bytes of every rank's part of ``win`` as one array (this process's mapping), or None where the parts
-    do not follow each other in rank order (MPI's default for shared windows; an implementation may pad)."""
-    import ctypes
-
-    total = int(sum(sizes))
-    addrs = [win.Shared_query(j)[0].address for j in range(len(sizes))]
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    first = next((a - int(s) for a, s, n in zip(addrs, starts, sizes) if n), None)
-    if first is None:
-        return np.zeros(0, dtype=np.uint8)
-    if any(n and a != first + int(s) for a, s, n in zip(addrs, starts, sizes)):
-        return None
-    return np.frombuffer((ctypes.c_char * total).from_address(first), dtype=np.uint8)
-
-
-def _free(wins, mem):
-    mem.clear()                              # (views of the windows' memory: none outlives them)
-    for w in wins.values():
-        w.Free()                             # collective
-
-
 def _windows(MPI, raw, parts, r):
     """``(windows, their memory as arrays or None, kept)`` for a search of these ``parts`` sizes: the windows
     kept from the last search on ``raw`` when the sizes are the same, else new ones (the kept ones of other
@@ -103,13 +78,8 @@ def _windows(MPI, raw, parts, r):
     if kept is not None and kept[0] is raw and kept[1] == key:
         return kept[2], kept[3], True
     if kept is not None and kept[0] is raw:
-        _free(kept[2], kept[3])
-    wins, mem = {}, {}
-    for name, sizes in parts.items():
-        wins[name] = _allocate(MPI, raw, int(sizes[r]))
-    for name, sizes in parts.items():
-        mem[name] = _spanning(wins[name], sizes)
-    return wins, mem, False
+        free(kept[2], kept[3])
+    return (*node_arrays(MPI, raw, parts, r), False)
 
 
 def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
@@ -161,10 +131,6 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
         for w in wins.values():
             w.Lock_all(MPI.MODE_NOCHECK)
 
-        def sync():
-            for w in wins.values():
-                w.Sync()
-
         mine = slice(int(offsets[r]), int(offsets[r]) + X.shape[0])
         Xall[mine] = X
         if Yall is not None:
@@ -174,15 +140,15 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
         if r == 0:
             counter[0] = 0
         lap("write_s")
-        sync()
+        sync(wins)
         comm.barrier()                          # every rank's rows in place
-        sync()
+        sync(wins)
         lap("wait_rows_s")
         cpu.merge_block(Qall, Xall, 0, bd, bi, metric, p, counter, threads)
         lap("search_s")
-        sync()
+        sync(wins)
         comm.barrier()                          # every block searched
-        sync()
+        sync(wins)
         lap("wait_search_s")
         mine_q = slice(int(qoff[r]), int(qoff[r + 1]))
         out = bd[mine_q].copy(), bi[mine_q].copy()
@@ -191,14 +157,14 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
             w.Unlock_all()
         keep = max(int(sum(int(sizes[j]) for sizes in parts.values())) for j in range(comm.size)) <= KEEP_BYTES
     except BaseException:
-        _free(wins, mem)                         # (every rank fails here alike, or the job aborts)
+        free(wins, mem)                          # (every rank fails here alike, or the job aborts)
         raise
     LAST["reused"] = reused
     if keep:
         comm.barrier()                           # every rank has copied its rows out before any writes again
         _KEPT[id(raw)] = (raw, tuple((name, tuple(int(v) for v in sizes)) for name, sizes in parts.items()), wins, mem)
     else:
-        _free(wins, mem)                         # collective: every rank has copied its rows out
+        free(wins, mem)                          # collective: every rank has copied its rows out
     lap("free_s")
     return out[0], out[1], pay
 
