@@ -41,6 +41,7 @@ KEEP_BYTES = 64 << 20
 #: id of an mpi4py communicator -> (the communicator, the shapes, the NodeLloyd): the kept windows
 _KEPT = {}
 _COPY = []
+_ADD = []
 
 
 def n_parts(n, k, d):
@@ -102,7 +103,7 @@ class NodeLloyd:
         P, kd = self.parts, self.k * self.d
         layout = {"X": counts * d * X.dtype.itemsize, "labels": counts * 4,
                   "sums": first * 2 * P * kd * 8, "counts": first * 2 * P * self.k * 8, "stats": first * 2 * P * 2 * 8,
-                  "counter": first * 2 * _COUNTER_STRIDE * 8}
+                  "packed": first * 2 * (kd + self.k + 2) * 8, "counter": first * 2 * _COUNTER_STRIDE * 8}
         if self.keep_mind:
             layout["mind"] = counts * X.dtype.itemsize
         if not self.unit:
@@ -127,6 +128,7 @@ class NodeLloyd:
         self.sums_p = m["sums"].view(np.float64).reshape(2, P, k, d)
         self.counts_p = m["counts"].view(np.float64).reshape(2, P, k)
         self.stats_p = m["stats"].view(np.float64).reshape(2, P, 2)
+        self.packed = m["packed"].view(np.float64).reshape(2, k * d + k + 2)
         self.counter = m["counter"].view(np.int64)
         mine = slice(self.offset, self.offset + X.shape[0])
         for w in self.wins.values():
@@ -149,7 +151,7 @@ class NodeLloyd:
         shifted centres ``C`` (the same array on every rank); labels and distances updated in place."""
         from ..utils._node_memory import sync
         from ..utils._threads_jit import workers
-        from ._kmeans_cpu import _add_parts, _lloyd_kernel, block_rows, nb
+        from ._kmeans_cpu import _lloyd_kernel, block_rows, nb
 
         i = self.step_count
         slot, other = i % 2, (i + 1) % 2
@@ -167,10 +169,15 @@ class NodeLloyd:
         sync(self.wins)
         self.comm.barrier()                           # every part of this step done
         sync(self.wins)
-        packed = np.zeros(k * d + k + 2)
-        _add_parts(self.sums_p[slot], self.counts_p[slot], self.stats_p[slot], packed)
+        # the parts' partials added in part order, each rank its share of the packed vector's entries
+        size, r, total = self.comm.size, self.comm.rank, k * d + k + 2
+        _add_columns(self.sums_p[slot], self.counts_p[slot], self.stats_p[slot], self.packed[slot],
+                     r * total // size, (r + 1) * total // size)
+        sync(self.wins)
+        self.comm.barrier()                           # every entry added
+        sync(self.wins)
         self.step_count += 1
-        return packed
+        return self.packed[slot].copy()
 
     def release(self):
         """The end of a fit: the windows kept for the next fit of the same shapes (:data:`KEEP_BYTES`), else
@@ -194,9 +201,33 @@ class NodeLloyd:
                 except Exception:   # never locked (begin did not run)
                     pass
         self.labels = self.mind = None
-        for name in ("X", "labels_all", "mind_all", "w", "sums_p", "counts_p", "stats_p", "counter"):
+        for name in ("X", "labels_all", "mind_all", "w", "sums_p", "counts_p", "stats_p", "packed", "counter"):
             self.__dict__.pop(name, None)
         free(self.wins, self.mem)
+
+
+def _add_columns(sums_p, counts_p, stats_p, packed, c0, c1):
+    """Entries ``c0:c1`` of the packed ``[sums | counts | inertia | changed]``: each the sum over the parts in
+    part order (the additions of :func:`mpiml.cluster._kmeans_cpu._add_parts`, entry by entry)."""
+    if not _ADD:
+        from ._kmeans_cpu import nb
+
+        @nb.njit(cache=True, nogil=True)
+        def add(sums_p, counts_p, stats_p, packed, c0, c1):
+            parts, k, d = sums_p.shape
+            kd = k * d
+            flat = sums_p.reshape(parts, kd)
+            for c in range(c0, c1):
+                packed[c] = 0.0
+            for part in range(parts):              # rows of the partials read in order (each entry: part order)
+                for c in range(c0, min(c1, kd)):
+                    packed[c] += flat[part, c]
+                for c in range(max(c0, kd), min(c1, kd + k)):
+                    packed[c] += counts_p[part, c - kd]
+                for c in range(max(c0, kd + k), c1):
+                    packed[c] += stats_p[part, c - kd - k]
+        _ADD.append(add)
+    _ADD[0](sums_p, counts_p, stats_p, packed, c0, c1)
 
 
 def _copy_rows():
