@@ -37,7 +37,7 @@ from ..utils._jit import FASTMATH, numba
 from ..utils._threads import one_blas_thread
 from ..utils._threads_jit import fetch_add, workers
 
-__all__ = ["topk", "merge_block", "new_lists", "finish", "carry_payload", "METRICS"]
+__all__ = ["topk", "merge_block", "new_lists", "finish", "carry_payload", "search_screened", "METRICS"]
 
 nb = numba()
 
@@ -323,7 +323,7 @@ def _topk_screened(Q, X, offset, k, metric, bd, bi, counter=None, threads=None):
         Q, X = _unit(Q, qn), _unit(X, xn)
         qs, big = qn, 1.0
         QS, XS = Q.astype(sdt), X.astype(sdt)
-        screen = np.ones(m)
+        xs = None
     else:
         # any shift is exact (distances do not change); the mean of about a thousand rows is as good as the full
         # mean at shrinking the norms, and costs no serial pass over the block
@@ -339,15 +339,24 @@ def _topk_screened(Q, X, offset, k, metric, bd, bi, counter=None, threads=None):
             QS, XS = QS.astype(sdt), XS.astype(sdt)
             _screen_rows(Q, shift, QS, qn, qs)
             _screen_rows(X, shift, XS, xn, xs)
+    PHASES["screen_rows_s"] = time.perf_counter() - t0
+    search_screened(Q, X, QS, XS, qn, xn, qs, None if metric == "cosine" else xs, big, offset, k, metric, bd, bi,
+                    counter, threads)
+
+
+def search_screened(Q, X, QS, XS, qn, xn, qs, xs, big, offset, k, metric, bd, bi, counter=None, threads=None):
+    """The search of :func:`_topk_screened` on prepared screen rows ``QS``, ``XS`` (their shifted norms ``qs``,
+    ``xs``; ``xs`` None for cosine, whose rows are unit rows; ``big`` the largest of those norms), also prepared
+    in node memory by the ranks together (:mod:`mpiml.neighbors._node`)."""
+    nq, d = Q.shape
+    sdt = QS.dtype
     eps = float(np.finfo(sdt).eps)  # the product runs in the precision of its operands (a float64 bound)
     rel = 2.0 * (d + 4) * eps
     eta = float(np.finfo(sdt).smallest_subnormal) / 2
     slack = 2.0 * eta * (2 * d + 1 + np.sqrt(d) * 2.0 * (big + 1.0))
-    if metric != "cosine":
-        screen = (1.0 - 2.0 * rel) * xs * xs
+    screen = np.ones(X.shape[0]) if xs is None else (1.0 - 2.0 * rel) * xs * xs
     # ``threads``: of every process taking blocks from ``counter`` (the same count on each: the same blocks)
     bounds = _query_bounds(nq, threads or nb.get_num_threads())
-    PHASES["screen_rows_s"] = time.perf_counter() - t0
     with one_blas_thread():
         _screened_blocks(Q, X, QS, XS, offset, k, METRICS[metric], qn, xn, qs, screen, rel, slack, bounds,
                          workers(len(bounds) - 1, nb.get_num_threads()), bd, bi,
