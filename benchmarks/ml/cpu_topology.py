@@ -143,7 +143,7 @@ def main(argv=None):
     global _STREAM_BYTES
     try:   # the three arrays of every process in a quarter of the free memory at most
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        _STREAM_BYTES = int(max(4 << 20, min(_STREAM_BYTES, free // 4 // (3 * len(cpus)))))
+        _STREAM_BYTES = int(max(16 << 20, min(_STREAM_BYTES, free // 4 // (3 * len(cpus)))))
     except (ValueError, OSError):
         pass
     out = {"stream_bytes": _STREAM_BYTES, "topology": _sys_topology(), "affinity": len(cpus), "seconds": args.seconds}
