@@ -202,6 +202,15 @@ def check_node_step():
     check(_kmeans_node.LAST["reused"] == (size > 1), f"kept windows reused: {_kmeans_node.LAST}")
     check(np.array_equal(again.cluster_centers_, b.cluster_centers_) and np.array_equal(again.labels_, b.labels_),
           "a refit on kept windows differs")
+    # the partials added by the ranks together (each its share of the entries) or by each alone: the same bits
+    split, _kmeans_node._SPLIT_SUM = _kmeans_node._SPLIT_SUM, 0
+    try:
+        shared = KMeans(5, init=init.astype(np.float32), n_init=1, max_iter=30, tol=0.0, random_state=0)
+        shared.fit(shard(X.astype(np.float32)))
+    finally:
+        _kmeans_node._SPLIT_SUM = split
+    check(np.array_equal(shared.cluster_centers_, b.cluster_centers_) and shared.inertia_ == b.inertia_,
+          "partials added by the ranks together differ from each rank's own sum")
 
 
 if __name__ == "__main__":
