@@ -28,7 +28,7 @@ __all__ = ["NODE_BYTES", "start", "NodeLloyd"]
 NODE_BYTES = 8 << 30
 #: Parts of the node's rows at most (a function of the shape alone: the bits do not depend on the ranks)
 _MAX_PARTS = 512
-_MIN_ROWS = 256
+_MIN_ROWS = 2048
 #: Bytes of one set of partial sums at most.
 _PARTIAL_BYTES = 32 << 20
 #: Partials (parts x packed entries) below which every rank adds them all itself (no second barrier)
