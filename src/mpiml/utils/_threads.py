@@ -54,6 +54,7 @@ _CONTROLLER = []  # a threadpoolctl ThreadpoolController, made once (finding the
 _OURS = {}  # variables this module put in os.environ (name -> value), which are not the user's choice
 _TLS = threading.local()  # one_blas: this thread is inside one_blas_thread()
 _NODE = {}  # id of an mpi4py communicator -> (the communicator, whether its ranks share one node)
+_SHAPE = []  # the node's shape found by limit_threads (for a placement decided later)
 
 
 def _put_env(name, value):
@@ -207,7 +208,7 @@ def _set_numba_threads(n):
         pass
 
 
-def limit_threads(comm=None):
+def limit_threads(comm=None, place=True):
     """Limit this rank's thread pools once per process; return :func:`thread_info`.
 
     Parameters
@@ -215,6 +216,10 @@ def limit_threads(comm=None):
     comm : Communicator, default=None
         Whose ranks share the node when the launcher does not say; None: the world (when
         launched by MPI).  Without launcher variables this is a collective of ``comm``.
+    place : bool, default=True
+        Pin a CPU rank to its block of cores (:mod:`mpiml.utils._placement`), now or, when a
+        call before said False, at this call.  False: not yet (:func:`mpiml.init` before it
+        knows whether the rank drives a GPU; a GPU rank's threads stay free).
 
     Returns
     -------
@@ -224,6 +229,8 @@ def limit_threads(comm=None):
         the rank's threads run, and why) and, when pinned, ``bound_to`` (the CPUs).
     """
     if _STATE:
+        if place and _STATE.get("placement") is None:
+            _apply_placement()
         return dict(_STATE)
     user, var = _user_setting()
     shape = _node_shape(comm)
@@ -245,16 +252,36 @@ def limit_threads(comm=None):
             source += "; threadpoolctl is not installed, pools not limited"
         for v in USER_VARS:  # for libraries loaded later (OpenMP runtimes read it when they start)
             _put_env(v, str(threads))
-    bound, placement = _place(shape, threads)
     _set_numba_threads(threads)
     _STATE.update(threads=threads, ranks_on_node=ranks, cores=cores, source=source, applied=applied,
-                  wait_spin_ms=_set_wait_spin(ranks, cores), placement=placement, local_rank=shape["local_rank"])
+                  wait_spin_ms=_set_wait_spin(ranks, cores), placement=None, local_rank=shape["local_rank"])
+    _SHAPE[:] = [shape]
+    from ..comm import _profile
+
+    _profile.set_context(cpu_threads=f"{threads} ({source})")
+    if place:
+        _apply_placement()
+    return dict(_STATE)
+
+
+def _apply_placement():
+    """Pin this CPU rank (once) with the node's shape found by :func:`limit_threads`."""
+    bound, placement = _place(_SHAPE[0], _STATE["threads"])
+    _STATE["placement"] = placement
     if bound:
         _STATE["bound_to"] = bound
     from ..comm import _profile
 
-    _profile.set_context(cpu_threads=f"{threads} ({source})", cpu_placement=placement)
-    return dict(_STATE)
+    _profile.set_context(cpu_placement=placement)
+
+
+def note_gpu_rank():
+    """This rank drives a GPU (:func:`mpiml.init`): its threads are not pinned (said by the placement)."""
+    if _STATE and _STATE.get("placement") is None:
+        _STATE["placement"] = "not pinned (a GPU rank)"
+        from ..comm import _profile
+
+        _profile.set_context(cpu_placement=_STATE["placement"])
 
 
 #: How long a rank with a core of its own spins in a wait before sleeping (see _set_wait_spin).
