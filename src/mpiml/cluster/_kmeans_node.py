@@ -23,8 +23,9 @@ import numpy as np
 
 __all__ = ["NODE_BYTES", "start", "NodeLloyd"]
 
-#: The node's rows (all ranks) are copied into node memory up to this many bytes (``MPIML_KMEANS_NODE_BYTES``);
-#: beyond, or with ``MPIML_KMEANS_NODE=0``, each rank steps over its own rows and the ranks allreduce.
+#: The node's rows (all ranks) are copied into node memory up to this many bytes (``MPIML_KMEANS_NODE_BYTES``) and
+#: an eighth of the node's memory; beyond, or with ``MPIML_KMEANS_NODE=0``, each rank steps over its own rows and
+#: the ranks allreduce.
 NODE_BYTES = 8 << 30
 #: Parts of the node's rows at most (a function of the shape alone: the bits do not depend on the ranks)
 _MAX_PARTS = 512
@@ -60,13 +61,17 @@ def start(shard, weight, labels, mind, k):
     LAST["node"] = False
     if comm.size == 1 or not isinstance(X, np.ndarray) or os.environ.get("MPIML_KMEANS_NODE", "1") == "0":
         return None
-    limit = int(os.environ.get("MPIML_KMEANS_NODE_BYTES", NODE_BYTES))
-    if int(shard.n_total) * X.shape[1] * X.dtype.itemsize > limit:
-        return None
     from ..utils._threads import one_node_comm
 
-    raw = one_node_comm(comm)
+    raw = one_node_comm(comm)   # (collective the first time: before any choice that could differ between nodes)
     if raw is None:
+        return None
+    limit = int(os.environ.get("MPIML_KMEANS_NODE_BYTES", NODE_BYTES))
+    try:   # the copy of the rows takes at most an eighth of the node's memory (the same figure on every rank)
+        limit = min(limit, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 8)
+    except (ValueError, OSError, AttributeError):
+        pass
+    if int(shard.n_total) * X.shape[1] * X.dtype.itemsize > limit:
         return None
     counts = tuple(comm.allgather_obj(int(X.shape[0])))
     key = (counts, X.shape[1], X.dtype.str, mind is not None, weight is None, int(k))
