@@ -40,7 +40,7 @@ _COUNTER_STRIDE = 8
 LAST = {"node": False, "reused": False}
 #: A fit's windows of at most this many bytes on every rank are kept for the next fit of the same shapes (an
 #: ``n_init`` run, a refit): allocating them and first touching their pages was most of the set-up
-KEEP_BYTES = 64 << 20
+KEEP_BYTES = 256 << 20
 #: id of an mpi4py communicator -> (the communicator, the shapes, the NodeLloyd): the kept windows
 _KEPT = {}
 _COPY = []
