@@ -211,6 +211,15 @@ def check_node_step():
         _kmeans_node._SPLIT_SUM = split
     check(np.array_equal(shared.cluster_centers_, b.cluster_centers_) and shared.inertia_ == b.inertia_,
           "partials added by the ranks together differ from each rank's own sum")
+    # no room in the node's shared memory (agreed): the per-rank steps
+    from mpiml.utils import _node_memory
+
+    room, _node_memory.room_for = _node_memory.room_for, lambda nbytes: False
+    try:
+        small = KMeans(5, init=init[:, :3], n_init=1, max_iter=5, tol=0.0, random_state=0).fit(shard(X[:, :3]))
+    finally:
+        _node_memory.room_for = room
+    check(not _kmeans_node.LAST["node"] and small.n_iter_ == 5, f"no room, yet node steps: {_kmeans_node.LAST}")
 
 
 if __name__ == "__main__":

@@ -263,6 +263,15 @@ def check_kept_windows():
         assert_close(i, i_ref, f"kept windows, {what}: indices", exact=True)
         if size > 1 and what != "first":
             check(_node.LAST.get("reused") == what.startswith("same"), f"kept windows, {what}: {dict(_node.LAST)}")
+    # no room in the node's shared memory for new windows (agreed): each rank gathers the index, the same answer
+    room, _node.room_for = _node.room_for, lambda nbytes: False
+    try:
+        d, i = est.fit(shard(X1[:90])).kneighbors(shard(Q1[:20]))
+    finally:
+        _node.room_for = room
+    d_ref, i_ref, _ = (shard(a) for a in reference(X1[:90], Q1[:20], 4, "euclidean"))
+    assert_close(i, i_ref, "no room for windows: indices", exact=True)
+    check("reused" not in _node.LAST, f"no room for windows, yet searched in node memory: {dict(_node.LAST)}")
     pin("overlap")
     _ring.STRATEGY = "auto"
 

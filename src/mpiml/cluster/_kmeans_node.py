@@ -81,6 +81,12 @@ def start(shard, weight, labels, mind, k):
     else:
         if kept is not None and kept[0] is raw:
             kept[2].close()
+        from ..utils._node_memory import room_for
+
+        rows = sum(counts) * (X.shape[1] * X.dtype.itemsize + 4 + (X.dtype.itemsize if mind is not None else 0) +
+                              (8 if weight is not None else 0))
+        if not comm.allreduce_obj(bool(room_for(rows)), op="min"):   # the node's shared memory too small
+            return None
         node, LAST["reused"] = NodeLloyd(raw, comm, X, weight, labels, mind, k, counts), False
         if comm.allreduce_obj(bool(node.failed), op="max"):
             node.close()

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from ..utils._node_memory import free, node_arrays, sync
+from ..utils._node_memory import free, node_arrays, room_for, sync
 
 __all__ = ["gathered_kneighbors", "node_comm", "SHARED"]
 
@@ -64,6 +64,11 @@ def _payload(cpu, bi, Yall):
     return cpu.carry_payload(empty, np.zeros(bi.shape + (t,)), bi, 0, Yall)
 
 
+def _key(parts):
+    """The sizes of a search's windows, as the kept windows are matched."""
+    return tuple((name, tuple(int(v) for v in sizes)) for name, sizes in parts.items())
+
+
 def _windows(MPI, raw, parts, r):
     """``(windows, their memory as arrays or None, kept)`` for a search of these ``parts`` sizes: the windows
     kept from the last search on ``raw`` when the sizes are the same, else new ones (the kept ones of other
@@ -73,7 +78,7 @@ def _windows(MPI, raw, parts, r):
     40000 queries) 1.5 ms to allocate, 21 ms to write the rows into fresh pages (their first touch) and 46 ms
     to free, of a 1.09 s search (key ``knn_0240``); on 2 ranks of the development VM 2 + 6-11 + 3-7 ms of
     0.15 s.  Searches of the same sizes (repeated or batched queries on one index) reuse the pages."""
-    key = tuple((name, tuple(int(v) for v in sizes)) for name, sizes in parts.items())
+    key = _key(parts)
     kept = _KEPT.pop(id(raw), None)
     if kept is not None and kept[0] is raw and kept[1] == key:
         return kept[2], kept[3], True
@@ -115,6 +120,12 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
         parts.update(XS=n_rows * d * sdt.itemsize, xn=n_rows * 8, xs=n_rows * 8, QS=q_rows * d * sdt.itemsize,
                      qn=q_rows * 8, qs=q_rows * 8, big=np.full(comm.size, 8, dtype=np.int64))
     wins, mem, reused = {}, {}, False
+    kept = _KEPT.get(id(raw))
+    if not (kept is not None and kept[0] is raw and kept[1] == _key(parts)):
+        # windows to allocate: where the node's shared memory is too small for them, each rank gathers the index
+        total = int(sum(int(np.sum(sizes)) for sizes in parts.values()))
+        if not comm.allreduce_obj(bool(room_for(total)), op="min"):
+            return _per_rank(cpu, Q, X, Y, k, metric, p, comm)
     try:
         wins, mem, reused = _windows(MPI, raw, parts, r)
         failed = any(m is None for m in mem.values())
@@ -173,7 +184,7 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
     LAST["reused"] = reused
     if keep:
         comm.barrier()                           # every rank has copied its rows out before any writes again
-        _KEPT[id(raw)] = (raw, tuple((name, tuple(int(v) for v in sizes)) for name, sizes in parts.items()), wins, mem)
+        _KEPT[id(raw)] = (raw, _key(parts), wins, mem)
     else:
         free(wins, mem)                          # collective: every rank has copied its rows out
     lap("free_s")

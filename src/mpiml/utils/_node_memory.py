@@ -10,7 +10,21 @@ import ctypes
 
 import numpy as np
 
-__all__ = ["node_arrays", "free", "sync"]
+import os
+
+__all__ = ["node_arrays", "free", "sync", "room_for"]
+
+
+def room_for(nbytes):
+    """Whether ``nbytes`` of shared memory fit in what ``/dev/shm`` has free, with a quarter to spare (True where
+    it cannot be read).  A shared window lives in a memory file system (``/dev/shm``, or the MPI's session
+    directory); one too small for it fails at the first touch of a page beyond its room (SIGBUS, no exception),
+    and containers often give ``/dev/shm`` 64 MiB.  Local: callers agree on the answer across the ranks."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except (OSError, AttributeError):
+        return True
+    return st.f_bavail * st.f_frsize >= 1.25 * nbytes
 
 
 def _spanning(win, sizes):
