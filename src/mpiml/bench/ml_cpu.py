@@ -318,7 +318,11 @@ def _phases(name, est):
 
         return {**dict(_node.LAST), **{k: round(v, 5) for k, v in getattr(_cpu, "PHASES", {}).items()}}
     if name == "kmeans" and getattr(est, "_iter_seconds", None):
-        return {"iterations_s": round(float(np.sum(est._iter_seconds)), 5), "n_iter": len(est._iter_seconds)}
+        from ..cluster import _kmeans_node
+
+        # node: the steps ran over the node's rows (all ranks' threads), reused: on the windows of the fit before
+        return {"iterations_s": round(float(np.sum(est._iter_seconds)), 5), "n_iter": len(est._iter_seconds),
+                **{f"node_{k}": v for k, v in _kmeans_node.LAST.items()}}
     return None
 
 
