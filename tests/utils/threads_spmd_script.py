@@ -61,12 +61,13 @@ def check_placement(info):
     left alone where ranks outnumber the cores; the same rule on every rank."""
     import os
 
-    from mpiml.utils._placement import node_cores
+    from mpiml.utils._placement import DEFAULT, node_cores
 
     cores = node_cores(sorted(os.sched_getaffinity(0)) if not info.get("bound_to") else
                        sorted(set().union(*map(set, comm.allgather_obj(info["bound_to"])))))
     bound = comm.allgather_obj(info.get("bound_to"))
-    if 1 < comm.size <= len(cores) and info.get("threads", 0) <= len(cores) // comm.size:
+    on = os.environ.get("MPIML_BIND", DEFAULT).strip().lower() not in ("none", "0", "off", "no", "false")
+    if on and 1 < comm.size <= len(cores) and info.get("threads", 0) <= len(cores) // comm.size:
         check(all(bound), f"every rank pinned: {info.get('placement')}")
         flat = [c for b in bound if b for c in b]
         check(len(flat) == len(set(flat)), f"the ranks' CPU sets overlap: {bound}")

@@ -32,6 +32,8 @@ import os
 __all__ = ["online_cpus", "cpu_list", "format_cpus", "node_cores", "plan", "pin", "describe_topology"]
 
 _SYS = "/sys/devices/system"
+#: ``MPIML_BIND`` when unset: "auto" pins where the rules allow, "none" pins nothing.
+DEFAULT = "auto"
 
 
 def _read(path):
@@ -142,7 +144,7 @@ def plan(local_rank, local_size, sets, *, threads=None, cores=None, cpus_per_tas
         ``MPIML_BIND`` (read from the environment when None): ``none`` (also ``0``, ``off``, ``no``)
         pins nothing; anything else (``auto``, ``core``) pins where the rules allow.
     """
-    setting = (os.environ.get("MPIML_BIND", "auto") if setting is None else setting).strip().lower() or "auto"
+    setting = (os.environ.get("MPIML_BIND", DEFAULT) if setting is None else setting).strip().lower() or DEFAULT
     if setting in ("none", "0", "off", "no", "false"):
         return None, f"not pinned (MPIML_BIND={setting})"
     if local_size <= 1:
