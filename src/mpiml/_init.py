@@ -78,9 +78,21 @@ def init(device="auto", *, warm=None):
     """
     if not (device in ("auto", "gpu", "cpu") or (isinstance(device, int) and not isinstance(device, bool))):
         raise ValueError(f"device must be 'auto', 'gpu', 'cpu' or an int, got {device!r}")
-    from .utils._threads import limit_threads
+    from .utils._threads import limit_threads, note_gpu_rank
 
-    limit_threads()  # this rank's BLAS/OpenMP/Numba pools get its share of the node's cores (once)
+    # this rank's BLAS/OpenMP/Numba pools get its share of the node's cores (once); a CPU rank is pinned to
+    # its block of them below, once the device is known (a GPU rank's threads stay free)
+    limit_threads(place=False)
+    bound = _bind_device(device, warm)
+    if bound == "cpu":
+        limit_threads(place=True)
+    else:
+        note_gpu_rank()
+    return bound
+
+
+def _bind_device(device, warm):
+    """The device part of :func:`init` (see there)."""
     if _STATE:
         bound = _STATE["device"]
         wanted_cpu = device == "cpu"

@@ -42,6 +42,11 @@ def test_small_run_writes_every_figure(tmp_path):
         c = ceiling["summary"][name]
         assert c["machine_ceiling"] == pytest.approx(2 * c["copy_alone_s"] / c["copies_s"], rel=1e-2)
         assert c["fraction"] == pytest.approx(c["one_rank_over_copy"] / c["over_copies"], rel=2e-2)
+    # where each rank ran: its placement on every rank, and the copies pinned by the same rule
+    placement = result["mpiml"]["2"]["settings"]["placement"]
+    assert len(placement) == 2 and all(p.startswith(("pinned", "not pinned")) for p in placement)
+    assert len(ceiling["2"]["placement"]) == 2 and ceiling["2"]["placement"][0].split(":")[0] == \
+        placement[0].split(":")[0]
     # the same data and starting centres everywhere: the same k-means inertia and k-NN distances
     for name in ("kmeans", "knn"):
         ref = result["sklearn"]["values"][name]

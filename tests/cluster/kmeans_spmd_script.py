@@ -167,6 +167,59 @@ def main():
             np.save(os.path.join(OUT, "labels.npy"), labels)
             np.save(os.path.join(OUT, "X.npy"), X)
         comm.barrier()
+    check_node_step()
+
+
+def check_node_step():
+    """The Lloyd steps over the node's rows (the ranks' threads sharing its parts) against each rank stepping over
+    its own rows and an allreduce: the same labels and centres (sums grouped otherwise: within rounding), with
+    weights, empty clusters (their relocation reads the distances in node memory) and float32."""
+    from mpiml.cluster import _kmeans_node
+
+    X, _ = make_blobs(n_samples=2500, n_features=4, centers=5, cluster_std=1.0, random_state=3)
+    w = np.random.RandomState(1).uniform(0.5, 2.0, X.shape[0])
+    init = np.vstack([X[:4], X[:1] + 100.0])         # a far centre: an empty cluster at the first step
+    for dtype, weight in ((np.float64, None), (np.float64, w), (np.float32, None)):
+        fits = {}
+        for mode in ("0", "1"):
+            os.environ["MPIML_KMEANS_NODE"] = mode
+            km = KMeans(5, init=init.astype(dtype), n_init=1, max_iter=30, tol=0.0, random_state=0)
+            km.fit(shard(X.astype(dtype)), sample_weight=None if weight is None else shard(weight))
+            fits[mode] = km
+            check(_kmeans_node.LAST["node"] == (mode == "1" and size > 1),
+                  f"node step used: {_kmeans_node.LAST} (MPIML_KMEANS_NODE={mode})")
+        os.environ.pop("MPIML_KMEANS_NODE")
+        a, b = fits["0"], fits["1"]
+        what = f"node step {np.dtype(dtype).name} weights={weight is not None}"
+        check(np.array_equal(a.labels_, b.labels_), f"{what}: labels differ")
+        tol = 1e-4 if dtype == np.float32 else 1e-9
+        assert_close(b.cluster_centers_, a.cluster_centers_, f"{what}: centres", rtol=tol, atol=tol)
+        check(a.n_iter_ == b.n_iter_ and rel(b.inertia_, a.inertia_) < tol, f"{what}: {a.n_iter_} {b.n_iter_} "
+              f"iterations, inertia {a.inertia_} {b.inertia_}")
+    # a refit of the same shapes steps on the windows kept from the fit before: the same bits
+    again = KMeans(5, init=init.astype(np.float32), n_init=1, max_iter=30, tol=0.0, random_state=0)
+    again.fit(shard(X.astype(np.float32)))
+    check(_kmeans_node.LAST["reused"] == (size > 1), f"kept windows reused: {_kmeans_node.LAST}")
+    check(np.array_equal(again.cluster_centers_, b.cluster_centers_) and np.array_equal(again.labels_, b.labels_),
+          "a refit on kept windows differs")
+    # the partials added by the ranks together (each its share of the entries) or by each alone: the same bits
+    split, _kmeans_node._SPLIT_SUM = _kmeans_node._SPLIT_SUM, 0
+    try:
+        shared = KMeans(5, init=init.astype(np.float32), n_init=1, max_iter=30, tol=0.0, random_state=0)
+        shared.fit(shard(X.astype(np.float32)))
+    finally:
+        _kmeans_node._SPLIT_SUM = split
+    check(np.array_equal(shared.cluster_centers_, b.cluster_centers_) and shared.inertia_ == b.inertia_,
+          "partials added by the ranks together differ from each rank's own sum")
+    # no room in the node's shared memory (agreed): the per-rank steps
+    from mpiml.utils import _node_memory
+
+    room, _node_memory.room_for = _node_memory.room_for, lambda nbytes: False
+    try:
+        small = KMeans(5, init=init[:, :3], n_init=1, max_iter=5, tol=0.0, random_state=0).fit(shard(X[:, :3]))
+    finally:
+        _node_memory.room_for = room
+    check(not _kmeans_node.LAST["node"] and small.n_iter_ == 5, f"no room, yet node steps: {_kmeans_node.LAST}")
 
 
 if __name__ == "__main__":

@@ -248,11 +248,40 @@ def check_strategy_choice():
     assert_close(reg.predict(Q), ref.predict(Q), "replicated regression", rtol=1e-6)
 
 
+def check_kept_windows():
+    """Searches in node memory of the same sizes reuse the last one's windows (other rows, other queries: the
+    answers still exact); a search of other sizes frees them and makes new ones."""
+    pin("gather")
+    X1, Q1, _ = data(5)
+    X2, Q2, _ = data(6)
+    est = NearestNeighbors(n_neighbors=4)
+    for X, Q, what in ((X1, Q1, "first"), (X2, Q2, "same sizes"), (X2[:120], Q2[:30], "other sizes"),
+                       (X1[:120], Q1[:30], "same again")):
+        d, i = est.fit(shard(X)).kneighbors(shard(Q))
+        d_ref, i_ref, _ = (shard(a) for a in reference(X, Q, 4, "euclidean"))
+        assert_close(d, d_ref, f"kept windows, {what}: distances", rtol=1e-9, atol=1e-9)
+        assert_close(i, i_ref, f"kept windows, {what}: indices", exact=True)
+        if size > 1 and what != "first":
+            check(_node.LAST.get("reused") == what.startswith("same"), f"kept windows, {what}: {dict(_node.LAST)}")
+    # no room in the node's shared memory for new windows (agreed): each rank gathers the index, the same answer
+    room, _node.room_for = _node.room_for, lambda nbytes: False
+    try:
+        d, i = est.fit(shard(X1[:90])).kneighbors(shard(Q1[:20]))
+    finally:
+        _node.room_for = room
+    d_ref, i_ref, _ = (shard(a) for a in reference(X1[:90], Q1[:20], 4, "euclidean"))
+    assert_close(i, i_ref, "no room for windows: indices", exact=True)
+    check("reused" not in _node.LAST, f"no room for windows, yet searched in node memory: {dict(_node.LAST)}")
+    pin("overlap")
+    _ring.STRATEGY = "auto"
+
+
 def main():
     check_strategy_choice()
     check_kneighbors()
     check_supervised()
     check_errors()
+    check_kept_windows()
 
 
 if __name__ == "__main__":   # (else one case of a shared launch: _neighbors_launches.py)

@@ -142,6 +142,26 @@ def test_query_blocks_are_equal_runs_of_the_threads():
             assert -(-nq // b) <= _cpu._TILE_QUERIES or b == nq
 
 
+def test_query_bounds_cover_the_queries_large_blocks_first():
+    for nq in (1, 15, 16, 100, 2000, 2500, 20000, 40000):
+        for threads in (1, 2, 8, 64):
+            b = _cpu._query_bounds(nq, threads)
+            sizes = np.diff(b)
+            assert b[0] == 0 and b[-1] == nq and (sizes > 0).all()
+            assert (np.diff(sizes[:-1]) <= 0).all()            # never larger later (the last takes what is left)
+            assert sizes.max() <= max(_cpu._TILE_QUERIES, -(-nq // _cpu._query_blocks(nq, threads)))
+
+
+def test_block_sizes_do_not_change_the_answer(monkeypatch):
+    rng = np.random.default_rng(7)
+    X, Q = rng.normal(size=(3000, 5)), rng.normal(size=(900, 5))
+    got = _cpu.topk(Q, X, 7)
+    monkeypatch.setattr(_cpu, "_query_bounds", lambda nq, threads: np.array([0, 5, 400, 401, nq], dtype=np.int64))
+    want = _cpu.topk(Q, X, 7)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_static_schedule_gives_the_same_answer(monkeypatch):
     rng = np.random.default_rng(6)
     X, Q = rng.normal(size=(4000, 7)), rng.normal(size=(700, 7))

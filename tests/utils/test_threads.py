@@ -102,35 +102,61 @@ def test_one_blas_thread_nests():
     assert blas() == before
 
 
-def test_bind_core_takes_this_ranks_share_of_the_cores(monkeypatch):
-    # MPIML_BIND=core: rank i of R on the node pins every thread to the i-th R-th of the physical cores, with all
-    # their hardware threads; unset, nothing is pinned
-    from mpiml.utils import _threads
+def test_placement_gives_each_rank_its_block_of_physical_cores():
+    # rank i of R takes the i-th R-th of the cores, all their hardware threads; 4 cores of 2 hardware threads
+    from mpiml.utils._placement import plan
 
-    monkeypatch.setattr(_threads, "_affinity", lambda: list(range(8)))
-    monkeypatch.setattr(_threads.os, "cpu_count", lambda: 8)
-    # 4 cores of 2 hardware threads each: (0, 4) (1, 5) (2, 6) (3, 7)
-    monkeypatch.setattr(_threads, "_physical_cores", lambda cpus: [[c, c + 4] for c in range(4)])
-    pinned = []
-    monkeypatch.setattr(_threads.os, "sched_setaffinity", lambda tid, s: pinned.append((tid, sorted(s))), raising=False)
-    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1")
-    monkeypatch.delenv("MPIML_BIND", raising=False)
-    assert _threads._bind(None, 2) is None and not pinned
-    monkeypatch.setenv("MPIML_BIND", "core")
-    assert _threads._bind(None, 2) == [2, 6, 3, 7]
-    assert pinned and all(s == [2, 3, 6, 7] for _, s in pinned)
-    assert _threads._bind(None, 1) is None  # one rank on the node: nothing to share
-    monkeypatch.setattr(_threads.os, "cpu_count", lambda: 16)
-    assert _threads._bind(None, 2) is None  # a rank bound already (its affinity is not every CPU): left as it is
+    cores = [[c, c + 4] for c in range(4)]
+    node = [list(range(8))] * 2
+    assert plan(1, 2, node, cores=cores, setting="auto")[0] == [2, 3, 6, 7]
+    assert plan(0, 2, node, cores=cores, setting="auto")[0] == [0, 1, 4, 5]
+    # three ranks on four cores: blocks of 1, 1, 2 cores, together every core once
+    blocks = [plan(i, 3, [list(range(8))] * 3, cores=cores, setting="auto")[0] for i in range(3)]
+    assert sorted(c for b in blocks for c in b) == list(range(8))
+    # Slurm's --cpus-per-task: blocks of that many CPUs, physical cores first in the order of the cores
+    assert plan(1, 2, node, cores=cores, cpus_per_task=2, setting="auto")[0] == [1, 5]
 
 
-def test_physical_cores_groups_hardware_threads():
-    from mpiml.utils import _threads
+def test_placement_leaves_bound_or_crowded_ranks_alone():
+    from mpiml.utils._placement import plan
 
-    groups = _threads._physical_cores(_threads._affinity())
-    flat = sorted(c for g in groups for c in g)
-    assert flat == sorted(_threads._affinity())
-    assert [min(g) for g in groups] == sorted(min(g) for g in groups)
+    cores = [[c] for c in range(4)]
+    every = [list(range(4))] * 2
+    assert plan(0, 2, every, cores=cores, setting="none") == (None, "not pinned (MPIML_BIND=none)")
+    cpus, why = plan(0, 1, [list(range(4))], cores=cores, setting="auto")
+    assert cpus is None and "one rank" in why
+    cpus, why = plan(0, 2, [[0, 1], [2, 3]], cores=cores, setting="auto")   # the launcher bound them
+    assert cpus is None and "bound by the launcher" in why
+    cpus, why = plan(0, 8, [list(range(4))] * 8, cores=cores, setting="auto")   # more ranks than cores
+    assert cpus is None and "8 ranks on 4" in why
+    cpus, why = plan(0, 2, every, cores=cores, threads=3, setting="auto")   # the user's threads exceed the block
+    assert cpus is None and "3 threads" in why
+    # a job confined by taskset (every rank the same smaller set) is split within it
+    assert plan(1, 2, [[2, 3]] * 2, cores=[[2], [3]], setting="auto")[0] == [3]
+
+
+def test_node_cores_orders_by_memory_domain(monkeypatch):
+    # cores are grouped by hardware threads and ordered NUMA node first: CPUs numbered across two nodes
+    # alternately (0, 2, 4, ... on node 0) still give each half of the ranks one node
+    from mpiml.utils import _placement
+
+    numa = {c: c % 2 for c in range(8)}
+    monkeypatch.setattr(_placement, "_numa_of", lambda: numa)
+    monkeypatch.setattr(_placement, "_last_level_cache", lambda c: (3, c % 2))
+    monkeypatch.setattr(_placement, "_read", lambda path: None)
+    cores = _placement.node_cores(list(range(8)))
+    assert cores == [[0], [2], [4], [6], [1], [3], [5], [7]]
+    assert _placement.plan(1, 2, [list(range(8))] * 2, cores=cores, setting="auto")[0] == [1, 3, 5, 7]
+
+
+def test_node_cores_covers_this_machine():
+    from mpiml.utils import _placement
+
+    cpus = sorted(os.sched_getaffinity(0))
+    groups = _placement.node_cores(cpus)
+    assert sorted(c for g in groups for c in g) == cpus
+    assert _placement.cpu_list(_placement.format_cpus([0, 1, 2, 5, 7, 8])) == [0, 1, 2, 5, 7, 8]
+    assert _placement.format_cpus([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 
 
 def test_waits_spin_with_a_core_each_and_nap_briefly_where_ranks_outnumber_cores():

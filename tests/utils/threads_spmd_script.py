@@ -51,8 +51,29 @@ def main():
     if pool >= 0:
         sizes = {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
         check(sizes == {pool}, f"BLAS pools {sizes} != {{{pool}}}")
+    check_placement(info)
     mpiml.init(device="cpu")  # a second call changes nothing
     check(thread_info()["threads"] == want, "the limit changed on a second call")
+
+
+def check_placement(info):
+    """Unbound ranks (MPICH binds none) each pinned to their own CPUs while every rank has a physical core,
+    left alone where ranks outnumber the cores; the same rule on every rank."""
+    import os
+
+    from mpiml.utils._placement import DEFAULT, node_cores
+
+    cores = node_cores(sorted(os.sched_getaffinity(0)) if not info.get("bound_to") else
+                       sorted(set().union(*map(set, comm.allgather_obj(info["bound_to"])))))
+    bound = comm.allgather_obj(info.get("bound_to"))
+    on = os.environ.get("MPIML_BIND", DEFAULT).strip().lower() not in ("none", "0", "off", "no", "false")
+    if on and 1 < comm.size <= len(cores) and info.get("threads", 0) <= len(cores) // comm.size:
+        check(all(bound), f"every rank pinned: {info.get('placement')}")
+        flat = [c for b in bound if b for c in b]
+        check(len(flat) == len(set(flat)), f"the ranks' CPU sets overlap: {bound}")
+        check(sorted(os.sched_getaffinity(0)) == info["bound_to"], "this thread's CPUs are not the block")
+    else:
+        check(not any(bound), f"no rank pinned ({comm.size} ranks, {len(cores)} cores): {bound}")
 
 
 guarded(main, comm)

@@ -96,6 +96,10 @@ def _parser():
                    help="also run the machine's ceiling in the same run: 1 and then R (the most --ranks) plain "
                    "processes side by side (no MPI), each fitting one rank's share of the work at R ranks, beside "
                    "mpiml's 1 and R ranks; the JSON's 'ceiling' gives mpiml's speed-up as a fraction of it")
+    p.add_argument("--variants", default="", help="settings to run every --ranks above 1 (and the most ranks' "
+                   "copies, with --ceiling) again under, in the same run: ';'-separated NAME=VALUE[,NAME=VALUE] (e.g. "
+                   "'MPIML_BIND=none' against the default placement; the copies are rerun for a variant that "
+                   "sets MPIML_BIND only); the JSON's 'variants' holds them")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--copy", default=None, help=argparse.SUPPRESS)       # "i,R,n": copy i of n, rank i's work of R
     p.add_argument("--copy-dir", default=None, help=argparse.SUPPRESS)
@@ -314,7 +318,11 @@ def _phases(name, est):
 
         return {**dict(_node.LAST), **{k: round(v, 5) for k, v in getattr(_cpu, "PHASES", {}).items()}}
     if name == "kmeans" and getattr(est, "_iter_seconds", None):
-        return {"iterations_s": round(float(np.sum(est._iter_seconds)), 5), "n_iter": len(est._iter_seconds)}
+        from ..cluster import _kmeans_node
+
+        # node: the steps ran over the node's rows (all ranks' threads), reused: on the windows of the fit before
+        return {"iterations_s": round(float(np.sum(est._iter_seconds)), 5), "n_iter": len(est._iter_seconds),
+                **{f"node_{k}": v for k, v in _kmeans_node.LAST.items()}}
     return None
 
 
@@ -328,9 +336,9 @@ def _worker(args):
     info = thread_info()
     # the settings a run was made under (an A/B run of the wait's spin or the k-NN strategy names its variable)
     chosen = ("MPIML_SPIN_US", "MPIML_KNN_STRATEGY", "MPIML_BIND", "MPIML_KNN_SCREEN", "MPIML_CPU_SCHEDULE",
-              "MPIML_RF_TREE_THREADS", "MPIML_KNN_GATHER_BYTES", "MPIML_KNN_SHARED")
+              "MPIML_RF_TREE_THREADS", "MPIML_KNN_GATHER_BYTES", "MPIML_KNN_SHARED", "MPIML_KMEANS_NODE")
     settings = {"wait_spin_ms": info.get("wait_spin_ms"), **{v: os.environ[v] for v in chosen if os.environ.get(v)},
-                "bound_to": info.get("bound_to")}
+                "bound_to": info.get("bound_to"), "placement": comm.allgather_obj(info.get("placement"))}
     out = {"ranks": comm.size, "threads_per_rank": info.get("threads"), "settings": settings, "seconds": {},
            "values": {}, "cpu_seconds": {}}
 
@@ -439,8 +447,15 @@ def _copy_worker(args):
 
     i, R, n = (int(v) for v in args.copy.split(","))
     mpiml.init(device="cpu")
+    # pinned as rank i of n would be (the same rules, before any data exist), unless MPIML_BIND=none
+    from ..utils import _placement
+
+    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    cpus, placement = _placement.plan(i, n, [mine] * n, threads=thread_info().get("threads"))
+    if cpus is not None and not _placement.pin(cpus):
+        placement = "not pinned (sched_setaffinity refused)"
     out = {"copy": i, "of": R, "side_by_side": n, "threads": thread_info().get("threads"), "walls": {}, "cpus": {},
-           "machine": {}}
+           "machine": {}, "placement": placement}
     for name in args.estimators.split(","):
         X, y, Q, centres, make = _copy_work(name, args, i, R)
         _warm_up(make, name, X, y, Q, centres)
@@ -481,7 +496,7 @@ def _copies(argv, args, names, n, R, threads, env):
                 with open(path) as f:
                     runs.append(json.load(f))
     out = {"copies": n, "of": R, "threads": threads, "exit_codes": codes, "seconds": {}, "cpu_seconds": {},
-           "machine": {}, "walls": {}}
+           "machine": {}, "walls": {}, "placement": [r.get("placement") for r in runs]}
     if len(runs) != n or any(c != 0 for c in codes):
         out["error"] = f"{n - len(runs)} of {n} copies wrote nothing; exit codes {codes}"
         return out
@@ -622,6 +637,15 @@ def _table(result):
         row.append(result["speedup"].get(n, {}).get(top))
         print(" | ".join(row[:1] + [f"{v:.3f}" if isinstance(v, float) else "-" for v in row[1:]]))
     summary = result.get("ceiling", {}).get("summary", {})
+    for label, entry in result.get("variants", {}).items():
+        for n in names:
+            one = result["mpiml"].get("1", {}).get("seconds", {}).get(n)
+            for r, run in entry["mpiml"].items():
+                t = run.get("seconds", {}).get(n)
+                c = entry.get("summary", {}).get(n) if r == top else None
+                print(f"variant {label}: {_TITLES[n]} R={r} " + (f"{t:.3f} s" if t else "-") +
+                      (f", speed-up {one / t:.2f}" if t and one else "") +
+                      (f"; {top} copies {c['copies_s']:.3f} s, machine ceiling {c['machine_ceiling']:.2f}" if c else ""))
     if summary:
         print(f"ceiling (plain processes, same run) | 1 copy | {top} copies | machine ceiling | mpiml speed-up | "
               f"fraction | R ranks / R copies | steal (copies, mpiml)")
@@ -674,25 +698,43 @@ def main(argv):
         with open(json_path, "w") as f:
             json.dump(result, f, indent=2)
 
+    variants = [v for v in args.variants.split(";") if v.strip()]
+
+    def ranks_run(r, tmp, run_env):
+        path = os.path.join(tmp, f"r{r}.json")
+        cmd = mpiexec_command(r, [])
+        cmd = cmd[:cmd.index("-m")] + ["-m", "mpiml", "bench", "ml", *argv, "--worker", path]
+        print("launching: " + " ".join(cmd), flush=True)
+        rc = subprocess.call(cmd, env=run_env)
+        if rc != 0 or not os.path.exists(path):
+            return {"error": f"exit status {rc}"}
+        with open(path) as f:
+            return json.load(f)
+
     with tempfile.TemporaryDirectory() as tmp:
         for r in ranks:
-            path = os.path.join(tmp, f"r{r}.json")
-            cmd = mpiexec_command(r, [])
-            cmd = cmd[:cmd.index("-m")] + ["-m", "mpiml", "bench", "ml", *argv, "--worker", path]
-            print("launching: " + " ".join(cmd), flush=True)
-            rc = subprocess.call(cmd, env=env)
-            if rc != 0 or not os.path.exists(path):
-                result["mpiml"][str(r)] = {"error": f"exit status {rc}"}
-                save()
-                continue
-            with open(path) as f:
-                result["mpiml"][str(r)] = json.load(f)
+            result["mpiml"][str(r)] = ranks_run(r, tmp, env)
             save()
+            if "error" in result["mpiml"][str(r)]:
+                continue
             if args.ceiling and r in (min(ranks), max(ranks)) and max(ranks) > 1:
                 R = max(ranks)
                 n = 1 if r == min(ranks) else R
                 result.setdefault("ceiling", {})[str(n)] = _copies(argv, args, names, n, R, args.threads_per_rank
                                                                    or max(1, cores // R), env)
+            save()
+        R = max(ranks)
+        for label in variants:   # the most ranks (and their copies) again, under other settings
+            extra = dict(kv.strip().split("=", 1) for kv in label.split(",") if "=" in kv)
+            print(f"variant {label}:", flush=True)
+            entry = result.setdefault("variants", {})[label] = {"mpiml": {}}
+            for r in ranks:
+                if r > 1:
+                    entry["mpiml"][str(r)] = ranks_run(r, tmp, dict(env, **extra))
+                    save()
+            if args.ceiling and R > 1 and "MPIML_BIND" in extra:   # (other settings change nothing in a copy)
+                entry["copies"] = _copies(argv, args, names, R, R, args.threads_per_rank or max(1, cores // R),
+                                          dict(env, **extra))
             save()
     result["sklearn"] = {"skipped": "--no-sklearn"} if args.no_sklearn else _single("sklearn", args, names)
     ok, detail = _sklearnex_available()
@@ -707,6 +749,11 @@ def main(argv):
     result["speedup"] = _speedups(result)
     if args.ceiling:
         result.setdefault("ceiling", {})["summary"] = _ceiling_summary(result)
+        for entry in result.get("variants", {}).values():
+            if "copies" in entry:   # the same summary with the variant's R ranks and R copies
+                alt = dict(result, mpiml={**result["mpiml"], str(max(ranks)): entry["mpiml"].get(str(max(ranks)), {})},
+                           ceiling={**result.get("ceiling", {}), str(max(ranks)): entry["copies"]})
+                entry["summary"] = _ceiling_summary(alt)
     save()
     _plot(result, os.path.join(args.out, f"ml_cpu_{tag}.png"))
     _table(result)

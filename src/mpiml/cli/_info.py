@@ -242,6 +242,13 @@ def main(argv):
         f"{'.'.join(map(str, s['nvrtc']))}), written by mpiml.init into {s['cache_dir']} unless MPIML_CUPY_SHIP=0"))
           + (f"; this process: {s['status']['state']}" if s["status"].get("state") != "not started" else ""))
     print(f"CPU threads per rank: {threads['threads']} ({threads['source']})")
+    from ..utils._placement import describe_topology
+
+    topo = describe_topology()
+    print(f"CPU placement (node: {topo['cpus']} CPUs, {topo['cores']} physical cores, {topo['numa_nodes']} NUMA "
+          f"node(s), {topo['llc']['count']} L{topo['llc']['level']} cache(s); MPIML_BIND=none turns pinning off):")
+    for i, r in enumerate(everyone):
+        print(f"  rank {i} on {r['host']}: {r['threads'].get('placement')}")
     print("backends:")
     for name, (ok, detail) in report.items():
         print(f"  {name:<5} {'available' if ok else 'unavailable'}: {detail}")

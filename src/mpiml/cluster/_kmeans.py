@@ -13,6 +13,7 @@ from ..base import SPMDEstimator
 from ..utils._param_validation import HasMethods, Interval, StrOptions
 from ..utils._threads import one_blas_thread
 from ..utils._validation import check_random_state, row_counts, validate_data, validate_sample_weight
+from . import _kmeans_node
 from . import _kmeans_ops as ops
 from ._kmeans_init import Shard, _to_host, init_centers
 
@@ -150,11 +151,19 @@ def _lloyd_host(shard, centers, c_host, labels, step_weight, mind, sparse, *, ma
     xp, comm = shard.xp, shard.comm
     k, d = centers.shape
     it = 0
+    # CPU ranks of one node: every step over the node's rows, its parts shared by all the ranks' threads
+    node = None if sparse or ops._cpu_kernels(shard.X) is None else _kmeans_node.start(shard, step_weight, labels,
+                                                                                      mind, k)
+    if node is not None:
+        labels, mind = node.labels, node.mind
     for it in range(max_iter):
         t0 = time.perf_counter()
-        packed = ops.lloyd_step(shard.X, step_weight, shard.shift, centers if sparse else c_host, labels, mind,
-                                batch_size=shard.batch_size)
-        packed = _to_host(_allreduce(comm, packed))
+        if node is not None:
+            packed = node.step(c_host, shard.shift)
+        else:
+            packed = ops.lloyd_step(shard.X, step_weight, shard.shift, centers if sparse else c_host, labels, mind,
+                                    batch_size=shard.batch_size)
+            packed = _to_host(_allreduce(comm, packed))
         sums = packed[:k * d].reshape(k, d)
         counts = packed[k * d:k * d + k].copy()
         inertia, changed = float(packed[k * d + k]), int(packed[k * d + k + 1])
@@ -173,6 +182,8 @@ def _lloyd_host(shard, centers, c_host, labels, step_weight, mind, sparse, *, ma
         if _converged(it, inertia, changed, center_shift, tol, verbose and comm.rank == 0,
                       (iter_seconds, max_iter)):
             break
+    if node is not None:
+        node.release()  # kept for the next fit, or freed (not on an error: freeing is collective)
     centers = xp.asarray(c_host)
     labels, _, inertia = ops.assign(shard.X, shard.shift, centers if sparse else c_host,
                                     batch_size=shard.batch_size, sample_weight=shard.weight)

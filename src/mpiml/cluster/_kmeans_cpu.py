@@ -50,10 +50,12 @@ def n_parts(n, k, d):
 
 @nb.njit(cache=True, parallel=True, nogil=True, fastmath=FASTMATH)
 def _lloyd_kernel(X, shift, CT, c_sq, w, unit, labels, mind, keep_mind, parts, block, workers, counter, sums_p,
-                  counts_p, stats_p):
+                  counts_p, stats_p, zero_parts):
     """Parts of the rows taken by the threads from ``counter`` (:mod:`mpiml.utils._threads_jit`); per block
     of a part: the shifted rows, their products with the centres by BLAS (one thread: the parts run side by
-    side) and one pass for labels, distances, sums."""
+    side) and one pass for labels, distances, sums.  ``zero_parts``: a part's partial sums are zeroed by the
+    thread that takes it (partials in node memory reused from step to step, :mod:`mpiml.cluster._kmeans_node`);
+    else they are zero on entry."""
     n, d = X.shape
     k = CT.shape[1]
     for _ in nb.prange(workers):
@@ -64,6 +66,10 @@ def _lloyd_kernel(X, shift, CT, c_sq, w, unit, labels, mind, keep_mind, parts, b
                 break
             start = part * n // parts
             stop = (part + 1) * n // parts
+            if zero_parts:
+                sums_p[part] = 0.0
+                counts_p[part] = 0.0
+                stats_p[part] = 0.0
             inertia = 0.0
             changed = 0
             for b0 in range(start, stop, block):
@@ -140,7 +146,7 @@ def lloyd_step(X, sample_weight, shift, C, labels, mind, packed):
         with one_blas_thread():
             _lloyd_kernel(np.ascontiguousarray(X), shift, CT, c_sq, w, unit, labels, mind, keep, parts,
                           block_rows(k, d), workers(parts, nb.get_num_threads()), np.zeros(1, np.int64), sums_p, counts_p,
-                          stats_p)
+                          stats_p, False)
     # in part order: the same bits whatever the thread count (compiled: 4 NumPy calls a part were a serial
     # millisecond an iteration for 64 parts, as long as the parallel step of a rank's share of 2e6 rows)
     _add_parts(sums_p, counts_p, stats_p, packed)

@@ -5,9 +5,17 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 
-__all__ = ["profile", "Profile", "record", "active", "human_bytes"]
+__all__ = ["profile", "Profile", "record", "active", "human_bytes", "set_context"]
 
 _ACTIVE = []
+#: What the layers above say of this rank, shown with every summary (the CPU threads and their placement,
+#: set by mpiml.utils._threads once per process).
+_CONTEXT = {}
+
+
+def set_context(**items):
+    """Facts about this rank for every profile's summary (``summary()["rank"]``)."""
+    _CONTEXT.update(items)
 
 
 def active():
@@ -72,6 +80,7 @@ class Profile:
             "total_seconds": sum(c[4] for c in self.calls),
             "calls": len(self.calls),
             "wall_seconds": self.wall,
+            "rank": dict(_CONTEXT),
         }
         return self.format(data) if as_text else data
 
@@ -83,6 +92,8 @@ class Profile:
             paths = ", ".join(f"{k} x{v}" for k, v in o["paths"].items())
             lines.append(f"{op:<16}{o['calls']:>8}{o['bytes']:>14}{o['seconds']:>12.6f}{per:>10.1f}  {paths}")
         lines.append(f"total: {data['calls']} calls, {data['total_seconds']:.6f} s in communication")
+        for k, v in data.get("rank", {}).items():
+            lines.append(f"{k}: {v}")
         if data["histogram"]:
             lines.append("message sizes (up to):")
             top = max(data["histogram"].values())

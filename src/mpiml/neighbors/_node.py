@@ -21,6 +21,8 @@ import time
 
 import numpy as np
 
+from ..utils._node_memory import free, node_arrays, room_for, sync
+
 __all__ = ["gathered_kneighbors", "node_comm", "SHARED"]
 
 #: Search in node memory where every rank shares one node (False, or ``MPIML_KNN_SHARED=0``: each rank
@@ -28,6 +30,11 @@ __all__ = ["gathered_kneighbors", "node_comm", "SHARED"]
 SHARED = True
 #: seconds of the last one-node search's phases on this rank (read by ``mpiml bench ml --device cpu``)
 LAST = {}
+#: A search's windows of at most this many bytes on every rank are kept for the next search of the same sizes
+#: (see :func:`_windows`); larger ones are freed after their search.
+KEEP_BYTES = 64 << 20
+#: id of an mpi4py communicator -> (the communicator, the sizes, the windows, their memory): the kept windows
+_KEPT = {}
 
 
 def node_comm(comm):
@@ -57,25 +64,27 @@ def _payload(cpu, bi, Yall):
     return cpu.carry_payload(empty, np.zeros(bi.shape + (t,)), bi, 0, Yall)
 
 
-def _allocate(MPI, raw, nbytes):
-    """This rank's ``nbytes`` of a shared-memory window over the node (the ranks' parts follow each other)."""
-    return MPI.Win.Allocate_shared(nbytes, 1, comm=raw)
+def _key(parts):
+    """The sizes of a search's windows, as the kept windows are matched."""
+    return tuple((name, tuple(int(v) for v in sizes)) for name, sizes in parts.items())
 
 
-def _spanning(win, sizes):
-    """The bytes of every rank's part of ``win`` as one array (this process's mapping), or None where the parts
-    do not follow each other in rank order (MPI's default for shared windows; an implementation may pad)."""
-    import ctypes
+def _windows(MPI, raw, parts, r):
+    """``(windows, their memory as arrays or None, kept)`` for a search of these ``parts`` sizes: the windows
+    kept from the last search on ``raw`` when the sizes are the same, else new ones (the kept ones of other
+    sizes freed first).  The same choice on every rank: the sizes are the ranks' agreed counts.
 
-    total = int(sum(sizes))
-    addrs = [win.Shared_query(j)[0].address for j in range(len(sizes))]
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    first = next((a - int(s) for a, s, n in zip(addrs, starts, sizes) if n), None)
-    if first is None:
-        return np.zeros(0, dtype=np.uint8)
-    if any(n and a != first + int(s) for a, s, n in zip(addrs, starts, sizes)):
-        return None
-    return np.frombuffer((ctypes.c_char * total).from_address(first), dtype=np.uint8)
+    Allocating and freeing were a fixed cost of every search: on 8 ranks of the 64-core host (3e5 x 32 index,
+    40000 queries) 1.5 ms to allocate, 21 ms to write the rows into fresh pages (their first touch) and 46 ms
+    to free, of a 1.09 s search (key ``knn_0240``); on 2 ranks of the development VM 2 + 6-11 + 3-7 ms of
+    0.15 s.  Searches of the same sizes (repeated or batched queries on one index) reuse the pages."""
+    key = _key(parts)
+    kept = _KEPT.pop(id(raw), None)
+    if kept is not None and kept[0] is raw and kept[1] == key:
+        return kept[2], kept[3], True
+    if kept is not None and kept[0] is raw:
+        free(kept[2], kept[3])
+    return (*node_arrays(MPI, raw, parts, r), False)
 
 
 def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
@@ -105,12 +114,20 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
              "bi": q_rows * k * 8, "counter": np.r_[8, np.zeros(comm.size - 1, dtype=np.int64)]}
     if t is not None:
         parts["Y"] = n_rows * t * 8
-    wins, mem = {}, {}
+    shared_screen = metric in ("euclidean", "sqeuclidean")
+    if shared_screen:   # the screen's rows, prepared by each rank for its own rows (see _prepare_screen)
+        sdt = cpu._screen_dtype(X, metric)
+        parts.update(XS=n_rows * d * sdt.itemsize, xn=n_rows * 8, xs=n_rows * 8, QS=q_rows * d * sdt.itemsize,
+                     qn=q_rows * 8, qs=q_rows * 8, big=np.full(comm.size, 8, dtype=np.int64))
+    wins, mem, reused = {}, {}, False
+    kept = _KEPT.get(id(raw))
+    if not (kept is not None and kept[0] is raw and kept[1] == _key(parts)):
+        # windows to allocate: where the node's shared memory is too small for them, each rank gathers the index
+        total = int(sum(int(np.sum(sizes)) for sizes in parts.values()))
+        if not comm.allreduce_obj(bool(room_for(total)), op="min"):
+            return _per_rank(cpu, Q, X, Y, k, metric, p, comm)
     try:
-        for name, sizes in parts.items():
-            wins[name] = _allocate(MPI, raw, int(sizes[r]))
-        for name, sizes in parts.items():
-            mem[name] = _spanning(wins[name], sizes)
+        wins, mem, reused = _windows(MPI, raw, parts, r)
         failed = any(m is None for m in mem.values())
         lap("allocate_s")
     except Exception:  # an MPI without shared windows here (agreed below): the per-rank form, from now on
@@ -130,10 +147,6 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
         for w in wins.values():
             w.Lock_all(MPI.MODE_NOCHECK)
 
-        def sync():
-            for w in wins.values():
-                w.Sync()
-
         mine = slice(int(offsets[r]), int(offsets[r]) + X.shape[0])
         Xall[mine] = X
         if Yall is not None:
@@ -143,27 +156,67 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
         if r == 0:
             counter[0] = 0
         lap("write_s")
-        sync()
+        sync(wins)
         comm.barrier()                          # every rank's rows in place
-        sync()
+        sync(wins)
         lap("wait_rows_s")
-        cpu.merge_block(Qall, Xall, 0, bd, bi, metric, p, counter, threads)
+        prepared = _prepare_screen(cpu, mem, wins, comm, Qall, Xall, mine, slice(int(qoff[r]), int(qoff[r + 1])),
+                                   metric) if shared_screen else None
+        lap("screen_s")
+        if prepared is None:
+            cpu.merge_block(Qall, Xall, 0, bd, bi, metric, p, counter, threads)
+        else:
+            cpu.search_screened(Qall, Xall, *prepared, 0, k, metric, bd, bi, counter, threads)
         lap("search_s")
-        sync()
+        sync(wins)
         comm.barrier()                          # every block searched
-        sync()
+        sync(wins)
         lap("wait_search_s")
         mine_q = slice(int(qoff[r]), int(qoff[r + 1]))
         out = bd[mine_q].copy(), bi[mine_q].copy()
         pay = None if Yall is None else _payload(cpu, out[1], Yall)
         for w in wins.values():
             w.Unlock_all()
-    finally:
-        mem.clear()                              # (views of the windows' memory: none outlives them)
-        for w in wins.values():
-            w.Free()                             # collective: every rank has copied its rows out
+        keep = max(int(sum(int(sizes[j]) for sizes in parts.values())) for j in range(comm.size)) <= KEEP_BYTES
+    except BaseException:
+        free(wins, mem)                          # (every rank fails here alike, or the job aborts)
+        raise
+    LAST["reused"] = reused
+    if keep:
+        comm.barrier()                           # every rank has copied its rows out before any writes again
+        _KEPT[id(raw)] = (raw, _key(parts), wins, mem)
+    else:
+        free(wins, mem)                          # collective: every rank has copied its rows out
     lap("free_s")
     return out[0], out[1], pay
+
+
+def _prepare_screen(cpu, mem, wins, comm, Qall, Xall, mine, mine_q, metric):
+    """The screen's rows of every index row and query (``mpiml.neighbors._cpu._topk_screened``: shifted by the
+    mean of about a thousand index rows, rounded once), each rank preparing its own rows in node memory, then
+    ``(QS, XS, qn, xn, qs, xs, big)`` for :func:`mpiml.neighbors._cpu.search_screened`; None where the screen must
+    run in float64 instead (norms beyond float32's range: every rank sees it) -- the search then prepares its
+    own.  Each rank prepared the whole index before: 12-18 ms of each of 8 ranks' search on the 64-core host
+    (key ``knn_0240``), the same work on every rank."""
+    N, d = Xall.shape
+    nq = Qall.shape[0]
+    sdt = cpu._screen_dtype(Xall, metric)
+    XS, QS = mem["XS"].view(sdt).reshape(N, d), mem["QS"].view(sdt).reshape(nq, d)
+    xn, xs, qn, qs = (mem[n].view(np.float64) for n in ("xn", "xs", "qn", "qs"))
+    big = mem["big"].view(np.float64)
+    # the same rows, the same order, the same shift on every rank
+    shift = Xall[::max(1, N // 1024)].mean(axis=0, dtype=np.float64)
+    cpu._screen_rows(Xall[mine], shift, XS[mine], xn[mine], xs[mine])
+    cpu._screen_rows(Qall[mine_q], shift, QS[mine_q], qn[mine_q], qs[mine_q])
+    big[comm.rank] = max(float(xs[mine].max()) if xs[mine].size else 0.0,
+                         float(qs[mine_q].max()) if qs[mine_q].size else 0.0)
+    sync(wins)
+    comm.barrier()                              # every rank's screen rows in place
+    sync(wins)
+    top = float(big.max())
+    if sdt != Xall.dtype and not top <= cpu._F32_MAX_NORM:
+        return None
+    return QS, XS, qn, xn, qs, xs, top
 
 
 def gathered_kneighbors(cpu, Q, X, Y, k, *, metric, p, comm, qcounts, offsets, counts):

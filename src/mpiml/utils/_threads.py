@@ -19,10 +19,12 @@ MPICH's Hydra, MVAPICH set one: no communication), else the split of that commun
 the union of the node's ranks' sets (a launcher that binds each rank to its own cores
 leaves each rank its own set).
 
-Binding (``MPIML_BIND=core``, off by default): a rank that the launcher left unbound pins every
-thread it has, and those it starts later, to its share of the node's physical cores (all their
-hardware threads): rank ``i`` of ``R`` takes the ``i``-th ``R``-th of the cores, as ``mpirun
---bind-to core --map-by slot:PE=...`` would.  ``thread_info()["bound_to"]`` lists the CPUs.
+Placement (on by default; ``MPIML_BIND=none`` turns it off): a rank that the launcher left unbound
+pins every thread it has, and those it starts later, to its own block of the node's physical cores
+(all their hardware threads; cores ordered by NUMA node and last-level cache): local rank ``i`` of
+``R`` takes the ``i``-th ``R``-th of the cores, as ``mpirun --bind-to core --map-by slot:PE=...``
+would.  A binding by the launcher or Slurm is kept; see :mod:`mpiml.utils._placement` for the rules.
+``thread_info()["placement"]`` says what was done and why, ``["bound_to"]`` lists the CPUs.
 
 Idle BLAS threads: OpenBLAS's workers spin for ``2**OPENBLAS_THREAD_TIMEOUT`` cycles after every
 call (default 2**28, about 0.1 s) before they sleep, so between BLAS calls (a logistic loss's
@@ -52,6 +54,7 @@ _CONTROLLER = []  # a threadpoolctl ThreadpoolController, made once (finding the
 _OURS = {}  # variables this module put in os.environ (name -> value), which are not the user's choice
 _TLS = threading.local()  # one_blas: this thread is inside one_blas_thread()
 _NODE = {}  # id of an mpi4py communicator -> (the communicator, whether its ranks share one node)
+_SHAPE = []  # the node's shape found by limit_threads (for a placement decided later)
 
 
 def _put_env(name, value):
@@ -128,44 +131,10 @@ def _local_rank(raw):
         node.Free()
 
 
-def _physical_cores(cpus):
-    """``cpus`` grouped by physical core (a core's hardware threads together), cores in the order of their first
-    CPU; each CPU its own group where the topology is not readable."""
-    groups = {}
-    for c in cpus:
-        try:
-            with open(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list") as f:
-                key = f.read().strip()
-        except OSError:
-            key = str(c)
-        groups.setdefault(key, []).append(c)
-    return sorted(groups.values(), key=min)
-
-
-def _bind(comm, ranks):
-    """``MPIML_BIND=core``: pin this rank (every thread it has, and those it starts later) to its share of the
-    node's physical cores, all their hardware threads, when the launcher left it unbound; returns the CPUs or
-    None.  Rank ``i`` of ``R`` on the node takes cores ``[i C / R, (i + 1) C / R)`` of the ``C`` cores in its
-    affinity set (for A/B measurements: unbound ranks are the default)."""
-    if os.environ.get("MPIML_BIND", "none") != "core" or ranks <= 1 or not hasattr(os, "sched_setaffinity"):
-        return None
-    if len(_affinity()) != (os.cpu_count() or 0):  # bound already (by the launcher, or the job by taskset)
-        return None
-    cores = _physical_cores(_affinity())
-    i = _local_rank(_raw_mpi(comm))
-    mine = [c for core in cores[i * len(cores) // ranks:(i + 1) * len(cores) // ranks] for c in core]
-    if not mine:
-        return None
-    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else [0]:
-        try:
-            os.sched_setaffinity(int(tid), mine)
-        except OSError:
-            pass
-    return mine
-
-
 def _node_shape(comm):
-    """``(ranks on this node, cores of this node for them, how)``.
+    """``{"ranks", "cores", "how", "local_rank", "sets"}``: the ranks on this node, the cores of the node for
+    them, how that was learnt, this rank's index among them and every node rank's affinity set (None when
+    only this rank's is known).
 
     The world (``comm=None``, called by every rank from :func:`mpiml.init`): the
     shared-memory split.  An estimator's communicator (perhaps a part of the world):
@@ -176,19 +145,37 @@ def _node_shape(comm):
     for var in _LOCAL_SIZE_VARS if comm is not None or raw is None else ():
         value = os.environ.get(var, "")
         if value.isdigit() and int(value) > 0:
-            return int(value), len(mine), var
+            return {"ranks": int(value), "cores": len(mine), "how": var, "local_rank": _local_rank(None),
+                    "sets": None}
     if raw is None:
-        return 1, len(mine), "one process"
+        return {"ranks": 1, "cores": len(mine), "how": "one process", "local_rank": 0, "sets": [mine]}
     from ..comm.backends.mpi import mpi_module
 
     MPI = mpi_module()
     node = raw.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        sets = node.allgather(mine)
+        sets, local = node.allgather(mine), node.Get_rank()
     finally:
         node.Free()
     union = set().union(*map(set, sets))
-    return len(sets), len(union), "MPI shared-memory split"
+    return {"ranks": len(sets), "cores": len(union), "how": "MPI shared-memory split", "local_rank": local,
+            "sets": sets}
+
+
+def _place(shape, threads):
+    """Pin this rank to its block of the node's cores where the launcher left it unbound
+    (:mod:`mpiml.utils._placement`); returns ``(CPUs or None, sentence)``."""
+    from . import _placement
+
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "").strip()
+    try:
+        cpus, why = _placement.plan(shape["local_rank"], shape["ranks"], shape["sets"], threads=threads,
+                                    cpus_per_task=int(slurm) if slurm.isdigit() else None)
+    except (OSError, ValueError) as exc:  # an unreadable /sys: leave the rank as it is
+        return None, f"not pinned ({type(exc).__name__}: {exc})"
+    if cpus is not None and not _placement.pin(cpus):
+        return None, "not pinned (sched_setaffinity refused)"
+    return cpus, why
 
 
 def _set_numba_threads(n):
@@ -221,7 +208,7 @@ def _set_numba_threads(n):
         pass
 
 
-def limit_threads(comm=None):
+def limit_threads(comm=None, place=True):
     """Limit this rank's thread pools once per process; return :func:`thread_info`.
 
     Parameters
@@ -229,17 +216,25 @@ def limit_threads(comm=None):
     comm : Communicator, default=None
         Whose ranks share the node when the launcher does not say; None: the world (when
         launched by MPI).  Without launcher variables this is a collective of ``comm``.
+    place : bool, default=True
+        Pin a CPU rank to its block of cores (:mod:`mpiml.utils._placement`), now or, when a
+        call before said False, at this call.  False: not yet (:func:`mpiml.init` before it
+        knows whether the rank drives a GPU; a GPU rank's threads stay free).
 
     Returns
     -------
     info : dict
-        ``threads`` (per rank), ``ranks_on_node``, ``cores``, ``source`` (why this count)
-        and ``applied`` (False when the user's variables decide).
+        ``threads`` (per rank), ``ranks_on_node``, ``cores``, ``source`` (why this count),
+        ``applied`` (False when the user's variables decide), ``local_rank``, ``placement`` (where
+        the rank's threads run, and why) and, when pinned, ``bound_to`` (the CPUs).
     """
     if _STATE:
+        if place and _STATE.get("placement") is None:
+            _apply_placement()
         return dict(_STATE)
     user, var = _user_setting()
-    ranks, cores, how = _node_shape(comm)
+    shape = _node_shape(comm)
+    ranks, cores, how = shape["ranks"], shape["cores"], shape["how"]
     if var is not None and not var.startswith("SLURM"):
         threads, applied, source = user, False, f"set by the user ({var})"
     elif var is not None:
@@ -257,13 +252,36 @@ def limit_threads(comm=None):
             source += "; threadpoolctl is not installed, pools not limited"
         for v in USER_VARS:  # for libraries loaded later (OpenMP runtimes read it when they start)
             _put_env(v, str(threads))
-    bound = _bind(comm, ranks)
     _set_numba_threads(threads)
     _STATE.update(threads=threads, ranks_on_node=ranks, cores=cores, source=source, applied=applied,
-                  wait_spin_ms=_set_wait_spin(ranks, cores))
+                  wait_spin_ms=_set_wait_spin(ranks, cores), placement=None, local_rank=shape["local_rank"])
+    _SHAPE[:] = [shape]
+    from ..comm import _profile
+
+    _profile.set_context(cpu_threads=f"{threads} ({source})")
+    if place:
+        _apply_placement()
+    return dict(_STATE)
+
+
+def _apply_placement():
+    """Pin this CPU rank (once) with the node's shape found by :func:`limit_threads`."""
+    bound, placement = _place(_SHAPE[0], _STATE["threads"])
+    _STATE["placement"] = placement
     if bound:
         _STATE["bound_to"] = bound
-    return dict(_STATE)
+    from ..comm import _profile
+
+    _profile.set_context(cpu_placement=placement)
+
+
+def note_gpu_rank():
+    """This rank drives a GPU (:func:`mpiml.init`): its threads are not pinned (said by the placement)."""
+    if _STATE and _STATE.get("placement") is None:
+        _STATE["placement"] = "not pinned (a GPU rank)"
+        from ..comm import _profile
+
+        _profile.set_context(cpu_placement=_STATE["placement"])
 
 
 #: How long a rank with a core of its own spins in a wait before sleeping (see _set_wait_spin).

@@ -296,7 +296,8 @@ def validate_data(estimator, X, *, comm=None, reset=True, dtype=("float64", "flo
     if reset:  # first use by an estimator: this rank's thread pools get its share of the node (once)
         from ._threads import limit_threads
 
-        limit_threads(comm)
+        # a CPU rank pinned to its cores too; device rows (CuPy): a GPU rank, whose threads stay free
+        limit_threads(comm, place=not type(X).__module__.startswith(("cupy", "cupyx")))
     name = type(estimator).__name__
     single = comm.size == 1
     # A local method (predict, transform: validated on the size-1 communicator, no communication) of a
