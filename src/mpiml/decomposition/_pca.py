@@ -201,8 +201,8 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
     - ``"randomized"``: see :func:`mpiml.decomposition._solvers.randomized_svd`
       (per power iteration one allreduce of ``d x (k + n_oversamples)``
       float64 plus the normaliser's), plus one scalar allreduce (total variance);
-    - ``"arpack"``: one allreduce of ``d x k`` float64 per block product, plus
-      one scalar allreduce.
+    - ``"arpack"``: one allreduce of ``d`` float64 per product of ``XᵀX`` with
+      a vector (blocks of one, as ARPACK's), plus one scalar allreduce.
 
     :meth:`transform`, :meth:`inverse_transform` and :meth:`score_samples` act
     on local rows and communicate nothing; :meth:`score` is global (one

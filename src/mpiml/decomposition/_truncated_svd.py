@@ -159,7 +159,7 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         ``"randomized"``: Halko et al. with ``n_iter`` power iterations, the
         distributed iterate orthonormalised by TSQR or CholeskyQR2.
         ``"arpack"``: thick-restarted block Lanczos on the distributed
-        operator ``X^T X`` (one allreduce of ``d x k`` per block product); it
+        operator ``X^T X`` (one allreduce of ``d`` values per product); it
         converges to the same triplets as ARPACK, not by ARPACK's iteration.
     n_iter : int, default=5
         Power iterations of ``"randomized"``.
@@ -199,7 +199,8 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
       of ``l x l`` float64); at the end one orthonormalisation and one
       allreduce of ``d x l`` float64; when ``n < d`` the roles of the two
       sides swap (scikit-learn's ``transpose``);
-    - ``"arpack"``: one allreduce of ``d x k`` float64 per block product;
+    - ``"arpack"``: one allreduce of ``d`` float64 per product of ``XᵀX``
+      with a vector (blocks of one, as ARPACK's);
     - the variances: two allreduces of ``d + k`` and ``k + 2`` float64 (one more
       of one value where a rank's ``Xᵀ`` has duplicate entries).
 
