@@ -41,6 +41,7 @@ def mpiexec_cmd(n):
     exe = _mpiexec()
     if exe is None:
         pytest.skip("no mpiexec on PATH (pip install mpich)")
+    _warm_kernels_wait()
     cmd = [exe, "-n", str(n)]
     extra = os.environ.get("MPIML_TEST_MPIEXEC_ARGS", "")
     return cmd + extra.split() if extra else cmd
@@ -68,12 +69,8 @@ def run_group(cmd, timeout, **kwargs):
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def run_mpi(script, n, *args, timeout=120, env=None, expect_ok=True, code=None):
-    """Run ``script`` (a path, or ``code`` text written to a temp file) on ``n`` ranks.
-
-    Returns the CompletedProcess; with ``expect_ok`` a non-zero exit fails the
-    test with both output streams shown.  A run past ``timeout`` seconds fails.
-    """
+def _child_env(env=None):
+    """The environment of a launched job: this one, ``src`` and ``tests`` importable, one thread, ``env`` on top."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "src"), TESTS, full_env.get("PYTHONPATH", "")])
     full_env.setdefault("MPIML_TIMEOUT", "60")
@@ -81,6 +78,16 @@ def run_mpi(script, n, *args, timeout=120, env=None, expect_ok=True, code=None):
     full_env.setdefault("OPENBLAS_NUM_THREADS", "1")
     if env:
         full_env.update(env)
+    return full_env
+
+
+def run_mpi(script, n, *args, timeout=120, env=None, expect_ok=True, code=None):
+    """Run ``script`` (a path, or ``code`` text written to a temp file) on ``n`` ranks.
+
+    Returns the CompletedProcess; with ``expect_ok`` a non-zero exit fails the
+    test with both output streams shown.  A run past ``timeout`` seconds fails.
+    """
+    full_env = _child_env(env)
     if code is not None:
         import tempfile
 
@@ -127,6 +134,61 @@ def forge_model_file(path, edit):
 def mpi():
     """The :func:`run_mpi` helper as a fixture."""
     return run_mpi
+
+
+#: The CPU kernel families (tests/_warm_kernels.py) whose compiles the multi-rank tests of a folder meet: those
+#: folders' launches wait for one process to compile them first (a folder not named here: its ranks compile
+#: what they meet, as before).  tests/utils: the thread checks fit a forest, neighbours and KMeans.
+WARM_FAMILIES = {"cluster": ("kmeans",), "neighbors": ("neighbors",), "ensemble": ("forest",),
+                 "linear_model": ("linear",), "utils": ("kmeans", "neighbors", "forest")}
+_WARM = {}   # "proc": the warm-up process, "families", "log" (a file), "seconds", "summary"
+
+
+def _warm_kernels_start(items):
+    """Start tests/_warm_kernels.py beside the session for the families its multi-rank CPU tests meet (not
+    with ``MPIML_TEST_WARM=0``): every rank of a launch meeting a kernel missing from Numba's cache compiled it
+    too (tests/neighbors: 183 s with an empty cache, 65 s with a warm one)."""
+    if os.environ.get("MPIML_TEST_WARM", "1") == "0" or _WARM:
+        return
+    families = set()
+    for item in items:
+        if "mpi" in item.keywords and "gpu" not in item.keywords:
+            folder = os.path.relpath(str(item.path), TESTS).split(os.sep)[0]
+            families.update(WARM_FAMILIES.get(folder, ()))
+    if not families:
+        return
+    import tempfile
+
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen([sys.executable, os.path.join(TESTS, "_warm_kernels.py"), *sorted(families)],
+                            stdout=log, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True)
+    _WARM.update(proc=proc, families=sorted(families), log=log, start=time.time())
+
+
+def _warm_kernels_wait(timeout=600):
+    """Before a launch: wait for the warm-up (once; past ``timeout`` it is killed and the ranks compile)."""
+    proc = _WARM.get("proc")
+    if proc is None or "summary" in _WARM:
+        return
+    try:
+        proc.wait(timeout=max(1.0, timeout - (time.time() - _WARM["start"])))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    _WARM["log"].seek(0)
+    out = _WARM["log"].read().strip()
+    _WARM["log"].close()
+    _WARM["summary"] = (f"{', '.join(_WARM['families'])}: exit {proc.returncode}, "
+                        f"{time.time() - _WARM['start']:.1f} s after its start; {out[-2000:]}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if "summary" in _WARM:
+        terminalreporter.write_line(f"CPU kernel warm-up (tests/_warm_kernels.py) {_WARM['summary']}")
+
+
+def pytest_collection_finish(session):
+    _warm_kernels_start(session.items)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -180,6 +242,10 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    proc = _WARM.get("proc")
+    if proc is not None and proc.poll() is None:   # no launch waited for it: not left compiling after the session
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     leaked = []
     for pattern in _SHM_GLOBS:
         for path in glob.glob(pattern):

@@ -1,0 +1,101 @@
+"""Compile (or load) the CPU kernels once, in one process, before a test session's first multi-rank launch.
+
+Every rank of an ``mpiexec`` launch that meets a kernel missing from Numba's cache compiles it itself (the
+cache is written by whichever rank finishes first), so with an empty cache each of the first launches of a
+family paid its compiles once per rank: tests/neighbors took 183 s with an empty cache against 65 s with a
+warm one.  ``tests/conftest.py`` starts this script (``python _warm_kernels.py FAMILY...``, the families
+whose multi-rank tests the session holds, see its ``WARM_FAMILIES``) beside the session's single-process
+tests, and every launch waits for it.  It fits the family's CPU estimators on a few rows of each dtype on
+one process, which writes the kernels into the cache the ranks read (:mod:`mpiml.utils._jit`: the same
+environment, so the same folder).  A kernel it misses is compiled by the ranks as before; with a warm cache
+it only loads them (about 2 s for every family).
+"""
+
+import sys
+import time
+import warnings
+
+import numpy as np
+
+
+def _data(dtype, rows=300):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(rows, 6)).astype(dtype)
+    return X, (X[:, 0] > 0).astype(np.int64), X[:, 1].copy()
+
+
+def kmeans(dtype, comm):
+    from mpiml.cluster import KMeans
+
+    X, _, _ = _data(dtype)
+    yield "KMeans", lambda: KMeans(3, n_init=1, random_state=0, comm=comm).fit(X).predict(X)
+
+
+def neighbors(dtype, comm):
+    from mpiml.neighbors import KNeighborsClassifier, KNeighborsRegressor, NearestNeighbors
+
+    X, y, yr = _data(dtype)
+    for metric in ("euclidean", "manhattan", "cosine"):
+        yield f"NearestNeighbors {metric}", lambda m=metric: NearestNeighbors(n_neighbors=4, metric=m, comm=comm) \
+            .fit(X).kneighbors(X[:20])
+    yield "KNeighborsClassifier", lambda: KNeighborsClassifier(3, comm=comm).fit(X, y).predict(X[:20])
+    yield "KNeighborsRegressor", lambda: KNeighborsRegressor(3, comm=comm).fit(X, yr).predict(X[:20])
+
+
+def forest(dtype, comm):
+    from mpiml.ensemble import RandomForestClassifier, RandomForestRegressor
+
+    X, y, yr = _data(dtype)
+    yield "RandomForestClassifier", lambda: RandomForestClassifier(3, max_depth=4, random_state=0, comm=comm) \
+        .fit(X, y).predict(X)
+    yield "RandomForestRegressor", lambda: RandomForestRegressor(3, max_depth=4, random_state=0, comm=comm) \
+        .fit(X, yr).predict(X)
+
+
+def linear(dtype, comm):
+    from mpiml.linear_model import LinearRegression, LogisticRegression, Ridge
+
+    # the host kernels read shards of 2^16 values or more (_lsq_direct, _logistic_loss)
+    B, yb, yr = _data(dtype, rows=12_000)
+    w = np.random.default_rng(1).random(B.shape[0])
+    yield "LinearRegression", lambda: LinearRegression(comm=comm).fit(B, yr)
+    yield "weighted Ridge", lambda: Ridge(comm=comm).fit(B, yr, sample_weight=w)
+    yield "LogisticRegression", lambda: LogisticRegression(comm=comm).fit(B, yb)
+    yield "multinomial", lambda: LogisticRegression(comm=comm).fit(B, yb + (B[:, 1] > 0))
+    if dtype == np.float64:
+        X, y, _ = _data(dtype)
+        yield "liblinear", lambda: LogisticRegression(solver="liblinear", dual=True, comm=comm).fit(X, y)
+        yield "the small algebra", _compiled_algebra
+
+
+def _compiled_algebra():
+    from mpiml.linear_model._lsq_direct import wait_compiled_algebra
+
+    if not wait_compiled_algebra(timeout=300):
+        raise RuntimeError("not ready in 300 s")
+
+
+FAMILIES = {"kmeans": kmeans, "neighbors": neighbors, "forest": forest, "linear": linear}
+
+
+def main(families):
+    from mpiml.comm import get_comm
+
+    comm = get_comm("self")
+    t0 = time.perf_counter()
+    failed = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for family in families:
+            for dtype in (np.float64, np.float32):
+                for name, fit in FAMILIES[family](dtype, comm):
+                    try:
+                        fit()
+                    except Exception as exc:  # noqa: BLE001 - a warm-up that fails leaves that compile to the ranks
+                        failed.append(f"{name} {np.dtype(dtype)}: {type(exc).__name__}: {exc}")
+    print(f"warmed in {time.perf_counter() - t0:.1f} s" + "".join(f"; failed: {f}" for f in failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:] or sorted(FAMILIES)))
