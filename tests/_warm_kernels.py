@@ -40,6 +40,35 @@ def neighbors(dtype, comm):
             .fit(X).kneighbors(X[:20])
     yield "KNeighborsClassifier", lambda: KNeighborsClassifier(3, comm=comm).fit(X, y).predict(X[:20])
     yield "KNeighborsRegressor", lambda: KNeighborsRegressor(3, comm=comm).fit(X, yr).predict(X[:20])
+    if dtype == np.float64:
+        yield "read-only blocks", lambda: _neighbors_read_only(X, yr)
+
+
+def _neighbors_read_only(X, y):
+    """The kernels' argument types that several ranks on a node meet and one process's fits do not: read-only
+    query or index rows (a shared window's), a read-only payload, the float64 screen."""
+    import os
+
+    from mpiml.neighbors import _cpu
+
+    def ro(a):
+        a = a.copy()
+        a.setflags(write=False)
+        return a
+
+    Q, R = X[:20], X[20:]
+    for q, r in ((Q, ro(R)), (ro(Q), R), (ro(Q), ro(R))):
+        for metric in ("euclidean", "manhattan"):
+            _cpu.merge_block(q, r, 0, *_cpu.new_lists(q.shape[0], 3), metric)
+    before = _cpu.new_lists(Q.shape[0], 3)[1]
+    after = _cpu.merge_block(Q, R, 0, *_cpu.new_lists(Q.shape[0], 3))[1]
+    _cpu.carry_payload(before, np.zeros((Q.shape[0], 3, 1)), after, 0, ro(y[20:, None]))
+    saved = os.environ.get("MPIML_KNN_SCREEN")
+    os.environ["MPIML_KNN_SCREEN"] = "float64"
+    try:
+        _cpu.merge_block(Q, R, 0, *_cpu.new_lists(Q.shape[0], 3))
+    finally:
+        os.environ.pop("MPIML_KNN_SCREEN") if saved is None else os.environ.__setitem__("MPIML_KNN_SCREEN", saved)
 
 
 def forest(dtype, comm):

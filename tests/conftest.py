@@ -139,7 +139,7 @@ def mpi():
 #: The CPU kernel families (tests/_warm_kernels.py) whose compiles the multi-rank tests of a folder meet: those
 #: folders' launches wait for one process to compile them first (a folder not named here: its ranks compile
 #: what they meet, as before).  tests/utils: the thread checks fit a forest, neighbours and KMeans.
-WARM_FAMILIES = {"cluster": ("kmeans",), "neighbors": ("neighbors",), "ensemble": ("forest",),
+WARM_FAMILIES = {"cluster": ("kmeans",), "neighbors": ("neighbors", "kmeans"), "ensemble": ("forest",),
                  "linear_model": ("linear",), "utils": ("kmeans", "neighbors", "forest")}
 _WARM = {}   # "proc": the warm-up process, "families", "log" (a file), "seconds", "summary"
 
