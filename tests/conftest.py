@@ -141,7 +141,7 @@ def mpi():
 #: what they meet, as before).  tests/utils: the thread checks fit a forest, neighbours and KMeans.
 WARM_FAMILIES = {"cluster": ("kmeans",), "neighbors": ("neighbors", "kmeans"), "ensemble": ("forest",),
                  "linear_model": ("linear",), "utils": ("kmeans", "neighbors", "forest")}
-_WARM = {}   # "proc": the warm-up process, "families", "log" (a file), "seconds", "summary"
+_WARM = {}   # "proc": the warm-up process, "families", "log" (a file), "start" (time.time()), "summary"
 
 
 def _warm_kernels_start(items):

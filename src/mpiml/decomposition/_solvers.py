@@ -690,14 +690,20 @@ def _orth_against(W, K, xp):
     also the coefficients ``(Kᵀ W, R)`` with ``W = K (Kᵀ W) + Q R``."""
     h = None
     if K is not None:
-        scale = float(xp.sqrt((W * W).sum(axis=0).max()))
+        scale = xp.sqrt((W * W).sum(axis=0).max())
         for _ in range(2):
             c = K.T @ W
             W = W - K @ c
             h = c if h is None else h + c
-    Q, R = xp.linalg.qr(W, mode="reduced")
-    # a block that was (nearly) in span(K) came back as rounding noise: its Q is not orthogonal to K, clean it again
-    if K is not None and float(xp.abs(xp.diagonal(R)).min()) <= 1e-8 * scale:
+    if W.shape[1] == 1:   # one vector (the default block): its norm, no QR call
+        r = xp.sqrt((W * W).sum())
+        Q, R = W / xp.where(r > 0, r, 1.0), r.reshape(1, 1)
+    else:
+        Q, R = xp.linalg.qr(W, mode="reduced")
+    # a block that was (nearly) in span(K) came back as rounding noise (or zero): its Q is not orthogonal to K (or not
+    # unit), clean it again (one read of the device's verdict)
+    if K is not None and not float(xp.abs(xp.diagonal(R)).min() / xp.maximum(scale, 1e-300)) > 1e-8:
+        Q = xp.linalg.qr(Q, mode="reduced")[0]   # unit columns, even from a zero block
         Q = xp.linalg.qr(Q - K @ (K.T @ Q), mode="reduced")[0]
     return Q, h, R
 
