@@ -1,14 +1,15 @@
-"""Compile (or load) the CPU kernels once, in one process, before a test session's first multi-rank launch.
+"""Compile (or load) the CPU kernels once, in one process, before a test session's multi-rank launches need them.
 
 Every rank of an ``mpiexec`` launch that meets a kernel missing from Numba's cache compiles it itself (the
-cache is written by whichever rank finishes first), so with an empty cache each of the first launches of a
-family paid its compiles once per rank: tests/neighbors took 183 s with an empty cache against 65 s with a
-warm one.  ``tests/conftest.py`` starts this script (``python _warm_kernels.py FAMILY...``, the families
-whose multi-rank tests the session holds, see its ``WARM_FAMILIES``) beside the session's single-process
-tests, and every launch waits for it.  It fits the family's CPU estimators on a few rows of each dtype on
-one process, which writes the kernels into the cache the ranks read (:mod:`mpiml.utils._jit`: the same
-environment, so the same folder).  A kernel it misses is compiled by the ranks as before; with a warm cache
-it only loads them (about 2 s for every family).
+cache is written by whichever rank finishes first): with an empty cache, the kernels met only on several
+ranks (read-only rows of a node's shared windows, for the neighbours) were compiled by every rank of their
+first launch.  ``tests/conftest.py`` starts this script (``python _warm_kernels.py FAMILY...``, the families
+whose multi-rank tests the session holds, in the order it meets them; see its ``WARM_FAMILIES``) beside the
+session's single-process tests, and a launch of a family's tests waits for its line ``warmed FAMILY``.  It
+fits the family's CPU estimators on a few rows of each dtype on one process (and calls the neighbours'
+kernels with the argument types only several ranks make), which writes the kernels into the cache the ranks
+read (:mod:`mpiml.utils._jit`: the same environment, so the same folder).  A kernel it misses is compiled by
+the ranks as before; with a warm cache it only loads them (about 2 s for every family).
 """
 
 import sys
@@ -108,21 +109,24 @@ FAMILIES = {"kmeans": kmeans, "neighbors": neighbors, "forest": forest, "linear"
 
 
 def main(families):
+    """Warm ``families`` in that order; a line ``warmed FAMILY SECONDS`` as each is done (launches wait for it)."""
     from mpiml.comm import get_comm
 
     comm = get_comm("self")
-    t0 = time.perf_counter()
     failed = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for family in families:
+            t0 = time.perf_counter()
             for dtype in (np.float64, np.float32):
                 for name, fit in FAMILIES[family](dtype, comm):
                     try:
                         fit()
                     except Exception as exc:  # noqa: BLE001 - a warm-up that fails leaves that compile to the ranks
                         failed.append(f"{name} {np.dtype(dtype)}: {type(exc).__name__}: {exc}")
-    print(f"warmed in {time.perf_counter() - t0:.1f} s" + "".join(f"; failed: {f}" for f in failed))
+            print(f"warmed {family} {time.perf_counter() - t0:.1f} s", flush=True)
+    for f in failed:
+        print(f"failed: {f}", flush=True)
     return 1 if failed else 0
 
 

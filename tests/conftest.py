@@ -138,53 +138,69 @@ def mpi():
 
 #: The CPU kernel families (tests/_warm_kernels.py) whose compiles the multi-rank tests of a folder meet: those
 #: folders' launches wait for one process to compile them first (a folder not named here: its ranks compile
-#: what they meet, as before).  tests/utils: the thread checks fit a forest, neighbours and KMeans.
+#: what they meet, as before; tests/utils's thread checks meet theirs first on one rank).
 WARM_FAMILIES = {"cluster": ("kmeans",), "neighbors": ("neighbors", "kmeans"), "ensemble": ("forest",),
-                 "linear_model": ("linear",), "utils": ("kmeans", "neighbors", "forest")}
-_WARM = {}   # "proc": the warm-up process, "families", "log" (a file), "start" (time.time()), "summary"
+                 "linear_model": ("linear",)}
+_WARM = {}   # "proc": the warm-up process, "families" (in the order it warms them), "log" (its output), "start"
+
+
+def _folder(path):
+    return os.path.relpath(os.path.join(ROOT, path), TESTS).split(os.sep)[0]
 
 
 def _warm_kernels_start(items):
-    """Start tests/_warm_kernels.py beside the session for the families its multi-rank CPU tests meet (not
-    with ``MPIML_TEST_WARM=0``): every rank of a launch meeting a kernel missing from Numba's cache compiled it
-    too (tests/neighbors: 183 s with an empty cache, 65 s with a warm one)."""
+    """Start tests/_warm_kernels.py beside the session for the families its multi-rank CPU tests meet, in the
+    order the session meets them (not with ``MPIML_TEST_WARM=0``): every rank of a launch meeting a kernel
+    missing from Numba's cache compiled it too (tests/neighbors: 183 s with an empty cache, 65 s with a warm one
+    on CI), where kernels met only on several ranks (a node's read-only shared windows) were compiled by all."""
     if os.environ.get("MPIML_TEST_WARM", "1") == "0" or _WARM:
         return
-    families = set()
+    families = []
     for item in items:
         if "mpi" in item.keywords and "gpu" not in item.keywords:
-            folder = os.path.relpath(str(item.path), TESTS).split(os.sep)[0]
-            families.update(WARM_FAMILIES.get(folder, ()))
+            families += [f for f in WARM_FAMILIES.get(_folder(item.nodeid.split("::")[0]), ()) if f not in families]
     if not families:
         return
     import tempfile
 
-    log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen([sys.executable, os.path.join(TESTS, "_warm_kernels.py"), *sorted(families)],
-                            stdout=log, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True)
-    _WARM.update(proc=proc, families=sorted(families), log=log, start=time.time())
+    fd, log = tempfile.mkstemp(prefix="mpiml_warm_", suffix=".log")
+    proc = subprocess.Popen([sys.executable, os.path.join(TESTS, "_warm_kernels.py"), *families],
+                            stdout=fd, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True)
+    os.close(fd)
+    _WARM.update(proc=proc, families=families, log=log, start=time.time())
+
+
+def _warm_output():
+    with open(_WARM["log"]) as f:
+        return f.read()
 
 
 def _warm_kernels_wait(timeout=600):
-    """Before a launch: wait for the warm-up (once; past ``timeout`` it is killed and the ranks compile)."""
+    """Before a launch: wait until the warm-up has warmed the families of the calling test's folder (none for
+    a folder not in :data:`WARM_FAMILIES`; every family outside a test); past ``timeout`` seconds from its start
+    it is killed and the ranks compile what they meet."""
     proc = _WARM.get("proc")
-    if proc is None or "summary" in _WARM:
+    if proc is None or proc.poll() is not None:
         return
-    try:
-        proc.wait(timeout=max(1.0, timeout - (time.time() - _WARM["start"])))
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    _WARM["log"].seek(0)
-    out = _WARM["log"].read().strip()
-    _WARM["log"].close()
-    _WARM["summary"] = (f"{', '.join(_WARM['families'])}: exit {proc.returncode}, "
-                        f"{time.time() - _WARM['start']:.1f} s after its start; {out[-2000:]}")
+    current = os.environ.get("PYTEST_CURRENT_TEST")
+    need = WARM_FAMILIES.get(_folder(current.split("::")[0]), ()) if current else _WARM["families"]
+    need = [f for f in need if f in _WARM["families"]]
+    while need and proc.poll() is None:
+        done = {line.split()[1] for line in _warm_output().splitlines() if line.startswith("warmed ")}
+        if all(f in done for f in need):
+            return
+        if time.time() - _WARM["start"] > timeout:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return
+        time.sleep(0.2)
 
 
 def pytest_terminal_summary(terminalreporter):
-    if "summary" in _WARM:
-        terminalreporter.write_line(f"CPU kernel warm-up (tests/_warm_kernels.py) {_WARM['summary']}")
+    if _WARM:
+        out = " | ".join(_WARM.get("output", "").split("\n")).strip(" |")
+        terminalreporter.write_line(f"CPU kernel warm-up (tests/_warm_kernels.py {' '.join(_WARM['families'])}): "
+                                    f"{_WARM.get('state')}; {out[-1500:]}")
 
 
 def pytest_collection_finish(session):
@@ -243,9 +259,13 @@ def pytest_sessionstart(session):
 
 def pytest_sessionfinish(session, exitstatus):
     proc = _WARM.get("proc")
-    if proc is not None and proc.poll() is None:   # no launch waited for it: not left compiling after the session
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    if proc is not None and "state" not in _WARM:
+        _WARM["state"] = f"exit {proc.returncode}" if proc.poll() is not None else "killed at the session's end"
+        if proc.poll() is None:   # not left compiling after the session
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        _WARM["output"] = _warm_output()
+        os.unlink(_WARM["log"])
     leaked = []
     for pattern in _SHM_GLOBS:
         for path in glob.glob(pattern):
