@@ -1,15 +1,15 @@
-"""Compile (or load) the CPU kernels once, in one process, before a test session's multi-rank launches need them.
+"""Compile (or load) the CPU kernels of some families once, before a test session's first test.
 
-Every rank of an ``mpiexec`` launch that meets a kernel missing from Numba's cache compiles it itself (the
-cache is written by whichever rank finishes first): with an empty cache, the kernels met only on several
-ranks (read-only rows of a node's shared windows, for the neighbours) were compiled by every rank of their
-first launch.  ``tests/conftest.py`` starts this script (``python _warm_kernels.py FAMILY...``, the families
-whose multi-rank tests the session holds, in the order it meets them; see its ``WARM_FAMILIES``) beside the
-session's single-process tests, and a launch of a family's tests waits for its line ``warmed FAMILY``.  It
-fits the family's CPU estimators on a few rows of each dtype on one process (and calls the neighbours'
-kernels with the argument types only several ranks make), which writes the kernels into the cache the ranks
-read (:mod:`mpiml.utils._jit`: the same environment, so the same folder).  A kernel it misses is compiled by
-the ranks as before; with a warm cache it only loads them (about 2 s for every family).
+With an empty Numba cache, the test process compiled each kernel at its first single-process test (scikit-learn's
+estimator checks meet many argument types: float32, read-only memory maps), and the ranks of a launch compiled
+the kernels they met first (the neighbours' read-only rows of a node's shared windows are met only on several
+ranks), one compile after another on a machine whose other cores were idle.  ``tests/conftest.py`` runs this
+script before the session's first test (``python _warm_kernels.py FAMILY...``; the families whose multi-rank
+tests the session holds, see its ``WARM_FAMILIES``, spread over one process per core).  It fits the families'
+CPU estimators on a few rows of each dtype (and calls the neighbours' kernels with the argument types only
+several ranks make), which writes the kernels into the cache every later process reads
+(:mod:`mpiml.utils._jit`: the same environment, so the same folder).  A kernel it misses is compiled where it
+is met, as before; with a warm cache it only loads them (about 2 s for every family).
 """
 
 import sys
@@ -41,7 +41,11 @@ def neighbors(dtype, comm):
             .fit(X).kneighbors(X[:20])
     yield "KNeighborsClassifier", lambda: KNeighborsClassifier(3, comm=comm).fit(X, y).predict(X[:20])
     yield "KNeighborsRegressor", lambda: KNeighborsRegressor(3, comm=comm).fit(X, yr).predict(X[:20])
+
+
+def neighbors_read_only(dtype, comm):
     if dtype == np.float64:
+        X, _, yr = _data(dtype)
         yield "read-only blocks", lambda: _neighbors_read_only(X, yr)
 
 
@@ -105,11 +109,14 @@ def _compiled_algebra():
         raise RuntimeError("not ready in 300 s")
 
 
-FAMILIES = {"kmeans": kmeans, "neighbors": neighbors, "forest": forest, "linear": linear}
+#: The families, each of its own kernels (or of its own argument types: ``neighbors_read_only``), so that
+#: processes warming different families write different cache entries.
+FAMILIES = {"kmeans": kmeans, "neighbors": neighbors, "neighbors_read_only": neighbors_read_only, "forest": forest,
+            "linear": linear}
 
 
 def main(families):
-    """Warm ``families`` in that order; a line ``warmed FAMILY SECONDS`` as each is done (launches wait for it)."""
+    """Warm ``families`` in that order (a line ``warmed FAMILY SECONDS`` each)."""
     from mpiml.comm import get_comm
 
     comm = get_comm("self")

@@ -41,7 +41,6 @@ def mpiexec_cmd(n):
     exe = _mpiexec()
     if exe is None:
         pytest.skip("no mpiexec on PATH (pip install mpich)")
-    _warm_kernels_wait()
     cmd = [exe, "-n", str(n)]
     extra = os.environ.get("MPIML_TEST_MPIEXEC_ARGS", "")
     return cmd + extra.split() if extra else cmd
@@ -136,75 +135,67 @@ def mpi():
     return run_mpi
 
 
-#: The CPU kernel families (tests/_warm_kernels.py) whose compiles the multi-rank tests of a folder meet: those
-#: folders' launches wait for one process to compile them first (a folder not named here: its ranks compile
-#: what they meet, as before; tests/utils's thread checks meet theirs first on one rank).
-WARM_FAMILIES = {"cluster": ("kmeans",), "neighbors": ("neighbors", "kmeans"), "ensemble": ("forest",),
-                 "linear_model": ("linear",)}
-_WARM = {}   # "proc": the warm-up process, "families" (in the order it warms them), "log" (its output), "start"
+#: The CPU kernel families (tests/_warm_kernels.py) that the tests of a folder compile: a session holding
+#: multi-rank CPU tests of these folders has them compiled before its first test.  Only tests/neighbors: it meets
+#: argument types on several ranks that one process does not (read-only shared windows).  tests/cluster,
+#: tests/ensemble and tests/linear_model compile each kernel once anyway, in the test process or a launch's one
+#: rank (warmed, each was no faster with an empty cache on the loaded 2-core VM: 48 -> 53 s, 185 -> 396 s,
+#: 118 -> 115 s); a folder not named here compiles what it meets, as before.
+WARM_FAMILIES = {"neighbors": ("neighbors", "neighbors_read_only", "kmeans")}
+_WARM = {}   # "families", "seconds", "output" of the session's warm-up
 
 
-def _folder(path):
-    return os.path.relpath(os.path.join(ROOT, path), TESTS).split(os.sep)[0]
+def _folder(nodeid):
+    return os.path.relpath(os.path.join(ROOT, nodeid.split("::")[0]), TESTS).split(os.sep)[0]
 
 
-def _warm_kernels_start(items):
-    """Start tests/_warm_kernels.py beside the session for the families its multi-rank CPU tests meet, in the
-    order the session meets them (not with ``MPIML_TEST_WARM=0``): every rank of a launch meeting a kernel
-    missing from Numba's cache compiled it too (tests/neighbors: 183 s with an empty cache, 65 s with a warm one
-    on CI), where kernels met only on several ranks (a node's read-only shared windows) were compiled by all."""
+def warm_cpu_kernels(items, timeout=600):
+    """Compile the CPU kernels of the folders whose multi-rank CPU tests the session holds before the session's first
+    test, each family once (tests/_warm_kernels.py, as many processes at once as cores; not with
+    ``MPIML_TEST_WARM=0``).
+
+    With an empty Numba cache the test process compiled each kernel at its first single-process test, and every
+    rank of a launch compiled those it met first (a node's read-only shared windows, for the neighbours): CI's
+    tests/neighbors took 183 s with an empty cache against 65 s with a warm one.  Compiled once ahead, every
+    process loads them.  A warm cache costs the script's start and loads (a few seconds); a kernel it misses is
+    compiled where it is met, as before, and a warm-up that fails or times out fails no test."""
     if os.environ.get("MPIML_TEST_WARM", "1") == "0" or _WARM:
         return
     families = []
     for item in items:
         if "mpi" in item.keywords and "gpu" not in item.keywords:
-            families += [f for f in WARM_FAMILIES.get(_folder(item.nodeid.split("::")[0]), ()) if f not in families]
+            families += [f for f in WARM_FAMILIES.get(_folder(item.nodeid), ()) if f not in families]
     if not families:
         return
-    import tempfile
-
-    fd, log = tempfile.mkstemp(prefix="mpiml_warm_", suffix=".log")
-    proc = subprocess.Popen([sys.executable, os.path.join(TESTS, "_warm_kernels.py"), *families],
-                            stdout=fd, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True)
-    os.close(fd)
-    _WARM.update(proc=proc, families=families, log=log, start=time.time())
-
-
-def _warm_output():
-    with open(_WARM["log"]) as f:
-        return f.read()
-
-
-def _warm_kernels_wait(timeout=600):
-    """Before a launch: wait until the warm-up has warmed the families of the calling test's folder (none for
-    a folder not in :data:`WARM_FAMILIES`; every family outside a test); past ``timeout`` seconds from its start
-    it is killed and the ranks compile what they meet."""
-    proc = _WARM.get("proc")
-    if proc is None or proc.poll() is not None:
-        return
-    current = os.environ.get("PYTEST_CURRENT_TEST")
-    need = WARM_FAMILIES.get(_folder(current.split("::")[0]), ()) if current else _WARM["families"]
-    need = [f for f in need if f in _WARM["families"]]
-    while need and proc.poll() is None:
-        done = {line.split()[1] for line in _warm_output().splitlines() if line.startswith("warmed ")}
-        if all(f in done for f in need):
-            return
-        if time.time() - _WARM["start"] > timeout:
+    # one process per family, as many at once as there are cores (Numba compiles on one thread)
+    t0 = time.time()
+    procs = {}
+    lanes = max(1, min(len(families), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
+    for i in range(lanes):
+        procs[i] = subprocess.Popen([sys.executable, os.path.join(TESTS, "_warm_kernels.py"), *families[i::lanes]],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_child_env(),
+                                    start_new_session=True)
+    out = []
+    for proc in procs.values():
+        try:
+            text = proc.communicate(timeout=max(1.0, timeout - (time.time() - t0)))[0]
+            out.append(f"exit {proc.returncode}; {text}")
+        except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return
-        time.sleep(0.2)
+            proc.communicate()
+            out.append(f"killed after {timeout} s")
+    _WARM.update(families=families, seconds=time.time() - t0, output="\n".join(out))
 
 
 def pytest_terminal_summary(terminalreporter):
     if _WARM:
-        out = " | ".join(_WARM.get("output", "").split("\n")).strip(" |")
+        out = " | ".join(_WARM["output"].strip().split("\n"))
         terminalreporter.write_line(f"CPU kernel warm-up (tests/_warm_kernels.py {' '.join(_WARM['families'])}): "
-                                    f"{_WARM.get('state')}; {out[-1500:]}")
+                                    f"{_WARM['seconds']:.1f} s, {out[-1500:]}")
 
 
 def pytest_collection_finish(session):
-    _warm_kernels_start(session.items)
+    warm_cpu_kernels(session.items)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -258,14 +249,6 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    proc = _WARM.get("proc")
-    if proc is not None and "state" not in _WARM:
-        _WARM["state"] = f"exit {proc.returncode}" if proc.poll() is not None else "killed at the session's end"
-        if proc.poll() is None:   # not left compiling after the session
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        _WARM["output"] = _warm_output()
-        os.unlink(_WARM["log"])
     leaked = []
     for pattern in _SHM_GLOBS:
         for path in glob.glob(pattern):
