@@ -36,7 +36,7 @@ def main():
     import cupyx.scipy.sparse.linalg as cspl
 
     from mpiml.comm import get_comm
-    from mpiml.decomposition import TruncatedSVD, _solvers
+    from mpiml.decomposition import TruncatedSVD, _lanczos
 
     comm = get_comm("self")
     rng = np.random.default_rng(0)
@@ -47,13 +47,13 @@ def main():
     X.sum_duplicates()
     k = a.components
     products = []
-    plain = _solvers._matvec
+    plain = _lanczos._matvec
 
     def counted(A, V, padded=False):
         products[-1] += V.shape[1]
         return plain(A, V, padded)
 
-    _solvers._matvec = counted
+    _lanczos._matvec = counted
 
     def timed(fit):
         products.append(0)
@@ -71,19 +71,19 @@ def main():
     rows = {}
     ref = None
     for name, block in (("block 1 (default)", None), (f"block {k}", k)):
-        saved = _solvers._LANCZOS_BLOCK
+        saved = _lanczos._LANCZOS_BLOCK
         if block is not None:
-            _solvers._LANCZOS_BLOCK = block
+            _lanczos._LANCZOS_BLOCK = block
         try:
             est, times = timed(lambda: TruncatedSVD(k, algorithm="arpack", random_state=0, comm=comm).fit(X))
         finally:
-            _solvers._LANCZOS_BLOCK = saved
+            _lanczos._LANCZOS_BLOCK = saved
         s = cp.asnumpy(est.singular_values_)
         ref = s if ref is None else ref
         rows[name] = {"fit_s": min(times), "times_s": times, "restarts": int(est.n_iter_),
                       "products": products[-1], "rel_to_default": float(np.max(np.abs(s - ref) / ref))}
         print(f"{name}: {min(times):.4f} s, {est.n_iter_} restarts, {products[-1]} products", flush=True)
-    _solvers._matvec = plain
+    _lanczos._matvec = plain
     svds, times = timed(lambda: cspl.svds(X, k=k))
     s = np.sort(cp.asnumpy(svds[1]))[::-1]
     rows["cupyx svds (peer)"] = {"fit_s": min(times), "times_s": times,

@@ -45,7 +45,7 @@ def test_arpack_flat_spectrum_needs_no_more_products_than_arpack(monkeypatch):
     from scipy.sparse.linalg import LinearOperator, svds
     from sklearn.utils import check_random_state
 
-    from mpiml.decomposition import _solvers
+    from mpiml.decomposition import _lanczos
 
     X, k = _flat_spectrum_matrix(), 10
     arpack = [0]
@@ -57,13 +57,13 @@ def test_arpack_flat_spectrum_needs_no_more_products_than_arpack(monkeypatch):
     op = LinearOperator(X.shape, matvec=product, matmat=product, rmatvec=lambda u: X.T @ u, dtype=X.dtype)
     s_arpack = np.sort(svds(op, k=k, tol=0.0, v0=check_random_state(0).uniform(-1, 1, X.shape[1]))[1])[::-1]
     ours = [0]
-    plain = _solvers._matvec
+    plain = _lanczos._matvec
 
     def counted(A, V, padded=False):
         ours[0] += V.shape[1]
         return plain(A, V, padded)
 
-    monkeypatch.setattr(_solvers, "_matvec", counted)
+    monkeypatch.setattr(_lanczos, "_matvec", counted)
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
         est = TruncatedSVD(k, algorithm="arpack", random_state=0).fit(X)

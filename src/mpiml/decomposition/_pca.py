@@ -12,7 +12,8 @@ from ..base import SPMDEstimator
 from ..utils._linalg import augmented_gram, column_sq_dev, column_sums, gram, is_sparse, svd_flip_rows, to_csr, tsqr
 from ..utils._param_validation import Interval, RealNotInt, StrOptions
 from ..utils._validation import validate_data
-from ._solvers import CentredRows, block_lanczos_svd, randomized_svd
+from ._lanczos import block_lanczos_svd
+from ._solvers import CentredRows, randomized_svd
 
 __all__ = ["PCA"]
 

@@ -11,7 +11,8 @@ from ..kernels import sparse as _sparse_kernels
 from ..utils._linalg import column_sq_dev, column_sums, is_sparse, svd_flip_rows
 from ..utils._param_validation import Interval, StrOptions
 from ._pca import _allreduce, _check_local, validate_local_rows, validated_rows
-from ._solvers import SparseRows, block_lanczos_svd, checks_mode, mark, randomized_svd
+from ._lanczos import block_lanczos_svd
+from ._solvers import SparseRows, checks_mode, mark, randomized_svd
 
 __all__ = ["TruncatedSVD"]
 
