@@ -139,8 +139,8 @@ def mpi():
 #: multi-rank CPU tests of these folders has them compiled before its first test.  Only tests/neighbors: it meets
 #: argument types on several ranks that one process does not (read-only shared windows).  tests/cluster,
 #: tests/ensemble and tests/linear_model compile each kernel once anyway, in the test process or a launch's one
-#: rank (warmed, each was no faster with an empty cache on the loaded 2-core VM: 48 -> 53 s, 185 -> 396 s,
-#: 118 -> 115 s); a folder not named here compiles what it meets, as before.
+#: rank (warmed, none was faster with an empty cache on the loaded 2-core VM: 48 -> 53 s, 185 -> 396 s under a
+#: load average of 3 then 6, 118 -> 115 s); a folder not named here compiles what it meets, as before.
 WARM_FAMILIES = {"neighbors": ("neighbors", "neighbors_read_only", "kmeans")}
 _WARM = {}   # "families", "seconds", "output" of the session's warm-up
 
@@ -155,9 +155,9 @@ def warm_cpu_kernels(items, timeout=600):
     ``MPIML_TEST_WARM=0``).
 
     With an empty Numba cache the test process compiled each kernel at its first single-process test, and every
-    rank of a launch compiled those it met first (a node's read-only shared windows, for the neighbours): CI's
-    tests/neighbors took 183 s with an empty cache against 65 s with a warm one.  Compiled once ahead, every
-    process loads them.  A warm cache costs the script's start and loads (a few seconds); a kernel it misses is
+    rank of a launch compiled those it met first (a node's read-only shared windows, for the neighbours), one
+    compile after another: CI's tests/neighbors took 183 s with an empty cache against 65 s with a warm one.
+    Compiled ahead, spread over the cores, every process loads them.  A warm cache costs the script's start and loads (a few seconds); a kernel it misses is
     compiled where it is met, as before, and a warm-up that fails or times out fails no test."""
     if os.environ.get("MPIML_TEST_WARM", "1") == "0" or _WARM:
         return
@@ -169,14 +169,12 @@ def warm_cpu_kernels(items, timeout=600):
         return
     # one process per family, as many at once as there are cores (Numba compiles on one thread)
     t0 = time.time()
-    procs = {}
     lanes = max(1, min(len(families), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
-    for i in range(lanes):
-        procs[i] = subprocess.Popen([sys.executable, os.path.join(TESTS, "_warm_kernels.py"), *families[i::lanes]],
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_child_env(),
-                                    start_new_session=True)
+    procs = [subprocess.Popen([sys.executable, os.path.join(TESTS, "_warm_kernels.py"), *families[i::lanes]],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_child_env(),
+                              start_new_session=True) for i in range(lanes)]
     out = []
-    for proc in procs.values():
+    for proc in procs:
         try:
             text = proc.communicate(timeout=max(1.0, timeout - (time.time() - t0)))[0]
             out.append(f"exit {proc.returncode}; {text}")
@@ -189,7 +187,7 @@ def warm_cpu_kernels(items, timeout=600):
 
 def pytest_terminal_summary(terminalreporter):
     if _WARM:
-        out = " | ".join(_WARM["output"].strip().split("\n"))
+        out = " | ".join(line for line in _WARM["output"].split("\n") if line.strip())
         terminalreporter.write_line(f"CPU kernel warm-up (tests/_warm_kernels.py {' '.join(_WARM['families'])}): "
                                     f"{_WARM['seconds']:.1f} s, {out[-1500:]}")
 
