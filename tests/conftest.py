@@ -68,12 +68,8 @@ def run_group(cmd, timeout, **kwargs):
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def run_mpi(script, n, *args, timeout=120, env=None, expect_ok=True, code=None):
-    """Run ``script`` (a path, or ``code`` text written to a temp file) on ``n`` ranks.
-
-    Returns the CompletedProcess; with ``expect_ok`` a non-zero exit fails the
-    test with both output streams shown.  A run past ``timeout`` seconds fails.
-    """
+def _child_env(env=None):
+    """The environment of a launched job: this one, ``src`` and ``tests`` importable, one thread, ``env`` on top."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "src"), TESTS, full_env.get("PYTHONPATH", "")])
     full_env.setdefault("MPIML_TIMEOUT", "60")
@@ -81,6 +77,16 @@ def run_mpi(script, n, *args, timeout=120, env=None, expect_ok=True, code=None):
     full_env.setdefault("OPENBLAS_NUM_THREADS", "1")
     if env:
         full_env.update(env)
+    return full_env
+
+
+def run_mpi(script, n, *args, timeout=120, env=None, expect_ok=True, code=None):
+    """Run ``script`` (a path, or ``code`` text written to a temp file) on ``n`` ranks.
+
+    Returns the CompletedProcess; with ``expect_ok`` a non-zero exit fails the
+    test with both output streams shown.  A run past ``timeout`` seconds fails.
+    """
+    full_env = _child_env(env)
     if code is not None:
         import tempfile
 
@@ -127,6 +133,70 @@ def forge_model_file(path, edit):
 def mpi():
     """The :func:`run_mpi` helper as a fixture."""
     return run_mpi
+
+
+#: The CPU kernel families (tests/_warm_kernels.py) that the tests of a folder compile: a session holding
+#: multi-rank CPU tests of these folders has them compiled before its first test.  Only tests/neighbors: it meets
+#: argument types on several ranks that one process does not (read-only shared windows).  tests/cluster,
+#: tests/ensemble and tests/linear_model compile each kernel once anyway, in the test process or a launch's one
+#: rank (warmed, none was faster with an empty cache on the loaded 2-core VM: 48 -> 53 s, 185 -> 396 s under a
+#: load average of 3 then 6, 118 -> 115 s); a folder not named here compiles what it meets, as before.
+WARM_FAMILIES = {"neighbors": ("neighbors", "neighbors_read_only", "kmeans")}
+_WARM = {}   # "families", "seconds", "output" of the session's warm-up
+
+
+def _folder(nodeid):
+    return os.path.relpath(os.path.join(ROOT, nodeid.split("::")[0]), TESTS).split(os.sep)[0]
+
+
+def warm_cpu_kernels(items, timeout=600):
+    """Compile the CPU kernels of the folders whose multi-rank CPU tests the session holds before the session's first
+    test, each family once (tests/_warm_kernels.py, as many processes at once as cores; not with
+    ``MPIML_TEST_WARM=0``).
+
+    With an empty Numba cache the test process compiled each kernel at its first single-process test, and every
+    rank of a launch compiled those it met first (a node's read-only shared windows, for the neighbours), one
+    compile after another: CI's tests/neighbors took 183 s with an empty cache against 65 s with a warm one.
+    Compiled ahead, spread over the cores, every process loads them: tests/neighbors with an empty cache on the
+    2-core VM, OMP_NUM_THREADS=1, took 125.6 -> 98.1 s and 99.9 -> 82.4 s in two pairs of runs (load averages 3-4
+    and 1.5; 58.5 s with a warm cache), the same CPU time.  A warm cache costs 3.1 s (the scripts' start and
+    loads); a kernel the warm-up misses is compiled where it is met, as before, and a warm-up that fails or times
+    out fails no test."""
+    if os.environ.get("MPIML_TEST_WARM", "1") == "0" or _WARM:
+        return
+    families = []
+    for item in items:
+        if "mpi" in item.keywords and "gpu" not in item.keywords:
+            families += [f for f in WARM_FAMILIES.get(_folder(item.nodeid), ()) if f not in families]
+    if not families:
+        return
+    # one process per family, as many at once as there are cores (Numba compiles on one thread)
+    t0 = time.time()
+    lanes = max(1, min(len(families), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
+    procs = [subprocess.Popen([sys.executable, os.path.join(TESTS, "_warm_kernels.py"), *families[i::lanes]],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_child_env(),
+                              start_new_session=True) for i in range(lanes)]
+    out = []
+    for proc in procs:
+        try:
+            text = proc.communicate(timeout=max(1.0, timeout - (time.time() - t0)))[0]
+            out.append(f"exit {proc.returncode}; {text}")
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            out.append(f"killed after {timeout} s")
+    _WARM.update(families=families, seconds=time.time() - t0, output="\n".join(out))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _WARM:
+        out = " | ".join(line for line in _WARM["output"].split("\n") if line.strip())
+        terminalreporter.write_line(f"CPU kernel warm-up (tests/_warm_kernels.py {' '.join(_WARM['families'])}): "
+                                    f"{_WARM['seconds']:.1f} s, {out[-1500:]}")
+
+
+def pytest_collection_finish(session):
+    warm_cpu_kernels(session.items)
 
 
 def pytest_collection_modifyitems(config, items):

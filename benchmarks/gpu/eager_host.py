@@ -29,11 +29,10 @@ import statistics
 import sys
 import time
 
-import numpy as np
-
 import cupy as cp
 from cupy.cuda import nccl
 
+import _timing  # (benchmarks/gpu/_timing.py, beside this script)
 from mpiml import init
 from mpiml.comm import get_comm
 
@@ -57,19 +56,10 @@ stream.use()
 uid = comm.bcast_obj(nccl.get_unique_id() if R == 0 else None)
 raw = nccl.NcclCommunicator(P, uid, R)
 plain = comm.split(0)  # its IPC transport is made below with MPIML_IPC_REPLAY=0
-_spin = cp.RawKernel(r'''extern "C" __global__ void mpiml_eh_spin(long long ns) {
-    long long t0; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    long long t = t0; while (t - t0 < ns) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } }''',
-                     "mpiml_eh_spin")
 
 
 def buffers(op, nbytes):
-    n = max(1, nbytes // 4 // (P if op == "allgather" else 1))
-    if op == "reduce_scatter":
-        n = max(P, n // P * P)
-    x = cp.ones(n, dtype=cp.float32)
-    y = cp.empty(n * P if op == "allgather" else n // P if op == "reduce_scatter" else n, dtype=cp.float32)
-    return x, y
+    return _timing.buffers(op, nbytes, P)
 
 
 def make_call(op, path, x, y):
@@ -96,33 +86,15 @@ def set_check(path):
 
 
 def eager(fn, iters):
-    for _ in range(3):
-        fn()
-    stream.synchronize()
-    comm.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    t1 = time.perf_counter()
-    stream.synchronize()
-    return (time.perf_counter() - t0) / iters, (t1 - t0) / iters
+    return _timing.eager(fn, iters, comm, stream)
 
 
 def held(fn, calls=200):
-    fn()
-    stream.synchronize()
-    comm.barrier()
-    _spin((1,), (1,), (np.int64(20_000_000),))  # 20 ms
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t = (time.perf_counter() - t0) / calls
-    stream.synchronize()
-    return t
+    return _timing.held_host_cost(fn, comm, stream, calls, hold_ns=20_000_000)  # 20 ms
 
 
 def agree(t):
-    return comm.allreduce_obj(t, "max")
+    return _timing.agree(comm, t)
 
 
 ops, sizes, paths = args.ops.split(","), [int(s) for s in args.sizes.split(",")], args.paths.split(",")

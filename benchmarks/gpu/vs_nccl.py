@@ -51,11 +51,10 @@ import statistics
 import sys
 import time
 
-import numpy as np
-
 import cupy as cp
 from cupy.cuda import nccl
 
+import _timing  # (benchmarks/gpu/_timing.py, beside this script)
 from mpiml.bench._graphs import capture
 from mpiml.comm import get_comm
 from mpiml import init
@@ -183,26 +182,12 @@ def make_call(op, path, nbytes, x, y):
 
 def buffers(op, nbytes):
     """x holds nbytes (allgather: nbytes / P, its result nbytes; reduce_scatter: a multiple of P elements)."""
-    n = max(1, nbytes // 4 // (P if op == "allgather" else 1))
-    if op == "reduce_scatter":
-        n = max(P, n // P * P)
-    x = cp.ones(n, dtype=cp.float32)
-    y = cp.empty(n * P if op == "allgather" else n // P if op == "reduce_scatter" else n, dtype=cp.float32)
-    return x, y
+    return _timing.buffers(op, nbytes, P)
 
 
 def eager(fn, iters):
     """(seconds per call, host seconds per call) of ``iters`` back-to-back calls."""
-    for _ in range(3):
-        fn()
-    stream.synchronize()
-    comm.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    t1 = time.perf_counter()
-    stream.synchronize()
-    return (time.perf_counter() - t0) / iters, (t1 - t0) / iters
+    return _timing.eager(fn, iters, comm, stream)
 
 
 def graph(fn, iters, calls=20):
@@ -219,28 +204,13 @@ def graph(fn, iters, calls=20):
     return (time.perf_counter() - t0) / (iters * calls)
 
 
-_spin = cp.RawKernel(r'''extern "C" __global__ void mpiml_bench_spin(long long ns) {
-    long long t0; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    long long t = t0; while (t - t0 < ns) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } }''',
-                     "mpiml_bench_spin")
-
-
 def host_cost(fn, calls=HOST_CALLS):
-    """Host seconds per call, measured while the stream is held by a busy kernel (no GPU feedback)."""
-    fn()
-    stream.synchronize()
-    comm.barrier()
-    _spin((1,), (1,), (np.int64(50_000_000),))  # 50 ms
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t = (time.perf_counter() - t0) / calls
-    stream.synchronize()
-    return t
+    """Host seconds per call, measured while the stream is held by a busy kernel (50 ms: no GPU feedback)."""
+    return _timing.held_host_cost(fn, comm, stream, calls, hold_ns=50_000_000)
 
 
 def agree(t):
-    return comm.allreduce_obj(t, "max")
+    return _timing.agree(comm, t)
 
 
 def floor_us(op, nbytes):

@@ -25,6 +25,7 @@ from _spmd import check, guarded
 
 import cupy as cp  # noqa: E402
 
+from _device_check import DeviceCheck  # noqa: E402
 from mpiml import init  # noqa: E402
 from mpiml.comm import Communicator, get_comm  # noqa: E402
 
@@ -35,41 +36,15 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--repeats", type=int, default=12)
 ARGS = ap.parse_args()
 
-_SRC = r'''
-extern "C" __global__ void rp_fill(float* x, long long n, float c, const float* kdev) {
-    const float k = kdev[0];
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        x[i] = (float)(i % 13) + c + k;
-}
-extern "C" __global__ void rp_check(const float* got, long long n, long long off, float a, float b, float kc,
-                                    const float* kdev, int* bad) {
-    const float k = kdev[0];
-    int miss = 0;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        miss += got[i] != a * (float)((i + off) % 13) + b + kc * k;
-    if (miss) atomicAdd(bad, miss);
-}
-'''
-_MOD = cp.RawModule(code=_SRC)
-_FILL, _CHECK = _MOD.get_function("rp_fill"), _MOD.get_function("rp_check")
-BAD = cp.zeros(1, dtype=cp.int32)
+_CHECKS = DeviceCheck()
 S3 = 3 * P * (P - 1) // 2  # sum over r of 3 r
 
 
-def _grid(n):
-    return (max(1, min(256, -(-n // 256))),), (256,)
-
-
 def fill(x, kdev):
-    g, b = _grid(x.size)
-    _FILL(g, b, (x, np.int64(x.size), np.float32(3 * R), kdev))
+    _CHECKS.fill(x, 3 * R, kdev)
 
 
-def expect(got, a, b, kc, kdev, off=0):
-    if got.size:
-        g, bl = _grid(got.size)
-        _CHECK(g, bl, (got, np.int64(got.size), np.int64(off), np.float32(a), np.float32(b), np.float32(kc), kdev,
-                       BAD))
+expect = _CHECKS.expect
 
 
 class Case:
@@ -163,7 +138,7 @@ def main():
                 calls += 1
         prev = s
     cp.cuda.Device().synchronize()
-    bad = int(BAD.get()[0])
+    bad = _CHECKS.mismatches()
     check(bad == 0, f"eager repeats: {bad} wrong elements on rank {R}")
     pinned = [str(cs) for cs in all_cases if cs.pinned()]
     check(len(pinned) >= len(all_cases) // 3,  # (4 ranks: 43 of 44; other rank counts route more to NCCL)
@@ -185,7 +160,7 @@ def main():
         for case in some:
             case.run(kvals[5])
     cap.synchronize()
-    bad = int(BAD.get()[0])
+    bad = _CHECKS.mismatches()
     check(bad == 0, f"after a user's capture of pinned calls: {bad} wrong elements on rank {R}")
     if R == 0:
         print(f"{P} ranks: {calls} eager calls on reused arrays, {len(pinned)} of {len(all_cases)} cases pinned, "

@@ -35,6 +35,7 @@ from _spmd import check, guarded
 
 import cupy as cp  # noqa: E402
 
+from _device_check import DeviceCheck  # noqa: E402
 from mpiml import init  # noqa: E402
 from mpiml.comm import get_comm  # noqa: E402
 
@@ -62,45 +63,8 @@ ALGOS = {
     "scan": ["native"],
 }
 
-_SRC = r'''
-extern "C" __global__ void stress_fill(float* x, long long n, float c, const float* kdev) {
-    const float k = kdev[0];
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        x[i] = (float)(i % 13) + c + k;
-}
-// got[i] == a * ((i + off) % 13) + b + kc * kdev[0]; mismatches added to bad[0]
-extern "C" __global__ void stress_check(const float* got, long long n, long long off, float a, float b, float kc,
-                                        const float* kdev, int* bad) {
-    const float k = kdev[0];
-    int miss = 0;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        miss += got[i] != a * (float)((i + off) % 13) + b + kc * k;
-    if (miss) atomicAdd(bad, miss);
-}
-extern "C" __global__ void stress_spin(long long cycles) {
-    const long long t0 = clock64();
-    while (clock64() - t0 < cycles) {}
-}
-'''
-_MOD = cp.RawModule(code=_SRC)
-_FILL, _CHECK, _SPIN = (_MOD.get_function(n) for n in ("stress_fill", "stress_check", "stress_spin"))
-BAD = cp.zeros(1, dtype=cp.int32)
-
-
-def _grid(n):
-    return (max(1, min(256, -(-n // 256))),), (256,)
-
-
-def fill(x, c, kdev):
-    g, b = _grid(x.size)
-    _FILL(g, b, (x, np.int64(x.size), np.float32(c), kdev))
-
-
-def expect(got, a, b, kc, kdev, off=0):
-    if got.size:
-        g, bl = _grid(got.size)
-        _CHECK(g, bl, (got, np.int64(got.size), np.int64(off), np.float32(a), np.float32(b), np.float32(kc), kdev,
-                       BAD))
+_CHECKS = DeviceCheck()
+fill, expect = _CHECKS.fill, _CHECKS.expect
 
 
 def rows(n):
@@ -242,7 +206,7 @@ def main():
                 graph_calls += g.calls
             else:
                 if shared.random() < 0.3 and R == int(shared.integers(P)):
-                    _SPIN((1,), (1,), (np.int64(int(local.integers(5000, 200000))),))  # this rank late
+                    _CHECKS.spin(int(local.integers(5000, 200000)))  # this rank late
                     spins += 1
                 kdev = kvals[j % len(kvals)] if j % 3 else zero
                 keep.append(collective(op, algo, n, root, kdev))
@@ -252,14 +216,14 @@ def main():
         if (j + 1) % 200 == 0 or j + 1 == len(schedule):
             cp.cuda.Device().synchronize()  # (the destroyed streams' work too)
             keep.clear()
-            bad = int(BAD.get()[0])
+            bad = _CHECKS.mismatches()
             check(bad == 0, f"after call {j + 1}: {bad} wrong elements on rank {R}")
             if comm.allreduce_obj(bad):  # (every rank stops at the same call)
                 break
     for st in (*streams, capture):
         st.synchronize()
     comm.synchronize()
-    bad = int(BAD.get()[0])
+    bad = _CHECKS.mismatches()
     check(bad == 0, f"{bad} wrong elements at the end")
     if R == 0:
         print(f"{P} ranks: {eager} eager calls, {replays} graph replays ({graph_calls} collectives), "

@@ -339,11 +339,31 @@ def clustered_arpack_checks():
                      rtol=1e-8, atol=1e-12)
 
 
+def flat_arpack_checks():
+    """A random sparse matrix (a flat spectrum, its top singular values 1e-3 apart): the thick restart must
+    converge here as on one process (no ConvergenceWarning, about as many restarts) to scikit-learn's
+    triplets (the product count against ARPACK's: test_decomposition.py)."""
+    rs = np.random.RandomState(1)
+    nnz = 75_000
+    X = sp.csr_matrix((rs.random_sample(nnz), (rs.randint(0, 10_000, nnz), rs.randint(0, 1_500, nnz))),
+                      shape=(10_000, 1_500))
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        est = TruncatedSVD(10, algorithm="arpack", random_state=0).fit(shard(X, True))
+        one = TruncatedSVD(10, algorithm="arpack", random_state=0, comm=SELF).fit(X)
+    check(not [r for r in rec if "converge" in str(r.message)], "flat arpack: a convergence warning")
+    check(abs(est.n_iter_ - one.n_iter_) <= 2, f"flat arpack: {est.n_iter_} restarts, {one.n_iter_} on one process")
+    sk = skd.TruncatedSVD(10, algorithm="arpack", random_state=0).fit(X)
+    assert_close(est.singular_values_, sk.singular_values_, "flat arpack: singular values", rtol=1e-12, atol=0)
+    assert_close(est.components_, sk.components_, "flat arpack: components", rtol=0, atol=1e-8)
+
+
 def main():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         robustness_checks()
         clustered_arpack_checks()
+        flat_arpack_checks()
         sparse_checks()
         pca_checks()
         tsvd_checks()

@@ -380,7 +380,7 @@ def test_fitted_attributes_copy_to_the_device():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_compiled_algebra_on_device_rows_same_bits(dtype, monkeypatch):
+def test_compiled_algebra_on_device_rows_same_bits(dtype, monkeypatch, direct_normal_routes):
     """Device fits solve the reduced Gram matrix in one compiled call (``_small_jit``): the NumPy path's bits
     of ``coef_`` and ``singular_`` (the Gram kernel is deterministic, so both see the same matrix)."""
     import cupy as cp
@@ -388,16 +388,7 @@ def test_compiled_algebra_on_device_rows_same_bits(dtype, monkeypatch):
     from mpiml.linear_model import LinearRegression, Ridge, _lsq_direct
     from mpiml.linear_model import _small_jit as jit
 
-    assert _lsq_direct.wait_compiled_algebra(120)   # (the fits before it is loaded take the NumPy algebra)
-    routes = []
-    real = jit.direct_normal
-
-    def spy(*args):
-        out = real(*args)
-        routes.append(out[0])
-        return out
-
-    monkeypatch.setattr(jit, "direct_normal", spy)
+    routes = direct_normal_routes
     rs = np.random.RandomState(5)
     X = cp.asarray((rs.randn(300_000, 64) * np.linspace(0.5, 3, 64) + 1.0).astype(dtype))
     y = cp.asarray((cp.asnumpy(X) @ rs.randn(64) + rs.randn(300_000)).astype(dtype))

@@ -109,11 +109,10 @@ def _fits(X, y, sw=None):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_estimators_through_the_compiled_algebra(dtype, monkeypatch):
+def test_estimators_through_the_compiled_algebra(dtype, monkeypatch, direct_normal_routes):
     from mpiml.linear_model import _small_jit as jit
 
-    assert _lsq_direct.wait_compiled_algebra(120)
-
+    routes = direct_normal_routes
     rs = np.random.RandomState(3)
     n, d = 3000, 12
     X = (rs.randn(n, d) * np.arange(1, d + 1) + 2.0).astype(dtype)
@@ -123,15 +122,6 @@ def test_estimators_through_the_compiled_algebra(dtype, monkeypatch):
     U, _ = np.linalg.qr(rs.randn(n, d))
     Xill = ((U * np.logspace(0, -7, d)) @ np.linalg.qr(rs.randn(d, d))[0] + 3.0).astype(dtype)   # TSQR
     sw = rs.uniform(0.5, 2.0, n).astype(dtype)
-    routes = []
-    real = jit.direct_normal
-
-    def spy(*args):
-        out = real(*args)
-        routes.append(out[0])
-        return out
-
-    monkeypatch.setattr(jit, "direct_normal", spy)
     cases = list(_fits(X, y)) + list(_fits(X, y, sw)) + list(_fits(Xdup, y)) + list(_fits(Xill, y))
     for est, Xc, yc, w in cases:
         monkeypatch.setattr(_lsq_direct, "_COMPILED_ON_HOST", False)

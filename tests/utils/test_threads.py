@@ -1,41 +1,70 @@
-"""Threads per rank (mpiml.utils._threads) under real mpiexec at 1-4 ranks."""
+"""Threads per rank (mpiml.utils._threads) under real mpiexec at 1-4 ranks.
+
+The multi-rank checks run as cases of one launch per rank count (``tests/_spmd_cases.py``; they were 14
+launches): the forest-first "kernels" case first, where Numba is not yet imported, then the others,
+each undoing the limit of the one before (``threads_spmd_script.forget_earlier_limit``).
+"""
 
 import os
 
 import pytest
 
-from conftest import run_mpi
+from _spmd_cases import CaseLaunches
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "threads_spmd_script.py")
 #: Every variable by which a user chooses the count, blanked (run_mpi sets two of them to 1).
 UNSET = {"OMP_NUM_THREADS": "", "MKL_NUM_THREADS": "", "OPENBLAS_NUM_THREADS": "", "SLURM_CPUS_PER_TASK": "",
          "NUMBA_THREADING_LAYER": "", "NUMBA_NUM_THREADS": ""}
+#: The same for a case of a launch under way: Numba's variables stay (its pool is launched by then).
+USER_UNSET = {k: v for k, v in UNSET.items() if not k.startswith("NUMBA_")}
+MODES = ("kernels", "init", "estimator")   # "kernels" first: the first import of Numba in the launch
 
 
 def _cores():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
+def _cases():
+    cases = {}
+    for n in (1, 2, 3, 4):
+        want = max(1, _cores() // n)
+        cases[n] = [{"name": mode, "script": SCRIPT, "args": [mode, want, 1, want], "env": USER_UNSET}
+                    for mode in MODES]
+        if n in (1, 2):
+            # the user's count, even above cores / ranks, is left to the libraries: nothing is limited
+            threads = str(_cores() + 1)
+            cases[n].append({"name": "user", "script": SCRIPT, "args": ["init", threads, 0, -1],
+                             "env": dict(USER_UNSET, OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads)})
+        if n == 2:
+            cases[n].append({"name": "slurm", "script": SCRIPT, "args": ["estimator", 2, 1, 2],
+                             "env": dict(USER_UNSET, SLURM_CPUS_PER_TASK="2")})
+    for n_cases in cases.values():
+        for case in n_cases:
+            case["args"] = [str(a) for a in case["args"]]
+    return cases
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    return CaseLaunches(_cases(), tmp_path_factory, timeout=300, env=UNSET)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-@pytest.mark.parametrize("mode", ["init", "estimator", "kernels"])
-def test_limit_is_cores_over_ranks(n, mode):
-    want = max(1, _cores() // n)
-    run_mpi(SCRIPT, n, mode, want, 1, want, env=UNSET, timeout=180)
+@pytest.mark.parametrize("mode", MODES)
+def test_limit_is_cores_over_ranks(launches, n, mode):
+    launches.verdict(n, mode)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2])
-def test_user_variable_wins(n):
-    # the user's count, even above cores / ranks, is left to the libraries: nothing is limited
-    threads = _cores() + 1
-    env = dict(UNSET, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
-    run_mpi(SCRIPT, n, "init", threads, 0, -1, env=env, timeout=120)
+def test_user_variable_wins(launches, n):
+    launches.verdict(n, "user")
 
 
 @pytest.mark.mpi
-def test_slurm_cpus_per_task_is_applied():
-    run_mpi(SCRIPT, 2, "estimator", 2, 1, 2, env=dict(UNSET, SLURM_CPUS_PER_TASK="2"), timeout=120)
+def test_slurm_cpus_per_task_is_applied(launches):
+    launches.verdict(2, "slurm")
 
 
 def test_one_blas_thread_is_a_context():

@@ -1,12 +1,15 @@
 """Run under mpiexec: the thread limit of every rank, against what the test expects.
 
-argv: mode ("init" | "estimator" | "kernels"), expected threads per rank, expected "applied" (0/1),
-expected pool size (-1: do not check the pools).  "kernels" fits a forest first (the first module
-to import Numba), then neighbours and KMeans, and checks Numba's pool and threading layer too:
-OpenMP's spinning threads, picked when the forest imported Numba first, made the later BLAS
-products of a rank 3-5 times slower.
+argv (or ``main``'s arguments, as a case of ``tests/_spmd_cases.py``): mode ("init" | "estimator" |
+"kernels"), expected threads per rank, expected "applied" (0/1), expected pool size (-1: do not check
+the pools).  "kernels" fits a forest first (the first module to import Numba), then neighbours and
+KMeans, and checks Numba's pool and threading layer too: OpenMP's spinning threads, picked when the
+forest imported Numba first, made the later BLAS products of a rank 3-5 times slower; so a launch's
+"kernels" case must come first (test_threads.py's order), the limit of each earlier case being undone
+before the next (:func:`forget_earlier_limit`).
 """
 
+import os
 import sys
 
 import numpy as np
@@ -14,13 +17,32 @@ from threadpoolctl import threadpool_info
 
 import mpiml
 from _spmd import check, guarded
+from mpiml.utils import _threads
 from mpiml.utils._threads import thread_info
 
-mode, want, applied, pool = sys.argv[1], int(sys.argv[2]), bool(int(sys.argv[3])), int(sys.argv[4])
 comm = mpiml.get_comm()
+_AFFINITY = os.sched_getaffinity(0)   # the launcher's, before any case placed this rank
 
 
-def main():
+def forget_earlier_limit():
+    """This process as before any limit, where an earlier case of the launch set one: the pools given back
+    their sizes, the variables the limit put in the environment taken out (Numba's kept once Numba is
+    imported: its pool is launched, and a compile that reads another size fails), the state cleared."""
+    while _threads._LIMITER:
+        _threads._LIMITER.pop().restore_original_limits()
+    for name, value in list(_threads._OURS.items()):
+        if "numba" in sys.modules and name.startswith("NUMBA_"):
+            continue
+        if os.environ.get(name) == value:
+            del os.environ[name]
+        del _threads._OURS[name]
+    _threads._STATE.clear()
+    os.sched_setaffinity(0, _AFFINITY)   # an earlier case's placement undone too
+
+
+def main(mode, want, applied, pool):
+    want, applied, pool = int(want), bool(int(applied)), int(pool)
+    forget_earlier_limit()
     check(thread_info() == {}, "a limit before init or any fit")
     if mode == "init":
         mpiml.init(device="cpu")
@@ -76,4 +98,5 @@ def check_placement(info):
         check(not any(bound), f"no rank pinned ({comm.size} ranks, {len(cores)} cores): {bound}")
 
 
-guarded(main, comm)
+if __name__ == "__main__":
+    guarded(lambda: main(*sys.argv[1:5]), comm)

@@ -12,7 +12,8 @@ from ..base import SPMDEstimator
 from ..utils._linalg import augmented_gram, column_sq_dev, column_sums, gram, is_sparse, svd_flip_rows, to_csr, tsqr
 from ..utils._param_validation import Interval, RealNotInt, StrOptions
 from ..utils._validation import validate_data
-from ._solvers import CentredRows, block_lanczos_svd, randomized_svd
+from ._lanczos import block_lanczos_svd
+from ._solvers import CentredRows, randomized_svd
 
 __all__ = ["PCA"]
 
@@ -201,8 +202,8 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstimator):
     - ``"randomized"``: see :func:`mpiml.decomposition._solvers.randomized_svd`
       (per power iteration one allreduce of ``d x (k + n_oversamples)``
       float64 plus the normaliser's), plus one scalar allreduce (total variance);
-    - ``"arpack"``: one allreduce of ``d x k`` float64 per block product, plus
-      one scalar allreduce.
+    - ``"arpack"``: one allreduce of ``d`` float64 per product of ``XᵀX`` with
+      a vector (blocks of one, as ARPACK's), plus one scalar allreduce.
 
     :meth:`transform`, :meth:`inverse_transform` and :meth:`score_samples` act
     on local rows and communicate nothing; :meth:`score` is global (one

@@ -1,9 +1,9 @@
-"""Truncated SVD solvers on a row-distributed matrix: randomised range finder and block Lanczos.
+"""Truncated SVD solvers on a row-distributed matrix: the randomised range finder, the operators and products.
 
-Both solvers touch the data only through two products, so that a sparse shard
-(SciPy or ``cupyx`` CSR, never densified) or an implicitly centred one
-(:class:`CentredRows`, what PCA's ``"arpack"`` runs on sparse data) takes the
-same path as a dense shard:
+Both solvers (this one and :mod:`._lanczos`'s block Lanczos) touch the data
+only through two products, so that a sparse shard (SciPy or ``cupyx`` CSR,
+never densified) or an implicitly centred one (:class:`CentredRows`, what
+PCA's ``"arpack"`` runs on sparse data) takes the same path as a dense shard:
 
 * ``X @ V`` with ``V`` replicated ``(d, b)``: local rows out, no communication;
 * ``X.T @ U`` with ``U`` local rows ``(n_r, b)``: summed over ranks, one
@@ -16,18 +16,16 @@ rank takes the same branches and the same number of iterations.
 import contextlib
 import os
 import time
-import warnings
 from numbers import Integral
 
 import numpy as np
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 
 from .._array import to_numpy
 from ..kernels import sparse as _sparse_kernels
 from ..utils._linalg import orthonormalize, tsqr
 
-__all__ = ["gaussian_matrix", "randomized_svd", "block_lanczos_svd", "resolve_normalizer", "CentredRows", "SparseRows"]
+__all__ = ["gaussian_matrix", "randomized_svd", "resolve_normalizer", "CentredRows", "SparseRows"]
 
 
 # ---------------------------------------------------------------------- timeline (benchmarks)
@@ -667,114 +665,3 @@ def randomized_svd(X, n_components, *, comm, xp, n_rows, row_offset, n_oversampl
     Vt = (Q.astype(xp.float64) @ Vrt.T).T
     out = U, s[:n_components].astype(dtype), Vt[:n_components].astype(dtype)
     return (*out, None) if deferred else out
-
-
-# ---------------------------------------------------------------------- block Lanczos
-def _orth_against(W, K, xp):
-    """``W`` with the span of ``K`` removed (twice: classical Gram-Schmidt, re-orthogonalised), orthonormal."""
-    if K is not None:
-        for _ in range(2):
-            W = W - K @ (K.T @ W)
-    W = xp.linalg.qr(W, mode="reduced")[0]
-    if K is not None:  # a block that was (nearly) in span(K) came back as rounding noise: clean it again
-        W = W - K @ (K.T @ W)
-        W = xp.linalg.qr(W, mode="reduced")[0]
-    return W
-
-
-def block_lanczos_svd(X, n_components, *, comm, xp, tol=0.0, random_state=None, ncv=None, max_restarts=300):
-    """Top singular triplets of the row-distributed ``X`` by thick-restarted block Lanczos on ``X^T X``.
-
-    The ARPACK-like solver: the Krylov basis lives in the ``d``-dimensional
-    space of the features and is replicated; the only use of the data is
-    ``V -> X^T (X V)``, one allreduce of ``d x b`` float64 per block product.
-
-    Parameters
-    ----------
-    X : ndarray of shape (n_local, d)
-    n_components : int
-        ``k``; requires ``k < d``.
-    comm : Communicator
-    xp : module
-    tol : float, default=0.0
-        Stop when every wanted Ritz pair has ``||C v - theta v|| <= tol * theta_max``
-        (``C = X^T X``); 0 means a floor of ``1000 * eps`` of the data's dtype.
-    random_state : int, RandomState instance or None
-        Start block (Gaussian, the same on every rank).
-    ncv : int, default=None
-        Basis size per restart; default ``min(d, max(20, min(8k, 2k + 256)))``.
-        A restart keeps ``k`` Ritz vectors and adds ``(ncv - k) / k`` blocks of
-        ``k``: ARPACK's ``max(2k + 1, 20)`` (one vector per product there) would
-        leave a single block, a subspace iteration that stalls on the clustered
-        tail of a covariance spectrum (residual 1e-7 after 300 restarts on a
-        1000 x 300 sparse matrix with k = 10, where 8k converges to 1e-13 in 12-17).
-    max_restarts : int, default=300
-
-    Returns
-    -------
-    U_local : ndarray of shape (n_local, k)
-        ``X V / s`` on this rank's rows (zero columns for zero singular values).
-    s : ndarray of shape (k,), replicated
-    Vt : ndarray of shape (k, d), replicated, unflipped.
-    n_restarts : int
-
-    Notes
-    -----
-    Communicated per block product: one allreduce of ``d x b`` float64, with
-    block size ``b = k``; a restart makes ``ncv / k - 1`` block products (the
-    kept Ritz block's product is reused).  Working on ``X^T X`` squares the
-    condition number, like ARPACK on the normal operator: the top singular
-    values are accurate to about ``eps * s_1^2 / s_k``.
-    """
-    n_local, d = X.shape
-    k = n_components
-    b = max(k, 1)
-    ncv = min(d, max(20, 2 * k + 1, min(8 * k, 2 * k + 256))) if ncv is None else min(d, max(int(ncv), b + 1))
-    floor = 1e3 * float(np.finfo(X.dtype).eps)
-    tol_eff = max(float(tol), floor)
-
-    def apply(V):
-        return _rmatvec(X, _matvec(X, V), comm, xp)
-
-    V = _orth_against(gaussian_matrix(random_state, (d, b), comm, xp, xp.float64), None, xp)
-    CV = apply(V)
-    n_restarts = 0
-    converged = False
-    theta = S = K = CK = None
-    for n_restarts in range(1, max_restarts + 1):
-        basis, images = [V], [CV]
-        cols = V.shape[1]
-        while cols < ncv:
-            want = min(b, ncv - cols)
-            K = xp.concatenate(basis, axis=1)
-            W = _orth_against(images[-1][:, :want], K, xp)
-            basis.append(W)
-            images.append(apply(W))
-            cols += W.shape[1]
-        K = xp.concatenate(basis, axis=1)
-        CK = xp.concatenate(images, axis=1)
-        T = K.T @ CK
-        T = (T + T.T) / 2
-        theta, S = xp.linalg.eigh(T)
-        order = xp.argsort(-theta)
-        theta, S = theta[order], S[:, order]
-        ritz, ritz_img = K @ S[:, :b], CK @ S[:, :b]
-        resid = xp.sqrt(((ritz_img - ritz * theta[None, :b]) ** 2).sum(axis=0))
-        top = max(float(theta[0]), 0.0)
-        if K.shape[1] >= d or bool((resid[:k] <= tol_eff * max(top, 1e-300)).all()):
-            converged = True
-            break
-        # thick restart on the wanted Ritz block: orthonormal already (K and S are),
-        # and its image is known, so the restart costs no block product
-        V, CV = ritz, ritz_img
-    if not converged:
-        warnings.warn(f"block Lanczos did not converge in {max_restarts} restarts (largest relative residual "
-                      f"{float(resid.max()) / max(top, 1e-300):.3g} > tol {tol_eff:.3g})",
-                      ConvergenceWarning, stacklevel=3)
-    theta_k = xp.clip(theta[:k], 0, None)
-    s = xp.sqrt(theta_k)
-    Vt = (K @ S[:, :k]).T                                          # (k, d)
-    XV = _matvec(X, Vt.T)
-    inv = xp.where(s > 0, 1.0 / xp.where(s > 0, s, 1.0), 0.0).astype(X.dtype)
-    U = XV * inv[None, :]
-    return U, s.astype(X.dtype), Vt.astype(X.dtype), n_restarts

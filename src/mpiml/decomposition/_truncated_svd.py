@@ -11,7 +11,8 @@ from ..kernels import sparse as _sparse_kernels
 from ..utils._linalg import column_sq_dev, column_sums, is_sparse, svd_flip_rows
 from ..utils._param_validation import Interval, StrOptions
 from ._pca import _allreduce, _check_local, validate_local_rows, validated_rows
-from ._solvers import SparseRows, block_lanczos_svd, checks_mode, mark, randomized_svd
+from ._lanczos import block_lanczos_svd
+from ._solvers import SparseRows, checks_mode, mark, randomized_svd
 
 __all__ = ["TruncatedSVD"]
 
@@ -159,7 +160,7 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
         ``"randomized"``: Halko et al. with ``n_iter`` power iterations, the
         distributed iterate orthonormalised by TSQR or CholeskyQR2.
         ``"arpack"``: thick-restarted block Lanczos on the distributed
-        operator ``X^T X`` (one allreduce of ``d x k`` per block product); it
+        operator ``X^T X`` (one allreduce of ``d`` values per product); it
         converges to the same triplets as ARPACK, not by ARPACK's iteration.
     n_iter : int, default=5
         Power iterations of ``"randomized"``.
@@ -199,7 +200,8 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, SPMDEstima
       of ``l x l`` float64); at the end one orthonormalisation and one
       allreduce of ``d x l`` float64; when ``n < d`` the roles of the two
       sides swap (scikit-learn's ``transpose``);
-    - ``"arpack"``: one allreduce of ``d x k`` float64 per block product;
+    - ``"arpack"``: one allreduce of ``d`` float64 per product of ``XᵀX``
+      with a vector (blocks of one, as ARPACK's);
     - the variances: two allreduces of ``d + k`` and ``k + 2`` float64 (one more
       of one value where a rank's ``Xᵀ`` has duplicate entries).
 

@@ -23,7 +23,7 @@ from ..utils._supervised import (  # noqa: F401 (re-exported: the linear models 
 )
 from ..utils._validation import validate_data
 
-__all__ = ["allreduce_identical", "allreduce_identical_device", "validate_X_y", "fitted_like",
+__all__ = ["allreduce_identical", "allreduce_identical_device", "pinned_buffer", "validate_X_y", "fitted_like",
            "local_X", "chunk_rows", "global_classes", "as_like",
            "SPARSE_DENSE_REQUIRED", "raise_if_nonfinite"]
 
@@ -93,6 +93,18 @@ def allreduce_identical_device(comm, x, host=None, copy=True):
         else:
             return _to_host(out, host, copy)
     return allreduce_identical(comm, _to_host(x, host, copy))
+
+
+def pinned_buffer(bufs, size):
+    """``bufs[size]``, a pinned float64 host buffer of ``size`` values (made on first use): the ``host`` of
+    :func:`allreduce_identical_device` for reductions repeated with one size; ``bufs`` is the caller's dict
+    (per thread, per fit, ...), which decides how long the buffers live."""
+    buf = bufs.get(size)
+    if buf is None:
+        import cupyx
+
+        buf = bufs[size] = cupyx.empty_pinned(size, dtype=np.float64)
+    return buf
 
 
 def fitted_like(array, xp, dtype):

@@ -38,7 +38,7 @@ from sklearn.exceptions import ConvergenceWarning
 from .._array import get_namespace, is_device_array
 from .._errors import CommError
 from ..utils._linalg import column_sums, is_sparse, sparse_gram, to_csr
-from ._base import allreduce_identical, allreduce_identical_device, as_like, chunk_rows
+from ._base import allreduce_identical, allreduce_identical_device, as_like, chunk_rows, pinned_buffer
 
 __all__ = ["Objective", "EarlyPass", "lbfgs", "newton_cholesky", "newton_cg", "centre_multinomial", "expit",
            "softmax_stats"]
@@ -351,15 +351,9 @@ class Objective:
 
     def _pinned(self, size):
         """A pinned host buffer of ``size`` float64 for the reduced result (made once per size and fit)."""
-        bufs = self._host_out
-        if bufs is None:
-            bufs = self._host_out = {}
-        buf = bufs.get(size)
-        if buf is None:
-            import cupyx
-
-            buf = bufs[size] = cupyx.empty_pinned(size, dtype=np.float64)
-        return buf
+        if self._host_out is None:
+            self._host_out = {}
+        return pinned_buffer(self._host_out, size)
 
     def check_first(self, check):
         """Call ``check(loss, gradient)`` on the next evaluation's result (before the optimiser sees it)."""

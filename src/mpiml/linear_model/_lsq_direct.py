@@ -41,7 +41,7 @@ import numpy as np
 from .._array import is_device_array
 from ..utils._linalg import augmented_gram as local_augmented_gram
 from ..utils._linalg import is_sparse
-from ._base import allreduce_identical, allreduce_identical_device, as_like
+from ._base import allreduce_identical, allreduce_identical_device, as_like, pinned_buffer
 
 __all__ = ["augmented_gram", "NormalEquations", "NORMAL_RTOL_FLOOR", "early_local_gram", "Shortcut",
            "wait_compiled_algebra"]
@@ -85,12 +85,7 @@ def _pinned(size):
     bufs = getattr(_PINNED, "bufs", None)
     if bufs is None:
         bufs = _PINNED.bufs = {}
-    buf = bufs.get(size)
-    if buf is None:
-        import cupyx
-
-        buf = bufs[size] = cupyx.empty_pinned(size, dtype=np.float64)
-    return buf
+    return pinned_buffer(bufs, size)
 
 
 class EarlyGram:
