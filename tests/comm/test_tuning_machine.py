@@ -39,7 +39,7 @@ def test_four_rank_defaults_route_where_the_4xh100_run_measured_a_win():
     64 KiB, then LL128 to 3 MiB and the pushed two-shot to 16 MiB; bcast: to 64 KiB, then the LL two-shot to 1 MiB,
     the pipelined two-shot to 4 MiB), reduce above 256 KiB the direct LL128 reduce to 768 KiB and the LL128 two-shot to
     4 MiB, then NCCL (pass 1 of 2026-11-28 04:25), the pushed allgather to 16 MiB and the pull to 64 MiB, reduce_scatter's
-    LL kernel to 768 KiB, the LL128 one to 3 MiB, the one-shot to 16 MiB;
+    LL kernel to 512 KiB, the LL128 one to 3 MiB (05:40), the one-shot to 16 MiB;
     NCCL beyond; every other rank count unchanged."""
     from mpiml.comm._tuning import TuningTable, load_default_rules
 
@@ -61,7 +61,8 @@ def test_four_rank_defaults_route_where_the_4xh100_run_measured_a_win():
         ("allgather", 256 << 10): ("ipc", "ll"), ("allgather", 1 << 20): ("ipc", "push"),
         ("allgather", 16 << 20): ("ipc", "push"), ("allgather", 64 << 20): ("ipc", "pull"),
         ("allgather", 256 << 20): ("nccl", "native"),
-        ("reduce_scatter", 768 << 10): ("ipc", "native"), ("reduce_scatter", 1 << 20): ("ipc", "ll128"),
+        ("reduce_scatter", 512 << 10): ("ipc", "native"), ("reduce_scatter", 768 << 10): ("ipc", "ll128"),
+        ("reduce_scatter", 1 << 20): ("ipc", "ll128"),
         ("reduce_scatter", 3 << 20): ("ipc", "ll128"), ("reduce_scatter", 4 << 20): ("ipc", "native"),
         ("reduce_scatter", 16 << 20): ("ipc", "native"), ("reduce_scatter", 64 << 20): ("nccl", "native"),
     }
