@@ -17,8 +17,10 @@ __all__ = ["block_lanczos_svd"]
 
 #: Block size of :func:`block_lanczos_svd` (at most ``k``).  One vector a product, as ARPACK: the fewest products to
 #: a given residual (on a flat spectrum, 40,000 x 3,000 at density 0.005: 175 products for k = 2 against 406 with
-#: blocks of two, 620 against 694 for k = 50); a repeated singular value is still found (the rounding seeds its
-#: other directions, fully re-orthogonalised, long before the residuals reach the tolerance).
+#: blocks of two, 620 against 694 for k = 50), also the fastest on one H100 (0.361 s against 0.425 s with blocks of
+#: 16, key arpack_block_0540 of benchmarks/results/tsvd_sparse_1xh100.json); a repeated singular value is still
+#: found (the rounding seeds its other directions, fully re-orthogonalised, long before the residuals reach the
+#: tolerance).
 _LANCZOS_BLOCK = 1
 
 
