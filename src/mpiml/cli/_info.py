@@ -246,7 +246,7 @@ def main(argv):
 
     topo = describe_topology()
     print(f"CPU placement (node: {topo['cpus']} CPUs, {topo['cores']} physical cores, {topo['numa_nodes']} NUMA "
-          f"node(s), {topo['llc']['count']} L{topo['llc']['level']} cache(s); MPIML_BIND=none turns pinning off):")
+          f"node(s), {topo['llc']['count']} L{topo['llc']['level']} cache(s); MPIML_BIND=auto pins each rank to its own cores):")
     for i, r in enumerate(everyone):
         print(f"  rank {i} on {r['host']}: {r['threads'].get('placement')}")
     print("backends:")

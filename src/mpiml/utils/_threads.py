@@ -19,7 +19,7 @@ MPICH's Hydra, MVAPICH set one: no communication), else the split of that commun
 the union of the node's ranks' sets (a launcher that binds each rank to its own cores
 leaves each rank its own set).
 
-Placement (on by default; ``MPIML_BIND=none`` turns it off): a rank that the launcher left unbound
+Placement (``MPIML_BIND=auto``; off by default, see :data:`mpiml.utils._placement.DEFAULT`): a CPU rank that the launcher left unbound
 pins every thread it has, and those it starts later, to its own block of the node's physical cores
 (all their hardware threads; cores ordered by NUMA node and last-level cache): local rank ``i`` of
 ``R`` takes the ``i``-th ``R``-th of the cores, as ``mpirun --bind-to core --map-by slot:PE=...``
