@@ -36,6 +36,7 @@ the machine code on disk (``cache=True``), so only the first fit on a machine
 pays the compilation.  Nothing is imported or compiled at import.
 """
 
+import importlib.util
 import os
 import threading
 
@@ -56,11 +57,9 @@ def enabled():
     (the NumPy path then, with the same trees)."""
     if os.environ.get("MPIML_RF_CPU_KERNEL", "1") == "0":
         return False
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    # found, not imported: the first import of Numba is mpiml.utils._jit's, which sets its cache folder
+    # (MPIML_KERNEL_CACHE) before Numba reads it
+    return importlib.util.find_spec("numba") is not None
 
 
 def thread_count():
