@@ -69,7 +69,7 @@ def test_four_rank_defaults_route_where_the_4xh100_run_measured_a_win():
     for (op, nbytes), route in want.items():
         for mode in ("eager", "graph"):
             assert table.choose(op, nbytes, 4, "device", avail, mode) == route, (op, nbytes, mode)
-    # 2 ranks (the 2 x H100 run of 04:10, key two_0410): LL to 256 KiB for every op (main's rules sent a 1 KiB
+    # 2 ranks (the 2 x H100 run of 04:10, keys defaults_0410 and tuned_run_0410): LL to 256 KiB for every op (main's rules sent a 1 KiB
     # allreduce to NCCL and small reduces to the one-shot), NCCL for the 64 MiB allreduce and reduce
     two = {("allreduce", 1 << 10): ("ipc", "ll"), ("allreduce", 1 << 20): ("ipc", "ll128"),
            ("allreduce", 4 << 20): ("ipc", "oneshot"), ("allreduce", 16 << 20): ("ipc", "pipe"),
