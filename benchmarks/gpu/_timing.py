@@ -7,6 +7,12 @@ feedback from the GPU), ``agree`` (the maximum over ranks).  CuPy is imported by
 import this module (GPU hosts only).
 """
 
+import datetime
+import json
+import os
+import platform
+import socket
+import sys
 import time
 
 import numpy as np
@@ -69,3 +75,21 @@ def held_host_cost(fn, comm, stream, calls=200, hold_ns=50_000_000):
 def agree(comm, t):
     """The maximum of ``t`` over the ranks (every rank gets it)."""
     return comm.allreduce_obj(t, "max")
+
+
+def write_result(path, ranks, t_start, micro, rows, **extra):
+    """Write the run's JSON (machine, date, command, NCCL and CuPy versions, the MPIML_/NCCL_ settings, the
+    micro timings and the rows, then ``extra``) to ``path`` and say so (rank 0 only); the document returned."""
+    from cupy.cuda import nccl
+
+    doc = {"machine": f"{socket.gethostname()} {platform.machine()} "
+                      f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()} x{cp.cuda.runtime.getDeviceCount()}",
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": f"mpirun -n {ranks} " + " ".join([os.path.basename(sys.executable)] + sys.argv),
+           "ranks": ranks, "nccl_version": nccl.get_version(), "cupy": cp.__version__,
+           "env": {k: v for k, v in os.environ.items() if k.startswith(("MPIML_", "NCCL_"))},
+           "seconds_total": time.perf_counter() - t_start, "micro": micro, "rows": rows, **extra}
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=1)
+    print(f"wrote {path} ({len(rows)} rows, {time.perf_counter() - t_start:.0f} s)", flush=True)
+    return doc

@@ -20,13 +20,9 @@ busy kernel: the host's own cost, with no feedback from the GPU).
 """
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import socket
 import statistics
-import sys
 import time
 
 import cupy as cp
@@ -179,13 +175,4 @@ if R == 0:
     for r in rows:
         if r["path"] != "raw":
             r["ratio_to_raw"] = r["us"] / base[(r["op"], r["bytes"])]
-    doc = {"machine": f"{socket.gethostname()} {platform.machine()} "
-                      f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()} x{cp.cuda.runtime.getDeviceCount()}",
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "command": f"mpirun -n {P} " + " ".join([os.path.basename(sys.executable)] + sys.argv),
-           "ranks": P, "nccl_version": nccl.get_version(), "cupy": cp.__version__,
-           "env": {k: v for k, v in os.environ.items() if k.startswith(("MPIML_", "NCCL_"))},
-           "seconds_total": time.perf_counter() - t_start, "micro": micro, "rows": rows}
-    with open(args.out, "w") as fh:
-        json.dump(doc, fh, indent=1)
-    print(f"wrote {args.out} ({len(rows)} rows, {time.perf_counter() - t_start:.0f} s)", flush=True)
+    _timing.write_result(args.out, P, t_start, micro, rows)

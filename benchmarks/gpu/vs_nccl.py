@@ -42,13 +42,9 @@ through each GPU's links, bcast (p-1)/p... at least 1 x bytes on the root.
 """
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import socket
 import statistics
-import sys
 import time
 
 import cupy as cp
@@ -356,17 +352,9 @@ N = 500
 
 
 def host_loop(fn, calls=N):
-    """Host seconds per call of ``calls`` calls (every rank runs it: collectives need the peers)."""
-    for _ in range(3):
-        fn()
-    stream.synchronize()
-    comm.barrier()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t = (time.perf_counter() - t0) / calls
-    stream.synchronize()
-    return agree(t)
+    """Host seconds per call of ``calls`` calls (every rank runs it: collectives need the peers): the host part of
+    :func:`_timing.eager`, the maximum over the ranks."""
+    return agree(_timing.eager(fn, calls, comm, stream)[1])
 
 
 def host_costs():
@@ -495,18 +483,7 @@ if not args.no_micro:
 
 if R == 0:
     print("micro:", json.dumps(micro, indent=1), flush=True)
-    doc = {"machine": f"{socket.gethostname()} {platform.machine()} "
-                      f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()} x{cp.cuda.runtime.getDeviceCount()}",
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "command": f"mpirun -n {P} " + " ".join([os.path.basename(sys.executable)] + sys.argv),
-           "ranks": P, "nccl_version": nccl.get_version(), "cupy": cp.__version__,
-           "env": {k: v for k, v in os.environ.items() if k.startswith(("MPIML_", "NCCL_"))},
-           "seconds_total": time.perf_counter() - t_start, "micro": micro, "rows": rows}
-    if first_calls:
-        doc["first_calls"] = first_calls
-    with open(args.out, "w") as fh:
-        json.dump(doc, fh, indent=1)
-    print(f"wrote {args.out} ({len(rows)} rows, {time.perf_counter() - t_start:.0f} s)", flush=True)
+    doc = _timing.write_result(args.out, P, t_start, micro, rows, **({"first_calls": first_calls} if first_calls else {}))
     if args.plot:
         try:
             from plot_vs_nccl import plot
