@@ -93,6 +93,13 @@ def _write_atomic(path, doc):
     os.replace(tmp, path)
 
 
+def with_midpoints(sizes, start=64 << 10):
+    """``sizes`` and 1.5x each size from ``start`` below the largest: a device route that changes between two
+    powers of two (3 MiB between 2 and 4) then gets its own boundary instead of the next power's choice."""
+    top = max(sizes) if sizes else 0
+    return sorted(set(sizes) | {s * 3 // 2 for s in sizes if start <= s and s * 3 // 2 < top})
+
+
 def main(argv):
     from ..cli._options import parser
 
@@ -103,6 +110,9 @@ def main(argv):
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--series", default=None, help="patterns of the series to consider, e.g. 'nccl/*,ipc/*'")
     p.add_argument("--step", type=int, default=2, help="size factor between messages")
+    p.add_argument("--sizes", default=None, help="comma list of message sizes (64K, 1.5MiB, ...; overrides the range)")
+    p.add_argument("--midpoints", choices=("auto", "on", "off"), default="auto",
+                   help="also measure 1.5x each size from 64 KiB, where device routes change (auto: on for --device gpu)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--target-ms", type=float, default=20.0)
     p.add_argument("--margin", type=float, default=0.10, help="relative gain needed to switch algorithm")
@@ -121,7 +131,12 @@ def main(argv):
 
         init(device="gpu")  # local rank mod visible GPUs
     ops = [o for o in args.ops.split(",") if o]
-    sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.step)
+    if args.sizes:
+        sizes = sorted({parse_bytes(t) for t in args.sizes.split(",") if t.strip()})
+    else:
+        sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.step)
+        if args.midpoints == "on" or (args.midpoints == "auto" and args.device == "gpu"):
+            sizes = with_midpoints(sizes)
     only = [s.strip() for s in args.series.split(",") if s.strip()] if args.series else None
     results = sweep(comm, ops, sizes, device=args.device, include_auto=False, rounds=args.rounds,
                     target_seconds=args.target_ms / 1e3, progress=not args.quiet, only=only, modes=modes)
@@ -131,11 +146,12 @@ def main(argv):
     new_rules = rules_from_results(results, comm.size, memory, args.margin, open_end=memory != "device")
     path = args.output or _config.tuning_file()
     key = None
-    if memory == "device" and not args.output and "MPIML_TUNING_FILE" not in os.environ:
+    if memory == "device":
         from ..comm._tuning import machine_key, machine_table_path  # a table per GPU model and links
 
-        key = machine_key()
-        path = machine_table_path(key, path)
+        key = machine_key()  # recorded in every device table: a shipped table is named by it
+        if not args.output and "MPIML_TUNING_FILE" not in os.environ:
+            path = machine_table_path(key, path)
     kept = []
     if os.path.exists(path):
         with open(path) as f:
