@@ -111,8 +111,28 @@ class Scheduler:
     # ---------------------------------------------------------------- running
     def start(self):
         self.t0 = time.monotonic()
+        if threading.current_thread() is threading.main_thread():
+            # a test session ended by a signal (a step's `timeout`) takes its launches with it: they run in
+            # sessions of their own, which the signal does not reach
+            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         self._thread = threading.Thread(target=self._loop, name="mpiml-gpu-jobs", daemon=True)
         self._thread.start()
+
+    _previous = None
+
+    def _on_sigterm(self, signum, frame):
+        self.kill_all()
+        previous = self._previous if callable(self._previous) else signal.SIG_DFL
+        signal.signal(signal.SIGTERM, previous)
+        os.kill(os.getpid(), signum) if previous is signal.SIG_DFL else previous(signum, frame)
+
+    def kill_all(self):
+        for la in self.launches:
+            if la.proc is not None and la.proc.poll() is None:
+                try:
+                    os.killpg(la.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def now(self):
         return time.monotonic() - self.t0
@@ -243,6 +263,10 @@ class Scheduler:
         self._stop = True
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self.kill_all()
+        if self._previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
 
     # ---------------------------------------------------------------- verdicts
     def wait(self, name):

@@ -95,8 +95,11 @@ def run_one(sc, last=False):
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os.environ.clear()
-        os.environ.update(env_before)
+        for k in [k for k in os.environ if k not in env_before]:  # (key by key: other threads read it meanwhile)
+            del os.environ[k]
+        for k, v in env_before.items():
+            if os.environ.get(k) != v:
+                os.environ[k] = v
         sys.argv = argv_before
     if not last:  # (after the last one the process ends, as the script's own would: a kernel a failed scenario
         # left waiting on a peer that never comes, NCCL's included, ends with it instead of holding a synchronize)

@@ -135,3 +135,66 @@ def test_scheduler_places_launches_on_gpus_of_their_own_then_shares_and_kills_at
     sched = _run([slow, late], gpus, share=1, deadline=8)
     assert slow.killed and "deadline" in slow.killed and late.killed == "not started before the deadline"
     assert sched.now() < 40
+
+
+# every test of test_gpu_comm.py with its parameters (that module is skipped without CuPy)
+GPU_TESTS = {
+    "test_peer_failure_raises_on_every_survivor": [{"backend": b, "mode": m} for b in ("nccl", "ipc")
+                                                   for m in ("stall", "kill", "sync")],
+    "test_killed_peer_found_dead_without_a_timeout": [{"backend": "nccl"}, {"backend": "ipc"}],
+    "test_ranks_sharing_one_gpu": [{"n": 2}, {"n": 3}],
+    "test_machine_key_names_the_gpu_and_its_links": [{}],
+    "test_collectives_every_backend": [{"n": n} for n in (1, 2, 3, 4)],
+    "test_device_sendrecv_rings": [{"n": n} for n in (2, 3, 4)],
+    "test_routes_per_mode_and_a_capture_on_the_previous_stream": [{"n": 2}, {"n": 4}],
+    "test_two_level_virtual_nodes": [{}],
+    "test_ipc_calls_across_streams_and_graph_replays": [{"n": n} for n in (2, 3, 4)],
+    "test_repeated_calls_on_the_same_arrays_replay_pinned_graphs": [{"n": 2}, {"n": 4}],
+    "test_repeated_calls_that_part_raise_at_the_next_round": [{"n": 2}, {"n": 4}],
+    "test_two_shot_ll_bcast_reduce_and_nccl_events": [{"n": 2}, {"n": 3}],
+    "test_relay_and_ll128": [{"n": n, "algo": a} for a in ("ipc/llrelay", "ipc/ll128", "ipc/ll128direct",
+                                                           "ipc/ll128twoshot") for n in (2, 3)],
+    "test_ll128_lines_under_races": [{"n": 2}, {"n": 3}],
+    "test_pipelined_bcast_reduce_allreduce": [{"n": 2}, {"n": 3}],
+}
+
+
+def test_gpu_test_source_lists_the_tests_here():
+    with open(os.path.join(HERE, "test_gpu_comm.py")) as fh:
+        src = fh.read()
+    names = {line.split("(")[0][4:] for line in src.splitlines() if line.startswith("def test_")}
+    assert names == set(GPU_TESTS)
+
+
+@pytest.mark.parametrize("ngpus", [1, 2, 3, 4])
+def test_plan_runs_every_scenario_once_in_a_launch_that_fits(ngpus, tmp_path):
+    """Each scenario a test reads is in exactly one planned launch, with its script's arguments; 49 launches (one a
+    scenario) became 15 on 4 GPUs; every rank count the GPUs allow is covered; poisoning scenarios go last."""
+    from _gpu_plan import needs, plan
+
+    wanted = set()
+    for name, cases in GPU_TESTS.items():
+        for params in cases:
+            wanted |= set(needs(name, params))
+    assert len(wanted) == 49  # (the launches before: one per scenario)
+    launches = plan(wanted, ngpus, str(tmp_path))
+    ran = {}
+    for la in launches:
+        assert la.ngpus <= ngpus and (la.reserve or la.ngpus <= ngpus)
+        for sc in la.scenarios or [{"name": None}]:
+            key = (la.name, sc["name"])
+            assert key not in ran
+            ran[key] = la
+            if sc["name"] is not None:
+                assert os.path.exists(os.path.join(HERE, sc["script"]))
+        if la.scenarios:
+            names = [sc["name"] for sc in la.scenarios]
+            assert "deferred" not in names or names[-1] == "deferred"
+            assert "replay" not in names or names.index("replay") >= len(names) - 2
+    fits = {key for key in wanted if key[0] in {la.name for la in launches}}
+    assert fits <= set(ran)
+    ranks = {la.n for la in launches if la.reserve}
+    assert ranks == set(range(1, min(ngpus, 4) + 1))
+    if ngpus == 4:
+        assert set(ran) == wanted and len(launches) == 15
+        assert sorted(la.n for la in launches if la.reserve) == [1, 2, 2, 3, 4]
