@@ -119,10 +119,11 @@ keep() {  # keep FROM TO: rename a result (and its PNG) to its name in benchmark
 }
 
 # ---------------------------------------------------------------------- the parts
-part_tests() {   # the comm tests (~190 s on 4 x H100); the families' tests are part tests2
+part_tests() {   # the comm tests (15 launches side by side, <= 240 s on 4 x H100: tests/comm/_gpu_jobs.py, each
+                 # launch's output under $OUT/commtests_jobs); the families' tests are part tests2
     step "mpiml info ($R ranks)" 20 $MPIRUN -n "$R" python3 -m mpiml info
     step "GPU comm tests (1-4 ranks; every backend; graphs; timeouts; virtual nodes)" 260 \
-        $PYTEST --timeout=250 tests/comm
+        env MPIML_TEST_JOBS_DIR="$OUT/commtests_jobs" $PYTEST --timeout=240 tests/comm
     step "GPU tests of the neighbours, the loader and the init (1-4 ranks)" 200 $PYTEST --timeout=190 \
         tests/neighbors tests/kernels/test_loader.py tests/test_init.py
 }

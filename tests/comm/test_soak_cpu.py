@@ -24,3 +24,7 @@ def test_soak_runs_on_the_cpu_and_checks_every_result(mpi, n, tmp_path):
     for rank in doc["ranks_detail"]:
         assert rank["failures"] == [] and rank["samples"], rank["rank"]
         assert all(s["rss"] > 0 for s in rank["samples"])
+        # the verdict judges this process's own memory; the device-wide figure is information
+        assert {"own_device", "ipc_workspace", "device_used", "nvml_process"} <= set(rank["samples"][0])
+    assert set(doc["memory_judged"]) == {"rss", "pool_used", "own_device"}
+    assert "device_used" in doc["memory_information"]
