@@ -916,3 +916,124 @@ def test_stream_order_tells_streams_apart_by_identity_not_handle():
     _drive(order, (first, second), [])
     assert log == [("record", first), ("wait", second)]
     assert order.last is second
+
+
+# ---------------------------------------------------------------- the push kernels (ipc/llpush, small_push.cu)
+class PushModel(Model):
+    """The model with the push kernels (``kernels/comm/small_push.cu``): reduce and allgather ``llpush``.  At its
+    start a push kernel stores ack[me] = E into every peer (it has finished call E - 1), then waits only for the acks
+    of the ranks whose slots it writes (reduce: a non-root for the root, the root for nobody; allgather: every
+    peer); it pushes its lines as the LL kernels do and ends with the epoch word and its own ack alone (``endack``:
+    and every peer's too, as the LL kernels).  Rules that can be left out (``drop``): "ack wait" as before, and
+    "push begin ack" (no ack at the start)."""
+
+    def __init__(self, *args, endack=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.endack = endack
+
+    def expected(self, spec, r):
+        if spec["op"] == "allgather":
+            return [[self.value(spec["call"], s, q) for q in range(self.P)] for s in range(self.P)]
+        return super().expected(spec, r)
+
+    def kernel(self, r, spec):
+        if spec["algo"] != "llpush":
+            yield from super().kernel(r, spec)
+            return
+        ws, P, me = self.ws, self.P, r
+        j, op, root = spec["call"], spec["op"], spec.get("root", 0)
+        E = ws[me].epoch
+        self.epochs[(me, j)] = E
+        if "push begin ack" not in self.drop:
+            for t in range(P):
+                if t != me:
+                    ws[t].ack[me] = E
+                    yield ("step",)
+        writes = [t for t in range(P) if t != me and (op == "allgather" or (me != root and t == root))]
+        if E >= 2 and "ack wait" not in self.drop:
+            for t in writes:
+                yield ("wait", t, lambda t=t: ws[me].ack[t] >= E - 1)
+        p, flag = E % 2, E + 1
+        x = [self.value(j, me, q) for q in range(P)]
+        for d in writes:
+            ws[d].ll[p][me] = (flag, j, x)
+            yield ("step",)
+
+        def read(src):
+            yield ("wait", src, lambda: ws[me].ll[p][src][0] == flag)
+            _, tag, v = ws[me].ll[p][src]
+            if tag != j:
+                self.errors.append(f"rank {me} call {j} (E={E}) read rank {src}'s push line of call {tag}")
+            return v
+
+        if op == "allgather":
+            got = [None] * P
+            for src in range(P):
+                got[src] = x if src == me else (yield from read(src))
+            self.results[(me, j)] = got
+        elif me == root:
+            acc = [0] * P
+            for src in range(P):
+                v = x if src == me else (yield from read(src))
+                acc = [a + b for a, b in zip(acc, v)]
+            self.results[(me, j)] = acc
+        ws[me].epoch = E + 1
+        ws[me].ack[me] = E + 1
+        if self.endack:
+            for t in range(P):
+                if t != me:
+                    ws[t].ack[me] = E + 1
+                    yield ("step",)
+
+
+PUSH_KINDS = [("reduce", "llpush"), ("allgather", "llpush")]
+
+
+@pytest.mark.parametrize("endack", [False, True])
+@pytest.mark.parametrize("P", [1, 2, 3, 4])
+def test_the_push_kernels_among_the_others_finish_with_the_right_data(P, endack):
+    """reduce / allgather ``llpush`` (the ack of the previous call sent at the start, none at the end; waits only for
+    the ranks whose slots they write) between every other kind, the LL two-shot and pipelined ones included, roots
+    moving, on several streams and in graphs: every run finishes, every rank gives every call the same number and
+    every result is right."""
+    # (one rank: no two-shot or pipelined kernel, which the host runs only among two ranks or more)
+    kinds = KINDS + ([("bcast", "lltwoshot"), ("reduce", "pipe"), ("bcast", "pipe")] if P > 1 else []) + PUSH_KINDS * 4
+    taken = 0
+    for seed in range(10):
+        model = PushModel(P, epoch=seed % 3, ordered=True, seed=seed, endack=endack)
+        programs = _programs(P, seed, kinds=kinds)
+        stuck = model.run(programs)
+        assert stuck is None, (seed, stuck)
+        assert not model.errors, (seed, model.errors[:3])
+        for j in {j for (_, j) in model.epochs}:
+            assert len({model.epochs[(r, j)] for r in range(P)}) == 1, (seed, j)
+        taken += sum(a[0] == "call" and a[1]["algo"] == "llpush" for a in programs[0])
+    assert taken > 20
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_runs_of_push_kernels_beside_a_bcast_root_running_ahead(seed):
+    """The acks of the push kernels arrive one call late (at the next call's start): runs of push reduces (non-roots
+    ahead, the root waiting for them) and allgathers between LL bcasts whose root runs first, at every rank's pace."""
+    P = 3
+    prog = []
+    for i in range(8):
+        prog += [call("bcast", "ll", "S", 0), call("reduce", "llpush", "S", (i + 1) % P),
+                 call("reduce", "llpush", "S", (i + 1) % P), call("allgather", "llpush", "S")]
+    for first in ({0}, {1, 2}, None):
+        model = PushModel(P, seed=seed, first=first)
+        stuck = model.run([list(prog) for _ in range(P)])
+        assert stuck is None and not model.errors, (first, stuck, model.errors[:2])
+
+
+@pytest.mark.parametrize("rule", ["ack wait", "push begin ack"])
+def test_every_rule_of_the_push_kernels_is_needed(rule):
+    """Without the wait for the root's ack of call E - 2, non-roots run first overwrite the root's slots before it
+    has read them; without the ack at the start (and none at the end), the next kernels wait for an ack that never
+    comes."""
+    P = 3
+    prog = [call("reduce", "llpush", "S", 0) for _ in range(8)] + [call("allgather", "llpush", "S")] * 4
+    for drop, fails in (([], False), ([rule], True)):
+        model = PushModel(P, seed=1, first={1, 2}, drop=drop)
+        stuck = model.run([list(prog) for _ in range(P)])
+        assert bool(stuck or model.errors) is fails, (drop, stuck, model.errors[:2])
