@@ -15,7 +15,12 @@
 #
 # Output ($OUT/smallcoll/):
 #   log.txt          every step's command, output, status and time; the summary at the end
-#   vs_small.json    vs_nccl.py rows (graph and eager, us a call, max over ranks), the variants' names in "path"
+#   vs_small.json    vs_nccl.py rows (graph and eager, us a call, max over ranks), the variants' names in "path":
+#                    ipc/llpush (defaults: 4 KiB a block, no split, acks at the start, plain launches) and
+#                    ipc/llpush@KNOB=V: ENDACK=1 (the acks at the end too: what moving them saved), SPLIT_BYTES
+#                    (allgather parts from that size split by peer over three times the blocks), BLOCK_BYTES
+#                    (payload a block: 1024 = four times the blocks, 16384 = a quarter), PDL=1 (programmatic
+#                    dependent launch of the hot launches: a graph's kernel-to-kernel gap overlapped)
 #   vs_bcast.json    the LL bcast and allreduce of the same run (the one-hop reference: 2.6-2.9 / 3.7 us before)
 #   table.txt        the graph and eager times per op / size / path and their ratio to raw NCCL
 #   kernels.jsonl    how every kernel module was served (compiled / cache / prebuilt)
