@@ -20,7 +20,8 @@
 #                    ipc/llpush@KNOB=V: ENDACK=1 (the acks at the end too: what moving them saved), SPLIT_BYTES
 #                    (allgather parts from that size split by peer over three times the blocks), BLOCK_BYTES
 #                    (payload a block: 1024 = four times the blocks, 16384 = a quarter), PDL=1 (programmatic
-#                    dependent launch of the hot launches: a graph's kernel-to-kernel gap overlapped)
+#                    dependent launch of the hot launches: a graph's kernel-to-kernel gap overlapped), DEPTH=4/8
+#                    (a ring of slots of their own that many calls deep: a reduce's non-roots run further ahead)
 #   vs_bcast.json    the LL bcast and allreduce of the same run (the one-hop reference: 2.6-2.9 / 3.7 us before)
 #   table.txt        the graph and eager times per op / size / path and their ratio to raw NCCL
 #   kernels.jsonl    how every kernel module was served (compiled / cache / prebuilt)
@@ -62,6 +63,9 @@ V=$V,ipc/llpush@MPIML_IPC_LLPUSH_BLOCK_BYTES=1024+MPIML_IPC_LLPUSH_SPLIT_BYTES=1
 V=$V,ipc/llpush@MPIML_IPC_LLPUSH_BLOCK_BYTES=16384
 V=$V,ipc/llpush@MPIML_IPC_LLPUSH_PDL=1
 V=$V,ipc/llpush@MPIML_IPC_LLPUSH_PDL=1+MPIML_IPC_LLPUSH_BLOCK_BYTES=1024+MPIML_IPC_LLPUSH_SPLIT_BYTES=1024
+V=$V,ipc/llpush@MPIML_IPC_LLPUSH_DEPTH=4
+V=$V,ipc/llpush@MPIML_IPC_LLPUSH_DEPTH=8
+V=$V,ipc/llpush@MPIML_IPC_LLPUSH_DEPTH=4+MPIML_IPC_LLPUSH_PDL=1
 
 nvidia-smi -L >>"$LOG" 2>&1
 # (a) correctness at 4 ranks (compiles the push family for the dtypes it meets), then the timings, then 3 ranks
@@ -98,7 +102,8 @@ cat "$RES/table.txt" >>"$LOG"
 # (c) rank 0 under nsys: the kernels' durations against the gaps between them in graphs (ipc/ll and ipc/llpush)
 if command -v nsys >/dev/null 2>&1; then
     cat >"$RES/nsys_rank.sh" <<EOF
-a="benchmarks/gpu/vs_nccl.py --ops reduce,allgather --sizes 4,65536 --paths ipc/ll,ipc/llpush --modes graph --rounds 1 --no-micro --out $RES/vs_nsys.json"
+a="benchmarks/gpu/vs_nccl.py --ops reduce,allgather --sizes 4,65536 --paths ipc/ll,ipc/llpush --modes graph"
+a="\$a --rounds 1 --no-micro --out $RES/vs_nsys.json"
 if [ "\${OMPI_COMM_WORLD_RANK:-0}" = 0 ]; then
     exec nsys profile --cuda-graph-trace=node -t cuda --force-overwrite true -o $RES/nsys_r0 python3 \$a
 else
@@ -117,8 +122,7 @@ if not files:
 rows = list(csv.DictReader(open(files[0])))
 start = next(k for k in rows[0] if k.startswith("Start"))
 dur = next(k for k in rows[0] if k.startswith("Duration"))
-kern = [(int(float(r[start])), int(float(r[dur])), r["Name"]) for r in rows if r.get("Name", "").startswith("void mpiml")
-        or "mpiml_" in r.get("Name", "")]
+kern = [(int(float(r[start])), int(float(r[dur])), r["Name"]) for r in rows if "mpiml_" in r.get("Name", "")]
 kern.sort()
 by = {}
 for (s0, d0, n0), (s1, d1, n1) in zip(kern, kern[1:]):

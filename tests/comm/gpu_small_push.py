@@ -4,7 +4,8 @@ Run under mpirun (1-4 GPUs): ``python gpu_small_push.py [--quick]``; ``MPIML_TIM
 Checks, exactly against NumPy on the gathered inputs (small integers: exact in every dtype), on the
 communicator's own settings and on communicators made with each knob (``MPIML_IPC_LLPUSH_SPLIT_BYTES`` with
 small blocks: the allgather split by peer over many blocks; ``MPIML_IPC_LLPUSH_ENDACK=1``;
-``MPIML_IPC_LLPUSH_PDL=1``, the hot launches with programmatic dependent launch):
+``MPIML_IPC_LLPUSH_PDL=1``, the hot launches with programmatic dependent launch; ``MPIML_IPC_LLPUSH_DEPTH`` 4 and 8,
+the ring of slots of their own, the latter with every other knob):
 
 * every dtype, sizes from one element to several LL launches (odd sizes, offset views), every root, every
   reduction (``--quick``: fewer), ``out=`` given and not, in place;
@@ -37,7 +38,10 @@ T0 = time.perf_counter()
 VARIANTS = [("default", {}),
             ("split", {"MPIML_IPC_LLPUSH_SPLIT_BYTES": "8", "MPIML_IPC_LLPUSH_BLOCK_BYTES": "256"}),
             ("endack", {"MPIML_IPC_LLPUSH_ENDACK": "1"}),
-            ("pdl", {"MPIML_IPC_LLPUSH_PDL": "1"})]
+            ("pdl", {"MPIML_IPC_LLPUSH_PDL": "1"}),
+            ("ring4", {"MPIML_IPC_LLPUSH_DEPTH": "4"}),
+            ("ring8", {"MPIML_IPC_LLPUSH_DEPTH": "8", "MPIML_IPC_LLPUSH_SPLIT_BYTES": "8",
+                       "MPIML_IPC_LLPUSH_BLOCK_BYTES": "256", "MPIML_IPC_LLPUSH_PDL": "1"})]
 
 _spin = cp.RawKernel(r'''extern "C" __global__ void mpiml_test_spin(long long ns) {
     long long t0 = clock64(); while (clock64() - t0 < ns) {} }''', "mpiml_test_spin")

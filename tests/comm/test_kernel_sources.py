@@ -257,7 +257,7 @@ def _push_transport(size=4, **knobs):
     t = object.__new__(ipc.IPCTransport)
     t.multi_node, t._sync, t._err_host, t._err_code = False, False, 1, None
     t.rank, t.size, t.cap, t.ll_max, t.ll_slot = 1, size, 32 << 20, 256 << 10, ipc.LL_SLOT_DEFAULT
-    t.llpush_block_bytes, t.llpush_split_bytes, t.llpush_endack = 4096, 0, False
+    t.llpush_block_bytes, t.llpush_split_bytes, t.llpush_endack, t.llpush_depth = 4096, 0, False, 0
     for k, v in knobs.items():
         setattr(t, k, v)
     return t
@@ -335,3 +335,22 @@ def test_the_pdl_launch_structures_have_the_drivers_layout():
     for kernel in ("mpiml_reduce_llpush", "mpiml_allgather_llpush"):
         body = text[text.index(f"{kernel}(const MpimlCtx"):]
         assert body.index("mpiml_pdl_wait();") < body.index("mpiml_ll_get<A>(in") < body.index("mpiml_push_begin(")
+
+
+def test_the_push_ring_lives_where_the_host_puts_it():
+    """The ring's depth rides in the flags' bits 2-5 (the host's shift); its marks sit in the control block's free
+    bytes between the acks and the barrier flags (zeroed with it); the ring itself after the pipelined kernels'
+    flags, where the host allocates depth * nranks LL slots."""
+    text = _text(ipc.PUSH_SOURCES[1])
+    common = _text(COMMON)
+    assert re.search(rf"#define MPIML_PUSH_DEPTH_SHIFT {ipc.PUSH_DEPTH_SHIFT}\b", text)
+    assert re.search(rf"#define MPIML_PUSH_MARK_OFF {ipc.PUSH_MARK_OFF}\b", text)
+    ack_off = int(re.search(r"#define MPIML_ACK_OFF (\d+)", common).group(1))
+    flag_off = int(re.search(r"#define MPIML_FLAG_OFF (\d+)", common).group(1))
+    assert ack_off + 4 * ipc.MAX_RANKS <= ipc.PUSH_MARK_OFF and ipc.PUSH_MARK_OFF + 4 * 8 <= flag_off
+    assert ipc.PROBE_OFF + 8 * ipc.MAX_RANKS <= ack_off and flag_off < ipc.DATA_OFF
+    assert "c->ll_off + 2 * c->nranks * c->ll_slot + 4ll * MPIML_PIPE_WORDS" in text
+    assert ipc.PIPE_BYTES == 4 * 2 * ipc.MAX_RANKS * ipc.PIPE_MAX_STEPS
+    t = _push_transport(llpush_depth=8)
+    assert t._llpush_launch("reduce", 8, 1) == (1, 32, 1 | (8 << ipc.PUSH_DEPTH_SHIFT) << 8)
+    assert t._llpush_launch("allgather", 8, 2)[2] == 2 | (8 << ipc.PUSH_DEPTH_SHIFT) << 48

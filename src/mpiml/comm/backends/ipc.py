@@ -69,7 +69,10 @@ Algorithms (``algorithm=`` with backend ``ipc``):
                      take one group of blocks per peer; 0: never),
                      ``MPIML_IPC_LLPUSH_ENDACK`` (1: the acks at the end as well, to
                      measure what moving them saved), ``MPIML_IPC_LLPUSH_PDL`` (1: hot
-                     launches with programmatic dependent launch)
+                     launches with programmatic dependent launch),
+                     ``MPIML_IPC_LLPUSH_DEPTH`` (4 or 8: a ring of slots of their own
+                     that many calls deep, so that a reduce's non-roots run ahead of
+                     the root; agreed, part of the workspace)
 ``pull``             readers copy from the root / every rank (bcast, allgather)
 ``push``             every rank writes its part into every peer's buffer, barrier,
                      each copies from its own memory (allgather)
@@ -158,7 +161,8 @@ _CHUNK_ALIGN = 256
 # the push kernels (algorithm llpush: kernels/comm/small_push.cu, a family of its own loaded here, so that the shipped
 # cubins of the others keep their source hash); the flags of their `extra` (MPIML_PUSH_ENDACK, MPIML_PUSH_SPLIT)
 PUSH_SOURCES = ("comm/ipc_common.cuh", "comm/small_push.cu")
-PUSH_ENDACK, PUSH_SPLIT = 1, 2
+PUSH_ENDACK, PUSH_SPLIT, PUSH_DEPTH_SHIFT = 1, 2, 2
+PUSH_MARK_OFF = 160  # (small_push.cu's MPIML_PUSH_MARK_OFF: the ring's marks, 8 words of the zeroed control block)
 _PUSH_KERNELS = {}
 
 
@@ -433,6 +437,11 @@ class IPCTransport(Transport):
         self.llpush_split_bytes = _config.env_number("MPIML_IPC_LLPUSH_SPLIT_BYTES", 0, minimum=0, unit="bytes")
         self.llpush_endack = bool(_config.env_number("MPIML_IPC_LLPUSH_ENDACK", 0, minimum=0, maximum=1))
         self.llpush_pdl = bool(_config.env_number("MPIML_IPC_LLPUSH_PDL", 0, minimum=0, maximum=1))
+        # the push kernels' ring of slots of their own (0: the LL slots of the call's parity; 4 or 8: that many calls
+        # deep, depth * size more LL slots in the workspace; agreed: part of the layout)
+        self.llpush_depth = _config.env_number("MPIML_IPC_LLPUSH_DEPTH", 0, minimum=0, maximum=8, unit="calls")
+        if self.llpush_depth not in (0, 4, 8):
+            raise ValueError(f"MPIML_IPC_LLPUSH_DEPTH must be 0, 4 or 8; got {self.llpush_depth}")
         # two-shot keeps the sources' copies and the reduced parts (2 n, rounded up to the parts) in a buffer
         self.twoshot_cap = (self.cap // 2 - 16 * (MAX_RANKS + 1)) // _CHUNK_ALIGN * _CHUNK_ALIGN
         # a pushed allgather keeps every rank's part (its packs) in each buffer
@@ -450,9 +459,11 @@ class IPCTransport(Transport):
             self._ll_off = DATA_OFF + 2 * self.cap
             self._ll_slot = self.ll_slot
             pipe_off = self._ll_off + 2 * self.size * self._ll_slot  # (the kernels find it there: mpiml_pipe_flag)
-            self._base = runtime.malloc(pipe_off + PIPE_BYTES)
+            ring = self.llpush_depth * self.size * self._ll_slot  # the push kernels' ring, after the flags
+            self._base = runtime.malloc(pipe_off + PIPE_BYTES + ring)
             runtime.memset(self._base, 0, DATA_OFF)
-            runtime.memset(self._ll_off + self._base, 0, 2 * self.size * self._ll_slot + PIPE_BYTES)  # no stale flags
+            # no stale flags
+            runtime.memset(self._ll_off + self._base, 0, 2 * self.size * self._ll_slot + PIPE_BYTES + ring)
             runtime.deviceSynchronize()
             handle = runtime.ipcGetMemHandle(self._base)
         except Exception as exc:
@@ -460,7 +471,7 @@ class IPCTransport(Transport):
         agree_or_raise(world, err, "ipc workspace")
         # the kernels find a peer's buffers and slots at their own offsets: the layout must be the same everywhere
         layout = (self.cap, self.ll_max, self.ll_slot, self.pipe_blocks, self.pipe_rounds, self.ll128_blocks,
-                  tuple(self.ll128_split.values()))
+                  tuple(self.ll128_split.values()), self.llpush_depth)
         shared = world.allgather_obj((handle, layout))
         handles = [h for h, _ in shared]
         if len({lay for _, lay in shared}) > 1:
@@ -469,7 +480,7 @@ class IPCTransport(Transport):
             raise BackendUnavailableError(
                 "the ipc workspaces differ between ranks (MPIML_IPC_BYTES, MPIML_IPC_LL_BYTES, "
                 "MPIML_IPC_LL_SLOT_BYTES, MPIML_IPC_PIPE_BLOCKS, MPIML_IPC_PIPE_ROUNDS, MPIML_IPC_LL128_BLOCKS, "
-                "MPIML_IPC_LL128_REDUCE_SPLIT, MPIML_IPC_LL128_ALLREDUCE_SPLIT must "
+                "MPIML_IPC_LL128_REDUCE_SPLIT, MPIML_IPC_LL128_ALLREDUCE_SPLIT, MPIML_IPC_LLPUSH_DEPTH must "
                 "be the same on every rank): "
                 + ", ".join(f"rank {r}: {lay}" for r, (_, lay) in enumerate(shared)))
         peers, err = [], None
@@ -777,7 +788,7 @@ class IPCTransport(Transport):
     def _llpush_launch(self, op_name, nbytes, arg):
         """``(grid, block, extra)`` of a push kernel for ``nbytes`` a rank: ``extra`` the root (reduce) or the row
         stride (allgather) with the knobs' flags (``MPIML_PUSH_ENDACK``, ``MPIML_PUSH_SPLIT``) above it."""
-        flags, groups = (PUSH_ENDACK if self.llpush_endack else 0), 1
+        flags, groups = (PUSH_ENDACK if self.llpush_endack else 0) | (self.llpush_depth << PUSH_DEPTH_SHIFT), 1
         if op_name == "allgather" and self.size > 2 and 0 < self.llpush_split_bytes <= nbytes:
             flags, groups = flags | PUSH_SPLIT, self.size - 1
         grid, block = _llpush_plan(nbytes, self.llpush_block_bytes, groups)
@@ -1007,8 +1018,8 @@ class IPCTransport(Transport):
 
         For stream-ordered calls (``MPIML_DEVICE_SYNC=0``) that fit in one kernel
         on one node: allreduce (ll, oneshot, twoshot, lltwoshot, ll128, pipe), bcast (ll, pull, twoshot, lltwoshot,
-        pipe), allgather (ll, llpush, pull, push), reduce (ll, oneshot, twoshot, lltwoshot, llrelay, ll128, pipe, llpush),
-        reduce_scatter (ll, oneshot).  ``arg`` is the
+        pipe), allgather (ll, llpush, pull, push), reduce (ll, oneshot, twoshot, lltwoshot, llrelay, ll128, pipe,
+        llpush), reduce_scatter (ll, oneshot).  ``arg`` is the
         reduction, the root, ``(reduction, root)`` or ``(counts, reduction)``.
         Across nodes, the ops that go to NCCL take NCCL's launcher.
         """

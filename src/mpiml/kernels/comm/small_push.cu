@@ -36,6 +36,14 @@
 // blocks, group k pushing to rank me + k and copying out rank me - k's lines (the host multiplies the
 // grid by nranks - 1): three times the SMs storing across the links, for the larger calls.
 //
+// A ring of their own (MPIML_IPC_LLPUSH_DEPTH = D, 4 or 8; 0: the LL slots of the call's parity): slot
+// [E % D][src] of a region after the pipelined kernels' flags (the host allocates D * nranks LL slots there,
+// zeroed), which no other kernel touches. Its previous user is the last push call that took slot E % D,
+// whose number + 1 this rank keeps in mark[E % D] (its own workspace, MPIML_PUSH_MARK_OFF: every rank makes
+// the same calls, so every rank's marks are the same); a writer waits until each reader's ack has reached
+// the mark (the reader has finished that call): a reduce's non-roots may run D - 1 calls ahead of the root,
+// not one, before they wait for it.
+//
 // Programmatic dependent launch (MPIML_IPC_LLPUSH_PDL=1: the host launches a push kernel with programmatic
 // stream serialization, so that it may start while the kernel before it in its stream or graph ends): a push
 // kernel waits first of all (griddepcontrol.wait: until every kernel it depends on has ended and its memory is
@@ -45,6 +53,8 @@
 
 #define MPIML_PUSH_ENDACK 1
 #define MPIML_PUSH_SPLIT 2
+#define MPIML_PUSH_DEPTH_SHIFT 2  // the ring's depth D in the flags' bits 2-5
+#define MPIML_PUSH_MARK_OFF 160   // mark[s], s < 8: free bytes of the workspace's control block (zeroed)
 
 __device__ __forceinline__ void mpiml_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -58,27 +68,41 @@ __device__ __forceinline__ void mpiml_pdl_launch_next() {
 #endif
 }
 
+__device__ __forceinline__ unsigned* mpiml_push_mark(const MpimlCtx* c, int s) {
+    return reinterpret_cast<unsigned*>(c->peers[c->rank] + MPIML_PUSH_MARK_OFF) + s;
+}
+
+// Rank owner's slot for source src of call epoch: the ring's (depth > 0) or the LL slot of the call's parity.
+__device__ __forceinline__ uint4* mpiml_push_slot(const MpimlCtx* c, int owner, unsigned epoch, int src, int depth) {
+    if (depth == 0) return mpiml_ll_slot(c, owner, epoch, src);
+    char* ring = c->peers[owner] + c->ll_off + 2 * c->nranks * c->ll_slot + 4ll * MPIML_PIPE_WORDS;
+    return reinterpret_cast<uint4*>(ring + ((long long)(epoch % (unsigned)depth) * c->nranks + src) * c->ll_slot);
+}
+
 // The call number E (as mpiml_begin), ack[me] = E stored into every peer by block 0, then the wait until
-// every rank t with writes(t) has acknowledged call E - 2 (ack >= E - 1). The acks this rank reads are in
-// its own workspace (no remote read).
+// every rank t with writes(t) has finished the last call that used the slots this call writes: ack >= E - 1
+// (call E - 2, the previous user of the parity's slots), or, in the ring, ack >= mark[E % depth]. The acks
+// and marks this rank reads are in its own workspace (no remote read), loaded with the epoch word.
 template <typename Writes>
-__device__ __forceinline__ unsigned mpiml_push_begin(const MpimlCtx* c, Writes writes) {
-    __shared__ unsigned s_epoch;
+__device__ __forceinline__ unsigned mpiml_push_begin(const MpimlCtx* c, int depth, Writes writes) {
+    __shared__ unsigned s_epoch, s_mark[8];
     const int t = threadIdx.x, me = (int)c->rank, nr = (int)c->nranks;
     char* mine = c->peers[me];
     unsigned ack = 0u;
     if (t == 0) s_epoch = *reinterpret_cast<volatile unsigned*>(mine);
     if (t < nr) ack = *reinterpret_cast<volatile unsigned*>(mpiml_ack(mine, t));
+    if (t >= 8 && t < 8 + depth) s_mark[t - 8] = *reinterpret_cast<volatile unsigned*>(mpiml_push_mark(c, t - 8));
     __syncthreads();
     const unsigned epoch = s_epoch;
     if (blockIdx.x == 0 && t < nr && t != me)
         *reinterpret_cast<volatile unsigned*>(mpiml_ack(c->peers[t], me)) = epoch;
+    const unsigned need = depth > 0 ? s_mark[epoch % (unsigned)depth] : (epoch >= 2u ? epoch - 1u : 0u);
     int lag = 0;
-    if (t < nr && t != me && writes(t) && epoch >= 2u && (int)(ack - (epoch - 1u)) < 0) {
+    if (t < nr && t != me && writes(t) && (int)(ack - need) < 0) {
         lag = 1;
         const volatile unsigned* a = mpiml_ack(mine, t);
         MpimlSpin s{0ull, 0u};
-        while ((int)(*a - (epoch - 1u)) < 0) {
+        while ((int)(*a - need) < 0) {
             if (mpiml_spin_expired(c, s, t, epoch)) break;
         }
     }
@@ -86,9 +110,9 @@ __device__ __forceinline__ unsigned mpiml_push_begin(const MpimlCtx* c, Writes w
     return epoch;
 }
 
-// The last block to finish advances the epoch word and this rank's own ack (local stores); ENDACK: and
-// stores the ack into every peer, as mpiml_end does.
-__device__ __forceinline__ void mpiml_push_end(const MpimlCtx* c, unsigned epoch, bool endack) {
+// The last block to finish advances the epoch word and this rank's own ack, and marks the ring's slot as this
+// call's (local stores); ENDACK: and stores the ack into every peer, as mpiml_end does.
+__device__ __forceinline__ void mpiml_push_end(const MpimlCtx* c, unsigned epoch, bool endack, int depth) {
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned* ctl = reinterpret_cast<unsigned*>(c->peers[c->rank]);
@@ -100,6 +124,8 @@ __device__ __forceinline__ void mpiml_push_end(const MpimlCtx* c, unsigned epoch
         if (last) {
             *reinterpret_cast<volatile unsigned*>(ctl) = epoch + 1u;
             *reinterpret_cast<volatile unsigned*>(mpiml_ack(c->peers[c->rank], (int)c->rank)) = epoch + 1u;
+            if (depth > 0)
+                *reinterpret_cast<volatile unsigned*>(mpiml_push_mark(c, epoch % (unsigned)depth)) = epoch + 1u;
             if (endack) {
                 for (int r = 0; r < c->nranks; ++r)
                     if (r != c->rank)
@@ -109,35 +135,63 @@ __device__ __forceinline__ void mpiml_push_end(const MpimlCtx* c, unsigned epoch
     }
 }
 
+// Line i of every rank's ring slot (this rank's own: `own`) reduced in rank order (mpiml_fold_elems: the same bits
+// as every other path), every line loaded before any flag is looked at; ok false on a timeout or abort.
+template <typename T, int OP>
+__device__ __forceinline__ uint2 mpiml_push_reduce_line(const MpimlCtx* c, unsigned epoch, unsigned flag, long long i,
+                                                        int depth, uint2 own, bool& ok) {
+    const int nr = (int)c->nranks, me = (int)c->rank;
+    uint4 w[MPIML_MAX_RANKS];
+    uint2 v[MPIML_MAX_RANKS];
+#pragma unroll
+    for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
+        if (r < nr && r != me) {
+            asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(w[r].x), "=r"(w[r].y), "=r"(w[r].z), "=r"(w[r].w)
+                         : "l"(mpiml_push_slot(c, me, epoch, r, depth) + i) : "memory");
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MPIML_MAX_RANKS; ++r) {
+        if (r == me) {
+            v[r] = own;
+        } else if (r < nr && ok) {
+            if (w[r].y == flag && w[r].w == flag) v[r] = make_uint2(w[r].x, w[r].z);
+            else ok = mpiml_ll_load(c, mpiml_push_slot(c, me, epoch, r, depth) + i, flag, v[r], r, epoch);
+        }
+    }
+    return mpiml_fold_elems<T, OP, 8 / sizeof(T)>(v, nr);
+}
+
 // Push reduce: every non-root pushes its lines into the root's slot [me] (after the root's ack of call
-// E - 2); the root reduces them in rank order with its own input's line (mpiml_ll_reduce_line: the same
-// bits as every other path) as they arrive. The same thread reads in[i] and writes out[i] (in == out is
+// E - 2, or the ring's mark); the root reduces them in rank order with its own input's line
+// (mpiml_push_reduce_line) as they arrive. The same thread reads in[i] and writes out[i] (in == out is
 // safe). A counts 8-byte alignment.
 template <typename T, int OP, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_reduce_llpush(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
     const int me = (int)c->rank, root = (int)(extra & 255);
-    const int flags = (int)(extra >> 8);
+    const int flags = (int)(extra >> 8), depth = (flags >> MPIML_PUSH_DEPTH_SHIFT) & 15;
     const long long nbytes = n * (long long)sizeof(T), lines = (nbytes + 7) / 8;
     const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     mpiml_pdl_wait();
     const uint2 v0 = i0 < lines ? mpiml_ll_get<A>(in, i0, nbytes) : make_uint2(0u, 0u);  // (overlaps the begin)
-    const unsigned epoch = mpiml_push_begin(c, [&](int t) { return me != root && t == root; });
+    const unsigned epoch = mpiml_push_begin(c, depth, [&](int t) { return me != root && t == root; });
     mpiml_pdl_launch_next();
     const unsigned flag = epoch + 1u;
     if (me != root) {
-        uint4* dst = mpiml_ll_slot(c, root, epoch, me);
+        uint4* dst = mpiml_push_slot(c, root, epoch, me, depth);
         MPIML_GRID_LOOP(i, lines) mpiml_ll_store(dst + i, i == i0 ? v0 : mpiml_ll_get<A>(in, i, nbytes), flag);
     } else {
         bool ok = true;
         MPIML_GRID_LOOP(i, lines) {
             const uint2 own = i == i0 ? v0 : mpiml_ll_get<A>(in, i, nbytes);
-            const uint2 v = mpiml_ll_reduce_line<T, OP>(c, epoch, flag, i, ok, nullptr, 0, me, own);
+            const uint2 v = mpiml_push_reduce_line<T, OP>(c, epoch, flag, i, depth, own, ok);
             if (!ok) break;
             mpiml_ll_put<A>(out, i, nbytes, v);
         }
     }
-    mpiml_push_end(c, epoch, flags & MPIML_PUSH_ENDACK);
+    mpiml_push_end(c, epoch, flags & MPIML_PUSH_ENDACK, depth);
 }
 
 // Push allgather: every rank pushes its lines into every peer's slot [me] (after the peers' acks of call
@@ -149,7 +203,7 @@ template <typename T, bool A>
 __global__ void __launch_bounds__(MPIML_LL_THREADS)
 mpiml_allgather_llpush(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
     const int me = (int)c->rank, nr = (int)c->nranks;
-    const int flags = (int)(extra >> 48);
+    const int flags = (int)(extra >> 48), depth = (flags >> MPIML_PUSH_DEPTH_SHIFT) & 15;
     const long long stride = extra & ((1ll << 48) - 1);
     const long long nbytes = n * (long long)sizeof(T), lines = (nbytes + 7) / 8;
     const bool split = (flags & MPIML_PUSH_SPLIT) && nr > 2;
@@ -160,7 +214,7 @@ mpiml_allgather_llpush(const MpimlCtx* c, const T* in, T* out, long long n, long
     const long long step = (long long)gx * blockDim.x;
     mpiml_pdl_wait();
     const uint2 v0 = first < lines ? mpiml_ll_get<A>(in, first, nbytes) : make_uint2(0u, 0u);
-    const unsigned epoch = mpiml_push_begin(c, [&](int t) {
+    const unsigned epoch = mpiml_push_begin(c, depth, [&](int t) {
         const int k = (t - me + nr) % nr;
         return k >= k0 && k <= k1;
     });
@@ -169,7 +223,8 @@ mpiml_allgather_llpush(const MpimlCtx* c, const T* in, T* out, long long n, long
     if (grp < groups) {  // (a grid not a multiple of the groups leaves its last blocks idle)
         for (long long i = first; i < lines; i += step) {
             const uint2 v = i == first ? v0 : mpiml_ll_get<A>(in, i, nbytes);
-            for (int k = k0; k <= k1; ++k) mpiml_ll_store(mpiml_ll_slot(c, (me + k) % nr, epoch, me) + i, v, flag);
+            for (int k = k0; k <= k1; ++k)
+                mpiml_ll_store(mpiml_push_slot(c, (me + k) % nr, epoch, me, depth) + i, v, flag);
         }
         bool ok = true;
         for (long long i = first; i < lines && ok; i += step) {
@@ -180,21 +235,22 @@ mpiml_allgather_llpush(const MpimlCtx* c, const T* in, T* out, long long n, long
                 if (k >= k0 && k <= k1) {
                     asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                                  : "=r"(w[k].x), "=r"(w[k].y), "=r"(w[k].z), "=r"(w[k].w)
-                                 : "l"(mpiml_ll_slot(c, me, epoch, (me - k + nr) % nr) + i) : "memory");
+                                 : "l"(mpiml_push_slot(c, me, epoch, (me - k + nr) % nr, depth) + i) : "memory");
                 }
             }
-            if (grp == 0) mpiml_ll_put<A>(out + me * stride, i, nbytes, i == first ? v0 : mpiml_ll_get<A>(in, i, nbytes));
+            if (grp == 0)
+                mpiml_ll_put<A>(out + me * stride, i, nbytes, i == first ? v0 : mpiml_ll_get<A>(in, i, nbytes));
 #pragma unroll
             for (int k = 1; k < MPIML_MAX_RANKS; ++k) {
                 if (k >= k0 && k <= k1 && ok) {
                     const int src = (me - k + nr) % nr;
                     uint2 v;
                     if (w[k].y == flag && w[k].w == flag) v = make_uint2(w[k].x, w[k].z);
-                    else ok = mpiml_ll_load(c, mpiml_ll_slot(c, me, epoch, src) + i, flag, v, src, epoch);
+                    else ok = mpiml_ll_load(c, mpiml_push_slot(c, me, epoch, src, depth) + i, flag, v, src, epoch);
                     if (ok) mpiml_ll_put<A>(out + src * stride, i, nbytes, v);
                 }
             }
         }
     }
-    mpiml_push_end(c, epoch, flags & MPIML_PUSH_ENDACK);
+    mpiml_push_end(c, epoch, flags & MPIML_PUSH_ENDACK, depth);
 }
