@@ -159,7 +159,8 @@ LL128_SPLIT = {"reduce": 4, "allreduce": 0}
 
 _CHUNK_ALIGN = 256
 # the push kernels (algorithm llpush: kernels/comm/small_push.cu, a family of its own loaded here, so that the shipped
-# cubins of the others keep their source hash); the flags of their `extra` (MPIML_PUSH_ENDACK, MPIML_PUSH_SPLIT)
+# cubins of the others keep their source hash); the flags of their `extra` (MPIML_PUSH_ENDACK, MPIML_PUSH_SPLIT, the
+# ring's depth from bit MPIML_PUSH_DEPTH_SHIFT)
 PUSH_SOURCES = ("comm/ipc_common.cuh", "comm/small_push.cu")
 PUSH_ENDACK, PUSH_SPLIT, PUSH_DEPTH_SHIFT = 1, 2, 2
 PUSH_MARK_OFF = 160  # (small_push.cu's MPIML_PUSH_MARK_OFF: the ring's marks, 8 words of the zeroed control block)
@@ -246,6 +247,8 @@ def _llpush_plan(nbytes, block_bytes, groups=1):
     threads = min(LL_THREADS, max(32, -(-min(lines, max(1, block_bytes // 8)) // 32) * 32))
     per = max(1, min(LL_MAX_BLOCKS // groups, -(-lines // threads)))
     return per * groups, threads
+
+
 # one-node graphs of repeated hot calls alive at once per transport (IPCTransport.one_node_graph)
 GRAPH_LIMIT = 256
 
@@ -787,7 +790,8 @@ class IPCTransport(Transport):
 
     def _llpush_launch(self, op_name, nbytes, arg):
         """``(grid, block, extra)`` of a push kernel for ``nbytes`` a rank: ``extra`` the root (reduce) or the row
-        stride (allgather) with the knobs' flags (``MPIML_PUSH_ENDACK``, ``MPIML_PUSH_SPLIT``) above it."""
+        stride (allgather) with the knobs' flags (``MPIML_PUSH_ENDACK``, ``MPIML_PUSH_SPLIT``, the ring's depth)
+        above it."""
         flags, groups = (PUSH_ENDACK if self.llpush_endack else 0) | (self.llpush_depth << PUSH_DEPTH_SHIFT), 1
         if op_name == "allgather" and self.size > 2 and 0 < self.llpush_split_bytes <= nbytes:
             flags, groups = flags | PUSH_SPLIT, self.size - 1

@@ -3,19 +3,24 @@
 // families (their source hash) as they are.
 //
 // Why the LL reduce and allgather cost more than the LL bcast in a CUDA graph (4 x H100, 4 B-64 KiB:
-// bcast 2.6-2.9 us a call, reduce 3.0-3.4, allgather 4.0-4.6, a no-op kernel 0.87): every LL kernel
-// ends (mpiml_end) by storing its ack into every peer's workspace, and a kernel ends only once its
-// stores have been acknowledged across NVLink (a round trip, ~1.3 us, the same wait a __threadfence
-// pays). A kernel whose remote stores all leave at its start (the bcast root's lines) overlaps that
-// round trip with its work; a kernel that waits first and stores afterwards pays the wait, then the
-// round trip, in series:
-//   bcast root      begin -> push lines + acks ............................ -> end   (G + b + RTT)
-//   reduce root     begin -> wait 3 sources' lines -> acks ...................... -> end   (G + b + W + RTT)
-//   allgather       begin -> push -> wait 3 sources' lines (one way, L) -> acks -> end   (G + b + L + RTT)
-// (G: the graph's kernel-to-kernel floor, b: mpiml_begin's epoch and ack loads, W: the root's wait for
-// the slowest of three sources, L: one NVLink trip.) The acks say "this rank has finished call E": a
-// writer needs them only to know that a reader is done with the slots it is about to overwrite, two
-// calls later.
+// bcast 2.6-2.9 us a call, reduce 3.0-3.4, allgather 4.0-4.6, a no-op kernel 0.87; none of them has a
+// barrier, a remote read, a memset or a second node a call; every one is one block up to 4 KiB).
+// Two explanations, each measured by a knob of this family:
+// 1. Every LL kernel ends (mpiml_end) by storing its ack into every peer's workspace, and a kernel ends
+//    only once its stores have been acknowledged across NVLink (a round trip, RTT ~1.3 us, the wait a
+//    __threadfence pays: ipc_common.cuh measured it for a grid's fence). A kernel whose remote stores all
+//    leave at its start (the bcast root's lines) overlaps that round trip with its work; one that waits
+//    first and stores afterwards pays the wait, then the round trip, in series:
+//      bcast root   begin -> push lines + acks ....................................... -> end  G + b + RTT
+//      reduce root  begin -> wait for 3 sources' lines -> acks .......................... -> end  G + b + W + RTT
+//      allgather    begin -> push -> wait for 3 sources' lines (one way, L) -> acks ..... -> end  G + b + L + RTT
+//    (G: the graph's kernel-to-kernel floor, b: the epoch and ack loads of mpiml_begin, W: the root's
+//    wait for the slowest of three sources.) Measured by MPIML_IPC_LLPUSH_ENDACK=1 against 0.
+// 2. A writer may overwrite a reader's slots of call E - 2 only once the reader has finished it: a
+//    reduce's non-roots run at most one call ahead of the root, and the root waits for the slowest of
+//    three sources whenever a non-root is late. Measured by the ring (MPIML_IPC_LLPUSH_DEPTH) below.
+// The acks say "this rank has finished call E"; a writer needs them only to know that a reader is done
+// with the slots it is about to overwrite.
 //
 // The push kernels move the ack to the start of the next call: at the start of call E, block 0 stores
 // ack[me] = E into every peer ("finished call E - 1", true since the kernel of call E - 1 has ended),
