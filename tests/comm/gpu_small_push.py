@@ -38,8 +38,8 @@ T0 = time.perf_counter()
 VARIANTS = [("default", {}),
             ("split", {"MPIML_IPC_LLPUSH_SPLIT_BYTES": "8", "MPIML_IPC_LLPUSH_BLOCK_BYTES": "256"}),
             ("endack", {"MPIML_IPC_LLPUSH_ENDACK": "1"}),
-            ("pdl", {"MPIML_IPC_LLPUSH_PDL": "1"}),
             ("ring4", {"MPIML_IPC_LLPUSH_DEPTH": "4"}),
+            ("pdl", {"MPIML_IPC_LLPUSH_PDL": "1"}),
             ("ring8", {"MPIML_IPC_LLPUSH_DEPTH": "8", "MPIML_IPC_LLPUSH_SPLIT_BYTES": "8",
                        "MPIML_IPC_LLPUSH_BLOCK_BYTES": "256", "MPIML_IPC_LLPUSH_PDL": "1"})]
 
