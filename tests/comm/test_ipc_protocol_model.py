@@ -916,3 +916,172 @@ def test_stream_order_tells_streams_apart_by_identity_not_handle():
     _drive(order, (first, second), [])
     assert log == [("record", first), ("wait", second)]
     assert order.last is second
+
+
+# ---------------------------------------------------------------- the push kernels (ipc/llpush, small_push.cu)
+class PushModel(Model):
+    """The model with the push kernels (``kernels/comm/small_push.cu``): reduce and allgather ``llpush``.  At its
+    start a push kernel stores ack[me] = E into every peer (it has finished call E - 1), then waits only for the acks
+    of the ranks whose slots it writes (reduce: a non-root for the root, the root for nobody; allgather: every
+    peer); it pushes its lines as the LL kernels do and ends with the epoch word and its own ack alone (``endack``:
+    and every peer's too, as the LL kernels).  ``depth`` D > 0: the lines go to a ring of slots of their own, slot
+    [E % D][src], and a writer waits until the reader's ack has reached its mark of that slot (the last push call
+    that took it, + 1; each rank keeps its own marks).  Rules that can be left out (``drop``): "ack wait" as before,
+    and "push begin ack" (no ack at the start)."""
+
+    def __init__(self, *args, endack=False, depth=0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.endack, self.depth = endack, depth
+        self.ring = [{} for _ in range(self.P)]   # (slot, src) -> (flag, call, value), in each rank's workspace
+        self.marks = [{} for _ in range(self.P)]  # slot -> the last push call that took it, + 1 (a rank's own)
+
+    def expected(self, spec, r):
+        if spec["op"] == "allgather":
+            return [[self.value(spec["call"], s, q) for q in range(self.P)] for s in range(self.P)]
+        return super().expected(spec, r)
+
+    def kernel(self, r, spec):
+        if spec["algo"] != "llpush":
+            yield from super().kernel(r, spec)
+            return
+        ws, P, me = self.ws, self.P, r
+        j, op, root = spec["call"], spec["op"], spec.get("root", 0)
+        E = ws[me].epoch
+        self.epochs[(me, j)] = E
+        if "push begin ack" not in self.drop:
+            for t in range(P):
+                if t != me:
+                    ws[t].ack[me] = E
+                    yield ("step",)
+        writes = [t for t in range(P) if t != me and (op == "allgather" or (me != root and t == root))]
+        D = self.depth
+        need = self.marks[me].get(E % D, 0) if D else E - 1
+        if "ack wait" not in self.drop:
+            for t in writes:
+                yield ("wait", t, lambda t=t: ws[me].ack[t] >= need)
+        p, flag = E % 2, E + 1
+        x = [self.value(j, me, q) for q in range(P)]
+
+        def slots(owner):  # rank owner's slots of this call: the LL slots of parity p, or the ring's slot E % D
+            return _RingSlots(self.ring[owner], E % D) if D else ws[owner].ll[p]
+
+        for d in writes:
+            slots(d)[me] = (flag, j, x)
+            yield ("step",)
+
+        def read(src):
+            yield ("wait", src, lambda: slots(me)[src][0] == flag)
+            _, tag, v = slots(me)[src]
+            if tag != j:
+                self.errors.append(f"rank {me} call {j} (E={E}) read rank {src}'s push line of call {tag}")
+            return v
+
+        if op == "allgather":
+            got = [None] * P
+            for src in range(P):
+                got[src] = x if src == me else (yield from read(src))
+            self.results[(me, j)] = got
+        elif me == root:
+            acc = [0] * P
+            for src in range(P):
+                v = x if src == me else (yield from read(src))
+                acc = [a + b for a, b in zip(acc, v)]
+            self.results[(me, j)] = acc
+        ws[me].epoch = E + 1
+        ws[me].ack[me] = E + 1
+        if D:
+            self.marks[me][E % D] = E + 1
+        if self.endack:
+            for t in range(P):
+                if t != me:
+                    ws[t].ack[me] = E + 1
+                    yield ("step",)
+
+
+class _RingSlots:
+    """Slot [s][src] of a rank's ring, indexed by src (never written: flag 0)."""
+
+    def __init__(self, ring, s):
+        self.ring, self.s = ring, s
+
+    def __getitem__(self, src):
+        return self.ring.get((self.s, src), (0, None, None))
+
+    def __setitem__(self, src, value):
+        self.ring[(self.s, src)] = value
+
+
+PUSH_KINDS = [("reduce", "llpush"), ("allgather", "llpush")]
+
+
+@pytest.mark.parametrize("endack,depth", [(False, 0), (True, 0), (False, 4), (True, 8)])
+@pytest.mark.parametrize("P", [1, 2, 3, 4])
+def test_the_push_kernels_among_the_others_finish_with_the_right_data(P, endack, depth):
+    """reduce / allgather ``llpush`` (the ack of the previous call sent at the start, none at the end; waits only for
+    the ranks whose slots they write) between every other kind, the LL two-shot and pipelined ones included, roots
+    moving, on several streams and in graphs: every run finishes, every rank gives every call the same number and
+    every result is right."""
+    # (one rank: no two-shot or pipelined kernel, which the host runs only among two ranks or more)
+    kinds = KINDS + ([("bcast", "lltwoshot"), ("reduce", "pipe"), ("bcast", "pipe")] if P > 1 else []) + PUSH_KINDS * 4
+    taken = 0
+    for seed in range(10):
+        model = PushModel(P, epoch=seed % 3, ordered=True, seed=seed, endack=endack, depth=depth)
+        programs = _programs(P, seed, kinds=kinds)
+        stuck = model.run(programs)
+        assert stuck is None, (seed, stuck)
+        assert not model.errors, (seed, model.errors[:3])
+        for j in {j for (_, j) in model.epochs}:
+            assert len({model.epochs[(r, j)] for r in range(P)}) == 1, (seed, j)
+        taken += sum(a[0] == "call" and a[1]["algo"] == "llpush" for a in programs[0])
+    assert taken > 20
+
+
+@pytest.mark.parametrize("depth", [0, 4])
+@pytest.mark.parametrize("seed", range(6))
+def test_runs_of_push_kernels_beside_a_bcast_root_running_ahead(seed, depth):
+    """The acks of the push kernels arrive one call late (at the next call's start): runs of push reduces (non-roots
+    ahead, the root waiting for them) and allgathers between LL bcasts whose root runs first, at every rank's pace."""
+    P = 3
+    prog = []
+    for i in range(8):
+        prog += [call("bcast", "ll", "S", 0), call("reduce", "llpush", "S", (i + 1) % P),
+                 call("reduce", "llpush", "S", (i + 1) % P), call("allgather", "llpush", "S")]
+    for first in ({0}, {1, 2}, None):
+        model = PushModel(P, seed=seed, first=first, depth=depth)
+        stuck = model.run([list(prog) for _ in range(P)])
+        assert stuck is None and not model.errors, (first, stuck, model.errors[:2])
+
+
+@pytest.mark.parametrize("depth", [0, 4])
+@pytest.mark.parametrize("rule", ["ack wait", "push begin ack"])
+def test_every_rule_of_the_push_kernels_is_needed(rule, depth):
+    """Without the wait for the root's ack of call E - 2, non-roots run first overwrite the root's slots before it
+    has read them; without the ack at the start (and none at the end), the next kernels wait for an ack that never
+    comes."""
+    P = 3
+    prog = [call("reduce", "llpush", "S", 0) for _ in range(8)] + [call("allgather", "llpush", "S")] * 4
+    for drop, fails in (([], False), ([rule], True)):
+        model = PushModel(P, seed=1, first={1, 2}, drop=drop, depth=depth)
+        stuck = model.run([list(prog) for _ in range(P)])
+        assert bool(stuck or model.errors) is fails, (drop, stuck, model.errors[:2])
+
+
+def test_the_ring_lets_a_reduces_non_roots_run_ahead_of_the_root():
+    """In the ring (depth D), a push reduce's non-roots, run first, write their lines of call E once the root has
+    started call E - D + 1 (they start call E, then wait, with the root D calls behind), against E - 1 in the LL
+    slots of the call's parity (2 behind): the root finds their lines there when it comes."""
+    P = 3
+    prog = [call("reduce", "llpush", "S", 0) for _ in range(12)]
+    for depth, ahead in ((0, 2), (4, 4), (8, 8)):
+        model = PushModel(P, seed=0, first={1, 2}, depth=depth)
+        lead = []
+        orig = model.kernel
+
+        def kernel(r, spec, orig=orig, model=model, lead=lead):
+            if r != 0:  # a non-root starting a call: how many calls it is ahead of the root
+                lead.append(model.ws[r].epoch - model.ws[0].epoch)
+            return orig(r, spec)
+
+        model.kernel = kernel
+        assert model.run([list(prog) for _ in range(P)]) is None and not model.errors
+        assert max(lead) == ahead, (depth, max(lead))

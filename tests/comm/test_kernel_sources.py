@@ -214,3 +214,143 @@ def test_run_algorithm_dispatches_every_algorithm_an_op_lists():
     for op, name in (("reduce_scatter", "twoshot"), ("bcast", "ll128"), ("scan", "ll"), ("gather", "ll")):
         with pytest.raises(ValueError, match="does not apply"):
             t.run_algorithm(op, name, "x")
+
+
+# ---------------------------------------------------------------- the push kernels (ipc/llpush)
+def test_the_push_kernels_exist_with_their_launch_bounds_and_the_hosts_flags():
+    """``small_push.cu`` (loaded by ``ipc._push_kernel``, a family of its own) holds the two kernels the host asks
+    for, each with the LL kernels' launch bounds, and the flags of their ``extra`` are the host's."""
+    assert ipc.PUSH_SOURCES[0] == COMMON
+    text = _text(ipc.PUSH_SOURCES[1])
+    kernels = dict((name, bound) for bound, name in re.findall(
+        r"__global__ void (?:__launch_bounds__\((MPIML_\w+)\)\s*)?(mpiml_\w+)\(", text))
+    assert kernels == {"mpiml_reduce_llpush": "MPIML_LL_THREADS", "mpiml_allgather_llpush": "MPIML_LL_THREADS"}
+    assert re.search(rf"#define MPIML_PUSH_ENDACK {ipc.PUSH_ENDACK}\b", text)
+    assert re.search(rf"#define MPIML_PUSH_SPLIT {ipc.PUSH_SPLIT}\b", text)
+    # the flags sit where the host puts them: above the reduce's root byte, above the allgather's 48-bit stride
+    assert "(int)(extra >> 8)" in text and "(int)(extra >> 48)" in text
+    for name in kernels:  # (not in FAMILIES: the shipped families keep their source hash)
+        assert all(name not in names for _, names, _ in FAMILIES.values())
+
+
+def test_the_push_kernels_grid_covers_every_line_in_whole_groups():
+    """``ipc._llpush_plan``: 32 to LL_THREADS threads a block (a multiple of 32), a block's lines within its
+    ``block_bytes``, every line of a group's share taken by one thread a round at most, whole groups (the split
+    allgather's blocks per peer), never more than LL_MAX_BLOCKS."""
+    for groups in (1, 2, 3, 7):
+        for block_bytes in (8, 256, 1024, 4096, 1 << 16):
+            for nbytes in (1, 4, 8, 9, 1024, 4096, 4097, 16384, 65536, 256 << 10):
+                grid, block = ipc._llpush_plan(nbytes, block_bytes, groups)
+                lines = -(-nbytes // 8)
+                assert block % 32 == 0 and 32 <= block <= ipc.LL_THREADS
+                assert block <= max(32, -(-block_bytes // 8 // 32) * 32)
+                assert grid % groups == 0 and groups <= grid <= ipc.LL_MAX_BLOCKS
+                per = grid // groups
+                assert per * block >= lines or per == ipc.LL_MAX_BLOCKS // groups
+    # the default (4096 bytes a block): one block of 512 threads to 4 KiB, as the LL kernels
+    assert ipc._llpush_plan(4, 4096) == (1, 32)
+    assert ipc._llpush_plan(4096, 4096) == (1, 512)
+    assert ipc._llpush_plan(65536, 4096) == (16, 512)
+
+
+def _push_transport(size=4, **knobs):
+    t = object.__new__(ipc.IPCTransport)
+    t.multi_node, t._sync, t._err_host, t._err_code = False, False, 1, None
+    t.rank, t.size, t.cap, t.ll_max, t.ll_slot = 1, size, 32 << 20, 256 << 10, ipc.LL_SLOT_DEFAULT
+    t.llpush_block_bytes, t.llpush_split_bytes, t.llpush_endack, t.llpush_depth = 4096, 0, False, 0
+    for k, v in knobs.items():
+        setattr(t, k, v)
+    return t
+
+
+def test_the_push_kernels_extra_carries_the_root_or_stride_and_the_knobs():
+    t = _push_transport()
+    assert t._llpush_launch("reduce", 1024, 3) == (1, 128, 3)
+    assert t._llpush_launch("allgather", 1024, 256) == (1, 128, 256)
+    t = _push_transport(llpush_endack=True, llpush_split_bytes=4096)
+    assert t._llpush_launch("reduce", 1024, 2) == (1, 128, 2 | ipc.PUSH_ENDACK << 8)
+    assert t._llpush_launch("allgather", 1024, 256) == (1, 128, 256 | ipc.PUSH_ENDACK << 48)  # below the split size
+    grid, block, extra = t._llpush_launch("allgather", 16384, 4096)
+    assert (grid, block, extra) == (12, 512, 4096 | (ipc.PUSH_ENDACK | ipc.PUSH_SPLIT) << 48)
+    # two ranks: one peer, nothing to split
+    assert _push_transport(2, llpush_split_bytes=8)._llpush_launch("allgather", 16384, 4096) == (4, 512, 4096)
+
+
+@pytest.mark.parametrize("op", ["reduce", "allgather"])
+def test_the_hot_launcher_of_the_push_kernels(monkeypatch, op):
+    """``hot_launcher`` (no GPU: a stand-in) issues the push kernel of the op (``ipc._push_kernel``) with its plan and
+    ``extra``, and takes nothing above ``MPIML_IPC_LL_BYTES`` (one launch)."""
+    import numpy as np
+
+    from mpiml.comm import _hotpath
+
+    seen = {}
+    monkeypatch.setattr(_hotpath, "binding", lambda op_, x, **kw: ("bind", op_, kw.get("root")))
+    monkeypatch.setattr(_hotpath, "ipc_issue", lambda t, op_, x, fa, fu, grid, block, mask, extra=0:
+                        seen.update(fa=fa, fu=fu, grid=grid, block=block, mask=mask, extra=extra,
+                                    launch=t._launch_kernel) or "issue")
+    monkeypatch.setattr(_hotpath, "launcher", lambda comm, t, plan, op_, bind, issue, err=None:
+                        seen.update(plan=plan, bind=bind) or "launcher")
+    monkeypatch.setattr(ipc, "_push_kernel", lambda name, dtype, rop, aligned: (name, rop, aligned))
+
+    class X:
+        size, nbytes, dtype = 1023, 4092, np.dtype(np.float32)
+
+    t = _push_transport(_launch_kernel="plain", _pdl_launch=None)
+    arg = ("max", 2) if op == "reduce" else None
+    assert t.hot_launcher(None, "plan", op, "llpush", X(), arg) == "launcher"
+    rop = "max" if op == "reduce" else None
+    assert seen["fu"] == (f"mpiml_{op}_llpush", rop, False) and seen["mask"] == 7
+    # the allgather's row stride (4092 bytes) is not 8-byte aligned: the unaligned kernel both ways
+    assert seen["fa"] == (f"mpiml_{op}_llpush", rop, op == "reduce")
+    assert (seen["grid"], seen["block"]) == (1, 512)
+    assert seen["extra"] == (2 if op == "reduce" else 1023)
+    assert seen["bind"] == ("bind", op, 2 if op == "reduce" else 0)
+    assert seen["launch"] == "plain"
+    # MPIML_IPC_LLPUSH_PDL: the issue takes the programmatic launch; the transport keeps its plain one
+    t._pdl_launch = "pdl"
+    assert t.hot_launcher(None, "plan", op, "llpush", X(), arg) == "launcher"
+    assert seen["launch"] == "pdl" and t._launch_kernel == "plain"
+
+    class Big:
+        size, nbytes, dtype = (256 << 10) // 4 + 1, (256 << 10) + 4, np.dtype(np.float32)
+
+    assert t.hot_launcher(None, "plan", op, "llpush", Big(), arg) is None
+
+
+def test_the_pdl_launch_structures_have_the_drivers_layout():
+    """``cuLaunchKernelEx``'s ``CUlaunchConfig`` and ``CUlaunchAttribute`` as ``cuda.h`` (CUDA 12) lays them out: the
+    push kernels' ``MPIML_IPC_LLPUSH_PDL`` launch hands the driver these bytes; without a driver here, no launcher."""
+    import ctypes
+
+    A, C = ipc._LaunchAttribute, ipc._LaunchConfig
+    assert ctypes.sizeof(A) == 72 and A.value.offset == 8
+    assert (C.grid.offset, C.block.offset, C.shared.offset, C.stream.offset, C.attrs.offset, C.count.offset) == \
+        (0, 12, 24, 32, 40, 48)
+    assert ctypes.sizeof(C) == 56
+    assert ipc._PROGRAMMATIC_STREAM_SERIALIZATION == 6
+    text = _text(ipc.PUSH_SOURCES[1])
+    assert text.count("mpiml_pdl_wait();") == 2 and text.count("mpiml_pdl_launch_next();") == 2
+    # every push kernel waits before it reads its input or the epoch word
+    for kernel in ("mpiml_reduce_llpush", "mpiml_allgather_llpush"):
+        body = text[text.index(f"{kernel}(const MpimlCtx"):]
+        assert body.index("mpiml_pdl_wait();") < body.index("mpiml_ll_get<A>(in") < body.index("mpiml_push_begin(")
+
+
+def test_the_push_ring_lives_where_the_host_puts_it():
+    """The ring's depth rides in the flags' bits 2-5 (the host's shift); its marks sit in the control block's free
+    bytes between the acks and the barrier flags (zeroed with it); the ring itself after the pipelined kernels'
+    flags, where the host allocates depth * nranks LL slots."""
+    text = _text(ipc.PUSH_SOURCES[1])
+    common = _text(COMMON)
+    assert re.search(rf"#define MPIML_PUSH_DEPTH_SHIFT {ipc.PUSH_DEPTH_SHIFT}\b", text)
+    assert re.search(rf"#define MPIML_PUSH_MARK_OFF {ipc.PUSH_MARK_OFF}\b", text)
+    ack_off = int(re.search(r"#define MPIML_ACK_OFF (\d+)", common).group(1))
+    flag_off = int(re.search(r"#define MPIML_FLAG_OFF (\d+)", common).group(1))
+    assert ack_off + 4 * ipc.MAX_RANKS <= ipc.PUSH_MARK_OFF and ipc.PUSH_MARK_OFF + 4 * 8 <= flag_off
+    assert ipc.PROBE_OFF + 8 * ipc.MAX_RANKS <= ack_off and flag_off < ipc.DATA_OFF
+    assert "c->ll_off + 2 * c->nranks * c->ll_slot + 4ll * MPIML_PIPE_WORDS" in text
+    assert ipc.PIPE_BYTES == 4 * 2 * ipc.MAX_RANKS * ipc.PIPE_MAX_STEPS
+    t = _push_transport(llpush_depth=8)
+    assert t._llpush_launch("reduce", 8, 1) == (1, 32, 1 | (8 << ipc.PUSH_DEPTH_SHIFT) << 8)
+    assert t._llpush_launch("allgather", 8, 2)[2] == 2 | (8 << ipc.PUSH_DEPTH_SHIFT) << 48

@@ -60,6 +60,19 @@ Algorithms (``algorithm=`` with backend ``ipc``):
                      successive steps overlap (``MPIML_IPC_PIPE_BLOCKS``, 128, and
                      ``MPIML_IPC_PIPE_ROUNDS``, 1: the grid and how many steps a
                      block takes)
+``llpush``           reduce, allgather up to ``MPIML_IPC_LL_BYTES``: the LL kernels
+                     with every remote store at the start of the call (the ack of
+                     the previous call goes out beside the lines, none at the end:
+                     ``kernels/comm/small_push.cu``); knobs, all local to a rank:
+                     ``MPIML_IPC_LLPUSH_BLOCK_BYTES`` (payload a block, 4096),
+                     ``MPIML_IPC_LLPUSH_SPLIT_BYTES`` (allgather parts from this size
+                     take one group of blocks per peer; 0: never),
+                     ``MPIML_IPC_LLPUSH_ENDACK`` (1: the acks at the end as well, to
+                     measure what moving them saved), ``MPIML_IPC_LLPUSH_PDL`` (1: hot
+                     launches with programmatic dependent launch),
+                     ``MPIML_IPC_LLPUSH_DEPTH`` (4 or 8: a ring of slots of their own
+                     that many calls deep, so that a reduce's non-roots run ahead of
+                     the root; agreed, part of the workspace)
 ``pull``             readers copy from the root / every rank (bcast, allgather)
 ``push``             every rank writes its part into every peer's buffer, barrier,
                      each copies from its own memory (allgather)
@@ -122,7 +135,7 @@ THREADS = 512
 LL_THREADS = 512  # (ipc_common.cuh's MPIML_LL_THREADS: the LL kernels' launch bounds)
 LL_MAX_BLOCKS = 264
 IPC_ALGORITHMS = ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "ll128twoshot", "pipe",
-                  "pull", "push", "two_level")
+                  "pull", "push", "llpush", "two_level")
 PIPE_MAX_STEPS = 2048  # (ipc_common.cuh's MPIML_PIPE_MAX_STEPS: flags per writer and step)
 PIPE_BYTES = 2 * MAX_RANKS * PIPE_MAX_STEPS * 4  # the pipelined kernels' flags, after the LL slots
 PIPE_STEP_ALIGN = 128  # packs: a step is a multiple of this
@@ -145,6 +158,97 @@ WIDE_LL_MAX_BLOCKS = 128
 LL128_SPLIT = {"reduce": 4, "allreduce": 0}
 
 _CHUNK_ALIGN = 256
+# the push kernels (algorithm llpush: kernels/comm/small_push.cu, a family of its own loaded here, so that the shipped
+# cubins of the others keep their source hash); the flags of their `extra` (MPIML_PUSH_ENDACK, MPIML_PUSH_SPLIT, the
+# ring's depth from bit MPIML_PUSH_DEPTH_SHIFT)
+PUSH_SOURCES = ("comm/ipc_common.cuh", "comm/small_push.cu")
+PUSH_ENDACK, PUSH_SPLIT, PUSH_DEPTH_SHIFT = 1, 2, 2
+PUSH_MARK_OFF = 160  # (small_push.cu's MPIML_PUSH_MARK_OFF: the ring's marks, 8 words of the zeroed control block)
+_PUSH_KERNELS = {}
+
+
+def _push_kernel(name, dtype, op, aligned):
+    """The ``CUfunction`` handle of ``name`` (``mpiml_reduce_llpush``: ``<T, OP, A>``, ``mpiml_allgather_llpush``:
+    ``<U, A>``) for ``dtype``, compiled on first use with every op and alignment of it (one small program)."""
+    import cupy
+
+    from ...kernels import OP_CODES, copy_type, reduce_type
+    from ...kernels._loader import load_module
+
+    dtype = np.dtype(dtype)
+    key = (cupy.cuda.runtime.getDevice(), name, dtype.char, op, aligned)
+    fn = _PUSH_KERNELS.get(key)
+    if fn is None:
+        a = "true" if aligned else "false"
+        if name == "mpiml_reduce_llpush":
+            ctype = reduce_type(dtype)
+            expr = f"{name}<{ctype}, {OP_CODES[op]}, {a}>"
+            every = [f"{name}<{ctype}, {o}, {b}>" for o in range(4) for b in ("false", "true")]
+        else:
+            ctype = copy_type(dtype.itemsize)
+            expr = f"{name}<{ctype}, {a}>"
+            every = [f"{name}<{ctype}, {b}>" for b in ("false", "true")]
+        kernel = load_module(PUSH_SOURCES, [expr], also=every).get_function(expr)
+        fn = _PUSH_KERNELS[key] = (kernel, int(kernel.kernel.ptr))
+    return fn[1]
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """``CUlaunchAttribute``: an id, padding to 8 bytes, a 64-byte union of values."""
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig`` (``cuLaunchKernelEx``)."""
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("count", ctypes.c_uint)]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+def _pdl_launcher(fallback):
+    """A launch function with ``driver.launchKernel``'s arguments that launches through ``cuLaunchKernelEx`` with
+    programmatic stream serialization (the push kernels' ``MPIML_IPC_LLPUSH_PDL``: a kernel may start while the one
+    before it in its stream or graph ends, and waits in ``griddepcontrol.wait``), or None without that driver call.
+    A launch the driver refuses goes through ``fallback`` (the plain launch), and so does every later one."""
+    try:
+        ex = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    except (OSError, AttributeError):
+        return None
+    ex.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    ex.restype = ctypes.c_int
+    attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value[0] = 1
+    cfg = _LaunchConfig(attrs=ctypes.pointer(attr), count=1)
+    cfg_ptr = ctypes.addressof(cfg)
+    broken = []
+
+    def launch(fn, gx, gy, gz, bx, by, bz, shared, stream, argv, extra):
+        if not broken:
+            cfg.grid[:] = (gx, gy, gz)
+            cfg.block[:] = (bx, by, bz)
+            cfg.shared, cfg.stream = shared, stream
+            rc = ex(cfg_ptr, fn, argv, None)
+            if rc == 0:
+                return
+            broken.append(rc)
+        fallback(fn, gx, gy, gz, bx, by, bz, shared, stream, argv, extra)
+
+    launch.state = (attr, cfg, broken)  # (alive with the function)
+    return launch
+
+
+def _llpush_plan(nbytes, block_bytes, groups=1):
+    """``(grid, block)`` of a push kernel for ``nbytes`` of payload: a block takes ``block_bytes`` (8-byte lines, one a
+    thread, 32 to ``LL_THREADS`` threads: no more than the call has lines), ``groups`` groups of such blocks (the
+    split allgather: one group per peer), at most ``LL_MAX_BLOCKS`` in all."""
+    lines = max(1, -(-nbytes // 8))
+    threads = min(LL_THREADS, max(32, -(-min(lines, max(1, block_bytes // 8)) // 32) * 32))
+    per = max(1, min(LL_MAX_BLOCKS // groups, -(-lines // threads)))
+    return per * groups, threads
+
+
 # one-node graphs of repeated hot calls alive at once per transport (IPCTransport.one_node_graph)
 GRAPH_LIMIT = 256
 
@@ -329,6 +433,18 @@ class IPCTransport(Transport):
         self.ll128_split = {op: _config.env_number(f"MPIML_IPC_LL128_{op.upper()}_SPLIT", LL128_SPLIT[op], minimum=0,
                                                    maximum=LL_THREADS // 32 - 1, unit="warps")
                             for op in ("reduce", "allreduce")}
+        # the push kernels' block payload, the allgather part from which they split by peer (0: never), and whether
+        # they also store the acks at the end (llpush; local choices: no peer depends on them)
+        self.llpush_block_bytes = _config.env_number("MPIML_IPC_LLPUSH_BLOCK_BYTES", 4096, minimum=8, maximum=1 << 20,
+                                                     unit="bytes")
+        self.llpush_split_bytes = _config.env_number("MPIML_IPC_LLPUSH_SPLIT_BYTES", 0, minimum=0, unit="bytes")
+        self.llpush_endack = bool(_config.env_number("MPIML_IPC_LLPUSH_ENDACK", 0, minimum=0, maximum=1))
+        self.llpush_pdl = bool(_config.env_number("MPIML_IPC_LLPUSH_PDL", 0, minimum=0, maximum=1))
+        # the push kernels' ring of slots of their own (0: the LL slots of the call's parity; 4 or 8: that many calls
+        # deep, depth * size more LL slots in the workspace; agreed: part of the layout)
+        self.llpush_depth = _config.env_number("MPIML_IPC_LLPUSH_DEPTH", 0, minimum=0, maximum=8, unit="calls")
+        if self.llpush_depth not in (0, 4, 8):
+            raise ValueError(f"MPIML_IPC_LLPUSH_DEPTH must be 0, 4 or 8; got {self.llpush_depth}")
         # two-shot keeps the sources' copies and the reduced parts (2 n, rounded up to the parts) in a buffer
         self.twoshot_cap = (self.cap // 2 - 16 * (MAX_RANKS + 1)) // _CHUNK_ALIGN * _CHUNK_ALIGN
         # a pushed allgather keeps every rank's part (its packs) in each buffer
@@ -346,9 +462,11 @@ class IPCTransport(Transport):
             self._ll_off = DATA_OFF + 2 * self.cap
             self._ll_slot = self.ll_slot
             pipe_off = self._ll_off + 2 * self.size * self._ll_slot  # (the kernels find it there: mpiml_pipe_flag)
-            self._base = runtime.malloc(pipe_off + PIPE_BYTES)
+            ring = self.llpush_depth * self.size * self._ll_slot  # the push kernels' ring, after the flags
+            self._base = runtime.malloc(pipe_off + PIPE_BYTES + ring)
             runtime.memset(self._base, 0, DATA_OFF)
-            runtime.memset(self._ll_off + self._base, 0, 2 * self.size * self._ll_slot + PIPE_BYTES)  # no stale flags
+            # no stale flags
+            runtime.memset(self._ll_off + self._base, 0, 2 * self.size * self._ll_slot + PIPE_BYTES + ring)
             runtime.deviceSynchronize()
             handle = runtime.ipcGetMemHandle(self._base)
         except Exception as exc:
@@ -356,7 +474,7 @@ class IPCTransport(Transport):
         agree_or_raise(world, err, "ipc workspace")
         # the kernels find a peer's buffers and slots at their own offsets: the layout must be the same everywhere
         layout = (self.cap, self.ll_max, self.ll_slot, self.pipe_blocks, self.pipe_rounds, self.ll128_blocks,
-                  tuple(self.ll128_split.values()))
+                  tuple(self.ll128_split.values()), self.llpush_depth)
         shared = world.allgather_obj((handle, layout))
         handles = [h for h, _ in shared]
         if len({lay for _, lay in shared}) > 1:
@@ -365,7 +483,7 @@ class IPCTransport(Transport):
             raise BackendUnavailableError(
                 "the ipc workspaces differ between ranks (MPIML_IPC_BYTES, MPIML_IPC_LL_BYTES, "
                 "MPIML_IPC_LL_SLOT_BYTES, MPIML_IPC_PIPE_BLOCKS, MPIML_IPC_PIPE_ROUNDS, MPIML_IPC_LL128_BLOCKS, "
-                "MPIML_IPC_LL128_REDUCE_SPLIT, MPIML_IPC_LL128_ALLREDUCE_SPLIT must "
+                "MPIML_IPC_LL128_REDUCE_SPLIT, MPIML_IPC_LL128_ALLREDUCE_SPLIT, MPIML_IPC_LLPUSH_DEPTH must "
                 "be the same on every rank): "
                 + ", ".join(f"rank {r}: {lay}" for r, (_, lay) in enumerate(shared)))
         peers, err = [], None
@@ -417,6 +535,8 @@ class IPCTransport(Transport):
         from cupy_backends.cuda.api import driver
 
         self._launch_kernel = driver.launchKernel
+        # the push kernels' hot launches with programmatic dependent launch (MPIML_IPC_LLPUSH_PDL; None: plain)
+        self._pdl_launch = _pdl_launcher(driver.launchKernel) if self.llpush_pdl else None
         self._order = StreamOrder.cuda()
         self._cupy = cupy
         world.native_barrier().wait()  # nobody launches before every peer is mapped
@@ -618,6 +738,8 @@ class IPCTransport(Transport):
         if self.multi_node:
             return self._nccl().native_reduce(sendbuf, recvbuf, op, root)
         out = recvbuf if self.rank == root else None
+        if algorithm == "llpush":
+            return self._llpush("reduce", sendbuf, out, op, int(root))
         if algorithm == "ll" or (algorithm is None and sendbuf.nbytes <= self.ll_max):
             return self._elementwise("reduce", "reduce", "mpiml_reduce_ll", sendbuf, out, op, int(root))
         if algorithm == "twoshot":
@@ -644,6 +766,37 @@ class IPCTransport(Transport):
         if algorithm == "pipe":
             return self._pipe("bcast", buf, buf, None, int(root))
         return self._elementwise("bcast", "bcast", "mpiml_bcast_pull", buf, buf, None, int(root))
+
+    def _llpush(self, op_name, sendbuf, recvbuf, op, arg):
+        """The push reduce (``arg``: the root) or allgather (``arg``: the row stride of the result, in elements; see
+        ``kernels/comm/small_push.cu``), in chunks of one LL slot's payload (``MPIML_IPC_LL_BYTES``)."""
+        self._check(op_name)
+        self._last_op = op_name
+        n = sendbuf.size
+        if n == 0:
+            return DONE
+        dtype, isz = sendbuf.dtype, sendbuf.dtype.itemsize
+        rop = self._reduce_op(op, dtype) if op is not None else None
+        gather = op_name == "allgather"
+        sp = sendbuf.data.ptr
+        rp = recvbuf.data.ptr if recvbuf is not None and recvbuf.size else 0
+        for start, count in self._chunks(n, isz, self.ll_max):
+            off = start * isz
+            aligned = not ((sp + off) & 7 or (rp + off if rp else 0) & 7 or (gather and (n * isz) & 7))
+            fn = _push_kernel(f"mpiml_{op_name}_llpush", dtype, rop, aligned)
+            grid, block, extra = self._llpush_launch(op_name, count * isz, arg)
+            self._launch(fn, grid, sp + off, (rp + off) if rp else 0, count, extra, block)
+        return self._done(op_name)
+
+    def _llpush_launch(self, op_name, nbytes, arg):
+        """``(grid, block, extra)`` of a push kernel for ``nbytes`` a rank: ``extra`` the root (reduce) or the row
+        stride (allgather) with the knobs' flags (``MPIML_PUSH_ENDACK``, ``MPIML_PUSH_SPLIT``, the ring's depth)
+        above it."""
+        flags, groups = (PUSH_ENDACK if self.llpush_endack else 0) | (self.llpush_depth << PUSH_DEPTH_SHIFT), 1
+        if op_name == "allgather" and self.size > 2 and 0 < self.llpush_split_bytes <= nbytes:
+            flags, groups = flags | PUSH_SPLIT, self.size - 1
+        grid, block = _llpush_plan(nbytes, self.llpush_block_bytes, groups)
+        return grid, block, int(arg) | (flags << (48 if op_name == "allgather" else 8))
 
     def _lltwoshot(self, op_name, sendbuf, recvbuf, op, root, variant="lltwoshot"):
         """The two-shot LL bcast, reduce or allreduce (see the kernels), in chunks of one LL region each."""
@@ -726,6 +879,8 @@ class IPCTransport(Transport):
         dtype = sendbuf.dtype
         isz = dtype.itemsize
         sp, rp = sendbuf.data.ptr, recvbuf.data.ptr
+        if algorithm == "llpush":
+            return self._llpush("allgather", sendbuf, recvbuf, None, n)
         if algorithm == "ll" or (algorithm is None and sendbuf.nbytes <= self.ll_max):
             for start, count in self._chunks(n, isz, self.ll_max):
                 off = start * isz
@@ -734,7 +889,8 @@ class IPCTransport(Transport):
                 self._launch(fn, _ll_grid(count * isz), sp + off, rp + off, count, n, LL_THREADS)
             return self._done("allgather")
         if algorithm not in (None, "pull", "push"):
-            raise ValueError(f"algorithm {algorithm!r} does not apply to allgather on the ipc backend (ll, pull, push)")
+            raise ValueError(f"algorithm {algorithm!r} does not apply to allgather on the ipc backend "
+                             "(ll, llpush, pull, push)")
         push = algorithm == "push"
         kernel = "mpiml_allgather_push" if push else "mpiml_allgather_pull"
         for start, count in self._chunks(n, isz, self.push_cap if push else None):
@@ -841,9 +997,9 @@ class IPCTransport(Transport):
 
     _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot", "lltwoshot", "ll128", "pipe"),
                       "reduce": ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct",
-                                 "ll128twoshot", "pipe"),
+                                 "ll128twoshot", "pipe", "llpush"),
                       "scan": ("oneshot",), "exscan": ("oneshot",), "bcast": ("ll", "pull", "twoshot", "lltwoshot", "pipe"),
-                      "allgather": ("ll", "pull", "push"),
+                      "allgather": ("ll", "pull", "push", "llpush"),
                       "reduce_scatter": ("ll", "oneshot", "ll128")}
 
     def algorithm_names(self, op):
@@ -866,8 +1022,8 @@ class IPCTransport(Transport):
 
         For stream-ordered calls (``MPIML_DEVICE_SYNC=0``) that fit in one kernel
         on one node: allreduce (ll, oneshot, twoshot, lltwoshot, ll128, pipe), bcast (ll, pull, twoshot, lltwoshot,
-        pipe), allgather (ll, pull, push), reduce (ll, oneshot, twoshot, lltwoshot, llrelay, ll128, pipe), reduce_scatter
-        (ll, oneshot).  ``arg`` is the
+        pipe), allgather (ll, llpush, pull, push), reduce (ll, oneshot, twoshot, lltwoshot, llrelay, ll128, pipe,
+        llpush), reduce_scatter (ll, oneshot).  ``arg`` is the
         reduction, the root, ``(reduction, root)`` or ``(counts, reduction)``.
         Across nodes, the ops that go to NCCL take NCCL's launcher.
         """
@@ -891,13 +1047,14 @@ class IPCTransport(Transport):
             algo = ("ll" if ll_ok else "pull") if name == "native" else name
             family, parts = "bcast", (self.size if algo == "twoshot" else 1)
             root = int(arg) if op == "bcast" else 0
-            if algo not in (("ll", "pull", "twoshot", "lltwoshot", "pipe") if op == "bcast" else ("ll", "pull", "push")):
+            if algo not in (("ll", "pull", "twoshot", "lltwoshot", "pipe") if op == "bcast" else
+                            ("ll", "pull", "push", "llpush")):
                 return None
         elif op == "reduce":
             algo = ("ll" if ll_ok else "oneshot") if name == "native" else name
             (red, root), family, parts = arg, "reduce", (self.size if algo == "twoshot" else 1)
             if algo not in ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct", "ll128twoshot",
-                            "pipe"):
+                            "pipe", "llpush"):
                 return None
         elif op == "reduce_scatter" and name in ("native", "ll", "oneshot", "ll128"):
             counts, red = arg
@@ -913,10 +1070,25 @@ class IPCTransport(Transport):
             return launcher(comm, self, plan, op, bind, issue, self._err_code)
         else:
             return None
-        if algo == "ll" and not ll_ok or algo == "twoshot" and nb > self.twoshot_cap or \
+        if algo in ("ll", "llpush") and not ll_ok or algo == "twoshot" and nb > self.twoshot_cap or \
                 algo == "push" and nb > self.push_cap:
             return None
         kernel, tag = f"mpiml_{op}_{algo}", 0
+        if algo == "llpush":  # (a family of its own: small_push.cu)
+            rop = self._reduce_op(red, dtype) if red is not None else None
+            fa, fu = (_push_kernel(kernel, dtype, rop, a) for a in (True, False))
+            grid, block, extra = self._llpush_launch(op, nb, x.size if op == "allgather" else root)
+            if op == "allgather" and nb & 7:
+                fa = fu
+            plain, pdl = self._launch_kernel, getattr(self, "_pdl_launch", None)
+            if pdl is not None:  # (ipc_issue takes the launch function once, here; graphs of one node keep the plain)
+                self._launch_kernel = pdl
+            try:
+                issue = ipc_issue(self, op, x, fa, fu, grid, block, 7, extra)
+            finally:
+                self._launch_kernel = plain
+            bind = binding(op, x, rank=self.rank, size=self.size, root=root)
+            return launcher(comm, self, plan, op, bind, issue, self._err_code)
         if algo in ("lltwoshot", "llrelay", "ll128", "ll128direct", "ll128twoshot"):
             if self.size == 1:  # (a bcast among one rank: the full path)
                 return None
