@@ -45,6 +45,11 @@ def scenarios(n):
 
 def _batch_of(n, name):
     """The launch of the scenario ``name`` at ``n`` ranks: one a rank count, two at 2 ranks (side by side)."""
+    if name == "two_level":
+        # a launch of its own: after the other scenarios of a 4-rank batch had run in the same processes, its
+        # 2-rank inter-node NCCL leg failed with NCCL_ERROR_INVALID_ARGUMENT on 4 x H200 (2026-11-28), while the
+        # same script alone passed (11 s); the virtual nodes are set when the processes start, as a user sets them
+        return "two_level4"
     if n != 2:
         return f"batch{n}"
     return "batch2b" if name in _SECOND_2 else "batch2a"
@@ -104,7 +109,7 @@ def plan(wanted, ngpus, fault_dir):
     should start (the longest first: the 3-rank batch, the 4-rank one, the two 2-rank ones; the 1-rank one where
     a GPU is left); the overlays (peer failures, ranks sharing a GPU) beside them from the start."""
     launches = []
-    for name, n in (("batch3", 3), ("batch4", 4), ("batch2a", 2), ("batch2b", 2), ("batch1", 1)):
+    for name, n in (("batch3", 3), ("batch4", 4), ("batch2a", 2), ("batch2b", 2), ("two_level4", 4), ("batch1", 1)):
         if n > ngpus:
             continue
         chosen = [s for s in scenarios(n) if (name, s[0]) in wanted and _batch_of(n, s[0]) == name]
