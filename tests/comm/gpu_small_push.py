@@ -40,6 +40,7 @@ VARIANTS = [("default", {}),
             ("endack", {"MPIML_IPC_LLPUSH_ENDACK": "1"}),
             ("ring4", {"MPIML_IPC_LLPUSH_DEPTH": "4"}),
             ("pdl", {"MPIML_IPC_LLPUSH_PDL": "1"}),
+            ("plain", {"MPIML_IPC_LLPUSH_PDL": "0"}),
             ("ring8", {"MPIML_IPC_LLPUSH_DEPTH": "8", "MPIML_IPC_LLPUSH_SPLIT_BYTES": "8",
                        "MPIML_IPC_LLPUSH_BLOCK_BYTES": "256", "MPIML_IPC_LLPUSH_PDL": "1"})]
 

@@ -68,8 +68,9 @@ Algorithms (``algorithm=`` with backend ``ipc``):
                      ``MPIML_IPC_LLPUSH_SPLIT_BYTES`` (allgather parts from this size
                      take one group of blocks per peer; 0: never),
                      ``MPIML_IPC_LLPUSH_ENDACK`` (1: the acks at the end as well, to
-                     measure what moving them saved), ``MPIML_IPC_LLPUSH_PDL`` (1: hot
-                     launches with programmatic dependent launch),
+                     measure what moving them saved), ``MPIML_IPC_LLPUSH_PDL`` (1, the
+                     default: hot launches with programmatic dependent launch,
+                     the graph's kernel-to-kernel gap overlapped; 0: plain),
                      ``MPIML_IPC_LLPUSH_DEPTH`` (4 or 8: a ring of slots of their own
                      that many calls deep, so that a reduce's non-roots run ahead of
                      the root; agreed, part of the workspace)
@@ -439,7 +440,10 @@ class IPCTransport(Transport):
                                                      unit="bytes")
         self.llpush_split_bytes = _config.env_number("MPIML_IPC_LLPUSH_SPLIT_BYTES", 0, minimum=0, unit="bytes")
         self.llpush_endack = bool(_config.env_number("MPIML_IPC_LLPUSH_ENDACK", 0, minimum=0, maximum=1))
-        self.llpush_pdl = bool(_config.env_number("MPIML_IPC_LLPUSH_PDL", 0, minimum=0, maximum=1))
+        # programmatic dependent launch of the push kernels' hot calls: on 4 x H200 (2026-11-28, key push4_0727 of
+        # benchmarks/results/vs_nccl_4xh200.json) the reduce in graphs took 3.07 / 2.92 / 3.46 / 3.56 us at 4 B / 1 / 16 /
+        # 64 KiB with it and 3.26 / 3.18 / 3.55 / 3.97 without (the LL kernel: 3.13 / 3.09 / 3.62 / 3.96)
+        self.llpush_pdl = bool(_config.env_number("MPIML_IPC_LLPUSH_PDL", 1, minimum=0, maximum=1))
         # the push kernels' ring of slots of their own (0: the LL slots of the call's parity; 4 or 8: that many calls
         # deep, depth * size more LL slots in the workspace; agreed: part of the layout)
         self.llpush_depth = _config.env_number("MPIML_IPC_LLPUSH_DEPTH", 0, minimum=0, maximum=8, unit="calls")
