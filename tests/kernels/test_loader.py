@@ -474,3 +474,15 @@ def test_a_kmeans_step_on_sm_90_is_served_by_the_shipped_zip(monkeypatch, tmp_pa
     assert after["prebuilt"] - before["prebuilt"] >= 4
     assert not (tmp_path / "compiles.jsonl").exists()
     assert list((tmp_path / "prebuilt" / "sm_90").glob("*.cubin"))
+
+
+def test_the_build_ships_the_push_kernels_under_the_transport_s_sources():
+    # a cubin is found by the hash of the very source text the transport loads: the same files, in the same order
+    from mpiml.comm.backends import ipc
+    from mpiml.kernels import build
+
+    assert build.PUSH_SOURCES == ipc.PUSH_SOURCES
+    push = [exprs for files, exprs in build.specs("sm_90") if files == build.PUSH_SOURCES]
+    names = {e.split("<")[0] for exprs in push for e in exprs}
+    assert names == {"mpiml_reduce_llpush", "mpiml_allgather_llpush"}
+    assert any("mpiml_reduce_llpush<float, 0, true>" in exprs for exprs in push)

@@ -52,6 +52,8 @@ _DS = (2, 3, 8, 16, 32, 64, 128)
 _SELECT_METRICS = ("euclidean", "cosine", "inner_product")
 #: Most expressions of one source a program holds (smaller programs build in parallel, larger load slower).
 _GROUP = 12
+#: The push kernels' program (the same files, in the same order, as ``mpiml.comm.backends.ipc.PUSH_SOURCES``).
+PUSH_SOURCES = ("comm/ipc_common.cuh", "comm/small_push.cu")
 #: Plans that raised on an emulated device (printed by --list).
 _SKIPPED = []
 
@@ -156,6 +158,11 @@ def specs(arch, model=None):
                   else {copy_type(s) for s in (1, 2, 4, 8)})
         for ct in sorted(ctypes):
             out.append(((COMMON, file), _name_expressions(family, ct, None)))
+    # the push kernels (``comm.backends.ipc``'s ``PUSH_SOURCES``: a family of their own, ``_push_kernel``)
+    for ct in sorted({reduce_type(t) for t in ("float16", "float32", "float64", "int32", "int64", "bool")}):
+        out.append((PUSH_SOURCES, [f"mpiml_reduce_llpush<{ct}, {o}, {a}>" for o in range(4) for a in ("false", "true")]))
+    for ct in sorted({copy_type(s) for s in (1, 2, 4, 8)}):
+        out.append((PUSH_SOURCES, [f"mpiml_allgather_llpush<{ct}, {a}>" for a in ("false", "true")]))
     hist = [f"mpiml_hist_build<{c}, {d}, {w}>" for c in ("false", "true") for d in (0, 1) for w in ("false", "true")]
     out.append((("forest/histograms.cu",), hist + ["mpiml_hist_route", "mpiml_hist_move<false>", "mpiml_hist_move<true>",
                                             "mpiml_hist_split<false>", "mpiml_hist_split<true>",
