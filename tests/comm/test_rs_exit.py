@@ -180,6 +180,26 @@ def test_exit_timeout_follows_mpiml_timeout(monkeypatch):
     assert _exit.exit_timeout() is None
 
 
+def test_the_exit_stops_and_joins_the_watchdog(monkeypatch):
+    """A daemon thread frozen by the teardown in the middle of a look would keep a communicator (and its NCCL
+    communicator) for ever: the hook stops the watchdog's thread and waits until it has ended."""
+    from mpiml.comm.backends import _watchdog
+
+    class _Comm:
+        _failure = None
+        _device_transports = {}
+        _liveness = None
+
+    monkeypatch.setattr(_watchdog, "_STATE", {"thread": None, "stop": False})
+    monkeypatch.setattr(_watchdog, "_COMMS", __import__("weakref").WeakSet())
+    keep = _Comm()
+    _watchdog.watch(keep)
+    thread = _watchdog._STATE["thread"]
+    assert thread.is_alive()
+    _exit._stop_watchdog()
+    assert not thread.is_alive() and _watchdog._STATE["stop"]
+
+
 # ---------------------------------------------------------------- the GPU repro
 @pytest.mark.gpu
 @pytest.mark.mpi

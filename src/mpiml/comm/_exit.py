@@ -25,14 +25,16 @@ process made a multi-rank device transport:
    still running after ``bound`` seconds (a destroy of a communicator the program made itself, whose peer never
    comes) prints ``Timeout`` and the Python stacks of every thread, and ends the process with status 1; the
    launcher then ends the job;
-2. the NCCL transports still open are released newest first (their order of creation, the same on every rank:
+2. the device watchdog's thread is stopped and joined (a daemon thread frozen by the teardown in the middle of a look
+   would hold a communicator for ever);
+3. the NCCL transports still open are released newest first (their order of creation, the same on every rank:
    each was made by a collective call), each destroy in a thread of its own (CuPy releases the GIL there) joined
    until :data:`JOIN_LIMIT` seconds (at most half the bound) after the hook began; one that has not returned
    by then is left to finish in the background (harmless: the rendezvous completes when its peer destroys it
    too, or ends), and this says so on stderr, naming the transport and the likely reasons.
 
-``MPIML_EXIT_RELEASE=0`` skips step 2 (diagnosis: Python's teardown destroys them, as before; the bound holds);
-``MPIML_EXIT_VERBOSE=1`` says what step 2 took.
+``MPIML_EXIT_RELEASE=0`` skips step 3 (diagnosis: Python's teardown destroys them, as before; the bound holds);
+``MPIML_EXIT_VERBOSE=1`` says what step 3 took.
 
 A rank that waits at exit is bounded like every other wait for a peer: a slow peer is met, a peer that never
 comes (stuck, or still running longer than the bound) ends the job after ``MPIML_EXIT_TIMEOUT`` seconds.
@@ -144,6 +146,19 @@ def release_all(deadline, say=_say):
     return n
 
 
+def _stop_watchdog(limit=2.0):
+    """Stop the device watchdog's thread and wait (at most ``limit`` s) until it has: a daemon thread frozen by the
+    interpreter's teardown in the middle of a look would keep the communicator it was looking at (its frame's
+    references are never released), and with it that communicator's NCCL communicator, never destroyed."""
+    wd = sys.modules.get("mpiml.comm.backends._watchdog")
+    if wd is None:
+        return
+    wd._STATE["stop"] = True
+    t = wd._STATE.get("thread")
+    if t is not None and t.is_alive() and t is not threading.current_thread():
+        t.join(limit)
+
+
 def _at_exit():
     if _STATE["ran"]:
         return
@@ -159,6 +174,7 @@ def _at_exit():
             faulthandler.dump_traceback_later(bound, exit=True)
         except Exception:  # (no faulthandler, or no stderr to write to: the ordered release still runs)
             pass
+    _stop_watchdog()
     if _config.env_number("MPIML_EXIT_RELEASE", 1, minimum=0, maximum=1) == 0:
         return  # (diagnosis: the NCCL communicators left to Python's teardown, as before; the bound still holds)
     start = time.monotonic()
