@@ -52,11 +52,11 @@ echo "(b) vs_nccl.py --ops reduce_scatter (MPIML_TUNING_FILE=the 2-rank table, M
 grep -E "^wrote|^mpiml:|Timeout" "$D/b_vs_nccl.log" | head -8 >>"$S"
 
 # (c) diagnosis, with what time is left: the release off, NCCL's log of inits and destroys
-LEFT=$((88 - SECONDS))
+LEFT=$((87 - SECONDS))
 if [ "$LEFT" -ge 20 ]; then
     T0=$SECONDS
     MPIML_TUNING_FILE="$D/table.json" MPIML_EXIT_RELEASE=0 MPIML_EXIT_TIMEOUT=15 NCCL_DEBUG=INFO \
-    NCCL_DEBUG_SUBSYS=INIT,DESTROY timeout -k 3 "$LEFT" $RUN -x MPIML_TUNING_FILE -x MPIML_EXIT_RELEASE \
+    NCCL_DEBUG_SUBSYS=INIT,DESTROY timeout -k 1 "$LEFT" $RUN -x MPIML_TUNING_FILE -x MPIML_EXIT_RELEASE \
         -x MPIML_EXIT_TIMEOUT -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS -n 2 python3 benchmarks/gpu/vs_nccl.py \
         --ops reduce_scatter --sizes $SIZES --paths raw,auto,auto0 --rounds 3 --no-micro --out "$D/c_X.json" \
         >"$D/c_diag.log" 2>&1
