@@ -177,7 +177,29 @@ class Model:
             tag, v = load(me, ("src", k), None)
             return (tag, v[1]) if isinstance(v, tuple) and v[0] == flag else (tag, None)
 
-        if algo == "ll":  # a rank's own line never goes through its own slot
+        if algo == "ll" and op == "reduce_scatter":  # part d's lines into rank d's LL slot [me], its own included
+            # (reduce.cu's mpiml_reduce_scatter_ll: k = 1..P); each reduces the slots of its part in rank order
+            for k in range(1, P + 1):
+                d = (me + k) % P
+                ws[d].ll[p][me] = (flag, j, x[d])
+                yield ("step",)
+            acc = 0
+            for src in range(P):
+                acc += yield from ll_read(src)
+            self.results[(me, j)] = acc
+        elif algo == "oneshot" and op == "reduce_scatter":  # part d into rank d's buffer at [me], barrier, reduce own
+            for k in range(1, P + 1):
+                d = (me + k) % P
+                ws[d].buf[p][("rs", me)] = (j, x[d])
+                yield ("step",)
+            yield from barrier(0)
+            acc = 0
+            for src in range(P):
+                tag, v = load(me, ("rs", src), 0)
+                got(tag, j, f"rank {src}'s copy of part {me}")
+                acc += v
+            self.results[(me, j)] = acc
+        elif algo == "ll":  # a rank's own line never goes through its own slot
             dests = {"allreduce": [(me + k) % P for k in range(1, P)],
                      "bcast": [(me + k) % P for k in range(1, P)] if me == root else [],
                      "reduce": [root] if me != root else []}[op]
@@ -713,6 +735,57 @@ def test_the_ll128_direct_reduce_among_the_others_finishes_with_the_right_data(P
     kinds = KINDS + [("reduce", "ll128direct"), ("reduce_scatter", "ll128"), ("allreduce", "twoshot"),
                      ("reduce", "twoshot")] * 3
     assert _mixed_programs_finish(P, kinds, ("ll128direct", "ll128")) > 0
+
+
+def _rs_sweep(P, sizes, rounds=2, calls=3):
+    """The reduce_scatter calls of ``benchmarks/gpu/vs_nccl.py --ops reduce_scatter --paths raw,auto,auto0`` at P
+    ranks through the IPC kernels, as the 2 x H200 table routes them (eager: ll, ll128, ll, ll128, oneshot as the
+    size grows; in graphs: ll, ll128, oneshot; the raw path and the NCCL sizes launch no IPC kernel): per size and
+    mode, ``rounds`` rounds of the auto and auto0 paths, each a few eager calls and a host wait, or a graph of
+    ``calls`` calls captured once (after one eager call of the graph route) and replayed twice, then waited for."""
+    eager = {"4": "ll", "1k": "ll128", "256k": "ll", "768k": "ll128", "2m": "oneshot"}
+    graph = {"4": "ll", "1k": "ll", "256k": "ll", "768k": "ll128", "2m": "oneshot"}
+    prog, gid = [], 0
+    for size in sizes:
+        for _ in range(rounds):
+            for _path in ("auto", "auto0"):
+                prog += [call("reduce_scatter", eager[size], "S") for _ in range(4)] + [("sync", "S")]
+        for _ in range(rounds):
+            for _path in ("auto", "auto0"):
+                prog += [call("reduce_scatter", graph[size], "S"), ("sync", "S"), ("begin_capture", gid, "S")]
+                prog += [call("reduce_scatter", graph[size], "S") for _ in range(calls)]
+                prog += [("end_capture", gid, "S"), ("replay", gid, "S"), ("replay", gid, "S"), ("sync", "S")]
+                gid += 1
+    return [list(prog) for _ in range(P)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_reduce_scatter_sweep_ends_with_nothing_pending(seed):
+    """The call sequence whose process never exited on 2 x H200 (issue 34): reduce_scatter switching ll -> ll128 ->
+    ll -> ll128 -> oneshot eagerly and ll -> ll128 -> oneshot in replayed graphs, at 2 ranks.  Every call finishes
+    with the right data, and the end leaves nothing that an exit could wait for: no kernel running or queued,
+    every rank's epoch word at the number of calls, every ack of every peer caught up (the next call would wait
+    for nobody).  So the IPC kernels leave no pending ack or flag epoch at the end of that run: what kept its
+    processes alive was their teardown (mpiml.comm._exit)."""
+    P = 2
+    model = Model(P, epoch=seed % 3, ordered=True, seed=seed)
+    stuck = model.run(_rs_sweep(P, ("4", "1k", "256k", "768k", "2m")))
+    assert stuck is None and not model.errors, (stuck, model.errors[:3])
+    assert not model.running and not any(q for st in model.streams for q in st.values())
+    epochs = {model.ws[r].epoch for r in range(P)}
+    assert len(epochs) == 1
+    assert all(model.ws[r].ack[t] == model.ws[r].epoch for r in range(P) for t in range(P))
+    algos = {spec["algo"] for r in range(P) for spec in
+             [a[1] for a in _rs_sweep(P, ("4", "1k", "256k", "768k", "2m"))[r] if a[0] == "call"]}
+    assert algos == {"ll", "ll128", "oneshot"}
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_reduce_scatter_ll_and_oneshot_among_the_others_finish_with_the_right_data(P):
+    """reduce_scatter ``ll`` (the LL slots), ``ll128`` and ``oneshot`` (the staging buffers) between every other
+    kind, on several streams and in graphs."""
+    kinds = KINDS + [("reduce_scatter", "ll"), ("reduce_scatter", "ll128"), ("reduce_scatter", "oneshot")] * 3
+    assert _mixed_programs_finish(P, kinds, ("ll", "oneshot")) > 0
 
 
 @pytest.mark.parametrize("P", [2, 3, 4])

@@ -544,6 +544,10 @@ class IPCTransport(Transport):
         self._order = StreamOrder.cuda()
         self._cupy = cupy
         world.native_barrier().wait()  # nobody launches before every peer is mapped
+        if self.size > 1:  # (the end of the process is bounded: see mpiml.comm._exit)
+            from .. import _exit
+
+            _exit.register(self, self.rank)
 
     def close(self):
         helpers, self._fallback, self._two_level_parts = self._helpers(), None, None

@@ -29,6 +29,7 @@ from ... import _config
 from ._base import Transport
 from ._device import require_exclusive_devices
 from ._stream import DONE, SpinRequest as Request, agree_or_raise, device_sync
+from .. import _exit
 
 __all__ = ["NCCLTransport"]
 
@@ -135,19 +136,46 @@ class NCCLTransport(Transport):
         self._runtime = runtime
         self._free_events = [runtime.eventCreateWithFlags(2) for _ in range(_EVENTS_AHEAD)] \
             if self._timeout is not None else []
+        # destroyed at exit in the order of creation, bounded (see mpiml.comm._exit: NCCL's destroy is a
+        # rendezvous of the ranks, which Python's teardown would run in an order of its own on each rank)
+        _exit.register(self, self.rank)
 
     def close(self):
-        if self.comm is not None:
-            try:
-                if self._broken is None:
-                    self._cupy.cuda.runtime.deviceSynchronize()
-                    self.comm.destroy()
-            except Exception:
-                pass
-            self.comm = None
+        """Destroy the NCCL communicator (bounded by ``MPIML_TIMEOUT``, see :meth:`release`)."""
+        self.release(None if self._timeout is None else time.monotonic() + self._timeout)
+
+    def release(self, deadline=None, say=None):
+        """Destroy the NCCL communicator, waiting at most until ``deadline`` (``time.monotonic()`` seconds; None:
+        without bound); True if it was destroyed by then.
+
+        The calls still in flight are waited for first (their events, until ``deadline``); if some have not
+        completed (a peer that never came: NCCL kernels wait for ever), the communicator is aborted instead, so
+        that its kernels end.  Either runs in a thread of its own (:func:`mpiml.comm._exit.bounded_call`): NCCL's
+        destroy and abort wait for every peer to destroy the same communicator, and for the CUDA graphs holding
+        calls of it to be destroyed; one still waiting at ``deadline`` goes on in the background, and ``say``
+        (default: a line on stderr) says so.  Later calls on this transport are refused.
+        """
+        from ._watchdog import _LOCK
+
+        say = say or _exit._say
+        with _LOCK:  # (the watchdog polls self.comm under this lock: never the object being destroyed)
+            nc, self.comm = self.comm, None
+        ok = True
+        if nc is not None and self._broken is None:  # (a broken one was aborted: nothing left to destroy)
+            self._broken = "closed"
+            pending = self._wait_inflight(deadline)
+            if pending:
+                say(f"{pending} NCCL call(s) of a communicator of {self.size} ranks had not completed when it was "
+                    "closed (a peer that never came?): aborting it instead of destroying it")
+            what = f"NCCL communicator of {self.size} ranks ({'abort' if pending else 'destroy'})"
+            ok = _exit.bounded_call(nc.abort if pending else nc.destroy, deadline, what)
+            if not ok:
+                say(f"the {what} did not return within its bound: a peer rank has not destroyed this communicator "
+                    "yet (it has not reached the same point, or is stuck), or a CUDA graph holding NCCL calls of it "
+                    "is still alive; it goes on in the background")
         lock = getattr(self, "_lock", None)  # (absent when the set-up failed before making it)
         if lock is None:
-            return
+            return ok
         with lock:
             events = self._free_events + [e[1] for e in self._inflight]
             self._free_events, self._inflight = [], []
@@ -156,6 +184,29 @@ class NCCLTransport(Transport):
                 self._runtime.eventDestroy(ev)
             except Exception:
                 pass
+        return ok
+
+    def _wait_inflight(self, deadline):
+        """Wait until the tracked calls in flight have completed or ``deadline`` (None: the device, without bound);
+        the number still in flight then."""
+        if self._timeout is None or not hasattr(self, "_lock"):  # (nothing tracked: the device, as before, bounded)
+            cupy = getattr(self, "_cupy", None)
+            if cupy is None:
+                return 0
+            return 0 if _exit.bounded_call(cupy.cuda.runtime.deviceSynchronize, deadline, "device synchronize") else 1
+        sleep = 1e-5
+        while True:
+            with self._lock:
+                inflight = self._inflight
+                k = _completed_prefix(inflight, lambda ev: _event_done(self._cupy, ev))
+                if k:
+                    self._free_events.extend(e[1] for e in inflight[:k])
+                    del inflight[:k]
+                left = len(inflight)
+            if not left or (deadline is not None and time.monotonic() >= deadline):
+                return left
+            time.sleep(sleep)
+            sleep = min(2 * sleep, 1e-3)
 
     # ------------------------------------------------------------------ helpers
     def _dt(self, buf):
