@@ -68,10 +68,12 @@ def grow(grower, trees):
                        "comm": None, "max_local_rows": int(every.shape[0]),
                        "verbose": s.verbose if comm.rank == 0 else 0})
     alone = type(grower)(spec)                 # a grower of this rank alone, on every row
-    R, r = _growers(comm), comm.rank
+    (R, node), r = _growers(comm), comm.rank
     mine = list(trees[len(trees) * r // R:len(trees) * (r + 1) // R]) if r < R else []
     t1 = time.perf_counter()
     grown = alone.grow(mine) if mine else []
+    if node is not None and R < comm.size:     # the ranks without trees asleep until the growers are done
+        node.wait(idle=r >= R)
     t2 = time.perf_counter()
     for key, value in alone.stats.items():
         grower.stats[key] = grower.stats.get(key, 0) + value
@@ -81,7 +83,7 @@ def grow(grower, trees):
     head = comm.allgatherv(np.array([len(t["feature"]) for t in grown] + [cols], dtype=np.int64))
     t3 = time.perf_counter()
     per_rank = [len(trees) * (j + 1) // R - len(trees) * j // R if j < R else 0 for j in range(comm.size)]
-    out = _exchange(comm, grown, head, per_rank, grower.F, getattr(s, "pruned", True))
+    out = _exchange(comm, grown, head, per_rank, grower.F, getattr(s, "pruned", True), node)
     # where a rank's time goes (the benchmark reads them): gathering the rows, growing its trees, waiting for the
     # other ranks' trees, the exchange
     grower.stats.update(tree_parallel=1, gather_rows_s=t1 - t0, grow_own_s=t2 - t1, exchange_wait_s=t3 - t2,
@@ -90,12 +92,24 @@ def grow(grower, trees):
 
 
 def _growers(comm):
-    """The ranks that grow trees (the first ones): every rank, but where all share one node, one a core of the node
-    at most (a collective the first time per communicator; the same count on every rank)."""
+    """``(ranks that grow trees (the first ones), a node barrier or None)``: every rank, but where all share one
+    node, one a core of the node at most, and the others wait for them on a barrier in node memory (asleep, not
+    polling an MPI collective; :func:`mpiml.utils._node_memory.node_barrier`).  A collective the first time per
+    communicator; the same count on every rank."""
     from ..utils._threads import node_workers, one_node_comm
 
     raw = one_node_comm(comm)
-    return comm.size if raw is None else node_workers(comm, raw)
+    if raw is None:
+        return comm.size, None
+    workers = node_workers(comm, raw)
+    if workers == comm.size:
+        return workers, None
+    from ..utils._node_memory import node_barrier
+
+    try:
+        return workers, node_barrier(raw)
+    except Exception:   # no shared windows with this MPI: the ranks wait in the exchange's collective
+        return workers, None
 
 
 #: The per-node arrays of a grown tree that travel (``value`` has a column per class or output), and the
@@ -105,7 +119,7 @@ _TRAVEL = (("feature", np.int32), ("threshold", np.float64), ("left", np.int32),
            ("impurity", np.float64), ("decrease", np.float64), ("missing_left", np.bool_))
 
 
-def _exchange(comm, grown, head, per_rank, n_features, pruned=True):
+def _exchange(comm, grown, head, per_rank, n_features, pruned=True, node=None):
     """Every tree, in order, from every rank's consecutive block ``grown``, in one ``allgatherv``: each rank's
     per-node arrays (its trees concatenated) and importances packed into one buffer, 8-byte aligned; ``head``:
     every rank's trees' node counts followed by its value's columns (0 without trees), ``per_rank`` every rank's
@@ -115,7 +129,9 @@ def _exchange(comm, grown, head, per_rank, n_features, pruned=True):
 
     One collective for the whole exchange: an ``allgatherv`` per per-node array (eleven) cost 15 ms of a
     0.16 s fit at 4 ranks on 2 cores, where each collective waits for ranks the scheduler has not run yet.
-    (The trees are most of the bytes of a forest: 128 full depth trees of 2e5 rows, about 270 MB.)"""
+    (The trees are most of the bytes of a forest: 128 full depth trees of 2e5 rows, about 270 MB.)  With
+    ``node`` (ranks beyond the node's cores, :func:`_growers`) the buffers meet in node memory instead: an
+    ``allgatherv`` of 4 MB at 4 ranks on 2 cores took 25-50 ms, its chunks each waiting for a rank's next poll."""
     keys = [(key, dtype) for key, dtype in _TRAVEL if key != "decrease" or pruned]
     counts, cols, at = [], [], 0
     for n in per_rank:
@@ -141,7 +157,9 @@ def _exchange(comm, grown, head, per_rank, n_features, pruned=True):
     if grown:
         imps = np.ascontiguousarray(np.stack([t["importances"] for t in grown]), dtype=np.float64)
         buf[pos:pos + exact[-1]] = imps.reshape(-1).view(np.uint8)
-    got = comm.allgatherv(buf.view(np.int64)).view(np.uint8)
+    shared = _node_gather(comm, node, buf, [sum(layout(int(np.sum(c)), len(c))[0]) for c in counts]) \
+        if node is not None else None
+    got = shared[0] if shared is not None else comm.allgatherv(buf.view(np.int64)).view(np.uint8)
     pieces = {key: [] for key, _ in keys}
     pieces["importances"] = []
     start = 0
@@ -158,5 +176,37 @@ def _exchange(comm, grown, head, per_rank, n_features, pruned=True):
     full = {key: np.concatenate(pieces[key]) for key, _ in keys}
     full["value"] = full["value"].reshape(int(offsets[-1]), -1)
     imps = np.concatenate(pieces.pop("importances"))
+    if shared is not None:                     # every rank has copied the trees out: the window freed
+        del got, pieces
+        shared[1]()
     return [{**{key: a[offsets[i]:offsets[i + 1]] for key, a in full.items()}, "importances": imps[i]}
             for i in range(len(every))]
+
+
+def _node_gather(comm, node, buf, sizes):
+    """``(every rank's ``buf`` in rank order, a view of node memory; a call that frees it (collective, after every
+    rank has copied out what it needs))``, or None where MPI gave no window laid out in rank order (the caller
+    gathers with ``allgatherv``; the same answer on every rank)."""
+    from ..comm.backends.mpi import mpi_module
+    from ..utils._node_memory import free, node_arrays, sync
+
+    MPI, raw = mpi_module(), comm._world.comm
+    wins, mem = node_arrays(MPI, raw, {"trees": np.asarray(sizes, dtype=np.int64)}, comm.rank)
+    if comm.allreduce_obj(mem["trees"] is None, op="max"):
+        free(wins, mem)
+        return None
+    win, every = wins["trees"], mem["trees"]
+    win.Lock_all(MPI.MODE_NOCHECK)
+    at = int(np.sum(sizes[:comm.rank]))
+    every[at:at + buf.size] = buf
+    win.Sync()
+    node.wait()                                # every rank's trees in place
+
+    def done():
+        win.Sync()
+        node.wait()                            # every rank's copies made
+        win.Unlock_all()
+        free(wins, mem)
+
+    win.Sync()
+    return every, done
