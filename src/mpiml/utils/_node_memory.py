@@ -232,6 +232,11 @@ def node_sum(comm, x):
             w.Unlock_all()
         raw.Barrier()
         state = _SUMS[id(raw)] = [raw, wins, mem, capacity, NodeBarrier(slot, size, wins), 0]
+    import time
+
+    from ..comm import _profile
+
+    start = time.perf_counter()
     raw, wins, mem, capacity, barrier, calls = state
     state[5] += 1
     vec = mem["vec"].view(np.float64).reshape(size, 2, capacity)[:, calls % 2, :n]
@@ -247,6 +252,8 @@ def node_sum(comm, x):
     finally:
         for w in wins.values():
             w.Unlock_all()
+    if _profile.active():     # an allreduce of the communicator's in its profile (its route: node memory)
+        _profile.record("allreduce", x.nbytes, "node", "node_sum", time.perf_counter() - start)
     return out
 
 
