@@ -156,7 +156,10 @@ def _lloyd_host(shard, centers, c_host, labels, step_weight, mind, sparse, *, ma
                                                                                       mind, k)
     if node is not None:
         labels, mind = node.labels, node.mind
-    for it in range(max_iter):
+    # a rank beyond the node's cores sleeps through the iterations; the workers' labels land in its rows
+    loop = range(0) if node is not None and node.idle else range(max_iter)
+    timed = len(iter_seconds) if iter_seconds is not None else 0
+    for it in loop:
         t0 = time.perf_counter()
         if node is not None:
             packed = node.step(c_host, shard.shift)
@@ -170,8 +173,11 @@ def _lloyd_host(shard, centers, c_host, labels, step_weight, mind, sparse, *, ma
         if (counts == 0).any():
             sums = sums.copy()
             # the distances of this step's centres, by the step's kernel again, where it wrote none
-            dist = mind if mind is not None else _step_distances(shard, step_weight, c_host)[1]
-            _relocate_empty_clusters(shard, sums, counts, dist, labels)
+            if node is not None:
+                node.relocate(sums, counts, shard.shift)
+            else:
+                dist = mind if mind is not None else _step_distances(shard, step_weight, c_host)[1]
+                _relocate_empty_clusters(shard, sums, counts, dist, labels)
         new, sq_shift = _centre_update(sums, counts, c_host.astype(np.float64))
         center_shift = float(sq_shift)
         c_host = np.ascontiguousarray(new.astype(shard.X.dtype))
@@ -183,6 +189,13 @@ def _lloyd_host(shard, centers, c_host, labels, step_weight, mind, sparse, *, ma
                       (iter_seconds, max_iter)):
             break
     if node is not None:
+        # a worker's centres to the idle ranks (the workers' are the same)
+        seconds = sum(iter_seconds[timed:]) if iter_seconds is not None else 0.0
+        c_host, last, seconds = node.finish(c_host, it, seconds)
+        if node.idle:
+            it = last
+            if iter_seconds is not None:
+                iter_seconds.extend([seconds / (it + 1)] * (it + 1))
         node.release()  # kept for the next fit, or freed (not on an error: freeing is collective)
     centers = xp.asarray(c_host)
     labels, _, inertia = ops.assign(shard.X, shard.shift, centers if sparse else c_host,

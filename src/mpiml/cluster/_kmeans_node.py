@@ -15,6 +15,15 @@ threads of a slow rank take fewer parts.  Each part writes its own partial sums 
 rank adds them in part order (the same bits on every rank, and for any number of ranks or threads), so no
 allreduce is needed.  Counter and partials come in two sets, used in turn by consecutive steps: a rank that
 starts the next step while another still adds this step's partials writes the other set.
+
+Where ranks outnumber the node's cores (:func:`mpiml.utils._threads.node_workers`), only as many ranks as there are
+cores run the steps (the *workers*): the others sleep through the iterations, on a counter in node memory, until
+the workers publish the final centres there (:meth:`NodeLloyd.finish`); their rows' labels and distances are
+written in node memory by the workers' threads.  No part then waits for a thread whose core another rank holds,
+and no rank with nothing to do wakes at every step to take a core from one that computes.  An empty cluster is
+moved by the workers over the node's rows (:meth:`NodeLloyd.relocate`: the rows and order that the ranks' offers
+give).  The steps' barriers are counters in node memory (:class:`mpiml.utils._node_memory.NodeBarrier`): the last
+rank to arrive ends one, where an MPI barrier moves on only as fast as its slowest-scheduled rank polls.
 """
 
 import os
@@ -34,7 +43,7 @@ _MIN_ROWS = 2048
 _PARTIAL_BYTES = 32 << 20
 #: Partials (parts x packed entries) below which every rank adds them all itself (no second barrier)
 _SPLIT_SUM = 1 << 18
-#: int64 slots between the two counters (a cache line apart)
+#: int64 slots between the two counters and the barrier's (a cache line apart)
 _COUNTER_STRIDE = 8
 #: Whether the last fit of this process stepped over the node's rows, and on windows kept from the fit before
 LAST = {"node": False, "reused": False}
@@ -88,6 +97,10 @@ def start(shard, weight, labels, mind, k):
         if not comm.allreduce_obj(bool(room_for(rows)), op="min"):   # the node's shared memory too small
             return None
         node, LAST["reused"] = NodeLloyd(raw, comm, X, weight, labels, mind, k, counts), False
+        if not node.failed:
+            from ..utils._threads import node_workers
+
+            node.workers = node_workers(comm, raw)   # (collective the first time, on every rank alike)
         if comm.allreduce_obj(bool(node.failed), op="max"):
             node.close()
             return None
@@ -116,13 +129,14 @@ class NodeLloyd:
         P, kd = self.parts, self.k * self.d
         layout = {"X": counts * d * X.dtype.itemsize, "labels": counts * 4,
                   "sums": first * 2 * P * kd * 8, "counts": first * 2 * P * self.k * 8, "stats": first * 2 * P * 2 * 8,
-                  "packed": first * 2 * (kd + self.k + 2) * 8, "counter": first * 2 * _COUNTER_STRIDE * 8}
+                  "packed": first * 2 * (kd + self.k + 2) * 8, "counter": first * 4 * _COUNTER_STRIDE * 8,
+                  "result": first * (kd + 2) * 8}
         if self.keep_mind:
             layout["mind"] = counts * X.dtype.itemsize
         if not self.unit:
             layout["w"] = counts * 8
         self.bytes = max(int(sum(int(v[j]) for v in layout.values())) for j in range(comm.size))
-        self.wins, self.mem, self.failed = {}, {}, False
+        self.wins, self.mem, self.failed, self.workers = {}, {}, False, comm.size
         try:
             self.wins, self.mem = node_arrays(self.MPI, raw, layout, comm.rank)
             self.failed = any(m is None for m in self.mem.values())
@@ -143,6 +157,14 @@ class NodeLloyd:
         self.stats_p = m["stats"].view(np.float64).reshape(2, P, 2)
         self.packed = m["packed"].view(np.float64).reshape(2, k * d + k + 2)
         self.counter = m["counter"].view(np.int64)
+        self.result = m["result"].view(np.float64)
+        from ..utils._node_memory import NodeBarrier
+
+        at, done = 2 * _COUNTER_STRIDE, 3 * _COUNTER_STRIDE
+        self.idle = self.comm.rank >= self.workers
+        # the steps' barrier: the workers'; the end's: every rank's
+        self.barrier = NodeBarrier(self.counter[at:at + 1], self.workers, self.wins)
+        self.done = NodeBarrier(self.counter[done:done + 1], self.comm.size, self.wins)
         mine = slice(self.offset, self.offset + X.shape[0])
         for w in self.wins.values():
             w.Lock_all(self.MPI.MODE_NOCHECK)
@@ -156,13 +178,13 @@ class NodeLloyd:
         self.mind = self.mind_all[mine] if self.keep_mind else None
         self.step_count = 0
         sync(self.wins)
-        self.comm.barrier()
-        sync(self.wins)
+        self.comm.barrier()          # (the barrier's counter zeroed: every rank left its last use, at start's
+        sync(self.wins)              # allgather)
 
     def step(self, C, shift):
         """The packed ``[sums | counts | inertia | changed]`` of one Lloyd step over the node's rows from the
-        shifted centres ``C`` (the same array on every rank); labels and distances updated in place."""
-        from ..utils._node_memory import sync
+        shifted centres ``C`` (the same array on every worker); labels and distances updated in place.  Called by
+        the workers alone (an idle rank waits in :meth:`finish`)."""
         from ..utils._threads_jit import workers
         from ._kmeans_cpu import _lloyd_kernel, block_rows, nb
 
@@ -179,24 +201,52 @@ class NodeLloyd:
         _lloyd_kernel(self.X, shift, CT, c_sq, self.w, self.unit, self.labels_all, self.mind_all, self.keep_mind,
                       self.parts, block_rows(k, d), workers(self.parts, nb.get_num_threads()),
                       self.counter[at:at + 1], self.sums_p[slot], self.counts_p[slot], self.stats_p[slot], True)
-        sync(self.wins)
-        self.comm.barrier()                           # every part of this step done
-        sync(self.wins)
+        self.barrier.wait()                           # every part of this step done (the workers')
         # the parts' partials added in part order: by every rank alone where they are few, else each rank its
         # share of the packed vector's entries and one more barrier (the sum alone read 8 MB of partials a step
         # at k = 64, d = 32, 512 parts; a barrier of 4 ranks on 2 cores costs ~0.4 ms)
-        size, r, total = self.comm.size, self.comm.rank, k * d + k + 2
+        r, total = self.comm.rank, k * d + k + 2
         self.step_count += 1
         if self.parts * total < _SPLIT_SUM:
             packed = np.zeros(total)
             _add_columns(self.sums_p[slot], self.counts_p[slot], self.stats_p[slot], packed, 0, total)
             return packed
+        w = self.workers
         _add_columns(self.sums_p[slot], self.counts_p[slot], self.stats_p[slot], self.packed[slot],
-                     r * total // size, (r + 1) * total // size)
-        sync(self.wins)
-        self.comm.barrier()                           # every entry added
-        sync(self.wins)
+                     r * total // w, (r + 1) * total // w)
+        self.barrier.wait()                           # every entry added
         return self.packed[slot].copy()
+
+    def relocate(self, sums, counts, shift):
+        """Move the empty clusters of ``counts`` onto the node's rows farthest from their centres, in place (a worker;
+        :func:`mpiml.cluster._kmeans._relocate_empty_clusters` over the node's rows, read in node memory: the same
+        rows as the ranks' offers, larger distance first, then smaller row index, rows on a centre left out)."""
+        empty = np.nonzero(counts == 0)[0]
+        mind = self.mind_all.astype(np.float64)
+        order = np.argsort(-mind, kind="stable")
+        order = order[mind[order] > 0][:len(empty)]
+        for new_id, row in zip(empty, order):
+            w = 1.0 if self.unit else float(self.w[row])
+            old = int(self.labels_all[row])
+            x = (self.X[row] - shift).astype(np.float64) if shift is not None else self.X[row].astype(np.float64)
+            sums[old] -= x * w
+            sums[new_id] = x * w
+            counts[new_id] = w
+            counts[old] -= w
+
+    def finish(self, centres=None, n_iter=0, seconds=0.0):
+        """The end of the iterations, on every rank: a worker (rank 0) publishes the final ``centres`` (the
+        working dtype), the iterations' count and their seconds; an idle rank, asleep since :meth:`begin`, reads
+        them.  Returns ``(centres, n_iter, seconds)``."""
+        kd = self.k * self.d
+        if self.comm.rank == 0:
+            self.result[:kd] = np.asarray(centres, dtype=np.float64).reshape(-1)
+            self.result[kd], self.result[kd + 1] = n_iter, seconds
+        self.done.wait(self.idle)
+        if not self.idle:
+            return centres, n_iter, seconds
+        out = self.result[:kd].reshape(self.k, self.d).astype(self.dtype)
+        return out, int(self.result[kd]), float(self.result[kd + 1])
 
     def release(self):
         """The end of a fit: the windows kept for the next fit of the same shapes (:data:`KEEP_BYTES`), else
@@ -220,7 +270,8 @@ class NodeLloyd:
                 except Exception:   # never locked (begin did not run)
                     pass
         self.labels = self.mind = None
-        for name in ("X", "labels_all", "mind_all", "w", "sums_p", "counts_p", "stats_p", "packed", "counter"):
+        for name in ("X", "labels_all", "mind_all", "w", "sums_p", "counts_p", "stats_p", "packed", "counter",
+                     "result", "barrier", "done"):
             self.__dict__.pop(name, None)
         free(self.wins, self.mem)
 

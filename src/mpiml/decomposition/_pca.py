@@ -20,7 +20,15 @@ __all__ = ["PCA"]
 
 # ---------------------------------------------------------------------- private compute helpers
 def _allreduce(comm, x):
-    return comm.allreduce(x) if comm.size > 1 else x
+    if comm.size == 1:
+        return x
+    if isinstance(x, np.ndarray) and x.dtype == np.float64:
+        from ..utils._node_memory import node_sum
+
+        out = node_sum(comm, x)      # ranks beyond the node's cores: through node memory (None elsewhere)
+        if out is not None:
+            return out.reshape(x.shape)
+    return comm.allreduce(x)
 
 
 def _global_mean(X, n_rows, *, comm, xp):

@@ -14,6 +14,12 @@
 
 The lists are exact (value, global index) lists of every row whichever thread of whichever rank
 searched a query, so both forms give the ring's result.
+
+Where ranks outnumber the node's cores (:func:`mpiml.utils._threads.node_workers`), only as many ranks as there
+are cores search (their threads take every rank's blocks); the others write their rows and queries, then sleep
+until the search ends (4 ranks' threads on 2 cores searched in 0.19 s where 2 ranks' took 0.11: a block whose
+thread lost its core held the end up).  The waits after the rows are written are counters in node memory
+(:class:`mpiml.utils._node_memory.NodeBarrier`), not MPI barriers.
 """
 
 import os
@@ -21,7 +27,7 @@ import time
 
 import numpy as np
 
-from ..utils._node_memory import free, node_arrays, room_for, sync
+from ..utils._node_memory import NodeBarrier, free, node_arrays, room_for, sync
 
 __all__ = ["gathered_kneighbors", "node_comm", "SHARED"]
 
@@ -35,6 +41,9 @@ LAST = {}
 KEEP_BYTES = 64 << 20
 #: id of an mpi4py communicator -> (the communicator, the sizes, the windows, their memory): the kept windows
 _KEPT = {}
+#: Bytes of the window of the blocks' counter (int64 0) and the node barrier's (int64 8, a cache line on)
+_COUNTER_BYTES = 128
+_BARRIER_SLOT = 8
 
 
 def node_comm(comm):
@@ -108,10 +117,14 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
     N, nq = int(np.sum(counts)), int(np.sum(qcounts))
     qoff = np.concatenate([[0], np.cumsum(qcounts)]).astype(np.int64)
     t = None if Y is None else Y.shape[1]
-    threads = int(comm.allreduce_obj(int(numba().get_num_threads())))
+    from ..utils._threads import node_workers
+
+    # the ranks that search: one a core of the node at most (the others' blocks are searched by their threads)
+    searches = r < node_workers(comm, raw)
+    threads = int(comm.allreduce_obj(int(numba().get_num_threads()) if searches else 0))
     n_rows, q_rows = np.asarray(counts, dtype=np.int64), np.asarray(qcounts, dtype=np.int64)
     parts = {"X": n_rows * d * dt.itemsize, "Q": q_rows * d * dt.itemsize, "bd": q_rows * k * 8,
-             "bi": q_rows * k * 8, "counter": np.r_[8, np.zeros(comm.size - 1, dtype=np.int64)]}
+             "bi": q_rows * k * 8, "counter": np.r_[_COUNTER_BYTES, np.zeros(comm.size - 1, dtype=np.int64)]}
     if t is not None:
         parts["Y"] = n_rows * t * 8
     shared_screen = metric in ("euclidean", "sqeuclidean")
@@ -154,23 +167,24 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
         Qall[qoff[r]:qoff[r + 1]] = Q
         bd[qoff[r]:qoff[r + 1]], bi[qoff[r]:qoff[r + 1]] = cpu.new_lists(int(qcounts[r]), k)
         if r == 0:
-            counter[0] = 0
+            counter[:] = 0                      # the blocks' counter and the barrier's
         lap("write_s")
         sync(wins)
         comm.barrier()                          # every rank's rows in place
         sync(wins)
         lap("wait_rows_s")
-        prepared = _prepare_screen(cpu, mem, wins, comm, Qall, Xall, mine, slice(int(qoff[r]), int(qoff[r + 1])),
+        barrier = NodeBarrier(counter[_BARRIER_SLOT:_BARRIER_SLOT + 1], comm.size, wins)
+        prepared = _prepare_screen(cpu, mem, barrier, comm, Qall, Xall, mine, slice(int(qoff[r]), int(qoff[r + 1])),
                                    metric) if shared_screen else None
         lap("screen_s")
-        if prepared is None:
-            cpu.merge_block(Qall, Xall, 0, bd, bi, metric, p, counter, threads)
+        if not searches:
+            pass
+        elif prepared is None:
+            cpu.merge_block(Qall, Xall, 0, bd, bi, metric, p, counter[:1], threads)
         else:
-            cpu.search_screened(Qall, Xall, *prepared, 0, k, metric, bd, bi, counter, threads)
+            cpu.search_screened(Qall, Xall, *prepared, 0, k, metric, bd, bi, counter[:1], threads)
         lap("search_s")
-        sync(wins)
-        comm.barrier()                          # every block searched
-        sync(wins)
+        barrier.wait(idle=not searches)         # every block searched
         lap("wait_search_s")
         mine_q = slice(int(qoff[r]), int(qoff[r + 1]))
         out = bd[mine_q].copy(), bi[mine_q].copy()
@@ -191,7 +205,7 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
     return out[0], out[1], pay
 
 
-def _prepare_screen(cpu, mem, wins, comm, Qall, Xall, mine, mine_q, metric):
+def _prepare_screen(cpu, mem, barrier, comm, Qall, Xall, mine, mine_q, metric):
     """The screen's rows of every index row and query (``mpiml.neighbors._cpu._topk_screened``: shifted by the
     mean of about a thousand index rows, rounded once), each rank preparing its own rows in node memory, then
     ``(QS, XS, qn, xn, qs, xs, big)`` for :func:`mpiml.neighbors._cpu.search_screened`; None where the screen must
@@ -210,9 +224,7 @@ def _prepare_screen(cpu, mem, wins, comm, Qall, Xall, mine, mine_q, metric):
     cpu._screen_rows(Qall[mine_q], shift, QS[mine_q], qn[mine_q], qs[mine_q])
     big[comm.rank] = max(float(xs[mine].max()) if xs[mine].size else 0.0,
                          float(qs[mine_q].max()) if qs[mine_q].size else 0.0)
-    sync(wins)
-    comm.barrier()                              # every rank's screen rows in place
-    sync(wins)
+    barrier.wait()                              # every rank's screen rows in place
     top = float(big.max())
     if sdt != Xall.dtype and not top <= cpu._F32_MAX_NORM:
         return None

@@ -40,7 +40,8 @@ import os
 import sys
 import threading
 
-__all__ = ["limit_threads", "thread_info", "one_blas_thread", "child_env", "one_node_comm", "USER_VARS"]
+__all__ = ["limit_threads", "thread_info", "one_blas_thread", "child_env", "one_node_comm", "node_workers",
+           "quota_cpus", "USER_VARS"]
 
 #: Variables by which a user sets the thread count themselves; their value wins.
 USER_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -55,6 +56,7 @@ _OURS = {}  # variables this module put in os.environ (name -> value), which are
 _TLS = threading.local()  # one_blas: this thread is inside one_blas_thread()
 _NODE = {}  # id of an mpi4py communicator -> (the communicator, whether its ranks share one node)
 _SHAPE = []  # the node's shape found by limit_threads (for a placement decided later)
+_WORKERS = {}  # id of an mpi4py communicator of one node -> (the communicator, how many of its ranks compute)
 
 
 def _put_env(name, value):
@@ -80,6 +82,60 @@ def _affinity():
         return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # macOS, Windows
         return list(range(os.cpu_count() or 1))
+
+
+def quota_cpus(root="/sys/fs/cgroup", proc="/proc/self/cgroup"):
+    """The CPUs this process's cgroup CPU quota allows (the quota over its period, rounded up), or None where there
+    is none (or it cannot be read).  cgroup v2 (``cpu.max``: ``"max 100000"`` or ``"200000 100000"``) and v1
+    (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, -1: none), at the process's own cgroup and every one above it
+    (a container's limit usually sits at its root): the smallest.  A container limited to 2 CPUs of a 64-core host
+    still sees 64 cores in its affinity set; sharing those 64 out would start 32 times the threads it can run."""
+    try:
+        with open(proc) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    best = None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        controllers, path = parts[1].split(","), parts[2].strip("/")
+        if parts[1] == "":
+            base, names = root, ("cpu.max",)
+        elif "cpu" in controllers:
+            base = os.path.join(root, parts[1]) if os.path.isdir(os.path.join(root, parts[1])) else \
+                os.path.join(root, "cpu")
+            names = ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+        else:
+            continue
+        steps = path.split("/") if path else []
+        for depth in range(len(steps), -1, -1):
+            here = os.path.join(base, *steps[:depth])
+            cpus = _read_quota(here, names)
+            if cpus is not None:
+                best = cpus if best is None else min(best, cpus)
+    return best
+
+
+def _read_quota(here, names):
+    import math
+
+    try:
+        if len(names) == 1:
+            with open(os.path.join(here, names[0])) as f:
+                quota, _, period = f.read().strip().partition(" ")
+        else:
+            with open(os.path.join(here, names[0])) as f:
+                quota = f.read().strip()
+            with open(os.path.join(here, names[1])) as f:
+                period = f.read().strip()
+        if quota in ("max", "-1") or not period:
+            return None
+        q, p = int(quota), int(period)
+    except (OSError, ValueError):
+        return None
+    return max(1, math.ceil(q / p)) if q > 0 and p > 0 else None
 
 
 def _user_setting():
@@ -235,6 +291,9 @@ def limit_threads(comm=None, place=True):
     user, var = _user_setting()
     shape = _node_shape(comm)
     ranks, cores, how = shape["ranks"], shape["cores"], shape["how"]
+    quota = quota_cpus()
+    if quota is not None and quota < cores:
+        cores, how = quota, f"{how}; the cgroup's CPU quota"
     if var is not None and not var.startswith("SLURM"):
         threads, applied, source = user, False, f"set by the user ({var})"
     elif var is not None:
@@ -402,6 +461,31 @@ def one_node_comm(comm):
             node.Free()
         known = _NODE[id(raw)] = (raw, together)
     return raw if known[1] else None
+
+
+def node_workers(comm, raw):
+    """How many of ``comm``'s ranks (all on one node, ``raw`` its mpi4py communicator) put threads into work they
+    share in node memory (the k-means step over the node's rows, the k-NN search): ranks ``0 .. n - 1``.
+
+    One rank a core of the node for them at most: where ranks outnumber the cores they may run on (4 ranks on 2
+    cores, unbound), a rank beyond the cores only waits (asleep) while the others' threads take its share of the
+    parts, since every thread that takes a part while another thread holds its core holds up the step's end
+    until the scheduler gives its core back (4 ranks' threads on 2 cores searched the k-NN blocks in 0.19 s where
+    2 ranks' took 0.11).  The node's cores: the union of its ranks' affinity sets (ranks a launcher bound to cores
+    of their own all compute), within the cgroup's CPU quota (:func:`quota_cpus`).  ``MPIML_OVERSUBSCRIBED=compute``:
+    every rank computes (the behaviour before; A/B runs).  Collective over ``raw`` the first time per communicator
+    (an allgather of the affinity sets); the same answer on every rank."""
+    if os.environ.get("MPIML_OVERSUBSCRIBED", "").strip().lower() == "compute":
+        return comm.size
+    known = _WORKERS.get(id(raw))
+    if known is None or known[0] is not raw:
+        sets = raw.allgather(_affinity())
+        cores = len(set().union(*map(set, sets)))
+        quota = quota_cpus()
+        if quota is not None:
+            cores = min(cores, quota)
+        known = _WORKERS[id(raw)] = (raw, int(max(1, min(comm.size, cores))))
+    return known[1]
 
 
 def not_one_node(raw):

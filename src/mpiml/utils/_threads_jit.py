@@ -29,7 +29,7 @@ import os
 
 from ._jit import numba
 
-__all__ = ["fetch_add", "workers"]
+__all__ = ["fetch_add", "workers", "add_one"]
 
 
 def workers(parts, threads):
@@ -59,3 +59,9 @@ def fetch_add(typingctx, counter):
         return builder.atomic_rmw("add", ptr, context.get_constant(types.int64, 1), "monotonic")
 
     return sig, codegen
+
+
+@numba().njit(cache=True, nogil=True)
+def add_one(counter):
+    """:func:`fetch_add` called from Python (an intrinsic runs only inside compiled code)."""
+    return fetch_add(counter)

@@ -1,0 +1,123 @@
+"""Ranks that outnumber the node's cores (mpiml.utils._threads.node_workers, quota_cpus;
+mpiml.utils._node_memory.NodeBarrier): unit checks here, and under real mpiexec at 1-4 ranks
+(``oversub_spmd_script.py``; on a 2-core machine 3 and 4 ranks leave ranks without a core)."""
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from mpiml.utils import _node_memory, _threads
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def test_quota_cgroup_v2(tmp_path):
+    root = tmp_path / "cg"
+    _write(str(root / "cpu.max"), "max 100000\n")
+    _write(str(root / "job" / "cpu.max"), "250000 100000\n")        # 2.5 CPUs: 3 threads can run
+    _write(str(root / "job" / "step" / "cpu.max"), "max 100000\n")
+    proc = tmp_path / "cgroup"
+    _write(str(proc), "0::/job/step\n")
+    assert _threads.quota_cpus(str(root), str(proc)) == 3
+    _write(str(proc), "0::/\n")
+    assert _threads.quota_cpus(str(root), str(proc)) is None
+
+
+def test_quota_cgroup_v1(tmp_path):
+    root = tmp_path / "cg"
+    _write(str(root / "cpu,cpuacct" / "cpu.cfs_quota_us"), "-1\n")
+    _write(str(root / "cpu,cpuacct" / "cpu.cfs_period_us"), "100000\n")
+    _write(str(root / "cpu,cpuacct" / "docker" / "cpu.cfs_quota_us"), "200000\n")
+    _write(str(root / "cpu,cpuacct" / "docker" / "cpu.cfs_period_us"), "100000\n")
+    proc = tmp_path / "cgroup"
+    _write(str(proc), "4:memory:/docker\n3:cpu,cpuacct:/docker\n")
+    assert _threads.quota_cpus(str(root), str(proc)) == 2
+    _write(str(proc), "3:cpu,cpuacct:/\n")
+    assert _threads.quota_cpus(str(root), str(proc)) is None
+    assert _threads.quota_cpus(str(root), str(tmp_path / "missing")) is None
+
+
+class _Raw:
+    """An mpi4py communicator's stand-in: ``allgather`` gives the ranks' affinity sets."""
+
+    def __init__(self, sets):
+        self.sets = sets
+
+    def allgather(self, _):
+        return self.sets
+
+
+class _Comm:
+    def __init__(self, size):
+        self.size = size
+
+
+@pytest.mark.parametrize("sets, quota, want", [
+    ([[0, 1]] * 4, None, 2),                 # 4 unbound ranks on 2 cores: 2 compute
+    ([[0, 1]] * 3, None, 2),
+    ([[0, 1, 2, 3]] * 2, None, 2),           # more cores than ranks: every rank
+    ([[0], [1], [2], [3]], None, 4),         # a launcher bound each rank to its own core: every rank
+    ([list(range(64))] * 8, 2, 2),           # a container of 2 CPUs on a 64-core host
+])
+def test_node_workers(monkeypatch, sets, quota, want):
+    monkeypatch.delenv("MPIML_OVERSUBSCRIBED", raising=False)
+    monkeypatch.setattr(_threads, "quota_cpus", lambda: quota)
+    raw = _Raw(sets)
+    assert _threads.node_workers(_Comm(len(sets)), raw) == want
+    monkeypatch.setenv("MPIML_OVERSUBSCRIBED", "compute")
+    assert _threads.node_workers(_Comm(len(sets)), raw) == len(sets)
+    _threads._WORKERS.pop(id(raw), None)
+
+
+@pytest.mark.parametrize("futex", [True, False])
+def test_node_barrier_threads(monkeypatch, futex):
+    """Threads of one process stand in for ranks (the futex is the same word either way)."""
+    if not futex:
+        monkeypatch.setattr(_node_memory, "_FUTEX", ())
+    n, rounds = 3, 200
+    slot = np.zeros(8, dtype=np.int64)
+    marks = np.full(n, -1, dtype=np.int64)
+    early, errors = [], []
+
+    def run(r):
+        try:
+            bar = _node_memory.NodeBarrier(slot[:1], n, {})
+            for i in range(rounds):
+                marks[r] = i
+                bar.wait(idle=(r == n - 1))
+                if np.any(marks < i):
+                    early.append((r, i))
+                bar.wait(idle=(r == n - 1))
+        except Exception as exc:   # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and not early
+    assert slot[0] == 2 * rounds * n
+
+
+def test_node_barrier_times_out(monkeypatch):
+    from mpiml import CommTimeoutError
+
+    monkeypatch.setenv("MPIML_TIMEOUT", "0.2")
+    bar = _node_memory.NodeBarrier(np.zeros(1, dtype=np.int64), 2, {})
+    with pytest.raises(CommTimeoutError):
+        bar.wait(idle=True)                  # the other rank never arrives
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_oversubscribed_ranks_spmd(mpi, n):
+    mpi(os.path.join(HERE, "oversub_spmd_script.py"), n, timeout=240)
