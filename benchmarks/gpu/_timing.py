@@ -2,7 +2,7 @@
 
 Both run under ``mpirun`` with one rank per GPU on a stream of their own; the helpers take the
 communicator and the stream, and time every path alike: ``eager`` (back-to-back calls, one sync at
-the end), ``held_host_cost`` (the host's own cost per call while a busy kernel holds the stream, so no
+the end), ``graph`` (calls captured in one CUDA graph, replayed), ``held_host_cost`` (the host's own cost per call while a busy kernel holds the stream, so no
 feedback from the GPU), ``agree`` (the maximum over ranks).  CuPy is imported by the scripts that
 import this module (GPU hosts only).
 """
@@ -55,6 +55,24 @@ def eager(fn, iters, comm, stream):
     t1 = time.perf_counter()
     stream.synchronize()
     return (time.perf_counter() - t0) / iters, (t1 - t0) / iters
+
+
+def graph(fn, iters, comm, stream, calls=20):
+    """Seconds per call of ``calls`` calls captured in one CUDA graph and replayed ``iters`` times (device time plus
+    ``1 / calls`` of a graph launch)."""
+    from mpiml.bench._graphs import capture
+
+    fn()
+    stream.synchronize()
+    g = capture(fn, calls)
+    g.launch(stream)
+    stream.synchronize()
+    comm.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        g.launch(stream)
+    stream.synchronize()
+    return (time.perf_counter() - t0) / (iters * calls)
 
 
 def held_host_cost(fn, comm, stream, calls=200, hold_ns=50_000_000):

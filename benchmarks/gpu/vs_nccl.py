@@ -51,7 +51,6 @@ import cupy as cp
 from cupy.cuda import nccl
 
 import _timing  # (benchmarks/gpu/_timing.py, beside this script)
-from mpiml.bench._graphs import capture
 from mpiml.comm import get_comm
 from mpiml import init
 
@@ -187,17 +186,8 @@ def eager(fn, iters):
 
 
 def graph(fn, iters, calls=20):
-    fn()
-    stream.synchronize()
-    g = capture(fn, calls)
-    g.launch(stream)
-    stream.synchronize()
-    comm.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        g.launch(stream)
-    stream.synchronize()
-    return (time.perf_counter() - t0) / (iters * calls)
+    """Seconds per call of ``calls`` calls captured in one CUDA graph, replayed."""
+    return _timing.graph(fn, iters, comm, stream, calls)
 
 
 def host_cost(fn, calls=HOST_CALLS):

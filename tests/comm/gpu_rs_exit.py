@@ -57,8 +57,10 @@ if "MPIML_TUNING_FILE" not in os.environ:
 import cupy as cp  # noqa: E402
 from cupy.cuda import nccl  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks", "gpu"))
+import _timing  # noqa: E402  (the benchmark's own timing: the same calls in the same order)
+
 from mpiml import init  # noqa: E402
-from mpiml.bench._graphs import capture  # noqa: E402
 from mpiml.comm import get_comm  # noqa: E402
 
 os.environ.pop("MPIML_CHECK", None)
@@ -80,8 +82,7 @@ def set_check(path):
 
 
 def buffers(nbytes):
-    n = max(P, max(1, nbytes // 4) // P * P)
-    return cp.ones(n, dtype=cp.float32), cp.empty(n // P, dtype=cp.float32)
+    return _timing.buffers("reduce_scatter", nbytes, P)
 
 
 def make_call(path, x, y):
@@ -92,29 +93,11 @@ def make_call(path, x, y):
 
 
 def eager(fn, iters):
-    for _ in range(3):
-        fn()
-    stream.synchronize()
-    comm.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    stream.synchronize()
-    return (time.perf_counter() - t0) / iters
+    return _timing.eager(fn, iters, comm, stream)[0]
 
 
 def graph(fn, iters, calls=20):
-    fn()
-    stream.synchronize()
-    g = capture(fn, calls)
-    g.launch(stream)
-    stream.synchronize()
-    comm.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        g.launch(stream)
-    stream.synchronize()
-    return (time.perf_counter() - t0) / (iters * calls)
+    return _timing.graph(fn, iters, comm, stream, calls)
 
 
 for p in PATHS:  # warm-up, as the benchmark's
