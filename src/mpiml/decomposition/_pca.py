@@ -22,13 +22,9 @@ __all__ = ["PCA"]
 def _allreduce(comm, x):
     if comm.size == 1:
         return x
-    if isinstance(x, np.ndarray) and x.dtype == np.float64:
-        from ..utils._node_memory import node_sum
+    from ..utils._node_memory import sum_over_ranks
 
-        out = node_sum(comm, x)      # ranks beyond the node's cores: through node memory (None elsewhere)
-        if out is not None:
-            return out.reshape(x.shape)
-    return comm.allreduce(x)
+    return sum_over_ranks(comm, x)   # (ranks beyond the node's cores: through node memory)
 
 
 def _global_mean(X, n_rows, *, comm, xp):

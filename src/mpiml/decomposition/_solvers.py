@@ -24,6 +24,7 @@ from sklearn.utils import check_random_state
 from .._array import to_numpy
 from ..kernels import sparse as _sparse_kernels
 from ..utils._linalg import orthonormalize, tsqr
+from ..utils._node_memory import sum_over_ranks
 
 __all__ = ["gaussian_matrix", "randomized_svd", "resolve_normalizer", "CentredRows", "SparseRows"]
 
@@ -297,18 +298,6 @@ def _batched_tmatmul(X, U, xp, L):
     return out
 
 
-def _sum(comm, x):
-    """``comm.allreduce(x)``; host float64 through node memory where ranks outnumber the node's cores
-    (:func:`mpiml.utils._node_memory.node_sum`, None elsewhere)."""
-    if isinstance(x, np.ndarray) and x.dtype == np.float64:
-        from ..utils._node_memory import node_sum
-
-        out = node_sum(comm, x)
-        if out is not None:
-            return out.reshape(x.shape)
-    return comm.allreduce(x)
-
-
 def _rmatvec(X, U, comm, xp):
     """``X.T @ U`` summed over ranks, float64, replicated (one allreduce of d x b)."""
     if isinstance(X, SparseRows):
@@ -316,7 +305,7 @@ def _rmatvec(X, U, comm, xp):
     else:
         out = _tall_tmatmul(X, U, xp)
     if comm.size > 1:
-        out = _sum(comm, xp.ascontiguousarray(out))
+        out = sum_over_ranks(comm, xp.ascontiguousarray(out))
     return out
 
 
@@ -476,7 +465,7 @@ def _cholqr2_device(A, comm, flag, xp):
     for rnd in range(2):
         G = augmented_gram(Q)[:l, :l] if Q.shape[0] else xp.zeros((l, l), dtype=xp.float64)
         if comm.size > 1:
-            G = _sum(comm, xp.ascontiguousarray(G))
+            G = sum_over_ranks(comm, xp.ascontiguousarray(G))
         Rr, Rinv = _sparse_kernels.small_cholinv(G, flag, CHOLQR2_MAX_COND if rnd == 0 else 0.0)
         Q = Q @ Rinv.astype(A.dtype, copy=False)
         R = Rr if R is None else Rr @ R
@@ -541,7 +530,7 @@ def _range_svd(X, Omega, comm, xp, n_iter, dist_step, repl_step, final, *, devic
         l = Y.shape[1]
         G = augmented_gram(Y)[:l, :l] if Y.shape[0] else xp.zeros((l, l), dtype=xp.float64)
         if comm.size > 1:
-            G = _sum(comm, xp.ascontiguousarray(G))
+            G = sum_over_ranks(comm, xp.ascontiguousarray(G))
         _, Rinv = _sparse_kernels.small_cholinv(G, flag, IMPLICIT_MAX_COND)
         mark("orthonormalise X V", xp)
         B = (_rmatvec(X, Y, comm, xp) @ Rinv).T                  # (m, d) = (Xᵀ Y R⁻¹)ᵀ = Qᵀ X, replicated

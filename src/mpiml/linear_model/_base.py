@@ -42,14 +42,11 @@ def allreduce_identical(comm, x):
     x = np.ascontiguousarray(x, dtype=np.float64)
     if comm.size == 1:
         return x
-    from ..utils._node_memory import node_sum
+    from ..utils._node_memory import sum_over_ranks
 
     # ranks beyond the node's cores: through node memory, the ranks' vectors added in rank order (the same bits on
     # every rank too), where each round of a binomial collective waited for a rank to be scheduled
-    out = node_sum(comm, x)
-    if out is not None:
-        return out.reshape(x.shape)
-    return comm.allreduce(x, algorithm="binomial")
+    return sum_over_ranks(comm, x, algorithm="binomial")
 
 
 def _to_host(x, host, copy=True):

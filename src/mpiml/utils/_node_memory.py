@@ -180,6 +180,16 @@ class _EpochBarrier(NodeBarrier):
 _SUMS = {}
 
 
+def sum_over_ranks(comm, x, **allreduce_args):
+    """``comm.allreduce(x, **allreduce_args)``, but a host float64 array through node memory where ranks outnumber
+    the node's cores (:func:`node_sum`; its result in ``x``'s shape).  Collective."""
+    if isinstance(x, np.ndarray) and x.dtype == np.float64:
+        out = node_sum(comm, x)
+        if out is not None:
+            return out.reshape(x.shape)
+    return comm.allreduce(x, **allreduce_args)
+
+
 def node_sum(comm, x):
     """The sum over ``comm``'s ranks of the host float64 vector ``x`` through node memory, the same bits on every rank
     (the ranks' vectors added in rank order), or None where it does not apply: ranks on several nodes, one rank, or
