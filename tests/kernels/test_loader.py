@@ -479,10 +479,10 @@ def test_a_kmeans_step_on_sm_90_is_served_by_the_shipped_zip(monkeypatch, tmp_pa
 def test_the_build_ships_the_push_kernels_under_the_transport_s_sources():
     # a cubin is found by the hash of the very source text the transport loads: the same files, in the same order
     from mpiml.comm.backends import ipc
-    from mpiml.kernels import build
+    from mpiml.kernels import PUSH_SOURCES, build
 
-    assert build.PUSH_SOURCES == ipc.PUSH_SOURCES
-    push = [exprs for files, exprs in build.specs("sm_90") if files == build.PUSH_SOURCES]
+    assert ipc.PUSH_SOURCES is PUSH_SOURCES
+    push = [exprs for files, exprs in build.specs("sm_90") if files == PUSH_SOURCES]
     names = {e.split("<")[0] for exprs in push for e in exprs}
     assert names == {"mpiml_reduce_llpush", "mpiml_allgather_llpush"}
     assert any("mpiml_reduce_llpush<float, 0, true>" in exprs for exprs in push)

@@ -23,6 +23,9 @@ __all__ = ["get_kernel", "source", "reduce_type", "copy_type", "FAMILIES", "OP_C
 
 #: the protocol header prepended to every family (a path relative to kernels/)
 COMMON = "comm/ipc_common.cuh"
+#: The push kernels' program (``mpiml.comm.backends.ipc``'s ``llpush``: a family of its own, loaded by
+#: ``ipc._push_kernel`` and shipped by :mod:`mpiml.kernels.build`; the same files in the same order in both).
+PUSH_SOURCES = (COMMON, "comm/small_push.cu")
 
 #: family -> (file relative to kernels/, kernels in it, whether they reduce)
 FAMILIES = {

@@ -52,8 +52,6 @@ _DS = (2, 3, 8, 16, 32, 64, 128)
 _SELECT_METRICS = ("euclidean", "cosine", "inner_product")
 #: Most expressions of one source a program holds (smaller programs build in parallel, larger load slower).
 _GROUP = 12
-#: The push kernels' program (the same files, in the same order, as ``mpiml.comm.backends.ipc.PUSH_SOURCES``).
-PUSH_SOURCES = ("comm/ipc_common.cuh", "comm/small_push.cu")
 #: Plans that raised on an emulated device (printed by --list).
 _SKIPPED = []
 
@@ -150,7 +148,7 @@ def _own_module(expr):
 def specs(arch, model=None):
     """``[(files, expressions)]``: the programs compiled for ``arch``, each a list of expressions; ``model``: the
     device the distance plans are made for (default :data:`DEVICE_MODELS`'s for ``arch``)."""
-    from . import COMMON, FAMILIES, _name_expressions, copy_type, reduce_type, sparse
+    from . import COMMON, FAMILIES, PUSH_SOURCES, _name_expressions, copy_type, reduce_type, sparse
 
     out = [(sparse.FILES, sparse.expressions())]   # the sparse products' whole family, one program
     for family, (file, _, reduces) in FAMILIES.items():
@@ -158,7 +156,7 @@ def specs(arch, model=None):
                   else {copy_type(s) for s in (1, 2, 4, 8)})
         for ct in sorted(ctypes):
             out.append(((COMMON, file), _name_expressions(family, ct, None)))
-    # the push kernels (``comm.backends.ipc``'s ``PUSH_SOURCES``: a family of their own, ``_push_kernel``)
+    # the push kernels (``PUSH_SOURCES``: a family of their own, ``comm.backends.ipc._push_kernel``)
     for ct in sorted({reduce_type(t) for t in ("float16", "float32", "float64", "int32", "int64", "bool")}):
         out.append((PUSH_SOURCES, [f"mpiml_reduce_llpush<{ct}, {o}, {a}>" for o in range(4) for a in ("false", "true")]))
     for ct in sorted({copy_type(s) for s in (1, 2, 4, 8)}):

@@ -121,6 +121,7 @@ import numpy as np
 
 from ..._errors import BackendUnavailableError, CommError, CommTimeoutError
 from ... import _config
+from ...kernels import PUSH_SOURCES
 from ._base import Transport
 from ._device import require_exclusive_devices
 from ._stream import DONE, agree_or_raise, device_sync, node_layout
@@ -162,7 +163,6 @@ _CHUNK_ALIGN = 256
 # the push kernels (algorithm llpush: kernels/comm/small_push.cu, a family of its own loaded here, so that the shipped
 # cubins of the others keep their source hash); the flags of their `extra` (MPIML_PUSH_ENDACK, MPIML_PUSH_SPLIT, the
 # ring's depth from bit MPIML_PUSH_DEPTH_SHIFT)
-PUSH_SOURCES = ("comm/ipc_common.cuh", "comm/small_push.cu")
 PUSH_ENDACK, PUSH_SPLIT, PUSH_DEPTH_SHIFT = 1, 2, 2
 PUSH_MARK_OFF = 160  # (small_push.cu's MPIML_PUSH_MARK_OFF: the ring's marks, 8 words of the zeroed control block)
 _PUSH_KERNELS = {}
