@@ -1,7 +1,7 @@
 """The LL128 kernels' lines in a race (run under mpirun, 2-4 GPUs): many back-to-back calls whose message ends in a
 partial line, the peers late by a random fraction of a microsecond to a few, every result checked on the device.
 
-Usage: ``python gpu_ll128_lines.py [--calls N] [--legacy] [--sizes B,...] [--ops allreduce,reduce,direct,twoshot,rs]
+Usage: ``python gpu_ll128_lines.py [--calls N] [--legacy] [--sizes B,...] [--ops allreduce,reduce,direct,twoshot,rs,bcast]
 [--spin-ns NS]``.
 
 Only lane 7 of an LL128 line looks at the flag (``ipc_common.cuh``, ``mpiml_ll128_wait``), and a
@@ -12,7 +12,7 @@ flag of the round was seen (as NCCL's LL128 receive does), the warp converged be
 
 Here, for sizes of int64 whose last line is partial (1 MiB: 2 words; 256 KiB: 8; 4 MiB: 8; 1 MiB + 40
 bytes: 7), ``--calls`` calls of each LL128 path (allreduce ``ipc/ll128``, reduce ``ipc/ll128`` (the
-relay), ``ipc/ll128direct`` and ``ipc/ll128twoshot``, roots moving; reduce_scatter ``ipc/ll128``, uneven parts) run eagerly
+relay), ``ipc/ll128direct`` and ``ipc/ll128twoshot``, roots moving; reduce_scatter ``ipc/ll128``, uneven parts; bcast ``ipc/ll128``) run eagerly
 with ``out=`` (the hot launcher), inputs changed every call (a stale lane shows), every rank but the last made late by a random spin, and
 every result compared on the device with its closed form. ``--legacy`` also runs the LL128
 allreduce kernel without the fix (this source without ``mpiml_ll128_wait``'s ``__syncwarp`` and its
@@ -46,16 +46,16 @@ ap.add_argument("--legacy", action="store_true")
 ap.add_argument("--seed", type=int, default=3)
 # bytes of int64: the last line holds 2, 8, 7, 8 words
 ap.add_argument("--sizes", default=f"{1 << 20},{256 << 10},{(1 << 20) + 40},{4 << 20}")
-ap.add_argument("--ops", default="allreduce,reduce,direct,twoshot,rs",
+ap.add_argument("--ops", default="allreduce,reduce,direct,twoshot,rs,bcast",
                 help="allreduce (ipc/ll128), reduce (the relay), direct, twoshot (reduce ipc/ll128twoshot), rs "
-                     "(reduce_scatter ipc/ll128)")
+                     "(reduce_scatter ipc/ll128), bcast (ipc/ll128: the two-shot)")
 ap.add_argument("--spin-ns", type=int, default=4000, help="the peers' random delay before a call, at most")
 ARGS = ap.parse_args()
 
 SIZES = [int(b) for b in ARGS.sizes.split(",")]
 PATHS = [p for p in (("ipc/ll128", "allreduce", "allreduce"), ("ipc/ll128", "reduce", "reduce"),
                      ("ipc/ll128direct", "reduce", "direct"), ("ipc/ll128twoshot", "reduce", "twoshot"),
-                     ("ipc/ll128", "reduce_scatter", "rs"))
+                     ("ipc/ll128", "reduce_scatter", "rs"), ("ipc/ll128", "bcast", "bcast"))
          if p[2] in ARGS.ops.split(",")]
 _SRC = r'''
 extern "C" __global__ void ll128_spin(long long ns) {
@@ -139,6 +139,9 @@ def run(path, op, nbytes, calls, rng, legacy=None):
         elif op == "allreduce":
             comm.allreduce(x, "max", out=out, algorithm=path)
             expect(out, P, k, bad)
+        elif op == "bcast":
+            got = comm.bcast(x, root=root, out=out, algorithm=path)
+            expect(got, root + 1, k, bad)  # the root's (i % 11) (root + 1) + k
         elif op == "reduce_scatter":
             comm.reduce_scatter(x, "sum", out=part, algorithm=path)
             expect(part, P * (P + 1) // 2, P * k, bad, i0)

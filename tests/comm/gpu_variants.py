@@ -1,7 +1,7 @@
 """The opt-in device paths of this session on CuPy buffers (run under mpirun, 2-4 GPUs).
 
 Usage: ``python gpu_variants.py [ALGO[,ALGO...]]`` (each in turn; ``ipc/lltwoshot`` by default, or ``ipc/pipe``, ``ipc/llrelay`` (reduce
-only), ``ipc/ll128`` (reduce and allreduce), ``ipc/ll128direct``, ``ipc/ll128twoshot`` (reduce); the other ops of a case run on
+only), ``ipc/ll128`` (reduce, allreduce and bcast), ``ipc/ll128direct``, ``ipc/ll128twoshot`` (reduce); the other ops of a case run on
 ``ipc/lltwoshot``); ``MPIML_TIMEOUT``
 bounds every wait; ``MPIML_IPC_BYTES`` small makes the pipelined kernels take several chunks, and
 ``MPIML_IPC_PIPE_BLOCKS`` / ``MPIML_IPC_PIPE_ROUNDS`` several steps a block).  Checks, exactly against NumPy
@@ -39,7 +39,7 @@ ALGOS = (sys.argv[1] if len(sys.argv) > 1 else "ipc/lltwoshot").split(",")
 def serves(name):
     """The ops algorithm ``name`` serves; the others of a case run on the LL two-shot (the same regions: they meet
     in every case)."""
-    return {"ipc/llrelay": ("reduce",), "ipc/ll128": ("reduce", "allreduce"), "ipc/ll128direct": ("reduce",),
+    return {"ipc/llrelay": ("reduce",), "ipc/ll128": ("reduce", "allreduce", "bcast"), "ipc/ll128direct": ("reduce",),
             "ipc/ll128twoshot": ("reduce",)}.get(name, ("bcast", "reduce", "allreduce"))
 
 

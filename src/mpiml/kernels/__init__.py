@@ -39,7 +39,7 @@ FAMILIES = {
                                "mpiml_reduce_ll128twoshot"), True),
     "bcast": ("comm/bcast.cu", ("mpiml_bcast_pull", "mpiml_allgather_pull", "mpiml_bcast_ll", "mpiml_allgather_ll",
                                 "mpiml_bcast_twoshot", "mpiml_allgather_push", "mpiml_bcast_lltwoshot",
-                                "mpiml_bcast_pipe"), False),
+                                "mpiml_bcast_pipe", "mpiml_bcast_ll128"), False),
 }
 
 OP_CODES = {"sum": 0, "prod": 1, "min": 2, "max": 3}

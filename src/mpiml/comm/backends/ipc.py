@@ -38,10 +38,11 @@ Algorithms (``algorithm=`` with backend ``ipc``):
 ``llrelay``          reduce: the LL two-shot as a relay, the parts owned by the
                      non-roots, which send them reduced to the root (n bytes
                      into the root, not 1.5 n at 4 ranks; 2 MiB a launch)
-``ll128``            the relay (reduce) and the LL two-shot (allreduce) in LL128
-                     lines (128 bytes, 120 of payload, written by the 8 lanes of
-                     a warp at once) in the staging buffers (at 4 ranks and
-                     32 MiB buffers: reduce 28 MiB, allreduce 15 MiB a launch);
+``ll128``            the relay (reduce), the LL two-shot (allreduce, bcast) in
+                     LL128 lines (128 bytes, 120 of payload, written by the 8
+                     lanes of a warp at once) in the staging buffers (at 4 ranks
+                     and 32 MiB buffers: reduce and bcast 28 MiB, allreduce
+                     15 MiB a launch);
                      reduce_scatter: every rank pushes part r as LL128 lines into
                      rank r's staging buffer, which reduces them as they arrive
                      (parts up to 10 MiB at 4 ranks)
@@ -773,6 +774,8 @@ class IPCTransport(Transport):
             return self._lltwoshot("bcast", buf, buf, None, int(root))
         if algorithm == "pipe":
             return self._pipe("bcast", buf, buf, None, int(root))
+        if algorithm == "ll128":
+            return self._lltwoshot("bcast", buf, buf, None, int(root), "ll128")
         return self._elementwise("bcast", "bcast", "mpiml_bcast_pull", buf, buf, None, int(root))
 
     def _llpush(self, op_name, sendbuf, recvbuf, op, arg):
@@ -835,6 +838,8 @@ class IPCTransport(Transport):
         ``plan(nbytes)`` is ``(chunk bytes, grid)`` of a launch, ``tag | root`` the kernel's ``extra`` (the
         LL128 kernels' split in its bits above 255).  At one rank, the LL two-shot."""
         size, slot, cap, blocks = self.size, self.ll_slot, self.cap, self.ll128_blocks
+        if variant == "ll128" and op_name == "bcast" and size > 1:  # the relay's geometry: nranks - 1 parts
+            return "mpiml_bcast_ll128", lambda nbytes: _ll128_plan(nbytes, size, cap, True, blocks=blocks), 0
         if variant == "ll128direct" and op_name == "reduce" and size > 1:
             return ("mpiml_reduce_ll128direct",
                     lambda nbytes: _ll128_plan(nbytes, size, cap, direct=True, blocks=blocks), 0)
@@ -1006,7 +1011,8 @@ class IPCTransport(Transport):
     _OP_ALGORITHMS = {"allreduce": ("ll", "oneshot", "twoshot", "lltwoshot", "ll128", "pipe"),
                       "reduce": ("ll", "oneshot", "twoshot", "lltwoshot", "llrelay", "ll128", "ll128direct",
                                  "ll128twoshot", "pipe", "llpush"),
-                      "scan": ("oneshot",), "exscan": ("oneshot",), "bcast": ("ll", "pull", "twoshot", "lltwoshot", "pipe"),
+                      "scan": ("oneshot",), "exscan": ("oneshot",),
+                      "bcast": ("ll", "pull", "twoshot", "lltwoshot", "pipe", "ll128"),
                       "allgather": ("ll", "pull", "push", "llpush"),
                       "reduce_scatter": ("ll", "oneshot", "ll128")}
 

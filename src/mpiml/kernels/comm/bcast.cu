@@ -192,6 +192,59 @@ mpiml_bcast_lltwoshot(const MpimlCtx* c, const T* in, T* out, long long n, long 
     mpiml_end<false>(c, ln.epoch);
 }
 
+// LL128 two-shot broadcast (algorithm ll128; no barrier): mpiml_bcast_lltwoshot's protocol in LL128 lines
+// (15 payload words in 16, not 1 in 2), in the staging buffer of the call's parity (see the LL128 lines in
+// ipc_common.cuh). The lines are cut into nranks - 1 parts of `part` lines, part j belonging to the non-root
+// (root + 1 + j) % nranks; line g lives at [8 g] of every non-root's region. The root pushes part j into its
+// owner's region (a push never waits); the owner, as a line arrives, forwards it into every other non-root's
+// region and copies it out, then copies out the other parts' lines as they arrive from their owners. An owner
+// waits only for the root, and a line of another part only for its owner, whose own wait is the root's: no
+// cycle. Each link carries about n / (nranks - 1) from the root and as much from each owner, in lines 1.07 times
+// the payload (LL lines: twice). The host keeps the lines within the region (cap / 128 of them) and launches 8
+// lanes a line of a part. A counts 8-byte alignment; extra = root.
+template <typename T, bool A>
+__global__ void __launch_bounds__(MPIML_LL_THREADS)
+mpiml_bcast_ll128(const MpimlCtx* c, const T* in, T* out, long long n, long long extra) {
+    const int root = (int)(extra & 255);
+    const MpimlLL128 ll(c, n * (long long)sizeof(T));
+    const int nr = (int)c->nranks, me = (int)c->rank, q = nr - 1, sub = ll.sub;
+    const long long part = (ll.lines + q - 1) / q;
+    if (me == root) {
+        ll.push<A>(in, part, q, [&](int k, long long& g0, ulonglong2*& dst) {
+            g0 = (k - 1) * part;
+            dst = ll.region((root + k) % nr) + 8 * g0;
+            return true;
+        });
+    } else {
+        const int jm = (me - root - 1 + nr) % nr;  // this rank's part
+        const ulonglong2* mine = ll.region(me);
+        bool ok = true;
+        MPIML_LL128_ROUNDS(ll, base, part) {  // this rank's part: forwarded to the other non-roots, then out
+            const long long i = ll.line(base), g = jm * part + i;
+            const bool act = i < part && g < ll.lines;
+            ulonglong2 v[MPIML_MAX_RANKS];
+            ok = mpiml_ll128_wait(c, ll.epoch, mine + 8 * g + sub, 0, 1, act, ll.flagword, v);
+            if (!ok) break;
+            __syncwarp();
+            for (int k = 1; k < q; ++k)
+                if (act) mpiml_ll128_store(ll.region((root + 1 + (jm + k) % q) % nr) + 8 * g + sub, v[0]);
+            if (act) mpiml_ll128_put<A>(out, g, sub, ll.nbytes, v[0]);
+        }
+        if (ok) MPIML_LL128_ROUNDS(ll, base, part) {  // the other parts, from their owners
+            const long long i = ll.line(base);
+            for (int k = 1; k < q && ok; ++k) {
+                const long long h = ((jm + k) % q) * part + i;
+                const bool act = i < part && h < ll.lines;
+                ulonglong2 v[MPIML_MAX_RANKS];
+                ok = mpiml_ll128_wait(c, ll.epoch, mine + 8 * h + sub, 0, 1, act, ll.flagword, v);
+                if (ok && act) mpiml_ll128_put<A>(out, h, sub, ll.nbytes, v[0]);
+            }
+            if (!ok) break;
+        }
+    }
+    mpiml_end<false>(c, ll.epoch);
+}
+
 // Pipelined broadcast (no barrier): see mpiml_pipe (ipc_common.cuh); the root scatters a part
 // to every non-root, which forwards it to the other non-roots step by step. extra = (S << 4) | root.
 template <typename T, bool A>
