@@ -152,7 +152,7 @@ def make_call(op, path, nbytes, x, y):
         return None
     if path == "ipc/llrelay" and op != "reduce":
         return None
-    if path == "ipc/ll128" and op not in ("allreduce", "reduce", "reduce_scatter"):
+    if path == "ipc/ll128" and op not in ("allreduce", "reduce", "reduce_scatter", "bcast"):
         return None
     if path in ("ipc/ll128direct", "ipc/ll128twoshot") and op != "reduce":
         return None
