@@ -109,7 +109,7 @@ def test_scheduler_places_launches_on_gpus_of_their_own_then_shares_and_kills_at
         return Launch(name, 1, ngpus=ngpus, argv=[sleeper, secs], **kw)
 
     # share=1: two 2-GPU launches at once on disjoint GPUs, the 4-GPU one after both
-    a, b, c = job("a", 2, 3), job("b", 2, 3), job("c", 4, 0.5)
+    a, b, c = job("a", 2, 1.5), job("b", 2, 1.5), job("c", 4, 0.3)
     _run([c, a, b], gpus, share=1, deadline=120)
     assert {a.gpus[0], b.gpus[0]} <= set(gpus) and not set(a.gpus) & set(b.gpus), (a.gpus, b.gpus)
     (a0, a1), (b0, b1), (c0, c1) = _span(a), _span(b), _span(c)
@@ -118,13 +118,13 @@ def test_scheduler_places_launches_on_gpus_of_their_own_then_shares_and_kills_at
     assert all(la.rc == 0 and "OK" in la.stdout for la in (a, b, c))
 
     # share=2: a 3-GPU launch, a 1-GPU one beside it on the fourth, then a 2-GPU one on the least held
-    d, e, f = job("d", 3, 3), job("e", 1, 3), job("f", 2, 0.5)
+    d, e, f = job("d", 3, 1.5), job("e", 1, 1.5), job("f", 2, 0.3)
     _run([d, e, f], gpus, share=2, deadline=120)
     assert d.gpus == gpus[:3] and e.gpus == gpus[3:], (d.gpus, e.gpus)
     assert len(f.gpus) == 2 and f.gpus[0] in gpus
 
     # overlays: at most `lanes` at once, on the last GPUs, not counted as held
-    g, h, k = (Launch(x, 1, ngpus=1, reserve=False, argv=[sleeper, 2]) for x in "ghk")
+    g, h, k = (Launch(x, 1, ngpus=1, reserve=False, argv=[sleeper, 1]) for x in "ghk")
     _run([g, h, k], gpus, lanes=2, deadline=120)
     spans = sorted(_span(x) for x in (g, h, k))
     assert spans[2][0] >= min(spans[0][1], spans[1][1]) - 0.5, "three overlays ran at once with lanes=2"
@@ -132,7 +132,7 @@ def test_scheduler_places_launches_on_gpus_of_their_own_then_shares_and_kills_at
 
     # the deadline: a launch still running is killed, one not started says so
     slow, late = job("slow", 4, 60), job("late", 4, 1)
-    sched = _run([slow, late], gpus, share=1, deadline=8)
+    sched = _run([slow, late], gpus, share=1, deadline=5)
     assert slow.killed and "deadline" in slow.killed and late.killed == "not started before the deadline"
     assert sched.now() < 40
 
