@@ -158,7 +158,7 @@ def test_the_pipelined_chunks_fit_one_buffer_and_their_steps_the_flags(op):
 
 @pytest.mark.parametrize("op,algo", [("bcast", "lltwoshot"), ("reduce", "lltwoshot"), ("allreduce", "lltwoshot"),
                                      ("reduce", "llrelay"), ("reduce", "ll128"), ("allreduce", "ll128"),
-                                     ("reduce", "ll128direct"), ("reduce", "ll128twoshot")])
+                                     ("reduce", "ll128direct"), ("reduce", "ll128twoshot"), ("bcast", "ll128")])
 def test_the_hot_launcher_of_the_ll_two_shot_kernels_logs_the_calls_plan(monkeypatch, op, algo):
     """``IPCTransport.hot_launcher`` (no GPU: a transport stand-in, the launcher parts recorded) hands the call's
     plan (what the deferred check logs) to the launcher, and the kernel of the algorithm to the issue: the launch
@@ -192,8 +192,9 @@ def test_the_hot_launcher_of_the_ll_two_shot_kernels_logs_the_calls_plan(monkeyp
               "ll128": f"mpiml_{op}_ll128", "ll128direct": "mpiml_reduce_ll128direct",
               "ll128twoshot": "mpiml_reduce_ll128twoshot"}[algo]
     assert seen["fa"] == (op, kernel, True) and seen["block"] == ipc.LL_THREADS and seen["mask"] == 7
-    # the LL128 relay and two-shot take their split above the root's byte (extra = split << 8 | root)
-    assert seen["extra"] == (t.ll128_split[op] << 8 if algo in ("ll128", "ll128twoshot") else 0)
+    # the LL128 relay and two-shot take their split above the root's byte (extra = split << 8 | root); the bcast
+    # has none (its root pushes, the others wait and forward)
+    assert seen["extra"] == (t.ll128_split[op] << 8 if algo in ("ll128", "ll128twoshot") and op != "bcast" else 0)
 
 
 def test_run_algorithm_dispatches_every_algorithm_an_op_lists():
@@ -210,8 +211,8 @@ def test_run_algorithm_dispatches_every_algorithm_an_op_lists():
             assert calls.pop() == (op, None if op in ("scan", "exscan") else name)
     assert t.run_algorithm("allreduce", "two_level", "x") == "allreduce" and calls.pop() == ("allreduce", "two_level")
     assert "ll128twoshot" in ipc.IPCTransport._OP_ALGORITHMS["reduce"]
-    assert "ll128" in ipc.IPCTransport._OP_ALGORITHMS["reduce_scatter"]
-    for op, name in (("reduce_scatter", "twoshot"), ("bcast", "ll128"), ("scan", "ll"), ("gather", "ll")):
+    assert "ll128" in ipc.IPCTransport._OP_ALGORITHMS["reduce_scatter"] and "ll128" in ipc.IPCTransport._OP_ALGORITHMS["bcast"]
+    for op, name in (("reduce_scatter", "twoshot"), ("bcast", "ll128direct"), ("scan", "ll"), ("gather", "ll")):
         with pytest.raises(ValueError, match="does not apply"):
             t.run_algorithm(op, name, "x")
 

@@ -1036,7 +1036,7 @@ class IPCTransport(Transport):
 
         For stream-ordered calls (``MPIML_DEVICE_SYNC=0``) that fit in one kernel
         on one node: allreduce (ll, oneshot, twoshot, lltwoshot, ll128, pipe), bcast (ll, pull, twoshot, lltwoshot,
-        pipe), allgather (ll, llpush, pull, push), reduce (ll, oneshot, twoshot, lltwoshot, llrelay, ll128, pipe,
+        pipe, ll128), allgather (ll, llpush, pull, push), reduce (ll, oneshot, twoshot, lltwoshot, llrelay, ll128, pipe,
         llpush), reduce_scatter (ll, oneshot).  ``arg`` is the
         reduction, the root, ``(reduction, root)`` or ``(counts, reduction)``.
         Across nodes, the ops that go to NCCL take NCCL's launcher.
@@ -1061,7 +1061,7 @@ class IPCTransport(Transport):
             algo = ("ll" if ll_ok else "pull") if name == "native" else name
             family, parts = "bcast", (self.size if algo == "twoshot" else 1)
             root = int(arg) if op == "bcast" else 0
-            if algo not in (("ll", "pull", "twoshot", "lltwoshot", "pipe") if op == "bcast" else
+            if algo not in (("ll", "pull", "twoshot", "lltwoshot", "pipe", "ll128") if op == "bcast" else
                             ("ll", "pull", "push", "llpush")):
                 return None
         elif op == "reduce":
