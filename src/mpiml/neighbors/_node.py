@@ -130,8 +130,15 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
     shared_screen = metric in ("euclidean", "sqeuclidean")
     if shared_screen:   # the screen's rows, prepared by each rank for its own rows (see _prepare_screen)
         sdt = cpu._screen_dtype(X, metric)
-        parts.update(XS=n_rows * d * sdt.itemsize, xn=n_rows * 8, xs=n_rows * 8, QS=q_rows * d * sdt.itemsize,
-                     qn=q_rows * 8, qs=q_rows * 8, big=np.full(comm.size, 8, dtype=np.int64))
+        if sdt == np.float32 and cpu.FUSED:  # packed: each rank's part holds the groups its first row starts
+            from . import _fused
+
+            xbytes = _packed_parts(offsets, N, _fused.W) * (d * _fused.W * sdt.itemsize)
+            qbytes = _packed_parts(qoff[:-1], nq, _fused.R) * (d * _fused.R * sdt.itemsize)
+        else:
+            xbytes, qbytes = n_rows * d * sdt.itemsize, q_rows * d * sdt.itemsize
+        parts.update(XS=xbytes, xn=n_rows * 8, xs=n_rows * 8, QS=qbytes, qn=q_rows * 8, qs=q_rows * 8,
+                     big=np.full(comm.size, 8, dtype=np.int64))
     wins, mem, reused = {}, {}, False
     kept = _KEPT.get(id(raw))
     if not (kept is not None and kept[0] is raw and kept[1] == _key(parts)):
@@ -205,6 +212,15 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
     return out[0], out[1], pay
 
 
+def _packed_parts(starts, n, width):
+    """Groups of ``width`` rows of a packed array (:func:`mpiml.neighbors._fused.pack_rows`) of ``n`` rows whose
+    part each rank allocates: from the group of its first row (``starts``) to the next rank's, the last rank's
+    to the end (a rank's rows are mostly in its own part; a group across two ranks is written by both)."""
+    first = -(-np.asarray(starts, dtype=np.int64) // width)
+    ends = np.r_[first[1:], -(-n // width)]
+    return np.maximum(ends - first, 0)
+
+
 def _prepare_screen(cpu, mem, barrier, comm, Qall, Xall, mine, mine_q, metric):
     """The screen's rows of every index row and query (``mpiml.neighbors._cpu._topk_screened``: shifted by the
     mean of about a thousand index rows, rounded once), each rank preparing its own rows in node memory, then
@@ -215,13 +231,24 @@ def _prepare_screen(cpu, mem, barrier, comm, Qall, Xall, mine, mine_q, metric):
     N, d = Xall.shape
     nq = Qall.shape[0]
     sdt = cpu._screen_dtype(Xall, metric)
-    XS, QS = mem["XS"].view(sdt).reshape(N, d), mem["QS"].view(sdt).reshape(nq, d)
     xn, xs, qn, qs = (mem[n].view(np.float64) for n in ("xn", "xs", "qn", "qs"))
     big = mem["big"].view(np.float64)
     # the same rows, the same order, the same shift on every rank
     shift = Xall[::max(1, N // 1024)].mean(axis=0, dtype=np.float64)
-    cpu._screen_rows(Xall[mine], shift, XS[mine], xn[mine], xs[mine])
-    cpu._screen_rows(Qall[mine_q], shift, QS[mine_q], qn[mine_q], qs[mine_q])
+    if sdt == np.float32 and cpu.FUSED:
+        from . import _fused
+
+        XS = mem["XS"].view(sdt).reshape(_fused.packed_shape(N, d, _fused.W))
+        QS = mem["QS"].view(sdt).reshape(_fused.packed_shape(nq, d, _fused.R))
+        _fused.pack_rows(Xall[mine], shift, mine.start, XS, xn[mine], xs[mine])
+        _fused.pack_rows(Qall[mine_q], shift, mine_q.start, QS, qn[mine_q], qs[mine_q])
+        if comm.rank == comm.size - 1:          # the padding of the last groups (no rank's rows)
+            _fused.zero_padding(XS, N)
+            _fused.zero_padding(QS, nq)
+    else:
+        XS, QS = mem["XS"].view(sdt).reshape(N, d), mem["QS"].view(sdt).reshape(nq, d)
+        cpu._screen_rows(Xall[mine], shift, XS[mine], xn[mine], xs[mine])
+        cpu._screen_rows(Qall[mine_q], shift, QS[mine_q], qn[mine_q], qs[mine_q])
     big[comm.rank] = max(float(xs[mine].max()) if xs[mine].size else 0.0,
                          float(qs[mine_q].max()) if qs[mine_q].size else 0.0)
     barrier.wait()                              # every rank's screen rows in place
