@@ -79,8 +79,9 @@ def _key(parts):
 
 
 def _windows(MPI, raw, parts, r):
-    """``(windows, their memory as arrays or None, kept)`` for a search of these ``parts`` sizes: the windows
-    kept from the last search on ``raw`` when the sizes are the same, else new ones (the kept ones of other
+    """``(windows, their memory as arrays or None, kept state or None)`` for a search of these ``parts`` sizes: the
+    windows kept from the last search on ``raw`` when the sizes are the same (with their state: the node barrier,
+    whose count goes on from search to search, and the searching threads), else new ones (the kept ones of other
     sizes freed first).  The same choice on every rank: the sizes are the ranks' agreed counts.
 
     Allocating and freeing were a fixed cost of every search: on 8 ranks of the 64-core host (3e5 x 32 index,
@@ -90,10 +91,10 @@ def _windows(MPI, raw, parts, r):
     key = _key(parts)
     kept = _KEPT.pop(id(raw), None)
     if kept is not None and kept[0] is raw and kept[1] == key:
-        return kept[2], kept[3], True
+        return kept[2], kept[3], kept[4]
     if kept is not None and kept[0] is raw:
         free(kept[2], kept[3])
-    return (*node_arrays(MPI, raw, parts, r), False)
+    return (*node_arrays(MPI, raw, parts, r), None)
 
 
 def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
@@ -121,7 +122,6 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
 
     # the ranks that search: one a core of the node at most (the others' blocks are searched by their threads)
     searches = r < node_workers(comm, raw)
-    threads = int(comm.allreduce_obj(int(numba().get_num_threads()) if searches else 0))
     n_rows, q_rows = np.asarray(counts, dtype=np.int64), np.asarray(qcounts, dtype=np.int64)
     parts = {"X": n_rows * d * dt.itemsize, "Q": q_rows * d * dt.itemsize, "bd": q_rows * k * 8,
              "bi": q_rows * k * 8, "counter": np.r_[_COUNTER_BYTES, np.zeros(comm.size - 1, dtype=np.int64)]}
@@ -139,7 +139,7 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
             xbytes, qbytes = n_rows * d * sdt.itemsize, q_rows * d * sdt.itemsize
         parts.update(XS=xbytes, xn=n_rows * 8, xs=n_rows * 8, QS=qbytes, qn=q_rows * 8, qs=q_rows * 8,
                      big=np.full(comm.size, 8, dtype=np.int64))
-    wins, mem, reused = {}, {}, False
+    wins, mem, state = {}, {}, None
     kept = _KEPT.get(id(raw))
     if not (kept is not None and kept[0] is raw and kept[1] == _key(parts)):
         # windows to allocate: where the node's shared memory is too small for them, each rank gathers the index
@@ -147,12 +147,13 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
         if not comm.allreduce_obj(bool(room_for(total)), op="min"):
             return _per_rank(cpu, Q, X, Y, k, metric, p, comm)
     try:
-        wins, mem, reused = _windows(MPI, raw, parts, r)
+        wins, mem, state = _windows(MPI, raw, parts, r)
         failed = any(m is None for m in mem.values())
         lap("allocate_s")
     except Exception:  # an MPI without shared windows here (agreed below): the per-rank form, from now on
         failed = True
-    if comm.allreduce_obj(bool(failed), op="max"):
+    reused = state is not None                  # (kept windows worked before: nothing to agree on)
+    if not reused and comm.allreduce_obj(bool(failed), op="max"):
         from ..utils._threads import not_one_node
 
         not_one_node(raw)
@@ -173,14 +174,26 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
             Yall[mine] = Y
         Qall[qoff[r]:qoff[r + 1]] = Q
         bd[qoff[r]:qoff[r + 1]], bi[qoff[r]:qoff[r + 1]] = cpu.new_lists(int(qcounts[r]), k)
-        if r == 0:
-            counter[:] = 0                      # the blocks' counter and the barrier's
-        lap("write_s")
-        sync(wins)
-        comm.barrier()                          # every rank's rows in place
-        sync(wins)
+        if reused:
+            # every rank passed the last search's barriers, so none takes a block of it any more; the barrier's
+            # count goes on (no collective here: each one of 3-4 ranks on 2 cores waits for the scheduler)
+            barrier, threads = state["barrier"], state["threads"]
+            if r == 0:
+                counter[:1] = 0                 # the blocks' counter
+            lap("write_s")
+            barrier.wait()                      # every rank's rows in place
+        else:
+            if r == 0:
+                counter[:] = 0                  # the blocks' counter and the barrier's
+            # the threads that take blocks, of every rank (kept with the windows: the blocks are cut the same on
+            # every rank whatever a rank's thread count is later)
+            threads = int(comm.allreduce_obj(int(numba().get_num_threads()) if searches else 0))
+            lap("write_s")
+            sync(wins)
+            comm.barrier()                      # every rank's rows in place
+            sync(wins)
+            barrier = NodeBarrier(counter[_BARRIER_SLOT:_BARRIER_SLOT + 1], comm.size, wins)
         lap("wait_rows_s")
-        barrier = NodeBarrier(counter[_BARRIER_SLOT:_BARRIER_SLOT + 1], comm.size, wins)
         prepared = _prepare_screen(cpu, mem, barrier, comm, Qall, Xall, mine, slice(int(qoff[r]), int(qoff[r + 1])),
                                    metric) if shared_screen else None
         lap("screen_s")
@@ -196,16 +209,17 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
         mine_q = slice(int(qoff[r]), int(qoff[r + 1]))
         out = bd[mine_q].copy(), bi[mine_q].copy()
         pay = None if Yall is None else _payload(cpu, out[1], Yall)
+        keep = max(int(sum(int(sizes[j]) for sizes in parts.values())) for j in range(comm.size)) <= KEEP_BYTES
+        if keep:
+            barrier.wait(idle=not searches)      # every rank has copied its rows out before any writes again
         for w in wins.values():
             w.Unlock_all()
-        keep = max(int(sum(int(sizes[j]) for sizes in parts.values())) for j in range(comm.size)) <= KEEP_BYTES
     except BaseException:
         free(wins, mem)                          # (every rank fails here alike, or the job aborts)
         raise
     LAST["reused"] = reused
     if keep:
-        comm.barrier()                           # every rank has copied its rows out before any writes again
-        _KEPT[id(raw)] = (raw, _key(parts), wins, mem)
+        _KEPT[id(raw)] = (raw, _key(parts), wins, mem, {"barrier": barrier, "threads": threads})
     else:
         free(wins, mem)                          # collective: every rank has copied its rows out
     lap("free_s")
