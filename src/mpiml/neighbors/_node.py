@@ -121,7 +121,8 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
     from ..utils._threads import node_workers
 
     # the ranks that search: one a core of the node at most (the others' blocks are searched by their threads)
-    searches = r < node_workers(comm, raw)
+    workers = node_workers(comm, raw)
+    searches = r < workers
     n_rows, q_rows = np.asarray(counts, dtype=np.int64), np.asarray(qcounts, dtype=np.int64)
     parts = {"X": n_rows * d * dt.itemsize, "Q": q_rows * d * dt.itemsize, "bd": q_rows * k * 8,
              "bi": q_rows * k * 8, "counter": np.r_[_COUNTER_BYTES, np.zeros(comm.size - 1, dtype=np.int64)]}
@@ -194,8 +195,7 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
             sync(wins)
             barrier = NodeBarrier(counter[_BARRIER_SLOT:_BARRIER_SLOT + 1], comm.size, wins)
         lap("wait_rows_s")
-        prepared = _prepare_screen(cpu, mem, barrier, comm, Qall, Xall, mine, slice(int(qoff[r]), int(qoff[r + 1])),
-                                   metric) if shared_screen else None
+        prepared = _prepare_screen(cpu, mem, barrier, comm, Qall, Xall, workers, metric) if shared_screen else None
         lap("screen_s")
         if not searches:
             pass
@@ -235,15 +235,24 @@ def _packed_parts(starts, n, width):
     return np.maximum(ends - first, 0)
 
 
-def _prepare_screen(cpu, mem, barrier, comm, Qall, Xall, mine, mine_q, metric):
+def _share(n, parts, j):
+    """Rows ``j``-th of ``parts`` equal shares of ``n`` rows."""
+    return slice(n * j // parts, n * (j + 1) // parts)
+
+
+def _prepare_screen(cpu, mem, barrier, comm, Qall, Xall, workers, metric):
     """The screen's rows of every index row and query (``mpiml.neighbors._cpu._topk_screened``: shifted by the
-    mean of about a thousand index rows, rounded once), each rank preparing its own rows in node memory, then
-    ``(QS, XS, qn, xn, qs, xs, big)`` for :func:`mpiml.neighbors._cpu.search_screened`; None where the screen must
-    run in float64 instead (norms beyond float32's range: every rank sees it) -- the search then prepares its
-    own.  Each rank prepared the whole index before: 12-18 ms of each of 8 ranks' search on the 64-core host
-    (key ``knn_0240``), the same work on every rank."""
+    mean of about a thousand index rows, rounded once) in node memory, an equal share of the rows by each of the
+    ``workers`` ranks that search, then ``(QS, XS, qn, xn, qs, xs, big)`` for
+    :func:`mpiml.neighbors._cpu.search_screened`; None where the screen must run in float64 instead (norms beyond
+    float32's range: every rank sees it) -- the search then prepares its own.  Each rank prepared the whole index
+    before: 12-18 ms of each of 8 ranks' search on the 64-core host (key ``knn_0240``), the same work on every
+    rank.  The ranks beyond the node's cores prepare nothing (where 3 ranks shared 2 cores, a third of the rows
+    each, the two that search waited for the third's share, run on a core one of them needed) and sleep."""
     N, d = Xall.shape
     nq = Qall.shape[0]
+    r = comm.rank
+    mine, mine_q = (_share(N, workers, r), _share(nq, workers, r)) if r < workers else (slice(0, 0), slice(0, 0))
     sdt = cpu._screen_dtype(Xall, metric)
     xn, xs, qn, qs = (mem[n].view(np.float64) for n in ("xn", "xs", "qn", "qs"))
     big = mem["big"].view(np.float64)
@@ -256,16 +265,15 @@ def _prepare_screen(cpu, mem, barrier, comm, Qall, Xall, mine, mine_q, metric):
         QS = mem["QS"].view(sdt).reshape(_fused.packed_shape(nq, d, _fused.R))
         _fused.pack_rows(Xall[mine], shift, mine.start, XS, xn[mine], xs[mine])
         _fused.pack_rows(Qall[mine_q], shift, mine_q.start, QS, qn[mine_q], qs[mine_q])
-        if comm.rank == comm.size - 1:          # the padding of the last groups (no rank's rows)
+        if r == workers - 1:                    # the padding of the last groups (no rank's rows)
             _fused.zero_padding(XS, N)
             _fused.zero_padding(QS, nq)
     else:
         XS, QS = mem["XS"].view(sdt).reshape(N, d), mem["QS"].view(sdt).reshape(nq, d)
         cpu._screen_rows(Xall[mine], shift, XS[mine], xn[mine], xs[mine])
         cpu._screen_rows(Qall[mine_q], shift, QS[mine_q], qn[mine_q], qs[mine_q])
-    big[comm.rank] = max(float(xs[mine].max()) if xs[mine].size else 0.0,
-                         float(qs[mine_q].max()) if qs[mine_q].size else 0.0)
-    barrier.wait()                              # every rank's screen rows in place
+    big[r] = max(float(xs[mine].max()) if xs[mine].size else 0.0, float(qs[mine_q].max()) if qs[mine_q].size else 0.0)
+    barrier.wait(idle=r >= workers)             # every rank's screen rows in place
     top = float(big.max())
     if sdt != Xall.dtype and not top <= cpu._F32_MAX_NORM:
         return None
