@@ -17,7 +17,9 @@ after every equal one: exact ties go to the lower index, as in scikit-learn's br
   float64 rows are screened in float32 (:func:`_screen_rows`: shifted by a mean of the index
   block's rows, rounded once; the bound covers that rounding): the screen only decides which pairs are
   measured, so the answer is the float64 one, and single-precision tiles are half the bytes
-  and twice the lanes of the GEMM and the screen (about 70 % of the search's time).
+  and twice the lanes of the GEMM and the screen (about 70 % of the search's time).  A float32
+  screen runs fused (:mod:`mpiml.neighbors._fused`, :data:`FUSED`): the products stay in registers
+  and are compared there, no tile is written; BLAS tiles and :func:`_select_tile` screen in float64.
 * Manhattan, chebyshev, minkowski (:func:`_topk_kernel`): queries in parallel blocks of
   :data:`_QUERY_BLOCK`, the index in cache-sized blocks of :data:`_INDEX_BLOCK` rows,
   distances accumulated in float64; minkowski compares ``sum |q - x|^p`` and takes the
