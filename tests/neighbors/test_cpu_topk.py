@@ -152,11 +152,15 @@ def test_query_bounds_cover_the_queries_large_blocks_first():
             assert sizes.max() <= max(_cpu._TILE_QUERIES, -(-nq // _cpu._query_blocks(nq, threads)))
 
 
-def test_block_sizes_do_not_change_the_answer(monkeypatch):
+@pytest.mark.parametrize("fused", [True, False])
+def test_block_sizes_do_not_change_the_answer(monkeypatch, fused):
     rng = np.random.default_rng(7)
     X, Q = rng.normal(size=(3000, 5)), rng.normal(size=(900, 5))
+    monkeypatch.setattr(_cpu, "FUSED", fused)
     got = _cpu.topk(Q, X, 7)
-    monkeypatch.setattr(_cpu, "_query_bounds", lambda nq, threads: np.array([0, 5, 400, 401, nq], dtype=np.int64))
+    # blocks of rows (BLAS tiles) or of groups of queries (fused): uneven, one of a single unit
+    monkeypatch.setattr(_cpu, "_query_bounds", lambda n, threads, most=None: np.array(
+        [0, 5, n // 2, n // 2 + 1, n], dtype=np.int64))
     want = _cpu.topk(Q, X, 7)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)

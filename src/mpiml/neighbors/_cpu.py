@@ -17,7 +17,9 @@ after every equal one: exact ties go to the lower index, as in scikit-learn's br
   float64 rows are screened in float32 (:func:`_screen_rows`: shifted by a mean of the index
   block's rows, rounded once; the bound covers that rounding): the screen only decides which pairs are
   measured, so the answer is the float64 one, and single-precision tiles are half the bytes
-  and twice the lanes of the GEMM and the screen (about 70 % of the search's time).
+  and twice the lanes of the GEMM and the screen (about 70 % of the search's time).  A float32
+  screen runs fused (:mod:`mpiml.neighbors._fused`, :data:`FUSED`): the products stay in registers
+  and are compared there, no tile is written; BLAS tiles and :func:`_select_tile` screen in float64.
 * Manhattan, chebyshev, minkowski (:func:`_topk_kernel`): queries in parallel blocks of
   :data:`_QUERY_BLOCK`, the index in cache-sized blocks of :data:`_INDEX_BLOCK` rows,
   distances accumulated in float64; minkowski compares ``sum |q - x|^p`` and takes the
@@ -253,12 +255,15 @@ _TILE_QUERIES = 320
 #: float64 rows screened in float32 (see the module notes); False: in float64 (for comparisons; also
 #: ``MPIML_KNN_SCREEN=float64``).
 SCREEN_FLOAT32 = True
+#: float32 screens run fused (:mod:`mpiml.neighbors._fused`: products in registers); False: BLAS tiles and
+#: :func:`_select_tile` (for comparisons)
+FUSED = True
 #: Largest row norm (after the shift) screened in float32: products and sums stay below float32's largest
 #: value (2^62 squared is 2^124 < 2^128); rows beyond it are screened in float64.
 _F32_MAX_NORM = 2.0 ** 62
 
 
-def _query_blocks(nq, threads):
+def _query_blocks(nq, threads, most=None):
     """Query blocks of equal size, a multiple of ``threads`` of them, each of at most :data:`_TILE_QUERIES`
     rows where the queries allow it (Numba hands each thread an equal run of blocks: a count that is not a
     multiple left threads idle, and small blocks made the GEMM tiles read the index for few queries).
@@ -267,11 +272,11 @@ def _query_blocks(nq, threads):
     the index's traffic.  On the 64-core host, one plain process searching 5000 queries against 3e5 x 32 in
     blocks of 156 rows (a rule of at least four blocks a thread, tried and dropped) spent 1.32x the CPU time
     a query of one rank's 40000 queries in blocks of 312 (key ``knn_0145``; the process's own fit included)."""
-    per = max(1, -(-nq // (threads * _TILE_QUERIES)))  # blocks a thread
+    per = max(1, -(-nq // (threads * (most or _TILE_QUERIES))))  # blocks a thread
     return int(max(1, min(nq, threads * per)))
 
 
-def _query_bounds(nq, threads):
+def _query_bounds(nq, threads, most=None):
     """Query blocks for the threads' counter, as bounds ``[0, ..., nq]``: blocks of :func:`_query_blocks`'s size
     while the queries left are at least a block for every thread, then smaller ones (the queries left over the
     threads, down to a quarter of a block), so that the threads finish together.
@@ -280,10 +285,11 @@ def _query_bounds(nq, threads):
     up to a block: 8 ranks of 8 threads on the 64-core host took 2 blocks a thread of 40000 queries, and the
     ranks' searches ended 0.88-1.13 s after they began (key ``knn_0240``), the first waiting for the last.  A
     block reads the whole index once; on one thread of the development VM blocks of 80-320 rows searched
-    1280 queries against 10^5 x 32 in the same time (0.23-0.26 s), 40 rows took 15 % longer.
+    1280 queries against 10^5 x 32 in the same time (0.23-0.26 s), 40 rows took 15 % longer.  ``most``: the largest
+    block (default :data:`_TILE_QUERIES`; the fused search counts groups of queries).
     """
-    size = -(-nq // _query_blocks(nq, threads))
-    least = max(1, min(size, max(64, size // 4)))
+    size = -(-nq // _query_blocks(nq, threads, most))
+    least = max(1, min(size, max((most or _TILE_QUERIES) // 5, size // 4)))
     bounds, q = [0], 0
     while q < nq:
         step = min(size, max(least, -(-(nq - q) // max(1, threads))))
@@ -321,27 +327,41 @@ def _topk_screened(Q, X, offset, k, metric, bd, bi, counter=None, threads=None):
     if metric == "cosine":  # unit rows in float64 (parallel rows of any length: the same unit row, distance)
         qn, xn = _norms(Q, "cosine"), _norms(X, "cosine")
         Q, X = _unit(Q, qn), _unit(X, xn)
-        qs, big = qn, 1.0
-        QS, XS = Q.astype(sdt), X.astype(sdt)
-        xs = None
+        QS, XS, _, _, _, _ = _screen_of(Q, X, np.zeros(d), sdt)
+        qs, xs, big = qn, None, 1.0
     else:
         # any shift is exact (distances do not change); the mean of about a thousand rows is as good as the full
         # mean at shrinking the norms, and costs no serial pass over the block
         shift = X[::max(1, m // 1024)].mean(axis=0, dtype=np.float64)
-        QS, XS = np.empty(Q.shape, dtype=sdt), np.empty(X.shape, dtype=sdt)
-        qn, qs = np.empty(nq), np.empty(nq)
-        xn, xs = np.empty(m), np.empty(m)
-        _screen_rows(Q, shift, QS, qn, qs)
-        _screen_rows(X, shift, XS, xn, xs)
+        QS, XS, qn, qs, xn, xs = _screen_of(Q, X, shift, sdt)
         big = max(float(qs.max()), float(xs.max()))
         if sdt != Q.dtype and not big <= _F32_MAX_NORM:  # far beyond float32's range (or not finite): float64
-            sdt = Q.dtype
-            QS, XS = QS.astype(sdt), XS.astype(sdt)
-            _screen_rows(Q, shift, QS, qn, qs)
-            _screen_rows(X, shift, XS, xn, xs)
+            QS, XS, qn, qs, xn, xs = _screen_of(Q, X, shift, Q.dtype)
     PHASES["screen_rows_s"] = time.perf_counter() - t0
-    search_screened(Q, X, QS, XS, qn, xn, qs, None if metric == "cosine" else xs, big, offset, k, metric, bd, bi,
-                    counter, threads)
+    search_screened(Q, X, QS, XS, qn, xn, qs, xs, big, offset, k, metric, bd, bi, counter, threads)
+
+
+def _screen_of(Q, X, shift, sdt):
+    """``(QS, XS, qn, qs, xn, xs)``: the screen's rows of ``Q`` and ``X`` shifted by ``shift`` in ``sdt``, packed for
+    the fused search where ``sdt`` is float32 (:func:`mpiml.neighbors._fused.pack_rows`), else plain rows for
+    BLAS; the rows' norms and their shifted norms."""
+    nq, d = Q.shape
+    m = X.shape[0]
+    qn, qs, xn, xs = np.empty(nq), np.empty(nq), np.empty(m), np.empty(m)
+    if sdt == np.float32 and FUSED:
+        from . import _fused
+
+        QS = np.empty(_fused.packed_shape(nq, d, _fused.R), dtype=sdt)
+        XS = np.empty(_fused.packed_shape(m, d, _fused.W), dtype=sdt)
+        _fused.pack_rows(Q, shift, 0, QS, qn, qs)
+        _fused.pack_rows(X, shift, 0, XS, xn, xs)
+        _fused.zero_padding(QS, nq)
+        _fused.zero_padding(XS, m)
+    else:
+        QS, XS = np.empty(Q.shape, dtype=sdt), np.empty(X.shape, dtype=sdt)
+        _screen_rows(Q, shift, QS, qn, qs)
+        _screen_rows(X, shift, XS, xn, xs)
+    return QS, XS, qn, qs, xn, xs
 
 
 def search_screened(Q, X, QS, XS, qn, xn, qs, xs, big, offset, k, metric, bd, bi, counter=None, threads=None):
@@ -355,6 +375,13 @@ def search_screened(Q, X, QS, XS, qn, xn, qs, xs, big, offset, k, metric, bd, bi
     eta = float(np.finfo(sdt).smallest_subnormal) / 2
     slack = 2.0 * eta * (2 * d + 1 + np.sqrt(d) * 2.0 * (big + 1.0))
     screen = np.ones(X.shape[0]) if xs is None else (1.0 - 2.0 * rel) * xs * xs
+    if QS.ndim == 3:  # packed float32 rows: the fused search
+        from . import _fused
+
+        with one_blas_thread():
+            _fused.search_fused(Q, X, QS, XS, qn, xn, qs, screen, rel, slack, offset, metric, bd, bi,
+                                np.zeros(1, np.int64) if counter is None else counter, threads)
+        return
     # ``threads``: of every process taking blocks from ``counter`` (the same count on each: the same blocks)
     bounds = _query_bounds(nq, threads or nb.get_num_threads())
     with one_blas_thread():

@@ -79,8 +79,9 @@ def _key(parts):
 
 
 def _windows(MPI, raw, parts, r):
-    """``(windows, their memory as arrays or None, kept)`` for a search of these ``parts`` sizes: the windows
-    kept from the last search on ``raw`` when the sizes are the same, else new ones (the kept ones of other
+    """``(windows, their memory as arrays or None, kept state or None)`` for a search of these ``parts`` sizes: the
+    windows kept from the last search on ``raw`` when the sizes are the same (with their state: the node barrier,
+    whose count goes on from search to search, and the searching threads), else new ones (the kept ones of other
     sizes freed first).  The same choice on every rank: the sizes are the ranks' agreed counts.
 
     Allocating and freeing were a fixed cost of every search: on 8 ranks of the 64-core host (3e5 x 32 index,
@@ -90,10 +91,10 @@ def _windows(MPI, raw, parts, r):
     key = _key(parts)
     kept = _KEPT.pop(id(raw), None)
     if kept is not None and kept[0] is raw and kept[1] == key:
-        return kept[2], kept[3], True
+        return kept[2], kept[3], kept[4]
     if kept is not None and kept[0] is raw:
         free(kept[2], kept[3])
-    return (*node_arrays(MPI, raw, parts, r), False)
+    return (*node_arrays(MPI, raw, parts, r), None)
 
 
 def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
@@ -120,8 +121,8 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
     from ..utils._threads import node_workers
 
     # the ranks that search: one a core of the node at most (the others' blocks are searched by their threads)
-    searches = r < node_workers(comm, raw)
-    threads = int(comm.allreduce_obj(int(numba().get_num_threads()) if searches else 0))
+    workers = node_workers(comm, raw)
+    searches = r < workers
     n_rows, q_rows = np.asarray(counts, dtype=np.int64), np.asarray(qcounts, dtype=np.int64)
     parts = {"X": n_rows * d * dt.itemsize, "Q": q_rows * d * dt.itemsize, "bd": q_rows * k * 8,
              "bi": q_rows * k * 8, "counter": np.r_[_COUNTER_BYTES, np.zeros(comm.size - 1, dtype=np.int64)]}
@@ -130,9 +131,16 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
     shared_screen = metric in ("euclidean", "sqeuclidean")
     if shared_screen:   # the screen's rows, prepared by each rank for its own rows (see _prepare_screen)
         sdt = cpu._screen_dtype(X, metric)
-        parts.update(XS=n_rows * d * sdt.itemsize, xn=n_rows * 8, xs=n_rows * 8, QS=q_rows * d * sdt.itemsize,
-                     qn=q_rows * 8, qs=q_rows * 8, big=np.full(comm.size, 8, dtype=np.int64))
-    wins, mem, reused = {}, {}, False
+        if sdt == np.float32 and cpu.FUSED:  # packed: each rank's part holds the groups its first row starts
+            from . import _fused
+
+            xbytes = _packed_parts(offsets, N, _fused.W) * (d * _fused.W * sdt.itemsize)
+            qbytes = _packed_parts(qoff[:-1], nq, _fused.R) * (d * _fused.R * sdt.itemsize)
+        else:
+            xbytes, qbytes = n_rows * d * sdt.itemsize, q_rows * d * sdt.itemsize
+        parts.update(XS=xbytes, xn=n_rows * 8, xs=n_rows * 8, QS=qbytes, qn=q_rows * 8, qs=q_rows * 8,
+                     big=np.full(comm.size, 8, dtype=np.int64))
+    wins, mem, state = {}, {}, None
     kept = _KEPT.get(id(raw))
     if not (kept is not None and kept[0] is raw and kept[1] == _key(parts)):
         # windows to allocate: where the node's shared memory is too small for them, each rank gathers the index
@@ -140,12 +148,13 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
         if not comm.allreduce_obj(bool(room_for(total)), op="min"):
             return _per_rank(cpu, Q, X, Y, k, metric, p, comm)
     try:
-        wins, mem, reused = _windows(MPI, raw, parts, r)
+        wins, mem, state = _windows(MPI, raw, parts, r)
         failed = any(m is None for m in mem.values())
         lap("allocate_s")
     except Exception:  # an MPI without shared windows here (agreed below): the per-rank form, from now on
         failed = True
-    if comm.allreduce_obj(bool(failed), op="max"):
+    reused = state is not None                  # (kept windows worked before: nothing to agree on)
+    if not reused and comm.allreduce_obj(bool(failed), op="max"):
         from ..utils._threads import not_one_node
 
         not_one_node(raw)
@@ -166,16 +175,27 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
             Yall[mine] = Y
         Qall[qoff[r]:qoff[r + 1]] = Q
         bd[qoff[r]:qoff[r + 1]], bi[qoff[r]:qoff[r + 1]] = cpu.new_lists(int(qcounts[r]), k)
-        if r == 0:
-            counter[:] = 0                      # the blocks' counter and the barrier's
-        lap("write_s")
-        sync(wins)
-        comm.barrier()                          # every rank's rows in place
-        sync(wins)
+        if reused:
+            # every rank passed the last search's barriers, so none takes a block of it any more; the barrier's
+            # count goes on (no collective here: each one of 3-4 ranks on 2 cores waits for the scheduler)
+            barrier, threads = state["barrier"], state["threads"]
+            if r == 0:
+                counter[:1] = 0                 # the blocks' counter
+            lap("write_s")
+            barrier.wait()                      # every rank's rows in place
+        else:
+            if r == 0:
+                counter[:] = 0                  # the blocks' counter and the barrier's
+            # the threads that take blocks, of every rank (kept with the windows: the blocks are cut the same on
+            # every rank whatever a rank's thread count is later)
+            threads = int(comm.allreduce_obj(int(numba().get_num_threads()) if searches else 0))
+            lap("write_s")
+            sync(wins)
+            comm.barrier()                      # every rank's rows in place
+            sync(wins)
+            barrier = NodeBarrier(counter[_BARRIER_SLOT:_BARRIER_SLOT + 1], comm.size, wins)
         lap("wait_rows_s")
-        barrier = NodeBarrier(counter[_BARRIER_SLOT:_BARRIER_SLOT + 1], comm.size, wins)
-        prepared = _prepare_screen(cpu, mem, barrier, comm, Qall, Xall, mine, slice(int(qoff[r]), int(qoff[r + 1])),
-                                   metric) if shared_screen else None
+        prepared = _prepare_screen(cpu, mem, barrier, comm, Qall, Xall, workers, metric) if shared_screen else None
         lap("screen_s")
         if not searches:
             pass
@@ -189,42 +209,71 @@ def _in_node(cpu, raw, Q, X, Y, k, metric, p, comm, qcounts, offsets, counts):
         mine_q = slice(int(qoff[r]), int(qoff[r + 1]))
         out = bd[mine_q].copy(), bi[mine_q].copy()
         pay = None if Yall is None else _payload(cpu, out[1], Yall)
+        keep = max(int(sum(int(sizes[j]) for sizes in parts.values())) for j in range(comm.size)) <= KEEP_BYTES
+        if keep:
+            barrier.wait(idle=not searches)      # every rank has copied its rows out before any writes again
         for w in wins.values():
             w.Unlock_all()
-        keep = max(int(sum(int(sizes[j]) for sizes in parts.values())) for j in range(comm.size)) <= KEEP_BYTES
     except BaseException:
         free(wins, mem)                          # (every rank fails here alike, or the job aborts)
         raise
     LAST["reused"] = reused
     if keep:
-        comm.barrier()                           # every rank has copied its rows out before any writes again
-        _KEPT[id(raw)] = (raw, _key(parts), wins, mem)
+        _KEPT[id(raw)] = (raw, _key(parts), wins, mem, {"barrier": barrier, "threads": threads})
     else:
         free(wins, mem)                          # collective: every rank has copied its rows out
     lap("free_s")
     return out[0], out[1], pay
 
 
-def _prepare_screen(cpu, mem, barrier, comm, Qall, Xall, mine, mine_q, metric):
+def _packed_parts(starts, n, width):
+    """Groups of ``width`` rows of a packed array (:func:`mpiml.neighbors._fused.pack_rows`) of ``n`` rows whose
+    part each rank allocates: from the group of its first row (``starts``) to the next rank's, the last rank's
+    to the end (a rank's rows are mostly in its own part; a group across two ranks is written by both)."""
+    first = -(-np.asarray(starts, dtype=np.int64) // width)
+    ends = np.r_[first[1:], -(-n // width)]
+    return np.maximum(ends - first, 0)
+
+
+def _share(n, parts, j):
+    """Rows ``j``-th of ``parts`` equal shares of ``n`` rows."""
+    return slice(n * j // parts, n * (j + 1) // parts)
+
+
+def _prepare_screen(cpu, mem, barrier, comm, Qall, Xall, workers, metric):
     """The screen's rows of every index row and query (``mpiml.neighbors._cpu._topk_screened``: shifted by the
-    mean of about a thousand index rows, rounded once), each rank preparing its own rows in node memory, then
-    ``(QS, XS, qn, xn, qs, xs, big)`` for :func:`mpiml.neighbors._cpu.search_screened`; None where the screen must
-    run in float64 instead (norms beyond float32's range: every rank sees it) -- the search then prepares its
-    own.  Each rank prepared the whole index before: 12-18 ms of each of 8 ranks' search on the 64-core host
-    (key ``knn_0240``), the same work on every rank."""
+    mean of about a thousand index rows, rounded once) in node memory, an equal share of the rows by each of the
+    ``workers`` ranks that search, then ``(QS, XS, qn, xn, qs, xs, big)`` for
+    :func:`mpiml.neighbors._cpu.search_screened`; None where the screen must run in float64 instead (norms beyond
+    float32's range: every rank sees it) -- the search then prepares its own.  Each rank prepared the whole index
+    before: 12-18 ms of each of 8 ranks' search on the 64-core host (key ``knn_0240``), the same work on every
+    rank.  The ranks beyond the node's cores prepare nothing (where 3 ranks shared 2 cores, a third of the rows
+    each, the two that search waited for the third's share, run on a core one of them needed) and sleep."""
     N, d = Xall.shape
     nq = Qall.shape[0]
+    r = comm.rank
+    mine, mine_q = (_share(N, workers, r), _share(nq, workers, r)) if r < workers else (slice(0, 0), slice(0, 0))
     sdt = cpu._screen_dtype(Xall, metric)
-    XS, QS = mem["XS"].view(sdt).reshape(N, d), mem["QS"].view(sdt).reshape(nq, d)
     xn, xs, qn, qs = (mem[n].view(np.float64) for n in ("xn", "xs", "qn", "qs"))
     big = mem["big"].view(np.float64)
     # the same rows, the same order, the same shift on every rank
     shift = Xall[::max(1, N // 1024)].mean(axis=0, dtype=np.float64)
-    cpu._screen_rows(Xall[mine], shift, XS[mine], xn[mine], xs[mine])
-    cpu._screen_rows(Qall[mine_q], shift, QS[mine_q], qn[mine_q], qs[mine_q])
-    big[comm.rank] = max(float(xs[mine].max()) if xs[mine].size else 0.0,
-                         float(qs[mine_q].max()) if qs[mine_q].size else 0.0)
-    barrier.wait()                              # every rank's screen rows in place
+    if sdt == np.float32 and cpu.FUSED:
+        from . import _fused
+
+        XS = mem["XS"].view(sdt).reshape(_fused.packed_shape(N, d, _fused.W))
+        QS = mem["QS"].view(sdt).reshape(_fused.packed_shape(nq, d, _fused.R))
+        _fused.pack_rows(Xall[mine], shift, mine.start, XS, xn[mine], xs[mine])
+        _fused.pack_rows(Qall[mine_q], shift, mine_q.start, QS, qn[mine_q], qs[mine_q])
+        if r == workers - 1:                    # the padding of the last groups (no rank's rows)
+            _fused.zero_padding(XS, N)
+            _fused.zero_padding(QS, nq)
+    else:
+        XS, QS = mem["XS"].view(sdt).reshape(N, d), mem["QS"].view(sdt).reshape(nq, d)
+        cpu._screen_rows(Xall[mine], shift, XS[mine], xn[mine], xs[mine])
+        cpu._screen_rows(Qall[mine_q], shift, QS[mine_q], qn[mine_q], qs[mine_q])
+    big[r] = max(float(xs[mine].max()) if xs[mine].size else 0.0, float(qs[mine_q].max()) if qs[mine_q].size else 0.0)
+    barrier.wait(idle=r >= workers)             # every rank's screen rows in place
     top = float(big.max())
     if sdt != Xall.dtype and not top <= cpu._F32_MAX_NORM:
         return None
