@@ -172,3 +172,40 @@ def test_dead_rank_found_spmd(tmp_path, which, n):
     for r, kind, seconds, message in rows:
         assert kind == "CommError" and f"rank {n - 1} of this node" in message, (r, kind, message)
         assert float(seconds) < 5, (r, seconds)
+
+
+class _Placement:
+    """mpiml.utils._placement's stand-in: every CPU its own core, all online."""
+
+    def __init__(self, cpus):
+        self.cpus = cpus
+
+    def online_cpus(self):
+        return self.cpus
+
+    def node_cores(self, common):
+        return [[c] for c in common]
+
+    format_cpus = staticmethod(lambda cpus: ",".join(map(str, cpus)))
+
+
+@pytest.mark.parametrize("ranks, sets, want", [
+    (4, [[0, 1]] * 4, [[0], [1], [0], [1]]),        # 4 unbound ranks on 2 cores: two a core, round robin
+    (6, [[0, 1, 2]] * 6, [[0], [1], [2], [0], [1], [2]]),
+    (3, [[0, 1]] * 3, [[0], [1], None]),            # the rank beyond the multiple: free, its threads on both
+    (2, [[0, 1]] * 2, [None] * 2),                  # no more ranks than cores: the placement's rules
+    (4, [[0], [1], [0], [1]], [None] * 4),           # bound by the launcher
+])
+def test_round_robin(monkeypatch, ranks, sets, want):
+    monkeypatch.setattr(_threads, "quota_cpus", lambda: None)
+    monkeypatch.setattr(_threads.os, "sched_setaffinity", lambda *a: None, raising=False)
+    got = [_threads._round_robin({"ranks": ranks, "sets": sets, "local_rank": i}, 1, _Placement([0, 1, 2]))[0]
+           for i in range(ranks)]
+    assert got == want
+    if ranks % 2 and ranks > 2:                       # (the leftover rank's threads: limit_threads)
+        assert _threads._leftover({"ranks": ranks, "local_rank": ranks - 1}, 2)
+        assert not _threads._leftover({"ranks": ranks, "local_rank": 0}, 2)
+    # more than one thread a rank, or a CPU quota below the cores: not pinned
+    assert _threads._round_robin({"ranks": ranks, "sets": sets, "local_rank": 0}, 2, _Placement([0, 1, 2]))[0] is None
+    monkeypatch.setattr(_threads, "quota_cpus", lambda: 1)
+    assert _threads._round_robin({"ranks": ranks, "sets": sets, "local_rank": 0}, 1, _Placement([0, 1, 2]))[0] is None
