@@ -359,7 +359,7 @@ def limit_threads(comm=None, place=True):
     else:
         threads, applied = max(1, cores // ranks), True
         source = f"{cores} core(s) / {ranks} rank(s) on the node ({how})"
-        if _leftover(shape, cores) and not os.environ.get("MPIML_BIND", "").strip():
+        if _leftover(shape, cores) and quota is None and not os.environ.get("MPIML_BIND", "").strip():
             threads = cores // (ranks % cores)
             source += f"; a rank beyond the last whole multiple of the cores: {threads} threads over them"
     if applied:
