@@ -121,3 +121,91 @@ def test_node_barrier_times_out(monkeypatch):
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_oversubscribed_ranks_spmd(mpi, n):
     mpi(os.path.join(HERE, "oversub_spmd_script.py"), n, timeout=240)
+
+
+def test_node_barrier_finds_dead_peer(monkeypatch):
+    """A peer whose process has exited (its pid in the barrier's list) is found in about a second, not at the
+    timeout."""
+    import subprocess
+    import sys
+    import time
+
+    from mpiml import CommError
+
+    monkeypatch.setenv("MPIML_TIMEOUT", "30")
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()                             # exited and reaped: its pid is gone
+    bar = _node_memory.NodeBarrier(np.zeros(1, dtype=np.int64), 2, {}, pids=[os.getpid(), child.pid])
+    t0 = time.perf_counter()
+    with pytest.raises(CommError, match="rank 1 of this node"):
+        bar.wait(idle=True)
+    assert time.perf_counter() - t0 < 5
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("which", ["barrier", "sum"])
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_dead_rank_found_spmd(tmp_path, which, n):
+    """The last rank killed while the others wait in node memory: each survivor raises CommError within 5 s
+    (mpiexec started so that it does not kill the survivors itself; Hydra still does at times, and a run whose
+    survivors all were killed is skipped: test_node_barrier_finds_dead_peer checks the same without a launcher)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import _child_env, mpiexec_cmd, run_group
+
+    if which == "sum" and len(os.sched_getaffinity(0)) >= n:
+        pytest.skip("node_sum applies where ranks outnumber the cores")
+    cmd = mpiexec_cmd(n)
+    if shutil.which(cmd[0]) is None or "hydra" not in subprocess.run([cmd[0], "--version"], capture_output=True,
+                                                                     text=True).stdout.lower():
+        pytest.skip("needs MPICH's mpiexec (Hydra) for -disable-auto-cleanup")
+    cmd = [cmd[0], "-disable-auto-cleanup"] + cmd[1:] + [sys.executable, os.path.join(HERE, "dead_peer_script.py"),
+                                                         str(tmp_path), which]
+    proc = run_group(cmd, 60, env=_child_env({"MPIML_TIMEOUT": "60"}))
+    # (Hydra sometimes kills the survivors itself, despite -disable-auto-cleanup: those write nothing)
+    rows = [(tmp_path / f"rank{r}").read_text().split(" ", 3) for r in range(n - 1)
+            if (tmp_path / f"rank{r}").exists()]
+    if not rows:
+        pytest.skip(f"the launcher killed every survivor first\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    for r, kind, seconds, message in rows:
+        assert kind == "CommError" and f"rank {n - 1} of this node" in message, (r, kind, message)
+        assert float(seconds) < 5, (r, seconds)
+
+
+class _Placement:
+    """mpiml.utils._placement's stand-in: every CPU its own core, all online."""
+
+    def __init__(self, cpus):
+        self.cpus = cpus
+
+    def online_cpus(self):
+        return self.cpus
+
+    def node_cores(self, common):
+        return [[c] for c in common]
+
+    format_cpus = staticmethod(lambda cpus: ",".join(map(str, cpus)))
+
+
+@pytest.mark.parametrize("ranks, sets, want", [
+    (4, [[0, 1]] * 4, [[0], [1], [0], [1]]),        # 4 unbound ranks on 2 cores: two a core, round robin
+    (6, [[0, 1, 2]] * 6, [[0], [1], [2], [0], [1], [2]]),
+    (3, [[0, 1]] * 3, [[0], [1], None]),            # the rank beyond the multiple: free, its threads on both
+    (2, [[0, 1]] * 2, [None] * 2),                  # no more ranks than cores: the placement's rules
+    (4, [[0], [1], [0], [1]], [None] * 4),           # bound by the launcher
+])
+def test_round_robin(monkeypatch, ranks, sets, want):
+    monkeypatch.setattr(_threads, "quota_cpus", lambda: None)
+    monkeypatch.setattr(_threads.os, "sched_setaffinity", lambda *a: None, raising=False)
+    got = [_threads._round_robin({"ranks": ranks, "sets": sets, "local_rank": i}, 1, _Placement([0, 1, 2]))[0]
+           for i in range(ranks)]
+    assert got == want
+    if ranks % 2 and ranks > 2:                       # (the leftover rank's threads: limit_threads)
+        assert _threads._leftover({"ranks": ranks, "local_rank": ranks - 1}, 2)
+        assert not _threads._leftover({"ranks": ranks, "local_rank": 0}, 2)
+    # more than one thread a rank, or a CPU quota below the cores: not pinned
+    assert _threads._round_robin({"ranks": ranks, "sets": sets, "local_rank": 0}, 2, _Placement([0, 1, 2]))[0] is None
+    monkeypatch.setattr(_threads, "quota_cpus", lambda: 1)
+    assert _threads._round_robin({"ranks": ranks, "sets": sets, "local_rank": 0}, 1, _Placement([0, 1, 2]))[0] is None

@@ -43,6 +43,11 @@ def forget_earlier_limit():
 def main(mode, want, applied, pool):
     want, applied, pool = int(want), bool(int(applied)), int(pool)
     forget_earlier_limit()
+    cores = len(_AFFINITY)
+    if _threads._user_setting() == (None, None) and not os.environ.get("MPIML_BIND", "").strip() and \
+            _threads._leftover({"ranks": comm.size, "local_rank": comm.rank}, cores):
+        want = cores // (comm.size % cores)      # a rank beyond the last multiple of the cores: threads over them
+        pool = want if pool >= 0 else pool
     check(thread_info() == {}, "a limit before init or any fit")
     if mode == "init":
         mpiml.init(device="cpu")
@@ -79,17 +84,23 @@ def main(mode, want, applied, pool):
 
 
 def check_placement(info):
-    """Unbound ranks (MPICH binds none) each pinned to their own CPUs while every rank has a physical core,
-    left alone where ranks outnumber the cores; the same rule on every rank."""
+    """Unbound ranks (MPICH binds none) each pinned to their own CPUs while every rank has a physical core (with
+    MPIML_BIND=auto), pinned round robin where ranks outnumber the cores (MPIML_BIND unset); the same rule on
+    every rank."""
     import os
 
     from mpiml.utils._placement import DEFAULT, node_cores
 
-    cores = node_cores(sorted(os.sched_getaffinity(0)) if not info.get("bound_to") else
-                       sorted(set().union(*map(set, comm.allgather_obj(info["bound_to"])))))
+    cores = node_cores(sorted(_AFFINITY))
     bound = comm.allgather_obj(info.get("bound_to"))
     on = os.environ.get("MPIML_BIND", DEFAULT).strip().lower() not in ("none", "0", "off", "no", "false")
-    if on and 1 < comm.size <= len(cores) and info.get("threads", 0) <= len(cores) // comm.size:
+    C = len(cores)
+    if not os.environ.get("MPIML_BIND", "").strip() and comm.size > C and _threads.quota_cpus() is None:
+        # ranks beyond the cores, unbound: round robin, but for those beyond the last multiple (_round_robin)
+        want = [None if _threads._leftover({"ranks": comm.size, "local_rank": r}, C) else cores[r % C]
+                for r in range(comm.size)]
+        check(bound == want, f"round robin over {C} cores: {bound}, expected {want}")
+    elif on and 1 < comm.size <= len(cores) and info.get("threads", 0) <= len(cores) // comm.size:
         check(all(bound), f"every rank pinned: {info.get('placement')}")
         flat = [c for b in bound if b for c in b]
         check(len(flat) == len(set(flat)), f"the ranks' CPU sets overlap: {bound}")

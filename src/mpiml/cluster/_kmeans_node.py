@@ -137,6 +137,9 @@ class NodeLloyd:
             layout["w"] = counts * 8
         self.bytes = max(int(sum(int(v[j]) for v in layout.values())) for j in range(comm.size))
         self.wins, self.mem, self.failed, self.workers = {}, {}, False, comm.size
+        from ..utils._node_memory import node_pids
+
+        self.pids = node_pids(raw)       # (a rank that dies is found by the others' waits: NodeBarrier)
         try:
             self.wins, self.mem = node_arrays(self.MPI, raw, layout, comm.rank)
             self.failed = any(m is None for m in self.mem.values())
@@ -163,8 +166,8 @@ class NodeLloyd:
         at, done = 2 * _COUNTER_STRIDE, 3 * _COUNTER_STRIDE
         self.idle = self.comm.rank >= self.workers
         # the steps' barrier: the workers'; the end's: every rank's
-        self.barrier = NodeBarrier(self.counter[at:at + 1], self.workers, self.wins)
-        self.done = NodeBarrier(self.counter[done:done + 1], self.comm.size, self.wins)
+        self.barrier = NodeBarrier(self.counter[at:at + 1], self.workers, self.wins, self.pids[:self.workers])
+        self.done = NodeBarrier(self.counter[done:done + 1], self.comm.size, self.wins, self.pids)
         mine = slice(self.offset, self.offset + X.shape[0])
         for w in self.wins.values():
             w.Lock_all(self.MPI.MODE_NOCHECK)

@@ -12,7 +12,7 @@ import numpy as np
 
 import os
 
-__all__ = ["node_arrays", "free", "sync", "room_for", "NodeBarrier", "node_barrier", "node_sum"]
+__all__ = ["node_arrays", "free", "sync", "room_for", "NodeBarrier", "node_barrier", "node_sum", "node_pids"]
 
 
 def room_for(nbytes):
@@ -80,10 +80,14 @@ class NodeBarrier:
     every wake-up (the k-means steps of 2 ranks' threads ran 50 % slower beside 2 ranks polling so on the 2-core
     VM).  Elsewhere it polls as :func:`~mpiml.comm._request.poll_until` does.  ``MPIML_TIMEOUT`` is honoured.
     ``wins``: the windows whose memory the barrier orders (synchronised before the arrival and after the
-    wait)."""
+    wait).  ``pids``: the node's ranks' process ids in rank order (:func:`node_pids`), or None: a wait that
+    lasts looks four times a second whether they all still run, so that a rank that died is found within a second
+    (an MPI launcher that cleans up kills the others; one that does not left them asleep here until
+    ``MPIML_TIMEOUT``)."""
 
-    def __init__(self, slot, size, wins):
+    def __init__(self, slot, size, wins, pids=None):
         self.slot, self.size, self.wins, self.passed = slot, int(size), wins, 0
+        self.pids = pids
 
     def wait(self, idle=False):
         """Arrive and wait for every rank.  ``idle``: this rank has no share of the work the barrier waits for (a
@@ -98,19 +102,48 @@ class NodeBarrier:
             if _FUTEX and self.size > 1:
                 _FUTEX[1](self.slot.ctypes.data)
         else:
-            _wait_for(self.slot, target, idle)
+            _wait_for(self.slot, target, idle, self.pids)
         sync(self.wins)
 
 
-def _wait_for(slot, target, idle):
+def node_pids(raw):
+    """The process ids of ``raw``'s ranks in rank order (collective), for the liveness check of the waits."""
+    return [int(p) for p in raw.allgather(os.getpid())]
+
+
+#: How often a wait in node memory that lasts looks whether the node's ranks still run (seconds; a look at 4 ranks
+#: costs about 0.1 ms)
+_LIVENESS_EVERY = 0.25
+
+
+def _exited(pids):
+    """``(rank, pid)`` of the first of ``pids`` whose process has exited (gone, or a zombie), else None."""
+    for rank, pid in enumerate(pids):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return rank, pid
+        except OSError:       # (another user's process: it exists)
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if state and state[0] in ("Z", "X"):
+            return rank, pid
+    return None
+
+
+def _wait_for(slot, target, idle, pids=None, op="node barrier"):
     import time
 
     from .. import _config
-    from .._errors import CommTimeoutError
+    from .._errors import CommError, CommTimeoutError
     from ..comm import _request
 
     if not _FUTEX:
-        _request.poll_until(lambda: int(slot[0]) >= target, op="node barrier", peer="all")
+        _request.poll_until(lambda: int(slot[0]) >= target, op=op, peer="all")
         return
     start = time.perf_counter()
     if not idle:
@@ -121,12 +154,20 @@ def _wait_for(slot, target, idle):
             yield_core()
     limit = _config.timeout()
     wait, addr = _FUTEX[0], slot.ctypes.data
+    look = start + _LIVENESS_EVERY
     while True:
         seen = int(slot[0])
         if seen >= target:
             return
-        if limit is not None and time.perf_counter() - start > limit:
-            raise CommTimeoutError("node barrier", "all", limit, f"{seen % max(1, target)} arrived")
+        now = time.perf_counter()
+        if limit is not None and now - start > limit:
+            raise CommTimeoutError(op, "all", limit, f"{seen % max(1, target)} arrived")
+        if pids and now >= look:
+            look = now + _LIVENESS_EVERY
+            gone = _exited(pids)
+            if gone is not None:
+                raise CommError(f"{op}: rank {gone[0]} of this node (pid {gone[1]}) has exited while this rank "
+                                f"waited for it")
         wait(addr, seen, _FUTEX_SLICE)     # returns at once if the counter moved since it was read
 
 
@@ -153,16 +194,16 @@ def node_barrier(raw):
             slot[0] = 0
         win.Sync()
         win.Unlock_all()
-        raw.Barrier()
-        known = _KEPT_BARRIERS[id(raw)] = (raw, win, _EpochBarrier(slot, raw.Get_size(), {"w": win}, MPI))
+        pids = node_pids(raw)          # (a collective: also every rank's zero seen before any use)
+        known = _KEPT_BARRIERS[id(raw)] = (raw, win, _EpochBarrier(slot, raw.Get_size(), {"w": win}, MPI, pids))
     return known[2]
 
 
 class _EpochBarrier(NodeBarrier):
     """A :class:`NodeBarrier` whose window is in a passive epoch only while a rank waits (kept between uses)."""
 
-    def __init__(self, slot, size, wins, MPI):
-        super().__init__(slot, size, wins)
+    def __init__(self, slot, size, wins, MPI, pids=None):
+        super().__init__(slot, size, wins, pids)
         self.nocheck = MPI.MODE_NOCHECK
 
     def wait(self, idle=False):
@@ -240,8 +281,8 @@ def node_sum(comm, x):
         sync(wins)
         for w in wins.values():
             w.Unlock_all()
-        raw.Barrier()
-        state = _SUMS[id(raw)] = [raw, wins, mem, capacity, NodeBarrier(slot, size, wins), 0]
+        pids = node_pids(raw)          # (a collective: also rank 0's zero seen before any use)
+        state = _SUMS[id(raw)] = [raw, wins, mem, capacity, NodeBarrier(slot, size, wins, pids), 0]
     import time
 
     from ..comm import _profile
