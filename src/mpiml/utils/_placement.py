@@ -17,10 +17,11 @@ of the rank to them (those started later inherit the set):
   physical cores first: the kernel's scheduler places a thread on an idle core before a busy
   core's sibling); Slurm's ``--cpus-per-task`` (``SLURM_CPUS_PER_TASK``), when the blocks fit,
   makes each block that many CPUs;
-* pinning is opt-in (``MPIML_BIND=auto``; :data:`DEFAULT`); nothing is pinned when the launcher (or Slurm) bound
-  the ranks already (their affinity sets
-  differ), when ranks outnumber the physical cores (the scheduler then moves a waiting rank's
-  core to a computing one, which pinning would forbid), or for one rank alone.
+* this block pinning is opt-in (``MPIML_BIND=auto``; :data:`DEFAULT`); nothing is pinned when the launcher (or
+  Slurm) bound the ranks already (their affinity sets differ), or for one rank alone.  Where unbound ranks
+  outnumber the physical cores and ``MPIML_BIND`` is unset, :func:`mpiml.utils._threads._round_robin` pins them
+  round robin instead (rank ``i`` on core ``i % C``; the ranks beyond the last whole multiple of the cores stay
+  unpinned): there this rule's blocks would be fractions of a core.
 
 Data follow the threads that first write them (Linux's first-touch policy): rows made or loaded
 after the pinning live in the rank's NUMA node.  :func:`mpiml.init` pins before any data exist;
