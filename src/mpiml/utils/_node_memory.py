@@ -107,8 +107,11 @@ class NodeBarrier:
 
 
 def node_pids(raw):
-    """The process ids of ``raw``'s ranks in rank order (collective), for the liveness check of the waits."""
-    return [int(p) for p in raw.allgather(os.getpid())]
+    """``(process id, start time)`` of ``raw``'s ranks in rank order (collective), for the liveness check of the
+    waits (the start time, as :mod:`mpiml.comm._liveness` takes it, tells a reused pid from the rank's)."""
+    from ..comm._liveness import local_identity
+
+    return [tuple(int(v) for v in p) for p in raw.allgather(local_identity()[1:])]
 
 
 #: How often a wait in node memory that lasts looks whether the node's ranks still run (seconds; a look at 4 ranks
@@ -117,20 +120,14 @@ _LIVENESS_EVERY = 0.25
 
 
 def _exited(pids):
-    """``(rank, pid)`` of the first of ``pids`` whose process has exited (gone, or a zombie), else None."""
-    for rank, pid in enumerate(pids):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return rank, pid
-        except OSError:       # (another user's process: it exists)
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if state and state[0] in ("Z", "X"):
+    """``(rank, pid)`` of the first of ``pids`` (pids, or ``(pid, start time)`` pairs: :func:`node_pids`) whose
+    process has exited (gone, a zombie, or its pid taken by another process), else None: the communicator's own
+    check (:func:`mpiml.comm._liveness.process_alive`)."""
+    from ..comm._liveness import process_alive
+
+    for rank, p in enumerate(pids):
+        pid, start = p if isinstance(p, tuple) else (p, 0)
+        if not process_alive(pid, start):
             return rank, pid
     return None
 
