@@ -15,7 +15,7 @@ feature-major (``(panels, d, W)``, so a feature of a panel is one vector load), 
 :data:`R` likewise (``(groups, d, R)``, a feature's ``R`` values broadcast in turn).  Padding rows are zero;
 padding queries' thresholds are ``-inf`` (never flagged), padding columns are never measured.
 
-Exactness: the float32 threshold of a query is its float64 one (:func:`mpiml.neighbors._cpu._bar`) plus
+Exactness: the float32 threshold of a query is its float64 one (:func:`mpiml.neighbors._lists._bar`) plus
 ``4 u (max_j s_j + |q|^2)`` (``u = 2^-24``), rounded up (:func:`_up32`): ``fl(fl(s_j) - 2 g)`` in float32 is
 within ``u s_j + u |fl(s_j) - 2 g| <= 4 u (s_j + |q|^2)`` of ``s_j - 2 g`` (``|g| <= (|q|^2 + |x|^2) / 2``,
 ``s_j <= |x|^2``), so every column that passes the float64 test of :func:`_recheck` (the same test as the
@@ -27,7 +27,7 @@ import numpy as np
 
 from ..utils._jit import FASTMATH, numba
 from ..utils._threads_jit import fetch_add
-from . import _cpu
+from . import _lists
 
 __all__ = ["R", "W", "pack_rows", "packed_shape", "search_fused"]
 
@@ -138,21 +138,10 @@ def pack_rows(A, shift, first, out, norms, snorms):
     """Rows ``A - shift`` (subtracted in float64, rounded once to ``out``'s dtype) as rows ``first, first + 1, ...``
     of the packed ``out`` (``(groups, d, width)``: row ``j`` is ``out[j // width, :, j % width]``); ``norms``: the
     float64 norms of ``A``'s rows, ``snorms``: those of ``A - shift``, in parallel over the rows."""
-    n, d = A.shape
     width = out.shape[2]
-    for i in nb.prange(n):
+    for i in nb.prange(A.shape[0]):
         j = first + i
-        g, c = j // width, j % width
-        a2 = 0.0
-        s2 = 0.0
-        for f in range(d):
-            v = np.float64(A[i, f])
-            t = v - shift[f]
-            a2 += v * v
-            s2 += t * t
-            out[g, f, c] = t
-        norms[i] = np.sqrt(a2)
-        snorms[i] = np.sqrt(s2)
+        norms[i], snorms[i] = _lists.shifted_row(A[i], shift, out[j // width, :, j % width])
 
 
 def zero_padding(packed, n):
@@ -188,7 +177,7 @@ def _recheck(Q, X, acc, i, r, j0, offset, metric, qn, xn, qs, screen, rel, slack
     a = qn[r]
     s = qs[r]
     worst = bd[r, k - 1]
-    bar = _cpu._bar(metric, s, worst, rel, slack)
+    bar = _lists._bar(metric, s, worst, rel, slack)
     for c in range(min(W, m - j0)):
         j = j0 + c
         g = np.float64(acc[i * W + c])
@@ -197,11 +186,11 @@ def _recheck(Q, X, acc, i, r, j0, offset, metric, qn, xn, qs, screen, rel, slack
         else:
             hit = screen[j] - 2.0 * g <= bar
         if hit:
-            dist = _cpu._pair(q, X[j], metric, 2.0, a, xn[j])
-            if dist <= worst and _cpu._beats(dist, offset + j, bd, bi, r, k):
-                _cpu._insert(bd, bi, r, k, dist, offset + j)
+            dist = _lists._pair(q, X[j], metric, 2.0, a, xn[j])
+            if dist <= worst and _lists._beats(dist, offset + j, bd, bi, r, k):
+                _lists._insert(bd, bi, r, k, dist, offset + j)
                 worst = bd[r, k - 1]
-                bar = _cpu._bar(metric, s, worst, rel, slack)
+                bar = _lists._bar(metric, s, worst, rel, slack)
     return bar
 
 
@@ -230,7 +219,7 @@ def _fused_blocks(Q, X, QP, XP, S32, offset, metric, qn, xn, qs, screen, rel, sl
                 r = g0 * R + t
                 if r < nq:
                     margin = 4.0 * _U32 * (top2 + qs[r] * qs[r])
-                    bar32[t] = _bar32(metric, _cpu._bar(metric, qs[r], bd[r, k - 1], rel, slack), margin)
+                    bar32[t] = _bar32(metric, _lists._bar(metric, qs[r], bd[r, k - 1], rel, slack), margin)
                 else:
                     bar32[t] = -np.inf
             for p0 in range(0, npan, _PANELS):
@@ -254,7 +243,7 @@ def search_fused(Q, X, QP, XP, qn, xn, qs, screen, rel, slack, offset, metric, b
     (``screen``: the float64 column terms of its test)."""
     nq = Q.shape[0]
     m = X.shape[0]
-    code = _cpu.METRICS[metric]
+    code = _lists.METRICS[metric]
     S32 = np.full(XP.shape[0] * W, np.inf, dtype=np.float32)
     if code == 2:
         S32[:m] = 0.0
@@ -263,7 +252,7 @@ def search_fused(Q, X, QP, XP, qn, xn, qs, screen, rel, slack, offset, metric, b
         S32[:m] = screen
         top2 = float(screen.max()) / (1.0 - 2.0 * rel) if m else 0.0   # the largest |x|^2
     groups = QP.shape[0]
-    bounds = _cpu._query_bounds(groups, threads or nb.get_num_threads(), _BLOCK_GROUPS)
+    bounds = _lists._query_bounds(groups, threads or nb.get_num_threads(), _BLOCK_GROUPS)
     from ..utils._threads_jit import workers
 
     _fused_blocks(Q, X, QP, XP, S32, offset, code, qn, xn, qs, screen, rel, slack, top2, bounds,
